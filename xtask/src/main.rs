@@ -1,0 +1,51 @@
+//! `cargo xtask <command>`: the project's build helpers.
+//!
+//! - `bindgen [--check]`: regenerate the committed FFI bindings of the `-sys` crates
+//!   (`--check`: regenerate into a temporary directory and fail on any difference).
+//! - `rxe [options] -- <command>`: run a command in a QEMU guest with soft-RoCE (`rxe0`).
+//! - `test`: install what is missing, run the host tests, then every RDMA test binary
+//!   in one guest boot.
+//! - `deps`: install the Debian packages the workspace needs (idempotent).
+
+mod bindings;
+mod deps;
+mod rxe;
+mod test;
+
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let Some((command, rest)) = args.split_first() else {
+        eprintln!("{}", USAGE);
+        return ExitCode::from(2);
+    };
+    let result = match command.as_str() {
+        "bindgen" => bindings::run(rest),
+        "rxe" => rxe::run(rest),
+        "test" => test::run(rest),
+        "deps" => deps::ensure_workspace_packages().map(|()| 0),
+        "-h" | "--help" | "help" => {
+            println!("{}", USAGE);
+            Ok(0)
+        }
+        other => {
+            eprintln!("xtask: unknown command `{other}`\n{USAGE}");
+            Ok(2)
+        }
+    };
+    match result {
+        Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
+        Err(err) => {
+            eprintln!("xtask: error: {err:#}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+const USAGE: &str = "usage: cargo xtask <command>
+  bindgen [--check]          regenerate committed bindings (--check: fail on a diff)
+  rxe [options] -- CMD ...   run CMD in the soft-RoCE QEMU guest (rxe0); `rxe --help` for options
+  test [--host-only|--guest-only]
+                             install deps, run host tests, then all RDMA tests in one guest boot
+  deps                       install the Debian packages the workspace needs";
