@@ -1,0 +1,920 @@
+//! The agent: registrations, peers' metadata, transfers and notifications.
+
+use crate::backend::{
+    Backend, BackendParams, BackendXfer, LocalMd, PostParams, RemoteMd, XferEntry, XferOp,
+    XferStatus, XferTelemetry,
+};
+use crate::error::{Error, Result};
+use crate::mem::{Desc, DescList, Lookup, MemKind, Region, RegionIndex};
+use crate::metadata::{AgentMetadata, BackendSection};
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+/// How an agent is set up (NIXL's `nixlAgentConfig`).
+#[derive(Debug, Clone)]
+pub struct AgentConfig {
+    /// Backends progress transfers on their own threads (otherwise the caller's status
+    /// polls progress them).
+    pub progress_thread: bool,
+    /// Where the peer-to-peer metadata listener binds (`None`: no listener).
+    pub listen_addr: Option<SocketAddr>,
+    /// A posted transfer whose completed-operation count has not moved for this long
+    /// fails with [`Error::Stalled`].
+    pub stall_timeout: Duration,
+    /// Bound on each metadata exchange (connect, send, receive).
+    pub metadata_timeout: Duration,
+}
+
+impl Default for AgentConfig {
+    fn default() -> Self {
+        Self {
+            progress_thread: true,
+            listen_addr: None,
+            stall_timeout: Duration::from_secs(30),
+            metadata_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// One local registration: a region plus each backend's metadata for it.
+#[derive(Debug)]
+pub(crate) struct LocalReg {
+    id: u64,
+    region: Region,
+    /// Indexed like the agent's backend list; `None` where that backend did not register it.
+    mds: Vec<Option<Arc<dyn LocalMd>>>,
+}
+
+/// One region a peer advertised, with each local backend's view of it.
+#[derive(Debug)]
+pub(crate) struct RemoteReg {
+    region: Region,
+    mds: Vec<Option<Arc<dyn RemoteMd>>>,
+}
+
+#[derive(Debug, Default)]
+struct LocalState {
+    next_id: u64,
+    regs: HashMap<u64, Arc<LocalReg>>,
+    index: HashMap<(MemKind, u64), RegionIndex<Arc<LocalReg>>>,
+    /// Bumped on every (de)registration: tells when the loopback view is stale.
+    generation: u64,
+}
+
+#[derive(Debug)]
+struct RemoteAgent {
+    index: HashMap<(MemKind, u64), RegionIndex<Arc<RemoteReg>>>,
+    /// Regions already loaded, so partial metadata adds without duplicating.
+    known: std::collections::HashSet<(Region, String)>,
+    /// Unique per load of this peer: prepared lists from an older load are refused.
+    generation: u64,
+    /// Local generation this view was built from (loopback only).
+    local_generation: Option<u64>,
+}
+
+pub(crate) struct AgentInner {
+    pub(crate) name: String,
+    pub(crate) config: AgentConfig,
+    backends: RwLock<Vec<Arc<dyn Backend>>>,
+    local: RwLock<LocalState>,
+    remotes: RwLock<HashMap<String, RemoteAgent>>,
+    generation: AtomicU64,
+    pub(crate) listener: Mutex<Option<crate::listener::Listener>>,
+}
+
+/// A transfer agent (NIXL's `nixlAgent`).
+///
+/// # Thread safety
+/// `Agent` is `Send + Sync` and cheap to clone (an `Arc`). Every method takes `&self`
+/// and may be called from any number of threads at once: registration, metadata loads
+/// and invalidations take internal locks; preparing, posting and polling transfers do not
+/// block each other (each [`XferReq`] is owned by one thread at a time, `&mut`).
+/// Backends are required to be thread-safe ([`Backend`] is `Send + Sync`).
+#[derive(Clone)]
+pub struct Agent {
+    pub(crate) inner: Arc<AgentInner>,
+}
+
+impl std::fmt::Debug for Agent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Agent").field("name", &self.inner.name).finish()
+    }
+}
+
+impl Agent {
+    /// Creates an agent; starts the metadata listener if `config.listen_addr` is set.
+    #[doc(alias = "nixlAgent")]
+    pub fn new(name: impl Into<String>, config: AgentConfig) -> Result<Self> {
+        let name = name.into();
+        if name.is_empty() || name.len() > u16::MAX as usize {
+            return Err(Error::InvalidParam("agent name must be 1..=65535 bytes".into()));
+        }
+        let listen = config.listen_addr;
+        let agent = Agent {
+            inner: Arc::new(AgentInner {
+                name,
+                config,
+                backends: RwLock::new(Vec::new()),
+                local: RwLock::new(LocalState::default()),
+                remotes: RwLock::new(HashMap::new()),
+                generation: AtomicU64::new(1),
+                listener: Mutex::new(None),
+            }),
+        };
+        if let Some(addr) = listen {
+            let listener = crate::listener::Listener::start(&agent, addr)?;
+            *agent.inner.listener.lock().expect("listener lock") = Some(listener);
+        }
+        Ok(agent)
+    }
+
+    /// The agent's name.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// The configuration it was created with.
+    pub fn config(&self) -> &AgentConfig {
+        &self.inner.config
+    }
+
+    /// Where the metadata listener is bound (the port is resolved when 0 was asked for).
+    pub fn listen_addr(&self) -> Option<SocketAddr> {
+        self.inner
+            .listener
+            .lock()
+            .expect("listener lock")
+            .as_ref()
+            .map(|l| l.local_addr())
+    }
+
+    /// Backend names [`Agent::create_backend`] knows in this build.
+    #[doc(alias = "getAvailPlugins")]
+    pub fn available_backends() -> Vec<&'static str> {
+        crate::backends::AVAILABLE.iter().map(|(name, _)| *name).collect()
+    }
+
+    /// Creates a backend by name with string parameters and adds it.
+    #[doc(alias = "createBackend")]
+    pub fn create_backend(&self, name: &str, params: &BackendParams) -> Result<Arc<dyn Backend>> {
+        let create = crate::backends::AVAILABLE
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, create)| create)
+            .ok_or_else(|| Error::UnknownBackend(name.to_string()))?;
+        let backend = create(self, params)?;
+        self.add_backend(backend.clone())?;
+        Ok(backend)
+    }
+
+    /// Adds a backend built by the caller (a user-written transport).
+    pub fn add_backend(&self, backend: Arc<dyn Backend>) -> Result<()> {
+        let mut backends = self.inner.backends.write().expect("backends lock");
+        if backends.iter().any(|b| b.name() == backend.name()) {
+            return Err(Error::InvalidParam(format!(
+                "a backend named {} already exists",
+                backend.name()
+            )));
+        }
+        backends.push(backend);
+        Ok(())
+    }
+
+    /// The backends, in creation order.
+    pub fn backends(&self) -> Vec<Arc<dyn Backend>> {
+        self.inner.backends.read().expect("backends lock").clone()
+    }
+
+    /// Registers memory with every backend that supports its kind (or only those named).
+    ///
+    /// # Safety
+    /// Every descriptor must name memory that stays valid (allocated, not moved) until the
+    /// returned handle is dropped and no transfer using it is in flight, and that the
+    /// program tolerates being read or written at any time by peers that have this agent's
+    /// metadata (RDMA is one-sided: the CPU is not involved).
+    #[doc(alias = "registerMem")]
+    pub unsafe fn register_mem(
+        &self,
+        list: &DescList,
+        only_backends: Option<&[&str]>,
+    ) -> Result<RegistrationHandle> {
+        list.validate()?;
+        let backends = self.backends();
+        let kind = list.kind();
+        let chosen: Vec<bool> = backends
+            .iter()
+            .map(|b| {
+                b.supported_mem().contains(&kind)
+                    && only_backends.is_none_or(|names| names.iter().any(|n| n.eq_ignore_ascii_case(b.name())))
+            })
+            .collect();
+        if !chosen.iter().any(|c| *c) {
+            return Err(match (only_backends, backends.first()) {
+                (Some([name, ..]), _) => Error::UnsupportedMemKind {
+                    backend: name.to_string(),
+                    kind,
+                },
+                (_, Some(b)) => Error::UnsupportedMemKind {
+                    backend: b.name().to_string(),
+                    kind,
+                },
+                (_, None) => Error::InvalidParam("no backend has been created".into()),
+            });
+        }
+        let mut regs = Vec::with_capacity(list.len());
+        for desc in list.descs() {
+            let region = Region { kind, desc: *desc };
+            let mut mds = Vec::with_capacity(backends.len());
+            for (backend, use_it) in backends.iter().zip(&chosen) {
+                mds.push(if *use_it {
+                    Some(backend.register_mem(&region)?)
+                } else {
+                    None
+                });
+            }
+            regs.push((region, mds));
+        }
+        let mut local = self.inner.local.write().expect("local lock");
+        let mut ids = Vec::with_capacity(regs.len());
+        for (region, mds) in regs {
+            local.next_id += 1;
+            let reg = Arc::new(LocalReg {
+                id: local.next_id,
+                region,
+                mds,
+            });
+            local
+                .index
+                .entry((kind, region.desc.dev_id))
+                .or_default()
+                .insert(region.desc.addr, region.end(), reg.clone());
+            local.regs.insert(reg.id, reg);
+            ids.push(local.next_id);
+        }
+        local.generation += 1;
+        Ok(RegistrationHandle {
+            agent: self.inner.clone(),
+            ids,
+        })
+    }
+
+    /// Which of `list`'s descriptors are registered, and with which backends.
+    #[doc(alias = "queryMem")]
+    pub fn query_mem(&self, list: &DescList) -> Vec<Option<Vec<String>>> {
+        let backends = self.backends();
+        let local = self.inner.local.read().expect("local lock");
+        list.descs()
+            .iter()
+            .map(|d| {
+                let end = d.checked_end(0).ok()?;
+                match local.index.get(&(list.kind(), d.dev_id))?.lookup(d.addr, end) {
+                    Lookup::Inside(reg) => Some(
+                        reg.mds
+                            .iter()
+                            .zip(&backends)
+                            .filter(|(md, _)| md.is_some())
+                            .map(|(_, b)| b.name().to_string())
+                            .collect(),
+                    ),
+                    _ => None,
+                }
+            })
+            .collect()
+    }
+
+    /// This agent's full metadata: connection info of every backend and every registration.
+    #[doc(alias = "getLocalMD")]
+    pub fn local_metadata(&self) -> Result<Vec<u8>> {
+        self.build_metadata(None, true)?.encode()
+    }
+
+    /// Partial metadata: only the registrations covering `list` (none if `None`), and the
+    /// connection information only if `include_conn_info`.
+    #[doc(alias = "getLocalPartialMD")]
+    pub fn local_partial_metadata(&self, list: Option<&DescList>, include_conn_info: bool) -> Result<Vec<u8>> {
+        let selected = match list {
+            None => Some(Vec::new()),
+            Some(list) => {
+                let prepared = self.prep_xfer_dlist(None, list)?;
+                let mut ids: Vec<u64> = prepared.local_regs.iter().map(|r| r.id).collect();
+                ids.sort_unstable();
+                ids.dedup();
+                Some(ids)
+            }
+        };
+        self.build_metadata(selected.as_deref(), include_conn_info)?.encode()
+    }
+
+    fn build_metadata(&self, only_ids: Option<&[u64]>, include_conn_info: bool) -> Result<AgentMetadata> {
+        let backends = self.backends();
+        let local = self.inner.local.read().expect("local lock");
+        let mut regs: Vec<&Arc<LocalReg>> = match only_ids {
+            Some(ids) => ids.iter().filter_map(|id| local.regs.get(id)).collect(),
+            None => local.regs.values().collect(),
+        };
+        regs.sort_by_key(|r| r.id);
+        let mut sections = Vec::with_capacity(backends.len());
+        for (i, backend) in backends.iter().enumerate() {
+            let conn_info = if include_conn_info {
+                Some(backend.connection_info()?)
+            } else {
+                None
+            };
+            let regions = regs
+                .iter()
+                .filter_map(|r| r.mds[..].get(i)?.as_ref().map(|md| (r.region, md.public_md())))
+                .collect();
+            sections.push(BackendSection {
+                backend: backend.name().to_string(),
+                conn_info,
+                regions,
+            });
+        }
+        Ok(AgentMetadata {
+            agent: self.inner.name.clone(),
+            sections,
+        })
+    }
+
+    /// Loads a peer's (full or partial) metadata and returns its name. Connection info in
+    /// the blob replaces what was known (a restarted peer reconnects: prepared lists made
+    /// before are refused and must be prepared again); regions are added.
+    #[doc(alias = "loadRemoteMD")]
+    pub fn load_remote_metadata(&self, blob: &[u8]) -> Result<String> {
+        let meta = AgentMetadata::decode(blob)?;
+        let name = meta.agent.clone();
+        self.load_decoded(meta, None)?;
+        Ok(name)
+    }
+
+    fn load_decoded(&self, meta: AgentMetadata, local_generation: Option<u64>) -> Result<()> {
+        let backends = self.backends();
+        let has_conn_info = meta.sections.iter().any(|s| s.conn_info.is_some());
+        // Parse everything before touching the peer table: a failure changes nothing.
+        let mut loaded: Vec<(Region, String, usize, Arc<dyn RemoteMd>)> = Vec::new();
+        for section in &meta.sections {
+            let Some(bi) = backends.iter().position(|b| b.name() == section.backend) else {
+                continue; // a backend this agent lacks: ignored, as NIXL does
+            };
+            if let Some(info) = &section.conn_info {
+                backends[bi].load_remote_conn_info(&meta.agent, info)?;
+            }
+            for (region, public) in &section.regions {
+                let md = backends[bi].load_remote_md(&meta.agent, region, public)?;
+                loaded.push((*region, section.backend.clone(), bi, md));
+            }
+        }
+        let mut remotes = self.inner.remotes.write().expect("remotes lock");
+        let fresh = || RemoteAgent {
+            index: HashMap::new(),
+            known: Default::default(),
+            generation: self.inner.generation.fetch_add(1, Ordering::Relaxed),
+            local_generation,
+        };
+        if has_conn_info || !remotes.contains_key(&meta.agent) {
+            // New connection information means a new incarnation of the peer.
+            remotes.insert(meta.agent.clone(), fresh());
+        }
+        let peer = remotes.get_mut(&meta.agent).expect("inserted above");
+        peer.local_generation = local_generation.or(peer.local_generation);
+        // Group the per-backend views of one region into one entry.
+        let mut grouped: HashMap<Region, Vec<Option<Arc<dyn RemoteMd>>>> = HashMap::new();
+        for (region, backend, bi, md) in loaded {
+            if !peer.known.insert((region, backend)) {
+                continue;
+            }
+            let mds = grouped
+                .entry(region)
+                .or_insert_with(|| vec![None; backends.len()]);
+            mds[bi] = Some(md);
+        }
+        for (region, mds) in grouped {
+            peer.index
+                .entry((region.kind, region.desc.dev_id))
+                .or_default()
+                .insert(region.desc.addr, region.end(), Arc::new(RemoteReg { region, mds }));
+        }
+        Ok(())
+    }
+
+    /// Forgets a peer and disconnects it in every backend.
+    #[doc(alias = "invalidateRemoteMD")]
+    pub fn invalidate_remote(&self, agent: &str) -> Result<()> {
+        let removed = self.inner.remotes.write().expect("remotes lock").remove(agent);
+        if removed.is_none() {
+            return Err(Error::UnknownAgent(agent.to_string()));
+        }
+        for backend in self.backends() {
+            backend.disconnect(agent);
+        }
+        Ok(())
+    }
+
+    /// Whether metadata of `agent` is loaded.
+    #[doc(alias = "checkRemoteMD")]
+    pub fn has_remote(&self, agent: &str) -> bool {
+        self.inner.remotes.read().expect("remotes lock").contains_key(agent)
+    }
+
+    /// Validates a descriptor list once, for many transfers: `agent` is `None` for this
+    /// agent's own (initiator-side) memory, or a peer's name (this agent's own name for
+    /// loopback transfers). Every descriptor must lie inside one registered region.
+    #[doc(alias = "prepXferDlist")]
+    pub fn prep_xfer_dlist(&self, agent: Option<&str>, list: &DescList) -> Result<XferDlist> {
+        let kind = list.kind();
+        match agent {
+            None => {
+                let local = self.inner.local.read().expect("local lock");
+                let mut local_regs = Vec::with_capacity(list.len());
+                let mut cache: Option<(&(MemKind, u64), &RegionIndex<Arc<LocalReg>>)> = None;
+                for (index, d) in list.descs().iter().enumerate() {
+                    let end = d.checked_end(index)?;
+                    let key = (kind, d.dev_id);
+                    let regions = match cache {
+                        Some((k, idx)) if *k == key => Some(idx),
+                        _ => local.index.get_key_value(&key).map(|(k, idx)| {
+                            cache = Some((k, idx));
+                            idx
+                        }),
+                    };
+                    let found = regions.map_or(Lookup::Outside, |idx| idx.lookup(d.addr, end));
+                    match found {
+                        Lookup::Inside(reg) => local_regs.push(reg.clone()),
+                        other => {
+                            return Err(Error::NotRegistered {
+                                index,
+                                kind,
+                                addr: d.addr,
+                                len: d.len,
+                                dev_id: d.dev_id,
+                                partial: matches!(other, Lookup::Partial),
+                            })
+                        }
+                    }
+                }
+                Ok(XferDlist {
+                    agent: None,
+                    kind,
+                    descs: list.descs().to_vec(),
+                    local_regs,
+                    remote_regs: Vec::new(),
+                    generation: 0,
+                })
+            }
+            Some(name) => {
+                if name == self.inner.name {
+                    self.refresh_loopback_view()?;
+                }
+                let remotes = self.inner.remotes.read().expect("remotes lock");
+                let peer = remotes
+                    .get(name)
+                    .ok_or_else(|| Error::UnknownAgent(name.to_string()))?;
+                let mut remote_regs = Vec::with_capacity(list.len());
+                for (index, d) in list.descs().iter().enumerate() {
+                    let end = d.checked_end(index)?;
+                    match peer.index.get(&(kind, d.dev_id)).map(|idx| idx.lookup(d.addr, end)) {
+                        Some(Lookup::Inside(reg)) => remote_regs.push(reg.clone()),
+                        _ => {
+                            return Err(Error::RemoteOutOfBounds {
+                                agent: name.to_string(),
+                                index,
+                                kind,
+                                addr: d.addr,
+                                len: d.len,
+                                dev_id: d.dev_id,
+                            })
+                        }
+                    }
+                }
+                Ok(XferDlist {
+                    agent: Some(name.to_string()),
+                    kind,
+                    descs: list.descs().to_vec(),
+                    local_regs: Vec::new(),
+                    remote_regs,
+                    generation: peer.generation,
+                })
+            }
+        }
+    }
+
+    /// Keeps the agent's view of itself (for loopback transfers) in step with its
+    /// registrations.
+    fn refresh_loopback_view(&self) -> Result<()> {
+        let current = self.inner.local.read().expect("local lock").generation;
+        let seen = self
+            .inner
+            .remotes
+            .read()
+            .expect("remotes lock")
+            .get(&self.inner.name)
+            .and_then(|p| p.local_generation);
+        if seen != Some(current) {
+            let meta = self.build_metadata(None, true)?;
+            self.load_decoded(meta, Some(current))?;
+        }
+        Ok(())
+    }
+
+    /// Builds a transfer from prepared lists by index: `local_idx[i]` of `local` moves
+    /// to/from `remote_idx[i]` of `remote`. With `backend` set, only that backend is used;
+    /// otherwise the first (in creation order) that can reach both sides.
+    #[doc(alias = "makeXferReq")]
+    pub fn make_xfer_req(
+        &self,
+        op: XferOp,
+        local: &XferDlist,
+        local_idx: &[usize],
+        remote: &XferDlist,
+        remote_idx: &[usize],
+        notif: Option<Vec<u8>>,
+        backend: Option<&str>,
+    ) -> Result<XferReq> {
+        if local.agent.is_some() {
+            return Err(Error::InvalidParam("the local list must be prepared with agent None".into()));
+        }
+        let Some(peer) = remote.agent.as_deref() else {
+            return Err(Error::InvalidParam("the remote list must be prepared with a peer's name".into()));
+        };
+        if local_idx.len() != remote_idx.len() {
+            return Err(Error::Mismatch(format!(
+                "{} local indices but {} remote indices",
+                local_idx.len(),
+                remote_idx.len()
+            )));
+        }
+        if local_idx.is_empty() {
+            return Err(Error::InvalidParam("a transfer needs at least one descriptor".into()));
+        }
+        {
+            let remotes = self.inner.remotes.read().expect("remotes lock");
+            match remotes.get(peer) {
+                Some(p) if p.generation == remote.generation => {}
+                Some(_) => {
+                    return Err(Error::InvalidParam(format!(
+                        "metadata of `{peer}` was reloaded since this list was prepared: prepare it again"
+                    )))
+                }
+                None => return Err(Error::UnknownAgent(peer.to_string())),
+            }
+        }
+        let loopback = peer == self.inner.name;
+        let backends = self.backends();
+        let bad_index = |which: &str, i: usize, n: usize| {
+            Error::InvalidParam(format!("{which} index {i} is out of range (list has {n})"))
+        };
+        let mut pairs = Vec::with_capacity(local_idx.len());
+        let mut total_bytes = 0u64;
+        for (&li, &ri) in local_idx.iter().zip(remote_idx) {
+            let l = local.descs.get(li).ok_or_else(|| bad_index("local", li, local.descs.len()))?;
+            let r = remote.descs.get(ri).ok_or_else(|| bad_index("remote", ri, remote.descs.len()))?;
+            if l.len != r.len {
+                return Err(Error::Mismatch(format!(
+                    "local descriptor {li} has {} bytes, remote descriptor {ri} has {}",
+                    l.len, r.len
+                )));
+            }
+            total_bytes += l.len;
+            pairs.push((li, ri));
+        }
+        let usable = |bi: usize, b: &Arc<dyn Backend>| {
+            let caps = b.capabilities();
+            (if loopback { caps.local || caps.remote } else { caps.remote })
+                && b.supported_mem().contains(&local.kind)
+                && b.supported_mem().contains(&remote.kind)
+                && pairs.iter().all(|&(li, ri)| {
+                    local.local_regs[li].mds.get(bi).is_some_and(Option::is_some)
+                        && remote.remote_regs[ri].mds.get(bi).is_some_and(Option::is_some)
+                })
+        };
+        let chosen = match backend {
+            Some(name) => {
+                let bi = backends
+                    .iter()
+                    .position(|b| b.name().eq_ignore_ascii_case(name))
+                    .ok_or_else(|| Error::UnknownBackend(name.to_string()))?;
+                let b = &backends[bi];
+                for kind in [local.kind, remote.kind] {
+                    if !b.supported_mem().contains(&kind) {
+                        return Err(Error::UnsupportedMemKind {
+                            backend: b.name().to_string(),
+                            kind,
+                        });
+                    }
+                }
+                if !usable(bi, b) {
+                    return Err(Error::InvalidParam(format!(
+                        "backend {} has not registered every descriptor on both sides",
+                        b.name()
+                    )));
+                }
+                bi
+            }
+            None => backends
+                .iter()
+                .enumerate()
+                .position(|(bi, b)| usable(bi, b))
+                .ok_or_else(|| Error::NoCommonBackend {
+                    agent: peer.to_string(),
+                    local: local.kind,
+                    remote: remote.kind,
+                })?,
+        };
+        let entries: Vec<XferEntry<'_>> = pairs
+            .iter()
+            .map(|&(li, ri)| {
+                let lreg = &local.local_regs[li];
+                let rreg = &remote.remote_regs[ri];
+                XferEntry {
+                    local: local.descs[li],
+                    local_region: &lreg.region,
+                    local_md: lreg.mds[chosen].as_deref().expect("checked by usable()"),
+                    remote: remote.descs[ri],
+                    remote_region: &rreg.region,
+                    remote_md: rreg.mds[chosen].as_deref().expect("checked by usable()"),
+                }
+            })
+            .collect();
+        let backend = backends[chosen].clone();
+        let inner = backend.prep_xfer(op, &entries, peer)?;
+        // Keep every registration used alive while the request exists.
+        let mut keep_local: Vec<Arc<LocalReg>> = pairs.iter().map(|&(li, _)| local.local_regs[li].clone()).collect();
+        keep_local.sort_by_key(|r| r.id);
+        keep_local.dedup_by_key(|r| r.id);
+        Ok(XferReq {
+            backend,
+            inner,
+            peer: peer.to_string(),
+            notif,
+            posted: false,
+            done: false,
+            stall_timeout: self.inner.config.stall_timeout,
+            last_progress: (0, Instant::now()),
+            telemetry: XferTelemetry {
+                total_bytes,
+                desc_count: pairs.len(),
+                post_time: None,
+                post_duration: Duration::ZERO,
+                xfer_duration: None,
+            },
+            _keep_local: keep_local,
+            _keep_remote: remote.remote_regs.clone(),
+        })
+    }
+
+    /// Prepares both lists and makes the request in one call (descriptor `i` to `i`).
+    #[doc(alias = "createXferReq")]
+    pub fn create_xfer_req(
+        &self,
+        op: XferOp,
+        local: &DescList,
+        remote: &DescList,
+        remote_agent: &str,
+        notif: Option<Vec<u8>>,
+    ) -> Result<XferReq> {
+        if local.len() != remote.len() {
+            return Err(Error::Mismatch(format!(
+                "{} local descriptors but {} remote",
+                local.len(),
+                remote.len()
+            )));
+        }
+        let l = self.prep_xfer_dlist(None, local)?;
+        let r = self.prep_xfer_dlist(Some(remote_agent), remote)?;
+        let idx: Vec<usize> = (0..local.len()).collect();
+        self.make_xfer_req(op, &l, &idx, &r, &idx, notif, None)
+    }
+
+    /// Sends a standalone notification through the first backend that has notifications
+    /// and knows the peer.
+    #[doc(alias = "genNotif")]
+    pub fn gen_notif(&self, agent: &str, msg: &[u8]) -> Result<()> {
+        if !self.has_remote(agent) && agent != self.inner.name {
+            return Err(Error::UnknownAgent(agent.to_string()));
+        }
+        let mut last = None;
+        for backend in self.backends() {
+            if backend.capabilities().notif {
+                match backend.gen_notif(agent, msg) {
+                    Ok(()) => return Ok(()),
+                    Err(e) => last = Some(e),
+                }
+            }
+        }
+        Err(last.unwrap_or_else(|| Error::InvalidParam("no backend supports notifications".into())))
+    }
+
+    /// Takes the notifications received so far, grouped by sender, in arrival order.
+    #[doc(alias = "getNotifs")]
+    pub fn get_notifs(&self) -> HashMap<String, Vec<Vec<u8>>> {
+        let mut raw = Vec::new();
+        for backend in self.backends() {
+            backend.take_notifs(&mut raw);
+        }
+        let mut map: HashMap<String, Vec<Vec<u8>>> = HashMap::new();
+        for (agent, msg) in raw {
+            map.entry(agent).or_default().push(msg);
+        }
+        map
+    }
+}
+
+/// Deregisters its regions when dropped (NIXL's `deregisterMem`). Transfers already made
+/// keep the backend registrations alive until they are dropped.
+pub struct RegistrationHandle {
+    agent: Arc<AgentInner>,
+    ids: Vec<u64>,
+}
+
+impl std::fmt::Debug for RegistrationHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RegistrationHandle")
+            .field("agent", &self.agent.name)
+            .field("regions", &self.ids.len())
+            .finish()
+    }
+}
+
+impl RegistrationHandle {
+    /// Number of regions registered.
+    pub fn len(&self) -> usize {
+        self.ids.len()
+    }
+
+    /// Whether it holds none.
+    pub fn is_empty(&self) -> bool {
+        self.ids.is_empty()
+    }
+}
+
+impl Drop for RegistrationHandle {
+    fn drop(&mut self) {
+        let Ok(mut local) = self.agent.local.write() else {
+            return;
+        };
+        let ids: std::collections::HashSet<u64> = self.ids.iter().copied().collect();
+        for id in &self.ids {
+            local.regs.remove(id);
+        }
+        for index in local.index.values_mut() {
+            index.remove_where(|reg| ids.contains(&reg.id));
+        }
+        local.generation += 1;
+    }
+}
+
+/// A validated descriptor list (NIXL's `nixlDlistH`), local or of one peer.
+#[derive(Debug)]
+pub struct XferDlist {
+    agent: Option<String>,
+    kind: MemKind,
+    descs: Vec<Desc>,
+    local_regs: Vec<Arc<LocalReg>>,
+    remote_regs: Vec<Arc<RemoteReg>>,
+    generation: u64,
+}
+
+impl XferDlist {
+    /// Number of descriptors.
+    pub fn len(&self) -> usize {
+        self.descs.len()
+    }
+
+    /// Whether it is empty.
+    pub fn is_empty(&self) -> bool {
+        self.descs.is_empty()
+    }
+
+    /// The peer it was prepared for (`None`: local memory).
+    pub fn agent(&self) -> Option<&str> {
+        self.agent.as_deref()
+    }
+
+    /// The memory kind.
+    pub fn kind(&self) -> MemKind {
+        self.kind
+    }
+}
+
+/// A transfer request: made once, posted many times (NIXL's `nixlXferReqH`). Dropping it
+/// releases it, canceling a transfer in flight.
+#[derive(Debug)]
+pub struct XferReq {
+    backend: Arc<dyn Backend>,
+    inner: Box<dyn BackendXfer>,
+    peer: String,
+    notif: Option<Vec<u8>>,
+    posted: bool,
+    done: bool,
+    stall_timeout: Duration,
+    last_progress: (u64, Instant),
+    telemetry: XferTelemetry,
+    _keep_local: Vec<Arc<LocalReg>>,
+    _keep_remote: Vec<Arc<RemoteReg>>,
+}
+
+impl XferReq {
+    /// Starts the transfer with the notification it was made with. Returns
+    /// [`XferStatus::Done`] if it finished within the call.
+    #[doc(alias = "postXferReq")]
+    pub fn post(&mut self) -> Result<XferStatus> {
+        self.post_with(None, &PostParams::default())
+    }
+
+    /// Starts the transfer, replacing its notification if `notif` is given, with per-post
+    /// backend parameters.
+    pub fn post_with(&mut self, notif: Option<Vec<u8>>, params: &PostParams) -> Result<XferStatus> {
+        if self.posted && !self.done {
+            return Err(Error::RepostActive);
+        }
+        if notif.is_some() {
+            self.notif = notif;
+        }
+        let start = Instant::now();
+        let status = self.inner.post(self.notif.as_deref(), params)?;
+        self.posted = true;
+        self.done = status == XferStatus::Done;
+        self.last_progress = (0, start);
+        self.telemetry.post_time = Some(start);
+        self.telemetry.post_duration = start.elapsed();
+        self.telemetry.xfer_duration = self.done.then(|| start.elapsed());
+        Ok(status)
+    }
+
+    /// Polls the transfer. Fails with [`Error::Stalled`] when no operation completed within
+    /// the agent's stall timeout, and with the backend's typed error (e.g.
+    /// [`Error::RemoteDisconnect`]) when the transport fails.
+    #[doc(alias = "getXferStatus")]
+    pub fn status(&mut self) -> Result<XferStatus> {
+        if !self.posted {
+            return Err(Error::NotPosted);
+        }
+        if self.done {
+            return Ok(XferStatus::Done);
+        }
+        let progress = self.inner.check()?;
+        let now = Instant::now();
+        if progress.status == XferStatus::Done {
+            self.done = true;
+            self.telemetry.xfer_duration = self.telemetry.post_time.map(|t| now - t);
+            return Ok(XferStatus::Done);
+        }
+        if progress.completed_ops != self.last_progress.0 {
+            self.last_progress = (progress.completed_ops, now);
+        } else if now - self.last_progress.1 > self.stall_timeout {
+            return Err(Error::Stalled(self.stall_timeout));
+        }
+        Ok(XferStatus::InProgress)
+    }
+
+    /// Polls until done, an error, or `timeout`.
+    pub fn wait(&mut self, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if self.status()? == XferStatus::Done {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(Error::Timeout(format!("transfer to `{}` not done after {timeout:?}", self.peer)));
+            }
+            std::thread::yield_now();
+        }
+    }
+
+    /// Bytes, descriptor count and timings of the last post.
+    #[doc(alias = "getXferTelemetry")]
+    pub fn telemetry(&self) -> XferTelemetry {
+        self.telemetry
+    }
+
+    /// The backend carrying it.
+    #[doc(alias = "queryXferBackend")]
+    pub fn backend_name(&self) -> &str {
+        self.backend.name()
+    }
+
+    /// Transport operations per post.
+    pub fn op_count(&self) -> usize {
+        self.inner.op_count()
+    }
+
+    /// The peer.
+    pub fn peer(&self) -> &str {
+        &self.peer
+    }
+}
+
+impl AgentInner {
+    /// Used by the listener to load metadata pushed by a peer.
+    pub(crate) fn agent(self: &Arc<Self>) -> Agent {
+        Agent { inner: self.clone() }
+    }
+}
+
+/// Parameters helper: `("key", "value")` pairs into [`BackendParams`].
+pub fn params<'a>(pairs: impl IntoIterator<Item = (&'a str, &'a str)>) -> BackendParams {
+    pairs.into_iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+}

@@ -1,0 +1,168 @@
+//! The backend interface: what a transport implements to plug into the agent.
+//!
+//! It mirrors NIXL's backend engine (`backend_engine.h`): capabilities, memory
+//! registration with public metadata, connection information, remote metadata,
+//! prepare/post/check/release of transfers, and notifications. Backends are created by
+//! name with string parameters ([`crate::Agent::create_backend`]) or handed to the agent
+//! directly ([`crate::Agent::add_backend`]) for user-written transports.
+
+use crate::error::Result;
+use crate::mem::{Desc, MemKind, Region};
+use std::any::Any;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// String parameters a backend is created with (NIXL's `nixl_b_params_t`).
+pub type BackendParams = HashMap<String, String>;
+
+/// What a backend can do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Capabilities {
+    /// Transfers between two buffers of this agent.
+    pub local: bool,
+    /// Transfers to other agents.
+    pub remote: bool,
+    /// Notifications delivered to the target.
+    pub notif: bool,
+}
+
+/// The direction of a transfer, seen from the initiator.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum XferOp {
+    /// Remote → local.
+    Read,
+    /// Local → remote.
+    Write,
+}
+
+impl XferOp {
+    /// Parses `READ`/`WRITE` (case-insensitive).
+    pub fn parse(s: &str) -> Option<Self> {
+        match s.to_ascii_uppercase().as_str() {
+            "READ" | "RD" => Some(Self::Read),
+            "WRITE" | "WR" => Some(Self::Write),
+            _ => None,
+        }
+    }
+}
+
+/// Backend-private metadata of a local registration (e.g. a memory region with its
+/// local descriptor and remote key). Dropping it deregisters.
+pub trait LocalMd: Any + Send + Sync + std::fmt::Debug {
+    /// What a peer needs to address this region (e.g. the remote key), put in metadata.
+    fn public_md(&self) -> Vec<u8>;
+    /// For the backend to get its own type back.
+    fn as_any(&self) -> &dyn Any;
+}
+
+/// Backend-private metadata of a peer's region, parsed from its public metadata.
+pub trait RemoteMd: Any + Send + Sync + std::fmt::Debug {
+    /// For the backend to get its own type back.
+    fn as_any(&self) -> &dyn Any;
+}
+
+/// One (local, remote) pair of a transfer, already checked by the agent: both descriptors
+/// are inside the regions given, and have the same length.
+#[derive(Debug, Clone, Copy)]
+pub struct XferEntry<'a> {
+    /// Local range.
+    pub local: Desc,
+    /// The local registration containing it.
+    pub local_region: &'a Region,
+    /// This backend's metadata of that registration.
+    pub local_md: &'a dyn LocalMd,
+    /// Remote range.
+    pub remote: Desc,
+    /// The peer's region containing it.
+    pub remote_region: &'a Region,
+    /// This backend's view of the peer's region.
+    pub remote_md: &'a dyn RemoteMd,
+}
+
+/// Per-post options (NIXL's `nixl_opt_b_args_t`): a backend-specific value such as a CUDA
+/// stream travels in `custom`.
+#[derive(Default)]
+pub struct PostParams {
+    /// Backend-specific value.
+    pub custom: Option<Box<dyn Any + Send>>,
+}
+
+impl std::fmt::Debug for PostParams {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PostParams")
+            .field("custom", &self.custom.is_some())
+            .finish()
+    }
+}
+
+/// The state of a posted transfer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum XferStatus {
+    /// All data moved (and, for WRITE with a notification, the notification was sent
+    /// behind it).
+    Done,
+    /// Still moving.
+    InProgress,
+}
+
+/// Progress of a posted transfer, as the backend counts it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct XferProgress {
+    /// Done or still moving.
+    pub status: XferStatus,
+    /// Operations completed so far (the agent's stall detection watches this move).
+    pub completed_ops: u64,
+}
+
+/// A backend's prepared transfer. Created once by [`Backend::prep_xfer`], posted any
+/// number of times (one at a time), dropped to release (which cancels one in flight).
+pub trait BackendXfer: Send + std::fmt::Debug {
+    /// Starts the transfer; `notif` is delivered to the target after all of the data.
+    fn post(&mut self, notif: Option<&[u8]>, params: &PostParams) -> Result<XferStatus>;
+    /// Polls (and, without a progress thread, progresses) the transfer.
+    fn check(&mut self) -> Result<XferProgress>;
+    /// Number of transport operations one post issues (after striping and splitting).
+    fn op_count(&self) -> usize;
+}
+
+/// A transport. Implementations must be thread-safe: the agent calls them from any thread.
+pub trait Backend: Send + Sync + std::fmt::Debug + 'static {
+    /// The name peers see in metadata (e.g. `LIBFABRIC`).
+    fn name(&self) -> &str;
+    /// What it can do.
+    fn capabilities(&self) -> Capabilities;
+    /// Memory kinds it can register and move.
+    fn supported_mem(&self) -> &[MemKind];
+    /// Registers a region; the returned metadata deregisters when dropped.
+    fn register_mem(&self, region: &Region) -> Result<Arc<dyn LocalMd>>;
+    /// This agent's connection information for peers.
+    fn connection_info(&self) -> Result<Vec<u8>>;
+    /// Takes a peer's connection information (replacing an older one: reconnect).
+    fn load_remote_conn_info(&self, agent: &str, info: &[u8]) -> Result<()>;
+    /// Parses a peer region's public metadata.
+    fn load_remote_md(&self, agent: &str, region: &Region, public_md: &[u8]) -> Result<Arc<dyn RemoteMd>>;
+    /// Forgets a peer (its metadata was invalidated).
+    fn disconnect(&self, agent: &str);
+    /// Prepares a transfer to `agent` (this agent's own name for a local transfer).
+    fn prep_xfer(&self, op: XferOp, entries: &[XferEntry<'_>], agent: &str) -> Result<Box<dyn BackendXfer>>;
+    /// Sends a standalone notification.
+    fn gen_notif(&self, agent: &str, msg: &[u8]) -> Result<()>;
+    /// Moves received notifications into `into` as (sender, message).
+    fn take_notifs(&self, into: &mut Vec<(String, Vec<u8>)>);
+}
+
+/// Per-transfer telemetry (NIXL's `nixl_xfer_telem_t`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct XferTelemetry {
+    /// Bytes moved by one post.
+    pub total_bytes: u64,
+    /// Descriptors in the request.
+    pub desc_count: usize,
+    /// When the last post started.
+    pub post_time: Option<Instant>,
+    /// How long the post call itself took.
+    pub post_duration: Duration,
+    /// From post to observed completion, once complete.
+    pub xfer_duration: Option<Duration>,
+}

@@ -1,0 +1,14 @@
+//! Backends the agent can create by name.
+
+use crate::agent::Agent;
+use crate::backend::{Backend, BackendParams};
+use crate::error::Result;
+use std::sync::Arc;
+
+pub mod local;
+
+/// A constructor: the agent creating it and its string parameters.
+pub type CreateBackend = fn(&Agent, &BackendParams) -> Result<Arc<dyn Backend>>;
+
+/// Name → constructor, for [`Agent::create_backend`].
+pub(crate) const AVAILABLE: &[(&str, CreateBackend)] = &[(local::NAME, local::create)];

@@ -1,0 +1,48 @@
+//! A transfer agent in the model of NVIDIA NIXL, in Rust.
+//!
+//! Register memory once, exchange metadata, then move batches of non-contiguous buffers
+//! between agents with one-sided READ/WRITE, and be notified when the data has landed.
+//!
+//! - [`Agent`]: registrations ([`Agent::register_mem`]), metadata
+//!   ([`Agent::local_metadata`], [`Agent::load_remote_metadata`], the peer-to-peer
+//!   listener), transfers ([`Agent::prep_xfer_dlist`] + [`Agent::make_xfer_req`], or
+//!   [`Agent::create_xfer_req`]) and notifications ([`Agent::get_notifs`]).
+//! - [`Backend`]: the transport interface; backends are created by name with string
+//!   parameters ([`Agent::create_backend`]) or written by the user ([`Agent::add_backend`]).
+//! - Every bad input is refused before anything is posted, with a typed [`Error`]:
+//!   unregistered or partly registered memory, zero-length or overflowing descriptors,
+//!   an unknown peer, a remote descriptor outside every region the peer registered, a
+//!   memory kind the backend cannot move.
+//!
+//! ```
+//! use nixl::{Agent, AgentConfig, Desc, DescList, MemKind, XferOp, XferStatus};
+//! # fn main() -> nixl::Result<()> {
+//! let agent = Agent::new("a", AgentConfig::default())?;
+//! agent.create_backend("LOCAL", &Default::default())?;
+//! let src = vec![7u8; 4096];
+//! let mut dst = vec![0u8; 4096];
+//! let regs = DescList::from_descs(MemKind::Dram, [Desc::from_slice(&src), Desc::from_slice(&dst)]);
+//! // SAFETY: both buffers outlive the registration and every transfer below.
+//! let _handle = unsafe { agent.register_mem(&regs, None)? };
+//! let local = DescList::from_descs(MemKind::Dram, [Desc::from_slice(&src)]);
+//! let remote = DescList::from_descs(MemKind::Dram, [Desc::from_slice(&dst)]);
+//! let mut req = agent.create_xfer_req(XferOp::Write, &local, &remote, "a", Some(b"done".to_vec()))?;
+//! assert_eq!(req.post()?, XferStatus::Done);
+//! assert_eq!(agent.get_notifs()["a"], vec![b"done".to_vec()]);
+//! # drop(req);
+//! assert_eq!(dst[0], 7);
+//! # Ok(()) }
+//! ```
+
+mod agent;
+pub mod backend;
+pub mod backends;
+mod error;
+mod listener;
+pub mod mem;
+pub mod metadata;
+
+pub use agent::{params, Agent, AgentConfig, RegistrationHandle, XferDlist, XferReq};
+pub use backend::{Backend, BackendParams, Capabilities, PostParams, XferOp, XferStatus, XferTelemetry};
+pub use error::{Error, Result};
+pub use mem::{Desc, DescList, MemKind, Region};

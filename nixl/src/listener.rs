@@ -1,0 +1,296 @@
+//! Peer-to-peer metadata exchange over TCP (NIXL's listener thread and
+//! `sendLocalMD`/`fetchRemoteMD` with an IP address).
+//!
+//! One request and one reply per connection, each a frame:
+//! `"NXP1" type:u8 len:u32le payload[len]`, with `len` bounded by
+//! [`MAX_METADATA_BYTES`] and every socket operation bounded by the agent's
+//! metadata timeout.
+
+use crate::agent::{Agent, AgentInner};
+use crate::error::{Error, Result};
+use crate::metadata::MAX_METADATA_BYTES;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+const FRAME_MAGIC: &[u8; 4] = b"NXP1";
+const SEND_MD: u8 = 1;
+const FETCH_MD: u8 = 2;
+const MD_REPLY: u8 = 3;
+const INVALIDATE: u8 = 4;
+const ACK: u8 = 5;
+const ERROR: u8 = 6;
+/// Connections served at once; more are closed at once (a flood costs nothing).
+const MAX_CONCURRENT: usize = 64;
+/// How often the accept loop looks at the stop flag.
+const ACCEPT_POLL: Duration = Duration::from_millis(20);
+
+/// The running listener; stops when dropped (with its agent).
+#[derive(Debug)]
+pub(crate) struct Listener {
+    addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Listener {
+    pub(crate) fn start(agent: &Agent, addr: SocketAddr) -> Result<Self> {
+        let socket = TcpListener::bind(addr)?;
+        socket.set_nonblocking(true)?;
+        let addr = socket.local_addr()?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let weak = Arc::downgrade(&agent.inner);
+        let thread = std::thread::Builder::new()
+            .name(format!("nixl-listen-{}", agent.name()))
+            .spawn({
+                let stop = stop.clone();
+                move || accept_loop(socket, weak, stop)
+            })?;
+        Ok(Self {
+            addr,
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    pub(crate) fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            // The listener may be dropped from its own thread (last Agent clone released
+            // while serving); joining oneself would deadlock.
+            if thread.thread().id() != std::thread::current().id() {
+                let _ = thread.join();
+            }
+        }
+    }
+}
+
+fn accept_loop(socket: TcpListener, agent: Weak<AgentInner>, stop: Arc<AtomicBool>) {
+    let active = Arc::new(AtomicUsize::new(0));
+    while !stop.load(Ordering::Relaxed) {
+        match socket.accept() {
+            Ok((stream, peer)) => {
+                if active.load(Ordering::Relaxed) >= MAX_CONCURRENT {
+                    tracing::warn!(%peer, "metadata listener busy: connection dropped");
+                    continue;
+                }
+                let Some(inner) = agent.upgrade() else { return };
+                active.fetch_add(1, Ordering::Relaxed);
+                let counter = active.clone();
+                let spawned = std::thread::Builder::new()
+                    .name("nixl-listen-conn".into())
+                    .spawn(move || {
+                        if let Err(e) = serve(stream, &inner.agent()) {
+                            tracing::debug!(%peer, error = %e, "metadata exchange failed");
+                        }
+                        counter.fetch_sub(1, Ordering::Relaxed);
+                    });
+                if spawned.is_err() {
+                    active.fetch_sub(1, Ordering::Relaxed);
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::thread::sleep(ACCEPT_POLL),
+            Err(e) => {
+                tracing::warn!(error = %e, "metadata listener accept failed");
+                std::thread::sleep(ACCEPT_POLL);
+            }
+        }
+    }
+}
+
+fn serve(mut stream: TcpStream, agent: &Agent) -> Result<()> {
+    stream.set_nonblocking(false)?;
+    set_timeouts(&stream, agent.config().metadata_timeout)?;
+    let (kind, payload) = read_frame(&mut stream)?;
+    let reply = match kind {
+        SEND_MD => agent.load_remote_metadata(&payload).map(|_| (ACK, Vec::new())),
+        FETCH_MD => agent.local_metadata().map(|md| (MD_REPLY, md)),
+        INVALIDATE => {
+            let name = String::from_utf8(payload)
+                .map_err(|_| Error::MalformedMetadata("agent name is not UTF-8".into()))?;
+            // Unknown is fine: the goal (not knowing that agent) holds.
+            match agent.invalidate_remote(&name) {
+                Ok(()) | Err(Error::UnknownAgent(_)) => Ok((ACK, Vec::new())),
+                Err(e) => Err(e),
+            }
+        }
+        other => Err(Error::MalformedMetadata(format!("unknown request type {other}"))),
+    };
+    match reply {
+        Ok((kind, payload)) => write_frame(&mut stream, kind, &payload),
+        Err(e) => {
+            let _ = write_frame(&mut stream, ERROR, e.to_string().as_bytes());
+            Err(e)
+        }
+    }
+}
+
+fn set_timeouts(stream: &TcpStream, timeout: Duration) -> Result<()> {
+    stream.set_read_timeout(Some(timeout))?;
+    stream.set_write_timeout(Some(timeout))?;
+    stream.set_nodelay(true)?;
+    Ok(())
+}
+
+fn write_frame(stream: &mut TcpStream, kind: u8, payload: &[u8]) -> Result<()> {
+    let len = u32::try_from(payload.len()).map_err(|_| Error::InvalidParam("frame too large".into()))?;
+    let mut header = [0u8; 9];
+    header[..4].copy_from_slice(FRAME_MAGIC);
+    header[4] = kind;
+    header[5..].copy_from_slice(&len.to_le_bytes());
+    stream.write_all(&header).map_err(timeout_error)?;
+    stream.write_all(payload).map_err(timeout_error)?;
+    stream.flush().map_err(timeout_error)
+}
+
+fn read_frame(stream: &mut TcpStream) -> Result<(u8, Vec<u8>)> {
+    let mut header = [0u8; 9];
+    stream.read_exact(&mut header).map_err(timeout_error)?;
+    if &header[..4] != FRAME_MAGIC {
+        return Err(Error::MalformedMetadata("not a metadata exchange frame".into()));
+    }
+    let len = u32::from_le_bytes(header[5..].try_into().expect("4 bytes")) as usize;
+    if len > MAX_METADATA_BYTES {
+        return Err(Error::MalformedMetadata(format!(
+            "frame of {len} bytes exceeds the {MAX_METADATA_BYTES}-byte limit"
+        )));
+    }
+    // Grow with what actually arrives, so a lying length cannot make us allocate it.
+    let mut payload = Vec::with_capacity(len.min(1 << 16));
+    stream
+        .take(len as u64)
+        .read_to_end(&mut payload)
+        .map_err(timeout_error)?;
+    if payload.len() != len {
+        return Err(Error::MalformedMetadata(format!(
+            "frame truncated: {} of {len} bytes",
+            payload.len()
+        )));
+    }
+    Ok((header[4], payload))
+}
+
+fn timeout_error(e: std::io::Error) -> Error {
+    match e.kind() {
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
+            Error::Timeout(format!("metadata exchange: {e}"))
+        }
+        _ => Error::Io(e),
+    }
+}
+
+impl Agent {
+    fn exchange(&self, addr: SocketAddr, kind: u8, payload: &[u8]) -> Result<(u8, Vec<u8>)> {
+        let timeout = self.config().metadata_timeout;
+        let mut stream = TcpStream::connect_timeout(&addr, timeout).map_err(timeout_error)?;
+        set_timeouts(&stream, timeout)?;
+        write_frame(&mut stream, kind, payload)?;
+        let (reply, body) = read_frame(&mut stream)?;
+        if reply == ERROR {
+            return Err(Error::Backend {
+                backend: "listener".into(),
+                code: 0,
+                message: format!("peer at {addr} refused: {}", String::from_utf8_lossy(&body)),
+            });
+        }
+        Ok((reply, body))
+    }
+
+    fn expect_ack(&self, addr: SocketAddr, kind: u8, payload: &[u8]) -> Result<()> {
+        match self.exchange(addr, kind, payload)? {
+            (ACK, _) => Ok(()),
+            (other, _) => Err(Error::MalformedMetadata(format!("unexpected reply type {other}"))),
+        }
+    }
+
+    /// Pushes this agent's full metadata to the listener at `addr`.
+    #[doc(alias = "sendLocalMD")]
+    pub fn send_local_metadata(&self, addr: SocketAddr) -> Result<()> {
+        self.expect_ack(addr, SEND_MD, &self.local_metadata()?)
+    }
+
+    /// Pushes partial metadata (see [`Agent::local_partial_metadata`]).
+    #[doc(alias = "sendLocalPartialMD")]
+    pub fn send_local_partial_metadata(
+        &self,
+        addr: SocketAddr,
+        list: Option<&crate::DescList>,
+        include_conn_info: bool,
+    ) -> Result<()> {
+        self.expect_ack(addr, SEND_MD, &self.local_partial_metadata(list, include_conn_info)?)
+    }
+
+    /// Fetches the metadata of the agent listening at `addr`, loads it, returns its name.
+    #[doc(alias = "fetchRemoteMD")]
+    pub fn fetch_remote_metadata(&self, addr: SocketAddr) -> Result<String> {
+        match self.exchange(addr, FETCH_MD, &[])? {
+            (MD_REPLY, blob) => self.load_remote_metadata(&blob),
+            (other, _) => Err(Error::MalformedMetadata(format!("unexpected reply type {other}"))),
+        }
+    }
+
+    /// Tells the agent at `addr` to forget this one.
+    #[doc(alias = "invalidateLocalMD")]
+    pub fn invalidate_local_metadata(&self, addr: SocketAddr) -> Result<()> {
+        self.expect_ack(addr, INVALIDATE, self.name().as_bytes())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::TcpListener;
+
+    fn pair() -> (TcpStream, TcpStream) {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let a = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (b, _) = l.accept().unwrap();
+        (a, b)
+    }
+
+    #[test]
+    fn frames_round_trip() {
+        let (mut a, mut b) = pair();
+        write_frame(&mut a, SEND_MD, b"hello").unwrap();
+        assert_eq!(read_frame(&mut b).unwrap(), (SEND_MD, b"hello".to_vec()));
+    }
+
+    #[test]
+    fn oversized_and_truncated_frames_are_typed_errors() {
+        let (mut a, mut b) = pair();
+        let mut header = FRAME_MAGIC.to_vec();
+        header.push(SEND_MD);
+        header.extend_from_slice(&u32::MAX.to_le_bytes());
+        a.write_all(&header).unwrap();
+        assert!(matches!(read_frame(&mut b), Err(Error::MalformedMetadata(m)) if m.contains("exceeds")));
+
+        let (mut a, mut b) = pair();
+        let mut header = FRAME_MAGIC.to_vec();
+        header.push(SEND_MD);
+        header.extend_from_slice(&100u32.to_le_bytes());
+        a.write_all(&header).unwrap();
+        a.write_all(&[0; 10]).unwrap();
+        drop(a);
+        assert!(matches!(read_frame(&mut b), Err(Error::MalformedMetadata(m)) if m.contains("truncated")));
+
+        let (mut a, mut b) = pair();
+        a.write_all(b"GET / HTTP/1.1\r\n").unwrap();
+        assert!(matches!(read_frame(&mut b), Err(Error::MalformedMetadata(_))));
+    }
+
+    #[test]
+    fn a_silent_peer_times_out() {
+        let (_a, mut b) = pair();
+        set_timeouts(&b, Duration::from_millis(100)).unwrap();
+        assert!(matches!(read_frame(&mut b), Err(Error::Timeout(_))));
+    }
+}
