@@ -1,0 +1,2 @@
+/* Input of the `ibverbs-sys` bindings: the whole public API of libibverbs. */
+#include <infiniband/verbs.h>
