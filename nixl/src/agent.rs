@@ -413,6 +413,18 @@ impl Agent {
         Ok(())
     }
 
+    /// The regions a peer advertised (sorted by kind, device and address).
+    pub fn remote_regions(&self, agent: &str) -> Result<Vec<Region>> {
+        let remotes = self.inner.remotes.read().expect("remotes lock");
+        let peer = remotes
+            .get(agent)
+            .ok_or_else(|| Error::UnknownAgent(agent.to_string()))?;
+        let mut regions: Vec<Region> = peer.known.iter().map(|(r, _)| *r).collect();
+        regions.sort_by_key(|r| (r.kind, r.desc.dev_id, r.desc.addr, r.desc.len));
+        regions.dedup();
+        Ok(regions)
+    }
+
     /// Whether metadata of `agent` is loaded.
     #[doc(alias = "checkRemoteMD")]
     pub fn has_remote(&self, agent: &str) -> bool {
