@@ -100,7 +100,9 @@ pub struct Agent {
 
 impl std::fmt::Debug for Agent {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Agent").field("name", &self.inner.name).finish()
+        f.debug_struct("Agent")
+            .field("name", &self.inner.name)
+            .finish()
     }
 }
 
@@ -110,7 +112,9 @@ impl Agent {
     pub fn new(name: impl Into<String>, config: AgentConfig) -> Result<Self> {
         let name = name.into();
         if name.is_empty() || name.len() > u16::MAX as usize {
-            return Err(Error::InvalidParam("agent name must be 1..=65535 bytes".into()));
+            return Err(Error::InvalidParam(
+                "agent name must be 1..=65535 bytes".into(),
+            ));
         }
         let listen = config.listen_addr;
         let agent = Agent {
@@ -154,7 +158,10 @@ impl Agent {
     /// Backend names [`Agent::create_backend`] knows in this build.
     #[doc(alias = "getAvailPlugins")]
     pub fn available_backends() -> Vec<&'static str> {
-        crate::backends::AVAILABLE.iter().map(|(name, _)| *name).collect()
+        crate::backends::AVAILABLE
+            .iter()
+            .map(|(name, _)| *name)
+            .collect()
     }
 
     /// Creates a backend by name with string parameters and adds it.
@@ -208,7 +215,8 @@ impl Agent {
             .iter()
             .map(|b| {
                 b.supported_mem().contains(&kind)
-                    && only_backends.is_none_or(|names| names.iter().any(|n| n.eq_ignore_ascii_case(b.name())))
+                    && only_backends
+                        .is_none_or(|names| names.iter().any(|n| n.eq_ignore_ascii_case(b.name())))
             })
             .collect();
         if !chosen.iter().any(|c| *c) {
@@ -270,7 +278,11 @@ impl Agent {
             .iter()
             .map(|d| {
                 let end = d.checked_end(0).ok()?;
-                match local.index.get(&(list.kind(), d.dev_id))?.lookup(d.addr, end) {
+                match local
+                    .index
+                    .get(&(list.kind(), d.dev_id))?
+                    .lookup(d.addr, end)
+                {
                     Lookup::Inside(reg) => Some(
                         reg.mds
                             .iter()
@@ -294,7 +306,11 @@ impl Agent {
     /// Partial metadata: only the registrations covering `list` (none if `None`), and the
     /// connection information only if `include_conn_info`.
     #[doc(alias = "getLocalPartialMD")]
-    pub fn local_partial_metadata(&self, list: Option<&DescList>, include_conn_info: bool) -> Result<Vec<u8>> {
+    pub fn local_partial_metadata(
+        &self,
+        list: Option<&DescList>,
+        include_conn_info: bool,
+    ) -> Result<Vec<u8>> {
         let selected = match list {
             None => Some(Vec::new()),
             Some(list) => {
@@ -305,10 +321,15 @@ impl Agent {
                 Some(ids)
             }
         };
-        self.build_metadata(selected.as_deref(), include_conn_info)?.encode()
+        self.build_metadata(selected.as_deref(), include_conn_info)?
+            .encode()
     }
 
-    fn build_metadata(&self, only_ids: Option<&[u64]>, include_conn_info: bool) -> Result<AgentMetadata> {
+    fn build_metadata(
+        &self,
+        only_ids: Option<&[u64]>,
+        include_conn_info: bool,
+    ) -> Result<AgentMetadata> {
         let backends = self.backends();
         let local = self.inner.local.read().expect("local lock");
         let mut regs: Vec<&Arc<LocalReg>> = match only_ids {
@@ -325,7 +346,12 @@ impl Agent {
             };
             let regions = regs
                 .iter()
-                .filter_map(|r| r.mds[..].get(i)?.as_ref().map(|md| (r.region, md.public_md())))
+                .filter_map(|r| {
+                    r.mds[..]
+                        .get(i)?
+                        .as_ref()
+                        .map(|md| (r.region, md.public_md()))
+                })
                 .collect();
             sections.push(BackendSection {
                 backend: backend.name().to_string(),
@@ -395,7 +421,11 @@ impl Agent {
             peer.index
                 .entry((region.kind, region.desc.dev_id))
                 .or_default()
-                .insert(region.desc.addr, region.end(), Arc::new(RemoteReg { region, mds }));
+                .insert(
+                    region.desc.addr,
+                    region.end(),
+                    Arc::new(RemoteReg { region, mds }),
+                );
         }
         Ok(())
     }
@@ -403,7 +433,12 @@ impl Agent {
     /// Forgets a peer and disconnects it in every backend.
     #[doc(alias = "invalidateRemoteMD")]
     pub fn invalidate_remote(&self, agent: &str) -> Result<()> {
-        let removed = self.inner.remotes.write().expect("remotes lock").remove(agent);
+        let removed = self
+            .inner
+            .remotes
+            .write()
+            .expect("remotes lock")
+            .remove(agent);
         if removed.is_none() {
             return Err(Error::UnknownAgent(agent.to_string()));
         }
@@ -428,7 +463,11 @@ impl Agent {
     /// Whether metadata of `agent` is loaded.
     #[doc(alias = "checkRemoteMD")]
     pub fn has_remote(&self, agent: &str) -> bool {
-        self.inner.remotes.read().expect("remotes lock").contains_key(agent)
+        self.inner
+            .remotes
+            .read()
+            .expect("remotes lock")
+            .contains_key(agent)
     }
 
     /// Validates a descriptor list once, for many transfers: `agent` is `None` for this
@@ -487,7 +526,11 @@ impl Agent {
                 let mut remote_regs = Vec::with_capacity(list.len());
                 for (index, d) in list.descs().iter().enumerate() {
                     let end = d.checked_end(index)?;
-                    match peer.index.get(&(kind, d.dev_id)).map(|idx| idx.lookup(d.addr, end)) {
+                    match peer
+                        .index
+                        .get(&(kind, d.dev_id))
+                        .map(|idx| idx.lookup(d.addr, end))
+                    {
                         Some(Lookup::Inside(reg)) => remote_regs.push(reg.clone()),
                         _ => {
                             return Err(Error::RemoteOutOfBounds {
@@ -546,10 +589,14 @@ impl Agent {
         backend: Option<&str>,
     ) -> Result<XferReq> {
         if local.agent.is_some() {
-            return Err(Error::InvalidParam("the local list must be prepared with agent None".into()));
+            return Err(Error::InvalidParam(
+                "the local list must be prepared with agent None".into(),
+            ));
         }
         let Some(peer) = remote.agent.as_deref() else {
-            return Err(Error::InvalidParam("the remote list must be prepared with a peer's name".into()));
+            return Err(Error::InvalidParam(
+                "the remote list must be prepared with a peer's name".into(),
+            ));
         };
         if local_idx.len() != remote_idx.len() {
             return Err(Error::Mismatch(format!(
@@ -559,7 +606,9 @@ impl Agent {
             )));
         }
         if local_idx.is_empty() {
-            return Err(Error::InvalidParam("a transfer needs at least one descriptor".into()));
+            return Err(Error::InvalidParam(
+                "a transfer needs at least one descriptor".into(),
+            ));
         }
         {
             let remotes = self.inner.remotes.read().expect("remotes lock");
@@ -581,8 +630,14 @@ impl Agent {
         let mut pairs = Vec::with_capacity(local_idx.len());
         let mut total_bytes = 0u64;
         for (&li, &ri) in local_idx.iter().zip(remote_idx) {
-            let l = local.descs.get(li).ok_or_else(|| bad_index("local", li, local.descs.len()))?;
-            let r = remote.descs.get(ri).ok_or_else(|| bad_index("remote", ri, remote.descs.len()))?;
+            let l = local
+                .descs
+                .get(li)
+                .ok_or_else(|| bad_index("local", li, local.descs.len()))?;
+            let r = remote
+                .descs
+                .get(ri)
+                .ok_or_else(|| bad_index("remote", ri, remote.descs.len()))?;
             if l.len != r.len {
                 return Err(Error::Mismatch(format!(
                     "local descriptor {li} has {} bytes, remote descriptor {ri} has {}",
@@ -594,12 +649,21 @@ impl Agent {
         }
         let usable = |bi: usize, b: &Arc<dyn Backend>| {
             let caps = b.capabilities();
-            (if loopback { caps.local || caps.remote } else { caps.remote })
-                && b.supported_mem().contains(&local.kind)
+            (if loopback {
+                caps.local || caps.remote
+            } else {
+                caps.remote
+            }) && b.supported_mem().contains(&local.kind)
                 && b.supported_mem().contains(&remote.kind)
                 && pairs.iter().all(|&(li, ri)| {
-                    local.local_regs[li].mds.get(bi).is_some_and(Option::is_some)
-                        && remote.remote_regs[ri].mds.get(bi).is_some_and(Option::is_some)
+                    local.local_regs[li]
+                        .mds
+                        .get(bi)
+                        .is_some_and(Option::is_some)
+                        && remote.remote_regs[ri]
+                            .mds
+                            .get(bi)
+                            .is_some_and(Option::is_some)
                 })
         };
         let chosen = match backend {
@@ -653,7 +717,10 @@ impl Agent {
         let backend = backends[chosen].clone();
         let inner = backend.prep_xfer(op, &entries, peer)?;
         // Keep every registration used alive while the request exists.
-        let mut keep_local: Vec<Arc<LocalReg>> = pairs.iter().map(|&(li, _)| local.local_regs[li].clone()).collect();
+        let mut keep_local: Vec<Arc<LocalReg>> = pairs
+            .iter()
+            .map(|&(li, _)| local.local_regs[li].clone())
+            .collect();
         keep_local.sort_by_key(|r| r.id);
         keep_local.dedup_by_key(|r| r.id);
         Ok(XferReq {
@@ -890,7 +957,10 @@ impl XferReq {
                 return Ok(());
             }
             if Instant::now() > deadline {
-                return Err(Error::Timeout(format!("transfer to `{}` not done after {timeout:?}", self.peer)));
+                return Err(Error::Timeout(format!(
+                    "transfer to `{}` not done after {timeout:?}",
+                    self.peer
+                )));
             }
             std::thread::yield_now();
         }
@@ -922,11 +992,16 @@ impl XferReq {
 impl AgentInner {
     /// Used by the listener to load metadata pushed by a peer.
     pub(crate) fn agent(self: &Arc<Self>) -> Agent {
-        Agent { inner: self.clone() }
+        Agent {
+            inner: self.clone(),
+        }
     }
 }
 
 /// Parameters helper: `("key", "value")` pairs into [`BackendParams`].
 pub fn params<'a>(pairs: impl IntoIterator<Item = (&'a str, &'a str)>) -> BackendParams {
-    pairs.into_iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    pairs
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
 }

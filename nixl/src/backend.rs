@@ -141,11 +141,21 @@ pub trait Backend: Send + Sync + std::fmt::Debug + 'static {
     /// Takes a peer's connection information (replacing an older one: reconnect).
     fn load_remote_conn_info(&self, agent: &str, info: &[u8]) -> Result<()>;
     /// Parses a peer region's public metadata.
-    fn load_remote_md(&self, agent: &str, region: &Region, public_md: &[u8]) -> Result<Arc<dyn RemoteMd>>;
+    fn load_remote_md(
+        &self,
+        agent: &str,
+        region: &Region,
+        public_md: &[u8],
+    ) -> Result<Arc<dyn RemoteMd>>;
     /// Forgets a peer (its metadata was invalidated).
     fn disconnect(&self, agent: &str);
     /// Prepares a transfer to `agent` (this agent's own name for a local transfer).
-    fn prep_xfer(&self, op: XferOp, entries: &[XferEntry<'_>], agent: &str) -> Result<Box<dyn BackendXfer>>;
+    fn prep_xfer(
+        &self,
+        op: XferOp,
+        entries: &[XferEntry<'_>],
+        agent: &str,
+    ) -> Result<Box<dyn BackendXfer>>;
     /// Sends a standalone notification.
     fn gen_notif(&self, agent: &str, msg: &[u8]) -> Result<()>;
     /// Moves received notifications into `into` as (sender, message).

@@ -43,6 +43,8 @@ pub mod mem;
 pub mod metadata;
 
 pub use agent::{params, Agent, AgentConfig, RegistrationHandle, XferDlist, XferReq};
-pub use backend::{Backend, BackendParams, Capabilities, PostParams, XferOp, XferStatus, XferTelemetry};
+pub use backend::{
+    Backend, BackendParams, Capabilities, PostParams, XferOp, XferStatus, XferTelemetry,
+};
 pub use error::{Error, Result};
 pub use mem::{Desc, DescList, MemKind, Region};

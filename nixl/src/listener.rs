@@ -112,7 +112,9 @@ fn serve(mut stream: TcpStream, agent: &Agent) -> Result<()> {
     set_timeouts(&stream, agent.config().metadata_timeout)?;
     let (kind, payload) = read_frame(&mut stream)?;
     let reply = match kind {
-        SEND_MD => agent.load_remote_metadata(&payload).map(|_| (ACK, Vec::new())),
+        SEND_MD => agent
+            .load_remote_metadata(&payload)
+            .map(|_| (ACK, Vec::new())),
         FETCH_MD => agent.local_metadata().map(|md| (MD_REPLY, md)),
         INVALIDATE => {
             let name = String::from_utf8(payload)
@@ -123,7 +125,9 @@ fn serve(mut stream: TcpStream, agent: &Agent) -> Result<()> {
                 Err(e) => Err(e),
             }
         }
-        other => Err(Error::MalformedMetadata(format!("unknown request type {other}"))),
+        other => Err(Error::MalformedMetadata(format!(
+            "unknown request type {other}"
+        ))),
     };
     match reply {
         Ok((kind, payload)) => write_frame(&mut stream, kind, &payload),
@@ -142,7 +146,8 @@ fn set_timeouts(stream: &TcpStream, timeout: Duration) -> Result<()> {
 }
 
 fn write_frame(stream: &mut TcpStream, kind: u8, payload: &[u8]) -> Result<()> {
-    let len = u32::try_from(payload.len()).map_err(|_| Error::InvalidParam("frame too large".into()))?;
+    let len =
+        u32::try_from(payload.len()).map_err(|_| Error::InvalidParam("frame too large".into()))?;
     let mut header = [0u8; 9];
     header[..4].copy_from_slice(FRAME_MAGIC);
     header[4] = kind;
@@ -156,7 +161,9 @@ fn read_frame(stream: &mut TcpStream) -> Result<(u8, Vec<u8>)> {
     let mut header = [0u8; 9];
     stream.read_exact(&mut header).map_err(timeout_error)?;
     if &header[..4] != FRAME_MAGIC {
-        return Err(Error::MalformedMetadata("not a metadata exchange frame".into()));
+        return Err(Error::MalformedMetadata(
+            "not a metadata exchange frame".into(),
+        ));
     }
     let len = u32::from_le_bytes(header[5..].try_into().expect("4 bytes")) as usize;
     if len > MAX_METADATA_BYTES {
@@ -208,7 +215,9 @@ impl Agent {
     fn expect_ack(&self, addr: SocketAddr, kind: u8, payload: &[u8]) -> Result<()> {
         match self.exchange(addr, kind, payload)? {
             (ACK, _) => Ok(()),
-            (other, _) => Err(Error::MalformedMetadata(format!("unexpected reply type {other}"))),
+            (other, _) => Err(Error::MalformedMetadata(format!(
+                "unexpected reply type {other}"
+            ))),
         }
     }
 
@@ -226,7 +235,11 @@ impl Agent {
         list: Option<&crate::DescList>,
         include_conn_info: bool,
     ) -> Result<()> {
-        self.expect_ack(addr, SEND_MD, &self.local_partial_metadata(list, include_conn_info)?)
+        self.expect_ack(
+            addr,
+            SEND_MD,
+            &self.local_partial_metadata(list, include_conn_info)?,
+        )
     }
 
     /// Fetches the metadata of the agent listening at `addr`, loads it, returns its name.
@@ -234,7 +247,9 @@ impl Agent {
     pub fn fetch_remote_metadata(&self, addr: SocketAddr) -> Result<String> {
         match self.exchange(addr, FETCH_MD, &[])? {
             (MD_REPLY, blob) => self.load_remote_metadata(&blob),
-            (other, _) => Err(Error::MalformedMetadata(format!("unexpected reply type {other}"))),
+            (other, _) => Err(Error::MalformedMetadata(format!(
+                "unexpected reply type {other}"
+            ))),
         }
     }
 
@@ -271,7 +286,9 @@ mod tests {
         header.push(SEND_MD);
         header.extend_from_slice(&u32::MAX.to_le_bytes());
         a.write_all(&header).unwrap();
-        assert!(matches!(read_frame(&mut b), Err(Error::MalformedMetadata(m)) if m.contains("exceeds")));
+        assert!(
+            matches!(read_frame(&mut b), Err(Error::MalformedMetadata(m)) if m.contains("exceeds"))
+        );
 
         let (mut a, mut b) = pair();
         let mut header = FRAME_MAGIC.to_vec();
@@ -280,11 +297,16 @@ mod tests {
         a.write_all(&header).unwrap();
         a.write_all(&[0; 10]).unwrap();
         drop(a);
-        assert!(matches!(read_frame(&mut b), Err(Error::MalformedMetadata(m)) if m.contains("truncated")));
+        assert!(
+            matches!(read_frame(&mut b), Err(Error::MalformedMetadata(m)) if m.contains("truncated"))
+        );
 
         let (mut a, mut b) = pair();
         a.write_all(b"GET / HTTP/1.1\r\n").unwrap();
-        assert!(matches!(read_frame(&mut b), Err(Error::MalformedMetadata(_))));
+        assert!(matches!(
+            read_frame(&mut b),
+            Err(Error::MalformedMetadata(_))
+        ));
     }
 
     #[test]

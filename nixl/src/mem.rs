@@ -21,7 +21,13 @@ pub enum MemKind {
 
 impl MemKind {
     /// All kinds, in wire order.
-    pub const ALL: [MemKind; 5] = [Self::Dram, Self::Vram, Self::File, Self::Block, Self::Object];
+    pub const ALL: [MemKind; 5] = [
+        Self::Dram,
+        Self::Vram,
+        Self::File,
+        Self::Block,
+        Self::Object,
+    ];
 
     /// The wire code used in metadata.
     pub fn code(self) -> u8 {
@@ -270,8 +276,14 @@ mod tests {
 
     #[test]
     fn zero_and_overflowing_descriptors_are_rejected() {
-        assert!(matches!(Desc::new(1, 0, 0).checked_end(3), Err(Error::ZeroLength { index: 3 })));
-        assert!(matches!(Desc::new(u64::MAX, 2, 0).checked_end(0), Err(Error::Overflow { .. })));
+        assert!(matches!(
+            Desc::new(1, 0, 0).checked_end(3),
+            Err(Error::ZeroLength { index: 3 })
+        ));
+        assert!(matches!(
+            Desc::new(u64::MAX, 2, 0).checked_end(0),
+            Err(Error::Overflow { .. })
+        ));
         assert_eq!(Desc::new(10, 5, 0).checked_end(0).unwrap(), 15);
     }
 

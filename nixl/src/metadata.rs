@@ -103,7 +103,9 @@ impl AgentMetadata {
         }
         let version = r.u16("version")?;
         if version != VERSION {
-            return Err(malformed(format!("unsupported version {version} (this build reads {VERSION})")));
+            return Err(malformed(format!(
+                "unsupported version {version} (this build reads {VERSION})"
+            )));
         }
         let agent = r.str16("agent name")?;
         if agent.is_empty() {
@@ -111,7 +113,9 @@ impl AgentMetadata {
         }
         let nsections = r.u16("section count")?;
         if nsections > MAX_SECTIONS {
-            return Err(malformed(format!("{nsections} sections exceeds {MAX_SECTIONS}")));
+            return Err(malformed(format!(
+                "{nsections} sections exceeds {MAX_SECTIONS}"
+            )));
         }
         let mut meta = AgentMetadata {
             agent,
@@ -146,7 +150,10 @@ impl AgentMetadata {
 }
 
 fn decode_regions(payload: &[u8]) -> Result<Vec<(Region, Vec<u8>)>> {
-    let mut r = Reader { buf: payload, pos: 0 };
+    let mut r = Reader {
+        buf: payload,
+        pos: 0,
+    };
     let count = r.u32("region count")? as usize;
     // Bound the allocation by what the payload can actually hold.
     if count > r.remaining() / MIN_REGION_BYTES {
@@ -194,7 +201,9 @@ fn put_section(out: &mut Vec<u8>, backend: &str, tag: u8, payload: &[u8]) -> Res
 
 fn put_str(out: &mut Vec<u8>, s: &str, max: usize, width: usize) -> Result<()> {
     if s.len() > max {
-        return Err(Error::InvalidParam(format!("`{s}` is longer than {max} bytes")));
+        return Err(Error::InvalidParam(format!(
+            "`{s}` is longer than {max} bytes"
+        )));
     }
     out.extend_from_slice(&(s.len() as u64).to_le_bytes()[..width]);
     out.extend_from_slice(s.as_bytes());
@@ -289,11 +298,17 @@ mod tests {
                     conn_info: Some(vec![1, 2, 3]),
                     regions: vec![
                         (
-                            Region { kind: MemKind::Dram, desc: Desc::new(0x1000, 4096, 0) },
+                            Region {
+                                kind: MemKind::Dram,
+                                desc: Desc::new(0x1000, 4096, 0),
+                            },
                             vec![9; 24],
                         ),
                         (
-                            Region { kind: MemKind::Vram, desc: Desc::new(0x7f00_0000, 1 << 20, 3) },
+                            Region {
+                                kind: MemKind::Vram,
+                                desc: Desc::new(0x7f00_0000, 1 << 20, 3),
+                            },
                             vec![],
                         ),
                     ],
@@ -302,7 +317,10 @@ mod tests {
                     backend: "VERBS".into(),
                     conn_info: None,
                     regions: vec![(
-                        Region { kind: MemKind::Dram, desc: Desc::new(0x1000, 4096, 0) },
+                        Region {
+                            kind: MemKind::Dram,
+                            desc: Desc::new(0x1000, 4096, 0),
+                        },
                         vec![7; 8],
                     )],
                 },
@@ -372,7 +390,10 @@ mod tests {
         blob[at..at + 2].copy_from_slice(&n.to_le_bytes());
         let decoded = AgentMetadata::decode(&blob).unwrap();
         assert_eq!(decoded.sections[0], meta.sections[0]);
-        assert!(decoded.sections.iter().all(|s| s.regions.is_empty() || s.backend != "FUTURE"));
+        assert!(decoded
+            .sections
+            .iter()
+            .all(|s| s.regions.is_empty() || s.backend != "FUTURE"));
     }
 
     #[test]
@@ -380,13 +401,22 @@ mod tests {
         let blob = sample().encode().unwrap();
         let mut bad = blob.clone();
         bad[0] = b'X';
-        assert!(AgentMetadata::decode(&bad).unwrap_err().to_string().contains("magic"));
+        assert!(AgentMetadata::decode(&bad)
+            .unwrap_err()
+            .to_string()
+            .contains("magic"));
         let mut bad = blob.clone();
         bad[6] = 9;
-        assert!(AgentMetadata::decode(&bad).unwrap_err().to_string().contains("version"));
+        assert!(AgentMetadata::decode(&bad)
+            .unwrap_err()
+            .to_string()
+            .contains("version"));
         let mut meta = sample();
         meta.sections[0].regions[0].0.desc.len = 0;
         let bad = meta.encode().unwrap();
-        assert!(AgentMetadata::decode(&bad).unwrap_err().to_string().contains("length zero"));
+        assert!(AgentMetadata::decode(&bad)
+            .unwrap_err()
+            .to_string()
+            .contains("length zero"));
     }
 }

@@ -21,12 +21,30 @@ fn write_and_read_within_one_agent() {
     let mut dst = vec![0u8; 64 * 1024];
     let dst_base = dst.as_mut_ptr() as u64;
     // SAFETY: both vectors outlive the handle and every request below.
-    let _h = unsafe { a.register_mem(&dram([Desc::from_slice(&src), Desc::from_slice(&dst)]), None).unwrap() };
+    let _h = unsafe {
+        a.register_mem(
+            &dram([Desc::from_slice(&src), Desc::from_slice(&dst)]),
+            None,
+        )
+        .unwrap()
+    };
     // 16 non-contiguous 1 KiB pieces, reversed order on the other side.
     let piece = 1024u64;
-    let local: Vec<Desc> = (0..16).map(|i| Desc::new(src.as_ptr() as u64 + i * 4096, piece, 0)).collect();
-    let remote: Vec<Desc> = (0..16).map(|i| Desc::new(dst_base + (15 - i) * 4096, piece, 0)).collect();
-    let mut req = a.create_xfer_req(XferOp::Write, &dram(local.clone()), &dram(remote.clone()), "self", None).unwrap();
+    let local: Vec<Desc> = (0..16)
+        .map(|i| Desc::new(src.as_ptr() as u64 + i * 4096, piece, 0))
+        .collect();
+    let remote: Vec<Desc> = (0..16)
+        .map(|i| Desc::new(dst_base + (15 - i) * 4096, piece, 0))
+        .collect();
+    let mut req = a
+        .create_xfer_req(
+            XferOp::Write,
+            &dram(local.clone()),
+            &dram(remote.clone()),
+            "self",
+            None,
+        )
+        .unwrap();
     assert_eq!(req.post().unwrap(), XferStatus::Done);
     assert_eq!(req.telemetry().total_bytes, 16 * 1024);
     for i in 0..16usize {
@@ -37,12 +55,23 @@ fn write_and_read_within_one_agent() {
     drop(req);
     // READ brings it back into a cleared source.
     src.iter_mut().for_each(|b| *b = 0);
-    let mut req = a.create_xfer_req(XferOp::Read, &dram(local), &dram(remote), "self", Some(b"n1".to_vec())).unwrap();
+    let mut req = a
+        .create_xfer_req(
+            XferOp::Read,
+            &dram(local),
+            &dram(remote),
+            "self",
+            Some(b"n1".to_vec()),
+        )
+        .unwrap();
     req.post().unwrap();
     req.wait(Duration::from_secs(5)).unwrap();
     drop(req);
     for i in 0..16usize {
-        assert!(src[i * 4096..i * 4096 + 1024].iter().enumerate().all(|(j, b)| *b == ((i * 4096 + j) % 251) as u8));
+        assert!(src[i * 4096..i * 4096 + 1024]
+            .iter()
+            .enumerate()
+            .all(|(j, b)| *b == ((i * 4096 + j) % 251) as u8));
     }
     assert_eq!(a.get_notifs()["self"], vec![b"n1".to_vec()]);
     assert!(a.get_notifs().is_empty(), "notifications are taken once");
@@ -54,23 +83,59 @@ fn bad_local_descriptors_are_refused_before_posting() {
     let buf = vec![0u8; 8192];
     let base = buf.as_ptr() as u64;
     // SAFETY: `buf` outlives the handle.
-    let _h = unsafe { a.register_mem(&dram([Desc::new(base, 4096, 0)]), None).unwrap() };
+    let _h = unsafe {
+        a.register_mem(&dram([Desc::new(base, 4096, 0)]), None)
+            .unwrap()
+    };
     let prep = |d: Desc| a.prep_xfer_dlist(None, &dram([d]));
     assert!(matches!(prep(Desc::new(base, 4096, 0)), Ok(_)));
-    assert!(matches!(prep(Desc::new(base + 4096, 16, 0)), Err(Error::NotRegistered { partial: false, .. })));
-    assert!(matches!(prep(Desc::new(base + 4000, 200, 0)), Err(Error::NotRegistered { partial: true, .. })));
-    assert!(matches!(prep(Desc::new(base, 0, 0)), Err(Error::ZeroLength { index: 0 })));
-    assert!(matches!(prep(Desc::new(u64::MAX - 1, 8, 0)), Err(Error::Overflow { .. })));
-    assert!(matches!(prep(Desc::new(base, 16, 1)), Err(Error::NotRegistered { dev_id: 1, .. })));
     assert!(matches!(
-        a.prep_xfer_dlist(None, &DescList::from_descs(MemKind::Vram, [Desc::new(base, 16, 0)])),
-        Err(Error::NotRegistered { kind: MemKind::Vram, .. })
+        prep(Desc::new(base + 4096, 16, 0)),
+        Err(Error::NotRegistered { partial: false, .. })
+    ));
+    assert!(matches!(
+        prep(Desc::new(base + 4000, 200, 0)),
+        Err(Error::NotRegistered { partial: true, .. })
+    ));
+    assert!(matches!(
+        prep(Desc::new(base, 0, 0)),
+        Err(Error::ZeroLength { index: 0 })
+    ));
+    assert!(matches!(
+        prep(Desc::new(u64::MAX - 1, 8, 0)),
+        Err(Error::Overflow { .. })
+    ));
+    assert!(matches!(
+        prep(Desc::new(base, 16, 1)),
+        Err(Error::NotRegistered { dev_id: 1, .. })
+    ));
+    assert!(matches!(
+        a.prep_xfer_dlist(
+            None,
+            &DescList::from_descs(MemKind::Vram, [Desc::new(base, 16, 0)])
+        ),
+        Err(Error::NotRegistered {
+            kind: MemKind::Vram,
+            ..
+        })
     ));
     // SAFETY: never used: the registration is refused.
-    let err = unsafe { a.register_mem(&DescList::from_descs(MemKind::Vram, [Desc::new(base, 16, 0)]), None) };
-    assert!(matches!(err, Err(Error::UnsupportedMemKind { ref backend, kind: MemKind::Vram }) if backend == "LOCAL"));
-    assert!(matches!(a.prep_xfer_dlist(Some("nobody"), &dram([Desc::new(base, 1, 0)])), Err(Error::UnknownAgent(n)) if n == "nobody"));
-    assert!(matches!(a.create_backend("NOPE", &Default::default()), Err(Error::UnknownBackend(_))));
+    let err = unsafe {
+        a.register_mem(
+            &DescList::from_descs(MemKind::Vram, [Desc::new(base, 16, 0)]),
+            None,
+        )
+    };
+    assert!(
+        matches!(err, Err(Error::UnsupportedMemKind { ref backend, kind: MemKind::Vram }) if backend == "LOCAL")
+    );
+    assert!(
+        matches!(a.prep_xfer_dlist(Some("nobody"), &dram([Desc::new(base, 1, 0)])), Err(Error::UnknownAgent(n)) if n == "nobody")
+    );
+    assert!(matches!(
+        a.create_backend("NOPE", &Default::default()),
+        Err(Error::UnknownBackend(_))
+    ));
 }
 
 #[test]
@@ -79,20 +144,62 @@ fn remote_descriptors_are_bounds_checked_against_peer_metadata() {
     let buf = vec![0u8; 8192];
     let base = buf.as_ptr() as u64;
     // SAFETY: `buf` outlives the handle.
-    let h = unsafe { a.register_mem(&dram([Desc::new(base, 4096, 0)]), None).unwrap() };
-    let local = a.prep_xfer_dlist(None, &dram([Desc::new(base, 64, 0)])).unwrap();
-    let err = a.prep_xfer_dlist(Some("loop"), &dram([Desc::new(base + 4090, 64, 0)])).unwrap_err();
-    assert!(matches!(err, Error::RemoteOutOfBounds { index: 0, .. }), "{err}");
-    let remote = a.prep_xfer_dlist(Some("loop"), &dram([Desc::new(base + 128, 64, 0), Desc::new(base, 32, 0)])).unwrap();
-    assert!(matches!(a.make_xfer_req(XferOp::Write, &local, &[0], &remote, &[1], None, None), Err(Error::Mismatch(_))));
-    assert!(matches!(a.make_xfer_req(XferOp::Write, &local, &[0, 0], &remote, &[0], None, None), Err(Error::Mismatch(_))));
-    assert!(matches!(a.make_xfer_req(XferOp::Write, &local, &[5], &remote, &[0], None, None), Err(Error::InvalidParam(_))));
-    assert!(matches!(a.make_xfer_req(XferOp::Write, &local, &[0], &remote, &[0], None, Some("X")), Err(Error::UnknownBackend(_))));
-    a.make_xfer_req(XferOp::Write, &local, &[0], &remote, &[0], None, Some("local")).unwrap();
+    let h = unsafe {
+        a.register_mem(&dram([Desc::new(base, 4096, 0)]), None)
+            .unwrap()
+    };
+    let local = a
+        .prep_xfer_dlist(None, &dram([Desc::new(base, 64, 0)]))
+        .unwrap();
+    let err = a
+        .prep_xfer_dlist(Some("loop"), &dram([Desc::new(base + 4090, 64, 0)]))
+        .unwrap_err();
+    assert!(
+        matches!(err, Error::RemoteOutOfBounds { index: 0, .. }),
+        "{err}"
+    );
+    let remote = a
+        .prep_xfer_dlist(
+            Some("loop"),
+            &dram([Desc::new(base + 128, 64, 0), Desc::new(base, 32, 0)]),
+        )
+        .unwrap();
+    assert!(matches!(
+        a.make_xfer_req(XferOp::Write, &local, &[0], &remote, &[1], None, None),
+        Err(Error::Mismatch(_))
+    ));
+    assert!(matches!(
+        a.make_xfer_req(XferOp::Write, &local, &[0, 0], &remote, &[0], None, None),
+        Err(Error::Mismatch(_))
+    ));
+    assert!(matches!(
+        a.make_xfer_req(XferOp::Write, &local, &[5], &remote, &[0], None, None),
+        Err(Error::InvalidParam(_))
+    ));
+    assert!(matches!(
+        a.make_xfer_req(XferOp::Write, &local, &[0], &remote, &[0], None, Some("X")),
+        Err(Error::UnknownBackend(_))
+    ));
+    a.make_xfer_req(
+        XferOp::Write,
+        &local,
+        &[0],
+        &remote,
+        &[0],
+        None,
+        Some("local"),
+    )
+    .unwrap();
     // After deregistration nothing validates any more.
     drop(h);
-    assert!(matches!(a.prep_xfer_dlist(None, &dram([Desc::new(base, 64, 0)])), Err(Error::NotRegistered { .. })));
-    assert!(matches!(a.prep_xfer_dlist(Some("loop"), &dram([Desc::new(base, 64, 0)])), Err(Error::RemoteOutOfBounds { .. })));
+    assert!(matches!(
+        a.prep_xfer_dlist(None, &dram([Desc::new(base, 64, 0)])),
+        Err(Error::NotRegistered { .. })
+    ));
+    assert!(matches!(
+        a.prep_xfer_dlist(Some("loop"), &dram([Desc::new(base, 64, 0)])),
+        Err(Error::RemoteOutOfBounds { .. })
+    ));
 }
 
 #[test]
@@ -101,25 +208,46 @@ fn metadata_full_partial_invalidate() {
     let b = agent("viewer");
     let buf = vec![0u8; 3 * 4096];
     let base = buf.as_ptr() as u64;
-    let regions: Vec<Desc> = (0..3).map(|i| Desc::new(base + i * 4096, 4096, 0)).collect();
+    let regions: Vec<Desc> = (0..3)
+        .map(|i| Desc::new(base + i * 4096, 4096, 0))
+        .collect();
     // SAFETY: `buf` outlives the handle.
     let _h = unsafe { a.register_mem(&dram(regions.clone()), None).unwrap() };
 
     // Partial: only the second region, no connection info.
-    let partial = a.local_partial_metadata(Some(&dram([Desc::new(base + 4096 + 8, 8, 0)])), false).unwrap();
+    let partial = a
+        .local_partial_metadata(Some(&dram([Desc::new(base + 4096 + 8, 8, 0)])), false)
+        .unwrap();
     assert_eq!(b.load_remote_metadata(&partial).unwrap(), "owner");
-    assert!(b.prep_xfer_dlist(Some("owner"), &dram([Desc::new(base + 4096, 4096, 0)])).is_ok());
-    assert!(matches!(b.prep_xfer_dlist(Some("owner"), &dram([Desc::new(base, 8, 0)])), Err(Error::RemoteOutOfBounds { .. })));
+    assert!(b
+        .prep_xfer_dlist(Some("owner"), &dram([Desc::new(base + 4096, 4096, 0)]))
+        .is_ok());
+    assert!(matches!(
+        b.prep_xfer_dlist(Some("owner"), &dram([Desc::new(base, 8, 0)])),
+        Err(Error::RemoteOutOfBounds { .. })
+    ));
     // The rest arrives: regions add up.
-    b.load_remote_metadata(&a.local_metadata().unwrap()).unwrap();
-    assert!(b.prep_xfer_dlist(Some("owner"), &dram([Desc::new(base, 8, 0)])).is_ok());
+    b.load_remote_metadata(&a.local_metadata().unwrap())
+        .unwrap();
+    assert!(b
+        .prep_xfer_dlist(Some("owner"), &dram([Desc::new(base, 8, 0)]))
+        .is_ok());
     // Connection info only.
     let conn_only = a.local_partial_metadata(None, true).unwrap();
     assert!(conn_only.len() < a.local_metadata().unwrap().len());
     b.invalidate_remote("owner").unwrap();
-    assert!(matches!(b.prep_xfer_dlist(Some("owner"), &dram([Desc::new(base, 8, 0)])), Err(Error::UnknownAgent(_))));
-    assert!(matches!(b.invalidate_remote("owner"), Err(Error::UnknownAgent(_))));
-    assert!(matches!(b.load_remote_metadata(b"garbage"), Err(Error::MalformedMetadata(_))));
+    assert!(matches!(
+        b.prep_xfer_dlist(Some("owner"), &dram([Desc::new(base, 8, 0)])),
+        Err(Error::UnknownAgent(_))
+    ));
+    assert!(matches!(
+        b.invalidate_remote("owner"),
+        Err(Error::UnknownAgent(_))
+    ));
+    assert!(matches!(
+        b.load_remote_metadata(b"garbage"),
+        Err(Error::MalformedMetadata(_))
+    ));
 }
 
 #[test]
@@ -128,18 +256,37 @@ fn prepared_lists_are_refused_after_the_peer_reloads() {
     let b = agent("me");
     let buf = vec![0u8; 4096];
     // SAFETY: `buf` outlives the handles.
-    let _ha = unsafe { a.register_mem(&dram([Desc::from_slice(&buf)]), None).unwrap() };
-    let _hb = unsafe { b.register_mem(&dram([Desc::from_slice(&buf)]), None).unwrap() };
-    b.load_remote_metadata(&a.local_metadata().unwrap()).unwrap();
-    let remote = b.prep_xfer_dlist(Some("peer"), &dram([Desc::from_slice(&buf)])).unwrap();
-    let local = b.prep_xfer_dlist(None, &dram([Desc::from_slice(&buf)])).unwrap();
+    let _ha = unsafe {
+        a.register_mem(&dram([Desc::from_slice(&buf)]), None)
+            .unwrap()
+    };
+    let _hb = unsafe {
+        b.register_mem(&dram([Desc::from_slice(&buf)]), None)
+            .unwrap()
+    };
+    b.load_remote_metadata(&a.local_metadata().unwrap())
+        .unwrap();
+    let remote = b
+        .prep_xfer_dlist(Some("peer"), &dram([Desc::from_slice(&buf)]))
+        .unwrap();
+    let local = b
+        .prep_xfer_dlist(None, &dram([Desc::from_slice(&buf)]))
+        .unwrap();
     // A new incarnation (new connection info) arrives.
-    b.load_remote_metadata(&a.local_metadata().unwrap()).unwrap();
-    let err = b.make_xfer_req(XferOp::Write, &local, &[0], &remote, &[0], None, None).unwrap_err();
+    b.load_remote_metadata(&a.local_metadata().unwrap())
+        .unwrap();
+    let err = b
+        .make_xfer_req(XferOp::Write, &local, &[0], &remote, &[0], None, None)
+        .unwrap_err();
     assert!(err.to_string().contains("prepare it again"), "{err}");
     // LOCAL cannot reach another agent: no backend is usable.
-    let remote = b.prep_xfer_dlist(Some("peer"), &dram([Desc::from_slice(&buf)])).unwrap();
-    assert!(matches!(b.make_xfer_req(XferOp::Write, &local, &[0], &remote, &[0], None, None), Err(Error::NoCommonBackend { .. })));
+    let remote = b
+        .prep_xfer_dlist(Some("peer"), &dram([Desc::from_slice(&buf)]))
+        .unwrap();
+    assert!(matches!(
+        b.make_xfer_req(XferOp::Write, &local, &[0], &remote, &[0], None, None),
+        Err(Error::NoCommonBackend { .. })
+    ));
 }
 
 #[test]
@@ -153,7 +300,11 @@ fn listener_exchanges_metadata_with_timeouts() {
     server.create_backend("LOCAL", &Default::default()).unwrap();
     let buf = vec![0u8; 4096];
     // SAFETY: `buf` outlives the handle.
-    let _h = unsafe { server.register_mem(&dram([Desc::from_slice(&buf)]), None).unwrap() };
+    let _h = unsafe {
+        server
+            .register_mem(&dram([Desc::from_slice(&buf)]), None)
+            .unwrap()
+    };
     let addr = server.listen_addr().unwrap();
     let client = agent("client");
     assert_eq!(client.fetch_remote_metadata(addr).unwrap(), "server");
@@ -164,11 +315,23 @@ fn listener_exchanges_metadata_with_timeouts() {
     assert!(!server.has_remote("client"));
     // A peer that accepts and says nothing: bounded by the timeout, typed.
     let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let quick = Agent::new("quick", AgentConfig { metadata_timeout: Duration::from_millis(200), ..AgentConfig::default() }).unwrap();
-    assert!(matches!(quick.fetch_remote_metadata(silent.local_addr().unwrap()), Err(Error::Timeout(_))));
+    let quick = Agent::new(
+        "quick",
+        AgentConfig {
+            metadata_timeout: Duration::from_millis(200),
+            ..AgentConfig::default()
+        },
+    )
+    .unwrap();
+    assert!(matches!(
+        quick.fetch_remote_metadata(silent.local_addr().unwrap()),
+        Err(Error::Timeout(_))
+    ));
     // Nobody listening.
     drop(silent);
-    assert!(quick.fetch_remote_metadata("127.0.0.1:1".parse().unwrap()).is_err());
+    assert!(quick
+        .fetch_remote_metadata("127.0.0.1:1".parse().unwrap())
+        .is_err());
 }
 
 #[test]
@@ -178,7 +341,13 @@ fn concurrent_posting_from_eight_threads() {
     let mut dst = vec![0u8; 8 * 4096];
     let dst_base = dst.as_mut_ptr() as u64;
     // SAFETY: both vectors outlive every thread (scoped) and the handle.
-    let _h = unsafe { a.register_mem(&dram([Desc::from_slice(&src), Desc::from_slice(&dst)]), None).unwrap() };
+    let _h = unsafe {
+        a.register_mem(
+            &dram([Desc::from_slice(&src), Desc::from_slice(&dst)]),
+            None,
+        )
+        .unwrap()
+    };
     std::thread::scope(|s| {
         for t in 0..8u64 {
             let a = a.clone();
@@ -187,13 +356,18 @@ fn concurrent_posting_from_eight_threads() {
                 for _ in 0..50 {
                     let l = dram([Desc::new(sp + t * 4096, 4096, 0)]);
                     let r = dram([Desc::new(dp + t * 4096, 4096, 0)]);
-                    let mut req = a.create_xfer_req(XferOp::Write, &l, &r, "mt", Some(vec![t as u8])).unwrap();
+                    let mut req = a
+                        .create_xfer_req(XferOp::Write, &l, &r, "mt", Some(vec![t as u8]))
+                        .unwrap();
                     req.post().unwrap();
                 }
             });
         }
     });
-    assert!(dst.chunks(4096).enumerate().all(|(t, c)| c.iter().all(|b| *b == t as u8 + 1)));
+    assert!(dst
+        .chunks(4096)
+        .enumerate()
+        .all(|(t, c)| c.iter().all(|b| *b == t as u8 + 1)));
     let notifs = a.get_notifs();
     assert_eq!(notifs["mt"].len(), 400);
 }

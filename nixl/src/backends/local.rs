@@ -27,7 +27,9 @@ type NotifQueue = Arc<Mutex<Vec<(String, Vec<u8>)>>>;
 
 pub(crate) fn create(agent: &Agent, params: &BackendParams) -> Result<Arc<dyn Backend>> {
     if let Some(key) = params.keys().next() {
-        return Err(Error::InvalidParam(format!("{NAME} takes no parameters (got `{key}`)")));
+        return Err(Error::InvalidParam(format!(
+            "{NAME} takes no parameters (got `{key}`)"
+        )));
     }
     Ok(Arc::new(LocalBackend {
         agent_name: agent.name().to_string(),
@@ -89,11 +91,21 @@ impl Backend for LocalBackend {
     fn load_remote_conn_info(&self, _agent: &str, _info: &[u8]) -> Result<()> {
         Ok(())
     }
-    fn load_remote_md(&self, _agent: &str, _region: &Region, _public: &[u8]) -> Result<Arc<dyn RemoteMd>> {
+    fn load_remote_md(
+        &self,
+        _agent: &str,
+        _region: &Region,
+        _public: &[u8],
+    ) -> Result<Arc<dyn RemoteMd>> {
         Ok(Arc::new(Md))
     }
     fn disconnect(&self, _agent: &str) {}
-    fn prep_xfer(&self, op: XferOp, entries: &[XferEntry<'_>], agent: &str) -> Result<Box<dyn BackendXfer>> {
+    fn prep_xfer(
+        &self,
+        op: XferOp,
+        entries: &[XferEntry<'_>],
+        agent: &str,
+    ) -> Result<Box<dyn BackendXfer>> {
         self.check_self(agent)?;
         Ok(Box::new(CopyXfer {
             op,

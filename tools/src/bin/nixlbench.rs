@@ -83,9 +83,14 @@ fn parse_args(args: &[String]) -> Result<Options, String> {
                 return Ok(v.clone());
             }
             i += 1;
-            args.get(i).cloned().ok_or_else(|| format!("{key} needs a value"))
+            args.get(i)
+                .cloned()
+                .ok_or_else(|| format!("{key} needs a value"))
         };
-        let num = |v: String| v.parse::<usize>().map_err(|_| format!("{key}: `{v}` is not a number"));
+        let num = |v: String| {
+            v.parse::<usize>()
+                .map_err(|_| format!("{key}: `{v}` is not a number"))
+        };
         match key.as_str() {
             "--backend" => o.backend = value()?.to_ascii_uppercase(),
             "--backend_param" => {
@@ -118,7 +123,11 @@ fn parse_args(args: &[String]) -> Result<Options, String> {
             "--role" => o.role = Some(value()?),
             "--listen" => o.listen = value()?.parse().map_err(|e| format!("--listen: {e}"))?,
             "--target_address" => {
-                o.target_address = Some(value()?.parse().map_err(|e| format!("--target_address: {e}"))?)
+                o.target_address = Some(
+                    value()?
+                        .parse()
+                        .map_err(|e| format!("--target_address: {e}"))?,
+                )
             }
             "-h" | "--help" => return Err(String::new()),
             other => return Err(format!("unknown option {other}")),
@@ -211,10 +220,16 @@ fn run_target(o: &Options) -> Result<(), String> {
     let agent = make_agent("nixlbench-target", o, Some(o.listen)).map_err(|e| e.to_string())?;
     let buffer = Buffer::new(o.total_buffer_size);
     buffer.fill_pattern(0, buffer.len, TARGET_SEED);
-    let regs = DescList::from_descs(MemKind::Dram, [Desc::new(buffer.addr(), buffer.len as u64, 0)]);
+    let regs = DescList::from_descs(
+        MemKind::Dram,
+        [Desc::new(buffer.addr(), buffer.len as u64, 0)],
+    );
     // SAFETY: `buffer` outlives the registration (dropped first, at the end of this fn).
     let _reg = unsafe { agent.register_mem(&regs, None) }.map_err(|e| e.to_string())?;
-    println!("NIXLBENCH_TARGET {}", agent.listen_addr().expect("listener"));
+    println!(
+        "NIXLBENCH_TARGET {}",
+        agent.listen_addr().expect("listener")
+    );
     std::io::stdout().flush().ok();
     // Serve until the initiator says it is done (or goes quiet for a long time).
     let mut last = Instant::now();
@@ -275,7 +290,11 @@ fn run_point(
 ) -> Result<Row, String> {
     let per_thread = o.total_buffer_size / o.num_threads;
     // Blocks are spaced two apart when there is room, so the descriptors are non-contiguous.
-    let stride = if batch * block * 2 <= per_thread { 2 * block } else { block };
+    let stride = if batch * block * 2 <= per_thread {
+        2 * block
+    } else {
+        block
+    };
     let iters = if block >= 1 << 20 {
         (o.num_iter / o.large_blk_iter_ftr).max(1)
     } else {
@@ -290,14 +309,20 @@ fn run_point(
                     let prep_start = Instant::now();
                     let l = DescList::from_descs(
                         MemKind::Dram,
-                        offsets.iter().map(|&off| Desc::new(local.addr() + off as u64, block as u64, 0)),
+                        offsets
+                            .iter()
+                            .map(|&off| Desc::new(local.addr() + off as u64, block as u64, 0)),
                     );
                     let r = DescList::from_descs(
                         MemKind::Dram,
-                        offsets.iter().map(|&off| Desc::new(remote_base + off as u64, block as u64, 0)),
+                        offsets
+                            .iter()
+                            .map(|&off| Desc::new(remote_base + off as u64, block as u64, 0)),
                     );
                     let lh = agent.prep_xfer_dlist(None, &l).map_err(|e| e.to_string())?;
-                    let rh = agent.prep_xfer_dlist(Some(target), &r).map_err(|e| e.to_string())?;
+                    let rh = agent
+                        .prep_xfer_dlist(Some(target), &r)
+                        .map_err(|e| e.to_string())?;
                     let idx: Vec<usize> = (0..batch).collect();
                     let mut req = agent
                         .make_xfer_req(o.op, &lh, &idx, &rh, &idx, None, None)
@@ -329,7 +354,10 @@ fn run_point(
                 })
             })
             .collect();
-        handles.into_iter().map(|h| h.join().expect("bench thread panicked")).collect()
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("bench thread panicked"))
+            .collect()
     });
     let mut prep = Vec::new();
     let mut post = Vec::new();
@@ -379,15 +407,16 @@ fn check_point(
                 .make_xfer_req(XferOp::Read, lh, &idx, rh, &idx, None, None)
                 .map_err(|e| e.to_string())?;
             back.post().map_err(|e| e.to_string())?;
-            back.wait(Duration::from_secs(60)).map_err(|e| e.to_string())?;
+            back.wait(Duration::from_secs(60))
+                .map_err(|e| e.to_string())?;
             block as u64
         }
     };
     let _ = req;
     for &off in offsets {
-        local
-            .check_pattern(off, block, seed)
-            .map_err(|at| format!("consistency check failed: block size {block}, byte {at} differs"))?;
+        local.check_pattern(off, block, seed).map_err(|at| {
+            format!("consistency check failed: block size {block}, byte {at} differs")
+        })?;
     }
     Ok(())
 }
@@ -407,16 +436,25 @@ fn sizes(start: usize, max: usize) -> Vec<usize> {
 
 fn run_initiator(o: &Options, target_addr: SocketAddr) -> Result<Vec<Row>, String> {
     let agent = make_agent("nixlbench-initiator", o, None).map_err(|e| e.to_string())?;
-    let target = agent.fetch_remote_metadata(target_addr).map_err(|e| e.to_string())?;
+    let target = agent
+        .fetch_remote_metadata(target_addr)
+        .map_err(|e| e.to_string())?;
     let local = Buffer::new(o.total_buffer_size);
-    let regs = DescList::from_descs(MemKind::Dram, [Desc::new(local.addr(), local.len as u64, 0)]);
+    let regs = DescList::from_descs(
+        MemKind::Dram,
+        [Desc::new(local.addr(), local.len as u64, 0)],
+    );
     // SAFETY: `local` outlives the registration and every request (all inside this fn).
     let _reg = unsafe { agent.register_mem(&regs, None) }.map_err(|e| e.to_string())?;
     // The target registered one buffer; its address is in the metadata we loaded.
     let remote_base = remote_buffer_base(&agent, &target)?;
     let points: Vec<(usize, usize)> = sizes(o.start_block_size, o.max_block_size)
         .into_iter()
-        .flat_map(|b| sizes(o.start_batch_size, o.max_batch_size).into_iter().map(move |n| (b, n)))
+        .flat_map(|b| {
+            sizes(o.start_batch_size, o.max_batch_size)
+                .into_iter()
+                .map(move |n| (b, n))
+        })
         .filter(|(b, n)| b * n <= o.total_buffer_size / o.num_threads)
         .collect();
     if points.is_empty() {
@@ -434,8 +472,16 @@ fn run_initiator(o: &Options, target_addr: SocketAddr) -> Result<Vec<Row>, Strin
     println!("{}", "-".repeat(150));
     println!(
         "{:<18} {:<12} {:<14} {:<16} {:<14} {:<14} {:<14} {:<14} {:<14} {:<14}",
-        "Block Size (B)", "Batch Size", "B/W (GB/Sec)", "Avg Lat. (us)", "Avg Prep (us)", "P99 Prep (us)",
-        "Avg Post (us)", "P99 Post (us)", "Avg Tx (us)", "P99 Tx (us)"
+        "Block Size (B)",
+        "Batch Size",
+        "B/W (GB/Sec)",
+        "Avg Lat. (us)",
+        "Avg Prep (us)",
+        "P99 Prep (us)",
+        "Avg Post (us)",
+        "P99 Post (us)",
+        "Avg Tx (us)",
+        "P99 Tx (us)"
     );
     println!("{}", "-".repeat(150));
     let mut rows = Vec::new();
@@ -455,7 +501,9 @@ fn run_initiator(o: &Options, target_addr: SocketAddr) -> Result<Vec<Row>, Strin
     if o.check_consistency {
         println!("consistency check: every block verified");
     }
-    agent.gen_notif(&target, b"DONE").map_err(|e| e.to_string())?;
+    agent
+        .gen_notif(&target, b"DONE")
+        .map_err(|e| e.to_string())?;
     Ok(rows)
 }
 
@@ -474,22 +522,40 @@ fn plot(path: &str, rows: &[Row], o: &Options) -> Result<(), String> {
         .iter()
         .find_map(|p| std::fs::read(p).ok())
         .ok_or("--plot needs a TrueType font: install fonts-dejavu-core")?;
-    plotters::style::register_font("sans-serif", FontStyle::Normal, Box::leak(font.into_boxed_slice()))
-        .map_err(|_| "the font could not be loaded")?;
+    plotters::style::register_font(
+        "sans-serif",
+        FontStyle::Normal,
+        Box::leak(font.into_boxed_slice()),
+    )
+    .map_err(|_| "the font could not be loaded")?;
     let root = BitMapBackend::new(path, (1200, 500)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| e.to_string())?;
     let (left, right) = root.split_horizontally(600);
     let batch = rows.first().map_or(1, |r| r.batch_size);
     let rows: Vec<&Row> = rows.iter().filter(|r| r.batch_size == batch).collect();
     let xs: Vec<f64> = rows.iter().map(|r| (r.block_size as f64).log2()).collect();
-    let (x0, x1) = (xs.first().copied().unwrap_or(0.0), xs.last().copied().unwrap_or(1.0) + 0.01);
+    let (x0, x1) = (
+        xs.first().copied().unwrap_or(0.0),
+        xs.last().copied().unwrap_or(1.0) + 0.01,
+    );
     for (area, title, ys) in [
-        (&left, "Bandwidth (GB/s)", rows.iter().map(|r| r.gbps).collect::<Vec<_>>()),
-        (&right, "Avg latency (us)", rows.iter().map(|r| r.avg_lat_us).collect::<Vec<_>>()),
+        (
+            &left,
+            "Bandwidth (GB/s)",
+            rows.iter().map(|r| r.gbps).collect::<Vec<_>>(),
+        ),
+        (
+            &right,
+            "Avg latency (us)",
+            rows.iter().map(|r| r.avg_lat_us).collect::<Vec<_>>(),
+        ),
     ] {
         let ymax = ys.iter().copied().fold(0.0, f64::max) * 1.1 + 1e-9;
         let mut chart = ChartBuilder::on(area)
-            .caption(format!("nixlbench {} {:?} batch {batch}: {title}", o.backend, o.op), ("sans-serif", 16))
+            .caption(
+                format!("nixlbench {} {:?} batch {batch}: {title}", o.backend, o.op),
+                ("sans-serif", 16),
+            )
             .margin(12)
             .x_label_area_size(36)
             .y_label_area_size(60)
@@ -556,7 +622,13 @@ fn run_both(o: &Options, args: &[String]) -> Result<Vec<Row>, String> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let mut child = Command::new(exe)
         .args(args)
-        .args(["--role", "target", "--listen", "127.0.0.1:0", "--no_progress"])
+        .args([
+            "--role",
+            "target",
+            "--listen",
+            "127.0.0.1:0",
+            "--no_progress",
+        ])
         .stdout(Stdio::piped())
         .spawn()
         .map_err(|e| format!("starting the target: {e}"))?;
