@@ -1,0 +1,211 @@
+//! The crate's one error type.
+
+use crate::cq::WcStatus;
+use crate::qp::QpState;
+use std::ffi::c_int;
+use std::io;
+
+/// Result alias of this crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can fail in this crate.
+///
+/// The codes callers branch on are promoted to their own variants: `EOPNOTSUPP` →
+/// [`Error::Unsupported`], `EAGAIN` → [`Error::WouldBlock`], a send queue that is full →
+/// [`Error::QueueFull`], a flushed or retry-exceeded completion →
+/// [`Error::RemoteDisconnect`].
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A verbs call failed with an `errno`.
+    #[error("{call} failed: {source}")]
+    Verbs {
+        /// The C function, e.g. `ibv_alloc_pd`.
+        call: &'static str,
+        /// The `errno` it reported.
+        #[source]
+        source: io::Error,
+    },
+    /// The device or the provider library does not implement this (`EOPNOTSUPP`,
+    /// `ENOSYS`, or a capability the device attributes do not announce).
+    #[error("{call}: not supported by this device or provider")]
+    Unsupported {
+        /// The C function or feature.
+        call: &'static str,
+    },
+    /// A non-blocking call has nothing to return yet (`EAGAIN`).
+    #[error("{call}: would block")]
+    WouldBlock {
+        /// The C function.
+        call: &'static str,
+    },
+    /// No device of that name (the list is empty when the host has no RDMA subsystem).
+    #[error("RDMA device `{name}` not found (devices: {available:?})")]
+    DeviceNotFound {
+        /// The requested name.
+        name: String,
+        /// The devices that exist.
+        available: Vec<String>,
+    },
+    /// Querying a GID failed or found no usable GID.
+    #[error("port {port}, GID index {gid_index}: {reason}")]
+    Gid {
+        /// Port number.
+        port: u8,
+        /// GID table index (or the table size when no entry matched).
+        gid_index: u32,
+        /// What went wrong.
+        reason: String,
+    },
+    /// `ibv_modify_qp` rejected a state transition.
+    #[error("ibv_modify_qp: QP {qp_num} {from:?} -> {to:?} failed: {source}{hint}")]
+    ModifyQp {
+        /// QP number.
+        qp_num: u32,
+        /// State before the call.
+        from: QpState,
+        /// Requested state.
+        to: QpState,
+        /// The `errno`.
+        #[source]
+        source: io::Error,
+        /// For `EINVAL`: which attribute mask bits this transition requires.
+        hint: String,
+    },
+    /// A post was attempted on a QP that is not in a state that allows it (e.g.
+    /// `post_send` before RTS).
+    #[error("{call} on QP {qp_num} in state {state:?}: {need}")]
+    InvalidQpState {
+        /// The C function.
+        call: &'static str,
+        /// QP number.
+        qp_num: u32,
+        /// The state the QP is in.
+        state: QpState,
+        /// The state it must be in.
+        need: &'static str,
+    },
+    /// More work requests than the queue holds were posted (`ENOMEM` from a post).
+    #[error("{call}: queue full on QP/SRQ {qp_num} (at work request {index} of the chain)")]
+    QueueFull {
+        /// The C function.
+        call: &'static str,
+        /// QP (or SRQ) number.
+        qp_num: u32,
+        /// Index of the first work request that was not posted.
+        index: usize,
+    },
+    /// A post failed for another reason.
+    #[error("{call} on QP {qp_num} failed at work request {index}: {source}")]
+    Post {
+        /// The C function.
+        call: &'static str,
+        /// QP number.
+        qp_num: u32,
+        /// Index of the first work request that was not posted.
+        index: usize,
+        /// The `errno`.
+        #[source]
+        source: io::Error,
+    },
+    /// A work request completed with an error status.
+    #[error("work request {wr_id:#x} on QP {qp_num} completed with {status} (vendor error {vendor_err:#x})")]
+    WorkCompletion {
+        /// The request's `wr_id`.
+        wr_id: u64,
+        /// Its status.
+        status: WcStatus,
+        /// Provider-specific detail.
+        vendor_err: u32,
+        /// The local QP.
+        qp_num: u32,
+    },
+    /// The connection is gone: a completion was flushed (`IBV_WC_WR_FLUSH_ERR`) or the
+    /// transport gave up (`IBV_WC_RETRY_EXC_ERR`, `IBV_WC_RNR_RETRY_EXC_ERR`).
+    #[error("peer of QP {qp_num} unreachable: work request {wr_id:#x} completed with {status}")]
+    RemoteDisconnect {
+        /// The request's `wr_id`.
+        wr_id: u64,
+        /// Its status.
+        status: WcStatus,
+        /// The local QP.
+        qp_num: u32,
+    },
+    /// An argument was out of range before any C call was made.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// An I/O error on the side channel or an event file descriptor.
+    #[error("{context}: {source}")]
+    Io {
+        /// What was being done.
+        context: &'static str,
+        /// The error.
+        #[source]
+        source: io::Error,
+    },
+}
+
+impl Error {
+    /// Map an `errno` from `call` to the variant callers branch on.
+    pub(crate) fn from_errno(call: &'static str, errno: c_int) -> Self {
+        match errno {
+            libc::EOPNOTSUPP | libc::ENOSYS => Error::Unsupported { call },
+            libc::EAGAIN => Error::WouldBlock { call },
+            _ => Error::Verbs {
+                call,
+                source: io::Error::from_raw_os_error(errno),
+            },
+        }
+    }
+
+    /// The current `errno` as an error of `call`.
+    pub(crate) fn last(call: &'static str) -> Self {
+        Self::from_errno(call, last_errno())
+    }
+
+    /// The `errno` value, if this error carries one.
+    pub fn errno(&self) -> Option<i32> {
+        match self {
+            Error::Verbs { source, .. }
+            | Error::ModifyQp { source, .. }
+            | Error::Post { source, .. }
+            | Error::Io { source, .. } => source.raw_os_error(),
+            Error::Unsupported { .. } => Some(libc::EOPNOTSUPP),
+            Error::WouldBlock { .. } => Some(libc::EAGAIN),
+            Error::QueueFull { .. } => Some(libc::ENOMEM),
+            _ => None,
+        }
+    }
+}
+
+pub(crate) fn last_errno() -> c_int {
+    io::Error::last_os_error()
+        .raw_os_error()
+        .unwrap_or(libc::EIO)
+}
+
+/// Convert a C return code: 0 is success; a positive value is the `errno` (most verbs);
+/// a negative value means "see `errno`" (or is `-errno`).
+pub(crate) fn cvt(ret: c_int, call: &'static str) -> Result<()> {
+    if ret == 0 {
+        return Ok(());
+    }
+    Err(Error::from_errno(call, ret_errno(ret)))
+}
+
+/// The `errno` behind a nonzero C return code (see [`cvt`]).
+pub(crate) fn ret_errno(ret: c_int) -> c_int {
+    if ret > 0 {
+        ret
+    } else {
+        match last_errno() {
+            0 => -ret,
+            e => e,
+        }
+    }
+}
+
+/// Convert a returned pointer: NULL means "see `errno`".
+pub(crate) fn cvt_ptr<T>(p: *mut T, call: &'static str) -> Result<std::ptr::NonNull<T>> {
+    std::ptr::NonNull::new(p).ok_or_else(|| Error::last(call))
+}

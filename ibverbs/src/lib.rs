@@ -1,0 +1,75 @@
+//! Safe RDMA verbs over libibverbs (rdma-core).
+//!
+//! Devices and contexts ([`devices`], [`Context`]), protection domains
+//! ([`ProtectionDomain`]), memory regions ([`MemoryRegion`]), completion queues and
+//! channels ([`CompletionQueue`], [`CompletionChannel`]), queue pairs brought up as a
+//! typestate ([`PreparedQueuePair`] → [`QueuePair`]) from an exchangeable [`Endpoint`],
+//! shared receive queues, address handles, async events, and both post APIs (the
+//! classic [`QueuePair::post_send`] chains and the `ibv_wr_*` [`WrBatch`]).
+//!
+//! Object graph: every object holds its parent through an `Arc` (`Context →
+//! ProtectionDomain → {MemoryRegion, QueuePair, …}`, `Context → CompletionQueue`), so
+//! drop order never matters; a failed destroy is logged with `tracing`, never a panic.
+//!
+//! Errors are one enum, [`Error`]; work-completion failures are typed ([`WcStatus`],
+//! [`WorkCompletion::result`]).
+//!
+//! The raw bindings are re-exported as [`ffi`] (the escape hatch); every wrapper has
+//! `as_raw()` and `unsafe from_raw()`.
+//!
+//! ```no_run
+//! use ibverbs::{AccessFlags, ConnectOptions, QpType, RecvWr, SendWr};
+//!
+//! # fn main() -> Result<(), ibverbs::Error> {
+//! let ctx = ibverbs::Context::open("rxe0")?;
+//! let pd = ctx.alloc_pd()?;
+//! let cq = ctx.create_cq(64, None, 0)?;
+//! let mut mr = pd.reg_mr(4096, AccessFlags::all_remote())?;
+//! let qp = pd.create_qp(QpType::RC, &cq, &cq).build()?;
+//! let opts = ConnectOptions { gid_index: 1, ..Default::default() };
+//! let local = qp.endpoint(&opts)?;
+//! // ... send `local` to the peer (it is serde-serializable), receive `remote` ...
+//! # let remote = local;
+//! let qp = qp.connect(&remote, &opts)?;
+//! mr.as_mut_slice()[..5].copy_from_slice(b"hello");
+//! let sge = [mr.sge(0..5)];
+//! qp.post_send(&mut [SendWr::send(1, &sge).signaled()])?;
+//! let mut wcs = [ibverbs::WorkCompletion::default(); 16];
+//! loop {
+//!     let done = cq.poll(&mut wcs)?;
+//!     if let Some(wc) = done.first() {
+//!         wc.result()?;
+//!         break;
+//!     }
+//! }
+//! # let _ = RecvWr::new(0, &sge);
+//! # Ok(())
+//! # }
+//! ```
+
+pub use ibverbs_sys as ffi;
+
+mod cq;
+mod device;
+mod error;
+mod mr;
+mod pd;
+mod qp;
+mod srq;
+
+pub use cq::{
+    CompletionChannel, CompletionQueue, CqEvent, CqInitAttrEx, ExCompletion, WcFlags, WcOpcode,
+    WcStatus, WorkCompletion,
+};
+pub use device::{
+    devices, AsyncElement, AsyncEvent, AsyncEventType, AtomicCap, Context, Device, DeviceAttr,
+    DeviceList, Gid, GidEntry, GidType, IpFamily, LinkLayer, Mtu, PortAttr, PortState,
+};
+pub use error::{Error, Result};
+pub use mr::{AccessFlags, MemoryRegion, RemoteMemory, Sge};
+pub use pd::{AddressHandle, AhAttr, ProtectionDomain};
+pub use qp::{
+    required_mask, ConnectOptions, Endpoint, InlineSge, PreparedQueuePair, QpAttr, QpAttrMask,
+    QpState, QpType, QueuePair, QueuePairBuilder, RecvWr, SendFlags, SendOpsFlags, SendWr, WrBatch,
+};
+pub use srq::{SharedReceiveQueue, SrqAttr};

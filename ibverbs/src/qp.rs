@@ -1,0 +1,1371 @@
+//! Queue pairs: creation, typestate bring-up from an exchangeable [`Endpoint`], the
+//! classic post API (`ibv_post_send`/`ibv_post_recv`) and the `ibv_wr_*` API.
+
+use crate::cq::CompletionQueue;
+use crate::device::{c_newtype, Gid, Mtu};
+use crate::error::{cvt, cvt_ptr, ret_errno, Error, Result};
+use crate::ffi;
+use crate::mr::{AccessFlags, RemoteMemory, Sge};
+use crate::pd::{AddressHandle, AhAttr, ProtectionDomain};
+use crate::srq::SharedReceiveQueue;
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::marker::PhantomData;
+use std::ptr::NonNull;
+
+c_newtype! {
+    /// QP state (`enum ibv_qp_state`).
+    QpState(u32) {
+        /// `IBV_QPS_RESET`
+        RESET = ffi::IBV_QPS_RESET,
+        /// `IBV_QPS_INIT`
+        INIT = ffi::IBV_QPS_INIT,
+        /// `IBV_QPS_RTR`: ready to receive.
+        RTR = ffi::IBV_QPS_RTR,
+        /// `IBV_QPS_RTS`: ready to send.
+        RTS = ffi::IBV_QPS_RTS,
+        /// `IBV_QPS_SQD`
+        SQD = ffi::IBV_QPS_SQD,
+        /// `IBV_QPS_SQE`
+        SQE = ffi::IBV_QPS_SQE,
+        /// `IBV_QPS_ERR`
+        ERR = ffi::IBV_QPS_ERR,
+        /// `IBV_QPS_UNKNOWN`
+        UNKNOWN = ffi::IBV_QPS_UNKNOWN,
+    }
+}
+
+c_newtype! {
+    /// QP transport type (`enum ibv_qp_type`).
+    QpType(u32) {
+        /// `IBV_QPT_RC`: reliable connected.
+        RC = ffi::IBV_QPT_RC,
+        /// `IBV_QPT_UC`: unreliable connected.
+        UC = ffi::IBV_QPT_UC,
+        /// `IBV_QPT_UD`: unreliable datagram.
+        UD = ffi::IBV_QPT_UD,
+        /// `IBV_QPT_RAW_PACKET`
+        RAW_PACKET = ffi::IBV_QPT_RAW_PACKET,
+        /// `IBV_QPT_XRC_SEND`
+        XRC_SEND = ffi::IBV_QPT_XRC_SEND,
+        /// `IBV_QPT_XRC_RECV`
+        XRC_RECV = ffi::IBV_QPT_XRC_RECV,
+        /// `IBV_QPT_DRIVER`
+        DRIVER = ffi::IBV_QPT_DRIVER,
+    }
+}
+
+bitflags::bitflags! {
+    /// Which fields of a [`QpAttr`] are set (`enum ibv_qp_attr_mask`).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+    pub struct QpAttrMask: u32 {
+        /// `IBV_QP_STATE`
+        const STATE = ffi::IBV_QP_STATE;
+        /// `IBV_QP_CUR_STATE`
+        const CUR_STATE = ffi::IBV_QP_CUR_STATE;
+        /// `IBV_QP_EN_SQD_ASYNC_NOTIFY`
+        const EN_SQD_ASYNC_NOTIFY = ffi::IBV_QP_EN_SQD_ASYNC_NOTIFY;
+        /// `IBV_QP_ACCESS_FLAGS`
+        const ACCESS_FLAGS = ffi::IBV_QP_ACCESS_FLAGS;
+        /// `IBV_QP_PKEY_INDEX`
+        const PKEY_INDEX = ffi::IBV_QP_PKEY_INDEX;
+        /// `IBV_QP_PORT`
+        const PORT = ffi::IBV_QP_PORT;
+        /// `IBV_QP_QKEY`
+        const QKEY = ffi::IBV_QP_QKEY;
+        /// `IBV_QP_AV`
+        const AV = ffi::IBV_QP_AV;
+        /// `IBV_QP_PATH_MTU`
+        const PATH_MTU = ffi::IBV_QP_PATH_MTU;
+        /// `IBV_QP_TIMEOUT`
+        const TIMEOUT = ffi::IBV_QP_TIMEOUT;
+        /// `IBV_QP_RETRY_CNT`
+        const RETRY_CNT = ffi::IBV_QP_RETRY_CNT;
+        /// `IBV_QP_RNR_RETRY`
+        const RNR_RETRY = ffi::IBV_QP_RNR_RETRY;
+        /// `IBV_QP_RQ_PSN`
+        const RQ_PSN = ffi::IBV_QP_RQ_PSN;
+        /// `IBV_QP_MAX_QP_RD_ATOMIC`
+        const MAX_QP_RD_ATOMIC = ffi::IBV_QP_MAX_QP_RD_ATOMIC;
+        /// `IBV_QP_ALT_PATH`
+        const ALT_PATH = ffi::IBV_QP_ALT_PATH;
+        /// `IBV_QP_MIN_RNR_TIMER`
+        const MIN_RNR_TIMER = ffi::IBV_QP_MIN_RNR_TIMER;
+        /// `IBV_QP_SQ_PSN`
+        const SQ_PSN = ffi::IBV_QP_SQ_PSN;
+        /// `IBV_QP_MAX_DEST_RD_ATOMIC`
+        const MAX_DEST_RD_ATOMIC = ffi::IBV_QP_MAX_DEST_RD_ATOMIC;
+        /// `IBV_QP_PATH_MIG_STATE`
+        const PATH_MIG_STATE = ffi::IBV_QP_PATH_MIG_STATE;
+        /// `IBV_QP_CAP`
+        const CAP = ffi::IBV_QP_CAP;
+        /// `IBV_QP_DEST_QPN`
+        const DEST_QPN = ffi::IBV_QP_DEST_QPN;
+        /// `IBV_QP_RATE_LIMIT`
+        const RATE_LIMIT = ffi::IBV_QP_RATE_LIMIT;
+    }
+}
+
+bitflags::bitflags! {
+    /// Flags of a send work request (`enum ibv_send_flags`).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+    pub struct SendFlags: u32 {
+        /// `IBV_SEND_FENCE`
+        const FENCE = ffi::IBV_SEND_FENCE;
+        /// `IBV_SEND_SIGNALED`: produce a completion (always, with `sq_sig_all`).
+        const SIGNALED = ffi::IBV_SEND_SIGNALED;
+        /// `IBV_SEND_SOLICITED`
+        const SOLICITED = ffi::IBV_SEND_SOLICITED;
+        /// `IBV_SEND_INLINE`: copy the data into the WQE at post time.
+        const INLINE = ffi::IBV_SEND_INLINE;
+        /// `IBV_SEND_IP_CSUM`
+        const IP_CSUM = ffi::IBV_SEND_IP_CSUM;
+    }
+}
+
+bitflags::bitflags! {
+    /// Operations the `ibv_wr_*` API may post on a QP (`enum ibv_qp_create_send_ops_flags`).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+    pub struct SendOpsFlags: u64 {
+        /// `IBV_QP_EX_WITH_RDMA_WRITE`
+        const RDMA_WRITE = ffi::IBV_QP_EX_WITH_RDMA_WRITE as u64;
+        /// `IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM`
+        const RDMA_WRITE_WITH_IMM = ffi::IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM as u64;
+        /// `IBV_QP_EX_WITH_SEND`
+        const SEND = ffi::IBV_QP_EX_WITH_SEND as u64;
+        /// `IBV_QP_EX_WITH_SEND_WITH_IMM`
+        const SEND_WITH_IMM = ffi::IBV_QP_EX_WITH_SEND_WITH_IMM as u64;
+        /// `IBV_QP_EX_WITH_RDMA_READ`
+        const RDMA_READ = ffi::IBV_QP_EX_WITH_RDMA_READ as u64;
+        /// `IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP`
+        const ATOMIC_CMP_AND_SWP = ffi::IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP as u64;
+        /// `IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD`
+        const ATOMIC_FETCH_AND_ADD = ffi::IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD as u64;
+        /// `IBV_QP_EX_WITH_LOCAL_INV`
+        const LOCAL_INV = ffi::IBV_QP_EX_WITH_LOCAL_INV as u64;
+        /// `IBV_QP_EX_WITH_BIND_MW`
+        const BIND_MW = ffi::IBV_QP_EX_WITH_BIND_MW as u64;
+        /// `IBV_QP_EX_WITH_SEND_WITH_INV`
+        const SEND_WITH_INV = ffi::IBV_QP_EX_WITH_SEND_WITH_INV as u64;
+    }
+}
+
+/// The attribute mask bits that the IB specification (and `ibv_modify_qp(3)`) requires
+/// for the transition `from → to` of a `qp_type` QP.
+pub fn required_mask(qp_type: QpType, from: QpState, to: QpState) -> QpAttrMask {
+    use QpAttrMask as M;
+    let connected = qp_type == QpType::RC || qp_type == QpType::UC;
+    match (from, to) {
+        (_, QpState::RESET) | (_, QpState::ERR) => M::STATE,
+        (QpState::RESET, QpState::INIT) if connected => {
+            M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS
+        }
+        (QpState::RESET, QpState::INIT) => M::STATE | M::PKEY_INDEX | M::PORT | M::QKEY,
+        (QpState::INIT, QpState::RTR) if qp_type == QpType::RC => {
+            M::STATE
+                | M::AV
+                | M::PATH_MTU
+                | M::DEST_QPN
+                | M::RQ_PSN
+                | M::MAX_DEST_RD_ATOMIC
+                | M::MIN_RNR_TIMER
+        }
+        (QpState::INIT, QpState::RTR) if qp_type == QpType::UC => {
+            M::STATE | M::AV | M::PATH_MTU | M::DEST_QPN | M::RQ_PSN
+        }
+        (QpState::RTR, QpState::RTS) if qp_type == QpType::RC => {
+            M::STATE | M::SQ_PSN | M::MAX_QP_RD_ATOMIC | M::RETRY_CNT | M::RNR_RETRY | M::TIMEOUT
+        }
+        (QpState::RTR, QpState::RTS) => M::STATE | M::SQ_PSN,
+        _ => M::STATE,
+    }
+}
+
+/// QP attributes for `ibv_modify_qp` (`struct ibv_qp_attr` + its mask). Each setter,
+/// named after the C field, sets the matching [`QpAttrMask`] bit.
+#[derive(Clone, Copy)]
+pub struct QpAttr {
+    raw: ffi::ibv_qp_attr,
+    mask: QpAttrMask,
+}
+
+impl Default for QpAttr {
+    fn default() -> Self {
+        // SAFETY: all-zero is a valid `ibv_qp_attr`.
+        let raw = unsafe { std::mem::zeroed() };
+        QpAttr {
+            raw,
+            mask: QpAttrMask::empty(),
+        }
+    }
+}
+
+impl fmt::Debug for QpAttr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("QpAttr")
+            .field("qp_state", &QpState(self.raw.qp_state))
+            .field("mask", &self.mask)
+            .finish_non_exhaustive()
+    }
+}
+
+macro_rules! qp_attr_setters {
+    ($($(#[$m:meta])* $name:ident: $ty:ty => $bit:ident, |$raw:ident, $v:ident| $body:expr;)*) => {
+        impl QpAttr {
+            $(
+                $(#[$m])*
+                pub fn $name(mut self, $v: $ty) -> Self {
+                    let $raw = &mut self.raw;
+                    $body;
+                    self.mask |= QpAttrMask::$bit;
+                    self
+                }
+            )*
+        }
+    };
+}
+
+qp_attr_setters! {
+    /// `qp_state`
+    qp_state: QpState => STATE, |r, v| r.qp_state = v.0;
+    /// `pkey_index`
+    pkey_index: u16 => PKEY_INDEX, |r, v| r.pkey_index = v;
+    /// `port_num`
+    port_num: u8 => PORT, |r, v| r.port_num = v;
+    /// `qp_access_flags`
+    qp_access_flags: AccessFlags => ACCESS_FLAGS, |r, v| r.qp_access_flags = v.bits();
+    /// `qkey` (UD)
+    qkey: u32 => QKEY, |r, v| r.qkey = v;
+    /// `path_mtu`
+    path_mtu: Mtu => PATH_MTU, |r, v| r.path_mtu = v.0;
+    /// `dest_qp_num`
+    dest_qp_num: u32 => DEST_QPN, |r, v| r.dest_qp_num = v;
+    /// `rq_psn`
+    rq_psn: u32 => RQ_PSN, |r, v| r.rq_psn = v;
+    /// `sq_psn`
+    sq_psn: u32 => SQ_PSN, |r, v| r.sq_psn = v;
+    /// `max_rd_atomic`: outstanding RDMA READ/atomics as initiator.
+    max_rd_atomic: u8 => MAX_QP_RD_ATOMIC, |r, v| r.max_rd_atomic = v;
+    /// `max_dest_rd_atomic`: as target.
+    max_dest_rd_atomic: u8 => MAX_DEST_RD_ATOMIC, |r, v| r.max_dest_rd_atomic = v;
+    /// `min_rnr_timer`
+    min_rnr_timer: u8 => MIN_RNR_TIMER, |r, v| r.min_rnr_timer = v;
+    /// `timeout` (4.096 µs × 2^timeout; 0 = infinite)
+    timeout: u8 => TIMEOUT, |r, v| r.timeout = v;
+    /// `retry_cnt`
+    retry_cnt: u8 => RETRY_CNT, |r, v| r.retry_cnt = v;
+    /// `rnr_retry` (7 = infinite)
+    rnr_retry: u8 => RNR_RETRY, |r, v| r.rnr_retry = v;
+    /// `ah_attr`
+    ah_attr: AhAttr => AV, |r, v| r.ah_attr = *v.as_ffi();
+}
+
+impl QpAttr {
+    /// The mask of the fields set so far.
+    pub fn mask(&self) -> QpAttrMask {
+        self.mask
+    }
+    /// The C struct.
+    pub fn as_ffi(&self) -> &ffi::ibv_qp_attr {
+        &self.raw
+    }
+}
+
+/// What a peer needs to connect to a QP: exchange it over any side channel (it is
+/// `serde`-serializable).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Endpoint {
+    /// QP number.
+    pub qp_num: u32,
+    /// First packet sequence number this QP sends with.
+    pub psn: u32,
+    /// GID (RoCE; zero on InfiniBand without GRH).
+    pub gid: Gid,
+    /// LID (InfiniBand; 0 on RoCE).
+    pub lid: u16,
+    /// Active MTU of the port.
+    pub mtu: Mtu,
+}
+
+/// Connection parameters of [`PreparedQueuePair::connect`]; fields named after the
+/// `ibv_qp_attr` fields they set. Defaults: port 1, GID index 0, all remote access,
+/// `timeout` 14, `retry_cnt` 7, `rnr_retry` 7, `min_rnr_timer` 12, one outstanding
+/// READ/atomic each way, the smaller of both MTUs.
+#[derive(Debug, Clone, Copy)]
+pub struct ConnectOptions {
+    /// Local port.
+    pub port_num: u8,
+    /// Local GID index (source GID).
+    pub gid_index: u8,
+    /// `pkey_index`
+    pub pkey_index: u16,
+    /// `qp_access_flags`
+    pub access: AccessFlags,
+    /// `qkey` (UD)
+    pub qkey: u32,
+    /// `timeout`
+    pub timeout: u8,
+    /// `retry_cnt`
+    pub retry_cnt: u8,
+    /// `rnr_retry`
+    pub rnr_retry: u8,
+    /// `min_rnr_timer`
+    pub min_rnr_timer: u8,
+    /// `max_rd_atomic`
+    pub max_rd_atomic: u8,
+    /// `max_dest_rd_atomic`
+    pub max_dest_rd_atomic: u8,
+    /// `path_mtu` (None: min(local active MTU, remote MTU)).
+    pub path_mtu: Option<Mtu>,
+    /// `ah_attr.grh.hop_limit`
+    pub hop_limit: u8,
+    /// `ah_attr.grh.traffic_class`
+    pub traffic_class: u8,
+    /// `ah_attr.sl`
+    pub sl: u8,
+}
+
+impl Default for ConnectOptions {
+    fn default() -> Self {
+        ConnectOptions {
+            port_num: 1,
+            gid_index: 0,
+            pkey_index: 0,
+            access: AccessFlags::all_remote(),
+            qkey: 0x1111_1111,
+            timeout: 14,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            min_rnr_timer: 12,
+            max_rd_atomic: 1,
+            max_dest_rd_atomic: 1,
+            path_mtu: None,
+            hop_limit: 64,
+            traffic_class: 0,
+            sl: 0,
+        }
+    }
+}
+
+/// Creation attributes of a QP (`struct ibv_qp_init_attr_ex`), built from
+/// [`ProtectionDomain::create_qp`].
+pub struct QueuePairBuilder {
+    pd: ProtectionDomain,
+    send_cq: CompletionQueue,
+    recv_cq: CompletionQueue,
+    srq: Option<SharedReceiveQueue>,
+    raw: ffi::ibv_qp_init_attr_ex,
+}
+
+impl fmt::Debug for QueuePairBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("QueuePairBuilder")
+            .field("qp_type", &QpType(self.raw.qp_type))
+            .field("max_send_wr", &self.raw.cap.max_send_wr)
+            .field("max_recv_wr", &self.raw.cap.max_recv_wr)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ProtectionDomain {
+    /// Start creating a QP of `qp_type` (defaults: 16 send and receive WRs, one SGE each,
+    /// no inline data, only `SIGNALED` requests complete).
+    #[doc(alias = "ibv_create_qp_ex")]
+    #[doc(alias = "ibv_create_qp")]
+    pub fn create_qp(
+        &self,
+        qp_type: QpType,
+        send_cq: &CompletionQueue,
+        recv_cq: &CompletionQueue,
+    ) -> QueuePairBuilder {
+        // SAFETY: all-zero is a valid `ibv_qp_init_attr_ex`.
+        let mut raw: ffi::ibv_qp_init_attr_ex = unsafe { std::mem::zeroed() };
+        raw.qp_type = qp_type.0;
+        raw.send_cq = send_cq.as_raw();
+        raw.recv_cq = recv_cq.as_raw();
+        raw.cap.max_send_wr = 16;
+        raw.cap.max_recv_wr = 16;
+        raw.cap.max_send_sge = 1;
+        raw.cap.max_recv_sge = 1;
+        raw.comp_mask = ffi::IBV_QP_INIT_ATTR_PD;
+        raw.pd = self.as_raw();
+        QueuePairBuilder {
+            pd: self.clone(),
+            send_cq: send_cq.clone(),
+            recv_cq: recv_cq.clone(),
+            srq: None,
+            raw,
+        }
+    }
+}
+
+impl QueuePairBuilder {
+    /// `cap.max_send_wr`
+    pub fn max_send_wr(mut self, n: u32) -> Self {
+        self.raw.cap.max_send_wr = n;
+        self
+    }
+    /// `cap.max_recv_wr`
+    pub fn max_recv_wr(mut self, n: u32) -> Self {
+        self.raw.cap.max_recv_wr = n;
+        self
+    }
+    /// `cap.max_send_sge`
+    pub fn max_send_sge(mut self, n: u32) -> Self {
+        self.raw.cap.max_send_sge = n;
+        self
+    }
+    /// `cap.max_recv_sge`
+    pub fn max_recv_sge(mut self, n: u32) -> Self {
+        self.raw.cap.max_recv_sge = n;
+        self
+    }
+    /// `cap.max_inline_data`
+    pub fn max_inline_data(mut self, n: u32) -> Self {
+        self.raw.cap.max_inline_data = n;
+        self
+    }
+    /// `sq_sig_all`: every send request completes, signaled or not.
+    pub fn sq_sig_all(mut self, all: bool) -> Self {
+        self.raw.sq_sig_all = all as i32;
+        self
+    }
+    /// `srq`: receive from a shared receive queue.
+    pub fn srq(mut self, srq: &SharedReceiveQueue) -> Self {
+        self.raw.srq = srq.as_raw();
+        self.srq = Some(srq.clone());
+        self
+    }
+    /// `send_ops_flags` (sets `IBV_QP_INIT_ATTR_SEND_OPS_FLAGS`): enables the `ibv_wr_*`
+    /// API ([`QueuePair::wr_start`]) for these operations.
+    pub fn send_ops_flags(mut self, ops: SendOpsFlags) -> Self {
+        self.raw.send_ops_flags = ops.bits();
+        self.raw.comp_mask |= ffi::IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+        self
+    }
+
+    /// Create the QP (`ibv_create_qp_ex`), in the RESET state.
+    pub fn build(self) -> Result<PreparedQueuePair> {
+        let mut raw = self.raw;
+        let ctx = self.pd.context().as_raw();
+        // SAFETY: `raw` is fully initialised and points to live PD/CQs/SRQ.
+        let qp = unsafe { ffi::ibv_create_qp_ex(ctx, &mut raw) };
+        let qp = cvt_ptr(qp, "ibv_create_qp_ex")?;
+        let qpx = if raw.comp_mask & ffi::IBV_QP_INIT_ATTR_SEND_OPS_FLAGS != 0 {
+            // SAFETY: the QP was created with send ops flags, so it is a `ibv_qp_ex`.
+            NonNull::new(unsafe { ffi::ibv_qp_to_qp_ex(qp.as_ptr()) })
+        } else {
+            None
+        };
+        let inner = QpInner {
+            qp,
+            qpx,
+            cap: raw.cap,
+            _send_cq: self.send_cq,
+            _recv_cq: self.recv_cq,
+            _srq: self.srq,
+            pd: self.pd,
+        };
+        Ok(PreparedQueuePair {
+            inner,
+            psn: initial_psn(inner_qpn(qp)),
+        })
+    }
+}
+
+fn inner_qpn(qp: NonNull<ffi::ibv_qp>) -> u32 {
+    // SAFETY: live QP.
+    unsafe { (*qp.as_ptr()).qp_num }
+}
+
+/// A 24-bit starting PSN that differs between QPs and runs.
+fn initial_psn(qp_num: u32) -> u32 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u32(qp_num);
+    (h.finish() as u32) & 0x00ff_ffff
+}
+
+struct QpInner {
+    qp: NonNull<ffi::ibv_qp>,
+    qpx: Option<NonNull<ffi::ibv_qp_ex>>,
+    cap: ffi::ibv_qp_cap,
+    pd: ProtectionDomain,
+    _send_cq: CompletionQueue,
+    _recv_cq: CompletionQueue,
+    _srq: Option<SharedReceiveQueue>,
+}
+
+// SAFETY: rdma-core QPs may be used from any thread: ibv_post_send/ibv_post_recv lock the
+// queues in the providers (QPs are never created with a thread domain here). The
+// `ibv_wr_*` session is guarded by `&mut` (see `QueuePair::wr_start`).
+unsafe impl Send for QpInner {}
+// SAFETY: as above.
+unsafe impl Sync for QpInner {}
+
+impl Drop for QpInner {
+    fn drop(&mut self) {
+        // SAFETY: created by ibv_create_qp_ex, destroyed once; the CQs/SRQ/PD are still
+        // alive (fields drop after this).
+        let ret = unsafe { ffi::ibv_destroy_qp(self.qp.as_ptr()) };
+        if let Err(err) = cvt(ret, "ibv_destroy_qp") {
+            tracing::error!(%err, "destroying a queue pair failed");
+        }
+    }
+}
+
+impl QpInner {
+    fn raw(&self) -> *mut ffi::ibv_qp {
+        self.qp.as_ptr()
+    }
+    fn qp_num(&self) -> u32 {
+        inner_qpn(self.qp)
+    }
+    fn qp_type(&self) -> QpType {
+        // SAFETY: live QP.
+        QpType(unsafe { (*self.raw()).qp_type })
+    }
+    /// The state libibverbs recorded at the last modify (no kernel call).
+    fn cached_state(&self) -> QpState {
+        // SAFETY: live QP.
+        QpState(unsafe { (*self.raw()).state })
+    }
+    fn query_state(&self) -> Result<QpState> {
+        let mut attr = QpAttr::default();
+        // SAFETY: all-zero is a valid `ibv_qp_init_attr`.
+        let mut init: ffi::ibv_qp_init_attr = unsafe { std::mem::zeroed() };
+        // SAFETY: live QP, valid out-pointers.
+        let ret = unsafe {
+            ffi::ibv_query_qp(
+                self.raw(),
+                &mut attr.raw,
+                ffi::IBV_QP_STATE as i32,
+                &mut init,
+            )
+        };
+        cvt(ret, "ibv_query_qp")?;
+        Ok(QpState(attr.raw.qp_state))
+    }
+
+    fn modify(&self, attr: &QpAttr) -> Result<()> {
+        let from = self.cached_state();
+        let mut raw = attr.raw;
+        // SAFETY: live QP; `raw` holds every field named by the mask.
+        let ret = unsafe { ffi::ibv_modify_qp(self.raw(), &mut raw, attr.mask.bits() as i32) };
+        if ret == 0 {
+            return Ok(());
+        }
+        let errno = ret_errno(ret);
+        let to = QpState(attr.raw.qp_state);
+        let hint = if errno == libc::EINVAL && attr.mask.contains(QpAttrMask::STATE) {
+            let required = required_mask(self.qp_type(), from, to);
+            let missing = required - attr.mask;
+            let extra = attr.mask - required;
+            if !missing.is_empty() {
+                format!(" (missing attribute mask bits {missing:?}; {from:?}->{to:?} on a {:?} QP requires {required:?})", self.qp_type())
+            } else {
+                format!(" (mask {:?}; bits beyond the required {required:?}: {extra:?}; is {from:?}->{to:?} a valid transition and every value in range?)", attr.mask)
+            }
+        } else {
+            String::new()
+        };
+        Err(Error::ModifyQp {
+            qp_num: self.qp_num(),
+            from,
+            to,
+            source: std::io::Error::from_raw_os_error(errno),
+            hint,
+        })
+    }
+
+    fn post_recv(&self, wrs: &mut [RecvWr<'_>]) -> Result<()> {
+        if wrs.is_empty() {
+            return Ok(());
+        }
+        let state = self.cached_state();
+        if state == QpState::RESET {
+            return Err(Error::InvalidQpState {
+                call: "ibv_post_recv",
+                qp_num: self.qp_num(),
+                state,
+                need: "receives can be posted from INIT on",
+            });
+        }
+        link(wrs, |w| &mut w.raw.next);
+        let mut bad = std::ptr::null_mut();
+        // SAFETY: live QP; the chain points into `wrs` and the SGE arrays they borrow,
+        // all valid for this call (the provider copies them into the queue).
+        let ret = unsafe { ffi::ibv_post_recv(self.raw(), &mut wrs[0].raw, &mut bad) };
+        post_error(
+            ret,
+            "ibv_post_recv",
+            self.qp_num(),
+            wrs.as_ptr().cast(),
+            bad.cast(),
+            std::mem::size_of::<RecvWr<'_>>(),
+        )
+    }
+}
+
+/// Set the `next` pointers of a slice of work requests so it is one chain.
+fn link<T>(wrs: &mut [T], next: impl Fn(&mut T) -> &mut *mut <T as WrRaw>::Raw)
+where
+    T: WrRaw,
+{
+    let n = wrs.len();
+    let base = wrs.as_mut_ptr();
+    for (i, wr) in wrs.iter_mut().enumerate() {
+        *next(wr) = if i + 1 < n {
+            // SAFETY: `i + 1 < n`, inside the slice; the WR types are repr(transparent).
+            unsafe { base.add(i + 1).cast::<T::Raw>() }
+        } else {
+            std::ptr::null_mut()
+        };
+    }
+}
+
+/// Work request types that are `repr(transparent)` over a C struct.
+trait WrRaw {
+    type Raw;
+}
+
+fn post_error(
+    ret: i32,
+    call: &'static str,
+    qp_num: u32,
+    first: *const u8,
+    bad: *const u8,
+    size: usize,
+) -> Result<()> {
+    if ret == 0 {
+        return Ok(());
+    }
+    let errno = ret_errno(ret);
+    let index = if bad.is_null() {
+        0
+    } else {
+        (bad as usize - first as usize) / size
+    };
+    Err(match errno {
+        libc::ENOMEM => Error::QueueFull {
+            call,
+            qp_num,
+            index,
+        },
+        _ => Error::Post {
+            call,
+            qp_num,
+            index,
+            source: std::io::Error::from_raw_os_error(errno),
+        },
+    })
+}
+
+/// A QP between creation and RTS (RESET or INIT, typestate): connect it with
+/// [`connect`](Self::connect) (RC/UC) or [`ready_ud`](Self::ready_ud). Receives may be
+/// posted once it is in INIT ([`init`](Self::init)).
+///
+/// A prepared QP has no `post_send`; sending needs the [`QueuePair`] that `connect`
+/// returns:
+///
+/// ```compile_fail
+/// fn f(qp: &ibverbs::PreparedQueuePair) {
+///     qp.post_send(&mut []);
+/// }
+/// ```
+pub struct PreparedQueuePair {
+    inner: QpInner,
+    psn: u32,
+}
+
+impl fmt::Debug for PreparedQueuePair {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PreparedQueuePair")
+            .field("qp_num", &self.qp_num())
+            .field("qp_type", &self.qp_type())
+            .field("state", &self.inner.cached_state())
+            .finish()
+    }
+}
+
+impl PreparedQueuePair {
+    /// The raw `ibv_qp`.
+    pub fn as_raw(&self) -> *mut ffi::ibv_qp {
+        self.inner.raw()
+    }
+    /// QP number.
+    pub fn qp_num(&self) -> u32 {
+        self.inner.qp_num()
+    }
+    /// Transport type.
+    pub fn qp_type(&self) -> QpType {
+        self.inner.qp_type()
+    }
+    /// Current state (`ibv_query_qp`).
+    #[doc(alias = "ibv_query_qp")]
+    pub fn state(&self) -> Result<QpState> {
+        self.inner.query_state()
+    }
+    /// Capacities granted at creation (may exceed those requested).
+    pub fn cap(&self) -> ffi::ibv_qp_cap {
+        self.inner.cap
+    }
+
+    /// What the peer needs to connect to this QP, using `opts.port_num` and
+    /// `opts.gid_index`.
+    pub fn endpoint(&self, opts: &ConnectOptions) -> Result<Endpoint> {
+        let ctx = self.inner.pd.context();
+        let port = ctx.query_port(opts.port_num)?;
+        let gid = ctx.query_gid(opts.port_num, opts.gid_index.into())?;
+        Ok(Endpoint {
+            qp_num: self.qp_num(),
+            psn: self.psn,
+            gid,
+            lid: port.lid(),
+            mtu: port.active_mtu(),
+        })
+    }
+
+    /// Low-level `ibv_modify_qp`; an `EINVAL` is explained (missing mask bits).
+    #[doc(alias = "ibv_modify_qp")]
+    pub fn modify(&mut self, attr: &QpAttr) -> Result<()> {
+        self.inner.modify(attr)
+    }
+
+    /// RESET → INIT with `opts` (no-op when already in INIT).
+    pub fn init(&mut self, opts: &ConnectOptions) -> Result<()> {
+        if self.inner.cached_state() == QpState::INIT {
+            return Ok(());
+        }
+        let mut attr = QpAttr::default()
+            .qp_state(QpState::INIT)
+            .pkey_index(opts.pkey_index)
+            .port_num(opts.port_num);
+        if self.qp_type() == QpType::UD {
+            attr = attr.qkey(opts.qkey);
+        } else {
+            attr = attr.qp_access_flags(opts.access);
+        }
+        self.inner.modify(&attr)
+    }
+
+    /// Post receives (`ibv_post_recv`); the QP must be in INIT or later.
+    #[doc(alias = "ibv_post_recv")]
+    pub fn post_recv(&self, wrs: &mut [RecvWr<'_>]) -> Result<()> {
+        self.inner.post_recv(wrs)
+    }
+
+    /// Connect an RC or UC QP to `remote`: RESET → INIT → RTR → RTS.
+    pub fn connect(mut self, remote: &Endpoint, opts: &ConnectOptions) -> Result<QueuePair> {
+        let qp_type = self.qp_type();
+        if qp_type != QpType::RC && qp_type != QpType::UC {
+            return Err(Error::InvalidArgument(format!(
+                "connect on a {qp_type:?} QP (use ready_ud)"
+            )));
+        }
+        self.init(opts)?;
+        let local_mtu = self
+            .inner
+            .pd
+            .context()
+            .query_port(opts.port_num)?
+            .active_mtu();
+        let mtu = opts.path_mtu.unwrap_or(Mtu(local_mtu.0.min(remote.mtu.0)));
+        let mut ah = AhAttr::from_endpoint(remote, opts.port_num, opts.gid_index)
+            .hop_limit(opts.hop_limit)
+            .traffic_class(opts.traffic_class)
+            .sl(opts.sl);
+        if remote.gid.is_zero() {
+            ah = ah.dlid(remote.lid);
+        }
+        let mut rtr = QpAttr::default()
+            .qp_state(QpState::RTR)
+            .ah_attr(ah)
+            .path_mtu(mtu)
+            .dest_qp_num(remote.qp_num)
+            .rq_psn(remote.psn);
+        if qp_type == QpType::RC {
+            rtr = rtr
+                .max_dest_rd_atomic(opts.max_dest_rd_atomic)
+                .min_rnr_timer(opts.min_rnr_timer);
+        }
+        self.inner.modify(&rtr)?;
+        let mut rts = QpAttr::default().qp_state(QpState::RTS).sq_psn(self.psn);
+        if qp_type == QpType::RC {
+            rts = rts
+                .timeout(opts.timeout)
+                .retry_cnt(opts.retry_cnt)
+                .rnr_retry(opts.rnr_retry)
+                .max_rd_atomic(opts.max_rd_atomic);
+        }
+        self.inner.modify(&rts)?;
+        Ok(QueuePair { inner: self.inner })
+    }
+
+    /// Bring a UD QP to RTS (RESET → INIT with `opts.qkey` → RTR → RTS); destinations are
+    /// given per send with [`SendWr::ud`].
+    pub fn ready_ud(mut self, opts: &ConnectOptions) -> Result<QueuePair> {
+        if self.qp_type() != QpType::UD {
+            return Err(Error::InvalidArgument(format!(
+                "ready_ud on a {:?} QP",
+                self.qp_type()
+            )));
+        }
+        self.init(opts)?;
+        self.inner
+            .modify(&QpAttr::default().qp_state(QpState::RTR))?;
+        self.inner
+            .modify(&QpAttr::default().qp_state(QpState::RTS).sq_psn(self.psn))?;
+        Ok(QueuePair { inner: self.inner })
+    }
+}
+
+/// A QP in RTS: posts sends and receives. Share it between threads with `Arc`.
+pub struct QueuePair {
+    inner: QpInner,
+}
+
+impl fmt::Debug for QueuePair {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("QueuePair")
+            .field("qp_num", &self.qp_num())
+            .field("qp_type", &self.qp_type())
+            .finish()
+    }
+}
+
+impl QueuePair {
+    /// The raw `ibv_qp`.
+    pub fn as_raw(&self) -> *mut ffi::ibv_qp {
+        self.inner.raw()
+    }
+    /// QP number.
+    pub fn qp_num(&self) -> u32 {
+        self.inner.qp_num()
+    }
+    /// Transport type.
+    pub fn qp_type(&self) -> QpType {
+        self.inner.qp_type()
+    }
+    /// Capacities granted at creation.
+    pub fn cap(&self) -> ffi::ibv_qp_cap {
+        self.inner.cap
+    }
+    /// The protection domain.
+    pub fn pd(&self) -> &ProtectionDomain {
+        &self.inner.pd
+    }
+    /// Current state (`ibv_query_qp`): a QP goes to ERR by itself on a transport error.
+    #[doc(alias = "ibv_query_qp")]
+    pub fn state(&self) -> Result<QpState> {
+        self.inner.query_state()
+    }
+
+    /// Low-level `ibv_modify_qp` (the escape hatch: this can leave RTS); an `EINVAL` is
+    /// explained.
+    #[doc(alias = "ibv_modify_qp")]
+    pub fn modify(&self, attr: &QpAttr) -> Result<()> {
+        self.inner.modify(attr)
+    }
+
+    /// Move to ERR: outstanding work completes with `IBV_WC_WR_FLUSH_ERR`.
+    pub fn to_error(&self) -> Result<()> {
+        self.inner.modify(&QpAttr::default().qp_state(QpState::ERR))
+    }
+
+    /// Recover: back to RESET (drops all queued work), ready to be connected again.
+    pub fn reset(self) -> Result<PreparedQueuePair> {
+        self.inner
+            .modify(&QpAttr::default().qp_state(QpState::RESET))?;
+        let psn = initial_psn(self.qp_num());
+        Ok(PreparedQueuePair {
+            inner: self.inner,
+            psn,
+        })
+    }
+
+    /// Post a chain of send requests (`ibv_post_send`). The slice is linked in place.
+    ///
+    /// Errors: [`Error::QueueFull`] when the send queue has no room (post fewer, or
+    /// signal more often and reap completions), [`Error::InvalidQpState`] when the QP was
+    /// moved out of RTS with [`modify`](Self::modify) into a state that cannot send.
+    #[doc(alias = "ibv_post_send")]
+    pub fn post_send(&self, wrs: &mut [SendWr<'_>]) -> Result<()> {
+        if wrs.is_empty() {
+            return Ok(());
+        }
+        let state = self.inner.cached_state();
+        if matches!(state, QpState::RESET | QpState::INIT | QpState::RTR) {
+            return Err(Error::InvalidQpState {
+                call: "ibv_post_send",
+                qp_num: self.qp_num(),
+                state,
+                need: "sends need RTS",
+            });
+        }
+        link(wrs, |w| &mut w.raw.next);
+        let mut bad = std::ptr::null_mut();
+        // SAFETY: live QP; the chain points into `wrs` and the SGEs/AHs they borrow, all
+        // valid for this call; memory behind the SGEs belongs to live MRs (or is inline
+        // data copied now).
+        let ret = unsafe { ffi::ibv_post_send(self.as_raw(), &mut wrs[0].raw, &mut bad) };
+        post_error(
+            ret,
+            "ibv_post_send",
+            self.qp_num(),
+            wrs.as_ptr().cast(),
+            bad.cast(),
+            std::mem::size_of::<SendWr<'_>>(),
+        )
+    }
+
+    /// Post receives (`ibv_post_recv`).
+    #[doc(alias = "ibv_post_recv")]
+    pub fn post_recv(&self, wrs: &mut [RecvWr<'_>]) -> Result<()> {
+        self.inner.post_recv(wrs)
+    }
+
+    /// Start a batch of the `ibv_wr_*` API (`ibv_wr_start`). The QP must have been
+    /// created with [`QueuePairBuilder::send_ops_flags`], else [`Error::Unsupported`].
+    /// `&mut self` keeps one session per QP at a time.
+    #[doc(alias = "ibv_wr_start")]
+    pub fn wr_start(&mut self) -> Result<WrBatch<'_>> {
+        let Some(qpx) = self.inner.qpx else {
+            return Err(Error::Unsupported {
+                call: "ibv_wr_start (QP created without send_ops_flags)",
+            });
+        };
+        // SAFETY: live extended QP; no other session is open (`&mut self`).
+        unsafe { ffi::ibv_wr_start(qpx.as_ptr()) };
+        Ok(WrBatch {
+            qp: self,
+            qpx: qpx.as_ptr(),
+            done: false,
+        })
+    }
+}
+
+/// A send work request (`struct ibv_send_wr`), `repr(transparent)`: a slice of them is
+/// posted as one chain by [`QueuePair::post_send`].
+#[repr(transparent)]
+pub struct SendWr<'a> {
+    raw: ffi::ibv_send_wr,
+    _borrow: PhantomData<(&'a [Sge<'a>], &'a AddressHandle)>,
+}
+
+impl WrRaw for SendWr<'_> {
+    type Raw = ffi::ibv_send_wr;
+}
+
+impl fmt::Debug for SendWr<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SendWr")
+            .field("wr_id", &self.raw.wr_id)
+            .field("opcode", &self.raw.opcode)
+            .field("num_sge", &self.raw.num_sge)
+            .field(
+                "send_flags",
+                &SendFlags::from_bits_retain(self.raw.send_flags),
+            )
+            .finish()
+    }
+}
+
+/// Inline data for [`SendWr::send_inline`] / [`SendWr::write_inline`]: any bytes, copied
+/// into the work queue at post time.
+#[repr(transparent)]
+#[derive(Clone, Copy)]
+pub struct InlineSge<'a> {
+    raw: ffi::ibv_sge,
+    _data: PhantomData<&'a [u8]>,
+}
+
+impl fmt::Debug for InlineSge<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("InlineSge")
+            .field("length", &self.raw.length)
+            .finish()
+    }
+}
+
+impl<'a> InlineSge<'a> {
+    /// Inline `data` (at most the QP's `max_inline_data` in total).
+    pub fn new(data: &'a [u8]) -> Self {
+        InlineSge {
+            raw: ffi::ibv_sge {
+                addr: data.as_ptr() as u64,
+                length: data.len() as u32,
+                lkey: 0,
+            },
+            _data: PhantomData,
+        }
+    }
+}
+
+impl<'a> SendWr<'a> {
+    fn with(wr_id: u64, opcode: u32, sg: *const ffi::ibv_sge, num_sge: usize) -> Self {
+        // SAFETY: all-zero is a valid `ibv_send_wr`.
+        let mut raw: ffi::ibv_send_wr = unsafe { std::mem::zeroed() };
+        raw.wr_id = wr_id;
+        raw.opcode = opcode;
+        raw.sg_list = sg.cast_mut();
+        raw.num_sge = num_sge as i32;
+        SendWr {
+            raw,
+            _borrow: PhantomData,
+        }
+    }
+    fn rdma(mut self, remote: RemoteMemory) -> Self {
+        self.raw.wr.rdma.remote_addr = remote.addr;
+        self.raw.wr.rdma.rkey = remote.rkey;
+        self
+    }
+
+    /// SEND of `sg` (`IBV_WR_SEND`).
+    pub fn send(wr_id: u64, sg: &'a [Sge<'a>]) -> Self {
+        Self::with(wr_id, ffi::IBV_WR_SEND, sg.as_ptr().cast(), sg.len())
+    }
+    /// SEND with 32-bit immediate data (`IBV_WR_SEND_WITH_IMM`; host order here).
+    pub fn send_with_imm(wr_id: u64, sg: &'a [Sge<'a>], imm: u32) -> Self {
+        let mut wr = Self::with(
+            wr_id,
+            ffi::IBV_WR_SEND_WITH_IMM,
+            sg.as_ptr().cast(),
+            sg.len(),
+        );
+        wr.raw.__bindgen_anon_1.imm_data = imm.to_be();
+        wr
+    }
+    /// SEND of inline data (`IBV_WR_SEND` + `IBV_SEND_INLINE`).
+    pub fn send_inline(wr_id: u64, data: &'a [InlineSge<'a>]) -> Self {
+        Self::with(wr_id, ffi::IBV_WR_SEND, data.as_ptr().cast(), data.len())
+            .flags(SendFlags::INLINE)
+    }
+    /// RDMA WRITE of `sg` to `remote` (`IBV_WR_RDMA_WRITE`).
+    pub fn write(wr_id: u64, sg: &'a [Sge<'a>], remote: RemoteMemory) -> Self {
+        Self::with(wr_id, ffi::IBV_WR_RDMA_WRITE, sg.as_ptr().cast(), sg.len()).rdma(remote)
+    }
+    /// RDMA WRITE of inline data (`IBV_WR_RDMA_WRITE` + `IBV_SEND_INLINE`).
+    pub fn write_inline(wr_id: u64, data: &'a [InlineSge<'a>], remote: RemoteMemory) -> Self {
+        Self::with(
+            wr_id,
+            ffi::IBV_WR_RDMA_WRITE,
+            data.as_ptr().cast(),
+            data.len(),
+        )
+        .rdma(remote)
+        .flags(SendFlags::INLINE)
+    }
+    /// RDMA WRITE with immediate data, consuming a receive at the peer
+    /// (`IBV_WR_RDMA_WRITE_WITH_IMM`).
+    pub fn write_with_imm(wr_id: u64, sg: &'a [Sge<'a>], remote: RemoteMemory, imm: u32) -> Self {
+        let mut wr = Self::with(
+            wr_id,
+            ffi::IBV_WR_RDMA_WRITE_WITH_IMM,
+            sg.as_ptr().cast(),
+            sg.len(),
+        )
+        .rdma(remote);
+        wr.raw.__bindgen_anon_1.imm_data = imm.to_be();
+        wr
+    }
+    /// RDMA READ from `remote` into `sg` (`IBV_WR_RDMA_READ`).
+    pub fn read(wr_id: u64, sg: &'a [Sge<'a>], remote: RemoteMemory) -> Self {
+        Self::with(wr_id, ffi::IBV_WR_RDMA_READ, sg.as_ptr().cast(), sg.len()).rdma(remote)
+    }
+    /// 64-bit compare-and-swap at `remote` (8-byte aligned); the old value lands in `sg`
+    /// (8 bytes) in big-endian byte order (`IBV_WR_ATOMIC_CMP_AND_SWP`).
+    pub fn compare_swap(
+        wr_id: u64,
+        sg: &'a [Sge<'a>],
+        remote: RemoteMemory,
+        compare: u64,
+        swap: u64,
+    ) -> Self {
+        let mut wr = Self::with(
+            wr_id,
+            ffi::IBV_WR_ATOMIC_CMP_AND_SWP,
+            sg.as_ptr().cast(),
+            sg.len(),
+        );
+        wr.raw.wr.atomic.remote_addr = remote.addr;
+        wr.raw.wr.atomic.rkey = remote.rkey;
+        wr.raw.wr.atomic.compare_add = compare;
+        wr.raw.wr.atomic.swap = swap;
+        wr
+    }
+    /// 64-bit fetch-and-add at `remote`; the old value lands in `sg`
+    /// (`IBV_WR_ATOMIC_FETCH_AND_ADD`).
+    pub fn fetch_add(wr_id: u64, sg: &'a [Sge<'a>], remote: RemoteMemory, add: u64) -> Self {
+        let mut wr = Self::with(
+            wr_id,
+            ffi::IBV_WR_ATOMIC_FETCH_AND_ADD,
+            sg.as_ptr().cast(),
+            sg.len(),
+        );
+        wr.raw.wr.atomic.remote_addr = remote.addr;
+        wr.raw.wr.atomic.rkey = remote.rkey;
+        wr.raw.wr.atomic.compare_add = add;
+        wr
+    }
+    /// Add `flags` (flags are only ever added, so an inline request stays inline).
+    pub fn flags(mut self, flags: SendFlags) -> Self {
+        self.raw.send_flags |= flags.bits();
+        self
+    }
+    /// Add `IBV_SEND_SIGNALED`.
+    pub fn signaled(self) -> Self {
+        self.flags(SendFlags::SIGNALED)
+    }
+    /// UD destination: address handle, remote QPN and Q_Key.
+    pub fn ud(mut self, ah: &'a AddressHandle, remote_qpn: u32, remote_qkey: u32) -> Self {
+        self.raw.wr.ud.ah = ah.as_raw();
+        self.raw.wr.ud.remote_qpn = remote_qpn;
+        self.raw.wr.ud.remote_qkey = remote_qkey;
+        self
+    }
+    /// The C struct.
+    pub fn as_ffi(&self) -> &ffi::ibv_send_wr {
+        &self.raw
+    }
+}
+
+/// A receive work request (`struct ibv_recv_wr`), `repr(transparent)`.
+#[repr(transparent)]
+pub struct RecvWr<'a> {
+    pub(crate) raw: ffi::ibv_recv_wr,
+    _borrow: PhantomData<&'a [Sge<'a>]>,
+}
+
+impl WrRaw for RecvWr<'_> {
+    type Raw = ffi::ibv_recv_wr;
+}
+
+impl fmt::Debug for RecvWr<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RecvWr")
+            .field("wr_id", &self.raw.wr_id)
+            .field("num_sge", &self.raw.num_sge)
+            .finish()
+    }
+}
+
+impl<'a> RecvWr<'a> {
+    /// Receive into `sg` (UD: the first 40 bytes get the GRH).
+    pub fn new(wr_id: u64, sg: &'a [Sge<'a>]) -> Self {
+        RecvWr {
+            raw: ffi::ibv_recv_wr {
+                wr_id,
+                next: std::ptr::null_mut(),
+                sg_list: sg.as_ptr().cast_mut().cast(),
+                num_sge: sg.len() as i32,
+            },
+            _borrow: PhantomData,
+        }
+    }
+}
+
+pub(crate) fn link_recv(wrs: &mut [RecvWr<'_>]) {
+    link(wrs, |w| &mut w.raw.next);
+}
+
+/// A session of the `ibv_wr_*` post API ([`QueuePair::wr_start`]): each call appends one
+/// work request; [`complete`](Self::complete) posts them all (`ibv_wr_complete`), and
+/// dropping the batch without completing discards them (`ibv_wr_abort`).
+pub struct WrBatch<'q> {
+    qp: &'q mut QueuePair,
+    qpx: *mut ffi::ibv_qp_ex,
+    done: bool,
+}
+
+impl fmt::Debug for WrBatch<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WrBatch")
+            .field("qp_num", &self.qp.qp_num())
+            .finish()
+    }
+}
+
+impl WrBatch<'_> {
+    fn begin(&mut self, wr_id: u64, flags: SendFlags) {
+        // SAFETY: live extended QP inside a session; plain field writes.
+        unsafe {
+            (*self.qpx).wr_id = wr_id;
+            (*self.qpx).wr_flags = flags.bits();
+        }
+    }
+    fn sges(&mut self, sg: &[Sge<'_>]) {
+        // SAFETY: inside a session, right after an op; the provider copies the SGEs now.
+        unsafe { ffi::ibv_wr_set_sge_list(self.qpx, sg.len(), sg.as_ptr().cast()) };
+    }
+    /// `ibv_wr_send` + `ibv_wr_set_sge_list`.
+    #[doc(alias = "ibv_wr_send")]
+    pub fn send(&mut self, wr_id: u64, flags: SendFlags, sg: &[Sge<'_>]) -> &mut Self {
+        self.begin(wr_id, flags);
+        // SAFETY: inside a session.
+        unsafe { ffi::ibv_wr_send(self.qpx) };
+        self.sges(sg);
+        self
+    }
+    /// `ibv_wr_send_imm` (immediate in host order) + SGEs.
+    #[doc(alias = "ibv_wr_send_imm")]
+    pub fn send_imm(
+        &mut self,
+        wr_id: u64,
+        flags: SendFlags,
+        imm: u32,
+        sg: &[Sge<'_>],
+    ) -> &mut Self {
+        self.begin(wr_id, flags);
+        // SAFETY: inside a session.
+        unsafe { ffi::ibv_wr_send_imm(self.qpx, imm.to_be()) };
+        self.sges(sg);
+        self
+    }
+    /// `ibv_wr_send` + `ibv_wr_set_inline_data`.
+    #[doc(alias = "ibv_wr_set_inline_data")]
+    pub fn send_inline(&mut self, wr_id: u64, flags: SendFlags, data: &[u8]) -> &mut Self {
+        self.begin(wr_id, flags | SendFlags::INLINE);
+        // SAFETY: inside a session; the data is copied during the call.
+        unsafe {
+            ffi::ibv_wr_send(self.qpx);
+            ffi::ibv_wr_set_inline_data(self.qpx, data.as_ptr().cast_mut().cast(), data.len());
+        }
+        self
+    }
+    /// `ibv_wr_rdma_write` + SGEs.
+    #[doc(alias = "ibv_wr_rdma_write")]
+    pub fn write(
+        &mut self,
+        wr_id: u64,
+        flags: SendFlags,
+        remote: RemoteMemory,
+        sg: &[Sge<'_>],
+    ) -> &mut Self {
+        self.begin(wr_id, flags);
+        // SAFETY: inside a session.
+        unsafe { ffi::ibv_wr_rdma_write(self.qpx, remote.rkey, remote.addr) };
+        self.sges(sg);
+        self
+    }
+    /// `ibv_wr_rdma_write` + `ibv_wr_set_inline_data`.
+    pub fn write_inline(
+        &mut self,
+        wr_id: u64,
+        flags: SendFlags,
+        remote: RemoteMemory,
+        data: &[u8],
+    ) -> &mut Self {
+        self.begin(wr_id, flags | SendFlags::INLINE);
+        // SAFETY: inside a session; the data is copied during the call.
+        unsafe {
+            ffi::ibv_wr_rdma_write(self.qpx, remote.rkey, remote.addr);
+            ffi::ibv_wr_set_inline_data(self.qpx, data.as_ptr().cast_mut().cast(), data.len());
+        }
+        self
+    }
+    /// `ibv_wr_rdma_write_imm` + SGEs.
+    #[doc(alias = "ibv_wr_rdma_write_imm")]
+    pub fn write_imm(
+        &mut self,
+        wr_id: u64,
+        flags: SendFlags,
+        remote: RemoteMemory,
+        imm: u32,
+        sg: &[Sge<'_>],
+    ) -> &mut Self {
+        self.begin(wr_id, flags);
+        // SAFETY: inside a session.
+        unsafe { ffi::ibv_wr_rdma_write_imm(self.qpx, remote.rkey, remote.addr, imm.to_be()) };
+        self.sges(sg);
+        self
+    }
+    /// `ibv_wr_rdma_read` + SGEs.
+    #[doc(alias = "ibv_wr_rdma_read")]
+    pub fn read(
+        &mut self,
+        wr_id: u64,
+        flags: SendFlags,
+        remote: RemoteMemory,
+        sg: &[Sge<'_>],
+    ) -> &mut Self {
+        self.begin(wr_id, flags);
+        // SAFETY: inside a session.
+        unsafe { ffi::ibv_wr_rdma_read(self.qpx, remote.rkey, remote.addr) };
+        self.sges(sg);
+        self
+    }
+    /// `ibv_wr_atomic_cmp_swp` + the 8-byte result SGE.
+    #[doc(alias = "ibv_wr_atomic_cmp_swp")]
+    pub fn compare_swap(
+        &mut self,
+        wr_id: u64,
+        flags: SendFlags,
+        remote: RemoteMemory,
+        compare: u64,
+        swap: u64,
+        result: Sge<'_>,
+    ) -> &mut Self {
+        self.begin(wr_id, flags);
+        // SAFETY: inside a session.
+        unsafe { ffi::ibv_wr_atomic_cmp_swp(self.qpx, remote.rkey, remote.addr, compare, swap) };
+        self.sges(&[result]);
+        self
+    }
+    /// `ibv_wr_atomic_fetch_add` + the 8-byte result SGE.
+    #[doc(alias = "ibv_wr_atomic_fetch_add")]
+    pub fn fetch_add(
+        &mut self,
+        wr_id: u64,
+        flags: SendFlags,
+        remote: RemoteMemory,
+        add: u64,
+        result: Sge<'_>,
+    ) -> &mut Self {
+        self.begin(wr_id, flags);
+        // SAFETY: inside a session.
+        unsafe { ffi::ibv_wr_atomic_fetch_add(self.qpx, remote.rkey, remote.addr, add) };
+        self.sges(&[result]);
+        self
+    }
+    /// UD destination of the request just added (`ibv_wr_set_ud_addr`).
+    #[doc(alias = "ibv_wr_set_ud_addr")]
+    pub fn ud_addr(&mut self, ah: &AddressHandle, remote_qpn: u32, remote_qkey: u32) -> &mut Self {
+        // SAFETY: inside a session; the AH is live for the call (providers copy it).
+        unsafe { ffi::ibv_wr_set_ud_addr(self.qpx, ah.as_raw(), remote_qpn, remote_qkey) };
+        self
+    }
+    /// Post everything added (`ibv_wr_complete`). On error nothing was posted.
+    #[doc(alias = "ibv_wr_complete")]
+    pub fn complete(mut self) -> Result<()> {
+        self.done = true;
+        // SAFETY: ends the session opened by wr_start.
+        let ret = unsafe { ffi::ibv_wr_complete(self.qpx) };
+        if ret == 0 {
+            return Ok(());
+        }
+        let errno = ret_errno(ret);
+        Err(match errno {
+            libc::ENOMEM => Error::QueueFull {
+                call: "ibv_wr_complete",
+                qp_num: self.qp.qp_num(),
+                index: 0,
+            },
+            _ => Error::Post {
+                call: "ibv_wr_complete",
+                qp_num: self.qp.qp_num(),
+                index: 0,
+                source: std::io::Error::from_raw_os_error(errno),
+            },
+        })
+    }
+}
+
+impl Drop for WrBatch<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            // SAFETY: ends the session opened by wr_start, discarding its requests.
+            unsafe { ffi::ibv_wr_abort(self.qpx) };
+        }
+    }
+}
