@@ -5,10 +5,14 @@ use crate::backend::{Backend, BackendParams};
 use crate::error::Result;
 use std::sync::Arc;
 
+pub mod libfabric;
 pub mod local;
 
 /// A constructor: the agent creating it and its string parameters.
 pub type CreateBackend = fn(&Agent, &BackendParams) -> Result<Arc<dyn Backend>>;
 
 /// Name → constructor, for [`Agent::create_backend`].
-pub(crate) const AVAILABLE: &[(&str, CreateBackend)] = &[(local::NAME, local::create)];
+pub(crate) const AVAILABLE: &[(&str, CreateBackend)] = &[
+    (libfabric::NAME, libfabric::create),
+    (local::NAME, local::create),
+];

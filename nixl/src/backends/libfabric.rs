@@ -1,0 +1,1268 @@
+//! `LIBFABRIC`: RDM endpoints over the `fabric` crate, one or more rails, striping,
+//! and notifications that fire only after the data has landed.
+//!
+//! # Rails
+//! A rail is one fabric + domain + RDM endpoint + address vector + completion queue,
+//! driven by its own worker thread, which issues the operations of posted transfers
+//! (batching them with `FI_MORE`-free back-to-back posts and retrying on `FI_EAGAIN`)
+//! and reads the completion queue (that also gives manual-progress providers such as
+//! `tcp;ofi_rxm` their progress). `num_rails` rails may share one interface, so
+//! striping is exercised on loopback. Descriptors of at least `striping_threshold`
+//! bytes (default 128 KiB) are split across all rails; smaller ones go round-robin.
+//!
+//! # Notifications
+//! With a notification, every WRITE is an `fi_writedata` whose 64-bit remote CQ data is
+//! `sender-hash:32 | sequence:32`. The notification itself is a message sent on rail 0
+//! carrying the same key and the number of writes to expect. The target counts remote
+//! CQ data completions per key (they arrive on any rail, in any order, in any batch) and
+//! releases the notification only when the count is reached and the message is in, so
+//! it can neither fire early nor be lost. For READ the message is sent after the last
+//! read completed locally, with nothing to count.
+//!
+//! # Parameters
+//! `provider` (default: the first of `cxi`, `efa`, `tcp;ofi_rxm`, `sockets` found),
+//! `node` (default `127.0.0.1` for tcp and sockets), `num_rails` (default 1),
+//! `striping_threshold` (bytes, default 131072).
+
+use crate::agent::Agent;
+use crate::backend::{
+    Backend, BackendParams, BackendXfer, Capabilities, LocalMd, PostParams, RemoteMd, XferEntry,
+    XferOp, XferProgress, XferStatus,
+};
+use crate::error::{Error, Result};
+use crate::mem::{MemKind, Region};
+use fabric::{
+    Access, Address, AddressVector, AvType, Caps, Completion, CompletionQueue, CqFormat, Domain,
+    EndpointBuilder, EndpointType, Fabric, HmemIface, Info, InfoBuilder, MemoryRegion,
+    RegisteredBuffer, RemoteMemory, WaitObj,
+};
+use std::any::Any;
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// The backend's name.
+pub const NAME: &str = "LIBFABRIC";
+/// Providers tried in order when none is named (NIXL's priority).
+pub const PROVIDER_PRIORITY: &[&str] = &["cxi", "efa", "tcp;ofi_rxm", "sockets"];
+/// Default size from which one descriptor is split across all rails.
+pub const DEFAULT_STRIPING_THRESHOLD: usize = 128 << 10;
+/// Largest notification message (header and sender name included).
+pub const MAX_NOTIF_BYTES: usize = NOTIF_SLOT;
+
+const NOTIF_SLOT: usize = 8192;
+const NOTIF_SLOTS: usize = 64;
+const NOTIF_MAGIC: &[u8; 4] = b"NXNT";
+/// Contexts with this bit are receive slots; the fabric crate reserves bit 63.
+const RECV_CONTEXT: u64 = 1 << 62;
+/// Operations one rail keeps in flight before it waits for completions.
+const MAX_OUTSTANDING: usize = 512;
+/// How long a worker keeps spinning after its last activity before it blocks briefly.
+const SPIN_AFTER_ACTIVITY: Duration = Duration::from_millis(20);
+/// Longest block on the completion queue when idle.
+const IDLE_WAIT: Duration = Duration::from_millis(1);
+
+#[derive(Debug)]
+struct Rail {
+    _fabric: Fabric,
+    domain: Domain,
+    ep: fabric::Endpoint,
+    av: AddressVector,
+    cq: CompletionQueue,
+    submit: Mutex<VecDeque<RailJob>>,
+    inject_size: usize,
+    max_msg: usize,
+}
+
+/// Shared between the backend and its workers.
+#[derive(Debug, Default)]
+struct Common {
+    notifs: Mutex<Vec<(String, Vec<u8>)>>,
+    tracker: Mutex<HashMap<u64, Pending>>,
+    /// Local rail i → this peer's address in rail i's AV, per peer.
+    peers: RwLock<HashMap<String, Peer>>,
+    stop: AtomicBool,
+}
+
+#[derive(Debug, Clone)]
+struct Peer {
+    conn_info: Vec<u8>,
+    addrs: Vec<Address>,
+}
+
+/// A notification being assembled on the target.
+#[derive(Debug, Default)]
+struct Pending {
+    received: u64,
+    message: Option<(u64, String, Vec<u8>)>,
+}
+
+impl Common {
+    fn data_arrived(&self, key: u64) {
+        let mut tracker = self.tracker.lock().expect("tracker lock");
+        let entry = tracker.entry(key).or_default();
+        entry.received += 1;
+        self.release_if_complete(&mut tracker, key);
+    }
+
+    fn message_arrived(&self, key: u64, expected: u64, sender: String, msg: Vec<u8>) {
+        let mut tracker = self.tracker.lock().expect("tracker lock");
+        tracker.entry(key).or_default().message = Some((expected, sender, msg));
+        self.release_if_complete(&mut tracker, key);
+    }
+
+    fn release_if_complete(&self, tracker: &mut HashMap<u64, Pending>, key: u64) {
+        let complete = tracker
+            .get(&key)
+            .and_then(|p| {
+                p.message
+                    .as_ref()
+                    .map(|(expected, ..)| p.received >= *expected)
+            })
+            .unwrap_or(false);
+        if complete {
+            let (_, sender, msg) = tracker
+                .remove(&key)
+                .and_then(|p| p.message)
+                .expect("checked above");
+            self.notifs.lock().expect("notif lock").push((sender, msg));
+        }
+    }
+}
+
+/// The LIBFABRIC backend.
+#[derive(Debug)]
+pub struct LibfabricBackend {
+    agent_name: String,
+    sender_hash: u32,
+    rails: Vec<Arc<Rail>>,
+    common: Arc<Common>,
+    workers: Mutex<Vec<JoinHandle<()>>>,
+    striping_threshold: usize,
+    next_seq: Arc<AtomicU32>,
+    next_rail: AtomicUsize,
+    mem_kinds: Vec<MemKind>,
+    provider: String,
+}
+
+fn fabric_error(e: fabric::Error) -> Error {
+    match e {
+        fabric::Error::RemoteDisconnect { detail, errno, .. } => Error::RemoteDisconnect {
+            agent: String::new(),
+            reason: format!("{detail} (errno {errno})"),
+        },
+        other => Error::Backend {
+            backend: NAME.into(),
+            code: other.errno().unwrap_or(0),
+            message: other.to_string(),
+        },
+    }
+}
+
+fn fnv1a(s: &str) -> u32 {
+    s.bytes().fold(0x811c_9dc5u32, |h, b| {
+        (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
+    })
+}
+
+fn param<T: std::str::FromStr>(params: &BackendParams, key: &str, default: T) -> Result<T> {
+    match params.get(key) {
+        None => Ok(default),
+        Some(v) => v
+            .parse()
+            .map_err(|_| Error::InvalidParam(format!("{NAME} parameter {key}=`{v}` is not valid"))),
+    }
+}
+
+pub(crate) fn create(agent: &Agent, params: &BackendParams) -> Result<Arc<dyn Backend>> {
+    const KNOWN: &[&str] = &["provider", "node", "num_rails", "striping_threshold"];
+    if let Some(key) = params.keys().find(|k| !KNOWN.contains(&k.as_str())) {
+        return Err(Error::InvalidParam(format!(
+            "{NAME} has no parameter `{key}` (known: {})",
+            KNOWN.join(", ")
+        )));
+    }
+    let num_rails: usize = param(params, "num_rails", 1)?;
+    if !(1..=16).contains(&num_rails) {
+        return Err(Error::InvalidParam(format!(
+            "{NAME}: num_rails must be 1..=16"
+        )));
+    }
+    let striping_threshold =
+        param(params, "striping_threshold", DEFAULT_STRIPING_THRESHOLD)?.max(1);
+    let info = discover(params)?;
+    let provider = info.provider_name().to_string();
+    let mem_kinds = if info.caps().contains(Caps::HMEM) {
+        vec![MemKind::Dram, MemKind::Vram]
+    } else {
+        vec![MemKind::Dram]
+    };
+    let common = Arc::new(Common::default());
+    let mut rails = Vec::with_capacity(num_rails);
+    for _ in 0..num_rails {
+        rails.push(Arc::new(open_rail(&info)?));
+    }
+    let backend = LibfabricBackend {
+        agent_name: agent.name().to_string(),
+        sender_hash: fnv1a(agent.name()),
+        rails,
+        common,
+        workers: Mutex::new(Vec::new()),
+        striping_threshold,
+        next_seq: Arc::new(AtomicU32::new(1)),
+        next_rail: AtomicUsize::new(0),
+        mem_kinds,
+        provider,
+    };
+    let mut workers = Vec::with_capacity(backend.rails.len());
+    for (index, rail) in backend.rails.iter().enumerate() {
+        let mut worker = Worker::new(
+            index,
+            rail.clone(),
+            backend.rails.clone(),
+            backend.common.clone(),
+        )?;
+        workers.push(
+            std::thread::Builder::new()
+                .name(format!("nixl-fabric-rail{index}"))
+                .spawn(move || worker.run())?,
+        );
+    }
+    *backend.workers.lock().expect("workers lock") = workers;
+    tracing::debug!(provider = %backend.provider, rails = num_rails, "LIBFABRIC backend up");
+    Ok(Arc::new(backend))
+}
+
+fn discover(params: &BackendParams) -> Result<Info> {
+    let named = params.get("provider").map(String::as_str);
+    let candidates: Vec<&str> = match named {
+        Some(p) => vec![p],
+        None => PROVIDER_PRIORITY.to_vec(),
+    };
+    let mut last_error = None;
+    for provider in candidates {
+        let mut hints = InfoBuilder::new()
+            .provider(provider)
+            .ep_type(EndpointType::RDM)
+            .caps(Caps::MSG | Caps::RMA);
+        let node = params.get("node").cloned().or_else(|| {
+            (provider.starts_with("tcp") || provider == "sockets").then(|| "127.0.0.1".into())
+        });
+        if let Some(node) = &node {
+            hints = hints.node(node).source(true);
+        }
+        match hints.get_first() {
+            Ok(info) => return Ok(info),
+            Err(e) => last_error = Some((provider, e)),
+        }
+    }
+    let (provider, e) = last_error.expect("at least one candidate");
+    Err(match e {
+        fabric::Error::Unsupported { .. } => Error::Backend {
+            backend: NAME.into(),
+            code: e.errno().unwrap_or(0),
+            message: format!("no usable provider (last tried `{provider}`: {e})"),
+        },
+        other => Error::Backend {
+            backend: NAME.into(),
+            code: other.errno().unwrap_or(0),
+            message: format!("provider `{provider}`: {other}"),
+        },
+    })
+}
+
+fn open_rail(info: &Info) -> Result<Rail> {
+    let fabric = Fabric::new(info).map_err(fabric_error)?;
+    // The rail worker reads the queue all the time: no extra progress thread needed.
+    let domain = Domain::with_progress_interval(&fabric, info, None).map_err(fabric_error)?;
+    let cq = CompletionQueue::builder()
+        .format(CqFormat::Data)
+        .size(4096)
+        .wait_obj(WaitObj::Unspec)
+        .open(&domain)
+        .or_else(|_| {
+            CompletionQueue::builder()
+                .format(CqFormat::Data)
+                .size(4096)
+                .open(&domain)
+        })
+        .map_err(fabric_error)?;
+    let av = AddressVector::new(&domain, AvType::Map, 64).map_err(fabric_error)?;
+    let ep = EndpointBuilder::new(&domain, info)
+        .cq(&cq)
+        .av(&av)
+        .build()
+        .map_err(fabric_error)?;
+    Ok(Rail {
+        inject_size: info.inject_size(),
+        max_msg: info.max_msg_size().max(4096),
+
+        _fabric: fabric,
+        domain,
+        ep,
+        av,
+        cq,
+        submit: Mutex::new(VecDeque::new()),
+    })
+}
+
+/// Registrations, one per rail.
+#[derive(Debug)]
+struct FabricLocalMd {
+    mrs: Vec<MemoryRegion>,
+}
+
+impl LocalMd for FabricLocalMd {
+    fn public_md(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(1 + self.mrs.len() * RemoteMemory::WIRE_SIZE);
+        out.push(self.mrs.len() as u8);
+        for mr in &self.mrs {
+            out.extend_from_slice(&mr.remote().to_bytes());
+        }
+        out
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+/// A peer region's address and key on each of its rails.
+#[derive(Debug)]
+struct FabricRemoteMd {
+    remotes: Vec<RemoteMemory>,
+}
+
+impl RemoteMd for FabricRemoteMd {
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+fn parse_rail_list(bytes: &[u8], what: &str) -> Result<Vec<Vec<u8>>> {
+    let bad = |why: &str| Error::MalformedMetadata(format!("{NAME} {what}: {why}"));
+    let (&count, mut rest) = bytes.split_first().ok_or_else(|| bad("empty"))?;
+    if count == 0 {
+        return Err(bad("no rails"));
+    }
+    let mut out = Vec::with_capacity(count as usize);
+    for _ in 0..count {
+        if rest.len() < 2 {
+            return Err(bad("truncated"));
+        }
+        let len = u16::from_le_bytes([rest[0], rest[1]]) as usize;
+        rest = &rest[2..];
+        if rest.len() < len {
+            return Err(bad("truncated"));
+        }
+        out.push(rest[..len].to_vec());
+        rest = &rest[len..];
+    }
+    if !rest.is_empty() {
+        return Err(bad("trailing bytes"));
+    }
+    Ok(out)
+}
+
+impl Backend for LibfabricBackend {
+    fn name(&self) -> &str {
+        NAME
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            local: true,
+            remote: true,
+            notif: true,
+        }
+    }
+
+    fn supported_mem(&self) -> &[MemKind] {
+        &self.mem_kinds
+    }
+
+    fn register_mem(&self, region: &Region) -> Result<Arc<dyn LocalMd>> {
+        let iface = match region.kind {
+            MemKind::Dram => HmemIface::System,
+            MemKind::Vram if self.mem_kinds.contains(&MemKind::Vram) => {
+                HmemIface::Cuda(i32::try_from(region.desc.dev_id).map_err(|_| {
+                    Error::InvalidParam(format!("CUDA device {} out of range", region.desc.dev_id))
+                })?)
+            }
+            kind => {
+                return Err(Error::UnsupportedMemKind {
+                    backend: NAME.into(),
+                    kind,
+                })
+            }
+        };
+        let len = usize::try_from(region.desc.len)
+            .map_err(|_| Error::InvalidParam("region larger than the address space".into()))?;
+        let access = Access::READ
+            | Access::WRITE
+            | Access::REMOTE_READ
+            | Access::REMOTE_WRITE
+            | Access::SEND
+            | Access::RECV;
+        let mut mrs = Vec::with_capacity(self.rails.len());
+        for rail in &self.rails {
+            // SAFETY: `Agent::register_mem`'s contract keeps the memory valid while the
+            // registration (this metadata) and every transfer using it exist.
+            let mr = unsafe {
+                MemoryRegion::reg_raw(
+                    &rail.domain,
+                    Some(&rail.ep),
+                    region.desc.addr as *const u8,
+                    len,
+                    access,
+                    iface,
+                )
+            }
+            .map_err(fabric_error)?;
+            mrs.push(mr);
+        }
+        Ok(Arc::new(FabricLocalMd { mrs }))
+    }
+
+    fn connection_info(&self) -> Result<Vec<u8>> {
+        let mut out = vec![self.rails.len() as u8];
+        for rail in &self.rails {
+            let name = rail.ep.name().map_err(fabric_error)?;
+            out.extend_from_slice(&(name.len() as u16).to_le_bytes());
+            out.extend_from_slice(&name);
+        }
+        Ok(out)
+    }
+
+    fn load_remote_conn_info(&self, agent: &str, info: &[u8]) -> Result<()> {
+        let names = parse_rail_list(info, "connection info")?;
+        if let Some(old) = self.common.peers.read().expect("peers lock").get(agent) {
+            if old.conn_info == info {
+                return Ok(());
+            }
+        }
+        let mut addrs = Vec::with_capacity(self.rails.len());
+        for (i, rail) in self.rails.iter().enumerate() {
+            addrs.push(
+                rail.av
+                    .insert(&names[i % names.len()])
+                    .map_err(fabric_error)?,
+            );
+        }
+        let old = self.common.peers.write().expect("peers lock").insert(
+            agent.to_string(),
+            Peer {
+                conn_info: info.to_vec(),
+                addrs,
+            },
+        );
+        if let Some(old) = old {
+            self.remove_addresses(&old);
+        }
+        Ok(())
+    }
+
+    fn load_remote_md(
+        &self,
+        _agent: &str,
+        _region: &Region,
+        public_md: &[u8],
+    ) -> Result<Arc<dyn RemoteMd>> {
+        let bad = |why: &str| Error::MalformedMetadata(format!("{NAME} region metadata: {why}"));
+        let (&count, rest) = public_md.split_first().ok_or_else(|| bad("empty"))?;
+        if count == 0 || rest.len() != count as usize * RemoteMemory::WIRE_SIZE {
+            return Err(bad("wrong length"));
+        }
+        let remotes = rest
+            .chunks_exact(RemoteMemory::WIRE_SIZE)
+            .map(RemoteMemory::from_bytes)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| bad(&e.to_string()))?;
+        Ok(Arc::new(FabricRemoteMd { remotes }))
+    }
+
+    fn disconnect(&self, agent: &str) {
+        let removed = self.common.peers.write().expect("peers lock").remove(agent);
+        if let Some(peer) = removed {
+            self.remove_addresses(&peer);
+        }
+    }
+
+    fn prep_xfer(
+        &self,
+        op: XferOp,
+        entries: &[XferEntry<'_>],
+        agent: &str,
+    ) -> Result<Box<dyn BackendXfer>> {
+        let peer = self
+            .common
+            .peers
+            .read()
+            .expect("peers lock")
+            .get(agent)
+            .cloned()
+            .ok_or_else(|| Error::UnknownAgent(agent.to_string()))?;
+        let nrails = self.rails.len();
+        let mut rail_ops: Vec<Vec<RailOp>> = vec![Vec::new(); nrails];
+        let mut round_robin = self.next_rail.fetch_add(entries.len(), Ordering::Relaxed);
+        for entry in entries {
+            let local = entry
+                .local_md
+                .as_any()
+                .downcast_ref::<FabricLocalMd>()
+                .ok_or_else(|| Error::InvalidParam("local metadata is not LIBFABRIC's".into()))?;
+            let remote = entry
+                .remote_md
+                .as_any()
+                .downcast_ref::<FabricRemoteMd>()
+                .ok_or_else(|| Error::InvalidParam("remote metadata is not LIBFABRIC's".into()))?;
+            let len = entry.local.len as usize;
+            let remote_offset = entry.remote.addr - entry.remote_region.desc.addr;
+            // (rail, offset within the descriptor, length) pieces.
+            let pieces: Vec<(usize, usize, usize)> = if nrails > 1 && len >= self.striping_threshold
+            {
+                let chunk = len.div_ceil(nrails).next_multiple_of(4096);
+                (0..nrails)
+                    .filter_map(|r| {
+                        let start = r * chunk;
+                        (start < len).then(|| (r, start, chunk.min(len - start)))
+                    })
+                    .collect()
+            } else {
+                round_robin += 1;
+                vec![(round_robin % nrails, 0, len)]
+            };
+            for (r, start, piece_len) in pieces {
+                let rail = &self.rails[r];
+                let mr = local.mrs[r].clone();
+                let remote_mem = remote.remotes[r % remote.remotes.len()];
+                let mut done = 0;
+                while done < piece_len {
+                    let n = (piece_len - done).min(rail.max_msg);
+                    let at = (start + done) as u64;
+                    rail_ops[r].push(RailOp {
+                        local: entry.local.addr + at,
+                        len: n,
+                        mr: mr.clone(),
+                        dest: peer.addrs[r],
+                        remote_addr: remote_mem.address_at(remote_offset + at),
+                        key: remote_mem.key,
+                    });
+                    done += n;
+                }
+            }
+        }
+        let total: usize = rail_ops.iter().map(Vec::len).sum();
+        Ok(Box::new(FabricXfer {
+            op,
+            rail_ops: rail_ops.into_iter().map(Arc::from).collect(),
+            rails: self.rails.clone(),
+            agent: agent.to_string(),
+            notif_dest: peer.addrs[0],
+            self_name: self.agent_name.clone(),
+            sender_hash: self.sender_hash,
+            next_seq: self.next_seq.clone(),
+            total,
+            shared: Arc::new(XferShared::default()),
+        }))
+    }
+
+    fn gen_notif(&self, agent: &str, msg: &[u8]) -> Result<()> {
+        let dest = self
+            .common
+            .peers
+            .read()
+            .expect("peers lock")
+            .get(agent)
+            .map(|p| p.addrs[0])
+            .ok_or_else(|| Error::UnknownAgent(agent.to_string()))?;
+        let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
+        let message = encode_notif(&self.agent_name, self.sender_hash, seq, 0, msg)?;
+        send_message_blocking(&self.rails[0], dest, &message)
+    }
+
+    fn take_notifs(&self, into: &mut Vec<(String, Vec<u8>)>) {
+        into.append(&mut self.common.notifs.lock().expect("notif lock"));
+    }
+}
+
+impl LibfabricBackend {
+    fn remove_addresses(&self, peer: &Peer) {
+        for (rail, addr) in self.rails.iter().zip(&peer.addrs) {
+            if let Err(e) = rail.av.remove(&[*addr]) {
+                tracing::debug!(error = %e, "fi_av_remove of a departed peer failed");
+            }
+        }
+    }
+
+    /// The provider in use.
+    pub fn provider(&self) -> &str {
+        &self.provider
+    }
+}
+
+impl Drop for LibfabricBackend {
+    fn drop(&mut self) {
+        self.common.stop.store(true, Ordering::Relaxed);
+        for worker in self
+            .workers
+            .get_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
+        {
+            if worker.thread().id() != std::thread::current().id() {
+                let _ = worker.join();
+            }
+        }
+    }
+}
+
+/// One transport operation, resolved at prepare time.
+#[derive(Debug, Clone)]
+struct RailOp {
+    local: u64,
+    len: usize,
+    mr: MemoryRegion,
+    dest: Address,
+    remote_addr: u64,
+    key: u64,
+}
+
+/// State of one prepared transfer's current post, shared with the rail workers.
+#[derive(Debug, Default)]
+struct XferShared {
+    /// Data operations of the current post not yet completed.
+    pending: AtomicU64,
+    /// Operations completed (stall detection watches it move).
+    completed: AtomicU64,
+    /// The notification message is not yet sent.
+    notif_pending: AtomicBool,
+    /// READ: the message to send once the last read completed.
+    read_notif: Mutex<Option<(Address, Vec<u8>)>>,
+    /// First failure: (peer gone, errno, text).
+    failed: Mutex<Option<(bool, i32, String)>>,
+    canceled: AtomicBool,
+}
+
+impl XferShared {
+    fn fail(&self, e: &fabric::Error) {
+        let mut failed = self.failed.lock().expect("failed lock");
+        if failed.is_none() {
+            let disconnect = matches!(e, fabric::Error::RemoteDisconnect { .. });
+            *failed = Some((disconnect, e.errno().unwrap_or(0), e.to_string()));
+        }
+    }
+}
+
+#[derive(Debug)]
+struct FabricXfer {
+    op: XferOp,
+    rail_ops: Vec<Arc<[RailOp]>>,
+    rails: Vec<Arc<Rail>>,
+    agent: String,
+    notif_dest: Address,
+    self_name: String,
+    sender_hash: u32,
+    next_seq: Arc<AtomicU32>,
+    total: usize,
+    shared: Arc<XferShared>,
+}
+
+impl BackendXfer for FabricXfer {
+    fn post(&mut self, notif: Option<&[u8]>, _params: &PostParams) -> Result<XferStatus> {
+        let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
+        let key = (u64::from(self.sender_hash) << 32) | u64::from(seq);
+        let expected = if self.op == XferOp::Write {
+            self.total as u64
+        } else {
+            0
+        };
+        let message = notif
+            .map(|msg| encode_notif(&self.self_name, self.sender_hash, seq, expected, msg))
+            .transpose()?;
+        let shared = &self.shared;
+        *shared.failed.lock().expect("failed lock") = None;
+        shared.completed.store(0, Ordering::Relaxed);
+        shared.pending.store(self.total as u64, Ordering::Relaxed);
+        shared
+            .notif_pending
+            .store(message.is_some(), Ordering::Relaxed);
+        let (write_notif, imm) = match (self.op, message) {
+            (XferOp::Write, Some(m)) => (Some((self.notif_dest, m)), Some(key)),
+            (XferOp::Read, Some(m)) => {
+                *shared.read_notif.lock().expect("notif lock") = Some((self.notif_dest, m));
+                (None, None)
+            }
+            (_, None) => (None, None),
+        };
+        let mut write_notif = write_notif;
+        for (r, ops) in self.rail_ops.iter().enumerate() {
+            let notif = if r == 0 { write_notif.take() } else { None };
+            if ops.is_empty() && notif.is_none() {
+                continue;
+            }
+            self.rails[r]
+                .submit
+                .lock()
+                .expect("submit lock")
+                .push_back(RailJob {
+                    shared: shared.clone(),
+                    ops: ops.clone(),
+                    op: self.op,
+                    imm,
+                    notif,
+                });
+        }
+        Ok(XferStatus::InProgress)
+    }
+
+    fn check(&mut self) -> Result<XferProgress> {
+        if let Some((disconnect, code, text)) =
+            self.shared.failed.lock().expect("failed lock").clone()
+        {
+            return Err(if disconnect {
+                Error::RemoteDisconnect {
+                    agent: self.agent.clone(),
+                    reason: text,
+                }
+            } else {
+                Error::Backend {
+                    backend: NAME.into(),
+                    code,
+                    message: format!("transfer to `{}`: {text}", self.agent),
+                }
+            });
+        }
+        let done = self.shared.pending.load(Ordering::Acquire) == 0
+            && !self.shared.notif_pending.load(Ordering::Acquire);
+        Ok(XferProgress {
+            status: if done {
+                XferStatus::Done
+            } else {
+                XferStatus::InProgress
+            },
+            completed_ops: self.shared.completed.load(Ordering::Relaxed),
+        })
+    }
+
+    fn op_count(&self) -> usize {
+        self.total
+    }
+}
+
+impl Drop for FabricXfer {
+    fn drop(&mut self) {
+        // Workers stop issuing what is left; issued operations still complete into the
+        // workers, which own what they reference until then.
+        self.shared.canceled.store(true, Ordering::Relaxed);
+    }
+}
+
+/// A post's share of one rail.
+#[derive(Debug)]
+struct RailJob {
+    shared: Arc<XferShared>,
+    ops: Arc<[RailOp]>,
+    op: XferOp,
+    /// Remote CQ data for every write (with a notification).
+    imm: Option<u64>,
+    /// Message to send after the operations were issued.
+    notif: Option<(Address, Vec<u8>)>,
+}
+
+#[derive(Debug)]
+struct ActiveJob {
+    job: RailJob,
+    next: usize,
+    in_flight: usize,
+    /// A notification send completion is awaited.
+    notif_in_flight: Option<RegisteredBuffer>,
+}
+
+const NOTIF_CONTEXT: u64 = 1 << 61;
+
+struct Worker {
+    index: usize,
+    rail: Arc<Rail>,
+    rails: Vec<Arc<Rail>>,
+    common: Arc<Common>,
+    jobs: HashMap<u64, ActiveJob>,
+    order: VecDeque<u64>,
+    next_id: u64,
+    outstanding: usize,
+    recv_buf: RegisteredBuffer,
+}
+
+impl Worker {
+    fn new(
+        index: usize,
+        rail: Arc<Rail>,
+        rails: Vec<Arc<Rail>>,
+        common: Arc<Common>,
+    ) -> Result<Self> {
+        let recv_buf = rail
+            .ep
+            .alloc_registered(NOTIF_SLOTS * NOTIF_SLOT, Access::RECV)
+            .map_err(fabric_error)?;
+        let worker = Worker {
+            index,
+            rail,
+            rails,
+            common,
+            jobs: HashMap::new(),
+            order: VecDeque::new(),
+            next_id: 1,
+            outstanding: 0,
+            recv_buf,
+        };
+        for slot in 0..NOTIF_SLOTS {
+            worker.post_recv(slot)?;
+        }
+        Ok(worker)
+    }
+
+    fn post_recv(&self, slot: usize) -> Result<()> {
+        let range = slot * NOTIF_SLOT..(slot + 1) * NOTIF_SLOT;
+        let deadline = Instant::now() + Duration::from_secs(5);
+        self.rail
+            .ep
+            .retry(deadline, || {
+                self.rail.ep.recv(
+                    &self.recv_buf,
+                    range.clone(),
+                    Address::UNSPEC,
+                    RECV_CONTEXT | slot as u64,
+                )
+            })
+            .map_err(fabric_error)
+    }
+
+    fn run(&mut self) {
+        let mut completions = vec![Completion::default(); 64];
+        let mut last_activity = Instant::now();
+        while !self.common.stop.load(Ordering::Relaxed) {
+            let mut busy = self.accept_jobs();
+            busy |= self.issue();
+            busy |= self.poll(&mut completions);
+            if busy || !self.jobs.is_empty() {
+                last_activity = Instant::now();
+                if !busy {
+                    std::thread::yield_now();
+                }
+            } else if last_activity.elapsed() < SPIN_AFTER_ACTIVITY {
+                std::thread::yield_now();
+            } else {
+                self.wait_idle(&mut completions);
+            }
+        }
+    }
+
+    /// Idle: block on the queue's wait object (woken by incoming data) for a short
+    /// while; new local jobs are seen at the latest when it times out.
+    fn wait_idle(&mut self, completions: &mut [Completion]) {
+        match self.rail.cq.sread(completions, IDLE_WAIT) {
+            Ok(n) => {
+                for c in completions[..n].to_vec() {
+                    self.complete(c.context, Ok(c));
+                }
+                self.retire();
+            }
+            Err(fabric::Error::TimedOut { .. }) | Err(fabric::Error::WouldBlock { .. }) => {}
+            // No wait object (or another failure, seen again by the next read): nap.
+            Err(_) => std::thread::sleep(Duration::from_micros(50)),
+        }
+    }
+
+    fn accept_jobs(&mut self) -> bool {
+        let new: Vec<RailJob> = self
+            .rail
+            .submit
+            .lock()
+            .expect("submit lock")
+            .drain(..)
+            .collect();
+        let any = !new.is_empty();
+        for job in new {
+            let id = self.next_id;
+            self.next_id += 1;
+            self.jobs.insert(
+                id,
+                ActiveJob {
+                    job,
+                    next: 0,
+                    in_flight: 0,
+                    notif_in_flight: None,
+                },
+            );
+            self.order.push_back(id);
+        }
+        any
+    }
+
+    /// Issues operations of the jobs in arrival order, as far as the window allows.
+    fn issue(&mut self) -> bool {
+        let mut issued_any = false;
+        let ids: Vec<u64> = self.order.iter().copied().collect();
+        'jobs: for id in ids {
+            let Some(active) = self.jobs.get_mut(&id) else {
+                continue;
+            };
+            let shared = active.job.shared.clone();
+            if shared.canceled.load(Ordering::Relaxed)
+                || shared.failed.lock().expect("failed lock").is_some()
+            {
+                active.next = active.job.ops.len();
+                active.job.notif = None;
+            }
+            while active.next < active.job.ops.len() {
+                if self.outstanding >= MAX_OUTSTANDING {
+                    break 'jobs;
+                }
+                let op = &active.job.ops[active.next];
+                let ctx = id;
+                let ep = &self.rail.ep;
+                // SAFETY: the agent checked every range against registrations that the
+                // prepared request keeps alive; `Agent::register_mem`'s contract keeps the
+                // memory valid until the request is dropped, and this worker holds the
+                // job (and its memory regions) until the completion is read.
+                let posted = unsafe {
+                    match (active.job.op, active.job.imm) {
+                        (XferOp::Write, Some(imm)) => ep.writedata_raw(
+                            op.local as *const u8,
+                            op.len,
+                            Some(&op.mr),
+                            imm,
+                            op.dest,
+                            op.remote_addr,
+                            op.key,
+                            ctx,
+                        ),
+                        (XferOp::Write, None) => ep.write_raw(
+                            op.local as *const u8,
+                            op.len,
+                            Some(&op.mr),
+                            op.dest,
+                            op.remote_addr,
+                            op.key,
+                            ctx,
+                        ),
+                        (XferOp::Read, _) => ep.read_raw(
+                            op.local as *mut u8,
+                            op.len,
+                            Some(&op.mr),
+                            op.dest,
+                            op.remote_addr,
+                            op.key,
+                            ctx,
+                        ),
+                    }
+                };
+                match posted {
+                    Ok(()) => {
+                        active.next += 1;
+                        active.in_flight += 1;
+                        self.outstanding += 1;
+                        issued_any = true;
+                    }
+                    Err(fabric::Error::WouldBlock { .. }) => break 'jobs,
+                    Err(e) => {
+                        shared.fail(&e);
+                        active.next = active.job.ops.len();
+                        active.job.notif = None;
+                    }
+                }
+            }
+            if let Some((dest, message)) = active.job.notif.take() {
+                match send_message(&self.rail, dest, &message, id | NOTIF_CONTEXT) {
+                    Ok(None) => shared.notif_pending.store(false, Ordering::Release),
+                    Ok(Some(buf)) => active.notif_in_flight = Some(buf),
+                    Err(fabric::Error::WouldBlock { .. }) => {
+                        active.job.notif = Some((dest, message))
+                    }
+                    Err(e) => shared.fail(&e),
+                }
+                issued_any = true;
+            }
+        }
+        self.retire();
+        issued_any
+    }
+
+    fn retire(&mut self) {
+        let jobs = &mut self.jobs;
+        self.order.retain(|id| {
+            let finished = jobs.get(id).is_none_or(|a| {
+                a.next >= a.job.ops.len()
+                    && a.in_flight == 0
+                    && a.job.notif.is_none()
+                    && a.notif_in_flight.is_none()
+            });
+            if finished {
+                jobs.remove(id);
+            }
+            !finished
+        });
+    }
+
+    fn poll(&mut self, completions: &mut [Completion]) -> bool {
+        match self.rail.cq.read(completions) {
+            Ok(0) => false,
+            Ok(n) => {
+                for c in completions[..n].to_vec() {
+                    self.complete(c.context, Ok(c));
+                }
+                self.retire();
+                true
+            }
+            Err(fabric::Error::WouldBlock { .. }) => false,
+            Err(e) => {
+                let context = match &e {
+                    fabric::Error::Completion(ce) => Some(ce.context),
+                    fabric::Error::RemoteDisconnect {
+                        completion: Some(ce),
+                        ..
+                    } => Some(ce.context),
+                    _ => None,
+                };
+                match context {
+                    Some(ctx) => self.complete(ctx, Err(e)),
+                    None => {
+                        tracing::warn!(rail = self.index, error = %e, "completion queue read failed")
+                    }
+                }
+                self.retire();
+                true
+            }
+        }
+    }
+
+    fn complete(&mut self, context: u64, result: std::result::Result<Completion, fabric::Error>) {
+        if let Ok(c) = &result {
+            if c.has(Caps::REMOTE_CQ_DATA.bits()) && c.has(Caps::REMOTE_WRITE.bits()) {
+                self.common.data_arrived(c.data);
+                if context & RECV_CONTEXT != 0 {
+                    self.repost((context & 0xffff) as usize);
+                }
+                return;
+            }
+        }
+        if context & RECV_CONTEXT != 0 {
+            let slot = (context & 0xffff) as usize;
+            match result {
+                Ok(c) => self.handle_message(slot, c.len),
+                Err(e) if self.common.stop.load(Ordering::Relaxed) => drop(e),
+                Err(e) => tracing::warn!(error = %e, "notification receive failed"),
+            }
+            self.repost(slot);
+            return;
+        }
+        let id = context & !NOTIF_CONTEXT;
+        let Some(active) = self.jobs.get_mut(&id) else {
+            tracing::debug!(context, "completion for an unknown job");
+            return;
+        };
+        let shared = active.job.shared.clone();
+        if let Err(e) = &result {
+            shared.fail(e);
+        }
+        if context & NOTIF_CONTEXT != 0 {
+            active.notif_in_flight = None;
+            shared.notif_pending.store(false, Ordering::Release);
+            return;
+        }
+        active.in_flight -= 1;
+        self.outstanding -= 1;
+        if result.is_ok() {
+            shared.completed.fetch_add(1, Ordering::Relaxed);
+            if shared.pending.fetch_sub(1, Ordering::AcqRel) == 1 {
+                // The last data operation: a READ's notification may go now.
+                if let Some((dest, message)) = shared.read_notif.lock().expect("notif lock").take()
+                {
+                    self.rails[0]
+                        .submit
+                        .lock()
+                        .expect("submit lock")
+                        .push_back(RailJob {
+                            shared: shared.clone(),
+                            ops: Arc::from(Vec::new()),
+                            op: XferOp::Read,
+                            imm: None,
+                            notif: Some((dest, message)),
+                        });
+                }
+            }
+        }
+    }
+
+    fn repost(&self, slot: usize) {
+        if let Err(e) = self.post_recv(slot) {
+            tracing::warn!(rail = self.index, error = %e, "re-posting a notification receive failed");
+        }
+    }
+
+    fn handle_message(&self, slot: usize, len: usize) {
+        let bytes =
+            &self.recv_buf.as_slice()[slot * NOTIF_SLOT..slot * NOTIF_SLOT + len.min(NOTIF_SLOT)];
+        match decode_notif(bytes) {
+            Ok((key, expected, sender, msg)) => {
+                self.common.message_arrived(key, expected, sender, msg)
+            }
+            Err(e) => tracing::warn!(error = %e, "malformed notification dropped"),
+        }
+    }
+}
+
+/// `NXNT seq:u32 hash:u32 expected:u64 name:str16 msg:u32-prefixed`
+fn encode_notif(sender: &str, hash: u32, seq: u32, expected: u64, msg: &[u8]) -> Result<Vec<u8>> {
+    let len = 4 + 4 + 4 + 8 + 2 + sender.len() + 4 + msg.len();
+    if len > MAX_NOTIF_BYTES {
+        return Err(Error::InvalidParam(format!(
+            "notification of {} bytes is too large for {NAME} (at most {} with this agent name)",
+            msg.len(),
+            MAX_NOTIF_BYTES - (len - msg.len())
+        )));
+    }
+    let mut out = Vec::with_capacity(len);
+    out.extend_from_slice(NOTIF_MAGIC);
+    out.extend_from_slice(&seq.to_le_bytes());
+    out.extend_from_slice(&hash.to_le_bytes());
+    out.extend_from_slice(&expected.to_le_bytes());
+    out.extend_from_slice(&(sender.len() as u16).to_le_bytes());
+    out.extend_from_slice(sender.as_bytes());
+    out.extend_from_slice(&(msg.len() as u32).to_le_bytes());
+    out.extend_from_slice(msg);
+    Ok(out)
+}
+
+fn decode_notif(b: &[u8]) -> Result<(u64, u64, String, Vec<u8>)> {
+    let bad = || Error::MalformedMetadata("malformed notification".into());
+    let take =
+        |b: &[u8], at: usize, n: usize| b.get(at..at + n).ok_or_else(bad).map(<[u8]>::to_vec);
+    if take(b, 0, 4)? != NOTIF_MAGIC {
+        return Err(bad());
+    }
+    let seq = u32::from_le_bytes(take(b, 4, 4)?.try_into().expect("4"));
+    let hash = u32::from_le_bytes(take(b, 8, 4)?.try_into().expect("4"));
+    let expected = u64::from_le_bytes(take(b, 12, 8)?.try_into().expect("8"));
+    let name_len = u16::from_le_bytes(take(b, 20, 2)?.try_into().expect("2")) as usize;
+    let sender = String::from_utf8(take(b, 22, name_len)?).map_err(|_| bad())?;
+    let at = 22 + name_len;
+    let msg_len = u32::from_le_bytes(take(b, at, 4)?.try_into().expect("4")) as usize;
+    let msg = take(b, at + 4, msg_len)?;
+    if at + 4 + msg_len != b.len() {
+        return Err(bad());
+    }
+    Ok((
+        (u64::from(hash) << 32) | u64::from(seq),
+        expected,
+        sender,
+        msg,
+    ))
+}
+
+/// Sends a notification message: injected when small (no completion: `Ok(None)`), else
+/// from a registered copy whose completion carries `context` (`Ok(Some(buffer))`).
+fn send_message(
+    rail: &Rail,
+    dest: Address,
+    message: &[u8],
+    context: u64,
+) -> std::result::Result<Option<RegisteredBuffer>, fabric::Error> {
+    if message.len() <= rail.inject_size {
+        rail.ep.inject(message, dest)?;
+        return Ok(None);
+    }
+    let mut buf = rail.ep.alloc_registered(message.len(), Access::SEND)?;
+    buf.as_mut_slice()
+        .expect("a fresh buffer is not in use")
+        .copy_from_slice(message);
+    rail.ep.send(&buf, 0..message.len(), dest, context)?;
+    Ok(Some(buf))
+}
+
+/// A standalone notification, sent from the caller's thread (bounded wait).
+fn send_message_blocking(rail: &Rail, dest: Address, message: &[u8]) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    if message.len() <= rail.inject_size {
+        return rail
+            .ep
+            .retry(deadline, || rail.ep.inject(message, dest))
+            .map_err(fabric_error);
+    }
+    // Too large to inject: hand it to the rail worker as a job of its own.
+    let shared = Arc::new(XferShared::default());
+    shared.notif_pending.store(true, Ordering::Release);
+    rail.submit.lock().expect("submit lock").push_back(RailJob {
+        shared: shared.clone(),
+        ops: Arc::from(Vec::new()),
+        op: XferOp::Write,
+        imm: None,
+        notif: Some((dest, message.to_vec())),
+    });
+    while shared.notif_pending.load(Ordering::Acquire) {
+        if let Some((_, code, text)) = shared.failed.lock().expect("failed lock").clone() {
+            return Err(Error::Backend {
+                backend: NAME.into(),
+                code,
+                message: text,
+            });
+        }
+        if Instant::now() > deadline {
+            return Err(Error::Timeout("sending a notification".into()));
+        }
+        std::thread::yield_now();
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn notification_messages_round_trip_and_reject_garbage() {
+        let m = encode_notif("prefill-7", 0xdead_beef, 42, 15_000, b"kv ready").unwrap();
+        let (key, expected, sender, msg) = decode_notif(&m).unwrap();
+        assert_eq!(key, (0xdead_beefu64 << 32) | 42);
+        assert_eq!(
+            (expected, sender.as_str(), msg.as_slice()),
+            (15_000, "prefill-7", &b"kv ready"[..])
+        );
+        for cut in 0..m.len() {
+            assert!(decode_notif(&m[..cut]).is_err());
+        }
+        assert!(encode_notif("a", 1, 1, 0, &vec![0; MAX_NOTIF_BYTES]).is_err());
+    }
+
+    #[test]
+    fn tracker_releases_only_when_data_and_message_are_in() {
+        let common = Common::default();
+        common.data_arrived(7);
+        common.message_arrived(7, 3, "a".into(), b"m".to_vec());
+        assert!(
+            common.notifs.lock().unwrap().is_empty(),
+            "1 of 3 writes landed"
+        );
+        common.data_arrived(7);
+        assert!(common.notifs.lock().unwrap().is_empty(), "2 of 3");
+        common.data_arrived(7);
+        assert_eq!(common.notifs.lock().unwrap().len(), 1);
+        // Message first, then data; and a zero-expectation message is immediate.
+        common.message_arrived(8, 1, "b".into(), b"x".to_vec());
+        assert_eq!(common.notifs.lock().unwrap().len(), 1);
+        common.data_arrived(8);
+        common.message_arrived(9, 0, "c".into(), b"y".to_vec());
+        assert_eq!(common.notifs.lock().unwrap().len(), 3);
+        assert!(common.tracker.lock().unwrap().is_empty());
+    }
+
+    #[test]
+    fn connection_info_parsing_is_bounded() {
+        assert!(parse_rail_list(&[], "x").is_err());
+        assert!(parse_rail_list(&[0], "x").is_err());
+        assert!(parse_rail_list(&[1, 5, 0, 1], "x").is_err());
+        assert_eq!(parse_rail_list(&[1, 1, 0, 9], "x").unwrap(), vec![vec![9]]);
+        assert!(parse_rail_list(&[1, 1, 0, 9, 9], "x").is_err());
+    }
+}
