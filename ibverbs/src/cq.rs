@@ -546,7 +546,7 @@ impl CompletionQueue {
     }
 
     /// Poll up to `buf.len()` completions into `buf` (`ibv_poll_cq`; on an extended CQ
-    /// `ibv_start_poll`/`ibv_next_poll`/`ibv_end_poll`). Returns the filled prefix;
+    /// `ibv_start_poll`/`ibv_end_poll`). Returns the filled prefix;
     /// reuse `buf` across calls, nothing is allocated.
     #[doc(alias = "ibv_poll_cq")]
     pub fn poll<'b>(&self, buf: &'b mut [WorkCompletion]) -> Result<&'b mut [WorkCompletion]> {
@@ -583,7 +583,6 @@ impl CompletionQueue {
     /// Poll up to `max` completions of an extended CQ, handing each to `f` with every
     /// field the CQ was created to report. [`Error::Unsupported`] on a classic CQ.
     #[doc(alias = "ibv_start_poll")]
-    #[doc(alias = "ibv_next_poll")]
     #[doc(alias = "ibv_end_poll")]
     pub fn poll_ex_with(&self, max: usize, mut f: impl FnMut(&ExCompletion)) -> Result<usize> {
         let Some(ex) = self.inner.ex else {
@@ -595,37 +594,29 @@ impl CompletionQueue {
             return Ok(0);
         }
         let ex = ex.as_ptr();
-        // SAFETY: all-zero is a valid `ibv_poll_cq_attr`.
-        let mut attr: ffi::ibv_poll_cq_attr = unsafe { std::mem::zeroed() };
-        // SAFETY: live extended CQ.
-        let ret = unsafe { ffi::ibv_start_poll(ex, &mut attr) };
-        if ret == libc::ENOENT {
-            return Ok(0);
-        }
-        cvt(ret, "ibv_start_poll")?;
+        // One completion per poll session (start → read → end). Providers disagree on
+        // what `ibv_next_poll` returning ENOENT means: rxe ends the session there (it
+        // stores the consumer index and unlocks), so a following `ibv_end_poll` would
+        // skip an entry; mlx5 requires the `ibv_end_poll`. Short sessions are correct on
+        // both.
         let mut n = 0;
-        loop {
-            // SAFETY: inside a poll session on a live extended CQ; the reads are valid for
-            // the current completion and the flags it was created with.
-            let c = unsafe { read_ex(ex, self.inner.wc_flags) };
-            f(&c);
-            n += 1;
-            if n == max {
-                break;
-            }
-            // SAFETY: inside the poll session.
-            let ret = unsafe { ffi::ibv_next_poll(ex) };
+        while n < max {
+            // SAFETY: all-zero is a valid `ibv_poll_cq_attr`.
+            let mut attr: ffi::ibv_poll_cq_attr = unsafe { std::mem::zeroed() };
+            // SAFETY: live extended CQ, no session open.
+            let ret = unsafe { ffi::ibv_start_poll(ex, &mut attr) };
             if ret == libc::ENOENT {
                 break;
             }
-            if ret != 0 {
-                // SAFETY: ends the session started above.
-                unsafe { ffi::ibv_end_poll(ex) };
-                return Err(Error::from_errno("ibv_next_poll", ret));
-            }
+            cvt(ret, "ibv_start_poll")?;
+            // SAFETY: inside a poll session on a live extended CQ; only the fields the CQ
+            // was created with are read.
+            let c = unsafe { read_ex(ex, self.inner.wc_flags) };
+            // SAFETY: ends the session started above.
+            unsafe { ffi::ibv_end_poll(ex) };
+            f(&c);
+            n += 1;
         }
-        // SAFETY: ends the session started above.
-        unsafe { ffi::ibv_end_poll(ex) };
         Ok(n)
     }
 
@@ -664,7 +655,7 @@ impl CompletionQueue {
 /// Read the current completion of a poll session.
 ///
 /// # Safety
-/// `ex` is a live extended CQ inside a successful `ibv_start_poll`/`ibv_next_poll`.
+/// `ex` is a live extended CQ inside a successful `ibv_start_poll`.
 unsafe fn read_ex(ex: *mut ffi::ibv_cq_ex, create_flags: WcFlags) -> ExCompletion {
     // SAFETY: per the function contract; only fields requested at creation are read.
     unsafe {
