@@ -43,9 +43,7 @@ impl Drop for AvInner {
     fn drop(&mut self) {
         // SAFETY: the fid of an open AV; endpoints bound to it hold an Arc and are closed.
         let _guard = self._domain.control_guard();
-        close_fid("address vector", unsafe {
-            ptr::addr_of_mut!((*self.raw).fid)
-        });
+        close_fid("address vector", crate::fid_of(self.raw));
     }
 }
 

@@ -5,7 +5,7 @@ use crate::error::{cvt, Error, Result};
 use crate::{close_fid, ffi};
 use std::ptr;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 pub(crate) struct CntrInner {
     pub(crate) raw: *mut ffi::fid_cntr,
@@ -21,7 +21,7 @@ impl Drop for CntrInner {
     fn drop(&mut self) {
         // SAFETY: the fid of an open counter; bound endpoints hold an Arc and are closed.
         let _guard = self._domain.control_guard();
-        close_fid("counter", unsafe { ptr::addr_of_mut!((*self.raw).fid) });
+        close_fid("counter", crate::fid_of(self.raw));
     }
 }
 
@@ -113,19 +113,35 @@ impl Counter {
         })
     }
 
-    /// Blocks until the value reaches `threshold` (`fi_cntr_wait`); [`Error::TimedOut`]
-    /// after `timeout`.
+    /// Waits until the value reaches `threshold`; [`Error::TimedOut`] after `timeout`, or
+    /// the counter's error count as [`Error::Call`] if it rises meanwhile.
+    ///
+    /// Implemented by polling `fi_cntr_read` (which progresses the provider), not with
+    /// `fi_cntr_wait`: libfabric 1.17's utility counters (shm) ignore its timeout.
     #[doc(alias = "fi_cntr_wait")]
     pub fn wait(&self, threshold: u64, timeout: Duration) -> Result<()> {
-        let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
-        // SAFETY: the counter is open.
-        let ret = unsafe { ffi::fi_cntr_wait(self.inner.raw, threshold, ms) };
-        if ret == -ffi::FI_ETIMEDOUT || ret == -ffi::FI_EAGAIN {
-            return Err(Error::TimedOut {
-                call: "fi_cntr_wait",
-                after: timeout,
-            });
+        let deadline = Instant::now() + timeout;
+        let errors = self.read_err();
+        loop {
+            if self.read() >= threshold {
+                return Ok(());
+            }
+            let now_errors = self.read_err();
+            if now_errors > errors {
+                return Err(Error::Call {
+                    call: "fi_cntr_readerr",
+                    errno: ffi::FI_EIO,
+                    message: format!("{} operation(s) failed", now_errors - errors),
+                    context: format!(": waiting for {threshold}"),
+                });
+            }
+            if Instant::now() >= deadline {
+                return Err(Error::TimedOut {
+                    call: "fi_cntr_wait",
+                    after: timeout,
+                });
+            }
+            std::thread::yield_now();
         }
-        cvt("fi_cntr_wait", ret)
     }
 }

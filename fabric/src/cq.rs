@@ -115,9 +115,7 @@ impl Drop for CqInner {
     fn drop(&mut self) {
         // SAFETY: the fid of an open CQ; endpoints bound to it hold an Arc and are closed.
         let _guard = self.domain.control_guard();
-        close_fid("completion queue", unsafe {
-            ptr::addr_of_mut!((*self.raw).fid)
-        });
+        close_fid("completion queue", crate::fid_of(self.raw));
     }
 }
 
@@ -257,6 +255,8 @@ impl CqInner {
                 CStr::from_ptr(p).to_string_lossy().into_owned()
             }
         };
+        // Some providers (shm 1.17) report negative errnos here.
+        let errno = entry.err.abs();
         Error::completion(CompletionError {
             call,
             context: self.resolve(entry.op_context as u64),
@@ -265,9 +265,9 @@ impl CqInner {
             data: entry.data,
             tag: entry.tag,
             olen: entry.olen,
-            errno: entry.err,
+            errno,
             prov_errno: entry.prov_errno,
-            message: strerror(entry.err),
+            message: strerror(errno),
             prov_message,
         })
     }
@@ -453,6 +453,24 @@ impl CompletionQueue {
         let n = self.read(out)?;
         if n > 0 {
             return Ok(n);
+        }
+        if self.inner.domain.info.data_progress() == crate::Progress::MANUAL {
+            // Manual progress: libfabric 1.17's utility CQs (shm) may block past the
+            // timeout in fi_cq_sread; reading progresses them, so poll instead.
+            let deadline = Instant::now() + timeout;
+            loop {
+                let n = self.read(out)?;
+                if n > 0 {
+                    return Ok(n);
+                }
+                if Instant::now() >= deadline {
+                    return Err(Error::TimedOut {
+                        call: "fi_cq_sread",
+                        after: timeout,
+                    });
+                }
+                std::thread::yield_now();
+            }
         }
         let mut buf = [ffi::fi_cq_tagged_entry::default(); 16];
         let count = out.len().min(buf.len());

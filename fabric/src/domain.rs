@@ -28,7 +28,7 @@ impl FabricInner {
 impl Drop for FabricInner {
     fn drop(&mut self) {
         // SAFETY: the fid of an open fabric.
-        close_fid("fabric", unsafe { ptr::addr_of_mut!((*self.raw).fid) });
+        close_fid("fabric", crate::fid_of(self.raw));
     }
 }
 
@@ -149,7 +149,7 @@ impl Drop for DomainInner {
         }
         // SAFETY: the fid of an open domain; every child holds an Arc to this, so all of
         // them are closed already.
-        close_fid("domain", unsafe { ptr::addr_of_mut!((*self.raw).fid) });
+        close_fid("domain", crate::fid_of(self.raw));
     }
 }
 

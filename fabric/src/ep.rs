@@ -9,7 +9,7 @@ use crate::eq::EventQueue;
 use crate::error::{cvt, Error, Result};
 use crate::info::{EndpointType, Info};
 use crate::mr::{Access, MemoryRegion, RegisteredBuffer, RemoteMemory};
-use crate::{close_fid, ffi};
+use crate::{close_fid, ffi, fid_of};
 use std::any::Any;
 use std::ffi::c_void;
 use std::ops::Range;
@@ -39,7 +39,7 @@ impl Drop for EpInner {
         // SAFETY: the fid of an open endpoint. Its CQs, AV, EQ and counters are fields,
         // released after this (the endpoint closes first).
         let _guard = self.domain.control_guard();
-        close_fid("endpoint", unsafe { ptr::addr_of_mut!((*self.raw).fid) });
+        close_fid("endpoint", crate::fid_of(self.raw));
     }
 }
 
@@ -1156,11 +1156,6 @@ impl Endpoint {
     }
 }
 
-/// The `fid` of a libfabric object: every `fid_*` struct starts with its `struct fid`.
-pub(crate) fn fid_of<T>(raw: *mut T) -> *mut ffi::fid {
-    raw.cast()
-}
-
 fn get_name(fid: *mut ffi::fid, call: &'static str) -> Result<Vec<u8>> {
     let mut buf = vec![0u8; 256];
     loop {
@@ -1191,9 +1186,7 @@ unsafe impl Sync for PepInner {}
 impl Drop for PepInner {
     fn drop(&mut self) {
         // SAFETY: the fid of an open passive endpoint; the EQ field is released after.
-        close_fid("passive endpoint", unsafe {
-            ptr::addr_of_mut!((*self.raw).fid)
-        });
+        close_fid("passive endpoint", crate::fid_of(self.raw));
     }
 }
 

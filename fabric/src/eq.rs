@@ -23,7 +23,7 @@ unsafe impl Sync for EqInner {}
 impl Drop for EqInner {
     fn drop(&mut self) {
         // SAFETY: the fid of an open EQ; bound endpoints hold an Arc and are closed.
-        close_fid("event queue", unsafe { ptr::addr_of_mut!((*self.raw).fid) });
+        close_fid("event queue", crate::fid_of(self.raw));
     }
 }
 

@@ -85,6 +85,11 @@ pub use info::{
 };
 pub use mr::{Access, HmemIface, MemoryRegion, RegisteredBuffer, RemoteMemory};
 
+/// The `fid` of a libfabric object: every `fid_*` struct starts with its `struct fid`.
+pub(crate) fn fid_of<T>(raw: *mut T) -> *mut ffi::fid {
+    raw.cast()
+}
+
 /// Closes a fid, logging (never panicking) on failure. Used by every `Drop`.
 pub(crate) fn close_fid(what: &'static str, fid: *mut ffi::fid) {
     if fid.is_null() {

@@ -159,9 +159,7 @@ impl Drop for MrInner {
     fn drop(&mut self) {
         // SAFETY: the fid of an open MR.
         let _guard = self._domain.control_guard();
-        close_fid("memory region", unsafe {
-            ptr::addr_of_mut!((*self.raw).fid)
-        });
+        close_fid("memory region", crate::fid_of(self.raw));
     }
 }
 
@@ -262,7 +260,7 @@ impl MemoryRegion {
                 // SAFETY: raw is an open, bound MR.
                 .and_then(|()| cvt("fi_mr_enable", unsafe { ffi::fi_mr_enable(raw) }));
             if let Err(e) = bound {
-                close_fid("memory region", crate::ep::fid_of(raw));
+                close_fid("memory region", crate::fid_of(raw));
                 return Err(e);
             }
         }
