@@ -39,6 +39,9 @@ impl Default for AgentConfig {
     }
 }
 
+/// A cached (kind, device) → index lookup while preparing a list.
+type IndexEntry<'a> = (&'a (MemKind, u64), &'a RegionIndex<Arc<LocalReg>>);
+
 /// One local registration: a region plus each backend's metadata for it.
 #[derive(Debug)]
 pub(crate) struct LocalReg {
@@ -480,7 +483,7 @@ impl Agent {
             None => {
                 let local = self.inner.local.read().expect("local lock");
                 let mut local_regs = Vec::with_capacity(list.len());
-                let mut cache: Option<(&(MemKind, u64), &RegionIndex<Arc<LocalReg>>)> = None;
+                let mut cache: Option<IndexEntry<'_>> = None;
                 for (index, d) in list.descs().iter().enumerate() {
                     let end = d.checked_end(index)?;
                     let key = (kind, d.dev_id);
@@ -578,6 +581,7 @@ impl Agent {
     /// to/from `remote_idx[i]` of `remote`. With `backend` set, only that backend is used;
     /// otherwise the first (in creation order) that can reach both sides.
     #[doc(alias = "makeXferReq")]
+    #[allow(clippy::too_many_arguments)] // NIXL's makeXferReq, argument for argument
     pub fn make_xfer_req(
         &self,
         op: XferOp,

@@ -863,7 +863,7 @@ impl Worker {
     fn wait_idle(&mut self, completions: &mut [Completion]) {
         match self.rail.cq.sread(completions, IDLE_WAIT) {
             Ok(n) => {
-                for c in completions[..n].to_vec() {
+                for &c in &completions[..n] {
                     self.complete(c.context, Ok(c));
                 }
                 self.retire();
@@ -1009,7 +1009,7 @@ impl Worker {
         match self.rail.cq.read(completions) {
             Ok(0) => false,
             Ok(n) => {
-                for c in completions[..n].to_vec() {
+                for &c in &completions[..n] {
                     self.complete(c.context, Ok(c));
                 }
                 self.retire();
