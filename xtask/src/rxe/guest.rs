@@ -129,7 +129,7 @@ pub(super) fn run(
             .get()
             .map(|t| format!("{:.2?}", t.duration_since(started)));
         eprintln!(
-            "rxe: first output after {}, finished after {:.2?} ({end:?})",
+            "rxe: first output after {}, finished after {:.2?}",
             first.as_deref().unwrap_or("-"),
             started.elapsed()
         );
@@ -137,7 +137,10 @@ pub(super) fn run(
 
     let tail = || {
         let tail = console_tail.lock().unwrap_or_else(PoisonError::into_inner);
-        last_lines(&tail, 30)
+        match last_lines(&tail, 30) {
+            lines if lines.is_empty() => "(empty; -v adds the kernel's messages)".to_string(),
+            lines => lines,
+        }
     };
     let status = match end {
         End::Signal(signal) => {
@@ -209,17 +212,23 @@ fn qemu_args(
     shares: &[PathBuf],
 ) -> Vec<OsString> {
     let mut append = String::from(concat!(
-        "console=ttyS0 quiet loglevel=4 8250.nr_uarts=1",
+        "console=ttyS0 8250.nr_uarts=1",
         // Power off instead of hanging on a panic (with -no-reboot QEMU then exits).
         " panic=-1",
         // Boot and run faster under TCG; nothing here needs the protection.
-        " mitigations=off nokaslr cryptomgr.notests audit=0 apparmor=0",
+        " mitigations=off cryptomgr.notests audit=0 apparmor=0",
         // Without it the TSC is marked unstable and perftest's clock calibration fails.
         " tsc=reliable no_timer_check",
         // QEMU 7.2's TCG finds translated code by virtual address: without ASLR every
         // process reuses the translation of ld.so and libc (exec is ~3x faster).
         " norandmaps",
     ));
+    // -v shows the kernel's boot messages too (they cost ~0.1 s on the serial console).
+    append += if opts.verbose {
+        " loglevel=7"
+    } else {
+        " quiet loglevel=4"
+    };
     append += &format!(
         " rxevm_rxe={} rxevm_netdev={} rxevm_trace={}",
         u8::from(opts.rxe),
