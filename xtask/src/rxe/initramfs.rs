@@ -5,7 +5,7 @@ use anyhow::{bail, Context, Result};
 use std::collections::BTreeSet;
 use std::fs;
 use std::hash::{Hash, Hasher};
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
@@ -13,11 +13,19 @@ const GUEST_INIT: &str = include_str!("../guest-init.sh");
 const BUSYBOX: &str = "/bin/busybox";
 
 /// Build `initramfs-<hash>.cpio` in the kernel cache entry unless it exists. The hash covers
-/// the init script and busybox, so editing `guest-init.sh` rebuilds it.
+/// the init script and busybox's identity (an upgrade replaces the file), so editing
+/// `guest-init.sh` rebuilds it, and a warm run reads neither.
 pub(super) fn build(entry: &Path, verbose: bool) -> Result<PathBuf> {
-    let busybox = fs::read(BUSYBOX).with_context(|| format!("reading {BUSYBOX}"))?;
+    let meta = fs::metadata(BUSYBOX).with_context(|| format!("{BUSYBOX} (busybox-static)"))?;
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
-    (GUEST_INIT, &busybox).hash(&mut hasher);
+    (
+        GUEST_INIT,
+        meta.ino(),
+        meta.len(),
+        meta.mtime(),
+        meta.mtime_nsec(),
+    )
+        .hash(&mut hasher);
     let name = format!("initramfs-{:016x}.cpio", hasher.finish());
     let path = entry.join(&name);
     if path.exists() {
@@ -35,6 +43,7 @@ pub(super) fn build(entry: &Path, verbose: bool) -> Result<PathBuf> {
     // The kernel gives init /dev/console as stdin/stdout/stderr before devtmpfs is mounted.
     cpio.node("dev/console", 0o020600, (5, 1));
     cpio.file("init", 0o755, GUEST_INIT.as_bytes());
+    let busybox = fs::read(BUSYBOX).with_context(|| format!("reading {BUSYBOX}"))?;
     cpio.file("bin/busybox", 0o755, &busybox);
     let applets = super::output(std::process::Command::new(BUSYBOX).arg("--list-full"))?;
     for applet in applets

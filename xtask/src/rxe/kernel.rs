@@ -58,11 +58,12 @@ pub(super) struct Boot {
 /// Install what is missing, fetch the kernel if no cached one fits, build the initramfs.
 /// Holds the cache lock, so concurrent runs download and build once.
 pub(super) fn prepare(verbose: bool) -> Result<Boot> {
-    crate::deps::ensure_packages(HOST_PACKAGES)?;
     let cache = cache_dir()?;
     fs::create_dir_all(cache.join("kernels"))
         .with_context(|| format!("creating the cache {}", cache.display()))?;
     let _lock = Lock::exclusive(&cache.join(".lock"))?;
+    // Under the lock: concurrent apt-get runs would fail on dpkg's lock.
+    crate::deps::ensure_packages(HOST_PACKAGES)?;
     let entry = kernel_entry(&cache)?;
     let kernel = ["vmlinux", "vmlinuz"]
         .iter()
