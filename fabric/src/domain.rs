@@ -2,7 +2,7 @@
 
 use crate::cq::CqInner;
 use crate::error::{cvt, Error, Result};
-use crate::info::{Info, MrMode, Progress, Threading};
+use crate::info::{Info, MrMode, Threading};
 use crate::{close_fid, ffi};
 use std::ptr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -155,10 +155,12 @@ impl Drop for DomainInner {
 
 /// A resource domain (`fid_domain`): one NIC/port of a provider.
 ///
-/// A domain whose provider has `FI_PROGRESS_MANUAL` data progress runs a background
-/// thread (every 200 µs by default) that progresses its completion queues without reading
-/// their entries, so RMA targets and receivers advance even when the application is not
-/// polling. [`Domain::with_progress_interval`] changes or disables it.
+/// A domain runs a background thread (every 200 µs by default) that progresses its
+/// completion queues without reading their entries, so RMA targets, receivers and
+/// connection teardown advance even when the application is not polling: needed by
+/// `FI_PROGRESS_MANUAL` providers (`tcp;ofi_rxm`, `shm`, `udp;ofi_rxd`) and in practice by
+/// `tcp` 1.17's MSG endpoints. [`Domain::with_progress_interval`] changes or disables it
+/// (a busy-polling application, such as a benchmark, does not need it).
 #[derive(Clone)]
 pub struct Domain {
     pub(crate) inner: Arc<DomainInner>,
@@ -178,16 +180,15 @@ impl std::fmt::Debug for Domain {
 pub(crate) const DEFAULT_PROGRESS_INTERVAL: Duration = Duration::from_micros(200);
 
 impl Domain {
-    /// Opens a domain of `fabric` (`fi_domain`), with background progress if the provider
-    /// needs manual progress.
+    /// Opens a domain of `fabric` (`fi_domain`), with background progress.
     #[doc(alias = "fi_domain")]
     pub fn new(fabric: &Fabric, info: &Info) -> Result<Domain> {
         Self::with_progress_interval(fabric, info, Some(DEFAULT_PROGRESS_INTERVAL))
     }
 
-    /// Like [`new`](Self::new); `interval` sets the background progress period of a
-    /// manual-progress domain (`None`: no thread; the application's own queue reads are
-    /// then the only progress, as in a busy-polling benchmark).
+    /// Like [`new`](Self::new); `interval` sets the background progress period (`None`:
+    /// no thread; the application's own queue reads and posts are then the only progress,
+    /// as in a busy-polling benchmark).
     pub fn with_progress_interval(
         fabric: &Fabric,
         info: &Info,
@@ -208,9 +209,11 @@ impl Domain {
         let ret =
             unsafe { ffi::fi_domain(fabric.inner.raw, info.as_raw(), &mut raw, ptr::null_mut()) };
         cvt("fi_domain", ret).map_err(|e| e.context(|| info.provider_name().to_owned()))?;
-        let manual = info.data_progress() == Progress::MANUAL;
-        let progress = match (manual, interval) {
-            (true, Some(interval)) => {
+        // Manual-progress providers need it; so does `tcp` 1.17 although it reports
+        // FI_PROGRESS_AUTO (a passive RMA target or a peer's FI_SHUTDOWN only advance when
+        // its queues are read). Progressing an auto-progress domain is harmless.
+        let progress = match interval {
+            Some(interval) => {
                 let set = Arc::new(ProgressSet {
                     cqs: Mutex::new(Vec::new()),
                     lock: Mutex::new(()),
@@ -229,7 +232,7 @@ impl Domain {
                     })?;
                 Some(set)
             }
-            _ => None,
+            None => None,
         };
         Ok(Domain {
             inner: Arc::new(DomainInner {

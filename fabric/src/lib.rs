@@ -14,9 +14,10 @@
 //! Providers with `FI_PROGRESS_MANUAL` data progress (`tcp;ofi_rxm`, `shm`, `udp;ofi_rxd`)
 //! only move data when the application calls into them. This crate does it for you:
 //! reading a completion queue progresses it, an operation that gets `FI_EAGAIN` progresses
-//! its queues before returning [`Error::WouldBlock`], and a [`Domain`] whose provider asks
-//! for manual progress runs a small background thread that progresses its completion
-//! queues without consuming their entries, so a passive RMA target needs no code at all.
+//! its queues before returning [`Error::WouldBlock`], and each [`Domain`] runs a small
+//! background thread that progresses its completion queues without consuming their
+//! entries, so a passive RMA target needs no code at all (opt out with
+//! [`Domain::with_progress_interval`]).
 //!
 //! # Memory registration
 //!
