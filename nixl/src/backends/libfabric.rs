@@ -506,6 +506,8 @@ impl Backend for LibfabricBackend {
         let nrails = self.rails.len();
         let mut rail_ops: Vec<Vec<RailOp>> = vec![Vec::new(); nrails];
         let mut round_robin = self.next_rail.fetch_add(entries.len(), Ordering::Relaxed);
+        let mut mrs: Vec<MemoryRegion> = Vec::new();
+        let mut last_md: Option<(*const FabricLocalMd, u32)> = None;
         for entry in entries {
             let local = entry
                 .local_md
@@ -520,43 +522,52 @@ impl Backend for LibfabricBackend {
             let len = entry.local.len as usize;
             let remote_offset = entry.remote.addr - entry.remote_region.desc.addr;
             // (rail, offset within the descriptor, length) pieces.
-            let pieces: Vec<(usize, usize, usize)> = if nrails > 1 && len >= self.striping_threshold
-            {
-                let chunk = len.div_ceil(nrails).next_multiple_of(4096);
-                (0..nrails)
-                    .filter_map(|r| {
-                        let start = r * chunk;
-                        (start < len).then(|| (r, start, chunk.min(len - start)))
-                    })
-                    .collect()
-            } else {
-                round_robin += 1;
-                vec![(round_robin % nrails, 0, len)]
+            // Registrations are shared by many descriptors: one table entry per region.
+            let mr_base = match last_md {
+                Some((ptr, base)) if std::ptr::eq(ptr, local) => base,
+                _ => {
+                    let base = mrs.len() as u32;
+                    mrs.extend(local.mrs.iter().cloned());
+                    last_md = Some((local as *const FabricLocalMd, base));
+                    base
+                }
             };
-            for (r, start, piece_len) in pieces {
-                let rail = &self.rails[r];
-                let mr = local.mrs[r].clone();
+            let mut push = |r: usize, start: usize, piece_len: usize| {
+                let max_msg = self.rails[r].max_msg;
                 let remote_mem = remote.remotes[r % remote.remotes.len()];
                 let mut done = 0;
                 while done < piece_len {
-                    let n = (piece_len - done).min(rail.max_msg);
+                    let n = (piece_len - done).min(max_msg);
                     let at = (start + done) as u64;
                     rail_ops[r].push(RailOp {
                         local: entry.local.addr + at,
                         len: n,
-                        mr: mr.clone(),
+                        mr: mr_base + r as u32,
                         dest: peer.addrs[r],
                         remote_addr: remote_mem.address_at(remote_offset + at),
                         key: remote_mem.key,
                     });
                     done += n;
                 }
+            };
+            if nrails > 1 && len >= self.striping_threshold {
+                let chunk = len.div_ceil(nrails).next_multiple_of(4096);
+                for r in 0..nrails {
+                    let start = r * chunk;
+                    if start < len {
+                        push(r, start, chunk.min(len - start));
+                    }
+                }
+            } else {
+                round_robin += 1;
+                push(round_robin % nrails, 0, len);
             }
         }
         let total: usize = rail_ops.iter().map(Vec::len).sum();
         Ok(Box::new(FabricXfer {
             op,
             rail_ops: rail_ops.into_iter().map(Arc::from).collect(),
+            mrs: Arc::from(mrs),
             rails: self.rails.clone(),
             agent: agent.to_string(),
             notif_dest: peer.addrs[0],
@@ -623,7 +634,8 @@ impl Drop for LibfabricBackend {
 struct RailOp {
     local: u64,
     len: usize,
-    mr: MemoryRegion,
+    /// Index into the transfer's registration table.
+    mr: u32,
     dest: Address,
     remote_addr: u64,
     key: u64,
@@ -659,6 +671,7 @@ impl XferShared {
 struct FabricXfer {
     op: XferOp,
     rail_ops: Vec<Arc<[RailOp]>>,
+    mrs: Arc<[MemoryRegion]>,
     rails: Vec<Arc<Rail>>,
     agent: String,
     notif_dest: Address,
@@ -709,6 +722,7 @@ impl BackendXfer for FabricXfer {
                 .push_back(RailJob {
                     shared: shared.clone(),
                     ops: ops.clone(),
+                    mrs: self.mrs.clone(),
                     op: self.op,
                     imm,
                     notif,
@@ -764,6 +778,8 @@ impl Drop for FabricXfer {
 struct RailJob {
     shared: Arc<XferShared>,
     ops: Arc<[RailOp]>,
+    /// Keeps the registrations alive while operations are in flight.
+    mrs: Arc<[MemoryRegion]>,
     op: XferOp,
     /// Remote CQ data for every write (with a notification).
     imm: Option<u64>,
@@ -931,7 +947,7 @@ impl Worker {
                         (XferOp::Write, Some(imm)) => ep.writedata_raw(
                             op.local as *const u8,
                             op.len,
-                            Some(&op.mr),
+                            Some(&active.job.mrs[op.mr as usize]),
                             imm,
                             op.dest,
                             op.remote_addr,
@@ -941,7 +957,7 @@ impl Worker {
                         (XferOp::Write, None) => ep.write_raw(
                             op.local as *const u8,
                             op.len,
-                            Some(&op.mr),
+                            Some(&active.job.mrs[op.mr as usize]),
                             op.dest,
                             op.remote_addr,
                             op.key,
@@ -950,7 +966,7 @@ impl Worker {
                         (XferOp::Read, _) => ep.read_raw(
                             op.local as *mut u8,
                             op.len,
-                            Some(&op.mr),
+                            Some(&active.job.mrs[op.mr as usize]),
                             op.dest,
                             op.remote_addr,
                             op.key,
@@ -1086,6 +1102,7 @@ impl Worker {
                         .push_back(RailJob {
                             shared: shared.clone(),
                             ops: Arc::from(Vec::new()),
+                            mrs: Arc::from(Vec::new()),
                             op: XferOp::Read,
                             imm: None,
                             notif: Some((dest, message)),
@@ -1196,6 +1213,7 @@ fn send_message_blocking(rail: &Rail, dest: Address, message: &[u8]) -> Result<(
     rail.submit.lock().expect("submit lock").push_back(RailJob {
         shared: shared.clone(),
         ops: Arc::from(Vec::new()),
+        mrs: Arc::from(Vec::new()),
         op: XferOp::Write,
         imm: None,
         notif: Some((dest, message.to_vec())),
