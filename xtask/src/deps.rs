@@ -41,7 +41,10 @@ pub fn ensure_packages(packages: &[&str]) -> Result<()> {
         return Ok(());
     }
     if std::env::var_os("XTASK_NO_INSTALL").is_some() {
-        bail!("missing Debian packages: {} (XTASK_NO_INSTALL is set)", missing.join(" "));
+        bail!(
+            "missing Debian packages: {} (XTASK_NO_INSTALL is set)",
+            missing.join(" ")
+        );
     }
     let as_root = running_as_root();
     eprintln!("xtask: installing {}", missing.join(" "));
@@ -61,8 +64,11 @@ pub fn ensure_packages(packages: &[&str]) -> Result<()> {
                 c.arg(step[0]);
                 c
             };
-            cmd.args(&step[1..]).env("DEBIAN_FRONTEND", "noninteractive");
-            let status = cmd.status().with_context(|| format!("running {}", step.join(" ")))?;
+            cmd.args(&step[1..])
+                .env("DEBIAN_FRONTEND", "noninteractive");
+            let status = cmd
+                .status()
+                .with_context(|| format!("running {}", step.join(" ")))?;
             if !status.success() {
                 return Ok(false);
             }
