@@ -41,51 +41,49 @@ fn main() {
     let crate_dir = PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("CARGO_MANIFEST_DIR"));
     let out_dir = PathBuf::from(env::var("OUT_DIR").expect("OUT_DIR"));
 
-    let (mut include_dirs, lib_dirs, version) = match (
-        env_var("MLX5_INCLUDE_DIR"),
-        env_var("MLX5_LIB_DIR"),
-    ) {
-        (Some(inc), Some(lib)) => {
-            let version =
-                version_from_soname(Path::new(&lib)).unwrap_or_else(|| "unknown".to_owned());
-            (vec![PathBuf::from(inc)], vec![PathBuf::from(lib)], version)
-        }
-        (Some(_), None) | (None, Some(_)) => panic!(
+    let (mut include_dirs, lib_dirs, version) =
+        match (env_var("MLX5_INCLUDE_DIR"), env_var("MLX5_LIB_DIR")) {
+            (Some(inc), Some(lib)) => {
+                let version =
+                    version_from_soname(Path::new(&lib)).unwrap_or_else(|| "unknown".to_owned());
+                (vec![PathBuf::from(inc)], vec![PathBuf::from(lib)], version)
+            }
+            (Some(_), None) | (None, Some(_)) => panic!(
             "set both MLX5_INCLUDE_DIR and MLX5_LIB_DIR (or neither, to use pkg-config `libmlx5`)"
         ),
-        (None, None) => {
-            for var in [
-                "PKG_CONFIG_PATH",
-                "PKG_CONFIG_LIBDIR",
-                "PKG_CONFIG_SYSROOT_DIR",
-            ] {
-                println!("cargo:rerun-if-env-changed={var}");
-            }
-            match pkg_config::Config::new()
-                .range_version("1.24.44".."2")
-                .cargo_metadata(false)
-                .probe("libmlx5")
-            {
-                Ok(lib) => {
-                    let mut inc = lib.include_paths.clone();
-                    if let Ok(dir) = pkg_config::get_variable("libmlx5", "includedir") {
-                        let dir = PathBuf::from(dir);
-                        if !inc.contains(&dir) {
-                            inc.push(dir);
-                        }
-                    }
-                    (inc, lib.link_paths.clone(), lib.version)
+            (None, None) => {
+                for var in [
+                    "PKG_CONFIG_PATH",
+                    "PKG_CONFIG_LIBDIR",
+                    "PKG_CONFIG_SYSROOT_DIR",
+                ] {
+                    println!("cargo:rerun-if-env-changed={var}");
                 }
-                Err(err) => panic!(
-                    "libmlx5 not found ({err}).\n\
+                match pkg_config::Config::new()
+                    .range_version("1.24.44".."2")
+                    .cargo_metadata(false)
+                    .probe("libmlx5")
+                {
+                    Ok(lib) => {
+                        let mut inc = lib.include_paths.clone();
+                        if let Ok(dir) = pkg_config::get_variable("libmlx5", "includedir") {
+                            let dir = PathBuf::from(dir);
+                            if !inc.contains(&dir) {
+                                inc.push(dir);
+                            }
+                        }
+                        (inc, lib.link_paths.clone(), lib.version)
+                    }
+                    Err(err) => panic!(
+                        "libmlx5 not found ({err}).\n\
                          Install rdma-core's development files (Debian/Ubuntu: `apt install \
                          libibverbs-dev`, which ships libmlx5; RHEL/Fedora: `dnf install \
                          rdma-core-devel`), or set MLX5_INCLUDE_DIR and MLX5_LIB_DIR. \
                          Supported: pkg-config `libmlx5` >= 1.24.44 and < 2."
-                ),
+                    ),
+                }
             }
-        }
-    };
+        };
     // The verbs headers that ibverbs-sys found (mlx5dv.h includes infiniband/verbs.h).
     if let Some(dirs) = env::var_os("DEP_IBVERBS_INCLUDE") {
         for dir in env::split_paths(&dirs) {
