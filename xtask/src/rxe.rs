@@ -176,6 +176,9 @@ fn parse_args(args: &[String]) -> Result<Cli> {
             Some((name, value)) if name.starts_with("--") => (name, Some(value.to_string())),
             _ => (arg.as_str(), None),
         };
+        if inline.is_some() && matches!(name, "--no-rxe" | "--no-cwd" | "--verbose" | "--setup") {
+            bail!("{name} takes no value");
+        }
         let mut value = || -> Result<String> {
             match inline.clone() {
                 Some(v) => Ok(v),
@@ -218,9 +221,6 @@ fn parse_args(args: &[String]) -> Result<Cli> {
                 command.extend(rest.cloned());
                 break;
             }
-        }
-        if inline.is_some() && matches!(name, "--no-rxe" | "--no-cwd" | "--verbose" | "--setup") {
-            bail!("{name} takes no value");
         }
     }
     if opts.memory_mb < 256 || opts.cpus == 0 || opts.timeout.is_zero() {
