@@ -440,6 +440,19 @@ impl CompletionQueue {
         self.inner.progress();
     }
 
+    /// Reads what is available into the queue's own buffer, so later reads still return
+    /// it, and returns an error entry as its typed error. Used while retrying a post.
+    pub(crate) fn poll_keep(&self) -> Result<()> {
+        let mut buf = [Completion::default(); 16];
+        let n = self.inner.read_raw(&mut buf)?;
+        if n > 0 {
+            let mut stash = self.inner.stash.lock().unwrap_or_else(|e| e.into_inner());
+            stash.extend(&buf[..n]);
+            self.inner.stash_count.store(stash.len(), Ordering::Release);
+        }
+        Ok(())
+    }
+
     /// Blocks until at least one completion arrives or `timeout` passes (`fi_cq_sread`).
     /// Needs a queue opened with a wait object. A timeout is [`Error::TimedOut`].
     #[doc(alias = "fi_cq_sread")]

@@ -1022,18 +1022,24 @@ impl Endpoint {
 
     // ---- blocking helpers -----------------------------------------------------------
 
-    /// Retries `post` while it returns [`Error::WouldBlock`] (progressing), up to `deadline`.
+    /// Retries `post` while it returns [`Error::WouldBlock`], up to `deadline`. Between
+    /// tries the endpoint's queues are read (completions are kept for later reads), so an
+    /// error completion explaining the back-pressure — a lost peer — is returned instead of
+    /// spinning until the deadline.
     pub fn retry(&self, deadline: Instant, mut post: impl FnMut() -> Result<()>) -> Result<()> {
+        let start = Instant::now();
         loop {
             match post() {
                 Err(Error::WouldBlock { call }) => {
                     if Instant::now() >= deadline {
                         return Err(Error::TimedOut {
                             call,
-                            after: Duration::ZERO,
+                            after: start.elapsed(),
                         });
                     }
-                    self.progress();
+                    for cq in [&self.inner.tx_cq, &self.inner.rx_cq].into_iter().flatten() {
+                        cq.poll_keep()?;
+                    }
                     std::thread::yield_now();
                 }
                 other => return other,

@@ -59,6 +59,8 @@
 //! # Ok::<(), fabric::Error>(())
 //! ```
 
+#![warn(missing_docs)]
+
 pub use libfabric_sys as ffi;
 
 mod atomic;
