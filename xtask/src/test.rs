@@ -124,7 +124,8 @@ fn write_suite_script(root: &Path, binaries: &[(String, PathBuf)]) -> Result<Pat
          passed=0; failed=0; failures=''\n\
          run() {\n\
          \x20 echo \"=== $1\"\n\
-         \x20 if \"$2\"; then passed=$((passed+1)); else failed=$((failed+1)); failures=\"$failures $1\"; fi\n\
+         \x20 \"$2\" 2>&1 | tee -a /tmp/rxe-suite.log\n\
+         \x20 if [ \"${PIPESTATUS[0]}\" = 0 ]; then passed=$((passed+1)); else failed=$((failed+1)); failures=\"$failures $1\"; fi\n\
          }\n",
     );
     for (name, path) in binaries {
@@ -135,7 +136,10 @@ fn write_suite_script(root: &Path, binaries: &[(String, PathBuf)]) -> Result<Pat
         ));
     }
     script.push_str(
-        "echo \"guest suite: $passed binaries passed, $failed failed${failures:+ (failed:$failures)}\"\n\
+        "echo \"guest binaries: $passed passed, $failed failed${failures:+ (failed:$failures)}\"\n\
+         set -- $(awk '/^test result:/ { for (i = 2; i <= NF; i++) { if ($i ~ /^passed/) p += $(i-1); if ($i ~ /^failed/) f += $(i-1) } } END { print p+0, f+0 }' /tmp/rxe-suite.log); tp=$1; tf=$2\n\
+         [ \"$tf\" -lt \"$failed\" ] && tf=$failed\n\
+         echo \"guest: $tp passed, $tf failed\"\n\
          [ \"$failed\" = 0 ]\n",
     );
     let path = dir.join("run.sh");
