@@ -6,6 +6,7 @@ use crate::{close_fid, ffi};
 use std::any::Any;
 use std::collections::{HashMap, VecDeque};
 use std::ffi::{c_void, CStr};
+use std::mem::MaybeUninit;
 use std::os::fd::RawFd;
 use std::ptr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -167,12 +168,14 @@ impl CqInner {
     fn read_raw(&self, out: &mut [Completion]) -> Result<usize> {
         macro_rules! read_as {
             ($ty:ty, |$e:ident| $conv:expr) => {{
-                let mut buf: [$ty; 16] = Default::default();
+                let mut buf: [MaybeUninit<$ty>; 16] = [const { MaybeUninit::uninit() }; 16];
                 let n = out.len().min(buf.len());
-                // SAFETY: buf holds n entries of the queue's format.
+                // SAFETY: buf has room for n entries of the queue's format.
                 let ret = unsafe { ffi::fi_cq_read(self.raw, buf.as_mut_ptr().cast(), n) };
                 if ret > 0 {
-                    for (dst, $e) in out.iter_mut().zip(&buf[..ret as usize]) {
+                    for (dst, src) in out.iter_mut().zip(&buf[..ret as usize]) {
+                        // SAFETY: the provider initialised the first `ret` entries.
+                        let $e = unsafe { src.assume_init_ref() };
                         *dst = $conv;
                         dst.context = self.resolve(dst.context);
                     }

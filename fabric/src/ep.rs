@@ -863,6 +863,7 @@ impl Endpoint {
     /// # Safety
     /// `buf..buf+len` must stay valid and unmodified until the completion for `context`
     /// is read; `mr` must cover it when the provider requires `FI_MR_LOCAL`.
+    #[doc(alias = "fi_send")]
     pub unsafe fn send_raw(
         &self,
         buf: *const u8,
@@ -892,6 +893,7 @@ impl Endpoint {
     /// # Safety
     /// `buf..buf+len` must stay valid, and not be accessed, until the completion for
     /// `context` is read; `mr` must cover it when the provider requires `FI_MR_LOCAL`.
+    #[doc(alias = "fi_recv")]
     pub unsafe fn recv_raw(
         &self,
         buf: *mut u8,
@@ -916,6 +918,71 @@ impl Endpoint {
         self.finish("fi_recv", ret)
     }
 
+    /// `fi_tsend` of caller memory with `tag`.
+    ///
+    /// # Safety
+    /// As [`send_raw`](Self::send_raw).
+    #[doc(alias = "fi_tsend")]
+    pub unsafe fn tsend_raw(
+        &self,
+        buf: *const u8,
+        len: usize,
+        mr: Option<&MemoryRegion>,
+        dest: Address,
+        tag: u64,
+        context: u64,
+    ) -> Result<()> {
+        Self::check_context("fi_tsend", context)?;
+        let desc = self.raw_desc("fi_tsend", mr)?;
+        // SAFETY: forwarded contract.
+        let ret = unsafe {
+            ffi::fi_tsend(
+                self.inner.raw,
+                buf.cast(),
+                len,
+                desc,
+                dest.0,
+                tag,
+                context as usize as *mut c_void,
+            )
+        };
+        self.finish("fi_tsend", ret)
+    }
+
+    /// `fi_trecv` into caller memory, matching `tag` outside the `ignore` bits.
+    ///
+    /// # Safety
+    /// As [`recv_raw`](Self::recv_raw).
+    #[doc(alias = "fi_trecv")]
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn trecv_raw(
+        &self,
+        buf: *mut u8,
+        len: usize,
+        mr: Option<&MemoryRegion>,
+        src: Address,
+        tag: u64,
+        ignore: u64,
+        context: u64,
+    ) -> Result<()> {
+        Self::check_context("fi_trecv", context)?;
+        let desc = self.raw_desc("fi_trecv", mr)?;
+        // SAFETY: forwarded contract.
+        let ret = unsafe {
+            ffi::fi_trecv(
+                self.inner.raw,
+                buf.cast(),
+                len,
+                desc,
+                src.0,
+                tag,
+                ignore,
+                context as usize as *mut c_void,
+            )
+        };
+        self.finish("fi_trecv", ret)
+    }
+
     /// `fi_write` from caller memory to `addr` (a value from [`RemoteMemory::address_at`])
     /// with `key`.
     ///
@@ -923,6 +990,7 @@ impl Endpoint {
     /// `buf..buf+len` must stay valid and unmodified until the completion for `context`
     /// is read; `mr` must cover it when the provider requires `FI_MR_LOCAL`.
     #[allow(clippy::too_many_arguments)]
+    #[doc(alias = "fi_write")]
     pub unsafe fn write_raw(
         &self,
         buf: *const u8,
@@ -956,6 +1024,7 @@ impl Endpoint {
     /// # Safety
     /// As [`write_raw`](Self::write_raw).
     #[allow(clippy::too_many_arguments)]
+    #[doc(alias = "fi_writedata")]
     pub unsafe fn writedata_raw(
         &self,
         buf: *const u8,
@@ -992,6 +1061,7 @@ impl Endpoint {
     /// `buf..buf+len` must stay valid, and not be accessed, until the completion for
     /// `context` is read; `mr` must cover it when the provider requires `FI_MR_LOCAL`.
     #[allow(clippy::too_many_arguments)]
+    #[doc(alias = "fi_read")]
     pub unsafe fn read_raw(
         &self,
         buf: *mut u8,
