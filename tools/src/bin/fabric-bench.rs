@@ -29,6 +29,8 @@ use std::time::{Duration, Instant};
 const DEFAULT_PORT: u16 = 47592;
 const DEFAULT_SIZES: [usize; 6] = [64, 256, 1024, 4096, 65536, 1 << 20];
 const MAX_POWER_TWO: u32 = 22;
+/// Untimed operations before each rma-bw size, as fabtests' warm-up.
+const WARMUP: usize = 10;
 
 #[derive(Debug, Clone)]
 struct Opts {
@@ -650,11 +652,18 @@ fn rma_bw(o: &Opts) -> Result<(), Box<dyn std::error::Error>> {
     for &size in &o.sizes {
         ctrl.sync()?;
         if client {
-            let start = Instant::now();
+            // Warm-up (as fabtests: 10 operations, untimed), then the timed run.
             let mut outstanding = 0u64;
             let mut done = 0u64;
             let mut cbuf = [Completion::default(); 64];
-            for i in 0..iters {
+            let mut start = Instant::now();
+            for i in 0..WARMUP + iters {
+                if i == WARMUP {
+                    while done < outstanding {
+                        done += c.tx_cq.read(&mut cbuf)? as u64;
+                    }
+                    start = Instant::now();
+                }
                 let post = || {
                     // SAFETY: buf outlives every operation: all completions are reaped
                     // before the next size and before it is dropped.
@@ -734,7 +743,7 @@ fn rma_bw(o: &Opts) -> Result<(), Box<dyn std::error::Error>> {
             ctrl.0.set_nonblocking(false)?;
             ctrl.recv()?;
             if o.op == RmaOp::WriteData {
-                while got < iters as u64 {
+                while got < (WARMUP + iters) as u64 {
                     got += c.rx_cq.read(&mut cbuf)? as u64;
                 }
             }
