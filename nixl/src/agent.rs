@@ -9,8 +9,8 @@ use crate::mem::{Desc, DescList, Lookup, MemKind, Region, RegionIndex};
 use crate::metadata::{AgentMetadata, BackendSection};
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::{Duration, Instant};
 
 /// How an agent is set up (NIXL's `nixlAgentConfig`).
@@ -76,7 +76,39 @@ struct RemoteAgent {
     generation: u64,
     /// Local generation this view was built from (loopback only).
     local_generation: Option<u64>,
+    /// The incarnation of the peer that requests made now talk to.
+    life: Arc<PeerLife>,
+    /// Connection information per backend, as last loaded (sorted by backend name).
+    conn_infos: Vec<(String, Vec<u8>)>,
 }
+
+/// Whether the incarnation of a peer that a request was made for is still the current one.
+#[derive(Debug, Default)]
+pub(crate) struct PeerLife(AtomicU8);
+
+impl PeerLife {
+    const ALIVE: u8 = 0;
+    const INVALIDATED: u8 = 1;
+    const REPLACED: u8 = 2;
+
+    fn end(&self, how: u8) {
+        let _ = self
+            .0
+            .compare_exchange(Self::ALIVE, how, Ordering::AcqRel, Ordering::Acquire);
+    }
+
+    /// `None` while alive; otherwise why requests to it are over.
+    fn gone(&self) -> Option<&'static str> {
+        match self.0.load(Ordering::Acquire) {
+            Self::ALIVE => None,
+            Self::INVALIDATED => Some("its metadata was invalidated"),
+            _ => Some("it was reloaded with new connection information (a new incarnation)"),
+        }
+    }
+}
+
+/// A request's backend transfer, reachable from the agent so that shutdown can release it.
+type ReqSlot = Mutex<Option<Box<dyn BackendXfer>>>;
 
 pub(crate) struct AgentInner {
     pub(crate) name: String,
@@ -86,6 +118,32 @@ pub(crate) struct AgentInner {
     remotes: RwLock<HashMap<String, RemoteAgent>>,
     generation: AtomicU64,
     pub(crate) listener: Mutex<Option<crate::listener::Listener>>,
+    /// Set by [`Agent::shutdown`].
+    shut: AtomicBool,
+    /// Every live request's backend transfer, by request id.
+    requests: Mutex<HashMap<u64, Weak<ReqSlot>>>,
+    next_request: AtomicU64,
+}
+
+impl AgentInner {
+    /// Releases the backend transfer of every live request (they report
+    /// [`Error::Canceled`] from then on).
+    fn cancel_requests(&self) {
+        let slots: Vec<Arc<ReqSlot>> = match self.requests.lock() {
+            Ok(mut requests) => requests.drain().filter_map(|(_, w)| w.upgrade()).collect(),
+            Err(_) => return,
+        };
+        for slot in slots {
+            let taken = slot.lock().ok().and_then(|mut s| s.take());
+            drop(taken);
+        }
+    }
+}
+
+impl Drop for AgentInner {
+    fn drop(&mut self) {
+        self.cancel_requests();
+    }
 }
 
 /// A transfer agent (NIXL's `nixlAgent`).
@@ -129,6 +187,9 @@ impl Agent {
                 remotes: RwLock::new(HashMap::new()),
                 generation: AtomicU64::new(1),
                 listener: Mutex::new(None),
+                shut: AtomicBool::new(false),
+                requests: Mutex::new(HashMap::new()),
+                next_request: AtomicU64::new(1),
             }),
         };
         if let Some(addr) = listen {
@@ -396,16 +457,43 @@ impl Agent {
                 loaded.push((*region, section.backend.clone(), bi, md));
             }
         }
+        let mut conn_infos: Vec<(String, Vec<u8>)> = meta
+            .sections
+            .iter()
+            .filter_map(|s| s.conn_info.clone().map(|c| (s.backend.clone(), c)))
+            .collect();
+        conn_infos.sort();
         let mut remotes = self.inner.remotes.write().expect("remotes lock");
-        let fresh = || RemoteAgent {
-            index: HashMap::new(),
-            known: Default::default(),
-            generation: self.inner.generation.fetch_add(1, Ordering::Relaxed),
-            local_generation,
-        };
         if has_conn_info || !remotes.contains_key(&meta.agent) {
-            // New connection information means a new incarnation of the peer.
-            remotes.insert(meta.agent.clone(), fresh());
+            // Connection information starts a fresh view of the peer (prepared lists made
+            // before are refused). Only *different* connection information is a new
+            // incarnation: requests made for the old one fail with RemoteDisconnect.
+            let life = match remotes.get(&meta.agent) {
+                Some(old) if old.conn_infos.is_empty() || old.conn_infos == conn_infos => {
+                    old.life.clone()
+                }
+                Some(old) => {
+                    old.life.end(PeerLife::REPLACED);
+                    Arc::default()
+                }
+                None => Arc::default(),
+            };
+            let conn_infos = if has_conn_info {
+                conn_infos
+            } else {
+                Vec::new()
+            };
+            remotes.insert(
+                meta.agent.clone(),
+                RemoteAgent {
+                    index: HashMap::new(),
+                    known: Default::default(),
+                    generation: self.inner.generation.fetch_add(1, Ordering::Relaxed),
+                    local_generation,
+                    life,
+                    conn_infos,
+                },
+            );
         }
         let peer = remotes.get_mut(&meta.agent).expect("inserted above");
         peer.local_generation = local_generation.or(peer.local_generation);
@@ -442,13 +530,55 @@ impl Agent {
             .write()
             .expect("remotes lock")
             .remove(agent);
-        if removed.is_none() {
+        let Some(removed) = removed else {
             return Err(Error::UnknownAgent(agent.to_string()));
-        }
+        };
+        removed.life.end(PeerLife::INVALIDATED);
         for backend in self.backends() {
             backend.disconnect(agent);
         }
         Ok(())
+    }
+
+    /// Forgets every peer (NIXL's `invalidateAllRemotes`).
+    pub fn invalidate_all_remotes(&self) {
+        let removed: Vec<(String, RemoteAgent)> = self
+            .inner
+            .remotes
+            .write()
+            .expect("remotes lock")
+            .drain()
+            .collect();
+        let backends = self.backends();
+        for (name, peer) in removed {
+            peer.life.end(PeerLife::INVALIDATED);
+            for backend in &backends {
+                backend.disconnect(&name);
+            }
+        }
+    }
+
+    /// Shuts the agent down: every live [`XferReq`] is released at once (its transport
+    /// stops issuing operations, its notification is not sent if it has not been) and
+    /// reports [`Error::Canceled`] from then on; every peer is forgotten and
+    /// disconnected; the metadata listener stops; the backends are dropped from the
+    /// agent (each goes away when the last request using it is dropped). New requests
+    /// fail with [`Error::Canceled`]. Idempotent. Dropping the last handle of an agent
+    /// (every clone and every [`RegistrationHandle`]) cancels live requests the same way.
+    pub fn shutdown(&self) {
+        if self.inner.shut.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        self.inner.cancel_requests();
+        let listener = self.inner.listener.lock().expect("listener lock").take();
+        drop(listener);
+        self.invalidate_all_remotes();
+        self.inner.backends.write().expect("backends lock").clear();
+    }
+
+    /// Whether [`Agent::shutdown`] was called.
+    pub fn is_shut_down(&self) -> bool {
+        self.inner.shut.load(Ordering::Acquire)
     }
 
     /// The regions a peer advertised (sorted by kind, device and address).
@@ -478,6 +608,9 @@ impl Agent {
     /// loopback transfers). Every descriptor must lie inside one registered region.
     #[doc(alias = "prepXferDlist")]
     pub fn prep_xfer_dlist(&self, agent: Option<&str>, list: &DescList) -> Result<XferDlist> {
+        if self.is_shut_down() {
+            return Err(Error::Canceled);
+        }
         let kind = list.kind();
         match agent {
             None => {
@@ -614,10 +747,13 @@ impl Agent {
                 "a transfer needs at least one descriptor".into(),
             ));
         }
-        {
+        if self.is_shut_down() {
+            return Err(Error::Canceled);
+        }
+        let life = {
             let remotes = self.inner.remotes.read().expect("remotes lock");
             match remotes.get(peer) {
-                Some(p) if p.generation == remote.generation => {}
+                Some(p) if p.generation == remote.generation => p.life.clone(),
                 Some(_) => {
                     return Err(Error::InvalidParam(format!(
                         "metadata of `{peer}` was reloaded since this list was prepared: prepare it again"
@@ -625,7 +761,7 @@ impl Agent {
                 }
                 None => return Err(Error::UnknownAgent(peer.to_string())),
             }
-        }
+        };
         let loopback = peer == self.inner.name;
         let backends = self.backends();
         let bad_index = |which: &str, i: usize, n: usize| {
@@ -727,13 +863,27 @@ impl Agent {
             .collect();
         keep_local.sort_by_key(|r| r.id);
         keep_local.dedup_by_key(|r| r.id);
+        let id = self.inner.next_request.fetch_add(1, Ordering::Relaxed);
+        let slot: Arc<ReqSlot> = Arc::new(Mutex::new(Some(inner)));
+        self.inner
+            .requests
+            .lock()
+            .expect("requests lock")
+            .insert(id, Arc::downgrade(&slot));
+        if self.is_shut_down() {
+            // Raced with shutdown: it may have missed this slot.
+            self.inner.cancel_requests();
+            return Err(Error::Canceled);
+        }
         Ok(XferReq {
             backend,
-            inner,
+            slot,
+            id,
+            agent: Arc::downgrade(&self.inner),
+            life,
             peer: peer.to_string(),
             notif,
-            posted: false,
-            done: false,
+            state: ReqState::Idle,
             stall_timeout: self.inner.config.stall_timeout,
             last_progress: (0, Instant::now()),
             telemetry: XferTelemetry {
@@ -882,21 +1032,117 @@ impl XferDlist {
     }
 }
 
-/// A transfer request: made once, posted many times (NIXL's `nixlXferReqH`). Dropping it
-/// releases it, canceling a transfer in flight.
+/// A transfer request: made once, posted many times (NIXL's `nixlXferReqH`).
+///
+/// # Failure model
+/// [`XferReq::status`] reports, besides progress:
+/// - [`Error::RemoteDisconnect`] when the transport says the peer's process or
+///   connection is gone, or when the peer's metadata was invalidated
+///   ([`Agent::invalidate_remote`]) or reloaded with different connection information
+///   (a restarted peer) while the request was in flight;
+/// - [`Error::Stalled`] when no operation completed for [`AgentConfig::stall_timeout`]
+///   (a dead peer that the transport does not report is caught by this bound: no
+///   request polls "in progress" forever);
+/// - [`Error::Canceled`] after [`Agent::shutdown`] (or the drop of the agent's last
+///   handle) released it;
+/// - [`Error::Backend`] for any other transport failure.
+///
+/// Every error from `status` is terminal: the backend transfer is released at once
+/// (nothing more is issued, and its notification is not sent if it has not been), the
+/// request is spent, and later `status`/`post` calls return the same error. Make a new
+/// request (after [`Agent::load_remote_metadata`] with the peer's new metadata, for a
+/// restarted peer) to move the data again. Errors from `post` itself (e.g. a
+/// notification too large) start nothing and leave the request as it was.
+///
+/// # Release
+/// Dropping a request releases it. If it is in flight, the transport stops issuing its
+/// remaining operations; operations already issued complete into the backend, which
+/// keeps the memory registrations alive until then. Its notification is then either
+/// never delivered or delivered only after all of its data landed: a target never sees
+/// the notification of a half-done transfer.
 #[derive(Debug)]
 pub struct XferReq {
     backend: Arc<dyn Backend>,
-    inner: Box<dyn BackendXfer>,
+    slot: Arc<ReqSlot>,
+    id: u64,
+    agent: Weak<AgentInner>,
+    life: Arc<PeerLife>,
     peer: String,
     notif: Option<Vec<u8>>,
-    posted: bool,
-    done: bool,
+    state: ReqState,
     stall_timeout: Duration,
     last_progress: (u64, Instant),
     telemetry: XferTelemetry,
     _keep_local: Vec<Arc<LocalReg>>,
     _keep_remote: Vec<Arc<RemoteReg>>,
+}
+
+#[derive(Debug)]
+enum ReqState {
+    Idle,
+    InFlight,
+    Done,
+    Failed(Failure),
+}
+
+/// A terminal error, kept to be reported again.
+#[derive(Debug, Clone)]
+enum Failure {
+    Disconnect {
+        agent: String,
+        reason: String,
+    },
+    Stalled(Duration),
+    Canceled,
+    Backend {
+        backend: String,
+        code: i32,
+        message: String,
+    },
+}
+
+impl Failure {
+    fn new(e: &Error, backend: &str) -> Self {
+        match e {
+            Error::RemoteDisconnect { agent, reason } => Failure::Disconnect {
+                agent: agent.clone(),
+                reason: reason.clone(),
+            },
+            Error::Stalled(d) => Failure::Stalled(*d),
+            Error::Canceled => Failure::Canceled,
+            Error::Backend {
+                backend,
+                code,
+                message,
+            } => Failure::Backend {
+                backend: backend.clone(),
+                code: *code,
+                message: message.clone(),
+            },
+            other => Failure::Backend {
+                backend: backend.to_string(),
+                code: 0,
+                message: other.to_string(),
+            },
+        }
+    }
+
+    fn error(&self) -> Error {
+        match self.clone() {
+            Failure::Disconnect { agent, reason } => Error::RemoteDisconnect { agent, reason },
+            Failure::Stalled(d) => Error::Stalled(d),
+            Failure::Canceled => Error::Canceled,
+            Failure::Backend {
+                backend,
+                code,
+                message,
+            } => Error::Backend {
+                backend,
+                code,
+                message,
+            },
+        }
+    }
 }
 
 impl XferReq {
@@ -910,50 +1156,107 @@ impl XferReq {
     /// Starts the transfer, replacing its notification if `notif` is given, with per-post
     /// backend parameters.
     pub fn post_with(&mut self, notif: Option<Vec<u8>>, params: &PostParams) -> Result<XferStatus> {
-        if self.posted && !self.done {
-            return Err(Error::RepostActive);
+        match &self.state {
+            ReqState::InFlight => return Err(Error::RepostActive),
+            ReqState::Failed(f) => return Err(f.error()),
+            ReqState::Idle | ReqState::Done => {}
+        }
+        let mut slot = self.slot.lock().expect("request lock");
+        let Some(inner) = slot.as_mut() else {
+            drop(slot);
+            return Err(self.fail(Error::Canceled));
+        };
+        if let Some(why) = self.life.gone() {
+            drop(slot);
+            return Err(self.fail(self.gone_error(why)));
         }
         if notif.is_some() {
             self.notif = notif;
         }
         let start = Instant::now();
-        let status = self.inner.post(self.notif.as_deref(), params)?;
-        self.posted = true;
-        self.done = status == XferStatus::Done;
+        let status = inner.post(self.notif.as_deref(), params)?;
+        drop(slot);
+        self.state = if status == XferStatus::Done {
+            ReqState::Done
+        } else {
+            ReqState::InFlight
+        };
         self.last_progress = (0, start);
         self.telemetry.post_time = Some(start);
         self.telemetry.post_duration = start.elapsed();
-        self.telemetry.xfer_duration = self.done.then(|| start.elapsed());
+        self.telemetry.xfer_duration = (status == XferStatus::Done).then(|| start.elapsed());
         Ok(status)
     }
 
-    /// Polls the transfer. Fails with [`Error::Stalled`] when no operation completed within
-    /// the agent's stall timeout, and with the backend's typed error (e.g.
-    /// [`Error::RemoteDisconnect`]) when the transport fails.
+    /// Polls the transfer. See the type's documentation for the errors, all terminal.
     #[doc(alias = "getXferStatus")]
     pub fn status(&mut self) -> Result<XferStatus> {
-        if !self.posted {
-            return Err(Error::NotPosted);
+        match &self.state {
+            ReqState::Idle => return Err(Error::NotPosted),
+            ReqState::Done => return Ok(XferStatus::Done),
+            ReqState::Failed(f) => return Err(f.error()),
+            ReqState::InFlight => {}
         }
-        if self.done {
-            return Ok(XferStatus::Done);
-        }
-        let progress = self.inner.check()?;
+        let mut slot = self.slot.lock().expect("request lock");
+        let Some(inner) = slot.as_mut() else {
+            drop(slot);
+            return Err(self.fail(Error::Canceled));
+        };
+        let checked = inner.check();
+        drop(slot);
         let now = Instant::now();
-        if progress.status == XferStatus::Done {
-            self.done = true;
-            self.telemetry.xfer_duration = self.telemetry.post_time.map(|t| now - t);
-            return Ok(XferStatus::Done);
+        match checked {
+            Ok(p) if p.status == XferStatus::Done => {
+                self.state = ReqState::Done;
+                self.telemetry.xfer_duration = self.telemetry.post_time.map(|t| now - t);
+                Ok(XferStatus::Done)
+            }
+            // A peer that went away while in flight: whatever the transport says next
+            // (an error for a removed address, or nothing) is about a peer that is gone.
+            _ if self.life.gone().is_some() => {
+                let why = self.life.gone().expect("checked");
+                Err(self.fail(self.gone_error(why)))
+            }
+            Err(e) => Err(self.fail(e)),
+            Ok(p) => {
+                if p.completed_ops != self.last_progress.0 {
+                    self.last_progress = (p.completed_ops, now);
+                } else if now - self.last_progress.1 > self.stall_timeout {
+                    return Err(self.fail(Error::Stalled(self.stall_timeout)));
+                }
+                Ok(XferStatus::InProgress)
+            }
         }
-        if progress.completed_ops != self.last_progress.0 {
-            self.last_progress = (progress.completed_ops, now);
-        } else if now - self.last_progress.1 > self.stall_timeout {
-            return Err(Error::Stalled(self.stall_timeout));
-        }
-        Ok(XferStatus::InProgress)
     }
 
-    /// Polls until done, an error, or `timeout`.
+    fn gone_error(&self, why: &str) -> Error {
+        Error::RemoteDisconnect {
+            agent: self.peer.clone(),
+            reason: format!(
+                "the request was made for an incarnation of the peer that is gone: {why}"
+            ),
+        }
+    }
+
+    /// Makes the request spent: releases the backend transfer, keeps the error.
+    fn fail(&mut self, e: Error) -> Error {
+        let e = match e {
+            Error::RemoteDisconnect { agent, reason } if agent.is_empty() => {
+                Error::RemoteDisconnect {
+                    agent: self.peer.clone(),
+                    reason,
+                }
+            }
+            other => other,
+        };
+        let taken = self.slot.lock().ok().and_then(|mut s| s.take());
+        drop(taken);
+        self.state = ReqState::Failed(Failure::new(&e, self.backend.name()));
+        e
+    }
+
+    /// Polls until done, an error, or `timeout` (which is [`Error::Timeout`] and, unlike
+    /// the errors of [`XferReq::status`], leaves the request in flight).
     pub fn wait(&mut self, timeout: Duration) -> Result<()> {
         let deadline = Instant::now() + timeout;
         loop {
@@ -970,6 +1273,11 @@ impl XferReq {
         }
     }
 
+    /// Whether a post is in flight (posted, not yet done or failed).
+    pub fn is_in_flight(&self) -> bool {
+        matches!(self.state, ReqState::InFlight)
+    }
+
     /// Bytes, descriptor count and timings of the last post.
     #[doc(alias = "getXferTelemetry")]
     pub fn telemetry(&self) -> XferTelemetry {
@@ -982,14 +1290,30 @@ impl XferReq {
         self.backend.name()
     }
 
-    /// Transport operations per post.
+    /// Transport operations per post (0 once the request was released).
     pub fn op_count(&self) -> usize {
-        self.inner.op_count()
+        self.slot
+            .lock()
+            .ok()
+            .and_then(|s| s.as_ref().map(|x| x.op_count()))
+            .unwrap_or(0)
     }
 
     /// The peer.
     pub fn peer(&self) -> &str {
         &self.peer
+    }
+}
+
+impl Drop for XferReq {
+    fn drop(&mut self) {
+        if let Some(agent) = self.agent.upgrade() {
+            if let Ok(mut requests) = agent.requests.lock() {
+                requests.remove(&self.id);
+            }
+        }
+        // The slot (and with it the backend transfer) is dropped after this: releasing
+        // it cancels what is still in flight.
     }
 }
 

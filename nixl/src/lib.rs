@@ -14,6 +14,25 @@
 //!   an unknown peer, a remote descriptor outside every region the peer registered, a
 //!   memory kind the backend cannot move.
 //!
+//! # Failure model
+//! No transfer polls "in progress" forever, and every failure is typed
+//! ([`XferReq`] has the details):
+//! - [`Error::RemoteDisconnect`]: the peer's process or connection is gone (the
+//!   transport flushed or refused its operations), or its metadata was invalidated or
+//!   replaced by a new incarnation's while the request was in flight.
+//! - [`Error::Stalled`]: no operation completed for [`AgentConfig::stall_timeout`]; the
+//!   bound also catches a dead peer that the transport never reports.
+//! - [`Error::Canceled`]: the request was released by [`Agent::shutdown`] (or by
+//!   dropping the agent's last handle). Dropping an in-flight request cancels it: its
+//!   remaining operations are not issued and its notification is never delivered before
+//!   all of its data.
+//! - Errors from [`XferReq::status`] are terminal: the request is released and spent.
+//! - Reconnect: a restarted peer publishes new metadata; [`Agent::load_remote_metadata`]
+//!   with it replaces the connection (requests made for the old incarnation fail with
+//!   [`Error::RemoteDisconnect`]), and new requests succeed without restarting the local
+//!   agent. A disconnect never makes the agent forget or refuse a peer by itself.
+//! - [`backends::fault`] injects each of these failures deterministically.
+//!
 //! ```
 //! use nixl::{Agent, AgentConfig, Desc, DescList, MemKind, XferOp, XferStatus};
 //! # fn main() -> nixl::Result<()> {

@@ -661,9 +661,31 @@ impl XferShared {
     fn fail(&self, e: &fabric::Error) {
         let mut failed = self.failed.lock().expect("failed lock");
         if failed.is_none() {
-            let disconnect = matches!(e, fabric::Error::RemoteDisconnect { .. });
-            *failed = Some((disconnect, e.errno().unwrap_or(0), e.to_string()));
+            *failed = Some((is_disconnect(e), e.errno().unwrap_or(0), e.to_string()));
         }
+    }
+}
+
+/// Whether a failed operation means the peer's process or connection is gone: the
+/// fabric crate's `RemoteDisconnect`, or an operation that the provider canceled because
+/// its connection went away (`tcp;ofi_rxm` flushes in-flight operations of a dead peer
+/// as `FI_ECANCELED` with the socket's `ENOTCONN`/`ECONNRESET` as provider errno).
+fn is_disconnect(e: &fabric::Error) -> bool {
+    const GONE: &[i32] = &[
+        fabric::ffi::FI_ENOTCONN,
+        fabric::ffi::FI_ECONNRESET,
+        fabric::ffi::FI_ECONNREFUSED,
+        fabric::ffi::FI_ECONNABORTED,
+        fabric::ffi::FI_ESHUTDOWN,
+        fabric::ffi::FI_EHOSTUNREACH,
+        fabric::ffi::FI_ENETUNREACH,
+        32, // EPIPE
+    ];
+    match e {
+        fabric::Error::RemoteDisconnect { .. } => true,
+        _ => e.completion_error().is_some_and(|c| {
+            c.errno == fabric::ffi::FI_ECANCELED && GONE.contains(&c.prov_errno.abs())
+        }),
     }
 }
 

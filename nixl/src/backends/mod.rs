@@ -5,6 +5,7 @@ use crate::backend::{Backend, BackendParams};
 use crate::error::Result;
 use std::sync::Arc;
 
+pub mod fault;
 pub mod libfabric;
 pub mod local;
 
@@ -13,6 +14,7 @@ pub type CreateBackend = fn(&Agent, &BackendParams) -> Result<Arc<dyn Backend>>;
 
 /// Name → constructor, for [`Agent::create_backend`].
 pub(crate) const AVAILABLE: &[(&str, CreateBackend)] = &[
+    (fault::NAME, fault::create),
     (libfabric::NAME, libfabric::create),
     (local::NAME, local::create),
 ];
