@@ -406,6 +406,13 @@ impl InfoBuilder {
         self
     }
 
+    /// Transmit queue depth (`tx_attr->size`).
+    pub fn tx_size(mut self, size: usize) -> Self {
+        // SAFETY: fi_allocinfo allocated tx_attr.
+        unsafe { (*self.info().tx_attr).size = size };
+        self
+    }
+
     /// Message ordering required (`tx_attr->msg_order` and `rx_attr->msg_order`).
     pub fn msg_order(mut self, order: u64) -> Self {
         // SAFETY: fi_allocinfo allocated tx_attr and rx_attr.
