@@ -207,7 +207,7 @@ fn eagain_is_would_block() {
         };
         assert!(blocked.is_would_block(), "{prov}: {blocked:?}");
         assert_eq!(blocked.errno(), Some(ffi::FI_EAGAIN));
-        assert!(posted > 0, "{prov}: refused before any post");
+        // (rxm may refuse even the first post, while it connects to the peer.)
         // Everything posted completes once the queue is read.
         cq.wait_n(posted as usize, T).unwrap();
         assert!(!src.in_use(), "{prov}: completions release the buffer");
