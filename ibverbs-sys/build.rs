@@ -106,6 +106,7 @@ fn main() {
     println!("cargo:rerun-if-changed=wrapper.h");
     println!("cargo:rerun-if-changed=rdmacm_wrapper.h");
     println!("cargo:rerun-if-changed=abi_check.c");
+    println!("cargo:rerun-if-changed=sized_shims.c");
     println!("cargo:rerun-if-changed=src/generated");
     if env_var("DOCS_RS").is_some() {
         // docs.rs: the committed bindings are enough; link and compile nothing.
@@ -149,7 +150,8 @@ fn main() {
         .warnings(false);
     build
         .file(generated.join("verbs_static.c"))
-        .file(crate_dir.join("abi_check.c"));
+        .file(crate_dir.join("abi_check.c"))
+        .file(crate_dir.join("sized_shims.c"));
     if rdmacm {
         build.file(generated.join("rdmacm_static.c"));
     }

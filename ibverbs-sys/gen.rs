@@ -89,6 +89,14 @@ fn generate_one(
                 // routes every call to the static inline `___ibv_query_port`, which lib.rs
                 // re-exports under the name `ibv_query_port`.
                 .blocklist_function("ibv_query_port")
+                // These static inlines pass `sizeof(*attr)` of the headers they are compiled
+                // against: with newer headers than the committed bindings (rdma-core 50
+                // grew `ibv_port_attr`) the library would write past the Rust struct.
+                // lib.rs defines them with the Rust size instead (sized_shims.c).
+                .blocklist_function("___ibv_query_port")
+                .blocklist_function("ibv_query_device_ex")
+                .blocklist_function("ibv_query_gid_ex")
+                .blocklist_function("ibv_query_gid_table")
                 // `__ibv_reg_mr*` only re-dispatch on `__builtin_constant_p`; the exported
                 // symbols `ibv_reg_mr`/`ibv_reg_mr_iova` are the ones to call from Rust.
                 .blocklist_function("__ibv_reg_mr")

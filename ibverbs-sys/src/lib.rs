@@ -41,8 +41,15 @@
 //! - [`ibv_query_port`]: in C a macro that calls the static inline `___ibv_query_port`,
 //!   which fills the full `struct ibv_port_attr` (through `ibv_query_port_ex` when the
 //!   provider has it). The exported *symbol* `ibv_query_port` takes the older, smaller
-//!   `_compat_ibv_port_attr` and is therefore not bound; `ibv_query_port` here **is**
-//!   `___ibv_query_port`.
+//!   `_compat_ibv_port_attr` and is therefore not bound; `ibv_query_port` here does what
+//!   `___ibv_query_port` does.
+//! - Sizes: the static inlines `___ibv_query_port`, `ibv_query_device_ex`,
+//!   `ibv_query_gid_ex` and `ibv_query_gid_table` pass `sizeof(*attr)` as seen by the
+//!   headers they are compiled against. Built against newer rdma-core (50 grew
+//!   `ibv_port_attr`), that is larger than the struct these bindings describe, and the
+//!   library would write past it. This crate defines them in Rust (and `sized_shims.c`)
+//!   passing the size of *its* struct, which the library honours. Checked by building the
+//!   test suite against rdma-core 50 and 65 headers.
 //! - `ibv_reg_mr` / `ibv_reg_mr_iova`: in C macros over static inline `__ibv_reg_mr*`,
 //!   which only choose, via `__builtin_constant_p`, between the exported `ibv_reg_mr`
 //!   and `ibv_reg_mr_iova2`. The exported symbols behave the same at run time and are the
@@ -77,9 +84,110 @@ mod verbs {
 }
 pub use verbs::*;
 
-/// `ibv_query_port(context, port_num, port_attr)`: the C macro's target, the static inline
-/// `___ibv_query_port` (see the crate docs).
-pub use verbs::___ibv_query_port as ibv_query_port;
+extern "C" {
+    fn ibverbs_sys_query_port(
+        context: *mut ibv_context,
+        port_num: u8,
+        port_attr: *mut ibv_port_attr,
+        port_attr_size: usize,
+    ) -> core::ffi::c_int;
+    fn ibverbs_sys_query_device_ex(
+        context: *mut ibv_context,
+        input: *const ibv_query_device_ex_input,
+        attr: *mut ibv_device_attr_ex,
+        attr_size: usize,
+    ) -> core::ffi::c_int;
+}
+
+/// `ibv_query_port(context, port_num, port_attr)`: what the C macro does (the static
+/// inline `___ibv_query_port`), with the size of *this crate's* `ibv_port_attr`, so a
+/// build against newer headers (whose struct is larger) stays memory-safe.
+///
+/// # Safety
+/// As the C function: a valid context and a writable `ibv_port_attr`.
+#[doc(alias = "___ibv_query_port")]
+pub unsafe fn ibv_query_port(
+    context: *mut ibv_context,
+    port_num: u8,
+    port_attr: *mut ibv_port_attr,
+) -> core::ffi::c_int {
+    // SAFETY: forwarded contract; the size is the one of the struct the caller passed.
+    unsafe {
+        ibverbs_sys_query_port(
+            context,
+            port_num,
+            port_attr,
+            core::mem::size_of::<ibv_port_attr>(),
+        )
+    }
+}
+
+/// `ibv_query_device_ex`, with the size of this crate's `ibv_device_attr_ex` (see
+/// [`ibv_query_port`]).
+///
+/// # Safety
+/// As the C function.
+pub unsafe fn ibv_query_device_ex(
+    context: *mut ibv_context,
+    input: *const ibv_query_device_ex_input,
+    attr: *mut ibv_device_attr_ex,
+) -> core::ffi::c_int {
+    // SAFETY: forwarded contract.
+    unsafe {
+        ibverbs_sys_query_device_ex(
+            context,
+            input,
+            attr,
+            core::mem::size_of::<ibv_device_attr_ex>(),
+        )
+    }
+}
+
+/// `ibv_query_gid_ex`: `_ibv_query_gid_ex` with this crate's `ibv_gid_entry` size.
+///
+/// # Safety
+/// As the C function.
+pub unsafe fn ibv_query_gid_ex(
+    context: *mut ibv_context,
+    port_num: u32,
+    gid_index: u32,
+    entry: *mut ibv_gid_entry,
+    flags: u32,
+) -> core::ffi::c_int {
+    // SAFETY: forwarded contract.
+    unsafe {
+        _ibv_query_gid_ex(
+            context,
+            port_num,
+            gid_index,
+            entry,
+            flags,
+            core::mem::size_of::<ibv_gid_entry>(),
+        )
+    }
+}
+
+/// `ibv_query_gid_table`: `_ibv_query_gid_table` with this crate's `ibv_gid_entry` size.
+///
+/// # Safety
+/// As the C function: `entries` holds `max_entries` writable entries.
+pub unsafe fn ibv_query_gid_table(
+    context: *mut ibv_context,
+    entries: *mut ibv_gid_entry,
+    max_entries: usize,
+    flags: u32,
+) -> isize {
+    // SAFETY: forwarded contract.
+    unsafe {
+        _ibv_query_gid_table(
+            context,
+            entries,
+            max_entries,
+            flags,
+            core::mem::size_of::<ibv_gid_entry>(),
+        )
+    }
+}
 
 #[cfg(feature = "rdmacm")]
 mod rdmacm {

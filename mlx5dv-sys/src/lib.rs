@@ -85,3 +85,37 @@ const _: () = {
     assert!(offset_of!(mlx5_wqe_ctrl_seg, fm_ce_se) == 11);
     assert!(offset_of!(mlx5_wqe_ctrl_seg, imm) == 12);
 };
+
+/// `mlx5dv_query_port`: `_mlx5dv_query_port` with the size of this crate's struct (the C
+/// static inline would pass the size from the headers it is compiled against, which may
+/// be newer and larger).
+///
+/// # Safety
+/// As the C function: a valid context and a writable `info`.
+pub unsafe fn mlx5dv_query_port(
+    context: *mut ibverbs_sys::ibv_context,
+    port_num: u32,
+    info: *mut mlx5_ib_uapi_query_port,
+) -> core::ffi::c_int {
+    // SAFETY: forwarded contract; the size is the one of the struct passed.
+    unsafe {
+        _mlx5dv_query_port(
+            context,
+            port_num,
+            info,
+            core::mem::size_of::<mlx5_ib_uapi_query_port>(),
+        )
+    }
+}
+
+/// `mlx5dv_mkey_check`: `_mlx5dv_mkey_check` with this crate's `mlx5dv_mkey_err` size.
+///
+/// # Safety
+/// As the C function.
+pub unsafe fn mlx5dv_mkey_check(
+    mkey: *mut mlx5dv_mkey,
+    err_info: *mut mlx5dv_mkey_err,
+) -> core::ffi::c_int {
+    // SAFETY: forwarded contract.
+    unsafe { _mlx5dv_mkey_check(mkey, err_info, core::mem::size_of::<mlx5dv_mkey_err>()) }
+}

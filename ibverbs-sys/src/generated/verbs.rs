@@ -5364,12 +5364,6 @@ unsafe extern "C" {
         context: *mut ibv_context,
         device_attr: *mut ibv_device_attr,
     ) -> ::core::ffi::c_int;
-    #[link_name = "___ibv_query_port__extern"]
-    pub fn ___ibv_query_port(
-        context: *mut ibv_context,
-        port_num: u8,
-        port_attr: *mut ibv_port_attr,
-    ) -> ::core::ffi::c_int;
     pub fn ibv_query_gid(
         context: *mut ibv_context,
         port_num: u8,
@@ -5384,27 +5378,12 @@ unsafe extern "C" {
         flags: u32,
         entry_size: usize,
     ) -> ::core::ffi::c_int;
-    #[link_name = "ibv_query_gid_ex__extern"]
-    pub fn ibv_query_gid_ex(
-        context: *mut ibv_context,
-        port_num: u32,
-        gid_index: u32,
-        entry: *mut ibv_gid_entry,
-        flags: u32,
-    ) -> ::core::ffi::c_int;
     pub fn _ibv_query_gid_table(
         context: *mut ibv_context,
         entries: *mut ibv_gid_entry,
         max_entries: usize,
         flags: u32,
         entry_size: usize,
-    ) -> isize;
-    #[link_name = "ibv_query_gid_table__extern"]
-    pub fn ibv_query_gid_table(
-        context: *mut ibv_context,
-        entries: *mut ibv_gid_entry,
-        max_entries: usize,
-        flags: u32,
     ) -> isize;
     pub fn ibv_query_pkey(
         context: *mut ibv_context,
@@ -5609,12 +5588,6 @@ unsafe extern "C" {
     pub fn ibv_query_rt_values_ex(
         context: *mut ibv_context,
         values: *mut ibv_values_ex,
-    ) -> ::core::ffi::c_int;
-    #[link_name = "ibv_query_device_ex__extern"]
-    pub fn ibv_query_device_ex(
-        context: *mut ibv_context,
-        input: *const ibv_query_device_ex_input,
-        attr: *mut ibv_device_attr_ex,
     ) -> ::core::ffi::c_int;
     #[link_name = "ibv_open_qp__extern"]
     pub fn ibv_open_qp(

@@ -45,9 +45,6 @@ uint32_t ibv_wc_read_flow_tag__extern(struct ibv_cq_ex *cq) { return ibv_wc_read
 void ibv_wc_read_tm_info__extern(struct ibv_cq_ex *cq, struct ibv_wc_tm_info *tm_info) { ibv_wc_read_tm_info(cq, tm_info); }
 int ibv_post_wq_recv__extern(struct ibv_wq *wq, struct ibv_recv_wr *recv_wr, struct ibv_recv_wr **bad_recv_wr) { return ibv_post_wq_recv(wq, recv_wr, bad_recv_wr); }
 struct verbs_context * verbs_get_ctx__extern(struct ibv_context *ctx) { return verbs_get_ctx(ctx); }
-int ___ibv_query_port__extern(struct ibv_context *context, uint8_t port_num, struct ibv_port_attr *port_attr) { return ___ibv_query_port(context, port_num, port_attr); }
-int ibv_query_gid_ex__extern(struct ibv_context *context, uint32_t port_num, uint32_t gid_index, struct ibv_gid_entry *entry, uint32_t flags) { return ibv_query_gid_ex(context, port_num, gid_index, entry, flags); }
-ssize_t ibv_query_gid_table__extern(struct ibv_context *context, struct ibv_gid_entry *entries, size_t max_entries, uint32_t flags) { return ibv_query_gid_table(context, entries, max_entries, flags); }
 struct ibv_flow * ibv_create_flow__extern(struct ibv_qp *qp, struct ibv_flow_attr *flow) { return ibv_create_flow(qp, flow); }
 int ibv_destroy_flow__extern(struct ibv_flow *flow_id) { return ibv_destroy_flow(flow_id); }
 struct ibv_flow_action * ibv_create_flow_action_esp__extern(struct ibv_context *ctx, struct ibv_flow_action_esp_attr *esp) { return ibv_create_flow_action_esp(ctx, esp); }
@@ -79,7 +76,6 @@ struct ibv_td * ibv_alloc_td__extern(struct ibv_context *context, struct ibv_td_
 int ibv_dealloc_td__extern(struct ibv_td *td) { return ibv_dealloc_td(td); }
 struct ibv_pd * ibv_alloc_parent_domain__extern(struct ibv_context *context, struct ibv_parent_domain_init_attr *attr) { return ibv_alloc_parent_domain(context, attr); }
 int ibv_query_rt_values_ex__extern(struct ibv_context *context, struct ibv_values_ex *values) { return ibv_query_rt_values_ex(context, values); }
-int ibv_query_device_ex__extern(struct ibv_context *context, const struct ibv_query_device_ex_input *input, struct ibv_device_attr_ex *attr) { return ibv_query_device_ex(context, input, attr); }
 struct ibv_qp * ibv_open_qp__extern(struct ibv_context *context, struct ibv_qp_open_attr *qp_open_attr) { return ibv_open_qp(context, qp_open_attr); }
 int ibv_modify_qp_rate_limit__extern(struct ibv_qp *qp, struct ibv_qp_rate_limit_attr *attr) { return ibv_modify_qp_rate_limit(qp, attr); }
 struct ibv_wq * ibv_create_wq__extern(struct ibv_context *context, struct ibv_wq_init_attr *wq_init_attr) { return ibv_create_wq(context, wq_init_attr); }

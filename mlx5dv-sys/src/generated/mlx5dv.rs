@@ -3504,11 +3504,6 @@ unsafe extern "C" {
         err_info: *mut mlx5dv_mkey_err,
         err_info_size: usize,
     ) -> ::core::ffi::c_int;
-    #[link_name = "mlx5dv_mkey_check__extern"]
-    pub fn mlx5dv_mkey_check(
-        mkey: *mut mlx5dv_mkey,
-        err_info: *mut mlx5dv_mkey_err,
-    ) -> ::core::ffi::c_int;
     pub fn mlx5dv_qp_cancel_posted_send_wrs(
         mqp: *mut mlx5dv_qp_ex,
         wr_id: u64,
@@ -3694,12 +3689,6 @@ unsafe extern "C" {
         port_num: u32,
         info: *mut mlx5_ib_uapi_query_port,
         info_len: usize,
-    ) -> ::core::ffi::c_int;
-    #[link_name = "mlx5dv_query_port__extern"]
-    pub fn mlx5dv_query_port(
-        context: *mut ibv_context,
-        port_num: u32,
-        info: *mut mlx5_ib_uapi_query_port,
     ) -> ::core::ffi::c_int;
     pub fn mlx5dv_devx_umem_reg(
         ctx: *mut ibv_context,

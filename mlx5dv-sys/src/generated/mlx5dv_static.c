@@ -13,7 +13,6 @@ void mlx5dv_wr_set_mkey_layout_interleaved__extern(struct mlx5dv_qp_ex *mqp, uin
 void mlx5dv_wr_set_mkey_sig_block__extern(struct mlx5dv_qp_ex *mqp, const struct mlx5dv_sig_block_attr *attr) { mlx5dv_wr_set_mkey_sig_block(mqp, attr); }
 void mlx5dv_wr_set_mkey_crypto__extern(struct mlx5dv_qp_ex *mqp, const struct mlx5dv_crypto_attr *attr) { mlx5dv_wr_set_mkey_crypto(mqp, attr); }
 void mlx5dv_wr_memcpy__extern(struct mlx5dv_qp_ex *mqp, uint32_t dest_lkey, uint64_t dest_addr, uint32_t src_lkey, uint64_t src_addr, size_t length) { mlx5dv_wr_memcpy(mqp, dest_lkey, dest_addr, src_lkey, src_addr, length); }
-int mlx5dv_mkey_check__extern(struct mlx5dv_mkey *mkey, struct mlx5dv_mkey_err *err_info) { return mlx5dv_mkey_check(mkey, err_info); }
 void mlx5dv_wr_raw_wqe__extern(struct mlx5dv_qp_ex *mqp, const void *wqe) { mlx5dv_wr_raw_wqe(mqp, wqe); }
 uint8_t mlx5dv_get_cqe_owner__extern(struct mlx5_cqe64 *cqe) { return mlx5dv_get_cqe_owner(cqe); }
 void mlx5dv_set_cqe_owner__extern(struct mlx5_cqe64 *cqe, uint8_t val) { mlx5dv_set_cqe_owner(cqe, val); }
@@ -25,7 +24,6 @@ void mlx5dv_set_dgram_seg__extern(struct mlx5_wqe_datagram_seg *seg, uint64_t ke
 void mlx5dv_set_data_seg__extern(struct mlx5_wqe_data_seg *seg, uint32_t length, uint32_t lkey, uintptr_t address) { mlx5dv_set_data_seg(seg, length, lkey, address); }
 void mlx5dv_set_eth_seg__extern(struct mlx5_wqe_eth_seg *seg, uint8_t cs_flags, uint16_t mss, uint16_t inline_hdr_sz, uint8_t *inline_hdr_start) { mlx5dv_set_eth_seg(seg, cs_flags, mss, inline_hdr_sz, inline_hdr_start); }
 uint64_t mlx5dv_ts_to_ns__extern(struct mlx5dv_clock_info *clock_info, uint64_t device_timestamp) { return mlx5dv_ts_to_ns(clock_info, device_timestamp); }
-int mlx5dv_query_port__extern(struct ibv_context *context, uint32_t port_num, struct mlx5_ib_uapi_query_port *info) { return mlx5dv_query_port(context, port_num, info); }
 void _devx_set__extern(void *p, uint32_t value, size_t bit_off, size_t bit_sz) { _devx_set(p, value, bit_off, bit_sz); }
 uint32_t _devx_get__extern(const void *p, size_t bit_off, size_t bit_sz) { return _devx_get(p, bit_off, bit_sz); }
 void _devx_set64__extern(void *p, uint64_t v, size_t bit_off) { _devx_set64(p, v, bit_off); }
