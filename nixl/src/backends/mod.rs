@@ -8,6 +8,7 @@ use std::sync::Arc;
 pub mod fault;
 pub mod libfabric;
 pub mod local;
+pub mod verbs;
 
 /// A constructor: the agent creating it and its string parameters.
 pub type CreateBackend = fn(&Agent, &BackendParams) -> Result<Arc<dyn Backend>>;
@@ -17,4 +18,5 @@ pub(crate) const AVAILABLE: &[(&str, CreateBackend)] = &[
     (fault::NAME, fault::create),
     (libfabric::NAME, libfabric::create),
     (local::NAME, local::create),
+    (verbs::NAME, verbs::create),
 ];

@@ -1,0 +1,439 @@
+//! The VERBS backend on soft-RoCE (run in the guest by `cargo xtask test`, which sets
+//! `RDMA_TEST_DEVICE=rxe0`): two agents in one process and in two processes, WRITE/READ
+//! batches of 1 to 15,000 descriptors verified byte for byte, notifications only after
+//! the data, striping over several rails, a peer killed mid-transfer, and a restarted
+//! peer reached again after its new metadata is loaded.
+
+use nixl::{params, Agent, AgentConfig, Desc, DescList, Error, MemKind, XferOp, XferReq};
+use std::sync::{Mutex, MutexGuard, Once};
+use std::time::{Duration, Instant};
+
+const TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The device named by `RDMA_TEST_DEVICE`, or `None` (after printing why) when unset.
+fn device() -> Option<String> {
+    let Ok(name) = std::env::var("RDMA_TEST_DEVICE") else {
+        println!("skipped: RDMA_TEST_DEVICE not set (run via cargo xtask test)");
+        return None;
+    };
+    watchdog();
+    Some(name)
+}
+
+/// Aborts the binary if it runs far too long: a hang must fail, not stall the guest.
+fn watchdog() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        std::thread::spawn(|| {
+            std::thread::sleep(Duration::from_secs(600));
+            eprintln!("test watchdog expired after 600 s");
+            std::process::abort();
+        });
+    });
+}
+
+/// The guest has two vCPUs: one test at a time.
+fn serial() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn agent(name: &str, device: &str, rails: usize) -> Agent {
+    agent_with(name, device, rails, AgentConfig::default())
+}
+
+fn agent_with(name: &str, device: &str, rails: usize, config: AgentConfig) -> Agent {
+    let agent = Agent::new(name, config).unwrap();
+    let rails = rails.to_string();
+    agent
+        .create_backend(
+            "VERBS",
+            &params([
+                ("device", device),
+                ("num_rails", rails.as_str()),
+                ("striping_threshold", "65536"),
+            ]),
+        )
+        .unwrap_or_else(|e| panic!("VERBS on {device}: {e}"));
+    agent
+}
+
+/// Bytes that differ at every offset and between seeds (no short period, so a block
+/// landing at the wrong offset is caught).
+fn pattern(seed: u8, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| ((i as u64).wrapping_mul(2_654_435_761) >> 13) as u8 ^ seed)
+        .collect()
+}
+
+fn dram(descs: impl IntoIterator<Item = Desc>) -> DescList {
+    DescList::from_descs(MemKind::Dram, descs)
+}
+
+/// Waits for a notification from `from`, bounded.
+fn wait_notif(agent: &Agent, from: &str) -> Vec<u8> {
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        if let Some(mut msgs) = agent.get_notifs().remove(from) {
+            return msgs.remove(0);
+        }
+        assert!(Instant::now() < deadline, "no notification from {from}");
+        std::thread::sleep(Duration::from_micros(200));
+    }
+}
+
+fn run(req: &mut XferReq) {
+    req.post().unwrap();
+    req.wait(TIMEOUT).unwrap();
+}
+
+/// WRITE then READ back `count` non-contiguous blocks between two agents of this process.
+fn write_read_batches(device: &str, rails: usize, count: usize, block: usize) {
+    let tag = format!("{rails}-{count}-{block}");
+    let initiator = agent(&format!("init-{tag}"), device, rails);
+    let target = agent(&format!("tgt-{tag}"), device, rails);
+    let span = count * block * 2;
+    let src = pattern(count as u8, span);
+    let mut dst = vec![0u8; span];
+    let mut back = vec![0u8; span];
+    let (src_p, dst_p, back_p) = (
+        src.as_ptr() as u64,
+        dst.as_mut_ptr() as u64,
+        back.as_mut_ptr() as u64,
+    );
+    // SAFETY: the buffers outlive the handles and requests (all dropped before the end of
+    // this function, handles last).
+    let _hi = unsafe {
+        initiator
+            .register_mem(
+                &dram([
+                    Desc::new(src_p, span as u64, 0),
+                    Desc::new(back_p, span as u64, 0),
+                ]),
+                None,
+            )
+            .unwrap()
+    };
+    // SAFETY: as above.
+    let _ht = unsafe {
+        target
+            .register_mem(&dram([Desc::new(dst_p, span as u64, 0)]), None)
+            .unwrap()
+    };
+    let name = initiator
+        .load_remote_metadata(&target.local_metadata().unwrap())
+        .unwrap();
+    // Every other block, mapped in reverse order on the target.
+    let at = |i: usize| (2 * i * block) as u64;
+    let local = dram((0..count).map(|i| Desc::new(src_p + at(i), block as u64, 0)));
+    let remote = dram((0..count).map(|i| Desc::new(dst_p + at(count - 1 - i), block as u64, 0)));
+    let start = Instant::now();
+    let mut req = initiator
+        .create_xfer_req(
+            XferOp::Write,
+            &local,
+            &remote,
+            &name,
+            Some(b"written".to_vec()),
+        )
+        .unwrap();
+    assert_eq!(req.backend_name(), "VERBS");
+    run(&mut req);
+    assert_eq!(wait_notif(&target, initiator.name()), b"written");
+    for i in 0..count {
+        let s = &src[at(i) as usize..at(i) as usize + block];
+        let d = &dst[at(count - 1 - i) as usize..at(count - 1 - i) as usize + block];
+        assert_eq!(s, d, "{tag}: block {i}");
+    }
+    // Gaps untouched.
+    for i in 0..count {
+        let gap = at(i) as usize + block..at(i) as usize + 2 * block;
+        assert!(dst[gap].iter().all(|b| *b == 0), "{tag}: gap {i} written");
+    }
+    let readback = dram((0..count).map(|i| Desc::new(back_p + at(i), block as u64, 0)));
+    let mut req = initiator
+        .create_xfer_req(
+            XferOp::Read,
+            &readback,
+            &remote,
+            &name,
+            Some(b"read".to_vec()),
+        )
+        .unwrap();
+    run(&mut req);
+    assert_eq!(wait_notif(&target, initiator.name()), b"read");
+    for i in 0..count {
+        assert_eq!(
+            &back[at(i) as usize..at(i) as usize + block],
+            &src[at(i) as usize..at(i) as usize + block],
+            "{tag}: read block {i}"
+        );
+    }
+    println!(
+        "{tag}: {count} x {block} B written and read back in {:?}",
+        start.elapsed()
+    );
+}
+
+#[test]
+fn write_read_one_descriptor() {
+    let Some(dev) = device() else { return };
+    let _s = serial();
+    write_read_batches(&dev, 1, 1, 4096);
+}
+
+#[test]
+fn write_read_1000_descriptors() {
+    let Some(dev) = device() else { return };
+    let _s = serial();
+    write_read_batches(&dev, 1, 1000, 512);
+}
+
+#[test]
+fn write_read_15000_descriptors_on_two_rails() {
+    let Some(dev) = device() else { return };
+    let _s = serial();
+    write_read_batches(&dev, 2, 15_000, 64);
+}
+
+#[test]
+fn striping_over_two_and_four_rails() {
+    let Some(dev) = device() else { return };
+    let _s = serial();
+    // Blocks of 256 KiB: each split across every rail (threshold 64 KiB).
+    write_read_batches(&dev, 2, 4, 256 << 10);
+    write_read_batches(&dev, 4, 3, 1 << 20);
+}
+
+#[test]
+fn notification_fires_only_after_all_data_landed() {
+    let Some(dev) = device() else { return };
+    let _s = serial();
+    let initiator = agent("ni", &dev, 2);
+    let target = agent("nt", &dev, 2);
+    let len = 2 << 20;
+    let src = vec![0u8; len];
+    let dst = vec![0u8; len];
+    // SAFETY: both buffers outlive the handles and the requests of this scope.
+    let _hi = unsafe {
+        initiator
+            .register_mem(&dram([Desc::from_slice(&src)]), None)
+            .unwrap()
+    };
+    // SAFETY: as above.
+    let _ht = unsafe {
+        target
+            .register_mem(&dram([Desc::from_slice(&dst)]), None)
+            .unwrap()
+    };
+    let name = initiator
+        .load_remote_metadata(&target.local_metadata().unwrap())
+        .unwrap();
+    // 512 blocks of 4 KiB round-robin over two rails (two QPs, completing in any order)
+    // plus one striped 64 KiB block.
+    let n = len / 4096;
+    let mut local: Vec<Desc> = (0..n - 16)
+        .map(|i| Desc::new(src.as_ptr() as u64 + (i * 4096) as u64, 4096, 0))
+        .collect();
+    let mut remote: Vec<Desc> = (0..n - 16)
+        .map(|i| Desc::new(dst.as_ptr() as u64 + (i * 4096) as u64, 4096, 0))
+        .collect();
+    let tail = ((n - 16) * 4096) as u64;
+    local.push(Desc::new(src.as_ptr() as u64 + tail, 65536, 0));
+    remote.push(Desc::new(dst.as_ptr() as u64 + tail, 65536, 0));
+    let l = initiator.prep_xfer_dlist(None, &dram(local)).unwrap();
+    let r = initiator
+        .prep_xfer_dlist(Some(&name), &dram(remote))
+        .unwrap();
+    let idx: Vec<usize> = (0..l.len()).collect();
+    let mut req = initiator
+        .make_xfer_req(XferOp::Write, &l, &idx, &r, &idx, None, None)
+        .unwrap();
+    for round in 1..=5u8 {
+        // SAFETY: no transfer reads `src` while it is refilled (the last one is done).
+        unsafe { std::ptr::write_bytes(src.as_ptr() as *mut u8, round, len) };
+        req.post_with(Some(vec![round]), &Default::default())
+            .unwrap();
+        let msg = wait_notif(&target, initiator.name());
+        // The moment the notification is seen, every byte must be there.
+        // SAFETY: reading our own buffer; nothing writes it until the next post.
+        let seen = unsafe { std::slice::from_raw_parts(dst.as_ptr(), len) };
+        assert_eq!(msg, vec![round]);
+        let wrong = seen.iter().position(|b| *b != round);
+        assert_eq!(
+            wrong, None,
+            "round {round}: notification before byte {wrong:?} landed"
+        );
+        req.wait(TIMEOUT).unwrap();
+    }
+}
+
+#[test]
+fn standalone_notifications_loopback_and_reconnect() {
+    let Some(dev) = device() else { return };
+    let _s = serial();
+    let a = agent("loopy", &dev, 1);
+    let b = agent("other", &dev, 2);
+    b.load_remote_metadata(&a.local_metadata().unwrap())
+        .unwrap();
+    b.gen_notif("loopy", b"hello").unwrap();
+    let big = vec![7u8; 6000];
+    b.gen_notif("loopy", &big).unwrap();
+    let deadline = Instant::now() + TIMEOUT;
+    let mut got = Vec::new();
+    while got.len() < 2 && Instant::now() < deadline {
+        got.extend(a.get_notifs().remove("other").unwrap_or_default());
+    }
+    assert_eq!(got, vec![b"hello".to_vec(), big]);
+    assert!(matches!(
+        b.gen_notif("loopy", &vec![0; 9000]),
+        Err(Error::InvalidParam(_))
+    ));
+    assert!(matches!(
+        b.gen_notif("nobody", b"x"),
+        Err(Error::UnknownAgent(_))
+    ));
+    // Loopback: a transfer from an agent to itself, through its own side channel.
+    let src = pattern(3, 65536);
+    let dst = vec![0u8; 65536];
+    // SAFETY: both buffers outlive the handle and the requests.
+    let _h = unsafe {
+        a.register_mem(
+            &dram([Desc::from_slice(&src), Desc::from_slice(&dst)]),
+            None,
+        )
+        .unwrap()
+    };
+    let mut req = a
+        .create_xfer_req(
+            XferOp::Write,
+            &dram([Desc::from_slice(&src)]),
+            &dram([Desc::from_slice(&dst)]),
+            "loopy",
+            Some(b"self".to_vec()),
+        )
+        .unwrap();
+    run(&mut req);
+    assert_eq!(wait_notif(&a, "loopy"), b"self");
+    assert_eq!(src, dst);
+    // Invalidate: the request made before fails typed, and a reload reconnects.
+    b.load_remote_metadata(&a.local_metadata().unwrap())
+        .unwrap();
+    let remote = dram([Desc::from_slice(&dst)]);
+    let local_buf = pattern(9, 65536);
+    // SAFETY: `local_buf` outlives the handle and the requests.
+    let _hb = unsafe {
+        b.register_mem(&dram([Desc::from_slice(&local_buf)]), None)
+            .unwrap()
+    };
+    let local = dram([Desc::from_slice(&local_buf)]);
+    let mut before = b
+        .create_xfer_req(XferOp::Write, &local, &remote, "loopy", None)
+        .unwrap();
+    run(&mut before);
+    assert_eq!(dst, local_buf);
+    b.invalidate_remote("loopy").unwrap();
+    match before.post() {
+        Err(Error::RemoteDisconnect { agent, reason }) => {
+            assert_eq!(agent, "loopy");
+            println!("after invalidation: {reason}");
+        }
+        other => panic!("posting to an invalidated peer: {other:?}"),
+    }
+    b.load_remote_metadata(&a.local_metadata().unwrap())
+        .unwrap();
+    let mut after = b
+        .create_xfer_req(
+            XferOp::Read,
+            &local,
+            &dram([Desc::from_slice(&src)]),
+            "loopy",
+            None,
+        )
+        .unwrap();
+    run(&mut after);
+    assert_eq!(local_buf, src);
+}
+
+#[test]
+fn bad_parameters_and_input_are_typed_errors() {
+    let Some(dev) = device() else { return };
+    let _s = serial();
+    let fresh = || Agent::new("p", AgentConfig::default()).unwrap();
+    assert!(matches!(
+        fresh().create_backend("VERBS", &params([("device", "no_such_dev0")])),
+        Err(Error::Backend { .. })
+    ));
+    assert!(matches!(
+        fresh().create_backend("VERBS", &params([("bogus", "1")])),
+        Err(Error::InvalidParam(_))
+    ));
+    assert!(matches!(
+        fresh().create_backend(
+            "VERBS",
+            &params([("device", dev.as_str()), ("num_rails", "0")])
+        ),
+        Err(Error::InvalidParam(_))
+    ));
+    assert!(matches!(
+        fresh().create_backend(
+            "VERBS",
+            &params([("device", dev.as_str()), ("listen_addr", "nonsense")])
+        ),
+        Err(Error::InvalidParam(_))
+    ));
+    let a = agent("bad-a", &dev, 1);
+    let b = agent("bad-b", &dev, 1);
+    let buf = vec![0u8; 8192];
+    let base = buf.as_ptr() as u64;
+    // SAFETY: `buf` outlives the handles.
+    let _ha = unsafe {
+        a.register_mem(&dram([Desc::new(base, 4096, 0)]), None)
+            .unwrap()
+    };
+    // SAFETY: as above.
+    let hb = unsafe {
+        b.register_mem(&dram([Desc::new(base + 4096, 4096, 0)]), None)
+            .unwrap()
+    };
+    // SAFETY: refused before anything is registered.
+    let vram = unsafe {
+        a.register_mem(
+            &DescList::from_descs(MemKind::Vram, [Desc::new(base, 64, 0)]),
+            Some(&["VERBS"]),
+        )
+    };
+    assert!(matches!(
+        vram,
+        Err(Error::UnsupportedMemKind {
+            kind: MemKind::Vram,
+            ..
+        })
+    ));
+    // Metadata of a backend that is gone: the side channel refuses the connection.
+    let stale = b.local_metadata().unwrap();
+    drop(hb); // the handle holds the agent (and its backends) too
+    drop(b);
+    match a.load_remote_metadata(&stale) {
+        Err(Error::RemoteDisconnect { agent, reason }) => {
+            assert_eq!(agent, "bad-b");
+            println!("stale metadata: {reason}");
+        }
+        other => panic!("loading metadata of a dead agent: {other:?}"),
+    }
+    assert!(!a.has_remote("bad-b"));
+    // A corrupt region key section is a typed error, not a panic.
+    let c = agent("bad-c", &dev, 1);
+    // SAFETY: `buf` outlives the handle.
+    let _hc = unsafe {
+        c.register_mem(&dram([Desc::new(base + 4096, 4096, 0)]), None)
+            .unwrap()
+    };
+    let mut md = c.local_metadata().unwrap();
+    let last = md.len() - 1;
+    md.truncate(last);
+    assert!(matches!(
+        a.load_remote_metadata(&md),
+        Err(Error::MalformedMetadata(_))
+    ));
+}
