@@ -158,6 +158,16 @@ impl WorkCompletion {
             None
         }
     }
+    /// The rkey the peer invalidated with a SEND_WITH_INV (`IBV_WC_WITH_INV`), on a
+    /// receive completion.
+    pub fn invalidated_rkey(&self) -> Option<u32> {
+        if self.raw.wc_flags & ffi::IBV_WC_WITH_INV != 0 {
+            // SAFETY: the union holds `invalidated_rkey` when IBV_WC_WITH_INV is set.
+            Some(unsafe { self.raw.__bindgen_anon_1.invalidated_rkey })
+        } else {
+            None
+        }
+    }
     /// Local QP number.
     pub fn qp_num(&self) -> u32 {
         self.raw.qp_num
@@ -289,6 +299,7 @@ impl Context {
                 cq,
                 ex: None,
                 wc_flags: WcFlags::empty(),
+                kernel_wc_flags: self.reports_kernel_wc_flags(),
                 ctx: self.clone(),
                 channel: channel.cloned(),
             }),
@@ -313,6 +324,7 @@ impl Context {
                 cq,
                 ex: Some(ex),
                 wc_flags: WcFlags::from_bits_retain(attr.raw.wc_flags),
+                kernel_wc_flags: self.reports_kernel_wc_flags(),
                 ctx: self.clone(),
                 channel: attr.channel.clone(),
             }),
@@ -438,6 +450,8 @@ pub(crate) struct CqInner {
     pub(crate) cq: NonNull<ffi::ibv_cq>,
     ex: Option<NonNull<ffi::ibv_cq_ex>>,
     wc_flags: WcFlags,
+    /// Swap `wc_flags` bits 2 and 3 after polling (see `Context::reports_kernel_wc_flags`).
+    kernel_wc_flags: bool,
     ctx: Context,
     channel: Option<CompletionChannel>,
 }
@@ -522,6 +536,7 @@ impl CompletionQueue {
                 cq,
                 ex: None,
                 wc_flags: WcFlags::empty(),
+                kernel_wc_flags: ctx.reports_kernel_wc_flags(),
                 ctx,
                 channel: None,
             }),
@@ -577,7 +592,13 @@ impl CompletionQueue {
         if n < 0 {
             return Err(Error::from_errno("ibv_poll_cq", -n));
         }
-        Ok(&mut buf[..n as usize])
+        let done = &mut buf[..n as usize];
+        if self.inner.kernel_wc_flags {
+            for wc in done.iter_mut() {
+                wc.raw.wc_flags = kernel_to_user_wc_flags(wc.raw.wc_flags);
+            }
+        }
+        Ok(done)
     }
 
     /// Poll up to `max` completions of an extended CQ, handing each to `f` with every
@@ -652,6 +673,13 @@ impl CompletionQueue {
     }
 }
 
+/// The kernel's `IB_WC_WITH_INVALIDATE` (`1 << 2`) and `IB_WC_IP_CSUM_OK` (`1 << 3`) as
+/// user space's `IBV_WC_WITH_INV` (`1 << 3`) and `IBV_WC_IP_CSUM_OK` (`1 << 2`).
+fn kernel_to_user_wc_flags(flags: u32) -> u32 {
+    let (bit2, bit3) = (flags & (1 << 2), flags & (1 << 3));
+    (flags & !0b1100) | (bit2 << 1) | (bit3 >> 1)
+}
+
 /// Read the current completion of a poll session.
 ///
 /// # Safety
@@ -687,5 +715,30 @@ unsafe fn read_ex(ex: *mut ffi::ibv_cq_ex, create_flags: WcFlags) -> ExCompletio
             completion_ts: with(WcFlags::COMPLETION_TIMESTAMP)
                 .then(|| ffi::ibv_wc_read_completion_ts(ex)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kernel_wc_flags_are_translated() {
+        let grh_imm = ffi::IBV_WC_GRH | ffi::IBV_WC_WITH_IMM;
+        // IB_WC_WITH_INVALIDATE (1 << 2) -> IBV_WC_WITH_INV (1 << 3), other bits kept.
+        assert_eq!(
+            kernel_to_user_wc_flags(ffi::IBV_WC_GRH | (1 << 2)),
+            ffi::IBV_WC_GRH | ffi::IBV_WC_WITH_INV
+        );
+        // IB_WC_IP_CSUM_OK (1 << 3) -> IBV_WC_IP_CSUM_OK (1 << 2).
+        assert_eq!(
+            kernel_to_user_wc_flags(grh_imm | (1 << 3)),
+            grh_imm | ffi::IBV_WC_IP_CSUM_OK
+        );
+        assert_eq!(
+            kernel_to_user_wc_flags(grh_imm | 0b1100 | 0x40),
+            grh_imm | 0b1100 | 0x40
+        );
+        assert_eq!(kernel_to_user_wc_flags(0), 0);
     }
 }

@@ -126,6 +126,7 @@ impl Device<'_> {
                 ctx,
                 owned: true,
                 name: self.name(),
+                kernel_wc_flags: Default::default(),
             }),
         })
     }
@@ -148,6 +149,9 @@ pub(crate) struct ContextInner {
     pub(crate) ctx: NonNull<ffi::ibv_context>,
     owned: bool,
     name: String,
+    /// Whether the provider copies the kernel's `ib_wc_flags` into `ibv_wc::wc_flags`
+    /// (see [`Context::reports_kernel_wc_flags`]); found out on first use.
+    kernel_wc_flags: std::sync::OnceLock<bool>,
 }
 
 // SAFETY: rdma-core's libibverbs is thread-safe: a context and every verb on it may be
@@ -202,7 +206,12 @@ impl Context {
             .to_string_lossy()
             .into_owned();
         Context {
-            inner: Arc::new(ContextInner { ctx, owned, name }),
+            inner: Arc::new(ContextInner {
+                ctx,
+                owned,
+                name,
+                kernel_wc_flags: Default::default(),
+            }),
         }
     }
 
@@ -214,6 +223,21 @@ impl Context {
     /// The device name.
     pub fn name(&self) -> &str {
         &self.inner.name
+    }
+
+    /// Whether the provider hands the kernel's `ib_wc_flags` to user space unchanged:
+    /// soft-RoCE (`rdma_rxe`, vendor id `0xffffff`) does (seen with kernel 6.1 and
+    /// rdma-core 44; rdma-core's rxe provider still copies the kernel's completion
+    /// as it is), so a completion of a SEND_WITH_INV carries `IB_WC_WITH_INVALIDATE`
+    /// (`1 << 2`, which is `IBV_WC_IP_CSUM_OK` in user space) instead of
+    /// `IBV_WC_WITH_INV` (`1 << 3`). [`CompletionQueue::poll`](crate::CompletionQueue::poll)
+    /// swaps the two bits back on such devices.
+    pub(crate) fn reports_kernel_wc_flags(&self) -> bool {
+        const RXE_VENDOR_ID: u32 = 0x00ff_ffff;
+        *self.inner.kernel_wc_flags.get_or_init(|| {
+            self.query_device()
+                .is_ok_and(|attr| attr.vendor_id() == RXE_VENDOR_ID)
+        })
     }
 
     /// Device attributes (`ibv_query_device_ex`, falling back to `ibv_query_device`).

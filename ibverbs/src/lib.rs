@@ -2,8 +2,9 @@
 //!
 //! Devices and contexts ([`devices`], [`Context`]), protection domains
 //! ([`ProtectionDomain`]), memory regions ([`MemoryRegion`]), completion queues and
-//! channels ([`CompletionQueue`], [`CompletionChannel`]), queue pairs brought up as a
-//! typestate ([`PreparedQueuePair`] → [`QueuePair`]) from an exchangeable [`Endpoint`],
+//! channels ([`CompletionQueue`], [`CompletionChannel`]), memory windows ([`mw`]), queue
+//! pairs brought up as a typestate ([`PreparedQueuePair`] → [`QueuePair`]) from an
+//! exchangeable [`Endpoint`],
 //! shared receive queues, address handles, async events, and both post APIs (the
 //! classic [`QueuePair::post_send`] chains and the `ibv_wr_*` [`WrBatch`]).
 //!
@@ -53,6 +54,7 @@ mod cq;
 mod device;
 mod error;
 mod mr;
+pub mod mw;
 mod pd;
 mod qp;
 mod srq;
@@ -67,6 +69,7 @@ pub use device::{
 };
 pub use error::{Error, Result};
 pub use mr::{AccessFlags, MemoryRegion, RemoteMemory, Sge};
+pub use mw::{MemoryWindow, MwType};
 pub use pd::{AddressHandle, AhAttr, ProtectionDomain};
 pub use qp::{
     required_mask, ConnectOptions, Endpoint, InlineSge, PreparedQueuePair, QpAttr, QpAttrMask,

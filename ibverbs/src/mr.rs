@@ -10,6 +10,7 @@ use std::marker::PhantomData;
 use std::ops::{Bound, RangeBounds};
 use std::os::fd::{AsRawFd, BorrowedFd};
 use std::ptr::NonNull;
+use std::sync::Arc;
 
 bitflags::bitflags! {
     /// Access rights of a memory region or QP (`enum ibv_access_flags`).
@@ -75,7 +76,7 @@ enum Backing {
     DmaBuf,
 }
 
-struct MrInner {
+pub(crate) struct MrInner {
     mr: NonNull<ffi::ibv_mr>,
     addr: *mut u8,
     len: usize,
@@ -120,8 +121,14 @@ impl Drop for MrInner {
 /// deregistered before its buffer is freed, so the device can no longer reach the
 /// memory, and that work completes with an error (local protection, remote access or
 /// flush) instead of touching freed memory.
+///
+/// A [`MemoryWindow`](crate::MemoryWindow) bound to the region keeps the registration and
+/// the buffer alive until the window is dropped or bound elsewhere: remote access
+/// through the window never reaches freed memory.
 pub struct MemoryRegion {
-    inner: MrInner,
+    // Shared with the memory windows bound to this region, which keep the registration
+    // (and the buffer) alive while the device may still reach it through them.
+    pub(crate) inner: Arc<MrInner>,
     pd: ProtectionDomain,
 }
 
@@ -148,12 +155,12 @@ impl ProtectionDomain {
         let mr = unsafe { ffi::ibv_reg_mr(self.as_raw(), addr.cast(), len, access.bits() as i32) };
         let mr = cvt_ptr(mr, "ibv_reg_mr")?;
         Ok(MemoryRegion {
-            inner: MrInner {
+            inner: Arc::new(MrInner {
                 mr,
                 addr,
                 len,
                 backing: Backing::Owned(buf),
-            },
+            }),
             pd: self.clone(),
         })
     }
@@ -162,7 +169,8 @@ impl ProtectionDomain {
     ///
     /// # Safety
     /// - `addr..addr+len` is memory of this process that stays allocated (and is not
-    ///   unmapped) until the returned region is dropped;
+    ///   unmapped) until the returned region and every
+    ///   [`MemoryWindow`](crate::MemoryWindow) bound to it are dropped;
     /// - while registered it may be read and written by the device at any time the
     ///   access flags allow: the caller must not hold Rust references to it across
     ///   such accesses and must synchronise through completions;
@@ -178,12 +186,12 @@ impl ProtectionDomain {
         let mr = unsafe { ffi::ibv_reg_mr(self.as_raw(), addr.cast(), len, access.bits() as i32) };
         let mr = cvt_ptr(mr, "ibv_reg_mr")?;
         Ok(MemoryRegion {
-            inner: MrInner {
+            inner: Arc::new(MrInner {
                 mr,
                 addr,
                 len,
                 backing: Backing::Caller,
-            },
+            }),
             pd: self.clone(),
         })
     }
@@ -213,12 +221,12 @@ impl ProtectionDomain {
         };
         let mr = cvt_ptr(mr, "ibv_reg_dmabuf_mr")?;
         Ok(MemoryRegion {
-            inner: MrInner {
+            inner: Arc::new(MrInner {
                 mr,
                 addr: iova as *mut u8,
                 len,
                 backing: Backing::DmaBuf,
-            },
+            }),
             pd: self.clone(),
         })
     }
@@ -303,12 +311,12 @@ impl MemoryRegion {
         // SAFETY: the caller guarantees `mr` is valid.
         let (addr, len) = unsafe { ((*mr.as_ptr()).addr.cast(), (*mr.as_ptr()).length) };
         MemoryRegion {
-            inner: MrInner {
+            inner: Arc::new(MrInner {
                 mr,
                 addr,
                 len,
                 backing: Backing::Caller,
-            },
+            }),
             pd,
         }
     }
@@ -349,7 +357,7 @@ impl MemoryRegion {
         }
     }
 
-    fn bounds(&self, range: impl RangeBounds<usize>) -> (usize, usize) {
+    pub(crate) fn bounds(&self, range: impl RangeBounds<usize>) -> (usize, usize) {
         let start = match range.start_bound() {
             Bound::Included(&s) => s,
             Bound::Excluded(&s) => s + 1,

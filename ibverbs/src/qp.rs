@@ -5,12 +5,14 @@ use crate::cq::CompletionQueue;
 use crate::device::{c_newtype, Gid, Mtu};
 use crate::error::{cvt, cvt_ptr, ret_errno, Error, Result};
 use crate::ffi;
-use crate::mr::{AccessFlags, RemoteMemory, Sge};
+use crate::mr::{AccessFlags, MemoryRegion, RemoteMemory, Sge};
+use crate::mw::{MemoryWindow, MwType, SavedBinding};
 use crate::pd::{AddressHandle, AhAttr, ProtectionDomain};
 use crate::srq::SharedReceiveQueue;
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::marker::PhantomData;
+use std::ops::RangeBounds;
 use std::ptr::NonNull;
 
 c_newtype! {
@@ -629,7 +631,7 @@ trait WrRaw {
     type Raw;
 }
 
-fn post_error(
+pub(crate) fn post_error(
     ret: i32,
     call: &'static str,
     qp_num: u32,
@@ -941,6 +943,8 @@ impl QueuePair {
             qp: self,
             qpx: qpx.as_ptr(),
             done: false,
+            binds: Vec::new(),
+            error: None,
         })
     }
 }
@@ -1108,6 +1112,29 @@ impl<'a> SendWr<'a> {
         wr.raw.wr.atomic.compare_add = add;
         wr
     }
+    /// Invalidate `rkey` on this side (`IBV_WR_LOCAL_INV`): a type 2
+    /// [`MemoryWindow`] bound through this QP; the peer's next access with that rkey
+    /// fails with a remote access error.
+    #[doc(alias = "IBV_WR_LOCAL_INV")]
+    pub fn local_inv(wr_id: u64, rkey: u32) -> Self {
+        let mut wr = Self::with(wr_id, ffi::IBV_WR_LOCAL_INV, std::ptr::null(), 0);
+        wr.raw.__bindgen_anon_1.invalidate_rkey = rkey;
+        wr
+    }
+    /// SEND of `sg` that also invalidates `rkey` at the peer (`IBV_WR_SEND_WITH_INV`):
+    /// a type 2 window the peer bound through its QP. The peer's receive completion
+    /// reports it ([`WorkCompletion::invalidated_rkey`](crate::WorkCompletion::invalidated_rkey)).
+    #[doc(alias = "IBV_WR_SEND_WITH_INV")]
+    pub fn send_with_inv(wr_id: u64, sg: &'a [Sge<'a>], rkey: u32) -> Self {
+        let mut wr = Self::with(
+            wr_id,
+            ffi::IBV_WR_SEND_WITH_INV,
+            sg.as_ptr().cast(),
+            sg.len(),
+        );
+        wr.raw.__bindgen_anon_1.invalidate_rkey = rkey;
+        wr
+    }
     /// Add `flags` (flags are only ever added, so an inline request stays inline).
     pub fn flags(mut self, flags: SendFlags) -> Self {
         self.raw.send_flags |= flags.bits();
@@ -1176,6 +1203,11 @@ pub struct WrBatch<'q> {
     qp: &'q mut QueuePair,
     qpx: *mut ffi::ibv_qp_ex,
     done: bool,
+    /// Windows bound in this batch, with their previous state: restored when the batch
+    /// is not posted.
+    binds: Vec<(&'q mut MemoryWindow, SavedBinding)>,
+    /// An argument error found while building: `complete` aborts and returns it.
+    error: Option<Error>,
 }
 
 impl fmt::Debug for WrBatch<'_> {
@@ -1186,7 +1218,7 @@ impl fmt::Debug for WrBatch<'_> {
     }
 }
 
-impl WrBatch<'_> {
+impl<'q> WrBatch<'q> {
     fn begin(&mut self, wr_id: u64, flags: SendFlags) {
         // SAFETY: live extended QP inside a session; plain field writes.
         unsafe {
@@ -1335,15 +1367,89 @@ impl WrBatch<'_> {
         unsafe { ffi::ibv_wr_set_ud_addr(self.qpx, ah.as_raw(), remote_qpn, remote_qkey) };
         self
     }
+    /// Bind the type 2 window `mw` to `range` of `mr` with the remote rights `access`
+    /// (`ibv_wr_bind_mw`, new rkey `ibv_inc_rkey(old)`); the peer of this QP may use it
+    /// once the bind has completed. From here on [`MemoryWindow::rkey`] and
+    /// [`MemoryWindow::remote`] describe the new binding; if the batch is dropped or
+    /// fails, they are restored. A type 1 window makes [`complete`](Self::complete) fail
+    /// with [`Error::InvalidArgument`] (bind those with [`QueuePair::bind_mw`]).
+    ///
+    /// # Panics
+    /// If `range` is outside `mr`.
+    #[doc(alias = "ibv_wr_bind_mw")]
+    pub fn bind_mw(
+        &mut self,
+        wr_id: u64,
+        flags: SendFlags,
+        mw: &'q mut MemoryWindow,
+        mr: &MemoryRegion,
+        range: impl RangeBounds<usize>,
+        access: AccessFlags,
+    ) -> &mut Self {
+        if mw.mw_type() != MwType::TYPE_2 {
+            self.error.get_or_insert(Error::InvalidArgument(format!(
+                "ibv_wr_bind_mw binds type 2 windows, not {:?} (use QueuePair::bind_mw)",
+                mw.mw_type()
+            )));
+            return self;
+        }
+        // SAFETY: pure function.
+        let rkey = unsafe { ffi::ibv_inc_rkey(mw.rkey()) };
+        let (info, binding) = MemoryWindow::bind_info(mr, range, access, rkey);
+        self.begin(wr_id, flags);
+        // SAFETY: inside a session; the window and region are live, `info` is read now.
+        unsafe { ffi::ibv_wr_bind_mw(self.qpx, mw.as_raw(), rkey, &info) };
+        let saved = mw.set_bound(rkey, binding);
+        self.binds.push((mw, saved));
+        self
+    }
+    /// Invalidate `rkey` locally (`ibv_wr_local_inv`): a type 2 window bound through
+    /// this QP.
+    #[doc(alias = "ibv_wr_local_inv")]
+    pub fn local_inv(&mut self, wr_id: u64, flags: SendFlags, rkey: u32) -> &mut Self {
+        self.begin(wr_id, flags);
+        // SAFETY: inside a session.
+        unsafe { ffi::ibv_wr_local_inv(self.qpx, rkey) };
+        self
+    }
+    /// SEND of `sg` that invalidates `rkey` at the peer (`ibv_wr_send_inv` + SGEs).
+    #[doc(alias = "ibv_wr_send_inv")]
+    pub fn send_inv(
+        &mut self,
+        wr_id: u64,
+        flags: SendFlags,
+        rkey: u32,
+        sg: &[Sge<'_>],
+    ) -> &mut Self {
+        self.begin(wr_id, flags);
+        // SAFETY: inside a session.
+        unsafe { ffi::ibv_wr_send_inv(self.qpx, rkey) };
+        self.sges(sg);
+        self
+    }
+    /// Restore the windows bound in this batch (it was not posted).
+    fn undo_binds(&mut self) {
+        for (mw, saved) in self.binds.drain(..).rev() {
+            mw.restore(saved);
+        }
+    }
     /// Post everything added (`ibv_wr_complete`). On error nothing was posted.
     #[doc(alias = "ibv_wr_complete")]
     pub fn complete(mut self) -> Result<()> {
         self.done = true;
+        if let Some(err) = self.error.take() {
+            // SAFETY: ends the session opened by wr_start, discarding its requests.
+            unsafe { ffi::ibv_wr_abort(self.qpx) };
+            self.undo_binds();
+            return Err(err);
+        }
         // SAFETY: ends the session opened by wr_start.
         let ret = unsafe { ffi::ibv_wr_complete(self.qpx) };
         if ret == 0 {
+            self.binds.clear();
             return Ok(());
         }
+        self.undo_binds();
         let errno = ret_errno(ret);
         Err(match errno {
             libc::ENOMEM => Error::QueueFull {
@@ -1366,6 +1472,7 @@ impl Drop for WrBatch<'_> {
         if !self.done {
             // SAFETY: ends the session opened by wr_start, discarding its requests.
             unsafe { ffi::ibv_wr_abort(self.qpx) };
+            self.undo_binds();
         }
     }
 }
