@@ -57,6 +57,8 @@ mod agent;
 pub mod backend;
 pub mod backends;
 mod error;
+#[cfg(feature = "etcd")]
+pub mod etcd;
 mod listener;
 pub mod mem;
 pub mod metadata;

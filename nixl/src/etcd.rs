@@ -1,0 +1,660 @@
+//! The etcd metadata service (feature `etcd`): NIXL's central metadata store.
+//!
+//! The peer-to-peer exchange ([`Agent::send_local_metadata`],
+//! [`Agent::fetch_remote_metadata`]) stays the default; this is used only when asked for,
+//! typically when [`EtcdConfig::from_env`] finds `NIXL_ETCD_ENDPOINTS`.
+//!
+//! # Keys
+//! As in NIXL, every key is `{namespace}/{agent}/{label}`:
+//! - `{namespace}/{agent}/` (empty label, empty value): the presence key, written on the
+//!   first publish;
+//! - `{namespace}/{agent}/metadata` ([`DEFAULT_LABEL`]): the full metadata
+//!   ([`EtcdMetadata::publish`]);
+//! - `{namespace}/{agent}/{label}`: partial metadata ([`EtcdMetadata::publish_partial`]).
+//!
+//! The namespace is `NIXL_ETCD_NAMESPACE`, default `/nixl/agents` ([`DEFAULT_NAMESPACE`];
+//! a trailing `/` is ignored). Values are the agent's binary metadata
+//! ([`crate::metadata`]); etcd's default request limit (1.5 MiB, server flag
+//! `--max-request-bytes`) bounds the metadata size, about 35,000 regions.
+//!
+//! # Liveness and invalidation
+//! Every key this client writes is attached to a lease it keeps alive
+//! ([`EtcdConfig::lease_ttl`]): when the client is dropped the lease is revoked, and when
+//! the process dies the lease expires, so the agent's keys disappear either way.
+//! [`EtcdMetadata::fetch`] also starts a watch on the peer's prefix, served by the
+//! client's own runtime thread:
+//! - a deleted key (the peer left: [`EtcdMetadata::unpublish`], its client dropped, its
+//!   lease expired) → [`Agent::invalidate_remote`]: in-flight requests to it fail with
+//!   [`crate::Error::RemoteDisconnect`] at their next poll;
+//! - a new value of its full metadata, or of a label this client fetched (the peer
+//!   republished, e.g. after a restart) → [`Agent::load_remote_metadata`]: a new
+//!   incarnation replaces the old connection and new requests reach it, with no call by
+//!   the application.
+//!
+//! # Threads
+//! The client owns a small tokio runtime (one worker thread) that runs the etcd client,
+//! the lease keep-alive and the watches. Its methods block the calling thread (each
+//! request bounded by [`EtcdConfig::timeout`]); do not call them from inside an async
+//! runtime's worker thread.
+
+use crate::agent::{Agent, AgentInner};
+use crate::error::{Error, Result};
+use crate::mem::DescList;
+use etcd_client::{Client, ConnectOptions, EventType, GetOptions, PutOptions, WatchOptions};
+use std::collections::{HashMap, HashSet};
+use std::future::Future;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+/// Environment variable with the comma-separated etcd endpoints (e.g.
+/// `http://127.0.0.1:2379`).
+pub const ENDPOINTS_ENV: &str = "NIXL_ETCD_ENDPOINTS";
+/// Environment variable with the key namespace.
+pub const NAMESPACE_ENV: &str = "NIXL_ETCD_NAMESPACE";
+/// NIXL's default namespace.
+pub const DEFAULT_NAMESPACE: &str = "/nixl/agents";
+/// The label of the full metadata (NIXL's `default_metadata_label`).
+pub const DEFAULT_LABEL: &str = "metadata";
+
+/// How to reach etcd and lay out the keys.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EtcdConfig {
+    /// Endpoints (`host:port` or `http://host:port`).
+    pub endpoints: Vec<String>,
+    /// Key prefix, without a trailing `/`.
+    pub namespace: String,
+    /// Bound on connecting, on each request, and on how long a fetch waits for a key
+    /// that is not there yet (NIXL's `etcdWatchTimeout`, 5 s).
+    pub timeout: Duration,
+    /// TTL of the lease this client's keys are attached to; `None`: keys without a lease
+    /// (they stay after a crash, as in NIXL).
+    pub lease_ttl: Option<Duration>,
+}
+
+impl EtcdConfig {
+    /// A configuration for `endpoints` with the defaults: namespace `/nixl/agents`, 5 s
+    /// timeout, 10 s lease.
+    pub fn new(endpoints: impl IntoIterator<Item = impl Into<String>>) -> Self {
+        Self {
+            endpoints: endpoints.into_iter().map(Into::into).collect(),
+            namespace: DEFAULT_NAMESPACE.to_string(),
+            timeout: Duration::from_secs(5),
+            lease_ttl: Some(Duration::from_secs(10)),
+        }
+    }
+
+    /// From `NIXL_ETCD_ENDPOINTS` and `NIXL_ETCD_NAMESPACE`; `None` when no endpoint is
+    /// set (the peer-to-peer exchange is then the way).
+    pub fn from_env() -> Option<Self> {
+        Self::from_lookup(|key| std::env::var(key).ok())
+    }
+
+    /// [`EtcdConfig::from_env`] with the variables read through `lookup`.
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Option<Self> {
+        let endpoints: Vec<String> = lookup(ENDPOINTS_ENV)?
+            .split(',')
+            .map(str::trim)
+            .filter(|e| !e.is_empty())
+            .map(str::to_string)
+            .collect();
+        if endpoints.is_empty() {
+            return None;
+        }
+        let mut config = Self::new(endpoints);
+        if let Some(ns) = lookup(NAMESPACE_ENV).filter(|ns| !ns.is_empty()) {
+            config.namespace = ns;
+        }
+        Some(config)
+    }
+
+    fn prefix(&self) -> &str {
+        self.namespace.trim_end_matches('/')
+    }
+
+    /// The key of `agent`'s `label` (`""`: the presence key).
+    pub fn key(&self, agent: &str, label: &str) -> String {
+        format!("{}/{agent}/{label}", self.prefix())
+    }
+}
+
+/// A watch on one peer's keys.
+#[derive(Debug)]
+struct PeerWatch {
+    task: tokio::task::JoinHandle<()>,
+    /// Partial labels fetched for this peer: their new values are loaded too.
+    labels: Arc<Mutex<HashSet<String>>>,
+}
+
+/// A connection to etcd on behalf of one agent (NIXL's etcd metadata backend).
+pub struct EtcdMetadata {
+    agent: Weak<AgentInner>,
+    name: String,
+    config: EtcdConfig,
+    runtime: Option<tokio::runtime::Runtime>,
+    client: Client,
+    lease: Option<i64>,
+    keep_alive: Option<tokio::task::JoinHandle<()>>,
+    watches: Mutex<HashMap<String, PeerWatch>>,
+    announced: Mutex<bool>,
+}
+
+impl std::fmt::Debug for EtcdMetadata {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdMetadata")
+            .field("agent", &self.name)
+            .field("config", &self.config)
+            .field("lease", &self.lease)
+            .finish_non_exhaustive()
+    }
+}
+
+fn etcd_error(what: &str, e: etcd_client::Error) -> Error {
+    Error::Backend {
+        backend: "etcd".into(),
+        code: 0,
+        message: format!("{what}: {e}"),
+    }
+}
+
+fn check_name(name: &str) -> Result<()> {
+    if name.contains('/') {
+        return Err(Error::InvalidParam(format!(
+            "`{name}`: agent names and labels used with etcd cannot contain `/`"
+        )));
+    }
+    Ok(())
+}
+
+impl EtcdMetadata {
+    /// Connects (bounded by `config.timeout`) on behalf of `agent`, and takes the lease.
+    pub fn connect(agent: &Agent, config: EtcdConfig) -> Result<Self> {
+        check_name(agent.name())?;
+        if config.endpoints.is_empty() {
+            return Err(Error::InvalidParam("no etcd endpoint given".into()));
+        }
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name(format!("nixl-etcd-{}", agent.name()))
+            .enable_all()
+            .build()?;
+        let timeout = config.timeout;
+        let options = ConnectOptions::new()
+            .with_connect_timeout(timeout)
+            .with_timeout(timeout);
+        let endpoints = config.endpoints.clone();
+        let client = bounded(&runtime, timeout, "connecting to etcd", async move {
+            Client::connect(endpoints, Some(options))
+                .await
+                .map_err(|e| etcd_error("connect", e))
+        })?;
+        let mut this = Self {
+            agent: Arc::downgrade(&agent.inner),
+            name: agent.name().to_string(),
+            config,
+            runtime: Some(runtime),
+            client,
+            lease: None,
+            keep_alive: None,
+            watches: Mutex::new(HashMap::new()),
+            announced: Mutex::new(false),
+        };
+        if let Some(ttl) = this.config.lease_ttl {
+            this.take_lease(ttl)?;
+        }
+        Ok(this)
+    }
+
+    /// Connects with [`EtcdConfig::from_env`]; `Ok(None)` when `NIXL_ETCD_ENDPOINTS` is
+    /// not set.
+    pub fn from_env(agent: &Agent) -> Result<Option<Self>> {
+        EtcdConfig::from_env()
+            .map(|config| Self::connect(agent, config))
+            .transpose()
+    }
+
+    /// The configuration in use.
+    pub fn config(&self) -> &EtcdConfig {
+        &self.config
+    }
+
+    fn runtime(&self) -> &tokio::runtime::Runtime {
+        self.runtime.as_ref().expect("runtime lives until drop")
+    }
+
+    fn block<T>(&self, what: &str, fut: impl Future<Output = Result<T>>) -> Result<T> {
+        bounded(self.runtime(), self.config.timeout, what, fut)
+    }
+
+    fn take_lease(&mut self, ttl: Duration) -> Result<()> {
+        let secs = i64::try_from(ttl.as_secs().max(1)).unwrap_or(i64::MAX);
+        let mut client = self.client.clone();
+        let (id, keeper, stream) = self.block("taking an etcd lease", async move {
+            let lease = client
+                .lease_grant(secs, None)
+                .await
+                .map_err(|e| etcd_error("lease grant", e))?;
+            let (keeper, stream) = client
+                .lease_keep_alive(lease.id())
+                .await
+                .map_err(|e| etcd_error("lease keep-alive", e))?;
+            Ok((lease.id(), keeper, stream))
+        })?;
+        let period = (ttl / 3).max(Duration::from_millis(200));
+        let name = self.name.clone();
+        self.keep_alive = Some(self.runtime().spawn(async move {
+            let (mut keeper, mut stream) = (keeper, stream);
+            loop {
+                if let Err(e) = keeper.keep_alive().await {
+                    tracing::warn!(agent = %name, error = %e, "etcd lease keep-alive failed");
+                    return;
+                }
+                match stream.message().await {
+                    Ok(Some(_)) => {}
+                    Ok(None) => return,
+                    Err(e) => {
+                        tracing::warn!(agent = %name, error = %e, "etcd lease keep-alive failed");
+                        return;
+                    }
+                }
+                tokio::time::sleep(period).await;
+            }
+        }));
+        self.lease = Some(id);
+        Ok(())
+    }
+
+    fn put_options(&self) -> Option<PutOptions> {
+        self.lease.map(|id| PutOptions::new().with_lease(id))
+    }
+
+    fn put(&self, label: &str, value: Vec<u8>) -> Result<()> {
+        let mut client = self.client.clone();
+        let presence = {
+            let mut announced = self.announced.lock().expect("announced lock");
+            let first = !*announced;
+            *announced = true;
+            first.then(|| self.config.key(&self.name, ""))
+        };
+        let key = self.config.key(&self.name, label);
+        let options = self.put_options();
+        let result = self.block("publishing to etcd", async move {
+            if let Some(presence) = presence {
+                client
+                    .put(presence, Vec::new(), options.clone())
+                    .await
+                    .map_err(|e| etcd_error("put presence key", e))?;
+            }
+            client
+                .put(key, value, options)
+                .await
+                .map_err(|e| etcd_error("put metadata", e))?;
+            Ok(())
+        });
+        if result.is_err() {
+            *self.announced.lock().expect("announced lock") = false;
+        }
+        result
+    }
+
+    fn agent(&self) -> Result<Agent> {
+        self.agent
+            .upgrade()
+            .map(|inner| inner.agent())
+            .ok_or(Error::Canceled)
+    }
+
+    /// Publishes this agent's full metadata under `{namespace}/{agent}/metadata`
+    /// (NIXL's `sendLocalMD` without an IP address).
+    #[doc(alias = "sendLocalMD")]
+    pub fn publish(&self) -> Result<()> {
+        let md = self.agent()?.local_metadata()?;
+        self.put(DEFAULT_LABEL, md)
+    }
+
+    /// Publishes partial metadata (see [`Agent::local_partial_metadata`]) under
+    /// `{namespace}/{agent}/{label}` (NIXL's `sendLocalPartialMD` with `metadataLabel`).
+    #[doc(alias = "sendLocalPartialMD")]
+    pub fn publish_partial(
+        &self,
+        label: &str,
+        list: Option<&DescList>,
+        include_conn_info: bool,
+    ) -> Result<()> {
+        if label.is_empty() || label == DEFAULT_LABEL {
+            return Err(Error::InvalidParam(format!(
+                "a partial metadata label must be non-empty and not `{DEFAULT_LABEL}`"
+            )));
+        }
+        check_name(label)?;
+        let md = self
+            .agent()?
+            .local_partial_metadata(list, include_conn_info)?;
+        self.put(label, md)
+    }
+
+    /// Removes every key of this agent (NIXL's `invalidateLocalMD`): peers watching it
+    /// invalidate it.
+    #[doc(alias = "invalidateLocalMD")]
+    pub fn unpublish(&self) -> Result<()> {
+        let mut client = self.client.clone();
+        let prefix = self.config.key(&self.name, "");
+        *self.announced.lock().expect("announced lock") = false;
+        self.block("removing keys from etcd", async move {
+            client
+                .delete(
+                    prefix,
+                    Some(etcd_client::DeleteOptions::new().with_prefix()),
+                )
+                .await
+                .map_err(|e| etcd_error("delete", e))?;
+            Ok(())
+        })
+    }
+
+    /// Fetches `remote`'s full metadata, waiting up to [`EtcdConfig::timeout`] for it to
+    /// be published, loads it, and watches the peer (see the module documentation).
+    /// Returns the peer's name.
+    #[doc(alias = "fetchRemoteMD")]
+    pub fn fetch(&self, remote: &str) -> Result<String> {
+        self.fetch_label(remote, DEFAULT_LABEL)
+    }
+
+    /// Fetches and loads `remote`'s partial metadata published under `label`; later
+    /// values of that label are loaded by the watch too.
+    pub fn fetch_partial(&self, remote: &str, label: &str) -> Result<String> {
+        if label.is_empty() {
+            return Err(Error::InvalidParam("empty metadata label".into()));
+        }
+        self.fetch_label(remote, label)
+    }
+
+    fn fetch_label(&self, remote: &str, label: &str) -> Result<String> {
+        check_name(remote)?;
+        check_name(label)?;
+        let agent = self.agent()?;
+        let key = self.config.key(remote, label);
+        let mut client = self.client.clone();
+        let wait_key = key.clone();
+        let (blob, revision) = self.block(&format!("waiting for `{key}` in etcd"), async move {
+            let got = client
+                .get(wait_key.clone(), None)
+                .await
+                .map_err(|e| etcd_error("get", e))?;
+            let revision = got.header().map_or(0, |h| h.revision());
+            if let Some(kv) = got.kvs().first().filter(|kv| !kv.value().is_empty()) {
+                return Ok((kv.value().to_vec(), revision));
+            }
+            // Not there yet: wait for it (NIXL's fetchOrWaitForMetadata).
+            let mut stream = client
+                .watch(
+                    wait_key.clone(),
+                    Some(WatchOptions::new().with_start_revision(revision + 1)),
+                )
+                .await
+                .map_err(|e| etcd_error("watch", e))?;
+            loop {
+                let Some(msg) = stream.message().await.map_err(|e| etcd_error("watch", e))? else {
+                    return Err(etcd_error(
+                        "watch",
+                        etcd_client::Error::WatchError("stream ended".into()),
+                    ));
+                };
+                for event in msg.events() {
+                    if event.event_type() == EventType::Put {
+                        if let Some(kv) = event.kv().filter(|kv| !kv.value().is_empty()) {
+                            return Ok((kv.value().to_vec(), kv.mod_revision()));
+                        }
+                    }
+                }
+            }
+        })?;
+        let meta = crate::metadata::AgentMetadata::decode(&blob)?;
+        if meta.agent != remote {
+            return Err(Error::MalformedMetadata(format!(
+                "`{key}` holds the metadata of `{}`",
+                meta.agent
+            )));
+        }
+        let name = agent.load_remote_metadata(&blob)?;
+        self.watch_peer(remote, label, revision + 1);
+        Ok(name)
+    }
+
+    /// The labels `agent` has published (`""` is its presence key), sorted.
+    pub fn labels(&self, agent: &str) -> Result<Vec<String>> {
+        check_name(agent)?;
+        let prefix = self.config.key(agent, "");
+        let mut client = self.client.clone();
+        let keys = self.block("listing etcd keys", async move {
+            let got = client
+                .get(
+                    prefix.clone(),
+                    Some(GetOptions::new().with_prefix().with_keys_only()),
+                )
+                .await
+                .map_err(|e| etcd_error("get", e))?;
+            Ok(got
+                .kvs()
+                .iter()
+                .filter_map(|kv| {
+                    kv.key_str()
+                        .ok()
+                        .and_then(|k| k.strip_prefix(prefix.as_str()))
+                        .map(str::to_string)
+                })
+                .collect::<Vec<_>>())
+        })?;
+        let mut keys = keys;
+        keys.sort();
+        Ok(keys)
+    }
+
+    /// The peers watched (those fetched), sorted.
+    pub fn watched(&self) -> Vec<String> {
+        let watches = self.watches.lock().expect("watches lock");
+        let mut names: Vec<String> = watches
+            .iter()
+            .filter(|(_, w)| !w.task.is_finished())
+            .map(|(n, _)| n.clone())
+            .collect();
+        names.sort();
+        names
+    }
+
+    /// Stops watching `remote` (its metadata stays loaded).
+    pub fn unwatch(&self, remote: &str) {
+        if let Some(w) = self.watches.lock().expect("watches lock").remove(remote) {
+            w.task.abort();
+        }
+    }
+
+    fn watch_peer(&self, remote: &str, label: &str, from_revision: i64) {
+        let mut watches = self.watches.lock().expect("watches lock");
+        if let Some(w) = watches.get(remote).filter(|w| !w.task.is_finished()) {
+            w.labels
+                .lock()
+                .expect("labels lock")
+                .insert(label.to_string());
+            return;
+        }
+        let labels = Arc::new(Mutex::new(HashSet::from([label.to_string()])));
+        let task = self.runtime().spawn(watch_loop(
+            self.client.clone(),
+            self.config.key(remote, ""),
+            remote.to_string(),
+            labels.clone(),
+            self.agent.clone(),
+            from_revision,
+        ));
+        watches.insert(remote.to_string(), PeerWatch { task, labels });
+    }
+}
+
+/// Runs `fut` on the runtime, bounded by `timeout`.
+fn bounded<T>(
+    runtime: &tokio::runtime::Runtime,
+    timeout: Duration,
+    what: &str,
+    fut: impl Future<Output = Result<T>>,
+) -> Result<T> {
+    runtime
+        .block_on(async { tokio::time::timeout(timeout, fut).await })
+        .unwrap_or_else(|_| Err(Error::Timeout(format!("{what} (after {timeout:?})"))))
+}
+
+/// Serves one peer's watch: deletions invalidate it, new metadata is loaded.
+async fn watch_loop(
+    mut client: Client,
+    prefix: String,
+    remote: String,
+    labels: Arc<Mutex<HashSet<String>>>,
+    agent: Weak<AgentInner>,
+    from_revision: i64,
+) {
+    let options = WatchOptions::new()
+        .with_prefix()
+        .with_start_revision(from_revision);
+    let mut stream = match client.watch(prefix.clone(), Some(options)).await {
+        Ok(stream) => stream,
+        Err(e) => {
+            tracing::warn!(peer = %remote, error = %e, "etcd watch could not start");
+            return;
+        }
+    };
+    loop {
+        let msg = match stream.message().await {
+            Ok(Some(msg)) => msg,
+            Ok(None) => return,
+            Err(e) => {
+                tracing::warn!(peer = %remote, error = %e, "etcd watch ended");
+                return;
+            }
+        };
+        if msg.canceled() {
+            tracing::warn!(peer = %remote, reason = msg.cancel_reason(), "etcd watch canceled");
+            return;
+        }
+        let Some(agent) = agent.upgrade().map(|inner| inner.agent()) else {
+            return;
+        };
+        if agent.is_shut_down() {
+            return;
+        }
+        for event in msg.events() {
+            let Some(kv) = event.kv() else { continue };
+            let label = kv
+                .key_str()
+                .ok()
+                .and_then(|k| k.strip_prefix(prefix.as_str()))
+                .unwrap_or_default();
+            match event.event_type() {
+                EventType::Delete => match agent.invalidate_remote(&remote) {
+                    Ok(()) => {
+                        tracing::debug!(peer = %remote, key = label, "etcd: peer left, invalidated")
+                    }
+                    Err(Error::UnknownAgent(_)) => {}
+                    Err(e) => {
+                        tracing::warn!(peer = %remote, error = %e, "etcd: invalidation failed")
+                    }
+                },
+                EventType::Put => {
+                    let wanted = label == DEFAULT_LABEL
+                        || labels.lock().expect("labels lock").contains(label);
+                    if !wanted || kv.value().is_empty() {
+                        continue;
+                    }
+                    match crate::metadata::AgentMetadata::decode(kv.value()) {
+                        Ok(meta) if meta.agent == remote => {
+                            match agent.load_remote_metadata(kv.value()) {
+                                Ok(_) => {
+                                    tracing::debug!(peer = %remote, label, "etcd: peer republished, reloaded")
+                                }
+                                Err(e) => {
+                                    tracing::warn!(peer = %remote, error = %e, "etcd: reloading failed")
+                                }
+                            }
+                        }
+                        Ok(meta) => {
+                            tracing::warn!(peer = %remote, found = %meta.agent, "etcd: metadata of another agent ignored")
+                        }
+                        Err(e) => {
+                            tracing::warn!(peer = %remote, error = %e, "etcd: malformed metadata ignored")
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl Drop for EtcdMetadata {
+    fn drop(&mut self) {
+        for (_, w) in self
+            .watches
+            .get_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
+        {
+            w.task.abort();
+        }
+        if let Some(task) = self.keep_alive.take() {
+            task.abort();
+        }
+        if let (Some(id), Some(runtime)) = (self.lease, self.runtime.as_ref()) {
+            // The agent leaves: its keys go with the lease.
+            let mut client = self.client.clone();
+            let revoked = bounded(
+                runtime,
+                self.config.timeout,
+                "revoking the lease",
+                async move {
+                    client
+                        .lease_revoke(id)
+                        .await
+                        .map(drop)
+                        .map_err(|e| etcd_error("lease revoke", e))
+                },
+            );
+            if let Err(e) = revoked {
+                tracing::warn!(agent = %self.name, error = %e, "etcd lease not revoked (it expires)");
+            }
+        }
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_timeout(Duration::from_secs(1));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn configuration_from_the_environment() {
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            move |k: &str| {
+                pairs
+                    .iter()
+                    .find(|(key, _)| *key == k)
+                    .map(|(_, v)| v.to_string())
+            }
+        };
+        assert_eq!(EtcdConfig::from_lookup(env(&[])), None);
+        assert_eq!(
+            EtcdConfig::from_lookup(env(&[(ENDPOINTS_ENV, " , ")])),
+            None
+        );
+        let c = EtcdConfig::from_lookup(env(&[(ENDPOINTS_ENV, "http://a:2379, b:2379")])).unwrap();
+        assert_eq!(c.endpoints, vec!["http://a:2379", "b:2379"]);
+        assert_eq!(c.namespace, DEFAULT_NAMESPACE);
+        assert_eq!(
+            c.key("prefill-0", DEFAULT_LABEL),
+            "/nixl/agents/prefill-0/metadata"
+        );
+        assert_eq!(c.key("prefill-0", ""), "/nixl/agents/prefill-0/");
+        let c =
+            EtcdConfig::from_lookup(env(&[(ENDPOINTS_ENV, "x:1"), (NAMESPACE_ENV, "/team/kv/")]))
+                .unwrap();
+        assert_eq!(c.key("d", "layer-3"), "/team/kv/d/layer-3");
+    }
+}
