@@ -437,3 +437,306 @@ fn bad_parameters_and_input_are_typed_errors() {
         Err(Error::MalformedMetadata(_))
     ));
 }
+
+// ---------------------------------------------------------------------------------------
+// Two processes: the test re-executes its own binary as the target.
+
+const TARGET_NAME: &str = "verbs-target";
+const INITIATOR_NAME: &str = "verbs-initiator";
+const TARGET_LEN: usize = 16 << 20;
+
+/// The target side, run only as a child of `two_processes_batches_kill_and_restart`: it
+/// registers a buffer, announces its metadata listener and the buffer's address, and on
+/// each notification `verify SEED LEN` checks that its first LEN bytes are
+/// `pattern(SEED)`, writing the verdict to a file; `exit` ends it.
+#[test]
+#[ignore = "target process of two_processes_batches_kill_and_restart"]
+fn target_process() {
+    let announce = std::env::var("NIXL_VERBS_ANNOUNCE")
+        .expect("run by two_processes_batches_kill_and_restart");
+    let dev = device().expect("RDMA_TEST_DEVICE is inherited");
+    let target = agent_with(
+        TARGET_NAME,
+        &dev,
+        2,
+        AgentConfig {
+            listen_addr: Some("127.0.0.1:0".parse().unwrap()),
+            ..AgentConfig::default()
+        },
+    );
+    let buf = pattern(42, TARGET_LEN);
+    // SAFETY: `buf` lives until the process exits.
+    let _h = unsafe {
+        target
+            .register_mem(&dram([Desc::from_slice(&buf)]), None)
+            .unwrap()
+    };
+    write_atomic(
+        &announce,
+        &format!("{} {}", target.listen_addr().unwrap(), buf.as_ptr() as u64),
+    );
+    let deadline = Instant::now() + Duration::from_secs(400);
+    loop {
+        assert!(Instant::now() < deadline, "target: never told to exit");
+        let notifs = target
+            .get_notifs()
+            .remove(INITIATOR_NAME)
+            .unwrap_or_default();
+        for msg in notifs {
+            let text = String::from_utf8(msg).unwrap();
+            let words: Vec<&str> = text.split(' ').collect();
+            match words[..] {
+                ["verify", seed, len] => {
+                    let (seed, len): (u8, usize) = (seed.parse().unwrap(), len.parse().unwrap());
+                    // SAFETY: the initiator's writes are done (the notification follows
+                    // them); nothing writes the buffer until we answer.
+                    let seen = unsafe { std::slice::from_raw_parts(buf.as_ptr(), len) };
+                    let verdict = match seen
+                        .iter()
+                        .zip(pattern(seed, len))
+                        .position(|(a, b)| *a != b)
+                    {
+                        None => "ok".to_string(),
+                        Some(i) => format!("byte {i} differs"),
+                    };
+                    write_atomic(&format!("{announce}.verify-{seed}"), &verdict);
+                }
+                ["exit"] => return,
+                _ => panic!("target: unexpected notification `{text}`"),
+            }
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+fn write_atomic(path: &str, text: &str) {
+    std::fs::write(format!("{path}.tmp"), text).unwrap();
+    std::fs::rename(format!("{path}.tmp"), path).unwrap();
+}
+
+struct Target {
+    child: std::process::Child,
+    announce: String,
+    addr: std::net::SocketAddr,
+    base: u64,
+}
+
+impl Target {
+    fn spawn(tag: &str) -> Target {
+        let announce = std::env::temp_dir()
+            .join(format!("nixl-verbs-{}-{tag}", std::process::id()))
+            .display()
+            .to_string();
+        let _ = std::fs::remove_file(&announce);
+        let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "target_process",
+                "--ignored",
+                "--test-threads=1",
+                "--nocapture",
+            ])
+            .env("NIXL_VERBS_ANNOUNCE", &announce)
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + TIMEOUT;
+        let (addr, base) = loop {
+            if let Ok(text) = std::fs::read_to_string(&announce) {
+                let (a, b) = text.split_once(' ').unwrap();
+                break (a.parse().unwrap(), b.parse().unwrap());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the target never announced itself"
+            );
+            assert!(
+                child.try_wait().unwrap().is_none(),
+                "the target exited early"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        Target {
+            child,
+            announce,
+            addr,
+            base,
+        }
+    }
+
+    /// Waits for the target's verdict on `seed`.
+    fn verdict(&mut self, seed: u8) -> String {
+        let path = format!("{}.verify-{seed}", self.announce);
+        let deadline = Instant::now() + TIMEOUT;
+        loop {
+            if let Ok(text) = std::fs::read_to_string(&path) {
+                let _ = std::fs::remove_file(&path);
+                return text;
+            }
+            assert!(Instant::now() < deadline, "no verdict on seed {seed}");
+            assert!(
+                self.child.try_wait().unwrap().is_none(),
+                "the target exited"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
+
+impl Drop for Target {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.announce);
+    }
+}
+
+/// WRITEs `count` blocks so that the target's first `count * block` bytes become
+/// `pattern(seed)` (local block i lands at the target's block `count - 1 - i`), with the
+/// notification that makes the target verify them; then READs them back in order.
+fn write_verify_read(
+    initiator: &Agent,
+    target: &mut Target,
+    src: &mut [u8],
+    back: &mut [u8],
+    count: usize,
+    block: usize,
+    seed: u8,
+) {
+    let len = count * block;
+    let expected = pattern(seed, len);
+    for i in 0..count {
+        let from = (count - 1 - i) * block;
+        src[i * block..(i + 1) * block].copy_from_slice(&expected[from..from + block]);
+    }
+    let (src_p, back_p) = (src.as_ptr() as u64, back.as_mut_ptr() as u64);
+    let b = block as u64;
+    let local = dram((0..count).map(|i| Desc::new(src_p + i as u64 * b, b, 0)));
+    let remote =
+        dram((0..count).map(|i| Desc::new(target.base + (count - 1 - i) as u64 * b, b, 0)));
+    let start = Instant::now();
+    let mut write = initiator
+        .create_xfer_req(
+            XferOp::Write,
+            &local,
+            &remote,
+            TARGET_NAME,
+            Some(format!("verify {seed} {len}").into_bytes()),
+        )
+        .unwrap();
+    run(&mut write);
+    assert_eq!(
+        target.verdict(seed),
+        "ok",
+        "{count} x {block} B, seed {seed}"
+    );
+    back[..len].fill(0);
+    let readback = dram((0..count).map(|i| Desc::new(back_p + i as u64 * b, b, 0)));
+    let in_order = dram((0..count).map(|i| Desc::new(target.base + i as u64 * b, b, 0)));
+    let mut read = initiator
+        .create_xfer_req(XferOp::Read, &readback, &in_order, TARGET_NAME, None)
+        .unwrap();
+    run(&mut read);
+    let wrong = back[..len].iter().zip(&expected).position(|(a, b)| a != b);
+    assert_eq!(wrong, None, "{count} x {block} B read back, seed {seed}");
+    println!(
+        "two processes: {count} x {block} B written, verified by the target, read back in {:?}",
+        start.elapsed()
+    );
+}
+
+#[test]
+fn two_processes_batches_kill_and_restart() {
+    let Some(dev) = device() else { return };
+    let _s = serial();
+    let stall_timeout = Duration::from_secs(10);
+    let initiator = agent_with(
+        INITIATOR_NAME,
+        &dev,
+        2,
+        AgentConfig {
+            stall_timeout,
+            ..AgentConfig::default()
+        },
+    );
+    let mut src = vec![0u8; TARGET_LEN];
+    let mut back = vec![0u8; TARGET_LEN];
+    // SAFETY: both buffers outlive the handle and every request (dropped at the end of
+    // this function, after all of them).
+    let _h = unsafe {
+        initiator
+            .register_mem(
+                &dram([Desc::from_slice(&src), Desc::from_slice(&back)]),
+                None,
+            )
+            .unwrap()
+    };
+    let mut target = Target::spawn("first");
+    assert_eq!(
+        initiator.fetch_remote_metadata(target.addr).unwrap(),
+        TARGET_NAME
+    );
+    write_verify_read(&initiator, &mut target, &mut src, &mut back, 1, 1 << 20, 1);
+    write_verify_read(&initiator, &mut target, &mut src, &mut back, 1000, 4096, 2);
+    write_verify_read(&initiator, &mut target, &mut src, &mut back, 15_000, 64, 3);
+    write_verify_read(&initiator, &mut target, &mut src, &mut back, 4, 1 << 20, 4);
+
+    // SIGKILL the target while a 16 MiB WRITE (256 x 64 KiB) is in flight.
+    let block = 64u64 << 10;
+    let count = TARGET_LEN as u64 / block;
+    let src_p = src.as_ptr() as u64;
+    let local = dram((0..count).map(|i| Desc::new(src_p + i * block, block, 0)));
+    let remote = dram((0..count).map(|i| Desc::new(target.base + i * block, block, 0)));
+    let mut big = initiator
+        .create_xfer_req(XferOp::Write, &local, &remote, TARGET_NAME, None)
+        .unwrap();
+    big.post().unwrap();
+    target.child.kill().unwrap();
+    target.child.wait().unwrap();
+    let killed = Instant::now();
+    let outcome = big.wait(stall_timeout + Duration::from_secs(5));
+    let detected = killed.elapsed();
+    match &outcome {
+        Err(Error::RemoteDisconnect { agent, reason }) => {
+            assert_eq!(agent, TARGET_NAME);
+            println!("peer killed mid-transfer: RemoteDisconnect after {detected:?}: {reason}");
+        }
+        Err(Error::Stalled(_)) => println!("peer killed mid-transfer: Stalled after {detected:?}"),
+        other => panic!("a transfer to a killed peer must fail typed, got {other:?}"),
+    }
+    assert!(detected <= stall_timeout, "detected after {detected:?}");
+    // Preparing or posting again to the dead incarnation fails at once, typed.
+    let again = initiator
+        .create_xfer_req(XferOp::Write, &local, &remote, TARGET_NAME, None)
+        .and_then(|mut req| {
+            req.post()?;
+            req.wait(stall_timeout + Duration::from_secs(5))
+        });
+    match again {
+        Err(Error::RemoteDisconnect { .. }) | Err(Error::Stalled(_)) => {}
+        other => panic!("a new transfer to a killed peer: {other:?}"),
+    }
+
+    // The peer restarts (new process, new metadata): loading it reconnects, the local
+    // agent is the same.
+    let mut target = Target::spawn("second");
+    assert_eq!(
+        initiator.fetch_remote_metadata(target.addr).unwrap(),
+        TARGET_NAME
+    );
+    write_verify_read(&initiator, &mut target, &mut src, &mut back, 1000, 4096, 5);
+    write_verify_read(&initiator, &mut target, &mut src, &mut back, 2, 1 << 20, 6);
+    initiator.gen_notif(TARGET_NAME, b"exit").unwrap();
+    let deadline = Instant::now() + TIMEOUT;
+    let status = loop {
+        if let Some(status) = target.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the restarted target did not exit"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "the restarted target failed");
+}
