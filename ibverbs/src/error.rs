@@ -4,6 +4,8 @@ use crate::cq::WcStatus;
 use crate::qp::QpState;
 use std::ffi::c_int;
 use std::io;
+use std::net::SocketAddr;
+use std::time::Duration;
 
 /// Result alias of this crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -134,6 +136,57 @@ pub enum Error {
     /// An argument was out of range before any C call was made.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+    /// rdma_cm: no route to `addr` over RDMA: no RDMA device serves the address
+    /// (e.g. `127.0.0.1`, an interface without RDMA), or address resolution, route
+    /// resolution or the connection request got no answer (`RDMA_CM_EVENT_ADDR_ERROR`,
+    /// `RDMA_CM_EVENT_ROUTE_ERROR`, `RDMA_CM_EVENT_UNREACHABLE`).
+    #[error("{addr} is unreachable over RDMA ({stage}): {source}")]
+    Unreachable {
+        /// The destination.
+        addr: SocketAddr,
+        /// The call or event that failed, e.g. `rdma_resolve_addr`.
+        stage: &'static str,
+        /// The `errno` (the event's status, negated).
+        #[source]
+        source: io::Error,
+    },
+    /// rdma_cm: nobody listens on `addr` (the peer's connection manager rejected the
+    /// request with "invalid service ID"); the RDMA analogue of `ECONNREFUSED`.
+    #[error("{addr}: connection refused (no RDMA listener on that address and port)")]
+    ConnectionRefused {
+        /// The destination.
+        addr: SocketAddr,
+    },
+    /// rdma_cm: the peer rejected the connection (`RDMA_CM_EVENT_REJECTED`), e.g. with
+    /// `ConnectRequest::reject`.
+    #[error("{addr}: connection rejected (reason {reason})")]
+    Rejected {
+        /// The peer.
+        addr: SocketAddr,
+        /// The InfiniBand CM reject reason (28: rejected by the peer application).
+        reason: i32,
+        /// The private data of the reject message (zero-padded by the transport).
+        private_data: Vec<u8>,
+    },
+    /// A bounded wait ended before what it waited for happened.
+    #[error("{what}: no answer within {after:?}")]
+    Timeout {
+        /// What was awaited.
+        what: &'static str,
+        /// The bound.
+        after: Duration,
+    },
+    /// rdma_cm: an event other than the awaited one arrived (e.g. a disconnect while
+    /// accepting).
+    #[error("{waiting_for}: got {event} (status {status})")]
+    UnexpectedCmEvent {
+        /// What was awaited.
+        waiting_for: &'static str,
+        /// The `RDMA_CM_EVENT_*` name that arrived.
+        event: &'static str,
+        /// The event's status.
+        status: i32,
+    },
     /// An I/O error on the side channel or an event file descriptor.
     #[error("{context}: {source}")]
     Io {
@@ -169,7 +222,10 @@ impl Error {
             Error::Verbs { source, .. }
             | Error::ModifyQp { source, .. }
             | Error::Post { source, .. }
-            | Error::Io { source, .. } => source.raw_os_error(),
+            | Error::Io { source, .. }
+            | Error::Unreachable { source, .. } => source.raw_os_error(),
+            Error::ConnectionRefused { .. } | Error::Rejected { .. } => Some(libc::ECONNREFUSED),
+            Error::Timeout { .. } => Some(libc::ETIMEDOUT),
             Error::Unsupported { .. } => Some(libc::EOPNOTSUPP),
             Error::WouldBlock { .. } => Some(libc::EAGAIN),
             Error::QueueFull { .. } => Some(libc::ENOMEM),

@@ -50,6 +50,8 @@
 
 pub use ibverbs_sys as ffi;
 
+#[cfg(feature = "rdmacm")]
+pub mod cm;
 mod cq;
 mod device;
 mod error;

@@ -245,6 +245,30 @@ pub struct RemoteMemory {
 }
 
 impl RemoteMemory {
+    /// Size of [`to_bytes`](Self::to_bytes)' encoding.
+    pub const ENCODED_LEN: usize = 20;
+
+    /// A compact encoding (address and length as big-endian `u64`, then the rkey as
+    /// big-endian `u32`), small enough for rdma_cm private data.
+    pub fn to_bytes(&self) -> [u8; Self::ENCODED_LEN] {
+        let mut out = [0; Self::ENCODED_LEN];
+        out[..8].copy_from_slice(&self.addr.to_be_bytes());
+        out[8..16].copy_from_slice(&self.len.to_be_bytes());
+        out[16..].copy_from_slice(&self.rkey.to_be_bytes());
+        out
+    }
+
+    /// Decode [`to_bytes`](Self::to_bytes)' encoding from the start of `bytes` (what
+    /// follows, e.g. zero padding, is ignored); `None` if `bytes` is too short.
+    pub fn from_bytes(bytes: &[u8]) -> Option<Self> {
+        let b = bytes.get(..Self::ENCODED_LEN)?;
+        Some(RemoteMemory {
+            addr: u64::from_be_bytes(b[..8].try_into().ok()?),
+            len: u64::from_be_bytes(b[8..16].try_into().ok()?),
+            rkey: u32::from_be_bytes(b[16..].try_into().ok()?),
+        })
+    }
+
     /// The part starting `offset` bytes in, `len` long (no bounds check: an
     /// out-of-range access fails remotely with a remote access error).
     pub fn slice(&self, offset: u64, len: u64) -> RemoteMemory {
@@ -460,5 +484,23 @@ fn rereg_result(ret: i32) -> Result<()> {
             "ibv_rereg_mr",
             crate::error::last_errno(),
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn remote_memory_encoding_round_trips() {
+        let m = RemoteMemory {
+            addr: 0x7f00_1234_5678_9abc,
+            len: 1 << 20,
+            rkey: 0xdead_beef,
+        };
+        let mut padded = m.to_bytes().to_vec();
+        padded.extend_from_slice(&[0; 36]);
+        assert_eq!(RemoteMemory::from_bytes(&padded), Some(m));
+        assert_eq!(RemoteMemory::from_bytes(&padded[..19]), None);
     }
 }

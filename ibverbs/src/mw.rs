@@ -80,7 +80,10 @@ impl Drop for MwInner {
         // deallocated once.
         let ret = unsafe { ffi::ibv_dealloc_mw(self.mw.as_ptr()) };
         if let Err(err) = cvt(ret, "ibv_dealloc_mw") {
-            tracing::error!(%err, "deallocating a memory window failed; keeping its region registered");
+            tracing::error!(
+                %err,
+                "deallocating a memory window failed; keeping its region registered"
+            );
             // The device may still reach the region through the window: never
             // deregister it or free its buffer.
             if let Some(binding) = self.bound.take() {

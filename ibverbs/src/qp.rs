@@ -263,6 +263,11 @@ qp_attr_setters! {
 }
 
 impl QpAttr {
+    /// Attributes from a C struct and its mask (unknown mask bits are kept), e.g. what
+    /// `rdma_init_qp_attr` fills in.
+    pub fn from_ffi(raw: ffi::ibv_qp_attr, mask: QpAttrMask) -> Self {
+        QpAttr { raw, mask }
+    }
     /// The mask of the fields set so far.
     pub fn mask(&self) -> QpAttrMask {
         self.mask
@@ -465,7 +470,7 @@ impl QueuePairBuilder {
             cap: raw.cap,
             _send_cq: self.send_cq,
             _recv_cq: self.recv_cq,
-            _srq: self.srq,
+            srq: self.srq,
             pd: self.pd,
         };
         Ok(PreparedQueuePair {
@@ -495,7 +500,7 @@ struct QpInner {
     pd: ProtectionDomain,
     _send_cq: CompletionQueue,
     _recv_cq: CompletionQueue,
-    _srq: Option<SharedReceiveQueue>,
+    srq: Option<SharedReceiveQueue>,
 }
 
 // SAFETY: rdma-core QPs may be used from any thread: ibv_post_send/ibv_post_recv lock the
@@ -711,6 +716,30 @@ impl PreparedQueuePair {
     /// Capacities granted at creation (may exceed those requested).
     pub fn cap(&self) -> ffi::ibv_qp_cap {
         self.inner.cap
+    }
+    /// The protection domain.
+    pub fn pd(&self) -> &ProtectionDomain {
+        &self.inner.pd
+    }
+    /// Whether the QP receives from a shared receive queue.
+    pub fn has_srq(&self) -> bool {
+        self.inner.srq.is_some()
+    }
+
+    /// The QP as ready to send, once the caller has brought it to RTS by other means
+    /// (the rdma_cm helper). Checks the state libibverbs recorded.
+    #[cfg_attr(not(feature = "rdmacm"), allow(dead_code))]
+    pub(crate) fn into_ready(self) -> Result<QueuePair> {
+        let state = self.inner.cached_state();
+        if state != QpState::RTS {
+            return Err(Error::InvalidQpState {
+                call: "connect",
+                qp_num: self.qp_num(),
+                state,
+                need: "a connected QP must be in RTS",
+            });
+        }
+        Ok(QueuePair { inner: self.inner })
     }
 
     /// What the peer needs to connect to this QP, using `opts.port_num` and
