@@ -14,6 +14,8 @@ pub const WORKSPACE_PACKAGES: &[&str] = &[
     "ibverbs-providers",
     "libfabric-dev",
     "libfabric-bin",
+    // xtask's own unit tests read its initramfs back with GNU cpio.
+    "cpio",
 ];
 
 pub fn ensure_workspace_packages() -> Result<()> {
