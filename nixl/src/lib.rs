@@ -62,10 +62,13 @@ pub mod etcd;
 mod listener;
 pub mod mem;
 pub mod metadata;
+pub mod topology;
 
 pub use agent::{params, Agent, AgentConfig, RegistrationHandle, XferDlist, XferReq};
 pub use backend::{
     Backend, BackendParams, Capabilities, PostParams, XferOp, XferStatus, XferTelemetry,
 };
 pub use error::{Error, Result};
+#[doc(hidden)]
+pub use listener::fuzz_serve;
 pub use mem::{Desc, DescList, MemKind, Region};

@@ -110,7 +110,13 @@ fn accept_loop(socket: TcpListener, agent: Weak<AgentInner>, stop: Arc<AtomicBoo
 fn serve(mut stream: TcpStream, agent: &Agent) -> Result<()> {
     stream.set_nonblocking(false)?;
     set_timeouts(&stream, agent.config().metadata_timeout)?;
-    let (kind, payload) = read_frame(&mut stream)?;
+    serve_io(&mut stream, agent)
+}
+
+/// The listener's whole request path over any byte stream: one request frame in, one
+/// reply frame out.
+fn serve_io(stream: &mut (impl Read + Write), agent: &Agent) -> Result<()> {
+    let (kind, payload) = read_frame(stream)?;
     let reply = match kind {
         SEND_MD => agent
             .load_remote_metadata(&payload)
@@ -130,9 +136,9 @@ fn serve(mut stream: TcpStream, agent: &Agent) -> Result<()> {
         ))),
     };
     match reply {
-        Ok((kind, payload)) => write_frame(&mut stream, kind, &payload),
+        Ok((kind, payload)) => write_frame(stream, kind, &payload),
         Err(e) => {
-            let _ = write_frame(&mut stream, ERROR, e.to_string().as_bytes());
+            let _ = write_frame(stream, ERROR, e.to_string().as_bytes());
             Err(e)
         }
     }
@@ -145,7 +151,7 @@ fn set_timeouts(stream: &TcpStream, timeout: Duration) -> Result<()> {
     Ok(())
 }
 
-fn write_frame(stream: &mut TcpStream, kind: u8, payload: &[u8]) -> Result<()> {
+fn write_frame(stream: &mut impl Write, kind: u8, payload: &[u8]) -> Result<()> {
     let len =
         u32::try_from(payload.len()).map_err(|_| Error::InvalidParam("frame too large".into()))?;
     let mut header = [0u8; 9];
@@ -157,7 +163,7 @@ fn write_frame(stream: &mut TcpStream, kind: u8, payload: &[u8]) -> Result<()> {
     stream.flush().map_err(timeout_error)
 }
 
-fn read_frame(stream: &mut TcpStream) -> Result<(u8, Vec<u8>)> {
+fn read_frame(stream: &mut impl Read) -> Result<(u8, Vec<u8>)> {
     let mut header = [0u8; 9];
     stream.read_exact(&mut header).map_err(timeout_error)?;
     if &header[..4] != FRAME_MAGIC {
@@ -184,6 +190,44 @@ fn read_frame(stream: &mut TcpStream) -> Result<(u8, Vec<u8>)> {
         )));
     }
     Ok((header[4], payload))
+}
+
+/// Fuzzing entry point (not a stable API): serves `input` as one connection's bytes, as
+/// the listener thread does for a peer, and returns what it would send back. Then reads
+/// the reply the way a requesting agent does, so both directions of the framing run.
+#[doc(hidden)]
+pub fn fuzz_serve(agent: &Agent, input: &[u8]) -> Vec<u8> {
+    struct Conn<'a> {
+        input: &'a [u8],
+        output: Vec<u8>,
+    }
+    impl Read for Conn<'_> {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            self.input.read(buf)
+        }
+    }
+    impl Write for Conn<'_> {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.output.write(buf)
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut conn = Conn {
+        input,
+        output: Vec::new(),
+    };
+    let _ = serve_io(&mut conn, agent);
+    let reply = conn.output;
+    if !reply.is_empty() {
+        let (kind, _) = read_frame(&mut &reply[..]).expect("the listener's own reply parses");
+        assert!(
+            matches!(kind, ACK | MD_REPLY | ERROR),
+            "the listener replied with type {kind}"
+        );
+    }
+    reply
 }
 
 fn timeout_error(e: std::io::Error) -> Error {

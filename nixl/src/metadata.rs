@@ -145,6 +145,10 @@ impl AgentMetadata {
         if r.pos != blob.len() {
             return Err(malformed(format!("{} trailing bytes", blob.len() - r.pos)));
         }
+        // A backend seen only in skipped (or empty) sections carries nothing: dropping it
+        // keeps decoding canonical (decode(encode(m)) == m), as the fuzz target checks.
+        meta.sections
+            .retain(|s| s.conn_info.is_some() || !s.regions.is_empty());
         Ok(meta)
     }
 }

@@ -89,7 +89,28 @@ struct Common {
 #[derive(Debug, Clone)]
 struct Peer {
     conn_info: Vec<u8>,
+    addrs: Arc<PeerAddrs>,
+}
+
+/// A peer's address in each rail's AV. Removed from the AVs only when the last holder
+/// lets go: the peer table, and every prepared transfer and queued job that may still
+/// post to it. (Removing it while a worker could still post to it made `fi_writedata`
+/// dereference a freed rxm peer: a crash when a peer was invalidated or reloaded while
+/// transfers to it were in flight.)
+#[derive(Debug)]
+struct PeerAddrs {
+    rails: Vec<Arc<Rail>>,
     addrs: Vec<Address>,
+}
+
+impl Drop for PeerAddrs {
+    fn drop(&mut self) {
+        for (rail, addr) in self.rails.iter().zip(&self.addrs) {
+            if let Err(e) = rail.av.remove(&[*addr]) {
+                tracing::debug!(error = %e, "fi_av_remove of a departed peer failed");
+            }
+        }
+    }
 }
 
 /// A notification being assembled on the target.
@@ -450,6 +471,11 @@ impl Backend for LibfabricBackend {
                     .map_err(fabric_error)?,
             );
         }
+        let addrs = Arc::new(PeerAddrs {
+            rails: self.rails.clone(),
+            addrs,
+        });
+        // The old addresses go when nothing uses them any more.
         let old = self.common.peers.write().expect("peers lock").insert(
             agent.to_string(),
             Peer {
@@ -457,9 +483,7 @@ impl Backend for LibfabricBackend {
                 addrs,
             },
         );
-        if let Some(old) = old {
-            self.remove_addresses(&old);
-        }
+        drop(old);
         Ok(())
     }
 
@@ -483,10 +507,9 @@ impl Backend for LibfabricBackend {
     }
 
     fn disconnect(&self, agent: &str) {
+        // The addresses go when no prepared transfer or queued job uses them any more.
         let removed = self.common.peers.write().expect("peers lock").remove(agent);
-        if let Some(peer) = removed {
-            self.remove_addresses(&peer);
-        }
+        drop(removed);
     }
 
     fn prep_xfer(
@@ -543,7 +566,7 @@ impl Backend for LibfabricBackend {
                         local: entry.local.addr + at,
                         len: n,
                         mr: mr_base + r as u32,
-                        dest: peer.addrs[r],
+                        dest: peer.addrs.addrs[r],
                         remote_addr: remote_mem.address_at(remote_offset + at),
                         key: remote_mem.key,
                     });
@@ -570,7 +593,8 @@ impl Backend for LibfabricBackend {
             mrs: Arc::from(mrs),
             rails: self.rails.clone(),
             agent: agent.to_string(),
-            notif_dest: peer.addrs[0],
+            notif_dest: peer.addrs.addrs[0],
+            peer: peer.addrs.clone(),
             self_name: self.agent_name.clone(),
             sender_hash: self.sender_hash,
             next_seq: self.next_seq.clone(),
@@ -586,7 +610,7 @@ impl Backend for LibfabricBackend {
             .read()
             .expect("peers lock")
             .get(agent)
-            .map(|p| p.addrs[0])
+            .map(|p| p.addrs.clone())
             .ok_or_else(|| Error::UnknownAgent(agent.to_string()))?;
         let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
         let message = encode_notif(&self.agent_name, self.sender_hash, seq, 0, msg)?;
@@ -599,14 +623,6 @@ impl Backend for LibfabricBackend {
 }
 
 impl LibfabricBackend {
-    fn remove_addresses(&self, peer: &Peer) {
-        for (rail, addr) in self.rails.iter().zip(&peer.addrs) {
-            if let Err(e) = rail.av.remove(&[*addr]) {
-                tracing::debug!(error = %e, "fi_av_remove of a departed peer failed");
-            }
-        }
-    }
-
     /// The provider in use.
     pub fn provider(&self) -> &str {
         &self.provider
@@ -702,6 +718,8 @@ struct FabricXfer {
     next_seq: Arc<AtomicU32>,
     total: usize,
     shared: Arc<XferShared>,
+    /// Keeps the peer's addresses in the AVs while this transfer can post to them.
+    peer: Arc<PeerAddrs>,
 }
 
 impl BackendXfer for FabricXfer {
@@ -748,6 +766,7 @@ impl BackendXfer for FabricXfer {
                     op: self.op,
                     imm,
                     notif,
+                    peer: self.peer.clone(),
                 });
         }
         Ok(XferStatus::InProgress)
@@ -807,6 +826,8 @@ struct RailJob {
     imm: Option<u64>,
     /// Message to send after the operations were issued.
     notif: Option<(Address, Vec<u8>)>,
+    /// Keeps the destination addresses in the AVs until the job is retired.
+    peer: Arc<PeerAddrs>,
 }
 
 #[derive(Debug)]
@@ -1101,6 +1122,7 @@ impl Worker {
             return;
         };
         let shared = active.job.shared.clone();
+        let peer = active.job.peer.clone();
         if let Err(e) = &result {
             shared.fail(e);
         }
@@ -1128,6 +1150,7 @@ impl Worker {
                             op: XferOp::Read,
                             imm: None,
                             notif: Some((dest, message)),
+                            peer,
                         });
                 }
             }
@@ -1221,7 +1244,8 @@ fn send_message(
 }
 
 /// A standalone notification, sent from the caller's thread (bounded wait).
-fn send_message_blocking(rail: &Rail, dest: Address, message: &[u8]) -> Result<()> {
+fn send_message_blocking(rail: &Rail, peer: Arc<PeerAddrs>, message: &[u8]) -> Result<()> {
+    let dest = peer.addrs[0];
     let deadline = Instant::now() + Duration::from_secs(10);
     if message.len() <= rail.inject_size {
         return rail
@@ -1239,6 +1263,7 @@ fn send_message_blocking(rail: &Rail, dest: Address, message: &[u8]) -> Result<(
         op: XferOp::Write,
         imm: None,
         notif: Some((dest, message.to_vec())),
+        peer,
     });
     while shared.notif_pending.load(Ordering::Acquire) {
         if let Some((_, code, text)) = shared.failed.lock().expect("failed lock").clone() {
