@@ -382,6 +382,16 @@ fn bad_parameters_and_input_are_typed_errors() {
         ),
         Err(Error::InvalidParam(_))
     ));
+    assert!(matches!(
+        fresh().create_backend(
+            "VERBS",
+            &params([
+                ("device", dev.as_str()),
+                ("topology_xml", "/nonexistent/topology.xml")
+            ])
+        ),
+        Err(Error::InvalidParam(_))
+    ));
     let a = agent("bad-a", &dev, 1);
     let b = agent("bad-b", &dev, 1);
     let buf = vec![0u8; 8192];

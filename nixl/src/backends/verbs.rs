@@ -53,12 +53,20 @@
 //! is in, so it can neither fire early nor be lost. For READ the message is sent after
 //! the last read completed locally, with nothing to count.
 //!
+//! # Topology
+//! With several devices, a registration is bound to the rails whose device is local to
+//! the memory ([`crate::topology`]): DRAM to the devices on the NUMA node holding the
+//! region's first page (`get_mempolicy`); its descriptors are striped and spread over
+//! those rails only. The topology comes from the `topology_xml` parameter or hwloc's
+//! `HWLOC_XMLFILE` (an `lstopo --of xml` export), else from sysfs. Memory whose node is
+//! unknown, or with no local device, uses every rail.
+//!
 //! # Parameters
 //! `device` (comma-separated; default the first device), `gid_index` (default: the
 //! port's RoCE v2 IPv4 GID, else 0), `ib_port` (default 1), `num_rails` (default: one
 //! per device), `striping_threshold` (bytes, default 131072), `listen_addr` (the side
 //! channel, default `<GID's IP>:0`; required where the GID is no IP address, e.g. on
-//! InfiniBand).
+//! InfiniBand), `topology_xml` (path of an hwloc XML export).
 
 use crate::agent::Agent;
 use crate::backend::{
@@ -67,6 +75,7 @@ use crate::backend::{
 };
 use crate::error::{Error, Result};
 use crate::mem::{MemKind, Region};
+use crate::topology::{numa_node_of, Topology};
 use ibverbs::{
     AccessFlags, CompletionChannel, CompletionQueue, ConnectOptions, Context, Endpoint, Gid,
     IpFamily, MemoryRegion, Mtu, PreparedQueuePair, ProtectionDomain, QpType, QueuePair, RecvWr,
@@ -297,6 +306,8 @@ pub struct VerbsBackend {
     next_rail: AtomicUsize,
     /// Serialises connection set-up (the side channel is one round trip per peer).
     connect_lock: Mutex<()>,
+    /// Where the devices sit (NUMA/PCIe), for binding registrations to local rails.
+    topology: Option<Topology>,
 }
 
 fn verbs_error(context: &str, e: ibverbs::Error) -> Error {
@@ -427,6 +438,7 @@ pub(crate) fn create(agent: &Agent, params: &BackendParams) -> Result<Arc<dyn Ba
         "num_rails",
         "striping_threshold",
         "listen_addr",
+        "topology_xml",
     ];
     if let Some(key) = params.keys().find(|k| !KNOWN.contains(&k.as_str())) {
         return Err(Error::InvalidParam(format!(
@@ -489,6 +501,7 @@ pub(crate) fn create(agent: &Agent, params: &BackendParams) -> Result<Arc<dyn Ba
             0,
         ),
     };
+    let topology = load_topology(params.get("topology_xml").map(String::as_str), &names)?;
     let listener = TcpListener::bind(bind)?;
     let mut listen_addr = listener.local_addr()?;
     if listen_addr.ip().is_unspecified() {
@@ -539,6 +552,7 @@ pub(crate) fn create(agent: &Agent, params: &BackendParams) -> Result<Arc<dyn Ba
         next_seq: Arc::new(AtomicU32::new(1)),
         next_rail: AtomicUsize::new(0),
         connect_lock: Mutex::new(()),
+        topology,
     };
     // From here on, `backend`'s Drop stops and joins whatever was started.
     for rail in common.rails.iter() {
@@ -557,7 +571,65 @@ pub(crate) fn create(agent: &Agent, params: &BackendParams) -> Result<Arc<dyn Ba
     Ok(Arc::new(backend))
 }
 
+/// The topology: an hwloc XML export if one is named (parameter, then hwloc's own
+/// `HWLOC_XMLFILE`), else what sysfs says about `devices` (nothing on other systems).
+fn load_topology(xml: Option<&str>, devices: &[String]) -> Result<Option<Topology>> {
+    let from_env = std::env::var("HWLOC_XMLFILE").ok();
+    if let Some(path) = xml.or(from_env.as_deref()) {
+        return Topology::from_hwloc_xml_file(std::path::Path::new(path))
+            .map(Some)
+            .map_err(|e| Error::InvalidParam(format!("{NAME} topology_xml `{path}`: {e}")));
+    }
+    let names: Vec<&str> = devices.iter().map(String::as_str).collect();
+    Ok(Topology::from_sysfs(std::path::Path::new("/sys"), &names, &[]).ok())
+}
+
+/// The rails to use for memory on NUMA node `node`: those whose device the topology
+/// places on that node; every rail when that is none or all of them, or when the node
+/// or the topology is unknown.
+fn affine_rails(
+    topology: Option<&Topology>,
+    device_names: &[&str],
+    rail_devices: &[usize],
+    node: Option<u32>,
+) -> Vec<usize> {
+    let all: Vec<usize> = (0..rail_devices.len()).collect();
+    let (Some(topology), Some(node)) = (topology, node) else {
+        return all;
+    };
+    if topology.nics().is_empty() {
+        return all;
+    }
+    let near = topology.nics_near_numa(node, device_names);
+    let rails: Vec<usize> = all
+        .iter()
+        .copied()
+        .filter(|r| near.iter().any(|n| n == device_names[rail_devices[*r]]))
+        .collect();
+    if rails.is_empty() {
+        all
+    } else {
+        rails
+    }
+}
+
 impl VerbsBackend {
+    /// The rails a region of `region` would be bound to (see the module docs).
+    pub fn rails_for(&self, region: &Region) -> Vec<usize> {
+        let names: Vec<&str> = self
+            .common
+            .devices
+            .iter()
+            .map(|d| d.name.as_str())
+            .collect();
+        let rail_devices: Vec<usize> = self.common.rails.iter().map(|r| r.dev).collect();
+        let node = match region.kind {
+            MemKind::Dram => numa_node_of(region.desc.addr),
+            _ => None,
+        };
+        affine_rails(self.topology.as_ref(), &names, &rail_devices, node)
+    }
+
     /// Where this backend's side channel listens (advertised in its connection info).
     pub fn side_channel_addr(&self) -> SocketAddr {
         self.listen_addr
@@ -702,10 +774,11 @@ impl Drop for VerbsBackend {
 // ---------------------------------------------------------------------------------------
 // Registrations
 
-/// Registrations, one per device.
+/// Registrations, one per device, and the rails local to the memory.
 #[derive(Debug)]
 struct VerbsLocalMd {
     mrs: Vec<Arc<MemoryRegion>>,
+    rails: Vec<usize>,
 }
 
 impl LocalMd for VerbsLocalMd {
@@ -794,7 +867,9 @@ impl Backend for VerbsBackend {
                 })?;
             mrs.push(Arc::new(mr));
         }
-        Ok(Arc::new(VerbsLocalMd { mrs }))
+        let rails = self.rails_for(region);
+        tracing::debug!(addr = region.desc.addr, ?rails, "VERBS registration");
+        Ok(Arc::new(VerbsLocalMd { mrs, rails }))
     }
 
     fn connection_info(&self) -> Result<Vec<u8>> {
@@ -907,17 +982,19 @@ impl Backend for VerbsBackend {
                 }
                 Ok(())
             };
-            if nrails > 1 && len >= self.striping_threshold {
-                let chunk = len.div_ceil(nrails).next_multiple_of(4096);
-                for r in 0..nrails {
-                    let start = r * chunk;
+            // The rails local to this memory (all of them without topology).
+            let near = &local.rails;
+            if near.len() > 1 && len >= self.striping_threshold {
+                let chunk = len.div_ceil(near.len()).next_multiple_of(4096);
+                for (i, &r) in near.iter().enumerate() {
+                    let start = i * chunk;
                     if start < len {
                         push(r, start, chunk.min(len - start))?;
                     }
                 }
             } else {
                 round_robin += 1;
-                push(round_robin % nrails, 0, len)?;
+                push(near[round_robin % near.len()], 0, len)?;
             }
         }
         let total: usize = rail_ops.iter().map(Vec::len).sum();
@@ -2012,6 +2089,32 @@ fn decode_notif(b: &[u8]) -> Result<(u32, u32, &[u8])> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn registrations_bind_to_the_rails_of_their_numa_node() {
+        let topo = Topology::from_hwloc_xml(include_str!(
+            "../../tests/topo/flat-8gpu-8nic-2numa-4switch.xml"
+        ))
+        .unwrap();
+        // mlx5_0 and mlx5_2 are on NUMA 0, mlx5_1 on NUMA 1; rxe0 is nowhere.
+        let names = ["mlx5_0", "mlx5_1", "mlx5_2"];
+        let rail_devices = [0, 1, 2, 0, 1, 2];
+        let t = Some(&topo);
+        assert_eq!(
+            affine_rails(t, &names, &rail_devices, Some(0)),
+            [0, 2, 3, 5]
+        );
+        assert_eq!(affine_rails(t, &names, &rail_devices, Some(1)), [1, 4]);
+        let all = [0, 1, 2, 3, 4, 5];
+        assert_eq!(affine_rails(t, &names, &rail_devices, None), all);
+        assert_eq!(affine_rails(None, &names, &rail_devices, Some(0)), all);
+        // Node 1 with only node-0 devices: no local one, so every rail.
+        assert_eq!(
+            affine_rails(t, &["mlx5_0", "mlx5_2"], &[0, 1], Some(1)),
+            [0, 1]
+        );
+        assert_eq!(affine_rails(t, &["rxe0"], &[0, 0], Some(0)), [0, 1]);
+    }
 
     fn gid(last: u8) -> Gid {
         let mut raw = [0u8; 16];
