@@ -857,12 +857,8 @@ impl Agent {
         let backend = backends[chosen].clone();
         let inner = backend.prep_xfer(op, &entries, peer)?;
         // Keep every registration used alive while the request exists.
-        let mut keep_local: Vec<Arc<LocalReg>> = pairs
-            .iter()
-            .map(|&(li, _)| local.local_regs[li].clone())
-            .collect();
-        keep_local.sort_by_key(|r| r.id);
-        keep_local.dedup_by_key(|r| r.id);
+        let keep_local = unique_arcs(pairs.iter().map(|&(li, _)| &local.local_regs[li]));
+        let keep_remote = unique_arcs(pairs.iter().map(|&(_, ri)| &remote.remote_regs[ri]));
         let id = self.inner.next_request.fetch_add(1, Ordering::Relaxed);
         let slot: Arc<ReqSlot> = Arc::new(Mutex::new(Some(inner)));
         self.inner
@@ -894,7 +890,7 @@ impl Agent {
                 xfer_duration: None,
             },
             _keep_local: keep_local,
-            _keep_remote: remote.remote_regs.clone(),
+            _keep_remote: keep_remote,
         })
     }
 
@@ -953,6 +949,22 @@ impl Agent {
         }
         map
     }
+}
+
+/// The distinct `Arc`s of a sequence (by pointer), cloned once each: thousands of
+/// descriptors usually share a handful of registrations.
+fn unique_arcs<'a, T: 'a>(items: impl Iterator<Item = &'a Arc<T>>) -> Vec<Arc<T>> {
+    let mut seen = std::collections::HashSet::new();
+    let mut last: *const T = std::ptr::null();
+    let mut out = Vec::new();
+    for item in items {
+        let ptr = Arc::as_ptr(item);
+        if ptr != last && seen.insert(ptr) {
+            out.push(item.clone());
+        }
+        last = ptr;
+    }
+    out
 }
 
 /// Deregisters its regions when dropped (NIXL's `deregisterMem`). Transfers already made
