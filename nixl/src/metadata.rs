@@ -123,6 +123,10 @@ impl AgentMetadata {
         };
         for _ in 0..nsections {
             let backend = r.str8("backend name")?;
+            if backend.is_empty() {
+                // `encode` refuses it too: what decodes must re-encode.
+                return Err(malformed("empty backend name"));
+            }
             let tag = r.u8("section tag")?;
             let len = r.u32("section length")? as usize;
             let payload = r.take(len, "section payload")?;

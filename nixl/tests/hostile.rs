@@ -142,6 +142,17 @@ fn frame(kind: u8, payload: &[u8]) -> Vec<u8> {
     f
 }
 
+/// Inputs `cargo fuzz` found, kept as regressions.
+#[test]
+fn fuzz_findings_stay_fixed() {
+    // An empty backend name decoded but could not be re-encoded.
+    let empty_backend = b"NIXLMD\x01\x00\x01\x00D\x01\x00\x00\x01\x01\x00\x00\x00I";
+    assert!(matches!(
+        AgentMetadata::decode(empty_backend),
+        Err(nixl::Error::MalformedMetadata(m)) if m.contains("empty backend")
+    ));
+}
+
 #[test]
 fn metadata_decode_survives_mutations() {
     let seeds = seed_blobs();
