@@ -12,7 +12,9 @@
 //! `-P <dst_port>`, `-p <provider>`, `-e msg|rdm`, `-d <domain>`, `-I <iterations>`,
 //! `-S <size>|all` (default: 64, 256, 1k, 4k, 64k, 1m), `-c` (check data),
 //! `-m msg|tagged`, `-v`. `rma-bw` adds `-o write|read|writedata` and `-W <window>`
-//! (as `fi_rma_bw`). `compare` adds `-r <repeats>` (best of; default 3).
+//! (as `fi_rma_bw`). `compare` adds `-r <repeats>` (paired runs, order alternating; it
+//! prints the best of each tool, their ratio, and the median of the paired ratios) and
+//! `-a <server_cpu>,<client_cpu>` (pin both tools' processes alike with `taskset`).
 //!
 //! Addresses and keys are exchanged over a TCP control connection, as `fi_pingpong` does.
 
@@ -47,6 +49,7 @@ struct Opts {
     op: RmaOp,
     window: usize,
     repeats: usize,
+    pin: Option<(String, String)>,
     dst_addr: Option<String>,
     iterations_given: bool,
 }
@@ -77,7 +80,8 @@ Options:
  -m <mode>       transmit mode type: msg|tagged (msg)
  -o <op>         rma-bw operation: write|read|writedata (write)
  -W <window>     rma-bw window size (64)
- -r <repeats>    compare: runs per size, best kept (3)
+ -r <repeats>    compare: paired runs per size (3)
+ -a <s>,<c>      compare: pin servers to CPU s and clients to CPU c (taskset)
  -v              enable debugging output
  -h              display this help output"
 }
@@ -122,6 +126,7 @@ fn parse_opts(args: &[String]) -> Result<Opts, String> {
         op: RmaOp::Write,
         window: 64,
         repeats: 3,
+        pin: None,
         dst_addr: None,
         iterations_given: false,
     };
@@ -175,6 +180,11 @@ fn parse_opts(args: &[String]) -> Result<Opts, String> {
             }
             "-W" => o.window = val()?.parse().map_err(|e| format!("-W: {e}"))?,
             "-r" => o.repeats = val()?.parse().map_err(|e| format!("-r: {e}"))?,
+            "-a" => {
+                let v = val()?;
+                let (s, c) = v.split_once(',').ok_or("-a <server_cpu>,<client_cpu>")?;
+                o.pin = Some((s.to_owned(), c.to_owned()));
+            }
             "-h" => return Err(String::new()),
             s if s.starts_with('-') => return Err(format!("unknown option {s}")),
             s => o.dst_addr = Some(s.to_owned()),
@@ -476,7 +486,8 @@ fn wait_one(cq: &CompletionQueue) -> fabric::Result<Completion> {
     }
 }
 
-/// Posts with `post`, polling `cq` (progress) while the provider answers EAGAIN.
+/// Posts with `post`; while the provider answers EAGAIN, reaps `cq` (progressing it) and
+/// counts the reaped completions off `pending`.
 #[inline]
 fn post_retry(
     cq: &CompletionQueue,
@@ -486,12 +497,28 @@ fn post_retry(
     loop {
         match post() {
             Err(Error::WouldBlock { .. }) => {
-                let mut c = [Completion::default(); 16];
-                *pending = pending.saturating_sub(cq.read(&mut c)? as u64);
+                if *pending > 0 {
+                    let mut c = [Completion::default(); 16];
+                    let want = (*pending).min(16) as usize;
+                    *pending -= cq.read(&mut c[..want])? as u64;
+                } else {
+                    cq.progress();
+                }
             }
             other => return other,
         }
     }
+}
+
+/// Reaps `cq` until `pending` completions have arrived.
+#[inline]
+fn drain(cq: &CompletionQueue, pending: &mut u64) -> fabric::Result<()> {
+    let mut c = [Completion::default(); 16];
+    while *pending > 0 {
+        let want = (*pending).min(16) as usize;
+        *pending -= cq.read(&mut c[..want])? as u64;
+    }
+    Ok(())
 }
 
 // ---- pingpong -----------------------------------------------------------------------------
@@ -507,6 +534,10 @@ fn pingpong(o: &Opts) -> Result<(), Box<dyn std::error::Error>> {
     let mut ctrl = ctrl_connect(o)?;
     let client = o.dst_addr.is_some();
     let caps = if o.tagged { Caps::TAGGED } else { Caps::MSG };
+    // Declared before the connection so they are dropped after it: the last posted
+    // receive is still outstanding when the run ends, and the endpoint must be closed
+    // before the memory it may write goes.
+    let (mut tx, rx): (RegisteredBuffer, RegisteredBuffer);
     let c = connect(o, &mut ctrl, caps)?;
     // The client's iterations and sizes rule, as both sides print them.
     let (iters, sizes) = if client {
@@ -535,17 +566,21 @@ fn pingpong(o: &Opts) -> Result<(), Box<dyn std::error::Error>> {
         )
         .into());
     }
-    let mut tx = c.ep.alloc_registered(max, Access::SEND | Access::RECV)?;
-    let rx = c.ep.alloc_registered(max, Access::SEND | Access::RECV)?;
+    tx = c.ep.alloc_registered(max, Access::SEND | Access::RECV)?;
+    rx = c.ep.alloc_registered(max, Access::SEND | Access::RECV)?;
     let inject_size = c.info.inject_size();
     let (ep, peer) = (&c.ep, c.peer);
-    let mut pending = 0u64;
-    let post_rx = |pending: &mut u64| -> fabric::Result<()> {
+    // Receives are never reaped while posting (that would eat the reply): on EAGAIN the
+    // receive queue is only progressed.
+    let post_rx = || -> fabric::Result<()> {
+        let mut none = 0u64;
+        let pending = &mut none;
         post_retry(
             &c.rx_cq,
             || {
-                // SAFETY: rx lives until the end of this function and every posted receive
-                // completes (the peer sends exactly as many messages) before it ends.
+                // SAFETY: rx outlives the endpoint (declared before it), so a receive still
+                // posted at the end cannot write freed memory; it is not read while a
+                // receive is outstanding except after that receive's completion.
                 unsafe {
                     if o.tagged {
                         ep.trecv_raw(
@@ -572,13 +607,16 @@ fn pingpong(o: &Opts) -> Result<(), Box<dyn std::error::Error>> {
         )
     };
     let mut header = true;
-    post_rx(&mut pending)?;
+    post_rx()?;
+    let mut tx_pending = 0u64;
     for &size in &sizes {
         if o.check {
             fill(&mut tx, size, size as u8);
         }
         ctrl.sync()?;
-        let tx_once = |pending: &mut u64| -> fabric::Result<()> {
+        // A send's completion is reaped before the next send is posted (and at the end of
+        // each size), not right after posting: the wait for the reply starts at once.
+        let tx_once = |tx_pending: &mut u64| -> fabric::Result<()> {
             if size < inject_size {
                 post_retry(
                     &c.tx_cq,
@@ -589,12 +627,14 @@ fn pingpong(o: &Opts) -> Result<(), Box<dyn std::error::Error>> {
                             ep.inject(&tx.as_slice()[..size], peer)
                         }
                     },
-                    pending,
+                    tx_pending,
                 )
             } else {
+                drain(&c.tx_cq, tx_pending)?;
                 post_retry(
                     &c.tx_cq,
-                    // SAFETY: tx outlives the operation: its completion is awaited below.
+                    // SAFETY: tx outlives the operation (its completion is reaped before
+                    // the buffer is written again or dropped) and is not written meanwhile.
                     || unsafe {
                         if o.tagged {
                             ep.tsend_raw(tx.as_ptr(), size, Some(tx.mr()), peer, 0x1234, 1)
@@ -602,29 +642,31 @@ fn pingpong(o: &Opts) -> Result<(), Box<dyn std::error::Error>> {
                             ep.send_raw(tx.as_ptr(), size, Some(tx.mr()), peer, 1)
                         }
                     },
-                    pending,
+                    tx_pending,
                 )?;
-                wait_one(&c.tx_cq).map(drop)
+                *tx_pending += 1;
+                Ok(())
             }
         };
         let start = Instant::now();
         let mut acked = 0u64;
         for _ in 0..iters {
             if client {
-                tx_once(&mut pending)?;
+                tx_once(&mut tx_pending)?;
                 wait_one(&c.rx_cq)?;
                 if o.check && rx.to_vec_volatile()[..size] != tx.as_slice()[..size] {
                     return Err(format!("data check failed at size {size}").into());
                 }
-                post_rx(&mut pending)?;
+                post_rx()?;
                 acked += 1;
             } else {
                 wait_one(&c.rx_cq)?;
-                post_rx(&mut pending)?;
+                post_rx()?;
                 acked += 1;
-                tx_once(&mut pending)?;
+                tx_once(&mut tx_pending)?;
             }
         }
+        drain(&c.tx_cq, &mut tx_pending)?;
         let elapsed = start.elapsed();
         show_pingpong(&mut header, size, iters as u64, acked, elapsed);
     }
@@ -806,19 +848,34 @@ fn compare(o: &Opts) -> Result<(), Box<dyn std::error::Error>> {
         1000
     };
     let me = std::env::current_exe()?;
+    // The same placement for both tools: taskset -c CPU PROGRAM ARGS...
+    let cmd = |program: &std::path::Path, cpu: Option<&String>| match cpu {
+        Some(cpu) => {
+            let mut c = Command::new("taskset");
+            c.args(["-c", cpu.as_str()]).arg(program);
+            c
+        }
+        None => Command::new(program),
+    };
+    let (srv_cpu, cli_cpu) = match &o.pin {
+        Some((s, c)) => (Some(s), Some(c)),
+        None => (None, None),
+    };
+    let fi_pingpong = std::path::Path::new("fi_pingpong");
     println!(
-        "provider {prov}, ep {ep}, {iters} iterations, best of {} runs",
+        "provider {prov}, ep {ep}, {iters} iterations, {} paired runs per size (order alternating)",
         o.repeats
     );
     println!(
-        "{:<8}{:>16}{:>16}{:>10}",
-        "bytes", "fi_pingpong", "fabric-bench", "ratio"
+        "{:<8}{:>14}{:>14}{:>12}{:>14}",
+        "bytes", "fi_pingpong", "fabric-bench", "best/best", "median pair"
     );
     let mut port = 47700u16;
     for &size in &o.sizes {
         let s = size.to_string();
         let (mut theirs, mut ours) = (0f64, 0f64);
-        for _ in 0..o.repeats {
+        let mut pairs = Vec::with_capacity(o.repeats);
+        for r in 0..o.repeats {
             port += 2;
             let common = [
                 "-p",
@@ -835,44 +892,56 @@ fn compare(o: &Opts) -> Result<(), Box<dyn std::error::Error>> {
             let ours_port = (port + 1).to_string();
             let run_theirs = || -> Result<f64, Box<dyn std::error::Error>> {
                 let out = run_pair(
-                    Command::new("fi_pingpong")
+                    cmd(fi_pingpong, srv_cpu)
                         .args(&common)
                         .args(["-B", &theirs_port]),
-                    Command::new("fi_pingpong").args(&common).args([
+                    cmd(fi_pingpong, cli_cpu)
+                        .args(&common)
+                        .args(["-P", &theirs_port, "127.0.0.1"]),
+                )?;
+                Ok(parse_mbps(&out).first().map_or(0.0, |(_, v)| *v))
+            };
+            let run_ours = || -> Result<f64, Box<dyn std::error::Error>> {
+                let out = run_pair(
+                    cmd(&me, srv_cpu)
+                        .arg("pingpong")
+                        .args(&common)
+                        .args(["-B", &ours_port]),
+                    cmd(&me, cli_cpu).arg("pingpong").args(&common).args([
                         "-P",
-                        &theirs_port,
+                        &ours_port,
                         "127.0.0.1",
                     ]),
                 )?;
                 Ok(parse_mbps(&out).first().map_or(0.0, |(_, v)| *v))
             };
-            let t = run_theirs()?;
-            let out = run_pair(
-                Command::new(&me)
-                    .arg("pingpong")
-                    .args(&common)
-                    .args(["-B", &ours_port]),
-                Command::new(&me).arg("pingpong").args(&common).args([
-                    "-P",
-                    &ours_port,
-                    "127.0.0.1",
-                ]),
-            )?;
-            let u = parse_mbps(&out).first().map_or(0.0, |(_, v)| *v);
+            let (t, u) = if r % 2 == 0 {
+                let t = run_theirs()?;
+                (t, run_ours()?)
+            } else {
+                let u = run_ours()?;
+                (run_theirs()?, u)
+            };
             theirs = theirs.max(t);
             ours = ours.max(u);
+            if t > 0.0 {
+                pairs.push(u / t);
+            }
         }
+        pairs.sort_by(f64::total_cmp);
+        let median = pairs.get(pairs.len() / 2).copied().unwrap_or(f64::NAN);
         let ratio = if theirs > 0.0 {
             ours / theirs
         } else {
             f64::NAN
         };
         println!(
-            "{:<8}{:>16.2}{:>16.2}{:>9.2}x",
+            "{:<8}{:>14.2}{:>14.2}{:>11.2}x{:>13.2}x",
             size_str(size as u64),
             theirs,
             ours,
-            ratio
+            ratio,
+            median
         );
     }
     Ok(())
