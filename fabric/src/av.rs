@@ -15,6 +15,14 @@ pub struct Address(pub ffi::fi_addr_t);
 impl Address {
     /// `FI_ADDR_UNSPEC`: any peer (receives) or the connected peer (MSG endpoints).
     pub const UNSPEC: Address = Address(ffi::FI_ADDR_UNSPEC);
+
+    /// The address of receive context `index` of this (scalable) peer, in an address
+    /// vector opened with `rx_ctx_bits` (`fi_rx_addr`).
+    #[doc(alias = "fi_rx_addr")]
+    pub fn rx_context(self, index: i32, rx_ctx_bits: i32) -> Address {
+        // SAFETY: fi_rx_addr is pure arithmetic on its arguments.
+        Address(unsafe { ffi::fi_rx_addr(self.0, index, rx_ctx_bits) })
+    }
 }
 
 /// The address vector type (`enum fi_av_type`).
@@ -66,7 +74,19 @@ impl AddressVector {
     /// Opens an address vector for about `count` peers (`fi_av_open`).
     #[doc(alias = "fi_av_open")]
     pub fn new(domain: &Domain, ty: AvType, count: usize) -> Result<AddressVector> {
+        Self::with_rx_ctx_bits(domain, ty, count, 0)
+    }
+
+    /// Like [`new`](Self::new), reserving the top `rx_ctx_bits` bits of each address for
+    /// a receive-context index (scalable endpoints, [`Address::rx_context`]).
+    pub fn with_rx_ctx_bits(
+        domain: &Domain,
+        ty: AvType,
+        count: usize,
+        rx_ctx_bits: i32,
+    ) -> Result<AddressVector> {
         let mut attr = ffi::fi_av_attr {
+            rx_ctx_bits,
             type_: match ty {
                 AvType::Unspec => ffi::FI_AV_UNSPEC,
                 AvType::Map => ffi::FI_AV_MAP,

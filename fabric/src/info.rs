@@ -406,6 +406,20 @@ impl InfoBuilder {
         self
     }
 
+    /// Transmit contexts of a scalable endpoint (`ep_attr->tx_ctx_cnt`).
+    pub fn tx_ctx_cnt(mut self, count: usize) -> Self {
+        // SAFETY: fi_allocinfo allocated ep_attr.
+        unsafe { (*self.info().ep_attr).tx_ctx_cnt = count };
+        self
+    }
+
+    /// Receive contexts of a scalable endpoint (`ep_attr->rx_ctx_cnt`).
+    pub fn rx_ctx_cnt(mut self, count: usize) -> Self {
+        // SAFETY: fi_allocinfo allocated ep_attr.
+        unsafe { (*self.info().ep_attr).rx_ctx_cnt = count };
+        self
+    }
+
     /// Transmit queue depth (`tx_attr->size`).
     pub fn tx_size(mut self, size: usize) -> Self {
         // SAFETY: fi_allocinfo allocated tx_attr.
@@ -706,6 +720,14 @@ impl Info {
     /// Size of memory keys (`domain_attr->mr_key_size`).
     pub fn mr_key_size(&self) -> usize {
         self.domain_attr().mr_key_size
+    }
+    /// Transmit contexts (`ep_attr->tx_ctx_cnt`; scalable endpoints).
+    pub fn tx_ctx_cnt(&self) -> usize {
+        self.ep_attr().tx_ctx_cnt
+    }
+    /// Receive contexts (`ep_attr->rx_ctx_cnt`; scalable endpoints).
+    pub fn rx_ctx_cnt(&self) -> usize {
+        self.ep_attr().rx_ctx_cnt
     }
     /// Transmit queue depth (`tx_attr->size`).
     pub fn tx_size(&self) -> usize {

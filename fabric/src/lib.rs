@@ -79,7 +79,7 @@ pub use av::{Address, AddressVector, AvType};
 pub use cntr::Counter;
 pub use cq::{Completion, CompletionQueue, CqBuilder, CqFormat, WaitObj};
 pub use domain::{Domain, Fabric};
-pub use ep::{Endpoint, EndpointBuilder, PassiveEndpoint, WriteOp};
+pub use ep::{Endpoint, EndpointBuilder, PassiveEndpoint, ScalableEndpoint, WriteOp};
 pub use eq::{CmEvent, EventQueue};
 pub use error::{strerror, CompletionError, Error, Result};
 pub use info::{
