@@ -614,8 +614,8 @@ fn pingpong(o: &Opts) -> Result<(), Box<dyn std::error::Error>> {
             fill(&mut tx, size, size as u8);
         }
         ctrl.sync()?;
-        // A send's completion is reaped before the next send is posted (and at the end of
-        // each size), not right after posting: the wait for the reply starts at once.
+        // A send's completion is reaped right after posting, as fi_pingpong does: on tcp,
+        // reaping it later (while polling for the reply) measured ~15% slower at 4 KiB.
         let tx_once = |tx_pending: &mut u64| -> fabric::Result<()> {
             if size < inject_size {
                 post_retry(
@@ -645,7 +645,7 @@ fn pingpong(o: &Opts) -> Result<(), Box<dyn std::error::Error>> {
                     tx_pending,
                 )?;
                 *tx_pending += 1;
-                Ok(())
+                drain(&c.tx_cq, tx_pending)
             }
         };
         let start = Instant::now();
