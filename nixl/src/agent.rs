@@ -660,13 +660,19 @@ impl Agent {
                     .get(name)
                     .ok_or_else(|| Error::UnknownAgent(name.to_string()))?;
                 let mut remote_regs = Vec::with_capacity(list.len());
+                // Consecutive descriptors almost always share a device: hash it once.
+                let mut cached: Option<(u64, Option<&RegionIndex<Arc<RemoteReg>>>)> = None;
                 for (index, d) in list.descs().iter().enumerate() {
                     let end = d.checked_end(index)?;
-                    match peer
-                        .index
-                        .get(&(kind, d.dev_id))
-                        .map(|idx| idx.lookup(d.addr, end))
-                    {
+                    let regions = match cached {
+                        Some((dev, idx)) if dev == d.dev_id => idx,
+                        _ => {
+                            let idx = peer.index.get(&(kind, d.dev_id));
+                            cached = Some((d.dev_id, idx));
+                            idx
+                        }
+                    };
+                    match regions.map(|idx| idx.lookup(d.addr, end)) {
                         Some(Lookup::Inside(reg)) => remote_regs.push(reg.clone()),
                         _ => {
                             return Err(Error::RemoteOutOfBounds {

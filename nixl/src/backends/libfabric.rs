@@ -555,7 +555,7 @@ impl Backend for LibfabricBackend {
         let per_rail = entries.len().div_ceil(nrails) + 1;
         let mut rail_ops: Vec<Vec<RailOp>> =
             (0..nrails).map(|_| Vec::with_capacity(per_rail)).collect();
-        let mut round_robin = self.next_rail.fetch_add(entries.len(), Ordering::Relaxed);
+        let mut round_robin = self.next_rail.fetch_add(entries.len(), Ordering::Relaxed) % nrails;
         let mut mrs: Vec<MemoryRegion> = Vec::new();
         let mut last_md: Option<(*const FabricLocalMd, u32)> = None;
         for entry in entries {
@@ -584,7 +584,13 @@ impl Backend for LibfabricBackend {
             };
             let mut push = |r: usize, start: usize, piece_len: usize| {
                 let max_msg = self.rails[r].max_msg;
-                let remote_mem = remote.remotes[r % remote.remotes.len()];
+                // Local rail r talks to the peer's rail r (mod its rail count).
+                let remote_rail = if r < remote.remotes.len() {
+                    r
+                } else {
+                    r % remote.remotes.len()
+                };
+                let remote_mem = remote.remotes[remote_rail];
                 let mut done = 0;
                 while done < piece_len {
                     let n = (piece_len - done).min(max_msg);
@@ -609,8 +615,12 @@ impl Backend for LibfabricBackend {
                     }
                 }
             } else {
-                round_robin += 1;
-                push(round_robin % nrails, 0, len);
+                round_robin = if round_robin + 1 >= nrails {
+                    0
+                } else {
+                    round_robin + 1
+                };
+                push(round_robin, 0, len);
             }
         }
         let total: usize = rail_ops.iter().map(Vec::len).sum();
