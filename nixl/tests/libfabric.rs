@@ -445,7 +445,7 @@ fn target_process_main() {
 
 #[test]
 fn two_processes() {
-    for provider in ["tcp;ofi_rxm", "sockets"] {
+    for provider in ["tcp;ofi_rxm", "sockets", "shm"] {
         let announce = std::env::temp_dir().join(format!(
             "nixl-two-processes-{}-{}",
             std::process::id(),
