@@ -89,9 +89,23 @@ fn run(req: &mut XferReq) {
 
 /// WRITE then READ back `count` non-contiguous blocks between two agents of this process.
 fn write_read_batches(device: &str, rails: usize, count: usize, block: usize) {
-    let tag = format!("{rails}-{count}-{block}");
-    let initiator = agent(&format!("init-{tag}"), device, rails);
-    let target = agent(&format!("tgt-{tag}"), device, rails);
+    write_read_batches_with(device, rails, count, block, true)
+}
+
+fn write_read_batches_with(
+    device: &str,
+    rails: usize,
+    count: usize,
+    block: usize,
+    progress_thread: bool,
+) {
+    let tag = format!("{rails}-{count}-{block}-{progress_thread}");
+    let config = AgentConfig {
+        progress_thread,
+        ..AgentConfig::default()
+    };
+    let initiator = agent_with(&format!("init-{tag}"), device, rails, config.clone());
+    let target = agent_with(&format!("tgt-{tag}"), device, rails, config);
     let span = count * block * 2;
     let src = pattern(count as u8, span);
     let mut dst = vec![0u8; span];
@@ -194,6 +208,16 @@ fn write_read_15000_descriptors_on_two_rails() {
     let Some(dev) = device() else { return };
     let _s = serial();
     write_read_batches(&dev, 2, 15_000, 64);
+}
+
+#[test]
+fn without_progress_threads_polling_drives_everything() {
+    let Some(dev) = device() else { return };
+    let _s = serial();
+    // Posting issues the first chain, status polls issue the rest and read completions,
+    // the target's get_notifs reads its receive queue.
+    write_read_batches_with(&dev, 2, 3000, 256, false);
+    write_read_batches_with(&dev, 2, 2, 512 << 10, false);
 }
 
 #[test]

@@ -66,7 +66,9 @@
 //! port's RoCE v2 IPv4 GID, else 0), `ib_port` (default 1), `num_rails` (default: one
 //! per device), `striping_threshold` (bytes, default 131072), `listen_addr` (the side
 //! channel, default `<GID's IP>:0`; required where the GID is no IP address, e.g. on
-//! InfiniBand), `topology_xml` (path of an hwloc XML export).
+//! InfiniBand), `topology_xml` (path of an hwloc XML export), `qp_timeout` (the RC
+//! local ACK timeout exponent, 4.096 µs × 2^n per try, default
+//! [`DEFAULT_QP_TIMEOUT`]).
 
 use crate::agent::Agent;
 use crate::backend::{
@@ -85,7 +87,7 @@ use std::any::Any;
 use std::collections::{HashMap, VecDeque};
 use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
@@ -95,6 +97,12 @@ use std::time::{Duration, Instant};
 pub const NAME: &str = "VERBS";
 /// Default size from which one descriptor is split across all rails.
 pub const DEFAULT_STRIPING_THRESHOLD: usize = 128 << 10;
+/// Default RC local ACK timeout exponent: 4.096 µs × 2^18 ≈ 1.07 s per try (UCX's RC
+/// timeout is 1 s, NCCL's default exponent 20). A dead peer process is seen at once
+/// through the side channel; this only bounds a silent one (host or link gone): about
+/// 8.6 s with 7 retries. Shorter timeouts make soft-RoCE under load retransmit bursts
+/// whose ACKs are merely late.
+pub const DEFAULT_QP_TIMEOUT: u8 = 18;
 /// Largest notification message (the user's bytes).
 pub const MAX_NOTIF_BYTES: usize = NOTIF_SLOT - NOTIF_HEADER;
 /// Work requests one rail keeps in flight (over all its QPs) before it waits for
@@ -116,13 +124,15 @@ const CQ_SIZE: u32 = (MAX_OUTSTANDING + RECV_SLOTS + 256) as u32;
 const MAX_RAILS: usize = 16;
 /// Bound on every side-channel exchange.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-/// How often the side-channel thread checks for new connections and dead peers.
-const MONITOR_PERIOD: Duration = Duration::from_millis(5);
+/// Longest the side-channel thread blocks (new connections and peers' EOFs wake it).
+const MONITOR_PERIOD: Duration = Duration::from_millis(50);
 const MAX_FRAME: usize = 64 << 10;
-/// How long a worker keeps spinning after its last activity before it blocks briefly.
-const SPIN_AFTER_ACTIVITY: Duration = Duration::from_millis(20);
-/// Longest block on the completion channel when idle (new local jobs are seen then).
-const IDLE_WAIT_MS: i32 = 1;
+/// How long a worker polls without finding work before it sleeps on its completion
+/// channel (and wake-up eventfd). Short: on soft-RoCE the kernel that moves the data
+/// needs the CPU a spinning worker would take.
+const SPIN_BEFORE_SLEEP: Duration = Duration::from_micros(50);
+/// Longest sleep (a safety net: completions and new jobs wake the worker).
+const SLEEP_MS: i32 = 100;
 
 /// wr_id bits: receive completions of the SRQ.
 const RECV_WR: u64 = 1 << 63;
@@ -151,6 +161,57 @@ struct Rail {
     channel: CompletionChannel,
     srq: SharedReceiveQueue,
     submit: Mutex<VecDeque<RailJob>>,
+    /// The worker blocks on its completion channel and this eventfd when idle.
+    wake_fd: OwnedFd,
+    sleeping: AtomicBool,
+    state: Mutex<RailState>,
+}
+
+impl Rail {
+    /// Queues a job for the rail's worker, waking it if it sleeps.
+    fn submit(&self, job: RailJob) {
+        self.submit.lock().expect("submit lock").push_back(job);
+        self.nudge();
+    }
+
+    /// Wakes the worker if it sleeps (pairs with the store-then-check in `rail_sleep`,
+    /// both SeqCst).
+    fn nudge(&self) {
+        if self.sleeping.load(Ordering::SeqCst) {
+            self.wake();
+        }
+    }
+
+    /// A round of progress from the calling thread, unless another thread is at it;
+    /// then wakes the worker if work is left that nobody is issuing.
+    fn progress(&self, common: &Common, chains: usize) {
+        match self.state.try_lock() {
+            Ok(mut state) => {
+                state.round(self, common, chains);
+                if state.unissued() {
+                    drop(state);
+                    self.nudge();
+                }
+            }
+            Err(_) => self.nudge(),
+        }
+    }
+
+    fn wake(&self) {
+        let one: u64 = 1;
+        // SAFETY: writes the 8 bytes of a live u64 to the rail's eventfd.
+        let n = unsafe {
+            libc::write(
+                self.wake_fd.as_raw_fd(),
+                (&one as *const u64).cast(),
+                std::mem::size_of::<u64>(),
+            )
+        };
+        if n < 0 {
+            // EAGAIN: the counter is saturated, the worker is woken anyway.
+            tracing::trace!("eventfd write: {}", std::io::Error::last_os_error());
+        }
+    }
 }
 
 /// A connection this agent opened to a peer: one QP per local rail.
@@ -341,7 +402,7 @@ fn random_u64() -> u64 {
     h.finish()
 }
 
-fn open_device(name: &str, port: u8, gid_index: Option<u8>) -> Result<Device> {
+fn open_device(name: &str, port: u8, gid_index: Option<u8>, qp_timeout: u8) -> Result<Device> {
     let ctx = Context::open(name).map_err(|e| match e {
         ibverbs::Error::DeviceNotFound { .. } => Error::Backend {
             backend: NAME.into(),
@@ -370,9 +431,7 @@ fn open_device(name: &str, port: u8, gid_index: Option<u8>) -> Result<Device> {
         port_num: port,
         gid_index,
         access: AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ,
-        // 4.096 µs × 2^16 ≈ 268 ms per try, 7 retries: a peer that vanished without
-        // closing its side channel is reported after about 2 s.
-        timeout: 16,
+        timeout: qp_timeout,
         retry_cnt: 7,
         rnr_retry: 7,
         max_rd_atomic: attr.max_qp_init_rd_atom().clamp(1, 16) as u8,
@@ -409,6 +468,14 @@ fn open_rail(index: usize, dev: usize, device: &Device) -> Result<Rail> {
         .pd
         .create_srq(RECV_SLOTS as u32, 1)
         .map_err(|e| verbs_error("ibv_create_srq", e))?;
+    // SAFETY: plain syscall; the returned descriptor is checked and then owned.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error().into());
+    }
+    // SAFETY: `fd` is a fresh descriptor that nothing else owns.
+    let wake_fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let state = RailState::new(&device.pd, &srq)?;
     Ok(Rail {
         index,
         dev,
@@ -416,6 +483,9 @@ fn open_rail(index: usize, dev: usize, device: &Device) -> Result<Rail> {
         channel,
         srq,
         submit: Mutex::new(VecDeque::new()),
+        wake_fd,
+        sleeping: AtomicBool::new(false),
+        state: Mutex::new(state),
     })
 }
 
@@ -439,6 +509,7 @@ pub(crate) fn create(agent: &Agent, params: &BackendParams) -> Result<Arc<dyn Ba
         "striping_threshold",
         "listen_addr",
         "topology_xml",
+        "qp_timeout",
     ];
     if let Some(key) = params.keys().find(|k| !KNOWN.contains(&k.as_str())) {
         return Err(Error::InvalidParam(format!(
@@ -478,9 +549,15 @@ pub(crate) fn create(agent: &Agent, params: &BackendParams) -> Result<Arc<dyn Ba
     }
     let striping_threshold =
         param(params, "striping_threshold", DEFAULT_STRIPING_THRESHOLD)?.max(1);
+    let qp_timeout: u8 = param(params, "qp_timeout", DEFAULT_QP_TIMEOUT)?;
+    if qp_timeout > 31 {
+        return Err(Error::InvalidParam(format!(
+            "{NAME}: qp_timeout is a 5-bit exponent (0..=31)"
+        )));
+    }
     let mut devices = Vec::with_capacity(names.len());
     for name in &names {
-        devices.push(Arc::new(open_device(name, port, gid_index)?));
+        devices.push(Arc::new(open_device(name, port, gid_index, qp_timeout)?));
     }
     let mut rails = Vec::with_capacity(num_rails);
     for r in 0..num_rails {
@@ -555,12 +632,16 @@ pub(crate) fn create(agent: &Agent, params: &BackendParams) -> Result<Arc<dyn Ba
         topology,
     };
     // From here on, `backend`'s Drop stops and joins whatever was started.
-    for rail in common.rails.iter() {
-        let mut worker = Worker::new(rail.clone(), common.clone())?;
-        let handle = std::thread::Builder::new()
-            .name(format!("nixl-verbs-rail{}", rail.index))
-            .spawn(move || worker.run())?;
-        backend.threads.lock().expect("threads lock").push(handle);
+    // Without a progress thread, posting and polling transfers (and taking
+    // notifications) progress the rails from the caller's thread alone.
+    if agent.config().progress_thread {
+        for rail in common.rails.iter() {
+            let (rail, worker_common) = (rail.clone(), common.clone());
+            let handle = std::thread::Builder::new()
+                .name(format!("nixl-verbs-rail{}", rail.index))
+                .spawn(move || rail_worker(rail, worker_common))?;
+            backend.threads.lock().expect("threads lock").push(handle);
+        }
     }
     let monitor_common = common.clone();
     let handle = std::thread::Builder::new()
@@ -757,6 +838,9 @@ impl Drop for VerbsBackend {
             .unwrap_or_default()
         {
             conn.kill("the local backend shut down");
+        }
+        for rail in &self.common.rails {
+            rail.wake();
         }
         for thread in self
             .threads
@@ -998,11 +1082,15 @@ impl Backend for VerbsBackend {
             }
         }
         let total: usize = rail_ops.iter().map(Vec::len).sum();
+        let used = (0..nrails)
+            .filter(|&r| r == 0 || !rail_ops[r].is_empty())
+            .collect();
         Ok(Box::new(VerbsXfer {
             op,
             rail_ops: rail_ops.into_iter().map(Arc::from).collect(),
             mrs: Arc::from(mrs),
-            rails: rails.clone(),
+            common: self.common.clone(),
+            used,
             conn,
             agent: agent.to_string(),
             next_seq: self.next_seq.clone(),
@@ -1017,19 +1105,15 @@ impl Backend for VerbsBackend {
         let message = encode_notif(seq, 0, msg)?;
         let shared = Arc::new(XferShared::default());
         shared.notif_pending.store(true, Ordering::Release);
-        self.common.rails[0]
-            .submit
-            .lock()
-            .expect("submit lock")
-            .push_back(RailJob {
-                shared: shared.clone(),
-                conn: conn.clone(),
-                ops: Arc::from(Vec::new()),
-                _mrs: Arc::from(Vec::new()),
-                op: XferOp::Write,
-                imm: None,
-                notif: Some(message),
-            });
+        self.common.rails[0].submit(RailJob {
+            shared: shared.clone(),
+            conn: conn.clone(),
+            ops: Arc::from(Vec::new()),
+            _mrs: Arc::from(Vec::new()),
+            op: XferOp::Write,
+            imm: None,
+            notif: Some(message),
+        });
         let deadline = Instant::now() + HANDSHAKE_TIMEOUT;
         while shared.notif_pending.load(Ordering::Acquire) {
             if let Some(failure) = shared.failure() {
@@ -1040,12 +1124,16 @@ impl Backend for VerbsBackend {
                     "sending a notification to `{agent}`"
                 )));
             }
+            self.common.rails[0].progress(&self.common, usize::MAX);
             std::thread::yield_now();
         }
         Ok(())
     }
 
     fn take_notifs(&self, into: &mut Vec<(String, Vec<u8>)>) {
+        for rail in &self.common.rails {
+            rail.progress(&self.common, usize::MAX);
+        }
         into.append(&mut self.common.notifs.lock().expect("notif lock"));
     }
 }
@@ -1118,7 +1206,10 @@ struct VerbsXfer {
     op: XferOp,
     rail_ops: Vec<Arc<[RailOp]>>,
     mrs: Arc<[Arc<MemoryRegion>]>,
-    rails: Vec<Arc<Rail>>,
+    common: Arc<Common>,
+    /// Rails this transfer progresses when polled: those with operations, and rail 0
+    /// (which carries the notification).
+    used: Vec<usize>,
     conn: Arc<Outgoing>,
     agent: String,
     next_seq: Arc<AtomicU32>,
@@ -1159,7 +1250,10 @@ impl BackendXfer for VerbsXfer {
             if ops.is_empty() && notif.is_none() {
                 continue;
             }
-            self.rails[r]
+            // Queued without waking the worker: the first chain is issued from here,
+            // the rest by whoever progresses the rail next (a poll, or the worker,
+            // woken only if work is left).
+            self.common.rails[r]
                 .submit
                 .lock()
                 .expect("submit lock")
@@ -1173,10 +1267,20 @@ impl BackendXfer for VerbsXfer {
                     notif,
                 });
         }
+        for &r in &self.used {
+            self.common.rails[r].progress(&self.common, 1);
+        }
         Ok(XferStatus::InProgress)
     }
 
     fn check(&mut self) -> Result<XferProgress> {
+        if self.shared.pending.load(Ordering::Acquire) != 0
+            || self.shared.notif_pending.load(Ordering::Acquire)
+        {
+            for &r in &self.used {
+                self.common.rails[r].progress(&self.common, usize::MAX);
+            }
+        }
         if let Some(failure) = self.shared.failure() {
             return Err(failure.into_error(&self.agent));
         }
@@ -1251,9 +1355,9 @@ struct Batch {
 // ---------------------------------------------------------------------------------------
 // Rail worker
 
-struct Worker {
-    rail: Arc<Rail>,
-    common: Arc<Common>,
+/// What a rail has in flight, behind the rail's lock: driven by the rail's worker
+/// thread and, inline, by any thread that posts or polls a transfer.
+struct RailState {
     jobs: HashMap<u64, ActiveJob>,
     order: VecDeque<u64>,
     batches: HashMap<u64, Batch>,
@@ -1263,20 +1367,27 @@ struct Worker {
     recv_mr: MemoryRegion,
     send_mr: MemoryRegion,
     free_send: Vec<usize>,
+    wcs: Vec<WorkCompletion>,
 }
 
-impl Worker {
-    fn new(rail: Arc<Rail>, common: Arc<Common>) -> Result<Self> {
-        let pd = &common.devices[rail.dev].pd;
+impl std::fmt::Debug for RailState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RailState")
+            .field("jobs", &self.jobs.len())
+            .field("outstanding", &self.outstanding)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RailState {
+    fn new(pd: &ProtectionDomain, srq: &SharedReceiveQueue) -> Result<Self> {
         let recv_mr = pd
             .reg_mr(RECV_SLOTS * NOTIF_SLOT, AccessFlags::LOCAL_WRITE)
             .map_err(|e| verbs_error("registering receive buffers", e))?;
         let send_mr = pd
             .reg_mr(SEND_SLOTS * NOTIF_SLOT, AccessFlags::LOCAL_WRITE)
             .map_err(|e| verbs_error("registering send buffers", e))?;
-        let worker = Worker {
-            rail,
-            common,
+        let state = RailState {
             jobs: HashMap::new(),
             order: VecDeque::new(),
             batches: HashMap::new(),
@@ -1286,68 +1397,38 @@ impl Worker {
             recv_mr,
             send_mr,
             free_send: (0..SEND_SLOTS).rev().collect(),
+            wcs: vec![WorkCompletion::default(); 64],
         };
         for slot in 0..RECV_SLOTS {
-            worker
-                .post_recv(slot)
+            state
+                .post_recv(srq, slot)
                 .map_err(|e| verbs_error("ibv_post_srq_recv", e))?;
         }
-        Ok(worker)
+        Ok(state)
     }
 
-    fn post_recv(&self, slot: usize) -> ibverbs::Result<()> {
+    fn post_recv(&self, srq: &SharedReceiveQueue, slot: usize) -> ibverbs::Result<()> {
         let sge = [self.recv_mr.sge(slot * NOTIF_SLOT..(slot + 1) * NOTIF_SLOT)];
-        self.rail
-            .srq
-            .post_recv(&mut [RecvWr::new(RECV_WR | slot as u64, &sge)])
+        srq.post_recv(&mut [RecvWr::new(RECV_WR | slot as u64, &sge)])
     }
 
-    fn run(&mut self) {
-        let mut wcs = vec![WorkCompletion::default(); 64];
-        let mut last_activity = Instant::now();
-        while !self.common.stop.load(Ordering::Relaxed) {
-            let mut busy = self.accept_jobs();
-            busy |= self.issue();
-            busy |= self.poll(&mut wcs);
-            if busy || !self.jobs.is_empty() {
-                last_activity = Instant::now();
-                if !busy {
-                    std::thread::yield_now();
-                }
-            } else if last_activity.elapsed() < SPIN_AFTER_ACTIVITY {
-                std::thread::yield_now();
-            } else {
-                self.wait_idle(&mut wcs);
-            }
-        }
+    /// One round: take queued jobs, issue (at most `chains` chains), read completions.
+    fn round(&mut self, rail: &Rail, common: &Common, chains: usize) -> bool {
+        let mut busy = self.accept_jobs(rail);
+        busy |= self.issue(rail, chains);
+        busy |= self.poll(rail, common);
+        busy
     }
 
-    /// Idle: arm the CQ and block on its channel for a short while; new local jobs are
-    /// seen at the latest when it times out.
-    fn wait_idle(&mut self, wcs: &mut [WorkCompletion]) {
-        if self.rail.cq.req_notify(false).is_err() {
-            std::thread::sleep(Duration::from_micros(50));
-            return;
-        }
-        // A completion that arrived before the CQ was armed raises no event.
-        if self.poll(wcs) {
-            return;
-        }
-        let mut pfd = libc::pollfd {
-            fd: self.rail.channel.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd for the duration of the call.
-        let ready = unsafe { libc::poll(&mut pfd, 1, IDLE_WAIT_MS) };
-        if ready > 0 {
-            // Acknowledge every pending event (the channel is non-blocking).
-            while self.rail.channel.get_event().is_ok() {}
-        }
+    /// Whether a job has operations or a message not yet posted.
+    fn unissued(&self) -> bool {
+        self.jobs
+            .values()
+            .any(|a| a.next < a.job.ops.len() || a.job.notif.is_some())
     }
 
-    fn accept_jobs(&mut self) -> bool {
-        let mut submit = self.rail.submit.lock().expect("submit lock");
+    fn accept_jobs(&mut self, rail: &Rail) -> bool {
+        let mut submit = rail.submit.lock().expect("submit lock");
         if submit.is_empty() {
             return false;
         }
@@ -1368,8 +1449,9 @@ impl Worker {
         true
     }
 
-    /// Issues operations of the jobs in arrival order, as far as the window allows.
-    fn issue(&mut self) -> bool {
+    /// Issues operations of the jobs in arrival order, as far as the window allows
+    /// (and at most `chains` chains).
+    fn issue(&mut self, rail: &Rail, mut chains: usize) -> bool {
         let mut issued_any = false;
         'jobs: for i in 0..self.order.len() {
             let id = self.order[i];
@@ -1389,12 +1471,13 @@ impl Worker {
                 active.next = len;
                 active.job.notif = None;
             }
-            let qp = &conn.qps[self.rail.index];
+            let qp = &conn.qps[rail.index];
             while active.next < len {
                 let room = MAX_OUTSTANDING - self.outstanding;
-                if room == 0 {
+                if room == 0 || chains == 0 {
                     break 'jobs;
                 }
+                chains -= 1;
                 let n = BATCH.min(room).min(len - active.next);
                 let batch = self.next_batch;
                 self.next_batch += 1;
@@ -1514,35 +1597,37 @@ impl Worker {
         });
     }
 
-    fn poll(&mut self, wcs: &mut [WorkCompletion]) -> bool {
-        let n = match self.rail.cq.poll(wcs) {
+    fn poll(&mut self, rail: &Rail, common: &Common) -> bool {
+        let mut wcs = std::mem::take(&mut self.wcs);
+        let n = match rail.cq.poll(&mut wcs) {
             Ok(done) => done.len(),
             Err(e) => {
-                tracing::warn!(rail = self.rail.index, error = %e, "ibv_poll_cq failed");
-                return false;
+                tracing::warn!(rail = rail.index, error = %e, "ibv_poll_cq failed");
+                0
             }
         };
-        if n == 0 {
-            return false;
-        }
         for wc in &wcs[..n] {
             if wc.wr_id() & RECV_WR != 0 {
-                self.on_recv(wc);
+                self.on_recv(wc, rail, common);
             } else {
-                self.on_send(wc);
+                self.on_send(wc, common);
             }
+        }
+        self.wcs = wcs;
+        if n == 0 {
+            return false;
         }
         self.retire();
         true
     }
 
-    fn on_send(&mut self, wc: &WorkCompletion) {
+    fn on_send(&mut self, wc: &WorkCompletion, common: &Common) {
         // Only the first completion of a chain counts (see `Batch`).
         let Some(batch) = self.batches.remove(&wc.wr_id()) else {
             return;
         };
         self.outstanding -= batch.n;
-        let rails = &self.common.rails;
+        let rails = &common.rails;
         let Some(active) = self.jobs.get_mut(&batch.job) else {
             return;
         };
@@ -1580,19 +1665,15 @@ impl Worker {
                         // The last data operation: a READ's notification may go now.
                         let message = shared.read_notif.lock().expect("notif lock").take();
                         if let Some(message) = message {
-                            rails[0]
-                                .submit
-                                .lock()
-                                .expect("submit lock")
-                                .push_back(RailJob {
-                                    shared: shared.clone(),
-                                    conn: active.job.conn.clone(),
-                                    ops: Arc::from(Vec::new()),
-                                    _mrs: Arc::from(Vec::new()),
-                                    op: XferOp::Read,
-                                    imm: None,
-                                    notif: Some(message),
-                                });
+                            rails[0].submit(RailJob {
+                                shared: shared.clone(),
+                                conn: active.job.conn.clone(),
+                                ops: Arc::from(Vec::new()),
+                                _mrs: Arc::from(Vec::new()),
+                                op: XferOp::Read,
+                                imm: None,
+                                notif: Some(message),
+                            });
                         }
                     }
                 }
@@ -1600,20 +1681,19 @@ impl Worker {
         }
     }
 
-    fn on_recv(&mut self, wc: &WorkCompletion) {
+    fn on_recv(&mut self, wc: &WorkCompletion, rail: &Rail, common: &Common) {
         let slot = (wc.wr_id() & 0xffff) as usize;
         if wc.is_success() {
-            let from = self
-                .common
+            let from = common
                 .incoming_qpn
                 .read()
                 .expect("qpn lock")
-                .get(&(self.rail.index, wc.qp_num()))
+                .get(&(rail.index, wc.qp_num()))
                 .cloned();
             match (from, wc.opcode()) {
                 (Some((id, _)), WcOpcode::RECV_RDMA_WITH_IMM) => {
                     if let Some(seq) = wc.imm_data() {
-                        self.common.data_arrived((id, seq));
+                        common.data_arrived((id, seq));
                     }
                 }
                 (Some((id, sender)), WcOpcode::RECV) => {
@@ -1621,7 +1701,7 @@ impl Worker {
                     let bytes =
                         &self.recv_mr.as_slice()[slot * NOTIF_SLOT..slot * NOTIF_SLOT + len];
                     match decode_notif(bytes) {
-                        Ok((seq, expected, msg)) => self.common.message_arrived(
+                        Ok((seq, expected, msg)) => common.message_arrived(
                             (id, seq),
                             u64::from(expected),
                             sender,
@@ -1635,12 +1715,90 @@ impl Worker {
                 }
                 (Some(_), op) => tracing::debug!(?op, "unexpected receive opcode"),
             }
-        } else if !self.common.stop.load(Ordering::Relaxed) {
+        } else if !common.stop.load(Ordering::Relaxed) {
             tracing::debug!(status = %wc.status(), "receive completed with an error");
         }
-        if let Err(e) = self.post_recv(slot) {
-            tracing::warn!(rail = self.rail.index, error = %e, "re-posting a receive failed");
+        if let Err(e) = self.post_recv(&rail.srq, slot) {
+            tracing::warn!(rail = rail.index, error = %e, "re-posting a receive failed");
         }
+    }
+}
+
+/// A rail's progress thread: rounds while there is work, a short spin, then a sleep on
+/// the completion channel and the wake-up eventfd.
+fn rail_worker(rail: Arc<Rail>, common: Arc<Common>) {
+    let mut last_activity = Instant::now();
+    while !common.stop.load(Ordering::Relaxed) {
+        let busy = rail
+            .state
+            .lock()
+            .expect("rail lock")
+            .round(&rail, &common, usize::MAX);
+        if busy {
+            last_activity = Instant::now();
+        } else if last_activity.elapsed() < SPIN_BEFORE_SLEEP {
+            std::hint::spin_loop();
+        } else {
+            rail_sleep(&rail, &common);
+            last_activity = Instant::now();
+        }
+    }
+}
+
+/// Nothing to do: arm the CQ and block until a completion event, a new job (the
+/// eventfd) or the safety timeout.
+fn rail_sleep(rail: &Rail, common: &Common) {
+    // Store-then-check pairs with `Rail::submit`'s push-then-load (both SeqCst): a job
+    // queued from now on either is seen below or writes the eventfd.
+    rail.sleeping.store(true, Ordering::SeqCst);
+    let queued = !rail.submit.lock().expect("submit lock").is_empty();
+    if queued || common.stop.load(Ordering::SeqCst) {
+        rail.sleeping.store(false, Ordering::SeqCst);
+        return;
+    }
+    if rail.cq.req_notify(false).is_err() {
+        rail.sleeping.store(false, Ordering::SeqCst);
+        std::thread::sleep(Duration::from_micros(50));
+        return;
+    }
+    // A completion that arrived before the CQ was armed raises no event; work a poster
+    // could not finish inline is picked up here too.
+    {
+        let mut state = rail.state.lock().expect("rail lock");
+        if state.round(rail, common, usize::MAX) || state.unissued() {
+            rail.sleeping.store(false, Ordering::SeqCst);
+            return;
+        }
+    }
+    let mut fds = [
+        libc::pollfd {
+            fd: rail.channel.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        },
+        libc::pollfd {
+            fd: rail.wake_fd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        },
+    ];
+    // SAFETY: two valid pollfds for the duration of the call.
+    let ready = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, SLEEP_MS) };
+    rail.sleeping.store(false, Ordering::SeqCst);
+    if ready > 0 {
+        if fds[1].revents != 0 {
+            let mut counter = 0u64;
+            // SAFETY: reads 8 bytes into a live u64 (non-blocking eventfd).
+            let _ = unsafe {
+                libc::read(
+                    rail.wake_fd.as_raw_fd(),
+                    (&mut counter as *mut u64).cast(),
+                    std::mem::size_of::<u64>(),
+                )
+            };
+        }
+        // Acknowledge every pending completion event (the channel is non-blocking).
+        while rail.channel.get_event().is_ok() {}
     }
 }
 
@@ -1691,8 +1849,49 @@ fn side_channel_thread(listener: TcpListener, common: Arc<Common>) {
         for id in gone {
             common.remove_incoming(id);
         }
-        std::thread::sleep(MONITOR_PERIOD);
+        wait_readable(&listener, &common);
     }
+}
+
+/// Blocks until the listener or a watched side-channel socket is readable (a new
+/// handshake, or a peer's EOF), or `MONITOR_PERIOD` passed.
+fn wait_readable(listener: &TcpListener, common: &Common) {
+    let mut fds = vec![libc::pollfd {
+        fd: listener.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    }];
+    let watch = |stream: &TcpStream| libc::pollfd {
+        fd: stream.as_raw_fd(),
+        events: libc::POLLIN | libc::POLLRDHUP,
+        revents: 0,
+    };
+    fds.extend(
+        common
+            .outgoing
+            .read()
+            .expect("outgoing lock")
+            .values()
+            .filter(|c| !c.is_dead())
+            .map(|c| watch(&c.stream)),
+    );
+    fds.extend(
+        common
+            .incoming
+            .read()
+            .expect("incoming lock")
+            .values()
+            .map(|c| watch(&c.stream)),
+    );
+    // SAFETY: `fds` is a live array of pollfds; the sockets stay open during the call
+    // (a connection closed meanwhile only makes its slot report an error or nothing).
+    unsafe {
+        libc::poll(
+            fds.as_mut_ptr(),
+            fds.len() as libc::nfds_t,
+            MONITOR_PERIOD.as_millis() as i32,
+        )
+    };
 }
 
 /// Whether a (non-blocking) side-channel socket was closed by the other end.
@@ -1700,7 +1899,13 @@ fn peer_gone(stream: &TcpStream) -> bool {
     let mut byte = [0u8; 1];
     match stream.peek(&mut byte) {
         Ok(0) => true,
-        Ok(_) => false,
+        Ok(_) => {
+            // Peers send nothing after the handshake: discard it (or it would keep the
+            // socket readable forever).
+            let mut sink = [0u8; 256];
+            let _ = (&*stream).read(&mut sink);
+            false
+        }
         Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => false,
         Err(e) if e.kind() == std::io::ErrorKind::Interrupted => false,
         Err(_) => true,
