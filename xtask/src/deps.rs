@@ -16,6 +16,9 @@ pub const WORKSPACE_PACKAGES: &[&str] = &[
     "libfabric-bin",
     // xtask's own unit tests read its initramfs back with GNU cpio.
     "cpio",
+    // nixl's `etcd` feature: protoc builds etcd-client, its tests start a real etcd.
+    "protobuf-compiler",
+    "etcd-server",
 ];
 
 pub fn ensure_workspace_packages() -> Result<()> {
