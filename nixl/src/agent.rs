@@ -773,7 +773,6 @@ impl Agent {
         let bad_index = |which: &str, i: usize, n: usize| {
             Error::InvalidParam(format!("{which} index {i} is out of range (list has {n})"))
         };
-        let mut pairs = Vec::with_capacity(local_idx.len());
         let mut total_bytes = 0u64;
         for (&li, &ri) in local_idx.iter().zip(remote_idx) {
             let l = local
@@ -791,7 +790,6 @@ impl Agent {
                 )));
             }
             total_bytes += l.len;
-            pairs.push((li, ri));
         }
         let usable = |bi: usize, b: &Arc<dyn Backend>| {
             let caps = b.capabilities();
@@ -801,7 +799,7 @@ impl Agent {
                 caps.remote
             }) && b.supported_mem().contains(&local.kind)
                 && b.supported_mem().contains(&remote.kind)
-                && pairs.iter().all(|&(li, ri)| {
+                && local_idx.iter().zip(remote_idx).all(|(&li, &ri)| {
                     local.local_regs[li]
                         .mds
                         .get(bi)
@@ -845,9 +843,11 @@ impl Agent {
                     remote: remote.kind,
                 })?,
         };
-        let entries: Vec<XferEntry<'_>> = pairs
+        // Indices were all checked above, so plain indexing cannot panic below.
+        let entries: Vec<XferEntry<'_>> = local_idx
             .iter()
-            .map(|&(li, ri)| {
+            .zip(remote_idx)
+            .map(|(&li, &ri)| {
                 let lreg = &local.local_regs[li];
                 let rreg = &remote.remote_regs[ri];
                 XferEntry {
@@ -863,8 +863,8 @@ impl Agent {
         let backend = backends[chosen].clone();
         let inner = backend.prep_xfer(op, &entries, peer)?;
         // Keep every registration used alive while the request exists.
-        let keep_local = unique_arcs(pairs.iter().map(|&(li, _)| &local.local_regs[li]));
-        let keep_remote = unique_arcs(pairs.iter().map(|&(_, ri)| &remote.remote_regs[ri]));
+        let keep_local = unique_arcs(local_idx.iter().map(|&li| &local.local_regs[li]));
+        let keep_remote = unique_arcs(remote_idx.iter().map(|&ri| &remote.remote_regs[ri]));
         let id = self.inner.next_request.fetch_add(1, Ordering::Relaxed);
         let slot: Arc<ReqSlot> = Arc::new(Mutex::new(Some(inner)));
         self.inner
@@ -890,7 +890,7 @@ impl Agent {
             last_progress: (0, Instant::now()),
             telemetry: XferTelemetry {
                 total_bytes,
-                desc_count: pairs.len(),
+                desc_count: local_idx.len(),
                 post_time: None,
                 post_duration: Duration::ZERO,
                 xfer_duration: None,

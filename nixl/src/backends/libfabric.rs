@@ -626,7 +626,8 @@ impl Backend for LibfabricBackend {
         let total: usize = rail_ops.iter().map(Vec::len).sum();
         Ok(Box::new(FabricXfer {
             op,
-            rail_ops: rail_ops.into_iter().map(Arc::from).collect(),
+            // `Arc::new` keeps each vector's allocation (`Arc<[_]>` would copy it).
+            rail_ops: rail_ops.into_iter().map(Arc::new).collect(),
             mrs: Arc::from(mrs),
             rails: self.rails.clone(),
             agent: agent.to_string(),
@@ -745,7 +746,7 @@ fn is_disconnect(e: &fabric::Error) -> bool {
 #[derive(Debug)]
 struct FabricXfer {
     op: XferOp,
-    rail_ops: Vec<Arc<[RailOp]>>,
+    rail_ops: Vec<Arc<Vec<RailOp>>>,
     mrs: Arc<[MemoryRegion]>,
     rails: Vec<Arc<Rail>>,
     agent: String,
@@ -855,7 +856,7 @@ impl Drop for FabricXfer {
 #[derive(Debug)]
 struct RailJob {
     shared: Arc<XferShared>,
-    ops: Arc<[RailOp]>,
+    ops: Arc<Vec<RailOp>>,
     /// Keeps the registrations alive while operations are in flight.
     mrs: Arc<[MemoryRegion]>,
     op: XferOp,
@@ -1184,7 +1185,7 @@ impl Worker {
                         .expect("submit lock")
                         .push_back(RailJob {
                             shared: shared.clone(),
-                            ops: Arc::from(Vec::new()),
+                            ops: Arc::new(Vec::new()),
                             mrs: Arc::from(Vec::new()),
                             op: XferOp::Read,
                             imm: None,
@@ -1297,7 +1298,7 @@ fn send_message_blocking(rail: &Rail, peer: Arc<PeerAddrs>, message: &[u8]) -> R
     shared.notif_pending.store(true, Ordering::Release);
     rail.submit.lock().expect("submit lock").push_back(RailJob {
         shared: shared.clone(),
-        ops: Arc::from(Vec::new()),
+        ops: Arc::new(Vec::new()),
         mrs: Arc::from(Vec::new()),
         op: XferOp::Write,
         imm: None,
