@@ -524,3 +524,80 @@ fn two_processes() {
         let _ = std::fs::remove_file(&ok);
     }
 }
+
+#[test]
+fn without_progress_threads_the_callers_polls_drive_the_rails() {
+    let config = AgentConfig {
+        progress_thread: false,
+        ..AgentConfig::default()
+    };
+    for provider in ["tcp;ofi_rxm", "shm"] {
+        let initiator = agent_with(&format!("np-i-{provider}"), provider, 2, config.clone());
+        let target = agent_with(&format!("np-t-{provider}"), provider, 2, config.clone());
+        let len = 1 << 20;
+        let src = pattern(5, len);
+        let dst = vec![0u8; len];
+        let mut back = vec![0u8; len];
+        let back_p = back.as_mut_ptr() as u64;
+        // SAFETY: the buffers outlive the handles and the requests of this iteration.
+        let _hi = unsafe {
+            initiator
+                .register_mem(
+                    &dram([Desc::from_slice(&src), Desc::new(back_p, len as u64, 0)]),
+                    None,
+                )
+                .unwrap()
+        };
+        // SAFETY: as above.
+        let _ht = unsafe {
+            target
+                .register_mem(&dram([Desc::from_slice(&dst)]), None)
+                .unwrap()
+        };
+        let name = initiator
+            .load_remote_metadata(&target.local_metadata().unwrap())
+            .unwrap();
+        // 64 blocks of 16 KiB, two rails, nobody but us progressing either side.
+        let n = len / (16 << 10);
+        let at = |base: u64, i: usize| Desc::new(base + (i * (16 << 10)) as u64, 16 << 10, 0);
+        let local = dram((0..n).map(|i| at(src.as_ptr() as u64, i)));
+        let remote = dram((0..n).map(|i| at(dst.as_ptr() as u64, i)));
+        let mut req = initiator
+            .create_xfer_req(
+                XferOp::Write,
+                &local,
+                &remote,
+                &name,
+                Some(b"inline".to_vec()),
+            )
+            .unwrap();
+        req.post().unwrap();
+        let deadline = Instant::now() + TIMEOUT;
+        let (mut done, mut notif) = (false, None);
+        while !(done && notif.is_some()) {
+            assert!(
+                Instant::now() < deadline,
+                "{provider}: no progress without threads"
+            );
+            done = done || req.status().unwrap() == nixl::XferStatus::Done;
+            if let Some(mut msgs) = target.get_notifs().remove(initiator.name()) {
+                notif = Some(msgs.remove(0));
+            }
+        }
+        assert_eq!(notif.unwrap(), b"inline");
+        assert_eq!(src, dst, "{provider}");
+        let readback = dram((0..n).map(|i| at(back_p, i)));
+        let mut read = initiator
+            .create_xfer_req(XferOp::Read, &readback, &remote, &name, None)
+            .unwrap();
+        read.post().unwrap();
+        while read.status().unwrap() != nixl::XferStatus::Done {
+            assert!(
+                Instant::now() < deadline,
+                "{provider}: read made no progress"
+            );
+            target.get_notifs();
+        }
+        assert_eq!(back, src, "{provider}");
+    }
+}

@@ -19,6 +19,11 @@
 //! it can neither fire early nor be lost. For READ the message is sent after the last
 //! read completed locally, with nothing to count.
 //!
+//! Without a progress thread (`AgentConfig::progress_thread = false`) there are no
+//! workers: posting issues what it can, and the caller's `XferReq::status` and
+//! `Agent::get_notifs` drive the rails (a target must then poll `get_notifs` for
+//! one-sided traffic to move on manual-progress providers, as in NIXL).
+//!
 //! # Parameters
 //! `provider` (default: the first of `cxi`, `efa`, `tcp;ofi_rxm`, `sockets` found),
 //! `node` (default `127.0.0.1` for tcp and sockets), `num_rails` (default 1),
@@ -166,7 +171,8 @@ pub struct LibfabricBackend {
     sender_hash: u32,
     rails: Vec<Arc<Rail>>,
     common: Arc<Common>,
-    workers: Mutex<Vec<JoinHandle<()>>>,
+    progress: Arc<Progress>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
     striping_threshold: usize,
     next_seq: Arc<AtomicU32>,
     next_rail: AtomicUsize,
@@ -254,7 +260,11 @@ pub(crate) fn create(agent: &Agent, params: &BackendParams) -> Result<Arc<dyn Ba
         sender_hash: fnv1a(agent.name()),
         rails,
         common,
-        workers: Mutex::new(Vec::new()),
+        progress: Arc::new(Progress {
+            workers: Vec::new(),
+            inline: false,
+        }),
+        threads: Mutex::new(Vec::new()),
         striping_threshold,
         next_seq: Arc::new(AtomicU32::new(1)),
         next_rail: AtomicUsize::new(0),
@@ -263,19 +273,29 @@ pub(crate) fn create(agent: &Agent, params: &BackendParams) -> Result<Arc<dyn Ba
     };
     let mut workers = Vec::with_capacity(backend.rails.len());
     for (index, rail) in backend.rails.iter().enumerate() {
-        let mut worker = Worker::new(
+        workers.push(Mutex::new(Worker::new(
             index,
             rail.clone(),
             backend.rails.clone(),
             backend.common.clone(),
-        )?;
-        workers.push(
-            std::thread::Builder::new()
-                .name(format!("nixl-fabric-rail{index}"))
-                .spawn(move || worker.run())?,
-        );
+        )?));
     }
-    *backend.workers.lock().expect("workers lock") = workers;
+    // Without a progress thread the caller's polls (status, get_notifs) drive the rails.
+    let inline = !agent.config().progress_thread;
+    let mut backend = backend;
+    backend.progress = Arc::new(Progress { workers, inline });
+    if !inline {
+        let mut threads = Vec::with_capacity(backend.rails.len());
+        for index in 0..backend.rails.len() {
+            let progress = backend.progress.clone();
+            threads.push(
+                std::thread::Builder::new()
+                    .name(format!("nixl-fabric-rail{index}"))
+                    .spawn(move || run_worker(&progress, index))?,
+            );
+        }
+        *backend.threads.lock().expect("threads lock") = threads;
+    }
     tracing::debug!(provider = %backend.provider, rails = num_rails, "LIBFABRIC backend up");
     Ok(Arc::new(backend))
 }
@@ -638,6 +658,7 @@ impl Backend for LibfabricBackend {
             next_seq: self.next_seq.clone(),
             total,
             shared: Arc::new(XferShared::default()),
+            progress: self.progress.clone(),
         }))
     }
 
@@ -652,10 +673,11 @@ impl Backend for LibfabricBackend {
             .ok_or_else(|| Error::UnknownAgent(agent.to_string()))?;
         let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
         let message = encode_notif(&self.agent_name, self.sender_hash, seq, 0, msg)?;
-        send_message_blocking(&self.rails[0], dest, &message)
+        send_message_blocking(&self.rails[0], dest, &message, &self.progress)
     }
 
     fn take_notifs(&self, into: &mut Vec<(String, Vec<u8>)>) {
+        self.progress.poll_inline();
         into.append(&mut self.common.notifs.lock().expect("notif lock"));
     }
 }
@@ -670,14 +692,14 @@ impl LibfabricBackend {
 impl Drop for LibfabricBackend {
     fn drop(&mut self) {
         self.common.stop.store(true, Ordering::Relaxed);
-        for worker in self
-            .workers
+        for thread in self
+            .threads
             .get_mut()
             .map(std::mem::take)
             .unwrap_or_default()
         {
-            if worker.thread().id() != std::thread::current().id() {
-                let _ = worker.join();
+            if thread.thread().id() != std::thread::current().id() {
+                let _ = thread.join();
             }
         }
     }
@@ -758,6 +780,7 @@ struct FabricXfer {
     shared: Arc<XferShared>,
     /// Keeps the peer's addresses in the AVs while this transfer can post to them.
     peer: Arc<PeerAddrs>,
+    progress: Arc<Progress>,
 }
 
 impl BackendXfer for FabricXfer {
@@ -807,10 +830,12 @@ impl BackendXfer for FabricXfer {
                     peer: self.peer.clone(),
                 });
         }
+        self.progress.poll_inline();
         Ok(XferStatus::InProgress)
     }
 
     fn check(&mut self) -> Result<XferProgress> {
+        self.progress.poll_inline();
         if let Some((disconnect, code, text)) =
             self.shared.failed.lock().expect("failed lock").clone()
         {
@@ -879,6 +904,65 @@ struct ActiveJob {
 
 const NOTIF_CONTEXT: u64 = 1 << 61;
 
+/// The rail workers, driven by one thread each, or (`progress_thread = false`) by the
+/// callers' own polls.
+struct Progress {
+    workers: Vec<Mutex<Worker>>,
+    inline: bool,
+}
+
+impl std::fmt::Debug for Progress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Progress")
+            .field("rails", &self.workers.len())
+            .field("inline", &self.inline)
+            .finish()
+    }
+}
+
+impl Progress {
+    /// Without progress threads: one round of every rail not being driven by another
+    /// caller right now.
+    fn poll_inline(&self) {
+        if !self.inline {
+            return;
+        }
+        for worker in &self.workers {
+            if let Ok(mut worker) = worker.try_lock() {
+                worker.step();
+            }
+        }
+    }
+}
+
+/// A rail's progress thread: spins while there is work, then blocks briefly on the
+/// completion queue (or keeps spinning with `busy_poll`).
+fn run_worker(progress: &Progress, index: usize) {
+    let mut last_activity = Instant::now();
+    loop {
+        let mut worker = progress.workers[index].lock().expect("worker lock");
+        if worker.common.stop.load(Ordering::Relaxed) {
+            return;
+        }
+        let busy = worker.step();
+        if busy || !worker.jobs.is_empty() {
+            last_activity = Instant::now();
+            drop(worker);
+            if !busy {
+                std::thread::yield_now();
+            }
+        } else if worker.common.busy_poll {
+            drop(worker);
+            std::hint::spin_loop();
+        } else if last_activity.elapsed() < SPIN_AFTER_ACTIVITY {
+            drop(worker);
+            std::thread::yield_now();
+        } else {
+            worker.wait_idle();
+        }
+    }
+}
+
 struct Worker {
     index: usize,
     rail: Arc<Rail>,
@@ -889,6 +973,8 @@ struct Worker {
     next_id: u64,
     outstanding: usize,
     recv_buf: RegisteredBuffer,
+    /// Reused completion buffer.
+    completions: Vec<Completion>,
 }
 
 impl Worker {
@@ -912,6 +998,7 @@ impl Worker {
             next_id: 1,
             outstanding: 0,
             recv_buf,
+            completions: vec![Completion::default(); 64],
         };
         for slot in 0..NOTIF_SLOTS {
             worker.post_recv(slot)?;
@@ -935,31 +1022,26 @@ impl Worker {
             .map_err(fabric_error)
     }
 
-    fn run(&mut self) {
-        let mut completions = vec![Completion::default(); 64];
-        let mut last_activity = Instant::now();
-        while !self.common.stop.load(Ordering::Relaxed) {
-            let mut busy = self.accept_jobs();
-            busy |= self.issue();
-            busy |= self.poll(&mut completions);
-            if busy || !self.jobs.is_empty() {
-                last_activity = Instant::now();
-                if !busy {
-                    std::thread::yield_now();
-                }
-            } else if self.common.busy_poll {
-                std::hint::spin_loop();
-            } else if last_activity.elapsed() < SPIN_AFTER_ACTIVITY {
-                std::thread::yield_now();
-            } else {
-                self.wait_idle(&mut completions);
-            }
-        }
+    /// One round: take new jobs, issue what the window allows, read completions.
+    /// Returns whether anything happened.
+    fn step(&mut self) -> bool {
+        let mut completions = std::mem::take(&mut self.completions);
+        let mut busy = self.accept_jobs();
+        busy |= self.issue();
+        busy |= self.poll(&mut completions);
+        self.completions = completions;
+        busy
     }
 
     /// Idle: block on the queue's wait object (woken by incoming data) for a short
     /// while; new local jobs are seen at the latest when it times out.
-    fn wait_idle(&mut self, completions: &mut [Completion]) {
+    fn wait_idle(&mut self) {
+        let mut completions = std::mem::take(&mut self.completions);
+        self.wait_idle_into(&mut completions);
+        self.completions = completions;
+    }
+
+    fn wait_idle_into(&mut self, completions: &mut [Completion]) {
         match self.rail.cq.sread(completions, IDLE_WAIT) {
             Ok(n) => {
                 for &c in &completions[..n] {
@@ -1284,7 +1366,12 @@ fn send_message(
 }
 
 /// A standalone notification, sent from the caller's thread (bounded wait).
-fn send_message_blocking(rail: &Rail, peer: Arc<PeerAddrs>, message: &[u8]) -> Result<()> {
+fn send_message_blocking(
+    rail: &Rail,
+    peer: Arc<PeerAddrs>,
+    message: &[u8],
+    progress: &Progress,
+) -> Result<()> {
     let dest = peer.addrs[0];
     let deadline = Instant::now() + Duration::from_secs(10);
     if message.len() <= rail.inject_size {
@@ -1316,6 +1403,7 @@ fn send_message_blocking(rail: &Rail, peer: Arc<PeerAddrs>, message: &[u8]) -> R
         if Instant::now() > deadline {
             return Err(Error::Timeout("sending a notification".into()));
         }
+        progress.poll_inline();
         std::thread::yield_now();
     }
     Ok(())
