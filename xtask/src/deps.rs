@@ -18,6 +18,7 @@ pub const WORKSPACE_PACKAGES: &[&str] = &[
     "cpio",
     // nixl's `etcd` feature: protoc builds etcd-client, its tests start a real etcd.
     "protobuf-compiler",
+    "libprotobuf-dev", // google/protobuf/*.proto, which etcd-client's protos import
     "etcd-server",
 ];
 
