@@ -8,9 +8,19 @@
 //! over them round-robin, so several rails may share one device (each with its own QPs,
 //! CQ and thread: striping is exercised on a single soft-RoCE device). Descriptors of at
 //! least `striping_threshold` bytes (default 128 KiB) are split across all rails;
-//! smaller ones go round-robin. `post` only enqueues: the rail workers build chains of
-//! up to 64 work requests (one `ibv_post_send` each, only the last one signaled), keep
-//! at most [`MAX_OUTSTANDING`] requests in flight per rail, and read the CQ.
+//! smaller ones go round-robin. Work requests go out in chains of up to 64 (one
+//! `ibv_post_send` each, only the last one signaled), at most [`MAX_OUTSTANDING`] in
+//! flight per rail.
+//!
+//! # Progress
+//! A rail's state (its jobs, window and CQ) sits behind one lock that whichever thread
+//! gets it drives: `post` queues the transfer and issues only its first chain (so a post
+//! of 15,000 descriptors stays cheap), status polls issue the rest and read the CQ,
+//! `get_notifs` reads the receive queue, and the rail's worker thread (with the agent's
+//! `progress_thread`, the default) does all of that when nobody polls. An idle worker
+//! sleeps on the CQ's completion channel and an eventfd that a post with work left
+//! writes, so a polling caller never waits for a wake-up and a spinning worker never
+//! takes the CPU that soft-RoCE needs to move the data.
 //!
 //! # Connections: why a side channel
 //! An RC QP is connected to exactly one remote QP, so the QP numbers and PSNs of a pair
