@@ -103,6 +103,8 @@ done
 
 ulimit -l unlimited
 trace "running the command"
+# Always on the console: the host's boot watchdog waits for this line.
+echo "rxe-init: command started"
 env -i chroot $R /bin/sh /run/rxe-vm/cmd </dev/null >"$out" 2>"$err"
 echo $? >/mnt/ctl/status
 trace "command done"

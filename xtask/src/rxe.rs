@@ -27,6 +27,10 @@ use std::time::Duration;
 pub struct GuestOptions {
     /// Wall-clock limit, boot included; past it the run returns 124.
     pub timeout: Duration,
+    /// The guest must reach the command within this long, or the run ends with 125
+    /// ("boot stalled"): a heavily loaded host has been seen to leave a TCG boot stuck
+    /// before any console output, and a caller can then simply boot again.
+    pub boot_timeout: Duration,
     pub memory_mb: u32,
     pub cpus: u32,
     /// The network device under `rxe0`.
@@ -47,6 +51,7 @@ impl Default for GuestOptions {
     fn default() -> Self {
         Self {
             timeout: Duration::from_secs(600),
+            boot_timeout: Duration::from_secs(240),
             memory_mb: 2048,
             cpus: 2,
             netdev: Netdev::Dummy,
@@ -140,6 +145,8 @@ host's / (read-only, writes go to a tmpfs). Exit status: the command's; 124 time
 
 options:
   -t, --timeout SEC   give up after SEC seconds, boot included (default 600)
+      --boot-timeout SEC  exit 125 if the guest has not reached the command after SEC
+                      seconds (default 240; a starved TCG boot can stall silently)
   -m, --mem MB        guest memory (default 2048)
   -s, --smp N         guest CPUs (default 2; busy-polling tools need 2)
   -n, --netdev DEV    dummy: rxe0 on dummy0, 192.0.2.1/24, MTU 9000 (default)
@@ -190,6 +197,7 @@ fn parse_args(args: &[String]) -> Result<Cli> {
         };
         match name {
             "-t" | "--timeout" => opts.timeout = Duration::from_secs(number(name, &value()?)?),
+            "--boot-timeout" => opts.boot_timeout = Duration::from_secs(number(name, &value()?)?),
             "-m" | "--mem" => opts.memory_mb = number(name, &value()?)?,
             "-s" | "--smp" => opts.cpus = number(name, &value()?)?,
             "-n" | "--netdev" => {

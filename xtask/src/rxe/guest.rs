@@ -23,6 +23,8 @@ use std::time::{Duration, Instant};
 
 /// Host environment that describes the host shell, not the command's world.
 const DROPPED_ENV: &[&str] = &["PWD", "OLDPWD", "SHLVL", "_"];
+/// What the guest init prints on the console right before it runs the command.
+const COMMAND_STARTED: &[u8] = b"rxe-init: command started";
 /// Kept from the console for the failure report.
 const CONSOLE_TAIL_BYTES: usize = 64 << 10;
 
@@ -67,6 +69,7 @@ pub(super) fn run(
     )?;
 
     let first_output: Arc<OnceLock<Instant>> = Arc::default();
+    let command_started: Arc<OnceLock<Instant>> = Arc::default();
     let console_tail: Arc<Mutex<Vec<u8>>> = Arc::default();
     let streams = [
         forward(
@@ -79,13 +82,23 @@ pub(super) fn run(
         )?,
         forward(run_dir.path().join("console"), {
             let tail = Arc::clone(&console_tail);
+            let started = Arc::clone(&command_started);
             let mut echo = opts.verbose.then(io::stderr);
             move |data: &[u8]| {
                 if let Some(stderr) = &mut echo {
                     let _ = stderr.write_all(data);
                 }
                 let mut tail = tail.lock().unwrap_or_else(PoisonError::into_inner);
+                // Search the new bytes plus a marker's length before them (a chunk may
+                // split the line).
+                let from = tail.len().saturating_sub(COMMAND_STARTED.len());
                 tail.extend_from_slice(data);
+                if tail[from..]
+                    .windows(COMMAND_STARTED.len())
+                    .any(|w| w == COMMAND_STARTED)
+                {
+                    let _ = started.set(Instant::now());
+                }
                 let excess = tail.len().saturating_sub(CONSOLE_TAIL_BYTES);
                 tail.drain(..excess);
             }
@@ -118,6 +131,11 @@ pub(super) fn run(
         }
         match SIGNAL.load(Ordering::SeqCst) {
             0 if Instant::now() >= deadline => break End::Timeout,
+            0 if command_started.get().is_none()
+                && Instant::now() >= spawned + opts.boot_timeout =>
+            {
+                break End::BootStalled
+            }
             0 => thread::sleep(Duration::from_millis(10)),
             signal => break End::Signal(signal),
         }
@@ -155,6 +173,14 @@ pub(super) fn run(
             );
             return Ok(124);
         }
+        End::BootStalled => {
+            eprintln!(
+                "rxe: boot stalled: the guest did not reach the command within {:?}; console:\n{}",
+                opts.boot_timeout,
+                tail()
+            );
+            return Ok(125);
+        }
         End::Exited(status) => status,
     };
     if let Ok(text) = fs::read_to_string(ctl.join("status")) {
@@ -178,6 +204,7 @@ pub(super) fn run(
 enum End {
     Exited(ExitStatus),
     Timeout,
+    BootStalled,
     Signal(i32),
 }
 
