@@ -32,6 +32,7 @@
 //! plain incoming writes, and only moves them while its worker polls — default `0`:
 //! spin while busy and for 20 ms after, then block on the queue's wait object).
 
+use super::shared::NotifTracker;
 use crate::agent::Agent;
 use crate::backend::{
     Backend, BackendParams, BackendXfer, Capabilities, LocalMd, PostParams, RemoteMd, XferEntry,
@@ -87,8 +88,8 @@ struct Rail {
 /// Shared between the backend and its workers.
 #[derive(Debug, Default)]
 struct Common {
-    notifs: Mutex<Vec<(String, Vec<u8>)>>,
-    tracker: Mutex<HashMap<u64, Pending>>,
+    /// Notifications, released only after their data (key: sender hash | sequence).
+    notifs: NotifTracker<u64>,
     /// Local rail i → this peer's address in rail i's AV, per peer.
     peers: RwLock<HashMap<String, Peer>>,
     stop: AtomicBool,
@@ -120,46 +121,6 @@ impl Drop for PeerAddrs {
             if let Err(e) = rail.av.remove(&[*addr]) {
                 tracing::debug!(error = %e, "fi_av_remove of a departed peer failed");
             }
-        }
-    }
-}
-
-/// A notification being assembled on the target.
-#[derive(Debug, Default)]
-struct Pending {
-    received: u64,
-    message: Option<(u64, String, Vec<u8>)>,
-}
-
-impl Common {
-    fn data_arrived(&self, key: u64) {
-        let mut tracker = self.tracker.lock().expect("tracker lock");
-        let entry = tracker.entry(key).or_default();
-        entry.received += 1;
-        self.release_if_complete(&mut tracker, key);
-    }
-
-    fn message_arrived(&self, key: u64, expected: u64, sender: String, msg: Vec<u8>) {
-        let mut tracker = self.tracker.lock().expect("tracker lock");
-        tracker.entry(key).or_default().message = Some((expected, sender, msg));
-        self.release_if_complete(&mut tracker, key);
-    }
-
-    fn release_if_complete(&self, tracker: &mut HashMap<u64, Pending>, key: u64) {
-        let complete = tracker
-            .get(&key)
-            .and_then(|p| {
-                p.message
-                    .as_ref()
-                    .map(|(expected, ..)| p.received >= *expected)
-            })
-            .unwrap_or(false);
-        if complete {
-            let (_, sender, msg) = tracker
-                .remove(&key)
-                .and_then(|p| p.message)
-                .expect("checked above");
-            self.notifs.lock().expect("notif lock").push((sender, msg));
         }
     }
 }
@@ -201,12 +162,7 @@ fn fnv1a(s: &str) -> u32 {
 }
 
 fn param<T: std::str::FromStr>(params: &BackendParams, key: &str, default: T) -> Result<T> {
-    match params.get(key) {
-        None => Ok(default),
-        Some(v) => v
-            .parse()
-            .map_err(|_| Error::InvalidParam(format!("{NAME} parameter {key}=`{v}` is not valid"))),
-    }
+    super::shared::param(NAME, params, key, default)
 }
 
 pub(crate) fn create(agent: &Agent, params: &BackendParams) -> Result<Arc<dyn Backend>> {
@@ -678,7 +634,7 @@ impl Backend for LibfabricBackend {
 
     fn take_notifs(&self, into: &mut Vec<(String, Vec<u8>)>) {
         self.progress.poll_inline();
-        into.append(&mut self.common.notifs.lock().expect("notif lock"));
+        self.common.notifs.take(into);
     }
 }
 
@@ -1221,7 +1177,7 @@ impl Worker {
     fn complete(&mut self, context: u64, result: std::result::Result<Completion, fabric::Error>) {
         if let Ok(c) = &result {
             if c.has(Caps::REMOTE_CQ_DATA.bits()) && c.has(Caps::REMOTE_WRITE.bits()) {
-                self.common.data_arrived(c.data);
+                self.common.notifs.data_arrived(c.data);
                 if context & RECV_CONTEXT != 0 {
                     self.repost((context & 0xffff) as usize);
                 }
@@ -1289,9 +1245,10 @@ impl Worker {
         let bytes =
             &self.recv_buf.as_slice()[slot * NOTIF_SLOT..slot * NOTIF_SLOT + len.min(NOTIF_SLOT)];
         match decode_notif(bytes) {
-            Ok((key, expected, sender, msg)) => {
-                self.common.message_arrived(key, expected, sender, msg)
-            }
+            Ok((key, expected, sender, msg)) => self
+                .common
+                .notifs
+                .message_arrived(key, expected, sender, msg),
             Err(e) => tracing::warn!(error = %e, "malformed notification dropped"),
         }
     }
@@ -1426,28 +1383,6 @@ mod tests {
             assert!(decode_notif(&m[..cut]).is_err());
         }
         assert!(encode_notif("a", 1, 1, 0, &vec![0; MAX_NOTIF_BYTES]).is_err());
-    }
-
-    #[test]
-    fn tracker_releases_only_when_data_and_message_are_in() {
-        let common = Common::default();
-        common.data_arrived(7);
-        common.message_arrived(7, 3, "a".into(), b"m".to_vec());
-        assert!(
-            common.notifs.lock().unwrap().is_empty(),
-            "1 of 3 writes landed"
-        );
-        common.data_arrived(7);
-        assert!(common.notifs.lock().unwrap().is_empty(), "2 of 3");
-        common.data_arrived(7);
-        assert_eq!(common.notifs.lock().unwrap().len(), 1);
-        // Message first, then data; and a zero-expectation message is immediate.
-        common.message_arrived(8, 1, "b".into(), b"x".to_vec());
-        assert_eq!(common.notifs.lock().unwrap().len(), 1);
-        common.data_arrived(8);
-        common.message_arrived(9, 0, "c".into(), b"y".to_vec());
-        assert_eq!(common.notifs.lock().unwrap().len(), 3);
-        assert!(common.tracker.lock().unwrap().is_empty());
     }
 
     #[test]

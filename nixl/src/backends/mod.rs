@@ -8,6 +8,7 @@ use std::sync::Arc;
 pub mod fault;
 pub mod libfabric;
 pub mod local;
+mod shared;
 pub mod verbs;
 
 /// A constructor: the agent creating it and its string parameters.

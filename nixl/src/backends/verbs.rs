@@ -80,6 +80,7 @@
 //! local ACK timeout exponent, 4.096 µs × 2^n per try, default
 //! [`DEFAULT_QP_TIMEOUT`]).
 
+use super::shared::NotifTracker;
 use crate::agent::Agent;
 use crate::backend::{
     Backend, BackendParams, BackendXfer, Capabilities, LocalMd, PostParams, RemoteMd, XferEntry,
@@ -287,13 +288,6 @@ struct Incoming {
     stream: TcpStream,
 }
 
-/// A notification being assembled on the target.
-#[derive(Debug, Default)]
-struct Pending {
-    received: u64,
-    message: Option<(u64, Arc<str>, Vec<u8>)>,
-}
-
 /// (incoming connection id, the sender's sequence number).
 type TrackerKey = (u64, u32);
 /// (incoming connection id, peer name).
@@ -306,8 +300,8 @@ struct Common {
     nonce: u64,
     devices: Vec<Arc<Device>>,
     rails: Vec<Arc<Rail>>,
-    notifs: Mutex<Vec<(String, Vec<u8>)>>,
-    tracker: Mutex<HashMap<TrackerKey, Pending>>,
+    /// Notifications, released only after their data.
+    notifs: NotifTracker<TrackerKey>,
     outgoing: RwLock<HashMap<String, Arc<Outgoing>>>,
     incoming: RwLock<HashMap<u64, Arc<Incoming>>>,
     /// (local rail, QPN) of an incoming QP → (incoming connection id, peer name).
@@ -317,36 +311,6 @@ struct Common {
 }
 
 impl Common {
-    fn data_arrived(&self, key: TrackerKey) {
-        let mut tracker = self.tracker.lock().expect("tracker lock");
-        tracker.entry(key).or_default().received += 1;
-        self.release_if_complete(&mut tracker, key);
-    }
-
-    fn message_arrived(&self, key: TrackerKey, expected: u64, sender: Arc<str>, msg: Vec<u8>) {
-        let mut tracker = self.tracker.lock().expect("tracker lock");
-        tracker.entry(key).or_default().message = Some((expected, sender, msg));
-        self.release_if_complete(&mut tracker, key);
-    }
-
-    fn release_if_complete(&self, tracker: &mut HashMap<TrackerKey, Pending>, key: TrackerKey) {
-        let complete = tracker.get(&key).is_some_and(|p| {
-            p.message
-                .as_ref()
-                .is_some_and(|(expected, ..)| p.received >= *expected)
-        });
-        if complete {
-            let (_, sender, msg) = tracker
-                .remove(&key)
-                .and_then(|p| p.message)
-                .expect("checked above");
-            self.notifs
-                .lock()
-                .expect("notif lock")
-                .push((sender.to_string(), msg));
-        }
-    }
-
     fn remove_incoming(&self, id: u64) {
         let Some(conn) = self.incoming.write().expect("incoming lock").remove(&id) else {
             return;
@@ -357,10 +321,7 @@ impl Common {
                 by_qpn.remove(&(*rail, qp.qp_num()));
             }
         }
-        self.tracker
-            .lock()
-            .expect("tracker lock")
-            .retain(|(conn_id, _), _| *conn_id != id);
+        self.notifs.forget(|(conn_id, _)| *conn_id == id);
         tracing::debug!(peer = %conn.peer, "VERBS incoming connection closed");
     }
 }
@@ -390,12 +351,7 @@ fn verbs_error(context: &str, e: ibverbs::Error) -> Error {
 }
 
 fn param<T: std::str::FromStr>(params: &BackendParams, key: &str, default: T) -> Result<T> {
-    match params.get(key) {
-        None => Ok(default),
-        Some(v) => v
-            .parse()
-            .map_err(|_| Error::InvalidParam(format!("{NAME} parameter {key}=`{v}` is not valid"))),
-    }
+    super::shared::param(NAME, params, key, default)
 }
 
 /// A random 64-bit number (incarnation of this backend).
@@ -622,8 +578,7 @@ pub(crate) fn create(agent: &Agent, params: &BackendParams) -> Result<Arc<dyn Ba
         nonce,
         devices,
         rails,
-        notifs: Mutex::default(),
-        tracker: Mutex::default(),
+        notifs: NotifTracker::default(),
         outgoing: RwLock::default(),
         incoming: RwLock::default(),
         incoming_qpn: RwLock::default(),
@@ -1144,7 +1099,7 @@ impl Backend for VerbsBackend {
         for rail in &self.common.rails {
             rail.progress(&self.common, usize::MAX);
         }
-        into.append(&mut self.common.notifs.lock().expect("notif lock"));
+        self.common.notifs.take(into);
     }
 }
 
@@ -1703,7 +1658,7 @@ impl RailState {
             match (from, wc.opcode()) {
                 (Some((id, _)), WcOpcode::RECV_RDMA_WITH_IMM) => {
                     if let Some(seq) = wc.imm_data() {
-                        common.data_arrived((id, seq));
+                        common.notifs.data_arrived((id, seq));
                     }
                 }
                 (Some((id, sender)), WcOpcode::RECV) => {
@@ -1711,10 +1666,10 @@ impl RailState {
                     let bytes =
                         &self.recv_mr.as_slice()[slot * NOTIF_SLOT..slot * NOTIF_SLOT + len];
                     match decode_notif(bytes) {
-                        Ok((seq, expected, msg)) => common.message_arrived(
+                        Ok((seq, expected, msg)) => common.notifs.message_arrived(
                             (id, seq),
                             u64::from(expected),
-                            sender,
+                            &*sender,
                             msg.to_vec(),
                         ),
                         Err(e) => tracing::warn!(error = %e, "malformed notification dropped"),

@@ -1,0 +1,144 @@
+//! What the network backends share: assembling notifications on the target, and
+//! parsing string parameters.
+
+use crate::backend::BackendParams;
+use crate::error::{Error, Result};
+use std::collections::HashMap;
+use std::hash::Hash;
+use std::sync::Mutex;
+
+/// Releases a transfer's notification only once its message has arrived *and* as many
+/// data completions as the message says to expect (counted per key: the sender and its
+/// sequence number), whichever comes first and in whatever order or batching.
+#[derive(Debug)]
+pub(crate) struct NotifTracker<K> {
+    pending: Mutex<HashMap<K, Pending>>,
+    ready: Mutex<Vec<(String, Vec<u8>)>>,
+}
+
+#[derive(Debug, Default)]
+struct Pending {
+    received: u64,
+    /// (expected data completions, sender, message)
+    message: Option<(u64, String, Vec<u8>)>,
+}
+
+impl<K> Default for NotifTracker<K> {
+    fn default() -> Self {
+        Self {
+            pending: Mutex::default(),
+            ready: Mutex::default(),
+        }
+    }
+}
+
+impl<K: Hash + Eq + Copy> NotifTracker<K> {
+    /// One data completion of transfer `key` landed.
+    pub(crate) fn data_arrived(&self, key: K) {
+        let mut pending = self.pending.lock().expect("tracker lock");
+        pending.entry(key).or_default().received += 1;
+        self.release_if_complete(&mut pending, key);
+    }
+
+    /// The notification message of transfer `key` arrived.
+    pub(crate) fn message_arrived(
+        &self,
+        key: K,
+        expected: u64,
+        sender: impl Into<String>,
+        msg: Vec<u8>,
+    ) {
+        let mut pending = self.pending.lock().expect("tracker lock");
+        pending.entry(key).or_default().message = Some((expected, sender.into(), msg));
+        self.release_if_complete(&mut pending, key);
+    }
+
+    /// Forgets half-assembled notifications whose key matches (a connection went away).
+    pub(crate) fn forget(&self, mut matches: impl FnMut(&K) -> bool) {
+        self.pending
+            .lock()
+            .expect("tracker lock")
+            .retain(|key, _| !matches(key));
+    }
+
+    /// Moves the released notifications, in release order, into `into`.
+    pub(crate) fn take(&self, into: &mut Vec<(String, Vec<u8>)>) {
+        into.append(&mut self.ready.lock().expect("notif lock"));
+    }
+
+    fn release_if_complete(&self, pending: &mut HashMap<K, Pending>, key: K) {
+        let complete = pending.get(&key).is_some_and(|p| {
+            p.message
+                .as_ref()
+                .is_some_and(|(expected, ..)| p.received >= *expected)
+        });
+        if complete {
+            let (_, sender, msg) = pending
+                .remove(&key)
+                .and_then(|p| p.message)
+                .expect("checked above");
+            self.ready.lock().expect("notif lock").push((sender, msg));
+        }
+    }
+
+    #[cfg(test)]
+    fn assembling(&self) -> usize {
+        self.pending.lock().unwrap().len()
+    }
+}
+
+/// Parses backend parameter `key` (absent: `default`), naming the backend in the error.
+pub(crate) fn param<T: std::str::FromStr>(
+    backend: &str,
+    params: &BackendParams,
+    key: &str,
+    default: T,
+) -> Result<T> {
+    match params.get(key) {
+        None => Ok(default),
+        Some(v) => v.parse().map_err(|_| {
+            Error::InvalidParam(format!("{backend} parameter {key}=`{v}` is not valid"))
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn released(t: &NotifTracker<u64>) -> usize {
+        let mut out = Vec::new();
+        t.take(&mut out);
+        out.len()
+    }
+
+    #[test]
+    fn releases_only_when_data_and_message_are_in() {
+        let t = NotifTracker::<u64>::default();
+        t.data_arrived(7);
+        t.message_arrived(7, 3, "a", b"m".to_vec());
+        assert_eq!(released(&t), 0, "1 of 3 writes landed");
+        t.data_arrived(7);
+        assert_eq!(released(&t), 0, "2 of 3");
+        t.data_arrived(7);
+        assert_eq!(released(&t), 1);
+        // Message first, then data; a zero-expectation message is immediate.
+        t.message_arrived(8, 1, "b", b"x".to_vec());
+        assert_eq!(released(&t), 0);
+        t.data_arrived(8);
+        t.message_arrived(9, 0, "c", b"y".to_vec());
+        assert_eq!(released(&t), 2);
+        assert_eq!(t.assembling(), 0);
+        t.data_arrived(10);
+        t.forget(|k| *k == 10);
+        assert_eq!(t.assembling(), 0);
+    }
+
+    #[test]
+    fn bad_parameters_name_the_backend() {
+        let params: BackendParams = [("n".to_string(), "x".to_string())].into();
+        assert_eq!(param("B", &params, "m", 3u8).unwrap(), 3);
+        let err = param::<u8>("B", &params, "n", 3).unwrap_err().to_string();
+        assert!(err.contains("B parameter n=`x`"), "{err}");
+    }
+}
