@@ -62,6 +62,7 @@ use std::time::{Duration, Instant};
 
 c_newtype! {
     /// Connection manager event type (`enum rdma_cm_event_type`).
+    #[doc(alias = "rdma_cm_event_type")]
     CmEventType(u32) {
         /// `RDMA_CM_EVENT_ADDR_RESOLVED`
         ADDR_RESOLVED = ffi::RDMA_CM_EVENT_ADDR_RESOLVED,
@@ -111,6 +112,7 @@ const DEVICE_MAX: u8 = 255;
 /// Options of a connection: the `struct rdma_conn_param` fields (named after them),
 /// the QP's access rights, and the bound on every wait.
 #[derive(Debug, Clone)]
+#[doc(alias = "rdma_conn_param")]
 pub struct CmOptions {
     /// Bound on each blocking step: address and route resolution plus the connection
     /// handshake for [`Route::resolve`] + [`Route::connect`], the handshake for
@@ -217,6 +219,8 @@ impl Drop for IdInner {
 /// An rdma_cm identifier (`struct rdma_cm_id`) with its own event channel
 /// (`struct rdma_event_channel`), the escape hatch under [`Listener`],
 /// [`ConnectRequest`], [`Route`] and [`Connection`].
+#[doc(alias = "rdma_cm_id")]
+#[doc(alias = "rdma_event_channel")]
 pub struct CmId {
     inner: IdInner,
 }
@@ -590,6 +594,7 @@ impl Deadline {
 
 /// A listening rdma_cm id (`rdma_bind_addr` + `rdma_listen`): accepts connection
 /// requests for one IP address (or all, with an unspecified address) and port.
+#[doc(alias = "rdma_listen")]
 pub struct Listener {
     id: CmId,
 }
@@ -703,6 +708,8 @@ impl Listener {
 
 /// A connection request received by a [`Listener`]: accept it with a QP of the device it
 /// arrived on ([`device_name`](Self::device_name)), or reject it. Dropping it rejects.
+#[doc(alias = "RDMA_CM_EVENT_CONNECT_REQUEST")]
+#[doc(alias = "rdma_get_request")]
 pub struct ConnectRequest {
     id: CmId,
     private_data: Vec<u8>,
@@ -857,6 +864,7 @@ fn handshake_error(ev: Event, peer: Option<SocketAddr>, waiting_for: &'static st
 /// The active side after address and route resolution (`rdma_resolve_addr` +
 /// `rdma_resolve_route`): the device to create the QP on is known
 /// ([`device_name`](Self::device_name)); [`connect`](Self::connect) makes the connection.
+#[doc(alias = "rdma_resolve_route")]
 pub struct Route {
     id: CmId,
     dst: SocketAddr,
@@ -1019,6 +1027,8 @@ impl Route {
 /// A connected RC queue pair with its rdma_cm id. Dereferences to [`QueuePair`] for
 /// posting and state queries. Dropping it disconnects (the peer gets
 /// `RDMA_CM_EVENT_DISCONNECTED`) and destroys the QP.
+#[doc(alias = "rdma_connect")]
+#[doc(alias = "rdma_accept")]
 pub struct Connection {
     // Dropped first: destroying a connected id sends the disconnect request.
     id: CmId,

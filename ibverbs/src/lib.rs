@@ -4,9 +4,10 @@
 //! ([`ProtectionDomain`]), memory regions ([`MemoryRegion`]), completion queues and
 //! channels ([`CompletionQueue`], [`CompletionChannel`]), memory windows ([`mw`]), queue
 //! pairs brought up as a typestate ([`PreparedQueuePair`] → [`QueuePair`]) from an
-//! exchangeable [`Endpoint`],
-//! shared receive queues, address handles, async events, and both post APIs (the
-//! classic [`QueuePair::post_send`] chains and the `ibv_wr_*` [`WrBatch`]).
+//! exchangeable [`Endpoint`], shared receive queues, address handles, async events,
+//! both post APIs (the classic [`QueuePair::post_send`] chains and the `ibv_wr_*`
+//! [`WrBatch`]), and, with the default feature `rdmacm`, connection management by IP
+//! address and port (`cm`).
 //!
 //! Object graph: every object holds its parent through an `Arc` (`Context →
 //! ProtectionDomain → {MemoryRegion, QueuePair, …}`, `Context → CompletionQueue`), so
@@ -17,6 +18,14 @@
 //!
 //! The raw bindings are re-exported as [`ffi`] (the escape hatch); every wrapper has
 //! `as_raw()` and `unsafe from_raw()`.
+//!
+//! # Features
+//!
+//! - `rdmacm` (default): the `cm` module, connection management over IP with
+//!   librdmacm (listen/connect/accept by address and port, yielding connected QPs). It
+//!   is on by default because librdmacm ships with libibverbs in rdma-core everywhere
+//!   (Debian/Ubuntu `librdmacm-dev`, RHEL/Fedora `rdma-core-devel`); build with
+//!   `default-features = false` to link libibverbs alone.
 //!
 //! ```no_run
 //! use ibverbs::{AccessFlags, ConnectOptions, QpType, RecvWr, SendWr};

@@ -41,6 +41,7 @@ use std::sync::Arc;
 
 c_newtype! {
     /// Memory window type (`enum ibv_mw_type`).
+    #[doc(alias = "ibv_mw_type")]
     MwType(u32) {
         /// `IBV_MW_TYPE_1`: bound with `ibv_bind_mw`, usable through any QP of the PD.
         TYPE_1 = ffi::IBV_MW_TYPE_1,
@@ -95,6 +96,7 @@ impl Drop for MwInner {
 
 /// A memory window (`struct ibv_mw`), allocated with [`ProtectionDomain::alloc_mw`]. See
 /// the [module docs](crate::mw) for types 1 and 2.
+#[doc(alias = "ibv_mw")]
 pub struct MemoryWindow {
     inner: MwInner,
     pd: ProtectionDomain,

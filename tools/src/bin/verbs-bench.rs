@@ -5,15 +5,29 @@
 //! ```text
 //! verbs-bench write-bw|read-bw|send-bw|write-lat|read-lat|send-lat
 //!     [-d DEV] [-i PORT] [-x GID_INDEX] [-s SIZE] [-n ITERS] [-p TCP_PORT]
-//!     [-t TX_DEPTH] [--report_gbits] [SERVER_ADDR]
-//! verbs-bench compare [-d DEV] [-x GID_INDEX] [-s SIZE]...
+//!     [-t TX_DEPTH] [-Q CQ_MOD] [-l POST_LIST] [--report_gbits] [SERVER_ADDR]
+//! verbs-bench compare [-d DEV] [-x GID_INDEX] [-s SIZE]... [--pairs N] [--tests T,...]
+//!     [--ours-args 'ARGS'] [--raw]
 //! ```
 //!
 //! Without `SERVER_ADDR` it is the server (waits on `-p`, default 18515 as perftest);
 //! with it, the client, which measures and prints. `compare` runs perftest's tool and
-//! ours, server and client on this machine (over 127.0.0.1), for each size (default
-//! 4 KiB, 64 KiB, 1 MiB) and test (`write-bw`, `write-lat`), and prints the ratio
-//! ours/perftest (bandwidth: higher is better; latency: lower is better).
+//! ours, server and client on this machine (over 127.0.0.1), for each test (default all
+//! six) and size (default 4 KiB, 64 KiB, 1 MiB): `--pairs` (default 6, even so that
+//! each tool goes first equally often) pairs of runs, perftest and ours alternating (and
+//! which of the two goes first alternating too), all in the same boot; `--raw` prints
+//! every pair. It prints the median result of each tool and the median of the
+//! per-pair ratios ours/perftest, with their range (bandwidth: higher is better;
+//! latency: lower is better), so one noisy run on an emulated guest does not decide.
+//! `--ours-args` passes extra options to our side only (e.g. `-l 1` to post one request
+//! per call as perftest does).
+//!
+//! The hot paths follow perftest's defaults (outstanding READs up to the device
+//! maximum, completion moderation as [`default_cq_mod`]) with two differences chosen by
+//! measuring on the soft-RoCE guest: the bandwidth tests chain requests into one
+//! `ibv_post_send` per [`CHAIN_BYTES`] (one system call per chain on rxe), and the
+//! busy-polls yield the CPU every 16 rounds ([`Spin`]); latencies are taken, as
+//! perftest's, from one clock read per iteration.
 
 use ibverbs::{
     AccessFlags, CompletionQueue, ConnectOptions, Context, Endpoint, InlineSge, MemoryRegion,
@@ -82,13 +96,20 @@ struct Opts {
     iters: usize,
     tcp_port: u16,
     tx_depth: usize,
+    /// `-Q`: signal every `cq_mod`-th send (None: [`default_cq_mod`]).
+    cq_mod: Option<usize>,
+    /// `-l`: work requests per `ibv_post_send` call in the bandwidth tests; 0 (ours by
+    /// default) chains as many free slots as fit in [`CHAIN_BYTES`].
+    post_list: usize,
     gbits: bool,
     server: Option<String>,
 }
 
 const USAGE: &str = "usage: verbs-bench write-bw|read-bw|send-bw|write-lat|read-lat|send-lat \
 [-d DEV] [-i PORT] [-x GID_INDEX] [-s SIZE] [-n ITERS] [-p TCP_PORT] [-t TX_DEPTH] \
-[--report_gbits] [SERVER_ADDR]\n       verbs-bench compare [-d DEV] [-x GID_INDEX] [-s SIZE]...";
+[-Q CQ_MOD] [-l POST_LIST] [--report_gbits] [SERVER_ADDR]
+       verbs-bench compare [-d DEV] [-x GID_INDEX] [-s SIZE]... [--pairs N] \
+[--tests write-bw,read-bw,send-bw,write-lat,read-lat,send-lat] [--ours-args 'ARGS'] [--raw]";
 
 fn parse(args: &[String]) -> Result<Opts, String> {
     let test = Test::parse(args.first().map(String::as_str).unwrap_or("")).ok_or(USAGE)?;
@@ -101,6 +122,8 @@ fn parse(args: &[String]) -> Result<Opts, String> {
         iters: if test.is_bw() { 5000 } else { 1000 },
         tcp_port: 18515,
         tx_depth: 128,
+        cq_mod: None,
+        post_list: 0,
         gbits: false,
         server: None,
     };
@@ -116,6 +139,8 @@ fn parse(args: &[String]) -> Result<Opts, String> {
             "-n" | "--iters" => o.iters = num(val(a)?)?,
             "-p" | "--port" => o.tcp_port = num(val(a)?)? as u16,
             "-t" | "--tx-depth" => o.tx_depth = num(val(a)?)?.max(1),
+            "-Q" | "--cq-mod" => o.cq_mod = Some(num(val(a)?)?.max(1)),
+            "-l" | "--post_list" => o.post_list = num(val(a)?)?,
             "--report_gbits" => o.gbits = true,
             s if !s.starts_with('-') && o.server.is_none() => o.server = Some(s.to_owned()),
             other => return Err(format!("unknown option {other}\n{USAGE}")),
@@ -169,6 +194,7 @@ struct Conn {
     w: TcpStream,
     r: BufReader<TcpStream>,
     max_inline: usize,
+    rd_atomic: usize,
 }
 
 fn setup(o: &Opts) -> Res<Conn> {
@@ -182,7 +208,8 @@ fn setup(o: &Opts) -> Res<Conn> {
     };
     let attr = ctx.query_device()?;
     let depth = o.tx_depth.min(attr.max_qp_wr() as usize / 2).max(1) as u32;
-    let rd_atomic = attr.max_qp_rd_atom().clamp(1, 16) as u8;
+    // perftest's default number of outstanding READs: the device maximum.
+    let rd_atomic = attr.max_qp_rd_atom().clamp(1, u8::MAX as u32) as u8;
     let pd = ctx.alloc_pd()?;
     let cq = ctx.create_cq(depth * 2 + 16, None, 0)?;
     let prepared = pd
@@ -240,13 +267,13 @@ fn setup(o: &Opts) -> Res<Conn> {
         w,
         r,
         max_inline,
+        rd_atomic: rd_atomic as usize,
     })
 }
 
 /// Wait for at least one completion; returns how many, all checked.
 fn reap(cq: &CompletionQueue, wcs: &mut [WorkCompletion]) -> Res<usize> {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let mut spins = 0u32;
+    let mut spin = Spin::new("no completion within 60 s");
     loop {
         let got = cq.poll(wcs)?;
         if !got.is_empty() {
@@ -255,10 +282,7 @@ fn reap(cq: &CompletionQueue, wcs: &mut [WorkCompletion]) -> Res<usize> {
             }
             return Ok(got.len());
         }
-        if Instant::now() > deadline {
-            return Err("no completion within 60 s".into());
-        }
-        relax(&mut spins);
+        spin.tick()?;
     }
 }
 
@@ -307,40 +331,77 @@ fn run(o: &Opts) -> Res<()> {
     Ok(())
 }
 
-/// WRITE/READ/SEND bandwidth: keep `tx_depth` requests in flight, signal every
-/// `cq_mod`-th.
+/// Payload per chained `ibv_post_send` call of the WRITE and SEND bandwidth tests
+/// (unless `-l`; READs chain every free slot): on
+/// soft-RoCE every call is a system call that runs the requester (and, over loopback,
+/// the responder and completer) inline, so chaining small messages saves a system call
+/// each; large messages gain nothing from it, and measured on the soft-RoCE guest a
+/// 1 MiB write stream ran at about half speed when 100 of them were posted in one call.
+const CHAIN_BYTES: usize = 256 << 10;
+
+/// Completion moderation when `-Q` is not given, as perftest's: bandwidth tests signal
+/// every 100th request up to 8 KiB and every request above; latency tests every send,
+/// except that our WRITE ping-pong signals every 32nd (perftest polls each one).
+fn default_cq_mod(o: &Opts) -> usize {
+    match o.test {
+        Test::WriteLat => 32,
+        Test::SendLat | Test::ReadLat => 1,
+        _ if o.size > 8192 => 1,
+        _ => 100,
+    }
+}
+
+/// WRITE/READ/SEND bandwidth: keep `tx_depth` requests in flight (READ: at most the
+/// outstanding READs the QP allows), signal every `cq_mod`-th; refill the send queue
+/// with chained `ibv_post_send` calls of up to [`CHAIN_BYTES`] (`post_list` requests per
+/// call when set).
 fn bw_client(o: &Opts, c: &mut Conn) -> Res<(f64, f64, f64)> {
     let depth = c.qp.cap().max_send_wr as usize;
     let depth = if o.test == Test::ReadBw {
-        depth.min(16)
+        depth.min(c.rd_atomic)
     } else {
         depth
     };
-    let cq_mod = (depth / 4).clamp(1, 100);
+    let cq_mod = o.cq_mod.unwrap_or(default_cq_mod(o)).min(depth).max(1);
+    let per_call = match (o.post_list, o.test) {
+        // A READ request is one small packet whatever its size: the data moves in the
+        // responder's context, so chain every free slot.
+        (0, Test::ReadBw) => depth,
+        (0, _) => (CHAIN_BYTES / o.size).clamp(1, depth),
+        (n, _) => n,
+    };
     let sge = [c.mr.sge(0..o.size)];
     let remote = c.remote.slice(0, o.size as u64);
     let mut wcs = [WorkCompletion::default(); 16];
+    let mut wrs: Vec<SendWr<'_>> = Vec::with_capacity(per_call);
     let (mut posted, mut done) = (0usize, 0usize);
     let mut stamps = Vec::with_capacity(o.iters / cq_mod + 2);
     let start = Instant::now();
     while done < o.iters {
         while posted < o.iters && posted - done < depth {
-            let signaled = (posted + 1) % cq_mod == 0 || posted + 1 == o.iters;
-            let wr = match o.test {
-                Test::WriteBw => SendWr::write(posted as u64, &sge, remote),
-                Test::ReadBw => SendWr::read(posted as u64, &sge, remote),
-                _ => SendWr::send(posted as u64, &sge),
-            };
-            let wr = if signaled { wr.signaled() } else { wr };
-            c.qp.post_send(&mut [wr])?;
-            posted += 1;
+            let n = (depth - (posted - done))
+                .min(o.iters - posted)
+                .min(per_call);
+            wrs.clear();
+            for id in posted..posted + n {
+                let signaled = (id + 1) % cq_mod == 0 || id + 1 == o.iters;
+                let wr = match o.test {
+                    Test::WriteBw => SendWr::write(id as u64, &sge, remote),
+                    Test::ReadBw => SendWr::read(id as u64, &sge, remote),
+                    _ => SendWr::send(id as u64, &sge),
+                };
+                wrs.push(if signaled { wr.signaled() } else { wr });
+            }
+            c.qp.post_send(&mut wrs)?;
+            posted += n;
         }
         let n = reap(&c.cq, &mut wcs)?;
+        let now = Instant::now();
         for wc in &wcs[..n] {
             // Each signaled completion retires everything up to it.
             done = wc.wr_id() as usize + 1;
-            stamps.push((Instant::now(), done));
         }
+        stamps.push((now, done));
     }
     let secs = start.elapsed().as_secs_f64();
     let bytes = (o.size * o.iters) as f64;
@@ -402,17 +463,20 @@ fn pingpong(o: &Opts, c: &mut Conn, client: bool) -> Res<Vec<f64>> {
         }
     }
     sync(c)?;
-    let mut samples = Vec::with_capacity(o.iters);
+    // One clock read per iteration, as perftest's `tposted`: a sample is the time from
+    // one iteration's start to the next one's.
+    let mut stamps = Vec::with_capacity(o.iters + 1);
     let mut since_signal = 0usize;
+    let cq_mod = o.cq_mod.unwrap_or(default_cq_mod(o)).max(1);
     let mut waiter = Waiter::default();
     for it in 0..o.iters {
         let tag = (it % 250 + 1) as u8;
-        let t0 = Instant::now();
+        stamps.push(Instant::now());
         if !client {
             waiter.wait_peer(c, is_send, base, size - 1, tag)?;
         }
         since_signal += 1;
-        let signaled = is_send || since_signal >= 32;
+        let signaled = since_signal >= cq_mod;
         if inline {
             payload[size - 1] = tag;
             let inl = [InlineSge::new(&payload)];
@@ -445,9 +509,17 @@ fn pingpong(o: &Opts, c: &mut Conn, client: bool) -> Res<Vec<f64>> {
         if client {
             waiter.wait_peer(c, is_send, base, size - 1, tag)?;
         }
-        samples.push(t0.elapsed().as_secs_f64() * 1e6);
     }
-    Ok(samples)
+    stamps.push(Instant::now());
+    Ok(intervals_us(&stamps))
+}
+
+/// Microseconds between consecutive instants.
+fn intervals_us(stamps: &[Instant]) -> Vec<f64> {
+    stamps
+        .windows(2)
+        .map(|w| w[1].duration_since(w[0]).as_secs_f64() * 1e6)
+        .collect()
 }
 
 /// Sorts completions of the one CQ into "our send finished" and "a receive arrived".
@@ -471,14 +543,11 @@ impl Waiter {
         Ok(())
     }
     fn wait_send(&mut self, c: &Conn) -> Res<()> {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        let mut spins = 0u32;
+        let mut spin = Spin::new("no send completion within 60 s");
+        self.drain(c)?;
         while self.sends == 0 {
-            relax(&mut spins);
+            spin.tick()?;
             self.drain(c)?;
-            if Instant::now() > deadline {
-                return Err("no send completion within 60 s".into());
-            }
         }
         self.sends -= 1;
         Ok(())
@@ -491,41 +560,63 @@ impl Waiter {
         last: usize,
         tag: u8,
     ) -> Res<()> {
-        let deadline = Instant::now() + Duration::from_secs(60);
         if is_send {
-            let mut spins = 0u32;
+            let mut spin = Spin::new("no receive within 60 s");
+            self.drain(c)?;
             while self.recvs == 0 {
-                relax(&mut spins);
+                spin.tick()?;
                 self.drain(c)?;
-                if Instant::now() > deadline {
-                    return Err("no receive within 60 s".into());
-                }
             }
             self.recvs -= 1;
             let sge = [c.mr.sge(0..last + 1)];
             c.qp.post_recv(&mut [RecvWr::new(0, &sge)])?;
             return Ok(());
         }
-        let mut spins = 0u32;
+        let mut spin = Spin::new("no write within 60 s");
         while read_tag(base, last) != tag {
-            if Instant::now() > deadline {
-                return Err("no write within 60 s".into());
-            }
-            relax(&mut spins);
+            spin.tick()?;
         }
         Ok(())
     }
 }
 
-/// Busy-poll politely: spin, and every 256 rounds give the CPU away so that a software
-/// provider's kernel work (rxe runs in softirq/workqueue context) is not starved by two
-/// spinning processes on few CPUs.
-fn relax(spins: &mut u32) {
-    *spins = spins.wrapping_add(1);
-    if *spins & 0xff == 0 {
-        std::thread::yield_now();
-    } else {
-        std::hint::spin_loop();
+/// A bounded busy-poll that gives the CPU away every 16 rounds. rxe does most of its
+/// work inline in the poster's system call, but what it defers (tasklets, so
+/// ksoftirqd on a busy CPU) waits behind a spinner until it yields: on the 2-vCPU
+/// emulated guest a spinner that yielded only every 4096 rounds (or never, as
+/// perftest's) was seen stuck in a millisecond-per-round-trip regime, while the
+/// yield costs a microsecond or two when nothing else is runnable. The clock is read
+/// only every 1024 rounds (on an emulated CPU a clock read costs more than a poll).
+struct Spin {
+    rounds: u32,
+    /// Set at the first check, so that a short wait reads no clock at all.
+    deadline: Option<Instant>,
+    what: &'static str,
+}
+
+impl Spin {
+    fn new(what: &'static str) -> Spin {
+        Spin {
+            rounds: 0,
+            deadline: None,
+            what,
+        }
+    }
+    fn tick(&mut self) -> Res<()> {
+        self.rounds = self.rounds.wrapping_add(1);
+        if self.rounds & 0x3ff == 0 {
+            let now = Instant::now();
+            let deadline = *self.deadline.get_or_insert(now + Duration::from_secs(60));
+            if now > deadline {
+                return Err(self.what.into());
+            }
+        }
+        if self.rounds & 0xf == 0 {
+            std::thread::yield_now();
+        } else {
+            std::hint::spin_loop();
+        }
+        Ok(())
     }
 }
 
@@ -539,14 +630,14 @@ fn read_lat(o: &Opts, c: &mut Conn) -> Res<Vec<f64>> {
     let sge = [c.mr.sge(0..o.size)];
     let remote = c.remote.slice(0, o.size as u64);
     let mut wcs = [WorkCompletion::default(); 1];
-    let mut samples = Vec::with_capacity(o.iters);
+    let mut stamps = Vec::with_capacity(o.iters + 1);
     for i in 0..o.iters {
-        let t0 = Instant::now();
+        stamps.push(Instant::now());
         c.qp.post_send(&mut [SendWr::read(i as u64, &sge, remote).signaled()])?;
         reap(&c.cq, &mut wcs)?;
-        samples.push(t0.elapsed().as_secs_f64() * 1e6);
     }
-    Ok(samples)
+    stamps.push(Instant::now());
+    Ok(intervals_us(&stamps))
 }
 
 const BAR: &str =
@@ -608,15 +699,40 @@ fn parse_result(out: &str, bw: bool) -> Option<f64> {
     }
 }
 
-fn run_pair(server: Vec<String>, client: Vec<String>) -> Res<String> {
+/// Whether a TCP socket listens on `port` (from `/proc/net/tcp{,6}`: probing with a
+/// connection would use up the single accept of a perftest server).
+fn listening(port: u16) -> bool {
+    let want = format!(":{port:04X}");
+    ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|path| {
+        std::fs::read_to_string(path).is_ok_and(|table| {
+            table.lines().skip(1).any(|line| {
+                let mut cols = line.split_whitespace();
+                let local = cols.nth(1).unwrap_or("");
+                let state = cols.nth(1).unwrap_or("");
+                local.ends_with(&want) && state == "0A"
+            })
+        })
+    })
+}
+
+/// Run a server and then its client (once the server listens); the client's stdout.
+fn run_pair(server: Vec<String>, client: Vec<String>, port: u16) -> Res<String> {
     let mut srv = Command::new(&server[0])
         .args(&server[1..])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()?;
-    std::thread::sleep(Duration::from_millis(300));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !listening(port) {
+        if srv.try_wait()?.is_some() || Instant::now() > deadline {
+            let _ = srv.kill();
+            let _ = srv.wait();
+            return Err(format!("{} did not start listening", server.join(" ")).into());
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
     let mut last_err = String::new();
-    for _ in 0..20 {
+    for _ in 0..5 {
         let out = Command::new(&client[0]).args(&client[1..]).output()?;
         if out.status.success() {
             let _ = srv.wait();
@@ -630,28 +746,76 @@ fn run_pair(server: Vec<String>, client: Vec<String>) -> Res<String> {
         if srv.try_wait()?.is_some() {
             break;
         }
-        std::thread::sleep(Duration::from_millis(300));
+        std::thread::sleep(Duration::from_millis(100));
     }
     let _ = srv.kill();
     let _ = srv.wait();
     Err(format!("{} failed: {last_err}", client.join(" ")).into())
 }
 
+/// Iterations per run: enough for a fraction of a second per run on the emulated guest.
+fn compare_iters(test: Test, size: usize) -> usize {
+    match (test.is_bw(), size) {
+        (true, s) if s >= 1 << 20 => 100,
+        (true, s) if s >= 65536 => 1000,
+        (true, _) => 5000,
+        (false, s) if s >= 1 << 20 => 50,
+        (false, s) if s >= 65536 => 200,
+        (false, _) => 1000,
+    }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+/// `compare`: for each test and size, `pairs` alternating runs of perftest's tool and
+/// ours (which goes first alternates too, so drift of the guest hits both alike), in
+/// this boot; prints the medians and the median of the per-pair ratios.
 fn compare(args: &[String]) -> Res<()> {
     let mut dev = default_device();
     let mut gid = None;
     let mut sizes = Vec::new();
+    let mut tests = Vec::new();
+    let mut pairs = 6usize;
+    let mut raw = false;
+    let mut ours_args: Vec<String> = Vec::new();
     let mut it = args.iter();
     while let Some(a) = it.next() {
+        let mut val = |name: &str| it.next().cloned().ok_or(format!("{name} needs a value"));
         match a.as_str() {
-            "-d" => dev = it.next().ok_or("-d needs a value")?.clone(),
-            "-x" => gid = Some(it.next().ok_or("-x needs a value")?.clone()),
-            "-s" => sizes.push(it.next().ok_or("-s needs a value")?.parse::<usize>()?),
-            other => return Err(format!("unknown option {other}").into()),
+            "-d" => dev = val(a)?,
+            "-x" => gid = Some(val(a)?),
+            "-s" => sizes.push(val(a)?.parse::<usize>()?),
+            "--pairs" => pairs = val(a)?.parse::<usize>()?.max(1),
+            "--raw" => raw = true,
+            "--ours-args" => ours_args = val(a)?.split_whitespace().map(String::from).collect(),
+            "--tests" => {
+                for t in val(a)?.split(',') {
+                    tests.push(Test::parse(t).ok_or(format!("unknown test {t}\n{USAGE}"))?);
+                }
+            }
+            other => return Err(format!("unknown option {other}\n{USAGE}").into()),
         }
     }
     if sizes.is_empty() {
         sizes = vec![4096, 65536, 1 << 20];
+    }
+    if tests.is_empty() {
+        tests = vec![
+            Test::WriteBw,
+            Test::ReadBw,
+            Test::SendBw,
+            Test::WriteLat,
+            Test::ReadLat,
+            Test::SendLat,
+        ];
     }
     let gid = match gid {
         Some(g) => g,
@@ -662,20 +826,17 @@ fn compare(args: &[String]) -> Res<()> {
     };
     let me = std::env::current_exe()?.to_string_lossy().into_owned();
     println!(
-        "{:<10} {:>9} {:>7} {:>16} {:>16} {:>8}",
-        "test", "bytes", "iters", "perftest", "verbs-bench", "ratio"
+        "{pairs} alternating runs of each (bandwidth: BW average; latency: t_typical, the median)"
+    );
+    println!(
+        "{:<10} {:>9} {:>6} {:>16} {:>16} {:>8}  {:<13}",
+        "test", "bytes", "iters", "perftest (med)", "verbs-bench (med)", "ratio", "ratio range"
     );
     let mut port = 18600u16;
-    for test in [Test::WriteBw, Test::WriteLat] {
+    let mut worst: Option<(f64, String)> = None;
+    for &test in &tests {
         for &size in &sizes {
-            let iters = match (test.is_bw(), size) {
-                (true, s) if s >= 1 << 20 => 50,
-                (true, s) if s >= 65536 => 300,
-                (true, _) => 2000,
-                (false, s) if s >= 1 << 20 => 50,
-                (false, s) if s >= 65536 => 200,
-                (false, _) => 500,
-            };
+            let iters = compare_iters(test, size);
             let mut common = vec![
                 "-d".to_owned(),
                 dev.clone(),
@@ -689,36 +850,80 @@ fn compare(args: &[String]) -> Res<()> {
             if test.is_bw() {
                 common.push("--report_gbits".into());
             }
-            let mut results = Vec::new();
-            for ours in [false, true] {
-                port += 1;
-                let mut base = if ours {
-                    vec![me.clone(), test.name().to_owned()]
+            let (mut perf, mut ours, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+            for pair in 0..pairs {
+                let mut got = [0.0f64; 2];
+                let order = if pair % 2 == 0 {
+                    [false, true]
                 } else {
-                    vec![test.perftest().to_owned()]
+                    [true, false]
                 };
-                base.extend(common.iter().cloned());
-                base.extend(["-p".to_owned(), port.to_string()]);
-                let mut client = base.clone();
-                client.push("127.0.0.1".into());
-                let out = run_pair(base, client)?;
-                let v = parse_result(&out, test.is_bw())
-                    .ok_or_else(|| format!("no result line in:\n{out}"))?;
-                results.push(v);
+                for is_ours in order {
+                    port += 1;
+                    let mut server = if is_ours {
+                        vec![me.clone(), test.name().to_owned()]
+                    } else {
+                        vec![test.perftest().to_owned()]
+                    };
+                    server.extend(common.iter().cloned());
+                    if is_ours {
+                        server.extend(ours_args.iter().cloned());
+                    }
+                    server.extend(["-p".to_owned(), port.to_string()]);
+                    let mut client = server.clone();
+                    client.push("127.0.0.1".into());
+                    let out = run_pair(server, client, port)?;
+                    got[is_ours as usize] = parse_result(&out, test.is_bw())
+                        .ok_or_else(|| format!("no result line in:\n{out}"))?;
+                }
+                if raw {
+                    println!(
+                        "  {} {size} pair {pair} ({} first): \
+                         perftest {:.3} verbs-bench {:.3} ratio {:.3}",
+                        test.name(),
+                        if pair % 2 == 0 { "perftest" } else { "ours" },
+                        got[0],
+                        got[1],
+                        got[1] / got[0]
+                    );
+                }
+                perf.push(got[0]);
+                ours.push(got[1]);
+                ratios.push(got[1] / got[0]);
             }
+            let lo = ratios.iter().copied().fold(f64::INFINITY, f64::min);
+            let hi = ratios.iter().copied().fold(0.0, f64::max);
+            let ratio = median(ratios);
             let unit = if test.is_bw() { "Gb/s" } else { "us" };
             println!(
-                "{:<10} {:>9} {:>7} {:>11.3} {unit:<4} {:>11.3} {unit:<4} {:>8.2}",
+                "{:<10} {:>9} {:>6} {:>11.3} {unit:<4} {:>11.3} {unit:<4}  {:>8.3}  {:.2}..{:.2}",
                 test.name(),
                 size,
                 iters,
-                results[0],
-                results[1],
-                results[1] / results[0]
+                median(perf),
+                median(ours),
+                ratio,
+                lo,
+                hi
             );
+            // How far from the goal: bandwidth below 1, latency above 1.
+            let shortfall = if test.is_bw() { 1.0 / ratio } else { ratio };
+            if worst.as_ref().is_none_or(|(w, _)| shortfall > *w) {
+                worst = Some((shortfall, format!("{} {size}", test.name())));
+            }
         }
     }
-    println!("ratio = verbs-bench / perftest (bandwidth: >= 1 is as fast or faster; latency: <= 1 is as fast or faster)");
+    println!(
+        "ratio = median over the pairs of verbs-bench / perftest \
+         (bandwidth: >= 1 is as fast or faster; latency: <= 1 is as fast or faster)"
+    );
+    if let Some((w, at)) = worst {
+        println!(
+            "furthest from parity: {at} ({:.1}% {})",
+            (w - 1.0).abs() * 100.0,
+            if w > 1.0 { "behind" } else { "ahead" }
+        );
+    }
     Ok(())
 }
 
