@@ -67,11 +67,10 @@ impl DeviceBuffer {
         let size = round_up(len as u64, HOST_PAGE) as usize;
         let mut ptr = 0;
         // SAFETY: `ptr` is a valid out-pointer; the GPU's context is current.
-        cvt_ctx(
-            "cuMemAlloc",
-            unsafe { sys::cuMemAlloc_v2(&mut ptr, size) },
-            || format!("{size} bytes on GPU {}", gpu.ordinal()),
-        )?;
+        let result = unsafe { sys::cuMemAlloc_v2(&mut ptr, size) };
+        cvt_ctx("cuMemAlloc", result, || {
+            format!("{size} bytes on GPU {}", gpu.ordinal())
+        })?;
         Ok(Self {
             gpu: gpu.clone(),
             ptr,

@@ -39,6 +39,38 @@ impl Default for AgentConfig {
     }
 }
 
+/// Checks every VRAM descriptor against what the driver says the pointer is: a host
+/// pointer declared VRAM, another GPU's memory or freed memory is refused here, before any
+/// backend sees it.
+#[cfg(feature = "cuda")]
+fn check_vram(list: &DescList) -> Result<()> {
+    for (index, d) in list.descs().iter().enumerate() {
+        let device = usize::try_from(d.dev_id).unwrap_or(usize::MAX);
+        match gpunetio::check_device_range(d.addr, d.len, device) {
+            Ok(_) => {}
+            Err(gpunetio::Error::NotDeviceMemory { found, .. }) => {
+                return Err(Error::NotDeviceMemory {
+                    index,
+                    addr: d.addr,
+                    len: d.len,
+                    dev_id: d.dev_id,
+                    reason: found,
+                })
+            }
+            Err(e) => return Err(Error::Gpu(format!("checking VRAM descriptor {index}: {e}"))),
+        }
+    }
+    Ok(())
+}
+
+/// Without GPU support no backend registers VRAM; say so before the backends do.
+#[cfg(not(feature = "cuda"))]
+fn check_vram(_list: &DescList) -> Result<()> {
+    Err(Error::Gpu(
+        "VRAM needs nixl built with feature `cuda`".into(),
+    ))
+}
+
 /// A cached (kind, device) → index lookup while preparing a list.
 type IndexEntry<'a> = (&'a (MemKind, u64), &'a RegionIndex<Arc<LocalReg>>);
 
@@ -273,8 +305,11 @@ impl Agent {
         only_backends: Option<&[&str]>,
     ) -> Result<RegistrationHandle> {
         list.validate()?;
-        let backends = self.backends();
         let kind = list.kind();
+        if kind == MemKind::Vram {
+            check_vram(list)?;
+        }
+        let backends = self.backends();
         let chosen: Vec<bool> = backends
             .iter()
             .map(|b| {
@@ -452,7 +487,11 @@ impl Agent {
             if let Some(info) = &section.conn_info {
                 backends[bi].load_remote_conn_info(&meta.agent, info)?;
             }
+            let remote_kinds = backends[bi].supported_remote_mem();
             for (region, public) in &section.regions {
+                if !remote_kinds.contains(&region.kind) {
+                    continue; // e.g. CUDA_IPC and host memory: another backend reaches it
+                }
                 let md = backends[bi].load_remote_md(&meta.agent, region, public)?;
                 loaded.push((*region, section.backend.clone(), bi, md));
             }
@@ -798,7 +837,8 @@ impl Agent {
             } else {
                 caps.remote
             }) && b.supported_mem().contains(&local.kind)
-                && b.supported_mem().contains(&remote.kind)
+                && b.supported_remote_mem().contains(&remote.kind)
+                && b.reach(peer).is_ok()
                 && local_idx.iter().zip(remote_idx).all(|(&li, &ri)| {
                     local.local_regs[li]
                         .mds
@@ -817,14 +857,18 @@ impl Agent {
                     .position(|b| b.name().eq_ignore_ascii_case(name))
                     .ok_or_else(|| Error::UnknownBackend(name.to_string()))?;
                 let b = &backends[bi];
-                for kind in [local.kind, remote.kind] {
-                    if !b.supported_mem().contains(&kind) {
+                for (kind, kinds) in [
+                    (local.kind, b.supported_mem()),
+                    (remote.kind, b.supported_remote_mem()),
+                ] {
+                    if !kinds.contains(&kind) {
                         return Err(Error::UnsupportedMemKind {
                             backend: b.name().to_string(),
                             kind,
                         });
                     }
                 }
+                b.reach(peer)?;
                 if !usable(bi, b) {
                     return Err(Error::InvalidParam(format!(
                         "backend {} has not registered every descriptor on both sides",

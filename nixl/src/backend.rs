@@ -134,6 +134,17 @@ pub trait Backend: Send + Sync + std::fmt::Debug + 'static {
     fn capabilities(&self) -> Capabilities;
     /// Memory kinds it can register and move.
     fn supported_mem(&self) -> &[MemKind];
+    /// Memory kinds it can reach on a peer (default: the kinds it registers). Regions of
+    /// other kinds in a peer's metadata are not loaded into this backend.
+    fn supported_remote_mem(&self) -> &[MemKind] {
+        self.supported_mem()
+    }
+    /// Whether it can reach `agent` at all (default: yes). A backend that cannot (e.g.
+    /// `CUDA_IPC` to another node) is skipped when the agent picks one; named explicitly,
+    /// its error ([`crate::Error::Unreachable`]) is the request's.
+    fn reach(&self, _agent: &str) -> Result<()> {
+        Ok(())
+    }
     /// Registers a region; the returned metadata deregisters when dropped.
     fn register_mem(&self, region: &Region) -> Result<Arc<dyn LocalMd>>;
     /// This agent's connection information for peers.

@@ -121,6 +121,34 @@ pub enum Error {
         /// What failed.
         message: String,
     },
+    /// A VRAM descriptor that is not device memory of the GPU it names: host memory,
+    /// memory already freed, another GPU's memory, or a range running past its allocation.
+    #[error("VRAM descriptor {index} ({addr:#x}+{len} on GPU {dev_id}): {reason}")]
+    NotDeviceMemory {
+        /// Position in its list.
+        index: usize,
+        /// Start address.
+        addr: u64,
+        /// Length.
+        len: u64,
+        /// The GPU ordinal the descriptor names.
+        dev_id: u64,
+        /// What the memory really is.
+        reason: String,
+    },
+    /// A GPU operation failed, or GPU memory was used where no CUDA driver or GPU exists.
+    #[error("GPU: {0}")]
+    Gpu(String),
+    /// The backend cannot reach that peer at all (e.g. `CUDA_IPC` to another node).
+    #[error("backend {backend} cannot reach agent `{agent}`: {reason}")]
+    Unreachable {
+        /// Backend name.
+        backend: String,
+        /// Peer.
+        agent: String,
+        /// Why (e.g. different boot ids).
+        reason: String,
+    },
     /// Socket or file I/O.
     #[error("I/O: {0}")]
     Io(#[from] std::io::Error),

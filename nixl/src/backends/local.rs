@@ -1,7 +1,10 @@
-//! `LOCAL`: transfers between two DRAM buffers of the same agent, by `memcpy`.
+//! `LOCAL`: transfers between two buffers of the same agent: DRAM↔DRAM by `memcpy`, and
+//! with feature `cuda` VRAM↔VRAM and VRAM↔DRAM by `cuMemcpyAsync` on the backend's own
+//! streams (parameter `num_streams`, default 4 per GPU), completed by events that status
+//! polls.
 //!
 //! The loopback path that needs no transport (NIXL's storage backends are local-only in
-//! the same way). Notifications to the agent itself are queued directly.
+//! the same way). Notifications to the agent itself are queued directly, after the data.
 
 use crate::agent::Agent;
 use crate::backend::{
@@ -21,24 +24,56 @@ pub const NAME: &str = "LOCAL";
 pub struct LocalBackend {
     agent_name: String,
     notifs: NotifQueue,
+    #[cfg(feature = "cuda")]
+    streams: super::cuda_copy::StreamPools,
 }
 
 type NotifQueue = Arc<Mutex<Vec<(String, Vec<u8>)>>>;
 
 pub(crate) fn create(agent: &Agent, params: &BackendParams) -> Result<Arc<dyn Backend>> {
-    if let Some(key) = params.keys().next() {
+    if let Some(key) = params
+        .keys()
+        .find(|k| !cfg!(feature = "cuda") || *k != "num_streams")
+    {
         return Err(Error::InvalidParam(format!(
-            "{NAME} takes no parameters (got `{key}`)"
+            "{NAME} takes no parameter `{key}`{}",
+            if cfg!(feature = "cuda") {
+                " (only num_streams)"
+            } else {
+                ""
+            }
         )));
     }
     Ok(Arc::new(LocalBackend {
         agent_name: agent.name().to_string(),
         notifs: NotifQueue::default(),
+        #[cfg(feature = "cuda")]
+        streams: super::cuda_copy::StreamPools::new(super::shared::param(
+            NAME,
+            params,
+            "num_streams",
+            4usize,
+        )?),
     }))
 }
 
 #[derive(Debug)]
-struct Md;
+struct Md {
+    /// DRAM pinned for fast copies to and from VRAM (unpinned when the registration goes).
+    #[cfg(feature = "cuda")]
+    _pin: Option<gpunetio::HostRegistration>,
+}
+
+impl Md {
+    fn new(_region: &Region) -> Self {
+        Self {
+            #[cfg(feature = "cuda")]
+            _pin: (_region.kind == MemKind::Dram)
+                .then(|| super::cuda_copy::pin_host(_region.desc.addr, _region.desc.len))
+                .flatten(),
+        }
+    }
+}
 
 impl LocalMd for Md {
     fn public_md(&self) -> Vec<u8> {
@@ -49,7 +84,11 @@ impl LocalMd for Md {
     }
 }
 
-impl RemoteMd for Md {
+/// The agent's view of its own region (nothing to parse: the address is the address).
+#[derive(Debug)]
+struct RemoteView;
+
+impl RemoteMd for RemoteView {
     fn as_any(&self) -> &dyn Any {
         self
     }
@@ -68,6 +107,69 @@ impl LocalBackend {
     }
 }
 
+#[cfg(feature = "cuda")]
+impl LocalBackend {
+    /// Copies on the GPU of the VRAM side (the destination's when both are VRAM).
+    fn prep_gpu_xfer(&self, op: XferOp, entries: &[XferEntry<'_>]) -> Result<Box<dyn BackendXfer>> {
+        use super::cuda_copy::{Copy, GpuXfer};
+        let copies = entries.iter().map(|e| {
+            let (src, dst) = match op {
+                XferOp::Write => (
+                    (e.local, e.local_region.kind),
+                    (e.remote, e.remote_region.kind),
+                ),
+                XferOp::Read => (
+                    (e.remote, e.remote_region.kind),
+                    (e.local, e.local_region.kind),
+                ),
+            };
+            let gpu = if dst.1 == MemKind::Vram {
+                dst.0.dev_id
+            } else {
+                src.0.dev_id
+            };
+            (
+                gpu as usize,
+                Copy {
+                    dst: dst.0.addr,
+                    src: src.0.addr,
+                    len: src.0.len as usize,
+                },
+            )
+        });
+        let sink = Arc::new(SelfSink {
+            agent: self.agent_name.clone(),
+            notifs: self.notifs.clone(),
+        });
+        Ok(Box::new(GpuXfer::new(
+            &self.streams,
+            copies,
+            usize::MAX,
+            sink,
+            Vec::new(),
+        )?))
+    }
+}
+
+/// Notifications of GPU transfers, queued for the agent itself once the copies are done.
+#[cfg(feature = "cuda")]
+#[derive(Debug)]
+struct SelfSink {
+    agent: String,
+    notifs: NotifQueue,
+}
+
+#[cfg(feature = "cuda")]
+impl super::cuda_copy::NotifSink for SelfSink {
+    fn deliver(&self, msg: Vec<u8>) -> Result<()> {
+        self.notifs
+            .lock()
+            .expect("notif lock")
+            .push((self.agent.clone(), msg));
+        Ok(())
+    }
+}
+
 impl Backend for LocalBackend {
     fn name(&self) -> &str {
         NAME
@@ -80,10 +182,14 @@ impl Backend for LocalBackend {
         }
     }
     fn supported_mem(&self) -> &[MemKind] {
-        &[MemKind::Dram]
+        if cfg!(feature = "cuda") {
+            &[MemKind::Dram, MemKind::Vram]
+        } else {
+            &[MemKind::Dram]
+        }
     }
-    fn register_mem(&self, _region: &Region) -> Result<Arc<dyn LocalMd>> {
-        Ok(Arc::new(Md))
+    fn register_mem(&self, region: &Region) -> Result<Arc<dyn LocalMd>> {
+        Ok(Arc::new(Md::new(region)))
     }
     fn connection_info(&self) -> Result<Vec<u8>> {
         Ok(Vec::new())
@@ -97,7 +203,7 @@ impl Backend for LocalBackend {
         _region: &Region,
         _public: &[u8],
     ) -> Result<Arc<dyn RemoteMd>> {
-        Ok(Arc::new(Md))
+        Ok(Arc::new(RemoteView))
     }
     fn disconnect(&self, _agent: &str) {}
     fn prep_xfer(
@@ -107,6 +213,13 @@ impl Backend for LocalBackend {
         agent: &str,
     ) -> Result<Box<dyn BackendXfer>> {
         self.check_self(agent)?;
+        #[cfg(feature = "cuda")]
+        if entries
+            .iter()
+            .any(|e| e.local_region.kind == MemKind::Vram || e.remote_region.kind == MemKind::Vram)
+        {
+            return self.prep_gpu_xfer(op, entries);
+        }
         Ok(Box::new(CopyXfer {
             op,
             copies: entries

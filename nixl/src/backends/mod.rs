@@ -5,6 +5,10 @@ use crate::backend::{Backend, BackendParams};
 use crate::error::Result;
 use std::sync::Arc;
 
+#[cfg(feature = "cuda")]
+mod cuda_copy;
+#[cfg(feature = "cuda")]
+pub mod cuda_ipc;
 pub mod fault;
 pub mod libfabric;
 pub mod local;
@@ -16,6 +20,8 @@ pub type CreateBackend = fn(&Agent, &BackendParams) -> Result<Arc<dyn Backend>>;
 
 /// Name → constructor, for [`Agent::create_backend`].
 pub(crate) const AVAILABLE: &[(&str, CreateBackend)] = &[
+    #[cfg(feature = "cuda")]
+    (cuda_ipc::NAME, cuda_ipc::create),
     (fault::NAME, fault::create),
     (libfabric::NAME, libfabric::create),
     (local::NAME, local::create),

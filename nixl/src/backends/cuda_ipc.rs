@@ -1,0 +1,832 @@
+//! `CUDA_IPC`: agents in different processes of one node move VRAM with copies through
+//! CUDA-IPC mappings — no network and no staging: the initiator's streams copy straight
+//! into (WRITE) or out of (READ) the target's GPU memory.
+//!
+//! - A VRAM registration publishes the CUDA-IPC handle of the allocation holding it, the
+//!   region's offset in that allocation, the allocation's size and the GPU's UUID. Memory
+//!   a framework owns (a torch tensor inside a larger cached block) works: the handle is
+//!   the block's, the offset says where the tensor is.
+//! - The initiator imports each allocation once per peer incarnation (cached by handle),
+//!   on first use; the mappings are released when the peer is invalidated or replaced and
+//!   the last request using them is gone.
+//! - WRITE and READ are `cuMemcpyAsync` on the initiator's own streams (parameter
+//!   `num_streams`, default 4 per GPU; a batch spreads over them), completed by events;
+//!   local memory may be VRAM or DRAM (DRAM registrations are pinned so copies run at
+//!   pinned speed). Remote memory must be VRAM: a peer's host memory is out of reach of
+//!   CUDA IPC (another backend carries it).
+//! - Notifications travel over a Unix socket (abstract namespace, named in the connection
+//!   information) and are sent only after every copy of the transfer completed.
+//! - Same node only: the connection information carries the kernel's boot id; a peer
+//!   with another boot id is unreachable ([`Error::Unreachable`]), and the agent picks
+//!   another backend for it. A peer process that exits is noticed through a pidfd (its
+//!   pid and start time are in the connection information): requests to it fail with
+//!   [`Error::RemoteDisconnect`].
+
+use super::cuda_copy::{gpu_err, pin_host, Copy, GpuXfer, NotifSink, StreamPools};
+use super::shared::param;
+use crate::agent::Agent;
+use crate::backend::{
+    Backend, BackendParams, BackendXfer, Capabilities, LocalMd, RemoteMd, XferEntry, XferOp,
+};
+use crate::error::{Error, Result};
+use crate::mem::{MemKind, Region};
+use gpunetio::{DeviceMemoryRef, Gpu, IpcHandle, IpcMapping, IPC_HANDLE_BYTES};
+use std::any::Any;
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::linux::net::SocketAddrExt;
+use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+/// The backend's name.
+pub const NAME: &str = "CUDA_IPC";
+
+const CONN_MAGIC: &[u8; 4] = b"CIPC";
+const CONN_VERSION: u8 = 1;
+const MD_VERSION: u8 = 1;
+/// version, handle, offset, allocation size, GPU UUID.
+const MD_BYTES: usize = 1 + IPC_HANDLE_BYTES + 8 + 8 + 16;
+/// Largest notification frame a peer may send.
+const MAX_FRAME: usize = 16 << 20;
+const SEND_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Received (sender, message) pairs.
+type NotifList = Mutex<Vec<(String, Vec<u8>)>>;
+type NotifQueue = Arc<NotifList>;
+
+/// The CUDA-IPC backend.
+#[derive(Debug)]
+pub struct CudaIpcBackend {
+    agent_name: String,
+    me: ConnInfo,
+    notifs: NotifQueue,
+    /// Stops accepting notification connections when the backend goes.
+    _listener: NotifListener,
+    peers: Mutex<HashMap<String, Arc<Peer>>>,
+    streams: StreamPools,
+}
+
+pub(crate) fn create(agent: &Agent, params: &BackendParams) -> Result<Arc<dyn Backend>> {
+    if let Some(key) = params.keys().find(|k| *k != "num_streams") {
+        return Err(Error::InvalidParam(format!(
+            "{NAME} takes no parameter `{key}` (only num_streams)"
+        )));
+    }
+    let num_streams: usize = param(NAME, params, "num_streams", 4)?;
+    if num_streams == 0 || num_streams > 64 {
+        return Err(Error::InvalidParam(format!(
+            "{NAME} parameter num_streams={num_streams} must be 1..=64"
+        )));
+    }
+    if !gpunetio::is_available() || gpunetio::device_count() == 0 {
+        return Err(Error::Gpu(format!(
+            "{NAME} needs a CUDA driver and a GPU (driver present: {})",
+            gpunetio::is_available()
+        )));
+    }
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let socket = format!(
+        "nixl-cuda-ipc-{}-{}-{:x}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed),
+        random_u64()
+    );
+    let notifs = NotifQueue::default();
+    let listener = NotifListener::start(&socket, Arc::downgrade(&notifs))?;
+    Ok(Arc::new(CudaIpcBackend {
+        agent_name: agent.name().to_string(),
+        me: ConnInfo {
+            boot_id: boot_id()?,
+            pid: std::process::id(),
+            start_time: process_start_time(std::process::id()).unwrap_or(0),
+            socket,
+        },
+        notifs,
+        _listener: listener,
+        peers: Mutex::default(),
+        streams: StreamPools::new(num_streams),
+    }))
+}
+
+// ---- connection information ------------------------------------------------------------
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct ConnInfo {
+    boot_id: [u8; 16],
+    pid: u32,
+    /// Start time of the process (clock ticks after boot): tells a reused pid apart.
+    start_time: u64,
+    socket: String,
+}
+
+impl ConnInfo {
+    fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(48 + self.socket.len());
+        out.extend_from_slice(CONN_MAGIC);
+        out.push(CONN_VERSION);
+        out.extend_from_slice(&self.boot_id);
+        out.extend_from_slice(&self.pid.to_le_bytes());
+        out.extend_from_slice(&self.start_time.to_le_bytes());
+        out.push(self.socket.len() as u8);
+        out.extend_from_slice(self.socket.as_bytes());
+        out
+    }
+
+    fn decode(b: &[u8]) -> Result<Self> {
+        let bad = |why: &str| Error::MalformedMetadata(format!("{NAME} connection info: {why}"));
+        if b.len() < 4 + 1 + 16 + 4 + 8 + 1 || &b[..4] != CONN_MAGIC {
+            return Err(bad("too short or wrong magic"));
+        }
+        if b[4] != CONN_VERSION {
+            return Err(bad(&format!(
+                "version {} (this build reads {CONN_VERSION})",
+                b[4]
+            )));
+        }
+        let boot_id: [u8; 16] = b[5..21].try_into().expect("16 bytes");
+        let pid = u32::from_le_bytes(b[21..25].try_into().expect("4 bytes"));
+        let start_time = u64::from_le_bytes(b[25..33].try_into().expect("8 bytes"));
+        let n = usize::from(b[33]);
+        if b.len() != 34 + n || n == 0 {
+            return Err(bad("socket name length"));
+        }
+        let socket = std::str::from_utf8(&b[34..])
+            .map_err(|_| bad("socket name is not UTF-8"))?
+            .to_string();
+        Ok(Self {
+            boot_id,
+            pid,
+            start_time,
+            socket,
+        })
+    }
+}
+
+/// The kernel's boot id: equal for every process of one boot of one machine (containers
+/// included), different on any other machine.
+fn boot_id() -> Result<[u8; 16]> {
+    let text = std::fs::read_to_string("/proc/sys/kernel/random/boot_id")?;
+    let hex: String = text.trim().chars().filter(|c| *c != '-').collect();
+    let mut out = [0u8; 16];
+    if hex.len() != 32 {
+        return Err(Error::Gpu(format!("unexpected boot id `{}`", text.trim())));
+    }
+    for (i, byte) in out.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16)
+            .map_err(|_| Error::Gpu(format!("unexpected boot id `{}`", text.trim())))?;
+    }
+    Ok(out)
+}
+
+/// Field 22 of `/proc/PID/stat`: when the process started.
+fn process_start_time(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may hold spaces and parentheses: count after its end.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    rest.split(' ').nth(19)?.parse().ok()
+}
+
+fn random_u64() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(std::process::id() as u64);
+    h.finish()
+}
+
+// ---- peers -------------------------------------------------------------------------------
+
+/// One incarnation of a peer: how to reach it, whether it still runs, and the
+/// allocations of it this process has mapped.
+#[derive(Debug)]
+struct Peer {
+    name: String,
+    info: ConnInfo,
+    /// Why it cannot be reached (another node), if so.
+    unreachable: Option<String>,
+    /// Readable once the peer process has exited.
+    pidfd: Option<OwnedFd>,
+    conn: Mutex<Option<UnixStream>>,
+    mappings: Mutex<HashMap<[u8; IPC_HANDLE_BYTES], Arc<IpcMapping>>>,
+    /// Set once the peer was seen gone.
+    gone: AtomicBool,
+}
+
+impl Peer {
+    fn new(name: &str, info: ConnInfo, me: &ConnInfo) -> Self {
+        let unreachable = (info.boot_id != me.boot_id).then(|| {
+            "it runs on another node (different boot id): CUDA IPC works only within one node"
+                .to_string()
+        });
+        // Watch the process only if the pid names the same process here (same pid
+        // namespace): the start times must agree.
+        let pidfd = (unreachable.is_none()
+            && process_start_time(info.pid).is_some_and(|t| t == info.start_time))
+        .then(|| pidfd_open(info.pid))
+        .flatten();
+        Self {
+            name: name.to_string(),
+            info,
+            unreachable,
+            pidfd,
+            conn: Mutex::default(),
+            mappings: Mutex::default(),
+            gone: AtomicBool::new(false),
+        }
+    }
+
+    fn alive(&self) -> Result<()> {
+        let exited = self.gone.load(Ordering::Relaxed)
+            || self.pidfd.as_ref().is_some_and(|fd| {
+                let mut pfd = libc::pollfd {
+                    fd: fd.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                };
+                // SAFETY: one valid pollfd, zero timeout.
+                let n = unsafe { libc::poll(&mut pfd, 1, 0) };
+                n > 0 && pfd.revents & libc::POLLIN != 0
+            });
+        if exited {
+            self.gone.store(true, Ordering::Relaxed);
+            return Err(Error::RemoteDisconnect {
+                agent: self.name.clone(),
+                reason: format!("its process (pid {}) exited", self.info.pid),
+            });
+        }
+        Ok(())
+    }
+
+    /// The mapping of `handle`, imported on first use into `gpu`.
+    fn mapping(&self, handle: &IpcHandle, gpu: &Gpu) -> Result<Arc<IpcMapping>> {
+        let mut mappings = self.mappings.lock().expect("mappings lock");
+        if let Some(m) = mappings.get(handle.as_bytes()) {
+            return Ok(m.clone());
+        }
+        self.alive()?;
+        let m = Arc::new(IpcMapping::open(gpu, handle).map_err(|e| {
+            Error::Gpu(format!(
+                "importing a CUDA-IPC handle of agent `{}`: {e}",
+                self.name
+            ))
+        })?);
+        mappings.insert(*handle.as_bytes(), m.clone());
+        Ok(m)
+    }
+
+    /// Sends one frame over the peer's notification socket (connecting on first use).
+    fn send(&self, sender: &str, msg: &[u8]) -> Result<()> {
+        let disconnect = |why: String| Error::RemoteDisconnect {
+            agent: self.name.clone(),
+            reason: why,
+        };
+        self.alive()?;
+        if sender.len() > u16::MAX as usize || msg.len() + sender.len() + 2 > MAX_FRAME {
+            return Err(Error::InvalidParam(format!(
+                "notification of {} bytes exceeds {MAX_FRAME}",
+                msg.len()
+            )));
+        }
+        let mut frame = Vec::with_capacity(6 + sender.len() + msg.len());
+        frame.extend_from_slice(&((2 + sender.len() + msg.len()) as u32).to_le_bytes());
+        frame.extend_from_slice(&(sender.len() as u16).to_le_bytes());
+        frame.extend_from_slice(sender.as_bytes());
+        frame.extend_from_slice(msg);
+        let mut conn = self.conn.lock().expect("conn lock");
+        if conn.is_none() {
+            let addr = SocketAddr::from_abstract_name(self.info.socket.as_bytes())
+                .map_err(|e| disconnect(format!("bad socket name: {e}")))?;
+            let s = UnixStream::connect_addr(&addr).map_err(|e| {
+                disconnect(format!("cannot connect to its notification socket: {e}"))
+            })?;
+            s.set_write_timeout(Some(SEND_TIMEOUT))?;
+            *conn = Some(s);
+        }
+        let result = conn.as_mut().expect("connected above").write_all(&frame);
+        if let Err(e) = result {
+            *conn = None;
+            return Err(disconnect(format!("notification not delivered: {e}")));
+        }
+        Ok(())
+    }
+}
+
+fn pidfd_open(pid: u32) -> Option<OwnedFd> {
+    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+    // SAFETY: a non-negative return is a descriptor we now own.
+    (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+// ---- notifications in ---------------------------------------------------------------------
+
+/// Accepts peers' notification connections; one reader thread per connection.
+#[derive(Debug)]
+struct NotifListener {
+    listener: Arc<UnixListener>,
+    stop: Arc<AtomicBool>,
+}
+
+impl NotifListener {
+    fn start(name: &str, queue: Weak<NotifList>) -> Result<Self> {
+        let addr = SocketAddr::from_abstract_name(name.as_bytes())?;
+        let listener = Arc::new(UnixListener::bind_addr(&addr)?);
+        let stop = Arc::new(AtomicBool::new(false));
+        let (l, s) = (listener.clone(), stop.clone());
+        std::thread::Builder::new()
+            .name("cuda-ipc-notif".into())
+            .spawn(move || {
+                for conn in l.incoming() {
+                    if s.load(Ordering::Acquire) {
+                        break;
+                    }
+                    let Ok(conn) = conn else { continue };
+                    let q = queue.clone();
+                    let _ = std::thread::Builder::new()
+                        .name("cuda-ipc-peer".into())
+                        .spawn(move || read_frames(conn, q));
+                }
+            })?;
+        Ok(Self { listener, stop })
+    }
+}
+
+impl Drop for NotifListener {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        // SAFETY: shutting down our own listening socket wakes the blocked accept.
+        unsafe { libc::shutdown(self.listener.as_raw_fd(), libc::SHUT_RDWR) };
+    }
+}
+
+/// Reads `len:u32 name_len:u16 name msg` frames until EOF, a malformed frame, or the
+/// backend is gone.
+fn read_frames(mut conn: UnixStream, queue: Weak<NotifList>) {
+    loop {
+        let mut len = [0u8; 4];
+        if conn.read_exact(&mut len).is_err() {
+            return;
+        }
+        let len = u32::from_le_bytes(len) as usize;
+        if !(2..=MAX_FRAME).contains(&len) {
+            tracing::warn!("{NAME}: dropping a connection that sent a {len}-byte frame");
+            return;
+        }
+        let mut frame = vec![0u8; len];
+        if conn.read_exact(&mut frame).is_err() {
+            return;
+        }
+        let name_len = usize::from(u16::from_le_bytes([frame[0], frame[1]]));
+        let Some(name) = frame.get(2..2 + name_len) else {
+            tracing::warn!("{NAME}: dropping a connection that sent a malformed frame");
+            return;
+        };
+        let name = String::from_utf8_lossy(name).into_owned();
+        let msg = frame[2 + name_len..].to_vec();
+        let Some(q) = queue.upgrade() else { return };
+        q.lock().expect("notif lock").push((name, msg));
+    }
+}
+
+// ---- memory metadata -----------------------------------------------------------------------
+
+#[derive(Debug)]
+enum LocalRegion {
+    /// VRAM: what peers need to map it.
+    Vram {
+        handle: IpcHandle,
+        offset: u64,
+        alloc_len: u64,
+        uuid: [u8; 16],
+    },
+    /// DRAM: pinned for fast copies (never reached remotely).
+    Dram {
+        _pin: Option<gpunetio::HostRegistration>,
+    },
+}
+
+impl LocalMd for LocalRegion {
+    fn public_md(&self) -> Vec<u8> {
+        match self {
+            LocalRegion::Vram {
+                handle,
+                offset,
+                alloc_len,
+                uuid,
+            } => {
+                let mut out = Vec::with_capacity(MD_BYTES);
+                out.push(MD_VERSION);
+                out.extend_from_slice(handle.as_bytes());
+                out.extend_from_slice(&offset.to_le_bytes());
+                out.extend_from_slice(&alloc_len.to_le_bytes());
+                out.extend_from_slice(uuid);
+                out
+            }
+            LocalRegion::Dram { .. } => Vec::new(),
+        }
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+/// A peer's VRAM region: the allocation's handle and where the region starts in it.
+#[derive(Debug)]
+struct RemoteRegion {
+    handle: IpcHandle,
+    /// Region start minus allocation start.
+    offset: u64,
+    /// The region's own start address in the peer's address space.
+    region_addr: u64,
+    uuid: [u8; 16],
+}
+
+impl RemoteMd for RemoteRegion {
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+/// Delivers a transfer's notification to its peer (or this agent, for loopback).
+#[derive(Debug)]
+struct PeerSink {
+    sender: String,
+    target: Target,
+}
+
+#[derive(Debug)]
+enum Target {
+    Peer(Arc<Peer>),
+    Myself(NotifQueue),
+}
+
+impl NotifSink for PeerSink {
+    fn deliver(&self, msg: Vec<u8>) -> Result<()> {
+        match &self.target {
+            Target::Peer(p) => p.send(&self.sender, &msg),
+            Target::Myself(q) => {
+                q.lock()
+                    .expect("notif lock")
+                    .push((self.sender.clone(), msg));
+                Ok(())
+            }
+        }
+    }
+    fn alive(&self) -> Result<()> {
+        match &self.target {
+            Target::Peer(p) => p.alive(),
+            Target::Myself(_) => Ok(()),
+        }
+    }
+}
+
+impl CudaIpcBackend {
+    fn peer(&self, agent: &str) -> Result<Arc<Peer>> {
+        let peers = self.peers.lock().expect("peers lock");
+        let peer = peers
+            .get(agent)
+            .cloned()
+            .ok_or_else(|| Error::Unreachable {
+                backend: NAME.into(),
+                agent: agent.to_string(),
+                reason: "no connection information of it was loaded".into(),
+            })?;
+        if let Some(why) = &peer.unreachable {
+            return Err(Error::Unreachable {
+                backend: NAME.into(),
+                agent: agent.to_string(),
+                reason: why.clone(),
+            });
+        }
+        Ok(peer)
+    }
+}
+
+impl Backend for CudaIpcBackend {
+    fn name(&self) -> &str {
+        NAME
+    }
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            local: true,
+            remote: true,
+            notif: true,
+        }
+    }
+    fn supported_mem(&self) -> &[MemKind] {
+        &[MemKind::Dram, MemKind::Vram]
+    }
+    fn supported_remote_mem(&self) -> &[MemKind] {
+        &[MemKind::Vram]
+    }
+    fn reach(&self, agent: &str) -> Result<()> {
+        if agent == self.agent_name {
+            return Ok(());
+        }
+        self.peer(agent).map(drop)
+    }
+    fn register_mem(&self, region: &Region) -> Result<Arc<dyn LocalMd>> {
+        let d = region.desc;
+        if region.kind == MemKind::Dram {
+            return Ok(Arc::new(LocalRegion::Dram {
+                _pin: pin_host(d.addr, d.len),
+            }));
+        }
+        let device = usize::try_from(d.dev_id).unwrap_or(usize::MAX);
+        let view =
+            DeviceMemoryRef::wrap(d.addr, d.len, device).map_err(gpu_err("registering VRAM"))?;
+        let (handle, offset) = view.export_ipc().map_err(|e| {
+            Error::Gpu(format!(
+                "{NAME} cannot export VRAM {:#x}+{}: {e}",
+                d.addr, d.len
+            ))
+        })?;
+        let uuid = Gpu::open(device)
+            .and_then(|g| g.uuid())
+            .map_err(gpu_err("reading the GPU's UUID"))?;
+        Ok(Arc::new(LocalRegion::Vram {
+            handle,
+            offset,
+            alloc_len: view.info().range_size,
+            uuid,
+        }))
+    }
+    fn connection_info(&self) -> Result<Vec<u8>> {
+        Ok(self.me.encode())
+    }
+    fn load_remote_conn_info(&self, agent: &str, info: &[u8]) -> Result<()> {
+        let info = ConnInfo::decode(info)?;
+        let mut peers = self.peers.lock().expect("peers lock");
+        if peers.get(agent).is_some_and(|p| p.info == info) {
+            return Ok(());
+        }
+        // A new incarnation: its mappings start afresh (the old ones go with the last
+        // request that still uses them).
+        peers.insert(
+            agent.to_string(),
+            Arc::new(Peer::new(agent, info, &self.me)),
+        );
+        Ok(())
+    }
+    fn load_remote_md(
+        &self,
+        agent: &str,
+        region: &Region,
+        public: &[u8],
+    ) -> Result<Arc<dyn RemoteMd>> {
+        let bad =
+            |why: &str| Error::MalformedMetadata(format!("{NAME} region of `{agent}`: {why}"));
+        if public.len() != MD_BYTES || public[0] != MD_VERSION {
+            return Err(bad(&format!(
+                "{} bytes, version {:?} (expected {MD_BYTES} bytes, version {MD_VERSION})",
+                public.len(),
+                public.first()
+            )));
+        }
+        let handle = IpcHandle::from_bytes(&public[1..1 + IPC_HANDLE_BYTES]).expect("64 bytes");
+        let at = 1 + IPC_HANDLE_BYTES;
+        let offset = u64::from_le_bytes(public[at..at + 8].try_into().expect("8 bytes"));
+        let alloc_len = u64::from_le_bytes(public[at + 8..at + 16].try_into().expect("8 bytes"));
+        let uuid: [u8; 16] = public[at + 16..at + 32].try_into().expect("16 bytes");
+        if offset
+            .checked_add(region.desc.len)
+            .is_none_or(|end| end > alloc_len)
+        {
+            return Err(bad(&format!(
+                "region of {} bytes at offset {offset} exceeds its allocation of {alloc_len}",
+                region.desc.len
+            )));
+        }
+        Ok(Arc::new(RemoteRegion {
+            handle,
+            offset,
+            region_addr: region.desc.addr,
+            uuid,
+        }))
+    }
+    fn disconnect(&self, agent: &str) {
+        self.peers.lock().expect("peers lock").remove(agent);
+    }
+    fn prep_xfer(
+        &self,
+        op: XferOp,
+        entries: &[XferEntry<'_>],
+        agent: &str,
+    ) -> Result<Box<dyn BackendXfer>> {
+        let loopback = agent == self.agent_name;
+        let peer = if loopback {
+            None
+        } else {
+            Some(self.peer(agent)?)
+        };
+        let mut keep: Vec<Arc<dyn Any + Send + Sync>> = Vec::new();
+        let mut import_gpus: HashMap<[u8; 16], Gpu> = HashMap::new();
+        let mut copies = Vec::with_capacity(entries.len());
+        for e in entries {
+            let remote = e
+                .remote_md
+                .as_any()
+                .downcast_ref::<RemoteRegion>()
+                .ok_or_else(|| Error::InvalidParam(format!("{NAME}: not a {NAME} region")))?;
+            let local_gpu =
+                (e.local_region.kind == MemKind::Vram).then_some(e.local.dev_id as usize);
+            let (remote_addr, gpu) = match &peer {
+                None => (e.remote.addr, e.remote.dev_id as usize),
+                Some(peer) => {
+                    // Import where the exporter's GPU is, if this process sees it; else
+                    // into the local side's GPU (the driver reaches the peer GPU).
+                    let gpu = match import_gpus.get(&remote.uuid) {
+                        Some(g) => g.clone(),
+                        None => {
+                            let found = gpunetio::find_by_uuid(&remote.uuid)
+                                .map_err(gpu_err("looking up the peer's GPU"))?;
+                            let g = match found {
+                                Some(g) => g,
+                                None => Gpu::open(local_gpu.unwrap_or(0))
+                                    .map_err(gpu_err("opening the local GPU"))?,
+                            };
+                            import_gpus.insert(remote.uuid, g.clone());
+                            g
+                        }
+                    };
+                    let mapping = peer.mapping(&remote.handle, &gpu)?;
+                    let addr = mapping.ptr() + remote.offset + (e.remote.addr - remote.region_addr);
+                    if !keep.iter().any(|k| {
+                        k.downcast_ref::<IpcMapping>()
+                            .is_some_and(|m| m.ptr() == mapping.ptr())
+                    }) {
+                        keep.push(mapping.clone());
+                    }
+                    (addr, local_gpu.unwrap_or(gpu.ordinal()))
+                }
+            };
+            let (src, dst) = match op {
+                XferOp::Write => (e.local.addr, remote_addr),
+                XferOp::Read => (remote_addr, e.local.addr),
+            };
+            copies.push((
+                gpu,
+                Copy {
+                    dst,
+                    src,
+                    len: e.local.len as usize,
+                },
+            ));
+        }
+        let sink = Arc::new(PeerSink {
+            sender: self.agent_name.clone(),
+            target: match peer {
+                Some(p) => Target::Peer(p),
+                None => Target::Myself(self.notifs.clone()),
+            },
+        });
+        Ok(Box::new(GpuXfer::new(
+            &self.streams,
+            copies,
+            usize::MAX,
+            sink,
+            keep,
+        )?))
+    }
+    fn gen_notif(&self, agent: &str, msg: &[u8]) -> Result<()> {
+        if agent == self.agent_name {
+            self.notifs
+                .lock()
+                .expect("notif lock")
+                .push((self.agent_name.clone(), msg.to_vec()));
+            return Ok(());
+        }
+        self.peer(agent)?.send(&self.agent_name, msg)
+    }
+    fn take_notifs(&self, into: &mut Vec<(String, Vec<u8>)>) {
+        into.append(&mut self.notifs.lock().expect("notif lock"));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn conn_info_round_trips_and_rejects_garbage() {
+        let info = ConnInfo {
+            boot_id: [7; 16],
+            pid: 4242,
+            start_time: 99,
+            socket: "nixl-cuda-ipc-1-2-3".into(),
+        };
+        let b = info.encode();
+        assert_eq!(ConnInfo::decode(&b).unwrap(), info);
+        for cut in 0..b.len() {
+            assert!(ConnInfo::decode(&b[..cut]).is_err(), "truncated at {cut}");
+        }
+        let mut v2 = b.clone();
+        v2[4] = 2;
+        assert!(matches!(
+            ConnInfo::decode(&v2),
+            Err(Error::MalformedMetadata(_))
+        ));
+        let mut long = b.clone();
+        long.push(0);
+        assert!(ConnInfo::decode(&long).is_err());
+    }
+
+    #[test]
+    fn boot_id_and_start_time_read_from_proc() {
+        let id = boot_id().unwrap();
+        assert_ne!(id, [0; 16]);
+        assert_eq!(boot_id().unwrap(), id);
+        let t = process_start_time(std::process::id()).unwrap();
+        assert_eq!(process_start_time(std::process::id()), Some(t));
+        assert_eq!(process_start_time(u32::MAX), None);
+    }
+
+    #[test]
+    fn another_node_is_unreachable_and_a_dead_pid_is_disconnected() {
+        let me = ConnInfo {
+            boot_id: boot_id().unwrap(),
+            pid: std::process::id(),
+            start_time: process_start_time(std::process::id()).unwrap(),
+            socket: "x".into(),
+        };
+        let other_node = Peer::new(
+            "far",
+            ConnInfo {
+                boot_id: [1; 16],
+                ..me.clone()
+            },
+            &me,
+        );
+        assert!(other_node.unreachable.is_some());
+        // A child that exits: its pidfd becomes readable.
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        let start_time = process_start_time(pid).unwrap_or(0);
+        let peer = Peer::new(
+            "child",
+            ConnInfo {
+                pid,
+                start_time,
+                ..me.clone()
+            },
+            &me,
+        );
+        child.wait().unwrap();
+        if peer.pidfd.is_some() {
+            assert!(matches!(peer.alive(), Err(Error::RemoteDisconnect { .. })));
+        }
+        // This process is alive.
+        let myself = Peer::new("me", me.clone(), &me);
+        assert!(myself.pidfd.is_some());
+        assert!(myself.alive().is_ok());
+    }
+
+    #[test]
+    fn notification_frames_cross_the_socket_and_bad_frames_drop_the_connection() {
+        let queue = NotifQueue::default();
+        let name = format!(
+            "nixl-cuda-ipc-test-{}-{:x}",
+            std::process::id(),
+            random_u64()
+        );
+        let listener = NotifListener::start(&name, Arc::downgrade(&queue)).unwrap();
+        let me = ConnInfo {
+            boot_id: boot_id().unwrap(),
+            pid: std::process::id(),
+            start_time: process_start_time(std::process::id()).unwrap(),
+            socket: name.clone(),
+        };
+        let peer = Peer::new("target", me.clone(), &me);
+        peer.send("initiator", b"hello").unwrap();
+        peer.send("initiator", b"").unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while queue.lock().unwrap().len() < 2 && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(
+            *queue.lock().unwrap(),
+            vec![
+                ("initiator".to_string(), b"hello".to_vec()),
+                ("initiator".to_string(), Vec::new())
+            ]
+        );
+        // A hostile frame (name longer than the frame) is dropped, nothing is queued.
+        let addr = SocketAddr::from_abstract_name(name.as_bytes()).unwrap();
+        let mut raw = UnixStream::connect_addr(&addr).unwrap();
+        raw.write_all(&[4, 0, 0, 0, 0xff, 0xff, 0, 0]).unwrap();
+        let mut buf = [0u8; 1];
+        raw.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        assert_eq!(raw.read(&mut buf).unwrap(), 0, "connection closed");
+        assert_eq!(queue.lock().unwrap().len(), 2);
+        drop(listener);
+        // After the listener is gone, a new connection is refused: a typed disconnect.
+        let late = Peer::new("target", me.clone(), &me);
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(matches!(
+            late.send("initiator", b"x"),
+            Err(Error::RemoteDisconnect { .. })
+        ));
+    }
+}
