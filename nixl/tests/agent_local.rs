@@ -372,3 +372,19 @@ fn concurrent_posting_from_eight_threads() {
     let notifs = a.get_notifs();
     assert_eq!(notifs["mt"].len(), 400);
 }
+
+#[test]
+fn vram_that_is_not_device_memory_is_a_typed_error() {
+    let a = agent("novram");
+    let host = vec![0u8; 4096];
+    let list = DescList::from_descs(MemKind::Vram, [Desc::new(host.as_ptr() as u64, 4096, 0)]);
+    // SAFETY: refused before any backend sees it.
+    let r = unsafe { a.register_mem(&list, None) };
+    // Without feature `cuda` (or without a driver) it is a GPU error; with a GPU, a host
+    // pointer declared VRAM is NotDeviceMemory.
+    assert!(
+        matches!(r, Err(Error::Gpu(_)) | Err(Error::NotDeviceMemory { .. })),
+        "{r:?}"
+    );
+    println!("{}", r.unwrap_err());
+}
