@@ -63,12 +63,10 @@ fn check_vram(list: &DescList) -> Result<()> {
     Ok(())
 }
 
-/// Without GPU support no backend registers VRAM; say so before the backends do.
+/// Without GPU support only a user-written backend can take VRAM: nothing to check with.
 #[cfg(not(feature = "cuda"))]
 fn check_vram(_list: &DescList) -> Result<()> {
-    Err(Error::Gpu(
-        "VRAM needs nixl built with feature `cuda`".into(),
-    ))
+    Ok(())
 }
 
 /// A cached (kind, device) → index lookup while preparing a list.
@@ -306,9 +304,6 @@ impl Agent {
     ) -> Result<RegistrationHandle> {
         list.validate()?;
         let kind = list.kind();
-        if kind == MemKind::Vram {
-            check_vram(list)?;
-        }
         let backends = self.backends();
         let chosen: Vec<bool> = backends
             .iter()
@@ -330,6 +325,9 @@ impl Agent {
                 },
                 (_, None) => Error::InvalidParam("no backend has been created".into()),
             });
+        }
+        if kind == MemKind::Vram {
+            check_vram(list)?;
         }
         let mut regs = Vec::with_capacity(list.len());
         for desc in list.descs() {
@@ -479,7 +477,7 @@ impl Agent {
         let backends = self.backends();
         let has_conn_info = meta.sections.iter().any(|s| s.conn_info.is_some());
         // Parse everything before touching the peer table: a failure changes nothing.
-        let mut loaded: Vec<(Region, String, usize, Arc<dyn RemoteMd>)> = Vec::new();
+        let mut loaded: Vec<(Region, String, usize, Option<Arc<dyn RemoteMd>>)> = Vec::new();
         for section in &meta.sections {
             let Some(bi) = backends.iter().position(|b| b.name() == section.backend) else {
                 continue; // a backend this agent lacks: ignored, as NIXL does
@@ -489,10 +487,14 @@ impl Agent {
             }
             let remote_kinds = backends[bi].supported_remote_mem();
             for (region, public) in &section.regions {
-                if !remote_kinds.contains(&region.kind) {
-                    continue; // e.g. CUDA_IPC and host memory: another backend reaches it
-                }
-                let md = backends[bi].load_remote_md(&meta.agent, region, public)?;
+                // A kind this backend cannot reach on a peer (CUDA_IPC and host memory)
+                // is still indexed, so the region is known and its transfers get
+                // NoCommonBackend rather than an out-of-bounds error.
+                let md = if remote_kinds.contains(&region.kind) {
+                    Some(backends[bi].load_remote_md(&meta.agent, region, public)?)
+                } else {
+                    None
+                };
                 loaded.push((*region, section.backend.clone(), bi, md));
             }
         }
@@ -545,7 +547,7 @@ impl Agent {
             let mds = grouped
                 .entry(region)
                 .or_insert_with(|| vec![None; backends.len()]);
-            mds[bi] = Some(md);
+            mds[bi] = md;
         }
         for (region, mds) in grouped {
             peer.index
