@@ -69,6 +69,10 @@ fn check_vram(_list: &DescList) -> Result<()> {
     Ok(())
 }
 
+/// A peer region as one backend parsed it: (region, backend name, backend index, its view
+/// or `None` where the backend cannot reach that kind on a peer).
+type LoadedRegion = (Region, String, usize, Option<Arc<dyn RemoteMd>>);
+
 /// A cached (kind, device) → index lookup while preparing a list.
 type IndexEntry<'a> = (&'a (MemKind, u64), &'a RegionIndex<Arc<LocalReg>>);
 
@@ -477,7 +481,7 @@ impl Agent {
         let backends = self.backends();
         let has_conn_info = meta.sections.iter().any(|s| s.conn_info.is_some());
         // Parse everything before touching the peer table: a failure changes nothing.
-        let mut loaded: Vec<(Region, String, usize, Option<Arc<dyn RemoteMd>>)> = Vec::new();
+        let mut loaded: Vec<LoadedRegion> = Vec::new();
         for section in &meta.sections {
             let Some(bi) = backends.iter().position(|b| b.name() == section.backend) else {
                 continue; // a backend this agent lacks: ignored, as NIXL does
