@@ -86,6 +86,30 @@ pub(crate) fn pin_host(addr: u64, len: u64) -> Option<HostRegistration> {
     }
 }
 
+/// A DRAM registration pinned on its first GPU transfer: registering DRAM that never
+/// meets a GPU stays as cheap as without feature `cuda`.
+#[derive(Debug)]
+pub(crate) struct LazyPin {
+    addr: u64,
+    len: u64,
+    pin: std::sync::OnceLock<Option<HostRegistration>>,
+}
+
+impl LazyPin {
+    pub(crate) fn new(addr: u64, len: u64) -> Self {
+        Self {
+            addr,
+            len,
+            pin: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// Pins the range now if it is not yet (once; a refusal is remembered).
+    pub(crate) fn ensure(&self) {
+        self.pin.get_or_init(|| pin_host(self.addr, self.len));
+    }
+}
+
 /// One copy: `len` bytes from `src` to `dst` (device or host addresses, unified).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Copy {

@@ -22,7 +22,7 @@
 //!   pid and start time are in the connection information): requests to it fail with
 //!   [`Error::RemoteDisconnect`].
 
-use super::cuda_copy::{gpu_err, pin_host, Copy, GpuXfer, NotifSink, StreamPools};
+use super::cuda_copy::{gpu_err, Copy, GpuXfer, LazyPin, NotifSink, StreamPools};
 use super::shared::param;
 use crate::agent::Agent;
 use crate::backend::{
@@ -401,10 +401,8 @@ enum LocalRegion {
         alloc_len: u64,
         uuid: [u8; 16],
     },
-    /// DRAM: pinned for fast copies (never reached remotely).
-    Dram {
-        _pin: Option<gpunetio::HostRegistration>,
-    },
+    /// DRAM: pinned on first use for fast copies (never reached remotely).
+    Dram(LazyPin),
 }
 
 impl LocalMd for LocalRegion {
@@ -424,7 +422,7 @@ impl LocalMd for LocalRegion {
                 out.extend_from_slice(uuid);
                 out
             }
-            LocalRegion::Dram { .. } => Vec::new(),
+            LocalRegion::Dram(_) => Vec::new(),
         }
     }
     fn as_any(&self) -> &dyn Any {
@@ -530,9 +528,7 @@ impl Backend for CudaIpcBackend {
     fn register_mem(&self, region: &Region) -> Result<Arc<dyn LocalMd>> {
         let d = region.desc;
         if region.kind == MemKind::Dram {
-            return Ok(Arc::new(LocalRegion::Dram {
-                _pin: pin_host(d.addr, d.len),
-            }));
+            return Ok(Arc::new(LocalRegion::Dram(LazyPin::new(d.addr, d.len))));
         }
         let device = usize::try_from(d.dev_id).unwrap_or(usize::MAX);
         let view =
@@ -625,6 +621,10 @@ impl Backend for CudaIpcBackend {
         let mut import_gpus: HashMap<[u8; 16], Gpu> = HashMap::new();
         let mut copies = Vec::with_capacity(entries.len());
         for e in entries {
+            if let Some(LocalRegion::Dram(pin)) = e.local_md.as_any().downcast_ref::<LocalRegion>()
+            {
+                pin.ensure();
+            }
             let remote = e
                 .remote_md
                 .as_any()

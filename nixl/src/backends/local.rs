@@ -59,18 +59,18 @@ pub(crate) fn create(agent: &Agent, params: &BackendParams) -> Result<Arc<dyn Ba
 
 #[derive(Debug)]
 struct Md {
-    /// DRAM pinned for fast copies to and from VRAM (unpinned when the registration goes).
+    /// DRAM, pinned on its first copy to or from VRAM (unpinned when the registration
+    /// goes).
     #[cfg(feature = "cuda")]
-    _pin: Option<gpunetio::HostRegistration>,
+    pin: Option<super::cuda_copy::LazyPin>,
 }
 
 impl Md {
     fn new(_region: &Region) -> Self {
         Self {
             #[cfg(feature = "cuda")]
-            _pin: (_region.kind == MemKind::Dram)
-                .then(|| super::cuda_copy::pin_host(_region.desc.addr, _region.desc.len))
-                .flatten(),
+            pin: (_region.kind == MemKind::Dram)
+                .then(|| super::cuda_copy::LazyPin::new(_region.desc.addr, _region.desc.len)),
         }
     }
 }
@@ -112,6 +112,16 @@ impl LocalBackend {
     /// Copies on the GPU of the VRAM side (the destination's when both are VRAM).
     fn prep_gpu_xfer(&self, op: XferOp, entries: &[XferEntry<'_>]) -> Result<Box<dyn BackendXfer>> {
         use super::cuda_copy::{Copy, GpuXfer};
+        for e in entries {
+            if let Some(pin) = e
+                .local_md
+                .as_any()
+                .downcast_ref::<Md>()
+                .and_then(|m| m.pin.as_ref())
+            {
+                pin.ensure();
+            }
+        }
         let copies = entries.iter().map(|e| {
             let (src, dst) = match op {
                 XferOp::Write => (
