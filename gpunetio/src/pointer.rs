@@ -1,9 +1,10 @@
 //! Pointer classification (`cuPointerGetAttributes`) and borrowed views of device memory
 //! that a framework (torch, CuPy) owns.
 
-use crate::error::{cvt, Error, Result};
+use crate::error::{cvt, cvt_ctx, Error, Result};
 use crate::gpu::{driver, Gpu};
-use crate::ipc::IpcHandle;
+use crate::ipc::{IpcHandle, VmmExport};
+use std::os::fd::FromRawFd;
 use cudarc::driver::sys::{self, CUpointer_attribute};
 use std::sync::OnceLock;
 
@@ -219,5 +220,68 @@ impl DeviceMemoryRef {
         let gpu = Gpu::open(self.device)?;
         let handle = IpcHandle::get(&gpu, self.info.range_start)?;
         Ok((handle, self.offset_in_allocation()))
+    }
+
+    /// The VMM allocation holding the view as a POSIX file descriptor (for memory that
+    /// has no legacy IPC handle: `cuMemCreate` with a POSIX-fd handle type, e.g. torch's
+    /// expandable segments), and the view's offset in it. The view must lie inside one
+    /// physical allocation mapped whole.
+    #[doc(alias = "cuMemRetainAllocationHandle")]
+    pub fn export_vmm(&self) -> Result<(VmmExport, u64)> {
+        let gpu = Gpu::open(self.device)?;
+        gpu.bind()?;
+        let mut handle = 0;
+        // SAFETY: valid out-pointer; the address is device memory checked at wrap time.
+        let result = unsafe { sys::cuMemRetainAllocationHandle(&mut handle, self.ptr as *mut _) };
+        cvt_ctx("cuMemRetainAllocationHandle", result, || {
+            format!("{:#x} (not VMM memory?)", self.ptr)
+        })?;
+        let exported = (|| {
+            // SAFETY: plain C struct, filled by the driver below.
+            let mut prop: sys::CUmemAllocationProp = unsafe { std::mem::zeroed() };
+            // SAFETY: valid out-pointer and a retained handle.
+            let result = unsafe { sys::cuMemGetAllocationPropertiesFromHandle(&mut prop, handle) };
+            cvt("cuMemGetAllocationPropertiesFromHandle", result)?;
+            if prop.requestedHandleTypes.0
+                & sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR.0
+                == 0
+            {
+                return Err(Error::Unsupported(format!(
+                    "the VMM allocation at {:#x} was created without a POSIX-fd handle type",
+                    self.ptr
+                )));
+            }
+            let (start, size) = (self.info.range_start, self.info.range_size);
+            if !self.info.contains(self.ptr, self.len) {
+                return Err(Error::Unsupported(format!(
+                    "{:#x}+{} spans several VMM mappings",
+                    self.ptr, self.len
+                )));
+            }
+            let mut fd: libc::c_int = -1;
+            // SAFETY: for POSIX-fd handles the driver writes an `int`.
+            let result = unsafe {
+                sys::cuMemExportToShareableHandle(
+                    (&mut fd as *mut libc::c_int).cast(),
+                    handle,
+                    sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                    0,
+                )
+            };
+            cvt("cuMemExportToShareableHandle", result)?;
+            // SAFETY: a new descriptor the driver handed over.
+            let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
+            Ok((
+                VmmExport {
+                    fd,
+                    size,
+                    len: size,
+                },
+                self.ptr - start,
+            ))
+        })();
+        // SAFETY: retained above, released once.
+        let _ = unsafe { sys::cuMemRelease(handle) };
+        exported
     }
 }

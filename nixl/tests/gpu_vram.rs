@@ -382,11 +382,23 @@ fn gpu_peer_process_main() {
             let big = DeviceBuffer::alloc(&gpu, BIG).unwrap();
             big.fill(0).unwrap();
             let region = Desc::new(big.ptr() + REGION_OFF, REGION_LEN, gpu.ordinal() as u64);
-            // SAFETY: both allocations live until the process exits.
-            let _h = unsafe { t.register_mem(&vram([whole(&buf), region]), None).unwrap() };
+            // VMM memory has no legacy IPC handle: CUDA_IPC hands its fd out instead.
+            let vmm = DeviceBuffer::alloc_vmm(&gpu, BUF).unwrap();
+            vmm.fill(0).unwrap();
+            // SAFETY: the allocations live until the process exits.
+            let _h = unsafe {
+                t.register_mem(&vram([whole(&buf), region, whole(&vmm)]), None)
+                    .unwrap()
+            };
             std::fs::write(
                 format!("{announce}.tmp"),
-                format!("{} {} {}", t.listen_addr().unwrap(), buf.ptr(), big.ptr()),
+                format!(
+                    "{} {} {} {}",
+                    t.listen_addr().unwrap(),
+                    buf.ptr(),
+                    big.ptr(),
+                    vmm.ptr()
+                ),
             )
             .unwrap();
             std::fs::rename(format!("{announce}.tmp"), &announce).unwrap();
@@ -408,6 +420,7 @@ fn gpu_peer_process_main() {
                             && all[..r.start].iter().all(|b| *b == 0)
                             && all[r.end..].iter().all(|b| *b == 0)
                     }
+                    "round 6" => vmm.to_vec().unwrap() == pattern(6, BUF),
                     "standalone" => true,
                     other => panic!("unexpected notification {other}"),
                 };
@@ -503,6 +516,7 @@ fn cuda_ipc_two_processes_write_read_with_notifications() {
     let addr = it.next().unwrap().parse().unwrap();
     let remote_buf: u64 = it.next().unwrap().parse().unwrap();
     let remote_big: u64 = it.next().unwrap().parse().unwrap();
+    let remote_vmm: u64 = it.next().unwrap().parse().unwrap();
     let dev = gpu.ordinal() as u64;
     let remote = Desc::new(remote_buf, BUF as u64, dev);
 
@@ -613,7 +627,35 @@ fn cuda_ipc_two_processes_write_read_with_notifications() {
         None,
     );
     assert!(matches!(r, Err(Error::RemoteOutOfBounds { .. })), "{r:?}");
-    // 6. A standalone notification, then goodbye.
+    // 6. The target's VMM buffer (imported through its fd), WRITE then READ back.
+    local_v.copy_from_host(0, &pattern(6, BUF)).unwrap();
+    let remote_v = vram([Desc::new(remote_vmm, BUF as u64, dev)]);
+    let mut w = i
+        .create_xfer_req(
+            XferOp::Write,
+            &vram([whole(&local_v)]),
+            &remote_v,
+            &name,
+            Some(b"round 6".to_vec()),
+        )
+        .unwrap();
+    w.post().unwrap();
+    w.wait(TIMEOUT).unwrap();
+    check("round 6", &mut child);
+    local_v.fill(0).unwrap();
+    let mut r = i
+        .create_xfer_req(
+            XferOp::Read,
+            &vram([whole(&local_v)]),
+            &remote_v,
+            &name,
+            None,
+        )
+        .unwrap();
+    r.post().unwrap();
+    r.wait(TIMEOUT).unwrap();
+    assert_eq!(local_v.to_vec().unwrap(), pattern(6, BUF), "READ from VMM");
+    // 7. A standalone notification, then goodbye.
     i.gen_notif(&name, b"standalone").unwrap();
     check("standalone", &mut child);
     i.gen_notif(&name, b"bye").unwrap();

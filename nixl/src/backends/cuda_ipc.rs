@@ -5,7 +5,10 @@
 //! - A VRAM registration publishes the CUDA-IPC handle of the allocation holding it, the
 //!   region's offset in that allocation, the allocation's size and the GPU's UUID. Memory
 //!   a framework owns (a torch tensor inside a larger cached block) works: the handle is
-//!   the block's, the offset says where the tensor is.
+//!   the block's, the offset says where the tensor is. VMM memory (`cuMemCreate` with a
+//!   POSIX-fd handle type), which has no legacy IPC handle, is published by an id instead:
+//!   the importer asks the exporter's socket for the allocation's file descriptor
+//!   (`SCM_RIGHTS`) and maps it; the offer ends when the registration is dropped.
 //! - The initiator imports each allocation once per peer incarnation (cached by handle),
 //!   on first use; the mappings are released when the peer is invalidated or replaced and
 //!   the last request using them is gone.
@@ -30,11 +33,11 @@ use crate::backend::{
 };
 use crate::error::{Error, Result};
 use crate::mem::{MemKind, Region};
-use gpunetio::{DeviceMemoryRef, Gpu, IpcHandle, IpcMapping, IPC_HANDLE_BYTES};
+use gpunetio::{DeviceMemoryRef, Gpu, IpcHandle, IpcMapping, VmmMapping, IPC_HANDLE_BYTES};
 use std::any::Any;
 use std::collections::HashMap;
 use std::io::{Read, Write};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -47,8 +50,13 @@ pub const NAME: &str = "CUDA_IPC";
 const CONN_MAGIC: &[u8; 4] = b"CIPC";
 const CONN_VERSION: u8 = 1;
 const MD_VERSION: u8 = 1;
-/// version, handle, offset, allocation size, GPU UUID.
-const MD_BYTES: usize = 1 + IPC_HANDLE_BYTES + 8 + 8 + 16;
+/// version, kind, key (IPC handle, or VMM id + padding), offset, allocation size, GPU UUID.
+const MD_BYTES: usize = 1 + 1 + IPC_HANDLE_BYTES + 8 + 8 + 16;
+const MD_KIND_IPC: u8 = 1;
+const MD_KIND_VMM: u8 = 2;
+/// Socket frame types: a notification, and a request for a VMM allocation's fd.
+const FRAME_NOTIF: u8 = 1;
+const FRAME_FD_REQUEST: u8 = 2;
 /// Largest notification frame a peer may send.
 const MAX_FRAME: usize = 16 << 20;
 const SEND_TIMEOUT: Duration = Duration::from_secs(5);
@@ -56,6 +64,8 @@ const SEND_TIMEOUT: Duration = Duration::from_secs(5);
 /// Received (sender, message) pairs.
 type NotifList = Mutex<Vec<(String, Vec<u8>)>>;
 type NotifQueue = Arc<NotifList>;
+/// VMM allocations this backend hands out as file descriptors, by id.
+type VmmTable = Mutex<HashMap<u64, gpunetio::VmmExport>>;
 
 /// The CUDA-IPC backend.
 #[derive(Debug)]
@@ -67,6 +77,8 @@ pub struct CudaIpcBackend {
     _listener: NotifListener,
     peers: Mutex<HashMap<String, Arc<Peer>>>,
     streams: StreamPools,
+    vmm: Arc<VmmTable>,
+    next_vmm: AtomicU64,
 }
 
 pub(crate) fn create(agent: &Agent, params: &BackendParams) -> Result<Arc<dyn Backend>> {
@@ -95,7 +107,8 @@ pub(crate) fn create(agent: &Agent, params: &BackendParams) -> Result<Arc<dyn Ba
         random_u64()
     );
     let notifs = NotifQueue::default();
-    let listener = NotifListener::start(&socket, Arc::downgrade(&notifs))?;
+    let vmm = Arc::new(VmmTable::default());
+    let listener = NotifListener::start(&socket, Arc::downgrade(&notifs), Arc::downgrade(&vmm))?;
     Ok(Arc::new(CudaIpcBackend {
         agent_name: agent.name().to_string(),
         me: ConnInfo {
@@ -108,6 +121,8 @@ pub(crate) fn create(agent: &Agent, params: &BackendParams) -> Result<Arc<dyn Ba
         _listener: listener,
         peers: Mutex::default(),
         streams: StreamPools::new(num_streams),
+        vmm,
+        next_vmm: AtomicU64::new(1),
     }))
 }
 
@@ -209,7 +224,7 @@ struct Peer {
     /// Readable once the peer process has exited.
     pidfd: Option<OwnedFd>,
     conn: Mutex<Option<UnixStream>>,
-    mappings: Mutex<HashMap<[u8; IPC_HANDLE_BYTES], Arc<IpcMapping>>>,
+    mappings: Mutex<HashMap<AllocKey, Arc<Mapped>>>,
     /// Set once the peer was seen gone.
     gone: AtomicBool,
 }
@@ -259,21 +274,60 @@ impl Peer {
         Ok(())
     }
 
-    /// The mapping of `handle`, imported on first use into `gpu`.
-    fn mapping(&self, handle: &IpcHandle, gpu: &Gpu) -> Result<Arc<IpcMapping>> {
+    /// The mapping of allocation `key`, imported on first use into `gpu`.
+    fn mapping(&self, key: &AllocKey, gpu: &Gpu) -> Result<Arc<Mapped>> {
         let mut mappings = self.mappings.lock().expect("mappings lock");
-        if let Some(m) = mappings.get(handle.as_bytes()) {
+        if let Some(m) = mappings.get(key) {
             return Ok(m.clone());
         }
         self.alive()?;
-        let m = Arc::new(IpcMapping::open(gpu, handle).map_err(|e| {
+        let import_err = |e: gpunetio::Error| {
+            Error::Gpu(format!("importing memory of agent `{}`: {e}", self.name))
+        };
+        let m = Arc::new(match key {
+            AllocKey::Ipc(handle) => {
+                Mapped::Ipc(IpcMapping::open(gpu, handle).map_err(import_err)?)
+            }
+            AllocKey::Vmm(id) => {
+                let export = self.fetch_vmm(*id)?;
+                Mapped::Vmm(
+                    VmmMapping::import(gpu, export.fd.as_fd(), export.size).map_err(import_err)?,
+                )
+            }
+        });
+        mappings.insert(*key, m.clone());
+        Ok(m)
+    }
+
+    fn connect(&self) -> Result<UnixStream> {
+        let addr = SocketAddr::from_abstract_name(self.info.socket.as_bytes())?;
+        let s = UnixStream::connect_addr(&addr).map_err(|e| Error::RemoteDisconnect {
+            agent: self.name.clone(),
+            reason: format!("cannot connect to its {NAME} socket: {e}"),
+        })?;
+        s.set_write_timeout(Some(SEND_TIMEOUT))?;
+        s.set_read_timeout(Some(SEND_TIMEOUT))?;
+        Ok(s)
+    }
+
+    /// Asks the peer for the file descriptor of its VMM allocation `id`.
+    fn fetch_vmm(&self, id: u64) -> Result<gpunetio::VmmExport> {
+        let mut conn = self.connect()?;
+        let mut frame = Vec::with_capacity(13);
+        frame.extend_from_slice(&9u32.to_le_bytes());
+        frame.push(FRAME_FD_REQUEST);
+        frame.extend_from_slice(&id.to_le_bytes());
+        conn.write_all(&frame)
+            .map_err(|e| Error::RemoteDisconnect {
+                agent: self.name.clone(),
+                reason: format!("VMM fd request not sent: {e}"),
+            })?;
+        gpunetio::recv_vmm(&conn).map_err(|e| {
             Error::Gpu(format!(
-                "importing a CUDA-IPC handle of agent `{}`: {e}",
+                "agent `{}` did not hand over VMM allocation {id} (deregistered, or its process is gone): {e}",
                 self.name
             ))
-        })?);
-        mappings.insert(*handle.as_bytes(), m.clone());
-        Ok(m)
+        })
     }
 
     /// Sends one frame over the peer's notification socket (connecting on first use).
@@ -289,20 +343,15 @@ impl Peer {
                 msg.len()
             )));
         }
-        let mut frame = Vec::with_capacity(6 + sender.len() + msg.len());
-        frame.extend_from_slice(&((2 + sender.len() + msg.len()) as u32).to_le_bytes());
+        let mut frame = Vec::with_capacity(7 + sender.len() + msg.len());
+        frame.extend_from_slice(&((3 + sender.len() + msg.len()) as u32).to_le_bytes());
+        frame.push(FRAME_NOTIF);
         frame.extend_from_slice(&(sender.len() as u16).to_le_bytes());
         frame.extend_from_slice(sender.as_bytes());
         frame.extend_from_slice(msg);
         let mut conn = self.conn.lock().expect("conn lock");
         if conn.is_none() {
-            let addr = SocketAddr::from_abstract_name(self.info.socket.as_bytes())
-                .map_err(|e| disconnect(format!("bad socket name: {e}")))?;
-            let s = UnixStream::connect_addr(&addr).map_err(|e| {
-                disconnect(format!("cannot connect to its notification socket: {e}"))
-            })?;
-            s.set_write_timeout(Some(SEND_TIMEOUT))?;
-            *conn = Some(s);
+            *conn = Some(self.connect()?);
         }
         let result = conn.as_mut().expect("connected above").write_all(&frame);
         if let Err(e) = result {
@@ -330,7 +379,7 @@ struct NotifListener {
 }
 
 impl NotifListener {
-    fn start(name: &str, queue: Weak<NotifList>) -> Result<Self> {
+    fn start(name: &str, queue: Weak<NotifList>, vmm: Weak<VmmTable>) -> Result<Self> {
         let addr = SocketAddr::from_abstract_name(name.as_bytes())?;
         let listener = Arc::new(UnixListener::bind_addr(&addr)?);
         let stop = Arc::new(AtomicBool::new(false));
@@ -343,10 +392,10 @@ impl NotifListener {
                         break;
                     }
                     let Ok(conn) = conn else { continue };
-                    let q = queue.clone();
+                    let (q, v) = (queue.clone(), vmm.clone());
                     let _ = std::thread::Builder::new()
                         .name("cuda-ipc-peer".into())
-                        .spawn(move || read_frames(conn, q));
+                        .spawn(move || serve_connection(conn, q, v));
                 }
             })?;
         Ok(Self { listener, stop })
@@ -361,32 +410,52 @@ impl Drop for NotifListener {
     }
 }
 
-/// Reads `len:u32 name_len:u16 name msg` frames until EOF, a malformed frame, or the
-/// backend is gone.
-fn read_frames(mut conn: UnixStream, queue: Weak<NotifList>) {
+/// Serves one peer connection until EOF, a malformed frame, or the backend is gone.
+/// Frames are `len:u32 type:u8 payload[len-1]`:
+/// - `FRAME_NOTIF`: `name_len:u16 name msg` — a notification, queued;
+/// - `FRAME_FD_REQUEST`: `id:u64` — answered with the VMM allocation's descriptor
+///   (`send_vmm`), or with a message without one when `id` is not exported.
+fn serve_connection(mut conn: UnixStream, queue: Weak<NotifList>, vmm: Weak<VmmTable>) {
+    let drop_conn = |why: &str| tracing::warn!("{NAME}: dropping a peer connection: {why}");
     loop {
         let mut len = [0u8; 4];
         if conn.read_exact(&mut len).is_err() {
             return;
         }
         let len = u32::from_le_bytes(len) as usize;
-        if !(2..=MAX_FRAME).contains(&len) {
-            tracing::warn!("{NAME}: dropping a connection that sent a {len}-byte frame");
-            return;
+        if !(1..=MAX_FRAME).contains(&len) {
+            return drop_conn(&format!("a {len}-byte frame"));
         }
         let mut frame = vec![0u8; len];
         if conn.read_exact(&mut frame).is_err() {
             return;
         }
-        let name_len = usize::from(u16::from_le_bytes([frame[0], frame[1]]));
-        let Some(name) = frame.get(2..2 + name_len) else {
-            tracing::warn!("{NAME}: dropping a connection that sent a malformed frame");
-            return;
-        };
-        let name = String::from_utf8_lossy(name).into_owned();
-        let msg = frame[2 + name_len..].to_vec();
-        let Some(q) = queue.upgrade() else { return };
-        q.lock().expect("notif lock").push((name, msg));
+        match (frame[0], &frame[1..]) {
+            (FRAME_NOTIF, body) if body.len() >= 2 => {
+                let name_len = usize::from(u16::from_le_bytes([body[0], body[1]]));
+                let Some(name) = body.get(2..2 + name_len) else {
+                    return drop_conn("a notification whose name overruns its frame");
+                };
+                let name = String::from_utf8_lossy(name).into_owned();
+                let msg = body[2 + name_len..].to_vec();
+                let Some(q) = queue.upgrade() else { return };
+                q.lock().expect("notif lock").push((name, msg));
+            }
+            (FRAME_FD_REQUEST, body) if body.len() == 8 => {
+                let id = u64::from_le_bytes(body.try_into().expect("8 bytes"));
+                let Some(table) = vmm.upgrade() else { return };
+                let table = table.lock().expect("vmm lock");
+                let sent = match table.get(&id) {
+                    Some(export) => gpunetio::send_vmm(&conn, export),
+                    // A refusal: the 16 bytes without a descriptor.
+                    None => gpunetio::send_fds(&conn, &[0; 16], &[]),
+                };
+                if sent.is_err() {
+                    return;
+                }
+            }
+            (kind, _) => return drop_conn(&format!("frame type {kind} of {len} bytes")),
+        }
     }
 }
 
@@ -396,10 +465,12 @@ fn read_frames(mut conn: UnixStream, queue: Weak<NotifList>) {
 enum LocalRegion {
     /// VRAM: what peers need to map it.
     Vram {
-        handle: IpcHandle,
+        key: AllocKey,
         offset: u64,
         alloc_len: u64,
         uuid: [u8; 16],
+        /// For VMM memory: keeps the allocation's fd on offer while registered.
+        _share: Option<VmmShare>,
     },
     /// DRAM: pinned on first use for fast copies (never reached remotely).
     Dram(LazyPin),
@@ -409,14 +480,25 @@ impl LocalMd for LocalRegion {
     fn public_md(&self) -> Vec<u8> {
         match self {
             LocalRegion::Vram {
-                handle,
+                key,
                 offset,
                 alloc_len,
                 uuid,
+                ..
             } => {
                 let mut out = Vec::with_capacity(MD_BYTES);
                 out.push(MD_VERSION);
-                out.extend_from_slice(handle.as_bytes());
+                match key {
+                    AllocKey::Ipc(handle) => {
+                        out.push(MD_KIND_IPC);
+                        out.extend_from_slice(handle.as_bytes());
+                    }
+                    AllocKey::Vmm(id) => {
+                        out.push(MD_KIND_VMM);
+                        out.extend_from_slice(&id.to_le_bytes());
+                        out.extend_from_slice(&[0; IPC_HANDLE_BYTES - 8]);
+                    }
+                }
                 out.extend_from_slice(&offset.to_le_bytes());
                 out.extend_from_slice(&alloc_len.to_le_bytes());
                 out.extend_from_slice(uuid);
@@ -430,10 +512,51 @@ impl LocalMd for LocalRegion {
     }
 }
 
-/// A peer's VRAM region: the allocation's handle and where the region starts in it.
+/// Names one exported allocation: by its CUDA-IPC handle, or by the id under which the
+/// exporter hands out its VMM file descriptor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum AllocKey {
+    Ipc(IpcHandle),
+    Vmm(u64),
+}
+
+/// A peer's allocation mapped into this process.
+#[derive(Debug)]
+enum Mapped {
+    Ipc(IpcMapping),
+    Vmm(VmmMapping),
+}
+
+impl Mapped {
+    fn ptr(&self) -> u64 {
+        match self {
+            Mapped::Ipc(m) => m.ptr(),
+            Mapped::Vmm(m) => m.ptr(),
+        }
+    }
+}
+
+/// A VMM allocation on offer to peers while its registration lives.
+#[derive(Debug)]
+struct VmmShare {
+    id: u64,
+    table: Weak<VmmTable>,
+}
+
+impl Drop for VmmShare {
+    fn drop(&mut self) {
+        if let Some(table) = self.table.upgrade() {
+            if let Ok(mut t) = table.lock() {
+                t.remove(&self.id);
+            }
+        }
+    }
+}
+
+/// A peer's VRAM region: its allocation and where the region starts in it.
 #[derive(Debug)]
 struct RemoteRegion {
-    handle: IpcHandle,
+    key: AllocKey,
     /// Region start minus allocation start.
     offset: u64,
     /// The region's own start address in the peer's address space.
@@ -533,20 +656,39 @@ impl Backend for CudaIpcBackend {
         let device = usize::try_from(d.dev_id).unwrap_or(usize::MAX);
         let view =
             DeviceMemoryRef::wrap(d.addr, d.len, device).map_err(gpu_err("registering VRAM"))?;
-        let (handle, offset) = view.export_ipc().map_err(|e| {
+        let uuid = Gpu::open(device)
+            .and_then(|g| g.uuid())
+            .map_err(gpu_err("reading the GPU's UUID"))?;
+        let cannot = |e: gpunetio::Error| {
             Error::Gpu(format!(
                 "{NAME} cannot export VRAM {:#x}+{}: {e}",
                 d.addr, d.len
             ))
-        })?;
-        let uuid = Gpu::open(device)
-            .and_then(|g| g.uuid())
-            .map_err(gpu_err("reading the GPU's UUID"))?;
+        };
+        if view.info().ipc_capable {
+            let (handle, offset) = view.export_ipc().map_err(cannot)?;
+            return Ok(Arc::new(LocalRegion::Vram {
+                key: AllocKey::Ipc(handle),
+                offset,
+                alloc_len: view.info().range_size,
+                uuid,
+                _share: None,
+            }));
+        }
+        // VMM memory (no legacy IPC handle): its fd is handed out over the socket.
+        let (export, offset) = view.export_vmm().map_err(cannot)?;
+        let alloc_len = export.size;
+        let id = self.next_vmm.fetch_add(1, Ordering::Relaxed);
+        self.vmm.lock().expect("vmm lock").insert(id, export);
         Ok(Arc::new(LocalRegion::Vram {
-            handle,
+            key: AllocKey::Vmm(id),
             offset,
-            alloc_len: view.info().range_size,
+            alloc_len,
             uuid,
+            _share: Some(VmmShare {
+                id,
+                table: Arc::downgrade(&self.vmm),
+            }),
         }))
     }
     fn connection_info(&self) -> Result<Vec<u8>> {
@@ -581,8 +723,15 @@ impl Backend for CudaIpcBackend {
                 public.first()
             )));
         }
-        let handle = IpcHandle::from_bytes(&public[1..1 + IPC_HANDLE_BYTES]).expect("64 bytes");
-        let at = 1 + IPC_HANDLE_BYTES;
+        let key_bytes = &public[2..2 + IPC_HANDLE_BYTES];
+        let key = match public[1] {
+            MD_KIND_IPC => AllocKey::Ipc(IpcHandle::from_bytes(key_bytes).expect("64 bytes")),
+            MD_KIND_VMM => AllocKey::Vmm(u64::from_le_bytes(
+                key_bytes[..8].try_into().expect("8 bytes"),
+            )),
+            other => return Err(bad(&format!("unknown allocation kind {other}"))),
+        };
+        let at = 2 + IPC_HANDLE_BYTES;
         let offset = u64::from_le_bytes(public[at..at + 8].try_into().expect("8 bytes"));
         let alloc_len = u64::from_le_bytes(public[at + 8..at + 16].try_into().expect("8 bytes"));
         let uuid: [u8; 16] = public[at + 16..at + 32].try_into().expect("16 bytes");
@@ -596,7 +745,7 @@ impl Backend for CudaIpcBackend {
             )));
         }
         Ok(Arc::new(RemoteRegion {
-            handle,
+            key,
             offset,
             region_addr: region.desc.addr,
             uuid,
@@ -651,10 +800,10 @@ impl Backend for CudaIpcBackend {
                             g
                         }
                     };
-                    let mapping = peer.mapping(&remote.handle, &gpu)?;
+                    let mapping = peer.mapping(&remote.key, &gpu)?;
                     let addr = mapping.ptr() + remote.offset + (e.remote.addr - remote.region_addr);
                     if !keep.iter().any(|k| {
-                        k.downcast_ref::<IpcMapping>()
+                        k.downcast_ref::<Mapped>()
                             .is_some_and(|m| m.ptr() == mapping.ptr())
                     }) {
                         keep.push(mapping.clone());
@@ -784,6 +933,56 @@ mod tests {
     }
 
     #[test]
+    fn vmm_descriptors_are_handed_out_on_request_and_refused_after_deregistration() {
+        let queue = NotifQueue::default();
+        let vmm = Arc::new(VmmTable::default());
+        let name = format!(
+            "nixl-cuda-ipc-fdtest-{}-{:x}",
+            std::process::id(),
+            random_u64()
+        );
+        let _listener =
+            NotifListener::start(&name, Arc::downgrade(&queue), Arc::downgrade(&vmm)).unwrap();
+        // A pipe's write end stands in for a VMM allocation's descriptor.
+        let mut fds = [0; 2];
+        // SAFETY: valid out-array of two ints.
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        // SAFETY: both descriptors were just created and are owned here.
+        let (read_end, write_end) =
+            unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+        vmm.lock().unwrap().insert(
+            7,
+            gpunetio::VmmExport {
+                fd: write_end,
+                size: 2 << 20,
+                len: 1 << 20,
+            },
+        );
+        let share = VmmShare {
+            id: 7,
+            table: Arc::downgrade(&vmm),
+        };
+        let me = ConnInfo {
+            boot_id: boot_id().unwrap(),
+            pid: std::process::id(),
+            start_time: process_start_time(std::process::id()).unwrap(),
+            socket: name,
+        };
+        let peer = Peer::new("exporter", me.clone(), &me);
+        let got = peer.fetch_vmm(7).unwrap();
+        assert_eq!(got.size, 2 << 20);
+        std::fs::File::from(got.fd).write_all(b"vmm").unwrap();
+        let mut buf = [0u8; 3];
+        std::fs::File::from(read_end).read_exact(&mut buf).unwrap();
+        assert_eq!(&buf, b"vmm");
+        // Unknown ids and deregistered allocations are refused with a typed error.
+        assert!(matches!(peer.fetch_vmm(8), Err(Error::Gpu(_))));
+        drop(share);
+        assert!(vmm.lock().unwrap().is_empty());
+        assert!(matches!(peer.fetch_vmm(7), Err(Error::Gpu(_))));
+    }
+
+    #[test]
     fn notification_frames_cross_the_socket_and_bad_frames_drop_the_connection() {
         let queue = NotifQueue::default();
         let name = format!(
@@ -791,7 +990,9 @@ mod tests {
             std::process::id(),
             random_u64()
         );
-        let listener = NotifListener::start(&name, Arc::downgrade(&queue)).unwrap();
+        let vmm = Arc::new(VmmTable::default());
+        let listener =
+            NotifListener::start(&name, Arc::downgrade(&queue), Arc::downgrade(&vmm)).unwrap();
         let me = ConnInfo {
             boot_id: boot_id().unwrap(),
             pid: std::process::id(),
