@@ -6,9 +6,13 @@
 //! - `test`: install what is missing, run the host tests, then every RDMA test binary
 //!   in one guest boot.
 //! - `deps`: install the Debian packages the workspace needs (idempotent).
+//! - `gpu-bundle [--list]`: build every `gpu_*` test target and GPU tool in release,
+//!   stripped into `target/gpu-bundle/` with a `run.sh`, for a GPU machine that has no
+//!   Rust toolchain (`--list`: what would be included, building nothing).
 
 mod bindings;
 mod deps;
+mod gpu;
 mod rxe;
 mod test;
 
@@ -25,6 +29,7 @@ fn main() -> ExitCode {
         "rxe" => rxe::run(rest),
         "test" => test::run(rest),
         "deps" => deps::ensure_workspace_packages().map(|()| 0),
+        "gpu-bundle" => gpu::run(rest),
         "-h" | "--help" | "help" => {
             println!("{}", USAGE);
             Ok(0)
@@ -48,4 +53,9 @@ const USAGE: &str = "usage: cargo xtask <command>
   rxe [options] -- CMD ...   run CMD in the soft-RoCE QEMU guest (rxe0); `rxe --help` for options
   test [--host-only|--guest-only]
                              install deps, run host tests, then all RDMA tests in one guest boot
-  deps                       install the Debian packages the workspace needs";
+  deps                       install the Debian packages the workspace needs
+  gpu-bundle [--list]        build every gpu_* test and GPU tool (release, stripped) into
+                             target/gpu-bundle/ with a run.sh; --list: show, build nothing.
+                             Copy target/gpu-bundle to the GPU machine (no Rust needed), then
+                             `bash target/gpu-bundle/run.sh [NAME...]`: NIXL_REQUIRE_GPU=1,
+                             logs in $OUT/gpu-suite.log and $OUT/logs/ (OUT: /tmp/gpu-out)";

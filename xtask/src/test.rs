@@ -72,7 +72,7 @@ pub fn run(args: &[String]) -> Result<i32> {
     Ok(0)
 }
 
-fn cargo(root: &Path) -> Command {
+pub(crate) fn cargo(root: &Path) -> Command {
     let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
     cmd.current_dir(root);
     cmd
@@ -81,16 +81,25 @@ fn cargo(root: &Path) -> Command {
 /// Builds all test targets (same profile as the host run, so nothing is rebuilt) and
 /// returns the executables of those named `rxe_*`, as (target name, path).
 fn build_guest_tests(root: &Path) -> Result<Vec<(String, PathBuf)>> {
+    built_executables(root, &["test", "--workspace", "--no-run"], |kinds, name| {
+        kinds.contains(&"test") && name.starts_with(GUEST_TEST_PREFIX)
+    })
+}
+
+/// Runs the cargo build command `args` (JSON messages are asked for) and returns the
+/// executables it produced whose target `keep(kinds, name)` accepts, as (target name,
+/// path), sorted.
+pub(crate) fn built_executables(
+    root: &Path,
+    args: &[&str],
+    keep: impl Fn(&[&str], &str) -> bool,
+) -> Result<Vec<(String, PathBuf)>> {
     let mut child = cargo(root)
-        .args([
-            "test",
-            "--workspace",
-            "--no-run",
-            "--message-format=json-render-diagnostics",
-        ])
+        .args(args)
+        .arg("--message-format=json-render-diagnostics")
         .stdout(Stdio::piped())
         .spawn()
-        .context("cargo test --no-run")?;
+        .with_context(|| format!("cargo {}", args.join(" ")))?;
     let stdout = child.stdout.take().expect("stdout is piped");
     let mut binaries = Vec::new();
     for line in std::io::BufReader::new(stdout).lines() {
@@ -102,20 +111,17 @@ fn build_guest_tests(root: &Path) -> Result<Vec<(String, PathBuf)>> {
             continue;
         }
         let target = &message["target"];
-        let is_test = target["kind"]
+        let kinds: Vec<&str> = target["kind"]
             .as_array()
-            .is_some_and(|kinds| kinds.iter().any(|k| k == "test"));
+            .map(|kinds| kinds.iter().filter_map(|k| k.as_str()).collect())
+            .unwrap_or_default();
         let name = target["name"].as_str().unwrap_or_default();
-        if let (true, true, Some(executable)) = (
-            is_test,
-            name.starts_with(GUEST_TEST_PREFIX),
-            message["executable"].as_str(),
-        ) {
+        if let (true, Some(executable)) = (keep(&kinds, name), message["executable"].as_str()) {
             binaries.push((name.to_string(), PathBuf::from(executable)));
         }
     }
     if !child.wait()?.success() {
-        bail!("building the test binaries failed");
+        bail!("cargo {} failed", args.join(" "));
     }
     binaries.sort();
     binaries.dedup();
@@ -159,7 +165,7 @@ fn write_suite_script(root: &Path, binaries: &[(String, PathBuf)]) -> Result<Pat
     Ok(path)
 }
 
-fn shell_quote(s: &str) -> String {
+pub(crate) fn shell_quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', r"'\''"))
 }
 
