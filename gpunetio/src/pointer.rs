@@ -4,8 +4,8 @@
 use crate::error::{cvt, cvt_ctx, Error, Result};
 use crate::gpu::{driver, Gpu};
 use crate::ipc::{IpcHandle, VmmExport};
-use std::os::fd::FromRawFd;
 use cudarc::driver::sys::{self, CUpointer_attribute};
+use std::os::fd::FromRawFd;
 use std::sync::OnceLock;
 
 /// What kind of memory a pointer points into.
