@@ -84,9 +84,13 @@ impl Gpu {
             .map_err(|_| Error::InvalidArgument(format!("PCI bus id {bus_id:?} contains NUL")))?;
         let mut dev = 0;
         // SAFETY: `c` is NUL-terminated, `dev` a valid out-pointer.
-        unsafe { sys::cuDeviceGetByPCIBusId(&mut dev, c.as_ptr()) }
-            .result()
-            .map_err(|_| Error::NoSuchGpu(format!("at PCI bus id {bus_id}")))?;
+        match unsafe { sys::cuDeviceGetByPCIBusId(&mut dev, c.as_ptr()) } {
+            sys::CUresult::CUDA_SUCCESS => {}
+            sys::CUresult::CUDA_ERROR_INVALID_DEVICE | sys::CUresult::CUDA_ERROR_INVALID_VALUE => {
+                return Err(Error::NoSuchGpu(format!("at PCI bus id {bus_id}")))
+            }
+            other => cvt("cuDeviceGetByPCIBusId", other)?,
+        }
         Self::open(usize::try_from(dev).map_err(|_| Error::NoSuchGpu(bus_id.to_string()))?)
     }
 

@@ -6,7 +6,7 @@ use crate::gpu::{driver, Gpu};
 use crate::ipc::{IpcHandle, VmmExport};
 use cudarc::driver::sys::{self, CUpointer_attribute};
 use std::os::fd::FromRawFd;
-use std::sync::OnceLock;
+use std::sync::Mutex;
 
 /// What kind of memory a pointer points into.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -60,13 +60,13 @@ fn any_context() -> Result<()> {
     if !current.is_null() {
         return Ok(());
     }
-    static FALLBACK: OnceLock<Option<Gpu>> = OnceLock::new();
-    match FALLBACK.get_or_init(|| Gpu::open(0).ok()) {
-        Some(gpu) => gpu.bind(),
-        None => Err(Error::NoSuchGpu(
-            "0 (no GPU to classify pointers with)".into(),
-        )),
+    // Kept once opened; a failed open is retried next time.
+    static FALLBACK: Mutex<Option<Gpu>> = Mutex::new(None);
+    let mut fallback = FALLBACK.lock().unwrap_or_else(|e| e.into_inner());
+    if fallback.is_none() {
+        *fallback = Some(Gpu::open(0)?);
     }
+    fallback.as_ref().expect("set above").bind()
 }
 
 /// Classifies any pointer: pageable host, pinned host, device (with its GPU) or managed.
