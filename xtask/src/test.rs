@@ -31,10 +31,24 @@ pub fn run(args: &[String]) -> Result<i32> {
     crate::deps::ensure_workspace_packages()?;
     let root = workspace_root();
     if host {
-        // Feature-gated suites that need only host software (etcd on loopback).
+        // Feature-gated suites that need only host software (etcd on loopback), and the
+        // GPU code built with feature `cuda`: its unit tests run, its GPU tests skip here
+        // with a printed reason (they run on a GPU machine: `cargo xtask gpu-bundle`).
         for args in [
             &["test", "--workspace"][..],
             &["test", "-p", "nixl", "--features", "etcd"][..],
+            &[
+                "test",
+                "-p",
+                "nixl",
+                "--features",
+                "cuda",
+                "--lib",
+                "--test",
+                "gpu_*",
+                "--test",
+                "agent_local",
+            ][..],
         ] {
             eprintln!("xtask: host tests (cargo {})", args.join(" "));
             let status = cargo(&root).args(args).status()?;
