@@ -370,7 +370,9 @@ impl Agent {
         })
     }
 
-    /// Which of `list`'s descriptors are registered, and with which backends.
+    /// Which of `list`'s descriptors are registered, and with which backends: each
+    /// backend's name, followed by how it reaches the memory where it has a choice
+    /// (`LIBFABRIC(staged)`, `LIBFABRIC(direct)`: see [`crate::backend::LocalMd::mode`]).
     #[doc(alias = "queryMem")]
     pub fn query_mem(&self, list: &DescList) -> Vec<Option<Vec<String>>> {
         let backends = self.backends();
@@ -388,8 +390,13 @@ impl Agent {
                         reg.mds
                             .iter()
                             .zip(&backends)
-                            .filter(|(md, _)| md.is_some())
-                            .map(|(_, b)| b.name().to_string())
+                            .filter_map(|(md, b)| {
+                                let md = md.as_ref()?;
+                                Some(match md.mode() {
+                                    Some(mode) => format!("{}({mode})", b.name()),
+                                    None => b.name().to_string(),
+                                })
+                            })
                             .collect(),
                     ),
                     _ => None,

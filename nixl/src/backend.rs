@@ -54,6 +54,12 @@ pub trait LocalMd: Any + Send + Sync + std::fmt::Debug {
     fn public_md(&self) -> Vec<u8>;
     /// For the backend to get its own type back.
     fn as_any(&self) -> &dyn Any;
+    /// How the backend reaches this registration where it has a choice (e.g. `LIBFABRIC`
+    /// VRAM: `direct` through the provider, or `staged` through pinned host buffers);
+    /// [`crate::Agent::query_mem`] reports it as `BACKEND(mode)`. `None`: nothing to say.
+    fn mode(&self) -> Option<&'static str> {
+        None
+    }
 }
 
 /// Backend-private metadata of a peer's region, parsed from its public metadata.

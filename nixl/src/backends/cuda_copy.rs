@@ -347,3 +347,111 @@ impl crate::backend::BackendXfer for GpuXfer {
         self.batches.iter().map(CopyBatch::len).sum()
     }
 }
+
+/// The staging pipeline's copier: bounce memory pinned with `cuMemHostAlloc`, copies
+/// between it and VRAM by `cuMemcpyAsync` on the backend's streams (round-robin, so the
+/// copies of consecutive chunks overlap each other and the network), completed by
+/// events that are reused. Host-to-host copies (a staged DRAM region) are `memcpy`.
+#[derive(Debug)]
+pub(crate) struct StagingCopier {
+    streams: StreamPools,
+    pending: HashMap<u64, (usize, CudaEvent)>,
+    spare: HashMap<usize, Vec<CudaEvent>>,
+    next: u64,
+}
+
+impl StagingCopier {
+    pub(crate) fn new(streams_per_gpu: usize) -> Self {
+        Self {
+            streams: StreamPools::new(streams_per_gpu),
+            pending: HashMap::new(),
+            spare: HashMap::new(),
+            next: 0,
+        }
+    }
+}
+
+impl super::staging::Copier for StagingCopier {
+    fn alloc(&mut self, len: usize, dev: Option<usize>) -> Result<super::staging::BounceMem> {
+        let Some(dev) = dev else {
+            return super::staging::BounceMem::heap(len);
+        };
+        let pool = self.streams.get(dev)?;
+        let buf = gpunetio::HostBuffer::alloc(&pool.gpu, len)
+            .map_err(gpu_err("allocating the pinned staging pool"))?;
+        Ok(super::staging::BounceMem::Pinned(buf))
+    }
+
+    fn start(&mut self, dev: Option<usize>, copies: &[super::staging::CopyOp]) -> Result<u64> {
+        self.next += 1;
+        let ticket = self.next;
+        let Some(dev) = dev else {
+            // SAFETY: the staging engine copies only between its bounce memory and ranges
+            // checked against live staged registrations.
+            unsafe { super::staging::host_copy(copies) };
+            return Ok(ticket);
+        };
+        let pool = self.streams.get(dev)?;
+        pool.gpu.bind().map_err(gpu_err("binding the context"))?;
+        let stream = pool.next_stream();
+        for c in copies {
+            // SAFETY: one side is the engine's bounce memory (pinned, alive while the
+            // engine is), the other a range checked against a live staged registration
+            // whose request waits for this copy before letting the memory go.
+            let r = unsafe { sys::cuMemcpyAsync(c.dst, c.src, c.len, stream.cu_stream()) };
+            r.result().map_err(|e| {
+                Error::Gpu(format!(
+                    "cuMemcpyAsync {:#x} -> {:#x} ({} bytes): {e:?}",
+                    c.src, c.dst, c.len
+                ))
+            })?;
+        }
+        let event = match self.spare.get_mut(&dev).and_then(Vec::pop) {
+            Some(e) => e,
+            None => pool
+                .gpu
+                .context()
+                .new_event(None)
+                .map_err(|e| Error::Gpu(format!("cuEventCreate: {e:?}")))?,
+        };
+        event
+            .record(&stream)
+            .map_err(|e| Error::Gpu(format!("cuEventRecord: {e:?}")))?;
+        self.pending.insert(ticket, (dev, event));
+        Ok(ticket)
+    }
+
+    fn poll(&mut self, ticket: u64) -> Result<bool> {
+        let Some((_, event)) = self.pending.get(&ticket) else {
+            // A host copy (done at start) or an already finished ticket.
+            return Ok(true);
+        };
+        let done = event
+            .try_is_complete()
+            .map_err(|e| Error::Gpu(format!("a staging copy failed on the GPU: {e:?}")));
+        match done {
+            Ok(false) => Ok(false),
+            Ok(true) => {
+                let (dev, event) = self.pending.remove(&ticket).expect("present");
+                self.spare.entry(dev).or_default().push(event);
+                Ok(true)
+            }
+            Err(e) => {
+                self.pending.remove(&ticket);
+                Err(e)
+            }
+        }
+    }
+}
+
+impl Drop for StagingCopier {
+    fn drop(&mut self) {
+        // A copy cannot be recalled: wait for those still running before the memory
+        // they touch may go.
+        for (_, event) in self.pending.values() {
+            if let Err(e) = event.synchronize() {
+                tracing::warn!("waiting for a staging copy: {e:?}");
+            }
+        }
+    }
+}

@@ -32,7 +32,10 @@
 //! plain incoming writes, and only moves them while its worker polls — default `0`:
 //! spin while busy and for 20 ms after, then block on the queue's wait object).
 
+mod stage_net;
+
 use super::shared::NotifTracker;
+use super::staging::{self, Failure, NetError, Plan, RunSink, RunSpec, Side, StageNet};
 use crate::agent::Agent;
 use crate::backend::{
     Backend, BackendParams, BackendXfer, Capabilities, LocalMd, PostParams, RemoteMd, XferEntry,
@@ -45,6 +48,7 @@ use fabric::{
     EndpointBuilder, EndpointType, Fabric, HmemIface, Info, InfoBuilder, MemoryRegion,
     RegisteredBuffer, RemoteMemory, WaitObj,
 };
+use stage_net::{failure_of, FabAddr, FabricSink, Stager};
 use std::any::Any;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -72,6 +76,14 @@ const MAX_OUTSTANDING: usize = 512;
 const SPIN_AFTER_ACTIVITY: Duration = Duration::from_millis(20);
 /// Longest block on the completion queue when idle.
 const IDLE_WAIT: Duration = Duration::from_millis(1);
+/// Contexts of staging operations: the engine's operation id in the low 44 bits, a
+/// control-message buffer (+1) in bits 44..60.
+const STAGE_CONTEXT: u64 = 1 << 60;
+const STAGE_OP_BITS: u32 = 44;
+/// Control-message send buffers (each [`staging::MAX_CTRL_BYTES`]).
+const CTRL_SLOTS: usize = 64;
+/// Most requester addresses a target keeps resolved.
+const MAX_REPLY_ADDRS: usize = 1024;
 
 #[derive(Debug)]
 struct Rail {
@@ -86,10 +98,12 @@ struct Rail {
 }
 
 /// Shared between the backend and its workers.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Common {
     /// Notifications, released only after their data (key: sender hash | sequence).
-    notifs: NotifTracker<u64>,
+    notifs: Arc<NotifTracker<u64>>,
+    /// The VRAM staging pipeline (idle and costless until something is staged).
+    stager: Arc<Stager>,
     /// Local rail i → this peer's address in rail i's AV, per peer.
     peers: RwLock<HashMap<String, Peer>>,
     stop: AtomicBool,
@@ -138,7 +152,36 @@ pub struct LibfabricBackend {
     next_seq: Arc<AtomicU32>,
     next_rail: AtomicUsize,
     mem_kinds: Vec<MemKind>,
+    remote_kinds: Vec<MemKind>,
     provider: String,
+    /// The provider advertises `FI_HMEM` (device memory may register directly).
+    hmem: bool,
+    vram_mode: VramMode,
+    /// Stage DRAM registrations too (tests the pipeline without a GPU).
+    stage_dram: bool,
+}
+
+/// How VRAM registrations are made (parameter `vram_mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum VramMode {
+    /// Directly where the provider has `FI_HMEM` and accepts the registration, else
+    /// staged.
+    Auto,
+    /// Always staged.
+    Staged,
+    /// Directly or not at all (the provider's refusal is the registration's error).
+    Direct,
+}
+
+/// How one registration is reached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RegMode {
+    /// Host memory registered with the provider.
+    Plain,
+    /// Device memory registered with the provider (`FI_HMEM`).
+    Direct,
+    /// Through the staging pipeline.
+    Staged,
 }
 
 fn fabric_error(e: fabric::Error) -> Error {
@@ -172,6 +215,10 @@ pub(crate) fn create(agent: &Agent, params: &BackendParams) -> Result<Arc<dyn Ba
         "num_rails",
         "striping_threshold",
         "busy_poll",
+        "vram_mode",
+        "staging_chunk",
+        "staging_chunks",
+        "stage_dram",
     ];
     if let Some(key) = params.keys().find(|k| !KNOWN.contains(&k.as_str())) {
         return Err(Error::InvalidParam(format!(
@@ -187,33 +234,63 @@ pub(crate) fn create(agent: &Agent, params: &BackendParams) -> Result<Arc<dyn Ba
     }
     let striping_threshold =
         param(params, "striping_threshold", DEFAULT_STRIPING_THRESHOLD)?.max(1);
-    let info = discover(params)?;
+    let busy_poll = flag(params, "busy_poll")?;
+    let stage_dram = flag(params, "stage_dram")?;
+    let vram_mode = match params.get("vram_mode").map(String::as_str) {
+        None | Some("auto") => VramMode::Auto,
+        Some("staged") => VramMode::Staged,
+        Some("direct") => VramMode::Direct,
+        Some(v) => {
+            return Err(Error::InvalidParam(format!(
+                "{NAME} parameter vram_mode=`{v}`: auto, staged or direct"
+            )))
+        }
+    };
+    let chunk: usize = param(params, "staging_chunk", staging::DEFAULT_CHUNK)?;
+    if !(4096..=(1 << 30)).contains(&chunk) || chunk % 4096 != 0 {
+        return Err(Error::InvalidParam(format!(
+            "{NAME}: staging_chunk must be a multiple of 4096 in 4 KiB..=1 GiB, not {chunk}"
+        )));
+    }
+    let chunks: usize = param(params, "staging_chunks", staging::DEFAULT_CHUNKS)?;
+    if !(2..=1024).contains(&chunks) {
+        return Err(Error::InvalidParam(format!(
+            "{NAME}: staging_chunks must be 2..=1024, not {chunks}"
+        )));
+    }
+    // Direct VRAM registration needs FI_HMEM: ask for it first where it could be used.
+    let want_hmem = cfg!(feature = "cuda") && vram_mode != VramMode::Staged;
+    let info = discover(params, want_hmem)?;
     let provider = info.provider_name().to_string();
-    let mem_kinds = if info.caps().contains(Caps::HMEM) {
+    let hmem = info.caps().contains(Caps::HMEM);
+    // VRAM registers (directly or staged) with GPU support; a peer's VRAM is reachable
+    // even without it (the peer stages, or registered it directly).
+    let mem_kinds = if cfg!(feature = "cuda") {
         vec![MemKind::Dram, MemKind::Vram]
     } else {
         vec![MemKind::Dram]
     };
-    let busy_poll = match params.get("busy_poll").map(String::as_str) {
-        None | Some("0" | "false" | "no") => false,
-        Some("1" | "true" | "yes") => true,
-        Some(v) => {
-            return Err(Error::InvalidParam(format!(
-                "{NAME} parameter busy_poll=`{v}`: 0 or 1"
-            )))
-        }
-    };
-    let common = Arc::new(Common {
-        busy_poll,
-        ..Common::default()
-    });
     let mut rails = Vec::with_capacity(num_rails);
     for _ in 0..num_rails {
         rails.push(Arc::new(open_rail(&info)?));
     }
+    let notifs = Arc::new(NotifTracker::default());
+    let stager = Arc::new(Stager::new(
+        &rails,
+        notifs.clone(),
+        staging::Config { chunk, chunks },
+    )?);
+    let common = Arc::new(Common {
+        notifs,
+        stager,
+        peers: RwLock::default(),
+        stop: AtomicBool::new(false),
+        busy_poll,
+    });
     let backend = LibfabricBackend {
         agent_name: agent.name().to_string(),
-        sender_hash: fnv1a(agent.name()),
+        // Bit 31 stays clear: remote CQ data with bit 63 set is a staged fetch's data.
+        sender_hash: fnv1a(agent.name()) & 0x7fff_ffff,
         rails,
         common,
         progress: Arc::new(Progress {
@@ -225,7 +302,11 @@ pub(crate) fn create(agent: &Agent, params: &BackendParams) -> Result<Arc<dyn Ba
         next_seq: Arc::new(AtomicU32::new(1)),
         next_rail: AtomicUsize::new(0),
         mem_kinds,
+        remote_kinds: vec![MemKind::Dram, MemKind::Vram],
         provider,
+        hmem,
+        vram_mode,
+        stage_dram,
     };
     let mut workers = Vec::with_capacity(backend.rails.len());
     for (index, rail) in backend.rails.iter().enumerate() {
@@ -252,11 +333,28 @@ pub(crate) fn create(agent: &Agent, params: &BackendParams) -> Result<Arc<dyn Ba
         }
         *backend.threads.lock().expect("threads lock") = threads;
     }
-    tracing::debug!(provider = %backend.provider, rails = num_rails, "LIBFABRIC backend up");
+    tracing::debug!(
+        provider = %backend.provider,
+        rails = num_rails,
+        hmem,
+        "LIBFABRIC backend up"
+    );
     Ok(Arc::new(backend))
 }
 
-fn discover(params: &BackendParams) -> Result<Info> {
+fn flag(params: &BackendParams, key: &str) -> Result<bool> {
+    match params.get(key).map(String::as_str) {
+        None | Some("0" | "false" | "no") => Ok(false),
+        Some("1" | "true" | "yes") => Ok(true),
+        Some(v) => Err(Error::InvalidParam(format!(
+            "{NAME} parameter {key}=`{v}`: 0 or 1"
+        ))),
+    }
+}
+
+/// The provider's info (the first of the priority list that answers); with `want_hmem`,
+/// that provider's `FI_HMEM` variant where it has one.
+fn discover(params: &BackendParams, want_hmem: bool) -> Result<Info> {
     let named = params.get("provider").map(String::as_str);
     let candidates: Vec<&str> = match named {
         Some(p) => vec![p],
@@ -264,17 +362,25 @@ fn discover(params: &BackendParams) -> Result<Info> {
     };
     let mut last_error = None;
     for provider in candidates {
-        let mut hints = InfoBuilder::new()
-            .provider(provider)
-            .ep_type(EndpointType::RDM)
-            .caps(Caps::MSG | Caps::RMA);
-        let node = params.get("node").cloned().or_else(|| {
-            (provider.starts_with("tcp") || provider == "sockets").then(|| "127.0.0.1".into())
-        });
-        if let Some(node) = &node {
-            hints = hints.node(node).source(true);
+        let hints = |caps: Caps| {
+            let mut hints = InfoBuilder::new()
+                .provider(provider)
+                .ep_type(EndpointType::RDM)
+                .caps(caps);
+            let node = params.get("node").cloned().or_else(|| {
+                (provider.starts_with("tcp") || provider == "sockets").then(|| "127.0.0.1".into())
+            });
+            if let Some(node) = &node {
+                hints = hints.node(node).source(true);
+            }
+            hints
+        };
+        if want_hmem {
+            if let Ok(info) = hints(Caps::MSG | Caps::RMA | Caps::HMEM).get_first() {
+                return Ok(info);
+            }
         }
-        match hints.get_first() {
+        match hints(Caps::MSG | Caps::RMA).get_first() {
             Ok(info) => return Ok(info),
             Err(e) => last_error = Some((provider, e)),
         }
@@ -329,14 +435,45 @@ fn open_rail(info: &Info) -> Result<Rail> {
     })
 }
 
-/// Registrations, one per rail.
+/// Registrations, one per rail (none for a staged region).
 #[derive(Debug)]
 struct FabricLocalMd {
     mrs: Vec<MemoryRegion>,
+    mode: RegMode,
+    /// A staged region: its entry in the staging engine (removed on drop), the slot size
+    /// peers chunk for, and the GPU its copies run on.
+    staged: Option<StagedReg>,
 }
 
+#[derive(Debug)]
+struct StagedReg {
+    stager: Arc<Stager>,
+    id: u64,
+    slot: u32,
+    dev: Option<usize>,
+}
+
+impl Drop for StagedReg {
+    fn drop(&mut self) {
+        self.stager.engine().remove_region(self.id);
+    }
+}
+
+/// First byte of a staged region's public metadata (a key list starts with its rail
+/// count, 1..=16).
+const STAGED_MD: u8 = 0;
+const STAGED_MD_VERSION: u8 = 1;
+
 impl LocalMd for FabricLocalMd {
+    /// A key list (`rails:u8`, then address, key and length per rail) for memory the
+    /// provider registered (DRAM, or VRAM registered directly), or for a staged region
+    /// `0 | version 1 | slot size u32`: peers send it through the staging protocol.
     fn public_md(&self) -> Vec<u8> {
+        if let Some(staged) = &self.staged {
+            let mut out = vec![STAGED_MD, STAGED_MD_VERSION];
+            out.extend_from_slice(&staged.slot.to_le_bytes());
+            return out;
+        }
         let mut out = Vec::with_capacity(1 + self.mrs.len() * RemoteMemory::WIRE_SIZE);
         out.push(self.mrs.len() as u8);
         for mr in &self.mrs {
@@ -347,12 +484,21 @@ impl LocalMd for FabricLocalMd {
     fn as_any(&self) -> &dyn Any {
         self
     }
+    fn mode(&self) -> Option<&'static str> {
+        match self.mode {
+            RegMode::Plain => None,
+            RegMode::Direct => Some("direct"),
+            RegMode::Staged => Some("staged"),
+        }
+    }
 }
 
-/// A peer region's address and key on each of its rails.
+/// A peer region's address and key on each of its rails, or (staged) the size of the
+/// peer's slots.
 #[derive(Debug)]
 struct FabricRemoteMd {
     remotes: Vec<RemoteMemory>,
+    staged_slot: Option<u64>,
 }
 
 impl RemoteMd for FabricRemoteMd {
@@ -403,47 +549,29 @@ impl Backend for LibfabricBackend {
         &self.mem_kinds
     }
 
+    fn supported_remote_mem(&self) -> &[MemKind] {
+        &self.remote_kinds
+    }
+
     fn register_mem(&self, region: &Region) -> Result<Arc<dyn LocalMd>> {
-        let iface = match region.kind {
-            MemKind::Dram => HmemIface::System,
+        match region.kind {
+            MemKind::Dram if self.stage_dram => self.register_staged(region, None),
+            MemKind::Dram => Ok(Arc::new(FabricLocalMd {
+                mrs: self.register_rails(region, HmemIface::System)?,
+                mode: RegMode::Plain,
+                staged: None,
+            })),
             MemKind::Vram if self.mem_kinds.contains(&MemKind::Vram) => {
-                HmemIface::Cuda(i32::try_from(region.desc.dev_id).map_err(|_| {
+                let dev = i32::try_from(region.desc.dev_id).map_err(|_| {
                     Error::InvalidParam(format!("CUDA device {} out of range", region.desc.dev_id))
-                })?)
+                })?;
+                self.register_vram(region, dev)
             }
-            kind => {
-                return Err(Error::UnsupportedMemKind {
-                    backend: NAME.into(),
-                    kind,
-                })
-            }
-        };
-        let len = usize::try_from(region.desc.len)
-            .map_err(|_| Error::InvalidParam("region larger than the address space".into()))?;
-        let access = Access::READ
-            | Access::WRITE
-            | Access::REMOTE_READ
-            | Access::REMOTE_WRITE
-            | Access::SEND
-            | Access::RECV;
-        let mut mrs = Vec::with_capacity(self.rails.len());
-        for rail in &self.rails {
-            // SAFETY: `Agent::register_mem`'s contract keeps the memory valid while the
-            // registration (this metadata) and every transfer using it exist.
-            let mr = unsafe {
-                MemoryRegion::reg_raw(
-                    &rail.domain,
-                    Some(&rail.ep),
-                    region.desc.addr as *const u8,
-                    len,
-                    access,
-                    iface,
-                )
-            }
-            .map_err(fabric_error)?;
-            mrs.push(mr);
+            kind => Err(Error::UnsupportedMemKind {
+                backend: NAME.into(),
+                kind,
+            }),
         }
-        Ok(Arc::new(FabricLocalMd { mrs }))
     }
 
     fn connection_info(&self) -> Result<Vec<u8>> {
@@ -483,7 +611,12 @@ impl Backend for LibfabricBackend {
                 addrs,
             },
         );
-        drop(old);
+        if let Some(old) = old {
+            self.common.stager.peer_gone(
+                &old.addrs,
+                &format!("`{agent}` reconnected (new connection information)"),
+            );
+        }
         Ok(())
     }
 
@@ -495,6 +628,20 @@ impl Backend for LibfabricBackend {
     ) -> Result<Arc<dyn RemoteMd>> {
         let bad = |why: &str| Error::MalformedMetadata(format!("{NAME} region metadata: {why}"));
         let (&count, rest) = public_md.split_first().ok_or_else(|| bad("empty"))?;
+        if count == STAGED_MD {
+            let slot = match rest {
+                [STAGED_MD_VERSION, a, b, c, d] => u32::from_le_bytes([*a, *b, *c, *d]),
+                [STAGED_MD_VERSION, ..] => return Err(bad("wrong length")),
+                _ => return Err(bad("unknown staged-region version")),
+            };
+            if slot < 4096 {
+                return Err(bad("staging slot smaller than 4 KiB"));
+            }
+            return Ok(Arc::new(FabricRemoteMd {
+                remotes: Vec::new(),
+                staged_slot: Some(u64::from(slot)),
+            }));
+        }
         if count == 0 || rest.len() != count as usize * RemoteMemory::WIRE_SIZE {
             return Err(bad("wrong length"));
         }
@@ -503,13 +650,20 @@ impl Backend for LibfabricBackend {
             .map(RemoteMemory::from_bytes)
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| bad(&e.to_string()))?;
-        Ok(Arc::new(FabricRemoteMd { remotes }))
+        Ok(Arc::new(FabricRemoteMd {
+            remotes,
+            staged_slot: None,
+        }))
     }
 
     fn disconnect(&self, agent: &str) {
         // The addresses go when no prepared transfer or queued job uses them any more.
         let removed = self.common.peers.write().expect("peers lock").remove(agent);
-        drop(removed);
+        if let Some(old) = removed {
+            self.common
+                .stager
+                .peer_gone(&old.addrs, &format!("`{agent}` was disconnected"));
+        }
     }
 
     fn prep_xfer(
@@ -534,7 +688,9 @@ impl Backend for LibfabricBackend {
         let mut round_robin = self.next_rail.fetch_add(entries.len(), Ordering::Relaxed) % nrails;
         let mut mrs: Vec<MemoryRegion> = Vec::new();
         let mut last_md: Option<(*const FabricLocalMd, u32)> = None;
-        for entry in entries {
+        // Entries with a staged side go through the staging pipeline.
+        let mut staged: Vec<usize> = Vec::new();
+        for (index, entry) in entries.iter().enumerate() {
             let local = entry
                 .local_md
                 .as_any()
@@ -545,6 +701,10 @@ impl Backend for LibfabricBackend {
                 .as_any()
                 .downcast_ref::<FabricRemoteMd>()
                 .ok_or_else(|| Error::InvalidParam("remote metadata is not LIBFABRIC's".into()))?;
+            if local.staged.is_some() || remote.staged_slot.is_some() {
+                staged.push(index);
+                continue;
+            }
             let len = entry.local.len as usize;
             let remote_offset = entry.remote.addr - entry.remote_region.desc.addr;
             // (rail, offset within the descriptor, length) pieces.
@@ -600,7 +760,14 @@ impl Backend for LibfabricBackend {
             }
         }
         let total: usize = rail_ops.iter().map(Vec::len).sum();
+        let staged = if staged.is_empty() {
+            None
+        } else {
+            Some(Arc::new(self.plan_staged(op, entries, &staged, &peer)?))
+        };
         Ok(Box::new(FabricXfer {
+            staged,
+            stager: self.common.stager.clone(),
             op,
             // `Arc::new` keeps each vector's allocation (`Arc<[_]>` would copy it).
             rail_ops: rail_ops.into_iter().map(Arc::new).collect(),
@@ -642,6 +809,231 @@ impl LibfabricBackend {
     /// The provider in use.
     pub fn provider(&self) -> &str {
         &self.provider
+    }
+
+    /// Whether the provider advertises `FI_HMEM` (VRAM may register directly).
+    pub fn has_hmem(&self) -> bool {
+        self.hmem
+    }
+
+    /// Registers `region` with every rail's domain.
+    fn register_rails(&self, region: &Region, iface: HmemIface) -> Result<Vec<MemoryRegion>> {
+        self.try_register_rails(region, iface).map_err(fabric_error)
+    }
+
+    fn try_register_rails(
+        &self,
+        region: &Region,
+        iface: HmemIface,
+    ) -> std::result::Result<Vec<MemoryRegion>, fabric::Error> {
+        let len = usize::try_from(region.desc.len).map_err(|_| fabric::Error::InvalidArgument {
+            call: "fi_mr_regattr",
+            detail: "region larger than the address space".into(),
+        })?;
+        let access = Access::READ
+            | Access::WRITE
+            | Access::REMOTE_READ
+            | Access::REMOTE_WRITE
+            | Access::SEND
+            | Access::RECV;
+        let mut mrs = Vec::with_capacity(self.rails.len());
+        for rail in &self.rails {
+            // SAFETY: `Agent::register_mem`'s contract keeps the memory valid while the
+            // registration (this metadata) and every transfer using it exist.
+            let mr = unsafe {
+                MemoryRegion::reg_raw(
+                    &rail.domain,
+                    Some(&rail.ep),
+                    region.desc.addr as *const u8,
+                    len,
+                    access,
+                    iface,
+                )
+            }?;
+            mrs.push(mr);
+        }
+        Ok(mrs)
+    }
+
+    /// VRAM: directly (`FI_HMEM` with the device) where the provider can, else staged.
+    fn register_vram(&self, region: &Region, dev: i32) -> Result<Arc<dyn LocalMd>> {
+        if self.vram_mode == VramMode::Staged {
+            return self.register_staged(region, Some(dev as usize));
+        }
+        let refusal = if !self.hmem {
+            fabric::Error::Unsupported {
+                call: "fi_getinfo",
+                errno: fabric::ffi::FI_EOPNOTSUPP,
+                detail: format!("provider `{}` does not advertise FI_HMEM", self.provider),
+            }
+        } else {
+            match self.try_register_rails(region, HmemIface::Cuda(dev)) {
+                Ok(mrs) => {
+                    return Ok(Arc::new(FabricLocalMd {
+                        mrs,
+                        mode: RegMode::Direct,
+                        staged: None,
+                    }))
+                }
+                Err(e) => e,
+            }
+        };
+        let unsupported = matches!(refusal, fabric::Error::Unsupported { .. });
+        if self.vram_mode == VramMode::Direct {
+            return Err(Error::Backend {
+                backend: NAME.into(),
+                code: refusal.errno().unwrap_or(0),
+                message: format!(
+                    "direct VRAM registration ({:#x}+{} on GPU {dev}) refused{}: {refusal}",
+                    region.desc.addr,
+                    region.desc.len,
+                    if unsupported { " (unsupported)" } else { "" }
+                ),
+            });
+        }
+        tracing::info!(
+            provider = %self.provider,
+            gpu = dev,
+            unsupported,
+            reason = %refusal,
+            "LIBFABRIC: VRAM registered staged (direct registration refused)"
+        );
+        self.register_staged(region, Some(dev as usize))
+    }
+
+    /// Cuts the staged entries (indices into `entries`) into chunks: grouped by how each
+    /// side is reached and by device, at most one slot each (the smaller of ours and the
+    /// peer's where both stage), rails taken in turn, keys resolved for the chunk's rail.
+    fn plan_staged(
+        &self,
+        op: XferOp,
+        entries: &[XferEntry<'_>],
+        staged: &[usize],
+        peer: &Peer,
+    ) -> Result<Plan<FabAddr>> {
+        fn mds<'e>(e: &'e XferEntry<'_>) -> (&'e FabricLocalMd, &'e FabricRemoteMd) {
+            (
+                e.local_md
+                    .as_any()
+                    .downcast_ref::<FabricLocalMd>()
+                    .expect("checked by prep_xfer"),
+                e.remote_md
+                    .as_any()
+                    .downcast_ref::<FabricRemoteMd>()
+                    .expect("checked by prep_xfer"),
+            )
+        }
+        // (local side, remote staged, remote device) → entries, in first-seen order.
+        type GroupKey = (Side, bool, u64);
+        let mut groups: Vec<(GroupKey, u64, Vec<usize>)> = Vec::new();
+        for &i in staged {
+            let e = &entries[i];
+            let (local, remote) = mds(e);
+            let side = match &local.staged {
+                Some(s) => Side::Staged(s.dev),
+                None => Side::Plain,
+            };
+            let key = (
+                side,
+                remote.staged_slot.is_some(),
+                e.remote_region.desc.dev_id,
+            );
+            let mut capacity = u64::MAX;
+            if local.staged.is_some() {
+                capacity = self.common.stager.cfg.chunk as u64;
+            }
+            if let Some(slot) = remote.staged_slot {
+                capacity = capacity.min(slot);
+            }
+            match groups.iter_mut().find(|(k, ..)| *k == key) {
+                Some((_, cap, list)) => {
+                    *cap = (*cap).min(capacity);
+                    list.push(i);
+                }
+                None => groups.push((key, capacity, vec![i])),
+            }
+        }
+        let nrails = self.rails.len();
+        let max_piece = self
+            .rails
+            .iter()
+            .map(|r| r.max_msg as u64)
+            .min()
+            .unwrap_or(u64::MAX)
+            .min(u64::from(u32::MAX));
+        let mut rail = self.next_rail.fetch_add(1, Ordering::Relaxed) % nrails;
+        let mut chunks = Vec::new();
+        for ((side, remote_staged, _), capacity, list) in groups {
+            let planned = staging::plan_chunks(
+                list.iter().map(|&i| (i, entries[i].local.len)),
+                capacity,
+                staging::MAX_PIECES,
+                max_piece,
+            );
+            for refs in planned {
+                rail = (rail + 1) % nrails;
+                let pieces = refs
+                    .iter()
+                    .map(|p| {
+                        let e = &entries[p.entry];
+                        let (local, remote) = mds(e);
+                        let local_net = if side == Side::Plain {
+                            let mr = local.mrs[rail].remote();
+                            let at = e.local.addr - e.local_region.desc.addr + p.offset;
+                            (mr.address_at(at), mr.key)
+                        } else {
+                            (0, 0)
+                        };
+                        let remote_at = if remote_staged {
+                            (e.remote.addr + p.offset, 0)
+                        } else {
+                            let rm = remote.remotes[rail % remote.remotes.len()];
+                            let at = e.remote.addr - e.remote_region.desc.addr + p.offset;
+                            (rm.address_at(at), rm.key)
+                        };
+                        staging::Piece {
+                            local: e.local.addr + p.offset,
+                            local_net,
+                            remote: remote_at,
+                            len: p.len,
+                            slot_off: p.slot_off,
+                        }
+                    })
+                    .collect();
+                chunks.push(staging::Chunk {
+                    rail,
+                    dest: FabAddr::Peer(peer.addrs.clone(), rail),
+                    local: side,
+                    remote_staged,
+                    pieces,
+                });
+            }
+        }
+        Ok(Plan {
+            write: op == XferOp::Write,
+            chunks,
+        })
+    }
+
+    /// A region reached through the staging pipeline: the pool is allocated (pinned for
+    /// GPU `dev`) and registered on first use; the region becomes nameable by peers.
+    fn register_staged(&self, region: &Region, dev: Option<usize>) -> Result<Arc<dyn LocalMd>> {
+        let stager = self.common.stager.clone();
+        let id = {
+            let mut engine = stager.engine();
+            engine.ensure_bounce(&stager.net, dev)?;
+            engine.add_region(region.desc.addr, region.desc.len, dev)
+        };
+        Ok(Arc::new(FabricLocalMd {
+            mrs: Vec::new(),
+            mode: RegMode::Staged,
+            staged: Some(StagedReg {
+                slot: stager.cfg.chunk as u32,
+                stager,
+                id,
+                dev,
+            }),
+        }))
     }
 }
 
@@ -687,13 +1079,42 @@ struct XferShared {
     /// First failure: (peer gone, errno, text).
     failed: Mutex<Option<(bool, i32, String)>>,
     canceled: AtomicBool,
+    /// Staged copies touching the caller's memory still running.
+    user_copies: AtomicUsize,
 }
 
 impl XferShared {
     fn fail(&self, e: &fabric::Error) {
+        self.fail_with(is_disconnect(e), e.errno().unwrap_or(0), e.to_string());
+    }
+
+    fn fail_with(&self, disconnect: bool, code: i32, text: String) {
         let mut failed = self.failed.lock().expect("failed lock");
         if failed.is_none() {
-            *failed = Some((is_disconnect(e), e.errno().unwrap_or(0), e.to_string()));
+            *failed = Some((disconnect, code, text));
+        }
+    }
+
+    /// One unit of the post finished (a data operation, or the whole staged part): the
+    /// last one lets a READ's notification go.
+    fn unit_done(self: &Arc<Self>, rail0: &Rail, peer: &Arc<PeerAddrs>) {
+        self.completed.fetch_add(1, Ordering::Relaxed);
+        if self.pending.fetch_sub(1, Ordering::AcqRel) == 1 {
+            if let Some((dest, message)) = self.read_notif.lock().expect("notif lock").take() {
+                rail0
+                    .submit
+                    .lock()
+                    .expect("submit lock")
+                    .push_back(RailJob {
+                        shared: self.clone(),
+                        ops: Arc::new(Vec::new()),
+                        mrs: Arc::from(Vec::new()),
+                        op: XferOp::Read,
+                        imm: None,
+                        notif: Some((dest, message)),
+                        peer: peer.clone(),
+                    });
+            }
         }
     }
 }
@@ -723,6 +1144,9 @@ fn is_disconnect(e: &fabric::Error) -> bool {
 
 #[derive(Debug)]
 struct FabricXfer {
+    /// The part of the transfer that goes through the staging pipeline.
+    staged: Option<Arc<Plan<FabAddr>>>,
+    stager: Arc<Stager>,
     op: XferOp,
     rail_ops: Vec<Arc<Vec<RailOp>>>,
     mrs: Arc<[MemoryRegion]>,
@@ -743,8 +1167,12 @@ impl BackendXfer for FabricXfer {
     fn post(&mut self, notif: Option<&[u8]>, _params: &PostParams) -> Result<XferStatus> {
         let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
         let key = (u64::from(self.sender_hash) << 32) | u64::from(seq);
+        let staged_units: u64 = self
+            .staged
+            .as_ref()
+            .map_or(0, |p| p.chunks.iter().map(staging::Chunk::units).sum());
         let expected = if self.op == XferOp::Write {
-            self.total as u64
+            self.total as u64 + staged_units
         } else {
             0
         };
@@ -754,7 +1182,11 @@ impl BackendXfer for FabricXfer {
         let shared = &self.shared;
         *shared.failed.lock().expect("failed lock") = None;
         shared.completed.store(0, Ordering::Relaxed);
-        shared.pending.store(self.total as u64, Ordering::Relaxed);
+        // The staged part counts as one unit, done when its last chunk is.
+        shared.pending.store(
+            self.total as u64 + u64::from(self.staged.is_some()),
+            Ordering::Relaxed,
+        );
         shared
             .notif_pending
             .store(message.is_some(), Ordering::Relaxed);
@@ -785,6 +1217,18 @@ impl BackendXfer for FabricXfer {
                     notif,
                     peer: self.peer.clone(),
                 });
+        }
+        if let Some(plan) = &self.staged {
+            self.stager.submit(RunSpec {
+                plan: plan.clone(),
+                key: imm,
+                peer: Arc::as_ptr(&self.peer) as u64,
+                sink: Box::new(FabricSink {
+                    shared: shared.clone(),
+                    rail0: self.rails[0].clone(),
+                    peer: self.peer.clone(),
+                }),
+            });
         }
         self.progress.poll_inline();
         Ok(XferStatus::InProgress)
@@ -821,7 +1265,7 @@ impl BackendXfer for FabricXfer {
     }
 
     fn op_count(&self) -> usize {
-        self.total
+        self.total + self.staged.as_ref().map_or(0, |p| p.chunks.len())
     }
 }
 
@@ -830,6 +1274,20 @@ impl Drop for FabricXfer {
         // Workers stop issuing what is left; issued operations still complete into the
         // workers, which own what they reference until then.
         self.shared.canceled.store(true, Ordering::Relaxed);
+        if self.staged.is_some() {
+            // A device copy cannot be recalled: wait (bounded) for those touching the
+            // caller's memory, so that it may be freed once the request is gone.
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while self.shared.user_copies.load(Ordering::Acquire) > 0 {
+                if Instant::now() > deadline {
+                    tracing::warn!("a released staged transfer's copies are still running");
+                    break;
+                }
+                self.stager.progress();
+                self.progress.poll_inline();
+                std::thread::yield_now();
+            }
+        }
     }
 }
 
@@ -986,6 +1444,11 @@ impl Worker {
         busy |= self.issue();
         busy |= self.poll(&mut completions);
         self.completions = completions;
+        // Staging copies are polled, not waited for (one relaxed load when idle).
+        if self.common.stager.wants_poll() {
+            self.common.stager.try_progress();
+            busy = true;
+        }
         busy
     }
 
@@ -1177,12 +1640,21 @@ impl Worker {
     fn complete(&mut self, context: u64, result: std::result::Result<Completion, fabric::Error>) {
         if let Ok(c) = &result {
             if c.has(Caps::REMOTE_CQ_DATA.bits()) && c.has(Caps::REMOTE_WRITE.bits()) {
-                self.common.notifs.data_arrived(c.data);
+                if c.data & staging::FETCH_DATA != 0 {
+                    self.common.stager.fetch_data(c.data & !staging::FETCH_DATA);
+                } else {
+                    self.common.notifs.data_arrived(c.data);
+                }
                 if context & RECV_CONTEXT != 0 {
                     self.repost((context & 0xffff) as usize);
                 }
                 return;
             }
+        }
+        if context & STAGE_CONTEXT != 0 && context & RECV_CONTEXT == 0 {
+            let result = result.map(drop).map_err(|e| failure_of(&e));
+            self.common.stager.complete(context, result);
+            return;
         }
         if context & RECV_CONTEXT != 0 {
             let slot = (context & 0xffff) as usize;
@@ -1212,26 +1684,8 @@ impl Worker {
         active.in_flight -= 1;
         self.outstanding -= 1;
         if result.is_ok() {
-            shared.completed.fetch_add(1, Ordering::Relaxed);
-            if shared.pending.fetch_sub(1, Ordering::AcqRel) == 1 {
-                // The last data operation: a READ's notification may go now.
-                if let Some((dest, message)) = shared.read_notif.lock().expect("notif lock").take()
-                {
-                    self.rails[0]
-                        .submit
-                        .lock()
-                        .expect("submit lock")
-                        .push_back(RailJob {
-                            shared: shared.clone(),
-                            ops: Arc::new(Vec::new()),
-                            mrs: Arc::from(Vec::new()),
-                            op: XferOp::Read,
-                            imm: None,
-                            notif: Some((dest, message)),
-                            peer,
-                        });
-                }
-            }
+            // The last data operation lets a READ's notification go.
+            shared.unit_done(&self.rails[0], &peer);
         }
     }
 
@@ -1244,6 +1698,10 @@ impl Worker {
     fn handle_message(&self, slot: usize, len: usize) {
         let bytes =
             &self.recv_buf.as_slice()[slot * NOTIF_SLOT..slot * NOTIF_SLOT + len.min(NOTIF_SLOT)];
+        if bytes.starts_with(staging::MAGIC) {
+            self.common.stager.message(self.index, bytes);
+            return;
+        }
         match decode_notif(bytes) {
             Ok((key, expected, sender, msg)) => self
                 .common
@@ -1365,6 +1823,9 @@ fn send_message_blocking(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod staged_tests;
 
 #[cfg(test)]
 mod tests {

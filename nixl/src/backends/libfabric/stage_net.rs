@@ -1,0 +1,471 @@
+//! LIBFABRIC's side of the staging pipeline ([`super::staging`]): RMA between the
+//! bounce pool and peer memory on any rail, control messages from a registered buffer
+//! (or injected when small), requesters' addresses resolved into the rail's AV, and
+//! the engine driven by the rail workers (completions, messages, fetch data, polling).
+
+use super::{fabric_error, is_disconnect, NotifTracker, PeerAddrs, Rail, XferShared};
+use super::{Failure, NetError, RunSink, RunSpec, StageNet, CTRL_SLOTS, MAX_REPLY_ADDRS};
+use super::{STAGE_CONTEXT, STAGE_OP_BITS};
+use crate::backends::staging::{self, BounceMem, Engine};
+use crate::error::Result;
+use fabric::{Access, Address, HmemIface, MemoryRegion};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+
+/// A peer's address on one rail, kept in the AV while held.
+#[derive(Debug, Clone)]
+pub(super) enum FabAddr {
+    /// A peer whose metadata this agent loaded (initiator side).
+    Peer(Arc<PeerAddrs>, usize),
+    /// A requester, resolved from the name it sent (target side).
+    Reply(Arc<ReplyAddr>),
+}
+
+impl FabAddr {
+    fn address(&self) -> Address {
+        match self {
+            FabAddr::Peer(p, rail) => p.addrs[*rail],
+            FabAddr::Reply(r) => r.addr,
+        }
+    }
+}
+
+/// A requester's address in one rail's AV; removed when the last user lets go.
+#[derive(Debug)]
+pub(super) struct ReplyAddr {
+    rail: Arc<Rail>,
+    addr: Address,
+}
+
+impl Drop for ReplyAddr {
+    fn drop(&mut self) {
+        if let Err(e) = self.rail.av.remove(&[self.addr]) {
+            tracing::debug!(error = %e, "fi_av_remove of a requester failed");
+        }
+    }
+}
+
+pub(super) fn failure_of(e: &fabric::Error) -> Failure {
+    Failure {
+        disconnect: is_disconnect(e),
+        code: e.errno().unwrap_or(0),
+        text: e.to_string(),
+    }
+}
+
+fn net_error(e: fabric::Error) -> NetError {
+    match e {
+        fabric::Error::WouldBlock { .. } => NetError::Busy,
+        other => NetError::Failed(failure_of(&other)),
+    }
+}
+
+/// The bounce pool's registrations (the memory itself belongs to the engine, which is
+/// dropped after these).
+#[derive(Debug)]
+struct Bounce {
+    base: u64,
+    len: usize,
+    mrs: Vec<MemoryRegion>,
+}
+
+/// Buffers control messages are sent from.
+#[derive(Debug)]
+struct CtrlArea {
+    // Declared first: the registrations close before the memory goes.
+    mrs: Vec<MemoryRegion>,
+    mem: BounceMem,
+    free: Mutex<Vec<u16>>,
+}
+
+/// The transport for the engine.
+#[derive(Debug)]
+pub(super) struct FabricNet {
+    rails: Vec<Arc<Rail>>,
+    names: Vec<Vec<u8>>,
+    notifs: Arc<NotifTracker<u64>>,
+    bounce: OnceLock<Bounce>,
+    ctrl: OnceLock<std::result::Result<CtrlArea, Failure>>,
+    replies: Mutex<ReplyCache>,
+}
+
+/// Resolved requesters by (rail, name).
+type ReplyCache = HashMap<(usize, Vec<u8>), Arc<ReplyAddr>>;
+
+impl FabricNet {
+    fn ctrl(&self) -> std::result::Result<&CtrlArea, NetError> {
+        self.ctrl
+            .get_or_init(|| {
+                let len = CTRL_SLOTS * staging::MAX_CTRL_BYTES;
+                let mem = BounceMem::heap(len).map_err(|e| Failure::new(12, e.to_string()))?;
+                let mut mrs = Vec::with_capacity(self.rails.len());
+                for rail in &self.rails {
+                    // SAFETY: `mem` is owned by the area next to the registrations, which
+                    // are dropped first.
+                    let mr = unsafe {
+                        MemoryRegion::reg_raw(
+                            &rail.domain,
+                            Some(&rail.ep),
+                            mem.ptr(),
+                            len,
+                            Access::SEND,
+                            HmemIface::System,
+                        )
+                    }
+                    .map_err(|e| failure_of(&e))?;
+                    mrs.push(mr);
+                }
+                Ok(CtrlArea {
+                    mrs,
+                    mem,
+                    free: Mutex::new((0..CTRL_SLOTS as u16).rev().collect()),
+                })
+            })
+            .as_ref()
+            .map_err(|f| NetError::Failed(f.clone()))
+    }
+
+    fn bounce(&self, offset: u64, len: usize) -> std::result::Result<&Bounce, NetError> {
+        let b = self
+            .bounce
+            .get()
+            .ok_or_else(|| NetError::Failed(Failure::new(22, "no staging pool")))?;
+        if offset
+            .checked_add(len as u64)
+            .is_none_or(|end| end > b.len as u64)
+        {
+            return Err(NetError::Failed(Failure::new(
+                22,
+                format!("{len} bytes at {offset} outside the staging pool"),
+            )));
+        }
+        Ok(b)
+    }
+
+    fn context(op: u64, ctrl_slot: Option<u16>) -> u64 {
+        STAGE_CONTEXT | (ctrl_slot.map_or(0, |s| u64::from(s) + 1) << STAGE_OP_BITS) | op
+    }
+
+    /// Returns the control buffer an operation context names, if any.
+    fn release_ctrl(&self, context: u64) {
+        let slot = (context >> STAGE_OP_BITS) & 0xffff;
+        if slot != 0 {
+            if let Some(Ok(area)) = self.ctrl.get() {
+                area.free.lock().expect("ctrl lock").push((slot - 1) as u16);
+            }
+        }
+    }
+}
+
+impl StageNet for FabricNet {
+    type Addr = FabAddr;
+
+    fn rails(&self) -> usize {
+        self.rails.len()
+    }
+
+    fn register_bounce(&self, ptr: *mut u8, len: usize) -> std::result::Result<(), Failure> {
+        let mut mrs = Vec::with_capacity(self.rails.len());
+        for rail in &self.rails {
+            // SAFETY: the engine owns the memory and drops it after this transport (the
+            // stager's field order), and only after every operation completed.
+            let mr = unsafe {
+                MemoryRegion::reg_raw(
+                    &rail.domain,
+                    Some(&rail.ep),
+                    ptr,
+                    len,
+                    Access::READ | Access::WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE,
+                    HmemIface::System,
+                )
+            }
+            .map_err(|e| failure_of(&e))?;
+            mrs.push(mr);
+        }
+        self.bounce
+            .set(Bounce {
+                base: ptr as u64,
+                len,
+                mrs,
+            })
+            .map_err(|_| Failure::new(17, "the staging pool is registered already"))
+    }
+
+    fn bounce_remote(&self, rail: usize, offset: u64) -> (u64, u64) {
+        match self.bounce.get() {
+            Some(b) => {
+                let r = b.mrs[rail].remote();
+                (r.address_at(offset), r.key)
+            }
+            None => (0, 0),
+        }
+    }
+
+    fn local_name(&self, rail: usize) -> Vec<u8> {
+        self.names[rail].clone()
+    }
+
+    fn resolve(&self, rail: usize, name: &[u8]) -> std::result::Result<FabAddr, Failure> {
+        let mut cache = self.replies.lock().expect("replies lock");
+        if let Some(a) = cache.get(&(rail, name.to_vec())) {
+            return Ok(FabAddr::Reply(a.clone()));
+        }
+        if cache.len() >= MAX_REPLY_ADDRS {
+            // Entries in use stay alive in their serves.
+            cache.clear();
+        }
+        let rail_ref = &self.rails[rail];
+        let addr = rail_ref.av.insert(name).map_err(|e| failure_of(&e))?;
+        let entry = Arc::new(ReplyAddr {
+            rail: rail_ref.clone(),
+            addr,
+        });
+        cache.insert((rail, name.to_vec()), entry.clone());
+        Ok(FabAddr::Reply(entry))
+    }
+
+    fn write(
+        &self,
+        rail: usize,
+        dest: &FabAddr,
+        offset: u64,
+        len: usize,
+        addr: u64,
+        key: u64,
+        imm: Option<u64>,
+        op: u64,
+    ) -> std::result::Result<(), NetError> {
+        let b = self.bounce(offset, len)?;
+        let ep = &self.rails[rail].ep;
+        let buf = (b.base + offset) as *const u8;
+        let ctx = Self::context(op, None);
+        // SAFETY: the range lies in the bounce pool (checked), whose slot the engine holds
+        // for this operation until its completion is read; the pool outlives it.
+        let posted = unsafe {
+            match imm {
+                Some(data) => ep.writedata_raw(
+                    buf,
+                    len,
+                    Some(&b.mrs[rail]),
+                    data,
+                    dest.address(),
+                    addr,
+                    key,
+                    ctx,
+                ),
+                None => ep.write_raw(buf, len, Some(&b.mrs[rail]), dest.address(), addr, key, ctx),
+            }
+        };
+        posted.map_err(net_error)
+    }
+
+    fn read(
+        &self,
+        rail: usize,
+        src: &FabAddr,
+        offset: u64,
+        len: usize,
+        addr: u64,
+        key: u64,
+        op: u64,
+    ) -> std::result::Result<(), NetError> {
+        let b = self.bounce(offset, len)?;
+        let ep = &self.rails[rail].ep;
+        // SAFETY: as in `write`; nothing reads the slot until the completion.
+        let posted = unsafe {
+            ep.read_raw(
+                (b.base + offset) as *mut u8,
+                len,
+                Some(&b.mrs[rail]),
+                src.address(),
+                addr,
+                key,
+                Self::context(op, None),
+            )
+        };
+        posted.map_err(net_error)
+    }
+
+    fn send(
+        &self,
+        rail: usize,
+        dest: &FabAddr,
+        msg: &[u8],
+        op: u64,
+    ) -> std::result::Result<bool, NetError> {
+        let r = &self.rails[rail];
+        if msg.len() <= r.inject_size {
+            return r
+                .ep
+                .inject(msg, dest.address())
+                .map(|()| false)
+                .map_err(net_error);
+        }
+        if msg.len() > staging::MAX_CTRL_BYTES {
+            return Err(NetError::Failed(Failure::new(
+                90,
+                "control message too large",
+            )));
+        }
+        let area = self.ctrl()?;
+        let Some(slot) = area.free.lock().expect("ctrl lock").pop() else {
+            return Err(NetError::Busy);
+        };
+        let at = area.mem.ptr() as usize + usize::from(slot) * staging::MAX_CTRL_BYTES;
+        // SAFETY: slot `slot` of the area is ours (taken from the free list) until the
+        // send's completion returns it; the message fits a slot (checked).
+        unsafe { std::ptr::copy_nonoverlapping(msg.as_ptr(), at as *mut u8, msg.len()) };
+        let ctx = Self::context(op, Some(slot));
+        // SAFETY: the slot stays untouched until the completion for `ctx` is read.
+        let posted = unsafe {
+            r.ep.send_raw(
+                at as *const u8,
+                msg.len(),
+                Some(&area.mrs[rail]),
+                dest.address(),
+                ctx,
+            )
+        };
+        match posted {
+            Ok(()) => Ok(true),
+            Err(e) => {
+                area.free.lock().expect("ctrl lock").push(slot);
+                Err(net_error(e))
+            }
+        }
+    }
+
+    fn landed(&self, key: u64) {
+        self.notifs.data_arrived(key);
+    }
+}
+
+/// The staging engine and its transport, shared by the backend, its registrations,
+/// transfers and rail workers.
+#[derive(Debug)]
+pub(super) struct Stager {
+    // Declared before the engine: the bounce registrations close before its memory goes.
+    pub(super) net: FabricNet,
+    engine: Mutex<Engine<FabAddr>>,
+    pub(super) cfg: staging::Config,
+    /// The engine has copies running or posts waiting: the workers keep polling.
+    poll: AtomicBool,
+}
+
+impl Stager {
+    pub(super) fn new(
+        rails: &[Arc<Rail>],
+        notifs: Arc<NotifTracker<u64>>,
+        cfg: staging::Config,
+    ) -> Result<Self> {
+        let names = rails
+            .iter()
+            .map(|r| r.ep.name().map_err(fabric_error))
+            .collect::<Result<Vec<_>>>()?;
+        #[cfg(feature = "cuda")]
+        let copier: Box<dyn staging::Copier> =
+            Box::new(crate::backends::cuda_copy::StagingCopier::new(2));
+        #[cfg(not(feature = "cuda"))]
+        let copier: Box<dyn staging::Copier> = Box::<staging::HostCopier>::default();
+        Ok(Self {
+            net: FabricNet {
+                rails: rails.to_vec(),
+                names,
+                notifs,
+                bounce: OnceLock::new(),
+                ctrl: OnceLock::new(),
+                replies: Mutex::default(),
+            },
+            engine: Mutex::new(Engine::new(cfg, copier)),
+            cfg,
+            poll: AtomicBool::new(false),
+        })
+    }
+
+    pub(super) fn engine(&self) -> MutexGuard<'_, Engine<FabAddr>> {
+        self.engine.lock().expect("staging engine lock")
+    }
+
+    fn with(&self, f: impl FnOnce(&mut Engine<FabAddr>, &FabricNet)) {
+        let mut engine = self.engine();
+        f(&mut engine, &self.net);
+        self.poll.store(engine.needs_poll(), Ordering::Release);
+    }
+
+    /// Whether a worker should poll the engine (one relaxed load).
+    pub(super) fn wants_poll(&self) -> bool {
+        self.poll.load(Ordering::Relaxed)
+    }
+
+    /// One round, unless another thread is driving the engine right now.
+    pub(super) fn try_progress(&self) {
+        if let Ok(mut engine) = self.engine.try_lock() {
+            let more = engine.progress(&self.net);
+            self.poll.store(more, Ordering::Release);
+        }
+    }
+
+    /// One round (waits for the lock).
+    pub(super) fn progress(&self) {
+        self.with(|e, n| {
+            e.progress(n);
+        });
+    }
+
+    pub(super) fn submit(&self, spec: RunSpec<FabAddr>) {
+        self.with(|e, n| e.submit(n, spec));
+    }
+
+    /// A staging operation's completion (`context` as posted).
+    pub(super) fn complete(&self, context: u64, result: std::result::Result<(), Failure>) {
+        self.net.release_ctrl(context);
+        let op = context & ((1 << STAGE_OP_BITS) - 1);
+        self.with(|e, n| e.on_complete(n, op, result));
+    }
+
+    pub(super) fn message(&self, rail: usize, bytes: &[u8]) {
+        self.with(|e, n| e.on_message(n, rail, bytes));
+    }
+
+    pub(super) fn fetch_data(&self, token: u64) {
+        self.with(|e, n| e.on_fetch_data(n, token));
+    }
+
+    /// The peer whose addresses these were is gone or replaced.
+    pub(super) fn peer_gone(&self, addrs: &Arc<PeerAddrs>, why: &str) {
+        let id = Arc::as_ptr(addrs) as u64;
+        self.with(|e, n| e.peer_gone(n, id, why));
+    }
+}
+
+/// A staged run's reports, into its transfer's shared state.
+#[derive(Debug)]
+pub(super) struct FabricSink {
+    pub(super) shared: Arc<XferShared>,
+    pub(super) rail0: Arc<Rail>,
+    pub(super) peer: Arc<PeerAddrs>,
+}
+
+impl RunSink for FabricSink {
+    fn canceled(&self) -> bool {
+        self.shared.canceled.load(Ordering::Relaxed)
+    }
+    fn progressed(&self) {
+        self.shared.completed.fetch_add(1, Ordering::Relaxed);
+    }
+    fn finished(&self) {
+        self.shared.unit_done(&self.rail0, &self.peer);
+    }
+    fn failed(&self, failure: Failure) {
+        self.shared
+            .fail_with(failure.disconnect, failure.code, failure.text);
+    }
+    fn user_copy(&self, started: bool) {
+        if started {
+            self.shared.user_copies.fetch_add(1, Ordering::AcqRel);
+        } else {
+            self.shared.user_copies.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}

@@ -1,0 +1,1484 @@
+//! Staging: moving memory that a transport cannot register (VRAM without GPUDirect)
+//! through host bounce buffers, pipelined, on both sides of a transfer.
+//!
+//! This module is transport-independent. A transport (LIBFABRIC today, VERBS can reuse
+//! it) implements [`StageNet`] — post an RMA write/read between a bounce chunk and peer
+//! memory, send a small control message, resolve a requester's address — and feeds the
+//! [`Engine`] its completions, control messages and fetch data. Device copies go through
+//! a [`Copier`] (CUDA streams and events with feature `cuda`, `memcpy` for host memory).
+//!
+//! # Slots
+//! One bounce allocation (pinned host memory when a GPU is involved) holds `2 × chunks`
+//! slots of `chunk` bytes: the first half for this side's own transfers (the *local*
+//! slots), the second half for serving peers (the *serve* slots). The halves never lend
+//! to each other, so a side busy initiating can always still serve, and no cycle of
+//! waits between two agents can form.
+//!
+//! # The six cases
+//! Each descriptor pair is *plain* (the transport reaches the memory: DRAM, or VRAM
+//! registered directly) or *staged* on each side. Pairs are grouped and cut into
+//! chunks of at most one slot (pieces of a chunk are contiguous on both sides; small
+//! descriptors share a chunk, up to [`MAX_PIECES`]). Per chunk:
+//!
+//! | | WRITE | READ |
+//! |---|---|---|
+//! | local staged, remote plain | copy VRAM→local slot, RMA write slot→peer | RMA read peer→local slot, copy slot→VRAM |
+//! | local plain, remote staged | OFFER: the target RMA-reads our memory into a serve slot, copies it to its VRAM, answers DONE | FETCH: the target copies VRAM→serve slot and RMA-writes it into our memory with remote CQ data |
+//! | both staged | copy VRAM→local slot, then OFFER from the slot | FETCH into a local slot, then copy slot→VRAM |
+//!
+//! The target is the active side for a staged remote region: it pulls a WRITE and pushes
+//! a READ, so its serve slots are only ever held for its own operations (a dead
+//! initiator cannot strand them). Chunks of one transfer are in flight together, so
+//! the device copy of chunk k+1 overlaps the network operation of chunk k on each side.
+//!
+//! # Notifications
+//! A WRITE's notification counts *data units*: each RMA write from a local slot carries
+//! the notification key as remote CQ data (counted by the target on arrival), and each
+//! OFFER carries the key, which the target counts when that chunk's copy into VRAM has
+//! completed. The notification therefore fires only when the last staged byte is in
+//! the target's VRAM.
+//!
+//! # Control messages (`NXST`)
+//! `magic "NXST" | version 1 | kind u8 | flags u8 | 0 | token u64 | …`, little-endian.
+//! OFFER (1) and FETCH (2): `key u64 | name_len u16 | name | count u16 | count × piece`,
+//! piece = `peer_addr u64 | peer_key u64 | target_addr u64 | len u32` (the requester's
+//! memory as it is addressed remotely, the target's raw address). DONE (3): `status i32 |
+//! reason_len u16 | reason`. Everything is checked on receipt: lengths, counts, the sum
+//! of the pieces against a slot, and every target range against a staged registration.
+//! A FETCH's data arrives with remote CQ data [`FETCH_DATA`]` | token`, one per piece.
+
+mod copy;
+mod wire;
+
+#[cfg(test)]
+mod tests;
+
+#[cfg(feature = "cuda")]
+pub(crate) use copy::host_copy;
+#[cfg(any(not(feature = "cuda"), test))]
+pub(crate) use copy::HostCopier;
+pub(crate) use copy::{BounceMem, Copier, CopyOp};
+pub(crate) use wire::{plan_chunks, Ctrl, Request, SlotPool, WirePiece};
+
+use crate::error::{Error, Result};
+use std::collections::{HashMap, VecDeque};
+use std::fmt::Debug;
+use std::sync::Arc;
+
+/// Default slot size (bytes): large enough that the network runs near its peak with a
+/// few in flight, small enough that a 1 MiB block is cut in two pipelined chunks.
+pub(crate) const DEFAULT_CHUNK: usize = 512 << 10;
+/// Default number of slots per half of the pool.
+pub(crate) const DEFAULT_CHUNKS: usize = 16;
+/// Most pieces in one chunk (bounds a control message to under 4 KiB).
+pub(crate) const MAX_PIECES: usize = 128;
+/// Remote CQ data bit marking a staged FETCH's data (notification keys never set it).
+pub(crate) const FETCH_DATA: u64 = 1 << 63;
+/// Largest control message.
+pub(crate) const MAX_CTRL_BYTES: usize = 8192;
+/// First bytes of every control message.
+pub(crate) const MAGIC: &[u8; 4] = b"NXST";
+pub(crate) const VERSION: u8 = 1;
+pub(crate) const KIND_OFFER: u8 = 1;
+pub(crate) const KIND_FETCH: u8 = 2;
+pub(crate) const KIND_DONE: u8 = 3;
+pub(crate) const FLAG_KEY: u8 = 1;
+pub(crate) const MAX_NAME: usize = 1024;
+pub(crate) const MAX_REASON: usize = 512;
+pub(crate) const PIECE_WIRE: usize = 28;
+/// Staging operations in flight on the network at once (they share completion queues
+/// with the transport's own operations).
+const MAX_NET_OPS: usize = 1024;
+/// Status of a DONE that reports success.
+pub(crate) const STATUS_OK: i32 = 0;
+/// DONE status: the request was malformed or named memory that is not staged here.
+pub(crate) const STATUS_INVALID: i32 = 22; // EINVAL
+/// DONE status: an operation of the target failed.
+pub(crate) const STATUS_FAILED: i32 = 5; // EIO
+
+// ---- the transport ----------------------------------------------------------------------
+
+/// Why a transport operation failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Failure {
+    /// The peer is gone (its process or connection).
+    pub(crate) disconnect: bool,
+    /// Transport or DONE status code.
+    pub(crate) code: i32,
+    pub(crate) text: String,
+}
+
+impl Failure {
+    pub(crate) fn new(code: i32, text: impl Into<String>) -> Self {
+        Self {
+            disconnect: false,
+            code,
+            text: text.into(),
+        }
+    }
+}
+
+/// A post that did not go out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum NetError {
+    /// Resources are busy; try again after progress.
+    Busy,
+    Failed(Failure),
+}
+
+/// What the pipeline needs from a transport. Operations complete by the transport
+/// calling [`Engine::on_complete`] with the `op` id given; memory is addressed by
+/// offsets into the bounce memory it registered in [`StageNet::register_bounce`].
+pub(crate) trait StageNet {
+    /// A peer's address on one rail, kept valid while a clone is held.
+    type Addr: Clone + Debug + Send;
+    /// Number of rails (independent endpoints).
+    fn rails(&self) -> usize;
+    /// Registers the bounce memory, for local operations and for peers' access.
+    fn register_bounce(&self, ptr: *mut u8, len: usize) -> std::result::Result<(), Failure>;
+    /// How a peer addresses byte `offset` of the bounce memory through `rail`: (address, key).
+    fn bounce_remote(&self, rail: usize, offset: u64) -> (u64, u64);
+    /// This side's address on `rail`, as requesters send it.
+    fn local_name(&self, rail: usize) -> Vec<u8>;
+    /// A requester's address from the name it sent, to reach it through `rail`.
+    fn resolve(&self, rail: usize, name: &[u8]) -> std::result::Result<Self::Addr, Failure>;
+    /// RMA write of bounce bytes `[offset, offset+len)` to (`addr`, `key`) at `dest`,
+    /// with remote CQ data `imm`.
+    #[allow(clippy::too_many_arguments)]
+    fn write(
+        &self,
+        rail: usize,
+        dest: &Self::Addr,
+        offset: u64,
+        len: usize,
+        addr: u64,
+        key: u64,
+        imm: Option<u64>,
+        op: u64,
+    ) -> std::result::Result<(), NetError>;
+    /// RMA read from (`addr`, `key`) at `src` into bounce bytes `[offset, offset+len)`.
+    #[allow(clippy::too_many_arguments)]
+    fn read(
+        &self,
+        rail: usize,
+        src: &Self::Addr,
+        offset: u64,
+        len: usize,
+        addr: u64,
+        key: u64,
+        op: u64,
+    ) -> std::result::Result<(), NetError>;
+    /// Sends a control message; `Ok(true)` when a completion for `op` will follow.
+    fn send(
+        &self,
+        rail: usize,
+        dest: &Self::Addr,
+        msg: &[u8],
+        op: u64,
+    ) -> std::result::Result<bool, NetError>;
+    /// Target side: one data unit of the notified transfer `key` reached its memory.
+    fn landed(&self, key: u64);
+}
+
+// ---- transfers (initiator side) ---------------------------------------------------------
+
+/// How one side holds a chunk's bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum Side {
+    /// The transport reaches the memory itself.
+    Plain,
+    /// Through bounce slots, with copies on GPU `dev` (`None`: host memory).
+    Staged(Option<usize>),
+}
+
+/// One piece of a planned chunk, with the transport's addressing resolved for the
+/// chunk's rail.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Piece {
+    /// Local raw address (copies, or the start of the range).
+    pub(crate) local: u64,
+    /// Local memory as the peer addresses it (local plain, remote staged).
+    pub(crate) local_net: (u64, u64),
+    /// Remote plain: (address, key) as the transport addresses it; remote staged: the
+    /// target's raw address and 0.
+    pub(crate) remote: (u64, u64),
+    pub(crate) len: u64,
+    pub(crate) slot_off: u64,
+}
+
+/// One chunk of a transfer.
+#[derive(Debug, Clone)]
+pub(crate) struct Chunk<A> {
+    pub(crate) rail: usize,
+    pub(crate) dest: A,
+    pub(crate) local: Side,
+    pub(crate) remote_staged: bool,
+    pub(crate) pieces: Vec<Piece>,
+}
+
+impl<A> Chunk<A> {
+    /// Notification data units this chunk produces on a WRITE: one per RMA write into
+    /// plain remote memory, one per chunk a target copies into its memory.
+    pub(crate) fn units(&self) -> u64 {
+        if self.remote_staged {
+            1
+        } else {
+            self.pieces.len() as u64
+        }
+    }
+}
+
+/// The staged part of a prepared transfer.
+#[derive(Debug)]
+pub(crate) struct Plan<A> {
+    pub(crate) write: bool,
+    pub(crate) chunks: Vec<Chunk<A>>,
+}
+
+/// Where a transfer's progress is reported.
+pub(crate) trait RunSink: Send + Debug {
+    /// The request was released: start nothing more.
+    fn canceled(&self) -> bool;
+    /// A chunk moved on (stall detection watches this).
+    fn progressed(&self);
+    /// Every chunk is done.
+    fn finished(&self);
+    /// The transfer failed (reported once).
+    fn failed(&self, failure: Failure);
+    /// Copies touching the caller's memory: started (`true`) or finished (`false`).
+    fn user_copy(&self, started: bool);
+}
+
+/// One post of a staged transfer.
+#[derive(Debug)]
+pub(crate) struct RunSpec<A> {
+    pub(crate) plan: Arc<Plan<A>>,
+    /// Notification key of a notified WRITE.
+    pub(crate) key: Option<u64>,
+    /// Identifies the peer for [`Engine::peer_gone`].
+    pub(crate) peer: u64,
+    pub(crate) sink: Box<dyn RunSink>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stage {
+    /// Device copy into (WRITE) or out of (READ) the local slot.
+    Copy { ticket: u64, user: bool },
+    /// RMA operations: `next` piece to post, `left` completions awaited.
+    Net { next: usize, left: usize },
+    /// A request to the target: sent yet, replies (DONE or data pieces) awaited.
+    Request { sent: bool, left: usize },
+}
+
+#[derive(Debug)]
+struct ActiveChunk {
+    index: usize,
+    slot: Option<u32>,
+    stage: Stage,
+    token: u64,
+    /// Network operations (including sends) not yet completed.
+    ops: usize,
+    /// Resolved: waits only for its operations before its slot is returned.
+    dead: bool,
+}
+
+#[derive(Debug)]
+struct Run<A> {
+    id: u64,
+    spec: RunSpec<A>,
+    next: usize,
+    active: Vec<ActiveChunk>,
+    done: usize,
+    failed: bool,
+}
+
+// ---- serving (target side) --------------------------------------------------------------
+
+/// A staged region of this side, the only memory requests may name.
+#[derive(Debug, Clone, Copy)]
+struct StagedRegion {
+    id: u64,
+    start: u64,
+    end: u64,
+    dev: Option<usize>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ServeStage {
+    Queued,
+    Net { next: usize, left: usize },
+    Copy { ticket: u64 },
+}
+
+#[derive(Debug)]
+struct Serve<A> {
+    id: u64,
+    offer: bool,
+    rail: usize,
+    from: A,
+    req: Request,
+    dev: Option<usize>,
+    slot: Option<u32>,
+    stage: ServeStage,
+    ops: usize,
+    failed: bool,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Owner {
+    /// `rma`: an RMA operation (else a control message).
+    Run {
+        run: u64,
+        token: u64,
+        rma: bool,
+    },
+    Serve {
+        serve: u64,
+    },
+    Reply,
+}
+
+/// Engine parameters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Config {
+    /// Slot size in bytes.
+    pub(crate) chunk: usize,
+    /// Slots per half.
+    pub(crate) chunks: usize,
+}
+
+/// The pipeline: local transfers' chunks and peers' requests, their slots, copies and
+/// network operations. Driven under one lock by the transport's progress.
+#[derive(Debug)]
+pub(crate) struct Engine<A> {
+    cfg: Config,
+    copier: Box<dyn Copier>,
+    bounce: Option<BounceMem>,
+    local_slots: SlotPool,
+    serve_slots: SlotPool,
+    regions: Vec<StagedRegion>,
+    runs: VecDeque<Run<A>>,
+    serves: VecDeque<Serve<A>>,
+    replies: VecDeque<(usize, A, Vec<u8>)>,
+    owners: HashMap<u64, Owner>,
+    net_ops: usize,
+    requests: usize,
+    /// Copies started and not yet seen complete.
+    copies: usize,
+    /// A post found the transport busy (or the operation cap reached) this round.
+    blocked: bool,
+    next_id: u64,
+}
+
+impl<A: Clone + Debug + Send> Engine<A> {
+    pub(crate) fn new(cfg: Config, copier: Box<dyn Copier>) -> Self {
+        let n = cfg.chunks as u32;
+        Self {
+            cfg,
+            copier,
+            bounce: None,
+            local_slots: SlotPool::new(0, n),
+            serve_slots: SlotPool::new(n, n),
+            regions: Vec::new(),
+            runs: VecDeque::new(),
+            serves: VecDeque::new(),
+            replies: VecDeque::new(),
+            owners: HashMap::new(),
+            net_ops: 0,
+            requests: 0,
+            copies: 0,
+            blocked: false,
+            next_id: 1,
+        }
+    }
+
+    fn id(&mut self) -> u64 {
+        self.next_id += 1;
+        self.next_id
+    }
+
+    /// Whether anything is queued or in flight.
+    #[cfg(test)]
+    pub(crate) fn busy(&self) -> bool {
+        !self.runs.is_empty() || !self.serves.is_empty() || !self.replies.is_empty()
+    }
+
+    /// Whether progress must be polled (copies run, or posts wait for room), as opposed
+    /// to waiting for completions and messages, which come through the transport.
+    pub(crate) fn needs_poll(&self) -> bool {
+        self.copies > 0 || self.blocked || !self.replies.is_empty()
+    }
+
+    fn start_copy(&mut self, dev: Option<usize>, copies: &[CopyOp]) -> Result<u64> {
+        let ticket = self.copier.start(dev, copies)?;
+        self.copies += 1;
+        Ok(ticket)
+    }
+
+    fn poll_copy(&mut self, ticket: u64) -> Result<bool> {
+        let r = self.copier.poll(ticket);
+        if !matches!(r, Ok(false)) {
+            self.copies -= 1;
+        }
+        r
+    }
+
+    /// Allocates and registers the bounce memory if it is not yet (pinned for GPU `dev`
+    /// where possible).
+    pub(crate) fn ensure_bounce<N: StageNet<Addr = A>>(
+        &mut self,
+        net: &N,
+        dev: Option<usize>,
+    ) -> Result<()> {
+        if self.bounce.is_some() {
+            return Ok(());
+        }
+        let len = self.cfg.chunk * self.cfg.chunks * 2;
+        let mem = self.copier.alloc(len, dev)?;
+        net.register_bounce(mem.ptr(), mem.len())
+            .map_err(|f| Error::Backend {
+                backend: "staging".into(),
+                code: f.code,
+                message: format!("registering the staging pool: {}", f.text),
+            })?;
+        tracing::debug!(
+            bytes = len,
+            pinned = mem.pinned(),
+            "staging pool allocated and registered"
+        );
+        self.bounce = Some(mem);
+        Ok(())
+    }
+
+    /// Adds a staged region of this side (peers' requests may name it); returns its id.
+    pub(crate) fn add_region(&mut self, start: u64, len: u64, dev: Option<usize>) -> u64 {
+        let id = self.id();
+        self.regions.push(StagedRegion {
+            id,
+            start,
+            end: start.saturating_add(len),
+            dev,
+        });
+        id
+    }
+
+    pub(crate) fn remove_region(&mut self, id: u64) {
+        self.regions.retain(|r| r.id != id);
+    }
+
+    fn slot_offset(&self, slot: u32) -> u64 {
+        u64::from(slot) * self.cfg.chunk as u64
+    }
+
+    fn slot_ptr(&self, slot: u32, off: u64) -> u64 {
+        let base = self.bounce.as_ref().map_or(0, |b| b.ptr() as u64);
+        base + self.slot_offset(slot) + off
+    }
+
+    /// Queues one post of a staged transfer and starts what it can.
+    pub(crate) fn submit<N: StageNet<Addr = A>>(&mut self, net: &N, spec: RunSpec<A>) {
+        let id = self.id();
+        if spec.plan.chunks.is_empty() {
+            spec.sink.finished();
+            return;
+        }
+        self.runs.push_back(Run {
+            id,
+            spec,
+            next: 0,
+            active: Vec::new(),
+            done: 0,
+            failed: false,
+        });
+        self.progress(net);
+    }
+
+    /// One round: poll copies, retry busy posts, start chunks and requests. Returns
+    /// whether work remains.
+    pub(crate) fn progress<N: StageNet<Addr = A>>(&mut self, net: &N) -> bool {
+        self.blocked = false;
+        self.send_replies(net);
+        self.progress_serves(net);
+        self.progress_runs(net);
+        self.needs_poll()
+    }
+
+    // ---- initiator ----------------------------------------------------------------------
+
+    fn progress_runs<N: StageNet<Addr = A>>(&mut self, net: &N) {
+        let mut i = 0;
+        while i < self.runs.len() {
+            let mut run = self.runs.remove(i).expect("index in range");
+            if !run.failed && run.spec.sink.canceled() {
+                // Released: nothing more starts, nothing more touches the caller's
+                // memory once the copies running now are done.
+                run.failed = true;
+                for c in &mut run.active {
+                    c.dead = true;
+                }
+            }
+            // Advance what is in flight.
+            let mut k = 0;
+            while k < run.active.len() {
+                self.advance_chunk(net, &mut run, k);
+                if run.active[k].dead && run.active[k].ops == 0 && !self.quarantined(&run, k) {
+                    let c = run.active.swap_remove(k);
+                    self.retire_chunk(&mut run, c);
+                } else {
+                    k += 1;
+                }
+            }
+            // Start new chunks.
+            while !run.failed && run.next < run.spec.plan.chunks.len() {
+                if !self.start_chunk(net, &mut run) {
+                    break;
+                }
+            }
+            let finished =
+                run.active.is_empty() && (run.failed || run.next >= run.spec.plan.chunks.len());
+            if !finished {
+                self.runs.insert(i, run);
+                i += 1;
+            }
+        }
+    }
+
+    /// A chunk whose slot a peer may still write into (a FETCH into a local slot that
+    /// was neither answered nor given up with the peer).
+    fn quarantined(&self, run: &Run<A>, k: usize) -> bool {
+        let c = &run.active[k];
+        matches!(c.stage, Stage::Request { sent: true, left } if left > 0) && c.slot.is_some()
+    }
+
+    fn retire_chunk(&mut self, run: &mut Run<A>, c: ActiveChunk) {
+        if let Stage::Copy { user: true, .. } = c.stage {
+            run.spec.sink.user_copy(false);
+        }
+        if matches!(c.stage, Stage::Request { .. }) {
+            self.requests -= 1;
+        }
+        if let Some(slot) = c.slot {
+            self.local_slots.release(slot);
+        }
+    }
+
+    fn start_chunk<N: StageNet<Addr = A>>(&mut self, net: &N, run: &mut Run<A>) -> bool {
+        let plan = run.spec.plan.clone();
+        let chunk = &plan.chunks[run.next];
+        let needs_slot = matches!(chunk.local, Side::Staged(_));
+        if chunk.remote_staged && self.requests >= 2 * self.cfg.chunks {
+            return false;
+        }
+        if needs_slot && (self.bounce.is_none() || self.local_slots.available() == 0) {
+            if self.bounce.is_none() {
+                run.failed = true;
+                run.spec.sink.failed(Failure::new(
+                    STATUS_FAILED,
+                    "staging: no bounce memory for a staged local region",
+                ));
+            }
+            return false;
+        }
+        let slot = if needs_slot {
+            self.local_slots.acquire()
+        } else {
+            None
+        };
+        let token = self.id();
+        let mut c = ActiveChunk {
+            index: run.next,
+            slot,
+            stage: Stage::Net { next: 0, left: 0 },
+            token,
+            ops: 0,
+            dead: false,
+        };
+        run.next += 1;
+        let result = match (plan.write, chunk.local) {
+            (true, Side::Staged(dev)) => {
+                // VRAM → local slot first.
+                let s = slot.expect("acquired");
+                let copies: Vec<CopyOp> = chunk
+                    .pieces
+                    .iter()
+                    .map(|p| CopyOp {
+                        dst: self.slot_ptr(s, p.slot_off),
+                        src: p.local,
+                        len: p.len as usize,
+                    })
+                    .collect();
+                self.start_copy(dev, &copies).map(|ticket| {
+                    run.spec.sink.user_copy(true);
+                    c.stage = Stage::Copy { ticket, user: true };
+                })
+            }
+            (false, Side::Staged(_)) if !chunk.remote_staged => {
+                c.stage = Stage::Net {
+                    next: 0,
+                    left: chunk.pieces.len(),
+                };
+                Ok(())
+            }
+            _ => {
+                // A request to the target (remote staged).
+                c.stage = Stage::Request {
+                    sent: false,
+                    left: if plan.write { 1 } else { chunk.pieces.len() },
+                };
+                self.requests += 1;
+                Ok(())
+            }
+        };
+        if let Err(e) = result {
+            c.dead = true;
+            self.fail_run(run, Failure::new(STATUS_FAILED, e.to_string()));
+        }
+        run.active.push(c);
+        let k = run.active.len() - 1;
+        self.advance_chunk(net, run, k);
+        true
+    }
+
+    fn fail_run(&mut self, run: &mut Run<A>, failure: Failure) {
+        let gone = failure.disconnect;
+        if !run.failed {
+            run.failed = true;
+            run.spec.sink.failed(failure);
+        }
+        for c in &mut run.active {
+            c.dead = true;
+            // The connection is gone: nothing can arrive for a request any more, so a
+            // slot waiting for a peer's writes is quiet.
+            if gone {
+                if let Stage::Request { .. } = c.stage {
+                    c.stage = Stage::Net { next: 0, left: 0 };
+                    self.requests -= 1;
+                }
+            }
+        }
+    }
+
+    /// Moves chunk `k` of `run` as far as it can go now.
+    fn advance_chunk<N: StageNet<Addr = A>>(&mut self, net: &N, run: &mut Run<A>, k: usize) {
+        let plan = run.spec.plan.clone();
+        loop {
+            let c = &mut run.active[k];
+            let chunk = &plan.chunks[c.index];
+            if c.dead {
+                // Copies still run into or out of the slot: wait for them.
+                if let Stage::Copy { ticket, user } = c.stage {
+                    match self.poll_copy(ticket) {
+                        Ok(false) => return,
+                        Ok(true) | Err(_) => {
+                            if user {
+                                run.spec.sink.user_copy(false);
+                            }
+                            c.stage = Stage::Net { next: 0, left: 0 };
+                        }
+                    }
+                }
+                return;
+            }
+            match c.stage {
+                Stage::Copy { ticket, user } => match self.poll_copy(ticket) {
+                    Ok(false) => return,
+                    Ok(true) => {
+                        if user {
+                            run.spec.sink.user_copy(false);
+                        }
+                        run.spec.sink.progressed();
+                        if plan.write {
+                            c.stage = if chunk.remote_staged {
+                                self.requests += 1;
+                                Stage::Request {
+                                    sent: false,
+                                    left: 1,
+                                }
+                            } else {
+                                Stage::Net {
+                                    next: 0,
+                                    left: chunk.pieces.len(),
+                                }
+                            };
+                        } else {
+                            // READ: the copy out of the slot was the last step.
+                            self.chunk_done(run, k);
+                            return;
+                        }
+                    }
+                    Err(e) => {
+                        if user {
+                            run.spec.sink.user_copy(false);
+                        }
+                        c.stage = Stage::Net { next: 0, left: 0 };
+                        self.fail_run(run, Failure::new(STATUS_FAILED, e.to_string()));
+                        return;
+                    }
+                },
+                Stage::Net { next, left } => {
+                    if next < chunk.pieces.len() {
+                        let posted = self.post_pieces(net, run, k);
+                        if posted.is_err() {
+                            return;
+                        }
+                        continue;
+                    }
+                    if left > 0 {
+                        return;
+                    }
+                    run.spec.sink.progressed();
+                    if !plan.write {
+                        // READ into the local slot landed: copy it out.
+                        if let Side::Staged(dev) = chunk.local {
+                            self.start_copy_out(run, k, dev);
+                            continue;
+                        }
+                    }
+                    self.chunk_done(run, k);
+                    return;
+                }
+                Stage::Request { sent, left } => {
+                    if !sent {
+                        match self.send_request(net, run, k) {
+                            Ok(()) => continue,
+                            Err(()) => return,
+                        }
+                    }
+                    if left > 0 {
+                        return;
+                    }
+                    self.requests -= 1;
+                    run.spec.sink.progressed();
+                    let c = &mut run.active[k];
+                    c.stage = Stage::Net { next: 0, left: 0 };
+                    if !plan.write {
+                        if let Side::Staged(dev) = chunk.local {
+                            self.start_copy_out(run, k, dev);
+                            continue;
+                        }
+                    }
+                    self.chunk_done(run, k);
+                    return;
+                }
+            }
+        }
+    }
+
+    fn start_copy_out(&mut self, run: &mut Run<A>, k: usize, dev: Option<usize>) {
+        let plan = run.spec.plan.clone();
+        let c = &run.active[k];
+        let chunk = &plan.chunks[c.index];
+        let s = c.slot.expect("staged chunk has a slot");
+        let copies: Vec<CopyOp> = chunk
+            .pieces
+            .iter()
+            .map(|p| CopyOp {
+                dst: p.local,
+                src: self.slot_ptr(s, p.slot_off),
+                len: p.len as usize,
+            })
+            .collect();
+        match self.start_copy(dev, &copies) {
+            Ok(ticket) => {
+                run.spec.sink.user_copy(true);
+                run.active[k].stage = Stage::Copy { ticket, user: true };
+            }
+            Err(e) => {
+                run.active[k].stage = Stage::Net { next: 0, left: 0 };
+                self.fail_run(run, Failure::new(STATUS_FAILED, e.to_string()));
+            }
+        }
+    }
+
+    fn chunk_done(&mut self, run: &mut Run<A>, k: usize) {
+        let c = &mut run.active[k];
+        c.dead = true;
+        c.stage = Stage::Net { next: 0, left: 0 };
+        run.done += 1;
+        if run.done == run.spec.plan.chunks.len() && !run.failed {
+            run.spec.sink.finished();
+        }
+    }
+
+    /// Posts the RMA operations of chunk `k` (local slot ↔ plain remote memory).
+    fn post_pieces<N: StageNet<Addr = A>>(
+        &mut self,
+        net: &N,
+        run: &mut Run<A>,
+        k: usize,
+    ) -> std::result::Result<(), ()> {
+        let plan = run.spec.plan.clone();
+        let (index, slot, token) = {
+            let c = &run.active[k];
+            (c.index, c.slot.expect("staged chunk has a slot"), c.token)
+        };
+        let chunk = &plan.chunks[index];
+        let imm = if plan.write { run.spec.key } else { None };
+        loop {
+            let Stage::Net { next, left } = run.active[k].stage else {
+                return Ok(());
+            };
+            if next >= chunk.pieces.len() {
+                return Ok(());
+            }
+            if self.net_ops >= MAX_NET_OPS {
+                self.blocked = true;
+                return Err(());
+            }
+            let p = chunk.pieces[next];
+            let op = self.id();
+            let offset = self.slot_offset(slot) + p.slot_off;
+            let posted = if plan.write {
+                net.write(
+                    chunk.rail,
+                    &chunk.dest,
+                    offset,
+                    p.len as usize,
+                    p.remote.0,
+                    p.remote.1,
+                    imm,
+                    op,
+                )
+            } else {
+                net.read(
+                    chunk.rail,
+                    &chunk.dest,
+                    offset,
+                    p.len as usize,
+                    p.remote.0,
+                    p.remote.1,
+                    op,
+                )
+            };
+            match posted {
+                Ok(()) => {
+                    self.owners.insert(
+                        op,
+                        Owner::Run {
+                            run: run.id,
+                            token,
+                            rma: true,
+                        },
+                    );
+                    self.net_ops += 1;
+                    let c = &mut run.active[k];
+                    c.ops += 1;
+                    c.stage = Stage::Net {
+                        next: next + 1,
+                        left,
+                    };
+                }
+                Err(NetError::Busy) => {
+                    self.blocked = true;
+                    return Err(());
+                }
+                Err(NetError::Failed(f)) => {
+                    // Nothing more of this chunk goes out; what went out completes.
+                    let c = &mut run.active[k];
+                    c.stage = Stage::Net { next: 0, left: 0 };
+                    self.fail_run(run, f);
+                    return Err(());
+                }
+            }
+        }
+    }
+
+    fn send_request<N: StageNet<Addr = A>>(
+        &mut self,
+        net: &N,
+        run: &mut Run<A>,
+        k: usize,
+    ) -> std::result::Result<(), ()> {
+        let plan = run.spec.plan.clone();
+        let (index, slot, token) = {
+            let c = &run.active[k];
+            (c.index, c.slot, c.token)
+        };
+        let chunk = &plan.chunks[index];
+        let pieces = chunk
+            .pieces
+            .iter()
+            .map(|p| {
+                let (peer_addr, peer_key) = match slot {
+                    Some(s) => net.bounce_remote(chunk.rail, self.slot_offset(s) + p.slot_off),
+                    None => p.local_net,
+                };
+                WirePiece {
+                    peer_addr,
+                    peer_key,
+                    target: p.remote.0,
+                    len: p.len as u32,
+                }
+            })
+            .collect();
+        let req = Request {
+            token,
+            key: if plan.write { run.spec.key } else { None },
+            reply_to: net.local_name(chunk.rail),
+            pieces,
+        };
+        let msg = if plan.write {
+            Ctrl::Offer(req)
+        } else {
+            Ctrl::Fetch(req)
+        };
+        let bytes = match msg.encode() {
+            Ok(b) => b,
+            Err(e) => {
+                run.active[k].stage = Stage::Net { next: 0, left: 0 };
+                self.requests -= 1;
+                self.fail_run(run, Failure::new(STATUS_INVALID, e.to_string()));
+                return Err(());
+            }
+        };
+        let op = self.id();
+        match net.send(chunk.rail, &chunk.dest, &bytes, op) {
+            Ok(completes) => {
+                if completes {
+                    self.owners.insert(
+                        op,
+                        Owner::Run {
+                            run: run.id,
+                            token,
+                            rma: false,
+                        },
+                    );
+                    run.active[k].ops += 1;
+                }
+                if let Stage::Request { left, .. } = run.active[k].stage {
+                    run.active[k].stage = Stage::Request { sent: true, left };
+                }
+                Ok(())
+            }
+            Err(NetError::Busy) => {
+                self.blocked = true;
+                Err(())
+            }
+            Err(NetError::Failed(f)) => {
+                run.active[k].stage = Stage::Net { next: 0, left: 0 };
+                self.requests -= 1;
+                self.fail_run(run, f);
+                Err(())
+            }
+        }
+    }
+
+    /// Finds the run and chunk of a token.
+    fn find(&mut self, run_id: u64, token: u64) -> Option<(usize, usize)> {
+        let ri = self.runs.iter().position(|r| r.id == run_id)?;
+        let ci = self.runs[ri].active.iter().position(|c| c.token == token)?;
+        Some((ri, ci))
+    }
+
+    fn find_token(&self, token: u64) -> Option<(usize, usize)> {
+        self.runs.iter().enumerate().find_map(|(ri, r)| {
+            r.active
+                .iter()
+                .position(|c| c.token == token)
+                .map(|ci| (ri, ci))
+        })
+    }
+
+    /// A network operation completed (or failed).
+    pub(crate) fn on_complete<N: StageNet<Addr = A>>(
+        &mut self,
+        net: &N,
+        op: u64,
+        result: std::result::Result<(), Failure>,
+    ) {
+        let Some(owner) = self.owners.remove(&op) else {
+            tracing::debug!(op, "staging: completion of an unknown operation");
+            return;
+        };
+        match owner {
+            Owner::Reply => {
+                if let Err(f) = result {
+                    tracing::debug!(error = %f.text, "staging: a DONE reply failed");
+                }
+            }
+            Owner::Run { run, token, rma } => {
+                if rma {
+                    self.net_ops -= 1;
+                }
+                let Some((ri, ci)) = self.find(run, token) else {
+                    return;
+                };
+                let mut r = self.runs.remove(ri).expect("found");
+                let c = &mut r.active[ci];
+                c.ops -= 1;
+                if rma {
+                    if let Stage::Net { next, left } = c.stage {
+                        c.stage = Stage::Net {
+                            next,
+                            left: left.saturating_sub(1),
+                        };
+                    }
+                }
+                if let Err(f) = result {
+                    if let (false, Stage::Request { .. }) = (rma, c.stage) {
+                        // The request never arrived: nothing will come back for it.
+                        c.stage = Stage::Net { next: 0, left: 0 };
+                        self.requests -= 1;
+                    }
+                    self.fail_run(&mut r, f);
+                } else if !r.active[ci].dead {
+                    self.advance_chunk(net, &mut r, ci);
+                }
+                self.runs.insert(ri, r);
+            }
+            Owner::Serve { serve } => {
+                let Some(si) = self.serves.iter().position(|s| s.id == serve) else {
+                    return;
+                };
+                let s = &mut self.serves[si];
+                s.ops -= 1;
+                self.net_ops -= 1;
+                if let ServeStage::Net { next, left } = s.stage {
+                    s.stage = ServeStage::Net {
+                        next,
+                        left: left.saturating_sub(1),
+                    };
+                }
+                if let Err(f) = result {
+                    tracing::debug!(error = %f.text, "staging: serving a peer's request failed");
+                    s.failed = true;
+                }
+            }
+        }
+        self.progress(net);
+    }
+
+    /// A piece of a FETCH's data arrived (remote CQ data [`FETCH_DATA`]` | token`).
+    pub(crate) fn on_fetch_data<N: StageNet<Addr = A>>(&mut self, net: &N, token: u64) {
+        let Some((ri, ci)) = self.find_token(token) else {
+            tracing::debug!(token, "staging: data for an unknown request");
+            return;
+        };
+        let mut r = self.runs.remove(ri).expect("found");
+        if let Stage::Request { sent, left } = r.active[ci].stage {
+            r.active[ci].stage = Stage::Request {
+                sent,
+                left: left.saturating_sub(1),
+            };
+            if !r.active[ci].dead {
+                self.advance_chunk(net, &mut r, ci);
+            } else if left <= 1 {
+                // A given-up FETCH into a slot: the slot is quiet now.
+                r.active[ci].stage = Stage::Net { next: 0, left: 0 };
+                self.requests -= 1;
+            }
+        }
+        self.runs.insert(ri, r);
+        self.progress(net);
+    }
+
+    /// A control message arrived on `rail`.
+    pub(crate) fn on_message<N: StageNet<Addr = A>>(&mut self, net: &N, rail: usize, bytes: &[u8]) {
+        let msg = match Ctrl::decode(bytes) {
+            Ok(m) => m,
+            Err(e) => {
+                tracing::warn!(error = %e, "staging: malformed control message dropped");
+                return;
+            }
+        };
+        match msg {
+            Ctrl::Done {
+                token,
+                status,
+                reason,
+            } => self.on_done(net, token, status, reason),
+            Ctrl::Offer(req) => self.on_request(net, rail, true, req),
+            Ctrl::Fetch(req) => self.on_request(net, rail, false, req),
+        }
+        self.progress(net);
+    }
+
+    fn on_done<N: StageNet<Addr = A>>(&mut self, net: &N, token: u64, status: i32, reason: String) {
+        let Some((ri, ci)) = self.find_token(token) else {
+            tracing::debug!(token, "staging: DONE for an unknown request");
+            return;
+        };
+        let mut r = self.runs.remove(ri).expect("found");
+        if let Stage::Request { sent, .. } = r.active[ci].stage {
+            if status == STATUS_OK && r.spec.plan.write {
+                r.active[ci].stage = Stage::Request { sent, left: 0 };
+                if !r.active[ci].dead {
+                    self.advance_chunk(net, &mut r, ci);
+                } else {
+                    r.active[ci].stage = Stage::Net { next: 0, left: 0 };
+                    self.requests -= 1;
+                }
+            } else {
+                // A refusal (a FETCH succeeds through its data, never a DONE): nothing
+                // more comes for this request.
+                r.active[ci].stage = Stage::Net { next: 0, left: 0 };
+                self.requests -= 1;
+                let status = if status == STATUS_OK {
+                    STATUS_FAILED
+                } else {
+                    status
+                };
+                self.fail_run(
+                    &mut r,
+                    Failure::new(
+                        status,
+                        format!("the target refused a staged chunk: {reason}"),
+                    ),
+                );
+            }
+        }
+        self.runs.insert(ri, r);
+    }
+
+    /// The peer `peer` is gone (disconnected or replaced): its transfers fail and slots
+    /// that only it could still write into are returned.
+    pub(crate) fn peer_gone<N: StageNet<Addr = A>>(&mut self, net: &N, peer: u64, why: &str) {
+        for i in 0..self.runs.len() {
+            if self.runs[i].spec.peer != peer {
+                continue;
+            }
+            let mut r = self.runs.remove(i).expect("index in range");
+            for c in &mut r.active {
+                if let Stage::Request { .. } = c.stage {
+                    c.stage = Stage::Net { next: 0, left: 0 };
+                    self.requests -= 1;
+                }
+            }
+            self.fail_run(
+                &mut r,
+                Failure {
+                    disconnect: true,
+                    code: 0,
+                    text: why.to_string(),
+                },
+            );
+            self.runs.insert(i, r);
+        }
+        self.progress(net);
+    }
+
+    // ---- target -------------------------------------------------------------------------
+
+    /// Checks a request against the staged regions; returns the GPU of its memory.
+    fn validate(&self, req: &Request) -> std::result::Result<Option<usize>, String> {
+        let total: u64 = req.pieces.iter().map(|p| u64::from(p.len)).sum();
+        if total > self.cfg.chunk as u64 {
+            return Err(format!(
+                "{total} bytes in one chunk, slots here hold {}",
+                self.cfg.chunk
+            ));
+        }
+        if self.bounce.is_none() {
+            return Err("nothing is staged here".into());
+        }
+        let mut dev = None;
+        for (i, p) in req.pieces.iter().enumerate() {
+            let end = p.target + u64::from(p.len);
+            let Some(region) = self
+                .regions
+                .iter()
+                .find(|r| r.start <= p.target && end <= r.end)
+            else {
+                return Err(format!(
+                    "piece {i} ({:#x}+{}) is not inside a staged registration",
+                    p.target, p.len
+                ));
+            };
+            if i == 0 {
+                dev = region.dev;
+            } else if dev != region.dev {
+                return Err("pieces of one chunk on different devices".into());
+            }
+        }
+        Ok(dev)
+    }
+
+    fn on_request<N: StageNet<Addr = A>>(
+        &mut self,
+        net: &N,
+        rail: usize,
+        offer: bool,
+        req: Request,
+    ) {
+        let rail = rail % net.rails().max(1);
+        let from = match net.resolve(rail, &req.reply_to) {
+            Ok(a) => a,
+            Err(f) => {
+                tracing::warn!(error = %f.text, "staging: a request from an unreachable address dropped");
+                return;
+            }
+        };
+        match self.validate(&req) {
+            Ok(dev) => {
+                let id = self.id();
+                self.serves.push_back(Serve {
+                    id,
+                    offer,
+                    rail,
+                    from,
+                    req,
+                    dev,
+                    slot: None,
+                    stage: ServeStage::Queued,
+                    ops: 0,
+                    failed: false,
+                });
+            }
+            Err(why) => {
+                tracing::warn!(reason = %why, "staging: request refused");
+                self.reply(rail, from, req.token, STATUS_INVALID, &why);
+            }
+        }
+    }
+
+    fn reply(&mut self, rail: usize, to: A, token: u64, status: i32, reason: &str) {
+        let msg = Ctrl::Done {
+            token,
+            status,
+            reason: reason.to_string(),
+        }
+        .encode()
+        .expect("a DONE always encodes");
+        self.replies.push_back((rail, to, msg));
+    }
+
+    fn send_replies<N: StageNet<Addr = A>>(&mut self, net: &N) {
+        while let Some((rail, to, msg)) = self.replies.pop_front() {
+            let op = self.id();
+            match net.send(rail, &to, &msg, op) {
+                Ok(completes) => {
+                    if completes {
+                        self.owners.insert(op, Owner::Reply);
+                    }
+                }
+                Err(NetError::Busy) => {
+                    self.replies.push_front((rail, to, msg));
+                    self.blocked = true;
+                    return;
+                }
+                Err(NetError::Failed(f)) => {
+                    tracing::debug!(error = %f.text, "staging: a DONE reply could not be sent");
+                }
+            }
+        }
+    }
+
+    fn progress_serves<N: StageNet<Addr = A>>(&mut self, net: &N) {
+        let mut i = 0;
+        while i < self.serves.len() {
+            let mut s = self.serves.remove(i).expect("index in range");
+            let keep = self.advance_serve(net, &mut s);
+            if keep {
+                self.serves.insert(i, s);
+                i += 1;
+            } else if let Some(slot) = s.slot {
+                self.serve_slots.release(slot);
+            }
+        }
+    }
+
+    /// Moves a served request on; `false` when it is finished (its slot may go).
+    fn advance_serve<N: StageNet<Addr = A>>(&mut self, net: &N, s: &mut Serve<A>) -> bool {
+        loop {
+            if s.failed {
+                if let ServeStage::Copy { ticket } = s.stage {
+                    if let Ok(false) = self.poll_copy(ticket) {
+                        return true;
+                    }
+                    s.stage = ServeStage::Net { next: 0, left: 0 };
+                }
+                if s.ops > 0 {
+                    return true;
+                }
+                let (rail, from, token) = (s.rail, s.from.clone(), s.req.token);
+                self.reply(rail, from, token, STATUS_FAILED, "an operation failed");
+                return false;
+            }
+            match s.stage {
+                ServeStage::Queued => {
+                    let Some(slot) = self.serve_slots.acquire() else {
+                        return true;
+                    };
+                    s.slot = Some(slot);
+                    if s.offer {
+                        s.stage = ServeStage::Net {
+                            next: 0,
+                            left: s.req.pieces.len(),
+                        };
+                    } else if !self.serve_copy(s) {
+                        continue;
+                    }
+                }
+                ServeStage::Net { next, left } => {
+                    if next < s.req.pieces.len() {
+                        if !self.serve_post(net, s) {
+                            return true;
+                        }
+                        continue;
+                    }
+                    if left > 0 {
+                        return true;
+                    }
+                    if s.offer {
+                        if !self.serve_copy(s) {
+                            continue;
+                        }
+                    } else {
+                        // FETCH: every piece was written with its CQ data.
+                        return false;
+                    }
+                }
+                ServeStage::Copy { ticket } => match self.poll_copy(ticket) {
+                    Ok(false) => return true,
+                    Ok(true) => {
+                        if s.offer {
+                            if let Some(key) = s.req.key {
+                                net.landed(key);
+                            }
+                            let (rail, from, token) = (s.rail, s.from.clone(), s.req.token);
+                            self.reply(rail, from, token, STATUS_OK, "");
+                            return false;
+                        }
+                        s.stage = ServeStage::Net {
+                            next: 0,
+                            left: s.req.pieces.len(),
+                        };
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "staging: a copy for a peer failed");
+                        s.failed = true;
+                        s.stage = ServeStage::Net { next: 0, left: 0 };
+                    }
+                },
+            }
+        }
+    }
+
+    /// Starts the serve's copy: slot → memory (OFFER) or memory → slot (FETCH). `false`
+    /// when it could not start (the serve is failed).
+    fn serve_copy(&mut self, s: &mut Serve<A>) -> bool {
+        let slot = s.slot.expect("serving with a slot");
+        let mut off = 0u64;
+        let copies: Vec<CopyOp> = s
+            .req
+            .pieces
+            .iter()
+            .map(|p| {
+                let at = self.slot_ptr(slot, off);
+                off += u64::from(p.len);
+                if s.offer {
+                    CopyOp {
+                        dst: p.target,
+                        src: at,
+                        len: p.len as usize,
+                    }
+                } else {
+                    CopyOp {
+                        dst: at,
+                        src: p.target,
+                        len: p.len as usize,
+                    }
+                }
+            })
+            .collect();
+        match self.start_copy(s.dev, &copies) {
+            Ok(ticket) => {
+                s.stage = ServeStage::Copy { ticket };
+                true
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "staging: a copy for a peer did not start");
+                s.failed = true;
+                s.stage = ServeStage::Net { next: 0, left: 0 };
+                false
+            }
+        }
+    }
+
+    /// Posts the serve's RMA operations; `false` when the transport is busy.
+    fn serve_post<N: StageNet<Addr = A>>(&mut self, net: &N, s: &mut Serve<A>) -> bool {
+        let slot = s.slot.expect("serving with a slot");
+        let ServeStage::Net { mut next, left } = s.stage else {
+            return true;
+        };
+        let mut off: u64 = s.req.pieces[..next].iter().map(|p| u64::from(p.len)).sum();
+        while next < s.req.pieces.len() {
+            if self.net_ops >= MAX_NET_OPS {
+                s.stage = ServeStage::Net { next, left };
+                self.blocked = true;
+                return false;
+            }
+            let p = s.req.pieces[next];
+            let op = self.id();
+            let offset = self.slot_offset(slot) + off;
+            let posted = if s.offer {
+                net.read(
+                    s.rail,
+                    &s.from,
+                    offset,
+                    p.len as usize,
+                    p.peer_addr,
+                    p.peer_key,
+                    op,
+                )
+            } else {
+                net.write(
+                    s.rail,
+                    &s.from,
+                    offset,
+                    p.len as usize,
+                    p.peer_addr,
+                    p.peer_key,
+                    Some(FETCH_DATA | s.req.token),
+                    op,
+                )
+            };
+            match posted {
+                Ok(()) => {
+                    self.owners.insert(op, Owner::Serve { serve: s.id });
+                    self.net_ops += 1;
+                    s.ops += 1;
+                    next += 1;
+                    off += u64::from(p.len);
+                }
+                Err(NetError::Busy) => {
+                    s.stage = ServeStage::Net { next, left };
+                    self.blocked = true;
+                    return false;
+                }
+                Err(NetError::Failed(f)) => {
+                    tracing::debug!(error = %f.text, "staging: serving a peer's request failed");
+                    s.failed = true;
+                    s.stage = ServeStage::Net { next: 0, left: 0 };
+                    return true;
+                }
+            }
+        }
+        s.stage = ServeStage::Net { next, left };
+        true
+    }
+
+    /// Slots in use: (local, serve) — for tests and reporting.
+    #[cfg(test)]
+    pub(crate) fn slots_in_use(&self) -> (usize, usize) {
+        (
+            self.local_slots.capacity() - self.local_slots.available(),
+            self.serve_slots.capacity() - self.serve_slots.available(),
+        )
+    }
+}
+
+impl<A> Drop for Engine<A> {
+    fn drop(&mut self) {
+        if !self.owners.is_empty() {
+            // The transport may still touch the bounce memory: keep it allocated.
+            tracing::debug!(
+                ops = self.owners.len(),
+                "staging pool kept: operations still in flight at shutdown"
+            );
+            if let Some(mem) = self.bounce.take() {
+                std::mem::forget(mem);
+            }
+        }
+    }
+}

@@ -1,0 +1,699 @@
+//! The engine against a simulated transport: two sides in one thread, operations
+//! delivered in a random order (seeded), every case of the protocol, cancellation,
+//! failures, hostile requests, a busy transport, and slot accounting at the end.
+
+use super::*;
+use std::cell::{Cell, RefCell};
+use std::sync::atomic::{AtomicBool, AtomicIsize, AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+const CHUNK: usize = 64 << 10;
+const CHUNKS: usize = 4;
+
+#[derive(Debug)]
+enum Kind {
+    Write(Option<u64>),
+    Read,
+    Send(Vec<u8>),
+}
+
+#[derive(Debug)]
+struct Posted {
+    from: usize,
+    dest: usize,
+    rail: usize,
+    offset: u64,
+    len: usize,
+    addr: u64,
+    kind: Kind,
+    op: u64,
+    completes: bool,
+}
+
+/// A side's transport: records posts, answers from a shared queue.
+#[derive(Debug)]
+struct MockNet {
+    me: usize,
+    queue: std::rc::Rc<RefCell<Vec<Posted>>>,
+    base: Cell<u64>,
+    len: Cell<usize>,
+    landed: RefCell<Vec<u64>>,
+    /// Every n-th post is refused as busy (0: never).
+    busy_every: Cell<u64>,
+    posts: Cell<u64>,
+    /// Completions of this side's RMA operations fail with a disconnect.
+    fail_rma: Cell<bool>,
+}
+
+impl MockNet {
+    fn busy(&self) -> bool {
+        self.posts.set(self.posts.get() + 1);
+        let n = self.busy_every.get();
+        n != 0 && self.posts.get() % n == 0
+    }
+}
+
+impl StageNet for MockNet {
+    type Addr = usize;
+    fn rails(&self) -> usize {
+        2
+    }
+    fn register_bounce(&self, ptr: *mut u8, len: usize) -> std::result::Result<(), Failure> {
+        self.base.set(ptr as u64);
+        self.len.set(len);
+        Ok(())
+    }
+    fn bounce_remote(&self, _rail: usize, offset: u64) -> (u64, u64) {
+        (self.base.get() + offset, 0)
+    }
+    fn local_name(&self, _rail: usize) -> Vec<u8> {
+        format!("side{}", self.me).into_bytes()
+    }
+    fn resolve(&self, _rail: usize, name: &[u8]) -> std::result::Result<usize, Failure> {
+        std::str::from_utf8(name)
+            .ok()
+            .and_then(|s| s.strip_prefix("side"))
+            .and_then(|n| n.parse().ok())
+            .ok_or_else(|| Failure::new(22, "unknown name"))
+    }
+    fn write(
+        &self,
+        rail: usize,
+        dest: &usize,
+        offset: u64,
+        len: usize,
+        addr: u64,
+        _key: u64,
+        imm: Option<u64>,
+        op: u64,
+    ) -> std::result::Result<(), NetError> {
+        assert!(
+            offset + len as u64 <= self.len.get() as u64,
+            "outside the pool"
+        );
+        if self.busy() {
+            return Err(NetError::Busy);
+        }
+        self.queue.borrow_mut().push(Posted {
+            from: self.me,
+            dest: *dest,
+            rail,
+            offset,
+            len,
+            addr,
+            kind: Kind::Write(imm),
+            op,
+            completes: true,
+        });
+        Ok(())
+    }
+    fn read(
+        &self,
+        rail: usize,
+        src: &usize,
+        offset: u64,
+        len: usize,
+        addr: u64,
+        _key: u64,
+        op: u64,
+    ) -> std::result::Result<(), NetError> {
+        assert!(
+            offset + len as u64 <= self.len.get() as u64,
+            "outside the pool"
+        );
+        if self.busy() {
+            return Err(NetError::Busy);
+        }
+        self.queue.borrow_mut().push(Posted {
+            from: self.me,
+            dest: *src,
+            rail,
+            offset,
+            len,
+            addr,
+            kind: Kind::Read,
+            op,
+            completes: true,
+        });
+        Ok(())
+    }
+    fn send(
+        &self,
+        rail: usize,
+        dest: &usize,
+        msg: &[u8],
+        op: u64,
+    ) -> std::result::Result<bool, NetError> {
+        assert!(msg.len() <= MAX_CTRL_BYTES);
+        if self.busy() {
+            return Err(NetError::Busy);
+        }
+        // Small messages are "injected": no completion.
+        let completes = msg.len() > 64;
+        self.queue.borrow_mut().push(Posted {
+            from: self.me,
+            dest: *dest,
+            rail,
+            offset: 0,
+            len: msg.len(),
+            addr: 0,
+            kind: Kind::Send(msg.to_vec()),
+            op,
+            completes,
+        });
+        Ok(completes)
+    }
+    fn landed(&self, key: u64) {
+        self.landed.borrow_mut().push(key);
+    }
+}
+
+#[derive(Debug, Default)]
+struct SinkState {
+    canceled: AtomicBool,
+    progressed: AtomicUsize,
+    finished: AtomicUsize,
+    failed: Mutex<Option<Failure>>,
+    user_copies: AtomicIsize,
+}
+
+#[derive(Debug)]
+struct Sink(Arc<SinkState>);
+
+impl RunSink for Sink {
+    fn canceled(&self) -> bool {
+        self.0.canceled.load(Ordering::Relaxed)
+    }
+    fn progressed(&self) {
+        self.0.progressed.fetch_add(1, Ordering::Relaxed);
+    }
+    fn finished(&self) {
+        self.0.finished.fetch_add(1, Ordering::Relaxed);
+    }
+    fn failed(&self, failure: Failure) {
+        let mut f = self.0.failed.lock().unwrap();
+        assert!(f.is_none(), "failure reported twice");
+        *f = Some(failure);
+    }
+    fn user_copy(&self, started: bool) {
+        self.0
+            .user_copies
+            .fetch_add(if started { 1 } else { -1 }, Ordering::Relaxed);
+    }
+}
+
+struct Side {
+    engine: RefCell<Engine<usize>>,
+    net: MockNet,
+}
+
+struct World {
+    sides: Vec<Side>,
+    queue: std::rc::Rc<RefCell<Vec<Posted>>>,
+    rng: super::wire::tests::Rng,
+    /// Deliveries so far.
+    steps: usize,
+}
+
+impl World {
+    fn new(seed: u64) -> Self {
+        let queue = std::rc::Rc::new(RefCell::new(Vec::new()));
+        let sides = (0..2)
+            .map(|me| Side {
+                engine: RefCell::new(Engine::new(
+                    Config {
+                        chunk: CHUNK,
+                        chunks: CHUNKS,
+                    },
+                    Box::<HostCopier>::default(),
+                )),
+                net: MockNet {
+                    me,
+                    queue: queue.clone(),
+                    base: Cell::new(0),
+                    len: Cell::new(0),
+                    landed: RefCell::new(Vec::new()),
+                    busy_every: Cell::new(0),
+                    posts: Cell::new(0),
+                    fail_rma: Cell::new(false),
+                },
+            })
+            .collect::<Vec<_>>();
+        for s in &sides {
+            s.engine.borrow_mut().ensure_bounce(&s.net, None).unwrap();
+        }
+        Self {
+            sides,
+            queue,
+            rng: super::wire::tests::Rng(seed | 1),
+            steps: 0,
+        }
+    }
+
+    fn stage(&self, side: usize, buf: &[u8]) -> u64 {
+        self.sides[side]
+            .engine
+            .borrow_mut()
+            .add_region(buf.as_ptr() as u64, buf.len() as u64, None)
+    }
+
+    /// Delivers one posted operation (a random one); `false` when none is left.
+    fn deliver_one(&mut self) -> bool {
+        let n = self.queue.borrow().len();
+        if n == 0 {
+            return false;
+        }
+        let at = self.rng.below(n as u64) as usize;
+        let p = self.queue.borrow_mut().swap_remove(at);
+        self.steps += 1;
+        let from = &self.sides[p.from];
+        let to = &self.sides[p.dest];
+        let fail = from.net.fail_rma.get() && !matches!(p.kind, Kind::Send(_));
+        match &p.kind {
+            _ if fail => {}
+            Kind::Write(imm) => {
+                // SAFETY: the engine posted a range of its pool, to memory the test owns.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        (from.net.base.get() + p.offset) as *const u8,
+                        p.addr as *mut u8,
+                        p.len,
+                    )
+                };
+                match imm {
+                    Some(d) if d & FETCH_DATA != 0 => to
+                        .engine
+                        .borrow_mut()
+                        .on_fetch_data(&to.net, d & !FETCH_DATA),
+                    Some(key) => to.net.landed(*key),
+                    None => {}
+                }
+            }
+            Kind::Read => {
+                // SAFETY: as above, the other way.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        p.addr as *const u8,
+                        (from.net.base.get() + p.offset) as *mut u8,
+                        p.len,
+                    )
+                };
+            }
+            Kind::Send(msg) => to.engine.borrow_mut().on_message(&to.net, p.rail, msg),
+        }
+        if p.completes {
+            let result = if fail {
+                Err(Failure {
+                    disconnect: true,
+                    code: 107,
+                    text: "peer gone".into(),
+                })
+            } else {
+                Ok(())
+            };
+            from.engine
+                .borrow_mut()
+                .on_complete(&from.net, p.op, result);
+        }
+        true
+    }
+
+    /// Runs until nothing moves any more.
+    fn settle(&mut self) {
+        for _ in 0..1_000_000 {
+            if !self.deliver_one() {
+                let mut more = false;
+                for s in &self.sides {
+                    more |= s.engine.borrow_mut().progress(&s.net);
+                }
+                if self.queue.borrow().is_empty() && !more {
+                    return;
+                }
+            }
+        }
+        panic!("the pipeline never settled");
+    }
+
+    fn idle(&self) {
+        for (i, s) in self.sides.iter().enumerate() {
+            let e = s.engine.borrow();
+            assert_eq!(e.slots_in_use(), (0, 0), "side {i} holds slots");
+            assert!(!e.busy(), "side {i} still has work");
+            assert_eq!(e.owners.len(), 0, "side {i} awaits operations");
+            assert_eq!(e.requests, 0, "side {i} request count");
+            assert_eq!(e.net_ops, 0, "side {i} operation count");
+        }
+    }
+}
+
+fn pattern(seed: u8, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| {
+            (i as u32)
+                .wrapping_mul(2_654_435_761)
+                .rotate_left(u32::from(seed) % 31) as u8
+                ^ seed
+        })
+        .collect()
+}
+
+/// A plan from side 0 to side 1: entries (local address, remote address, length).
+fn plan(
+    write: bool,
+    local: Side_,
+    remote_staged: bool,
+    entries: &[(u64, u64, u64)],
+    capacity: usize,
+) -> Arc<Plan<usize>> {
+    let refs = plan_chunks(
+        entries.iter().enumerate().map(|(i, e)| (i, e.2)),
+        capacity as u64,
+        MAX_PIECES,
+        u64::MAX,
+    );
+    let chunks = refs
+        .into_iter()
+        .enumerate()
+        .map(|(c, pieces)| Chunk {
+            rail: c % 2,
+            dest: 1,
+            local,
+            remote_staged,
+            pieces: pieces
+                .iter()
+                .map(|p| {
+                    let (l, r, _) = entries[p.entry];
+                    Piece {
+                        local: l + p.offset,
+                        local_net: (l + p.offset, 0),
+                        remote: (r + p.offset, 0),
+                        len: p.len,
+                        slot_off: p.slot_off,
+                    }
+                })
+                .collect(),
+        })
+        .collect();
+    Arc::new(Plan { write, chunks })
+}
+
+use super::Side as Side_;
+
+fn submit(w: &World, plan: Arc<Plan<usize>>, key: Option<u64>) -> Arc<SinkState> {
+    let state = Arc::new(SinkState::default());
+    let s = &w.sides[0];
+    s.engine.borrow_mut().submit(
+        &s.net,
+        RunSpec {
+            plan,
+            key,
+            peer: 1,
+            sink: Box::new(Sink(state.clone())),
+        },
+    );
+    state
+}
+
+/// Entries of the given sizes at odd offsets in `local` and `remote`.
+fn layout(sizes: &[usize], local: &[u8], remote: &[u8]) -> Vec<(u64, u64, u64)> {
+    let mut at = 1u64;
+    sizes
+        .iter()
+        .map(|&s| {
+            let e = (
+                local.as_ptr() as u64 + at,
+                remote.as_ptr() as u64 + at,
+                s as u64,
+            );
+            at += s as u64 + 3;
+            e
+        })
+        .collect()
+}
+
+#[test]
+fn every_case_moves_the_data_and_returns_every_slot() {
+    let sizes = [1usize, 4097, (3 << 20) + 5, CHUNK, CHUNK - 1, 100];
+    let span: usize = sizes.iter().map(|s| s + 3).sum::<usize>() + 8;
+    for (seed, (local_staged, remote_staged)) in [(true, false), (false, true), (true, true)]
+        .into_iter()
+        .enumerate()
+    {
+        let mut w = World::new(seed as u64 + 11);
+        let src = pattern(seed as u8, span);
+        let dst = vec![0u8; span];
+        let back = vec![0u8; span];
+        if local_staged {
+            w.stage(0, &src);
+            w.stage(0, &back);
+        }
+        if remote_staged {
+            w.stage(1, &dst);
+        }
+        let side = if local_staged {
+            Side_::Staged(None)
+        } else {
+            Side_::Plain
+        };
+        // Both stage: the smaller slot; one side: its slot.
+        let entries = layout(&sizes, &src, &dst);
+        let p = plan(true, side, remote_staged, &entries, CHUNK);
+        let units: u64 = p.chunks.iter().map(Chunk::units).sum();
+        let sink = submit(&w, p, Some(77));
+        w.settle();
+        assert!(sink.failed.lock().unwrap().is_none(), "{:?}", sink.failed);
+        assert_eq!(sink.finished.load(Ordering::Relaxed), 1);
+        assert_eq!(sink.user_copies.load(Ordering::Relaxed), 0);
+        let blocks_ok = sizes.iter().zip(&entries).all(|(&s, e)| {
+            let o = (e.0 - src.as_ptr() as u64) as usize;
+            src[o..o + s] == dst[o..o + s] && dst[o - 1] == 0 && dst[o + s] == 0
+        });
+        assert!(
+            blocks_ok,
+            "WRITE local_staged={local_staged} remote_staged={remote_staged}"
+        );
+        let landed = w.sides[1].net.landed.borrow().clone();
+        assert_eq!(landed.len() as u64, units, "notification data units");
+        assert!(landed.iter().all(|k| *k == 77));
+        w.idle();
+        // READ it back.
+        let entries = layout(&sizes, &back, &dst);
+        let sink = submit(&w, plan(false, side, remote_staged, &entries, CHUNK), None);
+        w.settle();
+        assert!(sink.failed.lock().unwrap().is_none(), "{:?}", sink.failed);
+        assert_eq!(sink.finished.load(Ordering::Relaxed), 1);
+        let back_ok = sizes.iter().zip(&entries).all(|(&s, e)| {
+            let o = (e.0 - back.as_ptr() as u64) as usize;
+            back[o..o + s] == src[o..o + s]
+        });
+        assert!(
+            back_ok,
+            "READ local_staged={local_staged} remote_staged={remote_staged}"
+        );
+        w.idle();
+    }
+}
+
+#[test]
+fn many_transfers_in_flight_share_bounded_slots_without_deadlock() {
+    let mut w = World::new(5);
+    const N: usize = 24;
+    const LEN: usize = 300_000;
+    let src: Vec<Vec<u8>> = (0..N).map(|i| pattern(i as u8, LEN)).collect();
+    let dst: Vec<Vec<u8>> = (0..N).map(|_| vec![0u8; LEN]).collect();
+    for (s, d) in src.iter().zip(&dst) {
+        w.stage(0, s);
+        w.stage(1, d);
+    }
+    w.sides[0].net.busy_every.set(3);
+    w.sides[1].net.busy_every.set(5);
+    let sinks: Vec<_> = (0..N)
+        .map(|i| {
+            let local = if i % 2 == 0 {
+                Side_::Staged(None)
+            } else {
+                Side_::Plain
+            };
+            let e = [(src[i].as_ptr() as u64, dst[i].as_ptr() as u64, LEN as u64)];
+            submit(&w, plan(true, local, i % 3 != 0, &e, CHUNK), Some(i as u64))
+        })
+        .collect();
+    w.settle();
+    for (i, s) in sinks.iter().enumerate() {
+        assert!(s.failed.lock().unwrap().is_none(), "{i}: {:?}", s.failed);
+        assert_eq!(s.finished.load(Ordering::Relaxed), 1, "{i}");
+        assert!(src[i] == dst[i], "{i}");
+    }
+    w.idle();
+}
+
+#[test]
+fn a_released_transfer_stops_and_returns_its_slots() {
+    for stop_after in [1, 3, 10, 25, 40] {
+        let mut w = World::new(stop_after);
+        let src = pattern(1, 2 << 20);
+        let dst = vec![0u8; 2 << 20];
+        w.stage(0, &src);
+        w.stage(1, &dst);
+        let e = [(src.as_ptr() as u64, dst.as_ptr() as u64, src.len() as u64)];
+        for (write, remote_staged) in [(true, true), (false, true), (true, false), (false, false)] {
+            let sink = submit(
+                &w,
+                plan(write, Side_::Staged(None), remote_staged, &e, CHUNK),
+                None,
+            );
+            for _ in 0..stop_after {
+                w.deliver_one();
+            }
+            // (A transfer that finished before its release stays finished.)
+            let before = sink.finished.load(Ordering::Relaxed);
+            sink.canceled.store(true, Ordering::Relaxed);
+            w.settle();
+            assert_eq!(
+                sink.finished.load(Ordering::Relaxed),
+                before,
+                "stop after {stop_after}, write {write}, remote staged {remote_staged}"
+            );
+            assert_eq!(sink.user_copies.load(Ordering::Relaxed), 0);
+            w.idle();
+        }
+    }
+}
+
+#[test]
+fn requests_naming_memory_that_is_not_staged_are_refused() {
+    let mut w = World::new(3);
+    let src = pattern(1, 100_000);
+    let staged = vec![0u8; 100_000];
+    let other = vec![0u8; 100_000];
+    w.stage(1, &staged);
+    for (what, remote, len) in [
+        ("outside every region", other.as_ptr() as u64, 1000),
+        (
+            "running past the region",
+            staged.as_ptr() as u64 + 99_000,
+            2000,
+        ),
+    ] {
+        for write in [true, false] {
+            let e = [(src.as_ptr() as u64, remote, len)];
+            let sink = submit(&w, plan(write, Side_::Plain, true, &e, CHUNK), Some(1));
+            w.settle();
+            let f = sink.failed.lock().unwrap().clone();
+            let f = f.unwrap_or_else(|| panic!("{what}: accepted"));
+            assert_eq!(f.code, STATUS_INVALID, "{what}: {f:?}");
+            assert!(!f.disconnect);
+            assert!(w.sides[1].net.landed.borrow().is_empty());
+            w.idle();
+        }
+    }
+    assert!(other.iter().all(|b| *b == 0), "refused memory untouched");
+    // A chunk larger than the target's slots is refused too.
+    let e = [(src.as_ptr() as u64, staged.as_ptr() as u64, 100_000)];
+    let sink = submit(&w, plan(true, Side_::Plain, true, &e, 100_000), None);
+    w.settle();
+    assert_eq!(
+        sink.failed.lock().unwrap().as_ref().unwrap().code,
+        STATUS_INVALID
+    );
+    w.idle();
+    // Garbage is dropped without a reply.
+    let s = &w.sides[1];
+    s.engine
+        .borrow_mut()
+        .on_message(&s.net, 0, b"NXST\x01\x07\0\0garbage");
+    assert!(w.queue.borrow().is_empty());
+}
+
+#[test]
+fn failed_operations_fail_the_transfer_as_a_disconnect_and_free_the_slots() {
+    for (write, remote_staged) in [(true, false), (false, false), (true, true), (false, true)] {
+        let mut w = World::new(9);
+        let src = pattern(2, 500_000);
+        let dst = vec![0u8; 500_000];
+        w.stage(0, &src);
+        w.stage(1, &dst);
+        // The side doing the RMA fails: the initiator for plain remote memory, the
+        // target (serving) for staged.
+        w.sides[usize::from(remote_staged)].net.fail_rma.set(true);
+        let e = [(src.as_ptr() as u64, dst.as_ptr() as u64, src.len() as u64)];
+        let sink = submit(
+            &w,
+            plan(write, Side_::Staged(None), remote_staged, &e, CHUNK),
+            Some(3),
+        );
+        w.settle();
+        let f = sink.failed.lock().unwrap().clone().expect("failed");
+        if remote_staged {
+            assert_eq!(f.code, STATUS_FAILED, "the target reports it: {f:?}");
+        } else {
+            assert!(f.disconnect, "{f:?}");
+        }
+        assert_eq!(sink.finished.load(Ordering::Relaxed), 0);
+        w.idle();
+    }
+}
+
+#[test]
+fn a_peer_gone_mid_fetch_releases_the_slots_it_could_have_written() {
+    let mut w = World::new(4);
+    let back = vec![0u8; 1 << 20];
+    let remote = pattern(3, 1 << 20);
+    w.stage(0, &back);
+    w.stage(1, &remote);
+    let e = [(
+        back.as_ptr() as u64,
+        remote.as_ptr() as u64,
+        back.len() as u64,
+    )];
+    let sink = submit(&w, plan(false, Side_::Staged(None), true, &e, CHUNK), None);
+    // The FETCHes went out and were never answered: the slots are held for the peer.
+    let requests: Vec<Posted> = std::mem::take(&mut *w.queue.borrow_mut());
+    assert!(!requests.is_empty());
+    assert_eq!(w.sides[0].engine.borrow().slots_in_use().0, CHUNKS);
+    // Released by the user: the slots stay (the peer may still write into them).
+    sink.canceled.store(true, Ordering::Relaxed);
+    w.settle();
+    assert_eq!(
+        w.sides[0].engine.borrow().slots_in_use().0,
+        CHUNKS,
+        "quarantined"
+    );
+    let s = &w.sides[0];
+    s.engine.borrow_mut().peer_gone(&s.net, 1, "gone");
+    assert_eq!(s.engine.borrow().slots_in_use(), (0, 0));
+    assert!(!s.engine.borrow().busy());
+    // Released before: nothing is reported to a request that is gone.
+    assert!(sink.failed.lock().unwrap().is_none());
+    assert_eq!(sink.finished.load(Ordering::Relaxed), 0);
+}
+
+#[test]
+fn a_notified_write_counts_one_unit_per_chunk_only_after_its_copy() {
+    let mut w = World::new(8);
+    let src = pattern(4, 5 * CHUNK + 17);
+    let dst = vec![0u8; src.len()];
+    w.stage(1, &dst);
+    let e = [(src.as_ptr() as u64, dst.as_ptr() as u64, src.len() as u64)];
+    let p = plan(true, Side_::Plain, true, &e, CHUNK);
+    assert_eq!(p.chunks.len(), 6);
+    let sink = submit(&w, p, Some(5));
+    // Each unit that landed stands for a chunk already in the destination.
+    while w.deliver_one() {
+        let landed = w.sides[1].net.landed.borrow().len();
+        let filled = dst
+            .chunks(CHUNK)
+            .zip(src.chunks(CHUNK))
+            .filter(|(d, s)| d == s)
+            .count();
+        assert!(
+            filled >= landed,
+            "{landed} units but {filled} chunks in place"
+        );
+    }
+    w.settle();
+    assert_eq!(w.sides[1].net.landed.borrow().len(), 6);
+    assert_eq!(sink.finished.load(Ordering::Relaxed), 1);
+    assert!(w.steps > 6);
+    w.idle();
+}
