@@ -253,7 +253,9 @@ fn parse_args(args: &[String]) -> Result<Options, String> {
     Ok(o)
 }
 
-/// A page-aligned, zeroed host allocation that transfers may write at any time.
+/// A page-aligned host allocation, every page written once (as NIXL's nixlbench memsets
+/// its buffers): an untouched page would be the kernel's shared zero page, which a WRITE
+/// source would read from cache.
 struct HostBuffer {
     ptr: *mut u8,
     len: usize,
@@ -270,10 +272,13 @@ impl HostBuffer {
         std::alloc::Layout::from_size_align(len.max(1), 4096).expect("valid layout")
     }
 
-    fn new(len: usize) -> Self {
+    /// `len` bytes of `fill` (non-zero, so the writes cannot be folded into a calloc).
+    fn new(len: usize, fill: u8) -> Self {
         // SAFETY: the layout has a non-zero size.
-        let ptr = unsafe { std::alloc::alloc_zeroed(Self::layout(len)) };
+        let ptr = unsafe { std::alloc::alloc(Self::layout(len)) };
         assert!(!ptr.is_null(), "out of memory allocating {len} bytes");
+        // SAFETY: `ptr` holds `len` bytes (the layout's size is at least `len`).
+        unsafe { std::ptr::write_bytes(ptr, fill, len) };
         Self { ptr, len }
     }
 }
@@ -293,20 +298,20 @@ enum Mem {
 }
 
 impl Mem {
-    /// `len` zeroed bytes of `kind` (VRAM on GPU `gpu`).
-    fn alloc(kind: MemKind, gpu: usize, len: usize) -> Result<Self, String> {
+    /// `len` bytes of `kind` (VRAM on GPU `gpu`), every byte set to `fill`.
+    fn alloc(kind: MemKind, gpu: usize, len: usize, fill: u8) -> Result<Self, String> {
         match kind {
-            MemKind::Dram => Ok(Self::Host(HostBuffer::new(len))),
+            MemKind::Dram => Ok(Self::Host(HostBuffer::new(len, fill))),
             #[cfg(feature = "cuda")]
             MemKind::Vram => {
                 let open = gpunetio::Gpu::open(gpu).map_err(|e| format!("GPU {gpu}: {e}"))?;
                 let buf = gpunetio::DeviceBuffer::alloc(&open, len)
                     .map_err(|e| format!("allocating {len} bytes on GPU {gpu}: {e}"))?;
-                buf.fill(0).map_err(|e| format!("GPU {gpu}: {e}"))?;
+                buf.fill(fill).map_err(|e| format!("GPU {gpu}: {e}"))?;
                 Ok(Self::Device(buf))
             }
             other => {
-                let _ = gpu;
+                let _ = (gpu, fill);
                 Err(format!(
                     "{other:?} memory: not in this build (VRAM needs feature cuda)"
                 ))
@@ -465,6 +470,10 @@ fn pattern_bytes(seed: u64, offset: usize, len: usize) -> Vec<u8> {
     out
 }
 
+/// NIXL nixlbench's initial buffer bytes (`XFERBENCH_INITIATOR/TARGET_BUFFER_ELEMENT`).
+const INITIATOR_FILL: u8 = 0xbb;
+const TARGET_FILL: u8 = 0xaa;
+
 /// What the target's memory holds (READ's source).
 const TARGET_SEED: u64 = 0x5EED_7A26;
 
@@ -515,7 +524,7 @@ fn run_target(o: &Options) -> Result<(), String> {
     if o.backend == "LOCAL" {
         return Err("LOCAL moves data inside one agent: run without --role".into());
     }
-    let mem = Mem::alloc(o.target_seg, o.target_gpu, o.total_buffer_size)?;
+    let mem = Mem::alloc(o.target_seg, o.target_gpu, o.total_buffer_size, TARGET_FILL)?;
     mem.fill_pattern(0, mem.len(), TARGET_SEED)?;
     // LIBFABRIC without a provider follows the initiator's choice (module docs).
     let follow = o.is_libfabric() && o.user_provider().is_none();
@@ -1016,7 +1025,12 @@ fn run_initiator(o: &Options, target_addr: SocketAddr) -> Result<Vec<Row>, Strin
         return Err("LOCAL moves data inside one agent: run without --role".into());
     }
     let (agent, how) = initiator_agent(o, target_addr)?;
-    let local = Mem::alloc(o.initiator_seg, o.initiator_gpu, o.total_buffer_size)?;
+    let local = Mem::alloc(
+        o.initiator_seg,
+        o.initiator_gpu,
+        o.total_buffer_size,
+        INITIATOR_FILL,
+    )?;
     let _reg = register(&agent, &local, None)?;
     // The target learns our name (so our provider) and connection, then registers.
     agent
@@ -1052,9 +1066,14 @@ fn run_initiator(o: &Options, target_addr: SocketAddr) -> Result<Vec<Row>, Strin
 
 /// `--backend LOCAL`: one agent holds both sides' memory.
 fn run_in_process(o: &Options) -> Result<Vec<Row>, String> {
-    let target_mem = Mem::alloc(o.target_seg, o.target_gpu, o.total_buffer_size)?;
+    let target_mem = Mem::alloc(o.target_seg, o.target_gpu, o.total_buffer_size, TARGET_FILL)?;
     target_mem.fill_pattern(0, target_mem.len(), TARGET_SEED)?;
-    let local = Mem::alloc(o.initiator_seg, o.initiator_gpu, o.total_buffer_size)?;
+    let local = Mem::alloc(
+        o.initiator_seg,
+        o.initiator_gpu,
+        o.total_buffer_size,
+        INITIATOR_FILL,
+    )?;
     let agent = Agent::new(
         "nixlbench",
         AgentConfig {
@@ -1349,7 +1368,7 @@ mod tests {
 
     #[test]
     fn check_finds_the_first_wrong_byte() {
-        let mem = Mem::alloc(MemKind::Dram, 0, 1 << 16).unwrap();
+        let mem = Mem::alloc(MemKind::Dram, 0, 1 << 16, INITIATOR_FILL).unwrap();
         let seed = point_seed(4096, 2);
         mem.fill_pattern(8192, 4096, seed).unwrap();
         mem.check_pattern(8192, 4096, seed).unwrap();
@@ -1365,7 +1384,7 @@ mod tests {
 
     #[test]
     fn target_answers_check_requests() {
-        let mem = Mem::alloc(MemKind::Dram, 0, 1 << 16).unwrap();
+        let mem = Mem::alloc(MemKind::Dram, 0, 1 << 16, INITIATOR_FILL).unwrap();
         let seed = point_seed(1024, 3);
         for i in 0..3 {
             mem.fill_pattern(4096 + i * 2048, 1024, seed).unwrap();
@@ -1382,9 +1401,15 @@ mod tests {
 
     #[test]
     fn options() {
-        let o = parse_args(&args("--backend cuda_ipc --initiator_gpu 1 --target_gpu=2")).unwrap();
-        assert_eq!(o.backend, "CUDA_IPC");
+        let o = parse_args(&args("--backend local --initiator_gpu 1 --target_gpu=2")).unwrap();
+        assert_eq!(o.backend, "LOCAL");
         assert_eq!((o.initiator_gpu, o.target_gpu), (1, 2));
+        let ipc = parse_args(&args("--backend cuda_ipc"));
+        if cfg!(feature = "cuda") {
+            assert_eq!(ipc.unwrap().backend, "CUDA_IPC");
+        } else {
+            assert!(ipc.unwrap_err().contains("built without feature cuda"));
+        }
         assert_eq!(
             (o.initiator_seg, o.target_seg),
             (MemKind::Dram, MemKind::Dram)
