@@ -27,7 +27,7 @@
 # MAX_BLOCK_SIZE (67108864), NUM_ITER (1000), WARMUP_ITER (100), SEGS (NIXL's cases,
 # INITIATOR:TARGET comma-separated), OURS_CASES (BACKEND:INITIATOR:TARGET, space-separated),
 # OPS (WRITE READ), REQUIRE_GPU (1: a missing GPU fails NIXL's VRAM cases), CASE_TIMEOUT
-# (90 s per nixlbench run), NIXL_TIMEOUT (240 s per NIXL run).
+# (90 s per nixlbench run), NIXL_TIMEOUT (150 s per NIXL run).
 set -uo pipefail
 
 usage() { sed -n '2,31p' "$0"; exit 2; }
@@ -154,7 +154,7 @@ nixl_failed=''
 run_nixl() {
     local r=$1 f="$work/nixl.$1.log" s=$SECONDS
     say "=== round $r: NIXL (nixl_peer_bench.py)"
-    timeout -k 5 "${NIXL_TIMEOUT:-240}" "$py" "$here/nixl_peer_bench.py" "${common[@]}" \
+    timeout -k 5 "${NIXL_TIMEOUT:-150}" "$py" "$here/nixl_peer_bench.py" "${common[@]}" \
         "${nixl_flags[@]}" >"$f" 2>&1
     local rc=$?
     grep -v "NIXL INFO" "$f" >>"$log"
