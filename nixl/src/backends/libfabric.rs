@@ -209,6 +209,10 @@ fn param<T: std::str::FromStr>(params: &BackendParams, key: &str, default: T) ->
 }
 
 pub(crate) fn create(agent: &Agent, params: &BackendParams) -> Result<Arc<dyn Backend>> {
+    Ok(Arc::new(open(agent, params)?))
+}
+
+fn open(agent: &Agent, params: &BackendParams) -> Result<LibfabricBackend> {
     const KNOWN: &[&str] = &[
         "provider",
         "node",
@@ -339,7 +343,7 @@ pub(crate) fn create(agent: &Agent, params: &BackendParams) -> Result<Arc<dyn Ba
         hmem,
         "LIBFABRIC backend up"
     );
-    Ok(Arc::new(backend))
+    Ok(backend)
 }
 
 fn flag(params: &BackendParams, key: &str) -> Result<bool> {
@@ -855,28 +859,38 @@ impl LibfabricBackend {
         Ok(mrs)
     }
 
+    /// Registers device memory with the provider (`FI_HMEM_CUDA` and the device), or
+    /// says why not: `Unsupported` without `FI_HMEM`, else the provider's refusal (a
+    /// libfabric built without CUDA answers `FI_ENOSYS`, also `Unsupported`).
+    fn register_direct(
+        &self,
+        region: &Region,
+        dev: i32,
+    ) -> std::result::Result<Vec<MemoryRegion>, fabric::Error> {
+        if !self.hmem {
+            return Err(fabric::Error::Unsupported {
+                call: "fi_getinfo",
+                errno: fabric::ffi::FI_EOPNOTSUPP,
+                detail: format!("provider `{}` does not advertise FI_HMEM", self.provider),
+            });
+        }
+        self.try_register_rails(region, HmemIface::Cuda(dev))
+    }
+
     /// VRAM: directly (`FI_HMEM` with the device) where the provider can, else staged.
     fn register_vram(&self, region: &Region, dev: i32) -> Result<Arc<dyn LocalMd>> {
         if self.vram_mode == VramMode::Staged {
             return self.register_staged(region, Some(dev as usize));
         }
-        let refusal = if !self.hmem {
-            fabric::Error::Unsupported {
-                call: "fi_getinfo",
-                errno: fabric::ffi::FI_EOPNOTSUPP,
-                detail: format!("provider `{}` does not advertise FI_HMEM", self.provider),
+        let refusal = match self.register_direct(region, dev) {
+            Ok(mrs) => {
+                return Ok(Arc::new(FabricLocalMd {
+                    mrs,
+                    mode: RegMode::Direct,
+                    staged: None,
+                }))
             }
-        } else {
-            match self.try_register_rails(region, HmemIface::Cuda(dev)) {
-                Ok(mrs) => {
-                    return Ok(Arc::new(FabricLocalMd {
-                        mrs,
-                        mode: RegMode::Direct,
-                        staged: None,
-                    }))
-                }
-                Err(e) => e,
-            }
+            Err(e) => e,
         };
         let unsupported = matches!(refusal, fabric::Error::Unsupported { .. });
         if self.vram_mode == VramMode::Direct {
@@ -1844,6 +1858,33 @@ mod tests {
             assert!(decode_notif(&m[..cut]).is_err());
         }
         assert!(encode_notif("a", 1, 1, 0, &vec![0; MAX_NOTIF_BYTES]).is_err());
+    }
+
+    /// shm advertises FI_HMEM even in a libfabric built without CUDA (this machine's and
+    /// the GPU machine's): the direct registration is then refused, typed `Unsupported`.
+    #[test]
+    fn direct_vram_registration_is_refused_typed_where_libfabric_has_no_cuda() {
+        let agent = Agent::new("hmem-probe", crate::AgentConfig::default()).unwrap();
+        for provider in ["shm", "tcp;ofi_rxm"] {
+            let params: BackendParams = [("provider".to_string(), provider.to_string())].into();
+            let backend = open(&agent, &params).unwrap();
+            let host = vec![0u8; 1 << 16];
+            let region = Region {
+                kind: MemKind::Vram,
+                desc: crate::Desc::from_slice(&host),
+            };
+            let want_hmem = cfg!(feature = "cuda");
+            match backend.register_direct(&region, 0) {
+                Err(e @ fabric::Error::Unsupported { .. }) => {
+                    println!("{provider} (FI_HMEM {}): {e}", backend.has_hmem());
+                }
+                Err(e) => panic!("{provider}: untyped refusal {e:?}"),
+                Ok(_) => panic!("{provider}: host memory registered as CUDA memory"),
+            }
+            if provider == "shm" {
+                assert_eq!(backend.has_hmem(), want_hmem, "shm's FI_HMEM variant");
+            }
+        }
     }
 
     #[test]

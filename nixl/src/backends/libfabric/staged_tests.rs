@@ -2,13 +2,25 @@
 //! (`stage_dram=1`) goes through exactly the protocol VRAM does, with `memcpy` in place
 //! of the device copies.
 
+use super::LibfabricBackend;
 use crate::{params, Agent, AgentConfig, Desc, DescList, MemKind, XferOp, XferStatus};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const TIMEOUT: Duration = Duration::from_secs(60);
 
 fn agent(name: &str, provider: &str, stage: bool, extra: &[(&str, &str)]) -> Agent {
-    let agent = Agent::new(name, AgentConfig::default()).unwrap();
+    agent_with(name, provider, stage, extra, AgentConfig::default())
+}
+
+fn agent_with(
+    name: &str,
+    provider: &str,
+    stage: bool,
+    extra: &[(&str, &str)],
+    config: AgentConfig,
+) -> Agent {
+    let agent = Agent::new(name, config).unwrap();
     let mut p = params([
         ("provider", provider),
         ("stage_dram", if stage { "1" } else { "0" }),
@@ -145,6 +157,19 @@ fn round_trip(
 }
 
 #[test]
+fn staged_two_rails_many_descriptors_tcp() {
+    let sizes: Vec<usize> = (0..1000).map(|i| 4096 + (i % 7) * 1000).collect();
+    round_trip("tcp;ofi_rxm", true, true, &sizes, &[("num_rails", "2")]);
+    round_trip(
+        "tcp;ofi_rxm",
+        false,
+        true,
+        &sizes[..300],
+        &[("num_rails", "2")],
+    );
+}
+
+#[test]
 fn staged_both_sides_tcp() {
     round_trip("tcp;ofi_rxm", true, true, &[1, 4097, (3 << 20) + 5], &[]);
 }
@@ -153,5 +178,599 @@ fn staged_both_sides_tcp() {
 fn staged_each_side_and_both_shm() {
     for (i, t) in [(true, false), (false, true), (true, true)] {
         round_trip("shm", i, t, &[1, 4097, (3 << 20) + 5, 1 << 20], &[]);
+    }
+}
+
+/// Bandwidth of WRITE (or READ) of `batch` blocks of `block` bytes, over `rounds`
+/// posts: GB/s.
+fn bandwidth(
+    provider: &str,
+    op: XferOp,
+    init: (bool, &[(&str, &str)]),
+    tgt: (bool, &[(&str, &str)]),
+    block: usize,
+    batch: usize,
+    rounds: usize,
+) -> f64 {
+    let tag = format!(
+        "bw-{}-{block}-{}{}",
+        provider.replace(';', "_"),
+        init.0,
+        tgt.0
+    );
+    let initiator = agent(&format!("i{tag}"), provider, init.0, init.1);
+    let target = agent(&format!("t{tag}"), provider, tgt.0, tgt.1);
+    let span = block * batch;
+    let src = pattern(3, span);
+    let dst = vec![0u8; span];
+    // SAFETY: the buffers outlive the handles and the request.
+    let _hi = unsafe {
+        initiator
+            .register_mem(&dram([Desc::from_slice(&src)]), None)
+            .unwrap()
+    };
+    // SAFETY: as above.
+    let _ht = unsafe {
+        target
+            .register_mem(&dram([Desc::from_slice(&dst)]), None)
+            .unwrap()
+    };
+    let name = initiator
+        .load_remote_metadata(&target.local_metadata().unwrap())
+        .unwrap();
+    let at = |base: u64, i: usize| Desc::new(base + (i * block) as u64, block as u64, 0);
+    let local = dram((0..batch).map(|i| at(src.as_ptr() as u64, i)));
+    let remote = dram((0..batch).map(|i| at(dst.as_ptr() as u64, i)));
+    let mut req = initiator
+        .create_xfer_req(op, &local, &remote, &name, None)
+        .unwrap();
+    for _ in 0..3 {
+        req.post().unwrap();
+        req.wait(TIMEOUT).unwrap();
+    }
+    let start = Instant::now();
+    for _ in 0..rounds {
+        req.post().unwrap();
+        req.wait(TIMEOUT).unwrap();
+    }
+    let secs = start.elapsed().as_secs_f64();
+    if op == XferOp::Write {
+        assert!(src == dst);
+    }
+    (span * rounds) as f64 / secs / 1e9
+}
+
+/// DRAM against staged DRAM (memcpy in place of the device copies: on a small host the
+/// extra copies compete with the provider for the CPU, which a GPU's copy engines do
+/// not). `cargo test --release -p nixl --lib staged_bandwidth -- --ignored --nocapture`,
+/// with `NIXL_BW_BLOCKS`, `NIXL_BW_CHUNK`, `NIXL_BW_CHUNKS`, `NIXL_BW_PROVIDERS`,
+/// `NIXL_BW_TRIALS`, `NIXL_BW_BUSY` to vary it.
+#[test]
+#[ignore = "a measurement, not a check"]
+fn staged_bandwidth() {
+    let env = |k: &str, d: &str| std::env::var(k).unwrap_or_else(|_| d.to_string());
+    let sizes: Vec<usize> = env("NIXL_BW_BLOCKS", "1048576,4194304")
+        .split(',')
+        .map(|s| s.parse().unwrap())
+        .collect();
+    let chunk = env("NIXL_BW_CHUNK", "524288");
+    let chunks = env("NIXL_BW_CHUNKS", "16");
+    let providers = env("NIXL_BW_PROVIDERS", "shm,tcp;ofi_rxm");
+    let trials: usize = env("NIXL_BW_TRIALS", "3").parse().unwrap();
+    let busy = env("NIXL_BW_BUSY", "0");
+    let staged: &[(&str, &str)] = &[
+        ("staging_chunk", chunk.as_str()),
+        ("staging_chunks", chunks.as_str()),
+        ("busy_poll", busy.as_str()),
+    ];
+    let plain: &[(&str, &str)] = &[("busy_poll", busy.as_str())];
+    for provider in providers.split(',') {
+        for op in [XferOp::Write, XferOp::Read] {
+            for &block in &sizes {
+                let batch = ((16 << 20) / block).max(1);
+                let (mut d, mut s) = (Vec::new(), Vec::new());
+                for _ in 0..trials {
+                    d.push(bandwidth(
+                        provider,
+                        op,
+                        (false, plain),
+                        (false, plain),
+                        block,
+                        batch,
+                        30,
+                    ));
+                    s.push(bandwidth(
+                        provider,
+                        op,
+                        (true, staged),
+                        (true, staged),
+                        block,
+                        batch,
+                        30,
+                    ));
+                }
+                let med = |v: &mut Vec<f64>| {
+                    v.sort_by(f64::total_cmp);
+                    v[v.len() / 2]
+                };
+                let (dm, sm) = (med(&mut d), med(&mut s));
+                println!(
+                    "{provider:12} {op:?} block {block:>8} x{batch:<4}: DRAM {dm:.2} GB/s, staged both sides {sm:.2} GB/s ({:.2}x)",
+                    sm / dm
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn staged_without_progress_threads_the_callers_polls_drive_the_pipeline() {
+    let config = AgentConfig {
+        progress_thread: false,
+        ..AgentConfig::default()
+    };
+    for provider in ["tcp;ofi_rxm", "shm"] {
+        let tag = provider.replace(';', "_");
+        let initiator = agent_with(&format!("np-si-{tag}"), provider, true, &[], config.clone());
+        let target = agent_with(&format!("np-st-{tag}"), provider, true, &[], config.clone());
+        let len = (5 << 20) + 3;
+        let src = pattern(9, len);
+        let dst = vec![0u8; len];
+        let mut back = vec![0u8; len];
+        let back_p = back.as_mut_ptr() as u64;
+        // SAFETY: the buffers outlive the handles and the requests of this iteration.
+        let _hi = unsafe {
+            initiator
+                .register_mem(
+                    &dram([Desc::from_slice(&src), Desc::new(back_p, len as u64, 0)]),
+                    None,
+                )
+                .unwrap()
+        };
+        // SAFETY: as above.
+        let _ht = unsafe {
+            target
+                .register_mem(&dram([Desc::from_slice(&dst)]), None)
+                .unwrap()
+        };
+        let name = initiator
+            .load_remote_metadata(&target.local_metadata().unwrap())
+            .unwrap();
+        let mut req = initiator
+            .create_xfer_req(
+                XferOp::Write,
+                &dram([Desc::from_slice(&src)]),
+                &dram([Desc::from_slice(&dst)]),
+                &name,
+                Some(b"inline".to_vec()),
+            )
+            .unwrap();
+        req.post().unwrap();
+        let deadline = Instant::now() + TIMEOUT;
+        let (mut done, mut notif) = (false, None);
+        while !(done && notif.is_some()) {
+            assert!(Instant::now() < deadline, "{provider}: no progress");
+            done = done || req.status().unwrap() == XferStatus::Done;
+            if let Some(mut msgs) = target.get_notifs().remove(initiator.name()) {
+                notif = Some(msgs.remove(0));
+                assert!(src == dst, "{provider}: notification before the data");
+            }
+        }
+        let mut read = initiator
+            .create_xfer_req(
+                XferOp::Read,
+                &dram([Desc::new(back_p, len as u64, 0)]),
+                &dram([Desc::from_slice(&dst)]),
+                &name,
+                None,
+            )
+            .unwrap();
+        read.post().unwrap();
+        while read.status().unwrap() != XferStatus::Done {
+            assert!(
+                Instant::now() < deadline,
+                "{provider}: read made no progress"
+            );
+            target.get_notifs();
+        }
+        assert!(back == src, "{provider}");
+    }
+}
+
+/// The target checks its memory at the moment the notification arrives (the initiator's
+/// request is not waited for first), over many rounds of a large staged WRITE.
+#[test]
+fn staged_notification_arrives_only_after_the_last_chunk_landed() {
+    for (provider, init_stages) in [("tcp;ofi_rxm", true), ("shm", false), ("shm", true)] {
+        let tag = format!("{}-{init_stages}", provider.replace(';', "_"));
+        let initiator = agent(&format!("ord-i-{tag}"), provider, init_stages, &[]);
+        let target = agent(&format!("ord-t-{tag}"), provider, true, &[]);
+        let len = 24 << 20;
+        let mut src = pattern(1, len);
+        let dst = vec![0u8; len];
+        // SAFETY: the buffers outlive the handles and the request.
+        let _hi = unsafe {
+            initiator
+                .register_mem(&dram([Desc::from_slice(&src)]), None)
+                .unwrap()
+        };
+        // SAFETY: as above.
+        let _ht = unsafe {
+            target
+                .register_mem(&dram([Desc::from_slice(&dst)]), None)
+                .unwrap()
+        };
+        let name = initiator
+            .load_remote_metadata(&target.local_metadata().unwrap())
+            .unwrap();
+        // Many descriptors: chunks of one transfer land in any order.
+        let n = 48;
+        let block = len / n;
+        let at = |b: u64, i: usize| Desc::new(b + (i * block) as u64, block as u64, 0);
+        let mut req = initiator
+            .create_xfer_req(
+                XferOp::Write,
+                &dram((0..n).map(|i| at(src.as_ptr() as u64, i))),
+                &dram((0..n).map(|i| at(dst.as_ptr() as u64, i))),
+                &name,
+                None,
+            )
+            .unwrap();
+        for round in 0..4u8 {
+            src.iter_mut().for_each(|b| *b = b.wrapping_add(round + 1));
+            req.post_with(Some(vec![round]), &Default::default())
+                .unwrap();
+            let deadline = Instant::now() + TIMEOUT;
+            loop {
+                if let Some(msgs) = target.get_notifs().remove(initiator.name()) {
+                    assert_eq!(msgs, vec![vec![round]]);
+                    assert!(src == dst, "{tag}: round {round}: notified before the data");
+                    break;
+                }
+                assert!(Instant::now() < deadline, "{tag}: no notification");
+            }
+            req.wait(TIMEOUT).unwrap();
+        }
+    }
+}
+
+/// Requests released mid-pipeline (and a peer forgotten) leave no slot held on either
+/// side, and the next transfers get every slot.
+#[test]
+fn released_staged_requests_return_their_slots() {
+    use crate::backend::Backend;
+    let open_agent = |name: &str| {
+        let agent = Agent::new(name, AgentConfig::default()).unwrap();
+        let backend = Arc::new(
+            super::open(
+                &agent,
+                &params([
+                    ("provider", "tcp;ofi_rxm"),
+                    ("stage_dram", "1"),
+                    ("staging_chunk", "65536"),
+                    ("staging_chunks", "4"),
+                ]),
+            )
+            .unwrap(),
+        );
+        agent
+            .add_backend(backend.clone() as Arc<dyn Backend>)
+            .unwrap();
+        (agent, backend)
+    };
+    let (initiator, ib) = open_agent("rel-i");
+    let (target, tb) = open_agent("rel-t");
+    let len = 8 << 20;
+    let src = pattern(2, len);
+    let dst = vec![0u8; len];
+    let mut back = vec![0u8; len];
+    let back_p = back.as_mut_ptr() as u64;
+    // SAFETY: the buffers outlive the handles and the requests.
+    let _hi = unsafe {
+        initiator
+            .register_mem(
+                &dram([Desc::from_slice(&src), Desc::new(back_p, len as u64, 0)]),
+                None,
+            )
+            .unwrap()
+    };
+    // SAFETY: as above.
+    let _ht = unsafe {
+        target
+            .register_mem(&dram([Desc::from_slice(&dst)]), None)
+            .unwrap()
+    };
+    let name = initiator
+        .load_remote_metadata(&target.local_metadata().unwrap())
+        .unwrap();
+    let settle = |b: &LibfabricBackend| {
+        let deadline = Instant::now() + TIMEOUT;
+        loop {
+            b.common.stager.progress();
+            let (busy, slots) = {
+                let e = b.common.stager.engine();
+                (e.busy(), e.slots_in_use())
+            };
+            if !busy && slots == (0, 0) {
+                return;
+            }
+            assert!(Instant::now() < deadline, "slots held: {slots:?}");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    };
+    for round in 0..20 {
+        let op = if round % 2 == 0 {
+            XferOp::Write
+        } else {
+            XferOp::Read
+        };
+        let local = if op == XferOp::Write {
+            Desc::from_slice(&src)
+        } else {
+            Desc::new(back_p, len as u64, 0)
+        };
+        let mut req = initiator
+            .create_xfer_req(
+                op,
+                &dram([local]),
+                &dram([Desc::from_slice(&dst)]),
+                &name,
+                Some(b"x".to_vec()),
+            )
+            .unwrap();
+        req.post().unwrap();
+        std::thread::sleep(Duration::from_micros(100 * (round % 5)));
+        drop(req);
+    }
+    settle(&ib);
+    settle(&tb);
+    // Everything still works, with every slot.
+    let mut req = initiator
+        .create_xfer_req(
+            XferOp::Write,
+            &dram([Desc::from_slice(&src)]),
+            &dram([Desc::from_slice(&dst)]),
+            &name,
+            None,
+        )
+        .unwrap();
+    req.post().unwrap();
+    req.wait(TIMEOUT).unwrap();
+    assert!(src == dst);
+    settle(&ib);
+    settle(&tb);
+    // Forgetting the peer fails nothing that is done and leaves nothing held.
+    initiator.invalidate_remote(&name).unwrap();
+    settle(&ib);
+}
+
+// ---- two processes -------------------------------------------------------------------
+
+const PEER_LEN: usize = 16 << 20;
+
+/// The target side of the two-process tests: runs only when re-executed with
+/// NIXL_STAGED_PEER (`announce-file provider`).
+#[test]
+fn staged_peer_process_main() {
+    let Ok(role) = std::env::var("NIXL_STAGED_PEER") else {
+        return;
+    };
+    let (announce, provider) = role.split_once(' ').unwrap();
+    let peer = agent_with(
+        "staged-peer",
+        provider,
+        true,
+        &[],
+        AgentConfig {
+            listen_addr: Some("127.0.0.1:0".parse().unwrap()),
+            ..AgentConfig::default()
+        },
+    );
+    let buf = pattern(42, PEER_LEN);
+    // SAFETY: `buf` lives until the process exits.
+    let _h = unsafe {
+        peer.register_mem(&dram([Desc::from_slice(&buf)]), None)
+            .unwrap()
+    };
+    std::fs::write(
+        format!("{announce}.tmp"),
+        format!("{} {}", peer.listen_addr().unwrap(), buf.as_ptr() as u64),
+    )
+    .unwrap();
+    std::fs::rename(format!("{announce}.tmp"), announce).unwrap();
+    let deadline = Instant::now() + TIMEOUT;
+    while Instant::now() < deadline {
+        if let Some(msgs) = peer.get_notifs().remove("staged-initiator") {
+            // Checked at the moment the notification arrives.
+            assert_eq!(msgs, vec![b"second half".to_vec()]);
+            let half = PEER_LEN / 2;
+            assert!(
+                buf[half..] == pattern(7, PEER_LEN)[half..],
+                "data after notification"
+            );
+            assert!(
+                buf[..half] == pattern(42, PEER_LEN)[..half],
+                "first half untouched"
+            );
+            std::fs::write(format!("{announce}.ok"), "PEER OK").unwrap();
+            return;
+        }
+        std::thread::sleep(Duration::from_micros(100));
+    }
+    panic!("the initiator never finished");
+}
+
+struct PeerProcess {
+    child: std::process::Child,
+    addr: std::net::SocketAddr,
+    base: u64,
+    announce: std::path::PathBuf,
+}
+
+impl PeerProcess {
+    fn spawn(tag: &str, provider: &str) -> Self {
+        let announce = std::env::temp_dir().join(format!(
+            "nixl-staged-{}-{tag}-{}",
+            std::process::id(),
+            provider.replace(';', "_")
+        ));
+        let _ = std::fs::remove_file(&announce);
+        let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "backends::libfabric::staged_tests::staged_peer_process_main",
+                "--test-threads=1",
+            ])
+            .env(
+                "NIXL_STAGED_PEER",
+                format!("{} {provider}", announce.display()),
+            )
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + TIMEOUT;
+        let (addr, base) = loop {
+            if let Ok(text) = std::fs::read_to_string(&announce) {
+                let (a, b) = text.split_once(' ').unwrap();
+                break (a.parse().unwrap(), b.parse().unwrap());
+            }
+            assert!(Instant::now() < deadline, "the peer never announced itself");
+            assert!(child.try_wait().unwrap().is_none(), "the peer exited early");
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        Self {
+            child,
+            addr,
+            base,
+            announce,
+        }
+    }
+}
+
+impl Drop for PeerProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.announce);
+        let _ = std::fs::remove_file(format!("{}.ok", self.announce.display()));
+    }
+}
+
+#[test]
+fn staged_two_processes_then_a_killed_peer() {
+    for provider in ["tcp;ofi_rxm", "shm"] {
+        let initiator = agent_with(
+            "staged-initiator",
+            provider,
+            true,
+            &[],
+            AgentConfig {
+                stall_timeout: Duration::from_secs(5),
+                ..AgentConfig::default()
+            },
+        );
+        let local = pattern(7, PEER_LEN);
+        let mut first_half = vec![0u8; PEER_LEN / 2];
+        let fh = first_half.as_mut_ptr() as u64;
+        // SAFETY: both buffers outlive the handle and the requests.
+        let _h = unsafe {
+            initiator
+                .register_mem(
+                    &dram([
+                        Desc::from_slice(&local),
+                        Desc::new(fh, (PEER_LEN / 2) as u64, 0),
+                    ]),
+                    None,
+                )
+                .unwrap()
+        };
+        let half = (PEER_LEN / 2) as u64;
+        let mut peer = PeerProcess::spawn("data", provider);
+        let name = initiator.fetch_remote_metadata(peer.addr).unwrap();
+        let mut read = initiator
+            .create_xfer_req(
+                XferOp::Read,
+                &dram([Desc::new(fh, half, 0)]),
+                &dram([Desc::new(peer.base, half, 0)]),
+                &name,
+                None,
+            )
+            .unwrap();
+        read.post().unwrap();
+        read.wait(TIMEOUT).unwrap();
+        assert!(
+            first_half == pattern(42, PEER_LEN)[..PEER_LEN / 2],
+            "{provider}: READ"
+        );
+        let mut write = initiator
+            .create_xfer_req(
+                XferOp::Write,
+                &dram([Desc::new(local.as_ptr() as u64 + half, half, 0)]),
+                &dram([Desc::new(peer.base + half, half, 0)]),
+                &name,
+                Some(b"second half".to_vec()),
+            )
+            .unwrap();
+        write.post().unwrap();
+        write.wait(TIMEOUT).unwrap();
+        assert!(
+            peer.child.wait().unwrap().success(),
+            "{provider}: the peer failed"
+        );
+        assert_eq!(
+            std::fs::read_to_string(format!("{}.ok", peer.announce.display())).unwrap(),
+            "PEER OK"
+        );
+        drop(peer);
+        if provider == "shm" {
+            // Not killed over shm: a process killed while it holds a lock of its shared
+            // memory region leaves libfabric 1.17's shm spinning in the survivor's
+            // `fi_cq_read` (seen here; DRAM transfers alike).
+            continue;
+        }
+
+        // A peer killed mid-pipeline: the transfer fails typed (the transport noticed, or
+        // the stall bound), never hangs, and the initiator's slots come back.
+        let mut victim = PeerProcess::spawn("victim", provider);
+        let name = initiator.fetch_remote_metadata(victim.addr).unwrap();
+        let mut big = initiator
+            .create_xfer_req(
+                XferOp::Write,
+                &dram([Desc::from_slice(&local)]),
+                &dram([Desc::new(victim.base, PEER_LEN as u64, 0)]),
+                &name,
+                None,
+            )
+            .unwrap();
+        big.post().unwrap();
+        victim.child.kill().unwrap();
+        victim.child.wait().unwrap();
+        let started = Instant::now();
+        let err = loop {
+            match big.status() {
+                Ok(XferStatus::Done) => {
+                    if let Err(e) = big.post() {
+                        break e;
+                    }
+                }
+                Ok(XferStatus::InProgress) => std::thread::sleep(Duration::from_micros(200)),
+                Err(e) => break e,
+            }
+            assert!(
+                started.elapsed() < TIMEOUT,
+                "{provider}: the dead peer was never noticed"
+            );
+        };
+        assert!(
+            matches!(
+                err,
+                crate::Error::RemoteDisconnect { .. } | crate::Error::Stalled(_)
+            ),
+            "{provider}: {err:?}"
+        );
+        println!("{provider}: killed peer -> {err}");
+        drop(big);
+        // Forgetting the dead peer gives back what was held for it.
+        initiator.invalidate_remote(&name).unwrap();
     }
 }
