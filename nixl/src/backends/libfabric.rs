@@ -24,6 +24,49 @@
 //! `Agent::get_notifs` drive the rails (a target must then poll `get_notifs` for
 //! one-sided traffic to move on manual-progress providers, as in NIXL).
 //!
+//! # VRAM (feature `cuda`)
+//! Each VRAM registration is made one of two ways, chosen per registration and shown by
+//! [`crate::Agent::query_mem`] as `LIBFABRIC(direct)` or `LIBFABRIC(staged)`:
+//! - **direct**: where the provider advertises `FI_HMEM` (the backend asks for it
+//!   first), the memory is registered with `FI_HMEM_CUDA` and the device ordinal, and
+//!   moves like DRAM. Its public metadata is the ordinary key list.
+//! - **staged**: where the provider has no `FI_HMEM` (`tcp`, `sockets`), or refuses the
+//!   registration (a libfabric built without CUDA answers `FI_ENOSYS` even on `shm`,
+//!   which advertises `FI_HMEM` regardless), the reason — the typed `Unsupported` — is
+//!   logged and the region goes through the staging pipeline ([`super::staging`]):
+//!   chunks of at most one slot move through pinned, NIC-registered host bounce slots,
+//!   the device copy of one chunk overlapping the network operation of the previous
+//!   one. Its public metadata is `0 | 1 | slot size u32`, so a peer knows to stage.
+//!
+//! A peer's VRAM is reachable even without feature `cuda` here: the peer stages it (or
+//! registered it directly). Per chunk (see [`super::staging`] for the protocol): a
+//! WRITE from local VRAM is copied VRAM→slot and RMA-written from the slot; a READ into
+//! local VRAM is RMA-read into a slot and copied slot→VRAM; for remote staged VRAM the
+//! initiator sends an `NXST` control message on its rail (OFFER for a WRITE, FETCH for a
+//! READ) and the target, the active side, RMA-reads the chunk into one of its serve
+//! slots and copies it into its VRAM (then answers DONE; the chunk counts toward the
+//! notification only now), or copies VRAM→slot and RMA-writes it back with remote CQ
+//! data `1<<63 | token` (notification keys keep bit 63 clear). A staged transfer's
+//! notification therefore fires only once its last byte is in the target's VRAM.
+//!
+//! Resources are bounded: `staging_chunks` slots for this side's transfers and as many
+//! for serving peers (the halves never lend to each other, so two agents writing to each
+//! other cannot deadlock), at most `2 × staging_chunks` requests outstanding, 1,024
+//! staging operations in flight, 64 control-message buffers. A released request starts
+//! nothing more, waits (bounded) for device copies touching its memory, and returns its
+//! slots as their operations complete — except a slot a peer may still write into (an
+//! unanswered FETCH), which returns when the answer comes or the peer is invalidated or
+//! reconnects. A peer that dies mid-pipeline fails the transfer with `RemoteDisconnect`
+//! where the transport notices, else `Stalled` (the target holds nothing for it).
+//!
+//! Cost: each staged side adds one copy through host memory (two on a VRAM→VRAM
+//! transfer), each at the pinned copy rate (~55 GB/s on PCIe 5), and a control message
+//! per chunk for remote staged memory. Pipelined, the expected bandwidth is about
+//! min(network, pinned copy rate) for transfers of several chunks; a transfer of a single
+//! chunk pays the copies in series. `staging_chunk` trades that latency (smaller chunks
+//! overlap sooner) against per-operation cost (larger messages run closer to the
+//! network's peak: 512 KiB–2 MiB messages reach it on `shm` and `tcp` here).
+//!
 //! # Parameters
 //! `provider` (default: the first of `cxi`, `efa`, `tcp;ofi_rxm`, `sockets` found),
 //! `node` (default `127.0.0.1` for tcp and sockets), `num_rails` (default 1),
@@ -31,6 +74,15 @@
 //! block; a target on a manual-progress provider such as `tcp;ofi_rxm` cannot see
 //! plain incoming writes, and only moves them while its worker polls — default `0`:
 //! spin while busy and for 20 ms after, then block on the queue's wait object).
+//!
+//! Staging: `vram_mode` (`auto`: direct where possible, else staged — the default;
+//! `staged`: always staged, and the provider is opened without `FI_HMEM`; `direct`: a
+//! refused direct registration is the registration's error, `Backend` with the
+//! provider's code), `staging_chunk` (slot size in bytes, a multiple of 4096, default
+//! 524288), `staging_chunks` (slots per half, 2..=1024, default 16: 16 MiB of pinned
+//! memory in all, allocated and registered at the first staged registration),
+//! `stage_dram` (`1`: DRAM registrations are staged too, with `memcpy` for the copies —
+//! the pipeline end to end without a GPU, for tests).
 
 mod stage_net;
 
@@ -79,7 +131,7 @@ const IDLE_WAIT: Duration = Duration::from_millis(1);
 /// Contexts of staging operations: the engine's operation id in the low 44 bits, a
 /// control-message buffer (+1) in bits 44..60.
 const STAGE_CONTEXT: u64 = 1 << 60;
-const STAGE_OP_BITS: u32 = 44;
+const STAGE_OP_BITS: u32 = staging::ID_BITS;
 /// Control-message send buffers (each [`staging::MAX_CTRL_BYTES`]).
 const CTRL_SLOTS: usize = 64;
 /// Most requester addresses a target keeps resolved.

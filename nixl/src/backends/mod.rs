@@ -13,7 +13,7 @@ pub mod fault;
 pub mod libfabric;
 pub mod local;
 mod shared;
-mod staging;
+pub mod staging;
 pub mod verbs;
 
 /// A constructor: the agent creating it and its string parameters.

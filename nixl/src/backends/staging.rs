@@ -1,11 +1,20 @@
 //! Staging: moving memory that a transport cannot register (VRAM without GPUDirect)
 //! through host bounce buffers, pipelined, on both sides of a transfer.
 //!
-//! This module is transport-independent. A transport (LIBFABRIC today, VERBS can reuse
-//! it) implements [`StageNet`] — post an RMA write/read between a bounce chunk and peer
-//! memory, send a small control message, resolve a requester's address — and feeds the
-//! [`Engine`] its completions, control messages and fetch data. Device copies go through
-//! a [`Copier`] (CUDA streams and events with feature `cuda`, `memcpy` for host memory).
+//! Internal to the backends (nothing here is public API): this documents the protocol
+//! peers speak and the engine's design. The module is transport-independent: a
+//! transport (LIBFABRIC today; VERBS can reuse it) implements `StageNet` — post an RMA
+//! write/read between a bounce slot and peer memory, send a small control message,
+//! resolve a requester's address, count a landed notification unit — and feeds the
+//! `Engine` its completions, control messages and fetch data. Device copies go through
+//! a `Copier` (CUDA streams and reused events with feature `cuda`; `memcpy` for host
+//! memory). A staged request's chunks move independently through their stages (copy,
+//! network, request), so copies and network operations of different chunks overlap.
+//!
+//! Safety of the target's memory: a request may only name ranges inside this side's
+//! staged registrations (with no key, unlike RMA to plain memory: anyone who can send
+//! this endpoint messages can read and write its staged regions, as anyone with a
+//! region's key can for plain memory).
 //!
 //! # Slots
 //! One bounce allocation (pinned host memory when a GPU is involved) holds `2 × chunks`
@@ -18,7 +27,7 @@
 //! Each descriptor pair is *plain* (the transport reaches the memory: DRAM, or VRAM
 //! registered directly) or *staged* on each side. Pairs are grouped and cut into
 //! chunks of at most one slot (pieces of a chunk are contiguous on both sides; small
-//! descriptors share a chunk, up to [`MAX_PIECES`]). Per chunk:
+//! descriptors share a chunk, up to `MAX_PIECES` (128)). Per chunk:
 //!
 //! | | WRITE | READ |
 //! |---|---|---|
@@ -45,7 +54,7 @@
 //! memory as it is addressed remotely, the target's raw address). DONE (3): `status i32 |
 //! reason_len u16 | reason`. Everything is checked on receipt: lengths, counts, the sum
 //! of the pieces against a slot, and every target range against a staged registration.
-//! A FETCH's data arrives with remote CQ data [`FETCH_DATA`]` | token`, one per piece.
+//! A FETCH's data arrives with remote CQ data `1<<63 | token`, one per piece.
 
 mod copy;
 mod wire;
@@ -89,6 +98,9 @@ pub(crate) const PIECE_WIRE: usize = 28;
 /// Staging operations in flight on the network at once (they share completion queues
 /// with the transport's own operations).
 const MAX_NET_OPS: usize = 1024;
+/// Ids of operations (and tokens) fit in this many bits: a transport packs them into
+/// its operation contexts next to its own bits.
+pub(crate) const ID_BITS: u32 = 44;
 /// Status of a DONE that reports success.
 pub(crate) const STATUS_OK: i32 = 0;
 /// DONE status: the request was malformed or named memory that is not staged here.
@@ -392,8 +404,13 @@ impl<A: Clone + Debug + Send> Engine<A> {
         }
     }
 
+    /// A fresh id (operations, tokens, runs, regions): never 0, below 2^[`ID_BITS`],
+    /// wrapping long after any earlier id stopped being in use.
     fn id(&mut self) -> u64 {
-        self.next_id += 1;
+        self.next_id = (self.next_id + 1) & ((1 << ID_BITS) - 1);
+        if self.next_id == 0 {
+            self.next_id = 1;
+        }
         self.next_id
     }
 
