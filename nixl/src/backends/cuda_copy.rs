@@ -110,6 +110,16 @@ impl LazyPin {
     }
 }
 
+/// A small device buffer on GPU 0, to probe whether a transport registers device
+/// memory; `None` without a driver or a GPU.
+pub(crate) fn probe_buffer(len: usize) -> Option<gpunetio::DeviceBuffer> {
+    if !gpunetio::is_available() || gpunetio::device_count() == 0 {
+        return None;
+    }
+    let gpu = Gpu::open(0).ok()?;
+    gpunetio::DeviceBuffer::alloc(&gpu, len).ok()
+}
+
 /// One copy: `len` bytes from `src` to `dst` (device or host addresses, unified).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Copy {

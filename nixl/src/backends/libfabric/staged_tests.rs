@@ -774,3 +774,47 @@ fn staged_two_processes_then_a_killed_peer() {
         initiator.invalidate_remote(&name).unwrap();
     }
 }
+
+/// DRAM with the provider opened with and without `FI_HMEM` (feature `cuda` asks for it
+/// where VRAM may register directly).
+/// `cargo test --release -p nixl --features cuda --lib hmem_dram_bandwidth -- --ignored --nocapture`
+#[test]
+#[ignore = "a measurement, not a check"]
+fn hmem_dram_bandwidth() {
+    let plain: &[(&str, &str)] = &[];
+    let no_hmem: &[(&str, &str)] = &[("vram_mode", "staged")];
+    for provider in ["shm", "tcp;ofi_rxm"] {
+        for op in [XferOp::Write, XferOp::Read] {
+            for block in [64 << 10, 1 << 20] {
+                let batch = (16 << 20) / block;
+                let (mut a, mut b) = (Vec::new(), Vec::new());
+                for _ in 0..7 {
+                    a.push(bandwidth(
+                        provider,
+                        op,
+                        (false, plain),
+                        (false, plain),
+                        block,
+                        batch,
+                        20,
+                    ));
+                    b.push(bandwidth(
+                        provider,
+                        op,
+                        (false, no_hmem),
+                        (false, no_hmem),
+                        block,
+                        batch,
+                        20,
+                    ));
+                }
+                a.sort_by(f64::total_cmp);
+                b.sort_by(f64::total_cmp);
+                println!(
+                    "{provider:12} {op:?} {block:>8} x{batch:<4}: default {:.2} GB/s, without FI_HMEM {:.2} GB/s",
+                    a[3], b[3]
+                );
+            }
+        }
+    }
+}
