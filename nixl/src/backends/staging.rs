@@ -301,7 +301,11 @@ struct Run<A> {
     next: usize,
     active: Vec<ActiveChunk>,
     done: usize,
+    /// Failed or released: nothing more starts.
     failed: bool,
+    /// The outcome (finished or failed) was reported: never report again (the sink's
+    /// request may be posted anew while this run's last operations drain).
+    reported: bool,
 }
 
 // ---- serving (target side) --------------------------------------------------------------
@@ -506,6 +510,7 @@ impl<A: Clone + Debug + Send> Engine<A> {
             active: Vec::new(),
             done: 0,
             failed: false,
+            reported: false,
         });
         self.progress(net);
     }
@@ -515,9 +520,36 @@ impl<A: Clone + Debug + Send> Engine<A> {
     pub(crate) fn progress<N: StageNet<Addr = A>>(&mut self, net: &N) -> bool {
         self.blocked = false;
         self.send_replies(net);
-        self.progress_serves(net);
-        self.progress_runs(net);
+        // Again while something waiting could start now (a slot freed by a later entry
+        // in the same pass): nothing else may come to call us.
+        for _ in 0..8 {
+            self.progress_serves(net);
+            self.progress_runs(net);
+            if !self.startable() {
+                break;
+            }
+        }
+        // DONEs queued by this round go out now, not a round later.
+        self.send_replies(net);
         self.needs_poll()
+    }
+
+    /// Whether a waiting chunk or request could start with what is free now.
+    fn startable(&self) -> bool {
+        let serve = self.serve_slots.available() > 0
+            && self.serves.iter().any(|s| s.stage == ServeStage::Queued);
+        let run = self.runs.iter().any(|r| {
+            !r.failed
+                && r.spec.plan.chunks.get(r.next).is_some_and(|c| {
+                    let slot_ok = match c.local {
+                        Side::Staged(_) => self.local_slots.available() > 0,
+                        Side::Plain => true,
+                    };
+                    let window_ok = !c.remote_staged || self.requests < 2 * self.cfg.chunks;
+                    slot_ok && window_ok
+                })
+        });
+        (serve || run) && !self.blocked
     }
 
     // ---- initiator ----------------------------------------------------------------------
@@ -530,6 +562,7 @@ impl<A: Clone + Debug + Send> Engine<A> {
                 // Released: nothing more starts, nothing more touches the caller's
                 // memory once the copies running now are done.
                 run.failed = true;
+                run.reported = true;
                 for c in &mut run.active {
                     c.dead = true;
                 }
@@ -658,8 +691,9 @@ impl<A: Clone + Debug + Send> Engine<A> {
 
     fn fail_run(&mut self, run: &mut Run<A>, failure: Failure) {
         let gone = failure.disconnect;
-        if !run.failed {
-            run.failed = true;
+        run.failed = true;
+        if !run.reported && !run.spec.sink.canceled() {
+            run.reported = true;
             run.spec.sink.failed(failure);
         }
         for c in &mut run.active {
@@ -812,7 +846,8 @@ impl<A: Clone + Debug + Send> Engine<A> {
         c.dead = true;
         c.stage = Stage::Net { next: 0, left: 0 };
         run.done += 1;
-        if run.done == run.spec.plan.chunks.len() && !run.failed {
+        if run.done == run.spec.plan.chunks.len() && !run.failed && !run.reported {
+            run.reported = true;
             run.spec.sink.finished();
         }
     }
