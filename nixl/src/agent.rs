@@ -919,6 +919,7 @@ impl Agent {
             .collect();
         let backend = backends[chosen].clone();
         let inner = backend.prep_xfer(op, &entries, peer)?;
+        let staged_bytes = inner.staged_bytes();
         // Keep every registration used alive while the request exists.
         let keep_local = unique_arcs(local_idx.iter().map(|&li| &local.local_regs[li]));
         let keep_remote = unique_arcs(remote_idx.iter().map(|&ri| &remote.remote_regs[ri]));
@@ -951,6 +952,7 @@ impl Agent {
                 post_time: None,
                 post_duration: Duration::ZERO,
                 xfer_duration: None,
+                staged_bytes,
             },
             _keep_local: keep_local,
             _keep_remote: keep_remote,

@@ -130,6 +130,11 @@ pub trait BackendXfer: Send + std::fmt::Debug {
     fn check(&mut self) -> Result<XferProgress>;
     /// Number of transport operations one post issues (after striping and splitting).
     fn op_count(&self) -> usize;
+    /// Bytes of one post that go through a staging pipeline (host bounce buffers)
+    /// rather than directly, e.g. `LIBFABRIC` VRAM without `FI_HMEM` (default 0).
+    fn staged_bytes(&self) -> u64 {
+        0
+    }
 }
 
 /// A transport. Implementations must be thread-safe: the agent calls them from any thread.
@@ -192,4 +197,7 @@ pub struct XferTelemetry {
     pub post_duration: Duration,
     /// From post to observed completion, once complete.
     pub xfer_duration: Option<Duration>,
+    /// Bytes of one post that go through host bounce buffers (staged VRAM) rather than
+    /// directly; 0 when nothing is staged.
+    pub staged_bytes: u64,
 }

@@ -337,6 +337,7 @@ fn write_then_read(
     }
     let t = w.telemetry();
     assert_eq!(t.total_bytes, sizes.iter().sum::<usize>() as u64);
+    assert_eq!(t.staged_bytes, t.total_bytes, "{tag}: every byte staged");
 }
 
 const SIZES: &[usize] = &[1, 4097, (3 << 20) + 5];

@@ -1433,6 +1433,16 @@ impl BackendXfer for FabricXfer {
     fn op_count(&self) -> usize {
         self.total + self.staged.as_ref().map_or(0, |p| p.chunks.len())
     }
+
+    fn staged_bytes(&self) -> u64 {
+        self.staged.as_ref().map_or(0, |p| {
+            p.chunks
+                .iter()
+                .flat_map(|c| &c.pieces)
+                .map(|piece| piece.len)
+                .sum()
+        })
+    }
 }
 
 impl Drop for FabricXfer {

@@ -125,6 +125,8 @@ fn round_trip(
     w.post().unwrap();
     w.wait(TIMEOUT).unwrap();
     assert_eq!(wait_notif(&target, initiator.name()), b"w", "{tag}");
+    let t = w.telemetry();
+    assert_eq!(t.staged_bytes, t.total_bytes, "{tag}: everything staged");
     for i in 0..n {
         let r = offs[i]..offs[i] + sizes[i];
         assert!(
