@@ -147,6 +147,15 @@ impl FabricNet {
         STAGE_CONTEXT | (ctrl_slot.map_or(0, |s| u64::from(s) + 1) << STAGE_OP_BITS) | op
     }
 
+    /// Forgets every resolved requester (their AV entries go once no serve holds them).
+    #[cfg(test)]
+    pub(super) fn forget_requesters(&self) -> usize {
+        let mut cache = self.replies.lock().expect("replies lock");
+        let n = cache.len();
+        cache.clear();
+        n
+    }
+
     /// Returns the control buffer an operation context names, if any.
     fn release_ctrl(&self, context: u64) {
         let slot = (context >> STAGE_OP_BITS) & 0xffff;

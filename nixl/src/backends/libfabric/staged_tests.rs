@@ -820,3 +820,77 @@ fn hmem_dram_bandwidth() {
         }
     }
 }
+
+/// Both agents know each other (symmetric metadata), so a target's AV holds the
+/// initiator twice: as a peer, and resolved from a request. Releasing the resolved one
+/// (`fi_av_remove`) must leave the peer entry working (the AV counts duplicate inserts).
+#[test]
+fn a_released_requester_address_leaves_the_peer_entry_working() {
+    use crate::backend::Backend;
+    for provider in ["tcp;ofi_rxm", "shm"] {
+        let tag = provider.replace(';', "_");
+        let open_agent = |name: &str| {
+            let agent = Agent::new(name, AgentConfig::default()).unwrap();
+            let backend = Arc::new(
+                super::open(
+                    &agent,
+                    &params([("provider", provider), ("stage_dram", "1")]),
+                )
+                .unwrap(),
+            );
+            agent
+                .add_backend(backend.clone() as Arc<dyn Backend>)
+                .unwrap();
+            (agent, backend)
+        };
+        let (a, _ab) = open_agent(&format!("sym-a-{tag}"));
+        let (b, bb) = open_agent(&format!("sym-b-{tag}"));
+        let len = 3 << 20;
+        let (abuf, bbuf) = (pattern(1, len), vec![0u8; len]);
+        // SAFETY: the buffers outlive the handles and the requests.
+        let _ha = unsafe {
+            a.register_mem(&dram([Desc::from_slice(&abuf)]), None)
+                .unwrap()
+        };
+        // SAFETY: as above.
+        let _hb = unsafe {
+            b.register_mem(&dram([Desc::from_slice(&bbuf)]), None)
+                .unwrap()
+        };
+        let b_name = a
+            .load_remote_metadata(&b.local_metadata().unwrap())
+            .unwrap();
+        let a_name = b
+            .load_remote_metadata(&a.local_metadata().unwrap())
+            .unwrap();
+        let write = |from: &Agent, src: &[u8], to: &str, dst: &[u8]| {
+            let mut req = from
+                .create_xfer_req(
+                    XferOp::Write,
+                    &dram([Desc::from_slice(src)]),
+                    &dram([Desc::from_slice(dst)]),
+                    to,
+                    None,
+                )
+                .unwrap();
+            req.post().unwrap();
+            req.wait(TIMEOUT).unwrap();
+        };
+        // A → B: B serves A's OFFERs, resolving A's name into its AV.
+        write(&a, &abuf, &b_name, &bbuf);
+        assert!(abuf == bbuf, "{provider}");
+        assert!(bb.common.stager.net.forget_requesters() > 0, "{provider}");
+        // B → A through B's own peer entry for A.
+        let back = pattern(2, len);
+        // SAFETY: as above.
+        let _hback = unsafe {
+            b.register_mem(&dram([Desc::from_slice(&back)]), None)
+                .unwrap()
+        };
+        write(&b, &back, &a_name, &abuf);
+        assert!(abuf == back, "{provider}: B's peer entry for A still works");
+        // And A → B again (B resolves A anew).
+        write(&a, &abuf, &b_name, &bbuf);
+        assert!(bbuf == back, "{provider}: again");
+    }
+}
