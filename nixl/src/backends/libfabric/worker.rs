@@ -1,0 +1,438 @@
+//! The rail workers: each rail's jobs (a post's share of it), issued in arrival order
+//! within a window, its completion queue read, incoming notifications and staging
+//! messages dispatched — driven by one thread per rail, or (`progress_thread = false`)
+//! by the callers' own polls.
+
+use super::{
+    decode_notif, fabric_error, failure_of, send_message, staging, Common, PeerAddrs, Rail, RailOp,
+    XferShared, IDLE_WAIT, MAX_OUTSTANDING, NOTIF_SLOT, NOTIF_SLOTS, RECV_CONTEXT,
+    SPIN_AFTER_ACTIVITY, STAGE_CONTEXT,
+};
+use crate::backend::XferOp;
+use crate::error::Result;
+use fabric::{Access, Address, Caps, Completion, MemoryRegion, RegisteredBuffer};
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// A post's share of one rail.
+#[derive(Debug)]
+pub(super) struct RailJob {
+    pub(super) shared: Arc<XferShared>,
+    pub(super) ops: Arc<Vec<RailOp>>,
+    /// Keeps the registrations alive while operations are in flight.
+    pub(super) mrs: Arc<[MemoryRegion]>,
+    pub(super) op: XferOp,
+    /// Remote CQ data for every write (with a notification).
+    pub(super) imm: Option<u64>,
+    /// Message to send after the operations were issued.
+    pub(super) notif: Option<(Address, Vec<u8>)>,
+    /// Keeps the destination addresses in the AVs until the job is retired.
+    pub(super) peer: Arc<PeerAddrs>,
+}
+
+#[derive(Debug)]
+struct ActiveJob {
+    job: RailJob,
+    next: usize,
+    in_flight: usize,
+    /// A notification send completion is awaited.
+    notif_in_flight: Option<RegisteredBuffer>,
+}
+
+const NOTIF_CONTEXT: u64 = 1 << 61;
+
+/// The rail workers, driven by one thread each, or (`progress_thread = false`) by the
+/// callers' own polls.
+pub(super) struct Progress {
+    pub(super) workers: Vec<Mutex<Worker>>,
+    pub(super) inline: bool,
+}
+
+impl std::fmt::Debug for Progress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Progress")
+            .field("rails", &self.workers.len())
+            .field("inline", &self.inline)
+            .finish()
+    }
+}
+
+impl Progress {
+    /// Without progress threads: one round of every rail not being driven by another
+    /// caller right now.
+    pub(super) fn poll_inline(&self) {
+        if !self.inline {
+            return;
+        }
+        for worker in &self.workers {
+            if let Ok(mut worker) = worker.try_lock() {
+                worker.step();
+            }
+        }
+    }
+}
+
+/// A rail's progress thread: spins while there is work, then blocks briefly on the
+/// completion queue (or keeps spinning with `busy_poll`).
+pub(super) fn run_worker(progress: &Progress, index: usize) {
+    let mut last_activity = Instant::now();
+    loop {
+        let mut worker = progress.workers[index].lock().expect("worker lock");
+        if worker.common.stop.load(Ordering::Relaxed) {
+            return;
+        }
+        let busy = worker.step();
+        if busy || !worker.jobs.is_empty() {
+            last_activity = Instant::now();
+            drop(worker);
+            if !busy {
+                std::thread::yield_now();
+            }
+        } else if worker.common.busy_poll {
+            drop(worker);
+            std::hint::spin_loop();
+        } else if last_activity.elapsed() < SPIN_AFTER_ACTIVITY {
+            drop(worker);
+            std::thread::yield_now();
+        } else {
+            worker.wait_idle();
+        }
+    }
+}
+
+pub(super) struct Worker {
+    index: usize,
+    rail: Arc<Rail>,
+    rails: Vec<Arc<Rail>>,
+    common: Arc<Common>,
+    jobs: HashMap<u64, ActiveJob>,
+    order: VecDeque<u64>,
+    next_id: u64,
+    outstanding: usize,
+    recv_buf: RegisteredBuffer,
+    /// Reused completion buffer.
+    completions: Vec<Completion>,
+}
+
+impl Worker {
+    pub(super) fn new(
+        index: usize,
+        rail: Arc<Rail>,
+        rails: Vec<Arc<Rail>>,
+        common: Arc<Common>,
+    ) -> Result<Self> {
+        let recv_buf = rail
+            .ep
+            .alloc_registered(NOTIF_SLOTS * NOTIF_SLOT, Access::RECV)
+            .map_err(fabric_error)?;
+        let worker = Worker {
+            index,
+            rail,
+            rails,
+            common,
+            jobs: HashMap::new(),
+            order: VecDeque::new(),
+            next_id: 1,
+            outstanding: 0,
+            recv_buf,
+            completions: vec![Completion::default(); 64],
+        };
+        for slot in 0..NOTIF_SLOTS {
+            worker.post_recv(slot)?;
+        }
+        Ok(worker)
+    }
+
+    fn post_recv(&self, slot: usize) -> Result<()> {
+        let range = slot * NOTIF_SLOT..(slot + 1) * NOTIF_SLOT;
+        let deadline = Instant::now() + Duration::from_secs(5);
+        self.rail
+            .ep
+            .retry(deadline, || {
+                self.rail.ep.recv(
+                    &self.recv_buf,
+                    range.clone(),
+                    Address::UNSPEC,
+                    RECV_CONTEXT | slot as u64,
+                )
+            })
+            .map_err(fabric_error)
+    }
+
+    /// One round: take new jobs, issue what the window allows, read completions.
+    /// Returns whether anything happened.
+    fn step(&mut self) -> bool {
+        let mut completions = std::mem::take(&mut self.completions);
+        let mut busy = self.accept_jobs();
+        busy |= self.issue();
+        busy |= self.poll(&mut completions);
+        self.completions = completions;
+        // Staging copies are polled, not waited for (one relaxed load when idle).
+        if self.common.stager.wants_poll() {
+            self.common.stager.try_progress();
+            busy = true;
+        }
+        busy
+    }
+
+    /// Idle: block on the queue's wait object (woken by incoming data) for a short
+    /// while; new local jobs are seen at the latest when it times out.
+    fn wait_idle(&mut self) {
+        let mut completions = std::mem::take(&mut self.completions);
+        self.wait_idle_into(&mut completions);
+        self.completions = completions;
+    }
+
+    fn wait_idle_into(&mut self, completions: &mut [Completion]) {
+        match self.rail.cq.sread(completions, IDLE_WAIT) {
+            Ok(n) => {
+                for &c in &completions[..n] {
+                    self.complete(c.context, Ok(c));
+                }
+                self.retire();
+            }
+            Err(fabric::Error::TimedOut { .. }) | Err(fabric::Error::WouldBlock { .. }) => {}
+            // No wait object (or another failure, seen again by the next read): nap.
+            Err(_) => std::thread::sleep(Duration::from_micros(50)),
+        }
+    }
+
+    fn accept_jobs(&mut self) -> bool {
+        let new: Vec<RailJob> = self
+            .rail
+            .submit
+            .lock()
+            .expect("submit lock")
+            .drain(..)
+            .collect();
+        let any = !new.is_empty();
+        for job in new {
+            let id = self.next_id;
+            self.next_id += 1;
+            self.jobs.insert(
+                id,
+                ActiveJob {
+                    job,
+                    next: 0,
+                    in_flight: 0,
+                    notif_in_flight: None,
+                },
+            );
+            self.order.push_back(id);
+        }
+        any
+    }
+
+    /// Issues operations of the jobs in arrival order, as far as the window allows.
+    fn issue(&mut self) -> bool {
+        let mut issued_any = false;
+        let ids: Vec<u64> = self.order.iter().copied().collect();
+        'jobs: for id in ids {
+            let Some(active) = self.jobs.get_mut(&id) else {
+                continue;
+            };
+            let shared = active.job.shared.clone();
+            if shared.canceled.load(Ordering::Relaxed)
+                || shared.failed.lock().expect("failed lock").is_some()
+            {
+                active.next = active.job.ops.len();
+                active.job.notif = None;
+            }
+            while active.next < active.job.ops.len() {
+                if self.outstanding >= MAX_OUTSTANDING {
+                    break 'jobs;
+                }
+                let op = &active.job.ops[active.next];
+                let ctx = id;
+                let ep = &self.rail.ep;
+                // SAFETY: the agent checked every range against registrations that the
+                // prepared request keeps alive; `Agent::register_mem`'s contract keeps the
+                // memory valid until the request is dropped, and this worker holds the
+                // job (and its memory regions) until the completion is read.
+                let posted = unsafe {
+                    match (active.job.op, active.job.imm) {
+                        (XferOp::Write, Some(imm)) => ep.writedata_raw(
+                            op.local as *const u8,
+                            op.len,
+                            Some(&active.job.mrs[op.mr as usize]),
+                            imm,
+                            op.dest,
+                            op.remote_addr,
+                            op.key,
+                            ctx,
+                        ),
+                        (XferOp::Write, None) => ep.write_raw(
+                            op.local as *const u8,
+                            op.len,
+                            Some(&active.job.mrs[op.mr as usize]),
+                            op.dest,
+                            op.remote_addr,
+                            op.key,
+                            ctx,
+                        ),
+                        (XferOp::Read, _) => ep.read_raw(
+                            op.local as *mut u8,
+                            op.len,
+                            Some(&active.job.mrs[op.mr as usize]),
+                            op.dest,
+                            op.remote_addr,
+                            op.key,
+                            ctx,
+                        ),
+                    }
+                };
+                match posted {
+                    Ok(()) => {
+                        active.next += 1;
+                        active.in_flight += 1;
+                        self.outstanding += 1;
+                        issued_any = true;
+                    }
+                    Err(fabric::Error::WouldBlock { .. }) => break 'jobs,
+                    Err(e) => {
+                        shared.fail(&e);
+                        active.next = active.job.ops.len();
+                        active.job.notif = None;
+                    }
+                }
+            }
+            if let Some((dest, message)) = active.job.notif.take() {
+                match send_message(&self.rail, dest, &message, id | NOTIF_CONTEXT) {
+                    Ok(None) => shared.notif_pending.store(false, Ordering::Release),
+                    Ok(Some(buf)) => active.notif_in_flight = Some(buf),
+                    Err(fabric::Error::WouldBlock { .. }) => {
+                        active.job.notif = Some((dest, message))
+                    }
+                    Err(e) => shared.fail(&e),
+                }
+                issued_any = true;
+            }
+        }
+        self.retire();
+        issued_any
+    }
+
+    fn retire(&mut self) {
+        let jobs = &mut self.jobs;
+        self.order.retain(|id| {
+            let finished = jobs.get(id).is_none_or(|a| {
+                a.next >= a.job.ops.len()
+                    && a.in_flight == 0
+                    && a.job.notif.is_none()
+                    && a.notif_in_flight.is_none()
+            });
+            if finished {
+                jobs.remove(id);
+            }
+            !finished
+        });
+    }
+
+    fn poll(&mut self, completions: &mut [Completion]) -> bool {
+        match self.rail.cq.read(completions) {
+            Ok(0) => false,
+            Ok(n) => {
+                for &c in &completions[..n] {
+                    self.complete(c.context, Ok(c));
+                }
+                self.retire();
+                true
+            }
+            Err(fabric::Error::WouldBlock { .. }) => false,
+            Err(e) => {
+                let context = match &e {
+                    fabric::Error::Completion(ce) => Some(ce.context),
+                    fabric::Error::RemoteDisconnect {
+                        completion: Some(ce),
+                        ..
+                    } => Some(ce.context),
+                    _ => None,
+                };
+                match context {
+                    Some(ctx) => self.complete(ctx, Err(e)),
+                    None => {
+                        tracing::warn!(rail = self.index, error = %e, "completion queue read failed")
+                    }
+                }
+                self.retire();
+                true
+            }
+        }
+    }
+
+    fn complete(&mut self, context: u64, result: std::result::Result<Completion, fabric::Error>) {
+        if let Ok(c) = &result {
+            if c.has(Caps::REMOTE_CQ_DATA.bits()) && c.has(Caps::REMOTE_WRITE.bits()) {
+                if c.data & staging::FETCH_DATA != 0 {
+                    self.common.stager.fetch_data(c.data & !staging::FETCH_DATA);
+                } else {
+                    self.common.notifs.data_arrived(c.data);
+                }
+                if context & RECV_CONTEXT != 0 {
+                    self.repost((context & 0xffff) as usize);
+                }
+                return;
+            }
+        }
+        if context & STAGE_CONTEXT != 0 && context & RECV_CONTEXT == 0 {
+            let result = result.map(drop).map_err(|e| failure_of(&e));
+            self.common.stager.complete(context, result);
+            return;
+        }
+        if context & RECV_CONTEXT != 0 {
+            let slot = (context & 0xffff) as usize;
+            match result {
+                Ok(c) => self.handle_message(slot, c.len),
+                Err(e) if self.common.stop.load(Ordering::Relaxed) => drop(e),
+                Err(e) => tracing::warn!(error = %e, "notification receive failed"),
+            }
+            self.repost(slot);
+            return;
+        }
+        let id = context & !NOTIF_CONTEXT;
+        let Some(active) = self.jobs.get_mut(&id) else {
+            tracing::debug!(context, "completion for an unknown job");
+            return;
+        };
+        let shared = active.job.shared.clone();
+        let peer = active.job.peer.clone();
+        if let Err(e) = &result {
+            shared.fail(e);
+        }
+        if context & NOTIF_CONTEXT != 0 {
+            active.notif_in_flight = None;
+            shared.notif_pending.store(false, Ordering::Release);
+            return;
+        }
+        active.in_flight -= 1;
+        self.outstanding -= 1;
+        if result.is_ok() {
+            // The last data operation lets a READ's notification go.
+            shared.unit_done(&self.rails[0], &peer);
+        }
+    }
+
+    fn repost(&self, slot: usize) {
+        if let Err(e) = self.post_recv(slot) {
+            tracing::warn!(rail = self.index, error = %e, "re-posting a notification receive failed");
+        }
+    }
+
+    fn handle_message(&self, slot: usize, len: usize) {
+        let bytes =
+            &self.recv_buf.as_slice()[slot * NOTIF_SLOT..slot * NOTIF_SLOT + len.min(NOTIF_SLOT)];
+        if bytes.starts_with(staging::MAGIC) {
+            self.common.stager.message(self.index, bytes);
+            return;
+        }
+        match decode_notif(bytes) {
+            Ok((key, expected, sender, msg)) => self
+                .common
+                .notifs
+                .message_arrived(key, expected, sender, msg),
+            Err(e) => tracing::warn!(error = %e, "malformed notification dropped"),
+        }
+    }
+}
