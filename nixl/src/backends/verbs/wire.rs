@@ -1,0 +1,317 @@
+//! Wire formats: the connection information in metadata, the side-channel handshake
+//! (HELLO and its reply, length-prefixed frames) and notification messages. Every
+//! decoder is bounds-checked against hostile input.
+
+use super::{MAX_NOTIF_BYTES, MAX_RAILS, NAME, NOTIF_HEADER};
+use crate::error::{Error, Result};
+use ibverbs::{Endpoint, Gid, Mtu};
+use std::io::{Read, Write};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream};
+
+const WIRE_VERSION: u8 = 1;
+const NOTIF_MAGIC: &[u8; 4] = b"NXVN";
+const MAX_FRAME: usize = 64 << 10;
+
+/// One rail as the connection information describes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct RailInfo {
+    pub(super) dev: u8,
+    pub(super) gid: Gid,
+    pub(super) lid: u16,
+    pub(super) mtu: Mtu,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct ConnInfo {
+    pub(super) nonce: u64,
+    pub(super) addr: SocketAddr,
+    pub(super) rails: Vec<RailInfo>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Hello {
+    pub(super) target_nonce: u64,
+    pub(super) nonce: u64,
+    pub(super) name: String,
+    pub(super) endpoints: Vec<Endpoint>,
+}
+
+#[derive(Debug)]
+pub(super) enum ReplyError {
+    Refused(String),
+    Malformed(String),
+}
+
+const CONN_MAGIC: &[u8; 4] = b"NXVC";
+const HELLO_MAGIC: &[u8; 4] = b"NXVH";
+const REPLY_MAGIC: &[u8; 4] = b"NXVR";
+
+/// A bounds-checked reader over a received byte string.
+struct Rd<'a> {
+    b: &'a [u8],
+    what: &'static str,
+}
+
+impl<'a> Rd<'a> {
+    fn new(b: &'a [u8], what: &'static str) -> Self {
+        Rd { b, what }
+    }
+    fn bad(&self, why: &str) -> Error {
+        Error::MalformedMetadata(format!("{NAME} {}: {why}", self.what))
+    }
+    fn take(&mut self, n: usize) -> Result<&'a [u8]> {
+        if self.b.len() < n {
+            return Err(self.bad("truncated"));
+        }
+        let (head, rest) = self.b.split_at(n);
+        self.b = rest;
+        Ok(head)
+    }
+    fn u8(&mut self) -> Result<u8> {
+        Ok(self.take(1)?[0])
+    }
+    fn u16(&mut self) -> Result<u16> {
+        Ok(u16::from_le_bytes(self.take(2)?.try_into().expect("2")))
+    }
+    fn u32(&mut self) -> Result<u32> {
+        Ok(u32::from_le_bytes(self.take(4)?.try_into().expect("4")))
+    }
+    fn u64(&mut self) -> Result<u64> {
+        Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8")))
+    }
+    fn gid(&mut self) -> Result<Gid> {
+        Ok(Gid {
+            raw: self.take(16)?.try_into().expect("16"),
+        })
+    }
+    fn magic(&mut self, magic: &[u8; 4]) -> Result<()> {
+        if self.take(4)? != magic || self.u8()? != WIRE_VERSION {
+            return Err(self.bad("wrong magic or version"));
+        }
+        Ok(())
+    }
+    fn end(&self) -> Result<()> {
+        if self.b.is_empty() {
+            Ok(())
+        } else {
+            Err(self.bad("trailing bytes"))
+        }
+    }
+}
+
+fn put_addr(out: &mut Vec<u8>, addr: SocketAddr) {
+    match addr.ip() {
+        IpAddr::V4(v4) => {
+            out.push(4);
+            out.extend_from_slice(&v4.octets());
+        }
+        IpAddr::V6(v6) => {
+            out.push(6);
+            out.extend_from_slice(&v6.octets());
+        }
+    }
+    out.extend_from_slice(&addr.port().to_le_bytes());
+}
+
+fn get_addr(rd: &mut Rd<'_>) -> Result<SocketAddr> {
+    let ip = match rd.u8()? {
+        4 => IpAddr::V4(Ipv4Addr::from(<[u8; 4]>::try_from(rd.take(4)?).expect("4"))),
+        6 => IpAddr::V6(Ipv6Addr::from(
+            <[u8; 16]>::try_from(rd.take(16)?).expect("16"),
+        )),
+        _ => return Err(rd.bad("bad address family")),
+    };
+    Ok(SocketAddr::new(ip, rd.u16()?))
+}
+
+/// `NXVC ver nonce:u64 addr nrails:u8 {dev:u8 gid:16 lid:u16 mtu:u8}*`
+pub(super) fn encode_conn_info(nonce: u64, addr: SocketAddr, rails: &[RailInfo]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(32 + rails.len() * 20);
+    out.extend_from_slice(CONN_MAGIC);
+    out.push(WIRE_VERSION);
+    out.extend_from_slice(&nonce.to_le_bytes());
+    put_addr(&mut out, addr);
+    out.push(rails.len() as u8);
+    for r in rails {
+        out.push(r.dev);
+        out.extend_from_slice(&r.gid.raw);
+        out.extend_from_slice(&r.lid.to_le_bytes());
+        out.push(r.mtu.0 as u8);
+    }
+    out
+}
+
+pub(super) fn decode_conn_info(b: &[u8]) -> Result<ConnInfo> {
+    let mut rd = Rd::new(b, "connection info");
+    rd.magic(CONN_MAGIC)?;
+    let nonce = rd.u64()?;
+    let addr = get_addr(&mut rd)?;
+    let n = rd.u8()? as usize;
+    if n == 0 || n > MAX_RAILS {
+        return Err(rd.bad("rail count out of range"));
+    }
+    let mut rails = Vec::with_capacity(n);
+    for _ in 0..n {
+        let dev = rd.u8()?;
+        if dev as usize >= MAX_RAILS {
+            return Err(rd.bad("device index out of range"));
+        }
+        rails.push(RailInfo {
+            dev,
+            gid: rd.gid()?,
+            lid: rd.u16()?,
+            mtu: Mtu(u32::from(rd.u8()?)),
+        });
+    }
+    rd.end()?;
+    Ok(ConnInfo { nonce, addr, rails })
+}
+
+/// `NXVH ver target_nonce:u64 nonce:u64 name:str16 n:u8 {qpn:u32 psn:u32 gid:16 lid:u16 mtu:u8}*`
+pub(super) fn encode_hello(h: &Hello) -> Vec<u8> {
+    let mut out = Vec::with_capacity(32 + h.name.len() + h.endpoints.len() * 27);
+    out.extend_from_slice(HELLO_MAGIC);
+    out.push(WIRE_VERSION);
+    out.extend_from_slice(&h.target_nonce.to_le_bytes());
+    out.extend_from_slice(&h.nonce.to_le_bytes());
+    out.extend_from_slice(&(h.name.len() as u16).to_le_bytes());
+    out.extend_from_slice(h.name.as_bytes());
+    out.push(h.endpoints.len() as u8);
+    for e in &h.endpoints {
+        out.extend_from_slice(&e.qp_num.to_le_bytes());
+        out.extend_from_slice(&e.psn.to_le_bytes());
+        out.extend_from_slice(&e.gid.raw);
+        out.extend_from_slice(&e.lid.to_le_bytes());
+        out.push(e.mtu.0 as u8);
+    }
+    out
+}
+
+pub(super) fn decode_hello(b: &[u8]) -> Result<Hello> {
+    let mut rd = Rd::new(b, "handshake");
+    rd.magic(HELLO_MAGIC)?;
+    let target_nonce = rd.u64()?;
+    let nonce = rd.u64()?;
+    let name_len = rd.u16()? as usize;
+    if name_len == 0 {
+        return Err(rd.bad("empty agent name"));
+    }
+    let name = String::from_utf8(rd.take(name_len)?.to_vec())
+        .map_err(|_| rd.bad("agent name is not UTF-8"))?;
+    let n = rd.u8()? as usize;
+    if n == 0 || n > MAX_RAILS {
+        return Err(rd.bad("rail count out of range"));
+    }
+    let mut endpoints = Vec::with_capacity(n);
+    for _ in 0..n {
+        endpoints.push(Endpoint {
+            qp_num: rd.u32()?,
+            psn: rd.u32()?,
+            gid: rd.gid()?,
+            lid: rd.u16()?,
+            mtu: Mtu(u32::from(rd.u8()?)),
+        });
+    }
+    rd.end()?;
+    Ok(Hello {
+        target_nonce,
+        nonce,
+        name,
+        endpoints,
+    })
+}
+
+/// `NXVR ver 0 n:u8 {qpn:u32 psn:u32}*` or `NXVR ver 1 why:str16`
+pub(super) fn encode_reply(answers: &[(u32, u32)]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(8 + answers.len() * 8);
+    out.extend_from_slice(REPLY_MAGIC);
+    out.push(WIRE_VERSION);
+    out.push(0);
+    out.push(answers.len() as u8);
+    for (qpn, psn) in answers {
+        out.extend_from_slice(&qpn.to_le_bytes());
+        out.extend_from_slice(&psn.to_le_bytes());
+    }
+    out
+}
+
+pub(super) fn encode_reply_error(why: &str) -> Vec<u8> {
+    let why = &why.as_bytes()[..why.len().min(4096)];
+    let mut out = Vec::with_capacity(8 + why.len());
+    out.extend_from_slice(REPLY_MAGIC);
+    out.push(WIRE_VERSION);
+    out.push(1);
+    out.extend_from_slice(&(why.len() as u16).to_le_bytes());
+    out.extend_from_slice(why);
+    out
+}
+
+pub(super) fn decode_reply(b: &[u8]) -> std::result::Result<Vec<(u32, u32)>, ReplyError> {
+    let malformed = |e: Error| ReplyError::Malformed(e.to_string());
+    let mut rd = Rd::new(b, "handshake reply");
+    rd.magic(REPLY_MAGIC).map_err(malformed)?;
+    match rd.u8().map_err(malformed)? {
+        0 => {
+            let n = rd.u8().map_err(malformed)? as usize;
+            let mut out = Vec::with_capacity(n);
+            for _ in 0..n {
+                out.push((rd.u32().map_err(malformed)?, rd.u32().map_err(malformed)?));
+            }
+            rd.end().map_err(malformed)?;
+            Ok(out)
+        }
+        1 => {
+            let len = rd.u16().map_err(malformed)? as usize;
+            let why = String::from_utf8_lossy(rd.take(len).map_err(malformed)?).into_owned();
+            Err(ReplyError::Refused(why))
+        }
+        _ => Err(malformed(rd.bad("unknown status"))),
+    }
+}
+
+pub(super) fn write_frame(s: &mut TcpStream, body: &[u8]) -> std::io::Result<()> {
+    let mut frame = Vec::with_capacity(4 + body.len());
+    frame.extend_from_slice(&(body.len() as u32).to_le_bytes());
+    frame.extend_from_slice(body);
+    s.write_all(&frame)
+}
+
+pub(super) fn read_frame(s: &mut TcpStream) -> std::io::Result<Vec<u8>> {
+    let mut len = [0u8; 4];
+    s.read_exact(&mut len)?;
+    let len = u32::from_le_bytes(len) as usize;
+    if len > MAX_FRAME {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("side-channel frame of {len} bytes"),
+        ));
+    }
+    let mut body = vec![0u8; len];
+    s.read_exact(&mut body)?;
+    Ok(body)
+}
+
+/// `NXVN seq:u32 expected:u32 msg`
+pub(super) fn encode_notif(seq: u32, expected: u32, msg: &[u8]) -> Result<Vec<u8>> {
+    if msg.len() > MAX_NOTIF_BYTES {
+        return Err(Error::InvalidParam(format!(
+            "notification of {} bytes is too large for {NAME} (at most {MAX_NOTIF_BYTES})",
+            msg.len()
+        )));
+    }
+    let mut out = Vec::with_capacity(NOTIF_HEADER + msg.len());
+    out.extend_from_slice(NOTIF_MAGIC);
+    out.extend_from_slice(&seq.to_le_bytes());
+    out.extend_from_slice(&expected.to_le_bytes());
+    out.extend_from_slice(msg);
+    Ok(out)
+}
+
+pub(super) fn decode_notif(b: &[u8]) -> Result<(u32, u32, &[u8])> {
+    if b.len() < NOTIF_HEADER || &b[..4] != NOTIF_MAGIC {
+        return Err(Error::MalformedMetadata("malformed notification".into()));
+    }
+    let seq = u32::from_le_bytes(b[4..8].try_into().expect("4"));
+    let expected = u32::from_le_bytes(b[8..12].try_into().expect("4"));
+    Ok((seq, expected, &b[NOTIF_HEADER..]))
+}
