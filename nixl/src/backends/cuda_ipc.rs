@@ -227,6 +227,22 @@ struct Peer {
     mappings: Mutex<HashMap<AllocKey, Arc<Mapped>>>,
     /// Set once the peer was seen gone.
     gone: AtomicBool,
+    /// When the process was last polled (`clock_ns`): liveness is checked at most every
+    /// `ALIVE_PERIOD_NS`, so a post or a poll of a small copy costs no system call.
+    alive_checked_ns: AtomicU64,
+}
+
+/// How often a peer's process is polled while transfers run (a dead peer is still
+/// reported well within any timeout a caller would set).
+const ALIVE_PERIOD_NS: u64 = 200_000;
+
+/// Monotonic nanoseconds since the first call in this process.
+fn clock_ns() -> u64 {
+    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    START
+        .get_or_init(std::time::Instant::now)
+        .elapsed()
+        .as_nanos() as u64
 }
 
 impl Peer {
@@ -249,21 +265,29 @@ impl Peer {
             conn: Mutex::default(),
             mappings: Mutex::default(),
             gone: AtomicBool::new(false),
+            alive_checked_ns: AtomicU64::new(0),
         }
     }
 
     fn alive(&self) -> Result<()> {
+        let now = clock_ns();
+        let due =
+            now.saturating_sub(self.alive_checked_ns.load(Ordering::Relaxed)) >= ALIVE_PERIOD_NS;
+        if due {
+            self.alive_checked_ns.store(now, Ordering::Relaxed);
+        }
         let exited = self.gone.load(Ordering::Relaxed)
-            || self.pidfd.as_ref().is_some_and(|fd| {
-                let mut pfd = libc::pollfd {
-                    fd: fd.as_raw_fd(),
-                    events: libc::POLLIN,
-                    revents: 0,
-                };
-                // SAFETY: one valid pollfd, zero timeout.
-                let n = unsafe { libc::poll(&mut pfd, 1, 0) };
-                n > 0 && pfd.revents & libc::POLLIN != 0
-            });
+            || due
+                && self.pidfd.as_ref().is_some_and(|fd| {
+                    let mut pfd = libc::pollfd {
+                        fd: fd.as_raw_fd(),
+                        events: libc::POLLIN,
+                        revents: 0,
+                    };
+                    // SAFETY: one valid pollfd, zero timeout.
+                    let n = unsafe { libc::poll(&mut pfd, 1, 0) };
+                    n > 0 && pfd.revents & libc::POLLIN != 0
+                });
         if exited {
             self.gone.store(true, Ordering::Relaxed);
             return Err(Error::RemoteDisconnect {
