@@ -63,6 +63,35 @@
 //! is in, so it can neither fire early nor be lost. For READ the message is sent after
 //! the last read completed locally, with nothing to count.
 //!
+//! A staged WRITE (below) adds its data units to the count: each RDMA write from one of
+//! the initiator's bounce slots carries the sequence number as its immediate, and each
+//! chunk the target pulls into staged memory is counted by the target itself once its
+//! copy into that memory completed — so the notification fires only after the last
+//! staged byte is in the target's VRAM.
+//!
+//! # VRAM (feature `cuda`)
+//! Each VRAM registration is made one of two ways, chosen per registration and shown by
+//! [`crate::Agent::query_mem`] as `VERBS(direct)` or `VERBS(staged)`:
+//! - **direct**: the range's DMA-BUF (`cuMemGetHandleForAddressRange` of its pages) is
+//!   registered on every device with `ibv_reg_dmabuf_mr`, addressed by its device
+//!   address; it then moves like DRAM (GPUDirect RDMA). Its public metadata is the
+//!   ordinary key list.
+//! - **staged**: where that is refused — soft-RoCE has no DMA-BUF registration (probed
+//!   once at creation: [`VerbsBackend::direct_vram_refusal`]), the GPU or kernel cannot
+//!   export DMA-BUF, or the registration fails — the region goes through the staging
+//!   pipeline ([`super::staging`]): chunks of at most one slot move through pinned,
+//!   registered host bounce slots, the device copy of one chunk overlapping the network
+//!   operation of another, on both sides (the target copies a WRITE's chunks into its
+//!   VRAM, and a READ's out of it, itself). Its public metadata is `0 | 1 | slot size
+//!   u32`, so a peer knows to stage.
+//!
+//! The staging transport (`stage_net`) posts RDMA WRITE (with immediate), RDMA READ and
+//! SEND of the protocol's control messages on the existing QPs — the target serving a
+//! request on its end of the QP pair the request came through — and the rail workers
+//! feed it completions and receives. Immediate data is 32 bits where the engine's remote
+//! CQ data is 64: see `stage_net` for how keys and FETCH tokens are carried. A peer's
+//! VRAM is reachable without feature `cuda` (it stages, or registered it directly).
+//!
 //! # Topology
 //! With several devices, a registration is bound to the rails whose device is local to
 //! the memory ([`crate::topology`]): DRAM to the devices on the NUMA node holding the
@@ -79,8 +108,18 @@
 //! InfiniBand), `topology_xml` (path of an hwloc XML export), `qp_timeout` (the RC
 //! local ACK timeout exponent, 4.096 µs × 2^n per try, default
 //! [`DEFAULT_QP_TIMEOUT`]).
+//!
+//! Staging, named as `LIBFABRIC` names them: `vram_mode` (`auto`: direct where possible,
+//! else staged — the default; `staged`: always staged; `direct`: a refused direct
+//! registration is the registration's error, `Backend` with `EOPNOTSUPP` where it is
+//! unsupported, naming why), `staging_chunk` (slot size in bytes, a multiple of 4096,
+//! default 524288), `staging_chunks` (slots per half, 2..=1024, default 16),
+//! `stage_dram` (`1`: DRAM registrations are staged too, with `memcpy` for the copies —
+//! the pipeline end to end without a GPU, for tests).
 
 mod side_channel;
+mod stage_net;
+mod vram;
 mod wire;
 mod worker;
 mod xfer;
@@ -101,6 +140,7 @@ use ibverbs::{
     MemoryRegion, Mtu, PreparedQueuePair, ProtectionDomain, QpType, QueuePair, SharedReceiveQueue,
 };
 use side_channel::side_channel_thread;
+use stage_net::Stager;
 use std::any::Any;
 use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
@@ -109,6 +149,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering}
 use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+use vram::{direct_refusal, RegMode, StagedReg, StagingParams};
 use wire::{decode_conn_info, encode_conn_info, encode_notif, RailInfo};
 use worker::{rail_worker, RailState};
 use xfer::{RailJob, RailOp, VerbsXfer, XferShared};
@@ -139,7 +180,7 @@ const SEND_SLOTS: usize = 64;
 const BATCH: usize = 64;
 /// Largest single work request (the SGE length is 32 bits).
 const MAX_WR_BYTES: usize = 1 << 30;
-const CQ_SIZE: u32 = (MAX_OUTSTANDING + RECV_SLOTS + 256) as u32;
+const CQ_SIZE: u32 = (MAX_OUTSTANDING + RECV_SLOTS + STAGE_SQ + 256) as u32;
 const MAX_RAILS: usize = 16;
 /// Bound on every side-channel exchange.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -154,6 +195,11 @@ const SLEEP_MS: i32 = 100;
 
 /// wr_id bits: receive completions of the SRQ.
 const RECV_WR: u64 = 1 << 63;
+/// wr_id bits: the staging engine's operations (`stage_net`).
+const STAGE_WR: u64 = 1 << 62;
+/// Send-queue entries of every QP for the staging engine's operations, and the most a
+/// rail keeps in flight.
+const STAGE_SQ: usize = 256;
 
 // ---------------------------------------------------------------------------------------
 // Devices, rails, shared state
@@ -242,6 +288,10 @@ struct Outgoing {
     dead: AtomicBool,
     reason: Mutex<String>,
     stream: TcpStream,
+    /// The peer's id of this connection (keys of staged notifications carry it).
+    remote_id: u64,
+    /// The staging engine was told the connection is gone.
+    staging_told: AtomicBool,
 }
 
 impl Outgoing {
@@ -288,6 +338,8 @@ impl Outgoing {
 #[derive(Debug)]
 struct Incoming {
     id: u64,
+    /// The requester's incarnation number (how its staging requests name it).
+    nonce: u64,
     peer: Arc<str>,
     /// (local rail, QP).
     qps: Vec<(usize, QueuePair)>,
@@ -308,6 +360,8 @@ struct Common {
     rails: Vec<Arc<Rail>>,
     /// Notifications, released only after their data.
     notifs: NotifTracker<TrackerKey>,
+    /// The VRAM staging pipeline (idle and costless until something is staged).
+    stager: Stager,
     outgoing: RwLock<HashMap<String, Arc<Outgoing>>>,
     incoming: RwLock<HashMap<u64, Arc<Incoming>>>,
     /// (local rail, QPN) of an incoming QP → (incoming connection id, peer name).
@@ -317,6 +371,15 @@ struct Common {
 }
 
 impl Common {
+    /// Whether `qpn` on `rail` is a QP of a current connection this agent opened.
+    fn is_outgoing_qp(&self, rail: usize, qpn: u32) -> bool {
+        self.outgoing
+            .read()
+            .expect("outgoing lock")
+            .values()
+            .any(|c| c.qps.get(rail).is_some_and(|qp| qp.qp_num() == qpn))
+    }
+
     fn remove_incoming(&self, id: u64) {
         let Some(conn) = self.incoming.write().expect("incoming lock").remove(&id) else {
             return;
@@ -325,6 +388,10 @@ impl Common {
             let mut by_qpn = self.incoming_qpn.write().expect("qpn lock");
             for (rail, qp) in &conn.qps {
                 by_qpn.remove(&(*rail, qp.qp_num()));
+                // Staging operations serving the peer may still hold the QP: flush them.
+                if let Err(e) = qp.to_error() {
+                    tracing::debug!(error = %e, "moving an incoming QP to ERR failed");
+                }
             }
         }
         self.notifs.forget(|(conn_id, _)| *conn_id == id);
@@ -346,6 +413,13 @@ pub struct VerbsBackend {
     connect_lock: Mutex<()>,
     /// Where the devices sit (NUMA/PCIe), for binding registrations to local rails.
     topology: Option<Topology>,
+    /// Memory kinds registered (VRAM with feature `cuda`).
+    mem_kinds: Vec<MemKind>,
+    staging: StagingParams,
+    /// Why VRAM will not be registered directly, if it will not (see `vram`).
+    direct_refusal: Option<String>,
+    /// The first staged VRAM registration was logged with its reason.
+    staged_logged: AtomicBool,
 }
 
 fn verbs_error(context: &str, e: ibverbs::Error) -> Error {
@@ -473,6 +547,11 @@ fn side_channel_ip(gid: &Gid) -> Option<IpAddr> {
 }
 
 pub(crate) fn create(agent: &Agent, params: &BackendParams) -> Result<Arc<dyn Backend>> {
+    Ok(Arc::new(VerbsBackend::open(agent, params)?))
+}
+
+/// Opens the backend (see the module docs for `params`).
+fn open(agent: &Agent, params: &BackendParams) -> Result<VerbsBackend> {
     const KNOWN: &[&str] = &[
         "device",
         "gid_index",
@@ -482,6 +561,10 @@ pub(crate) fn create(agent: &Agent, params: &BackendParams) -> Result<Arc<dyn Ba
         "listen_addr",
         "topology_xml",
         "qp_timeout",
+        "vram_mode",
+        "staging_chunk",
+        "staging_chunks",
+        "stage_dram",
     ];
     if let Some(key) = params.keys().find(|k| !KNOWN.contains(&k.as_str())) {
         return Err(Error::InvalidParam(format!(
@@ -527,6 +610,7 @@ pub(crate) fn create(agent: &Agent, params: &BackendParams) -> Result<Arc<dyn Ba
             "{NAME}: qp_timeout is a 5-bit exponent (0..=31)"
         )));
     }
+    let staging = StagingParams::parse(params)?;
     let mut devices = Vec::with_capacity(names.len());
     for name in &names {
         devices.push(Arc::new(open_device(name, port, gid_index, qp_timeout)?));
@@ -579,9 +663,18 @@ pub(crate) fn create(agent: &Agent, params: &BackendParams) -> Result<Arc<dyn Ba
             })
             .collect::<Vec<_>>(),
     );
-    let common = Arc::new(Common {
+    let direct_refusal = direct_refusal(staging.vram_mode, &devices);
+    // VRAM registers (directly or staged) with GPU support; a peer's VRAM is reachable
+    // even without it (the peer stages, or registered it directly).
+    let mem_kinds = if cfg!(feature = "cuda") {
+        vec![MemKind::Dram, MemKind::Vram]
+    } else {
+        vec![MemKind::Dram]
+    };
+    let common = Arc::new_cyclic(|common| Common {
         agent_name: agent.name().to_string(),
         nonce,
+        stager: Stager::new(common.clone(), nonce, &rails, &devices, staging.cfg),
         devices,
         rails,
         notifs: NotifTracker::default(),
@@ -601,6 +694,10 @@ pub(crate) fn create(agent: &Agent, params: &BackendParams) -> Result<Arc<dyn Ba
         next_rail: AtomicUsize::new(0),
         connect_lock: Mutex::new(()),
         topology,
+        mem_kinds,
+        staging,
+        direct_refusal,
+        staged_logged: AtomicBool::new(false),
     };
     // From here on, `backend`'s Drop stops and joins whatever was started.
     // Without a progress thread, posting and polling transfers (and taking
@@ -620,7 +717,7 @@ pub(crate) fn create(agent: &Agent, params: &BackendParams) -> Result<Arc<dyn Ba
         .spawn(move || side_channel_thread(listener, monitor_common))?;
     backend.threads.lock().expect("threads lock").push(handle);
     tracing::debug!(devices = ?names, rails = num_rails, %listen_addr, "VERBS backend up");
-    Ok(Arc::new(backend))
+    Ok(backend)
 }
 
 /// The topology: an hwloc XML export if one is named (parameter, then hwloc's own
@@ -666,6 +763,20 @@ fn affine_rails(
 }
 
 impl VerbsBackend {
+    /// Opens the backend, for [`crate::Agent::add_backend`] where the caller wants to
+    /// keep the concrete type ([`Agent::create_backend`](crate::Agent::create_backend)
+    /// does the same by name). `params` as in the module docs.
+    pub fn open(agent: &Agent, params: &BackendParams) -> Result<Self> {
+        open(agent, params)
+    }
+
+    /// Why VRAM registrations will not be made directly, if they will not (decided at
+    /// creation: `vram_mode=staged`, a device that cannot register DMA-BUF memory —
+    /// soft-RoCE — or a build without feature `cuda`); `None`: each registration tries.
+    pub fn direct_vram_refusal(&self) -> Option<&str> {
+        self.direct_refusal.as_deref()
+    }
+
     /// The rails a region of `region` would be bound to (see the module docs).
     pub fn rails_for(&self, region: &Region) -> Vec<usize> {
         let names: Vec<&str> = self
@@ -713,11 +824,12 @@ impl VerbsBackend {
     }
 }
 
+/// An RC QP on `rail`; `send_wr` entries for rail jobs, plus the staging engine's.
 fn create_qp(dev: &Device, rail: &Rail, send_wr: u32) -> Result<PreparedQueuePair> {
     dev.pd
         .create_qp(QpType::RC, &rail.cq, &rail.cq)
         .srq(&rail.srq)
-        .max_send_wr(send_wr)
+        .max_send_wr(send_wr + STAGE_SQ as u32)
         .max_send_sge(1)
         .max_recv_sge(1)
         .build()
@@ -755,15 +867,24 @@ impl Drop for VerbsBackend {
 // ---------------------------------------------------------------------------------------
 // Registrations
 
-/// Registrations, one per device, and the rails local to the memory.
+/// Registrations, one per device, and the rails local to the memory (none of either
+/// for a staged region).
 #[derive(Debug)]
 struct VerbsLocalMd {
     mrs: Vec<Arc<MemoryRegion>>,
     rails: Vec<usize>,
+    mode: RegMode,
+    staged: Option<StagedReg>,
 }
 
 impl LocalMd for VerbsLocalMd {
+    /// The rkey on each device (`devices:u8`, then `rkey:u32` each), or for a staged
+    /// region `0 | version 1 | slot size u32`: peers send it through the staging
+    /// protocol.
     fn public_md(&self) -> Vec<u8> {
+        if let Some(staged) = &self.staged {
+            return vram::encode_staged_md(staged.slot);
+        }
         let mut out = Vec::with_capacity(1 + self.mrs.len() * 4);
         out.push(self.mrs.len() as u8);
         for mr in &self.mrs {
@@ -774,12 +895,16 @@ impl LocalMd for VerbsLocalMd {
     fn as_any(&self) -> &dyn Any {
         self
     }
+    fn mode(&self) -> Option<&'static str> {
+        self.mode.name()
+    }
 }
 
-/// A peer region's rkey on each of its devices.
+/// A peer region's rkey on each of its devices, or (staged) the size of its slots.
 #[derive(Debug)]
 struct VerbsRemoteMd {
     rkeys: Vec<u32>,
+    staged_slot: Option<u64>,
 }
 
 impl RemoteMd for VerbsRemoteMd {
@@ -788,16 +913,25 @@ impl RemoteMd for VerbsRemoteMd {
     }
 }
 
-fn decode_remote_md(public_md: &[u8]) -> Result<Vec<u32>> {
+fn decode_remote_md(public_md: &[u8]) -> Result<VerbsRemoteMd> {
     let bad = |why: &str| Error::MalformedMetadata(format!("{NAME} region metadata: {why}"));
     let (&count, rest) = public_md.split_first().ok_or_else(|| bad("empty"))?;
-    if count == 0 || rest.len() != count as usize * 4 {
+    if count == vram::STAGED_MD {
+        return Ok(VerbsRemoteMd {
+            rkeys: Vec::new(),
+            staged_slot: Some(vram::decode_staged_md(rest)?),
+        });
+    }
+    if rest.len() != count as usize * 4 {
         return Err(bad("wrong length"));
     }
-    Ok(rest
-        .chunks_exact(4)
-        .map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")))
-        .collect())
+    Ok(VerbsRemoteMd {
+        rkeys: rest
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")))
+            .collect(),
+        staged_slot: None,
+    })
 }
 
 // ---------------------------------------------------------------------------------------
@@ -817,15 +951,24 @@ impl Backend for VerbsBackend {
     }
 
     fn supported_mem(&self) -> &[MemKind] {
-        &[MemKind::Dram]
+        &self.mem_kinds
+    }
+
+    fn supported_remote_mem(&self) -> &[MemKind] {
+        &[MemKind::Dram, MemKind::Vram]
     }
 
     fn register_mem(&self, region: &Region) -> Result<Arc<dyn LocalMd>> {
-        if region.kind != MemKind::Dram {
-            return Err(Error::UnsupportedMemKind {
-                backend: NAME.into(),
-                kind: region.kind,
-            });
+        match region.kind {
+            MemKind::Dram if self.staging.stage_dram => return self.register_staged(region, None),
+            MemKind::Dram => {}
+            MemKind::Vram => return self.register_vram(region),
+            kind => {
+                return Err(Error::UnsupportedMemKind {
+                    backend: NAME.into(),
+                    kind,
+                })
+            }
         }
         let len = usize::try_from(region.desc.len)
             .map_err(|_| Error::InvalidParam("region larger than the address space".into()))?;
@@ -850,7 +993,12 @@ impl Backend for VerbsBackend {
         }
         let rails = self.rails_for(region);
         tracing::debug!(addr = region.desc.addr, ?rails, "VERBS registration");
-        Ok(Arc::new(VerbsLocalMd { mrs, rails }))
+        Ok(Arc::new(VerbsLocalMd {
+            mrs,
+            rails,
+            mode: RegMode::Plain,
+            staged: None,
+        }))
     }
 
     fn connection_info(&self) -> Result<Vec<u8>> {
@@ -879,7 +1027,9 @@ impl Backend for VerbsBackend {
             .expect("outgoing lock")
             .insert(agent.to_string(), conn);
         if let Some(old) = old {
-            old.kill("replaced by a connection from newer metadata");
+            let why = "replaced by a connection from newer metadata";
+            old.kill(why);
+            self.common.stager.peer_gone(&old, why);
         }
         Ok(())
     }
@@ -890,9 +1040,7 @@ impl Backend for VerbsBackend {
         _region: &Region,
         public_md: &[u8],
     ) -> Result<Arc<dyn RemoteMd>> {
-        Ok(Arc::new(VerbsRemoteMd {
-            rkeys: decode_remote_md(public_md)?,
-        }))
+        Ok(Arc::new(decode_remote_md(public_md)?))
     }
 
     fn disconnect(&self, agent: &str) {
@@ -903,7 +1051,9 @@ impl Backend for VerbsBackend {
             .expect("outgoing lock")
             .remove(agent);
         if let Some(conn) = removed {
-            conn.kill("disconnected: the peer's metadata was invalidated");
+            let why = "disconnected: the peer's metadata was invalidated";
+            conn.kill(why);
+            self.common.stager.peer_gone(&conn, why);
         }
     }
 
@@ -920,7 +1070,9 @@ impl Backend for VerbsBackend {
         let mut round_robin = self.next_rail.fetch_add(entries.len(), Ordering::Relaxed);
         let mut mrs: Vec<Arc<MemoryRegion>> = Vec::new();
         let mut last_md: Option<*const VerbsLocalMd> = None;
-        for entry in entries {
+        // Entries with a staged side go through the staging pipeline.
+        let mut staged: Vec<usize> = Vec::new();
+        for (index, entry) in entries.iter().enumerate() {
             let local = entry
                 .local_md
                 .as_any()
@@ -935,6 +1087,10 @@ impl Backend for VerbsBackend {
                 // Registrations are shared by many descriptors: keep each alive once.
                 mrs.extend(local.mrs.iter().cloned());
                 last_md = Some(local as *const VerbsLocalMd);
+            }
+            if local.staged.is_some() || remote.staged_slot.is_some() {
+                staged.push(index);
+                continue;
             }
             let len = entry.local.len as usize;
             let mut push = |r: usize, start: usize, piece_len: usize| -> Result<()> {
@@ -979,10 +1135,17 @@ impl Backend for VerbsBackend {
             }
         }
         let total: usize = rail_ops.iter().map(Vec::len).sum();
+        let staged = if staged.is_empty() {
+            None
+        } else {
+            Some(Arc::new(self.plan_staged(op, entries, &staged, &conn)?))
+        };
+        // Staged chunks (and the requests this side serves) run on any rail.
         let used = (0..nrails)
-            .filter(|&r| r == 0 || !rail_ops[r].is_empty())
+            .filter(|&r| r == 0 || !rail_ops[r].is_empty() || staged.is_some())
             .collect();
         Ok(Box::new(VerbsXfer {
+            staged,
             op,
             rail_ops: rail_ops.into_iter().map(Arc::from).collect(),
             mrs: Arc::from(mrs),

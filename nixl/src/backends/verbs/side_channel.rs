@@ -57,7 +57,7 @@ impl VerbsBackend {
             .map_err(|e| disconnect(format!("side channel {}: {e}", remote.addr)))?;
         let reply = read_frame(&mut stream)
             .map_err(|e| disconnect(format!("side channel {}: {e}", remote.addr)))?;
-        let answers = decode_reply(&reply).map_err(|e| match e {
+        let (remote_id, answers) = decode_reply(&reply).map_err(|e| match e {
             ReplyError::Refused(why) => disconnect(format!("refused: {why}")),
             ReplyError::Malformed(why) => Error::MalformedMetadata(why),
         })?;
@@ -95,6 +95,8 @@ impl VerbsBackend {
             dead: AtomicBool::new(false),
             reason: Mutex::new(String::new()),
             stream,
+            remote_id,
+            staging_told: AtomicBool::new(false),
         }))
     }
 }
@@ -120,12 +122,17 @@ pub(super) fn side_channel_thread(listener: TcpListener, common: Arc<Common>) {
             .read()
             .expect("outgoing lock")
             .values()
-            .filter(|c| !c.is_dead())
+            .filter(|c| !c.staging_told.load(Ordering::Acquire))
             .cloned()
             .collect();
         for conn in outgoing {
-            if peer_gone(&conn.stream) {
+            if !conn.is_dead() && peer_gone(&conn.stream) {
                 conn.kill("the peer's process is gone (its side channel closed)");
+            }
+            // However it died (here, or a failed work request): staged requests waiting
+            // for the peer fail, and the slots it could have written come back.
+            if let Some(reason) = conn.dead_reason() {
+                common.stager.peer_gone(&conn, &reason);
             }
         }
         let gone: Vec<u64> = common
@@ -223,8 +230,9 @@ fn serve_handshake(common: &Arc<Common>, mut stream: TcpStream) -> Result<()> {
         for (i, endpoint) in hello.endpoints.iter().enumerate() {
             let rail = &common.rails[i % common.rails.len()];
             let dev = &common.devices[rail.dev];
-            // Incoming QPs only receive (and answer READs): one send slot.
-            let qp = create_qp(dev, rail, 1)?;
+            // Incoming QPs carry no rail jobs: staging operations only (serving the
+            // requester's staged chunks).
+            let qp = create_qp(dev, rail, 0)?;
             let ep = qp
                 .endpoint(&dev.opts)
                 .map_err(|e| verbs_error("QP endpoint", e))?;
@@ -251,6 +259,7 @@ fn serve_handshake(common: &Arc<Common>, mut stream: TcpStream) -> Result<()> {
     }
     let conn = Arc::new(Incoming {
         id,
+        nonce: hello.nonce,
         peer: peer.clone(),
         qps,
         stream: stream.try_clone()?,
@@ -260,7 +269,7 @@ fn serve_handshake(common: &Arc<Common>, mut stream: TcpStream) -> Result<()> {
         .write()
         .expect("incoming lock")
         .insert(id, conn);
-    if let Err(e) = write_frame(&mut stream, &encode_reply(&answers)) {
+    if let Err(e) = write_frame(&mut stream, &encode_reply(id, &answers)) {
         common.remove_incoming(id);
         return Err(e.into());
     }

@@ -103,8 +103,8 @@ fn handshake_messages_round_trip() {
     for cut in 0..b.len() {
         assert!(decode_hello(&b[..cut]).is_err(), "cut at {cut}");
     }
-    let r = encode_reply(&[(1, 2), (3, 4)]);
-    assert_eq!(decode_reply(&r).unwrap(), vec![(1, 2), (3, 4)]);
+    let r = encode_reply(7, &[(1, 2), (3, 4)]);
+    assert_eq!(decode_reply(&r).unwrap(), (7, vec![(1, 2), (3, 4)]));
     for cut in 0..r.len() {
         assert!(decode_reply(&r[..cut]).is_err(), "cut at {cut}");
     }
@@ -129,10 +129,9 @@ fn notification_messages_round_trip_and_are_bounded() {
 
 #[test]
 fn region_keys_parse_strictly() {
-    let md = VerbsRemoteMd {
-        rkeys: decode_remote_md(&[2, 1, 0, 0, 0, 2, 0, 0, 0]).unwrap(),
-    };
+    let md = decode_remote_md(&[2, 1, 0, 0, 0, 2, 0, 0, 0]).unwrap();
     assert_eq!(md.rkeys, vec![1, 2]);
+    assert_eq!(md.staged_slot, None);
     assert!(decode_remote_md(&[]).is_err());
     assert!(decode_remote_md(&[0]).is_err());
     assert!(decode_remote_md(&[1, 1, 0, 0]).is_err());
@@ -156,4 +155,126 @@ fn side_channel_address_comes_from_an_ip_gid_only() {
         side_channel_ip(&Gid { raw: v6.octets() }),
         Some(IpAddr::V6(v6))
     );
+}
+
+#[test]
+fn staged_notification_keys_travel_as_32_bit_immediates() {
+    use super::stage_net::{imm32, notif_key, tracker_key};
+    // The initiator's key: the target's connection id above the sequence number; the
+    // immediate is the sequence, the target takes the id from the QP it arrived on.
+    let key = notif_key(5, 0xfedc_ba98);
+    assert_eq!(tracker_key(key), (5, 0xfedc_ba98));
+    assert_eq!(imm32(key), 0xfedc_ba98);
+    assert_eq!(key & crate::backends::staging::FETCH_DATA, 0);
+    // FETCH data: the low 32 bits of the token.
+    let token = (3u64 << 32) | 77;
+    assert_eq!(imm32(crate::backends::staging::FETCH_DATA | token), 77);
+}
+
+#[test]
+fn fetch_tokens_map_back_from_their_low_bits_and_stay_bounded() {
+    use super::stage_net::FetchTokens;
+    let mut t = FetchTokens::default();
+    let base = (7u64 << 32) | 10;
+    for i in 0..20_000u64 {
+        t.insert(base + i);
+    }
+    // The newest 16,384 are kept; older ones are forgotten, never confused.
+    assert_eq!(
+        t.lookup(((base + 19_999) & 0xffff_ffff) as u32),
+        Some(base + 19_999)
+    );
+    assert_eq!(
+        t.lookup(((base + 3_616) & 0xffff_ffff) as u32),
+        Some(base + 3_616)
+    );
+    assert_eq!(t.lookup(((base + 3_615) & 0xffff_ffff) as u32), None);
+    assert_eq!(t.lookup(1), None);
+    // A token 2^32 ids later with the same low bits replaces the stale one.
+    t.insert(base + 19_999 + (1 << 32));
+    assert_eq!(
+        t.lookup(((base + 19_999) & 0xffff_ffff) as u32),
+        Some(base + 19_999 + (1 << 32))
+    );
+}
+
+#[test]
+fn requester_names_and_fetch_headers_parse_strictly() {
+    use super::stage_net::{decode_name, encode_name, fetch_token};
+    use crate::backends::staging::{Ctrl, Request, WirePiece};
+    let name = encode_name(0x0123_4567_89ab_cdef, 3);
+    assert_eq!(decode_name(&name), Some((0x0123_4567_89ab_cdef, 3)));
+    assert_eq!(decode_name(&name[..8]), None);
+    assert_eq!(decode_name(&[name.clone(), vec![0]].concat()), None);
+    let req = Request {
+        token: 0xabc_def0_1234,
+        key: None,
+        reply_to: name,
+        pieces: vec![WirePiece {
+            peer_addr: 1,
+            peer_key: 2,
+            target: 3,
+            len: 4,
+        }],
+    };
+    let fetch = Ctrl::Fetch(req.clone()).encode().unwrap();
+    assert_eq!(fetch_token(&fetch), Some(0xabc_def0_1234));
+    let offer = Ctrl::Offer(req).encode().unwrap();
+    assert_eq!(fetch_token(&offer), None, "only FETCHes are recorded");
+    assert_eq!(fetch_token(&fetch[..15]), None);
+}
+
+#[test]
+fn staged_region_metadata_round_trips_and_is_checked() {
+    use super::vram::{decode_staged_md, encode_staged_md};
+    let md = encode_staged_md(1 << 19);
+    let remote = decode_remote_md(&md).unwrap();
+    assert_eq!(remote.staged_slot, Some(1 << 19));
+    assert!(remote.rkeys.is_empty());
+    assert!(decode_staged_md(&md[1..md.len() - 1]).is_err(), "short");
+    assert!(decode_staged_md(&[2, 0, 0, 8, 0]).is_err(), "version");
+    assert!(
+        decode_staged_md(&encode_staged_md(100)[1..]).is_err(),
+        "tiny slot"
+    );
+}
+
+#[test]
+fn staging_parameters_are_named_as_libfabric_names_them() {
+    use super::vram::{StagingParams, VramMode};
+    let p = |kv: &[(&str, &str)]| {
+        StagingParams::parse(
+            &kv.iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        )
+    };
+    let d = p(&[]).unwrap();
+    assert_eq!(d.vram_mode, VramMode::Auto);
+    assert_eq!(
+        (d.cfg.chunk, d.cfg.chunks, d.stage_dram),
+        (
+            crate::backends::staging::DEFAULT_CHUNK,
+            crate::backends::staging::DEFAULT_CHUNKS,
+            false
+        )
+    );
+    let s = p(&[
+        ("vram_mode", "direct"),
+        ("staging_chunk", "65536"),
+        ("staging_chunks", "4"),
+        ("stage_dram", "1"),
+    ])
+    .unwrap();
+    assert_eq!(s.vram_mode, VramMode::Direct);
+    assert_eq!((s.cfg.chunk, s.cfg.chunks, s.stage_dram), (65536, 4, true));
+    for bad in [
+        ("vram_mode", "x"),
+        ("staging_chunk", "4097"),
+        ("staging_chunk", "0"),
+        ("staging_chunks", "1025"),
+        ("stage_dram", "2"),
+    ] {
+        assert!(matches!(p(&[bad]), Err(Error::InvalidParam(_))), "{bad:?}");
+    }
 }

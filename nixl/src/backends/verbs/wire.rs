@@ -8,7 +8,8 @@ use ibverbs::{Endpoint, Gid, Mtu};
 use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream};
 
-const WIRE_VERSION: u8 = 1;
+/// 2: the handshake's reply carries the target's id of the connection.
+const WIRE_VERSION: u8 = 2;
 const NOTIF_MAGIC: &[u8; 4] = b"NXVN";
 const MAX_FRAME: usize = 64 << 10;
 
@@ -221,12 +222,14 @@ pub(super) fn decode_hello(b: &[u8]) -> Result<Hello> {
     })
 }
 
-/// `NXVR ver 0 n:u8 {qpn:u32 psn:u32}*` or `NXVR ver 1 why:str16`
-pub(super) fn encode_reply(answers: &[(u32, u32)]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(8 + answers.len() * 8);
+/// `NXVR ver 0 conn:u64 n:u8 {qpn:u32 psn:u32}*` or `NXVR ver 1 why:str16`; `conn` is
+/// the target's id of the connection.
+pub(super) fn encode_reply(conn: u64, answers: &[(u32, u32)]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(16 + answers.len() * 8);
     out.extend_from_slice(REPLY_MAGIC);
     out.push(WIRE_VERSION);
     out.push(0);
+    out.extend_from_slice(&conn.to_le_bytes());
     out.push(answers.len() as u8);
     for (qpn, psn) in answers {
         out.extend_from_slice(&qpn.to_le_bytes());
@@ -246,19 +249,27 @@ pub(super) fn encode_reply_error(why: &str) -> Vec<u8> {
     out
 }
 
-pub(super) fn decode_reply(b: &[u8]) -> std::result::Result<Vec<(u32, u32)>, ReplyError> {
+/// The target's id of the connection (below 2^31: a staged notification key carries
+/// it above a 32-bit sequence, bit 63 clear) and each QP's number and PSN.
+pub(super) type Reply = (u64, Vec<(u32, u32)>);
+
+pub(super) fn decode_reply(b: &[u8]) -> std::result::Result<Reply, ReplyError> {
     let malformed = |e: Error| ReplyError::Malformed(e.to_string());
     let mut rd = Rd::new(b, "handshake reply");
     rd.magic(REPLY_MAGIC).map_err(malformed)?;
     match rd.u8().map_err(malformed)? {
         0 => {
+            let conn = rd.u64().map_err(malformed)?;
+            if conn >= 1 << 31 {
+                return Err(malformed(rd.bad("connection id out of range")));
+            }
             let n = rd.u8().map_err(malformed)? as usize;
             let mut out = Vec::with_capacity(n);
             for _ in 0..n {
                 out.push((rd.u32().map_err(malformed)?, rd.u32().map_err(malformed)?));
             }
             rd.end().map_err(malformed)?;
-            Ok(out)
+            Ok((conn, out))
         }
         1 => {
             let len = rd.u16().map_err(malformed)? as usize;

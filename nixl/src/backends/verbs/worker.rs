@@ -2,13 +2,15 @@
 //! queue read, incoming immediates and notification messages counted — driven by the
 //! rail's thread and, inline, by any thread that posts or polls.
 
+use super::stage_net::failure_of;
 use super::wire::decode_notif;
 use super::xfer::{Failure, RailJob};
 use super::{
     verbs_error, Common, Rail, BATCH, MAX_OUTSTANDING, NOTIF_SLOT, RECV_SLOTS, RECV_WR, SEND_SLOTS,
-    SLEEP_MS, SPIN_BEFORE_SLEEP,
+    SLEEP_MS, SPIN_BEFORE_SLEEP, STAGE_WR,
 };
 use crate::backend::XferOp;
+use crate::backends::staging;
 use crate::error::Result;
 use ibverbs::{
     AccessFlags, MemoryRegion, ProtectionDomain, RecvWr, RemoteMemory, SendWr, Sge,
@@ -106,6 +108,11 @@ impl RailState {
         let mut busy = self.accept_jobs(rail);
         busy |= self.issue(rail, chains);
         busy |= self.poll(rail, common);
+        // Staging copies are polled, not waited for (one relaxed load when idle).
+        if common.stager.wants_poll() {
+            common.stager.try_progress();
+            busy = true;
+        }
         busy
     }
 
@@ -298,6 +305,9 @@ impl RailState {
         for wc in &wcs[..n] {
             if wc.wr_id() & RECV_WR != 0 {
                 self.on_recv(wc, rail, common);
+            } else if wc.wr_id() & STAGE_WR != 0 {
+                let result = wc.result().map(drop).map_err(|e| failure_of(&e));
+                common.stager.complete(rail.index, wc.wr_id(), result);
             } else {
                 self.on_send(wc, common);
             }
@@ -349,22 +359,8 @@ impl RailState {
                     shared
                         .completed
                         .fetch_add(batch.n as u64, Ordering::Relaxed);
-                    let n = batch.n as u64;
-                    if shared.pending.fetch_sub(n, Ordering::AcqRel) == n {
-                        // The last data operation: a READ's notification may go now.
-                        let message = shared.read_notif.lock().expect("notif lock").take();
-                        if let Some(message) = message {
-                            rails[0].submit(RailJob {
-                                shared: shared.clone(),
-                                conn: active.job.conn.clone(),
-                                ops: Arc::from(Vec::new()),
-                                _mrs: Arc::from(Vec::new()),
-                                op: XferOp::Read,
-                                imm: None,
-                                notif: Some(message),
-                            });
-                        }
-                    }
+                    let conn = active.job.conn.clone();
+                    shared.units_done(batch.n as u64, &rails[0], &conn);
                 }
             }
         }
@@ -379,26 +375,35 @@ impl RailState {
                 .expect("qpn lock")
                 .get(&(rail.index, wc.qp_num()))
                 .cloned();
+            let len = (wc.byte_len() as usize).min(NOTIF_SLOT);
+            let bytes = &self.recv_mr.as_slice()[slot * NOTIF_SLOT..slot * NOTIF_SLOT + len];
             match (from, wc.opcode()) {
                 (Some((id, _)), WcOpcode::RECV_RDMA_WITH_IMM) => {
                     if let Some(seq) = wc.imm_data() {
                         common.notifs.data_arrived((id, seq));
                     }
                 }
-                (Some((id, sender)), WcOpcode::RECV) => {
-                    let len = (wc.byte_len() as usize).min(NOTIF_SLOT);
-                    let bytes =
-                        &self.recv_mr.as_slice()[slot * NOTIF_SLOT..slot * NOTIF_SLOT + len];
-                    match decode_notif(bytes) {
-                        Ok((seq, expected, msg)) => common.notifs.message_arrived(
-                            (id, seq),
-                            u64::from(expected),
-                            &*sender,
-                            msg.to_vec(),
-                        ),
-                        Err(e) => tracing::warn!(error = %e, "malformed notification dropped"),
+                // Only a target writes into a QP this side opened: a FETCH's data.
+                (None, WcOpcode::RECV_RDMA_WITH_IMM)
+                    if common.is_outgoing_qp(rail.index, wc.qp_num()) =>
+                {
+                    if let Some(imm) = wc.imm_data() {
+                        common.stager.fetch_data(imm);
                     }
                 }
+                // Staging control messages come either way (requests, DONE replies).
+                (_, WcOpcode::RECV) if bytes.starts_with(staging::MAGIC) => {
+                    common.stager.message(rail.index, bytes);
+                }
+                (Some((id, sender)), WcOpcode::RECV) => match decode_notif(bytes) {
+                    Ok((seq, expected, msg)) => common.notifs.message_arrived(
+                        (id, seq),
+                        u64::from(expected),
+                        &*sender,
+                        msg.to_vec(),
+                    ),
+                    Err(e) => tracing::warn!(error = %e, "malformed notification dropped"),
+                },
                 (None, _) => {
                     tracing::debug!(qp = wc.qp_num(), "receive on an unknown QP dropped")
                 }

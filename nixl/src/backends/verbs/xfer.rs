@@ -1,13 +1,16 @@
 //! Transfers: a prepared request's work requests per rail, the state one post shares
 //! with the rail workers, and how a post queues its share on each rail.
 
+use super::stage_net::{notif_key, VerbsAddr, VerbsSink};
 use super::wire::encode_notif;
-use super::{Common, Outgoing, NAME};
+use super::{Common, Outgoing, Rail, NAME};
 use crate::backend::{BackendXfer, PostParams, XferOp, XferProgress, XferStatus};
+use crate::backends::staging::{self, Plan, RunSpec};
 use crate::error::{Error, Result};
 use ibverbs::MemoryRegion;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 /// One work request, resolved at prepare time.
 #[derive(Debug, Clone, Copy)]
@@ -54,6 +57,8 @@ pub(super) struct XferShared {
     pub(super) read_notif: Mutex<Option<Vec<u8>>>,
     pub(super) failed: Mutex<Option<Failure>>,
     pub(super) canceled: AtomicBool,
+    /// Staged copies touching the caller's memory still running.
+    pub(super) user_copies: AtomicUsize,
 }
 
 impl XferShared {
@@ -67,16 +72,38 @@ impl XferShared {
     pub(super) fn failure(&self) -> Option<Failure> {
         self.failed.lock().expect("failed lock").clone()
     }
+
+    /// `n` units of the post finished (data operations, or the whole staged part): the
+    /// last one lets a READ's notification go, on rail 0.
+    pub(super) fn units_done(self: &Arc<Self>, n: u64, rail0: &Rail, conn: &Arc<Outgoing>) {
+        if self.pending.fetch_sub(n, Ordering::AcqRel) != n {
+            return;
+        }
+        let message = self.read_notif.lock().expect("notif lock").take();
+        if let Some(message) = message {
+            rail0.submit(RailJob {
+                shared: self.clone(),
+                conn: conn.clone(),
+                ops: Arc::from(Vec::new()),
+                _mrs: Arc::from(Vec::new()),
+                op: XferOp::Read,
+                imm: None,
+                notif: Some(message),
+            });
+        }
+    }
 }
 
 #[derive(Debug)]
 pub(super) struct VerbsXfer {
+    /// The part of the transfer that goes through the staging pipeline.
+    pub(super) staged: Option<Arc<Plan<VerbsAddr>>>,
     pub(super) op: XferOp,
     pub(super) rail_ops: Vec<Arc<[RailOp]>>,
     pub(super) mrs: Arc<[Arc<MemoryRegion>]>,
     pub(super) common: Arc<Common>,
     /// Rails this transfer progresses when polled: those with operations, and rail 0
-    /// (which carries the notification).
+    /// (which carries the notification); all of them with a staged part.
     pub(super) used: Vec<usize>,
     pub(super) conn: Arc<Outgoing>,
     pub(super) agent: String,
@@ -91,16 +118,30 @@ impl BackendXfer for VerbsXfer {
             return Err(self.conn.disconnect_error());
         }
         let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
-        let used_rails = self.rail_ops.iter().filter(|ops| !ops.is_empty()).count();
+        // One immediate per rail with plain writes (on its last one), one data unit per
+        // staged write from a slot or chunk the target copied in (see `stage_net`).
+        let used_rails = self.rail_ops.iter().filter(|ops| !ops.is_empty()).count() as u64;
+        let staged_units: u64 = self
+            .staged
+            .as_ref()
+            .map_or(0, |p| p.chunks.iter().map(staging::Chunk::units).sum());
         let expected = match self.op {
-            XferOp::Write => used_rails as u32,
+            XferOp::Write => u32::try_from(used_rails + staged_units).map_err(|_| {
+                Error::InvalidParam(format!(
+                    "{NAME}: a notified WRITE of {staged_units} staged data units"
+                ))
+            })?,
             XferOp::Read => 0,
         };
         let message = notif.map(|m| encode_notif(seq, expected, m)).transpose()?;
         let shared = &self.shared;
         *shared.failed.lock().expect("failed lock") = None;
         shared.completed.store(0, Ordering::Relaxed);
-        shared.pending.store(self.total as u64, Ordering::Relaxed);
+        // The staged part counts as one unit, done when its last chunk is.
+        shared.pending.store(
+            self.total as u64 + u64::from(self.staged.is_some()),
+            Ordering::Relaxed,
+        );
         shared
             .notif_pending
             .store(message.is_some(), Ordering::Relaxed);
@@ -134,6 +175,18 @@ impl BackendXfer for VerbsXfer {
                     imm,
                     notif,
                 });
+        }
+        if let Some(plan) = &self.staged {
+            self.common.stager.submit(RunSpec {
+                plan: plan.clone(),
+                key: imm.map(|seq| notif_key(self.conn.remote_id, seq)),
+                peer: Arc::as_ptr(&self.conn) as u64,
+                sink: Box::new(VerbsSink {
+                    shared: shared.clone(),
+                    rail0: self.common.rails[0].clone(),
+                    conn: self.conn.clone(),
+                }),
+            });
         }
         for &r in &self.used {
             self.common.rails[r].progress(&self.common, 1);
@@ -169,7 +222,17 @@ impl BackendXfer for VerbsXfer {
     }
 
     fn op_count(&self) -> usize {
-        self.total
+        self.total + self.staged.as_ref().map_or(0, |p| p.chunks.len())
+    }
+
+    fn staged_bytes(&self) -> u64 {
+        self.staged.as_ref().map_or(0, |p| {
+            p.chunks
+                .iter()
+                .flat_map(|c| &c.pieces)
+                .map(|piece| piece.len)
+                .sum()
+        })
     }
 }
 
@@ -178,6 +241,19 @@ impl Drop for VerbsXfer {
         // Workers stop issuing what is left; issued operations still complete into the
         // workers, which keep the registrations alive until then.
         self.shared.canceled.store(true, Ordering::Relaxed);
+        if self.staged.is_some() {
+            // A device copy cannot be recalled: wait (bounded) for those touching the
+            // caller's memory, so that it may be freed once the request is gone.
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while self.shared.user_copies.load(Ordering::Acquire) > 0 {
+                if Instant::now() > deadline {
+                    tracing::warn!("a released staged transfer's copies are still running");
+                    break;
+                }
+                self.common.stager.progress();
+                std::thread::yield_now();
+            }
+        }
     }
 }
 
