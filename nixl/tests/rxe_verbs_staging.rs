@@ -1,0 +1,864 @@
+//! The VERBS staging pipeline on soft-RoCE (run in the guest by `cargo xtask test`, which
+//! sets `RDMA_TEST_DEVICE=rxe0`), without a GPU: DRAM registered as staged
+//! (`stage_dram=1`) goes through exactly the protocol VRAM does, with `memcpy` in place
+//! of the device copies. Two agents WRITE and READ in every case (initiator staged,
+//! target staged, both) with the data verified, notifications only after the last staged
+//! byte, a target refusing memory that is not staged (typed), released requests,
+//! polling without progress threads, two processes and a peer killed mid-pipeline; and
+//! direct VRAM registration refused typed on soft-RoCE (no DMA-BUF registration).
+
+use nixl::backend::Backend;
+use nixl::backends::verbs::VerbsBackend;
+use nixl::{
+    params, Agent, AgentConfig, Desc, DescList, Error, MemKind, Region, XferOp, XferStatus,
+};
+use std::sync::{Arc, Mutex, MutexGuard, Once};
+use std::time::{Duration, Instant};
+
+const TIMEOUT: Duration = Duration::from_secs(60);
+/// Small slots, so that a few MiB cross many chunk boundaries and reuse every slot.
+const CHUNK: &str = "262144";
+
+/// The device named by `RDMA_TEST_DEVICE`, or `None` (after printing why) when unset.
+fn device() -> Option<String> {
+    let Ok(name) = std::env::var("RDMA_TEST_DEVICE") else {
+        println!("skipped: RDMA_TEST_DEVICE not set (run via cargo xtask test)");
+        return None;
+    };
+    watchdog();
+    Some(name)
+}
+
+/// Aborts the binary if it runs far too long: a hang must fail, not stall the guest.
+fn watchdog() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        std::thread::spawn(|| {
+            std::thread::sleep(Duration::from_secs(600));
+            eprintln!("test watchdog expired after 600 s");
+            std::process::abort();
+        });
+    });
+}
+
+/// The guest has two vCPUs: one test at a time.
+fn serial() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// VERBS parameters: the device, whether DRAM is staged, and `extra`.
+fn verbs_params(device: &str, stage: bool, extra: &[(&str, &str)]) -> nixl::BackendParams {
+    let mut p = params([
+        ("device", device),
+        ("stage_dram", if stage { "1" } else { "0" }),
+        ("staging_chunk", CHUNK),
+    ]);
+    for (k, v) in extra {
+        p.insert(k.to_string(), v.to_string());
+    }
+    p
+}
+
+fn agent_with(
+    name: &str,
+    device: &str,
+    stage: bool,
+    extra: &[(&str, &str)],
+    config: AgentConfig,
+) -> Agent {
+    let agent = Agent::new(name, config).unwrap();
+    agent
+        .create_backend("VERBS", &verbs_params(device, stage, extra))
+        .unwrap_or_else(|e| panic!("VERBS on {device}: {e}"));
+    agent
+}
+
+fn agent(name: &str, device: &str, stage: bool, extra: &[(&str, &str)]) -> Agent {
+    agent_with(name, device, stage, extra, AgentConfig::default())
+}
+
+/// An agent with the backend it uses, kept as its concrete type.
+fn agent_and_backend(
+    name: &str,
+    device: &str,
+    extra: &[(&str, &str)],
+) -> (Agent, Arc<VerbsBackend>) {
+    let agent = Agent::new(name, AgentConfig::default()).unwrap();
+    let backend = Arc::new(
+        VerbsBackend::open(&agent, &verbs_params(device, false, extra))
+            .unwrap_or_else(|e| panic!("VERBS on {device}: {e}")),
+    );
+    agent
+        .add_backend(backend.clone() as Arc<dyn Backend>)
+        .unwrap();
+    (agent, backend)
+}
+
+/// Bytes that differ at every offset and between seeds.
+fn pattern(seed: u8, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| ((i as u64).wrapping_mul(2_654_435_761) >> 13) as u8 ^ seed)
+        .collect()
+}
+
+fn dram(descs: impl IntoIterator<Item = Desc>) -> DescList {
+    DescList::from_descs(MemKind::Dram, descs)
+}
+
+fn wait_notif(agent: &Agent, from: &str) -> Vec<u8> {
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        if let Some(mut msgs) = agent.get_notifs().remove(from) {
+            return msgs.remove(0);
+        }
+        assert!(Instant::now() < deadline, "no notification from {from}");
+        std::thread::sleep(Duration::from_micros(200));
+    }
+}
+
+fn mode_of(agent: &Agent, buf: &[u8]) -> String {
+    let q = agent.query_mem(&dram([Desc::from_slice(buf)]));
+    q[0].as_ref().expect("registered")[0].clone()
+}
+
+/// WRITE then READ back (twice) `sizes` blocks placed at odd offsets, between an
+/// initiator and a target that stage (or not) as told; the target checks its memory the
+/// moment the WRITE's notification arrives.
+fn round_trip(
+    device: &str,
+    init_stages: bool,
+    tgt_stages: bool,
+    sizes: &[usize],
+    extra: &[(&str, &str)],
+) {
+    let tag = format!(
+        "{}{}-{}-{}",
+        u8::from(init_stages),
+        u8::from(tgt_stages),
+        sizes.len(),
+        extra.len()
+    );
+    let initiator = agent(&format!("si-{tag}"), device, init_stages, extra);
+    let target = agent(&format!("st-{tag}"), device, tgt_stages, extra);
+    let span: usize = sizes.iter().map(|s| s + 3).sum::<usize>() + 64;
+    let src = pattern(sizes.len() as u8, span);
+    let dst = vec![0u8; span];
+    let mut back = vec![0u8; span];
+    let back_p = back.as_mut_ptr() as u64;
+    // SAFETY: the buffers outlive the handles and requests (dropped at the end).
+    let _hi = unsafe {
+        initiator
+            .register_mem(
+                &dram([Desc::from_slice(&src), Desc::new(back_p, span as u64, 0)]),
+                None,
+            )
+            .unwrap()
+    };
+    // SAFETY: as above.
+    let _ht = unsafe {
+        target
+            .register_mem(&dram([Desc::from_slice(&dst)]), None)
+            .unwrap()
+    };
+    let shown = |stages: bool| if stages { "VERBS(staged)" } else { "VERBS" };
+    assert_eq!(mode_of(&initiator, &src), shown(init_stages), "{tag}");
+    assert_eq!(mode_of(&target, &dst), shown(tgt_stages), "{tag}");
+    let name = initiator
+        .load_remote_metadata(&target.local_metadata().unwrap())
+        .unwrap();
+    let mut offs = Vec::new();
+    let mut at = 1usize;
+    for &s in sizes {
+        offs.push(at);
+        at += s + 3;
+    }
+    let n = sizes.len();
+    let block = |base: u64, i: usize| Desc::new(base + offs[i] as u64, sizes[i] as u64, 0);
+    let local = dram((0..n).map(|i| block(src.as_ptr() as u64, i)));
+    let remote = dram((0..n).map(|i| block(dst.as_ptr() as u64, i)));
+    let mut w = initiator
+        .create_xfer_req(XferOp::Write, &local, &remote, &name, Some(b"w".to_vec()))
+        .unwrap();
+    w.post().unwrap();
+    assert_eq!(wait_notif(&target, initiator.name()), b"w", "{tag}");
+    // Checked the moment the notification is seen, before the initiator's completion.
+    for i in 0..n {
+        let r = offs[i]..offs[i] + sizes[i];
+        assert!(
+            src[r.clone()] == dst[r],
+            "{tag}: block {i} of {} bytes",
+            sizes[i]
+        );
+        assert_eq!(dst[offs[i] - 1], 0, "{tag}: byte before block {i}");
+        assert_eq!(dst[offs[i] + sizes[i]], 0, "{tag}: byte after block {i}");
+    }
+    w.wait(TIMEOUT).unwrap();
+    let t = w.telemetry();
+    assert_eq!(t.staged_bytes, t.total_bytes, "{tag}: everything staged");
+    let readback = dram((0..n).map(|i| block(back_p, i)));
+    let mut r = initiator
+        .create_xfer_req(XferOp::Read, &readback, &remote, &name, Some(b"r".to_vec()))
+        .unwrap();
+    for round in 0..2 {
+        if round == 1 {
+            back.fill(0);
+        }
+        assert_eq!(r.post().unwrap(), XferStatus::InProgress);
+        r.wait(TIMEOUT).unwrap();
+        assert_eq!(wait_notif(&target, initiator.name()), b"r", "{tag}");
+        for i in 0..n {
+            let rg = offs[i]..offs[i] + sizes[i];
+            assert!(
+                back[rg.clone()] == src[rg],
+                "{tag}: read block {i} round {round}"
+            );
+        }
+    }
+    assert_eq!(
+        r.telemetry().staged_bytes,
+        t.total_bytes,
+        "{tag}: READ staged"
+    );
+}
+
+#[test]
+fn staged_write_and_read_in_every_case() {
+    let Some(dev) = device() else { return };
+    let _s = serial();
+    let start = Instant::now();
+    // Local staged / remote plain, local plain / remote staged, both staged: WRITE and
+    // READ each, one byte to several chunks, slots reused (4 per half).
+    for (init, tgt) in [(true, false), (false, true), (true, true)] {
+        round_trip(
+            &dev,
+            init,
+            tgt,
+            &[1, 4097, (3 << 20) + 5, 1 << 20],
+            &[("staging_chunks", "4")],
+        );
+    }
+    println!("every case in {:?}", start.elapsed());
+}
+
+#[test]
+fn staged_two_rails_many_descriptors() {
+    let Some(dev) = device() else { return };
+    let _s = serial();
+    let sizes: Vec<usize> = (0..1000).map(|i| 1000 + (i % 7) * 700).collect();
+    round_trip(&dev, true, true, &sizes, &[("num_rails", "2")]);
+    round_trip(&dev, false, true, &sizes[..300], &[("num_rails", "2")]);
+    round_trip(&dev, true, false, &sizes[..300], &[("num_rails", "2")]);
+}
+
+/// The target checks its memory at the moment the notification arrives (the initiator's
+/// request is not waited for first), over rounds of a staged WRITE of many descriptors
+/// whose chunks land in any order.
+#[test]
+fn staged_notification_only_after_the_last_chunk_landed() {
+    let Some(dev) = device() else { return };
+    let _s = serial();
+    for init_stages in [false, true] {
+        let tag = format!("ord-{init_stages}");
+        let initiator = agent(
+            &format!("{tag}-i"),
+            &dev,
+            init_stages,
+            &[("num_rails", "2")],
+        );
+        let target = agent(&format!("{tag}-t"), &dev, true, &[("num_rails", "2")]);
+        let len = 6 << 20;
+        let mut src = pattern(1, len);
+        let dst = vec![0u8; len];
+        // SAFETY: the buffers outlive the handles and the request.
+        let _hi = unsafe {
+            initiator
+                .register_mem(&dram([Desc::from_slice(&src)]), None)
+                .unwrap()
+        };
+        // SAFETY: as above.
+        let _ht = unsafe {
+            target
+                .register_mem(&dram([Desc::from_slice(&dst)]), None)
+                .unwrap()
+        };
+        let name = initiator
+            .load_remote_metadata(&target.local_metadata().unwrap())
+            .unwrap();
+        let n = 48;
+        let block = len / n;
+        let at = |b: u64, i: usize| Desc::new(b + (i * block) as u64, block as u64, 0);
+        let mut req = initiator
+            .create_xfer_req(
+                XferOp::Write,
+                &dram((0..n).map(|i| at(src.as_ptr() as u64, i))),
+                &dram((0..n).map(|i| at(dst.as_ptr() as u64, i))),
+                &name,
+                None,
+            )
+            .unwrap();
+        for round in 0..4u8 {
+            src.iter_mut().for_each(|b| *b = b.wrapping_add(round + 1));
+            req.post_with(Some(vec![round]), &Default::default())
+                .unwrap();
+            let deadline = Instant::now() + TIMEOUT;
+            loop {
+                if let Some(msgs) = target.get_notifs().remove(initiator.name()) {
+                    assert_eq!(msgs, vec![vec![round]]);
+                    let wrong = src.iter().zip(&dst).position(|(a, b)| a != b);
+                    assert_eq!(
+                        wrong, None,
+                        "{tag}: round {round}: notified before the data"
+                    );
+                    break;
+                }
+                assert!(Instant::now() < deadline, "{tag}: no notification");
+                std::thread::sleep(Duration::from_micros(100));
+            }
+            req.wait(TIMEOUT).unwrap();
+        }
+    }
+}
+
+#[test]
+fn staged_without_progress_threads_the_callers_polls_drive_the_pipeline() {
+    let Some(dev) = device() else { return };
+    let _s = serial();
+    let config = AgentConfig {
+        progress_thread: false,
+        ..AgentConfig::default()
+    };
+    let initiator = agent_with("np-si", &dev, true, &[], config.clone());
+    let target = agent_with("np-st", &dev, true, &[], config);
+    let len = (3 << 20) + 3;
+    let src = pattern(9, len);
+    let dst = vec![0u8; len];
+    let mut back = vec![0u8; len];
+    let back_p = back.as_mut_ptr() as u64;
+    // SAFETY: the buffers outlive the handles and the requests.
+    let _hi = unsafe {
+        initiator
+            .register_mem(
+                &dram([Desc::from_slice(&src), Desc::new(back_p, len as u64, 0)]),
+                None,
+            )
+            .unwrap()
+    };
+    // SAFETY: as above.
+    let _ht = unsafe {
+        target
+            .register_mem(&dram([Desc::from_slice(&dst)]), None)
+            .unwrap()
+    };
+    let name = initiator
+        .load_remote_metadata(&target.local_metadata().unwrap())
+        .unwrap();
+    let mut req = initiator
+        .create_xfer_req(
+            XferOp::Write,
+            &dram([Desc::from_slice(&src)]),
+            &dram([Desc::from_slice(&dst)]),
+            &name,
+            Some(b"inline".to_vec()),
+        )
+        .unwrap();
+    req.post().unwrap();
+    let deadline = Instant::now() + TIMEOUT;
+    let (mut done, mut notif) = (false, None);
+    while !(done && notif.is_some()) {
+        assert!(Instant::now() < deadline, "no progress");
+        done = done || req.status().unwrap() == XferStatus::Done;
+        if let Some(mut msgs) = target.get_notifs().remove(initiator.name()) {
+            notif = Some(msgs.remove(0));
+            assert!(src == dst, "notification before the data");
+        }
+    }
+    let mut read = initiator
+        .create_xfer_req(
+            XferOp::Read,
+            &dram([Desc::new(back_p, len as u64, 0)]),
+            &dram([Desc::from_slice(&dst)]),
+            &name,
+            None,
+        )
+        .unwrap();
+    read.post().unwrap();
+    while read.status().unwrap() != XferStatus::Done {
+        assert!(Instant::now() < deadline, "the read made no progress");
+        target.get_notifs();
+    }
+    assert!(back == src);
+}
+
+/// A target asked to move memory that is not (or no longer) staged refuses the chunk:
+/// the transfer fails typed, nothing of that memory is touched, and the connection keeps
+/// working.
+#[test]
+fn staged_requests_for_memory_that_is_not_staged_fail_typed() {
+    let Some(dev) = device() else { return };
+    let _s = serial();
+    let initiator = agent("bad-i", &dev, false, &[]);
+    let target = agent("bad-t", &dev, true, &[]);
+    let len = 1 << 20;
+    let src = pattern(5, len);
+    let mut back = vec![0u8; len];
+    let back_p = back.as_mut_ptr() as u64;
+    let dst = vec![0u8; len];
+    // SAFETY: the buffers outlive the handles and the requests.
+    let _hi = unsafe {
+        initiator
+            .register_mem(
+                &dram([Desc::from_slice(&src), Desc::new(back_p, len as u64, 0)]),
+                None,
+            )
+            .unwrap()
+    };
+    // SAFETY: as above.
+    let ht = unsafe {
+        target
+            .register_mem(&dram([Desc::from_slice(&dst)]), None)
+            .unwrap()
+    };
+    let name = initiator
+        .load_remote_metadata(&target.local_metadata().unwrap())
+        .unwrap();
+    // Outside every region the target published: refused before anything is posted.
+    let outside = dram([Desc::new(dst.as_ptr() as u64 + len as u64, 4096, 0)]);
+    let local4k = dram([Desc::new(src.as_ptr() as u64, 4096, 0)]);
+    match initiator.create_xfer_req(XferOp::Write, &local4k, &outside, &name, None) {
+        Err(Error::RemoteOutOfBounds { .. }) => {}
+        other => panic!("outside the target's regions: {other:?}"),
+    }
+    // The target releases its staged region; the initiator still has the old metadata.
+    drop(ht);
+    for op in [XferOp::Write, XferOp::Read] {
+        let local = if op == XferOp::Write {
+            Desc::from_slice(&src)
+        } else {
+            Desc::new(back_p, len as u64, 0)
+        };
+        let mut req = initiator
+            .create_xfer_req(
+                op,
+                &dram([local]),
+                &dram([Desc::from_slice(&dst)]),
+                &name,
+                None,
+            )
+            .unwrap();
+        req.post().unwrap();
+        match req.wait(TIMEOUT) {
+            Err(Error::Backend { code, message, .. }) => {
+                assert_eq!(code, libc::EINVAL, "{op:?}: {message}");
+                assert!(
+                    message.contains("not inside a staged registration"),
+                    "{op:?}: {message}"
+                );
+                println!("{op:?} into released staged memory: {message}");
+            }
+            other => panic!("{op:?} into released staged memory: {other:?}"),
+        }
+    }
+    assert!(dst.iter().all(|b| *b == 0), "refused memory was written");
+    assert!(back.iter().all(|b| *b == 0), "a refused READ wrote data");
+    // Registered again and republished: the same connection carries it.
+    // SAFETY: `dst` outlives the handle and the request.
+    let _ht = unsafe {
+        target
+            .register_mem(&dram([Desc::from_slice(&dst)]), None)
+            .unwrap()
+    };
+    initiator
+        .load_remote_metadata(&target.local_metadata().unwrap())
+        .unwrap();
+    let mut req = initiator
+        .create_xfer_req(
+            XferOp::Write,
+            &dram([Desc::from_slice(&src)]),
+            &dram([Desc::from_slice(&dst)]),
+            &name,
+            Some(b"again".to_vec()),
+        )
+        .unwrap();
+    req.post().unwrap();
+    req.wait(TIMEOUT).unwrap();
+    assert_eq!(wait_notif(&target, initiator.name()), b"again");
+    assert!(src == dst);
+}
+
+/// Requests released mid-pipeline (WRITE and READ, at different moments) leave both
+/// sides able to run full transfers with every slot; forgetting the peer too.
+#[test]
+fn released_staged_requests_leave_everything_working() {
+    let Some(dev) = device() else { return };
+    let _s = serial();
+    let extra = [("staging_chunk", "65536"), ("staging_chunks", "4")];
+    let initiator = agent("rel-i", &dev, true, &extra);
+    let target = agent("rel-t", &dev, true, &extra);
+    let len = 4 << 20;
+    let src = pattern(2, len);
+    let dst = vec![0u8; len];
+    let mut back = vec![0u8; len];
+    let back_p = back.as_mut_ptr() as u64;
+    // SAFETY: the buffers outlive the handles and the requests.
+    let _hi = unsafe {
+        initiator
+            .register_mem(
+                &dram([Desc::from_slice(&src), Desc::new(back_p, len as u64, 0)]),
+                None,
+            )
+            .unwrap()
+    };
+    // SAFETY: as above.
+    let _ht = unsafe {
+        target
+            .register_mem(&dram([Desc::from_slice(&dst)]), None)
+            .unwrap()
+    };
+    let name = initiator
+        .load_remote_metadata(&target.local_metadata().unwrap())
+        .unwrap();
+    for round in 0..12u64 {
+        let op = if round % 2 == 0 {
+            XferOp::Write
+        } else {
+            XferOp::Read
+        };
+        let local = if op == XferOp::Write {
+            Desc::from_slice(&src)
+        } else {
+            Desc::new(back_p, len as u64, 0)
+        };
+        let mut req = initiator
+            .create_xfer_req(
+                op,
+                &dram([local]),
+                &dram([Desc::from_slice(&dst)]),
+                &name,
+                Some(b"x".to_vec()),
+            )
+            .unwrap();
+        req.post().unwrap();
+        std::thread::sleep(Duration::from_micros(300 * (round % 5)));
+        drop(req);
+    }
+    // Whatever the released requests left behind settles; full transfers still work.
+    for _ in 0..2 {
+        let mut w = initiator
+            .create_xfer_req(
+                XferOp::Write,
+                &dram([Desc::from_slice(&src)]),
+                &dram([Desc::from_slice(&dst)]),
+                &name,
+                None,
+            )
+            .unwrap();
+        w.post().unwrap();
+        w.wait(TIMEOUT).unwrap();
+        assert!(src == dst);
+        back.fill(0);
+        let mut r = initiator
+            .create_xfer_req(
+                XferOp::Read,
+                &dram([Desc::new(back_p, len as u64, 0)]),
+                &dram([Desc::from_slice(&dst)]),
+                &name,
+                None,
+            )
+            .unwrap();
+        r.post().unwrap();
+        r.wait(TIMEOUT).unwrap();
+        assert!(back == src);
+    }
+    initiator.invalidate_remote(&name).unwrap();
+}
+
+/// Soft-RoCE cannot register DMA-BUF memory: direct VRAM registration is refused typed
+/// (`vram_mode=direct`: the registration's error, `EOPNOTSUPP`, naming why), `auto`
+/// knows it will stage, `staged` always stages.
+#[test]
+fn direct_vram_registration_is_refused_typed_and_auto_stages() {
+    let Some(dev) = device() else { return };
+    let _s = serial();
+    let host = vec![0u8; 1 << 16];
+    // Host memory declared VRAM: the refusal comes before anything looks at it.
+    let region = Region {
+        kind: MemKind::Vram,
+        desc: Desc::from_slice(&host),
+    };
+    let (_a, direct) = agent_and_backend("vram-direct", &dev, &[("vram_mode", "direct")]);
+    let why = direct
+        .direct_vram_refusal()
+        .expect("rxe registers no DMA-BUF");
+    println!("{dev} vram_mode=direct: {why}");
+    if dev.starts_with("rxe") {
+        assert!(why.contains("DMA-BUF"), "the device's refusal first: {why}");
+        assert!(why.contains("unsupported"), "{why}");
+    }
+    match direct.register_mem(&region) {
+        Err(Error::Backend { code, message, .. }) => {
+            assert_eq!(code, libc::EOPNOTSUPP, "{message}");
+            assert!(message.contains("(unsupported)"), "{message}");
+            assert!(message.contains(why), "names why: {message}");
+        }
+        other => panic!("direct VRAM on {dev}: {other:?}"),
+    }
+
+    let (_a, auto) = agent_and_backend("vram-auto", &dev, &[("stage_dram", "1")]);
+    assert_eq!(
+        auto.direct_vram_refusal(),
+        Some(why),
+        "auto sees the same refusal"
+    );
+    // The staging pool exists once something is staged (here DRAM, on the heap).
+    let dram_region = Region {
+        kind: MemKind::Dram,
+        desc: Desc::from_slice(&host),
+    };
+    let staged_dram = auto.register_mem(&dram_region).unwrap();
+    assert_eq!(staged_dram.mode(), Some("staged"));
+    match (cfg!(feature = "cuda"), auto.register_mem(&region)) {
+        // With GPU support the refused direct registration falls back to staged.
+        (true, Ok(md)) => {
+            assert_eq!(md.mode(), Some("staged"));
+            assert_eq!(md.public_md()[0], 0, "staged metadata");
+        }
+        // Without it nothing could copy VRAM: the kind is refused.
+        (false, Err(Error::UnsupportedMemKind { kind, .. })) => assert_eq!(kind, MemKind::Vram),
+        (cuda, other) => panic!("auto VRAM on {dev} (feature cuda: {cuda}): {other:?}"),
+    }
+    assert_eq!(
+        auto.supported_mem().contains(&MemKind::Vram),
+        cfg!(feature = "cuda")
+    );
+    assert!(auto.supported_remote_mem().contains(&MemKind::Vram));
+
+    let (_a, staged) = agent_and_backend("vram-staged", &dev, &[("vram_mode", "staged")]);
+    assert_eq!(staged.direct_vram_refusal(), Some("vram_mode=staged"));
+    // Bad staging parameters are typed too.
+    for bad in [
+        ("vram_mode", "sometimes"),
+        ("staging_chunk", "1000"),
+        ("staging_chunks", "1"),
+        ("stage_dram", "maybe"),
+    ] {
+        let a = Agent::new("bad-params", AgentConfig::default()).unwrap();
+        match a.create_backend("VERBS", &verbs_params(&dev, false, &[bad])) {
+            Err(Error::InvalidParam(why)) => println!("{bad:?}: {why}"),
+            other => panic!("{bad:?}: {other:?}"),
+        }
+    }
+}
+
+// ---- two processes ----------------------------------------------------------------------
+
+const PEER_LEN: usize = 8 << 20;
+const PEER_NAME: &str = "staged-peer";
+const INITIATOR_NAME: &str = "staged-initiator";
+
+/// The target side of the two-process test: runs only when re-executed with
+/// NIXL_STAGED_PEER (the announce file). It stages its buffer, checks the second half
+/// the moment the notification arrives, and reports through `<announce>.ok`.
+#[test]
+#[ignore = "target process of staged_two_processes_then_a_killed_peer"]
+fn staged_peer_process() {
+    let announce =
+        std::env::var("NIXL_STAGED_PEER").expect("run by staged_two_processes_then_a_killed_peer");
+    let dev = device().expect("RDMA_TEST_DEVICE is inherited");
+    let peer = agent_with(
+        PEER_NAME,
+        &dev,
+        true,
+        &[],
+        AgentConfig {
+            listen_addr: Some("127.0.0.1:0".parse().unwrap()),
+            ..AgentConfig::default()
+        },
+    );
+    let buf = pattern(42, PEER_LEN);
+    // SAFETY: `buf` lives until the process exits.
+    let _h = unsafe {
+        peer.register_mem(&dram([Desc::from_slice(&buf)]), None)
+            .unwrap()
+    };
+    std::fs::write(
+        format!("{announce}.tmp"),
+        format!("{} {}", peer.listen_addr().unwrap(), buf.as_ptr() as u64),
+    )
+    .unwrap();
+    std::fs::rename(format!("{announce}.tmp"), &announce).unwrap();
+    let deadline = Instant::now() + TIMEOUT;
+    while Instant::now() < deadline {
+        if let Some(msgs) = peer.get_notifs().remove(INITIATOR_NAME) {
+            assert_eq!(msgs, vec![b"second half".to_vec()]);
+            let half = PEER_LEN / 2;
+            assert!(
+                buf[half..] == pattern(7, PEER_LEN)[half..],
+                "data after notification"
+            );
+            assert!(
+                buf[..half] == pattern(42, PEER_LEN)[..half],
+                "first half untouched"
+            );
+            std::fs::write(format!("{announce}.ok"), "PEER OK").unwrap();
+            return;
+        }
+        std::thread::sleep(Duration::from_micros(100));
+    }
+    panic!("the initiator never finished");
+}
+
+struct PeerProcess {
+    child: std::process::Child,
+    addr: std::net::SocketAddr,
+    base: u64,
+    announce: std::path::PathBuf,
+}
+
+impl PeerProcess {
+    fn spawn(tag: &str) -> Self {
+        let announce =
+            std::env::temp_dir().join(format!("nixl-verbs-staged-{}-{tag}", std::process::id()));
+        let _ = std::fs::remove_file(&announce);
+        let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "staged_peer_process",
+                "--ignored",
+                "--test-threads=1",
+            ])
+            .env("NIXL_STAGED_PEER", &announce)
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + TIMEOUT;
+        let (addr, base) = loop {
+            if let Ok(text) = std::fs::read_to_string(&announce) {
+                let (a, b) = text.split_once(' ').unwrap();
+                break (a.parse().unwrap(), b.parse().unwrap());
+            }
+            assert!(Instant::now() < deadline, "the peer never announced itself");
+            assert!(child.try_wait().unwrap().is_none(), "the peer exited early");
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        Self {
+            child,
+            addr,
+            base,
+            announce,
+        }
+    }
+}
+
+impl Drop for PeerProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.announce);
+        let _ = std::fs::remove_file(format!("{}.ok", self.announce.display()));
+    }
+}
+
+#[test]
+fn staged_two_processes_then_a_killed_peer() {
+    let Some(dev) = device() else { return };
+    let _s = serial();
+    let stall_timeout = Duration::from_secs(10);
+    let initiator = agent_with(
+        INITIATOR_NAME,
+        &dev,
+        true,
+        &[],
+        AgentConfig {
+            stall_timeout,
+            ..AgentConfig::default()
+        },
+    );
+    let local = pattern(7, PEER_LEN);
+    let mut first_half = vec![0u8; PEER_LEN / 2];
+    let fh = first_half.as_mut_ptr() as u64;
+    // SAFETY: both buffers outlive the handle and the requests.
+    let _h = unsafe {
+        initiator
+            .register_mem(
+                &dram([
+                    Desc::from_slice(&local),
+                    Desc::new(fh, (PEER_LEN / 2) as u64, 0),
+                ]),
+                None,
+            )
+            .unwrap()
+    };
+    let half = (PEER_LEN / 2) as u64;
+    let mut peer = PeerProcess::spawn("data");
+    let name = initiator.fetch_remote_metadata(peer.addr).unwrap();
+    let mut read = initiator
+        .create_xfer_req(
+            XferOp::Read,
+            &dram([Desc::new(fh, half, 0)]),
+            &dram([Desc::new(peer.base, half, 0)]),
+            &name,
+            None,
+        )
+        .unwrap();
+    read.post().unwrap();
+    read.wait(TIMEOUT).unwrap();
+    assert!(first_half == pattern(42, PEER_LEN)[..PEER_LEN / 2], "READ");
+    let mut write = initiator
+        .create_xfer_req(
+            XferOp::Write,
+            &dram([Desc::new(local.as_ptr() as u64 + half, half, 0)]),
+            &dram([Desc::new(peer.base + half, half, 0)]),
+            &name,
+            Some(b"second half".to_vec()),
+        )
+        .unwrap();
+    write.post().unwrap();
+    write.wait(TIMEOUT).unwrap();
+    assert!(peer.child.wait().unwrap().success(), "the peer failed");
+    assert_eq!(
+        std::fs::read_to_string(format!("{}.ok", peer.announce.display())).unwrap(),
+        "PEER OK"
+    );
+    drop(peer);
+
+    // A peer killed mid-pipeline: the transfer fails typed (the side channel saw the
+    // process go, or the stall bound), never hangs.
+    let mut victim = PeerProcess::spawn("victim");
+    let name = initiator.fetch_remote_metadata(victim.addr).unwrap();
+    let mut big = initiator
+        .create_xfer_req(
+            XferOp::Write,
+            &dram([Desc::from_slice(&local)]),
+            &dram([Desc::new(victim.base, PEER_LEN as u64, 0)]),
+            &name,
+            None,
+        )
+        .unwrap();
+    big.post().unwrap();
+    victim.child.kill().unwrap();
+    victim.child.wait().unwrap();
+    let started = Instant::now();
+    let err = loop {
+        match big.status() {
+            Ok(XferStatus::Done) => {
+                if let Err(e) = big.post() {
+                    break e;
+                }
+            }
+            Ok(XferStatus::InProgress) => std::thread::sleep(Duration::from_micros(200)),
+            Err(e) => break e,
+        }
+        assert!(
+            started.elapsed() < TIMEOUT,
+            "the dead peer was never noticed"
+        );
+    };
+    assert!(
+        matches!(err, Error::RemoteDisconnect { .. } | Error::Stalled(_)),
+        "{err:?}"
+    );
+    println!("killed peer -> {err} after {:?}", started.elapsed());
+    drop(big);
+    initiator.invalidate_remote(&name).unwrap();
+}
