@@ -862,3 +862,79 @@ fn staged_two_processes_then_a_killed_peer() {
     drop(big);
     initiator.invalidate_remote(&name).unwrap();
 }
+
+/// GB/s of `rounds` posts of a WRITE (or READ) of `batch` blocks of `block` bytes.
+fn bandwidth(
+    device: &str,
+    op: XferOp,
+    stage: bool,
+    block: usize,
+    batch: usize,
+    rounds: usize,
+) -> f64 {
+    let tag = format!("bw-{op:?}-{stage}-{block}");
+    let initiator = agent(&format!("{tag}-i"), device, stage, &[]);
+    let target = agent(&format!("{tag}-t"), device, stage, &[]);
+    let span = block * batch;
+    let src = pattern(3, span);
+    let dst = vec![0u8; span];
+    // SAFETY: the buffers outlive the handles and the request.
+    let _hi = unsafe {
+        initiator
+            .register_mem(&dram([Desc::from_slice(&src)]), None)
+            .unwrap()
+    };
+    // SAFETY: as above.
+    let _ht = unsafe {
+        target
+            .register_mem(&dram([Desc::from_slice(&dst)]), None)
+            .unwrap()
+    };
+    let name = initiator
+        .load_remote_metadata(&target.local_metadata().unwrap())
+        .unwrap();
+    let at = |base: u64, i: usize| Desc::new(base + (i * block) as u64, block as u64, 0);
+    let mut req = initiator
+        .create_xfer_req(
+            op,
+            &dram((0..batch).map(|i| at(src.as_ptr() as u64, i))),
+            &dram((0..batch).map(|i| at(dst.as_ptr() as u64, i))),
+            &name,
+            None,
+        )
+        .unwrap();
+    req.post().unwrap();
+    req.wait(TIMEOUT).unwrap();
+    let start = Instant::now();
+    for _ in 0..rounds {
+        req.post().unwrap();
+        req.wait(TIMEOUT).unwrap();
+    }
+    let secs = start.elapsed().as_secs_f64();
+    if op == XferOp::Write {
+        assert!(src == dst);
+    }
+    (span * rounds) as f64 / secs / 1e9
+}
+
+/// Staged (both sides, memcpy in place of the device copies) against plain DRAM on the
+/// same device: a measurement, not a check (soft-RoCE in the guest shares two vCPUs
+/// with the copies). `cargo xtask rxe -- env RDMA_TEST_DEVICE=rxe0 <this binary>
+/// staged_bandwidth --ignored --nocapture`.
+#[test]
+#[ignore = "a measurement, not a check"]
+fn staged_bandwidth() {
+    let Some(dev) = device() else { return };
+    let _s = serial();
+    for op in [XferOp::Write, XferOp::Read] {
+        for block in [64 << 10, 1 << 20] {
+            let batch = (8 << 20) / block;
+            let plain = bandwidth(&dev, op, false, block, batch, 5);
+            let staged = bandwidth(&dev, op, true, block, batch, 5);
+            println!(
+                "REPORT {dev} {op:?} {block:>8} B x{batch:<4}: DRAM {plain:.3} GB/s, staged both sides {staged:.3} GB/s ({:.2}x)",
+                staged / plain
+            );
+        }
+    }
+}
