@@ -42,6 +42,21 @@ pub enum Error {
     /// The operation is not supported for this memory or on this device.
     #[error("unsupported: {0}")]
     Unsupported(String),
+    /// No NVRTC library (`libnvrtc.so.13`) could be loaded: device code cannot be
+    /// compiled. Install the CUDA toolkit's NVRTC or the `nvidia-cuda-nvrtc` wheel (13.0
+    /// series) and put its `lib` folder on `LD_LIBRARY_PATH`.
+    #[error("no NVRTC: libnvrtc could not be loaded (install nvidia-cuda-nvrtc 13.0 and add its lib folder to LD_LIBRARY_PATH)")]
+    NoNvrtc,
+    /// Device code did not compile; `log` is NVRTC's.
+    #[error("device code `{name}` did not compile ({code}):\n{log}")]
+    Compile {
+        /// The program's name.
+        name: String,
+        /// NVRTC's result.
+        code: String,
+        /// NVRTC's log.
+        log: String,
+    },
     /// Socket I/O (file-descriptor passing).
     #[error("I/O: {0}")]
     Io(#[from] std::io::Error),

@@ -32,10 +32,12 @@
 //! ```
 //!
 //! # GPU-initiated networking
-//! Queue pairs exported to the GPU and the device library come with a later release;
-//! this release is the memory layer they build on.
+//! The device library (`gpunetio/gio_device.cuh`, from `gpunetio-sys`) lets kernels put,
+//! get, signal and wait; [`device_code::compile`] compiles kernels that include it with
+//! NVRTC at run time.
 
 mod device_buffer;
+pub mod device_code;
 mod error;
 mod gpu;
 mod host_buffer;
@@ -52,6 +54,12 @@ pub use ipc::{
     IPC_HANDLE_BYTES, MAX_FDS_PER_MESSAGE,
 };
 pub use pointer::{check_device_range, pointer_info, DeviceMemoryRef, MemoryKind, PointerInfo};
+
+pub use gpunetio_sys as ffi;
+
+/// Every device source this crate ships, by name: CI compiles each with NVRTC.
+pub const DEVICE_SOURCES: &[(&str, &str)] =
+    &[("gio_tests.cu", include_str!("../kernels/gio_tests.cu"))];
 
 /// For GPU tests: whether the suite must have a GPU (`NIXL_REQUIRE_GPU=1` on the GPU
 /// machine) and so fail rather than skip when none is found.

@@ -20,6 +20,8 @@ pub const WORKSPACE_PACKAGES: &[&str] = &[
     "protobuf-compiler",
     "libprotobuf-dev", // google/protobuf/*.proto, which etcd-client's protos import
     "etcd-server",
+    // `cargo xtask nvrtc` fetches the nvidia-cuda-nvrtc wheel with pip.
+    "python3-pip",
 ];
 
 pub fn ensure_workspace_packages() -> Result<()> {

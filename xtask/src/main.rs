@@ -13,6 +13,7 @@
 mod bindings;
 mod deps;
 mod gpu;
+mod nvrtc;
 mod rxe;
 mod test;
 
@@ -30,6 +31,7 @@ fn main() -> ExitCode {
         "test" => test::run(rest),
         "deps" => deps::ensure_workspace_packages().map(|()| 0),
         "gpu-bundle" => gpu::run(rest),
+        "nvrtc" => nvrtc::run(rest),
         "-h" | "--help" | "help" => {
             println!("{}", USAGE);
             Ok(0)
@@ -50,6 +52,7 @@ fn main() -> ExitCode {
 
 const USAGE: &str = "usage: cargo xtask <command>
   bindgen [--check]          regenerate committed bindings (--check: fail on a diff)
+  nvrtc                      fetch NVRTC (nvidia-cuda-nvrtc wheel, 13.0) into target/nvrtc, print its lib folder
   rxe [options] -- CMD ...   run CMD in the soft-RoCE QEMU guest (rxe0); `rxe --help` for options
   test [--host-only|--guest-only]
                              install deps, run host tests, then all RDMA tests in one guest boot

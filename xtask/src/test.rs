@@ -2,7 +2,9 @@
 //!
 //! 1. installs the Debian packages that are missing;
 //! 2. runs `cargo test --workspace` on the host, where tests that need an RDMA device
-//!    skip with a printed reason;
+//!    or a GPU skip with a printed reason, and every device source is compiled with NVRTC
+//!    (fetched into target/nvrtc by `cargo xtask nvrtc`; a kernel that does not compile
+//!    fails);
 //! 3. builds every test target whose name starts with `rxe_` and runs them all in ONE
 //!    soft-RoCE guest boot with `RDMA_TEST_DEVICE=rxe0`, where a missing device fails.
 
@@ -31,6 +33,8 @@ pub fn run(args: &[String]) -> Result<i32> {
     crate::deps::ensure_workspace_packages()?;
     let root = workspace_root();
     if host {
+        // Device code is compiled by NVRTC in the host tests: every kernel must compile.
+        let nvrtc = crate::nvrtc::ensure()?;
         // Feature-gated suites that need only host software (etcd on loopback), and the
         // GPU code built with feature `cuda`: its unit tests run, its GPU tests skip here
         // with a printed reason (they run on a GPU machine: `cargo xtask gpu-bundle`).
@@ -51,7 +55,11 @@ pub fn run(args: &[String]) -> Result<i32> {
             ][..],
         ] {
             eprintln!("xtask: host tests (cargo {})", args.join(" "));
-            let status = cargo(&root).args(args).status()?;
+            let status = cargo(&root)
+                .args(args)
+                .env("LD_LIBRARY_PATH", crate::nvrtc::library_path(&nvrtc))
+                .env("GPUNETIO_REQUIRE_NVRTC", "1")
+                .status()?;
             if !status.success() {
                 eprintln!("xtask: host tests failed");
                 return Ok(status.code().unwrap_or(1));

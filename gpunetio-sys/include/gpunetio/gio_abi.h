@@ -1,0 +1,198 @@
+/*
+ * gpunetio ABI: the structures host code (Rust, C) and device code (CUDA C++) share.
+ *
+ * Defined once here; the Rust mirror in gpunetio-sys/src/lib.rs asserts the same sizes
+ * and offsets, the host C compiler checks this file in abi_check.c at build time, NVRTC
+ * checks it whenever device code is compiled, and a GPU test reads sizeof/offsetof
+ * from a kernel. Change a layout only together with GIO_ABI_VERSION.
+ *
+ * Names follow DOCA GPUNetIO where a concept matches (see gio_device.cuh).
+ */
+#ifndef GPUNETIO_GIO_ABI_H
+#define GPUNETIO_GIO_ABI_H
+
+#if defined(__CUDACC_RTC__)
+/* NVRTC has no libc headers. */
+typedef unsigned char uint8_t;
+typedef unsigned short uint16_t;
+typedef unsigned int uint32_t;
+typedef unsigned long long uint64_t;
+typedef int int32_t;
+typedef long long int64_t;
+#else
+#include <stddef.h>
+#include <stdint.h>
+#endif
+
+#if defined(__cplusplus)
+#define GIO_STATIC_ASSERT(cond, msg) static_assert(cond, msg)
+#else
+#define GIO_STATIC_ASSERT(cond, msg) _Static_assert(cond, msg)
+#endif
+
+/* NVRTC has no constant offsetof: there sizes are asserted at compile time and offsets
+ * at run time (the gio_layout kernel); host C and Rust assert both. */
+#if defined(__CUDACC_RTC__)
+#define GIO_ASSERT_OFFSET(type, field, offset)
+#else
+#define GIO_ASSERT_OFFSET(type, field, offset) \
+  GIO_STATIC_ASSERT(offsetof(struct type, field) == (offset), #type "." #field " offset")
+#endif
+
+#define GIO_ABI_VERSION 1u
+
+/* ---- NIC handlers (how a queue pair's work reaches the network) ---------------------- */
+/* Chosen by the host; `AUTO` is resolved before export and never reaches device code. */
+#define GIO_NIC_HANDLER_AUTO 0u
+/* Entries go into a host-mapped ring; a CPU proxy posts them on any transport. */
+#define GIO_NIC_HANDLER_CPU_PROXY 1u
+/* Peer memory mapped through CUDA IPC: puts are stores, signals system-scope atomics. */
+#define GIO_NIC_HANDLER_INTRA_NODE 2u
+/* Native mlx5: the GPU writes WQEs and rings the doorbell itself. */
+#define GIO_NIC_HANDLER_MLX5 3u
+
+/* ---- ring entry opcodes ---------------------------------------------------------------- */
+#define GIO_OP_NOP 0u
+/* Write `length` bytes from (local_mr, local_off) to (remote_mr, remote_off). */
+#define GIO_OP_PUT 1u
+/* Write the `length` (1, 2, 4 or 8) low bytes of `inline_value` to (remote_mr, remote_off). */
+#define GIO_OP_PUT_INLINE 2u
+/* Read `length` bytes from (remote_mr, remote_off) into (local_mr, local_off). */
+#define GIO_OP_GET 3u
+/* Atomic 64-bit add of `signal_add` to (signal_mr, signal_off) only. */
+#define GIO_OP_SIGNAL 4u
+/* Everything before completes before anything after starts. */
+#define GIO_OP_FENCE 5u
+#define GIO_OP_MAX 5u
+
+/* ---- entry flags ----------------------------------------------------------------------- */
+/* After the data of this entry is delivered, atomically add `signal_add` at
+ * (signal_mr, signal_off) of the peer (put_signal). */
+#define GIO_FLAG_SIGNAL 0x1u
+/* When this entry completes locally, add 1 to counters[counter] (the *_counter calls). */
+#define GIO_FLAG_COUNTER 0x2u
+#define GIO_FLAGS_ALL 0x3u
+
+/* ---- memory table entry flags ---------------------------------------------------------- */
+/* The region belongs to the peer (a destination of puts, a source of gets). */
+#define GIO_MR_REMOTE 0x1u
+/* `addr` is valid in this GPU's address space (local memory; a peer's memory mapped
+ * through CUDA IPC for INTRA_NODE). */
+#define GIO_MR_MAPPED 0x2u
+
+/* ---- statuses (reported by the host into gio_ring_ctrl.error, returned by device calls) */
+#define GIO_OK 0
+/* The entry is malformed (opcode, flags, length). */
+#define GIO_ERR_BAD_ENTRY 1
+/* A memory index or range outside the registered table. */
+#define GIO_ERR_BOUNDS 2
+/* The transport failed the operation. */
+#define GIO_ERR_TRANSPORT 3
+/* The peer is gone. */
+#define GIO_ERR_PEER_GONE 4
+/* A device-side wait ran past its timeout. */
+#define GIO_ERR_TIMEOUT 5
+/* The queue pair was unexported or destroyed by the host. */
+#define GIO_ERR_SHUTDOWN 6
+/* Low-level and high-level calls mixed on one queue pair (debug builds). */
+#define GIO_ERR_MIXED_LEVELS 7
+
+/* Ring slots and counters: no counter. */
+#define GIO_NO_COUNTER 0xffffffffu
+
+/* One unit of work in a CPU proxy ring: one cache line, written by the GPU into
+ * host-mapped memory. Every field is written before `seq`, which is stored last (after
+ * a system-scope fence): the proxy reads an entry only once its seq equals its ticket
+ * + 1, so a half-written entry is never seen and wraparound needs no clearing. */
+struct gio_ring_entry {
+  uint64_t seq;          /*  0: ticket + 1, stored last */
+  uint8_t opcode;        /*  8: GIO_OP_* */
+  uint8_t flags;         /*  9: GIO_FLAG_* */
+  uint16_t local_mr;     /* 10: index in the memory table (GIO_OP_PUT/GET) */
+  uint16_t remote_mr;    /* 12: index in the memory table */
+  uint16_t signal_mr;    /* 14: index in the memory table (GIO_FLAG_SIGNAL, GIO_OP_SIGNAL) */
+  uint64_t local_off;    /* 16: byte offset in local_mr; GIO_OP_PUT_INLINE: the value */
+  uint64_t remote_off;   /* 24 */
+  uint64_t length;       /* 32 */
+  uint64_t signal_off;   /* 40: 8-byte aligned */
+  uint64_t signal_add;   /* 48 */
+  uint32_t counter;      /* 56: GIO_FLAG_COUNTER: index in the counter array */
+  uint32_t reserved;     /* 60: zero */
+};
+GIO_STATIC_ASSERT(sizeof(struct gio_ring_entry) == 64, "gio_ring_entry is one cache line");
+GIO_ASSERT_OFFSET(gio_ring_entry, opcode, 8);
+GIO_ASSERT_OFFSET(gio_ring_entry, local_mr, 10);
+GIO_ASSERT_OFFSET(gio_ring_entry, signal_mr, 14);
+GIO_ASSERT_OFFSET(gio_ring_entry, local_off, 16);
+GIO_ASSERT_OFFSET(gio_ring_entry, length, 32);
+GIO_ASSERT_OFFSET(gio_ring_entry, signal_add, 48);
+GIO_ASSERT_OFFSET(gio_ring_entry, counter, 56);
+
+/* The host-written half of a ring, in host-mapped memory the GPU reads. Fields the GPU
+ * polls sit on their own cache lines. */
+struct gio_ring_ctrl {
+  uint64_t consumed;     /*   0: entries the proxy took off the ring (slots below
+                          *      consumed + size are free) */
+  uint8_t pad0[56];
+  uint64_t completed;    /*  64: entries whose operations completed, in ticket order */
+  uint8_t pad1[56];
+  int32_t error;         /* 128: first failure (GIO_ERR_*), GIO_OK while healthy */
+  uint32_t shutdown;     /* 132: nonzero once the host unexported the queue pair */
+  uint64_t error_ticket; /* 136: ticket of the first failed entry */
+  uint8_t pad2[48];
+};
+GIO_STATIC_ASSERT(sizeof(struct gio_ring_ctrl) == 192, "gio_ring_ctrl is three cache lines");
+GIO_ASSERT_OFFSET(gio_ring_ctrl, completed, 64);
+GIO_ASSERT_OFFSET(gio_ring_ctrl, error, 128);
+GIO_ASSERT_OFFSET(gio_ring_ctrl, error_ticket, 136);
+
+/* The GPU-written half of a ring's bookkeeping, in device memory. */
+struct gio_ring_dev_state {
+  uint64_t reserved;        /*  0: next ticket (atomically advanced by producers) */
+  uint64_t cached_consumed; /*  8: last value of gio_ring_ctrl.consumed seen */
+  uint32_t level;           /* 16: GIO_LEVEL_* once an API level was used (debug check) */
+  uint32_t pad0;            /* 20 */
+  uint8_t pad1[40];
+};
+GIO_STATIC_ASSERT(sizeof(struct gio_ring_dev_state) == 64, "gio_ring_dev_state");
+GIO_ASSERT_OFFSET(gio_ring_dev_state, level, 16);
+
+#define GIO_LEVEL_UNUSED 0u
+#define GIO_LEVEL_HIGH 1u
+#define GIO_LEVEL_LOW 2u
+
+/* One registered memory region of a queue pair's table (local or the peer's). */
+struct gio_dev_mr {
+  uint64_t addr;   /*  0: GIO_MR_MAPPED: where this GPU addresses it; else 0 */
+  uint64_t length; /*  8 */
+  uint32_t flags;  /* 16: GIO_MR_* */
+  uint32_t index;  /* 20: its own index (checked by the proxy) */
+  uint64_t reserved; /* 24 */
+};
+GIO_STATIC_ASSERT(sizeof(struct gio_dev_mr) == 32, "gio_dev_mr");
+GIO_ASSERT_OFFSET(gio_dev_mr, flags, 16);
+
+/* A queue pair as a kernel sees it: passed by pointer (device memory) as a kernel
+ * argument. Built and owned by the host (`gpunetio::GpuQueuePair::export`). */
+struct gio_dev_qp {
+  uint32_t abi_version;        /*   0: GIO_ABI_VERSION */
+  uint32_t nic_handler;        /*   4: GIO_NIC_HANDLER_* (never AUTO) */
+  uint32_t ring_size;          /*   8: entries, a power of two (CPU_PROXY) */
+  uint32_t num_mrs;            /*  12 */
+  struct gio_ring_entry *ring; /*  16: host-mapped entries (CPU_PROXY) */
+  struct gio_ring_ctrl *ctrl;  /*  24: host-mapped control block */
+  struct gio_ring_dev_state *state; /* 32: device memory */
+  struct gio_dev_mr *mrs;      /*  40: device memory, num_mrs entries */
+  uint64_t *counters;          /*  48: host-mapped completion counters */
+  uint32_t num_counters;       /*  56 */
+  uint32_t flags;              /*  60: reserved, zero */
+  uint64_t timeout_ns;         /*  64: bound on every device-side wait (0: none) */
+  uint8_t reserved[56];        /*  72: room for the mlx5 handler's fields */
+};
+GIO_STATIC_ASSERT(sizeof(struct gio_dev_qp) == 128, "gio_dev_qp");
+GIO_ASSERT_OFFSET(gio_dev_qp, ring, 16);
+GIO_ASSERT_OFFSET(gio_dev_qp, mrs, 40);
+GIO_ASSERT_OFFSET(gio_dev_qp, counters, 48);
+GIO_ASSERT_OFFSET(gio_dev_qp, timeout_ns, 64);
+
+#endif /* GPUNETIO_GIO_ABI_H */

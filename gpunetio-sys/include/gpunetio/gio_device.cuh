@@ -1,0 +1,529 @@
+/*
+ * gpunetio device library: CUDA kernels post RDMA work (puts, gets, signals, fences) and
+ * wait for its completion, on any NIC handler (gio_abi.h).
+ *
+ * Names next to DOCA GPUNetIO's (doca_gpunetio_dev_verbs_onesided.cuh, _counter.cuh,
+ * _qp.cuh):
+ *
+ *   gio::put                 doca_gpu_dev_verbs_put          write local -> remote
+ *   gio::put_signal          doca_gpu_dev_verbs_put_signal   put, then remote atomic add
+ *   gio::p                   doca_gpu_dev_verbs_p            write an inline value (<= 8 B)
+ *   gio::signal              doca_gpu_dev_verbs_signal       remote atomic add only
+ *   gio::get                 doca_gpu_dev_verbs_get          read remote -> local
+ *   gio::put_counter, ...    doca_gpu_dev_verbs_put_counter  + local counter on completion
+ *   gio::wait                doca_gpu_dev_verbs_wait         one ticket completed
+ *   gio::quiet               (NVSHMEM quiet)                 everything posted so far completed
+ *   gio::fence               doca_gpu_dev_verbs_fence        order what follows after what came before
+ *   gio::signal_wait_ge      (NVSHMEM signal_wait_until GE)  poll a local signal word
+ *   low level: reserve_slots / entry_ptr / prepare_* / mark_ready / submit / poll_completion
+ *              (doca_gpu_dev_verbs_reserve_wq_slots, get_wqe_ptr, wqe_prepare_*, mark_wqes_ready,
+ *               submit, poll_cq_at)
+ *
+ * Template knobs as DOCA's: execution scope (THREAD: every calling thread posts its own
+ * operation, reservations aggregated per warp; WARP: the warp's lanes call together with
+ * the same arguments and post one operation, a large INTRA_NODE copy split across lanes)
+ * and resource sharing (EXCLUSIVE: one thread uses the queue pair; CTA: threads of one
+ * block; GPU: any thread).
+ *
+ * Every call returns a status (GIO_OK or GIO_ERR_*); waits are bounded by the queue
+ * pair's timeout_ns. Define GIO_DEBUG to have mixing of high- and low-level calls on one
+ * queue pair refused (GIO_ERR_MIXED_LEVELS).
+ */
+#ifndef GPUNETIO_GIO_DEVICE_CUH
+#define GPUNETIO_GIO_DEVICE_CUH
+
+#include "gio_abi.h"
+
+namespace gio {
+
+enum class scope { thread, warp };
+enum class sharing { exclusive, cta, gpu };
+
+typedef unsigned long long u64;
+
+/* ---- primitives -------------------------------------------------------------------------- */
+
+__device__ __forceinline__ u64 now_ns() {
+  u64 t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+/* A load the host may have changed (host-mapped memory), ordering later loads after it. */
+__device__ __forceinline__ u64 ld_acquire_sys(const u64 *p) {
+  u64 v;
+  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+
+__device__ __forceinline__ int ld_acquire_sys_i32(const int32_t *p) {
+  int v;
+  asm volatile("ld.acquire.sys.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+/* A store every earlier memory operation of this thread is visible before, to the CPU
+ * and to peers. */
+__device__ __forceinline__ void st_release_sys(u64 *p, u64 v) {
+  asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
+__device__ __forceinline__ unsigned lane_id() {
+  unsigned l;
+  asm volatile("mov.u32 %0, %%laneid;" : "=r"(l));
+  return l;
+}
+
+/* Whether a bounded wait that started at `start` ran out. */
+__device__ __forceinline__ bool timed_out(const gio_dev_qp *qp, u64 start) {
+  return qp->timeout_ns != 0 && now_ns() - start > qp->timeout_ns;
+}
+
+/* The host's verdict on the queue pair: GIO_OK, a failure, or shutdown. */
+__device__ __forceinline__ int host_status(const gio_dev_qp *qp) {
+  if (qp->ctrl == 0) return GIO_OK;
+  int e = ld_acquire_sys_i32(&qp->ctrl->error);
+  if (e != GIO_OK) return e;
+  if (*(volatile const uint32_t *)&qp->ctrl->shutdown) return GIO_ERR_SHUTDOWN;
+  return GIO_OK;
+}
+
+template <sharing S> __device__ __forceinline__ u64 atomic_add(u64 *p, u64 v) {
+  if (S == sharing::exclusive) {
+    u64 old = *p;
+    *p = old + v;
+    return old;
+  } else if (S == sharing::cta) {
+    return atomicAdd_block(p, v);
+  } else {
+    return atomicAdd(p, v);
+  }
+}
+
+template <sharing S> __device__ __forceinline__ void atomic_max(u64 *p, u64 v) {
+  if (S == sharing::exclusive) {
+    if (*p < v) *p = v;
+  } else if (S == sharing::cta) {
+    atomicMax_block(p, v);
+  } else {
+    atomicMax(p, v);
+  }
+}
+
+#if defined(GIO_DEBUG)
+/* Refuses a second API level on one queue pair. */
+__device__ __forceinline__ int check_level(const gio_dev_qp *qp, uint32_t level) {
+  uint32_t *l = &qp->state->level;
+  uint32_t seen = atomicCAS(l, GIO_LEVEL_UNUSED, level);
+  return (seen == GIO_LEVEL_UNUSED || seen == level) ? GIO_OK : GIO_ERR_MIXED_LEVELS;
+}
+#else
+__device__ __forceinline__ int check_level(const gio_dev_qp *, uint32_t) { return GIO_OK; }
+#endif
+
+/* ---- memory table checks ------------------------------------------------------------------ */
+
+/* Whether [off, off + len) lies in region `mr` of the table, which must be remote or not. */
+__device__ __forceinline__ bool in_bounds(const gio_dev_qp *qp, uint32_t mr, u64 off, u64 len,
+                                          bool remote) {
+  if (mr >= qp->num_mrs) return false;
+  const gio_dev_mr &m = qp->mrs[mr];
+  if (((m.flags & GIO_MR_REMOTE) != 0) != remote) return false;
+  return off <= m.length && len <= m.length - off;
+}
+
+/* ---- CPU proxy ring: low level -------------------------------------------------------------- */
+
+/* Reserves `n` consecutive ring slots; returns the first ticket. Slots are not yet free
+ * to write: entry_ptr() waits for that. */
+template <sharing S> __device__ __forceinline__ u64 reserve_slots(gio_dev_qp *qp, uint32_t n) {
+  return atomic_add<S>(&qp->state->reserved, (u64)n);
+}
+
+/* The ring slot of `ticket`, once the proxy has freed it (back-pressure), or null with
+ * *status set (failure, shutdown, timeout). */
+template <sharing S>
+__device__ __forceinline__ gio_ring_entry *entry_ptr(gio_dev_qp *qp, u64 ticket, int *status) {
+  const u64 size = qp->ring_size;
+  u64 consumed = *(volatile u64 *)&qp->state->cached_consumed;
+  if (ticket >= consumed + size) {
+    const u64 start = now_ns();
+    for (;;) {
+      consumed = ld_acquire_sys(&qp->ctrl->consumed);
+      if (ticket < consumed + size) {
+        atomic_max<S>(&qp->state->cached_consumed, consumed);
+        break;
+      }
+      int e = host_status(qp);
+      if (e != GIO_OK) {
+        *status = e;
+        return 0;
+      }
+      if (timed_out(qp, start)) {
+        *status = GIO_ERR_TIMEOUT;
+        return 0;
+      }
+    }
+  }
+  *status = GIO_OK;
+  return &qp->ring[ticket & (size - 1)];
+}
+
+/* Fills an entry (everything but seq). Stores go straight to host-mapped memory. */
+__device__ __forceinline__ void prepare(gio_ring_entry *e, uint8_t opcode, uint8_t flags,
+                                        uint32_t local_mr, u64 local_off, uint32_t remote_mr,
+                                        u64 remote_off, u64 length, uint32_t signal_mr,
+                                        u64 signal_off, u64 signal_add, uint32_t counter) {
+  volatile gio_ring_entry *v = e;
+  v->opcode = opcode;
+  v->flags = flags;
+  v->local_mr = (uint16_t)local_mr;
+  v->remote_mr = (uint16_t)remote_mr;
+  v->signal_mr = (uint16_t)signal_mr;
+  v->local_off = local_off;
+  v->remote_off = remote_off;
+  v->length = length;
+  v->signal_off = signal_off;
+  v->signal_add = signal_add;
+  v->counter = counter;
+  v->reserved = 0;
+}
+
+__device__ __forceinline__ void prepare_put(gio_ring_entry *e, uint32_t remote_mr, u64 remote_off,
+                                            uint32_t local_mr, u64 local_off, u64 len) {
+  prepare(e, GIO_OP_PUT, 0, local_mr, local_off, remote_mr, remote_off, len, 0, 0, 0,
+          GIO_NO_COUNTER);
+}
+
+__device__ __forceinline__ void prepare_put_inline(gio_ring_entry *e, uint32_t remote_mr,
+                                                   u64 remote_off, u64 value, uint32_t bytes) {
+  prepare(e, GIO_OP_PUT_INLINE, 0, 0, value, remote_mr, remote_off, bytes, 0, 0, 0,
+          GIO_NO_COUNTER);
+}
+
+__device__ __forceinline__ void prepare_get(gio_ring_entry *e, uint32_t local_mr, u64 local_off,
+                                            uint32_t remote_mr, u64 remote_off, u64 len) {
+  prepare(e, GIO_OP_GET, 0, local_mr, local_off, remote_mr, remote_off, len, 0, 0, 0,
+          GIO_NO_COUNTER);
+}
+
+__device__ __forceinline__ void prepare_signal(gio_ring_entry *e, uint32_t signal_mr,
+                                               u64 signal_off, u64 add) {
+  prepare(e, GIO_OP_SIGNAL, 0, 0, 0, 0, 0, 0, signal_mr, signal_off, add, GIO_NO_COUNTER);
+}
+
+__device__ __forceinline__ void prepare_nop(gio_ring_entry *e) {
+  prepare(e, GIO_OP_NOP, 0, 0, 0, 0, 0, 0, 0, 0, 0, GIO_NO_COUNTER);
+}
+
+__device__ __forceinline__ void prepare_fence(gio_ring_entry *e) {
+  prepare(e, GIO_OP_FENCE, 0, 0, 0, 0, 0, 0, 0, 0, 0, GIO_NO_COUNTER);
+}
+
+/* Adds a signal after an entry's data (put_signal). */
+__device__ __forceinline__ void add_signal(gio_ring_entry *e, uint32_t signal_mr, u64 signal_off,
+                                           u64 add) {
+  volatile gio_ring_entry *v = e;
+  v->flags = v->flags | GIO_FLAG_SIGNAL;
+  v->signal_mr = (uint16_t)signal_mr;
+  v->signal_off = signal_off;
+  v->signal_add = add;
+}
+
+/* Bumps local counter `counter` when the entry completes. */
+__device__ __forceinline__ void add_counter(gio_ring_entry *e, uint32_t counter) {
+  volatile gio_ring_entry *v = e;
+  v->flags = v->flags | GIO_FLAG_COUNTER;
+  v->counter = counter;
+}
+
+/* Publishes a prepared entry: the proxy may take it from now on. */
+__device__ __forceinline__ void mark_ready(gio_ring_entry *e, u64 ticket) {
+  __threadfence_system();
+  st_release_sys(&e->seq, ticket + 1);
+}
+
+/* Makes published entries up to `ticket_end` (exclusive) visible to the NIC handler. The
+ * CPU proxy polls sequence numbers, so there is no doorbell to ring. */
+__device__ __forceinline__ void submit(gio_dev_qp *, u64) {}
+
+/* GIO_OK once `ticket` completed, 1 while pending, else the failure. */
+__device__ __forceinline__ int poll_completion(const gio_dev_qp *qp, u64 ticket) {
+  if (qp->nic_handler != GIO_NIC_HANDLER_CPU_PROXY) return GIO_OK;
+  if (ld_acquire_sys(&qp->ctrl->completed) > ticket) return GIO_OK;
+  int e = host_status(qp);
+  return e != GIO_OK ? e : 1;
+}
+
+/* ---- intra-node: the peer's memory is mapped ------------------------------------------------ */
+
+/* Copies `len` bytes with the calling thread (`lanes` = 1) or a warp's lanes. */
+__device__ __forceinline__ void copy_bytes(char *dst, const char *src, u64 len, unsigned lane,
+                                           unsigned lanes) {
+  u64 i = 0;
+  if ((((u64)dst | (u64)src) & 15) == 0) {
+    const u64 vecs = len / 16;
+    uint4 *d = (uint4 *)dst;
+    const uint4 *s = (const uint4 *)src;
+    u64 v = lane;
+    /* Four independent 16-byte loads in flight per lane. */
+    for (; v + 3 * lanes < vecs; v += 4 * lanes) {
+      uint4 a = s[v], b = s[v + lanes], c = s[v + 2 * lanes], d4 = s[v + 3 * lanes];
+      d[v] = a;
+      d[v + lanes] = b;
+      d[v + 2 * lanes] = c;
+      d[v + 3 * lanes] = d4;
+    }
+    for (; v < vecs; v += lanes) d[v] = s[v];
+    i = vecs * 16;
+  }
+  for (u64 b = i + lane; b < len; b += lanes) dst[b] = src[b];
+}
+
+__device__ __forceinline__ char *mapped(const gio_dev_qp *qp, uint32_t mr, u64 off) {
+  return (char *)(qp->mrs[mr].addr + off);
+}
+
+/* ---- high level ------------------------------------------------------------------------------- */
+
+/* The ticket of one operation of the calling thread (THREAD scope: reservations of the
+ * warp's lanes that use the same queue pair are aggregated into one atomic). */
+template <scope Sc, sharing S> __device__ __forceinline__ u64 reserve_one(gio_dev_qp *qp) {
+  if (Sc == scope::warp || S == sharing::exclusive) return reserve_slots<S>(qp, 1);
+  const unsigned active = __activemask();
+  const unsigned peers = __match_any_sync(active, (u64)qp);
+  const unsigned leader = __ffs(peers) - 1;
+  const unsigned lane = lane_id();
+  const unsigned rank = __popc(peers & ((1u << lane) - 1));
+  u64 base = 0;
+  if (lane == leader) base = reserve_slots<S>(qp, __popc(peers));
+  base = __shfl_sync(peers, base, leader);
+  return base + rank;
+}
+
+/* Posts one ring entry (CPU proxy) built by `fill`. */
+template <scope Sc, sharing S, typename Fill>
+__device__ __forceinline__ int post_entry(gio_dev_qp *qp, u64 *ticket, Fill fill) {
+  int st = GIO_OK;
+  if (Sc == scope::warp) {
+    /* One entry for the warp: lane 0 posts it, the others learn the outcome. */
+    const unsigned active = __activemask();
+    const unsigned leader = __ffs(active) - 1;
+    u64 t = 0;
+    if (lane_id() == leader) {
+      t = reserve_slots<S>(qp, 1);
+      gio_ring_entry *e = entry_ptr<S>(qp, t, &st);
+      if (e) {
+        fill(e);
+        mark_ready(e, t);
+      }
+    }
+    t = __shfl_sync(active, t, leader);
+    st = __shfl_sync(active, st, leader);
+    if (ticket) *ticket = t;
+    return st;
+  }
+  const u64 t = reserve_one<Sc, S>(qp);
+  gio_ring_entry *e = entry_ptr<S>(qp, t, &st);
+  if (!e) return st;
+  fill(e);
+  mark_ready(e, t);
+  if (ticket) *ticket = t;
+  return GIO_OK;
+}
+
+/* put / put_signal / put_counter / put_signal_counter in one: `signal_mr` < 0 for none,
+ * `counter` GIO_NO_COUNTER for none. */
+template <scope Sc = scope::thread, sharing S = sharing::gpu>
+__device__ __forceinline__ int put_ext(gio_dev_qp *qp, uint32_t remote_mr, u64 remote_off,
+                                       uint32_t local_mr, u64 local_off, u64 len, int signal_mr,
+                                       u64 signal_off, u64 signal_add, uint32_t counter,
+                                       u64 *ticket) {
+  int st = check_level(qp, GIO_LEVEL_HIGH);
+  if (st != GIO_OK) return st;
+  if (!in_bounds(qp, remote_mr, remote_off, len, true) ||
+      !in_bounds(qp, local_mr, local_off, len, false) ||
+      (signal_mr >= 0 && (!in_bounds(qp, (uint32_t)signal_mr, signal_off, 8, true) || (signal_off & 7))) ||
+      (counter != GIO_NO_COUNTER && counter >= qp->num_counters))
+    return GIO_ERR_BOUNDS;
+  if (qp->nic_handler == GIO_NIC_HANDLER_INTRA_NODE) {
+    const unsigned lanes = Sc == scope::warp ? 32 : 1;
+    const unsigned lane = Sc == scope::warp ? lane_id() : 0;
+    copy_bytes(mapped(qp, remote_mr, remote_off), mapped(qp, local_mr, local_off), len, lane, lanes);
+    if (Sc == scope::warp) __syncwarp();
+    if (signal_mr >= 0 && lane == 0) {
+      __threadfence_system();
+      atomicAdd_system((u64 *)mapped(qp, (uint32_t)signal_mr, signal_off), signal_add);
+    }
+    if (counter != GIO_NO_COUNTER && lane == 0) {
+      __threadfence_system();
+      atomicAdd_system(&qp->counters[counter], 1ull);
+    }
+    if (ticket) *ticket = 0;
+    return GIO_OK;
+  }
+  return post_entry<Sc, S>(qp, ticket, [&](gio_ring_entry *e) {
+    prepare_put(e, remote_mr, remote_off, local_mr, local_off, len);
+    if (signal_mr >= 0) add_signal(e, (uint32_t)signal_mr, signal_off, signal_add);
+    if (counter != GIO_NO_COUNTER) add_counter(e, counter);
+  });
+}
+
+template <scope Sc = scope::thread, sharing S = sharing::gpu>
+__device__ __forceinline__ int put(gio_dev_qp *qp, uint32_t remote_mr, u64 remote_off,
+                                   uint32_t local_mr, u64 local_off, u64 len, u64 *ticket = 0) {
+  return put_ext<Sc, S>(qp, remote_mr, remote_off, local_mr, local_off, len, -1, 0, 0,
+                        GIO_NO_COUNTER, ticket);
+}
+
+template <scope Sc = scope::thread, sharing S = sharing::gpu>
+__device__ __forceinline__ int put_signal(gio_dev_qp *qp, uint32_t remote_mr, u64 remote_off,
+                                          uint32_t local_mr, u64 local_off, u64 len,
+                                          uint32_t signal_mr, u64 signal_off, u64 signal_add,
+                                          u64 *ticket = 0) {
+  return put_ext<Sc, S>(qp, remote_mr, remote_off, local_mr, local_off, len, (int)signal_mr,
+                        signal_off, signal_add, GIO_NO_COUNTER, ticket);
+}
+
+template <scope Sc = scope::thread, sharing S = sharing::gpu>
+__device__ __forceinline__ int put_counter(gio_dev_qp *qp, uint32_t remote_mr, u64 remote_off,
+                                           uint32_t local_mr, u64 local_off, u64 len,
+                                           uint32_t counter, u64 *ticket = 0) {
+  return put_ext<Sc, S>(qp, remote_mr, remote_off, local_mr, local_off, len, -1, 0, 0, counter,
+                        ticket);
+}
+
+template <scope Sc = scope::thread, sharing S = sharing::gpu>
+__device__ __forceinline__ int put_signal_counter(gio_dev_qp *qp, uint32_t remote_mr,
+                                                  u64 remote_off, uint32_t local_mr, u64 local_off,
+                                                  u64 len, uint32_t signal_mr, u64 signal_off,
+                                                  u64 signal_add, uint32_t counter,
+                                                  u64 *ticket = 0) {
+  return put_ext<Sc, S>(qp, remote_mr, remote_off, local_mr, local_off, len, (int)signal_mr,
+                        signal_off, signal_add, counter, ticket);
+}
+
+/* Writes `value` (1, 2, 4 or 8 bytes) to the peer. */
+template <typename T, scope Sc = scope::thread, sharing S = sharing::gpu>
+__device__ __forceinline__ int p(gio_dev_qp *qp, uint32_t remote_mr, u64 remote_off, T value,
+                                 u64 *ticket = 0) {
+  static_assert(sizeof(T) == 1 || sizeof(T) == 2 || sizeof(T) == 4 || sizeof(T) == 8,
+                "gio::p writes 1, 2, 4 or 8 bytes");
+  int st = check_level(qp, GIO_LEVEL_HIGH);
+  if (st != GIO_OK) return st;
+  if (!in_bounds(qp, remote_mr, remote_off, sizeof(T), true)) return GIO_ERR_BOUNDS;
+  if (qp->nic_handler == GIO_NIC_HANDLER_INTRA_NODE) {
+    if (Sc == scope::thread || lane_id() == 0) *(volatile T *)mapped(qp, remote_mr, remote_off) = value;
+    if (ticket) *ticket = 0;
+    return GIO_OK;
+  }
+  u64 bits = 0;
+  const unsigned char *bytes = (const unsigned char *)&value;
+  for (unsigned i = 0; i < sizeof(T); i++) bits |= (u64)bytes[i] << (8 * i);
+  return post_entry<Sc, S>(qp, ticket, [&](gio_ring_entry *e) {
+    prepare_put_inline(e, remote_mr, remote_off, bits, sizeof(T));
+  });
+}
+
+/* Atomically adds `add` to the peer's 64-bit signal word. */
+template <scope Sc = scope::thread, sharing S = sharing::gpu>
+__device__ __forceinline__ int signal(gio_dev_qp *qp, uint32_t signal_mr, u64 signal_off, u64 add,
+                                      u64 *ticket = 0) {
+  int st = check_level(qp, GIO_LEVEL_HIGH);
+  if (st != GIO_OK) return st;
+  if (!in_bounds(qp, signal_mr, signal_off, 8, true) || (signal_off & 7)) return GIO_ERR_BOUNDS;
+  if (qp->nic_handler == GIO_NIC_HANDLER_INTRA_NODE) {
+    if (Sc == scope::thread || lane_id() == 0) {
+      __threadfence_system();
+      atomicAdd_system((u64 *)mapped(qp, signal_mr, signal_off), add);
+    }
+    if (ticket) *ticket = 0;
+    return GIO_OK;
+  }
+  return post_entry<Sc, S>(qp, ticket,
+                           [&](gio_ring_entry *e) { prepare_signal(e, signal_mr, signal_off, add); });
+}
+
+/* Reads `len` bytes of the peer into local memory; complete once wait()/quiet() say so. */
+template <scope Sc = scope::thread, sharing S = sharing::gpu>
+__device__ __forceinline__ int get(gio_dev_qp *qp, uint32_t local_mr, u64 local_off,
+                                   uint32_t remote_mr, u64 remote_off, u64 len, u64 *ticket = 0,
+                                   uint32_t counter = GIO_NO_COUNTER) {
+  int st = check_level(qp, GIO_LEVEL_HIGH);
+  if (st != GIO_OK) return st;
+  if (!in_bounds(qp, remote_mr, remote_off, len, true) ||
+      !in_bounds(qp, local_mr, local_off, len, false) ||
+      (counter != GIO_NO_COUNTER && counter >= qp->num_counters))
+    return GIO_ERR_BOUNDS;
+  if (qp->nic_handler == GIO_NIC_HANDLER_INTRA_NODE) {
+    const unsigned lanes = Sc == scope::warp ? 32 : 1;
+    const unsigned lane = Sc == scope::warp ? lane_id() : 0;
+    copy_bytes(mapped(qp, local_mr, local_off), mapped(qp, remote_mr, remote_off), len, lane, lanes);
+    if (Sc == scope::warp) __syncwarp();
+    if (counter != GIO_NO_COUNTER && lane == 0) atomicAdd_system(&qp->counters[counter], 1ull);
+    if (ticket) *ticket = 0;
+    return GIO_OK;
+  }
+  return post_entry<Sc, S>(qp, ticket, [&](gio_ring_entry *e) {
+    prepare_get(e, local_mr, local_off, remote_mr, remote_off, len);
+    if (counter != GIO_NO_COUNTER) add_counter(e, counter);
+  });
+}
+
+/* Orders: what this queue pair posts after the fence starts only after everything
+ * posted before it completed. */
+template <scope Sc = scope::thread, sharing S = sharing::gpu>
+__device__ __forceinline__ int fence(gio_dev_qp *qp) {
+  if (qp->nic_handler == GIO_NIC_HANDLER_INTRA_NODE) {
+    __threadfence_system();
+    return GIO_OK;
+  }
+  return post_entry<Sc, S>(qp, 0, [&](gio_ring_entry *e) { prepare_fence(e); });
+}
+
+/* Waits until operation `ticket` completed (its data delivered for a put, landed locally
+ * for a get). */
+__device__ __forceinline__ int wait(const gio_dev_qp *qp, u64 ticket) {
+  if (qp->nic_handler == GIO_NIC_HANDLER_INTRA_NODE) {
+    __threadfence_system();
+    return GIO_OK;
+  }
+  const u64 start = now_ns();
+  for (;;) {
+    int st = poll_completion(qp, ticket);
+    if (st != 1) return st;
+    if (timed_out(qp, start)) return GIO_ERR_TIMEOUT;
+  }
+}
+
+/* Waits until everything posted on the queue pair so far (by any thread) completed. */
+__device__ __forceinline__ int quiet(gio_dev_qp *qp) {
+  if (qp->nic_handler == GIO_NIC_HANDLER_INTRA_NODE) {
+    __threadfence_system();
+    return GIO_OK;
+  }
+  const u64 reserved = *(volatile u64 *)&qp->state->reserved;
+  if (reserved == 0) return host_status(qp);
+  return wait(qp, reserved - 1);
+}
+
+/* Waits until the 64-bit word at `addr` (local memory a peer signals) is >= `value`. */
+__device__ __forceinline__ int signal_wait_ge(const gio_dev_qp *qp, const u64 *addr, u64 value) {
+  const u64 start = now_ns();
+  while (ld_acquire_sys(addr) < value) {
+    if (timed_out(qp, start)) return GIO_ERR_TIMEOUT;
+    int e = host_status(qp);
+    if (e != GIO_OK) return e;
+  }
+  return GIO_OK;
+}
+
+/* Waits until local counter `counter` is >= `value`. */
+__device__ __forceinline__ int counter_wait_ge(const gio_dev_qp *qp, uint32_t counter, u64 value) {
+  if (counter >= qp->num_counters) return GIO_ERR_BOUNDS;
+  return signal_wait_ge(qp, &qp->counters[counter], value);
+}
+
+} /* namespace gio */
+
+#endif /* GPUNETIO_GIO_DEVICE_CUH */
