@@ -52,11 +52,11 @@ extern "C" __global__ void gio_layout(u64 *out, int *count) {
 template <gio::scope Sc, gio::sharing S>
 __device__ void put_blocks(gio_dev_qp *qp, uint32_t remote_mr, uint32_t local_mr, u64 block,
                            u64 blocks, uint32_t signal_mr, u64 signal_off, u64 signal_add,
-                           int *status) {
+                           int *status, bool single = false) {
   const u64 threads = (u64)gridDim.x * blockDim.x;
   const u64 tid = (u64)blockIdx.x * blockDim.x + threadIdx.x;
-  const u64 workers = Sc == gio::scope::warp ? threads / 32 : threads;
-  const u64 me = Sc == gio::scope::warp ? tid / 32 : tid;
+  const u64 workers = single ? 1 : Sc == gio::scope::warp ? threads / 32 : threads;
+  const u64 me = single ? 0 : Sc == gio::scope::warp ? tid / 32 : tid;
   for (u64 b = me; b < blocks; b += workers) {
     int st = signal_add ? gio::put_signal<Sc, S>(qp, remote_mr, b * block, local_mr, b * block,
                                                  block, signal_mr, signal_off, signal_add)
@@ -95,7 +95,7 @@ extern "C" __global__ void gio_put_exclusive(gio_dev_qp *qp, uint32_t remote_mr,
   if (blockIdx.x == 0 && threadIdx.x == 0)
     put_blocks<gio::scope::thread, gio::sharing::exclusive>(qp, remote_mr, local_mr, block,
                                                             blocks, signal_mr, signal_off,
-                                                            signal_add, status);
+                                                            signal_add, status, true);
 }
 
 // Gets blocks of the peer into local memory (THREAD or WARP scope), then quiet.
@@ -121,7 +121,9 @@ extern "C" __global__ void gio_get_warp(gio_dev_qp *qp, uint32_t local_mr, uint3
   get_blocks<gio::scope::warp>(qp, local_mr, remote_mr, block, blocks, status);
 }
 
-// Thread i writes the 8-byte value base + i at remote offset 8 i, then one signal.
+// Thread i writes the 8-byte value base + i at remote offset 8 i; then thread 0 fences
+// and signals once (ordered after the values of its own block; the test reads the values
+// after the kernel).
 extern "C" __global__ void gio_p_signal(gio_dev_qp *qp, uint32_t remote_mr, u64 base, u64 count,
                                         uint32_t signal_mr, u64 signal_off, int *status) {
   const u64 tid = (u64)blockIdx.x * blockDim.x + threadIdx.x;

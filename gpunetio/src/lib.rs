@@ -41,6 +41,7 @@ pub mod device_code;
 mod error;
 mod gpu;
 mod host_buffer;
+pub mod intra_node;
 mod ipc;
 mod pointer;
 
