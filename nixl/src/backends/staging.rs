@@ -3,7 +3,7 @@
 //!
 //! Internal to the backends (nothing here is public API): this documents the protocol
 //! peers speak and the engine's design. The module is transport-independent: a
-//! transport (LIBFABRIC today; VERBS can reuse it) implements `StageNet` — post an RMA
+//! transport (LIBFABRIC in `libfabric/stage_net.rs`, VERBS in `verbs/stage_net.rs`) implements `StageNet` — post an RMA
 //! write/read between a bounce slot and peer memory, send a small control message,
 //! resolve a requester's address, count a landed notification unit — and feeds the
 //! `Engine` its completions, control messages and fetch data. Device copies go through
