@@ -427,6 +427,19 @@ tests=({tests})
 tools=({tools})
 export NIXL_REQUIRE_GPU=1
 
+# NVRTC (device code is compiled at run time): the loader's, else a CUDA toolkit's or a
+# pip wheel's (nvidia-cuda-nvrtc) lib folder.
+if ! ldconfig -p 2>/dev/null | grep -q 'libnvrtc\.so\.13'; then
+  for d in /usr/local/cuda/lib64 /usr/local/cuda-13*/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
+      $(python3 -c 'import site; print(" ".join(p + "/nvidia/cu13/lib" for p in site.getsitepackages()))' 2>/dev/null); do
+    if [ -e "$d/libnvrtc.so.13" ]; then
+      export LD_LIBRARY_PATH="$d${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}}"
+      echo "run.sh: NVRTC from $d"
+      break
+    fi
+  done
+fi
+
 # Symlinks to the bundled copies of the libraries this machine cannot resolve, first on
 # the library path; everything else still comes from the system.
 shim="$(mktemp -d "${{TMPDIR:-/tmp}}/gpu-bundle-libs.XXXXXX")"
