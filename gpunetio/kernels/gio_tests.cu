@@ -173,3 +173,38 @@ extern "C" __global__ void gio_low_level_puts(gio_dev_qp *qp, uint32_t remote_mr
   }
   record(status, st);
 }
+
+// Bandwidth: every warp of the grid puts its slice of each of `iters` messages of `size`
+// bytes (WARP scope), then waits for completion.
+extern "C" __global__ void gio_put_bw_warp(gio_dev_qp *qp, uint32_t remote_mr, uint32_t local_mr,
+                                           u64 size, u64 iters, int *status) {
+  const u64 tid = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+  const u64 warps = (u64)gridDim.x * blockDim.x / 32;
+  const u64 w = tid / 32;
+  u64 slice = (size + warps - 1) / warps;
+  slice = (slice + 15) & ~(u64)15;
+  const u64 off = w * slice;
+  if (off >= size) return;
+  const u64 len = size - off < slice ? size - off : slice;
+  for (u64 i = 0; i < iters; i++)
+    record(status, gio::put<gio::scope::warp>(qp, remote_mr, off, local_mr, off, len));
+  record(status, gio::quiet(qp));
+}
+
+// Latency: thread 0 of each side. The initiator puts 8 bytes with a signal and waits for
+// the answer on its own signal word; the responder waits, then answers the same way.
+// `elapsed_ns` gets the initiator's time for all round trips.
+extern "C" __global__ void gio_pingpong(gio_dev_qp *qp, uint32_t remote_mr, uint32_t local_mr,
+                                        uint32_t remote_signal_mr, const u64 *my_signal, u64 iters,
+                                        int initiator, u64 *elapsed_ns, int *status) {
+  if (threadIdx.x != 0 || blockIdx.x != 0) return;
+  const u64 start = gio::now_ns();
+  for (u64 i = 1; i <= iters; i++) {
+    if (!initiator) record(status, gio::signal_wait_ge(qp, my_signal, i));
+    record(status, gio::put_signal<gio::scope::thread, gio::sharing::exclusive>(
+                       qp, remote_mr, 0, local_mr, 0, 8, remote_signal_mr, 0, 1));
+    if (initiator) record(status, gio::signal_wait_ge(qp, my_signal, i));
+    if (*status != GIO_OK) break;
+  }
+  *elapsed_ns = gio::now_ns() - start;
+}

@@ -1,0 +1,340 @@
+//! The intra-node NIC handler of the device library, measured against the plain copy it
+//! replaces:
+//!
+//! - `put-bw`: a kernel's warps put a message of each size into a buffer of another
+//!   process mapped through CUDA IPC (`gio::put` in WARP scope, the message split across
+//!   the grid's warps), next to `cuMemcpyAsync` into the same mapping, alternating;
+//!   timed per message (launch, then wait: as nixlbench and `copy_bench` time) and with
+//!   all iterations in one kernel (as DOCA's `gpunetio_verbs_put_bw` does);
+//! - `lat`: put (8 B) + signal ping-pong between two kernels on two streams of this
+//!   process; half a round trip is the time from a put + signal to the peer's polling
+//!   kernel seeing it.
+//!
+//! ```text
+//! cargo run --release -p gpunetio --example gio_bench -- [--sizes 1M,16M] [--iters N] [--modes put-bw,lat]
+//! ```
+
+use cudarc::driver::sys;
+use cudarc::driver::{CudaFunction, LaunchConfig, PushKernelArg};
+use gpunetio::device_code::{compile, CompileOptions};
+use gpunetio::intra_node::IntraNodeQueuePair;
+use gpunetio::{DeviceBuffer, Gpu, IpcHandle, IpcMapping};
+use std::io::{BufRead, Write};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+fn parse_size(s: &str) -> usize {
+    let (num, mult) = match s.chars().last() {
+        Some('K' | 'k') => (&s[..s.len() - 1], 1 << 10),
+        Some('M' | 'm') => (&s[..s.len() - 1], 1 << 20),
+        Some('G' | 'g') => (&s[..s.len() - 1], 1 << 30),
+        _ => (s, 1),
+    };
+    num.parse::<usize>().expect("size") * mult
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("--exporter") {
+        exporter(parse_size(&args[1]));
+        return;
+    }
+    let mut sizes: Vec<usize> = ["1M", "4M", "16M", "64M", "256M"]
+        .iter()
+        .map(|s| parse_size(s))
+        .collect();
+    let mut iters = 200usize;
+    let mut modes = vec!["put-bw".to_string(), "lat".to_string()];
+    let mut i = 0;
+    while i < args.len() {
+        match args[i].as_str() {
+            "--sizes" => {
+                i += 1;
+                sizes = args[i].split(',').map(parse_size).collect();
+            }
+            "--iters" => {
+                i += 1;
+                iters = args[i].parse().expect("--iters N");
+            }
+            "--modes" => {
+                i += 1;
+                modes = args[i].split(',').map(str::to_string).collect();
+            }
+            other => {
+                eprintln!("unknown argument {other}; usage: gio_bench [--sizes 1M,1G] [--iters N] [--modes put-bw,lat]");
+                std::process::exit(2);
+            }
+        }
+        i += 1;
+    }
+    let gpu = Gpu::open(0).expect("GPU 0");
+    println!(
+        "# {} ({})",
+        gpu.name().unwrap_or_default(),
+        gpu.pci_bus_id().unwrap_or_default()
+    );
+    let (_, src) = gpunetio::DEVICE_SOURCES[0];
+    let options = CompileOptions::for_gpu(&gpu).expect("compute capability");
+    let module = gpu
+        .context()
+        .load_module(compile("gio_tests.cu", src, &options).expect("compile"))
+        .expect("load");
+    if modes.iter().any(|m| m == "put-bw") {
+        put_bw(
+            &gpu,
+            &module.load_function("gio_put_bw_warp").expect("kernel"),
+            &sizes,
+            iters,
+        );
+    }
+    if modes.iter().any(|m| m == "lat") {
+        latency(
+            &gpu,
+            &module.load_function("gio_pingpong").expect("kernel"),
+            iters.max(1000),
+        );
+    }
+}
+
+fn put_bw(gpu: &Gpu, kernel: &CudaFunction, sizes: &[usize], iters: usize) {
+    let max = *sizes.iter().max().expect("a size");
+    let peer = Exporter::start(max);
+    let mapping = Arc::new(IpcMapping::open(gpu, &peer.handle).expect("IPC import"));
+    let local = Arc::new(DeviceBuffer::alloc(gpu, max).expect("local"));
+    let pattern: Vec<u8> = (0..max).map(|i| (i % 251) as u8).collect();
+    local.copy_from_host(0, &pattern).expect("fill");
+    let mut table = IntraNodeQueuePair::new(gpu, 0, Duration::from_secs(10));
+    let local_mr = table.register_local(&local).expect("local");
+    let remote_mr = table.add_remote(&mapping).expect("remote");
+    let qp = table.export().expect("export");
+    let status = DeviceBuffer::alloc(gpu, 4).expect("status");
+    status.fill(0).expect("clear");
+    let stream = gpu.new_stream().expect("stream");
+    let sms = gpu
+        .context()
+        .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+        .expect("SM count") as usize;
+    let event = gpu.context().new_event(None).expect("event");
+    println!(
+        "{:<18} {:>12} {:>10} {:>10}",
+        "mode", "size", "GB/s", "put/copy"
+    );
+    for &size in sizes {
+        // Warps of at least 4 KiB each, at most 16 per SM.
+        let warps = size.div_ceil(4096).clamp(1, sms * 16);
+        let cfg = LaunchConfig {
+            grid_dim: (warps.div_ceil(8) as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let n = if size >= 64 << 20 { iters / 4 } else { iters }.max(8);
+        let put = |count: u64| {
+            let (qp_ptr, st) = (qp.device_ptr(), status.ptr());
+            let size = size as u64;
+            let mut launch = stream.launch_builder(kernel);
+            launch
+                .arg(&qp_ptr)
+                .arg(&remote_mr)
+                .arg(&local_mr)
+                .arg(&size)
+                .arg(&count)
+                .arg(&st);
+            // SAFETY: gio_put_bw_warp(gio_dev_qp*, u32, u32, u64, u64, int*); the queue
+            // pair, both regions and the status word outlive the wait below.
+            unsafe { launch.launch(cfg) }.expect("launch");
+            event.record(&stream).expect("record");
+            while !event.try_is_complete().expect("query") {
+                std::hint::spin_loop();
+            }
+        };
+        let copy = || {
+            // SAFETY: both ranges are live allocations of at least `size` bytes.
+            let r =
+                unsafe { sys::cuMemcpyAsync(mapping.ptr(), local.ptr(), size, stream.cu_stream()) };
+            r.result().expect("cuMemcpyAsync");
+            event.record(&stream).expect("record");
+            while !event.try_is_complete().expect("query") {
+                std::hint::spin_loop();
+            }
+        };
+        for _ in 0..(n / 10).max(2) {
+            put(1);
+            copy();
+        }
+        // Alternate put and copy message by message, so drift hits both alike.
+        let (mut t_put, mut t_copy) = (Duration::ZERO, Duration::ZERO);
+        for _ in 0..n {
+            let t = Instant::now();
+            put(1);
+            t_put += t.elapsed();
+            let t = Instant::now();
+            copy();
+            t_copy += t.elapsed();
+        }
+        let gbps = |t: Duration, count: usize| (size as f64 * count as f64) / t.as_secs_f64() / 1e9;
+        let (put_gbps, copy_gbps) = (gbps(t_put, n), gbps(t_copy, n));
+        let t = Instant::now();
+        put(n as u64);
+        let looped = gbps(t.elapsed(), n);
+        println!(
+            "{:<18} {size:>12} {put_gbps:>10.2} {:>10.3}",
+            "put-warp",
+            put_gbps / copy_gbps
+        );
+        println!("{:<18} {size:>12} {copy_gbps:>10.2}", "ipc-copy");
+        println!(
+            "{:<18} {size:>12} {looped:>10.2} {:>10.3}",
+            "put-warp-loop",
+            looped / copy_gbps
+        );
+        // The data arrived: zero the peer's buffer, put once more, read it back.
+        // SAFETY: the mapping is live and holds at least `size` bytes.
+        let r = unsafe { sys::cuMemsetD8_v2(mapping.ptr(), 0, size) };
+        r.result().expect("memset");
+        put(1);
+        let mut back = vec![0u8; size];
+        // SAFETY: `back` holds `size` bytes; the mapping is live.
+        let r = unsafe { sys::cuMemcpyDtoH_v2(back.as_mut_ptr().cast(), mapping.ptr(), size) };
+        r.result().expect("read back");
+        assert!(
+            back == pattern[..size],
+            "put-warp of {size} bytes: data differs"
+        );
+        let mut st = [0u8; 4];
+        status.copy_to_host(0, &mut st).expect("status");
+        assert_eq!(i32::from_le_bytes(st), 0, "device status");
+    }
+}
+
+fn latency(gpu: &Gpu, kernel: &CudaFunction, iters: usize) {
+    // Side A and side B, each with a data word and a signal word the other side puts to.
+    let bufs: Vec<Arc<DeviceBuffer>> = (0..4)
+        .map(|_| Arc::new(DeviceBuffer::alloc(gpu, 64).expect("buffer")))
+        .collect();
+    for b in &bufs {
+        b.fill(0).expect("clear");
+    }
+    let (data_a, sig_a, data_b, sig_b) = (&bufs[0], &bufs[1], &bufs[2], &bufs[3]);
+    let qp_of =
+        |local: &Arc<DeviceBuffer>, remote: &Arc<DeviceBuffer>, remote_sig: &Arc<DeviceBuffer>| {
+            let mut t = IntraNodeQueuePair::new(gpu, 0, Duration::from_secs(10));
+            t.register_local(local).expect("local");
+            t.add_remote_local(remote).expect("remote");
+            t.add_remote_local(remote_sig).expect("signal");
+            t.export().expect("export")
+        };
+    let qp_a = qp_of(data_a, data_b, sig_b);
+    let qp_b = qp_of(data_b, data_a, sig_a);
+    let out = DeviceBuffer::alloc(gpu, 64).expect("out");
+    out.fill(0).expect("clear");
+    let (sa, sb) = (
+        gpu.new_stream().expect("stream"),
+        gpu.new_stream().expect("stream"),
+    );
+    let one = LaunchConfig {
+        grid_dim: (1, 1, 1),
+        block_dim: (32, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let (remote_mr, local_mr, sig_mr, iters_u) = (1u32, 0u32, 2u32, iters as u64);
+    let launch = |stream: &Arc<cudarc::driver::CudaStream>,
+                  qp: u64,
+                  my_sig: u64,
+                  initiator: i32,
+                  elapsed: u64,
+                  status: u64| {
+        let mut l = stream.launch_builder(kernel);
+        l.arg(&qp)
+            .arg(&remote_mr)
+            .arg(&local_mr)
+            .arg(&sig_mr)
+            .arg(&my_sig)
+            .arg(&iters_u)
+            .arg(&initiator)
+            .arg(&elapsed)
+            .arg(&status);
+        // SAFETY: gio_pingpong(gio_dev_qp*, u32, u32, u32, const u64*, u64, int, u64*, int*);
+        // every buffer outlives the synchronize below.
+        unsafe { l.launch(one) }.expect("launch");
+    };
+    // The responder first (it waits), then the initiator, on two streams: they run together.
+    launch(
+        &sb,
+        qp_b.device_ptr(),
+        sig_b.ptr(),
+        0,
+        out.ptr() + 8,
+        out.ptr() + 20,
+    );
+    launch(
+        &sa,
+        qp_a.device_ptr(),
+        sig_a.ptr(),
+        1,
+        out.ptr(),
+        out.ptr() + 16,
+    );
+    sa.synchronize().expect("initiator");
+    sb.synchronize().expect("responder");
+    let mut w = [0u8; 24];
+    out.copy_to_host(0, &mut w).expect("read");
+    let elapsed = u64::from_le_bytes(w[..8].try_into().expect("8"));
+    let (st_a, st_b) = (
+        i32::from_le_bytes(w[16..20].try_into().expect("4")),
+        i32::from_le_bytes(w[20..24].try_into().expect("4")),
+    );
+    assert_eq!((st_a, st_b), (0, 0), "device statuses");
+    println!("{:<18} {:>12} {:>10.3} us one way (put 8 B + signal seen by the peer's polling kernel; {iters} round trips)", "lat", 8, elapsed as f64 / 1e3 / (2 * iters) as f64);
+}
+
+/// The exporting process: allocates, prints its IPC handle, waits for stdin to close.
+fn exporter(size: usize) {
+    let gpu = Gpu::open(0).expect("GPU 0");
+    let buf = DeviceBuffer::alloc(&gpu, size).expect("device buffer");
+    buf.fill(0).expect("fill");
+    let handle = buf.export_ipc().expect("export");
+    let hex: String = handle
+        .as_bytes()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    println!("{hex}");
+    std::io::stdout().flush().expect("stdout");
+    let mut line = String::new();
+    let _ = std::io::stdin().lock().read_line(&mut line);
+}
+
+struct Exporter {
+    child: std::process::Child,
+    handle: IpcHandle,
+}
+
+impl Exporter {
+    fn start(size: usize) -> Self {
+        let mut child = Command::new(std::env::current_exe().expect("own path"))
+            .args(["--exporter", &size.to_string()])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("spawn exporter");
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().expect("stdout"))
+            .read_line(&mut line)
+            .expect("exporter's handle");
+        let bytes: Vec<u8> = (0..64)
+            .map(|i| u8::from_str_radix(&line.trim()[2 * i..2 * i + 2], 16).expect("hex"))
+            .collect();
+        Self {
+            child,
+            handle: IpcHandle::from_bytes(&bytes).expect("64 bytes"),
+        }
+    }
+}
+
+impl Drop for Exporter {
+    fn drop(&mut self) {
+        drop(self.child.stdin.take());
+        let _ = self.child.wait();
+    }
+}
