@@ -120,12 +120,24 @@ fn put_bw(gpu: &Gpu, kernel: &CudaFunction, sizes: &[usize], iters: usize) {
         "{:<18} {:>12} {:>10} {:>10}",
         "mode", "size", "GB/s", "put/copy"
     );
+    let env = |name: &str, default: usize| {
+        std::env::var(name)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(default)
+    };
+    let (per_warp, per_sm) = (
+        env("GIO_BENCH_PER_WARP", 2048),
+        env("GIO_BENCH_WARPS_PER_SM", 64),
+    );
+    println!("# warps: >= {per_warp} bytes each, <= {per_sm} per SM, {sms} SMs");
     for &size in sizes {
-        // Warps of at least 4 KiB each, at most 16 per SM.
-        let warps = size.div_ceil(4096).clamp(1, sms * 16);
+        // Warps of at least `per_warp` bytes each, at most `per_sm` per SM (enough bytes in
+        // flight to keep HBM busy without one warp's slice becoming a long serial copy).
+        let warps = size.div_ceil(per_warp).clamp(1, sms * per_sm);
         let cfg = LaunchConfig {
-            grid_dim: (warps.div_ceil(8) as u32, 1, 1),
-            block_dim: (256, 1, 1),
+            grid_dim: (warps.div_ceil(16) as u32, 1, 1),
+            block_dim: (512, 1, 1),
             shared_mem_bytes: 0,
         };
         let n = if size >= 64 << 20 { iters / 4 } else { iters }.max(8);
