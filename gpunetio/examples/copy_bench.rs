@@ -12,10 +12,12 @@
 //! ```
 //! Prints `mode size GB/s` rows (GB = 10^9 bytes).
 
+#[path = "common/exporter.rs"]
+mod exporter;
+use exporter::Exporter;
+
 use gpunetio::cudarc::driver::sys;
-use gpunetio::{DeviceBuffer, Gpu, HostBuffer, IpcHandle, IpcMapping};
-use std::io::{BufRead, Write};
-use std::process::{Command, Stdio};
+use gpunetio::{DeviceBuffer, Gpu, HostBuffer, IpcMapping};
 use std::time::{Duration, Instant};
 
 const ALL_MODES: &[&str] = &["ipc-write", "ipc-read", "d2d", "h2d", "d2h", "h2d-pageable"];
@@ -32,8 +34,7 @@ fn parse_size(s: &str) -> usize {
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    if args.first().map(String::as_str) == Some("--exporter") {
-        exporter(parse_size(&args[1]));
+    if exporter::run_if_exporter(&args, parse_size) {
         return;
     }
     let mut sizes: Vec<usize> = ["1M", "4M", "16M", "64M", "256M", "1G"]
@@ -143,55 +144,4 @@ fn main() {
         }
     }
     drop(mapping);
-}
-
-/// The exporting process: allocates, prints its IPC handle, waits for stdin to close.
-fn exporter(size: usize) {
-    let gpu = Gpu::open(0).expect("GPU 0");
-    let buf = DeviceBuffer::alloc(&gpu, size).expect("device buffer");
-    buf.fill(7).expect("fill");
-    let handle = buf.export_ipc().expect("export");
-    let hex: String = handle
-        .as_bytes()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
-    println!("{hex}");
-    std::io::stdout().flush().expect("stdout");
-    let mut line = String::new();
-    let _ = std::io::stdin().lock().read_line(&mut line);
-}
-
-struct Exporter {
-    child: std::process::Child,
-    handle: IpcHandle,
-}
-
-impl Exporter {
-    fn start(size: usize) -> Self {
-        let mut child = Command::new(std::env::current_exe().expect("own path"))
-            .args(["--exporter", &size.to_string()])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("spawn exporter");
-        let mut line = String::new();
-        std::io::BufReader::new(child.stdout.take().expect("stdout"))
-            .read_line(&mut line)
-            .expect("exporter's handle");
-        let bytes: Vec<u8> = (0..64)
-            .map(|i| u8::from_str_radix(&line.trim()[2 * i..2 * i + 2], 16).expect("hex"))
-            .collect();
-        Self {
-            child,
-            handle: IpcHandle::from_bytes(&bytes).expect("64 bytes"),
-        }
-    }
-}
-
-impl Drop for Exporter {
-    fn drop(&mut self) {
-        drop(self.child.stdin.take());
-        let _ = self.child.wait();
-    }
 }
