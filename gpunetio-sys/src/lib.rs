@@ -51,6 +51,8 @@ pub const GIO_ERR_TIMEOUT: i32 = 5;
 pub const GIO_ERR_SHUTDOWN: i32 = 6;
 pub const GIO_ERR_MIXED_LEVELS: i32 = 7;
 
+pub const GIO_QP_SAME_DEVICE: u32 = 0x1;
+
 pub const GIO_NO_COUNTER: u32 = 0xffff_ffff;
 
 pub const GIO_LEVEL_UNUSED: u32 = 0;
@@ -404,6 +406,7 @@ mod tests {
             ("GIO_ERR_SHUTDOWN", GIO_ERR_SHUTDOWN as i64),
             ("GIO_ERR_MIXED_LEVELS", GIO_ERR_MIXED_LEVELS as i64),
             ("GIO_NO_COUNTER", GIO_NO_COUNTER as i64),
+            ("GIO_QP_SAME_DEVICE", GIO_QP_SAME_DEVICE as i64),
             ("GIO_LEVEL_UNUSED", GIO_LEVEL_UNUSED as i64),
             ("GIO_LEVEL_HIGH", GIO_LEVEL_HIGH as i64),
             ("GIO_LEVEL_LOW", GIO_LEVEL_LOW as i64),

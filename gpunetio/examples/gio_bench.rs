@@ -4,8 +4,9 @@
 //! - `put-bw`: a kernel's warps put a message of each size into a buffer of another
 //!   process mapped through CUDA IPC (`gio::put` in WARP scope, the message split across
 //!   the grid's warps), next to `cuMemcpyAsync` into the same mapping, alternating;
-//!   timed per message (launch, then wait: as nixlbench and `copy_bench` time) and with
-//!   all iterations in one kernel (as DOCA's `gpunetio_verbs_put_bw` does);
+//!   timed per message (launch, then wait: as nixlbench and `copy_bench` time) and
+//!   pipelined: all messages in one kernel (as DOCA's `gpunetio_verbs_put_bw` does)
+//!   against the same copies queued back to back, messages cycling through 512 MiB;
 //! - `lat`: put (8 B) + signal ping-pong between two kernels on two streams of this
 //!   process; half a round trip is the time from a put + signal to the peer's polling
 //!   kernel seeing it.
@@ -100,9 +101,12 @@ fn main() {
 
 fn put_bw(gpu: &Gpu, kernel: &CudaFunction, sizes: &[usize], iters: usize) {
     let max = *sizes.iter().max().expect("a size");
-    let peer = Exporter::start(max);
+    // Pipelined messages cycle through a window larger than L2 (50 MB on an H100), so
+    // every byte comes from and goes to memory, as distinct messages would.
+    let window = max.max(512 << 20);
+    let peer = Exporter::start(window);
     let mapping = Arc::new(IpcMapping::open(gpu, &peer.handle).expect("IPC import"));
-    let local = Arc::new(DeviceBuffer::alloc(gpu, max).expect("local"));
+    let local = Arc::new(DeviceBuffer::alloc(gpu, window).expect("local"));
     let pattern: Vec<u8> = (0..max).map(|i| (i % 251) as u8).collect();
     local.copy_from_host(0, &pattern).expect("fill");
     let mut table = IntraNodeQueuePair::new(gpu, 0, Duration::from_secs(10));
@@ -117,10 +121,6 @@ fn put_bw(gpu: &Gpu, kernel: &CudaFunction, sizes: &[usize], iters: usize) {
         .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
         .expect("SM count") as usize;
     let event = gpu.context().new_event(None).expect("event");
-    println!(
-        "{:<18} {:>12} {:>10} {:>10}",
-        "mode", "size", "GB/s", "put/copy"
-    );
     let env = |name: &str, default: usize| {
         std::env::var(name)
             .ok()
@@ -128,13 +128,24 @@ fn put_bw(gpu: &Gpu, kernel: &CudaFunction, sizes: &[usize], iters: usize) {
             .unwrap_or(default)
     };
     let (per_warp, per_sm) = (
-        env("GIO_BENCH_PER_WARP", 2048),
-        env("GIO_BENCH_WARPS_PER_SM", 64),
+        env("GIO_BENCH_PER_WARP", 4096),
+        env("GIO_BENCH_WARPS_PER_SM", 32),
     );
-    println!("# warps: >= {per_warp} bytes each, <= {per_sm} per SM, {sms} SMs");
+    println!(
+        "# warps: >= {per_warp} bytes each, <= {per_sm} per SM, {sms} SMs; window {window} bytes"
+    );
+    println!(
+        "{:<22} {:>12} {:>10} {:>10}",
+        "mode", "size", "GB/s", "put/copy"
+    );
+    let wait = || {
+        event.record(&stream).expect("record");
+        while !event.try_is_complete().expect("query") {
+            std::hint::spin_loop();
+        }
+    };
     for &size in sizes {
-        // Warps of at least `per_warp` bytes each, at most `per_sm` per SM (enough bytes in
-        // flight to keep HBM busy without one warp's slice becoming a long serial copy).
+        // Warps of at least `per_warp` bytes each, at most `per_sm` per SM.
         let warps = size.div_ceil(per_warp).clamp(1, sms * per_sm);
         let cfg = LaunchConfig {
             grid_dim: (warps.div_ceil(16) as u32, 1, 1),
@@ -142,9 +153,11 @@ fn put_bw(gpu: &Gpu, kernel: &CudaFunction, sizes: &[usize], iters: usize) {
             shared_mem_bytes: 0,
         };
         let n = if size >= 64 << 20 { iters / 4 } else { iters }.max(8);
+        let per_window = window / size;
+        // `count` messages in one kernel (1: one launch per message).
         let put = |count: u64| {
-            let (qp_ptr, st) = (qp.device_ptr(), status.ptr());
-            let size = size as u64;
+            let (qp_ptr, st, size, window) =
+                (qp.device_ptr(), status.ptr(), size as u64, window as u64);
             let mut launch = stream.launch_builder(kernel);
             launch
                 .arg(&qp_ptr)
@@ -152,56 +165,70 @@ fn put_bw(gpu: &Gpu, kernel: &CudaFunction, sizes: &[usize], iters: usize) {
                 .arg(&local_mr)
                 .arg(&size)
                 .arg(&count)
+                .arg(&window)
                 .arg(&st);
-            // SAFETY: gio_put_bw_warp(gio_dev_qp*, u32, u32, u64, u64, int*); the queue
-            // pair, both regions and the status word outlive the wait below.
+            // SAFETY: gio_put_bw_warp(gio_dev_qp*, u32, u32, u64, u64, u64, int*); the queue
+            // pair, both regions (window bytes each) and the status word outlive the wait.
             unsafe { launch.launch(cfg) }.expect("launch");
-            event.record(&stream).expect("record");
-            while !event.try_is_complete().expect("query") {
-                std::hint::spin_loop();
-            }
+            wait();
         };
-        let copy = || {
-            // SAFETY: both ranges are live allocations of at least `size` bytes.
-            let r =
-                unsafe { sys::cuMemcpyAsync(mapping.ptr(), local.ptr(), size, stream.cu_stream()) };
-            r.result().expect("cuMemcpyAsync");
-            event.record(&stream).expect("record");
-            while !event.try_is_complete().expect("query") {
-                std::hint::spin_loop();
+        // `count` copies queued back to back at the same offsets as the puts.
+        let copy = |count: usize| {
+            for i in 0..count {
+                let off = ((i % per_window) * size) as u64;
+                // SAFETY: both ranges lie inside live allocations of `window` bytes.
+                let r = unsafe {
+                    sys::cuMemcpyAsync(
+                        mapping.ptr() + off,
+                        local.ptr() + off,
+                        size,
+                        stream.cu_stream(),
+                    )
+                };
+                r.result().expect("cuMemcpyAsync");
             }
+            wait();
         };
         for _ in 0..(n / 10).max(2) {
             put(1);
-            copy();
+            copy(1);
         }
-        // Alternate put and copy message by message, so drift hits both alike.
+        // One message per launch (nixlbench's and copy_bench's timing), alternating.
         let (mut t_put, mut t_copy) = (Duration::ZERO, Duration::ZERO);
         for _ in 0..n {
             let t = Instant::now();
             put(1);
             t_put += t.elapsed();
             let t = Instant::now();
-            copy();
+            copy(1);
             t_copy += t.elapsed();
         }
         let gbps = |t: Duration, count: usize| (size as f64 * count as f64) / t.as_secs_f64() / 1e9;
-        let (put_gbps, copy_gbps) = (gbps(t_put, n), gbps(t_copy, n));
-        let t = Instant::now();
-        put(n as u64);
-        let looped = gbps(t.elapsed(), n);
+        let (put1, copy1) = (gbps(t_put, n), gbps(t_copy, n));
         println!(
-            "{:<18} {size:>12} {put_gbps:>10.2} {:>10.3}",
-            "put-warp",
-            put_gbps / copy_gbps
+            "{:<22} {size:>12} {put1:>10.2} {:>10.3}",
+            "put-warp/launch",
+            put1 / copy1
         );
-        println!("{:<18} {size:>12} {copy_gbps:>10.2}", "ipc-copy");
+        println!("{:<22} {size:>12} {copy1:>10.2}", "ipc-copy/launch");
+        // Pipelined: n messages in one kernel against n copies queued back to back.
+        let (mut t_put, mut t_copy) = (Duration::ZERO, Duration::ZERO);
+        for _ in 0..3 {
+            let t = Instant::now();
+            put(n as u64);
+            t_put += t.elapsed();
+            let t = Instant::now();
+            copy(n);
+            t_copy += t.elapsed();
+        }
+        let (putn, copyn) = (gbps(t_put, 3 * n), gbps(t_copy, 3 * n));
         println!(
-            "{:<18} {size:>12} {looped:>10.2} {:>10.3}",
-            "put-warp-loop",
-            looped / copy_gbps
+            "{:<22} {size:>12} {putn:>10.2} {:>10.3}",
+            "put-warp/pipelined",
+            putn / copyn
         );
-        // The data arrived: zero the peer's buffer, put once more, read it back.
+        println!("{:<22} {size:>12} {copyn:>10.2}", "ipc-copy/pipelined");
+        // The data arrived: zero the peer's first message, put once more, read it back.
         // SAFETY: the mapping is live and holds at least `size` bytes.
         let r = unsafe { sys::cuMemsetD8_v2(mapping.ptr(), 0, size) };
         r.result().expect("memset");

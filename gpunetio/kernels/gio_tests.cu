@@ -175,9 +175,10 @@ extern "C" __global__ void gio_low_level_puts(gio_dev_qp *qp, uint32_t remote_mr
 }
 
 // Bandwidth: every warp of the grid puts its slice of each of `iters` messages of `size`
-// bytes (WARP scope), then waits for completion.
+// bytes (WARP scope), message i at offset (i * size) % window on both sides (a window
+// larger than L2 keeps the messages in memory, not in cache), then waits for completion.
 extern "C" __global__ void gio_put_bw_warp(gio_dev_qp *qp, uint32_t remote_mr, uint32_t local_mr,
-                                           u64 size, u64 iters, int *status) {
+                                           u64 size, u64 iters, u64 window, int *status) {
   const u64 tid = (u64)blockIdx.x * blockDim.x + threadIdx.x;
   const u64 warps = (u64)gridDim.x * blockDim.x / 32;
   const u64 w = tid / 32;
@@ -186,8 +187,11 @@ extern "C" __global__ void gio_put_bw_warp(gio_dev_qp *qp, uint32_t remote_mr, u
   const u64 off = w * slice;
   if (off >= size) return;
   const u64 len = size - off < slice ? size - off : slice;
-  for (u64 i = 0; i < iters; i++)
-    record(status, gio::put<gio::scope::warp>(qp, remote_mr, off, local_mr, off, len));
+  const u64 per_window = window / size;
+  for (u64 i = 0; i < iters; i++) {
+    const u64 base = (i % per_window) * size + off;
+    record(status, gio::put<gio::scope::warp>(qp, remote_mr, base, local_mr, base, len));
+  }
   record(status, gio::quiet(qp));
 }
 

@@ -24,6 +24,8 @@ pub struct IntraNodeQueuePair {
     keep: Vec<KeepDebug>,
     num_counters: u32,
     timeout_ns: u64,
+    /// Every peer region lives in this GPU's own memory (GPU-scope ordering suffices).
+    peers_on_this_gpu: bool,
 }
 
 /// `Keep` with a `Debug` the table can print.
@@ -48,6 +50,7 @@ impl IntraNodeQueuePair {
             keep: Vec::new(),
             num_counters,
             timeout_ns: timeout.as_nanos().min(u64::MAX as u128) as u64,
+            peers_on_this_gpu: true,
         }
     }
 
@@ -78,6 +81,10 @@ impl IntraNodeQueuePair {
     /// Adds the peer's buffer, mapped here through CUDA IPC; returns its index.
     pub fn add_remote(&mut self, mapping: &Arc<IpcMapping>) -> Result<u32> {
         self.check_gpu(mapping.gpu())?;
+        // Memory of a peer GPU mapped here needs system-scope ordering and atomics; the
+        // driver says where the allocation lives.
+        let home = crate::pointer_info(mapping.ptr())?.device;
+        self.peers_on_this_gpu &= home == Some(self.gpu.ordinal());
         self.push(
             mapping.ptr(),
             mapping.len(),
@@ -131,6 +138,11 @@ impl IntraNodeQueuePair {
             counters: counters.ptr(),
             num_counters: self.num_counters,
             timeout_ns: self.timeout_ns,
+            flags: if self.peers_on_this_gpu {
+                ffi::GIO_QP_SAME_DEVICE
+            } else {
+                0
+            },
             ..ffi::gio_dev_qp::default()
         };
         let qp = DeviceBuffer::alloc(&self.gpu, std::mem::size_of::<ffi::gio_dev_qp>())?;

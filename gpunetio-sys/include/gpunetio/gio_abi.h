@@ -97,6 +97,11 @@ typedef long long int64_t;
 /* Low-level and high-level calls mixed on one queue pair (debug builds). */
 #define GIO_ERR_MIXED_LEVELS 7
 
+/* ---- queue pair flags (gio_dev_qp.flags) ------------------------------------------------ */
+/* Every peer region is memory of this same GPU (INTRA_NODE between processes sharing a
+ * device): ordering and atomics need only GPU scope, not system scope. */
+#define GIO_QP_SAME_DEVICE 0x1u
+
 /* Ring slots and counters: no counter. */
 #define GIO_NO_COUNTER 0xffffffffu
 
@@ -185,7 +190,7 @@ struct gio_dev_qp {
   struct gio_dev_mr *mrs;      /*  40: device memory, num_mrs entries */
   uint64_t *counters;          /*  48: host-mapped completion counters */
   uint32_t num_counters;       /*  56 */
-  uint32_t flags;              /*  60: reserved, zero */
+  uint32_t flags;              /*  60: GIO_QP_* */
   uint64_t timeout_ns;         /*  64: bound on every device-side wait (0: none) */
   uint8_t reserved[56];        /*  72: room for the mlx5 handler's fields */
 };

@@ -68,6 +68,34 @@ __device__ __forceinline__ void st_release_sys(u64 *p, u64 v) {
   asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
 
+__device__ __forceinline__ u64 ld_acquire_gpu(const u64 *p) {
+  u64 v;
+  asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+
+/* Whether every peer region is on this GPU: then GPU scope orders and atomics suffice. */
+__device__ __forceinline__ bool same_device(const gio_dev_qp *qp) {
+  return (qp->flags & GIO_QP_SAME_DEVICE) != 0;
+}
+
+/* Orders this thread's earlier stores (the data) before its later ones (the signal), for
+ * the peer that will see them. */
+__device__ __forceinline__ void fence_for_peer(const gio_dev_qp *qp) {
+  if (same_device(qp))
+    __threadfence();
+  else
+    __threadfence_system();
+}
+
+/* Atomic add on a peer's (or a local counter's) 64-bit word at the scope the peer needs. */
+__device__ __forceinline__ void peer_atomic_add(const gio_dev_qp *qp, u64 *p, u64 v) {
+  if (same_device(qp))
+    atomicAdd(p, v);
+  else
+    atomicAdd_system(p, v);
+}
+
 __device__ __forceinline__ unsigned lane_id() {
   unsigned l;
   asm volatile("mov.u32 %0, %%laneid;" : "=r"(l));
@@ -352,12 +380,12 @@ __device__ __forceinline__ int put_ext(gio_dev_qp *qp, uint32_t remote_mr, u64 r
     copy_bytes(mapped(qp, remote_mr, remote_off), mapped(qp, local_mr, local_off), len, lane, lanes);
     if (Sc == scope::warp) __syncwarp();
     if (signal_mr >= 0 && lane == 0) {
-      __threadfence_system();
-      atomicAdd_system((u64 *)mapped(qp, (uint32_t)signal_mr, signal_off), signal_add);
+      fence_for_peer(qp);
+      peer_atomic_add(qp, (u64 *)mapped(qp, (uint32_t)signal_mr, signal_off), signal_add);
     }
     if (counter != GIO_NO_COUNTER && lane == 0) {
-      __threadfence_system();
-      atomicAdd_system(&qp->counters[counter], 1ull);
+      fence_for_peer(qp);
+      peer_atomic_add(qp, &qp->counters[counter], 1ull);
     }
     if (ticket) *ticket = 0;
     return GIO_OK;
@@ -434,8 +462,8 @@ __device__ __forceinline__ int signal(gio_dev_qp *qp, uint32_t signal_mr, u64 si
   if (!in_bounds(qp, signal_mr, signal_off, 8, true) || (signal_off & 7)) return GIO_ERR_BOUNDS;
   if (qp->nic_handler == GIO_NIC_HANDLER_INTRA_NODE) {
     if (Sc == scope::thread || lane_id() == 0) {
-      __threadfence_system();
-      atomicAdd_system((u64 *)mapped(qp, signal_mr, signal_off), add);
+      fence_for_peer(qp);
+      peer_atomic_add(qp, (u64 *)mapped(qp, signal_mr, signal_off), add);
     }
     if (ticket) *ticket = 0;
     return GIO_OK;
@@ -460,7 +488,10 @@ __device__ __forceinline__ int get(gio_dev_qp *qp, uint32_t local_mr, u64 local_
     const unsigned lane = Sc == scope::warp ? lane_id() : 0;
     copy_bytes(mapped(qp, local_mr, local_off), mapped(qp, remote_mr, remote_off), len, lane, lanes);
     if (Sc == scope::warp) __syncwarp();
-    if (counter != GIO_NO_COUNTER && lane == 0) atomicAdd_system(&qp->counters[counter], 1ull);
+    if (counter != GIO_NO_COUNTER && lane == 0) {
+      fence_for_peer(qp);
+      peer_atomic_add(qp, &qp->counters[counter], 1ull);
+    }
     if (ticket) *ticket = 0;
     return GIO_OK;
   }
@@ -475,7 +506,7 @@ __device__ __forceinline__ int get(gio_dev_qp *qp, uint32_t local_mr, u64 local_
 template <scope Sc = scope::thread, sharing S = sharing::gpu>
 __device__ __forceinline__ int fence(gio_dev_qp *qp) {
   if (qp->nic_handler == GIO_NIC_HANDLER_INTRA_NODE) {
-    __threadfence_system();
+    fence_for_peer(qp);
     return GIO_OK;
   }
   return post_entry<Sc, S>(qp, 0, [&](gio_ring_entry *e) { prepare_fence(e); });
@@ -485,7 +516,7 @@ __device__ __forceinline__ int fence(gio_dev_qp *qp) {
  * for a get). */
 __device__ __forceinline__ int wait(const gio_dev_qp *qp, u64 ticket) {
   if (qp->nic_handler == GIO_NIC_HANDLER_INTRA_NODE) {
-    __threadfence_system();
+    fence_for_peer(qp);
     return GIO_OK;
   }
   const u64 start = now_ns();
@@ -499,7 +530,7 @@ __device__ __forceinline__ int wait(const gio_dev_qp *qp, u64 ticket) {
 /* Waits until everything posted on the queue pair so far (by any thread) completed. */
 __device__ __forceinline__ int quiet(gio_dev_qp *qp) {
   if (qp->nic_handler == GIO_NIC_HANDLER_INTRA_NODE) {
-    __threadfence_system();
+    fence_for_peer(qp);
     return GIO_OK;
   }
   const u64 reserved = *(volatile u64 *)&qp->state->reserved;
@@ -509,13 +540,22 @@ __device__ __forceinline__ int quiet(gio_dev_qp *qp) {
 
 /* Waits until the 64-bit word at `addr` (local memory a peer signals) is >= `value`. */
 __device__ __forceinline__ int signal_wait_ge(const gio_dev_qp *qp, const u64 *addr, u64 value) {
-  const u64 start = now_ns();
-  while (ld_acquire_sys(addr) < value) {
-    if (timed_out(qp, start)) return GIO_ERR_TIMEOUT;
-    int e = host_status(qp);
-    if (e != GIO_OK) return e;
+  /* The word is written by the peer GPU's stores (same device: GPU scope) or by a NIC or
+   * the CPU proxy (system scope). Timer and host status are read every 64 polls only. */
+  const bool gpu_scope = same_device(qp);
+  u64 start = 0;
+  for (unsigned polls = 0;; polls++) {
+    if ((gpu_scope ? ld_acquire_gpu(addr) : ld_acquire_sys(addr)) >= value) return GIO_OK;
+    if ((polls & 63) == 0) {
+      if (polls == 0) {
+        start = now_ns();
+      } else if (timed_out(qp, start)) {
+        return GIO_ERR_TIMEOUT;
+      }
+      int e = host_status(qp);
+      if (e != GIO_OK) return e;
+    }
   }
-  return GIO_OK;
 }
 
 /* Waits until local counter `counter` is >= `value`. */
