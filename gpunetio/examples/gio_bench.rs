@@ -128,8 +128,8 @@ fn put_bw(gpu: &Gpu, kernel: &CudaFunction, sizes: &[usize], iters: usize) {
             .unwrap_or(default)
     };
     let (per_warp, per_sm) = (
-        env("GIO_BENCH_PER_WARP", 4096),
-        env("GIO_BENCH_WARPS_PER_SM", 32),
+        env("GIO_BENCH_PER_WARP", 8192),
+        env("GIO_BENCH_WARPS_PER_SM", 16),
     );
     println!(
         "# warps: >= {per_warp} bytes each, <= {per_sm} per SM, {sms} SMs; window {window} bytes"

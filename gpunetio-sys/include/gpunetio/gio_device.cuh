@@ -96,6 +96,15 @@ __device__ __forceinline__ void peer_atomic_add(const gio_dev_qp *qp, u64 *p, u6
     atomicAdd_system(p, v);
 }
 
+/* Signals a peer: everything this thread stored before is visible to it before the add
+ * (one release reduction instead of a fence followed by an atomic). */
+__device__ __forceinline__ void peer_release_add(const gio_dev_qp *qp, u64 *p, u64 v) {
+  if (same_device(qp))
+    asm volatile("red.release.gpu.global.add.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+  else
+    asm volatile("red.release.sys.global.add.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
 __device__ __forceinline__ unsigned lane_id() {
   unsigned l;
   asm volatile("mov.u32 %0, %%laneid;" : "=r"(l));
@@ -380,8 +389,9 @@ __device__ __forceinline__ int put_ext(gio_dev_qp *qp, uint32_t remote_mr, u64 r
     copy_bytes(mapped(qp, remote_mr, remote_off), mapped(qp, local_mr, local_off), len, lane, lanes);
     if (Sc == scope::warp) __syncwarp();
     if (signal_mr >= 0 && lane == 0) {
-      fence_for_peer(qp);
-      peer_atomic_add(qp, (u64 *)mapped(qp, (uint32_t)signal_mr, signal_off), signal_add);
+      /* The warp's lanes stored the data: a fence orders them all before lane 0's add. */
+      if (Sc == scope::warp) fence_for_peer(qp);
+      peer_release_add(qp, (u64 *)mapped(qp, (uint32_t)signal_mr, signal_off), signal_add);
     }
     if (counter != GIO_NO_COUNTER && lane == 0) {
       fence_for_peer(qp);
@@ -462,8 +472,8 @@ __device__ __forceinline__ int signal(gio_dev_qp *qp, uint32_t signal_mr, u64 si
   if (!in_bounds(qp, signal_mr, signal_off, 8, true) || (signal_off & 7)) return GIO_ERR_BOUNDS;
   if (qp->nic_handler == GIO_NIC_HANDLER_INTRA_NODE) {
     if (Sc == scope::thread || lane_id() == 0) {
-      fence_for_peer(qp);
-      peer_atomic_add(qp, (u64 *)mapped(qp, signal_mr, signal_off), add);
+      if (Sc == scope::warp) fence_for_peer(qp);
+      peer_release_add(qp, (u64 *)mapped(qp, signal_mr, signal_off), add);
     }
     if (ticket) *ticket = 0;
     return GIO_OK;
