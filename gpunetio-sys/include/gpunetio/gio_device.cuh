@@ -314,6 +314,12 @@ __device__ __forceinline__ void copy_bytes(char *dst, const char *src, u64 len, 
     for (; v < vecs; v += lanes) d[v] = s[v];
     i = vecs * 16;
   }
+  /* An 8-byte-aligned tail (a small put, a `p`) moves as words, not bytes. */
+  if ((((u64)dst | (u64)src | i) & 7) == 0) {
+    const u64 words = (len - i) / 8;
+    for (u64 w = lane; w < words; w += lanes) ((u64 *)(dst + i))[w] = ((const u64 *)(src + i))[w];
+    i += words * 8;
+  }
   for (u64 b = i + lane; b < len; b += lanes) dst[b] = src[b];
 }
 
