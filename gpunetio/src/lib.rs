@@ -59,8 +59,10 @@ pub use pointer::{check_device_range, pointer_info, DeviceMemoryRef, MemoryKind,
 pub use gpunetio_sys as ffi;
 
 /// Every device source this crate ships, by name: CI compiles each with NVRTC.
-pub const DEVICE_SOURCES: &[(&str, &str)] =
-    &[("gio_tests.cu", include_str!("../kernels/gio_tests.cu"))];
+pub const DEVICE_SOURCES: &[(&str, &str)] = &[
+    ("gio_tests.cu", include_str!("../kernels/gio_tests.cu")),
+    ("gio_perf.cu", include_str!("../kernels/gio_perf.cu")),
+];
 
 /// For GPU tests: whether the suite must have a GPU (`NIXL_REQUIRE_GPU=1` on the GPU
 /// machine) and so fail rather than skip when none is found.

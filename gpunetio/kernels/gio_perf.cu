@@ -1,0 +1,61 @@
+// Kernels of the gpunetio-put-bw and gpunetio-write-lat tools.
+#include "gpunetio/gio_device.cuh"
+
+using gio::u64;
+
+__device__ __forceinline__ void record(int *status, int st) {
+  if (st != GIO_OK) atomicCAS(status, GIO_OK, st);
+}
+
+// Every worker (a thread in THREAD scope, a warp in WARP scope) puts one message of
+// `size` bytes per iteration; message m lands at (m * size) % window on both sides. After
+// quiet, every worker adds 1 to the peer's signal word (the server expects `workers`).
+template <gio::scope Sc>
+__device__ void put_bw(gio_dev_qp *qp, uint32_t remote_mr, uint32_t local_mr, u64 size, u64 iters,
+                       u64 window, uint32_t signal_mr, int *status) {
+  const u64 threads = (u64)gridDim.x * blockDim.x;
+  const u64 tid = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+  const u64 workers = Sc == gio::scope::warp ? threads / 32 : threads;
+  const u64 me = Sc == gio::scope::warp ? tid / 32 : tid;
+  const u64 per_window = window / size;
+  for (u64 i = 0; i < iters; i++) {
+    const u64 off = ((i * workers + me) % per_window) * size;
+    record(status, gio::put<Sc>(qp, remote_mr, off, local_mr, off, size));
+  }
+  record(status, gio::quiet(qp));
+  record(status, gio::signal<Sc>(qp, signal_mr, 0, 1));
+  record(status, gio::quiet(qp));
+}
+
+extern "C" __global__ void gio_perf_put_bw_thread(gio_dev_qp *qp, uint32_t remote_mr,
+                                                  uint32_t local_mr, u64 size, u64 iters,
+                                                  u64 window, uint32_t signal_mr, int *status) {
+  put_bw<gio::scope::thread>(qp, remote_mr, local_mr, size, iters, window, signal_mr, status);
+}
+
+extern "C" __global__ void gio_perf_put_bw_warp(gio_dev_qp *qp, uint32_t remote_mr,
+                                                uint32_t local_mr, u64 size, u64 iters, u64 window,
+                                                uint32_t signal_mr, int *status) {
+  put_bw<gio::scope::warp>(qp, remote_mr, local_mr, size, iters, window, signal_mr, status);
+}
+
+// Ping-pong, thread 0 of each side: the initiator puts `size` bytes with a signal and
+// waits for the answer on its own signal word; the responder waits, then answers the same
+// way. The initiator records each round trip's nanoseconds in `rtt_ns[i]`.
+extern "C" __global__ void gio_perf_write_lat(gio_dev_qp *qp, uint32_t remote_mr,
+                                              uint32_t local_mr, uint32_t remote_signal_mr,
+                                              const u64 *my_signal, u64 size, u64 iters,
+                                              int initiator, u64 *rtt_ns, int *status) {
+  if (threadIdx.x != 0 || blockIdx.x != 0) return;
+  for (u64 i = 1; i <= iters; i++) {
+    const u64 start = gio::now_ns();
+    if (!initiator) record(status, gio::signal_wait_ge(qp, my_signal, i));
+    record(status, gio::put_signal<gio::scope::thread, gio::sharing::exclusive>(
+                       qp, remote_mr, 0, local_mr, 0, size, remote_signal_mr, 0, 1));
+    if (initiator) {
+      record(status, gio::signal_wait_ge(qp, my_signal, i));
+      rtt_ns[i - 1] = gio::now_ns() - start;
+    }
+    if (*(volatile int *)status != GIO_OK) break;
+  }
+}
