@@ -235,6 +235,8 @@ struct Peer {
 /// How often a peer's process is polled while transfers run (a dead peer is still
 /// reported well within any timeout a caller would set).
 const ALIVE_PERIOD_NS: u64 = 200_000;
+/// `alive_checked_ns` of a peer never polled: its first check always polls.
+const NEVER_CHECKED: u64 = u64::MAX;
 
 /// Monotonic nanoseconds since the first call in this process.
 fn clock_ns() -> u64 {
@@ -265,14 +267,14 @@ impl Peer {
             conn: Mutex::default(),
             mappings: Mutex::default(),
             gone: AtomicBool::new(false),
-            alive_checked_ns: AtomicU64::new(0),
+            alive_checked_ns: AtomicU64::new(NEVER_CHECKED),
         }
     }
 
     fn alive(&self) -> Result<()> {
         let now = clock_ns();
-        let due =
-            now.saturating_sub(self.alive_checked_ns.load(Ordering::Relaxed)) >= ALIVE_PERIOD_NS;
+        let last = self.alive_checked_ns.load(Ordering::Relaxed);
+        let due = last == NEVER_CHECKED || now.saturating_sub(last) >= ALIVE_PERIOD_NS;
         if due {
             self.alive_checked_ns.store(now, Ordering::Relaxed);
         }
