@@ -60,6 +60,76 @@ pub enum Error {
     /// Socket I/O (file-descriptor passing).
     #[error("I/O: {0}")]
     Io(#[from] std::io::Error),
+    /// CPU proxy: the queue pair was shut down (`GIO_ERR_SHUTDOWN`).
+    #[error("the queue pair was shut down")]
+    Shutdown,
+    /// CPU proxy: a bounded wait ran out (`GIO_ERR_TIMEOUT`).
+    #[error("{what}: timed out after {after:?}")]
+    Timeout {
+        /// What was waited for.
+        what: &'static str,
+        /// The bound.
+        after: std::time::Duration,
+    },
+    /// CPU proxy: the ring reports a failure (`ctrl.error`), as a producer sees it.
+    #[error("the ring failed at ticket {ticket}: {status}")]
+    RingFailed {
+        /// `ctrl.error`.
+        status: crate::proxy::GioStatus,
+        /// `ctrl.error_ticket`.
+        ticket: u64,
+    },
+    /// CPU proxy: the proxy refused a ring entry (`GIO_ERR_BAD_ENTRY` or
+    /// `GIO_ERR_BOUNDS`, also written to `ctrl.error`); nothing of it was posted.
+    #[error("ring entry {ticket} refused ({status}): {reason}")]
+    BadEntry {
+        /// The entry's ticket.
+        ticket: u64,
+        /// The status written to the ring.
+        status: crate::proxy::GioStatus,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// CPU proxy: the transport failed ring entry `ticket` (`GIO_ERR_TRANSPORT`, or
+    /// `GIO_ERR_PEER_GONE` when the peer went away, also written to `ctrl.error`).
+    #[error("ring entry {ticket} failed ({status}): {source}")]
+    EntryFailed {
+        /// The entry's ticket.
+        ticket: u64,
+        /// The status written to the ring.
+        status: crate::proxy::GioStatus,
+        /// The transport's error.
+        #[source]
+        source: Box<Error>,
+    },
+    /// A libfabric call of a CPU proxy transport failed.
+    #[cfg(feature = "fabric")]
+    #[error("{context}: {source}")]
+    Fabric {
+        /// What was being done.
+        context: String,
+        /// The fabric crate's error.
+        #[source]
+        source: fabric::Error,
+    },
+    /// A verbs call of a CPU proxy transport failed.
+    #[cfg(feature = "verbs")]
+    #[error("{context}: {source}")]
+    Verbs {
+        /// What was being done.
+        context: String,
+        /// The ibverbs crate's error.
+        #[source]
+        source: ibverbs::Error,
+    },
+    /// Bytes from a peer (connection blob, remote memory descriptor) do not decode.
+    #[error("malformed {what}: {reason}")]
+    Malformed {
+        /// What was decoded.
+        what: &'static str,
+        /// Why it was refused.
+        reason: String,
+    },
 }
 
 impl Error {

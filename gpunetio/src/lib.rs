@@ -34,7 +34,8 @@
 //! # GPU-initiated networking
 //! The device library (`gpunetio/gio_device.cuh`, from `gpunetio-sys`) lets kernels put,
 //! get, signal and wait; [`device_code::compile`] compiles kernels that include it with
-//! NVRTC at run time.
+//! NVRTC at run time. [`proxy`] is the `CpuProxy` NIC handler: a ring in host-mapped
+//! memory that a CPU proxy posts on a libfabric endpoint or an ibverbs RC queue pair.
 
 mod device_buffer;
 pub mod device_code;
@@ -44,6 +45,7 @@ mod host_buffer;
 pub mod intra_node;
 mod ipc;
 mod pointer;
+pub mod proxy;
 
 pub use cudarc;
 pub use device_buffer::{DeviceBuffer, DmaBuf, DEVICE_BUFFER_ALIGN};

@@ -1,0 +1,519 @@
+//! The `CpuProxy` NIC handler: GPU kernels (or host threads) write work into a ring in
+//! host-mapped memory, and a CPU proxy posts it on any transport this stack speaks — a
+//! libfabric RDM endpoint ([`FabricTransport`]) or an ibverbs RC queue pair
+//! ([`VerbsTransport`]) — reporting completions back into the ring (DOCA GPUNetIO's
+//! `DOCA_GPUNETIO_VERBS_NIC_HANDLER_CPU_PROXY`).
+//!
+//! - [`RingMemory`]: the ring (`gio_ring_entry` slots, `gio_ring_ctrl`, counters, the
+//!   producers' state), in mapped pinned memory for a GPU ([`RingMemory::cuda`]) or plain
+//!   host memory for host producers and tests ([`RingMemory::host`]).
+//! - [`HostProducer`]: the device library's producer protocol on the host.
+//! - [`CpuProxy`]: the memory table (local regions, the peer's regions from their
+//!   [`RemoteDescriptor`]s), connection ([`CpuProxy::local_info`] /
+//!   [`CpuProxy::connect`]), progress by a proxy thread ([`CpuProxy::start`]) or by the
+//!   caller ([`CpuProxy::cpu_proxy_progress`], DOCA's `doca_gpu_verbs_cpu_proxy_progress`),
+//!   and export to a kernel argument ([`CpuProxy::export`]).
+//!
+//! # Device memory
+//! Local device memory is registered with the transport where it can be (ibverbs
+//! DMA-BUF, libfabric `FI_HMEM`); otherwise the proxy *stages* it through pinned bounce
+//! buffers: a put copies the chunk device → host (`cuMemcpyDtoH`, synchronous, on the
+//! proxy thread) before posting it, a get copies host → device after the chunk's read
+//! completes. The cost is one extra PCIe crossing per byte plus a blocking copy per chunk
+//! (tens of microseconds of proxy time per 256 KiB chunk), and at most
+//! `staging_slots × staging_chunk` bytes in flight. The peer's device memory must be
+//! registrable by the peer's transport: a staged region has no [`RemoteDescriptor`]
+//! ([`Error::Unsupported`]).
+//!
+//! ```no_run
+//! # #[cfg(feature = "fabric")] fn main() -> gpunetio::Result<()> {
+//! use gpunetio::proxy::{CpuProxy, Entry, FabricTransport, HostProducer, RingMemory};
+//! use std::time::Duration;
+//! let ring = RingMemory::host(64, 1)?;
+//! let proxy = CpuProxy::new(FabricTransport::new("shm")?, &ring)?;
+//! # let peer_info = proxy.local_info()?; let peer_desc = [0u8; 32];
+//! proxy.connect(&peer_info)?;                       // the peer's blob, out of band
+//! let mut src = vec![7u8; 4096];
+//! // SAFETY: `src` outlives the proxy.
+//! let local = unsafe { proxy.register_local(src.as_mut_ptr(), src.len())? };
+//! let remote = proxy.add_remote(&gpunetio::proxy::RemoteDescriptor::from_bytes(&peer_desc)?)?;
+//! proxy.start()?;
+//! let producer = HostProducer::new(&ring, Duration::from_secs(5))?;
+//! let t = producer.post(&Entry::put(remote, 0, local, 0, 4096))?;
+//! producer.wait(t)?;
+//! # Ok(()) }
+//! # #[cfg(not(feature = "fabric"))] fn main() {}
+//! ```
+
+#[cfg(feature = "fabric")]
+mod fabric;
+mod progress;
+mod ring;
+mod table;
+mod transport;
+#[cfg(feature = "verbs")]
+mod verbs;
+
+#[cfg(feature = "fabric")]
+pub use self::fabric::FabricTransport;
+pub use ring::{Entry, GioStatus, HostProducer, RingDevicePtrs, RingMemory, MAX_RING_SIZE};
+pub use table::{DeviceCopy, MAX_REGIONS};
+pub use transport::{
+    Posted, RemoteDescriptor, Transport, TransportCompletion, TransportFailure, TransportKind,
+    WorkRequest,
+};
+#[cfg(feature = "verbs")]
+pub use verbs::VerbsTransport;
+
+use crate::error::{Error, Result};
+use crate::{DeviceBuffer, Gpu, HostBuffer};
+use gpunetio_sys as ffi;
+use progress::{Engine, Staging};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+use table::{Local, Region};
+
+/// Options of a [`CpuProxy`].
+#[derive(Debug, Clone)]
+pub struct CpuProxyBuilder {
+    staging_chunk: usize,
+    staging_slots: usize,
+    timeout: Duration,
+    gpu: Option<Gpu>,
+}
+
+impl Default for CpuProxyBuilder {
+    fn default() -> Self {
+        Self {
+            staging_chunk: 256 << 10,
+            staging_slots: 16,
+            timeout: Duration::from_secs(10),
+            gpu: None,
+        }
+    }
+}
+
+impl CpuProxyBuilder {
+    /// Default options: 16 bounce buffers of 256 KiB, a 10 s device-side timeout, no GPU.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Bytes per bounce buffer of staged device memory (default 256 KiB).
+    pub fn staging_chunk(mut self, bytes: usize) -> Self {
+        self.staging_chunk = bytes.max(64);
+        self
+    }
+
+    /// Bounce buffers (default 16): staged bytes in flight are at most slots × chunk.
+    pub fn staging_slots(mut self, slots: usize) -> Self {
+        self.staging_slots = slots.clamp(1, (1 << 19) - 1);
+        self
+    }
+
+    /// The bound on every device-side wait (`gio_dev_qp.timeout_ns`; zero: none).
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// The GPU whose memory is staged (bounce buffers are then pinned, so the copies run
+    /// at full speed) and which [`CpuProxy::export`] exports to.
+    pub fn gpu(mut self, gpu: &Gpu) -> Self {
+        self.gpu = Some(gpu.clone());
+        self
+    }
+
+    /// A proxy over `transport` consuming `ring`. Progress is the caller's
+    /// ([`CpuProxy::cpu_proxy_progress`]) until [`CpuProxy::start`].
+    pub fn build<T: Transport>(self, transport: T, ring: &Arc<RingMemory>) -> Result<CpuProxy<T>> {
+        let engine = Engine::new(ring.clone(), transport)?;
+        Ok(CpuProxy {
+            shared: Arc::new(Shared {
+                engine: Mutex::new(engine),
+                stop: AtomicBool::new(false),
+                thread_error: Mutex::new(None),
+            }),
+            ring: ring.clone(),
+            thread: Mutex::new(None),
+            options: self,
+        })
+    }
+}
+
+struct Shared<T: Transport> {
+    engine: Mutex<Engine<T>>,
+    stop: AtomicBool,
+    /// The first failure the proxy thread saw.
+    thread_error: Mutex<Option<Error>>,
+}
+
+/// A CPU proxy queue pair: a ring, a transport, a memory table.
+pub struct CpuProxy<T: Transport> {
+    shared: Arc<Shared<T>>,
+    ring: Arc<RingMemory>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+    options: CpuProxyBuilder,
+}
+
+impl<T: Transport> std::fmt::Debug for CpuProxy<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CpuProxy")
+            .field("ring", &self.ring)
+            .field("thread", &self.is_running())
+            .finish()
+    }
+}
+
+fn lock<X>(m: &Mutex<X>) -> MutexGuard<'_, X> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// How long the proxy thread spins on an idle ring before it starts yielding, and
+/// yields before it sleeps: a busy ring is served within a poll, an idle one costs
+/// little CPU.
+const SPIN_ROUNDS: u32 = 2000;
+const YIELD_ROUNDS: u32 = 4000;
+const IDLE_SLEEP: Duration = Duration::from_micros(50);
+
+impl<T: Transport> CpuProxy<T> {
+    /// A proxy with default options over `transport` consuming `ring`
+    /// ([`CpuProxyBuilder`] for the options).
+    pub fn new(transport: T, ring: &Arc<RingMemory>) -> Result<Self> {
+        CpuProxyBuilder::new().build(transport, ring)
+    }
+
+    fn engine(&self) -> MutexGuard<'_, Engine<T>> {
+        lock(&self.shared.engine)
+    }
+
+    /// The ring.
+    pub fn ring(&self) -> &Arc<RingMemory> {
+        &self.ring
+    }
+
+    /// The blob the peer passes to its [`connect`](Self::connect).
+    pub fn local_info(&self) -> Result<Vec<u8>> {
+        self.engine().transport.local_info()
+    }
+
+    /// Connects to the peer whose [`local_info`](Self::local_info) this is.
+    pub fn connect(&self, peer_info: &[u8]) -> Result<()> {
+        self.engine().transport.connect(peer_info)
+    }
+
+    /// Registers local host memory; returns its index in the memory table.
+    ///
+    /// # Safety
+    /// `[ptr, ptr + len)` must stay allocated until the proxy is dropped; while the ring
+    /// uses it, the transport reads and writes it at any time (synchronise through
+    /// completions, counters and signals).
+    pub unsafe fn register_local(&self, ptr: *mut u8, len: usize) -> Result<u32> {
+        if ptr.is_null() || len == 0 {
+            return Err(Error::InvalidArgument("a null or empty region".into()));
+        }
+        let mut engine = self.engine();
+        // SAFETY: forwarded contract.
+        let reg = unsafe { engine.transport.register_host(ptr, len) }?;
+        engine.table.push(Region::Local(Local::Direct {
+            reg,
+            addr: ptr as u64,
+            len: len as u64,
+            dev_addr: 0,
+            _keep: None,
+        }))
+    }
+
+    /// Registers a pinned, mapped host buffer: the GPU addresses it through its device
+    /// pointer, the transport through its host address.
+    pub fn register_host_buffer(&self, buf: &Arc<HostBuffer>) -> Result<u32> {
+        let dev_addr = buf.device_ptr().unwrap_or(0);
+        let mut engine = self.engine();
+        // SAFETY: the buffer is kept alive by the table entry below.
+        let reg = unsafe { engine.transport.register_host(buf.as_ptr().cast_mut(), buf.len()) }?;
+        engine.table.push(Region::Local(Local::Direct {
+            reg,
+            addr: buf.as_ptr() as u64,
+            len: buf.len() as u64,
+            dev_addr,
+            _keep: Some(buf.clone()),
+        }))
+    }
+
+    /// Registers device memory: directly where the transport can register it, else
+    /// staged through bounce buffers (see the module docs for the cost). Returns the
+    /// index and whether it is staged.
+    pub fn register_device(&self, buf: &Arc<DeviceBuffer>) -> Result<(u32, bool)> {
+        let mut engine = self.engine();
+        match engine.transport.register_device(buf) {
+            Ok(reg) => {
+                let index = engine.table.push(Region::Local(Local::Direct {
+                    reg,
+                    addr: buf.ptr(),
+                    len: buf.len() as u64,
+                    dev_addr: buf.ptr(),
+                    _keep: Some(buf.clone()),
+                }))?;
+                Ok((index, false))
+            }
+            Err(Error::Unsupported(why)) => {
+                tracing::debug!("proxy: staging device memory: {why}");
+                drop(engine);
+                Ok((self.register_staged(buf.clone())?, true))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Registers memory the proxy reaches only by copies (staged through bounce
+    /// buffers): a local source of puts and destination of gets, never a peer's target.
+    pub fn register_staged(&self, mem: Arc<dyn DeviceCopy>) -> Result<u32> {
+        if mem.is_empty() {
+            return Err(Error::InvalidArgument("an empty staged region".into()));
+        }
+        let mut engine = self.engine();
+        if engine.staging.is_none() {
+            let staging = self.alloc_staging(&mut engine)?;
+            engine.staging = Some(staging);
+        }
+        engine.table.push(Region::Local(Local::Staged { mem }))
+    }
+
+    fn alloc_staging(&self, engine: &mut Engine<T>) -> Result<Staging<T::Registration>> {
+        let (chunk, slots) = (self.options.staging_chunk, self.options.staging_slots);
+        let bytes = chunk * slots;
+        let (base, mem): (*mut u8, Box<dyn Send + Sync>) = match &self.options.gpu {
+            Some(gpu) => {
+                let mut buf = HostBuffer::alloc(gpu, bytes)?;
+                (buf.as_mut_ptr(), Box::new(buf))
+            }
+            None => {
+                let mut buf = vec![0u8; bytes].into_boxed_slice();
+                (buf.as_mut_ptr(), Box::new(buf))
+            }
+        };
+        // SAFETY: the memory is owned by the Staging value with the registration, which
+        // drops the registration first.
+        let reg = unsafe { engine.transport.register_host(base, bytes) }?;
+        Ok(Staging {
+            base,
+            chunk,
+            reg,
+            free: (0..slots).rev().collect(),
+            _mem: mem,
+        })
+    }
+
+    /// What the peer needs to target local region `mr` (send it out of band; the peer
+    /// calls [`add_remote`](Self::add_remote)). A staged region has none.
+    pub fn descriptor(&self, mr: u32) -> Result<RemoteDescriptor> {
+        let engine = self.engine();
+        match engine.table.regions.get(mr as usize) {
+            Some(Region::Local(Local::Direct { reg, .. })) => {
+                Ok(engine.transport.descriptor(reg))
+            }
+            Some(Region::Local(Local::Staged { .. })) => Err(Error::Unsupported(format!(
+                "region {mr} is staged device memory: the transport cannot register it, so a peer cannot target it"
+            ))),
+            Some(Region::Remote(_)) => Err(Error::InvalidArgument(format!(
+                "region {mr} is the peer's"
+            ))),
+            None => Err(Error::InvalidArgument(format!("no region {mr}"))),
+        }
+    }
+
+    /// Adds the peer's region; returns its index in the memory table.
+    pub fn add_remote(&self, desc: &RemoteDescriptor) -> Result<u32> {
+        let mut engine = self.engine();
+        if desc.transport != engine.transport.kind() {
+            return Err(Error::InvalidArgument(format!(
+                "a {:?} descriptor on a {:?} transport",
+                desc.transport,
+                engine.transport.kind()
+            )));
+        }
+        engine.table.push(Region::Remote(*desc))
+    }
+
+    /// One round of proxy work (DOCA's `doca_gpu_verbs_cpu_proxy_progress`): take
+    /// published entries, post them, reap completions, advance `ctrl.completed`.
+    /// `Ok(true)` if anything progressed. A failure is returned once as its typed error
+    /// ([`Error::BadEntry`], [`Error::EntryFailed`]); later calls return
+    /// [`Error::RingFailed`]. Not while the proxy thread runs ([`Error::InvalidArgument`]).
+    #[doc(alias = "doca_gpu_verbs_cpu_proxy_progress")]
+    pub fn cpu_proxy_progress(&self) -> Result<bool> {
+        if self.is_running() {
+            return Err(Error::InvalidArgument(
+                "cpu_proxy_progress while the proxy thread runs".into(),
+            ));
+        }
+        self.engine().progress()
+    }
+
+    /// Whether the proxy thread runs.
+    pub fn is_running(&self) -> bool {
+        lock(&self.thread).is_some()
+    }
+
+    /// Starts the proxy thread (DOCA's service thread): it spins while there is work,
+    /// then yields, then sleeps briefly between polls; it stops on [`stop`](Self::stop)
+    /// or drop. Its first failure is kept for [`take_error`](Self::take_error).
+    pub fn start(&self) -> Result<()> {
+        let mut thread = lock(&self.thread);
+        if thread.is_some() {
+            return Ok(());
+        }
+        self.shared.stop.store(false, Ordering::Release);
+        let shared = self.shared.clone();
+        let handle = std::thread::Builder::new()
+            .name("gio-cpu-proxy".into())
+            .spawn(move || proxy_thread(&shared))?;
+        *thread = Some(handle);
+        Ok(())
+    }
+
+    /// Stops the proxy thread (progress is the caller's again).
+    pub fn stop(&self) {
+        let handle = lock(&self.thread).take();
+        if let Some(handle) = handle {
+            self.shared.stop.store(true, Ordering::Release);
+            if handle.join().is_err() {
+                tracing::error!("proxy thread panicked");
+            }
+        }
+    }
+
+    /// The proxy thread's first failure, if any (taken).
+    pub fn take_error(&self) -> Option<Error> {
+        lock(&self.shared.thread_error).take()
+    }
+
+    /// Sets `ctrl.shutdown`: producers' waits end with `GIO_ERR_SHUTDOWN`, and the proxy
+    /// takes nothing more off the ring.
+    pub fn shutdown(&self) {
+        self.ring.shutdown();
+    }
+
+    /// Copies the memory table and a `gio_dev_qp` to device memory for a kernel
+    /// ([`RingMemory::cuda`] rings only). Regions added later are not in the export.
+    pub fn export(&self) -> Result<ExportedProxyQueuePair> {
+        if !self.ring.is_cuda() {
+            return Err(Error::Unsupported(
+                "exporting a host ring: no GPU can reach it (use RingMemory::cuda)".into(),
+            ));
+        }
+        let gpu = self.options.gpu.as_ref().ok_or_else(|| {
+            Error::InvalidArgument("export needs the builder's gpu()".into())
+        })?;
+        let engine = self.engine();
+        let mrs: Vec<ffi::gio_dev_mr> = engine
+            .table
+            .regions
+            .iter()
+            .enumerate()
+            .map(|(i, r)| r.dev_mr(i as u32))
+            .collect();
+        drop(engine);
+        let mrs_bytes = std::mem::size_of::<ffi::gio_dev_mr>() * mrs.len();
+        let mrs_buf = DeviceBuffer::alloc(gpu, mrs_bytes.max(1))?;
+        // SAFETY: gio_dev_mr is a repr(C) struct of integers; viewing the vector's
+        // initialised elements as bytes is sound.
+        let table = unsafe { std::slice::from_raw_parts(mrs.as_ptr().cast::<u8>(), mrs_bytes) };
+        mrs_buf.copy_from_host(0, table)?;
+        let p = self.ring.device_ptrs();
+        let dev = ffi::gio_dev_qp {
+            nic_handler: ffi::GIO_NIC_HANDLER_CPU_PROXY,
+            ring_size: self.ring.ring_size(),
+            num_mrs: mrs.len() as u32,
+            ring: p.ring,
+            ctrl: p.ctrl,
+            state: p.state,
+            mrs: mrs_buf.ptr(),
+            counters: p.counters,
+            num_counters: self.ring.num_counters(),
+            timeout_ns: self.options.timeout.as_nanos().min(u64::MAX as u128) as u64,
+            ..ffi::gio_dev_qp::default()
+        };
+        let qp = DeviceBuffer::alloc(gpu, std::mem::size_of::<ffi::gio_dev_qp>())?;
+        // SAFETY: as above, a repr(C) struct of integers and byte arrays.
+        let bytes = unsafe {
+            std::slice::from_raw_parts(
+                (&dev as *const ffi::gio_dev_qp).cast::<u8>(),
+                std::mem::size_of::<ffi::gio_dev_qp>(),
+            )
+        };
+        qp.copy_from_host(0, bytes)?;
+        Ok(ExportedProxyQueuePair {
+            qp,
+            _mrs: mrs_buf,
+            _ring: self.ring.clone(),
+        })
+    }
+}
+
+fn proxy_thread<T: Transport>(shared: &Shared<T>) {
+    let mut idle = 0u32;
+    while !shared.stop.load(Ordering::Acquire) {
+        let result = lock(&shared.engine).progress();
+        match result {
+            Ok(true) => idle = 0,
+            Ok(false) => idle = idle.saturating_add(1),
+            Err(e) => {
+                let mut slot = lock(&shared.thread_error);
+                if slot.is_none() && !matches!(e, Error::RingFailed { .. }) {
+                    *slot = Some(e);
+                }
+                idle = idle.saturating_add(1);
+            }
+        }
+        if idle == 0 {
+            continue;
+        } else if idle < SPIN_ROUNDS {
+            std::hint::spin_loop();
+        } else if idle < YIELD_ROUNDS {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(IDLE_SLEEP);
+        }
+    }
+}
+
+impl<T: Transport> Drop for CpuProxy<T> {
+    fn drop(&mut self) {
+        self.stop();
+        self.ring.shutdown();
+        // Memory registered with the transport must not be released under a transfer:
+        // reap what is in flight (bounded).
+        let deadline = Instant::now() + Duration::from_secs(2);
+        let mut engine = self.engine();
+        while engine.outstanding() > 0 && Instant::now() < deadline {
+            let _ = engine.progress();
+            std::thread::yield_now();
+        }
+        if engine.outstanding() > 0 {
+            tracing::warn!(
+                "proxy dropped with {} operations in flight",
+                engine.outstanding()
+            );
+        }
+    }
+}
+
+/// A proxy queue pair exported to device memory: [`device_ptr`](Self::device_ptr) is
+/// the `gio_dev_qp *` kernel argument. Keeps the ring alive; no kernel may use it after
+/// it is dropped.
+#[derive(Debug)]
+pub struct ExportedProxyQueuePair {
+    qp: DeviceBuffer,
+    _mrs: DeviceBuffer,
+    _ring: Arc<RingMemory>,
+}
+
+impl ExportedProxyQueuePair {
+    /// The device address of the `gio_dev_qp`.
+    pub fn device_ptr(&self) -> u64 {
+        self.qp.ptr()
+    }
+}

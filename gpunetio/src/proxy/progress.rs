@@ -1,0 +1,658 @@
+//! The proxy's consumer side: takes published entries off the ring, validates them,
+//! posts them on the transport, and reports completions in ticket order.
+//!
+//! Per entry: *data* (the put, get, inline put or signal itself; a staged entry is
+//! several chunks through bounce buffers), then for `GIO_FLAG_SIGNAL` the *signal* (the
+//! remote atomic add, posted only once the data's completion arrived, so a peer that
+//! sees the signal sees the data). Data is posted in ticket order; a `GIO_OP_FENCE` holds
+//! everything after it until everything before it completed. `ctrl.completed` advances
+//! only over a complete prefix: a completion that arrives early waits for the ones before
+//! it. `GIO_FLAG_COUNTER` bumps its counter when the entry retires.
+
+use super::ring::{GioStatus, RingMemory};
+use super::table::{Local, MemoryTable, Op, OpKind, Region};
+use super::transport::{Posted, Transport, TransportCompletion, WorkRequest};
+use crate::error::{Error, Result};
+use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+/// Low bits of a work request id: 0 = the data, [`SIGNAL_PART`] = the signal, else a
+/// staged chunk (its bounce slot + 1).
+const PART_BITS: u32 = 20;
+const PART_MASK: u64 = (1 << PART_BITS) - 1;
+const SIGNAL_PART: u64 = PART_MASK;
+
+fn wr_id(ticket: u64, part: u64) -> u64 {
+    (ticket << PART_BITS) | part
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Data,
+    Signal,
+    Done,
+}
+
+/// A staged chunk in flight.
+#[derive(Debug, Clone, Copy)]
+struct Chunk {
+    bounce: usize,
+    /// Offset in the local (staged) region.
+    local_off: u64,
+    len: u64,
+    get: bool,
+}
+
+/// An entry taken off the ring and not yet retired.
+#[derive(Debug)]
+struct Slot {
+    ticket: u64,
+    op: Op,
+    phase: Phase,
+    /// Transport operations in flight.
+    outstanding: u32,
+    /// Every data operation was posted (or none was needed).
+    data_posted: bool,
+    /// Staged entries: bytes handed to chunks so far.
+    staged_off: u64,
+    chunks: Vec<Chunk>,
+    signal_posted: bool,
+}
+
+/// Bounce buffers for staged regions: `slots` chunks of `chunk` bytes in one registered
+/// host allocation.
+pub(crate) struct Staging<R> {
+    pub(crate) base: *mut u8,
+    pub(crate) chunk: usize,
+    pub(crate) reg: R,
+    pub(crate) free: Vec<usize>,
+    /// Owns the memory (dropped after `reg`, which is declared first).
+    pub(crate) _mem: Box<dyn Send + Sync>,
+}
+
+// SAFETY: `base` points into `_mem`, owned here; chunks are handed out exclusively.
+unsafe impl<R: Send> Send for Staging<R> {}
+
+/// The proxy engine: one per queue pair, driven by one thread at a time.
+pub(crate) struct Engine<T: Transport> {
+    pub(crate) ring: Arc<RingMemory>,
+    pub(crate) transport: T,
+    pub(crate) table: MemoryTable<T::Registration>,
+    pub(crate) staging: Option<Staging<T::Registration>>,
+    /// Tickets `[retired, taken)`.
+    window: VecDeque<Slot>,
+    retired: u64,
+    taken: u64,
+    /// First ticket whose data is not fully posted.
+    next_post: u64,
+    window_size: u64,
+    /// Transport operations in flight, all entries together.
+    outstanding: usize,
+    failure: Option<(GioStatus, u64)>,
+    /// The typed error of the failure, returned once by `progress`.
+    pending_error: Option<Error>,
+    completions: Vec<TransportCompletion>,
+}
+
+impl<T: Transport> Engine<T> {
+    pub(crate) fn new(ring: Arc<RingMemory>, mut transport: T) -> Result<Self> {
+        let window_size = ring.ring_size() as u64;
+        transport.prepare(window_size as usize)?;
+        Ok(Self {
+            ring,
+            transport,
+            table: MemoryTable::new(),
+            staging: None,
+            window: VecDeque::new(),
+            retired: 0,
+            taken: 0,
+            next_post: 0,
+            window_size,
+            outstanding: 0,
+            failure: None,
+            pending_error: None,
+            completions: Vec::new(),
+        })
+    }
+
+    /// Transport operations in flight.
+    pub(crate) fn outstanding(&self) -> usize {
+        self.outstanding
+    }
+
+    /// One round: take, reap, post, retire. `Ok(true)` if anything moved; the first
+    /// failure is returned once as its typed error, later rounds report the ring's
+    /// status (they still reap completions, so memory is not freed under a transfer).
+    pub(crate) fn progress(&mut self) -> Result<bool> {
+        let mut progressed = self.reap()?;
+        if self.failure.is_none() {
+            progressed |= self.take();
+            for _ in 0..2 {
+                // A retirement can release a fence: post again once.
+                progressed |= self.post_pass();
+                if !self.retire() {
+                    break;
+                }
+                progressed = true;
+            }
+        } else {
+            // Entries before the failure still complete; nothing new is posted.
+            let failed = self.failure.map_or(u64::MAX, |f| f.1);
+            for index in 0..self.window.len() {
+                if self.window[index].ticket >= failed {
+                    break;
+                }
+                progressed |= self.advance(index);
+            }
+            progressed |= self.retire();
+        }
+        if let Some(e) = self.pending_error.take() {
+            return Err(e);
+        }
+        if let Some((status, ticket)) = self.failure {
+            return Err(Error::RingFailed { status, ticket });
+        }
+        Ok(progressed)
+    }
+
+    fn fail(&mut self, status: GioStatus, ticket: u64, error: Error) {
+        if self.failure.is_some() {
+            tracing::debug!("proxy: later failure at ticket {ticket}: {error}");
+            return;
+        }
+        tracing::warn!("proxy: ring entry {ticket} failed ({status}): {error}");
+        self.ring.set_error(status, ticket);
+        // The ring's first failure wins (a producer may have seen it already).
+        let (status, ticket) = self.ring.error().unwrap_or((status, ticket));
+        self.failure = Some((status, ticket));
+        self.pending_error = Some(error);
+    }
+
+    /// Takes published entries, up to one ring of work in flight.
+    fn take(&mut self) -> bool {
+        if self.ring.is_shut_down() {
+            return false;
+        }
+        let start = self.taken;
+        let num_counters = self.ring.num_counters();
+        while self.taken < self.retired + self.window_size {
+            let ticket = self.taken;
+            if self.ring.seq(ticket).load(Ordering::Acquire) != ticket + 1 {
+                break;
+            }
+            // SAFETY: the producer published this slot (seq, acquire) and will not write
+            // it again before `consumed` passes it, which happens below.
+            let entry = unsafe { std::ptr::read_volatile(self.ring.slot(ticket)) };
+            match self.table.validate(&entry, num_counters) {
+                Ok(op) => {
+                    self.window.push_back(Slot {
+                        ticket,
+                        op,
+                        phase: Phase::Data,
+                        outstanding: 0,
+                        data_posted: false,
+                        staged_off: 0,
+                        chunks: Vec::new(),
+                        signal_posted: false,
+                    });
+                    self.taken += 1;
+                }
+                Err((status, reason)) => {
+                    self.fail(
+                        status,
+                        ticket,
+                        Error::BadEntry {
+                            ticket,
+                            status,
+                            reason,
+                        },
+                    );
+                    break;
+                }
+            }
+        }
+        if self.taken != start {
+            self.ring
+                .ctrl()
+                .consumed
+                .store(self.taken, Ordering::Release);
+            return true;
+        }
+        false
+    }
+
+    /// Reads completions and applies them to their entries.
+    fn reap(&mut self) -> Result<bool> {
+        if self.outstanding == 0 {
+            return Ok(false);
+        }
+        let mut done = std::mem::take(&mut self.completions);
+        done.clear();
+        if let Err(e) = self.transport.poll(&mut done) {
+            // The transport as a whole failed: fail the oldest entry in flight.
+            let ticket = self.window.front().map_or(self.retired, |s| s.ticket);
+            self.fail(GioStatus::TRANSPORT, ticket, e);
+        }
+        let progressed = !done.is_empty();
+        for c in done.drain(..) {
+            self.complete(c);
+        }
+        self.completions = done;
+        Ok(progressed)
+    }
+
+    fn complete(&mut self, c: TransportCompletion) {
+        let ticket = c.wr_id >> PART_BITS;
+        let part = c.wr_id & PART_MASK;
+        let Some(index) = ticket
+            .checked_sub(self.retired)
+            .filter(|i| *i < self.window.len() as u64)
+        else {
+            tracing::error!("proxy: completion {:#x} for no entry in flight", c.wr_id);
+            return;
+        };
+        self.outstanding = self.outstanding.saturating_sub(1);
+        let slot = &mut self.window[index as usize];
+        slot.outstanding = slot.outstanding.saturating_sub(1);
+        let mut copy_error = None;
+        if part != 0 && part != SIGNAL_PART {
+            let bounce = (part - 1) as usize;
+            if let Some(pos) = slot.chunks.iter().position(|ch| ch.bounce == bounce) {
+                let chunk = slot.chunks.swap_remove(pos);
+                let staging = self.staging.as_mut().expect("chunks imply staging");
+                if chunk.get && c.result.is_ok() {
+                    // A staged get lands in the bounce buffer, then in device memory.
+                    let OpKind::Get { local, .. } = slot.op.kind else {
+                        unreachable!("get chunk of a get")
+                    };
+                    if let Region::Local(Local::Staged { mem }) = self.table.get(local) {
+                        // SAFETY: the chunk's bounce slot is ours until freed below; the
+                        // transport finished writing it (its completion).
+                        let src = unsafe {
+                            std::slice::from_raw_parts(
+                                staging.base.add(bounce * staging.chunk),
+                                chunk.len as usize,
+                            )
+                        };
+                        if let Err(e) = mem.copy_from_host(chunk.local_off, src) {
+                            copy_error = Some(e);
+                        }
+                    }
+                }
+                staging.free.push(bounce);
+            }
+        }
+        if let Err(f) = c.result {
+            let status = if f.peer_gone {
+                GioStatus::PEER_GONE
+            } else {
+                GioStatus::TRANSPORT
+            };
+            self.fail(
+                status,
+                ticket,
+                Error::EntryFailed {
+                    ticket,
+                    status,
+                    source: Box::new(f.error),
+                },
+            );
+        } else if let Some(e) = copy_error {
+            self.fail(
+                GioStatus::TRANSPORT,
+                ticket,
+                Error::EntryFailed {
+                    ticket,
+                    status: GioStatus::TRANSPORT,
+                    source: Box::new(e),
+                },
+            );
+        }
+    }
+
+    /// Advances phases and posts what may be posted. Returns whether anything moved.
+    fn post_pass(&mut self) -> bool {
+        let mut progressed = false;
+        let mut index = 0;
+        while index < self.window.len() {
+            if self.failure.is_some() {
+                break;
+            }
+            let ticket = self.window[index].ticket;
+            progressed |= self.advance(index);
+            let slot = &self.window[index];
+            if slot.phase == Phase::Signal && !slot.signal_posted {
+                match self.post_signal(index) {
+                    Ok(Posted::Yes) => progressed = true,
+                    Ok(Posted::Busy) => break,
+                    Err(e) => {
+                        self.post_failed(ticket, e);
+                        break;
+                    }
+                }
+            }
+            if ticket == self.next_post {
+                match self.post_data(index) {
+                    Ok(true) => {
+                        progressed = true;
+                        self.next_post += 1;
+                        self.advance(index);
+                    }
+                    Ok(false) => break,
+                    Err(e) => {
+                        self.post_failed(ticket, e);
+                        break;
+                    }
+                }
+            } else if ticket > self.next_post {
+                break;
+            }
+            index += 1;
+        }
+        progressed
+    }
+
+    fn post_failed(&mut self, ticket: u64, e: Error) {
+        self.fail(
+            GioStatus::TRANSPORT,
+            ticket,
+            Error::EntryFailed {
+                ticket,
+                status: GioStatus::TRANSPORT,
+                source: Box::new(e),
+            },
+        );
+    }
+
+    /// Data done → signal or done; signal done → done.
+    fn advance(&mut self, index: usize) -> bool {
+        let slot = &mut self.window[index];
+        match slot.phase {
+            Phase::Data if slot.data_posted && slot.outstanding == 0 => {
+                slot.phase = if slot.op.signal.is_some() {
+                    Phase::Signal
+                } else {
+                    Phase::Done
+                };
+                true
+            }
+            Phase::Signal if slot.signal_posted && slot.outstanding == 0 => {
+                slot.phase = Phase::Done;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    fn scratch(&self, ticket: u64) -> usize {
+        (ticket & (self.window_size - 1)) as usize
+    }
+
+    fn post_signal(&mut self, index: usize) -> Result<Posted> {
+        let slot = &self.window[index];
+        let (mr, off, add) = slot.op.signal.expect("signal phase");
+        let Region::Remote(remote) = self.table.get(mr) else {
+            unreachable!("validated: signal regions are remote")
+        };
+        let posted = self.transport.post(&WorkRequest::AtomicAdd {
+            wr_id: wr_id(slot.ticket, SIGNAL_PART),
+            remote,
+            offset: off,
+            add,
+            slot: self.scratch(slot.ticket),
+        })?;
+        if posted == Posted::Yes {
+            let slot = &mut self.window[index];
+            slot.signal_posted = true;
+            slot.outstanding += 1;
+            self.outstanding += 1;
+        }
+        Ok(posted)
+    }
+
+    /// Posts the entry's data; `Ok(true)` once all of it is posted, `Ok(false)` when
+    /// blocked (queue full, no bounce buffer, a fence waiting).
+    fn post_data(&mut self, index: usize) -> Result<bool> {
+        let ticket = self.window[index].ticket;
+        let kind = self.window[index].op.kind;
+        let scratch = self.scratch(ticket);
+        let posted = match kind {
+            OpKind::Nop => Posted::Yes,
+            OpKind::Fence => {
+                // Everything earlier retired: the fence is passed.
+                if index != 0 {
+                    return Ok(false);
+                }
+                Posted::Yes
+            }
+            OpKind::PutInline {
+                remote,
+                remote_off,
+                data,
+                len,
+            } => {
+                let Region::Remote(remote) = self.table.get(remote) else {
+                    unreachable!("validated")
+                };
+                let posted = self.transport.post(&WorkRequest::WriteInline {
+                    wr_id: wr_id(ticket, 0),
+                    data,
+                    len,
+                    remote,
+                    offset: remote_off,
+                    slot: scratch,
+                })?;
+                self.count_posted(index, posted);
+                posted
+            }
+            OpKind::Signal { mr, off, add } => {
+                let Region::Remote(remote) = self.table.get(mr) else {
+                    unreachable!("validated")
+                };
+                let posted = self.transport.post(&WorkRequest::AtomicAdd {
+                    wr_id: wr_id(ticket, 0),
+                    remote,
+                    offset: off,
+                    add,
+                    slot: scratch,
+                })?;
+                self.count_posted(index, posted);
+                posted
+            }
+            OpKind::Put {
+                local,
+                local_off,
+                remote,
+                remote_off,
+                len,
+            }
+            | OpKind::Get {
+                local,
+                local_off,
+                remote,
+                remote_off,
+                len,
+            } => {
+                let get = matches!(kind, OpKind::Get { .. });
+                if len == 0 {
+                    Posted::Yes
+                } else {
+                    match self.table.get(local) {
+                        Region::Local(Local::Direct { .. }) => {
+                            self.post_direct(index, get, local, local_off, remote, remote_off, len)?
+                        }
+                        Region::Local(Local::Staged { .. }) => {
+                            return self
+                                .post_staged(index, get, local, local_off, remote, remote_off, len)
+                        }
+                        Region::Remote(_) => unreachable!("validated"),
+                    }
+                }
+            }
+        };
+        if posted == Posted::Yes {
+            self.window[index].data_posted = true;
+            return Ok(true);
+        }
+        Ok(false)
+    }
+
+    fn count_posted(&mut self, index: usize, posted: Posted) {
+        if posted == Posted::Yes {
+            self.window[index].outstanding += 1;
+            self.outstanding += 1;
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn post_direct(
+        &mut self,
+        index: usize,
+        get: bool,
+        local: u16,
+        local_off: u64,
+        remote: u16,
+        remote_off: u64,
+        len: u64,
+    ) -> Result<Posted> {
+        let ticket = self.window[index].ticket;
+        let (Region::Local(Local::Direct { reg, addr, .. }), Region::Remote(remote)) =
+            (self.table.get(local), self.table.get(remote))
+        else {
+            unreachable!("validated")
+        };
+        let (wr_id, addr) = (wr_id(ticket, 0), addr + local_off);
+        let wr = if get {
+            WorkRequest::Read {
+                wr_id,
+                local: reg,
+                addr,
+                len,
+                remote,
+                offset: remote_off,
+            }
+        } else {
+            WorkRequest::Write {
+                wr_id,
+                local: reg,
+                addr,
+                len,
+                remote,
+                offset: remote_off,
+            }
+        };
+        let posted = self.transport.post(&wr)?;
+        self.count_posted(index, posted);
+        Ok(posted)
+    }
+
+    /// Staged: chunk by chunk through bounce buffers. A put copies device → bounce
+    /// (synchronously: `cuMemcpyDtoH` on the proxy thread) before posting; a get copies
+    /// bounce → device when the chunk's read completes.
+    #[allow(clippy::too_many_arguments)]
+    fn post_staged(
+        &mut self,
+        index: usize,
+        get: bool,
+        local: u16,
+        local_off: u64,
+        remote: u16,
+        remote_off: u64,
+        len: u64,
+    ) -> Result<bool> {
+        let ticket = self.window[index].ticket;
+        let (Region::Local(Local::Staged { mem }), Region::Remote(remote)) =
+            (self.table.get(local), self.table.get(remote))
+        else {
+            unreachable!("validated")
+        };
+        let staging = self.staging.as_mut().expect("staged regions imply staging");
+        let slot = &mut self.window[index];
+        while slot.staged_off < len {
+            let Some(bounce) = staging.free.pop() else {
+                return Ok(false);
+            };
+            let off = slot.staged_off;
+            let n = (len - off).min(staging.chunk as u64);
+            // SAFETY: bounce slot `bounce` is ours until its completion frees it.
+            let buf = unsafe { staging.base.add(bounce * staging.chunk) };
+            if !get {
+                // SAFETY: as above; n <= chunk.
+                let dst = unsafe { std::slice::from_raw_parts_mut(buf, n as usize) };
+                if let Err(e) = mem.copy_to_host(local_off + off, dst) {
+                    staging.free.push(bounce);
+                    return Err(e);
+                }
+            }
+            let wr_id = wr_id(ticket, bounce as u64 + 1);
+            let (addr, offset) = (buf as u64, remote_off + off);
+            let wr = if get {
+                WorkRequest::Read {
+                    wr_id,
+                    local: &staging.reg,
+                    addr,
+                    len: n,
+                    remote,
+                    offset,
+                }
+            } else {
+                WorkRequest::Write {
+                    wr_id,
+                    local: &staging.reg,
+                    addr,
+                    len: n,
+                    remote,
+                    offset,
+                }
+            };
+            match self.transport.post(&wr) {
+                Ok(Posted::Yes) => {}
+                Ok(Posted::Busy) => {
+                    staging.free.push(bounce);
+                    return Ok(false);
+                }
+                Err(e) => {
+                    staging.free.push(bounce);
+                    return Err(e);
+                }
+            }
+            slot.chunks.push(Chunk {
+                bounce,
+                local_off: local_off + off,
+                len: n,
+                get,
+            });
+            slot.staged_off += n;
+            slot.outstanding += 1;
+            self.outstanding += 1;
+        }
+        slot.data_posted = true;
+        Ok(true)
+    }
+
+    /// Retires the complete prefix: counters, then `ctrl.completed`.
+    fn retire(&mut self) -> bool {
+        let start = self.retired;
+        while let Some(slot) = self.window.front() {
+            if slot.phase != Phase::Done {
+                break;
+            }
+            if let Some(c) = slot.op.counter {
+                if let Some(counter) = self.ring.counter_ref(c) {
+                    counter.fetch_add(1, Ordering::Release);
+                }
+            }
+            self.window.pop_front();
+            self.retired += 1;
+        }
+        if self.retired != start {
+            self.ring
+                .ctrl()
+                .completed
+                .store(self.retired, Ordering::Release);
+            return true;
+        }
+        false
+    }
+}

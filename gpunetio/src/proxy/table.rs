@@ -1,0 +1,398 @@
+//! A proxy queue pair's memory table (local regions and the peer's, by the 16-bit index
+//! ring entries carry) and the validation of every entry against it.
+
+use super::ring::GioStatus;
+use super::transport::RemoteDescriptor;
+use crate::error::{Error, Result};
+use crate::DeviceBuffer;
+use gpunetio_sys as ffi;
+use std::sync::Arc;
+
+/// Most regions in one table (indices are 16 bits in ring entries).
+pub const MAX_REGIONS: usize = u16::MAX as usize + 1;
+
+/// Device memory the proxy reaches by copies (bounce buffers) because the transport
+/// cannot register it. Implemented for [`DeviceBuffer`] (`cuMemcpyDtoH`/`HtoD`); any
+/// other memory with copy routines can be staged the same way.
+pub trait DeviceCopy: Send + Sync + 'static {
+    /// Length in bytes.
+    fn len(&self) -> u64;
+    /// Whether it is empty.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Where the GPU addresses it (0 if nowhere).
+    fn device_addr(&self) -> u64 {
+        0
+    }
+    /// Copies `dst.len()` bytes at `offset` out (before a put).
+    fn copy_to_host(&self, offset: u64, dst: &mut [u8]) -> Result<()>;
+    /// Copies `src` in at `offset` (after a get).
+    fn copy_from_host(&self, offset: u64, src: &[u8]) -> Result<()>;
+}
+
+impl DeviceCopy for DeviceBuffer {
+    fn len(&self) -> u64 {
+        DeviceBuffer::len(self) as u64
+    }
+    fn device_addr(&self) -> u64 {
+        self.ptr()
+    }
+    fn copy_to_host(&self, offset: u64, dst: &mut [u8]) -> Result<()> {
+        DeviceBuffer::copy_to_host(self, offset as usize, dst)
+    }
+    fn copy_from_host(&self, offset: u64, src: &[u8]) -> Result<()> {
+        DeviceBuffer::copy_from_host(self, offset as usize, src)
+    }
+}
+
+/// A local region.
+pub(crate) enum Local<R> {
+    /// Registered with the transport: operations go straight to `addr`.
+    Direct {
+        reg: R,
+        /// Address the transport uses (host pointer or registered device pointer).
+        addr: u64,
+        len: u64,
+        /// Where the GPU addresses it (the memory table's `addr`), 0 if nowhere.
+        dev_addr: u64,
+        /// Keeps the memory alive where the proxy owns a reference to it.
+        _keep: Option<Arc<dyn Send + Sync>>,
+    },
+    /// Reached through bounce buffers.
+    Staged { mem: Arc<dyn DeviceCopy> },
+}
+
+/// One entry of the table.
+pub(crate) enum Region<R> {
+    Local(Local<R>),
+    Remote(RemoteDescriptor),
+}
+
+impl<R> Region<R> {
+    fn len(&self) -> u64 {
+        match self {
+            Region::Local(Local::Direct { len, .. }) => *len,
+            Region::Local(Local::Staged { mem }) => mem.len(),
+            Region::Remote(d) => d.len,
+        }
+    }
+
+    /// The `gio_dev_mr` a kernel's bounds checks read.
+    pub(crate) fn dev_mr(&self, index: u32) -> ffi::gio_dev_mr {
+        let (addr, flags) = match self {
+            Region::Local(Local::Direct { dev_addr, .. }) => (*dev_addr, ffi::GIO_MR_MAPPED),
+            Region::Local(Local::Staged { mem }) => (mem.device_addr(), ffi::GIO_MR_MAPPED),
+            Region::Remote(_) => (0, ffi::GIO_MR_REMOTE),
+        };
+        ffi::gio_dev_mr {
+            addr,
+            length: self.len(),
+            flags,
+            index,
+            reserved: 0,
+        }
+    }
+}
+
+/// The table: regions by index.
+pub(crate) struct MemoryTable<R> {
+    pub(crate) regions: Vec<Region<R>>,
+}
+
+/// A validated entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum OpKind {
+    Nop,
+    Fence,
+    Put {
+        local: u16,
+        local_off: u64,
+        remote: u16,
+        remote_off: u64,
+        len: u64,
+    },
+    PutInline {
+        remote: u16,
+        remote_off: u64,
+        data: [u8; 8],
+        len: u8,
+    },
+    Get {
+        local: u16,
+        local_off: u64,
+        remote: u16,
+        remote_off: u64,
+        len: u64,
+    },
+    Signal {
+        mr: u16,
+        off: u64,
+        add: u64,
+    },
+}
+
+/// A validated entry with its flags resolved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Op {
+    pub kind: OpKind,
+    /// `GIO_FLAG_SIGNAL`: (region, offset, addend) after the data.
+    pub signal: Option<(u16, u64, u64)>,
+    /// `GIO_FLAG_COUNTER`: counter index.
+    pub counter: Option<u32>,
+}
+
+/// Why an entry is refused: the status for `ctrl.error` and a reason for the host.
+pub(crate) type Refusal = (GioStatus, String);
+
+fn bad(reason: String) -> Refusal {
+    (GioStatus::BAD_ENTRY, reason)
+}
+
+fn bounds(reason: String) -> Refusal {
+    (GioStatus::BOUNDS, reason)
+}
+
+impl<R> MemoryTable<R> {
+    pub(crate) fn new() -> Self {
+        Self {
+            regions: Vec::new(),
+        }
+    }
+
+    pub(crate) fn push(&mut self, region: Region<R>) -> Result<u32> {
+        if self.regions.len() >= MAX_REGIONS {
+            return Err(Error::InvalidArgument(format!(
+                "a queue pair's memory table holds at most {MAX_REGIONS} regions"
+            )));
+        }
+        self.regions.push(region);
+        Ok(self.regions.len() as u32 - 1)
+    }
+
+    pub(crate) fn get(&self, index: u16) -> &Region<R> {
+        &self.regions[index as usize]
+    }
+
+    /// `[off, off + len)` inside region `mr`, which must be remote or local as asked.
+    fn check_range(&self, what: &str, mr: u16, off: u64, len: u64, remote: bool) -> Result<(), Refusal> {
+        let Some(region) = self.regions.get(mr as usize) else {
+            return Err(bounds(format!(
+                "{what} region {mr} is not in the table ({} regions)",
+                self.regions.len()
+            )));
+        };
+        let is_remote = matches!(region, Region::Remote(_));
+        if is_remote != remote {
+            return Err(bounds(format!(
+                "{what} region {mr} is {}, expected {}",
+                if is_remote { "the peer's" } else { "local" },
+                if remote { "the peer's" } else { "local" }
+            )));
+        }
+        let rlen = region.len();
+        if off > rlen || len > rlen - off {
+            return Err(bounds(format!(
+                "{what} range {off}+{len} exceeds region {mr} of {rlen} bytes"
+            )));
+        }
+        Ok(())
+    }
+
+    fn check_signal(&self, mr: u16, off: u64) -> Result<(), Refusal> {
+        if off & 7 != 0 {
+            return Err(bounds(format!("signal offset {off} is not 8-byte aligned")));
+        }
+        self.check_range("signal", mr, off, 8, true)
+    }
+
+    /// Validates an entry the way the device library's checks and the ABI define it;
+    /// a refusal is never posted.
+    pub(crate) fn validate(&self, e: &ffi::gio_ring_entry, num_counters: u32) -> Result<Op, Refusal> {
+        if e.opcode > ffi::GIO_OP_MAX {
+            return Err(bad(format!("opcode {} (at most {})", e.opcode, ffi::GIO_OP_MAX)));
+        }
+        if e.flags & !ffi::GIO_FLAGS_ALL != 0 {
+            return Err(bad(format!("unknown flags {:#x}", e.flags)));
+        }
+        if e.reserved != 0 {
+            return Err(bad(format!("reserved field {:#x} is not zero", e.reserved)));
+        }
+        let signal_flag = e.flags & ffi::GIO_FLAG_SIGNAL != 0;
+        let counter_flag = e.flags & ffi::GIO_FLAG_COUNTER != 0;
+        let data_op = matches!(e.opcode, ffi::GIO_OP_PUT | ffi::GIO_OP_PUT_INLINE);
+        if signal_flag && !data_op {
+            return Err(bad(format!(
+                "GIO_FLAG_SIGNAL on opcode {} (puts only)",
+                e.opcode
+            )));
+        }
+        if counter_flag && matches!(e.opcode, ffi::GIO_OP_NOP | ffi::GIO_OP_FENCE) {
+            return Err(bad(format!("GIO_FLAG_COUNTER on opcode {}", e.opcode)));
+        }
+        let counter = if counter_flag {
+            if e.counter >= num_counters {
+                return Err(bounds(format!(
+                    "counter {} of {num_counters}",
+                    e.counter
+                )));
+            }
+            Some(e.counter)
+        } else {
+            None
+        };
+        let signal = if signal_flag {
+            self.check_signal(e.signal_mr, e.signal_off)?;
+            Some((e.signal_mr, e.signal_off, e.signal_add))
+        } else {
+            None
+        };
+        let kind = match e.opcode {
+            ffi::GIO_OP_NOP => OpKind::Nop,
+            ffi::GIO_OP_FENCE => OpKind::Fence,
+            ffi::GIO_OP_PUT | ffi::GIO_OP_GET => {
+                self.check_range("remote", e.remote_mr, e.remote_off, e.length, true)?;
+                self.check_range("local", e.local_mr, e.local_off, e.length, false)?;
+                let (local, local_off, remote, remote_off, len) =
+                    (e.local_mr, e.local_off, e.remote_mr, e.remote_off, e.length);
+                if e.opcode == ffi::GIO_OP_PUT {
+                    OpKind::Put {
+                        local,
+                        local_off,
+                        remote,
+                        remote_off,
+                        len,
+                    }
+                } else {
+                    OpKind::Get {
+                        local,
+                        local_off,
+                        remote,
+                        remote_off,
+                        len,
+                    }
+                }
+            }
+            ffi::GIO_OP_PUT_INLINE => {
+                if !matches!(e.length, 1 | 2 | 4 | 8) {
+                    return Err(bad(format!(
+                        "inline put of {} bytes (1, 2, 4 or 8)",
+                        e.length
+                    )));
+                }
+                self.check_range("remote", e.remote_mr, e.remote_off, e.length, true)?;
+                OpKind::PutInline {
+                    remote: e.remote_mr,
+                    remote_off: e.remote_off,
+                    data: e.local_off.to_le_bytes(),
+                    len: e.length as u8,
+                }
+            }
+            ffi::GIO_OP_SIGNAL => {
+                self.check_signal(e.signal_mr, e.signal_off)?;
+                OpKind::Signal {
+                    mr: e.signal_mr,
+                    off: e.signal_off,
+                    add: e.signal_add,
+                }
+            }
+            _ => unreachable!("opcode checked above"),
+        };
+        Ok(Op {
+            kind,
+            signal,
+            counter,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::ring::Entry;
+    use super::super::transport::TransportKind;
+    use super::*;
+
+    fn table() -> MemoryTable<()> {
+        let mut t = MemoryTable::new();
+        t.push(Region::Local(Local::Direct {
+            reg: (),
+            addr: 0x1000,
+            len: 100,
+            dev_addr: 0,
+            _keep: None,
+        }))
+        .unwrap();
+        t.push(Region::Remote(RemoteDescriptor {
+            transport: TransportKind::FABRIC,
+            addr: 0,
+            len: 64,
+            key: 1,
+        }))
+        .unwrap();
+        t
+    }
+
+    fn status(e: Entry) -> GioStatus {
+        match table().validate(&e.0, 2) {
+            Ok(_) => GioStatus::OK,
+            Err((s, _)) => s,
+        }
+    }
+
+    #[test]
+    fn good_entries_pass() {
+        for e in [
+            Entry::put(1, 0, 0, 36, 64),
+            Entry::put(1, 64, 0, 100, 0),
+            Entry::get(0, 0, 1, 0, 64),
+            Entry::put_inline(1, 56, 7, 8),
+            Entry::put_inline(1, 63, 7, 1),
+            Entry::signal(1, 8, 1),
+            Entry::put(1, 0, 0, 0, 8).with_signal(1, 56, 1).with_counter(1),
+            Entry::put_inline(1, 0, 1, 4).with_signal(1, 0, 1),
+            Entry::get(0, 0, 1, 0, 8).with_counter(0),
+            Entry::fence(),
+            Entry::nop(),
+        ] {
+            assert_eq!(status(e), GioStatus::OK, "{e:?}");
+        }
+    }
+
+    #[test]
+    fn bad_entries_are_typed() {
+        let mut raw = Entry::nop().0;
+        raw.opcode = 6;
+        assert_eq!(status(Entry::raw(raw)), GioStatus::BAD_ENTRY);
+        let mut raw = Entry::nop().0;
+        raw.flags = 4;
+        assert_eq!(status(Entry::raw(raw)), GioStatus::BAD_ENTRY);
+        let mut raw = Entry::nop().0;
+        raw.reserved = 1;
+        assert_eq!(status(Entry::raw(raw)), GioStatus::BAD_ENTRY);
+        assert_eq!(status(Entry::put_inline(1, 0, 1, 3)), GioStatus::BAD_ENTRY);
+        assert_eq!(
+            status(Entry::get(0, 0, 1, 0, 8).with_signal(1, 0, 1)),
+            GioStatus::BAD_ENTRY
+        );
+        assert_eq!(status(Entry::fence().with_counter(0)), GioStatus::BAD_ENTRY);
+        // Bounds: index, kind, range, alignment, counter.
+        assert_eq!(status(Entry::put(2, 0, 0, 0, 8)), GioStatus::BOUNDS);
+        assert_eq!(status(Entry::put(0, 0, 0, 0, 8)), GioStatus::BOUNDS);
+        assert_eq!(status(Entry::put(1, 0, 1, 0, 8)), GioStatus::BOUNDS);
+        assert_eq!(status(Entry::put(1, 60, 0, 0, 8)), GioStatus::BOUNDS);
+        assert_eq!(status(Entry::put(1, 0, 0, 96, 8)), GioStatus::BOUNDS);
+        assert_eq!(status(Entry::put(1, u64::MAX, 0, 0, 8)), GioStatus::BOUNDS);
+        assert_eq!(status(Entry::put_inline(1, 60, 1, 8)), GioStatus::BOUNDS);
+        assert_eq!(status(Entry::signal(1, 4, 1)), GioStatus::BOUNDS);
+        assert_eq!(status(Entry::signal(1, 64, 1)), GioStatus::BOUNDS);
+        assert_eq!(status(Entry::signal(0, 0, 1)), GioStatus::BOUNDS);
+        assert_eq!(
+            status(Entry::put(1, 0, 0, 0, 8).with_signal(1, 3, 1)),
+            GioStatus::BOUNDS
+        );
+        assert_eq!(
+            status(Entry::put(1, 0, 0, 0, 8).with_counter(2)),
+            GioStatus::BOUNDS
+        );
+    }
+}

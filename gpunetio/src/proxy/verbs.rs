@@ -1,0 +1,3 @@
+//! placeholder
+#[derive(Debug)]
+pub struct VerbsTransport;
