@@ -62,7 +62,10 @@ impl FabricTransport {
         let mut hints = InfoBuilder::new()
             .provider(provider)
             .ep_type(EndpointType::RDM)
-            .caps(Caps::MSG | Caps::RMA | Caps::ATOMIC);
+            .caps(Caps::MSG | Caps::RMA | Caps::ATOMIC)
+            // A completion must mean the data is in the peer's memory: the proxy
+            // reports it to the GPU as done, and posts a put's signal after it.
+            .tx_op_flags(fabric::ffi::FI_DELIVERY_COMPLETE);
         if provider != "shm" {
             hints = hints.node("127.0.0.1").source(true);
         }
@@ -73,7 +76,9 @@ impl FabricTransport {
     }
 
     /// An RDM endpoint from discovered `info` (must offer RMA and atomics; `FI_HMEM`
-    /// lets device memory be registered directly).
+    /// lets device memory be registered directly). Ask for `FI_DELIVERY_COMPLETE` in
+    /// the transmit op flags: with transmit completion (rxm's default for small
+    /// writes) a put is reported done before it reached the peer.
     pub fn from_info(info: Info) -> Result<Self> {
         let fabric = Fabric::new(&info).map_err(fab("fi_fabric"))?;
         let domain = Domain::new(&fabric, &info).map_err(fab("fi_domain"))?;

@@ -57,6 +57,8 @@ struct Slot {
     /// Staged entries: bytes handed to chunks so far.
     staged_off: u64,
     chunks: Vec<Chunk>,
+    /// Staged put: a bounce buffer holding the next chunk, copied but not yet posted.
+    ready: Option<usize>,
     signal_posted: bool,
 }
 
@@ -121,31 +123,22 @@ impl<T: Transport> Engine<T> {
         self.outstanding
     }
 
-    /// One round: take, reap, post, retire. `Ok(true)` if anything moved; the first
+    /// One round: reap, take, post, retire. `Ok(true)` if anything moved; the first
     /// failure is returned once as its typed error, later rounds report the ring's
-    /// status (they still reap completions, so memory is not freed under a transfer).
+    /// status (they still reap completions, so memory is not freed under a transfer,
+    /// and complete the entries before the failure).
     pub(crate) fn progress(&mut self) -> Result<bool> {
         let mut progressed = self.reap()?;
         if self.failure.is_none() {
             progressed |= self.take();
-            for _ in 0..2 {
-                // A retirement can release a fence: post again once.
-                progressed |= self.post_pass();
-                if !self.retire() {
-                    break;
-                }
-                progressed = true;
+        }
+        for _ in 0..2 {
+            // A retirement can release a fence: post again once.
+            progressed |= self.post_pass();
+            if !self.retire() {
+                break;
             }
-        } else {
-            // Entries before the failure still complete; nothing new is posted.
-            let failed = self.failure.map_or(u64::MAX, |f| f.1);
-            for index in 0..self.window.len() {
-                if self.window[index].ticket >= failed {
-                    break;
-                }
-                progressed |= self.advance(index);
-            }
-            progressed |= self.retire();
+            progressed = true;
         }
         if let Some(e) = self.pending_error.take() {
             return Err(e);
@@ -194,6 +187,7 @@ impl<T: Transport> Engine<T> {
                         data_posted: false,
                         staged_off: 0,
                         chunks: Vec::new(),
+                        ready: None,
                         signal_posted: false,
                     });
                     self.taken += 1;
@@ -315,11 +309,14 @@ impl<T: Transport> Engine<T> {
     fn post_pass(&mut self) -> bool {
         let mut progressed = false;
         let mut index = 0;
+        // After a failure, entries before it still complete; nothing at or after it
+        // is posted.
+        let limit = self.failure.map_or(u64::MAX, |f| f.1);
         while index < self.window.len() {
-            if self.failure.is_some() {
+            let ticket = self.window[index].ticket;
+            if ticket >= limit {
                 break;
             }
-            let ticket = self.window[index].ticket;
             progressed |= self.advance(index);
             let slot = &self.window[index];
             if slot.phase == Phase::Signal && !slot.signal_posted {
@@ -570,14 +567,20 @@ impl<T: Transport> Engine<T> {
         let staging = self.staging.as_mut().expect("staged regions imply staging");
         let slot = &mut self.window[index];
         while slot.staged_off < len {
-            let Some(bounce) = staging.free.pop() else {
-                return Ok(false);
-            };
             let off = slot.staged_off;
             let n = (len - off).min(staging.chunk as u64);
+            // A put chunk copied out before its post found the queue full is not copied
+            // again.
+            let (bounce, copied) = match slot.ready.take() {
+                Some(bounce) => (bounce, true),
+                None => match staging.free.pop() {
+                    Some(bounce) => (bounce, false),
+                    None => return Ok(false),
+                },
+            };
             // SAFETY: bounce slot `bounce` is ours until its completion frees it.
             let buf = unsafe { staging.base.add(bounce * staging.chunk) };
-            if !get {
+            if !get && !copied {
                 // SAFETY: as above; n <= chunk.
                 let dst = unsafe { std::slice::from_raw_parts_mut(buf, n as usize) };
                 if let Err(e) = mem.copy_to_host(local_off + off, dst) {
@@ -609,7 +612,11 @@ impl<T: Transport> Engine<T> {
             match self.transport.post(&wr) {
                 Ok(Posted::Yes) => {}
                 Ok(Posted::Busy) => {
-                    staging.free.push(bounce);
+                    if get {
+                        staging.free.push(bounce);
+                    } else {
+                        slot.ready = Some(bounce);
+                    }
                     return Ok(false);
                 }
                 Err(e) => {

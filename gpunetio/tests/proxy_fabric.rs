@@ -1,0 +1,201 @@
+//! The CPU proxy over libfabric RDM endpoints (`tcp;ofi_rxm` and `shm`) with a host
+//! thread standing in for the GPU: the same ring protocol and entry layout the device
+//! library uses. Two endpoints in one process, and one two-process test.
+
+mod proxy_common;
+
+use gpunetio::proxy::{CpuProxy, Entry, FabricTransport, HostProducer, RemoteDescriptor, RingMemory};
+use proxy_common::*;
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Command, Stdio};
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+fn pair(prov: &str, ring_size: u32) -> Pair<FabricTransport> {
+    watchdog(600);
+    let t = || FabricTransport::new(prov).unwrap_or_else(|e| panic!("{prov}: {e}"));
+    Pair::new(t(), t(), ring_size, 4, T)
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn unhex(s: &str) -> Vec<u8> {
+    (0..s.len() / 2)
+        .map(|i| u8::from_str_radix(&s[2 * i..2 * i + 2], 16).expect("hex"))
+        .collect()
+}
+
+macro_rules! providers {
+    ($($module:ident => $prov:expr;)*) => {$(
+        mod $module {
+            use super::*;
+            #[test] fn put_inline_get_signal_counters() { basic(&pair($prov, 64)) }
+            #[test] fn put_signal_data_first() { put_signal_order(&pair($prov, 16), 8) }
+            #[test] fn fence_orders_get_after_put() { fence(&pair($prov, 16)) }
+            #[test] fn wraparound_ring_of_8() { wraparound(&pair($prov, 8), 5000) }
+            #[test] fn full_ring_back_pressure() { back_pressure(&pair($prov, 8)) }
+            #[test] fn bad_entries_refused() { bad_entries(|| pair($prov, 8)) }
+            #[test] fn producer_timeout_and_shutdown() { timeout_and_shutdown(&pair($prov, 8)) }
+            #[test] fn staged_local_memory() { staged(&pair($prov, 16)) }
+            #[test] fn two_processes() { super::two_processes($prov) }
+        }
+    )*};
+}
+
+providers! {
+    tcp_rxm => "tcp;ofi_rxm";
+    shm => "shm";
+}
+
+#[test]
+fn wrong_key_is_a_transport_error_tcp_rxm() {
+    // tcp;ofi_rxm checks keys and fails the write's completion; shm does not check them.
+    let err = bad_key(&pair("tcp;ofi_rxm", 8));
+    assert!(
+        matches!(&err, gpunetio::Error::EntryFailed { source, .. } if matches!(**source, gpunetio::Error::Fabric { .. })),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn descriptors_of_another_transport_are_refused() {
+    let x = pair("shm", 8);
+    let mut d = x.b.descriptor(0).unwrap();
+    d.transport = gpunetio::proxy::TransportKind::VERBS;
+    assert!(matches!(
+        x.a.add_remote(&d),
+        Err(gpunetio::Error::InvalidArgument(_))
+    ));
+    assert!(x.a.cpu_proxy_progress().is_ok());
+}
+
+// ---- two processes --------------------------------------------------------------------
+
+const CHILD_SLOTS: u64 = 64;
+const CHILD_SLOT: usize = 4096;
+
+/// The target process: registers a region and a signal word, prints its address and
+/// descriptors, waits until the signal says every slot arrived, checks them, says OK.
+#[test]
+#[ignore = "the peer process of two_processes; run by it"]
+fn proxy_peer_process() {
+    let Ok(prov) = std::env::var("GIO_PROXY_PEER_PROV") else {
+        return;
+    };
+    watchdog(120);
+    let b = CpuProxy::new(
+        FabricTransport::new(&prov).unwrap(),
+        &RingMemory::host(8, 0).unwrap(),
+    )
+    .unwrap();
+    let (dst, sig) = (Buf::new(CHILD_SLOTS as usize * CHILD_SLOT), Buf::new(8));
+    // SAFETY: the buffers outlive `b` (dropped at the end of this function, after it).
+    let (d, s) = unsafe {
+        (
+            b.register_local(dst.ptr(), dst.len()).unwrap(),
+            b.register_local(sig.ptr(), sig.len()).unwrap(),
+        )
+    };
+    println!("NAME {}", hex(&b.local_info().unwrap()));
+    println!("DST {}", hex(&b.descriptor(d).unwrap().to_bytes()));
+    println!("SIG {}", hex(&b.descriptor(s).unwrap().to_bytes()));
+    std::io::stdout().flush().unwrap();
+    for i in 0..CHILD_SLOTS {
+        let deadline = Instant::now() + T;
+        while sig.word(0).load(Ordering::Acquire) < i + 1 {
+            assert!(Instant::now() < deadline, "signal {i} did not arrive");
+            std::thread::yield_now();
+        }
+        assert_eq!(
+            dst.read(i as usize * CHILD_SLOT, CHILD_SLOT),
+            pattern(CHILD_SLOT, i),
+            "slot {i}: signal before data"
+        );
+    }
+    println!("OK {}", sig.word(0).load(Ordering::Acquire));
+    std::io::stdout().flush().unwrap();
+    // Wait for the parent to finish (stdin closes).
+    for _ in std::io::stdin().lock().lines() {}
+    drop(b);
+}
+
+fn two_processes(prov: &str) {
+    watchdog(600);
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "proxy_peer_process", "--ignored", "--nocapture", "--test-threads=1"])
+        .env("GIO_PROXY_PEER_PROV", prov)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn the peer");
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines().map_while(Result::ok);
+    let mut expect = |prefix: &str| -> String {
+        for line in lines.by_ref() {
+            if let Some(at) = line.find(prefix) {
+                return line[at + prefix.len()..].trim().to_owned();
+            }
+        }
+        panic!("peer: no `{prefix}` line");
+    };
+    let name = unhex(&expect("NAME "));
+    let dst = RemoteDescriptor::from_bytes(&unhex(&expect("DST "))).unwrap();
+    let sig = RemoteDescriptor::from_bytes(&unhex(&expect("SIG "))).unwrap();
+
+    let ring = RingMemory::host(16, 1).unwrap();
+    let a = CpuProxy::new(FabricTransport::new(prov).unwrap(), &ring).unwrap();
+    a.connect(&name).unwrap();
+    let src = Buf::new(CHILD_SLOTS as usize * CHILD_SLOT);
+    for i in 0..CHILD_SLOTS {
+        src.write(i as usize * CHILD_SLOT, &pattern(CHILD_SLOT, i));
+    }
+    // SAFETY: `src` outlives `a` (declared after it is dropped below).
+    let l = unsafe { a.register_local(src.ptr(), src.len()).unwrap() };
+    let (r, s) = (a.add_remote(&dst).unwrap(), a.add_remote(&sig).unwrap());
+    a.start().unwrap();
+    let p = HostProducer::new(&ring, T).unwrap();
+    for i in 0..CHILD_SLOTS {
+        let off = i * CHILD_SLOT as u64;
+        p.post(&Entry::put(r, off, l, off, CHILD_SLOT as u64).with_signal(s, 0, 1).with_counter(0))
+            .unwrap();
+    }
+    p.quiet().unwrap();
+    assert_eq!(ring.counter(0).unwrap(), CHILD_SLOTS);
+    assert_eq!(expect("OK "), CHILD_SLOTS.to_string());
+    drop(child.stdin.take());
+    let deadline = Instant::now() + T;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            assert!(status.success(), "peer exited with {status}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "peer did not exit");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    drop(a);
+}
+
+/// Entries per second through the proxy with a host producer over `shm` (8-byte puts
+/// from registered memory, ring of 1024, proxy thread). Run with `--ignored
+/// --nocapture` in release mode.
+#[test]
+#[ignore = "a measurement; run by hand"]
+fn throughput_shm() {
+    for (what, n) in [("put 8 B", 200_000u64), ("inline 8 B", 200_000)] {
+        let x = pair("shm", 1024);
+        x.a.start().unwrap();
+        let start = Instant::now();
+        for i in 0..n {
+            let e = if what.starts_with("put") {
+                Entry::put(x.r, (i % 1024) * 8, x.l, 0, 8)
+            } else {
+                Entry::put_inline(x.r, (i % 1024) * 8, i, 8)
+            };
+            x.p.post(&e).unwrap();
+        }
+        x.p.quiet().unwrap();
+        let secs = start.elapsed().as_secs_f64();
+        println!("shm {what}: {n} entries in {secs:.3} s = {:.0} entries/s", n as f64 / secs);
+    }
+}
