@@ -7,9 +7,10 @@ __device__ __forceinline__ void record(int *status, int st) {
   if (st != GIO_OK) atomicCAS(status, GIO_OK, st);
 }
 
-// Every worker (a thread in THREAD scope, a warp in WARP scope) puts one message of
-// `size` bytes per iteration; message m lands at (m * size) % window on both sides. After
-// quiet, every worker adds 1 to the peer's signal word (the server expects `workers`).
+// Every worker (a thread in THREAD scope, a warp in WARP scope; at most window / size of
+// them) puts one message of `size` bytes per iteration; message m lands at
+// (m * size) % window on both sides. After quiet, every worker adds 1 to the peer's
+// signal word (the server expects `workers`).
 template <gio::scope Sc>
 __device__ void put_bw(gio_dev_qp *qp, uint32_t remote_mr, uint32_t local_mr, u64 size, u64 iters,
                        u64 window, uint32_t signal_mr, int *status) {
@@ -17,10 +18,15 @@ __device__ void put_bw(gio_dev_qp *qp, uint32_t remote_mr, uint32_t local_mr, u6
   const u64 tid = (u64)blockIdx.x * blockDim.x + threadIdx.x;
   const u64 workers = Sc == gio::scope::warp ? threads / 32 : threads;
   const u64 me = Sc == gio::scope::warp ? tid / 32 : tid;
+  // Messages in flight at once must be distinct memory (else the same bytes are read and
+  // written from cache by many workers): at most window / size workers put.
   const u64 per_window = window / size;
-  for (u64 i = 0; i < iters; i++) {
-    const u64 off = ((i * workers + me) % per_window) * size;
-    record(status, gio::put<Sc>(qp, remote_mr, off, local_mr, off, size));
+  const u64 active = workers < per_window ? workers : per_window;
+  if (me < active) {
+    for (u64 i = 0; i < iters; i++) {
+      const u64 off = ((i * active + me) % per_window) * size;
+      record(status, gio::put<Sc>(qp, remote_mr, off, local_mr, off, size));
+    }
   }
   record(status, gio::quiet(qp));
   record(status, gio::signal<Sc>(qp, signal_mr, 0, 1));
@@ -39,23 +45,31 @@ extern "C" __global__ void gio_perf_put_bw_warp(gio_dev_qp *qp, uint32_t remote_
   put_bw<gio::scope::warp>(qp, remote_mr, local_mr, size, iters, window, signal_mr, status);
 }
 
-// Ping-pong, thread 0 of each side: the initiator puts `size` bytes with a signal and
-// waits for the answer on its own signal word; the responder waits, then answers the same
-// way. The initiator records each round trip's nanoseconds in `rtt_ns[i]`.
+// Ping-pong, one warp of each side (WARP scope: the lanes copy together): the initiator
+// puts `size` bytes with a signal and waits for the answer on its own signal word; the
+// responder waits, then answers the same way. The initiator records each round trip's
+// nanoseconds in `rtt_ns[i]`.
 extern "C" __global__ void gio_perf_write_lat(gio_dev_qp *qp, uint32_t remote_mr,
                                               uint32_t local_mr, uint32_t remote_signal_mr,
                                               const u64 *my_signal, u64 size, u64 iters,
                                               int initiator, u64 *rtt_ns, int *status) {
-  if (threadIdx.x != 0 || blockIdx.x != 0) return;
+  if (blockIdx.x != 0 || threadIdx.x >= 32) return;
+  const bool lead = threadIdx.x == 0;
   for (u64 i = 1; i <= iters; i++) {
     const u64 start = gio::now_ns();
-    if (!initiator) record(status, gio::signal_wait_ge(qp, my_signal, i));
-    record(status, gio::put_signal<gio::scope::thread, gio::sharing::exclusive>(
+    if (!initiator) {
+      if (lead) record(status, gio::signal_wait_ge(qp, my_signal, i));
+      __syncwarp();
+    }
+    record(status, gio::put_signal<gio::scope::warp, gio::sharing::exclusive>(
                        qp, remote_mr, 0, local_mr, 0, size, remote_signal_mr, 0, 1));
     if (initiator) {
-      record(status, gio::signal_wait_ge(qp, my_signal, i));
-      rtt_ns[i - 1] = gio::now_ns() - start;
+      if (lead) {
+        record(status, gio::signal_wait_ge(qp, my_signal, i));
+        rtt_ns[i - 1] = gio::now_ns() - start;
+      }
+      __syncwarp();
     }
-    if (*(volatile int *)status != GIO_OK) break;
+    if (__shfl_sync(0xffffffffu, *(volatile int *)status, 0) != GIO_OK) break;
   }
 }
