@@ -194,6 +194,11 @@ impl<T: Transport> CpuProxy<T> {
         &self.ring
     }
 
+    /// Runs `f` on the transport (its endpoint or queue pair), with the proxy paused.
+    pub fn with_transport<R>(&self, f: impl FnOnce(&mut T) -> R) -> R {
+        f(&mut self.engine().transport)
+    }
+
     /// The blob the peer passes to its [`connect`](Self::connect).
     pub fn local_info(&self) -> Result<Vec<u8>> {
         self.engine().transport.local_info()
