@@ -663,3 +663,222 @@ impl<T: Transport> Engine<T> {
         false
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::ring::{Entry, HostProducer};
+    use super::super::transport::{RemoteDescriptor, TransportFailure, TransportKind};
+    use super::*;
+    use crate::DeviceBuffer;
+    use std::sync::Mutex;
+    use std::time::Duration;
+
+    /// A transport whose completions the test releases, in any order.
+    #[derive(Default)]
+    struct MockState {
+        /// (wr_id, what) in post order.
+        posted: Vec<(u64, &'static str)>,
+        /// Completions to deliver at the next poll: (wr_id, ok, peer gone).
+        release: Vec<(u64, bool, bool)>,
+    }
+
+    struct Mock(Arc<Mutex<MockState>>);
+
+    impl Transport for Mock {
+        type Registration = ();
+        fn kind(&self) -> TransportKind {
+            TransportKind::FABRIC
+        }
+        fn local_info(&self) -> Result<Vec<u8>> {
+            Ok(Vec::new())
+        }
+        fn connect(&mut self, _: &[u8]) -> Result<()> {
+            Ok(())
+        }
+        fn prepare(&mut self, _: usize) -> Result<()> {
+            Ok(())
+        }
+        unsafe fn register_host(&mut self, _: *mut u8, _: usize) -> Result<()> {
+            Ok(())
+        }
+        fn register_device(&mut self, _: &DeviceBuffer) -> Result<()> {
+            Err(Error::Unsupported("mock".into()))
+        }
+        fn descriptor(&self, _: &()) -> RemoteDescriptor {
+            unreachable!()
+        }
+        fn post(&mut self, wr: &WorkRequest<'_, ()>) -> Result<Posted> {
+            let (id, what) = match wr {
+                WorkRequest::Write { wr_id, .. } => (*wr_id, "write"),
+                WorkRequest::WriteInline { wr_id, .. } => (*wr_id, "inline"),
+                WorkRequest::Read { wr_id, .. } => (*wr_id, "read"),
+                WorkRequest::AtomicAdd { wr_id, .. } => (*wr_id, "add"),
+            };
+            self.0.lock().unwrap().posted.push((id, what));
+            Ok(Posted::Yes)
+        }
+        fn poll(&mut self, out: &mut Vec<TransportCompletion>) -> Result<()> {
+            for (wr_id, ok, peer_gone) in self.0.lock().unwrap().release.drain(..) {
+                out.push(TransportCompletion {
+                    wr_id,
+                    result: if ok {
+                        Ok(())
+                    } else {
+                        Err(TransportFailure {
+                            peer_gone,
+                            error: Error::InvalidArgument("mock failure".into()),
+                        })
+                    },
+                });
+            }
+            Ok(())
+        }
+    }
+
+    struct Fixture {
+        engine: Engine<Mock>,
+        state: Arc<Mutex<MockState>>,
+        p: HostProducer,
+        ring: Arc<RingMemory>,
+    }
+
+    /// Region 0 local (1 KiB), region 1 remote (1 KiB).
+    fn fixture() -> Fixture {
+        let ring = RingMemory::host(8, 2).unwrap();
+        let state = Arc::new(Mutex::new(MockState::default()));
+        let mut engine = Engine::new(ring.clone(), Mock(state.clone())).unwrap();
+        engine
+            .table
+            .push(Region::Local(Local::Direct {
+                reg: (),
+                addr: 0x1000,
+                len: 1024,
+                dev_addr: 0,
+                _keep: None,
+            }))
+            .unwrap();
+        engine
+            .table
+            .push(Region::Remote(RemoteDescriptor {
+                transport: TransportKind::FABRIC,
+                addr: 0,
+                len: 1024,
+                key: 1,
+            }))
+            .unwrap();
+        let p = HostProducer::new(&ring, Duration::from_secs(1)).unwrap();
+        Fixture {
+            engine,
+            state,
+            p,
+            ring,
+        }
+    }
+
+    impl Fixture {
+        fn posted(&self) -> Vec<(u64, &'static str)> {
+            self.state.lock().unwrap().posted.clone()
+        }
+        fn release(&self, wr_id: u64, ok: bool, peer_gone: bool) {
+            self.state
+                .lock()
+                .unwrap()
+                .release
+                .push((wr_id, ok, peer_gone));
+        }
+    }
+
+    #[test]
+    fn completions_out_of_order_wait_for_the_prefix() {
+        let mut f = fixture();
+        for i in 0..3 {
+            f.p.post(&Entry::put(1, i * 8, 0, 0, 8).with_counter(0))
+                .unwrap();
+        }
+        f.engine.progress().unwrap();
+        assert_eq!(
+            f.posted(),
+            [(wr_id(0, 0), "write"), (wr_id(1, 0), "write"), (wr_id(2, 0), "write")]
+        );
+        assert_eq!(f.ring.consumed(), 3);
+        f.release(wr_id(2, 0), true, false);
+        f.release(wr_id(1, 0), true, false);
+        f.engine.progress().unwrap();
+        assert_eq!(f.ring.completed(), 0, "a later completion retired early");
+        assert_eq!(f.ring.counter(0).unwrap(), 0);
+        f.release(wr_id(0, 0), true, false);
+        f.engine.progress().unwrap();
+        assert_eq!(f.ring.completed(), 3);
+        assert_eq!(f.ring.counter(0).unwrap(), 3);
+    }
+
+    #[test]
+    fn signal_is_posted_after_the_data_completes() {
+        let mut f = fixture();
+        f.p.post(&Entry::put_inline(1, 0, 5, 4).with_signal(1, 8, 2))
+            .unwrap();
+        f.engine.progress().unwrap();
+        f.engine.progress().unwrap();
+        assert_eq!(f.posted(), [(wr_id(0, 0), "inline")]);
+        f.release(wr_id(0, 0), true, false);
+        f.engine.progress().unwrap();
+        assert_eq!(
+            f.posted(),
+            [(wr_id(0, 0), "inline"), (wr_id(0, SIGNAL_PART), "add")]
+        );
+        assert_eq!(f.ring.completed(), 0, "done before its signal");
+        f.release(wr_id(0, SIGNAL_PART), true, false);
+        f.engine.progress().unwrap();
+        assert_eq!(f.ring.completed(), 1);
+    }
+
+    #[test]
+    fn fence_holds_later_entries_until_earlier_ones_complete() {
+        let mut f = fixture();
+        f.p.post(&Entry::put(1, 0, 0, 0, 8)).unwrap();
+        f.p.post(&Entry::fence()).unwrap();
+        f.p.post(&Entry::get(0, 0, 1, 0, 8)).unwrap();
+        f.p.post(&Entry::nop()).unwrap();
+        f.engine.progress().unwrap();
+        f.engine.progress().unwrap();
+        assert_eq!(f.posted(), [(wr_id(0, 0), "write")]);
+        f.release(wr_id(0, 0), true, false);
+        f.engine.progress().unwrap();
+        assert_eq!(f.posted(), [(wr_id(0, 0), "write"), (wr_id(2, 0), "read")]);
+        assert_eq!(f.ring.completed(), 2);
+        f.release(wr_id(2, 0), true, false);
+        f.engine.progress().unwrap();
+        assert_eq!(f.ring.completed(), 4);
+    }
+
+    #[test]
+    fn failed_completion_is_typed_and_stops_posting() {
+        for (peer_gone, status) in [(false, GioStatus::TRANSPORT), (true, GioStatus::PEER_GONE)] {
+            let mut f = fixture();
+            f.p.post(&Entry::put(1, 0, 0, 0, 8)).unwrap();
+            f.p.post(&Entry::put(1, 8, 0, 0, 8)).unwrap();
+            f.p.post(&Entry::fence()).unwrap();
+            f.p.post(&Entry::put(1, 16, 0, 0, 8)).unwrap();
+            f.engine.progress().unwrap();
+            f.release(wr_id(1, 0), false, peer_gone);
+            match f.engine.progress() {
+                Err(Error::EntryFailed {
+                    ticket: 1,
+                    status: s,
+                    ..
+                }) => assert_eq!(s, status),
+                other => panic!("{other:?}"),
+            }
+            assert_eq!(f.ring.error(), Some((status, 1)));
+            // The entry before still completes; nothing after the failure is posted.
+            f.release(wr_id(0, 0), true, false);
+            assert!(matches!(
+                f.engine.progress(),
+                Err(Error::RingFailed { ticket: 1, .. })
+            ));
+            assert_eq!(f.ring.completed(), 1);
+            assert_eq!(f.posted().len(), 2);
+            assert_eq!(f.engine.outstanding(), 0);
+        }
+    }
+}
