@@ -65,21 +65,35 @@ macro_rules! guest_test {
     };
 }
 
-guest_test!(rxe_proxy_put_inline_get_signal_counters, |ctx| basic(&pair(&ctx, 64)));
-guest_test!(rxe_proxy_put_signal_data_first, |ctx| put_signal_order(&pair(&ctx, 16), 2));
-guest_test!(rxe_proxy_fence_orders_get_after_put, |ctx| fence(&pair(&ctx, 16)));
-guest_test!(rxe_proxy_wraparound_ring_of_8, |ctx| wraparound(&pair(&ctx, 8), 2000));
-guest_test!(rxe_proxy_full_ring_back_pressure, |ctx| back_pressure(&pair(&ctx, 8)));
-guest_test!(rxe_proxy_bad_entries_refused, |ctx| bad_entries(|| pair(&ctx, 8)));
-guest_test!(rxe_proxy_producer_timeout_and_shutdown, |ctx| timeout_and_shutdown(&pair(&ctx, 8)));
+guest_test!(rxe_proxy_put_inline_get_signal_counters, |ctx| basic(
+    &pair(&ctx, 64)
+));
+guest_test!(rxe_proxy_put_signal_data_first, |ctx| put_signal_order(
+    &pair(&ctx, 16),
+    2
+));
+guest_test!(rxe_proxy_fence_orders_get_after_put, |ctx| fence(&pair(
+    &ctx, 16
+)));
+guest_test!(rxe_proxy_wraparound_ring_of_8, |ctx| wraparound(
+    &pair(&ctx, 8),
+    2000
+));
+guest_test!(rxe_proxy_full_ring_back_pressure, |ctx| back_pressure(
+    &pair(&ctx, 8)
+));
+guest_test!(rxe_proxy_bad_entries_refused, |ctx| bad_entries(|| pair(
+    &ctx, 8
+)));
+guest_test!(rxe_proxy_producer_timeout_and_shutdown, |ctx| {
+    timeout_and_shutdown(&pair(&ctx, 8))
+});
 guest_test!(rxe_proxy_staged_local_memory, |ctx| staged(&pair(&ctx, 16)));
 
 guest_test!(rxe_proxy_wrong_rkey_is_a_transport_error, |ctx| {
     let err = bad_key(&pair(&ctx, 8));
     match &err {
-        Error::EntryFailed {
-            status, source, ..
-        } => {
+        Error::EntryFailed { status, source, .. } => {
             assert_eq!(*status, GioStatus::TRANSPORT, "{err}");
             assert!(matches!(**source, Error::Verbs { .. }), "{source:?}");
         }
@@ -88,21 +102,25 @@ guest_test!(rxe_proxy_wrong_rkey_is_a_transport_error, |ctx| {
 });
 
 guest_test!(rxe_proxy_lost_peer_is_peer_gone, |ctx| {
-    let x = pair(&ctx, 8);
+    // A short transport timeout and few retries, so the lost peer is noticed quickly.
+    let o = ConnectOptions {
+        timeout: 12,
+        retry_cnt: 3,
+        ..opts(&ctx)
+    };
+    let t = || VerbsTransport::new(&ctx, o, 16).expect("verbs transport");
+    let x = Pair::new(t(), t(), 8, 4, T);
     x.a.start().unwrap();
-    let t = x
-        .p
-        .post(&gpunetio::proxy::Entry::put(x.r, 0, x.l, 0, 64))
-        .unwrap();
+    let t =
+        x.p.post(&gpunetio::proxy::Entry::put(x.r, 0, x.l, 0, 64))
+            .unwrap();
     x.p.wait(t).unwrap();
-    // The peer's queue pair goes to the error state: it answers nothing more, and the
-    // initiator's retries run out.
-    x.b.with_transport(|t| t.queue_pair().unwrap().to_error())
-        .unwrap();
-    let t = x
-        .p
-        .post(&gpunetio::proxy::Entry::put(x.r, 0, x.l, 0, 64))
-        .unwrap();
+    // The peer's queue pair is destroyed (as if its process died): nothing answers, and
+    // the initiator's retries run out.
+    x.b.with_transport(|t| t.close());
+    let t =
+        x.p.post(&gpunetio::proxy::Entry::put(x.r, 0, x.l, 0, 64))
+            .unwrap();
     match x.p.wait(t) {
         Err(Error::RingFailed { status, ticket }) => {
             assert_eq!((status, ticket), (GioStatus::PEER_GONE, t));
@@ -127,7 +145,10 @@ guest_test!(rxe_proxy_malformed_peer_blobs_refused, |ctx| {
     bad[4] = 7;
     for blob in [&good[..10], &bad[..]] {
         assert!(
-            matches!(gpunetio::proxy::Transport::connect(&mut t, blob), Err(Error::Malformed { .. })),
+            matches!(
+                gpunetio::proxy::Transport::connect(&mut t, blob),
+                Err(Error::Malformed { .. })
+            ),
             "{blob:?}"
         );
     }

@@ -102,6 +102,13 @@ impl VerbsTransport {
         self.qp.as_ref()
     }
 
+    /// Destroys the queue pair (the connection is gone for both sides: the peer's next
+    /// operation runs out of retries). Posting afterwards is an error.
+    pub fn close(&mut self) {
+        self.qp = None;
+        self.prepared = None;
+    }
+
     fn encode(ep: &ibverbs::Endpoint) -> Vec<u8> {
         let mut b = Vec::with_capacity(INFO_LEN);
         b.extend_from_slice(&INFO_MAGIC);
@@ -126,7 +133,10 @@ impl VerbsTransport {
             return Err(bad("no GIOV magic".into()));
         }
         if b[4] != INFO_VERSION || b[5..8] != [0, 0, 0] {
-            return Err(bad(format!("version {} (this build reads {INFO_VERSION})", b[4])));
+            return Err(bad(format!(
+                "version {} (this build reads {INFO_VERSION})",
+                b[4]
+            )));
         }
         let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"));
         let u16_at = |i: usize| u16::from_le_bytes(b[i..i + 2].try_into().expect("2 bytes"));
@@ -172,7 +182,9 @@ fn sge_len(len: u64) -> Result<u32> {
     u32::try_from(len)
         .ok()
         .filter(|l| *l <= 1 << 31)
-        .ok_or_else(|| Error::InvalidArgument(format!("{len} bytes in one RDMA operation (2 GiB at most)")))
+        .ok_or_else(|| {
+            Error::InvalidArgument(format!("{len} bytes in one RDMA operation (2 GiB at most)"))
+        })
 }
 
 impl Transport for VerbsTransport {
@@ -188,10 +200,9 @@ impl Transport for VerbsTransport {
 
     fn connect(&mut self, peer_info: &[u8]) -> Result<()> {
         let peer = Self::decode(peer_info)?;
-        let prepared = self
-            .prepared
-            .take()
-            .ok_or_else(|| Error::InvalidArgument("the verbs transport is connected already".into()))?;
+        let prepared = self.prepared.take().ok_or_else(|| {
+            Error::InvalidArgument("the verbs transport is connected already".into())
+        })?;
         let qp = prepared
             .connect(&peer, &self.opts)
             .map_err(verbs(format!("connecting to QP {}", peer.qp_num)))?;
