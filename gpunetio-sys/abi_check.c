@@ -3,3 +3,6 @@
 #include "gpunetio/gio_abi.h"
 
 uint32_t gio_abi_check_version(void) { return GIO_ABI_VERSION; }
+
+/* The mlx5 handler's structs: their static asserts, for host C. */
+#include "gpunetio/gio_mlx5.cuh"

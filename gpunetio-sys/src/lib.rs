@@ -19,6 +19,8 @@
 
 use core::mem::{offset_of, size_of};
 
+pub mod mlx5;
+
 /// `GIO_ABI_VERSION`: bumped with any layout change.
 pub const GIO_ABI_VERSION: u32 = 1;
 
@@ -50,6 +52,8 @@ pub const GIO_ERR_PEER_GONE: i32 = 4;
 pub const GIO_ERR_TIMEOUT: i32 = 5;
 pub const GIO_ERR_SHUTDOWN: i32 = 6;
 pub const GIO_ERR_MIXED_LEVELS: i32 = 7;
+/// MLX5: the NIC returned an error completion (`gio_mlx5_qp.syndrome` says why).
+pub const GIO_ERR_CQE: i32 = 8;
 
 pub const GIO_QP_SAME_DEVICE: u32 = 0x1;
 
@@ -131,7 +135,9 @@ pub struct gio_dev_qp {
     pub num_counters: u32,
     pub flags: u32,
     pub timeout_ns: u64,
-    pub reserved: [u8; 56],
+    /// `struct gio_mlx5_qp *` (device memory) for `GIO_NIC_HANDLER_MLX5`, else 0.
+    pub mlx5: u64,
+    pub reserved: [u8; 48],
 }
 
 impl Default for gio_ring_ctrl {
@@ -176,7 +182,8 @@ impl Default for gio_dev_qp {
             num_counters: 0,
             flags: 0,
             timeout_ns: 0,
-            reserved: [0; 56],
+            mlx5: 0,
+            reserved: [0; 48],
         }
     }
 }
@@ -312,6 +319,7 @@ pub const LAYOUT: &[(&str, &str, usize)] = &[
         "timeout_ns",
         offset_of!(gio_dev_qp, timeout_ns),
     ),
+    ("gio_dev_qp", "mlx5", offset_of!(gio_dev_qp, mlx5)),
 ];
 
 // The header's static asserts, on the Rust side.
@@ -337,20 +345,25 @@ const _: () = {
     assert!(offset_of!(gio_dev_qp, mrs) == 40);
     assert!(offset_of!(gio_dev_qp, counters) == 48);
     assert!(offset_of!(gio_dev_qp, timeout_ns) == 64);
+    assert!(offset_of!(gio_dev_qp, mlx5) == 72);
 };
 
 /// `gio_abi.h`.
 pub const GIO_ABI_H: &str = include_str!("../include/gpunetio/gio_abi.h");
 /// `gio_device.cuh`: the device library.
 pub const GIO_DEVICE_CUH: &str = include_str!("../include/gpunetio/gio_device.cuh");
+/// `gio_mlx5.cuh`: the native mlx5 handler (WQE building, doorbells, CQE polling).
+pub const GIO_MLX5_CUH: &str = include_str!("../include/gpunetio/gio_mlx5.cuh");
 
 /// Every header by the name device code includes it with (`#include "gpunetio/…"`, or
 /// the bare file name from a sibling header).
 pub const HEADERS: &[(&str, &str)] = &[
     ("gpunetio/gio_abi.h", GIO_ABI_H),
     ("gpunetio/gio_device.cuh", GIO_DEVICE_CUH),
+    ("gpunetio/gio_mlx5.cuh", GIO_MLX5_CUH),
     ("gio_abi.h", GIO_ABI_H),
     ("gio_device.cuh", GIO_DEVICE_CUH),
+    ("gio_mlx5.cuh", GIO_MLX5_CUH),
 ];
 
 extern "C" {
@@ -405,6 +418,7 @@ mod tests {
             ("GIO_ERR_TIMEOUT", GIO_ERR_TIMEOUT as i64),
             ("GIO_ERR_SHUTDOWN", GIO_ERR_SHUTDOWN as i64),
             ("GIO_ERR_MIXED_LEVELS", GIO_ERR_MIXED_LEVELS as i64),
+            ("GIO_ERR_CQE", GIO_ERR_CQE as i64),
             ("GIO_NO_COUNTER", GIO_NO_COUNTER as i64),
             ("GIO_QP_SAME_DEVICE", GIO_QP_SAME_DEVICE as i64),
             ("GIO_LEVEL_UNUSED", GIO_LEVEL_UNUSED as i64),

@@ -39,7 +39,7 @@ extern "C" __global__ void gio_layout(u64 *out, int *count) {
       GIO_FIELD(gio_dev_qp, ring_size), GIO_FIELD(gio_dev_qp, num_mrs), GIO_FIELD(gio_dev_qp, ring),
       GIO_FIELD(gio_dev_qp, ctrl), GIO_FIELD(gio_dev_qp, state), GIO_FIELD(gio_dev_qp, mrs),
       GIO_FIELD(gio_dev_qp, counters), GIO_FIELD(gio_dev_qp, num_counters),
-      GIO_FIELD(gio_dev_qp, timeout_ns),
+      GIO_FIELD(gio_dev_qp, timeout_ns), GIO_FIELD(gio_dev_qp, mlx5),
   };
   const int n = sizeof(v) / sizeof(v[0]);
   for (int i = 0; i < n; i++) out[i] = v[i];

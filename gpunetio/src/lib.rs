@@ -64,6 +64,10 @@ pub use gpunetio_sys as ffi;
 pub const DEVICE_SOURCES: &[(&str, &str)] = &[
     ("gio_tests.cu", include_str!("../kernels/gio_tests.cu")),
     ("gio_perf.cu", include_str!("../kernels/gio_perf.cu")),
+    (
+        "gio_mlx5_tests.cu",
+        include_str!("../kernels/gio_mlx5_tests.cu"),
+    ),
 ];
 
 /// For GPU tests: whether the suite must have a GPU (`NIXL_REQUIRE_GPU=1` on the GPU

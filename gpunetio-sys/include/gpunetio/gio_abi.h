@@ -96,6 +96,8 @@ typedef long long int64_t;
 #define GIO_ERR_SHUTDOWN 6
 /* Low-level and high-level calls mixed on one queue pair (debug builds). */
 #define GIO_ERR_MIXED_LEVELS 7
+/* MLX5: the NIC returned an error completion; gio_mlx5_qp.syndrome says why. */
+#define GIO_ERR_CQE 8
 
 /* ---- queue pair flags (gio_dev_qp.flags) ------------------------------------------------ */
 /* Every peer region is memory of this same GPU (INTRA_NODE between processes sharing a
@@ -177,6 +179,9 @@ struct gio_dev_mr {
 GIO_STATIC_ASSERT(sizeof(struct gio_dev_mr) == 32, "gio_dev_mr");
 GIO_ASSERT_OFFSET(gio_dev_mr, flags, 16);
 
+/* The mlx5 handler's state (gio_mlx5.cuh). */
+struct gio_mlx5_qp;
+
 /* A queue pair as a kernel sees it: passed by pointer (device memory) as a kernel
  * argument. Built and owned by the host (`gpunetio::GpuQueuePair::export`). */
 struct gio_dev_qp {
@@ -192,12 +197,14 @@ struct gio_dev_qp {
   uint32_t num_counters;       /*  56 */
   uint32_t flags;              /*  60: GIO_QP_* */
   uint64_t timeout_ns;         /*  64: bound on every device-side wait (0: none) */
-  uint8_t reserved[56];        /*  72: room for the mlx5 handler's fields */
+  struct gio_mlx5_qp *mlx5;    /*  72: device memory (MLX5), else null */
+  uint8_t reserved[48];        /*  80 */
 };
 GIO_STATIC_ASSERT(sizeof(struct gio_dev_qp) == 128, "gio_dev_qp");
 GIO_ASSERT_OFFSET(gio_dev_qp, ring, 16);
 GIO_ASSERT_OFFSET(gio_dev_qp, mrs, 40);
 GIO_ASSERT_OFFSET(gio_dev_qp, counters, 48);
 GIO_ASSERT_OFFSET(gio_dev_qp, timeout_ns, 64);
+GIO_ASSERT_OFFSET(gio_dev_qp, mlx5, 72);
 
 #endif /* GPUNETIO_GIO_ABI_H */

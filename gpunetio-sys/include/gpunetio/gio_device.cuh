@@ -25,6 +25,11 @@
  * and resource sharing (EXCLUSIVE: one thread uses the queue pair; CTA: threads of one
  * block; GPU: any thread).
  *
+ * On GIO_NIC_HANDLER_MLX5 (gio_mlx5.cuh) the same calls build ConnectX WQEs, ring the
+ * doorbell and poll CQEs themselves; a ticket is then a WQE index (put_signal: the
+ * index of its atomic), an error completion GIO_ERR_CQE with the syndrome recorded in
+ * gio_mlx5_qp.syndrome.
+ *
  * Every call returns a status (GIO_OK or GIO_ERR_*); waits are bounded by the queue
  * pair's timeout_ns. Define GIO_DEBUG to have mixing of high- and low-level calls on one
  * queue pair refused (GIO_ERR_MIXED_LEVELS).
@@ -33,6 +38,7 @@
 #define GPUNETIO_GIO_DEVICE_CUH
 
 #include "gio_abi.h"
+#include "gio_mlx5.cuh"
 
 namespace gio {
 
@@ -286,6 +292,7 @@ __device__ __forceinline__ void submit(gio_dev_qp *, u64) {}
 
 /* GIO_OK once `ticket` completed, 1 while pending, else the failure. */
 __device__ __forceinline__ int poll_completion(const gio_dev_qp *qp, u64 ticket) {
+  if (qp->nic_handler == GIO_NIC_HANDLER_MLX5) return mlx5::poll_wqe(qp->mlx5, ticket);
   if (qp->nic_handler != GIO_NIC_HANDLER_CPU_PROXY) return GIO_OK;
   if (ld_acquire_sys(&qp->ctrl->completed) > ticket) return GIO_OK;
   int e = host_status(qp);
@@ -326,6 +333,100 @@ __device__ __forceinline__ void copy_bytes(char *dst, const char *src, u64 len, 
 __device__ __forceinline__ char *mapped(const gio_dev_qp *qp, uint32_t mr, u64 off) {
   return (char *)(qp->mrs[mr].addr + off);
 }
+
+/* ---- native mlx5: the GPU writes WQEs and rings the doorbell ------------------------------------ */
+
+/* The first error CQE seen on the queue pair, GIO_OK while healthy. */
+__device__ __forceinline__ int mlx5_status(const gio_dev_qp *qp) {
+  return *(volatile const int32_t *)&qp->mlx5->error;
+}
+
+/* Waits until WQE `pi` completed (or failed). */
+__device__ __forceinline__ int mlx5_wait(const gio_dev_qp *qp, u64 pi) {
+  const u64 start = now_ns();
+  for (;;) {
+    const int st = mlx5::poll_wqe(qp->mlx5, pi);
+    if (st != 1) return st;
+    if (timed_out(qp, start)) return GIO_ERR_TIMEOUT;
+  }
+}
+
+/* Posts `n` WQEs (one WQEBB each) built by `build(wqe *, u64 pi, uint32_t i)`: reserves
+ * producer indices (gio_dev_qp.state->reserved), waits for free send-queue slots (the
+ * completion of the WQE sq_wqe_cnt earlier), writes the WQEs, then rings the doorbell in
+ * producer order (shared queues: a poster waits until every earlier reservation rang, so
+ * the NIC never sees the producer index go back). `*ticket` = the last WQE's index. */
+template <sharing S, typename Build>
+__device__ __forceinline__ int mlx5_post_n(gio_dev_qp *qp, uint32_t n, u64 *ticket, Build build) {
+  gio_mlx5_qp *m = qp->mlx5;
+  int st = mlx5_status(qp);
+  if (st != GIO_OK) return st;
+  const u64 first = reserve_slots<S>(qp, n);
+  for (uint32_t i = 0; i < n; i++) {
+    const u64 pi = first + i;
+    if (pi >= m->sq_wqe_cnt) {
+      st = mlx5_wait(qp, pi - m->sq_wqe_cnt);
+      if (st != GIO_OK) return st;
+    }
+    mlx5::wqe w;
+    build(&w, pi, i);
+    mlx5::store_wqe(m, pi, w);
+  }
+  if (S != sharing::exclusive) {
+    const u64 start = now_ns();
+    while (*(volatile u64 *)&m->sq_rung != first) {
+      st = mlx5_status(qp);
+      if (st != GIO_OK) return st;
+      if (timed_out(qp, start)) return GIO_ERR_TIMEOUT;
+    }
+  }
+  mlx5::ring_db(m, first + n);
+  if (S == sharing::exclusive) {
+    m->sq_rung = first + n;
+  } else {
+    st_release_sys(&m->sq_rung, first + n);
+  }
+  if (ticket) *ticket = first + n - 1;
+  return GIO_OK;
+}
+
+/* mlx5_post_n in the execution scope: WARP scope posts once for the warp. */
+template <scope Sc, sharing S, typename Build>
+__device__ __forceinline__ int mlx5_post(gio_dev_qp *qp, uint32_t n, u64 *ticket, Build build) {
+  if (Sc == scope::warp) {
+    const unsigned active = __activemask();
+    const unsigned leader = __ffs(active) - 1;
+    u64 t = 0;
+    int st = GIO_OK;
+    if (lane_id() == leader) st = mlx5_post_n<S>(qp, n, &t, build);
+    t = __shfl_sync(active, t, leader);
+    st = __shfl_sync(active, st, leader);
+    if (ticket) *ticket = t;
+    return st;
+  }
+  return mlx5_post_n<S>(qp, n, ticket, build);
+}
+
+/* The counter variants on mlx5 wait for the WQE and then bump the counter (DOCA posts a
+ * WAIT + atomic on a companion queue pair instead; not done here yet). */
+template <scope Sc>
+__device__ __forceinline__ int mlx5_count(gio_dev_qp *qp, u64 ticket, uint32_t counter) {
+  if (counter == GIO_NO_COUNTER) return GIO_OK;
+  int st = GIO_OK;
+  if (Sc == scope::thread || lane_id() == 0) {
+    st = mlx5_wait(qp, ticket);
+    if (st == GIO_OK) atomicAdd_system(&qp->counters[counter], 1ull);
+  }
+  if (Sc == scope::warp) st = __shfl_sync(__activemask(), st, __ffs(__activemask()) - 1);
+  return st;
+}
+
+__device__ __forceinline__ const gio_mlx5_key &mlx5_key(const gio_dev_qp *qp, uint32_t mr) {
+  return qp->mlx5->keys[mr];
+}
+
+/* Messages above 2 GiB - 1 do not fit a data segment's byte count. */
+#define GIO_MLX5_MAX_MESSAGE 0x7fffffffull
 
 /* ---- high level ------------------------------------------------------------------------------- */
 
@@ -406,6 +507,29 @@ __device__ __forceinline__ int put_ext(gio_dev_qp *qp, uint32_t remote_mr, u64 r
     if (ticket) *ticket = 0;
     return GIO_OK;
   }
+  if (qp->nic_handler == GIO_NIC_HANDLER_MLX5) {
+    if (len > GIO_MLX5_MAX_MESSAGE) return GIO_ERR_BAD_ENTRY;
+    const gio_mlx5_key &r = mlx5_key(qp, remote_mr), &l = mlx5_key(qp, local_mr);
+    const uint32_t qpn = qp->mlx5->qpn;
+    u64 t = 0;
+    /* RDMA WRITE, then (put_signal) an atomic fetch-add the responder executes after the
+     * write's data was placed (RC requests execute in order). */
+    st = mlx5_post<Sc, S>(qp, signal_mr >= 0 ? 2 : 1, &t, [&](mlx5::wqe *w, u64 pi, uint32_t i) {
+      if (i == 0) {
+        mlx5::prepare_rdma(w, GIO_MLX5_OPCODE_RDMA_WRITE, (uint16_t)pi, qpn,
+                           GIO_MLX5_CTRL_CQ_UPDATE, r.addr + remote_off, r.key, l.addr + local_off,
+                           l.key, (uint32_t)len, 0);
+      } else {
+        const gio_mlx5_key &s = mlx5_key(qp, (uint32_t)signal_mr);
+        mlx5::prepare_atomic(w, GIO_MLX5_OPCODE_ATOMIC_FA, (uint16_t)pi, qpn,
+                             GIO_MLX5_CTRL_CQ_UPDATE, s.addr + signal_off, s.key,
+                             qp->mlx5->scratch_addr, qp->mlx5->scratch_lkey, signal_add, 0);
+      }
+    });
+    if (ticket) *ticket = t;
+    if (st != GIO_OK) return st;
+    return mlx5_count<Sc>(qp, t, counter);
+  }
   return post_entry<Sc, S>(qp, ticket, [&](gio_ring_entry *e) {
     prepare_put(e, remote_mr, remote_off, local_mr, local_off, len);
     if (signal_mr >= 0) add_signal(e, (uint32_t)signal_mr, signal_off, signal_add);
@@ -461,6 +585,14 @@ __device__ __forceinline__ int p(gio_dev_qp *qp, uint32_t remote_mr, u64 remote_
     if (ticket) *ticket = 0;
     return GIO_OK;
   }
+  if (qp->nic_handler == GIO_NIC_HANDLER_MLX5) {
+    const gio_mlx5_key &r = mlx5_key(qp, remote_mr);
+    const uint32_t qpn = qp->mlx5->qpn;
+    return mlx5_post<Sc, S>(qp, 1, ticket, [&](mlx5::wqe *w, u64 pi, uint32_t) {
+      mlx5::prepare_write_inline(w, (uint16_t)pi, qpn, GIO_MLX5_CTRL_CQ_UPDATE,
+                                 r.addr + remote_off, r.key, &value, sizeof(T));
+    });
+  }
   u64 bits = 0;
   const unsigned char *bytes = (const unsigned char *)&value;
   for (unsigned i = 0; i < sizeof(T); i++) bits |= (u64)bytes[i] << (8 * i);
@@ -483,6 +615,15 @@ __device__ __forceinline__ int signal(gio_dev_qp *qp, uint32_t signal_mr, u64 si
     }
     if (ticket) *ticket = 0;
     return GIO_OK;
+  }
+  if (qp->nic_handler == GIO_NIC_HANDLER_MLX5) {
+    const gio_mlx5_key &s = mlx5_key(qp, signal_mr);
+    const gio_mlx5_qp *m = qp->mlx5;
+    return mlx5_post<Sc, S>(qp, 1, ticket, [&](mlx5::wqe *w, u64 pi, uint32_t) {
+      mlx5::prepare_atomic(w, GIO_MLX5_OPCODE_ATOMIC_FA, (uint16_t)pi, m->qpn,
+                           GIO_MLX5_CTRL_CQ_UPDATE, s.addr + signal_off, s.key, m->scratch_addr,
+                           m->scratch_lkey, add, 0);
+    });
   }
   return post_entry<Sc, S>(qp, ticket,
                            [&](gio_ring_entry *e) { prepare_signal(e, signal_mr, signal_off, add); });
@@ -511,6 +652,19 @@ __device__ __forceinline__ int get(gio_dev_qp *qp, uint32_t local_mr, u64 local_
     if (ticket) *ticket = 0;
     return GIO_OK;
   }
+  if (qp->nic_handler == GIO_NIC_HANDLER_MLX5) {
+    if (len > GIO_MLX5_MAX_MESSAGE) return GIO_ERR_BAD_ENTRY;
+    const gio_mlx5_key &r = mlx5_key(qp, remote_mr), &l = mlx5_key(qp, local_mr);
+    const uint32_t qpn = qp->mlx5->qpn;
+    u64 t = 0;
+    st = mlx5_post<Sc, S>(qp, 1, &t, [&](mlx5::wqe *w, u64 pi, uint32_t) {
+      mlx5::prepare_rdma(w, GIO_MLX5_OPCODE_RDMA_READ, (uint16_t)pi, qpn, GIO_MLX5_CTRL_CQ_UPDATE,
+                         r.addr + remote_off, r.key, l.addr + local_off, l.key, (uint32_t)len, 0);
+    });
+    if (ticket) *ticket = t;
+    if (st != GIO_OK) return st;
+    return mlx5_count<Sc>(qp, t, counter);
+  }
   return post_entry<Sc, S>(qp, ticket, [&](gio_ring_entry *e) {
     prepare_get(e, local_mr, local_off, remote_mr, remote_off, len);
     if (counter != GIO_NO_COUNTER) add_counter(e, counter);
@@ -524,6 +678,14 @@ __device__ __forceinline__ int fence(gio_dev_qp *qp) {
   if (qp->nic_handler == GIO_NIC_HANDLER_INTRA_NODE) {
     fence_for_peer(qp);
     return GIO_OK;
+  }
+  if (qp->nic_handler == GIO_NIC_HANDLER_MLX5) {
+    /* A NOP with the strong-ordering fence: the NIC starts it, and so everything after
+     * it, only once every earlier WQE completed. */
+    const uint32_t qpn = qp->mlx5->qpn;
+    return mlx5_post<Sc, S>(qp, 1, 0, [&](mlx5::wqe *w, u64 pi, uint32_t) {
+      mlx5::prepare_nop(w, (uint16_t)pi, qpn, GIO_MLX5_CTRL_CQ_UPDATE | GIO_MLX5_CTRL_FENCE);
+    });
   }
   return post_entry<Sc, S>(qp, 0, [&](gio_ring_entry *e) { prepare_fence(e); });
 }
@@ -550,7 +712,8 @@ __device__ __forceinline__ int quiet(gio_dev_qp *qp) {
     return GIO_OK;
   }
   const u64 reserved = *(volatile u64 *)&qp->state->reserved;
-  if (reserved == 0) return host_status(qp);
+  if (reserved == 0)
+    return qp->nic_handler == GIO_NIC_HANDLER_MLX5 ? mlx5_status(qp) : host_status(qp);
   return wait(qp, reserved - 1);
 }
 
