@@ -45,7 +45,8 @@ extern "C" __global__ void gio_perf_put_bw_warp(gio_dev_qp *qp, uint32_t remote_
   put_bw<gio::scope::warp>(qp, remote_mr, local_mr, size, iters, window, signal_mr, status);
 }
 
-// Ping-pong, one warp of each side (WARP scope: the lanes copy together): the initiator
+// Ping-pong, one warp of each side (WARP scope above 512 B: the lanes copy together;
+// lane 0 alone below): the initiator
 // puts `size` bytes with a signal and waits for the answer on its own signal word; the
 // responder waits, then answers the same way. The initiator records each round trip's
 // nanoseconds in `rtt_ns[i]`.
@@ -61,8 +62,15 @@ extern "C" __global__ void gio_perf_write_lat(gio_dev_qp *qp, uint32_t remote_mr
       if (lead) record(status, gio::signal_wait_ge(qp, my_signal, i));
       __syncwarp();
     }
-    record(status, gio::put_signal<gio::scope::warp, gio::sharing::exclusive>(
-                       qp, remote_mr, 0, local_mr, 0, size, remote_signal_mr, 0, 1));
+    // Small messages: lane 0 alone (THREAD scope) is quicker than a warp's barrier.
+    if (size <= 512) {
+      if (lead)
+        record(status, gio::put_signal<gio::scope::thread, gio::sharing::exclusive>(
+                           qp, remote_mr, 0, local_mr, 0, size, remote_signal_mr, 0, 1));
+    } else {
+      record(status, gio::put_signal<gio::scope::warp, gio::sharing::exclusive>(
+                         qp, remote_mr, 0, local_mr, 0, size, remote_signal_mr, 0, 1));
+    }
     if (initiator) {
       if (lead) {
         record(status, gio::signal_wait_ge(qp, my_signal, i));

@@ -324,7 +324,9 @@ fn client(o: &Opts, addr: &str) -> Result<(), String> {
         for _ in 0..3 {
             times.push(run(iters)?);
         }
-        let msgs = iters * workers;
+        // The kernel lets at most window / size workers put (distinct memory in flight).
+        let active = workers.min((window / size) as u64);
+        let msgs = iters * active;
         let bytes = (msgs * size as u64) as f64;
         let total: Duration = times.iter().sum();
         let best = times.iter().min().copied().unwrap_or(total);

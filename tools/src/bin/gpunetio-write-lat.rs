@@ -7,7 +7,8 @@
 //! ```text
 //! gpunetio-write-lat [-a | -s BYTES] [-n ITERS] [-p intra_node] [-d GPU]
 //! ```
-//! Each side is one warp (WARP scope: its lanes copy the message together). Messages
+//! Each side is one warp (WARP scope above 512 B: its lanes copy the message together;
+//! lane 0 alone in THREAD scope below, which is quicker than the warp's barrier). Messages
 //! over 64 KiB get proportionally fewer round trips (at least 100). NIC handler
 //! `intra_node` with both sides on one GPU: the two kernels run in this
 //! process on two streams (kernels of two processes time-slice one GPU unless MPS runs,
