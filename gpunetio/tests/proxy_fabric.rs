@@ -4,7 +4,9 @@
 
 mod proxy_common;
 
-use gpunetio::proxy::{CpuProxy, Entry, FabricTransport, HostProducer, RemoteDescriptor, RingMemory};
+use gpunetio::proxy::{
+    CpuProxy, Entry, FabricTransport, HostProducer, RemoteDescriptor, RingMemory,
+};
 use proxy_common::*;
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
@@ -124,13 +126,21 @@ fn proxy_peer_process() {
 fn two_processes(prov: &str) {
     watchdog(600);
     let mut child = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "proxy_peer_process", "--ignored", "--nocapture", "--test-threads=1"])
+        .args([
+            "--exact",
+            "proxy_peer_process",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env("GIO_PROXY_PEER_PROV", prov)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
         .expect("spawn the peer");
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines().map_while(Result::ok);
+    let mut lines = BufReader::new(child.stdout.take().unwrap())
+        .lines()
+        .map_while(Result::ok);
     let mut expect = |prefix: &str| -> String {
         for line in lines.by_ref() {
             if let Some(at) = line.find(prefix) {
@@ -157,8 +167,12 @@ fn two_processes(prov: &str) {
     let p = HostProducer::new(&ring, T).unwrap();
     for i in 0..CHILD_SLOTS {
         let off = i * CHILD_SLOT as u64;
-        p.post(&Entry::put(r, off, l, off, CHILD_SLOT as u64).with_signal(s, 0, 1).with_counter(0))
-            .unwrap();
+        p.post(
+            &Entry::put(r, off, l, off, CHILD_SLOT as u64)
+                .with_signal(s, 0, 1)
+                .with_counter(0),
+        )
+        .unwrap();
     }
     p.quiet().unwrap();
     assert_eq!(ring.counter(0).unwrap(), CHILD_SLOTS);
@@ -196,6 +210,9 @@ fn throughput_shm() {
         }
         x.p.quiet().unwrap();
         let secs = start.elapsed().as_secs_f64();
-        println!("shm {what}: {n} entries in {secs:.3} s = {:.0} entries/s", n as f64 / secs);
+        println!(
+            "shm {what}: {n} entries in {secs:.3} s = {:.0} entries/s",
+            n as f64 / secs
+        );
     }
 }

@@ -69,9 +69,9 @@ impl FabricTransport {
         if provider != "shm" {
             hints = hints.node("127.0.0.1").source(true);
         }
-        let info = hints
-            .get_first()
-            .map_err(fab(format!("fi_getinfo for {provider} with RMA and atomics")))?;
+        let info = hints.get_first().map_err(fab(format!(
+            "fi_getinfo for {provider} with RMA and atomics"
+        )))?;
         Self::from_info(info)
     }
 

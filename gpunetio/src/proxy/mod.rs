@@ -237,7 +237,11 @@ impl<T: Transport> CpuProxy<T> {
         let dev_addr = buf.device_ptr().unwrap_or(0);
         let mut engine = self.engine();
         // SAFETY: the buffer is kept alive by the table entry below.
-        let reg = unsafe { engine.transport.register_host(buf.as_ptr().cast_mut(), buf.len()) }?;
+        let reg = unsafe {
+            engine
+                .transport
+                .register_host(buf.as_ptr().cast_mut(), buf.len())
+        }?;
         engine.table.push(Region::Local(Local::Direct {
             reg,
             addr: buf.as_ptr() as u64,
@@ -409,9 +413,11 @@ impl<T: Transport> CpuProxy<T> {
                 "exporting a host ring: no GPU can reach it (use RingMemory::cuda)".into(),
             ));
         }
-        let gpu = self.options.gpu.as_ref().ok_or_else(|| {
-            Error::InvalidArgument("export needs the builder's gpu()".into())
-        })?;
+        let gpu = self
+            .options
+            .gpu
+            .as_ref()
+            .ok_or_else(|| Error::InvalidArgument("export needs the builder's gpu()".into()))?;
         let engine = self.engine();
         let mrs: Vec<ffi::gio_dev_mr> = engine
             .table

@@ -798,7 +798,11 @@ mod tests {
         f.engine.progress().unwrap();
         assert_eq!(
             f.posted(),
-            [(wr_id(0, 0), "write"), (wr_id(1, 0), "write"), (wr_id(2, 0), "write")]
+            [
+                (wr_id(0, 0), "write"),
+                (wr_id(1, 0), "write"),
+                (wr_id(2, 0), "write")
+            ]
         );
         assert_eq!(f.ring.consumed(), 3);
         f.release(wr_id(2, 0), true, false);

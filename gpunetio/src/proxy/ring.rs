@@ -97,9 +97,7 @@ const _: () = {
     assert!(offset_of!(CtrlAtomic, completed) == offset_of!(ffi::gio_ring_ctrl, completed));
     assert!(offset_of!(CtrlAtomic, error) == offset_of!(ffi::gio_ring_ctrl, error));
     assert!(offset_of!(CtrlAtomic, shutdown) == offset_of!(ffi::gio_ring_ctrl, shutdown));
-    assert!(
-        offset_of!(CtrlAtomic, error_ticket) == offset_of!(ffi::gio_ring_ctrl, error_ticket)
-    );
+    assert!(offset_of!(CtrlAtomic, error_ticket) == offset_of!(ffi::gio_ring_ctrl, error_ticket));
     assert!(size_of::<StateAtomic>() == size_of::<ffi::gio_ring_dev_state>());
     assert!(offset_of!(StateAtomic, reserved) == offset_of!(ffi::gio_ring_dev_state, reserved));
     assert!(
@@ -384,7 +382,12 @@ impl RingMemory {
     /// `ctrl.error` and `ctrl.error_ticket`, once the ring failed.
     pub fn error(&self) -> Option<(GioStatus, u64)> {
         let e = self.ctrl().error.load(Ordering::Acquire);
-        (e != ffi::GIO_OK).then(|| (GioStatus(e), self.ctrl().error_ticket.load(Ordering::Acquire)))
+        (e != ffi::GIO_OK).then(|| {
+            (
+                GioStatus(e),
+                self.ctrl().error_ticket.load(Ordering::Acquire),
+            )
+        })
     }
 
     /// Whether `ctrl.shutdown` is set.
@@ -461,25 +464,65 @@ impl Entry {
     /// `GIO_OP_PUT`: `len` bytes from (`local_mr`, `local_off`) to (`remote_mr`,
     /// `remote_off`) (`gio::prepare_put`).
     pub fn put(remote_mr: u32, remote_off: u64, local_mr: u32, local_off: u64, len: u64) -> Self {
-        Self::prepare(ffi::GIO_OP_PUT, local_mr, local_off, remote_mr, remote_off, len, 0, 0, 0)
+        Self::prepare(
+            ffi::GIO_OP_PUT,
+            local_mr,
+            local_off,
+            remote_mr,
+            remote_off,
+            len,
+            0,
+            0,
+            0,
+        )
     }
 
     /// `GIO_OP_PUT_INLINE`: the `bytes` (1, 2, 4 or 8) low bytes of `value`, little
     /// endian, to (`remote_mr`, `remote_off`) (`gio::p`).
     pub fn put_inline(remote_mr: u32, remote_off: u64, value: u64, bytes: u64) -> Self {
-        Self::prepare(ffi::GIO_OP_PUT_INLINE, 0, value, remote_mr, remote_off, bytes, 0, 0, 0)
+        Self::prepare(
+            ffi::GIO_OP_PUT_INLINE,
+            0,
+            value,
+            remote_mr,
+            remote_off,
+            bytes,
+            0,
+            0,
+            0,
+        )
     }
 
     /// `GIO_OP_GET`: `len` bytes from (`remote_mr`, `remote_off`) into (`local_mr`,
     /// `local_off`).
     pub fn get(local_mr: u32, local_off: u64, remote_mr: u32, remote_off: u64, len: u64) -> Self {
-        Self::prepare(ffi::GIO_OP_GET, local_mr, local_off, remote_mr, remote_off, len, 0, 0, 0)
+        Self::prepare(
+            ffi::GIO_OP_GET,
+            local_mr,
+            local_off,
+            remote_mr,
+            remote_off,
+            len,
+            0,
+            0,
+            0,
+        )
     }
 
     /// `GIO_OP_SIGNAL`: atomically add `add` to the peer's u64 at (`signal_mr`,
     /// `signal_off`).
     pub fn signal(signal_mr: u32, signal_off: u64, add: u64) -> Self {
-        Self::prepare(ffi::GIO_OP_SIGNAL, 0, 0, 0, 0, 0, signal_mr, signal_off, add)
+        Self::prepare(
+            ffi::GIO_OP_SIGNAL,
+            0,
+            0,
+            0,
+            0,
+            0,
+            signal_mr,
+            signal_off,
+            add,
+        )
     }
 
     /// `GIO_OP_FENCE`.
@@ -714,10 +757,19 @@ mod tests {
         assert!(matches!(err, Error::Timeout { .. }), "{err:?}");
         // A ring that failed ends the wait with the failure.
         ring.set_error(GioStatus::BOUNDS, 2);
-        assert!(!ring.set_error(GioStatus::TRANSPORT, 3), "first failure wins");
+        assert!(
+            !ring.set_error(GioStatus::TRANSPORT, 3),
+            "first failure wins"
+        );
         let err = p.write(5, &Entry::nop()).unwrap_err();
         assert!(
-            matches!(err, Error::RingFailed { status: GioStatus::BOUNDS, ticket: 2 }),
+            matches!(
+                err,
+                Error::RingFailed {
+                    status: GioStatus::BOUNDS,
+                    ticket: 2
+                }
+            ),
             "{err:?}"
         );
     }

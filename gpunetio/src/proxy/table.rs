@@ -175,7 +175,14 @@ impl<R> MemoryTable<R> {
     }
 
     /// `[off, off + len)` inside region `mr`, which must be remote or local as asked.
-    fn check_range(&self, what: &str, mr: u16, off: u64, len: u64, remote: bool) -> Result<(), Refusal> {
+    fn check_range(
+        &self,
+        what: &str,
+        mr: u16,
+        off: u64,
+        len: u64,
+        remote: bool,
+    ) -> Result<(), Refusal> {
         let Some(region) = self.regions.get(mr as usize) else {
             return Err(bounds(format!(
                 "{what} region {mr} is not in the table ({} regions)",
@@ -208,9 +215,17 @@ impl<R> MemoryTable<R> {
 
     /// Validates an entry the way the device library's checks and the ABI define it;
     /// a refusal is never posted.
-    pub(crate) fn validate(&self, e: &ffi::gio_ring_entry, num_counters: u32) -> Result<Op, Refusal> {
+    pub(crate) fn validate(
+        &self,
+        e: &ffi::gio_ring_entry,
+        num_counters: u32,
+    ) -> Result<Op, Refusal> {
         if e.opcode > ffi::GIO_OP_MAX {
-            return Err(bad(format!("opcode {} (at most {})", e.opcode, ffi::GIO_OP_MAX)));
+            return Err(bad(format!(
+                "opcode {} (at most {})",
+                e.opcode,
+                ffi::GIO_OP_MAX
+            )));
         }
         if e.flags & !ffi::GIO_FLAGS_ALL != 0 {
             return Err(bad(format!("unknown flags {:#x}", e.flags)));
@@ -232,10 +247,7 @@ impl<R> MemoryTable<R> {
         }
         let counter = if counter_flag {
             if e.counter >= num_counters {
-                return Err(bounds(format!(
-                    "counter {} of {num_counters}",
-                    e.counter
-                )));
+                return Err(bounds(format!("counter {} of {num_counters}", e.counter)));
             }
             Some(e.counter)
         } else {
@@ -348,7 +360,9 @@ mod tests {
             Entry::put_inline(1, 56, 7, 8),
             Entry::put_inline(1, 63, 7, 1),
             Entry::signal(1, 8, 1),
-            Entry::put(1, 0, 0, 0, 8).with_signal(1, 56, 1).with_counter(1),
+            Entry::put(1, 0, 0, 0, 8)
+                .with_signal(1, 56, 1)
+                .with_counter(1),
             Entry::put_inline(1, 0, 1, 4).with_signal(1, 0, 1),
             Entry::get(0, 0, 1, 0, 8).with_counter(0),
             Entry::fence(),

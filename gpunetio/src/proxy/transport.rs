@@ -62,7 +62,11 @@ impl RemoteDescriptor {
             reason,
         };
         if b.len() != Self::WIRE_SIZE {
-            return Err(bad(format!("{} bytes, expected {}", b.len(), Self::WIRE_SIZE)));
+            return Err(bad(format!(
+                "{} bytes, expected {}",
+                b.len(),
+                Self::WIRE_SIZE
+            )));
         }
         if b[..4] != DESC_MAGIC {
             return Err(bad("no GIOD magic".into()));

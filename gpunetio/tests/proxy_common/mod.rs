@@ -8,8 +8,8 @@ use gpunetio::proxy::{
     RingMemory, Transport,
 };
 use gpunetio::Error;
-use std::sync::atomic::Ordering;
 use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, Once};
 use std::time::{Duration, Instant};
 
@@ -67,7 +67,9 @@ impl Buf {
 
 pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
     (0..len)
-        .map(|i| ((i as u64).wrapping_mul(131) ^ seed.wrapping_mul(0x9e37_79b9) ^ (i as u64 >> 8)) as u8)
+        .map(|i| {
+            ((i as u64).wrapping_mul(131) ^ seed.wrapping_mul(0x9e37_79b9) ^ (i as u64 >> 8)) as u8
+        })
         .collect()
 }
 
@@ -116,7 +118,12 @@ impl<X: Transport> Pair<X> {
         let b = CpuProxy::new(tb, &RingMemory::host(8, 0).unwrap()).unwrap();
         a.connect(&b.local_info().unwrap()).unwrap();
         b.connect(&a.local_info().unwrap()).unwrap();
-        let (src, get, dst, sig) = (Buf::new(SRC), Buf::new(SRC), Buf::new(DST), Buf::new(SIGNALS * 8));
+        let (src, get, dst, sig) = (
+            Buf::new(SRC),
+            Buf::new(SRC),
+            Buf::new(DST),
+            Buf::new(SIGNALS * 8),
+        );
         // SAFETY: the buffers are fields declared after the proxies: they outlive them.
         let (l, g, bd, bs) = unsafe {
             (
@@ -208,9 +215,14 @@ pub fn basic<X: Transport>(x: &Pair<X>) {
     .iter()
     .enumerate()
     {
-        let t = x
-            .p
-            .post(&Entry::put(x.r, dst_off as u64, x.l, src_off as u64, len as u64))
+        let t =
+            x.p.post(&Entry::put(
+                x.r,
+                dst_off as u64,
+                x.l,
+                src_off as u64,
+                len as u64,
+            ))
             .unwrap();
         x.p.wait(t).unwrap();
         assert_eq!(
@@ -223,7 +235,9 @@ pub fn basic<X: Transport>(x: &Pair<X>) {
     x.dst.write(0, &[0xee; 64]);
     let value = 0x1122_3344_5566_7788u64;
     for (n, off) in [(1u64, 1usize), (2, 6), (4, 12), (8, 24)] {
-        let t = x.p.post(&Entry::put_inline(x.r, off as u64, value, n)).unwrap();
+        let t =
+            x.p.post(&Entry::put_inline(x.r, off as u64, value, n))
+                .unwrap();
         x.p.wait(t).unwrap();
         assert_eq!(
             x.dst.read(off, n as usize),
@@ -231,15 +245,18 @@ pub fn basic<X: Transport>(x: &Pair<X>) {
             "inline {n}"
         );
         assert_eq!(x.dst.read(off - 1, 1), [0xee], "byte before inline {n}");
-        assert_eq!(x.dst.read(off + n as usize, 1), [0xee], "byte after inline {n}");
+        assert_eq!(
+            x.dst.read(off + n as usize, 1),
+            [0xee],
+            "byte after inline {n}"
+        );
     }
     // GET.
     let remote = pattern(30000, 2);
     x.dst.write(1000, &remote);
-    let t = x
-        .p
-        .post(&Entry::get(x.g, 50, x.r, 1000, remote.len() as u64))
-        .unwrap();
+    let t =
+        x.p.post(&Entry::get(x.g, 50, x.r, 1000, remote.len() as u64))
+            .unwrap();
     x.p.wait(t).unwrap();
     assert_eq!(x.get.read(50, remote.len()), remote, "get");
     // SIGNAL adds.
@@ -256,7 +273,8 @@ pub fn basic<X: Transport>(x: &Pair<X>) {
         .unwrap();
     x.p.post(&Entry::put_inline(x.r, 0, 1, 8).with_counter(1))
         .unwrap();
-    x.p.post(&Entry::signal(x.s, 16, 1).with_counter(1)).unwrap();
+    x.p.post(&Entry::signal(x.s, 16, 1).with_counter(1))
+        .unwrap();
     x.p.quiet().unwrap();
     assert_eq!(x.ring.counter(0).unwrap(), 3);
     assert_eq!(x.ring.counter(1).unwrap(), 3);
@@ -292,9 +310,8 @@ pub fn put_signal_order<X: Transport>(x: &Pair<X>, rounds: u64) {
             for i in 0..32u64 {
                 let off = i as usize * SLOT;
                 x.src.write(off, &pattern(SLOT, round * 1000 + i));
-                let t = x
-                    .p
-                    .post(
+                let t =
+                    x.p.post(
                         &Entry::put(x.r, off as u64, x.l, off as u64, SLOT as u64)
                             .with_signal(x.s, 0, 1),
                     )
@@ -333,7 +350,9 @@ pub fn wraparound<X: Transport>(x: &Pair<X>, ops: u64) {
         let e = if i % 97 == 0 {
             x.src.write(4096, &pattern(256, i));
             // The source is reused: wait for this one.
-            let t = x.p.post(&Entry::put(x.r, 8192, x.l, 4096, 256).with_counter(0)).unwrap();
+            let t =
+                x.p.post(&Entry::put(x.r, 8192, x.l, 4096, 256).with_counter(0))
+                    .unwrap();
             x.p.wait(t).unwrap();
             assert_eq!(x.dst.read(8192, 256), pattern(256, i));
             continue;
@@ -362,12 +381,17 @@ pub fn back_pressure<X: Transport>(x: &Pair<X>) {
     std::thread::scope(|scope| {
         scope.spawn(|| {
             for i in 0..40u64 {
-                x.p.post(&Entry::put_inline(x.r, i * 8, i + 100, 8)).unwrap();
+                x.p.post(&Entry::put_inline(x.r, i * 8, i + 100, 8))
+                    .unwrap();
                 posted.fetch_add(1, Ordering::Release);
             }
         });
         std::thread::sleep(Duration::from_millis(300));
-        assert_eq!(posted.load(Ordering::Acquire), 8, "the producer did not block on a full ring");
+        assert_eq!(
+            posted.load(Ordering::Acquire),
+            8,
+            "the producer did not block on a full ring"
+        );
         assert_eq!(x.ring.consumed(), 0);
         x.a.start().unwrap();
     });
@@ -394,7 +418,11 @@ pub fn bad_entry<X: Transport>(x: &Pair<X>, bad: Entry, status: GioStatus) {
         }
     };
     match err {
-        Error::BadEntry { ticket: 1, status: s, ref reason } => {
+        Error::BadEntry {
+            ticket: 1,
+            status: s,
+            ref reason,
+        } => {
             assert_eq!(s, status, "{reason}");
         }
         other => panic!("expected BadEntry at ticket 1 with {status}, got {other:?}"),
@@ -403,7 +431,10 @@ pub fn bad_entry<X: Transport>(x: &Pair<X>, bad: Entry, status: GioStatus) {
     // Later rounds report the ring's status; the entry before completes.
     wait_until("the entry before the bad one", || {
         match x.a.cpu_proxy_progress() {
-            Err(Error::RingFailed { status: s, ticket: 1 }) => assert_eq!(s, status),
+            Err(Error::RingFailed {
+                status: s,
+                ticket: 1,
+            }) => assert_eq!(s, status),
             other => panic!("after a refusal: {other:?}"),
         }
         x.ring.completed() == 1
@@ -413,11 +444,22 @@ pub fn bad_entry<X: Transport>(x: &Pair<X>, bad: Entry, status: GioStatus) {
         let _ = x.a.cpu_proxy_progress();
     }
     std::thread::sleep(Duration::from_millis(50));
-    assert_eq!(x.dst.read(4096, 256), vec![0; 256], "an entry after the bad one was posted");
+    assert_eq!(
+        x.dst.read(4096, 256),
+        vec![0; 256],
+        "an entry after the bad one was posted"
+    );
     assert_eq!(x.ring.completed(), 1);
-    assert_eq!(x.ring.consumed(), 1, "the bad entry and those after it stay on the ring");
+    assert_eq!(
+        x.ring.consumed(),
+        1,
+        "the bad entry and those after it stay on the ring"
+    );
     match x.p.wait(t2) {
-        Err(Error::RingFailed { status: s, ticket: 1 }) => assert_eq!(s, status),
+        Err(Error::RingFailed {
+            status: s,
+            ticket: 1,
+        }) => assert_eq!(s, status),
         other => panic!("producer wait after a refusal: {other:?}"),
     }
 }
@@ -431,18 +473,46 @@ pub fn bad_entries<X: Transport>(make: impl Fn() -> Pair<X>) {
     raw.opcode = 9;
     let cases = [
         ("bad opcode", Entry::raw(raw), GioStatus::BAD_ENTRY),
-        ("inline of 3 bytes", Entry::put_inline(r, 0, 1, 3), GioStatus::BAD_ENTRY),
-        ("mr index out of range", Entry::put(40, 0, l, 0, 8), GioStatus::BOUNDS),
-        ("range out of bounds", Entry::put(r, DST as u64 - 4, l, 0, 8), GioStatus::BOUNDS),
-        ("misaligned signal", Entry::signal(s, 4, 1), GioStatus::BOUNDS),
+        (
+            "inline of 3 bytes",
+            Entry::put_inline(r, 0, 1, 3),
+            GioStatus::BAD_ENTRY,
+        ),
+        (
+            "mr index out of range",
+            Entry::put(40, 0, l, 0, 8),
+            GioStatus::BOUNDS,
+        ),
+        (
+            "range out of bounds",
+            Entry::put(r, DST as u64 - 4, l, 0, 8),
+            GioStatus::BOUNDS,
+        ),
+        (
+            "misaligned signal",
+            Entry::signal(s, 4, 1),
+            GioStatus::BOUNDS,
+        ),
         (
             "misaligned put signal",
             Entry::put(r, 0, l, 0, 8).with_signal(s, 12, 1),
             GioStatus::BOUNDS,
         ),
-        ("local used as remote", Entry::put(l, 0, l, 0, 8), GioStatus::BOUNDS),
-        ("remote used as local", Entry::get(r, 0, r, 0, 8), GioStatus::BOUNDS),
-        ("counter out of range", Entry::put(r, 0, l, 0, 8).with_counter(99), GioStatus::BOUNDS),
+        (
+            "local used as remote",
+            Entry::put(l, 0, l, 0, 8),
+            GioStatus::BOUNDS,
+        ),
+        (
+            "remote used as local",
+            Entry::get(r, 0, r, 0, 8),
+            GioStatus::BOUNDS,
+        ),
+        (
+            "counter out of range",
+            Entry::put(r, 0, l, 0, 8).with_counter(99),
+            GioStatus::BOUNDS,
+        ),
     ];
     for (what, entry, status) in cases {
         eprintln!("bad entry: {what}");
@@ -479,13 +549,17 @@ pub fn staged<X: Transport>(x: &Pair<X>) {
     let d = x.a.register_staged(dev.clone()).unwrap();
     assert!(matches!(x.a.descriptor(d), Err(Error::Unsupported(_))));
     x.a.start().unwrap();
-    let t = x.p.post(&Entry::put(x.r, 100, d, 0, 200_000).with_signal(x.s, 0, 1)).unwrap();
+    let t =
+        x.p.post(&Entry::put(x.r, 100, d, 0, 200_000).with_signal(x.s, 0, 1))
+            .unwrap();
     x.p.wait(t).unwrap();
     assert_eq!(x.dst.read(100, 200_000), data);
     assert_eq!(x.sig.word(0).load(Ordering::Acquire), 1);
     let back = pattern(99_000, 8);
     x.dst.write(0, &back);
-    let t = x.p.post(&Entry::get(d, 200_500, x.r, 0, 99_000).with_counter(0)).unwrap();
+    let t =
+        x.p.post(&Entry::get(d, 200_500, x.r, 0, 99_000).with_counter(0))
+            .unwrap();
     x.p.wait(t).unwrap();
     assert_eq!(&dev.bytes.lock().unwrap()[200_500..299_500], &back[..]);
     assert_eq!(x.ring.counter(0).unwrap(), 1);
@@ -507,7 +581,10 @@ pub fn bad_key<X: Transport>(x: &Pair<X>) -> Error {
     let deadline = Instant::now() + T;
     let err = loop {
         match x.a.cpu_proxy_progress() {
-            Ok(_) => assert!(Instant::now() < deadline, "a put with a wrong key did not fail"),
+            Ok(_) => assert!(
+                Instant::now() < deadline,
+                "a put with a wrong key did not fail"
+            ),
             Err(e) => break e,
         }
     };
@@ -518,7 +595,10 @@ pub fn bad_key<X: Transport>(x: &Pair<X>) -> Error {
         }
         other => panic!("expected EntryFailed, got {other:?}"),
     };
-    assert!(status == GioStatus::TRANSPORT || status == GioStatus::PEER_GONE, "{status}");
+    assert!(
+        status == GioStatus::TRANSPORT || status == GioStatus::PEER_GONE,
+        "{status}"
+    );
     assert_eq!(x.ring.error(), Some((status, t)));
     assert!(matches!(x.p.wait(t), Err(Error::RingFailed { .. })));
     err
