@@ -44,6 +44,7 @@ mod gpu;
 mod host_buffer;
 pub mod intra_node;
 mod ipc;
+pub mod mlx5;
 mod pointer;
 pub mod proxy;
 
