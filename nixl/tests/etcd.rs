@@ -4,14 +4,16 @@
 //! PATH, and a missing one fails the tests.
 #![cfg(feature = "etcd")]
 
+mod common;
+
+use common::{dram, finish, wait_notif, TIMEOUT};
 use nixl::etcd::{EtcdConfig, EtcdMetadata, DEFAULT_LABEL};
-use nixl::{params, Agent, AgentConfig, Desc, DescList, Error, MemKind, XferOp, XferStatus};
+use nixl::{Agent, AgentConfig, Desc, Error, XferOp};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-const TIMEOUT: Duration = Duration::from_secs(60);
 const PROVIDER: &str = "tcp;ofi_rxm";
 
 /// An etcd server of our own; killed and its data directory removed on drop.
@@ -89,16 +91,8 @@ impl Drop for Etcd {
     }
 }
 
-fn dram(descs: impl IntoIterator<Item = Desc>) -> DescList {
-    DescList::from_descs(MemKind::Dram, descs)
-}
-
 fn fabric_agent(name: &str) -> Agent {
-    let agent = Agent::new(name, AgentConfig::default()).unwrap();
-    agent
-        .create_backend("LIBFABRIC", &params([("provider", PROVIDER)]))
-        .unwrap();
-    agent
+    common::fabric_agent(name, PROVIDER, &[])
 }
 
 fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
@@ -106,26 +100,6 @@ fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
     while !cond() {
         assert!(Instant::now() < deadline, "never happened: {what}");
         std::thread::sleep(Duration::from_millis(5));
-    }
-}
-
-fn wait_notif(agent: &Agent, from: &str) -> Vec<u8> {
-    let mut got = None;
-    wait_until("notification", || {
-        got = agent.get_notifs().remove(from).map(|mut v| v.remove(0));
-        got.is_some()
-    });
-    got.unwrap()
-}
-
-fn finish(req: &mut nixl::XferReq) -> nixl::Result<()> {
-    let deadline = Instant::now() + TIMEOUT;
-    loop {
-        if req.status()? == XferStatus::Done {
-            return Ok(());
-        }
-        assert!(Instant::now() < deadline, "transfer hangs");
-        std::thread::yield_now();
     }
 }
 

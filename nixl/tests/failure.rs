@@ -4,18 +4,17 @@
 //! agent shutdown.
 
 use nixl::backends::fault::{FaultBackend, FaultError, FaultPlan, INJECTED_ERRNO};
-use nixl::{params, Agent, AgentConfig, Desc, DescList, Error, MemKind, XferOp, XferStatus};
-use std::process::{Child, Command, Stdio};
+mod common;
+
+use common::{
+    announce_agent, announce_path, dram, error_after_peer_died, finish, listening, self_test,
+    wait_notifs, PeerProcess, TIMEOUT,
+};
+use nixl::{params, Agent, AgentConfig, Desc, Error, XferOp, XferStatus};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// Bound on every wait: generous, so a slow machine fails only when something hangs.
-const TIMEOUT: Duration = Duration::from_secs(60);
 const PROVIDER: &str = "tcp;ofi_rxm";
-
-fn dram(descs: impl IntoIterator<Item = Desc>) -> DescList {
-    DescList::from_descs(MemKind::Dram, descs)
-}
 
 fn config(stall: Duration) -> AgentConfig {
     AgentConfig {
@@ -24,32 +23,11 @@ fn config(stall: Duration) -> AgentConfig {
     }
 }
 
-/// Polls until the request is done or fails; a request that is still in progress after
-/// [`TIMEOUT`] is a hang and fails the test.
-fn finish(req: &mut nixl::XferReq) -> nixl::Result<()> {
-    let deadline = Instant::now() + TIMEOUT;
-    loop {
-        if req.status()? == XferStatus::Done {
-            return Ok(());
-        }
-        assert!(
-            Instant::now() < deadline,
-            "transfer neither done nor failed: hang"
-        );
-        std::thread::sleep(Duration::from_micros(200));
-    }
-}
-
+/// The one notification from `from` (more than one at a time fails the test).
 fn wait_notif(agent: &Agent, from: &str) -> Vec<u8> {
-    let deadline = Instant::now() + TIMEOUT;
-    loop {
-        if let Some(mut msgs) = agent.get_notifs().remove(from) {
-            assert_eq!(msgs.len(), 1, "one notification at a time: {msgs:?}");
-            return msgs.remove(0);
-        }
-        assert!(Instant::now() < deadline, "no notification from {from}");
-        std::thread::sleep(Duration::from_micros(200));
-    }
+    let mut msgs = wait_notifs(agent, from);
+    assert_eq!(msgs.len(), 1, "one notification at a time: {msgs:?}");
+    msgs.remove(0)
 }
 
 /// One agent with a FAULT-wrapped LOCAL backend and two buffers: `src` → `dst`, 4 KiB
@@ -523,14 +501,7 @@ fn peer_process_main() {
     let Ok(announce) = std::env::var("NIXL_FAILURE_PEER") else {
         return;
     };
-    let peer = Agent::new(
-        "restarting-peer",
-        AgentConfig {
-            listen_addr: Some("127.0.0.1:0".parse().unwrap()),
-            ..AgentConfig::default()
-        },
-    )
-    .unwrap();
+    let peer = Agent::new("restarting-peer", listening()).unwrap();
     peer.create_backend("LIBFABRIC", &params([("provider", PROVIDER)]))
         .unwrap();
     let buf = vec![0u8; PEER_LEN];
@@ -539,71 +510,23 @@ fn peer_process_main() {
         peer.register_mem(&dram([Desc::from_slice(&buf)]), None)
             .unwrap()
     };
-    std::fs::write(
-        format!("{announce}.tmp"),
-        format!("{} {}", peer.listen_addr().unwrap(), buf.as_ptr() as u64),
-    )
-    .unwrap();
-    std::fs::rename(format!("{announce}.tmp"), &announce).unwrap();
+    announce_agent(&announce, &peer, buf.as_ptr() as u64);
     // Serve until told the data is in (or killed); bounded.
-    let deadline = Instant::now() + TIMEOUT;
-    while Instant::now() < deadline {
-        if let Some(msgs) = peer.get_notifs().remove("survivor") {
-            assert_eq!(msgs, vec![b"after restart".to_vec()]);
-            let expected: Vec<u8> = (0..1 << 20).map(|i| (i % 241) as u8).collect();
-            assert_eq!(&buf[..1 << 20], &expected[..]);
-            std::fs::write(format!("{announce}.ok"), "PEER OK").unwrap();
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    panic!("the initiator never finished");
+    assert_eq!(
+        wait_notifs(&peer, "survivor"),
+        vec![b"after restart".to_vec()]
+    );
+    let expected: Vec<u8> = (0..1 << 20).map(|i| (i % 241) as u8).collect();
+    assert_eq!(&buf[..1 << 20], &expected[..]);
+    std::fs::write(format!("{announce}.ok"), "PEER OK").unwrap();
 }
 
-struct Peer {
-    child: Child,
-    addr: std::net::SocketAddr,
-    base: u64,
-    announce: std::path::PathBuf,
-}
-
-impl Peer {
-    fn spawn(tag: &str) -> Self {
-        let announce =
-            std::env::temp_dir().join(format!("nixl-failure-{}-{tag}", std::process::id()));
-        let _ = std::fs::remove_file(&announce);
-        let mut child = Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", "peer_process_main", "--test-threads=1"])
-            .env("NIXL_FAILURE_PEER", &announce)
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap();
-        let deadline = Instant::now() + TIMEOUT;
-        let (addr, base) = loop {
-            if let Ok(text) = std::fs::read_to_string(&announce) {
-                let (a, b) = text.split_once(' ').unwrap();
-                break (a.parse().unwrap(), b.parse().unwrap());
-            }
-            assert!(Instant::now() < deadline, "the peer never announced itself");
-            assert!(child.try_wait().unwrap().is_none(), "the peer exited early");
-            std::thread::sleep(Duration::from_millis(10));
-        };
-        Self {
-            child,
-            addr,
-            base,
-            announce,
-        }
-    }
-}
-
-impl Drop for Peer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_file(&self.announce);
-        let _ = std::fs::remove_file(format!("{}.ok", self.announce.display()));
-    }
+/// A copy of this binary running [`peer_process_main`].
+fn spawn_peer(tag: &str) -> PeerProcess {
+    let announce = announce_path("nixl-failure", tag);
+    let mut cmd = self_test("peer_process_main", false);
+    cmd.env("NIXL_FAILURE_PEER", &announce);
+    PeerProcess::spawn(cmd, announce)
 }
 
 #[test]
@@ -634,7 +557,7 @@ fn killed_peer_is_remote_disconnect_and_a_restarted_peer_is_reachable_again() {
         )
     };
 
-    let mut first = Peer::spawn("first");
+    let mut first = spawn_peer("first");
     let name = initiator.fetch_remote_metadata(first.addr).unwrap();
     let (local, remote) = write_all(first.base);
     let mut req = initiator
@@ -647,22 +570,7 @@ fn killed_peer_is_remote_disconnect_and_a_restarted_peer_is_reachable_again() {
     req.post().unwrap();
     first.child.kill().unwrap();
     first.child.wait().unwrap();
-    let started = Instant::now();
-    let err = loop {
-        match req.status() {
-            Ok(XferStatus::Done) => {
-                assert!(
-                    started.elapsed() < TIMEOUT,
-                    "the dead peer was never noticed"
-                );
-                if let Err(e) = req.post() {
-                    break e;
-                }
-            }
-            Ok(XferStatus::InProgress) => std::thread::sleep(Duration::from_micros(200)),
-            Err(e) => break e,
-        }
-    };
+    let err = error_after_peer_died(&mut req);
     match &err {
         Error::RemoteDisconnect { agent, .. } => assert_eq!(agent, "restarting-peer"),
         other => panic!("expected RemoteDisconnect, got {other:?}"),
@@ -672,7 +580,7 @@ fn killed_peer_is_remote_disconnect_and_a_restarted_peer_is_reachable_again() {
 
     // The peer restarts (new process, new address, new keys): loading its metadata
     // replaces the connection; requests of the old incarnation are refused.
-    let second = Peer::spawn("second");
+    let second = spawn_peer("second");
     let mut stale = {
         let (l, r) = write_all(first.base);
         // Prepared against the old incarnation before the reload.
@@ -698,14 +606,10 @@ fn killed_peer_is_remote_disconnect_and_a_restarted_peer_is_reachable_again() {
     again.post().unwrap();
     finish(&mut again).unwrap();
     let mut second = second;
-    let status = second.child.wait().unwrap();
-    assert!(
-        status.success(),
-        "the restarted peer saw wrong data or no notification"
-    );
     assert_eq!(
-        std::fs::read_to_string(format!("{}.ok", second.announce.display())).unwrap(),
-        "PEER OK"
+        second.verdict(),
+        "PEER OK",
+        "the restarted peer saw wrong data or no notification"
     );
 }
 

@@ -10,73 +10,28 @@
 //! (the GPU machine) a missing GPU fails instead.
 #![cfg(feature = "cuda")]
 
-use gpunetio::{DeviceBuffer, Gpu};
+mod common;
+
+use common::{
+    announce_agent, announce_path, device_buffer as device, dram, listening, on, on_notif, pattern,
+    self_test, vram, whole, with_extra, PeerProcess, TIMEOUT,
+};
+use gpunetio::Gpu;
 use nixl::{params, Agent, AgentConfig, Desc, DescList, Error, MemKind, XferOp, XferStatus};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 const PROVIDERS: &[&str] = &["tcp;ofi_rxm", "shm"];
-const TIMEOUT: Duration = Duration::from_secs(60);
 /// Small slots so that a few MiB cross many chunk boundaries.
 const CHUNK: usize = 256 << 10;
 
-fn pattern(seed: u8, len: usize) -> Vec<u8> {
-    (0..len)
-        .map(|i| {
-            (i as u32)
-                .wrapping_mul(2_654_435_761)
-                .rotate_left(u32::from(seed) % 31) as u8
-                ^ seed
-        })
-        .collect()
-}
-
-fn vram(descs: impl IntoIterator<Item = Desc>) -> DescList {
-    DescList::from_descs(MemKind::Vram, descs)
-}
-
-fn dram(descs: impl IntoIterator<Item = Desc>) -> DescList {
-    DescList::from_descs(MemKind::Dram, descs)
-}
-
 fn agent_with(name: &str, provider: &str, extra: &[(&str, &str)], config: AgentConfig) -> Agent {
-    let agent = Agent::new(name, config).unwrap();
     let chunk = CHUNK.to_string();
-    let mut p = params([("provider", provider), ("staging_chunk", chunk.as_str())]);
-    for (k, v) in extra {
-        p.insert(k.to_string(), v.to_string());
-    }
-    agent
-        .create_backend("LIBFABRIC", &p)
-        .unwrap_or_else(|e| panic!("LIBFABRIC on {provider}: {e}"));
-    agent
+    let p = params([("provider", provider), ("staging_chunk", chunk.as_str())]);
+    common::agent_with_backend(name, config, "LIBFABRIC", &with_extra(p, extra))
 }
 
 fn agent(name: &str, provider: &str) -> Agent {
     agent_with(name, provider, &[], AgentConfig::default())
-}
-
-/// Device memory of `len` bytes filled with `fill`.
-fn device(gpu: &Gpu, len: usize, fill: &[u8]) -> DeviceBuffer {
-    let buf = DeviceBuffer::alloc(gpu, len).unwrap();
-    if fill.is_empty() {
-        buf.fill(0).unwrap();
-    } else {
-        buf.copy_from_host(0, fill).unwrap();
-    }
-    buf
-}
-
-fn on(buf: &DeviceBuffer, offset: usize, len: usize) -> Desc {
-    Desc::new(
-        buf.ptr() + offset as u64,
-        len as u64,
-        buf.gpu().ordinal() as u64,
-    )
-}
-
-fn whole(buf: &DeviceBuffer) -> Desc {
-    on(buf, 0, buf.len())
 }
 
 /// Blocks of `sizes` at odd offsets (one byte apart), and the total span.
@@ -96,18 +51,6 @@ fn assert_blocks(what: &str, got: &[u8], want: &[u8], offs: &[usize], sizes: &[u
             got[o..o + s] == want[o..o + s],
             "{what}: block {i} ({s} bytes at {o}) differs"
         );
-    }
-}
-
-/// Waits for a notification from `from`; runs `at_arrival` the moment it arrives.
-fn on_notif<T>(agent: &Agent, from: &str, at_arrival: impl FnOnce(Vec<u8>) -> T) -> T {
-    let deadline = Instant::now() + TIMEOUT;
-    loop {
-        if let Some(mut msgs) = agent.get_notifs().remove(from) {
-            return at_arrival(msgs.remove(0));
-        }
-        assert!(Instant::now() < deadline, "no notification from {from}");
-        std::thread::sleep(Duration::from_micros(100));
     }
 }
 
@@ -572,15 +515,7 @@ fn staged_vram_peer_process_main() {
         return;
     };
     let (announce, provider) = role.split_once(' ').unwrap();
-    let peer = agent_with(
-        "vram-peer",
-        provider,
-        &[],
-        AgentConfig {
-            listen_addr: Some("127.0.0.1:0".parse().unwrap()),
-            ..AgentConfig::default()
-        },
-    );
+    let peer = agent_with("vram-peer", provider, &[], listening());
     let buf = device(&gpu, PEER_LEN, &pattern(42, PEER_LEN));
     // SAFETY: `buf` lives until the process exits.
     let _h = unsafe { peer.register_mem(&vram([whole(&buf)]), None).unwrap() };
@@ -590,12 +525,7 @@ fn staged_vram_peer_process_main() {
         "{mode:?}"
     );
     eprintln!("REPORT peer VRAM over {provider}: {mode:?}");
-    std::fs::write(
-        format!("{announce}.tmp"),
-        format!("{} {}", peer.listen_addr().unwrap(), buf.ptr()),
-    )
-    .unwrap();
-    std::fs::rename(format!("{announce}.tmp"), announce).unwrap();
+    announce_agent(announce, &peer, buf.ptr());
     let got = on_notif(&peer, "vram-initiator", |msg| {
         assert_eq!(msg, b"second half");
         // At the moment the notification arrives.
@@ -613,60 +543,15 @@ fn staged_vram_peer_process_main() {
     std::fs::write(format!("{announce}.ok"), "PEER OK").unwrap();
 }
 
-struct PeerProcess {
-    child: Child,
-    addr: std::net::SocketAddr,
-    base: u64,
-    announce: std::path::PathBuf,
-}
-
-impl PeerProcess {
-    fn spawn(provider: &str) -> Self {
-        let announce = std::env::temp_dir().join(format!(
-            "nixl-gpu-staging-{}-{}",
-            std::process::id(),
-            provider.replace(';', "_")
-        ));
-        let _ = std::fs::remove_file(&announce);
-        let mut child = Command::new(std::env::current_exe().unwrap())
-            .args([
-                "--exact",
-                "staged_vram_peer_process_main",
-                "--test-threads=1",
-            ])
-            .env(
-                "NIXL_STAGING_PEER",
-                format!("{} {provider}", announce.display()),
-            )
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap();
-        let deadline = Instant::now() + TIMEOUT;
-        let (addr, base) = loop {
-            if let Ok(text) = std::fs::read_to_string(&announce) {
-                let (a, b) = text.split_once(' ').unwrap();
-                break (a.parse().unwrap(), b.parse().unwrap());
-            }
-            assert!(Instant::now() < deadline, "the peer never announced itself");
-            assert!(child.try_wait().unwrap().is_none(), "the peer exited early");
-            std::thread::sleep(Duration::from_millis(10));
-        };
-        Self {
-            child,
-            addr,
-            base,
-            announce,
-        }
-    }
-}
-
-impl Drop for PeerProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_file(&self.announce);
-        let _ = std::fs::remove_file(format!("{}.ok", self.announce.display()));
-    }
+/// A copy of this binary running [`staged_vram_peer_process_main`] over `provider`.
+fn spawn_peer(provider: &str) -> PeerProcess {
+    let announce = announce_path("nixl-gpu-staging", provider);
+    let mut cmd = self_test("staged_vram_peer_process_main", false);
+    cmd.env(
+        "NIXL_STAGING_PEER",
+        format!("{} {provider}", announce.display()),
+    );
+    PeerProcess::spawn(cmd, announce)
 }
 
 #[test]
@@ -691,7 +576,7 @@ fn staged_vram_two_processes() {
                 .register_mem(&dram([Desc::from_slice(&host_half)]), None)
                 .unwrap()
         };
-        let mut peer = PeerProcess::spawn(provider);
+        let mut peer = spawn_peer(provider);
         let name = initiator.fetch_remote_metadata(peer.addr).unwrap();
         let half = (PEER_LEN / 2) as u64;
         let dev = gpu.ordinal() as u64;
@@ -737,14 +622,6 @@ fn staged_vram_two_processes() {
             .unwrap();
         write.post().unwrap();
         write.wait(TIMEOUT).unwrap();
-        assert!(
-            peer.child.wait().unwrap().success(),
-            "{provider}: the peer failed"
-        );
-        assert_eq!(
-            std::fs::read_to_string(format!("{}.ok", peer.announce.display())).unwrap(),
-            "PEER OK",
-            "{provider}"
-        );
+        assert_eq!(peer.verdict(), "PEER OK", "{provider}");
     }
 }

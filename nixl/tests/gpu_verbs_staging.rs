@@ -12,11 +12,12 @@
 //! skips — the GPU machine is not required to have one.
 #![cfg(feature = "cuda")]
 
+mod common;
+
+use common::{device_buffer as device, on_notif, pattern, vram, whole, with_extra, TIMEOUT};
 use gpunetio::{DeviceBuffer, Gpu};
 use nixl::{params, Agent, Desc, DescList, Error, MemKind, XferOp, XferStatus};
-use std::time::{Duration, Instant};
 
-const TIMEOUT: Duration = Duration::from_secs(60);
 /// Small slots, so that a few MiB cross many chunk boundaries.
 const CHUNK: &str = "262144";
 
@@ -39,51 +40,9 @@ fn hardware(test: &str) -> Option<(Gpu, String)> {
     }
 }
 
-fn pattern(seed: u8, len: usize) -> Vec<u8> {
-    (0..len)
-        .map(|i| ((i as u64).wrapping_mul(2_654_435_761) >> 13) as u8 ^ seed)
-        .collect()
-}
-
 fn agent(name: &str, device: &str, extra: &[(&str, &str)]) -> Agent {
-    let agent = Agent::new(name, Default::default()).unwrap();
-    let mut p = params([("device", device), ("staging_chunk", CHUNK)]);
-    for (k, v) in extra {
-        p.insert(k.to_string(), v.to_string());
-    }
-    agent
-        .create_backend("VERBS", &p)
-        .unwrap_or_else(|e| panic!("VERBS on {device}: {e}"));
-    agent
-}
-
-fn device(gpu: &Gpu, len: usize, fill: &[u8]) -> DeviceBuffer {
-    let buf = DeviceBuffer::alloc(gpu, len).unwrap();
-    if fill.is_empty() {
-        buf.fill(0).unwrap();
-    } else {
-        buf.copy_from_host(0, fill).unwrap();
-    }
-    buf
-}
-
-fn whole(buf: &DeviceBuffer) -> Desc {
-    Desc::new(buf.ptr(), buf.len() as u64, buf.gpu().ordinal() as u64)
-}
-
-fn vram(descs: impl IntoIterator<Item = Desc>) -> DescList {
-    DescList::from_descs(MemKind::Vram, descs)
-}
-
-fn on_notif<T>(agent: &Agent, from: &str, at_arrival: impl FnOnce(Vec<u8>) -> T) -> T {
-    let deadline = Instant::now() + TIMEOUT;
-    loop {
-        if let Some(mut msgs) = agent.get_notifs().remove(from) {
-            return at_arrival(msgs.remove(0));
-        }
-        assert!(Instant::now() < deadline, "no notification from {from}");
-        std::thread::sleep(Duration::from_micros(100));
-    }
+    let p = params([("device", device), ("staging_chunk", CHUNK)]);
+    common::agent_with_backend(name, Default::default(), "VERBS", &with_extra(p, extra))
 }
 
 /// The mode `query_mem` shows for `buf`'s registration with `agent`.

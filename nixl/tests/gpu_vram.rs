@@ -7,36 +7,16 @@
 //! (the GPU machine) a missing GPU fails instead.
 #![cfg(feature = "cuda")]
 
+mod common;
+
+use common::{announce_path, dram, pattern, self_test, vram, wait_file, wait_notif, whole};
 use gpunetio::{DeviceBuffer, Gpu};
 use nixl::metadata::AgentMetadata;
-use nixl::{Agent, AgentConfig, Desc, DescList, Error, MemKind, XferOp, XferStatus};
-use std::process::{Child, Command, Stdio};
+use nixl::{Agent, AgentConfig, Desc, Error, XferOp, XferStatus};
+use std::process::Child;
 use std::time::{Duration, Instant};
 
 const TIMEOUT: Duration = Duration::from_secs(30);
-
-fn pattern(seed: u8, len: usize) -> Vec<u8> {
-    (0..len)
-        .map(|i| {
-            (i as u32)
-                .wrapping_mul(2654435761)
-                .rotate_left(seed as u32 % 31) as u8
-                ^ seed
-        })
-        .collect()
-}
-
-fn vram(descs: impl IntoIterator<Item = Desc>) -> DescList {
-    DescList::from_descs(MemKind::Vram, descs)
-}
-
-fn dram(descs: impl IntoIterator<Item = Desc>) -> DescList {
-    DescList::from_descs(MemKind::Dram, descs)
-}
-
-fn whole(buf: &DeviceBuffer) -> Desc {
-    Desc::new(buf.ptr(), buf.len() as u64, buf.gpu().ordinal() as u64)
-}
 
 fn agent(name: &str, backend: &str, listen: bool) -> Agent {
     let config = AgentConfig {
@@ -46,17 +26,6 @@ fn agent(name: &str, backend: &str, listen: bool) -> Agent {
     let agent = Agent::new(name, config).unwrap();
     agent.create_backend(backend, &Default::default()).unwrap();
     agent
-}
-
-fn wait_notif(agent: &Agent, from: &str) -> Vec<u8> {
-    let deadline = Instant::now() + TIMEOUT;
-    loop {
-        if let Some(mut msgs) = agent.get_notifs().remove(from) {
-            return msgs.remove(0);
-        }
-        assert!(Instant::now() < deadline, "no notification from {from}");
-        std::thread::sleep(Duration::from_micros(200));
-    }
 }
 
 // ---- registration -------------------------------------------------------------------------
@@ -446,18 +415,11 @@ fn gpu_peer_process_main() {
                 t.register_mem(&vram([whole(&buf), region, whole(&vmm)]), None)
                     .unwrap()
             };
-            std::fs::write(
-                format!("{announce}.tmp"),
-                format!(
-                    "{} {} {} {}",
-                    t.listen_addr().unwrap(),
-                    buf.ptr(),
-                    big.ptr(),
-                    vmm.ptr()
-                ),
-            )
-            .unwrap();
-            std::fs::rename(format!("{announce}.tmp"), &announce).unwrap();
+            let addr = t.listen_addr().unwrap();
+            common::announce(
+                &announce,
+                &format!("{addr} {} {} {}", buf.ptr(), big.ptr(), vmm.ptr()),
+            );
             if role == "sleeper" {
                 std::thread::sleep(Duration::from_secs(110));
                 return;
@@ -520,44 +482,15 @@ fn gpu_peer_process_main() {
 }
 
 fn spawn(role: &str, tag: &str, target: Option<&str>) -> (Child, std::path::PathBuf) {
-    let announce = std::env::temp_dir().join(format!("nixl-gpu-{}-{tag}", std::process::id()));
-    for suffix in ["", ".tmp"] {
-        let _ = std::fs::remove_file(format!("{}{suffix}", announce.display()));
-    }
-    let mut cmd = Command::new(std::env::current_exe().unwrap());
-    cmd.args([
-        "--exact",
-        "gpu_peer_process_main",
-        "--test-threads=1",
-        "--nocapture",
-    ])
-    .env("NIXL_GPU_ROLE", role)
-    .env("NIXL_GPU_ANNOUNCE", &announce)
-    .stdout(Stdio::null());
+    let announce = announce_path("nixl-gpu", tag);
+    let mut cmd = self_test("gpu_peer_process_main", false);
+    cmd.arg("--nocapture")
+        .env("NIXL_GPU_ROLE", role)
+        .env("NIXL_GPU_ANNOUNCE", &announce);
     if let Some(t) = target {
         cmd.env("NIXL_GPU_TARGET", t);
     }
     (cmd.spawn().unwrap(), announce)
-}
-
-fn wait_file(path: &std::path::Path, child: &mut Child) -> String {
-    let deadline = Instant::now() + TIMEOUT;
-    loop {
-        if let Ok(text) = std::fs::read_to_string(path) {
-            return text;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{} never appeared",
-            path.display()
-        );
-        assert!(
-            child.try_wait().unwrap().is_none(),
-            "the peer exited early waiting for {}",
-            path.display()
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
 }
 
 #[test]

@@ -2,12 +2,16 @@
 //! notifications only after the data, striping, many descriptors, many threads, and two
 //! processes.
 
+mod common;
+
+use common::{
+    announce_agent, announce_path, dram, listening, pattern, self_test, wait_notif, PeerProcess,
+    TIMEOUT,
+};
 use nixl::{params, Agent, AgentConfig, Desc, DescList, Error, MemKind, XferOp};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 const PROVIDERS: &[&str] = &["tcp;ofi_rxm", "sockets", "shm"];
-const TIMEOUT: Duration = Duration::from_secs(60);
 
 fn agent(name: &str, provider: &str, rails: usize) -> Agent {
     agent_with(name, provider, rails, AgentConfig::default())
@@ -27,28 +31,6 @@ fn agent_with(name: &str, provider: &str, rails: usize, config: AgentConfig) -> 
         )
         .unwrap_or_else(|e| panic!("LIBFABRIC on {provider}: {e}"));
     agent
-}
-
-fn pattern(seed: u8, len: usize) -> Vec<u8> {
-    (0..len)
-        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
-        .collect()
-}
-
-fn dram(descs: impl IntoIterator<Item = Desc>) -> DescList {
-    DescList::from_descs(MemKind::Dram, descs)
-}
-
-/// Waits for a notification from `from`, bounded.
-fn wait_notif(agent: &Agent, from: &str) -> Vec<u8> {
-    let deadline = Instant::now() + TIMEOUT;
-    loop {
-        if let Some(mut msgs) = agent.get_notifs().remove(from) {
-            return msgs.remove(0);
-        }
-        assert!(Instant::now() < deadline, "no notification from {from}");
-        std::thread::sleep(Duration::from_micros(200));
-    }
 }
 
 /// WRITE then READ back `count` non-contiguous blocks between two agents of this process.
@@ -412,15 +394,7 @@ fn target_process_main() {
     let Ok(provider) = std::env::var("NIXL_TEST_ROLE_TARGET") else {
         return;
     };
-    let target = agent_with(
-        "proc-target",
-        &provider,
-        2,
-        AgentConfig {
-            listen_addr: Some("127.0.0.1:0".parse().unwrap()),
-            ..AgentConfig::default()
-        },
-    );
+    let target = agent_with("proc-target", &provider, 2, listening());
     let buf = pattern(42, 1 << 20);
     // SAFETY: `buf` lives until the process exits.
     let _h = unsafe {
@@ -430,12 +404,7 @@ fn target_process_main() {
     };
     // Announced through a file: the test harness owns the child's stdout.
     let announce = std::env::var("NIXL_TEST_ANNOUNCE").unwrap();
-    std::fs::write(
-        format!("{announce}.tmp"),
-        format!("{} {}", target.listen_addr().unwrap(), buf.as_ptr() as u64),
-    )
-    .unwrap();
-    std::fs::rename(format!("{announce}.tmp"), &announce).unwrap();
+    announce_agent(&announce, &target, buf.as_ptr() as u64);
     let msg = wait_notif(&target, "proc-initiator");
     assert_eq!(msg, b"second half written");
     // The second half now holds the initiator's pattern.
@@ -446,35 +415,12 @@ fn target_process_main() {
 #[test]
 fn two_processes() {
     for provider in ["tcp;ofi_rxm", "sockets", "shm"] {
-        let announce = std::env::temp_dir().join(format!(
-            "nixl-two-processes-{}-{}",
-            std::process::id(),
-            provider.replace(';', "_")
-        ));
-        let _ = std::fs::remove_file(&announce);
-        let mut child = Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", "target_process_main", "--test-threads=1"])
-            .env("NIXL_TEST_ROLE_TARGET", provider)
-            .env("NIXL_TEST_ANNOUNCE", &announce)
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap();
-        let deadline = Instant::now() + TIMEOUT;
-        let (addr, remote_base): (std::net::SocketAddr, u64) = loop {
-            if let Ok(text) = std::fs::read_to_string(&announce) {
-                let (a, b) = text.split_once(' ').unwrap();
-                break (a.parse().unwrap(), b.parse().unwrap());
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{provider}: the target never announced itself"
-            );
-            assert!(
-                child.try_wait().unwrap().is_none(),
-                "{provider}: the target exited early"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        };
+        let announce = announce_path("nixl-two-processes", provider);
+        let mut cmd = self_test("target_process_main", false);
+        cmd.env("NIXL_TEST_ROLE_TARGET", provider)
+            .env("NIXL_TEST_ANNOUNCE", &announce);
+        let mut target = PeerProcess::spawn(cmd, announce);
+        let (addr, remote_base) = (target.addr, target.base);
         let initiator = agent("proc-initiator", provider, 2);
         let name = initiator.fetch_remote_metadata(addr).unwrap();
         let local = pattern(7, 1 << 20);
@@ -512,16 +458,7 @@ fn two_processes() {
             .unwrap();
         write.post().unwrap();
         write.wait(TIMEOUT).unwrap();
-        let status = child.wait().unwrap();
-        assert!(status.success(), "{provider}: the target failed");
-        let ok = std::path::PathBuf::from(format!("{}.ok", announce.display()));
-        assert_eq!(
-            std::fs::read_to_string(&ok).unwrap(),
-            "TARGET OK",
-            "{provider}"
-        );
-        let _ = std::fs::remove_file(&announce);
-        let _ = std::fs::remove_file(&ok);
+        assert_eq!(target.verdict(), "TARGET OK", "{provider}");
     }
 }
 

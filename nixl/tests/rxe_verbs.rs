@@ -4,39 +4,14 @@
 //! the data, striping over several rails, a peer killed mid-transfer, and a restarted
 //! peer reached again after its new metadata is loaded.
 
+mod common;
+
+use common::{
+    announce, announce_agent, announce_path, dram, listening, pattern, rdma_device as device,
+    self_test, serial, wait_file, wait_notif, PeerProcess, TIMEOUT,
+};
 use nixl::{params, Agent, AgentConfig, Desc, DescList, Error, MemKind, XferOp, XferReq};
-use std::sync::{Mutex, MutexGuard, Once};
 use std::time::{Duration, Instant};
-
-const TIMEOUT: Duration = Duration::from_secs(60);
-
-/// The device named by `RDMA_TEST_DEVICE`, or `None` (after printing why) when unset.
-fn device() -> Option<String> {
-    let Ok(name) = std::env::var("RDMA_TEST_DEVICE") else {
-        println!("skipped: RDMA_TEST_DEVICE not set (run via cargo xtask test)");
-        return None;
-    };
-    watchdog();
-    Some(name)
-}
-
-/// Aborts the binary if it runs far too long: a hang must fail, not stall the guest.
-fn watchdog() {
-    static ONCE: Once = Once::new();
-    ONCE.call_once(|| {
-        std::thread::spawn(|| {
-            std::thread::sleep(Duration::from_secs(600));
-            eprintln!("test watchdog expired after 600 s");
-            std::process::abort();
-        });
-    });
-}
-
-/// The guest has two vCPUs: one test at a time.
-fn serial() -> MutexGuard<'static, ()> {
-    static LOCK: Mutex<()> = Mutex::new(());
-    LOCK.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 fn agent(name: &str, device: &str, rails: usize) -> Agent {
     agent_with(name, device, rails, AgentConfig::default())
@@ -56,30 +31,6 @@ fn agent_with(name: &str, device: &str, rails: usize, config: AgentConfig) -> Ag
         )
         .unwrap_or_else(|e| panic!("VERBS on {device}: {e}"));
     agent
-}
-
-/// Bytes that differ at every offset and between seeds (no short period, so a block
-/// landing at the wrong offset is caught).
-fn pattern(seed: u8, len: usize) -> Vec<u8> {
-    (0..len)
-        .map(|i| ((i as u64).wrapping_mul(2_654_435_761) >> 13) as u8 ^ seed)
-        .collect()
-}
-
-fn dram(descs: impl IntoIterator<Item = Desc>) -> DescList {
-    DescList::from_descs(MemKind::Dram, descs)
-}
-
-/// Waits for a notification from `from`, bounded.
-fn wait_notif(agent: &Agent, from: &str) -> Vec<u8> {
-    let deadline = Instant::now() + TIMEOUT;
-    loop {
-        if let Some(mut msgs) = agent.get_notifs().remove(from) {
-            return msgs.remove(0);
-        }
-        assert!(Instant::now() < deadline, "no notification from {from}");
-        std::thread::sleep(Duration::from_micros(200));
-    }
 }
 
 fn run(req: &mut XferReq) {
@@ -486,18 +437,10 @@ const TARGET_LEN: usize = 16 << 20;
 #[test]
 #[ignore = "target process of two_processes_batches_kill_and_restart"]
 fn target_process() {
-    let announce = std::env::var("NIXL_VERBS_ANNOUNCE")
+    let announce_file = std::env::var("NIXL_VERBS_ANNOUNCE")
         .expect("run by two_processes_batches_kill_and_restart");
     let dev = device().expect("RDMA_TEST_DEVICE is inherited");
-    let target = agent_with(
-        TARGET_NAME,
-        &dev,
-        2,
-        AgentConfig {
-            listen_addr: Some("127.0.0.1:0".parse().unwrap()),
-            ..AgentConfig::default()
-        },
-    );
+    let target = agent_with(TARGET_NAME, &dev, 2, listening());
     let buf = pattern(42, TARGET_LEN);
     // SAFETY: `buf` lives until the process exits.
     let _h = unsafe {
@@ -505,10 +448,7 @@ fn target_process() {
             .register_mem(&dram([Desc::from_slice(&buf)]), None)
             .unwrap()
     };
-    write_atomic(
-        &announce,
-        &format!("{} {}", target.listen_addr().unwrap(), buf.as_ptr() as u64),
-    );
+    announce_agent(&announce_file, &target, buf.as_ptr() as u64);
     let deadline = Instant::now() + Duration::from_secs(400);
     loop {
         assert!(Instant::now() < deadline, "target: never told to exit");
@@ -533,7 +473,7 @@ fn target_process() {
                         None => "ok".to_string(),
                         Some(i) => format!("byte {i} differs"),
                     };
-                    write_atomic(&format!("{announce}.verify-{seed}"), &verdict);
+                    announce(format!("{announce_file}.verify-{seed}"), &verdict);
                 }
                 ["exit"] => return,
                 _ => panic!("target: unexpected notification `{text}`"),
@@ -543,86 +483,20 @@ fn target_process() {
     }
 }
 
-fn write_atomic(path: &str, text: &str) {
-    std::fs::write(format!("{path}.tmp"), text).unwrap();
-    std::fs::rename(format!("{path}.tmp"), path).unwrap();
+/// A copy of this binary running [`target_process`].
+fn spawn_target(tag: &str) -> PeerProcess {
+    let announce = announce_path("nixl-verbs", tag);
+    let mut cmd = self_test("target_process", true);
+    cmd.arg("--nocapture").env("NIXL_VERBS_ANNOUNCE", &announce);
+    PeerProcess::spawn(cmd, announce)
 }
 
-struct Target {
-    child: std::process::Child,
-    announce: String,
-    addr: std::net::SocketAddr,
-    base: u64,
-}
-
-impl Target {
-    fn spawn(tag: &str) -> Target {
-        let announce = std::env::temp_dir()
-            .join(format!("nixl-verbs-{}-{tag}", std::process::id()))
-            .display()
-            .to_string();
-        let _ = std::fs::remove_file(&announce);
-        let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-            .args([
-                "--exact",
-                "target_process",
-                "--ignored",
-                "--test-threads=1",
-                "--nocapture",
-            ])
-            .env("NIXL_VERBS_ANNOUNCE", &announce)
-            .stdout(std::process::Stdio::null())
-            .spawn()
-            .unwrap();
-        let deadline = Instant::now() + TIMEOUT;
-        let (addr, base) = loop {
-            if let Ok(text) = std::fs::read_to_string(&announce) {
-                let (a, b) = text.split_once(' ').unwrap();
-                break (a.parse().unwrap(), b.parse().unwrap());
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the target never announced itself"
-            );
-            assert!(
-                child.try_wait().unwrap().is_none(),
-                "the target exited early"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        };
-        Target {
-            child,
-            announce,
-            addr,
-            base,
-        }
-    }
-
-    /// Waits for the target's verdict on `seed`.
-    fn verdict(&mut self, seed: u8) -> String {
-        let path = format!("{}.verify-{seed}", self.announce);
-        let deadline = Instant::now() + TIMEOUT;
-        loop {
-            if let Ok(text) = std::fs::read_to_string(&path) {
-                let _ = std::fs::remove_file(&path);
-                return text;
-            }
-            assert!(Instant::now() < deadline, "no verdict on seed {seed}");
-            assert!(
-                self.child.try_wait().unwrap().is_none(),
-                "the target exited"
-            );
-            std::thread::sleep(Duration::from_millis(5));
-        }
-    }
-}
-
-impl Drop for Target {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_file(&self.announce);
-    }
+/// Waits for the target's verdict on `seed`.
+fn verdict(target: &mut PeerProcess, seed: u8) -> String {
+    let path = std::path::PathBuf::from(format!("{}.verify-{seed}", target.announce.display()));
+    let text = wait_file(&path, &mut target.child);
+    let _ = std::fs::remove_file(&path);
+    text
 }
 
 /// WRITEs `count` blocks so that the target's first `count * block` bytes become
@@ -630,7 +504,7 @@ impl Drop for Target {
 /// notification that makes the target verify them; then READs them back in order.
 fn write_verify_read(
     initiator: &Agent,
-    target: &mut Target,
+    target: &mut PeerProcess,
     src: &mut [u8],
     back: &mut [u8],
     count: usize,
@@ -660,7 +534,7 @@ fn write_verify_read(
         .unwrap();
     run(&mut write);
     assert_eq!(
-        target.verdict(seed),
+        verdict(target, seed),
         "ok",
         "{count} x {block} B, seed {seed}"
     );
@@ -705,7 +579,7 @@ fn two_processes_batches_kill_and_restart() {
             )
             .unwrap()
     };
-    let mut target = Target::spawn("first");
+    let mut target = spawn_target("first");
     assert_eq!(
         initiator.fetch_remote_metadata(target.addr).unwrap(),
         TARGET_NAME
@@ -753,7 +627,7 @@ fn two_processes_batches_kill_and_restart() {
 
     // The peer restarts (new process, new metadata): loading it reconnects, the local
     // agent is the same.
-    let mut target = Target::spawn("second");
+    let mut target = spawn_target("second");
     assert_eq!(
         initiator.fetch_remote_metadata(target.addr).unwrap(),
         TARGET_NAME

@@ -7,57 +7,30 @@
 //! polling without progress threads, two processes and a peer killed mid-pipeline; and
 //! direct VRAM registration refused typed on soft-RoCE (no DMA-BUF registration).
 
+mod common;
+
+use common::{
+    announce_agent, announce_path, dram, error_after_peer_died, listening, pattern,
+    rdma_device as device, self_test, serial, wait_notif, wait_notifs, with_extra, PeerProcess,
+    TIMEOUT,
+};
 use nixl::backend::Backend;
 use nixl::backends::verbs::VerbsBackend;
-use nixl::{
-    params, Agent, AgentConfig, Desc, DescList, Error, MemKind, Region, XferOp, XferStatus,
-};
-use std::sync::{Arc, Mutex, MutexGuard, Once};
+use nixl::{params, Agent, AgentConfig, Desc, Error, MemKind, Region, XferOp, XferStatus};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-const TIMEOUT: Duration = Duration::from_secs(60);
 /// Small slots, so that a few MiB cross many chunk boundaries and reuse every slot.
 const CHUNK: &str = "262144";
 
-/// The device named by `RDMA_TEST_DEVICE`, or `None` (after printing why) when unset.
-fn device() -> Option<String> {
-    let Ok(name) = std::env::var("RDMA_TEST_DEVICE") else {
-        println!("skipped: RDMA_TEST_DEVICE not set (run via cargo xtask test)");
-        return None;
-    };
-    watchdog();
-    Some(name)
-}
-
-/// Aborts the binary if it runs far too long: a hang must fail, not stall the guest.
-fn watchdog() {
-    static ONCE: Once = Once::new();
-    ONCE.call_once(|| {
-        std::thread::spawn(|| {
-            std::thread::sleep(Duration::from_secs(600));
-            eprintln!("test watchdog expired after 600 s");
-            std::process::abort();
-        });
-    });
-}
-
-/// The guest has two vCPUs: one test at a time.
-fn serial() -> MutexGuard<'static, ()> {
-    static LOCK: Mutex<()> = Mutex::new(());
-    LOCK.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 /// VERBS parameters: the device, whether DRAM is staged, and `extra`.
 fn verbs_params(device: &str, stage: bool, extra: &[(&str, &str)]) -> nixl::BackendParams {
-    let mut p = params([
+    let p = params([
         ("device", device),
         ("stage_dram", if stage { "1" } else { "0" }),
         ("staging_chunk", CHUNK),
     ]);
-    for (k, v) in extra {
-        p.insert(k.to_string(), v.to_string());
-    }
-    p
+    with_extra(p, extra)
 }
 
 fn agent_with(
@@ -67,11 +40,7 @@ fn agent_with(
     extra: &[(&str, &str)],
     config: AgentConfig,
 ) -> Agent {
-    let agent = Agent::new(name, config).unwrap();
-    agent
-        .create_backend("VERBS", &verbs_params(device, stage, extra))
-        .unwrap_or_else(|e| panic!("VERBS on {device}: {e}"));
-    agent
+    common::agent_with_backend(name, config, "VERBS", &verbs_params(device, stage, extra))
 }
 
 fn agent(name: &str, device: &str, stage: bool, extra: &[(&str, &str)]) -> Agent {
@@ -93,28 +62,6 @@ fn agent_and_backend(
         .add_backend(backend.clone() as Arc<dyn Backend>)
         .unwrap();
     (agent, backend)
-}
-
-/// Bytes that differ at every offset and between seeds.
-fn pattern(seed: u8, len: usize) -> Vec<u8> {
-    (0..len)
-        .map(|i| ((i as u64).wrapping_mul(2_654_435_761) >> 13) as u8 ^ seed)
-        .collect()
-}
-
-fn dram(descs: impl IntoIterator<Item = Desc>) -> DescList {
-    DescList::from_descs(MemKind::Dram, descs)
-}
-
-fn wait_notif(agent: &Agent, from: &str) -> Vec<u8> {
-    let deadline = Instant::now() + TIMEOUT;
-    loop {
-        if let Some(mut msgs) = agent.get_notifs().remove(from) {
-            return msgs.remove(0);
-        }
-        assert!(Instant::now() < deadline, "no notification from {from}");
-        std::thread::sleep(Duration::from_micros(200));
-    }
 }
 
 fn mode_of(agent: &Agent, buf: &[u8]) -> String {
@@ -665,98 +612,37 @@ fn staged_peer_process() {
     let announce =
         std::env::var("NIXL_STAGED_PEER").expect("run by staged_two_processes_then_a_killed_peer");
     let dev = device().expect("RDMA_TEST_DEVICE is inherited");
-    let peer = agent_with(
-        PEER_NAME,
-        &dev,
-        true,
-        &[],
-        AgentConfig {
-            listen_addr: Some("127.0.0.1:0".parse().unwrap()),
-            ..AgentConfig::default()
-        },
-    );
+    let peer = agent_with(PEER_NAME, &dev, true, &[], listening());
     let buf = pattern(42, PEER_LEN);
     // SAFETY: `buf` lives until the process exits.
     let _h = unsafe {
         peer.register_mem(&dram([Desc::from_slice(&buf)]), None)
             .unwrap()
     };
-    std::fs::write(
-        format!("{announce}.tmp"),
-        format!("{} {}", peer.listen_addr().unwrap(), buf.as_ptr() as u64),
-    )
-    .unwrap();
-    std::fs::rename(format!("{announce}.tmp"), &announce).unwrap();
-    let deadline = Instant::now() + TIMEOUT;
-    while Instant::now() < deadline {
-        if let Some(msgs) = peer.get_notifs().remove(INITIATOR_NAME) {
-            assert_eq!(msgs, vec![b"second half".to_vec()]);
-            let half = PEER_LEN / 2;
-            assert!(
-                buf[half..] == pattern(7, PEER_LEN)[half..],
-                "data after notification"
-            );
-            assert!(
-                buf[..half] == pattern(42, PEER_LEN)[..half],
-                "first half untouched"
-            );
-            std::fs::write(format!("{announce}.ok"), "PEER OK").unwrap();
-            return;
-        }
-        std::thread::sleep(Duration::from_micros(100));
-    }
-    panic!("the initiator never finished");
+    announce_agent(&announce, &peer, buf.as_ptr() as u64);
+    assert_eq!(
+        wait_notifs(&peer, INITIATOR_NAME),
+        vec![b"second half".to_vec()]
+    );
+    // Checked the moment the notification arrives.
+    let half = PEER_LEN / 2;
+    assert!(
+        buf[half..] == pattern(7, PEER_LEN)[half..],
+        "data after notification"
+    );
+    assert!(
+        buf[..half] == pattern(42, PEER_LEN)[..half],
+        "first half untouched"
+    );
+    std::fs::write(format!("{announce}.ok"), "PEER OK").unwrap();
 }
 
-struct PeerProcess {
-    child: std::process::Child,
-    addr: std::net::SocketAddr,
-    base: u64,
-    announce: std::path::PathBuf,
-}
-
-impl PeerProcess {
-    fn spawn(tag: &str) -> Self {
-        let announce =
-            std::env::temp_dir().join(format!("nixl-verbs-staged-{}-{tag}", std::process::id()));
-        let _ = std::fs::remove_file(&announce);
-        let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-            .args([
-                "--exact",
-                "staged_peer_process",
-                "--ignored",
-                "--test-threads=1",
-            ])
-            .env("NIXL_STAGED_PEER", &announce)
-            .stdout(std::process::Stdio::null())
-            .spawn()
-            .unwrap();
-        let deadline = Instant::now() + TIMEOUT;
-        let (addr, base) = loop {
-            if let Ok(text) = std::fs::read_to_string(&announce) {
-                let (a, b) = text.split_once(' ').unwrap();
-                break (a.parse().unwrap(), b.parse().unwrap());
-            }
-            assert!(Instant::now() < deadline, "the peer never announced itself");
-            assert!(child.try_wait().unwrap().is_none(), "the peer exited early");
-            std::thread::sleep(Duration::from_millis(10));
-        };
-        Self {
-            child,
-            addr,
-            base,
-            announce,
-        }
-    }
-}
-
-impl Drop for PeerProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_file(&self.announce);
-        let _ = std::fs::remove_file(format!("{}.ok", self.announce.display()));
-    }
+/// A copy of this binary running [`staged_peer_process`].
+fn spawn_peer(tag: &str) -> PeerProcess {
+    let announce = announce_path("nixl-verbs-staged", tag);
+    let mut cmd = self_test("staged_peer_process", true);
+    cmd.env("NIXL_STAGED_PEER", &announce);
+    PeerProcess::spawn(cmd, announce)
 }
 
 #[test]
@@ -790,7 +676,7 @@ fn staged_two_processes_then_a_killed_peer() {
             .unwrap()
     };
     let half = (PEER_LEN / 2) as u64;
-    let mut peer = PeerProcess::spawn("data");
+    let mut peer = spawn_peer("data");
     let name = initiator.fetch_remote_metadata(peer.addr).unwrap();
     let mut read = initiator
         .create_xfer_req(
@@ -815,16 +701,12 @@ fn staged_two_processes_then_a_killed_peer() {
         .unwrap();
     write.post().unwrap();
     write.wait(TIMEOUT).unwrap();
-    assert!(peer.child.wait().unwrap().success(), "the peer failed");
-    assert_eq!(
-        std::fs::read_to_string(format!("{}.ok", peer.announce.display())).unwrap(),
-        "PEER OK"
-    );
+    assert_eq!(peer.verdict(), "PEER OK");
     drop(peer);
 
     // A peer killed mid-pipeline: the transfer fails typed (the side channel saw the
     // process go, or the stall bound), never hangs.
-    let mut victim = PeerProcess::spawn("victim");
+    let mut victim = spawn_peer("victim");
     let name = initiator.fetch_remote_metadata(victim.addr).unwrap();
     let mut big = initiator
         .create_xfer_req(
@@ -839,21 +721,7 @@ fn staged_two_processes_then_a_killed_peer() {
     victim.child.kill().unwrap();
     victim.child.wait().unwrap();
     let started = Instant::now();
-    let err = loop {
-        match big.status() {
-            Ok(XferStatus::Done) => {
-                if let Err(e) = big.post() {
-                    break e;
-                }
-            }
-            Ok(XferStatus::InProgress) => std::thread::sleep(Duration::from_micros(200)),
-            Err(e) => break e,
-        }
-        assert!(
-            started.elapsed() < TIMEOUT,
-            "the dead peer was never noticed"
-        );
-    };
+    let err = error_after_peer_died(&mut big);
     assert!(
         matches!(err, Error::RemoteDisconnect { .. } | Error::Stalled(_)),
         "{err:?}"

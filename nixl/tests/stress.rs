@@ -5,7 +5,10 @@
 //! delivered exactly once, nothing is delivered that was not posted, and the data of the
 //! last transfers is in place.
 
-use nixl::{params, Agent, AgentConfig, Desc, DescList, Error, MemKind, XferOp, XferStatus};
+mod common;
+
+use common::dram;
+use nixl::{params, Agent, AgentConfig, Desc, Error, XferOp, XferStatus};
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
@@ -15,10 +18,6 @@ const TIMEOUT: Duration = Duration::from_secs(120);
 const POSTERS: usize = 4;
 const ITERATIONS: usize = 150;
 const BLOCK: usize = 16 << 10;
-
-fn dram(descs: impl IntoIterator<Item = Desc>) -> DescList {
-    DescList::from_descs(MemKind::Dram, descs)
-}
 
 fn agent(name: &str) -> Agent {
     let agent = Agent::new(

@@ -1,0 +1,292 @@
+//! What the integration tests share: agents, buffers, bounded waits, the soft-RoCE
+//! guest's guards, and copies of the test binary run as peer processes. Each test binary
+//! uses a part of it (`mod common;`), hence `dead_code` allowed.
+#![allow(dead_code)]
+
+use nixl::XferStatus;
+use nixl::{params, Agent, AgentConfig, BackendParams, Desc, DescList, Error, MemKind, XferReq};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Mutex, MutexGuard, Once};
+use std::time::{Duration, Instant};
+
+/// Bound on every wait: generous, so that a slow machine fails only when something hangs.
+pub const TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Bytes that differ at every offset and between seeds (no short period, so a block that
+/// lands at the wrong offset is caught).
+pub fn pattern(seed: u8, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| ((i as u64).wrapping_mul(2_654_435_761) >> 13) as u8 ^ seed)
+        .collect()
+}
+
+pub fn dram(descs: impl IntoIterator<Item = Desc>) -> DescList {
+    DescList::from_descs(MemKind::Dram, descs)
+}
+
+pub fn vram(descs: impl IntoIterator<Item = Desc>) -> DescList {
+    DescList::from_descs(MemKind::Vram, descs)
+}
+
+/// `base` with the pairs of `extra` added (or replacing its own).
+pub fn with_extra(mut base: BackendParams, extra: &[(&str, &str)]) -> BackendParams {
+    for (k, v) in extra {
+        base.insert(k.to_string(), v.to_string());
+    }
+    base
+}
+
+/// An agent with one backend; a backend that does not open fails the test naming it.
+pub fn agent_with_backend(
+    name: &str,
+    config: AgentConfig,
+    backend: &str,
+    backend_params: &BackendParams,
+) -> Agent {
+    let agent = Agent::new(name, config).unwrap();
+    agent
+        .create_backend(backend, backend_params)
+        .unwrap_or_else(|e| panic!("{backend} ({backend_params:?}): {e}"));
+    agent
+}
+
+/// An agent with one LIBFABRIC backend over `provider`, `extra` added to its parameters.
+pub fn fabric_agent(name: &str, provider: &str, extra: &[(&str, &str)]) -> Agent {
+    let p = with_extra(params([("provider", provider)]), extra);
+    agent_with_backend(name, AgentConfig::default(), "LIBFABRIC", &p)
+}
+
+/// An agent configuration that listens for metadata requests on loopback.
+pub fn listening() -> AgentConfig {
+    AgentConfig {
+        listen_addr: Some("127.0.0.1:0".parse().unwrap()),
+        ..AgentConfig::default()
+    }
+}
+
+/// The notifications from `from`, waited for (bounded).
+pub fn wait_notifs(agent: &Agent, from: &str) -> Vec<Vec<u8>> {
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        if let Some(msgs) = agent.get_notifs().remove(from) {
+            return msgs;
+        }
+        assert!(Instant::now() < deadline, "no notification from {from}");
+        std::thread::sleep(Duration::from_micros(100));
+    }
+}
+
+/// The first notification from `from`, waited for (bounded).
+pub fn wait_notif(agent: &Agent, from: &str) -> Vec<u8> {
+    wait_notifs(agent, from).remove(0)
+}
+
+/// Waits for a notification from `from`; runs `at_arrival` the moment it arrives, before
+/// anything else is waited for.
+pub fn on_notif<T>(agent: &Agent, from: &str, at_arrival: impl FnOnce(Vec<u8>) -> T) -> T {
+    at_arrival(wait_notif(agent, from))
+}
+
+/// Polls until the request is done or fails; one still in progress after [`TIMEOUT`] is a
+/// hang and fails the test.
+pub fn finish(req: &mut XferReq) -> nixl::Result<()> {
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        if req.status()? == XferStatus::Done {
+            return Ok(());
+        }
+        assert!(
+            Instant::now() < deadline,
+            "transfer neither done nor failed: hang"
+        );
+        std::thread::sleep(Duration::from_micros(200));
+    }
+}
+
+/// The error a posted request to a peer that was killed ends in: polled, and posted again
+/// whenever it completes before the transport notices, never longer than [`TIMEOUT`].
+pub fn error_after_peer_died(req: &mut XferReq) -> Error {
+    let started = Instant::now();
+    loop {
+        match req.status() {
+            Ok(XferStatus::Done) => {
+                if let Err(e) = req.post() {
+                    return e;
+                }
+            }
+            Ok(XferStatus::InProgress) => std::thread::sleep(Duration::from_micros(200)),
+            Err(e) => return e,
+        }
+        assert!(
+            started.elapsed() < TIMEOUT,
+            "the dead peer was never noticed"
+        );
+    }
+}
+
+// ---- the soft-RoCE guest ------------------------------------------------------------------
+
+/// The device named by `RDMA_TEST_DEVICE`, or `None` (after printing why) when unset.
+pub fn rdma_device() -> Option<String> {
+    let Ok(name) = std::env::var("RDMA_TEST_DEVICE") else {
+        println!("skipped: RDMA_TEST_DEVICE not set (run via cargo xtask test)");
+        return None;
+    };
+    watchdog();
+    Some(name)
+}
+
+/// Aborts the binary if it runs far too long: a hang must fail, not stall the guest.
+fn watchdog() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        std::thread::spawn(|| {
+            std::thread::sleep(Duration::from_secs(600));
+            eprintln!("test watchdog expired after 600 s");
+            std::process::abort();
+        });
+    });
+}
+
+/// The guest has two vCPUs: one test at a time.
+pub fn serial() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+// ---- peer processes -----------------------------------------------------------------------
+
+/// A file in the temporary folder named after `prefix`, this process and `tag`, with
+/// what an earlier run left there removed.
+pub fn announce_path(prefix: &str, tag: &str) -> PathBuf {
+    let path = std::env::temp_dir().join(format!(
+        "{prefix}-{}-{}",
+        std::process::id(),
+        tag.replace(';', "_")
+    ));
+    for suffix in ["", ".tmp", ".ok"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+    }
+    path
+}
+
+/// This test binary run again for test `test` alone (`--ignored` where it is ignored);
+/// its stdout is dropped (the harness owns it: peers speak through files).
+pub fn self_test(test: &str, ignored: bool) -> Command {
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args(["--exact", test, "--test-threads=1"])
+        .stdout(Stdio::null());
+    if ignored {
+        cmd.arg("--ignored");
+    }
+    cmd
+}
+
+/// Writes `text` to `path` whole: the reader never sees a partial file.
+pub fn announce(path: impl AsRef<Path>, text: &str) {
+    let path = path.as_ref().display().to_string();
+    std::fs::write(format!("{path}.tmp"), text).unwrap();
+    std::fs::rename(format!("{path}.tmp"), path).unwrap();
+}
+
+/// Announces `agent`'s metadata address and the base address of its buffer at `path`,
+/// as [`PeerProcess::spawn`] reads them.
+pub fn announce_agent(path: impl AsRef<Path>, agent: &Agent, base: u64) {
+    announce(path, &format!("{} {base}", agent.listen_addr().unwrap()));
+}
+
+/// The text of `path` once it exists; bounded, and failing when `child` exits first.
+pub fn wait_file(path: &Path, child: &mut Child) -> String {
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        if let Ok(text) = std::fs::read_to_string(path) {
+            return text;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} never appeared",
+            path.display()
+        );
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the peer exited early waiting for {}",
+            path.display()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// A peer process that announced its metadata address and buffer base (see
+/// [`announce_agent`]); killed, and its files removed, when dropped.
+pub struct PeerProcess {
+    pub child: Child,
+    pub addr: std::net::SocketAddr,
+    pub base: u64,
+    pub announce: PathBuf,
+}
+
+impl PeerProcess {
+    /// Starts `cmd` and waits until it announced itself at `announce`.
+    pub fn spawn(mut cmd: Command, announce: PathBuf) -> Self {
+        let mut child = cmd.spawn().unwrap();
+        let text = wait_file(&announce, &mut child);
+        let (addr, base) = text.split_once(' ').unwrap();
+        Self {
+            child,
+            addr: addr.parse().unwrap(),
+            base: base.parse().unwrap(),
+            announce,
+        }
+    }
+
+    /// The file the peer writes its verdict to when it is done.
+    pub fn ok_path(&self) -> PathBuf {
+        PathBuf::from(format!("{}.ok", self.announce.display()))
+    }
+
+    /// Waits for the peer to exit successfully and returns its verdict.
+    pub fn verdict(&mut self) -> String {
+        assert!(self.child.wait().unwrap().success(), "the peer failed");
+        std::fs::read_to_string(self.ok_path()).unwrap()
+    }
+}
+
+impl Drop for PeerProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.announce);
+        let _ = std::fs::remove_file(self.ok_path());
+    }
+}
+
+// ---- GPU memory ---------------------------------------------------------------------------
+
+/// Device memory of `len` bytes holding `fill` (zeroes where `fill` is empty).
+#[cfg(feature = "cuda")]
+pub fn device_buffer(gpu: &gpunetio::Gpu, len: usize, fill: &[u8]) -> gpunetio::DeviceBuffer {
+    let buf = gpunetio::DeviceBuffer::alloc(gpu, len).unwrap();
+    if fill.is_empty() {
+        buf.fill(0).unwrap();
+    } else {
+        buf.copy_from_host(0, fill).unwrap();
+    }
+    buf
+}
+
+/// `len` bytes of `buf` from `offset`.
+#[cfg(feature = "cuda")]
+pub fn on(buf: &gpunetio::DeviceBuffer, offset: usize, len: usize) -> Desc {
+    Desc::new(
+        buf.ptr() + offset as u64,
+        len as u64,
+        buf.gpu().ordinal() as u64,
+    )
+}
+
+/// All of `buf`.
+#[cfg(feature = "cuda")]
+pub fn whole(buf: &gpunetio::DeviceBuffer) -> Desc {
+    on(buf, 0, buf.len())
+}
