@@ -217,10 +217,9 @@ impl<T: Transport> Engine<T> {
     }
 
     /// Reads completions and applies them to their entries.
+    /// Polls even with nothing in flight: that progresses a manual-progress provider
+    /// for the peer's operations that target this side.
     fn reap(&mut self) -> Result<bool> {
-        if self.outstanding == 0 {
-            return Ok(false);
-        }
         let mut done = std::mem::take(&mut self.completions);
         done.clear();
         if let Err(e) = self.transport.poll(&mut done) {
