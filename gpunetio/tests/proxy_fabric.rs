@@ -223,3 +223,92 @@ fn throughput_shm() {
         );
     }
 }
+
+/// A transport that completes everything at once: what the ring and the proxy cost by
+/// themselves (host producer thread + proxy thread).
+struct NullTransport(Vec<u64>);
+
+impl gpunetio::proxy::Transport for NullTransport {
+    type Registration = ();
+    fn kind(&self) -> gpunetio::proxy::TransportKind {
+        gpunetio::proxy::TransportKind::FABRIC
+    }
+    fn local_info(&self) -> gpunetio::Result<Vec<u8>> {
+        Ok(Vec::new())
+    }
+    fn connect(&mut self, _: &[u8]) -> gpunetio::Result<()> {
+        Ok(())
+    }
+    fn prepare(&mut self, _: usize) -> gpunetio::Result<()> {
+        Ok(())
+    }
+    unsafe fn register_host(&mut self, _: *mut u8, _: usize) -> gpunetio::Result<()> {
+        Ok(())
+    }
+    fn register_device(&mut self, _: &gpunetio::DeviceBuffer) -> gpunetio::Result<()> {
+        Err(gpunetio::Error::Unsupported("null transport".into()))
+    }
+    fn descriptor(&self, _: &()) -> RemoteDescriptor {
+        RemoteDescriptor {
+            transport: gpunetio::proxy::TransportKind::FABRIC,
+            addr: 0,
+            len: 1 << 20,
+            key: 0,
+        }
+    }
+    fn post(
+        &mut self,
+        wr: &gpunetio::proxy::WorkRequest<'_, ()>,
+    ) -> gpunetio::Result<gpunetio::proxy::Posted> {
+        use gpunetio::proxy::WorkRequest::*;
+        let (Write { wr_id, .. }
+        | WriteInline { wr_id, .. }
+        | Read { wr_id, .. }
+        | AtomicAdd { wr_id, .. }) = *wr;
+        self.0.push(wr_id);
+        Ok(gpunetio::proxy::Posted::Yes)
+    }
+    fn poll(
+        &mut self,
+        out: &mut Vec<gpunetio::proxy::TransportCompletion>,
+    ) -> gpunetio::Result<()> {
+        out.extend(
+            self.0
+                .drain(..)
+                .map(|wr_id| gpunetio::proxy::TransportCompletion {
+                    wr_id,
+                    result: Ok(()),
+                }),
+        );
+        Ok(())
+    }
+}
+
+/// Entries per second through the ring and the proxy alone (no network). Run with
+/// `--ignored --nocapture` in release mode.
+#[test]
+#[ignore = "a measurement; run by hand"]
+fn throughput_null_transport() {
+    let n: u64 = 2_000_000;
+    let ring = RingMemory::host(1024, 0).unwrap();
+    let a = CpuProxy::new(NullTransport(Vec::new()), &ring).unwrap();
+    let local = Buf::new(4096);
+    // SAFETY: `local` outlives `a` (dropped at the end, after it).
+    let l = unsafe { a.register_local(local.ptr(), local.len()).unwrap() };
+    let r = a
+        .add_remote(&a.with_transport(|t| gpunetio::proxy::Transport::descriptor(t, &())))
+        .unwrap();
+    a.start().unwrap();
+    let p = HostProducer::new(&ring, T).unwrap();
+    let start = Instant::now();
+    for i in 0..n {
+        p.post(&Entry::put(r, (i % 1024) * 8, l, 0, 8)).unwrap();
+    }
+    p.quiet().unwrap();
+    let secs = start.elapsed().as_secs_f64();
+    println!(
+        "null transport: {n} entries in {secs:.3} s = {:.0} entries/s",
+        n as f64 / secs
+    );
+    drop(a);
+}
