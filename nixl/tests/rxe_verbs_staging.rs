@@ -9,28 +9,31 @@
 
 mod common;
 
+use common::staged::StagedBackend;
 use common::{
     announce_agent, announce_path, dram, error_after_peer_died, listening, pattern,
-    rdma_device as device, self_test, serial, wait_notif, wait_notifs, with_extra, PeerProcess,
-    TIMEOUT,
+    rdma_device as device, self_test, serial, wait_notif, wait_notifs, PeerProcess, TIMEOUT,
 };
 use nixl::backend::Backend;
 use nixl::backends::verbs::VerbsBackend;
-use nixl::{params, Agent, AgentConfig, Desc, Error, MemKind, Region, XferOp, XferStatus};
+use nixl::{params, Agent, AgentConfig, Desc, Error, MemKind, Region, XferOp};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Small slots, so that a few MiB cross many chunk boundaries and reuse every slot.
 const CHUNK: &str = "262144";
 
-/// VERBS parameters: the device, whether DRAM is staged, and `extra`.
+/// VERBS on `device`, with small slots: a few MiB cross many chunk boundaries and reuse
+/// every slot.
+fn verbs(device: &str) -> StagedBackend {
+    StagedBackend::new(
+        "VERBS",
+        params([("device", device), ("staging_chunk", CHUNK)]),
+    )
+}
+
 fn verbs_params(device: &str, stage: bool, extra: &[(&str, &str)]) -> nixl::BackendParams {
-    let p = params([
-        ("device", device),
-        ("stage_dram", if stage { "1" } else { "0" }),
-        ("staging_chunk", CHUNK),
-    ]);
-    with_extra(p, extra)
+    verbs(device).params(stage, extra)
 }
 
 fn agent_with(
@@ -40,11 +43,11 @@ fn agent_with(
     extra: &[(&str, &str)],
     config: AgentConfig,
 ) -> Agent {
-    common::agent_with_backend(name, config, "VERBS", &verbs_params(device, stage, extra))
+    verbs(device).agent_with(name, stage, extra, config)
 }
 
 fn agent(name: &str, device: &str, stage: bool, extra: &[(&str, &str)]) -> Agent {
-    agent_with(name, device, stage, extra, AgentConfig::default())
+    verbs(device).agent(name, stage, extra)
 }
 
 /// An agent with the backend it uses, kept as its concrete type.
@@ -64,111 +67,6 @@ fn agent_and_backend(
     (agent, backend)
 }
 
-fn mode_of(agent: &Agent, buf: &[u8]) -> String {
-    let q = agent.query_mem(&dram([Desc::from_slice(buf)]));
-    q[0].as_ref().expect("registered")[0].clone()
-}
-
-/// WRITE then READ back (twice) `sizes` blocks placed at odd offsets, between an
-/// initiator and a target that stage (or not) as told; the target checks its memory the
-/// moment the WRITE's notification arrives.
-fn round_trip(
-    device: &str,
-    init_stages: bool,
-    tgt_stages: bool,
-    sizes: &[usize],
-    extra: &[(&str, &str)],
-) {
-    let tag = format!(
-        "{}{}-{}-{}",
-        u8::from(init_stages),
-        u8::from(tgt_stages),
-        sizes.len(),
-        extra.len()
-    );
-    let initiator = agent(&format!("si-{tag}"), device, init_stages, extra);
-    let target = agent(&format!("st-{tag}"), device, tgt_stages, extra);
-    let span: usize = sizes.iter().map(|s| s + 3).sum::<usize>() + 64;
-    let src = pattern(sizes.len() as u8, span);
-    let dst = vec![0u8; span];
-    let mut back = vec![0u8; span];
-    let back_p = back.as_mut_ptr() as u64;
-    // SAFETY: the buffers outlive the handles and requests (dropped at the end).
-    let _hi = unsafe {
-        initiator
-            .register_mem(
-                &dram([Desc::from_slice(&src), Desc::new(back_p, span as u64, 0)]),
-                None,
-            )
-            .unwrap()
-    };
-    // SAFETY: as above.
-    let _ht = unsafe {
-        target
-            .register_mem(&dram([Desc::from_slice(&dst)]), None)
-            .unwrap()
-    };
-    let shown = |stages: bool| if stages { "VERBS(staged)" } else { "VERBS" };
-    assert_eq!(mode_of(&initiator, &src), shown(init_stages), "{tag}");
-    assert_eq!(mode_of(&target, &dst), shown(tgt_stages), "{tag}");
-    let name = initiator
-        .load_remote_metadata(&target.local_metadata().unwrap())
-        .unwrap();
-    let mut offs = Vec::new();
-    let mut at = 1usize;
-    for &s in sizes {
-        offs.push(at);
-        at += s + 3;
-    }
-    let n = sizes.len();
-    let block = |base: u64, i: usize| Desc::new(base + offs[i] as u64, sizes[i] as u64, 0);
-    let local = dram((0..n).map(|i| block(src.as_ptr() as u64, i)));
-    let remote = dram((0..n).map(|i| block(dst.as_ptr() as u64, i)));
-    let mut w = initiator
-        .create_xfer_req(XferOp::Write, &local, &remote, &name, Some(b"w".to_vec()))
-        .unwrap();
-    w.post().unwrap();
-    assert_eq!(wait_notif(&target, initiator.name()), b"w", "{tag}");
-    // Checked the moment the notification is seen, before the initiator's completion.
-    for i in 0..n {
-        let r = offs[i]..offs[i] + sizes[i];
-        assert!(
-            src[r.clone()] == dst[r],
-            "{tag}: block {i} of {} bytes",
-            sizes[i]
-        );
-        assert_eq!(dst[offs[i] - 1], 0, "{tag}: byte before block {i}");
-        assert_eq!(dst[offs[i] + sizes[i]], 0, "{tag}: byte after block {i}");
-    }
-    w.wait(TIMEOUT).unwrap();
-    let t = w.telemetry();
-    assert_eq!(t.staged_bytes, t.total_bytes, "{tag}: everything staged");
-    let readback = dram((0..n).map(|i| block(back_p, i)));
-    let mut r = initiator
-        .create_xfer_req(XferOp::Read, &readback, &remote, &name, Some(b"r".to_vec()))
-        .unwrap();
-    for round in 0..2 {
-        if round == 1 {
-            back.fill(0);
-        }
-        assert_eq!(r.post().unwrap(), XferStatus::InProgress);
-        r.wait(TIMEOUT).unwrap();
-        assert_eq!(wait_notif(&target, initiator.name()), b"r", "{tag}");
-        for i in 0..n {
-            let rg = offs[i]..offs[i] + sizes[i];
-            assert!(
-                back[rg.clone()] == src[rg],
-                "{tag}: read block {i} round {round}"
-            );
-        }
-    }
-    assert_eq!(
-        r.telemetry().staged_bytes,
-        t.total_bytes,
-        "{tag}: READ staged"
-    );
-}
-
 #[test]
 fn staged_write_and_read_in_every_case() {
     let Some(dev) = device() else { return };
@@ -177,8 +75,7 @@ fn staged_write_and_read_in_every_case() {
     // Local staged / remote plain, local plain / remote staged, both staged: WRITE and
     // READ each, one byte to several chunks, slots reused (4 per half).
     for (init, tgt) in [(true, false), (false, true), (true, true)] {
-        round_trip(
-            &dev,
+        verbs(&dev).round_trip(
             init,
             tgt,
             &[1, 4097, (3 << 20) + 5, 1 << 20],
@@ -193,9 +90,10 @@ fn staged_two_rails_many_descriptors() {
     let Some(dev) = device() else { return };
     let _s = serial();
     let sizes: Vec<usize> = (0..1000).map(|i| 1000 + (i % 7) * 700).collect();
-    round_trip(&dev, true, true, &sizes, &[("num_rails", "2")]);
-    round_trip(&dev, false, true, &sizes[..300], &[("num_rails", "2")]);
-    round_trip(&dev, true, false, &sizes[..300], &[("num_rails", "2")]);
+    let verbs = verbs(&dev);
+    verbs.round_trip(true, true, &sizes, &[("num_rails", "2")]);
+    verbs.round_trip(false, true, &sizes[..300], &[("num_rails", "2")]);
+    verbs.round_trip(true, false, &sizes[..300], &[("num_rails", "2")]);
 }
 
 /// The target checks its memory at the moment the notification arrives (the initiator's
@@ -206,64 +104,11 @@ fn staged_notification_only_after_the_last_chunk_landed() {
     let Some(dev) = device() else { return };
     let _s = serial();
     for init_stages in [false, true] {
-        let tag = format!("ord-{init_stages}");
-        let initiator = agent(
-            &format!("{tag}-i"),
-            &dev,
+        verbs(&dev).notification_only_after_the_last_chunk(
             init_stages,
+            6 << 20,
             &[("num_rails", "2")],
         );
-        let target = agent(&format!("{tag}-t"), &dev, true, &[("num_rails", "2")]);
-        let len = 6 << 20;
-        let mut src = pattern(1, len);
-        let dst = vec![0u8; len];
-        // SAFETY: the buffers outlive the handles and the request.
-        let _hi = unsafe {
-            initiator
-                .register_mem(&dram([Desc::from_slice(&src)]), None)
-                .unwrap()
-        };
-        // SAFETY: as above.
-        let _ht = unsafe {
-            target
-                .register_mem(&dram([Desc::from_slice(&dst)]), None)
-                .unwrap()
-        };
-        let name = initiator
-            .load_remote_metadata(&target.local_metadata().unwrap())
-            .unwrap();
-        let n = 48;
-        let block = len / n;
-        let at = |b: u64, i: usize| Desc::new(b + (i * block) as u64, block as u64, 0);
-        let mut req = initiator
-            .create_xfer_req(
-                XferOp::Write,
-                &dram((0..n).map(|i| at(src.as_ptr() as u64, i))),
-                &dram((0..n).map(|i| at(dst.as_ptr() as u64, i))),
-                &name,
-                None,
-            )
-            .unwrap();
-        for round in 0..4u8 {
-            src.iter_mut().for_each(|b| *b = b.wrapping_add(round + 1));
-            req.post_with(Some(vec![round]), &Default::default())
-                .unwrap();
-            let deadline = Instant::now() + TIMEOUT;
-            loop {
-                if let Some(msgs) = target.get_notifs().remove(initiator.name()) {
-                    assert_eq!(msgs, vec![vec![round]]);
-                    let wrong = src.iter().zip(&dst).position(|(a, b)| a != b);
-                    assert_eq!(
-                        wrong, None,
-                        "{tag}: round {round}: notified before the data"
-                    );
-                    break;
-                }
-                assert!(Instant::now() < deadline, "{tag}: no notification");
-                std::thread::sleep(Duration::from_micros(100));
-            }
-            req.wait(TIMEOUT).unwrap();
-        }
     }
 }
 
@@ -271,70 +116,7 @@ fn staged_notification_only_after_the_last_chunk_landed() {
 fn staged_without_progress_threads_the_callers_polls_drive_the_pipeline() {
     let Some(dev) = device() else { return };
     let _s = serial();
-    let config = AgentConfig {
-        progress_thread: false,
-        ..AgentConfig::default()
-    };
-    let initiator = agent_with("np-si", &dev, true, &[], config.clone());
-    let target = agent_with("np-st", &dev, true, &[], config);
-    let len = (3 << 20) + 3;
-    let src = pattern(9, len);
-    let dst = vec![0u8; len];
-    let mut back = vec![0u8; len];
-    let back_p = back.as_mut_ptr() as u64;
-    // SAFETY: the buffers outlive the handles and the requests.
-    let _hi = unsafe {
-        initiator
-            .register_mem(
-                &dram([Desc::from_slice(&src), Desc::new(back_p, len as u64, 0)]),
-                None,
-            )
-            .unwrap()
-    };
-    // SAFETY: as above.
-    let _ht = unsafe {
-        target
-            .register_mem(&dram([Desc::from_slice(&dst)]), None)
-            .unwrap()
-    };
-    let name = initiator
-        .load_remote_metadata(&target.local_metadata().unwrap())
-        .unwrap();
-    let mut req = initiator
-        .create_xfer_req(
-            XferOp::Write,
-            &dram([Desc::from_slice(&src)]),
-            &dram([Desc::from_slice(&dst)]),
-            &name,
-            Some(b"inline".to_vec()),
-        )
-        .unwrap();
-    req.post().unwrap();
-    let deadline = Instant::now() + TIMEOUT;
-    let (mut done, mut notif) = (false, None);
-    while !(done && notif.is_some()) {
-        assert!(Instant::now() < deadline, "no progress");
-        done = done || req.status().unwrap() == XferStatus::Done;
-        if let Some(mut msgs) = target.get_notifs().remove(initiator.name()) {
-            notif = Some(msgs.remove(0));
-            assert!(src == dst, "notification before the data");
-        }
-    }
-    let mut read = initiator
-        .create_xfer_req(
-            XferOp::Read,
-            &dram([Desc::new(back_p, len as u64, 0)]),
-            &dram([Desc::from_slice(&dst)]),
-            &name,
-            None,
-        )
-        .unwrap();
-    read.post().unwrap();
-    while read.status().unwrap() != XferStatus::Done {
-        assert!(Instant::now() < deadline, "the read made no progress");
-        target.get_notifs();
-    }
-    assert!(back == src);
+    verbs(&dev).without_progress_threads((3 << 20) + 3);
 }
 
 /// A target asked to move memory that is not (or no longer) staged refuses the chunk:

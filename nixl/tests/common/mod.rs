@@ -10,6 +10,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Mutex, MutexGuard, Once};
 use std::time::{Duration, Instant};
 
+pub mod staged;
+
 /// Bound on every wait: generous, so that a slow machine fails only when something hangs.
 pub const TIMEOUT: Duration = Duration::from_secs(60);
 
