@@ -413,11 +413,13 @@ template <scope Sc>
 __device__ __forceinline__ int mlx5_count(gio_dev_qp *qp, u64 ticket, uint32_t counter) {
   if (counter == GIO_NO_COUNTER) return GIO_OK;
   int st = GIO_OK;
-  if (Sc == scope::thread || lane_id() == 0) {
+  const unsigned active = Sc == scope::warp ? __activemask() : 0;
+  const unsigned leader = Sc == scope::warp ? __ffs(active) - 1 : 0;
+  if (Sc == scope::thread || lane_id() == leader) {
     st = mlx5_wait(qp, ticket);
     if (st == GIO_OK) atomicAdd_system(&qp->counters[counter], 1ull);
   }
-  if (Sc == scope::warp) st = __shfl_sync(__activemask(), st, __ffs(__activemask()) - 1);
+  if (Sc == scope::warp) st = __shfl_sync(active, st, leader);
   return st;
 }
 
