@@ -81,3 +81,34 @@ extern "C" __global__ void gio_perf_write_lat(gio_dev_qp *qp, uint32_t remote_mr
     if (__shfl_sync(0xffffffffu, *(volatile int *)status, 0) != GIO_OK) break;
   }
 }
+
+// CPU proxy round trip: thread 0 posts a NOP through the low-level API and polls until
+// the proxy reports it complete, `iters` times; `rtt_ns[i]` gets each round trip. Half of
+// it bounds the time from a GPU post to the proxy seeing it.
+extern "C" __global__ void gio_perf_proxy_rtt(gio_dev_qp *qp, u64 iters, u64 *rtt_ns, int *status) {
+  if (threadIdx.x != 0 || blockIdx.x != 0) return;
+  for (u64 i = 0; i < iters; i++) {
+    const u64 start = gio::now_ns();
+    const u64 t = gio::reserve_slots<gio::sharing::exclusive>(qp, 1);
+    int st = GIO_OK;
+    gio_ring_entry *e = gio::entry_ptr<gio::sharing::exclusive>(qp, t, &st);
+    if (!e) {
+      record(status, st);
+      return;
+    }
+    gio::prepare_nop(e);
+    gio::mark_ready(e, t);
+    gio::submit(qp, t + 1);
+    while ((st = gio::poll_completion(qp, t)) == 1) {
+      if (gio::timed_out(qp, start)) {
+        st = GIO_ERR_TIMEOUT;
+        break;
+      }
+    }
+    rtt_ns[i] = gio::now_ns() - start;
+    if (st != GIO_OK) {
+      record(status, st);
+      return;
+    }
+  }
+}
