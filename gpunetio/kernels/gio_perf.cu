@@ -55,6 +55,22 @@ extern "C" __global__ void gio_perf_write_lat(gio_dev_qp *qp, uint32_t remote_mr
                                               const u64 *my_signal, u64 size, u64 iters,
                                               int initiator, u64 *rtt_ns, int *status) {
   if (blockIdx.x != 0 || threadIdx.x >= 32) return;
+  if (size <= 512) {
+    // Small messages: lane 0 alone in THREAD scope, no warp barrier in the loop.
+    if (threadIdx.x != 0) return;
+    for (u64 i = 1; i <= iters; i++) {
+      const u64 start = gio::now_ns();
+      if (!initiator) record(status, gio::signal_wait_ge(qp, my_signal, i));
+      record(status, gio::put_signal<gio::scope::thread, gio::sharing::exclusive>(
+                         qp, remote_mr, 0, local_mr, 0, size, remote_signal_mr, 0, 1));
+      if (initiator) {
+        record(status, gio::signal_wait_ge(qp, my_signal, i));
+        rtt_ns[i - 1] = gio::now_ns() - start;
+      }
+      if (*(volatile int *)status != GIO_OK) break;
+    }
+    return;
+  }
   const bool lead = threadIdx.x == 0;
   for (u64 i = 1; i <= iters; i++) {
     const u64 start = gio::now_ns();
@@ -62,15 +78,8 @@ extern "C" __global__ void gio_perf_write_lat(gio_dev_qp *qp, uint32_t remote_mr
       if (lead) record(status, gio::signal_wait_ge(qp, my_signal, i));
       __syncwarp();
     }
-    // Small messages: lane 0 alone (THREAD scope) is quicker than a warp's barrier.
-    if (size <= 512) {
-      if (lead)
-        record(status, gio::put_signal<gio::scope::thread, gio::sharing::exclusive>(
-                           qp, remote_mr, 0, local_mr, 0, size, remote_signal_mr, 0, 1));
-    } else {
-      record(status, gio::put_signal<gio::scope::warp, gio::sharing::exclusive>(
-                         qp, remote_mr, 0, local_mr, 0, size, remote_signal_mr, 0, 1));
-    }
+    record(status, gio::put_signal<gio::scope::warp, gio::sharing::exclusive>(
+                       qp, remote_mr, 0, local_mr, 0, size, remote_signal_mr, 0, 1));
     if (initiator) {
       if (lead) {
         record(status, gio::signal_wait_ge(qp, my_signal, i));

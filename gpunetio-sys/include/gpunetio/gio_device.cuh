@@ -365,7 +365,18 @@ __device__ __forceinline__ int mlx5_post_n(gio_dev_qp *qp, uint32_t n, u64 *tick
   for (uint32_t i = 0; i < n; i++) {
     const u64 pi = first + i;
     if (pi >= m->sq_wqe_cnt) {
-      st = mlx5_wait(qp, pi - m->sq_wqe_cnt);
+      /* The slot's previous WQE must have been handed to the NIC (its doorbell rung) and
+       * completed. A CQE implies the doorbell on real hardware; checking both keeps a
+       * slot from being rewritten before its previous WQE was even posted whatever the
+       * CQ says (a stale or synthetic CQE). */
+      const u64 prev = pi - m->sq_wqe_cnt;
+      const u64 start = now_ns();
+      while (*(volatile u64 *)&m->sq_rung <= prev) {
+        st = mlx5_status(qp);
+        if (st != GIO_OK) return st;
+        if (timed_out(qp, start)) return GIO_ERR_TIMEOUT;
+      }
+      st = mlx5_wait(qp, prev);
       if (st != GIO_OK) return st;
     }
     mlx5::wqe w;
