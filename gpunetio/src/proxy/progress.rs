@@ -76,6 +76,9 @@ pub(crate) struct Staging<R> {
 // SAFETY: `base` points into `_mem`, owned here; chunks are handed out exclusively.
 unsafe impl<R: Send> Send for Staging<R> {}
 
+/// Idle rounds between transport polls (see [`Engine::progress`]).
+const IDLE_TRANSPORT_POLL: u32 = 16;
+
 /// The proxy engine: one per queue pair, driven by one thread at a time.
 pub(crate) struct Engine<T: Transport> {
     pub(crate) ring: Arc<RingMemory>,
@@ -91,6 +94,8 @@ pub(crate) struct Engine<T: Transport> {
     window_size: u64,
     /// Transport operations in flight, all entries together.
     outstanding: usize,
+    /// Rounds since the transport was last polled while nothing was in flight.
+    idle_rounds: u32,
     failure: Option<(GioStatus, u64)>,
     /// The typed error of the failure, returned once by `progress`.
     pending_error: Option<Error>,
@@ -112,6 +117,7 @@ impl<T: Transport> Engine<T> {
             next_post: 0,
             window_size,
             outstanding: 0,
+            idle_rounds: 0,
             failure: None,
             pending_error: None,
             completions: Vec::new(),
@@ -128,7 +134,19 @@ impl<T: Transport> Engine<T> {
     /// status (they still reap completions, so memory is not freed under a transfer,
     /// and complete the entries before the failure).
     pub(crate) fn progress(&mut self) -> Result<bool> {
-        let mut progressed = self.reap()?;
+        // With nothing in flight, the transport is polled only every
+        // `IDLE_TRANSPORT_POLL` rounds (it still progresses what peers send us): a round
+        // is then a few loads of the ring, so a GPU post is seen within a fraction of a
+        // microsecond instead of after a provider's progress call.
+        let poll_transport = self.outstanding > 0 || {
+            self.idle_rounds += 1;
+            self.idle_rounds >= IDLE_TRANSPORT_POLL
+        };
+        let mut progressed = false;
+        if poll_transport {
+            self.idle_rounds = 0;
+            progressed = self.reap()?;
+        }
         if self.failure.is_none() {
             progressed |= self.take();
         }
