@@ -108,12 +108,7 @@ extern "C" __global__ void gio_perf_proxy_rtt(gio_dev_qp *qp, u64 iters, u64 *rt
     gio::prepare_nop(e);
     gio::mark_ready(e, t);
     gio::submit(qp, t + 1);
-    while ((st = gio::poll_completion(qp, t)) == 1) {
-      if (gio::timed_out(qp, start)) {
-        st = GIO_ERR_TIMEOUT;
-        break;
-      }
-    }
+    st = gio::wait(qp, t);
     rtt_ns[i] = gio::now_ns() - start;
     if (st != GIO_OK) {
       record(status, st);
