@@ -425,8 +425,15 @@ mod tests {
             ("GIO_LEVEL_HIGH", GIO_LEVEL_HIGH as i64),
             ("GIO_LEVEL_LOW", GIO_LEVEL_LOW as i64),
         ];
+        assert_header_defines(GIO_ABI_H, "GIO_", consts);
+    }
+
+    /// Every `#define NAME VALUE` of `header` whose name starts with `prefix` (and has a
+    /// numeric value) equals the Rust constant of that name in `consts`, and every one of
+    /// `consts` is defined there.
+    pub(crate) fn assert_header_defines(header: &str, prefix: &str, consts: &[(&str, i64)]) {
         let mut defined = Vec::new();
-        for line in GIO_ABI_H.lines() {
+        for line in header.lines() {
             let mut words = line.split_whitespace();
             if words.next() != Some("#define") {
                 continue;
@@ -434,7 +441,7 @@ mod tests {
             let (Some(name), Some(value)) = (words.next(), words.next()) else {
                 continue;
             };
-            if !name.starts_with("GIO_") || name.contains('(') {
+            if !name.starts_with(prefix) || name.contains('(') {
                 continue;
             }
             let value = value.trim_end_matches('u');

@@ -320,33 +320,6 @@ mod tests {
             ("GIO_MLX5_SND_DBR", GIO_MLX5_SND_DBR as i64),
             ("GIO_MLX5_QP_BLUEFLAME", GIO_MLX5_QP_BLUEFLAME as i64),
         ];
-        let mut defined = Vec::new();
-        for line in crate::GIO_MLX5_CUH.lines() {
-            let mut words = line.split_whitespace();
-            if words.next() != Some("#define") {
-                continue;
-            }
-            let (Some(name), Some(value)) = (words.next(), words.next()) else {
-                continue;
-            };
-            if !name.starts_with("GIO_MLX5_") {
-                continue;
-            }
-            let value = value.trim_end_matches('u');
-            let parsed = match value.strip_prefix("0x") {
-                Some(hex) => i64::from_str_radix(hex, 16),
-                None => value.parse::<i64>(),
-            }
-            .unwrap_or_else(|_| panic!("{name}: {value} is not a number"));
-            defined.push(name.to_string());
-            let rust = consts.iter().find(|(n, _)| *n == name);
-            assert_eq!(rust.map(|(_, v)| *v), Some(parsed), "{name}");
-        }
-        for (name, _) in consts {
-            assert!(
-                defined.iter().any(|d| d == name),
-                "{name} is not in the header"
-            );
-        }
+        crate::tests::assert_header_defines(crate::GIO_MLX5_CUH, "GIO_MLX5_", consts);
     }
 }
