@@ -62,6 +62,16 @@ __device__ __forceinline__ u64 ld_acquire_sys(const u64 *p) {
   return v;
 }
 
+/* A polling load: relaxed (no fence per poll); the caller issues one acquire fence
+ * once the value it waits for is seen. */
+__device__ __forceinline__ u64 ld_relaxed_sys(const u64 *p) {
+  u64 v;
+  asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+
+__device__ __forceinline__ void fence_acquire_sys() { asm volatile("fence.acq_rel.sys;" ::: "memory"); }
+
 __device__ __forceinline__ int ld_acquire_sys_i32(const int32_t *p) {
   int v;
   asm volatile("ld.acquire.sys.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
@@ -737,7 +747,10 @@ __device__ __forceinline__ int wait(const gio_dev_qp *qp, u64 ticket) {
      * the host's error/shutdown words and the timer every 32 polls. */
     u64 start = 0;
     for (unsigned polls = 0;; polls++) {
-      if (ld_acquire_sys(&qp->ctrl->completed) > ticket) return GIO_OK;
+      if (ld_relaxed_sys(&qp->ctrl->completed) > ticket) {
+        fence_acquire_sys();
+        return GIO_OK;
+      }
       if ((polls & 31) == 0) {
         if (polls == 0) {
           start = now_ns();
@@ -776,7 +789,12 @@ __device__ __forceinline__ int signal_wait_ge(const gio_dev_qp *qp, const u64 *a
   const bool gpu_scope = same_device(qp);
   u64 start = 0;
   for (unsigned polls = 0;; polls++) {
-    if ((gpu_scope ? ld_acquire_gpu(addr) : ld_acquire_sys(addr)) >= value) return GIO_OK;
+    if (gpu_scope) {
+      if (ld_acquire_gpu(addr) >= value) return GIO_OK;
+    } else if (ld_relaxed_sys(addr) >= value) {
+      fence_acquire_sys();
+      return GIO_OK;
+    }
     if ((polls & 63) == 0) {
       if (polls == 0) {
         start = now_ns();
