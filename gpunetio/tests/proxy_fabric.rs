@@ -190,37 +190,42 @@ fn two_processes(prov: &str) {
     drop(a);
 }
 
-/// Entries per second through the proxy with a host producer over `shm` (8-byte puts
-/// from registered memory, ring of 1024, proxy thread). Run with `--ignored
-/// --nocapture` in release mode.
+/// Entries per second through the proxy with a host producer (8-byte puts from
+/// registered memory and 8-byte inline puts, ring of 1024, proxy threads on both sides),
+/// for each provider in `GIO_PROXY_BENCH_PROV` (comma-separated; default `shm` and
+/// `tcp;ofi_rxm`), `GIO_PROXY_BENCH_N` entries each. Run with `--ignored --nocapture`
+/// in release mode.
 #[test]
 #[ignore = "a measurement; run by hand"]
-fn throughput_shm() {
+fn throughput() {
     let n: u64 = std::env::var("GIO_PROXY_BENCH_N")
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(200_000);
-    for what in ["put 8 B", "inline 8 B"] {
-        let x = pair("shm", 1024);
-        x.a.start().unwrap();
-        // The target's proxy thread progresses its endpoint (shm moves data when the
-        // target calls into it; the domain's background thread alone polls every 200 us).
-        x.b.start().unwrap();
-        let start = Instant::now();
-        for i in 0..n {
-            let e = if what.starts_with("put") {
-                Entry::put(x.r, (i % 1024) * 8, x.l, 0, 8)
-            } else {
-                Entry::put_inline(x.r, (i % 1024) * 8, i, 8)
-            };
-            x.p.post(&e).unwrap();
+    let provs = std::env::var("GIO_PROXY_BENCH_PROV").unwrap_or_else(|_| "shm,tcp;ofi_rxm".into());
+    for prov in provs.split(',') {
+        for what in ["put 8 B", "inline 8 B"] {
+            let x = pair(prov, 1024);
+            x.a.start().unwrap();
+            // The target's proxy thread progresses its endpoint (shm and rxm move data
+            // when the target calls into them).
+            x.b.start().unwrap();
+            let start = Instant::now();
+            for i in 0..n {
+                let e = if what.starts_with("put") {
+                    Entry::put(x.r, (i % 1024) * 8, x.l, 0, 8)
+                } else {
+                    Entry::put_inline(x.r, (i % 1024) * 8, i, 8)
+                };
+                x.p.post(&e).unwrap();
+            }
+            x.p.quiet().unwrap();
+            let secs = start.elapsed().as_secs_f64();
+            println!(
+                "{prov} {what}: {n} entries in {secs:.3} s = {:.0} entries/s",
+                n as f64 / secs
+            );
         }
-        x.p.quiet().unwrap();
-        let secs = start.elapsed().as_secs_f64();
-        println!(
-            "shm {what}: {n} entries in {secs:.3} s = {:.0} entries/s",
-            n as f64 / secs
-        );
     }
 }
 
