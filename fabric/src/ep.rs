@@ -1059,6 +1059,93 @@ impl Endpoint {
         self.finish("fi_writedata", ret)
     }
 
+    /// `fi_writemsg` of one buffer from caller memory with per-operation `flags`
+    /// (`FI_MORE`, `FI_DELIVERY_COMPLETE`, `FI_COMPLETION`, …), which replace the
+    /// endpoint's default op flags for this write.
+    ///
+    /// # Safety
+    /// As [`write_raw`](Self::write_raw).
+    #[allow(clippy::too_many_arguments)]
+    #[doc(alias = "fi_writemsg")]
+    pub unsafe fn writemsg_raw(
+        &self,
+        buf: *const u8,
+        len: usize,
+        mr: Option<&MemoryRegion>,
+        dest: Address,
+        addr: u64,
+        key: u64,
+        context: u64,
+        flags: u64,
+    ) -> Result<()> {
+        Self::check_context("fi_writemsg", context)?;
+        let mut desc = self.raw_desc("fi_writemsg", mr)?;
+        let iov = libc::iovec {
+            iov_base: buf as *mut c_void,
+            iov_len: len,
+        };
+        let rma = ffi::fi_rma_iov { addr, len, key };
+        let msg = ffi::fi_msg_rma {
+            msg_iov: ptr::addr_of!(iov).cast(),
+            desc: &mut desc,
+            iov_count: 1,
+            addr: dest.0,
+            rma_iov: &rma,
+            rma_iov_count: 1,
+            context: context as usize as *mut c_void,
+            data: 0,
+        };
+        // SAFETY: msg points to locals valid for the call; the data's lifetime is the
+        // caller's contract.
+        let ret = unsafe { ffi::fi_writemsg(self.inner.raw, &msg, flags) };
+        self.finish("fi_writemsg", ret)
+    }
+
+    /// `fi_atomicmsg`: `op` with the `count` elements of `dt` at `buf` applied to `addr`
+    /// with `key`, with per-operation `flags` as for [`writemsg_raw`](Self::writemsg_raw).
+    ///
+    /// # Safety
+    /// As [`write_raw`](Self::write_raw), for `count` elements of `dt` at `buf`.
+    #[allow(clippy::too_many_arguments)]
+    #[doc(alias = "fi_atomicmsg")]
+    pub unsafe fn atomicmsg_raw(
+        &self,
+        buf: *const u8,
+        count: usize,
+        mr: Option<&MemoryRegion>,
+        dest: Address,
+        addr: u64,
+        key: u64,
+        dt: AtomicDatatype,
+        op: AtomicOp,
+        context: u64,
+        flags: u64,
+    ) -> Result<()> {
+        Self::check_context("fi_atomicmsg", context)?;
+        let mut desc = self.raw_desc("fi_atomicmsg", mr)?;
+        let ioc = ffi::fi_ioc {
+            addr: buf as *mut c_void,
+            count,
+        };
+        let rma = ffi::fi_rma_ioc { addr, count, key };
+        let msg = ffi::fi_msg_atomic {
+            msg_iov: &ioc,
+            desc: &mut desc,
+            iov_count: 1,
+            addr: dest.0,
+            rma_iov: &rma,
+            rma_iov_count: 1,
+            datatype: dt.0,
+            op: op.0,
+            context: context as usize as *mut c_void,
+            data: 0,
+        };
+        // SAFETY: msg points to locals valid for the call; the operand's lifetime is the
+        // caller's contract.
+        let ret = unsafe { ffi::fi_atomicmsg(self.inner.raw, &msg, flags) };
+        self.finish("fi_atomicmsg", ret)
+    }
+
     /// `fi_read` into caller memory from `addr` with `key`.
     ///
     /// # Safety
