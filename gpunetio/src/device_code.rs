@@ -16,6 +16,9 @@ pub struct CompileOptions {
     pub defines: Vec<String>,
     /// Further NVRTC options, passed as given.
     pub extra: Vec<String>,
+    /// Further headers includable by name (e.g. a dependent crate's own device API:
+    /// `("nixl/nixl_device.cuh", source)`), besides the device library's.
+    pub headers: Vec<(&'static str, &'static str)>,
 }
 
 impl Default for CompileOptions {
@@ -24,6 +27,7 @@ impl Default for CompileOptions {
             arch: "compute_90".into(),
             defines: Vec::new(),
             extra: Vec::new(),
+            headers: Vec::new(),
         }
     }
 }
@@ -41,6 +45,12 @@ impl CompileOptions {
     /// Adds a preprocessor definition.
     pub fn define(mut self, define: impl Into<String>) -> Self {
         self.defines.push(define.into());
+        self
+    }
+
+    /// Makes `source` includable as `name`.
+    pub fn header(mut self, name: &'static str, source: &'static str) -> Self {
+        self.headers.push((name, source));
         self
     }
 }
@@ -75,14 +85,9 @@ pub fn compile(name: &str, source: &str, options: &CompileOptions) -> Result<Ptx
     };
     let src = cstr(source)?;
     let cname = cstr(name)?;
-    let headers: Vec<CString> = gpunetio_sys::HEADERS
-        .iter()
-        .map(|(_, h)| cstr(h))
-        .collect::<Result<_>>()?;
-    let include_names: Vec<CString> = gpunetio_sys::HEADERS
-        .iter()
-        .map(|(n, _)| cstr(n))
-        .collect::<Result<_>>()?;
+    let all_headers = || gpunetio_sys::HEADERS.iter().chain(options.headers.iter());
+    let headers: Vec<CString> = all_headers().map(|(_, h)| cstr(h)).collect::<Result<_>>()?;
+    let include_names: Vec<CString> = all_headers().map(|(n, _)| cstr(n)).collect::<Result<_>>()?;
     let header_ptrs: Vec<*const c_char> = headers.iter().map(|h| h.as_ptr()).collect();
     let name_ptrs: Vec<*const c_char> = include_names.iter().map(|h| h.as_ptr()).collect();
     let mut opts = vec![

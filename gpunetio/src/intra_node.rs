@@ -105,6 +105,44 @@ impl IntraNodeQueuePair {
         )
     }
 
+    /// Adds `len` bytes at `addr`, memory this GPU can address (device memory of this
+    /// GPU, mapped pinned host memory, a range inside a peer's IPC mapping), as a local
+    /// region (`remote` false: a put's source, a get's destination) or a peer's region;
+    /// `keep` is held until the exported queue pair is dropped. Returns its index.
+    ///
+    /// # Safety
+    /// The range must stay addressable by this GPU for as long as `keep` lives (kernels
+    /// using the exported queue pair read and write it).
+    pub unsafe fn add_range(
+        &mut self,
+        addr: u64,
+        len: u64,
+        remote: bool,
+        keep: Arc<dyn Any + Send + Sync>,
+    ) -> Result<u32> {
+        if addr.checked_add(len).is_none() {
+            return Err(Error::InvalidArgument(format!(
+                "range {addr:#x}+{len} wraps the address space"
+            )));
+        }
+        let info = crate::pointer_info(addr)?;
+        if info.kind == crate::MemoryKind::Host {
+            return Err(Error::InvalidArgument(format!(
+                "{addr:#x} is pageable host memory, which a kernel cannot address: pin it first"
+            )));
+        }
+        if remote {
+            self.peers_on_this_gpu &= matches!(info.kind, crate::MemoryKind::Device)
+                && info.device == Some(self.gpu.ordinal());
+        }
+        let flags = if remote {
+            ffi::GIO_MR_MAPPED | ffi::GIO_MR_REMOTE
+        } else {
+            ffi::GIO_MR_MAPPED
+        };
+        self.push(addr, len, flags, keep)
+    }
+
     fn check_gpu(&self, gpu: &Gpu) -> Result<()> {
         if gpu.ordinal() != self.gpu.ordinal() {
             return Err(Error::InvalidArgument(format!(
