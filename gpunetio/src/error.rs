@@ -122,6 +122,19 @@ pub enum Error {
         #[source]
         source: ibverbs::Error,
     },
+    /// Native mlx5 handler: a DEVX call failed (`errno`), or the firmware refused a
+    /// command (`status` and `syndrome` of its output, as the PRM and `dmesg` name them).
+    #[error("{call} failed: errno {errno}, firmware status {status:#x}, syndrome {syndrome:#x}")]
+    Devx {
+        /// The DEVX call or PRM command.
+        call: &'static str,
+        /// `errno` of the call (0 when the firmware status says why).
+        errno: i32,
+        /// The command output's status (0 when the call itself failed).
+        status: u8,
+        /// The command output's syndrome.
+        syndrome: u32,
+    },
     /// Bytes from a peer (connection blob, remote memory descriptor) do not decode.
     #[error("malformed {what}: {reason}")]
     Malformed {

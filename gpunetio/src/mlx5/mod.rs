@@ -16,14 +16,34 @@
 //!   (`cuMemHostRegister` with `CU_MEMHOSTREGISTER_IOMEMORY`, as DOCA's
 //!   `doca_gpu_verbs_export_uar`).
 //!
-//! # Not implemented yet (needs a ConnectX to test)
-//! Creating the queue pair itself: DEVX `CREATE_CQ` / `CREATE_QP` with GPU umems
-//! (`mlx5dv_devx_umem_reg_ex` on a DMA-BUF of the send queue, CQ and doorbell-record
-//! buffers), `mlx5dv_devx_alloc_uar`, the RST→INIT→RTR→RTS transitions and filling
-//! `gio_mlx5_qp`. Until then `CpuProxy` is the handler on ConnectX too.
+//! - [`prm`]: PRM command mailboxes (CREATE_CQ, CREATE_QP, RST2INIT / INIT2RTR / RTR2RTS,
+//!   QUERY_HCA_CAP) built by an `MLX5_SET`-style bit-field encoder;
+//! - [`devx`] (feature `mlx5`): the DEVX context, UAR, DMA-BUF umems and firmware objects;
+//! - [`Mlx5QueuePair`] (feature `mlx5`): the queue pair itself on GPU-resident queues,
+//!   connected through DEVX modify commands and exported to kernels;
+//! - [`export`]: filling `gio_mlx5_qp` and `gio_dev_qp` for any queue laid out the way a
+//!   ConnectX reads it ([`export::QueueLayout`]).
+//!
+//! # What runs without a ConnectX
+//! Everything but the DEVX calls: encoders, the CQE parser, the export and the device
+//! code are tested on the GPU against an emulated NIC (`tests/gpu_mlx5_emulated.rs`).
+//! Creating the DEVX objects and ringing doorbells on silicon needs a ConnectX with
+//! DEVX; elsewhere [`probe`] and [`DevxContext::open`] return [`Error::Unsupported`].
 
 pub mod cqe;
+#[cfg(feature = "mlx5")]
+pub mod devx;
+pub mod export;
+pub mod prm;
+#[cfg(feature = "mlx5")]
+mod queue_pair;
 pub mod wqe;
+
+#[cfg(feature = "mlx5")]
+pub use devx::DevxContext;
+pub use export::{ExportedMlx5QueuePair, Mlx5DeviceState};
+#[cfg(feature = "mlx5")]
+pub use queue_pair::{queue_offsets, Mlx5Options, Mlx5QueuePair, QpState, QueueOffsets};
 
 use crate::error::{Error, Result};
 use crate::Gpu;
