@@ -391,6 +391,158 @@ impl SendQueue {
     }
 }
 
+/// A WQE's ctrl segment, decoded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WqeHeader {
+    /// The 16-bit WQE counter.
+    pub wqe_index: u16,
+    /// The QP number.
+    pub qpn: u32,
+    /// Size in 16-byte units.
+    pub ds: u8,
+    /// Fence / CQ update / solicited bits.
+    pub fm_ce_se: u8,
+}
+
+fn malformed(reason: String) -> Error {
+    Error::Malformed {
+        what: "mlx5 send WQE",
+        reason,
+    }
+}
+
+/// Decodes one WQEBB as a NIC would (the emulated NIC of the GPU tests; a debugging aid
+/// for a send queue dump): the inverse of [`encode`] for every [`Wqe`] it produces.
+/// Opcodes it does not produce, a `ds` that disagrees with the opcode, and inline
+/// payloads past the WQEBB are [`Error::Malformed`].
+pub fn decode(bytes: &[u8; WQEBB]) -> Result<(WqeHeader, Wqe<'_>)> {
+    let be32 = |at: usize| u32::from_be_bytes(bytes[at..at + 4].try_into().expect("4 bytes"));
+    let be64 = |at: usize| u64::from_be_bytes(bytes[at..at + 8].try_into().expect("8 bytes"));
+    let w0 = be32(offsets::CTRL_OPMOD_IDX_OPCODE);
+    let qpn_ds = be32(offsets::CTRL_QPN_DS);
+    let header = WqeHeader {
+        wqe_index: (w0 >> 8) as u16,
+        qpn: qpn_ds >> 8,
+        ds: (qpn_ds & 0x3f) as u8,
+        fm_ce_se: bytes[offsets::CTRL_FM_CE_SE],
+    };
+    let opcode = w0 as u8;
+    let (raddr, rkey) = (
+        be64(16 + offsets::RADDR_RADDR),
+        be32(16 + offsets::RADDR_RKEY),
+    );
+    let data = |ds: u8| -> Result<(u64, u32, u32)> {
+        if ds == 2 {
+            return Ok((0, 0, 0));
+        }
+        Ok((
+            be64(32 + offsets::DATA_ADDR),
+            be32(32 + offsets::DATA_LKEY),
+            be32(32 + offsets::DATA_BYTE_COUNT),
+        ))
+    };
+    let want_ds = |want: &[u8]| -> Result<()> {
+        if want.contains(&header.ds) {
+            Ok(())
+        } else {
+            Err(malformed(format!(
+                "opcode {opcode:#x} with ds {} (expected one of {want:?})",
+                header.ds
+            )))
+        }
+    };
+    let wqe = match opcode {
+        abi::GIO_MLX5_OPCODE_NOP => {
+            want_ds(&[1])?;
+            Wqe::Nop
+        }
+        abi::GIO_MLX5_OPCODE_RDMA_WRITE
+            if header.ds >= 3 && be32(32) & abi::GIO_MLX5_INLINE_SEG != 0 =>
+        {
+            let len = (be32(32) & !abi::GIO_MLX5_INLINE_SEG) as usize;
+            if len > MAX_INLINE {
+                return Err(malformed(format!(
+                    "inline payload of {len} bytes: at most {MAX_INLINE} fit one WQEBB"
+                )));
+            }
+            want_ds(&[2 + (4 + len).div_ceil(16) as u8])?;
+            Wqe::WriteInline {
+                raddr,
+                rkey,
+                data: &bytes[36..36 + len],
+            }
+        }
+        abi::GIO_MLX5_OPCODE_RDMA_WRITE
+        | abi::GIO_MLX5_OPCODE_RDMA_WRITE_IMM
+        | abi::GIO_MLX5_OPCODE_RDMA_READ => {
+            want_ds(&[2, 3])?;
+            let (laddr, lkey, len) = data(header.ds)?;
+            if header.ds == 3 && (len == 0 || len > MAX_MESSAGE) {
+                return Err(malformed(format!("a data segment of {len} bytes")));
+            }
+            match opcode {
+                abi::GIO_MLX5_OPCODE_RDMA_WRITE => Wqe::Write {
+                    raddr,
+                    rkey,
+                    laddr,
+                    lkey,
+                    len,
+                },
+                abi::GIO_MLX5_OPCODE_RDMA_READ => Wqe::Read {
+                    raddr,
+                    rkey,
+                    laddr,
+                    lkey,
+                    len,
+                },
+                _ => Wqe::WriteImm {
+                    raddr,
+                    rkey,
+                    laddr,
+                    lkey,
+                    len,
+                    imm: be32(offsets::CTRL_IMM),
+                },
+            }
+        }
+        abi::GIO_MLX5_OPCODE_ATOMIC_FA | abi::GIO_MLX5_OPCODE_ATOMIC_CS => {
+            want_ds(&[4])?;
+            let swap_add = be64(32 + offsets::ATOMIC_SWAP_ADD);
+            let compare = be64(32 + offsets::ATOMIC_COMPARE);
+            let (laddr, lkey, len) = (
+                be64(48 + offsets::DATA_ADDR),
+                be32(48 + offsets::DATA_LKEY),
+                be32(48 + offsets::DATA_BYTE_COUNT),
+            );
+            if len != 8 {
+                return Err(malformed(format!(
+                    "an atomic whose result segment has {len} bytes (8 expected)"
+                )));
+            }
+            if opcode == abi::GIO_MLX5_OPCODE_ATOMIC_FA {
+                Wqe::FetchAdd {
+                    raddr,
+                    rkey,
+                    laddr,
+                    lkey,
+                    add: swap_add,
+                }
+            } else {
+                Wqe::CompareSwap {
+                    raddr,
+                    rkey,
+                    laddr,
+                    lkey,
+                    compare,
+                    swap: swap_add,
+                }
+            }
+        }
+        other => return Err(malformed(format!("opcode {other:#x}"))),
+    };
+    Ok((header, wqe))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -566,5 +718,97 @@ mod tests {
             0
         )
         .is_err());
+    }
+
+    #[test]
+    fn decode_inverts_encode_for_every_kind() {
+        let data: Vec<u8> = (1..=28).collect();
+        let all = [
+            Wqe::Nop,
+            Wqe::Write {
+                raddr: 0x1122_3344_5566_7788,
+                rkey: 7,
+                laddr: 0x99,
+                lkey: 8,
+                len: 4096,
+            },
+            Wqe::Write {
+                raddr: 1,
+                rkey: 2,
+                laddr: 0,
+                lkey: 0,
+                len: 0,
+            },
+            Wqe::WriteImm {
+                raddr: 1,
+                rkey: 2,
+                laddr: 3,
+                lkey: 4,
+                len: 5,
+                imm: 0xdead_beef,
+            },
+            Wqe::Read {
+                raddr: 1,
+                rkey: 2,
+                laddr: 3,
+                lkey: 4,
+                len: MAX_MESSAGE,
+            },
+            Wqe::FetchAdd {
+                raddr: 0x40,
+                rkey: 9,
+                laddr: 0x80,
+                lkey: 10,
+                add: 3,
+            },
+            Wqe::CompareSwap {
+                raddr: 0x40,
+                rkey: 9,
+                laddr: 0x80,
+                lkey: 10,
+                compare: 5,
+                swap: 6,
+            },
+        ];
+        let inline: Vec<Wqe<'_>> = [0usize, 1, 12, 13, 28]
+            .iter()
+            .map(|&n| Wqe::WriteInline {
+                raddr: 0x10,
+                rkey: 0x20,
+                data: &data[..n],
+            })
+            .collect();
+        for (i, w) in all.iter().chain(inline.iter()).enumerate() {
+            let b = encode(w, 0xfff0 + i as u16, 0xab_cdef, CQ_UPDATE | FENCE).unwrap();
+            let (h, d) = decode(&b).unwrap_or_else(|e| panic!("{w:?}: {e}"));
+            assert_eq!(d, *w);
+            assert_eq!(h.wqe_index, 0xfff0 + i as u16);
+            assert_eq!(h.qpn, 0xab_cdef);
+            assert_eq!(h.ds, w.ds());
+            assert_eq!(h.fm_ce_se, CQ_UPDATE | FENCE);
+        }
+    }
+
+    #[test]
+    fn decode_refuses_what_a_nic_would_fault_on() {
+        let mut b = encode(&Wqe::Nop, 0, 1, 0).unwrap();
+        b[3] = 0x0a; // MLX5_OPCODE_SEND: never posted by the device library
+        assert!(matches!(decode(&b), Err(Error::Malformed { .. })));
+        let mut b = encode(&Wqe::Nop, 0, 1, 0).unwrap();
+        b[7] = 3; // a NOP of 3 units
+        assert!(matches!(decode(&b), Err(Error::Malformed { .. })));
+        let mut b = encode(
+            &Wqe::WriteInline {
+                raddr: 0,
+                rkey: 0,
+                data: &[1, 2],
+            },
+            0,
+            1,
+            0,
+        )
+        .unwrap();
+        b[32..36].copy_from_slice(&(0x8000_0000u32 | 40).to_be_bytes());
+        assert!(matches!(decode(&b), Err(Error::Malformed { .. })));
     }
 }
