@@ -1,0 +1,806 @@
+"""NIXL's Python API (``nixl._api``) over the Rust agent.
+
+``from rdma_nixl._api import nixl_agent, nixl_agent_config`` replaces
+``from nixl._api import nixl_agent, nixl_agent_config``: the classes, methods, signatures,
+defaults and return values are NIXL's (``add_remote_agent`` returns the name as bytes,
+``transfer`` returns ``"DONE"``/``"PROC"``, descriptor inputs are tuple lists with a memory
+type, N x 3 numpy arrays, torch tensors or lists of tensors).
+
+Where this differs from NIXL:
+
+- Backends are ours: ``LIBFABRIC``, ``VERBS``, ``LOCAL``, ``CUDA_IPC`` (GPU builds) and
+  ``FAULT`` (failure injection for tests). ``UCX``, NIXL's default, is mapped to
+  ``LIBFABRIC`` with a logged note, so default-configured code runs.
+- Metadata exchange by IP (``send_local_metadata``, ``fetch_remote_metadata``, ...) is
+  synchronous: it has happened (or raised) when the call returns, so
+  ``check_remote_metadata`` is true at once. There is no central metadata server
+  (``ip_addr`` is required).
+- Errors raise NIXL's exception classes (``rdma_nixl._bindings.nixlNotFoundError``, ...),
+  all subclasses of ``nixlError``, with the typed Rust error as attributes (``kind``,
+  ``agent``, ``backend``, ``code``); a lost peer is ``nixlRemoteDisconnectError``.
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+import sys
+from array import array
+from typing import TYPE_CHECKING, Dict, List, Optional, Union
+
+from . import _bindings as nixlBind
+from . import _core
+from ._bindings import (
+    DEFAULT_COMM_PORT,
+    nixl_thread_sync_t,
+    nixlInvalidParamError,
+    nixlNoTelemetryError,
+    nixlNotFoundError,
+    nixlNotSupportedError,
+    nixlRegDList,
+    nixlXferDList,
+    nixlXferTelemetry,
+)
+
+if TYPE_CHECKING:  # pragma: no cover
+    import numpy as np
+    import torch
+
+logger = logging.getLogger("rdma_nixl.api")
+
+__all__ = [
+    "DEFAULT_COMM_PORT",
+    "nixl_agent",
+    "nixl_agent_config",
+    "nixl_backend_handle",
+    "nixl_prepped_dlist_handle",
+    "nixl_thread_sync_t",
+    "nixl_xfer_handle",
+]
+
+# NIXL's default backend; ours for a peer is LIBFABRIC.
+_ALIASES = {"UCX": "LIBFABRIC"}
+
+# Parameters each backend accepts, with their defaults (what get_plugin_params reports).
+_PLUGIN_PARAMS: Dict[str, Dict[str, str]] = {
+    "LIBFABRIC": {
+        "provider": "",
+        "node": "",
+        "num_rails": "1",
+        "striping_threshold": str(128 << 10),
+        "busy_poll": "0",
+        "vram_mode": "auto",
+        "staging_chunk": str(512 << 10),
+        "staging_chunks": "16",
+        "stage_dram": "0",
+    },
+    "VERBS": {
+        "device": "",
+        "gid_index": "",
+        "ib_port": "1",
+        "num_rails": "1",
+        "striping_threshold": str(128 << 10),
+        "listen_addr": "",
+        "topology_xml": "",
+        "qp_timeout": "",
+        "vram_mode": "auto",
+        "staging_chunk": str(512 << 10),
+        "staging_chunks": "16",
+        "stage_dram": "0",
+    },
+    "LOCAL": {"num_streams": "4"} if _core.CUDA else {},
+    "CUDA_IPC": {"num_streams": "4"},
+    "FAULT": {
+        "inner": "",
+        "fail_completion": "",
+        "fail_error": "disconnect",
+        "disconnect_after": "",
+        "delay_ms": "",
+        "hold": "false",
+        "drop_notif": "",
+    },
+}
+_GPU_MEMS = ["DRAM_SEG", "VRAM_SEG"] if _core.CUDA else ["DRAM_SEG"]
+_PLUGIN_MEMS: Dict[str, List[str]] = {
+    "LIBFABRIC": _GPU_MEMS,
+    "VERBS": _GPU_MEMS,
+    "LOCAL": _GPU_MEMS,
+    "CUDA_IPC": ["DRAM_SEG", "VRAM_SEG"],
+    "FAULT": _GPU_MEMS,
+}
+
+
+def _is_torch_tensor(obj: object) -> bool:
+    # A tensor can exist only if torch was imported already: never import it here.
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(obj, torch.Tensor)
+
+
+def _is_ndarray(obj: object) -> bool:
+    np = sys.modules.get("numpy")
+    return np is not None and isinstance(obj, np.ndarray)
+
+
+def _msg_bytes(msg: Union[bytes, str, bytearray, memoryview]) -> bytes:
+    if isinstance(msg, bytes):
+        return msg
+    if isinstance(msg, str):
+        return msg.encode()
+    return bytes(msg)
+
+
+def _index_bytes(indices) -> bytes:
+    if _is_ndarray(indices):
+        return indices.astype("<i8", copy=False).tobytes()
+    packed = array("q", indices)
+    if sys.byteorder != "little":
+        packed.byteswap()
+    return packed.tobytes()
+
+
+class _BadDescriptors(nixlInvalidParamError, TypeError):
+    """Descriptors in a form the API does not take (NIXL's bindings raise TypeError)."""
+
+
+nixl_backend_handle = int
+
+
+class nixl_prepped_dlist_handle:
+    """A prepared descriptor list (from ``prep_xfer_dlist``). ``release()`` frees it;
+    garbage collection does too."""
+
+    __slots__ = ("_handle", "_agent", "_released")
+
+    def __init__(self, agent, value):
+        self._handle = value
+        self._agent = agent
+        self._released = False
+
+    def __repr__(self) -> str:
+        return f"nixl_prepped_dlist_handle(0x{id(self._handle):x}, released={self._released})"
+
+    def release(self):
+        if not self._released:
+            self._handle.release()
+            self._released = True
+
+    def __del__(self):
+        try:
+            self.release()
+        except Exception:  # pragma: no cover - finalizers must not raise
+            pass
+
+
+class nixl_xfer_handle:
+    """A transfer request (from ``make_prepped_xfer`` or ``initialize_xfer``).
+    ``release()`` frees it (canceling it if in flight); garbage collection does too."""
+
+    __slots__ = ("_handle", "_agent", "_released")
+
+    def __init__(self, agent, value):
+        self._handle = value
+        self._agent = agent
+        self._released = False
+
+    def __repr__(self) -> str:
+        return f"nixl_xfer_handle(0x{id(self._handle):x}, released={self._released})"
+
+    def release(self):
+        if not self._released:
+            self._handle.release()
+            self._released = True
+
+    def __del__(self):
+        try:
+            self.release()
+        except Exception:  # pragma: no cover - finalizers must not raise
+            pass
+
+
+class nixl_agent_config:
+    """Configuration of an agent (NIXL's signature and defaults).
+
+    Args:
+        enable_prog_thread: backends progress transfers on their own threads.
+        enable_listen_thread: start the metadata listener (peers push/fetch metadata).
+        listen_port: the listener's port.
+        capture_telemetry: keep per-transfer telemetry (``get_xfer_telemetry``).
+        num_threads: accepted for compatibility (our backends size their own threads).
+        backends: backends to create; ``UCX`` means ``LIBFABRIC``.
+        sync_mode: accepted for compatibility (the agent is always thread-safe).
+    """
+
+    def __init__(
+        self,
+        enable_prog_thread: bool = True,
+        enable_listen_thread: bool = False,
+        listen_port: int = DEFAULT_COMM_PORT,
+        capture_telemetry: bool = False,
+        num_threads: int = 0,
+        backends: List[str] = ["UCX"],  # noqa: B006 - NIXL's default, never mutated
+        sync_mode: Optional[nixl_thread_sync_t] = None,
+    ):
+        self.backends = backends
+        self.enable_pthread = enable_prog_thread
+        self.enable_listen = enable_listen_thread
+        self.port = listen_port
+        self.capture_telemetry = capture_telemetry
+        self.num_threads = num_threads
+        if sync_mode is not None and not isinstance(sync_mode, nixl_thread_sync_t):
+            raise TypeError(
+                f"sync_mode must be a nixl_thread_sync_t (got {type(sync_mode).__name__!r})"
+            )
+        self.sync_mode = sync_mode
+
+
+class nixl_agent:
+    """A transfer agent: backends, registrations, metadata, transfers, notifications.
+
+    Args:
+        agent_name: the agent's name (peers address it by this name).
+        nixl_conf: configuration; defaults to ``nixl_agent_config()``.
+        instantiate_all: create every available backend (ignored when a config is given).
+    """
+
+    def __init__(
+        self,
+        agent_name: str,
+        nixl_conf: Optional[nixl_agent_config] = None,
+        instantiate_all: bool = False,
+    ):
+        if nixl_conf and instantiate_all:
+            instantiate_all = False
+            logger.warning(
+                "Ignoring instantiate_all based on the provided config in agent creation."
+            )
+        if not nixl_conf:
+            nixl_conf = nixl_agent_config()
+        self._conf = nixl_conf
+        self._telemetry = bool(nixl_conf.capture_telemetry)
+        self.agent = _core.Agent(
+            agent_name,
+            progress_thread=bool(nixl_conf.enable_pthread),
+            listen_port=int(nixl_conf.port) if nixl_conf.enable_listen else None,
+        )
+        self.name = agent_name
+        self.notifs: Dict[str, List[bytes]] = {}
+        self.backends: Dict[str, nixl_backend_handle] = {}
+        self.backend_mems: Dict[str, List[str]] = {}
+        self.backend_options: Dict[str, Dict[str, str]] = {}
+        # key in self.backends -> the name the core (and peers) know it by
+        self._backend_names: Dict[str, str] = {}
+        self.plugin_list: List[str] = list(_core.Agent.available_backends())
+        self.plugin_b_options: Dict[str, Dict[str, str]] = {}
+        self.plugin_mem_types: Dict[str, List[str]] = {}
+
+        wanted = list(nixl_conf.backends)
+        if instantiate_all:
+            wanted = [p for p in self.plugin_list if p != "FAULT"]
+        for bknd in wanted:
+            name = _ALIASES.get(bknd, bknd)
+            if name != bknd:
+                logger.info(
+                    "Backend %s is NIXL's; this agent uses %s, its backend for peers, instead.",
+                    bknd,
+                    name,
+                )
+            if name in self.backends:
+                continue
+            if name not in self.plugin_list:
+                logger.warning(
+                    "Skipping backend registration %s due to the missing plugin.", bknd
+                )
+                continue
+            if instantiate_all:
+                # Best effort, as NIXL: a backend without its hardware is skipped.
+                try:
+                    self.create_backend(name)
+                except nixlBind.nixlError as e:
+                    logger.info("Backend %s not instantiated: %s", name, e)
+            else:
+                self.create_backend(name)
+
+        self.nixl_mems = {
+            "DRAM": nixlBind.DRAM_SEG,
+            "VRAM": nixlBind.VRAM_SEG,
+            "FILE": nixlBind.FILE_SEG,
+            "BLOCK": nixlBind.BLK_SEG,
+            "OBJ": nixlBind.OBJ_SEG,
+            "cpu": nixlBind.DRAM_SEG,  # deprecated alias, as in NIXL
+            "cuda": nixlBind.VRAM_SEG,  # deprecated alias, as in NIXL
+        }
+        self.nixl_ops = {"WRITE": nixlBind.NIXL_WRITE, "READ": nixlBind.NIXL_READ}
+        logger.info("Initialized agent: %s", agent_name)
+
+    # --- backends ------------------------------------------------------------------
+
+    def _core_backend(self, name: str) -> str:
+        """The core's name for a backend named by the user (``UCX`` -> ``LIBFABRIC``)."""
+        key = name if name in self.backends else _ALIASES.get(name, name)
+        if key not in self.backends:
+            raise KeyError(name)
+        return self._backend_names[key]
+
+    def _core_backends(self, backends: List[str]) -> Optional[List[str]]:
+        if not backends:
+            return None
+        return [self._core_backend(b) for b in backends]
+
+    def get_plugin_list(self) -> List[str]:
+        """Names of the backends this build can create."""
+        return self.plugin_list
+
+    def get_plugin_mem_types(self, backend: str) -> List[str]:
+        """Memory types a backend can register (before creating it)."""
+        backend = _ALIASES.get(backend, backend)
+        if backend not in self.plugin_list:
+            logger.warning(
+                "Plugin %s is not available to get its supported mem types.", backend
+            )
+            return []
+        return list(_PLUGIN_MEMS.get(backend, []))
+
+    def get_plugin_params(self, backend: str) -> Dict[str, str]:
+        """Parameters a backend takes, with their defaults (option name -> default)."""
+        backend = _ALIASES.get(backend, backend)
+        if backend not in self.plugin_list:
+            logger.warning("Plugin %s is not available to get its parameters.", backend)
+            return {}
+        return dict(_PLUGIN_PARAMS.get(backend, {}))
+
+    def get_backend_mem_types(self, backend: str) -> List[str]:
+        """Memory types a created backend registers."""
+        key = backend if backend in self.backend_mems else _ALIASES.get(backend, backend)
+        if key in self.backend_mems:
+            return self.backend_mems[key]
+        logger.warning("Backend %s not instantiated to get its supported mem types.", backend)
+        return []
+
+    def get_backend_params(self, backend: str) -> Dict[str, str]:
+        """Parameters a created backend was made with (defaults filled in)."""
+        key = backend if backend in self.backend_options else _ALIASES.get(backend, backend)
+        if key in self.backend_options:
+            return self.backend_options[key]
+        logger.warning("Backend %s not instantiated to get its parameters.", backend)
+        return {}
+
+    def create_backend(self, backend: str, initParams: Dict[str, str] = {}):  # noqa: B006
+        """Creates a backend with string parameters (see ``get_plugin_params``)."""
+        name = _ALIASES.get(backend, backend)
+        if name != backend:
+            logger.info("Backend %s is NIXL's; creating %s instead.", backend, name)
+        params = {str(k): str(v) for k, v in initParams.items()}
+        core_name, mems = self.agent.create_backend(name, params)
+        self.backends[name] = len(self._backend_names) + 1
+        self._backend_names[name] = core_name
+        self.backend_mems[name] = list(mems)
+        options = dict(_PLUGIN_PARAMS.get(name, {}))
+        options.update(params)
+        self.backend_options[name] = options
+        logger.info("Backend %s was instantiated", name)
+
+    # --- memory --------------------------------------------------------------------
+
+    def register_memory(
+        self,
+        reg_list,
+        mem_type: Optional[str] = None,
+        backends: List[str] = [],  # noqa: B006
+    ) -> nixlRegDList:
+        """Registers memory with every backend that handles its type (or those named).
+        Returns the registration list, to pass to ``deregister_memory``."""
+        reg_descs = self.get_reg_descs(reg_list, mem_type)
+        if reg_descs is None:
+            raise _BadDescriptors("register_memory: descriptors in a form it does not take")
+        self.agent.register(
+            reg_descs._core_kind(), reg_descs._packed_bytes(), self._core_backends(backends)
+        )
+        return reg_descs
+
+    def deregister_memory(self, dereg_list: nixlRegDList, backends: List[str] = []):  # noqa: B006
+        """Deregisters what ``register_memory`` registered."""
+        if not isinstance(dereg_list, nixlRegDList):
+            raise _BadDescriptors("deregister_memory takes the list register_memory returned")
+        self.agent.deregister(
+            dereg_list._core_kind(), dereg_list._packed_bytes(), self._core_backends(backends)
+        )
+
+    def query_memory(
+        self, reg_list, backend: str, mem_type: Optional[str] = None
+    ) -> List[Optional[Dict[str, str]]]:
+        """Per descriptor: ``None`` if ``backend`` has not registered it, else a dict
+        ``{"backend": name, "mode": how it reaches the memory ("staged"/"direct"/"")}``."""
+        reg_descs = self.get_reg_descs(reg_list, mem_type)
+        if reg_descs is None:
+            raise _BadDescriptors("query_memory: descriptors in a form it does not take")
+        try:
+            core = self._core_backend(backend)
+        except KeyError:
+            raise ValueError(
+                f"Backend '{backend}' not found. Available backends: {list(self.backends.keys())}"
+            ) from None
+        return self.agent.query_mem(reg_descs._core_kind(), reg_descs._packed_bytes(), core)
+
+    def make_connection(self, remote_agent: str, backends: List[str] = []):  # noqa: B006
+        """Connections are made when the peer's metadata is loaded: this checks it is."""
+        self._core_backends(backends)
+        if not self.agent.has_remote(remote_agent, 0, b""):
+            raise nixlNotFoundError(f"no metadata of remote agent '{remote_agent}' is loaded")
+
+    # --- transfers -----------------------------------------------------------------
+
+    def prep_xfer_dlist(
+        self,
+        agent_name: str,
+        xfer_list,
+        mem_type: Optional[str] = None,
+        backends: List[str] = [],  # noqa: B006
+    ) -> nixl_prepped_dlist_handle:
+        """Validates a descriptor list once, for many transfers by index.
+        ``agent_name`` is ``"NIXL_INIT_AGENT"`` (or ``""``) for local memory, a peer's
+        name for its memory, or this agent's own name for loopback."""
+        self._core_backends(backends)
+        if _is_ndarray(xfer_list) and xfer_list.ndim == 2 and xfer_list.shape[1] == 5:
+            if mem_type is None:
+                raise ValueError("Please specify a mem type for strided descriptors")
+            descs = nixlXferDList(self.nixl_mems[mem_type], _expand_strided(xfer_list))
+        else:
+            descs = self.get_xfer_descs(xfer_list, mem_type)
+        if descs is None:
+            raise _BadDescriptors("prep_xfer_dlist: descriptors in a form it does not take")
+        local = agent_name in ("NIXL_INIT_AGENT", "")
+        handle = self.agent.prep_xfer_dlist(
+            None if local else agent_name, descs._core_kind(), descs._packed_bytes()
+        )
+        return nixl_prepped_dlist_handle(self.agent, handle)
+
+    def estimate_xfer_cost(self, req_handle: nixl_xfer_handle):
+        """Not provided by our backends."""
+        raise nixlNotSupportedError("no backend of this agent estimates transfer costs")
+
+    def _make(self, build, backends: List[str]) -> nixl_xfer_handle:
+        names = self._core_backends(backends)
+        if not names:
+            return nixl_xfer_handle(self.agent, build(None))
+        # NIXL picks among the backends given; ours tries them in the order given.
+        last = None
+        for name in names:
+            try:
+                return nixl_xfer_handle(self.agent, build(name))
+            except nixlBind.nixlError as e:
+                last = e
+        raise last
+
+    def make_prepped_xfer(
+        self,
+        operation: str,
+        local_xfer_side: nixl_prepped_dlist_handle,
+        local_indices,
+        remote_xfer_side: nixl_prepped_dlist_handle,
+        remote_indices,
+        notif_msg: bytes = b"",
+        backends: List[str] = [],  # noqa: B006
+        skip_desc_merge: bool = False,
+    ) -> nixl_xfer_handle:
+        """A transfer from prepared lists by index: ``local_indices[i]`` moves to/from
+        ``remote_indices[i]``. ``operation`` is ``"WRITE"`` or ``"READ"``."""
+        op = self.nixl_ops[operation]
+        notif = _msg_bytes(notif_msg) if notif_msg else None
+        lidx = _index_bytes(local_indices)
+        ridx = _index_bytes(remote_indices)
+        return self._make(
+            lambda b: self.agent.make_xfer_req(
+                op.name[5:],
+                local_xfer_side._handle,
+                lidx,
+                remote_xfer_side._handle,
+                ridx,
+                notif,
+                b,
+            ),
+            backends,
+        )
+
+    def initialize_xfer(
+        self,
+        operation: str,
+        local_descs: nixlXferDList,
+        remote_descs: nixlXferDList,
+        remote_agent: str,
+        notif_msg: bytes = b"",
+        backends: List[str] = [],  # noqa: B006
+    ) -> nixl_xfer_handle:
+        """Prepares both lists and makes a transfer (descriptor i to descriptor i)."""
+        op = self.nixl_ops[operation]
+        local = self.get_xfer_descs(local_descs)
+        remote = self.get_xfer_descs(remote_descs)
+        if local is None or remote is None:
+            raise _BadDescriptors("initialize_xfer takes lists from get_xfer_descs")
+        notif = _msg_bytes(notif_msg) if notif_msg else None
+        return self._make(
+            lambda b: self.agent.create_xfer_req(
+                op.name[5:],
+                local._core_kind(),
+                local._packed_bytes(),
+                remote._core_kind(),
+                remote._packed_bytes(),
+                remote_agent,
+                notif,
+                b,
+            ),
+            backends,
+        )
+
+    def transfer(self, handle: nixl_xfer_handle, notif_msg: bytes = b"") -> str:
+        """Posts a transfer: ``"DONE"`` if it completed within the call, else ``"PROC"``.
+        A non-empty ``notif_msg`` replaces the request's notification from now on."""
+        if notif_msg:
+            return handle._handle.post(_msg_bytes(notif_msg))
+        return handle._handle.post()
+
+    def check_xfer_state(self, handle: nixl_xfer_handle) -> str:
+        """``"DONE"`` or ``"PROC"``; a failed transfer raises (e.g.
+        ``nixlRemoteDisconnectError``) and is spent."""
+        return handle._handle.status()
+
+    def get_xfer_telemetry(self, handle: nixl_xfer_handle) -> nixlXferTelemetry:
+        """Telemetry of the last post (needs ``capture_telemetry=True``)."""
+        if not self._telemetry:
+            raise nixlNoTelemetryError(
+                "NIXL_ERR_NO_TELEMETRY: create the agent with capture_telemetry=True"
+            )
+        return nixlXferTelemetry(*handle._handle.telemetry())
+
+    def query_xfer_backend(self, handle: nixl_xfer_handle) -> str:
+        """The backend chosen for a transfer."""
+        core = handle._handle.backend
+        return next((k for k, v in self._backend_names.items() if v == core), core)
+
+    def release_xfer_handle(self, handle: nixl_xfer_handle):
+        """Releases a transfer (one in flight is canceled)."""
+        handle.release()
+
+    def release_dlist_handle(self, handle: nixl_prepped_dlist_handle):
+        """Releases a prepared descriptor list."""
+        handle.release()
+
+    # --- notifications -------------------------------------------------------------
+
+    def get_new_notifs(self, backends: List[str] = []) -> Dict[str, List[bytes]]:  # noqa: B006
+        """Notifications received since the last call: ``{sender: [message, ...]}``."""
+        self._core_backends(backends)
+        return self.agent.get_notifs()
+
+    def update_notifs(self, backends: List[str] = []) -> Dict[str, List[bytes]]:  # noqa: B006
+        """Adds new notifications to ``self.notifs`` and returns it (all not yet handled)."""
+        self._core_backends(backends)
+        for sender, msgs in self.agent.get_notifs().items():
+            self.notifs.setdefault(sender, []).extend(msgs)
+        return self.notifs
+
+    def check_remote_xfer_done(
+        self,
+        remote_agent_name: str,
+        lookup_tag: bytes,
+        backends: List[str] = [],  # noqa: B006
+        tag_is_prefix=True,
+    ) -> bool:
+        """Whether a notification from the peer matching ``lookup_tag`` (a prefix, or a
+        substring with ``tag_is_prefix=False``) arrived; removes the one found."""
+        self.update_notifs(backends)
+        tag = _msg_bytes(lookup_tag)
+        msgs = self.notifs.get(remote_agent_name, [])
+        for i, msg in enumerate(msgs):
+            if (tag_is_prefix and msg.startswith(tag)) or (not tag_is_prefix and tag in msg):
+                del msgs[i]
+                return True
+        return False
+
+    def send_notif(
+        self, remote_agent_name: str, notif_msg: bytes, backend: Optional[str] = None
+    ):
+        """Sends a notification not bound to a transfer."""
+        if backend is not None:
+            self._core_backend(backend)
+        self.agent.gen_notif(remote_agent_name, _msg_bytes(notif_msg))
+
+    # --- metadata ------------------------------------------------------------------
+
+    def get_agent_metadata(self) -> bytes:
+        """This agent's full metadata (connection information and registrations)."""
+        return self.agent.local_metadata()
+
+    def get_partial_agent_metadata(
+        self,
+        descs: nixlRegDList,
+        inc_conn_info: bool = False,
+        backends: List[str] = [],  # noqa: B006
+    ) -> bytes:
+        """Metadata of only the registrations covering ``descs`` (may be empty), with
+        connection information if ``inc_conn_info``."""
+        self._core_backends(backends)
+        descs = _as_list(descs)
+        return self.agent.partial_metadata(
+            descs._core_kind(), descs._packed_bytes(), bool(inc_conn_info)
+        )
+
+    def add_remote_agent(self, metadata: bytes) -> bytes:
+        """Loads a peer's metadata; returns its name (as bytes, as NIXL does)."""
+        return self.agent.load_remote_metadata(bytes(metadata)).encode()
+
+    def remove_remote_agent(self, agent: str):
+        """Forgets a peer and disconnects from it (a no-op for an unknown one, as NIXL)."""
+        self.agent.invalidate_remote(agent)
+
+    @staticmethod
+    def _need_ip(ip_addr: str, what: str) -> None:
+        if not ip_addr:
+            raise nixlNotSupportedError(
+                f"{what}: no central metadata server in this build; pass ip_addr and port"
+            )
+
+    def send_local_metadata(self, ip_addr: str = "", port: int = DEFAULT_COMM_PORT):
+        """Pushes the full metadata to the peer listening at ``ip_addr:port``."""
+        self._need_ip(ip_addr, "send_local_metadata")
+        self.agent.send_local_metadata(ip_addr, int(port))
+
+    def send_partial_agent_metadata(
+        self,
+        descs: nixlRegDList,
+        inc_conn_info: bool = False,
+        backends: List[str] = [],  # noqa: B006
+        ip_addr: str = "",
+        port: int = DEFAULT_COMM_PORT,
+        label: str = "",
+    ):
+        """Pushes partial metadata (see ``get_partial_agent_metadata``) to a peer."""
+        self._need_ip(ip_addr, "send_partial_agent_metadata")
+        self._core_backends(backends)
+        descs = _as_list(descs)
+        self.agent.send_partial_metadata(
+            descs._core_kind(), descs._packed_bytes(), bool(inc_conn_info), ip_addr, int(port)
+        )
+
+    def fetch_remote_metadata(
+        self,
+        remote_agent: str,
+        ip_addr: str = "",
+        port: int = DEFAULT_COMM_PORT,
+        label: str = "",
+    ):
+        """Fetches and loads the metadata of the peer listening at ``ip_addr:port``."""
+        self._need_ip(ip_addr, "fetch_remote_metadata")
+        got = self.agent.fetch_remote_metadata(ip_addr, int(port))
+        if got != remote_agent:
+            logger.warning(
+                "fetch_remote_metadata: asked for '%s' at %s:%s, the agent there is '%s'",
+                remote_agent,
+                ip_addr,
+                port,
+                got,
+            )
+
+    def invalidate_local_metadata(self, ip_addr: str = "", port: int = DEFAULT_COMM_PORT):
+        """Tells the peer listening at ``ip_addr:port`` to forget this agent."""
+        self._need_ip(ip_addr, "invalidate_local_metadata")
+        self.agent.invalidate_local_metadata(ip_addr, int(port))
+
+    def check_remote_metadata(self, agent: str, descs: nixlXferDList = None) -> bool:
+        """Whether the peer's metadata is loaded (covering ``descs`` if given)."""
+        if descs is None:
+            return self.agent.has_remote(agent, 0, b"")
+        descs = _as_list(descs)
+        return self.agent.has_remote(agent, descs._core_kind(), descs._packed_bytes())
+
+    # --- descriptor lists ----------------------------------------------------------
+
+    @staticmethod
+    def _tensor_mem_type(tensor: "torch.Tensor") -> str:
+        return "DRAM" if tensor.get_device() == -1 else "VRAM"
+
+    def _tensor_rows(self, descs):
+        """(mem_type, [(addr, len, dev)]) of a tensor or a list of tensors on one device,
+        or None (logged) for non-contiguous tensors or mixed devices."""
+        tensors = [descs] if _is_torch_tensor(descs) else list(descs)
+        device = tensors[0].device
+        rows = []
+        for t in tensors:
+            if t.device != device:
+                logger.error("All tensors of a list must be on one device")
+                return None
+            if not t.is_contiguous():
+                logger.error("Please use a list of contiguous Tensors")
+                return None
+            gpu = t.get_device()
+            rows.append((t.data_ptr(), t.numel() * t.element_size(), 0 if gpu == -1 else gpu))
+        return self._tensor_mem_type(tensors[0]), rows
+
+    def get_xfer_descs(self, descs, mem_type: Optional[str] = None) -> Optional[nixlXferDList]:
+        """A transfer list from: (addr, len, dev) tuples with a memory type; an N x 3
+        numpy array with a memory type; a tensor; a list of tensors; or a nixlXferDList
+        (returned as is). ``None`` (logged) for anything else, as NIXL."""
+        if isinstance(descs, nixlXferDList):
+            return descs
+        if isinstance(descs, nixlRegDList):
+            logger.error("RegList type detected for transfer, please use XferList")
+            return None
+        if _is_ndarray(descs):
+            if mem_type is None:
+                logger.error("Please specify a mem type if not using Tensors")
+                return None
+            if descs.ndim != 2 or descs.shape[1] != 3:
+                logger.error("Nx3 shape required for transfer descriptor list from numpy array")
+                return None
+            return nixlXferDList(self.nixl_mems[mem_type], descs)
+        if _is_torch_tensor(descs) or (
+            isinstance(descs, (list, tuple)) and descs and _is_torch_tensor(descs[0])
+        ):
+            got = self._tensor_rows(descs)
+            if got is None:
+                return None
+            return nixlXferDList(self.nixl_mems[got[0]], got[1])
+        if isinstance(descs, (list, tuple)):
+            if mem_type is None:
+                logger.error("Please specify a mem type if not using Tensors")
+                return None
+            if descs and not (isinstance(descs[0], tuple) and len(descs[0]) == 3):
+                logger.error("3-tuple list needed for transfer")
+                return None
+            return nixlXferDList(self.nixl_mems[mem_type], descs)
+        return None
+
+    def get_reg_descs(self, descs, mem_type: Optional[str] = None) -> Optional[nixlRegDList]:
+        """A registration list from: (addr, len, dev, meta) tuples with a memory type;
+        an N x 3 numpy array with a memory type; a tensor; a list of tensors; or a
+        nixlRegDList (returned as is). ``None`` (logged) for anything else, as NIXL."""
+        if isinstance(descs, nixlRegDList):
+            return descs
+        if isinstance(descs, nixlXferDList):
+            logger.error("XferList type detected for registration, please use RegList")
+            return None
+        if _is_ndarray(descs):
+            if mem_type is None:
+                logger.error("Please specify a mem type if not using Tensors")
+                return None
+            if descs.ndim != 2 or descs.shape[1] != 3:
+                logger.error("Nx3 shape required for transfer descriptor list from numpy array")
+                return None
+            return nixlRegDList(self.nixl_mems[mem_type], descs)
+        if _is_torch_tensor(descs) or (
+            isinstance(descs, (list, tuple)) and descs and _is_torch_tensor(descs[0])
+        ):
+            got = self._tensor_rows(descs)
+            if got is None:
+                return None
+            return nixlRegDList(self.nixl_mems[got[0]], [(*r, b"") for r in got[1]])
+        if isinstance(descs, (list, tuple)):
+            if mem_type is None:
+                logger.error("Please specify a mem type if not using Tensors")
+                return None
+            if descs and not (isinstance(descs[0], tuple) and len(descs[0]) == 4):
+                logger.error("4-tuple list needed for registration")
+                return None
+            return nixlRegDList(self.nixl_mems[mem_type], descs)
+        return None
+
+    def get_serialized_descs(self, descs) -> bytes:
+        """Serializes a descriptor list (pickle, as NIXL)."""
+        return pickle.dumps(descs)
+
+    def deserialize_descs(self, serialized_descs: bytes):
+        """Inverse of ``get_serialized_descs``."""
+        return pickle.loads(serialized_descs)
+
+
+def _as_list(descs):
+    if isinstance(descs, (nixlRegDList, nixlXferDList)):
+        return descs
+    raise _BadDescriptors("expected a nixlRegDList or nixlXferDList")
+
+
+def _expand_strided(arr):
+    """Rows (addr, len, dev, stride, count) -> (addr + k*stride, len, dev) for k < count."""
+    rows = []
+    for addr, length, dev, stride, count in arr.tolist():
+        rows.extend((int(addr) + k * int(stride), int(length), int(dev)) for k in range(int(count)))
+    return rows

@@ -1,0 +1,332 @@
+"""The names of NIXL's ``nixl._bindings`` module, over our Rust core.
+
+Constants keep NIXL's values (``nixl_mem_t.FILE_SEG`` is 4 as in NIXL, whatever the
+core numbers it), the exception classes keep NIXL's names (all subclasses of our
+``nixlError``), and the descriptor lists ``nixlXferDList`` / ``nixlRegDList`` have the
+methods of NIXL's (``descCount``, ``getType``, ``append``, indexing, pickling).
+"""
+
+from __future__ import annotations
+
+import sys
+from array import array
+from enum import IntEnum
+from typing import Iterator, Optional, Tuple, Union
+
+from . import _core
+from ._core import (  # noqa: F401  (re-exported)
+    nixlBackendError,
+    nixlCancelledError,
+    nixlError,
+    nixlInvalidParamError,
+    nixlMismatchError,
+    nixlNoTelemetryError,
+    nixlNotAllowedError,
+    nixlNotFoundError,
+    nixlNotPostedError,
+    nixlNotSupportedError,
+    nixlRemoteDisconnectError,
+    nixlRepostActiveError,
+    nixlStalledError,
+    nixlTimeoutError,
+    nixlUnknownError,
+)
+
+DEFAULT_COMM_PORT = 8888
+NIXL_INIT_AGENT = ""
+
+
+class nixl_mem_t(IntEnum):
+    """Memory types, with NIXL's values."""
+
+    DRAM_SEG = 0
+    VRAM_SEG = 1
+    BLK_SEG = 2
+    OBJ_SEG = 3
+    FILE_SEG = 4
+
+
+DRAM_SEG = nixl_mem_t.DRAM_SEG
+VRAM_SEG = nixl_mem_t.VRAM_SEG
+BLK_SEG = nixl_mem_t.BLK_SEG
+OBJ_SEG = nixl_mem_t.OBJ_SEG
+FILE_SEG = nixl_mem_t.FILE_SEG
+
+# NIXL's value -> the core's memory-kind code.
+_CORE_KIND = {
+    nixl_mem_t.DRAM_SEG: 0,
+    nixl_mem_t.VRAM_SEG: 1,
+    nixl_mem_t.FILE_SEG: 2,
+    nixl_mem_t.BLK_SEG: 3,
+    nixl_mem_t.OBJ_SEG: 4,
+}
+# The core's names ("DRAM_SEG", ...) are NIXL's.
+
+
+class nixl_xfer_op_t(IntEnum):
+    NIXL_READ = 0
+    NIXL_WRITE = 1
+
+
+NIXL_READ = nixl_xfer_op_t.NIXL_READ
+NIXL_WRITE = nixl_xfer_op_t.NIXL_WRITE
+
+
+class nixl_thread_sync_t(IntEnum):
+    NIXL_THREAD_SYNC_NONE = 0
+    NIXL_THREAD_SYNC_STRICT = 1
+    NIXL_THREAD_SYNC_RW = 2
+
+
+NIXL_THREAD_SYNC_NONE = nixl_thread_sync_t.NIXL_THREAD_SYNC_NONE
+NIXL_THREAD_SYNC_STRICT = nixl_thread_sync_t.NIXL_THREAD_SYNC_STRICT
+NIXL_THREAD_SYNC_RW = nixl_thread_sync_t.NIXL_THREAD_SYNC_RW
+NIXL_THREAD_SYNC_DEFAULT = nixl_thread_sync_t.NIXL_THREAD_SYNC_NONE
+
+Desc3 = Tuple[int, int, int]
+Desc4 = Tuple[int, int, int, Union[bytes, str]]
+
+
+def _mem(value) -> nixl_mem_t:
+    try:
+        return nixl_mem_t(value)
+    except ValueError:
+        raise nixlInvalidParamError(f"unknown memory type {value!r}") from None
+
+
+def _is_ndarray(obj) -> bool:
+    np = sys.modules.get("numpy")
+    return np is not None and isinstance(obj, np.ndarray)
+
+
+class _DList:
+    """Descriptors of one memory type, packed as u64 triples (addr, len, dev_id)."""
+
+    __slots__ = ("_type", "_words", "_packed")
+    _width = 3
+
+    def __init__(self, mem_type, descs=None):
+        self._type = _mem(mem_type)
+        self._words = array("Q")
+        self._packed: Optional[bytes] = None
+        if descs is None:
+            return
+        if _is_ndarray(descs):
+            self._add_array(descs)
+        else:
+            for d in descs:
+                self.append(d)
+
+    # --- filling -------------------------------------------------------------------
+    def _add_array(self, arr) -> None:
+        np = sys.modules["numpy"]
+        if arr.ndim != 2 or arr.shape[1] != 3:
+            raise ValueError("a numpy descriptor array must be N x 3 (addr, len, dev_id)")
+        if arr.size and (arr < 0).any():
+            raise ValueError("descriptor fields must be non-negative")
+        self._words.frombytes(np.ascontiguousarray(arr, dtype="<u8").tobytes())
+        self._add_meta_defaults(arr.shape[0])
+        self._packed = None
+
+    def _add_meta_defaults(self, n: int) -> None:
+        pass
+
+    def _check(self, d) -> Desc3:
+        if not isinstance(d, (tuple, list)) or len(d) != self._width:
+            raise ValueError(
+                f"Each descriptor tuple must have exactly {self._width} elements"
+            )
+        addr, length, dev = (int(d[0]), int(d[1]), int(d[2]))
+        if addr < 0 or length < 0 or dev < 0:
+            raise ValueError("descriptor fields must be non-negative")
+        return addr, length, dev
+
+    def append(self, desc) -> None:
+        addr, length, dev = self._check(desc)
+        self._words.extend((addr, length, dev))
+        self._packed = None
+
+    addDesc = append
+
+    # --- NIXL's list methods ---------------------------------------------------------
+    def descCount(self) -> int:
+        return len(self._words) // 3
+
+    def isEmpty(self) -> bool:
+        return len(self._words) == 0
+
+    def getType(self) -> nixl_mem_t:
+        return self._type
+
+    def clear(self) -> None:
+        del self._words[:]
+        self._packed = None
+
+    def remDesc(self, index: int) -> None:
+        i = self._norm(index)
+        del self._words[3 * i : 3 * i + 3]
+        self._packed = None
+
+    def index(self, desc) -> int:
+        want = tuple(int(x) for x in desc[:3])
+        for i in range(self.descCount()):
+            if self._triple(i) == want:
+                return i
+        raise ValueError(f"{desc!r} is not in the list")
+
+    def print(self) -> None:
+        print(f"DescList of mem type {int(self._type)}")
+        for i in range(self.descCount()):
+            print(f"  {self[i]}")
+
+    # --- Python protocol ----------------------------------------------------------
+    def _norm(self, index: int) -> int:
+        n = self.descCount()
+        i = index + n if index < 0 else index
+        if not 0 <= i < n:
+            raise IndexError(f"descriptor index {index} out of range (list has {n})")
+        return i
+
+    def _triple(self, i: int) -> Desc3:
+        w = self._words
+        return (w[3 * i], w[3 * i + 1], w[3 * i + 2])
+
+    def __getitem__(self, index: int):
+        return self._triple(self._norm(index))
+
+    def __setitem__(self, index: int, desc) -> None:
+        i = self._norm(index)
+        self._words[3 * i : 3 * i + 3] = array("Q", self._check(desc))
+        self._packed = None
+
+    def __len__(self) -> int:
+        return self.descCount()
+
+    def __iter__(self) -> Iterator:
+        for i in range(self.descCount()):
+            yield self[i]
+
+    def __eq__(self, other) -> bool:
+        return (
+            type(self) is type(other)
+            and self._type == other._type
+            and self._words == other._words
+        )
+
+    __hash__ = None  # mutable, like a list
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self._type.name}, {list(self)!r})"
+
+    def __getstate__(self):
+        return (int(self._type), self._words.tobytes())
+
+    def __setstate__(self, state) -> None:
+        self._type = nixl_mem_t(state[0])
+        self._words = array("Q")
+        self._words.frombytes(state[1])
+        self._packed = None
+
+    # --- for the core ---------------------------------------------------------------
+    def _core_kind(self) -> int:
+        return _CORE_KIND[self._type]
+
+    def _packed_bytes(self) -> bytes:
+        # Cached: a list prepared once is often handed over many times.
+        if self._packed is None:
+            w = self._words
+            if sys.byteorder != "little":
+                w = array("Q", w)
+                w.byteswap()
+            self._packed = w.tobytes()
+        return self._packed
+
+
+class nixlXferDList(_DList):
+    """A transfer descriptor list: (addr, len, dev_id) triples of one memory type."""
+
+    __slots__ = ()
+
+
+class nixlRegDList(_DList):
+    """A registration descriptor list: (addr, len, dev_id, meta) of one memory type."""
+
+    __slots__ = ("_meta",)
+    _width = 4
+
+    def __init__(self, mem_type, descs=None):
+        self._meta: list = []
+        super().__init__(mem_type, descs)
+
+    def _add_meta_defaults(self, n: int) -> None:
+        self._meta.extend([b""] * n)
+
+    def _check(self, d) -> Desc3:
+        if isinstance(d, (tuple, list)) and len(d) == 3:
+            d = (*d, b"")
+        return super()._check(d)
+
+    def append(self, desc) -> None:
+        super().append(desc)
+        meta = desc[3] if len(desc) == 4 else b""
+        self._meta.append(meta.encode() if isinstance(meta, str) else bytes(meta))
+
+    addDesc = append
+
+    def trim(self) -> None:
+        """NIXL's trim() drops per-descriptor metadata it no longer needs."""
+        self._meta = [b""] * self.descCount()
+
+    def clear(self) -> None:
+        super().clear()
+        self._meta = []
+
+    def remDesc(self, index: int) -> None:
+        i = self._norm(index)
+        super().remDesc(i)
+        del self._meta[i]
+
+    def __getitem__(self, index: int):
+        i = self._norm(index)
+        return (*self._triple(i), self._meta[i])
+
+    def __setitem__(self, index: int, desc) -> None:
+        i = self._norm(index)
+        super().__setitem__(i, desc)
+        meta = desc[3] if len(desc) == 4 else b""
+        self._meta[i] = meta.encode() if isinstance(meta, str) else bytes(meta)
+
+    def __eq__(self, other) -> bool:
+        return super().__eq__(other) and self._meta == other._meta
+
+    __hash__ = _DList.__hash__
+
+    def __getstate__(self):
+        return (int(self._type), self._words.tobytes(), list(self._meta))
+
+    def __setstate__(self, state) -> None:
+        super().__setstate__(state[:2])
+        self._meta = list(state[2])
+
+
+class nixlXferTelemetry:
+    """Telemetry of a transfer's last post; times in microseconds."""
+
+    __slots__ = ("startTime", "postDuration", "xferDuration", "totalBytes", "descCount")
+
+    def __init__(self, startTime, postDuration, xferDuration, totalBytes, descCount):
+        self.startTime = startTime
+        self.postDuration = postDuration
+        self.xferDuration = xferDuration
+        self.totalBytes = totalBytes
+        self.descCount = descCount
+
+    def __repr__(self) -> str:
+        return (
+            f"nixlXferTelemetry(startTime={self.startTime}, postDuration={self.postDuration}, "
+            f"xferDuration={self.xferDuration}, totalBytes={self.totalBytes}, "
+            f"descCount={self.descCount})"
+        )
+
+
+nixlAgent = _core.Agent
