@@ -47,6 +47,7 @@ mod ipc;
 pub mod mlx5;
 mod pointer;
 pub mod proxy;
+pub mod queue_pair;
 
 pub use cudarc;
 pub use device_buffer::{DeviceBuffer, DmaBuf, DEVICE_BUFFER_ALIGN};
@@ -58,6 +59,10 @@ pub use ipc::{
     IPC_HANDLE_BYTES, MAX_FDS_PER_MESSAGE,
 };
 pub use pointer::{check_device_range, pointer_info, DeviceMemoryRef, MemoryKind, PointerInfo};
+pub use queue_pair::{
+    EndpointInfo, ExportedGpuQueuePair, GpuQueuePair, GpuQueuePairOptions, Mlx5Endpoint,
+    NicHandler, RemoteRegion,
+};
 
 pub use gpunetio_sys as ffi;
 
