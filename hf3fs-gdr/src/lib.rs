@@ -1,2 +1,69 @@
-//! 3FS usrbio-style GPU-direct storage I/O (issue 12): host and GPU iovs, I/O rings in
-//! shared memory and the daemon that serves them.
+//! 3FS usrbio-style storage I/O into host and GPU memory: iovs, I/O rings in shared
+//! memory, and a local daemon (`hf3fs-gdr-daemon`) that serves them.
+//!
+//! The API follows 3FS's `hf3fs_usrbio.h` and its GPU-direct design, with Rust names
+//! (each carries the C name as a doc alias):
+//! - [`gdr_available`], [`gdr_device_count`];
+//! - [`Iov`]: host iovs in POSIX shared memory ([`Iov::create`], [`Iov::open`],
+//!   [`Iov::wrap`], [`Iov::unlink`], [`Iov::destroy`]) and GPU iovs
+//!   ([`Iov::create_gpu`], [`Iov::wrap_gpu`], [`Iov::export_gpu`], [`Iov::import_gpu`],
+//!   [`Iov::is_gpu`], [`Iov::gpu_device`], [`Iov::sync`]);
+//! - [`Ior`]: rings ([`Ior::create`], [`Ior::prep_io`], [`Ior::submit_ios`],
+//!   [`Ior::wait_for_ios`]) and [`reg_fd`] / [`dereg_fd`].
+//!
+//! Everything is published under the mount's virtual directory (see [`virt`]): a host
+//! iov as a symlink to its `/dev/shm` file, a GPU iov as a symlink to
+//! `gdr://v1/device/{N}/size/{S}/ipc/{hex}`, a ring as a symlink to its `/dev/shm`
+//! file. The daemon ([`daemon`]) listens on `<mount>/3fs-virt/daemon.sock`; each client
+//! process keeps one connection per mount, over which it registers files (the
+//! descriptor itself travels), attaches rings, and by which each side learns that the
+//! other died.
+//!
+//! ```no_run
+//! use hf3fs_gdr::{reg_fd, Cqe, Ior, Iov};
+//! use std::os::fd::AsRawFd;
+//! use std::time::{Duration, Instant};
+//! # fn main() -> hf3fs_gdr::Result<()> {
+//! // A daemon serves /mnt/data: `hf3fs-gdr-daemon --mount /mnt/data`.
+//! let iov = Iov::create_gpu("/mnt/data", 64 << 20, 0, 0)?;
+//! let mut ior = Ior::create("/mnt/data", 64, true, 0, Duration::ZERO, -1, 0)?;
+//! let file = std::fs::File::open("/mnt/data/weights.bin").unwrap();
+//! reg_fd(file.as_raw_fd(), 0)?;
+//! ior.prep_io(&iov, true, iov.base(), file.as_raw_fd(), 0, 64 << 20, 7)?;
+//! ior.submit_ios()?;
+//! let mut cqes = [Cqe::default(); 1];
+//! let n = ior.wait_for_ios(&mut cqes, 1, Some(Instant::now() + Duration::from_secs(10)))?;
+//! assert_eq!((n, cqes[0].userdata), (1, 7));
+//! println!("{} bytes read into GPU memory", cqes[0].result);
+//! # Ok(()) }
+//! ```
+
+mod client;
+pub mod daemon;
+mod error;
+mod ior;
+mod iov;
+mod proto;
+mod ring;
+mod shm;
+pub mod virt;
+
+pub use client::{daemon_stats, dereg_fd, reg_fd, DaemonStats};
+pub use error::{Error, Result};
+pub use ior::{Ior, IOR_ALLOW_READ_UNCOMMITTED, IOR_FORBID_READ_HOLES, MAX_IOR_ENTRIES};
+pub use iov::{GpuIovHandle, Iov, SyncDirection, GPU_IOV_HANDLE_BYTES};
+pub use ring::{ior_size, Cqe};
+pub use shm::{from_hex, id_from_hex, to_hex, Id};
+
+/// Whether GPU iovs can be made here: a CUDA driver loads and sees at least one GPU
+/// (3FS GDR's `hf3fs_gdr_available`). It says nothing about the daemon's side.
+#[doc(alias = "hf3fs_gdr_available")]
+pub fn gdr_available() -> bool {
+    gpunetio::is_available() && gpunetio::device_count() > 0
+}
+
+/// GPUs this process sees (0 without a driver; 3FS GDR's `hf3fs_gdr_device_count`).
+#[doc(alias = "hf3fs_gdr_device_count")]
+pub fn gdr_device_count() -> usize {
+    gpunetio::device_count()
+}

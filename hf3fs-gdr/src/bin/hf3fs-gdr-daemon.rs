@@ -1,0 +1,74 @@
+//! `hf3fs-gdr-daemon --mount DIR [--threads N] [--staging-mib M] [--chunk-kib K]`:
+//! serves a mount directory for `hf3fs-gdr` clients (see `hf3fs_gdr::daemon`). Prints
+//! `ready <socket path>` on stdout once it listens.
+
+use hf3fs_gdr::daemon::{run, DaemonConfig};
+use std::io::Write;
+use std::path::PathBuf;
+
+const USAGE: &str =
+    "usage: hf3fs-gdr-daemon --mount DIR [--threads N] [--staging-mib M] [--chunk-kib K]";
+
+fn parse() -> Result<DaemonConfig, String> {
+    let mut mount: Option<PathBuf> = None;
+    let mut threads: Option<usize> = None;
+    let mut staging_mib: usize = 256;
+    let mut chunk_kib: Option<usize> = None;
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        let mut value = |name: &str| args.next().ok_or_else(|| format!("{name} needs a value"));
+        let number = |name: &str, v: String| {
+            v.parse::<usize>()
+                .map_err(|_| format!("{name}: {v:?} is not a number"))
+        };
+        match arg.as_str() {
+            "--mount" => mount = Some(PathBuf::from(value("--mount")?)),
+            "--threads" => threads = Some(number("--threads", value("--threads")?)?),
+            "--staging-mib" => staging_mib = number("--staging-mib", value("--staging-mib")?)?,
+            "--chunk-kib" => chunk_kib = Some(number("--chunk-kib", value("--chunk-kib")?)?),
+            "-h" | "--help" => return Err(String::new()),
+            other => return Err(format!("unknown argument {other:?}")),
+        }
+    }
+    let mount = mount.ok_or("--mount is required")?;
+    let defaults = DaemonConfig::new(&mount);
+    let mut config = DaemonConfig::with(
+        mount,
+        threads.unwrap_or(defaults.threads),
+        staging_mib << 20,
+    );
+    if let Some(k) = chunk_kib {
+        if k == 0 {
+            return Err("--chunk-kib must be positive".into());
+        }
+        config.chunk_bytes = k << 10;
+    }
+    Ok(config)
+}
+
+fn main() {
+    let config = match parse() {
+        Ok(c) => c,
+        Err(e) => {
+            if !e.is_empty() {
+                eprintln!("hf3fs-gdr-daemon: {e}");
+            }
+            eprintln!("{USAGE}");
+            std::process::exit(2);
+        }
+    };
+    eprintln!(
+        "hf3fs-gdr-daemon: serving {} with {} workers, {} KiB chunks",
+        config.mount.display(),
+        config.threads,
+        config.chunk_bytes >> 10
+    );
+    let result = run(config, |socket| {
+        println!("ready {}", socket.display());
+        let _ = std::io::stdout().flush();
+    });
+    if let Err(e) = result {
+        eprintln!("hf3fs-gdr-daemon: {e}");
+        std::process::exit(1);
+    }
+}

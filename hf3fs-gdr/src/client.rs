@@ -1,0 +1,359 @@
+//! The client side of the local daemon: one connection per mount per process, the
+//! process-wide file registry (`reg_fd`), and the backend trait rings talk through.
+//!
+//! Files reach the daemon as descriptors (`SCM_RIGHTS`) on first use by a ring of that
+//! mount: the daemon then holds its own reference to the open file, so it reads the
+//! same inode even if the caller closes or reuses the descriptor number — which is
+//! 3FS's rule ("registered fds should not be closed, and even if closed, the old inode
+//! will still be used"). Publishing `/proc/<pid>/fd/<n>` instead would break as soon as
+//! the client closed the descriptor or died.
+
+use crate::error::{Error, Result};
+use crate::proto::{
+    Message, Reader, SeqPacket, MAX_MESSAGE, OP_ADD_IOR, OP_DEREG_FD, OP_FORGET_IOV, OP_HELLO,
+    OP_OWN_IOV, OP_REG_FD, OP_REMOVE_IOR, OP_STATS,
+};
+use crate::shm::Id;
+use crate::virt;
+use std::collections::HashMap;
+use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::Duration;
+
+/// How long one request to the daemon may take before it counts as gone.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// What a ring needs from whatever moves its data: a local daemon today, the official
+/// `libhf3fs_api_shared` later.
+pub(crate) trait IoBackend: Send + Sync + std::fmt::Debug {
+    /// The backend's id for a registered descriptor (registering it on first use).
+    fn file_id(&self, fd: RawFd) -> Result<u32>;
+    /// Starts serving the ring published as `id`.
+    fn attach_ring(&self, id: &Id) -> Result<()>;
+    /// Stops serving it (after its I/Os in flight finish).
+    fn detach_ring(&self, id: &Id) -> Result<()>;
+    /// `Ok` while the backend can still complete I/O.
+    fn check_alive(&self) -> Result<()>;
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A registered descriptor: our own duplicate (so the inode stays open) and its identity.
+#[derive(Debug)]
+struct RegisteredFd {
+    dup: OwnedFd,
+    dev: u64,
+    ino: u64,
+}
+
+fn registry() -> &'static Mutex<HashMap<RawFd, RegisteredFd>> {
+    static FDS: std::sync::OnceLock<Mutex<HashMap<RawFd, RegisteredFd>>> =
+        std::sync::OnceLock::new();
+    FDS.get_or_init(Default::default)
+}
+
+fn identity(fd: RawFd) -> Result<(u64, u64)> {
+    // SAFETY: plain C struct.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: valid out-pointer; an invalid descriptor is reported as EBADF.
+    let ret = unsafe { libc::fstat(fd, &mut st) };
+    crate::error::cvt("fstat", ret)?;
+    Ok((st.st_dev, st.st_ino))
+}
+
+/// Registers `fd` for I/O (3FS's `hf3fs_reg_fd`). Registering the same open file twice
+/// is allowed; registering a number that now names another file than the one
+/// registered is refused with `InvalidArgument` (deregister first). `flags` must be 0.
+#[doc(alias = "hf3fs_reg_fd")]
+pub fn reg_fd(fd: RawFd, flags: u64) -> Result<()> {
+    if flags != 0 {
+        return Err(Error::InvalidArgument(format!(
+            "reg_fd flags {flags:#x} (none are defined)"
+        )));
+    }
+    let (dev, ino) = identity(fd)?;
+    let mut fds = lock(registry());
+    if let Some(old) = fds.get(&fd) {
+        if (old.dev, old.ino) == (dev, ino) {
+            return Ok(());
+        }
+        return Err(Error::InvalidArgument(format!(
+            "fd {fd} was registered for another file: dereg_fd it first"
+        )));
+    }
+    // SAFETY: `fd` was just checked by fstat; the duplicate is owned below.
+    let dup = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
+    crate::error::cvt("fcntl(F_DUPFD_CLOEXEC)", dup)?;
+    // SAFETY: a new descriptor we own.
+    let dup = unsafe { OwnedFd::from_raw_fd(dup) };
+    fds.insert(fd, RegisteredFd { dup, dev, ino });
+    Ok(())
+}
+
+/// Forgets a registration (3FS's `hf3fs_dereg_fd`); daemons drop their copies. Unknown
+/// descriptors are ignored.
+#[doc(alias = "hf3fs_dereg_fd")]
+pub fn dereg_fd(fd: RawFd) {
+    if lock(registry()).remove(&fd).is_none() {
+        return;
+    }
+    for conn in live_connections() {
+        conn.forget_file(fd);
+    }
+}
+
+/// Connections by mount; weak so that the last ring or iov of a mount closes it.
+type ConnTable = Mutex<Vec<(PathBuf, Weak<DaemonConn>)>>;
+
+fn connections() -> &'static ConnTable {
+    static CONNS: std::sync::OnceLock<ConnTable> = std::sync::OnceLock::new();
+    CONNS.get_or_init(Default::default)
+}
+
+fn live_connections() -> Vec<Arc<DaemonConn>> {
+    lock(connections())
+        .iter()
+        .filter_map(|(_, w)| w.upgrade())
+        .collect()
+}
+
+fn canonical(mount: &Path) -> Result<PathBuf> {
+    mount
+        .canonicalize()
+        .map_err(|e| crate::error::os_err("realpath", e, mount.display()))
+}
+
+/// The process's connection to the daemon of `mount`, made if needed.
+pub(crate) fn connect(mount: &Path) -> Result<Arc<DaemonConn>> {
+    let mount = canonical(mount)?;
+    let mut conns = lock(connections());
+    conns.retain(|(_, w)| w.strong_count() > 0);
+    if let Some(conn) = conns
+        .iter()
+        .filter(|(m, _)| *m == mount)
+        .find_map(|(_, w)| w.upgrade())
+    {
+        if !conn.dead.load(Ordering::Acquire) && !conn.sock_closed() {
+            return Ok(conn);
+        }
+    }
+    let conn = Arc::new(DaemonConn::open(&mount)?);
+    conns.push((mount, Arc::downgrade(&conn)));
+    Ok(conn)
+}
+
+/// The live connection to `mount`'s daemon, if this process has one.
+pub(crate) fn existing(mount: &Path) -> Option<Arc<DaemonConn>> {
+    let mount = canonical(mount).ok()?;
+    lock(connections())
+        .iter()
+        .filter(|(m, _)| *m == mount)
+        .find_map(|(_, w)| w.upgrade())
+}
+
+/// What the daemon counted since it started ([`daemon_stats`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DaemonStats {
+    /// Chunks read or written with `O_DIRECT`.
+    pub direct_ops: u64,
+    /// Chunks read or written through the page cache.
+    pub buffered_ops: u64,
+    /// Bytes moved into or out of host iovs.
+    pub host_bytes: u64,
+    /// Bytes moved into or out of GPU iovs.
+    pub gpu_bytes: u64,
+    /// Clients whose connection closed (and whose resources were released).
+    pub clients_released: u64,
+    /// Clients connected now.
+    pub clients_now: u64,
+}
+
+/// Asks the daemon of `mount` for its counters.
+pub fn daemon_stats(mount: impl AsRef<Path>) -> Result<DaemonStats> {
+    let conn = connect(mount.as_ref())?;
+    let (_, payload) = conn.request("stats", &Message::new(OP_STATS), &[])?;
+    let mut r = Reader(&payload);
+    let mut next = || r.u64().unwrap_or(0);
+    Ok(DaemonStats {
+        direct_ops: next(),
+        buffered_ops: next(),
+        host_bytes: next(),
+        gpu_bytes: next(),
+        clients_released: next(),
+        clients_now: next(),
+    })
+}
+
+/// One connection to a mount's daemon.
+#[derive(Debug)]
+pub(crate) struct DaemonConn {
+    mount: PathBuf,
+    sock: Mutex<SeqPacket>,
+    /// Client fd number → (daemon file id, dev, ino).
+    files: Mutex<HashMap<RawFd, (u32, u64, u64)>>,
+    dead: AtomicBool,
+}
+
+impl DaemonConn {
+    fn open(mount: &Path) -> Result<Self> {
+        let path = virt::daemon_socket(mount);
+        let sock = SeqPacket::connect(&path).map_err(|e| Error::NoDaemon {
+            mount: mount.to_path_buf(),
+            why: format!("connect {}: {e}", path.display()),
+        })?;
+        sock.set_recv_timeout(REQUEST_TIMEOUT)?;
+        let conn = Self {
+            mount: mount.to_path_buf(),
+            sock: Mutex::new(sock),
+            files: Mutex::default(),
+            dead: AtomicBool::new(false),
+        };
+        conn.request(
+            "hello",
+            &Message::new(OP_HELLO).u32(std::process::id()),
+            &[],
+        )?;
+        Ok(conn)
+    }
+
+    fn gone(&self, why: String) -> Error {
+        self.dead.store(true, Ordering::Release);
+        Error::DaemonGone {
+            mount: self.mount.clone(),
+            why,
+        }
+    }
+
+    fn sock_closed(&self) -> bool {
+        lock(&self.sock).peer_closed()
+    }
+
+    /// One request and its reply: `(value, payload)`; a negative value is `Refused`.
+    pub(crate) fn request(
+        &self,
+        what: &'static str,
+        msg: &Message,
+        fds: &[BorrowedFd<'_>],
+    ) -> Result<(i64, Vec<u8>)> {
+        if self.dead.load(Ordering::Acquire) {
+            return Err(self.gone("an earlier request found it gone".into()));
+        }
+        let sock = lock(&self.sock);
+        sock.send(&msg.0, fds)
+            .map_err(|e| self.gone(format!("sending {what}: {e}")))?;
+        let mut buf = [0u8; MAX_MESSAGE];
+        let (n, _) = sock
+            .recv(&mut buf)
+            .map_err(|e| self.gone(format!("waiting for the reply to {what}: {e}")))?;
+        if n == 0 {
+            return Err(self.gone(format!("it closed the socket during {what}")));
+        }
+        let mut r = Reader(&buf[..n]);
+        let value = r.i64().ok_or_else(|| Error::Malformed {
+            what: "daemon reply",
+            detail: format!("{n} bytes"),
+        })?;
+        if value < 0 {
+            return Err(Error::Refused {
+                request: what,
+                errno: (-value) as i32,
+            });
+        }
+        Ok((value, r.0.to_vec()))
+    }
+
+    pub(crate) fn own_iov(&self, id: &Id) -> Result<()> {
+        self.request("own iov", &Message::new(OP_OWN_IOV).id(id), &[])
+            .map(drop)
+    }
+
+    /// Best effort: the daemon drops its mapping of an iov being destroyed.
+    pub(crate) fn forget_iov(&self, id: &Id) {
+        if let Err(e) = self.request("forget iov", &Message::new(OP_FORGET_IOV).id(id), &[]) {
+            tracing::debug!("forget iov: {e}");
+        }
+    }
+
+    fn forget_file(&self, fd: RawFd) {
+        let Some((file_id, ..)) = lock(&self.files).remove(&fd) else {
+            return;
+        };
+        if let Err(e) = self.request("dereg fd", &Message::new(OP_DEREG_FD).u32(file_id), &[]) {
+            tracing::debug!("dereg fd {fd}: {e}");
+        }
+    }
+}
+
+impl IoBackend for DaemonConn {
+    fn file_id(&self, fd: RawFd) -> Result<u32> {
+        let registered = {
+            let fds = lock(registry());
+            let reg = fds.get(&fd).ok_or(Error::FdNotRegistered(fd))?;
+            (reg.dev, reg.ino, reg.dup.try_clone())
+        };
+        let (dev, ino, dup) = registered;
+        if let Some(&(id, d, i)) = lock(&self.files).get(&fd) {
+            if (d, i) == (dev, ino) {
+                return Ok(id);
+            }
+        }
+        let dup = dup.map_err(|e| crate::error::os_err("dup", e, format!("fd {fd}")))?;
+        let (id, _) = self.request(
+            "reg fd",
+            &Message::new(OP_REG_FD).u32(fd as u32),
+            &[dup.as_fd()],
+        )?;
+        let id = id as u32;
+        lock(&self.files).insert(fd, (id, dev, ino));
+        Ok(id)
+    }
+
+    fn attach_ring(&self, id: &Id) -> Result<()> {
+        self.request("add ior", &Message::new(OP_ADD_IOR).id(id), &[])
+            .map(drop)
+    }
+
+    fn detach_ring(&self, id: &Id) -> Result<()> {
+        self.request("remove ior", &Message::new(OP_REMOVE_IOR).id(id), &[])
+            .map(drop)
+    }
+
+    fn check_alive(&self) -> Result<()> {
+        if self.dead.load(Ordering::Acquire) {
+            return Err(self.gone("an earlier request found it gone".into()));
+        }
+        if self.sock_closed() {
+            return Err(self.gone("its socket closed".into()));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsRawFd;
+
+    #[test]
+    fn reg_fd_checks_the_descriptor_and_its_identity() {
+        assert!(matches!(reg_fd(-1, 0), Err(Error::Os { .. })));
+        let a = tempfile::tempfile().unwrap();
+        let fd = a.as_raw_fd();
+        assert!(matches!(reg_fd(fd, 1), Err(Error::InvalidArgument(_))));
+        reg_fd(fd, 0).unwrap();
+        reg_fd(fd, 0).unwrap();
+        // The number now names another file: refused until deregistered.
+        let b = tempfile::tempfile().unwrap();
+        // SAFETY: both descriptors are open; dup2 replaces `fd` with a copy of `b`.
+        assert!(unsafe { libc::dup2(b.as_raw_fd(), fd) } >= 0);
+        assert!(matches!(reg_fd(fd, 0), Err(Error::InvalidArgument(_))));
+        dereg_fd(fd);
+        reg_fd(fd, 0).unwrap();
+        dereg_fd(fd);
+        dereg_fd(fd);
+    }
+}

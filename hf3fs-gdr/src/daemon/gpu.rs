@@ -1,0 +1,197 @@
+//! The GPU staging pipeline of one worker: pinned host chunks filled from the file
+//! (`O_DIRECT` where aligned: the chunks are page aligned), each copied to the device
+//! with `cuMemcpyHtoDAsync` on the worker's stream while the worker reads the next
+//! chunk into another slot. A slot is reused only after its copy's event completed; a
+//! chunk counts as done only then, so a completion is posted after the data is in
+//! device memory.
+
+use super::io::{file_io, Chunk};
+use super::{MappedIov, Stats};
+use gpunetio::cudarc::driver::sys::{self, CUevent, CUresult, CUstream};
+use gpunetio::{Gpu, HostBuffer};
+use std::sync::atomic::Ordering;
+
+fn ok(call: &str, r: CUresult) -> Result<(), String> {
+    r.result().map_err(|e| format!("{call}: {e:?}"))
+}
+
+struct Slot {
+    buf: HostBuffer,
+    event: CUevent,
+    /// The chunk whose copy the event tracks, and the bytes it moved.
+    pending: Option<(Chunk, i64)>,
+}
+
+/// One worker's staging state for one GPU.
+pub(crate) struct Staging {
+    gpu: Gpu,
+    stream: CUstream,
+    slots: Vec<Slot>,
+    next: usize,
+}
+
+impl std::fmt::Debug for Staging {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Staging")
+            .field("gpu", &self.gpu.ordinal())
+            .field("slots", &self.slots.len())
+            .finish()
+    }
+}
+
+impl Staging {
+    pub(crate) fn new(gpu: Gpu, chunk_bytes: usize, slots: usize) -> Result<Self, String> {
+        gpu.bind().map_err(|e| e.to_string())?;
+        let mut stream: CUstream = std::ptr::null_mut();
+        // SAFETY: valid out-pointer; the GPU's context is current.
+        ok("cuStreamCreate", unsafe {
+            sys::cuStreamCreate(
+                &mut stream,
+                sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32,
+            )
+        })?;
+        let mut staging = Self {
+            gpu: gpu.clone(),
+            stream,
+            slots: Vec::new(),
+            next: 0,
+        };
+        for _ in 0..slots.max(1) {
+            let buf = HostBuffer::alloc(&gpu, chunk_bytes).map_err(|e| e.to_string())?;
+            let mut event: CUevent = std::ptr::null_mut();
+            // SAFETY: valid out-pointer; context current.
+            ok("cuEventCreate", unsafe {
+                sys::cuEventCreate(
+                    &mut event,
+                    sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32,
+                )
+            })?;
+            staging.slots.push(Slot {
+                buf,
+                event,
+                pending: None,
+            });
+        }
+        Ok(staging)
+    }
+
+    pub(crate) fn has_pending(&self) -> bool {
+        self.slots.iter().any(|s| s.pending.is_some())
+    }
+
+    /// Waits for a slot's copy and completes its chunk.
+    fn retire(slot: &mut Slot, stats: Option<&Stats>) {
+        if let Some((chunk, moved)) = slot.pending.take() {
+            // SAFETY: the event was recorded on our stream after the copy.
+            let synced = ok("cuEventSynchronize", unsafe {
+                sys::cuEventSynchronize(slot.event)
+            });
+            match synced {
+                Ok(()) => {
+                    if let Some(stats) = stats {
+                        stats
+                            .gpu_bytes
+                            .fetch_add(moved.max(0) as u64, Ordering::Relaxed);
+                    }
+                    chunk.finish(moved)
+                }
+                Err(e) => {
+                    tracing::error!("GPU {}: {e}", chunk.req.index);
+                    chunk.finish(-(libc::EIO as i64))
+                }
+            }
+        }
+    }
+
+    /// Completes every chunk whose copy is in flight.
+    pub(crate) fn flush(&mut self) {
+        if self.gpu.bind().is_err() {
+            tracing::error!("GPU {}: cannot bind its context", self.gpu.ordinal());
+        }
+        for slot in &mut self.slots {
+            Self::retire(slot, None);
+        }
+    }
+
+    /// Runs one chunk of a GPU iov.
+    pub(crate) fn run(&mut self, chunk: Chunk, stats: &Stats) {
+        let MappedIov::Gpu { base, .. } = &*chunk.iov else {
+            chunk.finish(-(libc::EINVAL as i64));
+            return;
+        };
+        let dev_ptr = base + chunk.iov_offset;
+        if let Err(e) = self.gpu.bind() {
+            tracing::error!("GPU {}: {e}", self.gpu.ordinal());
+            chunk.finish(-(libc::EIO as i64));
+            return;
+        }
+        let i = self.next;
+        self.next = (self.next + 1) % self.slots.len();
+        let slot = &mut self.slots[i];
+        Self::retire(slot, Some(stats));
+        let len = chunk.len.min(slot.buf.len() as u64);
+        let host = slot.buf.as_mut_ptr();
+        if chunk.read {
+            // SAFETY: `host` has buf.len() >= len bytes, owned by this worker.
+            let got = unsafe { file_io(&chunk.file, host, len, chunk.file_offset, true, stats) };
+            if got <= 0 {
+                chunk.finish(got);
+                return;
+            }
+            // SAFETY: `got` bytes of pinned memory to `dev_ptr..+got`, inside the iov's
+            // mapping (checked by the ring thread); the slot is not reused before the
+            // event says the copy finished.
+            let copied = ok("cuMemcpyHtoDAsync", unsafe {
+                sys::cuMemcpyHtoDAsync_v2(dev_ptr, host.cast(), got as usize, self.stream)
+            })
+            .and_then(|()| {
+                // SAFETY: event and stream are ours.
+                ok("cuEventRecord", unsafe {
+                    sys::cuEventRecord(slot.event, self.stream)
+                })
+            });
+            match copied {
+                Ok(()) => slot.pending = Some((chunk, got)),
+                Err(e) => {
+                    tracing::error!("GPU {}: {e}", self.gpu.ordinal());
+                    chunk.finish(-(libc::EIO as i64));
+                }
+            }
+        } else {
+            // SAFETY: device range inside the iov; `host` has `len` bytes; the stream is
+            // synchronised before the bytes are used.
+            let copied = ok("cuMemcpyDtoHAsync", unsafe {
+                sys::cuMemcpyDtoHAsync_v2(host.cast(), dev_ptr, len as usize, self.stream)
+            })
+            .and_then(|()| {
+                // SAFETY: our stream.
+                ok("cuStreamSynchronize", unsafe {
+                    sys::cuStreamSynchronize(self.stream)
+                })
+            });
+            if let Err(e) = copied {
+                tracing::error!("GPU {}: {e}", self.gpu.ordinal());
+                chunk.finish(-(libc::EIO as i64));
+                return;
+            }
+            // SAFETY: `host` has `len` bytes just filled.
+            let put = unsafe { file_io(&chunk.file, host, len, chunk.file_offset, false, stats) };
+            if put > 0 {
+                stats.gpu_bytes.fetch_add(put as u64, Ordering::Relaxed);
+            }
+            chunk.finish(put);
+        }
+    }
+}
+
+impl Drop for Staging {
+    fn drop(&mut self) {
+        self.flush();
+        for slot in &self.slots {
+            // SAFETY: created in `new`, destroyed once.
+            let _ = unsafe { sys::cuEventDestroy_v2(slot.event) };
+        }
+        // SAFETY: created in `new`, destroyed once, after its work was synchronised.
+        let _ = unsafe { sys::cuStreamDestroy_v2(self.stream) };
+    }
+}
