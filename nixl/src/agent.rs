@@ -1,5 +1,7 @@
 //! The agent: registrations, peers' metadata, transfers and notifications.
 
+mod device_api;
+
 use crate::backend::{
     Backend, BackendParams, BackendXfer, LocalMd, PostParams, RemoteMd, XferEntry, XferOp,
     XferStatus, XferTelemetry,

@@ -135,6 +135,35 @@ pub trait BackendXfer: Send + std::fmt::Debug {
     fn staged_bytes(&self) -> u64 {
         0
     }
+    /// A device handle for kernels to post this transfer's descriptors themselves
+    /// (NIXL's `createGpuXferReq`); see [`crate::device`]. Default: not supported.
+    fn gpu_xfer_req(&mut self) -> Result<crate::device::GpuHandle> {
+        Err(crate::Error::NotSupported {
+            backend: "this backend".into(),
+            what: "GPU transfer requests (the device API)".into(),
+        })
+    }
+}
+
+/// One descriptor of a memory view ([`Backend::prep_mem_view`]), already checked by the
+/// agent to lie inside `region`.
+#[derive(Debug, Clone, Copy)]
+pub struct ViewEntry<'a> {
+    /// The range.
+    pub desc: Desc,
+    /// The registration containing it (local or the peer's).
+    pub region: &'a Region,
+    /// This backend's metadata of it: a [`LocalMd`] for a local view, else a [`RemoteMd`].
+    pub md: ViewMd<'a>,
+}
+
+/// The backend metadata of a [`ViewEntry`].
+#[derive(Debug, Clone, Copy)]
+pub enum ViewMd<'a> {
+    /// This agent's registration.
+    Local(&'a dyn LocalMd),
+    /// The peer's region.
+    Remote(&'a dyn RemoteMd),
 }
 
 /// A transport. Implementations must be thread-safe: the agent calls them from any thread.
@@ -182,6 +211,19 @@ pub trait Backend: Send + Sync + std::fmt::Debug + 'static {
     fn gen_notif(&self, agent: &str, msg: &[u8]) -> Result<()>;
     /// Moves received notifications into `into` as (sender, message).
     fn take_notifs(&self, into: &mut Vec<(String, Vec<u8>)>);
+    /// A memory view of `entries` for kernels (NIXL's `prepMemView`): of local memory
+    /// when `agent` is `None`, else of that peer's. Default: not supported.
+    fn prep_mem_view(
+        &self,
+        agent: Option<&str>,
+        entries: &[ViewEntry<'_>],
+    ) -> Result<crate::device::GpuHandle> {
+        let _ = (agent, entries);
+        Err(crate::Error::NotSupported {
+            backend: self.name().to_string(),
+            what: "memory views (the device API)".into(),
+        })
+    }
 }
 
 /// Per-transfer telemetry (NIXL's `nixl_xfer_telem_t`).

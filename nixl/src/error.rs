@@ -149,6 +149,15 @@ pub enum Error {
         /// Why (e.g. different boot ids).
         reason: String,
     },
+    /// The backend has no such capability (e.g. a GPU device API on a host-only
+    /// transport).
+    #[error("backend {backend} does not support {what}")]
+    NotSupported {
+        /// Backend name.
+        backend: String,
+        /// What was asked.
+        what: String,
+    },
     /// Socket or file I/O.
     #[error("I/O: {0}")]
     Io(#[from] std::io::Error),

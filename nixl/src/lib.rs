@@ -56,6 +56,7 @@
 mod agent;
 pub mod backend;
 pub mod backends;
+pub mod device;
 mod error;
 #[cfg(feature = "etcd")]
 pub mod etcd;
@@ -68,6 +69,7 @@ pub use agent::{params, Agent, AgentConfig, RegistrationHandle, XferDlist, XferR
 pub use backend::{
     Backend, BackendParams, Capabilities, PostParams, XferOp, XferStatus, XferTelemetry,
 };
+pub use device::{GpuXferReqH, MemViewH};
 pub use error::{Error, Result};
 #[doc(hidden)]
 pub use listener::fuzz_serve;

@@ -93,37 +93,47 @@ pub(crate) fn create(agent: &Agent, params: &BackendParams) -> Result<Arc<dyn Ba
             "{NAME} parameter num_streams={num_streams} must be 1..=64"
         )));
     }
-    if !gpunetio::is_available() || gpunetio::device_count() == 0 {
-        return Err(Error::Gpu(format!(
-            "{NAME} needs a CUDA driver and a GPU (driver present: {})",
-            gpunetio::is_available()
-        )));
+    Ok(Arc::new(CudaIpcBackend::new(agent, num_streams)?))
+}
+
+impl CudaIpcBackend {
+    /// The backend of `agent` with `num_streams` copy streams per GPU (also the
+    /// control plane of `GPUNETIO`'s intra-node path: connection information, region
+    /// metadata, mappings and notifications).
+    pub(crate) fn new(agent: &Agent, num_streams: usize) -> Result<Self> {
+        if !gpunetio::is_available() || gpunetio::device_count() == 0 {
+            return Err(Error::Gpu(format!(
+                "{NAME} needs a CUDA driver and a GPU (driver present: {})",
+                gpunetio::is_available()
+            )));
+        }
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let socket = format!(
+            "nixl-cuda-ipc-{}-{}-{:x}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed),
+            random_u64()
+        );
+        let notifs = NotifQueue::default();
+        let vmm = Arc::new(VmmTable::default());
+        let listener =
+            NotifListener::start(&socket, Arc::downgrade(&notifs), Arc::downgrade(&vmm))?;
+        Ok(CudaIpcBackend {
+            agent_name: agent.name().to_string(),
+            me: ConnInfo {
+                boot_id: boot_id()?,
+                pid: std::process::id(),
+                start_time: process_start_time(std::process::id()).unwrap_or(0),
+                socket,
+            },
+            notifs,
+            _listener: listener,
+            peers: Mutex::default(),
+            streams: StreamPools::new(num_streams),
+            vmm,
+            next_vmm: AtomicU64::new(1),
+        })
     }
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    let socket = format!(
-        "nixl-cuda-ipc-{}-{}-{:x}",
-        std::process::id(),
-        NEXT.fetch_add(1, Ordering::Relaxed),
-        random_u64()
-    );
-    let notifs = NotifQueue::default();
-    let vmm = Arc::new(VmmTable::default());
-    let listener = NotifListener::start(&socket, Arc::downgrade(&notifs), Arc::downgrade(&vmm))?;
-    Ok(Arc::new(CudaIpcBackend {
-        agent_name: agent.name().to_string(),
-        me: ConnInfo {
-            boot_id: boot_id()?,
-            pid: std::process::id(),
-            start_time: process_start_time(std::process::id()).unwrap_or(0),
-            socket,
-        },
-        notifs,
-        _listener: listener,
-        peers: Mutex::default(),
-        streams: StreamPools::new(num_streams),
-        vmm,
-        next_vmm: AtomicU64::new(1),
-    }))
 }
 
 // ---- connection information ------------------------------------------------------------
@@ -651,6 +661,165 @@ impl CudaIpcBackend {
     }
 }
 
+/// What must outlive a transfer's or view's use of the peer's memory (its mappings).
+pub(crate) type KeepAlive = Vec<Arc<dyn Any + Send + Sync>>;
+
+/// One descriptor pair of a transfer with the peer's side mapped into this process.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ResolvedPair {
+    /// The GPU the copy runs on (the local side's, else the one the peer's memory is
+    /// imported into).
+    pub(crate) gpu: usize,
+    /// The local range's address.
+    pub(crate) local: u64,
+    /// The peer's range, at its address mapped here.
+    pub(crate) remote: u64,
+    /// Bytes.
+    pub(crate) len: u64,
+}
+
+/// A transfer's pairs, what must outlive them (the peer's mappings), and where its
+/// notification goes.
+#[derive(Debug)]
+pub(crate) struct Resolved {
+    pub(crate) pairs: Vec<ResolvedPair>,
+    pub(crate) keep: Vec<Arc<dyn Any + Send + Sync>>,
+    pub(crate) sink: Arc<dyn NotifSink>,
+}
+
+/// Imports (once per transfer) the peer's allocations a transfer touches.
+struct Importer<'a> {
+    backend: &'a CudaIpcBackend,
+    peer: Option<Arc<Peer>>,
+    gpus: HashMap<[u8; 16], Gpu>,
+    keep: Vec<Arc<dyn Any + Send + Sync>>,
+}
+
+impl<'a> Importer<'a> {
+    fn new(backend: &'a CudaIpcBackend, agent: &str) -> Result<Self> {
+        let peer = if agent == backend.agent_name {
+            None
+        } else {
+            Some(backend.peer(agent)?)
+        };
+        Ok(Self {
+            backend,
+            peer,
+            gpus: HashMap::new(),
+            keep: Vec::new(),
+        })
+    }
+
+    /// The address here of `desc` in the peer's region `md`, and the GPU to run on.
+    fn map(
+        &mut self,
+        desc: crate::mem::Desc,
+        md: &dyn RemoteMd,
+        local_gpu: Option<usize>,
+    ) -> Result<(u64, usize)> {
+        let remote = md
+            .as_any()
+            .downcast_ref::<RemoteRegion>()
+            .ok_or_else(|| Error::InvalidParam(format!("{NAME}: not a {NAME} region")))?;
+        let Some(peer) = &self.peer else {
+            return Ok((desc.addr, local_gpu.unwrap_or(desc.dev_id as usize)));
+        };
+        // Import where the exporter's GPU is, if this process sees it; else into the
+        // local side's GPU (the driver reaches the peer GPU).
+        let gpu = match self.gpus.get(&remote.uuid) {
+            Some(g) => g.clone(),
+            None => {
+                let found = gpunetio::find_by_uuid(&remote.uuid)
+                    .map_err(gpu_err("looking up the peer's GPU"))?;
+                let g = match found {
+                    Some(g) => g,
+                    None => Gpu::open(local_gpu.unwrap_or(0))
+                        .map_err(gpu_err("opening the local GPU"))?,
+                };
+                self.gpus.insert(remote.uuid, g.clone());
+                g
+            }
+        };
+        let mapping = peer.mapping(&remote.key, &gpu)?;
+        let addr = mapping.ptr() + remote.offset + (desc.addr - remote.region_addr);
+        if !self.keep.iter().any(|k| {
+            k.downcast_ref::<Mapped>()
+                .is_some_and(|m| m.ptr() == mapping.ptr())
+        }) {
+            self.keep.push(mapping.clone());
+        }
+        Ok((addr, local_gpu.unwrap_or(gpu.ordinal())))
+    }
+
+    fn sink(&self) -> Arc<dyn NotifSink> {
+        Arc::new(PeerSink {
+            sender: self.backend.agent_name.clone(),
+            target: match &self.peer {
+                Some(p) => Target::Peer(p.clone()),
+                None => Target::Myself(self.backend.notifs.clone()),
+            },
+        })
+    }
+}
+
+impl CudaIpcBackend {
+    /// Maps the peer's side of every pair into this process (importing each allocation
+    /// once; `agent` may be this agent: loopback) and pins local DRAM.
+    pub(crate) fn resolve(&self, entries: &[XferEntry<'_>], agent: &str) -> Result<Resolved> {
+        let mut importer = Importer::new(self, agent)?;
+        let mut pairs = Vec::with_capacity(entries.len());
+        for e in entries {
+            if let Some(LocalRegion::Dram(pin)) = e.local_md.as_any().downcast_ref::<LocalRegion>()
+            {
+                pin.ensure();
+            }
+            let local_gpu =
+                (e.local_region.kind == MemKind::Vram).then_some(e.local.dev_id as usize);
+            let (remote, gpu) = importer.map(e.remote, e.remote_md, local_gpu)?;
+            pairs.push(ResolvedPair {
+                gpu,
+                local: e.local.addr,
+                remote,
+                len: e.local.len,
+            });
+        }
+        Ok(Resolved {
+            pairs,
+            sink: importer.sink(),
+            keep: importer.keep,
+        })
+    }
+
+    /// Maps the peer's ranges `descs` (in regions `mds`) into this process, importing
+    /// into `gpu`'s context where the exporter's GPU is not visible: (addresses, what
+    /// keeps the mappings alive).
+    pub(crate) fn map_remote(
+        &self,
+        agent: &str,
+        ranges: &[(crate::mem::Desc, &dyn RemoteMd)],
+        gpu: usize,
+    ) -> Result<(Vec<u64>, KeepAlive)> {
+        let mut importer = Importer::new(self, agent)?;
+        let addrs = ranges
+            .iter()
+            .map(|(d, md)| importer.map(*d, *md, Some(gpu)).map(|(a, _)| a))
+            .collect::<Result<Vec<_>>>()?;
+        Ok((addrs, importer.keep))
+    }
+
+    /// Whether `md` is one of this backend's local DRAM registrations (pinned on first
+    /// use, which this does).
+    pub(crate) fn pin_local_dram(md: &dyn LocalMd) -> bool {
+        match md.as_any().downcast_ref::<LocalRegion>() {
+            Some(LocalRegion::Dram(pin)) => {
+                pin.ensure();
+                true
+            }
+            _ => false,
+        }
+    }
+}
+
 impl Backend for CudaIpcBackend {
     fn name(&self) -> &str {
         NAME
@@ -786,83 +955,27 @@ impl Backend for CudaIpcBackend {
         entries: &[XferEntry<'_>],
         agent: &str,
     ) -> Result<Box<dyn BackendXfer>> {
-        let loopback = agent == self.agent_name;
-        let peer = if loopback {
-            None
-        } else {
-            Some(self.peer(agent)?)
-        };
-        let mut keep: Vec<Arc<dyn Any + Send + Sync>> = Vec::new();
-        let mut import_gpus: HashMap<[u8; 16], Gpu> = HashMap::new();
-        let mut copies = Vec::with_capacity(entries.len());
-        for e in entries {
-            if let Some(LocalRegion::Dram(pin)) = e.local_md.as_any().downcast_ref::<LocalRegion>()
-            {
-                pin.ensure();
-            }
-            let remote = e
-                .remote_md
-                .as_any()
-                .downcast_ref::<RemoteRegion>()
-                .ok_or_else(|| Error::InvalidParam(format!("{NAME}: not a {NAME} region")))?;
-            let local_gpu =
-                (e.local_region.kind == MemKind::Vram).then_some(e.local.dev_id as usize);
-            let (remote_addr, gpu) = match &peer {
-                None => (e.remote.addr, e.remote.dev_id as usize),
-                Some(peer) => {
-                    // Import where the exporter's GPU is, if this process sees it; else
-                    // into the local side's GPU (the driver reaches the peer GPU).
-                    let gpu = match import_gpus.get(&remote.uuid) {
-                        Some(g) => g.clone(),
-                        None => {
-                            let found = gpunetio::find_by_uuid(&remote.uuid)
-                                .map_err(gpu_err("looking up the peer's GPU"))?;
-                            let g = match found {
-                                Some(g) => g,
-                                None => Gpu::open(local_gpu.unwrap_or(0))
-                                    .map_err(gpu_err("opening the local GPU"))?,
-                            };
-                            import_gpus.insert(remote.uuid, g.clone());
-                            g
-                        }
-                    };
-                    let mapping = peer.mapping(&remote.key, &gpu)?;
-                    let addr = mapping.ptr() + remote.offset + (e.remote.addr - remote.region_addr);
-                    if !keep.iter().any(|k| {
-                        k.downcast_ref::<Mapped>()
-                            .is_some_and(|m| m.ptr() == mapping.ptr())
-                    }) {
-                        keep.push(mapping.clone());
-                    }
-                    (addr, local_gpu.unwrap_or(gpu.ordinal()))
-                }
-            };
+        let resolved = self.resolve(entries, agent)?;
+        let copies = resolved.pairs.iter().map(|p| {
             let (src, dst) = match op {
-                XferOp::Write => (e.local.addr, remote_addr),
-                XferOp::Read => (remote_addr, e.local.addr),
+                XferOp::Write => (p.local, p.remote),
+                XferOp::Read => (p.remote, p.local),
             };
-            copies.push((
-                gpu,
+            (
+                p.gpu,
                 Copy {
                     dst,
                     src,
-                    len: e.local.len as usize,
+                    len: p.len as usize,
                 },
-            ));
-        }
-        let sink = Arc::new(PeerSink {
-            sender: self.agent_name.clone(),
-            target: match peer {
-                Some(p) => Target::Peer(p),
-                None => Target::Myself(self.notifs.clone()),
-            },
+            )
         });
         Ok(Box::new(GpuXfer::new(
             &self.streams,
             copies,
             usize::MAX,
-            sink,
-            keep,
+            resolved.sink,
+            resolved.keep,
         )?))
     }
     fn gen_notif(&self, agent: &str, msg: &[u8]) -> Result<()> {

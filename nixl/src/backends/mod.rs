@@ -10,6 +10,8 @@ mod cuda_copy;
 #[cfg(feature = "cuda")]
 pub mod cuda_ipc;
 pub mod fault;
+#[cfg(feature = "cuda")]
+pub mod gpunetio;
 pub mod libfabric;
 pub mod local;
 mod shared;
@@ -24,6 +26,8 @@ pub(crate) const AVAILABLE: &[(&str, CreateBackend)] = &[
     #[cfg(feature = "cuda")]
     (cuda_ipc::NAME, cuda_ipc::create),
     (fault::NAME, fault::create),
+    #[cfg(feature = "cuda")]
+    (gpunetio::NAME, gpunetio::create),
     (libfabric::NAME, libfabric::create),
     (local::NAME, local::create),
     (verbs::NAME, verbs::create),

@@ -1,0 +1,374 @@
+/*
+ * nixl device API: CUDA kernels write, signal and wait on transfers a host agent
+ * prepared, with NIXL's names and semantics, over the gpunetio device library
+ * (gpunetio/gio_device.cuh) and whichever NIC handler the backend's queue pair uses.
+ *
+ * Two forms, as NIXL has them:
+ *
+ *   request form (NIXL's device-API guide)      host: XferReq::create_gpu_xfer_req()
+ *     nixlGpuPostSingleWriteXferReq<L>(req, dst_offset, src_offset, desc_idx, size,
+ *                                      flags, wait_completion)
+ *     nixlGpuPostSignalXferReq<L>(req, offset, value, desc_idx, flags, wait_completion)
+ *     nixlGpuReadSignal<L>(ptr)
+ *     nixlGpuGetXferStatus<L>(status)
+ *
+ *   memory-view form (current NIXL)             host: Agent::prep_mem_view()
+ *     nixlPut<L>(src_elem, dst_elem, size, channel_id, flags, status*)
+ *     nixlAtomicAdd<L>(value, counter_elem, channel_id, flags, status*)
+ *     nixlGetPtr(mvh, index)          direct pointer where the peer is mapped, else null
+ *
+ * Levels (NIXL's nixl_gpu_level_t): THREAD (each calling thread posts its own operation),
+ * WARP (all 32 lanes of a warp call together with the same arguments and post one),
+ * BLOCK (every thread of the block calls together; the block moves the data and one
+ * operation is reported). A call made at WARP or BLOCK level by only some of the threads
+ * is undefined, as in NIXL.
+ *
+ * Handles are (slot pointer, generation) pairs into a table the backend keeps for its
+ * whole life: a handle used after its request or view was released reads a slot whose
+ * generation moved on and gets NIXL_ERR_INVALID_PARAM; it never touches freed memory.
+ * Offsets and sizes are checked against the descriptor (NIXL_ERR_INVALID_PARAM), a
+ * descriptor index against the request. Nothing in here traps or hangs: waits are
+ * bounded by the queue pair's timeout.
+ */
+#ifndef NIXL_NIXL_DEVICE_CUH
+#define NIXL_NIXL_DEVICE_CUH
+
+#include "gpunetio/gio_device.cuh"
+
+/* NIXL's nixl_status_t values (nixl_types.h). */
+typedef int nixl_status_t;
+#define NIXL_IN_PROG 1
+#define NIXL_SUCCESS 0
+#define NIXL_ERR_NOT_POSTED -1
+#define NIXL_ERR_INVALID_PARAM -2
+#define NIXL_ERR_BACKEND -3
+#define NIXL_ERR_NOT_FOUND -4
+#define NIXL_ERR_MISMATCH -5
+#define NIXL_ERR_NOT_ALLOWED -6
+#define NIXL_ERR_REPOST_ACTIVE -7
+#define NIXL_ERR_UNKNOWN -8
+#define NIXL_ERR_NOT_SUPPORTED -9
+#define NIXL_ERR_REMOTE_DISCONNECT -10
+#define NIXL_ERR_CANCELED -11
+
+enum class nixl_gpu_level_t : unsigned { THREAD = 0, WARP = 1, BLOCK = 2 };
+
+/* One descriptor pair of a request: local region 2*i and remote region 2*i+1 of the
+ * queue pair's memory table (so gio's bounds checks are the descriptor's). */
+struct nixl_gpu_desc {
+  unsigned long long local_addr;  /*  0 */
+  unsigned long long remote_addr; /*  8: device-addressable (mapped) or 0 */
+  unsigned long long len;         /* 16 */
+  unsigned int local_mr;          /* 24 */
+  unsigned int remote_mr;         /* 28 */
+};
+static_assert(sizeof(nixl_gpu_desc) == 32, "nixl_gpu_desc layout");
+
+/* A request's or a view's slot in the backend's handle table. */
+struct nixl_gpu_slot {
+  unsigned long long generation; /*  0: odd while live, even once released */
+  gio_dev_qp *qp;                /*  8 */
+  nixl_gpu_desc *descs;          /* 16 */
+  unsigned int count;            /* 24 */
+  unsigned int flags;            /* 28: NIXL_GPU_SLOT_* */
+};
+static_assert(sizeof(nixl_gpu_slot) == 32, "nixl_gpu_slot layout");
+GIO_ASSERT_OFFSET(nixl_gpu_slot, qp, 8);
+GIO_ASSERT_OFFSET(nixl_gpu_slot, descs, 16);
+GIO_ASSERT_OFFSET(nixl_gpu_slot, count, 24);
+
+#define NIXL_GPU_SLOT_REQUEST 1u
+#define NIXL_GPU_SLOT_VIEW 2u
+/* View of local memory: elements are sources, not targets. */
+#define NIXL_GPU_SLOT_LOCAL 4u
+
+/* The kernel argument for a request (NIXL's nixlGpuXferReqH) or a view (nixlMemViewH). */
+struct nixlGpuXferReqH {
+  const nixl_gpu_slot *slot;
+  unsigned long long generation;
+};
+struct nixlMemViewH {
+  const nixl_gpu_slot *slot;
+  unsigned long long generation;
+};
+static_assert(sizeof(nixlGpuXferReqH) == 16 && sizeof(nixlMemViewH) == 16, "handle layout");
+
+struct nixlMemViewElem {
+  nixlMemViewH mvh;
+  size_t index;
+  size_t offset;
+};
+
+/* What a non-blocking post hands back to poll (NIXL's nixlGpuXferStatusH). */
+struct nixlGpuXferStatusH {
+  gio_dev_qp *qp;
+  unsigned long long ticket;
+};
+
+namespace nixl_gpu_flags {
+/* Accepted for NIXL compatibility: posts are never held back here. */
+constexpr unsigned long long defer = 1;
+}  // namespace nixl_gpu_flags
+
+namespace nixl_detail {
+
+__device__ __forceinline__ nixl_status_t from_gio(int st) {
+  switch (st) {
+    case GIO_OK:
+      return NIXL_SUCCESS;
+    case GIO_ERR_BOUNDS:
+    case GIO_ERR_BAD_ENTRY:
+      return NIXL_ERR_INVALID_PARAM;
+    case GIO_ERR_PEER_GONE:
+      return NIXL_ERR_REMOTE_DISCONNECT;
+    case GIO_ERR_SHUTDOWN:
+      return NIXL_ERR_CANCELED;
+    default:
+      return NIXL_ERR_BACKEND;
+  }
+}
+
+/* The slot behind a handle, or null when the handle is stale or of the wrong kind. */
+__device__ __forceinline__ const nixl_gpu_slot *live(const nixl_gpu_slot *slot,
+                                                     unsigned long long generation,
+                                                     unsigned int kind) {
+  if (slot == nullptr || (generation & 1) == 0) return nullptr;
+  const unsigned long long g = *(volatile const unsigned long long *)&slot->generation;
+  if (g != generation || (slot->flags & kind) == 0) return nullptr;
+  return slot;
+}
+
+template <nixl_gpu_level_t L> __device__ __forceinline__ bool is_leader() {
+  if (L == nixl_gpu_level_t::THREAD) return true;
+  if (L == nixl_gpu_level_t::WARP) return gio::lane_id() == 0;
+  return threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0;
+}
+
+__device__ __forceinline__ unsigned block_rank() {
+  return threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+}
+
+/* BLOCK level: every thread learns the leader's status. */
+__device__ __forceinline__ nixl_status_t block_broadcast(nixl_status_t st) {
+  __shared__ nixl_status_t shared_status;
+  __syncthreads();
+  if (block_rank() == 0) shared_status = st;
+  __syncthreads();
+  return shared_status;
+}
+
+/* Copies `len` bytes src -> dst (both device-addressable) with the level's threads. */
+template <nixl_gpu_level_t L>
+__device__ __forceinline__ void copy(char *dst, const char *src, unsigned long long len) {
+  if (L == nixl_gpu_level_t::THREAD) {
+    gio::copy_bytes(dst, src, len, 0, 1);
+  } else if (L == nixl_gpu_level_t::WARP) {
+    gio::copy_bytes(dst, src, len, gio::lane_id(), 32);
+    __syncwarp();
+  } else {
+    const unsigned n = blockDim.x * blockDim.y * blockDim.z;
+    gio::copy_bytes(dst, src, len, block_rank(), n);
+    __syncthreads();
+  }
+}
+
+/* A put of `len` bytes from local region `lmr`+`loff` to remote region `rmr`+`roff` of
+ * `qp`, with an optional signal, by the level's threads; `ticket` for a status. */
+template <nixl_gpu_level_t L>
+__device__ __forceinline__ nixl_status_t put(gio_dev_qp *qp, unsigned rmr, unsigned long long roff,
+                                             unsigned lmr, unsigned long long loff,
+                                             unsigned long long len, unsigned long long *ticket) {
+  if (L == nixl_gpu_level_t::THREAD)
+    return from_gio(gio::put<gio::scope::thread, gio::sharing::gpu>(qp, rmr, roff, lmr, loff, len,
+                                                                    ticket));
+  if (L == nixl_gpu_level_t::WARP)
+    return from_gio(gio::put<gio::scope::warp, gio::sharing::gpu>(qp, rmr, roff, lmr, loff, len,
+                                                                  ticket));
+  /* BLOCK: an intra-node put is split over the block's warps; a NIC or proxy put is one
+   * operation posted by thread 0. */
+  int st = GIO_OK;
+  if (qp->nic_handler == GIO_NIC_HANDLER_INTRA_NODE) {
+    const unsigned warps = (blockDim.x * blockDim.y * blockDim.z + 31) / 32;
+    const unsigned w = block_rank() / 32;
+    const unsigned long long part = ((len + warps - 1) / warps + 15) & ~15ull;
+    const unsigned long long begin = (unsigned long long)w * part;
+    if (begin < len) {
+      const unsigned long long n = len - begin < part ? len - begin : part;
+      st = gio::put<gio::scope::warp, gio::sharing::gpu>(qp, rmr, roff + begin, lmr, loff + begin,
+                                                          n, 0);
+    }
+    /* Any warp's failure (bounds are checked by every warp alike) is the block's. */
+    __shared__ int block_status;
+    if (block_rank() == 0) block_status = GIO_OK;
+    __syncthreads();
+    if (st != GIO_OK) atomicCAS(&block_status, GIO_OK, st);
+    __syncthreads();
+    if (ticket) *ticket = 0;
+    return from_gio(block_status);
+  }
+  if (block_rank() == 0)
+    st = gio::put<gio::scope::thread, gio::sharing::gpu>(qp, rmr, roff, lmr, loff, len, ticket);
+  return block_broadcast(from_gio(st));
+}
+
+template <nixl_gpu_level_t L>
+__device__ __forceinline__ nixl_status_t signal(gio_dev_qp *qp, unsigned mr, unsigned long long off,
+                                                unsigned long long value,
+                                                unsigned long long *ticket) {
+  if (L == nixl_gpu_level_t::WARP)
+    return from_gio(gio::signal<gio::scope::warp, gio::sharing::gpu>(qp, mr, off, value, ticket));
+  if (L == nixl_gpu_level_t::THREAD)
+    return from_gio(gio::signal<gio::scope::thread, gio::sharing::gpu>(qp, mr, off, value, ticket));
+  /* BLOCK: everything the block stored before comes first. */
+  __syncthreads();
+  int st = GIO_OK;
+  if (block_rank() == 0) {
+    gio::fence_for_peer(qp);
+    st = gio::signal<gio::scope::thread, gio::sharing::gpu>(qp, mr, off, value, ticket);
+  }
+  return block_broadcast(from_gio(st));
+}
+
+template <nixl_gpu_level_t L>
+__device__ __forceinline__ nixl_status_t complete(gio_dev_qp *qp, unsigned long long ticket) {
+  int st = GIO_OK;
+  if (is_leader<L>()) st = gio::wait(qp, ticket);
+  if (L == nixl_gpu_level_t::WARP) return __shfl_sync(0xffffffffu, from_gio(st), 0);
+  if (L == nixl_gpu_level_t::BLOCK) return block_broadcast(from_gio(st));
+  return from_gio(st);
+}
+
+}  // namespace nixl_detail
+
+/* ---- request form ----------------------------------------------------------------------- */
+
+/* Writes `size` bytes from descriptor `desc_idx`'s local buffer at `src_offset` to its
+ * remote buffer at `dst_offset`. With `wait_completion` it returns once the data was
+ * delivered; else NIXL_SUCCESS means posted. */
+template <nixl_gpu_level_t L = nixl_gpu_level_t::THREAD>
+__device__ __forceinline__ nixl_status_t nixlGpuPostSingleWriteXferReq(
+    nixlGpuXferReqH req, size_t dst_offset, size_t src_offset, unsigned desc_idx, size_t size,
+    unsigned long long flags = 0, bool wait_completion = false,
+    nixlGpuXferStatusH *status = nullptr) {
+  (void)flags;
+  const nixl_gpu_slot *s = nixl_detail::live(req.slot, req.generation, NIXL_GPU_SLOT_REQUEST);
+  if (s == nullptr || desc_idx >= s->count) return NIXL_ERR_INVALID_PARAM;
+  const nixl_gpu_desc d = s->descs[desc_idx];
+  unsigned long long ticket = 0;
+  nixl_status_t st =
+      nixl_detail::put<L>(s->qp, d.remote_mr, dst_offset, d.local_mr, src_offset, size, &ticket);
+  if (st != NIXL_SUCCESS) return st;
+  if (status) *status = nixlGpuXferStatusH{s->qp, ticket};
+  return wait_completion ? nixl_detail::complete<L>(s->qp, ticket) : NIXL_SUCCESS;
+}
+
+/* Atomically adds `value` to the 64-bit signal word at `offset` of descriptor
+ * `desc_idx`'s remote buffer, after every write this thread (level) posted before. */
+template <nixl_gpu_level_t L = nixl_gpu_level_t::THREAD>
+__device__ __forceinline__ nixl_status_t nixlGpuPostSignalXferReq(
+    nixlGpuXferReqH req, size_t offset, unsigned long long value, unsigned desc_idx,
+    unsigned long long flags = 0, bool wait_completion = false,
+    nixlGpuXferStatusH *status = nullptr) {
+  (void)flags;
+  const nixl_gpu_slot *s = nixl_detail::live(req.slot, req.generation, NIXL_GPU_SLOT_REQUEST);
+  if (s == nullptr || desc_idx >= s->count) return NIXL_ERR_INVALID_PARAM;
+  const nixl_gpu_desc d = s->descs[desc_idx];
+  unsigned long long ticket = 0;
+  nixl_status_t st = nixl_detail::signal<L>(s->qp, d.remote_mr, offset, value, &ticket);
+  if (st != NIXL_SUCCESS) return st;
+  if (status) *status = nixlGpuXferStatusH{s->qp, ticket};
+  return wait_completion ? nixl_detail::complete<L>(s->qp, ticket) : NIXL_SUCCESS;
+}
+
+/* Reads a local signal word (written by a peer's signal) with acquire semantics. */
+template <nixl_gpu_level_t L = nixl_gpu_level_t::THREAD>
+__device__ __forceinline__ unsigned long long nixlGpuReadSignal(const void *signal) {
+  return gio::ld_acquire_sys((const unsigned long long *)signal);
+}
+
+/* Whether the operation behind `status` completed: NIXL_SUCCESS, NIXL_IN_PROG, or an
+ * error. Never blocks. */
+template <nixl_gpu_level_t L = nixl_gpu_level_t::THREAD>
+__device__ __forceinline__ nixl_status_t nixlGpuGetXferStatus(nixlGpuXferStatusH &status) {
+  if (status.qp == nullptr) return NIXL_ERR_INVALID_PARAM;
+  const int st = gio::poll_completion(status.qp, status.ticket);
+  if (st == 1) return NIXL_IN_PROG;
+  return nixl_detail::from_gio(st);
+}
+
+/* ---- memory-view form ------------------------------------------------------------------ */
+
+namespace nixl_detail {
+__device__ __forceinline__ const nixl_gpu_desc *view_elem(const nixlMemViewElem &e,
+                                                          const nixl_gpu_slot **slot) {
+  const nixl_gpu_slot *s = live(e.mvh.slot, e.mvh.generation, NIXL_GPU_SLOT_VIEW);
+  if (s == nullptr || e.index >= s->count) return nullptr;
+  *slot = s;
+  return &s->descs[e.index];
+}
+}  // namespace nixl_detail
+
+/* Puts `size` bytes from a local view's element to a remote view's element. */
+template <nixl_gpu_level_t L = nixl_gpu_level_t::THREAD>
+__device__ __forceinline__ nixl_status_t nixlPut(nixlMemViewElem src, nixlMemViewElem dst,
+                                                 size_t size, unsigned channel_id = 0,
+                                                 unsigned long long flags = 0,
+                                                 nixlGpuXferStatusH *status = nullptr) {
+  (void)channel_id;
+  (void)flags;
+  const nixl_gpu_slot *ss = nullptr, *ds = nullptr;
+  const nixl_gpu_desc *s = nixl_detail::view_elem(src, &ss);
+  const nixl_gpu_desc *d = nixl_detail::view_elem(dst, &ds);
+  if (s == nullptr || d == nullptr || (ss->flags & NIXL_GPU_SLOT_LOCAL) == 0 ||
+      (ds->flags & NIXL_GPU_SLOT_LOCAL) != 0)
+    return NIXL_ERR_INVALID_PARAM;
+  if (src.offset > s->len || size > s->len - src.offset || dst.offset > d->len ||
+      size > d->len - dst.offset)
+    return NIXL_ERR_INVALID_PARAM;
+  gio_dev_qp *qp = ds->qp;
+  if (qp->nic_handler == GIO_NIC_HANDLER_INTRA_NODE && d->remote_addr != 0) {
+    /* The peer is mapped: the level's threads copy, ordered before later signals. */
+    nixl_detail::copy<L>((char *)(d->remote_addr + dst.offset),
+                         (const char *)(s->local_addr + src.offset), size);
+    if (nixl_detail::is_leader<L>()) gio::fence_for_peer(qp);
+    if (status) *status = nixlGpuXferStatusH{qp, 0};
+    return NIXL_SUCCESS;
+  }
+  /* A NIC or proxy queue pair: the source must be a region of the destination view's
+   * queue pair (the backend adds every local region to it). */
+  if (s->local_mr == 0xffffffffu) return NIXL_ERR_NOT_SUPPORTED;
+  unsigned long long ticket = 0;
+  nixl_status_t st = nixl_detail::put<L>(qp, d->remote_mr, dst.offset, s->local_mr, src.offset,
+                                         size, &ticket);
+  if (st == NIXL_SUCCESS && status) *status = nixlGpuXferStatusH{qp, ticket};
+  return st;
+}
+
+/* Atomically adds `value` to the 64-bit counter at a remote view's element. */
+template <nixl_gpu_level_t L = nixl_gpu_level_t::THREAD>
+__device__ __forceinline__ nixl_status_t nixlAtomicAdd(unsigned long long value,
+                                                       nixlMemViewElem counter,
+                                                       unsigned channel_id = 0,
+                                                       unsigned long long flags = 0,
+                                                       nixlGpuXferStatusH *status = nullptr) {
+  (void)channel_id;
+  (void)flags;
+  const nixl_gpu_slot *cs = nullptr;
+  const nixl_gpu_desc *c = nixl_detail::view_elem(counter, &cs);
+  if (c == nullptr || (cs->flags & NIXL_GPU_SLOT_LOCAL) != 0) return NIXL_ERR_INVALID_PARAM;
+  unsigned long long ticket = 0;
+  nixl_status_t st = nixl_detail::signal<L>(cs->qp, c->remote_mr, counter.offset, value, &ticket);
+  if (st == NIXL_SUCCESS && status) *status = nixlGpuXferStatusH{cs->qp, ticket};
+  return st;
+}
+
+/* A pointer this GPU can load and store to reach element `index` (the peer's memory
+ * mapped here, or local memory), or null where it is reachable only through the NIC. */
+__device__ __forceinline__ void *nixlGetPtr(nixlMemViewH mvh, size_t index) {
+  const nixl_gpu_slot *s = nixl_detail::live(mvh.slot, mvh.generation, NIXL_GPU_SLOT_VIEW);
+  if (s == nullptr || index >= s->count) return nullptr;
+  const nixl_gpu_desc &d = s->descs[index];
+  return (void *)((s->flags & NIXL_GPU_SLOT_LOCAL) ? d.local_addr : d.remote_addr);
+}
+
+#endif /* NIXL_NIXL_DEVICE_CUH */
