@@ -157,3 +157,105 @@ extern "C" __global__ void device_api_probe(nixlGpuXferReqH req, nixlGpuXferReqH
   out[12] = nixlPut(nixlMemViewElem{local, 0, desc_len}, nixlMemViewElem{remote, 0, 0}, 8);
   out[13] = nixlPut(nixlMemViewElem{remote, 0, 0}, nixlMemViewElem{local, 0, 0}, 8);
 }
+
+/* ---- benchmark kernels (nixl/examples/device_api_bench.rs) ------------------------------ */
+
+/* The request's queue pair and descriptor `i`, read from its slot: what the raw gpunetio
+ * variants below post on, for a side-by-side comparison with the device API. */
+__device__ __forceinline__ gio_dev_qp *raw_qp(nixlGpuXferReqH req) { return req.slot->qp; }
+__device__ __forceinline__ nixl_gpu_desc raw_desc(nixlGpuXferReqH req, unsigned i) {
+  return req.slot->descs[i];
+}
+
+/* `iters` times: put `size` bytes (descriptor 0, at offset 0) at `level`, then signal
+ * (descriptor 1); `raw` does the same with gio calls on the request's queue pair. One
+ * block; the host times the kernel. */
+extern "C" __global__ void bench_put_signal(nixlGpuXferReqH req, unsigned long long size,
+                                            unsigned iters, unsigned level, unsigned raw,
+                                            int *status) {
+  const unsigned lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  for (unsigned i = 0; i < iters; i++) {
+    int st = NIXL_SUCCESS;
+    if (level == 0) {
+      /* THREAD: thread 0 alone. */
+      if (threadIdx.x == 0) {
+        if (raw) {
+          const nixl_gpu_desc d = raw_desc(req, 0), s = raw_desc(req, 1);
+          st = gio::put_signal<gio::scope::thread, gio::sharing::gpu>(
+              raw_qp(req), d.remote_mr, 0, d.local_mr, 0, size, s.remote_mr, 0, 1);
+          st = nixl_detail::from_gio(st);
+        } else {
+          st = nixlGpuPostSingleWriteXferReq<nixl_gpu_level_t::THREAD>(req, 0, 0, 0, size);
+          if (st == NIXL_SUCCESS)
+            st = nixlGpuPostSignalXferReq<nixl_gpu_level_t::THREAD>(req, 0, 1, 1);
+        }
+      }
+    } else if (warp == 0) {
+      /* WARP: warp 0's lanes together. */
+      if (raw) {
+        const nixl_gpu_desc d = raw_desc(req, 0), s = raw_desc(req, 1);
+        st = nixl_detail::from_gio(gio::put_signal<gio::scope::warp, gio::sharing::gpu>(
+            raw_qp(req), d.remote_mr, 0, d.local_mr, 0, size, s.remote_mr, 0, 1));
+      } else {
+        st = nixlGpuPostSingleWriteXferReq<nixl_gpu_level_t::WARP>(req, 0, 0, 0, size);
+        if (st == NIXL_SUCCESS) st = nixlGpuPostSignalXferReq<nixl_gpu_level_t::WARP>(req, 0, 1, 1);
+      }
+    }
+    if (st != NIXL_SUCCESS && lane == 0) atomicCAS_system(status, NIXL_SUCCESS, st);
+  }
+}
+
+/* Signal ping-pong between two kernels of this process through two requests (each
+ * request's descriptor 1 is the other side's signal word): `ping` signals then waits for
+ * the answer, `pong` waits then answers. ping writes the total time (ns) to *ns. */
+extern "C" __global__ void bench_ping(nixlGpuXferReqH req, const unsigned long long *mine,
+                                      unsigned iters, unsigned raw, unsigned long long timeout_ns,
+                                      unsigned long long *ns, int *status) {
+  if (threadIdx.x != 0) return;
+  const unsigned long long start = gio::now_ns();
+  for (unsigned i = 0; i < iters; i++) {
+    int st;
+    if (raw)
+      st = nixl_detail::from_gio(gio::signal<gio::scope::thread, gio::sharing::gpu>(
+          raw_qp(req), raw_desc(req, 1).remote_mr, 0, 1));
+    else
+      st = nixlGpuPostSignalXferReq<nixl_gpu_level_t::THREAD>(req, 0, 1, 1);
+    if (st != NIXL_SUCCESS) {
+      atomicCAS_system(status, NIXL_SUCCESS, st);
+      return;
+    }
+    const unsigned long long t0 = gio::now_ns();
+    while (nixlGpuReadSignal(mine) < i + 1ull) {
+      if (gio::now_ns() - t0 > timeout_ns) {
+        atomicCAS_system(status, NIXL_SUCCESS, NIXL_ERR_BACKEND);
+        return;
+      }
+    }
+  }
+  *ns = gio::now_ns() - start;
+}
+
+extern "C" __global__ void bench_pong(nixlGpuXferReqH req, const unsigned long long *mine,
+                                      unsigned iters, unsigned raw, unsigned long long timeout_ns,
+                                      int *status) {
+  if (threadIdx.x != 0) return;
+  for (unsigned i = 0; i < iters; i++) {
+    const unsigned long long t0 = gio::now_ns();
+    while (nixlGpuReadSignal(mine) < i + 1ull) {
+      if (gio::now_ns() - t0 > timeout_ns) {
+        atomicCAS_system(status, NIXL_SUCCESS, NIXL_ERR_BACKEND);
+        return;
+      }
+    }
+    int st;
+    if (raw)
+      st = nixl_detail::from_gio(gio::signal<gio::scope::thread, gio::sharing::gpu>(
+          raw_qp(req), raw_desc(req, 1).remote_mr, 0, 1));
+    else
+      st = nixlGpuPostSignalXferReq<nixl_gpu_level_t::THREAD>(req, 0, 1, 1);
+    if (st != NIXL_SUCCESS) {
+      atomicCAS_system(status, NIXL_SUCCESS, st);
+      return;
+    }
+  }
+}
