@@ -22,6 +22,8 @@ pub const WORKSPACE_PACKAGES: &[&str] = &[
     "etcd-server",
     // `cargo xtask nvrtc` fetches the nvidia-cuda-nvrtc wheel with pip.
     "python3-pip",
+    // The Python package's suite runs in a venv (target/pyenv) with maturin and pytest.
+    "python3-venv",
 ];
 
 pub fn ensure_workspace_packages() -> Result<()> {

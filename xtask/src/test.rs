@@ -5,7 +5,9 @@
 //!    or a GPU skip with a printed reason, and every device source is compiled with NVRTC
 //!    (fetched into target/nvrtc by `cargo xtask nvrtc`; a kernel that does not compile
 //!    fails);
-//! 3. builds every test target whose name starts with `rxe_` and runs them all in ONE
+//! 3. builds the Python extension (`python/`, PyO3 + maturin) into a venv under
+//!    `target/pyenv` and runs its pytest suite (`python/tests`) against it;
+//! 4. builds every test target whose name starts with `rxe_` and runs them all in ONE
 //!    soft-RoCE guest boot with `RDMA_TEST_DEVICE=rxe0`, where a missing device fails.
 
 use crate::bindings::workspace_root;
@@ -22,12 +24,15 @@ const GUEST_TEST_PREFIX: &str = "rxe_";
 const GUEST_DEVICE: &str = "rxe0";
 
 pub fn run(args: &[String]) -> Result<i32> {
-    let (mut host, mut guest) = (true, true);
+    let (mut host, mut guest, mut python) = (true, true, true);
     for arg in args {
         match arg.as_str() {
             "--host-only" => guest = false,
-            "--guest-only" => host = false,
-            other => bail!("usage: cargo xtask test [--host-only|--guest-only] (got `{other}`)"),
+            "--guest-only" => (host, python) = (false, false),
+            "--python-only" => (host, guest) = (false, false),
+            other => bail!(
+                "usage: cargo xtask test [--host-only|--guest-only|--python-only] (got `{other}`)"
+            ),
         }
     }
     crate::deps::ensure_workspace_packages()?;
@@ -66,6 +71,13 @@ pub fn run(args: &[String]) -> Result<i32> {
             }
         }
     }
+    if python {
+        let code = python_suite(&root)?;
+        if code != 0 {
+            eprintln!("xtask: Python suite failed");
+            return Ok(code);
+        }
+    }
     if guest {
         rxe::setup(false)?;
         let binaries = build_guest_tests(&root)?;
@@ -92,6 +104,68 @@ pub fn run(args: &[String]) -> Result<i32> {
         }
     }
     Ok(0)
+}
+
+/// Python packages the extension's build and suite need, installed into the venv.
+const PYTHON_PACKAGES: &[&str] = &["maturin>=1.5,<2", "pytest", "numpy"];
+
+/// Builds the `rdma_nixl` extension into `target/pyenv` (created with the system
+/// `python3` on first use) and runs `python/tests` there; returns pytest's exit status.
+fn python_suite(root: &Path) -> Result<i32> {
+    let venv = root.join("target/pyenv");
+    let python = venv.join("bin/python");
+    if !python.exists() {
+        eprintln!("xtask: creating {}", venv.display());
+        let status = Command::new("python3")
+            .args(["-m", "venv"])
+            .arg(&venv)
+            .status()
+            .context("python3 -m venv (Debian: python3-venv)")?;
+        if !status.success() {
+            bail!("python3 -m venv {} failed", venv.display());
+        }
+    }
+    let status = Command::new(&python)
+        .args(["-m", "pip", "install", "-q", "--disable-pip-version-check"])
+        .args(PYTHON_PACKAGES)
+        .status()
+        .context("pip install into target/pyenv")?;
+    if !status.success() {
+        bail!("pip install {} failed", PYTHON_PACKAGES.join(" "));
+    }
+    // `maturin develop` installs into the venv named by VIRTUAL_ENV, building in a target
+    // directory of its own (python/ is a separate cargo project with its own lock file).
+    let path = std::env::join_paths(std::iter::once(venv.join("bin")).chain(
+        std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default()),
+    ))?;
+    eprintln!("xtask: building the Python extension (maturin develop --release)");
+    let status = Command::new(venv.join("bin/maturin"))
+        .args(["develop", "--release", "--quiet", "--manifest-path"])
+        .arg(root.join("python/Cargo.toml"))
+        .env("VIRTUAL_ENV", &venv)
+        .env("PATH", &path)
+        .env("CARGO_TARGET_DIR", root.join("target/python"))
+        .status()
+        .context("maturin develop")?;
+    if !status.success() {
+        bail!("building the Python extension failed");
+    }
+    eprintln!("xtask: Python suite (pytest python/tests)");
+    let status = Command::new(&python)
+        .args([
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "python/tests",
+        ])
+        .current_dir(root)
+        .env("NIXL_PY_IMPL", "ours")
+        .env("PATH", &path)
+        .status()
+        .context("pytest")?;
+    Ok(status.code().unwrap_or(1))
 }
 
 pub(crate) fn cargo(root: &Path) -> Command {
