@@ -5,8 +5,8 @@
 //! What goes in is read from `cargo metadata` at run time:
 //! - every test target named `gpu_*` in the workspace, built with the feature `cuda` of
 //!   each package that has one (today `nixl/cuda`) → `tests/<name>`;
-//! - the binaries of `tools` (with its feature `cuda` if it has one) and the examples of
-//!   `gpunetio` → `bin/<name>`;
+//! - the binaries of `tools` and `hf3fs-gdr` and the examples of `gpunetio`, `nixl` and
+//!   `hf3fs-gdr` (each with its package's feature `cuda` if it has one) → `bin/<name>`;
 //! - the shared libraries those link beyond glibc (libfabric, libibverbs and theirs) →
 //!   `lib/`, which `run.sh` uses only for a library the GPU machine lacks;
 //! - `run.sh` and `MANIFEST` (commit, build commands, files).
@@ -23,7 +23,13 @@ use std::process::Command;
 /// Test targets with this name prefix need a GPU.
 const GPU_TEST_PREFIX: &str = "gpu_";
 /// Packages whose binaries (`bin`) or examples (`example`) are GPU tools.
-const TOOL_TARGETS: &[(&str, &str)] = &[("tools", "bin"), ("gpunetio", "example")];
+const TOOL_TARGETS: &[(&str, &str)] = &[
+    ("tools", "bin"),
+    ("gpunetio", "example"),
+    ("nixl", "example"),
+    ("hf3fs-gdr", "bin"),
+    ("hf3fs-gdr", "example"),
+];
 /// The bundle's size limit.
 const MAX_BUNDLE_BYTES: u64 = 30_000_000;
 /// Libraries every Linux machine has (glibc and the compiler runtime): never bundled.
