@@ -1,4 +1,5 @@
-//! `hf3fs-gdr-daemon --mount DIR [--threads N] [--staging-mib M] [--chunk-kib K]`:
+//! `hf3fs-gdr-daemon --mount DIR [--threads N] [--staging-mib M] [--chunk-kib K]
+//! [--inject-delay-ms D]`:
 //! serves a mount directory for `hf3fs-gdr` clients (see `hf3fs_gdr::daemon`). Prints
 //! `ready <socket path>` on stdout once it listens.
 
@@ -6,14 +7,19 @@ use hf3fs_gdr::daemon::{run, DaemonConfig};
 use std::io::Write;
 use std::path::PathBuf;
 
-const USAGE: &str =
-    "usage: hf3fs-gdr-daemon --mount DIR [--threads N] [--staging-mib M] [--chunk-kib K]";
+const USAGE: &str = "usage: hf3fs-gdr-daemon --mount DIR [--threads N] [--staging-mib M] \
+[--chunk-kib K] [--inject-delay-ms D]
+  --threads N        worker threads (default: CPUs, at least 4)
+  --staging-mib M    pinned staging memory per GPU (default 256)
+  --chunk-kib K      largest piece a worker moves at once (default: staging / (2 N))
+  --inject-delay-ms D  fault injection: chunks of files named *.slow wait D ms";
 
 fn parse() -> Result<DaemonConfig, String> {
     let mut mount: Option<PathBuf> = None;
     let mut threads: Option<usize> = None;
     let mut staging_mib: usize = 256;
     let mut chunk_kib: Option<usize> = None;
+    let mut delay_ms: u64 = 0;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         let mut value = |name: &str| args.next().ok_or_else(|| format!("{name} needs a value"));
@@ -26,6 +32,9 @@ fn parse() -> Result<DaemonConfig, String> {
             "--threads" => threads = Some(number("--threads", value("--threads")?)?),
             "--staging-mib" => staging_mib = number("--staging-mib", value("--staging-mib")?)?,
             "--chunk-kib" => chunk_kib = Some(number("--chunk-kib", value("--chunk-kib")?)?),
+            "--inject-delay-ms" => {
+                delay_ms = number("--inject-delay-ms", value("--inject-delay-ms")?)? as u64
+            }
             "-h" | "--help" => return Err(String::new()),
             other => return Err(format!("unknown argument {other:?}")),
         }
@@ -43,6 +52,7 @@ fn parse() -> Result<DaemonConfig, String> {
         }
         config.chunk_bytes = k << 10;
     }
+    config.inject_delay = std::time::Duration::from_millis(delay_ms);
     Ok(config)
 }
 

@@ -9,6 +9,7 @@ use std::collections::{HashMap, VecDeque};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
 
 /// Alignment `O_DIRECT` needs of offset, length and buffer (a safe bound for every
 /// logical block size in use).
@@ -19,7 +20,13 @@ pub(crate) const DIRECT_ALIGN: u64 = 4096;
 pub(crate) struct OpenFile {
     buffered: OwnedFd,
     direct: Option<OwnedFd>,
+    /// Whether its name ends in [`SLOW_SUFFIX`] (fault injection, see
+    /// [`super::DaemonConfig::inject_delay`]).
+    slow: bool,
 }
+
+/// Files whose name ends so get the daemon's injected delay.
+pub const SLOW_SUFFIX: &str = ".slow";
 
 impl OpenFile {
     /// Wraps the descriptor the client passed; reopens the same inode with `O_DIRECT`
@@ -45,9 +52,12 @@ impl OpenFile {
                 (d >= 0).then(|| unsafe { OwnedFd::from_raw_fd(d) })
             })
             .flatten();
+        let slow = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+            .is_ok_and(|p| p.to_string_lossy().ends_with(SLOW_SUFFIX));
         Self {
             buffered: fd,
             direct,
+            slow,
         }
     }
 }
@@ -214,7 +224,13 @@ impl Pool {
 
     /// A worker's loop: runs chunks; when the queue is empty, first finishes the device
     /// copies it left in flight, then sleeps.
-    pub(crate) fn work(self: Arc<Self>, chunk_bytes: usize, slots: usize, stats: Arc<Stats>) {
+    pub(crate) fn work(
+        self: Arc<Self>,
+        chunk_bytes: usize,
+        slots: usize,
+        inject_delay: Duration,
+        stats: Arc<Stats>,
+    ) {
         let mut staging: HashMap<usize, Staging> = HashMap::new();
         loop {
             let next = {
@@ -233,6 +249,12 @@ impl Pool {
                 staging.values_mut().for_each(Staging::flush);
                 continue;
             };
+            if chunk.file.slow && !inject_delay.is_zero() {
+                let start = Instant::now();
+                while start.elapsed() < inject_delay && !chunk.req.ring.cancelled() {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+            }
             if chunk.req.ring.cancelled() {
                 chunk.finish(-(libc::ECANCELED as i64));
                 continue;

@@ -51,6 +51,10 @@ pub struct DaemonConfig {
     pub staging_bytes: usize,
     /// Largest piece one worker moves at a time (also the staging slot size).
     pub chunk_bytes: usize,
+    /// Fault injection for tests of I/O in flight: every chunk of a file whose name
+    /// ends in `.slow` waits this long before it runs (in 10 ms steps that end early
+    /// when its client is gone). Zero (the default) disables it.
+    pub inject_delay: std::time::Duration,
 }
 
 impl DaemonConfig {
@@ -74,6 +78,7 @@ impl DaemonConfig {
             threads,
             staging_bytes,
             chunk_bytes,
+            inject_delay: std::time::Duration::ZERO,
         }
     }
 }
@@ -452,14 +457,15 @@ pub fn run(config: DaemonConfig, ready: impl FnOnce(&Path)) -> Result<()> {
         config,
     });
     for i in 0..shared.config.threads {
-        let (pool, stats, chunk) = (
+        let (pool, stats, chunk, delay) = (
             shared.pool.clone(),
             shared.stats.clone(),
             shared.config.chunk_bytes,
+            shared.config.inject_delay,
         );
         std::thread::Builder::new()
             .name(format!("hf3fs-io-{i}"))
-            .spawn(move || pool.work(chunk, SLOTS_PER_WORKER, stats))
+            .spawn(move || pool.work(chunk, SLOTS_PER_WORKER, delay, stats))
             .map_err(|e| crate::error::os_err("spawn", e, "worker thread"))?;
     }
     ready(&path);

@@ -111,15 +111,6 @@ pub fn data_dir() -> tempfile::TempDir {
         .unwrap()
 }
 
-/// A FIFO: reads of it block until someone writes (an I/O that stays in flight).
-pub fn fifo(dir: &Path) -> PathBuf {
-    let path = dir.join("fifo");
-    let c = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
-    // SAFETY: NUL-terminated path.
-    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
-    path
-}
-
 /// Runs this test binary again as a child playing `role` (the test named `test` reads
 /// the role from the environment), with extra environment.
 pub fn spawn_child(test: &str, role: &str, env: &[(&str, String)]) -> Child {
@@ -140,15 +131,15 @@ pub fn role() -> Option<String> {
     std::env::var("HF3FS_TEST_ROLE").ok()
 }
 
-/// Lines a child prints that start with `@`, as a channel (the harness prints other
-/// lines too).
+/// What a child prints after `@@` on a line, as a channel (the harness prints other
+/// things, and may print the test's name on the same line first).
 pub fn child_lines(child: &mut Child) -> std::sync::mpsc::Receiver<String> {
     let stdout = child.stdout.take().unwrap();
     let (tx, rx) = channel();
     std::thread::spawn(move || {
         for line in BufReader::new(stdout).lines() {
             let Ok(line) = line else { break };
-            if let Some(rest) = line.strip_prefix('@') {
+            if let Some((_, rest)) = line.split_once("@@") {
                 let _ = tx.send(rest.to_string());
             }
         }
