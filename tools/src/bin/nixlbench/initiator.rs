@@ -1,0 +1,206 @@
+//! The initiator side: its agent and backend, the target's metadata, the run.
+
+use crate::mem::{register, Mem, INITIATOR_FILL, TARGET_FILL, TARGET_SEED};
+use crate::options::Options;
+use crate::provider::{is_this_host, provider_of, with_provider};
+use crate::sweep::{describe_remote, remote_mem, sweep, Peer, RemoteMem, Row};
+use crate::INITIATOR;
+use nixl::{Agent, AgentConfig};
+use std::net::SocketAddr;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// The initiator's agent, with its backend (and, for LIBFABRIC, the provider chosen as
+/// the module docs say and why).
+pub(crate) fn initiator_agent(
+    o: &Options,
+    target_addr: SocketAddr,
+) -> Result<(Agent, String), String> {
+    let new_agent = |name: String| {
+        Agent::new(
+            name,
+            AgentConfig {
+                listen_addr: None,
+                ..AgentConfig::default()
+            },
+        )
+        .map_err(|e| e.to_string())
+    };
+    if !o.is_libfabric() {
+        let agent = new_agent(INITIATOR.into())?;
+        agent
+            .create_backend(&o.backend, &o.params(None))
+            .map_err(|e| format!("{}: {e}", o.backend))?;
+        return Ok((agent, String::new()));
+    }
+    // Which provider the target uses, if it was given one: its name says.
+    let probe = new_agent("nixlbench-probe".into())?;
+    let target_name = probe
+        .fetch_remote_metadata(target_addr)
+        .map_err(|e| format!("reaching the target at {target_addr}: {e}"))?;
+    drop(probe);
+    let target_provider = provider_of(&target_name);
+    let mut candidates: Vec<(String, String)> = match (target_provider, o.user_provider()) {
+        (Some(t), Some(u)) if t != u => {
+            return Err(format!(
+                "the target uses provider {t}, but --backend_param provider={u}"
+            ))
+        }
+        (Some(t), _) => vec![(t.into(), "the target's".into())],
+        (None, Some(u)) => vec![(u.into(), "--backend_param".into())],
+        (None, None) => {
+            let mut c = Vec::new();
+            if is_this_host(target_addr.ip()) {
+                c.push((
+                    "shm".to_string(),
+                    "default: the target is on this host".into(),
+                ));
+            }
+            c.extend(
+                nixl::backends::libfabric::PROVIDER_PRIORITY
+                    .iter()
+                    .map(|p| {
+                        (
+                            p.to_string(),
+                            "default: first available of NIXL's priority list".into(),
+                        )
+                    }),
+            );
+            c
+        }
+    };
+    let mut tried = Vec::new();
+    for (provider, why) in candidates.drain(..) {
+        let agent = new_agent(with_provider(INITIATOR, Some(&provider)))?;
+        match agent.create_backend(&o.backend, &o.params(Some(&provider))) {
+            Ok(_) => {
+                let mut how = format!("provider {provider} ({why})");
+                if !tried.is_empty() {
+                    how += &format!("; unavailable: {}", tried.join("; "));
+                }
+                return Ok((agent, how));
+            }
+            Err(e) => tried.push(format!("{provider}: {e}")),
+        }
+    }
+    Err(format!(
+        "LIBFABRIC: no provider opens: {}",
+        tried.join("; ")
+    ))
+}
+
+/// Fetches the target's metadata until it shows registered memory; returns its name.
+pub(crate) fn wait_for_target(
+    agent: &Agent,
+    addr: SocketAddr,
+    o: &Options,
+) -> Result<String, String> {
+    let start = Instant::now();
+    loop {
+        let name = agent
+            .fetch_remote_metadata(addr)
+            .map_err(|e| format!("fetching the target's metadata from {addr}: {e}"))?;
+        if !agent
+            .remote_regions(&name)
+            .map_err(|e| e.to_string())?
+            .is_empty()
+        {
+            return Ok(name);
+        }
+        if start.elapsed() > Duration::from_secs(60) {
+            return Err(format!(
+                "the target `{name}` at {addr} shows no memory that {} reaches here \
+                 (its --target_seg_type may not be supported by this backend)",
+                o.backend
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+pub(crate) fn run_initiator(o: &Options, target_addr: SocketAddr) -> Result<Vec<Row>, String> {
+    if o.backend == "LOCAL" {
+        return Err("LOCAL moves data inside one agent: run without --role".into());
+    }
+    let (agent, how) = initiator_agent(o, target_addr)?;
+    let local = Mem::alloc(
+        o.initiator_seg,
+        o.initiator_gpu,
+        o.total_buffer_size,
+        INITIATOR_FILL,
+    )?;
+    let _reg = register(&agent, &local, None)?;
+    // The target learns our name (so our provider) and connection, then registers.
+    agent
+        .send_local_metadata(target_addr)
+        .map_err(|e| format!("sending our metadata to {target_addr}: {e}"))?;
+    let target = wait_for_target(&agent, target_addr, o)?;
+    // Again: a target that created its backend on our first message has not loaded our
+    // connection yet (it needs it to answer consistency checks).
+    agent
+        .send_local_metadata(target_addr)
+        .map_err(|e| format!("sending our metadata to {target_addr}: {e}"))?;
+    let remote = remote_mem(&agent, &target)?;
+    let peer = Peer::Remote {
+        name: target.clone(),
+        check_lock: Mutex::new(()),
+    };
+    let header = format!(
+        "nixlbench: backend {}{}, {:?}, {} -> {}, {} thread(s), device_list {}, target `{target}` at {target_addr}",
+        o.backend,
+        if how.is_empty() { String::new() } else { format!(" {how}") },
+        o.op,
+        local.describe(),
+        describe_remote(remote),
+        o.num_threads,
+        o.device_list.join(","),
+    );
+    let rows = sweep(&agent, &peer, &local, remote, o, &header)?;
+    agent
+        .gen_notif(&target, b"DONE")
+        .map_err(|e| e.to_string())?;
+    Ok(rows)
+}
+
+/// `--backend LOCAL`: one agent holds both sides' memory.
+pub(crate) fn run_in_process(o: &Options) -> Result<Vec<Row>, String> {
+    let target_mem = Mem::alloc(o.target_seg, o.target_gpu, o.total_buffer_size, TARGET_FILL)?;
+    target_mem.fill_pattern(0, target_mem.len(), TARGET_SEED)?;
+    let local = Mem::alloc(
+        o.initiator_seg,
+        o.initiator_gpu,
+        o.total_buffer_size,
+        INITIATOR_FILL,
+    )?;
+    let agent = Agent::new(
+        "nixlbench",
+        AgentConfig {
+            listen_addr: None,
+            ..AgentConfig::default()
+        },
+    )
+    .map_err(|e| e.to_string())?;
+    agent
+        .create_backend(&o.backend, &o.params(None))
+        .map_err(|e| format!("{}: {e}", o.backend))?;
+    let _target_reg = register(&agent, &target_mem, None)?;
+    let _local_reg = register(&agent, &local, None)?;
+    let remote = RemoteMem {
+        kind: target_mem.kind(),
+        addr: target_mem.addr(),
+        dev_id: target_mem.dev_id(),
+    };
+    let peer = Peer::InProcess {
+        name: agent.name().to_string(),
+        mem: &target_mem,
+    };
+    let header = format!(
+        "nixlbench: backend {} (one process), {:?}, {} -> {}, {} thread(s)",
+        o.backend,
+        o.op,
+        local.describe(),
+        target_mem.describe(),
+        o.num_threads
+    );
+    sweep(&agent, &peer, &local, remote, o, &header)
+}

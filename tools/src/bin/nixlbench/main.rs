@@ -1,0 +1,132 @@
+//! `nixlbench`: transfer bandwidth and latency of the `nixl` agent, with the option names
+//! and result columns of NIXL's nixlbench.
+//!
+//! With no role given it starts its own target as a second process on loopback and
+//! drives it (the README's main job). With `--role target --listen ADDR` and
+//! `--role initiator --target_address ADDR` the two sides run on two hosts. `LOCAL`
+//! moves data inside one agent, so with `--backend LOCAL` both sides live in one process.
+//!
+//! Memory is DRAM or, with feature `cuda`, VRAM (`gpunetio::DeviceBuffer`) on either side.
+//!
+//! # LIBFABRIC provider
+//! NIXL's UCX picks shared memory when both agents share a host; LIBFABRIC's `shm` is our
+//! equivalent (measured 2x `tcp;ofi_rxm` at 64 KiB–1 MiB on loopback). The initiator
+//! chooses the provider, in this order: the one the target was started with
+//! (`--backend_param provider=…` on the target), the user's `--backend_param provider=…`,
+//! `shm` when the target address is on this host (loopback, unspecified or one of this
+//! host's interface addresses), else NIXL's priority list. A target started without a
+//! provider waits for the initiator's choice: the initiator's agent is named
+//! `nixlbench-initiator@PROVIDER`, and the target creates its backend with the provider
+//! of the first such agent whose metadata reaches it (a target with a provider is named
+//! `nixlbench-target@PROVIDER`, which the initiator reads first).
+
+use crate::initiator::{run_in_process, run_initiator};
+use crate::options::Options;
+use crate::options::{parse_args, USAGE};
+use crate::plot::plot;
+use crate::sweep::Row;
+use crate::target::run_target;
+
+mod initiator;
+mod mem;
+mod options;
+mod plot;
+mod provider;
+mod sweep;
+mod target;
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::process::{Command, Stdio};
+
+const TARGET: &str = "nixlbench-target";
+const INITIATOR: &str = "nixlbench-initiator";
+/// Set in the self-launched target's environment: it stays quiet.
+const CHILD_ENV: &str = "NIXLBENCH_CHILD";
+
+fn quiet() -> bool {
+    std::env::var_os(CHILD_ENV).is_some()
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let o = match parse_args(&args) {
+        Ok(o) => o,
+        Err(msg) => {
+            if !msg.is_empty() {
+                eprintln!("nixlbench: {msg}");
+            }
+            eprintln!("{USAGE}");
+            std::process::exit(if msg.is_empty() { 0 } else { 2 });
+        }
+    };
+    let result = match (o.role.as_deref(), o.target_address) {
+        (Some("target"), _) => run_target(&o).map(|_| None),
+        (Some("initiator"), Some(addr)) => run_initiator(&o, addr).map(Some),
+        (Some("initiator"), None) => Err("--role initiator needs --target_address".into()),
+        (Some(other), _) => Err(format!("--role {other}: target or initiator")),
+        (None, _) if o.backend == "LOCAL" => run_in_process(&o).map(Some),
+        (None, _) => run_both(&o, &args).map(Some),
+    };
+    match result {
+        Ok(Some(rows)) => {
+            if let Some(path) = &o.plot {
+                if let Err(e) = plot(path, &rows, &o) {
+                    eprintln!("nixlbench: plot: {e}");
+                    std::process::exit(1);
+                }
+            }
+        }
+        Ok(None) => {}
+        Err(e) => {
+            eprintln!("nixlbench: {e}");
+            std::process::exit(1);
+        }
+    }
+}
+
+/// Starts the target as a child process on loopback (with every option given, so its
+/// `--target_seg_type`, `--target_gpu` and backend parameters) and runs the initiator
+/// against it.
+fn run_both(o: &Options, args: &[String]) -> Result<Vec<Row>, String> {
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let mut child = Command::new(exe)
+        .args(args)
+        .args([
+            "--role",
+            "target",
+            "--listen",
+            "127.0.0.1:0",
+            "--no_progress",
+        ])
+        .env(CHILD_ENV, "1")
+        .stdout(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("starting the target: {e}"))?;
+    let stdout = child.stdout.take().expect("piped");
+    let mut lines = BufReader::new(stdout).lines();
+    let addr = loop {
+        match lines.next() {
+            Some(Ok(line)) => {
+                if let Some(a) = line.strip_prefix("NIXLBENCH_TARGET ") {
+                    break a.parse::<SocketAddr>().map_err(|e| e.to_string())?;
+                }
+            }
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err("the target exited before announcing its address".into());
+            }
+        }
+    };
+    let rows = run_initiator(o, addr);
+    if rows.is_err() {
+        let _ = child.kill();
+    }
+    let status = child.wait().map_err(|e| e.to_string())?;
+    let rows = rows?;
+    if !status.success() {
+        return Err(format!("target exited with {status}"));
+    }
+    Ok(rows)
+}

@@ -1,0 +1,268 @@
+//! Benchmark memory (DRAM, or VRAM with feature `cuda`) and the data patterns the
+//! consistency check compares.
+
+use nixl::{Agent, Desc, DescList, MemKind};
+
+/// A page-aligned host allocation, every page written once (as NIXL's nixlbench memsets
+/// its buffers): an untouched page would be the kernel's shared zero page, which a WRITE
+/// source would read from cache.
+pub(crate) struct HostBuffer {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the buffer is plain memory; threads only touch it through raw copies that the
+// benchmark orders (each thread owns its own slice of it).
+unsafe impl Send for HostBuffer {}
+// SAFETY: as above.
+unsafe impl Sync for HostBuffer {}
+
+impl HostBuffer {
+    fn layout(len: usize) -> std::alloc::Layout {
+        std::alloc::Layout::from_size_align(len.max(1), 4096).expect("valid layout")
+    }
+
+    /// `len` bytes of `fill` (non-zero, so the writes cannot be folded into a calloc).
+    fn new(len: usize, fill: u8) -> Self {
+        // SAFETY: the layout has a non-zero size.
+        let ptr = unsafe { std::alloc::alloc(Self::layout(len)) };
+        assert!(!ptr.is_null(), "out of memory allocating {len} bytes");
+        // SAFETY: `ptr` holds `len` bytes (the layout's size is at least `len`).
+        unsafe { std::ptr::write_bytes(ptr, fill, len) };
+        Self { ptr, len }
+    }
+}
+
+impl Drop for HostBuffer {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` with the same layout.
+        unsafe { std::alloc::dealloc(self.ptr, Self::layout(self.len)) };
+    }
+}
+
+/// One side's benchmark memory: host memory, or (feature `cuda`) device memory.
+pub(crate) enum Mem {
+    Host(HostBuffer),
+    #[cfg(feature = "cuda")]
+    Device(gpunetio::DeviceBuffer),
+}
+
+impl Mem {
+    /// `len` bytes of `kind` (VRAM on GPU `gpu`), every byte set to `fill`.
+    pub(crate) fn alloc(kind: MemKind, gpu: usize, len: usize, fill: u8) -> Result<Self, String> {
+        match kind {
+            MemKind::Dram => Ok(Self::Host(HostBuffer::new(len, fill))),
+            #[cfg(feature = "cuda")]
+            MemKind::Vram => {
+                let open = gpunetio::Gpu::open(gpu).map_err(|e| format!("GPU {gpu}: {e}"))?;
+                let buf = gpunetio::DeviceBuffer::alloc(&open, len)
+                    .map_err(|e| format!("allocating {len} bytes on GPU {gpu}: {e}"))?;
+                buf.fill(fill).map_err(|e| format!("GPU {gpu}: {e}"))?;
+                Ok(Self::Device(buf))
+            }
+            other => {
+                let _ = (gpu, fill);
+                Err(format!(
+                    "{other:?} memory: not in this build (VRAM needs feature cuda)"
+                ))
+            }
+        }
+    }
+
+    pub(crate) fn kind(&self) -> MemKind {
+        match self {
+            Self::Host(_) => MemKind::Dram,
+            #[cfg(feature = "cuda")]
+            Self::Device(_) => MemKind::Vram,
+        }
+    }
+
+    pub(crate) fn addr(&self) -> u64 {
+        match self {
+            Self::Host(b) => b.ptr as u64,
+            #[cfg(feature = "cuda")]
+            Self::Device(b) => b.ptr(),
+        }
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            Self::Host(b) => b.len,
+            #[cfg(feature = "cuda")]
+            Self::Device(b) => b.len(),
+        }
+    }
+
+    /// NIXL's `devId`: the GPU ordinal for VRAM, 0 for DRAM.
+    pub(crate) fn dev_id(&self) -> u64 {
+        match self {
+            Self::Host(_) => 0,
+            #[cfg(feature = "cuda")]
+            Self::Device(b) => b.gpu().ordinal() as u64,
+        }
+    }
+
+    pub(crate) fn describe(&self) -> String {
+        match self.kind() {
+            MemKind::Vram => format!("VRAM (GPU {})", self.dev_id()),
+            kind => format!("{kind:?}").to_ascii_uppercase(),
+        }
+    }
+
+    pub(crate) fn desc(&self, offset: usize, len: usize) -> Desc {
+        Desc::new(self.addr() + offset as u64, len as u64, self.dev_id())
+    }
+
+    fn check_range(&self, offset: usize, len: usize) -> Result<(), String> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len() => Ok(()),
+            _ => Err(format!(
+                "range {offset}+{len} outside the {} byte buffer",
+                self.len()
+            )),
+        }
+    }
+
+    pub(crate) fn write(&self, offset: usize, bytes: &[u8]) -> Result<(), String> {
+        self.check_range(offset, bytes.len())?;
+        match self {
+            Self::Host(b) => {
+                // SAFETY: in bounds (checked above); `bytes` cannot alias benchmark memory.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(bytes.as_ptr(), b.ptr.add(offset), bytes.len())
+                };
+                Ok(())
+            }
+            #[cfg(feature = "cuda")]
+            Self::Device(b) => b.copy_from_host(offset, bytes).map_err(|e| e.to_string()),
+        }
+    }
+
+    pub(crate) fn read(&self, offset: usize, len: usize) -> Result<Vec<u8>, String> {
+        self.check_range(offset, len)?;
+        match self {
+            Self::Host(b) => {
+                let mut out = vec![0u8; len];
+                // SAFETY: in bounds (checked above); the transfers that wrote the range
+                // completed before the caller asked (request completion or notification).
+                unsafe { std::ptr::copy_nonoverlapping(b.ptr.add(offset), out.as_mut_ptr(), len) };
+                Ok(out)
+            }
+            #[cfg(feature = "cuda")]
+            Self::Device(b) => {
+                let mut out = vec![0u8; len];
+                b.copy_to_host(offset, &mut out)
+                    .map_err(|e| e.to_string())?;
+                Ok(out)
+            }
+        }
+    }
+
+    pub(crate) fn fill_pattern(&self, offset: usize, len: usize, seed: u64) -> Result<(), String> {
+        self.write(offset, &pattern_bytes(seed, offset, len))
+    }
+
+    pub(crate) fn clear(&self, offset: usize, len: usize) -> Result<(), String> {
+        self.write(offset, &vec![0u8; len])
+    }
+
+    /// Compares `[offset, offset + len)` (read back to the host for VRAM) with the pattern.
+    pub(crate) fn check_pattern(&self, offset: usize, len: usize, seed: u64) -> Result<(), String> {
+        let got = self.read(offset, len)?;
+        let want = pattern_bytes(seed, offset, len);
+        match got.iter().zip(&want).position(|(g, w)| g != w) {
+            None => Ok(()),
+            Some(i) => Err(format!(
+                "{} byte {} is {:#04x}, expected {:#04x}",
+                self.describe(),
+                offset + i,
+                got[i],
+                want[i]
+            )),
+        }
+    }
+}
+
+/// Registers `mem` with the agent's backends (all, or only `only`).
+pub(crate) fn register(
+    agent: &Agent,
+    mem: &Mem,
+    only: Option<&[&str]>,
+) -> Result<nixl::RegistrationHandle, String> {
+    let list = DescList::from_descs(mem.kind(), [mem.desc(0, mem.len())]);
+    // SAFETY: every caller declares the handle after `mem`, so it is dropped (and the
+    // memory deregistered) first; the benchmark tolerates peers writing it at any time.
+    unsafe { agent.register_mem(&list, only) }
+        .map_err(|e| format!("registering {}: {e}", mem.describe()))
+}
+
+pub(crate) fn splitmix64(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    x ^ (x >> 31)
+}
+
+/// The bytes at `[offset, offset + len)` of the pattern `seed`: every 8-byte word of the
+/// buffer a different hash of its index and the seed, so a block at the wrong place, a
+/// stale block of another point and a partial copy all differ.
+pub(crate) fn pattern_bytes(seed: u64, offset: usize, len: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(len);
+    let end = offset + len;
+    let mut at = offset;
+    while at < end {
+        let word = splitmix64(seed ^ ((at as u64) >> 3).wrapping_mul(0xD6E8_FEB8_6659_FD93));
+        let start = at & 7;
+        let take = (8 - start).min(end - at);
+        out.extend_from_slice(&word.to_le_bytes()[start..start + take]);
+        at += take;
+    }
+    out
+}
+
+/// NIXL nixlbench's initial buffer bytes (`XFERBENCH_INITIATOR/TARGET_BUFFER_ELEMENT`).
+pub(crate) const INITIATOR_FILL: u8 = 0xbb;
+pub(crate) const TARGET_FILL: u8 = 0xaa;
+
+/// What the target's memory holds (READ's source).
+pub(crate) const TARGET_SEED: u64 = 0x5EED_7A26;
+
+/// WRITE's source pattern for one (block size, batch size) point.
+pub(crate) fn point_seed(block: usize, batch: usize) -> u64 {
+    splitmix64(((block as u64) << 24) ^ batch as u64 ^ 0xC0FF_EE00_0000_0000)
+}
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pattern_differs_by_seed_offset_and_point() {
+        let a = pattern_bytes(point_seed(4096, 1), 0, 4096);
+        assert_eq!(a, pattern_bytes(point_seed(4096, 1), 0, 4096));
+        assert_ne!(a, pattern_bytes(point_seed(8192, 1), 0, 4096));
+        assert_ne!(a, pattern_bytes(point_seed(4096, 2), 0, 4096));
+        assert_ne!(a, pattern_bytes(point_seed(4096, 1), 8192, 4096));
+        // Any sub-range, at any alignment, is the same bytes as the whole.
+        assert_eq!(
+            &a[13..1000],
+            &pattern_bytes(point_seed(4096, 1), 13, 987)[..]
+        );
+        assert_ne!(a, pattern_bytes(TARGET_SEED, 0, 4096));
+    }
+
+    #[test]
+    fn check_finds_the_first_wrong_byte() {
+        let mem = Mem::alloc(MemKind::Dram, 0, 1 << 16, INITIATOR_FILL).unwrap();
+        let seed = point_seed(4096, 2);
+        mem.fill_pattern(8192, 4096, seed).unwrap();
+        mem.check_pattern(8192, 4096, seed).unwrap();
+        // A stale block (another point's pattern) and a cleared block both fail.
+        assert!(mem.check_pattern(8192, 4096, point_seed(4096, 1)).is_err());
+        assert!(mem.check_pattern(0, 4096, seed).is_err());
+        let byte = mem.read(8192 + 1234, 1).unwrap()[0];
+        mem.write(8192 + 1234, &[!byte]).unwrap();
+        let e = mem.check_pattern(8192, 4096, seed).unwrap_err();
+        assert!(e.contains("byte 9426"), "{e}");
+        assert!(mem.write(1 << 16, &[0]).is_err());
+    }
+}

@@ -1,0 +1,163 @@
+//! The target side: registers its memory, then serves consistency checks until the
+//! initiator says DONE.
+
+use crate::mem::{register, Mem, TARGET_FILL, TARGET_SEED};
+use crate::options::Options;
+use crate::provider::{local_providers, with_provider};
+use crate::{quiet, INITIATOR, TARGET};
+use nixl::{Agent, AgentConfig};
+use std::io::Write;
+use std::time::{Duration, Instant};
+
+pub(crate) fn run_target(o: &Options) -> Result<(), String> {
+    if o.backend == "LOCAL" {
+        return Err("LOCAL moves data inside one agent: run without --role".into());
+    }
+    let mem = Mem::alloc(o.target_seg, o.target_gpu, o.total_buffer_size, TARGET_FILL)?;
+    mem.fill_pattern(0, mem.len(), TARGET_SEED)?;
+    // LIBFABRIC without a provider follows the initiator's choice (module docs).
+    let follow = o.is_libfabric() && o.user_provider().is_none();
+    let name = if o.is_libfabric() {
+        with_provider(TARGET, o.user_provider())
+    } else {
+        TARGET.to_string()
+    };
+    let agent = Agent::new(
+        name,
+        AgentConfig {
+            listen_addr: Some(o.listen),
+            ..AgentConfig::default()
+        },
+    )
+    .map_err(|e| e.to_string())?;
+    let mut reg = None;
+    if !follow {
+        agent
+            .create_backend(&o.backend, &o.params(None))
+            .map_err(|e| format!("{}: {e}", o.backend))?;
+        reg = Some(register(&agent, &mem, None)?);
+    }
+    println!(
+        "NIXLBENCH_TARGET {}",
+        agent.listen_addr().expect("listener")
+    );
+    std::io::stdout().flush().ok();
+    if follow {
+        let provider = wait_for_provider(&agent)?;
+        agent
+            .create_backend(&o.backend, &o.params(Some(&provider)))
+            .map_err(|e| format!("{} provider {provider}: {e}", o.backend))?;
+        reg = Some(register(&agent, &mem, None)?);
+        if !quiet() {
+            eprintln!("nixlbench target: LIBFABRIC provider {provider} (the initiator's choice)");
+        }
+    }
+    if !quiet() {
+        eprintln!(
+            "nixlbench target: {} at {}, {}",
+            agent.name(),
+            agent.listen_addr().expect("listener"),
+            mem.describe()
+        );
+    }
+    let served = serve(&agent, &mem);
+    drop(reg);
+    served
+}
+
+/// Waits for an initiator's metadata (`nixlbench-initiator@PROVIDER`) and returns its
+/// provider.
+pub(crate) fn wait_for_provider(agent: &Agent) -> Result<String, String> {
+    let providers = local_providers();
+    if providers.is_empty() {
+        return Err("no libfabric provider with RDM endpoints on this host".into());
+    }
+    let start = Instant::now();
+    loop {
+        if let Some(p) = providers
+            .iter()
+            .find(|p| agent.has_remote(&with_provider(INITIATOR, Some(p))))
+        {
+            return Ok(p.clone());
+        }
+        if start.elapsed() > Duration::from_secs(600) {
+            return Err(format!(
+                "target: no initiator named {INITIATOR}@PROVIDER (PROVIDER one of {}) \
+                 sent its metadata in 10 minutes",
+                providers.join(", ")
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// Serves until the initiator says DONE: answers CHECK requests by verifying its own
+/// memory (`CHECK id seed block batch stride base` → `CHECKED id ok|<what differs>`).
+pub(crate) fn serve(agent: &Agent, mem: &Mem) -> Result<(), String> {
+    let mut last = Instant::now();
+    loop {
+        for (sender, msgs) in agent.get_notifs() {
+            last = Instant::now();
+            for msg in msgs {
+                let text = String::from_utf8_lossy(&msg);
+                if text == "DONE" {
+                    return Ok(());
+                }
+                if let Some(rest) = text.strip_prefix("CHECK ") {
+                    let (id, verdict) = match check_request(mem, rest) {
+                        Ok((id, Ok(()))) => (id, "ok".to_string()),
+                        Ok((id, Err(e))) => (id, e),
+                        Err(e) => ("?".to_string(), e),
+                    };
+                    agent
+                        .gen_notif(&sender, format!("CHECKED {id} {verdict}").as_bytes())
+                        .map_err(|e| format!("target: answering {sender}'s check: {e}"))?;
+                }
+            }
+        }
+        if last.elapsed() > Duration::from_secs(600) {
+            return Err("target: no word from the initiator for 10 minutes".into());
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+pub(crate) type Verdict = Result<(), String>;
+
+pub(crate) fn check_request(mem: &Mem, request: &str) -> Result<(String, Verdict), String> {
+    let f: Vec<&str> = request.split_whitespace().collect();
+    let bad = || format!("malformed check request `{request}`");
+    if f.len() != 6 {
+        return Err(bad());
+    }
+    let n = |s: &str| s.parse::<u64>().map_err(|_| bad());
+    let (seed, block, batch, stride, base) = (n(f[1])?, n(f[2])?, n(f[3])?, n(f[4])?, n(f[5])?);
+    let verdict = (0..batch).try_for_each(|i| {
+        let off = (base + i * stride) as usize;
+        mem.check_pattern(off, block as usize, seed)
+    });
+    Ok((f[0].to_string(), verdict))
+}
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mem::{point_seed, Mem, INITIATOR_FILL};
+    use nixl::MemKind;
+
+    #[test]
+    fn target_answers_check_requests() {
+        let mem = Mem::alloc(MemKind::Dram, 0, 1 << 16, INITIATOR_FILL).unwrap();
+        let seed = point_seed(1024, 3);
+        for i in 0..3 {
+            mem.fill_pattern(4096 + i * 2048, 1024, seed).unwrap();
+        }
+        let req = format!("1024-3-1 {seed} 1024 3 2048 4096");
+        let (id, verdict) = check_request(&mem, &req).unwrap();
+        assert_eq!(id, "1024-3-1");
+        verdict.unwrap();
+        mem.clear(4096 + 2 * 2048 + 1000, 1).unwrap();
+        let (_, verdict) = check_request(&mem, &req).unwrap();
+        assert!(verdict.unwrap_err().contains("byte 9192"));
+        assert!(check_request(&mem, "x 1 2").is_err());
+    }
+}
