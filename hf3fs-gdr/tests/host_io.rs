@@ -36,7 +36,7 @@ fn reap(ior: &mut Ior, n: usize) -> Vec<Cqe> {
 
 #[test]
 fn reads_and_writes_move_the_right_bytes_direct_and_buffered() {
-    let d = Daemon::start(4);
+    let d = Daemon::start_with(4, &["--direct", "always"]);
     let data = data_dir();
     let len = 3 * MIB as usize + 123;
     let (path, bytes) = patterned_file(data.path(), "f", 1, len);
@@ -420,4 +420,40 @@ fn many_rings_and_threads_at_once() {
     for t in threads {
         t.join().unwrap();
     }
+}
+
+#[test]
+fn auto_direct_policy_serves_cached_data_from_the_cache_and_cold_data_direct() {
+    let d = Daemon::start(2);
+    let data = data_dir();
+    let (path, bytes) = patterned_file(data.path(), "f", 6, 4 * MIB as usize);
+    let file = std::fs::File::open(&path).unwrap();
+    let fd = file.as_raw_fd();
+    reg_fd(fd, 0).unwrap();
+    let iov = Iov::create(d.path(), 4 * MIB, 0, -1).unwrap();
+    let mut ior = read_ring(&d, 4, 0, Duration::ZERO);
+    let read_all = |ior: &mut Ior, tag: u64| {
+        let s0 = daemon_stats(d.path()).unwrap();
+        ior.prep_io(&iov, true, iov.base(), fd, 0, 4 * MIB, tag)
+            .unwrap();
+        ior.submit_ios().unwrap();
+        assert_eq!(reap(ior, 1)[0].result, 4 * MIB as i64);
+        let mut got = vec![0u8; 4 * MIB as usize];
+        iov.read_at(0, &mut got).unwrap();
+        assert_bytes(&got, &bytes, "auto policy read");
+        let s1 = daemon_stats(d.path()).unwrap();
+        (
+            s1.direct_ops - s0.direct_ops,
+            s1.buffered_ops - s0.buffered_ops,
+        )
+    };
+    // Just written: in the page cache, served from it.
+    assert_eq!(read_all(&mut ior, 1), (0, 1));
+    // Evicted: read with O_DIRECT.
+    file.sync_all().unwrap();
+    // SAFETY: a valid descriptor; advice only.
+    let advised = unsafe { libc::posix_fadvise(fd, 0, 0, libc::POSIX_FADV_DONTNEED) };
+    assert_eq!(advised, 0);
+    assert_eq!(read_all(&mut ior, 2), (1, 0));
+    dereg_fd(fd);
 }

@@ -1,5 +1,5 @@
 //! `hf3fs-gdr-daemon --mount DIR [--threads N] [--staging-mib M] [--chunk-kib K]
-//! [--inject-delay-ms D]`:
+//! [--direct auto|always|never] [--inject-delay-ms D]`:
 //! serves a mount directory for `hf3fs-gdr` clients (see `hf3fs_gdr::daemon`). Prints
 //! `ready <socket path>` on stdout once it listens.
 
@@ -8,10 +8,12 @@ use std::io::Write;
 use std::path::PathBuf;
 
 const USAGE: &str = "usage: hf3fs-gdr-daemon --mount DIR [--threads N] [--staging-mib M] \
-[--chunk-kib K] [--inject-delay-ms D]
+[--chunk-kib K] [--direct auto|always|never] [--inject-delay-ms D]
   --threads N        worker threads (default: CPUs, at least 4)
   --staging-mib M    pinned staging memory per GPU (default 256)
   --chunk-kib K      largest piece a worker moves at once (default: staging / (2 N))
+  --direct P         O_DIRECT policy: auto (cached data from the page cache, the rest
+                     O_DIRECT; default), always, never
   --inject-delay-ms D  fault injection: chunks of files named *.slow wait D ms";
 
 fn parse() -> Result<DaemonConfig, String> {
@@ -20,6 +22,7 @@ fn parse() -> Result<DaemonConfig, String> {
     let mut staging_mib: usize = 256;
     let mut chunk_kib: Option<usize> = None;
     let mut delay_ms: u64 = 0;
+    let mut direct = hf3fs_gdr::daemon::DirectPolicy::Auto;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         let mut value = |name: &str| args.next().ok_or_else(|| format!("{name} needs a value"));
@@ -32,6 +35,7 @@ fn parse() -> Result<DaemonConfig, String> {
             "--threads" => threads = Some(number("--threads", value("--threads")?)?),
             "--staging-mib" => staging_mib = number("--staging-mib", value("--staging-mib")?)?,
             "--chunk-kib" => chunk_kib = Some(number("--chunk-kib", value("--chunk-kib")?)?),
+            "--direct" => direct = value("--direct")?.parse()?,
             "--inject-delay-ms" => {
                 delay_ms = number("--inject-delay-ms", value("--inject-delay-ms")?)? as u64
             }
@@ -53,6 +57,7 @@ fn parse() -> Result<DaemonConfig, String> {
         config.chunk_bytes = k << 10;
     }
     config.inject_delay = std::time::Duration::from_millis(delay_ms);
+    config.direct = direct;
     Ok(config)
 }
 

@@ -20,6 +20,7 @@ pub(crate) const DIRECT_ALIGN: u64 = 4096;
 pub(crate) struct OpenFile {
     buffered: OwnedFd,
     direct: Option<OwnedFd>,
+    policy: DirectPolicy,
     /// Whether its name ends in [`SLOW_SUFFIX`] (fault injection, see
     /// [`super::DaemonConfig::inject_delay`]).
     slow: bool,
@@ -32,7 +33,7 @@ impl OpenFile {
     /// Wraps the descriptor the client passed; reopens the same inode with `O_DIRECT`
     /// through `/proc/self/fd` (a new open file description: the client's flags are
     /// untouched) where the file system supports it.
-    pub(crate) fn new(fd: OwnedFd) -> Self {
+    pub(crate) fn new(fd: OwnedFd, policy: DirectPolicy) -> Self {
         // SAFETY: a descriptor we own.
         let flags = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) };
         // SAFETY: plain C struct.
@@ -57,14 +58,73 @@ impl OpenFile {
         Self {
             buffered: fd,
             direct,
+            policy,
             slow,
         }
     }
 }
 
+/// When the daemon uses `O_DIRECT` (always only for aligned offset, length and buffer).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DirectPolicy {
+    /// Reads take what the page cache holds (`preadv2` with `RWF_NOWAIT`) and the rest
+    /// with `O_DIRECT`: cached files at memory speed, cold ones without the cache's
+    /// copy. Writes use `O_DIRECT`.
+    #[default]
+    Auto,
+    /// `O_DIRECT` for every aligned request.
+    Always,
+    /// The page cache only.
+    Never,
+}
+
+impl std::str::FromStr for DirectPolicy {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(Self::Auto),
+            "always" => Ok(Self::Always),
+            "never" => Ok(Self::Never),
+            other => Err(format!("direct policy {other:?} (auto, always or never)")),
+        }
+    }
+}
+
+/// Reads from the page cache only, until it lacks data: (bytes read, end of file).
+///
+/// # Safety
+/// `[ptr, ptr + len)` is valid writable memory.
+unsafe fn cached_read(fd: libc::c_int, ptr: *mut u8, len: u64, offset: u64) -> (u64, bool) {
+    let mut done = 0u64;
+    while done < len {
+        let iov = libc::iovec {
+            // SAFETY: inside the caller's range.
+            iov_base: unsafe { ptr.add(done as usize) }.cast(),
+            iov_len: (len - done) as usize,
+        };
+        // SAFETY: one iovec over the caller's memory.
+        let n = unsafe {
+            libc::preadv2(
+                fd,
+                &iov,
+                1,
+                (offset + done) as libc::off_t,
+                libc::RWF_NOWAIT,
+            )
+        };
+        match n {
+            0 => return (done, true),
+            n if n > 0 => done += n as u64,
+            _ if std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) => {}
+            // EAGAIN: not cached; EOPNOTSUPP: no RWF_NOWAIT here. The caller reads on.
+            _ => break,
+        }
+    }
+    (done, false)
+}
+
 /// Reads (`read`) `len` bytes of `file` at `offset` into `ptr`, or writes them from it:
-/// bytes moved (short only at end of file) or −errno. `O_DIRECT` where offset, length
-/// and buffer are aligned, else (or if the file system refuses) the page cache.
+/// bytes moved (short only at end of file) or −errno, by the file's [`DirectPolicy`].
 ///
 /// # Safety
 /// `[ptr, ptr + len)` is valid memory of this process for the whole call.
@@ -78,11 +138,29 @@ pub(crate) unsafe fn file_io(
 ) -> i64 {
     let aligned =
         offset % DIRECT_ALIGN == 0 && len % DIRECT_ALIGN == 0 && (ptr as u64) % DIRECT_ALIGN == 0;
-    let mut fd = match (&file.direct, aligned) {
-        (Some(d), true) => d.as_raw_fd(),
-        _ => file.buffered.as_raw_fd(),
-    };
+    let buffered = file.buffered.as_raw_fd();
+    let direct = file
+        .direct
+        .as_ref()
+        .filter(|_| aligned && file.policy != DirectPolicy::Never)
+        .map(|d| d.as_raw_fd());
     let mut done = 0u64;
+    let mut fd = buffered;
+    if let Some(direct) = direct {
+        fd = direct;
+        if read && file.policy == DirectPolicy::Auto {
+            // SAFETY: the caller's range.
+            let (cached, eof) = unsafe { cached_read(buffered, ptr, len, offset) };
+            if eof || cached == len {
+                stats.buffered_ops.fetch_add(1, Ordering::Relaxed);
+                return cached as i64;
+            }
+            done = cached;
+            if done % DIRECT_ALIGN != 0 {
+                fd = buffered;
+            }
+        }
+    }
     while done < len {
         let rest = (len - done) as usize;
         // SAFETY: inside the caller's range.
@@ -103,9 +181,9 @@ pub(crate) unsafe fn file_io(
             if errno == libc::EINTR {
                 continue;
             }
-            if errno == libc::EINVAL && fd != file.buffered.as_raw_fd() {
+            if errno == libc::EINVAL && fd != buffered {
                 // The file system refused this O_DIRECT request: the page cache serves it.
-                fd = file.buffered.as_raw_fd();
+                fd = buffered;
                 continue;
             }
             return -(errno as i64);
@@ -115,7 +193,7 @@ pub(crate) unsafe fn file_io(
         }
         done += n as u64;
     }
-    if fd == file.buffered.as_raw_fd() {
+    if fd == buffered {
         stats.buffered_ops.fetch_add(1, Ordering::Relaxed);
     } else {
         stats.direct_ops.fetch_add(1, Ordering::Relaxed);

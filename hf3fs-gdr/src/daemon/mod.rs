@@ -10,7 +10,7 @@
 //!   its publication (host: map the `/dev/shm` file; GPU: open the CUDA-IPC handle on
 //!   that GPU) and the file by its id, and splits each I/O into chunks.
 //! - A pool of worker threads runs chunks: host iovs are read or written in place with
-//!   `pread`/`pwrite` (`O_DIRECT` where aligned); GPU iovs go through each worker's
+//!   `pread`/`pwrite` (page cache or `O_DIRECT`: see [`DirectPolicy`]); GPU iovs go through each worker's
 //!   pinned staging slots with asynchronous host-to-device copies (see `gpu.rs`).
 //!
 //! A client learns that the daemon died from its socket closing (see
@@ -30,6 +30,7 @@ use crate::ring::{ior_size, RingHeader, RingView, RING_MAGIC, RING_VERSION};
 use crate::shm::{remove_if_present, to_hex, Id, Shm};
 use crate::virt::{self, GdrLink};
 use gpunetio::{Gpu, IpcMapping};
+pub use io::DirectPolicy;
 use io::{Chunk, OpenFile, Pool, Request};
 use ring::{RingCtx, RingRunner};
 use std::collections::{HashMap, HashSet};
@@ -55,6 +56,8 @@ pub struct DaemonConfig {
     /// ends in `.slow` waits this long before it runs (in 10 ms steps that end early
     /// when its client is gone). Zero (the default) disables it.
     pub inject_delay: std::time::Duration,
+    /// When `O_DIRECT` is used.
+    pub direct: DirectPolicy,
 }
 
 impl DaemonConfig {
@@ -79,6 +82,7 @@ impl DaemonConfig {
             staging_bytes,
             chunk_bytes,
             inject_delay: std::time::Duration::ZERO,
+            direct: DirectPolicy::Auto,
         }
     }
 }
@@ -290,7 +294,8 @@ impl Session {
                     return (-(libc::EBADF as i64), Vec::new());
                 };
                 let id = self.next_file.fetch_add(1, Ordering::Relaxed);
-                lock(&self.files).insert(id, Arc::new(OpenFile::new(fd)));
+                lock(&self.files)
+                    .insert(id, Arc::new(OpenFile::new(fd, self.shared.config.direct)));
                 (id as i64, Vec::new())
             }
             OP_DEREG_FD => match r.u32() {
