@@ -333,7 +333,9 @@ pub mod qpc {
     /// `atomic_mode` for 8-byte atomics (`MLX5_QPC_ATOMIC_MODE_UP_TO_8B`).
     pub const ATOMIC_MODE_UP_TO_8B: u64 = 0x3;
     /// `ts_format` default (`MLX5_QPC_TIMESTAMP_FORMAT_DEFAULT`).
-    pub const TS_FORMAT_DEFAULT: u64 = 0x1;
+    pub const TS_FORMAT_DEFAULT: u8 = 0x1;
+    /// `ts_format` free running (`MLX5_QPC_TIMESTAMP_FORMAT_FREE_RUNNING`).
+    pub const TS_FORMAT_FREE_RUNNING: u8 = 0x0;
 }
 
 /// `mlx5_ifc_create_qp_in_bits`.
@@ -451,6 +453,10 @@ pub struct QpParams {
     pub dbr: UmemRef,
     /// log2(page) - 12 of the umems.
     pub log_page_size: u8,
+    /// `qpc.ts_format`: [`qpc::TS_FORMAT_DEFAULT`] where the device reports
+    /// `qp_ts_format`, [`qpc::TS_FORMAT_FREE_RUNNING`] on older devices (reserved bits
+    /// there).
+    pub ts_format: u8,
 }
 
 /// CREATE_QP: an RC queue pair with a send queue only (zero-length receive queue, as
@@ -463,7 +469,7 @@ pub fn create_qp(p: &QpParams) -> Result<Vec<u8>> {
     set(&mut b, qpc::PM_STATE.at(q), qpc::PM_STATE_MIGRATED)?;
     set(&mut b, qpc::PD.at(q), u64::from(p.pdn))?;
     set(&mut b, qpc::UAR_PAGE.at(q), u64::from(p.uar_page))?;
-    set(&mut b, qpc::TS_FORMAT.at(q), qpc::TS_FORMAT_DEFAULT)?;
+    set(&mut b, qpc::TS_FORMAT.at(q), u64::from(p.ts_format))?;
     set(&mut b, qpc::LOG_SQ_SIZE.at(q), u64::from(p.log_sq_size))?;
     set(&mut b, qpc::RQ_TYPE.at(q), qpc::RQ_TYPE_ZERO_LEN)?;
     set(&mut b, qpc::LOG_PAGE_SIZE.at(q), u64::from(p.log_page_size))?;
@@ -913,6 +919,7 @@ mod tests {
                 offset: 0x4000,
             },
             log_page_size: 0,
+            ts_format: qpc::TS_FORMAT_DEFAULT,
         };
         let b = create_qp(&p).unwrap();
         let q = create_qp_in::QPC;
@@ -933,6 +940,7 @@ mod tests {
         assert_eq!(get(&b, create_qp_in::WQ_UMEM_VALID), 1);
         assert_eq!(get(&b, create_qp_in::WQ_UMEM_ID), 5);
         assert_eq!(get(&b, create_qp_in::WQ_UMEM_OFFSET), 0);
+        assert_eq!(get(&b, qpc::TS_FORMAT.at(q)), 1);
         // st = RC (0) and pm_state = 3 in the qpc's first dword (byte 0x18): bits
         // 0x13..0x15 of it, i.e. 0b11 << 11.
         assert_eq!(&b[0x18..0x1c], &[0, 0, 0x18, 0]);

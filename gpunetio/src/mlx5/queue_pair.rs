@@ -122,8 +122,9 @@ pub struct Mlx5QueuePair {
     cq: Arc<DevxObject>,
     uar: Arc<GpuUar>,
     queue: Arc<DeviceBuffer>,
-    scratch: Arc<DeviceBuffer>,
+    // The memory region before the buffer it covers.
     scratch_mr: Arc<ibverbs::MemoryRegion>,
+    scratch: Arc<DeviceBuffer>,
     table: MemoryTable,
     /// (region index, rkey) of the local regions, for descriptors.
     remote_keys: Vec<(u32, u32)>,
@@ -133,6 +134,8 @@ pub struct Mlx5QueuePair {
     local: Endpoint,
     sgid_index: u8,
     link_layer: LinkLayer,
+    /// log2 of the RDMA reads/atomics in flight the device allows.
+    log_rd_atomic: u8,
     state: QpState,
     ctx: Arc<DevxContext>,
     gpu: Gpu,
@@ -203,6 +206,8 @@ impl Mlx5QueuePair {
                 attr.max_cqe()
             )));
         }
+        // floor(log2): never more reads/atomics in flight than the device allows.
+        let log_rd_atomic = (31 - attr.max_qp_rd_atom().clamp(1, 16).leading_zeros()) as u8;
         let port = ctx
             .context()
             .query_port(options.port)
@@ -260,7 +265,7 @@ impl Mlx5QueuePair {
             &cq_in,
             vec![umem.clone() as Arc<dyn Any + Send + Sync>, uar.clone()],
         )?);
-        let qp_in = prm::create_qp(&prm::QpParams {
+        let qp_params = prm::QpParams {
             pdn: ctx.pdn(),
             uar_page: uar.uar.page_id(),
             log_sq_size: log2(sq_wqe_cnt),
@@ -274,17 +279,24 @@ impl Mlx5QueuePair {
                 offset: offsets.qp_dbrec,
             },
             log_page_size: 0,
-        })?;
-        let qp = DevxObject::create(
-            ctx,
-            "CREATE_QP",
-            &qp_in,
-            vec![
-                cq.clone() as Arc<dyn Any + Send + Sync>,
-                umem.clone(),
-                uar.clone(),
-            ],
-        )?;
+            ts_format: prm::qpc::TS_FORMAT_DEFAULT,
+        };
+        let deps =
+            || -> Vec<Arc<dyn Any + Send + Sync>> { vec![cq.clone(), umem.clone(), uar.clone()] };
+        // Devices with the `qp_ts_format` capability take the default timestamp format;
+        // older ones keep those bits reserved and refuse a non-zero value.
+        let qp = match DevxObject::create(ctx, "CREATE_QP", &prm::create_qp(&qp_params)?, deps()) {
+            Ok(qp) => qp,
+            Err(Error::Devx { status, .. }) if status != 0 => {
+                tracing::debug!("CREATE_QP with the default timestamp format refused (status {status:#x}): retrying free running");
+                let free = prm::QpParams {
+                    ts_format: prm::qpc::TS_FORMAT_FREE_RUNNING,
+                    ..qp_params
+                };
+                DevxObject::create(ctx, "CREATE_QP", &prm::create_qp(&free)?, deps())?
+            }
+            Err(e) => return Err(e),
+        };
 
         let scratch = Arc::new(DeviceBuffer::alloc(gpu, UMEM_PAGE as usize)?);
         scratch.fill(0)?;
@@ -307,8 +319,8 @@ impl Mlx5QueuePair {
             cq,
             uar,
             queue,
-            scratch,
             scratch_mr,
+            scratch,
             table: MemoryTable::new(),
             remote_keys: Vec::new(),
             offsets,
@@ -317,6 +329,7 @@ impl Mlx5QueuePair {
             local,
             sgid_index,
             link_layer,
+            log_rd_atomic,
             state: QpState::Reset,
             ctx: ctx.clone(),
             gpu: gpu.clone(),
@@ -343,7 +356,8 @@ impl Mlx5QueuePair {
     /// the memory table.
     pub fn register_local(&mut self, buf: &Arc<DeviceBuffer>) -> Result<u32> {
         let mr = Arc::new(reg_device(&self.ctx, buf)?);
-        let keep: Arc<dyn Any + Send + Sync> = Arc::new((buf.clone(), mr.clone()));
+        // Tuple fields drop in order: the memory region before the buffer it covers.
+        let keep: Arc<dyn Any + Send + Sync> = Arc::new((mr.clone(), buf.clone()));
         let index = self
             .table
             .push_local(buf.ptr(), buf.len() as u64, mr.lkey(), Some(keep))?;
@@ -427,7 +441,9 @@ impl Mlx5QueuePair {
             rgid: remote.gid.raw,
             rmac,
             sgid_index: self.sgid_index,
-            udp_sport: 0,
+            // RoCE v2 source ports come from 0xC000..=0xFFFF; the QP numbers give ECMP
+            // entropy (the kernel derives it from the flow label the same way).
+            udp_sport: 0xc000 | ((self.qp.number() ^ remote.qp_num) & 0x3fff) as u16,
         })
     }
 
@@ -448,7 +464,7 @@ impl Mlx5QueuePair {
             next_rcv_psn: remote.psn,
             mtu,
             log_msg_max: 30,
-            log_rra_max: 4,
+            log_rra_max: self.log_rd_atomic,
             min_rnr_nak: 12,
             port: self.options.port,
             route: self.route(remote)?,
@@ -460,7 +476,7 @@ impl Mlx5QueuePair {
             retry_count: self.options.retry_count.min(7),
             rnr_retry: 7,
             ack_timeout: self.options.ack_timeout.min(31),
-            log_sra_max: 4,
+            log_sra_max: self.log_rd_atomic,
         };
         self.qp.modify("RTR2RTS_QP", &prm::rtr2rts_qp(qpn, &rts)?)?;
         self.state = QpState::ReadyToSend;
