@@ -1,7 +1,7 @@
 //! The initiator side: its agent and backend, the target's metadata, the run.
 
 use crate::mem::{register, Mem, INITIATOR_FILL, TARGET_FILL, TARGET_SEED};
-use crate::options::Options;
+use crate::options::{Options, Side};
 use crate::provider::{is_this_host, provider_of, with_provider};
 use crate::sweep::{describe_remote, remote_mem, sweep, Peer, RemoteMem, Row};
 use crate::INITIATOR;
@@ -29,7 +29,7 @@ pub(crate) fn initiator_agent(
     if !o.is_libfabric() {
         let agent = new_agent(INITIATOR.into())?;
         agent
-            .create_backend(&o.backend, &o.params(None))
+            .create_backend(&o.backend, &o.params(Side::Initiator, None))
             .map_err(|e| format!("{}: {e}", o.backend))?;
         return Ok((agent, String::new()));
     }
@@ -72,7 +72,7 @@ pub(crate) fn initiator_agent(
     let mut tried = Vec::new();
     for (provider, why) in candidates.drain(..) {
         let agent = new_agent(with_provider(INITIATOR, Some(&provider)))?;
-        match agent.create_backend(&o.backend, &o.params(Some(&provider))) {
+        match agent.create_backend(&o.backend, &o.params(Side::Initiator, Some(&provider))) {
             Ok(_) => {
                 let mut how = format!("provider {provider} ({why})");
                 if !tried.is_empty() {
@@ -181,7 +181,7 @@ pub(crate) fn run_in_process(o: &Options) -> Result<Vec<Row>, String> {
     )
     .map_err(|e| e.to_string())?;
     agent
-        .create_backend(&o.backend, &o.params(None))
+        .create_backend(&o.backend, &o.params(Side::Initiator, None))
         .map_err(|e| format!("{}: {e}", o.backend))?;
     let _target_reg = register(&agent, &target_mem, None)?;
     let _local_reg = register(&agent, &local, None)?;

@@ -2,7 +2,7 @@
 //! initiator says DONE.
 
 use crate::mem::{register, Mem, TARGET_FILL, TARGET_SEED};
-use crate::options::Options;
+use crate::options::{Options, Side};
 use crate::provider::{local_providers, with_provider};
 use crate::{quiet, INITIATOR, TARGET};
 use nixl::{Agent, AgentConfig};
@@ -33,7 +33,7 @@ pub(crate) fn run_target(o: &Options) -> Result<(), String> {
     let mut reg = None;
     if !follow {
         agent
-            .create_backend(&o.backend, &o.params(None))
+            .create_backend(&o.backend, &o.params(Side::Target, None))
             .map_err(|e| format!("{}: {e}", o.backend))?;
         reg = Some(register(&agent, &mem, None)?);
     }
@@ -45,7 +45,7 @@ pub(crate) fn run_target(o: &Options) -> Result<(), String> {
     if follow {
         let provider = wait_for_provider(&agent)?;
         agent
-            .create_backend(&o.backend, &o.params(Some(&provider)))
+            .create_backend(&o.backend, &o.params(Side::Target, Some(&provider)))
             .map_err(|e| format!("{} provider {provider}: {e}", o.backend))?;
         reg = Some(register(&agent, &mem, None)?);
         if !quiet() {
