@@ -36,6 +36,9 @@
 //! get, signal and wait; [`device_code::compile`] compiles kernels that include it with
 //! NVRTC at run time. [`proxy`] is the `CpuProxy` NIC handler: a ring in host-mapped
 //! memory that a CPU proxy posts on a libfabric endpoint or an ibverbs RC queue pair.
+//! [`mlx5`] is the native ConnectX handler (DEVX queue pair on GPU-resident queues), and
+//! [`GpuQueuePair`] the front over all three: a handler asked for by name, or `Auto`
+//! (`Mlx5` where it works, else `CpuProxy`, saying why).
 
 mod device_buffer;
 pub mod device_code;
