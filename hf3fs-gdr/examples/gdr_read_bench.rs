@@ -1,0 +1,416 @@
+//! Reads a file into GPU memory through `hf3fs-gdr-daemon` and prints the bandwidth, or
+//! 4 KiB random-read IOPS; the numbers to put beside KvikIO's.
+//!
+//! ```text
+//! gdr_read_bench --mount DIR --file PATH [--daemon BIN] [--daemon-threads N]
+//!     [--staging-mib M] [--chunk-kib K] [--direct auto|always|never]
+//!     [--mode seq|rand] [--size BYTES] [--block BYTES] [--depth N] [--rings R]
+//!     [--iters K] [--seconds S] [--gpu G] [--create BYTES] [--verify] [--h2d]
+//!     [--memory gpu|host]
+//! ```
+//! - `--daemon BIN` starts the daemon on `--mount` (else one must be running there).
+//! - `--create BYTES` writes a patterned file of that size first if `--file` is missing.
+//! - `seq`: `--size` bytes (default: the file) split among `--rings` threads, each with
+//!   a ring keeping `--depth` reads of `--block` bytes (default 16 MiB) in flight, into
+//!   one GPU iov; `--iters` passes, best and mean GB/s (10^9 bytes/s).
+//! - `rand`: `--block` (default 4 KiB) reads at random aligned offsets for `--seconds`.
+//! - `--memory host` reads into shared host memory instead (file->DRAM numbers).
+//! - `--verify` checks the VRAM against the file after the first pass; `--h2d` measures
+//!   pinned host-to-device copies for reference.
+//!
+//! Sizes accept K, M, G suffixes (powers of 1024).
+
+use gpunetio::{DeviceBuffer, Gpu, HostBuffer};
+use hf3fs_gdr::{reg_fd, Cqe, Ior, Iov};
+use std::io::{BufRead, BufReader};
+use std::os::fd::AsRawFd;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+#[derive(Debug, Clone)]
+struct Opts {
+    mount: PathBuf,
+    file: PathBuf,
+    daemon: Option<PathBuf>,
+    daemon_threads: usize,
+    staging_mib: usize,
+    chunk_kib: Option<usize>,
+    direct: String,
+    random: bool,
+    size: Option<u64>,
+    block: Option<u64>,
+    depth: u32,
+    rings: usize,
+    iters: usize,
+    seconds: f64,
+    gpu: usize,
+    create: Option<u64>,
+    verify: bool,
+    h2d: bool,
+    /// Read into host shared memory instead of VRAM (file->DRAM numbers).
+    host: bool,
+}
+
+fn size_arg(s: &str) -> Result<u64, String> {
+    let (num, mult) = match s.chars().last() {
+        Some('K' | 'k') => (&s[..s.len() - 1], 1 << 10),
+        Some('M' | 'm') => (&s[..s.len() - 1], 1 << 20),
+        Some('G' | 'g') => (&s[..s.len() - 1], 1 << 30),
+        _ => (s, 1),
+    };
+    num.parse::<u64>()
+        .map(|n| n * mult)
+        .map_err(|_| format!("{s:?} is not a size"))
+}
+
+fn parse() -> Result<Opts, String> {
+    let mut o = Opts {
+        mount: PathBuf::new(),
+        file: PathBuf::new(),
+        daemon: None,
+        daemon_threads: 16,
+        staging_mib: 512,
+        chunk_kib: None,
+        direct: "auto".into(),
+        random: false,
+        size: None,
+        block: None,
+        depth: 8,
+        rings: 1,
+        iters: 5,
+        seconds: 5.0,
+        gpu: 0,
+        create: None,
+        verify: false,
+        h2d: false,
+        host: false,
+    };
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        let mut v = || args.next().ok_or_else(|| format!("{a} needs a value"));
+        let num = |s: String| {
+            s.parse::<usize>()
+                .map_err(|_| format!("{s:?} is not a number"))
+        };
+        match a.as_str() {
+            "--mount" => o.mount = v()?.into(),
+            "--file" => o.file = v()?.into(),
+            "--daemon" => o.daemon = Some(v()?.into()),
+            "--daemon-threads" => o.daemon_threads = num(v()?)?,
+            "--staging-mib" => o.staging_mib = num(v()?)?,
+            "--chunk-kib" => o.chunk_kib = Some(num(v()?)?),
+            "--direct" => o.direct = v()?,
+            "--mode" => {
+                o.random = match v()?.as_str() {
+                    "seq" => false,
+                    "rand" => true,
+                    m => return Err(format!("mode {m:?} (seq or rand)")),
+                }
+            }
+            "--size" => o.size = Some(size_arg(&v()?)?),
+            "--block" => o.block = Some(size_arg(&v()?)?),
+            "--depth" => o.depth = num(v()?)? as u32,
+            "--rings" => o.rings = num(v()?)?.max(1),
+            "--iters" => o.iters = num(v()?)?.max(1),
+            "--seconds" => o.seconds = v()?.parse().map_err(|_| "--seconds: not a number")?,
+            "--gpu" => o.gpu = num(v()?)?,
+            "--create" => o.create = Some(size_arg(&v()?)?),
+            "--verify" => o.verify = true,
+            "--h2d" => o.h2d = true,
+            "--memory" => {
+                o.host = match v()?.as_str() {
+                    "gpu" => false,
+                    "host" => true,
+                    m => return Err(format!("memory {m:?} (gpu or host)")),
+                }
+            }
+            other => return Err(format!("unknown argument {other:?}")),
+        }
+    }
+    if o.mount.as_os_str().is_empty() || o.file.as_os_str().is_empty() {
+        return Err("--mount and --file are required".into());
+    }
+    Ok(o)
+}
+
+fn pattern_byte(i: u64) -> u8 {
+    ((i as u32).wrapping_mul(0x9e37_79b1) >> 24) as u8 ^ (i as u8)
+}
+
+fn create_file(o: &Opts) {
+    let Some(size) = o.create else { return };
+    if o.file.exists() {
+        return;
+    }
+    use std::io::Write;
+    let mut f = std::io::BufWriter::with_capacity(8 << 20, std::fs::File::create(&o.file).unwrap());
+    let mut buf = vec![0u8; 8 << 20];
+    let mut off = 0u64;
+    while off < size {
+        let n = (size - off).min(buf.len() as u64) as usize;
+        for (i, b) in buf[..n].iter_mut().enumerate() {
+            *b = pattern_byte(off + i as u64);
+        }
+        f.write_all(&buf[..n]).unwrap();
+        off += n as u64;
+    }
+    f.flush().unwrap();
+    println!("created {} ({size} bytes)", o.file.display());
+}
+
+fn start_daemon(o: &Opts) -> Option<Child> {
+    let bin = o.daemon.as_ref()?;
+    let mut cmd = Command::new(bin);
+    cmd.arg("--mount")
+        .arg(&o.mount)
+        .args(["--threads", &o.daemon_threads.to_string()])
+        .args(["--staging-mib", &o.staging_mib.to_string()])
+        .args(["--direct", &o.direct])
+        .stdout(Stdio::piped());
+    if let Some(k) = o.chunk_kib {
+        cmd.args(["--chunk-kib", &k.to_string()]);
+    }
+    let mut child = cmd.spawn().expect("start the daemon");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert!(line.starts_with("ready"), "daemon said {line:?}");
+    Some(child)
+}
+
+/// One ring's share of a sequential pass: `[start, end)` of the file in `block` reads,
+/// `depth` in flight.
+fn seq_pass(
+    ior: &mut Ior,
+    iov: &Iov,
+    fd: i32,
+    start: u64,
+    end: u64,
+    block: u64,
+    depth: u32,
+) -> u64 {
+    let mut next = start;
+    let mut inflight = 0u32;
+    let mut bytes = 0u64;
+    let mut cqes = vec![Cqe::default(); depth as usize];
+    while next < end || inflight > 0 {
+        while next < end && inflight < depth {
+            let len = block.min(end - next);
+            ior.prep_io(iov, true, iov.base() + next, fd, next, len, next)
+                .unwrap();
+            next += len;
+            inflight += 1;
+        }
+        ior.submit_ios().unwrap();
+        let n = ior
+            .wait_for_ios(&mut cqes, 1, Some(Instant::now() + Duration::from_secs(60)))
+            .unwrap();
+        assert!(n > 0, "no completion in 60 s");
+        for c in &cqes[..n] {
+            assert!(
+                c.result >= 0,
+                "read at {} failed: errno {}",
+                c.userdata,
+                -c.result
+            );
+            bytes += c.result as u64;
+        }
+        inflight -= n as u32;
+    }
+    bytes
+}
+
+/// One ring's random-read loop.
+struct RandJob {
+    /// File bytes to pick offsets in.
+    size: u64,
+    block: u64,
+    depth: u32,
+    until: Instant,
+    seed: u64,
+    /// Where this ring's slots start in the iov.
+    part: u64,
+}
+
+fn rand_pass(ior: &mut Ior, iov: &Iov, fd: i32, job: &RandJob) -> u64 {
+    let mut x = job.seed | 1;
+    let slots = (job.size / job.block).max(1);
+    let mut ops = 0u64;
+    let mut inflight = 0u32;
+    let mut cqes = vec![Cqe::default(); job.depth as usize];
+    let mut slot = 0u64;
+    loop {
+        let running = Instant::now() < job.until;
+        while running && inflight < job.depth {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let off = (x % slots) * job.block;
+            let dst = iov.base() + job.part + (slot % job.depth as u64) * job.block;
+            slot += 1;
+            ior.prep_io(iov, true, dst, fd, off, job.block, off)
+                .unwrap();
+            inflight += 1;
+        }
+        if inflight == 0 {
+            return ops;
+        }
+        ior.submit_ios().unwrap();
+        let n = ior
+            .wait_for_ios(&mut cqes, 1, Some(Instant::now() + Duration::from_secs(60)))
+            .unwrap();
+        for c in &cqes[..n] {
+            assert_eq!(c.result, job.block as i64, "random read at {}", c.userdata);
+        }
+        ops += n as u64;
+        inflight -= n as u32;
+    }
+}
+
+fn h2d_reference(gpu: &Gpu) {
+    let len = 256 << 20;
+    let host = HostBuffer::alloc(gpu, len).unwrap();
+    let dev = DeviceBuffer::alloc(gpu, len).unwrap();
+    let mut best = f64::MAX;
+    for _ in 0..10 {
+        let t = Instant::now();
+        dev.copy_from_host(0, host.as_slice()).unwrap();
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    println!(
+        "pinned H2D reference: {:.1} GB/s (256 MiB copies, best of 10)",
+        len as f64 / best / 1e9
+    );
+}
+
+fn main() {
+    let o = match parse() {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("gdr_read_bench: {e}\n(see the top of examples/gdr_read_bench.rs)");
+            std::process::exit(2);
+        }
+    };
+    if !o.host || o.h2d {
+        let gpu = match Gpu::open(o.gpu) {
+            Ok(gpu) => gpu,
+            Err(e) => {
+                eprintln!(
+                    "gdr_read_bench: GPU {}: {e} (--memory host reads into DRAM)",
+                    o.gpu
+                );
+                std::process::exit(1);
+            }
+        };
+        println!("GPU {}: {}", o.gpu, gpu.name().unwrap_or_default());
+        if o.h2d {
+            h2d_reference(&gpu);
+        }
+    }
+    let new_iov = |len: u64| {
+        if o.host {
+            Iov::create(&o.mount, len, 0, -1)
+        } else {
+            Iov::create_gpu(&o.mount, len, 0, o.gpu)
+        }
+        .expect("create the iov")
+    };
+    let into = if o.host { "DRAM" } else { "VRAM" };
+    create_file(&o);
+    let mut daemon = start_daemon(&o);
+    let file = std::fs::File::open(&o.file).expect("open --file");
+    let fd = file.as_raw_fd();
+    reg_fd(fd, 0).unwrap();
+    let file_size = file.metadata().unwrap().len();
+    let size = o.size.unwrap_or(file_size).min(file_size);
+    let rings = o.rings;
+    if !o.random {
+        let block = o.block.unwrap_or(16 << 20);
+        let iov = Arc::new(new_iov(size));
+        let mut iors: Vec<Ior> = (0..rings)
+            .map(|_| Ior::create(&o.mount, o.depth, true, 0, Duration::ZERO, -1, 0).unwrap())
+            .collect();
+        let share = size.div_ceil(rings as u64).next_multiple_of(4096);
+        let mut rates = Vec::new();
+        for pass in 0..o.iters {
+            let t = Instant::now();
+            let moved: u64 = std::thread::scope(|s| {
+                let handles: Vec<_> = iors
+                    .iter_mut()
+                    .enumerate()
+                    .map(|(r, ior)| {
+                        let iov = iov.clone();
+                        let (start, end) = (
+                            (r as u64 * share).min(size),
+                            ((r as u64 + 1) * share).min(size),
+                        );
+                        s.spawn(move || seq_pass(ior, &iov, fd, start, end, block, o.depth))
+                    })
+                    .collect();
+                handles.into_iter().map(|h| h.join().unwrap()).sum()
+            });
+            let secs = t.elapsed().as_secs_f64();
+            assert_eq!(moved, size, "pass {pass} moved {moved} of {size} bytes");
+            let rate = size as f64 / secs / 1e9;
+            println!("pass {pass}: {size} bytes in {secs:.4} s = {rate:.2} GB/s");
+            rates.push(rate);
+            if pass == 0 && o.verify {
+                let mut got = vec![0u8; size as usize];
+                iov.read_at(0, &mut got).unwrap();
+                let expected = std::fs::read(&o.file).unwrap();
+                match got.iter().zip(&expected).position(|(a, b)| a != b) {
+                    None => println!("verify: {into} matches the file ({size} bytes)"),
+                    Some(i) => panic!("verify: byte {i} differs"),
+                }
+            }
+        }
+        let best = rates.iter().cloned().fold(0.0, f64::max);
+        let mean = rates.iter().sum::<f64>() / rates.len() as f64;
+        println!(
+            "RESULT seq file->{into}: best {best:.2} GB/s, mean {mean:.2} GB/s (size {size}, block {block}, depth {}, rings {rings})",
+            o.depth
+        );
+    } else {
+        let block = o.block.unwrap_or(4096);
+        let iov = Arc::new(new_iov(block * o.depth as u64 * rings as u64));
+        let mut iors: Vec<Ior> = (0..rings)
+            .map(|_| Ior::create(&o.mount, o.depth, true, 0, Duration::ZERO, -1, 0).unwrap())
+            .collect();
+        let until = Instant::now() + Duration::from_secs_f64(o.seconds);
+        let t = Instant::now();
+        let ops: u64 = std::thread::scope(|s| {
+            let handles: Vec<_> = iors
+                .iter_mut()
+                .enumerate()
+                .map(|(r, ior)| {
+                    let iov = iov.clone();
+                    let job = RandJob {
+                        size,
+                        block,
+                        depth: o.depth,
+                        until,
+                        seed: 0x9e37_79b9 ^ ((r as u64 + 1) * 0x1234_5678_9abc),
+                        part: r as u64 * o.depth as u64 * block,
+                    };
+                    s.spawn(move || rand_pass(ior, &iov, fd, &job))
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).sum()
+        });
+        let secs = t.elapsed().as_secs_f64();
+        println!(
+            "RESULT rand {block}-byte reads into {into}: {:.0} IOPS, {:.2} GB/s ({ops} reads in {secs:.2} s, depth {}, rings {rings})",
+            ops as f64 / secs,
+            ops as f64 * block as f64 / secs / 1e9,
+            o.depth
+        );
+    }
+    hf3fs_gdr::dereg_fd(fd);
+    if let Some(d) = daemon.as_mut() {
+        let _ = d.kill();
+        let _ = d.wait();
+    }
+}
