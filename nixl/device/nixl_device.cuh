@@ -26,6 +26,8 @@
  * Handles are (slot pointer, generation) pairs into a table the backend keeps for its
  * whole life: a handle used after its request or view was released reads a slot whose
  * generation moved on and gets NIXL_ERR_INVALID_PARAM; it never touches freed memory.
+ * (Releasing a handle while a kernel that uses it is still running is undefined, as in
+ * NIXL: the slot is checked with plain loads, which may still see it live.)
  * Offsets and sizes are checked against the descriptor (NIXL_ERR_INVALID_PARAM), a
  * descriptor index against the request. Nothing in here traps or hangs: waits are
  * bounded by the queue pair's timeout.
@@ -133,8 +135,10 @@ __device__ __forceinline__ const nixl_gpu_slot *live(const nixl_gpu_slot *slot,
                                                      unsigned long long generation,
                                                      unsigned int kind) {
   if (slot == nullptr || (generation & 1) == 0) return nullptr;
-  const unsigned long long g = *(volatile const unsigned long long *)&slot->generation;
-  if (g != generation || (slot->flags & kind) == 0) return nullptr;
+  /* A plain load: the host releases a slot between kernels (a launch makes its write
+   * visible), and repeated calls of one kernel then read the slot from L1, as the raw
+   * gpunetio calls read their queue pair. */
+  if (slot->generation != generation || (slot->flags & kind) == 0) return nullptr;
   return slot;
 }
 

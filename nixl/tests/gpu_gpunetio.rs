@@ -100,7 +100,7 @@ fn posts_move_vram_and_dram_in_both_stream_modes_with_notifications_after_the_da
     };
     // SAFETY: as above.
     let _hd = unsafe { a.register_mem(&dram([host_desc]), None).unwrap() };
-    let stream = Arc::new(gpu.new_stream().unwrap());
+    let stream = gpu.new_stream().unwrap();
     for (round, attached) in [(1u32, false), (2, true), (3, false), (4, true)] {
         fill(&gpu, &m, &src, ROUNDS, round);
         dst.fill(0).unwrap();
@@ -119,10 +119,11 @@ fn posts_move_vram_and_dram_in_both_stream_modes_with_notifications_after_the_da
         };
         w.post_with(Some(format!("vv {round}").into_bytes()), &params)
             .unwrap();
-        // The notification is there only once the data is.
+        // Polling the request progresses it; its notification goes out once the kernel
+        // finished, so the data is there when the notification is.
+        w.wait(TIMEOUT).unwrap();
         let msg = wait_notif(&a, "gn-loop");
         assert_eq!(msg, format!("vv {round}").into_bytes());
-        w.wait(TIMEOUT).unwrap();
         assert_eq!(
             dst.to_vec().unwrap(),
             expected(len, round),
@@ -188,7 +189,14 @@ fn an_attached_post_moves_what_the_stream_produced_before_it() {
             None,
         )
         .unwrap();
-    let stream = Arc::new(gpu.new_stream().unwrap());
+    let stream = gpu.new_stream().unwrap();
+    let wrong = PostParams {
+        custom: Some(Box::new(7u32)),
+    };
+    assert!(
+        matches!(w.post_with(None, &wrong), Err(Error::InvalidParam(_))),
+        "a custom parameter that is not a stream is refused, not ignored"
+    );
     for value in [0x5a_u8, 0xa5] {
         src.fill(0).unwrap();
         dst.fill(0).unwrap();

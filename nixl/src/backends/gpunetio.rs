@@ -503,10 +503,14 @@ impl KernelXfer {
 impl BackendXfer for KernelXfer {
     fn post(&mut self, notif: Option<&[u8]>, params: &PostParams) -> Result<XferStatus> {
         self.sink.alive()?;
-        let attached = params
-            .custom
-            .as_ref()
-            .and_then(|c| c.downcast_ref::<Arc<CudaStream>>());
+        let attached = match params.custom.as_ref() {
+            None => None,
+            Some(c) => Some(c.downcast_ref::<Arc<CudaStream>>().ok_or_else(|| {
+                Error::InvalidParam(format!(
+                    "{NAME}: a post's custom parameter must be an Arc<CudaStream> (the stream to attach to)"
+                ))
+            })?),
+        };
         let stream = match attached {
             Some(s) if s.context().ordinal() != self.gpu.ordinal() => {
                 return Err(Error::InvalidParam(format!(
