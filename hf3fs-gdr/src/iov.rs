@@ -560,23 +560,22 @@ impl Iov {
         }
     }
 
-    /// Orders the iov's memory against I/O (3FS GDR's `hf3fs_iovsync`): for GPU iovs it
-    /// waits for the device's outstanding work; for host iovs it is a full fence.
+    /// Orders the iov's memory against I/O (3FS GDR's `hf3fs_iovsync`).
+    /// [`SyncDirection::ToStorage`] (before submitting writes) waits for this process's
+    /// outstanding work on the iov's GPU, so kernels or copies filling it are done.
+    /// [`SyncDirection::FromStorage`] (after reads completed) needs no device wait: the
+    /// daemon posts a completion only after its copies into the iov finished, so it is
+    /// a memory fence. Host iovs get a fence either way.
     #[doc(alias = "hf3fs_iovsync")]
     #[doc(alias = "hf3fs_iovsync_gpu")]
     pub fn sync(&self, direction: SyncDirection) -> Result<()> {
-        match self.inner.device {
-            None => {
-                std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
-                Ok(())
-            }
-            Some(device) => {
-                let _ = direction;
-                gpu_copy(device, |_| {
-                    // SAFETY: no arguments; the device's context is current.
-                    unsafe { gpunetio::cudarc::driver::sys::cuCtxSynchronize() }
-                })
-            }
+        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+        match (self.inner.device, direction) {
+            (Some(device), SyncDirection::ToStorage) => gpu_copy(device, |_| {
+                // SAFETY: no arguments; the device's context is current.
+                unsafe { gpunetio::cudarc::driver::sys::cuCtxSynchronize() }
+            }),
+            _ => Ok(()),
         }
     }
 

@@ -13,8 +13,9 @@ use std::time::{Duration, Instant};
 /// Longest sleep of an idle ring thread (I/Os prepared without `submit_ios` are seen
 /// within this).
 const IDLE_SLEEP: Duration = Duration::from_millis(1);
-/// How long stopping a ring waits for its I/Os in flight.
-const DRAIN_LIMIT: Duration = Duration::from_secs(30);
+/// How long stopping a ring waits for its I/Os in flight (below the client's request
+/// timeout, so a detach never makes the client think the daemon died).
+const DRAIN_LIMIT: Duration = Duration::from_secs(10);
 
 /// A mapped ring.
 #[derive(Debug)]

@@ -12,6 +12,32 @@ use std::time::{Duration, Instant};
 /// Longest wait for a daemon or child to say something.
 pub const T: Duration = Duration::from_secs(30);
 
+/// The daemon binary: `$HF3FS_GDR_DAEMON`, else cargo's build of it, else
+/// `../bin/hf3fs-gdr-daemon` beside this test binary (the GPU bundle's layout:
+/// `tests/<name>` and `bin/<tool>`).
+pub fn daemon_binary() -> PathBuf {
+    if let Some(p) = std::env::var_os("HF3FS_GDR_DAEMON") {
+        return p.into();
+    }
+    let built = PathBuf::from(env!("CARGO_BIN_EXE_hf3fs-gdr-daemon"));
+    if built.exists() {
+        return built;
+    }
+    let exe = std::env::current_exe().unwrap();
+    let bundled = exe
+        .parent()
+        .and_then(Path::parent)
+        .map(|root| root.join("bin").join("hf3fs-gdr-daemon"));
+    match bundled {
+        Some(p) if p.exists() => p,
+        _ => panic!(
+            "no hf3fs-gdr-daemon at {} or beside {}: set HF3FS_GDR_DAEMON",
+            built.display(),
+            exe.display()
+        ),
+    }
+}
+
 /// A running daemon on its own mount directory; killed on drop.
 pub struct Daemon {
     pub child: Child,
@@ -28,7 +54,7 @@ impl Daemon {
             .prefix("hf3fs-mnt")
             .tempdir()
             .unwrap();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_hf3fs-gdr-daemon"))
+        let mut child = Command::new(daemon_binary())
             .arg("--mount")
             .arg(mount.path())
             .arg("--threads")
