@@ -6,7 +6,7 @@
 //!     [--staging-mib M] [--chunk-kib K] [--direct auto|always|never]
 //!     [--mode seq|rand] [--size BYTES] [--block BYTES] [--depth N] [--rings R]
 //!     [--iters K] [--seconds S] [--gpu G] [--create BYTES] [--verify] [--h2d]
-//!     [--memory gpu|host]
+//!     [--memory gpu|host] [--drop-cache]
 //! ```
 //! - `--daemon BIN` starts the daemon on `--mount` (else one must be running there).
 //! - `--create BYTES` writes a patterned file of that size first if `--file` is missing.
@@ -14,6 +14,8 @@
 //!   a ring keeping `--depth` reads of `--block` bytes (default 16 MiB) in flight, into
 //!   one GPU iov; `--iters` passes, best and mean GB/s (10^9 bytes/s).
 //! - `rand`: `--block` (default 4 KiB) reads at random aligned offsets for `--seconds`.
+//! - `--drop-cache` evicts the file from the page cache before each pass (cold reads:
+//!   the daemon then reads with `O_DIRECT`).
 //! - `--memory host` reads into shared host memory instead (file->DRAM numbers).
 //! - `--verify` checks the VRAM against the file after the first pass; `--h2d` measures
 //!   pinned host-to-device copies for reference.
@@ -51,6 +53,8 @@ struct Opts {
     h2d: bool,
     /// Read into host shared memory instead of VRAM (file->DRAM numbers).
     host: bool,
+    /// Evict the file from the page cache before each pass (cold reads).
+    drop_cache: bool,
 }
 
 fn size_arg(s: &str) -> Result<u64, String> {
@@ -86,6 +90,7 @@ fn parse() -> Result<Opts, String> {
         verify: false,
         h2d: false,
         host: false,
+        drop_cache: false,
     };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -119,6 +124,7 @@ fn parse() -> Result<Opts, String> {
             "--create" => o.create = Some(size_arg(&v()?)?),
             "--verify" => o.verify = true,
             "--h2d" => o.h2d = true,
+            "--drop-cache" => o.drop_cache = true,
             "--memory" => {
                 o.host = match v()?.as_str() {
                     "gpu" => false,
@@ -336,6 +342,13 @@ fn main() {
         let share = size.div_ceil(rings as u64).next_multiple_of(4096);
         let mut rates = Vec::new();
         for pass in 0..o.iters {
+            if o.drop_cache {
+                // Clean pages of the file leave the page cache (no root needed).
+                file.sync_all().ok();
+                // SAFETY: a valid descriptor; advice only.
+                let r = unsafe { libc::posix_fadvise(fd, 0, 0, libc::POSIX_FADV_DONTNEED) };
+                assert_eq!(r, 0, "posix_fadvise(DONTNEED)");
+            }
             let t = Instant::now();
             let moved: u64 = std::thread::scope(|s| {
                 let handles: Vec<_> = iors
