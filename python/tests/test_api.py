@@ -561,3 +561,28 @@ def test_metadata_exchange_without_ip_is_not_supported():
         agent.send_local_metadata()
     with pytest.raises(B.nixlNotSupportedError):
         agent.fetch_remote_metadata("x")
+
+
+def test_torch_cpu_tensors_are_dram():
+    """Tensors and lists of tensors as descriptors (CPU tensors: DRAM, device 0)."""
+    torch = pytest.importorskip("torch")
+    a = make_agent("A")
+    b = make_agent("B")
+    src = torch.arange(SIZE, dtype=torch.int64).remainder(253).to(torch.uint8)
+    dst = torch.zeros(SIZE, dtype=torch.uint8)
+    regs = a.register_memory(src)
+    assert regs.descCount() == 1 and regs.getType() == B.DRAM_SEG
+    b.register_memory([dst])
+    a.add_remote_agent(b.get_agent_metadata())
+    n = 4
+    piece = SIZE // n
+    local = a.get_xfer_descs([src[i * piece : (i + 1) * piece] for i in range(n)])
+    assert local.descCount() == n and local.getType() == B.DRAM_SEG
+    assert local[1] == (src.data_ptr() + piece, piece, 0)
+    remote = a.get_xfer_descs([dst[i * piece : (i + 1) * piece] for i in range(n)])
+    h = a.initialize_xfer("WRITE", local, remote, "B", b"tensors")
+    wait_xfer(a, h, state=a.transfer(h))
+    wait_for(lambda: b.check_remote_xfer_done("A", b"tensors"), what="notification")
+    assert torch.equal(src, dst)
+    # A non-contiguous tensor is refused (None), as NIXL.
+    assert a.get_xfer_descs(src.view(2, -1).t()) is None
