@@ -193,6 +193,9 @@ pub fn daemon_stats(mount: impl AsRef<Path>) -> Result<DaemonStats> {
 pub(crate) struct DaemonConn {
     mount: PathBuf,
     sock: Mutex<SeqPacket>,
+    /// The same socket, polled for liveness without waiting for `sock`'s lock (a
+    /// request may hold it for seconds).
+    probe: SeqPacket,
     /// Client fd number → (daemon file id, dev, ino).
     files: Mutex<HashMap<RawFd, (u32, u64, u64)>>,
     dead: AtomicBool,
@@ -206,8 +209,12 @@ impl DaemonConn {
             why: format!("connect {}: {e}", path.display()),
         })?;
         sock.set_recv_timeout(REQUEST_TIMEOUT)?;
+        let probe = sock
+            .try_clone()
+            .map_err(|e| crate::error::os_err("dup", e, "daemon socket"))?;
         let conn = Self {
             mount: mount.to_path_buf(),
+            probe,
             sock: Mutex::new(sock),
             files: Mutex::default(),
             dead: AtomicBool::new(false),
@@ -229,7 +236,7 @@ impl DaemonConn {
     }
 
     fn sock_closed(&self) -> bool {
-        lock(&self.sock).peer_closed()
+        self.probe.peer_closed()
     }
 
     /// One request and its reply: `(value, payload)`; a negative value is `Refused`.

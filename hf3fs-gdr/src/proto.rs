@@ -227,6 +227,12 @@ impl SeqPacket {
         Ok((n, fds))
     }
 
+    /// A second descriptor of the same socket (for liveness checks while another thread
+    /// waits for a reply on the first).
+    pub(crate) fn try_clone(&self) -> std::io::Result<Self> {
+        self.0.try_clone().map(Self)
+    }
+
     /// Whether the peer has closed (or the socket failed), without consuming anything.
     pub(crate) fn peer_closed(&self) -> bool {
         let mut pfd = libc::pollfd {

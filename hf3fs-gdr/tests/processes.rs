@@ -229,3 +229,40 @@ fn client_killed_daemon_serves_others() {
     assert_bytes(&data_back, &bytes, "read after another client died");
     dereg_fd(file.as_raw_fd());
 }
+
+#[test]
+fn a_frozen_daemon_costs_waiters_only_their_deadline() {
+    let mut d = Daemon::start(2);
+    let data = data_dir();
+    let (path, _) = patterned_file(data.path(), "f", 2, 1 << 20);
+    let file = std::fs::File::open(&path).unwrap();
+    reg_fd(file.as_raw_fd(), 0).unwrap();
+    let iov = Iov::create(d.path(), 1 << 20, 0, -1).unwrap();
+    let mut ior = Ior::create(d.path(), 4, true, 0, Duration::ZERO, -1, 0).unwrap();
+    // One read first: the file's registration round trip is done (a request to a
+    // frozen daemon would wait for the 20 s request timeout, then fail typed).
+    ior.prep_io(&iov, true, iov.base(), file.as_raw_fd(), 0, 4096, 0)
+        .unwrap();
+    let mut c = [Cqe::default(); 1];
+    assert_eq!(ior.wait_for_ios(&mut c, 1, after(T)).unwrap(), 1);
+    let pid = d.child.id() as i32;
+    // SAFETY: signals our own child.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+    ior.prep_io(&iov, true, iov.base(), file.as_raw_fd(), 0, 1 << 20, 1)
+        .unwrap();
+    ior.submit_ios().unwrap();
+    let start = Instant::now();
+    let n = ior
+        .wait_for_ios(&mut c, 1, after(Duration::from_millis(300)))
+        .unwrap();
+    let took = start.elapsed();
+    assert_eq!(n, 0);
+    assert!(took < Duration::from_secs(2), "took {took:?}");
+    // Thawed, it completes the read.
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGCONT) }, 0);
+    assert_eq!(ior.wait_for_ios(&mut c, 1, after(T)).unwrap(), 1);
+    assert_eq!(c[0].result, 1 << 20);
+    assert!(d.alive());
+    dereg_fd(file.as_raw_fd());
+}
