@@ -96,20 +96,20 @@ impl Staging {
                     chunk.finish(moved)
                 }
                 Err(e) => {
-                    tracing::error!("GPU {}: {e}", chunk.req.index);
+                    tracing::error!("copy for ring index {}: {e}", chunk.req.index);
                     chunk.finish(-(libc::EIO as i64))
                 }
             }
         }
     }
 
-    /// Completes every chunk whose copy is in flight.
-    pub(crate) fn flush(&mut self) {
+    /// Completes every chunk whose copy is in flight (counted in `stats` if given).
+    pub(crate) fn flush(&mut self, stats: Option<&Stats>) {
         if self.gpu.bind().is_err() {
             tracing::error!("GPU {}: cannot bind its context", self.gpu.ordinal());
         }
         for slot in &mut self.slots {
-            Self::retire(slot, None);
+            Self::retire(slot, stats);
         }
     }
 
@@ -186,7 +186,7 @@ impl Staging {
 
 impl Drop for Staging {
     fn drop(&mut self) {
-        self.flush();
+        self.flush(None);
         for slot in &self.slots {
             // SAFETY: created in `new`, destroyed once.
             let _ = unsafe { sys::cuEventDestroy_v2(slot.event) };

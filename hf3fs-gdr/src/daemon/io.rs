@@ -324,7 +324,7 @@ impl Pool {
                 }
             };
             let Some(chunk) = next else {
-                staging.values_mut().for_each(Staging::flush);
+                staging.values_mut().for_each(|s| s.flush(Some(&stats)));
                 continue;
             };
             if chunk.file.slow && !inject_delay.is_zero() {
