@@ -11,9 +11,11 @@
 //! - `--daemon BIN` starts the daemon on `--mount` (else one must be running there).
 //! - `--create BYTES` writes a patterned file of that size first if `--file` is missing.
 //! - `seq`: `--size` bytes (default: the file) split among `--rings` threads, each with
-//!   a ring keeping `--depth` reads of `--block` bytes (default 16 MiB) in flight, into
+//!   a ring keeping `--depth` (default 16) reads of `--block` bytes (default 64 MiB) in
+//!   flight (the daemon splits them into chunks for its workers), into
 //!   one GPU iov; `--iters` passes, best and mean GB/s (10^9 bytes/s).
-//! - `rand`: `--block` (default 4 KiB) reads at random aligned offsets for `--seconds`.
+//! - `rand`: `--block` (default 4 KiB) reads at random aligned offsets for `--seconds`,
+//!   `--depth` (default 128) in flight per ring.
 //! - `--drop-cache` evicts the file from the page cache before each pass (cold reads:
 //!   the daemon then reads with `O_DIRECT`).
 //! - `--memory host` reads into shared host memory instead (file->DRAM numbers).
@@ -43,7 +45,7 @@ struct Opts {
     random: bool,
     size: Option<u64>,
     block: Option<u64>,
-    depth: u32,
+    depth: Option<u32>,
     rings: usize,
     iters: usize,
     seconds: f64,
@@ -81,7 +83,7 @@ fn parse() -> Result<Opts, String> {
         random: false,
         size: None,
         block: None,
-        depth: 8,
+        depth: None,
         rings: 1,
         iters: 5,
         seconds: 5.0,
@@ -116,7 +118,7 @@ fn parse() -> Result<Opts, String> {
             }
             "--size" => o.size = Some(size_arg(&v()?)?),
             "--block" => o.block = Some(size_arg(&v()?)?),
-            "--depth" => o.depth = num(v()?)? as u32,
+            "--depth" => o.depth = Some(num(v()?)?.max(1) as u32),
             "--rings" => o.rings = num(v()?)?.max(1),
             "--iters" => o.iters = num(v()?)?.max(1),
             "--seconds" => o.seconds = v()?.parse().map_err(|_| "--seconds: not a number")?,
@@ -334,10 +336,11 @@ fn main() {
     let size = o.size.unwrap_or(file_size).min(file_size);
     let rings = o.rings;
     if !o.random {
-        let block = o.block.unwrap_or(16 << 20);
+        let block = o.block.unwrap_or(64 << 20);
+        let depth = o.depth.unwrap_or(16);
         let iov = Arc::new(new_iov(size));
         let mut iors: Vec<Ior> = (0..rings)
-            .map(|_| Ior::create(&o.mount, o.depth, true, 0, Duration::ZERO, -1, 0).unwrap())
+            .map(|_| Ior::create(&o.mount, depth, true, 0, Duration::ZERO, -1, 0).unwrap())
             .collect();
         let share = size.div_ceil(rings as u64).next_multiple_of(4096);
         let mut rates = Vec::new();
@@ -360,7 +363,7 @@ fn main() {
                             (r as u64 * share).min(size),
                             ((r as u64 + 1) * share).min(size),
                         );
-                        s.spawn(move || seq_pass(ior, &iov, fd, start, end, block, o.depth))
+                        s.spawn(move || seq_pass(ior, &iov, fd, start, end, block, depth))
                     })
                     .collect();
                 handles.into_iter().map(|h| h.join().unwrap()).sum()
@@ -384,13 +387,14 @@ fn main() {
         let mean = rates.iter().sum::<f64>() / rates.len() as f64;
         println!(
             "RESULT seq file->{into}: best {best:.2} GB/s, mean {mean:.2} GB/s (size {size}, block {block}, depth {}, rings {rings})",
-            o.depth
+            depth
         );
     } else {
         let block = o.block.unwrap_or(4096);
-        let iov = Arc::new(new_iov(block * o.depth as u64 * rings as u64));
+        let depth = o.depth.unwrap_or(128);
+        let iov = Arc::new(new_iov(block * depth as u64 * rings as u64));
         let mut iors: Vec<Ior> = (0..rings)
-            .map(|_| Ior::create(&o.mount, o.depth, true, 0, Duration::ZERO, -1, 0).unwrap())
+            .map(|_| Ior::create(&o.mount, depth, true, 0, Duration::ZERO, -1, 0).unwrap())
             .collect();
         let until = Instant::now() + Duration::from_secs_f64(o.seconds);
         let t = Instant::now();
@@ -403,10 +407,10 @@ fn main() {
                     let job = RandJob {
                         size,
                         block,
-                        depth: o.depth,
+                        depth,
                         until,
                         seed: 0x9e37_79b9 ^ ((r as u64 + 1) * 0x1234_5678_9abc),
-                        part: r as u64 * o.depth as u64 * block,
+                        part: r as u64 * depth as u64 * block,
                     };
                     s.spawn(move || rand_pass(ior, &iov, fd, &job))
                 })
@@ -418,7 +422,7 @@ fn main() {
             "RESULT rand {block}-byte reads into {into}: {:.0} IOPS, {:.2} GB/s ({ops} reads in {secs:.2} s, depth {}, rings {rings})",
             ops as f64 / secs,
             ops as f64 * block as f64 / secs / 1e9,
-            o.depth
+            depth
         );
     }
     hf3fs_gdr::dereg_fd(fd);
