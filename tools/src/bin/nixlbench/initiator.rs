@@ -10,28 +10,21 @@ use std::net::SocketAddr;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-/// The initiator's agent, with its backend (and, for LIBFABRIC, the provider chosen as
-/// the module docs say and why).
-pub(crate) fn initiator_agent(
-    o: &Options,
-    target_addr: SocketAddr,
-) -> Result<(Agent, String), String> {
-    let new_agent = |name: String| {
-        Agent::new(
-            name,
-            AgentConfig {
-                listen_addr: None,
-                ..AgentConfig::default()
-            },
-        )
-        .map_err(|e| e.to_string())
-    };
+fn new_agent(name: String) -> Result<Agent, String> {
+    Agent::new(
+        name,
+        AgentConfig {
+            listen_addr: None,
+            ..AgentConfig::default()
+        },
+    )
+    .map_err(|e| e.to_string())
+}
+
+/// The initiator's agent for the target listening at `target_addr` (SOCKET runtime).
+fn initiator_agent(o: &Options, target_addr: SocketAddr) -> Result<(Agent, String), String> {
     if !o.is_libfabric() {
-        let agent = new_agent(INITIATOR.into())?;
-        agent
-            .create_backend(&o.backend, &o.params(Side::Initiator, None))
-            .map_err(|e| format!("{}: {e}", o.backend))?;
-        return Ok((agent, String::new()));
+        return initiator_agent_for(o, None, false);
     }
     // Which provider the target uses, if it was given one: its name says.
     let probe = new_agent("nixlbench-probe".into())?;
@@ -39,7 +32,24 @@ pub(crate) fn initiator_agent(
         .fetch_remote_metadata(target_addr)
         .map_err(|e| format!("reaching the target at {target_addr}: {e}"))?;
     drop(probe);
-    let target_provider = provider_of(&target_name);
+    initiator_agent_for(o, provider_of(&target_name), is_this_host(target_addr.ip()))
+}
+
+/// The initiator's agent, with its backend (and, for LIBFABRIC, the provider chosen as
+/// the module docs say and why), for a target that uses `target_provider` (if it was
+/// given one) and is on this host or not.
+pub(crate) fn initiator_agent_for(
+    o: &Options,
+    target_provider: Option<&str>,
+    target_on_this_host: bool,
+) -> Result<(Agent, String), String> {
+    if !o.is_libfabric() {
+        let agent = new_agent(INITIATOR.into())?;
+        agent
+            .create_backend(&o.backend, &o.params(Side::Initiator, None))
+            .map_err(|e| format!("{}: {e}", o.backend))?;
+        return Ok((agent, String::new()));
+    }
     let mut candidates: Vec<(String, String)> = match (target_provider, o.user_provider()) {
         (Some(t), Some(u)) if t != u => {
             return Err(format!(
@@ -50,7 +60,7 @@ pub(crate) fn initiator_agent(
         (None, Some(u)) => vec![(u.into(), "--backend_param".into())],
         (None, None) => {
             let mut c = Vec::new();
-            if is_this_host(target_addr.ip()) {
+            if target_on_this_host {
                 c.push((
                     "shm".to_string(),
                     "default: the target is on this host".into(),
@@ -140,13 +150,26 @@ pub(crate) fn run_initiator(o: &Options, target_addr: SocketAddr) -> Result<Vec<
     agent
         .send_local_metadata(target_addr)
         .map_err(|e| format!("sending our metadata to {target_addr}: {e}"))?;
-    let remote = remote_mem(&agent, &target)?;
+    measure(o, &agent, &how, &local, &target, &target_addr.to_string())
+}
+
+/// The sweep against the target `target` (reached at `at`), once both sides have each
+/// other's metadata; tells the target DONE at the end.
+pub(crate) fn measure(
+    o: &Options,
+    agent: &Agent,
+    how: &str,
+    local: &Mem,
+    target: &str,
+    at: &str,
+) -> Result<Vec<Row>, String> {
+    let remote = remote_mem(agent, target)?;
     let peer = Peer::Remote {
-        name: target.clone(),
+        name: target.to_string(),
         check_lock: Mutex::new(()),
     };
     let header = format!(
-        "nixlbench: backend {}{}, {:?}, {} -> {}, {} thread(s), device_list {}, target `{target}` at {target_addr}",
+        "nixlbench: backend {}{}, {:?}, {} -> {}, {} thread(s), device_list {}, target `{target}` at {at}",
         o.backend,
         if how.is_empty() { String::new() } else { format!(" {how}") },
         o.op,
@@ -155,9 +178,9 @@ pub(crate) fn run_initiator(o: &Options, target_addr: SocketAddr) -> Result<Vec<
         o.num_threads,
         o.device_list.join(","),
     );
-    let rows = sweep(&agent, &peer, &local, remote, o, &header)?;
+    let rows = sweep(agent, &peer, local, remote, o, &header)?;
     agent
-        .gen_notif(&target, b"DONE")
+        .gen_notif(target, b"DONE")
         .map_err(|e| e.to_string())?;
     Ok(rows)
 }

@@ -27,6 +27,10 @@ use crate::plot::plot;
 use crate::sweep::Row;
 use crate::target::run_target;
 
+#[cfg(feature = "etcd")]
+mod etcd_run;
+#[cfg(feature = "etcd")]
+mod etcd_runtime;
 mod initiator;
 mod mem;
 mod options;
@@ -61,6 +65,8 @@ fn main() {
         }
     };
     let result = match (o.role.as_deref(), o.target_address) {
+        #[cfg(feature = "etcd")]
+        _ if matches!(o.runtime, options::Runtime::Etcd { .. }) => etcd_run::run(&o),
         (Some("target"), _) => run_target(&o).map(|_| None),
         (Some("initiator"), Some(addr)) => run_initiator(&o, addr).map(Some),
         (Some("initiator"), None) => Err("--role initiator needs --target_address".into()),

@@ -60,7 +60,7 @@ pub(crate) fn run_target(o: &Options) -> Result<(), String> {
             mem.describe()
         );
     }
-    let served = serve(&agent, &mem);
+    let served = serve(&agent, &mem, &|| None);
     drop(reg);
     served
 }
@@ -93,8 +93,16 @@ pub(crate) fn wait_for_provider(agent: &Agent) -> Result<String, String> {
 
 /// Serves until the initiator says DONE: answers CHECK requests by verifying its own
 /// memory (`CHECK id seed block batch stride base` → `CHECKED id ok|<what differs>`).
-pub(crate) fn serve(agent: &Agent, mem: &Mem) -> Result<(), String> {
+/// `initiator_gone` is asked about once a second; a reason it gives ends the wait with
+/// that error (after the notifications already here are read: DONE may be among them).
+pub(crate) fn serve(
+    agent: &Agent,
+    mem: &Mem,
+    initiator_gone: &dyn Fn() -> Option<String>,
+) -> Result<(), String> {
     let mut last = Instant::now();
+    let mut last_asked = Instant::now();
+    let mut gone: Option<String> = None;
     loop {
         for (sender, msgs) in agent.get_notifs() {
             last = Instant::now();
@@ -115,8 +123,16 @@ pub(crate) fn serve(agent: &Agent, mem: &Mem) -> Result<(), String> {
                 }
             }
         }
+        if let Some(why) = gone {
+            return Err(format!("target: {why} before saying DONE"));
+        }
         if last.elapsed() > Duration::from_secs(600) {
             return Err("target: no word from the initiator for 10 minutes".into());
+        }
+        if last_asked.elapsed() > Duration::from_secs(1) {
+            last_asked = Instant::now();
+            // One more round of notifications is read before this ends the wait.
+            gone = initiator_gone();
         }
         std::thread::sleep(Duration::from_millis(1));
     }

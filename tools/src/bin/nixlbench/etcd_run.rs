@@ -1,0 +1,149 @@
+//! The two sides of a run under the ETCD runtime (`--etcd_endpoints URL`).
+//!
+//! Both processes are started alike; [`EtcdRuntime::join`] makes the first the initiator
+//! (rank 0) and the second the target (rank 1). Then, through the run's keys:
+//! 1. the initiator waits for the target's rank, picks its backend (LIBFABRIC: the
+//!    provider as with SOCKET, `shm` when the target's boot id is ours), registers its
+//!    memory, publishes its agent metadata (`nixl::etcd::EtcdMetadata`) and puts its
+//!    agent name under `initiator`;
+//! 2. the target reads that name (a LIBFABRIC target without a provider takes the one in
+//!    it), creates its backend, registers, fetches the initiator's metadata (it answers
+//!    consistency checks by notification), publishes its own and puts its name under
+//!    `target`;
+//! 3. the initiator fetches the target's metadata and runs the sweep; DONE by
+//!    notification ends the target, which acknowledges under `done`, so the initiator
+//!    leaves only after the target has seen the end. A side whose peer's rank vanishes
+//!    (exit or crash: the lease) stops with that reason instead of waiting.
+
+use crate::etcd_runtime::{EtcdRuntime, RankInfo};
+use crate::initiator::{initiator_agent_for, measure};
+use crate::mem::{register, Mem, INITIATOR_FILL, TARGET_FILL, TARGET_SEED};
+use crate::options::{Options, Runtime, Side};
+use crate::provider::{provider_of, with_provider};
+use crate::sweep::Row;
+use crate::target::serve;
+use crate::TARGET;
+use nixl::etcd::EtcdMetadata;
+use nixl::{Agent, AgentConfig};
+
+/// Label of the initiator's agent name.
+const INITIATOR_KEY: &str = "initiator";
+/// Label of the target's agent name (put once its metadata is published).
+const TARGET_KEY: &str = "target";
+/// Label the target puts when it has seen DONE.
+const DONE_KEY: &str = "done";
+
+/// Joins the run and plays the side the rank gives; the initiator returns its rows.
+pub(crate) fn run(o: &Options) -> Result<Option<Vec<Row>>, String> {
+    let Runtime::Etcd {
+        endpoints,
+        group,
+        wait,
+    } = &o.runtime
+    else {
+        return Err("not the ETCD runtime".into());
+    };
+    let mut rt = EtcdRuntime::join(endpoints, group, *wait, &o.backend, o.user_provider())?;
+    eprintln!(
+        "nixlbench: ETCD runtime at {}: rank {} of 2 ({}), benchmark group `{}`, run {}",
+        rt.endpoints().join(","),
+        crate::etcd_runtime::rank_of(rt.side()),
+        match rt.side() {
+            Side::Initiator => "initiator",
+            Side::Target => "target",
+        },
+        rt.group(),
+        rt.me().run
+    );
+    let peer = rt.peer()?;
+    if peer.backend != o.backend {
+        return Err(format!(
+            "the peer (pid {} on {}) runs --backend {}, this process --backend {}: start \
+             both with the same options",
+            peer.pid, peer.hostname, peer.backend, o.backend
+        ));
+    }
+    match rt.side() {
+        Side::Initiator => initiator(o, &rt, &peer).map(Some),
+        Side::Target => target(o, &rt).map(|()| None),
+    }
+}
+
+fn metadata(agent: &Agent, rt: &EtcdRuntime) -> Result<EtcdMetadata, String> {
+    EtcdMetadata::connect(agent, rt.metadata_config())
+        .map_err(|e| format!("etcd metadata service: {e}"))
+}
+
+fn initiator(o: &Options, rt: &EtcdRuntime, peer: &RankInfo) -> Result<Vec<Row>, String> {
+    let same_host = rt.me().same_host(peer);
+    let (agent, how) = initiator_agent_for(o, peer.provider.as_deref(), same_host)?;
+    let local = Mem::alloc(
+        o.initiator_seg,
+        o.initiator_gpu,
+        o.total_buffer_size,
+        INITIATOR_FILL,
+    )?;
+    let reg = register(&agent, &local, None)?;
+    let md = metadata(&agent, rt)?;
+    md.publish()
+        .map_err(|e| format!("publishing our metadata: {e}"))?;
+    rt.put(INITIATOR_KEY, agent.name())?;
+    let target = rt.wait_for(TARGET_KEY, "the target's agent")?;
+    md.fetch(&target)
+        .map_err(|e| format!("fetching the target's metadata: {e}"))?;
+    let at = format!("{} (pid {}, via etcd)", peer.hostname, peer.pid);
+    let rows = measure(o, &agent, &how, &local, &target, &at)?;
+    rt.wait_for_or_left(DONE_KEY, "the target's acknowledgement of DONE")?;
+    drop(md);
+    drop(reg);
+    Ok(rows)
+}
+
+fn target(o: &Options, rt: &EtcdRuntime) -> Result<(), String> {
+    let mem = Mem::alloc(o.target_seg, o.target_gpu, o.total_buffer_size, TARGET_FILL)?;
+    mem.fill_pattern(0, mem.len(), TARGET_SEED)?;
+    let initiator = rt.wait_for(INITIATOR_KEY, "the initiator's agent")?;
+    // LIBFABRIC: the user's provider, else the initiator's choice (its name carries it).
+    let provider = if o.is_libfabric() {
+        let chosen = provider_of(&initiator);
+        match (o.user_provider(), chosen) {
+            (Some(u), Some(c)) if u != c => {
+                return Err(format!(
+                    "the initiator uses provider {c}, but --backend_param provider={u}"
+                ))
+            }
+            (Some(u), _) => Some(u.to_string()),
+            (None, c) => c.map(str::to_string),
+        }
+    } else {
+        None
+    };
+    let agent = Agent::new(
+        with_provider(TARGET, provider.as_deref()),
+        AgentConfig {
+            listen_addr: None,
+            ..AgentConfig::default()
+        },
+    )
+    .map_err(|e| e.to_string())?;
+    agent
+        .create_backend(&o.backend, &o.params(Side::Target, provider.as_deref()))
+        .map_err(|e| format!("{}: {e}", o.backend))?;
+    let reg = register(&agent, &mem, None)?;
+    let md = metadata(&agent, rt)?;
+    md.fetch(&initiator)
+        .map_err(|e| format!("fetching the initiator's metadata: {e}"))?;
+    md.publish()
+        .map_err(|e| format!("publishing our metadata: {e}"))?;
+    rt.put(TARGET_KEY, agent.name())?;
+    eprintln!(
+        "nixlbench target: {}, {}, serving `{initiator}`",
+        agent.name(),
+        mem.describe()
+    );
+    serve(&agent, &mem, &|| rt.peer_gone())?;
+    rt.put(DONE_KEY, "1")?;
+    drop(md);
+    drop(reg);
+    Ok(())
+}
