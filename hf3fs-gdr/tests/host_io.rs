@@ -457,3 +457,84 @@ fn auto_direct_policy_serves_cached_data_from_the_cache_and_cold_data_direct() {
     assert_eq!(read_all(&mut ior, 2), (1, 0));
     dereg_fd(fd);
 }
+
+#[test]
+fn daemon_cli_refuses_bad_arguments_and_a_second_daemon() {
+    let bin = common::daemon_binary();
+    let status = |args: &[&str]| {
+        std::process::Command::new(&bin)
+            .args(args)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .unwrap()
+            .code()
+    };
+    assert_eq!(status(&[]), Some(2), "--mount is required");
+    assert_eq!(status(&["--mount", "/tmp", "--threads", "x"]), Some(2));
+    assert_eq!(
+        status(&["--mount", "/tmp", "--direct", "sometimes"]),
+        Some(2)
+    );
+    assert_eq!(status(&["--bogus"]), Some(2));
+    assert_eq!(status(&["--mount", "/nonexistent-hf3fs-mount"]), Some(1));
+    let d = Daemon::start(1);
+    let mount = d.path().to_str().unwrap();
+    assert_eq!(
+        status(&["--mount", mount]),
+        Some(1),
+        "a daemon already serves it"
+    );
+    // The first one still serves.
+    assert_eq!(daemon_stats(d.path()).unwrap().clients_now, 1);
+}
+
+#[test]
+fn gpu_iovs_without_a_gpu_are_typed_errors() {
+    if hf3fs_gdr::gdr_available() {
+        eprintln!("skipped: this machine has a GPU (gpu_hf3fs covers it)");
+        return;
+    }
+    assert_eq!(hf3fs_gdr::gdr_device_count(), 0);
+    let mount = tempfile::tempdir().unwrap();
+    let r = Iov::create_gpu(mount.path(), MIB, 0, 0);
+    assert!(matches!(r, Err(Error::Gpu(_))), "{r:?}");
+    let handle = hf3fs_gdr::GpuIovHandle {
+        id: [1; 16],
+        device: 0,
+        size: MIB,
+        block_size: 0,
+        offset: 0,
+        ipc: gpunetio::IpcHandle([0; 64]),
+    };
+    assert!(matches!(
+        Iov::import_gpu(&handle, mount.path()),
+        Err(Error::Gpu(_))
+    ));
+    assert!(matches!(
+        hf3fs_gdr::GpuIovHandle::from_bytes(&[0; 10]),
+        Err(Error::Malformed { .. })
+    ));
+    // A GPU publication opened where there is no GPU.
+    let dir = hf3fs_gdr::virt::iovs_dir(mount.path());
+    std::fs::create_dir_all(&dir).unwrap();
+    let link = hf3fs_gdr::virt::GdrLink {
+        device: 0,
+        size: MIB,
+        ipc: handle.ipc,
+        offset: 0,
+    };
+    std::os::unix::fs::symlink(link.format(), dir.join(hf3fs_gdr::to_hex(&[2; 16]))).unwrap();
+    assert!(matches!(
+        Iov::open(&[2; 16], mount.path(), MIB, 0, -1),
+        Err(Error::Gpu(_))
+    ));
+    // A malformed publication.
+    std::os::unix::fs::symlink("gdr://v1/device/x", dir.join(hf3fs_gdr::to_hex(&[3; 16]))).unwrap();
+    assert!(matches!(
+        Iov::open(&[3; 16], mount.path(), MIB, 0, -1),
+        Err(Error::Malformed { .. })
+    ));
+    assert_eq!(Error::RingFull { entries: 1 }.errno(), libc::EAGAIN);
+    assert_eq!(Error::FdNotRegistered(3).errno(), libc::EBADF);
+}
