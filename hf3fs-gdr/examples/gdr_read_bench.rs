@@ -8,7 +8,8 @@
 //!     [--iters K] [--seconds S] [--gpu G] [--create BYTES] [--verify] [--h2d]
 //!     [--memory gpu|host] [--drop-cache]
 //! ```
-//! - `--daemon BIN` starts the daemon on `--mount` (else one must be running there).
+//! - `--daemon BIN` starts the daemon on `--mount`; without it a daemon already serving
+//!   the mount is used, else the `hf3fs-gdr-daemon` beside this example is started.
 //! - `--create BYTES` writes a patterned file of that size first if `--file` is missing.
 //! - `seq`: `--size` bytes (default: the file) split among `--rings` threads, each with
 //!   a ring keeping `--depth` (default 16) reads of `--block` bytes (default 64 MiB) in
@@ -168,9 +169,31 @@ fn create_file(o: &Opts) {
     println!("created {} ({size} bytes)", o.file.display());
 }
 
+/// The daemon to start: `--daemon`, else (when nothing serves the mount yet) the
+/// `hf3fs-gdr-daemon` beside this example (the GPU bundle's `bin/`) or one folder up
+/// (cargo's `target/<profile>/`).
+fn daemon_binary(o: &Opts) -> Option<PathBuf> {
+    if let Some(bin) = &o.daemon {
+        return Some(bin.clone());
+    }
+    let socket = hf3fs_gdr::virt::daemon_socket(&o.mount);
+    if socket.exists() && hf3fs_gdr::daemon_stats(&o.mount).is_ok() {
+        return None;
+    }
+    let exe = std::env::current_exe().ok()?;
+    let dir = exe.parent()?;
+    [
+        dir.join("hf3fs-gdr-daemon"),
+        dir.parent()?.join("hf3fs-gdr-daemon"),
+    ]
+    .into_iter()
+    .find(|p| p.exists())
+}
+
 fn start_daemon(o: &Opts) -> Option<Child> {
-    let bin = o.daemon.as_ref()?;
-    let mut cmd = Command::new(bin);
+    let bin = daemon_binary(o)?;
+    println!("starting {}", bin.display());
+    let mut cmd = Command::new(&bin);
     cmd.arg("--mount")
         .arg(&o.mount)
         .args(["--threads", &o.daemon_threads.to_string()])
