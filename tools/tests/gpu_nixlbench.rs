@@ -1,0 +1,169 @@
+//! nixlbench's `--backend GPUNETIO` on a GPU (feature `cuda`): the self-launched target
+//! on this node, VRAM→VRAM and DRAM→VRAM, WRITE and READ, every block of every point
+//! verified (`--check_consistency`), with the parameters built from nixlbench's own
+//! flags (`--gpunetio_device_list`, `--device_list`, `--gpunetio_oob_list`) and
+//! `--backend_param cuda_streams=…` over them; two threads post at once (the stream pool).
+//!
+//! Needs a GPU: without one every test prints why it skips; with `NIXL_REQUIRE_GPU=1`
+//! (the GPU machine) a missing GPU fails instead. The nixlbench binary is
+//! `NIXLBENCH_BIN`, else `../bin/nixlbench` beside this test binary (the GPU bundle's
+//! layout), else the one cargo built with this test.
+#![cfg(feature = "cuda")]
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const TIMEOUT: Duration = Duration::from_secs(300);
+
+fn nixlbench() -> PathBuf {
+    if let Some(p) = std::env::var_os("NIXLBENCH_BIN") {
+        return p.into();
+    }
+    let bundled = std::env::current_exe()
+        .ok()
+        .and_then(|exe| Some(exe.parent()?.parent()?.join("bin/nixlbench")));
+    match bundled {
+        Some(p) if p.is_file() => p,
+        _ => env!("CARGO_BIN_EXE_nixlbench").into(),
+    }
+}
+
+/// Runs nixlbench with `args` (bounded by [`TIMEOUT`]); returns its stdout, failing the
+/// test on a non-zero exit.
+fn run(args: &[&str]) -> String {
+    let bin = nixlbench();
+    let mut child = Command::new(&bin)
+        .args(args)
+        .args(["--no_progress"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{}: {e}", bin.display()));
+    let start = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if start.elapsed() > TIMEOUT {
+            let _ = child.kill();
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = child.wait_with_output().unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    );
+    println!("$ nixlbench {}\n{stdout}{stderr}", args.join(" "));
+    assert!(
+        out.status.success(),
+        "nixlbench {} exited with {} after {:?}:\n{stdout}\n{stderr}",
+        args.join(" "),
+        out.status,
+        start.elapsed()
+    );
+    stdout
+}
+
+/// The table's rows: (block size, batch size, GB/s).
+fn rows(table: &str) -> Vec<(usize, usize, f64)> {
+    table
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            Some((
+                f.first()?.parse().ok()?,
+                f.get(1)?.parse().ok()?,
+                f.get(2)?.parse().ok()?,
+            ))
+        })
+        .collect()
+}
+
+fn checked_run(test: &str, extra: &[&str], op: &str, initiator_seg: &str) {
+    if gpunetio::gpu_for_test(test).is_none() {
+        return;
+    }
+    let mut args = vec![
+        "--backend",
+        "GPUNETIO",
+        "--op_type",
+        op,
+        "--initiator_seg_type",
+        initiator_seg,
+        "--target_seg_type",
+        "VRAM",
+        "--start_block_size",
+        "4096",
+        "--max_block_size",
+        "4194304",
+        "--max_batch_size",
+        "4",
+        "--total_buffer_size",
+        "67108864",
+        "--num_iter",
+        "50",
+        "--warmup_iter",
+        "5",
+        "--large_blk_iter_ftr",
+        "4",
+        "--check_consistency",
+    ];
+    args.extend_from_slice(extra);
+    let table = run(&args);
+    let rows = rows(&table);
+    // 4 KiB .. 4 MiB (11 sizes) by batch 1, 2, 4: all fit in 64 MiB.
+    assert_eq!(rows.len(), 33, "{table}");
+    assert!(rows.iter().all(|r| r.2 > 0.0), "{table}");
+    assert!(
+        table.contains("consistency check: every block verified"),
+        "{table}"
+    );
+    let from = if initiator_seg == "VRAM" {
+        "VRAM (GPU 0) -> VRAM (GPU 0)"
+    } else {
+        "DRAM -> VRAM (GPU 0)"
+    };
+    assert!(table.contains(from), "{table}");
+}
+
+#[test]
+fn gpunetio_vram_to_vram_write() {
+    checked_run(
+        "gpunetio_vram_to_vram_write",
+        &["--gpunetio_device_list", "0"],
+        "WRITE",
+        "VRAM",
+    );
+}
+
+#[test]
+fn gpunetio_vram_to_vram_read() {
+    checked_run("gpunetio_vram_to_vram_read", &[], "READ", "VRAM");
+}
+
+#[test]
+fn gpunetio_dram_to_vram_write_and_read() {
+    checked_run("gpunetio_dram_to_vram_write_and_read", &[], "WRITE", "DRAM");
+    checked_run("gpunetio_dram_to_vram_write_and_read", &[], "READ", "DRAM");
+}
+
+/// Two threads post at once on a pool of two streams; the network device and OOB
+/// interface flags reach the backend (recorded for the NIC path) without harm.
+#[test]
+fn gpunetio_stream_pool_two_threads_and_nic_flags() {
+    checked_run(
+        "gpunetio_stream_pool_two_threads_and_nic_flags",
+        &[
+            "--num_threads",
+            "2",
+            "--backend_param",
+            "cuda_streams=2",
+            "--device_list",
+            "mlx5_0",
+            "--gpunetio_oob_list",
+            "lo",
+        ],
+        "WRITE",
+        "VRAM",
+    );
+}
