@@ -1,20 +1,33 @@
 //! `nixlbench`: transfer bandwidth and latency of the `nixl` agent, with the option names
 //! and result columns of NIXL's nixlbench.
 //!
-//! With no role given it starts its own target as a second process on loopback and
-//! drives it (the README's main job). With `--role target --listen ADDR` and
-//! `--role initiator --target_address ADDR` the two sides run on two hosts. `LOCAL`
-//! moves data inside one agent, so with `--backend LOCAL` both sides live in one process.
+//! # Runtimes: how the two sides find each other
+//! - **SOCKET** (the default, ours): with no role given it starts its own target as a
+//!   second process on loopback and drives it (the README's main job). With `--role
+//!   target --listen ADDR` and `--role initiator --target_address ADDR` the two sides
+//!   run on two hosts, exchanging metadata through the target's listener.
+//! - **ETCD** (feature `etcd`; upstream's default, chosen here by `--etcd_endpoints URL`
+//!   or `--runtime_type ETCD`): two processes started alike claim ranks in etcd (rank 0
+//!   initiator, rank 1 target, a third refused) and exchange agent metadata through
+//!   `nixl::etcd` (`etcd_runtime`, `etcd_run`).
+//!
+//! `LOCAL` moves data inside one agent, so with `--backend LOCAL` both sides live in one
+//! process and no runtime is needed.
 //!
 //! Memory is DRAM or, with feature `cuda`, VRAM (`gpunetio::DeviceBuffer`) on either side.
+//! `--backend GPUNETIO` (feature `cuda`) gets its parameters from nixlbench's flags as
+//! upstream builds them (`options::Options::params`): `gpu_devices` the side's GPU,
+//! `network_devices` the side's `--device_list` entry, `oob_interface` the side's
+//! `--gpunetio_oob_list` entry; `--backend_param` overrides each.
 //!
 //! # LIBFABRIC provider
 //! NIXL's UCX picks shared memory when both agents share a host; LIBFABRIC's `shm` is our
 //! equivalent (measured 2x `tcp;ofi_rxm` at 64 KiB–1 MiB on loopback). The initiator
 //! chooses the provider, in this order: the one the target was started with
 //! (`--backend_param provider=…` on the target), the user's `--backend_param provider=…`,
-//! `shm` when the target address is on this host (loopback, unspecified or one of this
-//! host's interface addresses), else NIXL's priority list. A target started without a
+//! `shm` when the target is on this host (SOCKET: its address is loopback, unspecified or
+//! one of this host's interface addresses; ETCD: its boot id is ours), else NIXL's
+//! priority list. A target started without a
 //! provider waits for the initiator's choice: the initiator's agent is named
 //! `nixlbench-initiator@PROVIDER`, and the target creates its backend with the provider
 //! of the first such agent whose metadata reaches it (a target with a provider is named
