@@ -17,8 +17,9 @@ pub(crate) const USAGE: &str = "usage: nixlbench [options]
                               role). VERBS: its `device`; GPUNETIO: its `network_devices`;
                               LIBFABRIC: printed only, as NIXL
   --op_type READ|WRITE        (default WRITE)
-  --initiator_seg_type DRAM|VRAM   --target_seg_type DRAM|VRAM   (default DRAM; VRAM needs
-                              feature cuda: cargo build --release -p tools --features cuda)
+  --initiator_seg_type DRAM|VRAM   --target_seg_type DRAM|VRAM   (default DRAM; the
+                              target's is VRAM with GPUNETIO; VRAM needs feature cuda:
+                              cargo build --release -p tools --features cuda)
   --initiator_gpu N           GPU ordinal of initiator VRAM (default 0)  [ours: NIXL uses
   --target_gpu N              GPU ordinal of target VRAM (default 0)      the process rank]
   --gpunetio_device_list LIST GPUNETIO: CUDA device ids, comma-separated (upstream's
@@ -250,6 +251,7 @@ pub(crate) fn parse_args(args: &[String]) -> Result<Options, String> {
     };
     let (mut initiator_gpu, mut target_gpu) = (None, None);
     let mut gpunetio_devices: Option<Vec<usize>> = None;
+    let mut target_seg: Option<MemKind> = None;
     let mut runtime_type: Option<String> = None;
     let mut etcd_endpoints: Option<Vec<String>> = None;
     let mut group: Option<String> = None;
@@ -324,7 +326,7 @@ pub(crate) fn parse_args(args: &[String]) -> Result<Options, String> {
                 o.op = XferOp::parse(&v).ok_or(format!("--op_type: READ or WRITE, not {v}"))?;
             }
             "--initiator_seg_type" => o.initiator_seg = parse_seg_type(&key, &value()?)?,
-            "--target_seg_type" => o.target_seg = parse_seg_type(&key, &value()?)?,
+            "--target_seg_type" => target_seg = Some(parse_seg_type(&key, &value()?)?),
             "--initiator_gpu" => initiator_gpu = Some(num(value()?)?),
             "--target_gpu" => target_gpu = Some(num(value()?)?),
             "--total_buffer_size" => o.total_buffer_size = num(value()?)?,
@@ -405,6 +407,13 @@ pub(crate) fn parse_args(args: &[String]) -> Result<Options, String> {
     if o.total_buffer_size == 0 {
         return Err("need total_buffer_size > 0".into());
     }
+    o.target_seg = match target_seg {
+        Some(kind) => kind,
+        // GPUNETIO reaches a peer's VRAM only: upstream's documented command line
+        // (`--backend GPUNETIO --gpunetio_device_list 0`, no segment types) runs.
+        None if o.backend == "GPUNETIO" => MemKind::Vram,
+        None => MemKind::Dram,
+    };
     resolve_gpus(&mut o, initiator_gpu, target_gpu, gpunetio_devices)?;
     o.runtime = resolve_runtime(runtime_type, etcd_endpoints, group, etcd_wait)?;
     if let Runtime::Etcd { .. } = o.runtime {
@@ -442,7 +451,7 @@ fn resolve_gpus(
     } else if o.target_seg != MemKind::Vram {
         return Err(
             "--backend GPUNETIO reaches the target's VRAM only (a peer's DRAM needs the NIC \
-             path, not driven yet): add --target_seg_type VRAM"
+             path, not driven yet): --target_seg_type VRAM (its default with GPUNETIO)"
                 .into(),
         );
     }
@@ -676,8 +685,18 @@ mod tests {
         );
         let e = err("--backend GPUNETIO --target_seg_type VRAM --gpunetio_oob_list a,b,c");
         assert!(e.contains("one interface for both sides"), "{e}");
-        let e = err("--backend GPUNETIO");
-        assert!(e.contains("add --target_seg_type VRAM"), "{e}");
+        let e = err("--backend GPUNETIO --target_seg_type DRAM");
+        assert!(
+            e.contains("--target_seg_type VRAM (its default with GPUNETIO)"),
+            "{e}"
+        );
+        // Upstream's documented line, no segment types: DRAM -> VRAM, GPUs 0 and 1.
+        let o = parse_args(&args("--backend GPUNETIO --gpunetio_device_list 0,1")).unwrap();
+        assert_eq!(
+            (o.initiator_seg, o.target_seg),
+            (MemKind::Dram, MemKind::Vram)
+        );
+        assert_eq!((o.initiator_gpu, o.target_gpu), (0, 1));
     }
 
     #[test]
