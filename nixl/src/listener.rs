@@ -2,13 +2,17 @@
 //! `sendLocalMD`/`fetchRemoteMD` with an IP address).
 //!
 //! One request and one reply per connection, each a frame:
-//! `"NXP1" type:u8 len:u32le payload[len]`, with `len` bounded by
+//! `"NXP" version:u8 type:u8 len:u32le check:u32le payload[len]`, with `len` bounded by
 //! [`MAX_METADATA_BYTES`] and every socket operation bounded by the agent's
-//! metadata timeout.
+//! metadata timeout. Version `b'2'` checks the frame with CRC-32C
+//! ([`crate::metadata::crc32c`]) over the header before the check and the payload, so a
+//! corrupted request type, length or payload is refused before it is acted on (a
+//! metadata payload also carries its own check, see [`crate::metadata`]). Version `b'1'`
+//! frames (no check) are refused with a message naming the version.
 
 use crate::agent::{Agent, AgentInner};
 use crate::error::{Error, Result};
-use crate::metadata::MAX_METADATA_BYTES;
+use crate::metadata::{crc32c, crc32c_append, MAX_METADATA_BYTES};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -16,7 +20,13 @@ use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-const FRAME_MAGIC: &[u8; 4] = b"NXP1";
+const FRAME_MAGIC: &[u8; 3] = b"NXP";
+/// The frame version this crate writes and reads (2: CRC-32C over header and payload).
+const FRAME_VERSION: u8 = b'2';
+/// Magic, version, type, payload length and check.
+const FRAME_HEADER_BYTES: usize = 3 + 1 + 1 + 4 + 4;
+/// Where the check sits in the header: the bytes before it and the payload are checked.
+const FRAME_CHECK_AT: usize = 3 + 1 + 1 + 4;
 const SEND_MD: u8 = 1;
 const FETCH_MD: u8 = 2;
 const MD_REPLY: u8 = 3;
@@ -152,26 +162,49 @@ fn set_timeouts(stream: &TcpStream, timeout: Duration) -> Result<()> {
 }
 
 fn write_frame(stream: &mut impl Write, kind: u8, payload: &[u8]) -> Result<()> {
-    let len =
-        u32::try_from(payload.len()).map_err(|_| Error::InvalidParam("frame too large".into()))?;
-    let mut header = [0u8; 9];
-    header[..4].copy_from_slice(FRAME_MAGIC);
-    header[4] = kind;
-    header[5..].copy_from_slice(&len.to_le_bytes());
+    let header = frame_header(kind, payload)?;
     stream.write_all(&header).map_err(timeout_error)?;
     stream.write_all(payload).map_err(timeout_error)?;
     stream.flush().map_err(timeout_error)
 }
 
+fn frame_header(kind: u8, payload: &[u8]) -> Result<[u8; FRAME_HEADER_BYTES]> {
+    let len =
+        u32::try_from(payload.len()).map_err(|_| Error::InvalidParam("frame too large".into()))?;
+    let mut header = [0u8; FRAME_HEADER_BYTES];
+    header[..3].copy_from_slice(FRAME_MAGIC);
+    header[3] = FRAME_VERSION;
+    header[4] = kind;
+    header[5..FRAME_CHECK_AT].copy_from_slice(&len.to_le_bytes());
+    let check = crc32c_append(crc32c(&header[..FRAME_CHECK_AT]), payload);
+    header[FRAME_CHECK_AT..].copy_from_slice(&check.to_le_bytes());
+    Ok(header)
+}
+
 fn read_frame(stream: &mut impl Read) -> Result<(u8, Vec<u8>)> {
-    let mut header = [0u8; 9];
+    let mut header = [0u8; FRAME_HEADER_BYTES];
     stream.read_exact(&mut header).map_err(timeout_error)?;
-    if &header[..4] != FRAME_MAGIC {
+    if &header[..3] != FRAME_MAGIC {
         return Err(Error::MalformedMetadata(
             "not a metadata exchange frame".into(),
         ));
     }
-    let len = u32::from_le_bytes(header[5..].try_into().expect("4 bytes")) as usize;
+    match header[3] {
+        FRAME_VERSION => {}
+        b'1' => {
+            return Err(Error::MalformedMetadata(format!(
+                "metadata exchange frame version 1 has no integrity check and is refused; \
+                 this build speaks version {} (CRC-32C): upgrade the peer",
+                FRAME_VERSION as char
+            )))
+        }
+        other => {
+            return Err(Error::MalformedMetadata(format!(
+                "unsupported metadata exchange frame version {other:#04x}"
+            )))
+        }
+    }
+    let len = u32::from_le_bytes(header[5..FRAME_CHECK_AT].try_into().expect("4 bytes")) as usize;
     if len > MAX_METADATA_BYTES {
         return Err(Error::MalformedMetadata(format!(
             "frame of {len} bytes exceeds the {MAX_METADATA_BYTES}-byte limit"
@@ -187,6 +220,14 @@ fn read_frame(stream: &mut impl Read) -> Result<(u8, Vec<u8>)> {
         return Err(Error::MalformedMetadata(format!(
             "frame truncated: {} of {len} bytes",
             payload.len()
+        )));
+    }
+    let stored = u32::from_le_bytes(header[FRAME_CHECK_AT..].try_into().expect("4 bytes"));
+    let computed = crc32c_append(crc32c(&header[..FRAME_CHECK_AT]), &payload);
+    if stored != computed {
+        return Err(Error::MalformedMetadata(format!(
+            "metadata exchange frame failed its integrity check: CRC-32C {computed:#010x} \
+             does not match the stored {stored:#010x} (corrupted in transit)"
         )));
     }
     Ok((header[4], payload))
@@ -326,18 +367,15 @@ mod tests {
     #[test]
     fn oversized_and_truncated_frames_are_typed_errors() {
         let (mut a, mut b) = pair();
-        let mut header = FRAME_MAGIC.to_vec();
-        header.push(SEND_MD);
-        header.extend_from_slice(&u32::MAX.to_le_bytes());
+        let mut header = frame_header(SEND_MD, b"").unwrap();
+        header[5..FRAME_CHECK_AT].copy_from_slice(&u32::MAX.to_le_bytes());
         a.write_all(&header).unwrap();
         assert!(
             matches!(read_frame(&mut b), Err(Error::MalformedMetadata(m)) if m.contains("exceeds"))
         );
 
         let (mut a, mut b) = pair();
-        let mut header = FRAME_MAGIC.to_vec();
-        header.push(SEND_MD);
-        header.extend_from_slice(&100u32.to_le_bytes());
+        let header = frame_header(SEND_MD, &[0; 100]).unwrap();
         a.write_all(&header).unwrap();
         a.write_all(&[0; 10]).unwrap();
         drop(a);
@@ -350,6 +388,45 @@ mod tests {
         assert!(matches!(
             read_frame(&mut b),
             Err(Error::MalformedMetadata(_))
+        ));
+    }
+
+    #[test]
+    fn every_corrupted_frame_is_refused() {
+        let frame = |kind: u8, payload: &[u8]| {
+            let mut f = frame_header(kind, payload).unwrap().to_vec();
+            f.extend_from_slice(payload);
+            f
+        };
+        let good = frame(INVALIDATE, b"prefill-7");
+        assert_eq!(
+            read_frame(&mut &good[..]).unwrap(),
+            (INVALIDATE, b"prefill-7".to_vec())
+        );
+        for i in 0..good.len() {
+            for flip in [0x01u8, 0x10, 0x80, 0xff] {
+                let mut bad = good.clone();
+                bad[i] ^= flip;
+                match read_frame(&mut &bad[..]) {
+                    Err(Error::MalformedMetadata(_)) => {}
+                    other => panic!("byte {i} ^ {flip:#x} was not refused: {other:?}"),
+                }
+            }
+        }
+        let mut bad = good.clone();
+        bad[FRAME_HEADER_BYTES] ^= 1;
+        assert!(matches!(
+            read_frame(&mut &bad[..]),
+            Err(Error::MalformedMetadata(m)) if m.contains("integrity check")
+        ));
+        // What version 1 sent: no check field.
+        let mut v1 = b"NXP1".to_vec();
+        v1.push(INVALIDATE);
+        v1.extend_from_slice(&9u32.to_le_bytes());
+        v1.extend_from_slice(b"prefill-7");
+        assert!(matches!(
+            read_frame(&mut &v1[..]),
+            Err(Error::MalformedMetadata(m)) if m.contains("version 1 has no integrity check")
         ));
     }
 

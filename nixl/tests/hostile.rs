@@ -1,10 +1,35 @@
-//! Hostile input on stable Rust: a deterministic mutation loop over the same entry
-//! points as the `cargo fuzz` targets in `nixl/fuzz` (the metadata parser and the P2P
-//! listener's request path), seeded with real blobs and frames. A panic fails the test;
-//! what decodes must re-encode to the same value. `NIXL_HOSTILE_ITERS` scales the run.
+//! Hostile input on stable Rust.
+//!
+//! - The corpus of issue 14, as a regression test: real metadata of LIBFABRIC agents over
+//!   `tcp;ofi_rxm` and `shm` (full and partial), each truncated at every length, with
+//!   every bit flipped, with `0xFF` written over every 4-byte window, replaced by random
+//!   bytes, and grown to 100 MB. EVERY one must be refused with
+//!   [`nixl::Error::MalformedMetadata`] (by the parser, by an agent, and through the
+//!   listener), fast, and the agent that refuses them keeps working with the metadata it
+//!   had.
+//! - A deterministic mutation loop over the same entry points as the `cargo fuzz` targets
+//!   in `nixl/fuzz` (the metadata parser and the P2P listener's request path), seeded with
+//!   real blobs and frames: raw mutations must fail the integrity check; mutations
+//!   re-sealed with a correct check reach the parser behind it, which must never panic,
+//!   and what decodes must re-encode to the same value. `NIXL_HOSTILE_ITERS` scales it.
 
-use nixl::metadata::{AgentMetadata, BackendSection};
-use nixl::{Agent, AgentConfig, Desc, DescList, MemKind, Region};
+mod common;
+
+use common::{dram, fabric_agent, finish, pattern, wait_notif};
+use nixl::metadata::{crc32c, crc32c_append, AgentMetadata, BackendSection, VERSION};
+use nixl::{Agent, AgentConfig, Desc, DescList, Error, MemKind, Region, XferOp};
+use std::time::{Duration, Instant};
+
+/// Where the metadata blob's check sits (magic, version, body length before it).
+const CHECK_AT: usize = 6 + 2 + 4;
+const HEADER_BYTES: usize = CHECK_AT + 4;
+const SEND_MD: u8 = 1;
+const ACK: u8 = 5;
+const MD_REPLY: u8 = 3;
+const REFUSED: u8 = 6;
+/// Bound on any one refusal (the 100 MB blob included): a loaded 2-core machine in a
+/// debug build stays far below it.
+const SLOW_CALL: Duration = Duration::from_millis(500);
 
 /// xorshift64*: reproducible, no dependency.
 struct Rng(u64);
@@ -84,6 +109,33 @@ fn iterations(default: usize) -> usize {
         .unwrap_or(default)
 }
 
+/// A version-2 blob around `body`, with a correct check (as `AgentMetadata::encode`
+/// seals it).
+fn seal(body: &[u8]) -> Vec<u8> {
+    let mut blob = b"NIXLMD".to_vec();
+    blob.extend_from_slice(&VERSION.to_le_bytes());
+    blob.extend_from_slice(&(body.len() as u32).to_le_bytes());
+    let check = crc32c_append(crc32c(&blob), body);
+    blob.extend_from_slice(&check.to_le_bytes());
+    blob.extend_from_slice(body);
+    blob
+}
+
+/// A version-2 listener frame with a correct check.
+fn frame(kind: u8, payload: &[u8]) -> Vec<u8> {
+    let mut f = b"NXP2".to_vec();
+    f.push(kind);
+    f.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+    let check = crc32c_append(crc32c(&f), payload);
+    f.extend_from_slice(&check.to_le_bytes());
+    f.extend_from_slice(payload);
+    f
+}
+
+fn body(blob: &[u8]) -> &[u8] {
+    &blob[HEADER_BYTES..]
+}
+
 fn seed_blobs() -> Vec<Vec<u8>> {
     let agent = Agent::new("seed-agent", AgentConfig::default()).unwrap();
     agent.create_backend("LOCAL", &Default::default()).unwrap();
@@ -134,22 +186,188 @@ fn seed_blobs() -> Vec<Vec<u8>> {
     ]
 }
 
-fn frame(kind: u8, payload: &[u8]) -> Vec<u8> {
-    let mut f = b"NXP1".to_vec();
-    f.push(kind);
-    f.extend_from_slice(&(payload.len() as u32).to_le_bytes());
-    f.extend_from_slice(payload);
-    f
+/// Every corruption of `blob` in issue 14's corpus, handed to `each` with its family.
+fn corrupt_each(blob: &[u8], rng: &mut Rng, mut each: impl FnMut(&'static str, &[u8])) {
+    for cut in 0..blob.len() {
+        each("truncation", &blob[..cut]);
+    }
+    let mut bad = blob.to_vec();
+    for i in 0..blob.len() {
+        for bit in 0..8 {
+            bad[i] ^= 1 << bit;
+            each("bit flip", &bad);
+            bad[i] ^= 1 << bit;
+        }
+    }
+    for i in 0..blob.len().saturating_sub(3) {
+        let mut bad = blob.to_vec();
+        bad[i..i + 4].fill(0xff);
+        if bad != blob {
+            each("0xFF overwrite", &bad);
+        }
+    }
+    for n in 0..400 {
+        let len = rng.below(2 * blob.len() + 1);
+        let mut bad: Vec<u8> = (0..len).map(|_| rng.next() as u8).collect();
+        // Half of them keep the magic and version, to reach the length and the check.
+        if n % 2 == 1 && bad.len() >= 8 {
+            bad[..8].copy_from_slice(&blob[..8]);
+        }
+        each("random bytes", &bad);
+    }
+    let mut huge = blob.to_vec();
+    huge.resize(100 << 20, 0xa5);
+    each("100 MB", &huge);
+}
+
+/// Issue 14's corpus over real `tcp;ofi_rxm` and `shm` metadata: every corrupted blob is
+/// refused, by the parser, by an agent that knows the peer (which keeps its state: a list
+/// prepared before still moves data after), and through the listener; none is slow.
+#[test]
+fn every_corrupted_blob_is_refused() {
+    for provider in ["tcp;ofi_rxm", "shm"] {
+        let tag = provider.replace(';', "_");
+        let target = fabric_agent(&format!("corpus-target-{tag}"), provider, &[]);
+        let initiator = fabric_agent(&format!("corpus-init-{tag}"), provider, &[]);
+        let src = pattern(7, 3 * 4096);
+        let mut dst = vec![0u8; 3 * 4096];
+        let extra = vec![0u8; 8192];
+        let (src_p, dst_p) = (src.as_ptr() as u64, dst.as_mut_ptr() as u64);
+        // SAFETY: the buffers outlive the handles and the request (all dropped before the
+        // end of this iteration, handles last).
+        let _ht = unsafe {
+            target
+                .register_mem(
+                    &dram([
+                        Desc::new(dst_p, dst.len() as u64, 0),
+                        Desc::from_slice(&extra),
+                    ]),
+                    None,
+                )
+                .unwrap()
+        };
+        // SAFETY: as above.
+        let _hi = unsafe {
+            initiator
+                .register_mem(&dram([Desc::new(src_p, src.len() as u64, 0)]), None)
+                .unwrap()
+        };
+        let full = target.local_metadata().unwrap();
+        let name = initiator.load_remote_metadata(&full).unwrap();
+        let regions_before = initiator.remote_regions(&name).unwrap();
+        let local = initiator
+            .prep_xfer_dlist(None, &dram([Desc::new(src_p, src.len() as u64, 0)]))
+            .unwrap();
+        let remote = initiator
+            .prep_xfer_dlist(Some(&name), &dram([Desc::new(dst_p, dst.len() as u64, 0)]))
+            .unwrap();
+        let blobs = [
+            ("full", full.clone()),
+            (
+                "partial with connection info",
+                target.local_partial_metadata(None, true).unwrap(),
+            ),
+            (
+                "partial of one region",
+                target
+                    .local_partial_metadata(Some(&dram([Desc::from_slice(&extra)])), false)
+                    .unwrap(),
+            ),
+        ];
+        let mut rng = Rng(0x5eed_0000 ^ provider.len() as u64);
+        let (mut refused, mut slowest) = (
+            std::collections::BTreeMap::<&str, usize>::new(),
+            (Duration::ZERO, ""),
+        );
+        for (what, blob) in &blobs {
+            assert_eq!(AgentMetadata::decode(blob).unwrap().agent, name, "{what}");
+            corrupt_each(blob, &mut rng, |family, bad| {
+                let start = Instant::now();
+                let decoded = AgentMetadata::decode(bad);
+                let loaded = initiator.load_remote_metadata(bad);
+                let elapsed = start.elapsed();
+                for (how, outcome) in [
+                    ("decode", decoded.map(|m| m.agent)),
+                    ("load_remote_metadata", loaded),
+                ] {
+                    match outcome {
+                        Err(Error::MalformedMetadata(_)) => {}
+                        other => panic!(
+                            "{provider} {what} metadata, {family} ({} bytes): {how} gave {other:?}",
+                            bad.len()
+                        ),
+                    }
+                }
+                if elapsed > slowest.0 {
+                    slowest = (elapsed, family);
+                }
+                *refused.entry(family).or_default() += 1;
+            });
+            // Through the listener: the payload's own check refuses what a correct frame
+            // carries.
+            let mut reply_kinds = [0usize; 256];
+            corrupt_each(&blob[..blob.len().min(96)], &mut rng, |family, bad| {
+                if family == "100 MB" {
+                    return; // over the frame limit: covered by the listener's own tests
+                }
+                let reply = nixl::fuzz_serve(&initiator, &frame(SEND_MD, bad));
+                assert!(reply.len() > 4, "{family}: no reply");
+                reply_kinds[reply[4] as usize] += 1;
+            });
+            assert_eq!(
+                reply_kinds[REFUSED as usize],
+                reply_kinds.iter().sum::<usize>(),
+                "{provider} {what}: a corrupted blob in a correct frame was not refused"
+            );
+        }
+        // Nothing was lost: the peer is known with the same regions, and the lists
+        // prepared before the corpus still move data.
+        assert_eq!(initiator.remote_regions(&name).unwrap(), regions_before);
+        let mut req = initiator
+            .make_xfer_req(
+                XferOp::Write,
+                &local,
+                &[0],
+                &remote,
+                &[0],
+                Some(b"after the corpus".to_vec()),
+                None,
+            )
+            .unwrap();
+        req.post().unwrap();
+        finish(&mut req).unwrap();
+        drop(req);
+        // The notification follows the data (a WRITE's local completion may not).
+        assert_eq!(wait_notif(&target, initiator.name()), b"after the corpus");
+        assert!(
+            dst == src,
+            "{provider}: data after the corpus differs from byte {:?} (all zero: {})",
+            dst.iter().zip(&src).position(|(a, b)| a != b),
+            dst.iter().all(|&b| b == 0)
+        );
+        let total: usize = refused.values().sum();
+        eprintln!(
+            "{provider}: {total} corrupted blobs refused ({refused:?}); slowest refusal {:?} ({})",
+            slowest.0, slowest.1
+        );
+        assert!(
+            slowest.0 < SLOW_CALL,
+            "{provider}: refusing a {} blob took {:?}",
+            slowest.1,
+            slowest.0
+        );
+    }
 }
 
 /// Inputs `cargo fuzz` found, kept as regressions.
 #[test]
 fn fuzz_findings_stay_fixed() {
-    // An empty backend name decoded but could not be re-encoded.
-    let empty_backend = b"NIXLMD\x01\x00\x01\x00D\x01\x00\x00\x01\x01\x00\x00\x00I";
+    // An empty backend name decoded but could not be re-encoded (the body of a version-1
+    // finding, sealed as version 2 so it reaches the parser).
+    let empty_backend = seal(b"\x01\x00D\x01\x00\x00\x01\x01\x00\x00\x00I");
     assert!(matches!(
-        AgentMetadata::decode(empty_backend),
-        Err(nixl::Error::MalformedMetadata(m)) if m.contains("empty backend")
+        AgentMetadata::decode(&empty_backend),
+        Err(Error::MalformedMetadata(m)) if m.contains("empty backend")
     ));
 }
 
@@ -165,16 +383,26 @@ fn metadata_decode_survives_mutations() {
     }
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
     let (mut ok, n) = (0usize, iterations(300_000));
-    for _ in 0..n {
+    for k in 0..n {
         let seed = &seeds[rng.below(seeds.len())];
-        let input = mutate(&mut rng, seed);
+        // Even rounds: the whole blob mutated, which the check must refuse. Odd rounds:
+        // the body mutated and sealed again, so the parser behind the check is exercised.
+        let input = if k % 2 == 0 {
+            mutate(&mut rng, seed)
+        } else {
+            seal(&mutate(&mut rng, body(seed)))
+        };
         match AgentMetadata::decode(&input) {
             Ok(meta) => {
+                assert!(
+                    k % 2 == 1 || input == *seed,
+                    "a corrupted blob was accepted: {input:?}"
+                );
                 ok += 1;
                 let again = AgentMetadata::decode(&meta.encode().unwrap()).unwrap();
                 assert_eq!(again, meta, "round trip of a mutated blob {input:?}");
             }
-            Err(nixl::Error::MalformedMetadata(_)) => {}
+            Err(Error::MalformedMetadata(_)) => {}
             Err(e) => panic!("untyped error {e:?} for {input:?}"),
         }
     }
@@ -190,34 +418,58 @@ fn listener_request_path_survives_mutations() {
     let agent = Agent::new("hostile-listener", AgentConfig::default()).unwrap();
     agent.create_backend("LOCAL", &Default::default()).unwrap();
     let blobs = seed_blobs();
-    let mut seeds: Vec<Vec<u8>> = blobs.iter().map(|b| frame(1, b)).collect();
-    seeds.push(frame(2, b""));
-    seeds.push(frame(4, b"prefill-7"));
-    seeds.push(frame(9, b"?"));
+    // (type, payload) of real requests; SEND_MD payloads are blobs.
+    let mut requests: Vec<(u8, Vec<u8>)> = blobs.iter().map(|b| (SEND_MD, b.clone())).collect();
+    requests.push((2, Vec::new()));
+    requests.push((4, b"prefill-7".to_vec()));
+    requests.push((9, b"?".to_vec()));
+    let seeds: Vec<Vec<u8>> = requests.iter().map(|(k, p)| frame(*k, p)).collect();
     // The unmutated requests do what they say.
     let reply = nixl::fuzz_serve(&agent, &seeds[2]);
-    assert_eq!(&reply[..5], b"NXP1\x05", "metadata push acknowledged");
+    assert_eq!(&reply[..5], b"NXP2\x05", "metadata push acknowledged");
     assert!(agent.has_remote("prefill-7"));
     let reply = nixl::fuzz_serve(&agent, &frame(4, b"prefill-7"));
-    assert_eq!(&reply[..5], b"NXP1\x05", "invalidation acknowledged");
+    assert_eq!(&reply[..5], b"NXP2\x05", "invalidation acknowledged");
     assert!(!agent.has_remote("prefill-7"));
     let reply = nixl::fuzz_serve(&agent, &frame(2, b""));
-    assert_eq!(&reply[..5], b"NXP1\x03", "metadata served");
+    assert_eq!(&reply[..5], b"NXP2\x03", "metadata served");
     let mut rng = Rng(0x0123_4567_89ab_cdef);
     let mut replies = [0usize; 256];
     let n = iterations(100_000);
-    for _ in 0..n {
-        let seed = &seeds[rng.below(seeds.len())];
-        let input = mutate(&mut rng, seed);
+    for k in 0..n {
+        let which = rng.below(seeds.len());
+        let seed = &seeds[which];
+        // Even rounds: the frame mutated (only an intact seed frame may be acted on).
+        // Odd rounds: the request's payload mutated, then framed (and, for a metadata
+        // push, sealed) again, so both parsers behind the checks are exercised.
+        let input = if k % 2 == 0 {
+            mutate(&mut rng, seed)
+        } else {
+            let (kind, payload) = &requests[which];
+            if *kind == SEND_MD {
+                frame(*kind, &seal(&mutate(&mut rng, body(payload))))
+            } else {
+                frame(*kind, &mutate(&mut rng, payload))
+            }
+        };
         let reply = nixl::fuzz_serve(&agent, &input);
         if reply.len() >= 5 {
             replies[reply[4] as usize] += 1;
+            if k % 2 == 0 && matches!(reply[4], ACK | MD_REPLY) {
+                assert!(
+                    input.starts_with(seed),
+                    "a corrupted frame was acted on: {input:?}"
+                );
+            }
         }
         agent.invalidate_all_remotes();
     }
     eprintln!(
         "{n} mutated requests: {} acks, {} metadata replies, {} refusals",
-        replies[5], replies[3], replies[6]
+        replies[ACK as usize], replies[MD_REPLY as usize], replies[REFUSED as usize]
     );
-    assert!(replies[5] > 0 && replies[6] > 0, "both outcomes must occur");
+    assert!(
+        replies[ACK as usize] > 0 && replies[REFUSED as usize] > 0,
+        "both outcomes must occur"
+    );
 }
