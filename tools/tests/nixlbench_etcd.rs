@@ -434,6 +434,69 @@ fn a_third_process_is_refused_and_a_vanished_initiator_is_noticed() {
     etcd.wait_clean(Duration::from_secs(20));
 }
 
+/// Two processes started with different backends meet, see it and both stop, leaving
+/// nothing behind.
+#[test]
+fn mismatched_backends_are_refused_on_both_sides() {
+    let etcd = Etcd::start("mismatch");
+    let endpoint = etcd.endpoint();
+    let first = spawn(&["--etcd_endpoints", &endpoint, "--etcd_wait", "30"]);
+    std::thread::sleep(Duration::from_millis(300));
+    let second = spawn(&[
+        "--etcd_endpoints",
+        &endpoint,
+        "--etcd_wait",
+        "30",
+        "--backend",
+        "VERBS",
+    ]);
+    for (out, theirs, ours) in [
+        (finish(first, TIMEOUT), "VERBS", "LIBFABRIC"),
+        (finish(second, TIMEOUT), "LIBFABRIC", "VERBS"),
+    ] {
+        let (o, e) = text(&out);
+        assert_eq!(out.status.code(), Some(1), "{o}{e}");
+        assert!(
+            e.contains(&format!(
+                "runs --backend {theirs}, this process --backend {ours}: start both with the same options"
+            )),
+            "{e}"
+        );
+    }
+    etcd.wait_clean(Duration::from_secs(3));
+}
+
+/// A target whose backend does not open tells the initiator why (not "did not join"),
+/// and both stop at once.
+#[test]
+fn a_failing_target_tells_the_initiator_why() {
+    let etcd = Etcd::start("fail");
+    let endpoint = etcd.endpoint();
+    let start = Instant::now();
+    let first = spawn(&["--etcd_endpoints", &endpoint]);
+    std::thread::sleep(Duration::from_millis(300));
+    let second = spawn(&["--etcd_endpoints", &endpoint, "--backend_param", "bogus=1"]);
+    let (initiator, target) = (finish(first, TIMEOUT), finish(second, TIMEOUT));
+    let why = "LIBFABRIC has no parameter `bogus`";
+    let (o, e) = text(&target);
+    assert_eq!(target.status.code(), Some(1), "{o}{e}");
+    assert!(e.contains("rank 1 of 2 (target)") && e.contains(why), "{e}");
+    let (o, e) = text(&initiator);
+    assert_eq!(initiator.status.code(), Some(1), "{o}{e}");
+    assert!(
+        e.contains("waiting for the target's agent: the target (rank 1) failed: ")
+            && e.contains(why),
+        "{e}"
+    );
+    // Well within the 60 s peer wait.
+    assert!(
+        start.elapsed() < Duration::from_secs(30),
+        "{:?}",
+        start.elapsed()
+    );
+    etcd.wait_clean(Duration::from_secs(3));
+}
+
 #[test]
 fn unreachable_etcd_and_bad_flags_are_refused() {
     // Nothing listens on this port.

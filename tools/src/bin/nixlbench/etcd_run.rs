@@ -57,15 +57,23 @@ pub(crate) fn run(o: &Options) -> Result<Option<Vec<Row>>, String> {
     );
     let peer = rt.peer()?;
     if peer.backend != o.backend {
-        return Err(format!(
+        let why = format!(
             "the peer (pid {} on {}) runs --backend {}, this process --backend {}: start \
              both with the same options",
             peer.pid, peer.hostname, peer.backend, o.backend
-        ));
+        );
+        if rt.side() == Side::Target {
+            // The initiator sees the same mismatch once it reads our rank: let it.
+            rt.wait_peer_left();
+        }
+        return Err(why);
     }
     match rt.side() {
         Side::Initiator => initiator(o, &rt, &peer).map(Some),
-        Side::Target => target(o, &rt).map(|()| None),
+        Side::Target => target(o, &rt).map(|()| None).inspect_err(|e| {
+            // The initiator may be waiting for our keys: tell it why they will not come.
+            rt.fail(e);
+        }),
     }
 }
 

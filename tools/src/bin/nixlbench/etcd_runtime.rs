@@ -388,6 +388,25 @@ impl EtcdRuntime {
         }
     }
 
+    /// Waits (up to `--etcd_wait`) until the peer has left: a side that refuses the run
+    /// stays until the peer has seen its rank (the peer reads the same mismatch and
+    /// leaves), so the peer stops with the reason instead of waiting for a rank that
+    /// came and went.
+    pub(crate) fn wait_peer_left(&self) {
+        let start = Instant::now();
+        while self.peer_gone().is_none() && start.elapsed() < self.wait {
+            std::thread::sleep(POLL);
+        }
+    }
+
+    /// Tells the peer this process fails with `why` (under `failed-{rank}`), and stays
+    /// until the peer has left (see [`EtcdRuntime::wait_peer_left`]).
+    pub(crate) fn fail(&self, why: &str) {
+        if self.put(&failed_label(rank_of(self.side)), why).is_ok() {
+            self.wait_peer_left();
+        }
+    }
+
     /// Puts `run/{run}/{label}` under this process's lease.
     pub(crate) fn put(&self, label: &str, value: &str) -> Result<(), String> {
         let key = format!("{}/{label}", self.run_prefix());
@@ -426,6 +445,14 @@ impl EtcdRuntime {
             }
             if last_peer_check.elapsed() > Duration::from_millis(500) {
                 last_peer_check = Instant::now();
+                let failed = format!("{}/{}", self.run_prefix(), failed_label(self.peer_rank()));
+                if let Some(why) = self.get(&failed)? {
+                    return Err(format!(
+                        "waiting for {what}: {} failed: {}",
+                        self.peer_role(),
+                        String::from_utf8_lossy(&why)
+                    ));
+                }
                 if let Some(why) = self.peer_gone() {
                     return Ok(Err(why));
                 }
@@ -449,6 +476,11 @@ impl EtcdRuntime {
         config.lease_ttl = Some(RANK_LEASE_TTL);
         config
     }
+}
+
+/// The label under which `rank` reports its failure.
+fn failed_label(rank: usize) -> String {
+    format!("failed-{rank}")
 }
 
 /// The value and mod revision of the first key of a transaction's `else` get.
