@@ -62,6 +62,7 @@ class Agent:
         progress_thread: bool = True,
         listen_port: Optional[int] = None,
         stall_timeout_s: float = 30.0,
+        metadata_timeout_s: float = 10.0,
     ) -> None: ...
     @property
     def name(self) -> str: ...

@@ -72,25 +72,31 @@ impl Agent {
 
 #[pymethods]
 impl Agent {
-    /// `listen_port` starts the metadata listener on every interface (0: any free port).
+    /// `listen_port` starts the metadata listener on every interface (0: any free port);
+    /// `stall_timeout_s` bounds a transfer that makes no progress, `metadata_timeout_s`
+    /// each metadata exchange over TCP.
     #[new]
-    #[pyo3(signature = (name, progress_thread=true, listen_port=None, stall_timeout_s=30.0))]
+    #[pyo3(signature = (name, progress_thread=true, listen_port=None, stall_timeout_s=30.0, metadata_timeout_s=10.0))]
     fn new(
         py: Python<'_>,
         name: String,
         progress_thread: bool,
         listen_port: Option<u16>,
         stall_timeout_s: f64,
+        metadata_timeout_s: f64,
     ) -> PyResult<Self> {
-        let stall_timeout = Duration::try_from_secs_f64(stall_timeout_s).map_err(|_| {
-            nixlInvalidParamError::new_err(format!(
-                "stall timeout {stall_timeout_s} s is not a duration"
-            ))
-        })?;
+        let seconds = |s: f64, what: &str| {
+            Duration::try_from_secs_f64(s).map_err(|_| {
+                nixlInvalidParamError::new_err(format!("{what} {s} s is not a duration"))
+            })
+        };
+        // Fields added to AgentConfig later keep their defaults.
+        #[allow(clippy::needless_update)]
         let config = AgentConfig {
             progress_thread,
             listen_addr: listen_port.map(|p| SocketAddr::from(([0, 0, 0, 0], p))),
-            stall_timeout,
+            stall_timeout: seconds(stall_timeout_s, "stall timeout")?,
+            metadata_timeout: seconds(metadata_timeout_s, "metadata timeout")?,
             ..AgentConfig::default()
         };
         let agent = py.detach(|| RustAgent::new(name, config)).py_err()?;

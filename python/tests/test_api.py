@@ -588,3 +588,46 @@ def test_torch_cpu_tensors_are_dram():
     assert torch.equal(src, dst)
     # A non-contiguous tensor is refused (None), as NIXL.
     assert a.get_xfer_descs(src.view(2, -1).t()) is None
+
+
+@pytest.mark.ours_only
+def test_blocking_calls_release_the_gil_and_time_out_typed():
+    """A metadata fetch from a peer that accepts and never answers blocks for the
+    metadata timeout with the GIL released (another Python thread keeps running), then
+    raises the typed timeout."""
+    import socket
+    import threading
+    import time
+
+    from rdma_nixl import _core
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(1)
+    agent = _core.Agent("gil", metadata_timeout_s=1.0)
+    ticks = 0
+    stop = threading.Event()
+
+    def count():
+        nonlocal ticks
+        while not stop.is_set():
+            ticks += 1
+            time.sleep(0.001)
+
+    counter = threading.Thread(target=count)
+    counter.start()
+    try:
+        start = time.monotonic()
+        before = ticks
+        with pytest.raises(B.nixlTimeoutError) as info:
+            agent.fetch_remote_metadata("127.0.0.1", silent.getsockname()[1])
+        blocked = time.monotonic() - start
+        assert 0.9 < blocked < 10
+        assert info.value.kind == "Timeout"
+        assert isinstance(info.value, B.nixlBackendError)
+        # The counter ran while the call blocked: the GIL was released.
+        assert ticks - before > 100
+    finally:
+        stop.set()
+        counter.join()
+        silent.close()
