@@ -188,8 +188,16 @@ fn unbase64(s: &str) -> Vec<u8> {
 
 /// A nixlbench process with stdout and stderr captured.
 fn spawn(args: &[&str]) -> Child {
-    Command::new(NIXLBENCH)
-        .args(args)
+    spawn_as(None, args)
+}
+
+/// [`spawn`], as a process of the host `host_id` (`NIXLBENCH_HOST_ID`) if given.
+fn spawn_as(host_id: Option<&str>, args: &[&str]) -> Child {
+    let mut cmd = Command::new(NIXLBENCH);
+    if let Some(id) = host_id {
+        cmd.env("NIXLBENCH_HOST_ID", id);
+    }
+    cmd.args(args)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -248,11 +256,16 @@ fn run_args<'a>(endpoint: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
 /// Starts two nixlbench processes alike, the second a little later, and checks that
 /// exactly one was the initiator (with a verified table) and the other the target.
 fn pair(etcd: &Etcd, extra: &[&str]) -> (String, String) {
+    pair_on(etcd, [None, None], extra)
+}
+
+/// [`pair`], the two processes claiming the host identities `hosts`.
+fn pair_on(etcd: &Etcd, hosts: [Option<&str>; 2], extra: &[&str]) -> (String, String) {
     let endpoint = etcd.endpoint();
     let args = run_args(&endpoint, extra);
-    let first = spawn(&args);
+    let first = spawn_as(hosts[0], &args);
     std::thread::sleep(Duration::from_millis(300));
-    let second = spawn(&args);
+    let second = spawn_as(hosts[1], &args);
     let (a, b) = (finish(first, TIMEOUT), finish(second, TIMEOUT));
     let (a_out, a_err) = text(&a);
     let (b_out, b_err) = text(&b);
@@ -338,6 +351,28 @@ fn two_processes_meet_through_etcd_and_read_over_tcp() {
     );
     assert!(target.contains("nixlbench-target@tcp;ofi_rxm"), "{target}");
     assert!(table.contains("READ: in the initiator's memory"), "{table}");
+}
+
+/// Two hosts (two host identities): no shm; the initiator takes the first provider of
+/// NIXL's list that opens and the target, started without one, follows.
+#[test]
+fn two_hosts_meet_through_etcd_without_shm() {
+    let etcd = Etcd::start("hosts");
+    let (table, target) = pair_on(&etcd, [Some("host-a"), Some("host-b")], &[]);
+    assert!(
+        table.contains("(default: first available of NIXL's priority list)"),
+        "{table}"
+    );
+    assert!(!table.contains("provider shm"), "{table}");
+    let provider = table
+        .split("provider ")
+        .nth(1)
+        .and_then(|s| s.split(' ').next())
+        .unwrap();
+    assert!(
+        target.contains(&format!("nixlbench-target@{provider}")),
+        "{provider}: {target}"
+    );
 }
 
 /// Rank keys of `group` now.

@@ -32,6 +32,11 @@ const POLL: Duration = Duration::from_millis(50);
 /// The root of every key nixlbench writes.
 pub(crate) const ROOT: &str = "/nixlbench";
 
+/// Overrides this process's host identity (its boot id): containers that share a
+/// kernel but not `/dev/shm` are different hosts for the provider choice (and tests run
+/// the two-host path on one machine).
+pub(crate) const HOST_ID_ENV: &str = "NIXLBENCH_HOST_ID";
+
 /// What a rank tells its peer about itself.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct RankInfo {
@@ -57,7 +62,10 @@ impl RankInfo {
         Self {
             run: run.to_string(),
             hostname: read("/proc/sys/kernel/hostname"),
-            boot_id: read("/proc/sys/kernel/random/boot_id"),
+            boot_id: std::env::var(HOST_ID_ENV)
+                .ok()
+                .filter(|id| !id.is_empty())
+                .unwrap_or_else(|| read("/proc/sys/kernel/random/boot_id")),
             pid: std::process::id(),
             backend: backend.to_string(),
             provider: provider.map(str::to_string),

@@ -55,7 +55,10 @@ pub(crate) const USAGE: &str = "usage: nixlbench [options]
                               is the initiator (rank 0), the second the target (rank 1),
                               a third is refused
           --benchmark_group NAME   runs in different groups do not meet (default default)
-          --etcd_wait SECS    how long to wait for the peer (default 60, as upstream)";
+          --etcd_wait SECS    how long to wait for the peer (default 60, as upstream)
+          LIBFABRIC picks shm when both ranks show the same boot id; the environment
+          variable NIXLBENCH_HOST_ID replaces it (containers that share a kernel but not
+          /dev/shm: give each its own)";
 
 /// Which side of the run a process (or a backend) is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
