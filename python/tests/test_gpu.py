@@ -30,10 +30,16 @@ def _gpu_or_reason():
 
 
 torch, _why = _gpu_or_reason()
-if torch is None:
-    if os.environ.get("NIXL_REQUIRE_GPU") == "1":
-        raise RuntimeError(f"NIXL_REQUIRE_GPU=1 but {_why}")
+if torch is None and os.environ.get("NIXL_REQUIRE_GPU") != "1":
     pytest.skip(f"GPU tests skipped: {_why}", allow_module_level=True)
+
+
+@pytest.fixture(autouse=True)
+def _gpu_is_required():
+    # NIXL_REQUIRE_GPU=1 (the GPU machine): every GPU test fails, rather than skips,
+    # where torch or the GPU is missing; the DRAM tests of the other files still run.
+    if torch is None:
+        pytest.fail(f"NIXL_REQUIRE_GPU=1 but {_why}")
 
 api = load_api()
 
