@@ -501,35 +501,66 @@ fn mismatched_backends_are_refused_on_both_sides() {
     etcd.wait_clean(Duration::from_secs(3));
 }
 
-/// A target whose backend does not open tells the initiator why (not "did not join"),
-/// and both stop at once.
+/// A side whose backend does not open tells its peer why (not "did not join" or "left"),
+/// and both stop at once: the target failing, then the initiator.
 #[test]
-fn a_failing_target_tells_the_initiator_why() {
+fn a_failing_side_tells_its_peer_why() {
     let etcd = Etcd::start("fail");
     let endpoint = etcd.endpoint();
-    let start = Instant::now();
-    let first = spawn(&["--etcd_endpoints", &endpoint]);
-    std::thread::sleep(Duration::from_millis(300));
-    let second = spawn(&["--etcd_endpoints", &endpoint, "--backend_param", "bogus=1"]);
-    let (initiator, target) = (finish(first, TIMEOUT), finish(second, TIMEOUT));
     let why = "LIBFABRIC has no parameter `bogus`";
-    let (o, e) = text(&target);
-    assert_eq!(target.status.code(), Some(1), "{o}{e}");
-    assert!(e.contains("rank 1 of 2 (target)") && e.contains(why), "{e}");
-    let (o, e) = text(&initiator);
-    assert_eq!(initiator.status.code(), Some(1), "{o}{e}");
-    assert!(
-        e.contains("waiting for the target's agent: the target (rank 1) failed: ")
-            && e.contains(why),
-        "{e}"
-    );
-    // Well within the 60 s peer wait.
-    assert!(
-        start.elapsed() < Duration::from_secs(30),
-        "{:?}",
-        start.elapsed()
-    );
-    etcd.wait_clean(Duration::from_secs(3));
+    for failing in ["target", "initiator"] {
+        let start = Instant::now();
+        let (good, bad) = (
+            vec!["--etcd_endpoints", endpoint.as_str()],
+            vec![
+                "--etcd_endpoints",
+                endpoint.as_str(),
+                "--backend_param",
+                "bogus=1",
+            ],
+        );
+        // The first process started is the initiator.
+        let (first_args, second_args) = if failing == "target" {
+            (&good, &bad)
+        } else {
+            (&bad, &good)
+        };
+        let first = spawn(first_args);
+        std::thread::sleep(Duration::from_millis(300));
+        let second = spawn(second_args);
+        let (initiator, target) = (finish(first, TIMEOUT), finish(second, TIMEOUT));
+        let (failed, peer, peer_wait, role) = if failing == "target" {
+            (
+                target,
+                initiator,
+                "the target's agent",
+                "the target (rank 1)",
+            )
+        } else {
+            (
+                initiator,
+                target,
+                "the initiator's agent",
+                "the initiator (rank 0)",
+            )
+        };
+        let (o, e) = text(&failed);
+        assert_eq!(failed.status.code(), Some(1), "{failing}: {o}{e}");
+        assert!(e.contains(why), "{failing}: {e}");
+        let (o, e) = text(&peer);
+        assert_eq!(peer.status.code(), Some(1), "{failing}: {o}{e}");
+        assert!(
+            e.contains(&format!("waiting for {peer_wait}: {role} failed: ")) && e.contains(why),
+            "{failing}: {e}"
+        );
+        // Well within the 60 s peer wait.
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "{failing}: {:?}",
+            start.elapsed()
+        );
+        etcd.wait_clean(Duration::from_secs(3));
+    }
 }
 
 #[test]

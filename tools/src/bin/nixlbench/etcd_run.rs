@@ -12,8 +12,10 @@
 //!    `target`;
 //! 3. the initiator fetches the target's metadata and runs the sweep; DONE by
 //!    notification ends the target, which acknowledges under `done`, so the initiator
-//!    leaves only after the target has seen the end. A side whose peer's rank vanishes
-//!    (exit or crash: the lease) stops with that reason instead of waiting.
+//!    leaves only after the target has seen the end. A side that fails says why under
+//!    `failed-{rank}` and stays until its peer has read it and left; a side whose peer's
+//!    rank vanishes (a crash: the lease expires) stops with that reason instead of
+//!    waiting.
 
 use crate::etcd_runtime::{EtcdRuntime, RankInfo};
 use crate::initiator::{initiator_agent_for, measure};
@@ -69,7 +71,10 @@ pub(crate) fn run(o: &Options) -> Result<Option<Vec<Row>>, String> {
         return Err(why);
     }
     match rt.side() {
-        Side::Initiator => initiator(o, &rt, &peer).map(Some),
+        Side::Initiator => initiator(o, &rt, &peer).map(Some).inspect_err(|e| {
+            // The target may be serving or waiting for our keys: tell it why.
+            rt.fail(e);
+        }),
         Side::Target => target(o, &rt).map(|()| None).inspect_err(|e| {
             // The initiator may be waiting for our keys: tell it why they will not come.
             rt.fail(e);
@@ -149,7 +154,7 @@ fn target(o: &Options, rt: &EtcdRuntime) -> Result<(), String> {
         agent.name(),
         mem.describe()
     );
-    serve(&agent, &mem, &|| rt.peer_gone())?;
+    serve(&agent, &mem, &|| rt.peer_failed_or_gone())?;
     rt.put(DONE_KEY, "1")?;
     drop(md);
     drop(reg);

@@ -400,11 +400,32 @@ impl EtcdRuntime {
     /// stays until the peer has seen its rank (the peer reads the same mismatch and
     /// leaves), so the peer stops with the reason instead of waiting for a rank that
     /// came and went.
+    /// A peer that failed too (it waits for us in turn) ends the wait as well.
     pub(crate) fn wait_peer_left(&self) {
         let start = Instant::now();
-        while self.peer_gone().is_none() && start.elapsed() < self.wait {
+        while self.peer_gone().is_none()
+            && self.peer_failed().is_none()
+            && start.elapsed() < self.wait
+        {
             std::thread::sleep(POLL);
         }
+    }
+
+    /// Why the peer failed, if it said so (see [`EtcdRuntime::fail`]).
+    pub(crate) fn peer_failed(&self) -> Option<String> {
+        let key = format!("{}/{}", self.run_prefix(), failed_label(self.peer_rank()));
+        // etcd unreachable for a moment: no verdict.
+        let why = self.get(&key).ok()??;
+        Some(format!(
+            "{} failed: {}",
+            self.peer_role(),
+            String::from_utf8_lossy(&why)
+        ))
+    }
+
+    /// [`EtcdRuntime::peer_failed`], else [`EtcdRuntime::peer_gone`].
+    pub(crate) fn peer_failed_or_gone(&self) -> Option<String> {
+        self.peer_failed().or_else(|| self.peer_gone())
     }
 
     /// Tells the peer this process fails with `why` (under `failed-{rank}`), and stays
@@ -453,13 +474,8 @@ impl EtcdRuntime {
             }
             if last_peer_check.elapsed() > Duration::from_millis(500) {
                 last_peer_check = Instant::now();
-                let failed = format!("{}/{}", self.run_prefix(), failed_label(self.peer_rank()));
-                if let Some(why) = self.get(&failed)? {
-                    return Err(format!(
-                        "waiting for {what}: {} failed: {}",
-                        self.peer_role(),
-                        String::from_utf8_lossy(&why)
-                    ));
+                if let Some(why) = self.peer_failed() {
+                    return Err(format!("waiting for {what}: {why}"));
                 }
                 if let Some(why) = self.peer_gone() {
                     return Ok(Err(why));
