@@ -17,6 +17,13 @@
 //! ([`crate::metadata`]); etcd's default request limit (1.5 MiB, server flag
 //! `--max-request-bytes`) bounds the metadata size, about 35,000 regions.
 //!
+//! # Integrity
+//! A value carries the metadata's own integrity check (CRC-32C over the whole blob, see
+//! [`crate::metadata`]), so a value corrupted in the store or on the way is never taken
+//! at face value: [`EtcdMetadata::fetch`] and [`EtcdMetadata::fetch_partial`] refuse it
+//! with [`crate::Error::MalformedMetadata`] and load nothing, and a watch that sees a
+//! corrupted republication logs and ignores it (the peer stays as it was loaded).
+//!
 //! # Liveness and invalidation
 //! Every key this client writes is attached to a lease it keeps alive
 //! ([`EtcdConfig::lease_ttl`]): when the client is dropped the lease is revoked, and when
