@@ -398,7 +398,9 @@ class nixl_agent:
         return reg_descs
 
     def deregister_memory(self, dereg_list: nixlRegDList, backends: List[str] = []):  # noqa: B006
-        """Deregisters what ``register_memory`` registered."""
+        """Deregisters what ``register_memory`` registered (each descriptor as it was
+        registered). ``backends`` must name created backends; a registration is released
+        from every backend that holds it."""
         if not isinstance(dereg_list, nixlRegDList):
             raise _BadDescriptors("deregister_memory takes the list register_memory returned")
         self.agent.deregister(
