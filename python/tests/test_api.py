@@ -433,15 +433,17 @@ def peer_process():
 
     proc = ctx.Process(target=_peer.serve, args=(IMPL, port, SIZE, child), daemon=True)
     proc.start()
+    child.close()  # the child's end lives in the child: its exit closes the pipe
     assert parent.poll(60), "peer process did not start"
     hello = parent.recv()
     hello["port"] = port
     hello["conn"] = parent
     yield hello
     try:
-        parent.send(("bye",))
-        parent.poll(10) and parent.recv()
-    except (BrokenPipeError, EOFError):
+        if proc.is_alive():
+            parent.send(("bye",))
+            parent.poll(10) and parent.recv()
+    except (BrokenPipeError, EOFError, ConnectionResetError):
         pass
     proc.join(10)
     if proc.is_alive():
@@ -494,6 +496,31 @@ def test_two_processes_write_then_read(peer_process, exchange):
         return ask(peer, "notifs")[1].get("initiator") == [b"ping"]
 
     wait_for(got_ping, what="standalone notification in the peer")
+
+
+def test_killed_peer_process_is_a_remote_disconnect(peer_process):
+    """A peer whose process dies: the next transfer to it raises nixlRemoteDisconnectError
+    (not a descriptor error, not a hang), in both implementations."""
+    import os
+    import signal
+    import time
+
+    peer = peer_process
+    a = make_agent("initiator")
+    src = pattern(CHUNK, 8)
+    a.register_memory([(*dram(src), "")], "DRAM")
+    a.add_remote_agent(peer["metadata"])
+    local = a.get_xfer_descs([dram(src)], "DRAM")
+    remote = a.get_xfer_descs([(peer["addr"], CHUNK, 0)], "DRAM")
+    h = a.initialize_xfer("WRITE", local, remote, "target", b"before")
+    wait_xfer(a, h, state=a.transfer(h))
+    os.kill(peer["pid"], signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    with pytest.raises(B.nixlRemoteDisconnectError):
+        while time.monotonic() < deadline:
+            h = a.initialize_xfer("WRITE", local, remote, "target", b"after")
+            wait_xfer(a, h, state=a.transfer(h), timeout=30)
+            time.sleep(0.01)
 
 
 # --- our additions (typed errors) ---------------------------------------------------------

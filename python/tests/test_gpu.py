@@ -130,15 +130,17 @@ def gpu_peer(request):
 
     proc = ctx.Process(target=_gpu_peer.serve, args=(IMPL, backends, SIZE, child), daemon=True)
     proc.start()
+    child.close()  # the child's end lives in the child: its exit closes the pipe
     assert parent.poll(120), "GPU peer process did not start"
     hello = parent.recv()
     hello["conn"] = parent
     hello["backends"] = backends
     yield hello
     try:
-        parent.send(("bye",))
-        parent.poll(10) and parent.recv()
-    except (BrokenPipeError, EOFError):
+        if proc.is_alive():
+            parent.send(("bye",))
+            parent.poll(10) and parent.recv()
+    except (BrokenPipeError, EOFError, ConnectionResetError):
         pass
     proc.join(10)
     if proc.is_alive():
