@@ -566,6 +566,19 @@ class nixl_agent:
         """Releases a prepared descriptor list."""
         handle.release()
 
+    def get_remote_descs(self, descs, mem_type: Optional[str] = None):
+        """NIXL's remote lists feed its GPU-initiated memory views (UCX device API),
+        which no backend of ours has."""
+        raise nixlNotSupportedError("remote descriptor lists (memory views) are not supported")
+
+    def prep_mem_view(self, dlist, *, backends: Optional[List[str]] = None) -> int:
+        """NIXL's GPU-initiated memory views (UCX device API): not supported here."""
+        raise nixlNotSupportedError("memory views (UCX GPU device API) are not supported")
+
+    def release_mem_view(self, mvh: int) -> None:
+        """See ``prep_mem_view``."""
+        raise nixlNotSupportedError("memory views (UCX GPU device API) are not supported")
+
     # --- notifications -------------------------------------------------------------
 
     def get_new_notifs(self, backends: List[str] = []) -> Dict[str, List[bytes]]:  # noqa: B006

@@ -584,12 +584,22 @@ def test_ucx_maps_to_libfabric(caplog):
 
 
 @pytest.mark.ours_only
-def test_metadata_exchange_without_ip_is_not_supported():
+def test_what_our_backends_lack_is_not_supported():
     agent = api.nixl_agent("noip")
+    # No central metadata server: an IP is needed.
     with pytest.raises(B.nixlNotSupportedError):
         agent.send_local_metadata()
     with pytest.raises(B.nixlNotSupportedError):
         agent.fetch_remote_metadata("x")
+    # No UCX GPU device API, no cost model.
+    with pytest.raises(B.nixlNotSupportedError):
+        agent.prep_mem_view(agent.get_xfer_descs([(1, 1, 0)], "VRAM"))
+    with pytest.raises(B.nixlNotSupportedError):
+        agent.release_mem_view(1)
+    with pytest.raises(B.nixlNotSupportedError):
+        agent.get_remote_descs([(1, 1, 0, "peer")], "VRAM")
+    with pytest.raises(B.nixlNotSupportedError):
+        agent.estimate_xfer_cost(None)
 
 
 def test_torch_cpu_tensors_are_dram():
