@@ -1,0 +1,314 @@
+//! Whether a peer's process still runs, asked of the operating system.
+//!
+//! Some providers never report a dead peer: over `shm` a write to a SIGKILLed process
+//! simply never completes, so only the stall timeout (30 s by default) ended such a
+//! transfer. So the connection information carries the process's identity — the
+//! kernel's boot id, its pid and its start time — and a peer on the same host, in the
+//! same pid namespace (both checked: same boot id, and the pid's start time here equals
+//! the advertised one, so a reused pid or another container's pid is never watched), is
+//! watched through a pidfd (`pidfd_open`, Linux 5.3), which becomes readable when the
+//! process ends. A transfer's status poll asks it (a `poll` with zero timeout, at most
+//! every [`CHECK_PERIOD`]), so a dead peer fails the transfer with
+//! [`crate::Error::RemoteDisconnect`] within milliseconds, on every provider. Where no
+//! pidfd can be opened (an older kernel, a sandbox), `/proc/<pid>/stat` is read instead,
+//! at most every [`PROC_CHECK_PERIOD`]. Peers on other hosts or in other pid namespaces
+//! are left to the transport and to the stall timeout.
+
+use crate::error::{Error, Result};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+/// Tag of the identity block after the rail list in the connection information.
+const MAGIC: &[u8; 4] = b"LIVE";
+const VERSION: u8 = 1;
+/// Magic, version, boot id, pid, start time.
+pub(super) const WIRE_SIZE: usize = 4 + 1 + 16 + 4 + 8;
+/// How often a pidfd is polled while transfers are polled.
+pub(super) const CHECK_PERIOD: Duration = Duration::from_micros(200);
+/// How often `/proc/<pid>/stat` is read where there is no pidfd.
+pub(super) const PROC_CHECK_PERIOD: Duration = Duration::from_millis(20);
+
+/// Who a process is, as another process on the same host can check it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct ProcessId {
+    boot_id: [u8; 16],
+    pid: u32,
+    /// Clock ticks after boot (field 22 of `/proc/<pid>/stat`): tells a reused pid apart.
+    start_time: u64,
+}
+
+impl ProcessId {
+    /// This process; `None` where `/proc` does not say (then no peer can watch it).
+    pub(super) fn current() -> Option<Self> {
+        static ME: OnceLock<Option<ProcessId>> = OnceLock::new();
+        *ME.get_or_init(|| {
+            let pid = std::process::id();
+            Some(ProcessId {
+                boot_id: boot_id()?,
+                pid,
+                start_time: start_time(pid)?,
+            })
+        })
+    }
+
+    pub(super) fn encode(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(MAGIC);
+        out.push(VERSION);
+        out.extend_from_slice(&self.boot_id);
+        out.extend_from_slice(&self.pid.to_le_bytes());
+        out.extend_from_slice(&self.start_time.to_le_bytes());
+    }
+
+    /// The identity block (what follows the rail list): empty means none was sent.
+    pub(super) fn decode(bytes: &[u8]) -> Result<Option<Self>> {
+        let bad = |why: &str| {
+            Error::MalformedMetadata(format!("LIBFABRIC connection info: process identity {why}"))
+        };
+        if bytes.is_empty() {
+            return Ok(None);
+        }
+        if bytes.len() != WIRE_SIZE || &bytes[..4] != MAGIC {
+            return Err(bad("has the wrong size or tag"));
+        }
+        if bytes[4] != VERSION {
+            return Err(bad(&format!(
+                "version {} (this build reads {VERSION})",
+                bytes[4]
+            )));
+        }
+        Ok(Some(ProcessId {
+            boot_id: bytes[5..21].try_into().expect("16 bytes"),
+            pid: u32::from_le_bytes(bytes[21..25].try_into().expect("4 bytes")),
+            start_time: u64::from_le_bytes(bytes[25..33].try_into().expect("8 bytes")),
+        }))
+    }
+}
+
+/// A watched peer process.
+#[derive(Debug)]
+pub(super) struct Liveness {
+    id: ProcessId,
+    /// Readable once the process has ended; `None`: `/proc` is read instead.
+    pidfd: Option<OwnedFd>,
+    gone: AtomicBool,
+    /// `clock_ns` of the last look; [`NEVER`] before the first.
+    checked_ns: AtomicU64,
+}
+
+const NEVER: u64 = u64::MAX;
+
+impl Liveness {
+    /// A watch on `peer`, if the OS can answer for it: same host and pid namespace, and
+    /// not this very process (agents of one process never outlive each other's process).
+    pub(super) fn watch(peer: &ProcessId) -> Option<Arc<Self>> {
+        let me = ProcessId::current()?;
+        if peer.boot_id != me.boot_id || *peer == me {
+            return None;
+        }
+        // The pidfd is opened only after the start time matched, and the start time is
+        // read again after: if the pid was reused in between, the pidfd names the wrong
+        // process and is dropped.
+        if start_time(peer.pid) != Some(peer.start_time) {
+            return None;
+        }
+        let pidfd = pidfd_open(peer.pid);
+        if start_time(peer.pid) != Some(peer.start_time) {
+            return None;
+        }
+        Some(Arc::new(Self {
+            id: *peer,
+            pidfd,
+            gone: AtomicBool::new(false),
+            checked_ns: AtomicU64::new(NEVER),
+        }))
+    }
+
+    /// `Err(RemoteDisconnect)` once the process is known to have ended. Cheap: the OS
+    /// is asked at most every [`CHECK_PERIOD`] (or [`PROC_CHECK_PERIOD`]).
+    pub(super) fn check(&self, agent: &str) -> Result<()> {
+        if !self.gone.load(Ordering::Relaxed) && self.due() && self.ended() {
+            self.gone.store(true, Ordering::Relaxed);
+        }
+        if self.gone.load(Ordering::Relaxed) {
+            return Err(Error::RemoteDisconnect {
+                agent: agent.to_string(),
+                reason: format!(
+                    "its process (pid {}) ended (seen through {})",
+                    self.id.pid,
+                    if self.pidfd.is_some() {
+                        "its pidfd"
+                    } else {
+                        "/proc"
+                    }
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    fn due(&self) -> bool {
+        let period = if self.pidfd.is_some() {
+            CHECK_PERIOD
+        } else {
+            PROC_CHECK_PERIOD
+        };
+        let now = clock_ns();
+        let last = self.checked_ns.load(Ordering::Relaxed);
+        if last != NEVER && now.saturating_sub(last) < period.as_nanos() as u64 {
+            return false;
+        }
+        // One thread of those polling at once does the look.
+        self.checked_ns
+            .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+    }
+
+    fn ended(&self) -> bool {
+        match &self.pidfd {
+            Some(fd) => {
+                let mut pfd = libc::pollfd {
+                    fd: fd.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                };
+                // SAFETY: one valid pollfd that lives across the call; zero timeout.
+                let n = unsafe { libc::poll(&mut pfd, 1, 0) };
+                n > 0 && pfd.revents & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0
+            }
+            // Gone from /proc, a new process under the pid, or a zombie: ended.
+            None => proc_state(self.id.pid)
+                .is_none_or(|(state, start)| start != self.id.start_time || state == 'Z'),
+        }
+    }
+}
+
+/// Monotonic nanoseconds since the first call in this process.
+fn clock_ns() -> u64 {
+    static START: OnceLock<Instant> = OnceLock::new();
+    START.get_or_init(Instant::now).elapsed().as_nanos() as u64
+}
+
+/// The kernel's boot id: the same for every process of one boot of one host (containers
+/// included), different on any other host.
+fn boot_id() -> Option<[u8; 16]> {
+    let text = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?;
+    let hex: Vec<u8> = text.trim().bytes().filter(|c| *c != b'-').collect();
+    if hex.len() != 32 {
+        return None;
+    }
+    let mut out = [0u8; 16];
+    for (i, byte) in out.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(std::str::from_utf8(&hex[2 * i..2 * i + 2]).ok()?, 16).ok()?;
+    }
+    Some(out)
+}
+
+/// State (field 3) and start time (field 22) of `/proc/<pid>/stat`.
+fn proc_state(pid: u32) -> Option<(char, u64)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may hold spaces and parentheses: count after its end.
+    let mut fields = stat.get(stat.rfind(')')? + 2..)?.split(' ');
+    let state = fields.next()?.chars().next()?;
+    Some((state, fields.nth(18)?.parse().ok()?))
+}
+
+fn start_time(pid: u32) -> Option<u64> {
+    proc_state(pid).map(|(_, start)| start)
+}
+
+fn pidfd_open(pid: u32) -> Option<OwnedFd> {
+    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+    // SAFETY: a non-negative return is a descriptor nobody else owns.
+    (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::process::Command;
+
+    #[test]
+    fn identity_round_trips_and_bad_blocks_are_typed_errors() {
+        let me = ProcessId::current().expect("/proc answers on Linux");
+        let mut wire = Vec::new();
+        me.encode(&mut wire);
+        assert_eq!(wire.len(), WIRE_SIZE);
+        assert_eq!(ProcessId::decode(&wire).unwrap(), Some(me));
+        assert_eq!(ProcessId::decode(&[]).unwrap(), None);
+        for cut in 1..wire.len() {
+            assert!(ProcessId::decode(&wire[..cut]).is_err());
+        }
+        let mut bad = wire.clone();
+        bad[4] = 9;
+        assert!(ProcessId::decode(&bad)
+            .unwrap_err()
+            .to_string()
+            .contains("version 9"));
+    }
+
+    #[test]
+    fn this_process_and_other_hosts_are_not_watched() {
+        let me = ProcessId::current().unwrap();
+        assert!(Liveness::watch(&me).is_none());
+        let mut elsewhere = me;
+        elsewhere.boot_id[0] ^= 1;
+        elsewhere.pid = 1;
+        assert!(Liveness::watch(&elsewhere).is_none());
+        // The same pid with another start time is another process (a reused pid).
+        let mut reused = me;
+        reused.start_time += 1;
+        reused.pid = std::os::unix::process::parent_id();
+        assert!(Liveness::watch(&reused).is_none());
+    }
+
+    /// A child process is watched; killed, it is reported within a few milliseconds,
+    /// both through its pidfd and through `/proc` (before it is reaped: a zombie).
+    #[test]
+    fn a_killed_process_is_seen_ended() {
+        for use_pidfd in [true, false] {
+            let mut child = Command::new("sleep").arg("30").spawn().unwrap();
+            let pid = child.id();
+            let id = ProcessId {
+                boot_id: boot_id().unwrap(),
+                pid,
+                start_time: start_time(pid).unwrap(),
+            };
+            let watch = Liveness::watch(&id).expect("a child on this host is watched");
+            let watch = if use_pidfd {
+                assert!(watch.pidfd.is_some(), "pidfd_open works on this kernel");
+                watch
+            } else {
+                Arc::new(Liveness {
+                    id,
+                    pidfd: None,
+                    gone: AtomicBool::new(false),
+                    checked_ns: AtomicU64::new(NEVER),
+                })
+            };
+            watch.check("child").unwrap();
+            child.kill().unwrap();
+            let killed = Instant::now();
+            let err = loop {
+                if let Err(e) = watch.check("child") {
+                    break e;
+                }
+                assert!(killed.elapsed() < Duration::from_secs(5), "never seen");
+                std::thread::sleep(Duration::from_micros(100));
+            };
+            println!(
+                "{} saw the kill after {:?}: {err}",
+                if use_pidfd { "pidfd" } else { "/proc" },
+                killed.elapsed()
+            );
+            assert!(
+                matches!(&err, Error::RemoteDisconnect { agent, .. } if agent == "child"),
+                "{err:?}"
+            );
+            child.wait().unwrap();
+            assert!(watch.check("child").is_err(), "gone stays gone");
+        }
+    }
+}
