@@ -24,8 +24,8 @@
 //! provider where it reports the broken connection (`tcp;ofi_rxm` flushes in-flight
 //! operations within milliseconds), and on every provider from the OS where the peer
 //! runs on the same host: the connection information carries the process's boot id,
-//! pid and start time, and a transfer's status poll asks the peer's pidfd (see
-//! [`liveness`]). Measured here, a SIGKILLed peer over `shm` (which never reports one
+//! pid and start time, and a transfer's status poll asks the peer's pidfd (`/proc` where
+//! no pidfd can be opened). Measured here, a SIGKILLed peer over `shm` (which never reports one
 //! itself: only the 30 s stall timeout caught it before) is reported 2-3 ms after the
 //! kill, over `tcp;ofi_rxm` and `sockets` in 4-6 ms (`nixl/tests/dead_peer.rs`). A peer
 //! on another host, or one whose pid namespace differs, is left to the transport and to
