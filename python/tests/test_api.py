@@ -389,6 +389,39 @@ def test_partial_metadata():
     assert np.array_equal(src[:CHUNK], dst[:CHUNK])
 
 
+def test_threads_transfer_concurrently():
+    """Python threads post and poll their own requests on one agent at once (thread-safe
+    sync mode asked for, as NIXL requires)."""
+    import threading
+
+    strict = api.nixl_thread_sync_t.NIXL_THREAD_SYNC_STRICT
+    p = Pair(sync_mode=strict)
+    threads, errors = 4, []
+    per = SIZE // threads
+
+    def worker(t: int) -> None:
+        try:
+            local = p.a.get_xfer_descs([dram(p.src, t * per, per)], "DRAM")
+            remote = p.a.get_xfer_descs([dram(p.dst, t * per, per)], "DRAM")
+            h = p.a.initialize_xfer("WRITE", local, remote, "B", f"t{t}".encode())
+            for _ in range(20):
+                wait_xfer(p.a, h, state=p.a.transfer(h))
+            p.a.release_xfer_handle(h)
+        except Exception as e:  # reported by the main thread
+            errors.append(e)
+
+    pool = [threading.Thread(target=worker, args=(t,)) for t in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join(60)
+    assert not errors, errors
+    for t in range(threads):
+        for _ in range(20):
+            wait_for(lambda: p.b.check_remote_xfer_done("A", f"t{t}".encode()), what=f"t{t}")
+    assert np.array_equal(p.src, p.dst)
+
+
 # --- metadata through the listener --------------------------------------------------------
 
 
