@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sys
 from array import array
+from itertools import chain
 from enum import IntEnum
 from typing import Iterator, Optional, Tuple, Union
 
@@ -113,7 +114,7 @@ class _DList:
             return
         if _is_ndarray(descs):
             self._add_array(descs)
-        else:
+        elif not self._extend_fast(descs):
             for d in descs:
                 self.append(d)
 
@@ -129,6 +130,28 @@ class _DList:
         self._packed = None
 
     def _add_meta_defaults(self, n: int) -> None:
+        pass
+
+    def _extend_fast(self, descs) -> bool:
+        """Bulk path for a list of well-formed tuples (thousands of descriptors cross at
+        C speed); False, changing nothing, if any entry needs the checked path (which
+        raises the precise error)."""
+        if not isinstance(descs, (list, tuple)):
+            return False
+        width = self._width
+        try:
+            if not all(type(d) is tuple and len(d) == width for d in descs):
+                return False
+            words = array("Q", chain.from_iterable(d[:3] for d in descs) if width != 3
+                          else chain.from_iterable(descs))
+        except (TypeError, OverflowError):
+            return False
+        self._words.extend(words)
+        self._add_meta(descs)
+        self._packed = None
+        return True
+
+    def _add_meta(self, descs) -> None:
         pass
 
     def _check(self, d) -> Desc3:
@@ -260,6 +283,11 @@ class nixlRegDList(_DList):
 
     def _add_meta_defaults(self, n: int) -> None:
         self._meta.extend([b""] * n)
+
+    def _add_meta(self, descs) -> None:
+        self._meta.extend(
+            d[3].encode() if isinstance(d[3], str) else bytes(d[3]) for d in descs
+        )
 
     def _check(self, d) -> Desc3:
         if isinstance(d, (tuple, list)) and len(d) == 3:
