@@ -1,0 +1,154 @@
+//! VERBS over soft-RoCE (`RDMA_TEST_DEVICE`, in the guest of `cargo xtask test`): a peer
+//! process that dies is reported as `RemoteDisconnect` within about a second, with the
+//! stall timeout left at its default (30 s). The backend's side-channel TCP connection is
+//! the liveness signal (the dead process's kernel closes it; our side-channel thread
+//! moves the QPs to the error state). Killed in the middle of a transfer, and while idle
+//! (then posted to); the typed error is asserted within [`BOUND`] and the real figures
+//! are printed. On the host (no device) the tests print why they skip.
+
+mod common;
+
+use common::{announce_agent, announce_path, dram, rdma_device, self_test, serial, PeerProcess};
+use nixl::{params, Agent, AgentConfig, Desc, Error, XferOp, XferReq, XferStatus};
+use std::time::{Duration, Instant};
+
+/// The bound the tests assert (the goal is 1 s; the figures printed are the real ones).
+const BOUND: Duration = Duration::from_secs(5);
+const PEER_LEN: usize = 16 << 20;
+const BLOCK: usize = 64 << 10;
+const PEER_NAME: &str = "dying-verbs-peer";
+/// Bound on anything that should have finished long ago.
+const LONG: Duration = Duration::from_secs(120);
+
+fn verbs_agent(name: &str, device: &str) -> Agent {
+    let config = AgentConfig {
+        listen_addr: Some("127.0.0.1:0".parse().unwrap()),
+        ..AgentConfig::default()
+    };
+    let agent = Agent::new(name, config).unwrap();
+    agent
+        .create_backend("VERBS", &params([("device", device)]))
+        .unwrap_or_else(|e| panic!("VERBS on {device}: {e}"));
+    agent
+}
+
+/// The peer process, run only by the tests below (with `--ignored`): registers a buffer,
+/// announces itself, and serves until it is killed (bounded).
+#[test]
+#[ignore = "peer process of the dead-peer tests"]
+fn dying_peer_process() {
+    let announce = std::env::var("NIXL_DEAD_VERBS_PEER").expect("run by a dead-peer test");
+    let dev = rdma_device().expect("RDMA_TEST_DEVICE is inherited");
+    let peer = verbs_agent(PEER_NAME, &dev);
+    let buf = vec![0u8; PEER_LEN];
+    // SAFETY: `buf` lives until the process ends.
+    let _h = unsafe {
+        peer.register_mem(&dram([Desc::from_slice(&buf)]), None)
+            .unwrap()
+    };
+    announce_agent(&announce, &peer, buf.as_ptr() as u64);
+    let deadline = Instant::now() + LONG;
+    while Instant::now() < deadline {
+        let _ = peer.get_notifs();
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+fn spawn_peer(tag: &str) -> PeerProcess {
+    let announce = announce_path("nixl-dead-verbs-peer", tag);
+    let mut cmd = self_test("dying_peer_process", true);
+    cmd.env("NIXL_DEAD_VERBS_PEER", &announce);
+    PeerProcess::spawn(cmd, announce)
+}
+
+/// Polls (reposting whenever it completes first) until the request fails; the time from
+/// `since` to the failure.
+fn fail_time(req: &mut XferReq, since: Instant) -> (Error, Duration) {
+    loop {
+        let outcome = match req.status() {
+            Ok(XferStatus::Done) => req.post().map(|_| ()),
+            Ok(XferStatus::InProgress) => Ok(()),
+            Err(e) => Err(e),
+        };
+        if let Err(e) = outcome {
+            return (e, since.elapsed());
+        }
+        assert!(since.elapsed() < LONG, "the dead peer was never noticed");
+        std::thread::sleep(Duration::from_micros(100));
+    }
+}
+
+fn assert_fast_disconnect(case: &str, err: &Error, took: Duration) {
+    println!("VERBS, {case}: {took:?} -> {err}");
+    match err {
+        Error::RemoteDisconnect { agent, .. } => assert_eq!(agent, PEER_NAME),
+        other => panic!("VERBS, {case}: expected RemoteDisconnect, got {other:?}"),
+    }
+    assert!(
+        took < BOUND,
+        "VERBS, {case}: RemoteDisconnect after {took:?} (bound {BOUND:?})"
+    );
+}
+
+#[test]
+fn dead_verbs_peer_is_reported_fast() {
+    let Some(dev) = rdma_device() else { return };
+    let _s = serial();
+    let initiator = verbs_agent("verbs-survivor", &dev);
+    let stall = initiator.config().stall_timeout;
+    assert!(
+        stall >= Duration::from_secs(30),
+        "the default stall timeout ({stall:?}) must stay"
+    );
+    let src: Vec<u8> = (0..PEER_LEN).map(|i| (i % 251) as u8).collect();
+    // SAFETY: `src` outlives the handle and every request of this test.
+    let _h = unsafe {
+        initiator
+            .register_mem(&dram([Desc::from_slice(&src)]), None)
+            .unwrap()
+    };
+    let transfer = |base: u64| {
+        let n = PEER_LEN / BLOCK;
+        let src_p = src.as_ptr() as u64;
+        initiator
+            .create_xfer_req(
+                XferOp::Write,
+                &dram((0..n).map(|i| Desc::new(src_p + (i * BLOCK) as u64, BLOCK as u64, 0))),
+                &dram((0..n).map(|i| Desc::new(base + (i * BLOCK) as u64, BLOCK as u64, 0))),
+                PEER_NAME,
+                Some(b"x".to_vec()),
+            )
+            .unwrap()
+    };
+
+    // Killed while a 16 MiB WRITE (256 x 64 KiB) is in flight.
+    let mut peer = spawn_peer("busy");
+    assert_eq!(
+        initiator.fetch_remote_metadata(peer.addr).unwrap(),
+        PEER_NAME
+    );
+    let mut req = transfer(peer.base);
+    req.post().unwrap();
+    req.wait(LONG).unwrap();
+    req.post().unwrap();
+    peer.child.kill().unwrap();
+    let killed = Instant::now();
+    let (err, took) = fail_time(&mut req, killed);
+    assert_fast_disconnect("killed mid-transfer", &err, took);
+    drop(req);
+    peer.child.wait().unwrap();
+
+    // Killed while idle; the next transfer is refused as fast.
+    let mut peer = spawn_peer("idle");
+    assert_eq!(
+        initiator.fetch_remote_metadata(peer.addr).unwrap(),
+        PEER_NAME
+    );
+    let mut req = transfer(peer.base);
+    req.post().unwrap();
+    req.wait(LONG).unwrap();
+    peer.child.kill().unwrap();
+    let killed = Instant::now();
+    let (err, took) = fail_time(&mut req, killed);
+    assert_fast_disconnect("killed while idle, then posted to", &err, took);
+}
