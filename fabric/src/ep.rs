@@ -79,6 +79,7 @@ pub struct EndpointBuilder<'a> {
     av: Option<AddressVector>,
     eq: Option<EventQueue>,
     counters: Vec<(Counter, u64)>,
+    selective_completion: bool,
 }
 
 impl<'a> EndpointBuilder<'a> {
@@ -93,7 +94,16 @@ impl<'a> EndpointBuilder<'a> {
             av: None,
             eq: None,
             counters: Vec::new(),
+            selective_completion: false,
         }
+    }
+    /// Binds the transmit queue with `FI_SELECTIVE_COMPLETION`: a successful transmit
+    /// operation writes a completion only when posted with `FI_COMPLETION` (the
+    /// `*msg_raw` calls' flags); failures are always reported.
+    #[doc(alias = "FI_SELECTIVE_COMPLETION")]
+    pub fn selective_completion(mut self, on: bool) -> Self {
+        self.selective_completion = on;
+        self
     }
     /// One queue for transmit and receive completions.
     pub fn cq(mut self, cq: &CompletionQueue) -> Self {
@@ -171,13 +181,22 @@ impl<'a> EndpointBuilder<'a> {
             cvt("fi_ep_bind", unsafe { ffi::fi_ep_bind(raw, fid, flags) })
                 .map_err(|e| e.context(|| what.to_owned()))
         };
+        let selective = if self.selective_completion {
+            ffi::FI_SELECTIVE_COMPLETION
+        } else {
+            0
+        };
         match (&self.tx_cq, &self.rx_cq) {
             (Some(tx), Some(rx)) if Arc::ptr_eq(&tx.inner, &rx.inner) => {
-                bind(fid_of(tx.inner.raw), ffi::FI_TRANSMIT | ffi::FI_RECV, "cq")?;
+                bind(
+                    fid_of(tx.inner.raw),
+                    ffi::FI_TRANSMIT | ffi::FI_RECV | selective,
+                    "cq",
+                )?;
             }
             (tx, rx) => {
                 if let Some(tx) = tx {
-                    bind(fid_of(tx.inner.raw), ffi::FI_TRANSMIT, "tx cq")?;
+                    bind(fid_of(tx.inner.raw), ffi::FI_TRANSMIT | selective, "tx cq")?;
                 }
                 if let Some(rx) = rx {
                     bind(fid_of(rx.inner.raw), ffi::FI_RECV, "rx cq")?;

@@ -737,6 +737,17 @@ impl Info {
     pub fn tx_op_flags(&self) -> u64 {
         self.tx_attr().op_flags
     }
+    /// Ordering of transmitted operations the provider granted (`tx_attr->msg_order`,
+    /// `FI_ORDER_*` bits).
+    pub fn tx_msg_order(&self) -> u64 {
+        self.tx_attr().msg_order
+    }
+    /// Largest write-after-write whose *data* is placed in order
+    /// (`ep_attr->max_order_waw_size`; beyond it only the operations' start is
+    /// ordered; `usize::MAX`: any size).
+    pub fn max_order_waw_size(&self) -> usize {
+        self.ep_attr().max_order_waw_size
+    }
     /// The source address, as bytes.
     pub fn src_addr(&self) -> Option<&[u8]> {
         let i = self.info();
