@@ -14,8 +14,16 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 fn pair(prov: &str, ring_size: u32) -> Pair<FabricTransport> {
+    pair_with(FabricTransport::new, prov, ring_size)
+}
+
+fn pair_with(
+    open: fn(&str) -> gpunetio::Result<FabricTransport>,
+    prov: &str,
+    ring_size: u32,
+) -> Pair<FabricTransport> {
     watchdog(600);
-    let t = || FabricTransport::new(prov).unwrap_or_else(|e| panic!("{prov}: {e}"));
+    let t = || open(prov).unwrap_or_else(|e| panic!("{prov}: {e}"));
     Pair::new(t(), t(), ring_size, 4, T)
 }
 
@@ -30,25 +38,47 @@ fn unhex(s: &str) -> Vec<u8> {
 }
 
 macro_rules! providers {
-    ($($module:ident => $prov:expr;)*) => {$(
+    ($($module:ident => $open:path, $prov:expr;)*) => {$(
         mod $module {
             use super::*;
+            fn pair(prov: &str, ring_size: u32) -> Pair<FabricTransport> {
+                pair_with($open, prov, ring_size)
+            }
             #[test] fn put_inline_get_signal_counters() { basic(&pair($prov, 64)) }
             #[test] fn put_signal_data_first() { put_signal_order(&pair($prov, 16), 8) }
             #[test] fn fence_orders_get_after_put() { fence(&pair($prov, 16)) }
             #[test] fn wraparound_ring_of_8() { wraparound(&pair($prov, 8), 5000) }
+            #[test] fn batches_across_wraparound() { batched_wraparound(&pair($prov, 16), 300) }
             #[test] fn full_ring_back_pressure() { back_pressure(&pair($prov, 8)) }
             #[test] fn bad_entries_refused() { bad_entries(|| pair($prov, 8)) }
             #[test] fn producer_timeout_and_shutdown() { timeout_and_shutdown(&pair($prov, 8)) }
             #[test] fn staged_local_memory() { staged(&pair($prov, 16)) }
-            #[test] fn two_processes() { super::two_processes($prov) }
+            #[test] fn two_processes() { super::two_processes($open, $prov) }
         }
     )*};
 }
 
 providers! {
-    tcp_rxm => "tcp;ofi_rxm";
-    shm => "shm";
+    tcp_rxm => FabricTransport::new, "tcp;ofi_rxm";
+    shm => FabricTransport::new, "shm";
+    // Write ordering granted (shm): batches complete once, signals follow their data.
+    shm_ordered => FabricTransport::new_ordered, "shm";
+    // Not granted (rxm): the same behaviour as without asking.
+    tcp_rxm_ordered => FabricTransport::new_ordered, "tcp;ofi_rxm";
+}
+
+#[test]
+fn ordering_is_granted_by_shm_only() {
+    assert!(gpunetio::proxy::Transport::ordered(
+        &FabricTransport::new_ordered("shm").unwrap()
+    ));
+    for t in [
+        FabricTransport::new("shm"),
+        FabricTransport::new("tcp;ofi_rxm"),
+        FabricTransport::new_ordered("tcp;ofi_rxm"),
+    ] {
+        assert!(!gpunetio::proxy::Transport::ordered(&t.unwrap()));
+    }
 }
 
 #[test]
@@ -87,11 +117,12 @@ fn proxy_peer_process() {
         return;
     };
     watchdog(120);
-    let b = CpuProxy::new(
-        FabricTransport::new(&prov).unwrap(),
-        &RingMemory::host(8, 0).unwrap(),
-    )
-    .unwrap();
+    let open = if std::env::var_os("GIO_PROXY_PEER_ORDERED").is_some() {
+        FabricTransport::new_ordered
+    } else {
+        FabricTransport::new
+    };
+    let b = CpuProxy::new(open(&prov).unwrap(), &RingMemory::host(8, 0).unwrap()).unwrap();
     let (dst, sig) = (Buf::new(CHILD_SLOTS as usize * CHILD_SLOT), Buf::new(8));
     // SAFETY: the buffers outlive `b` (dropped at the end of this function, after it).
     let (d, s) = unsafe {
@@ -100,6 +131,9 @@ fn proxy_peer_process() {
             b.register_local(sig.ptr(), sig.len()).unwrap(),
         )
     };
+    // A target progresses its endpoint: over a manual-progress provider the peer's
+    // writes and atomics land when this side polls (shm with write ordering queues them).
+    b.start().unwrap();
     println!("NAME {}", hex(&b.local_info().unwrap()));
     println!("DST {}", hex(&b.descriptor(d).unwrap().to_bytes()));
     println!("SIG {}", hex(&b.descriptor(s).unwrap().to_bytes()));
@@ -123,9 +157,14 @@ fn proxy_peer_process() {
     drop(b);
 }
 
-fn two_processes(prov: &str) {
+fn two_processes(open: fn(&str) -> gpunetio::Result<FabricTransport>, prov: &str) {
     watchdog(600);
-    let mut child = Command::new(std::env::current_exe().unwrap())
+    let ordered = gpunetio::proxy::Transport::ordered(&open(prov).unwrap());
+    let mut command = Command::new(std::env::current_exe().unwrap());
+    if ordered {
+        command.env("GIO_PROXY_PEER_ORDERED", "1");
+    }
+    let mut child = command
         .args([
             "--exact",
             "proxy_peer_process",
@@ -154,7 +193,7 @@ fn two_processes(prov: &str) {
     let sig = RemoteDescriptor::from_bytes(&unhex(&expect("SIG "))).unwrap();
 
     let ring = RingMemory::host(16, 1).unwrap();
-    let a = CpuProxy::new(FabricTransport::new(prov).unwrap(), &ring).unwrap();
+    let a = CpuProxy::new(open(prov).unwrap(), &ring).unwrap();
     a.connect(&name).unwrap();
     let src = Buf::new(CHILD_SLOTS as usize * CHILD_SLOT);
     for i in 0..CHILD_SLOTS {
@@ -190,43 +229,80 @@ fn two_processes(prov: &str) {
     drop(a);
 }
 
-/// Entries per second through the proxy with a host producer (8-byte puts from
-/// registered memory and 8-byte inline puts, ring of 1024, proxy threads on both sides),
-/// for each provider in `GIO_PROXY_BENCH_PROV` (comma-separated; default `shm` and
-/// `tcp;ofi_rxm`), `GIO_PROXY_BENCH_N` entries each. Run with `--ignored --nocapture`
-/// in release mode.
+/// Entries per second through the proxy with a host producer standing in for a warp:
+/// 32 tickets reserved at once, 32 entries written (8-byte puts from registered memory,
+/// 8-byte inline puts, 8-byte puts with a signal), ring of 1024, busy-polling proxy
+/// threads on both sides, for each provider in `GIO_PROXY_BENCH_PROV` (comma-separated;
+/// default `shm` and `tcp;ofi_rxm`), ordered transport (the default) and unordered
+/// alternating, `GIO_PROXY_BENCH_N` entries each. Run with `--ignored --nocapture` in
+/// release mode.
 #[test]
 #[ignore = "a measurement; run by hand"]
 fn throughput() {
     let n: u64 = std::env::var("GIO_PROXY_BENCH_N")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(200_000);
+        .unwrap_or(200_000u64)
+        .next_multiple_of(32);
     let provs = std::env::var("GIO_PROXY_BENCH_PROV").unwrap_or_else(|_| "shm,tcp;ofi_rxm".into());
+    // GIO_PROXY_BENCH_WHAT / GIO_PROXY_BENCH_MODE narrow the runs (substring match).
+    let filter = |var: &str, item: &str| std::env::var(var).map_or(true, |f| item.contains(&f));
     for prov in provs.split(',') {
-        for what in ["put 8 B", "inline 8 B"] {
-            let x = pair(prov, 1024);
-            x.a.start().unwrap();
-            // The target's proxy thread progresses its endpoint (shm and rxm move data
-            // when the target calls into them).
-            x.b.start().unwrap();
-            let start = Instant::now();
-            for i in 0..n {
-                let e = if what.starts_with("put") {
-                    Entry::put(x.r, (i % 1024) * 8, x.l, 0, 8)
-                } else {
-                    Entry::put_inline(x.r, (i % 1024) * 8, i, 8)
-                };
-                x.p.post(&e).unwrap();
+        for what in ["put 8 B", "inline 8 B", "put 8 B + signal"] {
+            for ordered in [true, false] {
+                let mode = if ordered { "ordered" } else { "unordered" };
+                if !filter("GIO_PROXY_BENCH_WHAT", what) || !filter("GIO_PROXY_BENCH_MODE", mode) {
+                    continue;
+                }
+                let eps = throughput_run(prov, ordered, what, n);
+                println!("{prov} {mode} {what}: {eps:.0} entries/s");
             }
-            x.p.quiet().unwrap();
-            let secs = start.elapsed().as_secs_f64();
-            println!(
-                "{prov} {what}: {n} entries in {secs:.3} s = {:.0} entries/s",
-                n as f64 / secs
-            );
         }
     }
+}
+
+fn throughput_run(prov: &str, ordered: bool, what: &str, n: u64) -> f64 {
+    watchdog(600);
+    let t = || {
+        if ordered {
+            FabricTransport::new_ordered(prov)
+        } else {
+            FabricTransport::new(prov)
+        }
+        .unwrap_or_else(|e| panic!("{prov}: {e}"))
+    };
+    let x = Pair::with_options(
+        t(),
+        t(),
+        1024,
+        1,
+        T,
+        gpunetio::proxy::CpuProxyBuilder::new().busy_poll(true),
+    );
+    x.a.start().unwrap();
+    // The target's proxy thread progresses its endpoint (shm and rxm move data when
+    // the target calls into them).
+    x.b.start().unwrap();
+    let start = Instant::now();
+    for first in (0..n).step_by(32) {
+        let ticket = x.p.reserve(32);
+        for i in first..first + 32 {
+            let off = (i % 1024) * 8;
+            let e = match what {
+                "put 8 B" => Entry::put(x.r, off, x.l, 0, 8),
+                "inline 8 B" => Entry::put_inline(x.r, off, i, 8),
+                _ => Entry::put(x.r, off, x.l, 0, 8).with_signal(x.s, 0, 1),
+            };
+            x.p.write(ticket + i - first, &e).unwrap();
+        }
+    }
+    x.p.quiet().unwrap();
+    let secs = start.elapsed().as_secs_f64();
+    if what.ends_with("signal") {
+        assert_eq!(x.sig.word(0).load(Ordering::Acquire), n);
+    }
+    assert!(x.a.take_error().is_none());
+    n as f64 / secs
 }
 
 /// A transport that completes everything at once: what the ring and the proxy cost by

@@ -59,8 +59,8 @@ pub use self::fabric::FabricTransport;
 pub use ring::{Entry, GioStatus, HostProducer, RingDevicePtrs, RingMemory, MAX_RING_SIZE};
 pub use table::{DeviceCopy, MAX_REGIONS};
 pub use transport::{
-    Posted, RemoteDescriptor, Transport, TransportCompletion, TransportFailure, TransportKind,
-    WorkRequest,
+    PostFlags, Posted, RemoteDescriptor, Transport, TransportCompletion, TransportFailure,
+    TransportKind, WorkRequest,
 };
 #[cfg(feature = "verbs")]
 pub use verbs::VerbsTransport;
@@ -82,6 +82,8 @@ pub struct CpuProxyBuilder {
     staging_slots: usize,
     timeout: Duration,
     gpu: Option<Gpu>,
+    busy_poll: bool,
+    cpu: Option<usize>,
 }
 
 impl Default for CpuProxyBuilder {
@@ -91,6 +93,8 @@ impl Default for CpuProxyBuilder {
             staging_slots: 16,
             timeout: Duration::from_secs(10),
             gpu: None,
+            busy_poll: false,
+            cpu: None,
         }
     }
 }
@@ -123,6 +127,24 @@ impl CpuProxyBuilder {
     /// at full speed) and which [`CpuProxy::export`] exports to.
     pub fn gpu(mut self, gpu: &Gpu) -> Self {
         self.gpu = Some(gpu.clone());
+        self
+    }
+
+    /// The proxy thread never yields or sleeps (default: it spins while there is work,
+    /// then yields, then sleeps 50 µs between rounds). A target whose peer writes into
+    /// it over a manual-progress provider (`shm`, `tcp;ofi_rxm`) sees no work of its
+    /// own, yet serves the peer only when it polls: busy polling keeps that served
+    /// within a round, and a GPU post is seen within a round however long the ring was
+    /// idle. Costs one core.
+    pub fn busy_poll(mut self, on: bool) -> Self {
+        self.busy_poll = on;
+        self
+    }
+
+    /// Pins the proxy thread to CPU `cpu` (`sched_setaffinity`) when it starts; a
+    /// failure is the thread's first error ([`CpuProxy::take_error`]).
+    pub fn pin_to_cpu(mut self, cpu: usize) -> Self {
+        self.cpu = Some(cpu);
         self
     }
 
@@ -174,7 +196,7 @@ fn lock<X>(m: &Mutex<X>) -> MutexGuard<'_, X> {
 /// How long the proxy thread spins on an idle ring before it starts yielding, and
 /// yields before it sleeps: a busy ring is served within a poll, an idle one costs
 /// little CPU.
-const SPIN_ROUNDS: u32 = 2000;
+const SPIN_ROUNDS: u32 = u32::MAX - 1;
 const YIELD_ROUNDS: u32 = 4000;
 const IDLE_SLEEP: Duration = Duration::from_micros(50);
 
@@ -376,9 +398,17 @@ impl<T: Transport> CpuProxy<T> {
         }
         self.shared.stop.store(false, Ordering::Release);
         let shared = self.shared.clone();
+        let (busy_poll, cpu) = (self.options.busy_poll, self.options.cpu);
         let handle = std::thread::Builder::new()
             .name("gio-cpu-proxy".into())
-            .spawn(move || proxy_thread(&shared))?;
+            .spawn(move || {
+                if let Some(cpu) = cpu {
+                    if let Err(e) = pin_to_cpu(cpu) {
+                        lock(&shared.thread_error).get_or_insert(e);
+                    }
+                }
+                proxy_thread(&shared, busy_poll)
+            })?;
         *thread = Some(handle);
         Ok(())
     }
@@ -464,7 +494,28 @@ impl<T: Transport> CpuProxy<T> {
     }
 }
 
-fn proxy_thread<T: Transport>(shared: &Shared<T>) {
+/// Pins the calling thread to `cpu`.
+fn pin_to_cpu(cpu: usize) -> Result<()> {
+    // SAFETY: cpu_set_t is plain data; all zeroes is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    if cpu >= 8 * std::mem::size_of::<libc::cpu_set_t>() {
+        return Err(Error::InvalidArgument(format!("CPU {cpu} is out of range")));
+    }
+    // SAFETY: cpu is below the set's capacity (checked above).
+    unsafe { libc::CPU_SET(cpu, &mut set) };
+    // SAFETY: pid 0 is the calling thread; `set` is a valid cpu_set_t of that size.
+    let ret = unsafe { libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set) };
+    if ret != 0 {
+        let e = std::io::Error::last_os_error();
+        return Err(Error::Io(std::io::Error::new(
+            e.kind(),
+            format!("sched_setaffinity of the proxy thread to CPU {cpu}: {e}"),
+        )));
+    }
+    Ok(())
+}
+
+fn proxy_thread<T: Transport>(shared: &Shared<T>, busy_poll: bool) {
     let mut idle = 0u32;
     while !shared.stop.load(Ordering::Acquire) {
         let result = lock(&shared.engine).progress();
@@ -481,11 +532,14 @@ fn proxy_thread<T: Transport>(shared: &Shared<T>) {
         }
         if idle == 0 {
             continue;
-        } else if idle < SPIN_ROUNDS {
+        } else if busy_poll || idle < SPIN_ROUNDS {
             std::hint::spin_loop();
         } else if idle < YIELD_ROUNDS {
             std::thread::yield_now();
         } else {
+            // Each round after a sleep polls the transport: the peer's operations on
+            // this side progress every sleep, not every 16th.
+            lock(&shared.engine).poll_transport_next();
             std::thread::sleep(IDLE_SLEEP);
         }
     }

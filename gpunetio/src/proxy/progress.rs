@@ -8,10 +8,17 @@
 //! everything after it until everything before it completed. `ctrl.completed` advances
 //! only over a complete prefix: a completion that arrives early waits for the ones before
 //! it. `GIO_FLAG_COUNTER` bumps its counter when the entry retires.
+//!
+//! Batching: a request is posted with [`PostFlags::more`] when the next entry can be
+//! posted right behind it in the same round. On an [`ordered`](Transport::ordered)
+//! transport a put's signal follows its data at once, and a write or atomic with more
+//! behind it is posted *unsignaled*: it is done when a later request's completion
+//! arrives (its delivery implies the earlier writes were placed), so a batch costs one
+//! completion. Reads always complete on their own (their data lands here).
 
 use super::ring::{GioStatus, RingMemory};
 use super::table::{Local, MemoryTable, Op, OpKind, Region};
-use super::transport::{Posted, Transport, TransportCompletion, WorkRequest};
+use super::transport::{PostFlags, Posted, Transport, TransportCompletion, WorkRequest};
 use crate::error::{Error, Result};
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
@@ -100,12 +107,20 @@ pub(crate) struct Engine<T: Transport> {
     /// The typed error of the failure, returned once by `progress`.
     pending_error: Option<Error>,
     completions: Vec<TransportCompletion>,
+    /// The transport places writes in order ([`Transport::ordered`]).
+    ordered: bool,
+    /// Work request ids of unsignaled requests not yet covered by a later completion,
+    /// in posting order (which is id order: tickets ascend, a signal follows its data).
+    uncovered: VecDeque<u64>,
+    /// Per-counter increments of one retirement, applied with one add each.
+    counter_adds: Vec<(u32, u64)>,
 }
 
 impl<T: Transport> Engine<T> {
     pub(crate) fn new(ring: Arc<RingMemory>, mut transport: T) -> Result<Self> {
         let window_size = ring.ring_size() as u64;
         transport.prepare(window_size as usize)?;
+        let ordered = transport.ordered();
         Ok(Self {
             ring,
             transport,
@@ -121,7 +136,16 @@ impl<T: Transport> Engine<T> {
             failure: None,
             pending_error: None,
             completions: Vec::new(),
+            ordered,
+            uncovered: VecDeque::new(),
+            counter_adds: Vec::new(),
         })
+    }
+
+    /// Makes the next round poll the transport even if nothing is in flight (a proxy
+    /// thread about to sleep progresses the peer's operations on this side first).
+    pub(crate) fn poll_transport_next(&mut self) {
+        self.idle_rounds = IDLE_TRANSPORT_POLL;
     }
 
     /// Transport operations in flight.
@@ -253,18 +277,56 @@ impl<T: Transport> Engine<T> {
         Ok(progressed)
     }
 
+    /// The window index of `ticket`, if it is in flight.
+    fn index_of(&self, ticket: u64) -> Option<usize> {
+        ticket
+            .checked_sub(self.retired)
+            .filter(|i| *i < self.window.len() as u64)
+            .map(|i| i as usize)
+    }
+
+    /// One request of `wr_id` finished (completed, covered, or failed).
+    fn request_done(&mut self, wr_id: u64) {
+        if let Some(index) = self.index_of(wr_id >> PART_BITS) {
+            let slot = &mut self.window[index];
+            slot.outstanding = slot.outstanding.saturating_sub(1);
+            self.outstanding = self.outstanding.saturating_sub(1);
+        }
+    }
+
     fn complete(&mut self, c: TransportCompletion) {
         let ticket = c.wr_id >> PART_BITS;
         let part = c.wr_id & PART_MASK;
-        let Some(index) = ticket
-            .checked_sub(self.retired)
-            .filter(|i| *i < self.window.len() as u64)
-        else {
-            tracing::error!("proxy: completion {:#x} for no entry in flight", c.wr_id);
+        if c.result.is_ok() {
+            // Its delivery covers every unsignaled write posted before it.
+            while let Some(&u) = self.uncovered.front() {
+                if u >= c.wr_id {
+                    break;
+                }
+                self.uncovered.pop_front();
+                self.request_done(u);
+            }
+        } else if let Some(pos) = self.uncovered.iter().position(|&u| u == c.wr_id) {
+            // A failed unsignaled request reports itself; it covers nothing.
+            self.uncovered.remove(pos);
+            if let Err(f) = c.result {
+                self.request_done(c.wr_id);
+                self.fail_completion(ticket, f);
+            }
+            return;
+        }
+        let Some(index) = self.index_of(ticket) else {
+            match c.result {
+                // An unsignaled request that a later completion covered already.
+                Err(f) => self.fail_completion(ticket, f),
+                Ok(()) => {
+                    tracing::error!("proxy: completion {:#x} for no entry in flight", c.wr_id)
+                }
+            }
             return;
         };
         self.outstanding = self.outstanding.saturating_sub(1);
-        let slot = &mut self.window[index as usize];
+        let slot = &mut self.window[index];
         slot.outstanding = slot.outstanding.saturating_sub(1);
         let mut copy_error = None;
         if part != 0 && part != SIGNAL_PART {
@@ -295,20 +357,7 @@ impl<T: Transport> Engine<T> {
             }
         }
         if let Err(f) = c.result {
-            let status = if f.peer_gone {
-                GioStatus::PEER_GONE
-            } else {
-                GioStatus::TRANSPORT
-            };
-            self.fail(
-                status,
-                ticket,
-                Error::EntryFailed {
-                    ticket,
-                    status,
-                    source: Box::new(f.error),
-                },
-            );
+            self.fail_completion(ticket, f);
         } else if let Some(e) = copy_error {
             self.fail(
                 GioStatus::TRANSPORT,
@@ -319,6 +368,62 @@ impl<T: Transport> Engine<T> {
                     source: Box::new(e),
                 },
             );
+        }
+    }
+
+    fn fail_completion(&mut self, ticket: u64, f: super::transport::TransportFailure) {
+        let status = if f.peer_gone {
+            GioStatus::PEER_GONE
+        } else {
+            GioStatus::TRANSPORT
+        };
+        self.fail(
+            status,
+            ticket,
+            Error::EntryFailed {
+                ticket,
+                status,
+                source: Box::new(f.error),
+            },
+        );
+    }
+
+    /// Whether the entry after `index` can be posted right behind it in this round
+    /// (a direct write, inline write, signal or read: no fence, nop or staging).
+    fn next_follows(&self, index: usize) -> bool {
+        let Some(next) = self.window.get(index + 1) else {
+            return false;
+        };
+        if next.data_posted || next.ticket >= self.failure.map_or(u64::MAX, |f| f.1) {
+            return false;
+        }
+        match next.op.kind {
+            OpKind::PutInline { .. } | OpKind::Signal { .. } => true,
+            OpKind::Put { local, len, .. } | OpKind::Get { local, len, .. } => {
+                len > 0 && matches!(self.table.get(local), Region::Local(Local::Direct { .. }))
+            }
+            OpKind::Nop | OpKind::Fence => false,
+        }
+    }
+
+    /// The flags of a request of entry `index`: `then_signal` when its signal is posted
+    /// right behind it (ordered transports), `read` for reads (always signaled).
+    fn flags(&self, index: usize, then_signal: bool, read: bool) -> PostFlags {
+        let more = then_signal || self.next_follows(index);
+        PostFlags {
+            more,
+            unsignaled: self.ordered && more && !read,
+        }
+    }
+
+    /// Bookkeeping of a request posted with `flags`.
+    fn posted_request(&mut self, index: usize, posted: Posted, wr_id: u64, flags: PostFlags) {
+        if posted == Posted::Yes {
+            self.window[index].outstanding += 1;
+            self.outstanding += 1;
+            if flags.unsignaled {
+                self.uncovered.push_back(wr_id);
+            }
         }
     }
 
@@ -352,6 +457,11 @@ impl<T: Transport> Engine<T> {
                         progressed = true;
                         self.next_post += 1;
                         self.advance(index);
+                        if self.window[index].phase == Phase::Signal {
+                            // Ordered: the signal goes right behind its data (this index
+                            // again, now past its data).
+                            continue;
+                        }
                     }
                     Ok(false) => break,
                     Err(e) => {
@@ -383,12 +493,17 @@ impl<T: Transport> Engine<T> {
     fn advance(&mut self, index: usize) -> bool {
         let slot = &mut self.window[index];
         match slot.phase {
+            // Ordered transports place the signal after the data: no wait for the data.
+            Phase::Data
+                if slot.data_posted
+                    && slot.op.signal.is_some()
+                    && (self.ordered || slot.outstanding == 0) =>
+            {
+                slot.phase = Phase::Signal;
+                true
+            }
             Phase::Data if slot.data_posted && slot.outstanding == 0 => {
-                slot.phase = if slot.op.signal.is_some() {
-                    Phase::Signal
-                } else {
-                    Phase::Done
-                };
+                slot.phase = Phase::Done;
                 true
             }
             Phase::Signal if slot.signal_posted && slot.outstanding == 0 => {
@@ -404,24 +519,27 @@ impl<T: Transport> Engine<T> {
     }
 
     fn post_signal(&mut self, index: usize) -> Result<Posted> {
+        let flags = self.flags(index, false, false);
         let slot = &self.window[index];
         let (mr, off, add) = slot.op.signal.expect("signal phase");
+        let id = wr_id(slot.ticket, SIGNAL_PART);
         let Region::Remote(remote) = self.table.get(mr) else {
             unreachable!("validated: signal regions are remote")
         };
-        let posted = self.transport.post(&WorkRequest::AtomicAdd {
-            wr_id: wr_id(slot.ticket, SIGNAL_PART),
-            remote,
-            offset: off,
-            add,
-            slot: self.scratch(slot.ticket),
-        })?;
+        let posted = self.transport.post_with(
+            &WorkRequest::AtomicAdd {
+                wr_id: id,
+                remote,
+                offset: off,
+                add,
+                slot: self.scratch(slot.ticket),
+            },
+            flags,
+        )?;
         if posted == Posted::Yes {
-            let slot = &mut self.window[index];
-            slot.signal_posted = true;
-            slot.outstanding += 1;
-            self.outstanding += 1;
+            self.window[index].signal_posted = true;
         }
+        self.posted_request(index, posted, id, flags);
         Ok(posted)
     }
 
@@ -446,32 +564,40 @@ impl<T: Transport> Engine<T> {
                 data,
                 len,
             } => {
+                let flags = self.flags(index, self.signal_follows(index), false);
                 let Region::Remote(remote) = self.table.get(remote) else {
                     unreachable!("validated")
                 };
-                let posted = self.transport.post(&WorkRequest::WriteInline {
-                    wr_id: wr_id(ticket, 0),
-                    data,
-                    len,
-                    remote,
-                    offset: remote_off,
-                    slot: scratch,
-                })?;
-                self.count_posted(index, posted);
+                let posted = self.transport.post_with(
+                    &WorkRequest::WriteInline {
+                        wr_id: wr_id(ticket, 0),
+                        data,
+                        len,
+                        remote,
+                        offset: remote_off,
+                        slot: scratch,
+                    },
+                    flags,
+                )?;
+                self.posted_request(index, posted, wr_id(ticket, 0), flags);
                 posted
             }
             OpKind::Signal { mr, off, add } => {
+                let flags = self.flags(index, false, false);
                 let Region::Remote(remote) = self.table.get(mr) else {
                     unreachable!("validated")
                 };
-                let posted = self.transport.post(&WorkRequest::AtomicAdd {
-                    wr_id: wr_id(ticket, 0),
-                    remote,
-                    offset: off,
-                    add,
-                    slot: scratch,
-                })?;
-                self.count_posted(index, posted);
+                let posted = self.transport.post_with(
+                    &WorkRequest::AtomicAdd {
+                        wr_id: wr_id(ticket, 0),
+                        remote,
+                        offset: off,
+                        add,
+                        slot: scratch,
+                    },
+                    flags,
+                )?;
+                self.posted_request(index, posted, wr_id(ticket, 0), flags);
                 posted
             }
             OpKind::Put {
@@ -512,11 +638,9 @@ impl<T: Transport> Engine<T> {
         Ok(false)
     }
 
-    fn count_posted(&mut self, index: usize, posted: Posted) {
-        if posted == Posted::Yes {
-            self.window[index].outstanding += 1;
-            self.outstanding += 1;
-        }
+    /// Whether entry `index`'s signal is posted right behind its data.
+    fn signal_follows(&self, index: usize) -> bool {
+        self.ordered && self.window[index].op.signal.is_some()
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -531,6 +655,7 @@ impl<T: Transport> Engine<T> {
         len: u64,
     ) -> Result<Posted> {
         let ticket = self.window[index].ticket;
+        let flags = self.flags(index, !get && self.signal_follows(index), get);
         let (Region::Local(Local::Direct { reg, addr, .. }), Region::Remote(remote)) =
             (self.table.get(local), self.table.get(remote))
         else {
@@ -556,8 +681,8 @@ impl<T: Transport> Engine<T> {
                 offset: remote_off,
             }
         };
-        let posted = self.transport.post(&wr)?;
-        self.count_posted(index, posted);
+        let posted = self.transport.post_with(&wr, flags)?;
+        self.posted_request(index, posted, wr_id, flags);
         Ok(posted)
     }
 
@@ -663,12 +788,20 @@ impl<T: Transport> Engine<T> {
                 break;
             }
             if let Some(c) = slot.op.counter {
-                if let Some(counter) = self.ring.counter_ref(c) {
-                    counter.fetch_add(1, Ordering::Release);
+                match self.counter_adds.iter_mut().find(|(i, _)| *i == c) {
+                    Some((_, n)) => *n += 1,
+                    None => self.counter_adds.push((c, 1)),
                 }
             }
             self.window.pop_front();
             self.retired += 1;
+        }
+        // One add per counter and one store of `completed` per round: each is a write
+        // the GPU may be polling over PCIe.
+        for (c, n) in self.counter_adds.drain(..) {
+            if let Some(counter) = self.ring.counter_ref(c) {
+                counter.fetch_add(n, Ordering::Release);
+            }
         }
         if self.retired != start {
             self.ring
@@ -697,6 +830,10 @@ mod tests {
         posted: Vec<(u64, &'static str)>,
         /// Completions to deliver at the next poll: (wr_id, ok, peer gone).
         release: Vec<(u64, bool, bool)>,
+        /// The flags of each post, in post order.
+        flags: Vec<PostFlags>,
+        /// Whether the mock claims write ordering.
+        ordered: bool,
     }
 
     struct Mock(Arc<Mutex<MockState>>);
@@ -734,6 +871,13 @@ mod tests {
             self.0.lock().unwrap().posted.push((id, what));
             Ok(Posted::Yes)
         }
+        fn ordered(&self) -> bool {
+            self.0.lock().unwrap().ordered
+        }
+        fn post_with(&mut self, wr: &WorkRequest<'_, ()>, flags: PostFlags) -> Result<Posted> {
+            self.0.lock().unwrap().flags.push(flags);
+            self.post(wr)
+        }
         fn poll(&mut self, out: &mut Vec<TransportCompletion>) -> Result<()> {
             for (wr_id, ok, peer_gone) in self.0.lock().unwrap().release.drain(..) {
                 out.push(TransportCompletion {
@@ -761,8 +905,15 @@ mod tests {
 
     /// Region 0 local (1 KiB), region 1 remote (1 KiB).
     fn fixture() -> Fixture {
+        fixture_with(false)
+    }
+
+    fn fixture_with(ordered: bool) -> Fixture {
         let ring = RingMemory::host(8, 2).unwrap();
-        let state = Arc::new(Mutex::new(MockState::default()));
+        let state = Arc::new(Mutex::new(MockState {
+            ordered,
+            ..MockState::default()
+        }));
         let mut engine = Engine::new(ring.clone(), Mock(state.clone())).unwrap();
         engine
             .table
@@ -795,6 +946,10 @@ mod tests {
     impl Fixture {
         fn posted(&self) -> Vec<(u64, &'static str)> {
             self.state.lock().unwrap().posted.clone()
+        }
+        fn flags(&self) -> Vec<(bool, bool)> {
+            let s = self.state.lock().unwrap();
+            s.flags.iter().map(|f| (f.more, f.unsignaled)).collect()
         }
         fn release(&self, wr_id: u64, ok: bool, peer_gone: bool) {
             self.state
@@ -900,6 +1055,142 @@ mod tests {
             assert_eq!(f.ring.completed(), 1);
             assert_eq!(f.posted().len(), 2);
             assert_eq!(f.engine.outstanding(), 0);
+        }
+    }
+
+    /// (more, unsignaled) of an unsignaled request in the middle of a batch, and of the
+    /// batch's last (signaled) one.
+    const MIDDLE: (bool, bool) = (true, true);
+    const LAST: (bool, bool) = (false, false);
+
+    #[test]
+    fn unordered_batches_use_more_and_complete_every_request() {
+        let mut f = fixture();
+        for i in 0..3 {
+            f.p.post(&Entry::put(1, i * 8, 0, 0, 8)).unwrap();
+        }
+        f.engine.progress().unwrap();
+        assert_eq!(f.flags(), [(true, false), (true, false), (false, false)]);
+        f.release(wr_id(2, 0), true, false);
+        f.engine.progress().unwrap();
+        assert_eq!(
+            f.ring.completed(),
+            0,
+            "a completion covered others unordered"
+        );
+    }
+
+    #[test]
+    fn ordered_batch_completes_on_its_last_request() {
+        let mut f = fixture_with(true);
+        f.p.post(&Entry::put(1, 0, 0, 0, 8)).unwrap();
+        f.p.post(&Entry::put_inline(1, 8, 5, 8).with_counter(0))
+            .unwrap();
+        f.p.post(&Entry::put(1, 16, 0, 0, 8).with_signal(1, 64, 1))
+            .unwrap();
+        f.p.post(&Entry::signal(1, 72, 1).with_counter(0)).unwrap();
+        f.engine.progress().unwrap();
+        // The signal of ticket 2 goes right behind its data; only the last request
+        // asks for a completion.
+        assert_eq!(
+            f.posted(),
+            [
+                (wr_id(0, 0), "write"),
+                (wr_id(1, 0), "inline"),
+                (wr_id(2, 0), "write"),
+                (wr_id(2, SIGNAL_PART), "add"),
+                (wr_id(3, 0), "add")
+            ]
+        );
+        assert_eq!(f.flags(), [MIDDLE, MIDDLE, MIDDLE, MIDDLE, LAST]);
+        assert_eq!(f.engine.outstanding(), 5);
+        f.release(wr_id(3, 0), true, false);
+        f.engine.progress().unwrap();
+        assert_eq!(f.ring.completed(), 4);
+        assert_eq!(f.ring.counter(0).unwrap(), 2);
+        assert_eq!(f.engine.outstanding(), 0);
+    }
+
+    #[test]
+    fn ordered_reads_always_complete_and_cover_earlier_writes() {
+        let mut f = fixture_with(true);
+        f.p.post(&Entry::put(1, 0, 0, 0, 8)).unwrap();
+        f.p.post(&Entry::get(0, 0, 1, 8, 8)).unwrap();
+        f.p.post(&Entry::put(1, 16, 0, 0, 8)).unwrap();
+        f.engine.progress().unwrap();
+        assert_eq!(f.flags(), [MIDDLE, (true, false), LAST]);
+        f.release(wr_id(1, 0), true, false);
+        f.engine.progress().unwrap();
+        assert_eq!(f.ring.completed(), 2, "the read covers the write before it");
+        f.release(wr_id(2, 0), true, false);
+        f.engine.progress().unwrap();
+        assert_eq!(f.ring.completed(), 3);
+    }
+
+    /// A batch that straddles the ring's end (ring of 8, tickets 5..13) is one batch:
+    /// tickets stay ordered across the wrap, scratch slots wrap with them.
+    #[test]
+    fn ordered_batch_across_wraparound() {
+        let mut f = fixture_with(true);
+        for _ in 0..5 {
+            f.p.post(&Entry::nop()).unwrap();
+        }
+        f.engine.progress().unwrap();
+        assert_eq!(f.ring.completed(), 5);
+        let first = f.p.reserve(8);
+        assert_eq!(first, 5);
+        for t in first..first + 8 {
+            f.p.write(t, &Entry::put_inline(1, t * 8, t, 8).with_counter(1))
+                .unwrap();
+        }
+        f.engine.progress().unwrap();
+        let posted = f.posted();
+        assert_eq!(posted.len(), 8);
+        assert!(posted.iter().zip(5..).all(|(p, t)| p.0 == wr_id(t, 0)));
+        assert_eq!(f.flags()[..7], [MIDDLE; 7]);
+        assert_eq!(f.flags()[7], LAST);
+        f.release(wr_id(12, 0), true, false);
+        f.engine.progress().unwrap();
+        assert_eq!(f.ring.completed(), 13);
+        assert_eq!(f.ring.counter(1).unwrap(), 8);
+    }
+
+    /// An unsignaled request in the middle of a batch fails: its ticket gets the typed
+    /// status, the entries before it complete (covered by the batch's last request),
+    /// and nothing at or after it is reported complete, whichever completion is read
+    /// first.
+    #[test]
+    fn ordered_failure_in_the_middle_of_a_batch() {
+        for failure_first in [true, false] {
+            let mut f = fixture_with(true);
+            for i in 0..5 {
+                f.p.post(&Entry::put(1, i * 8, 0, 0, 8).with_counter(0))
+                    .unwrap();
+            }
+            f.engine.progress().unwrap();
+            assert_eq!(f.flags(), [MIDDLE, MIDDLE, MIDDLE, MIDDLE, LAST]);
+            if failure_first {
+                f.release(wr_id(2, 0), false, true);
+                f.release(wr_id(4, 0), true, false);
+            } else {
+                f.release(wr_id(4, 0), true, false);
+                f.release(wr_id(2, 0), false, true);
+            }
+            match f.engine.progress() {
+                Err(Error::EntryFailed {
+                    ticket: 2, status, ..
+                }) => assert_eq!(status, GioStatus::PEER_GONE),
+                other => panic!("{other:?}"),
+            }
+            assert_eq!(f.ring.error(), Some((GioStatus::PEER_GONE, 2)));
+            assert_eq!(f.ring.completed(), 2, "failure_first {failure_first}");
+            assert_eq!(f.ring.counter(0).unwrap(), 2);
+            assert!(matches!(
+                f.engine.progress(),
+                Err(Error::RingFailed { ticket: 2, .. })
+            ));
+            assert_eq!(f.ring.completed(), 2);
+            assert_eq!(f.posted().len(), 5, "posted after the failure");
         }
     }
 }

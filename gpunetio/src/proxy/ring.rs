@@ -36,6 +36,22 @@ impl GioStatus {
     pub const SHUTDOWN: Self = Self(ffi::GIO_ERR_SHUTDOWN);
     /// `GIO_ERR_MIXED_LEVELS`.
     pub const MIXED_LEVELS: Self = Self(ffi::GIO_ERR_MIXED_LEVELS);
+    /// `GIO_ERR_CQE`: the native mlx5 handler polled an error CQE
+    /// (`gio_mlx5_qp.syndrome` says why).
+    pub const CQE: Self = Self(ffi::GIO_ERR_CQE);
+
+    /// Every status this version names, in value order.
+    pub const ALL: [Self; 9] = [
+        Self::OK,
+        Self::BAD_ENTRY,
+        Self::BOUNDS,
+        Self::TRANSPORT,
+        Self::PEER_GONE,
+        Self::TIMEOUT,
+        Self::SHUTDOWN,
+        Self::MIXED_LEVELS,
+        Self::CQE,
+    ];
 
     /// The constant's name, `None` for a value this version does not know.
     pub fn name(self) -> Option<&'static str> {
@@ -48,6 +64,7 @@ impl GioStatus {
             ffi::GIO_ERR_TIMEOUT => "GIO_ERR_TIMEOUT",
             ffi::GIO_ERR_SHUTDOWN => "GIO_ERR_SHUTDOWN",
             ffi::GIO_ERR_MIXED_LEVELS => "GIO_ERR_MIXED_LEVELS",
+            ffi::GIO_ERR_CQE => "GIO_ERR_CQE",
             _ => return None,
         })
     }
@@ -791,6 +808,38 @@ mod tests {
     #[test]
     fn status_names() {
         assert_eq!(format!("{}", GioStatus::PEER_GONE), "GIO_ERR_PEER_GONE");
+        assert_eq!(format!("{}", GioStatus(8)), "GIO_ERR_CQE");
         assert_eq!(format!("{:?}", GioStatus(42)), "GioStatus(42)");
+    }
+
+    /// Every `GIO_OK` / `GIO_ERR_*` define of gio_abi.h has a name, and the name is the
+    /// define's.
+    #[test]
+    fn every_header_status_is_named() {
+        let header = ffi::GIO_ABI_H;
+        let mut seen = 0;
+        for line in header.lines() {
+            let mut words = line.split_whitespace();
+            let (Some("#define"), Some(name), Some(value)) =
+                (words.next(), words.next(), words.next())
+            else {
+                continue;
+            };
+            if name != "GIO_OK" && !name.starts_with("GIO_ERR_") {
+                continue;
+            }
+            let value: i32 = value.trim_end_matches('u').parse().expect(name);
+            assert_eq!(GioStatus(value).name(), Some(name), "{name} = {value}");
+            assert!(
+                GioStatus::ALL.contains(&GioStatus(value)),
+                "{name} not in ALL"
+            );
+            seen += 1;
+        }
+        assert_eq!(
+            seen,
+            GioStatus::ALL.len(),
+            "ALL names a status the header lacks"
+        );
     }
 }

@@ -202,6 +202,18 @@ pub enum Posted {
     Busy,
 }
 
+/// How the proxy asks for one request to be posted ([`Transport::post_with`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PostFlags {
+    /// More requests follow at once (`FI_MORE`): the transport may hold this one back
+    /// until the next post, or at the latest until its next [`poll`](Transport::poll).
+    pub more: bool,
+    /// No completion on success. Set only on an [`ordered`](Transport::ordered)
+    /// transport: the next request posted with a completion covers this one. A failure
+    /// is still reported, with this request's `wr_id`.
+    pub unsignaled: bool,
+}
+
 /// A network the CPU proxy posts on. One proxy owns its transport; the proxy thread
 /// (or the caller of `cpu_proxy_progress`) calls it from one thread at a time.
 pub trait Transport: Send + 'static {
@@ -237,6 +249,26 @@ pub trait Transport: Send + 'static {
 
     /// Posts one request.
     fn post(&mut self, wr: &WorkRequest<'_, Self::Registration>) -> Result<Posted>;
+
+    /// Whether writes and atomic adds to the peer are *placed* in the order they were
+    /// posted, whatever their size, and [`PostFlags::unsignaled`] is honoured. The proxy
+    /// then posts a put's signal right behind its data (not after the data's
+    /// completion), and asks a completion only of the last request of a batch: its
+    /// delivery implies every write posted before it was delivered. Default: `false`.
+    fn ordered(&self) -> bool {
+        false
+    }
+
+    /// Posts one request with batching hints ([`PostFlags`]); the default ignores them
+    /// and calls [`post`](Self::post).
+    fn post_with(
+        &mut self,
+        wr: &WorkRequest<'_, Self::Registration>,
+        flags: PostFlags,
+    ) -> Result<Posted> {
+        let _ = flags;
+        self.post(wr)
+    }
 
     /// Appends completions that arrived to `out`; an `Err` is a failure of the
     /// transport as a whole (not of one request).

@@ -108,14 +108,35 @@ pub struct Pair<X: Transport> {
 impl<X: Transport> Pair<X> {
     /// Builds the pair from two transports (`a`'s is given `ring_size` entries).
     pub fn new(ta: X, tb: X, ring_size: u32, counters: u32, producer_timeout: Duration) -> Self {
+        Self::with_options(
+            ta,
+            tb,
+            ring_size,
+            counters,
+            producer_timeout,
+            CpuProxyBuilder::new(),
+        )
+    }
+
+    /// As [`new`](Self::new), both proxies built from `options` (`a`'s staging set
+    /// small on top).
+    pub fn with_options(
+        ta: X,
+        tb: X,
+        ring_size: u32,
+        counters: u32,
+        producer_timeout: Duration,
+        options: CpuProxyBuilder,
+    ) -> Self {
         let ring = RingMemory::host(ring_size, counters).unwrap();
         // Small bounce buffers, so staged transfers cycle through them.
-        let a = CpuProxyBuilder::new()
+        let a = options
+            .clone()
             .staging_chunk(16 << 10)
             .staging_slots(4)
             .build(ta, &ring)
             .unwrap();
-        let b = CpuProxy::new(tb, &RingMemory::host(8, 0).unwrap()).unwrap();
+        let b = options.build(tb, &RingMemory::host(8, 0).unwrap()).unwrap();
         a.connect(&b.local_info().unwrap()).unwrap();
         b.connect(&a.local_info().unwrap()).unwrap();
         let (src, get, dst, sig) = (
@@ -371,6 +392,67 @@ pub fn wraparound<X: Transport>(x: &Pair<X>, ops: u64) {
             assert_eq!(got, last + 1, "word {word}");
         }
     }
+}
+
+/// Warp-like batches (1 to 13 tickets reserved at once, then written) on a ring of 16:
+/// batches straddle the ring's end, and each mixes puts, inline puts, puts with a
+/// signal and signals. Every entry's data, every signal and both counters checked.
+pub fn batched_wraparound<X: Transport>(x: &Pair<X>, batches: u64) {
+    assert_eq!(x.ring.ring_size(), 16);
+    x.a.start().unwrap();
+    // Every put reads the same 64 source bytes; each entry owns a 64-byte destination
+    // slot (slots are reused every 512 entries, after a quiet).
+    let src = pattern(64, 99);
+    x.src.write(0, &src);
+    let (mut ticket, mut signals, mut counted) = (0u64, 0u64, 0u64);
+    let mut expect: Vec<(usize, Vec<u8>)> = Vec::new();
+    for b in 0..batches {
+        let n = 1 + (b * 7 % 13) as u32;
+        let first = x.p.reserve(n);
+        assert_eq!(first, ticket);
+        for i in 0..n as u64 {
+            let t = first + i;
+            let slot = (t % 512) as usize * 64;
+            let e = match t % 4 {
+                0 => {
+                    expect.push((slot, src.clone()));
+                    Entry::put(x.r, slot as u64, x.l, 0, 64)
+                }
+                1 => {
+                    expect.push((slot, t.to_le_bytes().to_vec()));
+                    Entry::put_inline(x.r, slot as u64, t, 8)
+                }
+                2 => {
+                    signals += 1;
+                    expect.push((slot, src.clone()));
+                    Entry::put(x.r, slot as u64, x.l, 0, 64).with_signal(x.s, 8, 1)
+                }
+                _ => {
+                    signals += 1;
+                    Entry::signal(x.s, 8, 1)
+                }
+            };
+            let e = if t % 3 == 0 {
+                counted += 1;
+                e.with_counter(2)
+            } else {
+                e
+            };
+            x.p.write(t, &e).unwrap();
+        }
+        ticket += n as u64;
+        if ticket / 512 != (ticket + 13) / 512 || b + 1 == batches {
+            x.p.quiet().unwrap();
+            for (off, bytes) in expect.drain(..) {
+                assert_eq!(x.dst.read(off, bytes.len()), bytes, "slot at {off}");
+            }
+            x.dst.write(0, &vec![0; 512 * 64]);
+        }
+    }
+    assert_eq!(x.ring.completed(), ticket);
+    assert_eq!(x.sig.word(1).load(Ordering::Acquire), signals);
+    assert_eq!(x.ring.counter(2).unwrap(), counted);
+    assert!(x.ring.error().is_none());
 }
 
 /// A full ring blocks the producer while nobody runs the proxy; starting the proxy
