@@ -198,14 +198,6 @@ def test_standalone_notification_after_plain_transfer(pair):
     assert notifs == {"A": [b"fence"]}
 
 
-@pytest.mark.xfail(
-    IMPL == "ours",
-    strict=False,
-    reason="known bug in the nixl crate: LIBFABRIC over tcp;ofi_rxm can report a WRITE "
-    "DONE before the bytes are at the target when no notification is attached (a race: "
-    "seen in 2-70% of 4 KiB rounds on 2 cores); NIXL's UCX: DONE means delivered. "
-    "Remove this marker once the backend waits for delivery.",
-)
 def test_write_done_means_data_is_at_target(pair):
     """Without a notification, DONE at the initiator is the only signal: NIXL's WRITE is
     delivered by then (checked 20 times: a race would show)."""

@@ -263,7 +263,12 @@ impl Worker {
                             op.key,
                             ctx,
                         ),
-                        (XferOp::Write, None) => ep.write_raw(
+                        // Without a notification the initiator's DONE is the only
+                        // sign the data is there: ask for delivery, not just for the
+                        // bytes to have left (tcp;ofi_rxm completed writes before the
+                        // target had them; measured by the Python suite's
+                        // test_write_done_means_data_is_at_target).
+                        (XferOp::Write, None) => ep.writemsg_raw(
                             op.local as *const u8,
                             op.len,
                             Some(&active.job.mrs[op.mr as usize]),
@@ -271,6 +276,7 @@ impl Worker {
                             op.remote_addr,
                             op.key,
                             ctx,
+                            fabric::ffi::FI_COMPLETION | fabric::ffi::FI_DELIVERY_COMPLETE,
                         ),
                         (XferOp::Read, _) => ep.read_raw(
                             op.local as *mut u8,
