@@ -4,12 +4,21 @@
 //! buffer, then signal; the server checks the signal count and every written byte.
 //!
 //! ```text
-//! gpunetio-put-bw [-a | -s BYTES] [-n ITERS] [-e 0|1] [-p intra_node] [-d GPU]
+//! gpunetio-put-bw [-a | -s BYTES] [-n ITERS] [-e 0|1] [-p intra_node|cpu_proxy] [-d GPU]
+//!                 [--provider PROV] [--mem auto|vram|dram]
 //!                 [--blocks N] [--threads N] [--server [--port P] | --client HOST:PORT]
 //! ```
 //! Without `--server`/`--client` both sides run here, the server as a child process.
 //! NIC handlers (`-p`): `intra_node` (the server's memory mapped through CUDA IPC; both
-//! sides on this node). Columns as perftest/DOCA print them; Gb/s = 10^9 bits per second.
+//! sides on this node); `cpu_proxy` (the client's kernel posts into a ring its CPU proxy
+//! drains onto a libfabric endpoint of `--provider`, default `shm` towards this host and
+//! `tcp;ofi_rxm` otherwise; each side's memory in VRAM where the provider registers it
+//! directly, else pinned host memory, or as `--mem` says; the server's proxy thread
+//! progresses its endpoint). Columns as perftest/DOCA print them; Gb/s = 10^9 bits per
+//! second.
+
+#[path = "../gio_cpu_proxy.rs"]
+mod gio_cpu_proxy;
 
 use cudarc::driver::sys;
 use cudarc::driver::{LaunchConfig, PushKernelArg};
@@ -26,6 +35,13 @@ use std::time::{Duration, Instant};
 const WINDOW: usize = 1 << 30;
 /// Bytes one size moves at most (iterations shrink for large messages).
 const BYTES_PER_SIZE: u64 = 32 << 30;
+/// The CPU proxy's buffers (pinned host memory where VRAM cannot be registered).
+const PROXY_WINDOW: usize = 256 << 20;
+/// Messages and bytes one timed run moves at most through the CPU proxy.
+const PROXY_MSGS_PER_RUN: u64 = 1 << 20;
+const PROXY_BYTES_PER_RUN: u64 = 4 << 30;
+/// Entries of the client's CUDA ring.
+const PROXY_RING: u32 = 8192;
 
 #[derive(Debug, Clone)]
 struct Opts {
@@ -39,10 +55,12 @@ struct Opts {
     server: bool,
     port: u16,
     client: Option<String>,
+    provider: Option<String>,
+    mem: gio_cpu_proxy::MemChoice,
 }
 
 fn usage() -> ! {
-    eprintln!("usage: gpunetio-put-bw [-a | -s BYTES] [-n ITERS] [-e 0|1] [-p intra_node] [-d GPU] [--blocks N] [--threads N] [--server [--port P] | --client HOST:PORT]");
+    eprintln!("usage: gpunetio-put-bw [-a | -s BYTES] [-n ITERS] [-e 0|1] [-p intra_node|cpu_proxy] [-d GPU] [--provider PROV] [--mem auto|vram|dram] [--blocks N] [--threads N] [--server [--port P] | --client HOST:PORT]");
     std::process::exit(2)
 }
 
@@ -58,6 +76,8 @@ fn parse(args: &[String]) -> Opts {
         server: false,
         port: 0,
         client: None,
+        provider: None,
+        mem: gio_cpu_proxy::MemChoice::Auto,
     };
     let mut i = 0;
     let value = |i: &mut usize| -> String {
@@ -77,14 +97,18 @@ fn parse(args: &[String]) -> Opts {
             "--server" => o.server = true,
             "--port" => o.port = value(&mut i).parse().unwrap_or_else(|_| usage()),
             "--client" => o.client = Some(value(&mut i)),
+            "--provider" => o.provider = Some(value(&mut i)),
+            "--mem" => {
+                o.mem = gio_cpu_proxy::MemChoice::parse(&value(&mut i)).unwrap_or_else(|| usage())
+            }
             "-h" | "--help" => usage(),
             _ => usage(),
         }
         i += 1;
     }
-    if o.handler != "intra_node" {
+    if o.handler != "intra_node" && o.handler != "cpu_proxy" {
         eprintln!(
-            "gpunetio-put-bw: NIC handler `{}` is not available in this build (intra_node)",
+            "gpunetio-put-bw: NIC handler `{}` is not available in this build (intra_node, cpu_proxy)",
             o.handler
         );
         std::process::exit(2);
@@ -149,34 +173,73 @@ fn both(o: &Opts, args: &[String]) -> Result<(), String> {
     Ok(())
 }
 
+/// What the server checks at the end of each size: the buffer and the signal word.
+enum Target {
+    Ipc(DeviceBuffer, DeviceBuffer),
+    Proxy(gio_cpu_proxy::Side),
+}
+
+impl Target {
+    fn read(&self, which: usize, off: usize, out: &mut [u8]) -> Result<(), String> {
+        match self {
+            Target::Ipc(d, s) => [d, s][which]
+                .copy_to_host(off, out)
+                .map_err(|e| e.to_string()),
+            Target::Proxy(side) => side.mems[which].read(off, out),
+        }
+    }
+    fn zero(&self) -> Result<(), String> {
+        match self {
+            Target::Ipc(d, s) => {
+                d.fill(0).map_err(|e| e.to_string())?;
+                s.fill(0).map_err(|e| e.to_string())
+            }
+            Target::Proxy(side) => {
+                side.check()?;
+                side.mems.iter().try_for_each(|m| m.zero())
+            }
+        }
+    }
+}
+
 fn server(o: &Opts) -> Result<(), String> {
     let gpu = Gpu::open(o.gpu).map_err(|e| e.to_string())?;
-    let data = DeviceBuffer::alloc(&gpu, WINDOW).map_err(|e| e.to_string())?;
-    data.fill(0).map_err(|e| e.to_string())?;
-    let signal = DeviceBuffer::alloc(&gpu, 64).map_err(|e| e.to_string())?;
-    signal.fill(0).map_err(|e| e.to_string())?;
-    let listener = TcpListener::bind(("127.0.0.1", o.port)).map_err(|e| e.to_string())?;
+    let bind = if o.handler == "cpu_proxy" {
+        "0.0.0.0"
+    } else {
+        "127.0.0.1"
+    };
+    let listener = TcpListener::bind((bind, o.port)).map_err(|e| e.to_string())?;
     println!(
         "listening on port {}",
         listener.local_addr().map_err(|e| e.to_string())?.port()
     );
     std::io::stdout().flush().map_err(|e| e.to_string())?;
-    let (stream, _) = listener.accept().map_err(|e| e.to_string())?;
+    let (stream, peer) = listener.accept().map_err(|e| e.to_string())?;
     stream
         .set_read_timeout(Some(Duration::from_secs(600)))
         .map_err(|e| e.to_string())?;
+    let (target, greeting, window) = if o.handler == "cpu_proxy" {
+        // The client's address picks the default provider, as on the client.
+        let provider = o
+            .provider
+            .clone()
+            .unwrap_or_else(|| gio_cpu_proxy::default_provider(&peer.ip().to_string()).into());
+        let mut side = gio_cpu_proxy::side(&gpu, &provider, o.mem, &[PROXY_WINDOW, 64], 0)?;
+        side.start()?;
+        let greeting = format!(
+            "GIOP {PROXY_WINDOW} {} {}",
+            side.placement(),
+            side.info_words()?
+        );
+        (Target::Proxy(side), greeting, PROXY_WINDOW)
+    } else {
+        ipc_target(&gpu)?
+    };
     let mut reader = BufReader::new(stream.try_clone().map_err(|e| e.to_string())?);
     let mut writer = stream;
-    let handles = [&data, &signal].map(|b| b.export_ipc().map(|h| hex(&h)));
-    let [d, s] = handles;
-    writeln!(
-        writer,
-        "GIO1 {} {} {WINDOW}",
-        d.map_err(|e| e.to_string())?,
-        s.map_err(|e| e.to_string())?
-    )
-    .map_err(|e| e.to_string())?;
-    let mut host = vec![0u8; WINDOW];
+    writeln!(writer, "{greeting}").map_err(|e| e.to_string())?;
+    let mut host = vec![0u8; window];
     loop {
         let mut line = String::new();
         if reader.read_line(&mut line).map_err(|e| e.to_string())? == 0 {
@@ -188,13 +251,10 @@ fn server(o: &Opts) -> Result<(), String> {
             ["CHECK", extent, signals] => {
                 let extent: usize = extent.parse().map_err(|_| "bad CHECK")?;
                 let signals: u64 = signals.parse().map_err(|_| "bad CHECK")?;
-                let extent = extent.min(WINDOW);
-                data.copy_to_host(0, &mut host[..extent])
-                    .map_err(|e| e.to_string())?;
+                let extent = extent.min(window);
+                target.read(0, 0, &mut host[..extent])?;
                 let mut word = [0u8; 8];
-                signal
-                    .copy_to_host(0, &mut word)
-                    .map_err(|e| e.to_string())?;
+                target.read(1, 0, &mut word)?;
                 let seen = u64::from_le_bytes(word);
                 let bad = host[..extent]
                     .iter()
@@ -207,13 +267,26 @@ fn server(o: &Opts) -> Result<(), String> {
                     }
                     (true, None) => "OK".to_string(),
                 };
-                data.fill(0).map_err(|e| e.to_string())?;
-                signal.fill(0).map_err(|e| e.to_string())?;
+                target.zero()?;
                 writeln!(writer, "{verdict}").map_err(|e| e.to_string())?;
             }
             _ => return Err(format!("unexpected request `{}`", line.trim())),
         }
     }
+}
+
+/// The intra-node server: VRAM exported through CUDA IPC.
+fn ipc_target(gpu: &Gpu) -> Result<(Target, String, usize), String> {
+    let data = DeviceBuffer::alloc(gpu, WINDOW).map_err(|e| e.to_string())?;
+    data.fill(0).map_err(|e| e.to_string())?;
+    let signal = DeviceBuffer::alloc(gpu, 64).map_err(|e| e.to_string())?;
+    signal.fill(0).map_err(|e| e.to_string())?;
+    let greeting = format!(
+        "GIO1 {} {} {WINDOW}",
+        hex(&data.export_ipc().map_err(|e| e.to_string())?),
+        hex(&signal.export_ipc().map_err(|e| e.to_string())?)
+    );
+    Ok((Target::Ipc(data, signal), greeting, WINDOW))
 }
 
 fn client(o: &Opts, addr: &str) -> Result<(), String> {
@@ -227,20 +300,67 @@ fn client(o: &Opts, addr: &str) -> Result<(), String> {
     let mut line = String::new();
     reader.read_line(&mut line).map_err(|e| e.to_string())?;
     let words: Vec<&str> = line.split_whitespace().collect();
-    let ["GIO1", data_h, signal_h, window] = words.as_slice() else {
-        return Err(format!("unexpected server greeting `{}`", line.trim()));
+    // Kept alive until the end: the intra-node export, or the CPU proxy side.
+    let (mut _intra, mut proxy) = (None, None);
+    let (qp_ptr, local_mr, remote_mr, signal_mr, window, handler) = match words.as_slice() {
+        ["GIO1", data_h, signal_h, window] => {
+            let window: usize = window.parse().map_err(|_| "bad window")?;
+            let data =
+                Arc::new(IpcMapping::open(&gpu, &unhex(data_h)?).map_err(|e| e.to_string())?);
+            let signal =
+                Arc::new(IpcMapping::open(&gpu, &unhex(signal_h)?).map_err(|e| e.to_string())?);
+            let src = Arc::new(DeviceBuffer::alloc(&gpu, window).map_err(|e| e.to_string())?);
+            let pattern: Vec<u8> = (0..window).map(pattern_byte).collect();
+            src.copy_from_host(0, &pattern).map_err(|e| e.to_string())?;
+            let mut table = IntraNodeQueuePair::new(&gpu, 0, Duration::from_secs(60));
+            let local_mr = table.register_local(&src).map_err(|e| e.to_string())?;
+            let remote_mr = table.add_remote(&data).map_err(|e| e.to_string())?;
+            let signal_mr = table.add_remote(&signal).map_err(|e| e.to_string())?;
+            let qp = table.export().map_err(|e| e.to_string())?;
+            let ptr = qp.device_ptr();
+            _intra = Some(qp);
+            (
+                ptr,
+                local_mr,
+                remote_mr,
+                signal_mr,
+                window,
+                "intra_node".to_string(),
+            )
+        }
+        ["GIOP", window, placement, peer @ ..] => {
+            let window: usize = window.parse().map_err(|_| "bad window")?;
+            let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h);
+            let provider = o
+                .provider
+                .clone()
+                .unwrap_or_else(|| gio_cpu_proxy::default_provider(host).into());
+            let mut side = gio_cpu_proxy::side(&gpu, &provider, o.mem, &[window], PROXY_RING)?;
+            let pattern: Vec<u8> = (0..window).map(pattern_byte).collect();
+            side.mems[0].write(0, &pattern)?;
+            let remote = side.connect(peer)?;
+            let [remote_mr, signal_mr] = remote[..] else {
+                return Err(format!(
+                    "the server offered {} buffers, expected 2",
+                    remote.len()
+                ));
+            };
+            side.start()?;
+            let ptr = side
+                .qp
+                .as_ref()
+                .ok_or("no exported queue pair")?
+                .device_ptr();
+            let handler = format!(
+                "cpu_proxy over {provider} (client {}, server {placement})",
+                side.placement()
+            );
+            let local_mr = side.mrs[0];
+            proxy = Some(side);
+            (ptr, local_mr, remote_mr, signal_mr, window, handler)
+        }
+        _ => return Err(format!("unexpected server greeting `{}`", line.trim())),
     };
-    let window: usize = window.parse().map_err(|_| "bad window")?;
-    let data = Arc::new(IpcMapping::open(&gpu, &unhex(data_h)?).map_err(|e| e.to_string())?);
-    let signal = Arc::new(IpcMapping::open(&gpu, &unhex(signal_h)?).map_err(|e| e.to_string())?);
-    let src = Arc::new(DeviceBuffer::alloc(&gpu, window).map_err(|e| e.to_string())?);
-    let pattern: Vec<u8> = (0..window).map(pattern_byte).collect();
-    src.copy_from_host(0, &pattern).map_err(|e| e.to_string())?;
-    let mut table = IntraNodeQueuePair::new(&gpu, 0, Duration::from_secs(60));
-    let local_mr = table.register_local(&src).map_err(|e| e.to_string())?;
-    let remote_mr = table.add_remote(&data).map_err(|e| e.to_string())?;
-    let signal_mr = table.add_remote(&signal).map_err(|e| e.to_string())?;
-    let qp = table.export().map_err(|e| e.to_string())?;
     let (_, source) = gpunetio::DEVICE_SOURCES
         .iter()
         .find(|(n, _)| *n == "gio_perf.cu")
@@ -272,7 +392,7 @@ fn client(o: &Opts, addr: &str) -> Result<(), String> {
     let status = DeviceBuffer::alloc(&gpu, 4).map_err(|e| e.to_string())?;
     let stream = gpu.new_stream().map_err(|e| e.to_string())?;
     println!(
-        "# gpunetio-put-bw: {} ({}), NIC handler intra_node, {} scope, {blocks} blocks x {} threads = {workers} {}",
+        "# gpunetio-put-bw: {} ({}), NIC handler {handler}, {} scope, {blocks} blocks x {} threads = {workers} {}",
         gpu.name().unwrap_or_default(),
         gpu.pci_bus_id().unwrap_or_default(),
         if o.warp { "WARP" } else { "THREAD" },
@@ -290,10 +410,18 @@ fn client(o: &Opts, addr: &str) -> Result<(), String> {
         let iters = o
             .iters
             .min((BYTES_PER_SIZE / (size as u64 * workers)).max(1));
+        // Through the CPU proxy a run is bounded by messages as well as bytes.
+        let iters = if proxy.is_some() {
+            iters
+                .min(PROXY_MSGS_PER_RUN / workers)
+                .min(PROXY_BYTES_PER_RUN / (size as u64 * workers))
+                .max(1)
+        } else {
+            iters
+        };
         let run = |count: u64| -> Result<Duration, String> {
             status.fill(0).map_err(|e| e.to_string())?;
-            let (qp_ptr, st, size, window) =
-                (qp.device_ptr(), status.ptr(), size as u64, window as u64);
+            let (st, size, window) = (status.ptr(), size as u64, window as u64);
             let mut launch = stream.launch_builder(&kernel);
             launch
                 .arg(&qp_ptr)
@@ -312,6 +440,9 @@ fn client(o: &Opts, addr: &str) -> Result<(), String> {
             let elapsed = t.elapsed();
             let mut b = [0u8; 4];
             status.copy_to_host(0, &mut b).map_err(|e| e.to_string())?;
+            if let Some(side) = &proxy {
+                side.check()?;
+            }
             match i32::from_le_bytes(b) {
                 0 => Ok(elapsed),
                 st => Err(format!("device status {st} (gpunetio_sys::GIO_ERR_*)")),

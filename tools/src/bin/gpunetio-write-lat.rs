@@ -5,14 +5,22 @@
 //! the same way. Half of each round trip is reported, as perftest does.
 //!
 //! ```text
-//! gpunetio-write-lat [-a | -s BYTES] [-n ITERS] [-p intra_node] [-d GPU]
+//! gpunetio-write-lat [-a | -s BYTES] [-n ITERS] [-p intra_node|cpu_proxy] [-d GPU]
+//!                    [--provider PROV] [--mem auto|vram|dram]
 //! ```
 //! Each side is one warp (WARP scope above 512 B: its lanes copy the message together;
 //! lane 0 alone in THREAD scope below, which is quicker than the warp's barrier). Messages
 //! over 64 KiB get proportionally fewer round trips (at least 100). NIC handler
 //! `intra_node` with both sides on one GPU: the two kernels run in this
 //! process on two streams (kernels of two processes time-slice one GPU unless MPS runs,
-//! which would measure the scheduler, not the put).
+//! which would measure the scheduler, not the put). NIC handler `cpu_proxy`: the same two
+//! kernels, each side with its own CUDA ring, CPU proxy thread and libfabric endpoint
+//! of `--provider` (default `shm`), connected to each other; data and signal words in
+//! VRAM where the provider registers it directly, else pinned host memory the kernels
+//! poll over PCIe (`--mem` forces one).
+
+#[path = "../gio_cpu_proxy.rs"]
+mod gio_cpu_proxy;
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 use gpunetio::device_code::{compile, CompileOptions};
@@ -22,13 +30,18 @@ use std::sync::Arc;
 use std::time::Duration;
 
 fn usage() -> ! {
-    eprintln!("usage: gpunetio-write-lat [-a | -s BYTES] [-n ITERS] [-p intra_node] [-d GPU]");
+    eprintln!("usage: gpunetio-write-lat [-a | -s BYTES] [-n ITERS] [-p intra_node|cpu_proxy] [-d GPU] [--provider PROV] [--mem auto|vram|dram]");
     std::process::exit(2)
 }
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let (mut sizes, mut iters, mut gpu_id) = (vec![8usize], 1000u64, 0usize);
+    let (mut handler, mut provider, mut mem) = (
+        "intra_node".to_string(),
+        "shm".to_string(),
+        gio_cpu_proxy::MemChoice::Auto,
+    );
     let mut i = 0;
     while i < args.len() {
         let value = |i: usize| args.get(i + 1).cloned().unwrap_or_else(|| usage());
@@ -38,11 +51,14 @@ fn main() {
             "-n" | "--iters" => iters = value(i).parse().unwrap_or_else(|_| usage()),
             "-d" | "--gpu" => gpu_id = value(i).parse().unwrap_or_else(|_| usage()),
             "-p" | "--nic-handler" => {
-                if value(i) != "intra_node" {
-                    eprintln!("gpunetio-write-lat: only the intra_node NIC handler is available in this build");
+                handler = value(i);
+                if handler != "intra_node" && handler != "cpu_proxy" {
+                    eprintln!("gpunetio-write-lat: NIC handler `{handler}` is not available in this build (intra_node, cpu_proxy)");
                     std::process::exit(2);
                 }
             }
+            "--provider" => provider = value(i),
+            "--mem" => mem = gio_cpu_proxy::MemChoice::parse(&value(i)).unwrap_or_else(|| usage()),
             _ => usage(),
         }
         i += if matches!(args[i].as_str(), "-a" | "--all") {
@@ -51,15 +67,61 @@ fn main() {
             2
         };
     }
-    if let Err(e) = run(&sizes, iters.max(1), gpu_id) {
+    let proxy = (handler == "cpu_proxy").then_some((provider.as_str(), mem));
+    if let Err(e) = run(&sizes, iters.max(1), gpu_id, proxy) {
         eprintln!("gpunetio-write-lat: {e}");
         std::process::exit(1);
     }
 }
 
-fn run(sizes: &[usize], iters: u64, gpu_id: usize) -> Result<(), String> {
+/// One side's kernel arguments: queue pair, its signal word (device address), and the
+/// regions (remote data, local data, remote signal).
+struct SideArgs {
+    qp: u64,
+    my_sig: u64,
+    remote_mr: u32,
+    local_mr: u32,
+    signal_mr: u32,
+}
+
+fn run(
+    sizes: &[usize],
+    iters: u64,
+    gpu_id: usize,
+    proxy: Option<(&str, gio_cpu_proxy::MemChoice)>,
+) -> Result<(), String> {
     let gpu = Gpu::open(gpu_id).map_err(|e| e.to_string())?;
     let max = *sizes.iter().max().ok_or("no size")?;
+    if let Some((provider, mem)) = proxy {
+        let mut a = gio_cpu_proxy::side(&gpu, provider, mem, &[max, 64], 256)?;
+        let mut b = gio_cpu_proxy::side(&gpu, provider, mem, &[max, 64], 256)?;
+        let (ai, bi) = (a.info_words()?, b.info_words()?);
+        let ra = a.connect(&bi.split_whitespace().collect::<Vec<_>>())?;
+        let rb = b.connect(&ai.split_whitespace().collect::<Vec<_>>())?;
+        a.start()?;
+        b.start()?;
+        let args = |s: &gio_cpu_proxy::Side, remote: &[u32]| -> Result<SideArgs, String> {
+            Ok(SideArgs {
+                qp: s.qp.as_ref().ok_or("no exported queue pair")?.device_ptr(),
+                my_sig: s.mems[1].device_ptr()?,
+                remote_mr: remote[0],
+                local_mr: s.mrs[0],
+                signal_mr: remote[1],
+            })
+        };
+        let (sa, sb) = (args(&a, &ra)?, args(&b, &rb)?);
+        let label = format!(
+            "cpu_proxy over {provider}, memory {}, a proxy thread per side",
+            a.placement()
+        );
+        let reset = || -> Result<(), String> {
+            a.check()?;
+            b.check()?;
+            a.mems[1].zero()?;
+            b.mems[1].zero()
+        };
+        return ping_pong(&gpu, sizes, iters, &label, [sa, sb], &reset);
+    }
     let alloc = |len: usize| -> Result<Arc<DeviceBuffer>, String> {
         let b = DeviceBuffer::alloc(&gpu, len).map_err(|e| e.to_string())?;
         b.fill(0).map_err(|e| e.to_string())?;
@@ -76,11 +138,50 @@ fn run(sizes: &[usize], iters: u64, gpu_id: usize) -> Result<(), String> {
         };
     let qp_a = qp_of(&data_a, &data_b, &sig_b).map_err(|e| e.to_string())?;
     let qp_b = qp_of(&data_b, &data_a, &sig_a).map_err(|e| e.to_string())?;
+    let side = |qp: u64, sig: &Arc<DeviceBuffer>| SideArgs {
+        qp,
+        my_sig: sig.ptr(),
+        remote_mr: 1,
+        local_mr: 0,
+        signal_mr: 2,
+    };
+    let sides = [
+        side(qp_a.device_ptr(), &sig_a),
+        side(qp_b.device_ptr(), &sig_b),
+    ];
+    let reset = || -> Result<(), String> {
+        sig_a.fill(0).map_err(|e| e.to_string())?;
+        sig_b.fill(0).map_err(|e| e.to_string())
+    };
+    ping_pong(
+        &gpu,
+        sizes,
+        iters,
+        "intra_node, both kernels on this GPU",
+        sides,
+        &reset,
+    )
+}
+
+/// Runs the two kernels per size and prints the columns.
+fn ping_pong(
+    gpu: &Gpu,
+    sizes: &[usize],
+    iters: u64,
+    label: &str,
+    [a, b]: [SideArgs; 2],
+    reset: &dyn Fn() -> Result<(), String>,
+) -> Result<(), String> {
+    let alloc = |len: usize| -> Result<Arc<DeviceBuffer>, String> {
+        let b = DeviceBuffer::alloc(gpu, len).map_err(|e| e.to_string())?;
+        b.fill(0).map_err(|e| e.to_string())?;
+        Ok(Arc::new(b))
+    };
     let (_, source) = gpunetio::DEVICE_SOURCES
         .iter()
         .find(|(n, _)| *n == "gio_perf.cu")
         .ok_or("gio_perf.cu is not shipped")?;
-    let options = CompileOptions::for_gpu(&gpu).map_err(|e| e.to_string())?;
+    let options = CompileOptions::for_gpu(gpu).map_err(|e| e.to_string())?;
     let ptx = compile("gio_perf.cu", source, &options).map_err(|e| e.to_string())?;
     let module = gpu
         .context()
@@ -89,7 +190,7 @@ fn run(sizes: &[usize], iters: u64, gpu_id: usize) -> Result<(), String> {
     let kernel = module
         .load_function("gio_perf_write_lat")
         .map_err(|e| format!("{e:?}"))?;
-    let rtt = DeviceBuffer::alloc(&gpu, 8 * iters as usize).map_err(|e| e.to_string())?;
+    let rtt = DeviceBuffer::alloc(gpu, 8 * iters as usize).map_err(|e| e.to_string())?;
     let status = alloc(8)?;
     let (sa, sb) = (
         gpu.new_stream().map_err(|e| e.to_string())?,
@@ -101,7 +202,7 @@ fn run(sizes: &[usize], iters: u64, gpu_id: usize) -> Result<(), String> {
         shared_mem_bytes: 0,
     };
     println!(
-        "# gpunetio-write-lat: {} ({}), NIC handler intra_node, both kernels on this GPU",
+        "# gpunetio-write-lat: {} ({}), NIC handler {label}",
         gpu.name().unwrap_or_default(),
         gpu.pci_bus_id().unwrap_or_default()
     );
@@ -124,34 +225,30 @@ fn run(sizes: &[usize], iters: u64, gpu_id: usize) -> Result<(), String> {
         } else {
             iters
         };
-        for b in [&sig_a, &sig_b, &status] {
-            b.fill(0).map_err(|e| e.to_string())?;
-        }
-        let (remote_mr, local_mr, signal_mr, size_u) = (1u32, 0u32, 2u32, size as u64);
-        let launch = |stream: &Arc<cudarc::driver::CudaStream>,
-                      qp: u64,
-                      my_sig: u64,
-                      initiator: i32,
-                      st: u64| {
-            let rtt_ptr = rtt.ptr();
-            let mut l = stream.launch_builder(&kernel);
-            l.arg(&qp)
-                .arg(&remote_mr)
-                .arg(&local_mr)
-                .arg(&signal_mr)
-                .arg(&my_sig)
-                .arg(&size_u)
-                .arg(&iters)
-                .arg(&initiator)
-                .arg(&rtt_ptr)
-                .arg(&st);
-            // SAFETY: gio_perf_write_lat(gio_dev_qp*, u32, u32, u32, const u64*, u64, u64,
-            // int, u64*, int*); every buffer outlives the synchronizes below.
-            unsafe { l.launch(one) }.map_err(|e| format!("launch: {e:?}"))
-        };
+        reset()?;
+        status.fill(0).map_err(|e| e.to_string())?;
+        let size_u = size as u64;
+        let launch =
+            |stream: &Arc<cudarc::driver::CudaStream>, side: &SideArgs, initiator: i32, st: u64| {
+                let rtt_ptr = rtt.ptr();
+                let mut l = stream.launch_builder(&kernel);
+                l.arg(&side.qp)
+                    .arg(&side.remote_mr)
+                    .arg(&side.local_mr)
+                    .arg(&side.signal_mr)
+                    .arg(&side.my_sig)
+                    .arg(&size_u)
+                    .arg(&iters)
+                    .arg(&initiator)
+                    .arg(&rtt_ptr)
+                    .arg(&st);
+                // SAFETY: gio_perf_write_lat(gio_dev_qp*, u32, u32, u32, const u64*, u64, u64,
+                // int, u64*, int*); every buffer outlives the synchronizes below.
+                unsafe { l.launch(one) }.map_err(|e| format!("launch: {e:?}"))
+            };
         // The responder first (it waits), then the initiator; both run at once.
-        launch(&sb, qp_b.device_ptr(), sig_b.ptr(), 0, status.ptr() + 4)?;
-        launch(&sa, qp_a.device_ptr(), sig_a.ptr(), 1, status.ptr())?;
+        launch(&sb, &b, 0, status.ptr() + 4)?;
+        launch(&sa, &a, 1, status.ptr())?;
         sa.synchronize().map_err(|e| format!("initiator: {e:?}"))?;
         sb.synchronize().map_err(|e| format!("responder: {e:?}"))?;
         let mut st = [0u8; 8];
