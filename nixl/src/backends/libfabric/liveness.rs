@@ -40,16 +40,15 @@ pub(super) struct ProcessId {
 }
 
 impl ProcessId {
-    /// This process; `None` where `/proc` does not say (then no peer can watch it).
+    /// This process; `None` where `/proc` does not say (then no peer can watch it). Not
+    /// cached: a forked child (Python's multiprocessing) must not advertise its parent.
     pub(super) fn current() -> Option<Self> {
-        static ME: OnceLock<Option<ProcessId>> = OnceLock::new();
-        *ME.get_or_init(|| {
-            let pid = std::process::id();
-            Some(ProcessId {
-                boot_id: boot_id()?,
-                pid,
-                start_time: start_time(pid)?,
-            })
+        static BOOT_ID: OnceLock<Option<[u8; 16]>> = OnceLock::new();
+        let pid = std::process::id();
+        Some(ProcessId {
+            boot_id: (*BOOT_ID.get_or_init(boot_id))?,
+            pid,
+            start_time: start_time(pid)?,
         })
     }
 
