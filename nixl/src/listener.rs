@@ -126,7 +126,15 @@ fn serve(mut stream: TcpStream, agent: &Agent) -> Result<()> {
 /// The listener's whole request path over any byte stream: one request frame in, one
 /// reply frame out.
 fn serve_io(stream: &mut (impl Read + Write), agent: &Agent) -> Result<()> {
-    let (kind, payload) = read_frame(stream)?;
+    let (kind, payload) = match read_frame(stream) {
+        Ok(frame) => frame,
+        Err(e @ Error::MalformedMetadata(_)) => {
+            // Tell the sender why (a corrupted frame, an old version), best effort.
+            let _ = write_frame(stream, ERROR, e.to_string().as_bytes());
+            return Err(e);
+        }
+        Err(e) => return Err(e),
+    };
     let reply = match kind {
         SEND_MD => agent
             .load_remote_metadata(&payload)
@@ -428,6 +436,18 @@ mod tests {
             read_frame(&mut &v1[..]),
             Err(Error::MalformedMetadata(m)) if m.contains("version 1 has no integrity check")
         ));
+    }
+
+    #[test]
+    fn a_corrupted_request_is_refused_with_the_reason() {
+        let agent = Agent::new("frame-check", crate::AgentConfig::default()).unwrap();
+        let mut request = frame_header(INVALIDATE, b"x").unwrap().to_vec();
+        request.push(b'y'); // the payload changed after the check was computed
+        let reply = fuzz_serve(&agent, &request);
+        let (kind, body) = read_frame(&mut &reply[..]).unwrap();
+        assert_eq!(kind, ERROR);
+        let text = String::from_utf8(body).unwrap();
+        assert!(text.contains("integrity check"), "{text}");
     }
 
     #[test]
