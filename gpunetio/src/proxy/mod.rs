@@ -84,6 +84,7 @@ pub struct CpuProxyBuilder {
     gpu: Option<Gpu>,
     busy_poll: bool,
     cpu: Option<usize>,
+    idle_poll_rounds: u32,
 }
 
 impl Default for CpuProxyBuilder {
@@ -95,6 +96,7 @@ impl Default for CpuProxyBuilder {
             gpu: None,
             busy_poll: false,
             cpu: None,
+            idle_poll_rounds: progress::IDLE_TRANSPORT_POLL,
         }
     }
 }
@@ -148,10 +150,21 @@ impl CpuProxyBuilder {
         self
     }
 
+    /// With nothing in flight, poll the transport every `rounds` rounds (default 16;
+    /// at least 1). A round without a transport poll is a few loads of the ring, one
+    /// with it a provider progress call (microseconds with syscalls, as `tcp;ofi_rxm`
+    /// makes): more rounds between polls let an idle proxy see a GPU post sooner, fewer
+    /// serve a peer's operations on a manual-progress provider sooner.
+    pub fn idle_poll_rounds(mut self, rounds: u32) -> Self {
+        self.idle_poll_rounds = rounds.max(1);
+        self
+    }
+
     /// A proxy over `transport` consuming `ring`. Progress is the caller's
     /// ([`CpuProxy::cpu_proxy_progress`]) until [`CpuProxy::start`].
     pub fn build<T: Transport>(self, transport: T, ring: &Arc<RingMemory>) -> Result<CpuProxy<T>> {
-        let engine = Engine::new(ring.clone(), transport)?;
+        let mut engine = Engine::new(ring.clone(), transport)?;
+        engine.idle_poll_rounds = self.idle_poll_rounds;
         Ok(CpuProxy {
             shared: Arc::new(Shared {
                 engine: Mutex::new(engine),

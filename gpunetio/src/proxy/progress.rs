@@ -83,8 +83,8 @@ pub(crate) struct Staging<R> {
 // SAFETY: `base` points into `_mem`, owned here; chunks are handed out exclusively.
 unsafe impl<R: Send> Send for Staging<R> {}
 
-/// Idle rounds between transport polls (see [`Engine::progress`]).
-const IDLE_TRANSPORT_POLL: u32 = 16;
+/// Idle rounds between transport polls by default (see [`Engine::progress`]).
+pub(crate) const IDLE_TRANSPORT_POLL: u32 = 16;
 
 /// The proxy engine: one per queue pair, driven by one thread at a time.
 pub(crate) struct Engine<T: Transport> {
@@ -103,6 +103,8 @@ pub(crate) struct Engine<T: Transport> {
     outstanding: usize,
     /// Rounds since the transport was last polled while nothing was in flight.
     idle_rounds: u32,
+    /// Idle rounds between transport polls.
+    pub(crate) idle_poll_rounds: u32,
     failure: Option<(GioStatus, u64)>,
     /// The typed error of the failure, returned once by `progress`.
     pending_error: Option<Error>,
@@ -133,6 +135,7 @@ impl<T: Transport> Engine<T> {
             window_size,
             outstanding: 0,
             idle_rounds: 0,
+            idle_poll_rounds: IDLE_TRANSPORT_POLL,
             failure: None,
             pending_error: None,
             completions: Vec::new(),
@@ -145,7 +148,7 @@ impl<T: Transport> Engine<T> {
     /// Makes the next round poll the transport even if nothing is in flight (a proxy
     /// thread about to sleep progresses the peer's operations on this side first).
     pub(crate) fn poll_transport_next(&mut self) {
-        self.idle_rounds = IDLE_TRANSPORT_POLL;
+        self.idle_rounds = self.idle_poll_rounds;
     }
 
     /// Transport operations in flight.
@@ -159,12 +162,12 @@ impl<T: Transport> Engine<T> {
     /// and complete the entries before the failure).
     pub(crate) fn progress(&mut self) -> Result<bool> {
         // With nothing in flight, the transport is polled only every
-        // `IDLE_TRANSPORT_POLL` rounds (it still progresses what peers send us): a round
+        // `idle_poll_rounds` rounds (it still progresses what peers send us): a round
         // is then a few loads of the ring, so a GPU post is seen within a fraction of a
         // microsecond instead of after a provider's progress call.
         let poll_transport = self.outstanding > 0 || {
             self.idle_rounds += 1;
-            self.idle_rounds >= IDLE_TRANSPORT_POLL
+            self.idle_rounds >= self.idle_poll_rounds
         };
         let mut progressed = false;
         if poll_transport {
