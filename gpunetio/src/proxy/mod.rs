@@ -25,6 +25,18 @@
 //! registrable by the peer's transport: a staged region has no [`RemoteDescriptor`]
 //! ([`Error::Unsupported`]).
 //!
+//! # Throughput and latency
+//! Each round the proxy takes every published entry (a warp's 32 at once), posts them
+//! with `FI_MORE` while more follow, and retires the completed prefix with one store of
+//! `ctrl.completed` and one add per counter. Over a write-ordered transport
+//! ([`FabricTransport::new_ordered`], granted by shm) a batch asks for one completion and
+//! a put's signal follows its data at once instead of after its completion. A target
+//! whose peer writes into it over a manual-progress provider must keep progressing its
+//! endpoint: run its proxy thread, with [`CpuProxyBuilder::busy_poll`] for rate.
+//! [`CpuProxyBuilder::busy_poll`], [`CpuProxyBuilder::pin_to_cpu`] and
+//! [`CpuProxyBuilder::idle_poll_rounds`] trade a core for the time a GPU post waits
+//! before the proxy sees it.
+//!
 //! ```no_run
 //! # #[cfg(feature = "fabric")] fn main() -> gpunetio::Result<()> {
 //! use gpunetio::proxy::{CpuProxy, Entry, FabricTransport, HostProducer, RingMemory};
