@@ -51,7 +51,11 @@ fuzz_target!(|data: &[u8]| {
     nixl::fuzz_serve(agent, data);
     agent.invalidate_all_remotes();
     if let Some((&kind, rest)) = data.split_first() {
-        let payload = if kind == SEND_MD { seal(rest) } else { rest.to_vec() };
+        let payload = if kind == SEND_MD {
+            seal(rest)
+        } else {
+            rest.to_vec()
+        };
         nixl::fuzz_serve(agent, &frame(kind, &payload));
         // Metadata pushed by the input is forgotten, so runs stay independent.
         agent.invalidate_all_remotes();
