@@ -7,7 +7,7 @@
 //! current NIXL). Both need a backend with a device API (`GPUNETIO`); other backends
 //! answer [`crate::Error::NotSupported`].
 //!
-//! Device side: compile kernels with [`compile_options`] (or include [`HEADER`] with
+//! Device side: compile kernels with `compile_options` (feature `cuda`; or include [`HEADER`] with
 //! `gpunetio::device_code::CompileOptions::header`), `#include "nixl/nixl_device.cuh"`,
 //! and call `nixlGpuPostSingleWriteXferReq<LEVEL>`, `nixlGpuPostSignalXferReq<LEVEL>`,
 //! `nixlGpuReadSignal`, `nixlGpuGetXferStatus`, `nixlPut`, `nixlAtomicAdd`, `nixlGetPtr`
