@@ -54,8 +54,10 @@ const USAGE: &str = "usage: cargo xtask <command>
   bindgen [--check]          regenerate committed bindings (--check: fail on a diff)
   nvrtc                      fetch NVRTC (nvidia-cuda-nvrtc wheel, 13.0) into target/nvrtc, print its lib folder
   rxe [options] -- CMD ...   run CMD in the soft-RoCE QEMU guest (rxe0); `rxe --help` for options
-  test [--host-only|--guest-only]
-                             install deps, run host tests, then all RDMA tests in one guest boot
+  test [--host-only|--guest-only|--python-only]
+                             install deps, run host tests, the Python package's pytest suite
+                             (python/, in target/pyenv), then all RDMA tests in one guest
+                             boot; --python-only: just the Python suite
   deps                       install the Debian packages the workspace needs
   gpu-bundle [--list]        build every gpu_* test and GPU tool (release, stripped) into
                              target/gpu-bundle/ with a run.sh; --list: show, build nothing.
