@@ -29,11 +29,14 @@ cat > "$out/run.sh" <<'EOF'
 # Runs rdma_nixl's test suite (DRAM and GPU) on this machine; GPU tests must not skip.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
-venv="${TMPDIR:-/tmp}/rdma-nixl-venv"
-python3 -m venv --system-site-packages "$venv"
-"$venv/bin/python" -m pip install -q --no-index --find-links "$here/wheels" rdma_nixl pytest
+# Installed beside (not into) the system's Python: a venv would hide numpy and torch
+# where they live in the user's site folder, as on the GPU machine.
+site="${TMPDIR:-/tmp}/rdma-nixl-site"
+rm -rf "$site"
+python3 -m pip install -q --no-index --find-links "$here/wheels" --target "$site" rdma_nixl pytest
 cd "$here"
-NIXL_REQUIRE_GPU=1 NIXL_PY_IMPL=ours "$venv/bin/python" -m pytest -v -rs -p no:cacheprovider tests "$@"
+PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" NIXL_REQUIRE_GPU=1 NIXL_PY_IMPL=ours \
+  python3 -m pytest -v -rs -p no:cacheprovider tests "$@"
 EOF
 chmod +x "$out/run.sh"
 du -sh "$out"

@@ -23,6 +23,17 @@ import sys
 import time
 
 
+def set_threads(kvikio, n: int) -> None:
+    """KvikIO's thread pool size, across the API's versions."""
+    d = kvikio.defaults
+    if hasattr(d, "set"):
+        d.set("num_threads", n)
+    elif hasattr(d, "num_threads_reset"):
+        d.num_threads_reset(n)
+    else:
+        d.set_num_threads(n)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("file")
@@ -40,11 +51,15 @@ def main() -> int:
     size = os.path.getsize(args.file)
     buf = cupy.empty(size, dtype=cupy.uint8)
     chunk = args.chunk or size
-    print(f"kvikio {kvikio.__version__}, compat mode {kvikio.defaults.compat_mode()}, "
-          f"file {args.file} {size} bytes")
+    compat = getattr(kvikio.defaults, "compat_mode", None) or getattr(kvikio.defaults, "is_compat_mode_preferred", None)
+    try:
+        mode = compat() if callable(compat) else kvikio.defaults.get("compat_mode")
+    except Exception as e:  # the accessor moved between KvikIO releases
+        mode = f"unknown ({e})"
+    print(f"kvikio {kvikio.__version__}, compat mode {mode}, file {args.file} {size} bytes")
     best = {}
     for threads in [int(t) for t in args.threads.split(",")]:
-        kvikio.defaults.set("num_threads", threads)
+        set_threads(kvikio, threads)
         for r in range(args.rounds):
             t0 = time.perf_counter()
             with kvikio.CuFile(args.file, "r") as f:
@@ -59,7 +74,7 @@ def main() -> int:
     for threads, gbps in best.items():
         print(f"kvikio best threads={threads} GB/s={gbps:.2f}")
     if args.random4k:
-        kvikio.defaults.set("num_threads", max(int(t) for t in args.threads.split(",")))
+        set_threads(kvikio, max(int(t) for t in args.threads.split(",")))
         depth = args.depth
         small = cupy.empty(4096 * depth, dtype=cupy.uint8)
         blocks = size // 4096
