@@ -5,89 +5,25 @@
 #![cfg(feature = "etcd")]
 
 mod common;
+#[path = "support/etcd_server.rs"]
+mod etcd_server;
+
+use etcd_server::{free_port, EtcdServer as Etcd};
+use std::process::{Child, Command, Stdio};
 
 use common::{dram, finish, wait_notif, TIMEOUT};
 use nixl::etcd::{EtcdConfig, EtcdMetadata, DEFAULT_LABEL};
 use nixl::{Agent, AgentConfig, Desc, Error, XferOp};
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 const PROVIDER: &str = "tcp;ofi_rxm";
 
-/// An etcd server of our own; killed and its data directory removed on drop.
-struct Etcd {
-    child: Child,
-    dir: PathBuf,
-    endpoint: String,
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 impl Etcd {
-    fn start(tag: &str) -> Self {
-        let bin = std::env::var("NIXL_TEST_ETCD_BIN").unwrap_or_else(|_| "etcd".into());
-        let dir = std::env::temp_dir().join(format!("nixl-etcd-{}-{tag}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let (client, peer) = (free_port(), free_port());
-        let client_url = format!("http://127.0.0.1:{client}");
-        let peer_url = format!("http://127.0.0.1:{peer}");
-        let log = std::fs::File::create(dir.join("etcd.log")).unwrap();
-        let child = Command::new(&bin)
-            .arg("--name")
-            .arg("nixl-test")
-            .arg("--data-dir")
-            .arg(dir.join("data"))
-            .args(["--listen-client-urls", &client_url])
-            .args(["--advertise-client-urls", &client_url])
-            .args(["--listen-peer-urls", &peer_url])
-            .args(["--initial-advertise-peer-urls", &peer_url])
-            .args(["--initial-cluster", &format!("nixl-test={peer_url}")])
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .unwrap_or_else(|e| {
-                panic!("cannot run `{bin}` ({e}): install etcd (Debian: etcd-server) or set NIXL_TEST_ETCD_BIN")
-            });
-        let mut etcd = Etcd {
-            child,
-            dir,
-            endpoint: client_url,
-        };
-        let addr: SocketAddr = format!("127.0.0.1:{client}").parse().unwrap();
-        let deadline = Instant::now() + TIMEOUT;
-        while TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_err() {
-            if let Some(status) = etcd.child.try_wait().unwrap() {
-                let log = std::fs::read_to_string(etcd.dir.join("etcd.log")).unwrap_or_default();
-                panic!("etcd exited ({status}) before listening:\n{log}");
-            }
-            assert!(Instant::now() < deadline, "etcd never listened on {addr}");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        etcd
-    }
-
     fn config(&self, namespace: &str) -> EtcdConfig {
         let mut config = EtcdConfig::new([self.endpoint.clone()]);
         config.namespace = namespace.to_string();
         config.timeout = Duration::from_secs(10);
         config
-    }
-}
-
-impl Drop for Etcd {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 

@@ -6,80 +6,22 @@
 //! is `NIXL_TEST_ETCD_BIN` or `etcd` on the PATH, and a missing one fails the tests.
 #![cfg(feature = "etcd")]
 
+#[path = "../../nixl/tests/support/etcd_server.rs"]
+mod etcd_server;
+
+use etcd_server::{free_port, EtcdServer as Etcd};
+
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::path::PathBuf;
+use std::net::TcpStream;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 const NIXLBENCH: &str = env!("CARGO_BIN_EXE_nixlbench");
 const TIMEOUT: Duration = Duration::from_secs(120);
 
-/// An etcd server of our own; killed and its data directory removed on drop.
-struct Etcd {
-    child: Child,
-    dir: PathBuf,
-    addr: SocketAddr,
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 impl Etcd {
-    fn start(tag: &str) -> Self {
-        let bin = std::env::var("NIXL_TEST_ETCD_BIN").unwrap_or_else(|_| "etcd".into());
-        let dir = std::env::temp_dir().join(format!("nixlbench-etcd-{}-{tag}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let (client, peer) = (free_port(), free_port());
-        let client_url = format!("http://127.0.0.1:{client}");
-        let peer_url = format!("http://127.0.0.1:{peer}");
-        let log = std::fs::File::create(dir.join("etcd.log")).unwrap();
-        let child = Command::new(&bin)
-            .arg("--name")
-            .arg("nixlbench-test")
-            .arg("--data-dir")
-            .arg(dir.join("data"))
-            .args(["--listen-client-urls", &client_url])
-            .args(["--advertise-client-urls", &client_url])
-            .args(["--listen-peer-urls", &peer_url])
-            .args(["--initial-advertise-peer-urls", &peer_url])
-            .args(["--initial-cluster", &format!("nixlbench-test={peer_url}")])
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .unwrap_or_else(|e| {
-                panic!("cannot run `{bin}` ({e}): install etcd (Debian: etcd-server) or set NIXL_TEST_ETCD_BIN")
-            });
-        let mut etcd = Etcd {
-            child,
-            dir,
-            addr: format!("127.0.0.1:{client}").parse().unwrap(),
-        };
-        let deadline = Instant::now() + Duration::from_secs(60);
-        // Listening is not serving yet: wait for an answer to a read.
-        while etcd.try_keys("/").is_err() {
-            if let Some(status) = etcd.child.try_wait().unwrap() {
-                let log = std::fs::read_to_string(etcd.dir.join("etcd.log")).unwrap_or_default();
-                panic!("etcd exited ({status}) before serving:\n{log}");
-            }
-            assert!(
-                Instant::now() < deadline,
-                "etcd never served on {}",
-                etcd.addr
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        etcd
-    }
-
-    fn endpoint(&self) -> String {
-        format!("http://{}", self.addr)
+    fn url(&self) -> String {
+        self.endpoint.clone()
     }
 
     /// The keys under `prefix`, through etcd's JSON gateway (`/v3/kv/range`).
@@ -91,14 +33,14 @@ impl Etcd {
             base64(prefix.as_bytes()),
             base64(&end)
         );
-        let mut s = TcpStream::connect_timeout(&self.addr, Duration::from_secs(2))
+        let mut s = TcpStream::connect_timeout(&self.addr(), Duration::from_secs(2))
             .map_err(|e| e.to_string())?;
         s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
         write!(
             s,
             "POST /v3/kv/range HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\n\
              Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
-            self.addr,
+            self.addr(),
             body.len()
         )
         .map_err(|e| e.to_string())?;
@@ -136,14 +78,6 @@ impl Etcd {
             assert!(Instant::now() < deadline, "keys left in etcd: {left:?}");
             std::thread::sleep(Duration::from_millis(100));
         }
-    }
-}
-
-impl Drop for Etcd {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
@@ -261,7 +195,7 @@ fn pair(etcd: &Etcd, extra: &[&str]) -> (String, String) {
 
 /// [`pair`], the two processes claiming the host identities `hosts`.
 fn pair_on(etcd: &Etcd, hosts: [Option<&str>; 2], extra: &[&str]) -> (String, String) {
-    let endpoint = etcd.endpoint();
+    let endpoint = etcd.url();
     let args = run_args(&endpoint, extra);
     let first = spawn_as(hosts[0], &args);
     std::thread::sleep(Duration::from_millis(300));
@@ -340,7 +274,7 @@ fn two_processes_meet_through_etcd_and_read_over_tcp() {
             "--backend_param",
             "provider=tcp;ofi_rxm",
             "--etcd-endpoints",
-            &etcd.endpoint(),
+            &etcd.url(),
             "--benchmark_group",
             "tcp-read",
         ],
@@ -383,7 +317,7 @@ fn ranks(etcd: &Etcd, group: &str) -> Vec<String> {
 #[test]
 fn a_third_process_is_refused_and_a_vanished_initiator_is_noticed() {
     let etcd = Etcd::start("third");
-    let endpoint = etcd.endpoint();
+    let endpoint = etcd.url();
     // A run that does not end by itself.
     let long = [
         "--etcd_endpoints",
@@ -474,7 +408,7 @@ fn a_third_process_is_refused_and_a_vanished_initiator_is_noticed() {
 #[test]
 fn mismatched_backends_are_refused_on_both_sides() {
     let etcd = Etcd::start("mismatch");
-    let endpoint = etcd.endpoint();
+    let endpoint = etcd.url();
     let first = spawn(&["--etcd_endpoints", &endpoint, "--etcd_wait", "30"]);
     std::thread::sleep(Duration::from_millis(300));
     let second = spawn(&[
@@ -506,7 +440,7 @@ fn mismatched_backends_are_refused_on_both_sides() {
 #[test]
 fn a_failing_side_tells_its_peer_why() {
     let etcd = Etcd::start("fail");
-    let endpoint = etcd.endpoint();
+    let endpoint = etcd.url();
     let why = "LIBFABRIC has no parameter `bogus`";
     for failing in ["target", "initiator"] {
         let start = Instant::now();
