@@ -870,7 +870,6 @@ impl Backend for LibfabricBackend {
             notif_dest: peer.addrs.addrs[0],
             peer: peer.addrs.clone(),
             liveness: peer.liveness.clone(),
-            failure_seen: None,
             self_name: self.agent_name.clone(),
             sender_hash: self.sender_hash,
             next_seq: self.next_seq.clone(),
@@ -1084,13 +1083,7 @@ struct FabricXfer {
     /// The peer's process, where the OS answers for it: its end fails the transfer.
     liveness: Option<Arc<Liveness>>,
     progress: Arc<Progress>,
-    /// When `check` first saw a transport error (not a disconnect) of this post.
-    failure_seen: Option<std::time::Instant>,
 }
-
-/// How long a transport error of a watched peer waits for the OS to say whether the peer
-/// died (a killed process's connections fail a moment before its pidfd reports it).
-const DEATH_GRACE: Duration = Duration::from_millis(200);
 
 impl BackendXfer for FabricXfer {
     fn post(&mut self, notif: Option<&[u8]>, _params: &PostParams) -> Result<XferStatus> {
@@ -1113,7 +1106,6 @@ impl BackendXfer for FabricXfer {
             .transpose()?;
         let shared = &self.shared;
         *shared.failed.lock().expect("failed lock") = None;
-        self.failure_seen = None;
         shared.completed.store(0, Ordering::Relaxed);
         // The staged part counts as one unit, done when its last chunk is.
         shared.pending.store(
@@ -1172,20 +1164,6 @@ impl BackendXfer for FabricXfer {
         if let Some((disconnect, code, text)) =
             self.shared.failed.lock().expect("failed lock").clone()
         {
-            // A transport error from a peer that is dying is its death: with a watched
-            // peer, the OS has a moment to say so before the error is taken as is.
-            if let (false, Some(liveness)) = (disconnect, &self.liveness) {
-                liveness.check(&self.agent)?;
-                let seen = *self
-                    .failure_seen
-                    .get_or_insert_with(std::time::Instant::now);
-                if seen.elapsed() < DEATH_GRACE {
-                    return Ok(XferProgress {
-                        status: XferStatus::InProgress,
-                        completed_ops: self.shared.completed.load(Ordering::Relaxed),
-                    });
-                }
-            }
             return Err(if disconnect {
                 Error::RemoteDisconnect {
                     agent: self.agent.clone(),

@@ -39,16 +39,7 @@ struct ActiveJob {
     in_flight: usize,
     /// A notification send completion is awaited.
     notif_in_flight: Option<RegisteredBuffer>,
-    /// When the worker first saw the job canceled or failed with operations in flight.
-    stopped_at: Option<Instant>,
-    /// Its in-flight operations no longer count against the window (see `abandon`).
-    abandoned: bool,
 }
-
-/// How long a canceled or failed job's operations may hold the window: a provider that
-/// never completes operations to a dead peer (`sockets`) would otherwise stall every
-/// later transfer of the rail.
-const ABANDON_AFTER: Duration = Duration::from_secs(1);
 
 const NOTIF_CONTEXT: u64 = 1 << 61;
 
@@ -227,8 +218,6 @@ impl Worker {
                     next: 0,
                     in_flight: 0,
                     notif_in_flight: None,
-                    stopped_at: None,
-                    abandoned: false,
                 },
             );
             self.order.push_back(id);
@@ -250,18 +239,6 @@ impl Worker {
             {
                 active.next = active.job.ops.len();
                 active.job.notif = None;
-                let since = *active.stopped_at.get_or_insert_with(Instant::now);
-                if !active.abandoned && active.in_flight > 0 && since.elapsed() >= ABANDON_AFTER {
-                    // The job (and the registrations its operations use) stays until
-                    // their completions come, if ever; only the window is given back.
-                    self.outstanding -= active.in_flight;
-                    active.abandoned = true;
-                    tracing::debug!(
-                        rail = self.index,
-                        in_flight = active.in_flight,
-                        "a stopped transfer's operations no longer hold the window"
-                    );
-                }
             }
             while active.next < active.job.ops.len() {
                 if self.outstanding >= MAX_OUTSTANDING {
@@ -436,9 +413,7 @@ impl Worker {
             return;
         }
         active.in_flight -= 1;
-        if !active.abandoned {
-            self.outstanding -= 1;
-        }
+        self.outstanding -= 1;
         if result.is_ok() {
             // The last data operation lets a READ's notification go.
             shared.unit_done(&self.rails[0], &peer);
