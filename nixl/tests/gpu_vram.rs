@@ -213,53 +213,8 @@ fn a_post_on_the_callers_stream_runs_after_the_work_queued_there() {
     else {
         return;
     };
-    const LEN: usize = 1 << 30;
     let a = agent("attached", "LOCAL", false);
-    let src = DeviceBuffer::alloc(&gpu, LEN).unwrap();
-    let dst = DeviceBuffer::alloc(&gpu, LEN).unwrap();
-    // SAFETY: both outlive the handle and the request.
-    let _h = unsafe {
-        a.register_mem(&vram([whole(&src), whole(&dst)]), None)
-            .unwrap()
-    };
-    let mut w = a
-        .create_xfer_req(
-            XferOp::Write,
-            &vram([whole(&src)]),
-            &vram([whole(&dst)]),
-            "attached",
-            None,
-        )
-        .unwrap();
-    let stream = gpu.new_stream().unwrap();
-    for value in [0x5a_u8, 0xa5] {
-        src.fill(0).unwrap();
-        dst.fill(0).unwrap();
-        gpu.bind().unwrap();
-        // A 1 GiB memset queued on the caller's stream, then the transfer attached to it:
-        // the copy must see the memset's bytes, not the zeroes before it.
-        // SAFETY: `src` is a live allocation of LEN bytes; the stream is live.
-        let r = unsafe {
-            gpunetio::cudarc::driver::sys::cuMemsetD8Async(
-                src.ptr(),
-                value,
-                LEN,
-                stream.cu_stream(),
-            )
-        };
-        r.result().unwrap();
-        let params = nixl::PostParams {
-            custom: Some(Box::new(stream.clone())),
-        };
-        w.post_with(None, &params).unwrap();
-        w.wait(TIMEOUT).unwrap();
-        let mut probe = vec![0u8; 4096];
-        dst.copy_to_host(LEN - 4096, &mut probe).unwrap();
-        assert!(
-            probe.iter().all(|b| *b == value),
-            "the copy ran before the caller's memset"
-        );
-    }
+    common::attached_post_moves_what_the_stream_produced(&gpu, &a, "attached", |_| {});
 }
 
 // ---- CUDA_IPC: one process ------------------------------------------------------------------

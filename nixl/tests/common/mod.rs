@@ -292,3 +292,64 @@ pub fn on(buf: &gpunetio::DeviceBuffer, offset: usize, len: usize) -> Desc {
 pub fn whole(buf: &gpunetio::DeviceBuffer) -> Desc {
     on(buf, 0, buf.len())
 }
+
+/// A post attached to the caller's stream (`PostParams::custom` = `Arc<CudaStream>`)
+/// moves what the stream produced before it: a 1 GiB memset is queued on the stream,
+/// then the WRITE (1 GiB, VRAM to VRAM within `agent`, named `name`) is posted on it,
+/// twice with different bytes; `before_each` may check the request first (e.g. a bad
+/// parameter). `agent` must have a backend that takes VRAM and attached posts.
+#[cfg(feature = "cuda")]
+pub fn attached_post_moves_what_the_stream_produced(
+    gpu: &gpunetio::Gpu,
+    agent: &Agent,
+    name: &str,
+    before_each: impl Fn(&mut XferReq),
+) {
+    const LEN: usize = 1 << 30;
+    let src = gpunetio::DeviceBuffer::alloc(gpu, LEN).unwrap();
+    let dst = gpunetio::DeviceBuffer::alloc(gpu, LEN).unwrap();
+    // SAFETY: both outlive the handle and the request.
+    let _h = unsafe {
+        agent
+            .register_mem(&vram([whole(&src), whole(&dst)]), None)
+            .unwrap()
+    };
+    let mut w = agent
+        .create_xfer_req(
+            nixl::XferOp::Write,
+            &vram([whole(&src)]),
+            &vram([whole(&dst)]),
+            name,
+            None,
+        )
+        .unwrap();
+    let stream = gpu.new_stream().unwrap();
+    for value in [0x5a_u8, 0xa5] {
+        before_each(&mut w);
+        src.fill(0).unwrap();
+        dst.fill(0).unwrap();
+        gpu.bind().unwrap();
+        // SAFETY: `src` is a live allocation of LEN bytes; the stream is live.
+        unsafe {
+            gpunetio::cudarc::driver::sys::cuMemsetD8Async(
+                src.ptr(),
+                value,
+                LEN,
+                stream.cu_stream(),
+            )
+        }
+        .result()
+        .unwrap();
+        let params = nixl::PostParams {
+            custom: Some(Box::new(stream.clone())),
+        };
+        w.post_with(None, &params).unwrap();
+        w.wait(TIMEOUT).unwrap();
+        let mut probe = vec![0u8; 4096];
+        dst.copy_to_host(LEN - 4096, &mut probe).unwrap();
+        assert!(
+            probe.iter().all(|b| *b == value),
+            "the transfer ran before the producer"
+        );
+    }
+}
