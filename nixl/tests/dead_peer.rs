@@ -8,8 +8,11 @@
 
 mod common;
 
-use common::{announce_agent, announce_path, dram, self_test, PeerProcess, TIMEOUT};
-use nixl::{params, Agent, AgentConfig, Desc, Error, XferOp, XferReq, XferStatus};
+use common::{
+    announce_agent, announce_path, assert_fast_disconnect, dram, fail_time, self_test, PeerProcess,
+    TIMEOUT,
+};
+use nixl::{params, Agent, AgentConfig, Desc, XferOp};
 use std::time::{Duration, Instant};
 
 /// The bound the tests assert (the goal is 1 s; the figures printed are the real ones).
@@ -64,35 +67,6 @@ fn spawn_peer(provider: &str, tag: &str) -> PeerProcess {
     PeerProcess::spawn(cmd, announce)
 }
 
-/// Polls (reposting whenever it completes first) until the request fails; the time from
-/// `since` to the failure.
-fn fail_time(req: &mut XferReq, since: Instant) -> (Error, Duration) {
-    loop {
-        let outcome = match req.status() {
-            Ok(XferStatus::Done) => req.post().map(|_| ()),
-            Ok(XferStatus::InProgress) => Ok(()),
-            Err(e) => Err(e),
-        };
-        if let Err(e) = outcome {
-            return (e, since.elapsed());
-        }
-        assert!(since.elapsed() < TIMEOUT, "the dead peer was never noticed");
-        std::thread::sleep(Duration::from_micros(100));
-    }
-}
-
-fn assert_fast_disconnect(provider: &str, case: &str, err: &Error, took: Duration) {
-    println!("{provider}, {case}: {took:?} -> {err}");
-    match err {
-        Error::RemoteDisconnect { agent, .. } => assert_eq!(agent, PEER_NAME),
-        other => panic!("{provider}, {case}: expected RemoteDisconnect, got {other:?}"),
-    }
-    assert!(
-        took < BOUND,
-        "{provider}, {case}: RemoteDisconnect after {took:?} (bound {BOUND:?})"
-    );
-}
-
 fn dead_peers_are_reported_fast(provider: &str) {
     // One provider at a time: peers killed mid-transfer by concurrent tests of this
     // process crashed or hung the shm survivor (libfabric 1.17) in 2 of 6 runs.
@@ -137,8 +111,14 @@ fn dead_peers_are_reported_fast(provider: &str) {
     req.post().unwrap();
     peer.child.kill().unwrap();
     let killed = Instant::now();
-    let (err, took) = fail_time(&mut req, killed);
-    assert_fast_disconnect(provider, "killed mid-transfer", &err, took);
+    let (err, took) = fail_time(&mut req, killed, TIMEOUT);
+    assert_fast_disconnect(
+        &format!("{provider}, killed mid-transfer"),
+        PEER_NAME,
+        &err,
+        took,
+        BOUND,
+    );
     drop(req);
     peer.child.wait().unwrap();
 
@@ -153,8 +133,14 @@ fn dead_peers_are_reported_fast(provider: &str) {
     req.wait(TIMEOUT).unwrap();
     peer.child.kill().unwrap();
     let killed = Instant::now();
-    let (err, took) = fail_time(&mut req, killed);
-    assert_fast_disconnect(provider, "killed while idle, then posted to", &err, took);
+    let (err, took) = fail_time(&mut req, killed, TIMEOUT);
+    assert_fast_disconnect(
+        &format!("{provider}, killed while idle, then posted to"),
+        PEER_NAME,
+        &err,
+        took,
+        BOUND,
+    );
 }
 
 #[test]

@@ -8,8 +8,11 @@
 
 mod common;
 
-use common::{announce_agent, announce_path, dram, rdma_device, self_test, serial, PeerProcess};
-use nixl::{params, Agent, AgentConfig, Desc, Error, XferOp, XferReq, XferStatus};
+use common::{
+    announce_agent, announce_path, assert_fast_disconnect, dram, fail_time, rdma_device, self_test,
+    serial, PeerProcess,
+};
+use nixl::{params, Agent, AgentConfig, Desc, XferOp};
 use std::time::{Duration, Instant};
 
 /// The bound the tests assert (the goal is 1 s; the figures printed are the real ones).
@@ -61,35 +64,6 @@ fn spawn_peer(tag: &str) -> PeerProcess {
     PeerProcess::spawn(cmd, announce)
 }
 
-/// Polls (reposting whenever it completes first) until the request fails; the time from
-/// `since` to the failure.
-fn fail_time(req: &mut XferReq, since: Instant) -> (Error, Duration) {
-    loop {
-        let outcome = match req.status() {
-            Ok(XferStatus::Done) => req.post().map(|_| ()),
-            Ok(XferStatus::InProgress) => Ok(()),
-            Err(e) => Err(e),
-        };
-        if let Err(e) = outcome {
-            return (e, since.elapsed());
-        }
-        assert!(since.elapsed() < LONG, "the dead peer was never noticed");
-        std::thread::sleep(Duration::from_micros(100));
-    }
-}
-
-fn assert_fast_disconnect(case: &str, err: &Error, took: Duration) {
-    println!("VERBS, {case}: {took:?} -> {err}");
-    match err {
-        Error::RemoteDisconnect { agent, .. } => assert_eq!(agent, PEER_NAME),
-        other => panic!("VERBS, {case}: expected RemoteDisconnect, got {other:?}"),
-    }
-    assert!(
-        took < BOUND,
-        "VERBS, {case}: RemoteDisconnect after {took:?} (bound {BOUND:?})"
-    );
-}
-
 #[test]
 fn dead_verbs_peer_is_reported_fast() {
     let Some(dev) = rdma_device() else { return };
@@ -133,8 +107,8 @@ fn dead_verbs_peer_is_reported_fast() {
     req.post().unwrap();
     peer.child.kill().unwrap();
     let killed = Instant::now();
-    let (err, took) = fail_time(&mut req, killed);
-    assert_fast_disconnect("killed mid-transfer", &err, took);
+    let (err, took) = fail_time(&mut req, killed, LONG);
+    assert_fast_disconnect("VERBS, killed mid-transfer", PEER_NAME, &err, took, BOUND);
     drop(req);
     peer.child.wait().unwrap();
 
@@ -149,6 +123,12 @@ fn dead_verbs_peer_is_reported_fast() {
     req.wait(LONG).unwrap();
     peer.child.kill().unwrap();
     let killed = Instant::now();
-    let (err, took) = fail_time(&mut req, killed);
-    assert_fast_disconnect("killed while idle, then posted to", &err, took);
+    let (err, took) = fail_time(&mut req, killed, LONG);
+    assert_fast_disconnect(
+        "VERBS, killed while idle, then posted to",
+        PEER_NAME,
+        &err,
+        took,
+        BOUND,
+    );
 }

@@ -157,6 +157,43 @@ pub fn serial() -> MutexGuard<'static, ()> {
     LOCK.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// Polls `req` (reposting whenever it completes first) until it fails, for at most
+/// `limit`: the error and the time from `since` (a dead peer's detection delay).
+pub fn fail_time(req: &mut XferReq, since: Instant, limit: Duration) -> (Error, Duration) {
+    loop {
+        let outcome = match req.status() {
+            Ok(XferStatus::Done) => req.post().map(|_| ()),
+            Ok(XferStatus::InProgress) => Ok(()),
+            Err(e) => Err(e),
+        };
+        if let Err(e) = outcome {
+            return (e, since.elapsed());
+        }
+        assert!(since.elapsed() < limit, "the dead peer was never noticed");
+        std::thread::sleep(Duration::from_micros(100));
+    }
+}
+
+/// Asserts `err` is `RemoteDisconnect` naming `peer`, seen within `bound` (`took`);
+/// prints the figure under `label`.
+pub fn assert_fast_disconnect(
+    label: &str,
+    peer: &str,
+    err: &Error,
+    took: Duration,
+    bound: Duration,
+) {
+    println!("{label}: {took:?} -> {err}");
+    match err {
+        Error::RemoteDisconnect { agent, .. } => assert_eq!(agent, peer),
+        other => panic!("{label}: expected RemoteDisconnect, got {other:?}"),
+    }
+    assert!(
+        took < bound,
+        "{label}: RemoteDisconnect after {took:?} (bound {bound:?})"
+    );
+}
+
 // ---- peer processes -----------------------------------------------------------------------
 
 /// A file in the temporary folder named after `prefix`, this process and `tag`, with
