@@ -145,56 +145,43 @@ class _BadDescriptors(nixlInvalidParamError, TypeError):
 nixl_backend_handle = int
 
 
-class nixl_prepped_dlist_handle:
+class _Releasable:
+    """A handle of the Rust core that ``release()`` frees, and garbage collection too."""
+
+    __slots__ = ("_handle", "_agent", "_released")
+
+    def __init__(self, agent, value):
+        self._handle = value
+        self._agent = agent
+        self._released = False
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(0x{id(self._handle):x}, released={self._released})"
+
+    def release(self):
+        if not self._released:
+            self._handle.release()
+            self._released = True
+
+    def __del__(self):
+        try:
+            self.release()
+        except Exception:  # pragma: no cover - finalizers must not raise
+            pass
+
+
+class nixl_prepped_dlist_handle(_Releasable):
     """A prepared descriptor list (from ``prep_xfer_dlist``). ``release()`` frees it;
     garbage collection does too."""
 
-    __slots__ = ("_handle", "_agent", "_released")
-
-    def __init__(self, agent, value):
-        self._handle = value
-        self._agent = agent
-        self._released = False
-
-    def __repr__(self) -> str:
-        return f"nixl_prepped_dlist_handle(0x{id(self._handle):x}, released={self._released})"
-
-    def release(self):
-        if not self._released:
-            self._handle.release()
-            self._released = True
-
-    def __del__(self):
-        try:
-            self.release()
-        except Exception:  # pragma: no cover - finalizers must not raise
-            pass
+    __slots__ = ()
 
 
-class nixl_xfer_handle:
+class nixl_xfer_handle(_Releasable):
     """A transfer request (from ``make_prepped_xfer`` or ``initialize_xfer``).
     ``release()`` frees it (canceling it if in flight); garbage collection does too."""
 
-    __slots__ = ("_handle", "_agent", "_released")
-
-    def __init__(self, agent, value):
-        self._handle = value
-        self._agent = agent
-        self._released = False
-
-    def __repr__(self) -> str:
-        return f"nixl_xfer_handle(0x{id(self._handle):x}, released={self._released})"
-
-    def release(self):
-        if not self._released:
-            self._handle.release()
-            self._released = True
-
-    def __del__(self):
-        try:
-            self.release()
-        except Exception:  # pragma: no cover - finalizers must not raise
-            pass
+    __slots__ = ()
 
 
 class nixl_agent_config:
