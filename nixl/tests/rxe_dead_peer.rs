@@ -8,11 +8,8 @@
 
 mod common;
 
-use common::{
-    announce_agent, announce_path, assert_fast_disconnect, dram, fail_time, rdma_device, self_test,
-    serial, PeerProcess,
-};
-use nixl::{params, Agent, AgentConfig, Desc, XferOp};
+use common::{announce_agent, announce_path, dram, rdma_device, self_test, serial, PeerProcess};
+use nixl::{params, Agent, AgentConfig, Desc};
 use std::time::{Duration, Instant};
 
 /// The bound the tests assert (the goal is 1 s; the figures printed are the real ones).
@@ -69,66 +66,7 @@ fn dead_verbs_peer_is_reported_fast() {
     let Some(dev) = rdma_device() else { return };
     let _s = serial();
     let initiator = verbs_agent("verbs-survivor", &dev);
-    let stall = initiator.config().stall_timeout;
-    assert!(
-        stall >= Duration::from_secs(30),
-        "the default stall timeout ({stall:?}) must stay"
-    );
-    let src: Vec<u8> = (0..PEER_LEN).map(|i| (i % 251) as u8).collect();
-    // SAFETY: `src` outlives the handle and every request of this test.
-    let _h = unsafe {
-        initiator
-            .register_mem(&dram([Desc::from_slice(&src)]), None)
-            .unwrap()
-    };
-    let transfer = |base: u64| {
-        let n = PEER_LEN / BLOCK;
-        let src_p = src.as_ptr() as u64;
-        initiator
-            .create_xfer_req(
-                XferOp::Write,
-                &dram((0..n).map(|i| Desc::new(src_p + (i * BLOCK) as u64, BLOCK as u64, 0))),
-                &dram((0..n).map(|i| Desc::new(base + (i * BLOCK) as u64, BLOCK as u64, 0))),
-                PEER_NAME,
-                Some(b"x".to_vec()),
-            )
-            .unwrap()
-    };
-
-    // Killed while a 16 MiB WRITE (256 x 64 KiB) is in flight.
-    let mut peer = spawn_peer("busy");
-    assert_eq!(
-        initiator.fetch_remote_metadata(peer.addr).unwrap(),
-        PEER_NAME
-    );
-    let mut req = transfer(peer.base);
-    req.post().unwrap();
-    req.wait(LONG).unwrap();
-    req.post().unwrap();
-    peer.child.kill().unwrap();
-    let killed = Instant::now();
-    let (err, took) = fail_time(&mut req, killed, LONG);
-    assert_fast_disconnect("VERBS, killed mid-transfer", PEER_NAME, &err, took, BOUND);
-    drop(req);
-    peer.child.wait().unwrap();
-
-    // Killed while idle; the next transfer is refused as fast.
-    let mut peer = spawn_peer("idle");
-    assert_eq!(
-        initiator.fetch_remote_metadata(peer.addr).unwrap(),
-        PEER_NAME
-    );
-    let mut req = transfer(peer.base);
-    req.post().unwrap();
-    req.wait(LONG).unwrap();
-    peer.child.kill().unwrap();
-    let killed = Instant::now();
-    let (err, took) = fail_time(&mut req, killed, LONG);
-    assert_fast_disconnect(
-        "VERBS, killed while idle, then posted to",
-        PEER_NAME,
-        &err,
-        took,
-        BOUND,
+    common::dead_peer_scenario(
+        &initiator, "VERBS", PEER_NAME, PEER_LEN, BLOCK, spawn_peer, LONG, BOUND,
     );
 }

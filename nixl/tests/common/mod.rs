@@ -157,9 +157,85 @@ pub fn serial() -> MutexGuard<'static, ()> {
     LOCK.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// The dead-peer scenario of the LIBFABRIC and VERBS tests: `initiator` (with the
+/// default stall timeout) WRITEs `len` bytes as `block`-byte descriptors with a
+/// notification to a peer named `peer_name` that `spawn(tag)` starts and announces; the
+/// peer is killed once mid-transfer (`"busy"`) and once idle (`"idle"`), and each death
+/// must be `RemoteDisconnect` naming it within `bound` (polls give up after `limit`).
+/// The figures are printed under `label`.
+#[allow(clippy::too_many_arguments)]
+pub fn dead_peer_scenario(
+    initiator: &Agent,
+    label: &str,
+    peer_name: &str,
+    len: usize,
+    block: usize,
+    spawn: impl Fn(&str) -> PeerProcess,
+    limit: Duration,
+    bound: Duration,
+) {
+    let stall = initiator.config().stall_timeout;
+    assert!(
+        stall >= Duration::from_secs(30),
+        "the default stall timeout ({stall:?}) must stay"
+    );
+    let src: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+    // SAFETY: `src` outlives the handle and every request of this function.
+    let _h = unsafe {
+        initiator
+            .register_mem(&dram([Desc::from_slice(&src)]), None)
+            .unwrap()
+    };
+    let transfer = |base: u64| {
+        let n = len / block;
+        let src_p = src.as_ptr() as u64;
+        initiator
+            .create_xfer_req(
+                nixl::XferOp::Write,
+                &dram((0..n).map(|i| Desc::new(src_p + (i * block) as u64, block as u64, 0))),
+                &dram((0..n).map(|i| Desc::new(base + (i * block) as u64, block as u64, 0))),
+                peer_name,
+                Some(b"x".to_vec()),
+            )
+            .unwrap()
+    };
+    for (tag, case) in [
+        ("busy", "killed mid-transfer"),
+        ("idle", "killed while idle, then posted to"),
+    ] {
+        let mut peer = spawn(tag);
+        assert_eq!(
+            initiator.fetch_remote_metadata(peer.addr).unwrap(),
+            peer_name
+        );
+        let mut req = transfer(peer.base);
+        req.post().unwrap();
+        req.wait(limit).unwrap();
+        if tag == "busy" {
+            // A second post, so the kill lands while its writes are in flight.
+            req.post().unwrap();
+        }
+        peer.child.kill().unwrap();
+        let killed = Instant::now();
+        let (err, took) = fail_time(&mut req, killed, limit);
+        let label = format!("{label}, {case}");
+        println!("{label}: {took:?} -> {err}");
+        match err {
+            Error::RemoteDisconnect { agent, .. } => assert_eq!(agent, peer_name),
+            other => panic!("{label}: expected RemoteDisconnect, got {other:?}"),
+        }
+        assert!(
+            took < bound,
+            "{label}: RemoteDisconnect after {took:?} (bound {bound:?})"
+        );
+        drop(req);
+        peer.child.wait().unwrap();
+    }
+}
+
 /// Polls `req` (reposting whenever it completes first) until it fails, for at most
 /// `limit`: the error and the time from `since` (a dead peer's detection delay).
-pub fn fail_time(req: &mut XferReq, since: Instant, limit: Duration) -> (Error, Duration) {
+fn fail_time(req: &mut XferReq, since: Instant, limit: Duration) -> (Error, Duration) {
     loop {
         let outcome = match req.status() {
             Ok(XferStatus::Done) => req.post().map(|_| ()),
@@ -172,26 +248,6 @@ pub fn fail_time(req: &mut XferReq, since: Instant, limit: Duration) -> (Error, 
         assert!(since.elapsed() < limit, "the dead peer was never noticed");
         std::thread::sleep(Duration::from_micros(100));
     }
-}
-
-/// Asserts `err` is `RemoteDisconnect` naming `peer`, seen within `bound` (`took`);
-/// prints the figure under `label`.
-pub fn assert_fast_disconnect(
-    label: &str,
-    peer: &str,
-    err: &Error,
-    took: Duration,
-    bound: Duration,
-) {
-    println!("{label}: {took:?} -> {err}");
-    match err {
-        Error::RemoteDisconnect { agent, .. } => assert_eq!(agent, peer),
-        other => panic!("{label}: expected RemoteDisconnect, got {other:?}"),
-    }
-    assert!(
-        took < bound,
-        "{label}: RemoteDisconnect after {took:?} (bound {bound:?})"
-    );
 }
 
 // ---- peer processes -----------------------------------------------------------------------
