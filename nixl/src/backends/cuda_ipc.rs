@@ -769,10 +769,7 @@ impl CudaIpcBackend {
         let mut importer = Importer::new(self, agent)?;
         let mut pairs = Vec::with_capacity(entries.len());
         for e in entries {
-            if let Some(LocalRegion::Dram(pin)) = e.local_md.as_any().downcast_ref::<LocalRegion>()
-            {
-                pin.ensure();
-            }
+            Self::pin_local_dram(e.local_md);
             let local_gpu =
                 (e.local_region.kind == MemKind::Vram).then_some(e.local.dev_id as usize);
             let (remote, gpu) = importer.map(e.remote, e.remote_md, local_gpu)?;

@@ -198,8 +198,8 @@ impl GpunetioBackend {
         self.oob_interface.as_deref()
     }
 
-    /// An intra-node queue pair over `ranges` (address, length, is the peer's), and its
-    /// region indices in order.
+    /// An intra-node queue pair, exported, whose region `i` is `ranges[i]` (address,
+    /// length, whether it is the peer's).
     fn queue_pair(&self, ranges: &[(u64, u64, bool)]) -> Result<ExportedQueuePair> {
         let mut qp = IntraNodeQueuePair::new(&self.gpu, 0, DEVICE_TIMEOUT);
         for &(addr, len, remote) in ranges {
