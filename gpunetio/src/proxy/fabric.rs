@@ -285,24 +285,28 @@ impl Transport for FabricTransport {
     }
 
     fn register_device(&mut self, buf: &DeviceBuffer) -> Result<FabricRegistration> {
+        // SAFETY: the buffer is device memory of that GPU; the proxy's table keeps it
+        // alive while registered.
+        unsafe { self.register_device_range(buf.ptr(), buf.len(), buf.gpu().ordinal()) }
+    }
+
+    unsafe fn register_device_range(
+        &mut self,
+        addr: u64,
+        len: usize,
+        device: usize,
+    ) -> Result<FabricRegistration> {
         if !self.info.caps().contains(Caps::HMEM) {
             return Err(Error::Unsupported(format!(
                 "provider {} was opened without FI_HMEM: device memory is staged",
                 self.info.provider_name()
             )));
         }
-        let iface = HmemIface::Cuda(buf.gpu().ordinal() as i32);
-        // SAFETY: the buffer is device memory of that GPU; the proxy's table keeps it
-        // alive while registered.
+        let iface = HmemIface::Cuda(device as i32);
+        // SAFETY: forwarded contract (device memory of that GPU, allocated while
+        // registered).
         let mr = unsafe {
-            MemoryRegion::reg_hmem(
-                &self.domain,
-                Some(&self.ep),
-                buf.ptr(),
-                buf.len(),
-                Access::ALL,
-                iface,
-            )
+            MemoryRegion::reg_hmem(&self.domain, Some(&self.ep), addr, len, Access::ALL, iface)
         };
         match mr {
             Ok(mr) => Ok(FabricRegistration { mr }),

@@ -69,7 +69,7 @@ mod verbs;
 #[cfg(feature = "fabric")]
 pub use self::fabric::FabricTransport;
 pub use ring::{Entry, GioStatus, HostProducer, RingDevicePtrs, RingMemory, MAX_RING_SIZE};
-pub use table::{DeviceCopy, MAX_REGIONS};
+pub use table::{DeviceCopy, DeviceRange, MAX_REGIONS};
 pub use transport::{
     PostFlags, Posted, RemoteDescriptor, Transport, TransportCompletion, TransportFailure,
     TransportKind, WorkRequest,
@@ -97,6 +97,7 @@ pub struct CpuProxyBuilder {
     busy_poll: bool,
     cpu: Option<usize>,
     idle_poll_rounds: u32,
+    index_floor: u32,
 }
 
 impl Default for CpuProxyBuilder {
@@ -109,6 +110,7 @@ impl Default for CpuProxyBuilder {
             busy_poll: false,
             cpu: None,
             idle_poll_rounds: progress::IDLE_TRANSPORT_POLL,
+            index_floor: 0,
         }
     }
 }
@@ -117,6 +119,15 @@ impl CpuProxyBuilder {
     /// Default options: 16 bounce buffers of 256 KiB, a 10 s device-side timeout, no GPU.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Keeps table indices below `n` for regions placed at an index of the caller's
+    /// choice ([`CpuProxy::register_local_at`], [`CpuProxy::register_device_range`]):
+    /// everything else is added at `n` or above. Several proxies can then give the same
+    /// local region the same index, so one device-side descriptor serves them all.
+    pub fn reserve_indices(mut self, n: u32) -> Self {
+        self.index_floor = n;
+        self
     }
 
     /// Bytes per bounce buffer of staged device memory (default 256 KiB).
@@ -269,13 +280,16 @@ impl<T: Transport> CpuProxy<T> {
         let mut engine = self.engine();
         // SAFETY: forwarded contract.
         let reg = unsafe { engine.transport.register_host(ptr, len) }?;
-        engine.table.push(Region::Local(Local::Direct {
-            reg,
-            addr: ptr as u64,
-            len: len as u64,
-            dev_addr: 0,
-            _keep: None,
-        }))
+        engine.table.push_from(
+            self.options.index_floor,
+            Region::Local(Local::Direct {
+                reg,
+                addr: ptr as u64,
+                len: len as u64,
+                dev_addr: 0,
+                _keep: None,
+            }),
+        )
     }
 
     /// Registers a pinned, mapped host buffer: the GPU addresses it through its device
@@ -289,13 +303,16 @@ impl<T: Transport> CpuProxy<T> {
                 .transport
                 .register_host(buf.as_ptr().cast_mut(), buf.len())
         }?;
-        engine.table.push(Region::Local(Local::Direct {
-            reg,
-            addr: buf.as_ptr() as u64,
-            len: buf.len() as u64,
-            dev_addr,
-            _keep: Some(buf.clone()),
-        }))
+        engine.table.push_from(
+            self.options.index_floor,
+            Region::Local(Local::Direct {
+                reg,
+                addr: buf.as_ptr() as u64,
+                len: buf.len() as u64,
+                dev_addr,
+                _keep: Some(buf.clone()),
+            }),
+        )
     }
 
     /// Registers device memory: directly where the transport can register it, else
@@ -305,13 +322,16 @@ impl<T: Transport> CpuProxy<T> {
         let mut engine = self.engine();
         match engine.transport.register_device(buf) {
             Ok(reg) => {
-                let index = engine.table.push(Region::Local(Local::Direct {
-                    reg,
-                    addr: buf.ptr(),
-                    len: buf.len() as u64,
-                    dev_addr: buf.ptr(),
-                    _keep: Some(buf.clone()),
-                }))?;
+                let index = engine.table.push_from(
+                    self.options.index_floor,
+                    Region::Local(Local::Direct {
+                        reg,
+                        addr: buf.ptr(),
+                        len: buf.len() as u64,
+                        dev_addr: buf.ptr(),
+                        _keep: Some(buf.clone()),
+                    }),
+                )?;
                 Ok((index, false))
             }
             Err(Error::Unsupported(why)) => {
@@ -334,7 +354,10 @@ impl<T: Transport> CpuProxy<T> {
             let staging = self.alloc_staging(&mut engine)?;
             engine.staging = Some(staging);
         }
-        engine.table.push(Region::Local(Local::Staged { mem }))
+        engine.table.push_from(
+            self.options.index_floor,
+            Region::Local(Local::Staged { mem }),
+        )
     }
 
     fn alloc_staging(&self, engine: &mut Engine<T>) -> Result<Staging<T::Registration>> {
@@ -362,6 +385,111 @@ impl<T: Transport> CpuProxy<T> {
         })
     }
 
+    /// As [`register_local`](Self::register_local), at table index `index` (vacant, or
+    /// past the end).
+    ///
+    /// # Safety
+    /// As [`register_local`](Self::register_local).
+    pub unsafe fn register_local_at(&self, index: u32, ptr: *mut u8, len: usize) -> Result<()> {
+        if ptr.is_null() || len == 0 {
+            return Err(Error::InvalidArgument("a null or empty region".into()));
+        }
+        let mut engine = self.engine();
+        // SAFETY: forwarded contract.
+        let reg = unsafe { engine.transport.register_host(ptr, len) }?;
+        engine.table.place(
+            index,
+            Region::Local(Local::Direct {
+                reg,
+                addr: ptr as u64,
+                len: len as u64,
+                dev_addr: 0,
+                _keep: None,
+            }),
+        )
+    }
+
+    /// Registers `[addr, addr + len)` of GPU `gpu`'s memory that this crate did not
+    /// allocate (a framework's tensor, a caller's registration): directly where the
+    /// transport can, else staged through bounce buffers. At table index `at` where
+    /// given (vacant, or past the end), else the next free one. Returns the index and
+    /// whether it is staged.
+    ///
+    /// # Safety
+    /// The range is device memory of `gpu` that stays allocated until the region is
+    /// removed ([`remove_region`](Self::remove_region)) or the proxy is dropped.
+    pub unsafe fn register_device_range(
+        &self,
+        at: Option<u32>,
+        gpu: &Gpu,
+        addr: u64,
+        len: usize,
+    ) -> Result<(u32, bool)> {
+        if addr == 0 || len == 0 {
+            return Err(Error::InvalidArgument("a null or empty region".into()));
+        }
+        let mut engine = self.engine();
+        // SAFETY: forwarded contract.
+        let region = match unsafe {
+            engine
+                .transport
+                .register_device_range(addr, len, gpu.ordinal())
+        } {
+            Ok(reg) => Region::Local(Local::Direct {
+                reg,
+                addr,
+                len: len as u64,
+                dev_addr: addr,
+                _keep: None,
+            }),
+            Err(Error::Unsupported(why)) => {
+                tracing::debug!("proxy: staging device memory: {why}");
+                if engine.staging.is_none() {
+                    let staging = self.alloc_staging(&mut engine)?;
+                    engine.staging = Some(staging);
+                }
+                // SAFETY: forwarded contract.
+                let mem = unsafe { DeviceRange::new(gpu, addr, len as u64) };
+                Region::Local(Local::Staged { mem: Arc::new(mem) })
+            }
+            Err(e) => return Err(e),
+        };
+        let staged = matches!(region, Region::Local(Local::Staged { .. }));
+        let index = match at {
+            Some(index) => engine.table.place(index, region).map(|()| index)?,
+            None => engine.table.push_from(self.options.index_floor, region)?,
+        };
+        Ok((index, staged))
+    }
+
+    /// Removes region `index` (local or the peer's): entries naming it are refused from
+    /// then on, and its registration is released. Waits (at most the proxy's timeout)
+    /// for entries already taken from the ring that use it to retire.
+    pub fn remove_region(&self, index: u32) -> Result<()> {
+        let deadline = Instant::now() + self.options.timeout;
+        loop {
+            let mut engine = self.engine();
+            let busy = u16::try_from(index).is_ok_and(|mr| engine.in_use(mr));
+            if !busy {
+                let old = engine.table.remove(index)?;
+                drop(engine);
+                drop(old);
+                return Ok(());
+            }
+            if !self.is_running() {
+                let _ = engine.progress();
+            }
+            drop(engine);
+            if Instant::now() >= deadline {
+                return Err(Error::Timeout {
+                    what: "removing a region still used by operations in flight",
+                    after: self.options.timeout,
+                });
+            }
+            std::thread::sleep(Duration::from_micros(100));
+        }
+    }
+
     /// What the peer needs to target local region `mr` (send it out of band; the peer
     /// calls [`add_remote`](Self::add_remote)). A staged region has none.
     pub fn descriptor(&self, mr: u32) -> Result<RemoteDescriptor> {
@@ -376,7 +504,9 @@ impl<T: Transport> CpuProxy<T> {
             Some(Region::Remote(_)) => Err(Error::InvalidArgument(format!(
                 "region {mr} is the peer's"
             ))),
-            None => Err(Error::InvalidArgument(format!("no region {mr}"))),
+            None | Some(Region::Vacant) => {
+                Err(Error::InvalidArgument(format!("no region {mr}")))
+            }
         }
     }
 
@@ -390,7 +520,9 @@ impl<T: Transport> CpuProxy<T> {
                 engine.transport.kind()
             )));
         }
-        engine.table.push(Region::Remote(*desc))
+        engine
+            .table
+            .push_from(self.options.index_floor, Region::Remote(*desc))
     }
 
     /// One round of proxy work (DOCA's `doca_gpu_verbs_cpu_proxy_progress`): take

@@ -156,6 +156,11 @@ impl<T: Transport> Engine<T> {
         self.outstanding
     }
 
+    /// Whether an entry taken from the ring and not yet retired uses region `mr`.
+    pub(crate) fn in_use(&self, mr: u16) -> bool {
+        self.window.iter().any(|slot| slot.op.uses(mr))
+    }
+
     /// One round: reap, take, post, retire. `Ok(true)` if anything moved; the first
     /// failure is returned once as its typed error, later rounds report the ring's
     /// status (they still reap completions, so memory is not freed under a transfer,
@@ -629,7 +634,9 @@ impl<T: Transport> Engine<T> {
                             return self
                                 .post_staged(index, get, local, local_off, remote, remote_off, len)
                         }
-                        Region::Remote(_) => unreachable!("validated"),
+                        Region::Remote(_) | Region::Vacant => unreachable!(
+                            "validated, and a region is removed only while no entry uses it"
+                        ),
                     }
                 }
             }

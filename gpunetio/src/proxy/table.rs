@@ -46,6 +46,66 @@ impl DeviceCopy for DeviceBuffer {
     }
 }
 
+/// Device memory the proxy does not own (framework memory, a caller's registration),
+/// staged through copies in its GPU's context.
+#[derive(Debug)]
+pub struct DeviceRange {
+    gpu: crate::Gpu,
+    addr: u64,
+    len: u64,
+}
+
+impl DeviceRange {
+    /// `[addr, addr + len)` of `gpu`'s memory.
+    ///
+    /// # Safety
+    /// The range must stay allocated while the value (and any proxy table holding it)
+    /// lives.
+    pub unsafe fn new(gpu: &crate::Gpu, addr: u64, len: u64) -> Self {
+        Self {
+            gpu: gpu.clone(),
+            addr,
+            len,
+        }
+    }
+
+    fn check(&self, offset: u64, n: usize) -> Result<u64> {
+        if offset > self.len || n as u64 > self.len - offset {
+            return Err(Error::InvalidArgument(format!(
+                "{offset}+{n} outside a device range of {} bytes",
+                self.len
+            )));
+        }
+        Ok(self.addr + offset)
+    }
+}
+
+impl DeviceCopy for DeviceRange {
+    fn len(&self) -> u64 {
+        self.len
+    }
+    fn device_addr(&self) -> u64 {
+        self.addr
+    }
+    fn copy_to_host(&self, offset: u64, dst: &mut [u8]) -> Result<()> {
+        let src = self.check(offset, dst.len())?;
+        self.gpu.bind()?;
+        // SAFETY: the source is inside the range the constructor's caller keeps
+        // allocated; `dst` is a live slice of that length.
+        crate::error::cvt("cuMemcpyDtoH", unsafe {
+            cudarc::driver::sys::cuMemcpyDtoH_v2(dst.as_mut_ptr().cast(), src, dst.len())
+        })
+    }
+    fn copy_from_host(&self, offset: u64, src: &[u8]) -> Result<()> {
+        let dst = self.check(offset, src.len())?;
+        self.gpu.bind()?;
+        // SAFETY: as above, with the roles swapped.
+        crate::error::cvt("cuMemcpyHtoD", unsafe {
+            cudarc::driver::sys::cuMemcpyHtoD_v2(dst, src.as_ptr().cast(), src.len())
+        })
+    }
+}
+
 /// A local region.
 pub(crate) enum Local<R> {
     /// Registered with the transport: operations go straight to `addr`.
@@ -67,6 +127,9 @@ pub(crate) enum Local<R> {
 pub(crate) enum Region<R> {
     Local(Local<R>),
     Remote(RemoteDescriptor),
+    /// A removed region's index: entries naming it are refused (bounds), and a later
+    /// region may take it.
+    Vacant,
 }
 
 impl<R> Region<R> {
@@ -75,6 +138,7 @@ impl<R> Region<R> {
             Region::Local(Local::Direct { len, .. }) => *len,
             Region::Local(Local::Staged { mem }) => mem.len(),
             Region::Remote(d) => d.len,
+            Region::Vacant => 0,
         }
     }
 
@@ -84,6 +148,7 @@ impl<R> Region<R> {
             Region::Local(Local::Direct { dev_addr, .. }) => (*dev_addr, ffi::GIO_MR_MAPPED),
             Region::Local(Local::Staged { mem }) => (mem.device_addr(), ffi::GIO_MR_MAPPED),
             Region::Remote(_) => (0, ffi::GIO_MR_REMOTE),
+            Region::Vacant => (0, 0),
         };
         ffi::gio_dev_mr {
             addr,
@@ -142,6 +207,21 @@ pub(crate) struct Op {
     pub counter: Option<u32>,
 }
 
+impl Op {
+    /// Whether the operation reads or writes region `mr`.
+    pub(crate) fn uses(&self, mr: u16) -> bool {
+        let data = match self.kind {
+            OpKind::Nop | OpKind::Fence => false,
+            OpKind::Put { local, remote, .. } | OpKind::Get { local, remote, .. } => {
+                local == mr || remote == mr
+            }
+            OpKind::PutInline { remote, .. } => remote == mr,
+            OpKind::Signal { mr: m, .. } => m == mr,
+        };
+        data || self.signal.is_some_and(|(m, _, _)| m == mr)
+    }
+}
+
 /// Why an entry is refused: the status for `ctrl.error` and a reason for the host.
 pub(crate) type Refusal = (GioStatus, String);
 
@@ -160,14 +240,60 @@ impl<R> MemoryTable<R> {
         }
     }
 
+    /// Adds `region` at the first vacant index at or above `floor`, else at the end.
+    pub(crate) fn push_from(&mut self, floor: u32, region: Region<R>) -> Result<u32> {
+        let floor = floor as usize;
+        if let Some(i) = self
+            .regions
+            .iter()
+            .skip(floor)
+            .position(|r| matches!(r, Region::Vacant))
+        {
+            self.regions[floor + i] = region;
+            return Ok((floor + i) as u32);
+        }
+        let at = self.regions.len().max(floor);
+        self.place(at as u32, region)?;
+        Ok(at as u32)
+    }
+
+    /// Adds `region` at the end (or the first vacant index).
+    #[cfg(test)]
     pub(crate) fn push(&mut self, region: Region<R>) -> Result<u32> {
-        if self.regions.len() >= MAX_REGIONS {
+        self.push_from(0, region)
+    }
+
+    /// Puts `region` at `index`, which must be vacant or past the end (the gap is
+    /// vacant).
+    pub(crate) fn place(&mut self, index: u32, region: Region<R>) -> Result<()> {
+        let index = index as usize;
+        if index >= MAX_REGIONS {
             return Err(Error::InvalidArgument(format!(
-                "a queue pair's memory table holds at most {MAX_REGIONS} regions"
+                "a queue pair's memory table holds at most {MAX_REGIONS} regions (index {index})"
             )));
         }
-        self.regions.push(region);
-        Ok(self.regions.len() as u32 - 1)
+        if index < self.regions.len() {
+            if !matches!(self.regions[index], Region::Vacant) {
+                return Err(Error::InvalidArgument(format!(
+                    "region {index} of the memory table is taken"
+                )));
+            }
+            self.regions[index] = region;
+        } else {
+            self.regions.resize_with(index, || Region::Vacant);
+            self.regions.push(region);
+        }
+        Ok(())
+    }
+
+    /// Vacates `index`; returns what was there (the caller drops it outside the lock).
+    pub(crate) fn remove(&mut self, index: u32) -> Result<Region<R>> {
+        match self.regions.get_mut(index as usize) {
+            Some(r) if !matches!(r, Region::Vacant) => Ok(std::mem::replace(r, Region::Vacant)),
+            _ => Err(Error::InvalidArgument(format!(
+                "no region {index} in the memory table"
+            ))),
+        }
     }
 
     pub(crate) fn get(&self, index: u16) -> &Region<R> {
@@ -189,6 +315,9 @@ impl<R> MemoryTable<R> {
                 self.regions.len()
             )));
         };
+        if matches!(region, Region::Vacant) {
+            return Err(bounds(format!("{what} region {mr} was removed")));
+        }
         let is_remote = matches!(region, Region::Remote(_));
         if is_remote != remote {
             return Err(bounds(format!(
@@ -370,6 +499,36 @@ mod tests {
         ] {
             assert_eq!(status(e), GioStatus::OK, "{e:?}");
         }
+    }
+
+    #[test]
+    fn removed_regions_refuse_entries_and_are_reused() {
+        let mut t = table();
+        assert!(matches!(t.remove(1).unwrap(), Region::Remote(_)));
+        assert!(t.remove(1).is_err(), "removed twice");
+        let (s, why) = t.validate(&Entry::put(1, 0, 0, 0, 8).0, 0).unwrap_err();
+        assert_eq!(s, GioStatus::BOUNDS);
+        assert!(why.contains("removed"), "{why}");
+        let remote = || {
+            Region::Remote(RemoteDescriptor {
+                transport: TransportKind::FABRIC,
+                addr: 0,
+                len: 8,
+                key: 2,
+            })
+        };
+        assert_eq!(t.push(remote()).unwrap(), 1, "the vacant index is reused");
+        assert_eq!(t.push_from(5, remote()).unwrap(), 5, "gap below the floor");
+        assert!(matches!(t.regions[3], Region::Vacant));
+        assert_eq!(t.push_from(2, remote()).unwrap(), 2);
+        assert!(t.place(5, remote()).is_err(), "taken");
+        t.place(3, remote()).unwrap();
+        assert_eq!(t.regions.len(), 6);
+        assert!(t.place(MAX_REGIONS as u32, remote()).is_err());
+        let op = t
+            .validate(&Entry::put(2, 0, 0, 0, 8).with_signal(3, 0, 1).0, 0)
+            .unwrap();
+        assert!(op.uses(0) && op.uses(2) && op.uses(3) && !op.uses(1));
     }
 
     #[test]

@@ -244,6 +244,24 @@ pub trait Transport: Send + 'static {
     /// [`Error::Unsupported`] where this transport cannot.
     fn register_device(&mut self, buf: &DeviceBuffer) -> Result<Self::Registration>;
 
+    /// Registers `[addr, addr + len)` of GPU `device`'s memory directly (memory this
+    /// crate did not allocate), or [`Error::Unsupported`] (the default).
+    ///
+    /// # Safety
+    /// The range is device memory of that GPU that stays allocated until the
+    /// registration is dropped and every operation on it has completed.
+    unsafe fn register_device_range(
+        &mut self,
+        addr: u64,
+        len: usize,
+        device: usize,
+    ) -> Result<Self::Registration> {
+        let _ = (addr, len, device);
+        Err(Error::Unsupported(
+            "this transport registers only device buffers it is given".into(),
+        ))
+    }
+
     /// What the peer needs to target `reg`.
     fn descriptor(&self, reg: &Self::Registration) -> RemoteDescriptor;
 
