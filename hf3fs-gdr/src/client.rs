@@ -38,7 +38,7 @@ pub(crate) trait IoBackend: Send + Sync + std::fmt::Debug {
     fn check_alive(&self) -> Result<()>;
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
@@ -104,6 +104,17 @@ pub fn dereg_fd(fd: RawFd) {
     for conn in live_connections() {
         conn.forget_file(fd);
     }
+    for lib in crate::hf3fs::loaded_libraries() {
+        lib.forget_fd(fd);
+    }
+}
+
+/// The `(dev, ino)` a registered descriptor named when [`reg_fd`] took it.
+pub(crate) fn registered_identity(fd: RawFd) -> Result<(u64, u64)> {
+    lock(registry())
+        .get(&fd)
+        .map(|r| (r.dev, r.ino))
+        .ok_or(Error::FdNotRegistered(fd))
 }
 
 /// Connections by mount; weak so that the last ring or iov of a mount closes it.

@@ -67,6 +67,14 @@ pub enum Error {
         /// The directory looked in.
         dir: PathBuf,
     },
+    /// A call into 3FS's `libhf3fs_api_shared` failed with `errno`.
+    #[error("{call} failed: errno {errno} ({})", std::io::Error::from_raw_os_error(*errno))]
+    Hf3fs {
+        /// The C function.
+        call: &'static str,
+        /// Its error number.
+        errno: i32,
+    },
     /// A publication (symlink target, ring header, handle bytes) does not parse.
     #[error("malformed {what}: {detail}")]
     Malformed {
@@ -94,7 +102,7 @@ impl Error {
             Error::Gpu(_) => libc::EIO,
             Error::NoDaemon { .. } => libc::ECONNREFUSED,
             Error::DaemonGone { .. } => libc::ENOTCONN,
-            Error::Refused { errno, .. } => *errno,
+            Error::Refused { errno, .. } | Error::Hf3fs { errno, .. } => *errno,
             Error::RingFull { .. } => libc::EAGAIN,
             Error::FdNotRegistered(_) => libc::EBADF,
             Error::NotFound { .. } => libc::ENOENT,

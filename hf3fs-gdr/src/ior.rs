@@ -3,6 +3,8 @@
 
 use crate::client::{self, IoBackend};
 use crate::error::{Error, Result};
+use crate::hf3fs::ring::LibRing;
+use crate::hf3fs::{self, Backend, Resolved};
 use crate::iov::{Iov, IovInner};
 use crate::ring::{ior_size, Cqe, RingView, Sqe, DAEMON_NONE, RING_MAGIC, RING_VERSION};
 use crate::shm::{futex_wait, futex_wake, random_id, to_hex, Id, Shm};
@@ -25,17 +27,55 @@ const LIVENESS_EVERY: Duration = Duration::from_millis(2);
 /// Longest single sleep of a waiter.
 const MAX_SLEEP: Duration = Duration::from_millis(1);
 
+/// What [`Ior`] needs from a ring, whoever serves it: the local daemon's shared-memory
+/// ring ([`LocalRing`]) or 3FS's (`crate::hf3fs::ring::LibRing`). Arguments arrive
+/// checked by [`Ior`].
+pub(crate) trait RingOps: Send + Sync + std::fmt::Debug {
+    fn id(&self) -> &Id;
+    fn entries(&self) -> u32;
+    /// I/Os prepared and not yet reaped.
+    fn outstanding(&self) -> u64;
+    #[allow(clippy::too_many_arguments)]
+    fn prep_io(
+        &mut self,
+        iov: &Iov,
+        read: bool,
+        ptr: u64,
+        fd: RawFd,
+        offset: u64,
+        len: u64,
+        userdata: u64,
+    ) -> Result<i32>;
+    fn submit_ios(&mut self) -> Result<()>;
+    fn wait_for_ios(
+        &mut self,
+        cqes: &mut [Cqe],
+        min_results: usize,
+        deadline: Option<Instant>,
+    ) -> Result<usize>;
+    /// Whether whatever serves the ring has taken it.
+    fn attached(&self) -> bool;
+}
+
 /// An I/O ring. Like 3FS's, one thread prepares on a ring at a time: every method
-/// that touches the rings takes `&mut self`.
+/// that touches the rings takes `&mut self`. Served by the local daemon or by 3FS's
+/// library, whichever serves its mount (see [`crate::hf3fs`]).
 #[derive(Debug)]
 pub struct Ior {
+    ring: Box<dyn RingOps>,
+    mount: PathBuf,
+    for_read: bool,
+    io_depth: i32,
+    backend: Backend,
+}
+
+/// The local daemon's ring in shared memory.
+#[derive(Debug)]
+pub(crate) struct LocalRing {
     shm: Shm,
     view: RingView,
     id: Id,
-    mount: PathBuf,
     link: PathBuf,
-    for_read: bool,
-    io_depth: i32,
     backend: Arc<dyn IoBackend>,
     /// Our copy of `sq_tail`.
     tail: u64,
@@ -79,63 +119,45 @@ impl Ior {
         }
         let timeout_ms = i32::try_from(timeout.as_millis())
             .map_err(|_| Error::InvalidArgument(format!("timeout {timeout:?}")))?;
-        virt::ensure_dirs(mount)?;
-        let backend: Arc<dyn IoBackend> = client::connect(mount)?;
-        let id = random_id()?;
-        let shm = Shm::create(&format!("hf3fs-gdr-ior-{}", to_hex(&id)), ior_size(entries))?;
-        let cleanup = |e: Error| {
-            let _ = shm.unlink();
-            e
+        let (ring, backend): (Box<dyn RingOps>, Backend) = match hf3fs::resolve(mount)? {
+            Resolved::Daemon => (
+                Box::new(LocalRing::create(
+                    mount, entries, for_read, io_depth, timeout_ms, numa, flags,
+                )?),
+                Backend::LocalDaemon,
+            ),
+            Resolved::Hf3fs { lib, mount_point } => (
+                Box::new(LibRing::create(
+                    lib,
+                    &mount_point,
+                    entries,
+                    for_read,
+                    io_depth,
+                    timeout_ms,
+                    numa,
+                    flags,
+                )?),
+                Backend::Hf3fs,
+            ),
         };
-        shm.prefer_numa(numa).map_err(cleanup)?;
-        // SAFETY: the mapping has ior_size(entries) bytes, page aligned, and lives in `shm`
-        // as long as the view (both owned by the ring).
-        let view = unsafe { RingView::new(shm.as_ptr(), entries) };
-        // SAFETY: fresh zeroed memory nobody else has mapped yet: plain writes of the
-        // immutable fields, then the magic last.
-        unsafe {
-            let h = shm.as_ptr() as *mut crate::ring::RingHeader;
-            (*h).version = RING_VERSION;
-            (*h).entries = entries;
-            (*h).for_read = for_read as u32;
-            (*h).io_depth = io_depth;
-            (*h).timeout_ms = timeout_ms;
-            (*h).numa = numa;
-            (*h).flags = flags;
-            (*h).id = id;
-            (*h).client_pid = std::process::id();
-            (*h).magic = RING_MAGIC;
-        }
-        let target = shm.path().to_str().expect("ascii path").to_string();
-        let link = virt::publish(&virt::iors_dir(mount), &id, &target).map_err(cleanup)?;
-        if let Err(e) = backend.attach_ring(&id) {
-            let _ = crate::shm::remove_if_present(&link);
-            return Err(cleanup(e));
-        }
         Ok(Self {
-            shm,
-            view,
-            id,
+            ring,
             mount: mount.to_path_buf(),
-            link,
             for_read,
             io_depth,
             backend,
-            tail: 0,
-            head: 0,
-            in_flight: vec![None; entries as usize],
         })
     }
 
     /// The ring's id (its name in the mount's ior directory).
     pub fn id(&self) -> &Id {
-        &self.id
+        self.ring.id()
     }
 
     /// How many I/Os the ring holds (3FS's `hf3fs_io_entries`).
     #[doc(alias = "hf3fs_io_entries")]
     pub fn entries(&self) -> u32 {
-        self.view.entries()
+        self.ring.entries()
     }
 
     /// Whether it is a read ring.
@@ -150,7 +172,12 @@ impl Ior {
 
     /// I/Os prepared and not yet reaped.
     pub fn outstanding(&self) -> u64 {
-        self.tail - self.head
+        self.ring.outstanding()
+    }
+
+    /// Which backend serves it.
+    pub fn backend(&self) -> Backend {
+        self.backend
     }
 
     /// Prepares one I/O (3FS's `hf3fs_prep_io`): `len` bytes between `ptr` (inside
@@ -198,64 +225,22 @@ impl Ior {
         {
             return Err(Error::InvalidArgument(format!("file range {offset}+{len}")));
         }
-        let entries = self.view.entries();
-        if self.tail - self.head >= entries as u64 {
-            return Err(Error::RingFull { entries });
+        if iov.backend() != self.backend {
+            return Err(Error::InvalidArgument(format!(
+                "iov {} is served by {:?}, the ring by {:?}",
+                to_hex(iov.id()),
+                iov.backend(),
+                self.backend
+            )));
         }
-        let file_id = self.backend.file_id(fd)?;
-        let sqe = Sqe {
-            iov_id: *iov.id(),
-            iov_offset: ptr - base,
-            file_offset: offset,
-            len,
-            userdata,
-            file_id,
-            read: read as u32,
-            _reserved: [0],
-        };
-        let seq = self.tail;
-        self.view.write_sqe(seq, &sqe);
-        let slot = (seq % entries as u64) as usize;
-        self.in_flight[slot] = Some(iov.inner.clone());
-        self.tail += 1;
-        self.view
-            .header()
-            .sq_tail
-            .0
-            .store(self.tail, Ordering::Release);
-        Ok(slot as i32)
+        self.ring.prep_io(iov, read, ptr, fd, offset, len, userdata)
     }
 
     /// Tells the daemon the prepared I/Os are complete batches (3FS's
     /// `hf3fs_submit_ios`): a partial batch of an `io_depth < 0` ring starts now.
     #[doc(alias = "hf3fs_submit_ios")]
     pub fn submit_ios(&mut self) -> Result<()> {
-        let h = self.view.header();
-        h.sq_submitted.0.store(self.tail, Ordering::Release);
-        h.sq_doorbell.0.fetch_add(1, Ordering::SeqCst);
-        if h.daemon_sleeping.0.load(Ordering::SeqCst) != 0 {
-            futex_wake(&h.sq_doorbell.0);
-        }
-        Ok(())
-    }
-
-    fn reap(&mut self, cqes: &mut [Cqe], got: &mut usize) {
-        let h = self.view.header();
-        let tail = h.cq_tail.0.load(Ordering::Acquire);
-        let mut head = self.head;
-        while head < tail && *got < cqes.len() {
-            let cqe = self.view.read_cqe(head);
-            if let Some(slot) = self.in_flight.get_mut(cqe.index as usize) {
-                *slot = None;
-            }
-            cqes[*got] = cqe;
-            *got += 1;
-            head += 1;
-        }
-        if head != self.head {
-            self.head = head;
-            h.cq_head.0.store(head, Ordering::Release);
-        }
+        self.ring.submit_ios()
     }
 
     /// Reaps completions into `cqes` (3FS's `hf3fs_wait_for_ios`), waiting until at
@@ -283,6 +268,163 @@ impl Ior {
                 self.outstanding()
             )));
         }
+        self.ring.wait_for_ios(cqes, min_results, deadline)
+    }
+
+    /// Whether the daemon has attached (false only before it answered `create`, or if
+    /// it detached). Always true for a 3FS ring.
+    pub fn daemon_attached(&self) -> bool {
+        self.ring.attached()
+    }
+
+    /// The mount it belongs to.
+    pub fn mount(&self) -> &Path {
+        &self.mount
+    }
+}
+
+impl LocalRing {
+    fn create(
+        mount: &Path,
+        entries: u32,
+        for_read: bool,
+        io_depth: i32,
+        timeout_ms: i32,
+        numa: i32,
+        flags: u64,
+    ) -> Result<Self> {
+        virt::ensure_dirs(mount)?;
+        let backend: Arc<dyn IoBackend> = client::connect(mount)?;
+        let id = random_id()?;
+        let shm = Shm::create(&format!("hf3fs-gdr-ior-{}", to_hex(&id)), ior_size(entries))?;
+        let cleanup = |e: Error| {
+            let _ = shm.unlink();
+            e
+        };
+        shm.prefer_numa(numa).map_err(cleanup)?;
+        // SAFETY: the mapping has ior_size(entries) bytes, page aligned, and lives in `shm`
+        // as long as the view (both owned by the ring).
+        let view = unsafe { RingView::new(shm.as_ptr(), entries) };
+        // SAFETY: fresh zeroed memory nobody else has mapped yet: plain writes of the
+        // immutable fields, then the magic last.
+        unsafe {
+            let h = shm.as_ptr() as *mut crate::ring::RingHeader;
+            (*h).version = RING_VERSION;
+            (*h).entries = entries;
+            (*h).for_read = for_read as u32;
+            (*h).io_depth = io_depth;
+            (*h).timeout_ms = timeout_ms;
+            (*h).numa = numa;
+            (*h).flags = flags;
+            (*h).id = id;
+            (*h).client_pid = std::process::id();
+            (*h).magic = RING_MAGIC;
+        }
+        let target = shm.path().to_str().expect("ascii path").to_string();
+        let link = virt::publish(&virt::iors_dir(mount), &id, &target).map_err(cleanup)?;
+        if let Err(e) = backend.attach_ring(&id) {
+            let _ = crate::shm::remove_if_present(&link);
+            return Err(cleanup(e));
+        }
+        Ok(Self {
+            shm,
+            view,
+            id,
+            link,
+            backend,
+            tail: 0,
+            head: 0,
+            in_flight: vec![None; entries as usize],
+        })
+    }
+
+    fn reap(&mut self, cqes: &mut [Cqe], got: &mut usize) {
+        let h = self.view.header();
+        let tail = h.cq_tail.0.load(Ordering::Acquire);
+        let mut head = self.head;
+        while head < tail && *got < cqes.len() {
+            let cqe = self.view.read_cqe(head);
+            if let Some(slot) = self.in_flight.get_mut(cqe.index as usize) {
+                *slot = None;
+            }
+            cqes[*got] = cqe;
+            *got += 1;
+            head += 1;
+        }
+        if head != self.head {
+            self.head = head;
+            h.cq_head.0.store(head, Ordering::Release);
+        }
+    }
+}
+
+impl RingOps for LocalRing {
+    fn id(&self) -> &Id {
+        &self.id
+    }
+
+    fn entries(&self) -> u32 {
+        self.view.entries()
+    }
+
+    fn outstanding(&self) -> u64 {
+        self.tail - self.head
+    }
+
+    fn prep_io(
+        &mut self,
+        iov: &Iov,
+        read: bool,
+        ptr: u64,
+        fd: RawFd,
+        offset: u64,
+        len: u64,
+        userdata: u64,
+    ) -> Result<i32> {
+        let entries = self.view.entries();
+        if self.tail - self.head >= entries as u64 {
+            return Err(Error::RingFull { entries });
+        }
+        let file_id = self.backend.file_id(fd)?;
+        let sqe = Sqe {
+            iov_id: *iov.id(),
+            iov_offset: ptr - iov.base(),
+            file_offset: offset,
+            len,
+            userdata,
+            file_id,
+            read: read as u32,
+            _reserved: [0],
+        };
+        let seq = self.tail;
+        self.view.write_sqe(seq, &sqe);
+        let slot = (seq % entries as u64) as usize;
+        self.in_flight[slot] = Some(iov.inner.clone());
+        self.tail += 1;
+        self.view
+            .header()
+            .sq_tail
+            .0
+            .store(self.tail, Ordering::Release);
+        Ok(slot as i32)
+    }
+
+    fn submit_ios(&mut self) -> Result<()> {
+        let h = self.view.header();
+        h.sq_submitted.0.store(self.tail, Ordering::Release);
+        h.sq_doorbell.0.fetch_add(1, Ordering::SeqCst);
+        if h.daemon_sleeping.0.load(Ordering::SeqCst) != 0 {
+            futex_wake(&h.sq_doorbell.0);
+        }
+        Ok(())
+    }
+
+    fn wait_for_ios(
+        &mut self,
+        cqes: &mut [Cqe],
+        min_results: usize,
+        deadline: Option<Instant>,
+    ) -> Result<usize> {
         let mut got = 0;
         let mut idle_rounds = 0u32;
         let mut last_check = Instant::now();
@@ -324,19 +466,12 @@ impl Ior {
         }
     }
 
-    /// Whether the daemon has attached (false only before it answered `create`, or if
-    /// it detached).
-    pub fn daemon_attached(&self) -> bool {
+    fn attached(&self) -> bool {
         self.view.header().daemon_state.load(Ordering::Acquire) != DAEMON_NONE
-    }
-
-    /// The mount it belongs to.
-    pub fn mount(&self) -> &Path {
-        &self.mount
     }
 }
 
-impl Drop for Ior {
+impl Drop for LocalRing {
     fn drop(&mut self) {
         // The daemon stops serving the ring after its I/Os in flight finish, so no
         // completion lands in memory we are about to release.

@@ -4,6 +4,9 @@
 
 use crate::client;
 use crate::error::{Error, Result};
+use crate::hf3fs::{
+    self, Backend, LibIov, Resolved, HF3FS_SYNC_FROM_STORAGE, HF3FS_SYNC_TO_STORAGE,
+};
 use crate::shm::{random_id, to_hex, Id, Shm, SHM_DIR};
 use crate::virt::{self, GdrLink};
 use gpunetio::{DeviceBuffer, DeviceMemoryRef, Gpu, IpcHandle, IpcMapping, IPC_HANDLE_BYTES};
@@ -35,6 +38,8 @@ pub(crate) enum Memory {
     GpuWrapped(DeviceMemoryRef),
     /// Another process's GPU iov mapped here by its IPC handle.
     GpuImported(IpcMapping),
+    /// An iov of 3FS's library (host or GPU), destroyed through it.
+    Hf3fs(LibIov),
 }
 
 #[derive(Debug)]
@@ -182,12 +187,33 @@ impl Iov {
         }
     }
 
+    fn from_lib(iov: LibIov, mount: &Path, size: u64, block_size: u64, numa: i32) -> Self {
+        let (id, base, device) = (iov.id(), iov.base(), iov.device);
+        Self::new(
+            id,
+            mount,
+            base,
+            size,
+            block_size,
+            numa,
+            Memory::Hf3fs(iov),
+            device,
+            None,
+            None,
+            None,
+        )
+    }
+
     /// `size` bytes of shared host memory (on NUMA node `numa` when ≥ 0), published
     /// under `mount` (3FS's `hf3fs_iovcreate`).
     #[doc(alias = "hf3fs_iovcreate")]
     pub fn create(mount: impl AsRef<Path>, size: u64, block_size: u64, numa: i32) -> Result<Self> {
         let mount = mount.as_ref();
         check_sizes(size, block_size)?;
+        if let Resolved::Hf3fs { lib, mount_point } = hf3fs::resolve(mount)? {
+            let iov = LibIov::create(lib, &mount_point, size, block_size, numa)?;
+            return Ok(Self::from_lib(iov, mount, size, block_size, numa));
+        }
         virt::ensure_dirs(mount)?;
         let id = random_id()?;
         let shm = Shm::create(&shm_name(&id), size as usize)?;
@@ -233,6 +259,10 @@ impl Iov {
     ) -> Result<Self> {
         let mount = mount.as_ref();
         check_sizes(size, block_size)?;
+        if let Resolved::Hf3fs { lib, mount_point } = hf3fs::resolve(mount)? {
+            let iov = LibIov::open(lib, id, &mount_point, size, block_size, numa, None)?;
+            return Ok(Self::from_lib(iov, mount, size, block_size, numa));
+        }
         let target = virt::read_publication(&virt::iovs_dir(mount), id)?;
         if GdrLink::is_gdr(&target) {
             let link = GdrLink::parse(&target)?;
@@ -293,6 +323,12 @@ impl Iov {
         if base.is_null() {
             return Err(Error::InvalidArgument("wrap of a null pointer".into()));
         }
+        if let Resolved::Hf3fs { lib, mount_point } = hf3fs::resolve(mount)? {
+            // SAFETY: the caller keeps `base` mapped (this function's contract).
+            let iov =
+                unsafe { LibIov::wrap(lib, base, id, &mount_point, size, block_size, numa, None)? };
+            return Ok(Self::from_lib(iov, mount, size, block_size, numa));
+        }
         let target = virt::read_publication(&virt::iovs_dir(mount), id)?;
         if GdrLink::is_gdr(&target) {
             return Err(Error::InvalidArgument(format!(
@@ -328,6 +364,10 @@ impl Iov {
     ) -> Result<Self> {
         let mount = mount.as_ref();
         check_sizes(size, block_size)?;
+        if let Resolved::Hf3fs { lib, mount_point } = hf3fs::resolve(mount)? {
+            let iov = LibIov::create_device(lib, &mount_point, size, block_size, device)?;
+            return Ok(Self::from_lib(iov, mount, size, block_size, -1));
+        }
         virt::ensure_dirs(mount)?;
         let gpu = Gpu::open(device)?;
         let buf = DeviceBuffer::alloc(&gpu, size as usize)?;
@@ -375,6 +415,23 @@ impl Iov {
     ) -> Result<Self> {
         let mount = mount.as_ref();
         check_sizes(size, block_size)?;
+        if let Resolved::Hf3fs { lib, mount_point } = hf3fs::resolve(mount)? {
+            // SAFETY: the caller keeps the device memory allocated (this function's
+            // contract).
+            let iov = unsafe {
+                LibIov::wrap(
+                    lib,
+                    ptr as *mut u8,
+                    id,
+                    &mount_point,
+                    size,
+                    block_size,
+                    -1,
+                    Some(device),
+                )?
+            };
+            return Ok(Self::from_lib(iov, mount, size, block_size, -1));
+        }
         virt::ensure_dirs(mount)?;
         let view = DeviceMemoryRef::wrap(ptr, size, device)?;
         let (ipc, offset) = view.export_ipc()?;
@@ -405,6 +462,19 @@ impl Iov {
     /// `hf3fs_iov_export_gpu`).
     #[doc(alias = "hf3fs_iov_export_gpu")]
     pub fn export_gpu(&self) -> Result<GpuIovHandle> {
+        if let (Some(_), Some(device)) = (self.inner.lib_iov(), self.inner.device) {
+            // 3FS published it itself; another process reopens it by id and device.
+            let view = DeviceMemoryRef::wrap(self.inner.base, self.inner.size, device)?;
+            let (ipc, offset) = view.export_ipc()?;
+            return Ok(GpuIovHandle {
+                id: self.inner.id,
+                device,
+                size: self.inner.size,
+                block_size: self.inner.block_size,
+                offset,
+                ipc,
+            });
+        }
         let link = self.inner.gdr.ok_or_else(|| {
             Error::InvalidArgument(format!("iov {} is not GPU memory", to_hex(&self.inner.id)))
         })?;
@@ -423,6 +493,25 @@ impl Iov {
     #[doc(alias = "hf3fs_iov_import_gpu")]
     pub fn import_gpu(handle: &GpuIovHandle, mount: impl AsRef<Path>) -> Result<Self> {
         check_sizes(handle.size, handle.block_size)?;
+        let mount = mount.as_ref();
+        if let Resolved::Hf3fs { lib, mount_point } = hf3fs::resolve(mount)? {
+            let iov = LibIov::open(
+                lib,
+                &handle.id,
+                &mount_point,
+                handle.size,
+                handle.block_size,
+                -1,
+                Some(handle.device),
+            )?;
+            return Ok(Self::from_lib(
+                iov,
+                mount,
+                handle.size,
+                handle.block_size,
+                -1,
+            ));
+        }
         let gpu = Gpu::open(handle.device)?;
         let mapping = IpcMapping::open(&gpu, &handle.ipc)?;
         if handle
@@ -440,7 +529,7 @@ impl Iov {
         let base = mapping.ptr() + handle.offset;
         Ok(Self::new(
             handle.id,
-            mount.as_ref(),
+            mount,
             base,
             handle.size,
             handle.block_size,
@@ -461,6 +550,14 @@ impl Iov {
     /// The id (3FS's `iov->id`).
     pub fn id(&self) -> &Id {
         &self.inner.id
+    }
+
+    /// Which backend made it (and serves I/O on it).
+    pub fn backend(&self) -> Backend {
+        match self.inner.memory {
+            Memory::Hf3fs(_) => Backend::Hf3fs,
+            _ => Backend::LocalDaemon,
+        }
     }
 
     /// The mount it is published under.
@@ -570,6 +667,12 @@ impl Iov {
     #[doc(alias = "hf3fs_iovsync_gpu")]
     pub fn sync(&self, direction: SyncDirection) -> Result<()> {
         std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+        if let Some(iov) = self.inner.lib_iov() {
+            return iov.sync(match direction {
+                SyncDirection::ToStorage => HF3FS_SYNC_TO_STORAGE,
+                SyncDirection::FromStorage => HF3FS_SYNC_FROM_STORAGE,
+            });
+        }
         match (self.inner.device, direction) {
             (Some(device), SyncDirection::ToStorage) => gpu_copy(device, |_| {
                 // SAFETY: no arguments; the device's context is current.
@@ -613,7 +716,19 @@ fn gpu_copy(
 }
 
 impl IovInner {
+    /// The library's iov, for a 3FS ring.
+    pub(crate) fn lib_iov(&self) -> Option<&LibIov> {
+        match &self.memory {
+            Memory::Hf3fs(iov) => Some(iov),
+            _ => None,
+        }
+    }
+
     fn unlink(&self) -> Result<()> {
+        if let Memory::Hf3fs(iov) = &self.memory {
+            iov.unlink();
+            return Ok(());
+        }
         let link = self.link.lock().unwrap_or_else(|e| e.into_inner()).take();
         if let Some(link) = link {
             crate::shm::remove_if_present(&link)?;

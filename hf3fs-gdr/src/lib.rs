@@ -41,6 +41,7 @@
 mod client;
 pub mod daemon;
 mod error;
+pub mod hf3fs;
 mod ior;
 mod iov;
 mod proto;
@@ -50,6 +51,7 @@ pub mod virt;
 
 pub use client::{daemon_stats, dereg_fd, reg_fd, DaemonStats};
 pub use error::{Error, Result};
+pub use hf3fs::{backend_of, set_backend, Backend, BackendChoice};
 pub use ior::{Ior, IOR_ALLOW_READ_UNCOMMITTED, IOR_FORBID_READ_HOLES, MAX_IOR_ENTRIES};
 pub use iov::{GpuIovHandle, Iov, SyncDirection, GPU_IOV_HANDLE_BYTES};
 pub use ring::{ior_size, Cqe};
