@@ -10,6 +10,8 @@ mod cuda_copy;
 #[cfg(feature = "cuda")]
 pub mod cuda_ipc;
 pub mod fault;
+#[cfg(feature = "file")]
+pub mod file;
 #[cfg(feature = "cuda")]
 pub mod gpunetio;
 pub mod libfabric;
@@ -26,6 +28,8 @@ pub(crate) const AVAILABLE: &[(&str, CreateBackend)] = &[
     #[cfg(feature = "cuda")]
     (cuda_ipc::NAME, cuda_ipc::create),
     (fault::NAME, fault::create),
+    #[cfg(feature = "file")]
+    (file::NAME, file::create),
     #[cfg(feature = "cuda")]
     (gpunetio::NAME, gpunetio::create),
     (libfabric::NAME, libfabric::create),
