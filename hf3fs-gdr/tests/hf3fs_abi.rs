@@ -38,14 +38,24 @@ fn rust_mirrors_match_the_c_layout() {
         assert_eq!(c[&format!("{name} size")], size, "sizeof(struct {name})");
         assert_eq!(c[&format!("{name} align")], align, "alignof(struct {name})");
         for (field, offset) in fields {
-            assert_eq!(c[&format!("{name}.{field}")], offset, "offsetof({name}, {field})");
+            assert_eq!(
+                c[&format!("{name}.{field}")],
+                offset,
+                "offsetof({name}, {field})"
+            );
             checked += 1;
         }
     }
     assert_eq!(checked + 6, c.len(), "every C line compared");
     // The crate's public completion type is 3FS's too.
     assert_eq!(std::mem::size_of::<hf3fs_gdr::Cqe>(), c["hf3fs_cqe size"]);
-    assert_eq!(std::mem::offset_of!(hf3fs_gdr::Cqe, result), c["hf3fs_cqe.result"]);
-    assert_eq!(std::mem::offset_of!(hf3fs_gdr::Cqe, userdata), c["hf3fs_cqe.userdata"]);
+    assert_eq!(
+        std::mem::offset_of!(hf3fs_gdr::Cqe, result),
+        c["hf3fs_cqe.result"]
+    );
+    assert_eq!(
+        std::mem::offset_of!(hf3fs_gdr::Cqe, userdata),
+        c["hf3fs_cqe.userdata"]
+    );
     println!("{checked} field offsets and 3 struct sizes match the C compiler");
 }

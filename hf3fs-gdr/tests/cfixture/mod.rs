@@ -17,7 +17,10 @@ pub fn compiler() -> Option<String> {
     match Command::new(&cc).arg("--version").output() {
         Ok(out) if out.status.success() => Some(cc),
         Ok(out) => {
-            println!("SKIP: {cc} --version failed: {}", String::from_utf8_lossy(&out.stderr));
+            println!(
+                "SKIP: {cc} --version failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
             None
         }
         Err(e) => {
