@@ -55,16 +55,23 @@ typedef int nixl_status_t;
 
 enum class nixl_gpu_level_t : unsigned { THREAD = 0, WARP = 1, BLOCK = 2 };
 
-/* One descriptor pair of a request: local region 2*i and remote region 2*i+1 of the
- * queue pair's memory table (so gio's bounds checks are the descriptor's). */
+/* One descriptor pair of a request or one element of a view: `len` bytes at `local_off`
+ * of local region `local_mr` and at `remote_off` of remote region `remote_mr` of the
+ * queue pair's memory table. Intra-node queue pairs have a region per descriptor
+ * (offsets 0); NIC and proxy queue pairs have a region per registration. Offsets a
+ * kernel passes are checked against `len` here, then against the region by gio. */
 struct nixl_gpu_desc {
   unsigned long long local_addr;  /*  0 */
   unsigned long long remote_addr; /*  8: device-addressable (mapped) or 0 */
   unsigned long long len;         /* 16 */
   unsigned int local_mr;          /* 24 */
   unsigned int remote_mr;         /* 28 */
+  unsigned long long local_off;   /* 32 */
+  unsigned long long remote_off;  /* 40 */
 };
-static_assert(sizeof(nixl_gpu_desc) == 32, "nixl_gpu_desc layout");
+static_assert(sizeof(nixl_gpu_desc) == 48, "nixl_gpu_desc layout");
+GIO_ASSERT_OFFSET(nixl_gpu_desc, local_off, 32);
+GIO_ASSERT_OFFSET(nixl_gpu_desc, remote_off, 40);
 
 /* A request's or a view's slot in the backend's handle table. */
 struct nixl_gpu_slot {
@@ -113,6 +120,12 @@ constexpr unsigned long long defer = 1;
 }  // namespace nixl_gpu_flags
 
 namespace nixl_detail {
+
+/* `[off, off + size)` lies inside `len` bytes. */
+__device__ __forceinline__ bool inside(unsigned long long off, unsigned long long size,
+                                       unsigned long long len) {
+  return off <= len && size <= len - off;
+}
 
 __device__ __forceinline__ nixl_status_t from_gio(int st) {
   switch (st) {
@@ -258,9 +271,11 @@ __device__ __forceinline__ nixl_status_t nixlGpuPostSingleWriteXferReq(
   const nixl_gpu_slot *s = nixl_detail::live(req.slot, req.generation, NIXL_GPU_SLOT_REQUEST);
   if (s == nullptr || desc_idx >= s->count) return NIXL_ERR_INVALID_PARAM;
   const nixl_gpu_desc d = s->descs[desc_idx];
+  if (!nixl_detail::inside(dst_offset, size, d.len) || !nixl_detail::inside(src_offset, size, d.len))
+    return NIXL_ERR_INVALID_PARAM;
   unsigned long long ticket = 0;
-  nixl_status_t st =
-      nixl_detail::put<L>(s->qp, d.remote_mr, dst_offset, d.local_mr, src_offset, size, &ticket);
+  nixl_status_t st = nixl_detail::put<L>(s->qp, d.remote_mr, d.remote_off + dst_offset, d.local_mr,
+                                         d.local_off + src_offset, size, &ticket);
   if (st != NIXL_SUCCESS) return st;
   if (status) *status = nixlGpuXferStatusH{s->qp, ticket};
   return wait_completion ? nixl_detail::complete<L>(s->qp, ticket) : NIXL_SUCCESS;
@@ -277,8 +292,10 @@ __device__ __forceinline__ nixl_status_t nixlGpuPostSignalXferReq(
   const nixl_gpu_slot *s = nixl_detail::live(req.slot, req.generation, NIXL_GPU_SLOT_REQUEST);
   if (s == nullptr || desc_idx >= s->count) return NIXL_ERR_INVALID_PARAM;
   const nixl_gpu_desc d = s->descs[desc_idx];
+  if (!nixl_detail::inside(offset, 8, d.len)) return NIXL_ERR_INVALID_PARAM;
   unsigned long long ticket = 0;
-  nixl_status_t st = nixl_detail::signal<L>(s->qp, d.remote_mr, offset, value, &ticket);
+  nixl_status_t st = nixl_detail::signal<L>(s->qp, d.remote_mr, d.remote_off + offset, value,
+                                            &ticket);
   if (st != NIXL_SUCCESS) return st;
   if (status) *status = nixlGpuXferStatusH{s->qp, ticket};
   return wait_completion ? nixl_detail::complete<L>(s->qp, ticket) : NIXL_SUCCESS;
@@ -342,8 +359,8 @@ __device__ __forceinline__ nixl_status_t nixlPut(nixlMemViewElem src, nixlMemVie
    * queue pair (the backend adds every local region to it). */
   if (s->local_mr == 0xffffffffu) return NIXL_ERR_NOT_SUPPORTED;
   unsigned long long ticket = 0;
-  nixl_status_t st = nixl_detail::put<L>(qp, d->remote_mr, dst.offset, s->local_mr, src.offset,
-                                         size, &ticket);
+  nixl_status_t st = nixl_detail::put<L>(qp, d->remote_mr, d->remote_off + dst.offset, s->local_mr,
+                                         s->local_off + src.offset, size, &ticket);
   if (st == NIXL_SUCCESS && status) *status = nixlGpuXferStatusH{qp, ticket};
   return st;
 }
@@ -359,9 +376,12 @@ __device__ __forceinline__ nixl_status_t nixlAtomicAdd(unsigned long long value,
   (void)flags;
   const nixl_gpu_slot *cs = nullptr;
   const nixl_gpu_desc *c = nixl_detail::view_elem(counter, &cs);
-  if (c == nullptr || (cs->flags & NIXL_GPU_SLOT_LOCAL) != 0) return NIXL_ERR_INVALID_PARAM;
+  if (c == nullptr || (cs->flags & NIXL_GPU_SLOT_LOCAL) != 0 ||
+      !nixl_detail::inside(counter.offset, 8, c->len))
+    return NIXL_ERR_INVALID_PARAM;
   unsigned long long ticket = 0;
-  nixl_status_t st = nixl_detail::signal<L>(cs->qp, c->remote_mr, counter.offset, value, &ticket);
+  nixl_status_t st = nixl_detail::signal<L>(cs->qp, c->remote_mr, c->remote_off + counter.offset,
+                                            value, &ticket);
   if (st == NIXL_SUCCESS && status) *status = nixlGpuXferStatusH{cs->qp, ticket};
   return st;
 }

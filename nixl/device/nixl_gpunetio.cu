@@ -46,9 +46,9 @@ extern "C" __global__ void nixl_gpunetio_xfer(gio_dev_qp *qp, const nixl_gpu_des
   for (unsigned i = threadIdx.x; i < n; i += blockDim.x) {
     const nixl_gpu_desc d = descs[i];
     const int st = is_read ? gio::get<gio::scope::thread, gio::sharing::gpu>(
-                                 qp, d.local_mr, 0, d.remote_mr, 0, d.len)
+                                 qp, d.local_mr, d.local_off, d.remote_mr, d.remote_off, d.len)
                            : gio::put<gio::scope::thread, gio::sharing::gpu>(
-                                 qp, d.remote_mr, 0, d.local_mr, 0, d.len);
+                                 qp, d.remote_mr, d.remote_off, d.local_mr, d.local_off, d.len);
     record_failure(status, st);
   }
   __syncthreads();

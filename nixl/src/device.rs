@@ -71,6 +71,10 @@ pub struct GpuDesc {
     pub local_mr: u32,
     /// Index of the remote region in the queue pair's table (`u32::MAX`: none).
     pub remote_mr: u32,
+    /// Where the local bytes start in region `local_mr`.
+    pub local_off: u64,
+    /// Where the remote bytes start in region `remote_mr`.
+    pub remote_off: u64,
 }
 
 /// A slot of the handle table (`nixl_gpu_slot`).
@@ -96,7 +100,9 @@ pub const SLOT_VIEW: u32 = 2;
 /// The view is of local memory (sources, not targets).
 pub const SLOT_LOCAL: u32 = 4;
 
-const _: () = assert!(std::mem::size_of::<GpuDesc>() == 32);
+const _: () = assert!(std::mem::size_of::<GpuDesc>() == 48);
+const _: () = assert!(std::mem::offset_of!(GpuDesc, local_off) == 32);
+const _: () = assert!(std::mem::offset_of!(GpuDesc, remote_off) == 40);
 const _: () = assert!(std::mem::size_of::<GpuSlot>() == 32);
 const _: () = assert!(std::mem::offset_of!(GpuSlot, qp) == 8);
 const _: () = assert!(std::mem::offset_of!(GpuSlot, descs) == 16);

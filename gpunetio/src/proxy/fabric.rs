@@ -94,7 +94,13 @@ impl FabricTransport {
     /// write and atomic reports its own delivery, and a put's signal is posted once its
     /// data completed. Use [`from_info`](Self::from_info) for anything else.
     pub fn new(provider: &str) -> Result<Self> {
-        Self::open(provider, false)
+        Self::open(provider, false, "127.0.0.1")
+    }
+
+    /// As [`new`](Self::new), a network provider bound to `node` (an address of this
+    /// host that peers on other nodes reach; ignored by `shm`).
+    pub fn new_at(provider: &str, node: &str) -> Result<Self> {
+        Self::open(provider, false, node)
     }
 
     /// As [`new`](Self::new), asking for write-after-write ordering first (see the
@@ -103,10 +109,10 @@ impl FabricTransport {
     /// its endpoint for every write (shm stops writing into the peer directly). On the
     /// 2-core development machine this was slower than [`new`](Self::new) over shm.
     pub fn new_ordered(provider: &str) -> Result<Self> {
-        Self::open(provider, true)
+        Self::open(provider, true, "127.0.0.1")
     }
 
-    fn open(provider: &str, ordering: bool) -> Result<Self> {
+    fn open(provider: &str, ordering: bool, node: &str) -> Result<Self> {
         let hints = |order: u64| {
             let mut hints = InfoBuilder::new()
                 .provider(provider)
@@ -118,7 +124,7 @@ impl FabricTransport {
                 .tx_op_flags(ffi::FI_DELIVERY_COMPLETE | ffi::FI_COMPLETION)
                 .msg_order(order);
             if provider != "shm" {
-                hints = hints.node("127.0.0.1").source(true);
+                hints = hints.node(node).source(true);
             }
             hints
         };

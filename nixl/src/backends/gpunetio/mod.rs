@@ -1,0 +1,1081 @@
+//! `GPUNETIO`: transfers posted by GPU kernels over the `gpunetio` device library, and
+//! the device API (GPU request handles, memory views) for kernels of the user's own.
+//!
+//! NIXL's GPUNetIO plugin, on our transports. `post` launches a transfer kernel
+//! (`nixl/device/nixl_gpunetio.cu`) on a CUDA stream:
+//! - **stream attached**: the post's [`PostParams::custom`] carries an
+//!   `Arc<CudaStream>` of the backend's GPU; the kernel is queued on it, so the transfer
+//!   moves what the work queued there before it produced;
+//! - **stream pool**: otherwise one of the backend's `cuda_streams` streams, taken in
+//!   turn, so concurrent posts run concurrently.
+//!
+//! The host polls an event recorded after the kernel; the notification goes out only
+//! then, strictly after the data. The kernel's first failure (a bounds violation, a
+//! transport error, a vanished peer) is a typed [`Error::Backend`] at `check`.
+//!
+//! # Paths
+//! - **Intra-node** (`IntraNode` handler): a peer on this node (same boot id) whose
+//!   regions are VRAM. Its VRAM is mapped here by CUDA IPC (control plane, metadata and
+//!   notifications are `CUDA_IPC`'s) and a put is a vectorized copy by the kernel's
+//!   warps; local memory may be VRAM of the backend's GPU or DRAM (pinned and mapped on
+//!   first use).
+//! - **NIC** (`CpuProxy` handler, [`nic`]): peers on other nodes, a peer's DRAM, and every
+//!   peer under `nic_handler=cpu_proxy`. Kernels write work entries into a ring in
+//!   host-mapped memory; a proxy thread per peer posts them on a libfabric endpoint
+//!   (`provider`, bound to `oob_interface`'s address). Local VRAM is registered with the
+//!   provider where it can be (`FI_HMEM`), else staged through pinned bounce buffers by
+//!   the proxy (then a peer cannot target it: such a transfer is refused as
+//!   unsupported). Notifications travel over TCP on the same address ([`oob`]).
+//!   The native mlx5 handler of `gpunetio` needs a ConnectX NIC and is not driven here.
+//!
+//! Parameters as upstream: `gpu_devices` (one CUDA ordinal, default 0: one GPU per
+//! backend, as upstream), `cuda_streams` (the pool, default 4), `network_devices`
+//! (recorded: one NIC per backend, as upstream), `oob_interface` (an interface name or
+//! address for the NIC path's endpoints and notifications; default loopback, so peers on
+//! other nodes need it). Ours: `nic_handler` (`auto`, the default: intra-node where it
+//! reaches, the NIC path elsewhere; `intra_node`: no NIC path; `cpu_proxy`: the NIC path
+//! for every peer) and `provider` (the proxy's libfabric provider, default
+//! `tcp;ofi_rxm`; both sides must use the same).
+
+use super::cuda_copy::gpu_err;
+use super::cuda_ipc::CudaIpcBackend;
+use super::shared::param;
+use crate::agent::Agent;
+use crate::backend::{
+    Backend, BackendParams, BackendXfer, Capabilities, LocalMd, PostParams, RemoteMd, ViewEntry,
+    ViewMd, XferEntry, XferOp, XferProgress, XferStatus,
+};
+use crate::device::{self, GpuDesc, GpuHandle, HandleTable, SLOT_LOCAL, SLOT_REQUEST, SLOT_VIEW};
+use crate::error::{Error, Result};
+use crate::mem::{MemKind, Region};
+use gpunetio::cudarc::driver::{
+    sys, CudaEvent, CudaFunction, CudaStream, LaunchConfig, PushKernelArg,
+};
+use gpunetio::intra_node::{ExportedQueuePair, IntraNodeQueuePair};
+use gpunetio::proxy::{ExportedProxyQueuePair, RemoteDescriptor};
+use gpunetio::{DeviceBuffer, Gpu, HostBuffer};
+use nic::{Fields, NicLocal, NicPath, NicRemote, NicSink};
+use std::any::Any;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+mod nic;
+mod oob;
+
+/// The backend's name.
+pub const NAME: &str = "GPUNETIO";
+/// The NIC path's libfabric provider unless `provider` names another.
+pub const DEFAULT_PROVIDER: &str = "tcp;ofi_rxm";
+
+/// Which NIC handler reaches a peer (`nic_handler`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NicHandlerChoice {
+    /// Intra-node where it reaches, the NIC path elsewhere.
+    Auto,
+    /// Intra-node only (no NIC path is set up).
+    IntraNode,
+    /// The NIC path for every peer.
+    CpuProxy,
+}
+
+/// Device handles a backend can have live at once (requests and views).
+const HANDLE_SLOTS: usize = 16_384;
+/// Bounds every device-side wait of the queue pairs this backend builds.
+const DEVICE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Threads per block of the transfer kernel (16 warps).
+const THREADS: u32 = 512;
+/// Smallest piece a warp copies: one round of its lanes' loads in flight (32 lanes x 4 x
+/// 16 bytes). A warp has only that much in flight at once, so a transfer is cut into
+/// enough pieces for every warp to need about one round: measured on the H100, 16 KiB
+/// pieces left a 1 MiB transfer on 64 warps at 8 latency-bound rounds (half of
+/// CUDA_IPC's bandwidth); 2 KiB pieces spread it over 512.
+const MIN_CHUNK: u64 = 2 << 10;
+/// No descriptor-level cap on a piece beyond this.
+const MAX_CHUNK: u64 = 4 << 20;
+
+/// The `GPUNETIO` backend.
+#[derive(Debug)]
+pub struct GpunetioBackend {
+    ipc: CudaIpcBackend,
+    gpu: Gpu,
+    streams: Arc<StreamPool>,
+    transfer: CudaFunction,
+    handles: Arc<HandleTable>,
+    sm_count: u32,
+    network_devices: Vec<String>,
+    oob_interface: Option<String>,
+    handler: NicHandlerChoice,
+    nic: Option<Arc<NicPath>>,
+}
+
+#[derive(Debug)]
+struct StreamPool {
+    streams: Vec<Arc<CudaStream>>,
+    next: AtomicUsize,
+}
+
+impl StreamPool {
+    fn next(&self) -> Arc<CudaStream> {
+        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.streams.len();
+        self.streams[i].clone()
+    }
+}
+
+pub(crate) fn create(agent: &Agent, params: &BackendParams) -> Result<Arc<dyn Backend>> {
+    const KNOWN: &[&str] = &[
+        "gpu_devices",
+        "cuda_streams",
+        "network_devices",
+        "oob_interface",
+        "nic_handler",
+        "provider",
+    ];
+    if let Some(key) = params.keys().find(|k| !KNOWN.contains(&k.as_str())) {
+        return Err(Error::InvalidParam(format!(
+            "{NAME} takes no parameter `{key}` (only {})",
+            KNOWN.join(", ")
+        )));
+    }
+    let cuda_streams: usize = param(NAME, params, "cuda_streams", 4)?;
+    if cuda_streams == 0 || cuda_streams > 64 {
+        return Err(Error::InvalidParam(format!(
+            "{NAME} parameter cuda_streams={cuda_streams} must be 1..=64"
+        )));
+    }
+    let gpu_devices = params.get("gpu_devices").map(String::as_str).unwrap_or("0");
+    let ordinals: Vec<&str> = gpu_devices
+        .split([',', ' '])
+        .filter(|s| !s.is_empty())
+        .collect();
+    let ordinal: usize = match ordinals.as_slice() {
+        [one] => one.parse().map_err(|_| {
+            Error::InvalidParam(format!(
+                "{NAME} parameter gpu_devices={gpu_devices:?} is not a CUDA ordinal"
+            ))
+        })?,
+        _ => {
+            return Err(Error::InvalidParam(format!(
+                "{NAME} drives one GPU per backend (as upstream): gpu_devices={gpu_devices:?}"
+            )))
+        }
+    };
+    let network_devices: Vec<String> = params
+        .get("network_devices")
+        .map(|v| {
+            v.split([',', ' '])
+                .filter(|s| !s.is_empty())
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default();
+    if network_devices.len() > 1 {
+        return Err(Error::InvalidParam(format!(
+            "{NAME} drives one NIC per backend (as upstream): network_devices={network_devices:?}"
+        )));
+    }
+    let handler = match params.get("nic_handler").map(String::as_str) {
+        None | Some("auto") => NicHandlerChoice::Auto,
+        Some("intra_node") => NicHandlerChoice::IntraNode,
+        Some("cpu_proxy") => NicHandlerChoice::CpuProxy,
+        Some(other) => {
+            return Err(Error::InvalidParam(format!(
+                "{NAME} parameter nic_handler={other:?} must be auto, intra_node or cpu_proxy"
+            )))
+        }
+    };
+    let ipc = CudaIpcBackend::new(agent, 1)?;
+    let gpu = Gpu::open(ordinal).map_err(gpu_err("opening the backend's GPU"))?;
+    if let Some(nic) = network_devices.first() {
+        tracing::info!(
+            "{NAME}: network device {nic} is recorded; the NIC path posts through a CPU proxy on libfabric"
+        );
+    }
+    let oob_interface = params.get("oob_interface").cloned();
+    let nic = match handler {
+        NicHandlerChoice::IntraNode => None,
+        _ => {
+            let provider = params
+                .get("provider")
+                .map(String::as_str)
+                .unwrap_or(DEFAULT_PROVIDER);
+            let node = oob::interface_address(oob_interface.as_deref())?;
+            match NicPath::new(agent.name(), &gpu, provider, node, DEVICE_TIMEOUT) {
+                Ok(nic) => Some(nic),
+                Err(e) if handler == NicHandlerChoice::Auto && !params.contains_key("provider") => {
+                    tracing::warn!("{NAME}: no NIC path (peers on this node only): {e}");
+                    None
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    };
+    let ctx = gpu.context();
+    let streams = (0..cuda_streams)
+        .map(|_| ctx.new_stream())
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(|e| Error::Gpu(format!("creating {NAME}'s streams: {e:?}")))?;
+    let sm_count = ctx
+        .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+        .map_err(|e| Error::Gpu(format!("reading the SM count: {e:?}")))?
+        .max(1) as u32;
+    let options = device::compile_options(&gpu)?;
+    let (name, source) = device::DEVICE_SOURCES[0];
+    let ptx = gpunetio::device_code::compile(name, source, &options)
+        .map_err(|e| Error::Gpu(format!("compiling {NAME}'s transfer kernel: {e}")))?;
+    let module = ctx
+        .load_module(ptx)
+        .map_err(|e| Error::Gpu(format!("loading {NAME}'s transfer kernel: {e:?}")))?;
+    let transfer = module
+        .load_function("nixl_gpunetio_xfer")
+        .map_err(|e| Error::Gpu(format!("nixl_gpunetio_xfer: {e:?}")))?;
+    Ok(Arc::new(GpunetioBackend {
+        ipc,
+        handles: HandleTable::new(&gpu, HANDLE_SLOTS)?,
+        gpu,
+        streams: Arc::new(StreamPool {
+            streams,
+            next: AtomicUsize::new(0),
+        }),
+        transfer,
+        sm_count,
+        network_devices,
+        oob_interface,
+        handler,
+        nic,
+    }))
+}
+
+impl GpunetioBackend {
+    /// The GPU this backend drives.
+    pub fn gpu(&self) -> &Gpu {
+        &self.gpu
+    }
+
+    /// The NIC named by `network_devices` (used for peers on other nodes).
+    pub fn network_devices(&self) -> &[String] {
+        &self.network_devices
+    }
+
+    /// The interface named by `oob_interface`.
+    pub fn oob_interface(&self) -> Option<&str> {
+        self.oob_interface.as_deref()
+    }
+
+    /// The `nic_handler` choice.
+    pub fn nic_handler(&self) -> NicHandlerChoice {
+        self.handler
+    }
+
+    /// The NIC path's libfabric provider, if it has one.
+    pub fn nic_provider(&self) -> Option<&str> {
+        self.nic.as_ref().map(|n| n.provider())
+    }
+
+    /// Whether the intra-node path carries a transfer to `agent` whose pieces have
+    /// these metadata: a peer on this node, reached by CUDA IPC on both sides.
+    fn intra_node_reaches<'a>(
+        &self,
+        agent: &str,
+        mut parts: impl Iterator<Item = (&'a GnLocal, &'a GnRemote)>,
+    ) -> bool {
+        self.handler != NicHandlerChoice::CpuProxy
+            && self.ipc.reach(agent).is_ok()
+            && parts.all(|(l, r)| l.ipc.is_some() && r.ipc.is_some())
+    }
+
+    fn nic(&self) -> Result<&Arc<NicPath>> {
+        self.nic.as_ref().ok_or_else(|| Error::NotSupported {
+            backend: NAME.into(),
+            what: "the NIC path (peers on other nodes, a peer's DRAM): nic_handler=intra_node, or no provider opened".into(),
+        })
+    }
+
+    /// The NIC path's transfer: the proxy toward `agent`, descriptors naming the local
+    /// slots and the peer's regions in it.
+    fn prep_nic(
+        &self,
+        op: XferOp,
+        entries: &[XferEntry<'_>],
+        parts: &[(&GnLocal, &GnRemote)],
+        agent: &str,
+    ) -> Result<Box<dyn BackendXfer>> {
+        let nic = self.nic()?;
+        let peer = nic.link(agent)?;
+        let mut descs = Vec::with_capacity(entries.len());
+        for (e, (l, r)) in entries.iter().zip(parts) {
+            let local = l.nic.as_ref().ok_or_else(|| {
+                Error::InvalidParam(format!("{NAME}: a registration without a NIC path"))
+            })?;
+            descs.push(GpuDesc {
+                local_addr: e.local.addr,
+                remote_addr: 0,
+                len: e.local.len,
+                local_mr: local.slot,
+                remote_mr: r.nic.index(&peer)?,
+                local_off: e.local.addr - e.local_region.desc.addr,
+                remote_off: e.remote.addr - e.remote_region.desc.addr,
+            });
+        }
+        let qp = peer
+            .proxy
+            .export()
+            .map_err(gpu_err("exporting the peer's proxy queue pair"))?;
+        let sink: Arc<dyn super::cuda_copy::NotifSink> = Arc::new(NicSink { peer: peer.clone() });
+        let keep: Vec<Arc<dyn Any + Send + Sync>> = vec![peer];
+        // One block posts one operation per descriptor (the kernel's NIC branch).
+        self.kernel_xfer(op, DeviceQp::Proxy(qp), &descs, 1, MIN_CHUNK, keep, sink)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn kernel_xfer(
+        &self,
+        op: XferOp,
+        qp: DeviceQp,
+        descs: &[GpuDesc],
+        blocks: u32,
+        chunk: u64,
+        keep: Vec<Arc<dyn Any + Send + Sync>>,
+        sink: Arc<dyn super::cuda_copy::NotifSink>,
+    ) -> Result<Box<dyn BackendXfer>> {
+        let table = self.upload(descs)?;
+        let status =
+            HostBuffer::alloc(&self.gpu, 8).map_err(gpu_err("allocating the status word"))?;
+        let status_ptr = status
+            .device_ptr()
+            .map_err(gpu_err("mapping the status word"))?;
+        let event = self
+            .gpu
+            .context()
+            .new_event(None)
+            .map_err(|e| Error::Gpu(format!("cuEventCreate: {e:?}")))?;
+        Ok(Box::new(KernelXfer {
+            gpu: self.gpu.clone(),
+            function: self.transfer.clone(),
+            pool: self.streams.clone(),
+            handles: self.handles.clone(),
+            mem: Arc::new(RequestMem {
+                qp,
+                table,
+                count: descs.len() as u32,
+                _keep: keep,
+            }),
+            read: op == XferOp::Read,
+            blocks,
+            chunk,
+            status,
+            status_ptr,
+            event,
+            in_flight: false,
+            pending_notif: None,
+            sink,
+        }))
+    }
+
+    /// An intra-node queue pair, exported, whose region `i` is `ranges[i]` (address,
+    /// length, whether it is the peer's).
+    fn queue_pair(&self, ranges: &[(u64, u64, bool)]) -> Result<ExportedQueuePair> {
+        let mut qp = IntraNodeQueuePair::new(&self.gpu, 0, DEVICE_TIMEOUT);
+        for &(addr, len, remote) in ranges {
+            // SAFETY: every range is a registration (or a mapping of the peer's) that the
+            // request or view owning this queue pair keeps alive as long as it.
+            unsafe { qp.add_range(addr, len, remote, Arc::new(())) }
+                .map_err(|e| Error::InvalidParam(format!("{NAME}: {e}")))?;
+        }
+        qp.export().map_err(gpu_err("exporting the queue pair"))
+    }
+
+    fn upload(&self, descs: &[GpuDesc]) -> Result<DeviceBuffer> {
+        let bytes = std::mem::size_of_val(descs);
+        let buf = DeviceBuffer::alloc(&self.gpu, bytes.max(1))
+            .map_err(gpu_err("allocating the descriptor table"))?;
+        // SAFETY: GpuDesc is repr(C) plain old data without padding (asserted in
+        // crate::device).
+        let raw = unsafe { std::slice::from_raw_parts(descs.as_ptr().cast::<u8>(), bytes) };
+        buf.copy_from_host(0, raw)
+            .map_err(gpu_err("writing the descriptor table"))?;
+        Ok(buf)
+    }
+
+    fn check_local_gpu(&self, kind: MemKind, dev_id: u64) -> Result<()> {
+        if kind == MemKind::Vram && dev_id != self.gpu.ordinal() as u64 {
+            return Err(Error::InvalidParam(format!(
+                "{NAME} drives GPU {} (gpu_devices); this VRAM is on GPU {dev_id}",
+                self.gpu.ordinal()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Grid and piece size for moving `total` bytes in descriptors of which the largest
+    /// has `largest` bytes: enough warps to keep every SM busy, pieces of at least
+    /// `MIN_CHUNK`.
+    fn plan(&self, total: u64, largest: u64) -> (u32, u64) {
+        let warps_per_block = u64::from(THREADS / 32);
+        // Four blocks of 16 warps fill an SM (2,048 threads): the most loads in flight.
+        let max_blocks = u64::from(self.sm_count) * 4;
+        let pieces_wanted = (total / MIN_CHUNK).max(1);
+        let blocks = pieces_wanted.div_ceil(warps_per_block).clamp(1, max_blocks);
+        let warps = blocks * warps_per_block;
+        let chunk = total
+            .div_ceil(warps)
+            .next_multiple_of(MIN_CHUNK)
+            .clamp(MIN_CHUNK, MAX_CHUNK)
+            .min(largest.next_multiple_of(16).max(16));
+        (blocks as u32, chunk)
+    }
+}
+
+impl Backend for GpunetioBackend {
+    fn name(&self) -> &str {
+        NAME
+    }
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            local: true,
+            remote: true,
+            notif: true,
+        }
+    }
+    fn supported_mem(&self) -> &[MemKind] {
+        &[MemKind::Dram, MemKind::Vram]
+    }
+    fn supported_remote_mem(&self) -> &[MemKind] {
+        if self.nic.is_some() {
+            &[MemKind::Dram, MemKind::Vram]
+        } else {
+            &[MemKind::Vram]
+        }
+    }
+    fn reach(&self, agent: &str) -> Result<()> {
+        let intra = if self.handler == NicHandlerChoice::CpuProxy {
+            Err(Error::Unreachable {
+                backend: NAME.into(),
+                agent: agent.to_string(),
+                reason: "nic_handler=cpu_proxy and its metadata (NIC path) was not loaded".into(),
+            })
+        } else {
+            self.ipc.reach(agent)
+        };
+        match intra {
+            Ok(()) => Ok(()),
+            Err(_) if self.nic.as_ref().is_some_and(|n| n.knows(agent)) => Ok(()),
+            Err(Error::Unreachable { agent, reason, .. }) => Err(Error::Unreachable {
+                backend: NAME.into(),
+                agent,
+                reason: if self.nic.is_some() {
+                    format!("{reason}, and it published no NIC path this backend can use")
+                } else {
+                    format!("{reason} (no NIC path: nic_handler=intra_node or no provider)")
+                },
+            }),
+            Err(other) => Err(other),
+        }
+    }
+    fn register_mem(&self, region: &Region) -> Result<Arc<dyn LocalMd>> {
+        self.check_local_gpu(region.kind, region.desc.dev_id)?;
+        let ipc = match self.ipc.register_mem(region) {
+            Ok(md) => Some(md),
+            // Memory CUDA IPC cannot export (stream-ordered pool memory) still moves
+            // through the NIC path.
+            Err(e) if self.nic.is_some() => {
+                tracing::debug!("{NAME}: no intra-node export of this region: {e}");
+                None
+            }
+            Err(e) => return Err(e),
+        };
+        let nic = match &self.nic {
+            Some(nic) => Some(nic.register(region.kind, region.desc.addr, region.desc.len)?),
+            None => None,
+        };
+        Ok(Arc::new(GnLocal { ipc, nic }))
+    }
+    fn connection_info(&self) -> Result<Vec<u8>> {
+        let mut out = CONN_MAGIC.to_vec();
+        out.push(WIRE_VERSION);
+        nic::put_field(&mut out, &self.ipc.connection_info()?)?;
+        match &self.nic {
+            Some(nic) => {
+                out.push(1);
+                nic.info()?.encode(&mut out)?;
+            }
+            None => out.push(0),
+        }
+        Ok(out)
+    }
+    fn load_remote_conn_info(&self, agent: &str, info: &[u8]) -> Result<()> {
+        let mut f = Fields::new(info, "connection info");
+        if f.take(CONN_MAGIC.len())? != CONN_MAGIC || f.byte()? != WIRE_VERSION {
+            return Err(Error::MalformedMetadata(format!(
+                "{NAME} connection info of `{agent}`: not this backend's (version {WIRE_VERSION})"
+            )));
+        }
+        let ipc = f.field()?;
+        let nic = match f.byte()? {
+            0 => None,
+            1 => Some(nic::NicInfo::decode(&mut f)?),
+            other => {
+                return Err(Error::MalformedMetadata(format!(
+                    "{NAME} connection info of `{agent}`: NIC flag {other}"
+                )))
+            }
+        };
+        f.finish()?;
+        self.ipc.load_remote_conn_info(agent, ipc)?;
+        match (&self.nic, nic) {
+            (Some(path), Some(info)) => path.load_peer(agent, info),
+            _ => Ok(()),
+        }
+    }
+    fn load_remote_md(
+        &self,
+        agent: &str,
+        region: &Region,
+        public_md: &[u8],
+    ) -> Result<Arc<dyn RemoteMd>> {
+        let mut f = Fields::new(public_md, "region metadata");
+        if f.byte()? != WIRE_VERSION {
+            return Err(Error::MalformedMetadata(format!(
+                "{NAME} region of `{agent}`: not version {WIRE_VERSION}"
+            )));
+        }
+        let ipc_md = f.field()?;
+        let desc = match f.byte()? {
+            0 => None,
+            1 => Some(
+                RemoteDescriptor::from_bytes(f.take(RemoteDescriptor::WIRE_SIZE)?).map_err(
+                    |e| Error::MalformedMetadata(format!("{NAME} region of `{agent}`: {e}")),
+                )?,
+            ),
+            other => {
+                return Err(Error::MalformedMetadata(format!(
+                    "{NAME} region of `{agent}`: descriptor flag {other}"
+                )))
+            }
+        };
+        f.finish()?;
+        if let Some(d) = &desc {
+            if d.len < region.desc.len {
+                return Err(Error::MalformedMetadata(format!(
+                    "{NAME} region of `{agent}`: its descriptor covers {} of {} bytes",
+                    d.len, region.desc.len
+                )));
+            }
+        }
+        let ipc = if region.kind == MemKind::Vram && !ipc_md.is_empty() {
+            Some(self.ipc.load_remote_md(agent, region, ipc_md)?)
+        } else {
+            None
+        };
+        Ok(Arc::new(GnRemote {
+            ipc,
+            nic: NicRemote::new(desc),
+        }))
+    }
+    fn disconnect(&self, agent: &str) {
+        self.ipc.disconnect(agent);
+        if let Some(nic) = &self.nic {
+            nic.forget(agent);
+        }
+    }
+    fn prep_xfer(
+        &self,
+        op: XferOp,
+        entries: &[XferEntry<'_>],
+        agent: &str,
+    ) -> Result<Box<dyn BackendXfer>> {
+        for e in entries {
+            self.check_local_gpu(e.local_region.kind, e.local.dev_id)?;
+        }
+        let parts = entries
+            .iter()
+            .map(|e| Ok((local_md(e.local_md)?, remote_md(e.remote_md)?)))
+            .collect::<Result<Vec<_>>>()?;
+        if !self.intra_node_reaches(agent, parts.iter().copied()) {
+            if self.nic.is_some() {
+                return self.prep_nic(op, entries, &parts, agent);
+            }
+            // The intra-node path's own refusal says why (another node, a peer's DRAM).
+            self.ipc.reach(agent)?;
+            return Err(Error::NotSupported {
+                backend: NAME.into(),
+                what: "a transfer to a peer's DRAM or unexported memory without a NIC path (nic_handler=intra_node)".into(),
+            });
+        }
+        if entries.len() > gpunetio::intra_node::MAX_REGIONS / 2 {
+            return Err(Error::InvalidParam(format!(
+                "{NAME} moves at most {} descriptors per request",
+                gpunetio::intra_node::MAX_REGIONS / 2
+            )));
+        }
+        let inner: Vec<XferEntry<'_>> = entries
+            .iter()
+            .zip(&parts)
+            .map(|(e, (l, r))| XferEntry {
+                local_md: &**l.ipc.as_ref().expect("checked by intra_node_reaches"),
+                remote_md: &**r.ipc.as_ref().expect("checked by intra_node_reaches"),
+                ..*e
+            })
+            .collect();
+        let resolved = self.ipc.resolve(&inner, agent)?;
+        let ranges: Vec<(u64, u64, bool)> = resolved
+            .pairs
+            .iter()
+            .flat_map(|p| [(p.local, p.len, false), (p.remote, p.len, true)])
+            .collect();
+        let qp = self.queue_pair(&ranges)?;
+        let descs: Vec<GpuDesc> = resolved
+            .pairs
+            .iter()
+            .enumerate()
+            .map(|(i, p)| GpuDesc {
+                local_addr: p.local,
+                remote_addr: p.remote,
+                len: p.len,
+                local_mr: 2 * i as u32,
+                remote_mr: 2 * i as u32 + 1,
+                local_off: 0,
+                remote_off: 0,
+            })
+            .collect();
+        let total: u64 = descs.iter().map(|d| d.len).sum();
+        let largest = descs.iter().map(|d| d.len).max().unwrap_or(0);
+        let (blocks, chunk) = self.plan(total, largest);
+        self.kernel_xfer(
+            op,
+            DeviceQp::IntraNode(qp),
+            &descs,
+            blocks,
+            chunk,
+            resolved.keep,
+            resolved.sink,
+        )
+    }
+    fn gen_notif(&self, agent: &str, msg: &[u8]) -> Result<()> {
+        if let Some(nic) = &self.nic {
+            let intra = self.handler != NicHandlerChoice::CpuProxy && self.ipc.reach(agent).is_ok();
+            if !intra && nic.knows(agent) {
+                return nic.link(agent)?.oob.send(msg);
+            }
+        }
+        self.ipc.gen_notif(agent, msg)
+    }
+    fn take_notifs(&self, into: &mut Vec<(String, Vec<u8>)>) {
+        self.ipc.take_notifs(into);
+        if let Some(nic) = &self.nic {
+            nic.take_notifs(into);
+        }
+    }
+    fn prep_mem_view(&self, agent: Option<&str>, entries: &[ViewEntry<'_>]) -> Result<GpuHandle> {
+        if entries.len() > gpunetio::intra_node::MAX_REGIONS {
+            return Err(Error::InvalidParam(format!(
+                "{NAME}: a view holds at most {} elements",
+                gpunetio::intra_node::MAX_REGIONS
+            )));
+        }
+        match agent {
+            None => {
+                let mut descs = Vec::with_capacity(entries.len());
+                for e in entries {
+                    let ViewMd::Local(md) = e.md else {
+                        return Err(Error::InvalidParam(
+                            "a local view of a peer's region".into(),
+                        ));
+                    };
+                    let md = local_md(md)?;
+                    self.check_local_gpu(e.region.kind, e.desc.dev_id)?;
+                    // Intra-node puts read local DRAM through its mapping.
+                    let mapped = e.region.kind != MemKind::Dram
+                        || md
+                            .ipc
+                            .as_ref()
+                            .is_some_and(|m| CudaIpcBackend::pin_local_dram(&**m));
+                    if !mapped && md.nic.is_none() {
+                        return Err(Error::InvalidParam(format!(
+                            "{NAME}: this DRAM cannot be mapped for the GPU"
+                        )));
+                    }
+                    descs.push(GpuDesc {
+                        local_addr: e.desc.addr,
+                        remote_addr: 0,
+                        len: e.desc.len,
+                        local_mr: md.nic.as_ref().map_or(u32::MAX, |n| n.slot),
+                        remote_mr: u32::MAX,
+                        local_off: e.desc.addr - e.region.desc.addr,
+                        remote_off: 0,
+                    });
+                }
+                // A local view's elements are sources: kernels read them through their
+                // addresses (intra-node) or name their slot (NIC path), so it needs no
+                // queue pair of its own.
+                let table = self.upload(&descs)?;
+                let ptr = table.ptr();
+                self.handles.publish(
+                    0,
+                    ptr,
+                    descs.len() as u32,
+                    SLOT_VIEW | SLOT_LOCAL,
+                    Box::new(table),
+                )
+            }
+            Some(peer) => {
+                let remotes = entries
+                    .iter()
+                    .map(|e| match e.md {
+                        ViewMd::Remote(md) => remote_md(md),
+                        ViewMd::Local(_) => Err(Error::InvalidParam(
+                            "a remote view of a local region".into(),
+                        )),
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                let intra = self.handler != NicHandlerChoice::CpuProxy
+                    && self.ipc.reach(peer).is_ok()
+                    && remotes.iter().all(|r| r.ipc.is_some());
+                if !intra {
+                    return self.nic_view(peer, entries, &remotes);
+                }
+                let ranges: Vec<_> = entries
+                    .iter()
+                    .zip(&remotes)
+                    .map(|(e, r)| (e.desc, &**r.ipc.as_ref().expect("checked above")))
+                    .collect();
+                let (addrs, keep) = self.ipc.map_remote(peer, &ranges, self.gpu.ordinal())?;
+                let spans: Vec<(u64, u64, bool)> = addrs
+                    .iter()
+                    .zip(entries)
+                    .map(|(&a, e)| (a, e.desc.len, true))
+                    .collect();
+                let qp = self.queue_pair(&spans)?;
+                let descs: Vec<GpuDesc> = addrs
+                    .iter()
+                    .zip(entries)
+                    .enumerate()
+                    .map(|(i, (&a, e))| GpuDesc {
+                        local_addr: 0,
+                        remote_addr: a,
+                        len: e.desc.len,
+                        local_mr: u32::MAX,
+                        remote_mr: i as u32,
+                        local_off: 0,
+                        remote_off: 0,
+                    })
+                    .collect();
+                self.publish_view(DeviceQp::IntraNode(qp), &descs, keep)
+            }
+        }
+    }
+}
+
+impl GpunetioBackend {
+    /// A remote view over the NIC path: the proxy toward `peer`, elements naming the
+    /// peer's regions in it.
+    fn nic_view(
+        &self,
+        peer: &str,
+        entries: &[ViewEntry<'_>],
+        remotes: &[&GnRemote],
+    ) -> Result<GpuHandle> {
+        let link = self.nic()?.link(peer)?;
+        let mut descs = Vec::with_capacity(entries.len());
+        for (e, r) in entries.iter().zip(remotes) {
+            descs.push(GpuDesc {
+                local_addr: 0,
+                remote_addr: 0,
+                len: e.desc.len,
+                local_mr: u32::MAX,
+                remote_mr: r.nic.index(&link)?,
+                local_off: 0,
+                remote_off: e.desc.addr - e.region.desc.addr,
+            });
+        }
+        let qp = link
+            .proxy
+            .export()
+            .map_err(gpu_err("exporting the peer's proxy queue pair"))?;
+        self.publish_view(DeviceQp::Proxy(qp), &descs, vec![link])
+    }
+
+    fn publish_view(
+        &self,
+        qp: DeviceQp,
+        descs: &[GpuDesc],
+        keep: Vec<Arc<dyn Any + Send + Sync>>,
+    ) -> Result<GpuHandle> {
+        let table = self.upload(descs)?;
+        let mem = RequestMem {
+            count: descs.len() as u32,
+            table,
+            qp,
+            _keep: keep,
+        };
+        self.handles.publish(
+            mem.qp.device_ptr(),
+            mem.table.ptr(),
+            mem.count,
+            SLOT_VIEW,
+            Box::new(mem),
+        )
+    }
+}
+
+/// `"GNIO"`, then the wire version: the connection info's first bytes.
+const CONN_MAGIC: &[u8; 4] = b"GNIO";
+/// Version of the connection info and region metadata.
+const WIRE_VERSION: u8 = 1;
+
+/// A local registration: its `CUDA_IPC` export (intra-node path; `None` where the memory
+/// cannot be exported) and its NIC-path slot.
+#[derive(Debug)]
+struct GnLocal {
+    ipc: Option<Arc<dyn LocalMd>>,
+    nic: Option<NicLocal>,
+}
+
+impl LocalMd for GnLocal {
+    /// Version, the `CUDA_IPC` metadata (u16 length, empty if none), then a flag and
+    /// the NIC path's 32-byte descriptor where peers can target it.
+    fn public_md(&self) -> Vec<u8> {
+        let mut out = vec![WIRE_VERSION];
+        let ipc = self.ipc.as_ref().map(|m| m.public_md()).unwrap_or_default();
+        // CUDA_IPC metadata is tens of bytes: the u16 length always fits.
+        nic::put_field(&mut out, &ipc).expect("CUDA_IPC metadata fits a u16 length");
+        match self.nic.as_ref().and_then(|n| n.desc) {
+            Some(d) => {
+                out.push(1);
+                out.extend_from_slice(&d.to_bytes());
+            }
+            None => out.push(0),
+        }
+        out
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+    fn mode(&self) -> Option<&'static str> {
+        let staged = self.nic.as_ref().map(|n| n.staged);
+        Some(match (self.ipc.is_some(), staged) {
+            (true, None) => "intra_node",
+            (true, Some(false)) => "intra_node+proxy",
+            (true, Some(true)) => "intra_node+proxy(staged)",
+            (false, Some(false)) => "proxy",
+            (false, Some(true)) => "proxy(staged)",
+            (false, None) => "none",
+        })
+    }
+}
+
+/// A peer's region: its `CUDA_IPC` metadata (VRAM of a peer that exported it) and its
+/// NIC-path descriptor.
+#[derive(Debug)]
+struct GnRemote {
+    ipc: Option<Arc<dyn RemoteMd>>,
+    nic: NicRemote,
+}
+
+impl RemoteMd for GnRemote {
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+fn local_md(md: &dyn LocalMd) -> Result<&GnLocal> {
+    md.as_any()
+        .downcast_ref::<GnLocal>()
+        .ok_or_else(|| Error::InvalidParam(format!("not a {NAME} registration")))
+}
+
+fn remote_md(md: &dyn RemoteMd) -> Result<&GnRemote> {
+    md.as_any()
+        .downcast_ref::<GnRemote>()
+        .ok_or_else(|| Error::InvalidParam(format!("not {NAME} metadata of a peer's region")))
+}
+
+/// The queue pair a request's kernels post on.
+#[derive(Debug)]
+enum DeviceQp {
+    IntraNode(ExportedQueuePair),
+    Proxy(ExportedProxyQueuePair),
+}
+
+impl DeviceQp {
+    fn device_ptr(&self) -> u64 {
+        match self {
+            DeviceQp::IntraNode(qp) => qp.device_ptr(),
+            DeviceQp::Proxy(qp) => qp.device_ptr(),
+        }
+    }
+}
+
+/// What a request's kernels read: the queue pair, the descriptor table, and what keeps
+/// the peer's memory mapped. Shared by the request and its GPU handle.
+#[derive(Debug)]
+struct RequestMem {
+    qp: DeviceQp,
+    table: DeviceBuffer,
+    count: u32,
+    /// Dropped after the queue pair (declared after it).
+    _keep: Vec<Arc<dyn Any + Send + Sync>>,
+}
+
+/// A prepared transfer: one kernel launch per post.
+#[derive(Debug)]
+struct KernelXfer {
+    gpu: Gpu,
+    function: CudaFunction,
+    pool: Arc<StreamPool>,
+    handles: Arc<HandleTable>,
+    mem: Arc<RequestMem>,
+    read: bool,
+    blocks: u32,
+    chunk: u64,
+    /// Host-mapped word the kernel writes its first failure to.
+    status: HostBuffer,
+    status_ptr: u64,
+    event: CudaEvent,
+    in_flight: bool,
+    pending_notif: Option<Vec<u8>>,
+    sink: Arc<dyn super::cuda_copy::NotifSink>,
+}
+
+impl KernelXfer {
+    fn kernel_status(&self) -> i32 {
+        // SAFETY: the buffer holds at least 4 bytes, is aligned, and the kernel that
+        // wrote it completed (its event did).
+        unsafe { std::ptr::read_volatile(self.status.as_ptr().cast::<i32>()) }
+    }
+}
+
+impl BackendXfer for KernelXfer {
+    fn post(&mut self, notif: Option<&[u8]>, params: &PostParams) -> Result<XferStatus> {
+        self.sink.alive()?;
+        let attached = match params.custom.as_ref() {
+            None => None,
+            Some(c) => Some(c.downcast_ref::<Arc<CudaStream>>().ok_or_else(|| {
+                Error::InvalidParam(format!(
+                    "{NAME}: a post's custom parameter must be an Arc<CudaStream> (the stream to attach to)"
+                ))
+            })?),
+        };
+        let stream = match attached {
+            Some(s) if s.context().ordinal() != self.gpu.ordinal() => {
+                return Err(Error::InvalidParam(format!(
+                    "{NAME}: the post's stream is on GPU {}, the backend's GPU is {}",
+                    s.context().ordinal(),
+                    self.gpu.ordinal()
+                )))
+            }
+            Some(s) => s.clone(),
+            None => self.pool.next(),
+        };
+        // SAFETY: the word is ours and no kernel of this request is running (a post
+        // while in flight is refused by the agent).
+        unsafe { std::ptr::write_volatile(self.status.as_ptr().cast_mut().cast::<i32>(), 0) };
+        let cfg = LaunchConfig {
+            grid_dim: (self.blocks, 1, 1),
+            block_dim: (THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let qp = self.mem.qp.device_ptr();
+        let table = self.mem.table.ptr();
+        let count = self.mem.count;
+        let read = u32::from(self.read);
+        let mut launch = stream.launch_builder(&self.function);
+        launch
+            .arg(&qp)
+            .arg(&table)
+            .arg(&count)
+            .arg(&read)
+            .arg(&self.chunk)
+            .arg(&self.status_ptr);
+        // SAFETY: the kernel's signature is (gio_dev_qp*, const nixl_gpu_desc*, unsigned,
+        // unsigned, unsigned long long, int*), matching the arguments; every address it
+        // touches is in the queue pair's table, kept alive by `mem` until the event
+        // after it completed (see Drop).
+        unsafe { launch.launch(cfg) }
+            .map_err(|e| Error::Gpu(format!("launching the transfer kernel: {e:?}")))?;
+        self.event
+            .record(&stream)
+            .map_err(|e| Error::Gpu(format!("cuEventRecord: {e:?}")))?;
+        self.in_flight = true;
+        self.pending_notif = notif.map(<[u8]>::to_vec);
+        Ok(XferStatus::InProgress)
+    }
+
+    fn check(&mut self) -> Result<XferProgress> {
+        if self.in_flight {
+            let done = self
+                .event
+                .try_is_complete()
+                .map_err(|e| Error::Gpu(format!("the transfer kernel failed: {e:?}")))?;
+            if !done {
+                self.sink.alive()?;
+                return Ok(XferProgress {
+                    status: XferStatus::InProgress,
+                    completed_ops: 0,
+                });
+            }
+            self.in_flight = false;
+            let st = self.kernel_status();
+            if st != 0 {
+                self.pending_notif = None;
+                return Err(Error::Backend {
+                    backend: NAME.into(),
+                    code: st,
+                    message: format!(
+                        "the transfer kernel failed with gpunetio status {st} ({})",
+                        gio_status_name(st)
+                    ),
+                });
+            }
+        }
+        if let Some(msg) = self.pending_notif.take() {
+            self.sink.deliver(msg)?;
+        }
+        Ok(XferProgress {
+            status: XferStatus::Done,
+            completed_ops: u64::from(self.mem.count),
+        })
+    }
+
+    fn op_count(&self) -> usize {
+        self.mem.count as usize
+    }
+
+    fn gpu_xfer_req(&mut self) -> Result<GpuHandle> {
+        self.handles.publish(
+            self.mem.qp.device_ptr(),
+            self.mem.table.ptr(),
+            self.mem.count,
+            SLOT_REQUEST,
+            Box::new(self.mem.clone()),
+        )
+    }
+}
+
+impl Drop for KernelXfer {
+    fn drop(&mut self) {
+        // A kernel cannot be recalled: wait for it, so that the memory it touches
+        // outlives it.
+        if self.in_flight {
+            if let Err(e) = self.event.synchronize() {
+                tracing::warn!("waiting for a released {NAME} transfer: {e:?}");
+            }
+        }
+    }
+}
+
+/// The name of a gpunetio device status.
+fn gio_status_name(st: i32) -> &'static str {
+    use gpunetio::ffi;
+    match st {
+        ffi::GIO_ERR_BOUNDS => "out of bounds",
+        ffi::GIO_ERR_BAD_ENTRY => "bad entry",
+        ffi::GIO_ERR_TIMEOUT => "timed out",
+        ffi::GIO_ERR_PEER_GONE => "peer gone",
+        ffi::GIO_ERR_TRANSPORT => "transport error",
+        ffi::GIO_ERR_SHUTDOWN => "shut down",
+        ffi::GIO_ERR_MIXED_LEVELS => "high- and low-level calls mixed",
+        ffi::GIO_ERR_CQE => "error completion",
+        _ => "unknown",
+    }
+}
