@@ -45,6 +45,7 @@ pub mod hf3fs;
 mod ior;
 mod iov;
 mod proto;
+pub mod regcache;
 mod ring;
 mod shm;
 pub mod virt;
