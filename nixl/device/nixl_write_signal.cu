@@ -84,6 +84,50 @@ extern "C" __global__ void write_signal_block(nixlGpuXferReqH req, unsigned long
   }
 }
 
+/* Memory-view form, any transport: each warp puts its share of slice r from element 0 of
+ * the local view to element 0 of the remote view, polls its status until the put
+ * completed (bounded by `timeout_ns`), then thread 0 adds 1 to the remote view's element
+ * 1 (the signal word). */
+extern "C" __global__ void view_put_signal(nixlMemViewH local, nixlMemViewH remote,
+                                           unsigned long long slice, unsigned rounds,
+                                           unsigned long long timeout_ns, int *status) {
+  const unsigned warps = blockDim.x / 32, w = threadIdx.x / 32;
+  const unsigned long long share = ((slice + warps - 1) / warps + 15) & ~15ull;
+  for (unsigned r = 0; r < rounds; r++) {
+    const unsigned long long begin = (unsigned long long)w * share;
+    if (begin < slice) {
+      const unsigned long long len = slice - begin < share ? slice - begin : share;
+      const unsigned long long off = (unsigned long long)r * slice + begin;
+      nixlGpuXferStatusH xs{};
+      nixl_status_t st = nixlPut<nixl_gpu_level_t::WARP>(nixlMemViewElem{local, 0, off},
+                                                         nixlMemViewElem{remote, 0, off}, len, 0,
+                                                         0, &xs);
+      if (st == NIXL_SUCCESS && gio::lane_id() == 0) {
+        const unsigned long long start = gio::now_ns();
+        while ((st = nixlGpuGetXferStatus(xs)) == NIXL_IN_PROG) {
+          if (gio::now_ns() - start > timeout_ns) {
+            st = NIXL_ERR_BACKEND;
+            break;
+          }
+        }
+      }
+      if (gio::lane_id() == 0) fail(status, st);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      nixlGpuXferStatusH xs{};
+      nixl_status_t st =
+          nixlAtomicAdd<nixl_gpu_level_t::THREAD>(1, nixlMemViewElem{remote, 1, 0}, 0, 0, &xs);
+      const unsigned long long start = gio::now_ns();
+      while (st == NIXL_SUCCESS && (st = nixlGpuGetXferStatus(xs)) == NIXL_IN_PROG) {
+        if (gio::now_ns() - start > timeout_ns) st = NIXL_ERR_BACKEND;
+      }
+      fail(status, st);
+    }
+    __syncthreads();
+  }
+}
+
 /* The target: for each round, wait (bounded by `timeout_ns`) until the signal reached
  * r + 1, then count the slice's wrong bytes into bad[0]; bad[1] gets the rounds seen. */
 extern "C" __global__ void wait_and_check(const unsigned long long *signal,
