@@ -75,6 +75,15 @@ pub enum Error {
         /// Its error number.
         errno: i32,
     },
+    /// An RDMA call of the registration manager failed (feature `rdma`).
+    #[cfg(feature = "rdma")]
+    #[error("{what}: {source}")]
+    Rdma {
+        /// What was being done.
+        what: String,
+        /// The verbs error.
+        source: ibverbs::Error,
+    },
     /// A publication (symlink target, ring header, handle bytes) does not parse.
     #[error("malformed {what}: {detail}")]
     Malformed {
@@ -106,7 +115,15 @@ impl Error {
             Error::RingFull { .. } => libc::EAGAIN,
             Error::FdNotRegistered(_) => libc::EBADF,
             Error::NotFound { .. } => libc::ENOENT,
+            #[cfg(feature = "rdma")]
+            Error::Rdma { source, .. } => source.errno().unwrap_or(libc::EIO),
         }
+    }
+}
+
+impl From<crate::regcache::RangeError> for Error {
+    fn from(e: crate::regcache::RangeError) -> Self {
+        Error::InvalidArgument(e.to_string())
     }
 }
 

@@ -41,6 +41,8 @@
 mod client;
 pub mod daemon;
 mod error;
+#[cfg(feature = "rdma")]
+pub mod gdr;
 pub mod hf3fs;
 mod ior;
 mod iov;
