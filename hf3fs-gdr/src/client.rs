@@ -68,6 +68,9 @@ fn identity(fd: RawFd) -> Result<(u64, u64)> {
 /// Registers `fd` for I/O (3FS's `hf3fs_reg_fd`). Registering the same open file twice
 /// is allowed; registering a number that now names another file than the one
 /// registered is refused with `InvalidArgument` (deregister first). `flags` must be 0.
+/// A backend learns of the descriptor on its first use by one of its rings: the daemon
+/// receives a copy, 3FS's library gets `hf3fs_reg_fd` (its failure surfaces from
+/// [`crate::Ior::prep_io`]).
 #[doc(alias = "hf3fs_reg_fd")]
 pub fn reg_fd(fd: RawFd, flags: u64) -> Result<()> {
     if flags != 0 {

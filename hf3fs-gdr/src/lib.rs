@@ -11,13 +11,25 @@
 //! - [`Ior`]: rings ([`Ior::create`], [`Ior::prep_io`], [`Ior::submit_ios`],
 //!   [`Ior::wait_for_ios`]) and [`reg_fd`] / [`dereg_fd`].
 //!
-//! Everything is published under the mount's virtual directory (see [`virt`]): a host
-//! iov as a symlink to its `/dev/shm` file, a GPU iov as a symlink to
-//! `gdr://v1/device/{N}/size/{S}/ipc/{hex}`, a ring as a symlink to its `/dev/shm`
-//! file. The daemon ([`daemon`]) listens on `<mount>/3fs-virt/daemon.sock`; each client
+//! Two backends serve these types, chosen per mount (see [`hf3fs`] for the rule and
+//! the overrides: [`set_backend`], `$HF3FS_GDR_BACKEND`): the local daemon below, and
+//! on a real 3FS mount the official `libhf3fs_api_shared`, loaded at run time (its GDR
+//! extension, where present, for GPU iovs). [`Iov::backend`] and [`Ior::backend`] say
+//! which one an object uses.
+//!
+//! With feature `rdma`, module `gdr` (not built by default) is 3FS's GDR manager: it
+//! registers GPU memory with RDMA devices (DMA-BUF first, peer memory as fallback) and
+//! host memory, cached by memory domain and address range ([`regcache`]).
+//!
+//! With the local daemon, everything is published under the mount's virtual directory
+//! (see [`virt`]): a host iov as a symlink to its `/dev/shm` file, a GPU iov as a
+//! symlink to `gdr://v1/device/{N}/size/{S}/ipc/{hex}`, a ring as a symlink to its
+//! `/dev/shm` file. The daemon ([`daemon`]) listens on `<mount>/3fs-virt/daemon.sock`; each client
 //! process keeps one connection per mount, over which it registers files (the
 //! descriptor itself travels), attaches rings, and by which each side learns that the
 //! other died.
+//!
+//! Example (local daemon):
 //!
 //! ```no_run
 //! use hf3fs_gdr::{reg_fd, Cqe, Ior, Iov};

@@ -14,7 +14,7 @@
 //!   does. Nothing stale can be found.
 //!
 //! The registration payload is generic (`R`): the RDMA manager
-//! ([`crate::gdr::MemoryRegistrar`], feature `rdma`) stores memory regions, the unit
+//! (`gdr::MemoryRegistrar`, feature `rdma`) stores memory regions, the unit
 //! tests a counter.
 
 use std::any::Any;

@@ -7,13 +7,13 @@
 //! 2. `$HF3FS_GDR_BACKEND`: `auto` (the default), `daemon`, or `3fs`, else `auto`:
 //!    a mount whose file system is 3FS (`statfs` type `HF3FS_SUPER_MAGIC`) goes to the
 //!    library, anything else to the local daemon (which reports
-//!    [`Error::NoDaemon`](crate::Error::NoDaemon) when none runs).
+//!    [`Error::NoDaemon`] when none runs).
 //!
 //! The library is `$HF3FS_GDR_LIBRARY` if set, else `libhf3fs_api_shared.so` from the
 //! loader's search path, or the path given in [`BackendChoice::Hf3fs`]. Choosing 3FS
 //! where the library does not load, or for a path the library's
 //! `hf3fs_extract_mount_point` says is not on a 3FS mount, is
-//! [`Error::Unsupported`](crate::Error::Unsupported) with the reason.
+//! [`Error::Unsupported`] with the reason.
 //!
 //! GPU iovs on 3FS need the library's GDR extension (`hf3fs_iovcreate_device`,
 //! `hf3fs_iovopen_device`, `hf3fs_iovwrap_device`, `hf3fs_iovsync`, ...); every one of
