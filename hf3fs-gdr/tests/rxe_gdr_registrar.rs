@@ -254,3 +254,28 @@ fn rxe_dmabuf_registration_is_unsupported() {
         other => panic!("expected Unsupported, got {other:?}"),
     }
 }
+
+#[test]
+fn rxe_unknown_devices_and_empty_memory_are_refused() {
+    let _g = serial();
+    let Some(r) = registrar() else {
+        return;
+    };
+    assert!(matches!(
+        MemoryRegistrar::open(&[r.devices()[0].name(), "no_such_dev0"]),
+        Err(Error::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        MemoryRegistrar::from_pds(Vec::new()),
+        Err(Error::Unsupported(_))
+    ));
+    assert!(matches!(
+        HostMemory::alloc(0),
+        Err(Error::InvalidArgument(_))
+    ));
+    let mut buf = [0u8; 16];
+    // SAFETY: refused before anything is registered.
+    let err = unsafe { r.register(H, buf.as_mut_ptr() as u64, 0) }.unwrap_err();
+    assert!(matches!(err, Error::InvalidArgument(_)), "{err:?}");
+    assert!(r.cache().is_empty());
+}
