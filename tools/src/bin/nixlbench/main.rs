@@ -12,7 +12,9 @@
 //!   `nixl::etcd` (`etcd_runtime`, `etcd_run`).
 //!
 //! `LOCAL` moves data inside one agent, so with `--backend LOCAL` both sides live in one
-//! process and no runtime is needed.
+//! process and no runtime is needed. So does `FILE` (feature `file`): storage runs move
+//! blocks between the agent's memory and files it registered, through an hf3fs-gdr
+//! daemon (`storage`).
 //!
 //! Memory is DRAM or, with feature `cuda`, VRAM (`gpunetio::DeviceBuffer`) on either side.
 //! `--backend GPUNETIO` (feature `cuda`) gets its parameters from nixlbench's flags as
@@ -49,6 +51,8 @@ mod mem;
 mod options;
 mod plot;
 mod provider;
+#[cfg(feature = "file")]
+mod storage;
 mod sweep;
 mod target;
 
@@ -67,6 +71,14 @@ fn quiet() -> bool {
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    #[cfg(feature = "file")]
+    if args.first().map(String::as_str) == Some(storage::DAEMON_ARG) {
+        if let Err(e) = storage::serve(&args[1..]) {
+            eprintln!("nixlbench: daemon: {e}");
+            std::process::exit(1);
+        }
+        return;
+    }
     let o = match parse_args(&args) {
         Ok(o) => o,
         Err(msg) => {
@@ -85,6 +97,8 @@ fn main() {
         (Some("initiator"), None) => Err("--role initiator needs --target_address".into()),
         (Some(other), _) => Err(format!("--role {other}: target or initiator")),
         (None, _) if o.backend == "LOCAL" => run_in_process(&o).map(Some),
+        #[cfg(feature = "file")]
+        (None, _) if o.is_storage() => storage::run(&o).map(Some),
         (None, _) => run_both(&o, &args).map(Some),
     };
     match result {

@@ -5,10 +5,13 @@ use nixl::{Agent, Desc, DescList, MemKind};
 
 /// A page-aligned host allocation, every page written once (as NIXL's nixlbench memsets
 /// its buffers): an untouched page would be the kernel's shared zero page, which a WRITE
-/// source would read from cache.
+/// source would read from cache. Heap memory, or (storage runs) a shared mapping of a
+/// `/dev/shm` file, which the hf3fs-gdr daemon maps itself: FILE moves it without a copy.
 pub(crate) struct HostBuffer {
     ptr: *mut u8,
     len: usize,
+    /// The `/dev/shm` file of a shared buffer (unmapped and removed on drop).
+    shm: Option<std::path::PathBuf>,
 }
 
 // SAFETY: the buffer is plain memory; threads only touch it through raw copies that the
@@ -29,14 +32,72 @@ impl HostBuffer {
         assert!(!ptr.is_null(), "out of memory allocating {len} bytes");
         // SAFETY: `ptr` holds `len` bytes (the layout's size is at least `len`).
         unsafe { std::ptr::write_bytes(ptr, fill, len) };
-        Self { ptr, len }
+        Self {
+            ptr,
+            len,
+            shm: None,
+        }
+    }
+
+    /// `len` bytes of `fill` in a new `/dev/shm` file mapped `MAP_SHARED`.
+    #[cfg(feature = "file")]
+    fn new_shared(len: usize, fill: u8) -> Result<Self, String> {
+        use std::os::fd::AsRawFd;
+        let path = std::path::PathBuf::from(format!(
+            "/dev/shm/nixlbench-{}-{:x}",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos())
+        ));
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .map_err(|e| format!("creating {}: {e}", path.display()))?;
+        let fail = |e: String| {
+            let _ = std::fs::remove_file(&path);
+            e
+        };
+        file.set_len(len.max(1) as u64)
+            .map_err(|e| fail(format!("sizing {} to {len} bytes: {e}", path.display())))?;
+        // SAFETY: a fresh shared mapping of the whole file; unmapped in drop.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len.max(1),
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            let e = std::io::Error::last_os_error();
+            return Err(fail(format!("mapping {}: {e}", path.display())));
+        }
+        // SAFETY: the mapping holds `len` bytes.
+        unsafe { std::ptr::write_bytes(ptr.cast::<u8>(), fill, len) };
+        Ok(Self {
+            ptr: ptr.cast(),
+            len,
+            shm: Some(path),
+        })
     }
 }
 
 impl Drop for HostBuffer {
     fn drop(&mut self) {
-        // SAFETY: allocated in `new` with the same layout.
-        unsafe { std::alloc::dealloc(self.ptr, Self::layout(self.len)) };
+        match &self.shm {
+            Some(path) => {
+                // SAFETY: mapped in `new_shared` with this length.
+                unsafe { libc::munmap(self.ptr.cast(), self.len.max(1)) };
+                let _ = std::fs::remove_file(path);
+            }
+            // SAFETY: allocated in `new` with the same layout.
+            None => unsafe { std::alloc::dealloc(self.ptr, Self::layout(self.len)) },
+        }
     }
 }
 
@@ -66,6 +127,20 @@ impl Mem {
                     "{other:?} memory: not in this build (VRAM needs feature cuda)"
                 ))
             }
+        }
+    }
+
+    /// Like [`Mem::alloc`], but DRAM is a shared `/dev/shm` mapping (storage runs).
+    #[cfg(feature = "file")]
+    pub(crate) fn alloc_shared(
+        kind: MemKind,
+        gpu: usize,
+        len: usize,
+        fill: u8,
+    ) -> Result<Self, String> {
+        match kind {
+            MemKind::Dram => Ok(Self::Host(HostBuffer::new_shared(len, fill)?)),
+            _ => Self::alloc(kind, gpu, len, fill),
         }
     }
 
@@ -248,6 +323,24 @@ mod tests {
             &pattern_bytes(point_seed(4096, 1), 13, 987)[..]
         );
         assert_ne!(a, pattern_bytes(TARGET_SEED, 0, 4096));
+    }
+
+    #[cfg(feature = "file")]
+    #[test]
+    fn shared_host_memory_is_a_dev_shm_mapping() {
+        let mem = Mem::alloc_shared(MemKind::Dram, 0, 1 << 16, INITIATOR_FILL).unwrap();
+        assert_eq!(mem.read(100, 2).unwrap(), vec![INITIATOR_FILL; 2]);
+        #[allow(irrefutable_let_patterns)] // without feature cuda, Host is the only kind
+        let Mem::Host(b) = &mem
+        else {
+            unreachable!()
+        };
+        let path = b.shm.clone().unwrap();
+        assert!(path.starts_with("/dev/shm") && path.exists());
+        mem.fill_pattern(0, 1 << 16, 7).unwrap();
+        mem.check_pattern(0, 1 << 16, 7).unwrap();
+        drop(mem);
+        assert!(!path.exists(), "removed on drop");
     }
 
     #[test]

@@ -2,11 +2,13 @@
 
 use nixl::{BackendParams, MemKind, XferOp};
 use std::net::SocketAddr;
+use std::path::PathBuf;
 
 pub(crate) const USAGE: &str = "usage: nixlbench [options]
   --backend NAME              LIBFABRIC (default), VERBS, CUDA_IPC or GPUNETIO (feature
-                              cuda: GPU memory between processes of one node), or LOCAL
-                              (one agent: both sides run in this process)
+                              cuda: GPU memory between processes of one node), LOCAL
+                              (one agent: both sides run in this process), or FILE
+                              (feature file: storage, one process, see below)
   --backend_param KEY=VALUE   backend parameter (repeatable, overrides what the flags
                               below set), e.g. provider=tcp;ofi_rxm, num_rails=2,
                               cuda_streams=8. LIBFABRIC's provider defaults to shm when
@@ -17,9 +19,10 @@ pub(crate) const USAGE: &str = "usage: nixlbench [options]
                               role). VERBS: its `device`; GPUNETIO: its `network_devices`;
                               LIBFABRIC: printed only, as NIXL
   --op_type READ|WRITE        (default WRITE)
-  --initiator_seg_type DRAM|VRAM   --target_seg_type DRAM|VRAM   (default DRAM; the
-                              target's is VRAM with GPUNETIO; VRAM needs feature cuda:
-                              cargo build --release -p tools --features cuda)
+  --initiator_seg_type DRAM|VRAM   --target_seg_type DRAM|VRAM|FILE   (default DRAM;
+                              the target's is VRAM with GPUNETIO and FILE with FILE; VRAM
+                              needs feature cuda: cargo build --release -p tools
+                              --features cuda)
   --initiator_gpu N           GPU ordinal of initiator VRAM (default 0)  [ours: NIXL uses
   --target_gpu N              GPU ordinal of target VRAM (default 0)      the process rank]
   --gpunetio_device_list LIST GPUNETIO: CUDA device ids, comma-separated (upstream's
@@ -41,6 +44,17 @@ pub(crate) const USAGE: &str = "usage: nixlbench [options]
                               target's own memory, READ on the initiator's (VRAM copied
                               back to the host)
   --plot FILE.png             draw bandwidth and latency against block size
+ storage (--backend FILE --target_seg_type FILE, feature file):
+  --filepath DIR              where the files are created (default: the current
+                              directory); each is created or truncated, filled, and
+                              removed at the end
+  --num_files N               files (default 1): descriptor i of thread t goes to file
+                              (t * batch + i) mod N, blocks packed from its start
+  --hf3fs_mount DIR           the directory an hf3fs-gdr daemon serves (default: the
+                              --filepath directory; env NIXLBENCH_HF3FS_MOUNT). If none
+                              serves it, nixlbench starts one for the run
+                              ($HF3FS_GDR_DAEMON, hf3fs-gdr-daemon beside nixlbench or on
+                              the PATH, else its own built-in daemon) and stops it after
   --no_progress               no progress bar
  runtime (how the two sides find each other):
   --runtime_type SOCKET|ETCD  default SOCKET, or ETCD when --etcd_endpoints is given
@@ -112,11 +126,20 @@ pub(crate) struct Options {
     pub(crate) role: Option<String>,
     pub(crate) listen: SocketAddr,
     pub(crate) target_address: Option<SocketAddr>,
+    /// Storage runs: where the files go.
+    pub(crate) filepath: Option<PathBuf>,
+    pub(crate) num_files: usize,
+    pub(crate) hf3fs_mount: Option<PathBuf>,
 }
 
 impl Options {
     pub(crate) fn is_libfabric(&self) -> bool {
         self.backend == "LIBFABRIC"
+    }
+
+    /// A storage run (`--backend FILE`): one process, files as the target.
+    pub(crate) fn is_storage(&self) -> bool {
+        self.backend == "FILE"
     }
 
     /// The provider the user named, if any.
@@ -192,12 +215,16 @@ fn comma_list(v: &str) -> Vec<String> {
 
 const NEEDS_CUDA: &str = "nixlbench was built without feature cuda \
      (cargo build --release -p tools --bin nixlbench --features cuda)";
+const NEEDS_FILE: &str = "nixlbench was built without feature file \
+     (cargo build --release -p tools --bin nixlbench --features file)";
 
+/// A segment type; FILE is accepted here and checked against the backend later.
 pub(crate) fn parse_seg_type(key: &str, v: &str) -> Result<MemKind, String> {
     match MemKind::parse(v) {
         Some(MemKind::Dram) => Ok(MemKind::Dram),
         Some(MemKind::Vram) if cfg!(feature = "cuda") => Ok(MemKind::Vram),
         Some(MemKind::Vram) => Err(format!("{key} VRAM: {NEEDS_CUDA}")),
+        Some(MemKind::File) if key == "--target_seg_type" => Ok(MemKind::File),
         _ => Err(format!("{key} {v}: DRAM or VRAM")),
     }
 }
@@ -251,7 +278,11 @@ pub(crate) fn parse_args(args: &[String]) -> Result<Options, String> {
         role: None,
         listen: "127.0.0.1:0".parse().expect("literal"),
         target_address: None,
+        filepath: None,
+        num_files: 1,
+        hf3fs_mount: None,
     };
+    let mut storage_flags: Vec<&'static str> = Vec::new();
     let (mut initiator_gpu, mut target_gpu) = (None, None);
     let mut gpunetio_devices: Option<Vec<usize>> = None;
     let mut target_seg: Option<MemKind> = None;
@@ -349,6 +380,21 @@ pub(crate) fn parse_args(args: &[String]) -> Result<Options, String> {
                 }
             }
             "--check_consistency" => o.check_consistency = true,
+            "--filepath" => {
+                o.filepath = Some(PathBuf::from(value()?));
+                storage_flags.push("--filepath");
+            }
+            "--num_files" => {
+                o.num_files = num(value()?)?;
+                if o.num_files == 0 {
+                    return Err("--num_files: at least 1".into());
+                }
+                storage_flags.push("--num_files");
+            }
+            "--hf3fs_mount" => {
+                o.hf3fs_mount = Some(PathBuf::from(value()?));
+                storage_flags.push("--hf3fs_mount");
+            }
             "--plot" => o.plot = Some(value()?),
             "--no_progress" => o.progress = false,
             "--runtime_type" => runtime_type = Some(value()?.to_ascii_uppercase()),
@@ -415,8 +461,10 @@ pub(crate) fn parse_args(args: &[String]) -> Result<Options, String> {
         // GPUNETIO reaches a peer's VRAM only: upstream's documented command line
         // (`--backend GPUNETIO --gpunetio_device_list 0`, no segment types) runs.
         None if o.backend == "GPUNETIO" => MemKind::Vram,
+        None if o.is_storage() => MemKind::File,
         None => MemKind::Dram,
     };
+    check_storage(&o, &storage_flags, &socket_flags)?;
     resolve_gpus(&mut o, initiator_gpu, target_gpu, gpunetio_devices)?;
     o.runtime = resolve_runtime(runtime_type, etcd_endpoints, group, etcd_wait)?;
     if let Runtime::Etcd { .. } = o.runtime {
@@ -426,14 +474,51 @@ pub(crate) fn parse_args(args: &[String]) -> Result<Options, String> {
                  (start nixlbench twice with the same --etcd_endpoints)"
             ));
         }
-        if o.backend == "LOCAL" {
-            return Err(
-                "LOCAL moves data inside one agent: it needs no runtime, drop the ETCD options"
-                    .into(),
-            );
+        if o.backend == "LOCAL" || o.is_storage() {
+            return Err(format!(
+                "{} moves data inside one agent: it needs no runtime, drop the ETCD options",
+                o.backend
+            ));
         }
     }
     Ok(o)
+}
+
+/// Storage options go with `--backend FILE` and FILE targets, and the other way round.
+fn check_storage(
+    o: &Options,
+    storage_flags: &[&'static str],
+    socket_flags: &[&'static str],
+) -> Result<(), String> {
+    if !o.is_storage() {
+        if o.target_seg == MemKind::File {
+            return Err(format!(
+                "--target_seg_type FILE: files are --backend FILE's target (storage); \
+                 {} moves DRAM or VRAM",
+                o.backend
+            ));
+        }
+        if let Some(flag) = storage_flags.first() {
+            return Err(format!("{flag} belongs to storage runs (--backend FILE)"));
+        }
+        return Ok(());
+    }
+    if !cfg!(feature = "file") {
+        return Err(format!("--backend FILE: {NEEDS_FILE}"));
+    }
+    if o.target_seg != MemKind::File {
+        return Err(format!(
+            "--backend FILE moves between memory and files: --target_seg_type FILE (its \
+             default), not {:?}",
+            o.target_seg
+        ));
+    }
+    if let Some(flag) = socket_flags.first() {
+        return Err(format!(
+            "{flag}: --backend FILE runs in one process (storage transfers are local)"
+        ));
+    }
+    Ok(())
 }
 
 /// Each side's GPU: `--initiator_gpu`/`--target_gpu`, or GPUNETIO's
@@ -555,7 +640,11 @@ mod tests {
             (MemKind::Dram, MemKind::Dram)
         );
         let e = err("--target_seg_type FILE");
+        assert!(e.contains("LIBFABRIC moves DRAM or VRAM"), "{e}");
+        let e = err("--initiator_seg_type FILE");
         assert!(e.contains("DRAM or VRAM"), "{e}");
+        let e = err("--num_files 2");
+        assert!(e.contains("belongs to storage runs"), "{e}");
         let vram = parse_args(&args("--initiator_seg_type VRAM"));
         if cfg!(feature = "cuda") {
             assert_eq!(vram.unwrap().initiator_seg, MemKind::Vram);
@@ -711,6 +800,38 @@ mod tests {
         if !cfg!(feature = "cuda") {
             let e = err("--backend GPUNETIO --target_seg_type DRAM");
             assert!(e.contains("built without feature cuda"), "{e}");
+        }
+    }
+
+    #[test]
+    fn storage_options() {
+        let r = parse_args(&args(
+            "--backend file --filepath /tmp/x --num_files 3 --hf3fs_mount /tmp/m",
+        ));
+        if !cfg!(feature = "file") {
+            assert!(r.unwrap_err().contains("built without feature file"));
+            return;
+        }
+        let o = r.unwrap();
+        assert!(o.is_storage());
+        assert_eq!(
+            (o.initiator_seg, o.target_seg),
+            (MemKind::Dram, MemKind::File)
+        );
+        assert_eq!(o.num_files, 3);
+        assert_eq!(o.filepath, Some(PathBuf::from("/tmp/x")));
+        assert_eq!(o.hf3fs_mount, Some(PathBuf::from("/tmp/m")));
+        for (line, want) in [
+            (
+                "--backend FILE --target_seg_type DRAM",
+                "--target_seg_type FILE",
+            ),
+            ("--backend FILE --role target", "runs in one process"),
+            ("--backend FILE --num_files 0", "at least 1"),
+            ("--backend FILE --initiator_seg_type FILE", "DRAM or VRAM"),
+        ] {
+            let e = err(line);
+            assert!(e.contains(want), "{line}: {e}");
         }
     }
 

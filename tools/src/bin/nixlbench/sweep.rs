@@ -49,12 +49,44 @@ pub(crate) enum Peer<'a> {
     },
     /// This agent (LOCAL): WRITE data is verified here.
     InProcess { name: String, mem: &'a Mem },
+    /// This agent's files (FILE): READ sources are written and WRITE data is read back
+    /// here, with plain file I/O outside the timed loop.
+    #[cfg(feature = "file")]
+    Files {
+        name: String,
+        files: &'a crate::storage::FileSet,
+    },
 }
 
 impl Peer<'_> {
     pub(crate) fn name(&self) -> &str {
         match self {
             Self::Remote { name, .. } | Self::InProcess { name, .. } => name,
+            #[cfg(feature = "file")]
+            Self::Files { name, .. } => name,
+        }
+    }
+
+    /// Descriptor `index` of thread `thread`'s batch of `batch` blocks, at `offset` of
+    /// the buffers: the same offset of the target's memory, or (files) the block's
+    /// place in the file set.
+    #[allow(clippy::too_many_arguments)]
+    fn remote_desc(
+        &self,
+        remote: RemoteMem,
+        thread: usize,
+        index: usize,
+        batch: usize,
+        offset: usize,
+        block: usize,
+    ) -> Desc {
+        match self {
+            #[cfg(feature = "file")]
+            Self::Files { files, .. } => files.desc(thread * batch + index, block),
+            _ => {
+                let _ = (thread, index, batch);
+                Desc::new(remote.addr + offset as u64, block as u64, remote.dev_id)
+            }
         }
     }
 }
@@ -104,9 +136,10 @@ pub(crate) fn run_point(
                     );
                     let r = DescList::from_descs(
                         remote.kind,
-                        offsets.iter().map(|&off| {
-                            Desc::new(remote.addr + off as u64, block as u64, remote.dev_id)
-                        }),
+                        offsets
+                            .iter()
+                            .enumerate()
+                            .map(|(i, &off)| peer.remote_desc(remote, t, i, batch, off, block)),
                     );
                     let lh = agent.prep_xfer_dlist(None, &l).map_err(|e| e.to_string())?;
                     let rh = agent
@@ -123,6 +156,12 @@ pub(crate) fn run_point(
                                 XferOp::Write => local.fill_pattern(off, block, seed)?,
                                 // The destination starts cleared: a READ that moved nothing fails.
                                 XferOp::Read => local.clear(off, block)?,
+                            }
+                            // Files hold what a target's memory would at that offset.
+                            #[cfg(feature = "file")]
+                            if let (XferOp::Read, Peer::Files { files, .. }) = (o.op, peer) {
+                                let g = t * batch + (off - base) / stride;
+                                files.write_pattern(g, block, TARGET_SEED, off)?;
                             }
                         }
                     }
@@ -142,6 +181,7 @@ pub(crate) fn run_point(
                     }
                     if o.check_consistency {
                         let check = Check {
+                            thread: t,
                             id: format!("{block}-{batch}-{t}"),
                             seed,
                             block,
@@ -189,6 +229,9 @@ pub(crate) fn run_point(
 
 /// One thread's blocks of one point: `batch` blocks at `base + i * stride`.
 pub(crate) struct Check {
+    /// The thread (storage runs place its blocks by it).
+    #[cfg_attr(not(feature = "file"), allow(dead_code))]
+    pub(crate) thread: usize,
     pub(crate) id: String,
     pub(crate) seed: u64,
     pub(crate) block: usize,
@@ -223,6 +266,12 @@ pub(crate) fn verify(
         (XferOp::Write, Peer::InProcess { mem, .. }) => c
             .offsets()
             .try_for_each(|off| mem.check_pattern(off, c.block, c.seed)),
+        #[cfg(feature = "file")]
+        (XferOp::Write, Peer::Files { files, .. }) => {
+            c.offsets().enumerate().try_for_each(|(i, off)| {
+                files.check_pattern(c.thread * c.batch + i, c.block, c.seed, off)
+            })
+        }
         (XferOp::Write, Peer::Remote { name, check_lock }) => {
             let _one_at_a_time = check_lock.lock().expect("check lock");
             let msg = format!(
@@ -346,6 +395,8 @@ pub(crate) fn sweep(
             match (o.op, peer) {
                 (XferOp::Write, Peer::Remote { .. }) => "WRITE: by the target, in its own memory",
                 (XferOp::Write, Peer::InProcess { .. }) => "WRITE: in the target buffer",
+                #[cfg(feature = "file")]
+                (XferOp::Write, Peer::Files { .. }) => "WRITE: read back from the files",
                 (XferOp::Read, _) => "READ: in the initiator's memory",
             }
         );
