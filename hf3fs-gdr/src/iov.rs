@@ -247,7 +247,9 @@ impl Iov {
 
     /// Opens an iov another process published (3FS's `hf3fs_iovopen`, and
     /// `hf3fs_iovopen_device` for GPU iovs, which are imported by their IPC handle).
-    /// Destroying it releases only this process's mapping.
+    /// Destroying it releases only this process's mapping. On a 3FS mount this is
+    /// `hf3fs_iovopen` (host iovs); GPU iovs there are reopened by id and device with
+    /// [`Iov::import_gpu`] (`hf3fs_iovopen_device`).
     #[doc(alias = "hf3fs_iovopen")]
     #[doc(alias = "hf3fs_iovopen_device")]
     pub fn open(
