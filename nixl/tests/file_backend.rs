@@ -3,7 +3,8 @@
 //! several descriptors, a 64 MiB transfer split across rings, notifications after the
 //! data, and the failure model: a read past the end of the file, a closed descriptor,
 //! unregistered or out-of-range descriptors, a mount nobody serves, and a daemon killed
-//! mid-transfer — each a typed error, none a hang.
+//! mid-transfer — each a typed error, none a hang — and a restarted daemon serving the
+//! same requests again.
 #![cfg(feature = "file")]
 
 mod file_support;
@@ -551,12 +552,38 @@ fn a_daemon_killed_mid_transfer_fails_it_within_the_timeout() {
     }
     let took = start.elapsed();
     assert!(took < Duration::from_secs(2), "took {took:?}");
-    // A new post fails at once, typed: its ring finds nobody to attach to.
+    // A failed request stays failed (the agent's rule); a new one fails at once,
+    // typed: its ring finds no daemon to attach to.
+    let mut fresh: Vec<_> = [zero_copy.as_slice(), &staged[..]]
+        .iter()
+        .map(|b| {
+            agent
+                .create_xfer_req(
+                    XferOp::Read,
+                    &dram([Desc::from_slice(b)]),
+                    &file_list(fd, &[(0, 1 << 20)]),
+                    "dies",
+                    None,
+                )
+                .unwrap()
+        })
+        .collect();
     let start = Instant::now();
-    let r = reqs[0].post();
+    let r = fresh[0].post();
     assert!(start.elapsed() < Duration::from_secs(2), "{r:?}");
     assert!(
         matches!(backend_code(&r), Some(libc::ENOTCONN | libc::ECONNREFUSED)),
         "{r:?}"
     );
+    // A daemon restarted on the mount serves the same registrations, and the request
+    // whose post was refused posts again.
+    d.restart(
+        "a_daemon_killed_mid_transfer_fails_it_within_the_timeout",
+        0,
+    );
+    for (req, buf) in fresh.iter_mut().zip([zero_copy.as_slice(), &staged[..]]) {
+        req.post().unwrap();
+        req.wait(TIMEOUT).unwrap();
+        assert_bytes(buf, &pattern(9, 1 << 20), "after the restart");
+    }
 }

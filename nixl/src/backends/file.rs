@@ -926,8 +926,23 @@ impl FileXfer {
         Ok(XferStatus::Done)
     }
 
-    /// Ends a failed post: rings with I/O outstanding are closed (which waits for the
-    /// daemon to finish it) before staging slots are reused.
+    /// Ends a failed post (see [`FileXfer::abandon`]); a daemon that is gone takes the
+    /// idle rings with it (they were attached to it), so the next post attaches fresh
+    /// ones to whatever daemon serves the mount then.
+    fn fail(&mut self, e: Error) -> Error {
+        self.abandon();
+        if let Error::Backend { code, .. } = &e {
+            if [libc::ENOTCONN, libc::ECONNREFUSED].contains(code) {
+                for pool in &self.shared.rings {
+                    lock(pool).clear();
+                }
+            }
+        }
+        e
+    }
+
+    /// Ends a post: rings with I/O outstanding are closed (which waits for the daemon
+    /// to finish it) before staging slots are reused.
     fn abandon(&mut self) {
         if let Some(mut run) = self.run.take() {
             run.rings.clear();
@@ -957,7 +972,7 @@ impl BackendXfer for FileXfer {
                 Err(e) => {
                     self.shared
                         .give_rings(self.read, rings.into_iter().map(|r| r.ior).collect());
-                    return Err(e);
+                    return Err(self.fail(e));
                 }
             }
         }
@@ -975,10 +990,7 @@ impl BackendXfer for FileXfer {
         });
         match self.issue().and_then(|()| self.progress()) {
             Ok(status) => Ok(status),
-            Err(e) => {
-                self.abandon();
-                Err(e)
-            }
+            Err(e) => Err(self.fail(e)),
         }
     }
 
@@ -994,10 +1006,7 @@ impl BackendXfer for FileXfer {
                 status,
                 completed_ops: self.completed,
             }),
-            Err(e) => {
-                self.abandon();
-                Err(e)
-            }
+            Err(e) => Err(self.fail(e)),
         }
     }
 

@@ -77,10 +77,21 @@ impl Daemon {
     /// of files named `*.slow` wait `slow_ms` first (0: no delay).
     pub fn start(test: &str, slow_ms: u64) -> Self {
         let mount = TempDir::new("nixl-file-mnt");
+        let child = Self::spawn(test, mount.path(), slow_ms);
+        Self { child, mount }
+    }
+
+    /// Kills this daemon and starts another on the same mount (a daemon restart).
+    pub fn restart(&mut self, test: &str, slow_ms: u64) {
+        self.kill();
+        self.child = Self::spawn(test, self.mount.path(), slow_ms);
+    }
+
+    fn spawn(test: &str, mount: &Path, slow_ms: u64) -> Child {
         let mut child = Command::new(std::env::current_exe().unwrap())
             .args([test, "--exact", "--nocapture", "--test-threads=1"])
             .env(ROLE, "daemon")
-            .env(MOUNT, mount.path())
+            .env(MOUNT, mount)
             .env(DELAY, slow_ms.to_string())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -101,7 +112,7 @@ impl Daemon {
             let _ = child.kill();
             panic!("the daemon child did not get ready in {T:?}");
         }
-        Self { child, mount }
+        child
     }
 
     pub fn path(&self) -> &Path {
