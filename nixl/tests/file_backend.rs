@@ -478,6 +478,7 @@ fn bad_parameters_and_a_mount_nobody_serves_are_refused() {
     for (k, v, what) in [
         ("entries", "0", "entries=0"),
         ("io_depth", "300", "exceeds entries"),
+        ("io_depth", "4", "use io_depth=-4"),
         ("rings", "0", "rings=0"),
         ("staging_size", "10", "smaller than one staging slot"),
         ("max_io_size", "x", "not valid"),

@@ -36,12 +36,37 @@
 //!
 //! # Parameters
 //! `mount` (required: the directory an `hf3fs-gdr-daemon --mount DIR` serves),
-//! `entries` (per ring, default 256), `io_depth` (3FS's meaning, default 0: as soon as
-//! seen), `timeout_ms` (the partial-batch timeout of rings with `io_depth` < 0, default
-//! 0), `rings` (per transfer, default 4), `max_io_size` (default 16 MiB),
-//! `staging_size` (default 64 MiB) and `staging_slot_size` (default 1 MiB).
+//! `entries` (per ring, default 256), `io_depth` (3FS's meaning: 0, the default, starts
+//! I/Os as soon as seen; −N up to N at a time, a partial batch once submitted or after
+//! `timeout_ms`; N > 0, batches of exactly N, is refused: a transfer's last partial
+//! batch would never start), `timeout_ms` (default 0), `rings` (per transfer, default
+//! 4), `max_io_size` (default 16 MiB), `staging_size` (default 64 MiB) and
+//! `staging_slot_size` (default 1 MiB).
 //!
 //! Notifications go to the agent itself, after the data, as `LOCAL`'s do.
+//!
+//! ```no_run
+//! use nixl::{Agent, AgentConfig, Desc, DescList, MemKind, XferOp};
+//! use std::os::fd::AsRawFd;
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! // `hf3fs-gdr-daemon --mount /mnt/data` runs.
+//! let agent = Agent::new("me", AgentConfig::default())?;
+//! agent.create_backend("FILE", &nixl::params([("mount", "/mnt/data")]))?;
+//! let file = std::fs::File::open("/mnt/data/weights.bin")?;
+//! let fd = file.as_raw_fd() as u64;
+//! let mut buf = vec![0u8; 1 << 20];
+//! let files = DescList::from_descs(MemKind::File, [Desc::new(0, 1 << 20, fd)]);
+//! let mem = DescList::from_descs(MemKind::Dram, [Desc::from_slice(&buf)]);
+//! // SAFETY: `buf` and `file` outlive the registrations and the request.
+//! let _m = unsafe { agent.register_mem(&mem, None)? };
+//! let _f = unsafe { agent.register_mem(&files, None)? };
+//! // READ: file -> memory; the "remote" agent is this one.
+//! let mut req = agent.create_xfer_req(XferOp::Read, &mem, &files, "me", None)?;
+//! req.post()?;
+//! req.wait(std::time::Duration::from_secs(10))?;
+//! # drop(req); buf[0] = 0;
+//! # Ok(()) }
+//! ```
 
 use crate::agent::Agent;
 use crate::backend::{
@@ -151,6 +176,16 @@ impl Config {
             return bad(format!(
                 "io_depth={} exceeds entries={}: batches could never fill",
                 config.io_depth, config.entries
+            ));
+        }
+        if config.io_depth > 0 {
+            // Batches of exactly N: a transfer whose I/O count on a ring is not a
+            // multiple of N would leave a partial batch that never starts.
+            return bad(format!(
+                "io_depth={} (batches of exactly that many) would hold back a transfer's \
+                 last partial batch forever: use io_depth=-{} (up to that many, a partial \
+                 batch once submitted) or 0",
+                config.io_depth, config.io_depth
             ));
         }
         if config.rings == 0 || config.rings > 64 {
