@@ -3,10 +3,10 @@
 //! a GPU machine that has no Rust toolchain.
 //!
 //! What goes in is read from `cargo metadata` at run time:
-//! - every test target named `gpu_*` in the workspace, built with the feature `cuda` of
-//!   each package that has one (today `nixl/cuda`) → `tests/<name>`;
+//! - every test target named `gpu_*` in the workspace, built with the features of
+//!   [`GPU_FEATURES`] each package has (today `nixl/cuda`, `nixl/file`) → `tests/<name>`;
 //! - the binaries of `tools` and `hf3fs-gdr` and the examples of `gpunetio`, `nixl` and
-//!   `hf3fs-gdr` (each with its package's feature `cuda` if it has one) → `bin/<name>`;
+//!   `hf3fs-gdr` (each with its package's [`GPU_FEATURES`]) → `bin/<name>`;
 //! - the shared libraries those link beyond glibc (libfabric, libibverbs and theirs) →
 //!   `lib/`, which `run.sh` uses only for a library the GPU machine lacks;
 //! - `run.sh` and `MANIFEST` (commit, build commands, files).
@@ -20,6 +20,9 @@ use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+/// Package features GPU builds turn on where a package has them: GPU memory and the GPU
+/// backends (`cuda`), the storage backend whose GPU tests read files into VRAM (`file`).
+const GPU_FEATURES: &[&str] = &["cuda", "file"];
 /// Test targets with this name prefix need a GPU.
 const GPU_TEST_PREFIX: &str = "gpu_";
 /// Packages whose binaries (`bin`) or examples (`example`) are GPU tools.
@@ -204,7 +207,13 @@ fn plan(metadata: &Value) -> Result<Vec<Build>> {
         .as_array()
         .context("cargo metadata: no packages")?;
     let package = |name: &str| packages.iter().find(|p| p["name"] == name);
-    let has_cuda = |p: &Value| p["features"].get("cuda").is_some();
+    let gpu_features = |p: &Value| -> Vec<&str> {
+        GPU_FEATURES
+            .iter()
+            .copied()
+            .filter(|f| p["features"].get(f).is_some())
+            .collect()
+    };
     let targets = |p: &Value, kind: &str, prefix: &str| -> Vec<String> {
         let mut names: Vec<String> = p["targets"]
             .as_array()
@@ -236,8 +245,8 @@ fn plan(metadata: &Value) -> Result<Vec<Build>> {
         if names.is_empty() {
             continue;
         }
-        if has_cuda(p) {
-            features.push(format!("{}/cuda", p["name"].as_str().unwrap_or_default()));
+        for f in gpu_features(p) {
+            features.push(format!("{}/{f}", p["name"].as_str().unwrap_or_default()));
         }
         test_names.extend(names);
     }
@@ -281,8 +290,9 @@ fn plan(metadata: &Value) -> Result<Vec<Build>> {
             "--examples"
         };
         let mut args = release(&["build", "-p", pkg, selector]);
-        if has_cuda(p) {
-            args.extend(["--features".to_string(), "cuda".to_string()]);
+        let features = gpu_features(p);
+        if !features.is_empty() {
+            args.extend(["--features".to_string(), features.join(",")]);
         }
         builds.push(Build {
             args,

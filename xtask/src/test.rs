@@ -190,9 +190,19 @@ pub(crate) fn cargo(root: &Path) -> Command {
 /// Builds all test targets (same profile as the host run, so nothing is rebuilt) and
 /// returns the executables of those named `rxe_*`, as (target name, path).
 fn build_guest_tests(root: &Path) -> Result<Vec<(String, PathBuf)>> {
-    built_executables(root, &["test", "--workspace", "--no-run"], |kinds, name| {
-        kinds.contains(&"test") && name.starts_with(GUEST_TEST_PREFIX)
-    })
+    let keep =
+        |kinds: &[&str], name: &str| kinds.contains(&"test") && name.starts_with(GUEST_TEST_PREFIX);
+    let mut binaries = built_executables(root, &["test", "--workspace", "--no-run"], keep)?;
+    // Guest suites behind a feature (`required-features` on the target), built for their
+    // package alone so that nothing else is rebuilt with the feature.
+    binaries.extend(built_executables(
+        root,
+        &["test", "-p", "hf3fs-gdr", "--features", "rdma", "--no-run"],
+        keep,
+    )?);
+    binaries.sort();
+    binaries.dedup();
+    Ok(binaries)
 }
 
 /// Runs the cargo build command `args` (JSON messages are asked for) and returns the
