@@ -337,7 +337,8 @@ impl<T: Transport> CpuProxy<T> {
             Err(Error::Unsupported(why)) => {
                 tracing::debug!("proxy: staging device memory: {why}");
                 drop(engine);
-                Ok((self.register_staged(buf.clone())?, true))
+                let mem = DeviceRange::of_buffer(buf.clone())?;
+                Ok((self.register_staged(Arc::new(mem))?, true))
             }
             Err(e) => Err(e),
         }
@@ -449,7 +450,7 @@ impl<T: Transport> CpuProxy<T> {
                     engine.staging = Some(staging);
                 }
                 // SAFETY: forwarded contract.
-                let mem = unsafe { DeviceRange::new(gpu, addr, len as u64) };
+                let mem = unsafe { DeviceRange::new(gpu, addr, len as u64) }?;
                 Region::Local(Local::Staged { mem: Arc::new(mem) })
             }
             Err(e) => return Err(e),

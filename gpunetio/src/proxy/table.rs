@@ -46,13 +46,62 @@ impl DeviceCopy for DeviceBuffer {
     }
 }
 
-/// Device memory the proxy does not own (framework memory, a caller's registration),
-/// staged through copies in its GPU's context.
+/// Device memory reached by copies: a caller's range (framework memory, a registration
+/// of another layer) or a [`DeviceBuffer`] the transport cannot register.
+///
+/// Copies run on a private non-blocking stream: a kernel that waits for the proxy may sit
+/// on the legacy default stream, and a plain `cuMemcpyDtoH` (legacy stream) would wait
+/// for that kernel, which waits for the copy.
 #[derive(Debug)]
 pub struct DeviceRange {
     gpu: crate::Gpu,
     addr: u64,
     len: u64,
+    stream: CopyStream,
+    _keep: Option<Arc<DeviceBuffer>>,
+}
+
+#[derive(Debug)]
+struct CopyStream {
+    gpu: crate::Gpu,
+    raw: cudarc::driver::sys::CUstream,
+}
+
+// SAFETY: a CUDA stream handle may be used from any thread of the process that made it.
+unsafe impl Send for CopyStream {}
+// SAFETY: as above; the driver serialises work submitted to one stream.
+unsafe impl Sync for CopyStream {}
+
+impl CopyStream {
+    fn new(gpu: &crate::Gpu) -> Result<Self> {
+        use cudarc::driver::sys;
+        gpu.bind()?;
+        let mut raw = std::ptr::null_mut();
+        // SAFETY: `raw` receives a new stream of the current context.
+        crate::error::cvt("cuStreamCreate", unsafe {
+            sys::cuStreamCreate(&mut raw, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32)
+        })?;
+        Ok(Self {
+            gpu: gpu.clone(),
+            raw,
+        })
+    }
+
+    fn finish(&self, call: &'static str, queued: cudarc::driver::sys::CUresult) -> Result<()> {
+        crate::error::cvt(call, queued)?;
+        // SAFETY: our stream, alive until drop.
+        crate::error::cvt("cuStreamSynchronize", unsafe {
+            cudarc::driver::sys::cuStreamSynchronize(self.raw)
+        })
+    }
+}
+
+impl Drop for CopyStream {
+    fn drop(&mut self) {
+        let _ = self.gpu.bind();
+        // SAFETY: our stream; nothing is queued on it (every copy synchronised).
+        unsafe { cudarc::driver::sys::cuStreamDestroy_v2(self.raw) };
+    }
 }
 
 impl DeviceRange {
@@ -61,12 +110,25 @@ impl DeviceRange {
     /// # Safety
     /// The range must stay allocated while the value (and any proxy table holding it)
     /// lives.
-    pub unsafe fn new(gpu: &crate::Gpu, addr: u64, len: u64) -> Self {
-        Self {
+    pub unsafe fn new(gpu: &crate::Gpu, addr: u64, len: u64) -> Result<Self> {
+        Ok(Self {
             gpu: gpu.clone(),
             addr,
             len,
-        }
+            stream: CopyStream::new(gpu)?,
+            _keep: None,
+        })
+    }
+
+    /// The whole of `buf`, kept alive by the value.
+    pub fn of_buffer(buf: Arc<DeviceBuffer>) -> Result<Self> {
+        Ok(Self {
+            gpu: buf.gpu().clone(),
+            addr: buf.ptr(),
+            len: buf.len() as u64,
+            stream: CopyStream::new(buf.gpu())?,
+            _keep: Some(buf),
+        })
     }
 
     fn check(&self, offset: u64, n: usize) -> Result<u64> {
@@ -90,19 +152,32 @@ impl DeviceCopy for DeviceRange {
     fn copy_to_host(&self, offset: u64, dst: &mut [u8]) -> Result<()> {
         let src = self.check(offset, dst.len())?;
         self.gpu.bind()?;
-        // SAFETY: the source is inside the range the constructor's caller keeps
-        // allocated; `dst` is a live slice of that length.
-        crate::error::cvt("cuMemcpyDtoH", unsafe {
-            cudarc::driver::sys::cuMemcpyDtoH_v2(dst.as_mut_ptr().cast(), src, dst.len())
-        })
+        // SAFETY: the source is inside the range kept allocated (constructor contract or
+        // the buffer held); `dst` is a live slice of that length, synchronised before
+        // return.
+        let queued = unsafe {
+            cudarc::driver::sys::cuMemcpyDtoHAsync_v2(
+                dst.as_mut_ptr().cast(),
+                src,
+                dst.len(),
+                self.stream.raw,
+            )
+        };
+        self.stream.finish("cuMemcpyDtoHAsync", queued)
     }
     fn copy_from_host(&self, offset: u64, src: &[u8]) -> Result<()> {
         let dst = self.check(offset, src.len())?;
         self.gpu.bind()?;
         // SAFETY: as above, with the roles swapped.
-        crate::error::cvt("cuMemcpyHtoD", unsafe {
-            cudarc::driver::sys::cuMemcpyHtoD_v2(dst, src.as_ptr().cast(), src.len())
-        })
+        let queued = unsafe {
+            cudarc::driver::sys::cuMemcpyHtoDAsync_v2(
+                dst,
+                src.as_ptr().cast(),
+                src.len(),
+                self.stream.raw,
+            )
+        };
+        self.stream.finish("cuMemcpyHtoDAsync", queued)
     }
 }
 
