@@ -197,13 +197,17 @@ fn against_a_dram_peer(provider: &str) {
     let m = module(&gpu);
     let tag = provider.replace(';', "_");
     let announce = announce_path("nixl-gnn", &tag);
-    let mut child = self_test("gpunetio_nic_peer_main", false)
+    let child = self_test("gpunetio_nic_peer_main", false)
         .arg("--nocapture")
         .env("NIXL_GNN_ANNOUNCE", &announce)
         .env("NIXL_GNN_PROVIDER", provider)
         .spawn()
         .unwrap();
-    let text = wait_file(&announce, &mut child);
+    let mut child = KillOnDrop(child);
+    let child = &mut child.0;
+    let t0 = Instant::now();
+    let step = |what: &str| eprintln!("{provider}: {:>8.3} s  {what}", t0.elapsed().as_secs_f64());
+    let text = wait_file(&announce, child);
     let parts: Vec<&str> = text.split(' ').collect();
     let addr = parts[0].parse().unwrap();
     let remote_data = Desc::new(parts[1].parse().unwrap(), LEN, 0);
@@ -245,7 +249,8 @@ fn against_a_dram_peer(provider: &str) {
     w.post_with(Some(b"posted 11".to_vec()), &PostParams::default())
         .unwrap();
     w.wait(TIMEOUT).unwrap();
-    verdict("posted 11".into(), &mut child);
+    verdict("posted 11".into(), child);
+    step("posted WRITE from VRAM");
     let mut d = i
         .create_xfer_req(
             XferOp::Write,
@@ -258,7 +263,8 @@ fn against_a_dram_peer(provider: &str) {
     d.post_with(Some(b"posted 12".to_vec()), &PostParams::default())
         .unwrap();
     d.wait(TIMEOUT).unwrap();
-    verdict("posted 12".into(), &mut child);
+    verdict("posted 12".into(), child);
+    step("posted WRITE from DRAM");
 
     // READ the peer's DRAM into VRAM, as 8 descriptors at offsets inside the regions.
     let mut r = i
@@ -278,6 +284,7 @@ fn against_a_dram_peer(provider: &str) {
     r.post().unwrap();
     r.wait(TIMEOUT).unwrap();
     assert_eq!(back.to_vec().unwrap(), host, "{provider}: READ into VRAM");
+    step("READ into VRAM");
 
     // The request form from kernels: write round by round, signal word 0.
     let req = i
@@ -303,7 +310,7 @@ fn against_a_dram_peer(provider: &str) {
             .unwrap();
         wait_file(
             Path::new(&format!("{}.armed-{variant}", announce.display())),
-            &mut child,
+            child,
         );
         status_word.as_mut_slice().fill(0);
         let f = function(&m, variant);
@@ -320,7 +327,8 @@ fn against_a_dram_peer(provider: &str) {
             status::SUCCESS,
             "{provider} {variant}: device-API status"
         );
-        verdict(variant.to_string(), &mut child);
+        verdict(variant.to_string(), child);
+        step(variant);
     }
 
     // The memory-view form: nixlPut from a local view, nixlAtomicAdd on signal word 1.
@@ -335,7 +343,7 @@ fn against_a_dram_peer(provider: &str) {
         .unwrap();
     wait_file(
         Path::new(&format!("{}.armed-view_put_signal", announce.display())),
-        &mut child,
+        child,
     );
     status_word.as_mut_slice().fill(0);
     let f = function(&m, "view_put_signal");
@@ -354,7 +362,8 @@ fn against_a_dram_peer(provider: &str) {
     stream.synchronize().unwrap();
     let st = i32::from_le_bytes(status_word.as_slice()[..4].try_into().unwrap());
     assert_eq!(st, status::SUCCESS, "{provider} view_put_signal: status");
-    verdict("view_put_signal".into(), &mut child);
+    verdict("view_put_signal".into(), child);
+    step("view_put_signal");
 
     // nic_handler=auto: the peer's DRAM is reachable only through the NIC path.
     let a = agent("gnn-auto", false, "auto", provider);
@@ -374,7 +383,8 @@ fn against_a_dram_peer(provider: &str) {
     wa.post_with(Some(b"posted 13".to_vec()), &PostParams::default())
         .unwrap();
     wa.wait(TIMEOUT).unwrap();
-    verdict("posted 13".into(), &mut child);
+    verdict("posted 13".into(), child);
+    step("nic_handler=auto to the peer's DRAM");
 
     // The peer goes away: the next transfer is a typed error within the bound, not a
     // hang and not a success.
@@ -391,6 +401,16 @@ fn against_a_dram_peer(provider: &str) {
         "{provider}: a transfer to a dead peer succeeded"
     );
     assert!(took < TIMEOUT, "{provider}: the failure took {took:?}");
+}
+
+/// The peer process, killed if the test fails before it said goodbye.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 #[test]
