@@ -181,40 +181,48 @@ fn gpu_nixlbench_file_to_vram_beside_gdr_read_bench() {
     let dir = TempDir::new("bw");
     let _daemon = Daemon::start(&dir.0);
     let size: u64 = 1 << 30;
-    // nixlbench: 1 GiB of one cached file per request, 16 reads of 64 MiB.
-    let out = run(
-        &nixlbench(),
-        &[
-            "--backend",
-            "FILE",
-            "--initiator_seg_type",
-            "VRAM",
-            "--filepath",
-            dir.0.to_str().unwrap(),
-            "--op_type",
-            "READ",
-            "--total_buffer_size",
-            &size.to_string(),
-            "--start_block_size",
-            "67108864",
-            "--max_block_size",
-            "67108864",
-            "--start_batch_size",
-            "16",
-            "--max_batch_size",
-            "16",
-            "--num_iter",
-            "160",
-            "--warmup_iter",
-            "2",
-            "--no_progress",
-        ],
-    );
-    assert!(
-        out.contains("(already running)"),
-        "the test's daemon: {out}"
-    );
-    let nixl_gbps = number_after(&out, " peak: ");
+    // nixlbench: one thread posting 1 GiB requests (16 reads of 64 MiB), and two
+    // threads posting 512 MiB each (so one request's tail overlaps the other's start).
+    let mut nixl_gbps: f64 = 0.0;
+    for (threads, batch) in [("1", "16"), ("2", "8")] {
+        let out = run(
+            &nixlbench(),
+            &[
+                "--backend",
+                "FILE",
+                "--initiator_seg_type",
+                "VRAM",
+                "--filepath",
+                dir.0.to_str().unwrap(),
+                "--op_type",
+                "READ",
+                "--total_buffer_size",
+                &size.to_string(),
+                "--start_block_size",
+                "67108864",
+                "--max_block_size",
+                "67108864",
+                "--start_batch_size",
+                batch,
+                "--max_batch_size",
+                batch,
+                "--num_threads",
+                threads,
+                "--num_iter",
+                "160",
+                "--warmup_iter",
+                "2",
+                "--no_progress",
+            ],
+        );
+        assert!(
+            out.contains("(already running)"),
+            "the test's daemon: {out}"
+        );
+        let gbps = number_after(&out, " peak: ");
+        println!("nixlbench FILE->VRAM, {threads} thread(s): {gbps:.2} GB/s");
+        nixl_gbps = nixl_gbps.max(gbps);
+    }
     let raw = std::env::var_os("GDR_READ_BENCH_BIN")
         .map(PathBuf::from)
         .or_else(|| bundled("gdr_read_bench"));
@@ -241,8 +249,8 @@ fn gpu_nixlbench_file_to_vram_beside_gdr_read_bench() {
     );
     let raw_gbps = number_after(&out, "best ");
     println!(
-        "RESULT FILE->VRAM: nixlbench {nixl_gbps:.2} GB/s, gdr_read_bench {raw_gbps:.2} GB/s, \
-         ratio {:.3} (goal >= 0.95)",
+        "RESULT FILE->VRAM: nixlbench {nixl_gbps:.2} GB/s (best of 1 and 2 threads), \
+         gdr_read_bench {raw_gbps:.2} GB/s, ratio {:.3} (goal >= 0.95)",
         nixl_gbps / raw_gbps
     );
 }
