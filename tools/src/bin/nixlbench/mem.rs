@@ -60,8 +60,17 @@ impl HostBuffer {
             let _ = std::fs::remove_file(&path);
             e
         };
-        file.set_len(len.max(1) as u64)
-            .map_err(|e| fail(format!("sizing {} to {len} bytes: {e}", path.display())))?;
+        // Reserved up front: a tmpfs too small for it (containers' /dev/shm) fails here
+        // instead of with SIGBUS when a page is first touched.
+        // SAFETY: a valid descriptor; plain integer arguments.
+        let err = unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, len.max(1) as libc::off_t) };
+        if err != 0 {
+            let e = std::io::Error::from_raw_os_error(err);
+            return Err(fail(format!(
+                "reserving {len} bytes in {}: {e}",
+                path.display()
+            )));
+        }
         // SAFETY: a fresh shared mapping of the whole file; unmapped in drop.
         let ptr = unsafe {
             libc::mmap(
@@ -139,7 +148,12 @@ impl Mem {
         fill: u8,
     ) -> Result<Self, String> {
         match kind {
-            MemKind::Dram => Ok(Self::Host(HostBuffer::new_shared(len, fill)?)),
+            MemKind::Dram => Ok(Self::Host(
+                HostBuffer::new_shared(len, fill).unwrap_or_else(|e| {
+                    eprintln!("nixlbench: DRAM in /dev/shm: {e}; heap memory instead (staged)");
+                    HostBuffer::new(len, fill)
+                }),
+            )),
             _ => Self::alloc(kind, gpu, len, fill),
         }
     }
