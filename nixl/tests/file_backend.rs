@@ -405,6 +405,30 @@ fn closed_and_unregistered_descriptors_are_typed_errors() {
         eprintln!("descriptor number {fd} was not reused ({reused}): reuse case skipped");
     }
 
+    // Two agents of this process register one descriptor: either may go first.
+    let shared_file = open_rw(&data, "shared");
+    shared_file.set_len(8192).unwrap();
+    let sfd = shared_file.as_raw_fd();
+    let other_agent = file_agent("other", d.path(), &[]);
+    // SAFETY: the buffer outlives the handle and the requests.
+    let _oh = unsafe { other_agent.register_mem(&dram([Desc::from_slice(&buf)]), None) }.unwrap();
+    // SAFETY: the file outlives both handles.
+    let first = unsafe { agent.register_mem(&file_list(sfd, &[(0, 8192)]), None) }.unwrap();
+    // SAFETY: as above.
+    let _second = unsafe { other_agent.register_mem(&file_list(sfd, &[(0, 8192)]), None) }.unwrap();
+    drop(first);
+    let mut req = other_agent
+        .create_xfer_req(
+            XferOp::Read,
+            &dram([Desc::new(base, 8192, 0)]),
+            &file_list(sfd, &[(0, 8192)]),
+            "other",
+            None,
+        )
+        .unwrap();
+    req.post().unwrap();
+    req.wait(TIMEOUT).unwrap();
+
     // Descriptors outside what was registered, on either side.
     let file = open_rw(&data, "g");
     // SAFETY: the file outlives the handle.

@@ -247,14 +247,64 @@ impl FileReg {
 
 impl Drop for FileReg {
     fn drop(&mut self) {
-        let Some(shared) = self.owner.upgrade() else {
-            hf3fs_gdr::dereg_fd(self.fd);
-            return;
-        };
-        let mut files = lock(&shared.files);
-        if files.get(&self.fd).is_some_and(|(s, _)| *s == self.serial) {
-            files.remove(&self.fd);
-            hf3fs_gdr::dereg_fd(self.fd);
+        if let Some(shared) = self.owner.upgrade() {
+            let mut files = lock(&shared.files);
+            if files.get(&self.fd).is_some_and(|(s, _)| *s == self.serial) {
+                files.remove(&self.fd);
+            }
+        }
+        release_fd(self.fd, (self.dev, self.ino));
+    }
+}
+
+/// Descriptor → (the file it named: device, inode; registrations holding it).
+type FdTable = Mutex<HashMap<RawFd, ((u64, u64), usize)>>;
+
+/// `hf3fs_gdr::reg_fd` registrations are per process and keyed by descriptor number:
+/// counted here across every FILE backend of the process (several agents may register
+/// one descriptor), so the last one to go deregisters it.
+fn fd_registrations() -> &'static FdTable {
+    static REGS: std::sync::OnceLock<FdTable> = std::sync::OnceLock::new();
+    REGS.get_or_init(Default::default)
+}
+
+/// One more registration of `fd`, which names the file `id` (device, inode).
+fn acquire_fd(fd: RawFd, id: (u64, u64)) -> Result<()> {
+    let mut regs = lock(fd_registrations());
+    match regs.get_mut(&fd) {
+        Some((held, count)) if *held == id => {
+            *count += 1;
+            return Ok(());
+        }
+        Some(_) => {
+            return Err(Error::InvalidParam(format!(
+                "{NAME}: fd {fd} is registered for another file (closed and reused since?): \
+                 deregister that registration first"
+            )))
+        }
+        None => {}
+    }
+    if let Err(e) = hf3fs_gdr::reg_fd(fd, 0) {
+        // A registration of an earlier file under this number that nobody holds.
+        if !matches!(e, hf3fs_gdr::Error::InvalidArgument(_)) {
+            return Err(backend_err(format!("registering fd {fd}"), e));
+        }
+        hf3fs_gdr::dereg_fd(fd);
+        hf3fs_gdr::reg_fd(fd, 0).map_err(|e| backend_err(format!("registering fd {fd}"), e))?;
+    }
+    regs.insert(fd, (id, 1));
+    Ok(())
+}
+
+fn release_fd(fd: RawFd, id: (u64, u64)) {
+    let mut regs = lock(fd_registrations());
+    if let Some((held, count)) = regs.get_mut(&fd) {
+        if *held == id {
+            *count -= 1;
+            if *count == 0 {
+                regs.remove(&fd);
+                hf3fs_gdr::dereg_fd(fd);
+            }
         }
     }
 }
@@ -364,14 +414,7 @@ impl Shared {
                  deregister that registration first"
             )));
         }
-        if let Err(e) = hf3fs_gdr::reg_fd(fd, 0) {
-            // A registration of an earlier file under this number that nobody holds.
-            if !matches!(e, hf3fs_gdr::Error::InvalidArgument(_)) {
-                return Err(backend_err(format!("registering fd {fd}"), e));
-            }
-            hf3fs_gdr::dereg_fd(fd);
-            hf3fs_gdr::reg_fd(fd, 0).map_err(|e| backend_err(format!("registering fd {fd}"), e))?;
-        }
+        acquire_fd(fd, (dev, ino))?;
         let serial = self.next_serial.fetch_add(1, Ordering::Relaxed);
         let reg = Arc::new(FileReg {
             fd,
