@@ -134,15 +134,20 @@ impl Drop for FileSet {
     }
 }
 
-/// A daemon this run started: stopped on drop.
+/// A daemon this run started: stopped on drop, and the mount's virtual directory
+/// removed if the daemon made it.
 struct StartedDaemon {
     child: Child,
+    made_virt: Option<PathBuf>,
 }
 
 impl Drop for StartedDaemon {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        if let Some(dir) = &self.made_virt {
+            let _ = std::fs::remove_dir_all(dir);
+        }
     }
 }
 
@@ -182,6 +187,8 @@ fn ensure_daemon(mount: &Path) -> Result<(Option<StartedDaemon>, String), String
         return Ok((None, "already running".into()));
     }
     let (mut cmd, what) = daemon_command(mount)?;
+    let virt = mount.join(hf3fs_gdr::virt::VIRT_DIR);
+    let made_virt = (!virt.exists()).then_some(virt);
     let mut child = cmd
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -189,7 +196,7 @@ fn ensure_daemon(mount: &Path) -> Result<(Option<StartedDaemon>, String), String
         .spawn()
         .map_err(|e| format!("starting {what}: {e}"))?;
     let stdout = child.stdout.take().expect("piped");
-    let started = StartedDaemon { child };
+    let started = StartedDaemon { child, made_virt };
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         for line in BufReader::new(stdout).lines() {
