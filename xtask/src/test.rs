@@ -2,7 +2,8 @@
 //!
 //! 1. installs the Debian packages that are missing;
 //! 2. runs `cargo test --workspace` on the host, where tests that need an RDMA device
-//!    or a GPU skip with a printed reason, and every device source is compiled with NVRTC
+//!    or a GPU skip with a printed reason (the two-network-namespace tests `netns_*` run
+//!    when we are root, and then must not skip), and every device source is compiled with NVRTC
 //!    (fetched into target/nvrtc by `cargo xtask nvrtc`; a kernel that does not compile
 //!    fails);
 //! 3. builds the Python extension (`python/`, PyO3 + maturin) into a venv under
@@ -40,6 +41,14 @@ pub fn run(args: &[String]) -> Result<i32> {
     if host {
         // Device code is compiled by NVRTC in the host tests: every kernel must compile.
         let nvrtc = crate::nvrtc::ensure()?;
+        // As root the two-namespace LIBFABRIC tests (nixl/tests/netns_*.rs) must run: a
+        // missing `ip netns` fails them instead of skipping.
+        // SAFETY: geteuid has no preconditions and touches no memory.
+        let require_netns = if unsafe { libc::geteuid() } == 0 {
+            "1"
+        } else {
+            "0"
+        };
         // Feature-gated suites that need only host software (etcd on loopback), and the
         // GPU code built with feature `cuda`: its unit tests run, its GPU tests skip here
         // with a printed reason (they run on a GPU machine: `cargo xtask gpu-bundle`).
@@ -77,6 +86,7 @@ pub fn run(args: &[String]) -> Result<i32> {
                 .args(args)
                 .env("LD_LIBRARY_PATH", crate::nvrtc::library_path(&nvrtc))
                 .env("GPUNETIO_REQUIRE_NVRTC", "1")
+                .env("NIXL_REQUIRE_NETNS", require_netns)
                 .status()?;
             if !status.success() {
                 eprintln!("xtask: host tests failed");

@@ -11,6 +11,7 @@ use std::sync::{Mutex, MutexGuard, Once};
 use std::time::{Duration, Instant};
 
 pub mod staged;
+pub mod twohost;
 
 /// Bound on every wait: generous, so that a slow machine fails only when something hangs.
 pub const TIMEOUT: Duration = Duration::from_secs(60);
