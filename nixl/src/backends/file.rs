@@ -409,6 +409,9 @@ impl Shared {
             if (reg.dev, reg.ino) == (dev, ino) {
                 return Ok(reg);
             }
+            // Unlocked before `reg` goes: if it was the last holder, its drop locks.
+            drop(files);
+            drop(reg);
             return Err(Error::InvalidParam(format!(
                 "{NAME}: fd {fd} is registered for another file (closed and reused since?): \
                  deregister that registration first"
