@@ -119,8 +119,13 @@ extern "C" __global__ void view_put_signal(nixlMemViewH local, nixlMemViewH remo
       nixl_status_t st =
           nixlAtomicAdd<nixl_gpu_level_t::THREAD>(1, nixlMemViewElem{remote, 1, 0}, 0, 0, &xs);
       const unsigned long long start = gio::now_ns();
-      while (st == NIXL_SUCCESS && (st = nixlGpuGetXferStatus(xs)) == NIXL_IN_PROG) {
-        if (gio::now_ns() - start > timeout_ns) st = NIXL_ERR_BACKEND;
+      if (st == NIXL_SUCCESS) {
+        while ((st = nixlGpuGetXferStatus(xs)) == NIXL_IN_PROG) {
+          if (gio::now_ns() - start > timeout_ns) {
+            st = NIXL_ERR_BACKEND;
+            break;
+          }
+        }
       }
       fail(status, st);
     }
