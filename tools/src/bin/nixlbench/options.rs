@@ -536,10 +536,10 @@ fn resolve_gpus(
                 o.backend
             ));
         }
-    } else if o.target_seg != MemKind::Vram {
+    } else if !matches!(o.target_seg, MemKind::Vram | MemKind::Dram) {
         return Err(
-            "--backend GPUNETIO reaches the target's VRAM only (a peer's DRAM needs the NIC \
-             path, not driven yet): --target_seg_type VRAM (its default with GPUNETIO)"
+            "--backend GPUNETIO moves to the target's VRAM (its default with GPUNETIO) or DRAM \
+             (through the NIC path): --target_seg_type VRAM|DRAM"
                 .into(),
         );
     }
@@ -777,11 +777,11 @@ mod tests {
         );
         let e = err("--backend GPUNETIO --target_seg_type VRAM --gpunetio_oob_list a,b,c");
         assert!(e.contains("one interface for both sides"), "{e}");
-        let e = err("--backend GPUNETIO --target_seg_type DRAM");
-        assert!(
-            e.contains("--target_seg_type VRAM (its default with GPUNETIO)"),
-            "{e}"
-        );
+        if cfg!(feature = "cuda") {
+            // A peer's DRAM goes through the NIC path.
+            let o = parse_args(&args("--backend GPUNETIO --target_seg_type DRAM")).unwrap();
+            assert_eq!(o.target_seg, MemKind::Dram);
+        }
         // Upstream's documented line, no segment types: DRAM -> VRAM, GPUs 0 and 1.
         let o = parse_args(&args("--backend GPUNETIO --gpunetio_device_list 0,1")).unwrap();
         assert_eq!(
