@@ -3,7 +3,8 @@
 # xtask/src/rxe/initramfs.rs. What must be known before the control share is
 # mounted comes on the kernel command line (the kernel hands unknown
 # key=value parameters to init as environment variables):
-#   rxevm_rxe=0|1  rxevm_netdev=dummy|lo  rxevm_trace=0|1
+#   rxevm_rxe=0|1  rxevm_netdev=dummy|lo|link  rxevm_trace=0|1
+#   rxevm_addr=ADDR/PREFIX  rxevm_name=NAME   (netdev link: the two-guest mode)
 # The rest lives on the control share: `shares` (sourced) and `cmd` (run).
 # Under TCG every process costs tens of milliseconds, so builtins are
 # preferred and slow steps run in the background.
@@ -33,6 +34,8 @@ if [ "$rxevm_rxe" = 1 ]; then
 	# PCLMUL. dummy (numdummies defaults to 1) creates dummy0 by itself.
 	extra=
 	[ "$rxevm_netdev" = dummy ] && extra=dummy
+	# The two-guest mode's link to the other guest is a virtio NIC.
+	[ "$rxevm_netdev" = link ] && extra=virtio_net
 	modprobe -a crc32_generic rdma_rxe ib_uverbs rdma_ucm ib_umad $extra &
 	rdma_modules=$!
 fi
@@ -60,6 +63,13 @@ if [ "$rxevm_rxe" = 1 ]; then
 		dev=dummy0
 		ip link set dev $dev address 02:00:00:00:00:01 mtu 9000 up || fail "cannot configure $dev"
 		ip addr add 192.0.2.1/24 dev $dev || fail "cannot address $dev"
+	elif [ "$rxevm_netdev" = link ]; then
+		# The only NIC: a virtio link to the other guest of `--two-guests`
+		# (its MAC is set by QEMU, so each guest has its own). Standard MTU:
+		# rxe's active_mtu is 1024 here, as on a plain Ethernet.
+		dev=eth0
+		ip link set dev $dev up || fail "cannot bring up $dev"
+		ip addr add $rxevm_addr dev $dev || fail "cannot address $dev"
 	fi
 	# busybox has no `rdma`: use the host's iproute2, in the background
 	# while the rest of the root is mounted.
@@ -82,8 +92,9 @@ share() {
 	mkdir -p "$R$2" && mount -t 9p -o $p9,cache=mmap "$1" "$R$2" || fail "cannot mount share $2"
 }
 . /mnt/ctl/shares
-hostname rxe-vm
-echo "127.0.1.1 rxe-vm" >>$R/etc/hosts
+host=rxe-vm${rxevm_name:+-$rxevm_name}
+hostname $host
+echo "127.0.1.1 $host" >>$R/etc/hosts
 trace "shares mounted"
 
 if [ "$rxevm_rxe" = 1 ]; then

@@ -9,6 +9,7 @@
 //! - [`kernel`]: host packages, the cache, the kernel download, `vmlinux` and modules.
 //! - [`initramfs`]: busybox, the module closure and `guest-init.sh` in a cpio archive.
 //! - [`guest`]: one QEMU run.
+//! - [`pair`]: two guests joined by an Ethernet link (`--two-guests`).
 //!
 //! Cache: `${RXE_VM_CACHE:-${XDG_CACHE_HOME:-~/.cache}/rdma-rs-rxe}`. `RXE_VM_KERNEL_PKG`
 //! picks another kernel package; delete the cache to pick up a newer kernel.
@@ -16,6 +17,9 @@
 mod guest;
 mod initramfs;
 mod kernel;
+mod pair;
+
+pub use pair::PeerCommand;
 
 use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
@@ -110,6 +114,18 @@ pub fn run_in_guest(opts: &GuestOptions, command: &[String]) -> Result<i32> {
     guest::run(opts, command, &boot, started)
 }
 
+/// Boot two guests joined by an Ethernet link (see [`pair`]) and run `command` in guest
+/// `a` and `peer` in guest `b`. Returns `a`'s status when it failed, else `b`'s; codes as
+/// for [`run_in_guest`]. `opts.netdev` is ignored: each guest's `rxe0` is on its link.
+pub fn run_two_guests(opts: &GuestOptions, command: &[String], peer: &PeerCommand) -> Result<i32> {
+    if command.is_empty() {
+        bail!("no command to run");
+    }
+    let started = std::time::Instant::now();
+    let boot = kernel::prepare(opts.verbose)?;
+    pair::run(opts, command, peer, &boot, started)
+}
+
 /// CLI: `cargo xtask rxe [options] -- <command> [args...]` and `cargo xtask rxe --setup`.
 /// Returns the exit code; errors of our own are 125, as with `env(1)`, so a runner's
 /// caller can tell them from the command's.
@@ -127,7 +143,10 @@ pub fn run(args: &[String]) -> Result<i32> {
             return Ok(0);
         }
         Action::Setup => setup(cli.opts.verbose).map(|()| 0),
-        Action::Run(command) => run_in_guest(&cli.opts, &command),
+        Action::Run(command) => match &cli.peer {
+            Some(peer) => run_two_guests(&cli.opts, &command, peer),
+            None => run_in_guest(&cli.opts, &command),
+        },
     };
     Ok(result.unwrap_or_else(|err| {
         eprintln!("rxe: error: {err:#}");
@@ -155,6 +174,11 @@ options:
       --share DIR     also share DIR read-write at the same path (repeatable)
       --no-cwd        do not share the current directory
   -v, --verbose       guest console and timings on stderr
+      --two-guests    boot two guests, a (192.0.2.1) and b (192.0.2.2), each with rxe0 on
+                      its own NIC, joined by an Ethernet link (MTU 1500); COMMAND runs in a,
+                      and b serves a's requests (xtask/src/rxe/pair.rs) unless --guest-b
+      --guest-b CMD   with --two-guests: run the shell command CMD (sh -c) in guest b; the
+                      exit status is a's if it failed, else b's; both are reported
   -h, --help
 
 environment: RXE_VM_CACHE (cache dir), RXE_VM_KERNEL_PKG (kernel package to use)";
@@ -170,11 +194,14 @@ enum Action {
 struct Cli {
     opts: GuestOptions,
     action: Action,
+    /// `Some` in the two-guest mode: what guest b runs.
+    peer: Option<PeerCommand>,
 }
 
 fn parse_args(args: &[String]) -> Result<Cli> {
     let mut opts = GuestOptions::default();
     let mut setup_only = false;
+    let (mut two_guests, mut guest_b) = (false, None);
     let mut rest = args.iter();
     let mut command = Vec::new();
     while let Some(arg) = rest.next() {
@@ -183,7 +210,12 @@ fn parse_args(args: &[String]) -> Result<Cli> {
             Some((name, value)) if name.starts_with("--") => (name, Some(value.to_string())),
             _ => (arg.as_str(), None),
         };
-        if inline.is_some() && matches!(name, "--no-rxe" | "--no-cwd" | "--verbose" | "--setup") {
+        if inline.is_some()
+            && matches!(
+                name,
+                "--no-rxe" | "--no-cwd" | "--verbose" | "--setup" | "--two-guests"
+            )
+        {
             bail!("{name} takes no value");
         }
         let mut value = || -> Result<String> {
@@ -212,10 +244,13 @@ fn parse_args(args: &[String]) -> Result<Cli> {
             "--no-cwd" => opts.share_cwd = false,
             "-v" | "--verbose" => opts.verbose = true,
             "--setup" => setup_only = true,
+            "--two-guests" => two_guests = true,
+            "--guest-b" => guest_b = Some(value()?),
             "-h" | "--help" => {
                 return Ok(Cli {
                     opts,
                     action: Action::Help,
+                    peer: None,
                 })
             }
             "--" => {
@@ -240,7 +275,14 @@ fn parse_args(args: &[String]) -> Result<Cli> {
         (false, true) => bail!("no command given"),
         (false, false) => Action::Run(command),
     };
-    Ok(Cli { opts, action })
+    let peer = match (two_guests, guest_b) {
+        (false, None) => None,
+        (false, Some(_)) => bail!("--guest-b needs --two-guests"),
+        (true, _) if !opts.rxe => bail!("--two-guests needs rxe (no --no-rxe)"),
+        (true, None) => Some(PeerCommand::Serve),
+        (true, Some(cmd)) => Some(PeerCommand::Run(vec!["sh".into(), "-c".into(), cmd])),
+    };
+    Ok(Cli { opts, action, peer })
 }
 
 fn number<T: std::str::FromStr>(option: &str, text: &str) -> Result<T> {
@@ -369,6 +411,29 @@ mod tests {
         );
         assert_eq!(command(&["-v", "ls", "-t"]), ["ls", "-t"]);
         assert_eq!(command(&["--", "--setup"]), ["--setup"]);
+    }
+
+    #[test]
+    fn two_guests() {
+        let cli = parse(&["--two-guests", "--", "true"]).unwrap();
+        assert_eq!(cli.peer, Some(PeerCommand::Serve));
+        let cli = parse(&["--two-guests", "--guest-b", "ib_write_bw", "true"]).unwrap();
+        assert_eq!(
+            cli.peer,
+            Some(PeerCommand::Run(vec![
+                "sh".into(),
+                "-c".into(),
+                "ib_write_bw".into()
+            ]))
+        );
+        assert_eq!(parse(&["--", "true"]).unwrap().peer, None);
+        for args in [
+            &["--guest-b", "x", "true"][..],
+            &["--two-guests", "--no-rxe", "true"],
+            &["--two-guests=1", "true"],
+        ] {
+            assert!(parse(args).is_err(), "{args:?} was accepted");
+        }
     }
 
     #[test]

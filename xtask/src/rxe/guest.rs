@@ -34,6 +34,30 @@ pub(super) fn run(
     boot: &Boot,
     started: Instant,
 ) -> Result<i32> {
+    let shares = shares(opts)?;
+    let _signals = SignalGuard::install();
+    let mut guest = Guest::start(opts, command, boot, &shares, None)?;
+    if opts.verbose {
+        eprintln!("rxe: QEMU started after {:.2?}", started.elapsed());
+    }
+    let deadline = guest.spawned + opts.timeout;
+    let end = loop {
+        if let Some(status) = guest.try_wait()? {
+            break End::Exited(status);
+        }
+        match SIGNAL.load(Ordering::SeqCst) {
+            0 if Instant::now() >= deadline => break End::Timeout,
+            0 if guest.boot_stalled(opts) => break End::BootStalled,
+            0 => thread::sleep(Duration::from_millis(10)),
+            signal => break End::Signal(signal),
+        }
+    };
+    Ok(guest.finish(end, opts, started))
+}
+
+/// The directories shared read-write: the current one (unless `--no-cwd`) and the extra
+/// ones, canonical and without duplicates.
+pub(super) fn shares(opts: &GuestOptions) -> Result<Vec<PathBuf>> {
     if let Some((name, _)) = opts
         .env
         .iter()
@@ -57,151 +81,217 @@ pub(super) fn run(
             shares.push(dir);
         }
     }
+    Ok(shares)
+}
 
-    // Dropped last: QEMU and the stream threads are gone by then.
-    let run_dir = TempDir::new_in(&std::env::temp_dir(), "rdma-rs-rxe.")?;
-    let ctl = run_dir.path().join("ctl");
-    fs::create_dir(&ctl)?;
-    fs::write(ctl.join("shares"), shares_script(&shares))?;
-    fs::write(
-        ctl.join("cmd"),
-        command_script(&cwd, &guest_env(opts), command),
-    )?;
+/// One end of the two-guest mode's Ethernet link: a virtio NIC on a QEMU `dgram`
+/// netdev, a unix datagram socket at `local` that sends to the other guest's at `remote`
+/// (no host network, no privileges; a guest that is gone just drops what is sent to it).
+#[derive(Debug, Clone)]
+pub(super) struct LinkEnd {
+    /// `a` or `b`: the guest's hostname is `rxe-vm-<name>`, its output is labelled so.
+    pub name: &'static str,
+    /// The guest's address on the link, with its prefix length.
+    pub cidr: &'static str,
+    pub mac: &'static str,
+    pub local: PathBuf,
+    pub remote: PathBuf,
+}
 
-    let first_output: Arc<OnceLock<Instant>> = Arc::default();
-    let command_started: Arc<OnceLock<Instant>> = Arc::default();
-    let console_tail: Arc<Mutex<Vec<u8>>> = Arc::default();
-    let streams = [
-        forward(
-            run_dir.path().join("out"),
-            copy_to(io::stdout().as_fd(), &first_output)?,
-        )?,
-        forward(
-            run_dir.path().join("err"),
-            copy_to(io::stderr().as_fd(), &first_output)?,
-        )?,
-        forward(run_dir.path().join("console"), {
-            let tail = Arc::clone(&console_tail);
-            let started = Arc::clone(&command_started);
-            let mut echo = opts.verbose.then(io::stderr);
-            move |data: &[u8]| {
-                if let Some(stderr) = &mut echo {
-                    let _ = stderr.write_all(data);
+/// One running guest: its control share, output streams and QEMU.
+pub(super) struct Guest {
+    label: Option<&'static str>,
+    // Fields drop in this order: QEMU, then the stream readers, then the run directory.
+    qemu: Option<Qemu>,
+    streams: Vec<Forward>,
+    ctl: PathBuf,
+    log_path: PathBuf,
+    first_output: Arc<OnceLock<Instant>>,
+    command_started: Arc<OnceLock<Instant>>,
+    console_tail: Arc<Mutex<Vec<u8>>>,
+    pub(super) spawned: Instant,
+    _run_dir: TempDir,
+}
+
+impl Guest {
+    /// Starts QEMU for `command` (see [`run`]); `link` makes it one of a pair.
+    pub(super) fn start(
+        opts: &GuestOptions,
+        command: &[String],
+        boot: &Boot,
+        shares: &[PathBuf],
+        link: Option<&LinkEnd>,
+    ) -> Result<Self> {
+        let cwd = std::env::current_dir().context("reading the current directory")?;
+        let label = link.map(|l| l.name);
+        let run_dir = TempDir::new_in(&std::env::temp_dir(), "rdma-rs-rxe.")?;
+        let ctl = run_dir.path().join("ctl");
+        fs::create_dir(&ctl)?;
+        fs::write(ctl.join("shares"), shares_script(shares))?;
+        let mut env = guest_env(opts);
+        if let Some(link) = link {
+            env.push(("RXE_GUEST".into(), link.name.into()));
+        }
+        fs::write(ctl.join("cmd"), command_script(&cwd, &env, command))?;
+
+        let first_output: Arc<OnceLock<Instant>> = Arc::default();
+        let command_started: Arc<OnceLock<Instant>> = Arc::default();
+        let console_tail: Arc<Mutex<Vec<u8>>> = Arc::default();
+        // Guest b of a pair speaks with a prefix on each line; the others are copied as is.
+        let prefix = label.filter(|l| *l != "a").map(|l| format!("[guest {l}] "));
+        let streams = vec![
+            forward(
+                run_dir.path().join("out"),
+                copy_to(io::stdout().as_fd(), &first_output, prefix.clone())?,
+            )?,
+            forward(
+                run_dir.path().join("err"),
+                copy_to(io::stderr().as_fd(), &first_output, prefix)?,
+            )?,
+            forward(run_dir.path().join("console"), {
+                let tail = Arc::clone(&console_tail);
+                let started = Arc::clone(&command_started);
+                let mut echo = opts.verbose.then(io::stderr);
+                move |data: &[u8]| {
+                    if let Some(stderr) = &mut echo {
+                        let _ = stderr.write_all(data);
+                    }
+                    let mut tail = tail.lock().unwrap_or_else(PoisonError::into_inner);
+                    // Search the new bytes plus a marker's length before them (a chunk may
+                    // split the line).
+                    let from = tail.len().saturating_sub(COMMAND_STARTED.len());
+                    tail.extend_from_slice(data);
+                    if tail[from..]
+                        .windows(COMMAND_STARTED.len())
+                        .any(|w| w == COMMAND_STARTED)
+                    {
+                        let _ = started.set(Instant::now());
+                    }
+                    let excess = tail.len().saturating_sub(CONSOLE_TAIL_BYTES);
+                    tail.drain(..excess);
                 }
-                let mut tail = tail.lock().unwrap_or_else(PoisonError::into_inner);
-                // Search the new bytes plus a marker's length before them (a chunk may
-                // split the line).
-                let from = tail.len().saturating_sub(COMMAND_STARTED.len());
-                tail.extend_from_slice(data);
-                if tail[from..]
-                    .windows(COMMAND_STARTED.len())
-                    .any(|w| w == COMMAND_STARTED)
-                {
-                    let _ = started.set(Instant::now());
-                }
-                let excess = tail.len().saturating_sub(CONSOLE_TAIL_BYTES);
-                tail.drain(..excess);
-            }
-        })?,
-    ];
+            })?,
+        ];
 
-    let log_path = run_dir.path().join("qemu.log");
-    let log = File::create(&log_path)?;
-    let mut cmd = Command::new("qemu-system-x86_64");
-    cmd.args(qemu_args(opts, boot, run_dir.path(), &shares))
-        .stdin(Stdio::null())
-        .stdout(log.try_clone()?)
-        .stderr(log)
-        // Our own process group: a terminal's ^C reaches us, and we decide what QEMU gets.
-        .process_group(0);
-    // SAFETY: the hook runs in the child between fork and exec; it only calls prctl, which
-    // is async-signal-safe, and touches no memory of the parent.
-    unsafe { cmd.pre_exec(die_with_parent) };
-    let _signals = SignalGuard::install();
-    let spawned = Instant::now();
-    let mut qemu = Qemu(cmd.spawn().context("starting qemu-system-x86_64")?);
-    if opts.verbose {
-        eprintln!("rxe: QEMU started after {:.2?}", started.elapsed());
+        let log_path = run_dir.path().join("qemu.log");
+        let log = File::create(&log_path)?;
+        let mut cmd = Command::new("qemu-system-x86_64");
+        cmd.args(qemu_args(opts, boot, run_dir.path(), shares, link))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            // Our own process group: a terminal's ^C reaches us, and we decide what QEMU gets.
+            .process_group(0);
+        // SAFETY: the hook runs in the child between fork and exec; it only calls prctl,
+        // which is async-signal-safe, and touches no memory of the parent.
+        unsafe { cmd.pre_exec(die_with_parent) };
+        let spawned = Instant::now();
+        let qemu = Qemu(cmd.spawn().context("starting qemu-system-x86_64")?);
+        Ok(Guest {
+            label,
+            qemu: Some(qemu),
+            streams,
+            ctl,
+            log_path,
+            first_output,
+            command_started,
+            console_tail,
+            spawned,
+            _run_dir: run_dir,
+        })
     }
 
-    let deadline = spawned + opts.timeout;
-    let end = loop {
-        if let Some(status) = qemu.0.try_wait()? {
-            break End::Exited(status);
+    /// QEMU's exit status once it has exited.
+    pub(super) fn try_wait(&mut self) -> Result<Option<ExitStatus>> {
+        match &mut self.qemu {
+            Some(qemu) => Ok(qemu.0.try_wait()?),
+            None => bail!("the guest was already stopped"),
         }
-        match SIGNAL.load(Ordering::SeqCst) {
-            0 if Instant::now() >= deadline => break End::Timeout,
-            0 if command_started.get().is_none()
-                && Instant::now() >= spawned + opts.boot_timeout =>
-            {
-                break End::BootStalled
-            }
-            0 => thread::sleep(Duration::from_millis(10)),
-            signal => break End::Signal(signal),
-        }
-    };
-    drop(qemu);
-    drop(streams);
-    if opts.verbose {
-        let first = first_output
-            .get()
-            .map(|t| format!("{:.2?}", t.duration_since(started)));
-        eprintln!(
-            "rxe: first output after {}, finished after {:.2?}",
-            first.as_deref().unwrap_or("-"),
-            started.elapsed()
-        );
     }
 
-    let tail = || {
-        let tail = console_tail.lock().unwrap_or_else(PoisonError::into_inner);
-        match last_lines(&tail, 30) {
-            lines if lines.is_empty() => "(empty; -v adds the kernel's messages)".to_string(),
-            lines => lines,
-        }
-    };
-    let status = match end {
-        End::Signal(signal) => {
-            eprintln!("rxe: interrupted by signal {signal}; guest stopped");
-            return Ok(128 + signal);
-        }
-        End::Timeout => {
+    /// Whether the guest has not reached its command within the boot timeout.
+    pub(super) fn boot_stalled(&self, opts: &GuestOptions) -> bool {
+        self.command_started.get().is_none() && Instant::now() >= self.spawned + opts.boot_timeout
+    }
+
+    /// Kills QEMU (SIGKILL, as a host that loses power) and waits for it and the streams.
+    pub(super) fn kill(&mut self) {
+        self.qemu = None;
+        self.streams.clear();
+    }
+
+    /// Stops what still runs and turns `end` into the exit code [`run`] documents,
+    /// reporting failures (with the console's tail) on stderr.
+    pub(super) fn finish(mut self, end: End, opts: &GuestOptions, started: Instant) -> i32 {
+        self.kill();
+        let who = match self.label {
+            Some(label) => format!("rxe: guest {label}"),
+            None => "rxe".to_string(),
+        };
+        if opts.verbose {
+            let first = self
+                .first_output
+                .get()
+                .map(|t| format!("{:.2?}", t.duration_since(started)));
             eprintln!(
-                "rxe: timed out after {:?}; guest console:\n{}",
-                opts.timeout,
-                tail()
+                "{who}: first output after {}, finished after {:.2?}",
+                first.as_deref().unwrap_or("-"),
+                started.elapsed()
             );
-            return Ok(124);
         }
-        End::BootStalled => {
-            eprintln!(
-                "rxe: boot stalled: the guest did not reach the command within {:?}; console:\n{}",
-                opts.boot_timeout,
-                tail()
-            );
-            return Ok(125);
+        let tail = || {
+            let tail = self
+                .console_tail
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            match last_lines(&tail, 30) {
+                lines if lines.is_empty() => "(empty; -v adds the kernel's messages)".to_string(),
+                lines => lines,
+            }
+        };
+        let status = match end {
+            End::Signal(signal) => {
+                eprintln!("{who}: interrupted by signal {signal}; guest stopped");
+                return 128 + signal;
+            }
+            End::Timeout => {
+                eprintln!(
+                    "{who}: timed out after {:?}; guest console:\n{}",
+                    opts.timeout,
+                    tail()
+                );
+                return 124;
+            }
+            End::BootStalled => {
+                eprintln!(
+                    "{who}: boot stalled: the guest did not reach the command within {:?}; console:\n{}",
+                    opts.boot_timeout,
+                    tail()
+                );
+                return 125;
+            }
+            End::Exited(status) => status,
+        };
+        if let Ok(text) = fs::read_to_string(self.ctl.join("status")) {
+            if let Ok(code) = text.trim().parse() {
+                return code;
+            }
         }
-        End::Exited(status) => status,
-    };
-    if let Ok(text) = fs::read_to_string(ctl.join("status")) {
-        if let Ok(code) = text.trim().parse() {
-            return Ok(code);
+        match fs::read_to_string(self.ctl.join("error")) {
+            Ok(reason) => eprintln!("{who}: guest setup failed: {}", reason.trim()),
+            Err(_) => eprintln!("{who}: QEMU exited ({status}) without the command's exit status"),
         }
+        let qemu_log = fs::read_to_string(&self.log_path).unwrap_or_default();
+        for line in qemu_log.lines() {
+            eprintln!("{who}: qemu: {line}");
+        }
+        eprintln!("{who}: guest console:\n{}", tail());
+        125
     }
-    match fs::read_to_string(ctl.join("error")) {
-        Ok(reason) => eprintln!("rxe: guest setup failed: {}", reason.trim()),
-        Err(_) => eprintln!("rxe: QEMU exited ({status}) without the command's exit status"),
-    }
-    let qemu_log = fs::read_to_string(&log_path).unwrap_or_default();
-    for line in qemu_log.lines() {
-        eprintln!("rxe: qemu: {line}");
-    }
-    eprintln!("rxe: guest console:\n{}", tail());
-    Ok(125)
 }
 
 #[derive(Debug)]
-enum End {
+pub(super) enum End {
     Exited(ExitStatus),
     Timeout,
     BootStalled,
@@ -237,6 +327,7 @@ fn qemu_args(
     boot: &Boot,
     run_dir: &Path,
     shares: &[PathBuf],
+    link: Option<&LinkEnd>,
 ) -> Vec<OsString> {
     let mut append = String::from(concat!(
         "console=ttyS0 8250.nr_uarts=1",
@@ -259,9 +350,16 @@ fn qemu_args(
     append += &format!(
         " rxevm_rxe={} rxevm_netdev={} rxevm_trace={}",
         u8::from(opts.rxe),
-        opts.netdev.name(),
+        if link.is_some() {
+            "link"
+        } else {
+            opts.netdev.name()
+        },
         u8::from(opts.verbose)
     );
+    if let Some(link) = link {
+        append += &format!(" rxevm_addr={} rxevm_name={}", link.cidr, link.name);
+    }
     let mut args: Vec<OsString> = [
         "-M",
         "q35",
@@ -297,6 +395,17 @@ fn qemu_args(
         args.extend([
             "-device".into(),
             format!("virtserialport,chardev={id},name={name}").into(),
+        ]);
+    }
+    if let Some(link) = link {
+        let mut netdev = OsString::from("dgram,id=link,local.type=unix,local.path=");
+        netdev.push(option_value(&link.local));
+        netdev.push(",remote.type=unix,remote.path=");
+        netdev.push(option_value(&link.remote));
+        args.extend(["-netdev".into(), netdev]);
+        args.extend([
+            "-device".into(),
+            format!("virtio-net-pci,netdev=link,mac={}", link.mac).into(),
         ]);
     }
     let mut share = |tag: &str, path: &Path, extra: &str| {
@@ -394,19 +503,61 @@ fn is_shell_name(name: &[u8]) -> bool {
 }
 
 /// A writer for one of our output streams, unbuffered so the guest's output streams
-/// through; after a write error (a closed pipe) the rest is drained and dropped.
+/// through (with `prefix`, whole lines only, each prefixed); after a write error (a
+/// closed pipe) the rest is drained and dropped.
 fn copy_to(
     fd: std::os::fd::BorrowedFd<'_>,
     first: &Arc<OnceLock<Instant>>,
+    prefix: Option<String>,
 ) -> Result<impl FnMut(&[u8]) + Send + 'static> {
     let mut out = Some(File::from(fd.try_clone_to_owned()?));
     let first = Arc::clone(first);
+    let mut prefixer = prefix.map(LinePrefixer::new);
     Ok(move |data: &[u8]| {
         first.get_or_init(Instant::now);
+        let prefixed;
+        let data = match &mut prefixer {
+            Some(p) => {
+                prefixed = p.push(data);
+                &prefixed[..]
+            }
+            None => data,
+        };
         if out.as_mut().is_some_and(|f| f.write_all(data).is_err()) {
             out = None;
         }
     })
+}
+
+/// Prefixes every complete line; a partial line waits for its end.
+#[derive(Debug)]
+struct LinePrefixer {
+    prefix: String,
+    partial: Vec<u8>,
+}
+
+impl LinePrefixer {
+    fn new(prefix: String) -> Self {
+        Self {
+            prefix,
+            partial: Vec::new(),
+        }
+    }
+
+    fn push(&mut self, data: &[u8]) -> Vec<u8> {
+        self.partial.extend_from_slice(data);
+        let Some(last) = self.partial.iter().rposition(|b| *b == b'\n') else {
+            return Vec::new();
+        };
+        let rest = self.partial.split_off(last + 1);
+        let whole = std::mem::replace(&mut self.partial, rest);
+        let mut out = Vec::with_capacity(whole.len() + 16);
+        for line in whole.split_inclusive(|b| *b == b'\n') {
+            out.extend_from_slice(self.prefix.as_bytes());
+            out.extend_from_slice(line);
+        }
+        out
+    }
 }
 
 /// One guest port: a unix socket QEMU connects to, read by a thread until QEMU closes it.
@@ -458,7 +609,7 @@ fn last_lines(text: &[u8], lines: usize) -> String {
 }
 
 /// The signal (SIGINT/SIGTERM) that asked running guests to stop; 0 when none.
-static SIGNAL: AtomicI32 = AtomicI32::new(0);
+pub(super) static SIGNAL: AtomicI32 = AtomicI32::new(0);
 /// How many runs want our handlers, and the handlers they replaced.
 static HANDLERS: Mutex<(usize, Vec<(libc::c_int, libc::sighandler_t)>)> =
     Mutex::new((0, Vec::new()));
@@ -470,10 +621,10 @@ extern "C" fn note_signal(signal: libc::c_int) {
 /// SIGINT/SIGTERM stop running guests (polled by the wait loop) instead of killing the
 /// process, so our Drop guards still stop QEMU and remove the run directory.
 #[derive(Debug)]
-struct SignalGuard;
+pub(super) struct SignalGuard;
 
 impl SignalGuard {
-    fn install() -> Self {
+    pub(super) fn install() -> Self {
         let mut state = HANDLERS.lock().unwrap_or_else(PoisonError::into_inner);
         if state.0 == 0 {
             SIGNAL.store(0, Ordering::SeqCst);
@@ -598,6 +749,7 @@ mod tests {
             &boot,
             Path::new("/run"),
             &["/w,x".into()],
+            None,
         );
         let args: Vec<String> = args
             .iter()
@@ -612,6 +764,50 @@ mod tests {
             append.contains("rxevm_rxe=1 rxevm_netdev=dummy rxevm_trace=0"),
             "{append}"
         );
+    }
+
+    #[test]
+    fn a_link_end_adds_its_nic() {
+        let boot = Boot {
+            kernel: "/k".into(),
+            initramfs: "/i".into(),
+        };
+        let link = LinkEnd {
+            name: "b",
+            cidr: "192.0.2.2/24",
+            mac: "52:54:00:00:00:02",
+            local: "/p/b,1.sock".into(),
+            remote: "/p/a.sock".into(),
+        };
+        let args: Vec<String> = qemu_args(
+            &GuestOptions::default(),
+            &boot,
+            Path::new("/run"),
+            &[],
+            Some(&link),
+        )
+        .iter()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
+        let netdev = &args[args.iter().position(|a| a == "-netdev").unwrap() + 1];
+        assert_eq!(
+            netdev,
+            "dgram,id=link,local.type=unix,local.path=/p/b,,1.sock,remote.type=unix,remote.path=/p/a.sock"
+        );
+        assert!(args.contains(&"virtio-net-pci,netdev=link,mac=52:54:00:00:00:02".to_string()));
+        let append = &args[args.iter().position(|a| a == "-append").unwrap() + 1];
+        assert!(
+            append.contains("rxevm_netdev=link rxevm_trace=0 rxevm_addr=192.0.2.2/24 rxevm_name=b"),
+            "{append}"
+        );
+    }
+
+    #[test]
+    fn lines_are_prefixed_whole() {
+        let mut p = LinePrefixer::new("[b] ".into());
+        assert_eq!(p.push(b"one\ntw"), b"[b] one\n");
+        assert_eq!(p.push(b"o\nthree\nfo"), b"[b] two\n[b] three\n");
+        assert_eq!(p.push(b"ur"), b"");
     }
 
     #[test]

@@ -41,11 +41,13 @@ const GUEST_MODULES: &[&str] = &[
     "rdma_ucm",
     "ib_umad",
     "dummy",
+    // The two-guest mode's link (`cargo xtask rxe --two-guests`).
+    "virtio_net",
 ];
 
 /// Marks a complete kernel cache entry and holds the kernel release. Bump the suffix
 /// when what an entry holds changes (e.g. `GUEST_MODULES`): older entries are then ignored.
-const READY: &str = "ready-v1";
+const READY: &str = "ready-v2";
 
 /// What QEMU boots.
 #[derive(Debug)]
