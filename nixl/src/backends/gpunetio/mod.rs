@@ -102,7 +102,8 @@ pub struct GpunetioBackend {
     streams: Arc<StreamPool>,
     transfer: CudaFunction,
     handles: Arc<HandleTable>,
-    sm_count: u32,
+    /// Blocks of the transfer kernel resident at once on the whole GPU (one wave).
+    resident_blocks: u32,
     network_devices: Vec<String>,
     oob_interface: Option<String>,
     handler: NicHandlerChoice,
@@ -229,6 +230,13 @@ pub(crate) fn create(agent: &Agent, params: &BackendParams) -> Result<Arc<dyn Ba
     let transfer = module
         .load_function("nixl_gpunetio_xfer")
         .map_err(|e| Error::Gpu(format!("nixl_gpunetio_xfer: {e:?}")))?;
+    // One wave: more blocks than fit at once (the kernel's registers decide, 4 of 512
+    // threads at most) leave a tail wave that runs with the GPU mostly idle.
+    let per_sm = transfer
+        .occupancy_max_active_blocks_per_multiprocessor(THREADS, 0, None)
+        .map_err(|e| Error::Gpu(format!("the transfer kernel's occupancy: {e:?}")))?
+        .clamp(1, 4);
+    tracing::debug!("{NAME}: {per_sm} transfer blocks per SM, {sm_count} SMs");
     Ok(Arc::new(GpunetioBackend {
         ipc,
         handles: HandleTable::new(&gpu, HANDLE_SLOTS)?,
@@ -238,7 +246,7 @@ pub(crate) fn create(agent: &Agent, params: &BackendParams) -> Result<Arc<dyn Ba
             next: AtomicUsize::new(0),
         }),
         transfer,
-        sm_count,
+        resident_blocks: sm_count * per_sm,
         network_devices,
         oob_interface,
         handler,
@@ -412,8 +420,9 @@ impl GpunetioBackend {
     /// `MIN_CHUNK`.
     fn plan(&self, total: u64, largest: u64) -> (u32, u64) {
         let warps_per_block = u64::from(THREADS / 32);
-        // Four blocks of 16 warps fill an SM (2,048 threads): the most loads in flight.
-        let max_blocks = u64::from(self.sm_count) * 4;
+        // As many blocks of 16 warps as are resident at once: the most loads in flight
+        // without a tail wave.
+        let max_blocks = u64::from(self.resident_blocks);
         let pieces_wanted = (total / MIN_CHUNK).max(1);
         let blocks = pieces_wanted.div_ceil(warps_per_block).clamp(1, max_blocks);
         let warps = blocks * warps_per_block;
