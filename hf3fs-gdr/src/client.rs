@@ -11,7 +11,7 @@
 use crate::error::{Error, Result};
 use crate::proto::{
     Message, Reader, SeqPacket, MAX_MESSAGE, OP_ADD_IOR, OP_DEREG_FD, OP_FORGET_IOV, OP_HELLO,
-    OP_OWN_IOV, OP_REG_FD, OP_REMOVE_IOR, OP_STATS,
+    OP_OWN_IOV, OP_OWN_IOV_LINK, OP_REG_FD, OP_REMOVE_IOR, OP_STATS,
 };
 use crate::shm::Id;
 use crate::virt;
@@ -36,6 +36,8 @@ pub(crate) trait IoBackend: Send + Sync + std::fmt::Debug {
     fn detach_ring(&self, id: &Id) -> Result<()>;
     /// `Ok` while the backend can still complete I/O.
     fn check_alive(&self) -> Result<()>;
+    /// The mount it serves.
+    fn mount(&self) -> &Path;
 }
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -287,8 +289,15 @@ impl DaemonConn {
         Ok((value, r.0.to_vec()))
     }
 
-    pub(crate) fn own_iov(&self, id: &Id) -> Result<()> {
-        self.request("own iov", &Message::new(OP_OWN_IOV).id(id), &[])
+    /// Tells the daemon this process owns publication `id`: if it dies, the daemon
+    /// removes the link and, with `segment_too`, the `/dev/shm` segment it names.
+    pub(crate) fn own_iov(&self, id: &Id, segment_too: bool) -> Result<()> {
+        let op = if segment_too {
+            OP_OWN_IOV
+        } else {
+            OP_OWN_IOV_LINK
+        };
+        self.request("own iov", &Message::new(op).id(id), &[])
             .map(drop)
     }
 
@@ -341,6 +350,10 @@ impl IoBackend for DaemonConn {
     fn detach_ring(&self, id: &Id) -> Result<()> {
         self.request("remove ior", &Message::new(OP_REMOVE_IOR).id(id), &[])
             .map(drop)
+    }
+
+    fn mount(&self) -> &Path {
+        &self.mount
     }
 
     fn check_alive(&self) -> Result<()> {

@@ -6,7 +6,9 @@ use crate::error::{Error, Result};
 use crate::hf3fs::ring::LibRing;
 use crate::hf3fs::{self, Backend, Resolved};
 use crate::iov::{Iov, IovInner};
-use crate::ring::{ior_size, Cqe, RingView, Sqe, DAEMON_NONE, RING_MAGIC, RING_VERSION};
+use crate::ring::{
+    ior_size, Cqe, RingView, Sqe, DAEMON_ATTACHED, DAEMON_NONE, RING_MAGIC, RING_VERSION,
+};
 use crate::shm::{futex_wait, futex_wake, random_id, to_hex, Id, Shm};
 use crate::virt;
 use std::os::fd::RawFd;
@@ -55,6 +57,8 @@ pub(crate) trait RingOps: Send + Sync + std::fmt::Debug {
     ) -> Result<usize>;
     /// Whether whatever serves the ring has taken it.
     fn attached(&self) -> bool;
+    /// `Ok` while whatever serves the ring can still complete its I/O (no waiting).
+    fn check_alive(&self) -> Result<()>;
 }
 
 /// An I/O ring. Like 3FS's, one thread prepares on a ring at a time: every method
@@ -277,6 +281,16 @@ impl Ior {
         self.ring.attached()
     }
 
+    /// Whether the ring can still complete I/O, checked without waiting and without a
+    /// request to the daemon (for pooled rings before reuse): [`Error::DaemonGone`] if
+    /// the daemon's connection closed (it died or exited) or it stopped serving this
+    /// ring. A daemon that is alive but frozen passes; deadlines of
+    /// [`Ior::wait_for_ios`] bound that case. Always `Ok` for a 3FS ring (its library
+    /// gives no liveness signal). A ring that failed stays failed: make a new one.
+    pub fn check_alive(&self) -> Result<()> {
+        self.ring.check_alive()
+    }
+
     /// The mount it belongs to.
     pub fn mount(&self) -> &Path {
         &self.mount
@@ -468,6 +482,25 @@ impl RingOps for LocalRing {
 
     fn attached(&self) -> bool {
         self.view.header().daemon_state.load(Ordering::Acquire) != DAEMON_NONE
+    }
+
+    fn check_alive(&self) -> Result<()> {
+        self.backend.check_alive()?;
+        match self.view.header().daemon_state.load(Ordering::Acquire) {
+            DAEMON_ATTACHED => Ok(()),
+            state => Err(Error::DaemonGone {
+                mount: self.backend.mount().to_path_buf(),
+                why: format!(
+                    "it does not serve ring {} (state {state}: {})",
+                    to_hex(&self.id),
+                    if state == DAEMON_NONE {
+                        "never attached"
+                    } else {
+                        "detached"
+                    }
+                ),
+            }),
+        }
     }
 }
 

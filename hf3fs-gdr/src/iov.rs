@@ -143,9 +143,10 @@ fn shm_name(id: &Id) -> String {
 
 /// Tells the daemon (if one runs) that this process owns the publication, so a crash
 /// of this process gets it removed.
-fn claim(mount: &Path, id: &Id) -> Option<Arc<client::DaemonConn>> {
+/// `segment_too`: the `/dev/shm` segment the publication names is ours to remove as well.
+fn claim(mount: &Path, id: &Id, segment_too: bool) -> Option<Arc<client::DaemonConn>> {
     let conn = client::connect(mount).ok()?;
-    match conn.own_iov(id) {
+    match conn.own_iov(id, segment_too) {
         Ok(()) => Some(conn),
         Err(e) => {
             tracing::debug!("own iov {}: {e}", to_hex(id));
@@ -228,7 +229,7 @@ impl Iov {
                 return Err(e);
             }
         };
-        let owner = claim(mount, &id);
+        let owner = claim(mount, &id, true);
         let base = shm.as_ptr() as u64;
         Ok(Self::new(
             id,
@@ -353,6 +354,79 @@ impl Iov {
         ))
     }
 
+    /// Publishes a `/dev/shm` segment the caller created and mapped at `base` (its
+    /// offset 0) as iov `id` under `mount`, and wraps it. Unlike [`Iov::wrap`], the
+    /// publication is this iov's: [`Iov::unlink`], [`Iov::destroy`] or dropping the
+    /// last clone removes the link and tells the daemon to drop its mapping of the
+    /// segment (it would otherwise keep it until this process disconnects). The segment
+    /// itself stays the caller's: it is never unmapped or unlinked here, not even by
+    /// the daemon when this process dies (then only the link goes).
+    ///
+    /// `shm_path` must be a regular file directly under `/dev/shm` with at least
+    /// `size` bytes. On a 3FS mount this is `Unsupported` (3FS's library publishes
+    /// only segments it created: use [`Iov::create`] there).
+    ///
+    /// # Safety
+    /// `[base, base + size)` is a shared mapping of `shm_path` from its offset 0, and
+    /// stays mapped while this iov, its clones or I/O on it live.
+    #[doc(alias = "hf3fs_iovwrap")]
+    pub unsafe fn wrap_shm(
+        base: *mut u8,
+        shm_path: impl AsRef<Path>,
+        id: &Id,
+        mount: impl AsRef<Path>,
+        size: u64,
+        block_size: u64,
+        numa: i32,
+    ) -> Result<Self> {
+        let (shm_path, mount) = (shm_path.as_ref(), mount.as_ref());
+        check_sizes(size, block_size)?;
+        if base.is_null() {
+            return Err(Error::InvalidArgument("wrap of a null pointer".into()));
+        }
+        let target = shm_path
+            .to_str()
+            .filter(|t| host_target_allowed(t) && shm_path.parent() == Some(Path::new(SHM_DIR)))
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "{} is not a segment directly under {SHM_DIR}",
+                    shm_path.display()
+                ))
+            })?;
+        let meta = std::fs::metadata(shm_path)
+            .map_err(|e| crate::error::os_err("stat", e, shm_path.display()))?;
+        if !meta.is_file() || meta.len() < size {
+            return Err(Error::InvalidArgument(format!(
+                "{} is not a regular file of at least {size} bytes ({} bytes)",
+                shm_path.display(),
+                meta.len()
+            )));
+        }
+        if let Resolved::Hf3fs { .. } = hf3fs::resolve(mount)? {
+            return Err(Error::Unsupported(format!(
+                "wrap_shm on the 3FS mount {}: 3FS publishes only segments its library \
+                 created (use Iov::create)",
+                mount.display()
+            )));
+        }
+        virt::ensure_dirs(mount)?;
+        let link = virt::publish(&virt::iovs_dir(mount), id, target)?;
+        let owner = claim(mount, id, false);
+        Ok(Self::new(
+            *id,
+            mount,
+            base as u64,
+            size,
+            block_size,
+            numa,
+            Memory::HostWrapped,
+            None,
+            None,
+            Some(link),
+            owner,
+        ))
+    }
+
     /// `size` bytes of exportable device memory on GPU `device`, published under
     /// `mount` for the daemon (the GDR design's `hf3fs_iovcreate_device`). Fails with
     /// `Unsupported`/`Gpu` errors where there is no GPU: never falls back to host memory.
@@ -381,7 +455,7 @@ impl Iov {
         };
         let id = random_id()?;
         let path = virt::publish(&virt::iovs_dir(mount), &id, &link.format())?;
-        let owner = claim(mount, &id);
+        let owner = claim(mount, &id, true);
         let base = buf.ptr();
         Ok(Self::new(
             id,
@@ -444,7 +518,7 @@ impl Iov {
             offset,
         };
         let path = virt::publish(&virt::iovs_dir(mount), id, &link.format())?;
-        let owner = claim(mount, id);
+        let owner = claim(mount, id, true);
         Ok(Self::new(
             *id,
             mount,

@@ -19,6 +19,9 @@ pub(crate) const OP_REMOVE_IOR: u8 = 5;
 pub(crate) const OP_OWN_IOV: u8 = 6;
 pub(crate) const OP_FORGET_IOV: u8 = 7;
 pub(crate) const OP_STATS: u8 = 8;
+/// Like [`OP_OWN_IOV`], for a publication naming the caller's own `/dev/shm` segment:
+/// if the client dies only the link is removed, never the segment.
+pub(crate) const OP_OWN_IOV_LINK: u8 = 9;
 
 /// Largest message either side sends.
 pub(crate) const MAX_MESSAGE: usize = 256;

@@ -24,7 +24,7 @@ use crate::error::{Error, Result};
 use crate::iov::host_target_allowed;
 use crate::proto::{
     Reader, SeqPacket, MAX_MESSAGE, OP_ADD_IOR, OP_DEREG_FD, OP_FORGET_IOV, OP_HELLO, OP_OWN_IOV,
-    OP_REG_FD, OP_REMOVE_IOR, OP_STATS,
+    OP_OWN_IOV_LINK, OP_REG_FD, OP_REMOVE_IOR, OP_STATS,
 };
 use crate::ring::{ior_size, RingHeader, RingView, RING_MAGIC, RING_VERSION};
 use crate::shm::{remove_if_present, to_hex, Id, Shm};
@@ -33,7 +33,7 @@ use gpunetio::{Gpu, IpcMapping};
 pub use io::DirectPolicy;
 use io::{Chunk, OpenFile, Pool, Request};
 use ring::{RingCtx, RingRunner};
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
@@ -183,7 +183,10 @@ pub(crate) struct Session {
     rings: Mutex<HashMap<Id, RingRunner>>,
     /// Ring publications attached by this client (removed if it dies).
     ring_links: Mutex<HashMap<Id, PathBuf>>,
-    owned_iovs: Mutex<HashSet<Id>>,
+    /// Iov publications this client owns, and whether the `/dev/shm` segment a link
+    /// names is the client's to remove too (false for a caller's own segment wrapped
+    /// with `Iov::wrap_shm`: only the link goes).
+    owned_iovs: Mutex<HashMap<Id, bool>>,
 }
 
 impl Session {
@@ -329,9 +332,9 @@ impl Session {
                 }
                 None => einval,
             },
-            OP_OWN_IOV => match r.id() {
+            OP_OWN_IOV | OP_OWN_IOV_LINK => match r.id() {
                 Some(id) => {
-                    lock(&self.owned_iovs).insert(id);
+                    lock(&self.owned_iovs).insert(id, op == OP_OWN_IOV);
                     (0, Vec::new())
                 }
                 None => einval,
@@ -375,16 +378,21 @@ impl Session {
         lock(&self.files).clear();
         let mount = &self.shared.config.mount;
         // Publications of a client that died: the links and the /dev/shm files they name.
-        let mut links: Vec<PathBuf> = lock(&self.ring_links).drain().map(|(_, l)| l).collect();
+        let mut links: Vec<(PathBuf, bool)> = lock(&self.ring_links)
+            .drain()
+            .map(|(_, l)| (l, true))
+            .collect();
         links.extend(
             lock(&self.owned_iovs)
                 .drain()
-                .map(|id| virt::link_path(&virt::iovs_dir(mount), &id)),
+                .map(|(id, segment)| (virt::link_path(&virt::iovs_dir(mount), &id), segment)),
         );
-        for link in links {
-            if let Ok(target) = std::fs::read_link(&link) {
-                if let Some(t) = target.to_str().filter(|t| host_target_allowed(t)) {
-                    let _ = remove_if_present(Path::new(t));
+        for (link, segment_too) in links {
+            if segment_too {
+                if let Ok(target) = std::fs::read_link(&link) {
+                    if let Some(t) = target.to_str().filter(|t| host_target_allowed(t)) {
+                        let _ = remove_if_present(Path::new(t));
+                    }
                 }
             }
             let _ = remove_if_present(&link);
