@@ -330,6 +330,13 @@ __device__ __forceinline__ int poll_completion(const gio_dev_qp *qp, u64 ticket)
 /* ---- intra-node: the peer's memory is mapped ------------------------------------------------ */
 
 /* Copies `len` bytes with the calling thread (`lanes` = 1) or a warp's lanes. */
+/* 16-byte loads each lane of a copy keeps in flight before storing them (a compile-time
+ * tuning knob: more hides more memory latency per warp, at the cost of registers). */
+#ifndef GIO_COPY_DEPTH
+#define GIO_COPY_DEPTH 4
+#endif
+static_assert(GIO_COPY_DEPTH >= 1 && GIO_COPY_DEPTH <= 16, "GIO_COPY_DEPTH is 1..16");
+
 __device__ __forceinline__ void copy_bytes(char *dst, const char *src, u64 len, unsigned lane,
                                            unsigned lanes) {
   u64 i = 0;
@@ -338,13 +345,13 @@ __device__ __forceinline__ void copy_bytes(char *dst, const char *src, u64 len, 
     uint4 *d = (uint4 *)dst;
     const uint4 *s = (const uint4 *)src;
     u64 v = lane;
-    /* Four independent 16-byte loads in flight per lane. */
-    for (; v + 3 * lanes < vecs; v += 4 * lanes) {
-      uint4 a = s[v], b = s[v + lanes], c = s[v + 2 * lanes], d4 = s[v + 3 * lanes];
-      d[v] = a;
-      d[v + lanes] = b;
-      d[v + 2 * lanes] = c;
-      d[v + 3 * lanes] = d4;
+    /* GIO_COPY_DEPTH independent 16-byte loads in flight per lane, then their stores. */
+    for (; v + (GIO_COPY_DEPTH - 1) * lanes < vecs; v += GIO_COPY_DEPTH * lanes) {
+      uint4 r[GIO_COPY_DEPTH];
+#pragma unroll
+      for (int k = 0; k < GIO_COPY_DEPTH; k++) r[k] = s[v + k * lanes];
+#pragma unroll
+      for (int k = 0; k < GIO_COPY_DEPTH; k++) d[v + k * lanes] = r[k];
     }
     for (; v < vecs; v += lanes) d[v] = s[v];
     i = vecs * 16;

@@ -35,7 +35,8 @@
 //! other nodes need it). Ours: `nic_handler` (`auto`, the default: intra-node where it
 //! reaches, the NIC path elsewhere; `intra_node`: no NIC path; `cpu_proxy`: the NIC path
 //! for every peer) and `provider` (the proxy's libfabric provider, default
-//! `tcp;ofi_rxm`; both sides must use the same).
+//! `tcp;ofi_rxm`; both sides must use the same), `copy_depth` (16-byte loads each lane of
+//! an intra-node copy keeps in flight, 1..=16, default 4).
 
 use super::cuda_copy::gpu_err;
 use super::cuda_ipc::CudaIpcBackend;
@@ -131,6 +132,7 @@ pub(crate) fn create(agent: &Agent, params: &BackendParams) -> Result<Arc<dyn Ba
         "oob_interface",
         "nic_handler",
         "provider",
+        "copy_depth",
     ];
     if let Some(key) = params.keys().find(|k| !KNOWN.contains(&k.as_str())) {
         return Err(Error::InvalidParam(format!(
@@ -220,7 +222,14 @@ pub(crate) fn create(agent: &Agent, params: &BackendParams) -> Result<Arc<dyn Ba
         .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
         .map_err(|e| Error::Gpu(format!("reading the SM count: {e:?}")))?
         .max(1) as u32;
-    let options = device::compile_options(&gpu)?;
+    // Loads each lane of the intra-node copy keeps in flight (gio's GIO_COPY_DEPTH).
+    let copy_depth: u32 = param(NAME, params, "copy_depth", 4)?;
+    if !(1..=16).contains(&copy_depth) {
+        return Err(Error::InvalidParam(format!(
+            "{NAME} parameter copy_depth={copy_depth} must be 1..=16"
+        )));
+    }
+    let options = device::compile_options(&gpu)?.define(format!("GIO_COPY_DEPTH={copy_depth}"));
     let (name, source) = device::DEVICE_SOURCES[0];
     let ptx = gpunetio::device_code::compile(name, source, &options)
         .map_err(|e| Error::Gpu(format!("compiling {NAME}'s transfer kernel: {e}")))?;
