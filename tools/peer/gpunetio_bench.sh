@@ -10,9 +10,11 @@ rounds="${1:-3}"
 parts="${2:-both}"
 common=(--start_batch_size 1 --max_batch_size 1 --no_progress)
 for round in $(seq "$rounds"); do
-  [ "$parts" = nic ] || for be in CUDA_IPC GPUNETIO; do
+  [ "$parts" = nic ] || for be in CUDA_IPC GPUNETIO GPUNETIO-depth8; do
     echo "=== round $round intra-node $be VRAM->VRAM"
-    "$nb" --backend "$be" --initiator_seg_type VRAM --target_seg_type VRAM \
+    extra=()
+    [ "$be" = GPUNETIO-depth8 ] && extra=(--backend_param copy_depth=8)
+    "$nb" --backend "${be%-depth8}" "${extra[@]}" --initiator_seg_type VRAM --target_seg_type VRAM \
       --start_block_size 1048576 --max_block_size 67108864 --total_buffer_size 268435456 \
       --num_iter 300 --warmup_iter 30 "${common[@]}"
   done
