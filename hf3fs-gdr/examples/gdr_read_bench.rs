@@ -6,7 +6,8 @@
 //!     [--staging-mib M] [--chunk-kib K] [--direct auto|always|never]
 //!     [--mode seq|rand] [--size BYTES] [--block BYTES] [--depth N] [--rings R]
 //!     [--iters K] [--seconds S] [--gpu G] [--create BYTES] [--verify] [--h2d]
-//!     [--memory gpu|host] [--drop-cache]
+//!     [--memory gpu|host] [--host] [--cold] [--reference odirect]
+//!     [--ref-threads N] [--ref-block BYTES] [--slots N]
 //! ```
 //! - `--daemon BIN` starts the daemon on `--mount`; without it a daemon already serving
 //!   the mount is used, else the `hf3fs-gdr-daemon` beside this example is started.
@@ -17,9 +18,19 @@
 //!   one GPU iov; `--iters` passes, best and mean GB/s (10^9 bytes/s).
 //! - `rand`: `--block` (default 4 KiB) reads at random aligned offsets for `--seconds`,
 //!   `--depth` (default 128) in flight per ring.
-//! - `--drop-cache` evicts the file from the page cache before each pass (cold reads:
-//!   the daemon then reads with `O_DIRECT`).
-//! - `--memory host` reads into shared host memory instead (file->DRAM numbers).
+//! - `--cold` (or `--drop-cache`) evicts the file from the page cache before each pass
+//!   (`fsync`, then `posix_fadvise(DONTNEED)`: no root needed) and checks with
+//!   `mincore` that less than 1% of its pages stay resident (cold reads: the daemon
+//!   then reads with `O_DIRECT`).
+//! - `--reference odirect` (seq mode) alternates each daemon pass with a pass of the
+//!   device's own `O_DIRECT` bandwidth: `--ref-threads` (default: the daemon's
+//!   threads) threads reading `--ref-block` (default 8 MiB) aligned blocks of the same
+//!   range into aligned host memory, evicted before it too under `--cold`; prints both
+//!   medians and their ratio.
+//! - `--memory host` (or `--host`) reads into shared host memory instead (file->DRAM
+//!   numbers; needs no GPU).
+//! - `--slots N` pinned staging slots per daemon worker (passed to a daemon started
+//!   here).
 //! - `--verify` checks the VRAM against the file after the first pass; `--h2d` measures
 //!   pinned host-to-device copies for reference.
 //!
@@ -58,6 +69,11 @@ struct Opts {
     host: bool,
     /// Evict the file from the page cache before each pass (cold reads).
     drop_cache: bool,
+    /// Alternate with `O_DIRECT` passes of this many threads (0: no reference).
+    ref_threads: Option<usize>,
+    reference: bool,
+    ref_block: u64,
+    slots: Option<usize>,
 }
 
 fn size_arg(s: &str) -> Result<u64, String> {
@@ -94,6 +110,10 @@ fn parse() -> Result<Opts, String> {
         h2d: false,
         host: false,
         drop_cache: false,
+        ref_threads: None,
+        reference: false,
+        ref_block: 8 << 20,
+        slots: None,
     };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -127,7 +147,15 @@ fn parse() -> Result<Opts, String> {
             "--create" => o.create = Some(size_arg(&v()?)?),
             "--verify" => o.verify = true,
             "--h2d" => o.h2d = true,
-            "--drop-cache" => o.drop_cache = true,
+            "--drop-cache" | "--cold" => o.drop_cache = true,
+            "--host" => o.host = true,
+            "--reference" => match v()?.as_str() {
+                "odirect" => o.reference = true,
+                r => return Err(format!("reference {r:?} (odirect)")),
+            },
+            "--ref-threads" => o.ref_threads = Some(num(v()?)?.max(1)),
+            "--ref-block" => o.ref_block = size_arg(&v()?)?.next_multiple_of(4096),
+            "--slots" => o.slots = Some(num(v()?)?.max(1)),
             "--memory" => {
                 o.host = match v()?.as_str() {
                     "gpu" => false,
@@ -202,6 +230,9 @@ fn start_daemon(o: &Opts) -> Option<Child> {
         .stdout(Stdio::piped());
     if let Some(k) = o.chunk_kib {
         cmd.args(["--chunk-kib", &k.to_string()]);
+    }
+    if let Some(n) = o.slots {
+        cmd.args(["--slots", &n.to_string()]);
     }
     let mut child = cmd.spawn().expect("start the daemon");
     let mut line = String::new();
@@ -301,6 +332,113 @@ fn rand_pass(ior: &mut Ior, iov: &Iov, fd: i32, job: &RandJob) -> u64 {
     }
 }
 
+/// Fraction of `file`'s pages in the page cache (`mincore` on a mapping of it).
+fn resident_fraction(file: &std::fs::File) -> f64 {
+    let len = file.metadata().unwrap().len() as usize;
+    if len == 0 {
+        return 0.0;
+    }
+    // SAFETY: a read-only shared mapping of the file, unmapped below; never touched
+    // (touching would fault pages in).
+    let map = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            file.as_raw_fd(),
+            0,
+        )
+    };
+    assert_ne!(map, libc::MAP_FAILED, "mmap for mincore");
+    let pages = len.div_ceil(4096);
+    let mut vec = vec![0u8; pages];
+    // SAFETY: `vec` has a byte per page of the mapping.
+    let r = unsafe { libc::mincore(map, len, vec.as_mut_ptr()) };
+    // SAFETY: mapped above.
+    unsafe { libc::munmap(map, len) };
+    assert_eq!(r, 0, "mincore");
+    vec.iter().filter(|b| **b & 1 != 0).count() as f64 / pages as f64
+}
+
+/// Evicts `file` from the page cache (no root needed: its pages are clean after the
+/// `fsync`) and checks that less than 1% stayed; returns that fraction.
+fn evict(file: &std::fs::File) -> f64 {
+    file.sync_all().ok();
+    // SAFETY: a valid descriptor; advice only.
+    let r = unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    assert_eq!(r, 0, "posix_fadvise(DONTNEED)");
+    let left = resident_fraction(file);
+    assert!(
+        left < 0.01,
+        "{:.1}% of the file still in the page cache after eviction",
+        left * 100.0
+    );
+    left
+}
+
+/// The device's `O_DIRECT` bandwidth on `[start, end)` of `path`: `threads` threads,
+/// each reading `block` aligned bytes at a time (the next block from a shared cursor)
+/// into its own page-aligned buffer. Returns bytes read.
+fn odirect_pass(path: &std::path::Path, start: u64, end: u64, threads: usize, block: u64) -> u64 {
+    use std::os::unix::fs::OpenOptionsExt;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(path)
+        .expect("open with O_DIRECT");
+    let cursor = AtomicU64::new(start);
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|_| {
+                let (file, cursor) = (&file, &cursor);
+                s.spawn(move || {
+                    let layout = std::alloc::Layout::from_size_align(block as usize, 4096).unwrap();
+                    // SAFETY: a non-zero size; freed below.
+                    let buf = unsafe { std::alloc::alloc(layout) };
+                    assert!(!buf.is_null());
+                    let mut bytes = 0u64;
+                    loop {
+                        let off = cursor.fetch_add(block, Ordering::Relaxed);
+                        if off >= end {
+                            break;
+                        }
+                        let len = block.min(end - off).next_multiple_of(4096);
+                        // SAFETY: `buf` has `block` >= `len` bytes.
+                        let n = unsafe {
+                            libc::pread(file.as_raw_fd(), buf.cast(), len as usize, off as i64)
+                        };
+                        assert!(
+                            n >= 0,
+                            "O_DIRECT pread: {}",
+                            std::io::Error::last_os_error()
+                        );
+                        bytes += (n as u64).min(end - off);
+                    }
+                    // SAFETY: allocated above with this layout.
+                    unsafe { std::alloc::dealloc(buf, layout) };
+                    bytes
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).sum()
+    })
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n == 0 {
+        0.0
+    } else if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
 fn h2d_reference(gpu: &Gpu) {
     let len = 256 << 20;
     let host = HostBuffer::alloc(gpu, len).unwrap();
@@ -367,14 +505,36 @@ fn main() {
             .collect();
         let share = size.div_ceil(rings as u64).next_multiple_of(4096);
         let mut rates = Vec::new();
+        let mut ref_rates = Vec::new();
+        let ref_threads = o.ref_threads.unwrap_or(o.daemon_threads);
         for pass in 0..o.iters {
-            if o.drop_cache {
-                // Clean pages of the file leave the page cache (no root needed).
-                file.sync_all().ok();
-                // SAFETY: a valid descriptor; advice only.
-                let r = unsafe { libc::posix_fadvise(fd, 0, 0, libc::POSIX_FADV_DONTNEED) };
-                assert_eq!(r, 0, "posix_fadvise(DONTNEED)");
+            if o.reference {
+                let left = if o.drop_cache {
+                    evict(&file)
+                } else {
+                    resident_fraction(&file)
+                };
+                let t = Instant::now();
+                let moved = odirect_pass(&o.file, 0, size, ref_threads, o.ref_block);
+                let secs = t.elapsed().as_secs_f64();
+                assert_eq!(
+                    moved, size,
+                    "O_DIRECT pass {pass} read {moved} of {size} bytes"
+                );
+                let rate = size as f64 / secs / 1e9;
+                println!(
+                    "pass {pass}: O_DIRECT reference {size} bytes in {secs:.4} s = {rate:.2} GB/s ({ref_threads} threads, {} KiB blocks, {:.2}% resident before)",
+                    o.ref_block >> 10,
+                    left * 100.0
+                );
+                ref_rates.push(rate);
             }
+            let left = if o.drop_cache {
+                evict(&file)
+            } else {
+                resident_fraction(&file)
+            };
+            let stats0 = hf3fs_gdr::daemon_stats(&o.mount).ok();
             let t = Instant::now();
             let moved: u64 = std::thread::scope(|s| {
                 let handles: Vec<_> = iors
@@ -394,7 +554,19 @@ fn main() {
             let secs = t.elapsed().as_secs_f64();
             assert_eq!(moved, size, "pass {pass} moved {moved} of {size} bytes");
             let rate = size as f64 / secs / 1e9;
-            println!("pass {pass}: {size} bytes in {secs:.4} s = {rate:.2} GB/s");
+            let ops = match (stats0, hf3fs_gdr::daemon_stats(&o.mount).ok()) {
+                (Some(a), Some(b)) => format!(
+                    ", daemon chunks: {} O_DIRECT, {} page cache",
+                    b.direct_ops - a.direct_ops,
+                    b.buffered_ops - a.buffered_ops
+                ),
+                _ => String::new(),
+            };
+            println!(
+                "pass {pass}: daemon {size} bytes in {secs:.4} s = {rate:.2} GB/s ({:.2}% resident before, {:.2}% after{ops})",
+                left * 100.0,
+                resident_fraction(&file) * 100.0
+            );
             rates.push(rate);
             if pass == 0 && o.verify {
                 let mut got = vec![0u8; size as usize];
@@ -408,10 +580,21 @@ fn main() {
         }
         let best = rates.iter().cloned().fold(0.0, f64::max);
         let mean = rates.iter().sum::<f64>() / rates.len() as f64;
+        let cold = if o.drop_cache { "cold" } else { "cached" };
         println!(
-            "RESULT seq file->{into}: best {best:.2} GB/s, mean {mean:.2} GB/s (size {size}, block {block}, depth {}, rings {rings})",
+            "RESULT seq {cold} file->{into}: best {best:.2} GB/s, mean {mean:.2} GB/s, median {:.2} GB/s (size {size}, block {block}, depth {}, rings {rings})",
+            median(&rates),
             depth
         );
+        if o.reference {
+            let (d, r) = (median(&rates), median(&ref_rates));
+            println!(
+                "RESULT O_DIRECT reference ({cold}): median {r:.2} GB/s, best {:.2} GB/s ({ref_threads} threads, {} KiB blocks); daemon/O_DIRECT median ratio {:.3}",
+                ref_rates.iter().cloned().fold(0.0, f64::max),
+                o.ref_block >> 10,
+                d / r
+            );
+        }
     } else {
         let block = o.block.unwrap_or(4096);
         let depth = o.depth.unwrap_or(128);

@@ -1,5 +1,5 @@
 //! `hf3fs-gdr-daemon --mount DIR [--threads N] [--staging-mib M] [--chunk-kib K]
-//! [--direct auto|always|never] [--inject-delay-ms D]`:
+//! [--slots S] [--direct auto|always|never] [--inject-delay-ms D]`:
 //! serves a mount directory for `hf3fs-gdr` clients (see `hf3fs_gdr::daemon`). Prints
 //! `ready <socket path>` on stdout once it listens.
 
@@ -8,10 +8,12 @@ use std::io::Write;
 use std::path::PathBuf;
 
 const USAGE: &str = "usage: hf3fs-gdr-daemon --mount DIR [--threads N] [--staging-mib M] \
-[--chunk-kib K] [--direct auto|always|never] [--inject-delay-ms D]
+[--chunk-kib K] [--slots S] [--direct auto|always|never] [--inject-delay-ms D]
   --threads N        worker threads (default: CPUs, at least 4)
   --staging-mib M    pinned staging memory per GPU (default 256)
   --chunk-kib K      largest piece a worker moves at once (default: staging / (2 N))
+  --slots S          pinned staging slots per worker: device copies in flight while it
+                     reads the next chunk (default 2)
   --direct P         O_DIRECT policy: auto (cached data from the page cache, the rest
                      O_DIRECT; default), always, never
   --inject-delay-ms D  fault injection: chunks of files named *.slow wait D ms";
@@ -21,6 +23,7 @@ fn parse() -> Result<DaemonConfig, String> {
     let mut threads: Option<usize> = None;
     let mut staging_mib: usize = 256;
     let mut chunk_kib: Option<usize> = None;
+    let mut slots: Option<usize> = None;
     let mut delay_ms: u64 = 0;
     let mut direct = hf3fs_gdr::daemon::DirectPolicy::Auto;
     let mut args = std::env::args().skip(1);
@@ -35,6 +38,7 @@ fn parse() -> Result<DaemonConfig, String> {
             "--threads" => threads = Some(number("--threads", value("--threads")?)?),
             "--staging-mib" => staging_mib = number("--staging-mib", value("--staging-mib")?)?,
             "--chunk-kib" => chunk_kib = Some(number("--chunk-kib", value("--chunk-kib")?)?),
+            "--slots" => slots = Some(number("--slots", value("--slots")?)?),
             "--direct" => direct = value("--direct")?.parse()?,
             "--inject-delay-ms" => {
                 delay_ms = number("--inject-delay-ms", value("--inject-delay-ms")?)? as u64
@@ -56,6 +60,12 @@ fn parse() -> Result<DaemonConfig, String> {
         }
         config.chunk_bytes = k << 10;
     }
+    if let Some(s) = slots {
+        if s == 0 {
+            return Err("--slots must be positive".into());
+        }
+        config.slots_per_worker = s;
+    }
     config.inject_delay = std::time::Duration::from_millis(delay_ms);
     config.direct = direct;
     Ok(config)
@@ -73,10 +83,12 @@ fn main() {
         }
     };
     eprintln!(
-        "hf3fs-gdr-daemon: serving {} with {} workers, {} KiB chunks",
+        "hf3fs-gdr-daemon: serving {} with {} workers, {} KiB chunks, {} staging slots each, O_DIRECT {:?}",
         config.mount.display(),
         config.threads,
-        config.chunk_bytes >> 10
+        config.chunk_bytes >> 10,
+        config.slots_per_worker,
+        config.direct
     );
     let result = run(config, |socket| {
         println!("ready {}", socket.display());

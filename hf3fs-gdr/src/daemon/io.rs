@@ -67,9 +67,10 @@ impl OpenFile {
 /// When the daemon uses `O_DIRECT` (always only for aligned offset, length and buffer).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum DirectPolicy {
-    /// Reads take what the page cache holds (`preadv2` with `RWF_NOWAIT`) and the rest
-    /// with `O_DIRECT`: cached files at memory speed, cold ones without the cache's
-    /// copy. Writes use `O_DIRECT`.
+    /// Reads of a range the page cache holds (at least half its pages, or any dirty
+    /// one; asked with `cachestat`, or `mincore` on a mapping where the kernel lacks
+    /// it) go through the cache at memory speed; the rest use `O_DIRECT`, which neither
+    /// copies through the cache nor fills it. Writes use `O_DIRECT`.
     #[default]
     Auto,
     /// `O_DIRECT` for every aligned request.
@@ -88,6 +89,139 @@ impl std::str::FromStr for DirectPolicy {
             other => Err(format!("direct policy {other:?} (auto, always or never)")),
         }
     }
+}
+
+/// Page-cache state of a file range.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Residency {
+    /// Pages of the range inside the file.
+    pub pages: u64,
+    /// Of those, pages in the page cache.
+    pub cached: u64,
+    /// Of those, dirty pages (0 where only `mincore` could tell).
+    pub dirty: u64,
+}
+
+impl Residency {
+    /// Whether the page cache should serve a read of the range: most of it is there
+    /// (reading it again from the device would cost more than the copy), or some of it
+    /// is dirty (`O_DIRECT` would first have to write it back).
+    pub(crate) fn prefer_cache(&self) -> bool {
+        self.dirty > 0 || (self.pages > 0 && self.cached * 2 >= self.pages)
+    }
+}
+
+/// `cachestat(2)`'s number (Linux 6.5; the same on every architecture that has it).
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+const SYS_CACHESTAT: libc::c_long = 451;
+
+/// Cleared once the kernel answers `ENOSYS` (older than 6.5): `mincore` from then on.
+static CACHESTAT_WORKS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+fn cachestat(fd: libc::c_int, offset: u64, len: u64) -> Option<(u64, u64)> {
+    #[repr(C)]
+    struct Range {
+        off: u64,
+        len: u64,
+    }
+    #[repr(C)]
+    #[derive(Default)]
+    struct Stat {
+        nr_cache: u64,
+        nr_dirty: u64,
+        nr_writeback: u64,
+        nr_evicted: u64,
+        nr_recently_evicted: u64,
+    }
+    if !CACHESTAT_WORKS.load(Ordering::Relaxed) {
+        return None;
+    }
+    let range = Range { off: offset, len };
+    let mut st = Stat::default();
+    // SAFETY: cachestat(fd, &range, &stat, 0) reads `range` and writes `st`, both live
+    // and laid out as in <linux/mman.h>.
+    let r = unsafe {
+        libc::syscall(
+            SYS_CACHESTAT,
+            fd,
+            &range as *const Range,
+            &mut st as *mut Stat,
+            0u32,
+        )
+    };
+    if r != 0 {
+        if std::io::Error::last_os_error().raw_os_error() == Some(libc::ENOSYS) {
+            CACHESTAT_WORKS.store(false, Ordering::Relaxed);
+        }
+        return None;
+    }
+    Some((st.nr_cache, st.nr_dirty))
+}
+
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+fn cachestat(_fd: libc::c_int, _offset: u64, _len: u64) -> Option<(u64, u64)> {
+    None
+}
+
+/// Resident pages of `[offset, offset + len)` by `mincore` on a read-only mapping that
+/// is never touched (no page is faulted in).
+fn mincore_resident(fd: libc::c_int, offset: u64, len: u64) -> Option<u64> {
+    // SAFETY: no arguments.
+    let page = (unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).max(4096) as u64;
+    let start = offset / page * page;
+    let map_len = (offset + len - start).next_multiple_of(page) as usize;
+    // SAFETY: a fresh read-only shared mapping of the file, unmapped below.
+    let map = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            map_len,
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            fd,
+            start as libc::off_t,
+        )
+    };
+    if map == libc::MAP_FAILED {
+        return None;
+    }
+    let mut vec = vec![0u8; map_len / page as usize];
+    // SAFETY: `vec` has one byte per page of the mapping.
+    let r = unsafe { libc::mincore(map, map_len, vec.as_mut_ptr()) };
+    // SAFETY: mapped above, never used again.
+    unsafe { libc::munmap(map, map_len) };
+    (r == 0).then(|| vec.iter().filter(|b| **b & 1 != 0).count() as u64 * page / 4096)
+}
+
+/// How much of `[offset, offset + len)` of `fd` the page cache holds, in 4 KiB pages,
+/// without reading anything (unlike a `RWF_NOWAIT` read, which starts readahead of
+/// what is missing: a cold read would then fetch the range twice). `None` if the
+/// kernel can tell neither way.
+pub(crate) fn residency(fd: libc::c_int, offset: u64, len: u64) -> Option<Residency> {
+    // SAFETY: plain C struct.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: valid out-pointer.
+    if unsafe { libc::fstat(fd, &mut st) } != 0 {
+        return None;
+    }
+    let end = (offset + len).min(st.st_size.max(0) as u64);
+    if end <= offset {
+        return Some(Residency {
+            pages: 0,
+            cached: 0,
+            dirty: 0,
+        });
+    }
+    let pages = end.div_ceil(4096) - offset / 4096;
+    let (cached, dirty) = match cachestat(fd, offset, end - offset) {
+        Some(c) => c,
+        None => (mincore_resident(fd, offset, end - offset)?, 0),
+    };
+    Some(Residency {
+        pages,
+        cached: cached.min(pages),
+        dirty,
+    })
 }
 
 /// Reads from the page cache only, until it lacks data: (bytes read, end of file).
@@ -149,15 +283,22 @@ pub(crate) unsafe fn file_io(
     if let Some(direct) = direct {
         fd = direct;
         if read && file.policy == DirectPolicy::Auto {
-            // SAFETY: the caller's range.
-            let (cached, eof) = unsafe { cached_read(buffered, ptr, len, offset) };
-            if eof || cached == len {
-                stats.buffered_ops.fetch_add(1, Ordering::Relaxed);
-                return cached as i64;
-            }
-            done = cached;
-            if done % DIRECT_ALIGN != 0 {
-                fd = buffered;
+            match residency(buffered, offset, len) {
+                Some(r) if r.prefer_cache() => fd = buffered,
+                Some(_) => {}
+                None => {
+                    // The kernel cannot tell: take what the cache holds, the rest direct.
+                    // SAFETY: the caller's range.
+                    let (cached, eof) = unsafe { cached_read(buffered, ptr, len, offset) };
+                    if eof || cached == len {
+                        stats.buffered_ops.fetch_add(1, Ordering::Relaxed);
+                        return cached as i64;
+                    }
+                    done = cached;
+                    if done % DIRECT_ALIGN != 0 {
+                        fd = buffered;
+                    }
+                }
             }
         }
     }
@@ -378,6 +519,58 @@ impl Pool {
                         .run(chunk, &stats);
                 }
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+
+    fn evict(f: &std::fs::File) {
+        f.sync_all().unwrap();
+        // SAFETY: a valid descriptor; advice only.
+        let r = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+        assert_eq!(r, 0);
+    }
+
+    #[test]
+    fn residency_counts_cached_pages_without_reading_any() {
+        let dir = tempfile::tempdir_in(std::env::temp_dir()).unwrap();
+        let path = dir.path().join("f");
+        let mut f = std::fs::File::create(&path).unwrap();
+        f.write_all(&vec![7u8; 1 << 20]).unwrap();
+        let f = std::fs::File::open(&path).unwrap();
+        let fd = f.as_raw_fd();
+        evict(&f);
+        let cold = residency(fd, 0, 1 << 20).unwrap();
+        assert_eq!((cold.pages, cold.cached, cold.dirty), (256, 0, 0));
+        assert!(!cold.prefer_cache());
+        // Asking twice reads nothing in.
+        assert_eq!(residency(fd, 0, 1 << 20).unwrap().cached, 0);
+        assert_eq!(mincore_resident(fd, 0, 1 << 20), Some(0));
+
+        // The first 768 KiB read: cached, and both probes agree.
+        let mut buf = vec![0u8; 768 << 10];
+        (&f).read_exact(&mut buf).unwrap();
+        let warm = residency(fd, 0, 1 << 20).unwrap();
+        assert!(warm.cached >= 192 && warm.prefer_cache(), "{warm:?}");
+        let by_mincore = mincore_resident(fd, 0, 1 << 20).unwrap();
+        assert!(by_mincore >= 192, "mincore saw {by_mincore} pages");
+        // A range past the end of the file has no pages; one crossing it counts only
+        // its pages inside.
+        assert_eq!(residency(fd, 2 << 20, 4096).unwrap().pages, 0);
+        assert_eq!(residency(fd, 1020 << 10, 64 << 10).unwrap().pages, 1);
+        // Dirty pages make the cache serve the read.
+        let w = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        evict(&w);
+        // SAFETY: 4096 bytes from a live buffer at offset 0.
+        let n = unsafe { libc::pwrite(w.as_raw_fd(), buf.as_ptr().cast(), 4096, 0) };
+        assert_eq!(n, 4096);
+        let dirty = residency(fd, 0, 1 << 20).unwrap();
+        if CACHESTAT_WORKS.load(Ordering::Relaxed) {
+            assert!(dirty.dirty >= 1 && dirty.prefer_cache(), "{dirty:?}");
         }
     }
 }

@@ -38,8 +38,9 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
-/// Pinned staging slots per worker and GPU (one being filled while one is copied).
-const SLOTS_PER_WORKER: usize = 2;
+/// Default pinned staging slots per worker and GPU (one being filled while one is
+/// copied).
+pub const DEFAULT_SLOTS_PER_WORKER: usize = 2;
 
 /// How the daemon runs.
 #[derive(Debug, Clone)]
@@ -52,6 +53,9 @@ pub struct DaemonConfig {
     pub staging_bytes: usize,
     /// Largest piece one worker moves at a time (also the staging slot size).
     pub chunk_bytes: usize,
+    /// Pinned staging slots per worker and GPU: how many of its device copies may be in
+    /// flight while it reads the next chunk (at least 1).
+    pub slots_per_worker: usize,
     /// Fault injection for tests of I/O in flight: every chunk of a file whose name
     /// ends in `.slow` waits this long before it runs (in 10 ms steps that end early
     /// when its client is gone). Zero (the default) disables it.
@@ -74,13 +78,14 @@ impl DaemonConfig {
     /// `threads` workers sharing `staging_bytes` of pinned memory per GPU.
     pub fn with(mount: impl Into<PathBuf>, threads: usize, staging_bytes: usize) -> Self {
         let threads = threads.max(1);
-        let per_slot = staging_bytes / (threads * SLOTS_PER_WORKER);
+        let per_slot = staging_bytes / (threads * DEFAULT_SLOTS_PER_WORKER);
         let chunk_bytes = (per_slot / (64 << 10) * (64 << 10)).clamp(64 << 10, 16 << 20);
         Self {
             mount: mount.into(),
             threads,
             staging_bytes,
             chunk_bytes,
+            slots_per_worker: DEFAULT_SLOTS_PER_WORKER,
             inject_delay: std::time::Duration::ZERO,
             direct: DirectPolicy::Auto,
         }
@@ -470,15 +475,16 @@ pub fn run(config: DaemonConfig, ready: impl FnOnce(&Path)) -> Result<()> {
         config,
     });
     for i in 0..shared.config.threads {
-        let (pool, stats, chunk, delay) = (
+        let (pool, stats, chunk, slots, delay) = (
             shared.pool.clone(),
             shared.stats.clone(),
             shared.config.chunk_bytes,
+            shared.config.slots_per_worker.max(1),
             shared.config.inject_delay,
         );
         std::thread::Builder::new()
             .name(format!("hf3fs-io-{i}"))
-            .spawn(move || pool.work(chunk, SLOTS_PER_WORKER, delay, stats))
+            .spawn(move || pool.work(chunk, slots, delay, stats))
             .map_err(|e| crate::error::os_err("spawn", e, "worker thread"))?;
     }
     ready(&path);
