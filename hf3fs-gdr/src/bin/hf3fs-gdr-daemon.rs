@@ -11,7 +11,8 @@ const USAGE: &str = "usage: hf3fs-gdr-daemon --mount DIR [--threads N] [--stagin
 [--chunk-kib K] [--slots S] [--direct auto|always|never] [--inject-delay-ms D]
   --threads N        worker threads (default: CPUs, at least 4)
   --staging-mib M    pinned staging memory per GPU (default 256)
-  --chunk-kib K      largest piece a worker moves at once (default: staging / (2 N))
+  --chunk-kib K      largest piece a worker moves at once (default: staging / (N S),
+                     64 to 4096 KiB)
   --slots S          pinned staging slots per worker: device copies in flight while it
                      reads the next chunk (default 2)
   --direct P         O_DIRECT policy: auto (cached data from the page cache, the rest
@@ -54,17 +55,18 @@ fn parse() -> Result<DaemonConfig, String> {
         threads.unwrap_or(defaults.threads),
         staging_mib << 20,
     );
-    if let Some(k) = chunk_kib {
-        if k == 0 {
-            return Err("--chunk-kib must be positive".into());
-        }
-        config.chunk_bytes = k << 10;
-    }
     if let Some(s) = slots {
         if s == 0 {
             return Err("--slots must be positive".into());
         }
         config.slots_per_worker = s;
+        config.chunk_bytes = DaemonConfig::default_chunk(config.staging_bytes, config.threads, s);
+    }
+    if let Some(k) = chunk_kib {
+        if k == 0 {
+            return Err("--chunk-kib must be positive".into());
+        }
+        config.chunk_bytes = k << 10;
     }
     config.inject_delay = std::time::Duration::from_millis(delay_ms);
     config.direct = direct;
