@@ -5,11 +5,13 @@
 //! (each carries the C name as a doc alias):
 //! - [`gdr_available`], [`gdr_device_count`];
 //! - [`Iov`]: host iovs in POSIX shared memory ([`Iov::create`], [`Iov::open`],
-//!   [`Iov::wrap`], [`Iov::unlink`], [`Iov::destroy`]) and GPU iovs
+//!   [`Iov::wrap`], [`Iov::unlink`], [`Iov::destroy`], and [`Iov::wrap_shm`] for a
+//!   caller's own `/dev/shm` segment whose publication the iov owns) and GPU iovs
 //!   ([`Iov::create_gpu`], [`Iov::wrap_gpu`], [`Iov::export_gpu`], [`Iov::import_gpu`],
 //!   [`Iov::is_gpu`], [`Iov::gpu_device`], [`Iov::sync`]);
 //! - [`Ior`]: rings ([`Ior::create`], [`Ior::prep_io`], [`Ior::submit_ios`],
-//!   [`Ior::wait_for_ios`]) and [`reg_fd`] / [`dereg_fd`].
+//!   [`Ior::wait_for_ios`], [`Ior::check_alive`] before reusing a pooled ring) and
+//!   [`reg_fd`] / [`dereg_fd`].
 //!
 //! Two backends serve these types, chosen per mount (see [`hf3fs`] for the rule and
 //! the overrides: [`set_backend`], `$HF3FS_GDR_BACKEND`): the local daemon below, and
