@@ -6,7 +6,10 @@
 //! data verified on both sides and each notification arriving only after its data; and
 //! the peer's host going away — the link cut in the middle of a transfer and while idle
 //! (then posted to) — ending the initiator's transfer in a typed error within [`BOUND`],
-//! never a hang (the real figure is printed).
+//! never a hang (the real figure is printed). Today that error is `Stalled` at the stall
+//! timeout (shortened to [`CUT_STALL`] here): TCP reports nothing of a pulled cable for
+//! minutes, and the backend has no liveness signal between hosts. The `#[ignore]`d
+//! `link_cut_is_remote_disconnect_within_bound_tcp_rxm` asserts what issue 14 asks.
 //!
 //! Needs root and `ip netns`; skips with the reason otherwise (fails instead with
 //! `NIXL_REQUIRE_NETNS=1`, as `cargo xtask test` sets when it runs as root).
@@ -29,6 +32,9 @@ const BLOCK: usize = 64 << 10;
 const CUT_STALL: Duration = Duration::from_secs(5);
 /// The bound on the link-cut error (generous for a loaded 2-core machine).
 const BOUND: Duration = Duration::from_secs(15);
+/// What issue 14 asks of a vanished host: `RemoteDisconnect` within 5 s (goal 1 s), with
+/// the default stall timeout.
+const STRICT_BOUND: Duration = Duration::from_secs(5);
 const TARGET: &str = "netns-target";
 const INITIATOR: &str = "netns-initiator";
 const SEED_WRITE: u8 = 0x3c;
@@ -139,13 +145,16 @@ fn transfer(agent: &Agent, op: XferOp, local: u64, remote: u64, notif: &[u8]) ->
 
 /// The initiator process (namespace 0). Mode `data`: WRITE then READ, data verified.
 /// Modes `cut-busy` / `cut-idle`: a WRITE completes, then the link is cut with a WRITE
-/// in flight / before the next post; the error and its delay are the verdict.
+/// in flight / before the next post; the error and its delay are the verdict. Mode
+/// `strict-busy`: as `cut-busy` with the default stall timeout, and only
+/// `RemoteDisconnect` within [`STRICT_BOUND`] passes.
 #[test]
 #[ignore = "initiator process of the two-namespace tests"]
 fn netns_initiator_process() {
     let verdict = var(env::ROLE_FILE);
     let mode = var(env::MODE);
-    let stall = if mode == "data" {
+    let strict = mode.starts_with("strict");
+    let stall = if mode == "data" || strict {
         AgentConfig::default().stall_timeout
     } else {
         CUT_STALL
@@ -199,7 +208,7 @@ fn netns_initiator_process() {
         .unwrap();
         return;
     }
-    if mode == "cut-busy" {
+    if mode.ends_with("busy") {
         write.post().unwrap();
     }
     let cut: Vec<String> = var(env::CUT).split(' ').map(String::from).collect();
@@ -232,9 +241,15 @@ fn netns_initiator_process() {
         format!("{mode}: {kind} {took:.2?} after the cut (stall timeout {stall:?}): {err}"),
     )
     .unwrap();
+    let bound = if strict {
+        assert_eq!(kind, "RemoteDisconnect", "{mode}: {err}");
+        STRICT_BOUND
+    } else {
+        BOUND
+    };
     assert!(
-        took < BOUND,
-        "{mode}: {kind} after {took:?} (bound {BOUND:?})"
+        took < bound,
+        "{mode}: {kind} after {took:?} (bound {bound:?})"
     );
 }
 
@@ -311,4 +326,12 @@ fn link_cut_mid_transfer_tcp_rxm() {
 #[test]
 fn link_cut_while_idle_tcp_rxm() {
     two_hosts("tcp;ofi_rxm", "cut-idle");
+}
+
+#[test]
+#[ignore = "defect: nothing notices a vanished host but the stall timeout (no liveness \
+            signal between hosts; the same-host pidfd watch cannot see another host); \
+            run with --ignored once there is one"]
+fn link_cut_is_remote_disconnect_within_bound_tcp_rxm() {
+    two_hosts("tcp;ofi_rxm", "strict-busy");
 }

@@ -81,6 +81,9 @@ mount -t proc proc $R/proc
 mount -t sysfs sysfs $R/sys
 mount -t devtmpfs devtmpfs $R/dev
 mkdir -p $R/dev/pts $R/dev/shm
+# What udev would add: bash's process substitution needs /dev/fd.
+ln -s /proc/self/fd $R/dev/fd
+for i in 0:stdin 1:stdout 2:stderr; do ln -s /proc/self/fd/${i%%:*} $R/dev/${i#*:}; done
 mount -t devpts -o newinstance,ptmxmode=0666 devpts $R/dev/pts
 for d in dev/shm tmp; do mount -t tmpfs -o mode=1777 tmpfs $R/$d; done
 mount -t tmpfs -o mode=0755 tmpfs $R/run

@@ -9,7 +9,10 @@
 //! 3. builds the Python extension (`python/`, PyO3 + maturin) into a venv under
 //!    `target/pyenv` and runs its pytest suite (`python/tests`) against it;
 //! 4. builds every test target whose name starts with `rxe_` and runs them all in ONE
-//!    soft-RoCE guest boot with `RDMA_TEST_DEVICE=rxe0`, where a missing device fails.
+//!    soft-RoCE guest boot with `RDMA_TEST_DEVICE=rxe0`, where a missing device fails;
+//! 5. runs the targets named `rxe2_` in guest `a` of ONE two-guest boot (`cargo xtask
+//!    rxe --two-guests`: two soft-RoCE guests joined by an Ethernet link), guest `b`
+//!    serving their peers (and killed and rebooted when a test asks).
 
 use crate::bindings::workspace_root;
 use crate::rxe::{self, GuestOptions};
@@ -21,18 +24,22 @@ use std::time::Duration;
 
 /// Test targets with this name prefix need an RDMA device and run in the guest.
 const GUEST_TEST_PREFIX: &str = "rxe_";
+/// Test targets with this name prefix run in guest `a` of the two-guest mode
+/// (`cargo xtask rxe --two-guests`), with guest `b` serving them.
+const TWO_GUEST_TEST_PREFIX: &str = "rxe2_";
 /// The device every guest test is told to use.
 const GUEST_DEVICE: &str = "rxe0";
 
 pub fn run(args: &[String]) -> Result<i32> {
-    let (mut host, mut guest, mut python) = (true, true, true);
+    let (mut host, mut guest, mut two_guests, mut python) = (true, true, true, true);
     for arg in args {
         match arg.as_str() {
-            "--host-only" => guest = false,
+            "--host-only" => (guest, two_guests) = (false, false),
             "--guest-only" => (host, python) = (false, false),
-            "--python-only" => (host, guest) = (false, false),
+            "--two-guests-only" => (host, guest, python) = (false, false, false),
+            "--python-only" => (host, guest, two_guests) = (false, false, false),
             other => bail!(
-                "usage: cargo xtask test [--host-only|--guest-only|--python-only] (got `{other}`)"
+                "usage: cargo xtask test [--host-only|--guest-only|--two-guests-only|--python-only] (got `{other}`)"
             ),
         }
     }
@@ -115,32 +122,69 @@ pub fn run(args: &[String]) -> Result<i32> {
             return Ok(code);
         }
     }
-    if guest {
+    if guest || two_guests {
         rxe::setup(false)?;
         let binaries = build_guest_tests(&root)?;
-        if binaries.is_empty() {
-            bail!("no `{GUEST_TEST_PREFIX}*` test targets were built: the guest suite would test nothing");
+        let (pair, single): (Vec<_>, Vec<_>) = binaries
+            .into_iter()
+            .partition(|(name, _)| name.starts_with(TWO_GUEST_TEST_PREFIX));
+        let env = vec![("RDMA_TEST_DEVICE".to_string(), GUEST_DEVICE.to_string())];
+        if guest {
+            if single.is_empty() {
+                bail!("no `{GUEST_TEST_PREFIX}*` test targets were built: the guest suite would test nothing");
+            }
+            let script = write_suite_script(&root, "run.sh", &single)?;
+            eprintln!("xtask: {} guest test binaries, one boot", single.len());
+            let options = GuestOptions {
+                timeout: Duration::from_secs(40 * 60),
+                env: env.clone(),
+                ..GuestOptions::default()
+            };
+            let command = ["bash".to_string(), script.display().to_string()];
+            let code = retry_boot_failure(|| rxe::run_in_guest(&options, &command))?;
+            if code != 0 {
+                eprintln!("xtask: guest suite failed (exit status {code})");
+                return Ok(code);
+            }
         }
-        let script = write_suite_script(&root, &binaries)?;
-        eprintln!("xtask: {} guest test binaries, one boot", binaries.len());
-        let options = GuestOptions {
-            timeout: Duration::from_secs(40 * 60),
-            env: vec![("RDMA_TEST_DEVICE".into(), GUEST_DEVICE.into())],
-            ..GuestOptions::default()
-        };
-        let command = ["bash".to_string(), script.display().to_string()];
-        let mut code = rxe::run_in_guest(&options, &command)?;
-        if code == 125 {
-            // The harness failed (e.g. a boot stalled on a starved host), not a test.
-            eprintln!("xtask: the guest failed before finishing; booting it once more");
-            code = rxe::run_in_guest(&options, &command)?;
-        }
-        if code != 0 {
-            eprintln!("xtask: guest suite failed (exit status {code})");
-            return Ok(code);
+        if two_guests {
+            if pair.is_empty() {
+                bail!("no `{TWO_GUEST_TEST_PREFIX}*` test targets were built: the two-guest suite would test nothing");
+            }
+            let script = write_suite_script(&root, "run2.sh", &pair)?;
+            eprintln!(
+                "xtask: {} two-guest test binaries, in guest a of one two-guest boot",
+                pair.len()
+            );
+            let options = GuestOptions {
+                timeout: Duration::from_secs(20 * 60),
+                env,
+                ..GuestOptions::default()
+            };
+            let command = ["bash".to_string(), script.display().to_string()];
+            let started = std::time::Instant::now();
+            let code = retry_boot_failure(|| {
+                rxe::run_two_guests(&options, &command, &rxe::PeerCommand::Serve)
+            })?;
+            eprintln!("xtask: two-guest suite took {:.0?}", started.elapsed());
+            if code != 0 {
+                eprintln!("xtask: two-guest suite failed (exit status {code})");
+                return Ok(code);
+            }
         }
     }
     Ok(0)
+}
+
+/// Runs a guest suite, and once more when the harness (not a test) failed: exit status
+/// 125, e.g. a boot stalled on a starved host.
+fn retry_boot_failure(mut run: impl FnMut() -> Result<i32>) -> Result<i32> {
+    let code = run()?;
+    if code != 125 {
+        return Ok(code);
+    }
+    eprintln!("xtask: the guest failed before finishing; booting once more");
+    run()
 }
 
 /// Python packages the extension's build and suite need, installed into the venv.
@@ -212,10 +256,12 @@ pub(crate) fn cargo(root: &Path) -> Command {
 }
 
 /// Builds all test targets (same profile as the host run, so nothing is rebuilt) and
-/// returns the executables of those named `rxe_*`, as (target name, path).
+/// returns the executables of those named `rxe_*` and `rxe2_*`, as (target name, path).
 fn build_guest_tests(root: &Path) -> Result<Vec<(String, PathBuf)>> {
-    let keep =
-        |kinds: &[&str], name: &str| kinds.contains(&"test") && name.starts_with(GUEST_TEST_PREFIX);
+    let keep = |kinds: &[&str], name: &str| {
+        kinds.contains(&"test")
+            && (name.starts_with(GUEST_TEST_PREFIX) || name.starts_with(TWO_GUEST_TEST_PREFIX))
+    };
     let mut binaries = built_executables(root, &["test", "--workspace", "--no-run"], keep)?;
     // Guest suites behind a feature (`required-features` on the target), built for their
     // package alone so that nothing else is rebuilt with the feature.
@@ -271,13 +317,14 @@ pub(crate) fn built_executables(
     Ok(binaries)
 }
 
-/// The in-guest driver: checks the device, runs each binary, prints a summary line.
-fn write_suite_script(root: &Path, binaries: &[(String, PathBuf)]) -> Result<PathBuf> {
+/// The in-guest driver `target/rxe-suite/<name>`: checks the device, runs each binary,
+/// prints a summary line.
+fn write_suite_script(root: &Path, name: &str, binaries: &[(String, PathBuf)]) -> Result<PathBuf> {
     let dir = root.join("target/rxe-suite");
     std::fs::create_dir_all(&dir)?;
     let mut script = String::from(
         "#!/bin/bash\n\
-         # generated by `cargo xtask test`: runs every rxe_* test binary in this guest\n\
+         # generated by `cargo xtask test`: runs these test binaries in this guest\n\
          set -u\n\
          if ! ibv_devices | grep -qw \"$RDMA_TEST_DEVICE\"; then\n\
          \x20 echo \"guest suite: RDMA device $RDMA_TEST_DEVICE is missing\" >&2; exit 1\n\
@@ -303,7 +350,7 @@ fn write_suite_script(root: &Path, binaries: &[(String, PathBuf)]) -> Result<Pat
          echo \"guest: $tp passed, $tf failed\"\n\
          [ \"$failed\" = 0 ]\n",
     );
-    let path = dir.join("run.sh");
+    let path = dir.join(name);
     std::fs::write(&path, script)?;
     Ok(path)
 }

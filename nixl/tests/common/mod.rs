@@ -10,6 +10,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Mutex, MutexGuard, Once};
 use std::time::{Duration, Instant};
 
+pub mod peer_guest;
 pub mod staged;
 pub mod twohost;
 

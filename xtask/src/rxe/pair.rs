@@ -14,8 +14,8 @@
 //!   `<id>.out` (stdout and stderr) and, when it ends, `<id>.rc` (its exit status).
 //! - `b/<id>.kill`: `b` kills that command (SIGKILL).
 //! - `kill-guest-b`: the host kills guest `b`'s QEMU — the whole host is gone at once, as
-//!   on a power cut — writes `guest-b-killed`, then boots a fresh guest `b` (a new `ready`
-//!   appears once it serves again).
+//!   on a power cut — empties `b/`, writes `guest-b-killed`, then boots a fresh guest `b`
+//!   (a new `ready` appears once it serves again).
 //! - `done`: written by the host when `a`'s command ended; `b` stops serving.
 //!
 //! Both guests see `RXE_GUEST` (`a`/`b`), `RXE_ADDR`, `RXE_PEER_ADDR` and `RXE_PAIR_DIR`.
@@ -55,12 +55,13 @@ exec {nap}<> <(:)
 start() {
 	local id=$1
 	mv "$dir/$id.req" "$dir/$id.sh" || return
+	# (bash's "Killed" notices of the commands killed on order are dropped.)
 	(
 		bash "$dir/$id.sh" >"$dir/$id.out" 2>&1 </dev/null &
 		echo $! >"$dir/$id.pid.tmp" && mv "$dir/$id.pid.tmp" "$dir/$id.pid"
 		wait $!
 		echo $? >"$dir/$id.rc.tmp" && mv "$dir/$id.rc.tmp" "$dir/$id.rc"
-	) &
+	) 2>/dev/null &
 }
 read -r up _ </proc/uptime
 echo "$up" >"$dir/ready.tmp" && mv "$dir/ready.tmp" "$dir/ready"
@@ -75,10 +76,14 @@ while [ ! -e "$RXE_PAIR_DIR/done" ]; do
 		[ -e "$order" ] || continue
 		id=${order##*/}
 		id=${id%.kill}
-		# The .pid file comes right after the start: wait for it.
-		[ -e "$dir/$id.pid" ] || continue
-		kill -9 "$(<"$dir/$id.pid")" 2>/dev/null
-		rm -f "$order"
+		if [ -e "$dir/$id.pid" ]; then
+			kill -9 "$(<"$dir/$id.pid")" 2>/dev/null
+			rm -f "$order"
+		elif [ ! -e "$dir/$id.sh" ] && [ ! -e "$dir/$id.req" ]; then
+			# Nothing of that id runs here (e.g. it ran in a guest b since killed).
+			rm -f "$order"
+		fi
+		# Else it is starting: its .pid comes next.
 	done
 	read -t 0.02 -u $nap
 done
@@ -215,7 +220,12 @@ fn kill_b(b: &mut Option<Guest>, pair: &Path, order: &Path) -> Result<Duration> 
         guest.kill();
     }
     let took = t.elapsed();
-    let _ = fs::remove_file(pair.join("b/ready"));
+    // What the dead guest ran is gone with it: a fresh guest b starts from an empty
+    // directory (and never kills a pid of the old one).
+    let b_dir = pair.join("b");
+    for entry in fs::read_dir(&b_dir)?.flatten() {
+        let _ = fs::remove_file(entry.path());
+    }
     fs::remove_file(order).context("removing the kill-guest-b order")?;
     let ack = pair.join("guest-b-killed");
     fs::write(pair.join("guest-b-killed.tmp"), format!("{took:?}\n"))?;
@@ -309,6 +319,13 @@ mod tests {
         wait_for(pair.join("b/two.pid"));
         fs::write(pair.join("b/two.kill"), "").unwrap();
         assert_eq!(wait_for(pair.join("b/two.rc")).trim(), "137");
+        // An order for a command this guest never ran is dropped.
+        fs::write(pair.join("b/ghost.kill"), "").unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while pair.join("b/ghost.kill").exists() {
+            assert!(Instant::now() < deadline, "the stale order stayed");
+            thread::sleep(Duration::from_millis(10));
+        }
         fs::write(pair.join("done"), "").unwrap();
         assert!(server.wait().unwrap().success());
     }
