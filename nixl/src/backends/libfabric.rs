@@ -87,9 +87,9 @@
 //! `provider` (default: the first of `cxi`, `efa`, `tcp;ofi_rxm`, `sockets` found),
 //! `node` (default `127.0.0.1` for tcp and sockets), `num_rails` (default 1),
 //! `striping_threshold` (bytes, default 131072), `busy_poll` (`1`: rail workers never
-//! block; a target on a manual-progress provider such as `tcp;ofi_rxm` cannot see
-//! plain incoming writes, and only moves them while its worker polls — default `0`:
-//! spin while busy and for 20 ms after, then block on the queue's wait object).
+//! sleep — default `0`: spin while busy and for 20 ms after any activity, incoming
+//! remote operations included, then sleep on the queue's wait fd or nap; see
+//! the `idle` module for what wakes a worker).
 //!
 //! Staging: `vram_mode` (`auto`: direct where possible, else staged — the default;
 //! `staged`: always staged, and the provider is opened without `FI_HMEM`; `direct`: a
@@ -100,6 +100,7 @@
 //! `stage_dram` (`1`: DRAM registrations are staged too, with `memcpy` for the copies —
 //! the pipeline end to end without a GPU, for tests).
 
+mod idle;
 mod liveness;
 mod stage_net;
 mod vram;
@@ -115,10 +116,11 @@ use crate::backend::{
 use crate::error::{Error, Result};
 use crate::mem::{MemKind, Region};
 use fabric::{
-    Access, Address, AddressVector, AvType, Caps, CompletionQueue, CqFormat, Domain,
+    Access, Address, AddressVector, AvType, Caps, CompletionQueue, Counter, CqFormat, Domain,
     EndpointBuilder, EndpointType, Fabric, HmemIface, Info, InfoBuilder, MemoryRegion,
     RegisteredBuffer, RemoteMemory, WaitObj,
 };
+use idle::IdleWait;
 use liveness::{Liveness, ProcessId};
 use stage_net::{failure_of, FabAddr, FabricSink, Stager};
 use std::any::Any;
@@ -148,8 +150,6 @@ const RECV_CONTEXT: u64 = 1 << 62;
 const MAX_OUTSTANDING: usize = 512;
 /// How long a worker keeps spinning after its last activity before it blocks briefly.
 const SPIN_AFTER_ACTIVITY: Duration = Duration::from_millis(20);
-/// Longest block on the completion queue when idle.
-const IDLE_WAIT: Duration = Duration::from_millis(1);
 /// Contexts of staging operations: the engine's operation id in the low 44 bits, a
 /// control-message buffer (+1) in bits 44..60.
 const STAGE_CONTEXT: u64 = 1 << 60;
@@ -167,8 +167,18 @@ struct Rail {
     av: AddressVector,
     cq: CompletionQueue,
     submit: Mutex<VecDeque<RailJob>>,
+    /// How the rail's worker sleeps when idle, and what wakes it.
+    idle: IdleWait,
     inject_size: usize,
     max_msg: usize,
+}
+
+impl Rail {
+    /// Queues a job for the rail's worker and wakes it if it sleeps.
+    fn push_job(&self, job: RailJob) {
+        self.submit.lock().expect("submit lock").push_back(job);
+        self.idle.wake();
+    }
 }
 
 /// Shared between the backend and its workers.
@@ -488,25 +498,48 @@ fn open_rail(info: &Info) -> Result<Rail> {
     let fabric = Fabric::new(info).map_err(fabric_error)?;
     // The rail worker reads the queue all the time: no extra progress thread needed.
     let domain = Domain::with_progress_interval(&fabric, info, None).map_err(fabric_error)?;
-    let cq = CompletionQueue::builder()
-        .format(CqFormat::Data)
-        .size(4096)
-        .wait_obj(WaitObj::Unspec)
+    // A wait fd lets incoming traffic wake an idle worker; without one it naps.
+    let cq_with = |wait: Option<WaitObj>| {
+        let builder = CompletionQueue::builder().format(CqFormat::Data).size(4096);
+        match wait {
+            Some(wait) => builder.wait_obj(wait),
+            None => builder,
+        }
         .open(&domain)
-        .or_else(|_| {
-            CompletionQueue::builder()
-                .format(CqFormat::Data)
-                .size(4096)
-                .open(&domain)
-        })
+    };
+    let cq = cq_with(Some(WaitObj::Fd))
+        .or_else(|_| cq_with(Some(WaitObj::Unspec)))
+        .or_else(|_| cq_with(None))
         .map_err(fabric_error)?;
     let av = AddressVector::new(&domain, AvType::Map, 64).map_err(fabric_error)?;
-    let ep = EndpointBuilder::new(&domain, info)
-        .cq(&cq)
-        .av(&av)
+    let build = |counter: Option<&Counter>| {
+        let builder = EndpointBuilder::new(&domain, info).cq(&cq).av(&av);
+        match counter {
+            Some(c) => builder.counter(c, Access::REMOTE_WRITE | Access::REMOTE_READ),
+            None => builder,
+        }
         .build()
-        .map_err(fabric_error)?;
+    };
+    // Without a wait fd, a counter of remote operations tells a napping worker that
+    // traffic flows (see `idle`); it is only a hint, so a refusal leaves it out.
+    let remote_ops = if cq.wait_fd().is_err() && info.caps().contains(Caps::RMA_EVENT) {
+        Counter::new(&domain).ok()
+    } else {
+        None
+    };
+    let (ep, remote_ops) = match remote_ops.as_ref().map(|c| build(Some(c))) {
+        Some(Ok(ep)) => (ep, remote_ops),
+        _ => (build(None).map_err(fabric_error)?, None),
+    };
+    let idle = IdleWait::new(&cq, remote_ops)?;
+    tracing::debug!(
+        provider = info.provider_name(),
+        wait_fd = idle.has_wait_fd(),
+        remote_op_counter = idle.counts_remote_ops(),
+        "rail opened"
+    );
     Ok(Rail {
+        idle,
         inject_size: info.inject_size(),
         max_msg: info.max_msg_size().max(4096),
 
@@ -959,7 +992,10 @@ impl LibfabricBackend {
 
 impl Drop for LibfabricBackend {
     fn drop(&mut self) {
-        self.common.stop.store(true, Ordering::Relaxed);
+        self.common.stop.store(true, Ordering::SeqCst);
+        for rail in &self.rails {
+            rail.idle.wake();
+        }
         for thread in self
             .threads
             .get_mut()
@@ -1021,19 +1057,15 @@ impl XferShared {
         self.completed.fetch_add(1, Ordering::Relaxed);
         if self.pending.fetch_sub(1, Ordering::AcqRel) == 1 {
             if let Some((dest, message)) = self.read_notif.lock().expect("notif lock").take() {
-                rail0
-                    .submit
-                    .lock()
-                    .expect("submit lock")
-                    .push_back(RailJob {
-                        shared: self.clone(),
-                        ops: Arc::new(Vec::new()),
-                        mrs: Arc::from(Vec::new()),
-                        op: XferOp::Read,
-                        imm: None,
-                        notif: Some((dest, message)),
-                        peer: peer.clone(),
-                    });
+                rail0.push_job(RailJob {
+                    shared: self.clone(),
+                    ops: Arc::new(Vec::new()),
+                    mrs: Arc::from(Vec::new()),
+                    op: XferOp::Read,
+                    imm: None,
+                    notif: Some((dest, message)),
+                    peer: peer.clone(),
+                });
             }
         }
     }
@@ -1129,19 +1161,15 @@ impl BackendXfer for FabricXfer {
             if ops.is_empty() && notif.is_none() {
                 continue;
             }
-            self.rails[r]
-                .submit
-                .lock()
-                .expect("submit lock")
-                .push_back(RailJob {
-                    shared: shared.clone(),
-                    ops: ops.clone(),
-                    mrs: self.mrs.clone(),
-                    op: self.op,
-                    imm,
-                    notif,
-                    peer: self.peer.clone(),
-                });
+            self.rails[r].push_job(RailJob {
+                shared: shared.clone(),
+                ops: ops.clone(),
+                mrs: self.mrs.clone(),
+                op: self.op,
+                imm,
+                notif,
+                peer: self.peer.clone(),
+            });
         }
         if let Some(plan) = &self.staged {
             self.stager.submit(RunSpec {
@@ -1319,7 +1347,7 @@ fn send_message_blocking(
     // Too large to inject: hand it to the rail worker as a job of its own.
     let shared = Arc::new(XferShared::default());
     shared.notif_pending.store(true, Ordering::Release);
-    rail.submit.lock().expect("submit lock").push_back(RailJob {
+    rail.push_job(RailJob {
         shared: shared.clone(),
         ops: Arc::new(Vec::new()),
         mrs: Arc::from(Vec::new()),
@@ -1345,6 +1373,10 @@ fn send_message_blocking(
     Ok(())
 }
 
+#[cfg(test)]
+mod idle_tests;
+#[cfg(test)]
+mod probe_tests;
 #[cfg(test)]
 mod staged_tests;
 

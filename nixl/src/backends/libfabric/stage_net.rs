@@ -399,7 +399,15 @@ impl Stager {
     fn with(&self, f: impl FnOnce(&mut Engine<FabAddr>, &FabricNet)) {
         let mut engine = self.engine();
         f(&mut engine, &self.net);
-        self.poll.store(engine.needs_poll(), Ordering::Release);
+        let poll = engine.needs_poll();
+        self.poll.store(poll, Ordering::Release);
+        drop(engine);
+        if poll {
+            // Any worker drives the engine: wake those that sleep.
+            for rail in &self.net.rails {
+                rail.idle.wake();
+            }
+        }
     }
 
     /// Whether a worker should poll the engine (one relaxed load).

@@ -3,10 +3,11 @@
 //! messages dispatched — driven by one thread per rail, or (`progress_thread = false`)
 //! by the callers' own polls.
 
+use super::idle::{nap_after, tighten_timer_slack};
 use super::{
     decode_notif, fabric_error, failure_of, send_message, staging, Common, PeerAddrs, Rail, RailOp,
-    XferShared, IDLE_WAIT, MAX_OUTSTANDING, NOTIF_SLOT, NOTIF_SLOTS, RECV_CONTEXT,
-    SPIN_AFTER_ACTIVITY, STAGE_CONTEXT,
+    XferShared, MAX_OUTSTANDING, NOTIF_SLOT, NOTIF_SLOTS, RECV_CONTEXT, SPIN_AFTER_ACTIVITY,
+    STAGE_CONTEXT,
 };
 use crate::backend::XferOp;
 use crate::error::Result;
@@ -74,13 +75,15 @@ impl Progress {
     }
 }
 
-/// A rail's progress thread: spins while there is work, then blocks briefly on the
-/// completion queue (or keeps spinning with `busy_poll`).
+/// A rail's progress thread: spins while there is work and for a while after any
+/// activity, then sleeps until work, traffic or a nap's end (see `idle`), or keeps
+/// spinning with `busy_poll`.
 pub(super) fn run_worker(progress: &Progress, index: usize) {
+    tighten_timer_slack();
     let mut last_activity = Instant::now();
     loop {
         let mut worker = progress.workers[index].lock().expect("worker lock");
-        if worker.common.stop.load(Ordering::Relaxed) {
+        if worker.common.stop.load(Ordering::SeqCst) {
             return;
         }
         let busy = worker.step();
@@ -96,8 +99,8 @@ pub(super) fn run_worker(progress: &Progress, index: usize) {
         } else if last_activity.elapsed() < SPIN_AFTER_ACTIVITY {
             drop(worker);
             std::thread::yield_now();
-        } else {
-            worker.wait_idle();
+        } else if worker.wait_idle(last_activity.elapsed()) {
+            last_activity = Instant::now();
         }
     }
 }
@@ -174,29 +177,24 @@ impl Worker {
             self.common.stager.try_progress();
             busy = true;
         }
+        // Remote operations this endpoint progressed (WRITEs without notification leave
+        // no completion here, yet their initiator waits for this side's progress).
+        if !busy && self.rail.idle.remote_activity() {
+            busy = true;
+        }
         busy
     }
 
-    /// Idle: block on the queue's wait object (woken by incoming data) for a short
-    /// while; new local jobs are seen at the latest when it times out.
-    fn wait_idle(&mut self) {
-        let mut completions = std::mem::take(&mut self.completions);
-        self.wait_idle_into(&mut completions);
-        self.completions = completions;
-    }
-
-    fn wait_idle_into(&mut self, completions: &mut [Completion]) {
-        match self.rail.cq.sread(completions, IDLE_WAIT) {
-            Ok(n) => {
-                for &c in &completions[..n] {
-                    self.complete(c.context, Ok(c));
-                }
-                self.retire();
-            }
-            Err(fabric::Error::TimedOut { .. }) | Err(fabric::Error::WouldBlock { .. }) => {}
-            // No wait object (or another failure, seen again by the next read): nap.
-            Err(_) => std::thread::sleep(Duration::from_micros(50)),
-        }
+    /// Idle for `idle_for`: sleeps until local work, incoming traffic (where the queue
+    /// has a wait fd) or a nap's end. Returns whether traffic woke it.
+    fn wait_idle(&mut self, idle_for: Duration) -> bool {
+        let common = &self.common;
+        let rail = &self.rail;
+        rail.idle.sleep(&rail.cq, nap_after(idle_for), || {
+            common.stop.load(Ordering::SeqCst)
+                || common.stager.wants_poll()
+                || !rail.submit.lock().expect("submit lock").is_empty()
+        })
     }
 
     fn accept_jobs(&mut self) -> bool {

@@ -1,0 +1,179 @@
+//! How an idle rail worker waits without burning a core, and what wakes it.
+//!
+//! A worker spins while it has work and for [`super::SPIN_AFTER_ACTIVITY`] after its
+//! last activity, then sleeps until one of:
+//! - **local work**: a job queued on the rail, staging work, or the backend stopping
+//!   ([`IdleWait::wake`] writes an eventfd, only while the worker sleeps);
+//! - **incoming traffic**, where the provider can tell: the completion queue's wait fd
+//!   (`FI_WAIT_FD`: `tcp;ofi_rxm`, `sockets`), after `fi_trywait` said blocking is safe;
+//! - **the nap's end**, where it cannot (`shm` has no wait fd): the worker naps
+//!   50 µs right after activity, growing to 1 ms after 0.4 s idle, then progresses the
+//!   endpoint.
+//!
+//! Activity is more than completions: a target of WRITEs without notification gets no
+//! completion at all, yet on manual-progress providers (`shm`, `tcp;ofi_rxm`) the
+//! initiator's delivery completion waits for the target to progress. Where the provider
+//! grants `FI_RMA_EVENT` (`shm`), a counter bound with `FI_REMOTE_WRITE | FI_REMOTE_READ`
+//! counts the remote operations this endpoint progressed: a change is activity, so a
+//! target keeps spinning while traffic flows and pays a nap only for the first operation
+//! after an idle spell. A readable wait fd counts as activity too.
+
+use fabric::{CompletionQueue, Counter};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+/// Longest sleep on the wait fd (local work and traffic wake it sooner).
+const FD_WAIT: Duration = Duration::from_millis(10);
+/// Shortest and longest nap where there is no wait fd.
+const MIN_NAP: Duration = Duration::from_micros(50);
+const MAX_NAP: Duration = Duration::from_millis(1);
+
+/// The nap after `idle_for` without activity: short right after traffic (the next
+/// operation of a burst waits little), longer after a while (fewer wake-ups).
+pub(super) fn nap_after(idle_for: Duration) -> Duration {
+    (idle_for / 400).clamp(MIN_NAP, MAX_NAP)
+}
+
+/// A rail's idle wait: the eventfd that wakes it, and the provider's signs of traffic.
+#[derive(Debug)]
+pub(super) struct IdleWait {
+    wake: OwnedFd,
+    /// The worker is (about to be) asleep: queuing work must write `wake`.
+    sleeping: AtomicBool,
+    /// The completion queue's wait fd (`FI_WAIT_FD`).
+    cq_fd: Option<RawFd>,
+    /// Remote RMA operations this endpoint progressed (`FI_RMA_EVENT`).
+    remote_ops: Option<Counter>,
+    /// `remote_ops` as last seen (only the worker reads it).
+    remote_seen: AtomicU64,
+}
+
+impl IdleWait {
+    pub(super) fn new(cq: &CompletionQueue, remote_ops: Option<Counter>) -> std::io::Result<Self> {
+        // SAFETY: eventfd has no memory arguments; the result is checked.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: a fresh descriptor that nothing else owns.
+        let wake = unsafe { OwnedFd::from_raw_fd(fd) };
+        Ok(IdleWait {
+            wake,
+            sleeping: AtomicBool::new(false),
+            cq_fd: cq.wait_fd().ok(),
+            remote_ops,
+            remote_seen: AtomicU64::new(0),
+        })
+    }
+
+    /// Whether incoming traffic wakes the worker (a wait fd), rather than its naps.
+    pub(super) fn has_wait_fd(&self) -> bool {
+        self.cq_fd.is_some()
+    }
+
+    /// Whether remote operations are counted (an `FI_RMA_EVENT` counter is bound).
+    pub(super) fn counts_remote_ops(&self) -> bool {
+        self.remote_ops.is_some()
+    }
+
+    /// Wakes the worker if it sleeps (call after queuing its work).
+    pub(super) fn wake(&self) {
+        if self.sleeping.load(Ordering::SeqCst) {
+            let one = 1u64.to_ne_bytes();
+            // SAFETY: writes 8 bytes from a live buffer to our eventfd. A full counter
+            // (EAGAIN) still leaves it readable, which is all a wake needs.
+            unsafe { libc::write(self.wake.as_raw_fd(), one.as_ptr().cast(), one.len()) };
+        }
+    }
+
+    /// Whether remote operations were progressed since the last call.
+    pub(super) fn remote_activity(&self) -> bool {
+        let Some(counter) = &self.remote_ops else {
+            return false;
+        };
+        let now = counter.read();
+        now != self.remote_seen.swap(now, Ordering::Relaxed)
+    }
+
+    /// Sleeps until woken, traffic, or `nap` (no wait fd) / [`FD_WAIT`] (wait fd).
+    /// `pending` is asked after the worker announced its sleep, so that work queued
+    /// meanwhile is not slept through. Returns whether traffic woke it.
+    pub(super) fn sleep(
+        &self,
+        cq: &CompletionQueue,
+        nap: Duration,
+        pending: impl FnOnce() -> bool,
+    ) -> bool {
+        self.sleeping.store(true, Ordering::SeqCst);
+        if pending() {
+            self.sleeping.store(false, Ordering::SeqCst);
+            return false;
+        }
+        let wake = self.wake.as_raw_fd();
+        let traffic = match self.cq_fd {
+            // Blocking on the fd is safe only when fi_trywait says nothing is pending.
+            Some(cq_fd) if matches!(cq.trywait(), Ok(true)) => {
+                let ready = poll(&[wake, cq_fd], FD_WAIT);
+                ready.get(1).copied().unwrap_or(false)
+            }
+            _ => {
+                poll(&[wake], nap);
+                false
+            }
+        };
+        self.sleeping.store(false, Ordering::SeqCst);
+        let mut drained = [0u8; 8];
+        // SAFETY: reads at most 8 bytes into a live buffer from our non-blocking eventfd.
+        unsafe { libc::read(wake, drained.as_mut_ptr().cast(), drained.len()) };
+        traffic
+    }
+}
+
+/// `ppoll` on `fds` for reading, up to `timeout`: which of them are readable.
+fn poll(fds: &[RawFd], timeout: Duration) -> Vec<bool> {
+    let mut pfds: Vec<libc::pollfd> = fds
+        .iter()
+        .map(|&fd| libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        })
+        .collect();
+    let ts = libc::timespec {
+        tv_sec: timeout.as_secs() as libc::time_t,
+        tv_nsec: timeout.subsec_nanos() as libc::c_long,
+    };
+    // SAFETY: pfds and ts are live for the call; no signal mask is changed.
+    let n = unsafe {
+        libc::ppoll(
+            pfds.as_mut_ptr(),
+            pfds.len() as libc::nfds_t,
+            &ts,
+            std::ptr::null(),
+        )
+    };
+    pfds.iter()
+        .map(|p| n > 0 && p.revents & (libc::POLLIN | libc::POLLERR | libc::POLLHUP) != 0)
+        .collect()
+}
+
+/// Lets this thread's short sleeps end on time (the default timer slack, 50 µs, would
+/// double a 50 µs nap).
+pub(super) fn tighten_timer_slack() {
+    // SAFETY: PR_SET_TIMERSLACK takes a value, no pointers; it affects this thread only.
+    unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1000 as libc::c_ulong, 0, 0, 0) };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn naps_grow_with_idleness_within_bounds() {
+        assert_eq!(nap_after(Duration::ZERO), MIN_NAP);
+        assert_eq!(nap_after(Duration::from_millis(20)), MIN_NAP);
+        assert!(nap_after(Duration::from_millis(60)) > MIN_NAP);
+        assert_eq!(nap_after(Duration::from_secs(10)), MAX_NAP);
+    }
+}
