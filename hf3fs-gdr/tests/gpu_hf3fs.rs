@@ -358,3 +358,96 @@ fn gpu_client_killed_daemon_serves_others() {
     assert_bytes(&got, &bytes, "VRAM after another client died");
     dereg_fd(file.as_raw_fd());
 }
+
+/// Fraction of `file`'s pages in the page cache (`mincore` on an untouched mapping).
+fn resident_fraction(file: &std::fs::File) -> f64 {
+    let len = file.metadata().unwrap().len() as usize;
+    // SAFETY: a read-only mapping, never touched, unmapped below.
+    let map = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            file.as_raw_fd(),
+            0,
+        )
+    };
+    assert_ne!(map, libc::MAP_FAILED);
+    let mut vec = vec![0u8; len.div_ceil(4096)];
+    // SAFETY: a byte per page of the mapping.
+    assert_eq!(unsafe { libc::mincore(map, len, vec.as_mut_ptr()) }, 0);
+    // SAFETY: mapped above.
+    unsafe { libc::munmap(map, len) };
+    vec.iter().filter(|b| **b & 1 != 0).count() as f64 / vec.len() as f64
+}
+
+#[test]
+fn gpu_cold_reads_go_direct_and_a_fixed_depth_client_gets_every_byte() {
+    let Some(_gpu) =
+        gpunetio::gpu_for_test("gpu_cold_reads_go_direct_and_a_fixed_depth_client_gets_every_byte")
+    else {
+        return;
+    };
+    // Small chunks and two workers: each worker cycles its staging slots many times,
+    // completions posted as copies finish while it reads on.
+    let d = Daemon::start_with(2, &["--chunk-kib", "256", "--slots", "3"]);
+    let data = data_dir();
+    let len = 48 * MIB as usize;
+    let (path, bytes) = patterned_file(data.path(), "f", 6, len);
+    let file = std::fs::File::open(&path).unwrap();
+    let fd = file.as_raw_fd();
+    reg_fd(fd, 0).unwrap();
+    let iov = Iov::create_gpu(d.path(), len as u64, 0, 0).unwrap();
+    let mut ior = Ior::create(d.path(), 8, true, 0, Duration::ZERO, -1, 0).unwrap();
+    file.sync_all().unwrap();
+    // SAFETY: a valid descriptor; advice only.
+    let advised = unsafe { libc::posix_fadvise(fd, 0, 0, libc::POSIX_FADV_DONTNEED) };
+    assert_eq!(advised, 0);
+    assert!(
+        resident_fraction(&file) < 0.01,
+        "{} could not be evicted from the page cache: TMPDIR must be on a disk file \
+         system (not tmpfs) for this test",
+        path.display()
+    );
+    let before = daemon_stats(d.path()).unwrap();
+
+    // Four 1 MiB reads in flight, refilled as each completes.
+    let block = MIB;
+    let (mut next, mut inflight, mut done) = (0u64, 0u32, 0u64);
+    let mut cqes = [Cqe::default(); 4];
+    while done < len as u64 {
+        while inflight < 4 && next < len as u64 {
+            ior.prep_io(&iov, true, iov.base() + next, fd, next, block, next)
+                .unwrap();
+            next += block;
+            inflight += 1;
+        }
+        ior.submit_ios().unwrap();
+        let n = ior.wait_for_ios(&mut cqes, 1, after(T)).unwrap();
+        assert!(n > 0, "no completion in {T:?}");
+        for c in &cqes[..n] {
+            assert_eq!(c.result, block as i64, "read at {}", c.userdata);
+            done += block;
+        }
+        inflight -= n as u32;
+    }
+    let mut got = vec![0u8; len];
+    iov.read_at(0, &mut got).unwrap();
+    assert_bytes(&got, &bytes, "cold file in VRAM");
+    let stats = daemon_stats(d.path()).unwrap();
+    assert_eq!(
+        (
+            stats.direct_ops - before.direct_ops,
+            stats.buffered_ops - before.buffered_ops
+        ),
+        ((len / (256 << 10)) as u64, 0),
+        "every aligned cold chunk with O_DIRECT: {stats:?}"
+    );
+    assert!(
+        resident_fraction(&file) < 0.01,
+        "cold reads filled the page cache ({:.0}%)",
+        resident_fraction(&file) * 100.0
+    );
+    dereg_fd(fd);
+}
