@@ -7,7 +7,7 @@
 //!     [--mode seq|rand] [--size BYTES] [--block BYTES] [--depth N] [--rings R]
 //!     [--iters K] [--seconds S] [--gpu G] [--create BYTES] [--verify] [--h2d]
 //!     [--memory gpu|host] [--host] [--cold] [--reference odirect]
-//!     [--ref-threads N] [--ref-block BYTES] [--slots N]
+//!     [--ref-threads N] [--ref-block BYTES] [--slots N] [--copy-kib C]
 //! ```
 //! - `--daemon BIN` starts the daemon on `--mount`; without it a daemon already serving
 //!   the mount is used, else the `hf3fs-gdr-daemon` beside this example is started.
@@ -29,8 +29,8 @@
 //!   medians and their ratio.
 //! - `--memory host` (or `--host`) reads into shared host memory instead (file->DRAM
 //!   numbers; needs no GPU).
-//! - `--slots N` pinned staging slots per daemon worker (passed to a daemon started
-//!   here).
+//! - `--slots N` pinned staging slots per daemon worker, `--copy-kib C` a device copy
+//!   after every C KiB of a cached chunk (both passed to a daemon started here).
 //! - `--verify` checks the VRAM against the file after the first pass; `--h2d` measures
 //!   pinned host-to-device copies for reference.
 //!
@@ -74,6 +74,7 @@ struct Opts {
     reference: bool,
     ref_block: u64,
     slots: Option<usize>,
+    copy_kib: Option<usize>,
 }
 
 fn size_arg(s: &str) -> Result<u64, String> {
@@ -114,6 +115,7 @@ fn parse() -> Result<Opts, String> {
         reference: false,
         ref_block: 8 << 20,
         slots: None,
+        copy_kib: None,
     };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -156,6 +158,7 @@ fn parse() -> Result<Opts, String> {
             "--ref-threads" => o.ref_threads = Some(num(v()?)?.max(1)),
             "--ref-block" => o.ref_block = size_arg(&v()?)?.next_multiple_of(4096),
             "--slots" => o.slots = Some(num(v()?)?.max(1)),
+            "--copy-kib" => o.copy_kib = Some(num(v()?)?),
             "--memory" => {
                 o.host = match v()?.as_str() {
                     "gpu" => false,
@@ -233,6 +236,9 @@ fn start_daemon(o: &Opts) -> Option<Child> {
     }
     if let Some(n) = o.slots {
         cmd.args(["--slots", &n.to_string()]);
+    }
+    if let Some(c) = o.copy_kib {
+        cmd.args(["--copy-kib", &c.to_string()]);
     }
     let mut child = cmd.spawn().expect("start the daemon");
     let mut line = String::new();

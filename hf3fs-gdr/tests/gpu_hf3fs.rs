@@ -451,3 +451,52 @@ fn gpu_cold_reads_go_direct_and_a_fixed_depth_client_gets_every_byte() {
     );
     dereg_fd(fd);
 }
+
+#[test]
+fn gpu_cached_reads_copied_piece_by_piece_arrive_whole() {
+    let Some(_gpu) = gpunetio::gpu_for_test("gpu_cached_reads_copied_piece_by_piece_arrive_whole")
+    else {
+        return;
+    };
+    // 1 MiB chunks, a device copy after every 64 KiB read from the page cache.
+    let d = Daemon::start_with(2, &["--chunk-kib", "1024", "--copy-kib", "64"]);
+    let data = data_dir();
+    let len = 5 * MIB as usize + 777;
+    let (path, bytes) = patterned_file(data.path(), "f", 8, len);
+    let file = std::fs::File::open(&path).unwrap();
+    let fd = file.as_raw_fd();
+    reg_fd(fd, 0).unwrap();
+    // Cached: just written, and read once more to be sure.
+    assert_eq!(std::fs::read(&path).unwrap().len(), len);
+    let iov = Iov::create_gpu(d.path(), 8 * MIB, 0, 0).unwrap();
+    let mut ior = Ior::create(d.path(), 16, true, 0, Duration::ZERO, -1, 0).unwrap();
+    let before = daemon_stats(d.path()).unwrap();
+    // The whole file in one I/O past its end (a short count), then unaligned pieces.
+    ior.prep_io(&iov, true, iov.base(), fd, 0, 6 * MIB, 1)
+        .unwrap();
+    ior.submit_ios().unwrap();
+    assert_eq!(reap(&mut ior, 1)[0].result, len as i64);
+    let mut got = vec![0u8; len];
+    iov.read_at(0, &mut got).unwrap();
+    assert_bytes(&got, &bytes, "cached file in VRAM, copied in pieces");
+    let stats = daemon_stats(d.path()).unwrap();
+    assert!(
+        stats.buffered_ops - before.buffered_ops > 6,
+        "pieces read separately (more reads than the 6 chunks): {stats:?}"
+    );
+
+    iov.write_at(0, &vec![0u8; 4 * MIB as usize]).unwrap();
+    let (off, n) = (12_345u64, 3 * MIB + 999);
+    ior.prep_io(&iov, true, iov.base() + 100, fd, off, n, 2)
+        .unwrap();
+    ior.submit_ios().unwrap();
+    assert_eq!(reap(&mut ior, 1)[0].result, n as i64);
+    let mut got = vec![0u8; n as usize];
+    iov.read_at(100, &mut got).unwrap();
+    assert_bytes(
+        &got,
+        &bytes[off as usize..(off + n) as usize],
+        "unaligned cached read in pieces",
+    );
+    dereg_fd(fd);
+}

@@ -511,6 +511,8 @@ fn daemon_cli_refuses_bad_arguments_and_a_second_daemon() {
         Some(2)
     );
     assert_eq!(status(&["--bogus"]), Some(2));
+    assert_eq!(status(&["--mount", "/tmp", "--slots", "0"]), Some(2));
+    assert_eq!(status(&["--mount", "/tmp", "--copy-kib", "6"]), Some(2));
     assert_eq!(status(&["--mount", "/nonexistent-hf3fs-mount"]), Some(1));
     let d = Daemon::start(1);
     let mount = d.path().to_str().unwrap();

@@ -5,7 +5,7 @@
 //! chunk counts as done only then, so a completion is posted after the data is in
 //! device memory.
 
-use super::io::{file_io, Chunk};
+use super::io::{cache_serves, file_io, Chunk};
 use super::{MappedIov, Stats};
 use gpunetio::cudarc::driver::sys::{self, CUevent, CUresult, CUstream};
 use gpunetio::{Gpu, HostBuffer};
@@ -28,6 +28,8 @@ pub(crate) struct Staging {
     stream: CUstream,
     slots: Vec<Slot>,
     next: usize,
+    /// Bytes read before each device copy of a cached chunk (0: the whole chunk).
+    copy_piece: u64,
 }
 
 impl std::fmt::Debug for Staging {
@@ -40,7 +42,12 @@ impl std::fmt::Debug for Staging {
 }
 
 impl Staging {
-    pub(crate) fn new(gpu: Gpu, chunk_bytes: usize, slots: usize) -> Result<Self, String> {
+    pub(crate) fn new(
+        gpu: Gpu,
+        chunk_bytes: usize,
+        slots: usize,
+        copy_piece: usize,
+    ) -> Result<Self, String> {
         gpu.bind().map_err(|e| e.to_string())?;
         let mut stream: CUstream = std::ptr::null_mut();
         // SAFETY: valid out-pointer; the GPU's context is current.
@@ -55,6 +62,7 @@ impl Staging {
             stream,
             slots: Vec::new(),
             next: 0,
+            copy_piece: copy_piece as u64,
         };
         for _ in 0..slots.max(1) {
             let buf = HostBuffer::alloc(&gpu, chunk_bytes).map_err(|e| e.to_string())?;
@@ -146,28 +154,75 @@ impl Staging {
         let len = chunk.len.min(slot.buf.len() as u64);
         let host = slot.buf.as_mut_ptr();
         if chunk.read {
-            // SAFETY: `host` has buf.len() >= len bytes, owned by this worker.
-            let got = unsafe { file_io(&chunk.file, host, len, chunk.file_offset, true, stats) };
-            if got <= 0 {
-                chunk.finish(got);
+            // Data the page cache holds is copied to the device piece by piece as it
+            // is read (the device reads each piece while it is still in the CPU's
+            // cache); `O_DIRECT` reads stay whole (fewer, larger device requests).
+            let piece = match self.copy_piece {
+                p if p > 0 && p < len && cache_serves(&chunk.file, chunk.file_offset, len) => p,
+                _ => len,
+            };
+            let (mut done, mut failed) = (0u64, None);
+            while done < len {
+                let want = piece.min(len - done);
+                // SAFETY: `host + done` has buf.len() - done >= want bytes, owned by this
+                // worker.
+                let got = unsafe {
+                    file_io(
+                        &chunk.file,
+                        host.add(done as usize),
+                        want,
+                        chunk.file_offset + done,
+                        true,
+                        stats,
+                    )
+                };
+                if got < 0 {
+                    failed = Some(got);
+                    break;
+                }
+                if got > 0 {
+                    // SAFETY: `got` bytes of pinned memory to the same offset of the
+                    // chunk's device range, inside the iov's mapping (checked by the ring
+                    // thread); the slot is not reused before its event says every copy
+                    // issued here finished.
+                    let issued = ok("cuMemcpyHtoDAsync", unsafe {
+                        sys::cuMemcpyHtoDAsync_v2(
+                            dev_ptr + done,
+                            host.add(done as usize).cast(),
+                            got as usize,
+                            self.stream,
+                        )
+                    });
+                    if let Err(e) = issued {
+                        tracing::error!("GPU {}: {e}", self.gpu.ordinal());
+                        failed = Some(-(libc::EIO as i64));
+                        break;
+                    }
+                    done += got as u64;
+                }
+                if (got as u64) < want {
+                    break; // end of file
+                }
+            }
+            if done == 0 {
+                // Nothing was handed to the device: done now.
+                chunk.finish(failed.unwrap_or(0));
                 return;
             }
-            // SAFETY: `got` bytes of pinned memory to `dev_ptr..+got`, inside the iov's
-            // mapping (checked by the ring thread); the slot is not reused before the
-            // event says the copy finished.
-            let copied = ok("cuMemcpyHtoDAsync", unsafe {
-                sys::cuMemcpyHtoDAsync_v2(dev_ptr, host.cast(), got as usize, self.stream)
-            })
-            .and_then(|()| {
-                // SAFETY: event and stream are ours.
-                ok("cuEventRecord", unsafe {
-                    sys::cuEventRecord(slot.event, self.stream)
-                })
+            // SAFETY: event and stream are ours.
+            let recorded = ok("cuEventRecord", unsafe {
+                sys::cuEventRecord(slot.event, self.stream)
             });
-            match copied {
-                Ok(()) => slot.pending = Some((chunk, got)),
+            match recorded {
+                // Even a failed chunk waits for the copies it issued before its slot is
+                // reused or its completion says anything.
+                Ok(()) => slot.pending = Some((chunk, failed.unwrap_or(done as i64))),
                 Err(e) => {
                     tracing::error!("GPU {}: {e}", self.gpu.ordinal());
+                    // The copies may still run: wait for the stream before the slot is
+                    // reused.
+                    // SAFETY: our stream.
+                    let _ = unsafe { sys::cuStreamSynchronize(self.stream) };
                     chunk.finish(-(libc::EIO as i64));
                 }
             }

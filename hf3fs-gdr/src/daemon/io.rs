@@ -224,6 +224,18 @@ pub(crate) fn residency(fd: libc::c_int, offset: u64, len: u64) -> Option<Reside
     })
 }
 
+/// Whether [`file_io`] would read `[offset, offset + len)` of `file` through the page
+/// cache (no `O_DIRECT` descriptor, policy `Never`, or `Auto` finding it cached).
+pub(crate) fn cache_serves(file: &OpenFile, offset: u64, len: u64) -> bool {
+    match (&file.direct, file.policy) {
+        (None, _) | (_, DirectPolicy::Never) => true,
+        (Some(_), DirectPolicy::Always) => false,
+        (Some(_), DirectPolicy::Auto) => {
+            residency(file.buffered.as_raw_fd(), offset, len).is_none_or(|r| r.prefer_cache())
+        }
+    }
+}
+
 /// Reads from the page cache only, until it lacks data: (bytes read, end of file).
 ///
 /// # Safety
@@ -420,6 +432,15 @@ impl Chunk {
     }
 }
 
+/// What each worker is told (from [`super::DaemonConfig`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct WorkerConfig {
+    pub chunk_bytes: usize,
+    pub slots: usize,
+    pub copy_piece: usize,
+    pub inject_delay: Duration,
+}
+
 /// The worker threads and their queue.
 #[derive(Debug, Default)]
 pub(crate) struct Pool {
@@ -443,13 +464,13 @@ impl Pool {
 
     /// A worker's loop: runs chunks; when the queue is empty, first finishes the device
     /// copies it left in flight, then sleeps.
-    pub(crate) fn work(
-        self: Arc<Self>,
-        chunk_bytes: usize,
-        slots: usize,
-        inject_delay: Duration,
-        stats: Arc<Stats>,
-    ) {
+    pub(crate) fn work(self: Arc<Self>, config: WorkerConfig, stats: Arc<Stats>) {
+        let WorkerConfig {
+            chunk_bytes,
+            slots,
+            copy_piece,
+            inject_delay,
+        } = config;
         let mut staging: HashMap<usize, Staging> = HashMap::new();
         loop {
             let next = {
@@ -502,7 +523,7 @@ impl Pool {
                 MappedIov::Gpu { gpu, .. } => {
                     let device = gpu.ordinal();
                     if let std::collections::hash_map::Entry::Vacant(e) = staging.entry(device) {
-                        match Staging::new(gpu.clone(), chunk_bytes, slots) {
+                        match Staging::new(gpu.clone(), chunk_bytes, slots, copy_piece) {
                             Ok(s) => {
                                 e.insert(s);
                             }

@@ -31,7 +31,7 @@ use crate::shm::{remove_if_present, to_hex, Id, Shm};
 use crate::virt::{self, GdrLink};
 use gpunetio::{Gpu, IpcMapping};
 pub use io::DirectPolicy;
-use io::{Chunk, OpenFile, Pool, Request};
+use io::{Chunk, OpenFile, Pool, Request, WorkerConfig};
 use ring::{RingCtx, RingRunner};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -59,6 +59,10 @@ pub struct DaemonConfig {
     /// Pinned staging slots per worker and GPU: how many of its device copies may be in
     /// flight while it reads the next chunk (at least 1).
     pub slots_per_worker: usize,
+    /// For chunks of GPU iovs the page cache serves: bytes read before each device copy
+    /// is started, so the device reads them while they are still in the CPU's cache
+    /// (0, the default: the whole chunk, then one copy). `O_DIRECT` chunks stay whole.
+    pub copy_piece_bytes: usize,
     /// Fault injection for tests of I/O in flight: every chunk of a file whose name
     /// ends in `.slow` waits this long before it runs (in 10 ms steps that end early
     /// when its client is gone). Zero (the default) disables it.
@@ -103,6 +107,7 @@ impl DaemonConfig {
             staging_bytes,
             chunk_bytes,
             slots_per_worker: DEFAULT_SLOTS_PER_WORKER,
+            copy_piece_bytes: 0,
             inject_delay: std::time::Duration::ZERO,
             direct: DirectPolicy::Auto,
         }
@@ -492,16 +497,16 @@ pub fn run(config: DaemonConfig, ready: impl FnOnce(&Path)) -> Result<()> {
         config,
     });
     for i in 0..shared.config.threads {
-        let (pool, stats, chunk, slots, delay) = (
-            shared.pool.clone(),
-            shared.stats.clone(),
-            shared.config.chunk_bytes,
-            shared.config.slots_per_worker.max(1),
-            shared.config.inject_delay,
-        );
+        let (pool, stats) = (shared.pool.clone(), shared.stats.clone());
+        let config = WorkerConfig {
+            chunk_bytes: shared.config.chunk_bytes,
+            slots: shared.config.slots_per_worker.max(1),
+            copy_piece: shared.config.copy_piece_bytes,
+            inject_delay: shared.config.inject_delay,
+        };
         std::thread::Builder::new()
             .name(format!("hf3fs-io-{i}"))
-            .spawn(move || pool.work(chunk, slots, delay, stats))
+            .spawn(move || pool.work(config, stats))
             .map_err(|e| crate::error::os_err("spawn", e, "worker thread"))?;
     }
     ready(&path);
