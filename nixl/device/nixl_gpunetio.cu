@@ -3,10 +3,10 @@
  * caller's, "stream attached", or one of the backend's, "stream pool").
  *
  * Intra-node queue pairs (the peer's memory mapped here): the descriptors are cut in
- * `chunk`-byte pieces spread over every warp of the grid, each a warp-scope gio put or
- * get (vectorized copies by the warp's lanes). NIC and proxy queue pairs: the threads of
- * block 0 post one operation per descriptor (as NIXL's GPUNetIO plugin prepares one WQE
- * per thread), then thread 0 waits for them all (gio::quiet).
+ * `chunk`-byte pieces spread over every warp of the grid, each copied by the warp's lanes
+ * (gio's vectorized copy) between the descriptor's addresses. NIC and proxy queue pairs:
+ * the threads of block 0 post one operation per descriptor (as NIXL's GPUNetIO plugin
+ * prepares one WQE per thread), then thread 0 waits for them all (gio::quiet).
  *
  * The first failure is written to `*status` (host-mapped); the stream's event after the
  * kernel tells the host it finished.
@@ -31,12 +31,16 @@ extern "C" __global__ void nixl_gpunetio_xfer(gio_dev_qp *qp, const nixl_gpu_des
       for (unsigned long long j = (warp + warps - first % warps) % warps; j < chunks; j += warps) {
         const unsigned long long off = j * chunk;
         const unsigned long long len = d.len - off < chunk ? d.len - off : chunk;
-        const int st =
-            is_read ? gio::get<gio::scope::warp, gio::sharing::gpu>(qp, d.local_mr, off, d.remote_mr,
-                                                                     off, len)
-                    : gio::put<gio::scope::warp, gio::sharing::gpu>(qp, d.remote_mr, off, d.local_mr,
-                                                                     off, len);
-        if (gio::lane_id() == 0) record_failure(status, st);
+        /* The host built this request's queue pair from these very descriptors (both
+         * ranges checked against their registrations and mappings at prep), so the copy
+         * goes straight to the addresses: no per-piece table lookups before the first
+         * load. Visibility to the host and the peer comes with the kernel's end (the event
+         * the notification waits for). */
+        char *local = (char *)(d.local_addr + off), *remote = (char *)(d.remote_addr + off);
+        if (is_read)
+          gio::copy_bytes(local, remote, len, gio::lane_id(), 32);
+        else
+          gio::copy_bytes(remote, local, len, gio::lane_id(), 32);
       }
       first += chunks;
     }
