@@ -198,6 +198,17 @@ fn mincore_resident(fd: libc::c_int, offset: u64, len: u64) -> Option<u64> {
 /// what is missing: a cold read would then fetch the range twice). `None` if the
 /// kernel can tell neither way.
 pub(crate) fn residency(fd: libc::c_int, offset: u64, len: u64) -> Option<Residency> {
+    let range_pages = (offset + len).div_ceil(4096) - offset / 4096;
+    let stat = cachestat(fd, offset, len);
+    if let Some((_, dirty)) = stat.filter(|(cached, _)| *cached >= range_pages) {
+        // All cached (the common case of a warm file): one system call.
+        return Some(Residency {
+            pages: range_pages,
+            cached: range_pages,
+            dirty,
+        });
+    }
+    // Pages past the end of the file cannot be cached: count only those inside it.
     // SAFETY: plain C struct.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
     // SAFETY: valid out-pointer.
@@ -213,7 +224,7 @@ pub(crate) fn residency(fd: libc::c_int, offset: u64, len: u64) -> Option<Reside
         });
     }
     let pages = end.div_ceil(4096) - offset / 4096;
-    let (cached, dirty) = match cachestat(fd, offset, end - offset) {
+    let (cached, dirty) = match stat {
         Some(c) => c,
         None => (mincore_resident(fd, offset, end - offset)?, 0),
     };
