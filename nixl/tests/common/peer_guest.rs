@@ -92,7 +92,9 @@ impl PeerGuest {
     pub fn kill_guest(&self) {
         let ack = self.dir.join("guest-b-killed");
         let _ = std::fs::remove_file(&ack);
-        std::fs::write(self.dir.join("kill-guest-b"), "").unwrap();
+        // Whole (renamed into place): the host removes the order as soon as it sees it,
+        // and a 9p create whose file vanishes before it returns fails with ENOENT.
+        write_shared_file(&self.dir.join("kill-guest-b"), "");
         let deadline = Instant::now() + Duration::from_secs(60);
         while !ack.exists() {
             assert!(Instant::now() < deadline, "the host did not kill guest b");
@@ -169,7 +171,12 @@ impl GuestProcess {
 
     /// Asks guest `b` to kill it (SIGKILL); returns without waiting.
     pub fn kill(&self) {
-        let _ = std::fs::write(with_suffix(&self.base, "kill"), "");
+        // Renamed into place, as the kill order above (guest b removes it once done).
+        let order = with_suffix(&self.base, "kill");
+        let tmp = with_suffix(&self.base, "kill.tmp");
+        if std::fs::write(&tmp, "").is_ok() {
+            let _ = std::fs::rename(&tmp, order);
+        }
     }
 }
 
