@@ -274,22 +274,33 @@ impl<T: Transport> CpuProxy<T> {
     /// uses it, the transport reads and writes it at any time (synchronise through
     /// completions, counters and signals).
     pub unsafe fn register_local(&self, ptr: *mut u8, len: usize) -> Result<u32> {
+        // SAFETY: forwarded contract.
+        unsafe { self.place_host(None, ptr, len) }
+    }
+
+    /// Registers host memory at table index `at` (vacant, or past the end), else the
+    /// next free one.
+    ///
+    /// # Safety
+    /// As [`register_local`](Self::register_local).
+    unsafe fn place_host(&self, at: Option<u32>, ptr: *mut u8, len: usize) -> Result<u32> {
         if ptr.is_null() || len == 0 {
             return Err(Error::InvalidArgument("a null or empty region".into()));
         }
         let mut engine = self.engine();
         // SAFETY: forwarded contract.
         let reg = unsafe { engine.transport.register_host(ptr, len) }?;
-        engine.table.push_from(
-            self.options.index_floor,
-            Region::Local(Local::Direct {
-                reg,
-                addr: ptr as u64,
-                len: len as u64,
-                dev_addr: 0,
-                _keep: None,
-            }),
-        )
+        let region = Region::Local(Local::Direct {
+            reg,
+            addr: ptr as u64,
+            len: len as u64,
+            dev_addr: 0,
+            _keep: None,
+        });
+        match at {
+            Some(index) => engine.table.place(index, region).map(|()| index),
+            None => engine.table.push_from(self.options.index_floor, region),
+        }
     }
 
     /// Registers a pinned, mapped host buffer: the GPU addresses it through its device
@@ -392,22 +403,8 @@ impl<T: Transport> CpuProxy<T> {
     /// # Safety
     /// As [`register_local`](Self::register_local).
     pub unsafe fn register_local_at(&self, index: u32, ptr: *mut u8, len: usize) -> Result<()> {
-        if ptr.is_null() || len == 0 {
-            return Err(Error::InvalidArgument("a null or empty region".into()));
-        }
-        let mut engine = self.engine();
         // SAFETY: forwarded contract.
-        let reg = unsafe { engine.transport.register_host(ptr, len) }?;
-        engine.table.place(
-            index,
-            Region::Local(Local::Direct {
-                reg,
-                addr: ptr as u64,
-                len: len as u64,
-                dev_addr: 0,
-                _keep: None,
-            }),
-        )
+        unsafe { self.place_host(Some(index), ptr, len) }.map(drop)
     }
 
     /// Registers `[addr, addr + len)` of GPU `gpu`'s memory that this crate did not
