@@ -52,6 +52,8 @@ pub fn run(args: &[String]) -> Result<i32> {
         // missing `ip netns` fails them instead of skipping.
         // SAFETY: geteuid has no preconditions and touches no memory.
         let require_netns = if unsafe { libc::geteuid() } == 0 {
+            // `ip netns` (a minimal Debian image lacks it; `unshare` is essential).
+            crate::deps::ensure_packages(&["iproute2"])?;
             "1"
         } else {
             "0"
