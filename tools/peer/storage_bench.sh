@@ -16,11 +16,20 @@ kv="$work/kvikio"
 if [ ! -d "$kv" ]; then
   "$py" -m pip install -q --no-deps --target "$kv" "$wheels"/*.whl || echo "storage_bench: KvikIO did not install"
 fi
-gdr() { "$bundle/bin/gdr_read_bench" --mount "$work/mnt" --file "$file" "$@"; }
+n=0
+# A fresh mount each call: the bench starts (and stops) its own daemon with the flags given.
+gdr() {
+  n=$((n + 1))
+  mkdir -p "$work/mnt$n"
+  "$bundle/bin/gdr_read_bench" --mount "$work/mnt$n" --file "$file" "$@"
+}
 gdr --create 4G --iters 1 --mode seq >/dev/null 2>&1 || gdr --create 4G --iters 1
 for r in $(seq "$rounds"); do
-  echo "=== round $r cached: hf3fs-gdr"
-  gdr --iters 5 --h2d 2>&1
+  for cfg in "--chunk-kib 4096" "--chunk-kib 2048" "--chunk-kib 4096 --copy-kib 512" "--chunk-kib 8192"; do
+    echo "=== round $r cached: hf3fs-gdr $cfg"
+    # shellcheck disable=SC2086
+    gdr --iters 5 --h2d $cfg 2>&1
+  done
   echo "=== round $r cached: KvikIO"
   PYTHONPATH="$kv" "$py" tools/peer/kvikio_read_bench.py "$file" --threads 8,16 --rounds 2 2>&1
 done
