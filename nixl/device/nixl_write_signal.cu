@@ -216,6 +216,8 @@ __device__ __forceinline__ nixl_gpu_desc raw_desc(nixlGpuXferReqH req, unsigned 
   return req.slot->descs[i];
 }
 
+/* raw: 0 = the device API (a write, then a signal), 1 = gio's fused put_signal, 2 = gio's
+ * put then gio's signal (the two operations the API issues). */
 /* `iters` times: put `size` bytes (descriptor 0, at offset 0) at `level`, then signal
  * (descriptor 1); `raw` does the same with gio calls on the request's queue pair. One
  * block; the host times the kernel. */
@@ -228,10 +230,17 @@ extern "C" __global__ void bench_put_signal(nixlGpuXferReqH req, unsigned long l
     if (level == 0) {
       /* THREAD: thread 0 alone. */
       if (threadIdx.x == 0) {
-        if (raw) {
+        if (raw == 1) {
           const nixl_gpu_desc d = raw_desc(req, 0), s = raw_desc(req, 1);
           st = gio::put_signal<gio::scope::thread, gio::sharing::gpu>(
               raw_qp(req), d.remote_mr, 0, d.local_mr, 0, size, s.remote_mr, 0, 1);
+          st = nixl_detail::from_gio(st);
+        } else if (raw == 2) {
+          const nixl_gpu_desc d = raw_desc(req, 0), s = raw_desc(req, 1);
+          st = gio::put<gio::scope::thread, gio::sharing::gpu>(raw_qp(req), d.remote_mr, 0,
+                                                               d.local_mr, 0, size, 0);
+          if (st == GIO_OK)
+            st = gio::signal<gio::scope::thread, gio::sharing::gpu>(raw_qp(req), s.remote_mr, 0, 1);
           st = nixl_detail::from_gio(st);
         } else {
           st = nixlGpuPostSingleWriteXferReq<nixl_gpu_level_t::THREAD>(req, 0, 0, 0, size);
@@ -241,10 +250,17 @@ extern "C" __global__ void bench_put_signal(nixlGpuXferReqH req, unsigned long l
       }
     } else if (warp == 0) {
       /* WARP: warp 0's lanes together. */
-      if (raw) {
+      if (raw == 1) {
         const nixl_gpu_desc d = raw_desc(req, 0), s = raw_desc(req, 1);
         st = nixl_detail::from_gio(gio::put_signal<gio::scope::warp, gio::sharing::gpu>(
             raw_qp(req), d.remote_mr, 0, d.local_mr, 0, size, s.remote_mr, 0, 1));
+      } else if (raw == 2) {
+        const nixl_gpu_desc d = raw_desc(req, 0), s = raw_desc(req, 1);
+        st = gio::put<gio::scope::warp, gio::sharing::gpu>(raw_qp(req), d.remote_mr, 0, d.local_mr,
+                                                           0, size, 0);
+        if (st == GIO_OK)
+          st = gio::signal<gio::scope::warp, gio::sharing::gpu>(raw_qp(req), s.remote_mr, 0, 1);
+        st = nixl_detail::from_gio(st);
       } else {
         st = nixlGpuPostSingleWriteXferReq<nixl_gpu_level_t::WARP>(req, 0, 0, 0, size);
         if (st == NIXL_SUCCESS) st = nixlGpuPostSignalXferReq<nixl_gpu_level_t::WARP>(req, 0, 1, 1);

@@ -131,34 +131,33 @@ fn main() {
         status: HostBuffer::alloc(&gpu, 8).unwrap(),
         gpu: gpu.clone(),
     };
-    println!("put + signal, one block, device API vs raw gpunetio on the same queue pair (median of {rounds} alternating rounds)");
+    println!("put + signal, one block, device API vs raw gpunetio on the same queue pair (median of {rounds} alternating rounds): raw fused = gio::put_signal, raw pair = gio::put then gio::signal (the two operations the API issues)");
     println!(
-        "{:>10} {:>7} {:>12} {:>12} {:>7}",
-        "bytes", "level", "api GB/s", "raw GB/s", "ratio"
+        "{:>10} {:>7} {:>10} {:>15} {:>14} {:>12} {:>11}",
+        "bytes", "level", "api GB/s", "raw fused GB/s", "raw pair GB/s", "api/fused", "api/pair"
     );
     let mut size = 4096u64;
     while size <= max {
         for (level, name) in [(0u32, "THREAD"), (1, "WARP")] {
             let budget: u64 = if level == 0 { 64 << 20 } else { 512 << 20 };
             let iters = (budget / size).clamp(8, 20_000) as u32;
-            // Warm-up of both variants.
-            b.put_signal(&put, handle.raw(), size, 2, level, 0);
-            b.put_signal(&put, handle.raw(), size, 2, level, 1);
-            let (mut api, mut raw) = (Vec::new(), Vec::new());
-            for _ in 0..rounds {
-                api.push(
-                    size as f64 * f64::from(iters)
-                        / b.put_signal(&put, handle.raw(), size, iters, level, 0)
-                        / 1e9,
-                );
-                raw.push(
-                    size as f64 * f64::from(iters)
-                        / b.put_signal(&put, handle.raw(), size, iters, level, 1)
-                        / 1e9,
-                );
+            let mut gbps = [Vec::new(), Vec::new(), Vec::new()];
+            for mode in 0..3u32 {
+                // Warm-up of each variant.
+                b.put_signal(&put, handle.raw(), size, 2, level, mode);
             }
-            let (a, r) = (median(api), median(raw));
-            println!("{size:>10} {name:>7} {a:>12.2} {r:>12.2} {:>7.3}", a / r);
+            for _ in 0..rounds {
+                for mode in 0..3u32 {
+                    let secs = b.put_signal(&put, handle.raw(), size, iters, level, mode);
+                    gbps[mode as usize].push(size as f64 * f64::from(iters) / secs / 1e9);
+                }
+            }
+            let [a, f, p] = gbps.map(median);
+            println!(
+                "{size:>10} {name:>7} {a:>10.2} {f:>15.2} {p:>14.2} {:>12.3} {:>11.3}",
+                a / f,
+                a / p
+            );
         }
         size *= 4;
     }
