@@ -82,6 +82,7 @@ fn parse() -> Result<DaemonConfig, String> {
 }
 
 fn main() {
+    hf3fs_gdr::daemon::log_to_stderr(true);
     let config = match parse() {
         Ok(c) => c,
         Err(e) => {

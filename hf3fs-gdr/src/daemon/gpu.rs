@@ -104,7 +104,7 @@ impl Staging {
                     chunk.finish(moved)
                 }
                 Err(e) => {
-                    tracing::error!("copy for ring index {}: {e}", chunk.req.index);
+                    super::daemon_error!("copy for ring index {}: {e}", chunk.req.index);
                     chunk.finish(-(libc::EIO as i64))
                 }
             }
@@ -128,7 +128,7 @@ impl Staging {
     /// Completes every chunk whose copy is in flight (counted in `stats` if given).
     pub(crate) fn flush(&mut self, stats: Option<&Stats>) {
         if self.gpu.bind().is_err() {
-            tracing::error!("GPU {}: cannot bind its context", self.gpu.ordinal());
+            super::daemon_error!("GPU {}: cannot bind its context", self.gpu.ordinal());
         }
         for slot in &mut self.slots {
             Self::retire(slot, stats);
@@ -143,7 +143,7 @@ impl Staging {
         };
         let dev_ptr = base + chunk.iov_offset;
         if let Err(e) = self.gpu.bind() {
-            tracing::error!("GPU {}: {e}", self.gpu.ordinal());
+            super::daemon_error!("GPU {}: {e}", self.gpu.ordinal());
             chunk.finish(-(libc::EIO as i64));
             return;
         }
@@ -194,7 +194,7 @@ impl Staging {
                         )
                     });
                     if let Err(e) = issued {
-                        tracing::error!("GPU {}: {e}", self.gpu.ordinal());
+                        super::daemon_error!("GPU {}: {e}", self.gpu.ordinal());
                         failed = Some(-(libc::EIO as i64));
                         break;
                     }
@@ -218,7 +218,7 @@ impl Staging {
                 // reused or its completion says anything.
                 Ok(()) => slot.pending = Some((chunk, failed.unwrap_or(done as i64))),
                 Err(e) => {
-                    tracing::error!("GPU {}: {e}", self.gpu.ordinal());
+                    super::daemon_error!("GPU {}: {e}", self.gpu.ordinal());
                     // The copies may still run: wait for the stream before the slot is
                     // reused.
                     // SAFETY: our stream.
@@ -240,7 +240,7 @@ impl Staging {
                 })
             });
             if let Err(e) = copied {
-                tracing::error!("GPU {}: {e}", self.gpu.ordinal());
+                super::daemon_error!("GPU {}: {e}", self.gpu.ordinal());
                 chunk.finish(-(libc::EIO as i64));
                 return;
             }

@@ -439,6 +439,16 @@ pub(crate) struct Chunk {
 
 impl Chunk {
     pub(crate) fn finish(self, result: i64) {
+        if result < 0 {
+            super::daemon_error!(
+                "ring index {}: {} of {} bytes at file offset {} failed: {}",
+                self.req.index,
+                if self.read { "read" } else { "write" },
+                self.len,
+                self.file_offset,
+                std::io::Error::from_raw_os_error((-result) as i32)
+            );
+        }
         self.req.chunk_done(self.start, self.len, result);
     }
 }
@@ -539,7 +549,7 @@ impl Pool {
                                 e.insert(s);
                             }
                             Err(err) => {
-                                tracing::error!("staging on GPU {device}: {err}");
+                                super::daemon_error!("staging on GPU {device}: {err}");
                                 chunk.finish(-(libc::ENOMEM as i64));
                                 continue;
                             }

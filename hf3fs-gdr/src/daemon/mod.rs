@@ -20,6 +20,39 @@ mod gpu;
 mod io;
 mod ring;
 
+/// Whether the daemon's errors and warnings also go to standard error (the daemon
+/// binary turns it on: it installs no `tracing` subscriber, and a failed chunk must
+/// leave a trace where its operator looks).
+static LOG_TO_STDERR: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Sends the daemon's errors and warnings to standard error too (for the daemon binary).
+pub fn log_to_stderr(on: bool) {
+    LOG_TO_STDERR.store(on, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// `tracing::error!`, and standard error when [`log_to_stderr`] is on.
+macro_rules! daemon_error {
+    ($($arg:tt)*) => {{
+        let msg = format!($($arg)*);
+        tracing::error!("{msg}");
+        if $crate::daemon::LOG_TO_STDERR.load(std::sync::atomic::Ordering::Relaxed) {
+            eprintln!("hf3fs-gdr-daemon: error: {msg}");
+        }
+    }};
+}
+
+/// `tracing::warn!`, and standard error when [`log_to_stderr`] is on.
+macro_rules! daemon_warn {
+    ($($arg:tt)*) => {{
+        let msg = format!($($arg)*);
+        tracing::warn!("{msg}");
+        if $crate::daemon::LOG_TO_STDERR.load(std::sync::atomic::Ordering::Relaxed) {
+            eprintln!("hf3fs-gdr-daemon: warning: {msg}");
+        }
+    }};
+}
+pub(crate) use daemon_error;
+
 use crate::error::{Error, Result};
 use crate::iov::host_target_allowed;
 use crate::proto::{
@@ -339,7 +372,7 @@ impl Session {
                 Some(id) => match self.add_ring(&id) {
                     Ok(()) => (0, Vec::new()),
                     Err(e) => {
-                        tracing::warn!("client {}: add ring {}: {e}", self.pid, to_hex(&id));
+                        daemon_warn!("client {}: add ring {}: {e}", self.pid, to_hex(&id));
                         (-(e.errno() as i64), Vec::new())
                     }
                 },
@@ -451,7 +484,7 @@ fn serve_client(shared: Arc<Shared>, sock: SeqPacket) {
             Ok((0, _)) => break,
             Ok(got) => got,
             Err(e) => {
-                tracing::warn!("client {}: {e}", session.pid);
+                daemon_warn!("client {}: {e}", session.pid);
                 break;
             }
         };
@@ -459,7 +492,7 @@ fn serve_client(shared: Arc<Shared>, sock: SeqPacket) {
         let mut reply = value.to_le_bytes().to_vec();
         reply.extend_from_slice(&payload);
         if let Err(e) = sock.send(&reply, &[]) {
-            tracing::warn!("client {}: reply: {e}", session.pid);
+            daemon_warn!("client {}: reply: {e}", session.pid);
             break;
         }
     }

@@ -53,7 +53,9 @@ impl RingCtx {
             // The client prepares only while fewer than `entries` are unreaped, so the
             // slot is free; a client breaking that rule loses this completion.
             if tail - h.cq_head.0.load(Ordering::Acquire) >= self.view.entries() as u64 {
-                tracing::error!("completion ring overflow: completion of index {index} dropped");
+                super::daemon_error!(
+                    "completion ring overflow: completion of index {index} dropped"
+                );
             } else {
                 self.view.write_cqe(
                     tail,
@@ -158,7 +160,7 @@ fn ring_loop(session: &Arc<Session>, ctx: &Arc<RingCtx>, stop: &AtomicBool) {
         let tail = h.sq_tail.0.load(Ordering::Acquire);
         let avail = tail.wrapping_sub(head);
         if avail > entries {
-            tracing::error!(
+            super::daemon_error!(
                 "ring of client {}: sq_tail {tail} is more than {entries} past sq_head {head}: ring abandoned",
                 session.pid
             );

@@ -222,6 +222,7 @@ pub(crate) fn serve(args: &[String]) -> Result<(), String> {
         [flag, dir] if flag == "--mount" => PathBuf::from(dir),
         _ => return Err(format!("{DAEMON_ARG} --mount DIR")),
     };
+    hf3fs_gdr::daemon::log_to_stderr(true);
     hf3fs_gdr::daemon::run(hf3fs_gdr::daemon::DaemonConfig::new(mount), |socket| {
         println!("ready {}", socket.display());
         let _ = std::io::stdout().flush();
