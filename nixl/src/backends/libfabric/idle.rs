@@ -1,14 +1,20 @@
 //! How an idle rail worker waits without burning a core, and what wakes it.
 //!
-//! A worker spins while it has work and for [`super::SPIN_AFTER_ACTIVITY`] after its
-//! last activity, then sleeps until one of:
+//! A worker spins while it has work and for a while after its last activity
+//! ([`IdleWait::spin_after_activity`]), then sleeps until one of:
 //! - **local work**: a job queued on the rail, staging work, or the backend stopping
 //!   ([`IdleWait::wake`] writes an eventfd, only while the worker sleeps);
 //! - **incoming traffic**, where the provider can tell: the completion queue's wait fd
 //!   (`FI_WAIT_FD`: `tcp;ofi_rxm`, `sockets`), after `fi_trywait` said blocking is safe;
 //! - **the nap's end**, where it cannot (`shm` has no wait fd): the worker naps
-//!   50 µs right after activity, growing to 1 ms after 0.4 s idle, then progresses the
-//!   endpoint.
+//!   50 µs at first, growing to 1 ms after 0.4 s, then progresses the endpoint.
+//!
+//! Without a wait fd the spin after activity lasts 1 s, not 20 ms: a peer that naps
+//! while a burst arrives falls behind and holds a backlog, and libfabric 1.17's `shm`
+//! corrupts the shared queues of a peer killed while it works through one (survivors
+//! posting to it then crashed in `fi_writedata`: 13 of 54 runs of `dead_peer_over_shm`
+//! with a 20 ms spin, 6 of 70 when spinning always, as before). Spinning for a second
+//! after traffic keeps bursts as they were and still frees the core of an idle peer.
 //!
 //! Activity is more than completions: a target of WRITEs without notification gets no
 //! completion at all, yet on manual-progress providers (`shm`, `tcp;ofi_rxm`) the
@@ -20,19 +26,23 @@
 
 use fabric::{CompletionQueue, Counter};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::time::Duration;
 
 /// Longest sleep on the wait fd (local work and traffic wake it sooner).
 const FD_WAIT: Duration = Duration::from_millis(10);
+/// Spin after activity where traffic wakes a sleeping worker (a wait fd)...
+const SPIN_WITH_WAIT_FD: Duration = Duration::from_millis(20);
+/// ...and where naps stand in for that (see the module docs).
+pub(super) const SPIN_BEFORE_NAPS: Duration = Duration::from_secs(1);
 /// Shortest and longest nap where there is no wait fd.
 const MIN_NAP: Duration = Duration::from_micros(50);
 const MAX_NAP: Duration = Duration::from_millis(1);
 
-/// The nap after `idle_for` without activity: short right after traffic (the next
-/// operation of a burst waits little), longer after a while (fewer wake-ups).
-pub(super) fn nap_after(idle_for: Duration) -> Duration {
-    (idle_for / 400).clamp(MIN_NAP, MAX_NAP)
+/// The nap after napping for `napping`: short at first (the next operation waits
+/// little), longer after a while (fewer wake-ups).
+pub(super) fn nap_after(napping: Duration) -> Duration {
+    (napping / 400).clamp(MIN_NAP, MAX_NAP)
 }
 
 /// A rail's idle wait: the eventfd that wakes it, and the provider's signs of traffic.
@@ -47,6 +57,9 @@ pub(super) struct IdleWait {
     remote_ops: Option<Counter>,
     /// `remote_ops` as last seen (only the worker reads it).
     remote_seen: AtomicU64,
+    /// The worker thread's Linux thread id (0 until it runs): its CPU time is in
+    /// `/proc/self/task/<tid>/stat`.
+    worker_tid: AtomicI32,
 }
 
 impl IdleWait {
@@ -64,7 +77,34 @@ impl IdleWait {
             cq_fd: cq.wait_fd().ok(),
             remote_ops,
             remote_seen: AtomicU64::new(0),
+            worker_tid: AtomicI32::new(0),
         })
+    }
+
+    /// Called by the worker thread when it starts: records its thread id and lets its
+    /// short sleeps end on time (the default timer slack, 50 µs, would double a 50 µs
+    /// nap).
+    pub(super) fn worker_started(&self) {
+        // SAFETY: gettid has no arguments.
+        let tid = unsafe { libc::gettid() };
+        self.worker_tid.store(tid, Ordering::Relaxed);
+        // SAFETY: PR_SET_TIMERSLACK takes a value, no pointers; it affects this thread.
+        unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1000 as libc::c_ulong, 0, 0, 0) };
+    }
+
+    /// The worker thread's Linux thread id, once it runs.
+    #[cfg(test)]
+    pub(super) fn worker_tid(&self) -> Option<i32> {
+        Some(self.worker_tid.load(Ordering::Relaxed)).filter(|&t| t > 0)
+    }
+
+    /// How long the worker keeps spinning after its last activity.
+    pub(super) fn spin_after_activity(&self) -> Duration {
+        if self.has_wait_fd() {
+            SPIN_WITH_WAIT_FD
+        } else {
+            SPIN_BEFORE_NAPS
+        }
     }
 
     /// Whether incoming traffic wakes the worker (a wait fd), rather than its naps.
@@ -156,13 +196,6 @@ fn poll(fds: &[RawFd], timeout: Duration) -> Vec<bool> {
     pfds.iter()
         .map(|p| n > 0 && p.revents & (libc::POLLIN | libc::POLLERR | libc::POLLHUP) != 0)
         .collect()
-}
-
-/// Lets this thread's short sleeps end on time (the default timer slack, 50 µs, would
-/// double a 50 µs nap).
-pub(super) fn tighten_timer_slack() {
-    // SAFETY: PR_SET_TIMERSLACK takes a value, no pointers; it affects this thread only.
-    unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1000 as libc::c_ulong, 0, 0, 0) };
 }
 
 #[cfg(test)]

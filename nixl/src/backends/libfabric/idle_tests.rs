@@ -3,24 +3,16 @@
 use super::*;
 use std::time::Instant;
 
-/// CPU seconds used so far by this process's threads named `name`.
-fn thread_cpu(name: &str) -> f64 {
+/// CPU seconds used so far by thread `tid` of this process.
+fn thread_cpu(tid: i32) -> f64 {
     let tick = 100.0; // USER_HZ on Linux
-    let mut total = 0.0;
-    for task in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
-        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
-        if comm.trim() != name {
-            continue;
-        }
-        let stat = std::fs::read_to_string(task.path().join("stat")).unwrap_or_default();
-        // Fields after the parenthesized name: state is field 3, utime 14, stime 15.
-        let rest = &stat[stat.rfind(')').unwrap() + 2..];
-        let fields: Vec<&str> = rest.split_whitespace().collect();
-        let utime: f64 = fields[11].parse().unwrap();
-        let stime: f64 = fields[12].parse().unwrap();
-        total += (utime + stime) / tick;
-    }
-    total
+    let stat = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).unwrap();
+    // Fields after the parenthesized name: state is field 3, utime 14, stime 15.
+    let rest = &stat[stat.rfind(')').unwrap() + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let utime: f64 = fields[11].parse().unwrap();
+    let stime: f64 = fields[12].parse().unwrap();
+    (utime + stime) / tick
 }
 
 #[test]
@@ -30,11 +22,12 @@ fn idle_rail_workers_do_not_burn_a_core() {
         let params: BackendParams = [("provider".to_string(), provider.to_string())].into();
         let backend = open(&agent, &params).unwrap();
         // Past the spin after activity and the short naps that follow it.
-        std::thread::sleep(SPIN_AFTER_ACTIVITY + Duration::from_millis(500));
-        let before = thread_cpu("nixl-fabric-rai");
+        std::thread::sleep(idle::SPIN_BEFORE_NAPS + Duration::from_millis(500));
+        let tid = backend.rails[0].idle.worker_tid().expect("the worker runs");
+        let before = thread_cpu(tid);
         let window = Duration::from_millis(1000);
         std::thread::sleep(window);
-        let used = thread_cpu("nixl-fabric-rai") - before;
+        let used = thread_cpu(tid) - before;
         let share = used / window.as_secs_f64();
         println!(
             "{provider}: idle rail worker used {:.1}% of a core (wait fd {}, remote op counter {})",
@@ -90,7 +83,7 @@ fn a_sleeping_target_answers_writes_without_notification_promptly() {
             )
             .unwrap();
         // Both workers deep asleep (the longest naps).
-        std::thread::sleep(SPIN_AFTER_ACTIVITY + Duration::from_millis(500));
+        std::thread::sleep(idle::SPIN_BEFORE_NAPS + Duration::from_millis(500));
         let mut lat = Vec::new();
         for _ in 0..300 {
             let start = Instant::now();
@@ -111,4 +104,88 @@ fn a_sleeping_target_answers_writes_without_notification_promptly() {
             "{provider}: median {median:?}: the target sleeps through traffic"
         );
     }
+}
+
+/// Four rails over shm, every worker asleep when the transfers come: a striped WRITE
+/// (with and without notification) and a READ move every byte.
+#[test]
+fn striped_transfers_wake_every_sleeping_rail() {
+    use crate::{params, Desc, DescList, XferOp};
+    let make = |name: &str| {
+        let agent = Agent::new(name, crate::AgentConfig::default()).unwrap();
+        agent
+            .create_backend(
+                "LIBFABRIC",
+                &params([("provider", "shm"), ("num_rails", "4")]),
+            )
+            .unwrap();
+        agent
+    };
+    let initiator = make("stripe-init");
+    let target = make("stripe-tgt");
+    let len = 8 << 20;
+    let src: Vec<u8> = (0..len).map(|i| (i * 7 + i / 4096) as u8).collect();
+    let mut dst = vec![0u8; len];
+    let mut back = vec![0u8; len];
+    let one = |p: u64| DescList::from_descs(MemKind::Dram, [Desc::new(p, len as u64, 0)]);
+    let (src_p, dst_p, back_p) = (
+        src.as_ptr() as u64,
+        dst.as_mut_ptr() as u64,
+        back.as_mut_ptr() as u64,
+    );
+    // SAFETY: the buffers outlive the registrations and requests.
+    let _hi = unsafe {
+        initiator.register_mem(
+            &DescList::from_descs(
+                MemKind::Dram,
+                [
+                    Desc::new(src_p, len as u64, 0),
+                    Desc::new(back_p, len as u64, 0),
+                ],
+            ),
+            None,
+        )
+    }
+    .unwrap();
+    // SAFETY: as above.
+    let _ht = unsafe { target.register_mem(&one(dst_p), None) }.unwrap();
+    let name = initiator
+        .load_remote_metadata(&target.local_metadata().unwrap())
+        .unwrap();
+    for notif in [None, Some(b"striped".to_vec())] {
+        std::thread::sleep(idle::SPIN_BEFORE_NAPS + Duration::from_millis(100));
+        let mut req = initiator
+            .create_xfer_req(
+                XferOp::Write,
+                &one(src_p),
+                &one(dst_p),
+                &name,
+                notif.clone(),
+            )
+            .unwrap();
+        req.post().unwrap();
+        req.wait(Duration::from_secs(10)).unwrap();
+        assert!(dst == src, "striped WRITE (notification {notif:?})");
+        if let Some(msg) = notif {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            loop {
+                let got = target.get_notifs();
+                if got.values().flatten().any(|m| *m == msg) {
+                    break;
+                }
+                assert!(Instant::now() < deadline, "notification never came");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+        dst.iter_mut().for_each(|b| *b = 0);
+    }
+    // The target's memory holds the pattern again; READ it back into `back`.
+    dst.copy_from_slice(&src);
+    std::thread::sleep(idle::SPIN_BEFORE_NAPS + Duration::from_millis(100));
+    let mut req = initiator
+        .create_xfer_req(XferOp::Read, &one(back_p), &one(dst_p), &name, None)
+        .unwrap();
+    req.post().unwrap();
+    req.wait(Duration::from_secs(10)).unwrap();
+    assert!(back == src, "striped READ");
 }

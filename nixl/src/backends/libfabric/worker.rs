@@ -3,11 +3,10 @@
 //! messages dispatched — driven by one thread per rail, or (`progress_thread = false`)
 //! by the callers' own polls.
 
-use super::idle::{nap_after, tighten_timer_slack};
+use super::idle::nap_after;
 use super::{
     decode_notif, fabric_error, failure_of, send_message, staging, Common, PeerAddrs, Rail, RailOp,
-    XferShared, MAX_OUTSTANDING, NOTIF_SLOT, NOTIF_SLOTS, RECV_CONTEXT, SPIN_AFTER_ACTIVITY,
-    STAGE_CONTEXT,
+    XferShared, MAX_OUTSTANDING, NOTIF_SLOT, NOTIF_SLOTS, RECV_CONTEXT, STAGE_CONTEXT,
 };
 use crate::backend::XferOp;
 use crate::error::Result;
@@ -43,6 +42,8 @@ struct ActiveJob {
 }
 
 const NOTIF_CONTEXT: u64 = 1 << 61;
+/// How often a worker with nothing else to do reads the remote operation counter.
+const COUNTER_CHECK_INTERVAL: Duration = Duration::from_micros(100);
 
 /// The rail workers, driven by one thread each, or (`progress_thread = false`) by the
 /// callers' own polls.
@@ -79,7 +80,18 @@ impl Progress {
 /// activity, then sleeps until work, traffic or a nap's end (see `idle`), or keeps
 /// spinning with `busy_poll`.
 pub(super) fn run_worker(progress: &Progress, index: usize) {
-    tighten_timer_slack();
+    progress.workers[index]
+        .lock()
+        .expect("worker lock")
+        .rail
+        .idle
+        .worker_started();
+    let spin_for = progress.workers[index]
+        .lock()
+        .expect("worker lock")
+        .rail
+        .idle
+        .spin_after_activity();
     let mut last_activity = Instant::now();
     loop {
         let mut worker = progress.workers[index].lock().expect("worker lock");
@@ -96,10 +108,10 @@ pub(super) fn run_worker(progress: &Progress, index: usize) {
         } else if worker.common.busy_poll {
             drop(worker);
             std::hint::spin_loop();
-        } else if last_activity.elapsed() < SPIN_AFTER_ACTIVITY {
+        } else if last_activity.elapsed() < spin_for {
             drop(worker);
             std::thread::yield_now();
-        } else if worker.wait_idle(last_activity.elapsed()) {
+        } else if worker.wait_idle(last_activity.elapsed() - spin_for) {
             last_activity = Instant::now();
         }
     }
@@ -117,6 +129,8 @@ pub(super) struct Worker {
     recv_buf: RegisteredBuffer,
     /// Reused completion buffer.
     completions: Vec<Completion>,
+    /// When the remote operation counter is read next.
+    next_counter_check: Instant,
 }
 
 impl Worker {
@@ -141,6 +155,7 @@ impl Worker {
             outstanding: 0,
             recv_buf,
             completions: vec![Completion::default(); 64],
+            next_counter_check: Instant::now(),
         };
         for slot in 0..NOTIF_SLOTS {
             worker.post_recv(slot)?;
@@ -178,19 +193,25 @@ impl Worker {
             busy = true;
         }
         // Remote operations this endpoint progressed (WRITEs without notification leave
-        // no completion here, yet their initiator waits for this side's progress).
-        if !busy && self.rail.idle.remote_activity() {
-            busy = true;
+        // no completion here, yet their initiator waits for this side's progress). Read
+        // now and then only: reading the counter progresses the endpoint once more, and
+        // the spin after activity lasts far longer than the interval.
+        if !busy && self.rail.idle.counts_remote_ops() {
+            let now = Instant::now();
+            if now >= self.next_counter_check {
+                self.next_counter_check = now + COUNTER_CHECK_INTERVAL;
+                busy = self.rail.idle.remote_activity();
+            }
         }
         busy
     }
 
-    /// Idle for `idle_for`: sleeps until local work, incoming traffic (where the queue
-    /// has a wait fd) or a nap's end. Returns whether traffic woke it.
-    fn wait_idle(&mut self, idle_for: Duration) -> bool {
+    /// Sleeping (on and off) for `sleeping`: sleeps until local work, incoming traffic
+    /// (where the queue has a wait fd) or a nap's end. Returns whether traffic woke it.
+    fn wait_idle(&mut self, sleeping: Duration) -> bool {
         let common = &self.common;
         let rail = &self.rail;
-        rail.idle.sleep(&rail.cq, nap_after(idle_for), || {
+        rail.idle.sleep(&rail.cq, nap_after(sleeping), || {
             common.stop.load(Ordering::SeqCst)
                 || common.stager.wants_poll()
                 || !rail.submit.lock().expect("submit lock").is_empty()
