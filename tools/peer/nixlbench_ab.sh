@@ -1,16 +1,19 @@
 #!/bin/bash
-# Two nixlbench builds side by side on one machine: rounds alternate A and B (the order
-# swapping every round), and per block size the median bandwidth and latency of each
-# and the median of the per-round ratios B/A are printed. For noisy machines.
+# Two nixlbench builds (or one build with two settings) side by side on one machine:
+# rounds alternate A and B (the order swapping every round), and per block size the
+# median bandwidth and latency of each and the median of the per-round ratios B/A are
+# printed. For noisy machines.
 #
 #   bash tools/peer/nixlbench_ab.sh A_NIXLBENCH B_NIXLBENCH [ROUNDS] [-- NIXLBENCH ARGS...]
+#   A_ARGS="--backend_param num_rails=1" bash tools/peer/nixlbench_ab.sh NB NB 5 -- ...
 #
 # Default nixlbench arguments: --start_block_size 4096 --max_block_size 67108864
 # --num_iter 1000 --warmup_iter 100 (plus --no_progress). Arguments after `--` replace
 # them, e.g. `-- --backend_param provider=tcp;ofi_rxm --max_block_size 65536`.
-# Environment: OUT (folder for the raw tables, default a temporary one).
+# Environment: OUT (folder for the raw tables, default a temporary one), A_ARGS and
+# B_ARGS (more arguments for one side only, split on spaces).
 set -uo pipefail
-[ $# -ge 2 ] || { sed -n '2,11p' "$0"; exit 2; }
+[ $# -ge 2 ] || { sed -n '2,15p' "$0"; exit 2; }
 a="$(readlink -f "$1")"
 b="$(readlink -f "$2")"
 shift 2
@@ -21,14 +24,17 @@ args=("$@")
 [ ${#args[@]} -gt 0 ] || args=(--start_block_size 4096 --max_block_size 67108864 --num_iter 1000 --warmup_iter 100)
 out="${OUT:-$(mktemp -d "${TMPDIR:-/tmp}/nixlbench-ab.XXXXXX")}"
 mkdir -p "$out"
-echo "A: $a"
-echo "B: $b"
+read -r -a a_args <<<"${A_ARGS:-}"
+read -r -a b_args <<<"${B_ARGS:-}"
+echo "A: $a ${A_ARGS:-}"
+echo "B: $b ${B_ARGS:-}"
 echo "args: ${args[*]}  rounds: $rounds  tables: $out"
 for r in $(seq 1 "$rounds"); do
     if [ $((r % 2)) -eq 1 ]; then order="a b"; else order="b a"; fi
     for side in $order; do
-        bin="$a"; [ "$side" = b ] && bin="$b"
-        "$bin" --no_progress "${args[@]}" >"$out/$side.$r.txt" 2>&1 || {
+        bin="$a"; extra=("${a_args[@]}")
+        [ "$side" = b ] && { bin="$b"; extra=("${b_args[@]}"); }
+        "$bin" --no_progress "${args[@]}" "${extra[@]}" >"$out/$side.$r.txt" 2>&1 || {
             echo "round $r $side failed:"; tail -5 "$out/$side.$r.txt"; exit 1; }
     done
 done
