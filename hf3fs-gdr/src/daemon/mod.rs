@@ -173,12 +173,33 @@ pub(crate) enum MappedIov {
         shm: Shm,
     },
     Gpu {
-        _mapping: IpcMapping,
+        _mapping: Arc<IpcMapping>,
         gpu: Gpu,
         /// Device address of the iov's first byte in this process.
         base: u64,
         size: u64,
     },
+}
+
+/// The daemon's CUDA-IPC mappings by (device, handle): iovs that are parts of one
+/// allocation (a client's threads registering slices of one buffer) share its mapping —
+/// a process opens an IPC handle once; a second open of the same handle can fail.
+type IpcMappings = Mutex<HashMap<(usize, gpunetio::IpcHandle), Weak<IpcMapping>>>;
+
+fn shared_mapping(gpu: &Gpu, handle: &gpunetio::IpcHandle) -> Result<Arc<IpcMapping>> {
+    static MAPPINGS: std::sync::OnceLock<IpcMappings> = std::sync::OnceLock::new();
+    let mut map = MAPPINGS
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let key = (gpu.ordinal(), *handle);
+    if let Some(m) = map.get(&key).and_then(Weak::upgrade) {
+        return Ok(m);
+    }
+    map.retain(|_, m| m.strong_count() > 0);
+    let m = Arc::new(IpcMapping::open(gpu, handle)?);
+    map.insert(key, Arc::downgrade(&m));
+    Ok(m)
 }
 
 impl MappedIov {
@@ -187,7 +208,7 @@ impl MappedIov {
         if GdrLink::is_gdr(&target) {
             let link = GdrLink::parse(&target)?;
             let gpu = Gpu::open(link.device)?;
-            let mapping = IpcMapping::open(&gpu, &link.ipc)?;
+            let mapping = shared_mapping(&gpu, &link.ipc)?;
             if link
                 .offset
                 .checked_add(link.size)
