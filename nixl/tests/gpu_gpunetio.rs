@@ -10,8 +10,9 @@
 
 mod common;
 
+use common::write_signal::{self, function, module};
 use common::{announce_path, dram, self_test, vram, wait_file, wait_notif, whole};
-use gpunetio::cudarc::driver::{CudaFunction, CudaModule, LaunchConfig, PushKernelArg};
+use gpunetio::cudarc::driver::{CudaModule, LaunchConfig, PushKernelArg};
 use gpunetio::{DeviceBuffer, Gpu, HostBuffer};
 use nixl::device::{self, status, RawGpuHandle};
 use nixl::{Agent, AgentConfig, Desc, Error, PostParams, XferOp};
@@ -34,29 +35,8 @@ fn agent(name: &str, listen: bool) -> Agent {
     agent
 }
 
-/// Byte `i` of slice `r` (as `pattern()` in nixl_write_signal.cu).
-fn pattern_byte(r: u64, i: u64, seed: u32) -> u8 {
-    ((i.wrapping_mul(131) + r * 7 + u64::from(seed)) ^ (i >> 9)) as u8
-}
-
 fn expected(len: u64, seed: u32) -> Vec<u8> {
-    (0..len)
-        .map(|k| pattern_byte(k / SLICE, k % SLICE, seed))
-        .collect()
-}
-
-fn module(gpu: &Gpu) -> Arc<CudaModule> {
-    let (name, src) = device::DEVICE_SOURCES
-        .iter()
-        .find(|(n, _)| *n == "nixl_write_signal.cu")
-        .unwrap();
-    let ptx = gpunetio::device_code::compile(name, src, &device::compile_options(gpu).unwrap())
-        .expect("the example's kernels compile");
-    gpu.context().load_module(ptx).unwrap()
-}
-
-fn function(m: &Arc<CudaModule>, name: &str) -> CudaFunction {
-    m.load_function(name).unwrap()
+    write_signal::expected(len, SLICE, seed)
 }
 
 fn cfg(blocks: u32, threads: u32) -> LaunchConfig {

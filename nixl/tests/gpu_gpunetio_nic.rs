@@ -13,10 +13,11 @@
 
 mod common;
 
+use common::write_signal::{self, function, module, pattern_byte};
 use common::{announce_path, dram, self_test, vram, wait_file, whole};
-use gpunetio::cudarc::driver::{CudaFunction, CudaModule, LaunchConfig, PushKernelArg};
+use gpunetio::cudarc::driver::{CudaModule, LaunchConfig, PushKernelArg};
 use gpunetio::{DeviceBuffer, Gpu, HostBuffer};
-use nixl::device::{self, status};
+use nixl::device::status;
 use nixl::{Agent, AgentConfig, Desc, PostParams, XferOp};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -47,29 +48,8 @@ fn agent(name: &str, listen: bool, handler: &str, provider: &str) -> Agent {
     agent
 }
 
-/// Byte `i` of slice `r` (as `pattern()` in nixl_write_signal.cu).
-fn pattern_byte(r: u64, i: u64, seed: u32) -> u8 {
-    ((i.wrapping_mul(131) + r * 7 + u64::from(seed)) ^ (i >> 9)) as u8
-}
-
 fn expected(len: u64, seed: u32) -> Vec<u8> {
-    (0..len)
-        .map(|k| pattern_byte(k / SLICE, k % SLICE, seed))
-        .collect()
-}
-
-fn module(gpu: &Gpu) -> Arc<CudaModule> {
-    let (name, src) = device::DEVICE_SOURCES
-        .iter()
-        .find(|(n, _)| *n == "nixl_write_signal.cu")
-        .unwrap();
-    let ptx = gpunetio::device_code::compile(name, src, &device::compile_options(gpu).unwrap())
-        .expect("the example's kernels compile");
-    gpu.context().load_module(ptx).unwrap()
-}
-
-fn function(m: &Arc<CudaModule>, name: &str) -> CudaFunction {
-    m.load_function(name).unwrap()
+    write_signal::expected(len, SLICE, seed)
 }
 
 fn cfg(threads: u32) -> LaunchConfig {
@@ -237,32 +217,10 @@ fn against_a_dram_peer(provider: &str) {
 
     // Posted WRITEs from VRAM and from DRAM, checked by the target at the notification.
     fill(&gpu, &m, &src, 11);
-    let mut w = i
-        .create_xfer_req(
-            XferOp::Write,
-            &vram([whole(&src)]),
-            &dram([remote_data]),
-            "gnn-target",
-            None,
-        )
-        .unwrap();
-    w.post_with(Some(b"posted 11".to_vec()), &PostParams::default())
-        .unwrap();
-    w.wait(TIMEOUT).unwrap();
+    let mut w = posted_write(&i, &vram([whole(&src)]), remote_data, 11);
     verdict("posted 11".into(), child);
     step("posted WRITE from VRAM");
-    let mut d = i
-        .create_xfer_req(
-            XferOp::Write,
-            &dram([host_desc]),
-            &dram([remote_data]),
-            "gnn-target",
-            None,
-        )
-        .unwrap();
-    d.post_with(Some(b"posted 12".to_vec()), &PostParams::default())
-        .unwrap();
-    d.wait(TIMEOUT).unwrap();
+    posted_write(&i, &dram([host_desc]), remote_data, 12);
     verdict("posted 12".into(), child);
     step("posted WRITE from DRAM");
 
@@ -371,18 +329,7 @@ fn against_a_dram_peer(provider: &str) {
     // SAFETY: `src` outlives the handle and the request.
     let _ha = unsafe { a.register_mem(&vram([whole(&src)]), None).unwrap() };
     fill(&gpu, &m, &src, 13);
-    let mut wa = a
-        .create_xfer_req(
-            XferOp::Write,
-            &vram([whole(&src)]),
-            &dram([remote_data]),
-            "gnn-target",
-            None,
-        )
-        .unwrap();
-    wa.post_with(Some(b"posted 13".to_vec()), &PostParams::default())
-        .unwrap();
-    wa.wait(TIMEOUT).unwrap();
+    posted_write(&a, &vram([whole(&src)]), remote_data, 13);
     verdict("posted 13".into(), child);
     step("nic_handler=auto to the peer's DRAM");
 
@@ -401,6 +348,21 @@ fn against_a_dram_peer(provider: &str) {
         "{provider}: a transfer to a dead peer succeeded"
     );
     assert!(took < TIMEOUT, "{provider}: the failure took {took:?}");
+}
+
+/// A WRITE of `local` to the peer's `remote` with the notification `posted SEED`, posted
+/// and waited for (the peer checks its data at the notification).
+fn posted_write(agent: &Agent, local: &nixl::DescList, remote: Desc, seed: u32) -> nixl::XferReq {
+    let mut w = agent
+        .create_xfer_req(XferOp::Write, local, &dram([remote]), "gnn-target", None)
+        .unwrap();
+    w.post_with(
+        Some(format!("posted {seed}").into_bytes()),
+        &PostParams::default(),
+    )
+    .unwrap();
+    w.wait(TIMEOUT).unwrap();
+    w
 }
 
 /// The peer process, killed if the test fails before it said goodbye.

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 pub mod peer_guest;
 pub mod staged;
 pub mod twohost;
+pub mod write_signal;
 
 /// Bound on every wait: generous, so that a slow machine fails only when something hangs.
 pub const TIMEOUT: Duration = Duration::from_secs(60);
