@@ -67,6 +67,14 @@ fn dead_verbs_peer_is_reported_fast() {
     let _s = serial();
     let initiator = verbs_agent("verbs-survivor", &dev);
     common::dead_peer_scenario(
-        &initiator, "VERBS", PEER_NAME, PEER_LEN, BLOCK, spawn_peer, LONG, BOUND,
+        &initiator,
+        "VERBS",
+        PEER_NAME,
+        PEER_LEN,
+        BLOCK,
+        spawn_peer,
+        LONG,
+        BOUND,
+        &["busy", "idle"],
     );
 }
