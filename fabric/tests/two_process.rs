@@ -197,6 +197,18 @@ impl Peer {
     fn kill(&mut self) {
         self.child.kill().unwrap();
         self.child.wait().unwrap();
+        // A killed shm peer cannot unlink its regions (`/dev/shm/PID:...`); a later
+        // process given the same pid would fail fi_enable with EBUSY.
+        let prefix = format!("{}:", self.child.id());
+        for entry in std::fs::read_dir("/dev/shm")
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            if entry.file_name().to_string_lossy().starts_with(&prefix) {
+                let _ = std::fs::remove_file(entry.path());
+            }
+        }
     }
 }
 

@@ -360,6 +360,21 @@ impl Drop for PeerProcess {
         let _ = self.child.wait();
         let _ = std::fs::remove_file(&self.announce);
         let _ = std::fs::remove_file(self.ok_path());
+        remove_shm_of(self.child.id());
+    }
+}
+
+/// Removes what libfabric's shm provider left in `/dev/shm` for process `pid` (its
+/// regions are named `PID:...`): a killed peer cannot unlink them, and a later process
+/// that gets the same pid then fails `fi_enable` with EBUSY.
+pub fn remove_shm_of(pid: u32) {
+    let prefix = format!("{pid}:");
+    if let Ok(dir) = std::fs::read_dir("/dev/shm") {
+        for entry in dir.flatten() {
+            if entry.file_name().to_string_lossy().starts_with(&prefix) {
+                let _ = std::fs::remove_file(entry.path());
+            }
+        }
     }
 }
 
