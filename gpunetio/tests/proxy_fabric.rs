@@ -5,7 +5,7 @@
 mod proxy_common;
 
 use gpunetio::proxy::{
-    CpuProxy, Entry, FabricTransport, HostProducer, RemoteDescriptor, RingMemory,
+    CpuProxy, Entry, FabricTransport, GioStatus, HostProducer, RemoteDescriptor, RingMemory,
 };
 use proxy_common::*;
 use std::io::{BufRead, BufReader, Write};
@@ -392,4 +392,32 @@ fn throughput_null_transport() {
         n as f64 / secs
     );
     drop(a);
+}
+
+/// A removed region: entries naming it are refused as out of bounds (never posted), and
+/// memory placed again at the vacated index is used through it.
+#[test]
+fn removed_regions_are_refused_and_placed_again() {
+    let x = pair("tcp;ofi_rxm", 16);
+    x.a.remove_region(x.g).unwrap();
+    assert!(x.a.remove_region(x.g).is_err(), "removed twice");
+    bad_entry(&x, Entry::get(x.g, 0, x.r, 0, 64), GioStatus::BOUNDS);
+
+    let y = pair("tcp;ofi_rxm", 16);
+    y.a.remove_region(y.g).unwrap();
+    // SAFETY: `y.get` outlives `y.a` (a field declared after the proxies).
+    unsafe { y.a.register_local_at(y.g, y.get.ptr(), y.get.len()) }.unwrap();
+    // SAFETY: as above; the index is taken, so nothing is registered.
+    let taken = unsafe { y.a.register_local_at(y.l, y.get.ptr(), y.get.len()) };
+    assert!(taken.is_err(), "placed over a live region");
+    y.a.start().unwrap();
+    let data = pattern(4096, 9);
+    y.dst.write(0, &data);
+    let t = y.p.post(&Entry::get(y.g, 0, y.r, 0, 4096)).unwrap();
+    y.p.wait(t).unwrap();
+    assert_eq!(
+        y.get.read(0, 4096),
+        data,
+        "a get into the region placed again"
+    );
 }
