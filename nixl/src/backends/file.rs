@@ -68,6 +68,7 @@
 //! # Ok(()) }
 //! ```
 
+use super::shared::lock;
 use crate::agent::Agent;
 use crate::backend::{
     Backend, BackendParams, BackendXfer, Capabilities, LocalMd, PostParams, RemoteMd, XferEntry,
@@ -81,7 +82,7 @@ use std::collections::HashMap;
 use std::os::fd::RawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 mod shm_map;
@@ -106,10 +107,6 @@ const PROBE_AFTER: Duration = Duration::from_millis(5);
 const PROBE_EVERY: Duration = Duration::from_millis(20);
 /// How long a probe waits on a ring (its liveness check runs after 2 ms).
 const PROBE_WAIT: Duration = Duration::from_millis(3);
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 fn backend_err(what: impl std::fmt::Display, e: hf3fs_gdr::Error) -> Error {
     Error::Backend {

@@ -1,5 +1,5 @@
-//! What the network backends share: assembling notifications on the target, and
-//! parsing string parameters.
+//! What the network backends share: assembling notifications on the target, parsing
+//! string parameters, and locking a mutex whose holder panicked.
 
 use crate::backend::BackendParams;
 use crate::error::{Error, Result};
@@ -100,6 +100,13 @@ pub(crate) fn param<T: std::str::FromStr>(
             Error::InvalidParam(format!("{backend} parameter {key}=`{v}` is not valid"))
         }),
     }
+}
+
+/// Locks `m`, taking over its data if a holder panicked (the backends' state stays
+/// consistent between statements, and `Drop` paths must not panic).
+#[cfg(any(feature = "cuda", feature = "file"))]
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 #[cfg(test)]

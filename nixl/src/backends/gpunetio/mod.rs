@@ -289,6 +289,12 @@ impl GpunetioBackend {
         self.nic.as_ref().map(|n| n.provider())
     }
 
+    /// Whether `agent` is a peer the intra-node path may serve: on this node, and
+    /// `nic_handler` is not `cpu_proxy`.
+    fn intra_node_peer(&self, agent: &str) -> bool {
+        self.handler != NicHandlerChoice::CpuProxy && self.ipc.reach(agent).is_ok()
+    }
+
     /// Whether the intra-node path carries a transfer to `agent` whose pieces have
     /// these metadata: a peer on this node, reached by CUDA IPC on both sides.
     fn intra_node_reaches<'a>(
@@ -296,9 +302,7 @@ impl GpunetioBackend {
         agent: &str,
         mut parts: impl Iterator<Item = (&'a GnLocal, &'a GnRemote)>,
     ) -> bool {
-        self.handler != NicHandlerChoice::CpuProxy
-            && self.ipc.reach(agent).is_ok()
-            && parts.all(|(l, r)| l.ipc.is_some() && r.ipc.is_some())
+        self.intra_node_peer(agent) && parts.all(|(l, r)| l.ipc.is_some() && r.ipc.is_some())
     }
 
     fn nic(&self) -> Result<&Arc<NicPath>> {
@@ -671,8 +675,7 @@ impl Backend for GpunetioBackend {
     }
     fn gen_notif(&self, agent: &str, msg: &[u8]) -> Result<()> {
         if let Some(nic) = &self.nic {
-            let intra = self.handler != NicHandlerChoice::CpuProxy && self.ipc.reach(agent).is_ok();
-            if !intra && nic.knows(agent) {
+            if !self.intra_node_peer(agent) && nic.knows(agent) {
                 return nic.link(agent)?.oob.send(msg);
             }
         }
@@ -746,9 +749,7 @@ impl Backend for GpunetioBackend {
                         )),
                     })
                     .collect::<Result<Vec<_>>>()?;
-                let intra = self.handler != NicHandlerChoice::CpuProxy
-                    && self.ipc.reach(peer).is_ok()
-                    && remotes.iter().all(|r| r.ipc.is_some());
+                let intra = self.intra_node_peer(peer) && remotes.iter().all(|r| r.ipc.is_some());
                 if !intra {
                     return self.nic_view(peer, entries, &remotes);
                 }

@@ -20,13 +20,14 @@
 
 use super::oob::{OobListener, OobSender};
 use super::NAME;
+use crate::backends::shared::lock;
 use crate::error::{Error, Result};
 use crate::mem::MemKind;
 use gpunetio::proxy::{CpuProxy, CpuProxyBuilder, FabricTransport, RemoteDescriptor, RingMemory};
 use gpunetio::Gpu;
 use std::collections::{BTreeMap, HashMap};
 use std::net::{IpAddr, SocketAddr};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 /// Table indices `[0, LOCAL_SLOTS)` are local registrations' slots; the peers' regions
@@ -43,10 +44,6 @@ fn nic_err(context: &'static str) -> impl FnOnce(gpunetio::Error) -> Error {
         code: -1,
         message: format!("{context}: {e}"),
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// What a peer publishes for the NIC path (part of the backend's connection info).

@@ -10,6 +10,7 @@
 //! closed it (liveness); a refused connection or a failed write is
 //! [`Error::RemoteDisconnect`].
 
+use crate::backends::shared::lock;
 use crate::error::{Error, Result};
 use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
@@ -70,10 +71,6 @@ impl Drop for OobListener {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Release);
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 fn accept_loop(listener: &TcpListener, inbox: &Arc<Inbox>, stop: &Arc<AtomicBool>) {
