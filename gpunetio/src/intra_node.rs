@@ -198,6 +198,7 @@ impl IntraNodeQueuePair {
             counters,
             _state: state,
             num_counters: self.num_counters,
+            peers_on_this_gpu: self.peers_on_this_gpu,
             _keep: self.keep,
         })
     }
@@ -213,6 +214,7 @@ pub struct ExportedQueuePair {
     counters: DeviceBuffer,
     _state: DeviceBuffer,
     num_counters: u32,
+    peers_on_this_gpu: bool,
     _keep: Vec<KeepDebug>,
 }
 
@@ -220,6 +222,12 @@ impl ExportedQueuePair {
     /// The device address of the `gio_dev_qp`, to pass to a kernel.
     pub fn device_ptr(&self) -> u64 {
         self.qp.ptr()
+    }
+
+    /// Whether every region is on this queue pair's GPU (then GPU-scope ordering and
+    /// atomics reach the peer; `GIO_QP_SAME_DEVICE`).
+    pub fn peers_on_this_gpu(&self) -> bool {
+        self.peers_on_this_gpu
     }
 
     /// Completion counter `index` (read from device memory; synchronous).

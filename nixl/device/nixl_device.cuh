@@ -23,11 +23,14 @@
  * operation is reported). A call made at WARP or BLOCK level by only some of the threads
  * is undefined, as in NIXL.
  *
- * Handles are (slot pointer, generation) pairs into a table the backend keeps for its
- * whole life: a handle used after its request or view was released reads a slot whose
- * generation moved on and gets NIXL_ERR_INVALID_PARAM; it never touches freed memory.
- * (Releasing a handle while a kernel that uses it is still running is undefined, as in
- * NIXL: the slot is checked with plain loads, which may still see it live.)
+ * A handle (a kernel argument, by value) names a generation word in a table the backend
+ * keeps for its whole life and a copy of the descriptors that table owns: a handle used
+ * after its request or view was released sees a generation that moved on and gets
+ * NIXL_ERR_INVALID_PARAM; it never touches freed memory. (Releasing a handle while a
+ * kernel that uses it is still running is undefined, as in NIXL: the word is checked with
+ * plain loads, which may still see it live.) On intra-node queue pairs the descriptors
+ * hold both device addresses, and a call is the copy or atomic itself after one round
+ * trip for the generation and the descriptor.
  * Offsets and sizes are checked against the descriptor (NIXL_ERR_INVALID_PARAM), a
  * descriptor index against the request. Nothing in here traps or hangs: waits are
  * bounded by the queue pair's timeout.
@@ -73,34 +76,44 @@ static_assert(sizeof(nixl_gpu_desc) == 48, "nixl_gpu_desc layout");
 GIO_ASSERT_OFFSET(nixl_gpu_desc, local_off, 32);
 GIO_ASSERT_OFFSET(nixl_gpu_desc, remote_off, 40);
 
-/* A request's or a view's slot in the backend's handle table. */
-struct nixl_gpu_slot {
-  unsigned long long generation; /*  0: odd while live, even once released */
-  gio_dev_qp *qp;                /*  8 */
-  nixl_gpu_desc *descs;          /* 16 */
-  unsigned int count;            /* 24 */
-  unsigned int flags;            /* 28: NIXL_GPU_SLOT_* */
+/* The kernel argument for a request (NIXL's nixlGpuXferReqH) or a view (nixlMemViewH):
+ * everything a call needs is in the argument itself or one load away, so a call checks
+ * the handle's generation and loads its descriptor at the same time.
+ *   slot        the handle's generation word in the backend's table: odd while the
+ *               request or view lives, moved on when it is released;
+ *   descs       the descriptors, a copy the table owns: they stay mapped (reused by the
+ *               slot's next owner, never unmapped while the backend lives), so loading
+ *               one through a stale handle is harmless and the generation decides;
+ *   qp          the queue pair (null for a view of local memory), read only after the
+ *               generation matched: it is freed with its request;
+ *   count/flags descriptor count, NIXL_GPU_SLOT_* and NIXL_GPU_DIRECT/_SAME_DEVICE. */
+struct nixl_gpu_handle {
+  const unsigned long long *slot; /*  0 */
+  unsigned long long generation;  /*  8 */
+  const nixl_gpu_desc *descs;     /* 16 */
+  gio_dev_qp *qp;                 /* 24 */
+  unsigned int count;             /* 32 */
+  unsigned int flags;             /* 36 */
 };
-static_assert(sizeof(nixl_gpu_slot) == 32, "nixl_gpu_slot layout");
-GIO_ASSERT_OFFSET(nixl_gpu_slot, qp, 8);
-GIO_ASSERT_OFFSET(nixl_gpu_slot, descs, 16);
-GIO_ASSERT_OFFSET(nixl_gpu_slot, count, 24);
+static_assert(sizeof(nixl_gpu_handle) == 40, "nixl_gpu_handle layout");
+GIO_ASSERT_OFFSET(nixl_gpu_handle, descs, 16);
+GIO_ASSERT_OFFSET(nixl_gpu_handle, qp, 24);
+GIO_ASSERT_OFFSET(nixl_gpu_handle, count, 32);
+GIO_ASSERT_OFFSET(nixl_gpu_handle, flags, 36);
 
 #define NIXL_GPU_SLOT_REQUEST 1u
 #define NIXL_GPU_SLOT_VIEW 2u
 /* View of local memory: elements are sources, not targets. */
 #define NIXL_GPU_SLOT_LOCAL 4u
+/* Every descriptor holds both device addresses (an intra-node queue pair): puts are
+ * copies and signals atomics on them, without looking regions up in the queue pair. */
+#define NIXL_GPU_DIRECT 8u
+/* Every peer buffer is on this GPU: GPU-scope ordering and atomics suffice. */
+#define NIXL_GPU_SAME_DEVICE 16u
 
-/* The kernel argument for a request (NIXL's nixlGpuXferReqH) or a view (nixlMemViewH). */
-struct nixlGpuXferReqH {
-  const nixl_gpu_slot *slot;
-  unsigned long long generation;
-};
-struct nixlMemViewH {
-  const nixl_gpu_slot *slot;
-  unsigned long long generation;
-};
-static_assert(sizeof(nixlGpuXferReqH) == 16 && sizeof(nixlMemViewH) == 16, "handle layout");
+struct nixlGpuXferReqH : nixl_gpu_handle {};
+struct nixlMemViewH : nixl_gpu_handle {};
+static_assert(sizeof(nixlGpuXferReqH) == 40 && sizeof(nixlMemViewH) == 40, "handle layout");
 
 struct nixlMemViewElem {
   nixlMemViewH mvh;
@@ -143,16 +156,20 @@ __device__ __forceinline__ nixl_status_t from_gio(int st) {
   }
 }
 
-/* The slot behind a handle, or null when the handle is stale or of the wrong kind. */
-__device__ __forceinline__ const nixl_gpu_slot *live(const nixl_gpu_slot *slot,
-                                                     unsigned long long generation,
-                                                     unsigned int kind) {
-  if (slot == nullptr || (generation & 1) == 0) return nullptr;
-  /* A plain load: the host releases a slot between kernels (a launch makes its write
-   * visible), and repeated calls of one kernel then read the slot from L1, as the raw
-   * gpunetio calls read their queue pair. */
-  if (slot->generation != generation || (slot->flags & kind) == 0) return nullptr;
-  return slot;
+/* Descriptor `index` of handle `h` into `*d` when `h` is live and of kind `kind`. The
+ * generation word and the descriptor are loaded together (both stay mapped for the
+ * table's life), then compared: one memory round trip, not a chain of them. Plain loads:
+ * the host releases a slot between kernels (a launch makes its write visible). */
+__device__ __forceinline__ bool load(const nixl_gpu_handle &h, unsigned int kind, size_t index,
+                                     nixl_gpu_desc *d) {
+  if (h.slot == nullptr || (h.flags & kind) == 0 || index >= h.count) return false;
+  const unsigned long long generation = *h.slot;
+  *d = h.descs[index];
+  return generation == h.generation && (generation & 1) != 0;
+}
+
+__device__ __forceinline__ bool same_device(const nixl_gpu_handle &h) {
+  return (h.flags & NIXL_GPU_SAME_DEVICE) != 0;
 }
 
 template <nixl_gpu_level_t L> __device__ __forceinline__ bool is_leader() {
@@ -201,28 +218,8 @@ __device__ __forceinline__ nixl_status_t put(gio_dev_qp *qp, unsigned rmr, unsig
   if (L == nixl_gpu_level_t::WARP)
     return from_gio(gio::put<gio::scope::warp, gio::sharing::gpu>(qp, rmr, roff, lmr, loff, len,
                                                                   ticket));
-  /* BLOCK: an intra-node put is split over the block's warps; a NIC or proxy put is one
-   * operation posted by thread 0. */
+  /* BLOCK: one operation posted by thread 0 (intra-node handles copy directly instead). */
   int st = GIO_OK;
-  if (qp->nic_handler == GIO_NIC_HANDLER_INTRA_NODE) {
-    const unsigned warps = (blockDim.x * blockDim.y * blockDim.z + 31) / 32;
-    const unsigned w = block_rank() / 32;
-    const unsigned long long part = ((len + warps - 1) / warps + 15) & ~15ull;
-    const unsigned long long begin = (unsigned long long)w * part;
-    if (begin < len) {
-      const unsigned long long n = len - begin < part ? len - begin : part;
-      st = gio::put<gio::scope::warp, gio::sharing::gpu>(qp, rmr, roff + begin, lmr, loff + begin,
-                                                          n, 0);
-    }
-    /* Any warp's failure (bounds are checked by every warp alike) is the block's. */
-    __shared__ int block_status;
-    if (block_rank() == 0) block_status = GIO_OK;
-    __syncthreads();
-    if (st != GIO_OK) atomicCAS(&block_status, GIO_OK, st);
-    __syncthreads();
-    if (ticket) *ticket = 0;
-    return from_gio(block_status);
-  }
   if (block_rank() == 0)
     st = gio::put<gio::scope::thread, gio::sharing::gpu>(qp, rmr, roff, lmr, loff, len, ticket);
   return block_broadcast(from_gio(st));
@@ -244,6 +241,27 @@ __device__ __forceinline__ nixl_status_t signal(gio_dev_qp *qp, unsigned mr, uns
     st = gio::signal<gio::scope::thread, gio::sharing::gpu>(qp, mr, off, value, ticket);
   }
   return block_broadcast(from_gio(st));
+}
+
+/* A signal on a direct handle: an atomic add on the mapped word, ordered after every
+ * store the level's threads made before. */
+template <nixl_gpu_level_t L>
+__device__ __forceinline__ void signal_direct(bool same_device, unsigned long long *word,
+                                              unsigned long long value) {
+  if (L == nixl_gpu_level_t::THREAD) {
+    gio::peer_release_add(same_device, word, value);
+    return;
+  }
+  if (L == nixl_gpu_level_t::WARP)
+    __syncwarp();
+  else
+    __syncthreads();
+  if (is_leader<L>()) {
+    /* The other threads' stores reach the peer before the add: the barrier orders them
+     * before the leader's fence, which is cumulative. */
+    gio::fence_for_peer(same_device);
+    gio::peer_release_add(same_device, word, value);
+  }
 }
 
 template <nixl_gpu_level_t L>
@@ -268,17 +286,24 @@ __device__ __forceinline__ nixl_status_t nixlGpuPostSingleWriteXferReq(
     unsigned long long flags = 0, bool wait_completion = false,
     nixlGpuXferStatusH *status = nullptr) {
   (void)flags;
-  const nixl_gpu_slot *s = nixl_detail::live(req.slot, req.generation, NIXL_GPU_SLOT_REQUEST);
-  if (s == nullptr || desc_idx >= s->count) return NIXL_ERR_INVALID_PARAM;
-  const nixl_gpu_desc d = s->descs[desc_idx];
-  if (!nixl_detail::inside(dst_offset, size, d.len) || !nixl_detail::inside(src_offset, size, d.len))
+  nixl_gpu_desc d;
+  if (!nixl_detail::load(req, NIXL_GPU_SLOT_REQUEST, desc_idx, &d) ||
+      !nixl_detail::inside(dst_offset, size, d.len) || !nixl_detail::inside(src_offset, size, d.len))
     return NIXL_ERR_INVALID_PARAM;
+  if (req.flags & NIXL_GPU_DIRECT) {
+    nixl_detail::copy<L>((char *)(d.remote_addr + dst_offset),
+                         (const char *)(d.local_addr + src_offset), size);
+    if (wait_completion && nixl_detail::is_leader<L>())
+      gio::fence_for_peer(nixl_detail::same_device(req));
+    if (status) *status = nixlGpuXferStatusH{req.qp, 0};
+    return NIXL_SUCCESS;
+  }
   unsigned long long ticket = 0;
-  nixl_status_t st = nixl_detail::put<L>(s->qp, d.remote_mr, d.remote_off + dst_offset, d.local_mr,
-                                         d.local_off + src_offset, size, &ticket);
+  nixl_status_t st = nixl_detail::put<L>(req.qp, d.remote_mr, d.remote_off + dst_offset,
+                                         d.local_mr, d.local_off + src_offset, size, &ticket);
   if (st != NIXL_SUCCESS) return st;
-  if (status) *status = nixlGpuXferStatusH{s->qp, ticket};
-  return wait_completion ? nixl_detail::complete<L>(s->qp, ticket) : NIXL_SUCCESS;
+  if (status) *status = nixlGpuXferStatusH{req.qp, ticket};
+  return wait_completion ? nixl_detail::complete<L>(req.qp, ticket) : NIXL_SUCCESS;
 }
 
 /* Atomically adds `value` to the 64-bit signal word at `offset` of descriptor
@@ -289,16 +314,23 @@ __device__ __forceinline__ nixl_status_t nixlGpuPostSignalXferReq(
     unsigned long long flags = 0, bool wait_completion = false,
     nixlGpuXferStatusH *status = nullptr) {
   (void)flags;
-  const nixl_gpu_slot *s = nixl_detail::live(req.slot, req.generation, NIXL_GPU_SLOT_REQUEST);
-  if (s == nullptr || desc_idx >= s->count) return NIXL_ERR_INVALID_PARAM;
-  const nixl_gpu_desc d = s->descs[desc_idx];
-  if (!nixl_detail::inside(offset, 8, d.len)) return NIXL_ERR_INVALID_PARAM;
+  nixl_gpu_desc d;
+  if (!nixl_detail::load(req, NIXL_GPU_SLOT_REQUEST, desc_idx, &d) ||
+      !nixl_detail::inside(offset, 8, d.len))
+    return NIXL_ERR_INVALID_PARAM;
+  if (req.flags & NIXL_GPU_DIRECT) {
+    const unsigned long long word = d.remote_addr + offset;
+    if (word & 7) return NIXL_ERR_INVALID_PARAM;
+    nixl_detail::signal_direct<L>(nixl_detail::same_device(req), (unsigned long long *)word, value);
+    if (status) *status = nixlGpuXferStatusH{req.qp, 0};
+    return NIXL_SUCCESS;
+  }
   unsigned long long ticket = 0;
-  nixl_status_t st = nixl_detail::signal<L>(s->qp, d.remote_mr, d.remote_off + offset, value,
+  nixl_status_t st = nixl_detail::signal<L>(req.qp, d.remote_mr, d.remote_off + offset, value,
                                             &ticket);
   if (st != NIXL_SUCCESS) return st;
-  if (status) *status = nixlGpuXferStatusH{s->qp, ticket};
-  return wait_completion ? nixl_detail::complete<L>(s->qp, ticket) : NIXL_SUCCESS;
+  if (status) *status = nixlGpuXferStatusH{req.qp, ticket};
+  return wait_completion ? nixl_detail::complete<L>(req.qp, ticket) : NIXL_SUCCESS;
 }
 
 /* Reads a local signal word (written by a peer's signal) with acquire semantics. */
@@ -319,17 +351,8 @@ __device__ __forceinline__ nixl_status_t nixlGpuGetXferStatus(nixlGpuXferStatusH
 
 /* ---- memory-view form ------------------------------------------------------------------ */
 
-namespace nixl_detail {
-__device__ __forceinline__ const nixl_gpu_desc *view_elem(const nixlMemViewElem &e,
-                                                          const nixl_gpu_slot **slot) {
-  const nixl_gpu_slot *s = live(e.mvh.slot, e.mvh.generation, NIXL_GPU_SLOT_VIEW);
-  if (s == nullptr || e.index >= s->count) return nullptr;
-  *slot = s;
-  return &s->descs[e.index];
-}
-}  // namespace nixl_detail
-
-/* Puts `size` bytes from a local view's element to a remote view's element. */
+/* Puts `size` bytes from a local view's element to a remote view's element. Ordered
+ * before a later nixlAtomicAdd of the same threads (level). */
 template <nixl_gpu_level_t L = nixl_gpu_level_t::THREAD>
 __device__ __forceinline__ nixl_status_t nixlPut(nixlMemViewElem src, nixlMemViewElem dst,
                                                  size_t size, unsigned channel_id = 0,
@@ -337,31 +360,27 @@ __device__ __forceinline__ nixl_status_t nixlPut(nixlMemViewElem src, nixlMemVie
                                                  nixlGpuXferStatusH *status = nullptr) {
   (void)channel_id;
   (void)flags;
-  const nixl_gpu_slot *ss = nullptr, *ds = nullptr;
-  const nixl_gpu_desc *s = nixl_detail::view_elem(src, &ss);
-  const nixl_gpu_desc *d = nixl_detail::view_elem(dst, &ds);
-  if (s == nullptr || d == nullptr || (ss->flags & NIXL_GPU_SLOT_LOCAL) == 0 ||
-      (ds->flags & NIXL_GPU_SLOT_LOCAL) != 0)
+  nixl_gpu_desc s, d;
+  const bool src_ok = nixl_detail::load(src.mvh, NIXL_GPU_SLOT_VIEW, src.index, &s);
+  const bool dst_ok = nixl_detail::load(dst.mvh, NIXL_GPU_SLOT_VIEW, dst.index, &d);
+  if (!src_ok || !dst_ok || (src.mvh.flags & NIXL_GPU_SLOT_LOCAL) == 0 ||
+      (dst.mvh.flags & NIXL_GPU_SLOT_LOCAL) != 0 || !nixl_detail::inside(src.offset, size, s.len) ||
+      !nixl_detail::inside(dst.offset, size, d.len))
     return NIXL_ERR_INVALID_PARAM;
-  if (src.offset > s->len || size > s->len - src.offset || dst.offset > d->len ||
-      size > d->len - dst.offset)
-    return NIXL_ERR_INVALID_PARAM;
-  gio_dev_qp *qp = ds->qp;
-  if (qp->nic_handler == GIO_NIC_HANDLER_INTRA_NODE && d->remote_addr != 0) {
-    /* The peer is mapped: the level's threads copy, ordered before later signals. */
-    nixl_detail::copy<L>((char *)(d->remote_addr + dst.offset),
-                         (const char *)(s->local_addr + src.offset), size);
-    if (nixl_detail::is_leader<L>()) gio::fence_for_peer(qp);
-    if (status) *status = nixlGpuXferStatusH{qp, 0};
+  if (dst.mvh.flags & NIXL_GPU_DIRECT) {
+    /* The peer is mapped: the level's threads copy. */
+    nixl_detail::copy<L>((char *)(d.remote_addr + dst.offset),
+                         (const char *)(s.local_addr + src.offset), size);
+    if (status) *status = nixlGpuXferStatusH{dst.mvh.qp, 0};
     return NIXL_SUCCESS;
   }
   /* A NIC or proxy queue pair: the source must be a region of the destination view's
    * queue pair (the backend adds every local region to it). */
-  if (s->local_mr == 0xffffffffu) return NIXL_ERR_NOT_SUPPORTED;
+  if (s.local_mr == 0xffffffffu) return NIXL_ERR_NOT_SUPPORTED;
   unsigned long long ticket = 0;
-  nixl_status_t st = nixl_detail::put<L>(qp, d->remote_mr, d->remote_off + dst.offset, s->local_mr,
-                                         s->local_off + src.offset, size, &ticket);
-  if (st == NIXL_SUCCESS && status) *status = nixlGpuXferStatusH{qp, ticket};
+  nixl_status_t st = nixl_detail::put<L>(dst.mvh.qp, d.remote_mr, d.remote_off + dst.offset,
+                                         s.local_mr, s.local_off + src.offset, size, &ticket);
+  if (st == NIXL_SUCCESS && status) *status = nixlGpuXferStatusH{dst.mvh.qp, ticket};
   return st;
 }
 
@@ -374,25 +393,32 @@ __device__ __forceinline__ nixl_status_t nixlAtomicAdd(unsigned long long value,
                                                        nixlGpuXferStatusH *status = nullptr) {
   (void)channel_id;
   (void)flags;
-  const nixl_gpu_slot *cs = nullptr;
-  const nixl_gpu_desc *c = nixl_detail::view_elem(counter, &cs);
-  if (c == nullptr || (cs->flags & NIXL_GPU_SLOT_LOCAL) != 0 ||
-      !nixl_detail::inside(counter.offset, 8, c->len))
+  nixl_gpu_desc c;
+  if (!nixl_detail::load(counter.mvh, NIXL_GPU_SLOT_VIEW, counter.index, &c) ||
+      (counter.mvh.flags & NIXL_GPU_SLOT_LOCAL) != 0 ||
+      !nixl_detail::inside(counter.offset, 8, c.len))
     return NIXL_ERR_INVALID_PARAM;
+  if (counter.mvh.flags & NIXL_GPU_DIRECT) {
+    const unsigned long long word = c.remote_addr + counter.offset;
+    if (word & 7) return NIXL_ERR_INVALID_PARAM;
+    nixl_detail::signal_direct<L>(nixl_detail::same_device(counter.mvh),
+                                  (unsigned long long *)word, value);
+    if (status) *status = nixlGpuXferStatusH{counter.mvh.qp, 0};
+    return NIXL_SUCCESS;
+  }
   unsigned long long ticket = 0;
-  nixl_status_t st = nixl_detail::signal<L>(cs->qp, c->remote_mr, c->remote_off + counter.offset,
-                                            value, &ticket);
-  if (st == NIXL_SUCCESS && status) *status = nixlGpuXferStatusH{cs->qp, ticket};
+  nixl_status_t st = nixl_detail::signal<L>(counter.mvh.qp, c.remote_mr,
+                                            c.remote_off + counter.offset, value, &ticket);
+  if (st == NIXL_SUCCESS && status) *status = nixlGpuXferStatusH{counter.mvh.qp, ticket};
   return st;
 }
 
 /* A pointer this GPU can load and store to reach element `index` (the peer's memory
  * mapped here, or local memory), or null where it is reachable only through the NIC. */
 __device__ __forceinline__ void *nixlGetPtr(nixlMemViewH mvh, size_t index) {
-  const nixl_gpu_slot *s = nixl_detail::live(mvh.slot, mvh.generation, NIXL_GPU_SLOT_VIEW);
-  if (s == nullptr || index >= s->count) return nullptr;
-  const nixl_gpu_desc &d = s->descs[index];
-  return (void *)((s->flags & NIXL_GPU_SLOT_LOCAL) ? d.local_addr : d.remote_addr);
+  nixl_gpu_desc d;
+  if (!nixl_detail::load(mvh, NIXL_GPU_SLOT_VIEW, index, &d)) return nullptr;
+  return (void *)((mvh.flags & NIXL_GPU_SLOT_LOCAL) ? d.local_addr : d.remote_addr);
 }
 
 #endif /* NIXL_NIXL_DEVICE_CUH */

@@ -209,11 +209,12 @@ extern "C" __global__ void device_api_probe(nixlGpuXferReqH req, nixlGpuXferReqH
 
 /* ---- benchmark kernels (nixl/examples/device_api_bench.rs) ------------------------------ */
 
-/* The request's queue pair and descriptor `i`, read from its slot: what the raw gpunetio
- * variants below post on, for a side-by-side comparison with the device API. */
-__device__ __forceinline__ gio_dev_qp *raw_qp(nixlGpuXferReqH req) { return req.slot->qp; }
+/* The request's queue pair and descriptor `i`: what the raw gpunetio variants below post
+ * on, loaded once before their loop (as a kernel written against gio alone would hold its
+ * queue pair and region indices), for a side-by-side comparison with the device API. */
+__device__ __forceinline__ gio_dev_qp *raw_qp(nixlGpuXferReqH req) { return req.qp; }
 __device__ __forceinline__ nixl_gpu_desc raw_desc(nixlGpuXferReqH req, unsigned i) {
-  return req.slot->descs[i];
+  return req.descs[i];
 }
 
 /* raw: 0 = the device API (a write, then a signal), 1 = gio's fused put_signal, 2 = gio's
@@ -225,22 +226,22 @@ extern "C" __global__ void bench_put_signal(nixlGpuXferReqH req, unsigned long l
                                             unsigned iters, unsigned level, unsigned raw,
                                             int *status) {
   const unsigned lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  gio_dev_qp *qp = raw_qp(req);
+  const nixl_gpu_desc d = raw_desc(req, 0), s = raw_desc(req, 1);
   for (unsigned i = 0; i < iters; i++) {
     int st = NIXL_SUCCESS;
     if (level == 0) {
       /* THREAD: thread 0 alone. */
       if (threadIdx.x == 0) {
         if (raw == 1) {
-          const nixl_gpu_desc d = raw_desc(req, 0), s = raw_desc(req, 1);
           st = gio::put_signal<gio::scope::thread, gio::sharing::gpu>(
-              raw_qp(req), d.remote_mr, 0, d.local_mr, 0, size, s.remote_mr, 0, 1);
+              qp, d.remote_mr, 0, d.local_mr, 0, size, s.remote_mr, 0, 1);
           st = nixl_detail::from_gio(st);
         } else if (raw == 2) {
-          const nixl_gpu_desc d = raw_desc(req, 0), s = raw_desc(req, 1);
-          st = gio::put<gio::scope::thread, gio::sharing::gpu>(raw_qp(req), d.remote_mr, 0,
+          st = gio::put<gio::scope::thread, gio::sharing::gpu>(qp, d.remote_mr, 0,
                                                                d.local_mr, 0, size, 0);
           if (st == GIO_OK)
-            st = gio::signal<gio::scope::thread, gio::sharing::gpu>(raw_qp(req), s.remote_mr, 0, 1);
+            st = gio::signal<gio::scope::thread, gio::sharing::gpu>(qp, s.remote_mr, 0, 1);
           st = nixl_detail::from_gio(st);
         } else {
           st = nixlGpuPostSingleWriteXferReq<nixl_gpu_level_t::THREAD>(req, 0, 0, 0, size);
@@ -251,15 +252,13 @@ extern "C" __global__ void bench_put_signal(nixlGpuXferReqH req, unsigned long l
     } else if (warp == 0) {
       /* WARP: warp 0's lanes together. */
       if (raw == 1) {
-        const nixl_gpu_desc d = raw_desc(req, 0), s = raw_desc(req, 1);
         st = nixl_detail::from_gio(gio::put_signal<gio::scope::warp, gio::sharing::gpu>(
-            raw_qp(req), d.remote_mr, 0, d.local_mr, 0, size, s.remote_mr, 0, 1));
+            qp, d.remote_mr, 0, d.local_mr, 0, size, s.remote_mr, 0, 1));
       } else if (raw == 2) {
-        const nixl_gpu_desc d = raw_desc(req, 0), s = raw_desc(req, 1);
-        st = gio::put<gio::scope::warp, gio::sharing::gpu>(raw_qp(req), d.remote_mr, 0, d.local_mr,
+        st = gio::put<gio::scope::warp, gio::sharing::gpu>(qp, d.remote_mr, 0, d.local_mr,
                                                            0, size, 0);
         if (st == GIO_OK)
-          st = gio::signal<gio::scope::warp, gio::sharing::gpu>(raw_qp(req), s.remote_mr, 0, 1);
+          st = gio::signal<gio::scope::warp, gio::sharing::gpu>(qp, s.remote_mr, 0, 1);
         st = nixl_detail::from_gio(st);
       } else {
         st = nixlGpuPostSingleWriteXferReq<nixl_gpu_level_t::WARP>(req, 0, 0, 0, size);
@@ -277,12 +276,14 @@ extern "C" __global__ void bench_ping(nixlGpuXferReqH req, const unsigned long l
                                       unsigned iters, unsigned raw, unsigned long long timeout_ns,
                                       unsigned long long *ns, int *status) {
   if (threadIdx.x != 0) return;
+  gio_dev_qp *qp = raw_qp(req);
+  const unsigned signal_mr = raw_desc(req, 1).remote_mr;
   const unsigned long long start = gio::now_ns();
   for (unsigned i = 0; i < iters; i++) {
     int st;
     if (raw)
       st = nixl_detail::from_gio(gio::signal<gio::scope::thread, gio::sharing::gpu>(
-          raw_qp(req), raw_desc(req, 1).remote_mr, 0, 1));
+          qp, signal_mr, 0, 1));
     else
       st = nixlGpuPostSignalXferReq<nixl_gpu_level_t::THREAD>(req, 0, 1, 1);
     if (st != NIXL_SUCCESS) {
@@ -304,6 +305,8 @@ extern "C" __global__ void bench_pong(nixlGpuXferReqH req, const unsigned long l
                                       unsigned iters, unsigned raw, unsigned long long timeout_ns,
                                       int *status) {
   if (threadIdx.x != 0) return;
+  gio_dev_qp *qp = raw_qp(req);
+  const unsigned signal_mr = raw_desc(req, 1).remote_mr;
   for (unsigned i = 0; i < iters; i++) {
     const unsigned long long t0 = gio::now_ns();
     while (nixlGpuReadSignal(mine) < i + 1ull) {
@@ -315,7 +318,7 @@ extern "C" __global__ void bench_pong(nixlGpuXferReqH req, const unsigned long l
     int st;
     if (raw)
       st = nixl_detail::from_gio(gio::signal<gio::scope::thread, gio::sharing::gpu>(
-          raw_qp(req), raw_desc(req, 1).remote_mr, 0, 1));
+          qp, signal_mr, 0, 1));
     else
       st = nixlGpuPostSignalXferReq<nixl_gpu_level_t::THREAD>(req, 0, 1, 1);
     if (st != NIXL_SUCCESS) {

@@ -77,49 +77,48 @@ pub struct GpuDesc {
     pub remote_off: u64,
 }
 
-/// A slot of the handle table (`nixl_gpu_slot`).
-#[repr(C)]
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct GpuSlot {
-    /// Odd while the request or view lives, even once released.
-    pub generation: u64,
-    /// Device address of the queue pair (`gio_dev_qp *`).
-    pub qp: u64,
-    /// Device address of the `count` descriptors.
-    pub descs: u64,
-    /// Number of descriptors.
-    pub count: u32,
-    /// `SLOT_*` flags.
-    pub flags: u32,
-}
-
-/// The slot holds a request.
+/// The handle is of a request.
 pub const SLOT_REQUEST: u32 = 1;
-/// The slot holds a memory view.
+/// The handle is of a memory view.
 pub const SLOT_VIEW: u32 = 2;
 /// The view is of local memory (sources, not targets).
 pub const SLOT_LOCAL: u32 = 4;
+/// Every descriptor holds both device addresses (an intra-node queue pair): kernels copy
+/// and add on them directly.
+pub const HANDLE_DIRECT: u32 = 8;
+/// Every peer buffer is on the handle's GPU (GPU-scope ordering suffices).
+pub const HANDLE_SAME_DEVICE: u32 = 16;
 
 const _: () = assert!(std::mem::size_of::<GpuDesc>() == 48);
 const _: () = assert!(std::mem::offset_of!(GpuDesc, local_off) == 32);
 const _: () = assert!(std::mem::offset_of!(GpuDesc, remote_off) == 40);
-const _: () = assert!(std::mem::size_of::<GpuSlot>() == 32);
-const _: () = assert!(std::mem::offset_of!(GpuSlot, qp) == 8);
-const _: () = assert!(std::mem::offset_of!(GpuSlot, descs) == 16);
-const _: () = assert!(std::mem::offset_of!(GpuSlot, count) == 24);
 
 /// The kernel argument of a request or view handle (`nixlGpuXferReqH` /
-/// `nixlMemViewH`): the slot's device address and the generation it had.
+/// `nixlMemViewH`, 40 bytes by value): the handle's generation word and the generation it
+/// had, the descriptors (a copy the backend's table owns and keeps mapped), the queue
+/// pair, the descriptor count and `SLOT_*`/`HANDLE_*` flags.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct RawGpuHandle {
-    /// Device address of the slot.
+    /// Device address of the generation word.
     pub slot: u64,
-    /// The slot's generation when the handle was made.
+    /// The generation when the handle was made (odd).
     pub generation: u64,
+    /// Device address of `count` [`GpuDesc`]s.
+    pub descs: u64,
+    /// Device address of the queue pair (`gio_dev_qp *`), 0 for a view of local memory.
+    pub qp: u64,
+    /// Number of descriptors.
+    pub count: u32,
+    /// `SLOT_*` and `HANDLE_*` flags.
+    pub flags: u32,
 }
 
-const _: () = assert!(std::mem::size_of::<RawGpuHandle>() == 16);
+const _: () = assert!(std::mem::size_of::<RawGpuHandle>() == 40);
+const _: () = assert!(std::mem::offset_of!(RawGpuHandle, descs) == 16);
+const _: () = assert!(std::mem::offset_of!(RawGpuHandle, qp) == 24);
+const _: () = assert!(std::mem::offset_of!(RawGpuHandle, count) == 32);
+const _: () = assert!(std::mem::offset_of!(RawGpuHandle, flags) == 36);
 
 /// A device handle and what keeps its memory alive; dropping it releases the handle
 /// (its slot's generation moves on, so kernels still holding it get an error status).
@@ -152,7 +151,7 @@ impl GpuHandle {
 pub struct GpuXferReqH(pub(crate) GpuHandle);
 
 impl GpuXferReqH {
-    /// The kernel argument (`nixlGpuXferReqH`, 16 bytes by value).
+    /// The kernel argument (`nixlGpuXferReqH`, 40 bytes by value).
     pub fn raw(&self) -> RawGpuHandle {
         self.0.raw()
     }
@@ -164,7 +163,7 @@ impl GpuXferReqH {
 pub struct MemViewH(pub(crate) GpuHandle);
 
 impl MemViewH {
-    /// The kernel argument (`nixlMemViewH`, 16 bytes by value).
+    /// The kernel argument (`nixlMemViewH`, 40 bytes by value).
     pub fn raw(&self) -> RawGpuHandle {
         self.0.raw()
     }
@@ -186,7 +185,7 @@ mod gpu {
     use gpunetio::{DeviceBuffer, Gpu};
     use std::sync::{Arc, Mutex};
 
-    // SAFETY: RawGpuHandle is repr(C), 16 bytes of plain integers, laid out as the
+    // SAFETY: RawGpuHandle is repr(C), 40 bytes of plain integers, laid out as the
     // device's nixlGpuXferReqH / nixlMemViewH (asserted on both sides).
     unsafe impl gpunetio::cudarc::driver::DeviceRepr for RawGpuHandle {}
 
@@ -216,11 +215,17 @@ mod gpu {
             .map_err(|e| Error::Gpu(format!("cuMemsetD8 on the signal word: {e:?}")))
     }
 
-    /// The table of device handle slots a backend keeps for its whole life (handles
-    /// point into it, so it never moves or shrinks).
+    /// The table of device handles a backend keeps for its whole life: a generation word
+    /// per slot and the slot's copy of its descriptors. Handles point into both, so
+    /// neither is freed before the table: a slot's descriptor storage is reused by its
+    /// next owner, and storage outgrown is kept until the table goes. A kernel therefore
+    /// loads a stale handle's descriptor harmlessly, at the same time as its generation.
     #[derive(Debug)]
     pub struct HandleTable {
-        slots: DeviceBuffer,
+        words: DeviceBuffer,
+        gpu: Gpu,
+        /// Private and non-blocking: writes wait for their own copies, never for kernels.
+        stream: Arc<gpunetio::cudarc::driver::CudaStream>,
         state: Mutex<TableState>,
     }
 
@@ -228,95 +233,150 @@ mod gpu {
     struct TableState {
         /// Generation of each slot as last written (odd: in use).
         generations: Vec<u64>,
+        /// Each slot's descriptor storage (grown, never shrunk).
+        storage: Vec<Option<DeviceBuffer>>,
+        /// Storage a slot outgrew: stale handles may still name it.
+        outgrown: Vec<DeviceBuffer>,
         free: Vec<usize>,
     }
 
     impl HandleTable {
         /// A table of `capacity` slots on `gpu`.
         pub fn new(gpu: &Gpu, capacity: usize) -> Result<Arc<Self>> {
-            let bytes = capacity.max(1) * std::mem::size_of::<GpuSlot>();
-            let slots = DeviceBuffer::alloc(gpu, bytes)
+            let capacity = capacity.max(1);
+            let words = DeviceBuffer::alloc(gpu, capacity * 8)
                 .map_err(|e| Error::Gpu(format!("allocating the handle table: {e}")))?;
-            slots
+            words
                 .fill(0)
                 .map_err(|e| Error::Gpu(format!("clearing the handle table: {e}")))?;
+            let stream = gpu
+                .new_stream()
+                .map_err(|e| Error::Gpu(format!("creating the handle table's stream: {e}")))?;
             Ok(Arc::new(Self {
-                slots,
+                words,
+                gpu: gpu.clone(),
+                stream,
                 state: Mutex::new(TableState {
-                    generations: vec![0; capacity.max(1)],
-                    free: (0..capacity.max(1)).rev().collect(),
+                    generations: vec![0; capacity],
+                    storage: (0..capacity).map(|_| None).collect(),
+                    outgrown: Vec::new(),
+                    free: (0..capacity).rev().collect(),
                 }),
             }))
         }
 
-        fn write(&self, index: usize, slot: &GpuSlot) -> Result<()> {
-            // SAFETY: GpuSlot is repr(C) plain old data with no padding (32 bytes of
-            // integers, asserted above).
-            let bytes = unsafe {
-                std::slice::from_raw_parts(
-                    (slot as *const GpuSlot).cast::<u8>(),
-                    std::mem::size_of::<GpuSlot>(),
+        /// Copies `bytes` to device address `dst` and waits for that copy alone.
+        fn write(&self, dst: u64, bytes: &[u8]) -> Result<()> {
+            if bytes.is_empty() {
+                return Ok(());
+            }
+            self.gpu
+                .bind()
+                .map_err(|e| Error::Gpu(format!("binding the context: {e}")))?;
+            // SAFETY: `dst` is inside an allocation of this table sized for `bytes` (the
+            // callers compute it from the allocation); `bytes` lives until the stream is
+            // synchronized below.
+            unsafe {
+                gpunetio::cudarc::driver::sys::cuMemcpyHtoDAsync_v2(
+                    dst,
+                    bytes.as_ptr().cast(),
+                    bytes.len(),
+                    self.stream.cu_stream(),
                 )
-            };
-            self.slots
-                .copy_from_host(index * std::mem::size_of::<GpuSlot>(), bytes)
-                .map_err(|e| Error::Gpu(format!("writing handle slot {index}: {e}")))
+            }
+            .result()
+            .map_err(|e| Error::Gpu(format!("writing the handle table: {e:?}")))?;
+            self.stream
+                .synchronize()
+                .map_err(|e| Error::Gpu(format!("writing the handle table: {e:?}")))
         }
 
-        /// Publishes `count` descriptors at `descs` on queue pair `qp` in a free slot;
-        /// the handle releases it when dropped, and keeps `owner` alive until then.
+        fn word(&self, index: usize) -> u64 {
+            self.words.ptr() + (index * 8) as u64
+        }
+
+        /// Publishes `descs` on queue pair `qp` (0: none) in a free slot; the handle
+        /// releases it when dropped, and keeps `owner` (what the descriptors and the
+        /// queue pair point to) alive until then.
         pub fn publish(
             self: &Arc<Self>,
             qp: u64,
-            descs: u64,
-            count: u32,
+            descs: &[GpuDesc],
             flags: u32,
             owner: Box<dyn Any + Send + Sync>,
         ) -> Result<GpuHandle> {
-            let (index, generation) = {
-                let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
-                let index = st.free.pop().ok_or_else(|| {
-                    Error::InvalidParam(format!(
-                        "all {} GPU handles are in use: release some first",
-                        st.generations.len()
-                    ))
-                })?;
-                st.generations[index] += 1;
-                (index, st.generations[index])
-            };
-            let slot = GpuSlot {
-                generation,
-                qp,
-                descs,
-                count,
-                flags,
-            };
-            if let Err(e) = self.write(index, &slot) {
-                self.release(index);
-                return Err(e);
+            let count = u32::try_from(descs.len()).map_err(|_| {
+                Error::InvalidParam(format!("{} descriptors in one GPU handle", descs.len()))
+            })?;
+            let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+            let index = st.free.pop().ok_or_else(|| {
+                Error::InvalidParam(format!(
+                    "all {} GPU handles are in use: release some first",
+                    st.generations.len()
+                ))
+            })?;
+            match self.fill_slot(&mut st, index, descs) {
+                Ok(descs_ptr) => {
+                    st.generations[index] += 1;
+                    let generation = st.generations[index];
+                    if let Err(e) = self.write(self.word(index), &generation.to_le_bytes()) {
+                        // Not known to be live or released: keep it out of use.
+                        tracing::warn!("GPU handle slot {index} left out of use: {e}");
+                        return Err(e);
+                    }
+                    drop(st);
+                    let raw = RawGpuHandle {
+                        slot: self.word(index),
+                        generation,
+                        descs: descs_ptr,
+                        qp,
+                        count,
+                        flags,
+                    };
+                    let release = SlotRelease {
+                        table: self.clone(),
+                        index,
+                        _owner: owner,
+                    };
+                    Ok(GpuHandle::new(raw, Box::new(release)))
+                }
+                Err(e) => {
+                    st.free.push(index);
+                    Err(e)
+                }
             }
-            let raw = RawGpuHandle {
-                slot: self.slots.ptr() + (index * std::mem::size_of::<GpuSlot>()) as u64,
-                generation,
-            };
-            let release = SlotRelease {
-                table: self.clone(),
-                index,
-                _owner: owner,
-            };
-            Ok(GpuHandle::new(raw, Box::new(release)))
+        }
+
+        /// Writes `descs` into slot `index`'s storage (grown as needed); its address.
+        fn fill_slot(&self, st: &mut TableState, index: usize, descs: &[GpuDesc]) -> Result<u64> {
+            let bytes = std::mem::size_of_val(descs);
+            let fits = st.storage[index].as_ref().is_some_and(|b| b.len() >= bytes);
+            if !fits {
+                let old_len = st.storage[index].as_ref().map_or(0, |b| b.len());
+                let len = bytes
+                    .max(2 * old_len)
+                    .max(4 * std::mem::size_of::<GpuDesc>());
+                let buf = DeviceBuffer::alloc(&self.gpu, len)
+                    .map_err(|e| Error::Gpu(format!("allocating handle descriptors: {e}")))?;
+                if let Some(old) = st.storage[index].replace(buf) {
+                    st.outgrown.push(old);
+                }
+            }
+            let storage = st.storage[index].as_ref().expect("grown above");
+            // SAFETY: GpuDesc is repr(C) plain old data without padding (48 bytes of
+            // integers, asserted above).
+            let raw = unsafe { std::slice::from_raw_parts(descs.as_ptr().cast::<u8>(), bytes) };
+            self.write(storage.ptr(), raw)?;
+            Ok(storage.ptr())
         }
 
         fn release(&self, index: usize) {
             let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
             st.generations[index] += 1;
-            let slot = GpuSlot {
-                generation: st.generations[index],
-                ..GpuSlot::default()
-            };
+            let generation = st.generations[index];
             // A slot whose release could not be written stays out of use: a stale handle
             // must never see it live again.
-            match self.write(index, &slot) {
+            match self.write(self.word(index), &generation.to_le_bytes()) {
                 Ok(()) => st.free.push(index),
                 Err(e) => tracing::warn!("releasing GPU handle slot {index}: {e}"),
             }

@@ -97,12 +97,13 @@ __device__ __forceinline__ bool same_device(const gio_dev_qp *qp) {
 
 /* Orders this thread's earlier stores (the data) before its later ones (the signal), for
  * the peer that will see them. */
-__device__ __forceinline__ void fence_for_peer(const gio_dev_qp *qp) {
-  if (same_device(qp))
+__device__ __forceinline__ void fence_for_peer(bool peer_on_this_gpu) {
+  if (peer_on_this_gpu)
     __threadfence();
   else
     __threadfence_system();
 }
+__device__ __forceinline__ void fence_for_peer(const gio_dev_qp *qp) { fence_for_peer(same_device(qp)); }
 
 /* Atomic add on a peer's (or a local counter's) 64-bit word at the scope the peer needs. */
 __device__ __forceinline__ void peer_atomic_add(const gio_dev_qp *qp, u64 *p, u64 v) {
@@ -114,11 +115,14 @@ __device__ __forceinline__ void peer_atomic_add(const gio_dev_qp *qp, u64 *p, u6
 
 /* Signals a peer: everything this thread stored before is visible to it before the add
  * (one release reduction instead of a fence followed by an atomic). */
-__device__ __forceinline__ void peer_release_add(const gio_dev_qp *qp, u64 *p, u64 v) {
-  if (same_device(qp))
+__device__ __forceinline__ void peer_release_add(bool peer_on_this_gpu, u64 *p, u64 v) {
+  if (peer_on_this_gpu)
     asm volatile("red.release.gpu.global.add.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
   else
     asm volatile("red.release.sys.global.add.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+__device__ __forceinline__ void peer_release_add(const gio_dev_qp *qp, u64 *p, u64 v) {
+  peer_release_add(same_device(qp), p, v);
 }
 
 __device__ __forceinline__ unsigned lane_id() {

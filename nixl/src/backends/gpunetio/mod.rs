@@ -378,7 +378,7 @@ impl GpunetioBackend {
             mem: Arc::new(RequestMem {
                 qp,
                 table,
-                count: descs.len() as u32,
+                descs: descs.to_vec(),
                 _keep: keep,
             }),
             read: op == XferOp::Read,
@@ -729,15 +729,8 @@ impl Backend for GpunetioBackend {
                 // A local view's elements are sources: kernels read them through their
                 // addresses (intra-node) or name their slot (NIC path), so it needs no
                 // queue pair of its own.
-                let table = self.upload(&descs)?;
-                let ptr = table.ptr();
-                self.handles.publish(
-                    0,
-                    ptr,
-                    descs.len() as u32,
-                    SLOT_VIEW | SLOT_LOCAL,
-                    Box::new(table),
-                )
+                self.handles
+                    .publish(0, &descs, SLOT_VIEW | SLOT_LOCAL, Box::new(()))
             }
             Some(peer) => {
                 let remotes = entries
@@ -820,20 +813,10 @@ impl GpunetioBackend {
         descs: &[GpuDesc],
         keep: Vec<Arc<dyn Any + Send + Sync>>,
     ) -> Result<GpuHandle> {
-        let table = self.upload(descs)?;
-        let mem = RequestMem {
-            count: descs.len() as u32,
-            table,
-            qp,
-            _keep: keep,
-        };
-        self.handles.publish(
-            mem.qp.device_ptr(),
-            mem.table.ptr(),
-            mem.count,
-            SLOT_VIEW,
-            Box::new(mem),
-        )
+        let flags = SLOT_VIEW | qp.handle_flags();
+        let view = ViewMem { qp, _keep: keep };
+        self.handles
+            .publish(view.qp.device_ptr(), descs, flags, Box::new(view))
     }
 }
 
@@ -923,6 +906,27 @@ impl DeviceQp {
             DeviceQp::Proxy(qp) => qp.device_ptr(),
         }
     }
+
+    /// What a device handle on this queue pair may do directly: intra-node descriptors
+    /// hold both mapped addresses.
+    fn handle_flags(&self) -> u32 {
+        match self {
+            DeviceQp::IntraNode(qp) if qp.peers_on_this_gpu() => {
+                device::HANDLE_DIRECT | device::HANDLE_SAME_DEVICE
+            }
+            DeviceQp::IntraNode(_) => device::HANDLE_DIRECT,
+            DeviceQp::Proxy(_) => 0,
+        }
+    }
+}
+
+/// What a memory view's kernels read besides its descriptors (the handle table holds
+/// those): the queue pair and what keeps the peer's memory mapped.
+#[derive(Debug)]
+struct ViewMem {
+    qp: DeviceQp,
+    /// Dropped after the queue pair (declared after it).
+    _keep: Vec<Arc<dyn Any + Send + Sync>>,
 }
 
 /// What a request's kernels read: the queue pair, the descriptor table, and what keeps
@@ -930,8 +934,9 @@ impl DeviceQp {
 #[derive(Debug)]
 struct RequestMem {
     qp: DeviceQp,
+    /// The descriptors in device memory (the transfer kernel's), and on the host.
     table: DeviceBuffer,
-    count: u32,
+    descs: Vec<GpuDesc>,
     /// Dropped after the queue pair (declared after it).
     _keep: Vec<Arc<dyn Any + Send + Sync>>,
 }
@@ -996,7 +1001,7 @@ impl BackendXfer for KernelXfer {
         };
         let qp = self.mem.qp.device_ptr();
         let table = self.mem.table.ptr();
-        let count = self.mem.count;
+        let count = self.mem.descs.len() as u32;
         let read = u32::from(self.read);
         let mut launch = stream.launch_builder(&self.function);
         launch
@@ -1052,20 +1057,19 @@ impl BackendXfer for KernelXfer {
         }
         Ok(XferProgress {
             status: XferStatus::Done,
-            completed_ops: u64::from(self.mem.count),
+            completed_ops: self.mem.descs.len() as u64,
         })
     }
 
     fn op_count(&self) -> usize {
-        self.mem.count as usize
+        self.mem.descs.len()
     }
 
     fn gpu_xfer_req(&mut self) -> Result<GpuHandle> {
         self.handles.publish(
             self.mem.qp.device_ptr(),
-            self.mem.table.ptr(),
-            self.mem.count,
-            SLOT_REQUEST,
+            &self.mem.descs,
+            SLOT_REQUEST | self.mem.qp.handle_flags(),
             Box::new(self.mem.clone()),
         )
     }
