@@ -8,8 +8,8 @@ type, N x 3 numpy arrays, torch tensors or lists of tensors).
 
 Where this differs from NIXL:
 
-- Backends are ours: ``LIBFABRIC``, ``VERBS``, ``LOCAL``, ``CUDA_IPC`` (GPU builds) and
-  ``FAULT`` (failure injection for tests). ``UCX``, NIXL's default, is mapped to
+- Backends are ours: ``LIBFABRIC``, ``VERBS``, ``LOCAL``, ``CUDA_IPC`` and ``GPUNETIO``
+  (GPU builds) and ``FAULT`` (failure injection for tests). ``UCX``, NIXL's default, is mapped to
   ``LIBFABRIC`` with a logged note, so default-configured code runs.
 - Metadata exchange by IP (``send_local_metadata``, ``fetch_remote_metadata``, ...) is
   synchronous: it has happened (or raised) when the call returns, so
@@ -18,6 +18,10 @@ Where this differs from NIXL:
 - Errors raise NIXL's exception classes (``rdma_nixl._bindings.nixlNotFoundError``, ...),
   all subclasses of ``nixlError``, with the typed Rust error as attributes (``kind``,
   ``agent``, ``backend``, ``code``); a lost peer is ``nixlRemoteDisconnectError``.
+- The GPU device API (``prep_mem_view``, ``create_gpu_xfer_req``) is the ``GPUNETIO``
+  backend's, not UCX's; its handles are objects (``rdma_nixl.device``) holding the
+  40-byte kernel argument, with an int ``handle`` that the release methods accept as
+  NIXL's ints. Other backends raise ``nixlNotSupportedError``.
 """
 
 from __future__ import annotations
@@ -25,11 +29,13 @@ from __future__ import annotations
 import logging
 import pickle
 import sys
+import weakref
 from array import array
 from typing import TYPE_CHECKING, Dict, List, Optional, Union
 
 from . import _bindings as nixlBind
 from . import _core
+from . import device as _device
 from ._bindings import (
     DEFAULT_COMM_PORT,
     nixl_thread_sync_t,
@@ -38,9 +44,11 @@ from ._bindings import (
     nixlNotFoundError,
     nixlNotSupportedError,
     nixlRegDList,
+    nixlRemoteDList,
     nixlXferDList,
     nixlXferTelemetry,
 )
+from .device import nixl_gpu_handle, nixl_gpu_xfer_req_handle, nixl_mem_view_handle
 
 if TYPE_CHECKING:  # pragma: no cover
     import numpy as np
@@ -53,6 +61,8 @@ __all__ = [
     "nixl_agent",
     "nixl_agent_config",
     "nixl_backend_handle",
+    "nixl_gpu_xfer_req_handle",
+    "nixl_mem_view_handle",
     "nixl_prepped_dlist_handle",
     "nixl_thread_sync_t",
     "nixl_xfer_handle",
@@ -90,6 +100,15 @@ _PLUGIN_PARAMS: Dict[str, Dict[str, str]] = {
     },
     "LOCAL": {"num_streams": "4"} if _core.CUDA else {},
     "CUDA_IPC": {"num_streams": "4"},
+    "GPUNETIO": {
+        "gpu_devices": "0",
+        "cuda_streams": "4",
+        "network_devices": "",
+        "oob_interface": "",
+        "nic_handler": "auto",
+        "provider": "tcp;ofi_rxm",
+        "copy_depth": "4",
+    },
     "FAULT": {
         "inner": "",
         "fail_completion": "",
@@ -106,6 +125,7 @@ _PLUGIN_MEMS: Dict[str, List[str]] = {
     "VERBS": _GPU_MEMS,
     "LOCAL": _GPU_MEMS,
     "CUDA_IPC": ["DRAM_SEG", "VRAM_SEG"],
+    "GPUNETIO": ["DRAM_SEG", "VRAM_SEG"],
     "FAULT": _GPU_MEMS,
 }
 
@@ -140,6 +160,11 @@ def _index_bytes(indices) -> bytes:
 
 class _BadDescriptors(nixlInvalidParamError, TypeError):
     """Descriptors in a form the API does not take (NIXL's bindings raise TypeError)."""
+
+
+class _BadArgument(nixlInvalidParamError, TypeError):
+    """An argument of the wrong type (NIXL's bindings raise TypeError)."""
+
 
 
 nixl_backend_handle = int
@@ -259,6 +284,11 @@ class nixl_agent:
         self.plugin_list: List[str] = list(_core.Agent.available_backends())
         self.plugin_b_options: Dict[str, Dict[str, str]] = {}
         self.plugin_mem_types: Dict[str, List[str]] = {}
+        # Live device handles by their int (release_mem_view / release_gpu_xfer_req
+        # take the int, as NIXL's do).
+        self._gpu_handles: "weakref.WeakValueDictionary[int, nixl_gpu_handle]" = (
+            weakref.WeakValueDictionary()
+        )
 
         wanted = list(nixl_conf.backends)
         if instantiate_all:
@@ -553,18 +583,152 @@ class nixl_agent:
         """Releases a prepared descriptor list."""
         handle.release()
 
-    def get_remote_descs(self, descs, mem_type: Optional[str] = None):
-        """NIXL's remote lists feed its GPU-initiated memory views (UCX device API),
-        which no backend of ours has."""
-        raise nixlNotSupportedError("remote descriptor lists (memory views) are not supported")
+    # --- the GPU device API ----------------------------------------------------------
 
-    def prep_mem_view(self, dlist, *, backends: Optional[List[str]] = None) -> int:
-        """NIXL's GPU-initiated memory views (UCX device API): not supported here."""
-        raise nixlNotSupportedError("memory views (UCX GPU device API) are not supported")
+    def _device_handle(self, cls, core) -> nixl_gpu_handle:
+        h = cls(core)
+        self._gpu_handles[h.handle] = h
+        return h
 
-    def release_mem_view(self, mvh: int) -> None:
-        """See ``prep_mem_view``."""
-        raise nixlNotSupportedError("memory views (UCX GPU device API) are not supported")
+    def _live_handle(self, handle, cls, what: str) -> nixl_gpu_handle:
+        if isinstance(handle, cls):
+            return handle
+        if isinstance(handle, int) and not isinstance(handle, bool):
+            found = self._gpu_handles.get(handle)
+            if isinstance(found, cls):
+                return found
+            raise nixlInvalidParamError(
+                f"{what}: {handle:#x} is not a live {cls.__name__} of this agent"
+            )
+        raise _BadArgument(f"{what} takes a {cls.__name__} or its int, not {type(handle).__name__}")
+
+    def _device_backends(self, backends) -> List[Optional[str]]:
+        names = self._core_backends(list(backends or []))
+        return names if names else [None]
+
+    def prep_mem_view(
+        self,
+        dlist: Union[nixlXferDList, nixlRemoteDList],
+        *,
+        backends: Optional[List[str]] = None,
+    ) -> nixl_mem_view_handle:
+        """A memory view of a list for kernels (NIXL's ``prepMemView``): a
+        ``nixlXferDList`` of local memory (sources of ``nixlPut``) or a
+        ``nixlRemoteDList`` from ``get_remote_descs`` (one peer's registered memory, or
+        this agent's own: targets of ``nixlPut`` / ``nixlAtomicAdd``, ``nixlGetPtr``
+        where mapped). Element ``i`` is descriptor ``i``. Needs a ``GPUNETIO`` backend;
+        others raise ``nixlNotSupportedError``. Returns a handle object (NIXL returns an
+        int): pass ``handle.kernel_arg`` (or ``handle.raw``) to kernels; it is released
+        by ``release_mem_view`` or when collected."""
+        if isinstance(dlist, nixlRemoteDList):
+            agents = sorted(set(dlist.agents()))
+            if len(agents) != 1 or not agents[0]:
+                raise nixlInvalidParamError(
+                    "prep_mem_view: a remote list's descriptors must all name one agent "
+                    f"(got {agents})"
+                )
+            agent: Optional[str] = agents[0]
+        elif isinstance(dlist, nixlXferDList):
+            agent = None
+        else:
+            raise _BadDescriptors(
+                "prep_mem_view takes a nixlXferDList (local memory) or a nixlRemoteDList "
+                f"(from get_remote_descs), not {type(dlist).__name__}"
+            )
+        if dlist.isEmpty():
+            raise nixlInvalidParamError("prep_mem_view: a memory view needs at least one descriptor")
+        kind, packed = dlist._core_kind(), dlist._packed_bytes()
+        last = None
+        for name in self._device_backends(backends):
+            try:
+                core = self.agent.prep_mem_view(agent, kind, packed, name)
+            except nixlBind.nixlError as e:
+                last = e
+                continue
+            return self._device_handle(nixl_mem_view_handle, core)
+        raise last
+
+    def release_mem_view(self, mvh: Union[nixl_mem_view_handle, int]) -> None:
+        """Releases a memory view (the handle, or its int). Only after the kernels using
+        it finished; kernels given it later get ``NIXL_ERR_INVALID_PARAM``."""
+        h = self._live_handle(mvh, nixl_mem_view_handle, "release_mem_view")
+        self._gpu_handles.pop(h.handle, None)
+        h.release()
+
+    def create_gpu_xfer_req(self, req_hndl: nixl_xfer_handle) -> nixl_gpu_xfer_req_handle:
+        """A handle for kernels to post a transfer request's descriptors themselves
+        (NIXL's ``createGpuXferReq``): descriptor ``i`` of the request is ``desc_idx``
+        ``i`` of ``nixlGpuPostSingleWriteXferReq`` / ``nixlGpuPostSignalXferReq``. The
+        request's backend must be ``GPUNETIO`` (``nixlNotSupportedError`` otherwise).
+        Released by ``release_gpu_xfer_req`` or when collected; keep the request alive
+        while kernels use it."""
+        if not isinstance(req_hndl, nixl_xfer_handle):
+            raise _BadArgument(
+                f"create_gpu_xfer_req takes a nixl_xfer_handle, not {type(req_hndl).__name__}"
+            )
+        core = req_hndl._handle.create_gpu_xfer_req()
+        return self._device_handle(nixl_gpu_xfer_req_handle, core)
+
+    def release_gpu_xfer_req(self, gpu_req_hndl: Union[nixl_gpu_xfer_req_handle, int]) -> None:
+        """Releases a GPU request handle (NIXL's ``releaseGpuXferReq``), or its int."""
+        h = self._live_handle(gpu_req_hndl, nixl_gpu_xfer_req_handle, "release_gpu_xfer_req")
+        self._gpu_handles.pop(h.handle, None)
+        h.release()
+
+    def get_gpu_signal_size(self, backends: List[str] = []) -> int:  # noqa: B006
+        """Bytes of a signal word for ``nixlGpuPostSignalXferReq`` (NIXL's
+        ``getGpuSignalSize``): 8."""
+        self._core_backends(backends)
+        return _device.GPU_SIGNAL_SIZE
+
+    def prep_gpu_signal(
+        self,
+        signal_descs,
+        mem_type: Optional[str] = None,
+        backends: List[str] = [],  # noqa: B006
+    ) -> None:
+        """Prepares signal words (NIXL's ``prepGpuSignal``): zeroes the first
+        ``get_gpu_signal_size()`` bytes of each descriptor, which must be VRAM, 8-byte
+        aligned and at least that long (``nixlInvalidParamError`` otherwise). Takes
+        what ``register_memory`` or ``get_xfer_descs`` take."""
+        self._core_backends(backends)
+        descs = _any_descs(self, signal_descs, mem_type)
+        if descs is None:
+            raise _BadDescriptors("prep_gpu_signal: descriptors in a form it does not take")
+        if descs.getType() != nixlBind.VRAM_SEG:
+            raise nixlInvalidParamError(
+                f"prep_gpu_signal: signal words are VRAM, not {descs.getType().name}"
+            )
+        for i in range(descs.descCount()):
+            addr, length, dev = descs._triple(i)
+            if length < _device.GPU_SIGNAL_SIZE:
+                raise nixlInvalidParamError(
+                    f"prep_gpu_signal: descriptor {i} has {length} bytes, a signal needs "
+                    f"{_device.GPU_SIGNAL_SIZE}"
+                )
+            _device.prep_gpu_signal(addr, dev)
+
+    def get_remote_descs(
+        self,
+        descs: Union[nixlRemoteDList, list],
+        mem_type: Optional[str] = None,
+    ) -> Optional[nixlRemoteDList]:
+        """A remote list (the peers' memory a memory view targets) from
+        ``(addr, len, dev_id, agent_name)`` tuples with a memory type, or a
+        ``nixlRemoteDList`` (returned as is). ``None`` (logged) for anything else, as
+        NIXL."""
+        if isinstance(descs, nixlRemoteDList):
+            return descs
+        if isinstance(descs, (list, tuple)) and descs and isinstance(descs[0], tuple):
+            if mem_type is not None and len(descs[0]) == 4:
+                return nixlRemoteDList(self.nixl_mems[mem_type], descs)
+            if mem_type is None:
+                logger.error("Please specify a mem type")
+            else:
+                logger.error(
+                    "4-tuple list (addr, len, dev_id, agent_name) needed for remote descriptors"
+                )
+        return None
 
     # --- notifications -------------------------------------------------------------
 
@@ -792,6 +956,16 @@ class nixl_agent:
     def deserialize_descs(self, serialized_descs: bytes):
         """Inverse of ``get_serialized_descs``."""
         return pickle.loads(serialized_descs)
+
+
+def _any_descs(agent: "nixl_agent", descs, mem_type: Optional[str]):
+    """A registration or transfer list from what either of their builders takes."""
+    if isinstance(descs, (nixlRegDList, nixlXferDList)):
+        return descs
+    if isinstance(descs, (list, tuple)) and descs and isinstance(descs[0], tuple):
+        if len(descs[0]) == 3:
+            return agent.get_xfer_descs(descs, mem_type)
+    return agent.get_reg_descs(descs, mem_type)
 
 
 def _as_list(descs):

@@ -2,8 +2,9 @@
 
 Constants keep NIXL's values (``nixl_mem_t.FILE_SEG`` is 4 as in NIXL, whatever the
 core numbers it), the exception classes keep NIXL's names (all subclasses of our
-``nixlError``), and the descriptor lists ``nixlXferDList`` / ``nixlRegDList`` have the
-methods of NIXL's (``descCount``, ``getType``, ``append``, indexing, pickling).
+``nixlError``), and the descriptor lists ``nixlXferDList`` / ``nixlRegDList`` /
+``nixlRemoteDList`` have the methods of NIXL's (``descCount``, ``getType``, ``append``,
+indexing, pickling).
 """
 
 from __future__ import annotations
@@ -35,6 +36,10 @@ from ._core import (  # noqa: F401  (re-exported)
 
 DEFAULT_COMM_PORT = 8888
 NIXL_INIT_AGENT = ""
+# NIXL's probe for UCX's GPU device API: no UCX here. Our device API is the GPUNETIO
+# backend's (HAVE_GPU_DEVICE_API: this build has it).
+HAVE_UCX_GPU_DEVICE_API = False
+HAVE_GPU_DEVICE_API = bool(_core.CUDA)
 
 
 class nixl_mem_t(IntEnum):
@@ -271,8 +276,8 @@ class nixlXferDList(_DList):
     __slots__ = ()
 
 
-class nixlRegDList(_DList):
-    """A registration descriptor list: (addr, len, dev_id, meta) of one memory type."""
+class _TaggedDList(_DList):
+    """Descriptors with a fourth field per descriptor (``_tag`` converts it)."""
 
     __slots__ = ("_meta",)
     _width = 4
@@ -281,29 +286,21 @@ class nixlRegDList(_DList):
         self._meta: list = []
         super().__init__(mem_type, descs)
 
+    @staticmethod
+    def _tag(value):
+        raise NotImplementedError
+
     def _add_meta_defaults(self, n: int) -> None:
-        self._meta.extend([b""] * n)
+        self._meta.extend([self._tag(b"")] * n)
 
     def _add_meta(self, descs) -> None:
-        self._meta.extend(
-            d[3].encode() if isinstance(d[3], str) else bytes(d[3]) for d in descs
-        )
-
-    def _check(self, d) -> Desc3:
-        if isinstance(d, (tuple, list)) and len(d) == 3:
-            d = (*d, b"")
-        return super()._check(d)
+        self._meta.extend(self._tag(d[3]) for d in descs)
 
     def append(self, desc) -> None:
         super().append(desc)
-        meta = desc[3] if len(desc) == 4 else b""
-        self._meta.append(meta.encode() if isinstance(meta, str) else bytes(meta))
+        self._meta.append(self._tag(desc[3] if len(desc) == 4 else b""))
 
     addDesc = append
-
-    def trim(self) -> None:
-        """NIXL's trim() drops per-descriptor metadata it no longer needs."""
-        self._meta = [b""] * self.descCount()
 
     def clear(self) -> None:
         super().clear()
@@ -321,8 +318,7 @@ class nixlRegDList(_DList):
     def __setitem__(self, index: int, desc) -> None:
         i = self._norm(index)
         super().__setitem__(i, desc)
-        meta = desc[3] if len(desc) == 4 else b""
-        self._meta[i] = meta.encode() if isinstance(meta, str) else bytes(meta)
+        self._meta[i] = self._tag(desc[3] if len(desc) == 4 else b"")
 
     def __eq__(self, other) -> bool:
         return super().__eq__(other) and self._meta == other._meta
@@ -335,6 +331,44 @@ class nixlRegDList(_DList):
     def __setstate__(self, state) -> None:
         super().__setstate__(state[:2])
         self._meta = list(state[2])
+
+
+class nixlRegDList(_TaggedDList):
+    """A registration descriptor list: (addr, len, dev_id, meta) of one memory type."""
+
+    __slots__ = ()
+
+    @staticmethod
+    def _tag(value) -> bytes:
+        return value.encode() if isinstance(value, str) else bytes(value)
+
+    def _check(self, d) -> Desc3:
+        if isinstance(d, (tuple, list)) and len(d) == 3:
+            d = (*d, b"")
+        return super()._check(d)
+
+    def trim(self) -> None:
+        """NIXL's trim() drops per-descriptor metadata it no longer needs."""
+        self._meta = [b""] * self.descCount()
+
+
+class nixlRemoteDList(_TaggedDList):
+    """A remote descriptor list: (addr, len, dev_id, agent_name) of one memory type, the
+    peers' memory a memory view (``prep_mem_view``) targets."""
+
+    __slots__ = ()
+
+    @staticmethod
+    def _tag(value) -> str:
+        if isinstance(value, (bytes, bytearray, memoryview)):
+            value = bytes(value).decode()
+        if not isinstance(value, str):
+            raise ValueError(f"a remote descriptor's agent name must be a str, not {value!r}")
+        return value
+
+    def agents(self) -> list:
+        """The agent name of each descriptor."""
+        return list(self._meta)
 
 
 class nixlXferTelemetry:

@@ -10,6 +10,20 @@ from typing import Dict, List, Optional, Tuple
 
 __version__: str
 CUDA: bool
+GPU_SIGNAL_SIZE: int
+"""Bytes of a signal word (8)."""
+GPU_HANDLE_SIZE: int
+"""Bytes of a device handle's kernel argument (40)."""
+DEVICE_HEADERS: List[Tuple[str, str]]
+"""The device headers by include name: ``nixl/nixl_device.cuh`` and gpunetio's."""
+
+def prep_gpu_signal(ptr: int, dev: int) -> None:
+    """Zeroes the 8-byte signal word at device address ``ptr`` of GPU ``dev``."""
+def gpu_arch(dev: int) -> str:
+    """``"compute_XY"`` of GPU ``dev``."""
+def _test_gpu_handle(kind: str, slot: int) -> GpuHandle:
+    """A handle whose release only counts (tests without a GPU)."""
+def _test_released() -> int: ...
 
 class nixlError(Exception):
     kind: str
@@ -53,6 +67,34 @@ class Xfer:
         """``"DONE"`` or ``"PROC"``; raises on failure (terminal)."""
     def telemetry(self) -> Tuple[int, int, int, int, int]:
         """(start_us, post_duration_us, xfer_duration_us, total_bytes, desc_count)."""
+    def create_gpu_xfer_req(self) -> GpuHandle:
+        """``nixlGpuXferReqH`` of this request (GPUNETIO; else nixlNotSupportedError)."""
+    def release(self) -> None: ...
+
+class GpuHandle:
+    """A device handle (``nixlGpuXferReqH`` / ``nixlMemViewH``); released explicitly or
+    when collected."""
+
+    @property
+    def raw(self) -> bytes:
+        """The 40-byte kernel argument (little-endian ``nixl_gpu_handle``)."""
+    @property
+    def kind(self) -> str:
+        """``"xfer_req"`` or ``"mem_view"``."""
+    @property
+    def slot(self) -> int: ...
+    @property
+    def generation(self) -> int: ...
+    @property
+    def descs(self) -> int: ...
+    @property
+    def qp(self) -> int: ...
+    @property
+    def count(self) -> int: ...
+    @property
+    def flags(self) -> int: ...
+    @property
+    def released(self) -> bool: ...
     def release(self) -> None: ...
 
 class Agent:
@@ -114,6 +156,14 @@ class Agent:
         notif: Optional[bytes] = None,
         backend: Optional[str] = None,
     ) -> Xfer: ...
+    def prep_mem_view(
+        self,
+        agent: Optional[str],
+        mem_type: int,
+        packed: bytes,
+        backend: Optional[str] = None,
+    ) -> GpuHandle:
+        """``nixlMemViewH`` of a list: local (``agent`` None) or a peer's memory."""
     def gen_notif(self, agent: str, msg: bytes) -> None: ...
     def get_notifs(self) -> Dict[str, List[bytes]]: ...
     def shutdown(self) -> None: ...

@@ -5,6 +5,7 @@
 //! TCP, loading a peer, posting and polling) runs with the GIL released.
 
 use crate::descs;
+use crate::device::GpuHandle;
 use crate::errors::{nixlInvalidParamError, nixlNotFoundError, IntoPyResult};
 use crate::xfer::{Dlist, Xfer};
 use nixl::{Agent as RustAgent, AgentConfig, BackendParams, Desc, DescList, MemKind, XferOp};
@@ -467,6 +468,34 @@ impl Agent {
             })
             .py_err()?;
         Ok(Xfer::new(req))
+    }
+
+    /// A memory view of a list for kernels (NIXL's `prepMemView`): `agent` `None` for
+    /// local memory (sources of `nixlPut`), a peer's name (or this agent's own) for its
+    /// memory (targets of `nixlPut` / `nixlAtomicAdd`). `backend` names the backend;
+    /// `None` takes the first whose device API accepts the list.
+    #[pyo3(signature = (agent, mem_type, packed, backend=None))]
+    fn prep_mem_view(
+        &self,
+        py: Python<'_>,
+        agent: Option<String>,
+        mem_type: u8,
+        packed: &[u8],
+        backend: Option<String>,
+    ) -> PyResult<GpuHandle> {
+        let list = descs::list(mem_type, packed)?;
+        if list.is_empty() {
+            return Err(nixlInvalidParamError::new_err(
+                "a memory view needs at least one descriptor",
+            ));
+        }
+        let view = py
+            .detach(|| {
+                let prepared = self.agent.prep_xfer_dlist(agent.as_deref(), &list)?;
+                self.agent.prep_mem_view(&prepared, backend.as_deref())
+            })
+            .py_err()?;
+        Ok(GpuHandle::from_mem_view(view))
     }
 
     /// Sends a standalone notification.

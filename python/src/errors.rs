@@ -163,6 +163,7 @@ fn kind_name(e: &nixl::Error) -> &'static str {
         E::NotDeviceMemory { .. } => "NotDeviceMemory",
         E::Gpu(_) => "Gpu",
         E::Unreachable { .. } => "Unreachable",
+        E::NotSupported { .. } => "NotSupported",
         E::Io(_) => "Io",
         _ => "Unknown",
     }
@@ -186,7 +187,7 @@ pub fn to_py(e: nixl::Error) -> PyErr {
         | E::UnknownAgent(_)
         | E::UnknownBackend(_)
         | E::NoCommonBackend { .. } => nixlNotFoundError::new_err(message),
-        E::UnsupportedMemKind { .. } | E::Unreachable { .. } => {
+        E::UnsupportedMemKind { .. } | E::Unreachable { .. } | E::NotSupported { .. } => {
             nixlNotSupportedError::new_err(message)
         }
         E::MalformedMetadata(_) => nixlMismatchError::new_err(message),
@@ -210,9 +211,9 @@ pub fn to_py(e: nixl::Error) -> PyErr {
             | E::NoCommonBackend { agent, .. } => (Some(agent), None, None),
             E::Backend { backend, code, .. } => (None, Some(backend), Some(i64::from(*code))),
             E::Unreachable { backend, agent, .. } => (Some(agent), Some(backend), None),
-            E::UnsupportedMemKind { backend, .. } | E::UnknownBackend(backend) => {
-                (None, Some(backend), None)
-            }
+            E::UnsupportedMemKind { backend, .. }
+            | E::UnknownBackend(backend)
+            | E::NotSupported { backend, .. } => (None, Some(backend), None),
             E::Io(io) => (None, None, io.raw_os_error().map(i64::from)),
             _ => (None, None, None),
         };

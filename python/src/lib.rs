@@ -1,12 +1,15 @@
 //! `rdma_nixl._core`: the Rust side of the `rdma_nixl` Python package.
 //!
-//! The classes here ([`agent::Agent`], [`xfer::Dlist`], [`xfer::Xfer`]) are thin
-//! wrappers over the `nixl` crate; `rdma_nixl/_api.py` builds NIXL's Python API
-//! (`nixl_agent`, `nixl_agent_config`) on them, with NIXL's signatures, defaults and
-//! return values. Errors are raised as NIXL's exception classes ([`errors`]).
+//! The classes here ([`agent::Agent`], [`xfer::Dlist`], [`xfer::Xfer`],
+//! [`device::GpuHandle`]) are thin wrappers over the `nixl` crate; `rdma_nixl/_api.py`
+//! builds NIXL's Python API (`nixl_agent`, `nixl_agent_config`) on them, with NIXL's
+//! signatures, defaults and return values, and `rdma_nixl/device.py` the device API's
+//! helpers (headers, compile options, kernel arguments). Errors are raised as NIXL's
+//! exception classes ([`errors`]).
 
 mod agent;
 mod descs;
+mod device;
 mod errors;
 mod xfer;
 
@@ -17,6 +20,14 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<agent::Agent>()?;
     m.add_class::<xfer::Dlist>()?;
     m.add_class::<xfer::Xfer>()?;
+    m.add_class::<device::GpuHandle>()?;
+    m.add_function(wrap_pyfunction!(device::prep_gpu_signal, m)?)?;
+    m.add_function(wrap_pyfunction!(device::gpu_arch, m)?)?;
+    m.add_function(wrap_pyfunction!(device::_test_gpu_handle, m)?)?;
+    m.add_function(wrap_pyfunction!(device::_test_released, m)?)?;
+    m.add("GPU_SIGNAL_SIZE", device::GPU_SIGNAL_SIZE)?;
+    m.add("GPU_HANDLE_SIZE", device::RAW_SIZE)?;
+    m.add("DEVICE_HEADERS", device::headers())?;
     errors::add_to(m)?;
     m.add("CUDA", cfg!(feature = "cuda"))?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

@@ -4,6 +4,7 @@
 //! value is dropped, which for an in-flight request cancels it (the agent's contract:
 //! nothing more is issued, and its notification never arrives before all of its data).
 
+use crate::device::GpuHandle;
 use crate::errors::{nixlInvalidParamError, IntoPyResult};
 use nixl::{PostParams, XferDlist, XferReq, XferStatus};
 use pyo3::prelude::*;
@@ -165,6 +166,15 @@ impl Xfer {
                 t.desc_count as u64,
             )
         })
+    }
+
+    /// A handle for kernels to post this request's descriptors themselves (NIXL's
+    /// `createGpuXferReq`): descriptor `i` is `desc_idx` `i` of the device calls. The
+    /// request's backend must have a device API (`GPUNETIO`), else
+    /// `nixlNotSupportedError`.
+    fn create_gpu_xfer_req(&self, py: Python<'_>) -> PyResult<GpuHandle> {
+        self.with(py, |req| req.create_gpu_xfer_req())
+            .map(GpuHandle::from_xfer_req)
     }
 
     /// Releases the request (idempotent); one in flight is canceled.
