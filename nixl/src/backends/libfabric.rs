@@ -28,8 +28,10 @@
 //! no pidfd can be opened). Measured here, a SIGKILLed peer over `shm` (which never reports one
 //! itself: only the 30 s stall timeout caught it before) is reported 2-3 ms after the
 //! kill, over `tcp;ofi_rxm` and `sockets` in 4-6 ms (`nixl/tests/dead_peer.rs`). A peer
-//! on another host, or one whose pid namespace differs, is left to the transport and to
-//! the stall timeout.
+//! on another host (or in another pid namespace) that vanishes — its link cut, its
+//! machine killed — is found by heartbeats ([`conn`]): the peer's own thread sends one
+//! every `heartbeat_ms` over a TCP connection of its own, and `heartbeat_misses`
+//! intervals of silence (0.5 s by default) fail its transfers with `RemoteDisconnect`.
 //!
 //! Without a progress thread (`AgentConfig::progress_thread = false`) there are no
 //! workers: posting issues what it can, and the caller's `XferReq::status` and
@@ -93,7 +95,8 @@
 //! sleep — default `0`: spin while busy and for 20 ms after any activity, incoming
 //! remote operations included (1 s where there is no wait fd), then sleep on the
 //! queue's wait fd or nap; see
-//! the `idle` module for what wakes a worker).
+//! the `idle` module for what wakes a worker), `heartbeat_ms` (default 100; 0: no
+//! heartbeats) and `heartbeat_misses` (default 5; see [`conn`]).
 //!
 //! Staging: `vram_mode` (`auto`: direct where possible, else staged — the default;
 //! `staged`: always staged, and the provider is opened without `FI_HMEM`; `direct`: a
@@ -104,12 +107,14 @@
 //! `stage_dram` (`1`: DRAM registrations are staged too, with `memcpy` for the copies —
 //! the pipeline end to end without a GPU, for tests).
 
+mod conn;
 mod idle;
 mod liveness;
 mod stage_net;
 mod vram;
 mod worker;
 
+use super::heartbeat::{HeartbeatConfig, Hub, PeerWatch};
 use super::shared::NotifTracker;
 use super::staging::{self, Failure, NetError, Plan, RunSink, RunSpec, Side, StageNet};
 use crate::agent::Agent;
@@ -119,13 +124,14 @@ use crate::backend::{
 };
 use crate::error::{Error, Result};
 use crate::mem::{MemKind, Region};
+use conn::{encode_conn_info, parse_conn_info, start_hub, watch_peer};
 use fabric::{
     Access, Address, AddressVector, AvType, Caps, CompletionQueue, Counter, CqFormat, Domain,
     EndpointBuilder, EndpointType, Fabric, HmemIface, Info, InfoBuilder, MemoryRegion,
     RegisteredBuffer, RemoteMemory, WaitObj,
 };
 use idle::IdleWait;
-use liveness::{Liveness, ProcessId};
+use liveness::Liveness;
 use stage_net::{failure_of, FabAddr, FabricSink, Stager};
 use std::any::Any;
 use std::collections::{HashMap, VecDeque};
@@ -204,6 +210,8 @@ struct Peer {
     addrs: Arc<PeerAddrs>,
     /// The peer's process, where the OS can tell us when it ends (same host).
     liveness: Option<Arc<Liveness>>,
+    /// The peer's heartbeats, where both sides send them (see [`conn`]).
+    watch: Option<Arc<PeerWatch>>,
 }
 
 /// A peer's address in each rail's AV. Removed from the AVs only when the last holder
@@ -251,6 +259,8 @@ pub struct LibfabricBackend {
     stage_dram: bool,
     /// The first staged VRAM registration was logged with its reason.
     staged_logged: AtomicBool,
+    /// Sends heartbeats to the peers that watch this backend, watches those it loaded.
+    hub: Option<Hub>,
 }
 
 /// How VRAM registrations are made (parameter `vram_mode`).
@@ -315,6 +325,8 @@ fn open(agent: &Agent, params: &BackendParams) -> Result<LibfabricBackend> {
         "staging_chunk",
         "staging_chunks",
         "stage_dram",
+        HeartbeatConfig::KEYS[0],
+        HeartbeatConfig::KEYS[1],
     ];
     if let Some(key) = params.keys().find(|k| !KNOWN.contains(&k.as_str())) {
         return Err(Error::InvalidParam(format!(
@@ -358,6 +370,7 @@ fn open(agent: &Agent, params: &BackendParams) -> Result<LibfabricBackend> {
             "{NAME}: staging_chunks must be 2..=1024, not {chunks}"
         )));
     }
+    let heartbeat = HeartbeatConfig::parse(NAME, params)?;
     let (info, direct_refusal) = choose_info(params, vram_mode)?;
     let provider = info.provider_name().to_string();
     let hmem = info.caps().contains(Caps::HMEM);
@@ -411,6 +424,12 @@ fn open(agent: &Agent, params: &BackendParams) -> Result<LibfabricBackend> {
         vram_mode,
         stage_dram,
         staged_logged: AtomicBool::new(false),
+        hub: start_hub(
+            heartbeat,
+            agent.name(),
+            params.get("node").map(String::as_str),
+            agent.listen_addr().map(|a| a.ip()),
+        )?,
     };
     let mut workers = Vec::with_capacity(backend.rails.len());
     for (index, rail) in backend.rails.iter().enumerate() {
@@ -655,36 +674,6 @@ impl RemoteMd for FabricRemoteMd {
     }
 }
 
-/// Connection information: the rail list, then (from peers that can tell) the
-/// process identity that [`liveness`] watches.
-fn parse_conn_info(bytes: &[u8]) -> Result<(Vec<Vec<u8>>, Option<ProcessId>)> {
-    let (names, rest) = split_rail_list(bytes, "connection info")?;
-    Ok((names, ProcessId::decode(rest)?))
-}
-
-/// `count:u8 (len:u16le name)*` at the start of `bytes`, and what follows it.
-fn split_rail_list<'a>(bytes: &'a [u8], what: &str) -> Result<(Vec<Vec<u8>>, &'a [u8])> {
-    let bad = |why: &str| Error::MalformedMetadata(format!("{NAME} {what}: {why}"));
-    let (&count, mut rest) = bytes.split_first().ok_or_else(|| bad("empty"))?;
-    if count == 0 {
-        return Err(bad("no rails"));
-    }
-    let mut out = Vec::with_capacity(count as usize);
-    for _ in 0..count {
-        if rest.len() < 2 {
-            return Err(bad("truncated"));
-        }
-        let len = u16::from_le_bytes([rest[0], rest[1]]) as usize;
-        rest = &rest[2..];
-        if rest.len() < len {
-            return Err(bad("truncated"));
-        }
-        out.push(rest[..len].to_vec());
-        rest = &rest[len..];
-    }
-    Ok((out, rest))
-}
-
 impl Backend for LibfabricBackend {
     fn name(&self) -> &str {
         NAME
@@ -728,22 +717,20 @@ impl Backend for LibfabricBackend {
     }
 
     fn connection_info(&self) -> Result<Vec<u8>> {
-        let mut out = vec![self.rails.len() as u8];
-        for rail in &self.rails {
-            let name = rail.ep.name().map_err(fabric_error)?;
-            out.extend_from_slice(&(name.len() as u16).to_le_bytes());
-            out.extend_from_slice(&name);
-        }
-        if let Some(me) = ProcessId::current() {
-            me.encode(&mut out);
-        }
-        Ok(out)
+        let names = self
+            .rails
+            .iter()
+            .map(|rail| rail.ep.name().map_err(fabric_error))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(encode_conn_info(&names, self.hub.as_ref()))
     }
 
     fn load_remote_conn_info(&self, agent: &str, info: &[u8]) -> Result<()> {
-        let (names, process) = parse_conn_info(info)?;
+        let parsed = parse_conn_info(info)?;
+        let names = &parsed.names;
         if let Some(old) = self.common.peers.read().expect("peers lock").get(agent) {
-            if old.conn_info == info {
+            // The same peer, unless its heartbeats stopped: then watch it afresh.
+            if old.conn_info == info && !old.watch.as_ref().is_some_and(|w| w.is_dead()) {
                 return Ok(());
             }
         }
@@ -765,7 +752,8 @@ impl Backend for LibfabricBackend {
             Peer {
                 conn_info: info.to_vec(),
                 addrs,
-                liveness: process.as_ref().and_then(Liveness::watch),
+                liveness: parsed.process.as_ref().and_then(Liveness::watch),
+                watch: watch_peer(self.hub.as_ref(), agent, &parsed),
             },
         );
         if let Some(old) = old {
@@ -934,6 +922,7 @@ impl Backend for LibfabricBackend {
             notif_dest: peer.addrs.addrs[0],
             peer: peer.addrs.clone(),
             liveness: peer.liveness.clone(),
+            watch: peer.watch.clone(),
             self_name: self.agent_name.clone(),
             sender_hash: self.sender_hash,
             next_seq: self.next_seq.clone(),
@@ -944,14 +933,17 @@ impl Backend for LibfabricBackend {
     }
 
     fn gen_notif(&self, agent: &str, msg: &[u8]) -> Result<()> {
-        let dest = self
+        let (dest, watch) = self
             .common
             .peers
             .read()
             .expect("peers lock")
             .get(agent)
-            .map(|p| p.addrs.clone())
+            .map(|p| (p.addrs.clone(), p.watch.clone()))
             .ok_or_else(|| Error::UnknownAgent(agent.to_string()))?;
+        if let Some(watch) = watch {
+            watch.check(agent)?;
+        }
         let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
         let message = encode_notif(&self.agent_name, self.sender_hash, seq, 0, msg)?;
         send_message_blocking(&self.rails[0], dest, &message, &self.progress)
@@ -1145,14 +1137,28 @@ struct FabricXfer {
     peer: Arc<PeerAddrs>,
     /// The peer's process, where the OS answers for it: its end fails the transfer.
     liveness: Option<Arc<Liveness>>,
+    /// The peer's heartbeats: their end fails the transfer.
+    watch: Option<Arc<PeerWatch>>,
     progress: Arc<Progress>,
+}
+
+impl FabricXfer {
+    /// `Err(RemoteDisconnect)` once the peer's process ended (same host) or its
+    /// heartbeats stopped (any host).
+    fn peer_alive(&self) -> Result<()> {
+        if let Some(watch) = &self.watch {
+            watch.check(&self.agent)?;
+        }
+        if let Some(liveness) = &self.liveness {
+            liveness.check(&self.agent)?;
+        }
+        Ok(())
+    }
 }
 
 impl BackendXfer for FabricXfer {
     fn post(&mut self, notif: Option<&[u8]>, _params: &PostParams) -> Result<XferStatus> {
-        if let Some(liveness) = &self.liveness {
-            liveness.check(&self.agent)?;
-        }
+        self.peer_alive()?;
         let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
         let key = (u64::from(self.sender_hash) << 32) | u64::from(seq);
         let staged_units: u64 = self
@@ -1241,9 +1247,7 @@ impl BackendXfer for FabricXfer {
         if !done {
             // A provider that never reports a dead peer (shm) would leave only the stall
             // timeout: the OS tells sooner.
-            if let Some(liveness) = &self.liveness {
-                liveness.check(&self.agent)?;
-            }
+            self.peer_alive()?;
         }
         Ok(XferProgress {
             status: if done {
@@ -1412,93 +1416,4 @@ mod probe_tests;
 mod staged_tests;
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn notification_messages_round_trip_and_reject_garbage() {
-        let m = encode_notif("prefill-7", 0xdead_beef, 42, 15_000, b"kv ready").unwrap();
-        let (key, expected, sender, msg) = decode_notif(&m).unwrap();
-        assert_eq!(key, (0xdead_beefu64 << 32) | 42);
-        assert_eq!(
-            (expected, sender.as_str(), msg.as_slice()),
-            (15_000, "prefill-7", &b"kv ready"[..])
-        );
-        for cut in 0..m.len() {
-            assert!(decode_notif(&m[..cut]).is_err());
-        }
-        assert!(encode_notif("a", 1, 1, 0, &vec![0; MAX_NOTIF_BYTES]).is_err());
-    }
-
-    /// shm advertises FI_HMEM even in a libfabric built without CUDA (this machine's and
-    /// the GPU machine's): the direct registration is then refused, typed `Unsupported`
-    /// (`vram_mode=direct` opens the FI_HMEM variant to see the provider's own answer).
-    /// `auto` keeps the provider's plain variant unless a probe registration succeeds.
-    #[test]
-    fn direct_vram_registration_is_refused_typed_where_libfabric_has_no_cuda() {
-        let agent = Agent::new("hmem-probe", crate::AgentConfig::default()).unwrap();
-        for provider in ["shm", "tcp;ofi_rxm"] {
-            let auto: BackendParams = [("provider".to_string(), provider.to_string())].into();
-            let auto = open(&agent, &auto).unwrap();
-            assert!(
-                !auto.has_hmem(),
-                "{provider}: FI_HMEM kept without a working probe"
-            );
-            println!(
-                "{provider} auto: staged because {}",
-                auto.direct_vram_refusal().unwrap()
-            );
-            let params: BackendParams = [
-                ("provider".to_string(), provider.to_string()),
-                ("vram_mode".to_string(), "direct".to_string()),
-            ]
-            .into();
-            let backend = open(&agent, &params).unwrap();
-            let host = vec![0u8; 1 << 16];
-            let region = Region {
-                kind: MemKind::Vram,
-                desc: crate::Desc::from_slice(&host),
-            };
-            let want_hmem = cfg!(feature = "cuda");
-            match backend.register_direct(&region, 0) {
-                Err(e @ fabric::Error::Unsupported { .. }) => {
-                    println!("{provider} (FI_HMEM {}): {e}", backend.has_hmem());
-                }
-                Err(e) => panic!("{provider}: untyped refusal {e:?}"),
-                Ok(_) => panic!("{provider}: host memory registered as CUDA memory"),
-            }
-            if provider == "shm" {
-                assert_eq!(backend.has_hmem(), want_hmem, "shm's FI_HMEM variant");
-            }
-        }
-    }
-
-    #[test]
-    fn rails_default_to_one_per_four_cores_where_a_cpu_copies() {
-        assert_eq!(default_rails("tcp;ofi_rxm", 2), 1);
-        assert_eq!(default_rails("shm", 16), 1);
-        assert_eq!(default_rails("tcp;ofi_rxm", 8), 2);
-        assert_eq!(default_rails("sockets", 64), 4);
-        assert_eq!(default_rails("efa", 64), 1);
-        assert_eq!(default_rails("cxi", 16), 1);
-    }
-
-    #[test]
-    fn connection_info_parsing_is_bounded() {
-        assert!(parse_conn_info(&[]).is_err());
-        assert!(parse_conn_info(&[0]).is_err());
-        assert!(parse_conn_info(&[1, 5, 0, 1]).is_err());
-        // What follows the rail list is the process identity, or nothing.
-        assert_eq!(
-            parse_conn_info(&[1, 1, 0, 9]).unwrap(),
-            (vec![vec![9]], None)
-        );
-        assert!(parse_conn_info(&[1, 1, 0, 9, 9]).is_err());
-        let mut info = vec![1, 1, 0, 9];
-        ProcessId::current().unwrap().encode(&mut info);
-        assert_eq!(
-            parse_conn_info(&info).unwrap(),
-            (vec![vec![9]], ProcessId::current())
-        );
-    }
-}
+mod tests;

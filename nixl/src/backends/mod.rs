@@ -14,6 +14,7 @@ pub mod fault;
 pub mod file;
 #[cfg(feature = "cuda")]
 pub mod gpunetio;
+mod heartbeat;
 pub mod libfabric;
 pub mod local;
 mod shared;

@@ -52,6 +52,11 @@ impl ProcessId {
         })
     }
 
+    /// Whether this process runs on the same host (boot) as this one.
+    pub(super) fn on_this_host(&self) -> bool {
+        ProcessId::current().is_some_and(|me| me.boot_id == self.boot_id)
+    }
+
     pub(super) fn encode(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(MAGIC);
         out.push(VERSION);

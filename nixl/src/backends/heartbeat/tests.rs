@@ -1,0 +1,237 @@
+use super::*;
+
+const MS: Duration = Duration::from_millis(1);
+
+fn config(ms: u32, misses: u32) -> HeartbeatConfig {
+    let params: BackendParams = [
+        ("heartbeat_ms".to_string(), ms.to_string()),
+        ("heartbeat_misses".to_string(), misses.to_string()),
+    ]
+    .into();
+    HeartbeatConfig::parse("T", &params).unwrap()
+}
+
+#[test]
+fn parameters_default_on_and_are_checked() {
+    let default = HeartbeatConfig::parse("T", &BackendParams::new()).unwrap();
+    assert_eq!(default, HeartbeatConfig::default());
+    assert_eq!(default.wire_ms(), DEFAULT_INTERVAL_MS);
+    assert_eq!(default.misses, DEFAULT_MISSES);
+    let off = config(0, 3);
+    assert_eq!((off.interval, off.wire_ms()), (None, 0));
+    for (key, value) in [
+        ("heartbeat_ms", "60001"),
+        ("heartbeat_ms", "-1"),
+        ("heartbeat_misses", "0"),
+        ("heartbeat_misses", "x"),
+    ] {
+        let params: BackendParams = [(key.to_string(), value.to_string())].into();
+        let err = HeartbeatConfig::parse("T", &params).unwrap_err();
+        assert!(
+            matches!(err, Error::InvalidParam(_)),
+            "{key}={value}: {err}"
+        );
+    }
+}
+
+/// Misses are counted in the peer's intervals; the peer is dead only once the silence
+/// outlasts `misses` of them, and any heartbeat starts the count again.
+#[test]
+fn misses_are_counted_and_a_beat_resets_them() {
+    let t0 = Instant::now();
+    let mut beat = Beat::new(t0, 100, &config(100, 5));
+    assert!(beat.watched());
+    assert_eq!(beat.deadline(), Some(t0 + 500 * MS));
+    assert_eq!(beat.missed(t0 + 99 * MS), 0);
+    assert_eq!(beat.missed(t0 + 100 * MS), 1);
+    assert_eq!(beat.missed(t0 + 499 * MS), 4);
+    assert!(
+        beat.verdict(t0 + 500 * MS).is_none(),
+        "5 missed: not yet more"
+    );
+    let why = beat.verdict(t0 + 501 * MS).expect("dead after 5 intervals");
+    assert!(why.contains("no heartbeat") && why.contains("5"), "{why}");
+    // A heartbeat (even a late one) brings it back to zero.
+    beat.heard(t0 + 450 * MS);
+    assert_eq!(beat.missed(t0 + 500 * MS), 0);
+    assert!(beat.verdict(t0 + 900 * MS).is_none());
+    assert!(beat.verdict(t0 + 951 * MS).is_some());
+    // Time never goes backwards: an older "heard" changes nothing.
+    beat.heard(t0);
+    assert_eq!(beat.deadline(), Some(t0 + 950 * MS));
+}
+
+/// A peer slower than this side (a longer interval) is judged by its own interval; a
+/// peer whose heartbeats come irregularly but within the bound is never declared dead.
+#[test]
+fn a_slow_but_alive_peer_is_not_declared_dead() {
+    let t0 = Instant::now();
+    // The peer beats every second; this side's own interval is 100 ms.
+    let beat = Beat::new(t0, 1000, &config(100, 3));
+    assert!(beat.verdict(t0 + 2900 * MS).is_none());
+    assert!(beat.verdict(t0 + 3001 * MS).is_some());
+    // Heartbeats every 100 ms, each up to 4 intervals late: never dead.
+    let mut beat = Beat::new(t0, 100, &config(100, 5));
+    let mut now = t0;
+    for i in 0..1000u32 {
+        now += (100 + (i % 5) * 100) * MS;
+        assert!(beat.verdict(now).is_none(), "declared dead at beat {i}");
+        beat.heard(now);
+    }
+}
+
+#[test]
+fn a_peer_without_heartbeats_or_heartbeats_off_here_is_not_watched() {
+    let t0 = Instant::now();
+    let hour = t0 + Duration::from_secs(3600);
+    for beat in [
+        Beat::new(t0, 0, &config(100, 5)),
+        Beat::new(t0, 100, &config(0, 5)),
+    ] {
+        assert!(!beat.watched());
+        assert_eq!((beat.deadline(), beat.missed(hour)), (None, 0));
+        assert!(beat.verdict(hour).is_none());
+    }
+}
+
+#[test]
+fn the_pacer_sends_once_per_interval_and_never_when_off() {
+    let t0 = Instant::now();
+    let mut pacer = Pacer::new(t0, &config(100, 5));
+    assert!(pacer.due(t0), "the first one at once");
+    assert!(!pacer.due(t0 + 99 * MS));
+    assert_eq!(pacer.next(), Some(t0 + 100 * MS));
+    assert!(pacer.due(t0 + 130 * MS));
+    assert_eq!(pacer.next(), Some(t0 + 230 * MS));
+    let mut off = Pacer::new(t0, &config(0, 5));
+    assert!(!off.due(t0 + Duration::from_secs(10)));
+    assert_eq!(off.next(), None);
+    assert_eq!(poll_timeout(t0, [t0 + 130 * MS].into_iter(), 50 * MS), 50);
+    assert_eq!(
+        poll_timeout(t0, [t0 + 3 * MS / 2, t0 + 9 * MS].into_iter(), 50 * MS),
+        2
+    );
+    assert_eq!(poll_timeout(t0 + MS, [t0].into_iter(), 50 * MS), 0);
+}
+
+#[test]
+fn hub_addresses_round_trip_and_decoding_is_bounded() {
+    for addr in ["10.1.2.3:4567", "[fe80::1]:9"] {
+        let hub = HubAddr {
+            nonce: 0x0123_4567_89ab_cdef,
+            addr: addr.parse().unwrap(),
+        };
+        let mut wire = Vec::new();
+        hub.encode(&mut wire);
+        wire.extend_from_slice(b"rest");
+        assert!(HubAddr::starts(&wire));
+        assert_eq!(HubAddr::decode(&wire).unwrap(), (hub, &b"rest"[..]));
+        for cut in 0..wire.len() - 4 {
+            assert!(
+                HubAddr::decode(&wire[..cut]).is_err(),
+                "{addr} cut at {cut}"
+            );
+        }
+        let mut bad = wire.clone();
+        bad[13] = 5;
+        assert!(HubAddr::decode(&bad).is_err());
+        bad = wire.clone();
+        bad[4] = 9;
+        assert!(HubAddr::decode(&bad)
+            .unwrap_err()
+            .to_string()
+            .contains("version 9"));
+    }
+}
+
+fn hub(name: &str, ms: u32, misses: u32) -> Hub {
+    Hub::start(
+        "TEST",
+        name,
+        "127.0.0.1".parse().unwrap(),
+        config(ms, misses),
+    )
+    .unwrap()
+}
+
+/// Waits (bounded) until `watch` reports the peer dead; returns how long it took.
+fn time_to_death(watch: &PeerWatch, bound: Duration) -> Duration {
+    let since = Instant::now();
+    while watch.check("peer").is_ok() {
+        assert!(since.elapsed() < bound, "never declared dead");
+        std::thread::sleep(MS);
+    }
+    since.elapsed()
+}
+
+/// Two hubs over loopback: a live peer stays alive; one that falls silent (a vanished
+/// host) is declared dead within the bound, typed; watching it again once it speaks is
+/// a fresh, live watch; a peer whose hub is dropped is seen at once.
+#[test]
+fn a_silent_peer_is_declared_dead_and_a_reloaded_one_is_watched_again() {
+    let watcher = hub("watcher", 100, 5);
+    let target = hub("target", 100, 5);
+    let watch = watcher
+        .watch("target", target.addr())
+        .unwrap()
+        .expect("both sides beat");
+    std::thread::sleep(Duration::from_millis(1500));
+    watch.check("target").expect("a live peer stays alive");
+
+    target.set_silent(true);
+    let took = time_to_death(&watch, Duration::from_secs(5));
+    println!("silent peer declared dead after {took:?}");
+    assert!(
+        took >= Duration::from_millis(400),
+        "dead too early: {took:?}"
+    );
+    match watch.check("target").unwrap_err() {
+        Error::RemoteDisconnect { agent, reason } => {
+            assert_eq!(agent, "target");
+            assert!(reason.contains("no heartbeat"), "{reason}");
+        }
+        other => panic!("{other:?}"),
+    }
+
+    // Re-added (the peer's metadata loaded again): a new watch, alive.
+    target.set_silent(false);
+    drop(watch);
+    let watch = watcher.watch("target", target.addr()).unwrap().unwrap();
+    std::thread::sleep(Duration::from_millis(800));
+    watch.check("target").expect("the re-added peer is alive");
+
+    // The peer's backend (its hub) gone: its socket closes, seen within a wake-up.
+    drop(target);
+    let took = time_to_death(&watch, Duration::from_secs(2));
+    println!("closed peer declared dead after {took:?}");
+}
+
+/// A stale address (the peer restarted: another incarnation) is refused, typed; a
+/// peer with heartbeats off is not watched; nobody listening is an I/O error.
+#[test]
+fn stale_off_and_absent_peers() {
+    let watcher = hub("watcher", 100, 5);
+    let target = hub("target", 100, 5);
+    let mut stale = target.addr();
+    stale.nonce ^= 1;
+    assert!(matches!(
+        watcher.watch("target", stale),
+        Err(Error::RemoteDisconnect { .. })
+    ));
+    let quiet = hub("quiet", 0, 5);
+    assert!(watcher.watch("quiet", quiet.addr()).unwrap().is_none());
+    assert!(quiet.watch("target", target.addr()).unwrap().is_none());
+    let absent = target.addr();
+    drop(target);
+    assert!(watcher.watch("target", absent).is_err());
+}
+
+/// A peer beating slowly (every 300 ms) is judged by its interval, not the watcher's.
+#[test]
+fn a_peer_with_a_longer_interval_stays_alive() {
+    let watcher = hub("watcher", 50, 3);
+    let slow = hub("slow", 300, 3);
+    let watch = watcher.watch("slow", slow.addr()).unwrap().unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    watch.check("slow").expect("alive");
+}

@@ -1,0 +1,207 @@
+//! Connection information and the liveness of peers on other hosts.
+//!
+//! The connection information is the rail list (each rail's endpoint name), then, from
+//! peers that can tell, the process identity that [`super::liveness`] watches (a peer on
+//! this host), then the address of the peer's heartbeat hub ([`super::super::heartbeat`]).
+//!
+//! A peer on another host that vanishes (its link cut, its machine killed) is reported
+//! by no provider in time: `tcp;ofi_rxm` and `sockets` keep retrying for minutes. So
+//! each backend runs a heartbeat hub: a listener on the backend's address (`node` where
+//! it is an IP address, else the agent's listen address, else loopback, then only peers
+//! on this host use it) and one thread. Loading a peer's connection information connects
+//! to the peer's hub, which then sends a heartbeat every `heartbeat_ms` (default 100)
+//! from its own thread, whatever data the peer moves; after `heartbeat_misses` (default
+//! 5) intervals of silence the peer is declared dead and every transfer to it — in
+//! flight or posted later — and every notification fails with
+//! [`crate::Error::RemoteDisconnect`]. Measured between two network namespaces with the
+//! link cut mid-transfer: see `nixl/tests/netns_libfabric.rs`. A peer whose hub cannot be
+//! reached when it is loaded is logged and left to the transport and the stall timeout.
+
+use super::liveness::ProcessId;
+use super::{Error, Result, NAME};
+use crate::backends::heartbeat::{HeartbeatConfig, Hub, HubAddr, PeerWatch};
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::Arc;
+
+/// What a peer's connection information says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct PeerInfo {
+    /// Each rail's endpoint name.
+    pub(super) names: Vec<Vec<u8>>,
+    /// The peer's process, where it could tell.
+    pub(super) process: Option<ProcessId>,
+    /// The peer's heartbeat hub, where it runs one.
+    pub(super) hub: Option<HubAddr>,
+}
+
+/// This backend's connection information: `names` (each rail's endpoint name), this
+/// process's identity and the hub's address.
+pub(super) fn encode_conn_info(names: &[Vec<u8>], hub: Option<&Hub>) -> Vec<u8> {
+    let mut out = vec![names.len() as u8];
+    for name in names {
+        out.extend_from_slice(&(name.len() as u16).to_le_bytes());
+        out.extend_from_slice(name);
+    }
+    if let Some(me) = ProcessId::current() {
+        me.encode(&mut out);
+    }
+    if let Some(hub) = hub {
+        hub.addr().encode(&mut out);
+    }
+    out
+}
+
+/// Parses connection information (bounded against hostile input).
+pub(super) fn parse_conn_info(bytes: &[u8]) -> Result<PeerInfo> {
+    let (names, mut rest) = split_rail_list(bytes, "connection info")?;
+    let mut process = None;
+    if !rest.is_empty() && !HubAddr::starts(rest) {
+        let n = rest.len().min(super::liveness::WIRE_SIZE);
+        process = ProcessId::decode(&rest[..n])?;
+        rest = &rest[n..];
+    }
+    let mut hub = None;
+    if !rest.is_empty() {
+        let (addr, tail) = HubAddr::decode(rest)?;
+        if !tail.is_empty() {
+            return Err(Error::MalformedMetadata(format!(
+                "{NAME} connection info: trailing bytes"
+            )));
+        }
+        hub = Some(addr);
+    }
+    Ok(PeerInfo {
+        names,
+        process,
+        hub,
+    })
+}
+
+/// `count:u8 (len:u16le name)*` at the start of `bytes`, and what follows it.
+fn split_rail_list<'a>(bytes: &'a [u8], what: &str) -> Result<(Vec<Vec<u8>>, &'a [u8])> {
+    let bad = |why: &str| Error::MalformedMetadata(format!("{NAME} {what}: {why}"));
+    let (&count, mut rest) = bytes.split_first().ok_or_else(|| bad("empty"))?;
+    if count == 0 {
+        return Err(bad("no rails"));
+    }
+    let mut out = Vec::with_capacity(count as usize);
+    for _ in 0..count {
+        if rest.len() < 2 {
+            return Err(bad("truncated"));
+        }
+        let len = u16::from_le_bytes([rest[0], rest[1]]) as usize;
+        rest = &rest[2..];
+        if rest.len() < len {
+            return Err(bad("truncated"));
+        }
+        out.push(rest[..len].to_vec());
+        rest = &rest[len..];
+    }
+    Ok((out, rest))
+}
+
+/// Starts this backend's heartbeat hub (`None` with `heartbeat_ms=0`), on `node` where
+/// it is an IP address, else on the agent's listen address, else on loopback.
+pub(super) fn start_hub(
+    config: HeartbeatConfig,
+    agent: &str,
+    node: Option<&str>,
+    agent_addr: Option<IpAddr>,
+) -> Result<Option<Hub>> {
+    if config.interval.is_none() {
+        return Ok(None);
+    }
+    let ip = node
+        .and_then(|n| n.parse::<IpAddr>().ok())
+        .filter(|ip| !ip.is_unspecified())
+        .or(agent_addr.filter(|ip| !ip.is_unspecified()))
+        .unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST));
+    Ok(Some(Hub::start(NAME, agent, ip, config)?))
+}
+
+/// Watches `agent` through its hub where both sides run one: `None` where either has
+/// heartbeats off, or the peer's hub is on loopback of another host, or it cannot be
+/// reached (logged: the peer is then left to the transport and the stall timeout).
+pub(super) fn watch_peer(
+    hub: Option<&Hub>,
+    agent: &str,
+    peer: &PeerInfo,
+) -> Option<Arc<PeerWatch>> {
+    let (hub, at) = (hub?, peer.hub?);
+    if at.addr.ip().is_loopback() && !peer.process.is_some_and(|p| p.on_this_host()) {
+        tracing::debug!(
+            peer = agent,
+            "{NAME}: the peer's heartbeat hub is on its loopback"
+        );
+        return None;
+    }
+    match hub.watch(agent, at) {
+        Ok(watch) => watch,
+        Err(e) => {
+            tracing::warn!(
+                peer = agent,
+                hub = %at.addr,
+                error = %e,
+                "{NAME}: no heartbeats from this peer (a vanished host will be found only \
+                 by the transport or the stall timeout)"
+            );
+            None
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::SocketAddr;
+
+    #[test]
+    fn connection_info_parsing_is_bounded() {
+        assert!(parse_conn_info(&[]).is_err());
+        assert!(parse_conn_info(&[0]).is_err());
+        assert!(parse_conn_info(&[1, 5, 0, 1]).is_err());
+        // What follows the rail list is the process identity, then the hub, or nothing.
+        let bare = PeerInfo {
+            names: vec![vec![9]],
+            process: None,
+            hub: None,
+        };
+        assert_eq!(parse_conn_info(&[1, 1, 0, 9]).unwrap(), bare);
+        assert!(parse_conn_info(&[1, 1, 0, 9, 9]).is_err());
+        let me = ProcessId::current().unwrap();
+        let hub = HubAddr {
+            nonce: 7,
+            addr: SocketAddr::from(([10, 0, 0, 1], 4000)),
+        };
+        let mut info = vec![1, 1, 0, 9];
+        me.encode(&mut info);
+        let with_process = PeerInfo {
+            process: Some(me),
+            ..bare.clone()
+        };
+        assert_eq!(parse_conn_info(&info).unwrap(), with_process);
+        hub.encode(&mut info);
+        let full = PeerInfo {
+            hub: Some(hub),
+            ..with_process
+        };
+        assert_eq!(parse_conn_info(&info).unwrap(), full);
+        // Every cut is malformed but the one between the identity and the hub.
+        let between = 4 + super::super::liveness::WIRE_SIZE;
+        for cut in (5..info.len()).filter(|&c| c != between) {
+            assert!(parse_conn_info(&info[..cut]).is_err(), "cut at {cut}");
+        }
+        info.push(0);
+        assert!(parse_conn_info(&info).is_err(), "trailing bytes");
+        // A hub without a process identity (a peer where /proc does not answer).
+        let mut info = vec![1, 1, 0, 9];
+        hub.encode(&mut info);
+        assert_eq!(
+            parse_conn_info(&info).unwrap(),
+            PeerInfo {
+                hub: Some(hub),
+                ..bare
+            }
+        );
+    }
+}

@@ -1,0 +1,219 @@
+use super::*;
+
+#[test]
+fn notification_messages_round_trip_and_reject_garbage() {
+    let m = encode_notif("prefill-7", 0xdead_beef, 42, 15_000, b"kv ready").unwrap();
+    let (key, expected, sender, msg) = decode_notif(&m).unwrap();
+    assert_eq!(key, (0xdead_beefu64 << 32) | 42);
+    assert_eq!(
+        (expected, sender.as_str(), msg.as_slice()),
+        (15_000, "prefill-7", &b"kv ready"[..])
+    );
+    for cut in 0..m.len() {
+        assert!(decode_notif(&m[..cut]).is_err());
+    }
+    assert!(encode_notif("a", 1, 1, 0, &vec![0; MAX_NOTIF_BYTES]).is_err());
+}
+
+/// shm advertises FI_HMEM even in a libfabric built without CUDA (this machine's and
+/// the GPU machine's): the direct registration is then refused, typed `Unsupported`
+/// (`vram_mode=direct` opens the FI_HMEM variant to see the provider's own answer).
+/// `auto` keeps the provider's plain variant unless a probe registration succeeds.
+#[test]
+fn direct_vram_registration_is_refused_typed_where_libfabric_has_no_cuda() {
+    let agent = Agent::new("hmem-probe", crate::AgentConfig::default()).unwrap();
+    for provider in ["shm", "tcp;ofi_rxm"] {
+        let auto: BackendParams = [("provider".to_string(), provider.to_string())].into();
+        let auto = open(&agent, &auto).unwrap();
+        assert!(
+            !auto.has_hmem(),
+            "{provider}: FI_HMEM kept without a working probe"
+        );
+        println!(
+            "{provider} auto: staged because {}",
+            auto.direct_vram_refusal().unwrap()
+        );
+        let params: BackendParams = [
+            ("provider".to_string(), provider.to_string()),
+            ("vram_mode".to_string(), "direct".to_string()),
+        ]
+        .into();
+        let backend = open(&agent, &params).unwrap();
+        let host = vec![0u8; 1 << 16];
+        let region = Region {
+            kind: MemKind::Vram,
+            desc: crate::Desc::from_slice(&host),
+        };
+        let want_hmem = cfg!(feature = "cuda");
+        match backend.register_direct(&region, 0) {
+            Err(e @ fabric::Error::Unsupported { .. }) => {
+                println!("{provider} (FI_HMEM {}): {e}", backend.has_hmem());
+            }
+            Err(e) => panic!("{provider}: untyped refusal {e:?}"),
+            Ok(_) => panic!("{provider}: host memory registered as CUDA memory"),
+        }
+        if provider == "shm" {
+            assert_eq!(backend.has_hmem(), want_hmem, "shm's FI_HMEM variant");
+        }
+    }
+}
+
+#[test]
+fn rails_default_to_one_per_four_cores_where_a_cpu_copies() {
+    assert_eq!(default_rails("tcp;ofi_rxm", 2), 1);
+    assert_eq!(default_rails("shm", 16), 1);
+    assert_eq!(default_rails("tcp;ofi_rxm", 8), 2);
+    assert_eq!(default_rails("sockets", 64), 4);
+    assert_eq!(default_rails("efa", 64), 1);
+    assert_eq!(default_rails("cxi", 16), 1);
+}
+
+/// Two agents of this process (so the pidfd watch is out of play: only heartbeats can
+/// tell): the target's hub falls silent, as a vanished host's would. The initiator's
+/// WRITEs — one in flight and the next post — and its notifications fail with
+/// `RemoteDisconnect` within the bound; the target speaking again and its metadata
+/// loaded anew, transfers run again. Over `tcp;ofi_rxm` and `sockets`.
+#[test]
+fn a_silent_peer_host_fails_transfers_typed_and_a_reloaded_one_works() {
+    use crate::{params, Desc, DescList, XferOp, XferStatus};
+    for provider in ["tcp;ofi_rxm", "sockets"] {
+        let tag = provider.replace(';', "_");
+        let target = Agent::new(format!("hb-tgt-{tag}"), crate::AgentConfig::default()).unwrap();
+        let target_backend = Arc::new(open(&target, &params([("provider", provider)])).unwrap());
+        target.add_backend(target_backend.clone()).unwrap();
+        let initiator =
+            Agent::new(format!("hb-init-{tag}"), crate::AgentConfig::default()).unwrap();
+        initiator
+            .create_backend("LIBFABRIC", &params([("provider", provider)]))
+            .unwrap();
+        let len = 4 << 20;
+        let src = vec![7u8; len];
+        let mut dst = vec![0u8; len];
+        let dst_p = dst.as_mut_ptr() as u64;
+        let one = |p: u64| DescList::from_descs(MemKind::Dram, [Desc::new(p, len as u64, 0)]);
+        // SAFETY: both buffers outlive the registrations and the requests.
+        let _hi = unsafe { initiator.register_mem(&one(src.as_ptr() as u64), None) }.unwrap();
+        // SAFETY: as above.
+        let _ht = unsafe { target.register_mem(&one(dst_p), None) }.unwrap();
+        let name = initiator
+            .load_remote_metadata(&target.local_metadata().unwrap())
+            .unwrap();
+        let write = || {
+            initiator
+                .create_xfer_req(
+                    XferOp::Write,
+                    &one(src.as_ptr() as u64),
+                    &one(dst_p),
+                    &name,
+                    Some(b"w".to_vec()),
+                )
+                .unwrap()
+        };
+        let mut req = write();
+        req.post().unwrap();
+        req.wait(Duration::from_secs(10)).unwrap();
+        // A live peer stays alive across several bounds.
+        std::thread::sleep(Duration::from_millis(1500));
+        req.post().unwrap();
+        req.wait(Duration::from_secs(10)).unwrap();
+
+        target_backend.hub.as_ref().unwrap().set_silent(true);
+        let since = Instant::now();
+        let err = loop {
+            let outcome = match req.status() {
+                Ok(XferStatus::Done) => req.post().map(|_| ()),
+                Ok(XferStatus::InProgress) => Ok(()),
+                Err(e) => Err(e),
+            };
+            if let Err(e) = outcome {
+                break e;
+            }
+            assert!(
+                since.elapsed() < Duration::from_secs(20),
+                "{provider}: hang"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        };
+        let took = since.elapsed();
+        println!("{provider}: silent peer -> {err} after {took:?}");
+        assert!(
+            matches!(&err, Error::RemoteDisconnect { agent, reason }
+                if *agent == name && reason.contains("no heartbeat")),
+            "{provider}: {err:?}"
+        );
+        assert!(took < Duration::from_secs(5), "{provider}: after {took:?}");
+        // Future work fails at once, typed.
+        assert!(matches!(req.post(), Err(Error::RemoteDisconnect { .. })));
+        assert!(matches!(
+            initiator.gen_notif(&name, b"n"),
+            Err(Error::RemoteDisconnect { .. })
+        ));
+        drop(req);
+
+        // The host is back; its metadata is loaded again: a fresh watch, data moves.
+        target_backend.hub.as_ref().unwrap().set_silent(false);
+        initiator.invalidate_remote(&name).unwrap();
+        initiator
+            .load_remote_metadata(&target.local_metadata().unwrap())
+            .unwrap();
+        let mut req = write();
+        req.post().unwrap();
+        req.wait(Duration::from_secs(10)).unwrap();
+        std::thread::sleep(Duration::from_millis(1000));
+        req.post().unwrap();
+        req.wait(Duration::from_secs(10)).unwrap();
+        drop(req);
+        assert!(dst.iter().all(|&b| b == 7), "{provider}: data delivered");
+    }
+}
+
+/// A peer that is busy moving data (back-to-back 32 MiB WRITEs for 3 s over
+/// `tcp;ofi_rxm`, both workers copying) is never declared dead: heartbeats come from a
+/// thread that moves no data, over a connection of their own.
+#[test]
+fn a_busy_live_peer_is_not_declared_dead() {
+    use crate::{params, Desc, DescList, XferOp};
+    let make = |name: &str| {
+        let agent = Agent::new(name, crate::AgentConfig::default()).unwrap();
+        agent
+            .create_backend("LIBFABRIC", &params([("provider", "tcp;ofi_rxm")]))
+            .unwrap();
+        agent
+    };
+    let initiator = make("hb-busy-init");
+    let target = make("hb-busy-tgt");
+    let len = 32 << 20;
+    let src = vec![3u8; len];
+    let mut dst = vec![0u8; len];
+    let dst_p = dst.as_mut_ptr() as u64;
+    let one = |p: u64| DescList::from_descs(MemKind::Dram, [Desc::new(p, len as u64, 0)]);
+    // SAFETY: both buffers outlive the registrations and the request.
+    let _hi = unsafe { initiator.register_mem(&one(src.as_ptr() as u64), None) }.unwrap();
+    // SAFETY: as above.
+    let _ht = unsafe { target.register_mem(&one(dst_p), None) }.unwrap();
+    let name = initiator
+        .load_remote_metadata(&target.local_metadata().unwrap())
+        .unwrap();
+    let mut req = initiator
+        .create_xfer_req(
+            XferOp::Write,
+            &one(src.as_ptr() as u64),
+            &one(dst_p),
+            &name,
+            None,
+        )
+        .unwrap();
+    let since = Instant::now();
+    let mut posts = 0;
+    while since.elapsed() < Duration::from_secs(3) {
+        req.post().unwrap();
+        req.wait(Duration::from_secs(20)).unwrap();
+        posts += 1;
+    }
+    println!(
+        "{posts} WRITEs of 32 MiB in {:?}, peer alive",
+        since.elapsed()
+    );
+    drop(req);
+    assert!(dst.iter().all(|&b| b == 3));
+}
