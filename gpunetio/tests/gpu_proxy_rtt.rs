@@ -67,6 +67,16 @@ fn pin(cpu: usize) {
 
 /// The kernel pings a host thread (pinned to `cpu`) through two host-mapped words.
 fn host_ping(gpu: &Gpu, m: &Arc<CudaModule>, cpu: usize) -> (f64, f64, f64) {
+    host_ping_mode(gpu, m, cpu, None)
+}
+
+/// As [`host_ping`], the GPU side storing as `gio_rtt_host_ping_mode`'s `mode` says.
+fn host_ping_mode(
+    gpu: &Gpu,
+    m: &Arc<CudaModule>,
+    cpu: usize,
+    mode: Option<u32>,
+) -> (f64, f64, f64) {
     let mut words = HostBuffer::alloc(gpu, 128).expect("pinned");
     words.as_mut_slice().fill(0);
     let base = words.device_ptr().expect("mapped");
@@ -96,13 +106,23 @@ fn host_ping(gpu: &Gpu, m: &Arc<CudaModule>, cpu: usize) -> (f64, f64, f64) {
                 std::hint::spin_loop();
             }
         });
-        let f = m.load_function("gio_rtt_host_ping").expect("kernel");
+        let name = if mode.is_some() {
+            "gio_rtt_host_ping_mode"
+        } else {
+            "gio_rtt_host_ping"
+        };
+        let f = m.load_function(name).expect("kernel");
         let stream = gpu.new_stream().expect("stream");
         let (to_host, from_host, iters, rtt) = (base, base + 64, ITERS, raw.ptr());
+        let mode = mode.unwrap_or(0);
         let mut l = stream.launch_builder(&f);
         l.arg(&to_host).arg(&from_host).arg(&iters).arg(&rtt);
-        // SAFETY: gio_rtt_host_ping(u64*, const u64*, u64, u64*); the buffers outlive the
-        // synchronize; the kernel gives up after a silent second.
+        if name == "gio_rtt_host_ping_mode" {
+            l.arg(&mode);
+        }
+        // SAFETY: gio_rtt_host_ping(u64*, const u64*, u64, u64*) or
+        // gio_rtt_host_ping_mode(.., unsigned); the buffers outlive the synchronize; the
+        // kernel gives up after a silent second.
         unsafe { l.launch(one_thread()) }.expect("launch");
         stream.synchronize().expect("kernel");
         stop.store(1, Ordering::Relaxed);
@@ -170,6 +190,22 @@ fn gpu_proxy_post_to_proxy_latency() {
         ),
     ];
     let mut lines = Vec::new();
+    // What each store pattern of a ring post costs on the way to the host thread.
+    for round in 0..2 {
+        for (mode, what) in [
+            (0, "one relaxed store"),
+            (1, "one release store"),
+            (2, "high-level post: 4 payload stores + release store"),
+            (3, "4 payload stores + relaxed store (unordered)"),
+            (4, "low-level post: 11 field stores + release store"),
+            (5, "8 relaxed flagged words"),
+        ] {
+            let (m, p, min) = host_ping_mode(&gpu, &ping, ping_cpu, Some(mode));
+            lines.push(format!(
+                "round {round}: host ping [{what}]: median {m:.2} us, p99 {p:.2} us, min {min:.2} us"
+            ));
+        }
+    }
     for round in 0..2 {
         let (hm, hp, hmin) = host_ping(&gpu, &ping, ping_cpu);
         lines.push(format!(
