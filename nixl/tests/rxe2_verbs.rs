@@ -6,13 +6,11 @@
 //! Tested: WRITE and READ with the data verified on both sides, each notification
 //! arriving only after its data; and the target's host going away in the middle of a
 //! transfer — its link cut (eth0 down in guest `b`) or its whole guest killed (the QEMU
-//! process): no FIN or RST comes from a vanished host, so the side channel says nothing.
-//! Today the initiator's transfer ends in `Stalled` at the stall timeout (30 s, the
-//! default), not in `RemoteDisconnect`, although RC on the same link reports
-//! `RETRY_EXC_ERR` within a second (ibverbs/tests/rxe2_rc.rs): the `*_fails_typed` tests
-//! assert a typed error and no hang, and the `#[ignore]`d `*_within_bound` tests assert
-//! what issue 14 asks (`RemoteDisconnect` within [`BOUND`]). The real figures are
-//! printed. Outside the two-guest suite the tests print why they skip.
+//! process): no FIN or RST comes from a vanished host, so the side channel's EOF says
+//! nothing; its heartbeats stop. The `*_within_bound` tests assert what issue 14 asks:
+//! the initiator's transfer ends in `RemoteDisconnect` within [`BOUND`], with the default
+//! stall timeout (30 s), never a hang. The real figures are printed. Outside the
+//! two-guest suite the tests print why they skip.
 
 mod common;
 
@@ -27,11 +25,9 @@ const LEN: usize = 1 << 20;
 const BLOCK: usize = 64 << 10;
 /// Bound on `RemoteDisconnect` after the host went away: the issue's (its goal is 1 s),
 /// generous for a loaded 2-core machine. (The RC transport alone, with the backend's
-/// default `qp_timeout` of 18 — 1.07 s per try — and 7 retries, gives up only after
-/// about 8.6 s: meeting it takes a liveness signal of the backend's own.)
+/// default `qp_timeout` of 18 — 1.07 s per try — and 6 retries, gives up only after
+/// about 7.5 s: meeting it takes the backend's heartbeats, 0.5 s of silence.)
 const BOUND: Duration = Duration::from_secs(5);
-/// Past the stall timeout, how late the typed error may come on a loaded machine.
-const SLACK: Duration = Duration::from_secs(10);
 const TARGET: &str = "rxe2-target";
 const INITIATOR: &str = "rxe2-initiator";
 const SEED_WRITE: u8 = 0x5a;
@@ -278,24 +274,6 @@ fn host_goes_away(label: &str, how: Gone) -> Option<(Error, Duration)> {
     Some((err, took))
 }
 
-/// The typed error a vanished host must end a transfer in, never a hang:
-/// `RemoteDisconnect` naming the target, or `Stalled` once the (default) stall timeout
-/// passed without progress — what the backend reports today (see the module docs).
-fn assert_typed_error(label: &str, outcome: Option<(Error, Duration)>) {
-    let Some((err, took)) = outcome else { return };
-    let stall = AgentConfig::default().stall_timeout;
-    match err {
-        Error::RemoteDisconnect { agent, .. } => assert_eq!(agent, TARGET),
-        Error::Stalled(after) => assert_eq!(after, stall),
-        other => panic!("{label}: expected RemoteDisconnect or Stalled, got {other:?}"),
-    }
-    let bound = stall + SLACK;
-    assert!(
-        took < bound,
-        "{label}: typed error after {took:?} (bound {bound:?})"
-    );
-}
-
 /// What the issue asks: `RemoteDisconnect` within [`BOUND`], well before the stall
 /// timeout.
 fn assert_remote_disconnect(label: &str, outcome: Option<(Error, Duration)>) {
@@ -314,28 +292,11 @@ const LINK_CUT: &str = "the target's link cut mid-transfer";
 const GUEST_KILLED: &str = "the target's whole guest killed mid-transfer";
 
 #[test]
-fn link_cut_mid_transfer_fails_typed() {
-    assert_typed_error(LINK_CUT, host_goes_away(LINK_CUT, Gone::LinkCut));
-}
-
-#[test]
-fn guest_killed_mid_transfer_fails_typed() {
-    assert_typed_error(
-        GUEST_KILLED,
-        host_goes_away(GUEST_KILLED, Gone::GuestKilled),
-    );
-}
-
-#[test]
-#[ignore = "defect: a vanished host ends VERBS transfers in Stalled at the stall timeout \
-            (30 s), not RemoteDisconnect (raw RC here reports RETRY_EXC_ERR in 0.35 s: \
-            ibverbs/tests/rxe2_rc.rs); run with --ignored once fixed"]
 fn link_cut_is_remote_disconnect_within_bound() {
     assert_remote_disconnect(LINK_CUT, host_goes_away(LINK_CUT, Gone::LinkCut));
 }
 
 #[test]
-#[ignore = "defect: as link_cut_is_remote_disconnect_within_bound"]
 fn guest_killed_is_remote_disconnect_within_bound() {
     assert_remote_disconnect(
         GUEST_KILLED,

@@ -47,9 +47,15 @@
 //! The side-channel TCP connection stays open as a liveness signal: when the peer's
 //! process dies, its kernel closes the socket, our side-channel thread sees the EOF
 //! within milliseconds, moves our QPs to the error state (flushing in-flight work) and
-//! every transfer to that peer fails with [`Error::RemoteDisconnect`]. A peer that
-//! disappears without closing the socket (host crash) is caught by the RC transport
-//! itself: retries exhausted → `IBV_WC_RETRY_EXC_ERR` → [`Error::RemoteDisconnect`].
+//! every transfer to that peer fails with [`Error::RemoteDisconnect`]. A peer whose host
+//! disappears (its link cut, its machine killed) closes nothing: the side channel also
+//! carries heartbeats ([`super::heartbeat`]). The target's side-channel thread, which
+//! moves no data, sends one byte on every incoming connection's socket each
+//! `heartbeat_ms` (default 100, advertised in the handshake's reply); the initiator's
+//! declares the peer dead after `heartbeat_misses` (default 5) of its intervals without
+//! one — 0.5 s — and kills the connection as above. Behind that, the RC transport
+//! itself gives up after `retry_cnt` retries (default 6: rxe retries forever at 7)
+//! of `qp_timeout` each: `IBV_WC_RETRY_EXC_ERR` → [`Error::RemoteDisconnect`].
 //!
 //! # Notifications
 //! With a notification, the last WRITE of each rail's share of a transfer is an
@@ -107,7 +113,9 @@
 //! channel, default `<GID's IP>:0`; required where the GID is no IP address, e.g. on
 //! InfiniBand), `topology_xml` (path of an hwloc XML export), `qp_timeout` (the RC
 //! local ACK timeout exponent, 4.096 µs × 2^n per try, default
-//! [`DEFAULT_QP_TIMEOUT`]).
+//! [`DEFAULT_QP_TIMEOUT`]), `retry_cnt` (RC retries, 0..=7, default
+//! [`DEFAULT_RETRY_CNT`]), `heartbeat_ms` (default 100; 0: no heartbeats) and
+//! `heartbeat_misses` (default 5): see "Connections" above.
 //!
 //! Staging, named as `LIBFABRIC` names them: `vram_mode` (`auto`: direct where possible,
 //! else staged — the default; `staged`: always staged; `direct`: a refused direct
@@ -127,6 +135,7 @@ mod xfer;
 #[cfg(test)]
 mod tests;
 
+use super::heartbeat::{Beat, HeartbeatConfig, Pacer};
 use super::shared::NotifTracker;
 use crate::agent::Agent;
 use crate::backend::{
@@ -160,10 +169,14 @@ pub const NAME: &str = "VERBS";
 pub const DEFAULT_STRIPING_THRESHOLD: usize = 128 << 10;
 /// Default RC local ACK timeout exponent: 4.096 µs × 2^18 ≈ 1.07 s per try (UCX's RC
 /// timeout is 1 s, NCCL's default exponent 20). A dead peer process is seen at once
-/// through the side channel; this only bounds a silent one (host or link gone): about
-/// 8.6 s with 7 retries. Shorter timeouts make soft-RoCE under load retransmit bursts
-/// whose ACKs are merely late.
+/// through the side channel, a vanished host through its heartbeats; this bounds the
+/// transport's own verdict behind them: about 7.5 s with [`DEFAULT_RETRY_CNT`]
+/// retries. Shorter timeouts make soft-RoCE under load retransmit bursts whose ACKs are
+/// merely late.
 pub const DEFAULT_QP_TIMEOUT: u8 = 18;
+/// Default RC retry count: 6, not the customary 7, because soft-RoCE (rxe) takes 7 to
+/// mean "retry forever", so a dead peer's QP would never report `RETRY_EXC_ERR` there.
+pub const DEFAULT_RETRY_CNT: u8 = 6;
 /// Largest notification message (the user's bytes).
 pub const MAX_NOTIF_BYTES: usize = NOTIF_SLOT - NOTIF_HEADER;
 /// Work requests one rail keeps in flight (over all its QPs) before it waits for
@@ -288,6 +301,8 @@ struct Outgoing {
     dead: AtomicBool,
     reason: Mutex<String>,
     stream: TcpStream,
+    /// The peer's heartbeats on `stream` (only the side-channel thread takes it).
+    beat: Mutex<Beat>,
     /// The peer's id of this connection (keys of staged notifications carry it).
     remote_id: u64,
     /// The staging engine was told the connection is gone.
@@ -344,6 +359,9 @@ struct Incoming {
     /// (local rail, QP).
     qps: Vec<(usize, QueuePair)>,
     stream: TcpStream,
+    /// When the next heartbeat to the peer is due (only the side-channel thread takes
+    /// it); `None` until the handshake's reply is out and the socket non-blocking.
+    pacer: Mutex<Option<Pacer>>,
 }
 
 /// (incoming connection id, the sender's sequence number).
@@ -368,6 +386,8 @@ struct Common {
     incoming_qpn: RwLock<HashMap<(usize, u32), IncomingRef>>,
     next_incoming: AtomicU64,
     stop: AtomicBool,
+    /// How often this side sends heartbeats, and how many of a peer's it may miss.
+    heartbeat: HeartbeatConfig,
 }
 
 impl Common {
@@ -448,7 +468,12 @@ fn random_u64() -> u64 {
     h.finish()
 }
 
-fn open_device(name: &str, port: u8, gid_index: Option<u8>, qp_timeout: u8) -> Result<Device> {
+fn open_device(
+    name: &str,
+    port: u8,
+    gid_index: Option<u8>,
+    (qp_timeout, retry_cnt): (u8, u8),
+) -> Result<Device> {
     let ctx = Context::open(name).map_err(|e| match e {
         ibverbs::Error::DeviceNotFound { .. } => Error::Backend {
             backend: NAME.into(),
@@ -478,7 +503,7 @@ fn open_device(name: &str, port: u8, gid_index: Option<u8>, qp_timeout: u8) -> R
         gid_index,
         access: AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ,
         timeout: qp_timeout,
-        retry_cnt: 7,
+        retry_cnt,
         rnr_retry: 7,
         max_rd_atomic: attr.max_qp_init_rd_atom().clamp(1, 16) as u8,
         max_dest_rd_atomic: attr.max_qp_rd_atom().clamp(1, 16) as u8,
@@ -561,10 +586,13 @@ fn open(agent: &Agent, params: &BackendParams) -> Result<VerbsBackend> {
         "listen_addr",
         "topology_xml",
         "qp_timeout",
+        "retry_cnt",
         "vram_mode",
         "staging_chunk",
         "staging_chunks",
         "stage_dram",
+        HeartbeatConfig::KEYS[0],
+        HeartbeatConfig::KEYS[1],
     ];
     if let Some(key) = params.keys().find(|k| !KNOWN.contains(&k.as_str())) {
         return Err(Error::InvalidParam(format!(
@@ -610,10 +638,22 @@ fn open(agent: &Agent, params: &BackendParams) -> Result<VerbsBackend> {
             "{NAME}: qp_timeout is a 5-bit exponent (0..=31)"
         )));
     }
+    let retry_cnt: u8 = param(params, "retry_cnt", DEFAULT_RETRY_CNT)?;
+    if retry_cnt > 7 {
+        return Err(Error::InvalidParam(format!(
+            "{NAME}: retry_cnt is a 3-bit count (0..=7; 7 means forever on rxe)"
+        )));
+    }
+    let heartbeat = HeartbeatConfig::parse(NAME, params)?;
     let staging = StagingParams::parse(params)?;
     let mut devices = Vec::with_capacity(names.len());
     for name in &names {
-        devices.push(Arc::new(open_device(name, port, gid_index, qp_timeout)?));
+        devices.push(Arc::new(open_device(
+            name,
+            port,
+            gid_index,
+            (qp_timeout, retry_cnt),
+        )?));
     }
     let mut rails = Vec::with_capacity(num_rails);
     for r in 0..num_rails {
@@ -683,6 +723,7 @@ fn open(agent: &Agent, params: &BackendParams) -> Result<VerbsBackend> {
         incoming_qpn: RwLock::default(),
         next_incoming: AtomicU64::new(1),
         stop: AtomicBool::new(false),
+        heartbeat,
     });
     let backend = VerbsBackend {
         common: common.clone(),

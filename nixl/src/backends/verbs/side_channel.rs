@@ -1,6 +1,9 @@
 //! The side channel: the handshake that connects a pair of RC QPs per rail (initiator
-//! and target side), and the thread that accepts handshakes and watches every peer's
-//! socket for EOF (a dead peer process).
+//! and target side), and the thread that accepts handshakes, watches every peer's
+//! socket for EOF (a dead peer process) and for heartbeats (a vanished host), and sends
+//! heartbeats to the peers that connected to this agent. The thread moves no data and
+//! never waits for a peer (each handshake it accepts is served on a thread of its own),
+//! so a busy agent still beats in time.
 
 use super::wire::{
     decode_hello, decode_reply, encode_hello, encode_reply, encode_reply_error, read_frame,
@@ -10,13 +13,14 @@ use super::{
     create_qp, verbs_error, Common, Incoming, Outgoing, VerbsBackend, HANDSHAKE_TIMEOUT,
     MAX_OUTSTANDING, MONITOR_PERIOD, NAME,
 };
+use crate::backends::heartbeat::{drain, poll_timeout, pollfd_in, send_beat, Beat, Heard, Pacer};
 use crate::error::{Error, Result};
 use ibverbs::Endpoint;
-use std::io::Read;
 use std::net::{TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 impl VerbsBackend {
     /// Opens connection `peer` (one QP per local rail) through the peer's side channel.
@@ -57,20 +61,20 @@ impl VerbsBackend {
             .map_err(|e| disconnect(format!("side channel {}: {e}", remote.addr)))?;
         let reply = read_frame(&mut stream)
             .map_err(|e| disconnect(format!("side channel {}: {e}", remote.addr)))?;
-        let (remote_id, answers) = decode_reply(&reply).map_err(|e| match e {
+        let reply = decode_reply(&reply).map_err(|e| match e {
             ReplyError::Refused(why) => disconnect(format!("refused: {why}")),
             ReplyError::Malformed(why) => Error::MalformedMetadata(why),
         })?;
-        if answers.len() != prepared.len() {
+        if reply.answers.len() != prepared.len() {
             return Err(Error::MalformedMetadata(format!(
                 "{NAME} handshake: {} QPs answered for {} rails",
-                answers.len(),
+                reply.answers.len(),
                 prepared.len()
             )));
         }
         let mut qps = Vec::with_capacity(prepared.len());
         let mut remote_dev = Vec::with_capacity(prepared.len());
-        for (r, (qp, (qpn, psn))) in prepared.into_iter().zip(answers).enumerate() {
+        for (r, (qp, (qpn, psn))) in prepared.into_iter().zip(reply.answers).enumerate() {
             let peer_rail = &remote.rails[r % remote.rails.len()];
             let dev = &common.devices[common.rails[r].dev];
             let endpoint = Endpoint {
@@ -95,7 +99,13 @@ impl VerbsBackend {
             dead: AtomicBool::new(false),
             reason: Mutex::new(String::new()),
             stream,
-            remote_id,
+            // Heard last now: the handshake just came from the peer.
+            beat: Mutex::new(Beat::new(
+                Instant::now(),
+                reply.heartbeat_ms,
+                &common.heartbeat,
+            )),
+            remote_id: reply.conn,
             staging_told: AtomicBool::new(false),
         }))
     }
@@ -106,8 +116,18 @@ pub(super) fn side_channel_thread(listener: TcpListener, common: Arc<Common>) {
         loop {
             match listener.accept() {
                 Ok((stream, from)) => {
-                    if let Err(e) = serve_handshake(&common, stream) {
-                        tracing::warn!(%from, error = %e, "VERBS handshake failed");
+                    // The handshake waits for the peer: never on this thread, whose
+                    // heartbeats must go out on time.
+                    let common = common.clone();
+                    let spawned = std::thread::Builder::new()
+                        .name("nixl-verbs-hello".into())
+                        .spawn(move || {
+                            if let Err(e) = serve_handshake(&common, stream) {
+                                tracing::warn!(%from, error = %e, "VERBS handshake failed");
+                            }
+                        });
+                    if let Err(e) = spawned {
+                        tracing::warn!(error = %e, "VERBS: no thread for a handshake");
                     }
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
@@ -125,88 +145,88 @@ pub(super) fn side_channel_thread(listener: TcpListener, common: Arc<Common>) {
             .filter(|c| !c.staging_told.load(Ordering::Acquire))
             .cloned()
             .collect();
-        for conn in outgoing {
-            if !conn.is_dead() && peer_gone(&conn.stream) {
-                conn.kill("the peer's process is gone (its side channel closed)");
+        // Every socket is read before anything is judged: heartbeats that came while
+        // this thread was not scheduled count.
+        let heard: Vec<Heard> = outgoing
+            .iter()
+            .map(|c| {
+                if c.is_dead() {
+                    Heard::Nothing
+                } else {
+                    drain(&c.stream)
+                }
+            })
+            .collect();
+        let now = Instant::now();
+        for (conn, heard) in outgoing.iter().zip(heard) {
+            if !conn.is_dead() {
+                let mut beat = conn.beat.lock().expect("beat lock");
+                match heard {
+                    Heard::Closed => {
+                        drop(beat);
+                        conn.kill("the peer's process is gone (its side channel closed)");
+                    }
+                    Heard::Beat => beat.heard(now),
+                    Heard::Nothing => {
+                        if let Some(why) = beat.verdict(now) {
+                            drop(beat);
+                            conn.kill(&why);
+                        }
+                    }
+                }
             }
             // However it died (here, or a failed work request): staged requests waiting
             // for the peer fail, and the slots it could have written come back.
             if let Some(reason) = conn.dead_reason() {
-                common.stager.peer_gone(&conn, &reason);
+                common.stager.peer_gone(conn, &reason);
             }
         }
-        let gone: Vec<u64> = common
+        let incoming: Vec<Arc<Incoming>> = common
             .incoming
             .read()
             .expect("incoming lock")
             .values()
-            .filter(|c| peer_gone(&c.stream))
-            .map(|c| c.id)
+            .cloned()
             .collect();
-        for id in gone {
-            common.remove_incoming(id);
+        for conn in incoming {
+            let mut pacer = conn.pacer.lock().expect("pacer lock");
+            // `None`: the handshake is still answering on this socket.
+            let Some(pacer) = pacer.as_mut() else {
+                continue;
+            };
+            // Initiators send nothing after the handshake but their EOF.
+            let gone = drain(&conn.stream) == Heard::Closed
+                || (pacer.due(now) && !send_beat(&conn.stream));
+            if gone {
+                common.remove_incoming(conn.id);
+            }
         }
         wait_readable(&listener, &common);
     }
 }
 
 /// Blocks until the listener or a watched side-channel socket is readable (a new
-/// handshake, or a peer's EOF), or `MONITOR_PERIOD` passed.
+/// handshake, a heartbeat or a peer's EOF), a heartbeat is due or a peer's is overdue,
+/// or `MONITOR_PERIOD` passed.
 fn wait_readable(listener: &TcpListener, common: &Common) {
-    let mut fds = vec![libc::pollfd {
-        fd: listener.as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    }];
-    let watch = |stream: &TcpStream| libc::pollfd {
-        fd: stream.as_raw_fd(),
-        events: libc::POLLIN | libc::POLLRDHUP,
-        revents: 0,
-    };
-    fds.extend(
-        common
-            .outgoing
-            .read()
-            .expect("outgoing lock")
-            .values()
-            .filter(|c| !c.is_dead())
-            .map(|c| watch(&c.stream)),
-    );
-    fds.extend(
-        common
-            .incoming
-            .read()
-            .expect("incoming lock")
-            .values()
-            .map(|c| watch(&c.stream)),
-    );
+    let mut fds = vec![pollfd_in(listener.as_raw_fd())];
+    let mut times = Vec::new();
+    for c in common.outgoing.read().expect("outgoing lock").values() {
+        if !c.is_dead() {
+            fds.push(pollfd_in(c.stream.as_raw_fd()));
+            times.extend(c.beat.lock().expect("beat lock").deadline());
+        }
+    }
+    for c in common.incoming.read().expect("incoming lock").values() {
+        if let Some(pacer) = c.pacer.lock().expect("pacer lock").as_ref() {
+            fds.push(pollfd_in(c.stream.as_raw_fd()));
+            times.extend(pacer.next());
+        }
+    }
+    let timeout = poll_timeout(Instant::now(), times.into_iter(), MONITOR_PERIOD);
     // SAFETY: `fds` is a live array of pollfds; the sockets stay open during the call
     // (a connection closed meanwhile only makes its slot report an error or nothing).
-    unsafe {
-        libc::poll(
-            fds.as_mut_ptr(),
-            fds.len() as libc::nfds_t,
-            MONITOR_PERIOD.as_millis() as i32,
-        )
-    };
-}
-
-/// Whether a (non-blocking) side-channel socket was closed by the other end.
-fn peer_gone(stream: &TcpStream) -> bool {
-    let mut byte = [0u8; 1];
-    match stream.peek(&mut byte) {
-        Ok(0) => true,
-        Ok(_) => {
-            // Peers send nothing after the handshake: discard it (or it would keep the
-            // socket readable forever).
-            let mut sink = [0u8; 256];
-            let _ = (&*stream).read(&mut sink);
-            false
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => false,
-        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => false,
-        Err(_) => true,
-    }
+    unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout) };
 }
 
 /// The target side of the handshake: QPs for each of the initiator's rails.
@@ -263,17 +283,21 @@ fn serve_handshake(common: &Arc<Common>, mut stream: TcpStream) -> Result<()> {
         peer: peer.clone(),
         qps,
         stream: stream.try_clone()?,
+        pacer: Mutex::new(None),
     });
     common
         .incoming
         .write()
         .expect("incoming lock")
-        .insert(id, conn);
-    if let Err(e) = write_frame(&mut stream, &encode_reply(id, &answers)) {
+        .insert(id, conn.clone());
+    let reply = encode_reply(id, common.heartbeat.wire_ms(), &answers);
+    if let Err(e) = write_frame(&mut stream, &reply).and_then(|()| stream.set_nonblocking(true)) {
         common.remove_incoming(id);
         return Err(e.into());
     }
-    stream.set_nonblocking(true)?;
+    // Only now may the side-channel thread read and write the socket (non-blocking,
+    // nothing of ours left to send on it).
+    *conn.pacer.lock().expect("pacer lock") = Some(Pacer::new(Instant::now(), &common.heartbeat));
     tracing::debug!(
         peer = %peer,
         incarnation = hello.nonce,

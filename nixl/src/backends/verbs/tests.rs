@@ -103,8 +103,15 @@ fn handshake_messages_round_trip() {
     for cut in 0..b.len() {
         assert!(decode_hello(&b[..cut]).is_err(), "cut at {cut}");
     }
-    let r = encode_reply(7, &[(1, 2), (3, 4)]);
-    assert_eq!(decode_reply(&r).unwrap(), (7, vec![(1, 2), (3, 4)]));
+    let r = encode_reply(7, 100, &[(1, 2), (3, 4)]);
+    assert_eq!(
+        decode_reply(&r).unwrap(),
+        Reply {
+            conn: 7,
+            heartbeat_ms: 100,
+            answers: vec![(1, 2), (3, 4)]
+        }
+    );
     for cut in 0..r.len() {
         assert!(decode_reply(&r[..cut]).is_err(), "cut at {cut}");
     }

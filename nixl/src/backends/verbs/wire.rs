@@ -8,8 +8,9 @@ use ibverbs::{Endpoint, Gid, Mtu};
 use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream};
 
-/// 2: the handshake's reply carries the target's id of the connection.
-const WIRE_VERSION: u8 = 2;
+/// 2: the handshake's reply carries the target's id of the connection; 3: and the
+/// target's heartbeat interval.
+const WIRE_VERSION: u8 = 3;
 const NOTIF_MAGIC: &[u8; 4] = b"NXVN";
 const MAX_FRAME: usize = 64 << 10;
 
@@ -222,14 +223,16 @@ pub(super) fn decode_hello(b: &[u8]) -> Result<Hello> {
     })
 }
 
-/// `NXVR ver 0 conn:u64 n:u8 {qpn:u32 psn:u32}*` or `NXVR ver 1 why:str16`; `conn` is
-/// the target's id of the connection.
-pub(super) fn encode_reply(conn: u64, answers: &[(u32, u32)]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(16 + answers.len() * 8);
+/// `NXVR ver 0 conn:u64 heartbeat_ms:u32 n:u8 {qpn:u32 psn:u32}*` or
+/// `NXVR ver 1 why:str16`; `conn` is the target's id of the connection, `heartbeat_ms`
+/// how often it sends heartbeats on the side channel (0: never).
+pub(super) fn encode_reply(conn: u64, heartbeat_ms: u32, answers: &[(u32, u32)]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(20 + answers.len() * 8);
     out.extend_from_slice(REPLY_MAGIC);
     out.push(WIRE_VERSION);
     out.push(0);
     out.extend_from_slice(&conn.to_le_bytes());
+    out.extend_from_slice(&heartbeat_ms.to_le_bytes());
     out.push(answers.len() as u8);
     for (qpn, psn) in answers {
         out.extend_from_slice(&qpn.to_le_bytes());
@@ -249,9 +252,17 @@ pub(super) fn encode_reply_error(why: &str) -> Vec<u8> {
     out
 }
 
-/// The target's id of the connection (below 2^31: a staged notification key carries
-/// it above a 32-bit sequence, bit 63 clear) and each QP's number and PSN.
-pub(super) type Reply = (u64, Vec<(u32, u32)>);
+/// The target's handshake answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Reply {
+    /// The target's id of the connection (below 2^31: a staged notification key
+    /// carries it above a 32-bit sequence, bit 63 clear).
+    pub(super) conn: u64,
+    /// The target's heartbeat interval (0: it sends none).
+    pub(super) heartbeat_ms: u32,
+    /// Each QP's number and PSN.
+    pub(super) answers: Vec<(u32, u32)>,
+}
 
 pub(super) fn decode_reply(b: &[u8]) -> std::result::Result<Reply, ReplyError> {
     let malformed = |e: Error| ReplyError::Malformed(e.to_string());
@@ -263,13 +274,18 @@ pub(super) fn decode_reply(b: &[u8]) -> std::result::Result<Reply, ReplyError> {
             if conn >= 1 << 31 {
                 return Err(malformed(rd.bad("connection id out of range")));
             }
+            let heartbeat_ms = rd.u32().map_err(malformed)?;
             let n = rd.u8().map_err(malformed)? as usize;
-            let mut out = Vec::with_capacity(n);
+            let mut answers = Vec::with_capacity(n);
             for _ in 0..n {
-                out.push((rd.u32().map_err(malformed)?, rd.u32().map_err(malformed)?));
+                answers.push((rd.u32().map_err(malformed)?, rd.u32().map_err(malformed)?));
             }
             rd.end().map_err(malformed)?;
-            Ok((conn, out))
+            Ok(Reply {
+                conn,
+                heartbeat_ms,
+                answers,
+            })
         }
         1 => {
             let len = rd.u16().map_err(malformed)? as usize;
