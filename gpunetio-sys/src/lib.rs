@@ -335,6 +335,7 @@ const _: () = {
     assert!(size_of::<gio_ring_ctrl>() == 192);
     assert!(offset_of!(gio_ring_ctrl, completed) == 64);
     assert!(offset_of!(gio_ring_ctrl, error) == 128);
+    assert!(offset_of!(gio_ring_ctrl, shutdown) == 132);
     assert!(offset_of!(gio_ring_ctrl, error_ticket) == 136);
     assert!(size_of::<gio_ring_dev_state>() == 64);
     assert!(offset_of!(gio_ring_dev_state, level) == 16);

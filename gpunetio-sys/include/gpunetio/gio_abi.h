@@ -151,6 +151,8 @@ struct gio_ring_ctrl {
 GIO_STATIC_ASSERT(sizeof(struct gio_ring_ctrl) == 192, "gio_ring_ctrl is three cache lines");
 GIO_ASSERT_OFFSET(gio_ring_ctrl, completed, 64);
 GIO_ASSERT_OFFSET(gio_ring_ctrl, error, 128);
+/* host_verdict() reads error and shutdown as one 8-byte word. */
+GIO_ASSERT_OFFSET(gio_ring_ctrl, shutdown, 132);
 GIO_ASSERT_OFFSET(gio_ring_ctrl, error_ticket, 136);
 
 /* The GPU-written half of a ring's bookkeeping, in device memory. */

@@ -72,12 +72,6 @@ __device__ __forceinline__ u64 ld_relaxed_sys(const u64 *p) {
 
 __device__ __forceinline__ void fence_acquire_sys() { asm volatile("fence.acq_rel.sys;" ::: "memory"); }
 
-__device__ __forceinline__ int ld_acquire_sys_i32(const int32_t *p) {
-  int v;
-  asm volatile("ld.acquire.sys.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-
 /* A store every earlier memory operation of this thread is visible before, to the CPU
  * and to peers. */
 __device__ __forceinline__ void st_release_sys(u64 *p, u64 v) {
@@ -136,13 +130,23 @@ __device__ __forceinline__ bool timed_out(const gio_dev_qp *qp, u64 start) {
   return qp->timeout_ns != 0 && now_ns() - start > qp->timeout_ns;
 }
 
+/* The host's error and shutdown words (adjacent in gio_ring_ctrl), in one load: each
+ * read of host memory is a PCIe round trip. */
+__device__ __forceinline__ u64 host_verdict(const gio_dev_qp *qp) {
+  return ld_relaxed_sys((const u64 *)&qp->ctrl->error);
+}
+
+/* GIO_OK, the host's failure, or GIO_ERR_SHUTDOWN, from a host_verdict() word. */
+__device__ __forceinline__ int verdict_status(u64 verdict) {
+  const int e = (int)(uint32_t)verdict;
+  if (e != GIO_OK) return e;
+  return (verdict >> 32) != 0 ? GIO_ERR_SHUTDOWN : GIO_OK;
+}
+
 /* The host's verdict on the queue pair: GIO_OK, a failure, or shutdown. */
 __device__ __forceinline__ int host_status(const gio_dev_qp *qp) {
   if (qp->ctrl == 0) return GIO_OK;
-  int e = ld_acquire_sys_i32(&qp->ctrl->error);
-  if (e != GIO_OK) return e;
-  if (*(volatile const uint32_t *)&qp->ctrl->shutdown) return GIO_ERR_SHUTDOWN;
-  return GIO_OK;
+  return verdict_status(host_verdict(qp));
 }
 
 template <sharing S> __device__ __forceinline__ u64 atomic_add(u64 *p, u64 v) {
@@ -326,8 +330,14 @@ __device__ __forceinline__ void submit(gio_dev_qp *, u64) {}
 __device__ __forceinline__ int poll_completion(const gio_dev_qp *qp, u64 ticket) {
   if (qp->nic_handler == GIO_NIC_HANDLER_MLX5) return mlx5::poll_wqe(qp->mlx5, ticket);
   if (qp->nic_handler != GIO_NIC_HANDLER_CPU_PROXY) return GIO_OK;
-  if (ld_acquire_sys(&qp->ctrl->completed) > ticket) return GIO_OK;
-  int e = host_status(qp);
+  /* Both reads in flight together: one PCIe round trip, not two. */
+  const u64 done = ld_relaxed_sys(&qp->ctrl->completed);
+  const u64 verdict = host_verdict(qp);
+  if (done > ticket) {
+    fence_acquire_sys();
+    return GIO_OK;
+  }
+  const int e = verdict_status(verdict);
   return e != GIO_OK ? e : 1;
 }
 
@@ -754,22 +764,22 @@ __device__ __forceinline__ int wait(const gio_dev_qp *qp, u64 ticket) {
     return GIO_OK;
   }
   if (qp->nic_handler == GIO_NIC_HANDLER_CPU_PROXY) {
-    /* Each read of host memory crosses PCIe (~1 us): poll only the completion count, and
-     * the host's error/shutdown words and the timer every 32 polls. */
-    u64 start = 0;
-    for (unsigned polls = 0;; polls++) {
-      if (ld_relaxed_sys(&qp->ctrl->completed) > ticket) {
+    /* Each read of host memory crosses PCIe (~1 us): poll the completion count, and
+     * every 32nd poll read the host's verdict beside it (both in flight together, and
+     * never before the first poll: a wait for a healthy ring pays no extra round trip). */
+    const u64 start = now_ns();
+    for (unsigned polls = 1;; polls++) {
+      const u64 done = ld_relaxed_sys(&qp->ctrl->completed);
+      const bool check = (polls & 31) == 0;
+      const u64 verdict = check ? host_verdict(qp) : 0;
+      if (done > ticket) {
         fence_acquire_sys();
         return GIO_OK;
       }
-      if ((polls & 31) == 0) {
-        if (polls == 0) {
-          start = now_ns();
-        } else if (timed_out(qp, start)) {
-          return GIO_ERR_TIMEOUT;
-        }
-        int e = host_status(qp);
+      if (check) {
+        const int e = verdict_status(verdict);
         if (e != GIO_OK) return e;
+        if (timed_out(qp, start)) return GIO_ERR_TIMEOUT;
       }
     }
   }
@@ -798,8 +808,8 @@ __device__ __forceinline__ int signal_wait_ge(const gio_dev_qp *qp, const u64 *a
   /* The word is written by the peer GPU's stores (same device: GPU scope) or by a NIC or
    * the CPU proxy (system scope). Timer and host status are read every 64 polls only. */
   const bool gpu_scope = same_device(qp);
-  u64 start = 0;
-  for (unsigned polls = 0;; polls++) {
+  const u64 start = now_ns();
+  for (unsigned polls = 1;; polls++) {
     if (gpu_scope) {
       if (ld_acquire_gpu(addr) >= value) return GIO_OK;
     } else if (ld_relaxed_sys(addr) >= value) {
@@ -807,11 +817,7 @@ __device__ __forceinline__ int signal_wait_ge(const gio_dev_qp *qp, const u64 *a
       return GIO_OK;
     }
     if ((polls & 63) == 0) {
-      if (polls == 0) {
-        start = now_ns();
-      } else if (timed_out(qp, start)) {
-        return GIO_ERR_TIMEOUT;
-      }
+      if (timed_out(qp, start)) return GIO_ERR_TIMEOUT;
       int e = host_status(qp);
       if (e != GIO_OK) return e;
     }
