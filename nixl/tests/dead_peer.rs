@@ -4,7 +4,9 @@
 //! peer's process through the OS (`nixl::backends::libfabric`'s liveness). Each test
 //! kills a peer in the middle of a transfer and another one while idle (then posts),
 //! asserts the typed error well within the stall timeout (bound [`BOUND`], generous for
-//! a loaded 2-core machine) and prints the real figures.
+//! a loaded 2-core machine) and prints the real figures. Over `tcp;ofi_rxm` a peer is
+//! also frozen (SIGSTOP) mid-transfer, as a hung host: its process lives on, so only the
+//! backend's heartbeats can tell; thawed and loaded again, it works.
 
 mod common;
 
@@ -85,7 +87,7 @@ fn dead_peers_are_reported_fast(provider: &str, cases: &[&str]) {
 
 #[test]
 fn dead_peer_over_tcp_rxm() {
-    dead_peers_are_reported_fast("tcp;ofi_rxm", &["busy", "idle"]);
+    dead_peers_are_reported_fast("tcp;ofi_rxm", &["busy", "idle", "frozen"]);
 }
 
 #[test]

@@ -163,9 +163,13 @@ pub fn serial() -> MutexGuard<'static, ()> {
 /// The dead-peer scenario of the LIBFABRIC and VERBS tests: `initiator` (with the
 /// default stall timeout) WRITEs `len` bytes as `block`-byte descriptors with a
 /// notification to a peer named `peer_name` that `spawn(tag)` starts and announces; the
-/// peer is killed once mid-transfer (`"busy"`) and once idle (`"idle"`), and each death
-/// must be `RemoteDisconnect` naming it within `bound` (polls give up after `limit`).
-/// The figures are printed under `label`.
+/// peer is killed once mid-transfer (`"busy"`) and once idle (`"idle"`), or frozen
+/// (SIGSTOP) mid-transfer (`"frozen"`: a hung host, whose kernel keeps its sockets open
+/// and, on soft-RoCE, even acknowledges RDMA: only the backend's heartbeats tell), and
+/// each must be `RemoteDisconnect` naming it within `bound` (polls give up after
+/// `limit`). The frozen peer is then thawed and loaded again (its metadata invalidated
+/// and fetched anew): a transfer to it must complete. The figures are printed under
+/// `label`.
 #[allow(clippy::too_many_arguments)]
 pub fn dead_peer_scenario(
     initiator: &Agent,
@@ -206,6 +210,7 @@ pub fn dead_peer_scenario(
     for (tag, case) in [
         ("busy", "killed mid-transfer"),
         ("idle", "killed while idle, then posted to"),
+        ("frozen", "frozen (SIGSTOP) mid-transfer"),
     ]
     .into_iter()
     .filter(|(tag, _)| cases.contains(tag))
@@ -218,11 +223,15 @@ pub fn dead_peer_scenario(
         let mut req = transfer(peer.base);
         req.post().unwrap();
         req.wait(limit).unwrap();
-        if tag == "busy" {
+        if tag != "idle" {
             // A second post, so the kill lands while its writes are in flight.
             req.post().unwrap();
         }
-        peer.child.kill().unwrap();
+        if tag == "frozen" {
+            signal(&peer, libc::SIGSTOP);
+        } else {
+            peer.child.kill().unwrap();
+        }
         let killed = Instant::now();
         let (err, took) = fail_time(&mut req, killed, limit);
         let label = format!("{label}, {case}");
@@ -236,8 +245,30 @@ pub fn dead_peer_scenario(
             "{label}: RemoteDisconnect after {took:?} (bound {bound:?})"
         );
         drop(req);
+        if tag == "frozen" {
+            signal(&peer, libc::SIGCONT);
+            initiator.invalidate_remote(peer_name).unwrap();
+            assert_eq!(
+                initiator.fetch_remote_metadata(peer.addr).unwrap(),
+                peer_name
+            );
+            let mut req = transfer(peer.base);
+            req.post().unwrap();
+            req.wait(limit)
+                .unwrap_or_else(|e| panic!("{label}: thawed and reloaded, the peer fails: {e}"));
+            println!("{label}: thawed and loaded again, a transfer completes");
+            drop(req);
+            peer.child.kill().unwrap();
+        }
         peer.child.wait().unwrap();
     }
+}
+
+/// Sends `sig` to the peer process.
+fn signal(peer: &PeerProcess, sig: libc::c_int) {
+    // SAFETY: kill(2) with the pid of our own (not yet reaped) child.
+    let rc = unsafe { libc::kill(peer.child.id() as libc::pid_t, sig) };
+    assert_eq!(rc, 0, "kill({sig}): {}", std::io::Error::last_os_error());
 }
 
 /// Polls `req` (reposting whenever it completes first) until it fails, for at most
