@@ -58,7 +58,11 @@ impl std::fmt::Debug for GpuHandle {
 }
 
 impl GpuHandle {
-    pub(crate) fn new(raw: RawGpuHandle, kind: HandleKind, owner: Box<dyn Any + Send + Sync>) -> Self {
+    pub(crate) fn new(
+        raw: RawGpuHandle,
+        kind: HandleKind,
+        owner: Box<dyn Any + Send + Sync>,
+    ) -> Self {
         Self {
             raw,
             kind,
