@@ -221,10 +221,19 @@ fn arch(_dev: usize) -> nixl::Result<String> {
 /// The headers a kernel using the device API includes, by include name: the nixl
 /// device API (`nixl/nixl_device.cuh`) and the gpunetio device library it includes.
 pub fn headers() -> Vec<(&'static str, &'static str)> {
-    let mut all = vec![nixl::device::HEADER];
-    #[cfg(feature = "cuda")]
-    all.extend(gpunetio::ffi::HEADERS.iter().copied());
-    all
+    let library: &[(&'static str, &'static str)] = {
+        #[cfg(feature = "cuda")]
+        {
+            gpunetio::ffi::HEADERS
+        }
+        #[cfg(not(feature = "cuda"))]
+        {
+            &[]
+        }
+    };
+    std::iter::once(nixl::device::HEADER)
+        .chain(library.iter().copied())
+        .collect()
 }
 
 /// Handles of [`_test_gpu_handle`] dropped so far.
