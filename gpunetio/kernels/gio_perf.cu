@@ -10,10 +10,14 @@ __device__ __forceinline__ void record(int *status, int st) {
 // Every worker (a thread in THREAD scope, a warp in WARP scope; at most window / size of
 // them) puts one message of `size` bytes per iteration; message m lands at
 // (m * size) % window on both sides. After quiet, every worker adds 1 to the peer's
-// signal word (the server expects `workers`).
+// signal word (the server expects `workers`). Block b posts on queue pair b % nqp (as
+// ib_write_bw -q spreads its work over queue pairs); the memory table indices are the
+// same in every queue pair.
 template <gio::scope Sc>
-__device__ void put_bw(gio_dev_qp *qp, uint32_t remote_mr, uint32_t local_mr, u64 size, u64 iters,
-                       u64 window, uint32_t signal_mr, int *status) {
+__device__ void put_bw(gio_dev_qp *const *qps, uint32_t nqp, uint32_t remote_mr,
+                       uint32_t local_mr, u64 size, u64 iters, u64 window, uint32_t signal_mr,
+                       int *status) {
+  gio_dev_qp *qp = qps[blockIdx.x % nqp];
   const u64 threads = (u64)gridDim.x * blockDim.x;
   const u64 tid = (u64)blockIdx.x * blockDim.x + threadIdx.x;
   const u64 workers = Sc == gio::scope::warp ? threads / 32 : threads;
@@ -33,16 +37,19 @@ __device__ void put_bw(gio_dev_qp *qp, uint32_t remote_mr, uint32_t local_mr, u6
   record(status, gio::quiet(qp));
 }
 
-extern "C" __global__ void gio_perf_put_bw_thread(gio_dev_qp *qp, uint32_t remote_mr,
-                                                  uint32_t local_mr, u64 size, u64 iters,
-                                                  u64 window, uint32_t signal_mr, int *status) {
-  put_bw<gio::scope::thread>(qp, remote_mr, local_mr, size, iters, window, signal_mr, status);
+extern "C" __global__ void gio_perf_put_bw_thread(gio_dev_qp *const *qps, uint32_t nqp,
+                                                  uint32_t remote_mr, uint32_t local_mr, u64 size,
+                                                  u64 iters, u64 window, uint32_t signal_mr,
+                                                  int *status) {
+  put_bw<gio::scope::thread>(qps, nqp, remote_mr, local_mr, size, iters, window, signal_mr,
+                             status);
 }
 
-extern "C" __global__ void gio_perf_put_bw_warp(gio_dev_qp *qp, uint32_t remote_mr,
-                                                uint32_t local_mr, u64 size, u64 iters, u64 window,
-                                                uint32_t signal_mr, int *status) {
-  put_bw<gio::scope::warp>(qp, remote_mr, local_mr, size, iters, window, signal_mr, status);
+extern "C" __global__ void gio_perf_put_bw_warp(gio_dev_qp *const *qps, uint32_t nqp,
+                                                uint32_t remote_mr, uint32_t local_mr, u64 size,
+                                                u64 iters, u64 window, uint32_t signal_mr,
+                                                int *status) {
+  put_bw<gio::scope::warp>(qps, nqp, remote_mr, local_mr, size, iters, window, signal_mr, status);
 }
 
 // Ping-pong, one warp of each side (WARP scope above 512 B: the lanes copy together;

@@ -46,7 +46,9 @@ pub fn default_provider(peer_host: &str) -> &'static str {
     }
 }
 
-/// Memory registered with a proxy: VRAM or pinned host memory.
+/// Memory registered with a proxy: VRAM or pinned host memory (shared by the proxies of
+/// several queue pairs).
+#[derive(Clone)]
 pub enum Mem {
     Vram(Arc<DeviceBuffer>),
     Dram(Arc<HostBuffer>),
@@ -149,6 +151,38 @@ pub fn side(
         mrs,
         mems,
     })
+}
+
+/// Another side over `provider` registering the same memory as `mems` (another queue
+/// pair onto the same buffers), with its own CUDA ring of `ring_size` entries when
+/// `ring_size > 0`.
+pub fn side_sharing(
+    gpu: &Gpu,
+    provider: &str,
+    mems: &[Mem],
+    ring_size: u32,
+) -> Result<Side, String> {
+    let mut side = side(gpu, provider, MemChoice::Dram, &[], ring_size)?;
+    for m in mems {
+        let mr = match m {
+            Mem::Vram(buf) => {
+                let (mr, staged) = side.proxy.register_device(buf).map_err(|e| e.to_string())?;
+                if staged {
+                    return Err(
+                        "a second endpoint stages VRAM the first registered directly".into(),
+                    );
+                }
+                mr
+            }
+            Mem::Dram(buf) => side
+                .proxy
+                .register_host_buffer(buf)
+                .map_err(|e| e.to_string())?,
+        };
+        side.mrs.push(mr);
+        side.mems.push(m.clone());
+    }
+    Ok(side)
 }
 
 fn register(

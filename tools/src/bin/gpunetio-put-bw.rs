@@ -6,7 +6,7 @@
 //! ```text
 //! gpunetio-put-bw [-a | -s BYTES] [-n ITERS] [-e 0|1] [-p intra_node|cpu_proxy] [-d GPU]
 //!                 [--provider PROV] [--mem auto|vram|dram]
-//!                 [--blocks N] [--threads N] [--server [--port P] | --client HOST:PORT]
+//!                 [-q QPS] [--blocks N] [--threads N] [--server [--port P] | --client HOST:PORT]
 //! ```
 //! Without `--server`/`--client` both sides run here, the server as a child process.
 //! NIC handlers (`-p`): `intra_node` (the server's memory mapped through CUDA IPC; both
@@ -14,8 +14,10 @@
 //! drains onto a libfabric endpoint of `--provider`, default `shm` towards this host and
 //! `tcp;ofi_rxm` otherwise; each side's memory in VRAM where the provider registers it
 //! directly, else pinned host memory, or as `--mem` says; the server's proxy thread
-//! progresses its endpoint). Columns as perftest/DOCA print them; Gb/s = 10^9 bits per
-//! second.
+//! progresses its endpoint). `-q` spreads the client's blocks over that many queue pairs
+//! (as `ib_write_bw -q`): through the CPU proxy each is a ring, a proxy thread and an
+//! endpoint on each side, all onto the same buffers. Columns as perftest/DOCA print them;
+//! Gb/s = 10^9 bits per second.
 
 #[path = "../gio_cpu_proxy.rs"]
 mod gio_cpu_proxy;
@@ -57,10 +59,11 @@ struct Opts {
     client: Option<String>,
     provider: Option<String>,
     mem: gio_cpu_proxy::MemChoice,
+    qps: u32,
 }
 
 fn usage() -> ! {
-    eprintln!("usage: gpunetio-put-bw [-a | -s BYTES] [-n ITERS] [-e 0|1] [-p intra_node|cpu_proxy] [-d GPU] [--provider PROV] [--mem auto|vram|dram] [--blocks N] [--threads N] [--server [--port P] | --client HOST:PORT]");
+    eprintln!("usage: gpunetio-put-bw [-a | -s BYTES] [-n ITERS] [-e 0|1] [-p intra_node|cpu_proxy] [-d GPU] [--provider PROV] [--mem auto|vram|dram] [-q QPS] [--blocks N] [--threads N] [--server [--port P] | --client HOST:PORT]");
     std::process::exit(2)
 }
 
@@ -78,6 +81,7 @@ fn parse(args: &[String]) -> Opts {
         client: None,
         provider: None,
         mem: gio_cpu_proxy::MemChoice::Auto,
+        qps: 1,
     };
     let mut i = 0;
     let value = |i: &mut usize| -> String {
@@ -94,6 +98,7 @@ fn parse(args: &[String]) -> Opts {
             "-d" | "--gpu" => o.gpu = value(&mut i).parse().unwrap_or_else(|_| usage()),
             "--blocks" => o.blocks = Some(value(&mut i).parse().unwrap_or_else(|_| usage())),
             "--threads" => o.threads = value(&mut i).parse().unwrap_or_else(|_| usage()),
+            "-q" | "--qps" => o.qps = value(&mut i).parse().unwrap_or_else(|_| usage()),
             "--server" => o.server = true,
             "--port" => o.port = value(&mut i).parse().unwrap_or_else(|_| usage()),
             "--client" => o.client = Some(value(&mut i)),
@@ -105,6 +110,10 @@ fn parse(args: &[String]) -> Opts {
             _ => usage(),
         }
         i += 1;
+    }
+    if !(1..=64).contains(&o.qps) || (o.qps > 1 && o.handler != "cpu_proxy") {
+        eprintln!("gpunetio-put-bw: -q takes 1..=64 queue pairs, more than one with -p cpu_proxy");
+        std::process::exit(2);
     }
     if o.handler != "intra_node" && o.handler != "cpu_proxy" {
         eprintln!(
@@ -176,7 +185,8 @@ fn both(o: &Opts, args: &[String]) -> Result<(), String> {
 /// What the server checks at the end of each size: the buffer and the signal word.
 enum Target {
     Ipc(DeviceBuffer, DeviceBuffer),
-    Proxy(gio_cpu_proxy::Side),
+    /// One side per queue pair, all on the first side's memory.
+    Proxy(Vec<gio_cpu_proxy::Side>),
 }
 
 impl Target {
@@ -185,7 +195,7 @@ impl Target {
             Target::Ipc(d, s) => [d, s][which]
                 .copy_to_host(off, out)
                 .map_err(|e| e.to_string()),
-            Target::Proxy(side) => side.mems[which].read(off, out),
+            Target::Proxy(sides) => sides[0].mems[which].read(off, out),
         }
     }
     fn zero(&self) -> Result<(), String> {
@@ -194,9 +204,9 @@ impl Target {
                 d.fill(0).map_err(|e| e.to_string())?;
                 s.fill(0).map_err(|e| e.to_string())
             }
-            Target::Proxy(side) => {
-                side.check()?;
-                side.mems.iter().try_for_each(|m| m.zero())
+            Target::Proxy(sides) => {
+                sides.iter().try_for_each(|s| s.check())?;
+                sides[0].mems.iter().try_for_each(|m| m.zero())
             }
         }
     }
@@ -225,14 +235,23 @@ fn server(o: &Opts) -> Result<(), String> {
             .provider
             .clone()
             .unwrap_or_else(|| gio_cpu_proxy::default_provider(&peer.ip().to_string()).into());
-        let mut side = gio_cpu_proxy::side(&gpu, &provider, o.mem, &[PROXY_WINDOW, 64], 0)?;
-        side.start()?;
+        let first = gio_cpu_proxy::side(&gpu, &provider, o.mem, &[PROXY_WINDOW, 64], 0)?;
+        let mut sides = vec![first];
+        for _ in 1..o.qps {
+            let mems = sides[0].mems.clone();
+            sides.push(gio_cpu_proxy::side_sharing(&gpu, &provider, &mems, 0)?);
+        }
+        let mut words = Vec::new();
+        for side in &mut sides {
+            side.start()?;
+            words.push(side.info_words()?);
+        }
         let greeting = format!(
             "GIOP {PROXY_WINDOW} {} {}",
-            side.placement(),
-            side.info_words()?
+            sides[0].placement(),
+            words.join(" | ")
         );
-        (Target::Proxy(side), greeting, PROXY_WINDOW)
+        (Target::Proxy(sides), greeting, PROXY_WINDOW)
     } else {
         ipc_target(&gpu)?
     };
@@ -300,9 +319,9 @@ fn client(o: &Opts, addr: &str) -> Result<(), String> {
     let mut line = String::new();
     reader.read_line(&mut line).map_err(|e| e.to_string())?;
     let words: Vec<&str> = line.split_whitespace().collect();
-    // Kept alive until the end: the intra-node export, or the CPU proxy side.
-    let (mut _intra, mut proxy) = (None, None);
-    let (qp_ptr, local_mr, remote_mr, signal_mr, window, handler) = match words.as_slice() {
+    // Kept alive until the end: the intra-node export, or the CPU proxy sides.
+    let (mut _intra, mut proxy) = (None, Vec::new());
+    let (qp_ptrs, local_mr, remote_mr, signal_mr, window, handler) = match words.as_slice() {
         ["GIO1", data_h, signal_h, window] => {
             let window: usize = window.parse().map_err(|_| "bad window")?;
             let data =
@@ -320,7 +339,7 @@ fn client(o: &Opts, addr: &str) -> Result<(), String> {
             let ptr = qp.device_ptr();
             _intra = Some(qp);
             (
-                ptr,
+                vec![ptr],
                 local_mr,
                 remote_mr,
                 signal_mr,
@@ -328,36 +347,63 @@ fn client(o: &Opts, addr: &str) -> Result<(), String> {
                 "intra_node".to_string(),
             )
         }
-        ["GIOP", window, placement, peer @ ..] => {
+        ["GIOP", window, placement, peers @ ..] => {
             let window: usize = window.parse().map_err(|_| "bad window")?;
             let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h);
             let provider = o
                 .provider
                 .clone()
                 .unwrap_or_else(|| gio_cpu_proxy::default_provider(host).into());
-            let mut side = gio_cpu_proxy::side(&gpu, &provider, o.mem, &[window], PROXY_RING)?;
-            let pattern: Vec<u8> = (0..window).map(pattern_byte).collect();
-            side.mems[0].write(0, &pattern)?;
-            let remote = side.connect(peer)?;
-            let [remote_mr, signal_mr] = remote[..] else {
+            let peers: Vec<&[&str]> = peers.split(|w| *w == "|").collect();
+            if peers.len() != o.qps as usize {
                 return Err(format!(
-                    "the server offered {} buffers, expected 2",
-                    remote.len()
+                    "the server offers {} queue pairs, -q asks for {}",
+                    peers.len(),
+                    o.qps
                 ));
-            };
-            side.start()?;
-            let ptr = side
-                .qp
-                .as_ref()
-                .ok_or("no exported queue pair")?
-                .device_ptr();
+            }
+            let first = gio_cpu_proxy::side(&gpu, &provider, o.mem, &[window], PROXY_RING)?;
+            let pattern: Vec<u8> = (0..window).map(pattern_byte).collect();
+            first.mems[0].write(0, &pattern)?;
+            let mut sides = vec![first];
+            for _ in 1..o.qps {
+                let mems = sides[0].mems.clone();
+                sides.push(gio_cpu_proxy::side_sharing(
+                    &gpu, &provider, &mems, PROXY_RING,
+                )?);
+            }
+            let mut regions = None;
+            let mut ptrs = Vec::new();
+            for (side, peer) in sides.iter_mut().zip(&peers) {
+                let remote = side.connect(peer)?;
+                let [remote_mr, signal_mr] = remote[..] else {
+                    return Err(format!(
+                        "the server offered {} buffers, expected 2",
+                        remote.len()
+                    ));
+                };
+                // The kernel names regions by one set of indices for every queue pair.
+                let these = (side.mrs[0], remote_mr, signal_mr);
+                if *regions.get_or_insert(these) != these {
+                    return Err("the queue pairs' memory tables differ".into());
+                }
+                side.start()?;
+                ptrs.push(
+                    side.qp
+                        .as_ref()
+                        .ok_or("no exported queue pair")?
+                        .device_ptr(),
+                );
+            }
+            let (local_mr, remote_mr, signal_mr) = regions.ok_or("no queue pair")?;
             let handler = format!(
-                "cpu_proxy over {provider} (client {}, server {placement})",
-                side.placement()
+                "cpu_proxy over {provider} (client {}, server {placement}), {} queue pair{}",
+                sides[0].placement(),
+                o.qps,
+                if o.qps == 1 { "" } else { "s" }
             );
-            let local_mr = side.mrs[0];
-            proxy = Some(side);
-            (ptr, local_mr, remote_mr, signal_mr, window, handler)
+            proxy = sides;
+            (ptrs, local_mr, remote_mr, signal_mr, window, handler)
         }
         _ => return Err(format!("unexpected server greeting `{}`", line.trim())),
     };
@@ -390,6 +436,11 @@ fn client(o: &Opts, addr: &str) -> Result<(), String> {
     };
     let workers = (blocks * o.threads / if o.warp { 32 } else { 1 }) as u64;
     let status = DeviceBuffer::alloc(&gpu, 4).map_err(|e| e.to_string())?;
+    let qps = DeviceBuffer::alloc(&gpu, 8 * qp_ptrs.len()).map_err(|e| e.to_string())?;
+    let ptr_bytes: Vec<u8> = qp_ptrs.iter().flat_map(|p| p.to_le_bytes()).collect();
+    qps.copy_from_host(0, &ptr_bytes)
+        .map_err(|e| e.to_string())?;
+    let (qps_ptr, nqp) = (qps.ptr(), qp_ptrs.len() as u32);
     let stream = gpu.new_stream().map_err(|e| e.to_string())?;
     println!(
         "# gpunetio-put-bw: {} ({}), NIC handler {handler}, {} scope, {blocks} blocks x {} threads = {workers} {}",
@@ -411,7 +462,7 @@ fn client(o: &Opts, addr: &str) -> Result<(), String> {
             .iters
             .min((BYTES_PER_SIZE / (size as u64 * workers)).max(1));
         // Through the CPU proxy a run is bounded by messages as well as bytes.
-        let iters = if proxy.is_some() {
+        let iters = if !proxy.is_empty() {
             iters
                 .min(PROXY_MSGS_PER_RUN / workers)
                 .min(PROXY_BYTES_PER_RUN / (size as u64 * workers))
@@ -424,7 +475,8 @@ fn client(o: &Opts, addr: &str) -> Result<(), String> {
             let (st, size, window) = (status.ptr(), size as u64, window as u64);
             let mut launch = stream.launch_builder(&kernel);
             launch
-                .arg(&qp_ptr)
+                .arg(&qps_ptr)
+                .arg(&nqp)
                 .arg(&remote_mr)
                 .arg(&local_mr)
                 .arg(&size)
@@ -433,14 +485,15 @@ fn client(o: &Opts, addr: &str) -> Result<(), String> {
                 .arg(&signal_mr)
                 .arg(&st);
             let t = Instant::now();
-            // SAFETY: gio_perf_put_bw_*(gio_dev_qp*, u32, u32, u64, u64, u64, u32, int*);
-            // the queue pair, the regions it keeps and the status outlive the synchronize.
+            // SAFETY: gio_perf_put_bw_*(gio_dev_qp *const *, u32, u32, u32, u64, u64, u64,
+            // u32, int*); the queue pairs (their pointers in `qps`), the regions they keep
+            // and the status outlive the synchronize.
             unsafe { launch.launch(cfg) }.map_err(|e| format!("launch: {e:?}"))?;
             stream.synchronize().map_err(|e| format!("kernel: {e:?}"))?;
             let elapsed = t.elapsed();
             let mut b = [0u8; 4];
             status.copy_to_host(0, &mut b).map_err(|e| e.to_string())?;
-            if let Some(side) = &proxy {
+            for side in &proxy {
                 side.check()?;
             }
             match i32::from_le_bytes(b) {
