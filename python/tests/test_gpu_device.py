@@ -293,6 +293,35 @@ def test_request_form_loopback():
     check_request_form(agent, "gn-self", target)
 
 
+def test_request_form_with_torch_tensors():
+    """Descriptors from torch CUDA tensors (as vLLM's connectors pass them), kernels from
+    CuPy: both on the device's primary context."""
+    try:
+        import torch
+    except ImportError as e:
+        if os.environ.get("NIXL_REQUIRE_GPU") == "1":
+            pytest.fail(f"NIXL_REQUIRE_GPU=1 but torch is missing: {e}")
+        pytest.skip(f"torch is not installed ({e})")
+    agent = gpunetio_agent("gn-torch")
+    src = torch.arange(LEN, dtype=torch.int64, device="cuda:0").remainder(253).to(torch.uint8)
+    dst = torch.zeros(LEN, dtype=torch.uint8, device="cuda:0")
+    words = torch.zeros(2, dtype=torch.int64, device="cuda:0")
+    one = torch.zeros(1, dtype=torch.int64, device="cuda:0")
+    torch.cuda.synchronize()
+    agent.register_memory([src, dst, words, one])
+    local = agent.get_xfer_descs([src, one])
+    remote = agent.get_xfer_descs([dst, words[:1]])
+    assert remote.getType() == api.nixlBind.VRAM_SEG
+    xfer = agent.initialize_xfer("WRITE", local, remote, "gn-torch")
+    req = agent.create_gpu_xfer_req(xfer)
+    write_then_signal(req, LEN)
+    torch.cuda.synchronize()
+    assert torch.equal(dst, src), "the tensor written by the kernel"
+    assert words.tolist() == [1, 0], "the signal word (and nothing past it)"
+    agent.prep_gpu_signal(words[:1])
+    assert words.tolist() == [0, 0], "prep_gpu_signal on a tensor"
+
+
 def test_memory_views_loopback():
     agent = gpunetio_agent("gn-views")
     target = Target()
