@@ -18,8 +18,10 @@
 //! No transfer polls "in progress" forever, and every failure is typed
 //! ([`XferReq`] has the details):
 //! - [`Error::RemoteDisconnect`]: the peer's process or connection is gone (the
-//!   transport flushed or refused its operations), or its metadata was invalidated or
-//!   replaced by a new incarnation's while the request was in flight.
+//!   transport flushed or refused its operations), its host vanished (`VERBS` and
+//!   `LIBFABRIC` receive heartbeats from each peer they loaded and declare it dead after
+//!   `heartbeat_misses` × `heartbeat_ms` of silence, 0.5 s by default), or its metadata
+//!   was invalidated or replaced by a new incarnation's while the request was in flight.
 //! - [`Error::Stalled`]: no operation completed for [`AgentConfig::stall_timeout`]; the
 //!   bound also catches a dead peer that the transport never reports.
 //! - [`Error::Canceled`]: the request was released by [`Agent::shutdown`] (or by

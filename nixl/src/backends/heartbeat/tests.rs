@@ -235,3 +235,41 @@ fn a_peer_with_a_longer_interval_stays_alive() {
     std::thread::sleep(Duration::from_millis(1500));
     watch.check("slow").expect("alive");
 }
+
+/// CPU seconds used so far by this process's threads whose name starts with `prefix`
+/// (names are cut to 15 bytes by the kernel).
+fn threads_cpu(prefix: &str) -> f64 {
+    let mut total = 0.0;
+    for task in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
+        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        if !comm.starts_with(prefix) {
+            continue;
+        }
+        let stat = std::fs::read_to_string(task.path().join("stat")).unwrap_or_default();
+        let Some(end) = stat.rfind(')') else { continue };
+        let fields: Vec<&str> = stat[end + 2..].split_whitespace().collect();
+        // utime and stime, fields 14 and 15 (11 and 12 after the name), in USER_HZ.
+        let ticks: f64 = fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap();
+        total += ticks / 100.0;
+    }
+    total
+}
+
+/// The idle cost: a watched peer costs a wake-up per interval on each side, not a core.
+#[test]
+fn a_watched_idle_peer_costs_almost_no_cpu() {
+    let watcher = hub("watcher", 100, 5);
+    let target = hub("target", 100, 5);
+    let watch = watcher.watch("target", target.addr()).unwrap().unwrap();
+    let before = threads_cpu("nixl-test-heart");
+    let window = Duration::from_secs(2);
+    std::thread::sleep(window);
+    let used = threads_cpu("nixl-test-heart") - before;
+    println!(
+        "heartbeat threads used {:.2}% of a core over {window:?}",
+        100.0 * used / window.as_secs_f64()
+    );
+    watch.check("target").unwrap();
+    // A polling thread would use 50-100%; a sleeping one well under 1%.
+    assert!(used / window.as_secs_f64() < 0.05, "{used} CPU seconds");
+}
