@@ -195,11 +195,13 @@ fn register(
         let buf = Arc::new(DeviceBuffer::alloc(gpu, len).map_err(|e| e.to_string())?);
         buf.fill(0).map_err(|e| e.to_string())?;
         // Direct registration only: a staged region can be neither a peer's target nor
-        // polled by this side's kernel (the staged entry stays unused in the table).
+        // polled by this side's kernel. It is removed, so its index goes to the host
+        // buffer instead (every queue pair of a side then has the same table).
         let (mr, staged) = proxy.register_device(&buf).map_err(|e| e.to_string())?;
         if !staged {
             return Ok((mr, Mem::Vram(buf)));
         }
+        proxy.remove_region(mr).map_err(|e| e.to_string())?;
         if mem == MemChoice::Vram {
             return Err("the transport cannot register VRAM (no FI_HMEM with RMA and atomics); use --mem dram".into());
         }
