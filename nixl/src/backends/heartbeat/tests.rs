@@ -181,8 +181,10 @@ fn a_silent_peer_is_declared_dead_and_a_reloaded_one_is_watched_again() {
     target.set_silent(true);
     let took = time_to_death(&watch, Duration::from_secs(5));
     println!("silent peer declared dead after {took:?}");
+    // The last heartbeat came less than an interval before the silence began, so at
+    // least 4 of the 5 intervals pass after it (300 ms: slack for scheduling).
     assert!(
-        took >= Duration::from_millis(400),
+        took >= Duration::from_millis(300),
         "dead too early: {took:?}"
     );
     match watch.check("target").unwrap_err() {
