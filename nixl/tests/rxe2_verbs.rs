@@ -25,8 +25,9 @@ const LEN: usize = 1 << 20;
 const BLOCK: usize = 64 << 10;
 /// Bound on `RemoteDisconnect` after the host went away: the (its goal is 1 s),
 /// generous for a loaded 2-core machine. (The RC transport alone, with the backend's
-/// default `qp_timeout` of 18 — 1.07 s per try — and 6 retries, gives up only after
-/// about 7.5 s: meeting it takes the backend's heartbeats, 0.5 s of silence.)
+/// default `qp_timeout` of 18 — 1.07 s per try — and 6 retries, would give up after
+/// about 7.5 s at best; with heartbeats off (`heartbeat_ms=0`) the link-cut test here
+/// still ended in `Stalled` at 30 s. Meeting it takes the heartbeats: 0.5 s of silence.)
 const BOUND: Duration = Duration::from_secs(5);
 const TARGET: &str = "rxe2-target";
 const INITIATOR: &str = "rxe2-initiator";

@@ -169,10 +169,12 @@ pub const NAME: &str = "VERBS";
 pub const DEFAULT_STRIPING_THRESHOLD: usize = 128 << 10;
 /// Default RC local ACK timeout exponent: 4.096 µs × 2^18 ≈ 1.07 s per try (UCX's RC
 /// timeout is 1 s, NCCL's default exponent 20). A dead peer process is seen at once
-/// through the side channel, a vanished host through its heartbeats; this bounds the
-/// transport's own verdict behind them: about 7.5 s with [`DEFAULT_RETRY_CNT`]
-/// retries. Shorter timeouts make soft-RoCE under load retransmit bursts whose ACKs are
-/// merely late.
+/// through the side channel, a vanished host through its heartbeats; this sets the
+/// transport's own verdict behind them: nominally about 7.5 s with
+/// [`DEFAULT_RETRY_CNT`] retries, but soft-RoCE resends a whole message per retry and,
+/// under emulation, slowly (with heartbeats off, a 1 MiB WRITE across a cut link between
+/// two TCG guests had not failed when the 30 s stall timeout ended it). Shorter timeouts
+/// make soft-RoCE under load retransmit bursts whose ACKs are merely late.
 pub const DEFAULT_QP_TIMEOUT: u8 = 18;
 /// Default RC retry count: 6, not the customary 7, because soft-RoCE (rxe) takes 7 to
 /// mean "retry forever", so a dead peer's QP would never report `RETRY_EXC_ERR` there.
