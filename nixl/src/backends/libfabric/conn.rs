@@ -7,8 +7,9 @@
 //! A peer on another host that vanishes (its link cut, its machine killed) is reported
 //! by no provider in time: `tcp;ofi_rxm` and `sockets` keep retrying for minutes. So
 //! each backend runs a heartbeat hub: a listener on the backend's address (`node` where
-//! it is an IP address, else the agent's listen address, else loopback, then only peers
-//! on this host use it) and one thread. Loading a peer's connection information connects
+//! it is an IP address, else the agent's listen address, else the address this host
+//! sends from on its default route, else loopback — then only peers on this host use
+//! it) and one thread. Loading a peer's connection information connects
 //! to the peer's hub, which then sends a heartbeat every `heartbeat_ms` (default 100)
 //! from its own thread, whatever data the peer moves; after `heartbeat_misses` (default
 //! 5) intervals of silence the peer is declared dead and every transfer to it — in
@@ -101,7 +102,8 @@ fn split_rail_list<'a>(bytes: &'a [u8], what: &str) -> Result<(Vec<Vec<u8>>, &'a
 }
 
 /// Starts this backend's heartbeat hub (`None` with `heartbeat_ms=0`), on `node` where
-/// it is an IP address, else on the agent's listen address, else on loopback.
+/// it is an IP address, else on the agent's listen address, else on the default route's
+/// source address, else on loopback.
 pub(super) fn start_hub(
     config: HeartbeatConfig,
     agent: &str,
@@ -115,8 +117,19 @@ pub(super) fn start_hub(
         .and_then(|n| n.parse::<IpAddr>().ok())
         .filter(|ip| !ip.is_unspecified())
         .or(agent_addr.filter(|ip| !ip.is_unspecified()))
+        .or_else(default_route_ip)
         .unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST));
     Ok(Some(Hub::start(NAME, agent, ip, config)?))
+}
+
+/// The address this host sends from toward other hosts (its default route's source),
+/// asked of the kernel by connecting a UDP socket, which sends nothing.
+fn default_route_ip() -> Option<IpAddr> {
+    let socket = std::net::UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0)).ok()?;
+    // TEST-NET-1 (RFC 5737): routed like any remote address, never a real peer.
+    socket.connect((Ipv4Addr::new(192, 0, 2, 1), 9)).ok()?;
+    let ip = socket.local_addr().ok()?.ip();
+    (!ip.is_unspecified() && !ip.is_loopback()).then_some(ip)
 }
 
 /// Watches `agent` through its hub where both sides run one: `None` where either has
@@ -154,6 +167,31 @@ pub(super) fn watch_peer(
 mod tests {
     use super::*;
     use std::net::SocketAddr;
+
+    #[test]
+    fn the_hub_listens_on_node_then_the_agent_then_the_default_route() {
+        let config = HeartbeatConfig::default();
+        let at = |node: Option<&str>, agent: Option<IpAddr>| {
+            start_hub(config, "t", node, agent)
+                .unwrap()
+                .unwrap()
+                .addr()
+                .addr
+                .ip()
+        };
+        let lo: IpAddr = "127.0.0.1".parse().unwrap();
+        assert_eq!(at(Some("127.0.0.1"), None), lo);
+        assert_eq!(at(Some("not-an-ip"), Some(lo)), lo);
+        assert_eq!(at(Some("0.0.0.0"), Some(lo)), lo);
+        let fallback = at(None, None);
+        assert_eq!(fallback, default_route_ip().unwrap_or(lo));
+        println!("without node or listen address: {fallback}");
+        let off = HeartbeatConfig {
+            interval: None,
+            ..config
+        };
+        assert!(start_hub(off, "t", None, None).unwrap().is_none());
+    }
 
     #[test]
     fn connection_info_parsing_is_bounded() {
