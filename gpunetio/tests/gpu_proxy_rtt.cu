@@ -32,7 +32,7 @@ extern "C" __global__ void gio_rtt_host_ping(u64 *to_host, const u64 *from_host,
 //   2 the high-level post: payload as one 8-byte and three 16-byte relaxed stores
 //     (store_image), then a release store of i to word 0 (mark_ready)
 //   3 as 2 with a relaxed store of word 0 (no ordering: timing only)
-//   4 the low-level post: eleven field stores (prepare_nop), then a release store
+//   4 the low-level post: prepare_nop (an entry image, four stores), then a release store
 //   5 eight relaxed 8-byte stores, each carrying i (a flag per word), word 0 last
 extern "C" __global__ void gio_rtt_host_ping_mode(u64 *line, const u64 *from_host, u64 iters,
                                                   u64 *rtt_ns, unsigned mode) {

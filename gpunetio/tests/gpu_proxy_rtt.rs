@@ -197,7 +197,7 @@ fn gpu_proxy_post_to_proxy_latency() {
             (1, "one release store"),
             (2, "high-level post: 4 payload stores + release store"),
             (3, "4 payload stores + relaxed store (unordered)"),
-            (4, "low-level post: 11 field stores + release store"),
+            (4, "low-level post: prepare_nop + release store"),
             (5, "8 relaxed flagged words"),
         ] {
             let (m, p, min) = host_ping_mode(&gpu, &ping, ping_cpu, Some(mode));

@@ -232,24 +232,44 @@ __device__ __forceinline__ gio_ring_entry *entry_ptr(gio_dev_qp *qp, u64 ticket,
   return &qp->ring[ticket & (size - 1)];
 }
 
-/* Fills an entry (everything but seq). Stores go straight to host-mapped memory. */
+/* An entry built in registers, written to the ring in four stores (bytes 8..63) instead
+ * of one store per field: each store to host-mapped memory is a PCIe write. */
+union entry_image {
+  gio_ring_entry e;
+  uint4 v[4];
+};
+
+__device__ __forceinline__ void store_image(gio_ring_entry *dst, const entry_image &img) {
+  ((uint2 *)dst)[1] = ((const uint2 *)&img)[1];
+  uint4 *d = (uint4 *)dst;
+  d[1] = img.v[1];
+  d[2] = img.v[2];
+  d[3] = img.v[3];
+}
+
+/* Fills an entry (everything but seq): built in registers, then written as four stores
+ * (a ring slot is host-mapped memory, where every store is a PCIe write). `e` is a ring
+ * slot (entry_ptr) or an entry_image's entry: 16-byte aligned. */
 __device__ __forceinline__ void prepare(gio_ring_entry *e, uint8_t opcode, uint8_t flags,
                                         uint32_t local_mr, u64 local_off, uint32_t remote_mr,
                                         u64 remote_off, u64 length, uint32_t signal_mr,
                                         u64 signal_off, u64 signal_add, uint32_t counter) {
-  gio_ring_entry *v = e; /* plain stores: mark_ready's release store orders them */
-  v->opcode = opcode;
-  v->flags = flags;
-  v->local_mr = (uint16_t)local_mr;
-  v->remote_mr = (uint16_t)remote_mr;
-  v->signal_mr = (uint16_t)signal_mr;
-  v->local_off = local_off;
-  v->remote_off = remote_off;
-  v->length = length;
-  v->signal_off = signal_off;
-  v->signal_add = signal_add;
-  v->counter = counter;
-  v->reserved = 0;
+  entry_image img;
+  gio_ring_entry &v = img.e;
+  v.seq = 0;
+  v.opcode = opcode;
+  v.flags = flags;
+  v.local_mr = (uint16_t)local_mr;
+  v.remote_mr = (uint16_t)remote_mr;
+  v.signal_mr = (uint16_t)signal_mr;
+  v.local_off = local_off;
+  v.remote_off = remote_off;
+  v.length = length;
+  v.signal_off = signal_off;
+  v.signal_add = signal_add;
+  v.counter = counter;
+  v.reserved = 0;
+  store_image(e, img);
 }
 
 __device__ __forceinline__ void prepare_put(gio_ring_entry *e, uint32_t remote_mr, u64 remote_off,
@@ -305,21 +325,6 @@ __device__ __forceinline__ void mark_ready(gio_ring_entry *e, u64 ticket) {
   /* A system-scope release store: the fields stored before are visible to the CPU
    * before the sequence number is. */
   st_release_sys(&e->seq, ticket + 1);
-}
-
-/* An entry built in registers, written to the ring in four stores (bytes 8..63) instead
- * of one store per field: each store to host-mapped memory is a PCIe write. */
-union entry_image {
-  gio_ring_entry e;
-  uint4 v[4];
-};
-
-__device__ __forceinline__ void store_image(gio_ring_entry *dst, const entry_image &img) {
-  ((uint2 *)dst)[1] = ((const uint2 *)&img)[1];
-  uint4 *d = (uint4 *)dst;
-  d[1] = img.v[1];
-  d[2] = img.v[2];
-  d[3] = img.v[3];
 }
 
 /* Makes published entries up to `ticket_end` (exclusive) visible to the NIC handler. The
