@@ -11,7 +11,7 @@
 //! `gpunetio::device_code::CompileOptions::header`), `#include "nixl/nixl_device.cuh"`,
 //! and call `nixlGpuPostSingleWriteXferReq<LEVEL>`, `nixlGpuPostSignalXferReq<LEVEL>`,
 //! `nixlGpuReadSignal`, `nixlGpuGetXferStatus`, `nixlPut`, `nixlAtomicAdd`, `nixlGetPtr`
-//! with a handle's [`GpuHandle::raw`] as the kernel argument (16 bytes, by value).
+//! with a handle's [`GpuHandle::raw`] as the kernel argument (40 bytes, by value).
 //!
 //! A handle stays safe to use after release: it names a slot of a table the backend
 //! keeps, and a released slot's generation moves on, so a kernel holding a stale handle

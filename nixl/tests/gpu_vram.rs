@@ -282,6 +282,63 @@ fn cuda_ipc_loopback_and_bad_inputs() {
     ));
 }
 
+/// Two agents of one process reach each other's VRAM: CUDA will not open an IPC handle
+/// in the process that exported it, so the backend uses the peer's addresses as they are.
+#[test]
+fn cuda_ipc_two_agents_in_one_process() {
+    let Some(gpu) = gpunetio::gpu_for_test("cuda_ipc_two_agents_in_one_process") else {
+        return;
+    };
+    let a = agent("ipc-one-a", "CUDA_IPC", false);
+    let b = agent("ipc-one-b", "CUDA_IPC", false);
+    let src = DeviceBuffer::alloc(&gpu, 1 << 20).unwrap();
+    let dst = DeviceBuffer::alloc(&gpu, 1 << 20).unwrap();
+    src.copy_from_host(0, &pattern(7, 1 << 20)).unwrap();
+    dst.fill(0).unwrap();
+    // SAFETY: both buffers outlive the registrations and requests.
+    let _ha = unsafe { a.register_mem(&vram([whole(&src)]), None).unwrap() };
+    // SAFETY: as above.
+    let _hb = unsafe { b.register_mem(&vram([whole(&dst)]), None).unwrap() };
+    assert_eq!(
+        a.load_remote_metadata(&b.local_metadata().unwrap())
+            .unwrap(),
+        "ipc-one-b"
+    );
+    // WRITE at an offset into b's buffer, then READ it back into the start of a's.
+    let half = 1 << 19;
+    let mut w = a
+        .create_xfer_req(
+            XferOp::Write,
+            &vram([Desc::new(src.ptr(), half, gpu.ordinal() as u64)]),
+            &vram([Desc::new(dst.ptr() + half, half, gpu.ordinal() as u64)]),
+            "ipc-one-b",
+            Some(b"one".to_vec()),
+        )
+        .unwrap();
+    w.post().unwrap();
+    w.wait(TIMEOUT).unwrap();
+    assert_eq!(wait_notif(&b, "ipc-one-a"), b"one");
+    let got = dst.to_vec().unwrap();
+    assert!(got[..half as usize].iter().all(|&x| x == 0));
+    assert_eq!(&got[half as usize..], &pattern(7, 1 << 20)[..half as usize]);
+    src.fill(0).unwrap();
+    let mut r = a
+        .create_xfer_req(
+            XferOp::Read,
+            &vram([Desc::new(src.ptr(), half, gpu.ordinal() as u64)]),
+            &vram([Desc::new(dst.ptr() + half, half, gpu.ordinal() as u64)]),
+            "ipc-one-b",
+            None,
+        )
+        .unwrap();
+    r.post().unwrap();
+    r.wait(TIMEOUT).unwrap();
+    assert_eq!(
+        &src.to_vec().unwrap()[..half as usize],
+        &pattern(7, 1 << 20)[..half as usize]
+    );
+}
+
 #[test]
 fn cuda_ipc_peer_on_another_node_is_unreachable() {
     let Some(gpu) = gpunetio::gpu_for_test("cuda_ipc_peer_on_another_node_is_unreachable") else {

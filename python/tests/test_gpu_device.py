@@ -352,23 +352,12 @@ def test_a_non_device_backend_next_to_gpunetio_is_refused_by_name():
 # --- two agents of one process -------------------------------------------------------------
 
 
-# A peer's VRAM is reached by the intra-node path, which maps it with CUDA IPC; CUDA
-# refuses that inside the process that exported it (cuIpcOpenMemHandle:
-# CUDA_ERROR_INVALID_CONTEXT): a limitation of the Rust backend, tracked here as a strict
-# expected failure so that the test fails once the backend handles it (then drop the mark).
-# A peer's DRAM is reached through the NIC path (the CPU proxy over libfabric): that works
-# between two agents of one process.
-SAME_PROCESS_IPC = pytest.mark.xfail(
-    strict=True,
-    raises=api.nixlBind.nixlBackendError,
-    reason="GPUNETIO's intra-node path imports a peer's VRAM by CUDA IPC, which fails "
-    "between two agents of one process (CUDA_ERROR_INVALID_CONTEXT)",
-)
+# A peer's VRAM is reached by the intra-node path (another agent of this process: its
+# addresses as they are, since CUDA refuses to open an IPC handle in the exporting
+# process); a peer's DRAM through the NIC path (the CPU proxy over libfabric).
 
 
-@pytest.mark.parametrize(
-    "target_mem", [pytest.param("VRAM", marks=SAME_PROCESS_IPC), "DRAM"]
-)
+@pytest.mark.parametrize("target_mem", ["VRAM", "DRAM"])
 def test_two_agents_in_one_process(target_mem):
     a = gpunetio_agent(f"gn-a-{target_mem}")
     b = gpunetio_agent(f"gn-b-{target_mem}")

@@ -233,6 +233,9 @@ struct Peer {
     unreachable: Option<String>,
     /// Readable once the peer process has exited.
     pidfd: Option<OwnedFd>,
+    /// The peer is an agent of this very process: its addresses are valid here as they
+    /// are (CUDA refuses to open an IPC handle in the process that exported it).
+    same_process: bool,
     conn: Mutex<Option<UnixStream>>,
     mappings: Mutex<HashMap<AllocKey, Arc<Mapped>>>,
     /// Set once the peer was seen gone.
@@ -269,11 +272,14 @@ impl Peer {
             && process_start_time(info.pid).is_some_and(|t| t == info.start_time))
         .then(|| pidfd_open(info.pid))
         .flatten();
+        let same_process =
+            unreachable.is_none() && info.pid == me.pid && info.start_time == me.start_time;
         Self {
             name: name.to_string(),
             info,
             unreachable,
             pidfd,
+            same_process,
             conn: Mutex::default(),
             mappings: Mutex::default(),
             gone: AtomicBool::new(false),
@@ -721,7 +727,8 @@ impl<'a> Importer<'a> {
             .as_any()
             .downcast_ref::<RemoteRegion>()
             .ok_or_else(|| Error::InvalidParam(format!("{NAME}: not a {NAME} region")))?;
-        let Some(peer) = &self.peer else {
+        let Some(peer) = self.peer.as_ref().filter(|p| !p.same_process) else {
+            // Loopback, or another agent of this process: the address is valid here.
             return Ok((desc.addr, local_gpu.unwrap_or(desc.dev_id as usize)));
         };
         // Import where the exporter's GPU is, if this process sees it; else into the
