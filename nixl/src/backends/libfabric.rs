@@ -124,7 +124,7 @@ use crate::backend::{
 };
 use crate::error::{Error, Result};
 use crate::mem::{MemKind, Region};
-use conn::{encode_conn_info, parse_conn_info, start_hub, watch_peer};
+use conn::{encode_conn_info, parse_conn_info, start_hub, watch_peer, DEATH_GRACE};
 use fabric::{
     Access, Address, AddressVector, AvType, Caps, CompletionQueue, Counter, CqFormat, Domain,
     EndpointBuilder, EndpointType, Fabric, HmemIface, Info, InfoBuilder, MemoryRegion,
@@ -923,6 +923,7 @@ impl Backend for LibfabricBackend {
             peer: peer.addrs.clone(),
             liveness: peer.liveness.clone(),
             watch: peer.watch.clone(),
+            error_held: None,
             self_name: self.agent_name.clone(),
             sender_hash: self.sender_hash,
             next_seq: self.next_seq.clone(),
@@ -1139,6 +1140,8 @@ struct FabricXfer {
     liveness: Option<Arc<Liveness>>,
     /// The peer's heartbeats: their end fails the transfer.
     watch: Option<Arc<PeerWatch>>,
+    /// Since when a provider error is held while the watches confirm the peer's death.
+    error_held: Option<Instant>,
     progress: Arc<Progress>,
 }
 
@@ -1159,6 +1162,7 @@ impl FabricXfer {
 impl BackendXfer for FabricXfer {
     fn post(&mut self, notif: Option<&[u8]>, _params: &PostParams) -> Result<XferStatus> {
         self.peer_alive()?;
+        self.error_held = None;
         let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
         let key = (u64::from(self.sender_hash) << 32) | u64::from(seq);
         let staged_units: u64 = self
@@ -1229,6 +1233,19 @@ impl BackendXfer for FabricXfer {
         if let Some((disconnect, code, text)) =
             self.shared.failed.lock().expect("failed lock").clone()
         {
+            if !disconnect && (self.watch.is_some() || self.liveness.is_some()) {
+                // Providers report some deaths as plain errors (`sockets` fails the
+                // operations of a lost connection with FI_EIO): a dead peer's is typed
+                // as its death, which the watches confirm within a short grace.
+                self.peer_alive()?;
+                let since = *self.error_held.get_or_insert_with(Instant::now);
+                if since.elapsed() < DEATH_GRACE {
+                    return Ok(XferProgress {
+                        status: XferStatus::InProgress,
+                        completed_ops: self.shared.completed.load(Ordering::Relaxed),
+                    });
+                }
+            }
             return Err(if disconnect {
                 Error::RemoteDisconnect {
                     agent: self.agent.clone(),

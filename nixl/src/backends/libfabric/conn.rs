@@ -23,6 +23,13 @@ use super::{Error, Result, NAME};
 use crate::backends::heartbeat::{HeartbeatConfig, Hub, HubAddr, PeerWatch};
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
+use std::time::Duration;
+
+/// How long a transfer holds a provider's plain error (e.g. `sockets`' FI_EIO for a lost
+/// connection) while the peer's watches confirm whether the peer died: then the error is
+/// its death, [`crate::Error::RemoteDisconnect`]. A dead process's heartbeat connection
+/// closes within milliseconds, so this only delays errors of live peers.
+pub(super) const DEATH_GRACE: Duration = Duration::from_millis(250);
 
 /// What a peer's connection information says.
 #[derive(Debug, Clone, PartialEq, Eq)]
