@@ -629,3 +629,89 @@ fn a_released_requester_address_leaves_the_peer_entry_working() {
         assert!(bbuf == back, "{provider}: again");
     }
 }
+
+/// A staged peer frozen (SIGSTOP) mid-pipeline, as a hung host: its process lives on and
+/// the transport says nothing, so only heartbeats tell. The transfer fails with
+/// `RemoteDisconnect` within the bound (the default stall timeout stays; the staged part
+/// is checked like the direct one), and once the request is released no slot stays held
+/// for the frozen peer (READ: its FETCHes go unanswered), without it being invalidated.
+#[test]
+fn a_frozen_staged_peer_fails_typed_and_its_slots_come_back() {
+    use crate::backend::Backend;
+    let provider = "tcp;ofi_rxm";
+    let agent = Agent::new("staged-initiator", AgentConfig::default()).unwrap();
+    let backend = Arc::new(
+        super::open(
+            &agent,
+            &params([("provider", provider), ("stage_dram", "1")]),
+        )
+        .unwrap(),
+    );
+    agent
+        .add_backend(backend.clone() as Arc<dyn Backend>)
+        .unwrap();
+    let mut local = vec![0u8; PEER_LEN];
+    let local_p = local.as_mut_ptr() as u64;
+    // SAFETY: `local` outlives the handle and the request.
+    let _h = unsafe {
+        agent
+            .register_mem(&dram([Desc::new(local_p, PEER_LEN as u64, 0)]), None)
+            .unwrap()
+    };
+    let mut victim = PeerProcess::spawn("frozen", provider);
+    let name = agent.fetch_remote_metadata(victim.addr).unwrap();
+    let mut big = agent
+        .create_xfer_req(
+            XferOp::Read,
+            &dram([Desc::new(local_p, PEER_LEN as u64, 0)]),
+            &dram([Desc::new(victim.base, PEER_LEN as u64, 0)]),
+            &name,
+            None,
+        )
+        .unwrap();
+    big.post().unwrap();
+    // SAFETY: kill(2) with the pid of our own (not yet reaped) child.
+    assert_eq!(
+        unsafe { libc::kill(victim.child.id() as libc::pid_t, libc::SIGSTOP) },
+        0
+    );
+    let frozen = Instant::now();
+    let err = loop {
+        match big.status() {
+            Ok(XferStatus::Done) => {
+                if let Err(e) = big.post() {
+                    break e;
+                }
+            }
+            Ok(XferStatus::InProgress) => std::thread::sleep(Duration::from_micros(200)),
+            Err(e) => break e,
+        }
+        assert!(
+            frozen.elapsed() < TIMEOUT,
+            "the frozen peer was never noticed"
+        );
+    };
+    let took = frozen.elapsed();
+    println!("{provider}: staged peer frozen -> {err} after {took:?}");
+    assert!(
+        matches!(&err, crate::Error::RemoteDisconnect { agent, .. } if *agent == name),
+        "{err:?}"
+    );
+    assert!(took < Duration::from_secs(5), "after {took:?}");
+    drop(big);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        backend.common.stager.progress();
+        let slots = backend.common.stager.engine().slots_in_use();
+        if slots == (0, 0) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "slots still held for the dead peer: {slots:?}"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    drop(victim);
+    drop(local);
+}
