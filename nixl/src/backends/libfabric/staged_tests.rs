@@ -658,7 +658,7 @@ fn a_frozen_staged_peer_fails_typed_and_its_slots_come_back() {
             .register_mem(&dram([Desc::new(local_p, PEER_LEN as u64, 0)]), None)
             .unwrap()
     };
-    let mut victim = PeerProcess::spawn("frozen", provider);
+    let victim = PeerProcess::spawn("frozen", provider);
     let name = agent.fetch_remote_metadata(victim.addr).unwrap();
     let mut big = agent
         .create_xfer_req(
@@ -671,10 +671,8 @@ fn a_frozen_staged_peer_fails_typed_and_its_slots_come_back() {
         .unwrap();
     big.post().unwrap();
     // SAFETY: kill(2) with the pid of our own (not yet reaped) child.
-    assert_eq!(
-        unsafe { libc::kill(victim.child.id() as libc::pid_t, libc::SIGSTOP) },
-        0
-    );
+    let stopped = unsafe { libc::kill(victim.child.id() as libc::pid_t, libc::SIGSTOP) };
+    assert_eq!(stopped, 0);
     let frozen = Instant::now();
     let err = loop {
         match big.status() {
