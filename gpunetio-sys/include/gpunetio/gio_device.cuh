@@ -49,6 +49,30 @@ typedef unsigned long long u64;
 
 /* ---- primitives -------------------------------------------------------------------------- */
 
+/* A field of a queue pair or its memory table: the host writes them before export and
+ * never while kernels run, so they are read through the read-only data cache. Ordinary
+ * loads would go to L2 after every system-scope fence of a post or a wait (which drop
+ * L1), and a post reads several of them one after the other. */
+template <typename T> __device__ __forceinline__ T ro_load(const T *p) {
+  static_assert(sizeof(T) == 4 || sizeof(T) == 8, "a 4- or 8-byte queue pair field");
+  if constexpr (sizeof(T) == 8) {
+    union {
+      unsigned long long bits;
+      T value;
+    } u;
+    u.bits = __ldg((const unsigned long long *)p);
+    return u.value;
+  } else {
+    union {
+      unsigned int bits;
+      T value;
+    } u;
+    u.bits = __ldg((const unsigned int *)p);
+    return u.value;
+  }
+}
+#define GIO_RO(field) (::gio::ro_load(&(field)))
+
 __device__ __forceinline__ u64 now_ns() {
   u64 t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
@@ -86,7 +110,7 @@ __device__ __forceinline__ u64 ld_acquire_gpu(const u64 *p) {
 
 /* Whether every peer region is on this GPU: then GPU scope orders and atomics suffice. */
 __device__ __forceinline__ bool same_device(const gio_dev_qp *qp) {
-  return (qp->flags & GIO_QP_SAME_DEVICE) != 0;
+  return (GIO_RO(qp->flags) & GIO_QP_SAME_DEVICE) != 0;
 }
 
 /* Orders this thread's earlier stores (the data) before its later ones (the signal), for
@@ -127,13 +151,13 @@ __device__ __forceinline__ unsigned lane_id() {
 
 /* Whether a bounded wait that started at `start` ran out. */
 __device__ __forceinline__ bool timed_out(const gio_dev_qp *qp, u64 start) {
-  return qp->timeout_ns != 0 && now_ns() - start > qp->timeout_ns;
+  return GIO_RO(qp->timeout_ns) != 0 && now_ns() - start > GIO_RO(qp->timeout_ns);
 }
 
 /* The host's error and shutdown words (adjacent in gio_ring_ctrl), in one load: each
  * read of host memory is a PCIe round trip. */
 __device__ __forceinline__ u64 host_verdict(const gio_dev_qp *qp) {
-  return ld_relaxed_sys((const u64 *)&qp->ctrl->error);
+  return ld_relaxed_sys((const u64 *)&GIO_RO(qp->ctrl)->error);
 }
 
 /* GIO_OK, the host's failure, or GIO_ERR_SHUTDOWN, from a host_verdict() word. */
@@ -145,7 +169,7 @@ __device__ __forceinline__ int verdict_status(u64 verdict) {
 
 /* The host's verdict on the queue pair: GIO_OK, a failure, or shutdown. */
 __device__ __forceinline__ int host_status(const gio_dev_qp *qp) {
-  if (qp->ctrl == 0) return GIO_OK;
+  if (GIO_RO(qp->ctrl) == 0) return GIO_OK;
   return verdict_status(host_verdict(qp));
 }
 
@@ -174,7 +198,7 @@ template <sharing S> __device__ __forceinline__ void atomic_max(u64 *p, u64 v) {
 #if defined(GIO_DEBUG)
 /* Refuses a second API level on one queue pair. */
 __device__ __forceinline__ int check_level(const gio_dev_qp *qp, uint32_t level) {
-  uint32_t *l = &qp->state->level;
+  uint32_t *l = &GIO_RO(qp->state)->level;
   uint32_t seen = atomicCAS(l, GIO_LEVEL_UNUSED, level);
   return (seen == GIO_LEVEL_UNUSED || seen == level) ? GIO_OK : GIO_ERR_MIXED_LEVELS;
 }
@@ -187,10 +211,11 @@ __device__ __forceinline__ int check_level(const gio_dev_qp *, uint32_t) { retur
 /* Whether [off, off + len) lies in region `mr` of the table, which must be remote or not. */
 __device__ __forceinline__ bool in_bounds(const gio_dev_qp *qp, uint32_t mr, u64 off, u64 len,
                                           bool remote) {
-  if (mr >= qp->num_mrs) return false;
-  const gio_dev_mr &m = qp->mrs[mr];
-  if (((m.flags & GIO_MR_REMOTE) != 0) != remote) return false;
-  return off <= m.length && len <= m.length - off;
+  if (mr >= GIO_RO(qp->num_mrs)) return false;
+  const gio_dev_mr &m = GIO_RO(qp->mrs)[mr];
+  if (((GIO_RO(m.flags) & GIO_MR_REMOTE) != 0) != remote) return false;
+  const u64 length = GIO_RO(m.length);
+  return off <= length && len <= length - off;
 }
 
 /* ---- CPU proxy ring: low level -------------------------------------------------------------- */
@@ -198,21 +223,21 @@ __device__ __forceinline__ bool in_bounds(const gio_dev_qp *qp, uint32_t mr, u64
 /* Reserves `n` consecutive ring slots; returns the first ticket. Slots are not yet free
  * to write: entry_ptr() waits for that. */
 template <sharing S> __device__ __forceinline__ u64 reserve_slots(gio_dev_qp *qp, uint32_t n) {
-  return atomic_add<S>(&qp->state->reserved, (u64)n);
+  return atomic_add<S>(&GIO_RO(qp->state)->reserved, (u64)n);
 }
 
 /* The ring slot of `ticket`, once the proxy has freed it (back-pressure), or null with
  * *status set (failure, shutdown, timeout). */
 template <sharing S>
 __device__ __forceinline__ gio_ring_entry *entry_ptr(gio_dev_qp *qp, u64 ticket, int *status) {
-  const u64 size = qp->ring_size;
-  u64 consumed = *(volatile u64 *)&qp->state->cached_consumed;
+  const u64 size = GIO_RO(qp->ring_size);
+  u64 consumed = *(volatile u64 *)&GIO_RO(qp->state)->cached_consumed;
   if (ticket >= consumed + size) {
     const u64 start = now_ns();
     for (unsigned polls = 1;; polls++) {
-      consumed = ld_acquire_sys(&qp->ctrl->consumed);
+      consumed = ld_acquire_sys(&GIO_RO(qp->ctrl)->consumed);
       if (ticket < consumed + size) {
-        atomic_max<S>(&qp->state->cached_consumed, consumed);
+        atomic_max<S>(&GIO_RO(qp->state)->cached_consumed, consumed);
         break;
       }
       if ((polls & 31) == 0) {
@@ -229,7 +254,7 @@ __device__ __forceinline__ gio_ring_entry *entry_ptr(gio_dev_qp *qp, u64 ticket,
     }
   }
   *status = GIO_OK;
-  return &qp->ring[ticket & (size - 1)];
+  return &GIO_RO(qp->ring)[ticket & (size - 1)];
 }
 
 /* An entry built in registers, written to the ring in four stores (bytes 8..63) instead
@@ -333,10 +358,10 @@ __device__ __forceinline__ void submit(gio_dev_qp *, u64) {}
 
 /* GIO_OK once `ticket` completed, 1 while pending, else the failure. */
 __device__ __forceinline__ int poll_completion(const gio_dev_qp *qp, u64 ticket) {
-  if (qp->nic_handler == GIO_NIC_HANDLER_MLX5) return mlx5::poll_wqe(qp->mlx5, ticket);
-  if (qp->nic_handler != GIO_NIC_HANDLER_CPU_PROXY) return GIO_OK;
+  if (GIO_RO(qp->nic_handler) == GIO_NIC_HANDLER_MLX5) return mlx5::poll_wqe(GIO_RO(qp->mlx5), ticket);
+  if (GIO_RO(qp->nic_handler) != GIO_NIC_HANDLER_CPU_PROXY) return GIO_OK;
   /* Both reads in flight together: one PCIe round trip, not two. */
-  const u64 done = ld_relaxed_sys(&qp->ctrl->completed);
+  const u64 done = ld_relaxed_sys(&GIO_RO(qp->ctrl)->completed);
   const u64 verdict = host_verdict(qp);
   if (done > ticket) {
     fence_acquire_sys();
@@ -385,21 +410,21 @@ __device__ __forceinline__ void copy_bytes(char *dst, const char *src, u64 len, 
 }
 
 __device__ __forceinline__ char *mapped(const gio_dev_qp *qp, uint32_t mr, u64 off) {
-  return (char *)(qp->mrs[mr].addr + off);
+  return (char *)(GIO_RO(GIO_RO(qp->mrs)[mr].addr) + off);
 }
 
 /* ---- native mlx5: the GPU writes WQEs and rings the doorbell ------------------------------------ */
 
 /* The first error CQE seen on the queue pair, GIO_OK while healthy. */
 __device__ __forceinline__ int mlx5_status(const gio_dev_qp *qp) {
-  return *(volatile const int32_t *)&qp->mlx5->error;
+  return *(volatile const int32_t *)&GIO_RO(qp->mlx5)->error;
 }
 
 /* Waits until WQE `pi` completed (or failed). */
 __device__ __forceinline__ int mlx5_wait(const gio_dev_qp *qp, u64 pi) {
   const u64 start = now_ns();
   for (;;) {
-    const int st = mlx5::poll_wqe(qp->mlx5, pi);
+    const int st = mlx5::poll_wqe(GIO_RO(qp->mlx5), pi);
     if (st != 1) return st;
     if (timed_out(qp, start)) return GIO_ERR_TIMEOUT;
   }
@@ -412,7 +437,7 @@ __device__ __forceinline__ int mlx5_wait(const gio_dev_qp *qp, u64 pi) {
  * the NIC never sees the producer index go back). `*ticket` = the last WQE's index. */
 template <sharing S, typename Build>
 __device__ __forceinline__ int mlx5_post_n(gio_dev_qp *qp, uint32_t n, u64 *ticket, Build build) {
-  gio_mlx5_qp *m = qp->mlx5;
+  gio_mlx5_qp *m = GIO_RO(qp->mlx5);
   int st = mlx5_status(qp);
   if (st != GIO_OK) return st;
   const u64 first = reserve_slots<S>(qp, n);
@@ -482,14 +507,14 @@ __device__ __forceinline__ int mlx5_count(gio_dev_qp *qp, u64 ticket, uint32_t c
   const unsigned leader = Sc == scope::warp ? __ffs(active) - 1 : 0;
   if (Sc == scope::thread || lane_id() == leader) {
     st = mlx5_wait(qp, ticket);
-    if (st == GIO_OK) atomicAdd_system(&qp->counters[counter], 1ull);
+    if (st == GIO_OK) atomicAdd_system(&GIO_RO(qp->counters)[counter], 1ull);
   }
   if (Sc == scope::warp) st = __shfl_sync(active, st, leader);
   return st;
 }
 
 __device__ __forceinline__ const gio_mlx5_key &mlx5_key(const gio_dev_qp *qp, uint32_t mr) {
-  return qp->mlx5->keys[mr];
+  return GIO_RO(qp->mlx5)->keys[mr];
 }
 
 /* Messages above 2 GiB - 1 do not fit a data segment's byte count. */
@@ -559,9 +584,9 @@ __device__ __forceinline__ int put_ext(gio_dev_qp *qp, uint32_t remote_mr, u64 r
   if (!in_bounds(qp, remote_mr, remote_off, len, true) ||
       !in_bounds(qp, local_mr, local_off, len, false) ||
       (signal_mr >= 0 && (!in_bounds(qp, (uint32_t)signal_mr, signal_off, 8, true) || (signal_off & 7))) ||
-      (counter != GIO_NO_COUNTER && counter >= qp->num_counters))
+      (counter != GIO_NO_COUNTER && counter >= GIO_RO(qp->num_counters)))
     return GIO_ERR_BOUNDS;
-  if (qp->nic_handler == GIO_NIC_HANDLER_INTRA_NODE) {
+  if (GIO_RO(qp->nic_handler) == GIO_NIC_HANDLER_INTRA_NODE) {
     const unsigned lanes = Sc == scope::warp ? 32 : 1;
     const unsigned lane = Sc == scope::warp ? lane_id() : 0;
     copy_bytes(mapped(qp, remote_mr, remote_off), mapped(qp, local_mr, local_off), len, lane, lanes);
@@ -573,15 +598,15 @@ __device__ __forceinline__ int put_ext(gio_dev_qp *qp, uint32_t remote_mr, u64 r
     }
     if (counter != GIO_NO_COUNTER && lane == 0) {
       fence_for_peer(qp);
-      peer_atomic_add(qp, &qp->counters[counter], 1ull);
+      peer_atomic_add(qp, &GIO_RO(qp->counters)[counter], 1ull);
     }
     if (ticket) *ticket = 0;
     return GIO_OK;
   }
-  if (qp->nic_handler == GIO_NIC_HANDLER_MLX5) {
+  if (GIO_RO(qp->nic_handler) == GIO_NIC_HANDLER_MLX5) {
     if (len > GIO_MLX5_MAX_MESSAGE) return GIO_ERR_BAD_ENTRY;
     const gio_mlx5_key &r = mlx5_key(qp, remote_mr), &l = mlx5_key(qp, local_mr);
-    const uint32_t qpn = qp->mlx5->qpn;
+    const uint32_t qpn = GIO_RO(qp->mlx5)->qpn;
     u64 t = 0;
     /* RDMA WRITE, then (put_signal) an atomic fetch-add the responder executes after the
      * write's data was placed (RC requests execute in order). */
@@ -594,7 +619,7 @@ __device__ __forceinline__ int put_ext(gio_dev_qp *qp, uint32_t remote_mr, u64 r
         const gio_mlx5_key &s = mlx5_key(qp, (uint32_t)signal_mr);
         mlx5::prepare_atomic(w, GIO_MLX5_OPCODE_ATOMIC_FA, (uint16_t)pi, qpn,
                              GIO_MLX5_CTRL_CQ_UPDATE, s.addr + signal_off, s.key,
-                             qp->mlx5->scratch_addr, qp->mlx5->scratch_lkey, signal_add, 0);
+                             GIO_RO(qp->mlx5)->scratch_addr, GIO_RO(qp->mlx5)->scratch_lkey, signal_add, 0);
       }
     });
     if (ticket) *ticket = t;
@@ -651,14 +676,14 @@ __device__ __forceinline__ int p(gio_dev_qp *qp, uint32_t remote_mr, u64 remote_
   int st = check_level(qp, GIO_LEVEL_HIGH);
   if (st != GIO_OK) return st;
   if (!in_bounds(qp, remote_mr, remote_off, sizeof(T), true)) return GIO_ERR_BOUNDS;
-  if (qp->nic_handler == GIO_NIC_HANDLER_INTRA_NODE) {
+  if (GIO_RO(qp->nic_handler) == GIO_NIC_HANDLER_INTRA_NODE) {
     if (Sc == scope::thread || lane_id() == 0) *(volatile T *)mapped(qp, remote_mr, remote_off) = value;
     if (ticket) *ticket = 0;
     return GIO_OK;
   }
-  if (qp->nic_handler == GIO_NIC_HANDLER_MLX5) {
+  if (GIO_RO(qp->nic_handler) == GIO_NIC_HANDLER_MLX5) {
     const gio_mlx5_key &r = mlx5_key(qp, remote_mr);
-    const uint32_t qpn = qp->mlx5->qpn;
+    const uint32_t qpn = GIO_RO(qp->mlx5)->qpn;
     return mlx5_post<Sc, S>(qp, 1, ticket, [&](mlx5::wqe *w, u64 pi, uint32_t) {
       mlx5::prepare_write_inline(w, (uint16_t)pi, qpn, GIO_MLX5_CTRL_CQ_UPDATE,
                                  r.addr + remote_off, r.key, &value, sizeof(T));
@@ -679,7 +704,7 @@ __device__ __forceinline__ int signal(gio_dev_qp *qp, uint32_t signal_mr, u64 si
   int st = check_level(qp, GIO_LEVEL_HIGH);
   if (st != GIO_OK) return st;
   if (!in_bounds(qp, signal_mr, signal_off, 8, true) || (signal_off & 7)) return GIO_ERR_BOUNDS;
-  if (qp->nic_handler == GIO_NIC_HANDLER_INTRA_NODE) {
+  if (GIO_RO(qp->nic_handler) == GIO_NIC_HANDLER_INTRA_NODE) {
     if (Sc == scope::thread || lane_id() == 0) {
       if (Sc == scope::warp) fence_for_peer(qp);
       peer_release_add(qp, (u64 *)mapped(qp, signal_mr, signal_off), add);
@@ -687,9 +712,9 @@ __device__ __forceinline__ int signal(gio_dev_qp *qp, uint32_t signal_mr, u64 si
     if (ticket) *ticket = 0;
     return GIO_OK;
   }
-  if (qp->nic_handler == GIO_NIC_HANDLER_MLX5) {
+  if (GIO_RO(qp->nic_handler) == GIO_NIC_HANDLER_MLX5) {
     const gio_mlx5_key &s = mlx5_key(qp, signal_mr);
-    const gio_mlx5_qp *m = qp->mlx5;
+    const gio_mlx5_qp *m = GIO_RO(qp->mlx5);
     return mlx5_post<Sc, S>(qp, 1, ticket, [&](mlx5::wqe *w, u64 pi, uint32_t) {
       mlx5::prepare_atomic(w, GIO_MLX5_OPCODE_ATOMIC_FA, (uint16_t)pi, m->qpn,
                            GIO_MLX5_CTRL_CQ_UPDATE, s.addr + signal_off, s.key, m->scratch_addr,
@@ -709,24 +734,24 @@ __device__ __forceinline__ int get(gio_dev_qp *qp, uint32_t local_mr, u64 local_
   if (st != GIO_OK) return st;
   if (!in_bounds(qp, remote_mr, remote_off, len, true) ||
       !in_bounds(qp, local_mr, local_off, len, false) ||
-      (counter != GIO_NO_COUNTER && counter >= qp->num_counters))
+      (counter != GIO_NO_COUNTER && counter >= GIO_RO(qp->num_counters)))
     return GIO_ERR_BOUNDS;
-  if (qp->nic_handler == GIO_NIC_HANDLER_INTRA_NODE) {
+  if (GIO_RO(qp->nic_handler) == GIO_NIC_HANDLER_INTRA_NODE) {
     const unsigned lanes = Sc == scope::warp ? 32 : 1;
     const unsigned lane = Sc == scope::warp ? lane_id() : 0;
     copy_bytes(mapped(qp, local_mr, local_off), mapped(qp, remote_mr, remote_off), len, lane, lanes);
     if (Sc == scope::warp) __syncwarp();
     if (counter != GIO_NO_COUNTER && lane == 0) {
       fence_for_peer(qp);
-      peer_atomic_add(qp, &qp->counters[counter], 1ull);
+      peer_atomic_add(qp, &GIO_RO(qp->counters)[counter], 1ull);
     }
     if (ticket) *ticket = 0;
     return GIO_OK;
   }
-  if (qp->nic_handler == GIO_NIC_HANDLER_MLX5) {
+  if (GIO_RO(qp->nic_handler) == GIO_NIC_HANDLER_MLX5) {
     if (len > GIO_MLX5_MAX_MESSAGE) return GIO_ERR_BAD_ENTRY;
     const gio_mlx5_key &r = mlx5_key(qp, remote_mr), &l = mlx5_key(qp, local_mr);
-    const uint32_t qpn = qp->mlx5->qpn;
+    const uint32_t qpn = GIO_RO(qp->mlx5)->qpn;
     u64 t = 0;
     st = mlx5_post<Sc, S>(qp, 1, &t, [&](mlx5::wqe *w, u64 pi, uint32_t) {
       mlx5::prepare_rdma(w, GIO_MLX5_OPCODE_RDMA_READ, (uint16_t)pi, qpn, GIO_MLX5_CTRL_CQ_UPDATE,
@@ -746,14 +771,14 @@ __device__ __forceinline__ int get(gio_dev_qp *qp, uint32_t local_mr, u64 local_
  * posted before it completed. */
 template <scope Sc = scope::thread, sharing S = sharing::gpu>
 __device__ __forceinline__ int fence(gio_dev_qp *qp) {
-  if (qp->nic_handler == GIO_NIC_HANDLER_INTRA_NODE) {
+  if (GIO_RO(qp->nic_handler) == GIO_NIC_HANDLER_INTRA_NODE) {
     fence_for_peer(qp);
     return GIO_OK;
   }
-  if (qp->nic_handler == GIO_NIC_HANDLER_MLX5) {
+  if (GIO_RO(qp->nic_handler) == GIO_NIC_HANDLER_MLX5) {
     /* A NOP with the strong-ordering fence: the NIC starts it, and so everything after
      * it, only once every earlier WQE completed. */
-    const uint32_t qpn = qp->mlx5->qpn;
+    const uint32_t qpn = GIO_RO(qp->mlx5)->qpn;
     return mlx5_post<Sc, S>(qp, 1, 0, [&](mlx5::wqe *w, u64 pi, uint32_t) {
       mlx5::prepare_nop(w, (uint16_t)pi, qpn, GIO_MLX5_CTRL_CQ_UPDATE | GIO_MLX5_CTRL_FENCE);
     });
@@ -764,17 +789,17 @@ __device__ __forceinline__ int fence(gio_dev_qp *qp) {
 /* Waits until operation `ticket` completed (its data delivered for a put, landed locally
  * for a get). */
 __device__ __forceinline__ int wait(const gio_dev_qp *qp, u64 ticket) {
-  if (qp->nic_handler == GIO_NIC_HANDLER_INTRA_NODE) {
+  if (GIO_RO(qp->nic_handler) == GIO_NIC_HANDLER_INTRA_NODE) {
     fence_for_peer(qp);
     return GIO_OK;
   }
-  if (qp->nic_handler == GIO_NIC_HANDLER_CPU_PROXY) {
+  if (GIO_RO(qp->nic_handler) == GIO_NIC_HANDLER_CPU_PROXY) {
     /* Each read of host memory crosses PCIe (~1 us): poll the completion count, and
      * every 32nd poll read the host's verdict beside it (both in flight together, and
      * never before the first poll: a wait for a healthy ring pays no extra round trip). */
     const u64 start = now_ns();
     for (unsigned polls = 1;; polls++) {
-      const u64 done = ld_relaxed_sys(&qp->ctrl->completed);
+      const u64 done = ld_relaxed_sys(&GIO_RO(qp->ctrl)->completed);
       const bool check = (polls & 31) == 0;
       const u64 verdict = check ? host_verdict(qp) : 0;
       if (done > ticket) {
@@ -798,13 +823,13 @@ __device__ __forceinline__ int wait(const gio_dev_qp *qp, u64 ticket) {
 
 /* Waits until everything posted on the queue pair so far (by any thread) completed. */
 __device__ __forceinline__ int quiet(gio_dev_qp *qp) {
-  if (qp->nic_handler == GIO_NIC_HANDLER_INTRA_NODE) {
+  if (GIO_RO(qp->nic_handler) == GIO_NIC_HANDLER_INTRA_NODE) {
     fence_for_peer(qp);
     return GIO_OK;
   }
-  const u64 reserved = *(volatile u64 *)&qp->state->reserved;
+  const u64 reserved = *(volatile u64 *)&GIO_RO(qp->state)->reserved;
   if (reserved == 0)
-    return qp->nic_handler == GIO_NIC_HANDLER_MLX5 ? mlx5_status(qp) : host_status(qp);
+    return GIO_RO(qp->nic_handler) == GIO_NIC_HANDLER_MLX5 ? mlx5_status(qp) : host_status(qp);
   return wait(qp, reserved - 1);
 }
 
@@ -831,8 +856,8 @@ __device__ __forceinline__ int signal_wait_ge(const gio_dev_qp *qp, const u64 *a
 
 /* Waits until local counter `counter` is >= `value`. */
 __device__ __forceinline__ int counter_wait_ge(const gio_dev_qp *qp, uint32_t counter, u64 value) {
-  if (counter >= qp->num_counters) return GIO_ERR_BOUNDS;
-  return signal_wait_ge(qp, &qp->counters[counter], value);
+  if (counter >= GIO_RO(qp->num_counters)) return GIO_ERR_BOUNDS;
+  return signal_wait_ge(qp, &GIO_RO(qp->counters)[counter], value);
 }
 
 } /* namespace gio */
