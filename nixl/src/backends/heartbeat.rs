@@ -430,8 +430,8 @@ impl HubShared {
 
 /// A listener and a thread that send heartbeats to the peers that watch this backend
 /// and watch the peers this backend loaded. The thread moves no data: a busy backend
-/// still answers in time. Idle (no peers) it sleeps; with peers it wakes once per
-/// interval (and when a heartbeat arrives).
+/// still answers in time. Without peers it wakes once a second; with peers once per
+/// interval per direction (to send, and when a heartbeat arrives).
 #[derive(Debug)]
 pub(crate) struct Hub {
     shared: Arc<HubShared>,
