@@ -26,7 +26,7 @@
 //!   [`Error::RemoteDisconnect`].
 
 use super::cuda_copy::{gpu_err, Copy, GpuXfer, LazyPin, NotifSink, StreamPools};
-use super::shared::param;
+use super::shared::{param, random_u64};
 use crate::agent::Agent;
 use crate::backend::{
     Backend, BackendParams, BackendXfer, Capabilities, LocalMd, RemoteMd, XferEntry, XferOp,
@@ -212,13 +212,6 @@ fn process_start_time(pid: u32) -> Option<u64> {
     // The command name (field 2) may hold spaces and parentheses: count after its end.
     let rest = &stat[stat.rfind(')')? + 2..];
     rest.split(' ').nth(19)?.parse().ok()
-}
-
-fn random_u64() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u64(std::process::id() as u64);
-    h.finish()
 }
 
 // ---- peers -------------------------------------------------------------------------------

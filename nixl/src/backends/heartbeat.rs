@@ -22,6 +22,7 @@
 //! `heartbeat_ms=0`); a watcher waits for `misses` of the *peer's* intervals, and only a
 //! watcher with heartbeats on watches at all. Set `heartbeat_ms=0` to turn it off.
 
+use super::shared::{lock, random_u64};
 use crate::backend::BackendParams;
 use crate::error::{Error, Result};
 use std::io::{Read, Write};
@@ -690,26 +691,6 @@ fn serve_hello(shared: &HubShared, mut stream: TcpStream) -> Result<()> {
         },
     });
     Ok(())
-}
-
-/// Locks `m`, taking over its data if a holder panicked (a hub's state stays consistent
-/// between statements, and its `Drop` must not panic).
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-/// A random 64-bit number (a hub's incarnation).
-fn random_u64() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0),
-    );
-    h.write_u32(std::process::id());
-    h.finish()
 }
 
 #[cfg(test)]

@@ -104,9 +104,23 @@ pub(crate) fn param<T: std::str::FromStr>(
 
 /// Locks `m`, taking over its data if a holder panicked (the backends' state stays
 /// consistent between statements, and `Drop` paths must not panic).
-#[cfg(any(feature = "cuda", feature = "file"))]
 pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// A random 64-bit number (an incarnation or nonce: tells one run of a backend from the
+/// next, not a secret).
+pub(crate) fn random_u64() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0),
+    );
+    h.write_u32(std::process::id());
+    h.finish()
 }
 
 #[cfg(test)]
