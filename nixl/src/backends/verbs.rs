@@ -456,19 +456,7 @@ fn param<T: std::str::FromStr>(params: &BackendParams, key: &str, default: T) ->
     super::shared::param(NAME, params, key, default)
 }
 
-/// A random 64-bit number (incarnation of this backend).
-fn random_u64() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0),
-    );
-    h.write_u32(std::process::id());
-    h.finish()
-}
+use super::shared::random_u64;
 
 fn open_device(
     name: &str,
