@@ -136,7 +136,7 @@ mod xfer;
 mod tests;
 
 use super::heartbeat::{Beat, HeartbeatConfig, Pacer};
-use super::shared::NotifTracker;
+use super::shared::{random_u64, NotifTracker};
 use crate::agent::Agent;
 use crate::backend::{
     Backend, BackendParams, BackendXfer, Capabilities, LocalMd, RemoteMd, XferEntry, XferOp,
@@ -455,8 +455,6 @@ fn verbs_error(context: &str, e: ibverbs::Error) -> Error {
 fn param<T: std::str::FromStr>(params: &BackendParams, key: &str, default: T) -> Result<T> {
     super::shared::param(NAME, params, key, default)
 }
-
-use super::shared::random_u64;
 
 fn open_device(
     name: &str,
