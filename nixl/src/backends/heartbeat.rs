@@ -22,7 +22,7 @@
 //! `heartbeat_ms=0`); a watcher waits for `misses` of the *peer's* intervals, and only a
 //! watcher with heartbeats on watches at all. Set `heartbeat_ms=0` to turn it off.
 
-use super::shared::{lock, random_u64};
+use super::shared::{lock, put_socket_addr, random_u64};
 use crate::backend::BackendParams;
 use crate::error::{Error, Result};
 use std::io::{Read, Write};
@@ -321,17 +321,7 @@ impl HubAddr {
         out.extend_from_slice(HUB_MAGIC);
         out.push(HUB_VERSION);
         out.extend_from_slice(&self.nonce.to_le_bytes());
-        match self.addr.ip() {
-            IpAddr::V4(v4) => {
-                out.push(4);
-                out.extend_from_slice(&v4.octets());
-            }
-            IpAddr::V6(v6) => {
-                out.push(6);
-                out.extend_from_slice(&v6.octets());
-            }
-        }
-        out.extend_from_slice(&self.addr.port().to_le_bytes());
+        put_socket_addr(out, self.addr);
     }
 
     /// Decodes a block [`HubAddr::encode`] wrote at the start of `b`; returns it and

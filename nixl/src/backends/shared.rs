@@ -108,6 +108,22 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
+/// Appends `addr` as `family:u8 (4|6) ip port:u16 LE` (the heartbeat hub's and VERBS's
+/// connection information).
+pub(crate) fn put_socket_addr(out: &mut Vec<u8>, addr: std::net::SocketAddr) {
+    match addr.ip() {
+        std::net::IpAddr::V4(v4) => {
+            out.push(4);
+            out.extend_from_slice(&v4.octets());
+        }
+        std::net::IpAddr::V6(v6) => {
+            out.push(6);
+            out.extend_from_slice(&v6.octets());
+        }
+    }
+    out.extend_from_slice(&addr.port().to_le_bytes());
+}
+
 /// A random 64-bit number (an incarnation or nonce: tells one run of a backend from the
 /// next, not a secret).
 pub(crate) fn random_u64() -> u64 {

@@ -2,6 +2,7 @@
 //! (HELLO and its reply, length-prefixed frames) and notification messages. Every
 //! decoder is bounds-checked against hostile input.
 
+use super::super::shared::put_socket_addr;
 use super::{MAX_NOTIF_BYTES, MAX_RAILS, NAME, NOTIF_HEADER};
 use crate::error::{Error, Result};
 use ibverbs::{Endpoint, Gid, Mtu};
@@ -101,20 +102,6 @@ impl<'a> Rd<'a> {
     }
 }
 
-fn put_addr(out: &mut Vec<u8>, addr: SocketAddr) {
-    match addr.ip() {
-        IpAddr::V4(v4) => {
-            out.push(4);
-            out.extend_from_slice(&v4.octets());
-        }
-        IpAddr::V6(v6) => {
-            out.push(6);
-            out.extend_from_slice(&v6.octets());
-        }
-    }
-    out.extend_from_slice(&addr.port().to_le_bytes());
-}
-
 fn get_addr(rd: &mut Rd<'_>) -> Result<SocketAddr> {
     let ip = match rd.u8()? {
         4 => IpAddr::V4(Ipv4Addr::from(<[u8; 4]>::try_from(rd.take(4)?).expect("4"))),
@@ -132,7 +119,7 @@ pub(super) fn encode_conn_info(nonce: u64, addr: SocketAddr, rails: &[RailInfo])
     out.extend_from_slice(CONN_MAGIC);
     out.push(WIRE_VERSION);
     out.extend_from_slice(&nonce.to_le_bytes());
-    put_addr(&mut out, addr);
+    put_socket_addr(&mut out, addr);
     out.push(rails.len() as u8);
     for r in rails {
         out.push(r.dev);
