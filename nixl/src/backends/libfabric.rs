@@ -924,6 +924,7 @@ impl Backend for LibfabricBackend {
             liveness: peer.liveness.clone(),
             watch: peer.watch.clone(),
             error_held: None,
+            death_seen: None,
             self_name: self.agent_name.clone(),
             sender_hash: self.sender_hash,
             next_seq: self.next_seq.clone(),
@@ -1142,6 +1143,8 @@ struct FabricXfer {
     watch: Option<Arc<PeerWatch>>,
     /// Since when a provider error is held while the watches confirm the peer's death.
     error_held: Option<Instant>,
+    /// Since when the watches report the peer dead while operations are still pending.
+    death_seen: Option<Instant>,
     progress: Arc<Progress>,
 }
 
@@ -1163,6 +1166,7 @@ impl BackendXfer for FabricXfer {
     fn post(&mut self, notif: Option<&[u8]>, _params: &PostParams) -> Result<XferStatus> {
         self.peer_alive()?;
         self.error_held = None;
+        self.death_seen = None;
         let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
         let key = (u64::from(self.sender_hash) << 32) | u64::from(seq);
         let staged_units: u64 = self
@@ -1263,8 +1267,16 @@ impl BackendXfer for FabricXfer {
             && !self.shared.notif_pending.load(Ordering::Acquire);
         if !done {
             // A provider that never reports a dead peer (shm) would leave only the stall
-            // timeout: the OS tells sooner.
-            self.peer_alive()?;
+            // timeout: the OS tells sooner. A peer may also leave right after our last
+            // operation reached it (a target that exits once it has the notification,
+            // before our worker reaped that send's completion): what was delivered
+            // completes within a short grace, and only then is the death the transfer's.
+            if let Err(e) = self.peer_alive() {
+                let since = *self.death_seen.get_or_insert_with(Instant::now);
+                if since.elapsed() >= DEATH_GRACE {
+                    return Err(e);
+                }
+            }
         }
         Ok(XferProgress {
             status: if done {

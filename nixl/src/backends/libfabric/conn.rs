@@ -28,7 +28,9 @@ use std::time::Duration;
 /// How long a transfer holds a provider's plain error (e.g. `sockets`' FI_EIO for a lost
 /// connection) while the peer's watches confirm whether the peer died: then the error is
 /// its death, [`crate::Error::RemoteDisconnect`]. A dead process's heartbeat connection
-/// closes within milliseconds, so this only delays errors of live peers.
+/// closes within milliseconds, so this only delays errors of live peers. Also how long a
+/// transfer with operations pending may still complete after the watches report the peer
+/// gone (it may have left right after our last operation reached it).
 pub(super) const DEATH_GRACE: Duration = Duration::from_millis(250);
 
 /// What a peer's connection information says.
