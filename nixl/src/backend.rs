@@ -185,6 +185,12 @@ pub trait Backend: Send + Sync + std::fmt::Debug + 'static {
     fn reach(&self, _agent: &str) -> Result<()> {
         Ok(())
     }
+    /// How it reaches `agent` where it chooses per peer (e.g. `LIBFABRIC`: the provider,
+    /// `shm` for a peer on this host); `None` for an unknown peer or a backend with one
+    /// way only (the default).
+    fn peer_transport(&self, _agent: &str) -> Option<String> {
+        None
+    }
     /// Registers a region; the returned metadata deregisters when dropped.
     fn register_mem(&self, region: &Region) -> Result<Arc<dyn LocalMd>>;
     /// This agent's connection information for peers.

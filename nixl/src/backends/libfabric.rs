@@ -85,8 +85,16 @@
 //! overlap sooner) against per-operation cost (larger messages run closer to the
 //! network's peak: 512 KiB–2 MiB messages reach it on `shm` and `tcp` here).
 //!
+//! # Peers on this host
+//! Beside the network provider's rails the backend opens `shm` rails (unless
+//! `local_provider=none`, or the provider is `shm`), registers memory with both, and
+//! reaches a peer that shares this host's memory (same boot, pid namespace, and mount
+//! namespace or `/dev/shm`) through `shm`, every other peer through the network
+//! provider ([`local_rails`]).
+//!
 //! # Parameters
 //! `provider` (default: the first of `cxi`, `efa`, `tcp;ofi_rxm`, `sockets` found),
+//! `local_provider` (`shm`, the default where `shm` is present, or `none`),
 //! `node` (default `127.0.0.1` for tcp and sockets), `num_rails` (default: one per four
 //! cores, at most four, for `tcp`, `sockets` and `udp`, where a CPU copies the data, so
 //! that large blocks are striped over several copying threads; 1 for `shm` and NIC
@@ -108,8 +116,10 @@
 //! the pipeline end to end without a GPU, for tests).
 
 mod conn;
+mod host;
 mod idle;
 mod liveness;
+mod local_rails;
 mod stage_net;
 mod vram;
 mod worker;
@@ -311,7 +321,7 @@ fn param<T: std::str::FromStr>(params: &BackendParams, key: &str, default: T) ->
 }
 
 pub(crate) fn create(agent: &Agent, params: &BackendParams) -> Result<Arc<dyn Backend>> {
-    Ok(Arc::new(open(agent, params)?))
+    Ok(Arc::new(local_rails::open_planes(agent, params)?))
 }
 
 fn open(agent: &Agent, params: &BackendParams) -> Result<LibfabricBackend> {

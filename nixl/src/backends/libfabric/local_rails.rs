@@ -1,0 +1,672 @@
+//! Rails per peer: the network provider's rails for every peer, and `shm` rails for the
+//! peers on this very host, as NIXL's UCX picks shared memory there.
+//!
+//! The backend the agent sees holds one or two *planes*, each a complete
+//! [`LibfabricBackend`] (rails, workers, notifications, staging, heartbeat hub): the
+//! network provider's (the `provider` parameter, else the first of
+//! [`super::PROVIDER_PRIORITY`]), and — unless that already is `shm`, or
+//! `local_provider=none` — an `shm` plane with `shm`'s own rail count. Memory is
+//! registered in both; the connection information and each region's public metadata
+//! carry both planes' (tagged and versioned, below), with this process's
+//! [`HostId`]. Loading a peer picks one plane for it: `shm` where the peer advertises
+//! `shm` rails and shares this host's memory exactly (boot id, pid namespace, mount
+//! namespace or `/dev/shm`: see [`super::host`]), else the network provider. If the
+//! `shm` plane refuses the peer (its address cannot be inserted), the network plane
+//! takes it, with a logged warning. Everything of a peer — transfers, notifications
+//! both ways, staged VRAM, the OS's watch on its process and its heartbeats — then goes
+//! through that plane alone; notifications are collected from both.
+//! [`crate::backend::Backend::peer_transport`] names the provider a peer is reached by.
+//!
+//! Without an `shm` plane the encodings are the plane's own (as before this module); a
+//! backend reads both forms from its peers.
+//!
+//! Connection information with two planes:
+//! `0xd7 | version 1 | host:u8 (0, or 1 and the host identity) | parts:u8 |
+//! (kind:u8 (0 network, 1 local) | provider:str8 | info:bytes32)*`;
+//! region metadata: `0xd7 | version 1 | parts:u8 | (kind:u8 | metadata:bytes32)*`.
+//! A plane's own encodings start with its rail count (1..=16) or 0 (a staged region),
+//! never `0xd7`.
+
+use super::host::{self, HostId};
+use super::{open, LibfabricBackend, NAME};
+use crate::agent::Agent;
+use crate::backend::{
+    Backend, BackendParams, BackendXfer, Capabilities, LocalMd, RemoteMd, XferEntry, XferOp,
+};
+use crate::error::{Error, Result};
+use crate::mem::{MemKind, Region};
+use std::any::Any;
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+
+/// The parameter that names the provider for peers on this host (`shm` or `none`).
+pub(super) const PARAM: &str = "local_provider";
+/// The provider of the local plane.
+pub(super) const LOCAL_PROVIDER: &str = "shm";
+/// First byte of the two-plane encodings.
+const TAG: u8 = 0xd7;
+const VERSION: u8 = 1;
+/// Part kinds: the network plane's, the local plane's.
+const NET: u8 = 0;
+const LOCAL: u8 = 1;
+
+/// The LIBFABRIC backend as the agent sees it: a network plane and, where it has one, an
+/// `shm` plane for peers on this host.
+#[derive(Debug)]
+pub(super) struct Planes {
+    /// The network plane first.
+    planes: Vec<LibfabricBackend>,
+    /// Each loaded peer's plane.
+    routes: RwLock<HashMap<String, Route>>,
+}
+
+#[derive(Debug, Clone)]
+struct Route {
+    /// Index into [`Planes::planes`].
+    plane: usize,
+    /// The kind of the peer's part this plane talks to.
+    part: u8,
+    /// The connection information it was chosen for.
+    info: Vec<u8>,
+}
+
+/// Opens the network plane and, unless `local_provider=none` or the network provider is
+/// `shm` already, the `shm` plane (where `shm` is missing it is left out, logged, unless
+/// `local_provider=shm` asked for it).
+pub(super) fn open_planes(agent: &Agent, params: &BackendParams) -> Result<Planes> {
+    let mut net_params = params.clone();
+    let (want_local, explicit) = match net_params.remove(PARAM).as_deref() {
+        None => (true, false),
+        Some(LOCAL_PROVIDER) => (true, true),
+        Some("none") => (false, true),
+        Some(v) => {
+            return Err(Error::InvalidParam(format!(
+                "{NAME} parameter {PARAM}=`{v}`: {LOCAL_PROVIDER} or none"
+            )))
+        }
+    };
+    let net = open(agent, &net_params)?;
+    let mut planes = vec![net];
+    if want_local && planes[0].provider() != LOCAL_PROVIDER {
+        let mut local = net_params;
+        local.insert("provider".into(), LOCAL_PROVIDER.into());
+        // The network's address and rail count are not shm's.
+        local.remove("node");
+        local.remove("num_rails");
+        // `direct` asks it of the network provider; shm stages what it cannot register.
+        if local.get("vram_mode").map(String::as_str) == Some("direct") {
+            local.insert("vram_mode".into(), "auto".into());
+        }
+        match open(agent, &local) {
+            Ok(plane) => planes.push(plane),
+            Err(e) if explicit => return Err(e),
+            Err(e) => tracing::info!(
+                error = %e,
+                "{NAME}: no {LOCAL_PROVIDER} rails; peers on this host are reached through `{}`",
+                planes[0].provider()
+            ),
+        }
+    }
+    tracing::debug!(
+        providers = ?planes.iter().map(LibfabricBackend::provider).collect::<Vec<_>>(),
+        "{NAME}: planes"
+    );
+    Ok(Planes {
+        planes,
+        routes: RwLock::default(),
+    })
+}
+
+impl Planes {
+    fn route(&self, agent: &str) -> Result<Route> {
+        self.routes
+            .read()
+            .expect("routes lock")
+            .get(agent)
+            .cloned()
+            .ok_or_else(|| Error::UnknownAgent(agent.to_string()))
+    }
+
+    fn providers(&self) -> Vec<&str> {
+        self.planes.iter().map(LibfabricBackend::provider).collect()
+    }
+}
+
+/// One plane's part of a peer's connection information.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct ConnPart {
+    kind: u8,
+    /// `None` from a peer of one plane (its provider is not said).
+    provider: Option<String>,
+    info: Vec<u8>,
+}
+
+/// A peer's connection information, either form.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct PeerConn {
+    host: Option<HostId>,
+    parts: Vec<ConnPart>,
+}
+
+impl PeerConn {
+    fn part(&self, kind: u8) -> Option<&ConnPart> {
+        self.parts.iter().find(|p| p.kind == kind)
+    }
+}
+
+fn bad(what: &str, why: &str) -> Error {
+    Error::MalformedMetadata(format!("{NAME} {what}: {why}"))
+}
+
+/// A bounded reader over hostile input.
+struct Reader<'a> {
+    b: &'a [u8],
+    what: &'static str,
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8]> {
+        if self.b.len() < n {
+            return Err(bad(self.what, "truncated"));
+        }
+        let (head, tail) = self.b.split_at(n);
+        self.b = tail;
+        Ok(head)
+    }
+    fn u8(&mut self) -> Result<u8> {
+        Ok(self.take(1)?[0])
+    }
+    fn bytes32(&mut self) -> Result<&'a [u8]> {
+        let n = u32::from_le_bytes(self.take(4)?.try_into().expect("4 bytes"));
+        self.take(n as usize)
+    }
+    /// The header (tag and version) of a two-plane encoding.
+    fn header(&mut self) -> Result<()> {
+        self.u8()?;
+        match self.u8()? {
+            VERSION => Ok(()),
+            v => Err(bad(
+                self.what,
+                &format!("version {v} (this build reads {VERSION})"),
+            )),
+        }
+    }
+    /// Part count and kinds: 1..=2 parts, kinds known and distinct, the network's there.
+    fn check_kinds(&self, kinds: &[u8]) -> Result<()> {
+        let known = kinds.iter().all(|k| [NET, LOCAL].contains(k));
+        let distinct = kinds.len() < 2 || kinds[0] != kinds[1];
+        if kinds.is_empty() || kinds.len() > 2 || !known || !distinct || !kinds.contains(&NET) {
+            return Err(bad(self.what, "bad plane list"));
+        }
+        Ok(())
+    }
+    fn end(&self) -> Result<()> {
+        if self.b.is_empty() {
+            Ok(())
+        } else {
+            Err(bad(self.what, "trailing bytes"))
+        }
+    }
+}
+
+fn put_bytes32(out: &mut Vec<u8>, b: &[u8]) {
+    out.extend_from_slice(&(b.len() as u32).to_le_bytes());
+    out.extend_from_slice(b);
+}
+
+fn encode_conn(host: Option<&HostId>, parts: &[ConnPart]) -> Vec<u8> {
+    let mut out = vec![TAG, VERSION];
+    match host {
+        Some(h) => {
+            out.push(1);
+            h.encode(&mut out);
+        }
+        None => out.push(0),
+    }
+    out.push(parts.len() as u8);
+    for part in parts {
+        out.push(part.kind);
+        let provider = part.provider.as_deref().unwrap_or("");
+        out.push(provider.len() as u8);
+        out.extend_from_slice(provider.as_bytes());
+        put_bytes32(&mut out, &part.info);
+    }
+    out
+}
+
+/// Either form: a plane's own connection information is the peer's network part.
+fn decode_conn(info: &[u8]) -> Result<PeerConn> {
+    if info.first() != Some(&TAG) {
+        return Ok(PeerConn {
+            host: None,
+            parts: vec![ConnPart {
+                kind: NET,
+                provider: None,
+                info: info.to_vec(),
+            }],
+        });
+    }
+    let mut r = Reader {
+        b: info,
+        what: "connection info",
+    };
+    r.header()?;
+    let host = match r.u8()? {
+        0 => None,
+        1 => Some(HostId::decode(r.take(host::WIRE_SIZE)?)?),
+        _ => return Err(bad(r.what, "bad host flag")),
+    };
+    let count = r.u8()? as usize;
+    let mut parts = Vec::with_capacity(count.min(2));
+    for _ in 0..count.min(3) {
+        let kind = r.u8()?;
+        let len = r.u8()? as usize;
+        let provider = std::str::from_utf8(r.take(len)?)
+            .map_err(|_| bad("connection info", "provider name not UTF-8"))?;
+        let info = r.bytes32()?.to_vec();
+        parts.push(ConnPart {
+            kind,
+            provider: (!provider.is_empty()).then(|| provider.to_string()),
+            info,
+        });
+    }
+    r.check_kinds(&parts.iter().map(|p| p.kind).collect::<Vec<_>>())?;
+    r.end()?;
+    Ok(PeerConn { host, parts })
+}
+
+fn encode_md(parts: &[(u8, Vec<u8>)]) -> Vec<u8> {
+    let mut out = vec![TAG, VERSION, parts.len() as u8];
+    for (kind, md) in parts {
+        out.push(*kind);
+        put_bytes32(&mut out, md);
+    }
+    out
+}
+
+/// Either form: a plane's own region metadata is the peer's network part.
+fn decode_md(md: &[u8]) -> Result<Vec<(u8, &[u8])>> {
+    if md.first() != Some(&TAG) {
+        return Ok(vec![(NET, md)]);
+    }
+    let mut r = Reader {
+        b: md,
+        what: "region metadata",
+    };
+    r.header()?;
+    let count = r.u8()? as usize;
+    let mut parts = Vec::with_capacity(count.min(2));
+    for _ in 0..count.min(3) {
+        let kind = r.u8()?;
+        parts.push((kind, r.bytes32()?));
+    }
+    r.check_kinds(&parts.iter().map(|p| p.0).collect::<Vec<_>>())?;
+    r.end()?;
+    Ok(parts)
+}
+
+/// The (plane, peer part) pairs to try for a peer, best first: where it shares this
+/// host's memory, a plane of ours with the provider of one of its parts (its local part
+/// first); then our network plane with its network part.
+fn candidates(ours: &[&str], me: Option<&HostId>, peer: &PeerConn) -> Vec<(usize, u8)> {
+    let mut out = Vec::new();
+    let same_host = matches!((me, &peer.host), (Some(a), Some(b)) if a.shares_memory_with(b));
+    if same_host {
+        for kind in [LOCAL, NET] {
+            let Some(provider) = peer.part(kind).and_then(|p| p.provider.as_deref()) else {
+                continue;
+            };
+            if let Some(plane) = ours.iter().position(|o| *o == provider) {
+                out.push((plane, kind));
+            }
+        }
+    }
+    if !out.contains(&(0, NET)) {
+        out.push((0, NET));
+    }
+    out
+}
+
+/// A registration in every plane.
+#[derive(Debug)]
+struct PlanesLocalMd {
+    mds: Vec<Arc<dyn LocalMd>>,
+}
+
+impl LocalMd for PlanesLocalMd {
+    fn public_md(&self) -> Vec<u8> {
+        match &self.mds[..] {
+            [only] => only.public_md(),
+            _ => encode_md(&[
+                (NET, self.mds[0].public_md()),
+                (LOCAL, self.mds[1].public_md()),
+            ]),
+        }
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+    /// The network plane's (its `shm` plane registers the same way, or stages).
+    fn mode(&self) -> Option<&'static str> {
+        self.mds[0].mode()
+    }
+}
+
+/// A peer region in each of the peer's planes (by part kind).
+#[derive(Debug)]
+struct PlanesRemoteMd {
+    parts: [Option<Arc<dyn RemoteMd>>; 2],
+}
+
+impl RemoteMd for PlanesRemoteMd {
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+impl Backend for Planes {
+    fn name(&self) -> &str {
+        NAME
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.planes[0].capabilities()
+    }
+
+    fn supported_mem(&self) -> &[MemKind] {
+        self.planes[0].supported_mem()
+    }
+
+    fn supported_remote_mem(&self) -> &[MemKind] {
+        self.planes[0].supported_remote_mem()
+    }
+
+    fn register_mem(&self, region: &Region) -> Result<Arc<dyn LocalMd>> {
+        let mds = self
+            .planes
+            .iter()
+            .map(|p| p.register_mem(region))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Arc::new(PlanesLocalMd { mds }))
+    }
+
+    fn connection_info(&self) -> Result<Vec<u8>> {
+        if self.planes.len() == 1 {
+            return self.planes[0].connection_info();
+        }
+        let parts = self
+            .planes
+            .iter()
+            .zip([NET, LOCAL])
+            .map(|(p, kind)| {
+                Ok(ConnPart {
+                    kind,
+                    provider: Some(p.provider().to_string()),
+                    info: p.connection_info()?,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(encode_conn(HostId::current().as_ref(), &parts))
+    }
+
+    fn load_remote_conn_info(&self, agent: &str, info: &[u8]) -> Result<()> {
+        let peer = decode_conn(info)?;
+        let known = self.routes.read().expect("routes lock").get(agent).cloned();
+        if let Some(route) = known.filter(|r| r.info == info) {
+            // The same peer: its plane decides whether to watch it afresh.
+            let part = peer.part(route.part).expect("the route's part exists");
+            return self.planes[route.plane].load_remote_conn_info(agent, &part.info);
+        }
+        let providers = self.providers();
+        let tries = candidates(&providers, HostId::current().as_ref(), &peer);
+        let mut last = None;
+        for (i, &(plane, kind)) in tries.iter().enumerate() {
+            let part = peer.part(kind).expect("candidates are parts of the peer");
+            match self.planes[plane].load_remote_conn_info(agent, &part.info) {
+                Ok(()) => {
+                    for (other, p) in self.planes.iter().enumerate() {
+                        if other != plane {
+                            p.disconnect(agent);
+                        }
+                    }
+                    tracing::debug!(peer = agent, provider = providers[plane], "{NAME}: route");
+                    self.routes.write().expect("routes lock").insert(
+                        agent.to_string(),
+                        Route {
+                            plane,
+                            part: kind,
+                            info: info.to_vec(),
+                        },
+                    );
+                    return Ok(());
+                }
+                Err(e) if i + 1 < tries.len() => tracing::warn!(
+                    peer = agent,
+                    provider = providers[plane],
+                    error = %e,
+                    "{NAME}: this peer on this host is not reachable through {}; trying `{}`",
+                    providers[plane],
+                    providers[tries[i + 1].0]
+                ),
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.expect("at least one candidate"))
+    }
+
+    fn load_remote_md(
+        &self,
+        agent: &str,
+        region: &Region,
+        public_md: &[u8],
+    ) -> Result<Arc<dyn RemoteMd>> {
+        let mut parts: [Option<Arc<dyn RemoteMd>>; 2] = [None, None];
+        for (kind, md) in decode_md(public_md)? {
+            // Parsing is the same on every plane.
+            parts[kind as usize] = Some(self.planes[0].load_remote_md(agent, region, md)?);
+        }
+        Ok(Arc::new(PlanesRemoteMd { parts }))
+    }
+
+    fn disconnect(&self, agent: &str) {
+        self.routes.write().expect("routes lock").remove(agent);
+        for plane in &self.planes {
+            plane.disconnect(agent);
+        }
+    }
+
+    fn prep_xfer(
+        &self,
+        op: XferOp,
+        entries: &[XferEntry<'_>],
+        agent: &str,
+    ) -> Result<Box<dyn BackendXfer>> {
+        let route = self.route(agent)?;
+        let mut mapped = Vec::with_capacity(entries.len());
+        for e in entries {
+            let local = e
+                .local_md
+                .as_any()
+                .downcast_ref::<PlanesLocalMd>()
+                .ok_or_else(|| Error::InvalidParam("local metadata is not LIBFABRIC's".into()))?;
+            let remote = e
+                .remote_md
+                .as_any()
+                .downcast_ref::<PlanesRemoteMd>()
+                .ok_or_else(|| Error::InvalidParam("remote metadata is not LIBFABRIC's".into()))?;
+            let remote_md = remote.parts[route.part as usize]
+                .as_deref()
+                .ok_or_else(|| {
+                    Error::MalformedMetadata(format!(
+                        "{NAME}: `{agent}`'s region at {:#x} has no metadata for the rails it is \
+                     reached by ({})",
+                        e.remote_region.desc.addr,
+                        self.planes[route.plane].provider()
+                    ))
+                })?;
+            mapped.push(XferEntry {
+                local_md: &*local.mds[route.plane],
+                remote_md,
+                ..*e
+            });
+        }
+        self.planes[route.plane].prep_xfer(op, &mapped, agent)
+    }
+
+    fn gen_notif(&self, agent: &str, msg: &[u8]) -> Result<()> {
+        self.planes[self.route(agent)?.plane].gen_notif(agent, msg)
+    }
+
+    fn take_notifs(&self, into: &mut Vec<(String, Vec<u8>)>) {
+        for plane in &self.planes {
+            plane.take_notifs(into);
+        }
+    }
+
+    fn peer_transport(&self, agent: &str) -> Option<String> {
+        let route = self.route(agent).ok()?;
+        Some(self.planes[route.plane].provider().to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn conn(host: Option<HostId>, local: bool) -> PeerConn {
+        let mut parts = vec![ConnPart {
+            kind: NET,
+            provider: Some("tcp;ofi_rxm".into()),
+            info: vec![1, 1, 0, 9],
+        }];
+        if local {
+            parts.push(ConnPart {
+                kind: LOCAL,
+                provider: Some("shm".into()),
+                info: vec![1, 2, 0, 7, 7],
+            });
+        }
+        PeerConn { host, parts }
+    }
+
+    #[test]
+    fn connection_info_round_trips_and_bad_input_is_a_typed_error() {
+        let me = HostId::current().unwrap();
+        for (host, local) in [(Some(me), true), (None, true), (Some(me), false)] {
+            let peer = conn(host, local);
+            let wire = encode_conn(host.as_ref(), &peer.parts);
+            assert_eq!(decode_conn(&wire).unwrap(), peer);
+            for cut in 0..wire.len() {
+                let r = decode_conn(&wire[..cut]);
+                // Cut at 0 is the empty (one-plane) form, left to the plane to refuse.
+                if cut > 0 {
+                    assert!(matches!(r, Err(Error::MalformedMetadata(_))), "cut {cut}");
+                }
+            }
+            let mut long = wire.clone();
+            long.push(0);
+            assert!(matches!(
+                decode_conn(&long),
+                Err(Error::MalformedMetadata(_))
+            ));
+        }
+        let wire = encode_conn(Some(&me), &conn(Some(me), true).parts);
+        let mut version = wire.clone();
+        version[1] = 9;
+        let e = decode_conn(&version).unwrap_err();
+        assert!(e.to_string().contains("version 9"), "{e}");
+        let host_at = 3;
+        let mut flag = wire.clone();
+        flag[2] = 7;
+        assert!(decode_conn(&flag).is_err());
+        // Part kinds: unknown, repeated, or the network's missing.
+        let parts_at = host_at + host::WIRE_SIZE;
+        for (count, kinds) in [
+            (0u8, None),
+            (3, None),
+            (2, Some([NET, NET])),
+            (2, Some([LOCAL, 5])),
+        ] {
+            let mut w = wire.clone();
+            w[parts_at] = count;
+            if let Some([a, b]) = kinds {
+                w[parts_at + 1] = a;
+                let second = parts_at + 1 + 1 + 1 + "tcp;ofi_rxm".len() + 4 + 4;
+                w[second] = b;
+            }
+            assert!(
+                matches!(decode_conn(&w), Err(Error::MalformedMetadata(_))),
+                "{count} {kinds:?}"
+            );
+        }
+        let only_local = encode_conn(Some(&me), &conn(Some(me), true).parts[1..]);
+        assert!(decode_conn(&only_local).is_err());
+        // A plane's own form is the network part.
+        let plain = decode_conn(&[1, 1, 0, 9]).unwrap();
+        assert_eq!(plain.parts.len(), 1);
+        assert_eq!(plain.host, None);
+        assert_eq!(plain.parts[0].info, [1, 1, 0, 9]);
+    }
+
+    #[test]
+    fn region_metadata_round_trips_and_bad_input_is_a_typed_error() {
+        let parts = vec![(NET, vec![1u8, 2, 3]), (LOCAL, vec![0, 1, 0, 0, 1, 0])];
+        let wire = encode_md(&parts);
+        let back = decode_md(&wire).unwrap();
+        assert_eq!(
+            back,
+            vec![(NET, &[1u8, 2, 3][..]), (LOCAL, &[0, 1, 0, 0, 1, 0][..])]
+        );
+        for cut in 1..wire.len() {
+            assert!(matches!(
+                decode_md(&wire[..cut]),
+                Err(Error::MalformedMetadata(_))
+            ));
+        }
+        let mut long = wire.clone();
+        long.push(1);
+        assert!(decode_md(&long).is_err());
+        let mut version = wire.clone();
+        version[1] = 2;
+        assert!(decode_md(&version).is_err());
+        let mut same = wire.clone();
+        same[3 + 1 + 4 + 3] = NET;
+        assert!(decode_md(&same).is_err());
+        assert_eq!(decode_md(&[2, 9]).unwrap(), vec![(NET, &[2u8, 9][..])]);
+    }
+
+    #[test]
+    fn peers_sharing_this_host_go_through_shm_others_through_the_network() {
+        let me = HostId::current().unwrap();
+        let mut wire = Vec::new();
+        me.encode(&mut wire);
+        // Same kernel, a pid namespace of its own (the netns tests' target).
+        wire[24] ^= 1;
+        let netns = HostId::decode(&wire).unwrap();
+        let both = ["tcp;ofi_rxm", "shm"];
+        assert_eq!(
+            candidates(&both, Some(&me), &conn(Some(me), true)),
+            [(1, LOCAL), (0, NET)]
+        );
+        assert_eq!(
+            candidates(&both, Some(&me), &conn(Some(netns), true)),
+            [(0, NET)]
+        );
+        assert_eq!(candidates(&both, Some(&me), &conn(None, true)), [(0, NET)]);
+        assert_eq!(candidates(&both, None, &conn(Some(me), true)), [(0, NET)]);
+        assert_eq!(
+            candidates(&both, Some(&me), &conn(Some(me), false)),
+            [(0, NET)]
+        );
+        // local_provider=none here: the network, though the peer has shm rails.
+        assert_eq!(
+            candidates(&["tcp;ofi_rxm"], Some(&me), &conn(Some(me), true)),
+            [(0, NET)]
+        );
+        // provider=shm here: the peer's shm part.
+        assert_eq!(
+            candidates(&["shm"], Some(&me), &conn(Some(me), true)),
+            [(0, LOCAL), (0, NET)]
+        );
+    }
+}
