@@ -499,3 +499,13 @@ pub fn attached_post_moves_what_the_stream_produced(
         );
     }
 }
+
+/// The provider `agent`'s LIBFABRIC backend reaches `peer` through (`shm` for a peer on
+/// this host, else the network provider); `None` before the peer is loaded.
+pub fn fabric_transport(agent: &Agent, peer: &str) -> Option<String> {
+    agent
+        .backends()
+        .iter()
+        .find(|b| b.name() == "LIBFABRIC")?
+        .peer_transport(peer)
+}
