@@ -27,7 +27,11 @@ fn listening_agent(name: &str, provider: &str) -> Agent {
     };
     let agent = Agent::new(name, config).unwrap();
     agent
-        .create_backend("LIBFABRIC", &params([("provider", provider)]))
+        .create_backend(
+            "LIBFABRIC",
+            // This provider itself, not shm, to the peer on this host.
+            &params([("provider", provider), ("local_provider", "none")]),
+        )
         .unwrap_or_else(|e| panic!("LIBFABRIC on {provider}: {e}"));
     agent
 }

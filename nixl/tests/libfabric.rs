@@ -25,6 +25,8 @@ fn agent_with(name: &str, provider: &str, rails: usize, config: AgentConfig) -> 
             "LIBFABRIC",
             &params([
                 ("provider", provider),
+                // This provider itself, not shm, to the agents of this host.
+                ("local_provider", "none"),
                 ("num_rails", rails.as_str()),
                 ("striping_threshold", "65536"),
             ]),

@@ -7,8 +7,12 @@ mod common;
 use common::staged::StagedBackend;
 use nixl::params;
 
+/// `provider` itself (not shm to the agents of this host).
 fn libfabric(provider: &str) -> StagedBackend {
-    StagedBackend::new("LIBFABRIC", params([("provider", provider)]))
+    StagedBackend::new(
+        "LIBFABRIC",
+        params([("provider", provider), ("local_provider", "none")]),
+    )
 }
 
 #[test]
@@ -43,4 +47,13 @@ fn staged_without_progress_threads_the_callers_polls_drive_the_pipeline() {
     for provider in ["tcp;ofi_rxm", "shm"] {
         libfabric(provider).without_progress_threads((5 << 20) + 3);
     }
+}
+
+/// Default parameters: the agents of this host reach each other through their shm rails,
+/// staged memory included.
+#[test]
+fn staged_over_the_shm_rails_of_default_parameters() {
+    let default = StagedBackend::new("LIBFABRIC", params([]));
+    default.round_trip(true, true, &[1, 4097, (3 << 20) + 5], &[]);
+    default.notification_only_after_the_last_chunk(true, 8 << 20, &[]);
 }

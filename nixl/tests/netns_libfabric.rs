@@ -16,7 +16,9 @@
 mod common;
 
 use common::twohost::{skip_or_fail, NetnsPair, ADDRS};
-use common::{announce_agent, announce_path, dram, pattern, PeerProcess, TIMEOUT};
+use common::{
+    announce_agent, announce_path, dram, fabric_transport, pattern, PeerProcess, TIMEOUT,
+};
 use nixl::{params, Agent, AgentConfig, Desc, Error, XferOp, XferReq, XferStatus};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -165,6 +167,13 @@ fn netns_initiator_process() {
     let started = Instant::now();
     assert_eq!(agent.fetch_remote_metadata(peer).unwrap(), TARGET);
     let metadata = started.elapsed();
+    // The same kernel (boot id) and /dev/shm, but a pid namespace of its own: reached
+    // through the network provider, never through the shm rails both sides have.
+    assert_eq!(
+        fabric_transport(&agent, TARGET).as_deref(),
+        Some(var(env::PROVIDER).as_str()),
+        "the target in its own pid namespace"
+    );
     let mut write = transfer(&agent, XferOp::Write, src.as_ptr() as u64, base, b"written");
     let t = Instant::now();
     write.post().unwrap();
@@ -190,7 +199,8 @@ fn netns_initiator_process() {
         std::fs::write(
             verdict,
             format!(
-                "metadata over the link {metadata:.2?}; WRITE {} MiB {write_took:.2?}, READ {read_took:.2?} (data verified)",
+                "metadata over the link {metadata:.2?}; through {}; WRITE {} MiB {write_took:.2?}, READ {read_took:.2?} (data verified)",
+                var(env::PROVIDER),
                 LEN >> 20
             ),
         )

@@ -31,7 +31,11 @@ fn agent(name: &str) -> Agent {
     agent
         .create_backend(
             "LIBFABRIC",
-            &params([("provider", "tcp;ofi_rxm"), ("num_rails", "2")]),
+            &params([
+                ("provider", "tcp;ofi_rxm"),
+                ("local_provider", "none"),
+                ("num_rails", "2"),
+            ]),
         )
         .unwrap();
     agent
