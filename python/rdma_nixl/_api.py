@@ -75,6 +75,8 @@ _ALIASES = {"UCX": "LIBFABRIC"}
 _PLUGIN_PARAMS: Dict[str, Dict[str, str]] = {
     "LIBFABRIC": {
         "provider": "",
+        # shm rails for the peers on this host, beside the provider's ("none": only those).
+        "local_provider": "shm",
         "node": "",
         "num_rails": "1",
         "striping_threshold": str(128 << 10),

@@ -62,7 +62,10 @@ fn a_sleeping_target_answers_writes_without_notification_promptly() {
         let make = |name: &str| {
             let agent = Agent::new(name, crate::AgentConfig::default()).unwrap();
             agent
-                .create_backend("LIBFABRIC", &params([("provider", provider)]))
+                .create_backend(
+                    "LIBFABRIC",
+                    &params([("provider", provider), ("local_provider", "none")]),
+                )
                 .unwrap();
             agent
         };

@@ -25,6 +25,8 @@ fn agent_with(
     let agent = Agent::new(name, config).unwrap();
     let mut p = params([
         ("provider", provider),
+        // The provider itself, not shm, to the peers on this host.
+        ("local_provider", "none"),
         ("stage_dram", if stage { "1" } else { "0" }),
     ]);
     for (k, v) in extra {

@@ -176,7 +176,10 @@ fn a_busy_live_peer_is_not_declared_dead() {
     let make = |name: &str| {
         let agent = Agent::new(name, crate::AgentConfig::default()).unwrap();
         agent
-            .create_backend("LIBFABRIC", &params([("provider", "tcp;ofi_rxm")]))
+            .create_backend(
+                "LIBFABRIC",
+                &params([("provider", "tcp;ofi_rxm"), ("local_provider", "none")]),
+            )
             .unwrap();
         agent
     };
