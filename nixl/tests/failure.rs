@@ -502,8 +502,13 @@ fn peer_process_main() {
         return;
     };
     let peer = Agent::new("restarting-peer", listening()).unwrap();
-    peer.create_backend("LIBFABRIC", &params([("provider", PROVIDER)]))
-        .unwrap();
+    // tcp itself, not shm: a peer killed mid-transfer over libfabric 1.17's shm can
+    // leave the survivor spinning on a lock the dead process held.
+    peer.create_backend(
+        "LIBFABRIC",
+        &params([("provider", PROVIDER), ("local_provider", "none")]),
+    )
+    .unwrap();
     let buf = vec![0u8; PEER_LEN];
     // SAFETY: `buf` lives until the process exits.
     let _h = unsafe {
@@ -536,7 +541,10 @@ fn killed_peer_is_remote_disconnect_and_a_restarted_peer_is_reachable_again() {
     let stall = Duration::from_secs(20);
     let initiator = Agent::new("survivor", config(stall)).unwrap();
     initiator
-        .create_backend("LIBFABRIC", &params([("provider", PROVIDER)]))
+        .create_backend(
+            "LIBFABRIC",
+            &params([("provider", PROVIDER), ("local_provider", "none")]),
+        )
         .unwrap();
     let src: Vec<u8> = (0..PEER_LEN).map(|i| (i % 241) as u8).collect();
     // SAFETY: `src` outlives the handle and every request of this test.
