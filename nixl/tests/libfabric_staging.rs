@@ -55,5 +55,5 @@ fn staged_without_progress_threads_the_callers_polls_drive_the_pipeline() {
 fn staged_over_the_shm_rails_of_default_parameters() {
     let default = StagedBackend::new("LIBFABRIC", params([]));
     default.round_trip(true, true, &[1, 4097, (3 << 20) + 5], &[]);
-    default.notification_only_after_the_last_chunk(true, 8 << 20, &[]);
+    default.notification_only_after_the_last_chunk(true, 24 << 20, &[]);
 }
