@@ -26,15 +26,20 @@ fn listening_agent(name: &str, provider: &str) -> Agent {
         ..AgentConfig::default()
     };
     let agent = Agent::new(name, config).unwrap();
+    // This provider itself, not shm, to the peer on this host; `default`: no parameters.
+    let p = match provider {
+        DEFAULT => nixl::BackendParams::new(),
+        _ => params([("provider", provider), ("local_provider", "none")]),
+    };
     agent
-        .create_backend(
-            "LIBFABRIC",
-            // This provider itself, not shm, to the peer on this host.
-            &params([("provider", provider), ("local_provider", "none")]),
-        )
+        .create_backend("LIBFABRIC", &p)
         .unwrap_or_else(|e| panic!("LIBFABRIC on {provider}: {e}"));
     agent
 }
+
+/// The "provider" that stands for default parameters (the network provider, and shm to
+/// a peer on this host).
+const DEFAULT: &str = "default";
 
 /// The peer process: runs only when re-executed with NIXL_DEAD_PEER; serves until it is
 /// killed (bounded).
@@ -100,6 +105,30 @@ fn dead_peer_over_tcp_rxm() {
             provider here, tracked with the two-host work"]
 fn dead_peer_over_sockets() {
     dead_peers_are_reported_fast("sockets", &["busy", "idle"]);
+}
+
+/// Default parameters: the peer on this host is reached through the shm rails, and its
+/// process's end (killed while idle) and its freezing (SIGSTOP mid-transfer: heartbeats
+/// from the shm plane's hub) are `RemoteDisconnect` within the bound as on any provider.
+#[test]
+fn dead_peer_with_default_parameters_over_the_shm_rails() {
+    let _serial = common::serial();
+    let initiator = listening_agent("survivor-default", DEFAULT);
+    common::dead_peer_scenario(
+        &initiator,
+        "default parameters",
+        PEER_NAME,
+        PEER_LEN,
+        BLOCK,
+        |tag| spawn_peer(DEFAULT, tag),
+        TIMEOUT,
+        BOUND,
+        &["idle", "frozen"],
+    );
+    assert_eq!(
+        common::fabric_transport(&initiator, PEER_NAME).as_deref(),
+        Some("shm")
+    );
 }
 
 /// A shm peer killed while idle, then posted to.

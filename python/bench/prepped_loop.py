@@ -15,9 +15,10 @@ Reported per implementation: transfers/s (and GB/s), the mean time inside one
 waiting), and the pure call overhead of ``check_xfer_state()`` on a request that is
 already DONE. The per-call overhead summed up is ``transfer()`` + a DONE check.
 
-On one host NIXL's UCX moves the data over shared memory; the LIBFABRIC equivalent is
-``--param provider=shm`` (the default provider is ``tcp;ofi_rxm``, which reaches other
-hosts too).
+On one host NIXL's UCX moves the data over shared memory, and so does our LIBFABRIC with
+its default parameters (its ``shm`` rails, opened beside the network provider's for the
+peers on this host); ``--param local_provider=none`` measures the network provider
+(``tcp;ofi_rxm`` here) alone.
 
 Without ``--impl`` the script runs each implementation in its own subprocess,
 alternating (``--rounds`` times each), and prints the ratio ours / NIXL of the median
