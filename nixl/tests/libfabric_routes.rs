@@ -203,6 +203,50 @@ fn agents_of_one_process_use_shm_and_notify_both_ways() {
     assert_eq!(wait_notif(&a, b.name()), b"back");
 }
 
+/// A peer agent invalidated, dropped and created again under its name in this process,
+/// three times: each is reached through shm (libfabric 1.17's shm crashed the new one's
+/// rail worker when the old one's address had been removed from the AV).
+#[test]
+fn a_peer_created_again_after_invalidation_is_reached_through_shm() {
+    let a = agent("again-a", "", AgentConfig::default());
+    let src = pattern(9, LEN);
+    // SAFETY: `src` outlives the handle and the requests.
+    let _ha = unsafe {
+        a.register_mem(&dram([Desc::from_slice(&src)]), None)
+            .unwrap()
+    };
+    for life in 0..3u8 {
+        let b = agent("again-b", "", AgentConfig::default());
+        let dst = vec![0u8; LEN];
+        // SAFETY: `dst` outlives the handle and the request of this iteration.
+        let hb = unsafe {
+            b.register_mem(&dram([Desc::from_slice(&dst)]), None)
+                .unwrap()
+        };
+        let name = a
+            .load_remote_metadata(&b.local_metadata().unwrap())
+            .unwrap();
+        assert_eq!(fabric_transport(&a, &name).as_deref(), Some("shm"));
+        let mut req = a
+            .create_xfer_req(
+                XferOp::Write,
+                &dram([Desc::from_slice(&src)]),
+                &dram([Desc::from_slice(&dst)]),
+                &name,
+                Some(vec![life]),
+            )
+            .unwrap();
+        req.post().unwrap();
+        req.wait(TIMEOUT).unwrap();
+        assert_eq!(wait_notif(&b, a.name()), [life]);
+        assert!(src == dst, "life {life}");
+        a.invalidate_remote(&name).unwrap();
+        drop(req);
+        drop(hb);
+        drop(b);
+    }
+}
+
 #[test]
 fn a_bad_local_provider_is_refused_typed() {
     let a = Agent::new("routes-bad", AgentConfig::default()).unwrap();

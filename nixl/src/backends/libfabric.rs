@@ -189,9 +189,26 @@ struct Rail {
     idle: IdleWait,
     inject_size: usize,
     max_msg: usize,
+    /// Departed peers stay in the AV (`shm`: see [`Rail::forget`]).
+    keeps_departed: bool,
 }
 
 impl Rail {
+    /// Removes a departed peer's address from the AV — except on `shm`, where libfabric
+    /// 1.17 hands the slot to the next peer inserted and that peer's rail worker then
+    /// crashes in `fi_cq_read` (an agent invalidated and another loaded after it, e.g.
+    /// the etcd watch test: SIGSEGV with `provider=shm` before this). Kept, each holds
+    /// a slot of the AV until the backend closes; once the provider has no slot left,
+    /// loading a peer fails on shm and the network plane takes it ([`local_rails`]).
+    fn forget(&self, addr: Address) {
+        if self.keeps_departed {
+            return;
+        }
+        if let Err(e) = self.av.remove(&[addr]) {
+            tracing::debug!(error = %e, "fi_av_remove of a departed peer failed");
+        }
+    }
+
     /// Queues a job for the rail's worker and wakes it if it sleeps.
     fn push_job(&self, job: RailJob) {
         self.submit.lock().expect("submit lock").push_back(job);
@@ -238,9 +255,7 @@ struct PeerAddrs {
 impl Drop for PeerAddrs {
     fn drop(&mut self) {
         for (rail, addr) in self.rails.iter().zip(&self.addrs) {
-            if let Err(e) = rail.av.remove(&[*addr]) {
-                tracing::debug!(error = %e, "fi_av_remove of a departed peer failed");
-            }
+            rail.forget(*addr);
         }
     }
 }
@@ -602,6 +617,7 @@ fn open_rail(info: &Info) -> Result<Rail> {
         idle,
         inject_size: info.inject_size(),
         max_msg: info.max_msg_size().max(4096),
+        keeps_departed: info.provider_name() == local_rails::LOCAL_PROVIDER,
 
         _fabric: fabric,
         domain,

@@ -640,6 +640,43 @@ mod tests {
         assert_eq!(decode_md(&[2, 9]).unwrap(), vec![(NET, &[2u8, 9][..])]);
     }
 
+    /// A peer on this host whose shm address this side's shm rails refuse is reached
+    /// through the network provider (logged), not refused.
+    #[test]
+    fn a_refused_shm_address_falls_back_to_the_network() {
+        let agent = |name: &str| Agent::new(name, crate::AgentConfig::default()).unwrap();
+        let (a, b) = (agent("fallback-a"), agent("fallback-b"));
+        let planes_a = open_planes(&a, &BackendParams::new()).unwrap();
+        let planes_b = open_planes(&b, &BackendParams::new()).unwrap();
+        assert_eq!(planes_a.providers()[1], LOCAL_PROVIDER);
+        let good = planes_b.connection_info().unwrap();
+        planes_a.load_remote_conn_info("b", &good).unwrap();
+        assert_eq!(
+            planes_a.peer_transport("b").as_deref(),
+            Some(LOCAL_PROVIDER)
+        );
+        // The same peer, its shm rail named by an empty address.
+        let mut peer = decode_conn(&good).unwrap();
+        peer.parts[1].info = vec![1, 0, 0];
+        let bad = encode_conn(peer.host.as_ref(), &peer.parts);
+        planes_a.load_remote_conn_info("b", &bad).unwrap();
+        assert_eq!(
+            planes_a.peer_transport("b").as_deref(),
+            Some(planes_a.providers()[0])
+        );
+        // Without the network part's help it is the shm plane's typed error.
+        let only_local = PeerConn {
+            host: peer.host,
+            parts: vec![ConnPart {
+                kind: NET,
+                provider: Some(LOCAL_PROVIDER.into()),
+                info: vec![1, 0, 0],
+            }],
+        };
+        let wire = encode_conn(only_local.host.as_ref(), &only_local.parts);
+        assert!(planes_a.load_remote_conn_info("c", &wire).is_err());
+    }
+
     #[test]
     fn peers_sharing_this_host_go_through_shm_others_through_the_network() {
         let me = HostId::current().unwrap();

@@ -40,9 +40,7 @@ pub(super) struct ReplyAddr {
 
 impl Drop for ReplyAddr {
     fn drop(&mut self) {
-        if let Err(e) = self.rail.av.remove(&[self.addr]) {
-            tracing::debug!(error = %e, "fi_av_remove of a requester failed");
-        }
+        self.rail.forget(self.addr);
     }
 }
 
