@@ -90,7 +90,7 @@
 //! `local_provider=none`, or the provider is `shm`), registers memory with both, and
 //! reaches a peer that shares this host's memory (same boot, pid namespace, and mount
 //! namespace or `/dev/shm`) through `shm`, every other peer through the network
-//! provider ([`local_rails`]).
+//! provider (module `local_rails`).
 //!
 //! # Parameters
 //! `provider` (default: the first of `cxi`, `efa`, `tcp;ofi_rxm`, `sockets` found),
