@@ -1047,18 +1047,24 @@ impl Drop for LibfabricBackend {
         for rail in &self.rails {
             rail.idle.wake();
         }
-        for thread in self
+        let threads = self
             .threads
             .get_mut()
             .map(std::mem::take)
-            .unwrap_or_default()
-        {
-            if thread.thread().id() != std::thread::current().id() {
-                let _ = thread.join();
-            }
+            .unwrap_or_default();
+        let stuck = super::shared::join_bounded(threads, WORKER_STOP_TIMEOUT);
+        if !stuck.is_empty() {
+            tracing::warn!(
+                "{NAME}: rail workers {stuck:?} did not stop within {WORKER_STOP_TIMEOUT:?} \
+                 (stuck in the provider, as libfabric 1.17's shm after a peer died \
+                 mid-transfer): left running with what they hold"
+            );
         }
     }
 }
+
+/// How long dropping a backend waits for its rail workers to stop.
+const WORKER_STOP_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// One transport operation, resolved at prepare time.
 #[derive(Debug, Clone)]

@@ -139,9 +139,57 @@ pub(crate) fn random_u64() -> u64 {
     h.finish()
 }
 
+/// Joins `threads` (except the calling one), waiting at most `timeout` in all; returns the
+/// names of those still running then, which are left detached. A thread stuck inside a
+/// provider call (libfabric 1.17's `shm` can spin forever on a lock a dead peer held)
+/// must not hang the backend's drop: it keeps what it holds (its `Arc`s) alive, so
+/// nothing it may still touch is freed under it.
+pub(crate) fn join_bounded(
+    threads: Vec<std::thread::JoinHandle<()>>,
+    timeout: std::time::Duration,
+) -> Vec<String> {
+    let deadline = std::time::Instant::now() + timeout;
+    let mut stuck = Vec::new();
+    for thread in threads {
+        if thread.thread().id() == std::thread::current().id() {
+            continue;
+        }
+        while !thread.is_finished() && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        if thread.is_finished() {
+            let _ = thread.join();
+        } else {
+            stuck.push(thread.thread().name().unwrap_or("unnamed").to_string());
+        }
+    }
+    stuck
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn join_bounded_returns_within_its_bound_and_names_the_stuck() {
+        let quick = std::thread::Builder::new()
+            .name("quick".into())
+            .spawn(|| {})
+            .unwrap();
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let stuck = std::thread::Builder::new()
+            .name("stuck".into())
+            .spawn(move || {
+                let _ = rx.recv();
+            })
+            .unwrap();
+        let start = std::time::Instant::now();
+        let left = join_bounded(vec![quick, stuck], std::time::Duration::from_millis(200));
+        assert_eq!(left, vec!["stuck".to_string()]);
+        // Generous: the bound is 200 ms; a loaded machine may add scheduling delay.
+        assert!(start.elapsed() < std::time::Duration::from_secs(5));
+        drop(tx);
+    }
 
     fn released(t: &NotifTracker<u64>) -> usize {
         let mut out = Vec::new();
