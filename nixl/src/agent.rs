@@ -813,19 +813,40 @@ impl Agent {
         if self.is_shut_down() {
             return Err(Error::Canceled);
         }
-        let life = {
-            let remotes = self.inner.remotes.read().expect("remotes lock");
-            match remotes.get(peer) {
-                Some(p) if p.generation == remote.generation => p.life.clone(),
-                Some(_) => {
-                    return Err(Error::InvalidParam(format!(
-                        "metadata of `{peer}` was reloaded since this list was prepared: prepare it again"
-                    )))
-                }
-                None => return Err(Error::UnknownAgent(peer.to_string())),
-            }
-        };
         let loopback = peer == self.inner.name;
+        // A list of this agent itself goes stale whenever its registrations change (the
+        // view it is resolved against is rebuilt): another thread registering memory
+        // must not fail this transfer, so such a list is resolved again (a descriptor
+        // no longer registered is reported as such). A peer's reload stays an error: it
+        // may be a new incarnation.
+        if loopback {
+            self.refresh_loopback_view()?;
+        }
+        let mut refreshed: Option<XferDlist> = None;
+        let mut attempts = 0;
+        let life = loop {
+            let current = refreshed.as_ref().unwrap_or(remote);
+            {
+                let remotes = self.inner.remotes.read().expect("remotes lock");
+                match remotes.get(peer) {
+                    Some(p) if p.generation == current.generation => break p.life.clone(),
+                    Some(_) if loopback && attempts < 3 => {}
+                    Some(_) => {
+                        return Err(Error::InvalidParam(format!(
+                            "metadata of `{peer}` was reloaded since this list was prepared: prepare it again"
+                        )))
+                    }
+                    None => return Err(Error::UnknownAgent(peer.to_string())),
+                }
+            }
+            attempts += 1;
+            let again = self.prep_xfer_dlist(
+                Some(peer),
+                &DescList::from_descs(current.kind, current.descs.iter().copied()),
+            )?;
+            refreshed = Some(again);
+        };
+        let remote = refreshed.as_ref().unwrap_or(remote);
         let backends = self.backends();
         let bad_index = |which: &str, i: usize, n: usize| {
             Error::InvalidParam(format!("{which} index {i} is out of range (list has {n})"))

@@ -299,6 +299,66 @@ fn prepared_lists_are_refused_after_the_peer_reloads() {
     ));
 }
 
+/// A list of the agent itself stays usable while its registrations change (another
+/// thread of a multi-threaded benchmark registering its own memory), and a descriptor
+/// whose memory was deregistered meanwhile is refused (outside every region), not moved.
+#[test]
+fn loopback_lists_survive_other_registrations() {
+    let a = agent("loop");
+    let src: Vec<u8> = (0..8192).map(|i| (i % 251) as u8).collect();
+    let mut dst = vec![0u8; 8192];
+    let other = vec![0u8; 4096];
+    // SAFETY: the vectors outlive the handles and requests.
+    let _h = unsafe {
+        a.register_mem(
+            &dram([Desc::from_slice(&src), Desc::from_slice(&dst)]),
+            None,
+        )
+        .unwrap()
+    };
+    let local = a
+        .prep_xfer_dlist(None, &dram([Desc::from_slice(&src)]))
+        .unwrap();
+    let remote = a
+        .prep_xfer_dlist(Some("loop"), &dram([Desc::from_slice(&dst)]))
+        .unwrap();
+    // Registering (and releasing) other memory rebuilds the agent's view of itself.
+    // SAFETY: `other` outlives the handle.
+    let h_other = unsafe {
+        a.register_mem(&dram([Desc::from_slice(&other)]), None)
+            .unwrap()
+    };
+    drop(h_other);
+    let mut req = a
+        .make_xfer_req(XferOp::Write, &local, &[0], &remote, &[0], None, None)
+        .unwrap();
+    req.post().unwrap();
+    req.wait(Duration::from_secs(10)).unwrap();
+    assert_eq!(dst, src);
+    // The list's own memory deregistered: refused, not moved.
+    let spare = vec![0u8; 4096];
+    // SAFETY: `spare` outlives the handle.
+    let h_spare = unsafe {
+        a.register_mem(&dram([Desc::from_slice(&spare)]), None)
+            .unwrap()
+    };
+    let remote = a
+        .prep_xfer_dlist(
+            Some("loop"),
+            &dram([Desc::new(spare.as_ptr() as u64, 4096, 0)]),
+        )
+        .unwrap();
+    drop(h_spare);
+    let local = a
+        .prep_xfer_dlist(None, &dram([Desc::new(src.as_ptr() as u64, 4096, 0)]))
+        .unwrap();
+    let err = a
+        .make_xfer_req(XferOp::Write, &local, &[0], &remote, &[0], None, None)
+        .unwrap_err();
+    assert!(matches!(err, Error::RemoteOutOfBounds { .. }), "{err}");
+    dst.clear();
+}
+
 #[test]
 fn listener_exchanges_metadata_with_timeouts() {
     let config = AgentConfig {
