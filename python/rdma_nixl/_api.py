@@ -77,6 +77,8 @@ _PLUGIN_PARAMS: Dict[str, Dict[str, str]] = {
         "provider": "",
         # shm rails for the peers on this host, beside the provider's ("none": only those).
         "local_provider": "shm",
+        # the shm rails' count (default: as num_rails for shm, one per four cores).
+        "local_rails": "",
         "node": "",
         "num_rails": "1",
         "striping_threshold": str(128 << 10),

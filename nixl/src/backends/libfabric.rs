@@ -95,11 +95,12 @@
 //! # Parameters
 //! `provider` (default: the first of `cxi`, `efa`, `tcp;ofi_rxm`, `sockets` found),
 //! `local_provider` (`shm`, the default where `shm` is present, or `none`),
+//! `local_rails` (the `shm` plane's rail count, 1..=16; default as `num_rails` for `shm`),
 //! `node` (default `127.0.0.1` for tcp and sockets), `num_rails` (default: one per four
-//! cores, at most four, for `tcp`, `sockets` and `udp`, where a CPU copies the data, so
-//! that large blocks are striped over several copying threads; 1 for `shm` and NIC
-//! providers),
-//! `striping_threshold` (bytes, default 131072), `busy_poll` (`1`: rail workers never
+//! cores, at most four, for `tcp`, `sockets`, `udp` and `shm`, where a CPU copies the
+//! data, so that large blocks are striped over several copying threads; 1 for NIC
+//! providers; see `default_rails` for `shm`'s price when peers die mid-transfer),
+//! `striping_threshold` (bytes, default 131072; 4 MiB for `shm`), `busy_poll` (`1`: rail workers never
 //! sleep — default `0`: spin while busy and for 20 ms after any activity, incoming
 //! remote operations included (1 s where there is no wait fd), then sleep on the
 //! queue's wait fd or nap; see
@@ -158,6 +159,10 @@ pub const NAME: &str = "LIBFABRIC";
 pub const PROVIDER_PRIORITY: &[&str] = &["cxi", "efa", "tcp;ofi_rxm", "sockets"];
 /// Default size from which one descriptor is split across all rails.
 pub const DEFAULT_STRIPING_THRESHOLD: usize = 128 << 10;
+/// The same over `shm`: its copies stay on one core up to a few MiB (splitting a 512 KiB
+/// block over four rails halved its bandwidth on the 16-core GPU machine; from 4 MiB four
+/// rails gave 2.9-6.7x one rail's).
+pub const DEFAULT_SHM_STRIPING_THRESHOLD: usize = 4 << 20;
 /// Largest notification message (header and sender name included).
 pub const MAX_NOTIF_BYTES: usize = NOTIF_SLOT;
 
@@ -369,8 +374,11 @@ fn open(agent: &Agent, params: &BackendParams) -> Result<LibfabricBackend> {
             "{NAME}: num_rails must be 1..=16"
         )));
     }
-    let striping_threshold =
-        param(params, "striping_threshold", DEFAULT_STRIPING_THRESHOLD)?.max(1);
+    // Unset: chosen for the provider once it is known.
+    let striping_threshold: Option<usize> = match params.get("striping_threshold") {
+        Some(_) => Some(param(params, "striping_threshold", 1usize)?.max(1)),
+        None => None,
+    };
     let busy_poll = flag(params, "busy_poll")?;
     let stage_dram = flag(params, "stage_dram")?;
     let vram_mode = match params.get("vram_mode").map(String::as_str) {
@@ -409,6 +417,11 @@ fn open(agent: &Agent, params: &BackendParams) -> Result<LibfabricBackend> {
     let num_rails = num_rails.unwrap_or_else(|| {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         default_rails(&provider, cores)
+    });
+    let striping_threshold = striping_threshold.unwrap_or(if provider == "shm" {
+        DEFAULT_SHM_STRIPING_THRESHOLD
+    } else {
+        DEFAULT_STRIPING_THRESHOLD
     });
     let mut rails = Vec::with_capacity(num_rails);
     for _ in 0..num_rails {
@@ -494,14 +507,17 @@ fn open(agent: &Agent, params: &BackendParams) -> Result<LibfabricBackend> {
 /// large block on one thread on each side, at one core's copy rate, which falls as the
 /// block outgrows the caches (a single thread's memcpy here: 21 GB/s at 512 KiB, 4 GB/s
 /// at 64 MiB); blocks striped over several rails are copied by as many threads. So
-/// `tcp`, `sockets` and `udp` get one rail per four cores, at most four. `shm` keeps one:
-/// libfabric 1.17's `shm` corrupts its queues when a peer dies mid-transfer, and every
-/// rail is one more endpoint exposed to that (`dead_peer_over_shm` with four rails: the
-/// survivor hung or crashed in 9 of 16 runs at HEAD, 5 of 16 with these workers, against
-/// about 1 in 10 with one rail); stripe there with `num_rails` where peers do not die.
-/// NIC providers (the NIC moves the data) get one.
+/// `tcp`, `sockets`, `udp` and `shm` get one rail per four cores, at most four (on the
+/// 16-core GPU machine, a Python loop of 64 x 64 KiB WRITEs over shm: one rail 0.86x
+/// NIXL's UCX, two 1.35x, four 1.70x; nixlbench from 4 MiB 15-27 GB/s against one rail's
+/// 5-9). The price over `shm`: libfabric 1.17's `shm` corrupts its queues when a peer dies
+/// mid-transfer, and every rail is one more endpoint exposed to that (`dead_peer_over_shm`
+/// with four rails: the survivor crashed or spun in 5 of 16 runs, about 1 in 10 with one
+/// rail; a spinning worker no longer hangs the backend's drop). Where peers die
+/// mid-transfer, `num_rails=1` (`local_rails=1` for the shm plane beside a network
+/// provider) trades the bandwidth back. NIC providers (the NIC moves the data) get one.
 fn default_rails(provider: &str, cores: usize) -> usize {
-    let cpu_copies = ["tcp", "sockets", "udp"]
+    let cpu_copies = ["tcp", "sockets", "udp", "shm"]
         .iter()
         .any(|p| provider.split(';').next() == Some(*p));
     if cpu_copies {

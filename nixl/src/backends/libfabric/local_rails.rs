@@ -48,6 +48,8 @@ use std::sync::{Arc, RwLock};
 pub(super) const PARAM: &str = "local_provider";
 /// The provider of the local plane.
 pub(super) const LOCAL_PROVIDER: &str = "shm";
+/// The parameter that sets the local plane's rail count (its `num_rails`).
+pub(super) const RAILS_PARAM: &str = "local_rails";
 /// First byte of the two-plane encodings.
 const TAG: u8 = 0xd7;
 const VERSION: u8 = 1;
@@ -80,6 +82,14 @@ struct Route {
 /// `local_provider=shm` asked for it).
 pub(super) fn open_planes(agent: &Agent, params: &BackendParams) -> Result<Planes> {
     let mut net_params = params.clone();
+    let local_rails = net_params.remove(RAILS_PARAM);
+    if let Some(v) = &local_rails {
+        if !v.parse::<usize>().is_ok_and(|n| (1..=16).contains(&n)) {
+            return Err(Error::InvalidParam(format!(
+                "{NAME} parameter {RAILS_PARAM}=`{v}`: 1..=16"
+            )));
+        }
+    }
     let (want_local, explicit) = match net_params.remove(PARAM).as_deref() {
         None => (true, false),
         Some(LOCAL_PROVIDER) => (true, true),
@@ -95,9 +105,13 @@ pub(super) fn open_planes(agent: &Agent, params: &BackendParams) -> Result<Plane
     if want_local && planes[0].provider() != LOCAL_PROVIDER {
         let mut local = net_params;
         local.insert("provider".into(), LOCAL_PROVIDER.into());
-        // The network's address and rail count are not shm's.
+        // The network's address, rail count and striping are not shm's.
         local.remove("node");
         local.remove("num_rails");
+        local.remove("striping_threshold");
+        if let Some(n) = local_rails {
+            local.insert("num_rails".into(), n);
+        }
         // `direct` asks it of the network provider; shm stages what it cannot register.
         if local.get("vram_mode").map(String::as_str) == Some("direct") {
             local.insert("vram_mode".into(), "auto".into());
@@ -638,6 +652,30 @@ mod tests {
         same[3 + 1 + 4 + 3] = NET;
         assert!(decode_md(&same).is_err());
         assert_eq!(decode_md(&[2, 9]).unwrap(), vec![(NET, &[2u8, 9][..])]);
+    }
+
+    /// `local_rails` sets the shm plane's rail count (the network plane keeps its own);
+    /// a bad count is refused.
+    #[test]
+    fn local_rails_sets_the_shm_planes_rails() {
+        let agent = Agent::new("local-rails", crate::AgentConfig::default()).unwrap();
+        let params: BackendParams = [
+            (RAILS_PARAM.to_string(), "3".to_string()),
+            ("num_rails".to_string(), "1".to_string()),
+        ]
+        .into_iter()
+        .collect();
+        let planes = open_planes(&agent, &params).unwrap();
+        assert_eq!(planes.providers()[1], LOCAL_PROVIDER);
+        assert_eq!(planes.planes[0].rails.len(), 1);
+        assert_eq!(planes.planes[1].rails.len(), 3);
+        let bad: BackendParams = [(RAILS_PARAM.to_string(), "0".to_string())]
+            .into_iter()
+            .collect();
+        assert!(matches!(
+            open_planes(&agent, &bad),
+            Err(Error::InvalidParam(_))
+        ));
     }
 
     /// A peer on this host whose shm address this side's shm rails refuse is reached

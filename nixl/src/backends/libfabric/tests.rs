@@ -61,7 +61,8 @@ fn direct_vram_registration_is_refused_typed_where_libfabric_has_no_cuda() {
 #[test]
 fn rails_default_to_one_per_four_cores_where_a_cpu_copies() {
     assert_eq!(default_rails("tcp;ofi_rxm", 2), 1);
-    assert_eq!(default_rails("shm", 16), 1);
+    assert_eq!(default_rails("shm", 16), 4);
+    assert_eq!(default_rails("shm", 2), 1);
     assert_eq!(default_rails("tcp;ofi_rxm", 8), 2);
     assert_eq!(default_rails("sockets", 64), 4);
     assert_eq!(default_rails("efa", 64), 1);
