@@ -82,7 +82,8 @@ struct Route {
 /// `local_provider=shm` asked for it).
 pub(super) fn open_planes(agent: &Agent, params: &BackendParams) -> Result<Planes> {
     let mut net_params = params.clone();
-    let local_rails = net_params.remove(RAILS_PARAM);
+    // Empty: unset (as the Python package's listed default).
+    let local_rails = net_params.remove(RAILS_PARAM).filter(|v| !v.is_empty());
     if let Some(v) = &local_rails {
         if !v.parse::<usize>().is_ok_and(|n| (1..=16).contains(&n)) {
             return Err(Error::InvalidParam(format!(
