@@ -193,17 +193,7 @@ impl ConnInfo {
 /// The kernel's boot id: equal for every process of one boot of one machine (containers
 /// included), different on any other machine.
 fn boot_id() -> Result<[u8; 16]> {
-    let text = std::fs::read_to_string("/proc/sys/kernel/random/boot_id")?;
-    let hex: String = text.trim().chars().filter(|c| *c != '-').collect();
-    let mut out = [0u8; 16];
-    if hex.len() != 32 {
-        return Err(Error::Gpu(format!("unexpected boot id `{}`", text.trim())));
-    }
-    for (i, byte) in out.iter_mut().enumerate() {
-        *byte = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16)
-            .map_err(|_| Error::Gpu(format!("unexpected boot id `{}`", text.trim())))?;
-    }
-    Ok(out)
+    super::shared::boot_id().ok_or_else(|| Error::Gpu("the kernel's boot id is unreadable".into()))
 }
 
 /// Field 22 of `/proc/PID/stat`: when the process started.

@@ -124,6 +124,21 @@ pub(crate) fn put_socket_addr(out: &mut Vec<u8>, addr: std::net::SocketAddr) {
     out.extend_from_slice(&addr.port().to_le_bytes());
 }
 
+/// The kernel's boot id (`/proc/sys/kernel/random/boot_id`): the same for every process
+/// of one boot of one host (containers included), different on any other host.
+pub(crate) fn boot_id() -> Option<[u8; 16]> {
+    let text = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?;
+    let hex: Vec<u8> = text.trim().bytes().filter(|c| *c != b'-').collect();
+    if hex.len() != 32 {
+        return None;
+    }
+    let mut out = [0u8; 16];
+    for (i, byte) in out.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(std::str::from_utf8(&hex[2 * i..2 * i + 2]).ok()?, 16).ok()?;
+    }
+    Some(out)
+}
+
 /// A random 64-bit number (an incarnation or nonce: tells one run of a backend from the
 /// next, not a secret).
 pub(crate) fn random_u64() -> u64 {

@@ -10,6 +10,7 @@
 //! the `/dev/shm` directories (device and inode) — are too. Anything unreadable makes a
 //! process on another host: the network reaches it.
 
+use super::super::shared::boot_id;
 use crate::error::{Error, Result};
 use std::os::unix::fs::MetadataExt;
 
@@ -87,20 +88,6 @@ impl HostId {
             dev_shm,
         })
     }
-}
-
-/// The kernel's boot id (`/proc/sys/kernel/random/boot_id`).
-fn boot_id() -> Option<[u8; 16]> {
-    let text = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?;
-    let hex: Vec<u8> = text.trim().bytes().filter(|c| *c != b'-').collect();
-    if hex.len() != 32 {
-        return None;
-    }
-    let mut out = [0u8; 16];
-    for (i, byte) in out.iter_mut().enumerate() {
-        *byte = u8::from_str_radix(std::str::from_utf8(&hex[2 * i..2 * i + 2]).ok()?, 16).ok()?;
-    }
-    Some(out)
 }
 
 #[cfg(test)]

@@ -14,6 +14,7 @@
 //! at most every [`PROC_CHECK_PERIOD`]. Peers on other hosts or in other pid namespaces
 //! are left to the transport and to the stall timeout.
 
+use super::super::shared::boot_id;
 use crate::error::{Error, Result};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -192,21 +193,6 @@ impl Liveness {
 fn clock_ns() -> u64 {
     static START: OnceLock<Instant> = OnceLock::new();
     START.get_or_init(Instant::now).elapsed().as_nanos() as u64
-}
-
-/// The kernel's boot id: the same for every process of one boot of one host (containers
-/// included), different on any other host.
-fn boot_id() -> Option<[u8; 16]> {
-    let text = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?;
-    let hex: Vec<u8> = text.trim().bytes().filter(|c| *c != b'-').collect();
-    if hex.len() != 32 {
-        return None;
-    }
-    let mut out = [0u8; 16];
-    for (i, byte) in out.iter_mut().enumerate() {
-        *byte = u8::from_str_radix(std::str::from_utf8(&hex[2 * i..2 * i + 2]).ok()?, 16).ok()?;
-    }
-    Some(out)
 }
 
 /// State (field 3) and start time (field 22) of `/proc/<pid>/stat`.
