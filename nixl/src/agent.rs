@@ -773,6 +773,50 @@ impl Agent {
         Ok(())
     }
 
+    /// Checks a list prepared with `peer`'s name against the peer's metadata as it is now:
+    /// the peer's life token, and the list prepared again where it had to be (else
+    /// `None`: use it as it is). A list of this agent itself goes stale whenever its
+    /// registrations change (the view it is resolved against is rebuilt): another
+    /// thread registering memory must not fail it, so it is resolved again (a descriptor
+    /// no longer registered is reported as such). A peer's reload stays an error: it may
+    /// be a new incarnation.
+    pub(crate) fn current_remote_list(
+        &self,
+        peer: &str,
+        list: &XferDlist,
+    ) -> Result<(Option<XferDlist>, Arc<PeerLife>)> {
+        let loopback = peer == self.inner.name;
+        if loopback {
+            self.refresh_loopback_view()?;
+        }
+        let mut refreshed: Option<XferDlist> = None;
+        let mut attempts = 0;
+        loop {
+            let current = refreshed.as_ref().unwrap_or(list);
+            {
+                let remotes = self.inner.remotes.read().expect("remotes lock");
+                match remotes.get(peer) {
+                    Some(p) if p.generation == current.generation => {
+                        return Ok((refreshed, p.life.clone()))
+                    }
+                    Some(_) if loopback && attempts < 3 => {}
+                    Some(_) => {
+                        return Err(Error::InvalidParam(format!(
+                            "metadata of `{peer}` was reloaded since this list was prepared: prepare it again"
+                        )))
+                    }
+                    None => return Err(Error::UnknownAgent(peer.to_string())),
+                }
+            }
+            attempts += 1;
+            let again = self.prep_xfer_dlist(
+                Some(peer),
+                &DescList::from_descs(current.kind, current.descs.iter().copied()),
+            )?;
+            refreshed = Some(again);
+        }
+    }
+
     /// Builds a transfer from prepared lists by index: `local_idx[i]` of `local` moves
     /// to/from `remote_idx[i]` of `remote`. With `backend` set, only that backend is used;
     /// otherwise the first (in creation order) that can reach both sides.
@@ -814,38 +858,7 @@ impl Agent {
             return Err(Error::Canceled);
         }
         let loopback = peer == self.inner.name;
-        // A list of this agent itself goes stale whenever its registrations change (the
-        // view it is resolved against is rebuilt): another thread registering memory
-        // must not fail this transfer, so such a list is resolved again (a descriptor
-        // no longer registered is reported as such). A peer's reload stays an error: it
-        // may be a new incarnation.
-        if loopback {
-            self.refresh_loopback_view()?;
-        }
-        let mut refreshed: Option<XferDlist> = None;
-        let mut attempts = 0;
-        let life = loop {
-            let current = refreshed.as_ref().unwrap_or(remote);
-            {
-                let remotes = self.inner.remotes.read().expect("remotes lock");
-                match remotes.get(peer) {
-                    Some(p) if p.generation == current.generation => break p.life.clone(),
-                    Some(_) if loopback && attempts < 3 => {}
-                    Some(_) => {
-                        return Err(Error::InvalidParam(format!(
-                            "metadata of `{peer}` was reloaded since this list was prepared: prepare it again"
-                        )))
-                    }
-                    None => return Err(Error::UnknownAgent(peer.to_string())),
-                }
-            }
-            attempts += 1;
-            let again = self.prep_xfer_dlist(
-                Some(peer),
-                &DescList::from_descs(current.kind, current.descs.iter().copied()),
-            )?;
-            refreshed = Some(again);
-        };
+        let (refreshed, life) = self.current_remote_list(peer, remote)?;
         let remote = refreshed.as_ref().unwrap_or(remote);
         let backends = self.backends();
         let bad_index = |which: &str, i: usize, n: usize| {

@@ -57,18 +57,11 @@ impl Agent {
         if self.is_shut_down() {
             return Err(Error::Canceled);
         }
-        if let Some(peer) = list.agent.as_deref() {
-            let remotes = self.inner.remotes.read().expect("remotes lock");
-            match remotes.get(peer) {
-                Some(p) if p.generation == list.generation => {}
-                Some(_) => {
-                    return Err(Error::InvalidParam(format!(
-                        "metadata of `{peer}` was reloaded since this list was prepared: prepare it again"
-                    )))
-                }
-                None => return Err(Error::UnknownAgent(peer.to_string())),
-            }
-        }
+        let refreshed = match list.agent.as_deref() {
+            Some(peer) => self.current_remote_list(peer, list)?.0,
+            None => None,
+        };
+        let list = refreshed.as_ref().unwrap_or(list);
         let backends = self.backends();
         let candidates: Vec<usize> = match backend {
             Some(name) => vec![backends
