@@ -22,12 +22,12 @@
 //! `heartbeat_ms=0`); a watcher waits for `misses` of the *peer's* intervals, and only a
 //! watcher with heartbeats on watches at all. Set `heartbeat_ms=0` to turn it off.
 
-use super::shared::{lock, put_socket_addr, random_u64};
+use super::shared::{lock, put_socket_addr, random_u64, WakeFd};
 use crate::backend::BackendParams;
 use crate::error::{Error, Result};
 use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::thread::JoinHandle;
@@ -394,7 +394,7 @@ struct HubShared {
     name: String,
     /// Links set up by `watch` and by accepted handshakes, for the thread to take.
     new_links: Mutex<Vec<Link>>,
-    wake: OwnedFd,
+    wake: WakeFd,
     stop: AtomicBool,
     /// Tests: stop sending heartbeats, as a vanished host would.
     silent: AtomicBool,
@@ -407,15 +407,7 @@ impl HubShared {
     }
 
     fn wake(&self) {
-        let one: u64 = 1;
-        // SAFETY: writes the 8 bytes of a live u64 to the hub's eventfd.
-        let _ = unsafe {
-            libc::write(
-                self.wake.as_raw_fd(),
-                (&one as *const u64).cast(),
-                std::mem::size_of::<u64>(),
-            )
-        };
+        let _ = self.wake.signal();
     }
 }
 
@@ -445,18 +437,12 @@ impl Hub {
             nonce: random_u64(),
             addr: listener.local_addr()?,
         };
-        // SAFETY: plain syscall; the returned descriptor is checked and then owned.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-        if fd < 0 {
-            return Err(std::io::Error::last_os_error().into());
-        }
         let shared = Arc::new(HubShared {
             config,
             nonce: addr.nonce,
             name: name.to_string(),
             new_links: Mutex::new(Vec::new()),
-            // SAFETY: `fd` is a fresh descriptor that nothing else owns.
-            wake: unsafe { OwnedFd::from_raw_fd(fd) },
+            wake: WakeFd::new()?,
             stop: AtomicBool::new(false),
             silent: AtomicBool::new(false),
         });
@@ -567,9 +553,7 @@ fn hub_thread(listener: &TcpListener, shared: &Arc<HubShared>) {
         fds.extend(links.iter().map(|l| pollfd_in(l.stream.as_raw_fd())));
         // SAFETY: `fds` is a live array of pollfds whose descriptors stay open.
         unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout) };
-        let mut counter = [0u8; 8];
-        // SAFETY: reads at most 8 bytes into a live buffer from the hub's eventfd.
-        let _ = unsafe { libc::read(shared.wake.as_raw_fd(), counter.as_mut_ptr().cast(), 8) };
+        shared.wake.drain();
         loop {
             match listener.accept() {
                 Ok((stream, from)) => {

@@ -136,7 +136,7 @@ mod xfer;
 mod tests;
 
 use super::heartbeat::{Beat, HeartbeatConfig, Pacer};
-use super::shared::{random_u64, NotifTracker};
+use super::shared::{random_u64, NotifTracker, WakeFd};
 use crate::agent::Agent;
 use crate::backend::{
     Backend, BackendParams, BackendXfer, Capabilities, LocalMd, RemoteMd, XferEntry, XferOp,
@@ -153,7 +153,6 @@ use stage_net::Stager;
 use std::any::Any;
 use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
@@ -240,7 +239,7 @@ struct Rail {
     srq: SharedReceiveQueue,
     submit: Mutex<VecDeque<RailJob>>,
     /// The worker blocks on its completion channel and this eventfd when idle.
-    wake_fd: OwnedFd,
+    wake_fd: WakeFd,
     sleeping: AtomicBool,
     state: Mutex<RailState>,
 }
@@ -276,18 +275,8 @@ impl Rail {
     }
 
     fn wake(&self) {
-        let one: u64 = 1;
-        // SAFETY: writes the 8 bytes of a live u64 to the rail's eventfd.
-        let n = unsafe {
-            libc::write(
-                self.wake_fd.as_raw_fd(),
-                (&one as *const u64).cast(),
-                std::mem::size_of::<u64>(),
-            )
-        };
-        if n < 0 {
-            // EAGAIN: the counter is saturated, the worker is woken anyway.
-            tracing::trace!("eventfd write: {}", std::io::Error::last_os_error());
+        if let Err(e) = self.wake_fd.signal() {
+            tracing::trace!("eventfd write: {e}");
         }
     }
 }
@@ -527,13 +516,7 @@ fn open_rail(index: usize, dev: usize, device: &Device) -> Result<Rail> {
         .pd
         .create_srq(RECV_SLOTS as u32, 1)
         .map_err(|e| verbs_error("ibv_create_srq", e))?;
-    // SAFETY: plain syscall; the returned descriptor is checked and then owned.
-    let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error().into());
-    }
-    // SAFETY: `fd` is a fresh descriptor that nothing else owns.
-    let wake_fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let wake_fd = WakeFd::new()?;
     let state = RailState::new(&device.pd, &srq)?;
     Ok(Rail {
         index,

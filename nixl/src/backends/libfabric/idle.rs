@@ -24,8 +24,9 @@
 //! target keeps spinning while traffic flows and pays a nap only for the first operation
 //! after an idle spell. A readable wait fd counts as activity too.
 
+use super::super::shared::WakeFd;
 use fabric::{CompletionQueue, Counter};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -48,7 +49,7 @@ pub(super) fn nap_after(napping: Duration) -> Duration {
 /// A rail's idle wait: the eventfd that wakes it, and the provider's signs of traffic.
 #[derive(Debug)]
 pub(super) struct IdleWait {
-    wake: OwnedFd,
+    wake: WakeFd,
     /// The worker is (about to be) asleep: queuing work must write `wake`.
     sleeping: AtomicBool,
     /// The completion queue's wait fd (`FI_WAIT_FD`).
@@ -64,13 +65,7 @@ pub(super) struct IdleWait {
 
 impl IdleWait {
     pub(super) fn new(cq: &CompletionQueue, remote_ops: Option<Counter>) -> std::io::Result<Self> {
-        // SAFETY: eventfd has no memory arguments; the result is checked.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-        if fd < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        // SAFETY: a fresh descriptor that nothing else owns.
-        let wake = unsafe { OwnedFd::from_raw_fd(fd) };
+        let wake = WakeFd::new()?;
         Ok(IdleWait {
             wake,
             sleeping: AtomicBool::new(false),
@@ -120,10 +115,7 @@ impl IdleWait {
     /// Wakes the worker if it sleeps (call after queuing its work).
     pub(super) fn wake(&self) {
         if self.sleeping.load(Ordering::SeqCst) {
-            let one = 1u64.to_ne_bytes();
-            // SAFETY: writes 8 bytes from a live buffer to our eventfd. A full counter
-            // (EAGAIN) still leaves it readable, which is all a wake needs.
-            unsafe { libc::write(self.wake.as_raw_fd(), one.as_ptr().cast(), one.len()) };
+            let _ = self.wake.signal();
         }
     }
 
@@ -163,9 +155,7 @@ impl IdleWait {
             }
         };
         self.sleeping.store(false, Ordering::SeqCst);
-        let mut drained = [0u8; 8];
-        // SAFETY: reads at most 8 bytes into a live buffer from our non-blocking eventfd.
-        unsafe { libc::read(wake, drained.as_mut_ptr().cast(), drained.len()) };
+        self.wake.drain();
         traffic
     }
 }

@@ -481,15 +481,7 @@ fn rail_sleep(rail: &Rail, common: &Common) {
     rail.sleeping.store(false, Ordering::SeqCst);
     if ready > 0 {
         if fds[1].revents != 0 {
-            let mut counter = 0u64;
-            // SAFETY: reads 8 bytes into a live u64 (non-blocking eventfd).
-            let _ = unsafe {
-                libc::read(
-                    rail.wake_fd.as_raw_fd(),
-                    (&mut counter as *mut u64).cast(),
-                    std::mem::size_of::<u64>(),
-                )
-            };
+            rail.wake_fd.drain();
         }
         // Acknowledge every pending completion event (the channel is non-blocking).
         while rail.channel.get_event().is_ok() {}
