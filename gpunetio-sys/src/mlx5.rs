@@ -200,125 +200,125 @@ mod tests {
 
     #[test]
     fn header_constants_match_the_rust_constants() {
-        let consts: &[(&str, i64)] = &[
-            ("GIO_MLX5_OPCODE_NOP", GIO_MLX5_OPCODE_NOP as i64),
+        let consts: &[(&str, i128)] = &[
+            ("GIO_MLX5_OPCODE_NOP", GIO_MLX5_OPCODE_NOP as i128),
             (
                 "GIO_MLX5_OPCODE_RDMA_WRITE",
-                GIO_MLX5_OPCODE_RDMA_WRITE as i64,
+                GIO_MLX5_OPCODE_RDMA_WRITE as i128,
             ),
             (
                 "GIO_MLX5_OPCODE_RDMA_WRITE_IMM",
-                GIO_MLX5_OPCODE_RDMA_WRITE_IMM as i64,
+                GIO_MLX5_OPCODE_RDMA_WRITE_IMM as i128,
             ),
             (
                 "GIO_MLX5_OPCODE_RDMA_READ",
-                GIO_MLX5_OPCODE_RDMA_READ as i64,
+                GIO_MLX5_OPCODE_RDMA_READ as i128,
             ),
             (
                 "GIO_MLX5_OPCODE_ATOMIC_CS",
-                GIO_MLX5_OPCODE_ATOMIC_CS as i64,
+                GIO_MLX5_OPCODE_ATOMIC_CS as i128,
             ),
             (
                 "GIO_MLX5_OPCODE_ATOMIC_FA",
-                GIO_MLX5_OPCODE_ATOMIC_FA as i64,
+                GIO_MLX5_OPCODE_ATOMIC_FA as i128,
             ),
-            ("GIO_MLX5_CTRL_SOLICITED", GIO_MLX5_CTRL_SOLICITED as i64),
-            ("GIO_MLX5_CTRL_CQ_UPDATE", GIO_MLX5_CTRL_CQ_UPDATE as i64),
-            ("GIO_MLX5_CTRL_FENCE", GIO_MLX5_CTRL_FENCE as i64),
-            ("GIO_MLX5_INLINE_SEG", GIO_MLX5_INLINE_SEG as i64),
-            ("GIO_MLX5_WQEBB", GIO_MLX5_WQEBB as i64),
-            ("GIO_MLX5_MAX_INLINE", GIO_MLX5_MAX_INLINE as i64),
-            ("GIO_MLX5_CQE_REQ", GIO_MLX5_CQE_REQ as i64),
-            ("GIO_MLX5_CQE_RESP_WR_IMM", GIO_MLX5_CQE_RESP_WR_IMM as i64),
-            ("GIO_MLX5_CQE_RESP_SEND", GIO_MLX5_CQE_RESP_SEND as i64),
+            ("GIO_MLX5_CTRL_SOLICITED", GIO_MLX5_CTRL_SOLICITED as i128),
+            ("GIO_MLX5_CTRL_CQ_UPDATE", GIO_MLX5_CTRL_CQ_UPDATE as i128),
+            ("GIO_MLX5_CTRL_FENCE", GIO_MLX5_CTRL_FENCE as i128),
+            ("GIO_MLX5_INLINE_SEG", GIO_MLX5_INLINE_SEG as i128),
+            ("GIO_MLX5_WQEBB", GIO_MLX5_WQEBB as i128),
+            ("GIO_MLX5_MAX_INLINE", GIO_MLX5_MAX_INLINE as i128),
+            ("GIO_MLX5_CQE_REQ", GIO_MLX5_CQE_REQ as i128),
+            ("GIO_MLX5_CQE_RESP_WR_IMM", GIO_MLX5_CQE_RESP_WR_IMM as i128),
+            ("GIO_MLX5_CQE_RESP_SEND", GIO_MLX5_CQE_RESP_SEND as i128),
             (
                 "GIO_MLX5_CQE_RESP_SEND_IMM",
-                GIO_MLX5_CQE_RESP_SEND_IMM as i64,
+                GIO_MLX5_CQE_RESP_SEND_IMM as i128,
             ),
             (
                 "GIO_MLX5_CQE_RESP_SEND_INV",
-                GIO_MLX5_CQE_RESP_SEND_INV as i64,
+                GIO_MLX5_CQE_RESP_SEND_INV as i128,
             ),
-            ("GIO_MLX5_CQE_REQ_ERR", GIO_MLX5_CQE_REQ_ERR as i64),
-            ("GIO_MLX5_CQE_RESP_ERR", GIO_MLX5_CQE_RESP_ERR as i64),
-            ("GIO_MLX5_CQE_INVALID", GIO_MLX5_CQE_INVALID as i64),
-            ("GIO_MLX5_CQE_OWNER_MASK", GIO_MLX5_CQE_OWNER_MASK as i64),
-            ("GIO_MLX5_CQE_SIZE", GIO_MLX5_CQE_SIZE as i64),
+            ("GIO_MLX5_CQE_REQ_ERR", GIO_MLX5_CQE_REQ_ERR as i128),
+            ("GIO_MLX5_CQE_RESP_ERR", GIO_MLX5_CQE_RESP_ERR as i128),
+            ("GIO_MLX5_CQE_INVALID", GIO_MLX5_CQE_INVALID as i128),
+            ("GIO_MLX5_CQE_OWNER_MASK", GIO_MLX5_CQE_OWNER_MASK as i128),
+            ("GIO_MLX5_CQE_SIZE", GIO_MLX5_CQE_SIZE as i128),
             (
                 "GIO_MLX5_SYNDROME_LOCAL_LENGTH_ERR",
-                GIO_MLX5_SYNDROME_LOCAL_LENGTH_ERR as i64,
+                GIO_MLX5_SYNDROME_LOCAL_LENGTH_ERR as i128,
             ),
             (
                 "GIO_MLX5_SYNDROME_LOCAL_QP_OP_ERR",
-                GIO_MLX5_SYNDROME_LOCAL_QP_OP_ERR as i64,
+                GIO_MLX5_SYNDROME_LOCAL_QP_OP_ERR as i128,
             ),
             (
                 "GIO_MLX5_SYNDROME_LOCAL_PROT_ERR",
-                GIO_MLX5_SYNDROME_LOCAL_PROT_ERR as i64,
+                GIO_MLX5_SYNDROME_LOCAL_PROT_ERR as i128,
             ),
             (
                 "GIO_MLX5_SYNDROME_WR_FLUSH_ERR",
-                GIO_MLX5_SYNDROME_WR_FLUSH_ERR as i64,
+                GIO_MLX5_SYNDROME_WR_FLUSH_ERR as i128,
             ),
             (
                 "GIO_MLX5_SYNDROME_MW_BIND_ERR",
-                GIO_MLX5_SYNDROME_MW_BIND_ERR as i64,
+                GIO_MLX5_SYNDROME_MW_BIND_ERR as i128,
             ),
             (
                 "GIO_MLX5_SYNDROME_BAD_RESP_ERR",
-                GIO_MLX5_SYNDROME_BAD_RESP_ERR as i64,
+                GIO_MLX5_SYNDROME_BAD_RESP_ERR as i128,
             ),
             (
                 "GIO_MLX5_SYNDROME_LOCAL_ACCESS_ERR",
-                GIO_MLX5_SYNDROME_LOCAL_ACCESS_ERR as i64,
+                GIO_MLX5_SYNDROME_LOCAL_ACCESS_ERR as i128,
             ),
             (
                 "GIO_MLX5_SYNDROME_REMOTE_INVAL_REQ_ERR",
-                GIO_MLX5_SYNDROME_REMOTE_INVAL_REQ_ERR as i64,
+                GIO_MLX5_SYNDROME_REMOTE_INVAL_REQ_ERR as i128,
             ),
             (
                 "GIO_MLX5_SYNDROME_REMOTE_ACCESS_ERR",
-                GIO_MLX5_SYNDROME_REMOTE_ACCESS_ERR as i64,
+                GIO_MLX5_SYNDROME_REMOTE_ACCESS_ERR as i128,
             ),
             (
                 "GIO_MLX5_SYNDROME_REMOTE_OP_ERR",
-                GIO_MLX5_SYNDROME_REMOTE_OP_ERR as i64,
+                GIO_MLX5_SYNDROME_REMOTE_OP_ERR as i128,
             ),
             (
                 "GIO_MLX5_SYNDROME_TRANSPORT_RETRY_EXC_ERR",
-                GIO_MLX5_SYNDROME_TRANSPORT_RETRY_EXC_ERR as i64,
+                GIO_MLX5_SYNDROME_TRANSPORT_RETRY_EXC_ERR as i128,
             ),
             (
                 "GIO_MLX5_SYNDROME_RNR_RETRY_EXC_ERR",
-                GIO_MLX5_SYNDROME_RNR_RETRY_EXC_ERR as i64,
+                GIO_MLX5_SYNDROME_RNR_RETRY_EXC_ERR as i128,
             ),
             (
                 "GIO_MLX5_SYNDROME_REMOTE_ABORTED_ERR",
-                GIO_MLX5_SYNDROME_REMOTE_ABORTED_ERR as i64,
+                GIO_MLX5_SYNDROME_REMOTE_ABORTED_ERR as i128,
             ),
             (
                 "GIO_MLX5_CQE_OFF_VENDOR_SYNDROME",
-                GIO_MLX5_CQE_OFF_VENDOR_SYNDROME as i64,
+                GIO_MLX5_CQE_OFF_VENDOR_SYNDROME as i128,
             ),
             (
                 "GIO_MLX5_CQE_OFF_SYNDROME",
-                GIO_MLX5_CQE_OFF_SYNDROME as i64,
+                GIO_MLX5_CQE_OFF_SYNDROME as i128,
             ),
             (
                 "GIO_MLX5_CQE_OFF_BYTE_CNT",
-                GIO_MLX5_CQE_OFF_BYTE_CNT as i64,
+                GIO_MLX5_CQE_OFF_BYTE_CNT as i128,
             ),
             (
                 "GIO_MLX5_CQE_OFF_SOP_DROP_QPN",
-                GIO_MLX5_CQE_OFF_SOP_DROP_QPN as i64,
+                GIO_MLX5_CQE_OFF_SOP_DROP_QPN as i128,
             ),
             (
                 "GIO_MLX5_CQE_OFF_WQE_COUNTER",
-                GIO_MLX5_CQE_OFF_WQE_COUNTER as i64,
+                GIO_MLX5_CQE_OFF_WQE_COUNTER as i128,
             ),
-            ("GIO_MLX5_CQE_OFF_OP_OWN", GIO_MLX5_CQE_OFF_OP_OWN as i64),
-            ("GIO_MLX5_SND_DBR", GIO_MLX5_SND_DBR as i64),
-            ("GIO_MLX5_QP_BLUEFLAME", GIO_MLX5_QP_BLUEFLAME as i64),
+            ("GIO_MLX5_CQE_OFF_OP_OWN", GIO_MLX5_CQE_OFF_OP_OWN as i128),
+            ("GIO_MLX5_SND_DBR", GIO_MLX5_SND_DBR as i128),
+            ("GIO_MLX5_QP_BLUEFLAME", GIO_MLX5_QP_BLUEFLAME as i128),
         ];
         crate::tests::assert_header_defines(crate::GIO_MLX5_CUH, "GIO_MLX5_", consts);
     }

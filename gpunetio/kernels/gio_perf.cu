@@ -98,28 +98,61 @@ extern "C" __global__ void gio_perf_write_lat(gio_dev_qp *qp, uint32_t remote_mr
   }
 }
 
-// CPU proxy round trip: thread 0 posts a NOP through the low-level API and polls until
-// the proxy reports it complete, `iters` times; `rtt_ns[i]` gets each round trip. Half of
-// it bounds the time from a GPU post to the proxy seeing it.
-extern "C" __global__ void gio_perf_proxy_rtt(gio_dev_qp *qp, u64 iters, u64 *rtt_ns, int *status) {
+// CPU proxy round trip: thread 0 posts and waits (gio::wait) until the proxy reports the
+// post complete, `iters` times; `rtt_ns[i]` gets each round trip, `post_ns[i]` (if not
+// null) the part until the post was published. `kind`:
+//   0 a NOP prepared in its ring slot and published with a release store (low level, in
+//     place)
+//   1 a NOP built in an image and published without a fence (low level, image)
+//   2 gio::p of 8 bytes (high level: through the transport to the peer)
+//   3 gio::put of 8 bytes from local region 0 to remote region `remote_mr` (high level:
+//     GPU-scope fence for device memory, then through the transport)
+__device__ void proxy_rtt(gio_dev_qp *qp, u64 iters, u64 *rtt_ns, u64 *post_ns, int *status,
+                          unsigned kind, uint32_t remote_mr) {
   if (threadIdx.x != 0 || blockIdx.x != 0) return;
   for (u64 i = 0; i < iters; i++) {
     const u64 start = gio::now_ns();
-    const u64 t = gio::reserve_slots<gio::sharing::exclusive>(qp, 1);
+    u64 t = 0;
     int st = GIO_OK;
-    gio_ring_entry *e = gio::entry_ptr<gio::sharing::exclusive>(qp, t, &st);
-    if (!e) {
-      record(status, st);
-      return;
+    if (kind <= 1) {
+      t = gio::reserve_slots<gio::sharing::exclusive>(qp, 1);
+      gio_ring_entry *e = gio::entry_ptr<gio::sharing::exclusive>(qp, t, &st);
+      if (!e) {
+        record(status, st);
+        return;
+      }
+      if (kind == 0) {
+        gio::prepare_nop(e);
+        gio::mark_ready(e, t);
+      } else {
+        gio::entry_image img;
+        gio::prepare_nop(&img.e);
+        gio::mark_ready(qp, e, img, t);
+      }
+      gio::submit(qp, t + 1);
+    } else if (kind == 2) {
+      st = gio::p<u64, gio::scope::thread, gio::sharing::exclusive>(qp, remote_mr, 0, i, &t);
+    } else {
+      st = gio::put<gio::scope::thread, gio::sharing::exclusive>(qp, remote_mr, 0, 0, 0, 8, &t);
     }
-    gio::prepare_nop(e);
-    gio::mark_ready(e, t);
-    gio::submit(qp, t + 1);
-    st = gio::wait(qp, t);
+    const u64 posted = gio::now_ns();
+    if (st == GIO_OK) st = gio::wait(qp, t);
     rtt_ns[i] = gio::now_ns() - start;
+    if (post_ns) post_ns[i] = posted - start;
     if (st != GIO_OK) {
       record(status, st);
       return;
     }
   }
+}
+
+extern "C" __global__ void gio_perf_proxy_rtt_ext(gio_dev_qp *qp, u64 iters, u64 *rtt_ns,
+                                                  u64 *post_ns, int *status, unsigned kind,
+                                                  uint32_t remote_mr) {
+  proxy_rtt(qp, iters, rtt_ns, post_ns, status, kind, remote_mr);
+}
+
+// proxy_rtt of an image-published NOP (kind 1).
+extern "C" __global__ void gio_perf_proxy_rtt(gio_dev_qp *qp, u64 iters, u64 *rtt_ns, int *status) {
+  proxy_rtt(qp, iters, rtt_ns, 0, status, 1, 0);
 }

@@ -3,65 +3,58 @@
 
 typedef unsigned long long u64;
 
-// Thread 0 pings a host thread through host-mapped memory alone, `iters` times: it stores
-// i into `to_host` (a relaxed system-scope store, as the proxy ring's entry stores) and
-// polls `from_host` (relaxed system-scope loads, as the device library polls
-// ctrl.completed) until the host echoes i. `rtt_ns[i - 1]` gets each round trip; a host
-// silent for a second ends the kernel with ~0 in that slot.
-extern "C" __global__ void gio_rtt_host_ping(u64 *to_host, const u64 *from_host, u64 iters,
-                                             u64 *rtt_ns) {
+// The latency of one read of host-mapped memory: `n` loads, each address depending on
+// the value the previous one returned (`mask` is 0, unknown to the compiler), so they
+// cannot overlap. out[0] = ns per load.
+extern "C" __global__ void gio_rtt_load_latency(const u64 *word, u64 mask, unsigned n, u64 *out) {
   if (threadIdx.x != 0 || blockIdx.x != 0) return;
-  for (u64 i = 1; i <= iters; i++) {
-    const u64 start = gio::now_ns();
-    asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(to_host), "l"(i) : "memory");
-    while (gio::ld_relaxed_sys(from_host) < i) {
-      if (gio::now_ns() - start > 1000000000ull) {
-        rtt_ns[i - 1] = ~0ull;
-        return;
-      }
-    }
-    rtt_ns[i - 1] = gio::now_ns() - start;
-  }
+  u64 v = 0;
+  const u64 start = gio::now_ns();
+  for (unsigned i = 0; i < n; i++) v = gio::ld_relaxed_sys(word + (v & mask));
+  out[0] = (gio::now_ns() - start) / n;
+  out[1] = v;
 }
 
-// The same ping with the stores a ring post makes, to see what each costs over PCIe:
-// `line` is a 64-byte host-mapped line whose word 0 the host thread watches (as the
-// proxy watches an entry's seq); `mode`:
-//   0 one relaxed store of i to word 0 (the floor above)
-//   1 one release store (st.release.sys) of i to word 0
-//   2 the high-level post: payload as one 8-byte and three 16-byte relaxed stores
-//     (store_image), then a release store of i to word 0 (mark_ready)
-//   3 as 2 with a relaxed store of word 0 (no ordering: timing only)
-//   4 the low-level post: prepare_nop (an entry image, four stores), then a release store
-//   5 eight relaxed 8-byte stores, each carrying i (a flag per word), word 0 last
-extern "C" __global__ void gio_rtt_host_ping_mode(u64 *line, const u64 *from_host, u64 iters,
-                                                  u64 *rtt_ns, unsigned mode) {
+// Thread 0 pings a host thread through host-mapped memory, `iters` times: it stores i
+// into `line` (word 0 is what the host thread watches) as `mode` says, waits `delay_ns`,
+// then polls `from_host` (relaxed system-scope loads) until the host echoes i.
+// `rtt_ns[i - 1]` gets each round trip, `polls[i - 1]` how many reads it took; a host
+// silent for a second ends the kernel with ~0 in that slot. `mode`:
+//   0 one relaxed store of i to word 0
+//   1 one release store (st.release.sys) of i to word 0: the in-place ring post's
+//     publication (mark_ready)
+//   2 an image: the 64-byte line as four 16-byte relaxed stores (publish_image), no fence
+//   3 a GPU-scope fence, then the image: a put of device memory (order_before_post)
+extern "C" __global__ void gio_rtt_host_ping(u64 *line, const u64 *from_host, u64 iters,
+                                             u64 delay_ns, unsigned mode, u64 *rtt_ns,
+                                             u64 *polls) {
   if (threadIdx.x != 0 || blockIdx.x != 0) return;
   for (u64 i = 1; i <= iters; i++) {
     const u64 start = gio::now_ns();
-    if (mode == 2 || mode == 3) {
-      gio::entry_image img;
-      img.v[0] = make_uint4((unsigned)i, 1, 2, 3);
-      img.v[1] = make_uint4((unsigned)i, 4, 5, 6);
-      img.v[2] = make_uint4((unsigned)i, 7, 8, 9);
-      img.v[3] = make_uint4((unsigned)i, 10, 11, 12);
-      gio::store_image((gio_ring_entry *)line, img);
-    } else if (mode == 4) {
-      gio::prepare_nop((gio_ring_entry *)line);
-    } else if (mode == 5) {
-      for (int w = 7; w >= 1; w--)
-        asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(line + w), "l"(i) : "memory");
-    }
-    if (mode == 1 || mode == 2 || mode == 4)
-      gio::st_release_sys(line, i);
-    else
+    if (mode == 0) {
       asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(line), "l"(i) : "memory");
+    } else if (mode == 1) {
+      gio::st_release_sys(line, i);
+    } else {
+      if (mode == 3) asm volatile("fence.acq_rel.gpu;" ::: "memory");
+#pragma unroll
+      for (int k = 0; k < 8; k += 2)
+        asm volatile("st.relaxed.sys.global.v2.u64 [%0], {%1, %2};" ::"l"(line + k),
+                     "l"(k == 0 ? i : i + k), "l"(i + k + 1)
+                     : "memory");
+    }
+    const u64 due = gio::now_ns() + delay_ns;
+    while ((long long)(gio::now_ns() - due) < 0) {
+    }
+    u64 n = 1;
     while (gio::ld_relaxed_sys(from_host) < i) {
+      n++;
       if (gio::now_ns() - start > 1000000000ull) {
         rtt_ns[i - 1] = ~0ull;
         return;
       }
     }
     rtt_ns[i - 1] = gio::now_ns() - start;
+    polls[i - 1] = n;
   }
 }

@@ -39,7 +39,7 @@ typedef long long int64_t;
   GIO_STATIC_ASSERT(offsetof(struct type, field) == (offset), #type "." #field " offset")
 #endif
 
-#define GIO_ABI_VERSION 1u
+#define GIO_ABI_VERSION 2u
 
 /* ---- NIC handlers (how a queue pair's work reaches the network) ---------------------- */
 /* Chosen by the host; `AUTO` is resolved before export and never reaches device code. */
@@ -79,6 +79,9 @@ typedef long long int64_t;
 /* `addr` is valid in this GPU's address space (local memory; a peer's memory mapped
  * through CUDA IPC for INTRA_NODE). */
 #define GIO_MR_MAPPED 0x2u
+/* The region is host memory: data a kernel stored there reaches the NIC handler only
+ * after a system-scope fence (device memory needs a GPU-scope one). */
+#define GIO_MR_HOST 0x4u
 
 /* ---- statuses (reported by the host into gio_ring_ctrl.error, returned by device calls) */
 #define GIO_OK 0
@@ -108,11 +111,19 @@ typedef long long int64_t;
 #define GIO_NO_COUNTER 0xffffffffu
 
 /* One unit of work in a CPU proxy ring: one cache line, written by the GPU into
- * host-mapped memory. Every field is written before `seq`, which is stored last (after
- * a system-scope fence): the proxy reads an entry only once its seq equals its ticket
- * + 1, so a half-written entry is never seen and wraparound needs no clearing. */
+ * host-mapped memory. The proxy takes an entry only once its seq (without
+ * GIO_SEQ_IMAGE) equals its ticket + 1, and only whole, so wraparound needs no
+ * clearing. Two ways to publish one:
+ *  - in place (low level: prepare_* into the slot, then mark_ready): every field is
+ *    stored before `seq`, which is stored last with a system-scope release;
+ *  - as an image (high level): seq carries GIO_SEQ_IMAGE and the eight words are stored
+ *    in any order without a fence; each of words 1-7 carries the slot's lap phase in
+ *    bit 63 (gio_entry_encode) and the proxy takes the entry only once all seven show
+ *    the phase of its ticket. Single-copy atomicity of aligned 8-byte stores makes a
+ *    word either the old lap's or the new one; a system-scope release (~0.6 us on an
+ *    H100 over PCIe) is then needed for nothing but the data the entry points at. */
 struct gio_ring_entry {
-  uint64_t seq;          /*  0: ticket + 1, stored last */
+  uint64_t seq;          /*  0: ticket + 1 (| GIO_SEQ_IMAGE) */
   uint8_t opcode;        /*  8: GIO_OP_* */
   uint8_t flags;         /*  9: GIO_FLAG_* */
   uint16_t local_mr;     /* 10: index in the memory table (GIO_OP_PUT/GET) */
@@ -134,6 +145,56 @@ GIO_ASSERT_OFFSET(gio_ring_entry, local_off, 16);
 GIO_ASSERT_OFFSET(gio_ring_entry, length, 32);
 GIO_ASSERT_OFFSET(gio_ring_entry, signal_add, 48);
 GIO_ASSERT_OFFSET(gio_ring_entry, counter, 56);
+
+/* seq of an entry published as an image (gio_entry_encode). */
+#define GIO_SEQ_IMAGE 0x8000000000000000ull
+/* Word 7's bits 32..37 hold bit 63 of words 1..6 in an encoded image; bits 38..62 are
+ * zero (the entry's `reserved` field). */
+#define GIO_IMAGE_TOP_SHIFT 32u
+
+#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
+#define GIO_HOST_DEVICE __host__ __device__
+#else
+#define GIO_HOST_DEVICE
+#endif
+
+/* The lap phase an image of `ticket` carries in bit 63 of words 1-7: 1 on even laps, so
+ * a zeroed ring never looks published. `ring_size` is a power of two. */
+static inline GIO_HOST_DEVICE uint64_t gio_entry_phase(uint64_t ticket, uint32_t ring_size) {
+  return ((ticket / ring_size) & 1u) ^ 1u;
+}
+
+/* Encodes the eight words of an entry (as laid out in struct gio_ring_entry, `reserved`
+ * zero) for publication as an image of `ticket`: bit 63 of words 1..6 moves into word 7
+ * (GIO_IMAGE_TOP_SHIFT), bit 63 of words 1..7 becomes the phase, word 0 the image seq. */
+static inline GIO_HOST_DEVICE void gio_entry_encode(uint64_t w[8], uint64_t ticket,
+                                                    uint32_t ring_size) {
+  const uint64_t phase = gio_entry_phase(ticket, ring_size) << 63;
+  uint64_t top = 0;
+  for (unsigned k = 1; k <= 6; k++) {
+    top |= (w[k] >> 63) << (GIO_IMAGE_TOP_SHIFT + k - 1);
+    w[k] = (w[k] & ~(1ull << 63)) | phase;
+  }
+  w[7] = (w[7] & 0xffffffffull) | top | phase;
+  w[0] = (ticket + 1) | GIO_SEQ_IMAGE;
+}
+
+/* Decodes an image of `ticket` read from its slot: 1 with the entry's words in `w` (seq
+ * = ticket + 1), or 0 while some word still belongs to the previous lap (the GPU's
+ * stores are in flight: read the slot again later). */
+static inline GIO_HOST_DEVICE int gio_entry_decode(uint64_t w[8], uint64_t ticket,
+                                                   uint32_t ring_size) {
+  const uint64_t phase = gio_entry_phase(ticket, ring_size);
+  if (w[0] != ((ticket + 1) | GIO_SEQ_IMAGE)) return 0;
+  for (unsigned k = 1; k <= 7; k++)
+    if ((w[k] >> 63) != phase) return 0;
+  const uint64_t top = w[7];
+  for (unsigned k = 1; k <= 6; k++)
+    w[k] = (w[k] & ~(1ull << 63)) | (((top >> (GIO_IMAGE_TOP_SHIFT + k - 1)) & 1u) << 63);
+  w[7] &= 0xffffffffull;
+  w[0] = ticket + 1;
+  return 1;
+}
 
 /* The host-written half of a ring, in host-mapped memory the GPU reads. Fields the GPU
  * polls sit on their own cache lines. */
@@ -161,10 +222,12 @@ struct gio_ring_dev_state {
   uint64_t cached_consumed; /*  8: last value of gio_ring_ctrl.consumed seen */
   uint32_t level;           /* 16: GIO_LEVEL_* once an API level was used (debug check) */
   uint32_t pad0;            /* 20 */
-  uint8_t pad1[40];
+  uint64_t last_post_ns;    /* 24: %globaltimer of the latest post (wait's first poll) */
+  uint8_t pad1[32];
 };
 GIO_STATIC_ASSERT(sizeof(struct gio_ring_dev_state) == 64, "gio_ring_dev_state");
 GIO_ASSERT_OFFSET(gio_ring_dev_state, level, 16);
+GIO_ASSERT_OFFSET(gio_ring_dev_state, last_post_ns, 24);
 
 #define GIO_LEVEL_UNUSED 0u
 #define GIO_LEVEL_HIGH 1u
@@ -200,7 +263,10 @@ struct gio_dev_qp {
   uint32_t flags;              /*  60: GIO_QP_* */
   uint64_t timeout_ns;         /*  64: bound on every device-side wait (0: none) */
   struct gio_mlx5_qp *mlx5;    /*  72: device memory (MLX5), else null */
-  uint8_t reserved[48];        /*  80 */
+  uint64_t first_poll_ns;      /*  80: CPU_PROXY: a wait's first read of the completion
+                                *      count is issued this long after the latest post
+                                *      (0: at once); see gio::wait */
+  uint8_t reserved[40];        /*  88 */
 };
 GIO_STATIC_ASSERT(sizeof(struct gio_dev_qp) == 128, "gio_dev_qp");
 GIO_ASSERT_OFFSET(gio_dev_qp, ring, 16);
@@ -208,5 +274,6 @@ GIO_ASSERT_OFFSET(gio_dev_qp, mrs, 40);
 GIO_ASSERT_OFFSET(gio_dev_qp, counters, 48);
 GIO_ASSERT_OFFSET(gio_dev_qp, timeout_ns, 64);
 GIO_ASSERT_OFFSET(gio_dev_qp, mlx5, 72);
+GIO_ASSERT_OFFSET(gio_dev_qp, first_poll_ns, 80);
 
 #endif /* GPUNETIO_GIO_ABI_H */

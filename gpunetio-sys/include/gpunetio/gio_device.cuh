@@ -257,11 +257,12 @@ __device__ __forceinline__ gio_ring_entry *entry_ptr(gio_dev_qp *qp, u64 ticket,
   return &GIO_RO(qp->ring)[ticket & (size - 1)];
 }
 
-/* An entry built in registers, written to the ring in four stores (bytes 8..63) instead
- * of one store per field: each store to host-mapped memory is a PCIe write. */
+/* An entry built in registers, written to the ring in four stores instead of one store
+ * per field: each store to host-mapped memory is a PCIe write. */
 union entry_image {
   gio_ring_entry e;
   uint4 v[4];
+  u64 w[8];
 };
 
 __device__ __forceinline__ void store_image(gio_ring_entry *dst, const entry_image &img) {
@@ -345,28 +346,71 @@ __device__ __forceinline__ void add_counter(gio_ring_entry *e, uint32_t counter)
   v->counter = counter;
 }
 
-/* Publishes a prepared entry: the proxy may take it from now on. */
+/* Stamps the queue pair's latest post time: wait() issues its first completion read
+ * first_poll_ns after it. */
+__device__ __forceinline__ void stamp_post(gio_dev_qp *qp) {
+  if (GIO_RO(qp->first_poll_ns) != 0) *(volatile u64 *)&GIO_RO(qp->state)->last_post_ns = now_ns();
+}
+
+/* Publishes `img` as ticket's entry without a fence (gio_entry_encode): four 16-byte
+ * stores of two 8-byte elements each, every element single-copy atomic, in any order. */
+__device__ __forceinline__ void publish_image(gio_dev_qp *qp, gio_ring_entry *slot, entry_image &img,
+                                              u64 ticket) {
+  gio_entry_encode(img.w, ticket, GIO_RO(qp->ring_size));
+  u64 *d = (u64 *)slot;
+#pragma unroll
+  for (int k = 0; k < 8; k += 2)
+    asm volatile("st.relaxed.sys.global.v2.u64 [%0], {%1, %2};" ::"l"(d + k), "l"(img.w[k]),
+                 "l"(img.w[k + 1])
+                 : "memory");
+  stamp_post(qp);
+}
+
+/* How a post orders the caller's earlier stores before the NIC handler acts on it: not
+ * at all (the entry carries everything: p, nop, fence), at GPU scope (enough for data in
+ * device memory: the proxy's copies and a NIC read it through this GPU's L2), or as the
+ * memory table says region `mr` needs (GIO_MR_HOST: system scope). */
+#define GIO_ORDER_NONE 0xffffffffu
+#define GIO_ORDER_GPU 0xfffffffeu
+
+__device__ __forceinline__ void order_before_post(const gio_dev_qp *qp, uint32_t order) {
+  if (order == GIO_ORDER_NONE) return;
+  if (order != GIO_ORDER_GPU && (GIO_RO(GIO_RO(qp->mrs)[order].flags) & GIO_MR_HOST) != 0)
+    asm volatile("fence.sc.sys;" ::: "memory");
+  else
+    asm volatile("fence.acq_rel.gpu;" ::: "memory");
+}
+
+/* Publishes an entry prepared in place (low level): the proxy may take it from now on. */
 __device__ __forceinline__ void mark_ready(gio_ring_entry *e, u64 ticket) {
   /* A system-scope release store: the fields stored before are visible to the CPU
    * before the sequence number is. */
   st_release_sys(&e->seq, ticket + 1);
 }
 
+/* Publishes an entry built in an image (prepare_* and add_* on `&img.e`) into its ring
+ * slot: no fence, unlike the in-place mark_ready above (order the data the entry moves
+ * first, e.g. __threadfence() for device memory). */
+__device__ __forceinline__ void mark_ready(gio_dev_qp *qp, gio_ring_entry *slot, entry_image &img,
+                                           u64 ticket) {
+  publish_image(qp, slot, img, ticket);
+}
+
 /* Makes published entries up to `ticket_end` (exclusive) visible to the NIC handler. The
- * CPU proxy polls sequence numbers, so there is no doorbell to ring. */
-__device__ __forceinline__ void submit(gio_dev_qp *, u64) {}
+ * CPU proxy polls sequence numbers, so there is no doorbell to ring; the post time is
+ * noted for wait(). */
+__device__ __forceinline__ void submit(gio_dev_qp *qp, u64) { stamp_post(qp); }
 
 /* GIO_OK once `ticket` completed, 1 while pending, else the failure. */
 __device__ __forceinline__ int poll_completion(const gio_dev_qp *qp, u64 ticket) {
   if (GIO_RO(qp->nic_handler) == GIO_NIC_HANDLER_MLX5) return mlx5::poll_wqe(GIO_RO(qp->mlx5), ticket);
   if (GIO_RO(qp->nic_handler) != GIO_NIC_HANDLER_CPU_PROXY) return GIO_OK;
-  /* Both reads in flight together: one PCIe round trip, not two. */
-  const u64 done = ld_relaxed_sys(&GIO_RO(qp->ctrl)->completed);
+  /* Both reads in flight together (the relaxed one first: an acquire load holds back
+   * the loads after it): one PCIe round trip, not two. The acquire load orders what the
+   * caller reads next after the completion (no separate fence: ~0.7 us). */
   const u64 verdict = host_verdict(qp);
-  if (done > ticket) {
-    fence_acquire_sys();
-    return GIO_OK;
-  }
+  const u64 done = ld_acquire_sys(&GIO_RO(qp->ctrl)->completed);
+  if (done > ticket) return GIO_OK;
   const int e = verdict_status(verdict);
   return e != GIO_OK ? e : 1;
 }
@@ -537,14 +581,18 @@ template <scope Sc, sharing S> __device__ __forceinline__ u64 reserve_one(gio_de
   return base + rank;
 }
 
-/* Posts one ring entry (CPU proxy) built by `fill`. */
+/* Posts one ring entry (CPU proxy) built by `fill`, published as an image after the
+ * ordering `order` asks for (GIO_ORDER_*, or the index of the region whose data the
+ * entry moves). */
 template <scope Sc, sharing S, typename Fill>
-__device__ __forceinline__ int post_entry(gio_dev_qp *qp, u64 *ticket, Fill fill) {
+__device__ __forceinline__ int post_entry(gio_dev_qp *qp, u64 *ticket, uint32_t order, Fill fill) {
   int st = GIO_OK;
   if (Sc == scope::warp) {
-    /* One entry for the warp: lane 0 posts it, the others learn the outcome. */
+    /* One entry for the warp: lane 0 posts it, the others learn the outcome. The lanes'
+     * stores are ordered before lane 0's fence by the warp barrier. */
     const unsigned active = __activemask();
     const unsigned leader = __ffs(active) - 1;
+    if (order != GIO_ORDER_NONE) __syncwarp(active);
     u64 t = 0;
     if (lane_id() == leader) {
       t = reserve_slots<S>(qp, 1);
@@ -552,8 +600,8 @@ __device__ __forceinline__ int post_entry(gio_dev_qp *qp, u64 *ticket, Fill fill
       if (e) {
         entry_image img;
         fill(&img.e);
-        store_image(e, img);
-        mark_ready(e, t);
+        order_before_post(qp, order);
+        publish_image(qp, e, img, t);
       }
     }
     t = __shfl_sync(active, t, leader);
@@ -566,8 +614,8 @@ __device__ __forceinline__ int post_entry(gio_dev_qp *qp, u64 *ticket, Fill fill
   if (!e) return st;
   entry_image img;
   fill(&img.e);
-  store_image(e, img);
-  mark_ready(e, t);
+  order_before_post(qp, order);
+  publish_image(qp, e, img, t);
   if (ticket) *ticket = t;
   return GIO_OK;
 }
@@ -626,7 +674,8 @@ __device__ __forceinline__ int put_ext(gio_dev_qp *qp, uint32_t remote_mr, u64 r
     if (st != GIO_OK) return st;
     return mlx5_count<Sc>(qp, t, counter);
   }
-  return post_entry<Sc, S>(qp, ticket, [&](gio_ring_entry *e) {
+  /* The source data this thread (or the warp) wrote is ordered before the proxy reads it. */
+  return post_entry<Sc, S>(qp, ticket, local_mr, [&](gio_ring_entry *e) {
     prepare_put(e, remote_mr, remote_off, local_mr, local_off, len);
     if (signal_mr >= 0) add_signal(e, (uint32_t)signal_mr, signal_off, signal_add);
     if (counter != GIO_NO_COUNTER) add_counter(e, counter);
@@ -692,7 +741,8 @@ __device__ __forceinline__ int p(gio_dev_qp *qp, uint32_t remote_mr, u64 remote_
   u64 bits = 0;
   const unsigned char *bytes = (const unsigned char *)&value;
   for (unsigned i = 0; i < sizeof(T); i++) bits |= (u64)bytes[i] << (8 * i);
-  return post_entry<Sc, S>(qp, ticket, [&](gio_ring_entry *e) {
+  /* The value travels in the entry: nothing to order. */
+  return post_entry<Sc, S>(qp, ticket, GIO_ORDER_NONE, [&](gio_ring_entry *e) {
     prepare_put_inline(e, remote_mr, remote_off, bits, sizeof(T));
   });
 }
@@ -721,7 +771,10 @@ __device__ __forceinline__ int signal(gio_dev_qp *qp, uint32_t signal_mr, u64 si
                            m->scratch_lkey, add, 0);
     });
   }
-  return post_entry<Sc, S>(qp, ticket,
+  /* The caller's earlier device-memory stores are visible before the peer sees the add
+   * (a peer that then reads them with a get finds them); stores to host memory need the
+   * caller's own __threadfence_system() first. */
+  return post_entry<Sc, S>(qp, ticket, GIO_ORDER_GPU,
                            [&](gio_ring_entry *e) { prepare_signal(e, signal_mr, signal_off, add); });
 }
 
@@ -761,7 +814,8 @@ __device__ __forceinline__ int get(gio_dev_qp *qp, uint32_t local_mr, u64 local_
     if (st != GIO_OK) return st;
     return mlx5_count<Sc>(qp, t, counter);
   }
-  return post_entry<Sc, S>(qp, ticket, [&](gio_ring_entry *e) {
+  /* The caller's earlier accesses to the destination happen before the data lands. */
+  return post_entry<Sc, S>(qp, ticket, local_mr, [&](gio_ring_entry *e) {
     prepare_get(e, local_mr, local_off, remote_mr, remote_off, len);
     if (counter != GIO_NO_COUNTER) add_counter(e, counter);
   });
@@ -783,7 +837,7 @@ __device__ __forceinline__ int fence(gio_dev_qp *qp) {
       mlx5::prepare_nop(w, (uint16_t)pi, qpn, GIO_MLX5_CTRL_CQ_UPDATE | GIO_MLX5_CTRL_FENCE);
     });
   }
-  return post_entry<Sc, S>(qp, 0, [&](gio_ring_entry *e) { prepare_fence(e); });
+  return post_entry<Sc, S>(qp, 0, GIO_ORDER_NONE, [&](gio_ring_entry *e) { prepare_fence(e); });
 }
 
 /* Waits until operation `ticket` completed (its data delivered for a put, landed locally
@@ -794,18 +848,28 @@ __device__ __forceinline__ int wait(const gio_dev_qp *qp, u64 ticket) {
     return GIO_OK;
   }
   if (GIO_RO(qp->nic_handler) == GIO_NIC_HANDLER_CPU_PROXY) {
-    /* Each read of host memory crosses PCIe (~1 us): poll the completion count, and
-     * every 32nd poll read the host's verdict beside it (both in flight together, and
-     * never before the first poll: a wait for a healthy ring pays no extra round trip). */
+    /* Each read of host memory crosses PCIe (~1.15 us on an H100) and returns what the
+     * host memory held when the read got there. A read issued right after a post gets
+     * there before the proxy's answer and comes back stale, so the answer is seen only
+     * by the second read, two round trips after the post; the first read waits until
+     * first_poll_ns after the latest post (the proxy's turnaround) and then usually
+     * sees it. */
+    const u64 delay = GIO_RO(qp->first_poll_ns);
+    if (delay != 0) {
+      const u64 due = *(volatile const u64 *)&GIO_RO(qp->state)->last_post_ns + delay;
+      while ((long long)(now_ns() - due) < 0) {
+      }
+    }
+    /* Poll the completion count with acquire loads (as cheap as relaxed ones here, and
+     * no ~0.7 us fence after), and every 32nd poll read the host's verdict beside it
+     * (issued first, so both are in flight together; never before the first poll: a
+     * wait for a healthy ring pays no extra round trip). */
     const u64 start = now_ns();
     for (unsigned polls = 1;; polls++) {
-      const u64 done = ld_relaxed_sys(&GIO_RO(qp->ctrl)->completed);
       const bool check = (polls & 31) == 0;
       const u64 verdict = check ? host_verdict(qp) : 0;
-      if (done > ticket) {
-        fence_acquire_sys();
-        return GIO_OK;
-      }
+      const u64 done = ld_acquire_sys(&GIO_RO(qp->ctrl)->completed);
+      if (done > ticket) return GIO_OK;
       if (check) {
         const int e = verdict_status(verdict);
         if (e != GIO_OK) return e;

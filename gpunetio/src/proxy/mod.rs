@@ -87,6 +87,9 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use table::{Local, Region};
 
+/// [`CpuProxyBuilder::first_poll_delay`]'s default.
+pub const DEFAULT_FIRST_POLL: Duration = Duration::from_nanos(350);
+
 /// Options of a [`CpuProxy`].
 #[derive(Debug, Clone)]
 pub struct CpuProxyBuilder {
@@ -98,6 +101,7 @@ pub struct CpuProxyBuilder {
     cpu: Option<usize>,
     idle_poll_rounds: u32,
     index_floor: u32,
+    first_poll: Duration,
 }
 
 impl Default for CpuProxyBuilder {
@@ -111,6 +115,7 @@ impl Default for CpuProxyBuilder {
             cpu: None,
             idle_poll_rounds: progress::IDLE_TRANSPORT_POLL,
             index_floor: 0,
+            first_poll: DEFAULT_FIRST_POLL,
         }
     }
 }
@@ -180,6 +185,17 @@ impl CpuProxyBuilder {
     /// serve a peer's operations on a manual-progress provider sooner.
     pub fn idle_poll_rounds(mut self, rounds: u32) -> Self {
         self.idle_poll_rounds = rounds.max(1);
+        self
+    }
+
+    /// How long after a post a kernel's `gio::wait` issues its first read of the
+    /// completion count (`gio_dev_qp.first_poll_ns`; zero: at once). A read of host
+    /// memory takes a PCIe round trip (~1.15 µs on an H100) and returns what memory
+    /// held when it arrived: issued at once, it arrives before the proxy answered and
+    /// the answer is seen a round trip later. Default 350 ns (on the H100, a proxy's
+    /// answer to a NOP was there for reads issued ≥ 300 ns after the post).
+    pub fn first_poll_delay(mut self, delay: Duration) -> Self {
+        self.first_poll = delay;
         self
     }
 
@@ -292,6 +308,7 @@ impl<T: Transport> CpuProxy<T> {
         let reg = unsafe { engine.transport.register_host(ptr, len) }?;
         let region = Region::Local(Local::Direct {
             reg,
+            host: true,
             addr: ptr as u64,
             len: len as u64,
             dev_addr: 0,
@@ -318,6 +335,7 @@ impl<T: Transport> CpuProxy<T> {
             self.options.index_floor,
             Region::Local(Local::Direct {
                 reg,
+                host: true,
                 addr: buf.as_ptr() as u64,
                 len: buf.len() as u64,
                 dev_addr,
@@ -337,6 +355,7 @@ impl<T: Transport> CpuProxy<T> {
                     self.options.index_floor,
                     Region::Local(Local::Direct {
                         reg,
+                        host: false,
                         addr: buf.ptr(),
                         len: buf.len() as u64,
                         dev_addr: buf.ptr(),
@@ -435,6 +454,7 @@ impl<T: Transport> CpuProxy<T> {
         } {
             Ok(reg) => Region::Local(Local::Direct {
                 reg,
+                host: false,
                 addr,
                 len: len as u64,
                 dev_addr: addr,
@@ -630,6 +650,7 @@ impl<T: Transport> CpuProxy<T> {
             counters: p.counters,
             num_counters: self.ring.num_counters(),
             timeout_ns: self.options.timeout.as_nanos().min(u64::MAX as u128) as u64,
+            first_poll_ns: self.options.first_poll.as_nanos().min(u64::MAX as u128) as u64,
             ..ffi::gio_dev_qp::default()
         };
         let qp = DeviceBuffer::alloc(gpu, std::mem::size_of::<ffi::gio_dev_qp>())?;

@@ -221,12 +221,9 @@ impl<T: Transport> Engine<T> {
         let num_counters = self.ring.num_counters();
         while self.taken < self.retired + self.window_size {
             let ticket = self.taken;
-            if self.ring.seq(ticket).load(Ordering::Acquire) != ticket + 1 {
+            let Some(entry) = self.ring.published(ticket) else {
                 break;
-            }
-            // SAFETY: the producer published this slot (seq, acquire) and will not write
-            // it again before `consumed` passes it, which happens below.
-            let entry = unsafe { std::ptr::read_volatile(self.ring.slot(ticket)) };
+            };
             match self.table.validate(&entry, num_counters) {
                 Ok(op) => {
                     self.window.push_back(Slot {
@@ -844,6 +841,9 @@ mod tests {
         flags: Vec<PostFlags>,
         /// Whether the mock claims write ordering.
         ordered: bool,
+        /// (source address, target offset) of each write and the addend of each atomic.
+        writes: Vec<(u64, u64)>,
+        adds: Vec<u64>,
     }
 
     struct Mock(Arc<Mutex<MockState>>);
@@ -872,13 +872,25 @@ mod tests {
             unreachable!()
         }
         fn post(&mut self, wr: &WorkRequest<'_, ()>) -> Result<Posted> {
+            let mut s = self.0.lock().unwrap();
             let (id, what) = match wr {
-                WorkRequest::Write { wr_id, .. } => (*wr_id, "write"),
+                WorkRequest::Write {
+                    wr_id,
+                    addr,
+                    offset,
+                    ..
+                } => {
+                    s.writes.push((*addr, *offset));
+                    (*wr_id, "write")
+                }
                 WorkRequest::WriteInline { wr_id, .. } => (*wr_id, "inline"),
                 WorkRequest::Read { wr_id, .. } => (*wr_id, "read"),
-                WorkRequest::AtomicAdd { wr_id, .. } => (*wr_id, "add"),
+                WorkRequest::AtomicAdd { wr_id, add, .. } => {
+                    s.adds.push(*add);
+                    (*wr_id, "add")
+                }
             };
-            self.0.lock().unwrap().posted.push((id, what));
+            s.posted.push((id, what));
             Ok(Posted::Yes)
         }
         fn ordered(&self) -> bool {
@@ -929,6 +941,7 @@ mod tests {
             .table
             .push(Region::Local(Local::Direct {
                 reg: (),
+                host: true,
                 addr: 0x1000,
                 len: 1024,
                 dev_addr: 0,
@@ -996,6 +1009,51 @@ mod tests {
         f.engine.progress().unwrap();
         assert_eq!(f.ring.completed(), 3);
         assert_eq!(f.ring.counter(0).unwrap(), 3);
+    }
+
+    #[test]
+    fn image_entries_are_taken_only_once_every_word_landed() {
+        let mut f = fixture();
+        // Two laps of the 8-slot ring, each entry's words landing in a different order
+        // (seq first, last, in the middle), the proxy polling after every word.
+        let orders: [[usize; 8]; 3] = [
+            [0, 1, 2, 3, 4, 5, 6, 7],
+            [7, 6, 5, 4, 3, 2, 1, 0],
+            [3, 0, 6, 1, 7, 2, 5, 4],
+        ];
+        for ticket in 0..16u64 {
+            assert_eq!(f.p.reserve(1), ticket);
+            let order = orders[ticket as usize % 3];
+            let entry = Entry::put(1, ticket * 8, 0, ticket, 8)
+                .with_signal(1, 1016, u64::MAX - ticket)
+                .with_counter(1);
+            for landed in 1..=8 {
+                // A fresh writer each time: write words order[..landed] (re-storing the
+                // earlier ones is harmless, they hold the same values).
+                f.p.write_image_words(ticket, &entry, &order, landed)
+                    .unwrap();
+                f.engine.progress().unwrap();
+                let taken = f.ring.consumed() > ticket;
+                assert_eq!(taken, landed == 8, "ticket {ticket}: {landed} words landed");
+            }
+            let wr = wr_id(ticket, 0);
+            assert_eq!(f.posted().last(), Some(&(wr, "write")));
+            f.release(wr, true, false);
+            f.engine.progress().unwrap();
+            assert_eq!(
+                f.state.lock().unwrap().writes.last(),
+                Some(&(0x1000 + ticket, ticket * 8))
+            );
+            let signal = f.posted().last().copied().unwrap();
+            assert_eq!(signal.1, "add", "ticket {ticket}");
+            f.release(signal.0, true, false);
+            f.engine.progress().unwrap();
+            assert_eq!(f.ring.completed(), ticket + 1);
+        }
+        assert_eq!(f.ring.counter(1).unwrap(), 16);
+        // The decoded fields are the ones written: the last signal's add kept bit 63.
+        let s = f.state.lock().unwrap();
+        assert_eq!(s.adds.last(), Some(&(u64::MAX - 15)));
     }
 
     #[test]

@@ -368,6 +368,30 @@ impl RingMemory {
         unsafe { AtomicU64::from_ptr(self.slot(ticket).cast::<u64>()) }
     }
 
+    /// `ticket`'s entry once its producer published all of it: in place (seq = ticket + 1,
+    /// stored last with release) or as an image (every word of `ticket`'s lap: see
+    /// `gio_entry_encode`); `None` while it is not (yet) there.
+    pub(crate) fn published(&self, ticket: u64) -> Option<ffi::gio_ring_entry> {
+        let seq = self.seq(ticket).load(Ordering::Acquire);
+        if seq & !ffi::GIO_SEQ_IMAGE != ticket + 1 {
+            return None;
+        }
+        let base = self.slot(ticket).cast::<u64>();
+        let mut w = [0u64; 8];
+        w[0] = seq;
+        for (k, word) in w.iter_mut().enumerate().skip(1) {
+            // SAFETY: word k of the slot (inside the entry array, 8-byte aligned); the
+            // producer writes these words only with aligned 8-byte stores (image) or
+            // before its release of seq (in place), so an atomic load is a whole word.
+            *word = unsafe { AtomicU64::from_ptr(base.add(k)) }.load(Ordering::Acquire);
+        }
+        if seq & ffi::GIO_SEQ_IMAGE != 0 && !ffi::entry_decode(&mut w, ticket, self.ring_size) {
+            return None;
+        }
+        // SAFETY: gio_ring_entry is 64 bytes of integers, any bit pattern valid.
+        Some(unsafe { std::mem::transmute::<[u64; 8], ffi::gio_ring_entry>(w) })
+    }
+
     /// Completion counter `index`.
     pub(crate) fn counter_ref(&self, index: u32) -> Option<&AtomicU64> {
         // SAFETY: index < num_counters, inside the counter array.
@@ -685,6 +709,42 @@ impl HostProducer {
         }
         // The device's __threadfence_system + st.release.sys: every field before seq.
         self.ring.seq(ticket).store(ticket + 1, Ordering::Release);
+        Ok(())
+    }
+
+    /// Writes `entry` into `ticket`'s slot as an image (`gio::publish_image`): the eight
+    /// encoded words, each one aligned 8-byte store, in the order `order` gives (word
+    /// indices 0..8, each once), without any fence between them, as a GPU's stores may
+    /// land. `stop_after` words only (the rest later with another call): a test can
+    /// leave an entry half-written.
+    pub fn write_image_words(
+        &self,
+        ticket: u64,
+        entry: &Entry,
+        order: &[usize],
+        stop_after: usize,
+    ) -> Result<()> {
+        let mut seen = [false; 8];
+        if order.len() != 8
+            || order
+                .iter()
+                .any(|&k| k >= 8 || std::mem::replace(&mut seen[k], true))
+        {
+            return Err(Error::InvalidArgument(
+                "an image's word order names each of words 0..8 once".into(),
+            ));
+        }
+        self.wait_slot(ticket)?;
+        // SAFETY: gio_ring_entry is 64 bytes of integers.
+        let mut w = unsafe { std::mem::transmute::<ffi::gio_ring_entry, [u64; 8]>(entry.0) };
+        w[7] &= 0xffff_ffff; // `reserved` is zero in an image
+        ffi::entry_encode(&mut w, ticket, self.ring.ring_size);
+        let base = self.ring.slot(ticket).cast::<u64>();
+        for &k in order.iter().take(stop_after) {
+            // SAFETY: word k of our reserved slot (wait_slot), 8-byte aligned; the proxy
+            // reads the slot's words only atomically.
+            unsafe { AtomicU64::from_ptr(base.add(k)) }.store(w[k], Ordering::Relaxed);
+        }
         Ok(())
     }
 

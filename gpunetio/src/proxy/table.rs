@@ -191,6 +191,9 @@ pub(crate) enum Local<R> {
         len: u64,
         /// Where the GPU addresses it (the memory table's `addr`), 0 if nowhere.
         dev_addr: u64,
+        /// Host memory (`GIO_MR_HOST`: a kernel's stores to it need a system-scope
+        /// fence before a post that moves them).
+        host: bool,
         /// Keeps the memory alive where the proxy owns a reference to it.
         _keep: Option<Arc<dyn Send + Sync>>,
     },
@@ -220,7 +223,10 @@ impl<R> Region<R> {
     /// The `gio_dev_mr` a kernel's bounds checks read.
     pub(crate) fn dev_mr(&self, index: u32) -> ffi::gio_dev_mr {
         let (addr, flags) = match self {
-            Region::Local(Local::Direct { dev_addr, .. }) => (*dev_addr, ffi::GIO_MR_MAPPED),
+            Region::Local(Local::Direct { dev_addr, host, .. }) => (
+                *dev_addr,
+                ffi::GIO_MR_MAPPED | if *host { ffi::GIO_MR_HOST } else { 0 },
+            ),
             Region::Local(Local::Staged { mem }) => (mem.device_addr(), ffi::GIO_MR_MAPPED),
             Region::Remote(_) => (0, ffi::GIO_MR_REMOTE),
             Region::Vacant => (0, 0),
@@ -532,6 +538,7 @@ mod tests {
         let mut t = MemoryTable::new();
         t.push(Region::Local(Local::Direct {
             reg: (),
+            host: true,
             addr: 0x1000,
             len: 100,
             dev_addr: 0,
