@@ -115,8 +115,9 @@ __device__ void proxy_rtt(gio_dev_qp *qp, u64 iters, u64 *rtt_ns, u64 *post_ns, 
     u64 t = 0;
     int st = GIO_OK;
     if (kind <= 1) {
+      const u64 consumed = gio::cached_consumed<gio::sharing::exclusive>(qp);
       t = gio::reserve_slots<gio::sharing::exclusive>(qp, 1);
-      gio_ring_entry *e = gio::entry_ptr<gio::sharing::exclusive>(qp, t, &st);
+      gio_ring_entry *e = gio::entry_slot<gio::sharing::exclusive>(qp, t, consumed, &st);
       if (!e) {
         record(status, st);
         return;

@@ -33,6 +33,7 @@ extern "C" __global__ void gio_layout(u64 *out, int *count) {
       GIO_FIELD(gio_ring_ctrl, error_ticket),
       sizeof(gio_ring_dev_state), GIO_FIELD(gio_ring_dev_state, reserved),
       GIO_FIELD(gio_ring_dev_state, cached_consumed), GIO_FIELD(gio_ring_dev_state, level),
+      GIO_FIELD(gio_ring_dev_state, last_post_ns),
       sizeof(gio_dev_mr), GIO_FIELD(gio_dev_mr, addr), GIO_FIELD(gio_dev_mr, length),
       GIO_FIELD(gio_dev_mr, flags), GIO_FIELD(gio_dev_mr, index),
       sizeof(gio_dev_qp), GIO_FIELD(gio_dev_qp, abi_version), GIO_FIELD(gio_dev_qp, nic_handler),
@@ -40,6 +41,7 @@ extern "C" __global__ void gio_layout(u64 *out, int *count) {
       GIO_FIELD(gio_dev_qp, ctrl), GIO_FIELD(gio_dev_qp, state), GIO_FIELD(gio_dev_qp, mrs),
       GIO_FIELD(gio_dev_qp, counters), GIO_FIELD(gio_dev_qp, num_counters),
       GIO_FIELD(gio_dev_qp, timeout_ns), GIO_FIELD(gio_dev_qp, mlx5),
+      GIO_FIELD(gio_dev_qp, first_poll_ns),
   };
   const int n = sizeof(v) / sizeof(v[0]);
   for (int i = 0; i < n; i++) out[i] = v[i];

@@ -15,7 +15,9 @@
  *   gio::quiet               (NVSHMEM quiet)                 everything posted so far completed
  *   gio::fence               doca_gpu_dev_verbs_fence        order what follows after what came before
  *   gio::signal_wait_ge      (NVSHMEM signal_wait_until GE)  poll a local signal word
- *   low level: reserve_slots / entry_ptr / prepare_* / mark_ready / submit / poll_completion
+ *   low level: reserve_slots / entry_ptr (or cached_consumed + entry_slot) / prepare_* /
+ *              mark_ready (in place, or an entry_image without a fence) / submit /
+ *              poll_completion
  *              (doca_gpu_dev_verbs_reserve_wq_slots, get_wqe_ptr, wqe_prepare_*, mark_wqes_ready,
  *               submit, poll_cq_at)
  *
@@ -226,12 +228,20 @@ template <sharing S> __device__ __forceinline__ u64 reserve_slots(gio_dev_qp *qp
   return atomic_add<S>(&GIO_RO(qp->state)->reserved, (u64)n);
 }
 
-/* The ring slot of `ticket`, once the proxy has freed it (back-pressure), or null with
- * *status set (failure, shutdown, timeout). */
+/* The last value of ctrl.consumed a producer saw (only grows: an older value is safe,
+ * at worst entry_slot reads the host's). Exclusive: only this thread writes it, so a
+ * plain load, issued together with reserve_slots' load of the word beside it. */
+template <sharing S> __device__ __forceinline__ u64 cached_consumed(const gio_dev_qp *qp) {
+  return S == sharing::exclusive ? GIO_RO(qp->state)->cached_consumed
+                                 : *(volatile const u64 *)&GIO_RO(qp->state)->cached_consumed;
+}
+
+/* The ring slot of `ticket` given an earlier cached_consumed() value, once the proxy has
+ * freed it (back-pressure), or null with *status set (failure, shutdown, timeout). */
 template <sharing S>
-__device__ __forceinline__ gio_ring_entry *entry_ptr(gio_dev_qp *qp, u64 ticket, int *status) {
+__device__ __forceinline__ gio_ring_entry *entry_slot(gio_dev_qp *qp, u64 ticket, u64 consumed,
+                                                      int *status) {
   const u64 size = GIO_RO(qp->ring_size);
-  u64 consumed = *(volatile u64 *)&GIO_RO(qp->state)->cached_consumed;
   if (ticket >= consumed + size) {
     const u64 start = now_ns();
     for (unsigned polls = 1;; polls++) {
@@ -255,6 +265,13 @@ __device__ __forceinline__ gio_ring_entry *entry_ptr(gio_dev_qp *qp, u64 ticket,
   }
   *status = GIO_OK;
   return &GIO_RO(qp->ring)[ticket & (size - 1)];
+}
+
+/* The ring slot of `ticket`, once the proxy has freed it (back-pressure), or null with
+ * *status set (failure, shutdown, timeout). */
+template <sharing S>
+__device__ __forceinline__ gio_ring_entry *entry_ptr(gio_dev_qp *qp, u64 ticket, int *status) {
+  return entry_slot<S>(qp, ticket, cached_consumed<S>(qp), status);
 }
 
 /* An entry built in registers, written to the ring in four stores instead of one store
@@ -363,7 +380,6 @@ __device__ __forceinline__ void publish_image(gio_dev_qp *qp, gio_ring_entry *sl
     asm volatile("st.relaxed.sys.global.v2.u64 [%0], {%1, %2};" ::"l"(d + k), "l"(img.w[k]),
                  "l"(img.w[k + 1])
                  : "memory");
-  stamp_post(qp);
 }
 
 /* How a post orders the caller's earlier stores before the NIC handler acts on it: not
@@ -390,7 +406,7 @@ __device__ __forceinline__ void mark_ready(gio_ring_entry *e, u64 ticket) {
 
 /* Publishes an entry built in an image (prepare_* and add_* on `&img.e`) into its ring
  * slot: no fence, unlike the in-place mark_ready above (order the data the entry moves
- * first, e.g. __threadfence() for device memory). */
+ * first, e.g. __threadfence() for device memory). submit() then notes the post time. */
 __device__ __forceinline__ void mark_ready(gio_dev_qp *qp, gio_ring_entry *slot, entry_image &img,
                                            u64 ticket) {
   publish_image(qp, slot, img, ticket);
@@ -595,13 +611,15 @@ __device__ __forceinline__ int post_entry(gio_dev_qp *qp, u64 *ticket, uint32_t 
     if (order != GIO_ORDER_NONE) __syncwarp(active);
     u64 t = 0;
     if (lane_id() == leader) {
+      const u64 consumed = cached_consumed<S>(qp);
       t = reserve_slots<S>(qp, 1);
-      gio_ring_entry *e = entry_ptr<S>(qp, t, &st);
+      gio_ring_entry *e = entry_slot<S>(qp, t, consumed, &st);
       if (e) {
         entry_image img;
         fill(&img.e);
         order_before_post(qp, order);
         publish_image(qp, e, img, t);
+        stamp_post(qp);
       }
     }
     t = __shfl_sync(active, t, leader);
@@ -609,13 +627,16 @@ __device__ __forceinline__ int post_entry(gio_dev_qp *qp, u64 *ticket, uint32_t 
     if (ticket) *ticket = t;
     return st;
   }
+  /* Read before the reservation, so both trips to device memory overlap. */
+  const u64 consumed = cached_consumed<S>(qp);
   const u64 t = reserve_one<Sc, S>(qp);
-  gio_ring_entry *e = entry_ptr<S>(qp, t, &st);
+  gio_ring_entry *e = entry_slot<S>(qp, t, consumed, &st);
   if (!e) return st;
   entry_image img;
   fill(&img.e);
   order_before_post(qp, order);
   publish_image(qp, e, img, t);
+  stamp_post(qp);
   if (ticket) *ticket = t;
   return GIO_OK;
 }
