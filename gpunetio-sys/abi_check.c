@@ -5,10 +5,10 @@
 uint32_t gio_abi_check_version(void) { return GIO_ABI_VERSION; }
 
 /* The image encoding as host C compiles it, compared with the Rust mirror by tests. */
-void gio_abi_check_encode(uint64_t *w, uint64_t ticket, uint32_t ring_size) {
+void gio_abi_check_encode(gio_u64 *w, gio_u64 ticket, uint32_t ring_size) {
   gio_entry_encode(w, ticket, ring_size);
 }
-int gio_abi_check_decode(uint64_t *w, uint64_t ticket, uint32_t ring_size) {
+int gio_abi_check_decode(gio_u64 *w, gio_u64 ticket, uint32_t ring_size) {
   return gio_entry_decode(w, ticket, ring_size);
 }
 

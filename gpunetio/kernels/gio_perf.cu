@@ -115,6 +115,8 @@ __device__ void proxy_rtt(gio_dev_qp *qp, u64 iters, u64 *rtt_ns, u64 *post_ns, 
     u64 t = 0;
     int st = GIO_OK;
     if (kind <= 1) {
+      gio_ring_dev_state *const state = GIO_RO(qp->state);
+      const u64 first_poll = GIO_RO(qp->first_poll_ns);
       const u64 consumed = gio::cached_consumed<gio::sharing::exclusive>(qp);
       t = gio::reserve_slots<gio::sharing::exclusive>(qp, 1);
       gio_ring_entry *e = gio::entry_slot<gio::sharing::exclusive>(qp, t, consumed, &st);
@@ -125,12 +127,13 @@ __device__ void proxy_rtt(gio_dev_qp *qp, u64 iters, u64 *rtt_ns, u64 *post_ns, 
       if (kind == 0) {
         gio::prepare_nop(e);
         gio::mark_ready(e, t);
+        gio::submit(qp, t + 1);
       } else {
         gio::entry_image img;
         gio::prepare_nop(&img.e);
         gio::mark_ready(qp, e, img, t);
+        gio::stamp_post(state, first_poll);  // submit() with the fields read up front
       }
-      gio::submit(qp, t + 1);
     } else if (kind == 2) {
       st = gio::p<u64, gio::scope::thread, gio::sharing::exclusive>(qp, remote_mr, 0, i, &t);
     } else {

@@ -245,3 +245,58 @@ fn gpu_intra_node_get_p_fence_signal_and_bounds() {
         "counter index out of range is an error"
     );
 }
+
+/// nvcc on the GPU machine: `$CUDA_HOME/bin`, `/usr/local/cuda/bin`, then `PATH`.
+fn find_nvcc() -> Option<std::path::PathBuf> {
+    let mut dirs: Vec<std::path::PathBuf> = std::env::var_os("CUDA_HOME")
+        .map(|h| std::path::PathBuf::from(h).join("bin"))
+        .into_iter()
+        .collect();
+    dirs.push("/usr/local/cuda/bin".into());
+    if let Some(path) = std::env::var_os("PATH") {
+        dirs.extend(std::env::split_paths(&path));
+    }
+    dirs.into_iter()
+        .map(|d| d.join("nvcc"))
+        .find(|p| p.is_file())
+}
+
+/// The shipped headers and every device source compile with nvcc too, as a dependent
+/// building its own kernels through `DEP_GPUNETIO_INCLUDE` would (NVRTC, which the crate
+/// uses, has its own fixed-width typedefs; nvcc's `uint64_t` is `unsigned long`). Needs
+/// nvcc, not a GPU: skips with a printed reason without one, fails with
+/// NIXL_REQUIRE_GPU=1.
+#[test]
+fn device_sources_compile_with_nvcc() {
+    let Some(nvcc) = find_nvcc() else {
+        assert!(
+            !gpunetio::gpu_required(),
+            "NIXL_REQUIRE_GPU=1 but no nvcc (CUDA_HOME/bin, /usr/local/cuda/bin, PATH)"
+        );
+        eprintln!("skipped device_sources_compile_with_nvcc: no nvcc here");
+        return;
+    };
+    let dir = std::env::temp_dir().join(format!("gio-nvcc-{}", std::process::id()));
+    std::fs::create_dir_all(dir.join("gpunetio")).expect("temp dir");
+    for (name, text) in gpunetio_sys::HEADERS {
+        std::fs::write(dir.join(name), text).expect("header");
+    }
+    for (name, text) in gpunetio::DEVICE_SOURCES {
+        let src = dir.join(name);
+        std::fs::write(&src, text).expect("source");
+        let out = std::process::Command::new(&nvcc)
+            .args(["-c", "-std=c++17", "-arch=sm_90", "-I"])
+            .arg(&dir)
+            .arg("-o")
+            .arg(dir.join(format!("{name}.o")))
+            .arg(&src)
+            .output()
+            .expect("nvcc runs");
+        assert!(
+            out.status.success(),
+            "nvcc {name}:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

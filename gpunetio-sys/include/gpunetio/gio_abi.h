@@ -24,6 +24,11 @@ typedef long long int64_t;
 #include <stdint.h>
 #endif
 
+/* The ABI's 64-bit word. `unsigned long long` everywhere, not uint64_t: under nvcc on
+ * LP64 hosts uint64_t is `unsigned long`, which CUDA's atomics and the device library's
+ * own u64 are not, so code including these headers from nvcc would not compile. */
+typedef unsigned long long gio_u64;
+
 #if defined(__cplusplus)
 #define GIO_STATIC_ASSERT(cond, msg) static_assert(cond, msg)
 #else
@@ -38,6 +43,8 @@ typedef long long int64_t;
 #define GIO_ASSERT_OFFSET(type, field, offset) \
   GIO_STATIC_ASSERT(offsetof(struct type, field) == (offset), #type "." #field " offset")
 #endif
+
+GIO_STATIC_ASSERT(sizeof(gio_u64) == 8, "gio_u64 is 64 bits");
 
 #define GIO_ABI_VERSION 2u
 
@@ -123,17 +130,17 @@ typedef long long int64_t;
  *    word either the old lap's or the new one; a system-scope release (~0.6 us on an
  *    H100 over PCIe) is then needed for nothing but the data the entry points at. */
 struct gio_ring_entry {
-  uint64_t seq;          /*  0: ticket + 1 (| GIO_SEQ_IMAGE) */
+  gio_u64 seq;          /*  0: ticket + 1 (| GIO_SEQ_IMAGE) */
   uint8_t opcode;        /*  8: GIO_OP_* */
   uint8_t flags;         /*  9: GIO_FLAG_* */
   uint16_t local_mr;     /* 10: index in the memory table (GIO_OP_PUT/GET) */
   uint16_t remote_mr;    /* 12: index in the memory table */
   uint16_t signal_mr;    /* 14: index in the memory table (GIO_FLAG_SIGNAL, GIO_OP_SIGNAL) */
-  uint64_t local_off;    /* 16: byte offset in local_mr; GIO_OP_PUT_INLINE: the value */
-  uint64_t remote_off;   /* 24 */
-  uint64_t length;       /* 32 */
-  uint64_t signal_off;   /* 40: 8-byte aligned */
-  uint64_t signal_add;   /* 48 */
+  gio_u64 local_off;    /* 16: byte offset in local_mr; GIO_OP_PUT_INLINE: the value */
+  gio_u64 remote_off;   /* 24 */
+  gio_u64 length;       /* 32 */
+  gio_u64 signal_off;   /* 40: 8-byte aligned */
+  gio_u64 signal_add;   /* 48 */
   uint32_t counter;      /* 56: GIO_FLAG_COUNTER: index in the counter array */
   uint32_t reserved;     /* 60: zero */
 };
@@ -160,17 +167,17 @@ GIO_ASSERT_OFFSET(gio_ring_entry, counter, 56);
 
 /* The lap phase an image of `ticket` carries in bit 63 of words 1-7: 1 on even laps, so
  * a zeroed ring never looks published. `ring_size` is a power of two. */
-static inline GIO_HOST_DEVICE uint64_t gio_entry_phase(uint64_t ticket, uint32_t ring_size) {
+static inline GIO_HOST_DEVICE gio_u64 gio_entry_phase(gio_u64 ticket, uint32_t ring_size) {
   return ((ticket / ring_size) & 1u) ^ 1u;
 }
 
 /* Encodes the eight words of an entry (as laid out in struct gio_ring_entry, `reserved`
  * zero) for publication as an image of `ticket`: bit 63 of words 1..6 moves into word 7
  * (GIO_IMAGE_TOP_SHIFT), bit 63 of words 1..7 becomes the phase, word 0 the image seq. */
-static inline GIO_HOST_DEVICE void gio_entry_encode(uint64_t w[8], uint64_t ticket,
+static inline GIO_HOST_DEVICE void gio_entry_encode(gio_u64 w[8], gio_u64 ticket,
                                                     uint32_t ring_size) {
-  const uint64_t phase = gio_entry_phase(ticket, ring_size) << 63;
-  uint64_t top = 0;
+  const gio_u64 phase = gio_entry_phase(ticket, ring_size) << 63;
+  gio_u64 top = 0;
   for (unsigned k = 1; k <= 6; k++) {
     top |= (w[k] >> 63) << (GIO_IMAGE_TOP_SHIFT + k - 1);
     w[k] = (w[k] & ~(1ull << 63)) | phase;
@@ -182,13 +189,13 @@ static inline GIO_HOST_DEVICE void gio_entry_encode(uint64_t w[8], uint64_t tick
 /* Decodes an image of `ticket` read from its slot: 1 with the entry's words in `w` (seq
  * = ticket + 1), or 0 while some word still belongs to the previous lap (the GPU's
  * stores are in flight: read the slot again later). */
-static inline GIO_HOST_DEVICE int gio_entry_decode(uint64_t w[8], uint64_t ticket,
+static inline GIO_HOST_DEVICE int gio_entry_decode(gio_u64 w[8], gio_u64 ticket,
                                                    uint32_t ring_size) {
-  const uint64_t phase = gio_entry_phase(ticket, ring_size);
+  const gio_u64 phase = gio_entry_phase(ticket, ring_size);
   if (w[0] != ((ticket + 1) | GIO_SEQ_IMAGE)) return 0;
   for (unsigned k = 1; k <= 7; k++)
     if ((w[k] >> 63) != phase) return 0;
-  const uint64_t top = w[7];
+  const gio_u64 top = w[7];
   for (unsigned k = 1; k <= 6; k++)
     w[k] = (w[k] & ~(1ull << 63)) | (((top >> (GIO_IMAGE_TOP_SHIFT + k - 1)) & 1u) << 63);
   w[7] &= 0xffffffffull;
@@ -199,14 +206,14 @@ static inline GIO_HOST_DEVICE int gio_entry_decode(uint64_t w[8], uint64_t ticke
 /* The host-written half of a ring, in host-mapped memory the GPU reads. Fields the GPU
  * polls sit on their own cache lines. */
 struct gio_ring_ctrl {
-  uint64_t consumed;     /*   0: entries the proxy took off the ring (slots below
+  gio_u64 consumed;     /*   0: entries the proxy took off the ring (slots below
                           *      consumed + size are free) */
   uint8_t pad0[56];
-  uint64_t completed;    /*  64: entries whose operations completed, in ticket order */
+  gio_u64 completed;    /*  64: entries whose operations completed, in ticket order */
   uint8_t pad1[56];
   int32_t error;         /* 128: first failure (GIO_ERR_*), GIO_OK while healthy */
   uint32_t shutdown;     /* 132: nonzero once the host unexported the queue pair */
-  uint64_t error_ticket; /* 136: ticket of the first failed entry */
+  gio_u64 error_ticket; /* 136: ticket of the first failed entry */
   uint8_t pad2[48];
 };
 GIO_STATIC_ASSERT(sizeof(struct gio_ring_ctrl) == 192, "gio_ring_ctrl is three cache lines");
@@ -218,11 +225,11 @@ GIO_ASSERT_OFFSET(gio_ring_ctrl, error_ticket, 136);
 
 /* The GPU-written half of a ring's bookkeeping, in device memory. */
 struct gio_ring_dev_state {
-  uint64_t reserved;        /*  0: next ticket (atomically advanced by producers) */
-  uint64_t cached_consumed; /*  8: last value of gio_ring_ctrl.consumed seen */
+  gio_u64 reserved;        /*  0: next ticket (atomically advanced by producers) */
+  gio_u64 cached_consumed; /*  8: last value of gio_ring_ctrl.consumed seen */
   uint32_t level;           /* 16: GIO_LEVEL_* once an API level was used (debug check) */
   uint32_t pad0;            /* 20 */
-  uint64_t last_post_ns;    /* 24: %globaltimer of the latest post (wait's first poll) */
+  gio_u64 last_post_ns;    /* 24: %globaltimer of the latest post (wait's first poll) */
   uint8_t pad1[32];
 };
 GIO_STATIC_ASSERT(sizeof(struct gio_ring_dev_state) == 64, "gio_ring_dev_state");
@@ -235,11 +242,11 @@ GIO_ASSERT_OFFSET(gio_ring_dev_state, last_post_ns, 24);
 
 /* One registered memory region of a queue pair's table (local or the peer's). */
 struct gio_dev_mr {
-  uint64_t addr;   /*  0: GIO_MR_MAPPED: where this GPU addresses it; else 0 */
-  uint64_t length; /*  8 */
+  gio_u64 addr;   /*  0: GIO_MR_MAPPED: where this GPU addresses it; else 0 */
+  gio_u64 length; /*  8 */
   uint32_t flags;  /* 16: GIO_MR_* */
   uint32_t index;  /* 20: its own index (checked by the proxy) */
-  uint64_t reserved; /* 24 */
+  gio_u64 reserved; /* 24 */
 };
 GIO_STATIC_ASSERT(sizeof(struct gio_dev_mr) == 32, "gio_dev_mr");
 GIO_ASSERT_OFFSET(gio_dev_mr, flags, 16);
@@ -258,12 +265,12 @@ struct gio_dev_qp {
   struct gio_ring_ctrl *ctrl;  /*  24: host-mapped control block */
   struct gio_ring_dev_state *state; /* 32: device memory */
   struct gio_dev_mr *mrs;      /*  40: device memory, num_mrs entries */
-  uint64_t *counters;          /*  48: host-mapped completion counters */
+  gio_u64 *counters;          /*  48: host-mapped completion counters */
   uint32_t num_counters;       /*  56 */
   uint32_t flags;              /*  60: GIO_QP_* */
-  uint64_t timeout_ns;         /*  64: bound on every device-side wait (0: none) */
+  gio_u64 timeout_ns;         /*  64: bound on every device-side wait (0: none) */
   struct gio_mlx5_qp *mlx5;    /*  72: device memory (MLX5), else null */
-  uint64_t first_poll_ns;      /*  80: CPU_PROXY: a wait's first read of the completion
+  gio_u64 first_poll_ns;      /*  80: CPU_PROXY: a wait's first read of the completion
                                 *      count is issued this long after the latest post
                                 *      (0: at once); see gio::wait */
   uint8_t reserved[40];        /*  88 */

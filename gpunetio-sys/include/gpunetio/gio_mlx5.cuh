@@ -88,7 +88,7 @@
 /* The wire address and key of one memory table entry (gio_dev_qp.mrs, same index):
  * lkey for local regions, the peer's rkey for remote ones. */
 struct gio_mlx5_key {
-  uint64_t addr;     /*  0: address as the NIC sees it (local or the peer's) */
+  gio_u64 addr;     /*  0: address as the NIC sees it (local or the peer's) */
   uint32_t key;      /*  8: lkey (local) or rkey (remote) */
   uint32_t reserved; /* 12 */
 };
@@ -104,11 +104,11 @@ GIO_ASSERT_OFFSET(gio_mlx5_key, key, 8);
 struct gio_mlx5_qp {
   uint8_t *sq_buf;           /*   0: send queue, sq_wqe_cnt WQEBBs (GPU memory) */
   uint32_t *dbrec;           /*   8: QP doorbell record ([1]: send counter, BE) */
-  uint64_t *db;              /*  16: UAR doorbell / BlueFlame register, GPU-mapped MMIO */
+  gio_u64 *db;              /*  16: UAR doorbell / BlueFlame register, GPU-mapped MMIO */
   uint8_t *cq_buf;           /*  24: cq_cqe_cnt 64-byte CQEs (GPU memory) */
   uint32_t *cq_dbrec;        /*  32: CQ doorbell record ([0]: consumer index, BE) */
   struct gio_mlx5_key *keys; /*  40: num_keys entries, parallel to gio_dev_qp.mrs */
-  uint64_t scratch_addr;     /*  48: 8 local bytes the fetched value of atomics lands in */
+  gio_u64 scratch_addr;     /*  48: 8 local bytes the fetched value of atomics lands in */
   uint32_t scratch_lkey;     /*  56 */
   uint32_t qpn;              /*  60 */
   uint32_t sq_wqe_cnt;       /*  64: WQEBBs, a power of two */
@@ -117,9 +117,9 @@ struct gio_mlx5_qp {
   uint32_t num_keys;         /*  76 */
   uint8_t pad0[48];          /*  80 */
   /* device-written: producer index = gio_dev_qp.state->reserved (WQEs reserved) */
-  uint64_t sq_rung;          /* 128: WQEs handed to the NIC (doorbells rung in order) */
-  uint64_t sq_completed;     /* 136: WQEs whose completion was seen (in order) */
-  uint64_t error_wqe;        /* 144: WQE index of the first error CQE */
+  gio_u64 sq_rung;          /* 128: WQEs handed to the NIC (doorbells rung in order) */
+  gio_u64 sq_completed;     /* 136: WQEs whose completion was seen (in order) */
+  gio_u64 error_wqe;        /* 144: WQE index of the first error CQE */
   int32_t error;             /* 152: GIO_OK, or GIO_ERR_CQE after an error CQE */
   uint32_t syndrome;         /* 156: of the first error CQE: vendor_syndrome << 8 | syndrome */
   uint8_t pad1[32];          /* 160 */
@@ -278,7 +278,7 @@ __device__ __forceinline__ void store_wqe(const gio_mlx5_qp *m, u64 pi, const wq
 
 /* A 64-bit store to the NIC's register: MMIO, never merged or reordered with other
  * MMIO stores of this thread. */
-__device__ __forceinline__ void mmio_store(uint64_t *reg, u64 v) {
+__device__ __forceinline__ void mmio_store(gio_u64 *reg, u64 v) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
   asm volatile("st.mmio.relaxed.sys.global.b64 [%0], %1;" ::"l"(reg), "l"(v) : "memory");
 #else
