@@ -100,7 +100,8 @@
 //! cores, at most four, for `tcp`, `sockets`, `udp` and `shm`, where a CPU copies the
 //! data, so that large blocks are striped over several copying threads; 1 for NIC
 //! providers; see `default_rails` for `shm`'s price when peers die mid-transfer),
-//! `striping_threshold` (bytes, default 131072; 4 MiB for `shm`), `busy_poll` (`1`: rail workers never
+//! `striping_threshold` (bytes, default 131072; 2 MiB for `shm`, whose pieces are at
+//! least 1 MiB), `busy_poll` (`1`: rail workers never
 //! sleep — default `0`: spin while busy and for 20 ms after any activity, incoming
 //! remote operations included (1 s where there is no wait fd), then sleep on the
 //! queue's wait fd or nap; see
@@ -159,10 +160,26 @@ pub const NAME: &str = "LIBFABRIC";
 pub const PROVIDER_PRIORITY: &[&str] = &["cxi", "efa", "tcp;ofi_rxm", "sockets"];
 /// Default size from which one descriptor is split across all rails.
 pub const DEFAULT_STRIPING_THRESHOLD: usize = 128 << 10;
-/// The same over `shm`: its copies stay on one core up to a few MiB (splitting a 512 KiB
-/// block over four rails halved its bandwidth on the 16-core GPU machine; from 4 MiB four
-/// rails gave 2.9-6.7x one rail's).
-pub const DEFAULT_SHM_STRIPING_THRESHOLD: usize = 4 << 20;
+/// The same over `shm`: a block is split only into pieces of at least
+/// [`SHM_MIN_STRIPE_PIECE`], so from 2 MiB (two pieces; four from 4 MiB).
+pub const DEFAULT_SHM_STRIPING_THRESHOLD: usize = 2 << 20;
+/// The smallest piece a striped block is split into over `shm`: its copies cost most per
+/// piece below 1 MiB (16-core GPU machine, nixlbench, 3 alternating rounds: a 2 MiB
+/// WRITE took 248-275 µs on one rail and as four 512 KiB pieces, 171-241 µs as two
+/// 1 MiB pieces; from 4 MiB four rails gave 2.9-6.7x one rail's).
+pub const SHM_MIN_STRIPE_PIECE: usize = 1 << 20;
+
+/// How many rails a block of `len` bytes is split over: all of them from `threshold`,
+/// but no piece under `min_piece` (0: no floor); 1 means not striped.
+fn stripe_pieces(len: usize, nrails: usize, threshold: usize, min_piece: usize) -> usize {
+    if nrails < 2 || len < threshold {
+        return 1;
+    }
+    match len.checked_div(min_piece) {
+        Some(pieces) => pieces.clamp(1, nrails),
+        None => nrails,
+    }
+}
 /// Largest notification message (header and sender name included).
 pub const MAX_NOTIF_BYTES: usize = NOTIF_SLOT;
 
@@ -275,6 +292,8 @@ pub struct LibfabricBackend {
     progress: Arc<Progress>,
     threads: Mutex<Vec<JoinHandle<()>>>,
     striping_threshold: usize,
+    /// No striped piece is smaller ([`SHM_MIN_STRIPE_PIECE`] over shm; 0: no floor).
+    stripe_min_piece: usize,
     next_seq: Arc<AtomicU32>,
     next_rail: AtomicUsize,
     mem_kinds: Vec<MemKind>,
@@ -423,6 +442,11 @@ fn open(agent: &Agent, params: &BackendParams) -> Result<LibfabricBackend> {
     } else {
         DEFAULT_STRIPING_THRESHOLD
     });
+    let stripe_min_piece = if provider == "shm" {
+        SHM_MIN_STRIPE_PIECE
+    } else {
+        0
+    };
     let mut rails = Vec::with_capacity(num_rails);
     for _ in 0..num_rails {
         rails.push(Arc::new(open_rail(&info)?));
@@ -452,6 +476,7 @@ fn open(agent: &Agent, params: &BackendParams) -> Result<LibfabricBackend> {
         }),
         threads: Mutex::new(Vec::new()),
         striping_threshold,
+        stripe_min_piece,
         next_seq: Arc::new(AtomicU32::new(1)),
         next_rail: AtomicUsize::new(0),
         mem_kinds,
@@ -929,12 +954,28 @@ impl Backend for LibfabricBackend {
                     done += n;
                 }
             };
-            if nrails > 1 && len >= self.striping_threshold {
-                let chunk = len.div_ceil(nrails).next_multiple_of(4096);
-                for r in 0..nrails {
+            let pieces = stripe_pieces(len, nrails, self.striping_threshold, self.stripe_min_piece);
+            if pieces == nrails {
+                let chunk = len.div_ceil(pieces).next_multiple_of(4096);
+                for r in 0..pieces {
                     let start = r * chunk;
                     if start < len {
                         push(r, start, chunk.min(len - start));
+                    }
+                }
+            } else if pieces > 1 {
+                // Fewer pieces than rails: on the next rails in turn, so that blocks of
+                // several descriptors (or requests) spread over all of them.
+                let chunk = len.div_ceil(pieces).next_multiple_of(4096);
+                for i in 0..pieces {
+                    round_robin = if round_robin + 1 >= nrails {
+                        0
+                    } else {
+                        round_robin + 1
+                    };
+                    let start = i * chunk;
+                    if start < len {
+                        push(round_robin, start, chunk.min(len - start));
                     }
                 }
             } else {

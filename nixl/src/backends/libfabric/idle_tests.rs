@@ -117,7 +117,8 @@ fn a_sleeping_target_answers_writes_without_notification_promptly() {
 }
 
 /// Four rails over shm, every worker asleep when the transfers come: a striped WRITE
-/// (with and without notification) and a READ move every byte.
+/// (with and without notification) and a READ move every byte, for blocks split over
+/// all four rails (8 MiB), three (3 MiB and an unaligned tail) and two (2 MiB).
 #[test]
 fn striped_transfers_wake_every_sleeping_rail() {
     use crate::{params, Desc, DescList, XferOp};
@@ -137,7 +138,7 @@ fn striped_transfers_wake_every_sleeping_rail() {
     let src: Vec<u8> = (0..len).map(|i| (i * 7 + i / 4096) as u8).collect();
     let mut dst = vec![0u8; len];
     let mut back = vec![0u8; len];
-    let one = |p: u64| DescList::from_descs(MemKind::Dram, [Desc::new(p, len as u64, 0)]);
+    let full = |p: u64| DescList::from_descs(MemKind::Dram, [Desc::new(p, len as u64, 0)]);
     let (src_p, dst_p, back_p) = (
         src.as_ptr() as u64,
         dst.as_mut_ptr() as u64,
@@ -158,44 +159,55 @@ fn striped_transfers_wake_every_sleeping_rail() {
     }
     .unwrap();
     // SAFETY: as above.
-    let _ht = unsafe { target.register_mem(&one(dst_p), None) }.unwrap();
+    let _ht = unsafe { target.register_mem(&full(dst_p), None) }.unwrap();
     let name = initiator
         .load_remote_metadata(&target.local_metadata().unwrap())
         .unwrap();
-    for notif in [None, Some(b"striped".to_vec())] {
+    for block in [len, (3 << 20) + 5, 2 << 20] {
+        let one = |p: u64| DescList::from_descs(MemKind::Dram, [Desc::new(p, block as u64, 0)]);
+        for notif in [None, Some(b"striped".to_vec())] {
+            std::thread::sleep(idle::SPIN_BEFORE_NAPS + Duration::from_millis(100));
+            let mut req = initiator
+                .create_xfer_req(
+                    XferOp::Write,
+                    &one(src_p),
+                    &one(dst_p),
+                    &name,
+                    notif.clone(),
+                )
+                .unwrap();
+            req.post().unwrap();
+            req.wait(Duration::from_secs(10)).unwrap();
+            assert!(
+                dst[..block] == src[..block] && dst[block..].iter().all(|&b| b == 0),
+                "striped WRITE of {block} bytes (notification {notif:?})"
+            );
+            if let Some(msg) = notif {
+                let deadline = Instant::now() + Duration::from_secs(10);
+                loop {
+                    let got = target.get_notifs();
+                    if got.values().flatten().any(|m| *m == msg) {
+                        break;
+                    }
+                    assert!(Instant::now() < deadline, "notification never came");
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            }
+            dst.iter_mut().for_each(|b| *b = 0);
+        }
+        // The target's memory holds the pattern again; READ it back into `back`.
+        dst.copy_from_slice(&src);
+        back.iter_mut().for_each(|b| *b = 0);
         std::thread::sleep(idle::SPIN_BEFORE_NAPS + Duration::from_millis(100));
         let mut req = initiator
-            .create_xfer_req(
-                XferOp::Write,
-                &one(src_p),
-                &one(dst_p),
-                &name,
-                notif.clone(),
-            )
+            .create_xfer_req(XferOp::Read, &one(back_p), &one(dst_p), &name, None)
             .unwrap();
         req.post().unwrap();
         req.wait(Duration::from_secs(10)).unwrap();
-        assert!(dst == src, "striped WRITE (notification {notif:?})");
-        if let Some(msg) = notif {
-            let deadline = Instant::now() + Duration::from_secs(10);
-            loop {
-                let got = target.get_notifs();
-                if got.values().flatten().any(|m| *m == msg) {
-                    break;
-                }
-                assert!(Instant::now() < deadline, "notification never came");
-                std::thread::sleep(Duration::from_millis(1));
-            }
-        }
+        assert!(
+            back[..block] == src[..block] && back[block..].iter().all(|&b| b == 0),
+            "striped READ of {block} bytes"
+        );
         dst.iter_mut().for_each(|b| *b = 0);
     }
-    // The target's memory holds the pattern again; READ it back into `back`.
-    dst.copy_from_slice(&src);
-    std::thread::sleep(idle::SPIN_BEFORE_NAPS + Duration::from_millis(100));
-    let mut req = initiator
-        .create_xfer_req(XferOp::Read, &one(back_p), &one(dst_p), &name, None)
-        .unwrap();
-    req.post().unwrap();
-    req.wait(Duration::from_secs(10)).unwrap();
-    assert!(back == src, "striped READ");
 }
