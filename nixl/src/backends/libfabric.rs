@@ -100,7 +100,7 @@
 //! cores, at most four, for `tcp`, `sockets`, `udp` and `shm`, where a CPU copies the
 //! data, so that large blocks are striped over several copying threads; 1 for NIC
 //! providers; see `default_rails` for `shm`'s price when peers die mid-transfer),
-//! `striping_threshold` (bytes, default 131072; 2 MiB for `shm`, whose pieces are at
+//! `striping_threshold` (bytes, default 131072; 4 MiB for `shm`, whose pieces are at
 //! least 1 MiB), `busy_poll` (`1`: rail workers never
 //! sleep — default `0`: spin while busy and for 20 ms after any activity, incoming
 //! remote operations included (1 s where there is no wait fd), then sleep on the
@@ -160,13 +160,13 @@ pub const NAME: &str = "LIBFABRIC";
 pub const PROVIDER_PRIORITY: &[&str] = &["cxi", "efa", "tcp;ofi_rxm", "sockets"];
 /// Default size from which one descriptor is split across all rails.
 pub const DEFAULT_STRIPING_THRESHOLD: usize = 128 << 10;
-/// The same over `shm`: a block is split only into pieces of at least
-/// [`SHM_MIN_STRIPE_PIECE`], so from 2 MiB (two pieces; four from 4 MiB).
-pub const DEFAULT_SHM_STRIPING_THRESHOLD: usize = 2 << 20;
-/// The smallest piece a striped block is split into over `shm`: its copies cost most per
-/// piece below 1 MiB (16-core GPU machine, nixlbench, 3 alternating rounds: a 2 MiB
-/// WRITE took 248-275 µs on one rail and as four 512 KiB pieces, 171-241 µs as two
-/// 1 MiB pieces; from 4 MiB four rails gave 2.9-6.7x one rail's).
+/// The same over `shm`: its copies stay on one core up to a few MiB (from 4 MiB four
+/// rails gave 2.9-6.7x one rail's on the 16-core GPU machine; at 2 MiB, one rail, two
+/// 1 MiB pieces and four 512 KiB pieces were within the run-to-run spread, 7-12 GB/s).
+pub const DEFAULT_SHM_STRIPING_THRESHOLD: usize = 4 << 20;
+/// The smallest piece a striped block is split into over `shm` (a lower
+/// `striping_threshold` splits into fewer pieces rather than smaller ones): splitting a
+/// 512 KiB block over four rails halved its bandwidth on the GPU machine.
 pub const SHM_MIN_STRIPE_PIECE: usize = 1 << 20;
 
 /// How many rails a block of `len` bytes is split over: all of them from `threshold`,

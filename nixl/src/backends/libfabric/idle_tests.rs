@@ -118,7 +118,8 @@ fn a_sleeping_target_answers_writes_without_notification_promptly() {
 
 /// Four rails over shm, every worker asleep when the transfers come: a striped WRITE
 /// (with and without notification) and a READ move every byte, for blocks split over
-/// all four rails (8 MiB), three (3 MiB and an unaligned tail) and two (2 MiB).
+/// all four rails (8 MiB), three (3 MiB and an unaligned tail) and two (2 MiB: the
+/// threshold lowered to 2 MiB, pieces of at least 1 MiB).
 #[test]
 fn striped_transfers_wake_every_sleeping_rail() {
     use crate::{params, Desc, DescList, XferOp};
@@ -127,7 +128,11 @@ fn striped_transfers_wake_every_sleeping_rail() {
         agent
             .create_backend(
                 "LIBFABRIC",
-                &params([("provider", "shm"), ("num_rails", "4")]),
+                &params([
+                    ("provider", "shm"),
+                    ("num_rails", "4"),
+                    ("striping_threshold", "2097152"),
+                ]),
             )
             .unwrap();
         agent

@@ -61,14 +61,18 @@ fn direct_vram_registration_is_refused_typed_where_libfabric_has_no_cuda() {
 #[test]
 fn stripes_have_no_piece_under_the_floor() {
     const MIB: usize = 1 << 20;
-    // shm: 2 MiB threshold, 1 MiB floor, four rails.
-    let shm = |len| stripe_pieces(len, 4, DEFAULT_SHM_STRIPING_THRESHOLD, SHM_MIN_STRIPE_PIECE);
+    // shm with a 2 MiB threshold: the 1 MiB floor, four rails.
+    let shm = |len| stripe_pieces(len, 4, 2 * MIB, SHM_MIN_STRIPE_PIECE);
     assert_eq!(shm(MIB), 1);
     assert_eq!(shm(2 * MIB - 4096), 1);
     assert_eq!(shm(2 * MIB), 2);
     assert_eq!(shm(3 * MIB + 5), 3);
     assert_eq!(shm(4 * MIB), 4);
     assert_eq!(shm(64 * MIB), 4);
+    let shm_default =
+        |len| stripe_pieces(len, 4, DEFAULT_SHM_STRIPING_THRESHOLD, SHM_MIN_STRIPE_PIECE);
+    assert_eq!(shm_default(3 * MIB), 1);
+    assert_eq!(shm_default(4 * MIB), 4);
     // Network providers: every rail from the threshold, as before the floor.
     let tcp = |len| stripe_pieces(len, 4, DEFAULT_STRIPING_THRESHOLD, 0);
     assert_eq!(tcp(DEFAULT_STRIPING_THRESHOLD - 1), 1);
