@@ -243,6 +243,32 @@ fn notification_fires_only_after_all_data_landed() {
     }
 }
 
+/// `Agent::wait_notifs` over VERBS: woken by the rail workers as each notification's
+/// message lands; without progress threads, by re-polling (which reads the receive
+/// queue).
+#[test]
+fn wait_notifs_is_woken_by_arrivals() {
+    let Some(dev) = device() else { return };
+    let _s = serial();
+    for progress_thread in [true, false] {
+        let config = AgentConfig {
+            progress_thread,
+            ..AgentConfig::default()
+        };
+        let target = agent_with(
+            &format!("wait-t-{progress_thread}"),
+            &dev,
+            2,
+            config.clone(),
+        );
+        let sender = agent_with(&format!("wait-s-{progress_thread}"), &dev, 1, config);
+        sender
+            .load_remote_metadata(&target.local_metadata().unwrap())
+            .unwrap();
+        common::notif_wait::check_wait_notifs(&target, &sender);
+    }
+}
+
 #[test]
 fn standalone_notifications_loopback_and_reconnect() {
     let Some(dev) = device() else { return };

@@ -139,7 +139,8 @@ use super::heartbeat::{Beat, HeartbeatConfig, Pacer};
 use super::shared::{random_u64, NotifTracker, WakeFd};
 use crate::agent::Agent;
 use crate::backend::{
-    Backend, BackendParams, BackendXfer, Capabilities, LocalMd, RemoteMd, XferEntry, XferOp,
+    Backend, BackendParams, BackendXfer, Capabilities, LocalMd, NotifWaker, RemoteMd, XferEntry,
+    XferOp,
 };
 use crate::error::{Error, Result};
 use crate::mem::{MemKind, Region};
@@ -431,6 +432,9 @@ pub struct VerbsBackend {
     direct_refusal: Option<String>,
     /// The first staged VRAM registration was logged with its reason.
     staged_logged: AtomicBool,
+    /// Rail workers receive notifications (the agent's `progress_thread`); without
+    /// them, only `take_notifs` does.
+    progress_thread: bool,
 }
 
 fn verbs_error(context: &str, e: ibverbs::Error) -> Error {
@@ -710,6 +714,7 @@ fn open(agent: &Agent, params: &BackendParams) -> Result<VerbsBackend> {
         staging,
         direct_refusal,
         staged_logged: AtomicBool::new(false),
+        progress_thread: agent.config().progress_thread,
     };
     // From here on, `backend`'s Drop stops and joins whatever was started.
     // Without a progress thread, posting and polling transfers (and taking
@@ -1207,5 +1212,12 @@ impl Backend for VerbsBackend {
             rail.progress(&self.common, usize::MAX);
         }
         self.common.notifs.take(into);
+    }
+
+    fn set_notif_waker(&self, waker: NotifWaker) -> bool {
+        self.common.notifs.add_waker(waker);
+        // The rail workers release notifications (and wake) as their data and messages
+        // land; without them nothing arrives until someone calls `take_notifs`.
+        self.progress_thread
     }
 }
