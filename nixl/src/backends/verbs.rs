@@ -392,18 +392,34 @@ impl Common {
             .any(|c| c.qps.get(rail).is_some_and(|qp| qp.qp_num() == qpn))
     }
 
+    /// Forgets an incoming connection (its peer closed the side channel, or the
+    /// handshake failed). Its QPs go to the error state first, so nothing more lands on
+    /// them; then every rail's completions are read while the connection is still known,
+    /// and only then is it unmapped. A peer that sends a notification and leaves at once
+    /// saw the send complete, so the receive is in our completion queue, but its
+    /// side channel's EOF may wake this thread before the rail worker reads it: unmapped
+    /// first, it was dropped as coming from an unknown QP (nixlbench's target then waited
+    /// for a DONE that its initiator had delivered).
     fn remove_incoming(&self, id: u64) {
         let Some(conn) = self.incoming.write().expect("incoming lock").remove(&id) else {
             return;
         };
+        for (_, qp) in &conn.qps {
+            // Staging operations serving the peer may still hold the QP: flush them.
+            if let Err(e) = qp.to_error() {
+                tracing::debug!(error = %e, "moving an incoming QP to ERR failed");
+            }
+        }
+        for rail in &self.rails {
+            rail.state
+                .lock()
+                .expect("rail lock")
+                .round(rail, self, usize::MAX);
+        }
         {
             let mut by_qpn = self.incoming_qpn.write().expect("qpn lock");
             for (rail, qp) in &conn.qps {
                 by_qpn.remove(&(*rail, qp.qp_num()));
-                // Staging operations serving the peer may still hold the QP: flush them.
-                if let Err(e) = qp.to_error() {
-                    tracing::debug!(error = %e, "moving an incoming QP to ERR failed");
-                }
             }
         }
         self.notifs.forget(|(conn_id, _)| *conn_id == id);
