@@ -199,8 +199,11 @@ const CQ_SIZE: u32 = (MAX_OUTSTANDING + RECV_SLOTS + STAGE_SQ + 256) as u32;
 const MAX_RAILS: usize = 16;
 /// Bound on every side-channel exchange.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-/// Longest the side-channel thread blocks (new connections and peers' EOFs wake it).
-const MONITOR_PERIOD: Duration = Duration::from_millis(50);
+/// Longest the side-channel thread blocks: a safety net. Its sockets (handshakes,
+/// heartbeats, peers' EOFs), the heartbeats it owes or awaits, new connections and the
+/// stop (its wake eventfd) wake it, so it wakes only when there is something to do
+/// (with the default `heartbeat_ms`, ten times a second per peer).
+const MONITOR_PERIOD: Duration = Duration::from_secs(1);
 /// How long a worker polls without finding work before it sleeps on its completion
 /// channel (and wake-up eventfd). Short: on soft-RoCE the kernel that moves the data
 /// needs the CPU a spinning worker would take.
@@ -380,9 +383,18 @@ struct Common {
     stop: AtomicBool,
     /// How often this side sends heartbeats, and how many of a peer's it may miss.
     heartbeat: HeartbeatConfig,
+    /// Wakes the side-channel thread: a connection to watch (or beat) and the stop.
+    monitor_wake: WakeFd,
 }
 
 impl Common {
+    /// Wakes the side-channel thread (it looks at its connections and the stop again).
+    fn wake_monitor(&self) {
+        if let Err(e) = self.monitor_wake.signal() {
+            tracing::warn!(error = %e, "waking the VERBS side-channel thread failed");
+        }
+    }
+
     /// Whether `qpn` on `rail` is a QP of a current connection this agent opened.
     fn is_outgoing_qp(&self, rail: usize, qpn: u32) -> bool {
         self.outgoing
@@ -702,6 +714,7 @@ fn open(agent: &Agent, params: &BackendParams) -> Result<VerbsBackend> {
     } else {
         vec![MemKind::Dram]
     };
+    let monitor_wake = WakeFd::new()?;
     let common = Arc::new_cyclic(|common| Common {
         agent_name: agent.name().to_string(),
         nonce,
@@ -715,6 +728,7 @@ fn open(agent: &Agent, params: &BackendParams) -> Result<VerbsBackend> {
         next_incoming: AtomicU64::new(1),
         stop: AtomicBool::new(false),
         heartbeat,
+        monitor_wake,
     });
     let backend = VerbsBackend {
         common: common.clone(),
@@ -871,7 +885,8 @@ fn create_qp(dev: &Device, rail: &Rail, send_wr: u32) -> Result<PreparedQueuePai
 
 impl Drop for VerbsBackend {
     fn drop(&mut self) {
-        self.common.stop.store(true, Ordering::Relaxed);
+        self.common.stop.store(true, Ordering::SeqCst);
+        self.common.wake_monitor();
         for conn in self
             .common
             .outgoing
@@ -1059,6 +1074,8 @@ impl Backend for VerbsBackend {
             .write()
             .expect("outgoing lock")
             .insert(agent.to_string(), conn);
+        // The side-channel thread watches the new connection's heartbeats from now on.
+        self.common.wake_monitor();
         if let Some(old) = old {
             let why = "replaced by a connection from newer metadata";
             old.kill(why);
