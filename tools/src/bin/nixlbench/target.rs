@@ -99,9 +99,9 @@ const ASK_GONE_EVERY: Duration = Duration::from_secs(1);
 /// `initiator_gone` is asked about once a second; a reason it gives ends the wait with
 /// that error (after the notifications already here are read: DONE may be among them).
 ///
-/// Between notifications it sleeps in [`Agent::wait_notifs`]: on soft-RoCE the target's
-/// data path runs in the kernel on the CPUs this process would wake on (polling every
-/// millisecond slowed the transfers it serves).
+/// Between notifications it sleeps in [`Agent::wait_notifs`], waking only for one (or
+/// to ask): a poll every millisecond woke it about 700 times a second in the soft-RoCE
+/// guest, whose two CPUs also run the kernel's data path of the transfers it serves.
 pub(crate) fn serve(
     agent: &Agent,
     mem: &Mem,
