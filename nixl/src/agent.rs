@@ -3,15 +3,15 @@
 mod device_api;
 
 use crate::backend::{
-    Backend, BackendParams, BackendXfer, LocalMd, PostParams, RemoteMd, XferEntry, XferOp,
-    XferStatus, XferTelemetry,
+    Backend, BackendParams, BackendXfer, LocalMd, NotifSignal, NotifWaker, PostParams, RemoteMd,
+    XferEntry, XferOp, XferStatus, XferTelemetry,
 };
 use crate::error::{Error, Result};
 use crate::mem::{Desc, DescList, Lookup, MemKind, Region, RegionIndex};
 use crate::metadata::{AgentMetadata, BackendSection};
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::{Duration, Instant};
 
@@ -162,6 +162,10 @@ pub(crate) struct AgentInner {
     /// Every live request's backend transfer, by request id.
     requests: Mutex<HashMap<u64, Weak<ReqSlot>>>,
     next_request: AtomicU64,
+    /// Woken by the backends' notifications ([`Agent::wait_notifs`]).
+    notif_signal: Arc<NotifSignal>,
+    /// Backends with notifications that do not wake [`Agent::wait_notifs`] (re-polled).
+    silent_backends: AtomicUsize,
 }
 
 impl AgentInner {
@@ -229,6 +233,8 @@ impl Agent {
                 shut: AtomicBool::new(false),
                 requests: Mutex::new(HashMap::new()),
                 next_request: AtomicU64::new(1),
+                notif_signal: Arc::default(),
+                silent_backends: AtomicUsize::new(0),
             }),
         };
         if let Some(addr) = listen {
@@ -280,16 +286,26 @@ impl Agent {
         Ok(backend)
     }
 
-    /// Adds a backend built by the caller (a user-written transport).
+    /// Adds a backend built by the caller (a user-written transport); hands it the
+    /// agent's notification waker ([`Backend::set_notif_waker`]).
     pub fn add_backend(&self, backend: Arc<dyn Backend>) -> Result<()> {
-        let mut backends = self.inner.backends.write().expect("backends lock");
-        if backends.iter().any(|b| b.name() == backend.name()) {
-            return Err(Error::InvalidParam(format!(
-                "a backend named {} already exists",
-                backend.name()
-            )));
+        {
+            let mut backends = self.inner.backends.write().expect("backends lock");
+            if backends.iter().any(|b| b.name() == backend.name()) {
+                return Err(Error::InvalidParam(format!(
+                    "a backend named {} already exists",
+                    backend.name()
+                )));
+            }
+            backends.push(backend.clone());
         }
-        backends.push(backend);
+        // Outside the lock: the backend's code may call into the agent. A waiter that
+        // sleeps meanwhile is woken below and looks at the new backend then.
+        let waker = NotifWaker::new(self.inner.notif_signal.clone());
+        if !backend.set_notif_waker(waker.clone()) && backend.capabilities().notif {
+            self.inner.silent_backends.fetch_add(1, Ordering::SeqCst);
+        }
+        waker.wake();
         Ok(())
     }
 
@@ -631,6 +647,8 @@ impl Agent {
         drop(listener);
         self.invalidate_all_remotes();
         self.inner.backends.write().expect("backends lock").clear();
+        // Waiters in `wait_notifs` return: no backend is left to notify them.
+        NotifWaker::new(self.inner.notif_signal.clone()).wake();
     }
 
     /// Whether [`Agent::shutdown`] was called.
@@ -1052,6 +1070,44 @@ impl Agent {
             map.entry(agent).or_default().push(msg);
         }
         map
+    }
+
+    /// Longest interval at which [`Agent::wait_notifs`] re-polls a backend that does not
+    /// wake it ([`Backend::set_notif_waker`] returned `false`: a user-written backend,
+    /// or `VERBS`/`LIBFABRIC` without a progress thread). It starts at 50 µs and doubles
+    /// up to this, so an answer that comes soon is seen soon and an idle wait costs
+    /// about a hundred wake-ups a second, not thousands. Backends that wake it are never
+    /// re-polled: the wait sleeps until a notification or the timeout.
+    pub const WAIT_REPOLL_MAX: Duration = Duration::from_millis(10);
+
+    /// [`Agent::get_notifs`] that blocks, without using the CPU, until at least one
+    /// notification is there or `timeout` has passed (then the map is empty). Returns at
+    /// once after [`Agent::shutdown`]. Several threads may wait at once; each
+    /// notification is returned once, to whichever thread takes it first.
+    pub fn wait_notifs(&self, timeout: Duration) -> HashMap<String, Vec<Vec<u8>>> {
+        // `None`: a timeout too large for the clock, i.e. no bound.
+        let deadline = Instant::now().checked_add(timeout);
+        let waiter = self.inner.notif_signal.waiter();
+        let mut repoll = Duration::from_micros(50);
+        loop {
+            // The epoch before the look: a wake after it keeps the sleep below short.
+            let seen = waiter.epoch();
+            let notifs = self.get_notifs();
+            if !notifs.is_empty() || self.is_shut_down() {
+                return notifs;
+            }
+            let now = Instant::now();
+            if deadline.is_some_and(|d| now >= d) {
+                return notifs;
+            }
+            let mut until = deadline;
+            if self.inner.silent_backends.load(Ordering::SeqCst) > 0 {
+                let poll_at = now + repoll;
+                until = Some(until.map_or(poll_at, |d| d.min(poll_at)));
+                repoll = (repoll * 2).min(Self::WAIT_REPOLL_MAX);
+            }
+            waiter.sleep(seen, until);
+        }
     }
 }
 

@@ -10,7 +10,8 @@ use crate::error::Result;
 use crate::mem::{Desc, MemKind, Region};
 use std::any::Any;
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 /// String parameters a backend is created with (NIXL's `nixl_b_params_t`).
@@ -217,6 +218,18 @@ pub trait Backend: Send + Sync + std::fmt::Debug + 'static {
     fn gen_notif(&self, agent: &str, msg: &[u8]) -> Result<()>;
     /// Moves received notifications into `into` as (sender, message).
     fn take_notifs(&self, into: &mut Vec<(String, Vec<u8>)>);
+    /// Takes the agent's waker, called when the backend is added to an agent (once per
+    /// agent it is added to). Returns whether the backend will call
+    /// [`NotifWaker::wake`] after every notification it makes available to
+    /// [`Backend::take_notifs`] from then on, without anyone calling into it (e.g. from
+    /// the thread that receives them). Default: `false`, and the agent re-polls the
+    /// backend while a thread waits in [`crate::Agent::wait_notifs`] (at growing
+    /// intervals, at most [`crate::Agent::WAIT_REPOLL_MAX`] apart). A backend that
+    /// receives notifications only when called (no progress thread) answers `false` too.
+    fn set_notif_waker(&self, waker: NotifWaker) -> bool {
+        let _ = waker;
+        false
+    }
     /// A memory view of `entries` for kernels (NIXL's `prepMemView`): of local memory
     /// when `agent` is `None`, else of that peer's. Default: not supported.
     fn prep_mem_view(
@@ -229,6 +242,107 @@ pub trait Backend: Send + Sync + std::fmt::Debug + 'static {
             backend: self.name().to_string(),
             what: "memory views (the device API)".into(),
         })
+    }
+}
+
+/// Wakes the agent's threads blocked in [`crate::Agent::wait_notifs`]. The agent hands
+/// one to every backend it adds ([`Backend::set_notif_waker`]).
+///
+/// A backend calls [`NotifWaker::wake`] *after* a notification became visible to
+/// [`Backend::take_notifs`] (a woken waiter takes it next; one that was about to sleep
+/// does not sleep). While nobody waits a wake costs one atomic add and one atomic load:
+/// no lock and no system call on the receive path.
+#[derive(Debug, Clone)]
+pub struct NotifWaker(Arc<NotifSignal>);
+
+impl NotifWaker {
+    /// Wakes every thread waiting for this agent's notifications.
+    pub fn wake(&self) {
+        self.0.signal();
+    }
+
+    pub(crate) fn new(signal: Arc<NotifSignal>) -> Self {
+        Self(signal)
+    }
+}
+
+/// The agent's side of [`NotifWaker`]: an epoch that every wake bumps, and a condition
+/// variable the waiters sleep on.
+///
+/// A condition variable rather than an eventfd ([`crate::backends`]' `WakeFd`, which the
+/// rail workers poll beside their completion channels): the waiter here blocks on
+/// nothing else, `Condvar::wait_timeout` gives the timed wait directly, and the epoch
+/// lets a wake that comes while nobody sleeps skip the lock and the system call (an
+/// eventfd costs a `write` per notification whether or not anyone waits).
+///
+/// No lost wake-up: a waiter registers ([`NotifSignal::waiter`]), reads the epoch, takes
+/// the notifications, and sleeps only while the epoch is still the one it read, checked
+/// under the lock. A wake bumps the epoch and then, if anyone is registered, takes and
+/// releases the lock before notifying: either the waiter's check (under the lock) sees the
+/// new epoch, or the waiter is already asleep and the notify reaches it. A wake that saw
+/// no waiter registered came before the registration in the sequentially consistent
+/// order, so the waiter's epoch read, after its registration, includes it, and its take
+/// sees the notification pushed before the bump.
+#[derive(Debug, Default)]
+pub(crate) struct NotifSignal {
+    epoch: AtomicU64,
+    waiters: AtomicUsize,
+    lock: Mutex<()>,
+    cond: Condvar,
+}
+
+impl NotifSignal {
+    fn signal(&self) {
+        self.epoch.fetch_add(1, Ordering::SeqCst);
+        if self.waiters.load(Ordering::SeqCst) > 0 {
+            drop(self.lock.lock().unwrap_or_else(PoisonError::into_inner));
+            self.cond.notify_all();
+        }
+    }
+
+    /// Registers a waiter until the guard is dropped.
+    pub(crate) fn waiter(&self) -> NotifWaiter<'_> {
+        self.waiters.fetch_add(1, Ordering::SeqCst);
+        NotifWaiter(self)
+    }
+}
+
+/// A registered waiter of a [`NotifSignal`].
+#[derive(Debug)]
+pub(crate) struct NotifWaiter<'a>(&'a NotifSignal);
+
+impl NotifWaiter<'_> {
+    /// The current epoch: read it *before* looking for notifications.
+    pub(crate) fn epoch(&self) -> u64 {
+        self.0.epoch.load(Ordering::SeqCst)
+    }
+
+    /// Sleeps until the epoch moves past `seen` or `until` (`None`: no bound) passes.
+    pub(crate) fn sleep(&self, seen: u64, until: Option<Instant>) {
+        let s = self.0;
+        let mut guard = s.lock.lock().unwrap_or_else(PoisonError::into_inner);
+        while s.epoch.load(Ordering::SeqCst) == seen {
+            match until {
+                None => guard = s.cond.wait(guard).unwrap_or_else(PoisonError::into_inner),
+                Some(until) => {
+                    let now = Instant::now();
+                    if now >= until {
+                        return;
+                    }
+                    guard = s
+                        .cond
+                        .wait_timeout(guard, until - now)
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .0;
+                }
+            }
+        }
+    }
+}
+
+impl Drop for NotifWaiter<'_> {
+    fn drop(&mut self) {
+        self.0.waiters.fetch_sub(1, Ordering::SeqCst);
     }
 }
 

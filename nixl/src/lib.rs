@@ -6,7 +6,8 @@
 //! - [`Agent`]: registrations ([`Agent::register_mem`]), metadata
 //!   ([`Agent::local_metadata`], [`Agent::load_remote_metadata`], the peer-to-peer
 //!   listener), transfers ([`Agent::prep_xfer_dlist`] + [`Agent::make_xfer_req`], or
-//!   [`Agent::create_xfer_req`]) and notifications ([`Agent::get_notifs`]).
+//!   [`Agent::create_xfer_req`]) and notifications ([`Agent::get_notifs`], or
+//!   [`Agent::wait_notifs`] to sleep until one arrives).
 //! - [`Backend`]: the transport interface; backends are created by name with string
 //!   parameters ([`Agent::create_backend`]) or written by the user ([`Agent::add_backend`]).
 //! - Every bad input is refused before anything is posted, with a typed [`Error`]:

@@ -11,10 +11,13 @@
 //! frames (no check) are refused with a message naming the version.
 
 use crate::agent::{Agent, AgentInner};
+use crate::backends::heartbeat::pollfd_in;
+use crate::backends::shared::WakeFd;
 use crate::error::{Error, Result};
 use crate::metadata::{crc32c, crc32c_append, MAX_METADATA_BYTES};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
@@ -35,14 +38,17 @@ const ACK: u8 = 5;
 const ERROR: u8 = 6;
 /// Connections served at once; more are closed at once (a flood costs nothing).
 const MAX_CONCURRENT: usize = 64;
-/// How often the accept loop looks at the stop flag.
-const ACCEPT_POLL: Duration = Duration::from_millis(20);
+/// Pause after a failed accept (e.g. out of descriptors) before the next try.
+const ACCEPT_RETRY: Duration = Duration::from_millis(20);
 
 /// The running listener; stops when dropped (with its agent).
 #[derive(Debug)]
 pub(crate) struct Listener {
     addr: SocketAddr,
     stop: Arc<AtomicBool>,
+    /// Wakes the accept loop, which sleeps until a connection or this (no periodic
+    /// wake-ups: on a soft-RoCE guest every wake-up takes CPU from the transfers).
+    wake: Arc<WakeFd>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -52,16 +58,18 @@ impl Listener {
         socket.set_nonblocking(true)?;
         let addr = socket.local_addr()?;
         let stop = Arc::new(AtomicBool::new(false));
+        let wake = Arc::new(WakeFd::new()?);
         let weak = Arc::downgrade(&agent.inner);
         let thread = std::thread::Builder::new()
             .name(format!("nixl-listen-{}", agent.name()))
             .spawn({
-                let stop = stop.clone();
-                move || accept_loop(socket, weak, stop)
+                let (stop, wake) = (stop.clone(), wake.clone());
+                move || accept_loop(socket, weak, stop, &wake)
             })?;
         Ok(Self {
             addr,
             stop,
+            wake,
             thread: Some(thread),
         })
     }
@@ -73,7 +81,10 @@ impl Listener {
 
 impl Drop for Listener {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
+        self.stop.store(true, Ordering::SeqCst);
+        if let Err(e) = self.wake.signal() {
+            tracing::warn!(error = %e, "waking the metadata listener to stop failed");
+        }
         if let Some(thread) = self.thread.take() {
             // The listener may be dropped from its own thread (last Agent clone released
             // while serving); joining oneself would deadlock.
@@ -84,9 +95,9 @@ impl Drop for Listener {
     }
 }
 
-fn accept_loop(socket: TcpListener, agent: Weak<AgentInner>, stop: Arc<AtomicBool>) {
+fn accept_loop(socket: TcpListener, agent: Weak<AgentInner>, stop: Arc<AtomicBool>, wake: &WakeFd) {
     let active = Arc::new(AtomicUsize::new(0));
-    while !stop.load(Ordering::Relaxed) {
+    while !stop.load(Ordering::SeqCst) {
         match socket.accept() {
             Ok((stream, peer)) => {
                 if active.load(Ordering::Relaxed) >= MAX_CONCURRENT {
@@ -108,10 +119,15 @@ fn accept_loop(socket: TcpListener, agent: Weak<AgentInner>, stop: Arc<AtomicBoo
                     active.fetch_sub(1, Ordering::Relaxed);
                 }
             }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::thread::sleep(ACCEPT_POLL),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                let mut fds = [pollfd_in(socket.as_raw_fd()), pollfd_in(wake.as_raw_fd())];
+                // SAFETY: two live pollfds for the duration of the call. No timeout: a
+                // connection or the stop (signalled after the flag is set) wakes it.
+                unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, -1) };
+            }
             Err(e) => {
                 tracing::warn!(error = %e, "metadata listener accept failed");
-                std::thread::sleep(ACCEPT_POLL);
+                std::thread::sleep(ACCEPT_RETRY);
             }
         }
     }

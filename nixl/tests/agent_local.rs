@@ -1,8 +1,10 @@
 //! Agent behaviour that needs no network: the LOCAL backend, every bad-input check,
 //! metadata round trips and the peer-to-peer listener.
 
+mod common;
+
 use nixl::{Agent, AgentConfig, Desc, DescList, Error, MemKind, XferOp, XferStatus};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 fn agent(name: &str) -> Agent {
     let agent = Agent::new(name, AgentConfig::default()).unwrap();
@@ -440,4 +442,168 @@ fn concurrent_posting_from_eight_threads() {
         .all(|(t, c)| c.iter().all(|b| *b == t as u8 + 1)));
     let notifs = a.get_notifs();
     assert_eq!(notifs["mt"].len(), 400);
+}
+
+#[test]
+fn wait_notifs_sleeps_wakes_and_loses_nothing() {
+    let a = agent("waiter");
+    common::notif_wait::check_wait_notifs(&a, &a);
+}
+
+#[test]
+fn wait_notifs_from_two_threads_returns_each_notification_once() {
+    let a = agent("two-waiters");
+    const N: usize = 2000;
+    let got = std::sync::Mutex::new(Vec::new());
+    std::thread::scope(|s| {
+        for _ in 0..2 {
+            s.spawn(|| {
+                let deadline = Instant::now() + common::TIMEOUT;
+                while got.lock().unwrap().len() < N {
+                    assert!(Instant::now() < deadline, "notifications lost");
+                    let mut map = a.wait_notifs(Duration::from_millis(200));
+                    let msgs = map.remove("two-waiters").unwrap_or_default();
+                    // Each waiter takes a contiguous run, in order.
+                    let ids: Vec<usize> = msgs
+                        .iter()
+                        .map(|m| String::from_utf8_lossy(m).parse().unwrap())
+                        .collect();
+                    assert!(ids.windows(2).all(|w| w[0] < w[1]), "{ids:?}");
+                    got.lock().unwrap().extend(ids);
+                }
+            });
+        }
+        for i in 0..N {
+            a.gen_notif("two-waiters", i.to_string().as_bytes())
+                .unwrap();
+            if i % 64 == 0 {
+                std::thread::sleep(Duration::from_micros(200));
+            }
+        }
+    });
+    let mut got = got.into_inner().unwrap();
+    got.sort_unstable();
+    assert_eq!(got, (0..N).collect::<Vec<_>>(), "each exactly once");
+}
+
+#[test]
+fn shutdown_ends_a_wait_for_notifications() {
+    let a = agent("shut");
+    std::thread::scope(|s| {
+        let waiter = s.spawn(|| {
+            let start = Instant::now();
+            // No bound at all: only the shutdown ends it.
+            let got = a.wait_notifs(Duration::MAX);
+            (got, start.elapsed())
+        });
+        std::thread::sleep(Duration::from_millis(200));
+        a.shutdown();
+        let (got, waited) = waiter.join().unwrap();
+        assert!(got.is_empty());
+        assert!(waited < common::notif_wait::PROMPT, "{waited:?}");
+    });
+    assert!(a.wait_notifs(Duration::from_secs(60)).is_empty(), "at once");
+}
+
+/// A user-written backend that queues notifications without waking the agent (the
+/// trait's default `set_notif_waker`): a wait still sees them, by re-polling.
+#[derive(Debug, Default)]
+struct Silent {
+    queue: std::sync::Mutex<Vec<(String, Vec<u8>)>>,
+}
+
+#[derive(Debug)]
+struct NoMd;
+
+impl nixl::backend::LocalMd for NoMd {
+    fn public_md(&self) -> Vec<u8> {
+        Vec::new()
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+impl nixl::Backend for Silent {
+    fn name(&self) -> &str {
+        "SILENT"
+    }
+    fn capabilities(&self) -> nixl::Capabilities {
+        nixl::Capabilities {
+            local: false,
+            remote: false,
+            notif: true,
+        }
+    }
+    fn supported_mem(&self) -> &[MemKind] {
+        &[]
+    }
+    fn register_mem(
+        &self,
+        _region: &nixl::Region,
+    ) -> nixl::Result<std::sync::Arc<dyn nixl::backend::LocalMd>> {
+        Ok(std::sync::Arc::new(NoMd))
+    }
+    fn connection_info(&self) -> nixl::Result<Vec<u8>> {
+        Ok(Vec::new())
+    }
+    fn load_remote_conn_info(&self, _agent: &str, _info: &[u8]) -> nixl::Result<()> {
+        Ok(())
+    }
+    fn load_remote_md(
+        &self,
+        _agent: &str,
+        _region: &nixl::Region,
+        _public_md: &[u8],
+    ) -> nixl::Result<std::sync::Arc<dyn nixl::backend::RemoteMd>> {
+        Err(Error::InvalidParam("SILENT has no remote memory".into()))
+    }
+    fn disconnect(&self, _agent: &str) {}
+    fn prep_xfer(
+        &self,
+        _op: XferOp,
+        _entries: &[nixl::backend::XferEntry<'_>],
+        _agent: &str,
+    ) -> nixl::Result<Box<dyn nixl::backend::BackendXfer>> {
+        Err(Error::InvalidParam("SILENT moves no data".into()))
+    }
+    fn gen_notif(&self, agent: &str, msg: &[u8]) -> nixl::Result<()> {
+        self.queue
+            .lock()
+            .unwrap()
+            .push((agent.to_string(), msg.to_vec()));
+        Ok(())
+    }
+    fn take_notifs(&self, into: &mut Vec<(String, Vec<u8>)>) {
+        into.append(&mut self.queue.lock().unwrap());
+    }
+}
+
+#[test]
+fn wait_notifs_repolls_a_backend_that_does_not_wake_it() {
+    let a = Agent::new("silent", AgentConfig::default()).unwrap();
+    let backend = std::sync::Arc::new(Silent::default());
+    a.add_backend(backend.clone()).unwrap();
+    // Idle: bounded re-polls (at most ~100 a second), not a busy loop.
+    common::notif_wait::idle_wait_sleeps(
+        &a,
+        Duration::from_millis(500),
+        Duration::from_millis(100),
+    );
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            std::thread::sleep(Duration::from_millis(200));
+            backend
+                .queue
+                .lock()
+                .unwrap()
+                .push(("p".into(), b"x".to_vec()));
+        });
+        let start = Instant::now();
+        let got = a.wait_notifs(common::TIMEOUT);
+        assert_eq!(got["p"], vec![b"x".to_vec()]);
+        // Seen at the next re-poll, at most WAIT_REPOLL_MAX after it was queued.
+        let waited = start.elapsed();
+        assert!(waited < common::notif_wait::PROMPT, "{waited:?}");
+    });
 }

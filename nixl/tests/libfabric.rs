@@ -540,3 +540,25 @@ fn without_progress_threads_the_callers_polls_drive_the_rails() {
         assert_eq!(back, src, "{provider}");
     }
 }
+
+/// `Agent::wait_notifs` over the network provider: woken by the rail workers as each
+/// notification lands; without progress threads, by re-polling (which progresses).
+#[test]
+fn wait_notifs_is_woken_by_arrivals() {
+    let target = agent("wait-t", "tcp;ofi_rxm", 2);
+    let sender = agent("wait-s", "tcp;ofi_rxm", 2);
+    sender
+        .load_remote_metadata(&target.local_metadata().unwrap())
+        .unwrap();
+    common::notif_wait::check_wait_notifs(&target, &sender);
+    let config = AgentConfig {
+        progress_thread: false,
+        ..AgentConfig::default()
+    };
+    let target = agent_with("wait-np-t", "tcp;ofi_rxm", 1, config.clone());
+    let sender = agent_with("wait-np-s", "tcp;ofi_rxm", 1, config);
+    sender
+        .load_remote_metadata(&target.local_metadata().unwrap())
+        .unwrap();
+    common::notif_wait::check_wait_notifs(&target, &sender);
+}

@@ -203,6 +203,19 @@ fn agents_of_one_process_use_shm_and_notify_both_ways() {
     assert_eq!(wait_notif(&a, b.name()), b"back");
 }
 
+/// `Agent::wait_notifs` with default parameters: the peer is reached through the shm
+/// plane, whose rail workers wake the wait as the network plane's do.
+#[test]
+fn wait_notifs_is_woken_through_the_shm_plane() {
+    let target = agent("wait-shm-t", "", AgentConfig::default());
+    let sender = agent("wait-shm-s", "", AgentConfig::default());
+    let name = sender
+        .load_remote_metadata(&target.local_metadata().unwrap())
+        .unwrap();
+    assert_eq!(fabric_transport(&sender, &name).as_deref(), Some("shm"));
+    common::notif_wait::check_wait_notifs(&target, &sender);
+}
+
 /// A peer agent invalidated, dropped and created again under its name in this process,
 /// three times: each is reached through shm (libfabric 1.17's shm crashed the new one's
 /// rail worker when the old one's address had been removed from the AV).

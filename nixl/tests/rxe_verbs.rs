@@ -243,6 +243,69 @@ fn notification_fires_only_after_all_data_landed() {
     }
 }
 
+/// `Agent::wait_notifs` over VERBS: woken by the rail workers as each notification's
+/// message lands; without progress threads, by re-polling (which reads the receive
+/// queue).
+#[test]
+fn wait_notifs_is_woken_by_arrivals() {
+    let Some(dev) = device() else { return };
+    let _s = serial();
+    for progress_thread in [true, false] {
+        let config = AgentConfig {
+            progress_thread,
+            ..AgentConfig::default()
+        };
+        let target = agent_with(
+            &format!("wait-t-{progress_thread}"),
+            &dev,
+            2,
+            config.clone(),
+        );
+        let sender = agent_with(&format!("wait-s-{progress_thread}"), &dev, 1, config);
+        sender
+            .load_remote_metadata(&target.local_metadata().unwrap())
+            .unwrap();
+        common::notif_wait::check_wait_notifs(&target, &sender);
+    }
+}
+
+/// A notification whose sender goes away as soon as `gen_notif` returned (the send
+/// completed: the target's transport has it) is still delivered: the sender's side
+/// channel closing must not make the target drop what had landed on its connection.
+/// With its rail worker (the default) the target reads the receive quickly, racing the
+/// side channel's EOF; without one, nothing reads it before the EOF has been seen.
+#[test]
+fn a_notification_survives_its_sender_leaving_at_once() {
+    let Some(dev) = device() else { return };
+    let _s = serial();
+    for progress_thread in [true, false] {
+        let config = AgentConfig {
+            progress_thread,
+            ..AgentConfig::default()
+        };
+        let target = agent_with("leave-t", &dev, 1, config);
+        for round in 0..20 {
+            let name = format!("leave-s{round}");
+            let sender = agent(&name, &dev, 1);
+            sender
+                .load_remote_metadata(&target.local_metadata().unwrap())
+                .unwrap();
+            sender.gen_notif("leave-t", b"bye").unwrap();
+            drop(sender);
+            if !progress_thread {
+                // The side channel sees the EOF and forgets the connection meanwhile.
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            let got = target.wait_notifs(Duration::from_secs(10));
+            assert_eq!(
+                got.get(&name),
+                Some(&vec![b"bye".to_vec()]),
+                "progress thread {progress_thread}, round {round}: {got:?}"
+            );
+        }
+    }
+}
+
 #[test]
 fn standalone_notifications_loopback_and_reconnect() {
     let Some(dev) = device() else { return };

@@ -741,6 +741,15 @@ class nixl_agent:
         self._core_backends(backends)
         return self.agent.get_notifs()
 
+    def wait_new_notifs(
+        self, timeout: float, backends: List[str] = []  # noqa: B006
+    ) -> Dict[str, List[bytes]]:
+        """``get_new_notifs`` that blocks until at least one notification arrived or
+        ``timeout`` seconds passed (then ``{}``), without using the CPU while it waits
+        (ours: NIXL has no blocking wait; its users poll ``get_new_notifs``)."""
+        self._core_backends(backends)
+        return self.agent.wait_notifs(float(timeout))
+
     def update_notifs(self, backends: List[str] = []) -> Dict[str, List[bytes]]:  # noqa: B006
         """Adds new notifications to ``self.notifs`` and returns it (all not yet handled)."""
         self._core_backends(backends)

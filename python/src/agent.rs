@@ -506,18 +506,48 @@ impl Agent {
     /// Notifications received since the last call: `{sender: [message, …]}`.
     fn get_notifs<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let notifs = py.detach(|| self.agent.get_notifs());
-        let out = PyDict::new(py);
-        for (agent, msgs) in notifs {
-            let list: Vec<Bound<'py, PyBytes>> = msgs.iter().map(|m| PyBytes::new(py, m)).collect();
-            out.set_item(agent, list)?;
+        notif_dict(py, notifs)
+    }
+
+    /// [`Agent::get_notifs`] that blocks (GIL released, no CPU used) until at least one
+    /// notification is there or `timeout_s` seconds have passed (then `{}`). The wait is
+    /// cut into slices of [`SIGNAL_CHECK`] between which Python's signal handlers run, so
+    /// Ctrl-C interrupts a long wait.
+    fn wait_notifs<'py>(&self, py: Python<'py>, timeout_s: f64) -> PyResult<Bound<'py, PyDict>> {
+        let timeout = Duration::try_from_secs_f64(timeout_s).map_err(|_| {
+            nixlInvalidParamError::new_err(format!("timeout {timeout_s} s is not a duration"))
+        })?;
+        let start = std::time::Instant::now();
+        loop {
+            let left = timeout.saturating_sub(start.elapsed());
+            let notifs = py.detach(|| self.agent.wait_notifs(left.min(SIGNAL_CHECK)));
+            if !notifs.is_empty() || left <= SIGNAL_CHECK {
+                return notif_dict(py, notifs);
+            }
+            py.check_signals()?;
         }
-        Ok(out)
     }
 
     /// Cancels every request, forgets every peer, stops the listener. Idempotent.
     fn shutdown(&self, py: Python<'_>) {
         py.detach(|| self.agent.shutdown());
     }
+}
+
+/// Longest a `wait_notifs` call stays without the GIL before Python's signal handlers
+/// run (a Ctrl-C waits at most this long).
+const SIGNAL_CHECK: Duration = Duration::from_millis(100);
+
+fn notif_dict(
+    py: Python<'_>,
+    notifs: HashMap<String, Vec<Vec<u8>>>,
+) -> PyResult<Bound<'_, PyDict>> {
+    let out = PyDict::new(py);
+    for (agent, msgs) in notifs {
+        let list: Vec<Bound<'_, PyBytes>> = msgs.iter().map(|m| PyBytes::new(py, m)).collect();
+        out.set_item(agent, list)?;
+    }
+    Ok(out)
 }
 
 /// Errors of a one-descriptor registration name descriptor 0: give the list position.

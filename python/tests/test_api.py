@@ -564,6 +564,30 @@ def test_errors_share_a_base_and_carry_the_typed_error(pair):
 
 
 @pytest.mark.ours_only
+def test_wait_new_notifs_sleeps_until_a_notification_or_the_timeout(pair):
+    import threading
+    import time
+
+    p = pair
+    start = time.monotonic()
+    assert p.b.wait_new_notifs(0.3) == {}
+    assert 0.3 <= time.monotonic() - start < 10
+    # A notification sent from another Python thread while B waits (the GIL is released
+    # meanwhile, or the sender could not run) ends the wait early.
+    sender = threading.Timer(0.2, lambda: p.a.send_notif("B", b"wake"))
+    sender.start()
+    start = time.monotonic()
+    got = p.b.wait_new_notifs(60)
+    waited = time.monotonic() - start
+    sender.join()
+    assert got == {"A": [b"wake"]}
+    assert waited < 10, waited
+    assert p.b.wait_new_notifs(0.1) == {}, "taken once"
+    with pytest.raises(B.nixlInvalidParamError):
+        p.b.wait_new_notifs(-1)
+
+
+@pytest.mark.ours_only
 def test_remote_disconnect_is_its_own_error():
     """A transfer whose peer is lost raises nixlRemoteDisconnectError (the FAULT backend
     fails the first completion as a flushed one), unlike a bad descriptor."""

@@ -29,7 +29,8 @@ use super::cuda_copy::{gpu_err, Copy, GpuXfer, LazyPin, NotifSink, StreamPools};
 use super::shared::{param, random_u64};
 use crate::agent::Agent;
 use crate::backend::{
-    Backend, BackendParams, BackendXfer, Capabilities, LocalMd, RemoteMd, XferEntry, XferOp,
+    Backend, BackendParams, BackendXfer, Capabilities, LocalMd, NotifWaker, RemoteMd, XferEntry,
+    XferOp,
 };
 use crate::error::{Error, Result};
 use crate::mem::{MemKind, Region};
@@ -62,7 +63,7 @@ const MAX_FRAME: usize = 16 << 20;
 const SEND_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Received (sender, message) pairs.
-type NotifList = Mutex<Vec<(String, Vec<u8>)>>;
+type NotifList = super::shared::NotifInbox;
 type NotifQueue = Arc<NotifList>;
 /// VMM allocations this backend hands out as file descriptors, by id.
 type VmmTable = Mutex<HashMap<u64, gpunetio::VmmExport>>;
@@ -464,7 +465,7 @@ fn serve_connection(mut conn: UnixStream, queue: Weak<NotifList>, vmm: Weak<VmmT
                 let name = String::from_utf8_lossy(name).into_owned();
                 let msg = body[2 + name_len..].to_vec();
                 let Some(q) = queue.upgrade() else { return };
-                q.lock().expect("notif lock").push((name, msg));
+                q.push(name, msg);
             }
             (FRAME_FD_REQUEST, body) if body.len() == 8 => {
                 let id = u64::from_le_bytes(body.try_into().expect("8 bytes"));
@@ -613,9 +614,7 @@ impl NotifSink for PeerSink {
         match &self.target {
             Target::Peer(p) => p.send(&self.sender, &msg),
             Target::Myself(q) => {
-                q.lock()
-                    .expect("notif lock")
-                    .push((self.sender.clone(), msg));
+                q.push(self.sender.clone(), msg);
                 Ok(())
             }
         }
@@ -967,16 +966,19 @@ impl Backend for CudaIpcBackend {
     }
     fn gen_notif(&self, agent: &str, msg: &[u8]) -> Result<()> {
         if agent == self.agent_name {
-            self.notifs
-                .lock()
-                .expect("notif lock")
-                .push((self.agent_name.clone(), msg.to_vec()));
+            self.notifs.push(self.agent_name.clone(), msg.to_vec());
             return Ok(());
         }
         self.peer(agent)?.send(&self.agent_name, msg)
     }
     fn take_notifs(&self, into: &mut Vec<(String, Vec<u8>)>) {
-        into.append(&mut self.notifs.lock().expect("notif lock"));
+        self.notifs.take(into);
+    }
+    fn set_notif_waker(&self, waker: NotifWaker) -> bool {
+        // Peers' notifications are queued by the listener's connection threads, ours by
+        // the thread that completes the transfer.
+        self.notifs.add_waker(waker);
+        true
     }
 }
 
@@ -1129,11 +1131,13 @@ mod tests {
         peer.send("initiator", b"hello").unwrap();
         peer.send("initiator", b"").unwrap();
         let deadline = std::time::Instant::now() + Duration::from_secs(5);
-        while queue.lock().unwrap().len() < 2 && std::time::Instant::now() < deadline {
+        let mut got = Vec::new();
+        while got.len() < 2 && std::time::Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(5));
+            queue.take(&mut got);
         }
         assert_eq!(
-            *queue.lock().unwrap(),
+            got,
             vec![
                 ("initiator".to_string(), b"hello".to_vec()),
                 ("initiator".to_string(), Vec::new())
@@ -1146,7 +1150,8 @@ mod tests {
         let mut buf = [0u8; 1];
         raw.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
         assert_eq!(raw.read(&mut buf).unwrap(), 0, "connection closed");
-        assert_eq!(queue.lock().unwrap().len(), 2);
+        queue.take(&mut got);
+        assert_eq!(got.len(), 2);
         drop(listener);
         // After the listener is gone, a new connection is refused: a typed disconnect.
         let late = Peer::new("target", me.clone(), &me);

@@ -32,8 +32,8 @@
 
 use crate::agent::Agent;
 use crate::backend::{
-    Backend, BackendParams, BackendXfer, Capabilities, LocalMd, PostParams, RemoteMd, XferEntry,
-    XferOp, XferProgress, XferStatus,
+    Backend, BackendParams, BackendXfer, Capabilities, LocalMd, NotifWaker, PostParams, RemoteMd,
+    XferEntry, XferOp, XferProgress, XferStatus,
 };
 use crate::error::{Error, Result};
 use crate::mem::{MemKind, Region};
@@ -346,6 +346,10 @@ impl Backend for FaultBackend {
     }
     fn take_notifs(&self, into: &mut Vec<(String, Vec<u8>)>) {
         self.inner.take_notifs(into)
+    }
+    fn set_notif_waker(&self, waker: NotifWaker) -> bool {
+        // Faults are injected on the sending side: the inner backend receives as it would.
+        self.inner.set_notif_waker(waker)
     }
 }
 

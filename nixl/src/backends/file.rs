@@ -71,8 +71,8 @@
 use super::shared::lock;
 use crate::agent::Agent;
 use crate::backend::{
-    Backend, BackendParams, BackendXfer, Capabilities, LocalMd, PostParams, RemoteMd, XferEntry,
-    XferOp, XferProgress, XferStatus,
+    Backend, BackendParams, BackendXfer, Capabilities, LocalMd, NotifWaker, PostParams, RemoteMd,
+    XferEntry, XferOp, XferProgress, XferStatus,
 };
 use crate::error::{Error, Result};
 use crate::mem::{MemKind, Region};
@@ -370,7 +370,7 @@ struct Staging {
     free: Vec<usize>,
 }
 
-type NotifQueue = Mutex<Vec<(String, Vec<u8>)>>;
+type NotifQueue = super::shared::NotifInbox;
 
 /// What the backend and its transfers share.
 #[derive(Debug)]
@@ -561,7 +561,7 @@ pub(crate) fn create(agent: &Agent, params: &BackendParams) -> Result<Arc<dyn Ba
                 iov: None,
                 free: Vec::new(),
             }),
-            notifs: Mutex::default(),
+            notifs: NotifQueue::default(),
         }),
     }))
 }
@@ -721,11 +721,18 @@ impl Backend for FileBackend {
     }
     fn gen_notif(&self, agent: &str, msg: &[u8]) -> Result<()> {
         self.check_self(agent)?;
-        lock(&self.shared.notifs).push((self.shared.agent_name.clone(), msg.to_vec()));
+        self.shared
+            .notifs
+            .push(self.shared.agent_name.clone(), msg.to_vec());
         Ok(())
     }
     fn take_notifs(&self, into: &mut Vec<(String, Vec<u8>)>) {
-        into.append(&mut lock(&self.shared.notifs));
+        self.shared.notifs.take(into);
+    }
+    fn set_notif_waker(&self, waker: NotifWaker) -> bool {
+        // Notifications are queued by the thread that posts or polls the transfer.
+        self.shared.notifs.add_waker(waker);
+        true
     }
 }
 
@@ -999,7 +1006,7 @@ impl FileXfer {
         self.run = None;
         self.shared.give_rings(self.read, rings);
         if let Some(msg) = notif {
-            lock(&self.shared.notifs).push((self.shared.agent_name.clone(), msg));
+            self.shared.notifs.push(self.shared.agent_name.clone(), msg);
         }
         Ok(XferStatus::Done)
     }

@@ -131,8 +131,8 @@ use super::shared::NotifTracker;
 use super::staging::{self, Failure, NetError, Plan, RunSink, RunSpec, Side, StageNet};
 use crate::agent::Agent;
 use crate::backend::{
-    Backend, BackendParams, BackendXfer, Capabilities, LocalMd, PostParams, RemoteMd, XferEntry,
-    XferOp, XferProgress, XferStatus,
+    Backend, BackendParams, BackendXfer, Capabilities, LocalMd, NotifWaker, PostParams, RemoteMd,
+    XferEntry, XferOp, XferProgress, XferStatus,
 };
 use crate::error::{Error, Result};
 use crate::mem::{MemKind, Region};
@@ -1037,6 +1037,13 @@ impl Backend for LibfabricBackend {
     fn take_notifs(&self, into: &mut Vec<(String, Vec<u8>)>) {
         self.progress.poll_inline();
         self.common.notifs.take(into);
+    }
+
+    fn set_notif_waker(&self, waker: NotifWaker) -> bool {
+        self.common.notifs.add_waker(waker);
+        // The rail workers release notifications (and wake) as they land; inline
+        // progress (no progress thread) sees them only when `take_notifs` polls.
+        !self.progress.inline
     }
 }
 

@@ -8,13 +8,13 @@
 
 use crate::agent::Agent;
 use crate::backend::{
-    Backend, BackendParams, BackendXfer, Capabilities, LocalMd, PostParams, RemoteMd, XferEntry,
-    XferOp, XferProgress, XferStatus,
+    Backend, BackendParams, BackendXfer, Capabilities, LocalMd, NotifWaker, PostParams, RemoteMd,
+    XferEntry, XferOp, XferProgress, XferStatus,
 };
 use crate::error::{Error, Result};
 use crate::mem::{MemKind, Region};
 use std::any::Any;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 /// The backend's name.
 pub const NAME: &str = "LOCAL";
@@ -28,7 +28,7 @@ pub struct LocalBackend {
     streams: super::cuda_copy::StreamPools,
 }
 
-type NotifQueue = Arc<Mutex<Vec<(String, Vec<u8>)>>>;
+type NotifQueue = Arc<super::shared::NotifInbox>;
 
 pub(crate) fn create(agent: &Agent, params: &BackendParams) -> Result<Arc<dyn Backend>> {
     if let Some(key) = params
@@ -172,10 +172,7 @@ struct SelfSink {
 #[cfg(feature = "cuda")]
 impl super::cuda_copy::NotifSink for SelfSink {
     fn deliver(&self, msg: Vec<u8>) -> Result<()> {
-        self.notifs
-            .lock()
-            .expect("notif lock")
-            .push((self.agent.clone(), msg));
+        self.notifs.push(self.agent.clone(), msg);
         Ok(())
     }
 }
@@ -242,14 +239,16 @@ impl Backend for LocalBackend {
     }
     fn gen_notif(&self, agent: &str, msg: &[u8]) -> Result<()> {
         self.check_self(agent)?;
-        self.notifs
-            .lock()
-            .expect("notif lock")
-            .push((self.agent_name.clone(), msg.to_vec()));
+        self.notifs.push(self.agent_name.clone(), msg.to_vec());
         Ok(())
     }
     fn take_notifs(&self, into: &mut Vec<(String, Vec<u8>)>) {
-        into.append(&mut self.notifs.lock().expect("notif lock"));
+        self.notifs.take(into);
+    }
+    fn set_notif_waker(&self, waker: NotifWaker) -> bool {
+        // Every notification is queued by the thread that posts or polls the transfer.
+        self.notifs.add_waker(waker);
+        true
     }
 }
 
@@ -275,10 +274,7 @@ impl BackendXfer for CopyXfer {
             unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, len) };
         }
         if let Some(msg) = notif {
-            self.notifs
-                .lock()
-                .expect("notif lock")
-                .push((self.agent.clone(), msg.to_vec()));
+            self.notifs.push(self.agent.clone(), msg.to_vec());
         }
         Ok(XferStatus::Done)
     }

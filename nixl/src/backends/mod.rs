@@ -14,10 +14,10 @@ pub mod fault;
 pub mod file;
 #[cfg(feature = "cuda")]
 pub mod gpunetio;
-mod heartbeat;
+pub(crate) mod heartbeat;
 pub mod libfabric;
 pub mod local;
-mod shared;
+pub(crate) mod shared;
 pub mod staging;
 pub mod verbs;
 

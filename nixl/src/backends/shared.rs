@@ -1,11 +1,44 @@
-//! What the network backends share: assembling notifications on the target, parsing
-//! string parameters, and locking a mutex whose holder panicked.
+//! What the backends share: the inbox of received notifications (which wakes the
+//! agent's waiters), assembling notifications on the target, parsing string parameters,
+//! and locking a mutex whose holder panicked.
 
-use crate::backend::BackendParams;
+use crate::backend::{BackendParams, NotifWaker};
 use crate::error::{Error, Result};
 use std::collections::HashMap;
 use std::hash::Hash;
-use std::sync::Mutex;
+use std::sync::{Mutex, RwLock};
+
+/// Received notifications, oldest first, waiting for [`crate::Backend::take_notifs`];
+/// each push wakes the agents' waiters ([`crate::Agent::wait_notifs`]).
+#[derive(Debug, Default)]
+pub(crate) struct NotifInbox {
+    ready: Mutex<Vec<(String, Vec<u8>)>>,
+    /// One per agent the backend was added to (almost always one).
+    wakers: RwLock<Vec<NotifWaker>>,
+}
+
+impl NotifInbox {
+    /// Queues a notification, then wakes the waiters (after: a woken waiter takes it).
+    pub(crate) fn push(&self, sender: impl Into<String>, msg: Vec<u8>) {
+        lock(&self.ready).push((sender.into(), msg));
+        for waker in self.wakers.read().unwrap_or_else(|e| e.into_inner()).iter() {
+            waker.wake();
+        }
+    }
+
+    /// Moves the queued notifications, oldest first, into `into`.
+    pub(crate) fn take(&self, into: &mut Vec<(String, Vec<u8>)>) {
+        into.append(&mut lock(&self.ready));
+    }
+
+    /// Adds an agent's waker (see [`crate::Backend::set_notif_waker`]).
+    pub(crate) fn add_waker(&self, waker: NotifWaker) {
+        self.wakers
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(waker);
+    }
+}
 
 /// Releases a transfer's notification only once its message has arrived *and* as many
 /// data completions as the message says to expect (counted per key: the sender and its
@@ -13,7 +46,7 @@ use std::sync::Mutex;
 #[derive(Debug)]
 pub(crate) struct NotifTracker<K> {
     pending: Mutex<HashMap<K, Pending>>,
-    ready: Mutex<Vec<(String, Vec<u8>)>>,
+    ready: NotifInbox,
 }
 
 #[derive(Debug, Default)]
@@ -27,7 +60,7 @@ impl<K> Default for NotifTracker<K> {
     fn default() -> Self {
         Self {
             pending: Mutex::default(),
-            ready: Mutex::default(),
+            ready: NotifInbox::default(),
         }
     }
 }
@@ -63,7 +96,12 @@ impl<K: Hash + Eq + Copy> NotifTracker<K> {
 
     /// Moves the released notifications, in release order, into `into`.
     pub(crate) fn take(&self, into: &mut Vec<(String, Vec<u8>)>) {
-        into.append(&mut self.ready.lock().expect("notif lock"));
+        self.ready.take(into);
+    }
+
+    /// Adds an agent's waker, woken by every notification released from now on.
+    pub(crate) fn add_waker(&self, waker: NotifWaker) {
+        self.ready.add_waker(waker);
     }
 
     fn release_if_complete(&self, pending: &mut HashMap<K, Pending>, key: K) {
@@ -77,7 +115,7 @@ impl<K: Hash + Eq + Copy> NotifTracker<K> {
                 .remove(&key)
                 .and_then(|p| p.message)
                 .expect("checked above");
-            self.ready.lock().expect("notif lock").push((sender, msg));
+            self.ready.push(sender, msg);
         }
     }
 

@@ -139,7 +139,8 @@ use super::heartbeat::{Beat, HeartbeatConfig, Pacer};
 use super::shared::{random_u64, NotifTracker, WakeFd};
 use crate::agent::Agent;
 use crate::backend::{
-    Backend, BackendParams, BackendXfer, Capabilities, LocalMd, RemoteMd, XferEntry, XferOp,
+    Backend, BackendParams, BackendXfer, Capabilities, LocalMd, NotifWaker, RemoteMd, XferEntry,
+    XferOp,
 };
 use crate::error::{Error, Result};
 use crate::mem::{MemKind, Region};
@@ -198,8 +199,11 @@ const CQ_SIZE: u32 = (MAX_OUTSTANDING + RECV_SLOTS + STAGE_SQ + 256) as u32;
 const MAX_RAILS: usize = 16;
 /// Bound on every side-channel exchange.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-/// Longest the side-channel thread blocks (new connections and peers' EOFs wake it).
-const MONITOR_PERIOD: Duration = Duration::from_millis(50);
+/// Longest the side-channel thread blocks: a safety net. Its sockets (handshakes,
+/// heartbeats, peers' EOFs), the heartbeats it owes or awaits, new connections and the
+/// stop (its wake eventfd) wake it, so it wakes only when there is something to do
+/// (with the default `heartbeat_ms`, ten times a second per peer).
+const MONITOR_PERIOD: Duration = Duration::from_secs(1);
 /// How long a worker polls without finding work before it sleeps on its completion
 /// channel (and wake-up eventfd). Short: on soft-RoCE the kernel that moves the data
 /// needs the CPU a spinning worker would take.
@@ -379,9 +383,18 @@ struct Common {
     stop: AtomicBool,
     /// How often this side sends heartbeats, and how many of a peer's it may miss.
     heartbeat: HeartbeatConfig,
+    /// Wakes the side-channel thread: a connection to watch (or beat) and the stop.
+    monitor_wake: WakeFd,
 }
 
 impl Common {
+    /// Wakes the side-channel thread (it looks at its connections and the stop again).
+    fn wake_monitor(&self) {
+        if let Err(e) = self.monitor_wake.signal() {
+            tracing::warn!(error = %e, "waking the VERBS side-channel thread failed");
+        }
+    }
+
     /// Whether `qpn` on `rail` is a QP of a current connection this agent opened.
     fn is_outgoing_qp(&self, rail: usize, qpn: u32) -> bool {
         self.outgoing
@@ -391,18 +404,34 @@ impl Common {
             .any(|c| c.qps.get(rail).is_some_and(|qp| qp.qp_num() == qpn))
     }
 
+    /// Forgets an incoming connection (its peer closed the side channel, or the
+    /// handshake failed). Its QPs go to the error state first, so nothing more lands on
+    /// them; then every rail's completions are read while the connection is still known,
+    /// and only then is it unmapped. A peer that sends a notification and leaves at once
+    /// saw the send complete, so the receive is in our completion queue, but its
+    /// side channel's EOF may wake this thread before the rail worker reads it: unmapped
+    /// first, it was dropped as coming from an unknown QP (nixlbench's target then waited
+    /// for a DONE that its initiator had delivered).
     fn remove_incoming(&self, id: u64) {
         let Some(conn) = self.incoming.write().expect("incoming lock").remove(&id) else {
             return;
         };
+        for (_, qp) in &conn.qps {
+            // Staging operations serving the peer may still hold the QP: flush them.
+            if let Err(e) = qp.to_error() {
+                tracing::debug!(error = %e, "moving an incoming QP to ERR failed");
+            }
+        }
+        for rail in &self.rails {
+            rail.state
+                .lock()
+                .expect("rail lock")
+                .round(rail, self, usize::MAX);
+        }
         {
             let mut by_qpn = self.incoming_qpn.write().expect("qpn lock");
             for (rail, qp) in &conn.qps {
                 by_qpn.remove(&(*rail, qp.qp_num()));
-                // Staging operations serving the peer may still hold the QP: flush them.
-                if let Err(e) = qp.to_error() {
-                    tracing::debug!(error = %e, "moving an incoming QP to ERR failed");
-                }
             }
         }
         self.notifs.forget(|(conn_id, _)| *conn_id == id);
@@ -431,6 +460,9 @@ pub struct VerbsBackend {
     direct_refusal: Option<String>,
     /// The first staged VRAM registration was logged with its reason.
     staged_logged: AtomicBool,
+    /// Rail workers receive notifications (the agent's `progress_thread`); without
+    /// them, only `take_notifs` does.
+    progress_thread: bool,
 }
 
 fn verbs_error(context: &str, e: ibverbs::Error) -> Error {
@@ -682,6 +714,7 @@ fn open(agent: &Agent, params: &BackendParams) -> Result<VerbsBackend> {
     } else {
         vec![MemKind::Dram]
     };
+    let monitor_wake = WakeFd::new()?;
     let common = Arc::new_cyclic(|common| Common {
         agent_name: agent.name().to_string(),
         nonce,
@@ -695,6 +728,7 @@ fn open(agent: &Agent, params: &BackendParams) -> Result<VerbsBackend> {
         next_incoming: AtomicU64::new(1),
         stop: AtomicBool::new(false),
         heartbeat,
+        monitor_wake,
     });
     let backend = VerbsBackend {
         common: common.clone(),
@@ -710,6 +744,7 @@ fn open(agent: &Agent, params: &BackendParams) -> Result<VerbsBackend> {
         staging,
         direct_refusal,
         staged_logged: AtomicBool::new(false),
+        progress_thread: agent.config().progress_thread,
     };
     // From here on, `backend`'s Drop stops and joins whatever was started.
     // Without a progress thread, posting and polling transfers (and taking
@@ -850,7 +885,8 @@ fn create_qp(dev: &Device, rail: &Rail, send_wr: u32) -> Result<PreparedQueuePai
 
 impl Drop for VerbsBackend {
     fn drop(&mut self) {
-        self.common.stop.store(true, Ordering::Relaxed);
+        self.common.stop.store(true, Ordering::SeqCst);
+        self.common.wake_monitor();
         for conn in self
             .common
             .outgoing
@@ -1038,6 +1074,8 @@ impl Backend for VerbsBackend {
             .write()
             .expect("outgoing lock")
             .insert(agent.to_string(), conn);
+        // The side-channel thread watches the new connection's heartbeats from now on.
+        self.common.wake_monitor();
         if let Some(old) = old {
             let why = "replaced by a connection from newer metadata";
             old.kill(why);
@@ -1207,5 +1245,12 @@ impl Backend for VerbsBackend {
             rail.progress(&self.common, usize::MAX);
         }
         self.common.notifs.take(into);
+    }
+
+    fn set_notif_waker(&self, waker: NotifWaker) -> bool {
+        self.common.notifs.add_waker(waker);
+        // The rail workers release notifications (and wake) as their data and messages
+        // land; without them nothing arrives until someone calls `take_notifs`.
+        self.progress_thread
     }
 }

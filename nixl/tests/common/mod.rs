@@ -10,6 +10,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Mutex, MutexGuard, Once};
 use std::time::{Duration, Instant};
 
+pub mod notif_wait;
 pub mod peer_guest;
 pub mod staged;
 pub mod twohost;
@@ -70,15 +71,15 @@ pub fn listening() -> AgentConfig {
     }
 }
 
-/// The notifications from `from`, waited for (bounded).
+/// The notifications from `from`, waited for (bounded; others are dropped).
 pub fn wait_notifs(agent: &Agent, from: &str) -> Vec<Vec<u8>> {
     let deadline = Instant::now() + TIMEOUT;
     loop {
-        if let Some(msgs) = agent.get_notifs().remove(from) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        assert!(!left.is_zero(), "no notification from {from}");
+        if let Some(msgs) = agent.wait_notifs(left).remove(from) {
             return msgs;
         }
-        assert!(Instant::now() < deadline, "no notification from {from}");
-        std::thread::sleep(Duration::from_micros(100));
     }
 }
 

@@ -43,8 +43,8 @@ use super::cuda_ipc::CudaIpcBackend;
 use super::shared::param;
 use crate::agent::Agent;
 use crate::backend::{
-    Backend, BackendParams, BackendXfer, Capabilities, LocalMd, PostParams, RemoteMd, ViewEntry,
-    ViewMd, XferEntry, XferOp, XferProgress, XferStatus,
+    Backend, BackendParams, BackendXfer, Capabilities, LocalMd, NotifWaker, PostParams, RemoteMd,
+    ViewEntry, ViewMd, XferEntry, XferOp, XferProgress, XferStatus,
 };
 use crate::device::{self, GpuDesc, GpuHandle, HandleTable, SLOT_LOCAL, SLOT_REQUEST, SLOT_VIEW};
 use crate::error::{Error, Result};
@@ -686,6 +686,13 @@ impl Backend for GpunetioBackend {
         if let Some(nic) = &self.nic {
             nic.take_notifs(into);
         }
+    }
+    fn set_notif_waker(&self, waker: NotifWaker) -> bool {
+        // Both paths queue from their receiving threads (or the completing thread).
+        if let Some(nic) = &self.nic {
+            nic.add_notif_waker(waker.clone());
+        }
+        self.ipc.set_notif_waker(waker)
     }
     fn prep_mem_view(&self, agent: Option<&str>, entries: &[ViewEntry<'_>]) -> Result<GpuHandle> {
         if entries.len() > gpunetio::intra_node::MAX_REGIONS {

@@ -336,6 +336,11 @@ impl NicPath {
     pub(super) fn take_notifs(&self, into: &mut Vec<(String, Vec<u8>)>) {
         self.oob.take(into);
     }
+
+    /// Adds an agent's waker, woken by each notification a peer sends from now on.
+    pub(super) fn add_notif_waker(&self, waker: crate::backend::NotifWaker) {
+        self.oob.add_waker(waker);
+    }
 }
 
 /// A local registration's place in the NIC path; released from every proxy on drop.

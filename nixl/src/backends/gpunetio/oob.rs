@@ -26,7 +26,7 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 const POLL: Duration = Duration::from_millis(50);
 
 /// Notifications received, oldest first: (sender, message).
-type Inbox = Mutex<Vec<(String, Vec<u8>)>>;
+type Inbox = crate::backends::shared::NotifInbox;
 
 /// The listening side: accepts senders and queues what they send.
 #[derive(Debug)]
@@ -63,7 +63,12 @@ impl OobListener {
 
     /// Moves the received notifications into `into`.
     pub(super) fn take(&self, into: &mut Vec<(String, Vec<u8>)>) {
-        into.append(&mut lock(&self.inbox));
+        self.inbox.take(into);
+    }
+
+    /// Adds an agent's waker, woken by each notification received from now on.
+    pub(super) fn add_waker(&self, waker: crate::backend::NotifWaker) {
+        self.inbox.add_waker(waker);
     }
 }
 
@@ -151,7 +156,7 @@ fn serve(mut conn: TcpStream, inbox: &Inbox, stop: &AtomicBool) -> std::io::Resu
     let sender = String::from_utf8(hello)
         .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidData, "a non-UTF-8 name"))?;
     while let Some(msg) = read_frame(&mut conn, stop)? {
-        lock(inbox).push((sender.clone(), msg));
+        inbox.push(sender.clone(), msg);
     }
     Ok(())
 }

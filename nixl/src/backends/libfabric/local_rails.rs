@@ -36,7 +36,8 @@ use super::host::{self, HostId};
 use super::{open, LibfabricBackend, NAME};
 use crate::agent::Agent;
 use crate::backend::{
-    Backend, BackendParams, BackendXfer, Capabilities, LocalMd, RemoteMd, XferEntry, XferOp,
+    Backend, BackendParams, BackendXfer, Capabilities, LocalMd, NotifWaker, RemoteMd, XferEntry,
+    XferOp,
 };
 use crate::error::{Error, Result};
 use crate::mem::{MemKind, Region};
@@ -541,6 +542,16 @@ impl Backend for Planes {
         for plane in &self.planes {
             plane.take_notifs(into);
         }
+    }
+
+    fn set_notif_waker(&self, waker: NotifWaker) -> bool {
+        // Every plane gets it (the shm plane receives as the network plane does); the
+        // wait is woken by both only if both wake.
+        let mut all = true;
+        for plane in &self.planes {
+            all &= plane.set_notif_waker(waker.clone());
+        }
+        all
     }
 
     fn peer_transport(&self, agent: &str) -> Option<String> {

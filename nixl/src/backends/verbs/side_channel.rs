@@ -206,10 +206,13 @@ pub(super) fn side_channel_thread(listener: TcpListener, common: Arc<Common>) {
 }
 
 /// Blocks until the listener or a watched side-channel socket is readable (a new
-/// handshake, a heartbeat or a peer's EOF), a heartbeat is due or a peer's is overdue,
-/// or `MONITOR_PERIOD` passed.
+/// handshake, a heartbeat or a peer's EOF), the wake eventfd is (a new connection, the
+/// stop), a heartbeat is due or a peer's is overdue, or `MONITOR_PERIOD` passed.
 fn wait_readable(listener: &TcpListener, common: &Common) {
-    let mut fds = vec![pollfd_in(listener.as_raw_fd())];
+    let mut fds = vec![
+        pollfd_in(common.monitor_wake.as_raw_fd()),
+        pollfd_in(listener.as_raw_fd()),
+    ];
     let mut times = Vec::new();
     for c in common.outgoing.read().expect("outgoing lock").values() {
         if !c.is_dead() {
@@ -226,7 +229,10 @@ fn wait_readable(listener: &TcpListener, common: &Common) {
     let timeout = poll_timeout(Instant::now(), times.into_iter(), MONITOR_PERIOD);
     // SAFETY: `fds` is a live array of pollfds; the sockets stay open during the call
     // (a connection closed meanwhile only makes its slot report an error or nothing).
-    unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout) };
+    let ready = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout) };
+    if ready > 0 && fds[0].revents != 0 {
+        common.monitor_wake.drain();
+    }
 }
 
 /// The target side of the handshake: QPs for each of the initiator's rails.
@@ -298,6 +304,8 @@ fn serve_handshake(common: &Arc<Common>, mut stream: TcpStream) -> Result<()> {
     // Only now may the side-channel thread read and write the socket (non-blocking,
     // nothing of ours left to send on it).
     *conn.pacer.lock().expect("pacer lock") = Some(Pacer::new(Instant::now(), &common.heartbeat));
+    // The side-channel thread beats it from now on.
+    common.wake_monitor();
     tracing::debug!(
         peer = %peer,
         incarnation = hello.nonce,

@@ -292,12 +292,18 @@ pub(crate) fn verify(
     }
 }
 
-/// The target's `CHECKED id …` answer.
+/// The target's `CHECKED id …` answer (sleeping in [`Agent::wait_notifs`] until it
+/// comes).
 pub(crate) fn wait_answer(agent: &Agent, target: &str, id: &str) -> Result<String, String> {
+    const BOUND: Duration = Duration::from_secs(60);
     let prefix = format!("CHECKED {id} ");
     let start = Instant::now();
     loop {
-        let mut notifs: HashMap<String, Vec<Vec<u8>>> = agent.get_notifs();
+        let left = BOUND.saturating_sub(start.elapsed());
+        if left.is_zero() {
+            return Err("the target did not answer the check within 60 s".into());
+        }
+        let mut notifs: HashMap<String, Vec<Vec<u8>>> = agent.wait_notifs(left);
         if let Some(msgs) = notifs.remove(target) {
             for msg in msgs {
                 let text = String::from_utf8_lossy(&msg);
@@ -306,10 +312,6 @@ pub(crate) fn wait_answer(agent: &Agent, target: &str, id: &str) -> Result<Strin
                 }
             }
         }
-        if start.elapsed() > Duration::from_secs(60) {
-            return Err("the target did not answer the check within 60 s".into());
-        }
-        std::thread::sleep(Duration::from_micros(200));
     }
 }
 
