@@ -96,8 +96,6 @@ __device__ __forceinline__ u64 ld_relaxed_sys(const u64 *p) {
   return v;
 }
 
-__device__ __forceinline__ void fence_acquire_sys() { asm volatile("fence.acq_rel.sys;" ::: "memory"); }
-
 /* A store every earlier memory operation of this thread is visible before, to the CPU
  * and to peers. */
 __device__ __forceinline__ void st_release_sys(u64 *p, u64 v) {
@@ -936,8 +934,9 @@ __device__ __forceinline__ int signal_wait_ge(const gio_dev_qp *qp, const u64 *a
   for (unsigned polls = 1;; polls++) {
     if (gpu_scope) {
       if (ld_acquire_gpu(addr) >= value) return GIO_OK;
-    } else if (ld_relaxed_sys(addr) >= value) {
-      fence_acquire_sys();
+    } else if (ld_acquire_sys(addr) >= value) {
+      /* An acquire load per poll, as wait(): no dearer than a relaxed one, and no
+       * ~0.7 us system-scope fence after the value is seen. */
       return GIO_OK;
     }
     if ((polls & 63) == 0) {
