@@ -29,7 +29,7 @@
 //! itself: only the 30 s stall timeout caught it before) is reported 2-3 ms after the
 //! kill, over `tcp;ofi_rxm` and `sockets` in 4-6 ms (`nixl/tests/dead_peer.rs`). A peer
 //! on another host (or in another pid namespace) that vanishes — its link cut, its
-//! machine killed — is found by heartbeats ([`conn`]): the peer's own thread sends one
+//! machine killed — is found by heartbeats (the private `conn` module): the peer's own thread sends one
 //! every `heartbeat_ms` over a TCP connection of its own, and `heartbeat_misses`
 //! intervals of silence (0.5 s by default) fail its transfers with `RemoteDisconnect`.
 //!
@@ -106,7 +106,7 @@
 //! remote operations included (1 s where there is no wait fd), then sleep on the
 //! queue's wait fd or nap; see
 //! the `idle` module for what wakes a worker), `heartbeat_ms` (default 100; 0: no
-//! heartbeats) and `heartbeat_misses` (default 5; see [`conn`]).
+//! heartbeats) and `heartbeat_misses` (default 5; see the private `conn` module).
 //!
 //! Staging: `vram_mode` (`auto`: direct where possible, else staged — the default;
 //! `staged`: always staged, and the provider is opened without `FI_HMEM`; `direct`: a

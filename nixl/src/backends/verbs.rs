@@ -49,7 +49,7 @@
 //! within milliseconds, moves our QPs to the error state (flushing in-flight work) and
 //! every transfer to that peer fails with [`Error::RemoteDisconnect`]. A peer whose host
 //! disappears (its link cut, its machine killed) closes nothing: the side channel also
-//! carries heartbeats ([`super::heartbeat`]). The target's side-channel thread, which
+//! carries heartbeats (the private `backends::heartbeat` module). The target's side-channel thread, which
 //! moves no data, sends one byte on every incoming connection's socket each
 //! `heartbeat_ms` (default 100, advertised in the handshake's reply); the initiator's
 //! declares the peer dead after `heartbeat_misses` (default 5) of its intervals without
