@@ -163,6 +163,15 @@ pub const DEFAULT_STRIPING_THRESHOLD: usize = 128 << 10;
 /// The same over `shm`: its copies stay on one core up to a few MiB (from 4 MiB four
 /// rails gave 2.9-6.7x one rail's on the 16-core GPU machine; at 2 MiB, one rail, two
 /// 1 MiB pieces and four 512 KiB pieces were within the run-to-run spread, 7-12 GB/s).
+///
+/// Why pieces of one 2 MiB block do not copy in parallel: libfabric 1.17's `shm` moves
+/// large RMA with CMA (`process_vm_readv`, by the side that receives the data: the
+/// target for a WRITE, the initiator for a READ), and the kernel pins the source's
+/// pages 4 KiB at a time under the page-table lock of their 2 MiB region, so copies
+/// whose sources share a region serialise (`tools/bench/cma-scaling.c`: a 2 MiB block
+/// over two threads 9-10 GB/s when both halves lie in one region, 20-22 GB/s when they
+/// lie in two; `memcpy`, which pins nothing, 60 GB/s). One thread's copy itself falls
+/// from 1 MiB to 2 MiB (the core's 2 MiB L2: 10-13 -> 8-11 GB/s).
 pub const DEFAULT_SHM_STRIPING_THRESHOLD: usize = 4 << 20;
 /// The smallest piece a striped block is split into over `shm` (a lower
 /// `striping_threshold` splits into fewer pieces rather than smaller ones): splitting a
