@@ -96,10 +96,11 @@
 //! `provider` (default: the first of `cxi`, `efa`, `tcp;ofi_rxm`, `sockets` found),
 //! `local_provider` (`shm`, the default where `shm` is present, or `none`),
 //! `local_rails` (the `shm` plane's rail count, 1..=16; default as `num_rails` for `shm`),
-//! `node` (default `127.0.0.1` for tcp and sockets), `num_rails` (default: one per four
-//! cores, at most four, for `tcp`, `sockets`, `udp` and `shm`, where a CPU copies the
-//! data, so that large blocks are striped over several copying threads; 1 for NIC
-//! providers; see `default_rails` for `shm`'s price when peers die mid-transfer),
+//! `node` (default `127.0.0.1` for tcp and sockets), `num_rails` (default: one per two
+//! cores, at most eight, for `tcp`, `sockets` and `udp`, and one per four cores, at most
+//! four, for `shm`, where a CPU copies the data, so that large blocks are striped over
+//! several copying threads; 1 for NIC providers; see `default_rails` for `shm`'s price
+//! when peers die mid-transfer),
 //! `striping_threshold` (bytes, default 131072; 4 MiB for `shm`, whose pieces are at
 //! least 1 MiB), `busy_poll` (`1`: rail workers never
 //! sleep — default `0`: spin while busy and for 20 ms after any activity, incoming
@@ -541,23 +542,24 @@ fn open(agent: &Agent, params: &BackendParams) -> Result<LibfabricBackend> {
 /// large block on one thread on each side, at one core's copy rate, which falls as the
 /// block outgrows the caches (a single thread's memcpy here: 21 GB/s at 512 KiB, 4 GB/s
 /// at 64 MiB); blocks striped over several rails are copied by as many threads. So
-/// `tcp`, `sockets`, `udp` and `shm` get one rail per four cores, at most four (on the
-/// 16-core GPU machine, a Python loop of 64 x 64 KiB WRITEs over shm: one rail 0.86x
-/// NIXL's UCX, two 1.35x, four 1.70x; nixlbench from 4 MiB 15-27 GB/s against one rail's
-/// 5-9). The price over `shm`: libfabric 1.17's `shm` corrupts its queues when a peer dies
-/// mid-transfer, and every rail is one more endpoint exposed to that (`dead_peer_over_shm`
-/// with four rails: the survivor crashed or spun in 5 of 16 runs, about 1 in 10 with one
-/// rail; a spinning worker no longer hangs the backend's drop). Where peers die
-/// mid-transfer, `num_rails=1` (`local_rails=1` for the shm plane beside a network
-/// provider) trades the bandwidth back. NIC providers (the NIC moves the data) get one.
+/// `tcp`, `sockets` and `udp` get one rail per two cores, at most eight (nixlbench over
+/// `tcp;ofi_rxm` on the 16-core GPU machine, two alternating rounds, eight rails against
+/// four: 256 KiB 7.4-7.9 GB/s vs 3.9-6.6, 1 MiB 12.2-19.8 vs 10.5-14.3, 4-32 MiB 19-23
+/// vs 10-14, 64 MiB 15.8-20.3 vs 9.6-10.4, where four fell below their 1 MiB figure).
+/// `shm` gets one per four cores, at most four (a Python loop of 64 x 64 KiB WRITEs: one
+/// rail 0.86x NIXL's UCX, two 1.35x, four 1.70x; nixlbench from 4 MiB 15-27 GB/s against
+/// one rail's 5-9), because of its price: libfabric 1.17's `shm` corrupts its queues
+/// when a peer dies mid-transfer, and every rail is one more endpoint exposed to that
+/// (`dead_peer_over_shm` with four rails: the survivor crashed or spun in 5 of 16 runs,
+/// about 1 in 10 with one rail; a spinning worker no longer hangs the backend's drop).
+/// Where peers die mid-transfer, `num_rails=1` (`local_rails=1` for the shm plane beside
+/// a network provider) trades the bandwidth back. NIC providers (the NIC moves the
+/// data) get one.
 fn default_rails(provider: &str, cores: usize) -> usize {
-    let cpu_copies = ["tcp", "sockets", "udp", "shm"]
-        .iter()
-        .any(|p| provider.split(';').next() == Some(*p));
-    if cpu_copies {
-        (cores / 4).clamp(1, 4)
-    } else {
-        1
+    match provider.split(';').next() {
+        Some("tcp" | "sockets" | "udp") => (cores / 2).clamp(1, 8),
+        Some("shm") => (cores / 4).clamp(1, 4),
+        _ => 1,
     }
 }
 

@@ -82,12 +82,14 @@ fn stripes_have_no_piece_under_the_floor() {
 }
 
 #[test]
-fn rails_default_to_one_per_four_cores_where_a_cpu_copies() {
+fn rails_default_to_one_per_two_or_four_cores_where_a_cpu_copies() {
     assert_eq!(default_rails("tcp;ofi_rxm", 2), 1);
     assert_eq!(default_rails("shm", 16), 4);
     assert_eq!(default_rails("shm", 2), 1);
-    assert_eq!(default_rails("tcp;ofi_rxm", 8), 2);
-    assert_eq!(default_rails("sockets", 64), 4);
+    assert_eq!(default_rails("tcp;ofi_rxm", 8), 4);
+    assert_eq!(default_rails("tcp;ofi_rxm", 16), 8);
+    assert_eq!(default_rails("shm", 64), 4);
+    assert_eq!(default_rails("sockets", 64), 8);
     assert_eq!(default_rails("efa", 64), 1);
     assert_eq!(default_rails("cxi", 16), 1);
 }
