@@ -6,7 +6,7 @@
 //! name with string parameters ([`crate::Agent::create_backend`]) or handed to the agent
 //! directly ([`crate::Agent::add_backend`]) for user-written transports.
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::mem::{Desc, MemKind, Region};
 use std::any::Any;
 use std::collections::HashMap;
@@ -85,6 +85,23 @@ pub struct XferEntry<'a> {
     pub remote_region: &'a Region,
     /// This backend's view of the peer's region.
     pub remote_md: &'a dyn RemoteMd,
+}
+
+impl<'a> XferEntry<'a> {
+    /// The entry's local and remote metadata as backend `backend`'s own types: metadata
+    /// of another backend (a caller's mix-up) is `InvalidParam`, not a panic.
+    pub fn metadata<L: Any, R: Any>(&self, backend: &str) -> Result<(&'a L, &'a R)> {
+        let local = self
+            .local_md
+            .as_any()
+            .downcast_ref::<L>()
+            .ok_or_else(|| Error::InvalidParam(format!("local metadata is not {backend}'s")))?;
+        let remote =
+            self.remote_md.as_any().downcast_ref::<R>().ok_or_else(|| {
+                Error::InvalidParam(format!("remote metadata is not {backend}'s"))
+            })?;
+        Ok((local, remote))
+    }
 }
 
 /// Per-post options (NIXL's `nixl_opt_b_args_t`): a backend-specific value such as a CUDA
@@ -362,4 +379,71 @@ pub struct XferTelemetry {
     /// Bytes of one post that go through host bounce buffers (staged VRAM) rather than
     /// directly; 0 when nothing is staged.
     pub staged_bytes: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug)]
+    struct MineLocal;
+    #[derive(Debug)]
+    struct MineRemote;
+    #[derive(Debug)]
+    struct OtherLocal;
+
+    impl LocalMd for MineLocal {
+        fn public_md(&self) -> Vec<u8> {
+            Vec::new()
+        }
+        fn as_any(&self) -> &dyn Any {
+            self
+        }
+    }
+    impl LocalMd for OtherLocal {
+        fn public_md(&self) -> Vec<u8> {
+            Vec::new()
+        }
+        fn as_any(&self) -> &dyn Any {
+            self
+        }
+    }
+    impl RemoteMd for MineRemote {
+        fn as_any(&self) -> &dyn Any {
+            self
+        }
+    }
+
+    #[test]
+    fn entry_metadata_of_another_backend_is_an_error() {
+        let region = Region {
+            kind: MemKind::Dram,
+            desc: Desc::new(0x1000, 64, 0),
+        };
+        let entry = |local_md: &'static dyn LocalMd| XferEntry {
+            local: region.desc,
+            local_region: &region,
+            local_md,
+            remote: region.desc,
+            remote_region: &region,
+            remote_md: &MineRemote,
+        };
+        assert!(entry(&MineLocal)
+            .metadata::<MineLocal, MineRemote>("MINE")
+            .is_ok());
+        let err = entry(&OtherLocal)
+            .metadata::<MineLocal, MineRemote>("MINE")
+            .unwrap_err();
+        assert!(
+            matches!(&err, Error::InvalidParam(m) if m == "local metadata is not MINE's"),
+            "{err}"
+        );
+        let err = entry(&MineLocal)
+            .metadata::<MineLocal, MineLocal>("MINE")
+            .unwrap_err();
+        assert!(
+            matches!(&err, Error::InvalidParam(m) if m == "remote metadata is not MINE's"),
+            "{err}"
+        );
+    }
 }

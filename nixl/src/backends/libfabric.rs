@@ -914,16 +914,7 @@ impl Backend for LibfabricBackend {
         // Entries with a staged side go through the staging pipeline.
         let mut staged: Vec<usize> = Vec::new();
         for (index, entry) in entries.iter().enumerate() {
-            let local = entry
-                .local_md
-                .as_any()
-                .downcast_ref::<FabricLocalMd>()
-                .ok_or_else(|| Error::InvalidParam("local metadata is not LIBFABRIC's".into()))?;
-            let remote = entry
-                .remote_md
-                .as_any()
-                .downcast_ref::<FabricRemoteMd>()
-                .ok_or_else(|| Error::InvalidParam("remote metadata is not LIBFABRIC's".into()))?;
+            let (local, remote) = entry.metadata::<FabricLocalMd, FabricRemoteMd>(NAME)?;
             if local.staged.is_some() || remote.staged_slot.is_some() {
                 staged.push(index);
                 continue;

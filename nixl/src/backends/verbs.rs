@@ -1123,16 +1123,7 @@ impl Backend for VerbsBackend {
         // Entries with a staged side go through the staging pipeline.
         let mut staged: Vec<usize> = Vec::new();
         for (index, entry) in entries.iter().enumerate() {
-            let local = entry
-                .local_md
-                .as_any()
-                .downcast_ref::<VerbsLocalMd>()
-                .ok_or_else(|| Error::InvalidParam("local metadata is not VERBS'".into()))?;
-            let remote = entry
-                .remote_md
-                .as_any()
-                .downcast_ref::<VerbsRemoteMd>()
-                .ok_or_else(|| Error::InvalidParam("remote metadata is not VERBS'".into()))?;
+            let (local, remote) = entry.metadata::<VerbsLocalMd, VerbsRemoteMd>(NAME)?;
             if last_md != Some(local as *const VerbsLocalMd) {
                 // Registrations are shared by many descriptors: keep each alive once.
                 mrs.extend(local.mrs.iter().cloned());

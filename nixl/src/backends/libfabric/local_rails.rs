@@ -505,16 +505,7 @@ impl Backend for Planes {
         let route = self.route(agent)?;
         let mut mapped = Vec::with_capacity(entries.len());
         for e in entries {
-            let local = e
-                .local_md
-                .as_any()
-                .downcast_ref::<PlanesLocalMd>()
-                .ok_or_else(|| Error::InvalidParam("local metadata is not LIBFABRIC's".into()))?;
-            let remote = e
-                .remote_md
-                .as_any()
-                .downcast_ref::<PlanesRemoteMd>()
-                .ok_or_else(|| Error::InvalidParam("remote metadata is not LIBFABRIC's".into()))?;
+            let (local, remote) = e.metadata::<PlanesLocalMd, PlanesRemoteMd>(NAME)?;
             let remote_md = remote.parts[route.part as usize]
                 .as_deref()
                 .ok_or_else(|| {

@@ -172,24 +172,12 @@ impl LibfabricBackend {
         staged: &[usize],
         peer: &Peer,
     ) -> Result<Plan<FabAddr>> {
-        fn mds<'e>(e: &'e XferEntry<'_>) -> (&'e FabricLocalMd, &'e FabricRemoteMd) {
-            (
-                e.local_md
-                    .as_any()
-                    .downcast_ref::<FabricLocalMd>()
-                    .expect("checked by prep_xfer"),
-                e.remote_md
-                    .as_any()
-                    .downcast_ref::<FabricRemoteMd>()
-                    .expect("checked by prep_xfer"),
-            )
-        }
         // (local side, remote staged, remote device) → entries, in first-seen order.
         type GroupKey = (Side, bool, u64);
         let mut groups: Vec<(GroupKey, u64, Vec<usize>)> = Vec::new();
         for &i in staged {
             let e = &entries[i];
-            let (local, remote) = mds(e);
+            let (local, remote) = e.metadata::<FabricLocalMd, FabricRemoteMd>(NAME)?;
             let side = match &local.staged {
                 Some(s) => Side::Staged(s.dev),
                 None => Side::Plain,
@@ -237,7 +225,7 @@ impl LibfabricBackend {
                     .iter()
                     .map(|p| {
                         let e = &entries[p.entry];
-                        let (local, remote) = mds(e);
+                        let (local, remote) = e.metadata::<FabricLocalMd, FabricRemoteMd>(NAME)?;
                         let local_net = if side == Side::Plain {
                             let mr = local.mrs[rail].remote();
                             let at = e.local.addr - e.local_region.desc.addr + p.offset;
@@ -252,15 +240,15 @@ impl LibfabricBackend {
                             let at = e.remote.addr - e.remote_region.desc.addr + p.offset;
                             (rm.address_at(at), rm.key)
                         };
-                        staging::Piece {
+                        Ok(staging::Piece {
                             local: e.local.addr + p.offset,
                             local_net,
                             remote: remote_at,
                             len: p.len,
                             slot_off: p.slot_off,
-                        }
+                        })
                     })
-                    .collect();
+                    .collect::<Result<Vec<_>>>()?;
                 chunks.push(staging::Chunk {
                     rail,
                     dest: FabAddr::Peer(peer.addrs.clone(), rail),

@@ -348,24 +348,12 @@ impl VerbsBackend {
         staged: &[usize],
         conn: &Arc<Outgoing>,
     ) -> Result<Plan<VerbsAddr>> {
-        fn mds<'e>(e: &'e XferEntry<'_>) -> (&'e VerbsLocalMd, &'e VerbsRemoteMd) {
-            (
-                e.local_md
-                    .as_any()
-                    .downcast_ref::<VerbsLocalMd>()
-                    .expect("checked by prep_xfer"),
-                e.remote_md
-                    .as_any()
-                    .downcast_ref::<VerbsRemoteMd>()
-                    .expect("checked by prep_xfer"),
-            )
-        }
         // (local side, remote staged, remote device) → entries, in first-seen order.
         type GroupKey = (Side, bool, u64);
         let mut groups: Vec<(GroupKey, u64, Vec<usize>)> = Vec::new();
         for &i in staged {
             let e = &entries[i];
-            let (local, remote) = mds(e);
+            let (local, remote) = e.metadata::<VerbsLocalMd, VerbsRemoteMd>(NAME)?;
             let side = match &local.staged {
                 Some(s) => Side::Staged(s.dev),
                 None => Side::Plain,
@@ -415,7 +403,7 @@ impl VerbsBackend {
                 let mut pieces = Vec::with_capacity(refs.len());
                 for p in &refs {
                     let e = &entries[p.entry];
-                    let (local, remote) = mds(e);
+                    let (local, remote) = e.metadata::<VerbsLocalMd, VerbsRemoteMd>(NAME)?;
                     // Memory is addressed remotely by its own address (the iova).
                     let local_net = match side {
                         Side::Plain => (e.local.addr + p.offset, u64::from(local.mrs[dev].rkey())),
