@@ -20,7 +20,7 @@ const PEER_LEN: usize = 32 << 20;
 const BLOCK: usize = 4096;
 const PEER_NAME: &str = "dying-peer";
 
-fn listening_agent(name: &str, provider: &str) -> Agent {
+fn listening_agent(name: &str, provider: &str, rails: Option<&str>) -> Agent {
     let config = AgentConfig {
         listen_addr: Some("127.0.0.1:0".parse().unwrap()),
         ..AgentConfig::default()
@@ -31,6 +31,10 @@ fn listening_agent(name: &str, provider: &str) -> Agent {
         DEFAULT => nixl::BackendParams::new(),
         _ => params([("provider", provider), ("local_provider", "none")]),
     };
+    let mut p = p;
+    if let Some(rails) = rails {
+        p.insert("num_rails".into(), rails.into());
+    }
     agent
         .create_backend("LIBFABRIC", &p)
         .unwrap_or_else(|e| panic!("LIBFABRIC on {provider}: {e}"));
@@ -51,7 +55,8 @@ fn dead_peer_main() {
     ) else {
         return;
     };
-    let peer = listening_agent(PEER_NAME, &provider);
+    let rails = std::env::var("NIXL_DEAD_PEER_RAILS").ok();
+    let peer = listening_agent(PEER_NAME, &provider, rails.as_deref());
     let buf = vec![0u8; PEER_LEN];
     // SAFETY: `buf` lives until the process ends.
     let _h = unsafe {
@@ -67,27 +72,43 @@ fn dead_peer_main() {
     }
 }
 
-fn spawn_peer(provider: &str, tag: &str) -> PeerProcess {
+fn spawn_peer(provider: &str, rails: Option<&str>, tag: &str) -> PeerProcess {
     let announce = announce_path("nixl-dead-peer", &format!("{provider}-{tag}"));
     let mut cmd = self_test("dead_peer_main", false);
     cmd.env("NIXL_DEAD_PEER", &announce)
         .env("NIXL_DEAD_PEER_PROVIDER", provider);
+    if let Some(rails) = rails {
+        cmd.env("NIXL_DEAD_PEER_RAILS", rails);
+    }
     PeerProcess::spawn(cmd, announce)
 }
 
 fn dead_peers_are_reported_fast(provider: &str, cases: &[&str]) {
+    dead_peers_are_reported_fast_on(provider, None, cases);
+}
+
+/// `rails`: `num_rails` on both sides (`None`: the provider's default for this machine).
+fn dead_peers_are_reported_fast_on(provider: &str, rails: Option<&str>, cases: &[&str]) {
     // One provider at a time: peers killed mid-transfer by concurrent tests of this
     // process crashed or hung the shm survivor (libfabric 1.17) in 2 of 6 runs.
     let _serial = common::serial();
-    let tag = provider.replace(';', "_");
-    let initiator = listening_agent(&format!("survivor-{tag}"), provider);
+    let tag = format!(
+        "{}-{}",
+        provider.replace(';', "_"),
+        rails.unwrap_or("default")
+    );
+    let initiator = listening_agent(&format!("survivor-{tag}"), provider, rails);
+    let label = match rails {
+        Some(r) => format!("{provider}, {r} rails"),
+        None => provider.to_string(),
+    };
     common::dead_peer_scenario(
         &initiator,
-        provider,
+        &label,
         PEER_NAME,
         PEER_LEN,
         BLOCK,
-        |tag| spawn_peer(provider, tag),
+        |tag| spawn_peer(provider, rails, tag),
         TIMEOUT,
         BOUND,
         cases,
@@ -113,14 +134,14 @@ fn dead_peer_over_sockets() {
 #[test]
 fn dead_peer_with_default_parameters_over_the_shm_rails() {
     let _serial = common::serial();
-    let initiator = listening_agent("survivor-default", DEFAULT);
+    let initiator = listening_agent("survivor-default", DEFAULT, None);
     common::dead_peer_scenario(
         &initiator,
         "default parameters",
         PEER_NAME,
         PEER_LEN,
         BLOCK,
-        |tag| spawn_peer(DEFAULT, tag),
+        |tag| spawn_peer(DEFAULT, None, tag),
         TIMEOUT,
         BOUND,
         &["idle", "frozen"],
@@ -137,14 +158,19 @@ fn dead_peer_over_shm() {
     dead_peers_are_reported_fast("shm", &["idle"]);
 }
 
-/// A shm peer killed while writes to it are in flight: the survivor sees
-/// `RemoteDisconnect` within the bound when libfabric survives it, but libfabric 1.17's
-/// shm crashes the survivor in `fi_writedata` or hangs it on the dead peer's lock in
-/// about a quarter of runs (measured: 9 of 12 whole-binary passes; 3/40 to 9/30 failures
-/// before this stop's worker changes) — a defect of the provider, kept out of the suite
-/// so it cannot turn CI red at random; run by hand with `--ignored`.
+/// A shm peer killed while writes to it are in flight, with this machine's default rail
+/// count and with four rails (the 16-core GPU machine's default): the survivor sees
+/// `RemoteDisconnect` within the bound. libfabric 1.17's shm crashed the survivor in
+/// `fi_writedata` or hung it on the dead peer's lock in about a quarter of runs at stop
+/// 16 (9 of 12 whole-binary passes), before the rail workers stopped touching a peer
+/// once it is known dead; at stop 21, 0 failures in 68 runs of this test (48 with one
+/// rail, 20 with four) and 30 whole-binary runs on the 2-core development machine. A peer
+/// killed while holding its shm region's spinlock can still wedge the rail worker that
+/// writes to it next (the module documentation's known limit): the error asserted here
+/// comes from the OS and the heartbeats either way, and the wedged rail's agent is not
+/// used again.
 #[test]
-#[ignore = "libfabric 1.17 shm crashes or hangs the survivor of a peer killed mid-transfer in ~25% of runs"]
 fn dead_peer_over_shm_mid_transfer() {
     dead_peers_are_reported_fast("shm", &["busy"]);
+    dead_peers_are_reported_fast_on("shm", Some("4"), &["busy"]);
 }

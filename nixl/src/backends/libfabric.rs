@@ -33,6 +33,19 @@
 //! every `heartbeat_ms` over a TCP connection of its own, and `heartbeat_misses`
 //! intervals of silence (0.5 s by default) fail its transfers with `RemoteDisconnect`.
 //!
+//! Known limit, from libfabric 1.17's `shm`: every operation to a peer takes a
+//! spinlock inside the peer's shared region, and the peer's own progress holds it while
+//! it reads its queue, so a peer killed in that instant leaves the lock taken for good;
+//! whoever writes to that peer next spins forever. The rail workers ask the OS and the
+//! heartbeats before every job (a peer known to be dead is never called into; before
+//! this, 3 of 30 runs of `dead_peer_with_default_parameters_over_the_shm_rails` wedged
+//! their rail this way and the next peer's transfer stalled for 30 s), but a peer that
+//! dies holding the lock while operations to it are being issued still wedges the rail
+//! worker issuing them: the transfers to that peer fail with `RemoteDisconnect` as
+//! above, while later transfers on that rail stall until the stall timeout, and the
+//! worker keeps a core busy. Where peers may die mid-transfer, `local_provider=none`
+//! (same-host peers over the network provider) avoids shm.
+//!
 //! Without a progress thread (`AgentConfig::progress_thread = false`) there are no
 //! workers: posting issues what it can, and the caller's `XferReq::status` and
 //! `Agent::get_notifs` drive the rails (a target must then poll `get_notifs` for
@@ -1006,15 +1019,20 @@ impl Backend for LibfabricBackend {
             agent: agent.to_string(),
             notif_dest: peer.addrs.addrs[0],
             peer: peer.addrs.clone(),
-            liveness: peer.liveness.clone(),
-            watch: peer.watch.clone(),
             error_held: None,
             death_seen: None,
             self_name: self.agent_name.clone(),
             sender_hash: self.sender_hash,
             next_seq: self.next_seq.clone(),
             total,
-            shared: Arc::new(XferShared::default()),
+            shared: Arc::new(XferShared {
+                peer: PeerHealth {
+                    agent: agent.to_string(),
+                    liveness: peer.liveness.clone(),
+                    watch: peer.watch.clone(),
+                },
+                ..XferShared::default()
+            }),
             progress: self.progress.clone(),
         }))
     }
@@ -1160,9 +1178,38 @@ struct XferShared {
     canceled: AtomicBool,
     /// Staged copies touching the caller's memory still running.
     user_copies: AtomicUsize,
+    /// The peer (its name, process and heartbeats): the rail workers ask before they
+    /// call into the provider for it, see [`XferShared::peer_alive`].
+    peer: PeerHealth,
+}
+
+/// What tells that a transfer's peer is gone: the OS (same host) and its heartbeats.
+#[derive(Debug, Default)]
+struct PeerHealth {
+    agent: String,
+    liveness: Option<Arc<Liveness>>,
+    watch: Option<Arc<PeerWatch>>,
 }
 
 impl XferShared {
+    /// `Err(RemoteDisconnect)` once the peer's process ended (same host) or its
+    /// heartbeats stopped. The rail workers ask before issuing a job's operations:
+    /// libfabric 1.17's `shm` takes the peer's region spinlock for every operation, and
+    /// a peer killed while holding it (its progress holds it while it reads its queue)
+    /// leaves whoever writes to it next spinning forever — a rail worker, and every
+    /// transfer queued behind it on that rail. Asking first keeps a peer known to be
+    /// dead from being called into at all; one that dies holding the lock just before
+    /// a call still wedges that rail (see the module documentation).
+    fn peer_alive(&self) -> Result<()> {
+        if let Some(watch) = &self.peer.watch {
+            watch.check(&self.peer.agent)?;
+        }
+        if let Some(liveness) = &self.peer.liveness {
+            liveness.check(&self.peer.agent)?;
+        }
+        Ok(())
+    }
+
     fn fail(&self, e: &fabric::Error) {
         self.fail_with(is_disconnect(e), e.errno().unwrap_or(0), e.to_string());
     }
@@ -1235,10 +1282,6 @@ struct FabricXfer {
     shared: Arc<XferShared>,
     /// Keeps the peer's addresses in the AVs while this transfer can post to them.
     peer: Arc<PeerAddrs>,
-    /// The peer's process, where the OS answers for it: its end fails the transfer.
-    liveness: Option<Arc<Liveness>>,
-    /// The peer's heartbeats: their end fails the transfer.
-    watch: Option<Arc<PeerWatch>>,
     /// Since when a provider error is held while the watches confirm the peer's death.
     error_held: Option<Instant>,
     /// Since when the watches report the peer dead while operations are still pending.
@@ -1250,13 +1293,7 @@ impl FabricXfer {
     /// `Err(RemoteDisconnect)` once the peer's process ended (same host) or its
     /// heartbeats stopped (any host).
     fn peer_alive(&self) -> Result<()> {
-        if let Some(watch) = &self.watch {
-            watch.check(&self.agent)?;
-        }
-        if let Some(liveness) = &self.liveness {
-            liveness.check(&self.agent)?;
-        }
-        Ok(())
+        self.shared.peer_alive()
     }
 }
 
@@ -1335,7 +1372,9 @@ impl BackendXfer for FabricXfer {
         if let Some((disconnect, code, text)) =
             self.shared.failed.lock().expect("failed lock").clone()
         {
-            if !disconnect && (self.watch.is_some() || self.liveness.is_some()) {
+            if !disconnect
+                && (self.shared.peer.watch.is_some() || self.shared.peer.liveness.is_some())
+            {
                 // Providers report some deaths as plain errors (`sockets` fails the
                 // operations of a lost connection with FI_EIO): a dead peer's is typed
                 // as its death, which the watches confirm within a short grace.

@@ -253,6 +253,14 @@ impl Worker {
                 continue;
             };
             let shared = active.job.shared.clone();
+            let work_left = active.next < active.job.ops.len() || active.job.notif.is_some();
+            if work_left {
+                // Never call into the provider for a peer known to be gone (see
+                // `XferShared::peer_alive`: over shm such a call can spin forever).
+                if let Err(crate::Error::RemoteDisconnect { reason, .. }) = shared.peer_alive() {
+                    shared.fail_with(true, 0, reason);
+                }
+            }
             if shared.canceled.load(Ordering::Relaxed)
                 || shared.failed.lock().expect("failed lock").is_some()
             {
