@@ -42,9 +42,11 @@
 //! their rail this way and the next peer's transfer stalled for 30 s), but a peer that
 //! dies holding the lock while operations to it are being issued still wedges the rail
 //! worker issuing them: the transfers to that peer fail with `RemoteDisconnect` as
-//! above, while later transfers on that rail stall until the stall timeout, and the
-//! worker keeps a core busy. Where peers may die mid-transfer, `local_provider=none`
-//! (same-host peers over the network provider) avoids shm.
+//! above, later transfers on that rail fail with a typed `Backend` error naming the
+//! wedged rail once its round has lasted 5 s (`WEDGED_AFTER`; rather than at the stall
+//! timeout), and the stuck thread keeps a core busy until the process ends: create the
+//! backend anew. Where peers may die mid-transfer, `local_provider=none` (same-host
+//! peers over the network provider) avoids shm.
 //!
 //! Without a progress thread (`AgentConfig::progress_thread = false`) there are no
 //! workers: posting issues what it can, and the caller's `XferReq::status` and
@@ -162,7 +164,7 @@ use stage_net::{failure_of, FabAddr, FabricSink, Stager};
 use std::any::Any;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use vram::choose_info;
@@ -236,9 +238,46 @@ struct Rail {
     max_msg: usize,
     /// Departed peers stay in the AV (`shm`: see [`Rail::forget`]).
     keeps_departed: bool,
+    /// When the round of progress now running on this rail began ([`round_clock_ns`];
+    /// 0: none running): a round that never ends is a thread stuck inside the provider
+    /// (the module documentation's known limit), see [`Rail::wedged_for`].
+    round_since: AtomicU64,
+}
+
+/// How long one round of a rail's progress may run before the rail counts as wedged.
+/// Rounds take microseconds (provider calls never block); this only bounds how soon
+/// transfers behind a wedged rail fail instead of waiting for the stall timeout, with
+/// room for a thread descheduled on a loaded machine.
+const WEDGED_AFTER: Duration = Duration::from_secs(5);
+
+/// Monotonic nanoseconds from an epoch an hour before this process first asked, so
+/// never 0 (a rail's "no round running").
+fn round_clock_ns() -> u64 {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    let epoch = EPOCH.get_or_init(|| {
+        let now = Instant::now();
+        now.checked_sub(Duration::from_secs(3600)).unwrap_or(now)
+    });
+    (epoch.elapsed().as_nanos() as u64).max(1)
 }
 
 impl Rail {
+    /// A round of progress begins (`true`) or ends (`false`).
+    fn in_round(&self, running: bool) {
+        let stamp = if running { round_clock_ns() } else { 0 };
+        self.round_since.store(stamp, Ordering::Relaxed);
+    }
+
+    /// How long the running round has lasted, once it is past [`WEDGED_AFTER`].
+    fn wedged_for(&self) -> Option<Duration> {
+        let since = self.round_since.load(Ordering::Relaxed);
+        if since == 0 {
+            return None;
+        }
+        let lasted = Duration::from_nanos(round_clock_ns().saturating_sub(since));
+        (lasted > WEDGED_AFTER).then_some(lasted)
+    }
+
     /// Removes a departed peer's address from the AV — except on `shm`, where libfabric
     /// 1.17 hands the slot to the next peer inserted and that peer's rail worker then
     /// crashes in `fi_cq_read` (an agent invalidated and another loaded after it, e.g.
@@ -683,6 +722,7 @@ fn open_rail(info: &Info) -> Result<Rail> {
         inject_size: info.inject_size(),
         max_msg: info.max_msg_size().max(4096),
         keeps_departed: info.provider_name() == local_rails::LOCAL_PROVIDER,
+        round_since: AtomicU64::new(0),
 
         _fabric: fabric,
         domain,
@@ -1295,6 +1335,30 @@ impl FabricXfer {
     fn peer_alive(&self) -> Result<()> {
         self.shared.peer_alive()
     }
+
+    /// `Err` once a rail this transfer uses has been stuck inside the provider for
+    /// [`WEDGED_AFTER`]: its operations will never be issued or completed, so the
+    /// transfer fails now rather than at the stall timeout.
+    fn rails_not_wedged(&self) -> Result<()> {
+        for (r, ops) in self.rail_ops.iter().enumerate() {
+            if ops.is_empty() && !(r == 0 && self.shared.notif_pending.load(Ordering::Relaxed)) {
+                continue;
+            }
+            if let Some(lasted) = self.rails[r].wedged_for() {
+                return Err(Error::Backend {
+                    backend: NAME.into(),
+                    code: 0,
+                    message: format!(
+                        "transfer to `{}`: rail {r} has been inside one provider call for \
+                         {lasted:?} and is wedged (over shm: a peer that died holding its \
+                         region's lock); create the backend anew",
+                        self.agent
+                    ),
+                });
+            }
+        }
+        Ok(())
+    }
 }
 
 impl BackendXfer for FabricXfer {
@@ -1403,6 +1467,7 @@ impl BackendXfer for FabricXfer {
         let done = self.shared.pending.load(Ordering::Acquire) == 0
             && !self.shared.notif_pending.load(Ordering::Acquire);
         if !done {
+            self.rails_not_wedged()?;
             // A provider that never reports a dead peer (shm) would leave only the stall
             // timeout: the OS tells sooner. A peer may also leave right after our last
             // operation reached it (a target that exits once it has the notification,

@@ -246,3 +246,74 @@ fn a_busy_live_peer_is_not_declared_dead() {
     drop(req);
     assert!(dst.iter().all(|&b| b == 3));
 }
+
+/// A rail whose worker is stuck inside the provider (simulated: its worker's lock held
+/// and its round stamped 6 s ago, as a worker spinning on a dead shm peer's region lock
+/// looks) fails the transfers that use it with a typed error, not at the 30 s stall
+/// timeout; once the rail moves again, so do transfers.
+#[test]
+fn a_wedged_rail_fails_its_transfers_typed() {
+    use crate::{params, Desc, DescList, XferOp};
+    let p = params([("provider", "tcp;ofi_rxm"), ("num_rails", "1")]);
+    let initiator = Agent::new("wedge-init", crate::AgentConfig::default()).unwrap();
+    // The one-plane backend itself (no shm plane beside it), to reach its rail.
+    let backend = Arc::new(open(&initiator, &p).unwrap());
+    initiator.add_backend(backend.clone()).unwrap();
+    let target = Agent::new("wedge-tgt", crate::AgentConfig::default()).unwrap();
+    target
+        .add_backend(Arc::new(open(&target, &p).unwrap()))
+        .unwrap();
+    let len = 1 << 20;
+    let src = vec![5u8; len];
+    let mut dst = vec![0u8; len];
+    let dst_p = dst.as_mut_ptr() as u64;
+    let one = |p: u64| DescList::from_descs(MemKind::Dram, [Desc::new(p, len as u64, 0)]);
+    // SAFETY: both buffers outlive the registrations and the request.
+    let _hi = unsafe { initiator.register_mem(&one(src.as_ptr() as u64), None) }.unwrap();
+    // SAFETY: as above.
+    let _ht = unsafe { target.register_mem(&one(dst_p), None) }.unwrap();
+    let name = initiator
+        .load_remote_metadata(&target.local_metadata().unwrap())
+        .unwrap();
+    let mut req = initiator
+        .create_xfer_req(
+            XferOp::Write,
+            &one(src.as_ptr() as u64),
+            &one(dst_p),
+            &name,
+            None,
+        )
+        .unwrap();
+    req.post().unwrap();
+    req.wait(Duration::from_secs(10)).unwrap();
+    assert!(backend.rails[0].wedged_for().is_none());
+    {
+        let _stuck = backend.progress.workers[0].lock().unwrap();
+        backend.rails[0]
+            .round_since
+            .store(round_clock_ns() - 6_000_000_000, Ordering::Relaxed);
+        let since = Instant::now();
+        req.post().unwrap();
+        let err = req.wait(Duration::from_secs(10)).unwrap_err();
+        println!("wedged rail: {:?} -> {err}", since.elapsed());
+        assert!(
+            matches!(&err, Error::Backend { message, .. } if message.contains("wedged")),
+            "{err:?}"
+        );
+        assert!(since.elapsed() < Duration::from_secs(5));
+    }
+    backend.rails[0].in_round(false);
+    let mut req = initiator
+        .create_xfer_req(
+            XferOp::Write,
+            &one(src.as_ptr() as u64),
+            &one(dst_p),
+            &name,
+            None,
+        )
+        .unwrap();
+    req.post().unwrap();
+    req.wait(Duration::from_secs(10)).unwrap();
+    drop(req);
+    assert!(dst.iter().all(|&b| b == 5));
+}

@@ -182,6 +182,13 @@ impl Worker {
     /// One round: take new jobs, issue what the window allows, read completions.
     /// Returns whether anything happened.
     fn step(&mut self) -> bool {
+        self.rail.in_round(true);
+        let busy = self.round();
+        self.rail.in_round(false);
+        busy
+    }
+
+    fn round(&mut self) -> bool {
         let mut completions = std::mem::take(&mut self.completions);
         let mut busy = self.accept_jobs();
         busy |= self.issue();
