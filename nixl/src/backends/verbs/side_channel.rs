@@ -2,8 +2,9 @@
 //! and target side), and the thread that accepts handshakes, watches every peer's
 //! socket for EOF (a dead peer process) and for heartbeats (a vanished host), and sends
 //! heartbeats to the peers that connected to this agent. The thread moves no data and
-//! never waits for a peer (each handshake it accepts is served on a thread of its own),
-//! so a busy agent still beats in time.
+//! never waits for a peer (each handshake it accepts is served on a thread of its own)
+//! nor for a rail (a closed incoming connection is retired by the rails' rounds:
+//! `Common::close_incoming`), so a busy agent still beats in time.
 
 use super::wire::{
     decode_hello, decode_reply, encode_hello, encode_reply, encode_reply_error, read_frame,
@@ -198,7 +199,7 @@ pub(super) fn side_channel_thread(listener: TcpListener, common: Arc<Common>) {
             let gone = drain(&conn.stream) == Heard::Closed
                 || (pacer.due(now) && !send_beat(&conn.stream));
             if gone {
-                common.remove_incoming(conn.id);
+                common.close_incoming(conn.id);
             }
         }
         wait_readable(&listener, &common);
@@ -298,7 +299,7 @@ fn serve_handshake(common: &Arc<Common>, mut stream: TcpStream) -> Result<()> {
         .insert(id, conn.clone());
     let reply = encode_reply(id, common.heartbeat.wire_ms(), &answers);
     if let Err(e) = write_frame(&mut stream, &reply).and_then(|()| stream.set_nonblocking(true)) {
-        common.remove_incoming(id);
+        common.close_incoming(id);
         return Err(e.into());
     }
     // Only now may the side-channel thread read and write the socket (non-blocking,
