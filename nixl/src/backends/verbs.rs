@@ -935,6 +935,29 @@ impl VerbsBackend {
         self.common.devices.iter().map(|d| d.name.clone()).collect()
     }
 
+    /// Test hook, not an API: holds rail `rail`'s lock for `hold` on a thread of its own
+    /// (as a rail worker descheduled mid-round on a loaded host does); returns once the
+    /// lock is held. Panics on an unknown rail.
+    #[doc(hidden)]
+    pub fn test_hold_rail_lock(&self, rail: usize, hold: Duration) -> JoinHandle<()> {
+        let rail = self.common.rails[rail].clone();
+        let (held, is_held) = std::sync::mpsc::channel();
+        let thread = std::thread::spawn(move || {
+            let _state = rail.state.lock().expect("rail lock");
+            let _ = held.send(());
+            std::thread::sleep(hold);
+        });
+        let _ = is_held.recv();
+        thread
+    }
+
+    /// Test hook, not an API: incoming connections closed and not yet retired by the
+    /// rails.
+    #[doc(hidden)]
+    pub fn test_closing_connections(&self) -> usize {
+        self.common.closing_len.load(Ordering::SeqCst)
+    }
+
     fn outgoing(&self, agent: &str) -> Result<Arc<Outgoing>> {
         let conn = self
             .common
