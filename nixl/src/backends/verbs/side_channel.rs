@@ -21,7 +21,11 @@ use std::net::{TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
+
+/// How soon the side-channel thread tries again to tell the staging engine of a dead
+/// connection when the engine was busy.
+const STAGING_RETRY: Duration = Duration::from_millis(10);
 
 impl VerbsBackend {
     /// Opens connection `peer` (one QP per local rail) through the peer's side channel.
@@ -159,6 +163,8 @@ pub(super) fn side_channel_thread(listener: TcpListener, common: Arc<Common>) {
             })
             .collect();
         let now = Instant::now();
+        // A dead connection the staging engine could not be told of yet (busy).
+        let mut untold = false;
         for (conn, heard) in outgoing.iter().zip(heard) {
             if !conn.is_dead() {
                 let mut beat = conn.beat.lock().expect("beat lock");
@@ -177,9 +183,11 @@ pub(super) fn side_channel_thread(listener: TcpListener, common: Arc<Common>) {
                 }
             }
             // However it died (here, or a failed work request): staged requests waiting
-            // for the peer fail, and the slots it could have written come back.
+            // for the peer fail, and the slots it could have written come back. Not
+            // waiting for the engine, which a rail worker may hold long: a later pass
+            // tells it.
             if let Some(reason) = conn.dead_reason() {
-                common.stager.peer_gone(conn, &reason);
+                untold |= !common.stager.try_peer_gone(conn, &reason);
             }
         }
         let incoming: Vec<Arc<Incoming>> = common
@@ -202,14 +210,16 @@ pub(super) fn side_channel_thread(listener: TcpListener, common: Arc<Common>) {
                 common.close_incoming(conn.id);
             }
         }
-        wait_readable(&listener, &common);
+        wait_readable(&listener, &common, untold);
     }
 }
 
 /// Blocks until the listener or a watched side-channel socket is readable (a new
 /// handshake, a heartbeat or a peer's EOF), the wake eventfd is (a new connection, the
-/// stop), a heartbeat is due or a peer's is overdue, or `MONITOR_PERIOD` passed.
-fn wait_readable(listener: &TcpListener, common: &Common) {
+/// stop), a heartbeat is due or a peer's is overdue, or `MONITOR_PERIOD` passed
+/// (`STAGING_RETRY` when `retry`: a dead connection is still to be told to the staging
+/// engine).
+fn wait_readable(listener: &TcpListener, common: &Common, retry: bool) {
     let mut fds = vec![
         pollfd_in(common.monitor_wake.as_raw_fd()),
         pollfd_in(listener.as_raw_fd()),
@@ -227,7 +237,8 @@ fn wait_readable(listener: &TcpListener, common: &Common) {
             times.extend(pacer.next());
         }
     }
-    let timeout = poll_timeout(Instant::now(), times.into_iter(), MONITOR_PERIOD);
+    let cap = if retry { STAGING_RETRY } else { MONITOR_PERIOD };
+    let timeout = poll_timeout(Instant::now(), times.into_iter(), cap);
     // SAFETY: `fds` is a live array of pollfds; the sockets stay open during the call
     // (a connection closed meanwhile only makes its slot report an error or nothing).
     let ready = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout) };
