@@ -10,7 +10,9 @@ use common::{
     announce, announce_agent, announce_path, dram, listening, pattern, rdma_device as device,
     self_test, serial, wait_file, wait_notif, PeerProcess, TIMEOUT,
 };
-use nixl::{params, Agent, AgentConfig, Desc, DescList, Error, MemKind, XferOp, XferReq};
+use nixl::backends::verbs::VerbsBackend;
+use nixl::{params, Agent, AgentConfig, Backend, Desc, DescList, Error, MemKind, XferOp, XferReq};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 fn agent(name: &str, device: &str, rails: usize) -> Agent {
@@ -302,6 +304,76 @@ fn a_notification_survives_its_sender_leaving_at_once() {
                 Some(&vec![b"bye".to_vec()]),
                 "progress thread {progress_thread}, round {round}: {got:?}"
             );
+        }
+    }
+}
+
+/// The side-channel thread never waits for a rail: while one of the target's rails is
+/// held (as by a rail worker descheduled mid-round on a loaded host) for several
+/// heartbeat timeouts, an initiator leaves and the target closes its connection, and
+/// the target's heartbeats to the initiator that stays still go out on time: no false
+/// `RemoteDisconnect`. The closed connection is retired once the rail is free (by the
+/// rail workers, or without them by the next poll).
+#[test]
+fn heartbeats_go_out_while_a_rail_is_held_and_an_initiator_leaves() {
+    let Some(dev) = device() else { return };
+    let _s = serial();
+    // The default heartbeats: 100 ms, a peer declared dead after 500 ms without one.
+    let hold = Duration::from_millis(2000);
+    for progress_thread in [true, false] {
+        let config = AgentConfig {
+            progress_thread,
+            ..AgentConfig::default()
+        };
+        let t = format!("held-t-{progress_thread}");
+        let target = Agent::new(&t, config.clone()).unwrap();
+        let verbs = Arc::new(
+            VerbsBackend::open(
+                &target,
+                &params([("device", dev.as_str()), ("num_rails", "2")]),
+            )
+            .unwrap(),
+        );
+        target
+            .add_backend(verbs.clone() as Arc<dyn Backend>)
+            .unwrap();
+        let md = target.local_metadata().unwrap();
+        let stays = agent_with(
+            &format!("held-stays-{progress_thread}"),
+            &dev,
+            1,
+            config.clone(),
+        );
+        let leaves = agent_with(&format!("held-leaves-{progress_thread}"), &dev, 1, config);
+        stays.load_remote_metadata(&md).unwrap();
+        leaves.load_remote_metadata(&md).unwrap();
+        let held = verbs.test_hold_rail_lock(1, hold);
+        let since = Instant::now();
+        drop(leaves);
+        // The target's side channel sees the EOF and closes the connection; rail 1,
+        // held, cannot retire it yet.
+        while verbs.test_closing_connections() == 0 {
+            assert!(
+                since.elapsed() < hold / 2,
+                "progress thread {progress_thread}: the closed connection was not seen"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        held.join().unwrap();
+        assert!(since.elapsed() >= hold / 2);
+        // Beaten throughout: still connected.
+        stays
+            .gen_notif(&t, b"still here")
+            .unwrap_or_else(|e| panic!("progress thread {progress_thread}: {e}"));
+        assert_eq!(wait_notif(&target, stays.name()), b"still here");
+        let deadline = Instant::now() + TIMEOUT;
+        while verbs.test_closing_connections() != 0 {
+            assert!(
+                Instant::now() < deadline,
+                "progress thread {progress_thread}: the closed connection was never retired"
+            );
+            target.get_notifs();
+            std::thread::sleep(Duration::from_millis(5));
         }
     }
 }

@@ -136,7 +136,7 @@ mod xfer;
 mod tests;
 
 use super::heartbeat::{Beat, HeartbeatConfig, Pacer};
-use super::shared::{random_u64, NotifTracker, WakeFd};
+use super::shared::{lock, random_u64, NotifTracker, WakeFd};
 use crate::agent::Agent;
 use crate::backend::{
     Backend, BackendParams, BackendXfer, Capabilities, LocalMd, NotifWaker, RemoteMd, XferEntry,
@@ -380,6 +380,12 @@ struct Common {
     /// (local rail, QPN) of an incoming QP → (incoming connection id, peer name).
     incoming_qpn: RwLock<HashMap<(usize, u32), IncomingRef>>,
     next_incoming: AtomicU64,
+    /// Incoming connections whose peer left, until the rails retire them (`Closing`).
+    closing: Mutex<Vec<Closing>>,
+    /// The last ticket handed to a connection put on `closing`.
+    closing_ticket: AtomicU64,
+    /// Connections on `closing`: a rail's round looks at the list only when it is not 0.
+    closing_len: AtomicUsize,
     stop: AtomicBool,
     /// How often this side sends heartbeats, and how many of a peer's it may miss.
     heartbeat: HeartbeatConfig,
@@ -404,39 +410,110 @@ impl Common {
             .any(|c| c.qps.get(rail).is_some_and(|qp| qp.qp_num() == qpn))
     }
 
-    /// Forgets an incoming connection (its peer closed the side channel, or the
-    /// handshake failed). Its QPs go to the error state first, so nothing more lands on
-    /// them; then every rail's completions are read while the connection is still known,
-    /// and only then is it unmapped. A peer that sends a notification and leaves at once
-    /// saw the send complete, so the receive is in our completion queue, but its
-    /// side channel's EOF may wake this thread before the rail worker reads it: unmapped
-    /// first, it was dropped as coming from an unknown QP (nixlbench's target then waited
-    /// for a DONE that its initiator had delivered).
-    fn remove_incoming(&self, id: u64) {
+    /// Closes an incoming connection (its peer closed the side channel, a heartbeat could
+    /// not be sent, or the handshake failed) without waiting for any rail: the
+    /// side-channel thread calls this, and its heartbeats to other peers must not go out
+    /// late behind a rail's lock (a rail worker may hold it long on a loaded host). The
+    /// connection is no longer watched nor beaten, its QPs go to ERR, and it waits on
+    /// `closing` until the rails retire it (`rail_drained`).
+    fn close_incoming(&self, id: u64) {
         let Some(conn) = self.incoming.write().expect("incoming lock").remove(&id) else {
             return;
         };
         for (_, qp) in &conn.qps {
-            // Staging operations serving the peer may still hold the QP: flush them.
+            // Nothing more lands on them; staging operations serving the peer that may
+            // still hold a QP are flushed.
             if let Err(e) = qp.to_error() {
                 tracing::debug!(error = %e, "moving an incoming QP to ERR failed");
             }
         }
-        for rail in &self.rails {
-            rail.state
-                .lock()
-                .expect("rail lock")
-                .round(rail, self, usize::MAX);
-        }
+        // The peer is done with the socket: close our half now, not at retirement.
+        let _ = conn.stream.shutdown(std::net::Shutdown::Both);
         {
-            let mut by_qpn = self.incoming_qpn.write().expect("qpn lock");
-            for (rail, qp) in &conn.qps {
-                by_qpn.remove(&(*rail, qp.qp_num()));
-            }
+            let mut closing = lock(&self.closing);
+            let ticket = self.closing_ticket.fetch_add(1, Ordering::SeqCst) + 1;
+            closing.push(Closing {
+                conn,
+                ticket,
+                drained: 0,
+            });
+            self.closing_len.store(closing.len(), Ordering::SeqCst);
         }
-        self.notifs.forget(|(conn_id, _)| *conn_id == id);
-        tracing::debug!(peer = %conn.peer, "VERBS incoming connection closed");
+        // Sleeping workers retire it at once (without progress threads: the next poll).
+        for rail in &self.rails {
+            rail.nudge();
+        }
     }
+
+    /// The ticket a rail reads before it polls its CQ: `Some` while connections are
+    /// closing (one load when none is).
+    fn closing_ticket(&self) -> Option<u64> {
+        (self.closing_len.load(Ordering::SeqCst) != 0)
+            .then(|| self.closing_ticket.load(Ordering::SeqCst))
+    }
+
+    /// Rail `rail` read its CQ empty in a poll that began after it read `ticket`
+    /// (`closing_ticket`): the closing connections up to that ticket are drained on it.
+    /// Once every rail drained one, the last unmaps it and forgets its half-assembled
+    /// notifications.
+    ///
+    /// Why no notification is lost: a peer that sends a notification and leaves at once
+    /// saw the send complete, i.e. our responder had completed the receive into our CQ
+    /// and acknowledged it before the peer closed its socket, before the side channel
+    /// read the EOF and handed out the ticket. Every poll from then on sees that receive,
+    /// in CQ order, until the CQ reads empty; so once each rail emptied its CQ after the
+    /// ticket, every receive (or immediate) of the connection, on any rail, was read
+    /// while it was still mapped, and its QPs, in ERR, take no more (unmapped first,
+    /// such a receive was dropped as coming from an unknown QP: nixlbench's target waited
+    /// for a DONE its initiator had delivered).
+    fn rail_drained(&self, rail: usize, ticket: u64) {
+        let all = (1u32 << self.rails.len()) - 1;
+        let retired: Vec<Closing> = {
+            let mut closing = lock(&self.closing);
+            for c in closing.iter_mut().filter(|c| c.ticket <= ticket) {
+                c.drained |= 1 << rail;
+            }
+            let (retired, left) = std::mem::take(&mut *closing)
+                .into_iter()
+                .partition(|c| c.drained == all);
+            *closing = left;
+            self.closing_len.store(closing.len(), Ordering::SeqCst);
+            retired
+        };
+        for c in retired {
+            self.unmap_incoming(&c.conn);
+            self.notifs.forget(|(conn_id, _)| *conn_id == c.conn.id);
+            tracing::debug!(peer = %c.conn.peer, "VERBS incoming connection closed");
+        }
+    }
+
+    /// Forgets which connection `conn`'s QPs belong to.
+    fn unmap_incoming(&self, conn: &Incoming) {
+        let mut by_qpn = lock_write(&self.incoming_qpn);
+        for (rail, qp) in &conn.qps {
+            by_qpn.remove(&(*rail, qp.qp_num()));
+        }
+    }
+}
+
+/// An incoming connection whose peer left, on `Common::closing`: its QPs are in ERR,
+/// and it stays mapped in `incoming_qpn` until every rail read its CQ empty after it
+/// came (see `Common::rail_drained`).
+#[derive(Debug)]
+struct Closing {
+    conn: Arc<Incoming>,
+    /// From `Common::closing_ticket`, taken once its QPs were in ERR.
+    ticket: u64,
+    /// Bit r: rail r read its CQ empty since.
+    drained: u32,
+}
+
+// `Closing::drained` has a bit per rail.
+const _: () = assert!(MAX_RAILS <= 32);
+
+/// Write-locks `m`, taking over its data if a holder panicked (`Drop` must not panic).
+fn lock_write<T>(m: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    m.write().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// The VERBS backend.
@@ -726,6 +803,9 @@ fn open(agent: &Agent, params: &BackendParams) -> Result<VerbsBackend> {
         incoming: RwLock::default(),
         incoming_qpn: RwLock::default(),
         next_incoming: AtomicU64::new(1),
+        closing: Mutex::default(),
+        closing_ticket: AtomicU64::new(0),
+        closing_len: AtomicUsize::new(0),
         stop: AtomicBool::new(false),
         heartbeat,
         monitor_wake,
@@ -855,6 +935,29 @@ impl VerbsBackend {
         self.common.devices.iter().map(|d| d.name.clone()).collect()
     }
 
+    /// Test hook, not an API: holds rail `rail`'s lock for `hold` on a thread of its own
+    /// (as a rail worker descheduled mid-round on a loaded host does); returns once the
+    /// lock is held. Panics on an unknown rail.
+    #[doc(hidden)]
+    pub fn test_hold_rail_lock(&self, rail: usize, hold: Duration) -> JoinHandle<()> {
+        let rail = self.common.rails[rail].clone();
+        let (held, is_held) = std::sync::mpsc::channel();
+        let thread = std::thread::spawn(move || {
+            let _state = rail.state.lock().expect("rail lock");
+            let _ = held.send(());
+            std::thread::sleep(hold);
+        });
+        let _ = is_held.recv();
+        thread
+    }
+
+    /// Test hook, not an API: incoming connections closed and not yet retired by the
+    /// rails.
+    #[doc(hidden)]
+    pub fn test_closing_connections(&self) -> usize {
+        self.common.closing_len.load(Ordering::SeqCst)
+    }
+
     fn outgoing(&self, agent: &str) -> Result<Arc<Outgoing>> {
         let conn = self
             .common
@@ -908,6 +1011,13 @@ impl Drop for VerbsBackend {
             if thread.thread().id() != std::thread::current().id() {
                 let _ = thread.join();
             }
+        }
+        // Connections still closing (without progress threads, no poll came since they
+        // closed) are retired here: nothing reads notifications any more.
+        let closing = std::mem::take(&mut *lock(&self.common.closing));
+        self.common.closing_len.store(0, Ordering::SeqCst);
+        for c in &closing {
+            self.common.unmap_incoming(&c.conn);
         }
     }
 }

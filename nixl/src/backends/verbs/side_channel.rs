@@ -2,8 +2,9 @@
 //! and target side), and the thread that accepts handshakes, watches every peer's
 //! socket for EOF (a dead peer process) and for heartbeats (a vanished host), and sends
 //! heartbeats to the peers that connected to this agent. The thread moves no data and
-//! never waits for a peer (each handshake it accepts is served on a thread of its own),
-//! so a busy agent still beats in time.
+//! never waits for a peer (each handshake it accepts is served on a thread of its own)
+//! nor for a rail (a closed incoming connection is retired by the rails' rounds:
+//! `Common::close_incoming`), so a busy agent still beats in time.
 
 use super::wire::{
     decode_hello, decode_reply, encode_hello, encode_reply, encode_reply_error, read_frame,
@@ -20,7 +21,11 @@ use std::net::{TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
+
+/// How soon the side-channel thread tries again to tell the staging engine of a dead
+/// connection when the engine was busy.
+const STAGING_RETRY: Duration = Duration::from_millis(10);
 
 impl VerbsBackend {
     /// Opens connection `peer` (one QP per local rail) through the peer's side channel.
@@ -158,6 +163,8 @@ pub(super) fn side_channel_thread(listener: TcpListener, common: Arc<Common>) {
             })
             .collect();
         let now = Instant::now();
+        // A dead connection the staging engine could not be told of yet (busy).
+        let mut untold = false;
         for (conn, heard) in outgoing.iter().zip(heard) {
             if !conn.is_dead() {
                 let mut beat = conn.beat.lock().expect("beat lock");
@@ -176,9 +183,11 @@ pub(super) fn side_channel_thread(listener: TcpListener, common: Arc<Common>) {
                 }
             }
             // However it died (here, or a failed work request): staged requests waiting
-            // for the peer fail, and the slots it could have written come back.
+            // for the peer fail, and the slots it could have written come back. Not
+            // waiting for the engine, which a rail worker may hold long: a later pass
+            // tells it.
             if let Some(reason) = conn.dead_reason() {
-                common.stager.peer_gone(conn, &reason);
+                untold |= !common.stager.try_peer_gone(conn, &reason);
             }
         }
         let incoming: Vec<Arc<Incoming>> = common
@@ -198,17 +207,19 @@ pub(super) fn side_channel_thread(listener: TcpListener, common: Arc<Common>) {
             let gone = drain(&conn.stream) == Heard::Closed
                 || (pacer.due(now) && !send_beat(&conn.stream));
             if gone {
-                common.remove_incoming(conn.id);
+                common.close_incoming(conn.id);
             }
         }
-        wait_readable(&listener, &common);
+        wait_readable(&listener, &common, untold);
     }
 }
 
 /// Blocks until the listener or a watched side-channel socket is readable (a new
 /// handshake, a heartbeat or a peer's EOF), the wake eventfd is (a new connection, the
-/// stop), a heartbeat is due or a peer's is overdue, or `MONITOR_PERIOD` passed.
-fn wait_readable(listener: &TcpListener, common: &Common) {
+/// stop), a heartbeat is due or a peer's is overdue, or `MONITOR_PERIOD` passed
+/// (`STAGING_RETRY` when `retry`: a dead connection is still to be told to the staging
+/// engine).
+fn wait_readable(listener: &TcpListener, common: &Common, retry: bool) {
     let mut fds = vec![
         pollfd_in(common.monitor_wake.as_raw_fd()),
         pollfd_in(listener.as_raw_fd()),
@@ -226,7 +237,8 @@ fn wait_readable(listener: &TcpListener, common: &Common) {
             times.extend(pacer.next());
         }
     }
-    let timeout = poll_timeout(Instant::now(), times.into_iter(), MONITOR_PERIOD);
+    let cap = if retry { STAGING_RETRY } else { MONITOR_PERIOD };
+    let timeout = poll_timeout(Instant::now(), times.into_iter(), cap);
     // SAFETY: `fds` is a live array of pollfds; the sockets stay open during the call
     // (a connection closed meanwhile only makes its slot report an error or nothing).
     let ready = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout) };
@@ -298,7 +310,7 @@ fn serve_handshake(common: &Arc<Common>, mut stream: TcpStream) -> Result<()> {
         .insert(id, conn.clone());
     let reply = encode_reply(id, common.heartbeat.wire_ms(), &answers);
     if let Err(e) = write_frame(&mut stream, &reply).and_then(|()| stream.set_nonblocking(true)) {
-        common.remove_incoming(id);
+        common.close_incoming(id);
         return Err(e.into());
     }
     // Only now may the side-channel thread read and write the socket (non-blocking,

@@ -44,7 +44,7 @@ use crate::backends::staging::{
 use ibverbs::{AccessFlags, MemoryRegion, QueuePair, RemoteMemory, SendWr, Sge};
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, TryLockError, Weak};
 
 /// Control-message send buffers (each [`staging::MAX_CTRL_BYTES`]).
 pub(super) const CTRL_SLOTS: usize = 64;
@@ -580,6 +580,25 @@ impl Stager {
         }
         let id = Arc::as_ptr(conn) as u64;
         self.with(|e, n| e.peer_gone(n, id, why));
+    }
+
+    /// `peer_gone` unless another thread holds the engine (a rail worker may, through a
+    /// staged copy): then `false` and nothing done, to be tried again. For the
+    /// side-channel thread, whose heartbeats must not wait for a rail.
+    pub(super) fn try_peer_gone(&self, conn: &Arc<Outgoing>, why: &str) -> bool {
+        if conn.staging_told.load(Ordering::Acquire) {
+            return true;
+        }
+        let mut engine = match self.engine.try_lock() {
+            Ok(engine) => engine,
+            Err(TryLockError::WouldBlock) => return false,
+            Err(TryLockError::Poisoned(_)) => panic!("staging engine lock poisoned"),
+        };
+        if !conn.staging_told.swap(true, Ordering::AcqRel) {
+            engine.peer_gone(&self.net, Arc::as_ptr(conn) as u64, why);
+            self.poll.store(engine.needs_poll(), Ordering::Release);
+        }
+        true
     }
 }
 

@@ -107,7 +107,14 @@ impl RailState {
     pub(super) fn round(&mut self, rail: &Rail, common: &Common, chains: usize) -> bool {
         let mut busy = self.accept_jobs(rail);
         busy |= self.issue(rail, chains);
-        busy |= self.poll(rail, common);
+        // Read before the CQ: the connections closed up to this ticket are in ERR, and
+        // what they received is in the CQ already (see `Common::rail_drained`).
+        let closing = common.closing_ticket();
+        let (polled, emptied) = self.poll(rail, common);
+        busy |= polled;
+        if let (Some(ticket), true) = (closing, emptied) {
+            common.rail_drained(rail.index, ticket);
+        }
         // Staging copies are polled, not waited for (one relaxed load when idle).
         if common.stager.wants_poll() {
             common.stager.try_progress();
@@ -293,13 +300,15 @@ impl RailState {
         });
     }
 
-    fn poll(&mut self, rail: &Rail, common: &Common) -> bool {
+    /// Reads the CQ: (completions were read, the CQ read empty — fewer than asked for).
+    fn poll(&mut self, rail: &Rail, common: &Common) -> (bool, bool) {
         let mut wcs = std::mem::take(&mut self.wcs);
-        let n = match rail.cq.poll(&mut wcs) {
-            Ok(done) => done.len(),
+        let asked = wcs.len();
+        let (n, emptied) = match rail.cq.poll(&mut wcs) {
+            Ok(done) => (done.len(), done.len() < asked),
             Err(e) => {
                 tracing::warn!(rail = rail.index, error = %e, "ibv_poll_cq failed");
-                0
+                (0, false)
             }
         };
         for wc in &wcs[..n] {
@@ -314,10 +323,10 @@ impl RailState {
         }
         self.wcs = wcs;
         if n == 0 {
-            return false;
+            return (false, emptied);
         }
         self.retire();
-        true
+        (true, emptied)
     }
 
     fn on_send(&mut self, wc: &WorkCompletion, common: &Common) {
