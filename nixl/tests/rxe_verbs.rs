@@ -318,8 +318,9 @@ fn a_notification_survives_its_sender_leaving_at_once() {
 fn heartbeats_go_out_while_a_rail_is_held_and_an_initiator_leaves() {
     let Some(dev) = device() else { return };
     let _s = serial();
-    // The default heartbeats: 100 ms, a peer declared dead after 500 ms without one.
-    let hold = Duration::from_millis(2000);
+    // The initiator that stays declares the target dead after 10 of its 100 ms
+    // heartbeats (1 s: room for a slow guest); the hold is three times that.
+    let hold = Duration::from_millis(3000);
     for progress_thread in [true, false] {
         let config = AgentConfig {
             progress_thread,
@@ -338,12 +339,13 @@ fn heartbeats_go_out_while_a_rail_is_held_and_an_initiator_leaves() {
             .add_backend(verbs.clone() as Arc<dyn Backend>)
             .unwrap();
         let md = target.local_metadata().unwrap();
-        let stays = agent_with(
-            &format!("held-stays-{progress_thread}"),
-            &dev,
-            1,
-            config.clone(),
-        );
+        let stays = Agent::new(format!("held-stays-{progress_thread}"), config.clone()).unwrap();
+        stays
+            .create_backend(
+                "VERBS",
+                &params([("device", dev.as_str()), ("heartbeat_misses", "10")]),
+            )
+            .unwrap();
         let leaves = agent_with(&format!("held-leaves-{progress_thread}"), &dev, 1, config);
         stays.load_remote_metadata(&md).unwrap();
         leaves.load_remote_metadata(&md).unwrap();

@@ -508,8 +508,8 @@ struct Closing {
     drained: u32,
 }
 
-// `Closing::drained` has a bit per rail.
-const _: () = assert!(MAX_RAILS <= 32);
+// `Closing::drained` has a bit per rail, and room for the mask of all of them.
+const _: () = assert!(MAX_RAILS < 32);
 
 /// Write-locks `m`, taking over its data if a holder panicked (`Drop` must not panic).
 fn lock_write<T>(m: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
