@@ -245,9 +245,7 @@ fn a_frozen_daemon_costs_waiters_only_their_deadline() {
         .unwrap();
     let mut c = [Cqe::default(); 1];
     assert_eq!(ior.wait_for_ios(&mut c, 1, after(T)).unwrap(), 1);
-    let pid = d.child.id() as i32;
-    // SAFETY: signals our own child.
-    assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+    d.freeze();
     ior.prep_io(&iov, true, iov.base(), file.as_raw_fd(), 0, 1 << 20, 1)
         .unwrap();
     ior.submit_ios().unwrap();
@@ -259,8 +257,7 @@ fn a_frozen_daemon_costs_waiters_only_their_deadline() {
     assert_eq!(n, 0);
     assert!(took < Duration::from_secs(2), "took {took:?}");
     // Thawed, it completes the read.
-    // SAFETY: as above.
-    assert_eq!(unsafe { libc::kill(pid, libc::SIGCONT) }, 0);
+    d.thaw();
     assert_eq!(ior.wait_for_ios(&mut c, 1, after(T)).unwrap(), 1);
     assert_eq!(c[0].result, 1 << 20);
     assert!(d.alive());

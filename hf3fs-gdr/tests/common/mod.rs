@@ -88,6 +88,26 @@ impl Daemon {
         let _ = self.child.wait();
     }
 
+    /// Stops the process (SIGSTOP) and returns once every thread of it is stopped:
+    /// `kill` only queues the signal, and a worker running on another core keeps
+    /// serving its rings until it takes it.
+    pub fn freeze(&mut self) {
+        let pid = self.child.id() as i32;
+        // SAFETY: signals our own child.
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+        let stopped = wait_until(T, || all_threads_stopped(pid));
+        assert!(stopped, "daemon {pid} not stopped within {T:?}");
+    }
+
+    /// Resumes a frozen process.
+    pub fn thaw(&mut self) {
+        // SAFETY: signals our own child.
+        assert_eq!(
+            unsafe { libc::kill(self.child.id() as i32, libc::SIGCONT) },
+            0
+        );
+    }
+
     /// Whether the process still runs.
     pub fn alive(&mut self) -> bool {
         self.child.try_wait().unwrap().is_none()
@@ -183,6 +203,23 @@ pub fn wait_until(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
         std::thread::sleep(Duration::from_millis(10));
     }
     cond()
+}
+
+/// Whether every thread of `pid` is in the stopped state (`T` in /proc's stat).
+fn all_threads_stopped(pid: i32) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    tasks.flatten().all(|task| {
+        std::fs::read_to_string(task.path().join("stat"))
+            .ok()
+            // The state follows the command name's closing parenthesis.
+            .and_then(|stat| {
+                stat.rsplit_once(')')
+                    .map(|(_, rest)| rest.trim_start().starts_with('T'))
+            })
+            .unwrap_or(false)
+    })
 }
 
 /// A deadline `d` from now.
