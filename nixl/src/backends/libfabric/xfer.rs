@@ -1,0 +1,473 @@
+//! A prepared transfer: its operations resolved per rail at prepare time, the state
+//! one post shares with the rail workers, what it reports to the agent, and the
+//! notification messages (encoding, sending).
+
+use super::conn::DEATH_GRACE;
+use super::liveness::Liveness;
+use super::stage_net::{FabAddr, FabricSink, Stager};
+use super::worker::{Progress, RailJob};
+use super::{
+    fabric_error, staging, PeerAddrs, PeerWatch, Plan, Rail, RunSpec, MAX_NOTIF_BYTES, NAME,
+    NOTIF_MAGIC,
+};
+use crate::backend::{BackendXfer, PostParams, XferOp, XferProgress, XferStatus};
+use crate::error::{Error, Result};
+use fabric::{Access, Address, MemoryRegion, RegisteredBuffer};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// One transport operation, resolved at prepare time.
+#[derive(Debug, Clone)]
+pub(super) struct RailOp {
+    pub(super) local: u64,
+    pub(super) len: usize,
+    /// Index into the transfer's registration table.
+    pub(super) mr: u32,
+    pub(super) dest: Address,
+    pub(super) remote_addr: u64,
+    pub(super) key: u64,
+}
+
+/// State of one prepared transfer's current post, shared with the rail workers.
+#[derive(Debug, Default)]
+pub(super) struct XferShared {
+    /// Data operations of the current post not yet completed.
+    pub(super) pending: AtomicU64,
+    /// Operations completed (stall detection watches it move).
+    pub(super) completed: AtomicU64,
+    /// The notification message is not yet sent.
+    pub(super) notif_pending: AtomicBool,
+    /// READ: the message to send once the last read completed.
+    pub(super) read_notif: Mutex<Option<(Address, Vec<u8>)>>,
+    /// First failure: (peer gone, errno, text).
+    pub(super) failed: Mutex<Option<(bool, i32, String)>>,
+    pub(super) canceled: AtomicBool,
+    /// Staged copies touching the caller's memory still running.
+    pub(super) user_copies: AtomicUsize,
+    /// The peer (its name, process and heartbeats): the rail workers ask before they
+    /// call into the provider for it, see [`XferShared::peer_alive`].
+    pub(super) peer: PeerHealth,
+}
+
+/// What tells that a transfer's peer is gone: the OS (same host) and its heartbeats.
+#[derive(Debug, Default)]
+pub(super) struct PeerHealth {
+    pub(super) agent: String,
+    pub(super) liveness: Option<Arc<Liveness>>,
+    pub(super) watch: Option<Arc<PeerWatch>>,
+}
+
+impl XferShared {
+    /// `Err(RemoteDisconnect)` once the peer's process ended (same host) or its
+    /// heartbeats stopped. The rail workers ask before issuing a job's operations:
+    /// libfabric 1.17's `shm` takes the peer's region spinlock for every operation, and
+    /// a peer killed while holding it (its progress holds it while it reads its queue)
+    /// leaves whoever writes to it next spinning forever — a rail worker, and every
+    /// transfer queued behind it on that rail. Asking first keeps a peer known to be
+    /// dead from being called into at all; one that dies holding the lock just before
+    /// a call still wedges that rail (see the module documentation).
+    pub(super) fn peer_alive(&self) -> Result<()> {
+        if let Some(watch) = &self.peer.watch {
+            watch.check(&self.peer.agent)?;
+        }
+        if let Some(liveness) = &self.peer.liveness {
+            liveness.check(&self.peer.agent)?;
+        }
+        Ok(())
+    }
+
+    pub(super) fn fail(&self, e: &fabric::Error) {
+        self.fail_with(is_disconnect(e), e.errno().unwrap_or(0), e.to_string());
+    }
+
+    pub(super) fn fail_with(&self, disconnect: bool, code: i32, text: String) {
+        let mut failed = self.failed.lock().expect("failed lock");
+        if failed.is_none() {
+            *failed = Some((disconnect, code, text));
+        }
+    }
+
+    /// One unit of the post finished (a data operation, or the whole staged part): the
+    /// last one lets a READ's notification go.
+    pub(super) fn unit_done(self: &Arc<Self>, rail0: &Rail, peer: &Arc<PeerAddrs>) {
+        self.completed.fetch_add(1, Ordering::Relaxed);
+        if self.pending.fetch_sub(1, Ordering::AcqRel) == 1 {
+            if let Some((dest, message)) = self.read_notif.lock().expect("notif lock").take() {
+                rail0.push_job(RailJob {
+                    shared: self.clone(),
+                    ops: Arc::new(Vec::new()),
+                    mrs: Arc::from(Vec::new()),
+                    op: XferOp::Read,
+                    imm: None,
+                    notif: Some((dest, message)),
+                    peer: peer.clone(),
+                });
+            }
+        }
+    }
+}
+
+/// Whether a failed operation means the peer's process or connection is gone: the
+/// fabric crate's `RemoteDisconnect`, or an operation that the provider canceled because
+/// its connection went away (`tcp;ofi_rxm` flushes in-flight operations of a dead peer
+/// as `FI_ECANCELED` with the socket's `ENOTCONN`/`ECONNRESET` as provider errno).
+pub(super) fn is_disconnect(e: &fabric::Error) -> bool {
+    const GONE: &[i32] = &[
+        fabric::ffi::FI_ENOTCONN,
+        fabric::ffi::FI_ECONNRESET,
+        fabric::ffi::FI_ECONNREFUSED,
+        fabric::ffi::FI_ECONNABORTED,
+        fabric::ffi::FI_ESHUTDOWN,
+        fabric::ffi::FI_EHOSTUNREACH,
+        fabric::ffi::FI_ENETUNREACH,
+        32, // EPIPE
+    ];
+    match e {
+        fabric::Error::RemoteDisconnect { .. } => true,
+        _ => e.completion_error().is_some_and(|c| {
+            c.errno == fabric::ffi::FI_ECANCELED && GONE.contains(&c.prov_errno.abs())
+        }),
+    }
+}
+
+#[derive(Debug)]
+pub(super) struct FabricXfer {
+    /// The part of the transfer that goes through the staging pipeline.
+    pub(super) staged: Option<Arc<Plan<FabAddr>>>,
+    pub(super) stager: Arc<Stager>,
+    pub(super) op: XferOp,
+    pub(super) rail_ops: Vec<Arc<Vec<RailOp>>>,
+    pub(super) mrs: Arc<[MemoryRegion]>,
+    pub(super) rails: Vec<Arc<Rail>>,
+    pub(super) agent: String,
+    pub(super) notif_dest: Address,
+    pub(super) self_name: String,
+    pub(super) sender_hash: u32,
+    pub(super) next_seq: Arc<AtomicU32>,
+    pub(super) total: usize,
+    pub(super) shared: Arc<XferShared>,
+    /// Keeps the peer's addresses in the AVs while this transfer can post to them.
+    pub(super) peer: Arc<PeerAddrs>,
+    /// Since when a provider error is held while the watches confirm the peer's death.
+    pub(super) error_held: Option<Instant>,
+    /// Since when the watches report the peer dead while operations are still pending.
+    pub(super) death_seen: Option<Instant>,
+    pub(super) progress: Arc<Progress>,
+}
+
+impl FabricXfer {
+    /// `Err(RemoteDisconnect)` once the peer's process ended (same host) or its
+    /// heartbeats stopped (any host).
+    pub(super) fn peer_alive(&self) -> Result<()> {
+        self.shared.peer_alive()
+    }
+
+    /// `Err` once a rail this transfer uses has been stuck inside the provider for
+    /// [`WEDGED_AFTER`]: its operations will never be issued or completed, so the
+    /// transfer fails now rather than at the stall timeout.
+    fn rails_not_wedged(&self) -> Result<()> {
+        for (r, ops) in self.rail_ops.iter().enumerate() {
+            if ops.is_empty() && !(r == 0 && self.shared.notif_pending.load(Ordering::Relaxed)) {
+                continue;
+            }
+            if let Some(lasted) = self.rails[r].wedged_for() {
+                return Err(Error::Backend {
+                    backend: NAME.into(),
+                    code: 0,
+                    message: format!(
+                        "transfer to `{}`: rail {r} has been inside one provider call for \
+                         {lasted:?} and is wedged (over shm: a peer that died holding its \
+                         region's lock); create the backend anew",
+                        self.agent
+                    ),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+impl BackendXfer for FabricXfer {
+    fn post(&mut self, notif: Option<&[u8]>, _params: &PostParams) -> Result<XferStatus> {
+        self.peer_alive()?;
+        self.error_held = None;
+        self.death_seen = None;
+        let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
+        let key = (u64::from(self.sender_hash) << 32) | u64::from(seq);
+        let staged_units: u64 = self
+            .staged
+            .as_ref()
+            .map_or(0, |p| p.chunks.iter().map(staging::Chunk::units).sum());
+        let expected = if self.op == XferOp::Write {
+            self.total as u64 + staged_units
+        } else {
+            0
+        };
+        let message = notif
+            .map(|msg| encode_notif(&self.self_name, self.sender_hash, seq, expected, msg))
+            .transpose()?;
+        let shared = &self.shared;
+        *shared.failed.lock().expect("failed lock") = None;
+        shared.completed.store(0, Ordering::Relaxed);
+        // The staged part counts as one unit, done when its last chunk is.
+        shared.pending.store(
+            self.total as u64 + u64::from(self.staged.is_some()),
+            Ordering::Relaxed,
+        );
+        shared
+            .notif_pending
+            .store(message.is_some(), Ordering::Relaxed);
+        let (write_notif, imm) = match (self.op, message) {
+            (XferOp::Write, Some(m)) => (Some((self.notif_dest, m)), Some(key)),
+            (XferOp::Read, Some(m)) => {
+                *shared.read_notif.lock().expect("notif lock") = Some((self.notif_dest, m));
+                (None, None)
+            }
+            (_, None) => (None, None),
+        };
+        let mut write_notif = write_notif;
+        for (r, ops) in self.rail_ops.iter().enumerate() {
+            let notif = if r == 0 { write_notif.take() } else { None };
+            if ops.is_empty() && notif.is_none() {
+                continue;
+            }
+            self.rails[r].push_job(RailJob {
+                shared: shared.clone(),
+                ops: ops.clone(),
+                mrs: self.mrs.clone(),
+                op: self.op,
+                imm,
+                notif,
+                peer: self.peer.clone(),
+            });
+        }
+        if let Some(plan) = &self.staged {
+            self.stager.submit(RunSpec {
+                plan: plan.clone(),
+                key: imm,
+                peer: Arc::as_ptr(&self.peer) as u64,
+                sink: Box::new(FabricSink {
+                    shared: shared.clone(),
+                    rail0: self.rails[0].clone(),
+                    peer: self.peer.clone(),
+                }),
+            });
+        }
+        self.progress.poll_inline();
+        Ok(XferStatus::InProgress)
+    }
+
+    fn check(&mut self) -> Result<XferProgress> {
+        self.progress.poll_inline();
+        if let Some((disconnect, code, text)) =
+            self.shared.failed.lock().expect("failed lock").clone()
+        {
+            if !disconnect
+                && (self.shared.peer.watch.is_some() || self.shared.peer.liveness.is_some())
+            {
+                // Providers report some deaths as plain errors (`sockets` fails the
+                // operations of a lost connection with FI_EIO): a dead peer's is typed
+                // as its death, which the watches confirm within a short grace.
+                self.peer_alive()?;
+                let since = *self.error_held.get_or_insert_with(Instant::now);
+                if since.elapsed() < DEATH_GRACE {
+                    return Ok(XferProgress {
+                        status: XferStatus::InProgress,
+                        completed_ops: self.shared.completed.load(Ordering::Relaxed),
+                    });
+                }
+            }
+            return Err(if disconnect {
+                Error::RemoteDisconnect {
+                    agent: self.agent.clone(),
+                    reason: text,
+                }
+            } else {
+                Error::Backend {
+                    backend: NAME.into(),
+                    code,
+                    message: format!("transfer to `{}`: {text}", self.agent),
+                }
+            });
+        }
+        let done = self.shared.pending.load(Ordering::Acquire) == 0
+            && !self.shared.notif_pending.load(Ordering::Acquire);
+        if !done {
+            self.rails_not_wedged()?;
+            // A provider that never reports a dead peer (shm) would leave only the stall
+            // timeout: the OS tells sooner. A peer may also leave right after our last
+            // operation reached it (a target that exits once it has the notification,
+            // before our worker reaped that send's completion): what was delivered
+            // completes within a short grace, and only then is the death the transfer's.
+            if let Err(e) = self.peer_alive() {
+                let since = *self.death_seen.get_or_insert_with(Instant::now);
+                if since.elapsed() >= DEATH_GRACE {
+                    return Err(e);
+                }
+            }
+        }
+        Ok(XferProgress {
+            status: if done {
+                XferStatus::Done
+            } else {
+                XferStatus::InProgress
+            },
+            completed_ops: self.shared.completed.load(Ordering::Relaxed),
+        })
+    }
+
+    fn op_count(&self) -> usize {
+        self.total + self.staged.as_ref().map_or(0, |p| p.chunks.len())
+    }
+
+    fn staged_bytes(&self) -> u64 {
+        self.staged.as_ref().map_or(0, |p| {
+            p.chunks
+                .iter()
+                .flat_map(|c| &c.pieces)
+                .map(|piece| piece.len)
+                .sum()
+        })
+    }
+}
+
+impl Drop for FabricXfer {
+    fn drop(&mut self) {
+        // Workers stop issuing what is left; issued operations still complete into the
+        // workers, which own what they reference until then.
+        self.shared.canceled.store(true, Ordering::Relaxed);
+        if self.staged.is_some() {
+            // A device copy cannot be recalled: wait (bounded) for those touching the
+            // caller's memory, so that it may be freed once the request is gone.
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while self.shared.user_copies.load(Ordering::Acquire) > 0 {
+                if Instant::now() > deadline {
+                    tracing::warn!("a released staged transfer's copies are still running");
+                    break;
+                }
+                self.stager.progress();
+                self.progress.poll_inline();
+                std::thread::yield_now();
+            }
+        }
+    }
+}
+
+/// `NXNT seq:u32 hash:u32 expected:u64 name:str16 msg:u32-prefixed`
+pub(super) fn encode_notif(
+    sender: &str,
+    hash: u32,
+    seq: u32,
+    expected: u64,
+    msg: &[u8],
+) -> Result<Vec<u8>> {
+    let len = 4 + 4 + 4 + 8 + 2 + sender.len() + 4 + msg.len();
+    if len > MAX_NOTIF_BYTES {
+        return Err(Error::InvalidParam(format!(
+            "notification of {} bytes is too large for {NAME} (at most {} with this agent name)",
+            msg.len(),
+            MAX_NOTIF_BYTES - (len - msg.len())
+        )));
+    }
+    let mut out = Vec::with_capacity(len);
+    out.extend_from_slice(NOTIF_MAGIC);
+    out.extend_from_slice(&seq.to_le_bytes());
+    out.extend_from_slice(&hash.to_le_bytes());
+    out.extend_from_slice(&expected.to_le_bytes());
+    out.extend_from_slice(&(sender.len() as u16).to_le_bytes());
+    out.extend_from_slice(sender.as_bytes());
+    out.extend_from_slice(&(msg.len() as u32).to_le_bytes());
+    out.extend_from_slice(msg);
+    Ok(out)
+}
+
+pub(super) fn decode_notif(b: &[u8]) -> Result<(u64, u64, String, Vec<u8>)> {
+    let bad = || Error::MalformedMetadata("malformed notification".into());
+    let take =
+        |b: &[u8], at: usize, n: usize| b.get(at..at + n).ok_or_else(bad).map(<[u8]>::to_vec);
+    if take(b, 0, 4)? != NOTIF_MAGIC {
+        return Err(bad());
+    }
+    let seq = u32::from_le_bytes(take(b, 4, 4)?.try_into().expect("4"));
+    let hash = u32::from_le_bytes(take(b, 8, 4)?.try_into().expect("4"));
+    let expected = u64::from_le_bytes(take(b, 12, 8)?.try_into().expect("8"));
+    let name_len = u16::from_le_bytes(take(b, 20, 2)?.try_into().expect("2")) as usize;
+    let sender = String::from_utf8(take(b, 22, name_len)?).map_err(|_| bad())?;
+    let at = 22 + name_len;
+    let msg_len = u32::from_le_bytes(take(b, at, 4)?.try_into().expect("4")) as usize;
+    let msg = take(b, at + 4, msg_len)?;
+    if at + 4 + msg_len != b.len() {
+        return Err(bad());
+    }
+    Ok((
+        (u64::from(hash) << 32) | u64::from(seq),
+        expected,
+        sender,
+        msg,
+    ))
+}
+
+/// Sends a notification message: injected when small (no completion: `Ok(None)`), else
+/// from a registered copy whose completion carries `context` (`Ok(Some(buffer))`).
+pub(super) fn send_message(
+    rail: &Rail,
+    dest: Address,
+    message: &[u8],
+    context: u64,
+) -> std::result::Result<Option<RegisteredBuffer>, fabric::Error> {
+    if message.len() <= rail.inject_size {
+        rail.ep.inject(message, dest)?;
+        return Ok(None);
+    }
+    let mut buf = rail.ep.alloc_registered(message.len(), Access::SEND)?;
+    buf.as_mut_slice()
+        .expect("a fresh buffer is not in use")
+        .copy_from_slice(message);
+    rail.ep.send(&buf, 0..message.len(), dest, context)?;
+    Ok(Some(buf))
+}
+
+/// A standalone notification, sent from the caller's thread (bounded wait).
+pub(super) fn send_message_blocking(
+    rail: &Rail,
+    peer: Arc<PeerAddrs>,
+    message: &[u8],
+    progress: &Progress,
+) -> Result<()> {
+    let dest = peer.addrs[0];
+    let deadline = Instant::now() + Duration::from_secs(10);
+    if message.len() <= rail.inject_size {
+        return rail
+            .ep
+            .retry(deadline, || rail.ep.inject(message, dest))
+            .map_err(fabric_error);
+    }
+    // Too large to inject: hand it to the rail worker as a job of its own.
+    let shared = Arc::new(XferShared::default());
+    shared.notif_pending.store(true, Ordering::Release);
+    rail.push_job(RailJob {
+        shared: shared.clone(),
+        ops: Arc::new(Vec::new()),
+        mrs: Arc::from(Vec::new()),
+        op: XferOp::Write,
+        imm: None,
+        notif: Some((dest, message.to_vec())),
+        peer,
+    });
+    while shared.notif_pending.load(Ordering::Acquire) {
+        if let Some((_, code, text)) = shared.failed.lock().expect("failed lock").clone() {
+            return Err(Error::Backend {
+                backend: NAME.into(),
+                code,
+                message: text,
+            });
+        }
+        if Instant::now() > deadline {
+            return Err(Error::Timeout("sending a notification".into()));
+        }
+        progress.poll_inline();
+        std::thread::yield_now();
+    }
+    Ok(())
+}
