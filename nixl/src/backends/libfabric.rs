@@ -133,6 +133,7 @@
 //! `stage_dram` (`1`: DRAM registrations are staged too, with `memcpy` for the copies —
 //! the pipeline end to end without a GPU, for tests).
 
+mod cma;
 mod conn;
 mod host;
 mod idle;
@@ -157,6 +158,7 @@ use crate::backend::{
 };
 use crate::error::{Error, Result};
 use crate::mem::{MemKind, Region};
+use cma::{CmaPeer, PUSH_THRESHOLD};
 use conn::{encode_conn_info, parse_conn_info, start_hub, watch_peer};
 use fabric::{
     Access, Address, AddressVector, AvType, Caps, CompletionQueue, Counter, CqFormat, Domain,
@@ -318,6 +320,8 @@ struct Common {
     /// Workers never block: incoming one-sided traffic on manual-progress providers
     /// (which the target cannot see as completions) moves at full speed.
     busy_poll: bool,
+    /// Bytes of WRITEs the rail workers copied into same-host peers themselves.
+    pushed_bytes: AtomicU64,
 }
 
 #[derive(Debug, Clone)]
@@ -328,6 +332,8 @@ struct Peer {
     liveness: Option<Arc<Liveness>>,
     /// The peer's heartbeats, where both sides send them (see [`conn`]).
     watch: Option<Arc<PeerWatch>>,
+    /// The peer's process, where WRITEs to it may be pushed into it (see [`cma`]).
+    cma: Option<Arc<CmaPeer>>,
 }
 
 /// A peer's address in each rail's AV. Removed from the AVs only when the last holder
@@ -361,6 +367,9 @@ pub struct LibfabricBackend {
     striping_threshold: usize,
     /// No striped piece is smaller ([`SHM_MIN_STRIPE_PIECE`] over shm; 0: no floor).
     stripe_min_piece: usize,
+    /// Large WRITEs to peers on this host are copied from both ends (`shm`, parameter
+    /// `cma_write`; see [`cma`]).
+    cma_write: bool,
     next_seq: Arc<AtomicU32>,
     next_rail: AtomicUsize,
     mem_kinds: Vec<MemKind>,
@@ -441,6 +450,7 @@ fn open(agent: &Agent, params: &BackendParams) -> Result<LibfabricBackend> {
         "staging_chunk",
         "staging_chunks",
         "stage_dram",
+        "cma_write",
         HeartbeatConfig::KEYS[0],
         HeartbeatConfig::KEYS[1],
     ];
@@ -466,6 +476,7 @@ fn open(agent: &Agent, params: &BackendParams) -> Result<LibfabricBackend> {
         None => None,
     };
     let busy_poll = flag(params, "busy_poll")?;
+    let cma_write = params.get("cma_write").is_none() || flag(params, "cma_write")?;
     let stage_dram = flag(params, "stage_dram")?;
     let vram_mode = match params.get("vram_mode").map(String::as_str) {
         None | Some("auto") => VramMode::Auto,
@@ -509,6 +520,7 @@ fn open(agent: &Agent, params: &BackendParams) -> Result<LibfabricBackend> {
     } else {
         DEFAULT_STRIPING_THRESHOLD
     });
+    let cma_write = cma_write && provider == "shm";
     let stripe_min_piece = if provider == "shm" {
         SHM_MIN_STRIPE_PIECE
     } else {
@@ -530,6 +542,7 @@ fn open(agent: &Agent, params: &BackendParams) -> Result<LibfabricBackend> {
         peers: RwLock::default(),
         stop: AtomicBool::new(false),
         busy_poll,
+        pushed_bytes: AtomicU64::new(0),
     });
     let backend = LibfabricBackend {
         agent_name: agent.name().to_string(),
@@ -544,6 +557,7 @@ fn open(agent: &Agent, params: &BackendParams) -> Result<LibfabricBackend> {
         threads: Mutex::new(Vec::new()),
         striping_threshold,
         stripe_min_piece,
+        cma_write,
         next_seq: Arc::new(AtomicU32::new(1)),
         next_rail: AtomicUsize::new(0),
         mem_kinds,
@@ -890,6 +904,12 @@ impl Backend for LibfabricBackend {
                 addrs,
                 liveness: parsed.process.as_ref().and_then(Liveness::watch),
                 watch: watch_peer(self.hub.as_ref(), agent, &parsed),
+                cma: parsed
+                    .process
+                    .as_ref()
+                    .and_then(|p| p.local_pid())
+                    .filter(|_| self.cma_write)
+                    .map(|pid| Arc::new(CmaPeer::new(pid))),
             },
         );
         if let Some(old) = old {
@@ -971,6 +991,8 @@ impl Backend for LibfabricBackend {
         let mut last_md: Option<(*const FabricLocalMd, u32)> = None;
         // Entries with a staged side go through the staging pipeline.
         let mut staged: Vec<usize> = Vec::new();
+        let cma = peer.cma.as_deref().filter(|_| op == XferOp::Write);
+        let mut pushes = 0usize;
         for (index, entry) in entries.iter().enumerate() {
             let (local, remote) = entry.metadata::<FabricLocalMd, FabricRemoteMd>(NAME)?;
             if local.staged.is_some() || remote.staged_slot.is_some() {
@@ -990,7 +1012,14 @@ impl Backend for LibfabricBackend {
                     base
                 }
             };
-            let mut push = |r: usize, start: usize, piece_len: usize| {
+            // Pushed pieces are copied by this process into the peer (see `cma`).
+            let pushable = cma.is_some_and(|cma| {
+                len >= PUSH_THRESHOLD
+                    && entry.local_region.kind == MemKind::Dram
+                    && entry.remote_region.kind == MemKind::Dram
+                    && cma.allowed(entry.remote.addr)
+            });
+            let mut add_piece = |r: usize, start: usize, piece_len: usize, pushed: bool| {
                 let max_msg = self.rails[r].max_msg;
                 // Local rail r talks to the peer's rail r (mod its rail count).
                 let remote_rail = if r < remote.remotes.len() {
@@ -1008,43 +1037,50 @@ impl Backend for LibfabricBackend {
                         len: n,
                         mr: mr_base + r as u32,
                         dest: peer.addrs.addrs[r],
-                        remote_addr: remote_mem.address_at(remote_offset + at),
+                        // A push writes the peer's own virtual address.
+                        remote_addr: if pushed {
+                            entry.remote.addr + at
+                        } else {
+                            remote_mem.address_at(remote_offset + at)
+                        },
                         key: remote_mem.key,
+                        pushed,
                     });
+                    pushes += usize::from(pushed);
                     done += n;
                 }
             };
-            let pieces = stripe_pieces(len, nrails, self.striping_threshold, self.stripe_min_piece);
-            if pieces == nrails {
-                let chunk = len.div_ceil(pieces).next_multiple_of(4096);
-                for r in 0..pieces {
-                    let start = r * chunk;
-                    if start < len {
-                        push(r, start, chunk.min(len - start));
-                    }
-                }
-            } else if pieces > 1 {
-                // Fewer pieces than rails: on the next rails in turn, so that blocks of
-                // several descriptors (or requests) spread over all of them.
-                let chunk = len.div_ceil(pieces).next_multiple_of(4096);
-                for i in 0..pieces {
+            let pieces = if pushable {
+                // At least a pulled and a pushed piece, even over one rail (whose worker
+                // pushes while the peer pulls).
+                stripe_pieces(
+                    len,
+                    nrails.max(2),
+                    self.striping_threshold.min(PUSH_THRESHOLD),
+                    self.stripe_min_piece,
+                )
+            } else {
+                stripe_pieces(len, nrails, self.striping_threshold, self.stripe_min_piece)
+            };
+            let chunk = len.div_ceil(pieces).next_multiple_of(4096);
+            for i in 0..pieces {
+                // One piece per rail when there are as many; else on the next rails in
+                // turn, so that blocks of several descriptors (or requests) spread over
+                // all of them.
+                let r = if pieces == nrails {
+                    i
+                } else {
                     round_robin = if round_robin + 1 >= nrails {
                         0
                     } else {
                         round_robin + 1
                     };
-                    let start = i * chunk;
-                    if start < len {
-                        push(round_robin, start, chunk.min(len - start));
-                    }
-                }
-            } else {
-                round_robin = if round_robin + 1 >= nrails {
-                    0
-                } else {
-                    round_robin + 1
+                    round_robin
                 };
-                push(round_robin, 0, len);
+                let start = i * chunk;
+                if start < len {
+                    add_piece(r, start, chunk.min(len - start), pushable && i % 2 == 1);
+                }
             }
         }
         let total: usize = rail_ops.iter().map(Vec::len).sum();
@@ -1070,11 +1106,13 @@ impl Backend for LibfabricBackend {
             sender_hash: self.sender_hash,
             next_seq: self.next_seq.clone(),
             total,
+            pushes,
             shared: Arc::new(XferShared {
                 peer: PeerHealth {
                     agent: agent.to_string(),
                     liveness: peer.liveness.clone(),
                     watch: peer.watch.clone(),
+                    cma: peer.cma.clone(),
                 },
                 ..XferShared::default()
             }),
@@ -1116,6 +1154,13 @@ impl LibfabricBackend {
     /// The provider in use.
     pub fn provider(&self) -> &str {
         &self.provider
+    }
+
+    /// Bytes of WRITEs this backend's rail workers copied into peers on this host
+    /// themselves (`process_vm_writev`) while the peers pulled the rest through `shm`
+    /// (parameter `cma_write`).
+    pub fn pushed_bytes(&self) -> u64 {
+        self.common.pushed_bytes.load(Ordering::Relaxed)
     }
 
     /// Whether the provider was opened with `FI_HMEM` (VRAM may register directly).
@@ -1195,6 +1240,8 @@ impl Drop for LibfabricBackend {
 /// How long dropping a backend waits for its rail workers to stop.
 const WORKER_STOP_TIMEOUT: Duration = Duration::from_secs(5);
 
+#[cfg(test)]
+mod cma_tests;
 #[cfg(test)]
 mod idle_tests;
 #[cfg(test)]

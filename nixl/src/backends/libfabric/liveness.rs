@@ -58,6 +58,13 @@ impl ProcessId {
         ProcessId::current().is_some_and(|me| me.boot_id == self.boot_id)
     }
 
+    /// The pid that names this process here: same host, and the pid's start time in this
+    /// pid namespace equals the advertised one (this very process included).
+    pub(super) fn local_pid(&self) -> Option<u32> {
+        let on_host = ProcessId::current().is_some_and(|me| me.boot_id == self.boot_id);
+        (on_host && start_time(self.pid) == Some(self.start_time)).then_some(self.pid)
+    }
+
     pub(super) fn encode(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(MAGIC);
         out.push(VERSION);

@@ -3,6 +3,7 @@
 //! messages dispatched — driven by one thread per rail, or (`progress_thread = false`)
 //! by the callers' own polls.
 
+use super::cma::PushError;
 use super::idle::nap_after;
 use super::{
     decode_notif, fabric_error, failure_of, send_message, staging, Common, PeerAddrs, Rail, RailOp,
@@ -279,6 +280,31 @@ impl Worker {
                     break 'jobs;
                 }
                 let op = &active.job.ops[active.next];
+                if op.pushed {
+                    // Copied here and now, while the peer pulls the pieces around it.
+                    let pushed = match &shared.peer.cma {
+                        // SAFETY: as for the provider's operations below: the range lies
+                        // in a registration the prepared request keeps alive.
+                        Some(cma) => unsafe { cma.push(op.local, op.len, op.remote_addr) },
+                        None => Err(PushError::unroutable()),
+                    };
+                    issued_any = true;
+                    active.next += 1;
+                    match pushed {
+                        Ok(()) => {
+                            self.common
+                                .pushed_bytes
+                                .fetch_add(op.len as u64, Ordering::Relaxed);
+                            shared.unit_done(&self.rails[0], &active.job.peer)
+                        }
+                        Err(e) => {
+                            shared.fail_with(e.disconnect, e.errno, e.text);
+                            active.next = active.job.ops.len();
+                            active.job.notif = None;
+                        }
+                    }
+                    continue;
+                }
                 let ctx = id;
                 let ep = &self.rail.ep;
                 // SAFETY: the agent checked every range against registrations that the

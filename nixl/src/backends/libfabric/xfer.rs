@@ -2,6 +2,7 @@
 //! one post shares with the rail workers, what it reports to the agent, and the
 //! notification messages (encoding, sending).
 
+use super::cma::CmaPeer;
 use super::conn::DEATH_GRACE;
 use super::liveness::Liveness;
 use super::stage_net::{FabAddr, FabricSink, Stager};
@@ -25,8 +26,12 @@ pub(super) struct RailOp {
     /// Index into the transfer's registration table.
     pub(super) mr: u32,
     pub(super) dest: Address,
+    /// The provider's remote address, or the peer's virtual address for a push.
     pub(super) remote_addr: u64,
     pub(super) key: u64,
+    /// Copied by this process into the peer's memory rather than by the provider (see
+    /// the `cma` module).
+    pub(super) pushed: bool,
 }
 
 /// State of one prepared transfer's current post, shared with the rail workers.
@@ -38,8 +43,9 @@ pub(super) struct XferShared {
     pub(super) completed: AtomicU64,
     /// The notification message is not yet sent.
     pub(super) notif_pending: AtomicBool,
-    /// READ: the message to send once the last read completed.
-    pub(super) read_notif: Mutex<Option<(Address, Vec<u8>)>>,
+    /// The message to send once every operation completed: a READ's, or a WRITE's
+    /// with pushed pieces (which the peer cannot count as it counts the provider's).
+    pub(super) notif_after_all: Mutex<Option<(Address, Vec<u8>)>>,
     /// First failure: (peer gone, errno, text).
     pub(super) failed: Mutex<Option<(bool, i32, String)>>,
     pub(super) canceled: AtomicBool,
@@ -56,6 +62,8 @@ pub(super) struct PeerHealth {
     pub(super) agent: String,
     pub(super) liveness: Option<Arc<Liveness>>,
     pub(super) watch: Option<Arc<PeerWatch>>,
+    /// Where pushed pieces go (same host).
+    pub(super) cma: Option<Arc<CmaPeer>>,
 }
 
 impl XferShared {
@@ -93,7 +101,7 @@ impl XferShared {
     pub(super) fn unit_done(self: &Arc<Self>, rail0: &Rail, peer: &Arc<PeerAddrs>) {
         self.completed.fetch_add(1, Ordering::Relaxed);
         if self.pending.fetch_sub(1, Ordering::AcqRel) == 1 {
-            if let Some((dest, message)) = self.read_notif.lock().expect("notif lock").take() {
+            if let Some((dest, message)) = self.notif_after_all.lock().expect("notif lock").take() {
                 rail0.push_job(RailJob {
                     shared: self.clone(),
                     ops: Arc::new(Vec::new()),
@@ -146,6 +154,8 @@ pub(super) struct FabricXfer {
     pub(super) sender_hash: u32,
     pub(super) next_seq: Arc<AtomicU32>,
     pub(super) total: usize,
+    /// Of those, operations this process pushes into the peer.
+    pub(super) pushes: usize,
     pub(super) shared: Arc<XferShared>,
     /// Keeps the peer's addresses in the AVs while this transfer can post to them.
     pub(super) peer: Arc<PeerAddrs>,
@@ -199,8 +209,10 @@ impl BackendXfer for FabricXfer {
             .staged
             .as_ref()
             .map_or(0, |p| p.chunks.iter().map(staging::Chunk::units).sum());
+        // What the peer counts before it delivers the notification: the provider's
+        // operations (pushes leave no trace there) and the staged ones.
         let expected = if self.op == XferOp::Write {
-            self.total as u64 + staged_units
+            (self.total - self.pushes) as u64 + staged_units
         } else {
             0
         };
@@ -219,9 +231,15 @@ impl BackendXfer for FabricXfer {
             .notif_pending
             .store(message.is_some(), Ordering::Relaxed);
         let (write_notif, imm) = match (self.op, message) {
-            (XferOp::Write, Some(m)) => (Some((self.notif_dest, m)), Some(key)),
+            (XferOp::Write, Some(m)) if self.pushes == 0 => (Some((self.notif_dest, m)), Some(key)),
+            // Pushed bytes are in place once their copy returned: the message goes
+            // after the last of them.
+            (XferOp::Write, Some(m)) => {
+                *shared.notif_after_all.lock().expect("notif lock") = Some((self.notif_dest, m));
+                (None, Some(key))
+            }
             (XferOp::Read, Some(m)) => {
-                *shared.read_notif.lock().expect("notif lock") = Some((self.notif_dest, m));
+                *shared.notif_after_all.lock().expect("notif lock") = Some((self.notif_dest, m));
                 (None, None)
             }
             (_, None) => (None, None),

@@ -1,0 +1,195 @@
+//! Same-host WRITEs copied from both ends at once.
+//!
+//! libfabric 1.17's `shm` moves a large WRITE with CMA on the target: its progress
+//! thread calls `process_vm_readv` on the initiator, and the kernel pins the initiator's
+//! source pages 4 KiB at a time under the page-table lock of their 2 MiB region. Pieces
+//! of one region pulled by several rails therefore copy one after the other (see
+//! [`super::DEFAULT_SHM_STRIPING_THRESHOLD`]): striping a 2 MiB block over rails did not
+//! make it faster. A piece *pushed* by the initiator (`process_vm_writev`) pins the
+//! target's pages instead — the other process's page table, no lock in common with the
+//! target's pull. So a WRITE to a peer on this host of at least [`PUSH_THRESHOLD`] is
+//! split into pieces that alternate: even pieces go through the provider (the target
+//! pulls them), odd pieces are pushed by the initiator's rail worker while the target
+//! copies. `tools/bench/pushpull.c` on the 2-core development machine, a 2 MiB block
+//! starting 4 KiB below a 2 MiB boundary (as nixlbench's): one pull 10.4 GB/s, a pull
+//! and a push of halves 19.3, two pulls 11.0, two pushes 9.8.
+//!
+//! A push needs the peer's process on this host in this pid namespace (its advertised
+//! pid and start time match `/proc` here), DRAM on both sides, and ptrace access to the
+//! peer — the check the provider's own CMA passes (same user, Yama's `ptrace_scope`) —
+//! probed once per peer by reading one byte of a region it registered; a peer that
+//! refuses it gets no pushes. Parameter `cma_write` (default 1; 0 leaves every byte to
+//! the provider). READs stay with the provider: both a pull and a push of a READ would
+//! pin the target's pages.
+//!
+//! Unlike the provider's copy, a push is not checked against the target's registration
+//! key: it relies on the agent's check that the range lies inside a region the peer
+//! registered (as UCX's CMA transport does). A peer that deregisters and reuses memory
+//! while a WRITE to it is still running may receive that WRITE's bytes, where the
+//! provider would have failed the WRITE; NIXL's contract keeps memory registered while
+//! transfers to it run. A push is issued only after the peer was found alive (the rail
+//! worker asks its pidfd first), so a recycled pid would have to be reused within
+//! microseconds.
+
+use std::sync::OnceLock;
+
+/// WRITE blocks from this size are split into pulled and pushed pieces (two 1 MiB
+/// pieces at the threshold: a 2 MiB block is where one pull fell below the 1 MiB
+/// block's bandwidth).
+pub(super) const PUSH_THRESHOLD: usize = 2 << 20;
+
+/// Tests slow every push down by this much (a notification must still follow the data).
+#[cfg(test)]
+pub(super) static TEST_PUSH_DELAY_MS: std::sync::atomic::AtomicU64 =
+    std::sync::atomic::AtomicU64::new(0);
+
+/// A peer process this one may copy into.
+#[derive(Debug)]
+pub(super) struct CmaPeer {
+    pid: u32,
+    /// Whether the OS lets this process copy into the peer: probed at the first
+    /// transfer that would push.
+    allowed: OnceLock<bool>,
+}
+
+/// Why a push failed.
+#[derive(Debug)]
+pub(super) struct PushError {
+    /// The peer's process is gone (`ESRCH`).
+    pub(super) disconnect: bool,
+    pub(super) errno: i32,
+    pub(super) text: String,
+}
+
+impl PushError {
+    /// A pushed operation of a transfer without a same-host peer (a planning bug).
+    pub(super) fn unroutable() -> Self {
+        PushError {
+            disconnect: false,
+            errno: 0,
+            text: "a pushed piece for a peer not on this host".into(),
+        }
+    }
+}
+
+impl CmaPeer {
+    /// The peer whose process is `pid` here (see `ProcessId::local_pid`).
+    pub(super) fn new(pid: u32) -> Self {
+        CmaPeer {
+            pid,
+            allowed: OnceLock::new(),
+        }
+    }
+
+    /// Whether pushes to this peer are allowed; the first call reads one byte at
+    /// `remote`, an address inside a region the peer registered.
+    pub(super) fn allowed(&self, remote: u64) -> bool {
+        *self.allowed.get_or_init(|| {
+            let mut byte = 0u8;
+            let local = libc::iovec {
+                iov_base: (&raw mut byte).cast(),
+                iov_len: 1,
+            };
+            let far = libc::iovec {
+                iov_base: remote as *mut libc::c_void,
+                iov_len: 1,
+            };
+            // SAFETY: the local iovec names one byte of this stack frame; the remote one
+            // is only read by the kernel, in the peer's address space.
+            let n =
+                unsafe { libc::process_vm_readv(self.pid as libc::pid_t, &local, 1, &far, 1, 0) };
+            if n != 1 {
+                tracing::info!(
+                    pid = self.pid,
+                    error = %std::io::Error::last_os_error(),
+                    "same-host WRITEs to this peer go through the provider alone: \
+                     this process may not copy into it (CMA)"
+                );
+            }
+            n == 1
+        })
+    }
+
+    /// Copies `len` bytes at `local` (this process) to `remote` in the peer's memory.
+    ///
+    /// # Safety
+    /// `local..local + len` must be readable memory of this process.
+    pub(super) unsafe fn push(&self, local: u64, len: usize, remote: u64) -> Result<(), PushError> {
+        #[cfg(test)]
+        std::thread::sleep(std::time::Duration::from_millis(
+            TEST_PUSH_DELAY_MS.load(std::sync::atomic::Ordering::Relaxed),
+        ));
+        let mut done = 0usize;
+        while done < len {
+            let from = libc::iovec {
+                iov_base: (local as usize + done) as *mut libc::c_void,
+                iov_len: len - done,
+            };
+            let to = libc::iovec {
+                iov_base: (remote as usize + done) as *mut libc::c_void,
+                iov_len: len - done,
+            };
+            // SAFETY: the caller vouches for the local range; the remote range is written
+            // by the kernel in the peer's address space, which checks its mapping.
+            let n =
+                unsafe { libc::process_vm_writev(self.pid as libc::pid_t, &from, 1, &to, 1, 0) };
+            if n <= 0 {
+                let e = std::io::Error::last_os_error();
+                let errno = if n == 0 {
+                    libc::EFAULT
+                } else {
+                    e.raw_os_error().unwrap_or(0)
+                };
+                return Err(PushError {
+                    disconnect: errno == libc::ESRCH,
+                    errno,
+                    text: format!(
+                        "copying {} bytes into peer process {} at {:#x} failed: {}",
+                        len - done,
+                        self.pid,
+                        remote as usize + done,
+                        if n == 0 {
+                            "nothing was written".to_string()
+                        } else {
+                            e.to_string()
+                        }
+                    ),
+                });
+            }
+            done += n as usize;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_push_lands_every_byte_and_its_failures_are_typed() {
+        let me = CmaPeer::new(std::process::id());
+        let src: Vec<u8> = (0..(3 << 20) + 5)
+            .map(|i: usize| (i * 31 + i / 4096) as u8)
+            .collect();
+        let mut dst = vec![0u8; src.len()];
+        assert!(me.allowed(dst.as_ptr() as u64));
+        // SAFETY: `src` is readable for its length.
+        unsafe { me.push(src.as_ptr() as u64, src.len(), dst.as_mut_ptr() as u64) }.unwrap();
+        assert!(dst == src);
+        // An address the peer has not mapped: EFAULT, not a disconnect.
+        // SAFETY: as above.
+        let e = unsafe { me.push(src.as_ptr() as u64, 4096, 8) }.unwrap_err();
+        assert!(!e.disconnect && e.errno == libc::EFAULT, "{e:?}");
+        // A process that has ended: a disconnect.
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        child.wait().unwrap();
+        let gone = CmaPeer::new(pid);
+        assert!(!gone.allowed(dst.as_ptr() as u64));
+        // SAFETY: as above.
+        let e =
+            unsafe { gone.push(src.as_ptr() as u64, 4096, dst.as_mut_ptr() as u64) }.unwrap_err();
+        assert!(e.disconnect && e.errno == libc::ESRCH, "{e:?}");
+    }
+}

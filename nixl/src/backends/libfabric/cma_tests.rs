@@ -1,0 +1,159 @@
+//! Same-host WRITEs copied from both ends (module `cma`), end to end over `shm` between
+//! two agents of this process: every byte lands, a notification follows all of them,
+//! and only WRITE blocks from the threshold are pushed.
+
+use super::*;
+use crate::{params, Desc, DescList, XferOp};
+
+fn agent(name: &str, rails: &str, cma_write: &str) -> (Agent, Arc<LibfabricBackend>) {
+    let agent = Agent::new(name, crate::AgentConfig::default()).unwrap();
+    let backend = Arc::new(
+        open(
+            &agent,
+            &params([
+                ("provider", "shm"),
+                ("num_rails", rails),
+                ("cma_write", cma_write),
+            ]),
+        )
+        .unwrap(),
+    );
+    agent.add_backend(backend.clone()).unwrap();
+    (agent, backend)
+}
+
+#[test]
+fn large_writes_are_pushed_in_part_and_land_before_their_notification() {
+    let len = 8 << 20;
+    let src: Vec<u8> = (0..len).map(|i| (i * 13 + i / 4096) as u8).collect();
+    for (rails, cma_write, slow_pushes) in
+        [("1", "1", 0), ("4", "1", 0), ("4", "1", 300), ("2", "0", 0)]
+    {
+        // Pushes slower than the provider's pieces: the notification must wait for them.
+        cma::TEST_PUSH_DELAY_MS.store(slow_pushes, Ordering::Relaxed);
+        let tag = format!("{rails}-{cma_write}-{slow_pushes}");
+        let (initiator, pusher) = agent(&format!("cma-init-{tag}"), rails, cma_write);
+        let (target, _t) = agent(&format!("cma-tgt-{tag}"), rails, cma_write);
+        let mut dst = vec![0u8; len];
+        let mut back = vec![0u8; len];
+        let (src_p, dst_p, back_p) = (
+            src.as_ptr() as u64,
+            dst.as_mut_ptr() as u64,
+            back.as_mut_ptr() as u64,
+        );
+        let list = |descs: &[(u64, usize)]| {
+            DescList::from_descs(
+                MemKind::Dram,
+                descs.iter().map(|&(p, n)| Desc::new(p, n as u64, 0)),
+            )
+        };
+        // SAFETY: the buffers outlive the registrations and requests.
+        let _hi =
+            unsafe { initiator.register_mem(&list(&[(src_p, len), (back_p, len)]), None) }.unwrap();
+        // SAFETY: as above.
+        let _ht = unsafe { target.register_mem(&list(&[(dst_p, len)]), None) }.unwrap();
+        let name = initiator
+            .load_remote_metadata(&target.local_metadata().unwrap())
+            .unwrap();
+        // Blocks below the threshold, at it, unaligned, and a batch mixing them.
+        let cases: [&[usize]; 5] = [
+            &[(2 << 20) - 1],
+            &[2 << 20],
+            &[(3 << 20) + 5],
+            &[len],
+            &[64 << 10, (2 << 20) + 4097, 1 << 20, (2 << 20) + 12_288],
+        ];
+        for (case, blocks) in cases.iter().enumerate() {
+            let mut at = 0usize;
+            let descs: Vec<(usize, usize)> = blocks
+                .iter()
+                .map(|&n| {
+                    let d = (at, n);
+                    at += n + 4096 * 3;
+                    d
+                })
+                .collect();
+            let total: usize = blocks.iter().sum();
+            let pushable: usize = blocks.iter().filter(|&&n| n >= cma::PUSH_THRESHOLD).sum();
+            for notif in [None, Some(format!("case {case}").into_bytes())] {
+                dst.iter_mut().for_each(|b| *b = 0);
+                let before = pusher.pushed_bytes();
+                let on = |base: u64| {
+                    list(
+                        &descs
+                            .iter()
+                            .map(|&(o, n)| (base + o as u64, n))
+                            .collect::<Vec<_>>(),
+                    )
+                };
+                let mut req = initiator
+                    .create_xfer_req(XferOp::Write, &on(src_p), &on(dst_p), &name, notif.clone())
+                    .unwrap();
+                req.post().unwrap();
+                if let Some(msg) = &notif {
+                    // The target looks at its memory as soon as the message is there.
+                    let deadline = Instant::now() + Duration::from_secs(10);
+                    'wait: loop {
+                        for got in target.get_notifs().into_values().flatten() {
+                            if got == *msg {
+                                break 'wait;
+                            }
+                        }
+                        assert!(
+                            Instant::now() < deadline,
+                            "{tag} case {case}: no notification"
+                        );
+                        std::thread::yield_now();
+                    }
+                    for &(o, n) in &descs {
+                        assert!(
+                            dst[o..o + n] == src[o..o + n],
+                            "{tag} case {case}: the notification came before the data"
+                        );
+                    }
+                }
+                req.wait(Duration::from_secs(10)).unwrap();
+                let mut expected = vec![0u8; len];
+                for &(o, n) in &descs {
+                    expected[o..o + n].copy_from_slice(&src[o..o + n]);
+                }
+                assert!(dst == expected, "{tag} case {case}: WRITE of {blocks:?}");
+                let pushed = pusher.pushed_bytes() - before;
+                if cma_write == "0" || pushable == 0 {
+                    assert_eq!(pushed, 0, "{tag} case {case}");
+                } else {
+                    // Every other piece of each block from the threshold, never all of it.
+                    assert!(
+                        pushed > 0 && (pushed as usize) < pushable && (pushed as usize) < total,
+                        "{tag} case {case}: {pushed} of {pushable} bytes pushed"
+                    );
+                }
+            }
+            // READs are the provider's alone.
+            dst.copy_from_slice(&src);
+            back.iter_mut().for_each(|b| *b = 0);
+            let before = pusher.pushed_bytes();
+            let on = |base: u64| {
+                list(
+                    &descs
+                        .iter()
+                        .map(|&(o, n)| (base + o as u64, n))
+                        .collect::<Vec<_>>(),
+                )
+            };
+            let mut req = initiator
+                .create_xfer_req(XferOp::Read, &on(back_p), &on(dst_p), &name, None)
+                .unwrap();
+            req.post().unwrap();
+            req.wait(Duration::from_secs(10)).unwrap();
+            for &(o, n) in &descs {
+                assert!(back[o..o + n] == src[o..o + n], "{tag} case {case}: READ");
+            }
+            assert_eq!(
+                pusher.pushed_bytes(),
+                before,
+                "{tag} case {case}: a READ pushed"
+            );
+        }
+    }
+}
