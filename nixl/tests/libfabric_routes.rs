@@ -1,7 +1,9 @@
 //! LIBFABRIC chooses its rails per peer (issue 13): with default parameters a peer on
 //! this host (another process, or another agent of this one) is reached through `shm`,
 //! as NIXL's UCX reaches it through shared memory; with `local_provider=none` on either
-//! side through the network provider. Data and notifications verified both ways.
+//! side through the network provider. Data and notifications verified both ways; the
+//! WRITE is one 4 MiB block, which over `shm` the two processes copy together (the
+//! initiator pushes half of it: `cma_write`), its notification after all of it.
 //! (Peers on this kernel in a pid namespace of their own go through the network:
 //! `netns_libfabric.rs`.)
 
@@ -17,7 +19,7 @@ use nixl::{Agent, AgentConfig, BackendParams, Desc, Error, XferOp};
 const TARGET_PARAMS: &str = "NIXL_ROUTES_TARGET_PARAMS";
 const ANNOUNCE: &str = "NIXL_ROUTES_ANNOUNCE";
 const INITIATOR: &str = "routes-initiator";
-const LEN: usize = 1 << 20;
+const LEN: usize = 8 << 20;
 const BLOCK: usize = 64 << 10;
 
 /// `key=value` pairs separated by spaces (provider names hold `;`).
@@ -112,11 +114,13 @@ fn across_processes(initiator_spec: &str, target_spec: &str) -> String {
         back == pattern(42, LEN)[..LEN / 2],
         "{transport}: READ data"
     );
+    // One block, so that over shm part of it is pushed by this process.
+    let whole = |base: u64| dram([Desc::new(base + half, half, 0)]);
     let mut write = initiator
         .create_xfer_req(
             XferOp::Write,
-            &blocks(local.as_ptr() as u64 + half),
-            &blocks(target.base + half),
+            &whole(local.as_ptr() as u64),
+            &whole(target.base),
             &name,
             Some(b"second half written".to_vec()),
         )

@@ -117,7 +117,10 @@
 //! several copying threads; 1 for NIC providers; see `default_rails` for `shm`'s price
 //! when peers die mid-transfer),
 //! `striping_threshold` (bytes, default 131072; 4 MiB for `shm`, whose pieces are at
-//! least 1 MiB), `busy_poll` (`1`: rail workers never
+//! least 1 MiB), `cma_write` (`shm` only, default `1`: WRITE blocks of at least 2 MiB
+//! to a peer on this host are split into pieces the peer pulls through the provider
+//! and pieces this process pushes into it at the same time; `0`: the provider copies
+//! everything; see the `cma` module), `busy_poll` (`1`: rail workers never
 //! sleep — default `0`: spin while busy and for 20 ms after any activity, incoming
 //! remote operations included (1 s where there is no wait fd), then sleep on the
 //! queue's wait fd or nap; see
@@ -194,7 +197,9 @@ pub const DEFAULT_STRIPING_THRESHOLD: usize = 128 << 10;
 /// whose sources share a region serialise (`tools/bench/cma-scaling.c`: a 2 MiB block
 /// over two threads 9-10 GB/s when both halves lie in one region, 20-22 GB/s when they
 /// lie in two; `memcpy`, which pins nothing, 60 GB/s). One thread's copy itself falls
-/// from 1 MiB to 2 MiB (the core's 2 MiB L2: 10-13 -> 8-11 GB/s).
+/// from 1 MiB to 2 MiB (the core's 2 MiB L2: 10-13 -> 8-11 GB/s). WRITEs get around it
+/// from 2 MiB by copying from both ends (`cma_write`, module `cma`): a piece pushed by
+/// the initiator pins the target's pages, not the initiator's.
 pub const DEFAULT_SHM_STRIPING_THRESHOLD: usize = 4 << 20;
 /// The smallest piece a striped block is split into over `shm` (a lower
 /// `striping_threshold` splits into fewer pieces rather than smaller ones): splitting a

@@ -10,7 +10,7 @@
 //! target's pull. So a WRITE to a peer on this host of at least [`PUSH_THRESHOLD`] is
 //! split into pieces that alternate: even pieces go through the provider (the target
 //! pulls them), odd pieces are pushed by the initiator's rail worker while the target
-//! copies. `tools/bench/pushpull.c` on the 2-core development machine, a 2 MiB block
+//! copies. `tools/bench/cma-pushpull.c` on the 2-core development machine, a 2 MiB block
 //! starting 4 KiB below a 2 MiB boundary (as nixlbench's): one pull 10.4 GB/s, a pull
 //! and a push of halves 19.3, two pulls 11.0, two pushes 9.8.
 //!
