@@ -1,14 +1,15 @@
-//! Endpoints (`fid_ep`, RDM and MSG), passive endpoints (`fid_pep`), and data operations.
+//! Endpoints (`fid_ep`, RDM and MSG) and their data operations.
 
 use crate::atomic::{AtomicDatatype, AtomicOp};
 use crate::av::{Address, AddressVector};
 use crate::cntr::Counter;
 use crate::cq::{Completion, CompletionQueue, INTERNAL_CONTEXT};
-use crate::domain::{Domain, DomainInner, Fabric, FabricInner};
+use crate::domain::{Domain, DomainInner};
 use crate::eq::EventQueue;
 use crate::error::{cvt, Error, Result};
 use crate::info::{EndpointType, Info};
 use crate::mr::{Access, MemoryRegion, RegisteredBuffer, RemoteMemory};
+use crate::scalable::SepInner;
 use crate::{close_fid, ffi, fid_of};
 use std::any::Any;
 use std::ffi::c_void;
@@ -18,16 +19,16 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub(crate) struct EpInner {
-    raw: *mut ffi::fid_ep,
-    domain: Arc<DomainInner>,
-    tx_cq: Option<CompletionQueue>,
-    rx_cq: Option<CompletionQueue>,
-    _av: Option<AddressVector>,
-    eq: Option<EventQueue>,
-    _counters: Vec<Counter>,
-    ep_type: EndpointType,
+    pub(crate) raw: *mut ffi::fid_ep,
+    pub(crate) domain: Arc<DomainInner>,
+    pub(crate) tx_cq: Option<CompletionQueue>,
+    pub(crate) rx_cq: Option<CompletionQueue>,
+    pub(crate) _av: Option<AddressVector>,
+    pub(crate) eq: Option<EventQueue>,
+    pub(crate) _counters: Vec<Counter>,
+    pub(crate) ep_type: EndpointType,
     /// The scalable endpoint a transmit/receive context belongs to (closed after it).
-    _parent: Option<Arc<SepInner>>,
+    pub(crate) _parent: Option<Arc<SepInner>>,
 }
 
 // SAFETY: the endpoint belongs to an FI_THREAD_SAFE domain (checked in Domain::new): posts
@@ -1358,7 +1359,7 @@ impl Endpoint {
     }
 }
 
-fn get_name(fid: *mut ffi::fid, call: &'static str) -> Result<Vec<u8>> {
+pub(crate) fn get_name(fid: *mut ffi::fid, call: &'static str) -> Result<Vec<u8>> {
     let mut buf = vec![0u8; 256];
     loop {
         let mut len = buf.len();
@@ -1371,293 +1372,5 @@ fn get_name(fid: *mut ffi::fid, call: &'static str) -> Result<Vec<u8>> {
         cvt(call, ret)?;
         buf.truncate(len);
         return Ok(buf);
-    }
-}
-
-pub(crate) struct PepInner {
-    raw: *mut ffi::fid_pep,
-    _fabric: Arc<FabricInner>,
-    eq: EventQueue,
-}
-
-// SAFETY: passive endpoints are fabric objects used from any thread (FI_THREAD_SAFE).
-unsafe impl Send for PepInner {}
-// SAFETY: as above.
-unsafe impl Sync for PepInner {}
-
-impl Drop for PepInner {
-    fn drop(&mut self) {
-        // SAFETY: the fid of an open passive endpoint; the EQ field is released after.
-        close_fid("passive endpoint", crate::fid_of(self.raw));
-    }
-}
-
-/// A listening endpoint (`fid_pep`) for MSG connections.
-#[derive(Clone)]
-pub struct PassiveEndpoint {
-    inner: Arc<PepInner>,
-}
-
-impl std::fmt::Debug for PassiveEndpoint {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PassiveEndpoint")
-            .field("raw", &self.inner.raw)
-            .finish()
-    }
-}
-
-impl PassiveEndpoint {
-    /// Opens a passive endpoint bound to `eq` and starts listening (`fi_passive_ep`,
-    /// `fi_pep_bind`, `fi_listen`).
-    #[doc(alias = "fi_passive_ep")]
-    #[doc(alias = "fi_listen")]
-    pub fn listen(fabric: &Fabric, info: &Info, eq: &EventQueue) -> Result<PassiveEndpoint> {
-        let mut raw = ptr::null_mut();
-        // SAFETY: fabric is open, info valid; raw receives the pep.
-        cvt("fi_passive_ep", unsafe {
-            ffi::fi_passive_ep(
-                fabric.inner.raw_ptr(),
-                info.as_raw(),
-                &mut raw,
-                ptr::null_mut(),
-            )
-        })?;
-        let pep = PepInner {
-            raw,
-            _fabric: Arc::clone(&fabric.inner),
-            eq: eq.clone(),
-        };
-        // SAFETY: both are open objects of the same fabric.
-        cvt("fi_pep_bind", unsafe {
-            ffi::fi_pep_bind(raw, ptr::addr_of_mut!((*eq.inner.raw).fid), 0)
-        })?;
-        // SAFETY: the pep is open and bound.
-        cvt("fi_listen", unsafe { ffi::fi_listen(raw) })?;
-        Ok(PassiveEndpoint {
-            inner: Arc::new(pep),
-        })
-    }
-
-    /// The raw `fid_pep`.
-    pub fn as_raw(&self) -> *mut ffi::fid_pep {
-        self.inner.raw
-    }
-
-    /// Wraps an open, listening `fid_pep` bound to `eq`.
-    ///
-    /// # Safety
-    /// `raw` must be an open passive endpoint of `fabric` bound to `eq`, owned by nobody
-    /// else (closed on drop).
-    pub unsafe fn from_raw(
-        fabric: &Fabric,
-        raw: *mut ffi::fid_pep,
-        eq: &EventQueue,
-    ) -> PassiveEndpoint {
-        PassiveEndpoint {
-            inner: Arc::new(PepInner {
-                raw,
-                _fabric: Arc::clone(&fabric.inner),
-                eq: eq.clone(),
-            }),
-        }
-    }
-
-    /// The listening address, as bytes to give to connecting peers (`fi_getname`).
-    #[doc(alias = "fi_getname")]
-    pub fn name(&self) -> Result<Vec<u8>> {
-        // SAFETY: the address of the open pep's fid.
-        get_name(
-            unsafe { ptr::addr_of_mut!((*self.inner.raw).fid) },
-            "fi_getname",
-        )
-    }
-
-    /// Waits for a connection request and returns the info to open the accepting
-    /// endpoint with.
-    pub fn wait_connreq(&self, timeout: Duration) -> Result<Info> {
-        let ev = self
-            .inner
-            .eq
-            .wait_event(ffi::FI_CONNREQ, "FI_CONNREQ", timeout)?;
-        let got = ev.event;
-        ev.info.ok_or(Error::UnexpectedEvent {
-            call: "fi_eq_sread",
-            expected: "FI_CONNREQ with info",
-            got,
-        })
-    }
-
-    /// Rejects a connection request (`fi_reject`).
-    #[doc(alias = "fi_reject")]
-    pub fn reject(&self, request: &Info) -> Result<()> {
-        // SAFETY: handle comes from the connreq info.
-        cvt("fi_reject", unsafe {
-            ffi::fi_reject(self.inner.raw, (*request.as_raw()).handle, ptr::null(), 0)
-        })
-    }
-}
-
-pub(crate) struct SepInner {
-    raw: *mut ffi::fid_ep,
-    domain: Arc<DomainInner>,
-    _av: AddressVector,
-}
-
-// SAFETY: the scalable endpoint belongs to an FI_THREAD_SAFE domain.
-unsafe impl Send for SepInner {}
-// SAFETY: as above.
-unsafe impl Sync for SepInner {}
-
-impl Drop for SepInner {
-    fn drop(&mut self) {
-        let _guard = self.domain.control_guard();
-        // Its contexts hold an Arc to this and are closed already.
-        close_fid("scalable endpoint", crate::fid_of(self.raw));
-    }
-}
-
-/// A scalable endpoint (`fi_scalable_ep`): one address, several transmit and receive
-/// contexts, each an [`Endpoint`] with its own completion queue, usable from its own
-/// thread. Peers target receive context `i` with [`Address::rx_context`].
-///
-/// Offered by `sockets` here (`FI_NAMED_RX_CTX`); other providers answer
-/// [`Error::Unsupported`].
-#[derive(Clone)]
-pub struct ScalableEndpoint {
-    inner: Arc<SepInner>,
-}
-
-impl std::fmt::Debug for ScalableEndpoint {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ScalableEndpoint")
-            .field("raw", &self.inner.raw)
-            .finish()
-    }
-}
-
-impl ScalableEndpoint {
-    /// Opens a scalable endpoint with `info`'s `tx_ctx_cnt`/`rx_ctx_cnt` contexts and binds
-    /// the address vector (`fi_scalable_ep`, `fi_scalable_ep_bind`).
-    #[doc(alias = "fi_scalable_ep")]
-    pub fn new(domain: &Domain, info: &Info, av: &AddressVector) -> Result<ScalableEndpoint> {
-        let _guard = domain.inner.control_guard();
-        let mut raw = ptr::null_mut();
-        // SAFETY: the domain is open, info valid; raw receives the endpoint.
-        let ret = unsafe {
-            ffi::fi_scalable_ep(domain.inner.raw, info.as_raw(), &mut raw, ptr::null_mut())
-        };
-        cvt("fi_scalable_ep", ret).map_err(|e| e.context(|| info.provider_name().to_owned()))?;
-        // SAFETY: both objects are open and belong to the same domain.
-        let bound = cvt("fi_scalable_ep_bind", unsafe {
-            ffi::fi_scalable_ep_bind(raw, fid_of(av.inner.raw), 0)
-        });
-        if let Err(e) = bound {
-            close_fid("scalable endpoint", fid_of(raw));
-            return Err(e);
-        }
-        Ok(ScalableEndpoint {
-            inner: Arc::new(SepInner {
-                raw,
-                domain: Arc::clone(&domain.inner),
-                _av: av.clone(),
-            }),
-        })
-    }
-
-    /// The raw `fid_ep` of the scalable endpoint.
-    pub fn as_raw(&self) -> *mut ffi::fid_ep {
-        self.inner.raw
-    }
-
-    /// Wraps an open scalable endpoint of `domain` bound to `av`.
-    ///
-    /// # Safety
-    /// `raw` must be an open scalable endpoint of `domain` bound to `av`, owned by nobody
-    /// else (closed on drop).
-    pub unsafe fn from_raw(domain: &Domain, raw: *mut ffi::fid_ep, av: &AddressVector) -> Self {
-        ScalableEndpoint {
-            inner: Arc::new(SepInner {
-                raw,
-                domain: Arc::clone(&domain.inner),
-                _av: av.clone(),
-            }),
-        }
-    }
-
-    fn context(&self, tx: bool, index: i32, cq: &CompletionQueue) -> Result<Endpoint> {
-        let call = if tx { "fi_tx_context" } else { "fi_rx_context" };
-        let _guard = self.inner.domain.control_guard();
-        let mut raw = ptr::null_mut();
-        // SAFETY: the scalable endpoint is open; NULL attributes take the endpoint's.
-        let ret = unsafe {
-            if tx {
-                ffi::fi_tx_context(
-                    self.inner.raw,
-                    index,
-                    ptr::null_mut(),
-                    &mut raw,
-                    ptr::null_mut(),
-                )
-            } else {
-                ffi::fi_rx_context(
-                    self.inner.raw,
-                    index,
-                    ptr::null_mut(),
-                    &mut raw,
-                    ptr::null_mut(),
-                )
-            }
-        };
-        cvt(call, ret).map_err(|e| e.context(|| format!("index {index}")))?;
-        let flags = if tx { ffi::FI_TRANSMIT } else { ffi::FI_RECV };
-        // SAFETY: the context and the CQ are open objects of the same domain.
-        let setup = cvt("fi_ep_bind", unsafe {
-            ffi::fi_ep_bind(raw, fid_of(cq.inner.raw), flags)
-        })
-        // SAFETY: the context is open and bound.
-        .and_then(|()| cvt("fi_enable", unsafe { ffi::fi_enable(raw) }));
-        if let Err(e) = setup {
-            close_fid("endpoint context", fid_of(raw));
-            return Err(e);
-        }
-        Ok(Endpoint {
-            inner: Arc::new(EpInner {
-                raw,
-                domain: Arc::clone(&self.inner.domain),
-                tx_cq: tx.then(|| cq.clone()),
-                rx_cq: (!tx).then(|| cq.clone()),
-                _av: None,
-                eq: None,
-                _counters: Vec::new(),
-                ep_type: EndpointType::RDM,
-                _parent: Some(Arc::clone(&self.inner)),
-            }),
-        })
-    }
-
-    /// Transmit context `index`, bound to `cq` and enabled (`fi_tx_context`).
-    #[doc(alias = "fi_tx_context")]
-    pub fn tx_context(&self, index: i32, cq: &CompletionQueue) -> Result<Endpoint> {
-        self.context(true, index, cq)
-    }
-
-    /// Receive context `index`, bound to `cq` and enabled (`fi_rx_context`).
-    #[doc(alias = "fi_rx_context")]
-    pub fn rx_context(&self, index: i32, cq: &CompletionQueue) -> Result<Endpoint> {
-        self.context(false, index, cq)
-    }
-
-    /// Enables the scalable endpoint once its contexts exist (`fi_enable`).
-    #[doc(alias = "fi_enable")]
-    pub fn enable(&self) -> Result<()> {
-        let _guard = self.inner.domain.control_guard();
-        // SAFETY: the scalable endpoint is open and bound to its AV.
-        cvt("fi_enable", unsafe { ffi::fi_enable(self.inner.raw) })
-    }
-
-    /// The endpoint's address, shared by all its contexts (`fi_getname`).
-    #[doc(alias = "fi_getname")]
-    pub fn name(&self) -> Result<Vec<u8>> {
-        get_name(fid_of(self.inner.raw), "fi_getname")
     }
 }

@@ -73,13 +73,15 @@ mod eq;
 mod error;
 mod info;
 mod mr;
+mod passive;
+mod scalable;
 
 pub use atomic::{AtomicDatatype, AtomicOp};
 pub use av::{Address, AddressVector, AvType};
 pub use cntr::Counter;
 pub use cq::{Completion, CompletionQueue, CqBuilder, CqFormat, WaitObj};
 pub use domain::{Domain, Fabric};
-pub use ep::{Endpoint, EndpointBuilder, PassiveEndpoint, ScalableEndpoint, WriteOp};
+pub use ep::{Endpoint, EndpointBuilder, WriteOp};
 pub use eq::{CmEvent, EventQueue};
 pub use error::{strerror, CompletionError, Error, Result};
 pub use info::{
@@ -87,6 +89,8 @@ pub use info::{
     Progress, Threading, MIN_VERSION,
 };
 pub use mr::{Access, HmemIface, MemoryRegion, RegisteredBuffer, RemoteMemory};
+pub use passive::PassiveEndpoint;
+pub use scalable::ScalableEndpoint;
 
 /// The `fid` of a libfabric object: every `fid_*` struct starts with its `struct fid`.
 pub(crate) fn fid_of<T>(raw: *mut T) -> *mut ffi::fid {
