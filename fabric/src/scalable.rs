@@ -32,10 +32,10 @@ impl Drop for SepInner {
 
 /// A scalable endpoint (`fi_scalable_ep`): one address, several transmit and receive
 /// contexts, each an [`Endpoint`] with its own completion queue, usable from its own
-/// thread. Peers target receive context `i` with [`Address::rx_context`].
+/// thread. Peers target receive context `i` with [`Address::rx_context`](crate::Address::rx_context).
 ///
 /// Offered by `sockets` here (`FI_NAMED_RX_CTX`); other providers answer
-/// [`Error::Unsupported`].
+/// [`Error::Unsupported`](crate::Error::Unsupported).
 #[derive(Clone)]
 pub struct ScalableEndpoint {
     inner: Arc<SepInner>,
