@@ -89,6 +89,16 @@ fn dead_peers_are_reported_fast(provider: &str, cases: &[&str]) {
 
 /// `rails`: `num_rails` on both sides (`None`: the provider's default for this machine).
 fn dead_peers_are_reported_fast_on(provider: &str, rails: Option<&str>, cases: &[&str]) {
+    dead_peers_are_reported_fast_with(provider, rails, BLOCK, cases);
+}
+
+/// The same with descriptors of `block` bytes.
+fn dead_peers_are_reported_fast_with(
+    provider: &str,
+    rails: Option<&str>,
+    block: usize,
+    cases: &[&str],
+) {
     // One provider at a time: peers killed mid-transfer by concurrent tests of this
     // process crashed or hung the shm survivor (libfabric 1.17) in 2 of 6 runs.
     let _serial = common::serial();
@@ -107,7 +117,7 @@ fn dead_peers_are_reported_fast_on(provider: &str, rails: Option<&str>, cases: &
         &label,
         PEER_NAME,
         PEER_LEN,
-        BLOCK,
+        block,
         |tag| spawn_peer(provider, rails, tag),
         TIMEOUT,
         BOUND,
@@ -173,4 +183,13 @@ fn dead_peer_over_shm() {
 fn dead_peer_over_shm_mid_transfer() {
     dead_peers_are_reported_fast("shm", &["busy"]);
     dead_peers_are_reported_fast_on("shm", Some("4"), &["busy"]);
+}
+
+/// A shm peer killed while 4 MiB WRITEs to it are in flight, half of each pushed into it
+/// by this process (`cma_write`): a push into the dead process fails (`ESRCH`), or the
+/// rail worker sees the death first, and the survivor gets `RemoteDisconnect` within the
+/// bound as with the provider's own copies.
+#[test]
+fn dead_peer_over_shm_mid_push() {
+    dead_peers_are_reported_fast_with("shm", None, 4 << 20, &["busy"]);
 }
