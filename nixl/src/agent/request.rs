@@ -47,19 +47,19 @@ impl XferDlist {
 /// [`XferReq::status`] reports, besides progress:
 /// - [`Error::RemoteDisconnect`] when the transport says the peer's process or
 ///   connection is gone, or when the peer's metadata was invalidated
-///   ([`Agent::invalidate_remote`]) or reloaded with different connection information
+///   ([`Agent::invalidate_remote`](crate::Agent::invalidate_remote)) or reloaded with different connection information
 ///   (a restarted peer) while the request was in flight;
-/// - [`Error::Stalled`] when no operation completed for [`AgentConfig::stall_timeout`]
+/// - [`Error::Stalled`] when no operation completed for [`AgentConfig::stall_timeout`](crate::AgentConfig::stall_timeout)
 ///   (a dead peer that the transport does not report is caught by this bound: no
 ///   request polls "in progress" forever);
-/// - [`Error::Canceled`] after [`Agent::shutdown`] (or the drop of the agent's last
+/// - [`Error::Canceled`] after [`Agent::shutdown`](crate::Agent::shutdown) (or the drop of the agent's last
 ///   handle) released it;
 /// - [`Error::Backend`] for any other transport failure.
 ///
 /// Every error from `status` is terminal: the backend transfer is released at once
 /// (nothing more is issued, and its notification is not sent if it has not been), the
 /// request is spent, and later `status`/`post` calls return the same error. Make a new
-/// request (after [`Agent::load_remote_metadata`] with the peer's new metadata, for a
+/// request (after [`Agent::load_remote_metadata`](crate::Agent::load_remote_metadata) with the peer's new metadata, for a
 /// restarted peer) to move the data again. Errors from `post` itself (e.g. a
 /// notification too large) start nothing and leave the request as it was.
 ///
