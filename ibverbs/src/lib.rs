@@ -69,6 +69,7 @@ pub mod mw;
 mod pd;
 mod qp;
 mod srq;
+mod wr;
 
 pub use cq::{
     CompletionChannel, CompletionQueue, CqEvent, CqInitAttrEx, ExCompletion, WcFlags, WcOpcode,
@@ -83,7 +84,8 @@ pub use mr::{AccessFlags, MemoryRegion, RemoteMemory, Sge};
 pub use mw::{MemoryWindow, MwType};
 pub use pd::{AddressHandle, AhAttr, ProtectionDomain};
 pub use qp::{
-    required_mask, ConnectOptions, Endpoint, InlineSge, PreparedQueuePair, QpAttr, QpAttrMask,
-    QpState, QpType, QueuePair, QueuePairBuilder, RecvWr, SendFlags, SendOpsFlags, SendWr, WrBatch,
+    required_mask, ConnectOptions, Endpoint, PreparedQueuePair, QpAttr, QpAttrMask, QpState,
+    QpType, QueuePair, QueuePairBuilder, SendFlags, SendOpsFlags, WrBatch,
 };
 pub use srq::{SharedReceiveQueue, SrqAttr};
+pub use wr::{InlineSge, RecvWr, SendWr};

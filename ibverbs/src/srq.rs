@@ -3,7 +3,7 @@
 use crate::error::{cvt, cvt_ptr, ret_errno, Error, Result};
 use crate::ffi;
 use crate::pd::ProtectionDomain;
-use crate::qp::{link_recv, RecvWr};
+use crate::wr::{link_recv, RecvWr};
 use std::fmt;
 use std::ptr::NonNull;
 use std::sync::Arc;
