@@ -101,11 +101,9 @@ impl Daemon {
 
     /// Resumes a frozen process.
     pub fn thaw(&mut self) {
+        let pid = self.child.id() as i32;
         // SAFETY: signals our own child.
-        assert_eq!(
-            unsafe { libc::kill(self.child.id() as i32, libc::SIGCONT) },
-            0
-        );
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGCONT) }, 0);
     }
 
     /// Whether the process still runs.
