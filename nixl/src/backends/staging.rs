@@ -73,7 +73,9 @@ pub(crate) use wire::{plan_chunks, Ctrl, Request, SlotPool, WirePiece};
 use crate::error::{Error, Result};
 use std::collections::{HashMap, VecDeque};
 use std::fmt::Debug;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 /// Default slot size (bytes): large enough that the network runs near its peak with a
 /// few in flight, small enough that a 1 MiB block is cut in two pipelined chunks.
@@ -246,6 +248,32 @@ impl<A> Chunk<A> {
 pub(crate) struct Plan<A> {
     pub(crate) write: bool,
     pub(crate) chunks: Vec<Chunk<A>>,
+}
+
+impl<A> Plan<A> {
+    /// Bytes of one post that go through the bounce buffers.
+    pub(crate) fn staged_bytes(&self) -> u64 {
+        self.chunks
+            .iter()
+            .flat_map(|c| &c.pieces)
+            .map(|piece| piece.len)
+            .sum()
+    }
+}
+
+/// Waits, at most 10 s, until no staged copy of a released request touches the caller's
+/// memory (`user_copies` reaches 0), calling `progress` between looks: a device copy
+/// cannot be recalled, and the caller may free the memory once the request is gone.
+pub(crate) fn wait_user_copies(user_copies: &AtomicUsize, mut progress: impl FnMut()) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while user_copies.load(Ordering::Acquire) > 0 {
+        if Instant::now() > deadline {
+            tracing::warn!("a released staged transfer's copies are still running");
+            break;
+        }
+        progress();
+        std::thread::yield_now();
+    }
 }
 
 /// Where a transfer's progress is reported.

@@ -75,17 +75,18 @@ fn large_writes_are_pushed_in_part_and_land_before_their_notification() {
                 .collect();
             let total: usize = blocks.iter().sum();
             let pushable: usize = blocks.iter().filter(|&&n| n >= cma::PUSH_THRESHOLD).sum();
+            // The case's descriptors at `base`.
+            let on = |base: u64| {
+                list(
+                    &descs
+                        .iter()
+                        .map(|&(o, n)| (base + o as u64, n))
+                        .collect::<Vec<_>>(),
+                )
+            };
             for notif in [None, Some(format!("case {case}").into_bytes())] {
                 dst.iter_mut().for_each(|b| *b = 0);
                 let before = pusher.pushed_bytes();
-                let on = |base: u64| {
-                    list(
-                        &descs
-                            .iter()
-                            .map(|&(o, n)| (base + o as u64, n))
-                            .collect::<Vec<_>>(),
-                    )
-                };
                 let mut req = initiator
                     .create_xfer_req(XferOp::Write, &on(src_p), &on(dst_p), &name, notif.clone())
                     .unwrap();
@@ -133,14 +134,6 @@ fn large_writes_are_pushed_in_part_and_land_before_their_notification() {
             dst.copy_from_slice(&src);
             back.iter_mut().for_each(|b| *b = 0);
             let before = pusher.pushed_bytes();
-            let on = |base: u64| {
-                list(
-                    &descs
-                        .iter()
-                        .map(|&(o, n)| (base + o as u64, n))
-                        .collect::<Vec<_>>(),
-                )
-            };
             let mut req = initiator
                 .create_xfer_req(XferOp::Read, &on(back_p), &on(dst_p), &name, None)
                 .unwrap();

@@ -10,7 +10,6 @@ use crate::error::{Error, Result};
 use ibverbs::MemoryRegion;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
 
 /// One work request, resolved at prepare time.
 #[derive(Debug, Clone, Copy)]
@@ -226,13 +225,7 @@ impl BackendXfer for VerbsXfer {
     }
 
     fn staged_bytes(&self) -> u64 {
-        self.staged.as_ref().map_or(0, |p| {
-            p.chunks
-                .iter()
-                .flat_map(|c| &c.pieces)
-                .map(|piece| piece.len)
-                .sum()
-        })
+        self.staged.as_ref().map_or(0, |p| p.staged_bytes())
     }
 }
 
@@ -242,17 +235,10 @@ impl Drop for VerbsXfer {
         // workers, which keep the registrations alive until then.
         self.shared.canceled.store(true, Ordering::Relaxed);
         if self.staged.is_some() {
-            // A device copy cannot be recalled: wait (bounded) for those touching the
-            // caller's memory, so that it may be freed once the request is gone.
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while self.shared.user_copies.load(Ordering::Acquire) > 0 {
-                if Instant::now() > deadline {
-                    tracing::warn!("a released staged transfer's copies are still running");
-                    break;
-                }
+            // A device copy cannot be recalled (see `staging::wait_user_copies`).
+            staging::wait_user_copies(&self.shared.user_copies, || {
                 self.common.stager.progress();
-                std::thread::yield_now();
-            }
+            });
         }
     }
 }
