@@ -15,7 +15,7 @@ from conftest import IMPL, free_port, load_api, wait_for, wait_xfer
 
 api = load_api()
 B = api.nixlBind  # the bindings module of the implementation: exception classes
-SIZE = 1 << 20
+SIZE = 4 << 20
 CHUNK = 64 << 10
 
 
@@ -481,8 +481,9 @@ def ask(peer, *cmd, timeout=30):
     return peer["conn"].recv()
 
 
-@pytest.mark.parametrize("exchange", ["blob", "listener"])
-def test_two_processes_write_then_read(peer_process, exchange):
+# 64 KiB blocks, and one 4 MiB block (over shm ours copies it from both processes at once).
+@pytest.mark.parametrize("exchange,block", [("blob", CHUNK), ("listener", CHUNK), ("blob", SIZE)])
+def test_two_processes_write_then_read(peer_process, exchange, block):
     peer = peer_process
     port = free_port()
     a = make_agent("initiator", enable_listen_thread=True, listen_port=port)
@@ -494,9 +495,9 @@ def test_two_processes_write_then_read(peer_process, exchange):
     else:
         a.fetch_remote_metadata("target", "127.0.0.1", peer["port"])
         wait_for(lambda: a.check_remote_metadata("target"), what="fetched metadata")
-    n = SIZE // CHUNK
-    local = a.prep_xfer_dlist("NIXL_INIT_AGENT", chunks(src, n), "DRAM")
-    remote_rows = [(peer["addr"] + i * CHUNK, CHUNK, 0) for i in range(n)]
+    n = SIZE // block
+    local = a.prep_xfer_dlist("NIXL_INIT_AGENT", chunks(src, n, block), "DRAM")
+    remote_rows = [(peer["addr"] + i * block, block, 0) for i in range(n)]
     remote = a.prep_xfer_dlist("target", remote_rows, "DRAM")
     h = a.make_prepped_xfer("WRITE", local, list(range(n)), remote, list(range(n)), b"w1")
     wait_xfer(a, h, state=a.transfer(h))
@@ -507,7 +508,7 @@ def test_two_processes_write_then_read(peer_process, exchange):
     assert total == int(src.sum(dtype=np.uint64))
     # Now READ a pattern the peer writes into its buffer.
     assert ask(peer, "fill", 0x5A) == ("ok",)
-    into = a.prep_xfer_dlist("NIXL_INIT_AGENT", chunks(back, n), "DRAM")
+    into = a.prep_xfer_dlist("NIXL_INIT_AGENT", chunks(back, n, block), "DRAM")
     r = a.make_prepped_xfer("READ", into, list(range(n)), remote, list(range(n)), b"r1")
     wait_xfer(a, r, state=a.transfer(r))
     expect = np.arange(SIZE, dtype=np.uint64).astype(np.uint8) ^ 0x5A
