@@ -651,6 +651,33 @@ fn flag(params: &BackendParams, key: &str) -> Result<bool> {
 
 /// The provider's info (the first of the priority list that answers); with `want_hmem`,
 /// that provider's `FI_HMEM` variant where it has one.
+/// The provider whose endpoints are named by [`unique_shm_name`].
+const LOCAL_SHM: &str = "shm";
+
+/// A name for this process's `shm` endpoints that no other process on the host has.
+/// libfabric 1.17's `shm` names them after the pid by default, and creates their shared
+/// regions under that name in `/dev/shm`: two processes of the same pid in different pid
+/// namespaces that share `/dev/shm` (containers, `unshare --pid`) opened one region, and
+/// one of them crashed reading the other's pointers in it (SIGSEGV while enabling the
+/// endpoint, seen in the network-namespace tests, whose peers are pid 1). The pid, the
+/// time and a per-process random value make the name unique.
+fn unique_shm_name() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    static NONCE: OnceLock<u64> = OnceLock::new();
+    let nonce = *NONCE.get_or_init(|| {
+        // RandomState's keys are random per process (forked children inherit the
+        // value; their pid tells them apart).
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u128(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos()),
+        );
+        h.finish()
+    });
+    format!("nixl-{}-{nonce:016x}", std::process::id())
+}
+
 fn discover(params: &BackendParams, want_hmem: bool) -> Result<Info> {
     let named = params.get("provider").map(String::as_str);
     let candidates: Vec<&str> = match named {
@@ -665,7 +692,13 @@ fn discover(params: &BackendParams, want_hmem: bool) -> Result<Info> {
                 .ep_type(EndpointType::RDM)
                 .caps(caps);
             let node = params.get("node").cloned().or_else(|| {
-                (provider.starts_with("tcp") || provider == "sockets").then(|| "127.0.0.1".into())
+                if provider.starts_with("tcp") || provider == "sockets" {
+                    Some("127.0.0.1".into())
+                } else if provider == LOCAL_SHM {
+                    Some(unique_shm_name())
+                } else {
+                    None
+                }
             });
             if let Some(node) = &node {
                 hints = hints.node(node).source(true);

@@ -357,20 +357,6 @@ pub fn wait_file(path: &Path, child: &mut Child) -> String {
     }
 }
 
-/// The signal that ended `child` before `path` appeared, if that is how it ended (`None`
-/// once `path` exists, or when it exited otherwise: [`wait_file`] reports that).
-fn killed_before_announcing(path: &Path, child: &mut Child) -> Option<i32> {
-    use std::os::unix::process::ExitStatusExt;
-    let deadline = Instant::now() + TIMEOUT;
-    while !path.exists() && Instant::now() < deadline {
-        if let Some(status) = child.try_wait().unwrap() {
-            return status.signal();
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    None
-}
-
 /// A peer process that announced its metadata address and buffer base (see
 /// [`announce_agent`]); killed, and its files removed, when dropped.
 pub struct PeerProcess {
@@ -381,20 +367,9 @@ pub struct PeerProcess {
 }
 
 impl PeerProcess {
-    /// Starts `cmd` and waits until it announced itself at `announce`. A peer killed by
-    /// a signal before it announced is started once more (logged): libfabric 1.17
-    /// crashed a freshly started peer inside a provider thread once in about 30 runs of
-    /// the loaded host suite (SIGSEGV in `sockets`' setup in another network namespace),
-    /// which is not what the tests here are about.
+    /// Starts `cmd` and waits until it announced itself at `announce`.
     pub fn spawn(mut cmd: Command, announce: PathBuf) -> Self {
         let mut child = cmd.spawn().unwrap();
-        if let Some(signal) = killed_before_announcing(&announce, &mut child) {
-            eprintln!(
-                "the peer was killed by signal {signal} before it announced {}: starting it again",
-                announce.display()
-            );
-            child = cmd.spawn().unwrap();
-        }
         let text = wait_file(&announce, &mut child);
         let (addr, base) = text.split_once(' ').unwrap();
         Self {

@@ -317,3 +317,33 @@ fn a_wedged_rail_fails_its_transfers_typed() {
     drop(req);
     assert!(dst.iter().all(|&b| b == 5));
 }
+
+/// shm endpoints are named after more than the pid: processes of one pid in different
+/// pid namespaces sharing `/dev/shm` (the network-namespace tests' peers are all pid 1)
+/// opened the same region under libfabric 1.17's default name and one crashed.
+#[test]
+fn shm_endpoints_have_names_no_other_process_has() {
+    use crate::params;
+    let agent = Agent::new("shm-name", crate::AgentConfig::default()).unwrap();
+    let backend = open(&agent, &params([("provider", "shm"), ("num_rails", "2")])).unwrap();
+    let prefix = format!("fi_shm://nixl-{}-", std::process::id());
+    let names: Vec<String> = backend
+        .rails
+        .iter()
+        .map(|r| {
+            String::from_utf8_lossy(&r.ep.name().unwrap())
+                .trim_end_matches('\0')
+                .to_string()
+        })
+        .collect();
+    for name in &names {
+        let nonce = name
+            .strip_prefix(&prefix)
+            .unwrap_or_else(|| panic!("{name} does not start with {prefix}"));
+        assert!(
+            nonce.len() > 16 && nonce[..16].chars().all(|c| c.is_ascii_hexdigit()),
+            "{name}"
+        );
+    }
+    assert_ne!(names[0], names[1]);
+}
