@@ -173,6 +173,7 @@ use liveness::Liveness;
 use stage_net::{failure_of, FabAddr, Stager};
 use std::any::Any;
 use std::collections::{HashMap, VecDeque};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::thread::JoinHandle;
@@ -654,17 +655,19 @@ fn flag(params: &BackendParams, key: &str) -> Result<bool> {
 /// The provider whose endpoints are named by [`unique_shm_name`].
 const LOCAL_SHM: &str = "shm";
 
-/// A name for this process's `shm` endpoints that no other process on the host has.
-/// libfabric 1.17's `shm` names them after the pid by default, and creates their shared
-/// regions under that name in `/dev/shm`: two processes of the same pid in different pid
-/// namespaces that share `/dev/shm` (containers, `unshare --pid`) opened one region, and
-/// one of them crashed reading the other's pointers in it (SIGSEGV while enabling the
-/// endpoint, seen in the network-namespace tests, whose peers are pid 1). The pid, the
-/// time and a per-process random value make the name unique.
+/// A name for this process's `shm` endpoints that no other process on the host has:
+/// `nixl-<pid namespace>-<pid>-<random>`. libfabric 1.17's `shm` names them after the
+/// pid by default and creates their shared regions under that name in `/dev/shm`: two
+/// processes of the same pid in different pid namespaces that share `/dev/shm`
+/// (containers, `unshare --pid`) opened one region, and one of them crashed reading the
+/// other's pointers in it (SIGSEGV while enabling the endpoint, seen in the
+/// network-namespace tests, whose peers are all pid 1). The first call also removes the
+/// regions such names left behind (see [`remove_stale_shm_regions`]).
 fn unique_shm_name() -> String {
     use std::hash::{BuildHasher, Hasher};
     static NONCE: OnceLock<u64> = OnceLock::new();
     let nonce = *NONCE.get_or_init(|| {
+        remove_stale_shm_regions(Path::new("/dev/shm"), pid_namespace());
         // RandomState's keys are random per process (forked children inherit the
         // value; their pid tells them apart).
         let mut h = std::collections::hash_map::RandomState::new().build_hasher();
@@ -675,7 +678,50 @@ fn unique_shm_name() -> String {
         );
         h.finish()
     });
-    format!("nixl-{}-{nonce:016x}", std::process::id())
+    format!(
+        "nixl-{}-{}-{nonce:016x}",
+        pid_namespace(),
+        std::process::id()
+    )
+}
+
+/// This process's pid namespace (the inode of `/proc/self/ns/pid`; 0 where unreadable).
+fn pid_namespace() -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/proc/self/ns/pid").map_or(0, |m| m.ino())
+}
+
+/// Removes, from `dir`, the `shm` regions of processes of pid namespace `ns` that have
+/// ended: a process killed without closing its endpoints leaves them (16 MiB each), and
+/// unique names are never reused by a later process the way pids were. Only names of
+/// this pid namespace (where `kill(pid, 0)` answers for the pid) and of dead pids go;
+/// nothing happens where the namespace is unknown.
+fn remove_stale_shm_regions(dir: &Path, ns: u64) {
+    if ns == 0 {
+        return;
+    }
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let prefix = format!("nixl-{ns}-");
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(&prefix))
+            .and_then(|rest| rest.split('-').next())
+            .and_then(|pid| pid.parse::<libc::pid_t>().ok())
+        else {
+            continue;
+        };
+        // SAFETY: signal 0 only asks whether the process exists.
+        let gone = pid > 0
+            && unsafe { libc::kill(pid, 0) } != 0
+            && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
+        if gone && std::fs::remove_file(entry.path()).is_ok() {
+            tracing::debug!(region = ?name, "removed the shm region of an ended process");
+        }
+    }
 }
 
 fn discover(params: &BackendParams, want_hmem: bool) -> Result<Info> {

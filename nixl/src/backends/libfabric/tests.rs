@@ -326,7 +326,7 @@ fn shm_endpoints_have_names_no_other_process_has() {
     use crate::params;
     let agent = Agent::new("shm-name", crate::AgentConfig::default()).unwrap();
     let backend = open(&agent, &params([("provider", "shm"), ("num_rails", "2")])).unwrap();
-    let prefix = format!("fi_shm://nixl-{}-", std::process::id());
+    let prefix = format!("fi_shm://nixl-{}-{}-", pid_namespace(), std::process::id());
     let names: Vec<String> = backend
         .rails
         .iter()
@@ -346,4 +346,34 @@ fn shm_endpoints_have_names_no_other_process_has() {
         );
     }
     assert_ne!(names[0], names[1]);
+}
+
+/// Regions left by ended processes of this pid namespace are removed; those of live
+/// processes, of other namespaces and of other names stay.
+#[test]
+fn stale_shm_regions_of_ended_processes_are_removed() {
+    let dir = std::env::temp_dir().join(format!("nixl-stale-shm-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let ns = pid_namespace();
+    assert_ne!(ns, 0, "/proc/self/ns/pid is readable on Linux");
+    let mut child = std::process::Command::new("true").spawn().unwrap();
+    let dead = child.id();
+    child.wait().unwrap();
+    let me = std::process::id();
+    let names = [
+        format!("nixl-{ns}-{dead}-0123456789abcdef:0:0"),
+        format!("nixl-{ns}-{me}-0123456789abcdef:0:0"),
+        format!("nixl-{}-{dead}-0123456789abcdef:0:0", ns + 1),
+        format!("{dead}:0:0"),
+    ];
+    for name in &names {
+        std::fs::write(dir.as_path().join(name), b"region").unwrap();
+    }
+    remove_stale_shm_regions(dir.as_path(), ns);
+    let left: Vec<bool> = names
+        .iter()
+        .map(|n| dir.as_path().join(n).exists())
+        .collect();
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert_eq!(left, [false, true, true, true]);
 }
