@@ -650,11 +650,6 @@ fn flag(params: &BackendParams, key: &str) -> Result<bool> {
     }
 }
 
-/// The provider's info (the first of the priority list that answers); with `want_hmem`,
-/// that provider's `FI_HMEM` variant where it has one.
-/// The provider whose endpoints are named by [`unique_shm_name`].
-const LOCAL_SHM: &str = "shm";
-
 /// A name for this process's `shm` endpoints that no other process on the host has:
 /// `nixl-<pid namespace>-<pid>-<random>`. libfabric 1.17's `shm` names them after the
 /// pid by default and creates their shared regions under that name in `/dev/shm`: two
@@ -665,24 +660,21 @@ const LOCAL_SHM: &str = "shm";
 /// regions such names left behind (see [`remove_stale_shm_regions`]).
 fn unique_shm_name() -> String {
     use std::hash::{BuildHasher, Hasher};
-    static NONCE: OnceLock<u64> = OnceLock::new();
-    let nonce = *NONCE.get_or_init(|| {
-        remove_stale_shm_regions(Path::new("/dev/shm"), pid_namespace());
-        // RandomState's keys are random per process (forked children inherit the
-        // value; their pid tells them apart).
+    // (pid namespace, random): a forked child inherits both; its pid tells it apart.
+    static ONCE: OnceLock<(u64, u64)> = OnceLock::new();
+    let (ns, nonce) = *ONCE.get_or_init(|| {
+        let ns = pid_namespace();
+        remove_stale_shm_regions(Path::new("/dev/shm"), ns);
+        // RandomState's keys are random per process.
         let mut h = std::collections::hash_map::RandomState::new().build_hasher();
         h.write_u128(
             std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_nanos()),
         );
-        h.finish()
+        (ns, h.finish())
     });
-    format!(
-        "nixl-{}-{}-{nonce:016x}",
-        pid_namespace(),
-        std::process::id()
-    )
+    format!("nixl-{ns}-{}-{nonce:016x}", std::process::id())
 }
 
 /// This process's pid namespace (the inode of `/proc/self/ns/pid`; 0 where unreadable).
@@ -724,6 +716,8 @@ fn remove_stale_shm_regions(dir: &Path, ns: u64) {
     }
 }
 
+/// The provider's info (the first of the priority list that answers); with `want_hmem`,
+/// that provider's `FI_HMEM` variant where it has one.
 fn discover(params: &BackendParams, want_hmem: bool) -> Result<Info> {
     let named = params.get("provider").map(String::as_str);
     let candidates: Vec<&str> = match named {
@@ -740,7 +734,7 @@ fn discover(params: &BackendParams, want_hmem: bool) -> Result<Info> {
             let node = params.get("node").cloned().or_else(|| {
                 if provider.starts_with("tcp") || provider == "sockets" {
                     Some("127.0.0.1".into())
-                } else if provider == LOCAL_SHM {
+                } else if provider == local_rails::LOCAL_PROVIDER {
                     Some(unique_shm_name())
                 } else {
                     None
@@ -991,8 +985,8 @@ impl Backend for LibfabricBackend {
                 cma: parsed
                     .process
                     .as_ref()
-                    .and_then(|p| p.local_pid())
                     .filter(|_| self.cma_write)
+                    .and_then(|p| p.local_pid())
                     .map(|pid| Arc::new(CmaPeer::new(pid))),
             },
         );

@@ -61,8 +61,14 @@ impl ProcessId {
     /// The pid that names this process here: same host, and the pid's start time in this
     /// pid namespace equals the advertised one (this very process included).
     pub(super) fn local_pid(&self) -> Option<u32> {
-        let on_host = ProcessId::current().is_some_and(|me| me.boot_id == self.boot_id);
-        (on_host && start_time(self.pid) == Some(self.start_time)).then_some(self.pid)
+        let me = ProcessId::current()?;
+        self.is_local_to(&me).then_some(self.pid)
+    }
+
+    /// Whether this process runs on `me`'s host and its pid names it in `me`'s pid
+    /// namespace (a reused pid, or another container's, has another start time).
+    fn is_local_to(&self, me: &ProcessId) -> bool {
+        self.boot_id == me.boot_id && start_time(self.pid) == Some(self.start_time)
     }
 
     pub(super) fn encode(&self, out: &mut Vec<u8>) {
@@ -116,13 +122,10 @@ impl Liveness {
     /// not this very process (agents of one process never outlive each other's process).
     pub(super) fn watch(peer: &ProcessId) -> Option<Arc<Self>> {
         let me = ProcessId::current()?;
-        if peer.boot_id != me.boot_id || *peer == me {
-            return None;
-        }
         // The pidfd is opened only after the start time matched, and the start time is
         // read again after: if the pid was reused in between, the pidfd names the wrong
         // process and is dropped.
-        if start_time(peer.pid) != Some(peer.start_time) {
+        if *peer == me || !peer.is_local_to(&me) {
             return None;
         }
         let pidfd = pidfd_open(peer.pid);

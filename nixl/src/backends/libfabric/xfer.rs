@@ -232,15 +232,11 @@ impl BackendXfer for FabricXfer {
             .store(message.is_some(), Ordering::Relaxed);
         let (write_notif, imm) = match (self.op, message) {
             (XferOp::Write, Some(m)) if self.pushes == 0 => (Some((self.notif_dest, m)), Some(key)),
-            // Pushed bytes are in place once their copy returned: the message goes
-            // after the last of them.
-            (XferOp::Write, Some(m)) => {
+            // A READ's message, and a WRITE's with pushed pieces (whose bytes are in place
+            // once their copy returned), go after the last operation.
+            (op, Some(m)) => {
                 *shared.notif_after_all.lock().expect("notif lock") = Some((self.notif_dest, m));
-                (None, Some(key))
-            }
-            (XferOp::Read, Some(m)) => {
-                *shared.notif_after_all.lock().expect("notif lock") = Some((self.notif_dest, m));
-                (None, None)
+                (None, (op == XferOp::Write).then_some(key))
             }
             (_, None) => (None, None),
         };
