@@ -136,6 +136,7 @@
 //! `stage_dram` (`1`: DRAM registrations are staged too, with `memcpy` for the copies —
 //! the pipeline end to end without a GPU, for tests).
 
+mod assist;
 mod cma;
 mod conn;
 mod host;
@@ -328,6 +329,10 @@ struct Common {
     busy_poll: bool,
     /// Bytes of WRITEs the rail workers copied into same-host peers themselves.
     pushed_bytes: AtomicU64,
+    /// Bytes of READs that same-host peers pushed into this process on request.
+    assisted_bytes: AtomicU64,
+    /// Serves READ assists to same-host peers (`cma_read`; see [`assist`]).
+    assist: Option<Arc<assist::Server>>,
 }
 
 #[derive(Debug, Clone)]
@@ -338,7 +343,8 @@ struct Peer {
     liveness: Option<Arc<Liveness>>,
     /// The peer's heartbeats, where both sides send them (see [`conn`]).
     watch: Option<Arc<PeerWatch>>,
-    /// The peer's process, where WRITEs to it may be pushed into it (see [`cma`]).
+    /// The peer's process, where WRITEs to it may be pushed into it (see [`cma`]), or
+    /// it may push pieces of READs (see [`assist`]).
     cma: Option<Arc<CmaPeer>>,
 }
 
@@ -376,6 +382,9 @@ pub struct LibfabricBackend {
     /// Large WRITEs to peers on this host are copied from both ends (`shm`, parameter
     /// `cma_write`; see [`cma`]).
     cma_write: bool,
+    /// Large READs from peers on this host too, and this backend serves such peers
+    /// (`shm`, parameter `cma_read`; see [`assist`]).
+    cma_read: bool,
     next_seq: Arc<AtomicU32>,
     next_rail: AtomicUsize,
     mem_kinds: Vec<MemKind>,
@@ -457,6 +466,7 @@ fn open(agent: &Agent, params: &BackendParams) -> Result<LibfabricBackend> {
         "staging_chunks",
         "stage_dram",
         "cma_write",
+        "cma_read",
         HeartbeatConfig::KEYS[0],
         HeartbeatConfig::KEYS[1],
     ];
@@ -483,6 +493,7 @@ fn open(agent: &Agent, params: &BackendParams) -> Result<LibfabricBackend> {
     };
     let busy_poll = flag(params, "busy_poll")?;
     let cma_write = params.get("cma_write").is_none() || flag(params, "cma_write")?;
+    let cma_read = params.get("cma_read").is_none() || flag(params, "cma_read")?;
     let stage_dram = flag(params, "stage_dram")?;
     let vram_mode = match params.get("vram_mode").map(String::as_str) {
         None | Some("auto") => VramMode::Auto,
@@ -527,6 +538,9 @@ fn open(agent: &Agent, params: &BackendParams) -> Result<LibfabricBackend> {
         DEFAULT_STRIPING_THRESHOLD
     });
     let cma_write = cma_write && provider == "shm";
+    // A target serves assists from its rail workers' threads: without them it would
+    // answer only when its owner polls.
+    let cma_read = cma_read && provider == "shm" && agent.config().progress_thread;
     let stripe_min_piece = if provider == "shm" {
         SHM_MIN_STRIPE_PIECE
     } else {
@@ -549,6 +563,8 @@ fn open(agent: &Agent, params: &BackendParams) -> Result<LibfabricBackend> {
         stop: AtomicBool::new(false),
         busy_poll,
         pushed_bytes: AtomicU64::new(0),
+        assisted_bytes: AtomicU64::new(0),
+        assist: cma_read.then(Default::default),
     });
     let backend = LibfabricBackend {
         agent_name: agent.name().to_string(),
@@ -564,6 +580,7 @@ fn open(agent: &Agent, params: &BackendParams) -> Result<LibfabricBackend> {
         striping_threshold,
         stripe_min_piece,
         cma_write,
+        cma_read,
         next_seq: Arc::new(AtomicU32::new(1)),
         next_rail: AtomicUsize::new(0),
         mem_kinds,
@@ -833,6 +850,9 @@ fn open_rail(info: &Info) -> Result<Rail> {
 /// Registrations, one per rail (none for a staged region).
 #[derive(Debug)]
 struct FabricLocalMd {
+    /// Where this backend serves READ assists from the region (see [`assist`]); dropped
+    /// before the registrations, so that no push reads a range the provider let go.
+    _served: Option<assist::Served>,
     mrs: Vec<MemoryRegion>,
     mode: RegMode,
     /// A staged region: its entry in the staging engine (removed on drop), the slot size
@@ -926,11 +946,22 @@ impl Backend for LibfabricBackend {
     fn register_mem(&self, region: &Region) -> Result<Arc<dyn LocalMd>> {
         match region.kind {
             MemKind::Dram if self.stage_dram => self.register_staged(region, None),
-            MemKind::Dram => Ok(Arc::new(FabricLocalMd {
-                mrs: self.register_rails(region, HmemIface::System)?,
-                mode: RegMode::Plain,
-                staged: None,
-            })),
+            MemKind::Dram => {
+                let mrs = self.register_rails(region, HmemIface::System)?;
+                let served = self.common.assist.as_ref().map(|server| {
+                    let rails: Vec<(u64, u64)> = mrs
+                        .iter()
+                        .map(|mr| (mr.remote().key, mr.remote().address_at(0)))
+                        .collect();
+                    server.add(&rails, region.desc.addr, region.desc.len)
+                });
+                Ok(Arc::new(FabricLocalMd {
+                    _served: served,
+                    mrs,
+                    mode: RegMode::Plain,
+                    staged: None,
+                }))
+            }
             MemKind::Vram if self.mem_kinds.contains(&MemKind::Vram) => {
                 let dev = i32::try_from(region.desc.dev_id).map_err(|_| {
                     Error::InvalidParam(format!("CUDA device {} out of range", region.desc.dev_id))
@@ -950,7 +981,11 @@ impl Backend for LibfabricBackend {
             .iter()
             .map(|rail| rail.ep.name().map_err(fabric_error))
             .collect::<Result<Vec<_>>>()?;
-        Ok(encode_conn_info(&names, self.hub.as_ref()))
+        Ok(encode_conn_info(
+            &names,
+            self.hub.as_ref(),
+            self.common.assist.is_some(),
+        ))
     }
 
     fn load_remote_conn_info(&self, agent: &str, info: &[u8]) -> Result<()> {
@@ -985,9 +1020,11 @@ impl Backend for LibfabricBackend {
                 cma: parsed
                     .process
                     .as_ref()
-                    .filter(|_| self.cma_write)
+                    .filter(|_| self.cma_write || self.cma_read)
                     .and_then(|p| p.local_pid())
-                    .map(|pid| Arc::new(CmaPeer::new(pid))),
+                    .map(|pid| {
+                        Arc::new(CmaPeer::new(pid).with_assists(self.cma_read && parsed.assists))
+                    }),
             },
         );
         if let Some(old) = old {
@@ -1069,7 +1106,11 @@ impl Backend for LibfabricBackend {
         let mut last_md: Option<(*const FabricLocalMd, u32)> = None;
         // Entries with a staged side go through the staging pipeline.
         let mut staged: Vec<usize> = Vec::new();
-        let cma = peer.cma.as_deref().filter(|_| op == XferOp::Write);
+        // WRITEs: pieces pushed into the peer; READs: pieces the peer pushes on request.
+        let cma = peer.cma.as_deref().filter(|cma| match op {
+            XferOp::Write => self.cma_write,
+            XferOp::Read => cma.assists(),
+        });
         let mut pushes = 0usize;
         for (index, entry) in entries.iter().enumerate() {
             let (local, remote) = entry.metadata::<FabricLocalMd, FabricRemoteMd>(NAME)?;
@@ -1090,13 +1131,17 @@ impl Backend for LibfabricBackend {
                     base
                 }
             };
-            // Pushed pieces are copied by this process into the peer (see `cma`).
+            // Pushed pieces are copied by this process into the peer (see `cma`), or
+            // for a READ by the peer into this process (see `assist`).
             let pushable = cma.is_some_and(|cma| {
                 len >= PUSH_THRESHOLD
                     && entry.local_region.kind == MemKind::Dram
                     && entry.remote_region.kind == MemKind::Dram
-                    && cma.allowed(entry.remote.addr)
+                    && (op == XferOp::Read || cma.allowed(entry.remote.addr))
             });
+            // A READ asks first (its request goes before the rail's own copy blocks the
+            // worker), a WRITE pushes second (after the provider's piece is queued).
+            let pushed_parity = usize::from(op == XferOp::Write);
             let mut add_piece = |r: usize, start: usize, piece_len: usize, pushed: bool| {
                 let max_msg = self.rails[r].max_msg;
                 // Local rail r talks to the peer's rail r (mod its rail count).
@@ -1115,8 +1160,10 @@ impl Backend for LibfabricBackend {
                         len: n,
                         mr: mr_base + r as u32,
                         dest: peer.addrs.addrs[r],
-                        // A push writes the peer's own virtual address.
-                        remote_addr: if pushed {
+                        // A WRITE's push writes the peer's own virtual address (a READ's
+                        // assist names the range as the provider would: the peer checks
+                        // it against its registration).
+                        remote_addr: if pushed && op == XferOp::Write {
                             entry.remote.addr + at
                         } else {
                             remote_mem.address_at(remote_offset + at)
@@ -1157,7 +1204,12 @@ impl Backend for LibfabricBackend {
                 };
                 let start = i * chunk;
                 if start < len {
-                    add_piece(r, start, chunk.min(len - start), pushable && i % 2 == 1);
+                    add_piece(
+                        r,
+                        start,
+                        chunk.min(len - start),
+                        pushable && i % 2 == pushed_parity,
+                    );
                 }
             }
         }
@@ -1239,6 +1291,12 @@ impl LibfabricBackend {
     /// (parameter `cma_write`).
     pub fn pushed_bytes(&self) -> u64 {
         self.common.pushed_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Bytes of READs that peers on this host pushed into this process on request
+    /// (parameter `cma_read`).
+    pub fn assisted_bytes(&self) -> u64 {
+        self.common.assisted_bytes.load(Ordering::Relaxed)
     }
 
     /// Whether the provider was opened with `FI_HMEM` (VRAM may register directly).

@@ -31,6 +31,7 @@
 //! worker asks its pidfd first), so a recycled pid would have to be reused within
 //! microseconds.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
 
 /// WRITE blocks from this size are split into pulled and pushed pieces (two 1 MiB
@@ -50,6 +51,9 @@ pub(super) struct CmaPeer {
     /// Whether the OS lets this process copy into the peer: probed at the first
     /// transfer that would push.
     allowed: OnceLock<bool>,
+    /// The peer pushes pieces of READs into this process on request (see
+    /// [`super::assist`]), until it refused once.
+    assists: AtomicBool,
 }
 
 /// Why a push failed.
@@ -78,6 +82,29 @@ impl CmaPeer {
         CmaPeer {
             pid,
             allowed: OnceLock::new(),
+            assists: AtomicBool::new(false),
+        }
+    }
+
+    /// The peer serves READ assists (its connection information says so).
+    pub(super) fn with_assists(self, assists: bool) -> Self {
+        self.assists.store(assists, Ordering::Relaxed);
+        self
+    }
+
+    /// Whether to ask the peer to push pieces of READs.
+    pub(super) fn assists(&self) -> bool {
+        self.assists.load(Ordering::Relaxed)
+    }
+
+    /// The peer refused an assist (it may not copy into this process): ask no more.
+    pub(super) fn refuse_assists(&self) {
+        if self.assists.swap(false, Ordering::Relaxed) {
+            tracing::info!(
+                pid = self.pid,
+                "same-host READs from this peer go through the provider alone: it may not \
+                 copy into this process (CMA)"
+            );
         }
     }
 

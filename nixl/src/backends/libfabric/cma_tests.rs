@@ -1,11 +1,11 @@
-//! Same-host WRITEs copied from both ends (module `cma`), end to end over `shm` between
-//! two agents of this process: every byte lands, a notification follows all of them,
-//! and only WRITE blocks from the threshold are pushed.
+//! Same-host WRITEs and READs copied from both ends (modules `cma` and `assist`), end to
+//! end over `shm` between two agents of this process: every byte lands, a notification
+//! follows all of them, and only blocks from the threshold are pushed.
 
 use super::*;
 use crate::{params, Desc, DescList, XferOp};
 
-fn agent(name: &str, rails: &str, cma_write: &str) -> (Agent, Arc<LibfabricBackend>) {
+fn agent(name: &str, rails: &str, cma: &str) -> (Agent, Arc<LibfabricBackend>) {
     let agent = Agent::new(name, crate::AgentConfig::default()).unwrap();
     let backend = Arc::new(
         open(
@@ -13,7 +13,8 @@ fn agent(name: &str, rails: &str, cma_write: &str) -> (Agent, Arc<LibfabricBacke
             &params([
                 ("provider", "shm"),
                 ("num_rails", rails),
-                ("cma_write", cma_write),
+                ("cma_write", cma),
+                ("cma_read", cma),
             ]),
         )
         .unwrap(),
@@ -23,13 +24,14 @@ fn agent(name: &str, rails: &str, cma_write: &str) -> (Agent, Arc<LibfabricBacke
 }
 
 #[test]
-fn large_writes_are_pushed_in_part_and_land_before_their_notification() {
+fn large_blocks_are_pushed_in_part_and_land_before_their_notification() {
     let len = 8 << 20;
     let src: Vec<u8> = (0..len).map(|i| (i * 13 + i / 4096) as u8).collect();
     for (rails, cma_write, slow_pushes) in
         [("1", "1", 0), ("4", "1", 0), ("4", "1", 300), ("2", "0", 0)]
     {
-        // Pushes slower than the provider's pieces: the notification must wait for them.
+        // Pushes slower than the provider's pieces: the notification (and a READ's
+        // completion) must wait for them.
         cma::TEST_PUSH_DELAY_MS.store(slow_pushes, Ordering::Relaxed);
         let tag = format!("{rails}-{cma_write}-{slow_pushes}");
         let (initiator, pusher) = agent(&format!("cma-init-{tag}"), rails, cma_write);
@@ -130,23 +132,98 @@ fn large_writes_are_pushed_in_part_and_land_before_their_notification() {
                     );
                 }
             }
-            // READs are the provider's alone.
+            // READs: the target pushes every other piece of a block from the threshold
+            // on request; this side pushes nothing.
             dst.copy_from_slice(&src);
-            back.iter_mut().for_each(|b| *b = 0);
-            let before = pusher.pushed_bytes();
-            let mut req = initiator
-                .create_xfer_req(XferOp::Read, &on(back_p), &on(dst_p), &name, None)
-                .unwrap();
-            req.post().unwrap();
-            req.wait(Duration::from_secs(10)).unwrap();
-            for &(o, n) in &descs {
-                assert!(back[o..o + n] == src[o..o + n], "{tag} case {case}: READ");
+            for notif in [None, Some(format!("read {case}").into_bytes())] {
+                back.iter_mut().for_each(|b| *b = 0);
+                let (pushed_before, assisted_before) =
+                    (pusher.pushed_bytes(), pusher.assisted_bytes());
+                let mut req = initiator
+                    .create_xfer_req(XferOp::Read, &on(back_p), &on(dst_p), &name, notif.clone())
+                    .unwrap();
+                req.post().unwrap();
+                req.wait(Duration::from_secs(10)).unwrap();
+                for &(o, n) in &descs {
+                    assert!(back[o..o + n] == src[o..o + n], "{tag} case {case}: READ");
+                }
+                assert_eq!(
+                    pusher.pushed_bytes(),
+                    pushed_before,
+                    "{tag} case {case}: a READ pushed"
+                );
+                let assisted = pusher.assisted_bytes() - assisted_before;
+                if cma_write == "0" || pushable == 0 {
+                    assert_eq!(assisted, 0, "{tag} case {case}");
+                } else {
+                    assert!(
+                        assisted > 0 && (assisted as usize) < pushable,
+                        "{tag} case {case}: {assisted} of {pushable} bytes pushed by the target"
+                    );
+                }
+                if let Some(msg) = &notif {
+                    let deadline = Instant::now() + Duration::from_secs(10);
+                    while !target
+                        .get_notifs()
+                        .into_values()
+                        .flatten()
+                        .any(|got| got == *msg)
+                    {
+                        assert!(
+                            Instant::now() < deadline,
+                            "{tag} case {case}: no READ notif"
+                        );
+                        std::thread::yield_now();
+                    }
+                }
             }
-            assert_eq!(
-                pusher.pushed_bytes(),
-                before,
-                "{tag} case {case}: a READ pushed"
-            );
         }
     }
+}
+
+#[test]
+fn a_target_that_refuses_read_assists_is_read_by_the_provider_and_asked_no_more() {
+    let len = 4 << 20;
+    let src: Vec<u8> = (0..len).map(|i| (i * 29 + i / 4096) as u8).collect();
+    let mut back = vec![0u8; len];
+    let (initiator, reader) = agent("assist-refused-init", "2", "1");
+    let (target, served) = agent("assist-refused-tgt", "2", "1");
+    let server = served.common.assist.as_ref().unwrap();
+    server.refuse.store(true, Ordering::Relaxed);
+    let one = |p: u64| DescList::from_descs(MemKind::Dram, [Desc::new(p, len as u64, 0)]);
+    let (src_p, back_p) = (src.as_ptr() as u64, back.as_mut_ptr() as u64);
+    // SAFETY: the buffers outlive the registrations and requests.
+    let _hi = unsafe { initiator.register_mem(&one(back_p), None) }.unwrap();
+    // SAFETY: as above.
+    let _ht = unsafe { target.register_mem(&one(src_p), None) }.unwrap();
+    let name = initiator
+        .load_remote_metadata(&target.local_metadata().unwrap())
+        .unwrap();
+    let mut req = initiator
+        .create_xfer_req(XferOp::Read, &one(back_p), &one(src_p), &name, None)
+        .unwrap();
+    for round in 0..3 {
+        back.iter_mut().for_each(|b| *b = 0);
+        req.post().unwrap();
+        req.wait(Duration::from_secs(10)).unwrap();
+        assert!(back == src, "round {round}");
+        assert_eq!(reader.assisted_bytes(), 0, "round {round}");
+        // Willing again, but this initiator no longer asks.
+        server.refuse.store(false, Ordering::Relaxed);
+    }
+    // A new connection asks again.
+    let (again, reader2) = agent("assist-refused-again", "2", "1");
+    // SAFETY: as above.
+    let _ha = unsafe { again.register_mem(&one(back_p), None) }.unwrap();
+    let name = again
+        .load_remote_metadata(&target.local_metadata().unwrap())
+        .unwrap();
+    back.iter_mut().for_each(|b| *b = 0);
+    let mut req = again
+        .create_xfer_req(XferOp::Read, &one(back_p), &one(src_p), &name, None)
+        .unwrap();
+    req.post().unwrap();
+    req.wait(Duration::from_secs(10)).unwrap();
+    assert!(back == src);
+    assert!(reader2.assisted_bytes() > 0);
 }

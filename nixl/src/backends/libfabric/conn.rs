@@ -2,7 +2,8 @@
 //!
 //! The connection information is the rail list (each rail's endpoint name), then, from
 //! peers that can tell, the process identity that [`super::liveness`] watches (a peer on
-//! this host), then the address of the peer's heartbeat hub ([`super::super::heartbeat`]).
+//! this host), then the address of the peer's heartbeat hub ([`super::super::heartbeat`]),
+//! then, from a peer that serves them, the READ-assist section ([`super::assist`]).
 //!
 //! A peer on another host that vanishes (its link cut, its machine killed) is reported
 //! by no provider in time: `tcp;ofi_rxm` and `sockets` keep retrying for minutes. So
@@ -18,6 +19,7 @@
 //! link cut mid-transfer: see `nixl/tests/netns_libfabric.rs`. A peer whose hub cannot be
 //! reached when it is loaded is logged and left to the transport and the stall timeout.
 
+use super::assist;
 use super::liveness::ProcessId;
 use super::{Error, Result, NAME};
 use crate::backends::heartbeat::{HeartbeatConfig, Hub, HubAddr, PeerWatch};
@@ -42,11 +44,13 @@ pub(super) struct PeerInfo {
     pub(super) process: Option<ProcessId>,
     /// The peer's heartbeat hub, where it runs one.
     pub(super) hub: Option<HubAddr>,
+    /// The peer pushes pieces of READs on request ([`super::assist`]).
+    pub(super) assists: bool,
 }
 
 /// This backend's connection information: `names` (each rail's endpoint name), this
-/// process's identity and the hub's address.
-pub(super) fn encode_conn_info(names: &[Vec<u8>], hub: Option<&Hub>) -> Vec<u8> {
+/// process's identity, the hub's address and whether it serves READ assists.
+pub(super) fn encode_conn_info(names: &[Vec<u8>], hub: Option<&Hub>, assists: bool) -> Vec<u8> {
     let mut out = vec![names.len() as u8];
     for name in names {
         out.extend_from_slice(&(name.len() as u16).to_le_bytes());
@@ -58,6 +62,9 @@ pub(super) fn encode_conn_info(names: &[Vec<u8>], hub: Option<&Hub>) -> Vec<u8> 
     if let Some(hub) = hub {
         hub.addr().encode(&mut out);
     }
+    if assists {
+        assist::encode_conn_section(&mut out);
+    }
     out
 }
 
@@ -65,25 +72,34 @@ pub(super) fn encode_conn_info(names: &[Vec<u8>], hub: Option<&Hub>) -> Vec<u8> 
 pub(super) fn parse_conn_info(bytes: &[u8]) -> Result<PeerInfo> {
     let (names, mut rest) = split_rail_list(bytes, "connection info")?;
     let mut process = None;
-    if !rest.is_empty() && !HubAddr::starts(rest) {
+    if !rest.is_empty() && !HubAddr::starts(rest) && !rest.starts_with(assist::CONN_TAG) {
         let n = rest.len().min(super::liveness::WIRE_SIZE);
         process = ProcessId::decode(&rest[..n])?;
         rest = &rest[n..];
     }
     let mut hub = None;
-    if !rest.is_empty() {
+    if !rest.is_empty() && !rest.starts_with(assist::CONN_TAG) {
         let (addr, tail) = HubAddr::decode(rest)?;
-        if !tail.is_empty() {
-            return Err(Error::MalformedMetadata(format!(
-                "{NAME} connection info: trailing bytes"
-            )));
-        }
         hub = Some(addr);
+        rest = tail;
+    }
+    let mut assists = false;
+    if !rest.is_empty() {
+        let n = rest.len().min(assist::CONN_WIRE_SIZE);
+        assists = assist::decode_conn_section(&rest[..n])
+            .map_err(|why| Error::MalformedMetadata(format!("{NAME} connection info: {why}")))?;
+        rest = &rest[n..];
+    }
+    if !rest.is_empty() {
+        return Err(Error::MalformedMetadata(format!(
+            "{NAME} connection info: trailing bytes"
+        )));
     }
     Ok(PeerInfo {
         names,
         process,
         hub,
+        assists,
     })
 }
 
@@ -212,6 +228,7 @@ mod tests {
             names: vec![vec![9]],
             process: None,
             hub: None,
+            assists: false,
         };
         assert_eq!(parse_conn_info(&[1, 1, 0, 9]).unwrap(), bare);
         assert!(parse_conn_info(&[1, 1, 0, 9, 9]).is_err());
@@ -228,18 +245,39 @@ mod tests {
         };
         assert_eq!(parse_conn_info(&info).unwrap(), with_process);
         hub.encode(&mut info);
-        let full = PeerInfo {
+        let with_hub = PeerInfo {
             hub: Some(hub),
-            ..with_process
+            ..with_process.clone()
+        };
+        assert_eq!(parse_conn_info(&info).unwrap(), with_hub);
+        let hub_end = info.len();
+        super::assist::encode_conn_section(&mut info);
+        let full = PeerInfo {
+            assists: true,
+            ..with_hub
         };
         assert_eq!(parse_conn_info(&info).unwrap(), full);
-        // Every cut is malformed but the one between the identity and the hub.
-        let between = 4 + super::super::liveness::WIRE_SIZE;
-        for cut in (5..info.len()).filter(|&c| c != between) {
+        // Every cut is malformed but those between the sections.
+        let between = [4 + super::super::liveness::WIRE_SIZE, hub_end];
+        for cut in (5..info.len()).filter(|c| !between.contains(c)) {
             assert!(parse_conn_info(&info[..cut]).is_err(), "cut at {cut}");
         }
         info.push(0);
         assert!(parse_conn_info(&info).is_err(), "trailing bytes");
+        // The assist section right after the identity (no hub), and alone.
+        let mut info = vec![1, 1, 0, 9];
+        me.encode(&mut info);
+        super::assist::encode_conn_section(&mut info);
+        assert_eq!(
+            parse_conn_info(&info).unwrap(),
+            PeerInfo {
+                assists: true,
+                ..with_process
+            }
+        );
+        let mut info = vec![1, 1, 0, 9];
+        super::assist::encode_conn_section(&mut info);
+        assert!(parse_conn_info(&info).unwrap().assists);
         // A hub without a process identity (a peer where /proc does not answer).
         let mut info = vec![1, 1, 0, 9];
         hub.encode(&mut info);

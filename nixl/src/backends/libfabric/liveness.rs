@@ -32,7 +32,7 @@ pub(super) const CHECK_PERIOD: Duration = Duration::from_micros(200);
 pub(super) const PROC_CHECK_PERIOD: Duration = Duration::from_millis(20);
 
 /// Who a process is, as another process on the same host can check it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(super) struct ProcessId {
     boot_id: [u8; 16],
     pid: u32,

@@ -23,7 +23,7 @@ pub(super) enum FabAddr {
 }
 
 impl FabAddr {
-    fn address(&self) -> Address {
+    pub(super) fn address(&self) -> Address {
         match self {
             FabAddr::Peer(p, rail) => p.addrs[*rail],
             FabAddr::Reply(r) => r.addr,

@@ -128,6 +128,7 @@ impl LibfabricBackend {
         let refusal = match self.register_direct(region, dev) {
             Ok(mrs) => {
                 return Ok(Arc::new(FabricLocalMd {
+                    _served: None,
                     mrs,
                     mode: RegMode::Direct,
                     staged: None,
@@ -278,6 +279,7 @@ impl LibfabricBackend {
             engine.add_region(region.desc.addr, region.desc.len, dev)
         };
         Ok(Arc::new(FabricLocalMd {
+            _served: None,
             mrs: Vec::new(),
             mode: RegMode::Staged,
             staged: Some(StagedReg {

@@ -3,13 +3,17 @@
 //! messages dispatched — driven by one thread per rail, or (`progress_thread = false`)
 //! by the callers' own polls.
 
+use super::assist;
 use super::cma::PushError;
 use super::idle::nap_after;
+use super::liveness::ProcessId;
+use super::stage_net::FabAddr;
 use super::{
     decode_notif, fabric_error, failure_of, send_message, staging, Common, PeerAddrs, Rail, RailOp,
     XferShared, MAX_OUTSTANDING, NOTIF_SLOT, NOTIF_SLOTS, RECV_CONTEXT, STAGE_CONTEXT,
 };
 use crate::backend::XferOp;
+use crate::backends::staging::StageNet;
 use crate::error::Result;
 use fabric::{Access, Address, Caps, Completion, MemoryRegion, RegisteredBuffer};
 use std::collections::{HashMap, VecDeque};
@@ -37,7 +41,12 @@ pub(super) struct RailJob {
 struct ActiveJob {
     job: RailJob,
     next: usize,
+    /// Operations issued and not completed, READ assists included.
     in_flight: usize,
+    /// READ pieces the peer was asked to push, not yet answered (see `assist`).
+    assists: usize,
+    /// Assisted pieces the peer refused, to read through the provider.
+    redo: Vec<usize>,
     /// A notification send completion is awaited.
     notif_in_flight: Option<RegisteredBuffer>,
 }
@@ -132,6 +141,11 @@ pub(super) struct Worker {
     completions: Vec<Completion>,
     /// When the remote operation counter is read next.
     next_counter_check: Instant,
+    /// This rail's endpoint name and this process: what a READ assist request carries.
+    name: Vec<u8>,
+    me: Option<ProcessId>,
+    /// Answers to peers' assist requests not yet sent (the endpoint was busy).
+    replies: VecDeque<(FabAddr, Vec<u8>)>,
 }
 
 impl Worker {
@@ -147,7 +161,6 @@ impl Worker {
             .map_err(fabric_error)?;
         let worker = Worker {
             index,
-            rail,
             rails,
             common,
             jobs: HashMap::new(),
@@ -157,6 +170,10 @@ impl Worker {
             recv_buf,
             completions: vec![Completion::default(); 64],
             next_counter_check: Instant::now(),
+            name: rail.ep.name().map_err(fabric_error)?,
+            me: ProcessId::current(),
+            replies: VecDeque::new(),
+            rail,
         };
         for slot in 0..NOTIF_SLOTS {
             worker.post_recv(slot)?;
@@ -192,6 +209,9 @@ impl Worker {
     fn round(&mut self) -> bool {
         let mut completions = std::mem::take(&mut self.completions);
         let mut busy = self.accept_jobs();
+        if !self.replies.is_empty() {
+            busy |= self.send_replies();
+        }
         busy |= self.issue();
         busy |= self.poll(&mut completions);
         self.completions = completions;
@@ -244,6 +264,8 @@ impl Worker {
                     job,
                     next: 0,
                     in_flight: 0,
+                    assists: 0,
+                    redo: Vec::new(),
                     notif_in_flight: None,
                 },
             );
@@ -269,17 +291,95 @@ impl Worker {
                     shared.fail_with(true, 0, reason);
                 }
             }
+            if active.assists > 0 {
+                if let Some(liveness) = &shared.peer.liveness {
+                    if let Err(crate::Error::RemoteDisconnect { reason, .. }) =
+                        liveness.check(&shared.peer.agent)
+                    {
+                        // Its process ended (the OS says so, not a heartbeat): nothing
+                        // will write those pieces any more.
+                        shared.fail_with(true, 0, reason);
+                        active.in_flight -= active.assists;
+                        self.outstanding -= active.assists;
+                        active.assists = 0;
+                    }
+                }
+            }
             if shared.canceled.load(Ordering::Relaxed)
                 || shared.failed.lock().expect("failed lock").is_some()
             {
                 active.next = active.job.ops.len();
                 active.job.notif = None;
+                active.redo.clear();
+            }
+            // Pieces the peer refused to push: read them through the provider.
+            while let Some(&index) = active.redo.last() {
+                if self.outstanding >= MAX_OUTSTANDING {
+                    break 'jobs;
+                }
+                // SAFETY: as for every provider operation below.
+                match unsafe { post(&self.rail.ep, &active.job, &active.job.ops[index], id) } {
+                    Ok(()) => {
+                        active.redo.pop();
+                        active.in_flight += 1;
+                        self.outstanding += 1;
+                        issued_any = true;
+                    }
+                    Err(fabric::Error::WouldBlock { .. }) => break 'jobs,
+                    Err(e) => {
+                        shared.fail(&e);
+                        active.redo.clear();
+                    }
+                }
             }
             while active.next < active.job.ops.len() {
                 if self.outstanding >= MAX_OUTSTANDING {
                     break 'jobs;
                 }
                 let op = &active.job.ops[active.next];
+                if op.pushed && active.job.op == XferOp::Read {
+                    // Asked of the peer, which pushes it into this memory (see `assist`);
+                    // where this process cannot tell who it is, or the peer refused an
+                    // earlier request, the provider reads it.
+                    let asks = shared.peer.cma.as_ref().is_some_and(|cma| cma.assists());
+                    let request = self.me.filter(|_| asks).map(|requester| {
+                        assist::Request {
+                            job: id,
+                            op: active.next as u32,
+                            requester,
+                            src: op.remote_addr,
+                            key: op.key,
+                            dst: op.local,
+                            len: op.len as u64,
+                            reply_to: self.name.clone(),
+                        }
+                        .encode()
+                    });
+                    let sent = match request {
+                        Some(r) if r.len() <= self.rail.inject_size => {
+                            self.rail.ep.inject(&r, op.dest).map(|()| true)
+                        }
+                        _ => Ok(false),
+                    };
+                    match sent {
+                        Ok(true) => {
+                            active.in_flight += 1;
+                            active.assists += 1;
+                            self.outstanding += 1;
+                        }
+                        Ok(false) => active.redo.push(active.next),
+                        Err(fabric::Error::WouldBlock { .. }) => break 'jobs,
+                        Err(e) => {
+                            shared.fail(&e);
+                            active.next = active.job.ops.len();
+                            active.job.notif = None;
+                            continue;
+                        }
+                    }
+                    active.next += 1;
+                    issued_any = true;
+                    continue;
+                }
                 if op.pushed {
                     // Copied here and now, while the peer pulls the pieces around it.
                     let pushed = match &shared.peer.cma {
@@ -305,50 +405,11 @@ impl Worker {
                     }
                     continue;
                 }
-                let ctx = id;
-                let ep = &self.rail.ep;
                 // SAFETY: the agent checked every range against registrations that the
                 // prepared request keeps alive; `Agent::register_mem`'s contract keeps the
                 // memory valid until the request is dropped, and this worker holds the
                 // job (and its memory regions) until the completion is read.
-                let posted = unsafe {
-                    match (active.job.op, active.job.imm) {
-                        (XferOp::Write, Some(imm)) => ep.writedata_raw(
-                            op.local as *const u8,
-                            op.len,
-                            Some(&active.job.mrs[op.mr as usize]),
-                            imm,
-                            op.dest,
-                            op.remote_addr,
-                            op.key,
-                            ctx,
-                        ),
-                        // Without a notification the initiator's DONE is the only
-                        // sign the data is there: ask for delivery, not just for the
-                        // bytes to have left (tcp;ofi_rxm completed writes before the
-                        // target had them; measured by the Python suite's
-                        // test_write_done_means_data_is_at_target).
-                        (XferOp::Write, None) => ep.writemsg_raw(
-                            op.local as *const u8,
-                            op.len,
-                            Some(&active.job.mrs[op.mr as usize]),
-                            op.dest,
-                            op.remote_addr,
-                            op.key,
-                            ctx,
-                            fabric::ffi::FI_COMPLETION | fabric::ffi::FI_DELIVERY_COMPLETE,
-                        ),
-                        (XferOp::Read, _) => ep.read_raw(
-                            op.local as *mut u8,
-                            op.len,
-                            Some(&active.job.mrs[op.mr as usize]),
-                            op.dest,
-                            op.remote_addr,
-                            op.key,
-                            ctx,
-                        ),
-                    }
-                };
+                let posted = unsafe { post(&self.rail.ep, &active.job, op, id) };
                 match posted {
                     Ok(()) => {
                         active.next += 1;
@@ -386,6 +447,7 @@ impl Worker {
             let finished = jobs.get(id).is_none_or(|a| {
                 a.next >= a.job.ops.len()
                     && a.in_flight == 0
+                    && a.redo.is_empty()
                     && a.job.notif.is_none()
                     && a.notif_in_flight.is_none()
             });
@@ -486,11 +548,19 @@ impl Worker {
         }
     }
 
-    fn handle_message(&self, slot: usize, len: usize) {
+    fn handle_message(&mut self, slot: usize, len: usize) {
         let bytes =
             &self.recv_buf.as_slice()[slot * NOTIF_SLOT..slot * NOTIF_SLOT + len.min(NOTIF_SLOT)];
         if bytes.starts_with(staging::MAGIC) {
             self.common.stager.message(self.index, bytes);
+            return;
+        }
+        if bytes.starts_with(assist::MAGIC) {
+            match assist::decode(bytes) {
+                Ok(assist::Message::Request(request)) => self.serve_assist(&request),
+                Ok(assist::Message::Done(done)) => self.assist_done(done),
+                Err(e) => tracing::warn!(error = %e, "malformed READ assist message dropped"),
+            }
             return;
         }
         match decode_notif(bytes) {
@@ -499,6 +569,143 @@ impl Worker {
                 .notifs
                 .message_arrived(key, expected, sender, msg),
             Err(e) => tracing::warn!(error = %e, "malformed notification dropped"),
+        }
+    }
+}
+
+/// READ assists (see `assist`): serving a peer's requests, and their answers.
+impl Worker {
+    /// Pushes a requested piece of a READ into the peer (or refuses) and answers.
+    fn serve_assist(&mut self, request: &assist::Request) {
+        let errno = match &self.common.assist {
+            Some(server) => server.serve(self.index, request),
+            None => libc::EOPNOTSUPP,
+        };
+        let done = assist::Done {
+            job: request.job,
+            op: request.op,
+            errno,
+        };
+        match self
+            .common
+            .stager
+            .net
+            .resolve(self.index, &request.reply_to)
+        {
+            Ok(dest) => {
+                self.replies.push_back((dest, done.encode()));
+                self.send_replies();
+            }
+            Err(f) => tracing::warn!(
+                error = %f.text,
+                "a READ assist's requester cannot be answered (its transfer will stall)"
+            ),
+        }
+    }
+
+    /// Sends queued answers while the endpoint takes them; whether any went.
+    fn send_replies(&mut self) -> bool {
+        let mut sent = false;
+        while let Some((dest, message)) = self.replies.front() {
+            match self.rail.ep.inject(message, dest.address()) {
+                Ok(()) => sent = true,
+                Err(fabric::Error::WouldBlock { .. }) => break,
+                Err(e) => tracing::warn!(error = %e, "a READ assist's answer was not sent"),
+            }
+            self.replies.pop_front();
+        }
+        sent
+    }
+
+    /// The peer answered an assist request of one of this rail's jobs.
+    fn assist_done(&mut self, done: assist::Done) {
+        let Some(active) = self.jobs.get_mut(&done.job) else {
+            tracing::debug!(job = done.job, "READ assist answer for a finished job");
+            return;
+        };
+        let op = match active.job.ops.get(done.op as usize) {
+            Some(op) if op.pushed && active.job.op == XferOp::Read && active.assists > 0 => op,
+            _ => {
+                tracing::warn!(
+                    job = done.job,
+                    op = done.op,
+                    "unexpected READ assist answer"
+                );
+                return;
+            }
+        };
+        active.assists -= 1;
+        active.in_flight -= 1;
+        self.outstanding -= 1;
+        let shared = &active.job.shared;
+        match done.errno {
+            0 => {
+                self.common
+                    .assisted_bytes
+                    .fetch_add(op.len as u64, Ordering::Relaxed);
+                shared.unit_done(&self.rails[0], &active.job.peer);
+            }
+            e if assist::is_refusal(e) => {
+                if let Some(cma) = &shared.peer.cma {
+                    cma.refuse_assists();
+                }
+                active.redo.push(done.op as usize);
+            }
+            e => shared.fail_with(false, e, assist::describe(e, op.len)),
+        }
+    }
+}
+
+/// Issues one provider operation of `job` on `ep`.
+///
+/// # Safety
+/// `op`'s local range must lie in a registration of `job` whose memory stays valid until
+/// the operation's completion is read (the agent's checks and `Agent::register_mem`'s
+/// contract; the worker holds the job until then).
+unsafe fn post(
+    ep: &fabric::Endpoint,
+    job: &RailJob,
+    op: &RailOp,
+    context: u64,
+) -> std::result::Result<(), fabric::Error> {
+    // SAFETY: the caller vouches for the local range; the provider checks the remote one
+    // against the peer's registration key.
+    unsafe {
+        match (job.op, job.imm) {
+            (XferOp::Write, Some(imm)) => ep.writedata_raw(
+                op.local as *const u8,
+                op.len,
+                Some(&job.mrs[op.mr as usize]),
+                imm,
+                op.dest,
+                op.remote_addr,
+                op.key,
+                context,
+            ),
+            // Without a notification the initiator's DONE is the only
+            // sign the data is there: ask for delivery, not just for the
+            // bytes to have left (tcp;ofi_rxm completed writes before the
+            // target had them; measured by the Python suite's
+            // test_write_done_means_data_is_at_target).
+            (XferOp::Write, None) => ep.writemsg_raw(
+                op.local as *const u8,
+                op.len,
+                Some(&job.mrs[op.mr as usize]),
+                op.dest,
+                op.remote_addr,
+                op.key,
+                context,
+                fabric::ffi::FI_COMPLETION | fabric::ffi::FI_DELIVERY_COMPLETE,
+            ),
+            (XferOp::Read, _) => ep.read_raw(
+                op.local as *mut u8,
+                op.len,
+                Some(&job.mrs[op.mr as usize]),
+                op.dest,
+                op.remote_addr,
+                op.key,
+                context,
+            ),
         }
     }
 }

@@ -26,11 +26,12 @@ pub(super) struct RailOp {
     /// Index into the transfer's registration table.
     pub(super) mr: u32,
     pub(super) dest: Address,
-    /// The provider's remote address, or the peer's virtual address for a push.
+    /// The provider's remote address, or the peer's virtual address for a WRITE's push.
     pub(super) remote_addr: u64,
     pub(super) key: u64,
-    /// Copied by this process into the peer's memory rather than by the provider (see
-    /// the `cma` module).
+    /// Not copied by the provider: a WRITE's piece this process pushes into the peer
+    /// (the `cma` module), a READ's piece the peer pushes into this process on request
+    /// (the `assist` module).
     pub(super) pushed: bool,
 }
 

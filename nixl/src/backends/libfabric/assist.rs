@@ -1,0 +1,446 @@
+//! Same-host READs copied from both ends at once: the target pushes part of the block.
+//!
+//! A READ over libfabric 1.17's `shm` is copied by the initiator (`process_vm_readv`
+//! on the target, inside `fi_read`), which pins the target's pages 4 KiB at a time
+//! under the page-table lock of their 2 MiB region, so a 2 MiB block read by one
+//! thread or by several (striped) runs at one CMA copy's rate — 0.6x the 1 MiB block's
+//! bandwidth on the GPU machine. The WRITE side of this problem is solved by the
+//! initiator pushing half ([`super::cma`]); a READ's other copy has to pin the
+//! *initiator's* pages, and only the target can do that: it pushes with
+//! `process_vm_writev` into the initiator.
+//!
+//! So a READ block of at least [`super::cma::PUSH_THRESHOLD`] (2 MiB) from a peer on this host that serves
+//! assists (it says so in its connection information, [`CONN_TAG`]) is split into
+//! pieces that alternate: odd pieces through the provider, even pieces *assisted*: the
+//! initiator's rail worker sends the target a [`Request`] on the rail (the target's
+//! registered range and key, the initiator's address, its process identity and its
+//! rail's name), before it reads its own piece, and the target's rail worker checks the
+//! range against its own registrations (rail and key, as the provider would), pushes
+//! and answers [`Done`] with an errno. The piece counts as done when the answer comes,
+//! after its bytes are in place. The target holds its registry's read lock while it
+//! pushes, so a deregistration of the source waits for the copy.
+//!
+//! Answers that mean "not here" ([`is_refusal`]: the target may not copy into the
+//! initiator — Yama's `ptrace_scope` lets a parent copy into its child but not the
+//! reverse — or cannot see its process) move the piece through the provider, and the
+//! initiator asks that peer no more. A range outside the target's registrations fails
+//! the transfer (`EACCES`, as the provider's key check would). A target whose process
+//! ends while assists are pending fails the transfer with `RemoteDisconnect` from its
+//! pidfd as before; then the pending pieces are given up (nothing can write them any
+//! more). Who may ask: whoever can send to the target's `shm` endpoint — processes of
+//! the same user, who may already read it with the provider — and the target copies
+//! only into the process that the request names and that it may `ptrace`.
+//!
+//! Parameter `cma_read` (default 1 over `shm`; needs the rail workers' threads: a
+//! target without them would answer only when its owner polls): serves assists and
+//! asks for them; 0: neither.
+
+use super::cma::CmaPeer;
+use super::liveness::{self, ProcessId};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, RwLock};
+
+/// First bytes of an assist message on a rail (beside notifications and staging).
+pub(super) const MAGIC: &[u8; 4] = b"NXCM";
+const VERSION: u8 = 1;
+const REQUEST: u8 = 1;
+const DONE: u8 = 2;
+/// Tag of the connection information's section that says this backend serves assists.
+pub(super) const CONN_TAG: &[u8; 4] = b"NXCA";
+/// The section: tag, version, flags (bit 0: serves READ assists).
+pub(super) const CONN_WIRE_SIZE: usize = 4 + 1 + 1;
+/// The longest rail name a request carries.
+const MAX_NAME: usize = 1024;
+/// Requester processes a target keeps checked.
+const MAX_REQUESTERS: usize = 256;
+
+/// The connection information's section for a backend that serves assists.
+pub(super) fn encode_conn_section(out: &mut Vec<u8>) {
+    out.extend_from_slice(CONN_TAG);
+    out.push(VERSION);
+    out.push(1);
+}
+
+/// Whether a peer serves assists, from its section (`Err`: malformed).
+pub(super) fn decode_conn_section(bytes: &[u8]) -> Result<bool, String> {
+    match bytes {
+        [t0, t1, t2, t3, VERSION, flags] if [*t0, *t1, *t2, *t3] == *CONN_TAG => Ok(flags & 1 != 0),
+        [_, _, _, _, v, _] => Err(format!("assist section version {v}")),
+        _ => Err("assist section has the wrong size".into()),
+    }
+}
+
+/// Initiator to target: push `len` bytes of your `src` (registered on this rail under
+/// `key`) to my `dst`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Request {
+    /// The initiator's job on its rail worker, and the operation within it.
+    pub(super) job: u64,
+    pub(super) op: u32,
+    pub(super) requester: ProcessId,
+    pub(super) src: u64,
+    pub(super) key: u64,
+    pub(super) dst: u64,
+    pub(super) len: u64,
+    /// The initiator's rail endpoint, where the answer goes.
+    pub(super) reply_to: Vec<u8>,
+}
+
+/// Target to initiator: the request's piece is in place (`errno` 0), or why not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Done {
+    pub(super) job: u64,
+    pub(super) op: u32,
+    pub(super) errno: i32,
+}
+
+/// A decoded assist message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Message {
+    Request(Request),
+    Done(Done),
+}
+
+fn header(kind: u8, job: u64, op: u32, out: &mut Vec<u8>) {
+    out.extend_from_slice(MAGIC);
+    out.push(VERSION);
+    out.push(kind);
+    out.extend_from_slice(&job.to_le_bytes());
+    out.extend_from_slice(&op.to_le_bytes());
+}
+
+impl Request {
+    /// `NXCM 1 1 job:u64 op:u32 process:LIVE-block src key dst len:u64 name:str16`
+    pub(super) fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(18 + liveness::WIRE_SIZE + 34 + self.reply_to.len());
+        header(REQUEST, self.job, self.op, &mut out);
+        self.requester.encode(&mut out);
+        for v in [self.src, self.key, self.dst, self.len] {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+        out.extend_from_slice(&(self.reply_to.len() as u16).to_le_bytes());
+        out.extend_from_slice(&self.reply_to);
+        out
+    }
+}
+
+impl Done {
+    /// `NXCM 1 2 job:u64 op:u32 errno:i32`
+    pub(super) fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(22);
+        header(DONE, self.job, self.op, &mut out);
+        out.extend_from_slice(&self.errno.to_le_bytes());
+        out
+    }
+}
+
+/// Reads `N` bytes at the front of `rest`.
+fn take<const N: usize>(rest: &mut &[u8]) -> Result<[u8; N], String> {
+    if rest.len() < N {
+        return Err("truncated".into());
+    }
+    let (head, tail) = rest.split_at(N);
+    *rest = tail;
+    Ok(head.try_into().expect("N bytes"))
+}
+
+/// Decodes an assist message (bounded against hostile input: a malformed one is an
+/// `Err` to log and drop).
+pub(super) fn decode(bytes: &[u8]) -> Result<Message, String> {
+    let mut rest = bytes
+        .strip_prefix(MAGIC.as_slice())
+        .ok_or("not an assist message")?;
+    let [version, kind] = take::<2>(&mut rest)?;
+    if version != VERSION {
+        return Err(format!("assist message version {version}"));
+    }
+    let job = u64::from_le_bytes(take(&mut rest)?);
+    let op = u32::from_le_bytes(take(&mut rest)?);
+    let message = match kind {
+        REQUEST => {
+            let block = take::<{ liveness::WIRE_SIZE }>(&mut rest)?;
+            let requester = ProcessId::decode(&block)
+                .map_err(|e| e.to_string())?
+                .ok_or("no requester")?;
+            let src = u64::from_le_bytes(take(&mut rest)?);
+            let key = u64::from_le_bytes(take(&mut rest)?);
+            let dst = u64::from_le_bytes(take(&mut rest)?);
+            let len = u64::from_le_bytes(take(&mut rest)?);
+            let name_len = u16::from_le_bytes(take(&mut rest)?) as usize;
+            if name_len == 0 || name_len > MAX_NAME || rest.len() < name_len {
+                return Err("bad reply name".into());
+            }
+            let reply_to = rest[..name_len].to_vec();
+            rest = &rest[name_len..];
+            Message::Request(Request {
+                job,
+                op,
+                requester,
+                src,
+                key,
+                dst,
+                len,
+                reply_to,
+            })
+        }
+        DONE => Message::Done(Done {
+            job,
+            op,
+            errno: i32::from_le_bytes(take(&mut rest)?),
+        }),
+        other => return Err(format!("unknown assist message kind {other}")),
+    };
+    if !rest.is_empty() {
+        return Err("trailing bytes".into());
+    }
+    Ok(message)
+}
+
+/// Whether an answer means "not from this peer" (move the piece through the provider
+/// and ask no more) rather than a failed transfer.
+pub(super) fn is_refusal(errno: i32) -> bool {
+    matches!(errno, libc::EPERM | libc::ESRCH | libc::EOPNOTSUPP)
+}
+
+/// What an answer's errno means, for the transfer's error.
+pub(super) fn describe(errno: i32, len: usize) -> String {
+    match errno {
+        libc::EACCES => format!(
+            "the peer refused to copy {len} bytes of a READ: the range is not inside a region \
+             it registered with that key"
+        ),
+        libc::EINVAL => format!("the peer refused a malformed READ piece of {len} bytes"),
+        e => format!(
+            "the peer failed to copy {len} bytes of a READ into this process: {}",
+            std::io::Error::from_raw_os_error(e)
+        ),
+    }
+}
+
+/// A served registration on one rail: the address peers name it by (the provider's:
+/// the virtual address or an offset, as the provider registers), where it is here, and
+/// its length.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct ServedRange {
+    remote: u64,
+    addr: u64,
+    len: u64,
+}
+
+/// A target's side: the regions it serves (by rail and key) and the requesters it has
+/// checked.
+#[derive(Debug, Default)]
+pub(super) struct Server {
+    regions: RwLock<HashMap<(usize, u64), ServedRange>>,
+    requesters: Mutex<HashMap<ProcessId, Arc<CmaPeer>>>,
+    /// Tests make the target refuse (as one without ptrace access to its initiator).
+    #[cfg(test)]
+    pub(super) refuse: std::sync::atomic::AtomicBool,
+}
+
+/// A registration's entries in [`Server`]; removed on drop.
+#[derive(Debug)]
+pub(super) struct Served {
+    server: Arc<Server>,
+    entries: Vec<((usize, u64), ServedRange)>,
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        // Waits for a push from the region in progress (it holds the read lock).
+        let mut regions = self.server.regions.write().expect("assist regions lock");
+        for (key, range) in &self.entries {
+            if regions.get(key) == Some(range) {
+                regions.remove(key);
+            }
+        }
+    }
+}
+
+impl Server {
+    /// Serves `addr..addr + len`, registered on rail i as `rails[i]` (key, the address
+    /// peers name its start by).
+    pub(super) fn add(self: &Arc<Self>, rails: &[(u64, u64)], addr: u64, len: u64) -> Served {
+        let entries: Vec<_> = rails
+            .iter()
+            .enumerate()
+            .map(|(rail, &(key, remote))| ((rail, key), ServedRange { remote, addr, len }))
+            .collect();
+        let mut regions = self.regions.write().expect("assist regions lock");
+        for (key, range) in &entries {
+            regions.insert(*key, *range);
+        }
+        Served {
+            server: self.clone(),
+            entries,
+        }
+    }
+
+    /// The requester's process, where this process may see it (same host and pid
+    /// namespace); cached.
+    fn requester(&self, id: &ProcessId) -> Option<Arc<CmaPeer>> {
+        let mut cache = self.requesters.lock().expect("assist requesters lock");
+        if let Some(peer) = cache.get(id) {
+            return Some(peer.clone());
+        }
+        let pid = id.local_pid()?;
+        if cache.len() >= MAX_REQUESTERS {
+            cache.clear();
+        }
+        let peer = Arc::new(CmaPeer::new(pid));
+        cache.insert(*id, peer.clone());
+        Some(peer)
+    }
+
+    /// Carries out a request that arrived on `rail`: the errno of its answer.
+    pub(super) fn serve(&self, rail: usize, req: &Request) -> i32 {
+        #[cfg(test)]
+        if self.refuse.load(std::sync::atomic::Ordering::Relaxed) {
+            return libc::EPERM;
+        }
+        let Ok(len) = usize::try_from(req.len) else {
+            return libc::EINVAL;
+        };
+        if len == 0 || req.dst.checked_add(req.len).is_none() {
+            return libc::EINVAL;
+        }
+        let regions = self.regions.read().expect("assist regions lock");
+        // The range as the peer names it (the provider's addressing), here.
+        let src = regions.get(&(rail, req.key)).and_then(|range| {
+            let offset = req.src.checked_sub(range.remote)?;
+            (offset.checked_add(req.len)? <= range.len).then_some(range.addr + offset)
+        });
+        let Some(src) = src else {
+            return libc::EACCES;
+        };
+        let Some(peer) = self.requester(&req.requester) else {
+            return libc::ESRCH;
+        };
+        // SAFETY: `src..src + len` lies inside a region this backend registered (checked
+        // under the read lock, which its deregistration waits for), so it is mapped,
+        // readable memory of this process for the whole copy.
+        match unsafe { peer.push(src, len, req.dst) } {
+            Ok(()) => 0,
+            Err(e) => e.errno.max(1),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(src: u64, key: u64, dst: u64, len: u64) -> Request {
+        Request {
+            job: 7,
+            op: 3,
+            requester: ProcessId::current().unwrap(),
+            src,
+            key,
+            dst,
+            len,
+            reply_to: b"nixl-1-2-abcdef".to_vec(),
+        }
+    }
+
+    #[test]
+    fn messages_round_trip_and_malformed_ones_are_refused() {
+        let req = request(0x1000, 42, 0x2000, 4096);
+        let wire = req.encode();
+        assert_eq!(decode(&wire), Ok(Message::Request(req.clone())));
+        let done = Done {
+            job: u64::MAX,
+            op: 9,
+            errno: -3,
+        };
+        assert_eq!(decode(&done.encode()), Ok(Message::Done(done)));
+        // Every truncation, and a trailing byte, is an error, never a panic.
+        for cut in 0..wire.len() {
+            assert!(decode(&wire[..cut]).is_err(), "cut at {cut}");
+        }
+        let mut long = wire.clone();
+        long.push(0);
+        assert!(decode(&long).is_err());
+        // Another version or kind.
+        for (at, value) in [(4, 2u8), (5, 9u8)] {
+            let mut bad = wire.clone();
+            bad[at] = value;
+            assert!(decode(&bad).is_err());
+        }
+        // A bit flipped anywhere decodes to something else or to an error.
+        for i in 0..wire.len() * 8 {
+            let mut bad = wire.clone();
+            bad[i / 8] ^= 1 << (i % 8);
+            assert_ne!(decode(&bad), Ok(Message::Request(req.clone())));
+        }
+        // The connection section.
+        let mut section = Vec::new();
+        encode_conn_section(&mut section);
+        assert_eq!(section.len(), CONN_WIRE_SIZE);
+        assert_eq!(decode_conn_section(&section), Ok(true));
+        section[4] = 9;
+        assert!(decode_conn_section(&section).is_err());
+        assert!(decode_conn_section(&section[..3]).is_err());
+    }
+
+    #[test]
+    fn a_target_pushes_only_inside_its_registrations() {
+        let server = Arc::new(Server::default());
+        let src: Vec<u8> = (0..3 << 20)
+            .map(|i: usize| (i * 7 + i / 4096) as u8)
+            .collect();
+        let mut dst = vec![0u8; src.len()];
+        let base = src.as_ptr() as u64;
+        let served = server.add(&[(11, base), (12, 0)], base, src.len() as u64);
+        // A piece in the middle, on rail 1 with its key (named by offset there).
+        let req = request(4096, 12, dst.as_mut_ptr() as u64 + 4096, 1 << 20);
+        assert_eq!(server.serve(1, &req), 0);
+        assert!(dst[4096..4096 + (1 << 20)] == src[4096..4096 + (1 << 20)]);
+        assert!(dst[..4096].iter().all(|&b| b == 0));
+        // The same piece by virtual address on rail 0.
+        dst.fill(0);
+        let by_addr = request(base + 4096, 11, dst.as_mut_ptr() as u64 + 4096, 1 << 20);
+        assert_eq!(server.serve(0, &by_addr), 0);
+        assert!(dst[4096..4096 + (1 << 20)] == src[4096..4096 + (1 << 20)]);
+        // The other rail's key, an unknown key, a range past the end or before the start.
+        assert_eq!(server.serve(0, &req), libc::EACCES);
+        assert_eq!(server.serve(1, &by_addr), libc::EACCES);
+        assert_eq!(
+            server.serve(1, &request(base, 13, dst.as_mut_ptr() as u64, 16)),
+            libc::EACCES
+        );
+        let past = request(base + src.len() as u64 - 8, 11, dst.as_mut_ptr() as u64, 16);
+        assert_eq!(server.serve(0, &past), libc::EACCES);
+        assert_eq!(
+            server.serve(0, &request(base - 8, 11, dst.as_mut_ptr() as u64, 16)),
+            libc::EACCES
+        );
+        assert_eq!(
+            server.serve(0, &request(u64::MAX - 4, 11, 0, 16)),
+            libc::EACCES
+        );
+        // Zero bytes or a destination that wraps: malformed.
+        assert_eq!(server.serve(0, &request(base, 11, 0, 0)), libc::EINVAL);
+        assert_eq!(
+            server.serve(0, &request(base, 11, u64::MAX - 4, 16)),
+            libc::EINVAL
+        );
+        // A destination the requester has not mapped: EFAULT, the transfer's error.
+        assert_eq!(server.serve(0, &request(base, 11, 8, 4096)), libc::EFAULT);
+        assert!(!is_refusal(libc::EFAULT) && !is_refusal(libc::EACCES));
+        // A requester that is not a process here: refused, not failed.
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        child.wait().unwrap();
+        let mut gone = request(base, 11, dst.as_mut_ptr() as u64, 16);
+        let mut block = Vec::new();
+        gone.requester.encode(&mut block);
+        block[21..25].copy_from_slice(&pid.to_le_bytes());
+        gone.requester = ProcessId::decode(&block).unwrap().unwrap();
+        assert_eq!(server.serve(0, &gone), libc::ESRCH);
+        assert!(is_refusal(libc::ESRCH));
+        // Deregistered: nothing is served from it any more.
+        drop(served);
+        assert_eq!(server.serve(1, &req), libc::EACCES);
+    }
+}
