@@ -193,3 +193,24 @@ fn dead_peer_over_shm_mid_transfer() {
 fn dead_peer_over_shm_mid_push() {
     dead_peers_are_reported_fast_with("shm", None, 4 << 20, &["busy"]);
 }
+
+/// A shm peer killed while 4 MiB READs from it are in flight, half of each pushed by
+/// the peer on request (`cma_read`): the pieces it was asked for are given up once its
+/// process is gone, and the survivor gets `RemoteDisconnect` within the bound.
+#[test]
+fn dead_peer_over_shm_mid_read_assist() {
+    let _serial = common::serial();
+    let initiator = listening_agent("survivor-shm-read", "shm", None);
+    common::dead_peer_scenario_of(
+        nixl::XferOp::Read,
+        &initiator,
+        "shm READs with assists",
+        PEER_NAME,
+        PEER_LEN,
+        4 << 20,
+        |tag| spawn_peer("shm", None, &format!("read-{tag}")),
+        TIMEOUT,
+        BOUND,
+        &["busy", "idle"],
+    );
+}

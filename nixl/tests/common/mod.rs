@@ -183,6 +183,34 @@ pub fn dead_peer_scenario(
     bound: Duration,
     cases: &[&str],
 ) {
+    dead_peer_scenario_of(
+        nixl::XferOp::Write,
+        initiator,
+        label,
+        peer_name,
+        len,
+        block,
+        spawn,
+        limit,
+        bound,
+        cases,
+    );
+}
+
+/// [`dead_peer_scenario`] with READs (`op`) instead of WRITEs.
+#[allow(clippy::too_many_arguments)]
+pub fn dead_peer_scenario_of(
+    op: nixl::XferOp,
+    initiator: &Agent,
+    label: &str,
+    peer_name: &str,
+    len: usize,
+    block: usize,
+    spawn: impl Fn(&str) -> PeerProcess,
+    limit: Duration,
+    bound: Duration,
+    cases: &[&str],
+) {
     let stall = initiator.config().stall_timeout;
     assert!(
         stall >= Duration::from_secs(30),
@@ -200,7 +228,7 @@ pub fn dead_peer_scenario(
         let src_p = src.as_ptr() as u64;
         initiator
             .create_xfer_req(
-                nixl::XferOp::Write,
+                op,
                 &dram((0..n).map(|i| Desc::new(src_p + (i * block) as u64, block as u64, 0))),
                 &dram((0..n).map(|i| Desc::new(base + (i * block) as u64, block as u64, 0))),
                 peer_name,
