@@ -3,7 +3,9 @@
 //! as NIXL's UCX reaches it through shared memory; with `local_provider=none` on either
 //! side through the network provider. Data and notifications verified both ways; the
 //! WRITE is one 4 MiB block, which over `shm` the two processes copy together (the
-//! initiator pushes half of it: `cma_write`), its notification after all of it.
+//! initiator pushes half of it: `cma_write`), its notification after all of it; the
+//! READ is done twice, as 64 KiB blocks and as one 4 MiB block, which over `shm` the
+//! two copy together too (the target pushes half of it on request: `cma_read`).
 //! (Peers on this kernel in a pid namespace of their own go through the network:
 //! `netns_libfabric.rs`.)
 
@@ -113,6 +115,22 @@ fn across_processes(initiator_spec: &str, target_spec: &str) -> String {
     assert!(
         back == pattern(42, LEN)[..LEN / 2],
         "{transport}: READ data"
+    );
+    back.fill(0);
+    let mut read = initiator
+        .create_xfer_req(
+            XferOp::Read,
+            &dram([Desc::new(back.as_mut_ptr() as u64, half, 0)]),
+            &dram([Desc::new(target.base, half, 0)]),
+            &name,
+            None,
+        )
+        .unwrap();
+    read.post().unwrap();
+    read.wait(TIMEOUT).unwrap();
+    assert!(
+        back == pattern(42, LEN)[..LEN / 2],
+        "{transport}: READ of one block"
     );
     // One block, so that over shm part of it is pushed by this process.
     let whole = |base: u64| dram([Desc::new(base + half, half, 0)]);

@@ -89,6 +89,9 @@ _PLUGIN_PARAMS: Dict[str, Dict[str, str]] = {
         "stage_dram": "0",
         # shm: WRITEs from 2 MiB copied by both processes at once ("0": by the peer alone).
         "cma_write": "1",
+        # shm: READs from 2 MiB copied by both processes at once, and serving peers' such
+        # READs ("0": neither).
+        "cma_read": "1",
     },
     "VERBS": {
         "device": "",

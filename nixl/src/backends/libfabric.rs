@@ -120,7 +120,11 @@
 //! least 1 MiB), `cma_write` (`shm` only, default `1`: WRITE blocks of at least 2 MiB
 //! to a peer on this host are split into pieces the peer pulls through the provider
 //! and pieces this process pushes into it at the same time; `0`: the provider copies
-//! everything; see the `cma` module), `busy_poll` (`1`: rail workers never
+//! everything; see the `cma` module), `cma_read` (`shm` only, default `1`: READ blocks
+//! of at least 2 MiB from a peer on this host that serves it are split into pieces this
+//! process reads through the provider and pieces the peer pushes into it on request,
+//! and this backend serves such requests — with its rail workers' threads only; `0`:
+//! neither; see the `assist` module), `busy_poll` (`1`: rail workers never
 //! sleep — default `0`: spin while busy and for 20 ms after any activity, incoming
 //! remote operations included (1 s where there is no wait fd), then sleep on the
 //! queue's wait fd or nap; see

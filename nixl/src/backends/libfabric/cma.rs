@@ -19,8 +19,8 @@
 //! peer — the check the provider's own CMA passes (same user, Yama's `ptrace_scope`) —
 //! probed once per peer by reading one byte of a region it registered; a peer that
 //! refuses it gets no pushes. Parameter `cma_write` (default 1; 0 leaves every byte to
-//! the provider). READs stay with the provider: both a pull and a push of a READ would
-//! pin the target's pages.
+//! the provider). A READ's second copy has to pin the initiator's pages, which only the
+//! target can do: the target pushes it on request ([`super::assist`]).
 //!
 //! Unlike the provider's copy, a push is not checked against the target's registration
 //! key: it relies on the agent's check that the range lies inside a region the peer
