@@ -386,8 +386,8 @@ pub struct LibfabricBackend {
     /// Large WRITEs to peers on this host are copied from both ends (`shm`, parameter
     /// `cma_write`; see [`cma`]).
     cma_write: bool,
-    /// Large READs from peers on this host too, and this backend serves such peers
-    /// (`shm`, parameter `cma_read`; see [`assist`]).
+    /// Large READs from peers on this host are copied from both ends too (`shm`,
+    /// parameter `cma_read`; see [`assist`]).
     cma_read: bool,
     next_seq: Arc<AtomicU32>,
     next_rail: AtomicUsize,
@@ -542,9 +542,10 @@ fn open(agent: &Agent, params: &BackendParams) -> Result<LibfabricBackend> {
         DEFAULT_STRIPING_THRESHOLD
     });
     let cma_write = cma_write && provider == "shm";
+    let cma_read = cma_read && provider == "shm";
     // A target serves assists from its rail workers' threads: without them it would
     // answer only when its owner polls.
-    let cma_read = cma_read && provider == "shm" && agent.config().progress_thread;
+    let serves_assists = cma_read && agent.config().progress_thread;
     let stripe_min_piece = if provider == "shm" {
         SHM_MIN_STRIPE_PIECE
     } else {
@@ -568,7 +569,7 @@ fn open(agent: &Agent, params: &BackendParams) -> Result<LibfabricBackend> {
         busy_poll,
         pushed_bytes: AtomicU64::new(0),
         assisted_bytes: AtomicU64::new(0),
-        assist: cma_read.then(Default::default),
+        assist: serves_assists.then(Default::default),
     });
     let backend = LibfabricBackend {
         agent_name: agent.name().to_string(),

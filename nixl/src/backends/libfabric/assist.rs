@@ -35,9 +35,9 @@
 //! the same user, who may already read it through the provider — and the target copies
 //! only into the process that the request names and that it may `ptrace`.
 //!
-//! Parameter `cma_read` (default 1 over `shm`; needs the rail workers' threads: a
-//! target without them would answer only when its owner polls): serves assists and
-//! asks for them; 0: neither.
+//! Parameter `cma_read` (default 1 over `shm`): asks for assists, and serves them where
+//! the backend has its rail workers' threads (a target without them would answer only
+//! when its owner polls, so it does not advertise them); 0: neither.
 
 use super::cma::CmaPeer;
 use super::liveness::{self, ProcessId};

@@ -6,7 +6,20 @@ use super::*;
 use crate::{params, Desc, DescList, XferOp};
 
 fn agent(name: &str, rails: &str, cma: &str) -> (Agent, Arc<LibfabricBackend>) {
-    let agent = Agent::new(name, crate::AgentConfig::default()).unwrap();
+    agent_with(name, rails, cma, true)
+}
+
+fn agent_with(
+    name: &str,
+    rails: &str,
+    cma: &str,
+    progress_thread: bool,
+) -> (Agent, Arc<LibfabricBackend>) {
+    let config = crate::AgentConfig {
+        progress_thread,
+        ..crate::AgentConfig::default()
+    };
+    let agent = Agent::new(name, config).unwrap();
     let backend = Arc::new(
         open(
             &agent,
@@ -226,4 +239,42 @@ fn a_target_that_refuses_read_assists_is_read_by_the_provider_and_asked_no_more(
     req.wait(Duration::from_secs(10)).unwrap();
     assert!(back == src);
     assert!(reader2.assisted_bytes() > 0);
+}
+
+#[test]
+fn read_assists_are_served_only_by_targets_with_progress_threads() {
+    let len = 4 << 20;
+    let src: Vec<u8> = (0..len).map(|i| (i * 17 + i / 4096) as u8).collect();
+    let mut back = vec![0u8; len];
+    let one = |p: u64| DescList::from_descs(MemKind::Dram, [Desc::new(p, len as u64, 0)]);
+    let (src_p, back_p) = (src.as_ptr() as u64, back.as_mut_ptr() as u64);
+    // (initiator threads, target threads): a polled initiator still asks a threaded
+    // target; a polled target does not offer (it would answer only when polled).
+    for (init_threads, target_threads) in [(false, true), (true, false)] {
+        let tag = format!("{init_threads}-{target_threads}");
+        let (initiator, reader) =
+            agent_with(&format!("assist-poll-init-{tag}"), "1", "1", init_threads);
+        let (target, _t) = agent_with(&format!("assist-poll-tgt-{tag}"), "1", "1", target_threads);
+        // SAFETY: the buffers outlive the registrations and requests.
+        let _hi = unsafe { initiator.register_mem(&one(back_p), None) }.unwrap();
+        // SAFETY: as above.
+        let _ht = unsafe { target.register_mem(&one(src_p), None) }.unwrap();
+        let name = initiator
+            .load_remote_metadata(&target.local_metadata().unwrap())
+            .unwrap();
+        back.iter_mut().for_each(|b| *b = 0);
+        let mut req = initiator
+            .create_xfer_req(XferOp::Read, &one(back_p), &one(src_p), &name, None)
+            .unwrap();
+        req.post().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while req.status().unwrap() != crate::XferStatus::Done {
+            // A polled target gets its turns too (one-sided traffic needs none over shm).
+            let _ = target.get_notifs();
+            assert!(Instant::now() < deadline, "{tag}: READ did not complete");
+            std::thread::yield_now();
+        }
+        assert!(back == src, "{tag}");
+        assert_eq!(reader.assisted_bytes() > 0, target_threads, "{tag}");
+    }
 }
