@@ -20,9 +20,10 @@
 //! registry's read lock while it pushes, so a deregistration of the source waits for
 //! the copy.
 //!
-//! nixlbench DRAM READ over `shm` on the GPU machine (H100 host, 16 cores, four
-//! alternating rounds, GB/s): 2 MiB 10.0-32.3 (median 21) with assists against
-//! 8.4-10.6 without, where 1 MiB gave 10.1-16.6; 4 MiB 30-41 against 15-23.
+//! nixlbench DRAM READ over `shm` on the GPU machine (H100 host, 16 cores, four shm
+//! rails; eight rounds alternating with `cma_read=0`, GB/s): 2 MiB 23.5-32.3 with
+//! assists (10.0 in one round) against 8.4-10.6 without, where 1 MiB gave 10.1-18.6;
+//! 4 MiB 30-49 against 15-23.
 //!
 //! Answers that mean "not here" ([`is_refusal`]: the target may not copy into the
 //! initiator — Yama's `ptrace_scope` 1 lets a parent copy into its child but not the
