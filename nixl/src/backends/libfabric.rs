@@ -122,7 +122,7 @@
 //! and pieces this process pushes into it at the same time; `0`: the provider copies
 //! everything; see the `cma` module), `cma_read` (`shm` only, default `1`: READ blocks
 //! of at least 2 MiB from a peer on this host that serves it are split into pieces this
-//! process reads through the provider and pieces the peer pushes into it on request,
+//! process copies from the peer itself and pieces the peer pushes into it on request,
 //! and this backend serves such requests — with its rail workers' threads only; `0`:
 //! neither; see the `assist` module), `busy_poll` (`1`: rail workers never
 //! sleep — default `0`: spin while busy and for 20 ms after any activity, incoming
@@ -152,8 +152,8 @@ mod vram;
 mod worker;
 mod xfer;
 use xfer::{
-    decode_notif, encode_notif, is_disconnect, send_message, send_message_blocking, FabricXfer,
-    PeerHealth, RailOp, XferShared,
+    decode_notif, encode_notif, is_disconnect, send_message, send_message_blocking, Copier,
+    FabricXfer, PeerHealth, RailOp, XferShared,
 };
 
 use super::heartbeat::{HeartbeatConfig, Hub, PeerWatch};
@@ -203,9 +203,10 @@ pub const DEFAULT_STRIPING_THRESHOLD: usize = 128 << 10;
 /// whose sources share a region serialise (`tools/bench/cma-scaling.c`: a 2 MiB block
 /// over two threads 9-10 GB/s when both halves lie in one region, 20-22 GB/s when they
 /// lie in two; `memcpy`, which pins nothing, 60 GB/s). One thread's copy itself falls
-/// from 1 MiB to 2 MiB (the core's 2 MiB L2: 10-13 -> 8-11 GB/s). WRITEs get around it
-/// from 2 MiB by copying from both ends (`cma_write`, module `cma`): a piece pushed by
-/// the initiator pins the target's pages, not the initiator's.
+/// from 1 MiB to 2 MiB (the core's 2 MiB L2: 10-13 -> 8-11 GB/s). Blocks from 2 MiB
+/// get around it by copying from both ends (`cma_write`, module `cma`; `cma_read`,
+/// module `assist`): a WRITE's piece pushed by the initiator pins the target's pages, not
+/// the initiator's; a READ's piece pushed by the target pins the initiator's.
 pub const DEFAULT_SHM_STRIPING_THRESHOLD: usize = 4 << 20;
 /// The smallest piece a striped block is split into over `shm` (a lower
 /// `striping_threshold` splits into fewer pieces rather than smaller ones): splitting a
@@ -333,6 +334,8 @@ struct Common {
     busy_poll: bool,
     /// Bytes of WRITEs the rail workers copied into same-host peers themselves.
     pushed_bytes: AtomicU64,
+    /// Bytes of READs the rail workers copied from same-host peers themselves.
+    pulled_bytes: AtomicU64,
     /// Bytes of READs that same-host peers pushed into this process on request.
     assisted_bytes: AtomicU64,
     /// Serves READ assists to same-host peers (`cma_read`; see [`assist`]).
@@ -568,6 +571,7 @@ fn open(agent: &Agent, params: &BackendParams) -> Result<LibfabricBackend> {
         stop: AtomicBool::new(false),
         busy_poll,
         pushed_bytes: AtomicU64::new(0),
+        pulled_bytes: AtomicU64::new(0),
         assisted_bytes: AtomicU64::new(0),
         assist: serves_assists.then(Default::default),
     });
@@ -1111,7 +1115,8 @@ impl Backend for LibfabricBackend {
         let mut last_md: Option<(*const FabricLocalMd, u32)> = None;
         // Entries with a staged side go through the staging pipeline.
         let mut staged: Vec<usize> = Vec::new();
-        // WRITEs: pieces pushed into the peer; READs: pieces the peer pushes on request.
+        // WRITEs: pieces pushed into the peer; READs: pieces the peer pushes on request
+        // and pieces this process pulls.
         let cma = peer.cma.as_deref().filter(|cma| match op {
             XferOp::Write => self.cma_write,
             XferOp::Read => cma.assists(),
@@ -1136,18 +1141,14 @@ impl Backend for LibfabricBackend {
                     base
                 }
             };
-            // Pushed pieces are copied by this process into the peer (see `cma`), or
-            // for a READ by the peer into this process (see `assist`).
+            // Blocks from the threshold are copied from both ends (`cma`, `assist`).
             let pushable = cma.is_some_and(|cma| {
                 len >= PUSH_THRESHOLD
                     && entry.local_region.kind == MemKind::Dram
                     && entry.remote_region.kind == MemKind::Dram
-                    && (op == XferOp::Read || cma.allowed(entry.remote.addr))
+                    && cma.allowed(entry.remote.addr)
             });
-            // A READ asks first (its request goes before the rail's own copy blocks the
-            // worker), a WRITE pushes second (after the provider's piece is queued).
-            let pushed_parity = usize::from(op == XferOp::Write);
-            let mut add_piece = |r: usize, start: usize, piece_len: usize, pushed: bool| {
+            let mut add_piece = |r: usize, start: usize, piece_len: usize, copier: Copier| {
                 let max_msg = self.rails[r].max_msg;
                 // Local rail r talks to the peer's rail r (mod its rail count).
                 let remote_rail = if r < remote.remotes.len() {
@@ -1165,56 +1166,42 @@ impl Backend for LibfabricBackend {
                         len: n,
                         mr: mr_base + r as u32,
                         dest: peer.addrs.addrs[r],
-                        // A WRITE's push writes the peer's own virtual address (a READ's
-                        // assist names the range as the provider would: the peer checks
-                        // it against its registration).
-                        remote_addr: if pushed && op == XferOp::Write {
+                        // This process copies at the peer's own virtual address; the
+                        // provider, and a peer asked to push (which checks the range
+                        // against its registration), go by the provider's addressing.
+                        remote_addr: if copier == Copier::ThisProcess {
                             entry.remote.addr + at
                         } else {
                             remote_mem.address_at(remote_offset + at)
                         },
                         key: remote_mem.key,
-                        pushed,
+                        copier,
                     });
-                    pushes += usize::from(pushed);
+                    pushes += usize::from(copier != Copier::Provider);
                     done += n;
                 }
             };
-            // A pushable WRITE block goes in pairs of a provider piece and a pushed one,
-            // each pair on one rail: its worker pushes one piece while the peer's pulls the
-            // other (pinning the two processes' page tables, see `cma`), and pairs over
-            // several rails keep every worker of both sides copying — also for a batch of
-            // blocks, whose pairs take the rails in turn (GPU machine, four rails, against
-            // one piece per rail: 8-32 MiB WRITEs 34-63 GB/s vs 27-34, four 2 MiB blocks
-            // 37-63 vs 27-31). A READ's pieces take a rail each: libfabric 1.17's shm
-            // copies a READ inside `fi_read` holding the lock of the target's region of
-            // that rail, which the target's own progress needs to receive the assist
-            // request, so a pair on one rail copied one piece after the other (2 MiB READs
-            // 10-15 GB/s against 20).
-            let per_rail = if pushable && op == XferOp::Write {
-                2
-            } else {
-                1
-            };
-            let pieces = match (pushable, op) {
-                (true, XferOp::Write) => {
-                    2 * stripe_pieces(
-                        len,
-                        nrails,
-                        self.striping_threshold.min(PUSH_THRESHOLD),
-                        2 * self.stripe_min_piece,
-                    )
-                }
-                // At least an assisted and a provider piece, even over one rail.
-                (true, XferOp::Read) => stripe_pieces(
+            // A block copied from both ends goes in pairs of pieces, each pair on one rail:
+            // a WRITE's provider piece (the peer pulls it) then the piece this process
+            // pushes; a READ's piece the peer is asked to push (the request goes first)
+            // then the piece this process pulls — itself, not through the provider, whose
+            // `fi_read` holds the lock of the peer's region of that rail for the whole
+            // copy, and the peer's progress needs that lock to receive the request (a pair
+            // on one rail then copied one piece after the other). Each pair pins the two
+            // processes' page tables (see `cma`), and pairs over several rails keep every
+            // worker of both sides copying — also for a batch of blocks, whose pairs take
+            // the rails in turn (GPU machine, four rails, WRITEs, against one piece per
+            // rail: 8-32 MiB 34-63 GB/s vs 27-34, four 2 MiB blocks 37-63 vs 27-31).
+            let per_rail = if pushable { 2 } else { 1 };
+            let pieces = if pushable {
+                2 * stripe_pieces(
                     len,
-                    nrails.max(2),
+                    nrails,
                     self.striping_threshold.min(PUSH_THRESHOLD),
-                    self.stripe_min_piece,
-                ),
-                (false, _) => {
-                    stripe_pieces(len, nrails, self.striping_threshold, self.stripe_min_piece)
-                }
+                    2 * self.stripe_min_piece,
+                )
+            } else {
+                stripe_pieces(len, nrails, self.striping_threshold, self.stripe_min_piece)
             };
             let groups = pieces / per_rail;
             let chunk = len.div_ceil(pieces).next_multiple_of(4096);
@@ -1235,14 +1222,14 @@ impl Backend for LibfabricBackend {
                         round_robin
                     };
                 }
+                let copier = match (pushable, op, i % 2) {
+                    (false, _, _) | (true, XferOp::Write, 0) => Copier::Provider,
+                    (true, XferOp::Read, 0) => Copier::Peer,
+                    (true, _, _) => Copier::ThisProcess,
+                };
                 let start = i * chunk;
                 if start < len {
-                    add_piece(
-                        r,
-                        start,
-                        chunk.min(len - start),
-                        pushable && i % 2 == pushed_parity,
-                    );
+                    add_piece(r, start, chunk.min(len - start), copier);
                 }
             }
         }
@@ -1324,6 +1311,12 @@ impl LibfabricBackend {
     /// (parameter `cma_write`).
     pub fn pushed_bytes(&self) -> u64 {
         self.common.pushed_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Bytes of READs this process copied from peers on this host itself, beside what
+    /// they pushed (parameter `cma_read`).
+    pub fn pulled_bytes(&self) -> u64 {
+        self.common.pulled_bytes.load(Ordering::Relaxed)
     }
 
     /// Bytes of READs that peers on this host pushed into this process on request

@@ -10,25 +10,29 @@
 //!
 //! So a READ block of at least [`super::cma::PUSH_THRESHOLD`] (2 MiB) from a peer on
 //! this host that serves assists (its connection information says so, [`CONN_TAG`]) is
-//! split into pieces that alternate: odd pieces through the provider, even pieces
-//! *assisted*: the initiator's rail worker sends the target a [`Request`] on the rail
-//! (the target's range as the provider names it, and its key; the initiator's address,
-//! its process identity and its rail's name) before it reads its own piece, and the
-//! target's rail worker checks the range against its own registrations (rail and key,
-//! as the provider would), pushes and answers [`Done`] with an errno. The piece counts
-//! as done when the answer comes, after its bytes are in place. The target holds its
-//! registry's read lock while it pushes, so a deregistration of the source waits for
-//! the copy.
+//! split into pairs of pieces, each pair on one rail (pairs over the rails, see
+//! `prep_xfer`): the first piece is *assisted*: the initiator's rail worker sends the
+//! target a [`Request`] on the rail (the target's range as the provider names it, and its
+//! key; the initiator's address, its process identity and its rail's name), and the
+//! target's rail worker checks the range against its own registrations (rail and key, as
+//! the provider's key check does), pushes it and answers [`Done`] with an errno; the
+//! piece counts as done when the answer comes, after its bytes are in place. The second
+//! piece the initiator's worker meanwhile pulls itself (`process_vm_readv`, module
+//! `cma`), not through the provider: `fi_read` copies holding the lock of the target's
+//! region of that rail, which the target's progress needs to receive the request, so
+//! the two pieces of a rail went one after the other. The target holds its registry's
+//! read lock while it pushes, so a deregistration of the source waits for the copy.
 //!
 //! nixlbench DRAM READ over `shm` on the GPU machine (H100 host, 16 cores, four shm
-//! rails; eight rounds alternating with `cma_read=0`, GB/s): 2 MiB 23.5-32.3 with
-//! assists (10.0 in one round) against 8.4-10.6 without, where 1 MiB gave 10.1-18.6;
-//! 4 MiB 30-49 against 15-23.
+//! rails; four rounds alternating with the provider alone, GB/s): 1 MiB (no assist)
+//! 10.0-14.7; 2 MiB 15.4-27.7 against 13.4-21.3; 8 MiB 40-63 against 27-30; 64 MiB 35-45
+//! against 14-27; four 8 MiB blocks 38-54 against 25-29.
 //!
 //! Answers that mean "not here" ([`is_refusal`]: the target may not copy into the
 //! initiator — Yama's `ptrace_scope` 1 lets a parent copy into its child but not the
 //! reverse — or cannot see its process) move the piece through the provider, and the
-//! initiator asks that peer no more. A range outside the target's registrations fails
+//! initiator asks that peer no more. A block is split only where the initiator may copy
+//! from the target itself (the `cma` probe); else the provider reads all of it. A range outside the target's registrations fails
 //! the transfer (`EACCES`, as the provider's key check would). A target whose process
 //! ends while assists are pending fails the transfer with `RemoteDisconnect` from its
 //! pidfd as before; the pending pieces are then given up (nothing can write them any

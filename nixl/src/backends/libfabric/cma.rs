@@ -20,7 +20,8 @@
 //! probed once per peer by reading one byte of a region it registered; a peer that
 //! refuses it gets no pushes. Parameter `cma_write` (default 1; 0 leaves every byte to
 //! the provider). A READ's second copy has to pin the initiator's pages, which only the
-//! target can do: the target pushes it on request ([`super::assist`]).
+//! target can do: the target pushes it on request ([`super::assist`]) while this
+//! process pulls the other piece itself (`process_vm_readv`, same checks as a push).
 //!
 //! Unlike the provider's copy, a push is not checked against the target's registration
 //! key: it relies on the agent's check that the range lies inside a region the peer
@@ -56,22 +57,22 @@ pub(super) struct CmaPeer {
     assists: AtomicBool,
 }
 
-/// Why a push failed.
+/// Why a push or a pull failed.
 #[derive(Debug)]
-pub(super) struct PushError {
+pub(super) struct CopyError {
     /// The peer's process is gone (`ESRCH`).
     pub(super) disconnect: bool,
     pub(super) errno: i32,
     pub(super) text: String,
 }
 
-impl PushError {
-    /// A pushed operation of a transfer without a same-host peer (a planning bug).
+impl CopyError {
+    /// A CMA operation of a transfer without a same-host peer (a planning bug).
     pub(super) fn unroutable() -> Self {
-        PushError {
+        CopyError {
             disconnect: false,
             errno: 0,
-            text: "a pushed piece for a peer not on this host".into(),
+            text: "a piece to copy by CMA for a peer not on this host".into(),
         }
     }
 }
@@ -141,25 +142,56 @@ impl CmaPeer {
     ///
     /// # Safety
     /// `local..local + len` must be readable memory of this process.
-    pub(super) unsafe fn push(&self, local: u64, len: usize, remote: u64) -> Result<(), PushError> {
+    pub(super) unsafe fn push(&self, local: u64, len: usize, remote: u64) -> Result<(), CopyError> {
+        // SAFETY: the caller vouches for the local range, which is only read.
+        unsafe { self.copy(local, len, remote, true) }
+    }
+
+    /// Copies `len` bytes at `remote` in the peer's memory to `local` (this process).
+    ///
+    /// # Safety
+    /// `local..local + len` must be writable memory of this process that nothing else
+    /// uses meanwhile.
+    pub(super) unsafe fn pull(&self, local: u64, len: usize, remote: u64) -> Result<(), CopyError> {
+        // SAFETY: the caller vouches for the local range, which is written.
+        unsafe { self.copy(local, len, remote, false) }
+    }
+
+    /// `process_vm_writev` (`push`) or `process_vm_readv` until all `len` bytes moved.
+    ///
+    /// # Safety
+    /// As [`CmaPeer::push`] or [`CmaPeer::pull`].
+    unsafe fn copy(
+        &self,
+        local: u64,
+        len: usize,
+        remote: u64,
+        push: bool,
+    ) -> Result<(), CopyError> {
         #[cfg(test)]
         std::thread::sleep(std::time::Duration::from_millis(
             TEST_PUSH_DELAY_MS.load(std::sync::atomic::Ordering::Relaxed),
         ));
         let mut done = 0usize;
         while done < len {
-            let from = libc::iovec {
+            let here = libc::iovec {
                 iov_base: (local as usize + done) as *mut libc::c_void,
                 iov_len: len - done,
             };
-            let to = libc::iovec {
+            let far = libc::iovec {
                 iov_base: (remote as usize + done) as *mut libc::c_void,
                 iov_len: len - done,
             };
-            // SAFETY: the caller vouches for the local range; the remote range is written
-            // by the kernel in the peer's address space, which checks its mapping.
-            let n =
-                unsafe { libc::process_vm_writev(self.pid as libc::pid_t, &from, 1, &to, 1, 0) };
+            let pid = self.pid as libc::pid_t;
+            // SAFETY: the caller vouches for the local range; the remote range is read or
+            // written by the kernel in the peer's address space, which checks its mapping.
+            let n = unsafe {
+                if push {
+                    libc::process_vm_writev(pid, &here, 1, &far, 1, 0)
+                } else {
+                    libc::process_vm_readv(pid, &here, 1, &far, 1, 0)
+                }
+            };
             if n <= 0 {
                 let e = std::io::Error::last_os_error();
                 let errno = if n == 0 {
@@ -167,16 +199,17 @@ impl CmaPeer {
                 } else {
                     e.raw_os_error().unwrap_or(0)
                 };
-                return Err(PushError {
+                return Err(CopyError {
                     disconnect: errno == libc::ESRCH,
                     errno,
                     text: format!(
-                        "copying {} bytes into peer process {} at {:#x} failed: {}",
+                        "copying {} bytes {} peer process {} at {:#x} failed: {}",
                         len - done,
+                        if push { "into" } else { "from" },
                         self.pid,
                         remote as usize + done,
                         if n == 0 {
-                            "nothing was written".to_string()
+                            "nothing was copied".to_string()
                         } else {
                             e.to_string()
                         }
@@ -204,6 +237,13 @@ mod tests {
         // SAFETY: `src` is readable for its length.
         unsafe { me.push(src.as_ptr() as u64, src.len(), dst.as_mut_ptr() as u64) }.unwrap();
         assert!(dst == src);
+        let mut back = vec![0u8; src.len()];
+        // SAFETY: `back` is writable for its length and used by nothing else.
+        unsafe { me.pull(back.as_mut_ptr() as u64, back.len(), dst.as_ptr() as u64) }.unwrap();
+        assert!(back == src);
+        // SAFETY: as above.
+        let e = unsafe { me.pull(back.as_mut_ptr() as u64, 4096, 8) }.unwrap_err();
+        assert!(!e.disconnect && e.errno == libc::EFAULT, "{e:?}");
         // An address the peer has not mapped: EFAULT, not a disconnect.
         // SAFETY: as above.
         let e = unsafe { me.push(src.as_ptr() as u64, 4096, 8) }.unwrap_err();

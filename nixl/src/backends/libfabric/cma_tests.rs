@@ -145,13 +145,16 @@ fn large_blocks_are_pushed_in_part_and_land_before_their_notification() {
                     );
                 }
             }
-            // READs: the target pushes every other piece of a block from the threshold
-            // on request; this side pushes nothing.
+            // READs: of a block from the threshold the target pushes every other piece on
+            // request and this side pulls the others itself; it pushes nothing.
             dst.copy_from_slice(&src);
             for notif in [None, Some(format!("read {case}").into_bytes())] {
                 back.iter_mut().for_each(|b| *b = 0);
-                let (pushed_before, assisted_before) =
-                    (pusher.pushed_bytes(), pusher.assisted_bytes());
+                let (pushed_before, assisted_before, pulled_before) = (
+                    pusher.pushed_bytes(),
+                    pusher.assisted_bytes(),
+                    pusher.pulled_bytes(),
+                );
                 let mut req = initiator
                     .create_xfer_req(XferOp::Read, &on(back_p), &on(dst_p), &name, notif.clone())
                     .unwrap();
@@ -166,12 +169,15 @@ fn large_blocks_are_pushed_in_part_and_land_before_their_notification() {
                     "{tag} case {case}: a READ pushed"
                 );
                 let assisted = pusher.assisted_bytes() - assisted_before;
+                let pulled = pusher.pulled_bytes() - pulled_before;
                 if cma_write == "0" || pushable == 0 {
-                    assert_eq!(assisted, 0, "{tag} case {case}");
+                    assert_eq!((assisted, pulled), (0, 0), "{tag} case {case}");
                 } else {
+                    // Both ends copy, and nothing of those blocks goes through the provider.
                     assert!(
-                        assisted > 0 && (assisted as usize) < pushable,
-                        "{tag} case {case}: {assisted} of {pushable} bytes pushed by the target"
+                        assisted > 0 && pulled > 0 && (assisted + pulled) as usize == pushable,
+                        "{tag} case {case}: {assisted} bytes pushed by the target and {pulled} \
+                         pulled of {pushable}"
                     );
                 }
                 if let Some(msg) = &notif {
@@ -221,6 +227,12 @@ fn a_target_that_refuses_read_assists_is_read_by_the_provider_and_asked_no_more(
         req.wait(Duration::from_secs(10)).unwrap();
         assert!(back == src, "round {round}");
         assert_eq!(reader.assisted_bytes(), 0, "round {round}");
+        // This side's own half still is its own.
+        assert_eq!(
+            reader.pulled_bytes(),
+            (round + 1) * len as u64 / 2,
+            "round {round}"
+        );
         // Willing again, but this initiator no longer asks.
         server.refuse.store(false, Ordering::Relaxed);
     }

@@ -4,13 +4,13 @@
 //! by the callers' own polls.
 
 use super::assist;
-use super::cma::PushError;
+use super::cma::CopyError;
 use super::idle::nap_after;
 use super::liveness::ProcessId;
 use super::stage_net::FabAddr;
 use super::{
-    decode_notif, fabric_error, failure_of, send_message, staging, Common, PeerAddrs, Rail, RailOp,
-    XferShared, MAX_OUTSTANDING, NOTIF_SLOT, NOTIF_SLOTS, RECV_CONTEXT, STAGE_CONTEXT,
+    decode_notif, fabric_error, failure_of, send_message, staging, Common, Copier, PeerAddrs, Rail,
+    RailOp, XferShared, MAX_OUTSTANDING, NOTIF_SLOT, NOTIF_SLOTS, RECV_CONTEXT, STAGE_CONTEXT,
 };
 use crate::backend::XferOp;
 use crate::backends::staging::StageNet;
@@ -337,7 +337,7 @@ impl Worker {
                     break 'jobs;
                 }
                 let op = &active.job.ops[active.next];
-                if op.pushed && active.job.op == XferOp::Read {
+                if op.copier == Copier::Peer {
                     // Asked of the peer, which pushes it into this memory (see `assist`);
                     // where this process cannot tell who it is, or the peer refused an
                     // earlier request, the provider reads it.
@@ -380,21 +380,28 @@ impl Worker {
                     issued_any = true;
                     continue;
                 }
-                if op.pushed {
-                    // Copied here and now, while the peer pulls the pieces around it.
-                    let pushed = match &shared.peer.cma {
+                if op.copier == Copier::ThisProcess {
+                    // Copied here and now, while the peer copies the piece beside it.
+                    let write = active.job.op == XferOp::Write;
+                    let copied = match &shared.peer.cma {
                         // SAFETY: as for the provider's operations below: the range lies
-                        // in a registration the prepared request keeps alive.
-                        Some(cma) => unsafe { cma.push(op.local, op.len, op.remote_addr) },
-                        None => Err(PushError::unroutable()),
+                        // in a registration the prepared request keeps alive, and the
+                        // request owns it (nothing else writes it) while it runs.
+                        Some(cma) if write => unsafe { cma.push(op.local, op.len, op.remote_addr) },
+                        // SAFETY: as above.
+                        Some(cma) => unsafe { cma.pull(op.local, op.len, op.remote_addr) },
+                        None => Err(CopyError::unroutable()),
                     };
                     issued_any = true;
                     active.next += 1;
-                    match pushed {
+                    match copied {
                         Ok(()) => {
-                            self.common
-                                .pushed_bytes
-                                .fetch_add(op.len as u64, Ordering::Relaxed);
+                            let counter = if write {
+                                &self.common.pushed_bytes
+                            } else {
+                                &self.common.pulled_bytes
+                            };
+                            counter.fetch_add(op.len as u64, Ordering::Relaxed);
                             shared.unit_done(&self.rails[0], &active.job.peer)
                         }
                         Err(e) => {
@@ -624,7 +631,7 @@ impl Worker {
             return;
         };
         let op = match active.job.ops.get(done.op as usize) {
-            Some(op) if op.pushed && active.job.op == XferOp::Read && active.assists > 0 => op,
+            Some(op) if op.copier == Copier::Peer && active.assists > 0 => op,
             _ => {
                 tracing::warn!(
                     job = done.job,

@@ -26,13 +26,24 @@ pub(super) struct RailOp {
     /// Index into the transfer's registration table.
     pub(super) mr: u32,
     pub(super) dest: Address,
-    /// The provider's remote address, or the peer's virtual address for a WRITE's push.
+    /// The provider's remote address, or the peer's virtual address where this process
+    /// copies.
     pub(super) remote_addr: u64,
     pub(super) key: u64,
-    /// Not copied by the provider: a WRITE's piece this process pushes into the peer
-    /// (the `cma` module), a READ's piece the peer pushes into this process on request
-    /// (the `assist` module).
-    pub(super) pushed: bool,
+    pub(super) copier: Copier,
+}
+
+/// Who copies an operation's bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Copier {
+    /// The provider (`fi_writedata`, `fi_writemsg`, `fi_read`).
+    Provider,
+    /// This process's rail worker, by CMA: a WRITE's piece pushed into the peer, a READ's
+    /// pulled from it (the `cma` module).
+    ThisProcess,
+    /// The peer's rail worker, on request: a READ's piece pushed into this process (the
+    /// `assist` module).
+    Peer,
 }
 
 /// State of one prepared transfer's current post, shared with the rail workers.
