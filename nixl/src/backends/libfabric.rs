@@ -1190,8 +1190,10 @@ impl Backend for LibfabricBackend {
             // on one rail then copied one piece after the other). Each pair pins the two
             // processes' page tables (see `cma`), and pairs over several rails keep every
             // worker of both sides copying — also for a batch of blocks, whose pairs take
-            // the rails in turn (GPU machine, four rails, WRITEs, against one piece per
-            // rail: 8-32 MiB 34-63 GB/s vs 27-34, four 2 MiB blocks 37-63 vs 27-31).
+            // the rails in turn (GPU machine, four rails, medians of six alternating
+            // rounds against one piece per rail: 8 MiB WRITE 56 GB/s vs 28, READ 58 vs 28;
+            // four 2 MiB blocks WRITE 60 vs 21, READ 61 vs 29; 1-4 MiB blocks alike,
+            // within the ±15% that separates identical builds there).
             let per_rail = if pushable { 2 } else { 1 };
             let pieces = if pushable {
                 2 * stripe_pieces(

@@ -24,9 +24,9 @@
 //! read lock while it pushes, so a deregistration of the source waits for the copy.
 //!
 //! nixlbench DRAM READ over `shm` on the GPU machine (H100 host, 16 cores, four shm
-//! rails; four rounds alternating with the provider alone, GB/s): 1 MiB (no assist)
-//! 10.0-14.7; 2 MiB 15.4-27.7 against 13.4-21.3; 8 MiB 40-63 against 27-30; 64 MiB 35-45
-//! against 14-27; four 8 MiB blocks 38-54 against 25-29.
+//! rails), GB/s: the provider alone (`cma_read=0`) 1 MiB 12.7-16.4, 2 MiB 9.5-10.4,
+//! 4 MiB 18-22, 8 MiB 26-36; with assists 2 MiB 15-32, 4 MiB 26-54, 8 MiB 40-67, 64 MiB
+//! 35-45, four 2 MiB blocks 27-67 (several device calls, alternating rounds).
 //!
 //! Answers that mean "not here" ([`is_refusal`]: the target may not copy into the
 //! initiator — Yama's `ptrace_scope` 1 lets a parent copy into its child but not the
