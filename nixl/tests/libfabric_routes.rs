@@ -101,37 +101,30 @@ fn across_processes(initiator_spec: &str, target_spec: &str) -> String {
         dram((0..LEN / 2 / BLOCK).map(|i| Desc::new(base + (i * BLOCK) as u64, BLOCK as u64, 0)))
     };
     let half = (LEN / 2) as u64;
-    let mut read = initiator
-        .create_xfer_req(
-            XferOp::Read,
-            &blocks(back.as_mut_ptr() as u64),
-            &blocks(target.base),
-            &name,
-            None,
-        )
-        .unwrap();
-    read.post().unwrap();
-    read.wait(TIMEOUT).unwrap();
-    assert!(
-        back == pattern(42, LEN)[..LEN / 2],
-        "{transport}: READ data"
-    );
-    back.fill(0);
-    let mut read = initiator
-        .create_xfer_req(
-            XferOp::Read,
-            &dram([Desc::new(back.as_mut_ptr() as u64, half, 0)]),
-            &dram([Desc::new(target.base, half, 0)]),
-            &name,
-            None,
-        )
-        .unwrap();
-    read.post().unwrap();
-    read.wait(TIMEOUT).unwrap();
-    assert!(
-        back == pattern(42, LEN)[..LEN / 2],
-        "{transport}: READ of one block"
-    );
+    let one_block = |base: u64| dram([Desc::new(base, half, 0)]);
+    for (local, remote, what) in [
+        (
+            blocks(back.as_mut_ptr() as u64),
+            blocks(target.base),
+            "64 KiB blocks",
+        ),
+        (
+            one_block(back.as_mut_ptr() as u64),
+            one_block(target.base),
+            "one block",
+        ),
+    ] {
+        back.fill(0);
+        let mut read = initiator
+            .create_xfer_req(XferOp::Read, &local, &remote, &name, None)
+            .unwrap();
+        read.post().unwrap();
+        read.wait(TIMEOUT).unwrap();
+        assert!(
+            back == pattern(42, LEN)[..LEN / 2],
+            "{transport}: READ of {what}"
+        );
+    }
     // One block, so that over shm part of it is pushed by this process.
     let whole = |base: u64| dram([Desc::new(base + half, half, 0)]);
     let mut write = initiator

@@ -1121,7 +1121,7 @@ impl Backend for LibfabricBackend {
             XferOp::Write => self.cma_write,
             XferOp::Read => cma.assists(),
         });
-        let mut pushes = 0usize;
+        let mut cma_ops = 0usize;
         for (index, entry) in entries.iter().enumerate() {
             let (local, remote) = entry.metadata::<FabricLocalMd, FabricRemoteMd>(NAME)?;
             if local.staged.is_some() || remote.staged_slot.is_some() {
@@ -1177,7 +1177,7 @@ impl Backend for LibfabricBackend {
                         key: remote_mem.key,
                         copier,
                     });
-                    pushes += usize::from(copier != Copier::Provider);
+                    cma_ops += usize::from(copier != Copier::Provider);
                     done += n;
                 }
             };
@@ -1258,7 +1258,7 @@ impl Backend for LibfabricBackend {
             sender_hash: self.sender_hash,
             next_seq: self.next_seq.clone(),
             total,
-            pushes,
+            cma_ops,
             shared: Arc::new(XferShared {
                 peer: PeerHealth {
                     agent: agent.to_string(),

@@ -51,6 +51,16 @@ struct ActiveJob {
     notif_in_flight: Option<RegisteredBuffer>,
 }
 
+impl ActiveJob {
+    /// Issues nothing more of the job (it failed or was canceled); what is in flight
+    /// still completes.
+    fn stop_issuing(&mut self) {
+        self.next = self.job.ops.len();
+        self.job.notif = None;
+        self.redo.clear();
+    }
+}
+
 const NOTIF_CONTEXT: u64 = 1 << 61;
 /// How often a worker with nothing else to do reads the remote operation counter.
 const COUNTER_CHECK_INTERVAL: Duration = Duration::from_micros(100);
@@ -308,9 +318,7 @@ impl Worker {
             if shared.canceled.load(Ordering::Relaxed)
                 || shared.failed.lock().expect("failed lock").is_some()
             {
-                active.next = active.job.ops.len();
-                active.job.notif = None;
-                active.redo.clear();
+                active.stop_issuing();
             }
             // Pieces the peer refused to push: read them through the provider.
             while let Some(&index) = active.redo.last() {
@@ -328,7 +336,7 @@ impl Worker {
                     Err(fabric::Error::WouldBlock { .. }) => break 'jobs,
                     Err(e) => {
                         shared.fail(&e);
-                        active.redo.clear();
+                        active.stop_issuing();
                     }
                 }
             }
@@ -371,8 +379,7 @@ impl Worker {
                         Err(fabric::Error::WouldBlock { .. }) => break 'jobs,
                         Err(e) => {
                             shared.fail(&e);
-                            active.next = active.job.ops.len();
-                            active.job.notif = None;
+                            active.stop_issuing();
                             continue;
                         }
                     }
@@ -406,8 +413,7 @@ impl Worker {
                         }
                         Err(e) => {
                             shared.fail_with(e.disconnect, e.errno, e.text);
-                            active.next = active.job.ops.len();
-                            active.job.notif = None;
+                            active.stop_issuing();
                         }
                     }
                     continue;
@@ -427,8 +433,7 @@ impl Worker {
                     Err(fabric::Error::WouldBlock { .. }) => break 'jobs,
                     Err(e) => {
                         shared.fail(&e);
-                        active.next = active.job.ops.len();
-                        active.job.notif = None;
+                        active.stop_issuing();
                     }
                 }
             }

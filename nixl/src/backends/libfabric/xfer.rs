@@ -74,7 +74,7 @@ pub(super) struct PeerHealth {
     pub(super) agent: String,
     pub(super) liveness: Option<Arc<Liveness>>,
     pub(super) watch: Option<Arc<PeerWatch>>,
-    /// Where pushed pieces go (same host).
+    /// The peer's process, for the pieces copied by CMA (same host).
     pub(super) cma: Option<Arc<CmaPeer>>,
 }
 
@@ -166,8 +166,9 @@ pub(super) struct FabricXfer {
     pub(super) sender_hash: u32,
     pub(super) next_seq: Arc<AtomicU32>,
     pub(super) total: usize,
-    /// Of those, operations this process pushes into the peer.
-    pub(super) pushes: usize,
+    /// Of those, operations the provider does not copy (see [`Copier`]): the peer
+    /// cannot count them as it counts the provider's.
+    pub(super) cma_ops: usize,
     pub(super) shared: Arc<XferShared>,
     /// Keeps the peer's addresses in the AVs while this transfer can post to them.
     pub(super) peer: Arc<PeerAddrs>,
@@ -222,9 +223,9 @@ impl BackendXfer for FabricXfer {
             .as_ref()
             .map_or(0, |p| p.chunks.iter().map(staging::Chunk::units).sum());
         // What the peer counts before it delivers the notification: the provider's
-        // operations (pushes leave no trace there) and the staged ones.
+        // operations (what CMA copies leaves no trace there) and the staged ones.
         let expected = if self.op == XferOp::Write {
-            (self.total - self.pushes) as u64 + staged_units
+            (self.total - self.cma_ops) as u64 + staged_units
         } else {
             0
         };
@@ -243,7 +244,9 @@ impl BackendXfer for FabricXfer {
             .notif_pending
             .store(message.is_some(), Ordering::Relaxed);
         let (write_notif, imm) = match (self.op, message) {
-            (XferOp::Write, Some(m)) if self.pushes == 0 => (Some((self.notif_dest, m)), Some(key)),
+            (XferOp::Write, Some(m)) if self.cma_ops == 0 => {
+                (Some((self.notif_dest, m)), Some(key))
+            }
             // A READ's message, and a WRITE's with pushed pieces (whose bytes are in place
             // once their copy returned), go after the last operation.
             (op, Some(m)) => {
