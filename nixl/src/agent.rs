@@ -7,8 +7,8 @@ use request::ReqState;
 pub use request::{XferDlist, XferReq};
 
 use crate::backend::{
-    Backend, BackendParams, BackendXfer, LocalMd, NotifSignal, NotifWaker, RemoteMd, XferEntry,
-    XferOp, XferTelemetry,
+    Backend, BackendInit, BackendParams, BackendRegistry, BackendXfer, LocalMd, NotifSignal,
+    NotifWaker, RemoteMd, XferEntry, XferOp, XferTelemetry,
 };
 use crate::error::{Error, Result};
 use crate::mem::{DescList, Lookup, MemKind, Region, RegionIndex};
@@ -156,6 +156,8 @@ type ReqSlot = Mutex<Option<Box<dyn BackendXfer>>>;
 pub(crate) struct AgentInner {
     pub(crate) name: String,
     pub(crate) config: AgentConfig,
+    /// The constructors [`Agent::create_backend`] builds from.
+    registry: BackendRegistry,
     backends: RwLock<Vec<Arc<dyn Backend>>>,
     local: RwLock<LocalState>,
     remotes: RwLock<HashMap<String, RemoteAgent>>,
@@ -215,9 +217,14 @@ impl std::fmt::Debug for Agent {
 }
 
 impl Agent {
-    /// Creates an agent; starts the metadata listener if `config.listen_addr` is set.
-    #[doc(alias = "nixlAgent")]
-    pub fn new(name: impl Into<String>, config: AgentConfig) -> Result<Self> {
+    /// Creates an agent that builds backends from `registry` ([`Agent::create_backend`]);
+    /// starts the metadata listener if `config.listen_addr` is set. [`Agent::new`] is this
+    /// with the backends built into this crate.
+    pub fn with_registry(
+        name: impl Into<String>,
+        config: AgentConfig,
+        registry: BackendRegistry,
+    ) -> Result<Self> {
         let name = name.into();
         if name.is_empty() || name.len() > u16::MAX as usize {
             return Err(Error::InvalidParam(
@@ -229,6 +236,7 @@ impl Agent {
             inner: Arc::new(AgentInner {
                 name,
                 config,
+                registry,
                 backends: RwLock::new(Vec::new()),
                 local: RwLock::new(LocalState::default()),
                 remotes: RwLock::new(HashMap::new()),
@@ -268,24 +276,30 @@ impl Agent {
             .map(|l| l.local_addr())
     }
 
-    /// Backend names [`Agent::create_backend`] knows in this build.
-    #[doc(alias = "getAvailPlugins")]
-    pub fn available_backends() -> Vec<&'static str> {
-        crate::backends::AVAILABLE
-            .iter()
-            .map(|(name, _)| *name)
-            .collect()
+    /// The constructors [`Agent::create_backend`] knows.
+    pub fn registry(&self) -> &BackendRegistry {
+        &self.inner.registry
+    }
+
+    /// What a backend constructor gets from this agent: its name, progress-thread setting
+    /// and listener address, with `params`. For building a backend by hand (e.g. to keep
+    /// its concrete type) and adding it with [`Agent::add_backend`].
+    pub fn backend_init(&self, params: BackendParams) -> BackendInit {
+        let mut init = BackendInit::new(self.inner.name.clone());
+        init.progress_thread = self.inner.config.progress_thread;
+        init.listen_addr = self.listen_addr();
+        init.params = params;
+        init.registry = self.inner.registry.clone();
+        init
     }
 
     /// Creates a backend by name with string parameters and adds it.
     #[doc(alias = "createBackend")]
     pub fn create_backend(&self, name: &str, params: &BackendParams) -> Result<Arc<dyn Backend>> {
-        let create = crate::backends::AVAILABLE
-            .iter()
-            .find(|(n, _)| n.eq_ignore_ascii_case(name))
-            .map(|(_, create)| create)
-            .ok_or_else(|| Error::UnknownBackend(name.to_string()))?;
-        let backend = create(self, params)?;
+        let backend = self
+            .inner
+            .registry
+            .create(name, &self.backend_init(params.clone()))?;
         self.add_backend(backend.clone())?;
         Ok(backend)
     }

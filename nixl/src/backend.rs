@@ -6,6 +6,10 @@
 //! name with string parameters ([`crate::Agent::create_backend`]) or handed to the agent
 //! directly ([`crate::Agent::add_backend`]) for user-written transports.
 
+mod registry;
+
+pub use registry::{BackendInit, BackendRegistry, CreateBackend};
+
 use crate::error::{Error, Result};
 use crate::mem::{Desc, MemKind, Region};
 use std::any::Any;

@@ -10,10 +10,29 @@
 //!   [`Agent::wait_notifs`] to sleep until one arrives).
 //! - [`Backend`]: the transport interface; backends are created by name with string
 //!   parameters ([`Agent::create_backend`]) or written by the user ([`Agent::add_backend`]).
+//!   A constructor gets a [`BackendInit`] (agent name, progress-thread setting, listener
+//!   address, parameters), never the agent; [`BackendRegistry`] names the constructors
+//!   ([`Agent::new`] uses the built-in ones, [`Agent::with_registry`] any other set).
 //! - Every bad input is refused before anything is posted, with a typed [`Error`]:
 //!   unregistered or partly registered memory, zero-length or overflowing descriptors,
 //!   an unknown peer, a remote descriptor outside every region the peer registered, a
 //!   memory kind the backend cannot move.
+//!
+//! # Layers and features
+//! The agent core (agent, backend interface and registry, memory model, metadata, the
+//! peer-to-peer listener, etcd with feature `etcd`) imports no backend and links no
+//! transport library: `--no-default-features` builds it with `LOCAL` and `FAULT` only.
+//! Each transport is a feature ([`backends`] lists them and says why features rather than
+//! crates):
+//!
+//! | feature | adds | links |
+//! |---|---|---|
+//! | `libfabric` (default) | `LIBFABRIC` | libfabric |
+//! | `verbs` (default) | `VERBS` | libibverbs |
+//! | `cuda` | VRAM: `CUDA_IPC`, `LOCAL` VRAM copies, staged VRAM over `LIBFABRIC`/`VERBS` | the CUDA driver, loaded at run time |
+//! | `gpunetio` | `GPUNETIO` and the device API's NIC path (implies `cuda`, `libfabric`) | as `cuda`, and libfabric |
+//! | `file` | `FILE` (files through an `hf3fs-gdr` daemon) | nothing native |
+//! | `etcd` | the `etcd` metadata service module | nothing native (needs `protoc` to build) |
 //!
 //! # Failure model
 //! No transfer polls "in progress" forever, and every failure is typed
@@ -59,6 +78,7 @@
 mod agent;
 pub mod backend;
 pub mod backends;
+mod builtin;
 pub mod device;
 mod error;
 #[cfg(feature = "etcd")]
@@ -66,11 +86,13 @@ pub mod etcd;
 mod listener;
 pub mod mem;
 pub mod metadata;
+mod os;
 pub mod topology;
 
 pub use agent::{params, Agent, AgentConfig, RegistrationHandle, XferDlist, XferReq};
 pub use backend::{
-    Backend, BackendParams, Capabilities, PostParams, XferOp, XferStatus, XferTelemetry,
+    Backend, BackendInit, BackendParams, BackendRegistry, Capabilities, PostParams, XferOp,
+    XferStatus, XferTelemetry,
 };
 pub use device::{GpuXferReqH, MemViewH};
 pub use error::{Error, Result};

@@ -11,10 +11,9 @@
 //! frames (no check) are refused with a message naming the version.
 
 use crate::agent::{Agent, AgentInner};
-use crate::backends::heartbeat::pollfd_in;
-use crate::backends::shared::WakeFd;
 use crate::error::{Error, Result};
 use crate::metadata::{crc32c, crc32c_append, MAX_METADATA_BYTES};
+use crate::os::{pollfd_in, WakeFd};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;

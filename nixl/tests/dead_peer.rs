@@ -1,3 +1,4 @@
+#![cfg(feature = "libfabric")]
 //! A peer process that dies is reported as `RemoteDisconnect` within about a second on
 //! every LIBFABRIC provider, with the stall timeout left at its default (30 s): `shm`
 //! never reports a dead peer itself, so this holds only because the backend watches the

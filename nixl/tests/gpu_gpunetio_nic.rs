@@ -9,7 +9,7 @@
 //!
 //! Needs a GPU: without one every test prints why it skips; with `NIXL_REQUIRE_GPU=1`
 //! (the GPU machine) a missing GPU fails instead.
-#![cfg(feature = "cuda")]
+#![cfg(feature = "gpunetio")]
 
 mod common;
 

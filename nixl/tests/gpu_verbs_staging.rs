@@ -10,7 +10,7 @@
 //! `NIXL_REQUIRE_GPU=1`, the GPU machine, a missing GPU fails instead); without an RDMA
 //! device (`RDMA_TEST_DEVICE`, else the first device the host has) it prints why it
 //! skips — the GPU machine is not required to have one.
-#![cfg(feature = "cuda")]
+#![cfg(all(feature = "cuda", feature = "verbs"))]
 
 mod common;
 

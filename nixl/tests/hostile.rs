@@ -15,10 +15,8 @@
 
 mod common;
 
-use common::{dram, fabric_agent, finish, pattern, wait_notif};
 use nixl::metadata::{crc32c, crc32c_append, AgentMetadata, BackendSection, VERSION};
-use nixl::{Agent, AgentConfig, Desc, DescList, Error, MemKind, Region, XferOp};
-use std::time::{Duration, Instant};
+use nixl::{Agent, AgentConfig, Desc, DescList, Error, MemKind, Region};
 
 /// Where the metadata blob's check sits (magic, version, body length before it).
 const CHECK_AT: usize = 6 + 2 + 4;
@@ -27,9 +25,6 @@ const SEND_MD: u8 = 1;
 const ACK: u8 = 5;
 const MD_REPLY: u8 = 3;
 const REFUSED: u8 = 6;
-/// Bound on any one refusal (the 100 MB blob included): a loaded 2-core machine in a
-/// debug build stays far below it.
-const SLOW_CALL: Duration = Duration::from_millis(500);
 
 /// xorshift64*: reproducible, no dependency.
 struct Rng(u64);
@@ -186,176 +181,189 @@ fn seed_blobs() -> Vec<Vec<u8>> {
     ]
 }
 
-/// Every corruption of `blob` in issue 14's corpus, handed to `each` with its family.
-fn corrupt_each(blob: &[u8], rng: &mut Rng, mut each: impl FnMut(&'static str, &[u8])) {
-    for cut in 0..blob.len() {
-        each("truncation", &blob[..cut]);
-    }
-    let mut bad = blob.to_vec();
-    for i in 0..blob.len() {
-        for bit in 0..8 {
-            bad[i] ^= 1 << bit;
-            each("bit flip", &bad);
-            bad[i] ^= 1 << bit;
-        }
-    }
-    for i in 0..blob.len().saturating_sub(3) {
-        let mut bad = blob.to_vec();
-        bad[i..i + 4].fill(0xff);
-        if bad != blob {
-            each("0xFF overwrite", &bad);
-        }
-    }
-    for n in 0..400 {
-        let len = rng.below(2 * blob.len() + 1);
-        let mut bad: Vec<u8> = (0..len).map(|_| rng.next() as u8).collect();
-        // Half of them keep the magic and version, to reach the length and the check.
-        if n % 2 == 1 && bad.len() >= 8 {
-            bad[..8].copy_from_slice(&blob[..8]);
-        }
-        each("random bytes", &bad);
-    }
-    let mut huge = blob.to_vec();
-    huge.resize(100 << 20, 0xa5);
-    each("100 MB", &huge);
-}
+/// Issue 14's corpus needs LIBFABRIC agents: real metadata with connection information.
+#[cfg(feature = "libfabric")]
+mod corpus {
+    use super::*;
+    use common::{dram, fabric_agent, finish, pattern, wait_notif};
+    use nixl::XferOp;
+    use std::time::{Duration, Instant};
 
-/// Issue 14's corpus over real `tcp;ofi_rxm` and `shm` metadata: every corrupted blob is
-/// refused, by the parser, by an agent that knows the peer (which keeps its state: a list
-/// prepared before still moves data after), and through the listener; none is slow.
-#[test]
-fn every_corrupted_blob_is_refused() {
-    for provider in ["tcp;ofi_rxm", "shm"] {
-        let tag = provider.replace(';', "_");
-        let target = fabric_agent(&format!("corpus-target-{tag}"), provider, &[]);
-        let initiator = fabric_agent(&format!("corpus-init-{tag}"), provider, &[]);
-        let src = pattern(7, 3 * 4096);
-        let mut dst = vec![0u8; 3 * 4096];
-        let extra = vec![0u8; 8192];
-        let (src_p, dst_p) = (src.as_ptr() as u64, dst.as_mut_ptr() as u64);
-        // SAFETY: the buffers outlive the handles and the request (all dropped before the
-        // end of this iteration, handles last).
-        let _ht = unsafe {
-            target
-                .register_mem(
-                    &dram([
-                        Desc::new(dst_p, dst.len() as u64, 0),
-                        Desc::from_slice(&extra),
-                    ]),
+    /// Bound on any one refusal (the 100 MB blob included): a loaded 2-core machine in a
+    /// debug build stays far below it.
+    const SLOW_CALL: Duration = Duration::from_millis(500);
+
+    /// Every corruption of `blob` in issue 14's corpus, handed to `each` with its family.
+    fn corrupt_each(blob: &[u8], rng: &mut Rng, mut each: impl FnMut(&'static str, &[u8])) {
+        for cut in 0..blob.len() {
+            each("truncation", &blob[..cut]);
+        }
+        let mut bad = blob.to_vec();
+        for i in 0..blob.len() {
+            for bit in 0..8 {
+                bad[i] ^= 1 << bit;
+                each("bit flip", &bad);
+                bad[i] ^= 1 << bit;
+            }
+        }
+        for i in 0..blob.len().saturating_sub(3) {
+            let mut bad = blob.to_vec();
+            bad[i..i + 4].fill(0xff);
+            if bad != blob {
+                each("0xFF overwrite", &bad);
+            }
+        }
+        for n in 0..400 {
+            let len = rng.below(2 * blob.len() + 1);
+            let mut bad: Vec<u8> = (0..len).map(|_| rng.next() as u8).collect();
+            // Half of them keep the magic and version, to reach the length and the check.
+            if n % 2 == 1 && bad.len() >= 8 {
+                bad[..8].copy_from_slice(&blob[..8]);
+            }
+            each("random bytes", &bad);
+        }
+        let mut huge = blob.to_vec();
+        huge.resize(100 << 20, 0xa5);
+        each("100 MB", &huge);
+    }
+
+    /// Issue 14's corpus over real `tcp;ofi_rxm` and `shm` metadata: every corrupted blob is
+    /// refused, by the parser, by an agent that knows the peer (which keeps its state: a list
+    /// prepared before still moves data after), and through the listener; none is slow.
+    #[test]
+    fn every_corrupted_blob_is_refused() {
+        for provider in ["tcp;ofi_rxm", "shm"] {
+            let tag = provider.replace(';', "_");
+            let target = fabric_agent(&format!("corpus-target-{tag}"), provider, &[]);
+            let initiator = fabric_agent(&format!("corpus-init-{tag}"), provider, &[]);
+            let src = pattern(7, 3 * 4096);
+            let mut dst = vec![0u8; 3 * 4096];
+            let extra = vec![0u8; 8192];
+            let (src_p, dst_p) = (src.as_ptr() as u64, dst.as_mut_ptr() as u64);
+            // SAFETY: the buffers outlive the handles and the request (all dropped before the
+            // end of this iteration, handles last).
+            let _ht = unsafe {
+                target
+                    .register_mem(
+                        &dram([
+                            Desc::new(dst_p, dst.len() as u64, 0),
+                            Desc::from_slice(&extra),
+                        ]),
+                        None,
+                    )
+                    .unwrap()
+            };
+            // SAFETY: as above.
+            let _hi = unsafe {
+                initiator
+                    .register_mem(&dram([Desc::new(src_p, src.len() as u64, 0)]), None)
+                    .unwrap()
+            };
+            let full = target.local_metadata().unwrap();
+            let name = initiator.load_remote_metadata(&full).unwrap();
+            let regions_before = initiator.remote_regions(&name).unwrap();
+            let local = initiator
+                .prep_xfer_dlist(None, &dram([Desc::new(src_p, src.len() as u64, 0)]))
+                .unwrap();
+            let remote = initiator
+                .prep_xfer_dlist(Some(&name), &dram([Desc::new(dst_p, dst.len() as u64, 0)]))
+                .unwrap();
+            let blobs = [
+                ("full", full.clone()),
+                (
+                    "partial with connection info",
+                    target.local_partial_metadata(None, true).unwrap(),
+                ),
+                (
+                    "partial of one region",
+                    target
+                        .local_partial_metadata(Some(&dram([Desc::from_slice(&extra)])), false)
+                        .unwrap(),
+                ),
+            ];
+            let mut rng = Rng(0x5eed_0000 ^ provider.len() as u64);
+            let (mut refused, mut slowest) = (
+                std::collections::BTreeMap::<&str, usize>::new(),
+                (Duration::ZERO, ""),
+            );
+            for (what, blob) in &blobs {
+                assert_eq!(AgentMetadata::decode(blob).unwrap().agent, name, "{what}");
+                corrupt_each(blob, &mut rng, |family, bad| {
+                    let start = Instant::now();
+                    let decoded = AgentMetadata::decode(bad);
+                    let loaded = initiator.load_remote_metadata(bad);
+                    let elapsed = start.elapsed();
+                    for (how, outcome) in [
+                        ("decode", decoded.map(|m| m.agent)),
+                        ("load_remote_metadata", loaded),
+                    ] {
+                        match outcome {
+                            Err(Error::MalformedMetadata(_)) => {}
+                            other => panic!(
+                                "{provider} {what} metadata, {family} ({} bytes): {how} gave {other:?}",
+                                bad.len()
+                            ),
+                        }
+                    }
+                    if elapsed > slowest.0 {
+                        slowest = (elapsed, family);
+                    }
+                    *refused.entry(family).or_default() += 1;
+                });
+                // Through the listener: the payload's own check refuses what a correct frame
+                // carries.
+                let mut reply_kinds = [0usize; 256];
+                corrupt_each(&blob[..blob.len().min(96)], &mut rng, |family, bad| {
+                    if family == "100 MB" {
+                        return; // over the frame limit: covered by the listener's own tests
+                    }
+                    let reply = nixl::fuzz_serve(&initiator, &frame(SEND_MD, bad));
+                    assert!(reply.len() > 4, "{family}: no reply");
+                    reply_kinds[reply[4] as usize] += 1;
+                });
+                assert_eq!(
+                    reply_kinds[REFUSED as usize],
+                    reply_kinds.iter().sum::<usize>(),
+                    "{provider} {what}: a corrupted blob in a correct frame was not refused"
+                );
+            }
+            // Nothing was lost: the peer is known with the same regions, and the lists
+            // prepared before the corpus still move data.
+            assert_eq!(initiator.remote_regions(&name).unwrap(), regions_before);
+            let mut req = initiator
+                .make_xfer_req(
+                    XferOp::Write,
+                    &local,
+                    &[0],
+                    &remote,
+                    &[0],
+                    Some(b"after the corpus".to_vec()),
                     None,
                 )
-                .unwrap()
-        };
-        // SAFETY: as above.
-        let _hi = unsafe {
-            initiator
-                .register_mem(&dram([Desc::new(src_p, src.len() as u64, 0)]), None)
-                .unwrap()
-        };
-        let full = target.local_metadata().unwrap();
-        let name = initiator.load_remote_metadata(&full).unwrap();
-        let regions_before = initiator.remote_regions(&name).unwrap();
-        let local = initiator
-            .prep_xfer_dlist(None, &dram([Desc::new(src_p, src.len() as u64, 0)]))
-            .unwrap();
-        let remote = initiator
-            .prep_xfer_dlist(Some(&name), &dram([Desc::new(dst_p, dst.len() as u64, 0)]))
-            .unwrap();
-        let blobs = [
-            ("full", full.clone()),
-            (
-                "partial with connection info",
-                target.local_partial_metadata(None, true).unwrap(),
-            ),
-            (
-                "partial of one region",
-                target
-                    .local_partial_metadata(Some(&dram([Desc::from_slice(&extra)])), false)
-                    .unwrap(),
-            ),
-        ];
-        let mut rng = Rng(0x5eed_0000 ^ provider.len() as u64);
-        let (mut refused, mut slowest) = (
-            std::collections::BTreeMap::<&str, usize>::new(),
-            (Duration::ZERO, ""),
-        );
-        for (what, blob) in &blobs {
-            assert_eq!(AgentMetadata::decode(blob).unwrap().agent, name, "{what}");
-            corrupt_each(blob, &mut rng, |family, bad| {
-                let start = Instant::now();
-                let decoded = AgentMetadata::decode(bad);
-                let loaded = initiator.load_remote_metadata(bad);
-                let elapsed = start.elapsed();
-                for (how, outcome) in [
-                    ("decode", decoded.map(|m| m.agent)),
-                    ("load_remote_metadata", loaded),
-                ] {
-                    match outcome {
-                        Err(Error::MalformedMetadata(_)) => {}
-                        other => panic!(
-                            "{provider} {what} metadata, {family} ({} bytes): {how} gave {other:?}",
-                            bad.len()
-                        ),
-                    }
-                }
-                if elapsed > slowest.0 {
-                    slowest = (elapsed, family);
-                }
-                *refused.entry(family).or_default() += 1;
-            });
-            // Through the listener: the payload's own check refuses what a correct frame
-            // carries.
-            let mut reply_kinds = [0usize; 256];
-            corrupt_each(&blob[..blob.len().min(96)], &mut rng, |family, bad| {
-                if family == "100 MB" {
-                    return; // over the frame limit: covered by the listener's own tests
-                }
-                let reply = nixl::fuzz_serve(&initiator, &frame(SEND_MD, bad));
-                assert!(reply.len() > 4, "{family}: no reply");
-                reply_kinds[reply[4] as usize] += 1;
-            });
-            assert_eq!(
-                reply_kinds[REFUSED as usize],
-                reply_kinds.iter().sum::<usize>(),
-                "{provider} {what}: a corrupted blob in a correct frame was not refused"
+                .unwrap();
+            req.post().unwrap();
+            finish(&mut req).unwrap();
+            drop(req);
+            // The notification follows the data (a WRITE's local completion may not).
+            assert_eq!(wait_notif(&target, initiator.name()), b"after the corpus");
+            assert!(
+                dst == src,
+                "{provider}: data after the corpus differs from byte {:?} (all zero: {})",
+                dst.iter().zip(&src).position(|(a, b)| a != b),
+                dst.iter().all(|&b| b == 0)
+            );
+            let total: usize = refused.values().sum();
+            eprintln!(
+                "{provider}: {total} corrupted blobs refused ({refused:?}); slowest refusal {:?} ({})",
+                slowest.0, slowest.1
+            );
+            assert!(
+                slowest.0 < SLOW_CALL,
+                "{provider}: refusing a {} blob took {:?}",
+                slowest.1,
+                slowest.0
             );
         }
-        // Nothing was lost: the peer is known with the same regions, and the lists
-        // prepared before the corpus still move data.
-        assert_eq!(initiator.remote_regions(&name).unwrap(), regions_before);
-        let mut req = initiator
-            .make_xfer_req(
-                XferOp::Write,
-                &local,
-                &[0],
-                &remote,
-                &[0],
-                Some(b"after the corpus".to_vec()),
-                None,
-            )
-            .unwrap();
-        req.post().unwrap();
-        finish(&mut req).unwrap();
-        drop(req);
-        // The notification follows the data (a WRITE's local completion may not).
-        assert_eq!(wait_notif(&target, initiator.name()), b"after the corpus");
-        assert!(
-            dst == src,
-            "{provider}: data after the corpus differs from byte {:?} (all zero: {})",
-            dst.iter().zip(&src).position(|(a, b)| a != b),
-            dst.iter().all(|&b| b == 0)
-        );
-        let total: usize = refused.values().sum();
-        eprintln!(
-            "{provider}: {total} corrupted blobs refused ({refused:?}); slowest refusal {:?} ({})",
-            slowest.0, slowest.1
-        );
-        assert!(
-            slowest.0 < SLOW_CALL,
-            "{provider}: refusing a {} blob took {:?}",
-            slowest.1,
-            slowest.0
-        );
     }
 }
 

@@ -1,3 +1,4 @@
+#![cfg(feature = "libfabric")]
 //! The LIBFABRIC backend over loopback providers: data verified byte for byte,
 //! notifications only after the data, striping, many descriptors, many threads, and two
 //! processes.

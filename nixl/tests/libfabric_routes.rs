@@ -1,3 +1,4 @@
+#![cfg(feature = "libfabric")]
 //! LIBFABRIC chooses its rails per peer (issue 13): with default parameters a peer on
 //! this host (another process, or another agent of this one) is reached through `shm`,
 //! as NIXL's UCX reaches it through shared memory; with `local_provider=none` on either

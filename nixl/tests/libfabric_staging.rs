@@ -1,3 +1,4 @@
+#![cfg(feature = "libfabric")]
 //! The staging scenarios VERBS runs too (`tests/common/staged.rs`), over LIBFABRIC's
 //! tcp and shm providers without a GPU: DRAM registered as staged (`stage_dram=1`) goes
 //! through exactly the protocol VRAM does, with `memcpy` in place of the device copies.

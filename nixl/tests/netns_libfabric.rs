@@ -1,3 +1,4 @@
+#![cfg(feature = "libfabric")]
 //! The LIBFABRIC backend between two "hosts": two network namespaces joined by a veth
 //! pair (`common::twohost`), the target in one (10.77.0.2, in a pid namespace of its own,
 //! so that only the network speaks for it), the initiator in the other (10.77.0.1).

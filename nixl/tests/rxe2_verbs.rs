@@ -1,3 +1,4 @@
+#![cfg(feature = "verbs")]
 //! VERBS between two hosts: the two-guest suite of `cargo xtask test` (each guest has its
 //! own `rxe0` on its own NIC, joined by an Ethernet link with MTU 1500; see
 //! `common::peer_guest`). This test runs in guest `a` as the initiator; the target runs

@@ -1,3 +1,4 @@
+#![cfg(feature = "verbs")]
 //! VERBS over soft-RoCE (`RDMA_TEST_DEVICE`, in the guest of `cargo xtask test`): a peer
 //! process that dies is reported as `RemoteDisconnect` within about a second, with the
 //! stall timeout left at its default (30 s). The backend's side-channel TCP connection is

@@ -1,3 +1,4 @@
+#![cfg(feature = "verbs")]
 //! The VERBS backend on soft-RoCE (run in the guest by `cargo xtask test`, which sets
 //! `RDMA_TEST_DEVICE=rxe0`): two agents in one process and in two processes, WRITE/READ
 //! batches of 1 to 15,000 descriptors verified byte for byte, notifications only after
@@ -330,8 +331,7 @@ fn heartbeats_go_out_while_a_rail_is_held_and_an_initiator_leaves() {
         let target = Agent::new(&t, config.clone()).unwrap();
         let verbs = Arc::new(
             VerbsBackend::open(
-                &target,
-                &params([("device", dev.as_str()), ("num_rails", "2")]),
+                &target.backend_init(params([("device", dev.as_str()), ("num_rails", "2")])),
             )
             .unwrap(),
         );

@@ -1,3 +1,4 @@
+#![cfg(feature = "verbs")]
 //! The VERBS staging pipeline on soft-RoCE (run in the guest by `cargo xtask test`, which
 //! sets `RDMA_TEST_DEVICE=rxe0`), without a GPU: DRAM registered as staged
 //! (`stage_dram=1`) goes through exactly the protocol VRAM does, with `memcpy` in place
@@ -58,7 +59,7 @@ fn agent_and_backend(
 ) -> (Agent, Arc<VerbsBackend>) {
     let agent = Agent::new(name, AgentConfig::default()).unwrap();
     let backend = Arc::new(
-        VerbsBackend::open(&agent, &verbs_params(device, false, extra))
+        VerbsBackend::open(&agent.backend_init(verbs_params(device, false, extra)))
             .unwrap_or_else(|e| panic!("VERBS on {device}: {e}")),
     );
     agent

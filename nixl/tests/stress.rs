@@ -1,3 +1,4 @@
+#![cfg(feature = "libfabric")]
 //! Concurrency stress over LIBFABRIC: threads posting and polling transfers, threads
 //! taking notifications, and threads invalidating and reloading the same peer, all at
 //! once. Bounded in iterations and every wait bounded in time: a deadlock fails the test

@@ -26,10 +26,10 @@
 //!   [`Error::RemoteDisconnect`].
 
 use super::cuda_copy::{gpu_err, Copy, GpuXfer, LazyPin, NotifSink, StreamPools};
+use super::ipc_plane::{IpcPlane, KeepAlive, Resolved, ResolvedPair};
 use super::shared::{param, random_u64};
-use crate::agent::Agent;
 use crate::backend::{
-    Backend, BackendParams, BackendXfer, Capabilities, LocalMd, NotifWaker, RemoteMd, XferEntry,
+    Backend, BackendInit, BackendXfer, Capabilities, LocalMd, NotifWaker, RemoteMd, XferEntry,
     XferOp,
 };
 use crate::error::{Error, Result};
@@ -82,7 +82,8 @@ pub struct CudaIpcBackend {
     next_vmm: AtomicU64,
 }
 
-pub(crate) fn create(agent: &Agent, params: &BackendParams) -> Result<Arc<dyn Backend>> {
+pub(crate) fn create(init: &BackendInit) -> Result<Arc<dyn Backend>> {
+    let params = &init.params;
     if let Some(key) = params.keys().find(|k| *k != "num_streams") {
         return Err(Error::InvalidParam(format!(
             "{NAME} takes no parameter `{key}` (only num_streams)"
@@ -94,14 +95,24 @@ pub(crate) fn create(agent: &Agent, params: &BackendParams) -> Result<Arc<dyn Ba
             "{NAME} parameter num_streams={num_streams} must be 1..=64"
         )));
     }
-    Ok(Arc::new(CudaIpcBackend::new(agent, num_streams)?))
+    Ok(Arc::new(CudaIpcBackend::new(
+        &init.agent_name,
+        num_streams,
+    )?))
+}
+
+/// `CUDA_IPC`'s control plane for a sibling backend (`GPUNETIO`'s intra-node path) that
+/// reaches peers' memory through it: `agent_name`'s plane with `num_streams` copy streams.
+#[cfg_attr(not(feature = "gpunetio"), allow(dead_code))]
+pub(crate) fn open_plane(agent_name: &str, num_streams: usize) -> Result<Arc<dyn IpcPlane>> {
+    Ok(Arc::new(CudaIpcBackend::new(agent_name, num_streams)?))
 }
 
 impl CudaIpcBackend {
     /// The backend of `agent` with `num_streams` copy streams per GPU (also the
     /// control plane of `GPUNETIO`'s intra-node path: connection information, region
     /// metadata, mappings and notifications).
-    pub(crate) fn new(agent: &Agent, num_streams: usize) -> Result<Self> {
+    pub(crate) fn new(agent_name: &str, num_streams: usize) -> Result<Self> {
         if !gpunetio::is_available() || gpunetio::device_count() == 0 {
             return Err(Error::Gpu(format!(
                 "{NAME} needs a CUDA driver and a GPU (driver present: {})",
@@ -120,7 +131,7 @@ impl CudaIpcBackend {
         let listener =
             NotifListener::start(&socket, Arc::downgrade(&notifs), Arc::downgrade(&vmm))?;
         Ok(CudaIpcBackend {
-            agent_name: agent.name().to_string(),
+            agent_name: agent_name.to_string(),
             me: ConnInfo {
                 boot_id: boot_id()?,
                 pid: std::process::id(),
@@ -649,32 +660,6 @@ impl CudaIpcBackend {
     }
 }
 
-/// What must outlive a transfer's or view's use of the peer's memory (its mappings).
-pub(crate) type KeepAlive = Vec<Arc<dyn Any + Send + Sync>>;
-
-/// One descriptor pair of a transfer with the peer's side mapped into this process.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct ResolvedPair {
-    /// The GPU the copy runs on (the local side's, else the one the peer's memory is
-    /// imported into).
-    pub(crate) gpu: usize,
-    /// The local range's address.
-    pub(crate) local: u64,
-    /// The peer's range, at its address mapped here.
-    pub(crate) remote: u64,
-    /// Bytes.
-    pub(crate) len: u64,
-}
-
-/// A transfer's pairs, what must outlive them (the peer's mappings), and where its
-/// notification goes.
-#[derive(Debug)]
-pub(crate) struct Resolved {
-    pub(crate) pairs: Vec<ResolvedPair>,
-    pub(crate) keep: Vec<Arc<dyn Any + Send + Sync>>,
-    pub(crate) sink: Arc<dyn NotifSink>,
-}
-
 /// Imports (once per transfer) the peer's allocations a transfer touches.
 struct Importer<'a> {
     backend: &'a CudaIpcBackend,
@@ -751,14 +736,14 @@ impl<'a> Importer<'a> {
     }
 }
 
-impl CudaIpcBackend {
+impl IpcPlane for CudaIpcBackend {
     /// Maps the peer's side of every pair into this process (importing each allocation
     /// once; `agent` may be this agent: loopback) and pins local DRAM.
-    pub(crate) fn resolve(&self, entries: &[XferEntry<'_>], agent: &str) -> Result<Resolved> {
+    fn resolve(&self, entries: &[XferEntry<'_>], agent: &str) -> Result<Resolved> {
         let mut importer = Importer::new(self, agent)?;
         let mut pairs = Vec::with_capacity(entries.len());
         for e in entries {
-            Self::pin_local_dram(e.local_md);
+            self.pin_local_dram(e.local_md);
             let local_gpu =
                 (e.local_region.kind == MemKind::Vram).then_some(e.local.dev_id as usize);
             let (remote, gpu) = importer.map(e.remote, e.remote_md, local_gpu)?;
@@ -779,7 +764,7 @@ impl CudaIpcBackend {
     /// Maps the peer's ranges `descs` (in regions `mds`) into this process, importing
     /// into `gpu`'s context where the exporter's GPU is not visible: (addresses, what
     /// keeps the mappings alive).
-    pub(crate) fn map_remote(
+    fn map_remote(
         &self,
         agent: &str,
         ranges: &[(crate::mem::Desc, &dyn RemoteMd)],
@@ -795,7 +780,7 @@ impl CudaIpcBackend {
 
     /// Whether `md` is one of this backend's local DRAM registrations (pinned on first
     /// use, which this does).
-    pub(crate) fn pin_local_dram(md: &dyn LocalMd) -> bool {
+    fn pin_local_dram(&self, md: &dyn LocalMd) -> bool {
         match md.as_any().downcast_ref::<LocalRegion>() {
             Some(LocalRegion::Dram(pin)) => {
                 pin.ensure();

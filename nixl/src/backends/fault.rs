@@ -30,10 +30,9 @@
 //! [`FaultBackend::new`] gives the typed handle whose methods inject faults at run time
 //! ([`FaultBackend::disconnect`], [`FaultBackend::set_plan`], [`FaultBackend::release`]).
 
-use crate::agent::Agent;
 use crate::backend::{
-    Backend, BackendParams, BackendXfer, Capabilities, LocalMd, NotifWaker, PostParams, RemoteMd,
-    XferEntry, XferOp, XferProgress, XferStatus,
+    Backend, BackendInit, BackendParams, BackendXfer, Capabilities, LocalMd, NotifWaker,
+    PostParams, RemoteMd, XferEntry, XferOp, XferProgress, XferStatus,
 };
 use crate::error::{Error, Result};
 use crate::mem::{MemKind, Region};
@@ -189,22 +188,18 @@ pub struct FaultBackend {
     shared: Arc<Shared>,
 }
 
-pub(crate) fn create(agent: &Agent, params: &BackendParams) -> Result<Arc<dyn Backend>> {
-    Ok(FaultBackend::new(agent, params)?)
+pub(crate) fn create(init: &BackendInit) -> Result<Arc<dyn Backend>> {
+    Ok(FaultBackend::new(init)?)
 }
 
 impl FaultBackend {
     /// Creates the inner backend by name (parameter `inner`) for `agent`, wrapped with the
-    /// faults in `params`. Add it with [`Agent::add_backend`] and keep the handle to
+    /// faults in `params`. Add it with [`Agent::add_backend`](crate::Agent::add_backend) and keep the handle to
     /// inject faults at run time.
-    pub fn new(agent: &Agent, params: &BackendParams) -> Result<Arc<Self>> {
-        let (plan, inner_name, rest) = FaultPlan::parse(params)?;
-        let create = crate::backends::AVAILABLE
-            .iter()
-            .find(|(n, _)| n.eq_ignore_ascii_case(&inner_name))
-            .map(|(_, create)| create)
-            .ok_or_else(|| Error::UnknownBackend(inner_name.clone()))?;
-        Ok(Self::wrap(create(agent, &rest)?, plan))
+    pub fn new(init: &BackendInit) -> Result<Arc<Self>> {
+        let (plan, inner_name, rest) = FaultPlan::parse(&init.params)?;
+        let inner = init.registry.create(&inner_name, &init.with_params(rest))?;
+        Ok(Self::wrap(inner, plan))
     }
 
     /// Wraps a backend that already exists (and is not added to an agent itself).

@@ -69,10 +69,9 @@
 //! ```
 
 use super::shared::lock;
-use crate::agent::Agent;
 use crate::backend::{
-    Backend, BackendParams, BackendXfer, Capabilities, LocalMd, NotifWaker, PostParams, RemoteMd,
-    XferEntry, XferOp, XferProgress, XferStatus,
+    Backend, BackendInit, BackendParams, BackendXfer, Capabilities, LocalMd, NotifWaker,
+    PostParams, RemoteMd, XferEntry, XferOp, XferProgress, XferStatus,
 };
 use crate::error::{Error, Result};
 use crate::mem::{MemKind, Region};
@@ -534,7 +533,8 @@ pub struct FileBackend {
     shared: Arc<Shared>,
 }
 
-pub(crate) fn create(agent: &Agent, params: &BackendParams) -> Result<Arc<dyn Backend>> {
+pub(crate) fn create(init: &BackendInit) -> Result<Arc<dyn Backend>> {
+    let params = &init.params;
     let config = Config::parse(params)?;
     if !config.mount.is_dir() {
         return Err(Error::InvalidParam(format!(
@@ -552,7 +552,7 @@ pub(crate) fn create(agent: &Agent, params: &BackendParams) -> Result<Arc<dyn Ba
     })?;
     Ok(Arc::new(FileBackend {
         shared: Arc::new(Shared {
-            agent_name: agent.name().to_string(),
+            agent_name: init.agent_name.clone(),
             config,
             files: Mutex::default(),
             next_serial: AtomicU64::new(1),

@@ -22,9 +22,10 @@
 //! `heartbeat_ms=0`); a watcher waits for `misses` of the *peer's* intervals, and only a
 //! watcher with heartbeats on watches at all. Set `heartbeat_ms=0` to turn it off.
 
-use super::shared::{lock, put_socket_addr, random_u64, WakeFd};
+use super::shared::{lock, put_socket_addr, random_u64};
 use crate::backend::BackendParams;
 use crate::error::{Error, Result};
+use crate::os::{pollfd_in, WakeFd};
 use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
@@ -232,15 +233,6 @@ pub(crate) fn send_beat(stream: &TcpStream) -> bool {
             true
         }
         Err(_) => false,
-    }
-}
-
-/// A pollfd waiting for `stream` to be readable (or hung up).
-pub(crate) fn pollfd_in(fd: i32) -> libc::pollfd {
-    libc::pollfd {
-        fd,
-        events: libc::POLLIN | libc::POLLRDHUP,
-        revents: 0,
     }
 }
 

@@ -159,10 +159,9 @@ use xfer::{
 use super::heartbeat::{HeartbeatConfig, Hub, PeerWatch};
 use super::shared::NotifTracker;
 use super::staging::{self, Failure, NetError, Plan, RunSink, RunSpec, Side, StageNet};
-use crate::agent::Agent;
 use crate::backend::{
-    Backend, BackendParams, BackendXfer, Capabilities, LocalMd, NotifWaker, RemoteMd, XferEntry,
-    XferOp,
+    Backend, BackendInit, BackendParams, BackendXfer, Capabilities, LocalMd, NotifWaker, RemoteMd,
+    XferEntry, XferOp,
 };
 use crate::error::{Error, Result};
 use crate::mem::{MemKind, Region};
@@ -457,11 +456,18 @@ fn param<T: std::str::FromStr>(params: &BackendParams, key: &str, default: T) ->
     super::shared::param(NAME, params, key, default)
 }
 
-pub(crate) fn create(agent: &Agent, params: &BackendParams) -> Result<Arc<dyn Backend>> {
-    Ok(Arc::new(local_rails::open_planes(agent, params)?))
+pub(crate) fn create(init: &BackendInit) -> Result<Arc<dyn Backend>> {
+    Ok(Arc::new(local_rails::open_planes(init)?))
 }
 
-fn open(agent: &Agent, params: &BackendParams) -> Result<LibfabricBackend> {
+/// [`open`] for `agent`'s name and settings, in tests.
+#[cfg(test)]
+fn open_for(agent: &crate::Agent, params: &BackendParams) -> Result<LibfabricBackend> {
+    open(&agent.backend_init(params.clone()))
+}
+
+fn open(init: &BackendInit) -> Result<LibfabricBackend> {
+    let params = &init.params;
     const KNOWN: &[&str] = &[
         "provider",
         "node",
@@ -548,7 +554,7 @@ fn open(agent: &Agent, params: &BackendParams) -> Result<LibfabricBackend> {
     let cma_read = cma_read && provider == "shm";
     // A target serves assists from its rail workers' threads: without them it would
     // answer only when its owner polls.
-    let serves_assists = cma_read && agent.config().progress_thread;
+    let serves_assists = cma_read && init.progress_thread;
     let stripe_min_piece = if provider == "shm" {
         SHM_MIN_STRIPE_PIECE
     } else {
@@ -576,9 +582,9 @@ fn open(agent: &Agent, params: &BackendParams) -> Result<LibfabricBackend> {
         assist: serves_assists.then(Default::default),
     });
     let backend = LibfabricBackend {
-        agent_name: agent.name().to_string(),
+        agent_name: init.agent_name.clone(),
         // Bit 31 stays clear: remote CQ data with bit 63 set is a staged fetch's data.
-        sender_hash: fnv1a(agent.name()) & 0x7fff_ffff,
+        sender_hash: fnv1a(&init.agent_name) & 0x7fff_ffff,
         rails,
         common,
         progress: Arc::new(Progress {
@@ -602,9 +608,9 @@ fn open(agent: &Agent, params: &BackendParams) -> Result<LibfabricBackend> {
         staged_logged: AtomicBool::new(false),
         hub: start_hub(
             heartbeat,
-            agent.name(),
+            &init.agent_name,
             params.get("node").map(String::as_str),
-            agent.listen_addr().map(|a| a.ip()),
+            init.listen_addr.map(|a| a.ip()),
         )?,
     };
     let mut workers = Vec::with_capacity(backend.rails.len());
@@ -617,7 +623,7 @@ fn open(agent: &Agent, params: &BackendParams) -> Result<LibfabricBackend> {
         )?));
     }
     // Without a progress thread the caller's polls (status, get_notifs) drive the rails.
-    let inline = !agent.config().progress_thread;
+    let inline = !init.progress_thread;
     let mut backend = backend;
     backend.progress = Arc::new(Progress { workers, inline });
     if !inline {

@@ -6,9 +6,8 @@
 //! The loopback path that needs no transport (NIXL's storage backends are local-only in
 //! the same way). Notifications to the agent itself are queued directly, after the data.
 
-use crate::agent::Agent;
 use crate::backend::{
-    Backend, BackendParams, BackendXfer, Capabilities, LocalMd, NotifWaker, PostParams, RemoteMd,
+    Backend, BackendInit, BackendXfer, Capabilities, LocalMd, NotifWaker, PostParams, RemoteMd,
     XferEntry, XferOp, XferProgress, XferStatus,
 };
 use crate::error::{Error, Result};
@@ -30,7 +29,8 @@ pub struct LocalBackend {
 
 type NotifQueue = Arc<super::shared::NotifInbox>;
 
-pub(crate) fn create(agent: &Agent, params: &BackendParams) -> Result<Arc<dyn Backend>> {
+pub(crate) fn create(init: &BackendInit) -> Result<Arc<dyn Backend>> {
+    let params = &init.params;
     if let Some(key) = params
         .keys()
         .find(|k| !cfg!(feature = "cuda") || *k != "num_streams")
@@ -45,7 +45,7 @@ pub(crate) fn create(agent: &Agent, params: &BackendParams) -> Result<Arc<dyn Ba
         )));
     }
     Ok(Arc::new(LocalBackend {
-        agent_name: agent.name().to_string(),
+        agent_name: init.agent_name.clone(),
         notifs: NotifQueue::default(),
         #[cfg(feature = "cuda")]
         streams: super::cuda_copy::StreamPools::new(super::shared::param(

@@ -192,58 +192,6 @@ pub(crate) fn random_u64() -> u64 {
     h.finish()
 }
 
-/// A non-blocking eventfd that wakes a thread sleeping in `poll` on it: `signal` makes it
-/// readable (a saturated counter, EAGAIN, still leaves it readable), `drain` resets it.
-#[derive(Debug)]
-pub(crate) struct WakeFd(std::os::fd::OwnedFd);
-
-impl WakeFd {
-    pub(crate) fn new() -> std::io::Result<Self> {
-        use std::os::fd::FromRawFd;
-        // SAFETY: eventfd has no memory arguments; the result is checked.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-        if fd < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        // SAFETY: a fresh descriptor that nothing else owns.
-        Ok(Self(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) }))
-    }
-
-    /// Makes the descriptor readable; `Err` only for a failure other than a saturated
-    /// counter.
-    pub(crate) fn signal(&self) -> std::io::Result<()> {
-        use std::os::fd::AsRawFd;
-        let one = 1u64.to_ne_bytes();
-        // SAFETY: writes 8 bytes from a live buffer to our eventfd.
-        let n = unsafe { libc::write(self.0.as_raw_fd(), one.as_ptr().cast(), one.len()) };
-        let e = std::io::Error::last_os_error();
-        if n < 0 && e.kind() != std::io::ErrorKind::WouldBlock {
-            return Err(e);
-        }
-        Ok(())
-    }
-
-    /// Resets the counter (non-blocking: nothing to read is fine).
-    pub(crate) fn drain(&self) {
-        use std::os::fd::AsRawFd;
-        let mut counter = [0u8; 8];
-        // SAFETY: reads at most 8 bytes into a live buffer from our non-blocking eventfd.
-        unsafe {
-            libc::read(
-                self.0.as_raw_fd(),
-                counter.as_mut_ptr().cast(),
-                counter.len(),
-            )
-        };
-    }
-}
-
-impl std::os::fd::AsRawFd for WakeFd {
-    fn as_raw_fd(&self) -> std::os::fd::RawFd {
-        self.0.as_raw_fd()
-    }
-}
-
 /// Joins `threads` (except the calling one), waiting at most `timeout` in all; returns the
 /// names of those still running then, which are left detached. A thread stuck inside a
 /// provider call (libfabric 1.17's `shm` can spin forever on a lock a dead peer held)
@@ -274,28 +222,6 @@ pub(crate) fn join_bounded(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_wake_fd_is_readable_once_signalled_until_drained() {
-        use std::os::fd::AsRawFd;
-        let w = WakeFd::new().unwrap();
-        let readable = |w: &WakeFd| {
-            let mut p = libc::pollfd {
-                fd: w.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            };
-            // SAFETY: one live pollfd, zero timeout.
-            unsafe { libc::poll(&mut p, 1, 0) == 1 }
-        };
-        assert!(!readable(&w));
-        w.signal().unwrap();
-        w.signal().unwrap();
-        assert!(readable(&w));
-        w.drain();
-        assert!(!readable(&w));
-        w.drain();
-    }
 
     #[test]
     fn join_bounded_returns_within_its_bound_and_names_the_stuck() {

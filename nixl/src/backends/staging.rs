@@ -68,6 +68,11 @@ pub(crate) use copy::host_copy;
 #[cfg(any(not(feature = "cuda"), test))]
 pub(crate) use copy::HostCopier;
 pub(crate) use copy::{BounceMem, Copier, CopyOp};
+// `plan_chunks` serves the network backends only.
+#[cfg_attr(
+    not(any(feature = "libfabric", feature = "verbs")),
+    allow(unused_imports)
+)]
 pub(crate) use wire::{plan_chunks, Ctrl, Request, SlotPool, WirePiece};
 
 use crate::error::{Error, Result};

@@ -136,14 +136,14 @@ mod xfer;
 mod tests;
 
 use super::heartbeat::{Beat, HeartbeatConfig, Pacer};
-use super::shared::{lock, random_u64, NotifTracker, WakeFd};
-use crate::agent::Agent;
+use super::shared::{lock, random_u64, NotifTracker};
 use crate::backend::{
-    Backend, BackendParams, BackendXfer, Capabilities, LocalMd, NotifWaker, RemoteMd, XferEntry,
-    XferOp,
+    Backend, BackendInit, BackendParams, BackendXfer, Capabilities, LocalMd, NotifWaker, RemoteMd,
+    XferEntry, XferOp,
 };
 use crate::error::{Error, Result};
 use crate::mem::{MemKind, Region};
+use crate::os::WakeFd;
 use crate::topology::{numa_node_of, Topology};
 use ibverbs::{
     AccessFlags, CompletionChannel, CompletionQueue, ConnectOptions, Context, Gid, IpFamily,
@@ -651,12 +651,13 @@ fn side_channel_ip(gid: &Gid) -> Option<IpAddr> {
     }
 }
 
-pub(crate) fn create(agent: &Agent, params: &BackendParams) -> Result<Arc<dyn Backend>> {
-    Ok(Arc::new(VerbsBackend::open(agent, params)?))
+pub(crate) fn create(init: &BackendInit) -> Result<Arc<dyn Backend>> {
+    Ok(Arc::new(VerbsBackend::open(init)?))
 }
 
 /// Opens the backend (see the module docs for `params`).
-fn open(agent: &Agent, params: &BackendParams) -> Result<VerbsBackend> {
+fn open(init: &BackendInit) -> Result<VerbsBackend> {
+    let params = &init.params;
     const KNOWN: &[&str] = &[
         "device",
         "gid_index",
@@ -793,7 +794,7 @@ fn open(agent: &Agent, params: &BackendParams) -> Result<VerbsBackend> {
     };
     let monitor_wake = WakeFd::new()?;
     let common = Arc::new_cyclic(|common| Common {
-        agent_name: agent.name().to_string(),
+        agent_name: init.agent_name.clone(),
         nonce,
         stager: Stager::new(common.clone(), nonce, &rails, &devices, staging.cfg),
         devices,
@@ -824,12 +825,12 @@ fn open(agent: &Agent, params: &BackendParams) -> Result<VerbsBackend> {
         staging,
         direct_refusal,
         staged_logged: AtomicBool::new(false),
-        progress_thread: agent.config().progress_thread,
+        progress_thread: init.progress_thread,
     };
     // From here on, `backend`'s Drop stops and joins whatever was started.
     // Without a progress thread, posting and polling transfers (and taking
     // notifications) progress the rails from the caller's thread alone.
-    if agent.config().progress_thread {
+    if init.progress_thread {
         for rail in common.rails.iter() {
             let (rail, worker_common) = (rail.clone(), common.clone());
             let handle = std::thread::Builder::new()
@@ -893,8 +894,8 @@ impl VerbsBackend {
     /// Opens the backend, for [`crate::Agent::add_backend`] where the caller wants to
     /// keep the concrete type ([`Agent::create_backend`](crate::Agent::create_backend)
     /// does the same by name). `params` as in the module docs.
-    pub fn open(agent: &Agent, params: &BackendParams) -> Result<Self> {
-        open(agent, params)
+    pub fn open(init: &BackendInit) -> Result<Self> {
+        open(init)
     }
 
     /// Why VRAM registrations will not be made directly, if they will not (decided at

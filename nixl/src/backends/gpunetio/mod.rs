@@ -39,11 +39,10 @@
 //! an intra-node copy keeps in flight, 1..=16, default 4).
 
 use super::cuda_copy::gpu_err;
-use super::cuda_ipc::CudaIpcBackend;
+use super::ipc_plane::IpcPlane;
 use super::shared::param;
-use crate::agent::Agent;
 use crate::backend::{
-    Backend, BackendParams, BackendXfer, Capabilities, LocalMd, NotifWaker, PostParams, RemoteMd,
+    Backend, BackendInit, BackendXfer, Capabilities, LocalMd, NotifWaker, PostParams, RemoteMd,
     ViewEntry, ViewMd, XferEntry, XferOp, XferProgress, XferStatus,
 };
 use crate::device::{self, GpuDesc, GpuHandle, HandleTable, SLOT_LOCAL, SLOT_REQUEST, SLOT_VIEW};
@@ -98,7 +97,7 @@ const MAX_CHUNK: u64 = 4 << 20;
 /// The `GPUNETIO` backend.
 #[derive(Debug)]
 pub struct GpunetioBackend {
-    ipc: CudaIpcBackend,
+    ipc: Arc<dyn IpcPlane>,
     gpu: Gpu,
     streams: Arc<StreamPool>,
     transfer: CudaFunction,
@@ -124,7 +123,8 @@ impl StreamPool {
     }
 }
 
-pub(crate) fn create(agent: &Agent, params: &BackendParams) -> Result<Arc<dyn Backend>> {
+pub(crate) fn create(init: &BackendInit) -> Result<Arc<dyn Backend>> {
+    let params = &init.params;
     const KNOWN: &[&str] = &[
         "gpu_devices",
         "cuda_streams",
@@ -187,7 +187,7 @@ pub(crate) fn create(agent: &Agent, params: &BackendParams) -> Result<Arc<dyn Ba
             )))
         }
     };
-    let ipc = CudaIpcBackend::new(agent, 1)?;
+    let ipc = super::cuda_ipc::open_plane(&init.agent_name, 1)?;
     let gpu = Gpu::open(ordinal).map_err(gpu_err("opening the backend's GPU"))?;
     if let Some(nic) = network_devices.first() {
         tracing::info!(
@@ -203,7 +203,7 @@ pub(crate) fn create(agent: &Agent, params: &BackendParams) -> Result<Arc<dyn Ba
                 .map(String::as_str)
                 .unwrap_or(DEFAULT_PROVIDER);
             let node = oob::interface_address(oob_interface.as_deref())?;
-            match NicPath::new(agent.name(), &gpu, provider, node, DEVICE_TIMEOUT) {
+            match NicPath::new(&init.agent_name, &gpu, provider, node, DEVICE_TIMEOUT) {
                 Ok(nic) => Some(nic),
                 Err(e) if handler == NicHandlerChoice::Auto && !params.contains_key("provider") => {
                     tracing::warn!("{NAME}: no NIC path (peers on this node only): {e}");
@@ -717,7 +717,7 @@ impl Backend for GpunetioBackend {
                         || md
                             .ipc
                             .as_ref()
-                            .is_some_and(|m| CudaIpcBackend::pin_local_dram(&**m));
+                            .is_some_and(|m| self.ipc.pin_local_dram(&**m));
                     if !mapped && md.nic.is_none() {
                         return Err(Error::InvalidParam(format!(
                             "{NAME}: this DRAM cannot be mapped for the GPU"

@@ -3,6 +3,7 @@
 //! follows all of them, and only blocks from the threshold are pushed.
 
 use super::*;
+use crate::Agent;
 use crate::{params, Desc, DescList, XferOp};
 
 fn agent(name: &str, rails: &str, cma: &str) -> (Agent, Arc<LibfabricBackend>) {
@@ -21,7 +22,7 @@ fn agent_with(
     };
     let agent = Agent::new(name, config).unwrap();
     let backend = Arc::new(
-        open(
+        open_for(
             &agent,
             &params([
                 ("provider", "shm"),

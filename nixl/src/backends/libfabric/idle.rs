@@ -24,7 +24,7 @@
 //! target keeps spinning while traffic flows and pays a nap only for the first operation
 //! after an idle spell. A readable wait fd counts as activity too.
 
-use super::super::shared::WakeFd;
+use crate::os::WakeFd;
 use fabric::{CompletionQueue, Counter};
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};

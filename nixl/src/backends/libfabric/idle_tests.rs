@@ -1,6 +1,7 @@
 //! The rail workers' cost when nothing moves, and their response while traffic flows.
 
 use super::*;
+use crate::Agent;
 use std::time::Instant;
 
 /// CPU seconds used so far by thread `tid` of this process.
@@ -20,7 +21,7 @@ fn idle_rail_workers_do_not_burn_a_core() {
     for provider in ["shm", "tcp;ofi_rxm"] {
         let agent = Agent::new(format!("idle-{provider}"), crate::AgentConfig::default()).unwrap();
         let params: BackendParams = [("provider".to_string(), provider.to_string())].into();
-        let backend = open(&agent, &params).unwrap();
+        let backend = open_for(&agent, &params).unwrap();
         // Past the spin after activity and the short naps that follow it.
         std::thread::sleep(idle::SPIN_BEFORE_NAPS + Duration::from_millis(500));
         let tid = backend.rails[0].idle.worker_tid().expect("the worker runs");

@@ -34,9 +34,8 @@
 
 use super::host::{self, HostId};
 use super::{open, LibfabricBackend, NAME};
-use crate::agent::Agent;
 use crate::backend::{
-    Backend, BackendParams, BackendXfer, Capabilities, LocalMd, NotifWaker, RemoteMd, XferEntry,
+    Backend, BackendInit, BackendXfer, Capabilities, LocalMd, NotifWaker, RemoteMd, XferEntry,
     XferOp,
 };
 use crate::error::{Error, Result};
@@ -81,8 +80,14 @@ struct Route {
 /// Opens the network plane and, unless `local_provider=none` or the network provider is
 /// `shm` already, the `shm` plane (where `shm` is missing it is left out, logged, unless
 /// `local_provider=shm` asked for it).
-pub(super) fn open_planes(agent: &Agent, params: &BackendParams) -> Result<Planes> {
-    let mut net_params = params.clone();
+/// [`open_planes`] for `agent`'s name and settings, in tests.
+#[cfg(test)]
+fn open_planes_for(agent: &crate::Agent, params: &crate::backend::BackendParams) -> Result<Planes> {
+    open_planes(&agent.backend_init(params.clone()))
+}
+
+pub(super) fn open_planes(init: &BackendInit) -> Result<Planes> {
+    let mut net_params = init.params.clone();
     // Empty: unset (as the Python package's listed default).
     let local_rails = net_params.remove(RAILS_PARAM).filter(|v| !v.is_empty());
     if let Some(v) = &local_rails {
@@ -102,7 +107,7 @@ pub(super) fn open_planes(agent: &Agent, params: &BackendParams) -> Result<Plane
             )))
         }
     };
-    let net = open(agent, &net_params)?;
+    let net = open(&init.with_params(net_params.clone()))?;
     let mut planes = vec![net];
     if want_local && planes[0].provider() != LOCAL_PROVIDER {
         let mut local = net_params;
@@ -118,7 +123,7 @@ pub(super) fn open_planes(agent: &Agent, params: &BackendParams) -> Result<Plane
         if local.get("vram_mode").map(String::as_str) == Some("direct") {
             local.insert("vram_mode".into(), "auto".into());
         }
-        match open(agent, &local) {
+        match open(&init.with_params(local)) {
             Ok(plane) => planes.push(plane),
             Err(e) if explicit => return Err(e),
             Err(e) => tracing::info!(
@@ -554,6 +559,8 @@ impl Backend for Planes {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::BackendParams;
+    use crate::Agent;
 
     fn conn(host: Option<HostId>, local: bool) -> PeerConn {
         let mut parts = vec![ConnPart {
@@ -668,7 +675,7 @@ mod tests {
         ]
         .into_iter()
         .collect();
-        let planes = open_planes(&agent, &params).unwrap();
+        let planes = open_planes_for(&agent, &params).unwrap();
         assert_eq!(planes.providers()[1], LOCAL_PROVIDER);
         assert_eq!(planes.planes[0].rails.len(), 1);
         assert_eq!(planes.planes[1].rails.len(), 3);
@@ -676,7 +683,7 @@ mod tests {
             .into_iter()
             .collect();
         assert!(matches!(
-            open_planes(&agent, &bad),
+            open_planes_for(&agent, &bad),
             Err(Error::InvalidParam(_))
         ));
     }
@@ -687,8 +694,8 @@ mod tests {
     fn a_refused_shm_address_falls_back_to_the_network() {
         let agent = |name: &str| Agent::new(name, crate::AgentConfig::default()).unwrap();
         let (a, b) = (agent("fallback-a"), agent("fallback-b"));
-        let planes_a = open_planes(&a, &BackendParams::new()).unwrap();
-        let planes_b = open_planes(&b, &BackendParams::new()).unwrap();
+        let planes_a = open_planes_for(&a, &BackendParams::new()).unwrap();
+        let planes_b = open_planes_for(&b, &BackendParams::new()).unwrap();
         assert_eq!(planes_a.providers()[1], LOCAL_PROVIDER);
         let good = planes_b.connection_info().unwrap();
         planes_a.load_remote_conn_info("b", &good).unwrap();

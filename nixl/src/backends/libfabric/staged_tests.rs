@@ -181,7 +181,7 @@ fn released_staged_requests_return_their_slots() {
     let open_agent = |name: &str| {
         let agent = Agent::new(name, AgentConfig::default()).unwrap();
         let backend = Arc::new(
-            super::open(
+            super::open_for(
                 &agent,
                 &params([
                     ("provider", "tcp;ofi_rxm"),
@@ -569,7 +569,7 @@ fn a_released_requester_address_leaves_the_peer_entry_working() {
         let open_agent = |name: &str| {
             let agent = Agent::new(name, AgentConfig::default()).unwrap();
             let backend = Arc::new(
-                super::open(
+                super::open_for(
                     &agent,
                     &params([("provider", provider), ("stage_dram", "1")]),
                 )
@@ -643,7 +643,7 @@ fn a_frozen_staged_peer_fails_typed_and_its_slots_come_back() {
     let provider = "tcp;ofi_rxm";
     let agent = Agent::new("staged-initiator", AgentConfig::default()).unwrap();
     let backend = Arc::new(
-        super::open(
+        super::open_for(
             &agent,
             &params([("provider", provider), ("stage_dram", "1")]),
         )

@@ -1,4 +1,5 @@
 use super::*;
+use crate::Agent;
 
 #[test]
 fn notification_messages_round_trip_and_reject_garbage() {
@@ -24,7 +25,7 @@ fn direct_vram_registration_is_refused_typed_where_libfabric_has_no_cuda() {
     let agent = Agent::new("hmem-probe", crate::AgentConfig::default()).unwrap();
     for provider in ["shm", "tcp;ofi_rxm"] {
         let auto: BackendParams = [("provider".to_string(), provider.to_string())].into();
-        let auto = open(&agent, &auto).unwrap();
+        let auto = open_for(&agent, &auto).unwrap();
         assert!(
             !auto.has_hmem(),
             "{provider}: FI_HMEM kept without a working probe"
@@ -38,7 +39,7 @@ fn direct_vram_registration_is_refused_typed_where_libfabric_has_no_cuda() {
             ("vram_mode".to_string(), "direct".to_string()),
         ]
         .into();
-        let backend = open(&agent, &params).unwrap();
+        let backend = open_for(&agent, &params).unwrap();
         let host = vec![0u8; 1 << 16];
         let region = Region {
             kind: MemKind::Vram,
@@ -105,7 +106,8 @@ fn a_silent_peer_host_fails_transfers_typed_and_a_reloaded_one_works() {
     for provider in ["tcp;ofi_rxm", "sockets"] {
         let tag = provider.replace(';', "_");
         let target = Agent::new(format!("hb-tgt-{tag}"), crate::AgentConfig::default()).unwrap();
-        let target_backend = Arc::new(open(&target, &params([("provider", provider)])).unwrap());
+        let target_backend =
+            Arc::new(open_for(&target, &params([("provider", provider)])).unwrap());
         target.add_backend(target_backend.clone()).unwrap();
         let initiator =
             Agent::new(format!("hb-init-{tag}"), crate::AgentConfig::default()).unwrap();
@@ -257,11 +259,11 @@ fn a_wedged_rail_fails_its_transfers_typed() {
     let p = params([("provider", "tcp;ofi_rxm"), ("num_rails", "1")]);
     let initiator = Agent::new("wedge-init", crate::AgentConfig::default()).unwrap();
     // The one-plane backend itself (no shm plane beside it), to reach its rail.
-    let backend = Arc::new(open(&initiator, &p).unwrap());
+    let backend = Arc::new(open_for(&initiator, &p).unwrap());
     initiator.add_backend(backend.clone()).unwrap();
     let target = Agent::new("wedge-tgt", crate::AgentConfig::default()).unwrap();
     target
-        .add_backend(Arc::new(open(&target, &p).unwrap()))
+        .add_backend(Arc::new(open_for(&target, &p).unwrap()))
         .unwrap();
     let len = 1 << 20;
     let src = vec![5u8; len];
@@ -325,7 +327,7 @@ fn a_wedged_rail_fails_its_transfers_typed() {
 fn shm_endpoints_have_names_no_other_process_has() {
     use crate::params;
     let agent = Agent::new("shm-name", crate::AgentConfig::default()).unwrap();
-    let backend = open(&agent, &params([("provider", "shm"), ("num_rails", "2")])).unwrap();
+    let backend = open_for(&agent, &params([("provider", "shm"), ("num_rails", "2")])).unwrap();
     let prefix = format!("fi_shm://nixl-{}-{}-", pid_namespace(), std::process::id());
     let names: Vec<String> = backend
         .rails

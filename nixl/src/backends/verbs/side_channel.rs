@@ -14,8 +14,9 @@ use super::{
     create_qp, verbs_error, Common, Incoming, Outgoing, VerbsBackend, HANDSHAKE_TIMEOUT,
     MAX_OUTSTANDING, MONITOR_PERIOD, NAME,
 };
-use crate::backends::heartbeat::{drain, poll_timeout, pollfd_in, send_beat, Beat, Heard, Pacer};
+use crate::backends::heartbeat::{drain, poll_timeout, send_beat, Beat, Heard, Pacer};
 use crate::error::{Error, Result};
+use crate::os::pollfd_in;
 use ibverbs::Endpoint;
 use std::net::{TcpListener, TcpStream};
 use std::os::fd::AsRawFd;

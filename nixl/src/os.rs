@@ -1,0 +1,91 @@
+//! Small operating-system helpers that the core (the metadata listener) and the backends
+//! share: a leaf module, so neither imports the other for them.
+
+/// A non-blocking eventfd that wakes a thread sleeping in `poll` on it: `signal` makes it
+/// readable (a saturated counter, EAGAIN, still leaves it readable), `drain` resets it.
+#[derive(Debug)]
+pub(crate) struct WakeFd(std::os::fd::OwnedFd);
+
+impl WakeFd {
+    pub(crate) fn new() -> std::io::Result<Self> {
+        use std::os::fd::FromRawFd;
+        // SAFETY: eventfd has no memory arguments; the result is checked.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: a fresh descriptor that nothing else owns.
+        Ok(Self(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) }))
+    }
+
+    /// Makes the descriptor readable; `Err` only for a failure other than a saturated
+    /// counter.
+    pub(crate) fn signal(&self) -> std::io::Result<()> {
+        use std::os::fd::AsRawFd;
+        let one = 1u64.to_ne_bytes();
+        // SAFETY: writes 8 bytes from a live buffer to our eventfd.
+        let n = unsafe { libc::write(self.0.as_raw_fd(), one.as_ptr().cast(), one.len()) };
+        let e = std::io::Error::last_os_error();
+        if n < 0 && e.kind() != std::io::ErrorKind::WouldBlock {
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// Resets the counter (non-blocking: nothing to read is fine).
+    #[cfg_attr(not(any(feature = "libfabric", feature = "verbs")), allow(dead_code))]
+    pub(crate) fn drain(&self) {
+        use std::os::fd::AsRawFd;
+        let mut counter = [0u8; 8];
+        // SAFETY: reads at most 8 bytes into a live buffer from our non-blocking eventfd.
+        unsafe {
+            libc::read(
+                self.0.as_raw_fd(),
+                counter.as_mut_ptr().cast(),
+                counter.len(),
+            )
+        };
+    }
+}
+
+impl std::os::fd::AsRawFd for WakeFd {
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        self.0.as_raw_fd()
+    }
+}
+
+/// A pollfd waiting for `stream` to be readable (or hung up).
+pub(crate) fn pollfd_in(fd: i32) -> libc::pollfd {
+    libc::pollfd {
+        fd,
+        events: libc::POLLIN | libc::POLLRDHUP,
+        revents: 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_wake_fd_is_readable_once_signalled_until_drained() {
+        use std::os::fd::AsRawFd;
+        let w = WakeFd::new().unwrap();
+        let readable = |w: &WakeFd| {
+            let mut p = libc::pollfd {
+                fd: w.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one live pollfd, zero timeout.
+            unsafe { libc::poll(&mut p, 1, 0) == 1 }
+        };
+        assert!(!readable(&w));
+        w.signal().unwrap();
+        w.signal().unwrap();
+        assert!(readable(&w));
+        w.drain();
+        assert!(!readable(&w));
+        w.drain();
+    }
+}
