@@ -193,9 +193,10 @@ pub(crate) fn create(init: &BackendInit) -> Result<Arc<dyn Backend>> {
 }
 
 impl FaultBackend {
-    /// Creates the inner backend by name (parameter `inner`) for `agent`, wrapped with the
-    /// faults in `params`. Add it with [`Agent::add_backend`](crate::Agent::add_backend) and keep the handle to
-    /// inject faults at run time.
+    /// Creates the inner backend by name (parameter `inner`) from `init`'s registry,
+    /// wrapped with the faults in `init.params`. Add it with
+    /// [`Agent::add_backend`](crate::Agent::add_backend) (`Agent::backend_init` gives the
+    /// init value) and keep the handle to inject faults at run time.
     pub fn new(init: &BackendInit) -> Result<Arc<Self>> {
         let (plan, inner_name, rest) = FaultPlan::parse(&init.params)?;
         let inner = init.registry.create(&inner_name, &init.with_params(rest))?;

@@ -19,13 +19,13 @@
 //!   notifications are `CUDA_IPC`'s) and a put is a vectorized copy by the kernel's
 //!   warps; local memory may be VRAM of the backend's GPU or DRAM (pinned and mapped on
 //!   first use).
-//! - **NIC** (`CpuProxy` handler, [`nic`]): peers on other nodes, a peer's DRAM, and every
+//! - **NIC** (`CpuProxy` handler, module `nic`): peers on other nodes, a peer's DRAM, and every
 //!   peer under `nic_handler=cpu_proxy`. Kernels write work entries into a ring in
 //!   host-mapped memory; a proxy thread per peer posts them on a libfabric endpoint
 //!   (`provider`, bound to `oob_interface`'s address). Local VRAM is registered with the
 //!   provider where it can be (`FI_HMEM`), else staged through pinned bounce buffers by
 //!   the proxy (then a peer cannot target it: such a transfer is refused as
-//!   unsupported). Notifications travel over TCP on the same address ([`oob`]).
+//!   unsupported). Notifications travel over TCP on the same address (module `oob`).
 //!   The native mlx5 handler of `gpunetio` needs a ConnectX NIC and is not driven here.
 //!
 //! Parameters as upstream: `gpu_devices` (one CUDA ordinal, default 0: one GPU per
