@@ -21,8 +21,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// Package features GPU builds turn on where a package has them: GPU memory and the GPU
-/// backends (`cuda`), the storage backend whose GPU tests read files into VRAM (`file`).
-const GPU_FEATURES: &[&str] = &["cuda", "file"];
+/// backends (`cuda`, `gpunetio`), the storage backend whose GPU tests read files into VRAM
+/// (`file`).
+const GPU_FEATURES: &[&str] = &["cuda", "gpunetio", "file"];
 /// Test targets with this name prefix need a GPU.
 const GPU_TEST_PREFIX: &str = "gpu_";
 /// Packages whose binaries (`bin`) or examples (`example`) are GPU tools.

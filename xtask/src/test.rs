@@ -5,7 +5,8 @@
 //!    or a GPU skip with a printed reason (the two-network-namespace tests `netns_*` run
 //!    when we are root, and then must not skip), and every device source is compiled with NVRTC
 //!    (fetched into target/nvrtc by `cargo xtask nvrtc`; a kernel that does not compile
-//!    fails);
+//!    fails); `nixl`'s agent core alone (`--no-default-features`) builds and passes its
+//!    tests with pkg-config hidden, so no RDMA library can be in its build;
 //! 3. builds the Python extension (`python/`, PyO3 + maturin) into a venv under
 //!    `target/pyenv` and runs its pytest suite (`python/tests`) against it;
 //! 4. builds every test target whose name starts with `rxe_` and runs them all in ONE
@@ -63,6 +64,7 @@ pub fn run(args: &[String]) -> Result<i32> {
         // with a printed reason (they run on a GPU machine: `cargo xtask gpu-bundle`).
         for args in [
             &["test", "--workspace"][..],
+            &["test", "-p", "nixl", "--no-default-features"][..],
             &["test", "-p", "nixl", "--features", "etcd"][..],
             &[
                 "test",
@@ -96,7 +98,7 @@ pub fn run(args: &[String]) -> Result<i32> {
                 "-p",
                 "nixl",
                 "--features",
-                "cuda,file",
+                "gpunetio,file",
                 "--lib",
                 "--test",
                 "gpu_*",
@@ -105,7 +107,15 @@ pub fn run(args: &[String]) -> Result<i32> {
             ][..],
         ] {
             eprintln!("xtask: host tests (cargo {})", args.join(" "));
-            let status = cargo(&root)
+            let mut command = cargo(&root);
+            if args.contains(&"--no-default-features") {
+                // The agent core alone: with pkg-config hidden, any RDMA `-sys` crate in its
+                // build fails to find its library.
+                command
+                    .env("PKG_CONFIG_LIBDIR", "/nonexistent")
+                    .env("PKG_CONFIG_PATH", "");
+            }
+            let status = command
                 .args(args)
                 .env("LD_LIBRARY_PATH", crate::nvrtc::library_path(&nvrtc))
                 .env("GPUNETIO_REQUIRE_NVRTC", "1")
