@@ -13,10 +13,11 @@ use crate::backend::{
 use crate::error::{Error, Result};
 use crate::mem::{DescList, Lookup, MemKind, Region, RegionIndex};
 use crate::metadata::{AgentMetadata, BackendSection};
+use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, RwLock, Weak};
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 /// How long [`XferReq::wait`] polls without yielding the CPU.
@@ -178,12 +179,14 @@ impl AgentInner {
     /// Releases the backend transfer of every live request (they report
     /// [`Error::Canceled`] from then on).
     fn cancel_requests(&self) {
-        let slots: Vec<Arc<ReqSlot>> = match self.requests.lock() {
-            Ok(mut requests) => requests.drain().filter_map(|(_, w)| w.upgrade()).collect(),
-            Err(_) => return,
-        };
+        let slots: Vec<Arc<ReqSlot>> = self
+            .requests
+            .lock()
+            .drain()
+            .filter_map(|(_, w)| w.upgrade())
+            .collect();
         for slot in slots {
-            let taken = slot.lock().ok().and_then(|mut s| s.take());
+            let taken = slot.lock().take();
             drop(taken);
         }
     }
@@ -251,7 +254,7 @@ impl Agent {
         };
         if let Some(addr) = listen {
             let listener = crate::listener::Listener::start(&agent, addr)?;
-            *agent.inner.listener.lock().expect("listener lock") = Some(listener);
+            *agent.inner.listener.lock() = Some(listener);
         }
         Ok(agent)
     }
@@ -268,12 +271,7 @@ impl Agent {
 
     /// Where the metadata listener is bound (the port is resolved when 0 was asked for).
     pub fn listen_addr(&self) -> Option<SocketAddr> {
-        self.inner
-            .listener
-            .lock()
-            .expect("listener lock")
-            .as_ref()
-            .map(|l| l.local_addr())
+        self.inner.listener.lock().as_ref().map(|l| l.local_addr())
     }
 
     /// The constructors [`Agent::create_backend`] knows.
@@ -308,7 +306,7 @@ impl Agent {
     /// agent's notification waker ([`Backend::set_notif_waker`]).
     pub fn add_backend(&self, backend: Arc<dyn Backend>) -> Result<()> {
         {
-            let mut backends = self.inner.backends.write().expect("backends lock");
+            let mut backends = self.inner.backends.write();
             if backends.iter().any(|b| b.name() == backend.name()) {
                 return Err(Error::InvalidParam(format!(
                     "a backend named {} already exists",
@@ -329,7 +327,7 @@ impl Agent {
 
     /// The backends, in creation order.
     pub fn backends(&self) -> Vec<Arc<dyn Backend>> {
-        self.inner.backends.read().expect("backends lock").clone()
+        self.inner.backends.read().clone()
     }
 
     /// Registers memory with every backend that supports its kind (or only those named).
@@ -385,7 +383,7 @@ impl Agent {
             }
             regs.push((region, mds));
         }
-        let mut local = self.inner.local.write().expect("local lock");
+        let mut local = self.inner.local.write();
         let mut ids = Vec::with_capacity(regs.len());
         for (region, mds) in regs {
             local.next_id += 1;
@@ -415,7 +413,7 @@ impl Agent {
     #[doc(alias = "queryMem")]
     pub fn query_mem(&self, list: &DescList) -> Vec<Option<Vec<String>>> {
         let backends = self.backends();
-        let local = self.inner.local.read().expect("local lock");
+        let local = self.inner.local.read();
         list.descs()
             .iter()
             .map(|d| {
@@ -478,7 +476,7 @@ impl Agent {
         include_conn_info: bool,
     ) -> Result<AgentMetadata> {
         let backends = self.backends();
-        let local = self.inner.local.read().expect("local lock");
+        let local = self.inner.local.read();
         let mut regs: Vec<&Arc<LocalReg>> = match only_ids {
             Some(ids) => ids.iter().filter_map(|id| local.regs.get(id)).collect(),
             None => local.regs.values().collect(),
@@ -554,7 +552,7 @@ impl Agent {
             .filter_map(|s| s.conn_info.clone().map(|c| (s.backend.clone(), c)))
             .collect();
         conn_infos.sort();
-        let mut remotes = self.inner.remotes.write().expect("remotes lock");
+        let mut remotes = self.inner.remotes.write();
         if has_conn_info || !remotes.contains_key(&meta.agent) {
             // Connection information starts a fresh view of the peer (prepared lists made
             // before are refused). Only *different* connection information is a new
@@ -615,12 +613,7 @@ impl Agent {
     /// Forgets a peer and disconnects it in every backend.
     #[doc(alias = "invalidateRemoteMD")]
     pub fn invalidate_remote(&self, agent: &str) -> Result<()> {
-        let removed = self
-            .inner
-            .remotes
-            .write()
-            .expect("remotes lock")
-            .remove(agent);
+        let removed = self.inner.remotes.write().remove(agent);
         let Some(removed) = removed else {
             return Err(Error::UnknownAgent(agent.to_string()));
         };
@@ -633,13 +626,7 @@ impl Agent {
 
     /// Forgets every peer (NIXL's `invalidateAllRemotes`).
     pub fn invalidate_all_remotes(&self) {
-        let removed: Vec<(String, RemoteAgent)> = self
-            .inner
-            .remotes
-            .write()
-            .expect("remotes lock")
-            .drain()
-            .collect();
+        let removed: Vec<(String, RemoteAgent)> = self.inner.remotes.write().drain().collect();
         let backends = self.backends();
         for (name, peer) in removed {
             peer.life.end(PeerLife::INVALIDATED);
@@ -661,10 +648,10 @@ impl Agent {
             return;
         }
         self.inner.cancel_requests();
-        let listener = self.inner.listener.lock().expect("listener lock").take();
+        let listener = self.inner.listener.lock().take();
         drop(listener);
         self.invalidate_all_remotes();
-        self.inner.backends.write().expect("backends lock").clear();
+        self.inner.backends.write().clear();
         // Waiters in `wait_notifs` return: no backend is left to notify them.
         NotifWaker::new(self.inner.notif_signal.clone()).wake();
     }
@@ -676,7 +663,7 @@ impl Agent {
 
     /// The regions a peer advertised (sorted by kind, device and address).
     pub fn remote_regions(&self, agent: &str) -> Result<Vec<Region>> {
-        let remotes = self.inner.remotes.read().expect("remotes lock");
+        let remotes = self.inner.remotes.read();
         let peer = remotes
             .get(agent)
             .ok_or_else(|| Error::UnknownAgent(agent.to_string()))?;
@@ -689,11 +676,7 @@ impl Agent {
     /// Whether metadata of `agent` is loaded.
     #[doc(alias = "checkRemoteMD")]
     pub fn has_remote(&self, agent: &str) -> bool {
-        self.inner
-            .remotes
-            .read()
-            .expect("remotes lock")
-            .contains_key(agent)
+        self.inner.remotes.read().contains_key(agent)
     }
 
     /// Validates a descriptor list once, for many transfers: `agent` is `None` for this
@@ -707,7 +690,7 @@ impl Agent {
         let kind = list.kind();
         match agent {
             None => {
-                let local = self.inner.local.read().expect("local lock");
+                let local = self.inner.local.read();
                 let mut local_regs = Vec::with_capacity(list.len());
                 let mut cache: Option<IndexEntry<'_>> = None;
                 for (index, d) in list.descs().iter().enumerate() {
@@ -748,7 +731,7 @@ impl Agent {
                 if name == self.inner.name {
                     self.refresh_loopback_view()?;
                 }
-                let remotes = self.inner.remotes.read().expect("remotes lock");
+                let remotes = self.inner.remotes.read();
                 let peer = remotes
                     .get(name)
                     .ok_or_else(|| Error::UnknownAgent(name.to_string()))?;
@@ -794,12 +777,11 @@ impl Agent {
     /// Keeps the agent's view of itself (for loopback transfers) in step with its
     /// registrations.
     fn refresh_loopback_view(&self) -> Result<()> {
-        let current = self.inner.local.read().expect("local lock").generation;
+        let current = self.inner.local.read().generation;
         let seen = self
             .inner
             .remotes
             .read()
-            .expect("remotes lock")
             .get(&self.inner.name)
             .and_then(|p| p.local_generation);
         if seen != Some(current) {
@@ -830,7 +812,7 @@ impl Agent {
         loop {
             let current = refreshed.as_ref().unwrap_or(list);
             {
-                let remotes = self.inner.remotes.read().expect("remotes lock");
+                let remotes = self.inner.remotes.read();
                 match remotes.get(peer) {
                     Some(p) if p.generation == current.generation => {
                         return Ok((refreshed, p.life.clone()))
@@ -1000,11 +982,7 @@ impl Agent {
         let keep_remote = unique_arcs(remote_idx.iter().map(|&ri| &remote.remote_regs[ri]));
         let id = self.inner.next_request.fetch_add(1, Ordering::Relaxed);
         let slot: Arc<ReqSlot> = Arc::new(Mutex::new(Some(inner)));
-        self.inner
-            .requests
-            .lock()
-            .expect("requests lock")
-            .insert(id, Arc::downgrade(&slot));
+        self.inner.requests.lock().insert(id, Arc::downgrade(&slot));
         if self.is_shut_down() {
             // Raced with shutdown: it may have missed this slot.
             self.inner.cancel_requests();
@@ -1175,9 +1153,7 @@ impl RegistrationHandle {
 
 impl Drop for RegistrationHandle {
     fn drop(&mut self) {
-        let Ok(mut local) = self.agent.local.write() else {
-            return;
-        };
+        let mut local = self.agent.local.write();
         let ids: std::collections::HashSet<u64> = self.ids.iter().copied().collect();
         for id in &self.ids {
             local.regs.remove(id);

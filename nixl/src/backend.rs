@@ -12,10 +12,11 @@ pub use registry::{BackendInit, BackendRegistry, CreateBackend};
 
 use crate::error::{Error, Result};
 use crate::mem::{Desc, MemKind, Region};
+use parking_lot::{Condvar, Mutex};
 use std::any::Any;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// String parameters a backend is created with (NIXL's `nixl_b_params_t`).
@@ -316,7 +317,7 @@ impl NotifSignal {
     fn signal(&self) {
         self.epoch.fetch_add(1, Ordering::SeqCst);
         if self.waiters.load(Ordering::SeqCst) > 0 {
-            drop(self.lock.lock().unwrap_or_else(PoisonError::into_inner));
+            drop(self.lock.lock());
             self.cond.notify_all();
         }
     }
@@ -341,20 +342,14 @@ impl NotifWaiter<'_> {
     /// Sleeps until the epoch moves past `seen` or `until` (`None`: no bound) passes.
     pub(crate) fn sleep(&self, seen: u64, until: Option<Instant>) {
         let s = self.0;
-        let mut guard = s.lock.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut guard = s.lock.lock();
         while s.epoch.load(Ordering::SeqCst) == seen {
             match until {
-                None => guard = s.cond.wait(guard).unwrap_or_else(PoisonError::into_inner),
+                None => s.cond.wait(&mut guard),
                 Some(until) => {
-                    let now = Instant::now();
-                    if now >= until {
+                    if s.cond.wait_until(&mut guard, until).timed_out() {
                         return;
                     }
-                    guard = s
-                        .cond
-                        .wait_timeout(guard, until - now)
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .0;
                 }
             }
         }

@@ -183,7 +183,8 @@ mod gpu {
     use crate::error::{Error, Result};
     use gpunetio::device_code::CompileOptions;
     use gpunetio::{DeviceBuffer, Gpu};
-    use std::sync::{Arc, Mutex};
+    use parking_lot::Mutex;
+    use std::sync::Arc;
 
     // SAFETY: RawGpuHandle is repr(C), 40 bytes of plain integers, laid out as the
     // device's nixlGpuXferReqH / nixlMemViewH (asserted on both sides).
@@ -308,7 +309,7 @@ mod gpu {
             let count = u32::try_from(descs.len()).map_err(|_| {
                 Error::InvalidParam(format!("{} descriptors in one GPU handle", descs.len()))
             })?;
-            let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+            let mut st = self.state.lock();
             let index = st.free.pop().ok_or_else(|| {
                 Error::InvalidParam(format!(
                     "all {} GPU handles are in use: release some first",
@@ -371,7 +372,7 @@ mod gpu {
         }
 
         fn release(&self, index: usize) {
-            let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+            let mut st = self.state.lock();
             st.generations[index] += 1;
             let generation = st.generations[index];
             // A slot whose release could not be written stays out of use: a stale handle

@@ -48,9 +48,10 @@ use crate::agent::{Agent, AgentInner};
 use crate::error::{Error, Result};
 use crate::mem::DescList;
 use etcd_client::{Client, ConnectOptions, EventType, GetOptions, PutOptions, WatchOptions};
+use parking_lot::Mutex;
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 /// Environment variable with the comma-separated etcd endpoints (e.g.
@@ -277,7 +278,7 @@ impl EtcdMetadata {
     fn put(&self, label: &str, value: Vec<u8>) -> Result<()> {
         let mut client = self.client.clone();
         let presence = {
-            let mut announced = self.announced.lock().expect("announced lock");
+            let mut announced = self.announced.lock();
             let first = !*announced;
             *announced = true;
             first.then(|| self.config.key(&self.name, ""))
@@ -298,7 +299,7 @@ impl EtcdMetadata {
             Ok(())
         });
         if result.is_err() {
-            *self.announced.lock().expect("announced lock") = false;
+            *self.announced.lock() = false;
         }
         result
     }
@@ -345,7 +346,7 @@ impl EtcdMetadata {
     pub fn unpublish(&self) -> Result<()> {
         let mut client = self.client.clone();
         let prefix = self.config.key(&self.name, "");
-        *self.announced.lock().expect("announced lock") = false;
+        *self.announced.lock() = false;
         self.block("removing keys from etcd", async move {
             client
                 .delete(
@@ -458,7 +459,7 @@ impl EtcdMetadata {
 
     /// The peers watched (those fetched), sorted.
     pub fn watched(&self) -> Vec<String> {
-        let watches = self.watches.lock().expect("watches lock");
+        let watches = self.watches.lock();
         let mut names: Vec<String> = watches
             .iter()
             .filter(|(_, w)| !w.task.is_finished())
@@ -470,18 +471,15 @@ impl EtcdMetadata {
 
     /// Stops watching `remote` (its metadata stays loaded).
     pub fn unwatch(&self, remote: &str) {
-        if let Some(w) = self.watches.lock().expect("watches lock").remove(remote) {
+        if let Some(w) = self.watches.lock().remove(remote) {
             w.task.abort();
         }
     }
 
     fn watch_peer(&self, remote: &str, label: &str, from_revision: i64) {
-        let mut watches = self.watches.lock().expect("watches lock");
+        let mut watches = self.watches.lock();
         if let Some(w) = watches.get(remote).filter(|w| !w.task.is_finished()) {
-            w.labels
-                .lock()
-                .expect("labels lock")
-                .insert(label.to_string());
+            w.labels.lock().insert(label.to_string());
             return;
         }
         let labels = Arc::new(Mutex::new(HashSet::from([label.to_string()])));
@@ -565,8 +563,7 @@ async fn watch_loop(
                     }
                 },
                 EventType::Put => {
-                    let wanted = label == DEFAULT_LABEL
-                        || labels.lock().expect("labels lock").contains(label);
+                    let wanted = label == DEFAULT_LABEL || labels.lock().contains(label);
                     if !wanted || kv.value().is_empty() {
                         continue;
                     }
@@ -596,12 +593,7 @@ async fn watch_loop(
 
 impl Drop for EtcdMetadata {
     fn drop(&mut self) {
-        for (_, w) in self
-            .watches
-            .get_mut()
-            .map(std::mem::take)
-            .unwrap_or_default()
-        {
+        for (_, w) in std::mem::take(self.watches.get_mut()) {
             w.task.abort();
         }
         if let Some(task) = self.keep_alive.take() {

@@ -15,7 +15,7 @@ impl XferReq {
     /// must have a device API (`GPUNETIO`), else [`Error::NotSupported`].
     #[doc(alias = "createGpuXferReq")]
     pub fn create_gpu_xfer_req(&self) -> Result<GpuXferReqH> {
-        let mut slot = self.slot.lock().expect("request lock");
+        let mut slot = self.slot.lock();
         let Some(inner) = slot.as_mut() else {
             return Err(Error::Canceled);
         };

@@ -170,7 +170,7 @@ impl XferReq {
             ReqState::Failed(f) => return Err(f.error()),
             ReqState::Idle | ReqState::Done => {}
         }
-        let mut slot = self.slot.lock().expect("request lock");
+        let mut slot = self.slot.lock();
         let Some(inner) = slot.as_mut() else {
             drop(slot);
             return Err(self.fail(Error::Canceled));
@@ -206,7 +206,7 @@ impl XferReq {
             ReqState::Failed(f) => return Err(f.error()),
             ReqState::InFlight => {}
         }
-        let mut slot = self.slot.lock().expect("request lock");
+        let mut slot = self.slot.lock();
         let Some(inner) = slot.as_mut() else {
             drop(slot);
             return Err(self.fail(Error::Canceled));
@@ -258,7 +258,7 @@ impl XferReq {
             }
             other => other,
         };
-        let taken = self.slot.lock().ok().and_then(|mut s| s.take());
+        let taken = self.slot.lock().take();
         drop(taken);
         self.state = ReqState::Failed(Failure::new(&e, self.backend.name()));
         e
@@ -308,11 +308,7 @@ impl XferReq {
 
     /// Transport operations per post (0 once the request was released).
     pub fn op_count(&self) -> usize {
-        self.slot
-            .lock()
-            .ok()
-            .and_then(|s| s.as_ref().map(|x| x.op_count()))
-            .unwrap_or(0)
+        self.slot.lock().as_ref().map_or(0, |x| x.op_count())
     }
 
     /// The peer.
@@ -324,9 +320,7 @@ impl XferReq {
 impl Drop for XferReq {
     fn drop(&mut self) {
         if let Some(agent) = self.agent.upgrade() {
-            if let Ok(mut requests) = agent.requests.lock() {
-                requests.remove(&self.id);
-            }
+            agent.requests.lock().remove(&self.id);
         }
         // The slot (and with it the backend transfer) is dropped after this: releasing
         // it cancels what is still in flight.

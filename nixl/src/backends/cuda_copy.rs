@@ -6,10 +6,11 @@ use crate::error::{Error, Result};
 use gpunetio::cudarc::driver::sys;
 use gpunetio::cudarc::driver::{CudaEvent, CudaStream};
 use gpunetio::{Gpu, HostRegistration};
+use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 /// Turns a GPU-layer error into the agent's.
 pub(crate) fn gpu_err(what: &str) -> impl FnOnce(gpunetio::Error) -> Error + '_ {
@@ -48,7 +49,7 @@ impl StreamPools {
 
     /// GPU `ordinal`'s pool.
     pub(crate) fn get(&self, ordinal: usize) -> Result<Arc<GpuStreams>> {
-        let mut pools = self.per_gpu.lock().expect("stream pools lock");
+        let mut pools = self.per_gpu.lock();
         if let Some(p) = pools.get(&ordinal) {
             return Ok(p.clone());
         }

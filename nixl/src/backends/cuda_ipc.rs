@@ -35,6 +35,7 @@ use crate::backend::{
 use crate::error::{Error, Result};
 use crate::mem::{MemKind, Region};
 use gpunetio::{DeviceMemoryRef, Gpu, IpcHandle, IpcMapping, VmmMapping, IPC_HANDLE_BYTES};
+use parking_lot::Mutex;
 use std::any::Any;
 use std::collections::HashMap;
 use std::io::{Read, Write};
@@ -42,7 +43,7 @@ use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 /// The backend's name.
@@ -313,7 +314,7 @@ impl Peer {
 
     /// The mapping of allocation `key`, imported on first use into `gpu`.
     fn mapping(&self, key: &AllocKey, gpu: &Gpu) -> Result<Arc<Mapped>> {
-        let mut mappings = self.mappings.lock().expect("mappings lock");
+        let mut mappings = self.mappings.lock();
         if let Some(m) = mappings.get(key) {
             return Ok(m.clone());
         }
@@ -386,7 +387,7 @@ impl Peer {
         frame.extend_from_slice(&(sender.len() as u16).to_le_bytes());
         frame.extend_from_slice(sender.as_bytes());
         frame.extend_from_slice(msg);
-        let mut conn = self.conn.lock().expect("conn lock");
+        let mut conn = self.conn.lock();
         if conn.is_none() {
             *conn = Some(self.connect()?);
         }
@@ -481,7 +482,7 @@ fn serve_connection(mut conn: UnixStream, queue: Weak<NotifList>, vmm: Weak<VmmT
             (FRAME_FD_REQUEST, body) if body.len() == 8 => {
                 let id = u64::from_le_bytes(body.try_into().expect("8 bytes"));
                 let Some(table) = vmm.upgrade() else { return };
-                let table = table.lock().expect("vmm lock");
+                let table = table.lock();
                 let sent = match table.get(&id) {
                     Some(export) => gpunetio::send_vmm(&conn, export),
                     // A refusal: the 16 bytes without a descriptor.
@@ -583,9 +584,7 @@ struct VmmShare {
 impl Drop for VmmShare {
     fn drop(&mut self) {
         if let Some(table) = self.table.upgrade() {
-            if let Ok(mut t) = table.lock() {
-                t.remove(&self.id);
-            }
+            table.lock().remove(&self.id);
         }
     }
 }
@@ -640,7 +639,7 @@ impl NotifSink for PeerSink {
 
 impl CudaIpcBackend {
     fn peer(&self, agent: &str) -> Result<Arc<Peer>> {
-        let peers = self.peers.lock().expect("peers lock");
+        let peers = self.peers.lock();
         let peer = peers
             .get(agent)
             .cloned()
@@ -845,7 +844,7 @@ impl Backend for CudaIpcBackend {
         let (export, offset) = view.export_vmm().map_err(cannot)?;
         let alloc_len = export.size;
         let id = self.next_vmm.fetch_add(1, Ordering::Relaxed);
-        self.vmm.lock().expect("vmm lock").insert(id, export);
+        self.vmm.lock().insert(id, export);
         Ok(Arc::new(LocalRegion::Vram {
             key: AllocKey::Vmm(id),
             offset,
@@ -862,7 +861,7 @@ impl Backend for CudaIpcBackend {
     }
     fn load_remote_conn_info(&self, agent: &str, info: &[u8]) -> Result<()> {
         let info = ConnInfo::decode(info)?;
-        let mut peers = self.peers.lock().expect("peers lock");
+        let mut peers = self.peers.lock();
         if peers.get(agent).is_some_and(|p| p.info == info) {
             return Ok(());
         }
@@ -918,7 +917,7 @@ impl Backend for CudaIpcBackend {
         }))
     }
     fn disconnect(&self, agent: &str) {
-        self.peers.lock().expect("peers lock").remove(agent);
+        self.peers.lock().remove(agent);
     }
     fn prep_xfer(
         &self,
@@ -1063,7 +1062,7 @@ mod tests {
         // SAFETY: both descriptors were just created and are owned here.
         let (read_end, write_end) =
             unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
-        vmm.lock().unwrap().insert(
+        vmm.lock().insert(
             7,
             gpunetio::VmmExport {
                 fd: write_end,
@@ -1091,7 +1090,7 @@ mod tests {
         // Unknown ids and deregistered allocations are refused with a typed error.
         assert!(matches!(peer.fetch_vmm(8), Err(Error::Gpu(_))));
         drop(share);
-        assert!(vmm.lock().unwrap().is_empty());
+        assert!(vmm.lock().is_empty());
         assert!(matches!(peer.fetch_vmm(7), Err(Error::Gpu(_))));
     }
 

@@ -36,9 +36,10 @@ use crate::backend::{
 };
 use crate::error::{Error, Result};
 use crate::mem::{MemKind, Region};
+use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// The name it is created by (it reports its inner backend's name to peers).
@@ -156,16 +157,11 @@ struct Shared {
 
 impl Shared {
     fn plan(&self) -> FaultPlan {
-        self.plan.lock().expect("plan lock").clone()
+        self.plan.lock().clone()
     }
 
     fn peer(&self, agent: &str) -> PeerState {
-        self.peers
-            .lock()
-            .expect("peers lock")
-            .get(agent)
-            .copied()
-            .unwrap_or_default()
+        self.peers.lock().get(agent).copied().unwrap_or_default()
     }
 
     /// Counts a notification about to be sent; `false` if this one is to be dropped.
@@ -221,7 +217,7 @@ impl FaultBackend {
 
     /// Replaces the plan (counters keep running).
     pub fn set_plan(&self, plan: FaultPlan) {
-        *self.shared.plan.lock().expect("plan lock") = plan;
+        *self.shared.plan.lock() = plan;
     }
 
     /// The current plan.
@@ -231,7 +227,7 @@ impl FaultBackend {
 
     /// Lets held posts go (clears [`FaultPlan::hold`]).
     pub fn release(&self) {
-        self.shared.plan.lock().expect("plan lock").hold = false;
+        self.shared.plan.lock().hold = false;
     }
 
     /// Cuts `agent` off now, as `disconnect_after` does.
@@ -262,7 +258,7 @@ impl FaultBackend {
 
 fn cut(shared: &Shared, inner: &dyn Backend, agent: &str) {
     {
-        let mut peers = shared.peers.lock().expect("peers lock");
+        let mut peers = shared.peers.lock();
         let state = peers.entry(agent.to_string()).or_default();
         state.epoch += 1;
         state.cut = true;
@@ -297,7 +293,7 @@ impl Backend for FaultBackend {
     }
     fn load_remote_conn_info(&self, agent: &str, info: &[u8]) -> Result<()> {
         self.inner.load_remote_conn_info(agent, info)?;
-        if let Some(state) = self.shared.peers.lock().expect("peers lock").get_mut(agent) {
+        if let Some(state) = self.shared.peers.lock().get_mut(agent) {
             state.cut = false;
         }
         Ok(())

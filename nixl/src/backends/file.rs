@@ -68,7 +68,6 @@
 //! # Ok(()) }
 //! ```
 
-use super::shared::lock;
 use crate::backend::{
     Backend, BackendInit, BackendParams, BackendXfer, Capabilities, LocalMd, NotifWaker,
     PostParams, RemoteMd, XferEntry, XferOp, XferProgress, XferStatus,
@@ -76,12 +75,13 @@ use crate::backend::{
 use crate::error::{Error, Result};
 use crate::mem::{MemKind, Region};
 use hf3fs_gdr::{Cqe, Ior, Iov};
+use parking_lot::Mutex;
 use std::any::Any;
 use std::collections::HashMap;
 use std::os::fd::RawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 mod shm_map;
@@ -244,7 +244,7 @@ impl FileReg {
 impl Drop for FileReg {
     fn drop(&mut self) {
         if let Some(shared) = self.owner.upgrade() {
-            let mut files = lock(&shared.files);
+            let mut files = shared.files.lock();
             if files.get(&self.fd).is_some_and(|(s, _)| *s == self.serial) {
                 files.remove(&self.fd);
             }
@@ -266,7 +266,7 @@ fn fd_registrations() -> &'static FdTable {
 
 /// One more registration of `fd`, which names the file `id` (device, inode).
 fn acquire_fd(fd: RawFd, id: (u64, u64)) -> Result<()> {
-    let mut regs = lock(fd_registrations());
+    let mut regs = fd_registrations().lock();
     match regs.get_mut(&fd) {
         Some((held, count)) if *held == id => {
             *count += 1;
@@ -293,7 +293,7 @@ fn acquire_fd(fd: RawFd, id: (u64, u64)) -> Result<()> {
 }
 
 fn release_fd(fd: RawFd, id: (u64, u64)) {
-    let mut regs = lock(fd_registrations());
+    let mut regs = fd_registrations().lock();
     if let Some((held, count)) = regs.get_mut(&fd) {
         if *held == id {
             *count -= 1;
@@ -400,7 +400,7 @@ impl Shared {
         let (dev, ino) = identity(fd).map_err(|e| {
             Error::InvalidParam(format!("{NAME}: fd {fd} is not an open file: {e}"))
         })?;
-        let mut files = lock(&self.files);
+        let mut files = self.files.lock();
         if let Some(reg) = files.get(&fd).and_then(|(_, w)| w.upgrade()) {
             if (reg.dev, reg.ino) == (dev, ino) {
                 return Ok(reg);
@@ -489,7 +489,7 @@ impl Shared {
 
     /// A staging slot, creating the staging iov on first use; `None` while all are taken.
     fn take_slot(&self) -> Result<Option<(Iov, usize)>> {
-        let mut st = lock(&self.staging);
+        let mut st = self.staging.lock();
         if st.iov.is_none() {
             let iov = Iov::create(
                 &self.config.mount,
@@ -506,11 +506,11 @@ impl Shared {
     }
 
     fn give_slot(&self, slot: usize) {
-        lock(&self.staging).free.push(slot);
+        self.staging.lock().free.push(slot);
     }
 
     fn take_ring(&self, read: bool) -> Result<Ior> {
-        if let Some(ring) = lock(&self.rings[read as usize]).pop() {
+        if let Some(ring) = self.rings[read as usize].lock().pop() {
             return Ok(ring);
         }
         let c = &self.config;
@@ -523,7 +523,7 @@ impl Shared {
     }
 
     fn give_rings(&self, read: bool, rings: Vec<Ior>) {
-        lock(&self.rings[read as usize]).extend(rings);
+        self.rings[read as usize].lock().extend(rings);
     }
 }
 
@@ -635,7 +635,10 @@ impl Backend for FileBackend {
             return Ok(Arc::new(RemoteView(Weak::new())));
         }
         let fd = RawFd::try_from(region.desc.dev_id).unwrap_or(-1);
-        let reg = lock(&self.shared.files)
+        let reg = self
+            .shared
+            .files
+            .lock()
             .get(&fd)
             .map_or_else(Weak::new, |(_, w)| w.clone());
         Ok(Arc::new(RemoteView(reg)))
@@ -1019,7 +1022,7 @@ impl FileXfer {
         if let Error::Backend { code, .. } = &e {
             if [libc::ENOTCONN, libc::ECONNREFUSED].contains(code) {
                 for pool in &self.shared.rings {
-                    lock(pool).clear();
+                    pool.lock().clear();
                 }
             }
         }

@@ -22,15 +22,16 @@
 //! `heartbeat_ms=0`); a watcher waits for `misses` of the *peer's* intervals, and only a
 //! watcher with heartbeats on watches at all. Set `heartbeat_ms=0` to turn it off.
 
-use super::shared::{lock, put_socket_addr, random_u64};
+use super::shared::{put_socket_addr, random_u64};
 use crate::backend::BackendParams;
 use crate::error::{Error, Result};
 use crate::os::{pollfd_in, WakeFd};
+use parking_lot::Mutex;
 use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -279,13 +280,13 @@ impl PeerWatch {
         }
         Err(Error::RemoteDisconnect {
             agent: agent.to_string(),
-            reason: lock(&self.reason).clone(),
+            reason: self.reason.lock().clone(),
         })
     }
 
     /// Declares the peer dead (the first reason stays).
     pub(crate) fn mark_dead(&self, reason: &str) {
-        let mut r = lock(&self.reason);
+        let mut r = self.reason.lock();
         if !self.dead.load(Ordering::Acquire) {
             *r = reason.to_string();
             self.dead.store(true, Ordering::Release);
@@ -394,7 +395,7 @@ struct HubShared {
 
 impl HubShared {
     fn add(&self, link: Link) {
-        lock(&self.new_links).push(link);
+        self.new_links.lock().push(link);
         self.wake();
     }
 
@@ -531,7 +532,7 @@ impl Drop for Hub {
 fn hub_thread(listener: &TcpListener, shared: &Arc<HubShared>) {
     let mut links: Vec<Link> = Vec::new();
     while !shared.stop.load(Ordering::Acquire) {
-        links.append(&mut lock(&shared.new_links));
+        links.append(&mut shared.new_links.lock());
         let now = Instant::now();
         let times = links.iter().filter_map(|l| match &l.role {
             Role::Watch { beat, .. } => beat.deadline(),

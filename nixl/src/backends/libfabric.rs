@@ -174,12 +174,13 @@ use fabric::{
 };
 use idle::IdleWait;
 use liveness::Liveness;
+use parking_lot::{Mutex, RwLock};
 use stage_net::{failure_of, FabAddr, Stager};
 use std::any::Any;
 use std::collections::{HashMap, VecDeque};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, RwLock};
+use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use vram::choose_info;
@@ -313,7 +314,7 @@ impl Rail {
 
     /// Queues a job for the rail's worker and wakes it if it sleeps.
     fn push_job(&self, job: RailJob) {
-        self.submit.lock().expect("submit lock").push_back(job);
+        self.submit.lock().push_back(job);
         self.idle.wake();
     }
 }
@@ -636,7 +637,7 @@ fn open(init: &BackendInit) -> Result<LibfabricBackend> {
                     .spawn(move || run_worker(&progress, index))?,
             );
         }
-        *backend.threads.lock().expect("threads lock") = threads;
+        *backend.threads.lock() = threads;
     }
     tracing::debug!(
         provider = %backend.provider,
@@ -1006,7 +1007,7 @@ impl Backend for LibfabricBackend {
     fn load_remote_conn_info(&self, agent: &str, info: &[u8]) -> Result<()> {
         let parsed = parse_conn_info(info)?;
         let names = &parsed.names;
-        if let Some(old) = self.common.peers.read().expect("peers lock").get(agent) {
+        if let Some(old) = self.common.peers.read().get(agent) {
             // The same peer, unless its heartbeats stopped: then watch it afresh.
             if old.conn_info == info && !old.watch.as_ref().is_some_and(|w| w.is_dead()) {
                 return Ok(());
@@ -1025,7 +1026,7 @@ impl Backend for LibfabricBackend {
             addrs,
         });
         // The old addresses go when nothing uses them any more.
-        let old = self.common.peers.write().expect("peers lock").insert(
+        let old = self.common.peers.write().insert(
             agent.to_string(),
             Peer {
                 conn_info: info.to_vec(),
@@ -1089,7 +1090,7 @@ impl Backend for LibfabricBackend {
 
     fn disconnect(&self, agent: &str) {
         // The addresses go when no prepared transfer or queued job uses them any more.
-        let removed = self.common.peers.write().expect("peers lock").remove(agent);
+        let removed = self.common.peers.write().remove(agent);
         if let Some(old) = removed {
             self.common
                 .stager
@@ -1107,7 +1108,6 @@ impl Backend for LibfabricBackend {
             .common
             .peers
             .read()
-            .expect("peers lock")
             .get(agent)
             .cloned()
             .ok_or_else(|| Error::UnknownAgent(agent.to_string()))?;
@@ -1283,7 +1283,6 @@ impl Backend for LibfabricBackend {
             .common
             .peers
             .read()
-            .expect("peers lock")
             .get(agent)
             .map(|p| (p.addrs.clone(), p.watch.clone()))
             .ok_or_else(|| Error::UnknownAgent(agent.to_string()))?;
@@ -1391,11 +1390,7 @@ impl Drop for LibfabricBackend {
         for rail in &self.rails {
             rail.idle.wake();
         }
-        let threads = self
-            .threads
-            .get_mut()
-            .map(std::mem::take)
-            .unwrap_or_default();
+        let threads = std::mem::take(self.threads.get_mut());
         let stuck = super::shared::join_bounded(threads, WORKER_STOP_TIMEOUT);
         if !stuck.is_empty() {
             tracing::warn!(

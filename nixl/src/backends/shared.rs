@@ -1,12 +1,11 @@
 //! What the backends share: the inbox of received notifications (which wakes the
-//! agent's waiters), assembling notifications on the target, parsing string parameters,
-//! and locking a mutex whose holder panicked.
+//! agent's waiters), assembling notifications on the target, parsing string parameters.
 
 use crate::backend::{BackendParams, NotifWaker};
 use crate::error::{Error, Result};
+use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
 use std::hash::Hash;
-use std::sync::{Mutex, RwLock};
 
 /// Received notifications, oldest first, waiting for [`crate::Backend::take_notifs`];
 /// each push wakes the agents' waiters ([`crate::Agent::wait_notifs`]).
@@ -20,23 +19,20 @@ pub(crate) struct NotifInbox {
 impl NotifInbox {
     /// Queues a notification, then wakes the waiters (after: a woken waiter takes it).
     pub(crate) fn push(&self, sender: impl Into<String>, msg: Vec<u8>) {
-        lock(&self.ready).push((sender.into(), msg));
-        for waker in self.wakers.read().unwrap_or_else(|e| e.into_inner()).iter() {
+        self.ready.lock().push((sender.into(), msg));
+        for waker in self.wakers.read().iter() {
             waker.wake();
         }
     }
 
     /// Moves the queued notifications, oldest first, into `into`.
     pub(crate) fn take(&self, into: &mut Vec<(String, Vec<u8>)>) {
-        into.append(&mut lock(&self.ready));
+        into.append(&mut self.ready.lock());
     }
 
     /// Adds an agent's waker (see [`crate::Backend::set_notif_waker`]).
     pub(crate) fn add_waker(&self, waker: NotifWaker) {
-        self.wakers
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(waker);
+        self.wakers.write().push(waker);
     }
 }
 
@@ -68,7 +64,7 @@ impl<K> Default for NotifTracker<K> {
 impl<K: Hash + Eq + Copy> NotifTracker<K> {
     /// One data completion of transfer `key` landed.
     pub(crate) fn data_arrived(&self, key: K) {
-        let mut pending = self.pending.lock().expect("tracker lock");
+        let mut pending = self.pending.lock();
         pending.entry(key).or_default().received += 1;
         self.release_if_complete(&mut pending, key);
     }
@@ -81,17 +77,14 @@ impl<K: Hash + Eq + Copy> NotifTracker<K> {
         sender: impl Into<String>,
         msg: Vec<u8>,
     ) {
-        let mut pending = self.pending.lock().expect("tracker lock");
+        let mut pending = self.pending.lock();
         pending.entry(key).or_default().message = Some((expected, sender.into(), msg));
         self.release_if_complete(&mut pending, key);
     }
 
     /// Forgets half-assembled notifications whose key matches (a connection went away).
     pub(crate) fn forget(&self, mut matches: impl FnMut(&K) -> bool) {
-        self.pending
-            .lock()
-            .expect("tracker lock")
-            .retain(|key, _| !matches(key));
+        self.pending.lock().retain(|key, _| !matches(key));
     }
 
     /// Moves the released notifications, in release order, into `into`.
@@ -121,7 +114,7 @@ impl<K: Hash + Eq + Copy> NotifTracker<K> {
 
     #[cfg(test)]
     fn assembling(&self) -> usize {
-        self.pending.lock().unwrap().len()
+        self.pending.lock().len()
     }
 }
 
@@ -138,12 +131,6 @@ pub(crate) fn param<T: std::str::FromStr>(
             Error::InvalidParam(format!("{backend} parameter {key}=`{v}` is not valid"))
         }),
     }
-}
-
-/// Locks `m`, taking over its data if a holder panicked (the backends' state stays
-/// consistent between statements, and `Drop` paths must not panic).
-pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Appends `addr` as `family:u8 (4|6) ip port:u16 LE` (the heartbeat hub's and VERBS's

@@ -136,7 +136,7 @@ mod xfer;
 mod tests;
 
 use super::heartbeat::{Beat, HeartbeatConfig, Pacer};
-use super::shared::{lock, random_u64, NotifTracker};
+use super::shared::{random_u64, NotifTracker};
 use crate::backend::{
     Backend, BackendInit, BackendParams, BackendXfer, Capabilities, LocalMd, NotifWaker, RemoteMd,
     XferEntry, XferOp,
@@ -149,13 +149,14 @@ use ibverbs::{
     AccessFlags, CompletionChannel, CompletionQueue, ConnectOptions, Context, Gid, IpFamily,
     MemoryRegion, Mtu, PreparedQueuePair, ProtectionDomain, QpType, QueuePair, SharedReceiveQueue,
 };
+use parking_lot::{Mutex, RwLock};
 use side_channel::side_channel_thread;
 use stage_net::Stager;
 use std::any::Any;
 use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use vram::{direct_refusal, RegMode, StagedReg, StagingParams};
@@ -251,7 +252,7 @@ struct Rail {
 impl Rail {
     /// Queues a job for the rail's worker, waking it if it sleeps.
     fn submit(&self, job: RailJob) {
-        self.submit.lock().expect("submit lock").push_back(job);
+        self.submit.lock().push_back(job);
         self.nudge();
     }
 
@@ -267,14 +268,14 @@ impl Rail {
     /// then wakes the worker if work is left that nobody is issuing.
     fn progress(&self, common: &Common, chains: usize) {
         match self.state.try_lock() {
-            Ok(mut state) => {
+            Some(mut state) => {
                 state.round(self, common, chains);
                 if state.unissued() {
                     drop(state);
                     self.nudge();
                 }
             }
-            Err(_) => self.nudge(),
+            None => self.nudge(),
         }
     }
 
@@ -310,15 +311,14 @@ impl Outgoing {
     }
 
     fn dead_reason(&self) -> Option<String> {
-        self.is_dead()
-            .then(|| self.reason.lock().expect("reason lock").clone())
+        self.is_dead().then(|| self.reason.lock().clone())
     }
 
     /// Marks the connection broken (the first reason wins), flushes in-flight work and
     /// tells the peer through the side channel.
     fn kill(&self, reason: &str) {
         {
-            let mut r = self.reason.lock().expect("reason lock");
+            let mut r = self.reason.lock();
             if self.dead.load(Ordering::Acquire) {
                 return;
             }
@@ -405,7 +405,6 @@ impl Common {
     fn is_outgoing_qp(&self, rail: usize, qpn: u32) -> bool {
         self.outgoing
             .read()
-            .expect("outgoing lock")
             .values()
             .any(|c| c.qps.get(rail).is_some_and(|qp| qp.qp_num() == qpn))
     }
@@ -417,7 +416,7 @@ impl Common {
     /// connection is no longer watched nor beaten, its QPs go to ERR, and it waits on
     /// `closing` until the rails retire it (`rail_drained`).
     fn close_incoming(&self, id: u64) {
-        let Some(conn) = self.incoming.write().expect("incoming lock").remove(&id) else {
+        let Some(conn) = self.incoming.write().remove(&id) else {
             return;
         };
         for (_, qp) in &conn.qps {
@@ -430,7 +429,7 @@ impl Common {
         // The peer is done with the socket: close our half now, not at retirement.
         let _ = conn.stream.shutdown(std::net::Shutdown::Both);
         {
-            let mut closing = lock(&self.closing);
+            let mut closing = self.closing.lock();
             let ticket = self.closing_ticket.fetch_add(1, Ordering::SeqCst) + 1;
             closing.push(Closing {
                 conn,
@@ -469,7 +468,7 @@ impl Common {
     fn rail_drained(&self, rail: usize, ticket: u64) {
         let all = (1u32 << self.rails.len()) - 1;
         let retired: Vec<Closing> = {
-            let mut closing = lock(&self.closing);
+            let mut closing = self.closing.lock();
             for c in closing.iter_mut().filter(|c| c.ticket <= ticket) {
                 c.drained |= 1 << rail;
             }
@@ -512,8 +511,8 @@ struct Closing {
 const _: () = assert!(MAX_RAILS < 32);
 
 /// Write-locks `m`, taking over its data if a holder panicked (`Drop` must not panic).
-fn lock_write<T>(m: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
-    m.write().unwrap_or_else(std::sync::PoisonError::into_inner)
+fn lock_write<T>(m: &RwLock<T>) -> parking_lot::RwLockWriteGuard<'_, T> {
+    m.write()
 }
 
 /// The VERBS backend.
@@ -836,14 +835,14 @@ fn open(init: &BackendInit) -> Result<VerbsBackend> {
             let handle = std::thread::Builder::new()
                 .name(format!("nixl-verbs-rail{}", rail.index))
                 .spawn(move || rail_worker(rail, worker_common))?;
-            backend.threads.lock().expect("threads lock").push(handle);
+            backend.threads.lock().push(handle);
         }
     }
     let monitor_common = common.clone();
     let handle = std::thread::Builder::new()
         .name("nixl-verbs-oob".into())
         .spawn(move || side_channel_thread(listener, monitor_common))?;
-    backend.threads.lock().expect("threads lock").push(handle);
+    backend.threads.lock().push(handle);
     tracing::debug!(devices = ?names, rails = num_rails, %listen_addr, "VERBS backend up");
     Ok(backend)
 }
@@ -944,7 +943,7 @@ impl VerbsBackend {
         let rail = self.common.rails[rail].clone();
         let (held, is_held) = std::sync::mpsc::channel();
         let thread = std::thread::spawn(move || {
-            let _state = rail.state.lock().expect("rail lock");
+            let _state = rail.state.lock();
             let _ = held.send(());
             std::thread::sleep(hold);
         });
@@ -964,7 +963,6 @@ impl VerbsBackend {
             .common
             .outgoing
             .read()
-            .expect("outgoing lock")
             .get(agent)
             .cloned()
             .ok_or_else(|| Error::UnknownAgent(agent.to_string()))?;
@@ -991,31 +989,21 @@ impl Drop for VerbsBackend {
     fn drop(&mut self) {
         self.common.stop.store(true, Ordering::SeqCst);
         self.common.wake_monitor();
-        for conn in self
-            .common
-            .outgoing
-            .read()
-            .map(|m| m.values().cloned().collect::<Vec<_>>())
-            .unwrap_or_default()
-        {
+        let outgoing: Vec<_> = self.common.outgoing.read().values().cloned().collect();
+        for conn in outgoing {
             conn.kill("the local backend shut down");
         }
         for rail in &self.common.rails {
             rail.wake();
         }
-        for thread in self
-            .threads
-            .get_mut()
-            .map(std::mem::take)
-            .unwrap_or_default()
-        {
+        for thread in std::mem::take(self.threads.get_mut()) {
             if thread.thread().id() != std::thread::current().id() {
                 let _ = thread.join();
             }
         }
         // Connections still closing (without progress threads, no poll came since they
         // closed) are retired here: nothing reads notifications any more.
-        let closing = std::mem::take(&mut *lock(&self.common.closing));
+        let closing = std::mem::take(&mut *self.common.closing.lock());
         self.common.closing_len.store(0, Ordering::SeqCst);
         for c in &closing {
             self.common.unmap_incoming(&c.conn);
@@ -1166,25 +1154,14 @@ impl Backend for VerbsBackend {
 
     fn load_remote_conn_info(&self, agent: &str, info: &[u8]) -> Result<()> {
         let remote = decode_conn_info(info)?;
-        let _serial = self.connect_lock.lock().expect("connect lock");
-        if let Some(old) = self
-            .common
-            .outgoing
-            .read()
-            .expect("outgoing lock")
-            .get(agent)
-        {
+        let _serial = self.connect_lock.lock();
+        if let Some(old) = self.common.outgoing.read().get(agent) {
             if old.conn_info == info && !old.is_dead() {
                 return Ok(());
             }
         }
         let conn = self.connect(agent, info, &remote)?;
-        let old = self
-            .common
-            .outgoing
-            .write()
-            .expect("outgoing lock")
-            .insert(agent.to_string(), conn);
+        let old = self.common.outgoing.write().insert(agent.to_string(), conn);
         // The side-channel thread watches the new connection's heartbeats from now on.
         self.common.wake_monitor();
         if let Some(old) = old {
@@ -1205,12 +1182,7 @@ impl Backend for VerbsBackend {
     }
 
     fn disconnect(&self, agent: &str) {
-        let removed = self
-            .common
-            .outgoing
-            .write()
-            .expect("outgoing lock")
-            .remove(agent);
+        let removed = self.common.outgoing.write().remove(agent);
         if let Some(conn) = removed {
             let why = "disconnected: the peer's metadata was invalidated";
             conn.kill(why);

@@ -20,14 +20,14 @@
 
 use super::oob::{OobListener, OobSender};
 use super::NAME;
-use crate::backends::shared::lock;
 use crate::error::{Error, Result};
 use crate::mem::MemKind;
 use gpunetio::proxy::{CpuProxy, CpuProxyBuilder, FabricTransport, RemoteDescriptor, RingMemory};
 use gpunetio::Gpu;
+use parking_lot::Mutex;
 use std::collections::{BTreeMap, HashMap};
 use std::net::{IpAddr, SocketAddr};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 /// Table indices `[0, LOCAL_SLOTS)` are local registrations' slots; the peers' regions
@@ -171,7 +171,7 @@ impl NicPath {
         addr: u64,
         len: u64,
     ) -> Result<NicLocal> {
-        let mut locals = lock(&self.locals);
+        let mut locals = self.locals.lock();
         let slot = match locals.free.pop() {
             Some(slot) => slot,
             None if locals.next < LOCAL_SLOTS => {
@@ -202,7 +202,7 @@ impl NicPath {
                     .map_err(nic_err("describing a registration"))?,
             )
         };
-        let peers = lock(&self.peers);
+        let peers = self.peers.lock();
         let mut done: Vec<&Arc<NicPeer>> = Vec::new();
         for link in peers.values().filter_map(|p| p.link.as_ref()) {
             if let Err(e) = self.place(&link.proxy, slot, spec) {
@@ -249,9 +249,9 @@ impl NicPath {
     }
 
     fn release(&self, slot: u32) {
-        let mut locals = lock(&self.locals);
+        let mut locals = self.locals.lock();
         locals.live.remove(&slot);
-        let peers = lock(&self.peers);
+        let peers = self.peers.lock();
         for link in peers.values().filter_map(|p| p.link.as_ref()) {
             if let Err(e) = link.proxy.remove_region(slot) {
                 tracing::warn!("{NAME}: releasing slot {slot} toward {}: {e}", link.name);
@@ -276,7 +276,7 @@ impl NicPath {
                 ),
             });
         }
-        let mut peers = lock(&self.peers);
+        let mut peers = self.peers.lock();
         if peers.get(agent).is_some_and(|p| p.info == info) {
             return Ok(());
         }
@@ -287,17 +287,17 @@ impl NicPath {
 
     /// Whether `agent` published a NIC path.
     pub(super) fn knows(&self, agent: &str) -> bool {
-        lock(&self.peers).contains_key(agent)
+        self.peers.lock().contains_key(agent)
     }
 
     pub(super) fn forget(&self, agent: &str) {
-        lock(&self.peers).remove(agent);
+        self.peers.lock().remove(agent);
     }
 
     /// The proxy toward `agent`, made on first use.
     pub(super) fn link(&self, agent: &str) -> Result<Arc<NicPeer>> {
-        let locals = lock(&self.locals);
-        let mut peers = lock(&self.peers);
+        let locals = self.locals.lock();
+        let mut peers = self.peers.lock();
         let entry = peers.get_mut(agent).ok_or_else(|| Error::Unreachable {
             backend: NAME.into(),
             agent: agent.to_string(),
@@ -386,7 +386,7 @@ impl NicRemote {
                 peer.name
             ),
         })?;
-        let mut added = lock(&self.added);
+        let mut added = self.added.lock();
         if let Some((p, index)) = added.as_ref() {
             if p.upgrade().is_some_and(|p| Arc::ptr_eq(&p, peer)) {
                 return Ok(*index);
@@ -407,7 +407,7 @@ impl NicRemote {
 
 impl Drop for NicRemote {
     fn drop(&mut self) {
-        if let Some((peer, index)) = lock(&self.added).take() {
+        if let Some((peer, index)) = self.added.lock().take() {
             if let Some(peer) = peer.upgrade() {
                 if let Err(e) = peer.proxy.remove_region(index) {
                     tracing::warn!("{NAME}: releasing a region of `{}`: {e}", peer.name);

@@ -10,13 +10,13 @@
 //! closed it (liveness); a refused connection or a failed write is
 //! [`Error::RemoteDisconnect`].
 
-use crate::backends::shared::lock;
 use crate::error::{Error, Result};
+use parking_lot::Mutex;
 use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Largest notification or agent name accepted on the wire.
@@ -206,7 +206,7 @@ impl OobSender {
             )));
         }
         self.alive()?;
-        let mut conn = lock(&self.conn);
+        let mut conn = self.conn.lock();
         if conn.is_none() {
             let mut c = TcpStream::connect_timeout(&self.addr, CONNECT_TIMEOUT).map_err(|e| {
                 self.disconnected(format!(
@@ -235,7 +235,7 @@ impl OobSender {
                 reason: "its notification connection closed".into(),
             });
         }
-        let conn = lock(&self.conn);
+        let conn = self.conn.lock();
         let Some(c) = conn.as_ref() else {
             return Ok(());
         };

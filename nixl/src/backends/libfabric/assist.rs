@@ -46,8 +46,9 @@
 
 use super::cma::CmaPeer;
 use super::liveness::{self, ProcessId};
+use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::Arc;
 
 /// First bytes of an assist message on a rail (beside notifications and staging).
 pub(super) const MAGIC: &[u8; 4] = b"NXCM";
@@ -257,7 +258,7 @@ pub(super) struct Served {
 impl Drop for Served {
     fn drop(&mut self) {
         // Waits for a push from the region in progress (it holds the read lock).
-        let mut regions = self.server.regions.write().expect("assist regions lock");
+        let mut regions = self.server.regions.write();
         for (key, range) in &self.entries {
             if regions.get(key) == Some(range) {
                 regions.remove(key);
@@ -275,7 +276,7 @@ impl Server {
             .enumerate()
             .map(|(rail, &(key, remote))| ((rail, key), ServedRange { remote, addr, len }))
             .collect();
-        let mut regions = self.regions.write().expect("assist regions lock");
+        let mut regions = self.regions.write();
         for (key, range) in &entries {
             regions.insert(*key, *range);
         }
@@ -288,7 +289,7 @@ impl Server {
     /// The requester's process, where this process may see it (same host and pid
     /// namespace); cached.
     fn requester(&self, id: &ProcessId) -> Option<Arc<CmaPeer>> {
-        let mut cache = self.requesters.lock().expect("assist requesters lock");
+        let mut cache = self.requesters.lock();
         if let Some(peer) = cache.get(id) {
             return Some(peer.clone());
         }
@@ -313,7 +314,7 @@ impl Server {
         if len == 0 || req.dst.checked_add(req.len).is_none() {
             return libc::EINVAL;
         }
-        let regions = self.regions.read().expect("assist regions lock");
+        let regions = self.regions.read();
         // The range as the peer names it (the provider's addressing), here.
         let src = regions.get(&(rail, req.key)).and_then(|range| {
             let offset = req.src.checked_sub(range.remote)?;

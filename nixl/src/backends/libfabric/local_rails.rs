@@ -40,9 +40,10 @@ use crate::backend::{
 };
 use crate::error::{Error, Result};
 use crate::mem::{MemKind, Region};
+use parking_lot::RwLock;
 use std::any::Any;
 use std::collections::HashMap;
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 
 /// The parameter that names the provider for peers on this host (`shm` or `none`).
 pub(super) const PARAM: &str = "local_provider";
@@ -147,7 +148,6 @@ impl Planes {
     fn route(&self, agent: &str) -> Result<Route> {
         self.routes
             .read()
-            .expect("routes lock")
             .get(agent)
             .cloned()
             .ok_or_else(|| Error::UnknownAgent(agent.to_string()))
@@ -437,7 +437,7 @@ impl Backend for Planes {
 
     fn load_remote_conn_info(&self, agent: &str, info: &[u8]) -> Result<()> {
         let peer = decode_conn(info)?;
-        let known = self.routes.read().expect("routes lock").get(agent).cloned();
+        let known = self.routes.read().get(agent).cloned();
         if let Some(route) = known.filter(|r| r.info == info) {
             // The same peer: its plane decides whether to watch it afresh.
             let part = peer.part(route.part).expect("the route's part exists");
@@ -456,7 +456,7 @@ impl Backend for Planes {
                         }
                     }
                     tracing::debug!(peer = agent, provider = providers[plane], "{NAME}: route");
-                    self.routes.write().expect("routes lock").insert(
+                    self.routes.write().insert(
                         agent.to_string(),
                         Route {
                             plane,
@@ -495,7 +495,7 @@ impl Backend for Planes {
     }
 
     fn disconnect(&self, agent: &str) {
-        self.routes.write().expect("routes lock").remove(agent);
+        self.routes.write().remove(agent);
         for plane in &self.planes {
             plane.disconnect(agent);
         }

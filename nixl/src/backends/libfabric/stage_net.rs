@@ -9,9 +9,10 @@ use super::{STAGE_CONTEXT, STAGE_OP_BITS};
 use crate::backends::staging::{self, BounceMem, Engine};
 use crate::error::Result;
 use fabric::{Access, Address, HmemIface, MemoryRegion};
+use parking_lot::{Mutex, MutexGuard};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, OnceLock};
 
 /// A peer's address on one rail, kept in the AV while held.
 #[derive(Debug, Clone)]
@@ -148,7 +149,7 @@ impl FabricNet {
     /// Forgets every resolved requester (their AV entries go once no serve holds them).
     #[cfg(test)]
     pub(super) fn forget_requesters(&self) -> usize {
-        let mut cache = self.replies.lock().expect("replies lock");
+        let mut cache = self.replies.lock();
         let n = cache.len();
         cache.clear();
         n
@@ -159,7 +160,7 @@ impl FabricNet {
         let slot = (context >> STAGE_OP_BITS) & 0xffff;
         if slot != 0 {
             if let Some(Ok(area)) = self.ctrl.get() {
-                area.free.lock().expect("ctrl lock").push((slot - 1) as u16);
+                area.free.lock().push((slot - 1) as u16);
             }
         }
     }
@@ -214,7 +215,7 @@ impl StageNet for FabricNet {
     }
 
     fn resolve(&self, rail: usize, name: &[u8]) -> std::result::Result<FabAddr, Failure> {
-        let mut cache = self.replies.lock().expect("replies lock");
+        let mut cache = self.replies.lock();
         if let Some(a) = cache.get(&(rail, name.to_vec())) {
             return Ok(FabAddr::Reply(a.clone()));
         }
@@ -316,7 +317,7 @@ impl StageNet for FabricNet {
             )));
         }
         let area = self.ctrl()?;
-        let Some(slot) = area.free.lock().expect("ctrl lock").pop() else {
+        let Some(slot) = area.free.lock().pop() else {
             return Err(NetError::Busy);
         };
         let at = area.mem.ptr() as usize + usize::from(slot) * staging::MAX_CTRL_BYTES;
@@ -337,7 +338,7 @@ impl StageNet for FabricNet {
         match posted {
             Ok(()) => Ok(true),
             Err(e) => {
-                area.free.lock().expect("ctrl lock").push(slot);
+                area.free.lock().push(slot);
                 Err(net_error(e))
             }
         }
@@ -391,7 +392,7 @@ impl Stager {
     }
 
     pub(super) fn engine(&self) -> MutexGuard<'_, Engine<FabAddr>> {
-        self.engine.lock().expect("staging engine lock")
+        self.engine.lock()
     }
 
     fn with(&self, f: impl FnOnce(&mut Engine<FabAddr>, &FabricNet)) {
@@ -415,7 +416,7 @@ impl Stager {
 
     /// One round, unless another thread is driving the engine right now.
     pub(super) fn try_progress(&self) {
-        if let Ok(mut engine) = self.engine.try_lock() {
+        if let Some(mut engine) = self.engine.try_lock() {
             let more = engine.progress(&self.net);
             self.poll.store(more, Ordering::Release);
         }

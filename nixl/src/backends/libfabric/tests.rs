@@ -290,7 +290,7 @@ fn a_wedged_rail_fails_its_transfers_typed() {
     req.wait(Duration::from_secs(10)).unwrap();
     assert!(backend.rails[0].wedged_for().is_none());
     {
-        let _stuck = backend.progress.workers[0].lock().unwrap();
+        let _stuck = backend.progress.workers[0].lock();
         backend.rails[0]
             .round_since
             .store(round_clock_ns() - 6_000_000_000, Ordering::Relaxed);

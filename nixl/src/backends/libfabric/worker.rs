@@ -16,9 +16,10 @@ use crate::backend::XferOp;
 use crate::backends::staging::StageNet;
 use crate::error::Result;
 use fabric::{Access, Address, Caps, Completion, MemoryRegion, RegisteredBuffer};
+use parking_lot::Mutex;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// A post's share of one rail.
@@ -89,7 +90,7 @@ impl Progress {
             return;
         }
         for worker in &self.workers {
-            if let Ok(mut worker) = worker.try_lock() {
+            if let Some(mut worker) = worker.try_lock() {
                 worker.step();
             }
         }
@@ -100,21 +101,15 @@ impl Progress {
 /// activity, then sleeps until work, traffic or a nap's end (see `idle`), or keeps
 /// spinning with `busy_poll`.
 pub(super) fn run_worker(progress: &Progress, index: usize) {
-    progress.workers[index]
-        .lock()
-        .expect("worker lock")
-        .rail
-        .idle
-        .worker_started();
+    progress.workers[index].lock().rail.idle.worker_started();
     let spin_for = progress.workers[index]
         .lock()
-        .expect("worker lock")
         .rail
         .idle
         .spin_after_activity();
     let mut last_activity = Instant::now();
     loop {
-        let mut worker = progress.workers[index].lock().expect("worker lock");
+        let mut worker = progress.workers[index].lock();
         if worker.common.stop.load(Ordering::SeqCst) {
             return;
         }
@@ -252,18 +247,12 @@ impl Worker {
         rail.idle.sleep(&rail.cq, nap_after(sleeping), || {
             common.stop.load(Ordering::SeqCst)
                 || common.stager.wants_poll()
-                || !rail.submit.lock().expect("submit lock").is_empty()
+                || !rail.submit.lock().is_empty()
         })
     }
 
     fn accept_jobs(&mut self) -> bool {
-        let new: Vec<RailJob> = self
-            .rail
-            .submit
-            .lock()
-            .expect("submit lock")
-            .drain(..)
-            .collect();
+        let new: Vec<RailJob> = self.rail.submit.lock().drain(..).collect();
         let any = !new.is_empty();
         for job in new {
             let id = self.next_id;
@@ -315,9 +304,7 @@ impl Worker {
                     }
                 }
             }
-            if shared.canceled.load(Ordering::Relaxed)
-                || shared.failed.lock().expect("failed lock").is_some()
-            {
+            if shared.canceled.load(Ordering::Relaxed) || shared.failed.lock().is_some() {
                 active.stop_issuing();
             }
             // Pieces the peer refused to push: read them through the provider.

@@ -14,8 +14,9 @@ use super::{
 use crate::backend::{BackendXfer, PostParams, XferOp, XferProgress, XferStatus};
 use crate::error::{Error, Result};
 use fabric::{Access, Address, MemoryRegion, RegisteredBuffer};
+use parking_lot::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// One transport operation, resolved at prepare time.
@@ -102,7 +103,7 @@ impl XferShared {
     }
 
     pub(super) fn fail_with(&self, disconnect: bool, code: i32, text: String) {
-        let mut failed = self.failed.lock().expect("failed lock");
+        let mut failed = self.failed.lock();
         if failed.is_none() {
             *failed = Some((disconnect, code, text));
         }
@@ -113,7 +114,7 @@ impl XferShared {
     pub(super) fn unit_done(self: &Arc<Self>, rail0: &Rail, peer: &Arc<PeerAddrs>) {
         self.completed.fetch_add(1, Ordering::Relaxed);
         if self.pending.fetch_sub(1, Ordering::AcqRel) == 1 {
-            if let Some((dest, message)) = self.notif_after_all.lock().expect("notif lock").take() {
+            if let Some((dest, message)) = self.notif_after_all.lock().take() {
                 rail0.push_job(RailJob {
                     shared: self.clone(),
                     ops: Arc::new(Vec::new()),
@@ -233,7 +234,7 @@ impl BackendXfer for FabricXfer {
             .map(|msg| encode_notif(&self.self_name, self.sender_hash, seq, expected, msg))
             .transpose()?;
         let shared = &self.shared;
-        *shared.failed.lock().expect("failed lock") = None;
+        *shared.failed.lock() = None;
         shared.completed.store(0, Ordering::Relaxed);
         // The staged part counts as one unit, done when its last chunk is.
         shared.pending.store(
@@ -250,7 +251,7 @@ impl BackendXfer for FabricXfer {
             // A READ's message, and a WRITE's with pushed pieces (whose bytes are in place
             // once their copy returned), go after the last operation.
             (op, Some(m)) => {
-                *shared.notif_after_all.lock().expect("notif lock") = Some((self.notif_dest, m));
+                *shared.notif_after_all.lock() = Some((self.notif_dest, m));
                 (None, (op == XferOp::Write).then_some(key))
             }
             (_, None) => (None, None),
@@ -289,9 +290,7 @@ impl BackendXfer for FabricXfer {
 
     fn check(&mut self) -> Result<XferProgress> {
         self.progress.poll_inline();
-        if let Some((disconnect, code, text)) =
-            self.shared.failed.lock().expect("failed lock").clone()
-        {
+        if let Some((disconnect, code, text)) = self.shared.failed.lock().clone() {
             if !disconnect
                 && (self.shared.peer.watch.is_some() || self.shared.peer.liveness.is_some())
             {
@@ -472,7 +471,7 @@ pub(super) fn send_message_blocking(
         peer,
     });
     while shared.notif_pending.load(Ordering::Acquire) {
-        if let Some((_, code, text)) = shared.failed.lock().expect("failed lock").clone() {
+        if let Some((_, code, text)) = shared.failed.lock().clone() {
             return Err(Error::Backend {
                 backend: NAME.into(),
                 code,

@@ -3,9 +3,9 @@
 //! failures, hostile requests, a busy transport, and slot accounting at the end.
 
 use super::*;
+use parking_lot::Mutex;
 use std::cell::{Cell, RefCell};
 use std::sync::atomic::{AtomicBool, AtomicIsize, AtomicUsize, Ordering};
-use std::sync::Mutex;
 
 const CHUNK: usize = 64 << 10;
 const CHUNKS: usize = 4;
@@ -192,14 +192,11 @@ impl RunSink for Sink {
         self.0.progressed.fetch_add(1, Ordering::Relaxed);
     }
     fn finished(&self) {
-        assert!(
-            self.0.failed.lock().unwrap().is_none(),
-            "finished after failing"
-        );
+        assert!(self.0.failed.lock().is_none(), "finished after failing");
         self.0.finished.fetch_add(1, Ordering::Relaxed);
     }
     fn failed(&self, failure: Failure) {
-        let mut f = self.0.failed.lock().unwrap();
+        let mut f = self.0.failed.lock();
         assert!(f.is_none(), "failure reported twice");
         assert_eq!(
             self.0.finished.load(Ordering::Relaxed),
@@ -518,7 +515,7 @@ fn every_case_moves_the_data_and_returns_every_slot() {
         let units: u64 = p.chunks.iter().map(Chunk::units).sum();
         let sink = submit(&w, p, Some(77));
         w.settle();
-        assert!(sink.failed.lock().unwrap().is_none(), "{:?}", sink.failed);
+        assert!(sink.failed.lock().is_none(), "{:?}", sink.failed);
         assert_eq!(sink.finished.load(Ordering::Relaxed), 1);
         assert_eq!(sink.user_copies.load(Ordering::Relaxed), 0);
         let blocks_ok = sizes.iter().zip(&entries).all(|(&s, e)| {
@@ -537,7 +534,7 @@ fn every_case_moves_the_data_and_returns_every_slot() {
         let entries = layout(&sizes, &back, &dst);
         let sink = submit(&w, plan(false, side, remote_staged, &entries, CHUNK), None);
         w.settle();
-        assert!(sink.failed.lock().unwrap().is_none(), "{:?}", sink.failed);
+        assert!(sink.failed.lock().is_none(), "{:?}", sink.failed);
         assert_eq!(sink.finished.load(Ordering::Relaxed), 1);
         let back_ok = sizes.iter().zip(&entries).all(|(&s, e)| {
             let o = (e.0 - back.as_ptr() as u64) as usize;
@@ -577,7 +574,7 @@ fn many_transfers_in_flight_share_bounded_slots_without_deadlock() {
         .collect();
     w.settle();
     for (i, s) in sinks.iter().enumerate() {
-        assert!(s.failed.lock().unwrap().is_none(), "{i}: {:?}", s.failed);
+        assert!(s.failed.lock().is_none(), "{i}: {:?}", s.failed);
         assert_eq!(s.finished.load(Ordering::Relaxed), 1, "{i}");
         assert!(src[i] == dst[i], "{i}");
     }
@@ -636,7 +633,7 @@ fn requests_naming_memory_that_is_not_staged_are_refused() {
             let e = [(src.as_ptr() as u64, remote, len)];
             let sink = submit(&w, plan(write, Side_::Plain, true, &e, CHUNK), Some(1));
             w.settle();
-            let f = sink.failed.lock().unwrap().clone();
+            let f = sink.failed.lock().clone();
             let f = f.unwrap_or_else(|| panic!("{what}: accepted"));
             assert_eq!(f.code, STATUS_INVALID, "{what}: {f:?}");
             assert!(!f.disconnect);
@@ -649,10 +646,7 @@ fn requests_naming_memory_that_is_not_staged_are_refused() {
     let e = [(src.as_ptr() as u64, staged.as_ptr() as u64, 100_000)];
     let sink = submit(&w, plan(true, Side_::Plain, true, &e, 100_000), None);
     w.settle();
-    assert_eq!(
-        sink.failed.lock().unwrap().as_ref().unwrap().code,
-        STATUS_INVALID
-    );
+    assert_eq!(sink.failed.lock().as_ref().unwrap().code, STATUS_INVALID);
     w.idle();
     // Garbage is dropped without a reply.
     let s = &w.sides[1];
@@ -680,7 +674,7 @@ fn failed_operations_fail_the_transfer_as_a_disconnect_and_free_the_slots() {
             Some(3),
         );
         w.settle();
-        let f = sink.failed.lock().unwrap().clone().expect("failed");
+        let f = sink.failed.lock().clone().expect("failed");
         if remote_staged {
             assert_eq!(f.code, STATUS_FAILED, "the target reports it: {f:?}");
         } else {
@@ -721,7 +715,7 @@ fn a_peer_gone_mid_fetch_releases_the_slots_it_could_have_written() {
     assert_eq!(s.engine.borrow().slots_in_use(), (0, 0));
     assert!(!s.engine.borrow().busy());
     // Released before: nothing is reported to a request that is gone.
-    assert!(sink.failed.lock().unwrap().is_none());
+    assert!(sink.failed.lock().is_none());
     assert_eq!(sink.finished.load(Ordering::Relaxed), 0);
 }
 
@@ -775,7 +769,7 @@ fn a_run_reports_one_outcome_even_when_its_last_operations_fail_late() {
         );
         w.settle();
         let finished = sink.finished.load(Ordering::Relaxed);
-        let failed = sink.failed.lock().unwrap().is_some();
+        let failed = sink.failed.lock().is_some();
         assert!(
             finished + usize::from(failed) == 1,
             "seed {seed}: one outcome"

@@ -18,10 +18,11 @@ use crate::backends::heartbeat::{drain, poll_timeout, send_beat, Beat, Heard, Pa
 use crate::error::{Error, Result};
 use crate::os::pollfd_in;
 use ibverbs::Endpoint;
+use parking_lot::Mutex;
 use std::net::{TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// How soon the side-channel thread tries again to tell the staging engine of a dead
@@ -146,7 +147,6 @@ pub(super) fn side_channel_thread(listener: TcpListener, common: Arc<Common>) {
         let outgoing: Vec<Arc<Outgoing>> = common
             .outgoing
             .read()
-            .expect("outgoing lock")
             .values()
             .filter(|c| !c.staging_told.load(Ordering::Acquire))
             .cloned()
@@ -168,7 +168,7 @@ pub(super) fn side_channel_thread(listener: TcpListener, common: Arc<Common>) {
         let mut untold = false;
         for (conn, heard) in outgoing.iter().zip(heard) {
             if !conn.is_dead() {
-                let mut beat = conn.beat.lock().expect("beat lock");
+                let mut beat = conn.beat.lock();
                 match heard {
                     Heard::Closed => {
                         drop(beat);
@@ -191,15 +191,9 @@ pub(super) fn side_channel_thread(listener: TcpListener, common: Arc<Common>) {
                 untold |= !common.stager.try_peer_gone(conn, &reason);
             }
         }
-        let incoming: Vec<Arc<Incoming>> = common
-            .incoming
-            .read()
-            .expect("incoming lock")
-            .values()
-            .cloned()
-            .collect();
+        let incoming: Vec<Arc<Incoming>> = common.incoming.read().values().cloned().collect();
         for conn in incoming {
-            let mut pacer = conn.pacer.lock().expect("pacer lock");
+            let mut pacer = conn.pacer.lock();
             // `None`: the handshake is still answering on this socket.
             let Some(pacer) = pacer.as_mut() else {
                 continue;
@@ -226,14 +220,14 @@ fn wait_readable(listener: &TcpListener, common: &Common, retry: bool) {
         pollfd_in(listener.as_raw_fd()),
     ];
     let mut times = Vec::new();
-    for c in common.outgoing.read().expect("outgoing lock").values() {
+    for c in common.outgoing.read().values() {
         if !c.is_dead() {
             fds.push(pollfd_in(c.stream.as_raw_fd()));
-            times.extend(c.beat.lock().expect("beat lock").deadline());
+            times.extend(c.beat.lock().deadline());
         }
     }
-    for c in common.incoming.read().expect("incoming lock").values() {
-        if let Some(pacer) = c.pacer.lock().expect("pacer lock").as_ref() {
+    for c in common.incoming.read().values() {
+        if let Some(pacer) = c.pacer.lock().as_ref() {
             fds.push(pollfd_in(c.stream.as_raw_fd()));
             times.extend(pacer.next());
         }
@@ -291,7 +285,7 @@ fn serve_handshake(common: &Arc<Common>, mut stream: TcpStream) -> Result<()> {
     let peer: Arc<str> = Arc::from(hello.name.as_str());
     {
         // Registered before the answer, so the first immediate finds its connection.
-        let mut by_qpn = common.incoming_qpn.write().expect("qpn lock");
+        let mut by_qpn = common.incoming_qpn.write();
         for (rail, qp) in &qps {
             by_qpn.insert((*rail, qp.qp_num()), (id, peer.clone()));
         }
@@ -304,11 +298,7 @@ fn serve_handshake(common: &Arc<Common>, mut stream: TcpStream) -> Result<()> {
         stream: stream.try_clone()?,
         pacer: Mutex::new(None),
     });
-    common
-        .incoming
-        .write()
-        .expect("incoming lock")
-        .insert(id, conn.clone());
+    common.incoming.write().insert(id, conn.clone());
     let reply = encode_reply(id, common.heartbeat.wire_ms(), &answers);
     if let Err(e) = write_frame(&mut stream, &reply).and_then(|()| stream.set_nonblocking(true)) {
         common.close_incoming(id);
@@ -316,7 +306,7 @@ fn serve_handshake(common: &Arc<Common>, mut stream: TcpStream) -> Result<()> {
     }
     // Only now may the side-channel thread read and write the socket (non-blocking,
     // nothing of ours left to send on it).
-    *conn.pacer.lock().expect("pacer lock") = Some(Pacer::new(Instant::now(), &common.heartbeat));
+    *conn.pacer.lock() = Some(Pacer::new(Instant::now(), &common.heartbeat));
     // The side-channel thread beats it from now on.
     common.wake_monitor();
     tracing::debug!(

@@ -42,9 +42,10 @@ use crate::backends::staging::{
     self, BounceMem, Engine, Failure, NetError, RunSink, RunSpec, StageNet,
 };
 use ibverbs::{AccessFlags, MemoryRegion, QueuePair, RemoteMemory, SendWr, Sge};
+use parking_lot::{Mutex, MutexGuard};
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, TryLockError, Weak};
+use std::sync::{Arc, OnceLock, Weak};
 
 /// Control-message send buffers (each [`staging::MAX_CTRL_BYTES`]).
 pub(super) const CTRL_SLOTS: usize = 64;
@@ -333,7 +334,7 @@ impl StageNet for VerbsNet {
         let (nonce, index) =
             decode_name(name).ok_or_else(|| Failure::new(22, "malformed requester name"))?;
         let common = self.common()?;
-        let incoming = common.incoming.read().expect("incoming lock");
+        let incoming = common.incoming.read();
         let conn = incoming
             .values()
             .filter(|c| c.nonce == nonce)
@@ -413,15 +414,12 @@ impl StageNet for VerbsNet {
             )));
         }
         let area = self.ctrl()?;
-        let Some(slot) = area.free.lock().expect("ctrl lock").pop() else {
+        let Some(slot) = area.free.lock().pop() else {
             return Err(NetError::Busy);
         };
         if let Some(token) = fetch_token(msg) {
             // Recorded before the request can be answered.
-            self.fetches
-                .lock()
-                .expect("fetch tokens lock")
-                .insert(token);
+            self.fetches.lock().insert(token);
         }
         let at = area.mem.ptr() as u64 + u64::from(slot) * staging::MAX_CTRL_BYTES as u64;
         // SAFETY: slot `slot` of the area is ours (taken from the free list) until the
@@ -439,11 +437,11 @@ impl StageNet for VerbsNet {
         });
         match posted {
             Ok(()) => {
-                area.held.lock().expect("ctrl lock")[usize::from(slot)] = Some(dest.clone());
+                area.held.lock()[usize::from(slot)] = Some(dest.clone());
                 Ok(true)
             }
             Err(e) => {
-                area.free.lock().expect("ctrl lock").push(slot);
+                area.free.lock().push(slot);
                 Err(e)
             }
         }
@@ -499,7 +497,7 @@ impl Stager {
     }
 
     pub(super) fn engine(&self) -> MutexGuard<'_, Engine<VerbsAddr>> {
-        self.engine.lock().expect("staging engine lock")
+        self.engine.lock()
     }
 
     fn with(&self, f: impl FnOnce(&mut Engine<VerbsAddr>, &VerbsNet)) {
@@ -515,7 +513,7 @@ impl Stager {
 
     /// One round, unless another thread is driving the engine right now.
     pub(super) fn try_progress(&self) {
-        if let Ok(mut engine) = self.engine.try_lock() {
+        if let Some(mut engine) = self.engine.try_lock() {
             let more = engine.progress(&self.net);
             self.poll.store(more, Ordering::Release);
         }
@@ -545,8 +543,8 @@ impl Stager {
             if let Some(Ok(area)) = self.net.ctrl.get() {
                 let slot = (slot - 1) as usize;
                 // The QP may go once its operation is done.
-                let held = area.held.lock().expect("ctrl lock")[slot].take();
-                area.free.lock().expect("ctrl lock").push(slot as u16);
+                let held = area.held.lock()[slot].take();
+                area.free.lock().push(slot as u16);
                 drop(held);
             }
         }
@@ -561,12 +559,7 @@ impl Stager {
 
     /// A FETCH's data piece arrived with immediate `imm` (on a QP this side opened).
     pub(super) fn fetch_data(&self, imm: u32) {
-        let token = self
-            .net
-            .fetches
-            .lock()
-            .expect("fetch tokens lock")
-            .lookup(imm);
+        let token = self.net.fetches.lock().lookup(imm);
         match token {
             Some(token) => self.with(|e, n| e.on_fetch_data(n, token)),
             None => tracing::debug!(imm, "VERBS staging: data for an unknown FETCH dropped"),
@@ -589,10 +582,8 @@ impl Stager {
         if conn.staging_told.load(Ordering::Acquire) {
             return true;
         }
-        let mut engine = match self.engine.try_lock() {
-            Ok(engine) => engine,
-            Err(TryLockError::WouldBlock) => return false,
-            Err(TryLockError::Poisoned(_)) => panic!("staging engine lock poisoned"),
+        let Some(mut engine) = self.engine.try_lock() else {
+            return false;
         };
         if !conn.staging_told.swap(true, Ordering::AcqRel) {
             engine.peer_gone(&self.net, Arc::as_ptr(conn) as u64, why);

@@ -131,7 +131,7 @@ impl RailState {
     }
 
     fn accept_jobs(&mut self, rail: &Rail) -> bool {
-        let mut submit = rail.submit.lock().expect("submit lock");
+        let mut submit = rail.submit.lock();
         if submit.is_empty() {
             return false;
         }
@@ -164,9 +164,7 @@ impl RailState {
             let shared = active.job.shared.clone();
             let conn = active.job.conn.clone();
             let len = active.job.ops.len();
-            if shared.canceled.load(Ordering::Relaxed)
-                || shared.failed.lock().expect("failed lock").is_some()
-            {
+            if shared.canceled.load(Ordering::Relaxed) || shared.failed.lock().is_some() {
                 active.next = len;
                 active.job.notif = None;
             } else if let Some(reason) = conn.dead_reason() {
@@ -381,7 +379,6 @@ impl RailState {
             let from = common
                 .incoming_qpn
                 .read()
-                .expect("qpn lock")
                 .get(&(rail.index, wc.qp_num()))
                 .cloned();
             let len = (wc.byte_len() as usize).min(NOTIF_SLOT);
@@ -432,11 +429,7 @@ impl RailState {
 pub(super) fn rail_worker(rail: Arc<Rail>, common: Arc<Common>) {
     let mut last_activity = Instant::now();
     while !common.stop.load(Ordering::Relaxed) {
-        let busy = rail
-            .state
-            .lock()
-            .expect("rail lock")
-            .round(&rail, &common, usize::MAX);
+        let busy = rail.state.lock().round(&rail, &common, usize::MAX);
         if busy {
             last_activity = Instant::now();
         } else if last_activity.elapsed() < SPIN_BEFORE_SLEEP {
@@ -454,7 +447,7 @@ fn rail_sleep(rail: &Rail, common: &Common) {
     // Store-then-check pairs with `Rail::submit`'s push-then-load (both SeqCst): a job
     // queued from now on either is seen below or writes the eventfd.
     rail.sleeping.store(true, Ordering::SeqCst);
-    let queued = !rail.submit.lock().expect("submit lock").is_empty();
+    let queued = !rail.submit.lock().is_empty();
     if queued || common.stop.load(Ordering::SeqCst) {
         rail.sleeping.store(false, Ordering::SeqCst);
         return;
@@ -467,7 +460,7 @@ fn rail_sleep(rail: &Rail, common: &Common) {
     // A completion that arrived before the CQ was armed raises no event; work a poster
     // could not finish inline is picked up here too.
     {
-        let mut state = rail.state.lock().expect("rail lock");
+        let mut state = rail.state.lock();
         if state.round(rail, common, usize::MAX) || state.unissued() {
             rail.sleeping.store(false, Ordering::SeqCst);
             return;

@@ -8,8 +8,9 @@ use crate::backend::{BackendXfer, PostParams, XferOp, XferProgress, XferStatus};
 use crate::backends::staging::{self, Plan, RunSpec};
 use crate::error::{Error, Result};
 use ibverbs::MemoryRegion;
+use parking_lot::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 /// One work request, resolved at prepare time.
 #[derive(Debug, Clone, Copy)]
@@ -62,14 +63,14 @@ pub(super) struct XferShared {
 
 impl XferShared {
     pub(super) fn fail(&self, failure: Failure) {
-        let mut failed = self.failed.lock().expect("failed lock");
+        let mut failed = self.failed.lock();
         if failed.is_none() {
             *failed = Some(failure);
         }
     }
 
     pub(super) fn failure(&self) -> Option<Failure> {
-        self.failed.lock().expect("failed lock").clone()
+        self.failed.lock().clone()
     }
 
     /// `n` units of the post finished (data operations, or the whole staged part): the
@@ -78,7 +79,7 @@ impl XferShared {
         if self.pending.fetch_sub(n, Ordering::AcqRel) != n {
             return;
         }
-        let message = self.read_notif.lock().expect("notif lock").take();
+        let message = self.read_notif.lock().take();
         if let Some(message) = message {
             rail0.submit(RailJob {
                 shared: self.clone(),
@@ -134,7 +135,7 @@ impl BackendXfer for VerbsXfer {
         };
         let message = notif.map(|m| encode_notif(seq, expected, m)).transpose()?;
         let shared = &self.shared;
-        *shared.failed.lock().expect("failed lock") = None;
+        *shared.failed.lock() = None;
         shared.completed.store(0, Ordering::Relaxed);
         // The staged part counts as one unit, done when its last chunk is.
         shared.pending.store(
@@ -147,7 +148,7 @@ impl BackendXfer for VerbsXfer {
         let (mut write_notif, imm) = match (self.op, message) {
             (XferOp::Write, Some(m)) => (Some(m), Some(seq)),
             (XferOp::Read, Some(m)) => {
-                *shared.read_notif.lock().expect("notif lock") = Some(m);
+                *shared.read_notif.lock() = Some(m);
                 (None, None)
             }
             (_, None) => (None, None),
@@ -161,19 +162,15 @@ impl BackendXfer for VerbsXfer {
             // Queued without waking the worker: the first chain is issued from here,
             // the rest by whoever progresses the rail next (a poll, or the worker,
             // woken only if work is left).
-            self.common.rails[r]
-                .submit
-                .lock()
-                .expect("submit lock")
-                .push_back(RailJob {
-                    shared: shared.clone(),
-                    conn: self.conn.clone(),
-                    ops: ops.clone(),
-                    _mrs: self.mrs.clone(),
-                    op: self.op,
-                    imm,
-                    notif,
-                });
+            self.common.rails[r].submit.lock().push_back(RailJob {
+                shared: shared.clone(),
+                conn: self.conn.clone(),
+                ops: ops.clone(),
+                _mrs: self.mrs.clone(),
+                op: self.op,
+                imm,
+                notif,
+            });
         }
         if let Some(plan) = &self.staged {
             self.common.stager.submit(RunSpec {
