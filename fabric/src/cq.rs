@@ -3,6 +3,7 @@
 use crate::domain::{Domain, DomainInner};
 use crate::error::{cvt, strerror, CompletionError, Error, Result};
 use crate::{close_fid, ffi};
+use parking_lot::Mutex;
 use std::any::Any;
 use std::collections::{HashMap, VecDeque};
 use std::ffi::{c_void, CStr};
@@ -10,7 +11,7 @@ use std::mem::MaybeUninit;
 use std::os::fd::RawFd;
 use std::ptr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Contexts with this bit set are the crate's own (operations on owned buffers); user
@@ -130,7 +131,7 @@ impl CqInner {
 
     pub(crate) fn register(&self, user_context: u64, keepalive: Arc<dyn Any + Send + Sync>) -> u64 {
         let id = INTERNAL_CONTEXT | self.next_internal.fetch_add(1, Ordering::Relaxed);
-        let mut map = self.inflight.lock().unwrap_or_else(|e| e.into_inner());
+        let mut map = self.inflight.lock();
         map.insert(
             id,
             InFlight {
@@ -144,7 +145,7 @@ impl CqInner {
 
     /// Undo `register` for an operation that was never posted.
     pub(crate) fn unregister(&self, id: u64) {
-        let mut map = self.inflight.lock().unwrap_or_else(|e| e.into_inner());
+        let mut map = self.inflight.lock();
         if map.remove(&id).is_some() {
             self.inflight_count.fetch_sub(1, Ordering::Release);
         }
@@ -155,7 +156,7 @@ impl CqInner {
         if context & INTERNAL_CONTEXT == 0 || self.inflight_count.load(Ordering::Acquire) == 0 {
             return context;
         }
-        let mut map = self.inflight.lock().unwrap_or_else(|e| e.into_inner());
+        let mut map = self.inflight.lock();
         match map.remove(&context) {
             Some(op) => {
                 self.inflight_count.fetch_sub(1, Ordering::Release);
@@ -413,7 +414,7 @@ impl CompletionQueue {
             return Ok(0);
         }
         if self.inner.stash_count.load(Ordering::Acquire) > 0 {
-            let mut stash = self.inner.stash.lock().unwrap_or_else(|e| e.into_inner());
+            let mut stash = self.inner.stash.lock();
             let mut n = 0;
             while n < out.len() {
                 match stash.pop_front() {
@@ -449,7 +450,7 @@ impl CompletionQueue {
         let mut buf = [Completion::default(); 16];
         let n = self.inner.read_raw(&mut buf)?;
         if n > 0 {
-            let mut stash = self.inner.stash.lock().unwrap_or_else(|e| e.into_inner());
+            let mut stash = self.inner.stash.lock();
             stash.extend(&buf[..n]);
             self.inner.stash_count.store(stash.len(), Ordering::Release);
         }
@@ -560,7 +561,7 @@ impl CompletionQueue {
     pub fn wait_for(&self, context: u64, timeout: Duration) -> Result<Completion> {
         let deadline = Instant::now() + timeout;
         {
-            let mut stash = self.inner.stash.lock().unwrap_or_else(|e| e.into_inner());
+            let mut stash = self.inner.stash.lock();
             if let Some(pos) = stash.iter().position(|c| c.context == context) {
                 let c = stash.remove(pos).unwrap_or_default();
                 self.inner.stash_count.store(stash.len(), Ordering::Release);
@@ -580,7 +581,7 @@ impl CompletionQueue {
                 }
             }
             if !others.is_empty() {
-                let mut stash = self.inner.stash.lock().unwrap_or_else(|e| e.into_inner());
+                let mut stash = self.inner.stash.lock();
                 stash.extend(others);
                 self.inner.stash_count.store(stash.len(), Ordering::Release);
             }

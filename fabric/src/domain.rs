@@ -4,9 +4,10 @@ use crate::cq::CqInner;
 use crate::error::{cvt, Error, Result};
 use crate::info::{Info, MrMode, Threading};
 use crate::{close_fid, ffi};
+use parking_lot::Mutex;
 use std::ptr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 pub(crate) struct FabricInner {
@@ -90,7 +91,7 @@ pub(crate) struct ProgressSet {
 
 impl ProgressSet {
     pub(crate) fn add(&self, cq: &Arc<CqInner>) {
-        let mut cqs = self.cqs.lock().unwrap_or_else(|e| e.into_inner());
+        let mut cqs = self.cqs.lock();
         cqs.retain(|w| w.strong_count() > 0);
         cqs.push(Arc::downgrade(cq));
     }
@@ -98,11 +99,11 @@ impl ProgressSet {
     fn run(self: Arc<Self>) {
         while !self.stop.load(Ordering::Relaxed) {
             let cqs: Vec<Arc<CqInner>> = {
-                let cqs = self.cqs.lock().unwrap_or_else(|e| e.into_inner());
+                let cqs = self.cqs.lock();
                 cqs.iter().filter_map(Weak::upgrade).collect()
             };
             for cq in &cqs {
-                let _guard = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+                let _guard = self.lock.lock();
                 cq.progress();
             }
             // Dropping the last reference to a queue here closes it on this thread, which
@@ -131,10 +132,8 @@ unsafe impl Sync for DomainInner {}
 impl DomainInner {
     /// Serialises control operations on this domain's objects with the background
     /// progress.
-    pub(crate) fn control_guard(&self) -> Option<std::sync::MutexGuard<'_, ()>> {
-        self.progress
-            .as_ref()
-            .map(|p| p.lock.lock().unwrap_or_else(|e| e.into_inner()))
+    pub(crate) fn control_guard(&self) -> Option<parking_lot::MutexGuard<'_, ()>> {
+        self.progress.as_ref().map(|p| p.lock.lock())
     }
 
     pub(crate) fn fabric_raw(&self) -> *mut ffi::fid_fabric {

@@ -46,11 +46,12 @@
 //! the transport: on InfiniBand and RoCE at most 56 bytes with a connect request, 196
 //! with an accept and 148 with a reject.
 
-use crate::device::c_newtype;
 use crate::error::{cvt, last_errno, Error, Result};
 use crate::ffi;
 use crate::mr::AccessFlags;
-use crate::qp::{PreparedQueuePair, QpAttr, QpAttrMask, QpState, QueuePair};
+use crate::newtype::c_newtype;
+use crate::qp::{PreparedQueuePair, QpAttr, QpAttrMask, QueuePair};
+use crate::status::QpState;
 use std::ffi::CStr;
 use std::fmt;
 use std::io;

@@ -2,6 +2,7 @@
 
 use crate::error::{cvt, cvt_ptr, last_errno, Error, Result};
 use crate::ffi;
+use crate::newtype::c_newtype;
 use serde::{Deserialize, Serialize};
 use std::ffi::{c_int, CStr};
 use std::fmt;
@@ -485,34 +486,6 @@ pub enum AsyncElement {
     /// The whole device.
     Device,
 }
-
-macro_rules! c_newtype {
-    ($(#[$m:meta])* $name:ident($ty:ty) { $($(#[$cm:meta])* $c:ident = $v:path),* $(,)? }) => {
-        $(#[$m])*
-        #[derive(Clone, Copy, PartialEq, Eq, Hash, ::serde::Serialize, ::serde::Deserialize)]
-        #[serde(transparent)]
-        pub struct $name(pub $ty);
-        impl $name {
-            $($(#[$cm])* pub const $c: $name = $name($v as $ty);)*
-            /// The name of the C constant, if known.
-            pub fn name(self) -> Option<&'static str> {
-                match self {
-                    $(Self::$c => Some(stringify!($c)),)*
-                    _ => None,
-                }
-            }
-        }
-        impl ::std::fmt::Debug for $name {
-            fn fmt(&self, f: &mut ::std::fmt::Formatter<'_>) -> ::std::fmt::Result {
-                match self.name() {
-                    Some(n) => f.write_str(n),
-                    None => write!(f, "{}({})", stringify!($name), self.0),
-                }
-            }
-        }
-    };
-}
-pub(crate) use c_newtype;
 
 c_newtype! {
     /// Async event type (`enum ibv_event_type`); unknown values are kept as they are.

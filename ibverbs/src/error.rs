@@ -1,7 +1,6 @@
 //! The crate's one error type.
 
-use crate::cq::WcStatus;
-use crate::qp::QpState;
+use crate::status::{QpState, WcStatus};
 use std::ffi::c_int;
 use std::io;
 use std::net::SocketAddr;
@@ -264,4 +263,39 @@ pub(crate) fn ret_errno(ret: c_int) -> c_int {
 /// Convert a returned pointer: NULL means "see `errno`".
 pub(crate) fn cvt_ptr<T>(p: *mut T, call: &'static str) -> Result<std::ptr::NonNull<T>> {
     std::ptr::NonNull::new(p).ok_or_else(|| Error::last(call))
+}
+
+/// The error of a post (`ibv_post_send`, `ibv_post_recv`, `ibv_bind_mw` …) that returned
+/// `ret`, naming the first work request that was not posted (`bad`, in the array starting
+/// at `first` of `size`-byte requests); `Ok` for 0.
+pub(crate) fn post_error(
+    ret: i32,
+    call: &'static str,
+    qp_num: u32,
+    first: *const u8,
+    bad: *const u8,
+    size: usize,
+) -> Result<()> {
+    if ret == 0 {
+        return Ok(());
+    }
+    let errno = ret_errno(ret);
+    let index = if bad.is_null() {
+        0
+    } else {
+        (bad as usize - first as usize) / size
+    };
+    Err(match errno {
+        libc::ENOMEM => Error::QueueFull {
+            call,
+            qp_num,
+            index,
+        },
+        _ => Error::Post {
+            call,
+            qp_num,
+            index,
+            source: std::io::Error::from_raw_os_error(errno),
+        },
+    })
 }

@@ -63,29 +63,34 @@ pub use ibverbs_sys as ffi;
 pub mod cm;
 mod cq;
 mod device;
+mod endpoint;
 mod error;
 mod mr;
 pub mod mw;
+mod newtype;
 mod pd;
 mod qp;
 mod srq;
+mod status;
 mod wr;
 
 pub use cq::{
     CompletionChannel, CompletionQueue, CqEvent, CqInitAttrEx, ExCompletion, WcFlags, WcOpcode,
-    WcStatus, WorkCompletion,
+    WorkCompletion,
 };
 pub use device::{
     devices, AsyncElement, AsyncEvent, AsyncEventType, AtomicCap, Context, Device, DeviceAttr,
     DeviceList, Gid, GidEntry, GidType, IpFamily, LinkLayer, Mtu, PortAttr, PortState,
 };
+pub use endpoint::Endpoint;
 pub use error::{Error, Result};
 pub use mr::{AccessFlags, MemoryRegion, RemoteMemory, Sge};
 pub use mw::{MemoryWindow, MwType};
 pub use pd::{AddressHandle, AhAttr, ProtectionDomain};
 pub use qp::{
-    required_mask, ConnectOptions, Endpoint, PreparedQueuePair, QpAttr, QpAttrMask, QpState,
-    QpType, QueuePair, QueuePairBuilder, SendFlags, SendOpsFlags, WrBatch,
+    required_mask, ConnectOptions, PreparedQueuePair, QpAttr, QpAttrMask, QpType, QueuePair,
+    QueuePairBuilder, SendOpsFlags, WrBatch,
 };
 pub use srq::{SharedReceiveQueue, SrqAttr};
-pub use wr::{InlineSge, RecvWr, SendWr};
+pub use status::{QpState, WcStatus};
+pub use wr::{InlineSge, RecvWr, SendFlags, SendWr};

@@ -21,6 +21,7 @@
 //! of it) until the window is bound elsewhere or dropped, so remote access through a
 //! window never reaches freed memory.
 //!
+//! [`QueuePair::bind_mw`]: crate::QueuePair::bind_mw
 //! [`WrBatch`]: crate::WrBatch
 //! [`WrBatch::bind_mw`]: crate::WrBatch::bind_mw
 //! [`WrBatch::local_inv`]: crate::WrBatch::local_inv
@@ -28,12 +29,11 @@
 //! [`SendWr::local_inv`]: crate::SendWr::local_inv
 //! [`SendWr::send_with_inv`]: crate::SendWr::send_with_inv
 
-use crate::device::c_newtype;
-use crate::error::{cvt, cvt_ptr, Error, Result};
+use crate::error::{cvt, cvt_ptr, Result};
 use crate::ffi;
 use crate::mr::{AccessFlags, MemoryRegion, MrInner, RemoteMemory};
+use crate::newtype::c_newtype;
 use crate::pd::ProtectionDomain;
-use crate::qp::{post_error, QpState, QueuePair, SendFlags};
 use std::fmt;
 use std::ops::RangeBounds;
 use std::ptr::NonNull;
@@ -55,7 +55,7 @@ c_newtype! {
 #[derive(Clone)]
 pub(crate) struct Binding {
     _mr: Arc<MrInner>,
-    remote: RemoteMemory,
+    pub(crate) remote: RemoteMemory,
 }
 
 /// A window's state before a bind, to undo a bind that was never posted.
@@ -113,8 +113,9 @@ impl fmt::Debug for MemoryWindow {
 }
 
 impl ProtectionDomain {
-    /// Allocate a memory window of `mw_type` (`ibv_alloc_mw`). [`Error::Unsupported`]
-    /// where the provider or device has no memory windows (see
+    /// Allocate a memory window of `mw_type` (`ibv_alloc_mw`).
+    /// [`Error::Unsupported`](crate::Error::Unsupported) where the provider or device has
+    /// no memory windows (see
     /// [`DeviceAttr::max_mw`](crate::DeviceAttr::max_mw) and the `MEM_WINDOW*` bits of
     /// [`DeviceAttr::device_cap_flags`](crate::DeviceAttr::device_cap_flags)).
     #[doc(alias = "ibv_alloc_mw")]
@@ -222,108 +223,5 @@ impl MemoryWindow {
         // SAFETY: live window; `&mut self` is the only access.
         unsafe { (*self.as_raw()).rkey = saved.rkey };
         self.inner.bound = saved.bound;
-    }
-}
-
-impl QueuePair {
-    /// Bind `mw` to `range` of `mr` with the remote rights `access` (some of
-    /// `REMOTE_READ`, `REMOTE_WRITE`, `REMOTE_ATOMIC`); returns what the peer uses (the
-    /// range and the window's new rkey).
-    ///
-    /// - type 1: `ibv_bind_mw` (any QP of the window's PD may bind it);
-    /// - type 2: an `IBV_WR_BIND_MW` work request (`ibv_post_send`) on the QP whose peer
-    ///   will use the window, with rkey `ibv_inc_rkey(old)`.
-    ///
-    /// The bind is a work request: with [`SendFlags::SIGNALED`] it completes with
-    /// [`WcOpcode::BIND_MW`](crate::WcOpcode::BIND_MW) (or
-    /// [`WcStatus::MW_BIND_ERR`](crate::WcStatus::MW_BIND_ERR), e.g. when `mr` was
-    /// registered without [`AccessFlags::MW_BIND`]); tell the peer the rkey after that
-    /// completion. The window keeps `mr`'s registration alive until it is bound again or
-    /// dropped.
-    ///
-    /// A bind that completes with an error leaves the QP in the error state and the
-    /// window with an rkey the device never gave it (the provider advances it when the
-    /// bind is posted): drop such a window and allocate a new one.
-    ///
-    /// # Panics
-    /// If `range` is outside `mr`.
-    #[doc(alias = "ibv_bind_mw")]
-    #[doc(alias = "IBV_WR_BIND_MW")]
-    pub fn bind_mw(
-        &self,
-        mw: &mut MemoryWindow,
-        wr_id: u64,
-        flags: SendFlags,
-        mr: &MemoryRegion,
-        range: impl RangeBounds<usize>,
-        access: AccessFlags,
-    ) -> Result<RemoteMemory> {
-        let state = QpState(
-            // SAFETY: live QP.
-            unsafe { (*self.as_raw()).state },
-        );
-        if matches!(state, QpState::RESET | QpState::INIT | QpState::RTR) {
-            return Err(Error::InvalidQpState {
-                call: "ibv_bind_mw",
-                qp_num: self.qp_num(),
-                state,
-                need: "binding a window is a send work request: it needs RTS",
-            });
-        }
-        match mw.mw_type() {
-            MwType::TYPE_1 => {
-                // The provider picks the new rkey and writes it into the window.
-                let (info, mut binding) = MemoryWindow::bind_info(mr, range, access, 0);
-                let mut bind = ffi::ibv_mw_bind {
-                    wr_id,
-                    send_flags: flags.bits(),
-                    bind_info: info,
-                };
-                // SAFETY: live QP, window and region; `bind` is read during the call.
-                let ret = unsafe { ffi::ibv_bind_mw(self.as_raw(), mw.as_raw(), &mut bind) };
-                post_error(
-                    ret,
-                    "ibv_bind_mw",
-                    self.qp_num(),
-                    std::ptr::null(),
-                    std::ptr::null(),
-                    1,
-                )?;
-                binding.remote.rkey = mw.rkey();
-                let remote = binding.remote;
-                mw.set_bound(remote.rkey, binding);
-                Ok(remote)
-            }
-            _ => {
-                // SAFETY: pure function.
-                let rkey = unsafe { ffi::ibv_inc_rkey(mw.rkey()) };
-                let (info, binding) = MemoryWindow::bind_info(mr, range, access, rkey);
-                // SAFETY: all-zero is a valid `ibv_send_wr`.
-                let mut wr: ffi::ibv_send_wr = unsafe { std::mem::zeroed() };
-                wr.wr_id = wr_id;
-                wr.opcode = ffi::IBV_WR_BIND_MW;
-                wr.send_flags = flags.bits();
-                wr.__bindgen_anon_2.bind_mw = ffi::ibv_send_wr__bindgen_ty_4__bindgen_ty_1 {
-                    mw: mw.as_raw(),
-                    rkey,
-                    bind_info: info,
-                };
-                let mut bad = std::ptr::null_mut();
-                // SAFETY: live QP; one work request that points to the live window and
-                // region, read during the call.
-                let ret = unsafe { ffi::ibv_post_send(self.as_raw(), &mut wr, &mut bad) };
-                post_error(
-                    ret,
-                    "ibv_post_send (IBV_WR_BIND_MW)",
-                    self.qp_num(),
-                    std::ptr::null(),
-                    std::ptr::null(),
-                    1,
-                )?;
-                let remote = binding.remote;
-                mw.set_bound(rkey, binding);
-                Ok(remote)
-            }
-        }
     }
 }

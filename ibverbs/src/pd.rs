@@ -1,9 +1,9 @@
 //! Protection domains and address handles.
 
 use crate::device::{Context, Gid};
+use crate::endpoint::Endpoint;
 use crate::error::{cvt, cvt_ptr, Result};
 use crate::ffi;
-use crate::qp::Endpoint;
 use std::fmt;
 use std::ptr::NonNull;
 use std::sync::Arc;

@@ -2,40 +2,20 @@
 //! classic post API (`ibv_post_send`/`ibv_post_recv`) and the `ibv_wr_*` API.
 
 use crate::cq::CompletionQueue;
-use crate::device::{c_newtype, Gid, Mtu};
-use crate::error::{cvt, cvt_ptr, ret_errno, Error, Result};
+use crate::device::Mtu;
+use crate::endpoint::Endpoint;
+use crate::error::{cvt, cvt_ptr, post_error, ret_errno, Error, Result};
 use crate::ffi;
 use crate::mr::{AccessFlags, MemoryRegion, RemoteMemory, Sge};
 use crate::mw::{MemoryWindow, MwType, SavedBinding};
+use crate::newtype::c_newtype;
 use crate::pd::{AddressHandle, AhAttr, ProtectionDomain};
 use crate::srq::SharedReceiveQueue;
-use crate::wr::{RecvWr, SendWr};
-use serde::{Deserialize, Serialize};
+use crate::status::QpState;
+use crate::wr::{link, RecvWr, SendFlags, SendWr};
 use std::fmt;
 use std::ops::RangeBounds;
 use std::ptr::NonNull;
-
-c_newtype! {
-    /// QP state (`enum ibv_qp_state`).
-    QpState(u32) {
-        /// `IBV_QPS_RESET`
-        RESET = ffi::IBV_QPS_RESET,
-        /// `IBV_QPS_INIT`
-        INIT = ffi::IBV_QPS_INIT,
-        /// `IBV_QPS_RTR`: ready to receive.
-        RTR = ffi::IBV_QPS_RTR,
-        /// `IBV_QPS_RTS`: ready to send.
-        RTS = ffi::IBV_QPS_RTS,
-        /// `IBV_QPS_SQD`
-        SQD = ffi::IBV_QPS_SQD,
-        /// `IBV_QPS_SQE`
-        SQE = ffi::IBV_QPS_SQE,
-        /// `IBV_QPS_ERR`
-        ERR = ffi::IBV_QPS_ERR,
-        /// `IBV_QPS_UNKNOWN`
-        UNKNOWN = ffi::IBV_QPS_UNKNOWN,
-    }
-}
 
 c_newtype! {
     /// QP transport type (`enum ibv_qp_type`).
@@ -105,23 +85,6 @@ bitflags::bitflags! {
         const DEST_QPN = ffi::IBV_QP_DEST_QPN;
         /// `IBV_QP_RATE_LIMIT`
         const RATE_LIMIT = ffi::IBV_QP_RATE_LIMIT;
-    }
-}
-
-bitflags::bitflags! {
-    /// Flags of a send work request (`enum ibv_send_flags`).
-    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-    pub struct SendFlags: u32 {
-        /// `IBV_SEND_FENCE`
-        const FENCE = ffi::IBV_SEND_FENCE;
-        /// `IBV_SEND_SIGNALED`: produce a completion (always, with `sq_sig_all`).
-        const SIGNALED = ffi::IBV_SEND_SIGNALED;
-        /// `IBV_SEND_SOLICITED`
-        const SOLICITED = ffi::IBV_SEND_SOLICITED;
-        /// `IBV_SEND_INLINE`: copy the data into the WQE at post time.
-        const INLINE = ffi::IBV_SEND_INLINE;
-        /// `IBV_SEND_IP_CSUM`
-        const IP_CSUM = ffi::IBV_SEND_IP_CSUM;
     }
 }
 
@@ -276,22 +239,6 @@ impl QpAttr {
     pub fn as_ffi(&self) -> &ffi::ibv_qp_attr {
         &self.raw
     }
-}
-
-/// What a peer needs to connect to a QP: exchange it over any side channel (it is
-/// `serde`-serializable).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Endpoint {
-    /// QP number.
-    pub qp_num: u32,
-    /// First packet sequence number this QP sends with.
-    pub psn: u32,
-    /// GID (RoCE; zero on InfiniBand without GRH).
-    pub gid: Gid,
-    /// LID (InfiniBand; 0 on RoCE).
-    pub lid: u16,
-    /// Active MTU of the port.
-    pub mtu: Mtu,
 }
 
 /// Connection parameters of [`PreparedQueuePair::connect`]; fields named after the
@@ -612,60 +559,6 @@ impl QpInner {
             std::mem::size_of::<RecvWr<'_>>(),
         )
     }
-}
-
-/// Set the `next` pointers of a slice of work requests so it is one chain.
-pub(crate) fn link<T>(wrs: &mut [T], next: impl Fn(&mut T) -> &mut *mut <T as WrRaw>::Raw)
-where
-    T: WrRaw,
-{
-    let n = wrs.len();
-    let base = wrs.as_mut_ptr();
-    for (i, wr) in wrs.iter_mut().enumerate() {
-        *next(wr) = if i + 1 < n {
-            // SAFETY: `i + 1 < n`, inside the slice; the WR types are repr(transparent).
-            unsafe { base.add(i + 1).cast::<T::Raw>() }
-        } else {
-            std::ptr::null_mut()
-        };
-    }
-}
-
-/// Work request types that are `repr(transparent)` over a C struct.
-pub(crate) trait WrRaw {
-    type Raw;
-}
-
-pub(crate) fn post_error(
-    ret: i32,
-    call: &'static str,
-    qp_num: u32,
-    first: *const u8,
-    bad: *const u8,
-    size: usize,
-) -> Result<()> {
-    if ret == 0 {
-        return Ok(());
-    }
-    let errno = ret_errno(ret);
-    let index = if bad.is_null() {
-        0
-    } else {
-        (bad as usize - first as usize) / size
-    };
-    Err(match errno {
-        libc::ENOMEM => Error::QueueFull {
-            call,
-            qp_num,
-            index,
-        },
-        _ => Error::Post {
-            call,
-            qp_num,
-            index,
-            source: std::io::Error::from_raw_os_error(errno),
-        },
-    })
 }
 
 /// A QP between creation and RTS (RESET or INIT, typestate): connect it with
@@ -1255,6 +1148,109 @@ impl Drop for WrBatch<'_> {
             // SAFETY: ends the session opened by wr_start, discarding its requests.
             unsafe { ffi::ibv_wr_abort(self.qpx) };
             self.undo_binds();
+        }
+    }
+}
+
+impl QueuePair {
+    /// Bind `mw` to `range` of `mr` with the remote rights `access` (some of
+    /// `REMOTE_READ`, `REMOTE_WRITE`, `REMOTE_ATOMIC`); returns what the peer uses (the
+    /// range and the window's new rkey).
+    ///
+    /// - type 1: `ibv_bind_mw` (any QP of the window's PD may bind it);
+    /// - type 2: an `IBV_WR_BIND_MW` work request (`ibv_post_send`) on the QP whose peer
+    ///   will use the window, with rkey `ibv_inc_rkey(old)`.
+    ///
+    /// The bind is a work request: with [`SendFlags::SIGNALED`] it completes with
+    /// [`WcOpcode::BIND_MW`](crate::WcOpcode::BIND_MW) (or
+    /// [`WcStatus::MW_BIND_ERR`](crate::WcStatus::MW_BIND_ERR), e.g. when `mr` was
+    /// registered without [`AccessFlags::MW_BIND`]); tell the peer the rkey after that
+    /// completion. The window keeps `mr`'s registration alive until it is bound again or
+    /// dropped.
+    ///
+    /// A bind that completes with an error leaves the QP in the error state and the
+    /// window with an rkey the device never gave it (the provider advances it when the
+    /// bind is posted): drop such a window and allocate a new one.
+    ///
+    /// # Panics
+    /// If `range` is outside `mr`.
+    #[doc(alias = "ibv_bind_mw")]
+    #[doc(alias = "IBV_WR_BIND_MW")]
+    pub fn bind_mw(
+        &self,
+        mw: &mut MemoryWindow,
+        wr_id: u64,
+        flags: SendFlags,
+        mr: &MemoryRegion,
+        range: impl RangeBounds<usize>,
+        access: AccessFlags,
+    ) -> Result<RemoteMemory> {
+        let state = QpState(
+            // SAFETY: live QP.
+            unsafe { (*self.as_raw()).state },
+        );
+        if matches!(state, QpState::RESET | QpState::INIT | QpState::RTR) {
+            return Err(Error::InvalidQpState {
+                call: "ibv_bind_mw",
+                qp_num: self.qp_num(),
+                state,
+                need: "binding a window is a send work request: it needs RTS",
+            });
+        }
+        match mw.mw_type() {
+            MwType::TYPE_1 => {
+                // The provider picks the new rkey and writes it into the window.
+                let (info, mut binding) = MemoryWindow::bind_info(mr, range, access, 0);
+                let mut bind = ffi::ibv_mw_bind {
+                    wr_id,
+                    send_flags: flags.bits(),
+                    bind_info: info,
+                };
+                // SAFETY: live QP, window and region; `bind` is read during the call.
+                let ret = unsafe { ffi::ibv_bind_mw(self.as_raw(), mw.as_raw(), &mut bind) };
+                post_error(
+                    ret,
+                    "ibv_bind_mw",
+                    self.qp_num(),
+                    std::ptr::null(),
+                    std::ptr::null(),
+                    1,
+                )?;
+                binding.remote.rkey = mw.rkey();
+                let remote = binding.remote;
+                mw.set_bound(remote.rkey, binding);
+                Ok(remote)
+            }
+            _ => {
+                // SAFETY: pure function.
+                let rkey = unsafe { ffi::ibv_inc_rkey(mw.rkey()) };
+                let (info, binding) = MemoryWindow::bind_info(mr, range, access, rkey);
+                // SAFETY: all-zero is a valid `ibv_send_wr`.
+                let mut wr: ffi::ibv_send_wr = unsafe { std::mem::zeroed() };
+                wr.wr_id = wr_id;
+                wr.opcode = ffi::IBV_WR_BIND_MW;
+                wr.send_flags = flags.bits();
+                wr.__bindgen_anon_2.bind_mw = ffi::ibv_send_wr__bindgen_ty_4__bindgen_ty_1 {
+                    mw: mw.as_raw(),
+                    rkey,
+                    bind_info: info,
+                };
+                let mut bad = std::ptr::null_mut();
+                // SAFETY: live QP; one work request that points to the live window and
+                // region, read during the call.
+                let ret = unsafe { ffi::ibv_post_send(self.as_raw(), &mut wr, &mut bad) };
+                post_error(
+                    ret,
+                    "ibv_post_send (IBV_WR_BIND_MW)",
+                    self.qp_num(),
+                    std::ptr::null(),
+                    std::ptr::null(),
+                    1,
+                )?;
+                let remote = binding.remote;
+                mw.set_bound(rkey, binding);
+                Ok(remote)
+            }
         }
     }
 }

@@ -5,7 +5,6 @@
 use crate::ffi;
 use crate::mr::{RemoteMemory, Sge};
 use crate::pd::AddressHandle;
-use crate::qp::{link, SendFlags, WrRaw};
 use std::fmt;
 use std::marker::PhantomData;
 
@@ -254,4 +253,43 @@ impl<'a> RecvWr<'a> {
 
 pub(crate) fn link_recv(wrs: &mut [RecvWr<'_>]) {
     link(wrs, |w| &mut w.raw.next);
+}
+
+bitflags::bitflags! {
+    /// Flags of a send work request (`enum ibv_send_flags`).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+    pub struct SendFlags: u32 {
+        /// `IBV_SEND_FENCE`
+        const FENCE = ffi::IBV_SEND_FENCE;
+        /// `IBV_SEND_SIGNALED`: produce a completion (always, with `sq_sig_all`).
+        const SIGNALED = ffi::IBV_SEND_SIGNALED;
+        /// `IBV_SEND_SOLICITED`
+        const SOLICITED = ffi::IBV_SEND_SOLICITED;
+        /// `IBV_SEND_INLINE`: copy the data into the WQE at post time.
+        const INLINE = ffi::IBV_SEND_INLINE;
+        /// `IBV_SEND_IP_CSUM`
+        const IP_CSUM = ffi::IBV_SEND_IP_CSUM;
+    }
+}
+
+/// Set the `next` pointers of a slice of work requests so it is one chain.
+pub(crate) fn link<T>(wrs: &mut [T], next: impl Fn(&mut T) -> &mut *mut <T as WrRaw>::Raw)
+where
+    T: WrRaw,
+{
+    let n = wrs.len();
+    let base = wrs.as_mut_ptr();
+    for (i, wr) in wrs.iter_mut().enumerate() {
+        *next(wr) = if i + 1 < n {
+            // SAFETY: `i + 1 < n`, inside the slice; the WR types are repr(transparent).
+            unsafe { base.add(i + 1).cast::<T::Raw>() }
+        } else {
+            std::ptr::null_mut()
+        };
+    }
+}
+
+/// Work request types that are `repr(transparent)` over a C struct.
+pub(crate) trait WrRaw {
+    type Raw;
 }

@@ -133,9 +133,9 @@ impl Xfer {
     ///
     /// A poll that finds the transfer still moving yields the CPU once before returning:
     /// Python callers spin on this in a tight loop, and on a machine with few cores that
-    /// loop otherwise starves the backend's progress threads that move the data (measured
-    /// on 2 cores, 64 x 64 KiB WRITE: 7-10x the transfers/s; a yield costs well under a
-    /// microsecond when nothing else wants the CPU).
+    /// loop otherwise starves the backend's progress threads that move the data (the
+    /// yield multiplies the transfers/s on 2 cores and costs next to nothing when nothing
+    /// else wants the CPU: `docs/BENCHMARKS.md` in the repository).
     fn status(&self, py: Python<'_>) -> PyResult<&'static str> {
         self.with(py, |req| {
             let status = req.status()?;

@@ -9,10 +9,13 @@
 //! - `gpu-bundle [--list]`: build every `gpu_*` test target and GPU tool in release,
 //!   stripped into `target/gpu-bundle/` with a `run.sh`, for a GPU machine that has no
 //!   Rust toolchain (`--list`: what would be included, building nothing).
+//! - `modcycles [--crate DIR]...`: report import circles between sibling modules of each
+//!   crate (every workspace library by default); exit status 1 if there is one.
 
 mod bindings;
 mod deps;
 mod gpu;
+mod modcycles;
 mod nvrtc;
 mod rxe;
 mod test;
@@ -32,6 +35,7 @@ fn main() -> ExitCode {
         "deps" => deps::ensure_workspace_packages().map(|()| 0),
         "gpu-bundle" => gpu::run(rest),
         "nvrtc" => nvrtc::run(rest),
+        "modcycles" => modcycles::run(rest),
         "-h" | "--help" | "help" => {
             println!("{}", USAGE);
             Ok(0)
@@ -59,6 +63,8 @@ const USAGE: &str = "usage: cargo xtask <command>
                              (python/, in target/pyenv), then all RDMA tests in one guest
                              boot; --python-only: just the Python suite
   deps                       install the Debian packages the workspace needs
+  modcycles [--crate DIR]... report import circles between sibling modules (exit 1 if any);
+                             default: every library of the workspace
   gpu-bundle [--list]        build every gpu_* test and GPU tool (release, stripped) into
                              target/gpu-bundle/ with a run.sh; --list: show, build nothing.
                              Copy target/gpu-bundle to the GPU machine (no Rust needed), then

@@ -106,8 +106,9 @@ impl FabricTransport {
     /// As [`new`](Self::new), asking for write-after-write ordering first (see the
     /// module docs) and falling back to none: where granted, a batch of writes costs one
     /// completion and a signal follows its data at once, but the target must progress
-    /// its endpoint for every write (shm stops writing into the peer directly). On the
-    /// 2-core development machine this was slower than [`new`](Self::new) over shm.
+    /// its endpoint for every write (shm stops writing into the peer directly), which can
+    /// make it slower than [`new`](Self::new) over shm (see `docs/BENCHMARKS.md` in the
+    /// repository).
     pub fn new_ordered(provider: &str) -> Result<Self> {
         Self::open(provider, true, "127.0.0.1")
     }

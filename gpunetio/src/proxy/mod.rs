@@ -43,11 +43,10 @@
 //! GPU-scope fence (device memory; system scope for host regions). A kernel's wait
 //! reads `ctrl.completed` with acquire loads, the first one
 //! [`CpuProxyBuilder::first_poll_delay`] after the post: a read of host memory is a
-//! PCIe round trip (~1.1 µs on an H100) returning what memory held when it arrived, so a
-//! read issued at once comes back stale and the answer costs a second round trip.
-//! Measured on an H100 (busy-polling pinned proxy, NOP): post 0.51 µs, post → proxy →
-//! kernel sees the completion 2.0–2.1 µs median (3.97 µs with a release-published entry
-//! and immediate polling); `gpu_proxy_rtt` prints these and bounds post → proxy sees it.
+//! PCIe round trip returning what memory held when it arrived, so a read issued at once
+//! comes back stale and the answer costs a second round trip. `gpu_proxy_rtt` prints the
+//! post and round-trip latencies and bounds post → proxy sees it (figures measured on an
+//! H100: `docs/BENCHMARKS.md` in the repository, "gpunetio: CPU proxy").
 //!
 //! ```no_run
 //! # #[cfg(feature = "fabric")] fn main() -> gpunetio::Result<()> {
@@ -202,10 +201,10 @@ impl CpuProxyBuilder {
 
     /// How long after a post a kernel's `gio::wait` issues its first read of the
     /// completion count (`gio_dev_qp.first_poll_ns`; zero: at once). A read of host
-    /// memory takes a PCIe round trip (~1.15 µs on an H100) and returns what memory
-    /// held when it arrived: issued at once, it arrives before the proxy answered and
-    /// the answer is seen a round trip later. Default 350 ns (on the H100, a proxy's
-    /// answer to a NOP was there for reads issued ≥ 300 ns after the post).
+    /// memory takes a PCIe round trip and returns what memory held when it arrived:
+    /// issued at once, it arrives before the proxy answered and the answer is seen a
+    /// round trip later. Default 350 ns, just past the delay after which a busy proxy's
+    /// answer to a NOP was found there (see `docs/BENCHMARKS.md` in the repository).
     pub fn first_poll_delay(mut self, delay: Duration) -> Self {
         self.first_poll = delay;
         self

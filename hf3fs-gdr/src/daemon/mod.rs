@@ -109,8 +109,8 @@ impl DaemonConfig {
     /// staging / (workers × 2) between 64 KiB and 4 MiB.
     ///
     /// Why at most 4 MiB: a read is done when its slowest chunk is, and the last wave
-    /// of chunks spread over the workers ends unevenly by up to a chunk's time (8 MiB
-    /// from the page cache is ~3 ms per worker: 12% of a 1 GiB read at 40 GB/s);
+    /// of chunks spread over the workers ends unevenly by up to a chunk's time (an 8 MiB
+    /// chunk's time was about an eighth of a 1 GiB read's: `docs/BENCHMARKS.md`);
     /// smaller chunks also keep a worker's staging slot in the CPU cache between its
     /// fill and the device copy. Smaller still only adds per-chunk costs (a copy
     /// launch, an event), and `O_DIRECT` reads of 4 MiB × workers keep a device's

@@ -69,7 +69,7 @@ impl StreamPools {
 }
 
 /// Pins a DRAM registration so that copies between it and VRAM run at pinned speed (a
-/// pageable copy is staged by the driver: measured 17.6 GB/s against 55 GB/s). Best
+/// pageable copy is staged by the driver, at a fraction of it: `docs/BENCHMARKS.md`). Best
 /// effort: without a GPU, or if the driver refuses, copies still work, only slower.
 pub(crate) fn pin_host(addr: u64, len: u64) -> Option<HostRegistration> {
     if gpunetio::device_count() == 0 {

@@ -25,9 +25,10 @@
 //! operations within milliseconds), and on every provider from the OS where the peer
 //! runs on the same host: the connection information carries the process's boot id,
 //! pid and start time, and a transfer's status poll asks the peer's pidfd (`/proc` where
-//! no pidfd can be opened). Measured here, a SIGKILLed peer over `shm` (which never reports one
-//! itself: only the 30 s stall timeout caught it before) is reported 2-3 ms after the
-//! kill, over `tcp;ofi_rxm` and `sockets` in 4-6 ms (`nixl/tests/dead_peer.rs`). A peer
+//! no pidfd can be opened). A SIGKILLed peer over `shm` (which never reports one itself:
+//! only the 30 s stall timeout caught it before) is so reported within milliseconds of
+//! the kill, as over `tcp;ofi_rxm` and `sockets` (`nixl/tests/dead_peer.rs`; figures in
+//! `docs/BENCHMARKS.md`). A peer
 //! on another host (or in another pid namespace) that vanishes — its link cut, its
 //! machine killed — is found by heartbeats (the private `conn` module): the peer's own thread sends one
 //! every `heartbeat_ms` over a TCP connection of its own, and `heartbeat_misses`
@@ -38,8 +39,8 @@
 //! it reads its queue, so a peer killed in that instant leaves the lock taken for good;
 //! whoever writes to that peer next spins forever. The rail workers ask the OS and the
 //! heartbeats before every job (a peer known to be dead is never called into; before
-//! this, 3 of 30 runs of `dead_peer_with_default_parameters_over_the_shm_rails` wedged
-//! their rail this way and the next peer's transfer stalled for 30 s), but a peer that
+//! this, runs of `dead_peer_with_default_parameters_over_the_shm_rails` wedged their rail
+//! this way and the next peer's transfer stalled for 30 s), but a peer that
 //! dies holding the lock while operations to it are being issued still wedges the rail
 //! worker issuing them: the transfers to that peer fail with `RemoteDisconnect` as
 //! above, later transfers on that rail fail with a typed `Backend` error naming the
@@ -64,8 +65,8 @@
 //!   probe (a libfabric built without CUDA answers `FI_ENOSYS` even on `shm`, which
 //!   advertises `FI_HMEM` regardless), or refuses a registration, the reason — the typed
 //!   `Unsupported` — is logged (and kept: `LibfabricBackend::direct_vram_refusal`) and
-//!   the provider stays in its plain variant (`shm` opened with `FI_HMEM` moves DRAM at
-//!   about a third of its speed, measured here). The region goes through the staging
+//!   the provider stays in its plain variant (`shm` opened with `FI_HMEM` moves DRAM
+//!   several times slower: `docs/BENCHMARKS.md`). The region goes through the staging
 //!   pipeline ([`super::staging`]):
 //!   chunks of at most one slot move through pinned, NIC-registered host bounce slots,
 //!   the device copy of one chunk overlapping the network operation of the previous
@@ -93,12 +94,12 @@
 //! where the transport notices, else `Stalled` (the target holds nothing for it).
 //!
 //! Cost: each staged side adds one copy through host memory (two on a VRAM→VRAM
-//! transfer), each at the pinned copy rate (~55 GB/s on PCIe 5), and a control message
+//! transfer), each at the pinned copy rate, and a control message
 //! per chunk for remote staged memory. Pipelined, the expected bandwidth is about
 //! min(network, pinned copy rate) for transfers of several chunks; a transfer of a single
 //! chunk pays the copies in series. `staging_chunk` trades that latency (smaller chunks
 //! overlap sooner) against per-operation cost (larger messages run closer to the
-//! network's peak: 512 KiB–2 MiB messages reach it on `shm` and `tcp` here).
+//! network's peak; figures in `docs/BENCHMARKS.md`).
 //!
 //! # Peers on this host
 //! Beside the network provider's rails the backend opens `shm` rails (unless
@@ -192,25 +193,25 @@ pub const NAME: &str = "LIBFABRIC";
 pub const PROVIDER_PRIORITY: &[&str] = &["cxi", "efa", "tcp;ofi_rxm", "sockets"];
 /// Default size from which one descriptor is split across all rails.
 pub const DEFAULT_STRIPING_THRESHOLD: usize = 128 << 10;
-/// The same over `shm`: its copies stay on one core up to a few MiB (from 4 MiB four
-/// rails gave 2.9-6.7x one rail's on the 16-core GPU machine; at 2 MiB, one rail, two
-/// 1 MiB pieces and four 512 KiB pieces were within the run-to-run spread, 7-12 GB/s).
+/// The same over `shm`: its copies stay on one core up to a few MiB (from 4 MiB several
+/// rails multiply one rail's bandwidth; at 2 MiB, splitting gained nothing measurable:
+/// `docs/BENCHMARKS.md`, "nixl: LIBFABRIC over shm").
 ///
 /// Why pieces of one 2 MiB block do not copy in parallel: libfabric 1.17's `shm` moves
 /// large RMA with CMA (`process_vm_readv`, by the side that receives the data: the
 /// target for a WRITE, the initiator for a READ), and the kernel pins the source's
 /// pages 4 KiB at a time under the page-table lock of their 2 MiB region, so copies
-/// whose sources share a region serialise (`tools/bench/cma-scaling.c`: a 2 MiB block
-/// over two threads 9-10 GB/s when both halves lie in one region, 20-22 GB/s when they
-/// lie in two; `memcpy`, which pins nothing, 60 GB/s). One thread's copy itself falls
-/// from 1 MiB to 2 MiB (the core's 2 MiB L2: 10-13 -> 8-11 GB/s). Blocks from 2 MiB
+/// whose sources share a region serialise (`tools/bench/cma-scaling.c` shows two
+/// threads copying a 2 MiB block at half the rate they reach when the halves lie in two
+/// regions). One thread's copy itself slows from 1 MiB to 2 MiB (the core's 2 MiB L2).
+/// Figures: `docs/BENCHMARKS.md`. Blocks from 2 MiB
 /// get around it by copying from both ends (`cma_write`, module `cma`; `cma_read`,
 /// module `assist`): a WRITE's piece pushed by the initiator pins the target's pages, not
 /// the initiator's; a READ's piece pushed by the target pins the initiator's.
 pub const DEFAULT_SHM_STRIPING_THRESHOLD: usize = 4 << 20;
 /// The smallest piece a striped block is split into over `shm` (a lower
-/// `striping_threshold` splits into fewer pieces rather than smaller ones): splitting a
-/// 512 KiB block over four rails halved its bandwidth on the GPU machine.
+/// `striping_threshold` splits into fewer pieces rather than smaller ones): a block of a
+/// few hundred KiB split over rails moved slower than whole (`docs/BENCHMARKS.md`).
 pub const SHM_MIN_STRIPE_PIECE: usize = 1 << 20;
 
 /// How many rails a block of `len` bytes is split over: all of them from `threshold`,
@@ -650,18 +651,14 @@ fn open(init: &BackendInit) -> Result<LibfabricBackend> {
 
 /// Rails when `num_rails` is not given. Where a CPU moves the data, one rail copies a
 /// large block on one thread on each side, at one core's copy rate, which falls as the
-/// block outgrows the caches (a single thread's memcpy here: 21 GB/s at 512 KiB, 4 GB/s
-/// at 64 MiB); blocks striped over several rails are copied by as many threads. So
-/// `tcp`, `sockets` and `udp` get one rail per two cores, at most eight (nixlbench over
-/// `tcp;ofi_rxm` on the 16-core GPU machine, two alternating rounds, eight rails against
-/// four: 256 KiB 7.4-7.9 GB/s vs 3.9-6.6, 1 MiB 12.2-19.8 vs 10.5-14.3, 4-32 MiB 19-23
-/// vs 10-14, 64 MiB 15.8-20.3 vs 9.6-10.4, where four fell below their 1 MiB figure).
-/// `shm` gets one per four cores, at most four (a Python loop of 64 x 64 KiB WRITEs: one
-/// rail 0.86x NIXL's UCX, two 1.35x, four 1.70x; nixlbench from 4 MiB 15-27 GB/s against
-/// one rail's 5-9), because of its price: libfabric 1.17's `shm` corrupts its queues
-/// when a peer dies mid-transfer, and every rail is one more endpoint exposed to that
-/// (`dead_peer_over_shm` with four rails: the survivor crashed or spun in 5 of 16 runs,
-/// about 1 in 10 with one rail; a spinning worker no longer hangs the backend's drop).
+/// block outgrows the caches; blocks striped over several rails are copied by as many
+/// threads. So `tcp`, `sockets` and `udp` get one rail per two cores, at most eight
+/// (eight rails beat four at every block size on a 16-core host). `shm` gets one per
+/// four cores, at most four (more rails, more bandwidth), because of its price:
+/// libfabric 1.17's `shm` corrupts its queues when a peer dies mid-transfer, and every
+/// rail is one more endpoint exposed to that (`dead_peer_over_shm` failed more often
+/// with four rails than with one; a spinning worker no longer hangs the backend's drop).
+/// Figures: `docs/BENCHMARKS.md`, "nixl: LIBFABRIC rails".
 /// Where peers die mid-transfer, `num_rails=1` (`local_rails=1` for the shm plane beside
 /// a network provider) trades the bandwidth back. NIC providers (the NIC moves the
 /// data) get one.

@@ -173,8 +173,8 @@ pub const DEFAULT_STRIPING_THRESHOLD: usize = 128 << 10;
 /// through the side channel, a vanished host through its heartbeats; this sets the
 /// transport's own verdict behind them: nominally about 7.5 s with
 /// [`DEFAULT_RETRY_CNT`] retries, but soft-RoCE resends a whole message per retry and,
-/// under emulation, slowly (with heartbeats off, a 1 MiB WRITE across a cut link between
-/// two TCG guests had not failed when the 30 s stall timeout ended it). Shorter timeouts
+/// under emulation, slowly (with heartbeats off, a WRITE across a cut link between two
+/// emulated guests outlasted the stall timeout: `docs/BENCHMARKS.md`). Shorter timeouts
 /// make soft-RoCE under load retransmit bursts whose ACKs are merely late.
 pub const DEFAULT_QP_TIMEOUT: u8 = 18;
 /// Default RC retry count: 6, not the customary 7, because soft-RoCE (rxe) takes 7 to

@@ -34,8 +34,8 @@
 //! `-t BATCH --spread $((2 * SIZE * BATCH))` the memory touched is what
 //! `nixlbench --start_batch_size BATCH` touches (its blocks are two sizes apart), so the
 //! two compare on equal footing. In the soft-RoCE guest every byte is copied (and
-//! checksummed) by an emulated CPU, and perftest's single hot `SIZE` buffer ran up to
-//! 20% faster than the same requests spread over 4 MiB.
+//! checksummed) by an emulated CPU, and perftest's single hot `SIZE` buffer runs faster
+//! than the same requests spread over megabytes (`docs/BENCHMARKS.md`).
 
 use ibverbs::{
     AccessFlags, CompletionQueue, ConnectOptions, Context, Endpoint, InlineSge, MemoryRegion,
@@ -353,8 +353,8 @@ fn run(o: &Opts) -> Res<()> {
 /// (unless `-l`; READs chain every free slot): on
 /// soft-RoCE every call is a system call that runs the requester (and, over loopback,
 /// the responder and completer) inline, so chaining small messages saves a system call
-/// each; large messages gain nothing from it, and measured on the soft-RoCE guest a
-/// 1 MiB write stream ran at about half speed when 100 of them were posted in one call.
+/// each; large messages gain nothing from it, and long chains of them slow a write
+/// stream down (`docs/BENCHMARKS.md`).
 const CHAIN_BYTES: usize = 256 << 10;
 
 /// Completion moderation when `-Q` is not given, as perftest's: bandwidth tests signal
@@ -615,10 +615,10 @@ impl Waiter {
 
 /// A bounded busy-poll that gives the CPU away every 16 rounds. rxe does most of its
 /// work inline in the poster's system call, but what it defers (tasklets, so
-/// ksoftirqd on a busy CPU) waits behind a spinner until it yields: on the 2-vCPU
-/// emulated guest a spinner that yielded only every 4096 rounds (or never, as
-/// perftest's) was seen stuck in a millisecond-per-round-trip regime, while the
-/// yield costs a microsecond or two when nothing else is runnable. The clock is read
+/// ksoftirqd on a busy CPU) waits behind a spinner until it yields: in the emulated
+/// guest a spinner that yielded rarely (or never, as perftest's) got stuck in a regime
+/// of milliseconds per round trip, while a yield is cheap when nothing else is runnable
+/// (`docs/BENCHMARKS.md`). The clock is read
 /// only every 1024 rounds (on an emulated CPU a clock read costs more than a poll).
 struct Spin {
     rounds: u32,

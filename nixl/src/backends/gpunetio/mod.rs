@@ -87,9 +87,9 @@ const DEVICE_TIMEOUT: Duration = Duration::from_secs(10);
 const THREADS: u32 = 512;
 /// Smallest piece a warp copies: one round of its lanes' loads in flight (32 lanes x 4 x
 /// 16 bytes). A warp has only that much in flight at once, so a transfer is cut into
-/// enough pieces for every warp to need about one round: measured on the H100, 16 KiB
-/// pieces left a 1 MiB transfer on 64 warps at 8 latency-bound rounds (half of
-/// CUDA_IPC's bandwidth); 2 KiB pieces spread it over 512.
+/// enough pieces for every warp to need about one round: larger pieces leave a warp
+/// several latency-bound rounds, and the transfer well below CUDA_IPC's bandwidth (see
+/// `docs/BENCHMARKS.md`, "nixl: GPUNETIO").
 const MIN_CHUNK: u64 = 2 << 10;
 /// No descriptor-level cap on a piece beyond this.
 const MAX_CHUNK: u64 = 4 << 20;

@@ -23,10 +23,8 @@
 //! the two pieces of a rail went one after the other. The target holds its registry's
 //! read lock while it pushes, so a deregistration of the source waits for the copy.
 //!
-//! nixlbench DRAM READ over `shm` on the GPU machine (H100 host, 16 cores, four shm
-//! rails), GB/s: the provider alone (`cma_read=0`) 1 MiB 12.7-16.4, 2 MiB 9.5-10.4,
-//! 4 MiB 18-22, 8 MiB 26-36; with assists 2 MiB 15-32, 4 MiB 26-54, 8 MiB 40-67, 64 MiB
-//! 35-45, four 2 MiB blocks 27-67 (several device calls, alternating rounds).
+//! nixlbench DRAM READs over `shm` from 2 MiB run faster with assists than with the
+//! provider alone (`cma_read=0`): figures in `docs/BENCHMARKS.md` in the repository.
 //!
 //! Answers that mean "not here" ([`is_refusal`]: the target may not copy into the
 //! initiator — Yama's `ptrace_scope` 1 lets a parent copy into its child but not the

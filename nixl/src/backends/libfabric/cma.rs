@@ -10,9 +10,8 @@
 //! target's pull. So a WRITE to a peer on this host of at least [`PUSH_THRESHOLD`] is
 //! split into pieces that alternate: even pieces go through the provider (the target
 //! pulls them), odd pieces are pushed by the initiator's rail worker while the target
-//! copies. `tools/bench/cma-pushpull.c` on the 2-core development machine, a 2 MiB block
-//! starting 4 KiB below a 2 MiB boundary (as nixlbench's): one pull 10.4 GB/s, a pull
-//! and a push of halves 19.3, two pulls 11.0, two pushes 9.8.
+//! copies. `tools/bench/cma-pushpull.c` measures it: a pull and a push of halves nearly
+//! double one pull, where two pulls or two pushes do not (`docs/BENCHMARKS.md`).
 //!
 //! A push needs the peer's process on this host in this pid namespace (its advertised
 //! pid and start time match `/proc` here), DRAM on both sides, and ptrace access to the

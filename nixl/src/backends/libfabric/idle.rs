@@ -12,8 +12,8 @@
 //! Without a wait fd the spin after activity lasts 1 s, not 20 ms: a peer that naps
 //! while a burst arrives falls behind and holds a backlog, and libfabric 1.17's `shm`
 //! corrupts the shared queues of a peer killed while it works through one (survivors
-//! posting to it then crashed in `fi_writedata`: 13 of 54 runs of `dead_peer_over_shm`
-//! with a 20 ms spin, 6 of 70 when spinning always, as before). Spinning for a second
+//! posting to it then crashed in `fi_writedata`, in `dead_peer_over_shm` far more often
+//! with a 20 ms spin than when spinning always: `docs/BENCHMARKS.md`). Spinning for a second
 //! after traffic keeps bursts as they were and still frees the core of an idle peer.
 //!
 //! Activity is more than completions: a target of WRITEs without notification gets no

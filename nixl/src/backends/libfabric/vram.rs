@@ -17,8 +17,9 @@ use std::sync::Arc;
 /// The provider's info, with `FI_HMEM` only where direct VRAM registration can be used:
 /// with `vram_mode=auto` a small device buffer is registered on a probe rail first, and a
 /// refusal (or no GPU to probe with) keeps the provider's plain variant — `shm` opened
-/// with `FI_HMEM` moves DRAM at a third of its speed (measured here), for nothing when
-/// its libfabric has no CUDA. Returns the info and why VRAM will be staged, if it will.
+/// with `FI_HMEM` moves DRAM several times slower (`docs/BENCHMARKS.md`), for nothing
+/// when its libfabric has no CUDA. Returns the info and why VRAM will be staged, if it
+/// will.
 pub(super) fn choose_info(
     params: &BackendParams,
     vram_mode: VramMode,

@@ -24,7 +24,7 @@
 //!
 //! # LIBFABRIC provider
 //! NIXL's UCX picks shared memory when both agents share a host; LIBFABRIC's `shm` is our
-//! equivalent (measured 2x `tcp;ofi_rxm` at 64 KiB–1 MiB on loopback). The initiator
+//! equivalent (faster than `tcp;ofi_rxm` over loopback: `docs/BENCHMARKS.md`). The initiator
 //! chooses the provider, in this order: the one the target was started with
 //! (`--backend_param provider=…` on the target), the user's `--backend_param provider=…`,
 //! `shm` when the target is on this host (SOCKET: its address is loopback, unspecified or
