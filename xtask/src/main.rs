@@ -11,11 +11,13 @@
 //!   Rust toolchain (`--list`: what would be included, building nothing).
 //! - `modcycles [--crate DIR]...`: report import circles between sibling modules of each
 //!   crate (every workspace library by default); exit status 1 if there is one.
+//! - `msrv`: the declared `rust-version` is one the lock files satisfy.
 
 mod bindings;
 mod deps;
 mod gpu;
 mod modcycles;
+mod msrv;
 mod nvrtc;
 mod rxe;
 mod test;
@@ -36,6 +38,7 @@ fn main() -> ExitCode {
         "gpu-bundle" => gpu::run(rest),
         "nvrtc" => nvrtc::run(rest),
         "modcycles" => modcycles::run(rest),
+        "msrv" => msrv::run(rest),
         "-h" | "--help" | "help" => {
             println!("{}", USAGE);
             Ok(0)
@@ -65,6 +68,7 @@ const USAGE: &str = "usage: cargo xtask <command>
   deps                       install the Debian packages the workspace needs
   modcycles [--crate DIR]... report import circles between sibling modules (exit 1 if any);
                              default: every library of the workspace
+  msrv                       check the declared rust-version against what the locks need
   gpu-bundle [--list]        build every gpu_* test and GPU tool (release, stripped) into
                              target/gpu-bundle/ with a run.sh; --list: show, build nothing.
                              Copy target/gpu-bundle to the GPU machine (no Rust needed), then
