@@ -40,31 +40,30 @@
 //! [`GpuQueuePair`] the front over all three: a handler asked for by name, or `Auto`
 //! (`Mlx5` where it works, else `CpuProxy`, saying why).
 
-mod device_buffer;
 pub mod device_code;
 mod error;
-mod gpu;
-mod host_buffer;
 pub mod intra_node;
-mod ipc;
 pub mod mlx5;
-mod pointer;
 pub mod proxy;
 pub mod queue_pair;
+mod status;
 
-pub use cudarc;
-pub use device_buffer::{DeviceBuffer, DmaBuf, DEVICE_BUFFER_ALIGN};
 pub use error::{Error, Result};
-pub use gpu::{device_count, find_by_uuid, format_uuid, is_available, Gpu};
-pub use host_buffer::{HostBuffer, HostRegistration};
-pub use ipc::{
-    recv_fds, recv_vmm, send_fds, send_vmm, IpcHandle, IpcMapping, VmmExport, VmmMapping,
-    IPC_HANDLE_BYTES, MAX_FDS_PER_MESSAGE,
-};
-pub use pointer::{check_device_range, pointer_info, DeviceMemoryRef, MemoryKind, PointerInfo};
 pub use queue_pair::{
     EndpointInfo, ExportedGpuQueuePair, GpuQueuePair, GpuQueuePairOptions, Mlx5Endpoint,
     NicHandler, RemoteRegion,
+};
+
+// The GPU memory layer this crate builds on, re-exported so that code written against
+// `gpunetio::{Gpu, DeviceBuffer, ...}` keeps working; new code that needs only memory
+// depends on `gpu-mem` alone.
+pub use gpu_mem;
+pub use gpu_mem::cudarc;
+pub use gpu_mem::{
+    check_device_range, device_count, find_by_uuid, format_uuid, gpu_for_test, gpu_required,
+    is_available, pointer_info, recv_fds, recv_vmm, send_fds, send_vmm, DeviceBuffer,
+    DeviceMemoryRef, DmaBuf, Gpu, HostBuffer, HostRegistration, IpcHandle, IpcMapping, MemoryKind,
+    PointerInfo, VmmExport, VmmMapping, DEVICE_BUFFER_ALIGN, IPC_HANDLE_BYTES, MAX_FDS_PER_MESSAGE,
 };
 
 pub use gpunetio_sys as ffi;
@@ -78,27 +77,3 @@ pub const DEVICE_SOURCES: &[(&str, &str)] = &[
         include_str!("../kernels/gio_mlx5_tests.cu"),
     ),
 ];
-
-/// For GPU tests: whether the suite must have a GPU (`NIXL_REQUIRE_GPU=1` on the GPU
-/// machine) and so fail rather than skip when none is found.
-pub fn gpu_required() -> bool {
-    std::env::var("NIXL_REQUIRE_GPU").is_ok_and(|v| v == "1")
-}
-
-/// For GPU tests: GPU 0, or `None` after printing why the test is skipped. Panics (fails
-/// the test) instead when [`gpu_required`] says the GPU machine is expected.
-pub fn gpu_for_test(test: &str) -> Option<Gpu> {
-    let why = if !is_available() {
-        "no CUDA driver (libcuda) on this machine".to_string()
-    } else if device_count() == 0 {
-        "the CUDA driver sees no GPU".to_string()
-    } else {
-        match Gpu::open(0) {
-            Ok(gpu) => return Some(gpu),
-            Err(e) => format!("GPU 0 does not open: {e}"),
-        }
-    };
-    assert!(!gpu_required(), "{test}: NIXL_REQUIRE_GPU=1 but {why}");
-    eprintln!("skipped {test}: {why}");
-    None
-}

@@ -8,7 +8,7 @@
 
 use super::prm;
 use crate::error::{Error, Result};
-use crate::DeviceBuffer;
+use gpu_mem::DeviceBuffer;
 use mlx5dv_sys as dv;
 use std::any::Any;
 use std::os::fd::AsRawFd;

@@ -46,7 +46,7 @@ pub use export::{ExportedMlx5QueuePair, Mlx5DeviceState};
 pub use queue_pair::{queue_offsets, Mlx5Options, Mlx5QueuePair, QpState, QueueOffsets};
 
 use crate::error::{Error, Result};
-use crate::Gpu;
+use gpu_mem::Gpu;
 
 /// An mlx5 RDMA device.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -172,19 +172,19 @@ impl UarMapping {
             | sys::CU_MEMHOSTREGISTER_IOMEMORY;
         // SAFETY: the caller guarantees the range stays mapped.
         let r = unsafe { sys::cuMemHostRegister_v2(ptr.cast(), len, flags) };
-        crate::error::cvt_ctx("cuMemHostRegister", r, || {
+        gpu_mem::cvt_ctx("cuMemHostRegister", r, || {
             format!("UAR {ptr:p}+{len} as I/O memory")
         })?;
         let mut device_ptr = 0;
         // SAFETY: valid out-pointer; the range was registered device-mapped above.
         let r = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut device_ptr, ptr.cast(), 0) };
-        if let Err(e) = crate::error::cvt("cuMemHostGetDevicePointer", r) {
+        if let Err(e) = gpu_mem::cvt("cuMemHostGetDevicePointer", r) {
             // SAFETY: registered above, unregistered once.
             let u = unsafe { sys::cuMemHostUnregister(ptr.cast()) };
             if u != sys::CUresult::CUDA_SUCCESS {
                 tracing::warn!("cuMemHostUnregister({ptr:p}): {u:?}");
             }
-            return Err(e);
+            return Err(e.into());
         }
         Ok(Self {
             gpu: gpu.clone(),
@@ -214,7 +214,7 @@ impl Drop for UarMapping {
     fn drop(&mut self) {
         let result = self.gpu.bind().and_then(|()| {
             // SAFETY: registered by `register`, unregistered once.
-            crate::error::cvt("cuMemHostUnregister", unsafe {
+            gpu_mem::cvt("cuMemHostUnregister", unsafe {
                 cudarc::driver::sys::cuMemHostUnregister(self.host)
             })
         });

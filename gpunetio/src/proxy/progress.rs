@@ -16,10 +16,11 @@
 //! arrives (its delivery implies the earlier writes were placed), so a batch costs one
 //! completion. Reads always complete on their own (their data lands here).
 
-use super::ring::{GioStatus, RingMemory};
+use super::ring::RingMemory;
 use super::table::{Local, MemoryTable, Op, OpKind, Region};
 use super::transport::{PostFlags, Posted, Transport, TransportCompletion, WorkRequest};
 use crate::error::{Error, Result};
+use crate::status::GioStatus;
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -826,7 +827,7 @@ mod tests {
     use super::super::ring::{Entry, HostProducer};
     use super::super::transport::{RemoteDescriptor, TransportFailure, TransportKind};
     use super::*;
-    use crate::DeviceBuffer;
+    use gpu_mem::DeviceBuffer;
     use std::sync::Mutex;
     use std::time::Duration;
 
