@@ -63,6 +63,7 @@ mod iov;
 mod proto;
 pub mod regcache;
 mod ring;
+mod ring_ops;
 mod shm;
 pub mod virt;
 
@@ -78,11 +79,11 @@ pub use shm::{from_hex, id_from_hex, to_hex, Id};
 /// (3FS GDR's `hf3fs_gdr_available`). It says nothing about the daemon's side.
 #[doc(alias = "hf3fs_gdr_available")]
 pub fn gdr_available() -> bool {
-    gpunetio::is_available() && gpunetio::device_count() > 0
+    gpu_mem::is_available() && gpu_mem::device_count() > 0
 }
 
 /// GPUs this process sees (0 without a driver; 3FS GDR's `hf3fs_gdr_device_count`).
 #[doc(alias = "hf3fs_gdr_device_count")]
 pub fn gdr_device_count() -> usize {
-    gpunetio::device_count()
+    gpu_mem::device_count()
 }
