@@ -34,7 +34,7 @@ use crate::backend::{
 };
 use crate::error::{Error, Result};
 use crate::mem::{MemKind, Region};
-use gpunetio::{DeviceMemoryRef, Gpu, IpcHandle, IpcMapping, VmmMapping, IPC_HANDLE_BYTES};
+use gpu_mem::{DeviceMemoryRef, Gpu, IpcHandle, IpcMapping, VmmMapping, IPC_HANDLE_BYTES};
 use std::any::Any;
 use std::collections::HashMap;
 use std::io::{Read, Write};
@@ -66,7 +66,7 @@ const SEND_TIMEOUT: Duration = Duration::from_secs(5);
 type NotifList = super::shared::NotifInbox;
 type NotifQueue = Arc<NotifList>;
 /// VMM allocations this backend hands out as file descriptors, by id.
-type VmmTable = Mutex<HashMap<u64, gpunetio::VmmExport>>;
+type VmmTable = Mutex<HashMap<u64, gpu_mem::VmmExport>>;
 
 /// The CUDA-IPC backend.
 #[derive(Debug)]
@@ -102,10 +102,10 @@ impl CudaIpcBackend {
     /// control plane of `GPUNETIO`'s intra-node path: connection information, region
     /// metadata, mappings and notifications).
     pub(crate) fn new(agent: &Agent, num_streams: usize) -> Result<Self> {
-        if !gpunetio::is_available() || gpunetio::device_count() == 0 {
+        if !gpu_mem::is_available() || gpu_mem::device_count() == 0 {
             return Err(Error::Gpu(format!(
                 "{NAME} needs a CUDA driver and a GPU (driver present: {})",
-                gpunetio::is_available()
+                gpu_mem::is_available()
             )));
         }
         static NEXT: AtomicU64 = AtomicU64::new(0);
@@ -307,7 +307,7 @@ impl Peer {
             return Ok(m.clone());
         }
         self.alive()?;
-        let import_err = |e: gpunetio::Error| {
+        let import_err = |e: gpu_mem::Error| {
             Error::Gpu(format!("importing memory of agent `{}`: {e}", self.name))
         };
         let m = Arc::new(match key {
@@ -337,7 +337,7 @@ impl Peer {
     }
 
     /// Asks the peer for the file descriptor of its VMM allocation `id`.
-    fn fetch_vmm(&self, id: u64) -> Result<gpunetio::VmmExport> {
+    fn fetch_vmm(&self, id: u64) -> Result<gpu_mem::VmmExport> {
         let mut conn = self.connect()?;
         let mut frame = Vec::with_capacity(13);
         frame.extend_from_slice(&9u32.to_le_bytes());
@@ -348,7 +348,7 @@ impl Peer {
                 agent: self.name.clone(),
                 reason: format!("VMM fd request not sent: {e}"),
             })?;
-        gpunetio::recv_vmm(&conn).map_err(|e| {
+        gpu_mem::recv_vmm(&conn).map_err(|e| {
             Error::Gpu(format!(
                 "agent `{}` did not hand over VMM allocation {id} (deregistered, or its process is gone): {e}",
                 self.name
@@ -472,9 +472,9 @@ fn serve_connection(mut conn: UnixStream, queue: Weak<NotifList>, vmm: Weak<VmmT
                 let Some(table) = vmm.upgrade() else { return };
                 let table = table.lock().expect("vmm lock");
                 let sent = match table.get(&id) {
-                    Some(export) => gpunetio::send_vmm(&conn, export),
+                    Some(export) => gpu_mem::send_vmm(&conn, export),
                     // A refusal: the 16 bytes without a descriptor.
-                    None => gpunetio::send_fds(&conn, &[0; 16], &[]),
+                    None => gpu_mem::send_fds(&conn, &[0; 16], &[]),
                 };
                 if sent.is_err() {
                     return;
@@ -650,6 +650,7 @@ impl CudaIpcBackend {
 }
 
 /// What must outlive a transfer's or view's use of the peer's memory (its mappings).
+#[cfg(feature = "gpunetio")]
 pub(crate) type KeepAlive = Vec<Arc<dyn Any + Send + Sync>>;
 
 /// One descriptor pair of a transfer with the peer's side mapped into this process.
@@ -718,7 +719,7 @@ impl<'a> Importer<'a> {
         let gpu = match self.gpus.get(&remote.uuid) {
             Some(g) => g.clone(),
             None => {
-                let found = gpunetio::find_by_uuid(&remote.uuid)
+                let found = gpu_mem::find_by_uuid(&remote.uuid)
                     .map_err(gpu_err("looking up the peer's GPU"))?;
                 let g = match found {
                     Some(g) => g,
@@ -778,7 +779,9 @@ impl CudaIpcBackend {
 
     /// Maps the peer's ranges `descs` (in regions `mds`) into this process, importing
     /// into `gpu`'s context where the exporter's GPU is not visible: (addresses, what
-    /// keeps the mappings alive).
+    /// keeps the mappings alive). For `GPUNETIO`, which reaches peers through this
+    /// backend's control plane.
+    #[cfg(feature = "gpunetio")]
     pub(crate) fn map_remote(
         &self,
         agent: &str,
@@ -840,7 +843,7 @@ impl Backend for CudaIpcBackend {
         let uuid = Gpu::open(device)
             .and_then(|g| g.uuid())
             .map_err(gpu_err("reading the GPU's UUID"))?;
-        let cannot = |e: gpunetio::Error| {
+        let cannot = |e: gpu_mem::Error| {
             Error::Gpu(format!(
                 "{NAME} cannot export VRAM {:#x}+{}: {e}",
                 d.addr, d.len
@@ -1080,7 +1083,7 @@ mod tests {
             unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
         vmm.lock().unwrap().insert(
             7,
-            gpunetio::VmmExport {
+            gpu_mem::VmmExport {
                 fd: write_end,
                 size: 2 << 20,
                 len: 1 << 20,

@@ -12,7 +12,7 @@ pub mod cuda_ipc;
 pub mod fault;
 #[cfg(feature = "file")]
 pub mod file;
-#[cfg(feature = "cuda")]
+#[cfg(feature = "gpunetio")]
 pub mod gpunetio;
 pub(crate) mod heartbeat;
 pub mod libfabric;
@@ -31,7 +31,7 @@ pub(crate) const AVAILABLE: &[(&str, CreateBackend)] = &[
     (fault::NAME, fault::create),
     #[cfg(feature = "file")]
     (file::NAME, file::create),
-    #[cfg(feature = "cuda")]
+    #[cfg(feature = "gpunetio")]
     (gpunetio::NAME, gpunetio::create),
     (libfabric::NAME, libfabric::create),
     (local::NAME, local::create),
