@@ -59,8 +59,9 @@ pub fn run(args: &[String]) -> Result<i32> {
             "0"
         };
         // Feature-gated suites that need only host software (etcd on loopback), and the
-        // GPU code built with feature `cuda`: its unit tests run, its GPU tests skip here
-        // with a printed reason (they run on a GPU machine: `cargo xtask gpu-bundle`).
+        // GPU code built with features `cuda` and `gpunetio` (which implies it): its unit
+        // tests and NVRTC checks of the device sources run, its GPU tests skip here with
+        // a printed reason (they run on a GPU machine: `cargo xtask gpu-bundle`).
         for args in [
             &["test", "--workspace"][..],
             &["test", "-p", "nixl", "--features", "etcd"][..],
@@ -96,7 +97,7 @@ pub fn run(args: &[String]) -> Result<i32> {
                 "-p",
                 "nixl",
                 "--features",
-                "cuda,file",
+                "gpunetio,file",
                 "--lib",
                 "--test",
                 "gpu_*",
