@@ -2,9 +2,9 @@
 //! file descriptors (passed with `SCM_RIGHTS` over a Unix socket), imported as RAII
 //! mappings that are closed on drop.
 
-use crate::device_buffer::{map_vmm, unmap_vmm};
 use crate::error::{cvt, cvt_ctx, Error, Result};
 use crate::gpu::Gpu;
+use crate::vmm::{map_vmm, unmap_vmm};
 use cudarc::driver::sys;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use std::io::{IoSlice, IoSliceMut};

@@ -52,6 +52,7 @@ mod gpu;
 mod host_buffer;
 mod ipc;
 mod pointer;
+mod vmm;
 
 pub use cudarc;
 pub use device_buffer::{DeviceBuffer, DmaBuf, DEVICE_BUFFER_ALIGN};

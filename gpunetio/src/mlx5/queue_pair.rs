@@ -24,7 +24,8 @@
 
 use super::devx::{DevxContext, DevxObject, Uar, Umem, UMEM_PAGE};
 use super::export::{export, ExportedMlx5QueuePair, MemoryTable, QueueLayout};
-use super::{cqe, prm, UarMapping};
+use super::uar::UarMapping;
+use super::{cqe, prm};
 use crate::error::{Error, Result};
 use crate::proxy::{RemoteDescriptor, TransportKind};
 use gpu_mem::{DeviceBuffer, Gpu};
