@@ -1,8 +1,8 @@
 //! Exportable device memory (DOCA's `doca_gpu_mem_alloc` with `DOCA_GPU_MEM_TYPE_GPU`).
 //!
 //! Never cudarc's stream-ordered pool: pool memory cannot be exported as an IPC handle
-//! or a DMA-BUF fd (measured: `CUDA_ERROR_INVALID_VALUE`), so it could not reach a peer
-//! process or a NIC. Two allocators instead:
+//! or a DMA-BUF fd (the driver answers `CUDA_ERROR_INVALID_VALUE`), so it could not
+//! reach a peer process or a NIC. Two allocators instead:
 //! - [`DeviceBuffer::alloc`]: `cuMemAlloc`, exportable as a CUDA-IPC handle and DMA-BUF;
 //! - [`DeviceBuffer::alloc_vmm`]: `cuMemCreate` with a POSIX-fd handle type, exportable
 //!   as a file descriptor (passed over a Unix socket) and DMA-BUF.

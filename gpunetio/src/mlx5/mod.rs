@@ -28,7 +28,7 @@
 //! Everything but the DEVX calls: encoders, the CQE parser, the export and the device
 //! code are tested on the GPU against an emulated NIC (`tests/gpu_mlx5_emulated.rs`).
 //! Creating the DEVX objects and ringing doorbells on silicon needs a ConnectX with
-//! DEVX; elsewhere [`probe`] and [`DevxContext::open`] return [`Error::Unsupported`].
+//! DEVX; elsewhere [`probe`] and [`DevxContext::open`] return [`crate::Error::Unsupported`].
 
 pub mod cqe;
 mod device;
