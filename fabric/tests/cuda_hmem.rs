@@ -65,7 +65,7 @@ fn shm_write_from_cuda_memory() {
     let dest = a.av.insert(&b.ep.name().unwrap()).unwrap();
     let len = 1 << 20;
     let host = pattern(len, 77);
-    let dev = stream.memcpy_stod(&host).expect("copy to device");
+    let dev = stream.clone_htod(&host).expect("copy to device");
     stream.synchronize().unwrap();
     let (dptr, _sync) = dev.device_ptr(&stream);
     // SAFETY: `dev` (device memory of device 0) outlives the region and the write.

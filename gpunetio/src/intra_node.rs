@@ -8,7 +8,7 @@
 //! names mapped until it is dropped.
 
 use crate::error::{Error, Result};
-use crate::{DeviceBuffer, Gpu, IpcMapping};
+use gpu_mem::{DeviceBuffer, Gpu, IpcMapping};
 use gpunetio_sys as ffi;
 use std::any::Any;
 use std::sync::Arc;
@@ -83,7 +83,7 @@ impl IntraNodeQueuePair {
         self.check_gpu(mapping.gpu())?;
         // Memory of a peer GPU mapped here needs system-scope ordering and atomics; the
         // driver says where the allocation lives.
-        let home = crate::pointer_info(mapping.ptr())?.device;
+        let home = gpu_mem::pointer_info(mapping.ptr())?.device;
         self.peers_on_this_gpu &= home == Some(self.gpu.ordinal());
         self.push(
             mapping.ptr(),
@@ -125,14 +125,14 @@ impl IntraNodeQueuePair {
                 "range {addr:#x}+{len} wraps the address space"
             )));
         }
-        let info = crate::pointer_info(addr)?;
-        if info.kind == crate::MemoryKind::Host {
+        let info = gpu_mem::pointer_info(addr)?;
+        if info.kind == gpu_mem::MemoryKind::Host {
             return Err(Error::InvalidArgument(format!(
                 "{addr:#x} is pageable host memory, which a kernel cannot address: pin it first"
             )));
         }
         if remote {
-            self.peers_on_this_gpu &= matches!(info.kind, crate::MemoryKind::Device)
+            self.peers_on_this_gpu &= matches!(info.kind, gpu_mem::MemoryKind::Device)
                 && info.device == Some(self.gpu.ordinal());
         }
         let flags = if remote {

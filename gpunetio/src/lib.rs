@@ -1,70 +1,69 @@
-//! GPU memory for RDMA and GPU-initiated networking: the memory layer of DOCA
-//! GPUNetIO's host API (`doca_gpu_create`, `doca_gpu_mem_alloc`, `doca_gpu_dmabuf_fd`),
-//! over [`cudarc`] with the driver loaded at run time.
+//! GPU-initiated networking in the manner of DOCA GPUNetIO: queue pairs that CUDA kernels
+//! post on (put, get, signal, wait), with the NIC work done by a CPU proxy, by the GPU
+//! copying to a peer's mapped memory, or by the GPU ringing a ConnectX's doorbells.
 //!
-//! The crate builds, and its docs build, on a machine with no CUDA at all; every call
-//! returns [`Error::NoDriver`] there, and [`is_available`] says whether a driver loads.
+//! - The device library (`gpunetio/gio_device.cuh`, from `gpunetio-sys`, re-exported as
+//!   [`ffi`]) is what kernels call; [`device_code::compile`] compiles kernels that
+//!   include it with NVRTC at run time (no CUDA toolkit at build time).
+//! - [`proxy`] is the `CpuProxy` NIC handler: a ring in host-mapped memory that a CPU
+//!   proxy posts on a libfabric endpoint (feature `fabric`) or an ibverbs RC queue pair
+//!   (feature `verbs`). [`intra_node`] maps a peer's memory of the same node through
+//!   CUDA IPC and lets the kernel's warps copy. [`mlx5`] is the native ConnectX handler
+//!   (DEVX queue pair on GPU-resident queues, feature `mlx5`).
+//! - [`GpuQueuePair`] is the front over all three: a handler asked for by name, or
+//!   `Auto` (`Mlx5` where it works, else `CpuProxy`, saying why).
 //!
-//! - [`Gpu`]: open by ordinal or PCI bus id; name, UUID, bus id, compute capability, and
-//!   whether DMA-BUF, GPUDirect RDMA and VMM are supported.
-//! - [`DeviceBuffer`]: exportable device memory — `cuMemAlloc` (CUDA-IPC handle) or VMM
-//!   `cuMemCreate` (POSIX fd) — never cudarc's stream-ordered pool, which cannot be
-//!   exported; DMA-BUF fd export for NIC registration.
-//! - [`IpcHandle`] / [`IpcMapping`], [`VmmExport`] / [`VmmMapping`], [`send_vmm`] /
-//!   [`recv_vmm`]: share device memory between processes of one node; importing returns
-//!   a mapping closed on drop.
-//! - [`HostBuffer`] / [`HostRegistration`]: pinned, portable, mapped host memory, allocated
-//!   or registered in place, with its device pointer.
-//! - [`pointer_info`] / [`DeviceMemoryRef`]: classify any pointer (pageable, pinned,
-//!   device, managed; which GPU; which allocation) and borrow memory a framework owns.
+//! GPU memory (GPUs, device and pinned host buffers, CUDA-IPC/VMM/DMA-BUF export,
+//! pointer classification, NVRTC) is the [`gpu_mem`] crate, which this one builds on and
+//! re-exports at its root (`gpunetio::{Gpu, DeviceBuffer, IpcHandle, ...}`); code that
+//! needs only memory depends on `gpu-mem` alone and links no RDMA library. Its failures
+//! reach this crate's callers as [`Error::Gpu`].
+//!
+//! | feature | default | what it adds |
+//! | --- | --- | --- |
+//! | `fabric` | on | `proxy::FabricTransport`: the CPU proxy over libfabric |
+//! | `verbs` | on | `proxy::VerbsTransport`: the CPU proxy over an ibverbs RC queue pair |
+//! | `mlx5` | on | `mlx5::probe` and the native mlx5 handler's host side (needs libmlx5; implies `verbs`) |
 //!
 //! ```no_run
-//! use gpunetio::{DeviceBuffer, Gpu, IpcMapping};
-//! # fn main() -> gpunetio::Result<()> {
+//! use gpunetio::device_code::{compile, CompileOptions};
+//! use gpunetio::Gpu;
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let gpu = Gpu::open(0)?;
-//! let buf = DeviceBuffer::alloc(&gpu, 1 << 20)?;
-//! buf.copy_from_host(0, b"hello")?;
-//! let handle = buf.export_ipc()?; // 64 bytes: send them to another process
-//! // ... there:
-//! let mapping = IpcMapping::open(&gpu, &handle)?;
-//! assert!(mapping.len() >= 1 << 20);
+//! let src = r#"
+//! #include "gpunetio/gio_device.cuh"
+//! extern "C" __global__ void k(gio_dev_qp *qp) { /* gio::put(...) */ }
+//! "#;
+//! let ptx = compile("k.cu", src, &CompileOptions::for_gpu(&gpu)?)?;
+//! let module = gpu.context().load_module(ptx)?;
+//! # let _ = module;
 //! # Ok(()) }
 //! ```
-//!
-//! # GPU-initiated networking
-//! The device library (`gpunetio/gio_device.cuh`, from `gpunetio-sys`) lets kernels put,
-//! get, signal and wait; [`device_code::compile`] compiles kernels that include it with
-//! NVRTC at run time. [`proxy`] is the `CpuProxy` NIC handler: a ring in host-mapped
-//! memory that a CPU proxy posts on a libfabric endpoint or an ibverbs RC queue pair.
-//! [`mlx5`] is the native ConnectX handler (DEVX queue pair on GPU-resident queues), and
-//! [`GpuQueuePair`] the front over all three: a handler asked for by name, or `Auto`
-//! (`Mlx5` where it works, else `CpuProxy`, saying why).
 
-mod device_buffer;
 pub mod device_code;
 mod error;
-mod gpu;
-mod host_buffer;
 pub mod intra_node;
-mod ipc;
 pub mod mlx5;
-mod pointer;
 pub mod proxy;
 pub mod queue_pair;
+mod status;
 
-pub use cudarc;
-pub use device_buffer::{DeviceBuffer, DmaBuf, DEVICE_BUFFER_ALIGN};
 pub use error::{Error, Result};
-pub use gpu::{device_count, find_by_uuid, format_uuid, is_available, Gpu};
-pub use host_buffer::{HostBuffer, HostRegistration};
-pub use ipc::{
-    recv_fds, recv_vmm, send_fds, send_vmm, IpcHandle, IpcMapping, VmmExport, VmmMapping,
-    IPC_HANDLE_BYTES, MAX_FDS_PER_MESSAGE,
-};
-pub use pointer::{check_device_range, pointer_info, DeviceMemoryRef, MemoryKind, PointerInfo};
 pub use queue_pair::{
     EndpointInfo, ExportedGpuQueuePair, GpuQueuePair, GpuQueuePairOptions, Mlx5Endpoint,
     NicHandler, RemoteRegion,
+};
+
+// The GPU memory layer this crate builds on, re-exported so that code written against
+// `gpunetio::{Gpu, DeviceBuffer, ...}` keeps working; new code that needs only memory
+// depends on `gpu-mem` alone.
+pub use gpu_mem;
+pub use gpu_mem::cudarc;
+pub use gpu_mem::{
+    check_device_range, device_count, find_by_uuid, format_uuid, gpu_for_test, gpu_required,
+    is_available, pointer_info, recv_fds, recv_vmm, send_fds, send_vmm, DeviceBuffer,
+    DeviceMemoryRef, DmaBuf, Gpu, HostBuffer, HostRegistration, IpcHandle, IpcMapping, MemoryKind,
+    PointerInfo, VmmExport, VmmMapping, DEVICE_BUFFER_ALIGN, IPC_HANDLE_BYTES, MAX_FDS_PER_MESSAGE,
 };
 
 pub use gpunetio_sys as ffi;
@@ -78,27 +77,3 @@ pub const DEVICE_SOURCES: &[(&str, &str)] = &[
         include_str!("../kernels/gio_mlx5_tests.cu"),
     ),
 ];
-
-/// For GPU tests: whether the suite must have a GPU (`NIXL_REQUIRE_GPU=1` on the GPU
-/// machine) and so fail rather than skip when none is found.
-pub fn gpu_required() -> bool {
-    std::env::var("NIXL_REQUIRE_GPU").is_ok_and(|v| v == "1")
-}
-
-/// For GPU tests: GPU 0, or `None` after printing why the test is skipped. Panics (fails
-/// the test) instead when [`gpu_required`] says the GPU machine is expected.
-pub fn gpu_for_test(test: &str) -> Option<Gpu> {
-    let why = if !is_available() {
-        "no CUDA driver (libcuda) on this machine".to_string()
-    } else if device_count() == 0 {
-        "the CUDA driver sees no GPU".to_string()
-    } else {
-        match Gpu::open(0) {
-            Ok(gpu) => return Some(gpu),
-            Err(e) => format!("GPU 0 does not open: {e}"),
-        }
-    };
-    assert!(!gpu_required(), "{test}: NIXL_REQUIRE_GPU=1 but {why}");
-    eprintln!("skipped {test}: {why}");
-    None
-}

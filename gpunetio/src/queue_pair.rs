@@ -24,7 +24,7 @@ use crate::error::{Error, Result};
 use crate::intra_node::{ExportedQueuePair, IntraNodeQueuePair};
 #[cfg(feature = "mlx5")]
 use crate::mlx5::ExportedMlx5QueuePair;
-use crate::{DeviceBuffer, Gpu, IpcHandle, IpcMapping};
+use gpu_mem::{DeviceBuffer, Gpu, IpcHandle, IpcMapping};
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use std::time::Duration;

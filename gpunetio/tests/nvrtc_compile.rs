@@ -52,7 +52,7 @@ fn a_kernel_that_does_not_compile_is_a_typed_error_with_the_log() {
     }
     let bad = "#include \"gpunetio/gio_device.cuh\"\nextern \"C\" __global__ void k() { gio::no_such_call(); }\n";
     match compile("bad.cu", bad, &CompileOptions::default()) {
-        Err(gpunetio::Error::Compile { name, log, .. }) => {
+        Err(gpunetio::gpu_mem::Error::Compile { name, log, .. }) => {
             assert_eq!(name, "bad.cu");
             assert!(log.contains("no_such_call"), "log: {log}");
         }

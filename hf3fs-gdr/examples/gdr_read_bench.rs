@@ -36,7 +36,7 @@
 //!
 //! Sizes accept K, M, G suffixes (powers of 1024).
 
-use gpunetio::{DeviceBuffer, Gpu, HostBuffer};
+use gpu_mem::{DeviceBuffer, Gpu, HostBuffer};
 use hf3fs_gdr::{reg_fd, Cqe, Ior, Iov};
 use std::io::{BufRead, BufReader};
 use std::os::fd::AsRawFd;

@@ -15,11 +15,12 @@ use crate::proto::{
 };
 use crate::shm::Id;
 use crate::virt;
+use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 /// How long one request to the daemon may take before it counts as gone.
@@ -38,10 +39,6 @@ pub(crate) trait IoBackend: Send + Sync + std::fmt::Debug {
     fn check_alive(&self) -> Result<()>;
     /// The mount it serves.
     fn mount(&self) -> &Path;
-}
-
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// A registered descriptor: our own duplicate (so the inode stays open) and its identity.
@@ -81,7 +78,7 @@ pub fn reg_fd(fd: RawFd, flags: u64) -> Result<()> {
         )));
     }
     let (dev, ino) = identity(fd)?;
-    let mut fds = lock(registry());
+    let mut fds = registry().lock();
     if let Some(old) = fds.get(&fd) {
         if (old.dev, old.ino) == (dev, ino) {
             return Ok(());
@@ -103,7 +100,7 @@ pub fn reg_fd(fd: RawFd, flags: u64) -> Result<()> {
 /// descriptors are ignored.
 #[doc(alias = "hf3fs_dereg_fd")]
 pub fn dereg_fd(fd: RawFd) {
-    if lock(registry()).remove(&fd).is_none() {
+    if registry().lock().remove(&fd).is_none() {
         return;
     }
     for conn in live_connections() {
@@ -116,7 +113,8 @@ pub fn dereg_fd(fd: RawFd) {
 
 /// The `(dev, ino)` a registered descriptor named when [`reg_fd`] took it.
 pub(crate) fn registered_identity(fd: RawFd) -> Result<(u64, u64)> {
-    lock(registry())
+    registry()
+        .lock()
         .get(&fd)
         .map(|r| (r.dev, r.ino))
         .ok_or(Error::FdNotRegistered(fd))
@@ -131,7 +129,8 @@ fn connections() -> &'static ConnTable {
 }
 
 fn live_connections() -> Vec<Arc<DaemonConn>> {
-    lock(connections())
+    connections()
+        .lock()
         .iter()
         .filter_map(|(_, w)| w.upgrade())
         .collect()
@@ -146,7 +145,7 @@ fn canonical(mount: &Path) -> Result<PathBuf> {
 /// The process's connection to the daemon of `mount`, made if needed.
 pub(crate) fn connect(mount: &Path) -> Result<Arc<DaemonConn>> {
     let mount = canonical(mount)?;
-    let mut conns = lock(connections());
+    let mut conns = connections().lock();
     conns.retain(|(_, w)| w.strong_count() > 0);
     if let Some(conn) = conns
         .iter()
@@ -165,7 +164,8 @@ pub(crate) fn connect(mount: &Path) -> Result<Arc<DaemonConn>> {
 /// The live connection to `mount`'s daemon, if this process has one.
 pub(crate) fn existing(mount: &Path) -> Option<Arc<DaemonConn>> {
     let mount = canonical(mount).ok()?;
-    lock(connections())
+    connections()
+        .lock()
         .iter()
         .filter(|(m, _)| *m == mount)
         .find_map(|(_, w)| w.upgrade())
@@ -265,7 +265,7 @@ impl DaemonConn {
         if self.dead.load(Ordering::Acquire) {
             return Err(self.gone("an earlier request found it gone".into()));
         }
-        let sock = lock(&self.sock);
+        let sock = self.sock.lock();
         sock.send(&msg.0, fds)
             .map_err(|e| self.gone(format!("sending {what}: {e}")))?;
         let mut buf = [0u8; MAX_MESSAGE];
@@ -309,7 +309,7 @@ impl DaemonConn {
     }
 
     fn forget_file(&self, fd: RawFd) {
-        let Some((file_id, ..)) = lock(&self.files).remove(&fd) else {
+        let Some((file_id, ..)) = self.files.lock().remove(&fd) else {
             return;
         };
         if let Err(e) = self.request("dereg fd", &Message::new(OP_DEREG_FD).u32(file_id), &[]) {
@@ -321,12 +321,12 @@ impl DaemonConn {
 impl IoBackend for DaemonConn {
     fn file_id(&self, fd: RawFd) -> Result<u32> {
         let registered = {
-            let fds = lock(registry());
+            let fds = registry().lock();
             let reg = fds.get(&fd).ok_or(Error::FdNotRegistered(fd))?;
             (reg.dev, reg.ino, reg.dup.try_clone())
         };
         let (dev, ino, dup) = registered;
-        if let Some(&(id, d, i)) = lock(&self.files).get(&fd) {
+        if let Some(&(id, d, i)) = self.files.lock().get(&fd) {
             if (d, i) == (dev, ino) {
                 return Ok(id);
             }
@@ -338,7 +338,7 @@ impl IoBackend for DaemonConn {
             &[dup.as_fd()],
         )?;
         let id = id as u32;
-        lock(&self.files).insert(fd, (id, dev, ino));
+        self.files.lock().insert(fd, (id, dev, ino));
         Ok(id)
     }
 

@@ -22,9 +22,9 @@ pub enum Error {
     /// The request needs something this machine or build lacks (no GPU, no CUDA IPC).
     #[error("unsupported: {0}")]
     Unsupported(String),
-    /// A GPU call failed (from `gpunetio`).
+    /// A GPU call failed (from `gpu-mem`).
     #[error(transparent)]
-    Gpu(#[from] gpunetio::Error),
+    Gpu(#[from] gpu_mem::Error),
     /// The mount has no running `hf3fs-gdr-daemon` (nothing listens on its socket).
     #[error("no hf3fs-gdr daemon serves {mount}: {why}")]
     NoDaemon {
@@ -118,12 +118,6 @@ impl Error {
             #[cfg(feature = "rdma")]
             Error::Rdma { source, .. } => source.errno().unwrap_or(libc::EIO),
         }
-    }
-}
-
-impl From<crate::regcache::RangeError> for Error {
-    fn from(e: crate::regcache::RangeError) -> Self {
-        Error::InvalidArgument(e.to_string())
     }
 }
 

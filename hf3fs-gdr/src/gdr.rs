@@ -92,7 +92,7 @@ pub trait OwnedMemory: Send + Sync + 'static {
     }
 }
 
-impl OwnedMemory for gpunetio::DeviceBuffer {
+impl OwnedMemory for gpu_mem::DeviceBuffer {
     fn domain(&self) -> MemoryDomain {
         MemoryDomain::Gpu(self.gpu().ordinal())
     }
@@ -100,7 +100,7 @@ impl OwnedMemory for gpunetio::DeviceBuffer {
         self.ptr()
     }
     fn len(&self) -> usize {
-        gpunetio::DeviceBuffer::len(self)
+        gpu_mem::DeviceBuffer::len(self)
     }
 }
 
@@ -434,8 +434,8 @@ impl MemoryRegistrar {
 /// A DMA-BUF of the page-aligned range around `[addr, addr + len)` of GPU `device`,
 /// and the offset of `addr` in it.
 fn export_dmabuf(device: usize, addr: u64, len: u64) -> Result<(OwnedFd, u64)> {
-    use gpunetio::cudarc::driver::sys;
-    let gpu = gpunetio::Gpu::open(device)?;
+    use gpu_mem::cudarc::driver::sys;
+    let gpu = gpu_mem::Gpu::open(device)?;
     if !gpu.dmabuf_supported() {
         return Err(Error::Unsupported(format!(
             "GPU {device} cannot export DMA-BUF (driver or kernel lacks support)"

@@ -9,6 +9,7 @@ use crate::iov::{Iov, IovInner};
 use crate::ring::{
     ior_size, Cqe, RingView, Sqe, DAEMON_ATTACHED, DAEMON_NONE, RING_MAGIC, RING_VERSION,
 };
+use crate::ring_ops::RingOps;
 use crate::shm::{futex_wait, futex_wake, random_id, to_hex, Id, Shm};
 use crate::virt;
 use std::os::fd::RawFd;
@@ -28,38 +29,6 @@ pub const IOR_FORBID_READ_HOLES: u64 = 2;
 const LIVENESS_EVERY: Duration = Duration::from_millis(2);
 /// Longest single sleep of a waiter.
 const MAX_SLEEP: Duration = Duration::from_millis(1);
-
-/// What [`Ior`] needs from a ring, whoever serves it: the local daemon's shared-memory
-/// ring ([`LocalRing`]) or 3FS's (`crate::hf3fs::ring::LibRing`). Arguments arrive
-/// checked by [`Ior`].
-pub(crate) trait RingOps: Send + Sync + std::fmt::Debug {
-    fn id(&self) -> &Id;
-    fn entries(&self) -> u32;
-    /// I/Os prepared and not yet reaped.
-    fn outstanding(&self) -> u64;
-    #[allow(clippy::too_many_arguments)]
-    fn prep_io(
-        &mut self,
-        iov: &Iov,
-        read: bool,
-        ptr: u64,
-        fd: RawFd,
-        offset: u64,
-        len: u64,
-        userdata: u64,
-    ) -> Result<i32>;
-    fn submit_ios(&mut self) -> Result<()>;
-    fn wait_for_ios(
-        &mut self,
-        cqes: &mut [Cqe],
-        min_results: usize,
-        deadline: Option<Instant>,
-    ) -> Result<usize>;
-    /// Whether whatever serves the ring has taken it.
-    fn attached(&self) -> bool;
-    /// `Ok` while whatever serves the ring can still complete its I/O (no waiting).
-    fn check_alive(&self) -> Result<()>;
-}
 
 /// An I/O ring. Like 3FS's, one thread prepares on a ring at a time: every method
 /// that touches the rings takes `&mut self`. Served by the local daemon or by 3FS's

@@ -9,9 +9,10 @@ use crate::hf3fs::{
 };
 use crate::shm::{random_id, to_hex, Id, Shm, SHM_DIR};
 use crate::virt::{self, GdrLink};
-use gpunetio::{DeviceBuffer, DeviceMemoryRef, Gpu, IpcHandle, IpcMapping, IPC_HANDLE_BYTES};
+use gpu_mem::{DeviceBuffer, DeviceMemoryRef, Gpu, IpcHandle, IpcMapping, IPC_HANDLE_BYTES};
+use parking_lot::Mutex;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 /// Which way [`Iov::sync`] orders memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -701,7 +702,7 @@ impl Iov {
             Some(device) => gpu_copy(device, |_| {
                 // SAFETY: the device range is inside the iov (checked); `dst` is live.
                 unsafe {
-                    gpunetio::cudarc::driver::sys::cuMemcpyDtoH_v2(
+                    gpu_mem::cudarc::driver::sys::cuMemcpyDtoH_v2(
                         dst.as_mut_ptr().cast(),
                         src,
                         dst.len(),
@@ -723,7 +724,7 @@ impl Iov {
             Some(device) => gpu_copy(device, |_| {
                 // SAFETY: the device range is inside the iov (checked); `src` is live.
                 unsafe {
-                    gpunetio::cudarc::driver::sys::cuMemcpyHtoD_v2(
+                    gpu_mem::cudarc::driver::sys::cuMemcpyHtoD_v2(
                         dst,
                         src.as_ptr().cast(),
                         src.len(),
@@ -752,7 +753,7 @@ impl Iov {
         match (self.inner.device, direction) {
             (Some(device), SyncDirection::ToStorage) => gpu_copy(device, |_| {
                 // SAFETY: no arguments; the device's context is current.
-                unsafe { gpunetio::cudarc::driver::sys::cuCtxSynchronize() }
+                unsafe { gpu_mem::cudarc::driver::sys::cuCtxSynchronize() }
             }),
             _ => Ok(()),
         }
@@ -782,7 +783,7 @@ impl Iov {
 
 fn gpu_copy(
     device: usize,
-    call: impl FnOnce(()) -> gpunetio::cudarc::driver::sys::CUresult,
+    call: impl FnOnce(()) -> gpu_mem::cudarc::driver::sys::CUresult,
 ) -> Result<()> {
     let gpu = Gpu::open(device)?;
     gpu.bind()?;
@@ -805,7 +806,7 @@ impl IovInner {
             iov.unlink();
             return Ok(());
         }
-        let link = self.link.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let link = self.link.lock().take();
         if let Some(link) = link {
             crate::shm::remove_if_present(&link)?;
             if let Memory::HostCreated(shm) = &self.memory {

@@ -19,9 +19,16 @@
 //! extension, where present, for GPU iovs). [`Iov::backend`] and [`Ior::backend`] say
 //! which one an object uses.
 //!
-//! With feature `rdma`, module `gdr` (not built by default) is 3FS's GDR manager: it
-//! registers GPU memory with RDMA devices (DMA-BUF first, peer memory as fallback) and
-//! host memory, cached by memory domain and address range ([`regcache`]).
+//! GPU memory (devices, buffers, CUDA-IPC handles and mappings, pointer classification)
+//! comes from [`gpu_mem`], re-exported here, with the CUDA driver loaded at run time: the
+//! crate builds without CUDA and links no RDMA library. With feature `rdma`, module `gdr`
+//! (not built by default) is 3FS's GDR manager: it registers GPU memory with RDMA
+//! devices (DMA-BUF first, peer memory as fallback) and host memory over `ibverbs`,
+//! cached by memory domain and address range ([`regcache`]).
+//!
+//! | feature | default | what it adds |
+//! | --- | --- | --- |
+//! | `rdma` | off | module `gdr`: GPU and host memory registered with RDMA devices (links libibverbs) |
 //!
 //! With the local daemon, everything is published under the mount's virtual directory
 //! (see [`virt`]): a host iov as a symlink to its `/dev/shm` file, a GPU iov as a
@@ -63,11 +70,13 @@ mod iov;
 mod proto;
 pub mod regcache;
 mod ring;
+mod ring_ops;
 mod shm;
 pub mod virt;
 
 pub use client::{daemon_stats, dereg_fd, reg_fd, DaemonStats};
 pub use error::{Error, Result};
+pub use gpu_mem;
 pub use hf3fs::{backend_of, set_backend, Backend, BackendChoice};
 pub use ior::{Ior, IOR_ALLOW_READ_UNCOMMITTED, IOR_FORBID_READ_HOLES, MAX_IOR_ENTRIES};
 pub use iov::{GpuIovHandle, Iov, SyncDirection, GPU_IOV_HANDLE_BYTES};
@@ -78,11 +87,11 @@ pub use shm::{from_hex, id_from_hex, to_hex, Id};
 /// (3FS GDR's `hf3fs_gdr_available`). It says nothing about the daemon's side.
 #[doc(alias = "hf3fs_gdr_available")]
 pub fn gdr_available() -> bool {
-    gpunetio::is_available() && gpunetio::device_count() > 0
+    gpu_mem::is_available() && gpu_mem::device_count() > 0
 }
 
 /// GPUs this process sees (0 without a driver; 3FS GDR's `hf3fs_gdr_device_count`).
 #[doc(alias = "hf3fs_gdr_device_count")]
 pub fn gdr_device_count() -> usize {
-    gpunetio::device_count()
+    gpu_mem::device_count()
 }

@@ -17,10 +17,11 @@
 //! (`gdr::MemoryRegistrar`, feature `rdma`) stores memory regions, the unit
 //! tests a counter.
 
+use parking_lot::Mutex;
 use std::any::Any;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
 
 /// Which address space a range lives in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -180,6 +181,12 @@ pub struct RangeError {
     pub why: &'static str,
 }
 
+impl From<RangeError> for crate::Error {
+    fn from(e: RangeError) -> Self {
+        crate::Error::InvalidArgument(e.to_string())
+    }
+}
+
 fn check_range(addr: u64, len: u64) -> Result<(), RangeError> {
     if len == 0 {
         return Err(RangeError {
@@ -236,7 +243,7 @@ impl<R> RegistrationCache<R> {
     /// A handle on a cached registration covering `[addr, addr + len)` of `domain`.
     pub fn lookup(&self, domain: MemoryDomain, addr: u64, len: u64) -> Option<Handle<R>> {
         check_range(addr, len).ok()?;
-        let mut entries = crate::client::lock(&self.entries);
+        let mut entries = self.entries.lock();
         let e = Self::find(&mut entries, domain, addr, len)?;
         self.hits.fetch_add(1, Ordering::Relaxed);
         Some(Handle::new(e))
@@ -278,7 +285,7 @@ impl<R> RegistrationCache<R> {
         check_range(addr, len)?;
         // Registration happens under the lock: two threads asking for one range make
         // one registration.
-        let mut entries = crate::client::lock(&self.entries);
+        let mut entries = self.entries.lock();
         if let Some(e) = Self::find(&mut entries, domain, addr, len) {
             self.hits.fetch_add(1, Ordering::Relaxed);
             return Ok(Handle::new(e));
@@ -312,7 +319,7 @@ impl<R> RegistrationCache<R> {
             return 0;
         }
         let end = addr.saturating_add(len);
-        let mut entries = crate::client::lock(&self.entries);
+        let mut entries = self.entries.lock();
         let doomed: Vec<Key> = entries
             .range((domain, 0, 0)..(domain, end, 0))
             .filter(|((_, _, e_end), _)| *e_end > addr)
@@ -332,7 +339,7 @@ impl<R> RegistrationCache<R> {
 
     /// Registrations cached now (owned ones whose handles are all gone excluded).
     pub fn len(&self) -> usize {
-        let mut entries = crate::client::lock(&self.entries);
+        let mut entries = self.entries.lock();
         entries.retain(|_, c| c.get().is_some());
         entries.len()
     }
@@ -344,7 +351,7 @@ impl<R> RegistrationCache<R> {
 
     /// Drops cached caller-memory registrations that no handle uses; returns how many.
     pub fn release_unused(&self) -> usize {
-        let mut entries = crate::client::lock(&self.entries);
+        let mut entries = self.entries.lock();
         let before = entries.len();
         entries.retain(|_, c| c.get().is_some_and(|e| e.users.load(Ordering::Acquire) > 0));
         before - entries.len()

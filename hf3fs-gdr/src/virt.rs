@@ -10,7 +10,7 @@
 
 use crate::error::{os_err, Error, Result};
 use crate::shm::{from_hex, to_hex, Id};
-use gpunetio::{IpcHandle, IPC_HANDLE_BYTES};
+use gpu_mem::{IpcHandle, IPC_HANDLE_BYTES};
 use std::path::{Path, PathBuf};
 
 /// The virtual directory's name under a mount.

@@ -11,7 +11,7 @@ use common::{
     after, assert_bytes, child_lines, data_dir, pattern, patterned_file, role, spawn_child,
     wait_until, Daemon, T,
 };
-use gpunetio::DeviceBuffer;
+use gpu_mem::DeviceBuffer;
 use hf3fs_gdr::{
     daemon_stats, dereg_fd, from_hex, gdr_available, gdr_device_count, reg_fd, to_hex, Cqe, Error,
     GpuIovHandle, Ior, Iov, SyncDirection,
@@ -81,7 +81,7 @@ fn gpu_iov_create_wrap_export_import_across_processes() {
     if role().as_deref() == Some("gpu_iov_peer") {
         return gpu_iov_peer();
     }
-    let Some(gpu) = gpunetio::gpu_for_test("gpu_iov_create_wrap_export_import_across_processes")
+    let Some(gpu) = gpu_mem::gpu_for_test("gpu_iov_create_wrap_export_import_across_processes")
     else {
         assert!(!gdr_available());
         return;
@@ -173,7 +173,7 @@ fn gpu_iov_create_wrap_export_import_across_processes() {
 
 #[test]
 fn gpu_reads_files_into_vram_and_writes_back() {
-    let Some(_gpu) = gpunetio::gpu_for_test("gpu_reads_files_into_vram_and_writes_back") else {
+    let Some(_gpu) = gpu_mem::gpu_for_test("gpu_reads_files_into_vram_and_writes_back") else {
         return;
     };
     let d = Daemon::start_with(4, &["--staging-mib", "64"]);
@@ -249,7 +249,7 @@ fn gpu_reads_files_into_vram_and_writes_back() {
 
 #[test]
 fn gpu_daemon_killed_mid_io_fails_waiters() {
-    let Some(_gpu) = gpunetio::gpu_for_test("gpu_daemon_killed_mid_io_fails_waiters") else {
+    let Some(_gpu) = gpu_mem::gpu_for_test("gpu_daemon_killed_mid_io_fails_waiters") else {
         return;
     };
     let mut d = Daemon::start_with(2, &["--inject-delay-ms", "60000"]);
@@ -300,7 +300,7 @@ fn gpu_client_killed_daemon_serves_others() {
     if role().as_deref() == Some("gpu_stuck_client") {
         return gpu_stuck_client();
     }
-    let Some(_gpu) = gpunetio::gpu_for_test("gpu_client_killed_daemon_serves_others") else {
+    let Some(_gpu) = gpu_mem::gpu_for_test("gpu_client_killed_daemon_serves_others") else {
         return;
     };
     let d = Daemon::start_with(2, &["--inject-delay-ms", "60000"]);
@@ -385,7 +385,7 @@ fn resident_fraction(file: &std::fs::File) -> f64 {
 #[test]
 fn gpu_cold_reads_go_direct_and_a_fixed_depth_client_gets_every_byte() {
     let Some(_gpu) =
-        gpunetio::gpu_for_test("gpu_cold_reads_go_direct_and_a_fixed_depth_client_gets_every_byte")
+        gpu_mem::gpu_for_test("gpu_cold_reads_go_direct_and_a_fixed_depth_client_gets_every_byte")
     else {
         return;
     };
@@ -454,7 +454,7 @@ fn gpu_cold_reads_go_direct_and_a_fixed_depth_client_gets_every_byte() {
 
 #[test]
 fn gpu_cached_reads_copied_piece_by_piece_arrive_whole() {
-    let Some(_gpu) = gpunetio::gpu_for_test("gpu_cached_reads_copied_piece_by_piece_arrive_whole")
+    let Some(_gpu) = gpu_mem::gpu_for_test("gpu_cached_reads_copied_piece_by_piece_arrive_whole")
     else {
         return;
     };

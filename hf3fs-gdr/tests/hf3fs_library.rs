@@ -442,7 +442,7 @@ fn gpu_iovs_use_the_gdr_extension_when_present() {
         size: 1 << 20,
         block_size: 0,
         offset: 0,
-        ipc: gpunetio::IpcHandle::from_bytes(&[0u8; gpunetio::IPC_HANDLE_BYTES]).unwrap(),
+        ipc: gpu_mem::IpcHandle::from_bytes(&[0u8; gpu_mem::IPC_HANDLE_BYTES]).unwrap(),
     };
     let imported = Iov::import_gpu(&handle, &fake.mount).unwrap();
     assert!(imported.is_gpu());

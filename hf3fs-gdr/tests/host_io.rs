@@ -544,7 +544,7 @@ fn gpu_iovs_without_a_gpu_are_typed_errors() {
         size: MIB,
         block_size: 0,
         offset: 0,
-        ipc: gpunetio::IpcHandle([0; 64]),
+        ipc: gpu_mem::IpcHandle([0; 64]),
     };
     assert!(matches!(
         Iov::import_gpu(&handle, mount.path()),

@@ -56,9 +56,9 @@ impl Default for AgentConfig {
 fn check_vram(list: &DescList) -> Result<()> {
     for (index, d) in list.descs().iter().enumerate() {
         let device = usize::try_from(d.dev_id).unwrap_or(usize::MAX);
-        match gpunetio::check_device_range(d.addr, d.len, device) {
+        match gpu_mem::check_device_range(d.addr, d.len, device) {
             Ok(_) => {}
-            Err(gpunetio::Error::NotDeviceMemory { found, .. }) => {
+            Err(gpu_mem::Error::NotDeviceMemory { found, .. }) => {
                 return Err(Error::NotDeviceMemory {
                     index,
                     addr: d.addr,

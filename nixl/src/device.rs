@@ -7,8 +7,9 @@
 //! current NIXL). Both need a backend with a device API (`GPUNETIO`); other backends
 //! answer [`crate::Error::NotSupported`].
 //!
-//! Device side: compile kernels with `compile_options` (feature `cuda`; or include [`HEADER`] with
-//! `gpunetio::device_code::CompileOptions::header`), `#include "nixl/nixl_device.cuh"`,
+//! Device side: compile kernels with `gpunetio::device_code::compile` and
+//! `compile_options` (feature `gpunetio`; or add [`HEADER`] with
+//! `CompileOptions::header` yourself), `#include "nixl/nixl_device.cuh"`,
 //! and call `nixlGpuPostSingleWriteXferReq<LEVEL>`, `nixlGpuPostSignalXferReq<LEVEL>`,
 //! `nixlGpuReadSignal`, `nixlGpuGetXferStatus`, `nixlPut`, `nixlAtomicAdd`, `nixlGetPtr`
 //! with a handle's [`GpuHandle::raw`] as the kernel argument (40 bytes, by value).
@@ -181,17 +182,20 @@ pub use gpu::*;
 mod gpu {
     use super::*;
     use crate::error::{Error, Result};
-    use gpunetio::device_code::CompileOptions;
-    use gpunetio::{DeviceBuffer, Gpu};
+    use gpu_mem::{DeviceBuffer, Gpu};
     use parking_lot::Mutex;
     use std::sync::Arc;
 
     // SAFETY: RawGpuHandle is repr(C), 40 bytes of plain integers, laid out as the
     // device's nixlGpuXferReqH / nixlMemViewH (asserted on both sides).
-    unsafe impl gpunetio::cudarc::driver::DeviceRepr for RawGpuHandle {}
+    unsafe impl gpu_mem::cudarc::driver::DeviceRepr for RawGpuHandle {}
 
-    /// Options to compile kernels that include `nixl/nixl_device.cuh` for `gpu`.
-    pub fn compile_options(gpu: &Gpu) -> Result<CompileOptions> {
+    /// Options to compile kernels that include `nixl/nixl_device.cuh` for `gpu`, with
+    /// `gpunetio::device_code::compile` (which adds the device library the header
+    /// includes).
+    #[cfg(feature = "gpunetio")]
+    pub fn compile_options(gpu: &Gpu) -> Result<gpu_mem::device_code::CompileOptions> {
+        use gpu_mem::device_code::CompileOptions;
         Ok(CompileOptions::for_gpu(gpu)
             .map_err(|e| Error::Gpu(format!("reading the compute capability: {e}")))?
             .header(HEADER.0, HEADER.1))
@@ -206,12 +210,12 @@ mod gpu {
                 "signal word {ptr:#x} is not 8-byte aligned"
             )));
         }
-        gpunetio::check_device_range(ptr, GPU_SIGNAL_SIZE as u64, gpu.ordinal())
+        gpu_mem::check_device_range(ptr, GPU_SIGNAL_SIZE as u64, gpu.ordinal())
             .map_err(|e| Error::InvalidParam(format!("signal word {ptr:#x}: {e}")))?;
         gpu.bind()
             .map_err(|e| Error::Gpu(format!("binding the context: {e}")))?;
         // SAFETY: the 8 bytes at ptr were checked to be device memory of this GPU.
-        unsafe { gpunetio::cudarc::driver::sys::cuMemsetD8_v2(ptr, 0, GPU_SIGNAL_SIZE) }
+        unsafe { gpu_mem::cudarc::driver::sys::cuMemsetD8_v2(ptr, 0, GPU_SIGNAL_SIZE) }
             .result()
             .map_err(|e| Error::Gpu(format!("cuMemsetD8 on the signal word: {e:?}")))
     }
@@ -226,7 +230,7 @@ mod gpu {
         words: DeviceBuffer,
         gpu: Gpu,
         /// Private and non-blocking: writes wait for their own copies, never for kernels.
-        stream: Arc<gpunetio::cudarc::driver::CudaStream>,
+        stream: Arc<gpu_mem::cudarc::driver::CudaStream>,
         state: Mutex<TableState>,
     }
 
@@ -278,7 +282,7 @@ mod gpu {
             // callers compute it from the allocation); `bytes` lives until the stream is
             // synchronized below.
             unsafe {
-                gpunetio::cudarc::driver::sys::cuMemcpyHtoDAsync_v2(
+                gpu_mem::cudarc::driver::sys::cuMemcpyHtoDAsync_v2(
                     dst,
                     bytes.as_ptr().cast(),
                     bytes.len(),
@@ -398,7 +402,7 @@ mod gpu {
     }
 }
 
-#[cfg(all(test, feature = "cuda"))]
+#[cfg(all(test, feature = "gpunetio"))]
 mod tests {
     use super::*;
     use gpunetio::device_code::{compile, nvrtc_available, CompileOptions};

@@ -10,7 +10,7 @@
 mod file_support;
 
 use file_support::{assert_bytes, checksum, file_agent, pattern, serve_if_daemon, Daemon, TempDir};
-use gpunetio::DeviceBuffer;
+use gpu_mem::DeviceBuffer;
 use nixl::{Desc, DescList, Error, MemKind, XferOp, XferStatus};
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
@@ -40,7 +40,7 @@ fn file_list(fd: i32, ranges: &[(u64, u64)]) -> DescList {
 #[test]
 fn gpu_file_reads_into_vram_and_writes_from_vram() {
     serve_if_daemon();
-    let Some(gpu) = gpunetio::gpu_for_test("gpu_file_reads_into_vram_and_writes_from_vram") else {
+    let Some(gpu) = gpu_mem::gpu_for_test("gpu_file_reads_into_vram_and_writes_from_vram") else {
         return;
     };
     let d = Daemon::start("gpu_file_reads_into_vram_and_writes_from_vram", 0);
@@ -155,7 +155,7 @@ fn gpu_file_reads_into_vram_and_writes_from_vram() {
 #[test]
 fn gpu_file_daemon_killed_mid_vram_read_fails_typed() {
     serve_if_daemon();
-    let Some(gpu) = gpunetio::gpu_for_test("gpu_file_daemon_killed_mid_vram_read_fails_typed")
+    let Some(gpu) = gpu_mem::gpu_for_test("gpu_file_daemon_killed_mid_vram_read_fails_typed")
     else {
         return;
     };

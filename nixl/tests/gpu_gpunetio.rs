@@ -1,4 +1,4 @@
-//! The `GPUNETIO` backend and the GPU device API (feature `cuda`): transfers posted as
+//! The `GPUNETIO` backend and the GPU device API (feature `gpunetio`): transfers posted as
 //! kernels in both stream modes (VRAM->VRAM, DRAM->VRAM, VRAM->DRAM by READ), ordering
 //! after the caller's stream, notifications after the data, the device API's request
 //! and memory-view forms with bad uses answered by error statuses, and the

@@ -1,4 +1,4 @@
-//! `GPUNETIO`'s NIC path (feature `cuda`) against a peer process whose memory is DRAM,
+//! `GPUNETIO`'s NIC path (feature `gpunetio`) against a peer process whose memory is DRAM,
 //! the memory the intra-node path cannot reach: posted WRITEs from VRAM and DRAM and a
 //! READ into VRAM through the per-peer CPU proxy, notifications after the data over the
 //! OOB channel, the device API's request form (THREAD, WARP, BLOCK write-and-signal) and

@@ -16,7 +16,7 @@ use common::{
     announce_agent, announce_path, device_buffer as device, dram, listening, on, on_notif, pattern,
     self_test, vram, whole, with_extra, PeerProcess, TIMEOUT,
 };
-use gpunetio::Gpu;
+use gpu_mem::Gpu;
 use nixl::{params, Agent, AgentConfig, Desc, DescList, Error, MemKind, XferOp, XferStatus};
 use std::time::Instant;
 
@@ -59,7 +59,7 @@ fn assert_blocks(what: &str, got: &[u8], want: &[u8], offs: &[usize], sizes: &[u
 #[test]
 fn vram_registers_staged_where_direct_registration_is_refused_typed() {
     let Some(gpu) =
-        gpunetio::gpu_for_test("vram_registers_staged_where_direct_registration_is_refused_typed")
+        gpu_mem::gpu_for_test("vram_registers_staged_where_direct_registration_is_refused_typed")
     else {
         return;
     };
@@ -300,7 +300,7 @@ const SIZES: &[usize] = &[1, 4097, (3 << 20) + 5];
 
 #[test]
 fn staged_vram_to_vram_write_and_read() {
-    let Some(gpu) = gpunetio::gpu_for_test("staged_vram_to_vram_write_and_read") else {
+    let Some(gpu) = gpu_mem::gpu_for_test("staged_vram_to_vram_write_and_read") else {
         return;
     };
     for provider in PROVIDERS {
@@ -313,7 +313,7 @@ fn staged_vram_to_vram_write_and_read() {
 
 #[test]
 fn staged_dram_to_vram_and_vram_to_dram() {
-    let Some(gpu) = gpunetio::gpu_for_test("staged_dram_to_vram_and_vram_to_dram") else {
+    let Some(gpu) = gpu_mem::gpu_for_test("staged_dram_to_vram_and_vram_to_dram") else {
         return;
     };
     for provider in PROVIDERS {
@@ -328,7 +328,7 @@ fn staged_dram_to_vram_and_vram_to_dram() {
 
 #[test]
 fn staged_vram_many_descriptors_and_two_rails() {
-    let Some(gpu) = gpunetio::gpu_for_test("staged_vram_many_descriptors_and_two_rails") else {
+    let Some(gpu) = gpu_mem::gpu_for_test("staged_vram_many_descriptors_and_two_rails") else {
         return;
     };
     // 1,000 blocks of odd sizes around 4 KiB: many blocks share a chunk, some cross.
@@ -376,7 +376,7 @@ fn staged_vram_many_descriptors_and_two_rails() {
 
 #[test]
 fn staged_vram_without_progress_threads() {
-    let Some(gpu) = gpunetio::gpu_for_test("staged_vram_without_progress_threads") else {
+    let Some(gpu) = gpu_mem::gpu_for_test("staged_vram_without_progress_threads") else {
         return;
     };
     let config = AgentConfig {
@@ -429,7 +429,7 @@ fn staged_vram_without_progress_threads() {
 /// at ≥ 1 MiB blocks, checked by the benchmark runs rather than here).
 #[test]
 fn staged_vram_bandwidth_against_dram() {
-    let Some(gpu) = gpunetio::gpu_for_test("staged_vram_bandwidth_against_dram") else {
+    let Some(gpu) = gpu_mem::gpu_for_test("staged_vram_bandwidth_against_dram") else {
         return;
     };
     let total = 64 << 20;
@@ -508,7 +508,7 @@ const PEER_LEN: usize = (6 << 20) + 7;
 /// NIXL_STAGING_PEER (`announce-file provider`).
 #[test]
 fn staged_vram_peer_process_main() {
-    let Some(gpu) = gpunetio::gpu_for_test("staged_vram_peer_process_main") else {
+    let Some(gpu) = gpu_mem::gpu_for_test("staged_vram_peer_process_main") else {
         return;
     };
     let Ok(role) = std::env::var("NIXL_STAGING_PEER") else {
@@ -556,7 +556,7 @@ fn spawn_peer(provider: &str) -> PeerProcess {
 
 #[test]
 fn staged_vram_two_processes() {
-    let Some(gpu) = gpunetio::gpu_for_test("staged_vram_two_processes") else {
+    let Some(gpu) = gpu_mem::gpu_for_test("staged_vram_two_processes") else {
         return;
     };
     for provider in PROVIDERS {

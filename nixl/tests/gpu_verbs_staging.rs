@@ -15,7 +15,7 @@
 mod common;
 
 use common::{device_buffer as device, on_notif, pattern, vram, whole, with_extra, TIMEOUT};
-use gpunetio::{DeviceBuffer, Gpu};
+use gpu_mem::{DeviceBuffer, Gpu};
 use nixl::{params, Agent, Desc, DescList, Error, MemKind, XferOp, XferStatus};
 
 /// Small slots, so that a few MiB cross many chunk boundaries.
@@ -23,7 +23,7 @@ const CHUNK: &str = "262144";
 
 /// GPU 0 and the RDMA device to use, or `None` after printing why the test skips.
 fn hardware(test: &str) -> Option<(Gpu, String)> {
-    let gpu = gpunetio::gpu_for_test(test)?;
+    let gpu = gpu_mem::gpu_for_test(test)?;
     if let Ok(name) = std::env::var("RDMA_TEST_DEVICE") {
         return Some((gpu, name));
     }

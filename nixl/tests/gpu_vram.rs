@@ -10,7 +10,7 @@
 mod common;
 
 use common::{announce_path, dram, pattern, self_test, vram, wait_file, wait_notif, whole};
-use gpunetio::{DeviceBuffer, Gpu};
+use gpu_mem::{DeviceBuffer, Gpu};
 use nixl::metadata::AgentMetadata;
 use nixl::{Agent, AgentConfig, Desc, Error, XferOp, XferStatus};
 use std::process::Child;
@@ -32,8 +32,7 @@ fn agent(name: &str, backend: &str, listen: bool) -> Agent {
 
 #[test]
 fn vram_descriptors_are_checked_against_the_driver() {
-    let Some(gpu) = gpunetio::gpu_for_test("vram_descriptors_are_checked_against_the_driver")
-    else {
+    let Some(gpu) = gpu_mem::gpu_for_test("vram_descriptors_are_checked_against_the_driver") else {
         return;
     };
     let a = agent("reg", "LOCAL", false);
@@ -79,7 +78,7 @@ fn vram_descriptors_are_checked_against_the_driver() {
 
 #[test]
 fn local_moves_vram_to_vram_and_to_and_from_dram() {
-    let Some(gpu) = gpunetio::gpu_for_test("local_moves_vram_to_vram_and_to_and_from_dram") else {
+    let Some(gpu) = gpu_mem::gpu_for_test("local_moves_vram_to_vram_and_to_and_from_dram") else {
         return;
     };
     const LEN: usize = 4 << 20;
@@ -161,7 +160,7 @@ fn local_moves_vram_to_vram_and_to_and_from_dram() {
 
 #[test]
 fn local_notification_comes_only_after_the_vram_data() {
-    let Some(gpu) = gpunetio::gpu_for_test("local_notification_comes_only_after_the_vram_data")
+    let Some(gpu) = gpu_mem::gpu_for_test("local_notification_comes_only_after_the_vram_data")
     else {
         return;
     };
@@ -209,7 +208,7 @@ fn local_notification_comes_only_after_the_vram_data() {
 #[test]
 fn a_post_on_the_callers_stream_runs_after_the_work_queued_there() {
     let Some(gpu) =
-        gpunetio::gpu_for_test("a_post_on_the_callers_stream_runs_after_the_work_queued_there")
+        gpu_mem::gpu_for_test("a_post_on_the_callers_stream_runs_after_the_work_queued_there")
     else {
         return;
     };
@@ -221,7 +220,7 @@ fn a_post_on_the_callers_stream_runs_after_the_work_queued_there() {
 
 #[test]
 fn cuda_ipc_loopback_and_bad_inputs() {
-    let Some(gpu) = gpunetio::gpu_for_test("cuda_ipc_loopback_and_bad_inputs") else {
+    let Some(gpu) = gpu_mem::gpu_for_test("cuda_ipc_loopback_and_bad_inputs") else {
         return;
     };
     let a = agent("ipc-self", "CUDA_IPC", false);
@@ -286,7 +285,7 @@ fn cuda_ipc_loopback_and_bad_inputs() {
 /// in the process that exported it, so the backend uses the peer's addresses as they are.
 #[test]
 fn cuda_ipc_two_agents_in_one_process() {
-    let Some(gpu) = gpunetio::gpu_for_test("cuda_ipc_two_agents_in_one_process") else {
+    let Some(gpu) = gpu_mem::gpu_for_test("cuda_ipc_two_agents_in_one_process") else {
         return;
     };
     let a = agent("ipc-one-a", "CUDA_IPC", false);
@@ -341,7 +340,7 @@ fn cuda_ipc_two_agents_in_one_process() {
 
 #[test]
 fn cuda_ipc_peer_on_another_node_is_unreachable() {
-    let Some(gpu) = gpunetio::gpu_for_test("cuda_ipc_peer_on_another_node_is_unreachable") else {
+    let Some(gpu) = gpu_mem::gpu_for_test("cuda_ipc_peer_on_another_node_is_unreachable") else {
         return;
     };
     let a = agent("near", "CUDA_IPC", false);
@@ -507,7 +506,7 @@ fn spawn(role: &str, tag: &str, target: Option<&str>) -> (Child, std::path::Path
 
 #[test]
 fn cuda_ipc_two_processes_write_read_with_notifications() {
-    let Some(gpu) = gpunetio::gpu_for_test("cuda_ipc_two_processes_write_read_with_notifications")
+    let Some(gpu) = gpu_mem::gpu_for_test("cuda_ipc_two_processes_write_read_with_notifications")
     else {
         return;
     };
@@ -673,7 +672,7 @@ fn cuda_ipc_two_processes_write_read_with_notifications() {
 
 #[test]
 fn cuda_ipc_killed_exporter_is_remote_disconnect_and_the_importer_goes_on() {
-    let Some(gpu) = gpunetio::gpu_for_test(
+    let Some(gpu) = gpu_mem::gpu_for_test(
         "cuda_ipc_killed_exporter_is_remote_disconnect_and_the_importer_goes_on",
     ) else {
         return;
@@ -739,7 +738,7 @@ fn cuda_ipc_killed_exporter_is_remote_disconnect_and_the_importer_goes_on() {
 
 #[test]
 fn cuda_ipc_killed_importer_leaves_the_exporter_working() {
-    let Some(gpu) = gpunetio::gpu_for_test("cuda_ipc_killed_importer_leaves_the_exporter_working")
+    let Some(gpu) = gpu_mem::gpu_for_test("cuda_ipc_killed_importer_leaves_the_exporter_working")
     else {
         return;
     };

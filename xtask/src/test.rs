@@ -60,8 +60,9 @@ pub fn run(args: &[String]) -> Result<i32> {
             "0"
         };
         // Feature-gated suites that need only host software (etcd on loopback), and the
-        // GPU code built with feature `cuda`: its unit tests run, its GPU tests skip here
-        // with a printed reason (they run on a GPU machine: `cargo xtask gpu-bundle`).
+        // GPU code built with features `cuda` and `gpunetio` (which implies it): its unit
+        // tests and NVRTC checks of the device sources run, its GPU tests skip here with
+        // a printed reason (they run on a GPU machine: `cargo xtask gpu-bundle`).
         for args in [
             &["test", "--workspace"][..],
             &["test", "-p", "nixl", "--no-default-features"][..],

@@ -8,7 +8,7 @@
 
 use super::prm;
 use crate::error::{Error, Result};
-use crate::DeviceBuffer;
+use gpu_mem::DeviceBuffer;
 use mlx5dv_sys as dv;
 use std::any::Any;
 use std::os::fd::AsRawFd;
@@ -51,7 +51,7 @@ impl DevxContext {
     pub fn open(device: Option<&str>) -> Result<Arc<Self>> {
         let name = match device {
             Some(n) => n.to_string(),
-            None => super::probe()?.name,
+            None => super::device::probe()?.name,
         };
         let list = ibverbs::devices().map_err(verbs("listing RDMA devices"))?;
         let dev = list

@@ -6,7 +6,7 @@
 
 use super::cqe::{CqeError, Syndrome};
 use crate::error::{Error, Result};
-use crate::{DeviceBuffer, Gpu};
+use gpu_mem::{DeviceBuffer, Gpu};
 use gpunetio_sys as ffi;
 use gpunetio_sys::mlx5 as abi;
 use std::any::Any;

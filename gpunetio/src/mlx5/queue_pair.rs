@@ -24,10 +24,11 @@
 
 use super::devx::{DevxContext, DevxObject, Uar, Umem, UMEM_PAGE};
 use super::export::{export, ExportedMlx5QueuePair, MemoryTable, QueueLayout};
-use super::{cqe, prm, UarMapping};
+use super::uar::UarMapping;
+use super::{cqe, prm};
 use crate::error::{Error, Result};
 use crate::proxy::{RemoteDescriptor, TransportKind};
-use crate::{DeviceBuffer, Gpu};
+use gpu_mem::{DeviceBuffer, Gpu};
 use gpunetio_sys::mlx5 as abi;
 use ibverbs::{AccessFlags, Endpoint, Gid, LinkLayer, Mtu};
 use mlx5dv_sys as dv;

@@ -24,13 +24,13 @@ use super::transport::{
     TransportKind, WorkRequest,
 };
 use crate::error::{Error, Result};
-use crate::DeviceBuffer;
 use fabric::ffi;
 use fabric::{
     Access, Address, AddressVector, AtomicDatatype, AtomicOp, AvType, Caps, Completion,
     CompletionQueue, Domain, Endpoint, EndpointBuilder, EndpointType, Fabric, HmemIface, Info,
     InfoBuilder, MemoryRegion,
 };
+use gpu_mem::DeviceBuffer;
 
 fn fab(context: impl Into<String>) -> impl FnOnce(fabric::Error) -> Error {
     let context = context.into();

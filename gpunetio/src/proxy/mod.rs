@@ -79,7 +79,8 @@ mod verbs;
 
 #[cfg(feature = "fabric")]
 pub use self::fabric::FabricTransport;
-pub use ring::{Entry, GioStatus, HostProducer, RingDevicePtrs, RingMemory, MAX_RING_SIZE};
+pub use crate::status::GioStatus;
+pub use ring::{Entry, HostProducer, RingDevicePtrs, RingMemory, MAX_RING_SIZE};
 pub use table::{DeviceCopy, DeviceRange, MAX_REGIONS};
 pub use transport::{
     PostFlags, Posted, RemoteDescriptor, Transport, TransportCompletion, TransportFailure,
@@ -89,11 +90,12 @@ pub use transport::{
 pub use verbs::VerbsTransport;
 
 use crate::error::{Error, Result};
-use crate::{DeviceBuffer, Gpu, HostBuffer};
+use gpu_mem::{DeviceBuffer, Gpu, HostBuffer};
 use gpunetio_sys as ffi;
+use parking_lot::{Mutex, MutexGuard};
 use progress::{Engine, Staging};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use table::{Local, Region};
@@ -252,10 +254,6 @@ impl<T: Transport> std::fmt::Debug for CpuProxy<T> {
     }
 }
 
-fn lock<X>(m: &Mutex<X>) -> MutexGuard<'_, X> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 /// How long the proxy thread spins on an idle ring before it starts yielding, and
 /// yields before it sleeps: a busy ring is served within a poll, an idle one costs
 /// little CPU.
@@ -271,7 +269,7 @@ impl<T: Transport> CpuProxy<T> {
     }
 
     fn engine(&self) -> MutexGuard<'_, Engine<T>> {
-        lock(&self.shared.engine)
+        self.shared.engine.lock()
     }
 
     /// The ring.
@@ -571,14 +569,14 @@ impl<T: Transport> CpuProxy<T> {
 
     /// Whether the proxy thread runs.
     pub fn is_running(&self) -> bool {
-        lock(&self.thread).is_some()
+        self.thread.lock().is_some()
     }
 
     /// Starts the proxy thread (DOCA's service thread): it spins while there is work,
     /// then yields, then sleeps briefly between polls; it stops on [`stop`](Self::stop)
     /// or drop. Its first failure is kept for [`take_error`](Self::take_error).
     pub fn start(&self) -> Result<()> {
-        let mut thread = lock(&self.thread);
+        let mut thread = self.thread.lock();
         if thread.is_some() {
             return Ok(());
         }
@@ -590,7 +588,7 @@ impl<T: Transport> CpuProxy<T> {
             .spawn(move || {
                 if let Some(cpu) = cpu {
                     if let Err(e) = pin_to_cpu(cpu) {
-                        lock(&shared.thread_error).get_or_insert(e);
+                        shared.thread_error.lock().get_or_insert(e);
                     }
                 }
                 proxy_thread(&shared, busy_poll)
@@ -601,7 +599,7 @@ impl<T: Transport> CpuProxy<T> {
 
     /// Stops the proxy thread (progress is the caller's again).
     pub fn stop(&self) {
-        let handle = lock(&self.thread).take();
+        let handle = self.thread.lock().take();
         if let Some(handle) = handle {
             self.shared.stop.store(true, Ordering::Release);
             if handle.join().is_err() {
@@ -612,7 +610,7 @@ impl<T: Transport> CpuProxy<T> {
 
     /// The proxy thread's first failure, if any (taken).
     pub fn take_error(&self) -> Option<Error> {
-        lock(&self.shared.thread_error).take()
+        self.shared.thread_error.lock().take()
     }
 
     /// Sets `ctrl.shutdown`: producers' waits end with `GIO_ERR_SHUTDOWN`, and the proxy
@@ -705,12 +703,12 @@ fn pin_to_cpu(cpu: usize) -> Result<()> {
 fn proxy_thread<T: Transport>(shared: &Shared<T>, busy_poll: bool) {
     let mut idle = 0u32;
     while !shared.stop.load(Ordering::Acquire) {
-        let result = lock(&shared.engine).progress();
+        let result = shared.engine.lock().progress();
         match result {
             Ok(true) => idle = 0,
             Ok(false) => idle = idle.saturating_add(1),
             Err(e) => {
-                let mut slot = lock(&shared.thread_error);
+                let mut slot = shared.thread_error.lock();
                 if slot.is_none() && !matches!(e, Error::RingFailed { .. }) {
                     *slot = Some(e);
                 }
@@ -726,7 +724,7 @@ fn proxy_thread<T: Transport>(shared: &Shared<T>, busy_poll: bool) {
         } else {
             // Each round after a sleep polls the transport: the peer's operations on
             // this side progress every sleep, not every 16th.
-            lock(&shared.engine).poll_transport_next();
+            shared.engine.lock().poll_transport_next();
             std::thread::sleep(IDLE_SLEEP);
         }
     }

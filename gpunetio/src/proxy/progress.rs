@@ -16,10 +16,11 @@
 //! arrives (its delivery implies the earlier writes were placed), so a batch costs one
 //! completion. Reads always complete on their own (their data lands here).
 
-use super::ring::{GioStatus, RingMemory};
+use super::ring::RingMemory;
 use super::table::{Local, MemoryTable, Op, OpKind, Region};
 use super::transport::{PostFlags, Posted, Transport, TransportCompletion, WorkRequest};
 use crate::error::{Error, Result};
+use crate::status::GioStatus;
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -826,8 +827,8 @@ mod tests {
     use super::super::ring::{Entry, HostProducer};
     use super::super::transport::{RemoteDescriptor, TransportFailure, TransportKind};
     use super::*;
-    use crate::DeviceBuffer;
-    use std::sync::Mutex;
+    use gpu_mem::DeviceBuffer;
+    use parking_lot::Mutex;
     use std::time::Duration;
 
     /// A transport whose completions the test releases, in any order.
@@ -872,7 +873,7 @@ mod tests {
             unreachable!()
         }
         fn post(&mut self, wr: &WorkRequest<'_, ()>) -> Result<Posted> {
-            let mut s = self.0.lock().unwrap();
+            let mut s = self.0.lock();
             let (id, what) = match wr {
                 WorkRequest::Write {
                     wr_id,
@@ -894,14 +895,14 @@ mod tests {
             Ok(Posted::Yes)
         }
         fn ordered(&self) -> bool {
-            self.0.lock().unwrap().ordered
+            self.0.lock().ordered
         }
         fn post_with(&mut self, wr: &WorkRequest<'_, ()>, flags: PostFlags) -> Result<Posted> {
-            self.0.lock().unwrap().flags.push(flags);
+            self.0.lock().flags.push(flags);
             self.post(wr)
         }
         fn poll(&mut self, out: &mut Vec<TransportCompletion>) -> Result<()> {
-            for (wr_id, ok, peer_gone) in self.0.lock().unwrap().release.drain(..) {
+            for (wr_id, ok, peer_gone) in self.0.lock().release.drain(..) {
                 out.push(TransportCompletion {
                     wr_id,
                     result: if ok {
@@ -968,18 +969,14 @@ mod tests {
 
     impl Fixture {
         fn posted(&self) -> Vec<(u64, &'static str)> {
-            self.state.lock().unwrap().posted.clone()
+            self.state.lock().posted.clone()
         }
         fn flags(&self) -> Vec<(bool, bool)> {
-            let s = self.state.lock().unwrap();
+            let s = self.state.lock();
             s.flags.iter().map(|f| (f.more, f.unsignaled)).collect()
         }
         fn release(&self, wr_id: u64, ok: bool, peer_gone: bool) {
-            self.state
-                .lock()
-                .unwrap()
-                .release
-                .push((wr_id, ok, peer_gone));
+            self.state.lock().release.push((wr_id, ok, peer_gone));
         }
     }
 
@@ -1041,7 +1038,7 @@ mod tests {
             f.release(wr, true, false);
             f.engine.progress().unwrap();
             assert_eq!(
-                f.state.lock().unwrap().writes.last(),
+                f.state.lock().writes.last(),
                 Some(&(0x1000 + ticket, ticket * 8))
             );
             let signal = f.posted().last().copied().unwrap();
@@ -1052,7 +1049,7 @@ mod tests {
         }
         assert_eq!(f.ring.counter(1).unwrap(), 16);
         // The decoded fields are the ones written: the last signal's add kept bit 63.
-        let s = f.state.lock().unwrap();
+        let s = f.state.lock();
         assert_eq!(s.adds.last(), Some(&(u64::MAX - 15)));
     }
 

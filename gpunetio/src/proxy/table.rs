@@ -1,10 +1,10 @@
 //! A proxy queue pair's memory table (local regions and the peer's, by the 16-bit index
 //! ring entries carry) and the validation of every entry against it.
 
-use super::ring::GioStatus;
 use super::transport::RemoteDescriptor;
 use crate::error::{Error, Result};
-use crate::DeviceBuffer;
+use crate::status::GioStatus;
+use gpu_mem::DeviceBuffer;
 use gpunetio_sys as ffi;
 use std::sync::Arc;
 
@@ -39,10 +39,10 @@ impl DeviceCopy for DeviceBuffer {
         self.ptr()
     }
     fn copy_to_host(&self, offset: u64, dst: &mut [u8]) -> Result<()> {
-        DeviceBuffer::copy_to_host(self, offset as usize, dst)
+        Ok(DeviceBuffer::copy_to_host(self, offset as usize, dst)?)
     }
     fn copy_from_host(&self, offset: u64, src: &[u8]) -> Result<()> {
-        DeviceBuffer::copy_from_host(self, offset as usize, src)
+        Ok(DeviceBuffer::copy_from_host(self, offset as usize, src)?)
     }
 }
 
@@ -54,7 +54,7 @@ impl DeviceCopy for DeviceBuffer {
 /// for that kernel, which waits for the copy.
 #[derive(Debug)]
 pub struct DeviceRange {
-    gpu: crate::Gpu,
+    gpu: gpu_mem::Gpu,
     addr: u64,
     len: u64,
     stream: CopyStream,
@@ -63,7 +63,7 @@ pub struct DeviceRange {
 
 #[derive(Debug)]
 struct CopyStream {
-    gpu: crate::Gpu,
+    gpu: gpu_mem::Gpu,
     raw: cudarc::driver::sys::CUstream,
 }
 
@@ -73,12 +73,12 @@ unsafe impl Send for CopyStream {}
 unsafe impl Sync for CopyStream {}
 
 impl CopyStream {
-    fn new(gpu: &crate::Gpu) -> Result<Self> {
+    fn new(gpu: &gpu_mem::Gpu) -> Result<Self> {
         use cudarc::driver::sys;
         gpu.bind()?;
         let mut raw = std::ptr::null_mut();
         // SAFETY: `raw` receives a new stream of the current context.
-        crate::error::cvt("cuStreamCreate", unsafe {
+        gpu_mem::cvt("cuStreamCreate", unsafe {
             sys::cuStreamCreate(&mut raw, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32)
         })?;
         Ok(Self {
@@ -88,11 +88,11 @@ impl CopyStream {
     }
 
     fn finish(&self, call: &'static str, queued: cudarc::driver::sys::CUresult) -> Result<()> {
-        crate::error::cvt(call, queued)?;
+        gpu_mem::cvt(call, queued)?;
         // SAFETY: our stream, alive until drop.
-        crate::error::cvt("cuStreamSynchronize", unsafe {
+        Ok(gpu_mem::cvt("cuStreamSynchronize", unsafe {
             cudarc::driver::sys::cuStreamSynchronize(self.raw)
-        })
+        })?)
     }
 }
 
@@ -110,7 +110,7 @@ impl DeviceRange {
     /// # Safety
     /// The range must stay allocated while the value (and any proxy table holding it)
     /// lives.
-    pub unsafe fn new(gpu: &crate::Gpu, addr: u64, len: u64) -> Result<Self> {
+    pub unsafe fn new(gpu: &gpu_mem::Gpu, addr: u64, len: u64) -> Result<Self> {
         Ok(Self {
             gpu: gpu.clone(),
             addr,

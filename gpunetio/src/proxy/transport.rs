@@ -4,7 +4,7 @@
 //! ([`super::VerbsTransport`]).
 
 use crate::error::{Error, Result};
-use crate::DeviceBuffer;
+use gpu_mem::DeviceBuffer;
 use std::fmt;
 
 /// Which transport a descriptor or connection blob belongs to (checked on decode: a

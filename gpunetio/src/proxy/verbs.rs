@@ -8,7 +8,7 @@ use super::transport::{
     WorkRequest,
 };
 use crate::error::{Error, Result};
-use crate::DeviceBuffer;
+use gpu_mem::DeviceBuffer;
 use ibverbs::{
     AccessFlags, CompletionQueue, ConnectOptions, Context, Gid, InlineSge, MemoryRegion, Mtu,
     PreparedQueuePair, ProtectionDomain, QpType, QueuePair, RemoteMemory, SendFlags, SendWr, Sge,

@@ -6,9 +6,11 @@
 //! device memory.
 
 use super::io::{cache_serves, file_io, Chunk};
-use super::{MappedIov, Stats};
-use gpunetio::cudarc::driver::sys::{self, CUevent, CUresult, CUstream};
-use gpunetio::{Gpu, HostBuffer};
+use super::logging::daemon_error;
+use super::memory::MappedIov;
+use super::stats::Stats;
+use gpu_mem::cudarc::driver::sys::{self, CUevent, CUresult, CUstream};
+use gpu_mem::{Gpu, HostBuffer};
 use std::sync::atomic::Ordering;
 
 fn ok(call: &str, r: CUresult) -> Result<(), String> {
@@ -104,7 +106,7 @@ impl Staging {
                     chunk.finish(moved)
                 }
                 Err(e) => {
-                    super::daemon_error!("copy for ring index {}: {e}", chunk.req.index);
+                    daemon_error!("copy for ring index {}: {e}", chunk.req.index);
                     chunk.finish(-(libc::EIO as i64))
                 }
             }
@@ -128,7 +130,7 @@ impl Staging {
     /// Completes every chunk whose copy is in flight (counted in `stats` if given).
     pub(crate) fn flush(&mut self, stats: Option<&Stats>) {
         if self.gpu.bind().is_err() {
-            super::daemon_error!("GPU {}: cannot bind its context", self.gpu.ordinal());
+            daemon_error!("GPU {}: cannot bind its context", self.gpu.ordinal());
         }
         for slot in &mut self.slots {
             Self::retire(slot, stats);
@@ -143,7 +145,7 @@ impl Staging {
         };
         let dev_ptr = base + chunk.iov_offset;
         if let Err(e) = self.gpu.bind() {
-            super::daemon_error!("GPU {}: {e}", self.gpu.ordinal());
+            daemon_error!("GPU {}: {e}", self.gpu.ordinal());
             chunk.finish(-(libc::EIO as i64));
             return;
         }
@@ -194,7 +196,7 @@ impl Staging {
                         )
                     });
                     if let Err(e) = issued {
-                        super::daemon_error!("GPU {}: {e}", self.gpu.ordinal());
+                        daemon_error!("GPU {}: {e}", self.gpu.ordinal());
                         failed = Some(-(libc::EIO as i64));
                         break;
                     }
@@ -218,7 +220,7 @@ impl Staging {
                 // reused or its completion says anything.
                 Ok(()) => slot.pending = Some((chunk, failed.unwrap_or(done as i64))),
                 Err(e) => {
-                    super::daemon_error!("GPU {}: {e}", self.gpu.ordinal());
+                    daemon_error!("GPU {}: {e}", self.gpu.ordinal());
                     // The copies may still run: wait for the stream before the slot is
                     // reused.
                     // SAFETY: our stream.
@@ -240,7 +242,7 @@ impl Staging {
                 })
             });
             if let Err(e) = copied {
-                super::daemon_error!("GPU {}: {e}", self.gpu.ordinal());
+                daemon_error!("GPU {}: {e}", self.gpu.ordinal());
                 chunk.finish(-(libc::EIO as i64));
                 return;
             }

@@ -1,15 +1,14 @@
 //! The daemon's data path on the host side: registered files (a buffered and, where the
-//! file system allows, an `O_DIRECT` descriptor of the same inode), requests split into
-//! chunks, and the worker pool that runs them.
+//! file system allows, an `O_DIRECT` descriptor of the same inode), and requests split
+//! into chunks (the worker pool in `pool.rs` runs them).
 
-use super::gpu::Staging;
+use super::logging::daemon_error;
+use super::memory::MappedIov;
 use super::ring::RingCtx;
-use super::{MappedIov, Stats};
-use std::collections::{HashMap, VecDeque};
+use super::stats::Stats;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
 
 /// Alignment `O_DIRECT` needs of offset, length and buffer (a safe bound for every
 /// logical block size in use).
@@ -23,7 +22,7 @@ pub(crate) struct OpenFile {
     policy: DirectPolicy,
     /// Whether its name ends in [`SLOW_SUFFIX`] (fault injection, see
     /// [`super::DaemonConfig::inject_delay`]).
-    slow: bool,
+    pub(crate) slow: bool,
 }
 
 /// Files whose name ends so get the daemon's injected delay.
@@ -440,7 +439,7 @@ pub(crate) struct Chunk {
 impl Chunk {
     pub(crate) fn finish(self, result: i64) {
         if result < 0 {
-            super::daemon_error!(
+            daemon_error!(
                 "ring index {}: {} of {} bytes at file offset {} failed: {}",
                 self.req.index,
                 if self.read { "read" } else { "write" },
@@ -453,115 +452,22 @@ impl Chunk {
     }
 }
 
-/// What each worker is told (from [`super::DaemonConfig`]).
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct WorkerConfig {
-    pub chunk_bytes: usize,
-    pub slots: usize,
-    pub copy_piece: usize,
-    pub inject_delay: Duration,
-}
-
-/// The worker threads and their queue.
-#[derive(Debug, Default)]
-pub(crate) struct Pool {
-    queue: Mutex<VecDeque<Chunk>>,
-    ready: Condvar,
-}
-
-impl Pool {
-    pub(crate) fn push(&self, chunks: impl IntoIterator<Item = Chunk>) {
-        let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
-        let before = q.len();
-        q.extend(chunks);
-        let added = q.len() - before;
-        drop(q);
-        if added == 1 {
-            self.ready.notify_one();
-        } else if added > 1 {
-            self.ready.notify_all();
-        }
-    }
-
-    /// A worker's loop: runs chunks; when the queue is empty, first finishes the device
-    /// copies it left in flight, then sleeps.
-    pub(crate) fn work(self: Arc<Self>, config: WorkerConfig, stats: Arc<Stats>) {
-        let WorkerConfig {
-            chunk_bytes,
-            slots,
-            copy_piece,
-            inject_delay,
-        } = config;
-        let mut staging: HashMap<usize, Staging> = HashMap::new();
-        loop {
-            let next = {
-                let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
-                loop {
-                    if let Some(c) = q.pop_front() {
-                        break Some(c);
-                    }
-                    if staging.values().any(Staging::has_pending) {
-                        break None;
-                    }
-                    q = self.ready.wait(q).unwrap_or_else(|e| e.into_inner());
-                }
-            };
-            let Some(chunk) = next else {
-                staging.values_mut().for_each(|s| s.flush(Some(&stats)));
-                continue;
-            };
-            if chunk.file.slow && !inject_delay.is_zero() {
-                let start = Instant::now();
-                while start.elapsed() < inject_delay && !chunk.req.ring.cancelled() {
-                    std::thread::sleep(Duration::from_millis(10));
-                }
-            }
-            if chunk.req.ring.cancelled() {
-                chunk.finish(-(libc::ECANCELED as i64));
-                continue;
-            }
-            match &*chunk.iov {
-                MappedIov::Host { shm } => {
-                    // SAFETY: the ring thread checked iov_offset + len against the
-                    // mapping, which the chunk keeps alive.
-                    let ptr = unsafe { shm.as_ptr().add(chunk.iov_offset as usize) };
-                    // SAFETY: `ptr..ptr+len` is inside the mapping (above).
-                    let result = unsafe {
-                        file_io(
-                            &chunk.file,
-                            ptr,
-                            chunk.len,
-                            chunk.file_offset,
-                            chunk.read,
-                            &stats,
-                        )
-                    };
-                    if result > 0 {
-                        stats.host_bytes.fetch_add(result as u64, Ordering::Relaxed);
-                    }
-                    chunk.finish(result);
-                }
-                MappedIov::Gpu { gpu, .. } => {
-                    let device = gpu.ordinal();
-                    if let std::collections::hash_map::Entry::Vacant(e) = staging.entry(device) {
-                        match Staging::new(gpu.clone(), chunk_bytes, slots, copy_piece) {
-                            Ok(s) => {
-                                e.insert(s);
-                            }
-                            Err(err) => {
-                                super::daemon_error!("staging on GPU {device}: {err}");
-                                chunk.finish(-(libc::ENOMEM as i64));
-                                continue;
-                            }
-                        }
-                    }
-                    staging
-                        .get_mut(&device)
-                        .expect("inserted above")
-                        .run(chunk, &stats);
-                }
-            }
-        }
+/// Splits `[0, len)` of a request into pool chunks of at most `chunk` bytes.
+pub(crate) fn split(req: &Arc<Request>, base: &Chunk, chunk: u64, out: &mut Vec<Chunk>) {
+    let mut start = 0;
+    while start < req.len {
+        let len = chunk.min(req.len - start);
+        out.push(Chunk {
+            req: req.clone(),
+            file: base.file.clone(),
+            iov: base.iov.clone(),
+            iov_offset: base.iov_offset + start,
+            file_offset: base.file_offset + start,
+            len,
+            start,
+            read: base.read,
+        });
+        start += len;
     }
 }
 

@@ -18,40 +18,11 @@
 
 mod gpu;
 mod io;
+mod logging;
+mod memory;
+mod pool;
 mod ring;
-
-/// Whether the daemon's errors and warnings also go to standard error (the daemon
-/// binary turns it on: it installs no `tracing` subscriber, and a failed chunk must
-/// leave a trace where its operator looks).
-static LOG_TO_STDERR: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
-/// Sends the daemon's errors and warnings to standard error too (for the daemon binary).
-pub fn log_to_stderr(on: bool) {
-    LOG_TO_STDERR.store(on, std::sync::atomic::Ordering::Relaxed);
-}
-
-/// `tracing::error!`, and standard error when [`log_to_stderr`] is on.
-macro_rules! daemon_error {
-    ($($arg:tt)*) => {{
-        let msg = format!($($arg)*);
-        tracing::error!("{msg}");
-        if $crate::daemon::LOG_TO_STDERR.load(std::sync::atomic::Ordering::Relaxed) {
-            eprintln!("hf3fs-gdr-daemon: error: {msg}");
-        }
-    }};
-}
-
-/// `tracing::warn!`, and standard error when [`log_to_stderr`] is on.
-macro_rules! daemon_warn {
-    ($($arg:tt)*) => {{
-        let msg = format!($($arg)*);
-        tracing::warn!("{msg}");
-        if $crate::daemon::LOG_TO_STDERR.load(std::sync::atomic::Ordering::Relaxed) {
-            eprintln!("hf3fs-gdr-daemon: warning: {msg}");
-        }
-    }};
-}
-pub(crate) use daemon_error;
+mod stats;
 
 use crate::error::{Error, Result};
 use crate::iov::host_target_allowed;
@@ -61,15 +32,20 @@ use crate::proto::{
 };
 use crate::ring::{ior_size, RingHeader, RingView, RING_MAGIC, RING_VERSION};
 use crate::shm::{remove_if_present, to_hex, Id, Shm};
-use crate::virt::{self, GdrLink};
-use gpunetio::{Gpu, IpcMapping};
+use crate::virt;
 pub use io::DirectPolicy;
-use io::{Chunk, OpenFile, Pool, Request, WorkerConfig};
+use io::{Chunk, OpenFile, Request};
+use logging::daemon_warn;
+pub use logging::log_to_stderr;
+use memory::MappedIov;
+use parking_lot::Mutex;
+use pool::{Pool, WorkerConfig};
 use ring::{RingCtx, RingRunner};
+use stats::Stats;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Weak};
 
 /// Default pinned staging slots per worker and GPU (one being filled while one is
 /// copied).
@@ -147,110 +123,12 @@ impl DaemonConfig {
     }
 }
 
-/// Counters (sent to clients as [`crate::DaemonStats`]).
-#[derive(Debug, Default)]
-pub(crate) struct Stats {
-    pub direct_ops: AtomicU64,
-    pub buffered_ops: AtomicU64,
-    pub host_bytes: AtomicU64,
-    pub gpu_bytes: AtomicU64,
-    pub clients_released: AtomicU64,
-    pub clients_now: AtomicU64,
-}
-
 #[derive(Debug)]
 pub(crate) struct Shared {
     config: DaemonConfig,
     pool: Arc<Pool>,
     stats: Arc<Stats>,
     sessions: Mutex<Vec<Weak<Session>>>,
-}
-
-/// An iov mapped into the daemon.
-#[derive(Debug)]
-pub(crate) enum MappedIov {
-    Host {
-        shm: Shm,
-    },
-    Gpu {
-        _mapping: Arc<IpcMapping>,
-        gpu: Gpu,
-        /// Device address of the iov's first byte in this process.
-        base: u64,
-        size: u64,
-    },
-}
-
-/// The daemon's CUDA-IPC mappings by (device, handle): iovs that are parts of one
-/// allocation (a client's threads registering slices of one buffer) share its mapping —
-/// a process opens an IPC handle once; a second open of the same handle can fail.
-type IpcMappings = Mutex<HashMap<(usize, gpunetio::IpcHandle), Weak<IpcMapping>>>;
-
-fn shared_mapping(gpu: &Gpu, handle: &gpunetio::IpcHandle) -> Result<Arc<IpcMapping>> {
-    static MAPPINGS: std::sync::OnceLock<IpcMappings> = std::sync::OnceLock::new();
-    let mut map = MAPPINGS
-        .get_or_init(Default::default)
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    let key = (gpu.ordinal(), *handle);
-    if let Some(m) = map.get(&key).and_then(Weak::upgrade) {
-        return Ok(m);
-    }
-    map.retain(|_, m| m.strong_count() > 0);
-    let m = Arc::new(IpcMapping::open(gpu, handle)?);
-    map.insert(key, Arc::downgrade(&m));
-    Ok(m)
-}
-
-impl MappedIov {
-    fn map(mount: &Path, id: &Id) -> Result<Self> {
-        let target = virt::read_publication(&virt::iovs_dir(mount), id)?;
-        if GdrLink::is_gdr(&target) {
-            let link = GdrLink::parse(&target)?;
-            let gpu = Gpu::open(link.device)?;
-            let mapping = shared_mapping(&gpu, &link.ipc)?;
-            if link
-                .offset
-                .checked_add(link.size)
-                .is_none_or(|e| e > mapping.len())
-            {
-                return Err(Error::InvalidArgument(format!(
-                    "GPU iov {}: {}+{} outside its allocation of {} bytes",
-                    to_hex(id),
-                    link.offset,
-                    link.size,
-                    mapping.len()
-                )));
-            }
-            let base = mapping.ptr() + link.offset;
-            return Ok(Self::Gpu {
-                _mapping: mapping,
-                gpu,
-                base,
-                size: link.size,
-            });
-        }
-        if !host_target_allowed(&target) {
-            return Err(Error::InvalidArgument(format!(
-                "iov {} points outside /dev/shm: {target}",
-                to_hex(id)
-            )));
-        }
-        Ok(Self::Host {
-            shm: Shm::open(Path::new(&target), 1)?,
-        })
-    }
-
-    fn size(&self) -> u64 {
-        match self {
-            Self::Host { shm } => shm.len() as u64,
-            Self::Gpu { size, .. } => *size,
-        }
-    }
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// One client connection's state.
@@ -272,11 +150,11 @@ pub(crate) struct Session {
 
 impl Session {
     fn iov(&self, id: &Id) -> Result<Arc<MappedIov>> {
-        if let Some(m) = lock(&self.iovs).get(id) {
+        if let Some(m) = self.iovs.lock().get(id) {
             return Ok(m.clone());
         }
         let mapped = Arc::new(MappedIov::map(&self.shared.config.mount, id)?);
-        lock(&self.iovs).insert(*id, mapped.clone());
+        self.iovs.lock().insert(*id, mapped.clone());
         Ok(mapped)
     }
 
@@ -292,7 +170,7 @@ impl Session {
         if (sqe.read != 0) != for_read || sqe.len == 0 {
             return fail(libc::EINVAL);
         }
-        let Some(file) = lock(&self.files).get(&sqe.file_id).cloned() else {
+        let Some(file) = self.files.lock().get(&sqe.file_id).cloned() else {
             return fail(libc::EBADF);
         };
         let iov = match self.iov(&sqe.iov_id) {
@@ -326,7 +204,7 @@ impl Session {
             start: 0,
             read: sqe.read != 0,
         };
-        ring::split(&req, &base, self.shared.config.chunk_bytes as u64, out);
+        io::split(&req, &base, self.shared.config.chunk_bytes as u64, out);
     }
 
     fn add_ring(self: &Arc<Self>, id: &Id) -> Result<()> {
@@ -356,12 +234,22 @@ impl Session {
         // SAFETY: the mapping has ior_size(entries) bytes and is owned by the context.
         let view = unsafe { RingView::new(shm.as_ptr(), entries) };
         let ctx = Arc::new(RingCtx::new(shm, view));
-        let runner = RingRunner::start(self.clone(), ctx)
+        let session = self.clone();
+        let take = move |ctx: &Arc<RingCtx>, seqs: std::ops::Range<u64>| {
+            let mut chunks = Vec::new();
+            for seq in seqs {
+                session.dispatch(ctx, seq, &mut chunks);
+            }
+            session.shared.pool.push(chunks);
+        };
+        let runner = RingRunner::start(ctx, self.pid, take)
             .map_err(|e| crate::error::os_err("spawn", e, "ring thread"))?;
-        if let Some(old) = lock(&self.rings).insert(*id, runner) {
+        if let Some(old) = self.rings.lock().insert(*id, runner) {
             old.stop(false);
         }
-        lock(&self.ring_links).insert(*id, virt::link_path(&virt::iors_dir(mount), id));
+        self.ring_links
+            .lock()
+            .insert(*id, virt::link_path(&virt::iors_dir(mount), id));
         Ok(())
     }
 
@@ -378,13 +266,14 @@ impl Session {
                     return (-(libc::EBADF as i64), Vec::new());
                 };
                 let id = self.next_file.fetch_add(1, Ordering::Relaxed);
-                lock(&self.files)
+                self.files
+                    .lock()
                     .insert(id, Arc::new(OpenFile::new(fd, self.shared.config.direct)));
                 (id as i64, Vec::new())
             }
             OP_DEREG_FD => match r.u32() {
                 Some(id) => {
-                    lock(&self.files).remove(&id);
+                    self.files.lock().remove(&id);
                     (0, Vec::new())
                 }
                 None => einval,
@@ -401,8 +290,8 @@ impl Session {
             },
             OP_REMOVE_IOR => match r.id() {
                 Some(id) => {
-                    let runner = lock(&self.rings).remove(&id);
-                    lock(&self.ring_links).remove(&id);
+                    let runner = self.rings.lock().remove(&id);
+                    self.ring_links.lock().remove(&id);
                     match runner {
                         Some(runner) => {
                             runner.stop(false);
@@ -415,16 +304,16 @@ impl Session {
             },
             OP_OWN_IOV | OP_OWN_IOV_LINK => match r.id() {
                 Some(id) => {
-                    lock(&self.owned_iovs).insert(id, op == OP_OWN_IOV);
+                    self.owned_iovs.lock().insert(id, op == OP_OWN_IOV);
                     (0, Vec::new())
                 }
                 None => einval,
             },
             OP_FORGET_IOV => match r.id() {
                 Some(id) => {
-                    lock(&self.owned_iovs).remove(&id);
-                    for s in lock(&self.shared.sessions).iter().filter_map(Weak::upgrade) {
-                        lock(&s.iovs).remove(&id);
+                    self.owned_iovs.lock().remove(&id);
+                    for s in self.shared.sessions.lock().iter().filter_map(Weak::upgrade) {
+                        s.iovs.lock().remove(&id);
                     }
                     (0, Vec::new())
                 }
@@ -451,20 +340,23 @@ impl Session {
 
     /// Releases everything of a client whose connection closed.
     fn release(&self) {
-        let rings: Vec<RingRunner> = lock(&self.rings).drain().map(|(_, r)| r).collect();
+        let rings: Vec<RingRunner> = self.rings.lock().drain().map(|(_, r)| r).collect();
         for runner in rings {
             runner.stop(true);
         }
-        lock(&self.iovs).clear();
-        lock(&self.files).clear();
+        self.iovs.lock().clear();
+        self.files.lock().clear();
         let mount = &self.shared.config.mount;
         // Publications of a client that died: the links and the /dev/shm files they name.
-        let mut links: Vec<(PathBuf, bool)> = lock(&self.ring_links)
+        let mut links: Vec<(PathBuf, bool)> = self
+            .ring_links
+            .lock()
             .drain()
             .map(|(_, l)| (l, true))
             .collect();
         links.extend(
-            lock(&self.owned_iovs)
+            self.owned_iovs
+                .lock()
                 .drain()
                 .map(|(id, segment)| (virt::link_path(&virt::iovs_dir(mount), &id), segment)),
         );
@@ -493,7 +385,7 @@ fn serve_client(shared: Arc<Shared>, sock: SeqPacket) {
         owned_iovs: Mutex::default(),
     });
     {
-        let mut sessions = lock(&shared.sessions);
+        let mut sessions = shared.sessions.lock();
         sessions.retain(|w| w.strong_count() > 0);
         sessions.push(Arc::downgrade(&session));
     }

@@ -1,13 +1,15 @@
-//! The daemon's side of one ring: a thread that takes batches of submissions as the
-//! ring's `io_depth` says, splits them into chunks for the worker pool, and the
-//! completion poster the last chunk of each I/O calls.
+//! The daemon's side of one ring: the mapped ring with the completion poster the last
+//! chunk of each I/O calls, and a thread that takes batches of submissions as the ring's
+//! `io_depth` says and hands them to its session (which splits them into chunks for the
+//! worker pool). Knows nothing of sessions or chunks: the I/O path builds on it.
 
-use super::io::{Chunk, Request};
-use super::Session;
+use super::logging::daemon_error;
 use crate::ring::{Cqe, RingView, DAEMON_ATTACHED, DAEMON_DETACHED};
 use crate::shm::{futex_wait, futex_wake, Shm};
+use parking_lot::Mutex;
+use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Longest sleep of an idle ring thread (I/Os prepared without `submit_ios` are seen
@@ -48,14 +50,12 @@ impl RingCtx {
     pub(crate) fn post(&self, index: i32, result: i64, userdata: u64) {
         let h = self.view.header();
         {
-            let _g = self.cq_lock.lock().unwrap_or_else(|e| e.into_inner());
+            let _g = self.cq_lock.lock();
             let tail = h.cq_tail.0.load(Ordering::Relaxed);
             // The client prepares only while fewer than `entries` are unreaped, so the
             // slot is free; a client breaking that rule loses this completion.
             if tail - h.cq_head.0.load(Ordering::Acquire) >= self.view.entries() as u64 {
-                super::daemon_error!(
-                    "completion ring overflow: completion of index {index} dropped"
-                );
+                daemon_error!("completion ring overflow: completion of index {index} dropped");
             } else {
                 self.view.write_cqe(
                     tail,
@@ -86,7 +86,13 @@ pub(crate) struct RingRunner {
 }
 
 impl RingRunner {
-    pub(crate) fn start(session: Arc<Session>, ctx: Arc<RingCtx>) -> std::io::Result<Self> {
+    /// Starts the ring thread of client `client` (for messages); `take` is called with
+    /// each batch of submission sequence numbers to run.
+    pub(crate) fn start(
+        ctx: Arc<RingCtx>,
+        client: i32,
+        take: impl FnMut(&Arc<RingCtx>, Range<u64>) + Send + 'static,
+    ) -> std::io::Result<Self> {
         let stop = Arc::new(AtomicBool::new(false));
         let h = ctx.view.header();
         h.daemon_pid
@@ -96,7 +102,7 @@ impl RingRunner {
             let (ctx, stop) = (ctx.clone(), stop.clone());
             std::thread::Builder::new()
                 .name("hf3fs-ring".into())
-                .spawn(move || ring_loop(&session, &ctx, &stop))?
+                .spawn(move || ring_loop(&ctx, client, take, &stop))?
         };
         Ok(Self {
             ctx,
@@ -148,7 +154,12 @@ fn batch_size(io_depth: i32, avail: u64, submitted_beyond_head: u64, waited_out:
     }
 }
 
-fn ring_loop(session: &Arc<Session>, ctx: &Arc<RingCtx>, stop: &AtomicBool) {
+fn ring_loop(
+    ctx: &Arc<RingCtx>,
+    client: i32,
+    mut take: impl FnMut(&Arc<RingCtx>, Range<u64>),
+    stop: &AtomicBool,
+) {
     let h = ctx.view.header();
     let entries = ctx.view.entries() as u64;
     let io_depth = h.io_depth;
@@ -160,9 +171,8 @@ fn ring_loop(session: &Arc<Session>, ctx: &Arc<RingCtx>, stop: &AtomicBool) {
         let tail = h.sq_tail.0.load(Ordering::Acquire);
         let avail = tail.wrapping_sub(head);
         if avail > entries {
-            super::daemon_error!(
-                "ring of client {}: sq_tail {tail} is more than {entries} past sq_head {head}: ring abandoned",
-                session.pid
+            daemon_error!(
+                "ring of client {client}: sq_tail {tail} is more than {entries} past sq_head {head}: ring abandoned"
             );
             break;
         }
@@ -174,15 +184,11 @@ fn ring_loop(session: &Arc<Session>, ctx: &Arc<RingCtx>, stop: &AtomicBool) {
         let waited_out = avail > 0
             && (timeout.is_zero()
                 || partial_since.get_or_insert_with(Instant::now).elapsed() >= timeout);
-        let take = batch_size(io_depth, avail, submitted, waited_out);
-        if take > 0 {
-            let mut chunks = Vec::new();
-            for seq in head..head + take {
-                session.dispatch(ctx, seq, &mut chunks);
-            }
-            head += take;
+        let batch = batch_size(io_depth, avail, submitted, waited_out);
+        if batch > 0 {
+            take(ctx, head..head + batch);
+            head += batch;
             h.sq_head.0.store(head, Ordering::Release);
-            session.shared.pool.push(chunks);
             partial_since = None;
             idle = 0;
             continue;
@@ -211,25 +217,6 @@ fn ring_loop(session: &Arc<Session>, ctx: &Arc<RingCtx>, stop: &AtomicBool) {
         && start.elapsed() < DRAIN_LIMIT
     {
         std::thread::sleep(Duration::from_micros(200));
-    }
-}
-
-/// Splits `[0, len)` of a request into pool chunks of at most `chunk` bytes.
-pub(crate) fn split(req: &Arc<Request>, base: &Chunk, chunk: u64, out: &mut Vec<Chunk>) {
-    let mut start = 0;
-    while start < req.len {
-        let len = chunk.min(req.len - start);
-        out.push(Chunk {
-            req: req.clone(),
-            file: base.file.clone(),
-            iov: base.iov.clone(),
-            iov_offset: base.iov_offset + start,
-            file_offset: base.file_offset + start,
-            len,
-            start,
-            read: base.read,
-        });
-        start += len;
     }
 }
 

@@ -4,14 +4,18 @@
 
 use super::ffi;
 use crate::error::{Error, Result};
+use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::ffi::{CStr, CString};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 
 /// The library's file name, found through the loader's search path by default.
 pub const DEFAULT_LIBRARY: &str = "libhf3fs_api_shared.so";
+
+/// Environment variable naming the 3FS library to load.
+pub const LIBRARY_ENV: &str = "HF3FS_GDR_LIBRARY";
 
 /// The required usrbio entry points.
 #[derive(Debug, Clone, Copy)]
@@ -168,11 +172,11 @@ impl Library {
     pub fn open(path: Option<&Path>) -> Result<Arc<Self>> {
         let path = match path {
             Some(p) => p.to_path_buf(),
-            None => std::env::var_os(super::LIBRARY_ENV)
+            None => std::env::var_os(LIBRARY_ENV)
                 .map(PathBuf::from)
                 .unwrap_or_else(|| PathBuf::from(DEFAULT_LIBRARY)),
         };
-        let mut loaded = crate::client::lock(loaded_table());
+        let mut loaded = loaded_table().lock();
         if let Some(lib) = loaded.get(&path) {
             return Ok(lib.clone());
         }
@@ -248,7 +252,7 @@ impl Library {
     /// Registers `fd` (already in our registry, naming `(dev, ino)`) with 3FS on first
     /// use (`hf3fs_reg_fd`).
     pub(crate) fn ensure_registered(&self, fd: i32, identity: (u64, u64)) -> Result<()> {
-        let mut fds = crate::client::lock(&self.fds);
+        let mut fds = self.fds.lock();
         match fds.get(&fd) {
             Some(&known) if known == identity => return Ok(()),
             Some(_) => {
@@ -274,7 +278,7 @@ impl Library {
 
     /// `hf3fs_dereg_fd` if `fd` was registered with this library.
     pub(crate) fn forget_fd(&self, fd: i32) {
-        if crate::client::lock(&self.fds).remove(&fd).is_some() {
+        if self.fds.lock().remove(&fd).is_some() {
             // SAFETY: plain int argument.
             unsafe { (self.usrbio.dereg_fd)(fd) };
         }
@@ -290,10 +294,7 @@ fn loaded_table() -> &'static LoadedTable {
 
 /// Every library loaded so far (for `dereg_fd`).
 pub(crate) fn loaded_libraries() -> Vec<Arc<Library>> {
-    crate::client::lock(loaded_table())
-        .values()
-        .cloned()
-        .collect()
+    loaded_table().lock().values().cloned().collect()
 }
 
 pub(crate) fn c_path(path: &Path) -> Result<CString> {

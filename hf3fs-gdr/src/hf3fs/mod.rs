@@ -25,19 +25,18 @@ pub(crate) mod ring;
 
 pub use ffi::{HF3FS_SYNC_FROM_STORAGE, HF3FS_SYNC_TO_STORAGE};
 pub(crate) use library::{c_path, loaded_libraries};
-pub use library::{Library, DEFAULT_LIBRARY};
+pub use library::{Library, DEFAULT_LIBRARY, LIBRARY_ENV};
 
 use crate::error::{Error, Result};
 use crate::shm::{to_hex, Id};
+use parking_lot::Mutex;
 use std::cell::UnsafeCell;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 
 /// Environment variable choosing the backend: `auto`, `daemon` or `3fs`.
 pub const BACKEND_ENV: &str = "HF3FS_GDR_BACKEND";
-/// Environment variable naming the 3FS library to load.
-pub const LIBRARY_ENV: &str = "HF3FS_GDR_LIBRARY";
 
 /// What serves a mount, as asked for ([`set_backend`], `$HF3FS_GDR_BACKEND`).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -105,7 +104,7 @@ fn canonical_or_given(mount: &Path) -> PathBuf {
 /// theirs.
 pub fn set_backend(mount: impl AsRef<Path>, choice: BackendChoice) {
     let mount = canonical_or_given(mount.as_ref());
-    let mut table = crate::client::lock(choices());
+    let mut table = choices().lock();
     if choice == BackendChoice::Auto {
         table.remove(&mount);
     } else {
@@ -136,9 +135,7 @@ pub fn is_hf3fs_mount(path: impl AsRef<Path>) -> bool {
 }
 
 pub(crate) fn resolve(mount: &Path) -> Result<Resolved> {
-    let chosen = crate::client::lock(choices())
-        .get(&canonical_or_given(mount))
-        .cloned();
+    let chosen = choices().lock().get(&canonical_or_given(mount)).cloned();
     let choice = match chosen {
         Some(c) => c,
         None => match std::env::var(BACKEND_ENV) {
@@ -405,7 +402,7 @@ impl LibIov {
 
     /// `hf3fs_iovunlink`, once, where 3FS allows it.
     pub(crate) fn unlink(&self) {
-        let mut done = crate::client::lock(&self.unlinked);
+        let mut done = self.unlinked.lock();
         if *done || !matches!(self.kind, LibIovKind::Created | LibIovKind::WrappedDevice) {
             return;
         }

@@ -3,9 +3,9 @@
 
 use super::{cvt, ffi, Library};
 use crate::error::{Error, Result};
-use crate::ior::RingOps;
 use crate::iov::{Iov, IovInner};
 use crate::ring::Cqe;
+use crate::ring_ops::RingOps;
 use crate::shm::Id;
 use std::cell::UnsafeCell;
 use std::os::fd::RawFd;

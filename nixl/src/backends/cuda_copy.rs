@@ -3,17 +3,17 @@
 //! `cuMemcpyAsync` whose completion is polled through events.
 
 use crate::error::{Error, Result};
-use gpunetio::cudarc::driver::sys;
-use gpunetio::cudarc::driver::{CudaEvent, CudaStream};
-use gpunetio::{Gpu, HostRegistration};
+use gpu_mem::cudarc::driver::sys;
+use gpu_mem::cudarc::driver::{CudaEvent, CudaStream};
+use gpu_mem::{Gpu, HostRegistration};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-/// Turns a GPU-layer error into the agent's.
-pub(crate) fn gpu_err(what: &str) -> impl FnOnce(gpunetio::Error) -> Error + '_ {
+/// Turns a GPU-layer error (`gpu-mem`'s, or `gpunetio`'s for GPUNETIO) into the agent's.
+pub(crate) fn gpu_err<E: std::fmt::Display>(what: &str) -> impl FnOnce(E) -> Error + '_ {
     move |e| Error::Gpu(format!("{what}: {e}"))
 }
 
@@ -56,7 +56,7 @@ impl StreamPools {
         let gpu = Gpu::open(ordinal).map_err(gpu_err("opening the GPU"))?;
         let streams = (0..self.streams_per_gpu)
             .map(|_| gpu.new_stream())
-            .collect::<gpunetio::Result<Vec<_>>>()
+            .collect::<gpu_mem::Result<Vec<_>>>()
             .map_err(gpu_err("creating streams"))?;
         let pool = Arc::new(GpuStreams {
             gpu,
@@ -72,7 +72,7 @@ impl StreamPools {
 /// pageable copy is staged by the driver, at a fraction of it: `docs/BENCHMARKS.md`). Best
 /// effort: without a GPU, or if the driver refuses, copies still work, only slower.
 pub(crate) fn pin_host(addr: u64, len: u64) -> Option<HostRegistration> {
-    if gpunetio::device_count() == 0 {
+    if gpu_mem::device_count() == 0 {
         return None;
     }
     let gpu = Gpu::open(0).ok()?;
@@ -113,12 +113,12 @@ impl LazyPin {
 
 /// A small device buffer on GPU 0, to probe whether a transport registers device
 /// memory; `None` without a driver or a GPU.
-pub(crate) fn probe_buffer(len: usize) -> Option<gpunetio::DeviceBuffer> {
-    if !gpunetio::is_available() || gpunetio::device_count() == 0 {
+pub(crate) fn probe_buffer(len: usize) -> Option<gpu_mem::DeviceBuffer> {
+    if !gpu_mem::is_available() || gpu_mem::device_count() == 0 {
         return None;
     }
     let gpu = Gpu::open(0).ok()?;
-    gpunetio::DeviceBuffer::alloc(&gpu, len).ok()
+    gpu_mem::DeviceBuffer::alloc(&gpu, len).ok()
 }
 
 /// One copy: `len` bytes from `src` to `dst` (device or host addresses, unified).
@@ -388,7 +388,7 @@ impl super::staging::Copier for StagingCopier {
             return super::staging::BounceMem::heap(len);
         };
         let pool = self.streams.get(dev)?;
-        let buf = gpunetio::HostBuffer::alloc(&pool.gpu, len)
+        let buf = gpu_mem::HostBuffer::alloc(&pool.gpu, len)
             .map_err(gpu_err("allocating the pinned staging pool"))?;
         Ok(super::staging::BounceMem::Pinned(buf))
     }

@@ -34,7 +34,7 @@ use crate::backend::{
 };
 use crate::error::{Error, Result};
 use crate::mem::{MemKind, Region};
-use gpunetio::{DeviceMemoryRef, Gpu, IpcHandle, IpcMapping, VmmMapping, IPC_HANDLE_BYTES};
+use gpu_mem::{DeviceMemoryRef, Gpu, IpcHandle, IpcMapping, VmmMapping, IPC_HANDLE_BYTES};
 use parking_lot::Mutex;
 use std::any::Any;
 use std::collections::HashMap;
@@ -67,7 +67,7 @@ const SEND_TIMEOUT: Duration = Duration::from_secs(5);
 type NotifList = super::shared::NotifInbox;
 type NotifQueue = Arc<NotifList>;
 /// VMM allocations this backend hands out as file descriptors, by id.
-type VmmTable = Mutex<HashMap<u64, gpunetio::VmmExport>>;
+type VmmTable = Mutex<HashMap<u64, gpu_mem::VmmExport>>;
 
 /// The CUDA-IPC backend.
 #[derive(Debug)]
@@ -114,10 +114,10 @@ impl CudaIpcBackend {
     /// control plane of `GPUNETIO`'s intra-node path: connection information, region
     /// metadata, mappings and notifications).
     pub(crate) fn new(agent_name: &str, num_streams: usize) -> Result<Self> {
-        if !gpunetio::is_available() || gpunetio::device_count() == 0 {
+        if !gpu_mem::is_available() || gpu_mem::device_count() == 0 {
             return Err(Error::Gpu(format!(
                 "{NAME} needs a CUDA driver and a GPU (driver present: {})",
-                gpunetio::is_available()
+                gpu_mem::is_available()
             )));
         }
         static NEXT: AtomicU64 = AtomicU64::new(0);
@@ -319,7 +319,7 @@ impl Peer {
             return Ok(m.clone());
         }
         self.alive()?;
-        let import_err = |e: gpunetio::Error| {
+        let import_err = |e: gpu_mem::Error| {
             Error::Gpu(format!("importing memory of agent `{}`: {e}", self.name))
         };
         let m = Arc::new(match key {
@@ -349,7 +349,7 @@ impl Peer {
     }
 
     /// Asks the peer for the file descriptor of its VMM allocation `id`.
-    fn fetch_vmm(&self, id: u64) -> Result<gpunetio::VmmExport> {
+    fn fetch_vmm(&self, id: u64) -> Result<gpu_mem::VmmExport> {
         let mut conn = self.connect()?;
         let mut frame = Vec::with_capacity(13);
         frame.extend_from_slice(&9u32.to_le_bytes());
@@ -360,7 +360,7 @@ impl Peer {
                 agent: self.name.clone(),
                 reason: format!("VMM fd request not sent: {e}"),
             })?;
-        gpunetio::recv_vmm(&conn).map_err(|e| {
+        gpu_mem::recv_vmm(&conn).map_err(|e| {
             Error::Gpu(format!(
                 "agent `{}` did not hand over VMM allocation {id} (deregistered, or its process is gone): {e}",
                 self.name
@@ -484,9 +484,9 @@ fn serve_connection(mut conn: UnixStream, queue: Weak<NotifList>, vmm: Weak<VmmT
                 let Some(table) = vmm.upgrade() else { return };
                 let table = table.lock();
                 let sent = match table.get(&id) {
-                    Some(export) => gpunetio::send_vmm(&conn, export),
+                    Some(export) => gpu_mem::send_vmm(&conn, export),
                     // A refusal: the 16 bytes without a descriptor.
-                    None => gpunetio::send_fds(&conn, &[0; 16], &[]),
+                    None => gpu_mem::send_fds(&conn, &[0; 16], &[]),
                 };
                 if sent.is_err() {
                     return;
@@ -702,7 +702,7 @@ impl<'a> Importer<'a> {
         let gpu = match self.gpus.get(&remote.uuid) {
             Some(g) => g.clone(),
             None => {
-                let found = gpunetio::find_by_uuid(&remote.uuid)
+                let found = gpu_mem::find_by_uuid(&remote.uuid)
                     .map_err(gpu_err("looking up the peer's GPU"))?;
                 let g = match found {
                     Some(g) => g,
@@ -824,7 +824,7 @@ impl Backend for CudaIpcBackend {
         let uuid = Gpu::open(device)
             .and_then(|g| g.uuid())
             .map_err(gpu_err("reading the GPU's UUID"))?;
-        let cannot = |e: gpunetio::Error| {
+        let cannot = |e: gpu_mem::Error| {
             Error::Gpu(format!(
                 "{NAME} cannot export VRAM {:#x}+{}: {e}",
                 d.addr, d.len
@@ -1064,7 +1064,7 @@ mod tests {
             unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
         vmm.lock().insert(
             7,
-            gpunetio::VmmExport {
+            gpu_mem::VmmExport {
                 fd: write_end,
                 size: 2 << 20,
                 len: 1 << 20,

@@ -448,8 +448,8 @@ pub fn remove_shm_of(pid: u32) {
 
 /// Device memory of `len` bytes holding `fill` (zeroes where `fill` is empty).
 #[cfg(feature = "cuda")]
-pub fn device_buffer(gpu: &gpunetio::Gpu, len: usize, fill: &[u8]) -> gpunetio::DeviceBuffer {
-    let buf = gpunetio::DeviceBuffer::alloc(gpu, len).unwrap();
+pub fn device_buffer(gpu: &gpu_mem::Gpu, len: usize, fill: &[u8]) -> gpu_mem::DeviceBuffer {
+    let buf = gpu_mem::DeviceBuffer::alloc(gpu, len).unwrap();
     if fill.is_empty() {
         buf.fill(0).unwrap();
     } else {
@@ -460,7 +460,7 @@ pub fn device_buffer(gpu: &gpunetio::Gpu, len: usize, fill: &[u8]) -> gpunetio::
 
 /// `len` bytes of `buf` from `offset`.
 #[cfg(feature = "cuda")]
-pub fn on(buf: &gpunetio::DeviceBuffer, offset: usize, len: usize) -> Desc {
+pub fn on(buf: &gpu_mem::DeviceBuffer, offset: usize, len: usize) -> Desc {
     Desc::new(
         buf.ptr() + offset as u64,
         len as u64,
@@ -470,7 +470,7 @@ pub fn on(buf: &gpunetio::DeviceBuffer, offset: usize, len: usize) -> Desc {
 
 /// All of `buf`.
 #[cfg(feature = "cuda")]
-pub fn whole(buf: &gpunetio::DeviceBuffer) -> Desc {
+pub fn whole(buf: &gpu_mem::DeviceBuffer) -> Desc {
     on(buf, 0, buf.len())
 }
 
@@ -481,14 +481,14 @@ pub fn whole(buf: &gpunetio::DeviceBuffer) -> Desc {
 /// parameter). `agent` must have a backend that takes VRAM and attached posts.
 #[cfg(feature = "cuda")]
 pub fn attached_post_moves_what_the_stream_produced(
-    gpu: &gpunetio::Gpu,
+    gpu: &gpu_mem::Gpu,
     agent: &Agent,
     name: &str,
     before_each: impl Fn(&mut XferReq),
 ) {
     const LEN: usize = 1 << 30;
-    let src = gpunetio::DeviceBuffer::alloc(gpu, LEN).unwrap();
-    let dst = gpunetio::DeviceBuffer::alloc(gpu, LEN).unwrap();
+    let src = gpu_mem::DeviceBuffer::alloc(gpu, LEN).unwrap();
+    let dst = gpu_mem::DeviceBuffer::alloc(gpu, LEN).unwrap();
     // SAFETY: both outlive the handle and the request.
     let _h = unsafe {
         agent
@@ -512,12 +512,7 @@ pub fn attached_post_moves_what_the_stream_produced(
         gpu.bind().unwrap();
         // SAFETY: `src` is a live allocation of LEN bytes; the stream is live.
         unsafe {
-            gpunetio::cudarc::driver::sys::cuMemsetD8Async(
-                src.ptr(),
-                value,
-                LEN,
-                stream.cu_stream(),
-            )
+            gpu_mem::cudarc::driver::sys::cuMemsetD8Async(src.ptr(), value, LEN, stream.cu_stream())
         }
         .result()
         .unwrap();

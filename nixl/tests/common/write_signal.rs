@@ -1,6 +1,6 @@
 //! The write-and-signal kernels (`nixl/device/nixl_write_signal.cu`) as the GPUNETIO tests
 //! use them: the data pattern they write and check, and their module.
-#![cfg(feature = "cuda")]
+#![cfg(feature = "gpunetio")]
 
 use gpunetio::cudarc::driver::{CudaFunction, CudaModule};
 use gpunetio::Gpu;

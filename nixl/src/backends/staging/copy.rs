@@ -23,7 +23,7 @@ pub(crate) enum BounceMem {
         layout: Layout,
     },
     #[cfg(feature = "cuda")]
-    Pinned(gpunetio::HostBuffer),
+    Pinned(gpu_mem::HostBuffer),
 }
 
 // SAFETY: plain memory owned by this value; who reads or writes which slot is decided by

@@ -178,7 +178,7 @@ fn export_dmabuf(
     len: u64,
     dev: usize,
 ) -> std::result::Result<(std::os::fd::OwnedFd, u64), Refusal> {
-    use gpunetio::cudarc::driver::sys;
+    use gpu_mem::cudarc::driver::sys;
     use std::os::fd::FromRawFd;
     let failed = |code: i32, why: String| Refusal {
         unsupported: false,
@@ -186,7 +186,7 @@ fn export_dmabuf(
         why,
     };
     let gpu =
-        gpunetio::Gpu::open(dev).map_err(|e| failed(libc::ENODEV, format!("GPU {dev}: {e}")))?;
+        gpu_mem::Gpu::open(dev).map_err(|e| failed(libc::ENODEV, format!("GPU {dev}: {e}")))?;
     if !gpu.dmabuf_supported() {
         return Err(Refusal::unsupported(format!(
             "GPU {dev} cannot export DMA-BUF (driver or kernel lacks support)"

@@ -1,8 +1,8 @@
 //! Exportable device memory (DOCA's `doca_gpu_mem_alloc` with `DOCA_GPU_MEM_TYPE_GPU`).
 //!
 //! Never cudarc's stream-ordered pool: pool memory cannot be exported as an IPC handle
-//! or a DMA-BUF fd (measured: `CUDA_ERROR_INVALID_VALUE`), so it could not reach a peer
-//! process or a NIC. Two allocators instead:
+//! or a DMA-BUF fd (the driver answers `CUDA_ERROR_INVALID_VALUE`), so it could not
+//! reach a peer process or a NIC. Two allocators instead:
 //! - [`DeviceBuffer::alloc`]: `cuMemAlloc`, exportable as a CUDA-IPC handle and DMA-BUF;
 //! - [`DeviceBuffer::alloc_vmm`]: `cuMemCreate` with a POSIX-fd handle type, exportable
 //!   as a file descriptor (passed over a Unix socket) and DMA-BUF.
@@ -10,6 +10,7 @@
 use crate::error::{cvt, cvt_ctx, Error, Result};
 use crate::gpu::Gpu;
 use crate::ipc::{IpcHandle, VmmExport};
+use crate::vmm::{map_vmm, round_up, unmap_vmm, vmm_granularity, vmm_prop};
 use cudarc::driver::sys::{self, CUmemGenericAllocationHandle};
 use std::os::fd::{FromRawFd, OwnedFd};
 
@@ -305,89 +306,4 @@ impl Drop for DeviceBuffer {
             tracing::warn!("device buffer {:#x}: {e}", self.ptr);
         }
     }
-}
-
-pub(crate) fn round_up(v: u64, to: u64) -> u64 {
-    v.div_ceil(to) * to
-}
-
-/// Allocation properties of pinned device memory with a POSIX-fd handle type.
-pub(crate) fn vmm_prop(ordinal: usize, gdr: bool) -> sys::CUmemAllocationProp {
-    // SAFETY: the C struct is plain data for which all-zeroes is the documented default.
-    let mut prop: sys::CUmemAllocationProp = unsafe { std::mem::zeroed() };
-    prop.type_ = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
-    prop.requestedHandleTypes =
-        sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
-    prop.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
-    prop.location.id = ordinal as i32;
-    prop.allocFlags.gpuDirectRDMACapable = u8::from(gdr);
-    prop
-}
-
-pub(crate) fn vmm_granularity(prop: &sys::CUmemAllocationProp) -> Result<usize> {
-    let mut granularity = 0;
-    // SAFETY: valid out-pointer and property struct.
-    cvt("cuMemGetAllocationGranularity", unsafe {
-        sys::cuMemGetAllocationGranularity(
-            &mut granularity,
-            prop,
-            sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_RECOMMENDED,
-        )
-    })?;
-    Ok(granularity.max(1))
-}
-
-/// Reserves an address range, maps `handle` there and enables read-write access for GPU
-/// `ordinal`; undoes what it did on failure.
-pub(crate) fn map_vmm(
-    ordinal: usize,
-    handle: CUmemGenericAllocationHandle,
-    size: usize,
-) -> Result<u64> {
-    let mut ptr = 0;
-    // SAFETY: valid out-pointer; size is granularity-aligned.
-    cvt("cuMemAddressReserve", unsafe {
-        sys::cuMemAddressReserve(&mut ptr, size, 0, 0, 0)
-    })?;
-    // SAFETY: the range was just reserved with this size.
-    if let Err(e) = cvt("cuMemMap", unsafe {
-        sys::cuMemMap(ptr, size, 0, handle, 0)
-    }) {
-        // SAFETY: reserved above, never mapped.
-        let _ = unsafe { sys::cuMemAddressFree(ptr, size) };
-        return Err(e);
-    }
-    // SAFETY: the C struct is plain data; all fields are set below.
-    let mut access: sys::CUmemAccessDesc = unsafe { std::mem::zeroed() };
-    access.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
-    access.location.id = ordinal as i32;
-    access.flags = sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    // SAFETY: one access descriptor for the mapped range.
-    if let Err(e) = cvt("cuMemSetAccess", unsafe {
-        sys::cuMemSetAccess(ptr, size, &access, 1)
-    }) {
-        let _ = unmap_vmm(ptr, size, None);
-        return Err(e);
-    }
-    Ok(ptr)
-}
-
-/// Unmaps and frees the address range; releases `handle` when given.
-pub(crate) fn unmap_vmm(
-    ptr: u64,
-    size: usize,
-    handle: Option<CUmemGenericAllocationHandle>,
-) -> Result<()> {
-    // SAFETY: `ptr`/`size` is a range this crate mapped; each step runs once.
-    let unmap = cvt("cuMemUnmap", unsafe { sys::cuMemUnmap(ptr, size) });
-    // SAFETY: as above.
-    let free = cvt("cuMemAddressFree", unsafe {
-        sys::cuMemAddressFree(ptr, size)
-    });
-    let release = match handle {
-        // SAFETY: the handle was created or imported by this crate and is released once.
-        Some(h) => cvt("cuMemRelease", unsafe { sys::cuMemRelease(h) }),
-        None => Ok(()),
-    };
-    unmap.and(free).and(release)
 }

@@ -5,8 +5,8 @@ use crate::error::{cvt, cvt_ctx, Error, Result};
 use crate::gpu::{driver, Gpu};
 use crate::ipc::{IpcHandle, VmmExport};
 use cudarc::driver::sys::{self, CUpointer_attribute};
+use parking_lot::Mutex;
 use std::os::fd::FromRawFd;
-use std::sync::Mutex;
 
 /// What kind of memory a pointer points into.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -62,11 +62,16 @@ fn any_context() -> Result<()> {
     }
     // Kept once opened; a failed open is retried next time.
     static FALLBACK: Mutex<Option<Gpu>> = Mutex::new(None);
-    let mut fallback = FALLBACK.lock().unwrap_or_else(|e| e.into_inner());
-    if fallback.is_none() {
-        *fallback = Some(Gpu::open(0)?);
+    let mut fallback = FALLBACK.lock();
+    match &*fallback {
+        Some(gpu) => gpu.bind(),
+        None => {
+            let gpu = Gpu::open(0)?;
+            gpu.bind()?;
+            *fallback = Some(gpu);
+            Ok(())
+        }
     }
-    fallback.as_ref().expect("set above").bind()
 }
 
 /// Classifies any pointer: pageable host, pinned host, device (with its GPU) or managed.

@@ -9,8 +9,8 @@
 //! one lock: pointer classification of freed memory must not race another test's
 //! allocations), each under a watchdog.
 
-use gpunetio::cudarc::driver::sys;
-use gpunetio::{
+use gpu_mem::cudarc::driver::sys;
+use gpu_mem::{
     check_device_range, device_count, find_by_uuid, format_uuid, is_available, pointer_info,
     recv_vmm, send_vmm, DeviceBuffer, DeviceMemoryRef, Error, Gpu, HostBuffer, HostRegistration,
     IpcHandle, IpcMapping, MemoryKind, VmmMapping, DEVICE_BUFFER_ALIGN, IPC_HANDLE_BYTES,
@@ -30,8 +30,8 @@ const T: Duration = Duration::from_secs(30);
 /// A length that is neither a page nor a granularity multiple.
 const LEN: usize = (1 << 20) + 333;
 /// Environment of the peer process.
-const PEER_ROLE: &str = "GPUNETIO_PEER_ROLE";
-const PEER_SOCKET: &str = "GPUNETIO_PEER_SOCKET";
+const PEER_ROLE: &str = "GPU_MEM_PEER_ROLE";
+const PEER_SOCKET: &str = "GPU_MEM_PEER_SOCKET";
 
 // ---- helpers ---------------------------------------------------------------------------
 
@@ -124,7 +124,7 @@ struct TempDir(PathBuf);
 
 impl TempDir {
     fn new(tag: &str) -> Self {
-        let path = std::env::temp_dir().join(format!("gpunetio-{}-{tag}", std::process::id()));
+        let path = std::env::temp_dir().join(format!("gpu-mem-{}-{tag}", std::process::id()));
         let _ = std::fs::remove_dir_all(&path);
         std::fs::create_dir_all(&path).unwrap();
         Self(path)
@@ -139,7 +139,7 @@ impl Drop for TempDir {
 
 // ---- the peer (child process) ------------------------------------------------------------
 
-/// Entry point of the peer process; does nothing unless `GPUNETIO_PEER_ROLE` is set.
+/// Entry point of the peer process; does nothing unless `GPU_MEM_PEER_ROLE` is set.
 #[test]
 #[ignore = "the peer process of the two-process tests; run by them"]
 fn peer_process() {
@@ -427,7 +427,7 @@ fn assert_halves(got: &[u8], len: usize, seeds: (u8, u8), what: &str) {
 
 #[test]
 fn gpu_attributes_and_lookup() {
-    let Some(gpu) = gpunetio::gpu_for_test("gpu_attributes_and_lookup") else {
+    let Some(gpu) = gpu_mem::gpu_for_test("gpu_attributes_and_lookup") else {
         return;
     };
     let _serial = serial("gpu_attributes_and_lookup", 120);
@@ -531,7 +531,7 @@ fn gpu_attributes_and_lookup() {
 
 #[test]
 fn driver_presence_agrees_with_the_gpu() {
-    let Some(gpu) = gpunetio::gpu_for_test("driver_presence_agrees_with_the_gpu") else {
+    let Some(gpu) = gpu_mem::gpu_for_test("driver_presence_agrees_with_the_gpu") else {
         return;
     };
     let _serial = serial("driver_presence_agrees_with_the_gpu", 60);
@@ -547,7 +547,7 @@ fn driver_presence_agrees_with_the_gpu() {
 #[test]
 fn device_buffers_round_trip_at_offsets_and_refuse_bad_ranges() {
     let Some(gpu) =
-        gpunetio::gpu_for_test("device_buffers_round_trip_at_offsets_and_refuse_bad_ranges")
+        gpu_mem::gpu_for_test("device_buffers_round_trip_at_offsets_and_refuse_bad_ranges")
     else {
         return;
     };
@@ -662,7 +662,7 @@ fn device_buffers_round_trip_at_offsets_and_refuse_bad_ranges() {
 
 #[test]
 fn ipc_handle_maps_in_another_process() {
-    let Some(gpu) = gpunetio::gpu_for_test("ipc_handle_maps_in_another_process") else {
+    let Some(gpu) = gpu_mem::gpu_for_test("ipc_handle_maps_in_another_process") else {
         return;
     };
     let _serial = serial("ipc_handle_maps_in_another_process", 120);
@@ -685,7 +685,7 @@ fn ipc_handle_maps_in_another_process() {
 
 #[test]
 fn vmm_fd_maps_in_another_process() {
-    let Some(gpu) = gpunetio::gpu_for_test("vmm_fd_maps_in_another_process") else {
+    let Some(gpu) = gpu_mem::gpu_for_test("vmm_fd_maps_in_another_process") else {
         return;
     };
     let _serial = serial("vmm_fd_maps_in_another_process", 120);
@@ -726,7 +726,7 @@ fn vmm_fd_maps_in_another_process() {
 
 #[test]
 fn borrowed_range_maps_at_its_offset_in_another_process() {
-    let Some(gpu) = gpunetio::gpu_for_test("borrowed_range_maps_at_its_offset_in_another_process")
+    let Some(gpu) = gpu_mem::gpu_for_test("borrowed_range_maps_at_its_offset_in_another_process")
     else {
         return;
     };
@@ -772,7 +772,7 @@ fn borrowed_range_maps_at_its_offset_in_another_process() {
 
 #[test]
 fn killed_importer_leaves_the_exporter_working() {
-    let Some(gpu) = gpunetio::gpu_for_test("killed_importer_leaves_the_exporter_working") else {
+    let Some(gpu) = gpu_mem::gpu_for_test("killed_importer_leaves_the_exporter_working") else {
         return;
     };
     let _serial = serial("killed_importer_leaves_the_exporter_working", 180);
@@ -798,7 +798,7 @@ fn killed_importer_leaves_the_exporter_working() {
 
 #[test]
 fn killed_exporter_leaves_the_importer_working() {
-    let Some(gpu) = gpunetio::gpu_for_test("killed_exporter_leaves_the_importer_working") else {
+    let Some(gpu) = gpu_mem::gpu_for_test("killed_exporter_leaves_the_importer_working") else {
         return;
     };
     let _serial = serial("killed_exporter_leaves_the_importer_working", 180);
@@ -847,7 +847,7 @@ fn killed_exporter_leaves_the_importer_working() {
 
 #[test]
 fn dmabuf_export_of_plain_and_vmm_buffers() {
-    let Some(gpu) = gpunetio::gpu_for_test("dmabuf_export_of_plain_and_vmm_buffers") else {
+    let Some(gpu) = gpu_mem::gpu_for_test("dmabuf_export_of_plain_and_vmm_buffers") else {
         return;
     };
     let _serial = serial("dmabuf_export_of_plain_and_vmm_buffers", 120);
@@ -894,7 +894,7 @@ fn dmabuf_export_of_plain_and_vmm_buffers() {
 
 #[test]
 fn every_kind_of_pointer_is_classified() {
-    let Some(gpu) = gpunetio::gpu_for_test("every_kind_of_pointer_is_classified") else {
+    let Some(gpu) = gpu_mem::gpu_for_test("every_kind_of_pointer_is_classified") else {
         return;
     };
     let _serial = serial("every_kind_of_pointer_is_classified", 120);

@@ -2,9 +2,9 @@
 //! file descriptors (passed with `SCM_RIGHTS` over a Unix socket), imported as RAII
 //! mappings that are closed on drop.
 
-use crate::device_buffer::{map_vmm, unmap_vmm};
 use crate::error::{cvt, cvt_ctx, Error, Result};
 use crate::gpu::Gpu;
+use crate::vmm::{map_vmm, unmap_vmm};
 use cudarc::driver::sys;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use std::io::{IoSlice, IoSliceMut};
@@ -400,18 +400,24 @@ pub fn recv_vmm(sock: &UnixStream) -> Result<VmmExport> {
         got += n;
         fds.extend(more);
     }
-    if got < data.len() || fds.len() != 1 {
-        return Err(Error::InvalidArgument(format!(
-            "a VMM export message has 16 bytes and 1 fd, got {got} bytes and {} fds",
-            fds.len()
-        )));
-    }
-    let size = u64::from_le_bytes(data[..8].try_into().expect("8 bytes"));
-    let len = u64::from_le_bytes(data[8..].try_into().expect("8 bytes"));
+    let fd = match fds.pop() {
+        Some(fd) if got == data.len() && fds.is_empty() => fd,
+        last => {
+            return Err(Error::InvalidArgument(format!(
+                "a VMM export message has 16 bytes and 1 fd, got {got} bytes and {} fds",
+                fds.len() + usize::from(last.is_some())
+            )))
+        }
+    };
+    let word = |at: usize| {
+        let mut bytes = [0u8; 8];
+        bytes.copy_from_slice(&data[at..at + 8]);
+        u64::from_le_bytes(bytes)
+    };
     Ok(VmmExport {
-        fd: fds.pop().expect("one fd"),
-        size,
-        len,
+        fd,
+        size: word(0),
+        len: word(8),
     })
 }
 
