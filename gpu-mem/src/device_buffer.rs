@@ -256,7 +256,7 @@ pub(crate) fn export_dmabuf(
     ptr: u64,
     len: u64,
 ) -> Result<DmaBuf> {
-    if range_start % HOST_PAGE != 0 || range_len % HOST_PAGE != 0 {
+    if !range_start.is_multiple_of(HOST_PAGE) || !range_len.is_multiple_of(HOST_PAGE) {
         return Err(Error::Unsupported(format!(
             "DMA-BUF export needs a page-aligned range, got {range_start:#x}+{range_len}"
         )));

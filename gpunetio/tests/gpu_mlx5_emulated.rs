@@ -469,7 +469,7 @@ impl Nic {
         if !self.local_ok(lkey, laddr, 8) {
             return Err(Syndrome::LOCAL_PROTECTION);
         }
-        if raddr % 8 != 0 {
+        if !raddr.is_multiple_of(8) {
             return Err(Syndrome::REMOTE_INVALID_REQUEST);
         }
         if !self.remote_ok(rkey, raddr, 8) {

@@ -130,7 +130,7 @@ fn check_sizes(size: u64, block_size: u64) -> Result<()> {
     if size == 0 {
         return Err(Error::InvalidArgument("an iov of 0 bytes".into()));
     }
-    if block_size != 0 && size % block_size != 0 {
+    if block_size != 0 && !size.is_multiple_of(block_size) {
         return Err(Error::InvalidArgument(format!(
             "block_size {block_size} does not divide size {size}"
         )));

@@ -48,7 +48,7 @@ pub fn to_hex(bytes: &[u8]) -> String {
 
 /// Bytes from hex (even length, `[0-9a-fA-F]`).
 pub fn from_hex(s: &str) -> Option<Vec<u8>> {
-    if s.len() % 2 != 0 {
+    if !s.len().is_multiple_of(2) {
         return None;
     }
     (0..s.len())

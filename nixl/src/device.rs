@@ -205,7 +205,7 @@ mod gpu {
     /// zeroes the 64-bit word at `ptr` (device memory, 8-byte aligned).
     #[doc(alias = "prepGpuSignal")]
     pub fn prep_gpu_signal(gpu: &Gpu, ptr: u64) -> Result<()> {
-        if ptr % 8 != 0 {
+        if !ptr.is_multiple_of(8) {
             return Err(Error::InvalidParam(format!(
                 "signal word {ptr:#x} is not 8-byte aligned"
             )));

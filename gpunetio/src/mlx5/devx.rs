@@ -270,7 +270,7 @@ impl Umem {
     /// Registers all of `buf` (its start must be 4 KiB aligned) for local read/write.
     #[doc(alias = "mlx5dv_devx_umem_reg_ex")]
     pub fn register(ctx: &Arc<DevxContext>, buf: &Arc<DeviceBuffer>) -> Result<Self> {
-        if buf.ptr() % UMEM_PAGE != 0 {
+        if !buf.ptr().is_multiple_of(UMEM_PAGE) {
             return Err(Error::InvalidArgument(format!(
                 "umem of device buffer {:#x}: a 4 KiB aligned start is needed",
                 buf.ptr()

@@ -101,7 +101,7 @@ pub fn get(buf: &[u8], field: Field) -> u64 {
 
 /// Copies `bytes` to byte-aligned bit offset `bit` (GIDs, `rgid_rip`).
 pub fn set_bytes(buf: &mut [u8], bit: u32, bytes: &[u8]) -> Result<()> {
-    if bit % 8 != 0 {
+    if !bit.is_multiple_of(8) {
         return Err(out_of_range(&format!(
             "byte field at bit {bit:#x} unaligned"
         )));

@@ -30,7 +30,11 @@ impl UarMapping {
     #[doc(alias = "cuMemHostRegister")]
     pub unsafe fn register(gpu: &Gpu, ptr: *mut u8, len: usize) -> Result<Self> {
         use cudarc::driver::sys;
-        if ptr.is_null() || len == 0 || (ptr as usize) % 4096 != 0 || len % 4096 != 0 {
+        if ptr.is_null()
+            || len == 0
+            || !(ptr as usize).is_multiple_of(4096)
+            || !len.is_multiple_of(4096)
+        {
             return Err(Error::InvalidArgument(format!(
                 "UAR registration of {ptr:p}+{len}: a non-empty page-aligned range is needed"
             )));

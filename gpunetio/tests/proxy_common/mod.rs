@@ -432,7 +432,7 @@ pub fn batched_wraparound<X: Transport>(x: &Pair<X>, batches: u64) {
                     Entry::signal(x.s, 8, 1)
                 }
             };
-            let e = if t % 3 == 0 {
+            let e = if t.is_multiple_of(3) {
                 counted += 1;
                 e.with_counter(2)
             } else {

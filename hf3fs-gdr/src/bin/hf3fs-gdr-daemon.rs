@@ -72,7 +72,7 @@ fn parse() -> Result<DaemonConfig, String> {
         }
         config.chunk_bytes = k << 10;
     }
-    if copy_kib % 4 != 0 {
+    if !copy_kib.is_multiple_of(4) {
         return Err("--copy-kib must be a multiple of 4".into());
     }
     config.copy_piece_bytes = copy_kib << 10;

@@ -292,8 +292,9 @@ pub(crate) unsafe fn file_io(
     read: bool,
     stats: &Stats,
 ) -> i64 {
-    let aligned =
-        offset % DIRECT_ALIGN == 0 && len % DIRECT_ALIGN == 0 && (ptr as u64) % DIRECT_ALIGN == 0;
+    let aligned = offset.is_multiple_of(DIRECT_ALIGN)
+        && len.is_multiple_of(DIRECT_ALIGN)
+        && (ptr as u64).is_multiple_of(DIRECT_ALIGN);
     let buffered = file.buffered.as_raw_fd();
     let direct = file
         .direct
@@ -317,7 +318,7 @@ pub(crate) unsafe fn file_io(
                         return cached as i64;
                     }
                     done = cached;
-                    if done % DIRECT_ALIGN != 0 {
+                    if !done.is_multiple_of(DIRECT_ALIGN) {
                         fd = buffered;
                     }
                 }

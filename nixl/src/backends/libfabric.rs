@@ -521,7 +521,7 @@ fn open(init: &BackendInit) -> Result<LibfabricBackend> {
         }
     };
     let chunk: usize = param(params, "staging_chunk", staging::DEFAULT_CHUNK)?;
-    if !(4096..=(1 << 30)).contains(&chunk) || chunk % 4096 != 0 {
+    if !(4096..=(1 << 30)).contains(&chunk) || !chunk.is_multiple_of(4096) {
         return Err(Error::InvalidParam(format!(
             "{NAME}: staging_chunk must be a multiple of 4096 in 4 KiB..=1 GiB, not {chunk}"
         )));

@@ -53,7 +53,7 @@ impl MockNet {
     fn busy(&self) -> bool {
         self.posts.set(self.posts.get() + 1);
         let n = self.busy_every.get();
-        n != 0 && self.posts.get() % n == 0
+        n != 0 && self.posts.get().is_multiple_of(n)
     }
 }
 
