@@ -3,7 +3,7 @@
 //! message with remote CQ data.
 //!
 //! ```text
-//! cargo run -p fabric --example rdm_write -- [provider]   # default: tcp;ofi_rxm
+//! cargo run -p rdma-rs-fabric --example rdm_write -- [provider]   # default: tcp;ofi_rxm
 //! ```
 
 use fabric::{

@@ -8,7 +8,7 @@
 //!   ordinary host memory.
 //!
 //! ```text
-//! cargo run --release -p gpunetio --example copy_bench -- [--sizes 1M,16M,64M,1G] [--iters N] [--modes ipc-write,h2d]
+//! cargo run --release -p rdma-rs-gpunetio --example copy_bench -- [--sizes 1M,16M,64M,1G] [--iters N] [--modes ipc-write,h2d]
 //! ```
 //! Prints `mode size GB/s` rows (GB = 10^9 bytes).
 

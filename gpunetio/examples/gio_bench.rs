@@ -12,7 +12,7 @@
 //!   kernel seeing it.
 //!
 //! ```text
-//! cargo run --release -p gpunetio --example gio_bench -- [--sizes 1M,16M] [--iters N] [--modes put-bw,lat]
+//! cargo run --release -p rdma-rs-gpunetio --example gio_bench -- [--sizes 1M,16M] [--iters N] [--modes put-bw,lat]
 //! ```
 
 #[path = "common/exporter.rs"]

@@ -11,8 +11,8 @@
 //!   Both proxy threads busy-poll; give the machine four free cores.
 //!
 //! ```text
-//! cargo run --release -p gpunetio --example proxy_rtt -- [PROVIDER] [ITERS]
-//! cargo run --release -p gpunetio --example proxy_rtt -- throughput [ENTRIES] [PROVIDERS] [ROUNDS]
+//! cargo run --release -p rdma-rs-gpunetio --example proxy_rtt -- [PROVIDER] [ITERS]
+//! cargo run --release -p rdma-rs-gpunetio --example proxy_rtt -- throughput [ENTRIES] [PROVIDERS] [ROUNDS]
 //! ```
 //! PROVIDERS is comma-separated (default `shm,tcp;ofi_rxm`); ROUNDS (default 3) repeats
 //! the matrix, and the median of each line is printed last.

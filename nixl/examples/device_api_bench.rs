@@ -4,7 +4,7 @@
 //! `gio::put_signal` / `gio::signal` on the same request's queue pair, alternating.
 //!
 //! ```text
-//! cargo run --release -p nixl --features gpunetio --example device_api_bench [-- --max MiB --rounds N]
+//! cargo run --release -p rdma-rs-nixl --features gpunetio --example device_api_bench [-- --max MiB --rounds N]
 //! ```
 
 use gpunetio::cudarc::driver::{CudaFunction, LaunchConfig, PushKernelArg};

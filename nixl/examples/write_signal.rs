@@ -9,8 +9,8 @@
 //! signal, for every round (THREAD, WARP or BLOCK level).
 //!
 //! ```text
-//! cargo run --release -p nixl --features gpunetio --example write_signal -- target [--listen 127.0.0.1:5555]
-//! cargo run --release -p nixl --features gpunetio --example write_signal -- initiator 127.0.0.1:5555 [--level warp] [--rounds 16] [--slice 1048576]
+//! cargo run --release -p rdma-rs-nixl --features gpunetio --example write_signal -- target [--listen 127.0.0.1:5555]
+//! cargo run --release -p rdma-rs-nixl --features gpunetio --example write_signal -- initiator 127.0.0.1:5555 [--level warp] [--rounds 16] [--slice 1048576]
 //! ```
 
 use gpunetio::cudarc::driver::{LaunchConfig, PushKernelArg};

@@ -3,7 +3,7 @@
 # same memory footprint, in ONE soft-RoCE guest boot, pairs alternating (which tool goes
 # first alternates too), so that one noisy run does not decide:
 #
-#   cargo build --release -p tools --bin nixlbench --bin verbs-bench
+#   cargo build --release -p rdma-rs-tools --bin nixlbench --bin verbs-bench
 #   cargo xtask rxe -t 1800 -- bash tools/bench/nixlbench-vs-verbs.sh [PAIRS]
 #
 # For each point (op, size x batch) it prints both tools' median GB/s and the median and

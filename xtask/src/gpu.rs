@@ -30,11 +30,11 @@ const GPU_FEATURES: &[&str] = &["cuda", "gpunetio", "file"];
 const GPU_TEST_PREFIX: &str = "gpu_";
 /// Packages whose binaries (`bin`) or examples (`example`) are GPU tools.
 const TOOL_TARGETS: &[(&str, &str)] = &[
-    ("tools", "bin"),
-    ("gpunetio", "example"),
-    ("nixl", "example"),
-    ("hf3fs-gdr", "bin"),
-    ("hf3fs-gdr", "example"),
+    ("rdma-rs-tools", "bin"),
+    ("rdma-rs-gpunetio", "example"),
+    ("rdma-rs-nixl", "example"),
+    ("rdma-rs-hf3fs-gdr", "bin"),
+    ("rdma-rs-hf3fs-gdr", "example"),
 ];
 /// The bundle's size limit: the working tree a device call carries is at most 64 MiB
 /// (67.1 MB) and the tracked tree is about 5 MB; the Python package's GPU bundle (about

@@ -65,12 +65,12 @@ pub fn run(args: &[String]) -> Result<i32> {
         // a printed reason (they run on a GPU machine: `cargo xtask gpu-bundle`).
         for args in [
             &["test", "--workspace"][..],
-            &["test", "-p", "nixl", "--no-default-features"][..],
-            &["test", "-p", "nixl", "--features", "etcd"][..],
+            &["test", "-p", "rdma-rs-nixl", "--no-default-features"][..],
+            &["test", "-p", "rdma-rs-nixl", "--features", "etcd"][..],
             &[
                 "test",
                 "-p",
-                "tools",
+                "rdma-rs-tools",
                 "--features",
                 "cuda,etcd,file",
                 "--bin",
@@ -87,7 +87,7 @@ pub fn run(args: &[String]) -> Result<i32> {
             &[
                 "test",
                 "-p",
-                "nixl",
+                "rdma-rs-nixl",
                 "--features",
                 "file",
                 "--lib",
@@ -97,7 +97,7 @@ pub fn run(args: &[String]) -> Result<i32> {
             &[
                 "test",
                 "-p",
-                "nixl",
+                "rdma-rs-nixl",
                 "--features",
                 "gpunetio,file",
                 "--lib",
@@ -280,7 +280,14 @@ fn build_guest_tests(root: &Path) -> Result<Vec<(String, PathBuf)>> {
     // package alone so that nothing else is rebuilt with the feature.
     binaries.extend(built_executables(
         root,
-        &["test", "-p", "hf3fs-gdr", "--features", "rdma", "--no-run"],
+        &[
+            "test",
+            "-p",
+            "rdma-rs-hf3fs-gdr",
+            "--features",
+            "rdma",
+            "--no-run",
+        ],
         keep,
     )?);
     binaries.sort();

@@ -52,7 +52,7 @@ fn idle_rail_workers_do_not_burn_a_core() {
 ///
 /// A wall-clock latency bound: on a loaded 2-core CI machine the scheduler alone put
 /// tcp;ofi_rxm's median at 5.4 ms, so it runs by hand on an idle machine
-/// (`cargo test -p nixl --lib a_sleeping_target -- --ignored --nocapture`); the
+/// (`cargo test -p rdma-rs-nixl --lib a_sleeping_target -- --ignored --nocapture`); the
 /// delivery of data through sleeping workers is checked in the suite by
 /// `striped_transfers_wake_every_sleeping_rail`.
 #[test]

@@ -6,7 +6,7 @@
 //! `NIXL_PROBE_PROVIDER` (default `shm`), `NIXL_PROBE_RAILS` (default 1),
 //! `NIXL_PROBE_ITERS` (default 2000; a tenth from 1 MiB), `NIXL_PROBE_MAX` (largest
 //! block, default 64 MiB):
-//! `cargo test --release -p nixl --lib latency_probe -- --ignored --nocapture`
+//! `cargo test --release -p rdma-rs-nixl --lib latency_probe -- --ignored --nocapture`
 
 use crate::{params, Agent, AgentConfig, Desc, DescList, MemKind, XferOp};
 use std::time::{Duration, Instant};

@@ -112,7 +112,7 @@ fn bandwidth(
 
 /// DRAM against staged DRAM (memcpy in place of the device copies: on a small host the
 /// extra copies compete with the provider for the CPU, which a GPU's copy engines do
-/// not). `cargo test --release -p nixl --lib staged_bandwidth -- --ignored --nocapture`,
+/// not). `cargo test --release -p rdma-rs-nixl --lib staged_bandwidth -- --ignored --nocapture`,
 /// with `NIXL_BW_BLOCKS`, `NIXL_BW_CHUNK`, `NIXL_BW_CHUNKS`, `NIXL_BW_PROVIDERS`,
 /// `NIXL_BW_TRIALS`, `NIXL_BW_BUSY` to vary it.
 #[test]
@@ -516,7 +516,7 @@ fn staged_two_processes_then_a_killed_peer() {
 
 /// DRAM with the provider opened with and without `FI_HMEM` (feature `cuda` asks for it
 /// where VRAM may register directly).
-/// `cargo test --release -p nixl --features cuda --lib hmem_dram_bandwidth -- --ignored --nocapture`
+/// `cargo test --release -p rdma-rs-nixl --features cuda --lib hmem_dram_bandwidth -- --ignored --nocapture`
 #[test]
 #[ignore = "a measurement, not a check"]
 fn hmem_dram_bandwidth() {
