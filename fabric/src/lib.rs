@@ -60,6 +60,8 @@
 //! ```
 
 #![warn(missing_docs)]
+// docs.rs (nightly) marks what each feature adds.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub use libfabric_sys as ffi;
 

@@ -45,6 +45,9 @@
 //! `NIXL_REQUIRE_GPU=1` says the machine must have one ([`gpu_required`]), where they
 //! fail.
 
+// docs.rs (nightly) marks what each feature adds.
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 mod device_buffer;
 pub mod device_code;
 mod error;

@@ -16,6 +16,8 @@
 //! structs; values the device or the host report (statuses, opcodes) are plain integer
 //! constants, never Rust enums: an unknown value must not be undefined behaviour.
 #![allow(non_camel_case_types)]
+// docs.rs (nightly) marks what each feature adds.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 use core::mem::{offset_of, size_of};
 

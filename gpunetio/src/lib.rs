@@ -40,6 +40,9 @@
 //! # Ok(()) }
 //! ```
 
+// docs.rs (nightly) marks what each feature adds.
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 pub mod device_code;
 mod error;
 pub mod intra_node;

@@ -59,6 +59,9 @@
 //! # Ok(()) }
 //! ```
 
+// docs.rs (nightly) marks what each feature adds.
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 mod client;
 pub mod daemon;
 mod error;

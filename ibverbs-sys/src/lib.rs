@@ -67,6 +67,9 @@
 //! objects may be shared between threads (see `ibv_alloc_td(3)` for the opt-out).
 
 #![allow(
+
+// docs.rs (nightly) marks what each feature adds.
+#![cfg_attr(docsrs, feature(doc_cfg))]
     non_camel_case_types,
     non_snake_case,
     non_upper_case_globals,

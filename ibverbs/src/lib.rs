@@ -57,6 +57,9 @@
 //! # }
 //! ```
 
+// docs.rs (nightly) marks what each feature adds.
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 pub use ibverbs_sys as ffi;
 
 #[cfg(feature = "rdmacm")]

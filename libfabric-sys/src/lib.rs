@@ -74,6 +74,8 @@
 //! println!("libfabric {}.{}", ffi::FI_MAJOR(runtime), ffi::FI_MINOR(runtime));
 //! ```
 #![no_std]
+// docs.rs (nightly) marks what each feature adds.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 /// The bindgen output (see the crate docs).
 #[allow(

@@ -33,6 +33,9 @@
 
 #![no_std]
 #![allow(
+
+// docs.rs (nightly) marks what each feature adds.
+#![cfg_attr(docsrs, feature(doc_cfg))]
     non_camel_case_types,
     non_snake_case,
     non_upper_case_globals,

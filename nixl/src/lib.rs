@@ -75,6 +75,9 @@
 //! # Ok(()) }
 //! ```
 
+// docs.rs (nightly) marks what each feature adds.
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 mod agent;
 pub mod backend;
 pub mod backends;
