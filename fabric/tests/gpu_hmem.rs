@@ -1,21 +1,22 @@
 //! FI_HMEM_CUDA: CUDA device memory registered on `shm` (`fi_mr_regattr` with
 //! `FI_HMEM_CUDA`) and written to a host buffer of a peer endpoint, verified on the host.
 //!
-//! Needs the `cuda` feature. Without libcuda or a GPU it skips with a printed reason —
-//! unless `FABRIC_REQUIRE_GPU=1` (the GPU machine's run), where a missing GPU fails.
+//! Without libcuda or a GPU it skips with a printed reason — unless `NIXL_REQUIRE_GPU=1`
+//! (the GPU bundle's run; `FABRIC_REQUIRE_GPU=1` too), where a missing GPU fails.
 //! If the provider refuses device memory, the test asserts the refusal is typed
 //! (`Error::Unsupported`, or the provider's errno) and reports it.
-#![cfg(feature = "cuda")]
-
 mod common;
 
 use common::*;
-use cudarc::driver::{CudaContext, DevicePtr};
+use gpu_mem::cudarc;
+use gpu_mem::cudarc::driver::{CudaContext, DevicePtr};
 use fabric::{Access, Caps, Error, HmemIface, MemoryRegion, MrMode};
 use std::time::Instant;
 
 fn gpu_required() -> bool {
-    std::env::var("FABRIC_REQUIRE_GPU").is_ok_and(|v| v == "1")
+    ["NIXL_REQUIRE_GPU", "FABRIC_REQUIRE_GPU"]
+        .iter()
+        .any(|var| std::env::var(var).is_ok_and(|v| v == "1"))
 }
 
 /// The CUDA context of device 0, or `None` (with the reason printed) when there is none.
@@ -24,7 +25,7 @@ fn cuda() -> Option<std::sync::Arc<CudaContext>> {
     if !unsafe { cudarc::driver::sys::is_culib_present() } {
         assert!(
             !gpu_required(),
-            "FABRIC_REQUIRE_GPU=1 but libcuda is not installed"
+            "a GPU is required (NIXL_REQUIRE_GPU=1) but libcuda is not installed"
         );
         eprintln!("skipped: libcuda not found (no NVIDIA driver on this machine)");
         return None;
@@ -34,7 +35,7 @@ fn cuda() -> Option<std::sync::Arc<CudaContext>> {
         Err(e) => {
             assert!(
                 !gpu_required(),
-                "FABRIC_REQUIRE_GPU=1 but no CUDA device: {e}"
+                "a GPU is required (NIXL_REQUIRE_GPU=1) but no CUDA device: {e}"
             );
             eprintln!("skipped: no CUDA device: {e}");
             None
