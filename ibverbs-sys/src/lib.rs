@@ -66,10 +66,9 @@
 //! rdma-core's libibverbs is thread-safe: every verb may be called from any thread, and
 //! objects may be shared between threads (see `ibv_alloc_td(3)` for the opt-out).
 
-#![allow(
-
 // docs.rs (nightly) marks what each feature adds.
 #![cfg_attr(docsrs, feature(doc_cfg))]
+#![allow(
     non_camel_case_types,
     non_snake_case,
     non_upper_case_globals,

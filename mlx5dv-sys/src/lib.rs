@@ -32,10 +32,9 @@
 //! (`tests/abi.rs`).
 
 #![no_std]
-#![allow(
-
 // docs.rs (nightly) marks what each feature adds.
 #![cfg_attr(docsrs, feature(doc_cfg))]
+#![allow(
     non_camel_case_types,
     non_snake_case,
     non_upper_case_globals,
