@@ -1,7 +1,7 @@
-//! The client side of the local daemon: one connection per mount per process, the
-//! process-wide file registry (`reg_fd`), and the backend trait rings talk through.
+//! The client side of the local daemon: one connection per mount per process, and the
+//! backend trait rings talk through.
 //!
-//! Files reach the daemon as descriptors (`SCM_RIGHTS`) on first use by a ring of that
+//! Files registered with [`crate::reg_fd`] (`fd_registry`) reach the daemon as descriptors (`SCM_RIGHTS`) on first use by a ring of that
 //! mount: the daemon then holds its own reference to the open file, so it reads the
 //! same inode even if the caller closes or reuses the descriptor number — which is
 //! 3FS's rule ("registered fds should not be closed, and even if closed, the old inode
@@ -9,6 +9,7 @@
 //! the client closed the descriptor or died.
 
 use crate::error::{Error, Result};
+use crate::fd_registry;
 use crate::proto::{
     Message, Reader, SeqPacket, MAX_MESSAGE, OP_ADD_IOR, OP_DEREG_FD, OP_FORGET_IOV, OP_HELLO,
     OP_OWN_IOV, OP_OWN_IOV_LINK, OP_REG_FD, OP_REMOVE_IOR, OP_STATS,
@@ -17,7 +18,7 @@ use crate::shm::Id;
 use crate::virt;
 use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, BorrowedFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
@@ -41,83 +42,12 @@ pub(crate) trait IoBackend: Send + Sync + std::fmt::Debug {
     fn mount(&self) -> &Path;
 }
 
-/// A registered descriptor: our own duplicate (so the inode stays open) and its identity.
-#[derive(Debug)]
-struct RegisteredFd {
-    dup: OwnedFd,
-    dev: u64,
-    ino: u64,
-}
-
-fn registry() -> &'static Mutex<HashMap<RawFd, RegisteredFd>> {
-    static FDS: std::sync::OnceLock<Mutex<HashMap<RawFd, RegisteredFd>>> =
-        std::sync::OnceLock::new();
-    FDS.get_or_init(Default::default)
-}
-
-fn identity(fd: RawFd) -> Result<(u64, u64)> {
-    // SAFETY: plain C struct.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: valid out-pointer; an invalid descriptor is reported as EBADF.
-    let ret = unsafe { libc::fstat(fd, &mut st) };
-    crate::error::cvt("fstat", ret)?;
-    Ok((st.st_dev, st.st_ino))
-}
-
-/// Registers `fd` for I/O (3FS's `hf3fs_reg_fd`). Registering the same open file twice
-/// is allowed; registering a number that now names another file than the one
-/// registered is refused with `InvalidArgument` (deregister first). `flags` must be 0.
-/// A backend learns of the descriptor on its first use by one of its rings: the daemon
-/// receives a copy, 3FS's library gets `hf3fs_reg_fd` (its failure surfaces from
-/// [`crate::Ior::prep_io`]).
-#[doc(alias = "hf3fs_reg_fd")]
-pub fn reg_fd(fd: RawFd, flags: u64) -> Result<()> {
-    if flags != 0 {
-        return Err(Error::InvalidArgument(format!(
-            "reg_fd flags {flags:#x} (none are defined)"
-        )));
-    }
-    let (dev, ino) = identity(fd)?;
-    let mut fds = registry().lock();
-    if let Some(old) = fds.get(&fd) {
-        if (old.dev, old.ino) == (dev, ino) {
-            return Ok(());
-        }
-        return Err(Error::InvalidArgument(format!(
-            "fd {fd} was registered for another file: dereg_fd it first"
-        )));
-    }
-    // SAFETY: `fd` was just checked by fstat; the duplicate is owned below.
-    let dup = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
-    crate::error::cvt("fcntl(F_DUPFD_CLOEXEC)", dup)?;
-    // SAFETY: a new descriptor we own.
-    let dup = unsafe { OwnedFd::from_raw_fd(dup) };
-    fds.insert(fd, RegisteredFd { dup, dev, ino });
-    Ok(())
-}
-
-/// Forgets a registration (3FS's `hf3fs_dereg_fd`); daemons drop their copies. Unknown
-/// descriptors are ignored.
-#[doc(alias = "hf3fs_dereg_fd")]
-pub fn dereg_fd(fd: RawFd) {
-    if registry().lock().remove(&fd).is_none() {
-        return;
-    }
+/// Every live connection of this process drops its daemon's copy of `fd` (for
+/// [`crate::dereg_fd`]).
+pub(crate) fn forget_file(fd: RawFd) {
     for conn in live_connections() {
         conn.forget_file(fd);
     }
-    for lib in crate::hf3fs::loaded_libraries() {
-        lib.forget_fd(fd);
-    }
-}
-
-/// The `(dev, ino)` a registered descriptor named when [`reg_fd`] took it.
-pub(crate) fn registered_identity(fd: RawFd) -> Result<(u64, u64)> {
-    registry()
-        .lock()
-        .get(&fd)
-        .map(|r| (r.dev, r.ino))
-        .ok_or(Error::FdNotRegistered(fd))
 }
 
 /// Connections by mount; weak so that the last ring or iov of a mount closes it.
@@ -320,12 +250,7 @@ impl DaemonConn {
 
 impl IoBackend for DaemonConn {
     fn file_id(&self, fd: RawFd) -> Result<u32> {
-        let registered = {
-            let fds = registry().lock();
-            let reg = fds.get(&fd).ok_or(Error::FdNotRegistered(fd))?;
-            (reg.dev, reg.ino, reg.dup.try_clone())
-        };
-        let (dev, ino, dup) = registered;
+        let ((dev, ino), dup) = fd_registry::registered_copy(fd)?;
         if let Some(&(id, d, i)) = self.files.lock().get(&fd) {
             if (d, i) == (dev, ino) {
                 return Ok(id);
@@ -364,30 +289,5 @@ impl IoBackend for DaemonConn {
             return Err(self.gone("its socket closed".into()));
         }
         Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::os::fd::AsRawFd;
-
-    #[test]
-    fn reg_fd_checks_the_descriptor_and_its_identity() {
-        assert!(matches!(reg_fd(-1, 0), Err(Error::Os { .. })));
-        let a = tempfile::tempfile().unwrap();
-        let fd = a.as_raw_fd();
-        assert!(matches!(reg_fd(fd, 1), Err(Error::InvalidArgument(_))));
-        reg_fd(fd, 0).unwrap();
-        reg_fd(fd, 0).unwrap();
-        // The number now names another file: refused until deregistered.
-        let b = tempfile::tempfile().unwrap();
-        // SAFETY: both descriptors are open; dup2 replaces `fd` with a copy of `b`.
-        assert!(unsafe { libc::dup2(b.as_raw_fd(), fd) } >= 0);
-        assert!(matches!(reg_fd(fd, 0), Err(Error::InvalidArgument(_))));
-        dereg_fd(fd);
-        reg_fd(fd, 0).unwrap();
-        dereg_fd(fd);
-        dereg_fd(fd);
     }
 }

@@ -1,9 +1,11 @@
 //! I/O rings (3FS's `struct hf3fs_ior`): a submission and a completion ring in shared
-//! memory, published under the mount, served by the daemon.
+//! memory, published under the mount, served by the daemon (`LocalRing`, here), or a
+//! ring of 3FS's library (`lib_ring`).
+
+mod lib_ring;
 
 use crate::client::{self, IoBackend};
 use crate::error::{Error, Result};
-use crate::hf3fs::ring::LibRing;
 use crate::hf3fs::{self, Backend, Resolved};
 use crate::iov::{Iov, IovInner};
 use crate::ring::{
@@ -12,6 +14,7 @@ use crate::ring::{
 use crate::ring_ops::RingOps;
 use crate::shm::{futex_wait, futex_wake, random_id, to_hex, Id, Shm};
 use crate::virt;
+use lib_ring::LibRing;
 use std::os::fd::RawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;

@@ -65,6 +65,7 @@
 mod client;
 pub mod daemon;
 mod error;
+mod fd_registry;
 #[cfg(feature = "rdma")]
 pub mod gdr;
 pub mod hf3fs;
@@ -77,8 +78,9 @@ mod ring_ops;
 mod shm;
 pub mod virt;
 
-pub use client::{daemon_stats, dereg_fd, reg_fd, DaemonStats};
+pub use client::{daemon_stats, DaemonStats};
 pub use error::{Error, Result};
+pub use fd_registry::reg_fd;
 pub use gpu_mem;
 pub use hf3fs::{backend_of, set_backend, Backend, BackendChoice};
 pub use ior::{Ior, IOR_ALLOW_READ_UNCOMMITTED, IOR_FORBID_READ_HOLES, MAX_IOR_ENTRIES};
@@ -91,6 +93,21 @@ pub use shm::{from_hex, id_from_hex, to_hex, Id};
 #[doc(alias = "hf3fs_gdr_available")]
 pub fn gdr_available() -> bool {
     gpu_mem::is_available() && gpu_mem::device_count() > 0
+}
+
+/// Forgets a registration (3FS's `hf3fs_dereg_fd`): the daemons this process talks to
+/// drop their copies, and 3FS's library its registration. Unknown descriptors are
+/// ignored. Here at the root because it tells every backend; the registry itself is a
+/// leaf module they all read.
+#[doc(alias = "hf3fs_dereg_fd")]
+pub fn dereg_fd(fd: std::os::fd::RawFd) {
+    if !fd_registry::unregister(fd) {
+        return;
+    }
+    client::forget_file(fd);
+    for lib in hf3fs::loaded_libraries() {
+        lib.forget_fd(fd);
+    }
 }
 
 /// GPUs this process sees (0 without a driver; 3FS GDR's `hf3fs_gdr_device_count`).

@@ -1,6 +1,6 @@
-//! The interface an [`crate::Ior`] drives its ring through, whoever serves it. A leaf
-//! module: `ior` (the local daemon's ring) and `hf3fs::ring` (3FS's) both build on it,
-//! and neither imports the other's ring.
+//! The interface an [`crate::Ior`] drives its ring through, whoever serves it: `ior`'s
+//! local daemon ring and 3FS's (`ior::lib_ring`) both implement it, and neither
+//! imports the other.
 
 use crate::error::Result;
 use crate::iov::Iov;
@@ -10,7 +10,7 @@ use std::os::fd::RawFd;
 use std::time::Instant;
 
 /// What [`crate::Ior`] needs from a ring, whoever serves it: the local daemon's
-/// shared-memory ring (`ior::LocalRing`) or 3FS's (`hf3fs::ring::LibRing`). Arguments
+/// shared-memory ring (`ior::LocalRing`) or 3FS's (`ior::lib_ring::LibRing`). Arguments
 /// arrive checked by [`crate::Ior`].
 pub(crate) trait RingOps: Send + Sync + std::fmt::Debug {
     fn id(&self) -> &Id;

@@ -21,7 +21,6 @@
 
 pub mod ffi;
 mod library;
-pub(crate) mod ring;
 
 pub use ffi::{HF3FS_SYNC_FROM_STORAGE, HF3FS_SYNC_TO_STORAGE};
 pub(crate) use library::{c_path, loaded_libraries};

@@ -1,8 +1,11 @@
 //! A ring served by 3FS: `hf3fs_iorcreate4` / `hf3fs_prep_io` / `hf3fs_submit_ios` /
-//! `hf3fs_wait_for_ios` / `hf3fs_iordestroy` behind [`crate::Ior`].
+//! `hf3fs_wait_for_ios` / `hf3fs_iordestroy` behind [`crate::Ior`]. It lives with the
+//! rings, not in [`crate::hf3fs`]: a ring holds [`Iov`]s, which are built on `hf3fs`'s
+//! library iovs, so the library layer stays below the iovs and the rings above them.
 
-use super::{cvt, ffi, Library};
 use crate::error::{Error, Result};
+use crate::fd_registry;
+use crate::hf3fs::{c_mount, cvt, ffi, Library};
 use crate::iov::{Iov, IovInner};
 use crate::ring::Cqe;
 use crate::ring_ops::RingOps;
@@ -47,7 +50,7 @@ impl LibRing {
         numa: i32,
         flags: u64,
     ) -> Result<Self> {
-        let cmount = super::c_mount(mount_point)?;
+        let cmount = c_mount(mount_point)?;
         let entries_arg = libc::c_int::try_from(entries)
             .map_err(|_| Error::InvalidArgument(format!("{entries} ring entries")))?;
         let raw = Box::new(UnsafeCell::new(ffi::hf3fs_ior::zeroed()));
@@ -137,7 +140,7 @@ impl RingOps for LibRing {
                 entries: self.entries,
             });
         }
-        let identity = crate::client::registered_identity(fd)?;
+        let identity = fd_registry::registered_identity(fd)?;
         self.lib.ensure_registered(fd, identity)?;
         // SAFETY: a live ring and iov of this library; `ptr..ptr+len` lies inside the iov
         // (checked by `Ior`) which `in_flight` keeps alive until the completion is
