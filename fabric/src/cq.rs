@@ -1,6 +1,6 @@
 //! Completion queues (`fid_cq`): reading, typed errors, blocking reads and wait fds.
 
-use crate::domain::{Domain, DomainInner};
+use crate::domain::{Domain, DomainInner, Progressed};
 use crate::error::{cvt, strerror, CompletionError, Error, Result};
 use crate::{close_fid, ffi};
 use parking_lot::Mutex;
@@ -121,14 +121,16 @@ impl Drop for CqInner {
     }
 }
 
-impl CqInner {
+impl Progressed for CqInner {
     /// Progress without consuming entries (`fi_cq_read(cq, NULL, 0)`).
-    pub(crate) fn progress(&self) {
+    fn progress(&self) {
         let mut scratch = ffi::fi_cq_tagged_entry::default();
         // SAFETY: a zero-count read of an open CQ: nothing is written to the scratch entry.
         let _ = unsafe { ffi::fi_cq_read(self.raw, ptr::addr_of_mut!(scratch).cast(), 0) };
     }
+}
 
+impl CqInner {
     pub(crate) fn register(&self, user_context: u64, keepalive: Arc<dyn Any + Send + Sync>) -> u64 {
         let id = INTERNAL_CONTEXT | self.next_internal.fetch_add(1, Ordering::Relaxed);
         let mut map = self.inflight.lock();

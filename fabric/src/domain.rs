@@ -1,6 +1,5 @@
 //! `fid_fabric` and `fid_domain`, and the background progress of manual-progress domains.
 
-use crate::cq::CqInner;
 use crate::error::{cvt, Error, Result};
 use crate::info::{Info, MrMode, Threading};
 use crate::{close_fid, ffi};
@@ -78,9 +77,16 @@ impl Fabric {
     }
 }
 
+/// What a domain's background thread progresses: its completion queues (`cq`). A trait
+/// here, so that the domain (which every queue holds) does not import the queues.
+pub(crate) trait Progressed: Send + Sync {
+    /// Progresses the provider without consuming entries.
+    fn progress(&self);
+}
+
 /// Completion queues progressed by a manual-progress domain's background thread.
 pub(crate) struct ProgressSet {
-    cqs: Mutex<Vec<Weak<CqInner>>>,
+    cqs: Mutex<Vec<Weak<dyn Progressed>>>,
     /// Held while the thread progresses a queue and while the domain's objects are
     /// created, bound, enabled or closed: libfabric 1.17's rxm crashes when an endpoint is
     /// enabled or closed during another thread's progress of a queue of the domain.
@@ -90,15 +96,17 @@ pub(crate) struct ProgressSet {
 }
 
 impl ProgressSet {
-    pub(crate) fn add(&self, cq: &Arc<CqInner>) {
+    pub(crate) fn add<Q: Progressed + 'static>(&self, cq: &Arc<Q>) {
+        let cq: Weak<Q> = Arc::downgrade(cq);
+        let cq: Weak<dyn Progressed> = cq;
         let mut cqs = self.cqs.lock();
         cqs.retain(|w| w.strong_count() > 0);
-        cqs.push(Arc::downgrade(cq));
+        cqs.push(cq);
     }
 
     fn run(self: Arc<Self>) {
         while !self.stop.load(Ordering::Relaxed) {
-            let cqs: Vec<Arc<CqInner>> = {
+            let cqs: Vec<Arc<dyn Progressed>> = {
                 let cqs = self.cqs.lock();
                 cqs.iter().filter_map(Weak::upgrade).collect()
             };

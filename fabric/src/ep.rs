@@ -1,74 +1,23 @@
-//! Endpoints (`fid_ep`, RDM and MSG) and their data operations.
+//! Endpoints (`fid_ep`, RDM and MSG): their builder and data operations (the type itself
+//! is in `ep_handle`).
 
 use crate::atomic::{AtomicDatatype, AtomicOp};
 use crate::av::{Address, AddressVector};
 use crate::cntr::Counter;
 use crate::cq::{Completion, CompletionQueue, INTERNAL_CONTEXT};
-use crate::domain::{Domain, DomainInner};
+use crate::domain::Domain;
+use crate::ep_handle::{Endpoint, EpInner};
 use crate::eq::EventQueue;
 use crate::error::{cvt, Error, Result};
 use crate::info::{EndpointType, Info};
 use crate::mr::{Access, MemoryRegion, RegisteredBuffer, RemoteMemory};
-use crate::scalable::SepInner;
-use crate::{close_fid, ffi, fid_of};
+use crate::{close_fid, ffi, fid_of, get_name};
 use std::any::Any;
 use std::ffi::c_void;
 use std::ops::Range;
 use std::ptr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-pub(crate) struct EpInner {
-    pub(crate) raw: *mut ffi::fid_ep,
-    pub(crate) domain: Arc<DomainInner>,
-    pub(crate) tx_cq: Option<CompletionQueue>,
-    pub(crate) rx_cq: Option<CompletionQueue>,
-    pub(crate) _av: Option<AddressVector>,
-    pub(crate) eq: Option<EventQueue>,
-    pub(crate) _counters: Vec<Counter>,
-    pub(crate) ep_type: EndpointType,
-    /// The scalable endpoint a transmit/receive context belongs to (closed after it).
-    pub(crate) _parent: Option<Arc<SepInner>>,
-}
-
-// SAFETY: the endpoint belongs to an FI_THREAD_SAFE domain (checked in Domain::new): posts
-// may come from any thread.
-unsafe impl Send for EpInner {}
-// SAFETY: as above.
-unsafe impl Sync for EpInner {}
-
-impl Drop for EpInner {
-    fn drop(&mut self) {
-        // SAFETY: the fid of an open endpoint. Its CQs, AV, EQ and counters are fields,
-        // released after this (the endpoint closes first).
-        let _guard = self.domain.control_guard();
-        close_fid("endpoint", crate::fid_of(self.raw));
-    }
-}
-
-/// An endpoint (`fid_ep`): RDM (connectionless, with an [`AddressVector`]) or MSG
-/// (connected: [`connect`](Self::connect) / [`accept`](Self::accept)).
-///
-/// Operations come in two forms. Safe ones take a [`RegisteredBuffer`] and keep it alive
-/// until their completion is read from the queue. `unsafe` `*_raw` ones take caller memory
-/// and a [`MemoryRegion`] descriptor. Both return [`Error::WouldBlock`] on `FI_EAGAIN`
-/// (after progressing the endpoint's queues); the `*_sync` helpers retry and wait.
-///
-/// A context is any `u64` with the top bit clear (the crate uses the top bit for its own
-/// bookkeeping); it comes back in the [`Completion`].
-#[derive(Clone)]
-pub struct Endpoint {
-    pub(crate) inner: Arc<EpInner>,
-}
-
-impl std::fmt::Debug for Endpoint {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Endpoint")
-            .field("type", &self.inner.ep_type)
-            .field("raw", &self.inner.raw)
-            .finish()
-    }
-}
 
 /// Objects to bind to a new [`Endpoint`] (`fi_endpoint`, `fi_ep_bind`, `fi_enable`).
 #[derive(Debug)]
@@ -274,11 +223,6 @@ impl Endpoint {
                 _parent: None,
             }),
         }
-    }
-
-    pub(crate) fn fid(&self) -> *mut ffi::fid {
-        // SAFETY: the address of the open endpoint's fid.
-        unsafe { ptr::addr_of_mut!((*self.inner.raw).fid) }
     }
 
     /// The endpoint type.
@@ -1356,21 +1300,5 @@ impl Endpoint {
         cvt("fi_shutdown", unsafe {
             ffi::fi_shutdown(self.inner.raw, 0)
         })
-    }
-}
-
-pub(crate) fn get_name(fid: *mut ffi::fid, call: &'static str) -> Result<Vec<u8>> {
-    let mut buf = vec![0u8; 256];
-    loop {
-        let mut len = buf.len();
-        // SAFETY: buf has len writable bytes; fid is open.
-        let ret = unsafe { ffi::fi_getname(fid, buf.as_mut_ptr().cast(), &mut len) };
-        if ret == -ffi::FI_ETOOSMALL && len > buf.len() {
-            buf.resize(len, 0);
-            continue;
-        }
-        cvt(call, ret)?;
-        buf.truncate(len);
-        return Ok(buf);
     }
 }

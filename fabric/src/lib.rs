@@ -71,6 +71,7 @@ mod cntr;
 mod cq;
 mod domain;
 mod ep;
+mod ep_handle;
 mod eq;
 mod error;
 mod info;
@@ -83,7 +84,8 @@ pub use av::{Address, AddressVector, AvType};
 pub use cntr::Counter;
 pub use cq::{Completion, CompletionQueue, CqBuilder, CqFormat, WaitObj};
 pub use domain::{Domain, Fabric};
-pub use ep::{Endpoint, EndpointBuilder, WriteOp};
+pub use ep::{EndpointBuilder, WriteOp};
+pub use ep_handle::Endpoint;
 pub use eq::{CmEvent, EventQueue};
 pub use error::{strerror, CompletionError, Error, Result};
 pub use info::{
@@ -97,6 +99,24 @@ pub use scalable::ScalableEndpoint;
 /// The `fid` of a libfabric object: every `fid_*` struct starts with its `struct fid`.
 pub(crate) fn fid_of<T>(raw: *mut T) -> *mut ffi::fid {
     raw.cast()
+}
+
+/// The address of an endpoint (active, passive or scalable) as bytes (`fi_getname`),
+/// growing the buffer when the provider asks for more.
+pub(crate) fn get_name(fid: *mut ffi::fid, call: &'static str) -> Result<Vec<u8>> {
+    let mut buf = vec![0u8; 256];
+    loop {
+        let mut len = buf.len();
+        // SAFETY: buf has len writable bytes; fid is open.
+        let ret = unsafe { ffi::fi_getname(fid, buf.as_mut_ptr().cast(), &mut len) };
+        if ret == -ffi::FI_ETOOSMALL && len > buf.len() {
+            buf.resize(len, 0);
+            continue;
+        }
+        error::cvt(call, ret)?;
+        buf.truncate(len);
+        return Ok(buf);
+    }
 }
 
 /// Closes a fid, logging (never panicking) on failure. Used by every `Drop`.

@@ -1,7 +1,7 @@
 //! Memory registration (`fid_mr`), honouring the provider's `mr_mode`.
 
 use crate::domain::{Domain, DomainInner};
-use crate::ep::Endpoint;
+use crate::ep_handle::Endpoint;
 use crate::error::{cvt, Error, Result};
 use crate::info::MrMode;
 use crate::{close_fid, ffi};

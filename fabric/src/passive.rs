@@ -1,11 +1,10 @@
 //! Passive endpoints (`fid_pep`): listening for MSG connections, accepting or rejecting them.
 
 use crate::domain::{Fabric, FabricInner};
-use crate::ep::get_name;
 use crate::eq::EventQueue;
 use crate::error::{cvt, Error, Result};
 use crate::info::Info;
-use crate::{close_fid, ffi};
+use crate::{close_fid, ffi, get_name};
 use std::ptr;
 use std::sync::Arc;
 use std::time::Duration;

@@ -4,10 +4,10 @@
 use crate::av::AddressVector;
 use crate::cq::CompletionQueue;
 use crate::domain::{Domain, DomainInner};
-use crate::ep::{get_name, Endpoint, EpInner};
+use crate::ep_handle::{Endpoint, EpInner};
 use crate::error::{cvt, Result};
 use crate::info::{EndpointType, Info};
-use crate::{close_fid, ffi, fid_of};
+use crate::{close_fid, ffi, fid_of, get_name};
 use std::ptr;
 use std::sync::Arc;
 
@@ -144,7 +144,7 @@ impl ScalableEndpoint {
                 eq: None,
                 _counters: Vec::new(),
                 ep_type: EndpointType::RDM,
-                _parent: Some(Arc::clone(&self.inner)),
+                _parent: Some(Arc::clone(&self.inner) as Arc<dyn std::any::Any + Send + Sync>),
             }),
         })
     }
