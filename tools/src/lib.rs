@@ -8,10 +8,13 @@
 //!   `--flag=value`, `-flag`, `-` or `_` alike in names, booleans as `--x`, `--x=false`,
 //!   `--nox` — rewritten into the one form clap parses.
 //! - [`units`]: byte sizes with binary suffixes (`64K`, `8GiB`) in and out.
+//! - [`backend`]: backend names checked against this build's `nixl` before anything
+//!   starts (`UCX` runs `LIBFABRIC`, as the Python package maps it).
 //!
 //! The binaries are the product; this library exists so that they behave alike and is
 //! not meant as a stable API.
 
+pub mod backend;
 pub mod cli;
 pub mod gflags;
 pub mod units;
