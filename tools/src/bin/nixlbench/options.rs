@@ -1232,3 +1232,704 @@ fn resolve_runtime(
         wait: std::time::Duration::from_secs(wait.unwrap_or(60)),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(s: &str) -> Vec<String> {
+        s.split_whitespace().map(String::from).collect()
+    }
+
+    fn parse(s: &str) -> Result<Options, String> {
+        parse_args(&args(s)).map_err(|stop| match stop {
+            Stop::Usage(line) => line,
+            Stop::Print(text) => panic!("{s}: printed {text}"),
+        })
+    }
+
+    fn err(s: &str) -> String {
+        let e = parse(s).unwrap_err();
+        assert!(!e.contains('\n'), "{s}: not one line: {e}");
+        e
+    }
+
+    #[test]
+    fn options() {
+        let o = parse("--backend local --initiator_gpu 1 --target_gpu=2").unwrap();
+        assert_eq!(o.backend, "LOCAL");
+        assert_eq!((o.initiator_gpu, o.target_gpu), (1, 2));
+        assert_eq!(o.runtime, Runtime::Socket);
+        let ipc = parse("--backend cuda_ipc");
+        if cfg!(feature = "cuda") {
+            assert_eq!(ipc.unwrap().backend, "CUDA_IPC");
+        } else {
+            assert!(ipc.unwrap_err().contains("rebuild with feature cuda"));
+        }
+        assert_eq!(
+            (o.initiator_seg, o.target_seg),
+            (MemKind::Dram, MemKind::Dram)
+        );
+        let e = err("--target_seg_type FILE");
+        assert!(e.contains("LIBFABRIC moves DRAM or VRAM"), "{e}");
+        let e = err("--initiator_seg_type FILE");
+        assert!(e.contains("DRAM or VRAM"), "{e}");
+        let e = err("--num_files 2");
+        assert!(e.contains("belongs to storage runs"), "{e}");
+        let vram = parse("--initiator_seg_type VRAM");
+        if cfg!(feature = "cuda") {
+            assert_eq!(vram.unwrap().initiator_seg, MemKind::Vram);
+        } else {
+            assert!(vram.unwrap_err().contains("built without feature cuda"));
+        }
+        let o = parse("--backend VERBS --device_list mlx5_1,mlx5_0").unwrap();
+        assert_eq!(o.params(Side::Initiator, None)["device"], "mlx5_1");
+        let o = parse("--backend VERBS --backend_param device=rxe0 --device_list mlx5_1").unwrap();
+        assert_eq!(o.params(Side::Target, None)["device"], "rxe0");
+        let o = parse("--device_list mlx5_1").unwrap();
+        assert_eq!(o.params(Side::Initiator, Some("shm"))["provider"], "shm");
+        assert!(!o.params(Side::Initiator, None).contains_key("device"));
+        let e = err("--device_list ,");
+        assert!(e.contains("at least one device"), "{e}");
+    }
+
+    /// NIXL's defaults, and only the part of the buffer the sweep touches allocated.
+    #[test]
+    fn upstream_defaults() {
+        let o = parse("").unwrap();
+        assert_eq!(o.backend, "LIBFABRIC");
+        assert_eq!(o.op, XferOp::Write);
+        assert_eq!(o.total_buffer_size, 8 << 30);
+        assert_eq!((o.start_block_size, o.max_block_size), (4096, 64 << 20));
+        assert_eq!((o.start_batch_size, o.max_batch_size), (1, 1));
+        assert_eq!((o.num_iter, o.warmup_iter), (1000, 100));
+        assert_eq!((o.large_blk_iter_ftr, o.num_threads), (16, 1));
+        assert!(!o.check_consistency && !o.recreate_xfer && !o.enable_vmm);
+        assert!(o.progress_thread);
+        assert_eq!(o.progress, ProgressMode::Auto);
+        assert_eq!(o.buffer_bytes(), 128 << 20);
+        let o = parse("--max_block_size 65536").unwrap();
+        assert_eq!(o.buffer_bytes(), 128 << 10);
+        let o = parse("--max_block_size 1M --max_batch_size 4 --num_threads 2").unwrap();
+        assert_eq!(
+            (o.per_thread_bytes(), o.buffer_bytes()),
+            (8 << 20, 16 << 20)
+        );
+        // A buffer smaller than what the sweep would touch: all of it, split by thread.
+        let o =
+            parse("--total_buffer_size 4M --max_block_size 1M --max_batch_size 4 --num_threads 2")
+                .unwrap();
+        assert_eq!((o.per_thread_bytes(), o.buffer_bytes()), (2 << 20, 4 << 20));
+        let e = err("--total_buffer_size 4K --start_block_size 8K --max_block_size 8K");
+        assert!(e.contains("less than the first point"), "{e}");
+    }
+
+    /// gflags' forms reach the options alike.
+    #[test]
+    fn gflags_forms() {
+        for line in [
+            "--check_consistency",
+            "--check_consistency=true",
+            "--check-consistency",
+            "-check_consistency",
+            "--check_consistency=1",
+        ] {
+            assert!(parse(line).unwrap().check_consistency, "{line}");
+        }
+        for line in [
+            "",
+            "--check_consistency=false",
+            "--nocheck_consistency",
+            "--no-check-consistency",
+            "--check_consistency --check_consistency=false",
+        ] {
+            assert!(!parse(line).unwrap().check_consistency, "{line}");
+        }
+        for line in [
+            "--start_block_size 8192",
+            "--start_block_size=8192",
+            "--start-block-size 8192",
+            "--start-block_size=8K",
+            "-start_block_size 8KiB",
+            "--start_block_size 4096 --start_block_size 8192",
+        ] {
+            assert_eq!(parse(line).unwrap().start_block_size, 8192, "{line}");
+        }
+        for (line, mode) in [
+            ("--progress", ProgressMode::Always),
+            ("--progress=true", ProgressMode::Always),
+            ("--no_progress", ProgressMode::Never),
+            ("--noprogress", ProgressMode::Never),
+            ("--progress=false", ProgressMode::Never),
+        ] {
+            assert_eq!(parse(line).unwrap().progress, mode, "{line}");
+        }
+        // A boolean takes no separate word: `false` is a stray argument.
+        let e = err("--check_consistency false");
+        assert!(e.contains("unexpected argument 'false'"), "{e}");
+        let e = err("--check_consistency=maybe");
+        assert!(e.contains("true or false"), "{e}");
+        let e = err("--max-blok-size 5");
+        assert!(e.contains("'--max_block_size'"), "a suggestion: {e}");
+    }
+
+    #[test]
+    fn counts_and_sizes_are_checked() {
+        for (line, want) in [
+            ("--num_iter 0", "must be at least 1"),
+            ("--num_iter -1", "--num_iter"),
+            ("--num_threads 0", "must be at least 1"),
+            ("--large_blk_iter_ftr 0", "must be at least 1"),
+            ("--start_batch_size 0", "must be at least 1"),
+            ("--num_iter x", "not a whole number"),
+            ("--total_buffer_size 1.5G", "not a size"),
+            ("--max_block_size 99999999999999999999", "not a size"),
+            ("--start_block_size 0", "at least 1"),
+            (
+                "--start_block_size 8K --max_block_size 4K",
+                "at most --max_block_size",
+            ),
+            (
+                "--start_batch_size 4 --max_batch_size 2",
+                "exceeds --max_batch_size",
+            ),
+            ("--op_type COPY", "not READ or WRITE"),
+            ("--backend_param novalue", "not KEY=VALUE"),
+            ("--plot out.jpg", "name it FILE.png"),
+            ("--scheme", "a value is required"),
+        ] {
+            let e = err(line);
+            assert!(e.contains(want), "{line}: {e}");
+        }
+        // Sizes far beyond the machine parse: the run checks them against its memory.
+        let o = parse("--total_buffer_size 10000000000000").unwrap();
+        assert_eq!(o.total_buffer_size, 10_000_000_000_000);
+    }
+
+    #[test]
+    fn backends_are_checked_before_anything_starts() {
+        let e = err("--backend UCX|FOO");
+        assert!(e.contains("no such backend"), "{e}");
+        for name in nixl::Agent::available_backends() {
+            assert!(e.contains(name), "{e} lists {name}");
+        }
+        let o = parse("--backend ucx").unwrap();
+        assert_eq!(o.backend, "LIBFABRIC");
+        assert!(
+            o.notes[0].contains("LIBFABRIC runs in its place"),
+            "{:?}",
+            o.notes
+        );
+        let e = err("--backend HF3FS");
+        assert!(e.contains("--backend FILE"), "{e}");
+    }
+
+    #[test]
+    fn roles_and_their_addresses() {
+        let e = err("--target_address 127.0.0.1:5");
+        assert!(e.contains("add --role initiator"), "{e}");
+        let e = err("--listen 127.0.0.1:5");
+        assert!(e.contains("add --role target"), "{e}");
+        let e = err("--role initiator");
+        assert!(e.contains("needs --target_address"), "{e}");
+        let e = err("--role initiator --target_address 127.0.0.1:5 --listen 127.0.0.1:6");
+        assert!(e.contains("--listen is the target's"), "{e}");
+        let e = err("--role target --target_address 127.0.0.1:5");
+        assert!(e.contains("a target listens at --listen"), "{e}");
+        let e = err("--role server");
+        assert!(e.contains("initiator, target"), "{e}");
+        let e = err("--role target --backend LOCAL");
+        assert!(e.contains("without --role"), "{e}");
+        let e = err("--target_address nowhere");
+        assert!(e.contains("--target_address"), "{e}");
+        let o = parse("--role initiator --target_address 127.0.0.1:5").unwrap();
+        assert_eq!(o.role, Some(Side::Initiator));
+        assert_eq!(o.target_address, Some("127.0.0.1:5".parse().unwrap()));
+        let o = parse("--role target --listen 0.0.0.0:7000").unwrap();
+        assert_eq!(o.role, Some(Side::Target));
+        assert_eq!(o.listen, "0.0.0.0:7000".parse().unwrap());
+    }
+
+    #[test]
+    fn upstream_options_at_their_only_values() {
+        let o = parse(
+            "--scheme pairwise --mode sg --worker_type nixl --num_initiator_dev 1 \
+             --num_target_dev=1 --pipeline_depth 1 --randomize_location_mode none \
+             --randomize_location_mode_seed 7 --use_device_api=false --prepared_xfer \
+             --progress_threads 0",
+        )
+        .unwrap();
+        assert_eq!(o.backend, "LIBFABRIC");
+        for (line, want) in [
+            (
+                "--scheme manytoone",
+                "--scheme manytoone: this nixlbench runs one initiator",
+            ),
+            (
+                "--scheme tp",
+                "manytoone, onetomany and tp are not implemented",
+            ),
+            (
+                "--mode MG",
+                "--mode MG: this nixlbench runs one GPU per process",
+            ),
+            ("--worker_type nvshmem", "nvshmem is not implemented"),
+            (
+                "--num_initiator_dev 2",
+                "--num_initiator_dev 2: this nixlbench runs one device",
+            ),
+            ("--num_target_dev 0", "--num_target_dev 0"),
+            ("--pipeline_depth 4", "one request in flight"),
+            ("--randomize_location_mode blockaligned", "blocks in order"),
+            ("--use_device_api", "UCX's GPU device API"),
+            ("--progress_threads 2", "num_rails"),
+        ] {
+            let e = err(line);
+            assert!(e.contains(want), "{line}: {e}");
+        }
+    }
+
+    /// Upstream flags this nixlbench has no use for are refused by name, each with why.
+    #[test]
+    fn refused_upstream_flags_name_their_reason() {
+        for (name, kind, why) in REFUSED {
+            let line = match kind {
+                Kind::Bool => format!("--{name}"),
+                Kind::Value => format!("--{name} x"),
+            };
+            let e = err(&line);
+            assert_eq!(e, format!("--{name}: {why}"));
+            // Any form of the name.
+            let dashed = format!("--{}=1", name.replace('_', "-"));
+            assert!(err(&dashed).starts_with(&format!("--{name}: ")), "{dashed}");
+        }
+        let help = after_long_help();
+        for (name, _, _) in REFUSED {
+            assert!(help.contains(&format!("--{name}")), "help lists --{name}");
+        }
+    }
+
+    #[test]
+    fn honoured_upstream_flags() {
+        assert!(!parse("--enable_pt=false").unwrap().progress_thread);
+        assert!(!parse("--noenable_pt").unwrap().progress_thread);
+        assert!(parse("--enable_pt").unwrap().progress_thread);
+        assert!(
+            !parse("--enable_pt=false")
+                .unwrap()
+                .agent_config(None)
+                .progress_thread
+        );
+        assert!(parse("--recreate_xfer").unwrap().recreate_xfer);
+        assert!(parse("--prepared_xfer=false").is_ok());
+        let vmm = parse("--enable_vmm");
+        if cfg!(feature = "cuda") {
+            assert!(vmm.unwrap().enable_vmm);
+        } else {
+            assert!(vmm.unwrap_err().contains("built without feature cuda"));
+        }
+    }
+
+    #[test]
+    fn help_and_version_print() {
+        for (line, want) in [
+            ("--help", "Differences from NIXL's nixlbench"),
+            ("--help", "--obj_bucket_name"),
+            ("-h", "--total_buffer_size"),
+            ("--version", "nixlbench "),
+            ("-V", "nixlbench "),
+        ] {
+            match parse_args(&args(line)) {
+                Err(Stop::Print(text)) => assert!(text.contains(want), "{line}: {text}"),
+                other => panic!("{line}: {other:?}"),
+            }
+        }
+    }
+
+    /// A temporary file removed on drop.
+    struct TempFile(PathBuf);
+
+    impl TempFile {
+        fn new(name: &str, text: &str) -> Self {
+            let path =
+                std::env::temp_dir().join(format!("nixlbench-{name}-{}.toml", std::process::id()));
+            std::fs::write(&path, text).unwrap();
+            Self(path)
+        }
+        fn arg(&self) -> String {
+            format!("--config_file {}", self.0.display())
+        }
+    }
+
+    impl Drop for TempFile {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+
+    #[test]
+    fn config_file_under_the_command_line() {
+        let f = TempFile::new(
+            "config",
+            "# upstream's format\nbackend = \"LOCAL\"\nmax_block_size = 65536\n\
+             check_consistency = true\nop_type = \"READ\"\nnum_iter = 10\n",
+        );
+        let o = parse(&f.arg()).unwrap();
+        assert_eq!(o.backend, "LOCAL");
+        assert_eq!(o.max_block_size, 65536);
+        assert!(o.check_consistency);
+        assert_eq!((o.op, o.num_iter), (XferOp::Read, 10));
+        // The command line wins, wherever it names the file.
+        let o = parse(&format!("--max_block_size 8192 {} --num_iter 3", f.arg())).unwrap();
+        assert_eq!(
+            (o.max_block_size, o.num_iter, o.backend.as_str()),
+            (8192, 3, "LOCAL")
+        );
+        let o = parse(&format!("{} --nocheck_consistency", f.arg())).unwrap();
+        assert!(!o.check_consistency);
+        for (name, text, want) in [
+            (
+                "unknown",
+                "no_such_flag = 1\n",
+                "`no_such_flag` is not a nixlbench option",
+            ),
+            (
+                "refused",
+                "obj_bucket_name = \"b\"\n",
+                "--obj_bucket_name: NIXL's object-store",
+            ),
+            ("bad", "backend = \n", "not TOML"),
+            ("array", "device_list = [\"a\"]\n", "is a array"),
+            ("value", "num_iter = 0\n", "must be at least 1"),
+            ("nested", "config_file = \"x\"\n", "cannot name another"),
+        ] {
+            let f = TempFile::new(name, text);
+            let e = err(&f.arg());
+            assert!(e.contains(want), "{name}: {e}");
+        }
+        let e = err("--config_file /nonexistent/nixlbench.toml");
+        assert!(e.contains("/nonexistent/nixlbench.toml"), "{e}");
+    }
+
+    /// NIXL's documented command lines (nixlbench's README, the GPUNETIO plugin's
+    /// README) parse: each runs here, or is refused for a reason it names (a backend
+    /// or a flag this nixl does not have, a feature this build lacks), never for its
+    /// syntax.
+    #[test]
+    fn upstream_documented_lines_parse() {
+        let posix_config = TempFile::new(
+            "readme",
+            "etcd_endpoints=\"http://localhost:2379\"\nbackend=\"POSIX\"\n\
+             filepath=\"/mnt/test\"\nposix_api_type=\"AIO\"\nmax_block_size=2097152\n",
+        );
+        let etcd = cfg!(feature = "etcd");
+        let cuda = cfg!(feature = "cuda");
+        let config_line = posix_config.arg();
+        let lines: &[(&str, Option<&str>)] = &[
+            ("--etcd_endpoints http://localhost:2379 --backend UCX", (!etcd).then_some("feature etcd")),
+            (
+                "--etcd_endpoints http://etcd-server:2379 --backend UCX --initiator_seg_type VRAM \
+                 --target_seg_type VRAM",
+                (!cuda).then_some("feature cuda").or((!etcd).then_some("feature etcd")),
+            ),
+            ("--etcd_endpoints http://etcd-server:2379 --backend GDS --filepath /mnt/storage/testfile", Some("GDS")),
+            (
+                "--etcd_endpoints http://etcd-server:2379 --backend OBJ --obj_bucket_name my-bucket \
+                 --obj_access_key KEY --obj_secret_key SECRET",
+                Some("object-store"),
+            ),
+            (
+                "--etcd_endpoints http://etcd-server:2379 --backend UCX --num_threads 4 --enable_pt \
+                 --progress_threads 2",
+                Some("--progress_threads 2"),
+            ),
+            (
+                "--etcd_endpoints http://localhost:2379 --backend POSIX --filepath /mnt/test \
+                 --posix_api_type AIO --max_block_size 2097152",
+                Some("POSIX"),
+            ),
+            (&config_line, Some("POSIX")),
+            ("--backend GDS --filepath /mnt/storage/testfile", Some("GDS")),
+            (
+                "--etcd_endpoints http://etcd-server:2379 --backend UCX --device_list mlx5_0,mlx5_1",
+                (!etcd).then_some("feature etcd"),
+            ),
+            (
+                "--etcd_endpoints http://etcd-server:2379 --backend GPUNETIO --gpunetio_device_list 0,1",
+                (!cuda).then_some("feature cuda").or((!etcd).then_some("feature etcd")),
+            ),
+            ("--backend GDS --filepath /mnt/storage/testfile --storage_enable_direct", Some("GDS")),
+            (
+                "--backend GDS --filepath /mnt/storage/testfile --gds_batch_pool_size 64 \
+                 --gds_batch_limit 256",
+                Some("GDS"),
+            ),
+            ("--backend GDS_MT --filepath /mnt/storage/testfile --gds_mt_num_threads 8", Some("GDS")),
+            ("--backend POSIX --filepath /mnt/storage/testfile --posix_api_type AIO", Some("POSIX")),
+            (
+                "--backend POSIX --filepath /mnt/storage/testfile --posix_api_type URING \
+                 --storage_enable_direct",
+                Some("POSIX"),
+            ),
+            (
+                "--backend=GUSLI --device_list=11:F:./store0.bin --num_initiator_dev=1 \
+                 --num_target_dev=1 --op_type=WRITE",
+                Some("GUSLI"),
+            ),
+            (
+                "--backend=GUSLI --device_list=27:K:/dev/nvme0n1 --gusli_device_security=sec=0x7 \
+                 --num_initiator_dev=1 --num_target_dev=1 --op_type=READ",
+                Some("GUSLI"),
+            ),
+            (
+                "--backend=GUSLI --device_list=11:F:./store0.bin,14:K:/dev/zero,27:K:/dev/nvme0n1 \
+                 --gusli_device_security=sec=0x3,sec=0x71,sec=0x7 --num_initiator_dev=3 \
+                 --num_target_dev=3 --op_type=WRITE",
+                Some("GUSLI"),
+            ),
+            (
+                "--backend=GUSLI --device_list=20:N:t192.168.1.100 --gusli_device_security=sec=0x10 \
+                 --num_initiator_dev=1 --num_target_dev=1 --op_type=WRITE",
+                Some("GUSLI"),
+            ),
+            // The GPUNETIO plugin's README.
+            (
+                "--etcd-endpoints http://etc_server_ip:2379 --backend=GPUNETIO \
+                 --initiator_seg_type=VRAM --target_seg_type=DRAM --runtime_type=ETCD \
+                 --gpunetio_device_list=0 --device_list=mlx5_0 --start_batch_size=512 \
+                 --max_batch_size=512 --total_buffer_size=34359738368",
+                (!cuda).then_some("feature cuda").or((!etcd).then_some("feature etcd")),
+            ),
+        ];
+        for (line, refused) in lines {
+            match (parse(line), refused) {
+                (Ok(_), None) => {}
+                (Err(e), Some(why)) => {
+                    assert!(e.contains(why), "{line}: {e}");
+                    for syntax in [
+                        "unexpected argument",
+                        "invalid value",
+                        "a value is required",
+                    ] {
+                        assert!(!e.contains(syntax), "{line}: {e}");
+                    }
+                }
+                (got, want) => panic!("{line}: {got:?}, expected refusal {want:?}"),
+            }
+        }
+        // Upstream's GPUNETIO line sizes a 32 GiB buffer, all of it touched.
+        if cuda && etcd {
+            let o = parse(lines.last().unwrap().0).unwrap();
+            assert_eq!(o.buffer_bytes(), 32 << 30);
+        }
+    }
+
+    /// What upstream's nixlbench puts in GPUNETIO's parameters, per side.
+    #[cfg(feature = "cuda")]
+    #[test]
+    fn gpunetio_parameters_from_the_flags() {
+        let o = parse(
+            "--backend gpunetio --initiator_seg_type VRAM --target_seg_type VRAM \
+             --gpunetio_device_list 0,1 --device_list mlx5_0 --gpunetio_oob_list eth0,eth1",
+        )
+        .unwrap();
+        let (i, t) = (
+            o.params(Side::Initiator, None),
+            o.params(Side::Target, None),
+        );
+        let pairs = |p: &BackendParams| {
+            let mut v: Vec<(String, String)> =
+                p.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+            v.sort();
+            v
+        };
+        let s = |a: &str, b: &str| (a.to_string(), b.to_string());
+        assert_eq!(
+            pairs(&i),
+            [
+                s("gpu_devices", "0"),
+                s("network_devices", "mlx5_0"),
+                s("oob_interface", "eth0")
+            ]
+        );
+        assert_eq!(
+            pairs(&t),
+            [
+                s("gpu_devices", "1"),
+                s("network_devices", "mlx5_0"),
+                s("oob_interface", "eth1")
+            ]
+        );
+        assert_eq!((o.initiator_gpu, o.target_gpu), (0, 1));
+        // One entry serves both sides; no list: GPU 0 (upstream's default), no NIC, no OOB.
+        let o =
+            parse("--backend GPUNETIO --target_seg_type VRAM --gpunetio_device_list 3").unwrap();
+        assert_eq!((o.initiator_gpu, o.target_gpu), (3, 3));
+        let o = parse("--backend GPUNETIO --target_seg_type VRAM").unwrap();
+        assert_eq!(
+            pairs(&o.params(Side::Target, None)),
+            [s("gpu_devices", "0")]
+        );
+        // The side flags agree with the list, or set the GPU without it.
+        let o = parse("--backend GPUNETIO --target_seg_type VRAM --target_gpu 2").unwrap();
+        assert_eq!(o.params(Side::Target, None)["gpu_devices"], "2");
+        assert_eq!(o.params(Side::Initiator, None)["gpu_devices"], "0");
+        let e = err(
+            "--backend GPUNETIO --target_seg_type VRAM --gpunetio_device_list 0,1 --target_gpu 0",
+        );
+        assert!(e.contains("--target_gpu 0 disagrees"), "{e}");
+        // --backend_param overrides what the flags set.
+        let o = parse(
+            "--backend GPUNETIO --target_seg_type VRAM --device_list mlx5_0 \
+             --backend_param network_devices=mlx5_3 --backend_param cuda_streams=8",
+        )
+        .unwrap();
+        let p = o.params(Side::Initiator, None);
+        assert_eq!(
+            (p["network_devices"].as_str(), p["cuda_streams"].as_str()),
+            ("mlx5_3", "8")
+        );
+        // Bad values.
+        let e = err("--backend GPUNETIO --target_seg_type VRAM --gpunetio_device_list mlx5_0");
+        assert!(e.contains("`mlx5_0` is not a CUDA device id"), "{e}");
+        assert!(e.contains("--device_list"), "{e}");
+        let e = err("--backend GPUNETIO --target_seg_type VRAM --gpunetio_device_list 0,1,2");
+        assert!(
+            e.contains("one CUDA device id for both sides, or two"),
+            "{e}"
+        );
+        let e = err("--backend GPUNETIO --target_seg_type VRAM --gpunetio_oob_list a,b,c");
+        assert!(e.contains("one interface for both sides"), "{e}");
+        // A peer's DRAM goes through the NIC path.
+        let o = parse("--backend GPUNETIO --target_seg_type DRAM").unwrap();
+        assert_eq!(o.target_seg, MemKind::Dram);
+        // Upstream's documented line, no segment types: DRAM -> VRAM, GPUs 0 and 1.
+        let o = parse("--backend GPUNETIO --gpunetio_device_list 0,1").unwrap();
+        assert_eq!(
+            (o.initiator_seg, o.target_seg),
+            (MemKind::Dram, MemKind::Vram)
+        );
+        assert_eq!((o.initiator_gpu, o.target_gpu), (0, 1));
+    }
+
+    #[test]
+    fn gpunetio_flags_belong_to_gpunetio() {
+        let e = err("--gpunetio_device_list 0");
+        assert!(e.contains("GPUNETIO's, not LIBFABRIC's"), "{e}");
+        let e = err("--backend VERBS --gpunetio_oob_list eth0");
+        assert!(e.contains("GPUNETIO's, not VERBS's"), "{e}");
+        if !cfg!(feature = "cuda") {
+            let e = err("--backend GPUNETIO --target_seg_type DRAM");
+            assert!(e.contains("rebuild with feature cuda"), "{e}");
+        }
+    }
+
+    #[test]
+    fn storage_options() {
+        let r = parse("--backend file --filepath /tmp/x --num_files 3 --hf3fs_mount /tmp/m");
+        if !cfg!(feature = "file") {
+            assert!(r.unwrap_err().contains("rebuild with feature file"));
+            return;
+        }
+        let o = r.unwrap();
+        assert!(o.is_storage());
+        assert_eq!(
+            (o.initiator_seg, o.target_seg),
+            (MemKind::Dram, MemKind::File)
+        );
+        assert_eq!(o.num_files, 3);
+        assert_eq!(o.filepath, Some(PathBuf::from("/tmp/x")));
+        assert_eq!(o.hf3fs_mount, Some(PathBuf::from("/tmp/m")));
+        assert!(!o.storage_direct);
+        assert!(
+            parse("--backend FILE --storage_enable_direct")
+                .unwrap()
+                .storage_direct
+        );
+        for (line, want) in [
+            (
+                "--backend FILE --target_seg_type DRAM",
+                "--target_seg_type FILE",
+            ),
+            ("--backend FILE --role target", "runs in one process"),
+            ("--backend FILE --num_files 0", "at least 1"),
+            ("--backend FILE --initiator_seg_type FILE", "DRAM or VRAM"),
+            ("--storage_enable_direct", "belongs to storage runs"),
+        ] {
+            let e = err(line);
+            assert!(e.contains(want), "{line}: {e}");
+        }
+    }
+
+    #[test]
+    fn runtime_choice() {
+        let etcd = parse("--etcd_endpoints http://h:2379,http://g:2379");
+        let etcd_dash = parse("--etcd-endpoints=http://h:2379 --benchmark_group g1");
+        let etcd_default = parse("--runtime_type etcd --etcd_wait 5");
+        if cfg!(feature = "etcd") {
+            assert_eq!(
+                etcd.unwrap().runtime,
+                Runtime::Etcd {
+                    endpoints: vec!["http://h:2379".into(), "http://g:2379".into()],
+                    group: "default".into(),
+                    wait: std::time::Duration::from_secs(60),
+                }
+            );
+            assert_eq!(
+                etcd_dash.unwrap().runtime,
+                Runtime::Etcd {
+                    endpoints: vec!["http://h:2379".into()],
+                    group: "g1".into(),
+                    wait: std::time::Duration::from_secs(60),
+                }
+            );
+            assert_eq!(
+                etcd_default.unwrap().runtime,
+                Runtime::Etcd {
+                    endpoints: vec![DEFAULT_ETCD_ENDPOINT.into()],
+                    group: "default".into(),
+                    wait: std::time::Duration::from_secs(5),
+                }
+            );
+            let e = err("--etcd_endpoints http://h:2379 --role target");
+            assert!(e.contains("--role belongs to the SOCKET runtime"), "{e}");
+            let e = err("--runtime_type ETCD --target_address 127.0.0.1:5");
+            assert!(
+                e.contains("--target_address belongs to the SOCKET runtime"),
+                "{e}"
+            );
+            let e = err("--runtime_type ETCD --backend LOCAL");
+            assert!(e.contains("LOCAL moves data inside one agent"), "{e}");
+        } else {
+            for e in [etcd, etcd_dash, etcd_default] {
+                assert!(e.unwrap_err().contains("built without feature etcd"));
+            }
+        }
+        assert_eq!(
+            parse("--runtime_type socket --role target")
+                .unwrap()
+                .runtime,
+            Runtime::Socket
+        );
+        let e = err("--runtime_type SOCKET --etcd_endpoints http://h:2379");
+        assert!(
+            e.contains("--etcd_endpoints belongs to the ETCD runtime"),
+            "{e}"
+        );
+        let e = err("--benchmark_group g");
+        assert!(
+            e.contains("--benchmark_group belongs to the ETCD runtime"),
+            "{e}"
+        );
+        let e = err("--runtime_type ASIO");
+        assert!(e.contains("ASIO is not implemented"), "{e}");
+        let e = err("--runtime_type MPI");
+        assert!(e.contains("SOCKET or ETCD"), "{e}");
+        let e = err("--etcd_endpoints ,");
+        assert!(e.contains("at least one endpoint"), "{e}");
+        let e = err("--benchmark_group a/b");
+        assert!(e.contains("without `/`"), "{e}");
+        let e = err("--etcd_wait 0");
+        assert!(e.contains("must be at least 1"), "{e}");
+    }
+}
