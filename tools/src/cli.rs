@@ -59,8 +59,26 @@ pub fn stop_of(err: &clap::Error, program: &str) -> Stop {
     let text = err.render().to_string();
     match err.kind() {
         ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => Stop::Print(text),
+        // No command given: clap renders the whole help as the error; one line names
+        // the commands instead.
+        ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => Stop::Usage(format!(
+            "a command is required: {}; see '{program} --help'",
+            commands_of_help(&text).join(", ")
+        )),
         _ => Stop::Usage(one_line(&text, program)),
     }
+}
+
+/// The command names a rendered help lists under `Commands:` (without `help`).
+fn commands_of_help(help: &str) -> Vec<String> {
+    help.lines()
+        .skip_while(|l| !l.starts_with("Commands:"))
+        .skip(1)
+        .take_while(|l| l.starts_with(' '))
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|name| *name != "help")
+        .map(String::from)
+        .collect()
 }
 
 /// Folds clap's rendered error (`error: …`, indented tips, a usage block) into one line.
@@ -138,6 +156,32 @@ mod tests {
         }
         match try_parse::<T, _, _>("t", ["t", "--version"]) {
             Err(Stop::Print(text)) => assert!(text.starts_with("t "), "{text}"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[derive(Parser, Debug)]
+    #[command(name = "s", subcommand_required = true)]
+    struct S {
+        #[command(subcommand)]
+        command: Sub,
+    }
+
+    #[derive(clap::Subcommand, Debug)]
+    enum Sub {
+        /// First.
+        Ping,
+        /// Second.
+        #[command(name = "rma-bw")]
+        RmaBw,
+    }
+
+    #[test]
+    fn a_missing_command_is_one_line_naming_the_commands() {
+        match try_parse::<S, _, _>("s", ["s"]) {
+            Err(Stop::Usage(line)) => {
+                assert_eq!(line, "a command is required: ping, rma-bw; see 's --help'")
+            }
             other => panic!("{other:?}"),
         }
     }
