@@ -143,7 +143,9 @@ fn draw<DB: plotters::prelude::DrawingBackend>(
     let mut batches: Vec<usize> = rows.iter().map(|r| r.batch_size).collect();
     batches.sort_unstable();
     batches.dedup();
-    let panels: [(&DrawingArea<_, _>, &str, fn(&Row) -> f64); 2] = [
+    /// What a panel plots of a row.
+    type Column = fn(&Row) -> f64;
+    let panels: [(_, &str, Column); 2] = [
         (&left, "bandwidth (GB/s)", |r| r.gbps),
         (&right, "average latency (us)", |r| r.avg_lat_us),
     ];
