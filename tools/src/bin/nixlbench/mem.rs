@@ -578,6 +578,59 @@ mod tests {
         assert!(!path.exists(), "removed on drop");
     }
 
+    /// Memory the machine cannot give is an error, never a panic or an abort.
+    #[test]
+    fn huge_allocations_fail_cleanly() {
+        for len in [1usize << 60, isize::MAX as usize] {
+            let e = Mem::alloc(MemKind::Dram, 0, len, INITIATOR_FILL, false)
+                .err()
+                .expect("no machine has this much memory");
+            assert!(e.contains("allocating") && e.contains("lower"), "{e}");
+        }
+    }
+
+    /// `--total_buffer_size 10000000000000` with blocks that touch it all: refused before
+    /// anything is allocated, naming the flags to lower.
+    #[test]
+    fn runs_larger_than_the_machine_are_refused_first() {
+        let o = crate::options::parse_args(&[
+            "--total_buffer_size".into(),
+            "10000000000000".into(),
+            "--max_block_size".into(),
+            "4000000000000".into(),
+        ])
+        .unwrap();
+        let e = check_fits(&o, &[Side::Initiator, Side::Target]).unwrap_err();
+        assert!(matches!(e, MemError::DramTooSmall { .. }), "{e}");
+        let e = e.to_string();
+        assert!(e.contains("lower --total_buffer_size"), "{e}");
+        // The default sweep fits any machine that runs the tests.
+        let o = crate::options::parse_args(&[]).unwrap();
+        check_fits(&o, &[Side::Initiator, Side::Target]).unwrap();
+    }
+
+    /// Upstream's GPUNETIO line (a 32 GiB VRAM initiator) on a machine without a GPU: it
+    /// says there is no GPU, before any size is looked at.
+    #[cfg(all(feature = "cuda", feature = "etcd"))]
+    #[test]
+    fn no_gpu_is_said_before_sizes() {
+        if gpunetio::device_count() > 0 {
+            eprintln!("skipped: this machine has a GPU");
+            return;
+        }
+        let line = "--etcd-endpoints http://etc_server_ip:2379 --backend=GPUNETIO \
+                    --initiator_seg_type=VRAM --target_seg_type=DRAM --runtime_type=ETCD \
+                    --gpunetio_device_list=0 --device_list=mlx5_0 --start_batch_size=512 \
+                    --max_batch_size=512 --total_buffer_size=34359738368";
+        let args: Vec<String> = line.split_whitespace().map(String::from).collect();
+        let o = crate::options::parse_args(&args).unwrap();
+        let e = check_fits(&o, &[Side::Initiator]).unwrap_err();
+        assert!(
+            matches!(e, MemError::NoDriver { .. } | MemError::NoGpu { .. }),
+            "{e}"
+        );
+    }
+
     #[test]
     fn check_finds_the_first_wrong_byte() {
         let mem = Mem::alloc(MemKind::Dram, 0, 1 << 16, INITIATOR_FILL, false).unwrap();
