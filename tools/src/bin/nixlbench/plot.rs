@@ -94,23 +94,44 @@ pub(crate) fn x_label(x: f64) -> String {
     }
 }
 
-/// A y-axis figure: three significant digits, no trailing zeros.
+/// A y-axis figure: three significant digits, no trailing zeros (`100`, `12.5`, `1`,
+/// `0.05`).
 fn figure(y: f64) -> String {
-    if y >= 100.0 {
-        format!("{y:.0}")
+    let decimals = if y >= 100.0 {
+        0
     } else if y >= 10.0 {
-        format!("{y:.1}")
+        1
     } else if y >= 1.0 {
-        format!("{y:.2}")
+        2
     } else {
-        let text = format!("{y:.3}");
-        let text = text.trim_end_matches('0');
-        if text.ends_with('.') {
-            format!("{text}0")
-        } else {
-            text.to_string()
-        }
+        3
+    };
+    let text = format!("{y:.decimals$}");
+    if text.contains('.') {
+        text.trim_end_matches('0').trim_end_matches('.').to_string()
+    } else {
+        text
     }
+}
+
+/// The lines' colours (matplotlib's tab10: distinct on white, also in grey print).
+const COLORS: [(u8, u8, u8); 10] = [
+    (0x1f, 0x77, 0xb4),
+    (0xd6, 0x27, 0x28),
+    (0x2c, 0xa0, 0x2c),
+    (0xff, 0x7f, 0x0e),
+    (0x94, 0x67, 0xbd),
+    (0x8c, 0x56, 0x4b),
+    (0xe3, 0x77, 0xc2),
+    (0x7f, 0x7f, 0x7f),
+    (0xbc, 0xbd, 0x22),
+    (0x17, 0xbe, 0xcf),
+];
+
+/// The colour of the `i`-th batch size.
+fn color(i: usize) -> plotters::style::RGBColor {
+    let (r, g, b) = COLORS[i % COLORS.len()];
+    plotters::style::RGBColor(r, g, b)
 }
 
 /// The plot's size in pixels.
@@ -174,12 +195,13 @@ fn draw<DB: plotters::prelude::DrawingBackend>(
             .y_desc(title)
             .x_labels(x_labels)
             .x_label_formatter(&|x| x_label(*x))
+            .y_labels(8)
             .y_label_formatter(&|y| figure(*y))
             .label_style(("sans-serif", 13))
             .draw()
             .map_err(draw)?;
         for (i, &batch) in batches.iter().enumerate() {
-            let color = Palette99::pick(i).to_rgba();
+            let color = color(i);
             let points: Vec<(f64, f64)> = rows
                 .iter()
                 .filter(|r| r.batch_size == batch && value(r) > 0.0)
@@ -285,6 +307,8 @@ mod tests {
         assert_eq!(x_label(12.5), "");
         assert_eq!(figure(123.4), "123");
         assert_eq!(figure(12.34), "12.3");
+        assert_eq!(figure(10.0), "10");
+        assert_eq!(figure(1.0), "1");
         assert_eq!(figure(0.5), "0.5");
         assert_eq!(figure(0.001), "0.001");
     }
@@ -309,7 +333,7 @@ mod tests {
             draw(&root, &rows, &o).unwrap();
         }
         let count = |i: usize| {
-            let c = Palette99::pick(i).to_rgba();
+            let c = color(i);
             pixels
                 .chunks(3)
                 .filter(|p| p[0] == c.0 && p[1] == c.1 && p[2] == c.2)
