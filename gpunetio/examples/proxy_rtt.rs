@@ -25,23 +25,71 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+const USAGE: &str = "usage: proxy_rtt [PROVIDER] [ITERS]
+       proxy_rtt throughput [ENTRIES] [PROVIDERS] [ROUNDS]
+  PROVIDER   libfabric provider of the round trips (default shm)
+  ITERS      timed round trips (default 20000)
+  ENTRIES    entries per throughput run (default 1048576, rounded up to 32)
+  PROVIDERS  comma-separated (default shm,tcp;ofi_rxm)
+  ROUNDS     repeats of the matrix (default 3)";
+
+/// Ends the example with a one-line error (status 2: a wrong invocation).
+fn usage_error(message: String) -> ! {
+    eprintln!("proxy_rtt: {message}; see 'proxy_rtt --help'");
+    std::process::exit(2)
+}
+
+/// The positional number `arg`, `default` when absent.
+fn number<T: std::str::FromStr>(arg: Option<&String>, name: &str, default: T) -> T {
+    match arg {
+        None => default,
+        Some(v) => v
+            .parse()
+            .unwrap_or_else(|_| usage_error(format!("{name} `{v}` is not a number"))),
+    }
+}
+
+/// Opens a transport of `provider`, or ends with a one-line error.
+fn transport(provider: &str) -> FabricTransport {
+    FabricTransport::new(provider).unwrap_or_else(|e| {
+        eprintln!("proxy_rtt: provider `{provider}`: {e}");
+        std::process::exit(1)
+    })
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if let Some(flag) = args.iter().find(|a| a.starts_with('-')) {
+        if matches!(flag.as_str(), "-h" | "--help") {
+            println!("{USAGE}");
+            return;
+        }
+        usage_error(format!("unknown option {flag}"));
+    }
     if args.first().map(String::as_str) == Some("throughput") {
-        let n: u64 = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(1 << 20);
+        if args.len() > 4 {
+            usage_error(format!("unexpected argument `{}`", args[4]));
+        }
+        let n: u64 = number(args.get(1), "ENTRIES", 1 << 20);
         let provs = args
             .get(2)
             .cloned()
             .unwrap_or_else(|| "shm,tcp;ofi_rxm".into());
-        let rounds: usize = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(3);
+        let rounds: usize = number(args.get(3), "ROUNDS", 3);
+        // Every provider opens before the matrix starts.
+        for prov in provs.split(',') {
+            drop(transport(prov));
+        }
         throughput(n.next_multiple_of(32), &provs, rounds);
         return;
     }
+    if args.len() > 2 {
+        usage_error(format!("unexpected argument `{}`", args[2]));
+    }
     let provider = args.first().map(String::as_str).unwrap_or("shm");
-    let iters: usize = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(20_000);
+    let iters: usize = number(args.get(1), "ITERS", 20_000);
     let ring = RingMemory::host(1024, 0).expect("ring");
-    let a =
-        CpuProxy::new(FabricTransport::new(provider).expect("transport"), &ring).expect("proxy");
+    let a = CpuProxy::new(transport(provider), &ring).expect("proxy");
     a.start().expect("proxy thread");
     let p = HostProducer::new(&ring, Duration::from_secs(10)).expect("producer");
     let mut ns = Vec::with_capacity(iters);

@@ -513,7 +513,8 @@ fn daemon_cli_refuses_bad_arguments_and_a_second_daemon() {
     assert_eq!(status(&["--bogus"]), Some(2));
     assert_eq!(status(&["--mount", "/tmp", "--slots", "0"]), Some(2));
     assert_eq!(status(&["--mount", "/tmp", "--copy-kib", "6"]), Some(2));
-    assert_eq!(status(&["--mount", "/nonexistent-hf3fs-mount"]), Some(1));
+    // A mount that is not a directory is a wrong invocation, refused before it starts.
+    assert_eq!(status(&["--mount", "/nonexistent-hf3fs-mount"]), Some(2));
     let d = Daemon::start(1);
     let mount = d.path().to_str().unwrap();
     assert_eq!(

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// Where a side's memory lives (`--mem`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum MemChoice {
     /// VRAM where the transport registers it directly, else pinned DRAM.
     Auto,
@@ -26,15 +26,17 @@ pub enum MemChoice {
     Dram,
 }
 
-impl MemChoice {
-    pub fn parse(s: &str) -> Option<Self> {
-        Some(match s {
-            "auto" => Self::Auto,
-            "vram" => Self::Vram,
-            "dram" => Self::Dram,
-            _ => return None,
-        })
+/// There is a CUDA driver and a GPU `gpu` (`-d`): checked before anything starts, so
+/// that a machine without one gets one line saying so.
+pub fn check_gpu(gpu: usize) -> Result<(), String> {
+    if !gpunetio::is_available() {
+        return Err("no CUDA driver on this machine (libcuda): this tool runs GPU kernels".into());
     }
+    let count = gpunetio::device_count();
+    if gpu >= count {
+        return Err(format!("-d {gpu}: this machine has {count} GPU(s)"));
+    }
+    Ok(())
 }
 
 /// The default provider: `shm` when the peer is on this host, else `tcp;ofi_rxm`.

@@ -1,108 +1,166 @@
-//! `hf3fs-gdr-daemon --mount DIR [--threads N] [--staging-mib M] [--chunk-kib K]
-//! [--slots S] [--copy-kib C] [--direct auto|always|never] [--inject-delay-ms D]`:
-//! serves a mount directory for `hf3fs-gdr` clients (see `hf3fs_gdr::daemon`). Prints
-//! `ready <socket path>` on stdout once it listens.
+//! `hf3fs-gdr-daemon --mount DIR [OPTIONS]`: serves a mount directory for `hf3fs-gdr`
+//! clients (see `hf3fs_gdr::daemon`). Prints `ready <socket path>` on stdout once it
+//! listens (and not before: a mount that cannot be served fails first).
 
-use hf3fs_gdr::daemon::{run, DaemonConfig};
+use clap::Parser;
+use hf3fs_gdr::daemon::{run, DaemonConfig, DirectPolicy};
 use std::io::Write;
 use std::path::PathBuf;
 
-const USAGE: &str = "usage: hf3fs-gdr-daemon --mount DIR [--threads N] [--staging-mib M] \
-[--chunk-kib K] [--slots S] [--copy-kib C] [--direct auto|always|never] [--inject-delay-ms D]
-  --threads N        worker threads (default: CPUs, at least 4)
-  --staging-mib M    pinned staging memory per GPU (default 256)
-  --chunk-kib K      largest piece a worker moves at once (default: staging / (N S),
-                     64 to 4096 KiB)
-  --slots S          pinned staging slots per worker: device copies in flight while it
-                     reads the next chunk (default 2)
-  --copy-kib C       GPU iovs, cached data: start a device copy after every C KiB read
-                     (a multiple of 4; default 0: one copy per chunk)
-  --direct P         O_DIRECT policy: auto (cached data from the page cache, the rest
-                     O_DIRECT; default), always, never
-  --inject-delay-ms D  fault injection: chunks of files named *.slow wait D ms";
+/// Serves a mount directory for hf3fs-gdr clients: O_DIRECT readers and a pinned
+/// staging pipeline into VRAM
+#[derive(Parser, Debug)]
+#[command(
+    name = "hf3fs-gdr-daemon",
+    version,
+    max_term_width = 100,
+    after_help = "Prints `ready <socket path>` on standard output once it listens. RUST_LOG sets \
+the log on standard error (default: warnings and errors)."
+)]
+struct Cli {
+    /// The directory to serve (it must exist)
+    #[arg(long, value_name = "DIR")]
+    mount: PathBuf,
+    /// Worker threads [default: CPUs, at least 4]
+    #[arg(long, value_name = "N", value_parser = positive)]
+    threads: Option<usize>,
+    /// Pinned staging memory per GPU, in MiB
+    #[arg(long = "staging-mib", value_name = "M", default_value_t = 256, value_parser = positive)]
+    staging_mib: usize,
+    /// Largest piece a worker moves at once, in KiB [default: staging / (threads x slots),
+    /// 64 to 4096]
+    #[arg(long = "chunk-kib", value_name = "K", value_parser = positive)]
+    chunk_kib: Option<usize>,
+    /// Pinned staging slots per worker: device copies in flight while it reads the next
+    /// chunk [default: 2]
+    #[arg(long, value_name = "S", value_parser = positive)]
+    slots: Option<usize>,
+    /// GPU iovs, cached data: start a device copy after every C KiB read (a multiple of
+    /// 4; 0: one copy per chunk)
+    #[arg(long = "copy-kib", value_name = "C", default_value_t = 0, value_parser = multiple_of_4)]
+    copy_kib: usize,
+    /// O_DIRECT policy: auto (cached data from the page cache, the rest O_DIRECT), always,
+    /// never
+    #[arg(long, value_name = "P", default_value = "auto", value_parser = direct_policy)]
+    direct: DirectPolicy,
+    /// Fault injection: chunks of files named *.slow wait D ms
+    #[arg(long = "inject-delay-ms", value_name = "D", default_value_t = 0)]
+    inject_delay_ms: u64,
+}
 
-fn parse() -> Result<DaemonConfig, String> {
-    let mut mount: Option<PathBuf> = None;
-    let mut threads: Option<usize> = None;
-    let mut staging_mib: usize = 256;
-    let mut chunk_kib: Option<usize> = None;
-    let mut slots: Option<usize> = None;
-    let mut copy_kib: usize = 0;
-    let mut delay_ms: u64 = 0;
-    let mut direct = hf3fs_gdr::daemon::DirectPolicy::Auto;
-    let mut args = std::env::args().skip(1);
-    while let Some(arg) = args.next() {
-        let mut value = |name: &str| args.next().ok_or_else(|| format!("{name} needs a value"));
-        let number = |name: &str, v: String| {
-            v.parse::<usize>()
-                .map_err(|_| format!("{name}: {v:?} is not a number"))
-        };
-        match arg.as_str() {
-            "--mount" => mount = Some(PathBuf::from(value("--mount")?)),
-            "--threads" => threads = Some(number("--threads", value("--threads")?)?),
-            "--staging-mib" => staging_mib = number("--staging-mib", value("--staging-mib")?)?,
-            "--chunk-kib" => chunk_kib = Some(number("--chunk-kib", value("--chunk-kib")?)?),
-            "--copy-kib" => copy_kib = number("--copy-kib", value("--copy-kib")?)?,
-            "--slots" => slots = Some(number("--slots", value("--slots")?)?),
-            "--direct" => direct = value("--direct")?.parse()?,
-            "--inject-delay-ms" => {
-                delay_ms = number("--inject-delay-ms", value("--inject-delay-ms")?)? as u64
+fn positive(text: &str) -> Result<usize, String> {
+    match text.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(_) => Err(format!("`{text}` is not a whole number")),
+    }
+}
+
+fn multiple_of_4(text: &str) -> Result<usize, String> {
+    match text.parse::<usize>() {
+        Ok(n) if n % 4 == 0 => Ok(n),
+        Ok(_) => Err("must be a multiple of 4".into()),
+        Err(_) => Err(format!("`{text}` is not a whole number")),
+    }
+}
+
+fn direct_policy(text: &str) -> Result<DirectPolicy, String> {
+    text.parse()
+}
+
+/// Everything a user can get wrong, checked before anything is created: the mount is
+/// a directory, and the sizes make sense together.
+fn config(cli: Cli) -> Result<DaemonConfig, String> {
+    if !cli.mount.is_dir() {
+        return Err(format!(
+            "--mount {}: {}",
+            cli.mount.display(),
+            if cli.mount.exists() {
+                "not a directory"
+            } else {
+                "no such directory (create it, or name the mount to serve)"
             }
-            "-h" | "--help" => return Err(String::new()),
-            other => return Err(format!("unknown argument {other:?}")),
-        }
+        ));
     }
-    let mount = mount.ok_or("--mount is required")?;
-    let defaults = DaemonConfig::new(&mount);
-    let mut config = DaemonConfig::with(
-        mount,
-        threads.unwrap_or(defaults.threads),
-        staging_mib << 20,
-    );
-    if let Some(s) = slots {
-        if s == 0 {
-            return Err("--slots must be positive".into());
-        }
-        config.slots_per_worker = s;
-        config.chunk_bytes = DaemonConfig::default_chunk(config.staging_bytes, config.threads, s);
+    let staging = cli
+        .staging_mib
+        .checked_mul(1 << 20)
+        .ok_or("--staging-mib: too large for this machine")?;
+    let defaults = DaemonConfig::new(&cli.mount);
+    let mut config =
+        DaemonConfig::with(cli.mount, cli.threads.unwrap_or(defaults.threads), staging);
+    if let Some(slots) = cli.slots {
+        config.slots_per_worker = slots;
+        config.chunk_bytes =
+            DaemonConfig::default_chunk(config.staging_bytes, config.threads, slots);
     }
-    if let Some(k) = chunk_kib {
-        if k == 0 {
-            return Err("--chunk-kib must be positive".into());
-        }
-        config.chunk_bytes = k << 10;
+    if let Some(k) = cli.chunk_kib {
+        config.chunk_bytes = k.checked_mul(1 << 10).ok_or("--chunk-kib: too large")?;
     }
-    if !copy_kib.is_multiple_of(4) {
-        return Err("--copy-kib must be a multiple of 4".into());
-    }
-    config.copy_piece_bytes = copy_kib << 10;
-    config.inject_delay = std::time::Duration::from_millis(delay_ms);
-    config.direct = direct;
+    config.copy_piece_bytes = cli
+        .copy_kib
+        .checked_mul(1 << 10)
+        .ok_or("--copy-kib: too large")?;
+    config.inject_delay = std::time::Duration::from_millis(cli.inject_delay_ms);
+    config.direct = cli.direct;
     Ok(config)
 }
 
 fn main() {
-    hf3fs_gdr::daemon::log_to_stderr(true);
-    let config = match parse() {
-        Ok(c) => c,
+    // The daemon's errors and warnings reach standard error through the subscriber.
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
         Err(e) => {
-            if !e.is_empty() {
-                eprintln!("hf3fs-gdr-daemon: {e}");
+            use clap::error::ErrorKind;
+            if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) {
+                e.exit();
             }
-            eprintln!("{USAGE}");
+            // One line: clap's message and tips (not its usage block), and where the
+            // full usage is.
+            let text = e.render().to_string();
+            let parts: Vec<&str> = text
+                .lines()
+                .map(str::trim)
+                .take_while(|l| !l.starts_with("Usage:") && !l.starts_with("For more"))
+                .filter(|l| !l.is_empty())
+                .collect();
+            eprintln!(
+                "hf3fs-gdr-daemon: {}; see 'hf3fs-gdr-daemon --help'",
+                parts.join(" ").trim_start_matches("error: ")
+            );
             std::process::exit(2);
         }
     };
-    eprintln!(
-        "hf3fs-gdr-daemon: serving {} with {} workers, {} KiB chunks, {} staging slots each, copies every {} KiB, O_DIRECT {:?}",
+    let config = match config(cli) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("hf3fs-gdr-daemon: {e}");
+            std::process::exit(2);
+        }
+    };
+    let summary = format!(
+        "hf3fs-gdr-daemon: serving {} with {} workers, {} KiB chunks, {} staging slots each, \
+         copies every {} KiB, O_DIRECT {:?}",
         config.mount.display(),
         config.threads,
         config.chunk_bytes >> 10,
         config.slots_per_worker,
-        if config.copy_piece_bytes == 0 { config.chunk_bytes } else { config.copy_piece_bytes } >> 10,
+        if config.copy_piece_bytes == 0 {
+            config.chunk_bytes
+        } else {
+            config.copy_piece_bytes
+        } >> 10,
         config.direct
     );
+    // Announced once it listens: a mount it cannot serve fails before any "serving".
     let result = run(config, |socket| {
+        eprintln!("{summary}");
         println!("ready {}", socket.display());
         let _ = std::io::stdout().flush();
     });

@@ -18,6 +18,7 @@
 //!
 //! Addresses and keys are exchanged over a TCP control connection, as `fi_pingpong` does.
 
+use clap::{Args, Parser, Subcommand};
 use fabric::{
     Access, Address, AddressVector, AvType, Caps, Completion, CompletionQueue, CqFormat, Domain,
     Endpoint, EndpointBuilder, EndpointType, Error, EventQueue, Fabric, Info, InfoBuilder,
@@ -54,49 +55,170 @@ struct Opts {
     iterations_given: bool,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum RmaOp {
     Write,
     Read,
+    #[value(name = "writedata")]
     WriteData,
 }
 
-fn usage() -> &'static str {
-    "usage:
-  fabric-bench pingpong [OPTIONS]             start server
-  fabric-bench pingpong [OPTIONS] <srv_addr>  connect to server
-  fabric-bench rma-bw [OPTIONS] [<srv_addr>]  RMA bandwidth (fi_rma_bw)
-  fabric-bench compare [OPTIONS]              fi_pingpong vs ours on 127.0.0.1, ratio per size
-
-Options:
- -B <src_port>   source control port number (server: 47592, client: auto)
- -P <dst_port>   destination control port number (client: 47592)
- -d <domain>     domain name
- -p <provider>   specific provider name eg tcp, tcp;ofi_rxm, sockets, shm
- -e <ep_type>    endpoint type: msg|rdm
- -I <number>     number of iterations (pingpong 10, rma-bw 1000)
- -S <size>       specific transfer size or 'all' (default 64,256,1k,4k,64k,1m; comma list ok)
- -c              enables data_integrity checks
- -m <mode>       transmit mode type: msg|tagged (msg)
- -o <op>         rma-bw operation: write|read|writedata (write)
- -W <window>     rma-bw window size (64)
- -r <repeats>    compare: paired runs per size (3)
- -a <s>,<c>      compare: pin servers to CPU s and clients to CPU c (taskset)
- -v              enable debugging output
- -h              display this help output"
+/// libfabric benchmarks with the options and output columns of fi_pingpong and fi_rma_bw
+#[derive(Parser, Debug)]
+#[command(
+    name = "fabric-bench",
+    version,
+    subcommand_required = true,
+    max_term_width = 100,
+    after_help = "Without <srv_addr> pingpong and rma-bw are the server (waiting on -B); with it, \
+the client. RUST_LOG sets the libraries' log (default: warnings)."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
 }
 
-fn parse_size(s: &str) -> Result<usize, String> {
-    let s = s.trim().to_ascii_lowercase();
-    let (num, mult) = match s.chars().last() {
-        Some('k') => (&s[..s.len() - 1], 1 << 10),
-        Some('m') => (&s[..s.len() - 1], 1 << 20),
-        Some('g') => (&s[..s.len() - 1], 1 << 30),
-        _ => (&s[..], 1),
-    };
-    num.parse::<usize>()
-        .map(|n| n * mult)
-        .map_err(|e| format!("bad size `{s}`: {e}"))
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Message ping-pong (fi_pingpong)
+    Pingpong {
+        #[command(flatten)]
+        common: Common,
+        /// The server to connect to (none: be the server)
+        #[arg(value_name = "srv_addr")]
+        dst_addr: Option<String>,
+    },
+    /// RMA bandwidth (fi_rma_bw)
+    #[command(name = "rma-bw")]
+    RmaBw {
+        #[command(flatten)]
+        common: Common,
+        /// RMA operation
+        #[arg(short = 'o', value_name = "op", value_enum, default_value_t = RmaOp::Write)]
+        op: RmaOp,
+        /// Operations in flight
+        #[arg(short = 'W', value_name = "window", default_value_t = 64, value_parser = positive)]
+        window: usize,
+        /// The server to connect to (none: be the server)
+        #[arg(value_name = "srv_addr")]
+        dst_addr: Option<String>,
+    },
+    /// fi_pingpong and ours on 127.0.0.1, paired runs, ours/theirs per size
+    Compare {
+        #[command(flatten)]
+        common: Common,
+        /// Paired runs per size (order alternating)
+        #[arg(short = 'r', value_name = "repeats", default_value_t = 3, value_parser = positive)]
+        repeats: usize,
+        /// Pin servers to CPU s and clients to CPU c (taskset)
+        #[arg(short = 'a', value_name = "s,c", value_parser = cpu_pair)]
+        pin: Option<(String, String)>,
+    },
+}
+
+/// fi_pingpong's options.
+#[derive(Args, Debug, Clone)]
+struct Common {
+    /// Source control port number (server)
+    #[arg(short = 'B', value_name = "src_port", default_value_t = DEFAULT_PORT)]
+    src_port: u16,
+    /// Destination control port number (client)
+    #[arg(short = 'P', value_name = "dst_port", default_value_t = DEFAULT_PORT)]
+    dst_port: u16,
+    /// Specific provider name, e.g. tcp, tcp;ofi_rxm, sockets, shm
+    #[arg(short = 'p', value_name = "provider")]
+    provider: Option<String>,
+    /// Endpoint type
+    #[arg(short = 'e', value_name = "ep_type", value_enum, default_value_t = EpType::Rdm)]
+    ep_type: EpType,
+    /// Domain name
+    #[arg(short = 'd', value_name = "domain")]
+    domain: Option<String>,
+    /// Number of iterations [default: pingpong 10, rma-bw and compare 1000]
+    #[arg(short = 'I', value_name = "number", value_parser = positive)]
+    iterations: Option<usize>,
+    /// Transfer size, comma list (k, m, g suffixes), or 'all' [default: 64,256,1k,4k,64k,1m]
+    #[arg(short = 'S', value_name = "size", value_parser = parse_sizes)]
+    sizes: Option<Sizes>,
+    /// Enable data integrity checks
+    #[arg(short = 'c')]
+    check: bool,
+    /// Transmit mode type
+    #[arg(short = 'm', value_name = "mode", value_enum, default_value_t = Mode::Msg)]
+    mode: Mode,
+    /// Enable debugging output
+    #[arg(short = 'v')]
+    verbose: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum EpType {
+    Msg,
+    Rdm,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Mode {
+    Msg,
+    Tagged,
+}
+
+/// `-S`'s sizes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Sizes(Vec<usize>);
+
+fn positive(text: &str) -> Result<usize, String> {
+    match text.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(_) => Err(format!("`{text}` is not a whole number")),
+    }
+}
+
+fn parse_sizes(text: &str) -> Result<Sizes, String> {
+    if text == "all" {
+        return Ok(Sizes(all_sizes()));
+    }
+    text.split(',')
+        .map(|s| match tools::units::parse_size_usize(s)? {
+            0 => Err("sizes must be at least 1 byte".to_string()),
+            n => Ok(n),
+        })
+        .collect::<Result<_, _>>()
+        .map(Sizes)
+}
+
+fn cpu_pair(text: &str) -> Result<(String, String), String> {
+    match text.split_once(',') {
+        Some((s, c)) if !s.is_empty() && !c.is_empty() => Ok((s.to_owned(), c.to_owned())),
+        _ => Err(format!("`{text}` is not <server_cpu>,<client_cpu>")),
+    }
+}
+
+impl Common {
+    fn into_opts(self, dst_addr: Option<String>) -> Opts {
+        Opts {
+            src_port: self.src_port,
+            dst_port: self.dst_port,
+            provider: self.provider,
+            ep_type: match self.ep_type {
+                EpType::Msg => EndpointType::MSG,
+                EpType::Rdm => EndpointType::RDM,
+            },
+            domain: self.domain,
+            iterations: self.iterations.unwrap_or(10),
+            iterations_given: self.iterations.is_some(),
+            sizes: self.sizes.map_or_else(|| DEFAULT_SIZES.to_vec(), |s| s.0),
+            check: self.check,
+            tagged: self.mode == Mode::Tagged,
+            verbose: self.verbose,
+            op: RmaOp::Write,
+            window: 64,
+            repeats: 3,
+            pin: None,
+            dst_addr,
+        }
+    }
 }
 
 fn all_sizes() -> Vec<usize> {
@@ -109,91 +231,6 @@ fn all_sizes() -> Vec<usize> {
     out.sort_unstable();
     out.dedup();
     out
-}
-
-fn parse_opts(args: &[String]) -> Result<Opts, String> {
-    let mut o = Opts {
-        src_port: DEFAULT_PORT,
-        dst_port: DEFAULT_PORT,
-        provider: None,
-        ep_type: EndpointType::RDM,
-        domain: None,
-        iterations: 10,
-        sizes: DEFAULT_SIZES.to_vec(),
-        check: false,
-        tagged: false,
-        verbose: false,
-        op: RmaOp::Write,
-        window: 64,
-        repeats: 3,
-        pin: None,
-        dst_addr: None,
-        iterations_given: false,
-    };
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        let mut val = || {
-            it.next()
-                .cloned()
-                .ok_or_else(|| format!("{a} needs a value"))
-        };
-        match a.as_str() {
-            "-B" => o.src_port = val()?.parse().map_err(|e| format!("-B: {e}"))?,
-            "-P" => o.dst_port = val()?.parse().map_err(|e| format!("-P: {e}"))?,
-            "-p" => o.provider = Some(val()?),
-            "-d" => o.domain = Some(val()?),
-            "-e" => {
-                o.ep_type = match val()?.as_str() {
-                    "msg" => EndpointType::MSG,
-                    "rdm" => EndpointType::RDM,
-                    other => return Err(format!("-e {other}: msg or rdm")),
-                }
-            }
-            "-I" => {
-                o.iterations = val()?.parse().map_err(|e| format!("-I: {e}"))?;
-                o.iterations_given = true;
-            }
-            "-S" => {
-                let v = val()?;
-                o.sizes = if v == "all" {
-                    all_sizes()
-                } else {
-                    v.split(',').map(parse_size).collect::<Result<_, _>>()?
-                };
-            }
-            "-c" => o.check = true,
-            "-v" => o.verbose = true,
-            "-m" => {
-                o.tagged = match val()?.as_str() {
-                    "msg" => false,
-                    "tagged" => true,
-                    other => return Err(format!("-m {other}: msg or tagged")),
-                }
-            }
-            "-o" => {
-                o.op = match val()?.as_str() {
-                    "write" => RmaOp::Write,
-                    "read" => RmaOp::Read,
-                    "writedata" => RmaOp::WriteData,
-                    other => return Err(format!("-o {other}: write, read or writedata")),
-                }
-            }
-            "-W" => o.window = val()?.parse().map_err(|e| format!("-W: {e}"))?,
-            "-r" => o.repeats = val()?.parse().map_err(|e| format!("-r: {e}"))?,
-            "-a" => {
-                let v = val()?;
-                let (s, c) = v.split_once(',').ok_or("-a <server_cpu>,<client_cpu>")?;
-                o.pin = Some((s.to_owned(), c.to_owned()));
-            }
-            "-h" => return Err(String::new()),
-            s if s.starts_with('-') => return Err(format!("unknown option {s}")),
-            s => o.dst_addr = Some(s.to_owned()),
-        }
-    }
-    if o.window == 0 {
-        return Err("-W must be > 0".into());
-    }
-    Ok(o)
 }
 
 // ---- output, as fi_pingpong / fabtests -------------------------------------------------
@@ -417,10 +454,57 @@ fn open_endpoint(
     Ok((b.build()?, tx_cq, rx_cq, av))
 }
 
-/// Sets up the fabric connection and exchanges addresses over `ctrl`.
-fn connect(o: &Opts, ctrl: &mut Ctrl, caps: Caps) -> Result<Conn, Box<dyn std::error::Error>> {
+/// The providers of this host, by name.
+fn provider_names() -> Vec<String> {
+    let mut names: Vec<String> = InfoBuilder::new()
+        .get()
+        .unwrap_or_default()
+        .iter()
+        .map(|i| i.provider_name().to_string())
+        .collect();
+    names.sort();
+    names.dedup();
+    names
+}
+
+/// The fabric of the run, found before the control connection: a provider that is not
+/// there, or offers nothing the run needs, fails here instead of after a peer waited.
+fn discover(o: &Opts, caps: Caps) -> Result<Info, Box<dyn std::error::Error>> {
+    let err = match hints(o, caps).get_first() {
+        Ok(info) => return Ok(info),
+        Err(e) => e,
+    };
+    let Some(wanted) = &o.provider else {
+        return Err(err.into());
+    };
+    let names = provider_names();
+    // A layered provider is named with its core: `tcp;ofi_rxm`.
+    let known = names
+        .iter()
+        .any(|n| n == wanted || n.split(';').any(|part| part == wanted));
+    let ep = if o.ep_type == EndpointType::MSG {
+        "msg"
+    } else {
+        "rdm"
+    };
+    if known {
+        Err(format!(
+            "provider `{wanted}` has no {ep} endpoint for this test ({err}); try -e {}",
+            if ep == "msg" { "rdm" } else { "msg" }
+        )
+        .into())
+    } else {
+        Err(format!(
+            "no provider `{wanted}` on this host; -p takes one of: {}",
+            names.join(", ")
+        )
+        .into())
+    }
+}
+
+/// Sets up the fabric connection on `info` and exchanges addresses over `ctrl`.
+fn connect(o: &Opts, info: Info, ctrl: &mut Ctrl) -> Result<Conn, Box<dyn std::error::Error>> {
     let server = o.dst_addr.is_none();
-    let info = hints(o, caps).get_first()?;
     if o.verbose {
         eprintln!("{info}");
     }
@@ -531,14 +615,15 @@ fn fill(buf: &mut RegisteredBuffer, size: usize, seed: u8) {
 }
 
 fn pingpong(o: &Opts) -> Result<(), Box<dyn std::error::Error>> {
+    let caps = if o.tagged { Caps::TAGGED } else { Caps::MSG };
+    let info = discover(o, caps)?;
     let mut ctrl = ctrl_connect(o)?;
     let client = o.dst_addr.is_some();
-    let caps = if o.tagged { Caps::TAGGED } else { Caps::MSG };
     // Declared before the connection so they are dropped after it: the last posted
     // receive is still outstanding when the run ends, and the endpoint must be closed
     // before the memory it may write goes.
     let (mut tx, rx): (RegisteredBuffer, RegisteredBuffer);
-    let c = connect(o, &mut ctrl, caps)?;
+    let c = connect(o, info, &mut ctrl)?;
     // The client's iterations and sizes rule, as both sides print them.
     let (iters, sizes) = if client {
         ctrl.send_u64(o.iterations as u64)?;
@@ -677,9 +762,10 @@ fn pingpong(o: &Opts) -> Result<(), Box<dyn std::error::Error>> {
 // ---- rma-bw -------------------------------------------------------------------------------
 
 fn rma_bw(o: &Opts) -> Result<(), Box<dyn std::error::Error>> {
+    let info = discover(o, Caps::MSG | Caps::RMA)?;
     let mut ctrl = ctrl_connect(o)?;
     let client = o.dst_addr.is_some();
-    let c = connect(o, &mut ctrl, Caps::MSG | Caps::RMA)?;
+    let c = connect(o, info, &mut ctrl)?;
     let iters = if o.iterations_given {
         o.iterations
     } else {
@@ -948,36 +1034,158 @@ fn compare(o: &Opts) -> Result<(), Box<dyn std::error::Error>> {
 }
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let Some((cmd, rest)) = args.split_first() else {
-        eprintln!("{}", usage());
-        return ExitCode::from(2);
-    };
-    let opts = match parse_opts(rest) {
-        Ok(o) => o,
-        Err(e) => {
-            if !e.is_empty() {
-                eprintln!("fabric-bench: {e}");
-            }
-            eprintln!("{}", usage());
-            return ExitCode::from(2);
+    tools::cli::init_tracing();
+    let cli: Cli = tools::cli::parse_or_exit("fabric-bench");
+    let result = match cli.command {
+        Cmd::Pingpong { common, dst_addr } => pingpong(&common.into_opts(dst_addr)),
+        Cmd::RmaBw {
+            common,
+            op,
+            window,
+            dst_addr,
+        } => {
+            let mut o = common.into_opts(dst_addr);
+            o.op = op;
+            o.window = window;
+            rma_bw(&o)
         }
-    };
-    let result = match cmd.as_str() {
-        "pingpong" => pingpong(&opts),
-        "rma-bw" => rma_bw(&opts),
-        "compare" => compare(&opts),
-        "-h" | "--help" | "help" => {
-            println!("{}", usage());
-            return ExitCode::SUCCESS;
+        Cmd::Compare {
+            common,
+            repeats,
+            pin,
+        } => {
+            let mut o = common.into_opts(None);
+            o.repeats = repeats;
+            o.pin = pin;
+            compare(&o)
         }
-        other => Err(format!("unknown command `{other}`").into()),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("fabric-bench: {e}");
-            ExitCode::FAILURE
+        Err(e) => tools::cli::fail("fabric-bench", e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tools::cli::{try_parse, Stop};
+
+    fn parse(line: &str) -> Result<Cli, Stop> {
+        try_parse(
+            "fabric-bench",
+            std::iter::once("fabric-bench").chain(line.split_whitespace()),
+        )
+    }
+
+    #[test]
+    fn fi_pingpong_options() {
+        let Cmd::Pingpong { common, dst_addr } =
+            parse("pingpong -B 5000 -P 5001 -p tcp;ofi_rxm -e msg -d lo -I 20 -S 1k,64k -c -m tagged -v 127.0.0.1")
+                .unwrap()
+                .command
+        else {
+            panic!("pingpong");
+        };
+        let o = common.into_opts(dst_addr);
+        assert_eq!((o.src_port, o.dst_port), (5000, 5001));
+        assert_eq!(o.provider.as_deref(), Some("tcp;ofi_rxm"));
+        assert_eq!(o.ep_type, EndpointType::MSG);
+        assert_eq!(o.domain.as_deref(), Some("lo"));
+        assert_eq!((o.iterations, o.iterations_given), (20, true));
+        assert_eq!(o.sizes, vec![1024, 65536]);
+        assert!(o.check && o.tagged && o.verbose);
+        assert_eq!(o.dst_addr.as_deref(), Some("127.0.0.1"));
+        // fi_pingpong's defaults.
+        let Cmd::Pingpong { common, dst_addr } = parse("pingpong").unwrap().command else {
+            panic!("pingpong");
+        };
+        let o = common.into_opts(dst_addr);
+        assert_eq!(
+            (o.src_port, o.iterations, o.iterations_given),
+            (47592, 10, false)
+        );
+        assert_eq!(
+            (o.ep_type, o.tagged, o.sizes.len()),
+            (EndpointType::RDM, false, 6)
+        );
+        let Cmd::Pingpong { common, .. } = parse("pingpong -S all").unwrap().command else {
+            panic!("pingpong");
+        };
+        assert_eq!(common.sizes.unwrap().0, all_sizes());
+    }
+
+    #[test]
+    fn rma_bw_and_compare_options() {
+        let Cmd::RmaBw {
+            op,
+            window,
+            dst_addr,
+            ..
+        } = parse("rma-bw -o writedata -W 8 -p shm host")
+            .unwrap()
+            .command
+        else {
+            panic!("rma-bw");
+        };
+        assert_eq!(
+            (op, window, dst_addr.as_deref()),
+            (RmaOp::WriteData, 8, Some("host"))
+        );
+        let Cmd::Compare { repeats, pin, .. } =
+            parse("compare -r 5 -a 0,1 -p tcp -S 4k").unwrap().command
+        else {
+            panic!("compare");
+        };
+        assert_eq!((repeats, pin), (5, Some(("0".into(), "1".into()))));
+    }
+
+    #[test]
+    fn wrong_invocations_are_one_line() {
+        for (line, want) in [
+            ("", "a command is required: pingpong, rma-bw, compare"),
+            ("pingpong -e dgram", "dgram"),
+            ("pingpong -m stream", "stream"),
+            ("pingpong -I 0", "must be at least 1"),
+            ("pingpong -S 0", "at least 1 byte"),
+            ("pingpong -S 4q", "not a size"),
+            ("pingpong -B 99999", "99999"),
+            ("pingpong -o read", "unexpected argument '-o'"),
+            ("rma-bw -W 0", "must be at least 1"),
+            ("rma-bw -o copy", "copy"),
+            ("compare -a 1", "<server_cpu>,<client_cpu>"),
+            ("compare -r x", "not a whole number"),
+            ("ping", "unrecognized subcommand"),
+        ] {
+            match parse(line) {
+                Err(Stop::Usage(e)) => {
+                    assert!(!e.contains('\n') && e.contains(want), "{line}: {e}");
+                }
+                other => panic!("{line}: {other:?}"),
+            }
         }
+        for line in [
+            "--help",
+            "-h",
+            "pingpong -h",
+            "rma-bw --help",
+            "--version",
+            "-V",
+        ] {
+            assert!(matches!(parse(line), Err(Stop::Print(_))), "{line}");
+        }
+    }
+
+    /// A provider that does not exist is refused before the server waits for a client.
+    #[test]
+    fn unknown_provider_fails_before_waiting() {
+        let Cmd::Pingpong { common, dst_addr } =
+            parse("pingpong -p nosuchprov -B 1").unwrap().command
+        else {
+            panic!("pingpong");
+        };
+        let o = common.into_opts(dst_addr);
+        let e = discover(&o, Caps::MSG).unwrap_err().to_string();
+        assert!(e.contains("no provider `nosuchprov` on this host"), "{e}");
     }
 }

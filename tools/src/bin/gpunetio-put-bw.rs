@@ -22,6 +22,7 @@
 #[path = "../gio_cpu_proxy.rs"]
 mod gio_cpu_proxy;
 
+use clap::Parser;
 use cudarc::driver::sys;
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 use gpunetio::device_code::{compile, CompileOptions};
@@ -62,67 +63,111 @@ struct Opts {
     qps: u32,
 }
 
-fn usage() -> ! {
-    eprintln!("usage: gpunetio-put-bw [-a | -s BYTES] [-n ITERS] [-e 0|1] [-p intra_node|cpu_proxy] [-d GPU] [--provider PROV] [--mem auto|vram|dram] [-q QPS] [--blocks N] [--threads N] [--server [--port P] | --client HOST:PORT]");
-    std::process::exit(2)
+/// Bandwidth of GPU-initiated puts, as DOCA's gpunetio_verbs_put_bw measures it
+#[derive(Parser, Debug)]
+#[command(
+    name = "gpunetio-put-bw",
+    version,
+    max_term_width = 100,
+    after_help = "Without --server or --client both sides run here, the server as a child process. \
+RUST_LOG sets the libraries' log (default: warnings)."
+)]
+struct Cli {
+    /// Every size from 8 B to 64 MiB
+    #[arg(short = 'a', long = "all", conflicts_with = "size")]
+    all: bool,
+    /// Message size in bytes
+    #[arg(short = 's', long = "size", value_name = "BYTES", default_value_t = 65536,
+          value_parser = positive)]
+    size: usize,
+    /// Iterations
+    #[arg(short = 'n', long = "iters", value_name = "ITERS", default_value_t = 1000,
+          value_parser = positive)]
+    iters: usize,
+    /// Execution scope: 0 a thread per message, 1 a warp per message
+    #[arg(short = 'e', long = "exec-scope", value_name = "0|1", default_value = "0",
+          value_parser = ["0", "1"])]
+    exec_scope: String,
+    /// NIC handler
+    #[arg(short = 'p', long = "nic-handler", value_enum, default_value_t = Handler::IntraNode)]
+    handler: Handler,
+    /// CUDA device
+    #[arg(short = 'd', long = "gpu", value_name = "GPU", default_value_t = 0)]
+    gpu: usize,
+    /// cpu_proxy: libfabric provider [default: shm towards this host, else tcp;ofi_rxm]
+    #[arg(long = "provider", value_name = "PROV")]
+    provider: Option<String>,
+    /// cpu_proxy: where each side's memory lives
+    #[arg(long = "mem", value_enum, default_value_t = gio_cpu_proxy::MemChoice::Auto)]
+    mem: gio_cpu_proxy::MemChoice,
+    /// Queue pairs (cpu_proxy: a ring, proxy thread and endpoint each), 1 to 64
+    #[arg(short = 'q', long = "qps", value_name = "QPS", default_value_t = 1,
+          value_parser = clap::value_parser!(u32).range(1..=64))]
+    qps: u32,
+    /// Thread blocks [default: as many as the GPU runs at once]
+    #[arg(long = "blocks", value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    blocks: Option<u32>,
+    /// Threads per block
+    #[arg(long = "threads", value_name = "N", default_value_t = 256,
+          value_parser = clap::value_parser!(u32).range(1..=1024))]
+    threads: u32,
+    /// Be the server only
+    #[arg(long = "server", conflicts_with = "client")]
+    server: bool,
+    /// The server's TCP port (0: any; it prints the one it got)
+    #[arg(long = "port", value_name = "P", default_value_t = 0)]
+    port: u16,
+    /// Be the client of the server at HOST:PORT
+    #[arg(long = "client", value_name = "HOST:PORT")]
+    client: Option<String>,
 }
 
-fn parse(args: &[String]) -> Opts {
-    let mut o = Opts {
-        sizes: vec![65536],
-        iters: 1000,
-        warp: false,
-        handler: "intra_node".into(),
-        gpu: 0,
-        blocks: None,
-        threads: 256,
-        server: false,
-        port: 0,
-        client: None,
-        provider: None,
-        mem: gio_cpu_proxy::MemChoice::Auto,
-        qps: 1,
-    };
-    let mut i = 0;
-    let value = |i: &mut usize| -> String {
-        *i += 1;
-        args.get(*i).cloned().unwrap_or_else(|| usage())
-    };
-    while i < args.len() {
-        match args[i].as_str() {
-            "-a" | "--all" => o.sizes = (3..=26).map(|p| 1usize << p).collect(),
-            "-s" | "--size" => o.sizes = vec![value(&mut i).parse().unwrap_or_else(|_| usage())],
-            "-n" | "--iters" => o.iters = value(&mut i).parse().unwrap_or_else(|_| usage()),
-            "-e" | "--exec-scope" => o.warp = value(&mut i) == "1",
-            "-p" | "--nic-handler" => o.handler = value(&mut i),
-            "-d" | "--gpu" => o.gpu = value(&mut i).parse().unwrap_or_else(|_| usage()),
-            "--blocks" => o.blocks = Some(value(&mut i).parse().unwrap_or_else(|_| usage())),
-            "--threads" => o.threads = value(&mut i).parse().unwrap_or_else(|_| usage()),
-            "-q" | "--qps" => o.qps = value(&mut i).parse().unwrap_or_else(|_| usage()),
-            "--server" => o.server = true,
-            "--port" => o.port = value(&mut i).parse().unwrap_or_else(|_| usage()),
-            "--client" => o.client = Some(value(&mut i)),
-            "--provider" => o.provider = Some(value(&mut i)),
-            "--mem" => {
-                o.mem = gio_cpu_proxy::MemChoice::parse(&value(&mut i)).unwrap_or_else(|| usage())
-            }
-            "-h" | "--help" => usage(),
-            _ => usage(),
-        }
-        i += 1;
+/// `-p`'s NIC handlers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Handler {
+    #[value(name = "intra_node")]
+    IntraNode,
+    #[value(name = "cpu_proxy")]
+    CpuProxy,
+}
+
+fn positive(text: &str) -> Result<usize, String> {
+    match text.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(_) => Err(format!("`{text}` is not a whole number")),
     }
-    if !(1..=64).contains(&o.qps) || (o.qps > 1 && o.handler != "cpu_proxy") {
-        eprintln!("gpunetio-put-bw: -q takes 1..=64 queue pairs, more than one with -p cpu_proxy");
-        std::process::exit(2);
+}
+
+fn parse(cli: Cli) -> Result<Opts, String> {
+    if cli.qps > 1 && cli.handler != Handler::CpuProxy {
+        return Err(format!(
+            "-q {}: more than one queue pair needs -p cpu_proxy",
+            cli.qps
+        ));
     }
-    if o.handler != "intra_node" && o.handler != "cpu_proxy" {
-        eprintln!(
-            "gpunetio-put-bw: NIC handler `{}` is not available in this build (intra_node, cpu_proxy)",
-            o.handler
-        );
-        std::process::exit(2);
-    }
-    o
+    Ok(Opts {
+        sizes: if cli.all {
+            (3..=26).map(|p| 1usize << p).collect()
+        } else {
+            vec![cli.size]
+        },
+        iters: cli.iters as u64,
+        warp: cli.exec_scope == "1",
+        handler: match cli.handler {
+            Handler::IntraNode => "intra_node".into(),
+            Handler::CpuProxy => "cpu_proxy".into(),
+        },
+        gpu: cli.gpu,
+        blocks: cli.blocks,
+        threads: cli.threads,
+        server: cli.server,
+        port: cli.port,
+        client: cli.client,
+        provider: cli.provider,
+        mem: cli.mem,
+        qps: cli.qps,
+    })
 }
 
 fn pattern_byte(i: usize) -> u8 {
@@ -141,18 +186,23 @@ fn unhex(s: &str) -> Result<IpcHandle, String> {
 }
 
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let o = parse(&args);
+    tools::cli::init_tracing();
+    let cli: Cli = tools::cli::parse_or_exit("gpunetio-put-bw");
+    let o = parse(cli).unwrap_or_else(|e| tools::cli::Stop::Usage(e).exit("gpunetio-put-bw"));
+    if let Err(e) = gio_cpu_proxy::check_gpu(o.gpu) {
+        tools::cli::fail("gpunetio-put-bw", e);
+    }
     let result = if o.server {
         server(&o)
     } else if let Some(addr) = o.client.clone() {
         client(&o, &addr)
     } else {
+        // The server child takes the same options, and --server.
+        let args: Vec<String> = std::env::args().skip(1).collect();
         both(&o, &args)
     };
     if let Err(e) = result {
-        eprintln!("gpunetio-put-bw: {e}");
-        std::process::exit(1);
+        tools::cli::fail("gpunetio-put-bw", e);
     }
 }
 
@@ -169,10 +219,13 @@ fn both(o: &Opts, args: &[String]) -> Result<(), String> {
     BufReader::new(child.stdout.take().ok_or("server stdout")?)
         .read_line(&mut line)
         .map_err(|e| e.to_string())?;
-    let port = line
-        .trim()
-        .strip_prefix("listening on port ")
-        .ok_or_else(|| format!("unexpected server line `{}`", line.trim()))?;
+    let Some(port) = line.trim().strip_prefix("listening on port ") else {
+        // It said why on standard error.
+        let status = child.wait().map_err(|e| e.to_string())?;
+        return Err(format!(
+            "the server exited ({status}) before announcing its port"
+        ));
+    };
     let result = client(o, &format!("127.0.0.1:{port}"));
     let status = child.wait().map_err(|e| e.to_string())?;
     result?;

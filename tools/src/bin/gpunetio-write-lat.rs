@@ -22,6 +22,7 @@
 #[path = "../gio_cpu_proxy.rs"]
 mod gio_cpu_proxy;
 
+use clap::Parser;
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 use gpunetio::device_code::{compile, CompileOptions};
 use gpunetio::intra_node::IntraNodeQueuePair;
@@ -29,48 +30,63 @@ use gpunetio::{cudarc, DeviceBuffer, Gpu};
 use std::sync::Arc;
 use std::time::Duration;
 
-fn usage() -> ! {
-    eprintln!("usage: gpunetio-write-lat [-a | -s BYTES] [-n ITERS] [-p intra_node|cpu_proxy] [-d GPU] [--provider PROV] [--mem auto|vram|dram]");
-    std::process::exit(2)
+/// Latency of GPU-initiated put + signal, as DOCA's gpunetio_verbs_write_lat measures it
+#[derive(Parser, Debug)]
+#[command(
+    name = "gpunetio-write-lat",
+    version,
+    max_term_width = 100,
+    after_help = "RUST_LOG sets the libraries' log (default: warnings)."
+)]
+struct Cli {
+    /// Every size from 2 B to 8 MiB
+    #[arg(short = 'a', long = "all", conflicts_with = "size")]
+    all: bool,
+    /// Message size in bytes
+    #[arg(short = 's', long = "size", value_name = "BYTES", default_value_t = 8,
+          value_parser = positive)]
+    size: usize,
+    /// Round trips (fewer for messages over 64 KiB, at least 100)
+    #[arg(short = 'n', long = "iters", value_name = "ITERS", default_value_t = 1000,
+          value_parser = positive)]
+    iters: usize,
+    /// NIC handler
+    #[arg(short = 'p', long = "nic-handler", value_name = "HANDLER", default_value = "intra_node",
+          value_parser = ["intra_node", "cpu_proxy"])]
+    handler: String,
+    /// CUDA device
+    #[arg(short = 'd', long = "gpu", value_name = "GPU", default_value_t = 0)]
+    gpu: usize,
+    /// cpu_proxy: libfabric provider
+    #[arg(long = "provider", value_name = "PROV", default_value = "shm")]
+    provider: String,
+    /// cpu_proxy: where each side's memory lives
+    #[arg(long = "mem", value_enum, default_value_t = gio_cpu_proxy::MemChoice::Auto)]
+    mem: gio_cpu_proxy::MemChoice,
+}
+
+fn positive(text: &str) -> Result<usize, String> {
+    match text.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(_) => Err(format!("`{text}` is not a whole number")),
+    }
 }
 
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let (mut sizes, mut iters, mut gpu_id) = (vec![8usize], 1000u64, 0usize);
-    let (mut handler, mut provider, mut mem) = (
-        "intra_node".to_string(),
-        "shm".to_string(),
-        gio_cpu_proxy::MemChoice::Auto,
-    );
-    let mut i = 0;
-    while i < args.len() {
-        let value = |i: usize| args.get(i + 1).cloned().unwrap_or_else(|| usage());
-        match args[i].as_str() {
-            "-a" | "--all" => sizes = (1..=23).map(|p| 1usize << p).collect(),
-            "-s" | "--size" => sizes = vec![value(i).parse().unwrap_or_else(|_| usage())],
-            "-n" | "--iters" => iters = value(i).parse().unwrap_or_else(|_| usage()),
-            "-d" | "--gpu" => gpu_id = value(i).parse().unwrap_or_else(|_| usage()),
-            "-p" | "--nic-handler" => {
-                handler = value(i);
-                if handler != "intra_node" && handler != "cpu_proxy" {
-                    eprintln!("gpunetio-write-lat: NIC handler `{handler}` is not available in this build (intra_node, cpu_proxy)");
-                    std::process::exit(2);
-                }
-            }
-            "--provider" => provider = value(i),
-            "--mem" => mem = gio_cpu_proxy::MemChoice::parse(&value(i)).unwrap_or_else(|| usage()),
-            _ => usage(),
-        }
-        i += if matches!(args[i].as_str(), "-a" | "--all") {
-            1
-        } else {
-            2
-        };
+    tools::cli::init_tracing();
+    let cli: Cli = tools::cli::parse_or_exit("gpunetio-write-lat");
+    let sizes: Vec<usize> = if cli.all {
+        (1..=23).map(|p| 1usize << p).collect()
+    } else {
+        vec![cli.size]
+    };
+    if let Err(e) = gio_cpu_proxy::check_gpu(cli.gpu) {
+        tools::cli::fail("gpunetio-write-lat", e);
     }
-    let proxy = (handler == "cpu_proxy").then_some((provider.as_str(), mem));
-    if let Err(e) = run(&sizes, iters.max(1), gpu_id, proxy) {
-        eprintln!("gpunetio-write-lat: {e}");
-        std::process::exit(1);
+    let proxy = (cli.handler == "cpu_proxy").then_some((cli.provider.as_str(), cli.mem));
+    if let Err(e) = run(&sizes, cli.iters as u64, cli.gpu, proxy) {
+        tools::cli::fail("gpunetio-write-lat", e);
     }
 }
 

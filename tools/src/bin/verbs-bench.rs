@@ -37,6 +37,7 @@
 //! checksummed) by an emulated CPU, and perftest's single hot `SIZE` buffer runs faster
 //! than the same requests spread over megabytes (`docs/BENCHMARKS.md`).
 
+use clap::{Args, Parser, Subcommand};
 use ibverbs::{
     AccessFlags, CompletionQueue, ConnectOptions, Context, Endpoint, InlineSge, MemoryRegion,
     QpType, QueuePair, RecvWr, RemoteMemory, SendFlags, SendWr, WorkCompletion,
@@ -118,53 +119,158 @@ struct Opts {
     server: Option<String>,
 }
 
-const USAGE: &str = "usage: verbs-bench write-bw|read-bw|send-bw|write-lat|read-lat|send-lat \
-[-d DEV] [-i PORT] [-x GID_INDEX] [-s SIZE] [-n ITERS] [-p TCP_PORT] [-t TX_DEPTH] \
-[-Q CQ_MOD] [-l POST_LIST] [--spread BYTES] [--report_gbits] [SERVER_ADDR]
-       verbs-bench compare [-d DEV] [-x GID_INDEX] [-s SIZE]... [--pairs N] \
-[--tests write-bw,read-bw,send-bw,write-lat,read-lat,send-lat] [--ours-args 'ARGS'] [--raw]";
+/// RDMA verbs micro-benchmarks with perftest's options and output columns
+#[derive(Parser, Debug)]
+#[command(
+    name = "verbs-bench",
+    version,
+    subcommand_required = true,
+    max_term_width = 100,
+    after_help = "Without SERVER_ADDR a test is the server (it waits on -p); with it, the client, \
+which measures and prints. RUST_LOG sets the libraries' log (default: warnings)."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
 
-fn parse(args: &[String]) -> Result<Opts, String> {
-    let test = Test::parse(args.first().map(String::as_str).unwrap_or("")).ok_or(USAGE)?;
-    let mut o = Opts {
-        test,
-        dev: default_device(),
-        ib_port: 1,
-        gid_index: None,
-        size: if test.is_bw() { 65536 } else { 2 },
-        iters: if test.is_bw() { 5000 } else { 1000 },
-        tcp_port: 18515,
-        tx_depth: 128,
-        cq_mod: None,
-        post_list: 0,
-        gbits: false,
-        spread: 0,
-        server: None,
-    };
-    let mut it = args[1..].iter();
-    while let Some(a) = it.next() {
-        let mut val = |name: &str| it.next().cloned().ok_or(format!("{name} needs a value"));
-        let num = |v: String| v.parse::<usize>().map_err(|e| format!("{v}: {e}"));
-        match a.as_str() {
-            "-d" | "--ib-dev" => o.dev = val(a)?,
-            "-i" | "--ib-port" => o.ib_port = num(val(a)?)? as u8,
-            "-x" | "--gid-index" => o.gid_index = Some(num(val(a)?)? as u8),
-            "-s" | "--size" => o.size = num(val(a)?)?,
-            "-n" | "--iters" => o.iters = num(val(a)?)?,
-            "-p" | "--port" => o.tcp_port = num(val(a)?)? as u16,
-            "-t" | "--tx-depth" => o.tx_depth = num(val(a)?)?.max(1),
-            "-Q" | "--cq-mod" => o.cq_mod = Some(num(val(a)?)?.max(1)),
-            "-l" | "--post_list" => o.post_list = num(val(a)?)?,
-            "--report_gbits" => o.gbits = true,
-            "--spread" => o.spread = num(val(a)?)?,
-            s if !s.starts_with('-') && o.server.is_none() => o.server = Some(s.to_owned()),
-            other => return Err(format!("unknown option {other}\n{USAGE}")),
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// RDMA WRITE bandwidth (ib_write_bw)
+    #[command(name = "write-bw")]
+    WriteBw(TestArgs),
+    /// RDMA READ bandwidth (ib_read_bw)
+    #[command(name = "read-bw")]
+    ReadBw(TestArgs),
+    /// SEND bandwidth (ib_send_bw)
+    #[command(name = "send-bw")]
+    SendBw(TestArgs),
+    /// RDMA WRITE latency (ib_write_lat)
+    #[command(name = "write-lat")]
+    WriteLat(TestArgs),
+    /// RDMA READ latency (ib_read_lat)
+    #[command(name = "read-lat")]
+    ReadLat(TestArgs),
+    /// SEND latency (ib_send_lat)
+    #[command(name = "send-lat")]
+    SendLat(TestArgs),
+    /// Runs perftest's tools and ours on this machine (127.0.0.1), alternating, and
+    /// prints the medians and the median ratio ours/perftest
+    Compare(CompareArgs),
+}
+
+/// perftest's options, as `ib_write_bw` and friends take them.
+#[derive(Args, Debug, Clone)]
+struct TestArgs {
+    /// RDMA device [default: $RDMA_TEST_DEVICE, else the first device]
+    #[arg(short = 'd', long = "ib-dev", value_name = "DEV")]
+    dev: Option<String>,
+    /// Port of the device
+    #[arg(short = 'i', long = "ib-port", value_name = "PORT", default_value_t = 1,
+          value_parser = clap::value_parser!(u8).range(1..))]
+    ib_port: u8,
+    /// GID index [default: the port's first RoCE v2 IPv4 GID]
+    #[arg(short = 'x', long = "gid-index", value_name = "GID_INDEX")]
+    gid_index: Option<u8>,
+    /// Message size in bytes [default: 65536 for bandwidth, 2 for latency]
+    #[arg(short = 's', long = "size", value_name = "SIZE", value_parser = positive)]
+    size: Option<usize>,
+    /// Iterations [default: 5000 for bandwidth, 1000 for latency]
+    #[arg(short = 'n', long = "iters", value_name = "ITERS", value_parser = positive)]
+    iters: Option<usize>,
+    /// TCP port of the side channel
+    #[arg(
+        short = 'p',
+        long = "port",
+        value_name = "TCP_PORT",
+        default_value_t = 18515
+    )]
+    tcp_port: u16,
+    /// Send queue depth
+    #[arg(short = 't', long = "tx-depth", value_name = "TX_DEPTH", default_value_t = 128,
+          value_parser = positive)]
+    tx_depth: usize,
+    /// Signal every CQ_MOD-th send [default: as perftest]
+    #[arg(short = 'Q', long = "cq-mod", value_name = "CQ_MOD", value_parser = positive)]
+    cq_mod: Option<usize>,
+    /// Requests per ibv_post_send in the bandwidth tests (0: as many as fit in a chain)
+    #[arg(
+        short = 'l',
+        long = "post_list",
+        value_name = "POST_LIST",
+        default_value_t = 0
+    )]
+    post_list: usize,
+    /// Bandwidth in Gb/s instead of MB/s
+    #[arg(long = "report_gbits")]
+    report_gbits: bool,
+    /// Ours: spread the bandwidth tests' requests over BYTES of each buffer, two sizes
+    /// apart (0: all on the buffer's first SIZE bytes, as perftest)
+    #[arg(long = "spread", value_name = "BYTES", default_value_t = 0)]
+    spread: usize,
+    /// The server to connect to (none: be the server)
+    #[arg(value_name = "SERVER_ADDR")]
+    server: Option<String>,
+}
+
+/// `compare`'s options.
+#[derive(Args, Debug, Clone)]
+struct CompareArgs {
+    /// RDMA device [default: $RDMA_TEST_DEVICE, else the first device]
+    #[arg(short = 'd', long = "ib-dev", value_name = "DEV")]
+    dev: Option<String>,
+    /// GID index [default: the port's first RoCE v2 IPv4 GID]
+    #[arg(short = 'x', long = "gid-index", value_name = "GID_INDEX")]
+    gid_index: Option<u8>,
+    /// Message size (repeatable) [default: 4096, 65536, 1048576]
+    #[arg(short = 's', long = "size", value_name = "SIZE", value_parser = positive)]
+    sizes: Vec<usize>,
+    /// Pairs of runs per test and size (perftest and ours alternating)
+    #[arg(long = "pairs", value_name = "N", default_value_t = 6, value_parser = positive)]
+    pairs: usize,
+    /// Tests, comma-separated [default: all six]
+    #[arg(long = "tests", value_name = "TEST,...", value_delimiter = ',', value_parser = test_name)]
+    tests: Vec<Test>,
+    /// Extra options for our side only, e.g. '-l 1'
+    #[arg(long = "ours-args", value_name = "ARGS", allow_hyphen_values = true)]
+    ours_args: Option<String>,
+    /// Print every pair
+    #[arg(long = "raw")]
+    raw: bool,
+}
+
+fn positive(text: &str) -> Result<usize, String> {
+    match text.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(_) => Err(format!("`{text}` is not a whole number")),
+    }
+}
+
+fn test_name(text: &str) -> Result<Test, String> {
+    Test::parse(text).ok_or_else(|| {
+        format!("`{text}`: write-bw, read-bw, send-bw, write-lat, read-lat or send-lat")
+    })
+}
+
+impl TestArgs {
+    fn into_opts(self, test: Test) -> Opts {
+        Opts {
+            test,
+            dev: self.dev.unwrap_or_else(default_device),
+            ib_port: self.ib_port,
+            gid_index: self.gid_index,
+            size: self.size.unwrap_or(if test.is_bw() { 65536 } else { 2 }),
+            iters: self.iters.unwrap_or(if test.is_bw() { 5000 } else { 1000 }),
+            tcp_port: self.tcp_port,
+            tx_depth: self.tx_depth,
+            cq_mod: self.cq_mod,
+            post_list: self.post_list,
+            gbits: self.report_gbits,
+            spread: self.spread,
+            server: self.server,
         }
     }
-    if o.size == 0 || o.iters == 0 {
-        return Err("size and iterations must be positive".into());
-    }
-    Ok(o)
 }
 
 fn default_device() -> String {
@@ -811,32 +917,17 @@ fn median(mut v: Vec<f64>) -> f64 {
 /// `compare`: for each test and size, `pairs` alternating runs of perftest's tool and
 /// ours (which goes first alternates too, so drift of the guest hits both alike), in
 /// this boot; prints the medians and the median of the per-pair ratios.
-fn compare(args: &[String]) -> Res<()> {
-    let mut dev = default_device();
-    let mut gid = None;
-    let mut sizes = Vec::new();
-    let mut tests = Vec::new();
-    let mut pairs = 6usize;
-    let mut raw = false;
-    let mut ours_args: Vec<String> = Vec::new();
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        let mut val = |name: &str| it.next().cloned().ok_or(format!("{name} needs a value"));
-        match a.as_str() {
-            "-d" => dev = val(a)?,
-            "-x" => gid = Some(val(a)?),
-            "-s" => sizes.push(val(a)?.parse::<usize>()?),
-            "--pairs" => pairs = val(a)?.parse::<usize>()?.max(1),
-            "--raw" => raw = true,
-            "--ours-args" => ours_args = val(a)?.split_whitespace().map(String::from).collect(),
-            "--tests" => {
-                for t in val(a)?.split(',') {
-                    tests.push(Test::parse(t).ok_or(format!("unknown test {t}\n{USAGE}"))?);
-                }
-            }
-            other => return Err(format!("unknown option {other}\n{USAGE}").into()),
-        }
-    }
+fn compare(args: CompareArgs) -> Res<()> {
+    let dev = args.dev.unwrap_or_else(default_device);
+    let gid = args.gid_index.map(|g| g.to_string());
+    let mut sizes = args.sizes;
+    let mut tests = args.tests;
+    let pairs = args.pairs;
+    let raw = args.raw;
+    let ours_args: Vec<String> = args
+        .ours_args
+        .map(|a| a.split_whitespace().map(String::from).collect())
+        .unwrap_or_default();
     if sizes.is_empty() {
         sizes = vec![4096, 65536, 1 << 20];
     }
@@ -961,23 +1052,124 @@ fn compare(args: &[String]) -> Res<()> {
 }
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let result = if args.first().map(String::as_str) == Some("compare") {
-        compare(&args[1..])
-    } else {
-        match parse(&args) {
-            Ok(o) => run(&o),
-            Err(e) => {
-                eprintln!("{e}");
-                return ExitCode::from(2);
-            }
-        }
+    tools::cli::init_tracing();
+    let cli: Cli = tools::cli::parse_or_exit("verbs-bench");
+    let result = match cli.command {
+        Cmd::Compare(args) => compare(args),
+        Cmd::WriteBw(a) => run(&a.into_opts(Test::WriteBw)),
+        Cmd::ReadBw(a) => run(&a.into_opts(Test::ReadBw)),
+        Cmd::SendBw(a) => run(&a.into_opts(Test::SendBw)),
+        Cmd::WriteLat(a) => run(&a.into_opts(Test::WriteLat)),
+        Cmd::ReadLat(a) => run(&a.into_opts(Test::ReadLat)),
+        Cmd::SendLat(a) => run(&a.into_opts(Test::SendLat)),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("verbs-bench: {e}");
-            ExitCode::FAILURE
+        Err(e) => tools::cli::fail("verbs-bench", e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tools::cli::{try_parse, Stop};
+
+    fn parse(line: &str) -> Result<Cli, Stop> {
+        try_parse(
+            "verbs-bench",
+            std::iter::once("verbs-bench").chain(line.split_whitespace()),
+        )
+    }
+
+    fn opts(line: &str) -> Opts {
+        match parse(line).unwrap().command {
+            Cmd::WriteBw(a) => a.into_opts(Test::WriteBw),
+            Cmd::ReadLat(a) => a.into_opts(Test::ReadLat),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn perftest_options() {
+        let short = opts(
+            "write-bw -d rxe0 -i 2 -x 3 -s 4096 -n 100 -p 18600 -t 64 -Q 8 -l 1 \
+             --report_gbits --spread 1048576 10.0.0.1",
+        );
+        let long = opts(
+            "write-bw --ib-dev rxe0 --ib-port 2 --gid-index 3 --size 4096 --iters 100 \
+             --port 18600 --tx-depth 64 --cq-mod 8 --post_list 1 --report_gbits \
+             --spread=1048576 10.0.0.1",
+        );
+        for o in [short, long] {
+            assert_eq!(o.test, Test::WriteBw);
+            assert_eq!(
+                (o.dev.as_str(), o.ib_port, o.gid_index),
+                ("rxe0", 2, Some(3))
+            );
+            assert_eq!((o.size, o.iters, o.tcp_port), (4096, 100, 18600));
+            assert_eq!((o.tx_depth, o.cq_mod, o.post_list), (64, Some(8), 1));
+            assert!(o.gbits);
+            assert_eq!(o.spread, 1 << 20);
+            assert_eq!(o.server.as_deref(), Some("10.0.0.1"));
+        }
+        // perftest's defaults per kind of test.
+        let o = opts("read-lat -d rxe0");
+        assert_eq!(
+            (o.size, o.iters, o.tcp_port, o.ib_port),
+            (2, 1000, 18515, 1)
+        );
+        assert_eq!((o.server, o.gid_index, o.cq_mod), (None, None, None));
+        let o = opts("write-bw -d rxe0");
+        assert_eq!((o.size, o.iters), (65536, 5000));
+    }
+
+    #[test]
+    fn compare_options() {
+        let Cmd::Compare(c) = parse(
+            "compare -d rxe0 -x 1 -s 4096 -s 65536 --pairs 2 --tests write-bw,read-lat \
+             --ours-args=-l --raw",
+        )
+        .unwrap()
+        .command
+        else {
+            panic!("compare");
+        };
+        assert_eq!((c.dev.as_deref(), c.gid_index), (Some("rxe0"), Some(1)));
+        assert_eq!((c.sizes, c.pairs, c.raw), (vec![4096, 65536], 2, true));
+        assert_eq!(c.tests, vec![Test::WriteBw, Test::ReadLat]);
+        assert_eq!(c.ours_args.as_deref(), Some("-l"));
+        // A value of several words that starts with a dash.
+        let args = ["verbs-bench", "compare", "--ours-args", "-l 1"];
+        let Cmd::Compare(c) = try_parse::<Cli, _, _>("verbs-bench", args).unwrap().command else {
+            panic!("compare");
+        };
+        assert_eq!(c.ours_args.as_deref(), Some("-l 1"));
+    }
+
+    #[test]
+    fn wrong_invocations_are_one_line() {
+        for (line, want) in [
+            ("", "a command is required: write-bw, read-bw"),
+            ("write-bw -s 0", "must be at least 1"),
+            ("write-bw -i 0", "-i"),
+            ("write-bw -p 70000", "70000"),
+            ("write-bw -x 300", "300"),
+            ("write-bw -n x", "not a whole number"),
+            ("write-bw --bogus", "unexpected argument"),
+            ("write-bw a b", "unexpected argument 'b'"),
+            ("write-bandwidth", "unrecognized subcommand"),
+            ("compare --tests write-bw,nope", "`nope`"),
+            ("compare --pairs 0", "must be at least 1"),
+        ] {
+            match parse(line) {
+                Err(Stop::Usage(e)) => {
+                    assert!(!e.contains('\n') && e.contains(want), "{line}: {e}");
+                }
+                other => panic!("{line}: {other:?}"),
+            }
+        }
+        for line in ["--help", "write-bw --help", "compare -h", "--version"] {
+            assert!(matches!(parse(line), Err(Stop::Print(_))), "{line}");
         }
     }
 }

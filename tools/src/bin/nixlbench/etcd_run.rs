@@ -26,7 +26,7 @@ use crate::sweep::Row;
 use crate::target::serve;
 use crate::TARGET;
 use nixl::etcd::EtcdMetadata;
-use nixl::{Agent, AgentConfig};
+use nixl::Agent;
 
 /// Label of the initiator's agent name.
 const INITIATOR_KEY: &str = "initiator";
@@ -90,12 +90,7 @@ fn metadata(agent: &Agent, rt: &EtcdRuntime) -> Result<EtcdMetadata, String> {
 fn initiator(o: &Options, rt: &EtcdRuntime, peer: &RankInfo) -> Result<Vec<Row>, String> {
     let same_host = rt.me().same_host(peer);
     let (agent, how) = initiator_agent_for(o, peer.provider.as_deref(), same_host)?;
-    let local = Mem::alloc(
-        o.initiator_seg,
-        o.initiator_gpu,
-        o.total_buffer_size,
-        INITIATOR_FILL,
-    )?;
+    let local = Mem::for_side(o, Side::Initiator, INITIATOR_FILL)?;
     let reg = register(&agent, &local, None)?;
     let md = metadata(&agent, rt)?;
     md.publish()
@@ -113,7 +108,7 @@ fn initiator(o: &Options, rt: &EtcdRuntime, peer: &RankInfo) -> Result<Vec<Row>,
 }
 
 fn target(o: &Options, rt: &EtcdRuntime) -> Result<(), String> {
-    let mem = Mem::alloc(o.target_seg, o.target_gpu, o.total_buffer_size, TARGET_FILL)?;
+    let mem = Mem::for_side(o, Side::Target, TARGET_FILL)?;
     mem.fill_pattern(0, mem.len(), TARGET_SEED)?;
     let initiator = rt.wait_for(INITIATOR_KEY, "the initiator's agent")?;
     // LIBFABRIC: the user's provider, else the initiator's choice (its name carries it).
@@ -133,10 +128,7 @@ fn target(o: &Options, rt: &EtcdRuntime) -> Result<(), String> {
     };
     let agent = Agent::new(
         with_provider(TARGET, provider.as_deref()),
-        AgentConfig {
-            listen_addr: None,
-            ..AgentConfig::default()
-        },
+        o.agent_config(None),
     )
     .map_err(|e| e.to_string())?;
     agent

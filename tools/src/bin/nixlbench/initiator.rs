@@ -5,20 +5,13 @@ use crate::options::{Options, Side};
 use crate::provider::{is_this_host, provider_of, with_provider};
 use crate::sweep::{describe_remote, remote_mem, sweep, Peer, RemoteMem, Row};
 use crate::INITIATOR;
-use nixl::{Agent, AgentConfig};
+use nixl::Agent;
 use std::net::SocketAddr;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-fn new_agent(name: String) -> Result<Agent, String> {
-    Agent::new(
-        name,
-        AgentConfig {
-            listen_addr: None,
-            ..AgentConfig::default()
-        },
-    )
-    .map_err(|e| e.to_string())
+fn new_agent(o: &Options, name: String) -> Result<Agent, String> {
+    Agent::new(name, o.agent_config(None)).map_err(|e| e.to_string())
 }
 
 /// The initiator's agent for the target listening at `target_addr` (SOCKET runtime).
@@ -27,7 +20,7 @@ fn initiator_agent(o: &Options, target_addr: SocketAddr) -> Result<(Agent, Strin
         return initiator_agent_for(o, None, false);
     }
     // Which provider the target uses, if it was given one: its name says.
-    let probe = new_agent("nixlbench-probe".into())?;
+    let probe = new_agent(o, "nixlbench-probe".into())?;
     let target_name = probe
         .fetch_remote_metadata(target_addr)
         .map_err(|e| format!("reaching the target at {target_addr}: {e}"))?;
@@ -44,7 +37,7 @@ pub(crate) fn initiator_agent_for(
     target_on_this_host: bool,
 ) -> Result<(Agent, String), String> {
     if !o.is_libfabric() {
-        let agent = new_agent(INITIATOR.into())?;
+        let agent = new_agent(o, INITIATOR.into())?;
         agent
             .create_backend(&o.backend, &o.params(Side::Initiator, None))
             .map_err(|e| format!("{}: {e}", o.backend))?;
@@ -81,7 +74,7 @@ pub(crate) fn initiator_agent_for(
     };
     let mut tried = Vec::new();
     for (provider, why) in candidates.drain(..) {
-        let agent = new_agent(with_provider(INITIATOR, Some(&provider)))?;
+        let agent = new_agent(o, with_provider(INITIATOR, Some(&provider)))?;
         match agent.create_backend(&o.backend, &o.params(Side::Initiator, Some(&provider))) {
             Ok(_) => {
                 let mut how = format!("provider {provider} ({why})");
@@ -133,12 +126,7 @@ pub(crate) fn run_initiator(o: &Options, target_addr: SocketAddr) -> Result<Vec<
         return Err("LOCAL moves data inside one agent: run without --role".into());
     }
     let (agent, how) = initiator_agent(o, target_addr)?;
-    let local = Mem::alloc(
-        o.initiator_seg,
-        o.initiator_gpu,
-        o.total_buffer_size,
-        INITIATOR_FILL,
-    )?;
+    let local = Mem::for_side(o, Side::Initiator, INITIATOR_FILL)?;
     let _reg = register(&agent, &local, None)?;
     // The target learns our name (so our provider) and connection, then registers.
     agent
@@ -187,22 +175,10 @@ pub(crate) fn measure(
 
 /// `--backend LOCAL`: one agent holds both sides' memory.
 pub(crate) fn run_in_process(o: &Options) -> Result<Vec<Row>, String> {
-    let target_mem = Mem::alloc(o.target_seg, o.target_gpu, o.total_buffer_size, TARGET_FILL)?;
+    let target_mem = Mem::for_side(o, Side::Target, TARGET_FILL)?;
     target_mem.fill_pattern(0, target_mem.len(), TARGET_SEED)?;
-    let local = Mem::alloc(
-        o.initiator_seg,
-        o.initiator_gpu,
-        o.total_buffer_size,
-        INITIATOR_FILL,
-    )?;
-    let agent = Agent::new(
-        "nixlbench",
-        AgentConfig {
-            listen_addr: None,
-            ..AgentConfig::default()
-        },
-    )
-    .map_err(|e| e.to_string())?;
+    let local = Mem::for_side(o, Side::Initiator, INITIATOR_FILL)?;
+    let agent = Agent::new("nixlbench", o.agent_config(None)).map_err(|e| e.to_string())?;
     agent
         .create_backend(&o.backend, &o.params(Side::Initiator, None))
         .map_err(|e| format!("{}: {e}", o.backend))?;
@@ -211,6 +187,7 @@ pub(crate) fn run_in_process(o: &Options) -> Result<Vec<Row>, String> {
     let remote = RemoteMem {
         kind: target_mem.kind(),
         addr: target_mem.addr(),
+        len: target_mem.len() as u64,
         dev_id: target_mem.dev_id(),
     };
     let peer = Peer::InProcess {

@@ -36,9 +36,8 @@
 //! `nixlbench-target@PROVIDER`, which the initiator reads first).
 
 use crate::initiator::{run_in_process, run_initiator};
-use crate::options::Options;
-use crate::options::{parse_args, USAGE};
-use crate::plot::plot;
+use crate::options::{parse_args, Options, Runtime, Side};
+use crate::plot::{check_plot_path, plot};
 use crate::sweep::Row;
 use crate::target::run_target;
 
@@ -50,6 +49,7 @@ mod initiator;
 mod mem;
 mod options;
 mod plot;
+mod progress;
 mod provider;
 #[cfg(feature = "file")]
 mod storage;
@@ -70,52 +70,74 @@ fn quiet() -> bool {
 }
 
 fn main() {
+    tools::cli::init_tracing();
     let args: Vec<String> = std::env::args().skip(1).collect();
     #[cfg(feature = "file")]
     if args.first().map(String::as_str) == Some(storage::DAEMON_ARG) {
         if let Err(e) = storage::serve(&args[1..]) {
-            eprintln!("nixlbench: daemon: {e}");
-            std::process::exit(1);
+            tools::cli::fail("nixlbench: daemon", e);
         }
         return;
     }
-    let o = match parse_args(&args) {
-        Ok(o) => o,
-        Err(msg) => {
-            if !msg.is_empty() {
-                eprintln!("nixlbench: {msg}");
-            }
-            eprintln!("{USAGE}");
-            std::process::exit(if msg.is_empty() { 0 } else { 2 });
+    let o = parse_args(&args).unwrap_or_else(|stop| stop.exit("nixlbench"));
+    if !quiet() {
+        for note in &o.notes {
+            eprintln!("nixlbench: {note}");
         }
-    };
-    let result = match (o.role.as_deref(), o.target_address) {
+    }
+    if let Err(e) = preflight(&o) {
+        tools::cli::fail("nixlbench", e);
+    }
+    let result = match (&o.runtime, o.role, o.target_address) {
         #[cfg(feature = "etcd")]
-        _ if matches!(o.runtime, options::Runtime::Etcd { .. }) => etcd_run::run(&o),
-        (Some("target"), _) => run_target(&o).map(|_| None),
-        (Some("initiator"), Some(addr)) => run_initiator(&o, addr).map(Some),
-        (Some("initiator"), None) => Err("--role initiator needs --target_address".into()),
-        (Some(other), _) => Err(format!("--role {other}: target or initiator")),
-        (None, _) if o.backend == "LOCAL" => run_in_process(&o).map(Some),
+        (Runtime::Etcd { .. }, _, _) => etcd_run::run(&o),
+        (_, Some(Side::Target), _) => run_target(&o).map(|_| None),
+        (_, Some(Side::Initiator), Some(addr)) => run_initiator(&o, addr).map(Some),
+        // The options refuse an initiator without a target address.
+        (_, Some(Side::Initiator), None) => {
+            Err("--role initiator needs --target_address ADDR".into())
+        }
+        (_, None, _) if o.backend == "LOCAL" => run_in_process(&o).map(Some),
         #[cfg(feature = "file")]
-        (None, _) if o.is_storage() => storage::run(&o).map(Some),
-        (None, _) => run_both(&o, &args).map(Some),
+        (_, None, _) if o.is_storage() => storage::run(&o).map(Some),
+        (_, None, _) => run_both(&o, &args).map(Some),
     };
     match result {
         Ok(Some(rows)) => {
             if let Some(path) = &o.plot {
                 if let Err(e) = plot(path, &rows, &o) {
-                    eprintln!("nixlbench: plot: {e}");
-                    std::process::exit(1);
+                    tools::cli::fail("nixlbench: plot", e);
                 }
             }
         }
         Ok(None) => {}
-        Err(e) => {
-            eprintln!("nixlbench: {e}");
-            std::process::exit(1);
+        Err(e) => tools::cli::fail("nixlbench", e),
+    }
+}
+
+/// What can be found wrong before anything starts: the plot's path, and whether this
+/// process's buffers fit (its GPUs first, then its DRAM).
+fn preflight(o: &Options) -> Result<(), String> {
+    if let Some(path) = &o.plot {
+        // The target child writes no plot (the initiator does).
+        if !quiet() {
+            check_plot_path(path)?;
         }
     }
+    let sides: &[&[Side]] = match (&o.runtime, o.role) {
+        // Which side this process plays is decided later: each must fit alone.
+        (Runtime::Etcd { .. }, _) => &[&[Side::Initiator], &[Side::Target]],
+        (_, Some(Side::Target)) => &[&[Side::Target]],
+        (_, Some(Side::Initiator)) => &[&[Side::Initiator]],
+        // A storage run's target is files.
+        _ if o.is_storage() => &[&[Side::Initiator]],
+        // Both sides on this machine (LOCAL, or the target a child process).
+        _ => &[&[Side::Initiator, Side::Target]],
+    };
+    for sides in sides {
+        mem::check_fits(o, sides).map_err(|e| e.to_string())?;
+    }
+    Ok(())
 }
 
 /// Starts the target as a child process on loopback (with every option given, so its
@@ -136,7 +158,11 @@ fn run_both(o: &Options, args: &[String]) -> Result<Vec<Row>, String> {
         .stdout(Stdio::piped())
         .spawn()
         .map_err(|e| format!("starting the target: {e}"))?;
-    let stdout = child.stdout.take().expect("piped");
+    let Some(stdout) = child.stdout.take() else {
+        let _ = child.kill();
+        let _ = child.wait();
+        return Err("the target's standard output was not captured".into());
+    };
     let mut lines = BufReader::new(stdout).lines();
     let addr = loop {
         match lines.next() {

@@ -1,7 +1,178 @@
 //! Benchmark memory (DRAM, or VRAM with feature `cuda`) and the data patterns the
 //! consistency check compares.
 
+use crate::options::{Options, Side};
 use nixl::{Agent, Desc, DescList, MemKind};
+use tools::units::human_bytes;
+
+/// Why benchmark memory cannot be had: found before anything starts where it can be
+/// ([`check_fits`]), else when allocating.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum MemError {
+    #[error(
+        "{side} VRAM needs a CUDA driver, and this machine has none (--{side}_seg_type DRAM \
+         runs without a GPU)"
+    )]
+    NoDriver { side: &'static str },
+    #[error(
+        "{side} VRAM on GPU {gpu}: this machine has {count} GPU(s) (--{side}_gpu N picks \
+         one; --{side}_seg_type DRAM runs without)"
+    )]
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    NoGpu {
+        side: &'static str,
+        gpu: usize,
+        count: usize,
+    },
+    #[error("GPU {gpu}: {message}")]
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    Gpu { gpu: usize, message: String },
+    #[error(
+        "this run needs {} of VRAM on GPU {gpu}, which has {}: lower --total_buffer_size, \
+         --max_block_size or --max_batch_size",
+        human_bytes(*need),
+        human_bytes(*have)
+    )]
+    VramTooSmall { gpu: usize, need: u64, have: u64 },
+    #[error(
+        "this run needs {} of DRAM ({what}), and {} is available: lower \
+         --total_buffer_size, --max_block_size or --max_batch_size",
+        human_bytes(*need),
+        human_bytes(*available)
+    )]
+    DramTooSmall {
+        need: u64,
+        available: u64,
+        what: String,
+    },
+    #[error(
+        "allocating {} of DRAM failed: lower --total_buffer_size, --max_block_size or \
+         --max_batch_size",
+        human_bytes(*len as u64)
+    )]
+    Alloc { len: usize },
+}
+
+fn side_name(side: Side) -> &'static str {
+    match side {
+        Side::Initiator => "initiator",
+        Side::Target => "target",
+    }
+}
+
+/// Bytes of memory this process may still take: `MemAvailable`, and the room left under
+/// its cgroup's `memory.max` where one is set (containers). `None` where neither can be
+/// read.
+fn dram_available() -> Option<u64> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok();
+    let available = meminfo.as_deref().and_then(|text| {
+        text.lines()
+            .find_map(|l| l.strip_prefix("MemAvailable:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .map(|kib| kib * 1024)
+    });
+    // cgroup v2: "0::/path" names the group of this process.
+    let cgroup = std::fs::read_to_string("/proc/self/cgroup")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find_map(|l| l.strip_prefix("0::").map(str::to_string))
+        })
+        .and_then(|path| {
+            let dir = std::path::Path::new("/sys/fs/cgroup").join(path.trim_start_matches('/'));
+            let read = |f: &str| std::fs::read_to_string(dir.join(f)).ok();
+            let max = read("memory.max")?.trim().parse::<u64>().ok()?;
+            let current = read("memory.current")?.trim().parse::<u64>().ok()?;
+            Some(max.saturating_sub(current))
+        });
+    match (available, cgroup) {
+        (Some(a), Some(c)) => Some(a.min(c)),
+        (a, c) => a.or(c),
+    }
+}
+
+/// Checks that the buffers of `sides` (those this process allocates) fit: the GPUs of
+/// VRAM sides first (there is one, and it has the room), then the machine's DRAM, so that
+/// a run too large for this machine says so before it starts anything.
+pub(crate) fn check_fits(o: &Options, sides: &[Side]) -> Result<(), MemError> {
+    let bytes = o.buffer_bytes() as u64;
+    let mut per_gpu: Vec<(usize, u64)> = Vec::new();
+    for &side in sides {
+        if o.seg(side) != MemKind::Vram {
+            continue;
+        }
+        let gpu = o.gpu(side);
+        check_gpu(side, gpu)?;
+        match per_gpu.iter_mut().find(|(g, _)| *g == gpu) {
+            Some((_, need)) => *need += bytes,
+            None => per_gpu.push((gpu, bytes)),
+        }
+    }
+    for (gpu, need) in per_gpu {
+        let have = gpu_memory(gpu)?;
+        if need > have {
+            return Err(MemError::VramTooSmall { gpu, need, have });
+        }
+    }
+    let dram_sides: Vec<&str> = sides
+        .iter()
+        .filter(|s| o.seg(**s) == MemKind::Dram)
+        .map(|s| side_name(*s))
+        .collect();
+    if dram_sides.is_empty() {
+        return Ok(());
+    }
+    let need = bytes * dram_sides.len() as u64;
+    match dram_available() {
+        Some(available) if need > available => Err(MemError::DramTooSmall {
+            need,
+            available,
+            what: format!(
+                "{} for each of {}",
+                human_bytes(bytes),
+                dram_sides.join(" and ")
+            ),
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// There is a GPU `gpu` for `side`.
+#[cfg(feature = "cuda")]
+fn check_gpu(side: Side, gpu: usize) -> Result<(), MemError> {
+    let side = side_name(side);
+    if !gpunetio::is_available() {
+        return Err(MemError::NoDriver { side });
+    }
+    let count = gpunetio::device_count();
+    if gpu >= count {
+        return Err(MemError::NoGpu { side, gpu, count });
+    }
+    Ok(())
+}
+
+/// Without feature cuda no side is VRAM (the options refuse it).
+#[cfg(not(feature = "cuda"))]
+fn check_gpu(side: Side, _gpu: usize) -> Result<(), MemError> {
+    Err(MemError::NoDriver {
+        side: side_name(side),
+    })
+}
+
+#[cfg(feature = "cuda")]
+fn gpu_memory(gpu: usize) -> Result<u64, MemError> {
+    let err = |e: gpunetio::Error| MemError::Gpu {
+        gpu,
+        message: e.to_string(),
+    };
+    let open = gpunetio::Gpu::open(gpu).map_err(err)?;
+    Ok(open.total_mem().map_err(err)? as u64)
+}
+
+#[cfg(not(feature = "cuda"))]
+fn gpu_memory(_gpu: usize) -> Result<u64, MemError> {
+    Ok(0)
+}
 
 /// A page-aligned host allocation, every page written once (as NIXL's nixlbench memsets
 /// its buffers): an untouched page would be the kernel's shared zero page, which a WRITE
@@ -21,22 +192,27 @@ unsafe impl Send for HostBuffer {}
 unsafe impl Sync for HostBuffer {}
 
 impl HostBuffer {
-    fn layout(len: usize) -> std::alloc::Layout {
-        std::alloc::Layout::from_size_align(len.max(1), 4096).expect("valid layout")
+    /// The layout `new` allocated with (it checked it then).
+    fn layout(len: usize) -> Option<std::alloc::Layout> {
+        std::alloc::Layout::from_size_align(len.max(1), 4096).ok()
     }
 
     /// `len` bytes of `fill` (non-zero, so the writes cannot be folded into a calloc).
-    fn new(len: usize, fill: u8) -> Self {
+    fn new(len: usize, fill: u8) -> Result<Self, MemError> {
+        let layout = std::alloc::Layout::from_size_align(len.max(1), 4096)
+            .map_err(|_| MemError::Alloc { len })?;
         // SAFETY: the layout has a non-zero size.
-        let ptr = unsafe { std::alloc::alloc(Self::layout(len)) };
-        assert!(!ptr.is_null(), "out of memory allocating {len} bytes");
+        let ptr = unsafe { std::alloc::alloc(layout) };
+        if ptr.is_null() {
+            return Err(MemError::Alloc { len });
+        }
         // SAFETY: `ptr` holds `len` bytes (the layout's size is at least `len`).
         unsafe { std::ptr::write_bytes(ptr, fill, len) };
-        Self {
+        Ok(Self {
             ptr,
             len,
             shm: None,
-        }
+        })
     }
 
     /// `len` bytes of `fill` in a new `/dev/shm` file mapped `MAP_SHARED`.
@@ -104,8 +280,12 @@ impl Drop for HostBuffer {
                 unsafe { libc::munmap(self.ptr.cast(), self.len.max(1)) };
                 let _ = std::fs::remove_file(path);
             }
-            // SAFETY: allocated in `new` with the same layout.
-            None => unsafe { std::alloc::dealloc(self.ptr, Self::layout(self.len)) },
+            None => {
+                if let Some(layout) = Self::layout(self.len) {
+                    // SAFETY: allocated in `new` with this layout.
+                    unsafe { std::alloc::dealloc(self.ptr, layout) }
+                }
+            }
         }
     }
 }
@@ -118,20 +298,44 @@ pub(crate) enum Mem {
 }
 
 impl Mem {
-    /// `len` bytes of `kind` (VRAM on GPU `gpu`), every byte set to `fill`.
-    pub(crate) fn alloc(kind: MemKind, gpu: usize, len: usize, fill: u8) -> Result<Self, String> {
+    /// `side`'s buffer of the run `o`: its kind, GPU and size, every byte `fill`.
+    pub(crate) fn for_side(o: &Options, side: Side, fill: u8) -> Result<Self, String> {
+        Self::alloc(
+            o.seg(side),
+            o.gpu(side),
+            o.buffer_bytes(),
+            fill,
+            o.enable_vmm,
+        )
+    }
+
+    /// `len` bytes of `kind` (VRAM on GPU `gpu`, through the VMM API if `vmm`), every
+    /// byte set to `fill`.
+    pub(crate) fn alloc(
+        kind: MemKind,
+        gpu: usize,
+        len: usize,
+        fill: u8,
+        vmm: bool,
+    ) -> Result<Self, String> {
         match kind {
-            MemKind::Dram => Ok(Self::Host(HostBuffer::new(len, fill))),
+            MemKind::Dram => Ok(Self::Host(
+                HostBuffer::new(len, fill).map_err(|e| e.to_string())?,
+            )),
             #[cfg(feature = "cuda")]
             MemKind::Vram => {
                 let open = gpunetio::Gpu::open(gpu).map_err(|e| format!("GPU {gpu}: {e}"))?;
-                let buf = gpunetio::DeviceBuffer::alloc(&open, len)
-                    .map_err(|e| format!("allocating {len} bytes on GPU {gpu}: {e}"))?;
+                let buf = if vmm {
+                    gpunetio::DeviceBuffer::alloc_vmm(&open, len)
+                } else {
+                    gpunetio::DeviceBuffer::alloc(&open, len)
+                }
+                .map_err(|e| format!("allocating {len} bytes on GPU {gpu}: {e}"))?;
                 buf.fill(fill).map_err(|e| format!("GPU {gpu}: {e}"))?;
                 Ok(Self::Device(buf))
             }
             other => {
-                let _ = (gpu, fill);
+                let _ = (gpu, fill, vmm);
                 Err(format!(
                     "{other:?} memory: not in this build (VRAM needs feature cuda)"
                 ))
@@ -139,22 +343,21 @@ impl Mem {
         }
     }
 
-    /// Like [`Mem::alloc`], but DRAM is a shared `/dev/shm` mapping (storage runs).
+    /// Like [`Mem::for_side`], but DRAM is a shared `/dev/shm` mapping (storage runs).
     #[cfg(feature = "file")]
-    pub(crate) fn alloc_shared(
-        kind: MemKind,
-        gpu: usize,
-        len: usize,
-        fill: u8,
-    ) -> Result<Self, String> {
-        match kind {
-            MemKind::Dram => Ok(Self::Host(
-                HostBuffer::new_shared(len, fill).unwrap_or_else(|e| {
+    pub(crate) fn for_side_shared(o: &Options, side: Side, fill: u8) -> Result<Self, String> {
+        let len = o.buffer_bytes();
+        match o.seg(side) {
+            MemKind::Dram => match HostBuffer::new_shared(len, fill) {
+                Ok(b) => Ok(Self::Host(b)),
+                Err(e) => {
                     eprintln!("nixlbench: DRAM in /dev/shm: {e}; heap memory instead (staged)");
-                    HostBuffer::new(len, fill)
-                }),
-            )),
-            _ => Self::alloc(kind, gpu, len, fill),
+                    Ok(Self::Host(
+                        HostBuffer::new(len, fill).map_err(|e| e.to_string())?,
+                    ))
+                }
+            },
+            _ => Self::for_side(o, side, fill),
         }
     }
 
@@ -247,8 +450,18 @@ impl Mem {
         }
     }
 
+    /// Writes the pattern `seed` over `[offset, offset + len)`, a piece at a time (the
+    /// whole buffer is filled this way: a copy of it would double the memory).
     pub(crate) fn fill_pattern(&self, offset: usize, len: usize, seed: u64) -> Result<(), String> {
-        self.write(offset, &pattern_bytes(seed, offset, len))
+        const PIECE: usize = 8 << 20;
+        let end = offset + len;
+        let mut at = offset;
+        while at < end {
+            let n = PIECE.min(end - at);
+            self.write(at, &pattern_bytes(seed, at, n))?;
+            at += n;
+        }
+        Ok(())
     }
 
     pub(crate) fn clear(&self, offset: usize, len: usize) -> Result<(), String> {
@@ -342,7 +555,15 @@ mod tests {
     #[cfg(feature = "file")]
     #[test]
     fn shared_host_memory_is_a_dev_shm_mapping() {
-        let mem = Mem::alloc_shared(MemKind::Dram, 0, 1 << 16, INITIATOR_FILL).unwrap();
+        let o = crate::options::parse_args(&[
+            "--backend".into(),
+            "FILE".into(),
+            "--max_block_size".into(),
+            "16K".into(),
+        ])
+        .unwrap();
+        assert_eq!(o.buffer_bytes(), 32 << 10);
+        let mem = Mem::for_side_shared(&o, Side::Initiator, INITIATOR_FILL).unwrap();
         assert_eq!(mem.read(100, 2).unwrap(), vec![INITIATOR_FILL; 2]);
         #[allow(irrefutable_let_patterns)] // without feature cuda, Host is the only kind
         let Mem::Host(b) = &mem
@@ -351,15 +572,68 @@ mod tests {
         };
         let path = b.shm.clone().unwrap();
         assert!(path.starts_with("/dev/shm") && path.exists());
-        mem.fill_pattern(0, 1 << 16, 7).unwrap();
-        mem.check_pattern(0, 1 << 16, 7).unwrap();
+        mem.fill_pattern(0, 32 << 10, 7).unwrap();
+        mem.check_pattern(0, 32 << 10, 7).unwrap();
         drop(mem);
         assert!(!path.exists(), "removed on drop");
     }
 
+    /// Memory the machine cannot give is an error, never a panic or an abort.
+    #[test]
+    fn huge_allocations_fail_cleanly() {
+        for len in [1usize << 60, isize::MAX as usize] {
+            let e = Mem::alloc(MemKind::Dram, 0, len, INITIATOR_FILL, false)
+                .err()
+                .expect("no machine has this much memory");
+            assert!(e.contains("allocating") && e.contains("lower"), "{e}");
+        }
+    }
+
+    /// `--total_buffer_size 10000000000000` with blocks that touch it all: refused before
+    /// anything is allocated, naming the flags to lower.
+    #[test]
+    fn runs_larger_than_the_machine_are_refused_first() {
+        let o = crate::options::parse_args(&[
+            "--total_buffer_size".into(),
+            "10000000000000".into(),
+            "--max_block_size".into(),
+            "4000000000000".into(),
+        ])
+        .unwrap();
+        let e = check_fits(&o, &[Side::Initiator, Side::Target]).unwrap_err();
+        assert!(matches!(e, MemError::DramTooSmall { .. }), "{e}");
+        let e = e.to_string();
+        assert!(e.contains("lower --total_buffer_size"), "{e}");
+        // The default sweep fits any machine that runs the tests.
+        let o = crate::options::parse_args(&[]).unwrap();
+        check_fits(&o, &[Side::Initiator, Side::Target]).unwrap();
+    }
+
+    /// Upstream's GPUNETIO line (a 32 GiB VRAM initiator) on a machine without a GPU: it
+    /// says there is no GPU, before any size is looked at.
+    #[cfg(all(feature = "cuda", feature = "etcd"))]
+    #[test]
+    fn no_gpu_is_said_before_sizes() {
+        if gpunetio::device_count() > 0 {
+            eprintln!("skipped: this machine has a GPU");
+            return;
+        }
+        let line = "--etcd-endpoints http://etc_server_ip:2379 --backend=GPUNETIO \
+                    --initiator_seg_type=VRAM --target_seg_type=DRAM --runtime_type=ETCD \
+                    --gpunetio_device_list=0 --device_list=mlx5_0 --start_batch_size=512 \
+                    --max_batch_size=512 --total_buffer_size=34359738368";
+        let args: Vec<String> = line.split_whitespace().map(String::from).collect();
+        let o = crate::options::parse_args(&args).unwrap();
+        let e = check_fits(&o, &[Side::Initiator]).unwrap_err();
+        assert!(
+            matches!(e, MemError::NoDriver { .. } | MemError::NoGpu { .. }),
+            "{e}"
+        );
+    }
+
     #[test]
     fn check_finds_the_first_wrong_byte() {
-        let mem = Mem::alloc(MemKind::Dram, 0, 1 << 16, INITIATOR_FILL).unwrap();
+        let mem = Mem::alloc(MemKind::Dram, 0, 1 << 16, INITIATOR_FILL, false).unwrap();
         let seed = point_seed(4096, 2);
         mem.fill_pattern(8192, 4096, seed).unwrap();
         mem.check_pattern(8192, 4096, seed).unwrap();

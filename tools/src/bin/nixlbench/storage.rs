@@ -12,7 +12,7 @@
 use crate::mem::{pattern_bytes, register, Mem, INITIATOR_FILL};
 use crate::options::{Options, Side};
 use crate::sweep::{sweep, Peer, RemoteMem, Row};
-use nixl::{Agent, AgentConfig, Desc, DescList, MemKind};
+use nixl::{Agent, Desc, DescList, MemKind};
 use std::fs::File;
 use std::io::{BufRead, BufReader, Write};
 use std::os::fd::AsRawFd;
@@ -181,12 +181,24 @@ fn daemon_command(mount: &Path) -> Result<(Command, String), String> {
     Ok((cmd, what))
 }
 
-/// Makes sure a daemon serves `mount`: the one running, or one started now.
-fn ensure_daemon(mount: &Path) -> Result<(Option<StartedDaemon>, String), String> {
+/// Makes sure a daemon serves `mount`: the one running, or one started now (with
+/// O_DIRECT for every file if `direct`).
+fn ensure_daemon(mount: &Path, direct: bool) -> Result<(Option<StartedDaemon>, String), String> {
     if hf3fs_gdr::daemon_stats(mount).is_ok() {
+        if direct {
+            return Err(format!(
+                "--storage_enable_direct: a daemon already serves {} with its own O_DIRECT \
+                 policy; stop it (nixlbench then starts one with --direct always), or run \
+                 it with --direct always and drop the flag",
+                mount.display()
+            ));
+        }
         return Ok((None, "already running".into()));
     }
     let (mut cmd, what) = daemon_command(mount)?;
+    if direct {
+        cmd.args(["--direct", "always"]);
+    }
     let virt = mount.join(hf3fs_gdr::virt::VIRT_DIR);
     let made_virt = (!virt.exists()).then_some(virt);
     let mut child = cmd
@@ -195,8 +207,9 @@ fn ensure_daemon(mount: &Path) -> Result<(Option<StartedDaemon>, String), String
         .stderr(Stdio::inherit())
         .spawn()
         .map_err(|e| format!("starting {what}: {e}"))?;
-    let stdout = child.stdout.take().expect("piped");
+    let stdout = child.stdout.take();
     let started = StartedDaemon { child, made_virt };
+    let stdout = stdout.ok_or_else(|| format!("{what}: its standard output was not captured"))?;
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         for line in BufReader::new(stdout).lines() {
@@ -215,15 +228,26 @@ fn ensure_daemon(mount: &Path) -> Result<(Option<StartedDaemon>, String), String
     Ok((Some(started), format!("started {what}")))
 }
 
-/// `nixlbench __hf3fs-gdr-daemon --mount DIR`: the daemon library in this process,
-/// for machines without the `hf3fs-gdr-daemon` binary.
+/// `nixlbench __hf3fs-gdr-daemon --mount DIR [--direct auto|always|never]`: the daemon
+/// library in this process, for machines without the `hf3fs-gdr-daemon` binary.
 pub(crate) fn serve(args: &[String]) -> Result<(), String> {
-    let mount = match args {
-        [flag, dir] if flag == "--mount" => PathBuf::from(dir),
-        _ => return Err(format!("{DAEMON_ARG} --mount DIR")),
+    let usage = || format!("{DAEMON_ARG} --mount DIR [--direct auto|always|never]");
+    let (mount, direct) = match args {
+        [flag, dir] if flag == "--mount" => (PathBuf::from(dir), None),
+        [flag, dir, d, policy] if flag == "--mount" && d == "--direct" => {
+            (PathBuf::from(dir), Some(policy.parse()?))
+        }
+        _ => return Err(usage()),
     };
-    hf3fs_gdr::daemon::log_to_stderr(true);
-    hf3fs_gdr::daemon::run(hf3fs_gdr::daemon::DaemonConfig::new(mount), |socket| {
+    if !mount.is_dir() {
+        return Err(format!("--mount {}: not a directory", mount.display()));
+    }
+    let mut config = hf3fs_gdr::daemon::DaemonConfig::new(mount);
+    if let Some(direct) = direct {
+        config.direct = direct;
+    }
+    // Its errors and warnings reach standard error through the tracing subscriber.
+    hf3fs_gdr::daemon::run(config, |socket| {
         println!("ready {}", socket.display());
         let _ = std::io::stdout().flush();
     })
@@ -241,24 +265,12 @@ pub(crate) fn run(o: &Options) -> Result<Vec<Row>, String> {
         .clone()
         .or_else(|| std::env::var_os("NIXLBENCH_HF3FS_MOUNT").map(PathBuf::from))
         .unwrap_or_else(|| dir.clone());
-    let (_daemon, daemon_how) = ensure_daemon(&mount)?;
+    let (_daemon, daemon_how) = ensure_daemon(&mount, o.storage_direct)?;
     // Enough for every point: ceil(blocks / N) blocks of the largest size per file.
-    let per_file = o.total_buffer_size.div_ceil(o.num_files) + o.max_block_size;
+    let per_file = o.buffer_bytes().div_ceil(o.num_files) + o.max_block_size;
     let files = FileSet::create(&dir, o.num_files, per_file as u64)?;
-    let local = Mem::alloc_shared(
-        o.initiator_seg,
-        o.initiator_gpu,
-        o.total_buffer_size,
-        INITIATOR_FILL,
-    )?;
-    let agent = Agent::new(
-        "nixlbench",
-        AgentConfig {
-            listen_addr: None,
-            ..AgentConfig::default()
-        },
-    )
-    .map_err(|e| e.to_string())?;
+    let local = Mem::for_side_shared(o, Side::Initiator, INITIATOR_FILL)?;
+    let agent = Agent::new("nixlbench", o.agent_config(None)).map_err(|e| e.to_string())?;
     let mut params = o.params(Side::Initiator, None);
     params
         .entry("mount".into())
@@ -294,6 +306,7 @@ pub(crate) fn run(o: &Options) -> Result<Vec<Row>, String> {
     let remote = RemoteMem {
         kind: MemKind::File,
         addr: 0,
+        len: 0,
         dev_id: 0,
     };
     let rows = sweep(&agent, &peer, &local, remote, o, &header)?;

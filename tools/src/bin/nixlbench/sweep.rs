@@ -3,10 +3,12 @@
 
 use crate::mem::{point_seed, Mem, TARGET_SEED};
 use crate::options::Options;
+use crate::progress::{Point, Progress};
 use nixl::{Agent, Desc, DescList, MemKind, PostParams, XferOp};
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
+use tools::units::human_bytes;
 
 #[derive(Debug, Clone)]
 pub(crate) struct Row {
@@ -34,7 +36,8 @@ pub(crate) fn us(d: Duration) -> f64 {
 }
 
 pub(crate) struct ThreadResult {
-    pub(crate) prep: f64,
+    /// Preparation times: one, or one per iteration with `--recreate_xfer`.
+    pub(crate) prep: Vec<f64>,
     pub(crate) post: Vec<f64>,
     pub(crate) tx: Vec<f64>,
 }
@@ -96,7 +99,19 @@ impl Peer<'_> {
 pub(crate) struct RemoteMem {
     pub(crate) kind: MemKind,
     pub(crate) addr: u64,
+    /// Its length (files: 0, their blocks are placed by the file set).
+    pub(crate) len: u64,
     pub(crate) dev_id: u64,
+}
+
+/// Timed iterations of a point of `block`-byte blocks: `--num_iter`, divided by
+/// `--large_blk_iter_ftr` from 1 MiB (at least one).
+pub(crate) fn timed_iterations(o: &Options, block: usize) -> usize {
+    if block >= 1 << 20 {
+        (o.num_iter / o.large_blk_iter_ftr).max(1)
+    } else {
+        o.num_iter
+    }
 }
 
 /// One (block size, batch size) point: every thread moves `batch` blocks per request.
@@ -110,18 +125,14 @@ pub(crate) fn run_point(
     block: usize,
     batch: usize,
 ) -> Result<Row, String> {
-    let per_thread = o.total_buffer_size / o.num_threads;
+    let per_thread = o.per_thread_bytes();
     // Blocks are spaced two apart when there is room, so the descriptors are non-contiguous.
     let stride = if batch * block * 2 <= per_thread {
         2 * block
     } else {
         block
     };
-    let iters = if block >= 1 << 20 {
-        (o.num_iter / o.large_blk_iter_ftr).max(1)
-    } else {
-        o.num_iter
-    };
+    let iters = timed_iterations(o, block);
     let seed = point_seed(block, batch);
     let results: Vec<Result<ThreadResult, String>> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..o.num_threads)
@@ -129,7 +140,6 @@ pub(crate) fn run_point(
                 s.spawn(move || -> Result<ThreadResult, String> {
                     let base = t * per_thread;
                     let offsets: Vec<usize> = (0..batch).map(|i| base + i * stride).collect();
-                    let prep_start = Instant::now();
                     let l = DescList::from_descs(
                         local.kind(),
                         offsets.iter().map(|&off| local.desc(off, block)),
@@ -141,15 +151,21 @@ pub(crate) fn run_point(
                             .enumerate()
                             .map(|(i, &off)| peer.remote_desc(remote, t, i, batch, off, block)),
                     );
-                    let lh = agent.prep_xfer_dlist(None, &l).map_err(|e| e.to_string())?;
-                    let rh = agent
-                        .prep_xfer_dlist(Some(peer.name()), &r)
-                        .map_err(|e| e.to_string())?;
                     let idx: Vec<usize> = (0..batch).collect();
-                    let mut req = agent
-                        .make_xfer_req(o.op, &lh, &idx, &rh, &idx, None, None)
-                        .map_err(|e| e.to_string())?;
-                    let prep = us(prep_start.elapsed());
+                    // Both lists prepared and the request made, timed (the Prep columns).
+                    let make = || -> Result<(nixl::XferReq, f64), String> {
+                        let start = Instant::now();
+                        let lh = agent.prep_xfer_dlist(None, &l).map_err(|e| e.to_string())?;
+                        let rh = agent
+                            .prep_xfer_dlist(Some(peer.name()), &r)
+                            .map_err(|e| e.to_string())?;
+                        let req = agent
+                            .make_xfer_req(o.op, &lh, &idx, &rh, &idx, None, None)
+                            .map_err(|e| e.to_string())?;
+                        Ok((req, us(start.elapsed())))
+                    };
+                    let (mut req, first_prep) = make()?;
+                    let mut prep = vec![first_prep];
                     if o.check_consistency {
                         for &off in &offsets {
                             match o.op {
@@ -167,12 +183,22 @@ pub(crate) fn run_point(
                     }
                     let timeout = Duration::from_secs(60);
                     for _ in 0..o.warmup_iter.min(iters) {
+                        if o.recreate_xfer {
+                            req = make()?.0;
+                        }
                         req.post().map_err(|e| e.to_string())?;
                         req.wait(timeout).map_err(|e| e.to_string())?;
                     }
                     let mut post = Vec::with_capacity(iters);
                     let mut tx = Vec::with_capacity(iters);
-                    for _ in 0..iters {
+                    for i in 0..iters {
+                        // `--recreate_xfer`: every timed iteration has its own request (the
+                        // first one made above serves the first).
+                        if o.recreate_xfer && i > 0 {
+                            let (fresh, time) = make()?;
+                            req = fresh;
+                            prep.push(time);
+                        }
                         let start = Instant::now();
                         req.post().map_err(|e| e.to_string())?;
                         post.push(us(start.elapsed()));
@@ -201,7 +227,10 @@ pub(crate) fn run_point(
             .collect();
         handles
             .into_iter()
-            .map(|h| h.join().expect("bench thread panicked"))
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err("a benchmark thread panicked".into()))
+            })
             .collect()
     });
     let mut prep = Vec::new();
@@ -211,7 +240,7 @@ pub(crate) fn run_point(
     for r in results {
         let r = r?;
         wall = wall.max(r.tx.iter().sum::<f64>());
-        prep.push(r.prep);
+        prep.extend(r.prep);
         post.extend(r.post);
         tx.extend(r.tx);
     }
@@ -273,7 +302,10 @@ pub(crate) fn verify(
             })
         }
         (XferOp::Write, Peer::Remote { name, check_lock }) => {
-            let _one_at_a_time = check_lock.lock().expect("check lock");
+            // A thread that failed while holding it left nothing half-done behind.
+            let _one_at_a_time = check_lock
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
             let msg = format!(
                 "CHECK {} {} {} {} {} {}",
                 c.id, c.seed, c.block, c.batch, c.stride, c.base
@@ -351,16 +383,33 @@ pub(crate) fn sweep(
                 .into_iter()
                 .map(move |n| (b, n))
         })
-        .filter(|(b, n)| b * n <= o.total_buffer_size / o.num_threads)
+        .filter(|(b, n)| b.saturating_mul(*n) <= o.per_thread_bytes())
         .collect();
     if points.is_empty() {
         return Err("no block/batch size fits in --total_buffer_size / --num_threads".into());
     }
-    let bar = if o.progress {
-        indicatif::ProgressBar::new(points.len() as u64)
-    } else {
-        indicatif::ProgressBar::hidden()
-    };
+    if remote.kind != MemKind::File && remote.len < o.buffer_bytes() as u64 {
+        return Err(format!(
+            "the target registered {} and this run needs {}: start the target with the same \
+             --total_buffer_size, --max_block_size, --max_batch_size and --num_threads",
+            human_bytes(remote.len),
+            human_bytes(o.buffer_bytes() as u64)
+        ));
+    }
+    let mut progress = Progress::new(
+        o.progress,
+        points
+            .iter()
+            .map(|&(block, batch)| {
+                let iters = timed_iterations(o, block);
+                Point {
+                    block,
+                    batch,
+                    iterations: iters + o.warmup_iter.min(iters),
+                }
+            })
+            .collect(),
+    );
     println!("{header}");
     println!("{}", "-".repeat(150));
     println!(
@@ -379,18 +428,26 @@ pub(crate) fn sweep(
     println!("{}", "-".repeat(150));
     let mut rows = Vec::new();
     for (block, batch) in points {
-        let row = run_point(agent, peer, local, remote, o, block, batch)?;
-        bar.suspend(|| {
+        progress.start_point();
+        let start = Instant::now();
+        let row = run_point(agent, peer, local, remote, o, block, batch);
+        let row = match row {
+            Ok(row) => row,
+            Err(e) => {
+                progress.finish();
+                return Err(e);
+            }
+        };
+        progress.finish_point(start.elapsed(), || {
             println!(
                 "{:<18} {:<12} {:<14.6} {:<16.3} {:<14.3} {:<14.3} {:<14.3} {:<14.3} {:<14.3} {:<14.3}",
                 row.block_size, row.batch_size, row.gbps, row.avg_lat_us, row.prep.0, row.prep.1,
                 row.post.0, row.post.1, row.tx.0, row.tx.1
             )
         });
-        bar.inc(1);
         rows.push(row);
     }
-    bar.finish_and_clear();
+    progress.finish();
     if o.check_consistency {
         println!(
             "consistency check: every block verified ({})",
@@ -413,6 +470,7 @@ pub(crate) fn remote_mem(agent: &Agent, target: &str) -> Result<RemoteMem, Strin
         .map(|r| RemoteMem {
             kind: r.kind,
             addr: r.desc.addr,
+            len: r.desc.len,
             dev_id: r.desc.dev_id,
         })
         .ok_or_else(|| format!("target `{target}` registered no memory"))

@@ -5,7 +5,7 @@ use crate::mem::{register, Mem, TARGET_FILL, TARGET_SEED};
 use crate::options::{Options, Side};
 use crate::provider::{local_providers, with_provider};
 use crate::{quiet, INITIATOR, TARGET};
-use nixl::{Agent, AgentConfig};
+use nixl::Agent;
 use std::io::Write;
 use std::time::{Duration, Instant};
 
@@ -13,7 +13,7 @@ pub(crate) fn run_target(o: &Options) -> Result<(), String> {
     if o.backend == "LOCAL" {
         return Err("LOCAL moves data inside one agent: run without --role".into());
     }
-    let mem = Mem::alloc(o.target_seg, o.target_gpu, o.total_buffer_size, TARGET_FILL)?;
+    let mem = Mem::for_side(o, Side::Target, TARGET_FILL)?;
     mem.fill_pattern(0, mem.len(), TARGET_SEED)?;
     // LIBFABRIC without a provider follows the initiator's choice (module docs).
     let follow = o.is_libfabric() && o.user_provider().is_none();
@@ -22,14 +22,10 @@ pub(crate) fn run_target(o: &Options) -> Result<(), String> {
     } else {
         TARGET.to_string()
     };
-    let agent = Agent::new(
-        name,
-        AgentConfig {
-            listen_addr: Some(o.listen),
-            ..AgentConfig::default()
-        },
-    )
-    .map_err(|e| e.to_string())?;
+    let agent = Agent::new(name, o.agent_config(Some(o.listen))).map_err(|e| e.to_string())?;
+    let listening = agent
+        .listen_addr()
+        .ok_or("the target's metadata listener did not start")?;
     let mut reg = None;
     if !follow {
         agent
@@ -37,10 +33,7 @@ pub(crate) fn run_target(o: &Options) -> Result<(), String> {
             .map_err(|e| format!("{}: {e}", o.backend))?;
         reg = Some(register(&agent, &mem, None)?);
     }
-    println!(
-        "NIXLBENCH_TARGET {}",
-        agent.listen_addr().expect("listener")
-    );
+    println!("NIXLBENCH_TARGET {listening}");
     std::io::stdout().flush().ok();
     if follow {
         let provider = wait_for_provider(&agent)?;
@@ -56,7 +49,7 @@ pub(crate) fn run_target(o: &Options) -> Result<(), String> {
         eprintln!(
             "nixlbench target: {} at {}, {}",
             agent.name(),
-            agent.listen_addr().expect("listener"),
+            listening,
             mem.describe()
         );
     }
@@ -174,7 +167,7 @@ mod tests {
 
     #[test]
     fn target_answers_check_requests() {
-        let mem = Mem::alloc(MemKind::Dram, 0, 1 << 16, INITIATOR_FILL).unwrap();
+        let mem = Mem::alloc(MemKind::Dram, 0, 1 << 16, INITIATOR_FILL, false).unwrap();
         let seed = point_seed(1024, 3);
         for i in 0..3 {
             mem.fill_pattern(4096 + i * 2048, 1024, seed).unwrap();
