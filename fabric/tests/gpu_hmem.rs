@@ -8,9 +8,9 @@
 mod common;
 
 use common::*;
+use fabric::{Access, Caps, Error, HmemIface, MemoryRegion, MrMode};
 use gpu_mem::cudarc;
 use gpu_mem::cudarc::driver::{CudaContext, DevicePtr};
-use fabric::{Access, Caps, Error, HmemIface, MemoryRegion, MrMode};
 use std::time::Instant;
 
 fn gpu_required() -> bool {

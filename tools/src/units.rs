@@ -43,7 +43,7 @@ pub fn size_label(bytes: u64) -> String {
     for (shift, unit) in UNITS {
         let base = 1u64 << shift;
         if bytes >= base {
-            if bytes % base == 0 {
+            if bytes.is_multiple_of(base) {
                 return format!("{}{unit}", bytes / base);
             }
             let tenths = u128::from(bytes) * 10 / u128::from(base);
@@ -60,7 +60,7 @@ pub fn human_bytes(bytes: u64) -> String {
         let base = 1u64 << shift;
         if bytes >= base {
             let value = bytes as f64 / base as f64;
-            return if bytes % base == 0 {
+            return if bytes.is_multiple_of(base) {
                 format!("{} {unit}", bytes / base)
             } else {
                 format!("{value:.1} {unit}")

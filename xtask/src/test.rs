@@ -83,6 +83,8 @@ pub fn run(args: &[String]) -> Result<i32> {
                 "nixlbench_file",
                 "--test",
                 "gpu_nixlbench_file",
+                "--test",
+                "cli",
             ][..],
             &[
                 "test",

@@ -161,7 +161,7 @@ fn check_gpu(side: Side, _gpu: usize) -> Result<(), MemError> {
 
 #[cfg(feature = "cuda")]
 fn gpu_memory(gpu: usize) -> Result<u64, MemError> {
-    let err = |e: gpunetio::Error| MemError::Gpu {
+    let err = |e: gpunetio::gpu_mem::Error| MemError::Gpu {
         gpu,
         message: e.to_string(),
     };
