@@ -18,7 +18,7 @@ pub fn kind(code: u8) -> PyResult<MemKind> {
 /// Decodes `packed` into a list of `kind`.
 pub fn list(code: u8, packed: &[u8]) -> PyResult<DescList> {
     let kind = kind(code)?;
-    if packed.len() % TRIPLE != 0 {
+    if !packed.len().is_multiple_of(TRIPLE) {
         return Err(nixlInvalidParamError::new_err(format!(
             "descriptor buffer of {} bytes is not a whole number of (addr, len, dev_id) u64 triples",
             packed.len()
@@ -40,7 +40,7 @@ pub fn list(code: u8, packed: &[u8]) -> PyResult<DescList> {
 /// Indices for `make_prepped_xfer`: a byte string of little-endian `i64` (what the Python
 /// layer makes of a list or a numpy array), each checked to be non-negative.
 pub fn indices(packed: &[u8], which: &str) -> PyResult<Vec<usize>> {
-    if packed.len() % 8 != 0 {
+    if !packed.len().is_multiple_of(8) {
         return Err(nixlInvalidParamError::new_err(format!(
             "{which} index buffer of {} bytes is not a whole number of i64",
             packed.len()

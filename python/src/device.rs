@@ -167,7 +167,7 @@ pub const GPU_SIGNAL_SIZE: usize = nixl::device::GPU_SIGNAL_SIZE;
 /// Zeroes the signal word at device address `ptr` of GPU `dev` (NIXL's `prepGpuSignal`).
 #[pyfunction]
 pub fn prep_gpu_signal(py: Python<'_>, ptr: u64, dev: usize) -> PyResult<()> {
-    if ptr % 8 != 0 {
+    if !ptr.is_multiple_of(8) {
         return Err(nixlInvalidParamError::new_err(format!(
             "signal word {ptr:#x} is not 8-byte aligned"
         )));

@@ -148,10 +148,13 @@ impl Xfer {
     }
 
     /// `(start_us, post_duration_us, xfer_duration_us, total_bytes, desc_count)` of the
-    /// last post; durations not yet known are 0.
+    /// last post; durations not yet known are 0. Durations are rounded up to whole
+    /// microseconds (NIXL's unit), so a post that took any time never reads as 0.
     fn telemetry(&self, py: Python<'_>) -> PyResult<(u64, u64, u64, u64, u64)> {
         self.with(py, |req| Ok(req.telemetry())).map(|t| {
-            let micros = |d: std::time::Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+            let micros = |d: std::time::Duration| {
+                u64::try_from(d.as_nanos().div_ceil(1000)).unwrap_or(u64::MAX)
+            };
             (
                 t.post_time.map_or(0, micros_since_origin),
                 micros(t.post_duration),
