@@ -421,7 +421,7 @@ class _TaggedDList(_DList):
 
     def append(self, desc) -> None:
         super().append(desc)
-        self._meta.append(self._tag(desc[3] if len(desc) == 4 else b""))
+        self._meta.append(self._tag(desc[3]))
 
     addDesc = append
 
@@ -441,7 +441,7 @@ class _TaggedDList(_DList):
     def __setitem__(self, index: int, desc) -> None:
         i = self._norm(index)
         super().__setitem__(i, desc)
-        self._meta[i] = self._tag(desc[3] if len(desc) == 4 else b"")
+        self._meta[i] = self._tag(desc[3])
 
     def __eq__(self, other) -> bool:
         return super().__eq__(other) and self._meta == other._meta
@@ -464,11 +464,6 @@ class nixlRegDList(_TaggedDList):
     @staticmethod
     def _tag(value) -> bytes:
         return value.encode() if isinstance(value, str) else bytes(value)
-
-    def _check(self, d) -> Desc3:
-        if isinstance(d, (tuple, list)) and len(d) == 3:
-            d = (*d, b"")
-        return super()._check(d)
 
     def trim(self) -> nixlXferDList:
         """A new ``nixlXferDList`` of the same memory type holding the descriptors'
