@@ -352,26 +352,34 @@ class nixlAgentConfig:
         )
 
 
+def _count_error(ring, e: nixlError) -> None:
+    """Records a failed call in an agent's telemetry ring (NIXL's ``agent_err_*``)."""
+    if ring is not None:
+        event = _telemetry.error_event(int(getattr(e, "status", 0)))
+        if event is not None:
+            ring.push(event, 1)
+
+
 class _Request:
     """A transfer request behind a handle int: posts and polls the core request, and
-    records its telemetry events once per completed post."""
+    records its telemetry events once per completed post. (It holds the agent's ring,
+    not the agent: no reference cycle keeps an agent alive after its last user.)"""
 
-    __slots__ = ("core", "ring", "is_write", "pending", "_count_error")
+    __slots__ = ("core", "ring", "is_write", "pending")
 
-    def __init__(self, core, ring, is_write: bool, count_error: Callable[[nixlError], None]):
+    def __init__(self, core, ring, is_write: bool):
         self.core = core
         self.ring = ring
         self.is_write = is_write
         # A post whose completion has not been recorded in the ring yet.
         self.pending = False
-        self._count_error = count_error
 
     def post(self, notif: Optional[bytes] = None) -> str:
         """``"DONE"`` or ``"PROC"``."""
         try:
             state = self.core.post(notif) if notif else self.core.post()
         except nixlError as e:
-            self._count_error(e)
+            _count_error(self.ring, e)
             raise
         if self.ring is not None:
             if state == "DONE":
@@ -385,7 +393,7 @@ class _Request:
         try:
             state = self.core.status()
         except nixlError as e:
-            self._count_error(e)
+            _count_error(self.ring, e)
             raise
         if self.pending and state == "DONE":
             self.pending = False
@@ -457,11 +465,7 @@ class nixlAgent:
     # --- internals -------------------------------------------------------------------
 
     def _count_error(self, e: nixlError) -> None:
-        """Records a failed call in the telemetry ring (NIXL's ``agent_err_*``)."""
-        if self._ring is not None:
-            event = _telemetry.error_event(int(getattr(e, "status", 0)))
-            if event is not None:
-                self._ring.push(event, 1)
+        _count_error(self._ring, e)
 
     def _call(self, fn, *args, **kwargs):
         try:
@@ -493,9 +497,7 @@ class nixlAgent:
 
     def _new_request(self, core, operation: str) -> int:
         handle = next(_HANDLES)
-        self._requests[handle] = _Request(
-            core, self._ring, operation == "WRITE", self._count_error
-        )
+        self._requests[handle] = _Request(core, self._ring, operation == "WRITE")
         return handle
 
     def _request(self, handle) -> _Request:

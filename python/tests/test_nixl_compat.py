@@ -430,6 +430,30 @@ def test_low_level_stale_handles_name_nothing():
         agent.estimateXferCost(0)
 
 
+@pytest.mark.ours_only
+def test_an_agent_goes_with_its_last_reference():
+    """No reference cycle holds an agent (its listener port, its connections) after the
+    last handle and the agent itself are dropped: reference counting frees it."""
+    import gc
+    import weakref
+
+    gc.disable()
+    try:
+        name = unique("gone")
+        agent = api.nixl_agent(name, api.nixl_agent_config(capture_telemetry=True))
+        buf = np.zeros(256, dtype=np.uint8)
+        agent.register_memory([(buf.ctypes.data, 256, 0, "")], "DRAM")
+        local = agent.prep_xfer_dlist("", [(buf.ctypes.data, 128, 0)], "DRAM")
+        remote = agent.prep_xfer_dlist(name, [(buf.ctypes.data + 128, 128, 0)], "DRAM")
+        h = agent.make_prepped_xfer("WRITE", local, [0], remote, [0])
+        wait_xfer(agent, h, state=agent.transfer(h))
+        low = weakref.ref(agent.agent)  # the only holder of the Rust agent
+        del agent, local, remote, h
+        assert low() is None
+    finally:
+        gc.enable()
+
+
 # --- sync_mode --------------------------------------------------------------------------------
 
 
