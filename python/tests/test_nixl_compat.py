@@ -677,3 +677,26 @@ def test_no_telemetry_file_when_telemetry_is_off(no_telemetry_env, monkeypatch, 
     monkeypatch.setenv("NIXL_TELEMETRY_ENABLE", "n")
     agent = api.nixl_agent(unique("off"), api.nixl_agent_config(capture_telemetry=True))
     assert not (tmp_path / agent.name).exists()
+
+
+@pytest.mark.ours_only
+def test_telemetry_ring_directly(tmp_path):
+    from rdma_nixl import _core
+
+    path = str(tmp_path / "ring")
+    with pytest.raises(ValueError, match="power of 2"):
+        _core.TelemetryRing(path, 6, 4)
+    ring = _core.TelemetryRing(path, 8, 4)
+    assert (ring.path, ring.capacity, len(ring)) == (path, 8, 0)
+    assert ring.push(XFER_TIME, 17)
+    assert ring.push_many([(TX_BYTES, 1 << 40), (TX_REQUESTS, 1)] * 4) == 6, "7 of 8 slots"
+    assert len(ring) == 7 and not ring.push(RX_BYTES, 1)
+    version, capacity, events = read_ring(path)
+    assert (version, capacity) == (4, 8)
+    assert events[:3] == [(XFER_TIME, 17), (TX_BYTES, 1 << 40), (TX_REQUESTS, 1)]
+    assert len(ring) == 0, "the reader consumed them"
+    assert ring.push(RX_BYTES, 2) and read_ring(path)[2] == [(RX_BYTES, 2)]
+    ring.close()
+    ring.close()
+    assert not ring.push(RX_BYTES, 3) and len(ring) == 0
+    assert os.path.getsize(path) == HEADER.size + 8 * EVENT.size
