@@ -398,6 +398,13 @@ class nixlXferDList(_DList):
 
     __slots__ = ()
 
+    def trim(self) -> "nixlXferDList":
+        """A copy (``nixlRegDList.trim()``'s counterpart: code trimming either kind of
+        list gets a new transfer list, the original unchanged)."""
+        out = nixlXferDList(self._type)
+        out._words = array("Q", self._words)
+        return out
+
 
 class _TaggedDList(_DList):
     """Descriptors with a fourth field per descriptor (``_tag`` converts it)."""

@@ -214,6 +214,15 @@ def test_trim_returns_a_new_xfer_list_and_keeps_the_registration_list():
     assert B.nixlRegDList(B.DRAM_SEG).trim().isEmpty()
 
 
+@pytest.mark.ours_only
+def test_trim_of_a_transfer_list_is_a_copy():
+    xfer = B.nixlXferDList(B.DRAM_SEG, [(0x1000, 64, 0)])
+    copy = xfer.trim()
+    assert copy == xfer and copy is not xfer
+    copy.append((0x2000, 8, 0))
+    assert xfer.descCount() == 1
+
+
 def test_index_of_a_missing_descriptor_is_not_found():
     lst = B.nixlXferDList(B.DRAM_SEG, [(1, 2, 0), (3, 4, 0)])
     assert lst.index((3, 4, 0)) == 1
