@@ -28,7 +28,9 @@ PATH="$venv/bin:$PATH" CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$root/target/python
 "$venv/bin/python" -m pip download -q --disable-pip-version-check --only-binary=:all: \
   --python-version 3.12 --no-deps -d "$out/wheels" pytest pluggy iniconfig packaging pygments
 cp -r "$root/python/tests" "$out/tests"
-rm -rf "$out/tests/__pycache__"
+# tests/test_nixl_name.py puts the opt-in `nixl` package (tests/../nixl-shim) on the path.
+cp -r "$root/python/nixl-shim" "$out/nixl-shim"
+rm -rf "$out/tests/__pycache__" "$out/nixl-shim/nixl/__pycache__"
 cat > "$out/run.sh" <<'EOF'
 #!/usr/bin/env bash
 # Runs rdma_nixl's test suite (DRAM and GPU) on this machine; GPU tests must not skip.

@@ -33,5 +33,7 @@ __all__ = [
     "nixl_thread_sync_t",
     "nixl_xfer_handle",
     "device",
+    "logging",
+    "_utils",
     "__version__",
 ]

@@ -4,13 +4,16 @@
 ``from nixl._api import nixl_agent, nixl_agent_config``: the classes, methods, signatures,
 defaults and return values are NIXL's (``add_remote_agent`` returns the name as bytes,
 ``transfer`` returns ``"DONE"``/``"PROC"``, descriptor inputs are tuple lists with a memory
-type, N x 3 numpy arrays, torch tensors or lists of tensors).
+type, N x 3 numpy arrays, torch tensors or lists of tensors). As in NIXL, ``nixl_agent``
+is built on the low-level ``_bindings.nixlAgent`` (``self.agent``), created from a
+``_bindings.nixlAgentConfig``; handles hold that agent's ints.
 
 Where this differs from NIXL:
 
 - Backends are ours: ``LIBFABRIC``, ``VERBS``, ``LOCAL``, ``CUDA_IPC`` and ``GPUNETIO``
-  (GPU builds) and ``FAULT`` (failure injection for tests). ``UCX``, NIXL's default, is mapped to
-  ``LIBFABRIC`` with a logged note, so default-configured code runs.
+  (GPU builds) and ``FAULT`` (failure injection for tests). ``UCX``, NIXL's default,
+  creates ``LIBFABRIC`` with a logged note, so default-configured code runs; the backend
+  is then known as ``UCX`` (``self.backends["UCX"]``), and ``LIBFABRIC`` names it too.
 - Metadata exchange by IP (``send_local_metadata``, ``fetch_remote_metadata``, ...) is
   synchronous: it has happened (or raised) when the call returns, so
   ``check_remote_metadata`` is true at once. There is no central metadata server
@@ -18,6 +21,8 @@ Where this differs from NIXL:
 - Errors raise NIXL's exception classes (``rdma_nixl._bindings.nixlNotFoundError``, ...),
   all subclasses of ``nixlError``, with the typed Rust error as attributes (``kind``,
   ``agent``, ``backend``, ``code``); a lost peer is ``nixlRemoteDisconnectError``.
+- ``sync_mode`` is recorded (``self.agent.syncMode``) but every level behaves as the
+  safest: the agent is thread-safe (``rdma_nixl._agent`` explains the mapping).
 - The GPU device API (``prep_mem_view``, ``create_gpu_xfer_req``) is the ``GPUNETIO``
   backend's, not UCX's; its handles are objects (``rdma_nixl.device``) holding the
   40-byte kernel argument, with an int ``handle`` that the release methods accept as
@@ -30,19 +35,17 @@ import logging
 import pickle
 import sys
 import weakref
-from array import array
+from enum import Enum
 from typing import TYPE_CHECKING, Dict, List, Optional, Union
 
 from . import _bindings as nixlBind
-from . import _core
 from . import device as _device
+from ._agent import BACKEND_ALIASES
 from ._bindings import (
     DEFAULT_COMM_PORT,
-    nixl_thread_sync_t,
+    _BadArgument,
+    _BadDescriptors,
     nixlInvalidParamError,
-    nixlNoTelemetryError,
-    nixlNotFoundError,
-    nixlNotSupportedError,
     nixlRegDList,
     nixlRemoteDList,
     nixlXferDList,
@@ -68,76 +71,6 @@ __all__ = [
     "nixl_xfer_handle",
 ]
 
-# NIXL's default backend; ours for a peer is LIBFABRIC.
-_ALIASES = {"UCX": "LIBFABRIC"}
-
-# Parameters each backend accepts, with their defaults (what get_plugin_params reports).
-_PLUGIN_PARAMS: Dict[str, Dict[str, str]] = {
-    "LIBFABRIC": {
-        "provider": "",
-        # shm rails for the peers on this host, beside the provider's ("none": only those).
-        "local_provider": "shm",
-        # the shm rails' count (default: as num_rails for shm, one per four cores).
-        "local_rails": "",
-        "node": "",
-        "num_rails": "1",
-        "striping_threshold": str(128 << 10),
-        "busy_poll": "0",
-        "vram_mode": "auto",
-        "staging_chunk": str(512 << 10),
-        "staging_chunks": "16",
-        "stage_dram": "0",
-        # shm: WRITEs from 2 MiB copied by both processes at once ("0": by the peer alone).
-        "cma_write": "1",
-        # shm: READs from 2 MiB copied by both processes at once, and serving peers' such
-        # READs ("0": neither).
-        "cma_read": "1",
-    },
-    "VERBS": {
-        "device": "",
-        "gid_index": "",
-        "ib_port": "1",
-        "num_rails": "1",
-        "striping_threshold": str(128 << 10),
-        "listen_addr": "",
-        "topology_xml": "",
-        "qp_timeout": "",
-        "vram_mode": "auto",
-        "staging_chunk": str(512 << 10),
-        "staging_chunks": "16",
-        "stage_dram": "0",
-    },
-    "LOCAL": {"num_streams": "4"} if _core.CUDA else {},
-    "CUDA_IPC": {"num_streams": "4"},
-    "GPUNETIO": {
-        "gpu_devices": "0",
-        "cuda_streams": "4",
-        "network_devices": "",
-        "oob_interface": "",
-        "nic_handler": "auto",
-        "provider": "tcp;ofi_rxm",
-        "copy_depth": "4",
-    },
-    "FAULT": {
-        "inner": "",
-        "fail_completion": "",
-        "fail_error": "disconnect",
-        "disconnect_after": "",
-        "delay_ms": "",
-        "hold": "false",
-        "drop_notif": "",
-    },
-}
-_GPU_MEMS = ["DRAM_SEG", "VRAM_SEG"] if _core.CUDA else ["DRAM_SEG"]
-_PLUGIN_MEMS: Dict[str, List[str]] = {
-    "LIBFABRIC": _GPU_MEMS,
-    "VERBS": _GPU_MEMS,
-    "LOCAL": _GPU_MEMS,
-    "CUDA_IPC": ["DRAM_SEG", "VRAM_SEG"],
-    "GPUNETIO": ["DRAM_SEG", "VRAM_SEG"],
-    "FAULT": _GPU_MEMS,
-}
-
 
 def _is_torch_tensor(obj: object) -> bool:
     # A tensor can exist only if torch was imported already: never import it here.
@@ -158,64 +91,76 @@ def _msg_bytes(msg: Union[bytes, str, bytearray, memoryview]) -> bytes:
     return bytes(msg)
 
 
-def _index_bytes(indices) -> bytes:
-    if _is_ndarray(indices):
-        return indices.astype("<i8", copy=False).tobytes()
-    packed = array("q", indices)
-    if sys.byteorder != "little":
-        packed.byteswap()
-    return packed.tobytes()
-
-
-class _BadDescriptors(nixlInvalidParamError, TypeError):
-    """Descriptors in a form the API does not take (NIXL's bindings raise TypeError)."""
-
-
-class _BadArgument(nixlInvalidParamError, TypeError):
-    """An argument of the wrong type (NIXL's bindings raise TypeError)."""
-
-
-
+# Opaque handle for backend can be just int, as it's not passed to the user (NIXL).
 nixl_backend_handle = int
 
 
-class _Releasable:
-    """A handle of the Rust core that ``release()`` frees, and garbage collection too."""
+class nixl_prepped_dlist_handle:
+    """A prepared descriptor list (from ``prep_xfer_dlist``): the low-level agent's int
+    ``_handle``. ``release()`` frees it; garbage collection does too."""
 
     __slots__ = ("_handle", "_agent", "_released")
 
-    def __init__(self, agent, value):
-        self._handle = value
+    def __init__(self, agent, value: int):
+        self._handle = int(value)
         self._agent = agent
         self._released = False
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(0x{id(self._handle):x}, released={self._released})"
+        return f"nixl_prepped_dlist_handle(0x{self._handle:x}, released={self._released})"
 
     def release(self):
         if not self._released:
-            self._handle.release()
+            self._agent.releasedDlistH(self._handle)
             self._released = True
 
     def __del__(self):
-        try:
-            self.release()
-        except Exception:  # pragma: no cover - finalizers must not raise
-            pass
+        if not self._released:
+            try:
+                self.release()
+            except Exception:  # pragma: no cover - finalizers must not raise
+                pass
 
 
-class nixl_prepped_dlist_handle(_Releasable):
-    """A prepared descriptor list (from ``prep_xfer_dlist``). ``release()`` frees it;
-    garbage collection does too."""
+class nixl_xfer_handle:
+    """A transfer request (from ``make_prepped_xfer`` or ``initialize_xfer``): the
+    low-level agent's int ``_handle``. ``release()`` frees it (canceling it if in
+    flight); garbage collection does too."""
 
-    __slots__ = ()
+    __slots__ = ("_handle", "_agent", "_released", "_req")
+
+    def __init__(self, agent, value: int):
+        self._handle = int(value)
+        self._agent = agent
+        self._released = False
+        # The request behind the int: transfer() and check_xfer_state() reach it without
+        # a lookup (they do what postXferReq / getXferStatus do).
+        self._req = agent._request(self._handle)
+
+    def __repr__(self) -> str:
+        return f"nixl_xfer_handle(0x{self._handle:x}, released={self._released})"
+
+    def release(self):
+        if not self._released:
+            self._agent.releaseXferReq(self._handle)
+            self._released = True
+
+    def __del__(self):
+        if not self._released:
+            try:
+                self.release()
+            except Exception:  # pragma: no cover - finalizers must not raise
+                pass
 
 
-class nixl_xfer_handle(_Releasable):
-    """A transfer request (from ``make_prepped_xfer`` or ``initialize_xfer``).
-    ``release()`` frees it (canceling it if in flight); garbage collection does too."""
+class nixl_thread_sync_t(Enum):
+    """Thread synchronization modes (NIXL's: members whose values are the bindings'
+    ``nixl_thread_sync_t``)."""
 
-    __slots__ = ()
+    NIXL_THREAD_SYNC_NONE = nixlBind.NIXL_THREAD_SYNC_NONE
+    NIXL_THREAD_SYNC_STRICT = nixlBind.NIXL_THREAD_SYNC_STRICT
+    NIXL_THREAD_SYNC_RW = nixlBind.NIXL_THREAD_SYNC_RW
+    NIXL_THREAD_SYNC_DEFAULT = nixlBind.NIXL_THREAD_SYNC_DEFAULT
 
 
 class nixl_agent_config:
@@ -224,11 +169,13 @@ class nixl_agent_config:
     Args:
         enable_prog_thread: backends progress transfers on their own threads.
         enable_listen_thread: start the metadata listener (peers push/fetch metadata).
-        listen_port: the listener's port.
-        capture_telemetry: keep per-transfer telemetry (``get_xfer_telemetry``).
+        listen_port: the listener's port (0: any free port).
+        capture_telemetry: keep per-transfer telemetry (``get_xfer_telemetry``);
+            ``NIXL_TELEMETRY_ENABLE`` overrides it either way.
         num_threads: accepted for compatibility (our backends size their own threads).
         backends: backends to create; ``UCX`` means ``LIBFABRIC``.
-        sync_mode: accepted for compatibility (the agent is always thread-safe).
+        sync_mode: a ``nixl_thread_sync_t``; None picks NIXL's default (STRICT with a
+            listener, else NONE). Recorded; the agent is thread-safe at every level.
     """
 
     def __init__(
@@ -258,7 +205,8 @@ class nixl_agent:
     """A transfer agent: backends, registrations, metadata, transfers, notifications.
 
     Args:
-        agent_name: the agent's name (peers address it by this name).
+        agent_name: the agent's name (peers address it by this name; ``ValueError`` if
+            empty).
         nixl_conf: configuration; defaults to ``nixl_agent_config()``.
         instantiate_all: create every available backend (ignored when a config is given).
     """
@@ -276,21 +224,29 @@ class nixl_agent:
             )
         if not nixl_conf:
             nixl_conf = nixl_agent_config()
-        self._conf = nixl_conf
-        self._telemetry = bool(nixl_conf.capture_telemetry)
-        self.agent = _core.Agent(
-            agent_name,
-            progress_thread=bool(nixl_conf.enable_pthread),
-            listen_port=int(nixl_conf.port) if nixl_conf.enable_listen else None,
+
+        default_sync_mode = (
+            nixl_thread_sync_t.NIXL_THREAD_SYNC_STRICT
+            if nixl_conf.enable_listen
+            else nixl_thread_sync_t.NIXL_THREAD_SYNC_NONE
         )
+        agent_config = nixlBind.nixlAgentConfig()
+        agent_config.useProgThread = nixl_conf.enable_pthread
+        agent_config.useListenThread = nixl_conf.enable_listen
+        agent_config.listenPort = nixl_conf.port
+        agent_config.syncMode = (nixl_conf.sync_mode or default_sync_mode).value
+        agent_config.pthrDelay = 0
+        agent_config.lthrDelay = 100000
+        agent_config.captureTelemetry = nixl_conf.capture_telemetry
+        # Looked up on the module at each call, as NIXL does (tests replace it).
+        self.agent = nixlBind.nixlAgent(agent_name, agent_config)
+
         self.name = agent_name
         self.notifs: Dict[str, List[bytes]] = {}
         self.backends: Dict[str, nixl_backend_handle] = {}
         self.backend_mems: Dict[str, List[str]] = {}
         self.backend_options: Dict[str, Dict[str, str]] = {}
-        # key in self.backends -> the name the core (and peers) know it by
-        self._backend_names: Dict[str, str] = {}
-        self.plugin_list: List[str] = list(_core.Agent.available_backends())
+        self.plugin_list: List[str] = self.agent.getAvailPlugins()
         self.plugin_b_options: Dict[str, Dict[str, str]] = {}
         self.plugin_mem_types: Dict[str, List[str]] = {}
         # Live device handles by their int (release_mem_view / release_gpu_xfer_req
@@ -303,28 +259,22 @@ class nixl_agent:
         if instantiate_all:
             wanted = [p for p in self.plugin_list if p != "FAULT"]
         for bknd in wanted:
-            name = _ALIASES.get(bknd, bknd)
-            if name != bknd:
-                logger.info(
-                    "Backend %s is NIXL's; this agent uses %s, its backend for peers, instead.",
-                    bknd,
-                    name,
-                )
-            if name in self.backends:
-                continue
+            name = BACKEND_ALIASES.get(bknd, bknd)
             if name not in self.plugin_list:
                 logger.warning(
                     "Skipping backend registration %s due to the missing plugin.", bknd
                 )
                 continue
+            if self._backend_key(bknd) is not None:
+                continue  # e.g. ["UCX", "LIBFABRIC"]: one backend
             if instantiate_all:
                 # Best effort, as NIXL: a backend without its hardware is skipped.
                 try:
-                    self.create_backend(name)
+                    self.create_backend(bknd)
                 except nixlBind.nixlError as e:
                     logger.info("Backend %s not instantiated: %s", name, e)
             else:
-                self.create_backend(name)
+                self.create_backend(bknd)
 
         self.nixl_mems = {
             "DRAM": nixlBind.DRAM_SEG,
@@ -340,17 +290,37 @@ class nixl_agent:
 
     # --- backends ------------------------------------------------------------------
 
-    def _core_backend(self, name: str) -> str:
-        """The core's name for a backend named by the user (``UCX`` -> ``LIBFABRIC``)."""
-        key = name if name in self.backends else _ALIASES.get(name, name)
-        if key not in self.backends:
-            raise KeyError(name)
-        return self._backend_names[key]
+    def _backend_key(self, name: str) -> Optional[str]:
+        """The key in ``self.backends`` of a backend named by the user: its own name, or
+        the other name of an aliased one (``UCX`` <-> ``LIBFABRIC``); None if absent."""
+        if name in self.backends:
+            return name
+        target = BACKEND_ALIASES.get(name, name)
+        for key in self.backends:
+            if BACKEND_ALIASES.get(key, key) == target:
+                return key
+        return None
 
-    def _core_backends(self, backends: List[str]) -> Optional[List[str]]:
-        if not backends:
-            return None
-        return [self._core_backend(b) for b in backends]
+    def _handles(self, backends: List[str]) -> List[int]:
+        """Backend handles of names (``KeyError`` for one not created, as NIXL)."""
+        out = []
+        for name in backends:
+            key = self._backend_key(name)
+            if key is None:
+                raise KeyError(name)
+            out.append(self.backends[key])
+        return out
+
+    def _load_plugin_params(self, plugin: str):
+        if BACKEND_ALIASES.get(plugin, plugin) not in self.plugin_list:
+            return
+        try:
+            options, mems = self.agent.getPluginParams(plugin)
+        except nixlBind.nixlError:
+            logger.warning("Failed to load params for plugin %s", plugin, exc_info=True)
+            return
+        self.plugin_b_options[plugin] = options
+        self.plugin_mem_types[plugin] = mems
 
     def get_plugin_list(self) -> List[str]:
         """Names of the backends this build can create."""
@@ -358,52 +328,48 @@ class nixl_agent:
 
     def get_plugin_mem_types(self, backend: str) -> List[str]:
         """Memory types a backend can register (before creating it)."""
-        backend = _ALIASES.get(backend, backend)
-        if backend not in self.plugin_list:
+        if backend not in self.plugin_mem_types:
+            self._load_plugin_params(backend)
+        if backend not in self.plugin_mem_types:
             logger.warning(
                 "Plugin %s is not available to get its supported mem types.", backend
             )
             return []
-        return list(_PLUGIN_MEMS.get(backend, []))
+        return self.plugin_mem_types[backend]
 
     def get_plugin_params(self, backend: str) -> Dict[str, str]:
         """Parameters a backend takes, with their defaults (option name -> default)."""
-        backend = _ALIASES.get(backend, backend)
-        if backend not in self.plugin_list:
+        if backend not in self.plugin_b_options:
+            self._load_plugin_params(backend)
+        if backend not in self.plugin_b_options:
             logger.warning("Plugin %s is not available to get its parameters.", backend)
             return {}
-        return dict(_PLUGIN_PARAMS.get(backend, {}))
+        return self.plugin_b_options[backend]
 
     def get_backend_mem_types(self, backend: str) -> List[str]:
         """Memory types a created backend registers."""
-        key = backend if backend in self.backend_mems else _ALIASES.get(backend, backend)
-        if key in self.backend_mems:
+        key = self._backend_key(backend)
+        if key is not None:
             return self.backend_mems[key]
         logger.warning("Backend %s not instantiated to get its supported mem types.", backend)
         return []
 
     def get_backend_params(self, backend: str) -> Dict[str, str]:
         """Parameters a created backend was made with (defaults filled in)."""
-        key = backend if backend in self.backend_options else _ALIASES.get(backend, backend)
-        if key in self.backend_options:
+        key = self._backend_key(backend)
+        if key is not None:
             return self.backend_options[key]
         logger.warning("Backend %s not instantiated to get its parameters.", backend)
         return {}
 
     def create_backend(self, backend: str, initParams: Dict[str, str] = {}):  # noqa: B006
-        """Creates a backend with string parameters (see ``get_plugin_params``)."""
-        name = _ALIASES.get(backend, backend)
-        if name != backend:
-            logger.info("Backend %s is NIXL's; creating %s instead.", backend, name)
-        params = {str(k): str(v) for k, v in initParams.items()}
-        core_name, mems = self.agent.create_backend(name, params)
-        self.backends[name] = len(self._backend_names) + 1
-        self._backend_names[name] = core_name
-        self.backend_mems[name] = list(mems)
-        options = dict(_PLUGIN_PARAMS.get(name, {}))
-        options.update(params)
-        self.backend_options[name] = options
-        logger.info("Backend %s was instantiated", name)
+        """Creates a backend with string parameters (see ``get_plugin_params``); it is
+        known by the name given (``UCX`` creates ``LIBFABRIC``, known as ``UCX``)."""
+        self.backends[backend] = self.agent.createBackend(backend, initParams)
+        options, mems = self.agent.getBackendParams(self.backends[backend])
+        self.backend_mems[backend] = mems
+        self.backend_options[backend] = options
+        logger.info("Backend %s was instantiated", backend)
 
     # --- memory --------------------------------------------------------------------
 
@@ -418,9 +384,7 @@ class nixl_agent:
         reg_descs = self.get_reg_descs(reg_list, mem_type)
         if reg_descs is None:
             raise _BadDescriptors("register_memory: descriptors in a form it does not take")
-        self.agent.register(
-            reg_descs._core_kind(), reg_descs._packed_bytes(), self._core_backends(backends)
-        )
+        self.agent.registerMem(reg_descs, self._handles(backends))
         return reg_descs
 
     def deregister_memory(self, dereg_list: nixlRegDList, backends: List[str] = []):  # noqa: B006
@@ -429,9 +393,7 @@ class nixl_agent:
         from every backend that holds it."""
         if not isinstance(dereg_list, nixlRegDList):
             raise _BadDescriptors("deregister_memory takes the list register_memory returned")
-        self.agent.deregister(
-            dereg_list._core_kind(), dereg_list._packed_bytes(), self._core_backends(backends)
-        )
+        self.agent.deregisterMem(dereg_list, self._handles(backends))
 
     def query_memory(
         self, reg_list, backend: str, mem_type: Optional[str] = None
@@ -441,19 +403,16 @@ class nixl_agent:
         reg_descs = self.get_reg_descs(reg_list, mem_type)
         if reg_descs is None:
             raise _BadDescriptors("query_memory: descriptors in a form it does not take")
-        try:
-            core = self._core_backend(backend)
-        except KeyError:
+        key = self._backend_key(backend)
+        if key is None:
             raise ValueError(
                 f"Backend '{backend}' not found. Available backends: {list(self.backends.keys())}"
-            ) from None
-        return self.agent.query_mem(reg_descs._core_kind(), reg_descs._packed_bytes(), core)
+            )
+        return self.agent.queryMem(reg_descs, self.backends[key])
 
     def make_connection(self, remote_agent: str, backends: List[str] = []):  # noqa: B006
         """Connections are made when the peer's metadata is loaded: this checks it is."""
-        self._core_backends(backends)
-        if not self.agent.has_remote(remote_agent, 0, b""):
-            raise nixlNotFoundError(f"no metadata of remote agent '{remote_agent}' is loaded")
+        self.agent.makeConnection(remote_agent, self._handles(backends))
 
     # --- transfers -----------------------------------------------------------------
 
@@ -466,38 +425,29 @@ class nixl_agent:
     ) -> nixl_prepped_dlist_handle:
         """Validates a descriptor list once, for many transfers by index.
         ``agent_name`` is ``"NIXL_INIT_AGENT"`` (or ``""``) for local memory, a peer's
-        name for its memory, or this agent's own name for loopback."""
-        self._core_backends(backends)
-        if _is_ndarray(xfer_list) and xfer_list.ndim == 2 and xfer_list.shape[1] == 5:
+        name for its memory, or this agent's own name for loopback. An N x 5 numpy array
+        is a strided list: rows ``(addr, len, dev_id, stride, count)``, ``count`` blocks
+        each (needs ``mem_type``)."""
+        is_strided = _is_ndarray(xfer_list) and xfer_list.ndim == 2 and xfer_list.shape[1] == 5
+        if agent_name in ("NIXL_INIT_AGENT", ""):
+            agent_name = nixlBind.NIXL_INIT_AGENT
+        handles = self._handles(backends)
+        if is_strided:
             if mem_type is None:
                 raise ValueError("Please specify a mem type for strided descriptors")
-            descs = nixlXferDList(self.nixl_mems[mem_type], _expand_strided(xfer_list))
+            handle = self.agent.prepXferDlist(
+                agent_name, self.nixl_mems[mem_type], xfer_list, handles
+            )
         else:
             descs = self.get_xfer_descs(xfer_list, mem_type)
-        if descs is None:
-            raise _BadDescriptors("prep_xfer_dlist: descriptors in a form it does not take")
-        local = agent_name in ("NIXL_INIT_AGENT", "")
-        handle = self.agent.prep_xfer_dlist(
-            None if local else agent_name, descs._core_kind(), descs._packed_bytes()
-        )
+            if descs is None:
+                raise _BadDescriptors("prep_xfer_dlist: descriptors in a form it does not take")
+            handle = self.agent.prepXferDlist(agent_name, descs, handles)
         return nixl_prepped_dlist_handle(self.agent, handle)
 
     def estimate_xfer_cost(self, req_handle: nixl_xfer_handle):
-        """Not provided by our backends."""
-        raise nixlNotSupportedError("no backend of this agent estimates transfer costs")
-
-    def _make(self, build, backends: List[str]) -> nixl_xfer_handle:
-        names = self._core_backends(backends)
-        if not names:
-            return nixl_xfer_handle(self.agent, build(None))
-        # NIXL picks among the backends given; ours tries them in the order given.
-        last = None
-        for name in names:
-            try:
-                return nixl_xfer_handle(self.agent, build(name))
-            except nixlBind.nixlError as e:
-                last = e
-        raise last
+        """Not provided by our backends (``nixlNotSupportedError``)."""
+        return self.agent.estimateXferCost(getattr(req_handle, "_handle", 0))
 
     def make_prepped_xfer(
         self,
@@ -513,21 +463,17 @@ class nixl_agent:
         """A transfer from prepared lists by index: ``local_indices[i]`` moves to/from
         ``remote_indices[i]``. ``operation`` is ``"WRITE"`` or ``"READ"``."""
         op = self.nixl_ops[operation]
-        notif = _msg_bytes(notif_msg) if notif_msg else None
-        lidx = _index_bytes(local_indices)
-        ridx = _index_bytes(remote_indices)
-        return self._make(
-            lambda b: self.agent.make_xfer_req(
-                op.name[5:],
-                local_xfer_side._handle,
-                lidx,
-                remote_xfer_side._handle,
-                ridx,
-                notif,
-                b,
-            ),
-            backends,
+        handle = self.agent.makeXferReq(
+            op,
+            local_xfer_side._handle,
+            local_indices,
+            remote_xfer_side._handle,
+            remote_indices,
+            notif_msg,
+            self._handles(backends),
+            skip_desc_merge,
         )
+        return nixl_xfer_handle(self.agent, handle)
 
     def initialize_xfer(
         self,
@@ -544,45 +490,30 @@ class nixl_agent:
         remote = self.get_xfer_descs(remote_descs)
         if local is None or remote is None:
             raise _BadDescriptors("initialize_xfer takes lists from get_xfer_descs")
-        notif = _msg_bytes(notif_msg) if notif_msg else None
-        return self._make(
-            lambda b: self.agent.create_xfer_req(
-                op.name[5:],
-                local._core_kind(),
-                local._packed_bytes(),
-                remote._core_kind(),
-                remote._packed_bytes(),
-                remote_agent,
-                notif,
-                b,
-            ),
-            backends,
+        handle = self.agent.createXferReq(
+            op, local, remote, remote_agent, notif_msg, self._handles(backends)
         )
+        return nixl_xfer_handle(self.agent, handle)
 
     def transfer(self, handle: nixl_xfer_handle, notif_msg: bytes = b"") -> str:
         """Posts a transfer: ``"DONE"`` if it completed within the call, else ``"PROC"``.
         A non-empty ``notif_msg`` replaces the request's notification from now on."""
-        if notif_msg:
-            return handle._handle.post(_msg_bytes(notif_msg))
-        return handle._handle.post()
+        return handle._req.post(_msg_bytes(notif_msg) if notif_msg else None)
 
     def check_xfer_state(self, handle: nixl_xfer_handle) -> str:
         """``"DONE"`` or ``"PROC"``; a failed transfer raises (e.g.
         ``nixlRemoteDisconnectError``) and is spent."""
-        return handle._handle.status()
+        return handle._req.status()
 
     def get_xfer_telemetry(self, handle: nixl_xfer_handle) -> nixlXferTelemetry:
-        """Telemetry of the last post (needs ``capture_telemetry=True``)."""
-        if not self._telemetry:
-            raise nixlNoTelemetryError(
-                "NIXL_ERR_NO_TELEMETRY: create the agent with capture_telemetry=True"
-            )
-        return nixlXferTelemetry(*handle._handle.telemetry())
+        """Telemetry of the last post (needs telemetry on: ``capture_telemetry=True`` or
+        ``NIXL_TELEMETRY_ENABLE=y``)."""
+        return self.agent.getXferTelemetry(handle._handle)
 
     def query_xfer_backend(self, handle: nixl_xfer_handle) -> str:
-        """The backend chosen for a transfer."""
-        core = handle._handle.backend
-        return next((k for k, v in self._backend_names.items() if v == core), core)
+        """The backend chosen for a transfer (by the name it was created as)."""
+        b_handle = self.agent.queryXferBackend(handle._handle)
+        return next(name for name, h in self.backends.items() if h == b_handle)
 
     def release_xfer_handle(self, handle: nixl_xfer_handle):
         """Releases a transfer (one in flight is canceled)."""
@@ -611,10 +542,6 @@ class nixl_agent:
             )
         raise _BadArgument(f"{what} takes a {cls.__name__} or its int, not {type(handle).__name__}")
 
-    def _device_backends(self, backends) -> List[Optional[str]]:
-        names = self._core_backends(list(backends or []))
-        return names if names else [None]
-
     def prep_mem_view(
         self,
         dlist: Union[nixlXferDList, nixlRemoteDList],
@@ -629,33 +556,9 @@ class nixl_agent:
         others raise ``nixlNotSupportedError``. Returns a handle object (NIXL returns an
         int): pass ``handle.kernel_arg`` (or ``handle.raw``) to kernels; it is released
         by ``release_mem_view`` or when collected."""
-        if isinstance(dlist, nixlRemoteDList):
-            agents = sorted(set(dlist.agents()))
-            if len(agents) != 1 or not agents[0]:
-                raise nixlInvalidParamError(
-                    "prep_mem_view: a remote list's descriptors must all name one agent "
-                    f"(got {agents})"
-                )
-            agent: Optional[str] = agents[0]
-        elif isinstance(dlist, nixlXferDList):
-            agent = None
-        else:
-            raise _BadDescriptors(
-                "prep_mem_view takes a nixlXferDList (local memory) or a nixlRemoteDList "
-                f"(from get_remote_descs), not {type(dlist).__name__}"
-            )
-        if dlist.isEmpty():
-            raise nixlInvalidParamError("prep_mem_view: a memory view needs at least one descriptor")
-        kind, packed = dlist._core_kind(), dlist._packed_bytes()
-        last = None
-        for name in self._device_backends(backends):
-            try:
-                core = self.agent.prep_mem_view(agent, kind, packed, name)
-            except nixlBind.nixlError as e:
-                last = e
-                continue
-            return self._device_handle(nixl_mem_view_handle, core)
-        raise last
+        handles = self._handles(list(backends or []))
+        core = self.agent._try_backends(lambda b: self.agent._mem_view_core(dlist, b), handles)
+        return self._device_handle(nixl_mem_view_handle, core)
 
     def release_mem_view(self, mvh: Union[nixl_mem_view_handle, int]) -> None:
         """Releases a memory view (the handle, or its int). Only after the kernels using
@@ -675,7 +578,7 @@ class nixl_agent:
             raise _BadArgument(
                 f"create_gpu_xfer_req takes a nixl_xfer_handle, not {type(req_hndl).__name__}"
             )
-        core = req_hndl._handle.create_gpu_xfer_req()
+        core = req_hndl._req.core.create_gpu_xfer_req()
         return self._device_handle(nixl_gpu_xfer_req_handle, core)
 
     def release_gpu_xfer_req(self, gpu_req_hndl: Union[nixl_gpu_xfer_req_handle, int]) -> None:
@@ -687,7 +590,7 @@ class nixl_agent:
     def get_gpu_signal_size(self, backends: List[str] = []) -> int:  # noqa: B006
         """Bytes of a signal word for ``nixlGpuPostSignalXferReq`` (NIXL's
         ``getGpuSignalSize``): 8."""
-        self._core_backends(backends)
+        self._handles(backends)
         return _device.GPU_SIGNAL_SIZE
 
     def prep_gpu_signal(
@@ -700,7 +603,7 @@ class nixl_agent:
         ``get_gpu_signal_size()`` bytes of each descriptor, which must be VRAM, 8-byte
         aligned and at least that long (``nixlInvalidParamError`` otherwise). Takes
         what ``register_memory`` or ``get_xfer_descs`` take."""
-        self._core_backends(backends)
+        self._handles(backends)
         descs = _any_descs(self, signal_descs, mem_type)
         if descs is None:
             raise _BadDescriptors("prep_gpu_signal: descriptors in a form it does not take")
@@ -743,8 +646,7 @@ class nixl_agent:
 
     def get_new_notifs(self, backends: List[str] = []) -> Dict[str, List[bytes]]:  # noqa: B006
         """Notifications received since the last call: ``{sender: [message, ...]}``."""
-        self._core_backends(backends)
-        return self.agent.get_notifs()
+        return self.agent.getNotifs({}, self._handles(backends))
 
     def wait_new_notifs(
         self, timeout: float, backends: List[str] = []  # noqa: B006
@@ -752,14 +654,12 @@ class nixl_agent:
         """``get_new_notifs`` that blocks until at least one notification arrived or
         ``timeout`` seconds passed (then ``{}``), without using the CPU while it waits
         (ours: NIXL has no blocking wait; its users poll ``get_new_notifs``)."""
-        self._core_backends(backends)
-        return self.agent.wait_notifs(float(timeout))
+        self._handles(backends)
+        return self.agent._core.wait_notifs(float(timeout))
 
     def update_notifs(self, backends: List[str] = []) -> Dict[str, List[bytes]]:  # noqa: B006
         """Adds new notifications to ``self.notifs`` and returns it (all not yet handled)."""
-        self._core_backends(backends)
-        for sender, msgs in self.agent.get_notifs().items():
-            self.notifs.setdefault(sender, []).extend(msgs)
+        self.notifs = self.agent.getNotifs(self.notifs, self._handles(backends))
         return self.notifs
 
     def check_remote_xfer_done(
@@ -784,15 +684,16 @@ class nixl_agent:
         self, remote_agent_name: str, notif_msg: bytes, backend: Optional[str] = None
     ):
         """Sends a notification not bound to a transfer."""
-        if backend is not None:
-            self._core_backend(backend)
-        self.agent.gen_notif(remote_agent_name, _msg_bytes(notif_msg))
+        if backend is None:
+            self.agent.genNotif(remote_agent_name, notif_msg)
+        else:
+            self.agent.genNotif(remote_agent_name, notif_msg, self._handles([backend]))
 
     # --- metadata ------------------------------------------------------------------
 
     def get_agent_metadata(self) -> bytes:
         """This agent's full metadata (connection information and registrations)."""
-        return self.agent.local_metadata()
+        return self.agent.getLocalMD()
 
     def get_partial_agent_metadata(
         self,
@@ -802,31 +703,20 @@ class nixl_agent:
     ) -> bytes:
         """Metadata of only the registrations covering ``descs`` (may be empty), with
         connection information if ``inc_conn_info``."""
-        self._core_backends(backends)
-        descs = _as_list(descs)
-        return self.agent.partial_metadata(
-            descs._core_kind(), descs._packed_bytes(), bool(inc_conn_info)
-        )
+        return self.agent.getLocalPartialMD(descs, inc_conn_info, self._handles(backends))
 
     def add_remote_agent(self, metadata: bytes) -> bytes:
         """Loads a peer's metadata; returns its name (as bytes, as NIXL does)."""
-        return self.agent.load_remote_metadata(bytes(metadata)).encode()
+        return self.agent.loadRemoteMD(metadata)
 
     def remove_remote_agent(self, agent: str):
         """Forgets a peer and disconnects from it (a no-op for an unknown one, as NIXL)."""
-        self.agent.invalidate_remote(agent)
-
-    @staticmethod
-    def _need_ip(ip_addr: str, what: str) -> None:
-        if not ip_addr:
-            raise nixlNotSupportedError(
-                f"{what}: no central metadata server in this build; pass ip_addr and port"
-            )
+        self.agent.invalidateRemoteMD(agent)
 
     def send_local_metadata(self, ip_addr: str = "", port: int = DEFAULT_COMM_PORT):
-        """Pushes the full metadata to the peer listening at ``ip_addr:port``."""
-        self._need_ip(ip_addr, "send_local_metadata")
-        self.agent.send_local_metadata(ip_addr, int(port))
+        """Pushes the full metadata to the peer listening at ``ip_addr:port`` (there is
+        no central metadata server: ``nixlNoMetadataServerError`` without an IP)."""
+        self.agent.sendLocalMD(ip_addr, port)
 
     def send_partial_agent_metadata(
         self,
@@ -838,11 +728,8 @@ class nixl_agent:
         label: str = "",
     ):
         """Pushes partial metadata (see ``get_partial_agent_metadata``) to a peer."""
-        self._need_ip(ip_addr, "send_partial_agent_metadata")
-        self._core_backends(backends)
-        descs = _as_list(descs)
-        self.agent.send_partial_metadata(
-            descs._core_kind(), descs._packed_bytes(), bool(inc_conn_info), ip_addr, int(port)
+        self.agent.sendLocalPartialMD(
+            descs, inc_conn_info, self._handles(backends), ip_addr, port, label
         )
 
     def fetch_remote_metadata(
@@ -853,28 +740,19 @@ class nixl_agent:
         label: str = "",
     ):
         """Fetches and loads the metadata of the peer listening at ``ip_addr:port``."""
-        self._need_ip(ip_addr, "fetch_remote_metadata")
-        got = self.agent.fetch_remote_metadata(ip_addr, int(port))
-        if got != remote_agent:
-            logger.warning(
-                "fetch_remote_metadata: asked for '%s' at %s:%s, the agent there is '%s'",
-                remote_agent,
-                ip_addr,
-                port,
-                got,
-            )
+        self.agent.fetchRemoteMD(remote_agent, ip_addr, port, label)
 
     def invalidate_local_metadata(self, ip_addr: str = "", port: int = DEFAULT_COMM_PORT):
         """Tells the peer listening at ``ip_addr:port`` to forget this agent."""
-        self._need_ip(ip_addr, "invalidate_local_metadata")
-        self.agent.invalidate_local_metadata(ip_addr, int(port))
+        self.agent.invalidateLocalMD(ip_addr, port)
 
     def check_remote_metadata(self, agent: str, descs: nixlXferDList = None) -> bool:
         """Whether the peer's metadata is loaded (covering ``descs`` if given)."""
         if descs is None:
-            return self.agent.has_remote(agent, 0, b"")
-        descs = _as_list(descs)
-        return self.agent.has_remote(agent, descs._core_kind(), descs._packed_bytes())
+            descs = nixlXferDList(nixlBind.DRAM_SEG)
+        elif isinstance(descs, nixlRegDList):
+            descs = descs.trim()
+        return self.agent.checkRemoteMD(agent, descs) == nixlBind.NIXL_SUCCESS
 
     # --- descriptor lists ----------------------------------------------------------
 
@@ -985,16 +863,3 @@ def _any_descs(agent: "nixl_agent", descs, mem_type: Optional[str]):
             return agent.get_xfer_descs(descs, mem_type)
     return agent.get_reg_descs(descs, mem_type)
 
-
-def _as_list(descs):
-    if isinstance(descs, (nixlRegDList, nixlXferDList)):
-        return descs
-    raise _BadDescriptors("expected a nixlRegDList or nixlXferDList")
-
-
-def _expand_strided(arr):
-    """Rows (addr, len, dev, stride, count) -> (addr + k*stride, len, dev) for k < count."""
-    rows = []
-    for addr, length, dev, stride, count in arr.tolist():
-        rows.extend((int(addr) + k * int(stride), int(length), int(dev)) for k in range(int(count)))
-    return rows

@@ -1,10 +1,19 @@
 """The names of NIXL's ``nixl._bindings`` module, over our Rust core.
 
 Constants keep NIXL's values (``nixl_mem_t.FILE_SEG`` is 4 as in NIXL, whatever the
-core numbers it), the exception classes keep NIXL's names (all subclasses of our
-``nixlError``), and the descriptor lists ``nixlXferDList`` / ``nixlRegDList`` /
+core numbers it; ``nixl_status_t`` has NIXL's status codes), the exception classes keep
+NIXL's names (all subclasses of our ``nixlError``; ``status`` is the NIXL status each
+stands for), and the descriptor lists ``nixlXferDList`` / ``nixlRegDList`` /
 ``nixlRemoteDList`` have the methods of NIXL's (``descCount``, ``getType``, ``append``,
-indexing, pickling).
+``trim``, indexing, pickling). ``nixlAgentConfig`` and the low-level ``nixlAgent``
+(NIXL's camelCase methods, int handles, status returns) are in ``_agent`` and
+re-exported here.
+
+Where NIXL raises a built-in exception for a malformed argument (``ValueError`` for a
+descriptor of the wrong width or an empty agent name, ``TypeError`` for an argument of
+the wrong type, ``IndexError`` for an index out of range), so does this module; where
+such an error is also one of NIXL's statuses, the class raised derives from both (a
+missing descriptor in ``index()`` is a ``nixlNotFoundError`` and a ``ValueError``).
 """
 
 from __future__ import annotations
@@ -42,7 +51,14 @@ HAVE_UCX_GPU_DEVICE_API = False
 HAVE_GPU_DEVICE_API = bool(_core.CUDA)
 
 
-class nixl_mem_t(IntEnum):
+class _NixlEnum(IntEnum):
+    """An IntEnum printed as pybind11 prints NIXL's enums (``nixl_mem_t.DRAM_SEG``)."""
+
+    def __str__(self) -> str:
+        return f"{type(self).__name__}.{self.name}"
+
+
+class nixl_mem_t(_NixlEnum):
     """Memory types, with NIXL's values."""
 
     DRAM_SEG = 0
@@ -69,7 +85,7 @@ _CORE_KIND = {
 # The core's names ("DRAM_SEG", ...) are NIXL's.
 
 
-class nixl_xfer_op_t(IntEnum):
+class nixl_xfer_op_t(_NixlEnum):
     NIXL_READ = 0
     NIXL_WRITE = 1
 
@@ -78,16 +94,107 @@ NIXL_READ = nixl_xfer_op_t.NIXL_READ
 NIXL_WRITE = nixl_xfer_op_t.NIXL_WRITE
 
 
-class nixl_thread_sync_t(IntEnum):
+class nixl_thread_sync_t(_NixlEnum):
+    """NIXL's thread-safety levels of an agent. Ours is thread-safe at every level (see
+    ``nixlAgent``): the level is recorded, and ``NONE`` is upgraded to ``STRICT`` when a
+    listener thread runs, as NIXL does."""
+
     NIXL_THREAD_SYNC_NONE = 0
     NIXL_THREAD_SYNC_STRICT = 1
     NIXL_THREAD_SYNC_RW = 2
+    NIXL_THREAD_SYNC_DEFAULT = 0  # an alias of NONE, as in NIXL
 
 
 NIXL_THREAD_SYNC_NONE = nixl_thread_sync_t.NIXL_THREAD_SYNC_NONE
 NIXL_THREAD_SYNC_STRICT = nixl_thread_sync_t.NIXL_THREAD_SYNC_STRICT
 NIXL_THREAD_SYNC_RW = nixl_thread_sync_t.NIXL_THREAD_SYNC_RW
-NIXL_THREAD_SYNC_DEFAULT = nixl_thread_sync_t.NIXL_THREAD_SYNC_NONE
+NIXL_THREAD_SYNC_DEFAULT = nixl_thread_sync_t.NIXL_THREAD_SYNC_DEFAULT
+
+
+class nixl_status_t(_NixlEnum):
+    """NIXL's status codes: what the low-level ``nixlAgent`` methods return (errors are
+    raised as the exception class of the status instead)."""
+
+    NIXL_IN_PROG = 1
+    NIXL_SUCCESS = 0
+    NIXL_ERR_NOT_POSTED = -1
+    NIXL_ERR_INVALID_PARAM = -2
+    NIXL_ERR_BACKEND = -3
+    NIXL_ERR_NOT_FOUND = -4
+    NIXL_ERR_MISMATCH = -5
+    NIXL_ERR_NOT_ALLOWED = -6
+    NIXL_ERR_REPOST_ACTIVE = -7
+    NIXL_ERR_UNKNOWN = -8
+    NIXL_ERR_NOT_SUPPORTED = -9
+    NIXL_ERR_REMOTE_DISCONNECT = -10
+    NIXL_ERR_CANCELED = -11
+    NIXL_ERR_NO_TELEMETRY = -12
+
+
+NIXL_IN_PROG = nixl_status_t.NIXL_IN_PROG
+NIXL_SUCCESS = nixl_status_t.NIXL_SUCCESS
+NIXL_ERR_NOT_POSTED = nixl_status_t.NIXL_ERR_NOT_POSTED
+NIXL_ERR_INVALID_PARAM = nixl_status_t.NIXL_ERR_INVALID_PARAM
+NIXL_ERR_BACKEND = nixl_status_t.NIXL_ERR_BACKEND
+NIXL_ERR_NOT_FOUND = nixl_status_t.NIXL_ERR_NOT_FOUND
+NIXL_ERR_MISMATCH = nixl_status_t.NIXL_ERR_MISMATCH
+NIXL_ERR_NOT_ALLOWED = nixl_status_t.NIXL_ERR_NOT_ALLOWED
+NIXL_ERR_REPOST_ACTIVE = nixl_status_t.NIXL_ERR_REPOST_ACTIVE
+NIXL_ERR_UNKNOWN = nixl_status_t.NIXL_ERR_UNKNOWN
+NIXL_ERR_NOT_SUPPORTED = nixl_status_t.NIXL_ERR_NOT_SUPPORTED
+NIXL_ERR_REMOTE_DISCONNECT = nixl_status_t.NIXL_ERR_REMOTE_DISCONNECT
+NIXL_ERR_CANCELED = nixl_status_t.NIXL_ERR_CANCELED
+NIXL_ERR_NO_TELEMETRY = nixl_status_t.NIXL_ERR_NO_TELEMETRY
+
+
+class nixl_cost_t(_NixlEnum):
+    """How ``estimateXferCost`` estimated (none of our backends estimates)."""
+
+    NIXL_COST_ANALYTICAL_BACKEND = 0
+
+
+NIXL_COST_ANALYTICAL_BACKEND = nixl_cost_t.NIXL_COST_ANALYTICAL_BACKEND
+
+# The NIXL status each exception class stands for (``e.status``); our two additions
+# are backend errors.
+for _cls, _status in (
+    (nixlNotPostedError, nixl_status_t.NIXL_ERR_NOT_POSTED),
+    (nixlInvalidParamError, nixl_status_t.NIXL_ERR_INVALID_PARAM),
+    (nixlBackendError, nixl_status_t.NIXL_ERR_BACKEND),
+    (nixlNotFoundError, nixl_status_t.NIXL_ERR_NOT_FOUND),
+    (nixlMismatchError, nixl_status_t.NIXL_ERR_MISMATCH),
+    (nixlNotAllowedError, nixl_status_t.NIXL_ERR_NOT_ALLOWED),
+    (nixlRepostActiveError, nixl_status_t.NIXL_ERR_REPOST_ACTIVE),
+    (nixlUnknownError, nixl_status_t.NIXL_ERR_UNKNOWN),
+    (nixlNotSupportedError, nixl_status_t.NIXL_ERR_NOT_SUPPORTED),
+    (nixlRemoteDisconnectError, nixl_status_t.NIXL_ERR_REMOTE_DISCONNECT),
+    (nixlCancelledError, nixl_status_t.NIXL_ERR_CANCELED),
+    (nixlNoTelemetryError, nixl_status_t.NIXL_ERR_NO_TELEMETRY),
+    (nixlError, nixl_status_t.NIXL_ERR_UNKNOWN),
+):
+    _cls.status = _status
+
+
+class nixlEmptyNameError(nixlInvalidParamError, ValueError):
+    """An agent needs a non-empty name (NIXL raises ``ValueError``)."""
+
+
+class nixlDescNotFoundError(nixlNotFoundError, ValueError):
+    """``index()`` of a descriptor the list lacks: NIXL's ``NIXL_ERR_NOT_FOUND``, and the
+    ``ValueError`` of Python's ``list.index``."""
+
+
+class _BadDescriptors(nixlInvalidParamError, TypeError):
+    """Descriptors in a form a call does not take (NIXL's bindings raise TypeError)."""
+
+
+class _BadArgument(nixlInvalidParamError, TypeError):
+    """An argument of the wrong type (NIXL's bindings raise TypeError)."""
+
+
+class nixlNoMetadataServerError(nixlNotSupportedError, nixlInvalidParamError):
+    """A metadata call without an IP address: there is no central metadata server in
+    this build (NIXL without etcd returns ``NIXL_ERR_INVALID_PARAM``)."""
 
 Desc3 = Tuple[int, int, int]
 Desc4 = Tuple[int, int, int, Union[bytes, str]]
@@ -117,6 +224,14 @@ class _DList:
         self._packed: Optional[bytes] = None
         if descs is None:
             return
+        if isinstance(descs, int) and not isinstance(descs, bool):
+            # NIXL's (type, init_size): that many descriptors, here zeroed (NIXL's are
+            # uninitialised), to be filled by index.
+            if descs < 0:
+                raise ValueError(f"init_size must be non-negative, not {descs}")
+            self._words.frombytes(bytes(24 * descs))
+            self._add_meta_defaults(descs)
+            return
         if _is_ndarray(descs):
             self._add_array(descs)
         elif not self._extend_fast(descs):
@@ -128,6 +243,11 @@ class _DList:
         np = sys.modules["numpy"]
         if arr.ndim != 2 or arr.shape[1] != 3:
             raise ValueError("a numpy descriptor array must be N x 3 (addr, len, dev_id)")
+        if arr.dtype.kind not in "iu":
+            raise ValueError(
+                f"a numpy descriptor array must be of an integer type (uint64 or int64), "
+                f"not {arr.dtype}"
+            )
         if arr.size and (arr < 0).any():
             raise ValueError("descriptor fields must be non-negative")
         self._words.frombytes(np.ascontiguousarray(arr, dtype="<u8").tobytes())
@@ -196,11 +316,14 @@ class _DList:
         self._packed = None
 
     def index(self, desc) -> int:
+        """The position of the first descriptor with ``desc``'s (addr, len, dev_id)
+        (NIXL compares those only); ``nixlDescNotFoundError`` (a ``nixlNotFoundError``
+        and a ``ValueError``) when there is none."""
         want = tuple(int(x) for x in desc[:3])
         for i in range(self.descCount()):
             if self._triple(i) == want:
                 return i
-        raise ValueError(f"{desc!r} is not in the list")
+        raise nixlDescNotFoundError(f"NIXL_ERR_NOT_FOUND: {desc!r} is not in the list")
 
     def print(self) -> None:
         print(f"DescList of mem type {int(self._type)}")
@@ -275,6 +398,13 @@ class nixlXferDList(_DList):
 
     __slots__ = ()
 
+    def trim(self) -> "nixlXferDList":
+        """A copy (``nixlRegDList.trim()``'s counterpart: code trimming either kind of
+        list gets a new transfer list, the original unchanged)."""
+        out = nixlXferDList(self._type)
+        out._words = array("Q", self._words)
+        return out
+
 
 class _TaggedDList(_DList):
     """Descriptors with a fourth field per descriptor (``_tag`` converts it)."""
@@ -298,7 +428,7 @@ class _TaggedDList(_DList):
 
     def append(self, desc) -> None:
         super().append(desc)
-        self._meta.append(self._tag(desc[3] if len(desc) == 4 else b""))
+        self._meta.append(self._tag(desc[3]))
 
     addDesc = append
 
@@ -318,7 +448,7 @@ class _TaggedDList(_DList):
     def __setitem__(self, index: int, desc) -> None:
         i = self._norm(index)
         super().__setitem__(i, desc)
-        self._meta[i] = self._tag(desc[3] if len(desc) == 4 else b"")
+        self._meta[i] = self._tag(desc[3])
 
     def __eq__(self, other) -> bool:
         return super().__eq__(other) and self._meta == other._meta
@@ -342,14 +472,12 @@ class nixlRegDList(_TaggedDList):
     def _tag(value) -> bytes:
         return value.encode() if isinstance(value, str) else bytes(value)
 
-    def _check(self, d) -> Desc3:
-        if isinstance(d, (tuple, list)) and len(d) == 3:
-            d = (*d, b"")
-        return super()._check(d)
-
-    def trim(self) -> None:
-        """NIXL's trim() drops per-descriptor metadata it no longer needs."""
-        self._meta = [b""] * self.descCount()
+    def trim(self) -> nixlXferDList:
+        """A new ``nixlXferDList`` of the same memory type holding the descriptors'
+        ``(addr, len, dev_id)`` (their metadata dropped); this list is unchanged."""
+        out = nixlXferDList(self._type)
+        out._words = array("Q", self._words)
+        return out
 
 
 class nixlRemoteDList(_TaggedDList):
@@ -376,7 +504,7 @@ class nixlXferTelemetry:
 
     __slots__ = ("startTime", "postDuration", "xferDuration", "totalBytes", "descCount")
 
-    def __init__(self, startTime, postDuration, xferDuration, totalBytes, descCount):
+    def __init__(self, startTime=0, postDuration=0, xferDuration=0, totalBytes=0, descCount=0):
         self.startTime = startTime
         self.postDuration = postDuration
         self.xferDuration = xferDuration
@@ -391,4 +519,5 @@ class nixlXferTelemetry:
         )
 
 
-nixlAgent = _core.Agent
+# The low-level agent and its configuration (they use the names above).
+from ._agent import nixlAgent, nixlAgentConfig  # noqa: E402,F401  (re-exported)

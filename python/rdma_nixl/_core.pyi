@@ -169,3 +169,21 @@ class Agent:
     def wait_notifs(self, timeout_s: float) -> Dict[str, List[bytes]]:
         """``get_notifs`` that blocks (GIL released) until a notification or the timeout."""
     def shutdown(self) -> None: ...
+
+class TelemetryRing:
+    """NIXL's telemetry ring file (``sharedRingBuffer<nixlTelemetryEvent>``): a 40-byte
+    header, then ``capacity`` 16-byte events; one producer, readers advance ``read_pos``."""
+
+    def __init__(self, path: str, capacity: int, version: int) -> None:
+        """Creates (or recreates, emptied) the file; ``capacity`` a power of two."""
+    def push(self, event_type: int, value: int) -> bool:
+        """Appends an event; False when the ring is full or closed (dropped)."""
+    def push_many(self, events: List[Tuple[int, int]]) -> int:
+        """Appends events in order; returns how many fit."""
+    def __len__(self) -> int: ...
+    def close(self) -> None:
+        """Unmaps the file; later pushes drop their events."""
+    @property
+    def path(self) -> str: ...
+    @property
+    def capacity(self) -> int: ...

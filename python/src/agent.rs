@@ -9,11 +9,11 @@ use crate::device::GpuHandle;
 use crate::errors::{nixlInvalidParamError, nixlNotFoundError, IntoPyResult};
 use crate::xfer::{Dlist, Xfer};
 use nixl::{Agent as RustAgent, AgentConfig, BackendParams, Desc, DescList, MemKind, XferOp};
+use parking_lot::Mutex;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 use std::collections::HashMap;
 use std::net::{SocketAddr, ToSocketAddrs};
-use std::sync::Mutex;
 use std::time::Duration;
 
 /// One registered descriptor, as `deregister_memory` names it again.
@@ -196,7 +196,7 @@ impl Agent {
             },
         );
         let done = done.py_err()?;
-        let mut regs = self.regs.lock().unwrap_or_else(|p| p.into_inner());
+        let mut regs = self.regs.lock();
         for (key, handle) in done {
             regs.entry(key).or_default().push(handle);
         }
@@ -218,7 +218,7 @@ impl Agent {
         let kind = list.kind();
         let mut released = Vec::with_capacity(list.len());
         {
-            let mut regs = self.regs.lock().unwrap_or_else(|p| p.into_inner());
+            let mut regs = self.regs.lock();
             // Count first, so that a missing descriptor changes nothing.
             let mut wanted: HashMap<RegKey, usize> = HashMap::new();
             for (index, desc) in list.descs().iter().enumerate() {

@@ -9,11 +9,11 @@
 
 use crate::errors::{nixlInvalidParamError, IntoPyResult};
 use nixl::device::RawGpuHandle;
+use parking_lot::Mutex;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 use std::any::Any;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
 
 /// Size of the kernel argument in bytes.
 pub const RAW_SIZE: usize = std::mem::size_of::<RawGpuHandle>();
@@ -79,10 +79,7 @@ impl GpuHandle {
     }
 
     fn is_released(&self) -> bool {
-        self.owner
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .is_none()
+        self.owner.lock().is_none()
     }
 }
 
@@ -158,7 +155,7 @@ impl GpuHandle {
     /// Releases the handle (idempotent): kernels using its bytes afterwards get
     /// `NIXL_ERR_INVALID_PARAM`. Must not run while a kernel that uses it still runs.
     fn release(&self, py: Python<'_>) {
-        let taken = self.owner.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let taken = self.owner.lock().take();
         // Releasing writes the slot's generation on the GPU: without the GIL.
         py.detach(|| drop(taken));
     }

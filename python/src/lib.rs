@@ -1,16 +1,19 @@
 //! `rdma_nixl._core`: the Rust side of the `rdma_nixl` Python package.
 //!
 //! The classes here ([`agent::Agent`], [`xfer::Dlist`], [`xfer::Xfer`],
-//! [`device::GpuHandle`]) are thin wrappers over the `nixl` crate; `rdma_nixl/_api.py`
-//! builds NIXL's Python API (`nixl_agent`, `nixl_agent_config`) on them, with NIXL's
-//! signatures, defaults and return values, and `rdma_nixl/device.py` the device API's
-//! helpers (headers, compile options, kernel arguments). Errors are raised as NIXL's
-//! exception classes ([`errors`]).
+//! [`device::GpuHandle`]) are thin wrappers over the `nixl` crate;
+//! `rdma_nixl/_agent.py` builds NIXL's low-level `nixlAgent` (camelCase methods, int
+//! handles) on them and `rdma_nixl/_api.py` NIXL's Python API (`nixl_agent`,
+//! `nixl_agent_config`) on that, with NIXL's signatures, defaults and return values;
+//! `rdma_nixl/device.py` has the device API's helpers (headers, compile options, kernel
+//! arguments). [`telemetry::TelemetryRing`] writes NIXL's telemetry ring file. Errors
+//! are raised as NIXL's exception classes ([`errors`]).
 
 mod agent;
 mod descs;
 mod device;
 mod errors;
+mod telemetry;
 mod xfer;
 
 use pyo3::prelude::*;
@@ -21,6 +24,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<xfer::Dlist>()?;
     m.add_class::<xfer::Xfer>()?;
     m.add_class::<device::GpuHandle>()?;
+    m.add_class::<telemetry::TelemetryRing>()?;
     m.add_function(wrap_pyfunction!(device::prep_gpu_signal, m)?)?;
     m.add_function(wrap_pyfunction!(device::gpu_arch, m)?)?;
     m.add_function(wrap_pyfunction!(device::_test_gpu_handle, m)?)?;

@@ -7,8 +7,9 @@
 use crate::device::GpuHandle;
 use crate::errors::{nixlInvalidParamError, IntoPyResult};
 use nixl::{PostParams, XferDlist, XferReq, XferStatus};
+use parking_lot::{Mutex, MutexGuard};
 use pyo3::prelude::*;
-use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::sync::OnceLock;
 use std::time::Instant;
 
 /// A list prepared by `prep_xfer_dlist` (NIXL's `nixlDlistH`).
@@ -27,7 +28,7 @@ impl Dlist {
 
     /// The list, or an error once released.
     pub(crate) fn lock(&self) -> PyResult<MutexGuard<'_, Option<XferDlist>>> {
-        let guard = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let guard = self.inner.lock();
         if guard.is_none() {
             return Err(nixlInvalidParamError::new_err(
                 "the prepared descriptor list was released",
@@ -41,26 +42,19 @@ impl Dlist {
 impl Dlist {
     /// Frees the list (idempotent).
     fn release(&self) {
-        let taken = self.inner.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let taken = self.inner.lock().take();
         drop(taken);
     }
 
     /// Whether `release` was called.
     #[getter]
     fn released(&self) -> bool {
-        self.inner
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .is_none()
+        self.inner.lock().is_none()
     }
 
     /// Number of descriptors (0 once released).
     fn __len__(&self) -> usize {
-        self.inner
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .as_ref()
-            .map_or(0, XferDlist::len)
+        self.inner.lock().as_ref().map_or(0, XferDlist::len)
     }
 }
 
@@ -91,7 +85,7 @@ impl Xfer {
         // Posting issues the operations and a status poll may progress the transport
         // (no progress thread): both run without the GIL so other Python threads move on.
         py.detach(|| {
-            let mut guard = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+            let mut guard = self.inner.lock();
             match guard.as_mut() {
                 Some(req) => Ok(f(req)),
                 None => Err(()),
@@ -154,10 +148,13 @@ impl Xfer {
     }
 
     /// `(start_us, post_duration_us, xfer_duration_us, total_bytes, desc_count)` of the
-    /// last post; durations not yet known are 0.
+    /// last post; durations not yet known are 0. Durations are rounded up to whole
+    /// microseconds (NIXL's unit), so a post that took any time never reads as 0.
     fn telemetry(&self, py: Python<'_>) -> PyResult<(u64, u64, u64, u64, u64)> {
         self.with(py, |req| Ok(req.telemetry())).map(|t| {
-            let micros = |d: std::time::Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+            let micros = |d: std::time::Duration| {
+                u64::try_from(d.as_nanos().div_ceil(1000)).unwrap_or(u64::MAX)
+            };
             (
                 t.post_time.map_or(0, micros_since_origin),
                 micros(t.post_duration),
@@ -180,7 +177,7 @@ impl Xfer {
     /// Releases the request (idempotent); one in flight is canceled.
     fn release(&self, py: Python<'_>) {
         py.detach(|| {
-            let taken = self.inner.lock().unwrap_or_else(|p| p.into_inner()).take();
+            let taken = self.inner.lock().take();
             drop(taken);
         });
     }
@@ -188,9 +185,6 @@ impl Xfer {
     /// Whether `release` was called.
     #[getter]
     fn released(&self) -> bool {
-        self.inner
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .is_none()
+        self.inner.lock().is_none()
     }
 }

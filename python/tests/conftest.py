@@ -19,17 +19,26 @@ import pytest
 IMPL = os.environ.get("NIXL_PY_IMPL", "ours")
 
 
-def load_api():
+def load_module(name: str = "_api"):
+    """The implementation's module ``name`` (``_api``, ``_bindings``, ``_utils``,
+    ``logging``): ``rdma_nixl.<name>``, or NIXL's ``nixl.<name>`` (``nixl_cu12`` /
+    ``nixl_cu13`` where only the CUDA-specific wheel is installed)."""
     if IMPL == "ours":
-        return importlib.import_module("rdma_nixl._api")
+        return importlib.import_module(f"rdma_nixl.{name}")
     if IMPL == "nixl":
-        for name in ("nixl._api", "nixl_cu12._api", "nixl_cu13._api"):
+        for package in ("nixl", "nixl_cu12", "nixl_cu13"):
             try:
-                return importlib.import_module(name)
+                module = importlib.import_module(f"{package}.{name}")
             except ImportError:
                 continue
+            if not module.__name__.startswith("rdma_nixl."):  # not our opt-in `nixl` shim
+                return module
         raise RuntimeError("NIXL_PY_IMPL=nixl but no NIXL wheel is installed")
     raise RuntimeError(f"NIXL_PY_IMPL must be 'ours' or 'nixl', not {IMPL!r}")
+
+
+def load_api():
+    return load_module("_api")
 
 
 def pytest_configure(config):

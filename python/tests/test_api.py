@@ -627,10 +627,24 @@ def test_ucx_maps_to_libfabric(caplog):
     import logging
 
     caplog.set_level(logging.INFO, logger="rdma_nixl")
-    agent = api.nixl_agent("ucx", api.nixl_agent_config(backends=["UCX"]))
-    assert list(agent.backends) == ["LIBFABRIC"]
+    agent = api.nixl_agent("ucx", api.nixl_agent_config(backends=["UCX", "LIBFABRIC"]))
+    # One backend, LIBFABRIC, known by the name asked for (as NIXL keys it).
+    assert list(agent.backends) == ["UCX"]
+    assert "UCX" in agent.get_plugin_list() and "LIBFABRIC" in agent.get_plugin_list()
     assert any("UCX" in r.getMessage() for r in caplog.records)
     assert agent.get_backend_mem_types("UCX") == agent.get_backend_mem_types("LIBFABRIC")
+    assert agent.get_plugin_params("UCX") == agent.get_plugin_params("LIBFABRIC")
+    buf = np.zeros(128, dtype=np.uint8)
+    # Either name selects it.
+    agent.register_memory([(*dram(buf), "")], "DRAM", backends=["LIBFABRIC"])
+    h = agent.initialize_xfer(
+        "WRITE",
+        agent.get_xfer_descs([dram(buf, 0, 64)], "DRAM"),
+        agent.get_xfer_descs([dram(buf, 64, 64)], "DRAM"),
+        "ucx",
+        backends=["UCX"],
+    )
+    assert agent.query_xfer_backend(h) == "UCX"
 
 
 @pytest.mark.ours_only
