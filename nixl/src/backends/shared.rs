@@ -159,7 +159,11 @@ impl<K: Hash + Eq + Copy> NotifTracker<K> {
         let mut state = self.state.lock();
         let tracker = &mut *state;
         if let Some(p) = tracker.pending.get_mut(&key) {
-            let entry_sender = if p.message.is_some() { p.owner } else { p.data_from };
+            let entry_sender = if p.message.is_some() {
+                p.owner
+            } else {
+                p.data_from
+            };
             if from.is_some() && entry_sender.is_some() && from != entry_sender {
                 return self.refuse(NotifRefusal::WrongSender);
             }
@@ -256,7 +260,12 @@ impl<K: Hash + Eq + Copy> NotifTracker<K> {
     pub(crate) fn forget(&self, mut matches: impl FnMut(&K) -> bool) {
         let mut state = self.state.lock();
         let tracker = &mut *state;
-        let gone: Vec<K> = tracker.pending.keys().filter(|k| matches(k)).copied().collect();
+        let gone: Vec<K> = tracker
+            .pending
+            .keys()
+            .filter(|k| matches(k))
+            .copied()
+            .collect();
         for key in gone {
             tracker.remove(key);
         }
