@@ -1560,6 +1560,8 @@ mod idle_tests;
 #[cfg(test)]
 mod probe_tests;
 #[cfg(test)]
+mod security_tests;
+#[cfg(test)]
 mod staged_tests;
 
 #[cfg(test)]

@@ -50,8 +50,9 @@ pub(crate) type Owner = Option<u64>;
 /// [`NotifRefusal::TooManyPending`], counted in [`NotifTracker::refused`]); data that
 /// arrives before its message over the bound makes room by dropping that owner's oldest
 /// such entry (its notification can then never be released — never released *early*).
-/// Where arrivals are attributed, data or a message from another owner than the entry's
-/// is refused ([`NotifRefusal::WrongSender`]).
+/// Where arrivals are attributed, data from another owner than its message's is refused
+/// ([`NotifRefusal::WrongSender`]), and data from another owner that came before the
+/// message is discarded when the message comes.
 #[derive(Debug)]
 pub(crate) struct NotifTracker<K> {
     state: Mutex<Tracker<K>>,
@@ -221,13 +222,14 @@ impl<K: Hash + Eq + Copy> NotifTracker<K> {
     ) -> Arrival {
         let mut state = self.state.lock();
         let tracker = &mut *state;
-        let previous = match tracker.pending.get(&key) {
+        let (previous, foreign_data) = match tracker.pending.get(&key) {
             Some(p) if p.message.is_some() => return self.refuse(NotifRefusal::Duplicate),
-            Some(p) if owner.is_some() && p.data_from.is_some() && p.data_from != owner => {
-                return self.refuse(NotifRefusal::WrongSender)
-            }
-            Some(p) => Some(p.owner),
-            None => None,
+            // Data from another sender came first: it was not this notification's.
+            Some(p) => (
+                Some(p.owner),
+                owner.is_some() && p.data_from.is_some() && p.data_from != owner,
+            ),
+            None => (None, false),
         };
         if previous != Some(owner)
             && tracker.charged.get(&owner).copied().unwrap_or(0) >= self.limit
@@ -248,6 +250,11 @@ impl<K: Hash + Eq + Copy> NotifTracker<K> {
         });
         p.owner = owner;
         p.message = Some((expected, sender.into(), msg));
+        if foreign_data {
+            p.received = 0;
+            p.data_from = None;
+            self.refused.fetch_add(1, Ordering::Relaxed);
+        }
         self.release_if_complete(tracker, key)
     }
 
@@ -533,13 +540,14 @@ mod tests {
             t.message_from(2, a, 1, "a", vec![]),
             Arrival::Refused(NotifRefusal::Duplicate)
         );
-        // A message whose data came from another owner is refused.
+        // Data from another owner before the message: not counted once the message is
+        // in (and counted as refused); the owner's own data then releases it.
         assert_eq!(t.data_from(20, b), Arrival::Counted);
-        assert_eq!(
-            t.message_from(20, a, 1, "a", vec![]),
-            Arrival::Refused(NotifRefusal::WrongSender)
-        );
+        assert_eq!(t.data_from(20, b), Arrival::Counted);
+        assert_eq!(t.message_from(20, a, 2, "a", vec![]), Arrival::Counted);
         assert_eq!(t.refused(), 4);
+        assert_eq!(t.data_from(20, a), Arrival::Counted);
+        assert_eq!(t.data_from(20, a), Arrival::Released);
         // Data before its message over the bound: the owner's oldest such entry goes.
         t.forget_owner(a);
         t.forget_owner(b);
