@@ -386,7 +386,7 @@ fn notifications_of_unloaded_senders_follow_notif_senders() {
         let deadline = Instant::now() + WAIT;
         let mut got = Vec::new();
         loop {
-            got.extend(notifs_of(&target).into_iter());
+            got.extend(notifs_of(&target));
             let refused = t.refused_notifications();
             if refused + got.len() as u64 >= 2 {
                 break;

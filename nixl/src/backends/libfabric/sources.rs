@@ -110,6 +110,9 @@ impl PeerSource {
     }
 }
 
+/// A peer's endpoint on a local rail: (local rail, endpoint name).
+pub(super) type EndpointKey = (usize, Vec<u8>);
+
 /// One endpoint of a loaded peer, on one local rail: whose it is and where answers to
 /// it go (a handle of the rail's address vector, kept while this lives).
 #[derive(Debug)]
@@ -138,7 +141,7 @@ impl LoadedNames {
 /// The loaded peers' endpoints, by (local rail, endpoint name).
 #[derive(Debug)]
 pub(super) struct Sources {
-    by_name: RwLock<HashMap<(usize, Vec<u8>), Arc<Source>>>,
+    by_name: RwLock<HashMap<EndpointKey, Arc<Source>>>,
     by_agent: RwLock<HashMap<String, Arc<PeerSource>>>,
     /// Bumped on every change: the rail workers' caches of handles are then stale.
     generation: AtomicU64,
@@ -196,7 +199,7 @@ impl Sources {
     pub(super) fn bind(
         &self,
         peer: &Arc<PeerSource>,
-        endpoints: Vec<((usize, Vec<u8>), FabAddr)>,
+        endpoints: Vec<(EndpointKey, FabAddr)>,
     ) -> Option<Arc<PeerSource>> {
         let mut by_name = self.by_name.write();
         let old = self
@@ -266,7 +269,7 @@ impl LibfabricBackend {
         &self,
         names: &[Vec<u8>],
         addrs: &Arc<PeerAddrs>,
-    ) -> Result<Vec<((usize, Vec<u8>), FabAddr)>> {
+    ) -> Result<Vec<(EndpointKey, FabAddr)>> {
         let mut out = Vec::with_capacity(names.len().max(self.rails.len()));
         for (i, rail) in self.rails.iter().enumerate() {
             if !rail.names_senders {
@@ -290,7 +293,7 @@ impl LibfabricBackend {
     pub(super) fn bind_source(
         &self,
         source: &Arc<PeerSource>,
-        endpoints: Vec<((usize, Vec<u8>), FabAddr)>,
+        endpoints: Vec<(EndpointKey, FabAddr)>,
     ) {
         if let Some(old) = self.common.sources.bind(source, endpoints) {
             self.common.notifs.forget_owner(Some(old.tag));
