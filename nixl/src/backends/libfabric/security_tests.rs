@@ -6,7 +6,7 @@
 //! afterwards. Also a mutation test of the assist and notification decoders.
 
 use super::*;
-use crate::{Agent, Desc, DescList};
+use crate::{Agent, Desc, DescList, XferOp};
 use fabric::{Completion, RegisteredBuffer};
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -569,4 +569,49 @@ fn assist_and_notification_decoders_survive_mutations() {
             check(&b);
         }
     }
+}
+
+/// An agent's transfers to itself over `shm` notify it: its own endpoint is handle 0,
+/// which is never attributed (strangers are reported as it), so the loopback
+/// notification is delivered directly, after the data.
+#[test]
+fn loopback_notifications_over_shm_arrive_after_the_data() {
+    let (agent, _b) = victim("shm-loopback", "shm", &[]);
+    let src: Vec<u8> = (0..1 << 20).map(|i: usize| (i * 7) as u8).collect();
+    let dst = vec![0u8; src.len()];
+    let list = |v: &[u8]| dram(v.as_ptr() as u64, v.len());
+    // SAFETY: both buffers outlive the registrations and the request.
+    let _h = unsafe { agent.register_mem(&list(&src), None) }.unwrap();
+    // SAFETY: as above.
+    let _h2 = unsafe { agent.register_mem(&list(&dst), None) }.unwrap();
+    for op in [XferOp::Write, XferOp::Read] {
+        let (local, remote) = match op {
+            XferOp::Write => (list(&src), list(&dst)),
+            XferOp::Read => (list(&dst), list(&src)),
+        };
+        let msg = format!("{op:?} to myself").into_bytes();
+        let mut req = agent
+            .create_xfer_req(op, &local, &remote, "shm-loopback", Some(msg.clone()))
+            .unwrap();
+        req.post().unwrap();
+        req.wait(WAIT).unwrap();
+        let deadline = Instant::now() + WAIT;
+        loop {
+            if let Some(got) = notifs_of(&agent).remove("shm-loopback") {
+                assert_eq!(got, vec![msg], "{op:?}");
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{op:?}: no loopback notification"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert!(dst == src, "{op:?}");
+    }
+    agent.gen_notif("shm-loopback", b"note to self").unwrap();
+    assert_eq!(
+        notifs_of(&agent).remove("shm-loopback"),
+        Some(vec![b"note to self".to_vec()])
+    );
 }

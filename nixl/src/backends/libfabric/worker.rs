@@ -159,6 +159,8 @@ pub(super) struct Worker {
     /// `sources_generation`.
     sources_seen: HashMap<Address, Option<Arc<Source>>>,
     sources_generation: u64,
+    /// READ assist answers dropped for coming from another endpoint than the job's peer.
+    foreign_answers: u64,
 }
 
 impl Worker {
@@ -188,6 +190,7 @@ impl Worker {
             replies: VecDeque::new(),
             sources_seen: HashMap::new(),
             sources_generation: u64::MAX,
+            foreign_answers: 0,
             rail,
         };
         for slot in 0..NOTIF_SLOTS {
@@ -773,11 +776,15 @@ impl Worker {
         if let Some(from) = from {
             if from.as_deref() != Some(active.job.shared.peer.agent.as_str()) {
                 // Only the job's peer may say that a piece is in place.
-                tracing::warn!(
-                    job = done.job,
-                    from = from.as_deref().unwrap_or("an endpoint of no loaded peer"),
-                    "READ assist answer from another endpoint than the job's peer dropped"
-                );
+                self.foreign_answers += 1;
+                if self.foreign_answers % 1024 == 1 {
+                    tracing::warn!(
+                        job = done.job,
+                        from = from.as_deref().unwrap_or("an endpoint of no loaded peer"),
+                        dropped = self.foreign_answers,
+                        "READ assist answer from another endpoint than the job's peer dropped"
+                    );
+                }
                 return;
             }
         }
