@@ -1550,6 +1550,25 @@ impl Drop for LibfabricBackend {
     }
 }
 
+/// Fuzzing entry point (not a stable API): the decoders of what anyone may send to a
+/// rail — notification messages and READ assist messages — on `input`. Returns whether
+/// whatever decoded encodes back to `input` (decoding itself must never panic).
+#[doc(hidden)]
+pub fn fuzz_rail_message(input: &[u8]) -> bool {
+    let assist_ok = match assist::decode(input) {
+        Ok(assist::Message::Request(r)) => r.encode() == input,
+        Ok(assist::Message::Done(d)) => d.encode() == input,
+        Err(_) => true,
+    };
+    let notif_ok = match decode_notif(input) {
+        Ok((key, expected, sender, msg)) => {
+            encode_notif(&sender, key, expected, &msg).ok().as_deref() == Some(input)
+        }
+        Err(_) => true,
+    };
+    assist_ok && notif_ok
+}
+
 /// How long dropping a backend waits for its rail workers to stop.
 const WORKER_STOP_TIMEOUT: Duration = Duration::from_secs(5);
 
