@@ -64,7 +64,9 @@
 //!   registry's read lock is held while the bytes move, so a deregistration waits.
 //!
 //! The answer goes to the endpoint that sent the request (the handle the transport
-//! named). What remains trusted is the metadata itself: a peer's connection information
+//! named), and the initiator takes an answer only from the endpoint of the peer its job
+//! asked (a forged "in place" would complete a READ before its bytes). What remains
+//! trusted is the metadata itself: a peer's connection information
 //! and regions are what the agent loaded under its name (binding names to the connection
 //! they arrived on is the listener's part), and the kernel's `ptrace` check on the
 //! target's credentials still applies to every copy.
