@@ -1,5 +1,6 @@
 //! Completion queues (`fid_cq`): reading, typed errors, blocking reads and wait fds.
 
+use crate::av::Address;
 use crate::domain::{Domain, DomainInner, Progressed};
 use crate::error::{cvt, strerror, CompletionError, Error, Result};
 use crate::{close_fid, ffi};
@@ -80,6 +81,12 @@ pub struct Completion {
     pub data: u64,
     /// The tag of a tagged receive.
     pub tag: u64,
+    /// Who sent it, as a handle of the endpoint's address vector: only on a queue
+    /// opened with [`CqBuilder::source`] (read with `fi_cq_readfrom`) and bound to an
+    /// endpoint with [`crate::Caps::SOURCE`], for receives and remote CQ data; `None`
+    /// where the provider could not tell (a sender whose address is not in the vector:
+    /// `FI_ADDR_NOTAVAIL`) or was not asked.
+    pub src: Option<Address>,
 }
 
 impl Completion {
@@ -100,6 +107,8 @@ pub(crate) struct CqInner {
     pub(crate) domain: Arc<DomainInner>,
     format: CqFormat,
     wait: WaitObj,
+    /// Read with `fi_cq_readfrom` ([`CqBuilder::source`]).
+    source: bool,
     inflight: Mutex<HashMap<u64, InFlight>>,
     inflight_count: AtomicUsize,
     next_internal: AtomicU64,
@@ -172,15 +181,26 @@ impl CqInner {
         macro_rules! read_as {
             ($ty:ty, |$e:ident| $conv:expr) => {{
                 let mut buf: [MaybeUninit<$ty>; 16] = [const { MaybeUninit::uninit() }; 16];
+                let mut from = [ffi::FI_ADDR_NOTAVAIL; 16];
                 let n = out.len().min(buf.len());
-                // SAFETY: buf has room for n entries of the queue's format.
-                let ret = unsafe { ffi::fi_cq_read(self.raw, buf.as_mut_ptr().cast(), n) };
+                let ret = if self.source {
+                    // SAFETY: buf has room for n entries of the queue's format, `from` for
+                    // n source addresses.
+                    unsafe {
+                        ffi::fi_cq_readfrom(self.raw, buf.as_mut_ptr().cast(), n, from.as_mut_ptr())
+                    }
+                } else {
+                    // SAFETY: buf has room for n entries of the queue's format.
+                    unsafe { ffi::fi_cq_read(self.raw, buf.as_mut_ptr().cast(), n) }
+                };
                 if ret > 0 {
-                    for (dst, src) in out.iter_mut().zip(&buf[..ret as usize]) {
+                    for ((dst, src), addr) in out.iter_mut().zip(&buf[..ret as usize]).zip(from) {
                         // SAFETY: the provider initialised the first `ret` entries.
                         let $e = unsafe { src.assume_init_ref() };
                         *dst = $conv;
                         dst.context = self.resolve(dst.context);
+                        dst.src = (self.source && addr != ffi::FI_ADDR_NOTAVAIL)
+                            .then_some(Address(addr));
                     }
                 }
                 ret
@@ -193,7 +213,8 @@ impl CqInner {
                 len: 0,
                 buf: 0,
                 data: 0,
-                tag: 0
+                tag: 0,
+                src: None
             }),
             CqFormat::Msg => read_as!(ffi::fi_cq_msg_entry, |e| Completion {
                 context: e.op_context as u64,
@@ -201,7 +222,8 @@ impl CqInner {
                 len: e.len,
                 buf: 0,
                 data: 0,
-                tag: 0
+                tag: 0,
+                src: None
             }),
             CqFormat::Data => read_as!(ffi::fi_cq_data_entry, |e| Completion {
                 context: e.op_context as u64,
@@ -209,7 +231,8 @@ impl CqInner {
                 len: e.len,
                 buf: e.buf as usize,
                 data: e.data,
-                tag: 0
+                tag: 0,
+                src: None
             }),
             CqFormat::Tagged => read_as!(ffi::fi_cq_tagged_entry, |e| Completion {
                 context: e.op_context as u64,
@@ -217,7 +240,8 @@ impl CqInner {
                 len: e.len,
                 buf: e.buf as usize,
                 data: e.data,
-                tag: e.tag
+                tag: e.tag,
+                src: None
             }),
         };
         self.convert(ret, "fi_cq_read")
@@ -293,6 +317,7 @@ impl std::fmt::Debug for CompletionQueue {
         f.debug_struct("CompletionQueue")
             .field("format", &self.inner.format)
             .field("wait", &self.inner.wait)
+            .field("source", &self.inner.source)
             .finish()
     }
 }
@@ -303,6 +328,7 @@ pub struct CqBuilder {
     size: usize,
     format: CqFormat,
     wait: WaitObj,
+    source: bool,
 }
 
 impl Default for CqBuilder {
@@ -311,6 +337,7 @@ impl Default for CqBuilder {
             size: 0,
             format: CqFormat::Tagged,
             wait: WaitObj::None,
+            source: false,
         }
     }
 }
@@ -329,6 +356,15 @@ impl CqBuilder {
     /// Wait object (`wait_obj`; default [`WaitObj::None`]).
     pub fn wait_obj(mut self, wait: WaitObj) -> Self {
         self.wait = wait;
+        self
+    }
+
+    /// Read with `fi_cq_readfrom`, so that each completion tells who sent it
+    /// ([`Completion::src`]); the endpoints bound to it need [`crate::Caps::SOURCE`]
+    /// (default off: `fi_cq_read`).
+    #[doc(alias = "fi_cq_readfrom")]
+    pub fn source(mut self, on: bool) -> Self {
+        self.source = on;
         self
     }
 
@@ -351,6 +387,7 @@ impl CqBuilder {
             domain: Arc::clone(&domain.inner),
             format: self.format,
             wait: self.wait,
+            source: self.source,
             inflight: Mutex::new(HashMap::new()),
             inflight_count: AtomicUsize::new(0),
             next_internal: AtomicU64::new(1),
@@ -392,6 +429,7 @@ impl CompletionQueue {
                 domain: Arc::clone(&domain.inner),
                 format,
                 wait,
+                source: false,
                 inflight: Mutex::new(HashMap::new()),
                 inflight_count: AtomicUsize::new(0),
                 next_internal: AtomicU64::new(1),
@@ -494,16 +532,31 @@ impl CompletionQueue {
         let mut buf = [ffi::fi_cq_tagged_entry::default(); 16];
         let count = out.len().min(buf.len());
         let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
-        // SAFETY: buf is large enough for `count` entries of any format (tagged is the
-        // largest); the CQ has a wait object.
-        let ret = unsafe {
-            ffi::fi_cq_sread(
-                self.inner.raw,
-                buf.as_mut_ptr().cast(),
-                count,
-                ptr::null(),
-                ms,
-            )
+        let mut from = [ffi::FI_ADDR_NOTAVAIL; 16];
+        let ret = if self.inner.source {
+            // SAFETY: as below; `from` has room for `count` source addresses.
+            unsafe {
+                ffi::fi_cq_sreadfrom(
+                    self.inner.raw,
+                    buf.as_mut_ptr().cast(),
+                    count,
+                    from.as_mut_ptr(),
+                    ptr::null(),
+                    ms,
+                )
+            }
+        } else {
+            // SAFETY: buf is large enough for `count` entries of any format (tagged is
+            // the largest); the CQ has a wait object.
+            unsafe {
+                ffi::fi_cq_sread(
+                    self.inner.raw,
+                    buf.as_mut_ptr().cast(),
+                    count,
+                    ptr::null(),
+                    ms,
+                )
+            }
         };
         if ret == -(ffi::FI_EAGAIN as isize) || ret == -(ffi::FI_ETIMEDOUT as isize) {
             return Err(Error::TimedOut {
@@ -518,6 +571,8 @@ impl CompletionQueue {
             // SAFETY: the provider wrote n entries of the queue's format contiguously.
             *dst = unsafe { decode(self.inner.format, base, i) };
             dst.context = self.inner.resolve(dst.context);
+            dst.src =
+                (self.inner.source && from[i] != ffi::FI_ADDR_NOTAVAIL).then_some(Address(from[i]));
         }
         Ok(n)
     }
@@ -652,6 +707,7 @@ unsafe fn decode(format: CqFormat, base: *const u8, i: usize) -> Completion {
                     buf: e.buf as usize,
                     data: e.data,
                     tag: 0,
+                    src: None,
                 }
             }
             CqFormat::Tagged => {
@@ -666,6 +722,7 @@ unsafe fn decode(format: CqFormat, base: *const u8, i: usize) -> Completion {
                     buf: e.buf as usize,
                     data: e.data,
                     tag: e.tag,
+                    src: None,
                 }
             }
         }

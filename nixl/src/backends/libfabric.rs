@@ -12,12 +12,27 @@
 //!
 //! # Notifications
 //! With a notification, every WRITE is an `fi_writedata` whose 64-bit remote CQ data is
-//! `sender-hash:32 | sequence:32`. The notification itself is a message sent on rail 0
-//! carrying the same key and the number of writes to expect. The target counts remote
-//! CQ data completions per key (they arrive on any rail, in any order, in any batch) and
-//! releases the notification only when the count is reached and the message is in, so
-//! it can neither fire early nor be lost. For READ the message is sent after the last
-//! read completed locally, with nothing to count.
+//! the transfer's key, drawn at random per post (63 bits, `NotifKeys`). The
+//! notification itself is a message sent on rail 0 carrying the same key and the number
+//! of writes to expect. The target counts remote CQ data completions per key (they
+//! arrive on any rail, in any order, in any batch) and releases the notification only
+//! when the count is reached and the message is in, so it can neither fire early nor be
+//! lost. For READ the message is sent after the last read completed locally, with
+//! nothing to count. A transfer of an agent to itself delivers its notification
+//! directly once every operation completed.
+//!
+//! Who sent a notification is what the transport says (module `sources`): a message
+//! from a loaded peer's endpoint is delivered under that peer's name, and refused if it
+//! names another; a message from an endpoint of no loaded peer that names a loaded peer
+//! is refused; one that names an agent this backend never loaded is delivered under that
+//! name with `notif_senders=any` (the default: a target need not load its initiators'
+//! metadata, as in NIXL) and refused with `notif_senders=loaded`. Where the provider
+//! names the senders of remote CQ data too (`shm`, `sockets`), data counts only toward
+//! notifications of the peer that sent it; elsewhere (`tcp;ofi_rxm`) the key, which no
+//! one else has seen, ties data to its notification. Each sender (a loaded peer, or all
+//! senders that are none, together) may have [`MAX_PENDING_NOTIFS`] notifications
+//! waiting for their data or message; beyond that a message is dropped (counted in
+//! [`LibfabricBackend::refused_notifications`], logged).
 //!
 //! # Dead peers
 //! A transfer to a peer whose process died fails with `RemoteDisconnect`: from the
@@ -130,7 +145,9 @@
 //! remote operations included (1 s where there is no wait fd), then sleep on the
 //! queue's wait fd or nap; see
 //! the `idle` module for what wakes a worker), `heartbeat_ms` (default 100; 0: no
-//! heartbeats) and `heartbeat_misses` (default 5; see the private `conn` module).
+//! heartbeats), `heartbeat_misses` (default 5; see the private `conn` module) and
+//! `notif_senders` (`any`, the default, or `loaded`: whose notifications are delivered,
+//! see "Notifications").
 //!
 //! Staging: `vram_mode` (`auto`: direct where possible, else staged — the default;
 //! `staged`: always staged, and the provider is opened without `FI_HMEM`; `direct`: a
@@ -148,6 +165,7 @@ mod host;
 mod idle;
 mod liveness;
 mod local_rails;
+mod sources;
 mod stage_net;
 mod vram;
 mod worker;
@@ -176,11 +194,12 @@ use fabric::{
 use idle::IdleWait;
 use liveness::Liveness;
 use parking_lot::{Mutex, RwLock};
+use sources::{PeerSource, Sources};
 use stage_net::{failure_of, FabAddr, Stager};
 use std::any::Any;
 use std::collections::{HashMap, VecDeque};
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -243,6 +262,28 @@ const STAGE_OP_BITS: u32 = staging::ID_BITS;
 const CTRL_SLOTS: usize = 64;
 /// Most requester addresses a target keeps resolved.
 const MAX_REPLY_ADDRS: usize = 1024;
+/// Notifications one sender may have waiting for their data or message.
+pub const MAX_PENDING_NOTIFS: usize = 4096;
+
+/// Notification keys: unpredictable per transfer (SipHash of a counter under a random
+/// key of this backend), so that no one but the target, which receives them, can name a
+/// transfer's key — remote CQ data that a provider does not attribute to its sender
+/// counts only toward the notification whose key it carries. Bit 63 stays clear: remote
+/// CQ data with it set is a staged FETCH's.
+#[derive(Debug, Default)]
+struct NotifKeys {
+    hasher: std::collections::hash_map::RandomState,
+    next: AtomicU64,
+}
+
+impl NotifKeys {
+    fn next(&self) -> u64 {
+        use std::hash::BuildHasher;
+        self.hasher
+            .hash_one(self.next.fetch_add(1, Ordering::Relaxed))
+            & !staging::FETCH_DATA
+    }
+}
 
 #[derive(Debug)]
 struct Rail {
@@ -258,6 +299,13 @@ struct Rail {
     max_msg: usize,
     /// Departed peers stay in the AV (`shm`: see [`Rail::forget`]).
     keeps_departed: bool,
+    /// Completions name their senders (`FI_SOURCE`; module `sources`).
+    names_senders: bool,
+    /// ... of remote CQ data too (`shm`, `sockets`; `tcp;ofi_rxm` 1.17 leaves it unset).
+    names_data_senders: bool,
+    /// The handle a sender the AV does not hold is reported as (`shm`: 0, taken by this
+    /// rail's own endpoint): never attributed.
+    unattributable: Option<Address>,
     /// When the round of progress now running on this rail began ([`round_clock_ns`];
     /// 0: none running): a round that never ends is a thread stuck inside the provider
     /// (the module documentation's known limit), see [`Rail::wedged_for`].
@@ -282,6 +330,11 @@ fn round_clock_ns() -> u64 {
 }
 
 impl Rail {
+    /// Whether `addr` names no one in particular (see [`Rail::unattributable`]).
+    fn is_unattributable(&self, addr: Address) -> bool {
+        self.unattributable == Some(addr)
+    }
+
     /// A round of progress begins (`true`) or ends (`false`).
     fn in_round(&self, running: bool) {
         let stamp = if running { round_clock_ns() } else { 0 };
@@ -323,8 +376,17 @@ impl Rail {
 /// Shared between the backend and its workers.
 #[derive(Debug)]
 struct Common {
-    /// Notifications, released only after their data (key: sender hash | sequence).
+    /// Notifications, released only after their data (key: [`NotifKeys`]), bounded per
+    /// sender ([`MAX_PENDING_NOTIFS`]).
     notifs: Arc<NotifTracker<u64>>,
+    /// The loaded peers' endpoints: who sent what (module `sources`).
+    sources: Sources,
+    /// Notifications only from loaded peers (`notif_senders=loaded`).
+    loaded_senders_only: bool,
+    /// This backend's agent (a notification naming it never comes from the network).
+    agent_name: String,
+    /// Notification messages and data refused for who sent them.
+    refused_notifs: AtomicU64,
     /// The VRAM staging pipeline (idle and costless until something is staged).
     stager: Arc<Stager>,
     /// Local rail i → this peer's address in rail i's AV, per peer.
@@ -346,6 +408,8 @@ struct Common {
 #[derive(Debug, Clone)]
 struct Peer {
     conn_info: Vec<u8>,
+    /// Who it is as the transport knows it (module `sources`).
+    source: Arc<PeerSource>,
     addrs: Arc<PeerAddrs>,
     /// The peer's process, where the OS can tell us when it ends (same host).
     liveness: Option<Arc<Liveness>>,
@@ -379,7 +443,6 @@ impl Drop for PeerAddrs {
 #[derive(Debug)]
 pub struct LibfabricBackend {
     agent_name: String,
-    sender_hash: u32,
     rails: Vec<Arc<Rail>>,
     common: Arc<Common>,
     progress: Arc<Progress>,
@@ -393,7 +456,7 @@ pub struct LibfabricBackend {
     /// Large READs from peers on this host are copied from both ends too (`shm`,
     /// parameter `cma_read`; see [`assist`]).
     cma_read: bool,
-    next_seq: Arc<AtomicU32>,
+    keys: Arc<NotifKeys>,
     next_rail: AtomicUsize,
     mem_kinds: Vec<MemKind>,
     remote_kinds: Vec<MemKind>,
@@ -448,12 +511,6 @@ fn fabric_error(e: fabric::Error) -> Error {
     }
 }
 
-fn fnv1a(s: &str) -> u32 {
-    s.bytes().fold(0x811c_9dc5u32, |h, b| {
-        (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
-    })
-}
-
 fn param<T: std::str::FromStr>(params: &BackendParams, key: &str, default: T) -> Result<T> {
     super::shared::param(NAME, params, key, default)
 }
@@ -482,6 +539,7 @@ fn open(init: &BackendInit) -> Result<LibfabricBackend> {
         "stage_dram",
         "cma_write",
         "cma_read",
+        "notif_senders",
         HeartbeatConfig::KEYS[0],
         HeartbeatConfig::KEYS[1],
     ];
@@ -510,6 +568,15 @@ fn open(init: &BackendInit) -> Result<LibfabricBackend> {
     let cma_write = params.get("cma_write").is_none() || flag(params, "cma_write")?;
     let cma_read = params.get("cma_read").is_none() || flag(params, "cma_read")?;
     let stage_dram = flag(params, "stage_dram")?;
+    let loaded_senders_only = match params.get("notif_senders").map(String::as_str) {
+        None | Some("any") => false,
+        Some("loaded") => true,
+        Some(v) => {
+            return Err(Error::InvalidParam(format!(
+                "{NAME} parameter notif_senders=`{v}`: any or loaded"
+            )))
+        }
+    };
     let vram_mode = match params.get("vram_mode").map(String::as_str) {
         None | Some("auto") => VramMode::Auto,
         Some("staged") => VramMode::Staged,
@@ -566,14 +633,20 @@ fn open(init: &BackendInit) -> Result<LibfabricBackend> {
     for _ in 0..num_rails {
         rails.push(Arc::new(open_rail(&info)?));
     }
-    let notifs = Arc::new(NotifTracker::default());
+    let notifs = Arc::new(NotifTracker::bounded(MAX_PENDING_NOTIFS));
     let stager = Arc::new(Stager::new(
         &rails,
         notifs.clone(),
         staging::Config { chunk, chunks },
     )?);
+    // Assists are served only to the loaded peer that the transport names as the sender.
+    let serves_assists = serves_assists && rails.iter().all(|r| r.names_senders);
     let common = Arc::new(Common {
         notifs,
+        sources: Sources::default(),
+        loaded_senders_only,
+        agent_name: init.agent_name.clone(),
+        refused_notifs: AtomicU64::new(0),
         stager,
         peers: RwLock::default(),
         stop: AtomicBool::new(false),
@@ -585,8 +658,6 @@ fn open(init: &BackendInit) -> Result<LibfabricBackend> {
     });
     let backend = LibfabricBackend {
         agent_name: init.agent_name.clone(),
-        // Bit 31 stays clear: remote CQ data with bit 63 set is a staged fetch's data.
-        sender_hash: fnv1a(&init.agent_name) & 0x7fff_ffff,
         rails,
         common,
         progress: Arc::new(Progress {
@@ -598,7 +669,7 @@ fn open(init: &BackendInit) -> Result<LibfabricBackend> {
         stripe_min_piece,
         cma_write,
         cma_read,
-        next_seq: Arc::new(AtomicU32::new(1)),
+        keys: Arc::default(),
         next_rail: AtomicUsize::new(0),
         mem_kinds,
         remote_kinds: vec![MemKind::Dram, MemKind::Vram],
@@ -775,12 +846,20 @@ fn discover(params: &BackendParams, want_hmem: bool) -> Result<Info> {
             }
             hints
         };
+        // `FI_SOURCE`: completions name their senders (module `sources`); a provider
+        // without it still works, and then no message is attributed to a peer.
+        let base = Caps::MSG | Caps::RMA;
         if want_hmem {
-            if let Ok(info) = hints(Caps::MSG | Caps::RMA | Caps::HMEM).get_first() {
-                return Ok(info);
+            for caps in [base | Caps::HMEM | Caps::SOURCE, base | Caps::HMEM] {
+                if let Ok(info) = hints(caps).get_first() {
+                    return Ok(info);
+                }
             }
         }
-        match hints(Caps::MSG | Caps::RMA).get_first() {
+        match hints(base | Caps::SOURCE)
+            .get_first()
+            .or_else(|_| hints(base).get_first())
+        {
             Ok(info) => return Ok(info),
             Err(e) => last_error = Some((provider, e)),
         }
@@ -805,8 +884,12 @@ fn open_rail(info: &Info) -> Result<Rail> {
     // The rail worker reads the queue all the time: no extra progress thread needed.
     let domain = Domain::with_progress_interval(&fabric, info, None).map_err(fabric_error)?;
     // A wait fd lets incoming traffic wake an idle worker; without one it naps.
+    let names_senders = info.caps().contains(Caps::SOURCE);
     let cq_with = |wait: Option<WaitObj>| {
-        let builder = CompletionQueue::builder().format(CqFormat::Data).size(4096);
+        let builder = CompletionQueue::builder()
+            .format(CqFormat::Data)
+            .size(4096)
+            .source(names_senders);
         match wait {
             Some(wait) => builder.wait_obj(wait),
             None => builder,
@@ -838,6 +921,27 @@ fn open_rail(info: &Info) -> Result<Rail> {
         _ => (build(None).map_err(fabric_error)?, None),
     };
     let idle = IdleWait::new(&cq, remote_ops)?;
+    let shm = info.provider_name() == local_rails::LOCAL_PROVIDER;
+    // libfabric 1.17's shm reports a sender it was never given as handle 0 (its peer
+    // map's default): this rail's own endpoint takes handle 0 first (module `sources`).
+    let unattributable = if shm && names_senders {
+        let own = av
+            .insert(&ep.name().map_err(fabric_error)?)
+            .map_err(fabric_error)?;
+        if own != Address(0) {
+            return Err(Error::Backend {
+                backend: NAME.into(),
+                code: 0,
+                message: format!(
+                    "shm rail: its own endpoint took handle {own:?} of a fresh address \
+                     vector, not 0: senders could not be told apart"
+                ),
+            });
+        }
+        Some(own)
+    } else {
+        None
+    };
     tracing::debug!(
         provider = info.provider_name(),
         wait_fd = idle.has_wait_fd(),
@@ -848,7 +952,14 @@ fn open_rail(info: &Info) -> Result<Rail> {
         idle,
         inject_size: info.inject_size(),
         max_msg: info.max_msg_size().max(4096),
-        keeps_departed: info.provider_name() == local_rails::LOCAL_PROVIDER,
+        keeps_departed: shm,
+        names_senders,
+        names_data_senders: names_senders
+            && matches!(
+                info.provider_name(),
+                local_rails::LOCAL_PROVIDER | "sockets"
+            ),
+        unattributable,
         round_since: AtomicU64::new(0),
 
         _fabric: fabric,
@@ -1022,24 +1133,32 @@ impl Backend for LibfabricBackend {
             rails: self.rails.clone(),
             addrs,
         });
+        let is_self = agent == self.agent_name;
+        let cma = parsed
+            .process
+            .as_ref()
+            .filter(|_| self.cma_write || self.cma_read)
+            .and_then(|p| p.local_pid())
+            .map(|pid| {
+                // This agent never asks itself (its requests would come from no one).
+                let assists = self.cma_read && parsed.assists && !is_self;
+                Arc::new(CmaPeer::new(pid).with_assists(assists))
+            });
+        let source = self.peer_source(agent, info, parsed.process, cma.clone());
+        let endpoints = self.source_endpoints(names, &addrs)?;
         // The old addresses go when nothing uses them any more.
         let old = self.common.peers.write().insert(
             agent.to_string(),
             Peer {
                 conn_info: info.to_vec(),
+                source: source.clone(),
                 addrs,
                 liveness: parsed.process.as_ref().and_then(Liveness::watch),
                 watch: watch_peer(self.hub.as_ref(), agent, &parsed),
-                cma: parsed
-                    .process
-                    .as_ref()
-                    .filter(|_| self.cma_write || self.cma_read)
-                    .and_then(|p| p.local_pid())
-                    .map(|pid| {
-                        Arc::new(CmaPeer::new(pid).with_assists(self.cma_read && parsed.assists))
-                    }),
+                cma,
             },
         );
+        self.bind_source(&source, endpoints);
         if let Some(old) = old {
             self.common.stager.peer_gone(
                 &old.addrs,
@@ -1051,43 +1170,20 @@ impl Backend for LibfabricBackend {
 
     fn load_remote_md(
         &self,
-        _agent: &str,
-        _region: &Region,
+        agent: &str,
+        region: &Region,
         public_md: &[u8],
     ) -> Result<Arc<dyn RemoteMd>> {
-        let bad = |why: &str| Error::MalformedMetadata(format!("{NAME} region metadata: {why}"));
-        let (&count, rest) = public_md.split_first().ok_or_else(|| bad("empty"))?;
-        if count == STAGED_MD {
-            let slot = match rest {
-                [STAGED_MD_VERSION, a, b, c, d] => u32::from_le_bytes([*a, *b, *c, *d]),
-                [STAGED_MD_VERSION, ..] => return Err(bad("wrong length")),
-                _ => return Err(bad("unknown staged-region version")),
-            };
-            if slot < 4096 {
-                return Err(bad("staging slot smaller than 4 KiB"));
-            }
-            return Ok(Arc::new(FabricRemoteMd {
-                remotes: Vec::new(),
-                staged_slot: Some(u64::from(slot)),
-            }));
-        }
-        if count == 0 || rest.len() != count as usize * RemoteMemory::WIRE_SIZE {
-            return Err(bad("wrong length"));
-        }
-        let remotes = rest
-            .chunks_exact(RemoteMemory::WIRE_SIZE)
-            .map(RemoteMemory::from_bytes)
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| bad(&e.to_string()))?;
-        Ok(Arc::new(FabricRemoteMd {
-            remotes,
-            staged_slot: None,
-        }))
+        let md = parse_remote_md(public_md)?;
+        // What the peer advertised, against which its READ assists are checked.
+        self.advertise(agent, region);
+        Ok(md)
     }
 
     fn disconnect(&self, agent: &str) {
         // The addresses go when no prepared transfer or queued job uses them any more.
         let removed = self.common.peers.write().remove(agent);
+        self.unbind_source(agent);
         if let Some(old) = removed {
             self.common
                 .stager
@@ -1144,11 +1240,14 @@ impl Backend for LibfabricBackend {
                     base
                 }
             };
-            // Blocks from the threshold are copied from both ends (`cma`, `assist`).
+            // Blocks from the threshold are copied from both ends (`cma`, `assist`). A
+            // push goes by the peer's virtual address, with no key to check it: only
+            // inside DRAM the peer advertised to this backend.
             let pushable = cma.is_some_and(|cma| {
                 len >= PUSH_THRESHOLD
                     && entry.local_region.kind == MemKind::Dram
                     && entry.remote_region.kind == MemKind::Dram
+                    && peer.source.advertised(entry.remote.addr, entry.remote.len)
                     && cma.allowed(entry.remote.addr)
             });
             let mut add_piece = |r: usize, start: usize, piece_len: usize, copier: Copier| {
@@ -1258,8 +1357,9 @@ impl Backend for LibfabricBackend {
             error_held: None,
             death_seen: None,
             self_name: self.agent_name.clone(),
-            sender_hash: self.sender_hash,
-            next_seq: self.next_seq.clone(),
+            keys: self.keys.clone(),
+            loopback: agent == self.agent_name,
+            notifs: self.common.notifs.clone(),
             total,
             cma_ops,
             shared: Arc::new(XferShared {
@@ -1286,8 +1386,13 @@ impl Backend for LibfabricBackend {
         if let Some(watch) = watch {
             watch.check(agent)?;
         }
-        let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
-        let message = encode_notif(&self.agent_name, self.sender_hash, seq, 0, msg)?;
+        let message = encode_notif(&self.agent_name, self.keys.next(), 0, msg)?;
+        if agent == self.agent_name {
+            // To itself: nothing to wait for, and its own endpoints are no one's to the
+            // transport on every provider (module `sources`).
+            self.common.notifs.deliver(agent, msg.to_vec());
+            return Ok(());
+        }
         send_message_blocking(&self.rails[0], dest, &message, &self.progress)
     }
 
@@ -1302,6 +1407,38 @@ impl Backend for LibfabricBackend {
         // progress (no progress thread) sees them only when `take_notifs` polls.
         !self.progress.inline
     }
+}
+
+/// A peer region's public metadata (bounded against hostile input).
+fn parse_remote_md(public_md: &[u8]) -> Result<Arc<dyn RemoteMd>> {
+    let bad = |why: &str| Error::MalformedMetadata(format!("{NAME} region metadata: {why}"));
+    let (&count, rest) = public_md.split_first().ok_or_else(|| bad("empty"))?;
+    if count == STAGED_MD {
+        let slot = match rest {
+            [STAGED_MD_VERSION, a, b, c, d] => u32::from_le_bytes([*a, *b, *c, *d]),
+            [STAGED_MD_VERSION, ..] => return Err(bad("wrong length")),
+            _ => return Err(bad("unknown staged-region version")),
+        };
+        if slot < 4096 {
+            return Err(bad("staging slot smaller than 4 KiB"));
+        }
+        return Ok(Arc::new(FabricRemoteMd {
+            remotes: Vec::new(),
+            staged_slot: Some(u64::from(slot)),
+        }));
+    }
+    if count == 0 || rest.len() != count as usize * RemoteMemory::WIRE_SIZE {
+        return Err(bad("wrong length"));
+    }
+    let remotes = rest
+        .chunks_exact(RemoteMemory::WIRE_SIZE)
+        .map(RemoteMemory::from_bytes)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| bad(&e.to_string()))?;
+    Ok(Arc::new(FabricRemoteMd {
+        remotes,
+        staged_slot: None,
+    }))
 }
 
 impl LibfabricBackend {
@@ -1327,6 +1464,20 @@ impl LibfabricBackend {
     /// (parameter `cma_read`).
     pub fn assisted_bytes(&self) -> u64 {
         self.common.assisted_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Notification messages and data arrivals dropped: from an endpoint of no loaded
+    /// peer that named a loaded one (or any, with `notif_senders=loaded`), from one
+    /// peer's endpoint naming another, or beyond a sender's [`MAX_PENDING_NOTIFS`].
+    pub fn refused_notifications(&self) -> u64 {
+        self.common.refused_notifs.load(Ordering::Relaxed) + self.common.notifs.refused()
+    }
+
+    /// READ assist requests refused: from an endpoint of no loaded peer, naming another
+    /// process than that peer advertised, or writing outside what it advertised (see
+    /// the `assist` module's trust model).
+    pub fn refused_assists(&self) -> u64 {
+        self.common.assist.as_ref().map_or(0, |s| s.refused())
     }
 
     /// Whether the provider was opened with `FI_HMEM` (VRAM may register directly).
@@ -1399,6 +1550,25 @@ impl Drop for LibfabricBackend {
     }
 }
 
+/// Fuzzing entry point (not a stable API): the decoders of what anyone may send to a
+/// rail — notification messages and READ assist messages — on `input`. Returns whether
+/// whatever decoded encodes back to `input` (decoding itself must never panic).
+#[doc(hidden)]
+pub fn fuzz_rail_message(input: &[u8]) -> bool {
+    let assist_ok = match assist::decode(input) {
+        Ok(assist::Message::Request(r)) => r.encode() == input,
+        Ok(assist::Message::Done(d)) => d.encode() == input,
+        Err(_) => true,
+    };
+    let notif_ok = match decode_notif(input) {
+        Ok((key, expected, sender, msg)) => {
+            encode_notif(&sender, key, expected, &msg).ok().as_deref() == Some(input)
+        }
+        Err(_) => true,
+    };
+    assist_ok && notif_ok
+}
+
 /// How long dropping a backend waits for its rail workers to stop.
 const WORKER_STOP_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -1408,6 +1578,8 @@ mod cma_tests;
 mod idle_tests;
 #[cfg(test)]
 mod probe_tests;
+#[cfg(test)]
+mod security_tests;
 #[cfg(test)]
 mod staged_tests;
 

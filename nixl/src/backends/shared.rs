@@ -4,8 +4,9 @@
 use crate::backend::{BackendParams, NotifWaker};
 use crate::error::{Error, Result};
 use parking_lot::{Mutex, RwLock};
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::hash::Hash;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Received notifications, oldest first, waiting for [`crate::Backend::take_notifs`];
 /// each push wakes the agents' waiters ([`crate::Agent::wait_notifs`]).
@@ -36,40 +37,169 @@ impl NotifInbox {
     }
 }
 
+/// Who an arrival is charged to and attributed to: a transport's name for a peer (a
+/// connection, a loaded peer's identity); `None` where the transport cannot tell.
+pub(crate) type Owner = Option<u64>;
+
 /// Releases a transfer's notification only once its message has arrived *and* as many
-/// data completions as the message says to expect (counted per key: the sender and its
-/// sequence number), whichever comes first and in whatever order or batching.
+/// data completions as the message says to expect (counted per key), whichever comes
+/// first and in whatever order or batching.
+///
+/// Bounded ([`NotifTracker::bounded`]): each owner may have at most `limit` entries
+/// waiting. A message over the bound is dropped ([`Arrival::Refused`] with
+/// [`NotifRefusal::TooManyPending`], counted in [`NotifTracker::refused`]); data that
+/// arrives before its message over the bound makes room by dropping that owner's oldest
+/// such entry (its notification can then never be released — never released *early*).
+/// Where arrivals are attributed, data from another owner than its message's is refused
+/// ([`NotifRefusal::WrongSender`]), and data from another owner that came before the
+/// message is discarded when the message comes.
 #[derive(Debug)]
 pub(crate) struct NotifTracker<K> {
-    pending: Mutex<HashMap<K, Pending>>,
+    state: Mutex<Tracker<K>>,
     ready: NotifInbox,
+    /// Entries one owner may have waiting (`usize::MAX`: unbounded).
+    limit: usize,
+    refused: AtomicU64,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
+struct Tracker<K> {
+    pending: HashMap<K, Pending>,
+    /// Entries charged to each owner.
+    charged: HashMap<Owner, usize>,
+    /// Per owner, the keys of entries that have data but no message yet, oldest first
+    /// (keys whose entry moved on are skipped and compacted away); bounded trackers only.
+    data_only: HashMap<Owner, VecDeque<K>>,
+}
+
+impl<K> Default for Tracker<K> {
+    fn default() -> Self {
+        Self {
+            pending: HashMap::new(),
+            charged: HashMap::new(),
+            data_only: HashMap::new(),
+        }
+    }
+}
+
+#[derive(Debug)]
 struct Pending {
     received: u64,
+    /// Charged to: the message's owner once it is in, else the data's.
+    owner: Owner,
+    /// Who sent data, where the transport told.
+    data_from: Owner,
     /// (expected data completions, sender, message)
     message: Option<(u64, String, Vec<u8>)>,
+}
+
+/// What became of an arrival.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Arrival {
+    /// Counted; the notification waits for the rest.
+    Counted,
+    /// It completed a notification, which was released.
+    Released,
+    /// Dropped, and why.
+    Refused(NotifRefusal),
+}
+
+/// Why an arrival was dropped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum NotifRefusal {
+    /// Its owner already has `limit` notifications waiting.
+    TooManyPending { limit: usize },
+    /// A message for a key whose message is already in.
+    Duplicate,
+    /// Data or a message from another owner than the one the entry belongs to.
+    WrongSender,
+}
+
+impl std::fmt::Display for NotifRefusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NotifRefusal::TooManyPending { limit } => {
+                write!(f, "the sender already has {limit} notifications waiting")
+            }
+            NotifRefusal::Duplicate => f.write_str("a second message for one notification"),
+            NotifRefusal::WrongSender => {
+                f.write_str("it does not come from the sender of the rest of its notification")
+            }
+        }
+    }
 }
 
 impl<K> Default for NotifTracker<K> {
     fn default() -> Self {
         Self {
-            pending: Mutex::default(),
+            state: Mutex::default(),
             ready: NotifInbox::default(),
+            limit: usize::MAX,
+            refused: AtomicU64::new(0),
         }
     }
 }
 
 impl<K: Hash + Eq + Copy> NotifTracker<K> {
-    /// One data completion of transfer `key` landed.
-    pub(crate) fn data_arrived(&self, key: K) {
-        let mut pending = self.pending.lock();
-        pending.entry(key).or_default().received += 1;
-        self.release_if_complete(&mut pending, key);
+    /// A tracker where each owner may have at most `limit` entries waiting.
+    pub(crate) fn bounded(limit: usize) -> Self {
+        Self {
+            limit: limit.max(1),
+            ..Self::default()
+        }
     }
 
-    /// The notification message of transfer `key` arrived.
+    /// One data completion of transfer `key` landed (sender unknown).
+    pub(crate) fn data_arrived(&self, key: K) {
+        self.data_from(key, None);
+    }
+
+    /// One data completion of transfer `key` landed, from `from` where the transport
+    /// told.
+    pub(crate) fn data_from(&self, key: K, from: Owner) -> Arrival {
+        let mut state = self.state.lock();
+        let tracker = &mut *state;
+        if let Some(p) = tracker.pending.get_mut(&key) {
+            let entry_sender = if p.message.is_some() {
+                p.owner
+            } else {
+                p.data_from
+            };
+            if from.is_some() && entry_sender.is_some() && from != entry_sender {
+                return self.refuse(NotifRefusal::WrongSender);
+            }
+            p.received += 1;
+            p.data_from = p.data_from.or(from);
+            return self.release_if_complete(tracker, key);
+        }
+        if self.limit != usize::MAX {
+            if tracker.charged.get(&from).copied().unwrap_or(0) >= self.limit
+                && !tracker.evict_oldest_data_only(from)
+            {
+                return self.refuse(NotifRefusal::TooManyPending { limit: self.limit });
+            }
+            let queue = tracker.data_only.entry(from).or_default();
+            queue.push_back(key);
+            if queue.len() > 2 * self.limit.max(64) {
+                // Keys whose entries got their message (or went) since: drop them.
+                let pending = &tracker.pending;
+                queue.retain(|k| pending.get(k).is_some_and(|p| p.message.is_none()));
+            }
+        }
+        *tracker.charged.entry(from).or_default() += 1;
+        tracker.pending.insert(
+            key,
+            Pending {
+                received: 1,
+                owner: from,
+                data_from: from,
+                message: None,
+            },
+        );
+        Arrival::Counted
+    }
+
+    /// The notification message of transfer `key` arrived (sender unknown).
     pub(crate) fn message_arrived(
         &self,
         key: K,
@@ -77,14 +207,92 @@ impl<K: Hash + Eq + Copy> NotifTracker<K> {
         sender: impl Into<String>,
         msg: Vec<u8>,
     ) {
-        let mut pending = self.pending.lock();
-        pending.entry(key).or_default().message = Some((expected, sender.into(), msg));
-        self.release_if_complete(&mut pending, key);
+        self.message_from(key, None, expected, sender, msg);
+    }
+
+    /// The notification message of transfer `key` arrived from `owner`, delivered under
+    /// `sender`.
+    pub(crate) fn message_from(
+        &self,
+        key: K,
+        owner: Owner,
+        expected: u64,
+        sender: impl Into<String>,
+        msg: Vec<u8>,
+    ) -> Arrival {
+        let mut state = self.state.lock();
+        let tracker = &mut *state;
+        let (previous, foreign_data) = match tracker.pending.get(&key) {
+            Some(p) if p.message.is_some() => return self.refuse(NotifRefusal::Duplicate),
+            // Data from another sender came first: it was not this notification's.
+            Some(p) => (
+                Some(p.owner),
+                owner.is_some() && p.data_from.is_some() && p.data_from != owner,
+            ),
+            None => (None, false),
+        };
+        if previous != Some(owner)
+            && tracker.charged.get(&owner).copied().unwrap_or(0) >= self.limit
+        {
+            return self.refuse(NotifRefusal::TooManyPending { limit: self.limit });
+        }
+        if previous != Some(owner) {
+            if let Some(old) = previous {
+                tracker.uncharge(old);
+            }
+            *tracker.charged.entry(owner).or_default() += 1;
+        }
+        let p = tracker.pending.entry(key).or_insert(Pending {
+            received: 0,
+            owner,
+            data_from: None,
+            message: None,
+        });
+        p.owner = owner;
+        p.message = Some((expected, sender.into(), msg));
+        if foreign_data {
+            p.received = 0;
+            p.data_from = None;
+            self.refused.fetch_add(1, Ordering::Relaxed);
+        }
+        self.release_if_complete(tracker, key)
+    }
+
+    /// Delivers a notification at once (nothing to wait for: this side sent it to itself).
+    pub(crate) fn deliver(&self, sender: impl Into<String>, msg: Vec<u8>) {
+        self.ready.push(sender, msg);
     }
 
     /// Forgets half-assembled notifications whose key matches (a connection went away).
     pub(crate) fn forget(&self, mut matches: impl FnMut(&K) -> bool) {
-        self.pending.lock().retain(|key, _| !matches(key));
+        let mut state = self.state.lock();
+        let tracker = &mut *state;
+        let gone: Vec<K> = tracker
+            .pending
+            .keys()
+            .filter(|k| matches(k))
+            .copied()
+            .collect();
+        for key in gone {
+            tracker.remove(key);
+        }
+    }
+
+    /// Forgets the half-assembled notifications charged to or sent by `owner` (a peer
+    /// that went away or was replaced).
+    pub(crate) fn forget_owner(&self, owner: Owner) {
+        let mut state = self.state.lock();
+        let tracker = &mut *state;
+        let gone: Vec<K> = tracker
+            .pending
+            .iter()
+            .filter(|(_, p)| p.owner == owner || (p.message.is_none() && p.data_from == owner))
+            .map(|(k, _)| *k)
+            .collect();
+        for key in gone {
+            tracker.remove(key);
+        }
+        tracker.data_only.remove(&owner);
     }
 
     /// Moves the released notifications, in release order, into `into`.
@@ -97,24 +305,67 @@ impl<K: Hash + Eq + Copy> NotifTracker<K> {
         self.ready.add_waker(waker);
     }
 
-    fn release_if_complete(&self, pending: &mut HashMap<K, Pending>, key: K) {
-        let complete = pending.get(&key).is_some_and(|p| {
+    /// Arrivals dropped so far (see [`NotifRefusal`]).
+    pub(crate) fn refused(&self) -> u64 {
+        self.refused.load(Ordering::Relaxed)
+    }
+
+    /// Notifications waiting for their message or data.
+    #[cfg(test)]
+    pub(crate) fn assembling(&self) -> usize {
+        self.state.lock().pending.len()
+    }
+
+    fn refuse(&self, why: NotifRefusal) -> Arrival {
+        self.refused.fetch_add(1, Ordering::Relaxed);
+        Arrival::Refused(why)
+    }
+
+    fn release_if_complete(&self, tracker: &mut Tracker<K>, key: K) -> Arrival {
+        let complete = tracker.pending.get(&key).is_some_and(|p| {
             p.message
                 .as_ref()
                 .is_some_and(|(expected, ..)| p.received >= *expected)
         });
-        if complete {
-            let (_, sender, msg) = pending
-                .remove(&key)
-                .and_then(|p| p.message)
-                .expect("checked above");
+        if !complete {
+            return Arrival::Counted;
+        }
+        if let Some((_, sender, msg)) = tracker.remove(key).and_then(|p| p.message) {
             self.ready.push(sender, msg);
+        }
+        Arrival::Released
+    }
+}
+
+impl<K: Hash + Eq + Copy> Tracker<K> {
+    fn uncharge(&mut self, owner: Owner) {
+        if let Some(n) = self.charged.get_mut(&owner) {
+            *n -= 1;
+            if *n == 0 {
+                self.charged.remove(&owner);
+            }
         }
     }
 
-    #[cfg(test)]
-    fn assembling(&self) -> usize {
-        self.pending.lock().len()
+    fn remove(&mut self, key: K) -> Option<Pending> {
+        let p = self.pending.remove(&key)?;
+        self.uncharge(p.owner);
+        Some(p)
+    }
+
+    /// Drops `owner`'s oldest entry that has data and no message; whether there was one.
+    fn evict_oldest_data_only(&mut self, owner: Owner) -> bool {
+        while let Some(key) = self.data_only.get_mut(&owner).and_then(VecDeque::pop_front) {
+            let live = self
+                .pending
+                .get(&key)
+                .is_some_and(|p| p.message.is_none() && p.owner == owner);
+            if live {
+                self.remove(key);
+                return true;
+            }
+        }
+        false
     }
 }
 
@@ -257,6 +508,58 @@ mod tests {
         t.data_arrived(10);
         t.forget(|k| *k == 10);
         assert_eq!(t.assembling(), 0);
+    }
+
+    #[test]
+    fn bounded_owners_and_wrong_senders() {
+        let t = NotifTracker::<u64>::bounded(3);
+        let (a, b) = (Some(1), Some(2));
+        // Messages that never complete: three per owner, the fourth is refused.
+        for k in 0..3 {
+            assert_eq!(t.message_from(k, a, 1, "a", vec![]), Arrival::Counted);
+        }
+        assert_eq!(
+            t.message_from(3, a, 1, "a", vec![]),
+            Arrival::Refused(NotifRefusal::TooManyPending { limit: 3 })
+        );
+        // Another owner has its own bound.
+        assert_eq!(t.message_from(10, b, 1, "b", vec![]), Arrival::Counted);
+        assert_eq!(t.assembling(), 4);
+        // Data from someone else does not count toward a's notification...
+        assert_eq!(
+            t.data_from(0, b),
+            Arrival::Refused(NotifRefusal::WrongSender)
+        );
+        assert_eq!(released(&t), 0);
+        // ...data from a, or unattributed, does.
+        assert_eq!(t.data_from(0, a), Arrival::Released);
+        assert_eq!(t.data_from(1, None), Arrival::Released);
+        assert_eq!(released(&t), 2);
+        // A second message for one key is refused.
+        assert_eq!(
+            t.message_from(2, a, 1, "a", vec![]),
+            Arrival::Refused(NotifRefusal::Duplicate)
+        );
+        // Data from another owner before the message: not counted once the message is
+        // in (and counted as refused); the owner's own data then releases it.
+        assert_eq!(t.data_from(20, b), Arrival::Counted);
+        assert_eq!(t.data_from(20, b), Arrival::Counted);
+        assert_eq!(t.message_from(20, a, 2, "a", vec![]), Arrival::Counted);
+        assert_eq!(t.refused(), 4);
+        assert_eq!(t.data_from(20, a), Arrival::Counted);
+        assert_eq!(t.data_from(20, a), Arrival::Released);
+        // Data before its message over the bound: the owner's oldest such entry goes.
+        t.forget_owner(a);
+        t.forget_owner(b);
+        assert_eq!(t.assembling(), 0);
+        for k in 100..110 {
+            assert_eq!(t.data_from(k, a), Arrival::Counted);
+        }
+        assert_eq!(t.assembling(), 3);
+        // The newest are kept and still complete; the evicted one never releases.
+        assert_eq!(t.message_from(109, a, 1, "a", vec![]), Arrival::Released);
+        assert_eq!(t.message_from(100, a, 1, "a", vec![]), Arrival::Counted);
+        assert_eq!(t.assembling(), 3);
     }
 
     #[test]

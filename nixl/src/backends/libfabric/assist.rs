@@ -14,8 +14,8 @@
 //! `prep_xfer`): the first piece is *assisted*: the initiator's rail worker sends the
 //! target a [`Request`] on the rail (the target's range as the provider names it, and its
 //! key; the initiator's address, its process identity and its rail's name), and the
-//! target's rail worker checks the range against its own registrations (rail and key, as
-//! the provider's key check does), pushes it and answers [`Done`] with an errno; the
+//! target's rail worker checks who sent it and where it would write (the trust model
+//! below), pushes it and answers [`Done`] with an errno; the
 //! piece counts as done when the answer comes, after its bytes are in place. The second
 //! piece the initiator's worker meanwhile pulls itself (`process_vm_readv`, module
 //! `cma`), not through the provider: `fi_read` copies holding the lock of the target's
@@ -28,24 +28,58 @@
 //!
 //! Answers that mean "not here" ([`is_refusal`]: the target may not copy into the
 //! initiator — Yama's `ptrace_scope` 1 lets a parent copy into its child but not the
-//! reverse — or cannot see its process) move the piece through the provider, and the
-//! initiator asks that peer no more. A block is split only where the initiator may copy
-//! from the target itself (the `cma` probe); else the provider reads all of it. A range outside the target's registrations fails
+//! reverse — or cannot see its process, or does not serve this initiator) move the piece
+//! through the provider, and the initiator asks that peer no more; a declined piece
+//! ([`is_declined`]: its destination is not in what the target knows of the initiator's
+//! regions) moves through the provider and the initiator keeps asking. A block is split
+//! only where the initiator may copy from the target itself (the `cma` probe); else the
+//! provider reads all of it. A source range outside the target's registrations fails
 //! the transfer (`EACCES`, as the provider's key check would). A target whose process
 //! ends while assists are pending fails the transfer with `RemoteDisconnect` from its
 //! pidfd as before; the pending pieces are then given up (nothing can write them any
-//! more). Who may ask: whoever can send to the target's `shm` endpoint — processes of
-//! the same user, who may already read it through the provider — and the target copies
-//! only into the process that the request names and that it may `ptrace`.
+//! more).
+//!
+//! # Trust model
+//! A request names a destination in another process, and the target writes it with its
+//! own credentials, so nothing in the request decides where the bytes go unchecked. The
+//! target serves only peers whose metadata it loaded (both sides exchange metadata, as
+//! nixlbench does), and checks, in this order ([`Server::serve`]):
+//! - **who asks**: the rail worker attributes the request to a loaded peer by the
+//!   transport's source address of the message (`FI_SOURCE`, module `sources`), never
+//!   by what the message says; a request from an endpoint of no loaded peer is refused
+//!   (`EPERM`, logged, counted in [`Server::refused`]) and answered at the address it
+//!   names (only a refusal goes there);
+//! - **that it is who it says**: the process identity in the request (boot id, pid,
+//!   start time) must equal the one that peer's connection information advertised, else
+//!   `EPERM`;
+//! - **where the copy goes**: into the process from the peer's connection information
+//!   (its pid, found here with the same start time), never the one the request names;
+//!   and the destination range must lie inside DRAM regions that peer advertised in its
+//!   metadata (`load_remote_md`), else the piece is declined (`EADDRNOTAVAIL`). For a
+//!   peer other than this agent itself, a destination overlapping a region this backend
+//!   registered is refused (`EPERM`): the target never writes into itself on a peer's
+//!   word (two agents of one process each register their own memory);
+//! - **what is read**: the source range must lie inside a region this backend registered
+//!   on that rail with that key (as the provider's key check does), else `EACCES`; the
+//!   registry's read lock is held while the bytes move, so a deregistration waits.
+//!
+//! The answer goes to the endpoint that sent the request (the handle the transport
+//! named), and the initiator takes an answer only from the endpoint of the peer its job
+//! asked (a forged "in place" would complete a READ before its bytes). What remains
+//! trusted is the metadata itself: a peer's connection information
+//! and regions are what the agent loaded under its name (binding names to the connection
+//! they arrived on is the listener's part), and the kernel's `ptrace` check on the
+//! target's credentials still applies to every copy.
 //!
 //! Parameter `cma_read` (default 1 over `shm`): asks for assists, and serves them where
 //! the backend has its rail workers' threads (a target without them would answer only
 //! when its owner polls, so it does not advertise them); 0: neither.
 
-use super::cma::CmaPeer;
 use super::liveness::{self, ProcessId};
-use parking_lot::{Mutex, RwLock};
+use super::sources::PeerSource;
+use parking_lot::RwLock;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// First bytes of an assist message on a rail (beside notifications and staging).
@@ -59,8 +93,6 @@ pub(super) const CONN_TAG: &[u8; 4] = b"NXCA";
 pub(super) const CONN_WIRE_SIZE: usize = 4 + 1 + 1;
 /// The longest rail name a request carries.
 const MAX_NAME: usize = 1024;
-/// Requester processes a target keeps checked.
-const MAX_REQUESTERS: usize = 256;
 
 /// The connection information's section for a backend that serves assists.
 pub(super) fn encode_conn_section(out: &mut Vec<u8>) {
@@ -210,6 +242,13 @@ pub(super) fn is_refusal(errno: i32) -> bool {
     matches!(errno, libc::EPERM | libc::ESRCH | libc::EOPNOTSUPP)
 }
 
+/// Whether an answer means "not this piece" (its destination is not in what the target
+/// knows of this process's regions, e.g. registered after the target loaded this side's
+/// metadata): move it through the provider and keep asking.
+pub(super) fn is_declined(errno: i32) -> bool {
+    errno == libc::EADDRNOTAVAIL
+}
+
 /// What an answer's errno means, for the transfer's error.
 pub(super) fn describe(errno: i32, len: usize) -> String {
     match errno {
@@ -235,12 +274,13 @@ struct ServedRange {
     len: u64,
 }
 
-/// A target's side: the regions it serves (by rail and key) and the requesters it has
-/// checked.
+/// A target's side: the regions it serves (by rail and key), and what it refused.
 #[derive(Debug, Default)]
 pub(super) struct Server {
     regions: RwLock<HashMap<(usize, u64), ServedRange>>,
-    requesters: Mutex<HashMap<ProcessId, Arc<CmaPeer>>>,
+    /// Requests refused for who sent them or where they would write (see the module's
+    /// trust model).
+    refused: AtomicU64,
     /// Tests make the target refuse (as one without ptrace access to its initiator).
     #[cfg(test)]
     pub(super) refuse: std::sync::atomic::AtomicBool,
@@ -284,26 +324,26 @@ impl Server {
         }
     }
 
-    /// The requester's process, where this process may see it (same host and pid
-    /// namespace); cached.
-    fn requester(&self, id: &ProcessId) -> Option<Arc<CmaPeer>> {
-        let mut cache = self.requesters.lock();
-        if let Some(peer) = cache.get(id) {
-            return Some(peer.clone());
-        }
-        let pid = id.local_pid()?;
-        if cache.len() >= MAX_REQUESTERS {
-            cache.clear();
-        }
-        let peer = Arc::new(CmaPeer::new(pid));
-        cache.insert(*id, peer.clone());
-        Some(peer)
+    /// Requests refused so far for who sent them or where they would write.
+    pub(super) fn refused(&self) -> u64 {
+        self.refused.load(Ordering::Relaxed)
     }
 
-    /// Carries out a request that arrived on `rail`: the errno of its answer.
-    pub(super) fn serve(&self, rail: usize, req: &Request) -> i32 {
+    /// Counts and logs a refused request; its errno.
+    pub(super) fn refuse(&self, errno: i32, why: std::fmt::Arguments<'_>) -> i32 {
+        let n = self.refused.fetch_add(1, Ordering::Relaxed);
+        // The first, then one in 1024: a flood must not flood the log.
+        if n % 1024 == 0 {
+            tracing::warn!(refused = n + 1, "READ assist request refused: {why}");
+        }
+        errno
+    }
+
+    /// Carries out a request that arrived on `rail` from `peer`'s endpoint (the transport
+    /// said so): the errno of its answer. See the module's trust model.
+    pub(super) fn serve(&self, rail: usize, req: &Request, peer: &PeerSource) -> i32 {
         #[cfg(test)]
-        if self.refuse.load(std::sync::atomic::Ordering::Relaxed) {
+        if self.refuse.load(Ordering::Relaxed) {
             return libc::EPERM;
         }
         let Ok(len) = usize::try_from(req.len) else {
@@ -312,7 +352,38 @@ impl Server {
         if len == 0 || req.dst.checked_add(req.len).is_none() {
             return libc::EINVAL;
         }
+        if peer.process != Some(req.requester) {
+            return self.refuse(
+                libc::EPERM,
+                format_args!(
+                    "`{}` names another process than its connection information",
+                    peer.agent
+                ),
+            );
+        }
+        // The process the connection information named, not the request.
+        let Some(cma) = &peer.cma else {
+            return libc::ESRCH;
+        };
+        if !peer.advertised(req.dst, req.len) {
+            return self.refuse(
+                libc::EADDRNOTAVAIL,
+                format_args!(
+                    "{len} bytes at {:#x} are not in a region `{}` advertised",
+                    req.dst, peer.agent
+                ),
+            );
+        }
         let regions = self.regions.read();
+        if !peer.is_self && overlaps_any(&regions, req.dst, req.len) {
+            return self.refuse(
+                libc::EPERM,
+                format_args!(
+                    "`{}` asked for a copy into memory this backend registered",
+                    peer.agent
+                ),
+            );
+        }
         // The range as the peer names it (the provider's addressing), here.
         let src = regions.get(&(rail, req.key)).and_then(|range| {
             let offset = req.src.checked_sub(range.remote)?;
@@ -321,17 +392,22 @@ impl Server {
         let Some(src) = src else {
             return libc::EACCES;
         };
-        let Some(peer) = self.requester(&req.requester) else {
-            return libc::ESRCH;
-        };
         // SAFETY: `src..src + len` lies inside a region this backend registered (checked
         // under the read lock, which its deregistration waits for), so it is mapped,
         // readable memory of this process for the whole copy.
-        match unsafe { peer.push(src, len, req.dst) } {
+        match unsafe { cma.push(src, len, req.dst) } {
             Ok(()) => 0,
             Err(e) => e.errno.max(1),
         }
     }
+}
+
+/// Whether `addr..addr + len` overlaps a served region (in this process).
+fn overlaps_any(regions: &HashMap<(usize, u64), ServedRange>, addr: u64, len: u64) -> bool {
+    let end = addr.saturating_add(len);
+    regions
+        .values()
+        .any(|r| addr < r.addr.saturating_add(r.len) && r.addr < end)
 }
 
 #[cfg(test)]
@@ -391,6 +467,17 @@ mod tests {
         assert!(decode_conn_section(&section[..3]).is_err());
     }
 
+    /// This process as a loaded peer that advertised `regions`.
+    fn peer(regions: &[(u64, u64)], is_self: bool) -> PeerSource {
+        let me = ProcessId::current().unwrap();
+        let cma = Arc::new(super::super::cma::CmaPeer::new(me.local_pid().unwrap()));
+        let peer = PeerSource::new("initiator", 2, Some(me), Some(cma), is_self);
+        for &(addr, len) in regions {
+            peer.advertise(addr, len);
+        }
+        peer
+    }
+
     #[test]
     fn a_target_pushes_only_inside_its_registrations() {
         let server = Arc::new(Server::default());
@@ -398,57 +485,97 @@ mod tests {
             .map(|i: usize| (i * 7 + i / 4096) as u8)
             .collect();
         let mut dst = vec![0u8; src.len()];
+        let dst_p = dst.as_mut_ptr() as u64;
         let base = src.as_ptr() as u64;
         let served = server.add(&[(11, base), (12, 0)], base, src.len() as u64);
+        let from = peer(&[(dst_p, dst.len() as u64)], false);
         // A piece in the middle, on rail 1 with its key (named by offset there).
-        let req = request(4096, 12, dst.as_mut_ptr() as u64 + 4096, 1 << 20);
-        assert_eq!(server.serve(1, &req), 0);
+        let req = request(4096, 12, dst_p + 4096, 1 << 20);
+        assert_eq!(server.serve(1, &req, &from), 0);
         assert!(dst[4096..4096 + (1 << 20)] == src[4096..4096 + (1 << 20)]);
         assert!(dst[..4096].iter().all(|&b| b == 0));
         // The same piece by virtual address on rail 0.
         dst.fill(0);
-        let by_addr = request(base + 4096, 11, dst.as_mut_ptr() as u64 + 4096, 1 << 20);
-        assert_eq!(server.serve(0, &by_addr), 0);
+        let by_addr = request(base + 4096, 11, dst_p + 4096, 1 << 20);
+        assert_eq!(server.serve(0, &by_addr, &from), 0);
         assert!(dst[4096..4096 + (1 << 20)] == src[4096..4096 + (1 << 20)]);
         // The other rail's key, an unknown key, a range past the end or before the start.
-        assert_eq!(server.serve(0, &req), libc::EACCES);
-        assert_eq!(server.serve(1, &by_addr), libc::EACCES);
+        assert_eq!(server.serve(0, &req, &from), libc::EACCES);
+        assert_eq!(server.serve(1, &by_addr, &from), libc::EACCES);
         assert_eq!(
-            server.serve(1, &request(base, 13, dst.as_mut_ptr() as u64, 16)),
+            server.serve(1, &request(base, 13, dst_p, 16), &from),
             libc::EACCES
         );
-        let past = request(base + src.len() as u64 - 8, 11, dst.as_mut_ptr() as u64, 16);
-        assert_eq!(server.serve(0, &past), libc::EACCES);
+        let past = request(base + src.len() as u64 - 8, 11, dst_p, 16);
+        assert_eq!(server.serve(0, &past, &from), libc::EACCES);
         assert_eq!(
-            server.serve(0, &request(base - 8, 11, dst.as_mut_ptr() as u64, 16)),
+            server.serve(0, &request(base - 8, 11, dst_p, 16), &from),
             libc::EACCES
         );
         assert_eq!(
-            server.serve(0, &request(u64::MAX - 4, 11, 0, 16)),
+            server.serve(0, &request(u64::MAX - 4, 11, dst_p, 16), &from),
             libc::EACCES
         );
         // Zero bytes or a destination that wraps: malformed.
-        assert_eq!(server.serve(0, &request(base, 11, 0, 0)), libc::EINVAL);
         assert_eq!(
-            server.serve(0, &request(base, 11, u64::MAX - 4, 16)),
+            server.serve(0, &request(base, 11, 0, 0), &from),
             libc::EINVAL
         );
-        // A destination the requester has not mapped: EFAULT, the transfer's error.
-        assert_eq!(server.serve(0, &request(base, 11, 8, 4096)), libc::EFAULT);
-        assert!(!is_refusal(libc::EFAULT) && !is_refusal(libc::EACCES));
-        // A requester that is not a process here: refused, not failed.
+        assert_eq!(
+            server.serve(0, &request(base, 11, u64::MAX - 4, 16), &from),
+            libc::EINVAL
+        );
+        assert_eq!(server.refused(), 0);
+        // A destination the peer did not advertise: declined, counted, nothing written.
+        let unadvertised = vec![0u8; 4096];
+        let elsewhere = request(base, 11, unadvertised.as_ptr() as u64, 4096);
+        assert_eq!(server.serve(0, &elsewhere, &from), libc::EADDRNOTAVAIL);
+        assert!(is_declined(libc::EADDRNOTAVAIL) && !is_refusal(libc::EADDRNOTAVAIL));
+        assert!(unadvertised.iter().all(|&b| b == 0));
+        // Straddling the end of what it advertised.
+        let straddle = request(base, 11, dst_p + dst.len() as u64 - 8, 16);
+        assert_eq!(server.serve(0, &straddle, &from), libc::EADDRNOTAVAIL);
+        // Into memory this backend registered (the source itself), though advertised.
+        let into_me = peer(&[(base, src.len() as u64)], false);
+        let req_me = request(base, 11, base + 4096, 4096);
+        assert_eq!(server.serve(0, &req_me, &into_me), libc::EPERM);
+        // Unless the peer is this agent itself (loopback).
+        let me = peer(&[(base, src.len() as u64)], true);
+        assert_eq!(
+            server.serve(0, &request(base + 8192, 11, base + 8192, 8), &me),
+            0
+        );
+        assert_eq!(server.refused(), 3);
+        // A request naming another process than the peer advertised: refused.
         let mut child = std::process::Command::new("true").spawn().unwrap();
         let pid = child.id();
         child.wait().unwrap();
-        let mut gone = request(base, 11, dst.as_mut_ptr() as u64, 16);
+        let mut other = request(base, 11, dst_p, 16);
         let mut block = Vec::new();
-        gone.requester.encode(&mut block);
+        other.requester.encode(&mut block);
         block[21..25].copy_from_slice(&pid.to_le_bytes());
-        gone.requester = ProcessId::decode(&block).unwrap().unwrap();
-        assert_eq!(server.serve(0, &gone), libc::ESRCH);
+        other.requester = ProcessId::decode(&block).unwrap().unwrap();
+        assert_eq!(server.serve(0, &other, &from), libc::EPERM);
+        assert!(is_refusal(libc::EPERM));
+        assert_eq!(server.refused(), 4);
+        // A peer whose process is not here: refused, not failed.
+        let far = PeerSource::new("far", 3, Some(req.requester), None, false);
+        far.advertise(dst_p, dst.len() as u64);
+        assert_eq!(
+            server.serve(0, &request(base, 11, dst_p, 16), &far),
+            libc::ESRCH
+        );
         assert!(is_refusal(libc::ESRCH));
+        // A destination the requester has not mapped, though advertised: EFAULT, the
+        // transfer's error.
+        let unmapped = peer(&[(8, 4096)], false);
+        assert_eq!(
+            server.serve(0, &request(base, 11, 8, 4096), &unmapped),
+            libc::EFAULT
+        );
+        assert!(!is_refusal(libc::EFAULT) && !is_refusal(libc::EACCES));
         // Deregistered: nothing is served from it any more.
         drop(served);
-        assert_eq!(server.serve(1, &req), libc::EACCES);
+        assert_eq!(server.serve(1, &req, &from), libc::EACCES);
     }
 }

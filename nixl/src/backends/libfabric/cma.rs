@@ -24,7 +24,9 @@
 //!
 //! Unlike the provider's copy, a push is not checked against the target's registration
 //! key: it relies on the agent's check that the range lies inside a region the peer
-//! registered (as UCX's CMA transport does). A peer that deregisters and reuses memory
+//! registered (as UCX's CMA transport does), and is made only where the whole
+//! descriptor lies inside DRAM the peer advertised to this backend (its metadata: module
+//! `sources`), into the process its connection information named. A peer that deregisters and reuses memory
 //! while a WRITE to it is still running may receive that WRITE's bytes, where the
 //! provider would have failed the WRITE; NIXL's contract keeps memory registered while
 //! transfers to it run. A push is issued only after the peer was found alive (the rail

@@ -71,6 +71,11 @@ fn large_blocks_are_pushed_in_part_and_land_before_their_notification() {
         let name = initiator
             .load_remote_metadata(&target.local_metadata().unwrap())
             .unwrap();
+        // The target serves READ assists to initiators it loaded, into what they
+        // advertised (see the `assist` module's trust model).
+        target
+            .load_remote_metadata(&initiator.local_metadata().unwrap())
+            .unwrap();
         // Blocks below the threshold, at it, unaligned, and a batch mixing them.
         let cases: [&[usize]; 5] = [
             &[(2 << 20) - 1],
@@ -219,6 +224,9 @@ fn a_target_that_refuses_read_assists_is_read_by_the_provider_and_asked_no_more(
     let name = initiator
         .load_remote_metadata(&target.local_metadata().unwrap())
         .unwrap();
+    target
+        .load_remote_metadata(&initiator.local_metadata().unwrap())
+        .unwrap();
     let mut req = initiator
         .create_xfer_req(XferOp::Read, &one(back_p), &one(src_p), &name, None)
         .unwrap();
@@ -243,6 +251,9 @@ fn a_target_that_refuses_read_assists_is_read_by_the_provider_and_asked_no_more(
     let _ha = unsafe { again.register_mem(&one(back_p), None) }.unwrap();
     let name = again
         .load_remote_metadata(&target.local_metadata().unwrap())
+        .unwrap();
+    target
+        .load_remote_metadata(&again.local_metadata().unwrap())
         .unwrap();
     back.iter_mut().for_each(|b| *b = 0);
     let mut req = again
@@ -274,6 +285,9 @@ fn read_assists_are_served_only_by_targets_with_progress_threads() {
         let _ht = unsafe { target.register_mem(&one(src_p), None) }.unwrap();
         let name = initiator
             .load_remote_metadata(&target.local_metadata().unwrap())
+            .unwrap();
+        target
+            .load_remote_metadata(&initiator.local_metadata().unwrap())
             .unwrap();
         back.iter_mut().for_each(|b| *b = 0);
         let mut req = initiator

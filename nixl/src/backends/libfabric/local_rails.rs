@@ -33,6 +33,7 @@
 //! never `0xd7`.
 
 use super::host::{self, HostId};
+use super::sources::LoadedNames;
 use super::{open, LibfabricBackend, NAME};
 use crate::backend::{
     Backend, BackendInit, BackendXfer, Capabilities, LocalMd, NotifWaker, RemoteMd, XferEntry,
@@ -66,6 +67,9 @@ pub(super) struct Planes {
     planes: Vec<LibfabricBackend>,
     /// Each loaded peer's plane.
     routes: RwLock<HashMap<String, Route>>,
+    /// The loaded peers' names, which every plane knows (a message from another plane's
+    /// endpoint naming one of them is an impersonation: module `sources`).
+    loaded: Arc<LoadedNames>,
 }
 
 #[derive(Debug, Clone)]
@@ -138,9 +142,14 @@ pub(super) fn open_planes(init: &BackendInit) -> Result<Planes> {
         providers = ?planes.iter().map(LibfabricBackend::provider).collect::<Vec<_>>(),
         "{NAME}: planes"
     );
+    let loaded = Arc::new(LoadedNames::default());
+    for plane in &planes {
+        plane.share_loaded_names(loaded.clone());
+    }
     Ok(Planes {
         planes,
         routes: RwLock::default(),
+        loaded,
     })
 }
 
@@ -456,6 +465,7 @@ impl Backend for Planes {
                         }
                     }
                     tracing::debug!(peer = agent, provider = providers[plane], "{NAME}: route");
+                    self.loaded.insert(agent);
                     self.routes.write().insert(
                         agent.to_string(),
                         Route {
@@ -491,11 +501,17 @@ impl Backend for Planes {
             // Parsing is the same on every plane.
             parts[kind as usize] = Some(self.planes[0].load_remote_md(agent, region, md)?);
         }
+        // The plane the peer is reached by checks its READ assists and pushes against
+        // what it advertised (the first plane took note while parsing).
+        for plane in &self.planes[1..] {
+            plane.advertise(agent, region);
+        }
         Ok(Arc::new(PlanesRemoteMd { parts }))
     }
 
     fn disconnect(&self, agent: &str) {
         self.routes.write().remove(agent);
+        self.loaded.remove(agent);
         for plane in &self.planes {
             plane.disconnect(agent);
         }

@@ -39,6 +39,13 @@ pub(super) struct ReplyAddr {
     addr: Address,
 }
 
+impl ReplyAddr {
+    /// `addr`, inserted in `rail`'s AV: removed from it when dropped.
+    pub(super) fn new(rail: Arc<Rail>, addr: Address) -> Self {
+        ReplyAddr { rail, addr }
+    }
+}
+
 impl Drop for ReplyAddr {
     fn drop(&mut self) {
         self.rail.forget(self.addr);

@@ -3,9 +3,12 @@ use crate::Agent;
 
 #[test]
 fn notification_messages_round_trip_and_reject_garbage() {
-    let m = encode_notif("prefill-7", 0xdead_beef, 42, 15_000, b"kv ready").unwrap();
-    let (key, expected, sender, msg) = decode_notif(&m).unwrap();
-    assert_eq!(key, (0xdead_beefu64 << 32) | 42);
+    let key = 0x5ead_beef_0000_002a;
+    let m = encode_notif("prefill-7", key, 15_000, b"kv ready").unwrap();
+    // The key's halves where the sequence and the sender hash were: low half first.
+    assert_eq!(m[4..12], [0x2a, 0, 0, 0, 0xef, 0xbe, 0xad, 0x5e]);
+    let (back, expected, sender, msg) = decode_notif(&m).unwrap();
+    assert_eq!(back, key);
     assert_eq!(
         (expected, sender.as_str(), msg.as_slice()),
         (15_000, "prefill-7", &b"kv ready"[..])
@@ -13,7 +16,7 @@ fn notification_messages_round_trip_and_reject_garbage() {
     for cut in 0..m.len() {
         assert!(decode_notif(&m[..cut]).is_err());
     }
-    assert!(encode_notif("a", 1, 1, 0, &vec![0; MAX_NOTIF_BYTES]).is_err());
+    assert!(encode_notif("a", 1, 0, &vec![0; MAX_NOTIF_BYTES]).is_err());
 }
 
 /// shm advertises FI_HMEM even in a libfabric built without CUDA (this machine's and

@@ -7,12 +7,14 @@ use super::assist;
 use super::cma::CopyError;
 use super::idle::nap_after;
 use super::liveness::ProcessId;
+use super::sources::{Source, STRANGER};
 use super::stage_net::FabAddr;
 use super::{
     decode_notif, fabric_error, failure_of, send_message, staging, Common, Copier, PeerAddrs, Rail,
     RailOp, XferShared, MAX_OUTSTANDING, NOTIF_SLOT, NOTIF_SLOTS, RECV_CONTEXT, STAGE_CONTEXT,
 };
 use crate::backend::XferOp;
+use crate::backends::shared::Arrival;
 use crate::backends::staging::StageNet;
 use crate::error::Result;
 use fabric::{Access, Address, Caps, Completion, MemoryRegion, RegisteredBuffer};
@@ -63,6 +65,8 @@ impl ActiveJob {
 }
 
 const NOTIF_CONTEXT: u64 = 1 << 61;
+/// Handles a worker keeps attributed (an AV holds at most a few hundred).
+const MAX_SOURCES_SEEN: usize = 4096;
 /// How often a worker with nothing else to do reads the remote operation counter.
 const COUNTER_CHECK_INTERVAL: Duration = Duration::from_micros(100);
 
@@ -151,6 +155,12 @@ pub(super) struct Worker {
     me: Option<ProcessId>,
     /// Answers to peers' assist requests not yet sent (the endpoint was busy).
     replies: VecDeque<(FabAddr, Vec<u8>)>,
+    /// Senders' handles on this rail, attributed (module `sources`), as of
+    /// `sources_generation`.
+    sources_seen: HashMap<Address, Option<Arc<Source>>>,
+    sources_generation: u64,
+    /// READ assist answers dropped for coming from another endpoint than the job's peer.
+    foreign_answers: u64,
 }
 
 impl Worker {
@@ -178,6 +188,9 @@ impl Worker {
             name: rail.ep.name().map_err(fabric_error)?,
             me: ProcessId::current(),
             replies: VecDeque::new(),
+            sources_seen: HashMap::new(),
+            sources_generation: u64::MAX,
+            foreign_answers: 0,
             rail,
         };
         for slot in 0..NOTIF_SLOTS {
@@ -495,7 +508,7 @@ impl Worker {
                 if c.data & staging::FETCH_DATA != 0 {
                     self.common.stager.fetch_data(c.data & !staging::FETCH_DATA);
                 } else {
-                    self.common.notifs.data_arrived(c.data);
+                    self.data_arrived(c.data, c.src);
                 }
                 if context & RECV_CONTEXT != 0 {
                     self.repost((context & 0xffff) as usize);
@@ -511,7 +524,7 @@ impl Worker {
         if context & RECV_CONTEXT != 0 {
             let slot = (context & 0xffff) as usize;
             match result {
-                Ok(c) => self.handle_message(slot, c.len),
+                Ok(c) => self.handle_message(slot, c.len, c.src),
                 Err(e) if self.common.stop.load(Ordering::Relaxed) => drop(e),
                 Err(e) => tracing::warn!(error = %e, "notification receive failed"),
             }
@@ -547,7 +560,8 @@ impl Worker {
         }
     }
 
-    fn handle_message(&mut self, slot: usize, len: usize) {
+    /// A message from `src` (the sender's handle, where the transport named it).
+    fn handle_message(&mut self, slot: usize, len: usize, src: Option<Address>) {
         let bytes =
             &self.recv_buf.as_slice()[slot * NOTIF_SLOT..slot * NOTIF_SLOT + len.min(NOTIF_SLOT)];
         if bytes.starts_with(staging::MAGIC) {
@@ -556,41 +570,174 @@ impl Worker {
         }
         if bytes.starts_with(assist::MAGIC) {
             match assist::decode(bytes) {
-                Ok(assist::Message::Request(request)) => self.serve_assist(&request),
-                Ok(assist::Message::Done(done)) => self.assist_done(done),
+                Ok(assist::Message::Request(request)) => self.serve_assist(&request, src),
+                Ok(assist::Message::Done(done)) => self.assist_done(done, src),
                 Err(e) => tracing::warn!(error = %e, "malformed READ assist message dropped"),
             }
             return;
         }
         match decode_notif(bytes) {
-            Ok((key, expected, sender, msg)) => self
-                .common
-                .notifs
-                .message_arrived(key, expected, sender, msg),
+            Ok((key, expected, sender, msg)) => self.notification(src, key, expected, sender, msg),
             Err(e) => tracing::warn!(error = %e, "malformed notification dropped"),
+        }
+    }
+}
+
+/// Who sent what (module `sources`): notifications and their data.
+impl Worker {
+    /// The loaded peer whose endpoint sent a completion, as the transport names it.
+    fn attribute(&mut self, src: Option<Address>) -> Option<Arc<Source>> {
+        let addr = src.filter(|a| !self.rail.is_unattributable(*a))?;
+        let generation = self.common.sources.generation();
+        if generation != self.sources_generation {
+            self.sources_seen.clear();
+            self.sources_generation = generation;
+        }
+        if let Some(seen) = self.sources_seen.get(&addr) {
+            return seen.clone();
+        }
+        let found = self
+            .rail
+            .av
+            .lookup(addr)
+            .ok()
+            .and_then(|name| self.common.sources.find(self.index, &name));
+        if self.sources_seen.len() >= MAX_SOURCES_SEEN {
+            self.sources_seen.clear();
+        }
+        self.sources_seen.insert(addr, found.clone());
+        found
+    }
+
+    /// A notification message naming `sender` arrived from `src`.
+    fn notification(
+        &mut self,
+        src: Option<Address>,
+        key: u64,
+        expected: u64,
+        sender: String,
+        msg: Vec<u8>,
+    ) {
+        let owner = if !self.rail.names_senders {
+            // This provider cannot tell (no `FI_SOURCE`): the message's word.
+            None
+        } else {
+            match self.attribute(src) {
+                Some(s) if s.peer.agent == sender => Some(s.peer.tag),
+                Some(s) => {
+                    return self.refuse_notif(format_args!(
+                        "a notification from `{}`'s endpoint names `{sender}`",
+                        s.peer.agent
+                    ))
+                }
+                None if self.common.loaded_senders_only => {
+                    return self.refuse_notif(format_args!(
+                        "a notification naming `{sender}` comes from an endpoint of no loaded \
+                         peer (notif_senders=loaded)"
+                    ))
+                }
+                None if sender == self.common.agent_name
+                    || self.common.sources.is_loaded(&sender) =>
+                {
+                    return self.refuse_notif(format_args!(
+                        "a notification naming `{sender}` comes from none of its endpoints"
+                    ))
+                }
+                None => Some(STRANGER),
+            }
+        };
+        let arrival = self
+            .common
+            .notifs
+            .message_from(key, owner, expected, sender, msg);
+        self.note_arrival(arrival);
+    }
+
+    /// Remote CQ data `key` (a notified WRITE's) arrived from `src`.
+    fn data_arrived(&mut self, key: u64, src: Option<Address>) {
+        let from = if !self.rail.names_data_senders {
+            // Matched by its key alone, which only the sender and this side know.
+            None
+        } else {
+            match self.attribute(src) {
+                Some(s) => Some(s.peer.tag),
+                None if self.common.loaded_senders_only => {
+                    return self.refuse_notif(format_args!(
+                        "remote CQ data from an endpoint of no loaded peer \
+                         (notif_senders=loaded)"
+                    ))
+                }
+                None => Some(STRANGER),
+            }
+        };
+        let arrival = self.common.notifs.data_from(key, from);
+        self.note_arrival(arrival);
+    }
+
+    /// Counts and logs a notification arrival refused for who sent it.
+    fn refuse_notif(&self, why: std::fmt::Arguments<'_>) {
+        let n = self.common.refused_notifs.fetch_add(1, Ordering::Relaxed);
+        // The first, then one in 1024: a flood must not flood the log.
+        if n % 1024 == 0 {
+            tracing::warn!(rail = self.index, refused = n + 1, "dropped: {why}");
+        }
+    }
+
+    /// Logs an arrival the notification bookkeeping dropped (it counts them).
+    fn note_arrival(&self, arrival: Arrival) {
+        if let Arrival::Refused(why) = arrival {
+            let n = self.common.notifs.refused();
+            if n % 1024 == 1 {
+                tracing::warn!(
+                    rail = self.index,
+                    refused = n,
+                    "notification dropped: {why}"
+                );
+            }
         }
     }
 }
 
 /// READ assists (see `assist`): serving a peer's requests, and their answers.
 impl Worker {
-    /// Pushes a requested piece of a READ into the peer (or refuses) and answers.
-    fn serve_assist(&mut self, request: &assist::Request) {
-        let errno = match &self.common.assist {
-            Some(server) => server.serve(self.index, request),
-            None => libc::EOPNOTSUPP,
+    /// Pushes a requested piece of a READ into the peer whose endpoint `src` sent it (or
+    /// refuses: see the `assist` module's trust model) and answers that endpoint.
+    fn serve_assist(&mut self, request: &assist::Request, src: Option<Address>) {
+        let source = self.attribute(src);
+        let (errno, answer_to) = match (&self.common.assist, source) {
+            (None, _) => (libc::EOPNOTSUPP, None),
+            (Some(server), None) => (
+                server.refuse(
+                    libc::EPERM,
+                    format_args!(
+                        "it comes from an endpoint of no loaded peer (a target serves the \
+                         initiators whose metadata it loaded)"
+                    ),
+                ),
+                None,
+            ),
+            (Some(server), Some(s)) => (
+                server.serve(self.index, request, &s.peer),
+                Some(s.reply.clone()),
+            ),
         };
         let done = assist::Done {
             job: request.job,
             op: request.op,
             errno,
         };
-        match self
-            .common
-            .stager
-            .net
-            .resolve(self.index, &request.reply_to)
-        {
+        // A refusal for no one in particular goes where the request says (so that an
+        // initiator this side did not load stops asking); anything else to the endpoint
+        // that sent the request.
+        let dest = match answer_to {
+            Some(dest) => Ok(dest),
+            None => self
+                .common
+                .stager
+                .net
+                .resolve(self.index, &request.reply_to),
+        };
+        match dest {
             Ok(dest) => {
                 self.replies.push_back((dest, done.encode()));
                 self.send_replies();
@@ -616,12 +763,31 @@ impl Worker {
         sent
     }
 
-    /// The peer answered an assist request of one of this rail's jobs.
-    fn assist_done(&mut self, done: assist::Done) {
+    /// The peer answered an assist request of one of this rail's jobs (from `src`).
+    fn assist_done(&mut self, done: assist::Done, src: Option<Address>) {
+        let from = self
+            .rail
+            .names_senders
+            .then(|| self.attribute(src).map(|s| s.peer.agent.clone()));
         let Some(active) = self.jobs.get_mut(&done.job) else {
             tracing::debug!(job = done.job, "READ assist answer for a finished job");
             return;
         };
+        if let Some(from) = from {
+            if from.as_deref() != Some(active.job.shared.peer.agent.as_str()) {
+                // Only the job's peer may say that a piece is in place.
+                self.foreign_answers += 1;
+                if self.foreign_answers % 1024 == 1 {
+                    tracing::warn!(
+                        job = done.job,
+                        from = from.as_deref().unwrap_or("an endpoint of no loaded peer"),
+                        dropped = self.foreign_answers,
+                        "READ assist answer from another endpoint than the job's peer dropped"
+                    );
+                }
+                return;
+            }
+        }
         let op = match active.job.ops.get(done.op as usize) {
             Some(op) if op.copier == Copier::Peer && active.assists > 0 => op,
             _ => {
@@ -650,6 +816,7 @@ impl Worker {
                 }
                 active.redo.push(done.op as usize);
             }
+            e if assist::is_declined(e) => active.redo.push(done.op as usize),
             e => shared.fail_with(false, e, assist::describe(e, op.len)),
         }
     }

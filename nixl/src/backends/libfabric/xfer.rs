@@ -8,14 +8,14 @@ use super::liveness::Liveness;
 use super::stage_net::{FabAddr, FabricSink, Stager};
 use super::worker::{Progress, RailJob};
 use super::{
-    fabric_error, staging, PeerAddrs, PeerWatch, Plan, Rail, RunSpec, MAX_NOTIF_BYTES, NAME,
-    NOTIF_MAGIC,
+    fabric_error, staging, NotifKeys, NotifTracker, PeerAddrs, PeerWatch, Plan, Rail, RunSpec,
+    MAX_NOTIF_BYTES, NAME, NOTIF_MAGIC,
 };
 use crate::backend::{BackendXfer, PostParams, XferOp, XferProgress, XferStatus};
 use crate::error::{Error, Result};
 use fabric::{Access, Address, MemoryRegion, RegisteredBuffer};
 use parking_lot::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -56,9 +56,10 @@ pub(super) struct XferShared {
     pub(super) completed: AtomicU64,
     /// The notification message is not yet sent.
     pub(super) notif_pending: AtomicBool,
-    /// The message to send once every operation completed: a READ's, or a WRITE's
-    /// with pushed pieces (which the peer cannot count as it counts the provider's).
-    pub(super) notif_after_all: Mutex<Option<(Address, Vec<u8>)>>,
+    /// The notification to send once every operation completed: a READ's, a WRITE's
+    /// with pushed pieces (which the peer cannot count as it counts the provider's), or
+    /// one to this agent itself.
+    pub(super) notif_after_all: Mutex<Option<AfterAll>>,
     /// First failure: (peer gone, errno, text).
     pub(super) failed: Mutex<Option<(bool, i32, String)>>,
     pub(super) canceled: AtomicBool,
@@ -67,6 +68,20 @@ pub(super) struct XferShared {
     /// The peer (its name, process and heartbeats): the rail workers ask before they
     /// call into the provider for it, see [`XferShared::peer_alive`].
     pub(super) peer: PeerHealth,
+}
+
+/// A notification that goes once every operation of its transfer completed.
+#[derive(Debug)]
+pub(super) enum AfterAll {
+    /// The encoded message, to send to the peer on rail 0.
+    Send(Address, Vec<u8>),
+    /// To this agent itself: delivered here, directly (module `sources`: its own
+    /// endpoints are no one's to the transport).
+    Deliver {
+        notifs: Arc<NotifTracker<u64>>,
+        sender: String,
+        msg: Vec<u8>,
+    },
 }
 
 /// What tells that a transfer's peer is gone: the OS (same host) and its heartbeats.
@@ -114,7 +129,16 @@ impl XferShared {
     pub(super) fn unit_done(self: &Arc<Self>, rail0: &Rail, peer: &Arc<PeerAddrs>) {
         self.completed.fetch_add(1, Ordering::Relaxed);
         if self.pending.fetch_sub(1, Ordering::AcqRel) == 1 {
-            if let Some((dest, message)) = self.notif_after_all.lock().take() {
+            let after_all = self.notif_after_all.lock().take();
+            if let Some(AfterAll::Deliver {
+                notifs,
+                sender,
+                msg,
+            }) = after_all
+            {
+                notifs.deliver(sender, msg);
+                self.notif_pending.store(false, Ordering::Release);
+            } else if let Some(AfterAll::Send(dest, message)) = after_all {
                 rail0.push_job(RailJob {
                     shared: self.clone(),
                     ops: Arc::new(Vec::new()),
@@ -164,8 +188,11 @@ pub(super) struct FabricXfer {
     pub(super) agent: String,
     pub(super) notif_dest: Address,
     pub(super) self_name: String,
-    pub(super) sender_hash: u32,
-    pub(super) next_seq: Arc<AtomicU32>,
+    pub(super) keys: Arc<NotifKeys>,
+    /// A transfer of this agent to itself: its notification is delivered here.
+    pub(super) loopback: bool,
+    /// Where a loopback notification goes.
+    pub(super) notifs: Arc<NotifTracker<u64>>,
     pub(super) total: usize,
     /// Of those, operations the provider does not copy (see [`Copier`]): the peer
     /// cannot count them as it counts the provider's.
@@ -217,8 +244,7 @@ impl BackendXfer for FabricXfer {
         self.peer_alive()?;
         self.error_held = None;
         self.death_seen = None;
-        let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
-        let key = (u64::from(self.sender_hash) << 32) | u64::from(seq);
+        let key = self.keys.next();
         let staged_units: u64 = self
             .staged
             .as_ref()
@@ -231,7 +257,7 @@ impl BackendXfer for FabricXfer {
             0
         };
         let message = notif
-            .map(|msg| encode_notif(&self.self_name, self.sender_hash, seq, expected, msg))
+            .map(|msg| encode_notif(&self.self_name, key, expected, msg))
             .transpose()?;
         let shared = &self.shared;
         *shared.failed.lock() = None;
@@ -245,13 +271,23 @@ impl BackendXfer for FabricXfer {
             .notif_pending
             .store(message.is_some(), Ordering::Relaxed);
         let (write_notif, imm) = match (self.op, message) {
+            // To itself: delivered once every operation completed (WRITEs then ask for
+            // delivery: without remote CQ data, see `worker::post`).
+            (_, Some(_)) if self.loopback => {
+                *shared.notif_after_all.lock() = Some(AfterAll::Deliver {
+                    notifs: self.notifs.clone(),
+                    sender: self.self_name.clone(),
+                    msg: notif.map(<[u8]>::to_vec).unwrap_or_default(),
+                });
+                (None, None)
+            }
             (XferOp::Write, Some(m)) if self.cma_ops == 0 => {
                 (Some((self.notif_dest, m)), Some(key))
             }
             // A READ's message, and a WRITE's with pushed pieces (whose bytes are in place
             // once their copy returned), go after the last operation.
             (op, Some(m)) => {
-                *shared.notif_after_all.lock() = Some((self.notif_dest, m));
+                *shared.notif_after_all.lock() = Some(AfterAll::Send(self.notif_dest, m));
                 (None, (op == XferOp::Write).then_some(key))
             }
             (_, None) => (None, None),
@@ -369,14 +405,10 @@ impl Drop for FabricXfer {
     }
 }
 
-/// `NXNT seq:u32 hash:u32 expected:u64 name:str16 msg:u32-prefixed`
-pub(super) fn encode_notif(
-    sender: &str,
-    hash: u32,
-    seq: u32,
-    expected: u64,
-    msg: &[u8],
-) -> Result<Vec<u8>> {
+/// `NXNT key-low:u32 key-high:u32 expected:u64 name:str16 msg:u32-prefixed` (the key's
+/// halves where a sequence number and a hash of the sender's name were before).
+pub(super) fn encode_notif(sender: &str, key: u64, expected: u64, msg: &[u8]) -> Result<Vec<u8>> {
+    let (low, high) = (key as u32, (key >> 32) as u32);
     let len = 4 + 4 + 4 + 8 + 2 + sender.len() + 4 + msg.len();
     if len > MAX_NOTIF_BYTES {
         return Err(Error::InvalidParam(format!(
@@ -387,8 +419,8 @@ pub(super) fn encode_notif(
     }
     let mut out = Vec::with_capacity(len);
     out.extend_from_slice(NOTIF_MAGIC);
-    out.extend_from_slice(&seq.to_le_bytes());
-    out.extend_from_slice(&hash.to_le_bytes());
+    out.extend_from_slice(&low.to_le_bytes());
+    out.extend_from_slice(&high.to_le_bytes());
     out.extend_from_slice(&expected.to_le_bytes());
     out.extend_from_slice(&(sender.len() as u16).to_le_bytes());
     out.extend_from_slice(sender.as_bytes());
@@ -397,6 +429,8 @@ pub(super) fn encode_notif(
     Ok(out)
 }
 
+/// A notification message: (key, expected data completions, the name it gives its
+/// sender, the message); bounded against hostile input.
 pub(super) fn decode_notif(b: &[u8]) -> Result<(u64, u64, String, Vec<u8>)> {
     let bad = || Error::MalformedMetadata("malformed notification".into());
     let take =
@@ -404,8 +438,8 @@ pub(super) fn decode_notif(b: &[u8]) -> Result<(u64, u64, String, Vec<u8>)> {
     if take(b, 0, 4)? != NOTIF_MAGIC {
         return Err(bad());
     }
-    let seq = u32::from_le_bytes(take(b, 4, 4)?.try_into().expect("4"));
-    let hash = u32::from_le_bytes(take(b, 8, 4)?.try_into().expect("4"));
+    let low = u32::from_le_bytes(take(b, 4, 4)?.try_into().expect("4"));
+    let high = u32::from_le_bytes(take(b, 8, 4)?.try_into().expect("4"));
     let expected = u64::from_le_bytes(take(b, 12, 8)?.try_into().expect("8"));
     let name_len = u16::from_le_bytes(take(b, 20, 2)?.try_into().expect("2")) as usize;
     let sender = String::from_utf8(take(b, 22, name_len)?).map_err(|_| bad())?;
@@ -416,7 +450,7 @@ pub(super) fn decode_notif(b: &[u8]) -> Result<(u64, u64, String, Vec<u8>)> {
         return Err(bad());
     }
     Ok((
-        (u64::from(hash) << 32) | u64::from(seq),
+        (u64::from(high) << 32) | u64::from(low),
         expected,
         sender,
         msg,
