@@ -98,4 +98,5 @@ pub use device::{GpuXferReqH, MemViewH};
 pub use error::{Error, Result};
 #[doc(hidden)]
 pub use listener::fuzz_serve;
+pub use listener::JobToken;
 pub use mem::{Desc, DescList, MemKind, Region};

@@ -1022,24 +1022,24 @@ impl Backend for LibfabricBackend {
             rails: self.rails.clone(),
             addrs,
         });
+        // Built before the peer table is locked: the heartbeat handshake waits for the
+        // peer's hub (up to its connect bound), and transfers read the table.
+        let peer = Peer {
+            conn_info: info.to_vec(),
+            addrs,
+            liveness: parsed.process.as_ref().and_then(Liveness::watch),
+            watch: watch_peer(self.hub.as_ref(), agent, &parsed),
+            cma: parsed
+                .process
+                .as_ref()
+                .filter(|_| self.cma_write || self.cma_read)
+                .and_then(|p| p.local_pid())
+                .map(|pid| {
+                    Arc::new(CmaPeer::new(pid).with_assists(self.cma_read && parsed.assists))
+                }),
+        };
         // The old addresses go when nothing uses them any more.
-        let old = self.common.peers.write().insert(
-            agent.to_string(),
-            Peer {
-                conn_info: info.to_vec(),
-                addrs,
-                liveness: parsed.process.as_ref().and_then(Liveness::watch),
-                watch: watch_peer(self.hub.as_ref(), agent, &parsed),
-                cma: parsed
-                    .process
-                    .as_ref()
-                    .filter(|_| self.cma_write || self.cma_read)
-                    .and_then(|p| p.local_pid())
-                    .map(|pid| {
-                        Arc::new(CmaPeer::new(pid).with_assists(self.cma_read && parsed.assists))
-                    }),
-            },
-        );
+        let old = self.common.peers.write().insert(agent.to_string(), peer);
         if let Some(old) = old {
             self.common.stager.peer_gone(
                 &old.addrs,
@@ -1083,6 +1083,13 @@ impl Backend for LibfabricBackend {
             remotes,
             staged_slot: None,
         }))
+    }
+
+    fn peer_gone(&self, agent: &str) -> bool {
+        self.common.peers.read().get(agent).is_some_and(|p| {
+            p.watch.as_ref().is_some_and(|w| w.is_dead())
+                || p.liveness.as_ref().is_some_and(|l| l.check(agent).is_err())
+        })
     }
 
     fn disconnect(&self, agent: &str) {
