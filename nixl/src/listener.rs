@@ -33,8 +33,9 @@
 //!   address (of the busiest address) that is still sending its request, so connections
 //!   that never finish cannot lock anyone out;
 //! - [`MAX_BUFFERED_BYTES`] of frames held at once (requests being read or served,
-//!   replies being written): over it, the connection holding the largest unfinished
-//!   request is closed;
+//!   replies being written; a request counts at the length its checked header announces,
+//!   allocated once): over it, connections with unfinished requests are closed, those
+//!   that still owe the most bytes first;
 //! - requests are served by at most [`MAX_WORKERS`] threads (the others wait their turn):
 //!   loading metadata may wait for a backend's connection set-up.
 
@@ -89,8 +90,9 @@ pub(crate) const PRE_AUTH_MAX_BYTES: usize = 64 << 10;
 pub(crate) const MAX_CONNECTIONS_PER_IP: usize = 32;
 /// Connections held open at once, in all.
 pub(crate) const MAX_CONNECTIONS: usize = 512;
-/// Frame bytes held at once: requests being read or served, replies being written.
-pub(crate) const MAX_BUFFERED_BYTES: usize = 256 << 20;
+/// Frame bytes held at once: requests being read or served, replies being written. Room
+/// for one metadata push of the largest size ([`MAX_METADATA_BYTES`]) and 16 MiB more.
+pub(crate) const MAX_BUFFERED_BYTES: usize = MAX_METADATA_BYTES + (16 << 20);
 /// Requests served at once (each on a thread of its own).
 pub(crate) const MAX_WORKERS: usize = 32;
 /// Largest read of one connection's bytes at a time.
@@ -338,9 +340,13 @@ enum Outcome {
 struct Session {
     token: Option<JobToken>,
     phase: Phase,
-    /// The frame being read.
-    buf: Vec<u8>,
-    /// Its payload length, once its header is in and checked.
+    /// The header of the frame being read, and how much of it is in.
+    header: [u8; FRAME_HEADER_BYTES],
+    header_in: usize,
+    /// Its payload: allocated once, at the length the checked header states (no
+    /// reallocation and copy as it grows), filled as bytes arrive.
+    payload: Vec<u8>,
+    /// The payload's length, once the header is in and checked.
     payload_len: Option<usize>,
 }
 
@@ -349,7 +355,9 @@ impl Session {
         Self {
             token,
             phase: Phase::Start,
-            buf: Vec::new(),
+            header: [0; FRAME_HEADER_BYTES],
+            header_in: 0,
+            payload: Vec::new(),
             payload_len: None,
         }
     }
@@ -358,14 +366,19 @@ impl Session {
     /// a connection holds at most one frame, and never more than its cap.
     fn wanted(&self) -> usize {
         match self.payload_len {
-            None => FRAME_HEADER_BYTES - self.buf.len(),
-            Some(len) => (FRAME_HEADER_BYTES + len - self.buf.len()).max(1),
+            None => FRAME_HEADER_BYTES - self.header_in,
+            Some(len) => (len - self.payload.len()).max(1),
         }
     }
 
-    /// Bytes held for the frame being read.
+    /// Bytes held for the frame being read (what its payload was allocated at).
     fn buffered(&self) -> usize {
-        self.buf.len()
+        self.payload.capacity()
+    }
+
+    /// Bytes the frame being read was announced with but has not delivered yet.
+    fn outstanding(&self) -> usize {
+        self.payload_len.map_or(0, |len| len - self.payload.len())
     }
 
     /// Largest payload of a frame of type `kind` in the current phase.
@@ -380,39 +393,47 @@ impl Session {
 
     /// Takes bytes read from the connection (at most [`Session::wanted`], or at most the
     /// rest of one frame); returns what to do once a whole frame is in.
-    fn received(&mut self, data: &[u8]) -> Option<Outcome> {
-        self.buf.extend_from_slice(data);
-        if self.buf.len() < FRAME_HEADER_BYTES {
-            return None;
-        }
-        let mut header = [0u8; FRAME_HEADER_BYTES];
-        header.copy_from_slice(&self.buf[..FRAME_HEADER_BYTES]);
+    fn received(&mut self, mut data: &[u8]) -> Option<Outcome> {
         let len = match self.payload_len {
             Some(len) => len,
             None => {
+                let take = data.len().min(FRAME_HEADER_BYTES - self.header_in);
+                self.header[self.header_in..self.header_in + take].copy_from_slice(&data[..take]);
+                self.header_in += take;
+                data = &data[take..];
+                if self.header_in < FRAME_HEADER_BYTES {
+                    return None;
+                }
                 // The type decides the cap: a known request type must be seen before a
                 // large frame is read at all.
-                let kind = header[4];
+                let kind = self.header[4];
                 if !matches!(kind, SEND_MD | FETCH_MD | INVALIDATE | HELLO | AUTH) {
                     return Some(refuse(Error::MalformedMetadata(format!(
                         "unknown request type {kind}"
                     ))));
                 }
-                match parse_header(&header, self.cap(kind)) {
-                    Ok((_, len)) => {
-                        self.payload_len = Some(len);
-                        len
-                    }
+                let len = match parse_header(&self.header, self.cap(kind)) {
+                    Ok((_, len)) => len,
                     Err(e) => return Some(refuse(e)),
+                };
+                if self.payload.try_reserve_exact(len).is_err() {
+                    return Some(refuse(Error::InvalidParam(format!(
+                        "no memory for a frame of {len} bytes"
+                    ))));
                 }
+                self.payload_len = Some(len);
+                len
             }
         };
-        if self.buf.len() < FRAME_HEADER_BYTES + len {
+        let take = data.len().min(len - self.payload.len());
+        self.payload.extend_from_slice(&data[..take]);
+        if self.payload.len() < len {
             return None;
         }
-        let mut whole = std::mem::take(&mut self.buf);
+        let header = self.header;
+        let payload = std::mem::take(&mut self.payload);
+        self.header_in = 0;
         self.payload_len = None;
-        let payload = whole.split_off(FRAME_HEADER_BYTES);
         if let Err(e) = check_frame(&header, &payload) {
             return Some(refuse(e));
         }
@@ -888,15 +909,17 @@ impl LoopState {
         }
     }
 
-    /// Over [`MAX_BUFFERED_BYTES`]: closes the connections holding the largest unfinished
-    /// requests until under it.
+    /// Over [`MAX_BUFFERED_BYTES`]: closes connections with unfinished requests, those
+    /// that still owe the most bytes first, until under it.
     fn shed_load(&mut self) {
         while self.held() > MAX_BUFFERED_BYTES {
+            // The one that still owes the most bytes: a frame announced large and never
+            // sent goes before one that is streaming in.
             let largest = self
                 .conns
                 .iter()
                 .filter(|(_, c)| matches!(c.stage, Stage::Reading))
-                .max_by_key(|(_, c)| c.session.buffered())
+                .max_by_key(|(_, c)| (c.session.outstanding(), c.session.buffered()))
                 .map(|(id, _)| *id);
             match largest {
                 Some(id) => self.close(
