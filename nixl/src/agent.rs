@@ -659,11 +659,19 @@ impl Agent {
     ///   keys go. A peer restarted after a crash is therefore accepted as soon as this
     ///   agent has noticed the crash, and a peer that exits cleanly invalidates itself.
     /// - over the listener (see [`Agent::send_local_metadata`]): a blob naming a bound
-    ///   peer that was pushed from an address the peer is not known at (the source of the
-    ///   connection that bound it, or the address this agent fetched it from).
+    ///   peer that was pushed from an address the peer is not known at.
     ///
     /// Identical connection information (the same incarnation publishing again, e.g. new
     /// registrations) and partial metadata without connection information are loaded.
+    ///
+    /// What "known at" checks, exactly: the IP address (not the port) of the TCP
+    /// connection a listener request arrived on must be one of the peer's known addresses
+    /// — the source IP of the listener connection that bound it, and the IP of every
+    /// listener address this agent fetched its metadata from
+    /// ([`Agent::fetch_remote_metadata`]). A peer bound by the application (this method,
+    /// etcd) has none, so listener requests naming it are refused. The same check gates an
+    /// invalidation over the listener ([`Agent::invalidate_local_metadata`]). An address
+    /// names a host, not a process: on a shared host, use a [`JobToken`] as well.
     #[doc(alias = "loadRemoteMD")]
     pub fn load_remote_metadata(&self, blob: &[u8]) -> Result<String> {
         self.load_metadata_from(blob, MdSource::Application)

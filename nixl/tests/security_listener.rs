@@ -554,6 +554,7 @@ mod over_libfabric {
         // liveness check declares it dead, and the new one binds.
         first.shutdown();
         drop(first);
+        let start = Instant::now();
         let deadline = Instant::now() + Duration::from_secs(20);
         while let Err(e) = second.send_local_metadata(addr) {
             assert!(
@@ -562,6 +563,10 @@ mod over_libfabric {
             );
             std::thread::sleep(Duration::from_millis(100));
         }
+        eprintln!(
+            "the restarted peer was accepted {:?} after the old one went",
+            start.elapsed()
+        );
         write_to_first_region(&initiator, "rs-peer", &src);
         assert_eq!(wait_notif(&second, "rs-initiator"), b"landed");
         assert_eq!(buf, src);
@@ -609,11 +614,9 @@ mod over_libfabric {
         let ghost = PeerProcess::spawn(cmd, announce);
         let (kind, blob) = raw_request("127.0.0.1", ghost.addr, FETCH_MD, b"").unwrap();
         assert_eq!(kind, MD_REPLY);
-        // SAFETY: stops our own child process.
-        assert_eq!(
-            unsafe { libc::kill(ghost.child.id() as i32, libc::SIGSTOP) },
-            0
-        );
+        // SAFETY: kill takes a pid and a signal; it stops our own child process.
+        let stopped = unsafe { libc::kill(ghost.child.id() as i32, libc::SIGSTOP) };
+        assert_eq!(stopped, 0);
         let loading = {
             let initiator = initiator.clone();
             std::thread::spawn(move || {
