@@ -11,6 +11,8 @@
 //!   process's memory bounded, and a metadata load that waits for a peer's heartbeat hub
 //!   does not stall transfers to other peers.
 //!
+//! The tests run one at a time (timings and the process's memory are measured).
+//!
 //! Addresses: every process of this test is on one host, so the attacker and the peers
 //! are told apart by loopback addresses (`127.0.0.2` is the peer's, `127.0.0.3` the
 //! stranger's), as hosts would be.
@@ -108,6 +110,7 @@ fn rss_bytes() -> usize {
 
 #[test]
 fn metadata_under_the_agents_own_name_is_refused_and_local_stays_confined() {
+    let _serial = common::serial();
     let victim = local_agent("victim", listening_at("127.0.0.1"));
     let src = vec![0x5au8; 4096];
     let mut dst = vec![0u8; 4096];
@@ -182,6 +185,7 @@ fn metadata_under_the_agents_own_name_is_refused_and_local_stays_confined() {
 
 #[test]
 fn a_stranger_cannot_invalidate_a_peer_but_the_peer_itself_can() {
+    let _serial = common::serial();
     let victim = local_agent("inv-victim", listening_at("127.0.0.1"));
     let addr = victim.listen_addr().unwrap();
     let peer = local_agent("inv-peer", listening_at("127.0.0.2"));
@@ -215,6 +219,7 @@ fn a_stranger_cannot_invalidate_a_peer_but_the_peer_itself_can() {
 
 #[test]
 fn with_a_token_an_unauthenticated_fetch_gets_nothing() {
+    let _serial = common::serial();
     let config = AgentConfig {
         job_token: Some(JobToken::new("job 28 secret").unwrap()),
         ..listening_at("127.0.0.1")
@@ -289,6 +294,7 @@ fn slow_writers(
 
 #[test]
 fn slow_writers_do_not_block_a_legitimate_request() {
+    let _serial = common::serial();
     // The default metadata timeout (10 s): the slow writers outlive the test's bound.
     let victim = local_agent("busy", listening_at("127.0.0.1"));
     let addr = victim.listen_addr().unwrap();
@@ -320,6 +326,7 @@ fn slow_writers_do_not_block_a_legitimate_request() {
 
 #[test]
 fn a_connection_that_trickles_bytes_is_closed_at_its_deadline() {
+    let _serial = common::serial();
     let config = AgentConfig {
         metadata_timeout: Duration::from_millis(500),
         ..listening_at("127.0.0.1")
@@ -359,8 +366,23 @@ fn a_connection_that_trickles_bytes_is_closed_at_its_deadline() {
     eprintln!("a trickling connection was closed after {took:?} (deadline 500 ms)");
 }
 
+/// The flood runs in a process of its own, so that what the other tests of this binary
+/// allocate meanwhile does not count as its growth.
 #[test]
 fn a_flood_of_oversized_frames_keeps_memory_bounded() {
+    let _serial = common::serial();
+    let mut cmd = common::self_test("flood_process_main", false);
+    cmd.arg("--nocapture").env("NIXL_SECURITY_FLOOD", "1");
+    let status = cmd.status().unwrap();
+    assert!(status.success(), "the flooded process failed: {status}");
+}
+
+/// The flooded process: runs only when re-executed with NIXL_SECURITY_FLOOD.
+#[test]
+fn flood_process_main() {
+    if std::env::var_os("NIXL_SECURITY_FLOOD").is_none() {
+        return;
+    }
     const FRAME: usize = 48 << 20;
     let victim = local_agent("flooded", listening_at("127.0.0.1"));
     let addr = victim.listen_addr().unwrap();
@@ -471,6 +493,7 @@ mod over_libfabric {
 
     #[test]
     fn rebinding_a_live_peer_is_refused_and_a_write_meant_for_it_lands_at_it() {
+        let _serial = common::serial();
         let initiator = fabric("rb-initiator", listening_at("127.0.0.1"));
         let addr = initiator.listen_addr().unwrap();
         let src = vec![0x3cu8; 4096];
@@ -526,6 +549,7 @@ mod over_libfabric {
 
     #[test]
     fn a_restarted_peer_rebinds_once_its_old_incarnation_stopped_beating() {
+        let _serial = common::serial();
         let initiator = fabric("rs-initiator", listening_at("127.0.0.1"));
         let addr = initiator.listen_addr().unwrap();
         let src = vec![0x77u8; 4096];
@@ -587,6 +611,7 @@ mod over_libfabric {
 
     #[test]
     fn loading_a_peer_whose_heartbeat_hub_never_answers_does_not_stall_transfers() {
+        let _serial = common::serial();
         let initiator = fabric("hub-initiator", AgentConfig::default());
         let target = fabric("hub-target", AgentConfig::default());
         let src = vec![0x42u8; 4096];
@@ -639,8 +664,10 @@ mod over_libfabric {
             req.post().unwrap();
             finish(&mut req).unwrap();
             let took = start.elapsed();
+            // Far below the handshake's 5 s, which a WRITE waited out when the load held
+            // the backend's peer table; generous for a loaded 2-core machine.
             assert!(
-                took < Duration::from_secs(1),
+                took < Duration::from_secs(2),
                 "WRITE {i} took {took:?} while a peer's handshake waited"
             );
             took
