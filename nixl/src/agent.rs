@@ -257,6 +257,12 @@ impl PeerLife {
         self.disconnected.store(true, Ordering::Release);
     }
 
+    /// The incarnation's connection was loaded again (a reconnect): a disconnection
+    /// reported before no longer says it is gone.
+    fn clear_disconnected(&self) {
+        self.disconnected.store(false, Ordering::Release);
+    }
+
     fn is_disconnected(&self) -> bool {
         self.disconnected.load(Ordering::Acquire)
     }
@@ -799,6 +805,9 @@ impl Agent {
             if admission == Admission::Bind && has_conn_info {
                 // The binding: the new incarnation is known where it came from.
                 addrs.clear();
+            } else if has_conn_info {
+                // The same incarnation, reconnected by the backends just now.
+                life.clear_disconnected();
             }
             let conn_infos = if has_conn_info {
                 conn_infos
