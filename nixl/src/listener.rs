@@ -38,6 +38,9 @@
 //!   that still owe the most bytes first;
 //! - requests are served by at most [`MAX_WORKERS`] threads (the others wait their turn):
 //!   loading metadata may wait for a backend's connection set-up.
+//!
+//! What these bounds hold under attack is measured in `docs/BENCHMARKS.md` ("nixl:
+//! metadata listener under attack").
 
 use crate::agent::{Agent, AgentInner, MdSource};
 use crate::error::{Error, Result};
