@@ -11,11 +11,12 @@ use crate::backend::{
     NotifWaker, RemoteMd, XferEntry, XferOp, XferTelemetry,
 };
 use crate::error::{Error, Result};
+use crate::listener::JobToken;
 use crate::mem::{DescList, Lookup, MemKind, Region, RegionIndex};
 use crate::metadata::{AgentMetadata, BackendSection};
 use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
@@ -34,8 +35,16 @@ pub struct AgentConfig {
     /// A posted transfer whose completed-operation count has not moved for this long
     /// fails with [`Error::Stalled`].
     pub stall_timeout: Duration,
-    /// Bound on each metadata exchange (connect, send, receive).
+    /// Bound on each metadata exchange (connect, send, receive): every request to this
+    /// agent's listener must arrive whole within it, and every exchange this agent starts
+    /// must be answered within it.
     pub metadata_timeout: Duration,
+    /// The job's shared secret for the metadata listener, in both directions: with one,
+    /// this agent's listener serves only connections that prove they hold it, and this
+    /// agent proves it (and checks the listener's proof) on every exchange it starts;
+    /// `None`: no authentication ([`JobToken`] says what each mode protects against).
+    /// The default is [`JobToken::from_env`] (`NIXL_JOB_TOKEN`).
+    pub job_token: Option<JobToken>,
 }
 
 impl Default for AgentConfig {
@@ -45,6 +54,7 @@ impl Default for AgentConfig {
             listen_addr: None,
             stall_timeout: Duration::from_secs(30),
             metadata_timeout: Duration::from_secs(10),
+            job_token: JobToken::from_env(),
         }
     }
 }
@@ -122,13 +132,114 @@ struct RemoteAgent {
     local_generation: Option<u64>,
     /// The incarnation of the peer that requests made now talk to.
     life: Arc<PeerLife>,
-    /// Connection information per backend, as last loaded (sorted by backend name).
+    /// Connection information per backend, as bound (sorted by backend name; empty
+    /// while only regions were loaded): see "Binding" on [`Agent::load_remote_metadata`].
     conn_infos: Vec<(String, Vec<u8>)>,
+    /// Network addresses the peer is known at: the source of the listener connection that
+    /// bound it, and every listener address this agent fetched it from. Listener requests
+    /// naming the peer (metadata pushes after the binding, invalidations) must come from
+    /// one of them.
+    addrs: Vec<IpAddr>,
+}
+
+/// Where a metadata blob came from: what it may change depends on it (see "Binding" on
+/// [`Agent::load_remote_metadata`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum MdSource {
+    /// The application: [`Agent::load_remote_metadata`] (the etcd client included).
+    Application,
+    /// The answer of the listener at this address to this agent's fetch.
+    Fetched(SocketAddr),
+    /// Pushed to this agent's listener over a TCP connection from this address.
+    Pushed(SocketAddr),
+    /// This agent's own view of itself (loopback transfers), built from its registrations
+    /// at this local generation.
+    Loopback(u64),
+}
+
+impl MdSource {
+    fn addr(self) -> Option<IpAddr> {
+        match self {
+            MdSource::Fetched(a) | MdSource::Pushed(a) => Some(a.ip()),
+            MdSource::Application | MdSource::Loopback(_) => None,
+        }
+    }
+}
+
+/// What the binding rules let a blob do to a peer entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Admission {
+    /// The name is not bound (or its bound incarnation is gone): the blob's connection
+    /// information, if any, binds it now.
+    Bind,
+    /// The bound incarnation, again (identical connection information, or regions only).
+    Same,
+}
+
+/// A peer entry as the binding rules see it.
+#[derive(Debug)]
+struct BoundPeer {
+    conn_infos: Vec<(String, Vec<u8>)>,
+    addrs: Vec<IpAddr>,
+    /// Its incarnation is known to be over (a transport reported it disconnected or dead).
+    gone: bool,
+}
+
+/// The binding rules (see [`Agent::load_remote_metadata`]): whether a blob naming `name`,
+/// with connection information `incoming` (`None`: regions only), from `source`, may be
+/// loaded over `bound` (`None`: nothing bound yet).
+fn admit(
+    name: &str,
+    bound: Option<&BoundPeer>,
+    incoming: Option<&[(String, Vec<u8>)]>,
+    source: MdSource,
+) -> std::result::Result<Admission, String> {
+    if matches!(source, MdSource::Loopback(_)) {
+        return Ok(Admission::Bind);
+    }
+    let Some(bound) = bound.filter(|b| !b.conn_infos.is_empty()) else {
+        return Ok(Admission::Bind);
+    };
+    match incoming {
+        Some(info) if info != bound.conn_infos.as_slice() => {
+            if bound.gone {
+                Ok(Admission::Bind)
+            } else {
+                Err(format!(
+                    "`{name}` is bound to the connection information it first arrived with, \
+                     and that incarnation is alive: other connection information is accepted \
+                     once its transport reports it gone, or once it is invalidated (by itself \
+                     over the listener, or here with invalidate_remote)"
+                ))
+            }
+        }
+        _ => match source {
+            MdSource::Pushed(from) if !bound.addrs.contains(&from.ip()) => Err(format!(
+                "pushed from {from}, but `{name}` is known only at {}",
+                describe_addrs(&bound.addrs)
+            )),
+            _ => Ok(Admission::Same),
+        },
+    }
+}
+
+/// `addrs` for a message: "[a, b]" or a phrase saying there is none.
+fn describe_addrs(addrs: &[IpAddr]) -> String {
+    if addrs.is_empty() {
+        "no network address (it was loaded by the application, not over the listener)".into()
+    } else {
+        format!("{addrs:?}")
+    }
 }
 
 /// Whether the incarnation of a peer that a request was made for is still the current one.
 #[derive(Debug, Default)]
-pub(crate) struct PeerLife(AtomicU8);
+pub(crate) struct PeerLife {
+    state: AtomicU8,
+    /// A transport reported this incarnation disconnected ([`Error::RemoteDisconnect`]
+    /// from a request or a notification): its name may be bound to a new incarnation.
+    disconnected: AtomicBool,
+}
 
 impl PeerLife {
     const ALIVE: u8 = 0;
@@ -137,19 +248,37 @@ impl PeerLife {
 
     fn end(&self, how: u8) {
         let _ = self
-            .0
+            .state
             .compare_exchange(Self::ALIVE, how, Ordering::AcqRel, Ordering::Acquire);
+    }
+
+    /// Records that a transport reported this incarnation disconnected.
+    pub(crate) fn mark_disconnected(&self) {
+        self.disconnected.store(true, Ordering::Release);
+    }
+
+    /// The incarnation's connection was loaded again (a reconnect): a disconnection
+    /// reported before no longer says it is gone.
+    fn clear_disconnected(&self) {
+        self.disconnected.store(false, Ordering::Release);
+    }
+
+    fn is_disconnected(&self) -> bool {
+        self.disconnected.load(Ordering::Acquire)
     }
 
     /// `None` while alive; otherwise why requests to it are over.
     fn gone(&self) -> Option<&'static str> {
-        match self.0.load(Ordering::Acquire) {
+        match self.state.load(Ordering::Acquire) {
             Self::ALIVE => None,
             Self::INVALIDATED => Some("its metadata was invalidated"),
             _ => Some("it was reloaded with new connection information (a new incarnation)"),
         }
     }
 }
+
+/// Number of locks peer loads are striped over ([`AgentInner::load_locks`]).
+const LOAD_LOCK_STRIPES: usize = 16;
 
 /// A request's backend transfer, reachable from the agent so that shutdown can release it.
 type ReqSlot = Mutex<Option<Box<dyn BackendXfer>>>;
@@ -162,6 +291,11 @@ pub(crate) struct AgentInner {
     backends: RwLock<Vec<Arc<dyn Backend>>>,
     local: RwLock<LocalState>,
     remotes: RwLock<HashMap<String, RemoteAgent>>,
+    /// Serialize the loads and invalidations of one peer name (striped by the name's
+    /// hash): the binding decision, the backends' connection set-up and the table update
+    /// happen as one step, without holding `remotes` across the set-up (a backend's
+    /// handshake may take seconds; transfers read `remotes`).
+    load_locks: [Mutex<()>; LOAD_LOCK_STRIPES],
     generation: AtomicU64,
     pub(crate) listener: Mutex<Option<crate::listener::Listener>>,
     /// Set by [`Agent::shutdown`].
@@ -243,6 +377,7 @@ impl Agent {
                 backends: RwLock::new(Vec::new()),
                 local: RwLock::new(LocalState::default()),
                 remotes: RwLock::new(HashMap::new()),
+                load_locks: std::array::from_fn(|_| Mutex::new(())),
                 generation: AtomicU64::new(1),
                 listener: Mutex::new(None),
                 shut: AtomicBool::new(false),
@@ -513,18 +648,124 @@ impl Agent {
     /// Loads a peer's (full or partial) metadata and returns its name. Connection info in
     /// the blob replaces what was known (a restarted peer reconnects: prepared lists made
     /// before are refused and must be prepared again); regions are added.
+    ///
+    /// # Binding
+    /// A peer's name is bound to the connection information (every backend's) that it
+    /// first arrived with, until that incarnation ends, so that a blob from anyone else
+    /// cannot redirect transfers meant for it. Refused with [`Error::MetadataRefused`]
+    /// (logged; nothing of the blob is loaded, no backend sees it):
+    /// - a blob that names this agent itself (it would widen the view loopback transfers
+    ///   are checked against);
+    /// - other connection information under a bound name while the bound incarnation
+    ///   lives. It ends, and the name may be bound anew, when a transport reports it
+    ///   gone: a request or notification to it failed with [`Error::RemoteDisconnect`],
+    ///   or a backend's liveness check declared it dead (its process exited, its
+    ///   heartbeats stopped: [`Backend::peer_gone`]); or when it is invalidated — by itself
+    ///   over the listener, by [`Agent::invalidate_remote`], or by the etcd watch when its
+    ///   keys go. A peer restarted after a crash is therefore accepted as soon as this
+    ///   agent has noticed the crash, and a peer that exits cleanly invalidates itself.
+    /// - over the listener (see [`Agent::send_local_metadata`]): a blob naming a bound
+    ///   peer that was pushed from an address the peer is not known at.
+    ///
+    /// Identical connection information (the same incarnation publishing again, e.g. new
+    /// registrations) and partial metadata without connection information are loaded.
+    ///
+    /// What "known at" checks, exactly: the IP address (not the port) of the TCP
+    /// connection a listener request arrived on must be one of the peer's known addresses
+    /// — the source IP of the listener connection that bound it, and the IP of every
+    /// listener address this agent fetched its metadata from
+    /// ([`Agent::fetch_remote_metadata`]). A peer bound by the application (this method,
+    /// etcd) has none, so listener requests naming it are refused. The same check gates an
+    /// invalidation over the listener ([`Agent::invalidate_local_metadata`]). An address
+    /// names a host, not a process: on a shared host, use a [`JobToken`] as well.
     #[doc(alias = "loadRemoteMD")]
     pub fn load_remote_metadata(&self, blob: &[u8]) -> Result<String> {
+        self.load_metadata_from(blob, MdSource::Application)
+    }
+
+    /// [`Agent::load_remote_metadata`] of a blob that came from `source`.
+    pub(crate) fn load_metadata_from(&self, blob: &[u8], source: MdSource) -> Result<String> {
         let meta = AgentMetadata::decode(blob)?;
         let name = meta.agent.clone();
-        self.load_decoded(meta, None)?;
+        self.load_decoded(meta, source)?;
         Ok(name)
     }
 
-    fn load_decoded(&self, meta: AgentMetadata, local_generation: Option<u64>) -> Result<()> {
+    /// The lock that serializes loads and invalidations of peer `name`.
+    fn load_lock(&self, name: &str) -> parking_lot::MutexGuard<'_, ()> {
+        use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
+        let hash = BuildHasherDefault::<DefaultHasher>::default().hash_one(name);
+        self.inner.load_locks[hash as usize % LOAD_LOCK_STRIPES].lock()
+    }
+
+    /// Applies the binding rules of [`Agent::load_remote_metadata`] to a blob naming
+    /// `name`; the error says why it is refused (and is logged).
+    fn admit_metadata(
+        &self,
+        name: &str,
+        incoming: Option<&[(String, Vec<u8>)]>,
+        source: MdSource,
+    ) -> Result<Admission> {
+        let refuse = |reason: String| {
+            tracing::warn!(agent = name, ?source, %reason, "metadata refused");
+            Err(Error::MetadataRefused {
+                agent: name.to_string(),
+                reason,
+            })
+        };
+        let loopback = matches!(source, MdSource::Loopback(_));
+        if name == self.inner.name && !loopback {
+            return refuse(
+                "it names this agent itself (only the agent's own registrations describe it)"
+                    .into(),
+            );
+        }
+        let bound = self.inner.remotes.read().get(name).map(|p| {
+            (
+                p.conn_infos.clone(),
+                p.addrs.clone(),
+                p.life.is_disconnected(),
+            )
+        });
+        let bound = bound.map(|(conn_infos, addrs, disconnected)| {
+            // Asked of the backends outside the peer table's lock.
+            let gone = disconnected
+                || self
+                    .backends()
+                    .iter()
+                    .any(|b| conn_infos.iter().any(|(n, _)| n == b.name()) && b.peer_gone(name));
+            BoundPeer {
+                conn_infos,
+                addrs,
+                gone,
+            }
+        });
+        admit(name, bound.as_ref(), incoming, source).or_else(refuse)
+    }
+
+    fn load_decoded(&self, meta: AgentMetadata, source: MdSource) -> Result<()> {
+        let local_generation = match source {
+            MdSource::Loopback(generation) => Some(generation),
+            _ => None,
+        };
         let backends = self.backends();
         let has_conn_info = meta.sections.iter().any(|s| s.conn_info.is_some());
+        let mut conn_infos: Vec<(String, Vec<u8>)> = meta
+            .sections
+            .iter()
+            .filter_map(|s| s.conn_info.clone().map(|c| (s.backend.clone(), c)))
+            .collect();
+        conn_infos.sort();
+        let _serial = self.load_lock(&meta.agent);
+        // Decided before any backend sees the blob: a refused blob changes nothing.
+        let admission = self.admit_metadata(
+            &meta.agent,
+            has_conn_info.then_some(conn_infos.as_slice()),
+            source,
+        )?;
         // Parse everything before touching the peer table: a failure changes nothing.
+        // The backends' connection set-up (which may wait for the peer) runs outside the
+        // table's lock: transfers read it.
         let mut loaded: Vec<LoadedRegion> = Vec::new();
         for section in &meta.sections {
             let Some(bi) = backends.iter().position(|b| b.name() == section.backend) else {
@@ -546,27 +787,28 @@ impl Agent {
                 loaded.push((*region, section.backend.clone(), bi, md));
             }
         }
-        let mut conn_infos: Vec<(String, Vec<u8>)> = meta
-            .sections
-            .iter()
-            .filter_map(|s| s.conn_info.clone().map(|c| (s.backend.clone(), c)))
-            .collect();
-        conn_infos.sort();
         let mut remotes = self.inner.remotes.write();
         if has_conn_info || !remotes.contains_key(&meta.agent) {
             // Connection information starts a fresh view of the peer (prepared lists made
             // before are refused). Only *different* connection information is a new
             // incarnation: requests made for the old one fail with RemoteDisconnect.
-            let life = match remotes.get(&meta.agent) {
+            let (life, mut addrs) = match remotes.get(&meta.agent) {
                 Some(old) if old.conn_infos.is_empty() || old.conn_infos == conn_infos => {
-                    old.life.clone()
+                    (old.life.clone(), old.addrs.clone())
                 }
                 Some(old) => {
                     old.life.end(PeerLife::REPLACED);
-                    Arc::default()
+                    (Arc::default(), Vec::new())
                 }
-                None => Arc::default(),
+                None => (Arc::default(), Vec::new()),
             };
+            if admission == Admission::Bind && has_conn_info {
+                // The binding: the new incarnation is known where it came from.
+                addrs.clear();
+            } else if has_conn_info {
+                // The same incarnation, reconnected by the backends just now.
+                life.clear_disconnected();
+            }
             let conn_infos = if has_conn_info {
                 conn_infos
             } else {
@@ -581,11 +823,17 @@ impl Agent {
                     local_generation,
                     life,
                     conn_infos,
+                    addrs,
                 },
             );
         }
         let peer = remotes.get_mut(&meta.agent).expect("inserted above");
         peer.local_generation = local_generation.or(peer.local_generation);
+        if let Some(ip) = source.addr() {
+            if !peer.addrs.contains(&ip) {
+                peer.addrs.push(ip);
+            }
+        }
         // Group the per-backend views of one region into one entry.
         let mut grouped: HashMap<Region, Vec<Option<Arc<dyn RemoteMd>>>> = HashMap::new();
         for (region, backend, bi, md) in loaded {
@@ -613,6 +861,35 @@ impl Agent {
     /// Forgets a peer and disconnects it in every backend.
     #[doc(alias = "invalidateRemoteMD")]
     pub fn invalidate_remote(&self, agent: &str) -> Result<()> {
+        let _serial = self.load_lock(agent);
+        self.invalidate_locked(agent)
+    }
+
+    /// [`Agent::invalidate_remote`] asked over the listener by a connection from `from`:
+    /// honoured only when `from` is an address `agent` is known at (see "Binding" on
+    /// [`Agent::load_remote_metadata`]), so that only the peer itself can make this agent
+    /// forget it.
+    pub(crate) fn invalidate_remote_from(&self, agent: &str, from: SocketAddr) -> Result<()> {
+        let _serial = self.load_lock(agent);
+        let addrs = match self.inner.remotes.read().get(agent) {
+            Some(peer) => peer.addrs.clone(),
+            None => return Err(Error::UnknownAgent(agent.to_string())),
+        };
+        if !addrs.contains(&from.ip()) {
+            let reason = format!(
+                "invalidation asked from {from}, but `{agent}` is known only at {}",
+                describe_addrs(&addrs)
+            );
+            tracing::warn!(agent, %from, %reason, "invalidation refused");
+            return Err(Error::MetadataRefused {
+                agent: agent.to_string(),
+                reason,
+            });
+        }
+        self.invalidate_locked(agent)
+    }
+
+    fn invalidate_locked(&self, agent: &str) -> Result<()> {
         let removed = self.inner.remotes.write().remove(agent);
         let Some(removed) = removed else {
             return Err(Error::UnknownAgent(agent.to_string()));
@@ -786,7 +1063,7 @@ impl Agent {
             .and_then(|p| p.local_generation);
         if seen != Some(current) {
             let meta = self.build_metadata(None, true)?;
-            self.load_decoded(meta, Some(current))?;
+            self.load_decoded(meta, MdSource::Loopback(current))?;
         }
         Ok(())
     }
@@ -975,7 +1252,11 @@ impl Agent {
             })
             .collect();
         let backend = backends[chosen].clone();
-        let inner = backend.prep_xfer(op, &entries, peer)?;
+        let inner = backend.prep_xfer(op, &entries, peer).inspect_err(|e| {
+            if matches!(e, Error::RemoteDisconnect { .. }) {
+                life.mark_disconnected();
+            }
+        })?;
         let staged_bytes = inner.staged_bytes();
         // Keep every registration used alive while the request exists.
         let keep_local = unique_arcs(local_idx.iter().map(|&li| &local.local_regs[li]));
@@ -1047,11 +1328,24 @@ impl Agent {
             if backend.capabilities().notif {
                 match backend.gen_notif(agent, msg) {
                     Ok(()) => return Ok(()),
-                    Err(e) => last = Some(e),
+                    Err(e) => {
+                        self.note_failure(agent, &e);
+                        last = Some(e)
+                    }
                 }
             }
         }
         Err(last.unwrap_or_else(|| Error::InvalidParam("no backend supports notifications".into())))
+    }
+
+    /// Records a transport's report that `agent`'s current incarnation is disconnected
+    /// (its name may then be bound to a new one: see [`Agent::load_remote_metadata`]).
+    fn note_failure(&self, agent: &str, e: &Error) {
+        if matches!(e, Error::RemoteDisconnect { .. }) {
+            if let Some(peer) = self.inner.remotes.read().get(agent) {
+                peer.life.mark_disconnected();
+            }
+        }
     }
 
     /// Takes the notifications received so far, grouped by sender, in arrival order.
@@ -1180,4 +1474,107 @@ pub fn params<'a>(pairs: impl IntoIterator<Item = (&'a str, &'a str)>) -> Backen
         .into_iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(tag: &str) -> Vec<(String, Vec<u8>)> {
+        vec![("LIBFABRIC".to_string(), tag.as_bytes().to_vec())]
+    }
+
+    fn pushed(ip: &str) -> MdSource {
+        MdSource::Pushed(SocketAddr::new(ip.parse().unwrap(), 4000))
+    }
+
+    #[test]
+    fn binding_rules() {
+        let bound = BoundPeer {
+            conn_infos: info("first"),
+            addrs: vec!["10.0.0.1".parse().unwrap()],
+            gone: false,
+        };
+        let y = |incoming: Option<&[(String, Vec<u8>)]>, source| {
+            admit("y", Some(&bound), incoming, source)
+        };
+        // Nothing bound yet (or regions only): the first connection information binds.
+        assert_eq!(
+            admit("y", None, Some(&info("any")), pushed("10.9.9.9")),
+            Ok(Admission::Bind)
+        );
+        let regions_only = BoundPeer {
+            conn_infos: Vec::new(),
+            addrs: Vec::new(),
+            gone: false,
+        };
+        assert_eq!(
+            admit(
+                "y",
+                Some(&regions_only),
+                Some(&info("x")),
+                MdSource::Application
+            ),
+            Ok(Admission::Bind)
+        );
+        // The same incarnation again, from its address or by the application.
+        assert_eq!(
+            y(Some(&info("first")), pushed("10.0.0.1")),
+            Ok(Admission::Same)
+        );
+        assert_eq!(y(None, pushed("10.0.0.1")), Ok(Admission::Same));
+        assert_eq!(
+            y(Some(&info("first")), MdSource::Application),
+            Ok(Admission::Same)
+        );
+        let fetched = MdSource::Fetched("10.0.0.7:5000".parse().unwrap());
+        assert_eq!(y(Some(&info("first")), fetched), Ok(Admission::Same));
+        // Other connection information while the incarnation lives: refused, from
+        // anywhere (the application and its own address included).
+        for source in [
+            pushed("10.0.0.1"),
+            pushed("10.0.0.2"),
+            MdSource::Application,
+            fetched,
+        ] {
+            let err = y(Some(&info("second")), source).unwrap_err();
+            assert!(err.contains("bound"), "{err}");
+        }
+        // Pushed from a stranger's address: refused even when it changes no connection.
+        for incoming in [Some(&info("first")[..]), None] {
+            let err = y(incoming, pushed("10.0.0.2")).unwrap_err();
+            assert!(err.contains("known only at"), "{err}");
+        }
+        // Once the incarnation is gone, a new one binds.
+        let gone = BoundPeer {
+            gone: true,
+            ..bound
+        };
+        assert_eq!(
+            admit("y", Some(&gone), Some(&info("second")), pushed("10.0.0.3")),
+            Ok(Admission::Bind)
+        );
+        // The agent's own view of itself is not subject to binding.
+        assert_eq!(
+            admit(
+                "y",
+                Some(&gone),
+                Some(&info("third")),
+                MdSource::Loopback(3)
+            ),
+            Ok(Admission::Bind)
+        );
+    }
+
+    #[test]
+    fn metadata_naming_the_agent_itself_is_refused() {
+        let agent = Agent::new("me", AgentConfig::default()).unwrap();
+        agent.create_backend("LOCAL", &Default::default()).unwrap();
+        let blob = agent.local_partial_metadata(None, true).unwrap();
+        assert!(matches!(
+            agent.load_remote_metadata(&blob),
+            Err(Error::MetadataRefused { agent, .. }) if agent == "me"
+        ));
+        assert!(!agent.has_remote("me"));
+    }
 }

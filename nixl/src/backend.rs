@@ -229,6 +229,16 @@ pub trait Backend: Send + Sync + std::fmt::Debug + 'static {
     ) -> Result<Arc<dyn RemoteMd>>;
     /// Forgets a peer (its metadata was invalidated).
     fn disconnect(&self, agent: &str);
+    /// Whether the incarnation of `agent` whose connection information this backend
+    /// loaded last is known to be over: its process exited, its heartbeats stopped, its
+    /// connection was closed for good. The agent binds a peer's name to its connection
+    /// information until then (see [`crate::Agent::load_remote_metadata`], "Binding"):
+    /// answering `true` lets a restarted peer's new metadata in. Default: `false` (this
+    /// backend cannot tell; the agent still learns of a dead peer from a failed request).
+    fn peer_gone(&self, agent: &str) -> bool {
+        let _ = agent;
+        false
+    }
     /// Prepares a transfer to `agent` (this agent's own name for a local transfer).
     fn prep_xfer(
         &self,

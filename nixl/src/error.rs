@@ -158,6 +158,21 @@ pub enum Error {
         /// What was asked.
         what: String,
     },
+    /// Metadata that this agent will not load or act on: it names this agent itself, it
+    /// would rebind a live peer's name to other connection information, or it came over
+    /// the listener from an address the named peer is not known at (see
+    /// [`crate::Agent::load_remote_metadata`], "Binding"). Nothing of it was loaded.
+    #[error("metadata of `{agent}` refused: {reason}")]
+    MetadataRefused {
+        /// The agent the metadata (or the invalidation) names.
+        agent: String,
+        /// Why.
+        reason: String,
+    },
+    /// The metadata listener's job token did not match (or one side has none): the
+    /// request was not served (see [`crate::AgentConfig::job_token`]).
+    #[error("metadata listener authentication failed: {0}")]
+    Unauthenticated(String),
     /// Socket or file I/O.
     #[error("I/O: {0}")]
     Io(#[from] std::io::Error),

@@ -52,8 +52,32 @@
 //! - Reconnect: a restarted peer publishes new metadata; [`Agent::load_remote_metadata`]
 //!   with it replaces the connection (requests made for the old incarnation fail with
 //!   [`Error::RemoteDisconnect`]), and new requests succeed without restarting the local
-//!   agent. A disconnect never makes the agent forget or refuse a peer by itself.
+//!   agent — once the old incarnation is known to be gone (a request or notification to
+//!   it failed with [`Error::RemoteDisconnect`], or the backend's liveness check declared
+//!   it dead) or was invalidated (see "Binding" there; until then other connection
+//!   information under its name is [`Error::MetadataRefused`]). A disconnect never makes
+//!   the agent forget a peer by itself.
 //! - [`backends::fault`] injects each of these failures deterministically.
+//!
+//! # Trust
+//! Peers of one job cooperate, but a peer may only reach memory that the target
+//! registered, and a message from outside the job must not redirect, stall or exhaust
+//! an agent:
+//! - Metadata binding ("Binding" on [`Agent::load_remote_metadata`]): a blob naming the
+//!   agent itself is refused; a peer's name stays bound to the connection information it
+//!   first arrived with while that incarnation lives; pushes and invalidations over the
+//!   listener for a bound name are accepted only from the address the peer is known at.
+//! - An optional job token ([`JobToken`], `NIXL_JOB_TOKEN`) authenticates every listener
+//!   connection in both directions; it is not encryption ([`JobToken`] says what each
+//!   mode protects against).
+//! - The listener bounds what a connection can cost: a deadline per request (not per
+//!   read), a 64 KiB cap on every frame but a metadata push, connection limits per source
+//!   address and in all, and a bound on the frame bytes it holds; a backend's connection
+//!   set-up for a new peer (which may wait seconds for it) never holds a lock that
+//!   transfers take.
+//! - `CUDA_IPC`'s socket admits only the same user (or root), by the kernel's
+//!   credentials, and hands a VMM allocation's descriptor only to a loaded peer's process,
+//!   for an id this agent exported.
 //!
 //! ```
 //! use nixl::{Agent, AgentConfig, Desc, DescList, MemKind, XferOp, XferStatus};
@@ -101,4 +125,5 @@ pub use device::{GpuXferReqH, MemViewH};
 pub use error::{Error, Result};
 #[doc(hidden)]
 pub use listener::fuzz_serve;
+pub use listener::JobToken;
 pub use mem::{Desc, DescList, MemKind, Region};

@@ -33,7 +33,6 @@ impl WakeFd {
     }
 
     /// Resets the counter (non-blocking: nothing to read is fine).
-    #[cfg_attr(not(any(feature = "libfabric", feature = "verbs")), allow(dead_code))]
     pub(crate) fn drain(&self) {
         use std::os::fd::AsRawFd;
         let mut counter = [0u8; 8];
@@ -63,9 +62,47 @@ pub(crate) fn pollfd_in(fd: i32) -> libc::pollfd {
     }
 }
 
+/// Fills `buf` from the kernel's cryptographically secure generator (`getrandom(2)`):
+/// nonces and ids a peer must not be able to guess.
+pub(crate) fn random_bytes(buf: &mut [u8]) -> std::io::Result<()> {
+    let mut filled = 0;
+    while filled < buf.len() {
+        let rest = &mut buf[filled..];
+        // SAFETY: writes at most `rest.len()` bytes into the live buffer `rest`.
+        let n = unsafe { libc::getrandom(rest.as_mut_ptr().cast(), rest.len(), 0) };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        filled += n as usize;
+    }
+    Ok(())
+}
+
+/// A random 64-bit value from [`random_bytes`].
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub(crate) fn random_u64() -> std::io::Result<u64> {
+    let mut b = [0u8; 8];
+    random_bytes(&mut b)?;
+    Ok(u64::from_le_bytes(b))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn random_bytes_fill_the_buffer_and_differ() {
+        let (mut a, mut b) = ([0u8; 32], [0u8; 32]);
+        random_bytes(&mut a).unwrap();
+        random_bytes(&mut b).unwrap();
+        assert_ne!(a, b);
+        assert_ne!(a, [0; 32]);
+        assert_ne!(random_u64().unwrap(), random_u64().unwrap());
+    }
 
     #[test]
     fn a_wake_fd_is_readable_once_signalled_until_drained() {

@@ -523,6 +523,9 @@ fn cuda_ipc_two_processes_write_read_with_notifications() {
     let i = agent("ipc-initiator", "CUDA_IPC", false);
     let name = i.fetch_remote_metadata(addr).unwrap();
     assert_eq!(name, "ipc-target");
+    // The target hands a VMM allocation's descriptor (round 6) only to a process whose
+    // metadata it loaded.
+    i.send_local_metadata(addr).unwrap();
     let local_v = DeviceBuffer::alloc(&gpu, BUF).unwrap();
     let mut local_d = pattern(2, BUF);
     // SAFETY: the buffers outlive the handles and requests.

@@ -183,7 +183,11 @@ impl XferReq {
             self.notif = notif;
         }
         let start = Instant::now();
-        let status = inner.post(self.notif.as_deref(), params)?;
+        let status = inner.post(self.notif.as_deref(), params).inspect_err(|e| {
+            if matches!(e, Error::RemoteDisconnect { .. }) {
+                self.life.mark_disconnected();
+            }
+        })?;
         drop(slot);
         self.state = if status == XferStatus::Done {
             ReqState::Done
@@ -258,6 +262,10 @@ impl XferReq {
             }
             other => other,
         };
+        if matches!(e, Error::RemoteDisconnect { .. }) {
+            // The transport says this incarnation is gone: its name may be bound anew.
+            self.life.mark_disconnected();
+        }
         let taken = self.slot.lock().take();
         drop(taken);
         self.state = ReqState::Failed(Failure::new(&e, self.backend.name()));

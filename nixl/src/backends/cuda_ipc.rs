@@ -19,6 +19,15 @@
 //!   CUDA IPC (another backend carries it).
 //! - Notifications travel over a Unix socket (abstract namespace, named in the connection
 //!   information) and are sent only after every copy of the transfer completed.
+//! - The socket is confined by the kernel's word on who connected (`SO_PEERCRED`, read on
+//!   every accepted connection), never by what a message says: only a process of the same
+//!   user (or root) may connect at all, and a VMM allocation's descriptor is handed only to
+//!   a process whose pid (and start time, so not a reused pid) is that of a peer whose
+//!   connection information this agent loaded — so an importer must have its metadata
+//!   loaded here first (`send_local_metadata`, etcd, ...) — and only for an id that one of
+//!   this agent's registrations exported. Ids are random 64-bit values, not a sequence to
+//!   walk. Abstract sockets have no file permissions, and any process in the network
+//!   namespace can reach one: these checks are the socket's only gate.
 //! - Same node only: the connection information carries the kernel's boot id; a peer
 //!   with another boot id is unreachable ([`Error::Unreachable`]), and the agent picks
 //!   another backend for it. A peer process that exits is noticed through a pidfd (its
@@ -68,6 +77,8 @@ type NotifList = super::shared::NotifInbox;
 type NotifQueue = Arc<NotifList>;
 /// VMM allocations this backend hands out as file descriptors, by id.
 type VmmTable = Mutex<HashMap<u64, gpu_mem::VmmExport>>;
+/// The peers whose connection information this backend loaded, by name.
+type PeerTable = Mutex<HashMap<String, Arc<Peer>>>;
 
 /// The CUDA-IPC backend.
 #[derive(Debug)]
@@ -77,10 +88,10 @@ pub struct CudaIpcBackend {
     notifs: NotifQueue,
     /// Stops accepting notification connections when the backend goes.
     _listener: NotifListener,
-    peers: Mutex<HashMap<String, Arc<Peer>>>,
+    /// Shared with the socket's thread, which hands VMM descriptors to these peers only.
+    peers: Arc<PeerTable>,
     streams: StreamPools,
     vmm: Arc<VmmTable>,
-    next_vmm: AtomicU64,
 }
 
 pub(crate) fn create(init: &BackendInit) -> Result<Arc<dyn Backend>> {
@@ -129,8 +140,13 @@ impl CudaIpcBackend {
         );
         let notifs = NotifQueue::default();
         let vmm = Arc::new(VmmTable::default());
-        let listener =
-            NotifListener::start(&socket, Arc::downgrade(&notifs), Arc::downgrade(&vmm))?;
+        let peers = Arc::new(PeerTable::default());
+        let listener = NotifListener::start(
+            &socket,
+            Arc::downgrade(&notifs),
+            Arc::downgrade(&vmm),
+            Arc::downgrade(&peers),
+        )?;
         Ok(CudaIpcBackend {
             agent_name: agent_name.to_string(),
             me: ConnInfo {
@@ -141,10 +157,9 @@ impl CudaIpcBackend {
             },
             notifs,
             _listener: listener,
-            peers: Mutex::default(),
+            peers,
             streams: StreamPools::new(num_streams),
             vmm,
-            next_vmm: AtomicU64::new(1),
         })
     }
 }
@@ -416,12 +431,29 @@ struct NotifListener {
     stop: Arc<AtomicBool>,
 }
 
+/// What the socket's connections reach: where notifications go, the VMM allocations on
+/// offer, and the peers they may be handed to.
+#[derive(Debug, Clone)]
+struct Served {
+    queue: Weak<NotifList>,
+    vmm: Weak<VmmTable>,
+    peers: Weak<PeerTable>,
+}
+
 impl NotifListener {
-    fn start(name: &str, queue: Weak<NotifList>, vmm: Weak<VmmTable>) -> Result<Self> {
+    fn start(
+        name: &str,
+        queue: Weak<NotifList>,
+        vmm: Weak<VmmTable>,
+        peers: Weak<PeerTable>,
+    ) -> Result<Self> {
         let addr = SocketAddr::from_abstract_name(name.as_bytes())?;
         let listener = Arc::new(UnixListener::bind_addr(&addr)?);
         let stop = Arc::new(AtomicBool::new(false));
         let (l, s) = (listener.clone(), stop.clone());
+        let served = Served { queue, vmm, peers };
+        // SAFETY: getuid has no arguments and cannot fail.
+        let my_uid = unsafe { libc::getuid() };
         std::thread::Builder::new()
             .name("cuda-ipc-notif".into())
             .spawn(move || {
@@ -430,10 +462,25 @@ impl NotifListener {
                         break;
                     }
                     let Ok(conn) = conn else { continue };
-                    let (q, v) = (queue.clone(), vmm.clone());
+                    let cred = match peer_cred(&conn) {
+                        Ok(cred) => cred,
+                        Err(e) => {
+                            tracing::warn!(error = %e, "{NAME}: connection without credentials dropped");
+                            continue;
+                        }
+                    };
+                    if !may_connect(cred, my_uid) {
+                        tracing::warn!(
+                            pid = cred.pid,
+                            uid = cred.uid,
+                            "{NAME}: connection of another user refused"
+                        );
+                        continue;
+                    }
+                    let served = served.clone();
                     let _ = std::thread::Builder::new()
                         .name("cuda-ipc-peer".into())
-                        .spawn(move || serve_connection(conn, q, v));
+                        .spawn(move || serve_connection(conn, cred, &served));
                 }
             })?;
         Ok(Self { listener, stop })
@@ -448,12 +495,75 @@ impl Drop for NotifListener {
     }
 }
 
+/// Who is at the other end of a Unix socket, as the kernel recorded it when that process
+/// connected (`SO_PEERCRED`): never what the process says of itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct PeerCred {
+    pid: u32,
+    uid: u32,
+}
+
+fn peer_cred(conn: &UnixStream) -> std::io::Result<PeerCred> {
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: `cred` and `len` are live and sized for SO_PEERCRED's ucred.
+    let rc = unsafe {
+        libc::getsockopt(
+            conn.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(PeerCred {
+        pid: u32::try_from(cred.pid).unwrap_or(0),
+        uid: cred.uid,
+    })
+}
+
+/// Whether a process may use this agent's socket at all: the same user, or root.
+fn may_connect(cred: PeerCred, my_uid: u32) -> bool {
+    cred.uid == my_uid || cred.uid == 0
+}
+
+/// Whether VMM allocation `id` may be handed to the process `requester`: it must be a
+/// peer this agent loaded the connection information of — its pid advertised there, and
+/// that pid's start time now (`requester_start`) the advertised one, so a process that
+/// got a dead peer's pid is not it — and `id` must be on offer (`exported`).
+fn may_hand_out(
+    requester: PeerCred,
+    requester_start: Option<u64>,
+    known_peers: &[(u32, u64)],
+    exported: bool,
+) -> std::result::Result<(), &'static str> {
+    let known = requester_start.is_some_and(|start| {
+        known_peers
+            .iter()
+            .any(|&(pid, peer_start)| pid == requester.pid && peer_start == start)
+    });
+    if !known {
+        return Err("the requesting process is no peer whose metadata this agent loaded");
+    }
+    if !exported {
+        return Err("no allocation of this agent is on offer under that id");
+    }
+    Ok(())
+}
+
 /// Serves one peer connection until EOF, a malformed frame, or the backend is gone.
 /// Frames are `len:u32 type:u8 payload[len-1]`:
 /// - `FRAME_NOTIF`: `name_len:u16 name msg` — a notification, queued;
 /// - `FRAME_FD_REQUEST`: `id:u64` — answered with the VMM allocation's descriptor
-///   (`send_vmm`), or with a message without one when `id` is not exported.
-fn serve_connection(mut conn: UnixStream, queue: Weak<NotifList>, vmm: Weak<VmmTable>) {
+///   (`send_vmm`) if [`may_hand_out`] allows it, else with a message without one.
+fn serve_connection(mut conn: UnixStream, cred: PeerCred, served: &Served) {
     let drop_conn = |why: &str| tracing::warn!("{NAME}: dropping a peer connection: {why}");
     loop {
         let mut len = [0u8; 4];
@@ -476,17 +586,40 @@ fn serve_connection(mut conn: UnixStream, queue: Weak<NotifList>, vmm: Weak<VmmT
                 };
                 let name = String::from_utf8_lossy(name).into_owned();
                 let msg = body[2 + name_len..].to_vec();
-                let Some(q) = queue.upgrade() else { return };
+                let Some(q) = served.queue.upgrade() else {
+                    return;
+                };
                 q.push(name, msg);
             }
             (FRAME_FD_REQUEST, body) if body.len() == 8 => {
-                let id = u64::from_le_bytes(body.try_into().expect("8 bytes"));
-                let Some(table) = vmm.upgrade() else { return };
+                let mut id = [0u8; 8];
+                id.copy_from_slice(body);
+                let id = u64::from_le_bytes(id);
+                let (Some(table), Some(peers)) = (served.vmm.upgrade(), served.peers.upgrade())
+                else {
+                    return;
+                };
+                let known: Vec<(u32, u64)> = peers
+                    .lock()
+                    .values()
+                    .map(|p| (p.info.pid, p.info.start_time))
+                    .collect();
                 let table = table.lock();
-                let sent = match table.get(&id) {
-                    Some(export) => gpu_mem::send_vmm(&conn, export),
-                    // A refusal: the 16 bytes without a descriptor.
-                    None => gpu_mem::send_fds(&conn, &[0; 16], &[]),
+                let verdict = may_hand_out(
+                    cred,
+                    process_start_time(cred.pid),
+                    &known,
+                    table.contains_key(&id),
+                );
+                let sent = match (verdict, table.get(&id)) {
+                    (Ok(()), Some(export)) => gpu_mem::send_vmm(&conn, export),
+                    (verdict, _) => {
+                        if let Err(why) = verdict {
+                            tracing::warn!(pid = cred.pid, "{NAME}: VMM descriptor refused: {why}");
+                        }
+                        // A refusal: the 16 bytes without a descriptor.
+                        gpu_mem::send_fds(&conn, &[0; 16], &[])
+                    }
                 };
                 if sent.is_err() {
                     return;
@@ -843,8 +976,19 @@ impl Backend for CudaIpcBackend {
         // VMM memory (no legacy IPC handle): its fd is handed out over the socket.
         let (export, offset) = view.export_vmm().map_err(cannot)?;
         let alloc_len = export.size;
-        let id = self.next_vmm.fetch_add(1, Ordering::Relaxed);
-        self.vmm.lock().insert(id, export);
+        // A random id: a peer learns it from this agent's metadata, never by counting.
+        let id = {
+            let mut table = self.vmm.lock();
+            let id = loop {
+                let id = crate::os::random_u64()
+                    .map_err(|e| Error::Gpu(format!("{NAME}: no random VMM id: {e}")))?;
+                if !table.contains_key(&id) {
+                    break id;
+                }
+            };
+            table.insert(id, export);
+            id
+        };
         Ok(Arc::new(LocalRegion::Vram {
             key: AllocKey::Vmm(id),
             offset,
@@ -915,6 +1059,10 @@ impl Backend for CudaIpcBackend {
             region_addr: region.desc.addr,
             uuid,
         }))
+    }
+    fn peer_gone(&self, agent: &str) -> bool {
+        let peer = self.peers.lock().get(agent).cloned();
+        peer.is_some_and(|p| p.alive().is_err())
     }
     fn disconnect(&self, agent: &str) {
         self.peers.lock().remove(agent);
@@ -1053,8 +1201,14 @@ mod tests {
             std::process::id(),
             random_u64()
         );
-        let _listener =
-            NotifListener::start(&name, Arc::downgrade(&queue), Arc::downgrade(&vmm)).unwrap();
+        let peers = Arc::new(PeerTable::default());
+        let _listener = NotifListener::start(
+            &name,
+            Arc::downgrade(&queue),
+            Arc::downgrade(&vmm),
+            Arc::downgrade(&peers),
+        )
+        .unwrap();
         // A pipe's write end stands in for a VMM allocation's descriptor.
         let mut fds = [0; 2];
         // SAFETY: valid out-array of two ints.
@@ -1081,6 +1235,13 @@ mod tests {
             socket: name,
         };
         let peer = Peer::new("exporter", me.clone(), &me);
+        // This process is no peer the exporter loaded: nothing is handed out.
+        assert!(matches!(peer.fetch_vmm(7), Err(Error::Gpu(_))));
+        // Once the exporter has loaded this process's connection information, it is.
+        peers.lock().insert(
+            "importer".into(),
+            Arc::new(Peer::new("importer", me.clone(), &me)),
+        );
         let got = peer.fetch_vmm(7).unwrap();
         assert_eq!(got.size, 2 << 20);
         std::fs::File::from(got.fd).write_all(b"vmm").unwrap();
@@ -1103,8 +1264,14 @@ mod tests {
             random_u64()
         );
         let vmm = Arc::new(VmmTable::default());
-        let listener =
-            NotifListener::start(&name, Arc::downgrade(&queue), Arc::downgrade(&vmm)).unwrap();
+        let peers = Arc::new(PeerTable::default());
+        let listener = NotifListener::start(
+            &name,
+            Arc::downgrade(&queue),
+            Arc::downgrade(&vmm),
+            Arc::downgrade(&peers),
+        )
+        .unwrap();
         let me = ConnInfo {
             boot_id: boot_id().unwrap(),
             pid: std::process::id(),
@@ -1144,5 +1311,59 @@ mod tests {
             late.send("initiator", b"x"),
             Err(Error::RemoteDisconnect { .. })
         ));
+    }
+
+    #[test]
+    fn only_the_same_user_or_root_may_connect() {
+        let cred = |uid| PeerCred { pid: 4242, uid };
+        assert!(may_connect(cred(1000), 1000));
+        assert!(may_connect(cred(0), 1000));
+        assert!(!may_connect(cred(1001), 1000));
+        assert!(!may_connect(cred(65534), 0));
+        assert!(may_connect(cred(0), 0));
+    }
+
+    #[test]
+    fn vmm_descriptors_go_only_to_loaded_peers_and_exported_ids() {
+        let requester = PeerCred {
+            pid: 4242,
+            uid: 1000,
+        };
+        let peers = [(17, 5), (4242, 99)];
+        assert_eq!(may_hand_out(requester, Some(99), &peers, true), Ok(()));
+        // Not a peer: unknown pid, a reused pid (another start time), a gone process.
+        assert!(may_hand_out(
+            PeerCred {
+                pid: 5,
+                ..requester
+            },
+            Some(99),
+            &peers,
+            true
+        )
+        .is_err());
+        assert!(may_hand_out(requester, Some(100), &peers, true).is_err());
+        assert!(may_hand_out(requester, None, &peers, true).is_err());
+        assert!(may_hand_out(requester, Some(99), &[], true).is_err());
+        // A peer asking for an id no registration of this agent exported.
+        assert!(may_hand_out(requester, Some(99), &peers, false).is_err());
+    }
+
+    #[test]
+    fn the_kernel_names_the_connecting_process() {
+        let (a, b) = UnixStream::pair().unwrap();
+        let cred = peer_cred(&a).unwrap();
+        assert_eq!(cred.pid, std::process::id());
+        // SAFETY: getuid has no arguments and cannot fail.
+        assert_eq!(cred.uid, unsafe { libc::getuid() });
+        assert_eq!(peer_cred(&b).unwrap(), cred);
+    }
+
+    #[test]
+    fn vmm_ids_are_random_not_a_sequence() {
+        let ids: std::collections::HashSet<u64> =
+            (0..64).map(|_| crate::os::random_u64().unwrap()).collect();
+        assert_eq!(ids.len(), 64);
+        assert!(!ids.contains(&1) && !ids.contains(&2));
     }
 }

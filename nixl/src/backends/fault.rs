@@ -309,6 +309,9 @@ impl Backend for FaultBackend {
     fn disconnect(&self, agent: &str) {
         self.inner.disconnect(agent);
     }
+    fn peer_gone(&self, agent: &str) -> bool {
+        self.shared.peer(agent).cut || self.inner.peer_gone(agent)
+    }
     fn prep_xfer(
         &self,
         op: XferOp,

@@ -1146,18 +1146,18 @@ impl Backend for LibfabricBackend {
             });
         let source = self.peer_source(agent, info, parsed.process, cma.clone());
         let endpoints = self.source_endpoints(names, &addrs)?;
+        // Built before the peer table is locked: the heartbeat handshake waits for the
+        // peer's hub (up to its connect bound), and transfers read the table.
+        let peer = Peer {
+            conn_info: info.to_vec(),
+            source: source.clone(),
+            addrs,
+            liveness: parsed.process.as_ref().and_then(Liveness::watch),
+            watch: watch_peer(self.hub.as_ref(), agent, &parsed),
+            cma,
+        };
         // The old addresses go when nothing uses them any more.
-        let old = self.common.peers.write().insert(
-            agent.to_string(),
-            Peer {
-                conn_info: info.to_vec(),
-                source: source.clone(),
-                addrs,
-                liveness: parsed.process.as_ref().and_then(Liveness::watch),
-                watch: watch_peer(self.hub.as_ref(), agent, &parsed),
-                cma,
-            },
-        );
+        let old = self.common.peers.write().insert(agent.to_string(), peer);
         self.bind_source(&source, endpoints);
         if let Some(old) = old {
             self.common.stager.peer_gone(
@@ -1178,6 +1178,13 @@ impl Backend for LibfabricBackend {
         // What the peer advertised, against which its READ assists are checked.
         self.advertise(agent, region);
         Ok(md)
+    }
+
+    fn peer_gone(&self, agent: &str) -> bool {
+        self.common.peers.read().get(agent).is_some_and(|p| {
+            p.watch.as_ref().is_some_and(|w| w.is_dead())
+                || p.liveness.as_ref().is_some_and(|l| l.check(agent).is_err())
+        })
     }
 
     fn disconnect(&self, agent: &str) {

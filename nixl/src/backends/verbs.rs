@@ -1181,6 +1181,14 @@ impl Backend for VerbsBackend {
         Ok(Arc::new(decode_remote_md(public_md)?))
     }
 
+    fn peer_gone(&self, agent: &str) -> bool {
+        self.common
+            .outgoing
+            .read()
+            .get(agent)
+            .is_some_and(|c| c.is_dead())
+    }
+
     fn disconnect(&self, agent: &str) {
         let removed = self.common.outgoing.write().remove(agent);
         if let Some(conn) = removed {

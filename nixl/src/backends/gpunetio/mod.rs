@@ -594,6 +594,11 @@ impl Backend for GpunetioBackend {
             nic: NicRemote::new(desc),
         }))
     }
+    fn peer_gone(&self, agent: &str) -> bool {
+        // The peer's process, as CUDA IPC watches it (same node); a peer reached through
+        // the NIC only is left to failed requests.
+        self.ipc.peer_gone(agent)
+    }
     fn disconnect(&self, agent: &str) {
         self.ipc.disconnect(agent);
         if let Some(nic) = &self.nic {

@@ -333,7 +333,7 @@ impl Server {
     pub(super) fn refuse(&self, errno: i32, why: std::fmt::Arguments<'_>) -> i32 {
         let n = self.refused.fetch_add(1, Ordering::Relaxed);
         // The first, then one in 1024: a flood must not flood the log.
-        if n % 1024 == 0 {
+        if n.is_multiple_of(1024) {
             tracing::warn!(refused = n + 1, "READ assist request refused: {why}");
         }
         errno

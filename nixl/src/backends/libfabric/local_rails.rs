@@ -509,6 +509,11 @@ impl Backend for Planes {
         Ok(Arc::new(PlanesRemoteMd { parts }))
     }
 
+    fn peer_gone(&self, agent: &str) -> bool {
+        self.route(agent)
+            .is_ok_and(|route| self.planes[route.plane].peer_gone(agent))
+    }
+
     fn disconnect(&self, agent: &str) {
         self.routes.write().remove(agent);
         self.loaded.remove(agent);

@@ -678,7 +678,7 @@ impl Worker {
     fn refuse_notif(&self, why: std::fmt::Arguments<'_>) {
         let n = self.common.refused_notifs.fetch_add(1, Ordering::Relaxed);
         // The first, then one in 1024: a flood must not flood the log.
-        if n % 1024 == 0 {
+        if n.is_multiple_of(1024) {
             tracing::warn!(rail = self.index, refused = n + 1, "dropped: {why}");
         }
     }
