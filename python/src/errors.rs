@@ -165,6 +165,8 @@ fn kind_name(e: &nixl::Error) -> &'static str {
         E::Unreachable { .. } => "Unreachable",
         E::NotSupported { .. } => "NotSupported",
         E::Io(_) => "Io",
+        E::MetadataRefused { .. } => "MetadataRefused",
+        E::Unauthenticated(_) => "Unauthenticated",
         _ => "Unknown",
     }
 }
@@ -191,6 +193,9 @@ pub fn to_py(e: nixl::Error) -> PyErr {
             nixlNotSupportedError::new_err(message)
         }
         E::MalformedMetadata(_) => nixlMismatchError::new_err(message),
+        // Another incarnation's metadata under a bound name, or the agent's own name; a
+        // peer that cannot prove the job token: NIXL's "not allowed".
+        E::MetadataRefused { .. } | E::Unauthenticated(_) => nixlNotAllowedError::new_err(message),
         E::RepostActive => nixlRepostActiveError::new_err(message),
         E::NotPosted => nixlNotPostedError::new_err(message),
         E::RemoteDisconnect { .. } => nixlRemoteDisconnectError::new_err(message),
@@ -208,7 +213,8 @@ pub fn to_py(e: nixl::Error) -> PyErr {
             E::RemoteDisconnect { agent, .. }
             | E::UnknownAgent(agent)
             | E::RemoteOutOfBounds { agent, .. }
-            | E::NoCommonBackend { agent, .. } => (Some(agent), None, None),
+            | E::NoCommonBackend { agent, .. }
+            | E::MetadataRefused { agent, .. } => (Some(agent), None, None),
             E::Backend { backend, code, .. } => (None, Some(backend), Some(i64::from(*code))),
             E::Unreachable { backend, agent, .. } => (Some(agent), Some(backend), None),
             E::UnsupportedMemKind { backend, .. }
