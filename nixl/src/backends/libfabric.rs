@@ -148,6 +148,7 @@ mod host;
 mod idle;
 mod liveness;
 mod local_rails;
+mod shm_orphans;
 mod stage_net;
 mod vram;
 mod worker;
@@ -246,6 +247,10 @@ const MAX_REPLY_ADDRS: usize = 1024;
 
 #[derive(Debug)]
 struct Rail {
+    /// `shm`: fails the operations a peer whose process ended left unanswered, which
+    /// would block the rail's completions for good (see [`shm_orphans`]). First, so that
+    /// it is dropped first: it unregisters the endpoint before the endpoint closes.
+    orphans: Option<shm_orphans::Repairs>,
     _fabric: Fabric,
     domain: Domain,
     ep: fabric::Endpoint,
@@ -365,12 +370,24 @@ struct Peer {
 struct PeerAddrs {
     rails: Vec<Arc<Rail>>,
     addrs: Vec<Address>,
+    /// The peer's endpoint names, as inserted into each rail's AV.
+    names: Vec<Vec<u8>>,
+    /// The peer's process, where the OS can tell when it ends (same host).
+    process: Option<Arc<Liveness>>,
 }
 
 impl Drop for PeerAddrs {
     fn drop(&mut self) {
         for (rail, addr) in self.rails.iter().zip(&self.addrs) {
             rail.forget(*addr);
+        }
+        // Over shm the departed peer stays mapped (see `Rail::forget`): once its process
+        // ended, what it left unanswered is failed and its regions' memory freed (see
+        // `shm_orphans`).
+        if let Some(process) = &self.process {
+            if self.rails.iter().any(|r| r.orphans.is_some()) && process.has_ended_now() {
+                shm_orphans::settle_logged(process.pid(), &self.names);
+            }
         }
     }
 }
@@ -714,7 +731,8 @@ fn pid_namespace() -> u64 {
 }
 
 /// Removes, from `dir`, the `shm` regions of processes of pid namespace `ns` that have
-/// ended: a process killed without closing its endpoints leaves them (16 MiB each), and
+/// ended (emptied first, see [`shm_orphans`]): a process killed without closing its
+/// endpoints leaves them (16 MiB each), and
 /// unique names are never reused by a later process the way pids were. Only names of
 /// this pid namespace (where `kill(pid, 0)` answers for the pid) and of dead pids go;
 /// nothing happens where the namespace is unknown.
@@ -740,6 +758,12 @@ fn remove_stale_shm_regions(dir: &Path, ns: u64) {
         let gone = pid > 0
             && unsafe { libc::kill(pid, 0) } != 0
             && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
+        // Emptied first: processes that had the dead one as a peer keep their mappings
+        // of the file (libfabric's shm never unmaps a departed peer), which would keep
+        // its memory alive after the name is gone.
+        if gone {
+            shm_orphans::empty_file(&entry.path());
+        }
         if gone && std::fs::remove_file(entry.path()).is_ok() {
             tracing::debug!(region = ?name, "removed the shm region of an ended process");
         }
@@ -838,6 +862,10 @@ fn open_rail(info: &Info) -> Result<Rail> {
         _ => (build(None).map_err(fabric_error)?, None),
     };
     let idle = IdleWait::new(&cq, remote_ops)?;
+    let orphans = (info.provider_name() == local_rails::LOCAL_PROVIDER)
+        .then(|| ep.name().map(shm_orphans::Repairs::new))
+        .transpose()
+        .map_err(fabric_error)?;
     tracing::debug!(
         provider = info.provider_name(),
         wait_fd = idle.has_wait_fd(),
@@ -849,6 +877,7 @@ fn open_rail(info: &Info) -> Result<Rail> {
         inject_size: info.inject_size(),
         max_msg: info.max_msg_size().max(4096),
         keeps_departed: info.provider_name() == local_rails::LOCAL_PROVIDER,
+        orphans,
         round_since: AtomicU64::new(0),
 
         _fabric: fabric,
@@ -1011,16 +1040,18 @@ impl Backend for LibfabricBackend {
             }
         }
         let mut addrs = Vec::with_capacity(self.rails.len());
+        let mut inserted = Vec::with_capacity(self.rails.len());
         for (i, rail) in self.rails.iter().enumerate() {
-            addrs.push(
-                rail.av
-                    .insert(&names[i % names.len()])
-                    .map_err(fabric_error)?,
-            );
+            let name = &names[i % names.len()];
+            addrs.push(rail.av.insert(name).map_err(fabric_error)?);
+            inserted.push(name.clone());
         }
+        let liveness = parsed.process.as_ref().and_then(Liveness::watch);
         let addrs = Arc::new(PeerAddrs {
             rails: self.rails.clone(),
             addrs,
+            names: inserted,
+            process: liveness.clone(),
         });
         // The old addresses go when nothing uses them any more.
         let old = self.common.peers.write().insert(
@@ -1028,7 +1059,7 @@ impl Backend for LibfabricBackend {
             Peer {
                 conn_info: info.to_vec(),
                 addrs,
-                liveness: parsed.process.as_ref().and_then(Liveness::watch),
+                liveness,
                 watch: watch_peer(self.hub.as_ref(), agent, &parsed),
                 cma: parsed
                     .process
