@@ -1,36 +1,35 @@
 #![cfg(feature = "libfabric")]
 //! Peers come and go (issue 27): the fault matrix, one row per transport.
 //!
-//! For each transport of [`TRANSPORTS`] a survivor agent in this process moves data to a
-//! peer process that is SIGKILLed, for each fault of [`FAULTS`] — in the middle of
-//! 16 MiB WRITEs, in the middle of 16 MiB READs, and while idle — and then started again
-//! under the same agent name (a new process: new port, new endpoints, new keys), whose
-//! metadata the survivor fetches. Each case asserts:
+//! For each row of [`TRANSPORTS`] a survivor agent in this process moves data to a peer
+//! process that is SIGKILLed, once per fault of [`FAULTS`] — in the middle of 16 MiB
+//! WRITEs, in the middle of 16 MiB READs, and while idle — and then started again under
+//! the same agent name (a new process: new port, new endpoints, new keys), whose metadata
+//! the survivor fetches. Each case asserts:
 //! - the transfer to the dead peer fails with `RemoteDisconnect` naming it within
 //!   [`DETECTION_BOUND`];
 //! - the restarted peer is reached within [`RECONNECT_BOUND`] of its metadata being
 //!   loaded: a 16 MiB WRITE with a notification, whose data and notification the peer
 //!   checks, then a 16 MiB READ of what the peer holds;
-//! - a second peer process (the bystander) that the survivor WRITEs to and READs back
-//!   from, round after round, on its own thread, through the whole row, never fails,
-//!   never sees corrupted bytes and never waits longer than [`BYSTANDER_BOUND`];
-//! - nothing of the dead incarnation is left: the survivor's file descriptors and threads
-//!   are as many as before the kill (a small slack, [`FD_SLACK`] and [`THREAD_SLACK`], for
-//!   what the provider opens lazily), and no `/dev/shm` file or mapping names its pid.
+//! - a second peer process (the bystander), which the survivor WRITEs to and READs back
+//!   from round after round on a thread of its own through the whole row, never fails,
+//!   never returns a wrong byte and never takes longer than [`BYSTANDER_BOUND`] a round;
+//! - nothing of the dead incarnation is left: the survivor holds as many file
+//!   descriptors and threads as before the kill (a small slack, [`FD_SLACK`] and
+//!   [`THREAD_SLACK`]), no `/dev/shm` file names the dead process, and no mapping of its
+//!   regions still holds memory.
 //!
-//! The figures (detection and reconnect times) are printed per case. A later transport
-//! is a new row of [`TRANSPORTS`] (or a new table with its own peer setup); a later
-//! fault a new entry of [`FAULTS`].
+//! The figures (detection and reconnect times, with the error that reported the death)
+//! are printed per case. Rows run one at a time (a 2-core machine). A later transport is
+//! a row of [`TRANSPORTS`], a later fault an entry of [`FAULTS`] and a branch of
+//! [`kill_during`].
 
 mod common;
 
-use common::{announce, announce_path, dram, wait_file, PeerProcess, TIMEOUT};
-use nixl::{params, Agent, AgentConfig, BackendParams, Desc, Error, XferOp, XferReq, XferStatus};
-use std::path::Path;
-use std::process::{Command, Stdio};
+use common::{announce, announce_path, dram, self_test, wait_file, PeerProcess, TIMEOUT};
+use nixl::{params, Agent, BackendParams, Desc, Error, XferOp, XferReq, XferStatus};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 /// A dead peer must be reported within this (the goal is 100 ms on one host; the bound
@@ -41,7 +40,8 @@ const DETECTION_BOUND: Duration = Duration::from_secs(2);
 const RECONNECT_BOUND: Duration = Duration::from_secs(2);
 /// The longest round (a 1 MiB WRITE and its READ back) the bystander may take.
 const BYSTANDER_BOUND: Duration = Duration::from_secs(2);
-/// File descriptors and threads the survivor may hold more after a case than before it.
+/// File descriptors and threads the survivor may hold more after a case than before it
+/// (a heartbeat handshake's short-lived thread, a socket the provider opens lazily).
 const FD_SLACK: usize = 2;
 const THREAD_SLACK: usize = 1;
 
@@ -52,31 +52,59 @@ const BLOCKS: usize = 4;
 const PEER_LEN: usize = BLOCK * BLOCKS;
 const BYSTANDER_LEN: usize = 1 << 20;
 
-/// One row of the matrix: a LIBFABRIC provider, and how both sides open it.
+/// One row of the matrix: LIBFABRIC parameters (the same on both sides) and the provider
+/// the survivor must then reach its peers through.
 struct Transport {
-    /// Names the row (and the agents: no two rows share a peer name).
+    /// Names the row, its test and its agents.
     tag: &'static str,
     params: &'static [(&'static str, &'static str)],
+    /// What `peer_transport` must say (the row tests what it claims to).
+    reached_by: &'static str,
 }
 
 /// The rows. Same-host peers go over the named provider itself (`local_provider=none`),
-/// not the shm plane that a default backend would pick for them.
+/// except in `default`, where they go through the shm plane as a default backend's do.
+/// libfabric 1.17's `tcp` provider has no RDM endpoints of its own: `provider=tcp` opens
+/// `tcp;ofi_rxm` (its row checks that it still works as named).
 const TRANSPORTS: &[Transport] = &[
     Transport {
         tag: "tcp_rxm",
         params: &[("provider", "tcp;ofi_rxm"), ("local_provider", "none")],
+        reached_by: "tcp;ofi_rxm",
+    },
+    Transport {
+        tag: "tcp_rxm_4rails",
+        params: &[
+            ("provider", "tcp;ofi_rxm"),
+            ("local_provider", "none"),
+            ("num_rails", "4"),
+        ],
+        reached_by: "tcp;ofi_rxm",
     },
     Transport {
         tag: "tcp",
         params: &[("provider", "tcp"), ("local_provider", "none")],
+        reached_by: "tcp;ofi_rxm",
     },
     Transport {
         tag: "sockets",
         params: &[("provider", "sockets"), ("local_provider", "none")],
+        reached_by: "sockets",
     },
     Transport {
         tag: "shm",
         params: &[("provider", "shm")],
+        reached_by: "shm",
+    },
+    Transport {
+        tag: "shm_2rails",
+        params: &[("provider", "shm"), ("num_rails", "2")],
+        reached_by: "shm",
+    },
+    Transport {
+        tag: "default",
+        params: &[],
+        reached_by: "shm",
     },
 ];
 
@@ -101,11 +129,7 @@ fn transport(tag: &str) -> &'static Transport {
 }
 
 fn backend_params(t: &Transport) -> BackendParams {
-    let mut p = params(t.params.iter().copied());
-    if let Ok(rails) = std::env::var("NIXL_RESTART_RAILS") {
-        p.insert("num_rails".into(), rails);
-    }
-    p
+    params(t.params.iter().copied())
 }
 
 /// What every peer's buffer holds (and what the survivor writes): 8-byte words that
@@ -127,10 +151,10 @@ fn filled(len: usize, seed: u64, offset: usize) -> Vec<u8> {
 // ---- the peer process -----------------------------------------------------------------------
 
 /// The peer process: runs only when re-executed with `NIXL_RESTART_PEER` (see
-/// [`spawn_peer`]). Holds [`PEER_LEN`] bytes of its seed's pattern, and answers each
+/// [`spawn_peer`]). Holds [`PEER_LEN`] bytes of its seed's pattern and answers each
 /// notification `check <seed> <offset> <len>` by comparing that range with the seed's
-/// pattern and writing the verdict to `<announce>.ok`. Ends with its parent, or after
-/// [`TIMEOUT`]s of running at most several times over.
+/// pattern, writing the verdict to `<announce>.ok`. Ends with the thread that spawned it
+/// (`PR_SET_PDEATHSIG`), or when killed; bounded.
 #[test]
 fn restart_peer_main() {
     let (Ok(announce_at), Ok(tag), Ok(name), Ok(seed)) = (
@@ -174,16 +198,15 @@ fn restart_peer_main() {
     }
 }
 
-/// A copy of this binary running [`restart_peer_main`] as agent `name` over `t`.
-fn spawn_peer(t: &Transport, name: &str, incarnation: u64) -> PeerProcess {
-    let announce_at = announce_path("nixl-restart", &format!("{name}-{incarnation}"));
-    let mut cmd = Command::new(std::env::current_exe().unwrap());
-    cmd.args(["--exact", "restart_peer_main", "--test-threads=1"])
-        .stdout(Stdio::null())
-        .env("NIXL_RESTART_PEER", &announce_at)
+/// A copy of this binary running [`restart_peer_main`] as agent `name` over `t`, its
+/// buffer filled with seed `seed`.
+fn spawn_peer(t: &Transport, name: &str, seed: u64) -> PeerProcess {
+    let announce_at = announce_path("nixl-restart", &format!("{name}-{seed}"));
+    let mut cmd = self_test("restart_peer_main", false);
+    cmd.env("NIXL_RESTART_PEER", &announce_at)
         .env("NIXL_RESTART_TRANSPORT", t.tag)
         .env("NIXL_RESTART_NAME", name)
-        .env("NIXL_RESTART_SEED", incarnation.to_string());
+        .env("NIXL_RESTART_SEED", seed.to_string());
     PeerProcess::spawn(cmd, announce_at)
 }
 
@@ -221,10 +244,10 @@ impl Resources {
 }
 
 /// What process `pid` left in `/dev/shm` (libfabric's `shm` regions are named
-/// `nixl-<pid namespace>-<pid>-<nonce>:...`, or `<pid>:...` by default), and this
-/// process's mappings of such regions that still hold memory: the provider never unmaps
-/// a departed peer, so the backend empties a dead peer's regions instead (a page or two
-/// the provider touches again may come back).
+/// `nixl-<pid namespace>-<pid>-<nonce>:...` by the backend, `<pid>:...` by default), and
+/// this process's mappings of such regions that still hold memory: the provider never
+/// unmaps a departed peer, so the backend empties a dead peer's regions instead (a page
+/// or two that the provider touches again may come back).
 fn shm_traces_of(pid: u32) -> Vec<String> {
     const KEPT_KIB: u64 = 16;
     let names = |name: &str| {
@@ -252,7 +275,7 @@ fn shm_traces_of(pid: u32) -> Vec<String> {
         } else if line.starts_with(|c: char| c.is_ascii_hexdigit()) && line.contains('-') {
             current = None;
         } else if let (Some(name), Some(rss)) = (&current, line.strip_prefix("Rss:")) {
-            let kib: u64 = rss.trim().trim_end_matches(" kB").trim().parse().unwrap();
+            let kib: u64 = rss.trim().trim_end_matches("kB").trim().parse().unwrap();
             if kib > KEPT_KIB {
                 traces.push(format!("mapped with {kib} KiB: /dev/shm/{name}"));
             }
@@ -271,10 +294,11 @@ struct BystanderReport {
     failure: Option<String>,
 }
 
-/// Rounds of a 1 MiB WRITE to `peer` and a READ back, each verified, until `stop`.
+/// Rounds of a 1 MiB WRITE to `peer` (its buffer at `base`) and a READ back, each
+/// verified, until `stop`.
 fn bystander(agent: Agent, peer: String, base: u64, stop: Arc<AtomicBool>) -> BystanderReport {
     let mut src = vec![0u8; BYSTANDER_LEN];
-    let mut back = vec![0u8; BYSTANDER_LEN];
+    let back = vec![0u8; BYSTANDER_LEN];
     // SAFETY: both buffers outlive the handle and every request of this function.
     let _h = unsafe {
         agent
@@ -285,42 +309,36 @@ fn bystander(agent: Agent, peer: String, base: u64, stop: Arc<AtomicBool>) -> By
             .unwrap()
     };
     let remote = dram([Desc::new(base, BYSTANDER_LEN as u64, 0)]);
-    let mut report = BystanderReport {
-        rounds: 0,
-        longest: Duration::ZERO,
-        failure: None,
-    };
-    let mut run = |op: XferOp, local: &[u8]| -> nixl::Result<()> {
+    let run = |op: XferOp, local: &[u8]| -> nixl::Result<()> {
         let mut req =
             agent.create_xfer_req(op, &dram([Desc::from_slice(local)]), &remote, &peer, None)?;
         req.post()?;
         req.wait(TIMEOUT)
     };
-    while !stop.load(Ordering::Relaxed) {
+    let mut report = BystanderReport {
+        rounds: 0,
+        longest: Duration::ZERO,
+        failure: None,
+    };
+    while !stop.load(Ordering::Relaxed) && report.failure.is_none() {
         let started = Instant::now();
         fill(&mut src, 1000 + report.rounds, 0);
         let outcome = run(XferOp::Write, &src).and_then(|_| run(XferOp::Read, &back));
         report.longest = report.longest.max(started.elapsed());
         report.rounds += 1;
-        match outcome {
-            Err(e) => report.failure = Some(format!("round {}: {e}", report.rounds)),
-            Ok(()) if back != src => {
-                report.failure = Some(format!("round {}: corrupted bytes", report.rounds))
-            }
-            Ok(()) => {}
-        }
-        if report.failure.is_some() {
-            break;
-        }
+        report.failure = match outcome {
+            Err(e) => Some(format!("round {}: {e}", report.rounds)),
+            Ok(()) if back != src => Some(format!("round {}: wrong bytes", report.rounds)),
+            Ok(()) => None,
+        };
     }
     report
 }
 
 // ---- the matrix -----------------------------------------------------------------------------
 
-/// Polls `req` until it fails (reposting whenever it completes first, so that the kill
-/// lands mid-transfer whatever the timing), for at most [`TIMEOUT`]: the error and the
-/// time since `since`.
+/// Polls `req` until it fails (reposting whenever it completes first), for at most
+/// [`TIMEOUT`]: the error and the time since `since`.
 fn failure_after(req: &mut XferReq, since: Instant) -> (Error, Duration) {
     loop {
         let outcome = match req.status() {
@@ -336,38 +354,97 @@ fn failure_after(req: &mut XferReq, since: Instant) -> (Error, Duration) {
     }
 }
 
+/// Kills `peer` as `fault` says, `req` (a transfer to it of [`BLOCKS`] blocks) in
+/// flight or not: the error the survivor got and how long after the kill.
+fn kill_during(fault: Fault, peer: &mut PeerProcess, req: &mut XferReq) -> (Error, Duration) {
+    if fault != Fault::KilledIdle {
+        req.post().unwrap();
+    }
+    peer.child.kill().unwrap();
+    let killed = Instant::now();
+    if fault == Fault::KilledIdle {
+        // Posted to once dead: the post itself may already say so.
+        peer.child.wait().unwrap();
+        if let Err(e) = req.post() {
+            return (e, killed.elapsed());
+        }
+    }
+    failure_after(req, killed)
+}
+
+/// The survivor's side of one row: its agent, its buffers, and the block lists.
+struct Survivor {
+    /// First: dropped before the buffers it registers.
+    _h: Option<nixl::RegistrationHandle>,
+    agent: Agent,
+    src: Vec<u8>,
+    dst: Vec<u8>,
+}
+
+impl Survivor {
+    fn new(t: &Transport) -> Self {
+        let agent = Agent::new(format!("survivor-{}", t.tag), common::listening()).unwrap();
+        agent
+            .create_backend("LIBFABRIC", &backend_params(t))
+            .unwrap_or_else(|e| panic!("LIBFABRIC over {}: {e}", t.tag));
+        let mut s = Self {
+            agent,
+            src: filled(PEER_LEN, 7, 0),
+            dst: vec![0u8; PEER_LEN],
+            _h: None,
+        };
+        // SAFETY: both buffers live in `s`, whose handle is dropped before them (declared
+        // first), after every request (each is dropped before `s`).
+        s._h = Some(unsafe {
+            s.agent
+                .register_mem(
+                    &dram([Desc::from_slice(&s.src), Desc::from_slice(&s.dst)]),
+                    None,
+                )
+                .unwrap()
+        });
+        s
+    }
+
+    /// `n` blocks from `base`.
+    fn blocks(base: u64, n: usize) -> nixl::DescList {
+        dram((0..n).map(|i| Desc::new(base + (i * BLOCK) as u64, BLOCK as u64, 0)))
+    }
+
+    /// A transfer of `n` blocks with `peer`'s buffer (at `base`).
+    fn xfer(&mut self, op: XferOp, peer: &str, base: u64, n: usize, notif: Option<&str>) -> XferReq {
+        let local = match op {
+            XferOp::Read => self.dst.as_mut_ptr() as u64,
+            XferOp::Write => self.src.as_ptr() as u64,
+        };
+        self.agent
+            .create_xfer_req(
+                op,
+                &Self::blocks(local, n),
+                &Self::blocks(base, n),
+                peer,
+                notif.map(|m| m.as_bytes().to_vec()),
+            )
+            .unwrap()
+    }
+}
+
 /// One row: every fault of [`FAULTS`] against peers over `t`.
 fn restart_row(t: &Transport) {
     let _serial = common::serial();
     common::init_tracing();
-    let survivor = Agent::new(format!("survivor-{}", t.tag), common::listening()).unwrap();
-    survivor
-        .create_backend("LIBFABRIC", &backend_params(t))
-        .unwrap_or_else(|e| panic!("LIBFABRIC over {}: {e}", t.tag));
-    let src = filled(PEER_LEN, 7, 0);
-    let mut dst = vec![0u8; PEER_LEN];
-    // SAFETY: both outlive the handle and every request of this function.
-    let _h = unsafe {
-        survivor
-            .register_mem(
-                &dram([Desc::from_slice(&src), Desc::from_slice(&dst)]),
-                None,
-            )
-            .unwrap()
-    };
-    let blocks = |base: u64, n: usize| {
-        dram((0..n).map(|i| Desc::new(base + (i * BLOCK) as u64, BLOCK as u64, 0)))
-    };
+    let mut survivor = Survivor::new(t);
 
     let bystander_name = format!("bystander-{}", t.tag);
     let bystander_peer = spawn_peer(t, &bystander_name, 0);
     survivor
+        .agent
         .fetch_remote_metadata(bystander_peer.addr)
         .unwrap();
     let stop = Arc::new(AtomicBool::new(false));
-    let bystander_thread: JoinHandle<BystanderReport> = {
+    let bystander_thread = {
         let (agent, name, base, stop) = (
-            survivor.clone(),
+            survivor.agent.clone(),
             bystander_name.clone(),
             bystander_peer.base,
             stop.clone(),
@@ -378,55 +455,29 @@ fn restart_row(t: &Transport) {
     let name = format!("restarting-{}", t.tag);
     let mut incarnation = 1;
     let mut peer = spawn_peer(t, &name, incarnation);
-    survivor.fetch_remote_metadata(peer.addr).unwrap();
+    survivor.agent.fetch_remote_metadata(peer.addr).unwrap();
+    assert_eq!(
+        common::fabric_transport(&survivor.agent, &name).as_deref(),
+        Some(t.reached_by),
+        "{}: the peer is reached through another provider",
+        t.tag
+    );
     for &fault in FAULTS {
         let label = format!("{}, {fault:?}", t.tag);
-        // The live incarnation is reached (and its connections exist) before counting.
-        let mut warm = survivor
-            .create_xfer_req(
-                XferOp::Write,
-                &blocks(src.as_ptr() as u64, 1),
-                &blocks(peer.base, 1),
-                &name,
-                None,
-            )
-            .unwrap();
+        // The live incarnation is reached (its connections exist) before counting.
+        let mut warm = survivor.xfer(XferOp::Write, &name, peer.base, 1, None);
         warm.post().unwrap();
         warm.wait(TIMEOUT).unwrap();
         drop(warm);
         let before = Resources::now();
 
-        let (op, local) = match fault {
-            Fault::KilledMidRead => (XferOp::Read, dst.as_mut_ptr() as u64),
-            _ => (XferOp::Write, src.as_ptr() as u64),
+        let op = match fault {
+            Fault::KilledMidRead => XferOp::Read,
+            _ => XferOp::Write,
         };
-        let mut req = survivor
-            .create_xfer_req(
-                op,
-                &blocks(local, BLOCKS),
-                &blocks(peer.base, BLOCKS),
-                &name,
-                Some(b"doomed".to_vec()),
-            )
-            .unwrap();
-        if fault != Fault::KilledIdle {
-            req.post().unwrap();
-        }
+        let mut req = survivor.xfer(op, &name, peer.base, BLOCKS, Some("doomed"));
         let dead_pid = peer.child.id();
-        peer.child.kill().unwrap();
-        let killed = Instant::now();
-        // Posted to once dead: the post itself may already say so.
-        let refused = match fault {
-            Fault::KilledIdle => {
-                peer.child.wait().unwrap();
-                req.post().err()
-            }
-            _ => None,
-        };
-        let (err, detection) = match refused {
-            Some(e) => (e, killed.elapsed()),
-            None => failure_after(&mut req, killed),
-        };
+        let (err, detection) = kill_during(fault, &mut peer, &mut req);
         match &err {
             Error::RemoteDisconnect { agent, .. } => assert_eq!(agent, &name, "{label}"),
             other => panic!("{label}: expected RemoteDisconnect, got {other:?}"),
@@ -435,61 +486,40 @@ fn restart_row(t: &Transport) {
             detection < DETECTION_BOUND,
             "{label}: RemoteDisconnect after {detection:?} (bound {DETECTION_BOUND:?})"
         );
-        if std::env::var("NIXL_RESTART_KEEP").is_err() {
-            drop(req);
-        }
+        drop(req);
         drop(peer);
 
         // The same name, a new process.
         incarnation += 1;
         let mut restarted = spawn_peer(t, &name, incarnation);
-        if std::env::var("NIXL_RESTART_INVALIDATE").is_ok() {
-            survivor.invalidate_remote(&name).unwrap();
-        }
-        assert_eq!(survivor.fetch_remote_metadata(restarted.addr).unwrap(), name);
+        assert_eq!(
+            survivor.agent.fetch_remote_metadata(restarted.addr).unwrap(),
+            name
+        );
         let loaded = Instant::now();
         let msg = format!("check 7 0 {BLOCK}");
-        let mut first = survivor
-            .create_xfer_req(
-                XferOp::Write,
-                &blocks(src.as_ptr() as u64, 1),
-                &blocks(restarted.base, 1),
-                &name,
-                Some(msg.clone().into_bytes()),
-            )
-            .unwrap();
+        let mut first = survivor.xfer(XferOp::Write, &name, restarted.base, 1, Some(&msg));
         first.post().unwrap();
-        if let Err(e) = first.wait(Duration::from_secs(5)) {
-            stop.store(true, Ordering::Relaxed);
-            let t0 = Instant::now();
-            let report = bystander_thread.join().unwrap();
-            panic!("{label}: first WRITE: {e}; bystander {report:?} joined after {:?}", t0.elapsed());
-        }
+        first
+            .wait(TIMEOUT)
+            .unwrap_or_else(|e| panic!("{label}: the first WRITE to the restarted peer: {e}"));
         let reconnect = loaded.elapsed();
         drop(first);
         let seen = verdict(&mut restarted, &msg);
         assert!(seen.starts_with("OK"), "{label}: {seen}");
         // A READ of what the new incarnation holds (its own seed) past what was written.
-        dst.fill(0);
-        let mut read = survivor
-            .create_xfer_req(
-                XferOp::Read,
-                &blocks(dst.as_mut_ptr() as u64, 1),
-                &blocks(restarted.base + BLOCK as u64, 1),
-                &name,
-                None,
-            )
-            .unwrap();
+        survivor.dst.fill(0);
+        let mut read = survivor.xfer(XferOp::Read, &name, restarted.base + BLOCK as u64, 1, None);
         read.post().unwrap();
         read.wait(TIMEOUT).unwrap();
         drop(read);
         assert!(
-            dst[..BLOCK] == filled(BLOCK, incarnation, BLOCK)[..],
+            survivor.dst[..BLOCK] == filled(BLOCK, incarnation, BLOCK)[..],
             "{label}: READ from the restarted peer"
         );
         println!(
-            "{label}: RemoteDisconnect {:.1} ms after the kill; restarted peer reached {:.1} ms \
-             after its metadata was loaded",
+            "{label}: RemoteDisconnect {:.1} ms after the kill ({err}); restarted peer reached \
+             {:.1} ms after its metadata was loaded",
             detection.as_secs_f64() * 1e3,
             reconnect.as_secs_f64() * 1e3,
         );
@@ -525,12 +555,16 @@ fn restart_row(t: &Transport) {
         t.tag,
         report.longest
     );
-    let _ = Path::new("");
 }
 
 #[test]
 fn restart_over_tcp_rxm() {
     restart_row(transport("tcp_rxm"));
+}
+
+#[test]
+fn restart_over_tcp_rxm_with_four_rails() {
+    restart_row(transport("tcp_rxm_4rails"));
 }
 
 #[test]
@@ -546,4 +580,28 @@ fn restart_over_sockets() {
 #[test]
 fn restart_over_shm() {
     restart_row(transport("shm"));
+}
+
+#[test]
+fn restart_over_shm_with_two_rails() {
+    restart_row(transport("shm_2rails"));
+}
+
+/// Default parameters: the network provider, and the shm plane for a peer on this host.
+#[test]
+fn restart_with_default_parameters() {
+    restart_row(transport("default"));
+}
+
+/// Every row has its test above.
+#[test]
+fn every_row_has_a_test() {
+    let source = include_str!("restart_matrix.rs");
+    for t in TRANSPORTS {
+        assert!(
+            source.contains(&format!("transport(\"{}\")", t.tag)),
+            "row `{}` has no test",
+            t.tag
+        );
+    }
 }

@@ -267,6 +267,9 @@ struct Rail {
     /// 0: none running): a round that never ends is a thread stuck inside the provider
     /// (the module documentation's known limit), see [`Rail::wedged_for`].
     round_since: AtomicU64,
+    /// Rounds of progress completed on this rail: a transfer whose peer died waits for
+    /// a few of them (its last completions reaped), not for a fixed time.
+    rounds: AtomicU64,
 }
 
 /// How long one round of a rail's progress may run before the rail counts as wedged.
@@ -291,6 +294,14 @@ impl Rail {
     fn in_round(&self, running: bool) {
         let stamp = if running { round_clock_ns() } else { 0 };
         self.round_since.store(stamp, Ordering::Relaxed);
+        if !running {
+            self.rounds.fetch_add(1, Ordering::Release);
+        }
+    }
+
+    /// Rounds of progress this rail completed so far.
+    fn rounds(&self) -> u64 {
+        self.rounds.load(Ordering::Acquire)
     }
 
     /// How long the running round has lasted, once it is past [`WEDGED_AFTER`].
@@ -879,6 +890,7 @@ fn open_rail(info: &Info) -> Result<Rail> {
         keeps_departed: info.provider_name() == local_rails::LOCAL_PROVIDER,
         orphans,
         round_since: AtomicU64::new(0),
+        rounds: AtomicU64::new(0),
 
         _fabric: fabric,
         domain,
