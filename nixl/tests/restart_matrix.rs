@@ -115,18 +115,18 @@ const TRANSPORTS: &[Transport] = &[
     },
 ];
 
-/// How the peer dies.
+/// When the peer is killed (SIGKILL).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Fault {
     /// SIGKILL while 16 MiB WRITEs to it are in flight.
-    KilledMidWrite,
+    MidWrite,
     /// SIGKILL while 16 MiB READs from it are in flight.
-    KilledMidRead,
+    MidRead,
     /// SIGKILL while nothing moves; then a WRITE is posted to it.
-    KilledIdle,
+    Idle,
 }
 
-const FAULTS: &[Fault] = &[Fault::KilledMidWrite, Fault::KilledMidRead, Fault::KilledIdle];
+const FAULTS: &[Fault] = &[Fault::MidWrite, Fault::MidRead, Fault::Idle];
 
 fn transport(tag: &str) -> &'static Transport {
     TRANSPORTS
@@ -366,13 +366,13 @@ impl Detection {
 /// flight or not, and polls `req` until it fails (reposting whenever it completes
 /// first), for at most [`TIMEOUT`].
 fn kill_during(fault: Fault, peer: &mut PeerProcess, req: &mut XferReq) -> Detection {
-    if fault != Fault::KilledIdle {
+    if fault != Fault::Idle {
         req.post().unwrap();
     }
     peer.child.kill().unwrap();
     let killed = Instant::now();
     let mut ended = None;
-    if fault == Fault::KilledIdle {
+    if fault == Fault::Idle {
         // Posted to once dead: the post itself may already say so.
         peer.child.wait().unwrap();
         ended = Some(killed.elapsed());
@@ -454,7 +454,14 @@ impl Survivor {
     }
 
     /// A transfer of `n` blocks with `peer`'s buffer (at `base`).
-    fn xfer(&mut self, op: XferOp, peer: &str, base: u64, n: usize, notif: Option<&str>) -> XferReq {
+    fn xfer(
+        &mut self,
+        op: XferOp,
+        peer: &str,
+        base: u64,
+        n: usize,
+        notif: Option<&str>,
+    ) -> XferReq {
         let local = match op {
             XferOp::Read => self.dst.as_mut_ptr() as u64,
             XferOp::Write => self.src.as_ptr() as u64,
@@ -514,7 +521,7 @@ fn restart_row(t: &Transport) {
         let before = Resources::now();
 
         let op = match fault {
-            Fault::KilledMidRead => XferOp::Read,
+            Fault::MidRead => XferOp::Read,
             _ => XferOp::Write,
         };
         let mut req = survivor.xfer(op, &name, peer.base, BLOCKS, Some("doomed"));
@@ -543,7 +550,10 @@ fn restart_row(t: &Transport) {
         incarnation += 1;
         let mut restarted = spawn_peer(t, &name, incarnation);
         assert_eq!(
-            survivor.agent.fetch_remote_metadata(restarted.addr).unwrap(),
+            survivor
+                .agent
+                .fetch_remote_metadata(restarted.addr)
+                .unwrap(),
             name
         );
         let loaded = Instant::now();

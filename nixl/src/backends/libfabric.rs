@@ -387,6 +387,24 @@ struct PeerAddrs {
     process: Option<Arc<Liveness>>,
 }
 
+impl PeerAddrs {
+    /// Over shm, once the peer's process is known to have ended: fails what it left
+    /// unanswered and releases the lock it may have left taken (see `shm_orphans`), also
+    /// for a rail worker stuck on that lock inside the provider. At most every few
+    /// milliseconds.
+    fn settle_if_ended(&self) {
+        let (Some(process), Some(repairs)) = (
+            &self.process,
+            self.rails.iter().find_map(|r| r.orphans.as_ref()),
+        ) else {
+            return;
+        };
+        if process.has_ended() {
+            repairs.after_death(process.pid(), &self.names);
+        }
+    }
+}
+
 impl Drop for PeerAddrs {
     fn drop(&mut self) {
         for (rail, addr) in self.rails.iter().zip(&self.addrs) {

@@ -129,8 +129,8 @@ impl Mapping {
 }
 
 fn mappings() -> Result<Vec<Mapping>, String> {
-    let maps = std::fs::read_to_string("/proc/self/maps")
-        .map_err(|e| format!("/proc/self/maps: {e}"))?;
+    let maps =
+        std::fs::read_to_string("/proc/self/maps").map_err(|e| format!("/proc/self/maps: {e}"))?;
     Ok(maps.lines().filter_map(parse_mapping).collect())
 }
 
@@ -409,7 +409,10 @@ pub(super) fn settle(dead_pid: u32, dead_names: &[Vec<u8>]) -> Result<usize, Str
     // another thread may unmap them at any time.
     let dead: Vec<&Mapping> = maps
         .iter()
-        .filter(|m| m.shm_name().is_some_and(|n| dead_names.contains(&n.as_bytes())))
+        .filter(|m| {
+            m.shm_name()
+                .is_some_and(|n| dead_names.contains(&n.as_bytes()))
+        })
         .collect();
     for m in &dead {
         release_lock_of_ended(m, dead_pid);
@@ -441,7 +444,11 @@ pub(super) fn settle(dead_pid: u32, dead_names: &[Vec<u8>]) -> Result<usize, Str
             locked.push(region);
         }
         for (region, ids) in own.iter().zip(&ids) {
-            let n = if ids.is_empty() { 0 } else { fail_slots(region, &maps, ids) };
+            let n = if ids.is_empty() {
+                0
+            } else {
+                fail_slots(region, &maps, ids)
+            };
             if n > 0 {
                 failed += n;
                 // As a peer that answers does: the endpoint's next progress reaps them.
@@ -540,7 +547,11 @@ fn free_region_file(m: &Mapping, pid: u32) {
         return;
     };
     let path = format!("{SHM_DIR}{name}");
-    let Ok(file) = std::fs::OpenOptions::new().read(true).write(true).open(&path) else {
+    let Ok(file) = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&path)
+    else {
         return;
     };
     use std::os::unix::fs::MetadataExt;
@@ -571,8 +582,7 @@ fn punch(file: &std::fs::File) -> bool {
         && u16::from_ne_bytes([header[layout::FLAGS], header[layout::FLAGS + 1]])
             & layout::FLAG_DEBUG
             == 0
-        && header[layout::CMD_QUEUE..layout::CMD_QUEUE + 8]
-            == layout::HEADER_SIZE.to_ne_bytes();
+        && header[layout::CMD_QUEUE..layout::CMD_QUEUE + 8] == layout::HEADER_SIZE.to_ne_bytes();
     // SAFETY: fallocate on an open descriptor; punching a hole only zeroes the file.
     let punched = len > 0
         && unsafe {
@@ -595,7 +605,11 @@ fn punch(file: &std::fs::File) -> bool {
 /// removed: processes that had it as a peer keep mapping it, which would keep its memory
 /// alive after its name is gone.
 pub(super) fn empty_file(path: &std::path::Path) {
-    if let Ok(file) = std::fs::OpenOptions::new().read(true).write(true).open(path) {
+    if let Ok(file) = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+    {
         punch(&file);
     }
 }
@@ -638,9 +652,18 @@ fn fail_slots(own: &Region, maps: &[Mapping], ids: &[u64]) -> usize {
         // which its progress reads only under the region lock this thread holds.
         let (src_data, op_src, peer_id) = unsafe {
             (
-                (entry as *const u8).add(TX_SRC_DATA).cast::<u64>().read_volatile(),
-                (entry as *const u8).add(TX_OP_SRC).cast::<u16>().read_volatile(),
-                (entry as *const u8).add(TX_PEER_ID).cast::<u64>().read_volatile(),
+                (entry as *const u8)
+                    .add(TX_SRC_DATA)
+                    .cast::<u64>()
+                    .read_volatile(),
+                (entry as *const u8)
+                    .add(TX_OP_SRC)
+                    .cast::<u16>()
+                    .read_volatile(),
+                (entry as *const u8)
+                    .add(TX_PEER_ID)
+                    .cast::<u64>()
+                    .read_volatile(),
             )
         };
         if src_data != slot as u64 || !ids.contains(&peer_id) {
@@ -660,7 +683,10 @@ fn fail_slots(own: &Region, maps: &[Mapping], ids: &[u64]) -> usize {
                 }
             }
             other => {
-                tracing::debug!(op_src = other, "an unanswered shm operation of a kind left alone");
+                tracing::debug!(
+                    op_src = other,
+                    "an unanswered shm operation of a kind left alone"
+                );
                 continue;
             }
         }
@@ -735,6 +761,9 @@ mod tests {
         unsafe { libc::munmap(at, 1 << 16) };
         std::fs::remove_file(&path).unwrap();
         // A process none of whose regions is mapped here: no operation is failed.
-        assert!(matches!(settle(1, &[b"no-such-region".to_vec()]), Ok(0) | Err(_)));
+        assert!(matches!(
+            settle(1, &[b"no-such-region".to_vec()]),
+            Ok(0) | Err(_)
+        ));
     }
 }

@@ -250,7 +250,8 @@ impl Worker {
             return;
         };
         for active in self.jobs.values() {
-            let provider_ops = active.in_flight - active.assists > 0 || active.notif_in_flight.is_some();
+            let provider_ops =
+                active.in_flight - active.assists > 0 || active.notif_in_flight.is_some();
             match &active.job.shared.peer.liveness {
                 Some(liveness) if provider_ops && liveness.has_ended() => {
                     repairs.after_death(liveness.pid(), &active.job.peer.names)

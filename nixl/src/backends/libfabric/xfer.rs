@@ -371,6 +371,7 @@ impl BackendXfer for FabricXfer {
             // completes once the rails have read their queues after the death was seen,
             // and only then is the death the transfer's.
             if let Err(e) = self.peer_alive() {
+                self.peer.settle_if_ended();
                 let completed = self.shared.completed.load(Ordering::Relaxed);
                 let seen = self
                     .death_seen
