@@ -34,20 +34,38 @@
 //! every `heartbeat_ms` over a TCP connection of its own, and `heartbeat_misses`
 //! intervals of silence (0.5 s by default) fail its transfers with `RemoteDisconnect`.
 //!
-//! Known limit, from libfabric 1.17's `shm`: every operation to a peer takes a
-//! spinlock inside the peer's shared region, and the peer's own progress holds it while
-//! it reads its queue, so a peer killed in that instant leaves the lock taken for good;
-//! whoever writes to that peer next spins forever. The rail workers ask the OS and the
-//! heartbeats before every job (a peer known to be dead is never called into; before
-//! this, runs of `dead_peer_with_default_parameters_over_the_shm_rails` wedged their rail
-//! this way and the next peer's transfer stalled for 30 s), but a peer that
-//! dies holding the lock while operations to it are being issued still wedges the rail
-//! worker issuing them: the transfers to that peer fail with `RemoteDisconnect` as
-//! above, later transfers on that rail fail with a typed `Backend` error naming the
-//! wedged rail once its round has lasted 5 s (`WEDGED_AFTER`; rather than at the stall
-//! timeout), and the stuck thread keeps a core busy until the process ends: create the
-//! backend anew. Where peers may die mid-transfer, `local_provider=none` (same-host
-//! peers over the network provider) avoids shm.
+//! A transfer whose operations are still pending when the OS or the heartbeats report
+//! the peer gone fails once its rails have read their queues twice more (what the peer
+//! answered before it ended is reaped first), at most the 250 ms grace of the private
+//! `conn` module where a rail makes no progress. A restarted peer (same name, new process) is reached as soon
+//! as its new connection information is loaded: its addresses are new entries of the
+//! AVs, and the dead incarnation's go once no transfer or queued job uses them.
+//!
+//! libfabric 1.17's `shm` lets a dead peer stop a rail for good in two ways, which the
+//! backend undoes once the OS says that the peer's process ended (module `shm_orphans`;
+//! it checks the provider's layout before it touches anything, and otherwise leaves the
+//! rail as the provider has it):
+//! - an operation larger than a command's inline data waits in the sender's response
+//!   queue for the peer's answer, and the queue is reaped in order: one operation a dead
+//!   peer never answered blocked every later completion of the rail, to every peer (a
+//!   restarted peer and a second peer stalled until the stall timeout,
+//!   `nixl/tests/restart_matrix.rs`). Those operations are failed (`ECONNRESET`).
+//! - every operation to a peer takes a spinlock inside the peer's shared region, which
+//!   the peer's own progress holds while it copies: a peer killed then leaves it taken,
+//!   whoever writes to that peer next spins inside the provider, and reaping an
+//!   operation of that peer waits for it. The lock is released.
+//!
+//! The rail workers also ask the OS and the heartbeats before every job, so a peer known
+//! to be dead is never called into. One that dies while operations to it are being
+//! issued can wedge the worker issuing them inside the provider until its lock is
+//! released (when a transfer to it is polled); meanwhile later transfers on that rail
+//! fail with a typed `Backend` error naming the wedged rail once its round has lasted
+//! 5 s (`WEDGED_AFTER`). Not undone: a peer killed while it writes into this process's
+//! own region (it holds this region's lock for microseconds per operation), and any of
+//! this on a libfabric whose `shm` layout is not 1.17's (`local_provider=none`, same-host
+//! peers over the network provider, avoids shm there). A dead peer's regions are
+//! emptied — their memory freed, while the provider keeps them mapped (`Rail::forget`)
+//! — once it is forgotten, and by the next process on this host whose backend opens shm.
 //!
 //! Without a progress thread (`AgentConfig::progress_thread = false`) there are no
 //! workers: posting issues what it can, and the caller's `XferReq::status` and
@@ -319,7 +337,9 @@ impl Rail {
     /// crashes in `fi_cq_read` (an agent invalidated and another loaded after it, e.g.
     /// the etcd watch test: SIGSEGV with `provider=shm` before this). Kept, each holds
     /// a slot of the AV until the backend closes; once the provider has no slot left,
-    /// loading a peer fails on shm and the network plane takes it ([`local_rails`]).
+    /// loading a peer fails on shm and the network plane takes it ([`local_rails`]). The
+    /// provider keeps a kept peer's region mapped: that of a peer whose process ended is
+    /// emptied instead ([`shm_orphans`]), so it holds no memory.
     fn forget(&self, addr: Address) {
         if self.keeps_departed {
             return;

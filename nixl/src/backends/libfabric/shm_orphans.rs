@@ -16,25 +16,38 @@
 //!
 //! So once the OS says that a peer's process ended (its pidfd or `/proc`; never on
 //! heartbeats alone: a frozen peer may yet answer, into a slot that would by then belong
-//! to another operation), the rail's worker does what the dead process would have done
-//! ([`fail_unanswered`]): it releases the dead process's region lock if the process left
-//! it taken, and, holding this endpoint's region lock as the provider's progress does,
-//! writes `-ECONNRESET` into each slot of the response queue that is still unanswered
-//! and belongs to that peer (the peer's index in this endpoint's map, found by the
-//! names of the dead process's regions). The provider's next progress then completes
-//! those operations with that error, and everything queued behind them moves on.
+//! to another operation), [`settle`] does what the dead process would have done, for
+//! every `shm` endpoint of this process (a rail's worker asks when jobs of that peer
+//! have operations pending, a transfer to it when it is polled, and the peer's
+//! addresses when they are let go):
+//! - it releases the lock of each of the dead process's regions mapped here, if the
+//!   process left it taken (it holds it while it copies);
+//! - holding every endpoint's region lock, as the provider's progress holds its own, it
+//!   writes `-ECONNRESET` into each slot of the response queues that is still unanswered
+//!   and belongs to that peer (its index in the endpoint's peer table, found by its
+//!   endpoint names), and wakes the endpoint's progress (`smr_signal`): the provider
+//!   then completes those operations with that error, and what was queued behind them
+//!   moves on;
+//! - it empties the dead process's region files and removes them. The provider never
+//!   unmaps a departed peer (the backend keeps departed peers in the AV, see
+//!   `Rail::forget`), so the mappings would otherwise keep that memory (up to 16 MiB a
+//!   region) for as long as the backend lives. The region lock of an emptied region is
+//!   left free: in glibc's x86 spinlocks, 0 is a taken lock.
 //!
 //! This reaches into the provider's private layout (`include/ofi_shm.h` and
-//! `prov/shm/src/smr.h` of libfabric 1.17.0 and 1.17.1, which lay it out alike), so it
-//! runs only where everything checks: the runtime is 1.17, and each region's header
-//! holds the values the provider itself wrote there (version 4, no debug layout, the
-//! owner's pid, a header of 128 bytes, the size of its mapping, its own name, offsets
-//! that follow from each other as the provider computes them, and, for this process's
-//! region, the address it is mapped at); an unanswered slot is touched only if the
-//! operation it names lies in this process's writable memory and points back at that
-//! very slot. Anything else is refused with the reason, logged, and the rail is left as
-//! the provider has it (transfers behind the dead peer's operations then end at the
-//! stall timeout, as before).
+//! `prov/shm/src/smr.h` of libfabric 1.17.0 and 1.17.1, which lay it out alike; 1.18
+//! keeps the version number and changes the layout), so it runs only where everything
+//! checks: the runtime is 1.17, and each region of this process holds in its header the
+//! values the provider itself wrote there (version 4, no debug layout, this pid, a
+//! header of 128 bytes, the size of its mapping, its own name, offsets that follow from
+//! each other as the provider computes them, the address it is mapped at); an
+//! unanswered slot is touched only if the operation it names lies in this process's
+//! writable memory and points back at that very slot. The dead process's regions, which
+//! an address vector closing on another thread may unmap at any time, are read and
+//! written through the kernel (`process_vm_readv`), never directly, and only if their
+//! header names that process. Anything else is refused with the reason, logged, and the
+//! rail left as the provider has it (transfers behind the dead peer's operations then
+//! end at the stall timeout, as before).
 
 use parking_lot::Mutex;
 use std::collections::HashMap;
