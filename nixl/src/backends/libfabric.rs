@@ -37,9 +37,10 @@
 //! A transfer whose operations are still pending when the OS or the heartbeats report
 //! the peer gone fails once its rails have read their queues twice more (what the peer
 //! answered before it ended is reaped first), at most the 250 ms grace of the private
-//! `conn` module where a rail makes no progress. A restarted peer (same name, new process) is reached as soon
-//! as its new connection information is loaded: its addresses are new entries of the
-//! AVs, and the dead incarnation's go once no transfer or queued job uses them.
+//! `conn` module where a rail makes no progress. A restarted peer (same name, new
+//! process) is reached as soon as its new connection information is loaded: its
+//! addresses are new entries of the AVs, and the dead incarnation's go once no transfer
+//! or queued job uses them.
 //!
 //! libfabric 1.17's `shm` lets a dead peer stop a rail for good in two ways, which the
 //! backend undoes once the OS says that the peer's process ended (module `shm_orphans`;
@@ -435,7 +436,7 @@ impl Drop for PeerAddrs {
         // `shm_orphans`).
         if let Some(process) = &self.process {
             if self.rails.iter().any(|r| r.orphans.is_some()) && process.has_ended_now() {
-                shm_orphans::settle_logged(process.pid(), &self.names);
+                shm_orphans::settle_logged(process.pid(), &self.names, true);
             }
         }
     }
@@ -781,8 +782,8 @@ fn pid_namespace() -> u64 {
 
 /// Removes, from `dir`, the `shm` regions of processes of pid namespace `ns` that have
 /// ended (emptied first, see [`shm_orphans`]): a process killed without closing its
-/// endpoints leaves them (16 MiB each), and
-/// unique names are never reused by a later process the way pids were. Only names of
+/// endpoints leaves them (16 MiB each), and unique names are never reused by a later
+/// process the way pids were. Only names of
 /// this pid namespace (where `kill(pid, 0)` answers for the pid) and of dead pids go;
 /// nothing happens where the namespace is unknown.
 fn remove_stale_shm_regions(dir: &Path, ns: u64) {

@@ -339,15 +339,15 @@ impl Repairs {
     /// every [`RETRY`] per process from this rail), and its regions' memory is freed.
     pub(super) fn after_death(&self, dead_pid: u32, dead_names: &[Vec<u8>]) {
         let now = Instant::now();
-        {
+        let first = {
             let mut tried = self.tried.lock();
             if tried.get(&dead_pid).is_some_and(|at| now < *at + RETRY) {
                 return;
             }
             tried.retain(|_, at| now < *at + FORGET);
-            tried.insert(dead_pid, now);
-        }
-        settle_logged(dead_pid, dead_names);
+            tried.insert(dead_pid, now).is_none()
+        };
+        settle_logged(dead_pid, dead_names, first);
     }
 }
 
@@ -361,9 +361,9 @@ impl Drop for Repairs {
     }
 }
 
-/// [`settle`], its outcome logged (a refusal as a warning: transfers behind the
-/// operations it left end at the stall timeout).
-pub(super) fn settle_logged(dead_pid: u32, dead_names: &[Vec<u8>]) {
+/// [`settle`], its outcome logged (a refusal as a warning the `first` time for this
+/// process: transfers behind the operations it left end at the stall timeout).
+pub(super) fn settle_logged(dead_pid: u32, dead_names: &[Vec<u8>], first: bool) {
     match settle(dead_pid, dead_names) {
         Ok(0) => {}
         Ok(n) => tracing::debug!(
@@ -371,11 +371,12 @@ pub(super) fn settle_logged(dead_pid: u32, dead_names: &[Vec<u8>]) {
             operations = n,
             "shm: failed the operations an ended peer left unanswered"
         ),
-        Err(why) => tracing::warn!(
+        Err(why) if first => tracing::warn!(
             pid = dead_pid,
             "shm: the operations an ended peer left unanswered stay (transfers behind \
              them on its rails end at the stall timeout): {why}"
         ),
+        Err(why) => tracing::debug!(pid = dead_pid, "shm: {why}"),
     }
 }
 
@@ -385,7 +386,8 @@ pub(super) fn settle_logged(dead_pid: u32, dead_names: &[Vec<u8>]) {
 /// documentation), and frees its regions' memory (their files are emptied and removed:
 /// the mappings this process keeps of them — the provider's peer table is never pruned
 /// on `shm` — then hold no memory). Returns how many operations it failed; `Err` says
-/// why none was (then no slot was touched).
+/// why none was (then no slot was touched and no file emptied; a lock the process left
+/// taken may have been released).
 pub(super) fn settle(dead_pid: u32, dead_names: &[Vec<u8>]) -> Result<usize, String> {
     let release = fabric::version();
     if release != KNOWN_RELEASE {
