@@ -160,7 +160,8 @@ fn filled(len: usize, seed: u64, offset: usize) -> Vec<u8> {
 /// The peer process: runs only when re-executed with `NIXL_RESTART_PEER` (see
 /// [`spawn_peer`]). Holds [`PEER_LEN`] bytes of its seed's pattern and answers each
 /// notification `check <seed> <offset> <len>` by comparing that range with the seed's
-/// pattern, writing the verdict to `<announce>.ok`. Ends with the thread that spawned it
+/// pattern, writing the verdict to `<announce>.ok` (bad, whatever the data, once any
+/// other notification arrived). Ends with the thread that spawned it
 /// (`PR_SET_PDEATHSIG`), or when killed; bounded.
 #[test]
 fn restart_peer_main() {
@@ -187,18 +188,27 @@ fn restart_peer_main() {
             .unwrap()
     };
     common::announce_agent(&announce_at, &peer, buf.as_ptr() as u64);
+    // Anything else that arrives (a notification of a transfer to the dead incarnation,
+    // say) spoils every later verdict.
+    let mut misdirected: Option<String> = None;
     let deadline = Instant::now() + 5 * TIMEOUT;
     while Instant::now() < deadline {
-        for (_, msgs) in peer.wait_notifs(Duration::from_millis(20)) {
+        for (from, msgs) in peer.wait_notifs(Duration::from_millis(20)) {
             for msg in msgs {
                 let text = String::from_utf8_lossy(&msg).to_string();
                 let Some(args) = text.strip_prefix("check ") else {
+                    misdirected.get_or_insert(format!("`{text}` from {from}"));
                     continue;
                 };
                 let n: Vec<usize> = args.split(' ').map(|a| a.parse().unwrap()).collect();
                 let (seed, offset, len) = (n[0] as u64, n[1], n[2]);
-                let good = buf[offset..offset + len] == filled(len, seed, offset)[..];
-                let verdict = if good { "OK" } else { "BAD DATA" };
+                let verdict = match &misdirected {
+                    Some(m) => format!("BAD: received {m}"),
+                    None if buf[offset..offset + len] != filled(len, seed, offset)[..] => {
+                        "BAD DATA".to_string()
+                    }
+                    None => "OK".to_string(),
+                };
                 announce(format!("{announce_at}.ok"), &format!("{verdict} {text}"));
             }
         }
