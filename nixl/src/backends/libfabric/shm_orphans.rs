@@ -315,7 +315,13 @@ static ENDPOINTS: Mutex<Vec<Vec<u8>>> = Mutex::new(Vec::new());
 pub(super) struct Repairs {
     name: Vec<u8>,
     tried: Mutex<HashMap<u32, Instant>>,
+    /// When the rail's worker last looked for jobs of ended peers ([`Repairs::scan_due`]).
+    scanned: Mutex<Option<Instant>>,
 }
+
+/// How often a rail's worker looks for jobs whose peer's process ended (the OS is asked
+/// at most this often anyway: `liveness::CHECK_PERIOD`).
+const SCAN_PERIOD: Duration = Duration::from_micros(200);
 
 /// How soon the operations of one ended process are looked for again from one rail
 /// (some may have been posted from another thread just before it was seen ended).
@@ -331,7 +337,20 @@ impl Repairs {
         Self {
             name,
             tried: Mutex::new(HashMap::new()),
+            scanned: Mutex::new(None),
         }
+    }
+
+    /// Whether the rail's worker should look for jobs of ended peers now: at most every
+    /// [`SCAN_PERIOD`], so that a busy rail pays next to nothing for it.
+    pub(super) fn scan_due(&self) -> bool {
+        let now = Instant::now();
+        let mut scanned = self.scanned.lock();
+        if scanned.is_some_and(|at| now < at + SCAN_PERIOD) {
+            return false;
+        }
+        *scanned = Some(now);
+        true
     }
 
     /// Process `dead_pid` (known to have ended; its `shm` endpoints are `dead_names`)

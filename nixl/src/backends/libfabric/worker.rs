@@ -246,7 +246,7 @@ impl Worker {
     /// failed, or they would hold this rail's window and completions for good (see
     /// `shm_orphans`).
     fn fail_orphans(&self) {
-        let Some(repairs) = &self.rail.orphans else {
+        let Some(repairs) = self.rail.orphans.as_ref().filter(|r| r.scan_due()) else {
             return;
         };
         for active in self.jobs.values() {
