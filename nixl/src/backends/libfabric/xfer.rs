@@ -255,7 +255,10 @@ impl FabricXfer {
 
 impl BackendXfer for FabricXfer {
     fn post(&mut self, notif: Option<&[u8]>, _params: &PostParams) -> Result<XferStatus> {
-        self.peer_alive()?;
+        if let Err(e) = self.peer_alive() {
+            self.peer.settle_if_ended();
+            return Err(e);
+        }
         self.error_held = None;
         self.death_seen = None;
         let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
