@@ -529,9 +529,13 @@ fn write_own(at: usize, bytes: &[u8]) -> bool {
     n == bytes.len() as isize
 }
 
+/// How long a dead process's region lock may stay taken before it counts as left taken
+/// by that process: others take it for microseconds, to post one operation.
+const LOCK_PATIENCE: Duration = Duration::from_millis(2);
+
 /// Releases the region lock of the ended process `pid` mapped at `m`, if it left it
 /// taken (it holds it while it copies); nobody else holds it for long, so a lock taken
-/// for longer than a few milliseconds is its.
+/// for longer than [`LOCK_PATIENCE`] is its.
 fn release_lock_of_ended(m: &Mapping, pid: u32) {
     let mut header = [0u8; layout::HEADER_SIZE as usize];
     // Its own header, or one emptied by whoever freed the file before (whose lock word
@@ -543,7 +547,7 @@ fn release_lock_of_ended(m: &Mapping, pid: u32) {
                     == pid)
     };
     let unlocked = spin_unlocked().to_ne_bytes();
-    let until = Instant::now() + Duration::from_millis(20);
+    let until = Instant::now() + LOCK_PATIENCE;
     loop {
         if !read_own(m.start, &mut header) || !is_its(&header) {
             return;
@@ -554,7 +558,7 @@ fn release_lock_of_ended(m: &Mapping, pid: u32) {
         if Instant::now() >= until || header.iter().all(|b| *b == 0) {
             break;
         }
-        std::thread::sleep(Duration::from_millis(1));
+        std::thread::yield_now();
     }
     if write_own(m.start + layout::LOCK, &unlocked) {
         tracing::debug!(region = ?m.shm_name(), "shm: released the lock an ended process held");
