@@ -49,20 +49,39 @@
 //! every `heartbeat_ms` over a TCP connection of its own, and `heartbeat_misses`
 //! intervals of silence (0.5 s by default) fail its transfers with `RemoteDisconnect`.
 //!
-//! Known limit, from libfabric 1.17's `shm`: every operation to a peer takes a
-//! spinlock inside the peer's shared region, and the peer's own progress holds it while
-//! it reads its queue, so a peer killed in that instant leaves the lock taken for good;
-//! whoever writes to that peer next spins forever. The rail workers ask the OS and the
-//! heartbeats before every job (a peer known to be dead is never called into; before
-//! this, runs of `dead_peer_with_default_parameters_over_the_shm_rails` wedged their rail
-//! this way and the next peer's transfer stalled for 30 s), but a peer that
-//! dies holding the lock while operations to it are being issued still wedges the rail
-//! worker issuing them: the transfers to that peer fail with `RemoteDisconnect` as
-//! above, later transfers on that rail fail with a typed `Backend` error naming the
-//! wedged rail once its round has lasted 5 s (`WEDGED_AFTER`; rather than at the stall
-//! timeout), and the stuck thread keeps a core busy until the process ends: create the
-//! backend anew. Where peers may die mid-transfer, `local_provider=none` (same-host
-//! peers over the network provider) avoids shm.
+//! A transfer whose operations are still pending when the OS or the heartbeats report
+//! the peer gone fails once its rails have read their queues twice more (what the peer
+//! answered before it ended is reaped first), at most the 250 ms grace of the private
+//! `conn` module where a rail makes no progress. A restarted peer (same name, new
+//! process) is reached as soon as its new connection information is loaded: its
+//! addresses are new entries of the AVs, and the dead incarnation's go once no transfer
+//! or queued job uses them.
+//!
+//! libfabric 1.17's `shm` lets a dead peer stop a rail for good in two ways, which the
+//! backend undoes once the OS says that the peer's process ended (module `shm_orphans`;
+//! it checks the provider's layout before it touches anything, and otherwise leaves the
+//! rail as the provider has it):
+//! - an operation larger than a command's inline data waits in the sender's response
+//!   queue for the peer's answer, and the queue is reaped in order: one operation a dead
+//!   peer never answered blocked every later completion of the rail, to every peer (a
+//!   restarted peer and a second peer stalled until the stall timeout,
+//!   `nixl/tests/restart_matrix.rs`). Those operations are failed (`ECONNRESET`).
+//! - every operation to a peer takes a spinlock inside the peer's shared region, which
+//!   the peer's own progress holds while it copies: a peer killed then leaves it taken,
+//!   whoever writes to that peer next spins inside the provider, and reaping an
+//!   operation of that peer waits for it. The lock is released.
+//!
+//! The rail workers also ask the OS and the heartbeats before every job, so a peer known
+//! to be dead is never called into. One that dies while operations to it are being
+//! issued can wedge the worker issuing them inside the provider until its lock is
+//! released (when a transfer to it is polled); meanwhile later transfers on that rail
+//! fail with a typed `Backend` error naming the wedged rail once its round has lasted
+//! 5 s (`WEDGED_AFTER`). Not undone: a peer killed while it writes into this process's
+//! own region (it holds this region's lock for microseconds per operation), and any of
+//! this on a libfabric whose `shm` layout is not 1.17's (`local_provider=none`, same-host
+//! peers over the network provider, avoids shm there). A dead peer's regions are
+//! emptied — their memory freed, while the provider keeps them mapped (`Rail::forget`)
+//! — once it is forgotten, and by the next process on this host whose backend opens shm.
 //!
 //! Without a progress thread (`AgentConfig::progress_thread = false`) there are no
 //! workers: posting issues what it can, and the caller's `XferReq::status` and
@@ -165,6 +184,7 @@ mod host;
 mod idle;
 mod liveness;
 mod local_rails;
+mod shm_orphans;
 mod sources;
 mod stage_net;
 mod vram;
@@ -287,6 +307,10 @@ impl NotifKeys {
 
 #[derive(Debug)]
 struct Rail {
+    /// `shm`: fails the operations a peer whose process ended left unanswered, which
+    /// would block the rail's completions for good (see [`shm_orphans`]). First, so that
+    /// it is dropped first: it unregisters the endpoint before the endpoint closes.
+    orphans: Option<shm_orphans::Repairs>,
     _fabric: Fabric,
     domain: Domain,
     ep: fabric::Endpoint,
@@ -310,6 +334,9 @@ struct Rail {
     /// 0: none running): a round that never ends is a thread stuck inside the provider
     /// (the module documentation's known limit), see [`Rail::wedged_for`].
     round_since: AtomicU64,
+    /// Rounds of progress completed on this rail: a transfer whose peer died waits for
+    /// a few of them (its last completions reaped), not for a fixed time.
+    rounds: AtomicU64,
 }
 
 /// How long one round of a rail's progress may run before the rail counts as wedged.
@@ -339,6 +366,14 @@ impl Rail {
     fn in_round(&self, running: bool) {
         let stamp = if running { round_clock_ns() } else { 0 };
         self.round_since.store(stamp, Ordering::Relaxed);
+        if !running {
+            self.rounds.fetch_add(1, Ordering::Release);
+        }
+    }
+
+    /// Rounds of progress this rail completed so far.
+    fn rounds(&self) -> u64 {
+        self.rounds.load(Ordering::Acquire)
     }
 
     /// How long the running round has lasted, once it is past [`WEDGED_AFTER`].
@@ -356,7 +391,9 @@ impl Rail {
     /// crashes in `fi_cq_read` (an agent invalidated and another loaded after it, e.g.
     /// the etcd watch test: SIGSEGV with `provider=shm` before this). Kept, each holds
     /// a slot of the AV until the backend closes; once the provider has no slot left,
-    /// loading a peer fails on shm and the network plane takes it ([`local_rails`]).
+    /// loading a peer fails on shm and the network plane takes it ([`local_rails`]). The
+    /// provider keeps a kept peer's region mapped: that of a peer whose process ended is
+    /// emptied instead ([`shm_orphans`]), so it holds no memory.
     fn forget(&self, addr: Address) {
         if self.keeps_departed {
             return;
@@ -429,12 +466,42 @@ struct Peer {
 struct PeerAddrs {
     rails: Vec<Arc<Rail>>,
     addrs: Vec<Address>,
+    /// The peer's endpoint names, as inserted into each rail's AV.
+    names: Vec<Vec<u8>>,
+    /// The peer's process, where the OS can tell when it ends (same host).
+    process: Option<Arc<Liveness>>,
+}
+
+impl PeerAddrs {
+    /// Over shm, once the peer's process is known to have ended: fails what it left
+    /// unanswered and releases the lock it may have left taken (see `shm_orphans`), also
+    /// for a rail worker stuck on that lock inside the provider. At most every few
+    /// milliseconds.
+    fn settle_if_ended(&self) {
+        let (Some(process), Some(repairs)) = (
+            &self.process,
+            self.rails.iter().find_map(|r| r.orphans.as_ref()),
+        ) else {
+            return;
+        };
+        if process.has_ended() {
+            repairs.after_death(process.pid(), &self.names);
+        }
+    }
 }
 
 impl Drop for PeerAddrs {
     fn drop(&mut self) {
         for (rail, addr) in self.rails.iter().zip(&self.addrs) {
             rail.forget(*addr);
+        }
+        // Over shm the departed peer stays mapped (see `Rail::forget`): once its process
+        // ended, what it left unanswered is failed and its regions' memory freed (see
+        // `shm_orphans`).
+        if let Some(process) = &self.process {
+            if self.rails.iter().any(|r| r.orphans.is_some()) && process.has_ended_now() {
+                shm_orphans::settle_logged(process.pid(), &self.names, true);
+            }
         }
     }
 }
@@ -785,8 +852,9 @@ fn pid_namespace() -> u64 {
 }
 
 /// Removes, from `dir`, the `shm` regions of processes of pid namespace `ns` that have
-/// ended: a process killed without closing its endpoints leaves them (16 MiB each), and
-/// unique names are never reused by a later process the way pids were. Only names of
+/// ended (emptied first, see [`shm_orphans`]): a process killed without closing its
+/// endpoints leaves them (16 MiB each), and unique names are never reused by a later
+/// process the way pids were. Only names of
 /// this pid namespace (where `kill(pid, 0)` answers for the pid) and of dead pids go;
 /// nothing happens where the namespace is unknown.
 fn remove_stale_shm_regions(dir: &Path, ns: u64) {
@@ -811,6 +879,12 @@ fn remove_stale_shm_regions(dir: &Path, ns: u64) {
         let gone = pid > 0
             && unsafe { libc::kill(pid, 0) } != 0
             && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
+        // Emptied first: processes that had the dead one as a peer keep their mappings
+        // of the file (libfabric's shm never unmaps a departed peer), which would keep
+        // its memory alive after the name is gone.
+        if gone {
+            shm_orphans::empty_file(&entry.path());
+        }
         if gone && std::fs::remove_file(entry.path()).is_ok() {
             tracing::debug!(region = ?name, "removed the shm region of an ended process");
         }
@@ -942,6 +1016,10 @@ fn open_rail(info: &Info) -> Result<Rail> {
     } else {
         None
     };
+    let orphans = shm
+        .then(|| ep.name().map(shm_orphans::Repairs::new))
+        .transpose()
+        .map_err(fabric_error)?;
     tracing::debug!(
         provider = info.provider_name(),
         wait_fd = idle.has_wait_fd(),
@@ -960,7 +1038,9 @@ fn open_rail(info: &Info) -> Result<Rail> {
                 local_rails::LOCAL_PROVIDER | "sockets"
             ),
         unattributable,
+        orphans,
         round_since: AtomicU64::new(0),
+        rounds: AtomicU64::new(0),
 
         _fabric: fabric,
         domain,
@@ -1122,16 +1202,18 @@ impl Backend for LibfabricBackend {
             }
         }
         let mut addrs = Vec::with_capacity(self.rails.len());
+        let mut inserted = Vec::with_capacity(self.rails.len());
         for (i, rail) in self.rails.iter().enumerate() {
-            addrs.push(
-                rail.av
-                    .insert(&names[i % names.len()])
-                    .map_err(fabric_error)?,
-            );
+            let name = &names[i % names.len()];
+            addrs.push(rail.av.insert(name).map_err(fabric_error)?);
+            inserted.push(name.clone());
         }
+        let liveness = parsed.process.as_ref().and_then(Liveness::watch);
         let addrs = Arc::new(PeerAddrs {
             rails: self.rails.clone(),
             addrs,
+            names: inserted,
+            process: liveness.clone(),
         });
         let is_self = agent == self.agent_name;
         let cma = parsed
@@ -1152,7 +1234,7 @@ impl Backend for LibfabricBackend {
             conn_info: info.to_vec(),
             source: source.clone(),
             addrs,
-            liveness: parsed.process.as_ref().and_then(Liveness::watch),
+            liveness,
             watch: watch_peer(self.hub.as_ref(), agent, &parsed),
             cma,
         };

@@ -16,6 +16,25 @@ pub mod staged;
 pub mod twohost;
 pub mod write_signal;
 
+/// Prints the library's `tracing` events to stderr as `RUST_LOG` asks (nothing where it
+/// is unset); the first line names this process (peer processes log beside the test).
+pub fn init_tracing() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        if std::env::var_os("RUST_LOG").is_none() {
+            return;
+        }
+        let pid = std::process::id();
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .with_thread_names(true)
+            .with_ansi(false)
+            .try_init();
+        tracing::info!(pid, "tracing on");
+    });
+}
+
 /// Bound on every wait: generous, so that a slow machine fails only when something hangs.
 pub const TIMEOUT: Duration = Duration::from_secs(60);
 

@@ -30,9 +30,11 @@ use std::time::Duration;
 /// How long a transfer holds a provider's plain error (e.g. `sockets`' FI_EIO for a lost
 /// connection) while the peer's watches confirm whether the peer died: then the error is
 /// its death, [`crate::Error::RemoteDisconnect`]. A dead process's heartbeat connection
-/// closes within milliseconds, so this only delays errors of live peers. Also how long a
-/// transfer with operations pending may still complete after the watches report the peer
-/// gone (it may have left right after our last operation reached it).
+/// closes within milliseconds, so this only delays errors of live peers. Also the longest
+/// a transfer with operations pending may still complete after the watches report the
+/// peer gone (it may have left right after our last operation reached it): it waits for
+/// its rails to read their queues a couple of times (`xfer::DeathSeen`), this long only
+/// where a rail makes no progress.
 pub(super) const DEATH_GRACE: Duration = Duration::from_millis(250);
 
 /// What a peer's connection information says.

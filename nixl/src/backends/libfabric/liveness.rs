@@ -143,10 +143,7 @@ impl Liveness {
     /// `Err(RemoteDisconnect)` once the process is known to have ended. Cheap: the OS
     /// is asked at most every [`CHECK_PERIOD`] (or [`PROC_CHECK_PERIOD`]).
     pub(super) fn check(&self, agent: &str) -> Result<()> {
-        if !self.gone.load(Ordering::Relaxed) && self.due() && self.ended() {
-            self.gone.store(true, Ordering::Relaxed);
-        }
-        if self.gone.load(Ordering::Relaxed) {
+        if self.has_ended() {
             return Err(Error::RemoteDisconnect {
                 agent: agent.to_string(),
                 reason: format!(
@@ -161,6 +158,28 @@ impl Liveness {
             });
         }
         Ok(())
+    }
+
+    /// Whether the process is known to have ended (asked of the OS as [`Self::check`]).
+    pub(super) fn has_ended(&self) -> bool {
+        if !self.gone.load(Ordering::Relaxed) && self.due() && self.ended() {
+            self.gone.store(true, Ordering::Relaxed);
+        }
+        self.gone.load(Ordering::Relaxed)
+    }
+
+    /// Whether the process has ended, asked of the OS now (not at most every
+    /// [`CHECK_PERIOD`]).
+    pub(super) fn has_ended_now(&self) -> bool {
+        if !self.gone.load(Ordering::Relaxed) && self.ended() {
+            self.gone.store(true, Ordering::Relaxed);
+        }
+        self.gone.load(Ordering::Relaxed)
+    }
+
+    /// The watched process's pid.
+    pub(super) fn pid(&self) -> u32 {
+        self.id.pid
     }
 
     fn due(&self) -> bool {

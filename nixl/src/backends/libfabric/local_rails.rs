@@ -17,10 +17,11 @@
 //! through that plane alone; notifications are collected from both.
 //! [`crate::backend::Backend::peer_transport`] names the provider a peer is reached by.
 //!
-//! A caveat of libfabric 1.17's `shm` holds for these peers as for `provider=shm`: a
-//! peer killed in the middle of a transfer can leave the survivor spinning on a lock the
-//! dead process held (the tests that kill peers mid-transfer name `local_provider=none`);
-//! a peer killed while idle is reported as on any provider (its pidfd).
+//! What libfabric 1.17's `shm` does with a peer killed in the middle of a transfer (its
+//! unanswered operations, the lock it held) holds for these peers as for `provider=shm`,
+//! and is undone the same way once its process is known to have ended (see the parent
+//! module's "Dead peers"); a peer killed while idle is reported as on any provider (its
+//! pidfd).
 //!
 //! Without an `shm` plane the encodings are the plane's own (as before this module); a
 //! backend reads both forms from its peers.

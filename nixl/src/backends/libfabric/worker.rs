@@ -231,6 +231,9 @@ impl Worker {
             busy |= self.send_replies();
         }
         busy |= self.issue();
+        if self.rail.orphans.is_some() && self.outstanding > 0 {
+            self.fail_orphans();
+        }
         busy |= self.poll(&mut completions);
         self.completions = completions;
         // Staging copies are polled, not waited for (one relaxed load when idle).
@@ -250,6 +253,25 @@ impl Worker {
             }
         }
         busy
+    }
+
+    /// Over `shm`: operations to a peer whose process ended that it never answered are
+    /// failed, or they would hold this rail's window and completions for good (see
+    /// `shm_orphans`).
+    fn fail_orphans(&self) {
+        let Some(repairs) = self.rail.orphans.as_ref().filter(|r| r.scan_due()) else {
+            return;
+        };
+        for active in self.jobs.values() {
+            let provider_ops =
+                active.in_flight - active.assists > 0 || active.notif_in_flight.is_some();
+            match &active.job.shared.peer.liveness {
+                Some(liveness) if provider_ops && liveness.has_ended() => {
+                    repairs.after_death(liveness.pid(), &active.job.peer.names)
+                }
+                _ => {}
+            }
+        }
     }
 
     /// Sleeping (on and off) for `sleeping`: sleeps until local work, incoming traffic

@@ -203,8 +203,49 @@ pub(super) struct FabricXfer {
     /// Since when a provider error is held while the watches confirm the peer's death.
     pub(super) error_held: Option<Instant>,
     /// Since when the watches report the peer dead while operations are still pending.
-    pub(super) death_seen: Option<Instant>,
+    pub(super) death_seen: Option<DeathSeen>,
     pub(super) progress: Arc<Progress>,
+}
+
+/// When a transfer's peer was seen dead with operations pending, and how far its rails'
+/// progress and its completions were then.
+#[derive(Debug)]
+pub(super) struct DeathSeen {
+    at: Instant,
+    /// Each rail's [`Rail::rounds`] when the death was seen (or the last completion
+    /// reaped after it).
+    rounds: Vec<u64>,
+    completed: u64,
+}
+
+/// Rounds of progress each rail of a transfer completes after its peer was seen dead
+/// (with nothing of the transfer completing meanwhile) before the death is its: whatever
+/// the peer answered before it ended is in the rails' queues by then and has been read
+/// (one round may have begun before the death was seen; the next reads all of it).
+const ROUNDS_AFTER_DEATH: u64 = 2;
+/// And at least this long, for a completion that the kernel delivers a little after the
+/// process's end is visible (the peer's last bytes on a socket it closed).
+const DEATH_SETTLE: Duration = Duration::from_millis(1);
+
+impl DeathSeen {
+    fn now(rails: &[Arc<Rail>], completed: u64) -> Self {
+        Self {
+            at: Instant::now(),
+            rounds: rails.iter().map(|r| r.rounds()).collect(),
+            completed,
+        }
+    }
+
+    /// Whether every rail with operations of this transfer (rail 0 for its
+    /// notification; every rail with `all_rails`: a staged part uses them all) has
+    /// completed [`ROUNDS_AFTER_DEATH`] rounds since.
+    fn reaped(&self, rails: &[Arc<Rail>], rail_ops: &[Arc<Vec<RailOp>>], all_rails: bool) -> bool {
+        self.at.elapsed() >= DEATH_SETTLE
+            && rails.iter().enumerate().all(|(r, rail)| {
+                (r != 0 && !all_rails && rail_ops[r].is_empty())
+                    || rail.rounds() >= self.rounds[r] + ROUNDS_AFTER_DEATH
+            })
+    }
 }
 
 impl FabricXfer {
@@ -241,7 +282,10 @@ impl FabricXfer {
 
 impl BackendXfer for FabricXfer {
     fn post(&mut self, notif: Option<&[u8]>, _params: &PostParams) -> Result<XferStatus> {
-        self.peer_alive()?;
+        if let Err(e) = self.peer_alive() {
+            self.peer.settle_if_ended();
+            return Err(e);
+        }
         self.error_held = None;
         self.death_seen = None;
         let key = self.keys.next();
@@ -363,10 +407,24 @@ impl BackendXfer for FabricXfer {
             // timeout: the OS tells sooner. A peer may also leave right after our last
             // operation reached it (a target that exits once it has the notification,
             // before our worker reaped that send's completion): what was delivered
-            // completes within a short grace, and only then is the death the transfer's.
+            // completes once the rails have read their queues after the death was seen,
+            // and only then is the death the transfer's.
             if let Err(e) = self.peer_alive() {
-                let since = *self.death_seen.get_or_insert_with(Instant::now);
-                if since.elapsed() >= DEATH_GRACE {
+                self.peer.settle_if_ended();
+                let completed = self.shared.completed.load(Ordering::Relaxed);
+                let seen = self
+                    .death_seen
+                    .get_or_insert_with(|| DeathSeen::now(&self.rails, completed));
+                if seen.completed != completed {
+                    // Still completing: what arrived before the death is being reaped.
+                    let since = seen.at;
+                    *seen = DeathSeen::now(&self.rails, completed);
+                    seen.at = since;
+                }
+                let all_rails = self.staged.is_some();
+                if seen.at.elapsed() >= DEATH_GRACE
+                    || seen.reaped(&self.rails, &self.rail_ops, all_rails)
+                {
                     return Err(e);
                 }
             }
