@@ -242,13 +242,13 @@ impl Region {
     }
 
     fn u16_at(&self, at: usize) -> u16 {
-        debug_assert!(at + 2 <= self.len && at % 2 == 0);
+        debug_assert!(at + 2 <= self.len && at.is_multiple_of(2));
         // SAFETY: as in `u8_at`; aligned (offsets of the C struct).
         unsafe { self.ptr(at).cast::<u16>().read_volatile() }
     }
 
     fn u32_at(&self, at: usize) -> u32 {
-        debug_assert!(at + 4 <= self.len && at % 4 == 0);
+        debug_assert!(at + 4 <= self.len && at.is_multiple_of(4));
         // SAFETY: as in `u16_at`.
         unsafe { (*self.ptr(at).cast::<AtomicI32>()).load(Ordering::Acquire) as u32 }
     }
@@ -256,7 +256,7 @@ impl Region {
     /// The word at `at`; 0 where `at` is out of bounds or unaligned (offsets read from
     /// the header are checked with it).
     fn u64_at(&self, at: usize) -> u64 {
-        if at % 8 != 0 || at.checked_add(8).is_none_or(|end| end > self.len) {
+        if !at.is_multiple_of(8) || at.checked_add(8).is_none_or(|end| end > self.len) {
             return 0;
         }
         // SAFETY: as in `u16_at`.
@@ -678,7 +678,7 @@ fn fail_slots(own: &Region, maps: &[Mapping], ids: &[u64]) -> usize {
         let entry = own.u64_at(slot) as usize;
         // The operation record lies in this process's own writable memory, and its
         // command names this slot.
-        let inside = entry % 8 == 0
+        let inside = entry.is_multiple_of(8)
             && maps.iter().any(|m| {
                 m.writable_private() && m.start <= entry && entry.saturating_add(TX_LEN) <= m.end
             });
