@@ -12,8 +12,9 @@
 //!   `lib/`, which `run.sh` uses only for a library the GPU machine lacks;
 //! - `run.sh` and `MANIFEST` (commit, build commands, files).
 //!
-//! Binaries are stripped of debug info (symbols stay, for backtraces); the bundle must
-//! stay under [`MAX_BUNDLE_BYTES`], since it travels to the GPU machine with the tree.
+//! Binaries are stripped and `bin/` and `tests/` travel gzipped as `payload.tar.gz`
+//! (`run.sh` unpacks it into a temporary folder first): the bundle must stay under
+//! [`MAX_BUNDLE_BYTES`], since it travels to the GPU machine with the tree.
 
 use crate::test::{built_executables, cargo, shell_quote};
 use anyhow::{bail, Context, Result};
@@ -40,6 +41,8 @@ const TOOL_TARGETS: &[(&str, &str)] = &[
 /// (67.1 MB) and the tracked tree is about 5 MB; the Python package's GPU bundle (about
 /// 4 MB) and the peer wheels then travel in a call of their own.
 const MAX_BUNDLE_BYTES: u64 = 60_000_000;
+/// The packed binaries, beside `run.sh`.
+const PAYLOAD: &str = "payload.tar.gz";
 /// Libraries every Linux machine has (glibc and the compiler runtime): never bundled.
 const SYSTEM_LIBS: &[&str] = &[
     "linux-vdso.so",
@@ -160,6 +163,7 @@ pub fn run(args: &[String]) -> Result<i32> {
     let manifest = bundle.join("MANIFEST");
     std::fs::write(&manifest, manifest_text(&root, &builds, &bundle, &copied)?)?;
     copied.push(manifest);
+    let copied = pack_payload(&bundle, copied)?;
 
     let mut total = 0;
     for path in &copied {
@@ -308,6 +312,26 @@ fn plan(metadata: &Value) -> Result<Vec<Build>> {
     Ok(builds)
 }
 
+/// Moves the binaries (`bin/`, `tests/`) into `payload.tar.gz`, which `run.sh` unpacks:
+/// they shrink to about a third. Returns the bundle's files after packing.
+fn pack_payload(bundle: &Path, files: Vec<PathBuf>) -> Result<Vec<PathBuf>> {
+    let payload = bundle.join(PAYLOAD);
+    let status = Command::new("tar")
+        .current_dir(bundle)
+        .args(["-czf", PAYLOAD, "bin", "tests"])
+        .status()
+        .context("running tar")?;
+    if !status.success() {
+        bail!("tar -czf {} failed: {status}", payload.display());
+    }
+    for folder in ["bin", "tests"] {
+        std::fs::remove_dir_all(bundle.join(folder))?;
+    }
+    let mut kept: Vec<PathBuf> = files.into_iter().filter(|f| f.exists()).collect();
+    kept.push(payload);
+    Ok(kept)
+}
+
 /// Copies `src` to `dest` without debug info and symbol tables (`strip --strip-all`,
 /// else `objcopy`): a quarter smaller, so the bundle fits a device call; panics still
 /// print their messages, backtraces lose function names.
@@ -446,6 +470,11 @@ fn run_script(tests: &[String], tools: &[String]) -> String {
 # A shared library this machine lacks is taken from the bundle's lib/.
 set -u
 here="$(cd "$(dirname "${{BASH_SOURCE[0]}}")" && pwd)"
+# The binaries travel packed: unpack them next to a copy of the rest, in a temporary folder.
+unpacked="$(mktemp -d "${{TMPDIR:-/tmp}}/gpu-bundle.XXXXXX")"
+tar -C "$unpacked" -xzf "$here/payload.tar.gz" || {{ echo "run.sh: cannot unpack $here/payload.tar.gz" >&2; exit 2; }}
+cp -r "$here/MANIFEST" "$here/lib" "$unpacked/" 2>/dev/null
+here="$unpacked"
 tests=({tests})
 tools=({tools})
 export NIXL_REQUIRE_GPU=1
@@ -466,7 +495,7 @@ fi
 # Symlinks to the bundled copies of the libraries this machine cannot resolve, first on
 # the library path; everything else still comes from the system.
 shim="$(mktemp -d "${{TMPDIR:-/tmp}}/gpu-bundle-libs.XXXXXX")"
-trap 'rm -rf "$shim"' EXIT
+trap 'rm -rf "$shim" "$unpacked"' EXIT
 export LD_LIBRARY_PATH="$shim${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}}"
 resolve_libs() {{
   command -v ldd >/dev/null || return 0
