@@ -374,8 +374,13 @@ fn cuda_ipc_peer_on_another_node_is_unreachable() {
     assert!(matches!(r, Err(Error::Unreachable { .. })), "{r:?}");
     let r = a.make_xfer_req(XferOp::Write, &local, &[0], &remote, &[0], None, None);
     assert!(matches!(r, Err(Error::NoCommonBackend { .. })), "{r:?}");
-    // A corrupted region record is a typed error.
-    let mut md = AgentMetadata::decode(&b.local_metadata().unwrap()).unwrap();
+    // b's real metadata is another incarnation's connection information under the bound
+    // name "far": refused while the loaded one lives.
+    assert!(matches!(
+        a.load_remote_metadata(&b.local_metadata().unwrap()),
+        Err(Error::MetadataRefused { .. })
+    ));
+    // A corrupted region record (of the bound incarnation) is a typed error.
     for s in &mut md.sections {
         for (_, public) in &mut s.regions {
             public.truncate(10);
