@@ -153,6 +153,21 @@ pub(crate) fn check_request(mem: &Mem, request: &str) -> Result<(String, Verdict
     }
     let n = |s: &str| s.parse::<u64>().map_err(|_| bad());
     let (seed, block, batch, stride, base) = (n(f[1])?, n(f[2])?, n(f[3])?, n(f[4])?, n(f[5])?);
+    // The message comes from a peer: every block it names must lie in this memory, and
+    // all of them together can be no more than it (a request cannot make the target
+    // check the same bytes 2^64 times, or wrap an offset around).
+    let len = mem.len() as u64;
+    let last_end = batch
+        .checked_sub(1)
+        .and_then(|last| last.checked_mul(stride))
+        .and_then(|o| o.checked_add(base))
+        .and_then(|o| o.checked_add(block));
+    let total = batch.checked_mul(block);
+    if !matches!((last_end, total), (Some(end), Some(t)) if end <= len && t <= len) {
+        return Err(format!(
+            "check request `{request}` names blocks outside this target's {len} bytes"
+        ));
+    }
     let verdict = (0..batch).try_for_each(|i| {
         let off = (base + i * stride) as usize;
         mem.check_pattern(off, block as usize, seed)
@@ -180,5 +195,32 @@ mod tests {
         let (_, verdict) = check_request(&mem, &req).unwrap();
         assert!(verdict.unwrap_err().contains("byte 9192"));
         assert!(check_request(&mem, "x 1 2").is_err());
+    }
+
+    /// A peer's request cannot make the target spin (2^64 checks of one block) or wrap an
+    /// offset around: it is refused at once, naming the bound.
+    #[test]
+    fn check_requests_outside_the_memory_are_refused() {
+        let mem = Mem::alloc(MemKind::Dram, 0, 1 << 16, INITIATOR_FILL, false).unwrap();
+        let huge = u64::MAX;
+        for req in [
+            format!("a 1 1 {huge} 0 0"),
+            format!("a 1 4096 {huge} 4096 0"),
+            format!("a 1 4096 2 {huge} 0"),
+            format!("a 1 4096 1 0 {huge}"),
+            "a 1 4096 17 4096 0".to_string(),
+            "a 1 65537 1 0 0".to_string(),
+            "a 1 2 40000 0 0".to_string(),
+        ] {
+            let err = check_request(&mem, &req).unwrap_err();
+            assert!(
+                err.contains("outside this target's 65536 bytes"),
+                "{req}: {err}"
+            );
+        }
+        // The largest request that fits is answered (a verdict, not a refusal).
+        assert!(check_request(&mem, "a 1 4096 16 4096 0").is_ok());
+        // No blocks at all is no request nixlbench makes: refused too.
+        assert!(check_request(&mem, "a 1 4096 0 4096 0").is_err());
     }
 }
