@@ -1,6 +1,6 @@
 //! The crate's one error type.
 
-use crate::mem::MemKind;
+use crate::mem_kind::MemKind;
 
 /// Everything that can go wrong in the agent, typed so callers can branch on it.
 #[derive(Debug, thiserror::Error)]

@@ -112,6 +112,7 @@ mod error;
 pub mod etcd;
 mod listener;
 pub mod mem;
+mod mem_kind;
 pub mod metadata;
 mod os;
 pub mod topology;
