@@ -582,7 +582,7 @@ impl Agent {
     /// e.g. a file path for `POSIX`); per descriptor `None` where it does not exist, else
     /// the backend's information (for files: `size`, `mode`, `mtime`). Nothing needs to be
     /// registered. A backend without such queries answers [`Error::NotSupported`]; a
-    /// backend this agent has not created is [`Error::InvalidParam`].
+    /// backend this agent has not created is [`Error::UnknownBackend`].
     #[doc(alias = "queryMem")]
     pub fn query_mem_info(
         &self,
@@ -594,12 +594,7 @@ impl Agent {
             .backends()
             .into_iter()
             .find(|b| b.name().eq_ignore_ascii_case(backend))
-            .ok_or_else(|| {
-                Error::InvalidParam(format!(
-                    "agent `{}` has no backend `{backend}`",
-                    self.name()
-                ))
-            })?;
+            .ok_or_else(|| Error::UnknownBackend(backend.to_string()))?;
         found.query_mem_info(kind, meta)
     }
 

@@ -375,7 +375,7 @@ fn query_mem_info_stats_file_paths_and_answers_none_for_missing_ones() {
     // Not a backend of this agent; a backend without queries.
     assert!(matches!(
         agent.query_mem_info("NOPE", MemKind::File, &meta),
-        Err(Error::InvalidParam(_))
+        Err(Error::UnknownBackend(_))
     ));
     agent
         .create_backend("LOCAL", &BackendParams::new())
