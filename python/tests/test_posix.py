@@ -42,12 +42,17 @@ def test_write_then_read_dram_file_round_trip(tmp_path, progress):
         size = 256 << 10
         src = pattern(2 * size, 3)
         dst = np.zeros(2 * size, dtype=np.uint8)
-        agent.register_memory([(src.ctypes.data, src.nbytes, 0, ""), (dst.ctypes.data, dst.nbytes, 0, "")], "DRAM")
+        agent.register_memory(
+            [(src.ctypes.data, src.nbytes, 0, ""), (dst.ctypes.data, dst.nbytes, 0, "")], "DRAM"
+        )
         agent.register_memory([(0, 4 * size, fd, "data")], "FILE")
         # Two pieces, swapped between memory and file.
-        mem = lambda buf: agent.get_xfer_descs(  # noqa: E731
-            [(buf.ctypes.data, size, 0), (buf.ctypes.data + size, size, 0)], "DRAM"
-        )
+
+        def mem(buf):
+            return agent.get_xfer_descs(
+                [(buf.ctypes.data, size, 0), (buf.ctypes.data + size, size, 0)], "DRAM"
+            )
+
         files = agent.get_xfer_descs([(2 * size, size, fd), (0, size, fd)], "FILE")
         name = agent.name
         w = agent.initialize_xfer("WRITE", mem(src), files, name, backends=["POSIX"])
