@@ -577,6 +577,27 @@ impl Agent {
             .collect()
     }
 
+    /// NIXL's `queryMem` with a backend named: asks backend `backend` about the storage
+    /// that each descriptor's metadata names (`meta[i]` is descriptor `i`'s `metaInfo`,
+    /// e.g. a file path for `POSIX`); per descriptor `None` where it does not exist, else
+    /// the backend's information (for files: `size`, `mode`, `mtime`). Nothing needs to be
+    /// registered. A backend without such queries answers [`Error::NotSupported`]; a
+    /// backend this agent has not created is [`Error::UnknownBackend`].
+    #[doc(alias = "queryMem")]
+    pub fn query_mem_info(
+        &self,
+        backend: &str,
+        kind: MemKind,
+        meta: &[&[u8]],
+    ) -> Result<Vec<Option<BackendParams>>> {
+        let found = self
+            .backends()
+            .into_iter()
+            .find(|b| b.name().eq_ignore_ascii_case(backend))
+            .ok_or_else(|| Error::UnknownBackend(backend.to_string()))?;
+        found.query_mem_info(kind, meta)
+    }
+
     /// This agent's full metadata: connection info of every backend and every registration.
     #[doc(alias = "getLocalMD")]
     pub fn local_metadata(&self) -> Result<Vec<u8>> {

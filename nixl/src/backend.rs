@@ -262,6 +262,17 @@ pub trait Backend: Send + Sync + std::fmt::Debug + 'static {
         let _ = waker;
         false
     }
+    /// NIXL's `queryMem`: what this backend knows of the storage that each descriptor's
+    /// metadata (NIXL's `metaInfo`) names, e.g. for a file path its `size`, `mode` and
+    /// `mtime`; `None` where the thing named does not exist. Nothing needs to be
+    /// registered. Default: not supported.
+    fn query_mem_info(&self, kind: MemKind, meta: &[&[u8]]) -> Result<Vec<Option<BackendParams>>> {
+        let _ = (kind, meta);
+        Err(crate::Error::NotSupported {
+            backend: self.name().to_string(),
+            what: "queries of storage by descriptor metadata (queryMem)".into(),
+        })
+    }
     /// A memory view of `entries` for kernels (NIXL's `prepMemView`): of local memory
     /// when `agent` is `None`, else of that peer's. Default: not supported.
     fn prep_mem_view(

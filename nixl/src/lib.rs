@@ -32,6 +32,7 @@
 //! | `cuda` | VRAM: `CUDA_IPC`, `LOCAL` VRAM copies, staged VRAM over `LIBFABRIC`/`VERBS` | the CUDA driver, loaded at run time |
 //! | `gpunetio` | `GPUNETIO` and the device API's NIC path (implies `cuda`, `libfabric`) | as `cuda`, and libfabric |
 //! | `file` | `FILE` (files through an `hf3fs-gdr` daemon) | nothing native |
+//! | `posix` | `POSIX` (files by `pread`/`pwrite`, no daemon) | nothing beyond `libc` |
 //! | `etcd` | the `etcd` metadata service module | nothing native (needs `protoc` to build) |
 //!
 //! # Failure model

@@ -107,6 +107,8 @@ PLUGIN_PARAMS: Dict[str, Dict[str, str]] = {
         "stage_dram": "0",
     },
     "LOCAL": {"num_streams": "4"} if _core.CUDA else {},
+    # NIXL's POSIX: files by pread/pwrite (its io-queue choices have no counterpart).
+    "POSIX": {},
     "CUDA_IPC": {"num_streams": "4"},
     "GPUNETIO": {
         "gpu_devices": "0",
@@ -133,6 +135,7 @@ PLUGIN_MEMS: Dict[str, List[str]] = {
     "LIBFABRIC": _GPU_MEMS,
     "VERBS": _GPU_MEMS,
     "LOCAL": _GPU_MEMS,
+    "POSIX": ["DRAM_SEG", "FILE_SEG"],
     "CUDA_IPC": ["DRAM_SEG", "VRAM_SEG"],
     "GPUNETIO": ["DRAM_SEG", "VRAM_SEG"],
     "FAULT": _GPU_MEMS,
@@ -596,12 +599,19 @@ class nixlAgent:
         return NIXL_SUCCESS
 
     def queryMem(self, descs: nixlRegDList, backend) -> List[Optional[Dict[str, str]]]:
-        """Per descriptor: ``None`` where the backend has not registered it, else a dict
-        (``backend``, ``mode``)."""
+        """Per descriptor, as NIXL's: a backend that answers from the descriptors'
+        metadata (``POSIX``: ``metaInfo`` is a file path) gives ``None`` where the file does
+        not exist, else ``{"size", "mode", "mtime"}`` (decimal strings, from ``stat``).
+        Other backends answer from their registrations: ``None`` where the backend has not
+        registered the descriptor, else ``{"backend", "mode"}``."""
         descs = self._reg_list(descs, "queryMem")
-        return self._call(
-            self._core.query_mem, descs._core_kind(), descs._packed_bytes(), self._backend(backend)
+        name = self._backend(backend)
+        answers = self._call(
+            self._core.query_mem_info, descs._core_kind(), list(descs._meta), name
         )
+        if answers is not None:
+            return answers
+        return self._call(self._core.query_mem, descs._core_kind(), descs._packed_bytes(), name)
 
     # --- metadata ----------------------------------------------------------------------
 

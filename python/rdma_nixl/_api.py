@@ -10,8 +10,8 @@ is built on the low-level ``_bindings.nixlAgent`` (``self.agent``), created from
 
 Where this differs from NIXL:
 
-- Backends are ours: ``LIBFABRIC``, ``VERBS``, ``LOCAL``, ``CUDA_IPC`` and ``GPUNETIO``
-  (GPU builds) and ``FAULT`` (failure injection for tests). ``UCX``, NIXL's default,
+- Backends are ours: ``LIBFABRIC``, ``VERBS``, ``LOCAL``, ``POSIX`` (files, as NIXL's),
+  ``CUDA_IPC`` and ``GPUNETIO`` (GPU builds) and ``FAULT`` (failure injection for tests). ``UCX``, NIXL's default,
   creates ``LIBFABRIC`` with a logged note, so default-configured code runs; the backend
   is then known as ``UCX`` (``self.backends["UCX"]``), and ``LIBFABRIC`` names it too.
 - Metadata exchange by IP (``send_local_metadata``, ``fetch_remote_metadata``, ...) is
@@ -398,7 +398,9 @@ class nixl_agent:
     def query_memory(
         self, reg_list, backend: str, mem_type: Optional[str] = None
     ) -> List[Optional[Dict[str, str]]]:
-        """Per descriptor: ``None`` if ``backend`` has not registered it, else a dict
+        """Per descriptor, as NIXL's: for ``POSIX`` (descriptors' metaInfo is a file
+        path) ``None`` where the file does not exist, else ``{"size", "mode", "mtime"}``;
+        for other backends ``None`` if ``backend`` has not registered it, else a dict
         ``{"backend": name, "mode": how it reaches the memory ("staged"/"direct"/"")}``."""
         reg_descs = self.get_reg_descs(reg_list, mem_type)
         if reg_descs is None:

@@ -278,6 +278,38 @@ impl Agent {
             .collect()
     }
 
+    /// NIXL's `queryMem` answered by the backend from each descriptor's metadata (e.g.
+    /// `POSIX`: a file path): per descriptor `None` where the thing named does not exist,
+    /// else the backend's dict (`size`, `mode`, `mtime` for files). `None` for the whole
+    /// list where the backend has no such queries (the caller then answers from the
+    /// registrations, `query_mem`).
+    fn query_mem_info<'py>(
+        &self,
+        py: Python<'py>,
+        mem_type: u8,
+        metas: Vec<Vec<u8>>,
+        backend: &str,
+    ) -> PyResult<Option<Vec<Option<Bound<'py, PyDict>>>>> {
+        let kind = descs::kind(mem_type)?;
+        let meta: Vec<&[u8]> = metas.iter().map(Vec::as_slice).collect();
+        let answers = match py.detach(|| self.agent.query_mem_info(backend, kind, &meta)) {
+            Err(nixl::Error::NotSupported { .. }) => return Ok(None),
+            other => other.py_err()?,
+        };
+        answers
+            .into_iter()
+            .map(|entry| {
+                let Some(info) = entry else { return Ok(None) };
+                let d = PyDict::new(py);
+                for (k, v) in info {
+                    d.set_item(k, v)?;
+                }
+                Ok(Some(d))
+            })
+            .collect::<PyResult<Vec<_>>>()
+            .map(Some)
+    }
+
     /// Full metadata.
     fn local_metadata<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
         let blob = py.detach(|| self.agent.local_metadata()).py_err()?;

@@ -91,10 +91,12 @@ pub fn run(args: &[String]) -> Result<i32> {
                 "-p",
                 "rdma-rs-nixl",
                 "--features",
-                "file",
+                "file,posix",
                 "--lib",
                 "--test",
                 "file_backend",
+                "--test",
+                "posix_backend",
             ][..],
             &[
                 "test",

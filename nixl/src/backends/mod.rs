@@ -16,6 +16,7 @@
 //! | `cuda` | `CUDA_IPC`, VRAM in `LOCAL`, `LIBFABRIC` and `VERBS` | the CUDA driver, at run time |
 //! | `gpunetio` | `GPUNETIO` | the CUDA driver at run time, libfabric |
 //! | `file` | `FILE` | an `hf3fs-gdr` daemon's protocol |
+//! | `posix` | `POSIX` | nothing beyond `libc` |
 //!
 //! Features rather than one crate per backend: the backends share the staging engine,
 //! the heartbeat monitor and the notification bookkeeping, which would otherwise be a
@@ -49,6 +50,8 @@ mod ipc_plane;
 #[cfg(feature = "libfabric")]
 pub mod libfabric;
 pub mod local;
+#[cfg(feature = "posix")]
+pub mod posix;
 #[cfg_attr(
     not(all(
         feature = "libfabric",
@@ -82,6 +85,8 @@ pub fn builtin_registry() -> BackendRegistry {
         #[cfg(feature = "libfabric")]
         (libfabric::NAME, libfabric::create),
         (local::NAME, local::create),
+        #[cfg(feature = "posix")]
+        (posix::NAME, posix::create),
         #[cfg(feature = "verbs")]
         (verbs::NAME, verbs::create),
     ];

@@ -1,0 +1,468 @@
+//! `POSIX`: NIXL's POSIX storage plugin. File descriptors registered as FILE memory
+//! (`dev_id` = the descriptor, `addr` = the file offset); READ moves file → DRAM and
+//! WRITE DRAM → file by `pread`/`pwrite`, within the agent (local only, no
+//! notifications, as NIXL's). No daemon: the FILE backend's `hf3fs-gdr` path is for
+//! storage that needs one.
+//!
+//! With progress threads (the agent's default) a post hands the transfer's I/O to a
+//! thread of its own and returns at once; status reads what it did. Without them the
+//! post only arms the transfer and the first status check does the I/O on the caller's
+//! thread. A READ that reaches past the end of the file is an error (`ENODATA`), as
+//! NIXL's is: the destination would otherwise hold bytes that were never read.
+//!
+//! [`Backend::query_mem_info`] is NIXL's `queryMem` for this plugin: each descriptor's
+//! metadata is a file path, answered by `stat` with `size`, `mode` and `mtime` (decimal
+//! strings), or `None` where the path does not exist.
+
+use crate::backend::{
+    Backend, BackendInit, BackendParams, BackendXfer, Capabilities, LocalMd, PostParams, RemoteMd,
+    XferEntry, XferOp, XferProgress, XferStatus,
+};
+use crate::error::{Error, Result};
+use crate::mem::{MemKind, Region};
+use parking_lot::Mutex;
+use std::any::Any;
+use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+/// The backend's name.
+pub const NAME: &str = "POSIX";
+
+/// The `pread`/`pwrite` backend.
+#[derive(Debug)]
+pub struct PosixBackend {
+    agent_name: String,
+    progress_thread: bool,
+}
+
+pub(crate) fn create(init: &BackendInit) -> Result<Arc<dyn Backend>> {
+    if let Some(key) = init.params.keys().next() {
+        return Err(Error::InvalidParam(format!(
+            "{NAME} takes no parameter `{key}`"
+        )));
+    }
+    Ok(Arc::new(PosixBackend {
+        agent_name: init.agent_name.clone(),
+        progress_thread: init.progress_thread,
+    }))
+}
+
+/// A registration: nothing to hold (the caller keeps the descriptor open).
+#[derive(Debug)]
+struct Md;
+
+impl LocalMd for Md {
+    fn public_md(&self) -> Vec<u8> {
+        Vec::new()
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+/// The agent's view of its own file region (the descriptor is in the region itself).
+#[derive(Debug)]
+struct RemoteView;
+
+impl RemoteMd for RemoteView {
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+fn errno() -> i32 {
+    std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
+}
+
+fn io_error(code: i32, message: String) -> Error {
+    Error::Backend {
+        backend: NAME.into(),
+        code,
+        message,
+    }
+}
+
+/// Checks that `fd` is an open file descriptor (`fstat`).
+fn check_open(fd: u64) -> Result<()> {
+    let raw = RawFd::try_from(fd)
+        .map_err(|_| Error::InvalidParam(format!("{NAME}: {fd} is not an open file descriptor")))?;
+    // SAFETY: `fstat` writes only into the zeroed `stat` it is given; any descriptor
+    // number is acceptable (a closed one is EBADF).
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::fstat(raw, &mut st) } == 0 {
+        return Ok(());
+    }
+    let code = errno();
+    if code == libc::EBADF {
+        Err(Error::InvalidParam(format!(
+            "{NAME}: {fd} is not an open file descriptor"
+        )))
+    } else {
+        Err(io_error(
+            code,
+            format!("fstat of file descriptor {fd} failed"),
+        ))
+    }
+}
+
+/// NIXL's `queryFileInfo`: `size`, `mode` and `mtime` of the file at `path`, or `None`
+/// where it cannot be stat'ed (absent, empty path, or a path with a NUL byte).
+fn file_info(path: &[u8]) -> Option<BackendParams> {
+    if path.is_empty() {
+        return None;
+    }
+    let path = std::ffi::CString::new(path).ok()?;
+    // SAFETY: `stat` reads the NUL-terminated path and writes only into `st`.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::stat(path.as_ptr(), &mut st) } != 0 {
+        return None;
+    }
+    Some(BackendParams::from([
+        ("size".to_string(), st.st_size.to_string()),
+        ("mode".to_string(), st.st_mode.to_string()),
+        ("mtime".to_string(), st.st_mtime.to_string()),
+    ]))
+}
+
+impl PosixBackend {
+    fn check_self(&self, agent: &str) -> Result<()> {
+        if agent == self.agent_name {
+            Ok(())
+        } else {
+            Err(Error::InvalidParam(format!(
+                "{NAME} only moves data within agent `{}` (between its memory and its files), \
+                 not to `{agent}`",
+                self.agent_name
+            )))
+        }
+    }
+}
+
+impl Backend for PosixBackend {
+    fn name(&self) -> &str {
+        NAME
+    }
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            local: true,
+            remote: false,
+            notif: false,
+        }
+    }
+    fn supported_mem(&self) -> &[MemKind] {
+        &[MemKind::Dram, MemKind::File]
+    }
+    fn supported_remote_mem(&self) -> &[MemKind] {
+        &[MemKind::File]
+    }
+    fn register_mem(&self, region: &Region) -> Result<Arc<dyn LocalMd>> {
+        match region.kind {
+            MemKind::File => check_open(region.desc.dev_id)?,
+            MemKind::Dram => {}
+            kind => {
+                return Err(Error::UnsupportedMemKind {
+                    backend: NAME.into(),
+                    kind,
+                })
+            }
+        }
+        Ok(Arc::new(Md))
+    }
+    fn connection_info(&self) -> Result<Vec<u8>> {
+        Ok(Vec::new())
+    }
+    fn load_remote_conn_info(&self, _agent: &str, _info: &[u8]) -> Result<()> {
+        Ok(())
+    }
+    fn load_remote_md(
+        &self,
+        _agent: &str,
+        _region: &Region,
+        _public: &[u8],
+    ) -> Result<Arc<dyn RemoteMd>> {
+        // Another agent's files are out of reach; prep_xfer says so.
+        Ok(Arc::new(RemoteView))
+    }
+    fn disconnect(&self, _agent: &str) {}
+    fn prep_xfer(
+        &self,
+        op: XferOp,
+        entries: &[XferEntry<'_>],
+        agent: &str,
+    ) -> Result<Box<dyn BackendXfer>> {
+        self.check_self(agent)?;
+        let mut ios = Vec::with_capacity(entries.len());
+        for (i, e) in entries.iter().enumerate() {
+            if e.local_region.kind != MemKind::Dram || e.remote_region.kind != MemKind::File {
+                return Err(Error::InvalidParam(format!(
+                    "{NAME}: descriptor {i} pairs {:?} with {:?}: the local side is DRAM and \
+                     the remote side FILE",
+                    e.local_region.kind, e.remote_region.kind
+                )));
+            }
+            let fd = RawFd::try_from(e.remote.dev_id).map_err(|_| {
+                Error::InvalidParam(format!(
+                    "{NAME}: {} is not a file descriptor",
+                    e.remote.dev_id
+                ))
+            })?;
+            let offset = libc::off_t::try_from(e.remote.addr).map_err(|_| {
+                Error::InvalidParam(format!("{NAME}: file offset {} too large", e.remote.addr))
+            })?;
+            let len = usize::try_from(e.local.len).map_err(|_| {
+                Error::InvalidParam(format!("{NAME}: length {} too large", e.local.len))
+            })?;
+            ios.push(Io {
+                fd,
+                offset,
+                mem: e.local.addr as usize,
+                len,
+            });
+        }
+        Ok(Box::new(PosixXfer {
+            op,
+            ios: Arc::new(ios),
+            threaded: self.progress_thread,
+            state: State::Idle,
+            done_ops: Arc::new(AtomicU64::new(0)),
+        }))
+    }
+    fn gen_notif(&self, _agent: &str, _msg: &[u8]) -> Result<()> {
+        Err(Error::NotSupported {
+            backend: NAME.into(),
+            what: "notifications".into(),
+        })
+    }
+    fn take_notifs(&self, _into: &mut Vec<(String, Vec<u8>)>) {}
+    fn query_mem_info(&self, kind: MemKind, meta: &[&[u8]]) -> Result<Vec<Option<BackendParams>>> {
+        if kind != MemKind::File {
+            return Err(Error::UnsupportedMemKind {
+                backend: NAME.into(),
+                kind,
+            });
+        }
+        Ok(meta.iter().map(|path| file_info(path)).collect())
+    }
+}
+
+/// The outcome of a transfer's I/O: a failure as the `Error::Backend` (code, message) it
+/// is reported as (kept apart from `Error`, which is not `Clone`, to answer every check).
+type IoOutcome = std::result::Result<(), (i32, String)>;
+
+/// One `pread`/`pwrite` of a transfer.
+#[derive(Debug, Clone, Copy)]
+struct Io {
+    fd: RawFd,
+    offset: libc::off_t,
+    /// DRAM address.
+    mem: usize,
+    len: usize,
+}
+
+impl Io {
+    /// Moves the whole range, retrying partial counts and `EINTR`.
+    fn run(&self, op: XferOp) -> IoOutcome {
+        let mut done = 0usize;
+        while done < self.len {
+            let at = self.offset + done as libc::off_t;
+            let ptr = self.mem + done;
+            let left = self.len - done;
+            let n = match op {
+                // SAFETY: the DRAM range was checked by the agent to lie inside a
+                // registration whose contract keeps it valid while a transfer exists
+                // (and a transfer in flight is waited for before it is released).
+                XferOp::Read => unsafe { libc::pread(self.fd, ptr as *mut libc::c_void, left, at) },
+                // SAFETY: as above.
+                XferOp::Write => unsafe {
+                    libc::pwrite(self.fd, ptr as *const libc::c_void, left, at)
+                },
+            };
+            match n {
+                n if n > 0 => done += n as usize,
+                0 if op == XferOp::Read => {
+                    return Err((
+                        libc::ENODATA,
+                        format!(
+                            "read of {} bytes at offset {} of file descriptor {} reaches past \
+                             the end of the file ({} bytes read)",
+                            self.len, self.offset, self.fd, done
+                        ),
+                    ))
+                }
+                0 => {
+                    return Err((
+                        libc::EIO,
+                        format!(
+                            "write at offset {at} of file descriptor {} wrote nothing",
+                            self.fd
+                        ),
+                    ))
+                }
+                _ => {
+                    let code = errno();
+                    if code == libc::EINTR {
+                        continue;
+                    }
+                    return Err((
+                        code,
+                        format!(
+                            "{} of {left} bytes at offset {at} of file descriptor {} failed: {}",
+                            if op == XferOp::Read {
+                                "pread"
+                            } else {
+                                "pwrite"
+                            },
+                            self.fd,
+                            std::io::Error::from_raw_os_error(code)
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Runs `ios` in order, counting those done; stops at the first error, given as the
+/// `Error::Backend`'s (code, message).
+fn run_all(op: XferOp, ios: &[Io], done_ops: &AtomicU64) -> IoOutcome {
+    for io in ios {
+        io.run(op)?;
+        done_ops.fetch_add(1, Ordering::Relaxed);
+    }
+    Ok(())
+}
+
+/// Where a posted transfer is.
+#[derive(Debug)]
+enum State {
+    /// Never posted, or its outcome was reported.
+    Idle,
+    /// Posted without progress threads: the next check does the I/O.
+    Armed,
+    /// Posted to a thread of its own, which leaves its outcome in the slot.
+    Running {
+        thread: Option<JoinHandle<()>>,
+        outcome: Arc<Mutex<Option<IoOutcome>>>,
+    },
+    /// Finished (the outcome is repeated to every check until the next post).
+    /// Errors of I/O are all `Error::Backend`: kept as its (code, message) to be
+    /// rebuilt for each check.
+    Finished(IoOutcome),
+}
+
+#[derive(Debug)]
+struct PosixXfer {
+    op: XferOp,
+    ios: Arc<Vec<Io>>,
+    threaded: bool,
+    state: State,
+    done_ops: Arc<AtomicU64>,
+}
+
+impl PosixXfer {
+    /// Waits for a thread still moving data (the memory must not be released under it).
+    fn join(&mut self) {
+        if let State::Running { thread, .. } = &mut self.state {
+            if let Some(t) = thread.take() {
+                if t.join().is_err() {
+                    tracing::error!("{NAME}: an I/O thread panicked");
+                }
+            }
+        }
+    }
+
+    fn finished(&self) -> Result<XferProgress> {
+        match &self.state {
+            State::Finished(Ok(())) => Ok(XferProgress {
+                status: XferStatus::Done,
+                completed_ops: self.done_ops.load(Ordering::Relaxed),
+            }),
+            State::Finished(Err((code, message))) => Err(io_error(*code, message.clone())),
+            _ => Ok(XferProgress {
+                status: XferStatus::InProgress,
+                completed_ops: self.done_ops.load(Ordering::Relaxed),
+            }),
+        }
+    }
+}
+
+impl BackendXfer for PosixXfer {
+    fn post(&mut self, notif: Option<&[u8]>, _params: &PostParams) -> Result<XferStatus> {
+        if notif.is_some() {
+            return Err(Error::NotSupported {
+                backend: NAME.into(),
+                what: "notifications".into(),
+            });
+        }
+        self.join();
+        self.done_ops.store(0, Ordering::Relaxed);
+        if !self.threaded {
+            self.state = State::Armed;
+            return Ok(XferStatus::InProgress);
+        }
+        let outcome = Arc::new(Mutex::new(None));
+        let (op, ios, done_ops, slot) = (
+            self.op,
+            self.ios.clone(),
+            self.done_ops.clone(),
+            outcome.clone(),
+        );
+        let thread = std::thread::Builder::new()
+            .name("nixl-posix-io".into())
+            .spawn(move || {
+                let result = run_all(op, &ios, &done_ops);
+                *slot.lock() = Some(result);
+            })
+            .map_err(|e| {
+                io_error(
+                    e.raw_os_error().unwrap_or(0),
+                    format!("spawning an I/O thread failed: {e}"),
+                )
+            })?;
+        self.state = State::Running {
+            thread: Some(thread),
+            outcome,
+        };
+        Ok(XferStatus::InProgress)
+    }
+
+    fn check(&mut self) -> Result<XferProgress> {
+        match &self.state {
+            State::Idle => {
+                return Err(Error::InvalidParam(format!(
+                    "{NAME}: the transfer was not posted"
+                )))
+            }
+            State::Armed => {
+                let result = run_all(self.op, &self.ios, &self.done_ops);
+                self.state = State::Finished(result);
+            }
+            State::Running { outcome, .. } => {
+                let taken = outcome.lock().take();
+                if let Some(result) = taken {
+                    self.join();
+                    self.state = State::Finished(result);
+                }
+            }
+            State::Finished(_) => {}
+        }
+        self.finished()
+    }
+
+    fn op_count(&self) -> usize {
+        self.ios.len()
+    }
+}
+
+impl Drop for PosixXfer {
+    fn drop(&mut self) {
+        // Released while in flight: the thread finishes its I/O first, so that no write
+        // lands in memory the caller frees after the release.
+        self.join();
+    }
+}
