@@ -10,7 +10,6 @@
 use anyhow::{bail, Context, Result};
 use serde_json::Value;
 use std::path::Path;
-use std::process::Command;
 
 /// A `major.minor.patch` version; a missing part is 0.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -103,8 +102,7 @@ pub(crate) fn problems(f: &Findings) -> Vec<String> {
 }
 
 fn metadata(root: &Path, manifest: &str) -> Result<Value> {
-    let output = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-        .current_dir(root)
+    let output = crate::test::cargo(root)
         .args([
             "metadata",
             "--format-version",
