@@ -16,7 +16,7 @@
 //! (`run.sh` unpacks it into a temporary folder first): the bundle must stay under
 //! [`MAX_BUNDLE_BYTES`], since it travels to the GPU machine with the tree.
 
-use crate::test::{built_executables, cargo, shell_quote};
+use crate::test::{built_executables, shell_quote};
 use anyhow::{bail, Context, Result};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -196,17 +196,7 @@ pub fn run(args: &[String]) -> Result<i32> {
 }
 
 fn metadata(root: &Path) -> Result<Value> {
-    let out = cargo(root)
-        .args(["metadata", "--no-deps", "--format-version", "1"])
-        .output()
-        .context("cargo metadata")?;
-    if !out.status.success() {
-        bail!(
-            "cargo metadata failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    serde_json::from_slice(&out.stdout).context("cargo metadata's JSON")
+    crate::test::cargo_metadata(root, &["--no-deps"])
 }
 
 /// The cargo builds of the bundle, from the workspace's packages as they are now.

@@ -34,7 +34,6 @@
 
 use anyhow::{bail, Context, Result};
 use proc_macro2::{Spacing, TokenStream, TokenTree};
-use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use syn::visit::Visit;
@@ -102,17 +101,7 @@ fn crate_root_file(root: &Path, dir: &Path) -> Result<(String, PathBuf)> {
 
 /// `(package name, lib.rs)` of every workspace package that has a library.
 fn workspace_libraries(root: &Path) -> Result<Vec<(String, PathBuf)>> {
-    let out = crate::test::cargo(root)
-        .args(["metadata", "--no-deps", "--format-version", "1"])
-        .output()
-        .context("cargo metadata")?;
-    if !out.status.success() {
-        bail!(
-            "cargo metadata failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    let metadata: Value = serde_json::from_slice(&out.stdout).context("cargo metadata's JSON")?;
+    let metadata = crate::test::cargo_metadata(root, &["--no-deps"])?;
     let mut libraries = Vec::new();
     for package in metadata["packages"].as_array().into_iter().flatten() {
         let lib = package["targets"]

@@ -102,25 +102,10 @@ pub(crate) fn problems(f: &Findings) -> Vec<String> {
 }
 
 fn metadata(root: &Path, manifest: &str) -> Result<Value> {
-    let output = crate::test::cargo(root)
-        .args([
-            "metadata",
-            "--format-version",
-            "1",
-            "--all-features",
-            "--locked",
-            "--manifest-path",
-            manifest,
-        ])
-        .output()
-        .context("running cargo metadata")?;
-    if !output.status.success() {
-        bail!(
-            "cargo metadata --manifest-path {manifest} failed: {}",
-            String::from_utf8_lossy(&output.stderr).trim()
-        );
-    }
-    serde_json::from_slice(&output.stdout).context("reading cargo metadata")
+    crate::test::cargo_metadata(
+        root,
+        &["--all-features", "--locked", "--manifest-path", manifest],
+    )
 }
 
 pub fn run(args: &[String]) -> Result<i32> {

@@ -272,6 +272,23 @@ pub(crate) fn cargo(root: &Path) -> Command {
     cmd
 }
 
+/// `cargo metadata --format-version 1` with `args` (e.g. `--no-deps`), parsed.
+pub(crate) fn cargo_metadata(root: &Path, args: &[&str]) -> Result<serde_json::Value> {
+    let out = cargo(root)
+        .args(["metadata", "--format-version", "1"])
+        .args(args)
+        .output()
+        .context("cargo metadata")?;
+    if !out.status.success() {
+        bail!(
+            "cargo metadata {} failed: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    serde_json::from_slice(&out.stdout).context("cargo metadata's JSON")
+}
+
 /// Builds all test targets (same profile as the host run, so nothing is rebuilt) and
 /// returns the executables of those named `rxe_*` and `rxe2_*`, as (target name, path).
 fn build_guest_tests(root: &Path) -> Result<Vec<(String, PathBuf)>> {
