@@ -177,6 +177,17 @@ pub(crate) fn create(init: &BackendInit) -> Result<Arc<dyn Backend>> {
             "{NAME} drives one NIC per backend (as upstream): network_devices={network_devices:?}"
         )));
     }
+    // A NIC that is not there is said at once (libibverbs finds its devices in this sysfs
+    // class too, so one absent here cannot be opened).
+    if let Some(nic) = network_devices.first() {
+        if !std::path::Path::new("/sys/class/infiniband").join(nic).exists() {
+            return Err(Error::InvalidParam(format!(
+                "{NAME} parameter network_devices={nic}: this machine has no RDMA device \
+                 {nic} (/sys/class/infiniband); without network_devices it runs on CUDA IPC \
+                 and the CPU proxy"
+            )));
+        }
+    }
     let handler = match params.get("nic_handler").map(String::as_str) {
         None | Some("auto") => NicHandlerChoice::Auto,
         Some("intra_node") => NicHandlerChoice::IntraNode,

@@ -15,6 +15,7 @@
 //! once its processes are gone, and a peer that vanished is seen as gone.
 
 use crate::options::Side;
+use crate::setup::{PeerWait, SetupReport, Verdict};
 use etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, PutOptions, Txn, TxnOp, TxnOpResponse,
 };
@@ -463,10 +464,11 @@ impl EtcdRuntime {
         self.wait_key(label, what).map(drop)
     }
 
-    /// `Ok(Ok(value))`: the key; `Ok(Err(why))`: the peer left first.
+    /// `Ok(Ok(value))`: the key; `Ok(Err(why))`: the peer left first. The wait is
+    /// bounded by the peer's setup progress ([`PeerWait`]), printed every few seconds.
     fn wait_key(&self, label: &str, what: &str) -> Result<Result<String, String>, String> {
         let key = format!("{}/{label}", self.run_prefix());
-        let start = Instant::now();
+        let mut bound = PeerWait::new(self.wait, Instant::now());
         let mut last_peer_check = Instant::now();
         loop {
             if let Some(v) = self.get(&key)? {
@@ -480,15 +482,34 @@ impl EtcdRuntime {
                 if let Some(why) = self.peer_gone() {
                     return Ok(Err(why));
                 }
-            }
-            if start.elapsed() > self.wait {
-                return Err(format!(
-                    "waiting for {what}: nothing at `{key}` within {:?}",
-                    self.wait
-                ));
+                match bound.observe(Instant::now(), self.peer_setup(), what, self.peer_role()) {
+                    Verdict::Wait => {}
+                    Verdict::Print(line) => eprintln!("nixlbench: {line}"),
+                    Verdict::GiveUp(why) => {
+                        return Err(format!(
+                            "waiting for {what}: nothing at `{key}`: {why} (--etcd_wait {} s \
+                             after its last progress)",
+                            self.wait.as_secs()
+                        ))
+                    }
+                }
             }
             std::thread::sleep(POLL);
         }
+    }
+
+    /// Publishes this side's setup progress (`setup-{rank}`), which bounds the peer's
+    /// waits for it.
+    pub(crate) fn publish_setup(&self, report: &SetupReport) -> Result<(), String> {
+        let json = serde_json::to_string(report).map_err(|e| e.to_string())?;
+        self.put(&setup_label(rank_of(self.side)), &json)
+    }
+
+    /// The peer's latest setup progress, if it published any (and etcd answers).
+    fn peer_setup(&self) -> Option<SetupReport> {
+        let key = format!("{}/{}", self.run_prefix(), setup_label(self.peer_rank()));
+        let value = self.get(&key).ok()??;
+        serde_json::from_slice(&value).ok()
     }
 
     /// The configuration of the agents' metadata service: this run's prefix, the
@@ -500,6 +521,11 @@ impl EtcdRuntime {
         config.lease_ttl = Some(RANK_LEASE_TTL);
         config
     }
+}
+
+/// The label under which `rank` publishes its setup progress.
+fn setup_label(rank: usize) -> String {
+    format!("setup-{rank}")
 }
 
 /// The label under which `rank` reports its failure.

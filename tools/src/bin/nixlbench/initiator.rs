@@ -1,10 +1,11 @@
 //! The initiator side: its agent and backend, the target's metadata, the run.
 
-use crate::mem::{register, Mem, INITIATOR_FILL, TARGET_FILL, TARGET_SEED};
+use crate::mem::{register, Init, Mem, INITIATOR_FILL, TARGET_SEED};
+use crate::setup::Setup;
 use crate::options::{Options, Side};
 use crate::provider::{is_this_host, provider_of, with_provider};
 use crate::sweep::{describe_remote, remote_mem, sweep, Peer, RemoteMem, Row};
-use crate::INITIATOR;
+use crate::{quiet, INITIATOR};
 use nixl::Agent;
 use std::net::SocketAddr;
 use std::sync::Mutex;
@@ -175,8 +176,12 @@ pub(crate) fn measure(
 
 /// `--backend LOCAL`: one agent holds both sides' memory.
 pub(crate) fn run_in_process(o: &Options) -> Result<Vec<Row>, String> {
-    let target_mem = Mem::for_side(o, Side::Target, TARGET_FILL)?;
-    target_mem.fill_pattern(0, target_mem.len(), TARGET_SEED)?;
+    let target_mem = Mem::for_side_init(
+        o,
+        Side::Target,
+        Init::Pattern(TARGET_SEED),
+        &Setup::new("nixlbench", !quiet()),
+    )?;
     let local = Mem::for_side(o, Side::Initiator, INITIATOR_FILL)?;
     let agent = Agent::new("nixlbench", o.agent_config(None)).map_err(|e| e.to_string())?;
     agent

@@ -51,6 +51,7 @@ mod options;
 mod plot;
 mod progress;
 mod provider;
+mod setup;
 #[cfg(feature = "file")]
 mod storage;
 mod sweep;
@@ -134,8 +135,47 @@ fn preflight(o: &Options) -> Result<(), String> {
         // Both sides on this machine (LOCAL, or the target a child process).
         _ => &[&[Side::Initiator, Side::Target]],
     };
+    // The devices first: a wrong name is the user's to fix whatever the memory.
+    check_devices(o, sides.concat().as_slice())?;
     for sides in sides {
         mem::check_fits(o, sides).map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
+/// The RDMA devices that `--device_list` (or the backend parameter it sets) names for
+/// `sides`, for the backends that open one: VERBS (`device`) and GPUNETIO
+/// (`network_devices`). LIBFABRIC takes no device from it (it prints the list, as NIXL's
+/// nixlbench does: its providers pick their own interfaces), so nothing is checked there.
+fn check_devices(o: &Options, sides: &[Side]) -> Result<(), String> {
+    let (key, without) = match o.backend.as_str() {
+        "VERBS" => (
+            "device",
+            "opens this machine's first RDMA device without --device_list",
+        ),
+        "GPUNETIO" => (
+            "network_devices",
+            "runs without --device_list: peers on this node through CUDA IPC or a CPU \
+             proxy over libfabric (tcp;ofi_rxm), peers on other nodes through the proxy",
+        ),
+        _ => return Ok(()),
+    };
+    let from_param = o.backend_params.contains_key(key);
+    let mut available: Option<Vec<String>> = None;
+    for &side in sides {
+        let params = o.params(side, None);
+        let Some(names) = params.get(key) else {
+            continue;
+        };
+        for name in names.split([',', ' ']).filter(|n| !n.is_empty()) {
+            let available = available.get_or_insert_with(tools::rdma::devices);
+            let given = if from_param {
+                format!("--backend_param {key}={names}")
+            } else {
+                format!("--device_list {}", o.device_list.join(","))
+            };
+            tools::rdma::check_device(&given, name, &o.backend, available, without)?;
+        }
     }
     Ok(())
 }

@@ -1,9 +1,10 @@
 //! The target side: registers its memory, then serves consistency checks until the
 //! initiator says DONE.
 
-use crate::mem::{register, Mem, TARGET_FILL, TARGET_SEED};
+use crate::mem::{register, Init, Mem, TARGET_SEED};
 use crate::options::{Options, Side};
 use crate::provider::{local_providers, with_provider};
+use crate::setup::Setup;
 use crate::{quiet, INITIATOR, TARGET};
 use nixl::Agent;
 use std::io::Write;
@@ -13,8 +14,8 @@ pub(crate) fn run_target(o: &Options) -> Result<(), String> {
     if o.backend == "LOCAL" {
         return Err("LOCAL moves data inside one agent: run without --role".into());
     }
-    let mem = Mem::for_side(o, Side::Target, TARGET_FILL)?;
-    mem.fill_pattern(0, mem.len(), TARGET_SEED)?;
+    let setup = Setup::new("nixlbench target", !quiet());
+    let mem = Mem::for_side_init(o, Side::Target, Init::Pattern(TARGET_SEED), &setup)?;
     // LIBFABRIC without a provider follows the initiator's choice (module docs).
     let follow = o.is_libfabric() && o.user_provider().is_none();
     let name = if o.is_libfabric() {
