@@ -63,13 +63,27 @@ mod tests {
     fn a_missing_device_is_one_line_naming_what_there_is() {
         let there = vec!["mlx5_1".to_string(), "rxe0".to_string()];
         check_device("--device_list rxe0", "rxe0", "VERBS", &there, "x").unwrap();
-        let e = check_device("--device_list mlx5_0", "mlx5_0", "VERBS", &there, "needs one").unwrap_err();
+        let e = check_device(
+            "--device_list mlx5_0",
+            "mlx5_0",
+            "VERBS",
+            &there,
+            "needs one",
+        )
+        .unwrap_err();
         assert_eq!(
             e,
             "--device_list mlx5_0: this machine has no RDMA device mlx5_0 (it has mlx5_1, \
              rxe0); VERBS needs one"
         );
-        let e = check_device("--device_list=mlx5_0", "mlx5_0", "GPUNETIO", &[], "runs without").unwrap_err();
+        let e = check_device(
+            "--device_list=mlx5_0",
+            "mlx5_0",
+            "GPUNETIO",
+            &[],
+            "runs without",
+        )
+        .unwrap_err();
         assert!(e.contains("it has none") && !e.contains('\n'), "{e}");
     }
 

@@ -180,7 +180,10 @@ pub(crate) fn create(init: &BackendInit) -> Result<Arc<dyn Backend>> {
     // A NIC that is not there is said at once (libibverbs finds its devices in this sysfs
     // class too, so one absent here cannot be opened).
     if let Some(nic) = network_devices.first() {
-        if !std::path::Path::new("/sys/class/infiniband").join(nic).exists() {
+        if !std::path::Path::new("/sys/class/infiniband")
+            .join(nic)
+            .exists()
+        {
             return Err(Error::InvalidParam(format!(
                 "{NAME} parameter network_devices={nic}: this machine has no RDMA device \
                  {nic} (/sys/class/infiniband); without network_devices it runs on CUDA IPC \

@@ -94,11 +94,11 @@ pub(crate) fn run(o: &Options) -> Result<Option<Vec<Row>>, String> {
             }
         });
         let result = match rt.side() {
-            Side::Initiator => initiator(o, &rt, &peer, &setup).map(Some).inspect_err(|e| {
+            Side::Initiator => initiator(o, rt, &peer, setup).map(Some).inspect_err(|e| {
                 // The target may be serving or waiting for our keys: tell it why.
                 rt.fail(e);
             }),
-            Side::Target => target(o, &rt, &setup).map(|()| None).inspect_err(|e| {
+            Side::Target => target(o, rt, setup).map(|()| None).inspect_err(|e| {
                 // The initiator may be waiting for our keys: tell it why they will not come.
                 rt.fail(e);
             }),
@@ -123,7 +123,10 @@ fn initiator(
     setup.stage(format!("creating the {} backend", o.backend), 0);
     let (agent, how) = initiator_agent_for(o, peer.provider.as_deref(), same_host)?;
     let local = Mem::for_side_init(o, Side::Initiator, Init::Byte(INITIATOR_FILL), setup)?;
-    setup.stage(format!("registering {}", local.describe()), local.len() as u64);
+    setup.stage(
+        format!("registering {}", local.describe()),
+        local.len() as u64,
+    );
     let reg = register(&agent, &local, None)?;
     setup.stage("publishing its metadata", 0);
     let md = metadata(&agent, rt)?;
@@ -136,7 +139,7 @@ fn initiator(
         .map_err(|e| format!("fetching the target's metadata: {e}"))?;
     setup.finish("running the sweep");
     let at = format!("{} (pid {}, via etcd)", peer.hostname, peer.pid);
-    let rows = measure(o, &agent, &how, &local, &target, &at)?;
+    let rows = measure(o, &agent, &how, &local, &target, &at, same_host)?;
     setup.finish("waiting for the target to see DONE");
     rt.wait_for_or_left(DONE_KEY, "the target's acknowledgement of DONE")?;
     drop(md);

@@ -1,9 +1,9 @@
 //! The initiator side: its agent and backend, the target's metadata, the run.
 
 use crate::mem::{register, Init, Mem, INITIATOR_FILL, TARGET_SEED};
-use crate::setup::Setup;
 use crate::options::{Options, Side};
 use crate::provider::{is_this_host, provider_of, with_provider};
+use crate::setup::Setup;
 use crate::sweep::{describe_remote, remote_mem, sweep, Peer, RemoteMem, Row};
 use crate::{quiet, INITIATOR};
 use nixl::Agent;
@@ -139,11 +139,13 @@ pub(crate) fn run_initiator(o: &Options, target_addr: SocketAddr) -> Result<Vec<
     agent
         .send_local_metadata(target_addr)
         .map_err(|e| format!("sending our metadata to {target_addr}: {e}"))?;
-    measure(o, &agent, &how, &local, &target, &target_addr.to_string())
+    let same_host = is_this_host(target_addr.ip());
+    let at = target_addr.to_string();
+    measure(o, &agent, &how, &local, &target, &at, same_host)
 }
 
-/// The sweep against the target `target` (reached at `at`), once both sides have each
-/// other's metadata; tells the target DONE at the end.
+/// The sweep against the target `target` (reached at `at`, on this host or not), once
+/// both sides have each other's metadata; tells the target DONE at the end.
 pub(crate) fn measure(
     o: &Options,
     agent: &Agent,
@@ -151,11 +153,20 @@ pub(crate) fn measure(
     local: &Mem,
     target: &str,
     at: &str,
+    same_host: bool,
 ) -> Result<Vec<Row>, String> {
     let remote = remote_mem(agent, target)?;
     let peer = Peer::Remote {
         name: target.to_string(),
         check_lock: Mutex::new(()),
+    };
+    let how = match o.backend.as_str() {
+        #[cfg(feature = "cuda")]
+        "GPUNETIO" => gpunetio_path(o, agent, target, remote.kind, same_host),
+        _ => {
+            let _ = same_host; // only GPUNETIO's path depends on it
+            how.to_string()
+        }
     };
     let header = format!(
         "nixlbench: backend {}{}, {:?}, {} -> {}, {} thread(s), device_list {}, target `{target}` at {at}",
@@ -172,6 +183,55 @@ pub(crate) fn measure(
         .gen_notif(target, b"DONE")
         .map_err(|e| e.to_string())?;
     Ok(rows)
+}
+
+/// Which of GPUNETIO's paths carries the transfers to `target`, for the header: the
+/// backend's own word where it gives one ([`nixl::backend::Backend::peer_transport`]),
+/// else its rule (module docs of `nixl::backends::gpunetio`) applied to this run's
+/// parameters: intra-node (CUDA IPC) for a target on this host whose memory is VRAM,
+/// unless `nic_handler=cpu_proxy`; otherwise the NIC path, a CPU proxy over a libfabric
+/// provider (no ConnectX NIC is driven: the native mlx5 handler is not used).
+#[cfg(feature = "cuda")]
+fn gpunetio_path(
+    o: &Options,
+    agent: &Agent,
+    target: &str,
+    remote: nixl::MemKind,
+    same_host: bool,
+) -> String {
+    let said = agent
+        .backends()
+        .iter()
+        .find(|b| b.name() == "GPUNETIO")
+        .and_then(|b| b.peer_transport(target));
+    if let Some(path) = said {
+        return format!("(path: {path})");
+    }
+    let params = o.params(Side::Initiator, None);
+    let handler = params.get("nic_handler").map_or("auto", String::as_str);
+    let device = match params.get("network_devices") {
+        Some(d) => format!("network device {d} recorded, not driven"),
+        None => "no network device".to_string(),
+    };
+    if same_host && handler != "cpu_proxy" && remote == nixl::MemKind::Vram {
+        return "(path: intra-node, CUDA IPC: the target's VRAM mapped here and written by \
+                the transfer kernel)"
+            .into();
+    }
+    if handler == "intra_node" {
+        return "(path: none: nic_handler=intra_node reaches only VRAM of this host)".into();
+    }
+    let provider = params
+        .get("provider")
+        .map_or(nixl::backends::gpunetio::DEFAULT_PROVIDER, String::as_str);
+    let why = if !same_host {
+        "the target is on another host"
+    } else if handler == "cpu_proxy" {
+        "nic_handler=cpu_proxy"
+    } else {
+        "the target's memory is not VRAM"
+    };
+    format!("(path: CPU proxy over libfabric {provider}: {why}; no ConnectX NIC driven, {device})")
 }
 
 /// `--backend LOCAL`: one agent holds both sides' memory.

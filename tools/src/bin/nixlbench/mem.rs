@@ -291,7 +291,10 @@ impl HostBuffer {
             len,
             shm: None,
         };
-        setup.stage(format!("allocating and filling DRAM ({})", init.name()), len as u64);
+        setup.stage(
+            format!("allocating and filling DRAM ({})", init.name()),
+            len as u64,
+        );
         let base = ptr as usize;
         fill_parallel(len, setup, |at, n| {
             // SAFETY: `[at, at + n)` is inside the allocation, and each piece is given to
@@ -728,6 +731,68 @@ mod tests {
             &pattern_bytes(point_seed(4096, 1), 13, 987)[..]
         );
         assert_ne!(a, pattern_bytes(TARGET_SEED, 0, 4096));
+    }
+
+    /// The word-at-a-time writer gives the bytes of the pattern as defined: word `i` of
+    /// the buffer is `splitmix64(seed ^ i * K)` in little-endian, at any offset and length.
+    #[test]
+    fn pattern_is_the_word_hash_at_any_alignment() {
+        let seed = 0x1234_5678_9abc_def0;
+        let reference = |offset: usize, len: usize| -> Vec<u8> {
+            (offset..offset + len)
+                .map(|at| {
+                    let w =
+                        splitmix64(seed ^ ((at as u64) >> 3).wrapping_mul(0xD6E8_FEB8_6659_FD93));
+                    w.to_le_bytes()[at & 7]
+                })
+                .collect()
+        };
+        for offset in [0, 1, 7, 8, 13, 4096, 4099] {
+            for len in [0, 1, 5, 7, 8, 9, 16, 23, 100] {
+                assert_eq!(
+                    pattern_bytes(seed, offset, len),
+                    reference(offset, len),
+                    "{offset}+{len}"
+                );
+            }
+        }
+    }
+
+    /// Buffers larger than a fill piece are filled by several threads, every piece once:
+    /// the bytes and the progress count come out as one thread would have them.
+    #[test]
+    fn parallel_fill_covers_every_piece_once() {
+        let len = 2 * FILL_PIECE + 4099;
+        let setup = Setup::silent();
+        let mem = Mem::alloc_init(
+            MemKind::Dram,
+            0,
+            len,
+            Init::Pattern(TARGET_SEED),
+            false,
+            &setup,
+        )
+        .unwrap();
+        assert_eq!(setup.report().done, len as u64);
+        for at in [0, FILL_PIECE - 3, FILL_PIECE, 2 * FILL_PIECE, len - 4099] {
+            mem.check_pattern(at, 4099.min(len - at), TARGET_SEED)
+                .unwrap();
+        }
+        let seed = point_seed(1, 2);
+        mem.fill_pattern_with(5, len - 5, seed, &setup).unwrap();
+        mem.check_pattern(5, len - 5, seed).unwrap();
+        assert_eq!(mem.read(0, 5).unwrap(), pattern_bytes(TARGET_SEED, 0, 5));
+        let mem = Mem::alloc_init(
+            MemKind::Dram,
+            0,
+            len,
+            Init::Byte(INITIATOR_FILL),
+            false,
+            &setup,
+        )
+        .unwrap();
+        assert_eq!(mem.read(len - 2, 2).unwrap(), vec![INITIATOR_FILL; 2]);
+        assert!(fill_threads(len) <= 3 && fill_threads(1) == 1);
     }
 
     #[cfg(feature = "file")]

@@ -261,7 +261,12 @@ mod tests {
         let gib = 1u64 << 30;
         // Progress every 10 s for 200 s: never given up.
         for i in 0..20u64 {
-            let v = w.observe(t0 + s(10 * i), report("filling", 32 * gib, i * gib), "x", "p");
+            let v = w.observe(
+                t0 + s(10 * i),
+                report("filling", 32 * gib, i * gib),
+                "x",
+                "p",
+            );
             assert!(!matches!(v, Verdict::GiveUp(_)), "{v:?} at {i}");
         }
         // Then no progress: 13 GiB left at 256 MiB/s is 52 s beyond the 60 s.
@@ -290,17 +295,30 @@ mod tests {
         };
         assert!(line.contains("has said nothing yet"), "{line}");
         assert_eq!(w.observe(t0 + s(6), None, "x", "p"), Verdict::Wait);
-        assert!(matches!(w.observe(t0 + s(61), None, "x", "p"), Verdict::GiveUp(_)));
+        assert!(matches!(
+            w.observe(t0 + s(61), None, "x", "p"),
+            Verdict::GiveUp(_)
+        ));
         // A stage without bytes advances only by changing.
         let mut w = PeerWait::new(s(60), t0);
         w.observe(t0, report("registering", 0, 0), "x", "p");
-        let Verdict::Print(line) = w.observe(t0 + s(30), report("creating", 0, 0), "a", "the target")
+        let Verdict::Print(line) =
+            w.observe(t0 + s(30), report("creating", 0, 0), "a", "the target")
         else {
             panic!("nothing printed after 30 s")
         };
-        assert!(line.starts_with("waiting for a (30 s): the target: creating"), "{line}");
-        assert!(!matches!(w.observe(t0 + s(89), report("creating", 0, 0), "x", "p"), Verdict::GiveUp(_)));
-        assert!(matches!(w.observe(t0 + s(91), report("creating", 0, 0), "x", "p"), Verdict::GiveUp(_)));
+        assert!(
+            line.starts_with("waiting for a (30 s): the target: creating"),
+            "{line}"
+        );
+        assert!(!matches!(
+            w.observe(t0 + s(89), report("creating", 0, 0), "x", "p"),
+            Verdict::GiveUp(_)
+        ));
+        assert!(matches!(
+            w.observe(t0 + s(91), report("creating", 0, 0), "x", "p"),
+            Verdict::GiveUp(_)
+        ));
     }
 
     #[test]
@@ -311,13 +329,26 @@ mod tests {
         setup.add(40);
         setup.add(80);
         let r = setup.report();
-        assert_eq!((r.what.as_str(), r.bytes, r.done), ("filling DRAM", 100, 100));
+        assert_eq!(
+            (r.what.as_str(), r.bytes, r.done),
+            ("filling DRAM", 100, 100)
+        );
         setup.finish("waiting");
         let r = setup.report();
         assert_eq!((r.what.as_str(), r.bytes, r.done), ("waiting", 0, 0));
         assert_eq!(
-            SetupReport { what: "x".into(), bytes: 2 << 30, done: 1 << 30, secs: 2.4 }.to_string(),
-            format!("x, {} of {} (2 s)", human_bytes(1 << 30), human_bytes(2 << 30))
+            SetupReport {
+                what: "x".into(),
+                bytes: 2 << 30,
+                done: 1 << 30,
+                secs: 2.4
+            }
+            .to_string(),
+            format!(
+                "x, {} of {} (2 s)",
+                human_bytes(1 << 30),
+                human_bytes(2 << 30)
+            )
         );
     }
 }
