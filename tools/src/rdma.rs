@@ -46,7 +46,7 @@ pub fn check_device(
         return Ok(());
     }
     let has = if available.is_empty() {
-        format!("it has none ({SYSFS_CLASS} is empty or absent)")
+        format!("it has none: {SYSFS_CLASS} is empty or absent")
     } else {
         format!("it has {}", available.join(", "))
     };

@@ -255,7 +255,9 @@ fn gpu_memory(_gpu: usize) -> Result<u64, MemError> {
 
 /// A page-aligned host allocation, every page written once (as NIXL's nixlbench memsets
 /// its buffers): an untouched page would be the kernel's shared zero page, which a WRITE
-/// source would read from cache. Heap memory, or (storage runs) a shared mapping of a
+/// source would read from cache. A private anonymous mapping that asks for transparent
+/// huge pages (`MADV_HUGEPAGE`: a 2 MiB page is one fault where 4 KiB pages are 512, and
+/// pinning it at registration is one page too), or (storage runs) a shared mapping of a
 /// `/dev/shm` file, which the hf3fs-gdr daemon maps itself: FILE moves it without a copy.
 pub(crate) struct HostBuffer {
     ptr: *mut u8,
@@ -271,21 +273,27 @@ unsafe impl Send for HostBuffer {}
 unsafe impl Sync for HostBuffer {}
 
 impl HostBuffer {
-    /// The layout `new` allocated with (it checked it then).
-    fn layout(len: usize) -> Option<std::alloc::Layout> {
-        std::alloc::Layout::from_size_align(len.max(1), 4096).ok()
-    }
-
     /// `len` bytes started as `init`, written by several threads ([`fill_parallel`]);
     /// `Init::Byte` should be non-zero, so the writes cannot be folded into a calloc.
     fn new(len: usize, init: Init, setup: &Setup) -> Result<Self, MemError> {
-        let layout = std::alloc::Layout::from_size_align(len.max(1), 4096)
-            .map_err(|_| MemError::Alloc { len })?;
-        // SAFETY: the layout has a non-zero size.
-        let ptr = unsafe { std::alloc::alloc(layout) };
-        if ptr.is_null() {
+        // SAFETY: a new private anonymous mapping; nothing else is at the address.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len.max(1),
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
             return Err(MemError::Alloc { len });
         }
+        // A hint: where transparent huge pages are off, 4 KiB pages it is.
+        // SAFETY: the range is the mapping just made.
+        unsafe { libc::madvise(ptr, len.max(1), libc::MADV_HUGEPAGE) };
+        let ptr = ptr.cast::<u8>();
         let buf = Self {
             ptr,
             len,
@@ -369,18 +377,10 @@ impl HostBuffer {
 
 impl Drop for HostBuffer {
     fn drop(&mut self) {
-        match &self.shm {
-            Some(path) => {
-                // SAFETY: mapped in `new_shared` with this length.
-                unsafe { libc::munmap(self.ptr.cast(), self.len.max(1)) };
-                let _ = std::fs::remove_file(path);
-            }
-            None => {
-                if let Some(layout) = Self::layout(self.len) {
-                    // SAFETY: allocated in `new` with this layout.
-                    unsafe { std::alloc::dealloc(self.ptr, layout) }
-                }
-            }
+        // SAFETY: mapped in `new` or `new_shared` with this length.
+        unsafe { libc::munmap(self.ptr.cast(), self.len.max(1)) };
+        if let Some(path) = &self.shm {
+            let _ = std::fs::remove_file(path);
         }
     }
 }

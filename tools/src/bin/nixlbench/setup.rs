@@ -16,8 +16,10 @@ use tools::units::human_bytes;
 const SLOWEST_SETUP_RATE: u64 = 256 << 20;
 /// How often a waiting side prints what its peer is doing.
 const PRINT_EVERY: Duration = Duration::from_secs(5);
-/// Stages shorter than this are not printed (small runs stay as they were).
+/// Stages shorter than this are not printed (small runs stay as they were)...
 const PRINT_STAGES_FROM: Duration = Duration::from_millis(500);
+/// ...unless they set up at least this many bytes.
+const PRINT_STAGES_OF: u64 = 256 << 20;
 
 /// What a side is doing: a stage (`what`), over `bytes` of which `done` are done
 /// (`bytes` 0: no byte count), for `secs` so far.
@@ -131,7 +133,8 @@ impl Setup {
     fn print_end(&self, stage: Option<&Stage>) {
         let Some(s) = stage else { return };
         let took = s.started.elapsed();
-        if self.print && s.bytes > 0 && took >= PRINT_STAGES_FROM {
+        let long = took >= PRINT_STAGES_FROM;
+        if self.print && s.bytes > 0 && (long || s.bytes >= PRINT_STAGES_OF) {
             eprintln!(
                 "{}: setup: {}, {}: {:.1} s ({:.1} GB/s)",
                 self.who,
@@ -140,7 +143,7 @@ impl Setup {
                 took.as_secs_f64(),
                 s.bytes as f64 / took.as_secs_f64() / 1e9
             );
-        } else if self.print && took >= PRINT_STAGES_FROM {
+        } else if self.print && long {
             eprintln!(
                 "{}: setup: {}: {:.1} s",
                 self.who,
