@@ -30,7 +30,7 @@
 //!
 //! Parameters as upstream: `gpu_devices` (one CUDA ordinal, default 0: one GPU per
 //! backend, as upstream), `cuda_streams` (the pool, default 4), `network_devices`
-//! (recorded: one NIC per backend, as upstream), `oob_interface` (an interface name or
+//! (must exist; one NIC per backend, as upstream), `oob_interface` (an interface name or
 //! address for the NIC path's endpoints and notifications; default loopback, so peers on
 //! other nodes need it). Ours: `nic_handler` (`auto`, the default: intra-node where it
 //! reaches, the NIC path elsewhere; `intra_node`: no NIC path; `cpu_proxy`: the NIC path

@@ -15,7 +15,9 @@
 //!    leaves only after the target has seen the end. A side that fails says why under
 //!    `failed-{rank}` and stays until its peer has read it and left; a side whose peer's
 //!    rank vanishes (a crash: the lease expires) stops with that reason instead of
-//!    waiting.
+//!    waiting. Every wait for the peer follows its setup progress, which each side
+//!    publishes every second (`crate::setup`): buffers of tens of GiB may take their
+//!    time, and a waiting side prints what its peer is doing.
 
 use crate::etcd_runtime::{EtcdRuntime, RankInfo};
 use crate::initiator::{initiator_agent_for, measure};

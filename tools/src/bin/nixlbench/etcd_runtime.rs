@@ -7,7 +7,9 @@
 //! - `rank/0`, `rank/1`: the initiator's and the target's [`RankInfo`] (JSON). Rank 0
 //!   picks the run id; rank 1 is claimed only while rank 0 is the one it read (a second
 //!   compare on rank 0's `mod_revision`), and carries the same run id;
-//! - `run/{run}/{label}`: what the two sides tell each other (agent names, the end);
+//! - `run/{run}/{label}`: what the two sides tell each other (agent names, the end,
+//!   `setup-{rank}`: each side's setup progress, every second, which bounds the peer's
+//!   waits: `crate::setup`);
 //! - `run/{run}/agents/…`: the agents' metadata, through `nixl::etcd::EtcdMetadata`.
 //!
 //! Every key is attached to a lease of the process that wrote it: dropping the runtime
@@ -448,8 +450,8 @@ impl EtcdRuntime {
         Ok(())
     }
 
-    /// Waits (up to `--etcd_wait`) for `run/{run}/{label}`, failing early when the peer
-    /// leaves; `what` names the wait in errors.
+    /// Waits for `run/{run}/{label}` (up to `--etcd_wait` after the peer's last setup
+    /// progress), failing early when the peer leaves; `what` names the wait in errors.
     pub(crate) fn wait_for(&self, label: &str, what: &str) -> Result<String, String> {
         match self.wait_key(label, what)? {
             Ok(value) => Ok(value),
@@ -457,7 +459,7 @@ impl EtcdRuntime {
         }
     }
 
-    /// Waits (up to `--etcd_wait`) for `run/{run}/{label}` or for the peer to leave,
+    /// Waits (bounded as [`EtcdRuntime::wait_for`]) for `run/{run}/{label}` or for the peer to leave,
     /// whichever comes first: a peer that acknowledges and exits at once takes its key
     /// with it (the lease), so its leaving is an answer too.
     pub(crate) fn wait_for_or_left(&self, label: &str, what: &str) -> Result<(), String> {
