@@ -56,6 +56,8 @@ mod setup;
 mod storage;
 mod sweep;
 mod target;
+#[cfg(feature = "cuda")]
+mod vram_pattern;
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;

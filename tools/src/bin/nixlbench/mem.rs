@@ -21,8 +21,13 @@ const FILL_PIECE: usize = 64 << 20;
 /// Fill threads at most: first-touching pages and generating the pattern are CPU-bound
 /// per thread, and memory bandwidth is reached well before this.
 const MAX_FILL_THREADS: usize = 16;
-/// The host piece a thread generates before copying it to VRAM.
+/// The host piece a thread generates before copying it to VRAM (without NVRTC).
+#[cfg(feature = "cuda")]
 const VRAM_STAGE: usize = 8 << 20;
+/// From this length a VRAM range gets its pattern from the GPU (`vram_pattern`): a
+/// kernel launch costs about what a small host copy does.
+#[cfg(feature = "cuda")]
+const VRAM_KERNEL_FROM: usize = 64 << 10;
 
 /// Threads that fill `len` bytes: one per core up to [`MAX_FILL_THREADS`], no more than
 /// there are pieces.
@@ -589,8 +594,9 @@ impl Mem {
     }
 
     /// [`Mem::fill_pattern`], its progress added to `setup`: DRAM written in place, VRAM
-    /// a host piece at a time (a copy of the whole range would double the memory), large
-    /// ranges on several threads ([`fill_parallel`]).
+    /// by a kernel (`vram_pattern`) or, without NVRTC or for small ranges, a host piece
+    /// at a time (a copy of the whole range would double the memory); large ranges on
+    /// several threads ([`fill_parallel`]).
     pub(crate) fn fill_pattern_with(
         &self,
         offset: usize,
@@ -599,6 +605,13 @@ impl Mem {
         setup: &Setup,
     ) -> Result<(), String> {
         self.check_range(offset, len)?;
+        #[cfg(feature = "cuda")]
+        if let Self::Device(b) = self {
+            if len >= VRAM_KERNEL_FROM && crate::vram_pattern::fill(b, offset, len, seed)? {
+                setup.add(len as u64);
+                return Ok(());
+            }
+        }
         fill_parallel(len, setup, |at, n| {
             let at = offset + at;
             match self {
