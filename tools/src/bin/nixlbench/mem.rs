@@ -786,6 +786,7 @@ mod tests {
             &setup,
         )
         .unwrap();
+        #[cfg(feature = "etcd")]
         assert_eq!(setup.report().done, len as u64);
         for at in [0, FILL_PIECE - 3, FILL_PIECE, 2 * FILL_PIECE, len - 4099] {
             mem.check_pattern(at, 4099.min(len - at), TARGET_SEED)

@@ -5,6 +5,7 @@
 //! peer's progress, so tens of GiB may take their time, and a wait is never silent.
 
 use parking_lot::Mutex;
+#[cfg(feature = "etcd")]
 use serde::{Deserialize, Serialize};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -13,14 +14,17 @@ use tools::units::human_bytes;
 /// The slowest rate at which a peer's stage over a byte count is still expected to
 /// advance (registering pins every page in one call that reports nothing until it
 /// returns): a stage of `bytes` extends the peer's wait by `bytes / SLOWEST_SETUP_RATE`.
+#[cfg(feature = "etcd")]
 const SLOWEST_SETUP_RATE: u64 = 256 << 20;
 /// How often a waiting side prints what its peer is doing.
+#[cfg(feature = "etcd")]
 const PRINT_EVERY: Duration = Duration::from_secs(5);
 /// Stages shorter than this are not printed (small runs stay as they were)...
 const PRINT_STAGES_FROM: Duration = Duration::from_millis(500);
 /// ...unless they set up at least this many bytes.
 const PRINT_STAGES_OF: u64 = 256 << 20;
 
+#[cfg(feature = "etcd")]
 /// What a side is doing: a stage (`what`), over `bytes` of which `done` are done
 /// (`bytes` 0: no byte count), for `secs` so far.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -31,6 +35,7 @@ pub(crate) struct SetupReport {
     pub(crate) secs: f64,
 }
 
+#[cfg(feature = "etcd")]
 impl SetupReport {
     /// Whether `self` shows progress over `before`: another stage, or more bytes done.
     fn advanced_from(&self, before: &SetupReport) -> bool {
@@ -44,6 +49,7 @@ impl SetupReport {
     }
 }
 
+#[cfg(feature = "etcd")]
 impl std::fmt::Display for SetupReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}", self.what)?;
@@ -103,6 +109,7 @@ impl Setup {
     }
 
     /// Ends the current stage (printing it); `what` says what this side does next.
+    #[cfg(feature = "etcd")]
     pub(crate) fn finish(&self, what: impl Into<String>) {
         self.stage(what, 0);
     }
@@ -112,6 +119,7 @@ impl Setup {
         self.done.fetch_add(n, Ordering::Relaxed);
     }
 
+    #[cfg(feature = "etcd")]
     pub(crate) fn report(&self) -> SetupReport {
         let stage = self.stage.lock();
         match stage.as_ref() {
@@ -154,6 +162,7 @@ impl Setup {
     }
 }
 
+#[cfg(feature = "etcd")]
 /// What a waiting side does next.
 #[derive(Debug, PartialEq)]
 pub(crate) enum Verdict {
@@ -165,6 +174,7 @@ pub(crate) enum Verdict {
     GiveUp(String),
 }
 
+#[cfg(feature = "etcd")]
 /// The bound on one wait for a peer: `wait` after the peer's last progress (its stage
 /// changed or its bytes grew), plus the time its current stage may need for the bytes
 /// it has left ([`SLOWEST_SETUP_RATE`]). A peer that says nothing (an older nixlbench,
@@ -177,6 +187,7 @@ pub(crate) struct PeerWait {
     last_print: Instant,
 }
 
+#[cfg(feature = "etcd")]
 impl PeerWait {
     pub(crate) fn new(wait: Duration, now: Instant) -> Self {
         Self {
@@ -241,7 +252,7 @@ impl PeerWait {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "etcd"))]
 mod tests {
     use super::*;
 
