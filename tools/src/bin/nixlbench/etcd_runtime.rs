@@ -366,10 +366,21 @@ impl EtcdRuntime {
             return Ok(p.clone());
         }
         let start = Instant::now();
+        let mut printed = Instant::now();
         loop {
             if let Some(p) = self.peer_now()? {
                 self.peer = Some(p.clone());
                 return Ok(p);
+            }
+            if printed.elapsed() >= Duration::from_secs(5) {
+                printed = Instant::now();
+                eprintln!(
+                    "nixlbench: waiting for {} to join benchmark group `{}` ({:.0} s of {:?})",
+                    self.peer_role(),
+                    self.group,
+                    start.elapsed().as_secs_f64(),
+                    self.wait
+                );
             }
             if start.elapsed() > self.wait {
                 return Err(format!(

@@ -122,12 +122,27 @@ pub(crate) fn wait_for_target(
     }
 }
 
-pub(crate) fn run_initiator(o: &Options, target_addr: SocketAddr) -> Result<Vec<Row>, String> {
+/// The initiator's buffer, its setup stages printed (each long enough to matter).
+pub(crate) fn initiator_mem(o: &Options) -> Result<Mem, String> {
+    let setup = Setup::new("nixlbench", !quiet());
+    Mem::for_side_init(o, Side::Initiator, Init::Byte(INITIATOR_FILL), &setup)
+}
+
+/// The initiator against the target at `target_addr`, with its buffer `local` if it was
+/// set up already (while the target set up its own), else set up here.
+pub(crate) fn run_initiator(
+    o: &Options,
+    target_addr: SocketAddr,
+    local: Option<Mem>,
+) -> Result<Vec<Row>, String> {
     if o.backend == "LOCAL" {
         return Err("LOCAL moves data inside one agent: run without --role".into());
     }
     let (agent, how) = initiator_agent(o, target_addr)?;
-    let local = Mem::for_side(o, Side::Initiator, INITIATOR_FILL)?;
+    let local = match local {
+        Some(mem) => mem,
+        None => initiator_mem(o)?,
+    };
     let _reg = register(&agent, &local, None)?;
     // The target learns our name (so our provider) and connection, then registers.
     agent

@@ -142,7 +142,20 @@ impl Setup {
         let Some(s) = stage else { return };
         let took = s.started.elapsed();
         let long = took >= PRINT_STAGES_FROM;
-        if self.print && s.bytes > 0 && (long || s.bytes >= PRINT_STAGES_OF) {
+        if self.print
+            && s.bytes > 0
+            && took < Duration::from_millis(100)
+            && s.bytes >= PRINT_STAGES_OF
+        {
+            // Too short for a meaningful rate.
+            eprintln!(
+                "{}: setup: {}, {}: {:.2} s",
+                self.who,
+                s.what,
+                human_bytes(s.bytes),
+                took.as_secs_f64()
+            );
+        } else if self.print && s.bytes > 0 && (long || s.bytes >= PRINT_STAGES_OF) {
             eprintln!(
                 "{}: setup: {}, {}: {:.1} s ({:.1} GB/s)",
                 self.who,

@@ -14,7 +14,8 @@ pub(crate) fn run_target(o: &Options) -> Result<(), String> {
     if o.backend == "LOCAL" {
         return Err("LOCAL moves data inside one agent: run without --role".into());
     }
-    let setup = Setup::new("nixlbench target", !quiet());
+    // Printed by the self-launched target too: its long stages are the initiator's wait.
+    let setup = Setup::new("nixlbench target", true);
     let mem = Mem::for_side_init(o, Side::Target, Init::Pattern(TARGET_SEED), &setup)?;
     // LIBFABRIC without a provider follows the initiator's choice (module docs).
     let follow = o.is_libfabric() && o.user_provider().is_none();
