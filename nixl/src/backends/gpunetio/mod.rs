@@ -644,7 +644,7 @@ impl Backend for GpunetioBackend {
                 ..*e
             })
             .collect();
-        let resolved = self.ipc.resolve(&inner, agent)?;
+        let resolved = self.ipc.resolve(&inner, agent, Some(self.gpu.ordinal()))?;
         let ranges: Vec<(u64, u64, bool)> = resolved
             .pairs
             .iter()
