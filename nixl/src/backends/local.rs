@@ -25,6 +25,9 @@ pub struct LocalBackend {
     notifs: NotifQueue,
     #[cfg(feature = "cuda")]
     streams: super::cuda_copy::StreamPools,
+    /// (copying GPU, other GPU) pairs whose peer access was enabled or found impossible.
+    #[cfg(feature = "cuda")]
+    peer_pairs: parking_lot::Mutex<std::collections::HashSet<(usize, usize)>>,
 }
 
 type NotifQueue = Arc<super::shared::NotifInbox>;
@@ -54,6 +57,8 @@ pub(crate) fn create(init: &BackendInit) -> Result<Arc<dyn Backend>> {
             "num_streams",
             4usize,
         )?),
+        #[cfg(feature = "cuda")]
+        peer_pairs: Default::default(),
     }))
 }
 
@@ -138,6 +143,9 @@ impl LocalBackend {
             } else {
                 src.0.dev_id
             };
+            if src.1 == MemKind::Vram && dst.1 == MemKind::Vram && src.0.dev_id != gpu {
+                self.enable_peer_access(gpu as usize, src.0.dev_id as usize);
+            }
             (
                 gpu as usize,
                 Copy {
@@ -158,6 +166,29 @@ impl LocalBackend {
             sink,
             Vec::new(),
         )?))
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl LocalBackend {
+    /// Lets GPU `run`'s copy engines reach GPU `other`'s memory over the link (once per
+    /// pair); without peer access the driver stages such copies through host memory,
+    /// which is logged.
+    fn enable_peer_access(&self, run: usize, other: usize) {
+        if !self.peer_pairs.lock().insert((run, other)) {
+            return;
+        }
+        let result = self
+            .streams
+            .get(run)
+            .and_then(|r| Ok((r, self.streams.get(other)?)))
+            .and_then(|(r, o)| {
+                gpu_mem::enable_peer_access(&r.gpu, &o.gpu)
+                    .map_err(super::cuda_copy::gpu_err("enabling peer access"))
+            });
+        if let Err(e) = result {
+            tracing::warn!("{NAME}: copies GPU {other} -> GPU {run} go through host memory: {e}");
+        }
     }
 }
 
