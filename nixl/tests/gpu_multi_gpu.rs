@@ -12,7 +12,7 @@
 
 mod common;
 
-use common::{announce, announce_path, dram, pattern, self_test, vram, wait_file, wait_notif};
+use common::{announce, announce_path, pattern, self_test, vram, wait_file, wait_notif};
 use gpu_mem::{DeviceBuffer, Gpu};
 use nixl::{Agent, AgentConfig, BackendParams, Desc, MemKind, XferOp};
 use std::path::Path;
@@ -395,13 +395,13 @@ fn gpunetio_without_gpu_devices_drives_the_gpu_of_its_vram() {
     let host = pattern(22, LEN);
     // SAFETY: `host` outlives the handle and the request.
     let _hd = unsafe {
-        a.register_mem(&dram([Desc::from_slice(&host)]), None)
+        a.register_mem(&common::dram([Desc::from_slice(&host)]), None)
             .unwrap()
     };
     let mut req = a
         .create_xfer_req(
             XferOp::Write,
-            &dram([Desc::from_slice(&host)]),
+            &common::dram([Desc::from_slice(&host)]),
             &vram([d_dst]),
             "mgpu-gn1",
             None,
