@@ -102,6 +102,8 @@ pub struct CudaIpcBackend {
     vmm: Arc<VmmTable>,
     /// How each pair of GPUs is reached (peer access enabled, or staged by the driver).
     paths: PathTable,
+    /// The GPU of this process with each UUID peers named (`None`: not visible here).
+    homes: Mutex<HashMap<[u8; 16], Option<Gpu>>>,
 }
 
 pub(crate) fn create(init: &BackendInit) -> Result<Arc<dyn Backend>> {
@@ -171,6 +173,7 @@ impl CudaIpcBackend {
             streams: StreamPools::new(num_streams),
             vmm,
             paths: PathTable::default(),
+            homes: Mutex::default(),
         })
     }
 }
@@ -887,11 +890,6 @@ fn parse_pair(meta: &[u8]) -> Option<(usize, usize)> {
 struct Importer<'a> {
     backend: &'a CudaIpcBackend,
     peer: Option<Arc<Peer>>,
-    /// The GPU of this process holding each exporter GPU's memory (by UUID; `None`:
-    /// that GPU is not visible here).
-    homes: HashMap<[u8; 16], Option<Gpu>>,
-    /// GPUs opened so far, by ordinal.
-    opened: HashMap<usize, Gpu>,
     /// The GPU whose kernels use every mapping (`GPUNETIO`), if one is imposed.
     kernel_gpu: Option<usize>,
     keep: Vec<Arc<dyn Any + Send + Sync>>,
@@ -907,28 +905,24 @@ impl<'a> Importer<'a> {
         Ok(Self {
             backend,
             peer,
-            homes: HashMap::new(),
-            opened: HashMap::new(),
             kernel_gpu,
             keep: Vec::new(),
         })
     }
 
-    fn gpu(&mut self, ordinal: usize) -> Result<Gpu> {
-        if let Some(g) = self.opened.get(&ordinal) {
-            return Ok(g.clone());
-        }
-        let g = Gpu::open(ordinal).map_err(gpu_err("opening the GPU"))?;
-        self.opened.insert(ordinal, g.clone());
-        Ok(g)
+    /// GPU `ordinal`, as the backend's stream pool holds it open (the copies run there).
+    fn gpu(&self, ordinal: usize) -> Result<Gpu> {
+        Ok(self.backend.streams.get(ordinal)?.gpu.clone())
     }
 
-    fn home(&mut self, uuid: &[u8; 16]) -> Result<Option<Gpu>> {
-        if let Some(h) = self.homes.get(uuid) {
+    /// The GPU of this process with that UUID (`None`: not visible here), looked up once
+    /// per backend.
+    fn home(&self, uuid: &[u8; 16]) -> Result<Option<Gpu>> {
+        if let Some(h) = self.backend.homes.lock().get(uuid) {
             return Ok(h.clone());
         }
         let found = gpu_mem::find_by_uuid(uuid).map_err(gpu_err("looking up the peer's GPU"))?;
-        self.homes.insert(*uuid, found.clone());
+        self.backend.homes.lock().insert(*uuid, found.clone());
         Ok(found)
     }
 
@@ -955,7 +949,7 @@ impl<'a> Importer<'a> {
             .kernel_gpu
             .or(local_gpu)
             .or(home.as_ref().map(Gpu::ordinal))
-            .unwrap_or(desc.dev_id as usize);
+            .unwrap_or(0);
         let run_gpu = self.gpu(run)?;
         let path = home
             .as_ref()
