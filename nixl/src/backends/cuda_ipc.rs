@@ -34,7 +34,9 @@
 //!   pid and start time are in the connection information): requests to it fail with
 //!   [`Error::RemoteDisconnect`].
 
-use super::cuda_copy::{gpu_err, Copy, GpuXfer, LazyPin, NotifSink, StreamPools};
+use super::cuda_copy::{
+    gpu_err, Copy, CopyEngine, GpuXfer, LazyPin, MemLoc, NotifSink, StreamPools,
+};
 use super::ipc_plane::{IpcPlane, KeepAlive, Resolved, ResolvedPair};
 use super::shared::{param, random_u64};
 use crate::backend::{
@@ -92,25 +94,30 @@ pub struct CudaIpcBackend {
     peers: Arc<PeerTable>,
     streams: StreamPools,
     vmm: Arc<VmmTable>,
+    /// How prepared transfers run their copies (parameter `copy_engine`).
+    copy_engine: CopyEngine,
 }
 
 pub(crate) fn create(init: &BackendInit) -> Result<Arc<dyn Backend>> {
     let params = &init.params;
-    if let Some(key) = params.keys().find(|k| *k != "num_streams") {
+    if let Some(key) = params
+        .keys()
+        .find(|k| *k != "num_streams" && *k != CopyEngine::PARAM)
+    {
         return Err(Error::InvalidParam(format!(
-            "{NAME} takes no parameter `{key}` (only num_streams)"
+            "{NAME} takes no parameter `{key}` (only num_streams and copy_engine)"
         )));
     }
     let num_streams: usize = param(NAME, params, "num_streams", 4)?;
+    let copy_engine: CopyEngine = param(NAME, params, CopyEngine::PARAM, CopyEngine::Auto)?;
     if num_streams == 0 || num_streams > 64 {
         return Err(Error::InvalidParam(format!(
             "{NAME} parameter num_streams={num_streams} must be 1..=64"
         )));
     }
-    Ok(Arc::new(CudaIpcBackend::new(
-        &init.agent_name,
-        num_streams,
-    )?))
+    let mut backend = CudaIpcBackend::new(&init.agent_name, num_streams)?;
+    backend.copy_engine = copy_engine;
+    Ok(Arc::new(backend))
 }
 
 /// `CUDA_IPC`'s control plane for a sibling backend (`GPUNETIO`'s intra-node path) that
@@ -160,6 +167,7 @@ impl CudaIpcBackend {
             peers,
             streams: StreamPools::new(num_streams),
             vmm,
+            copy_engine: CopyEngine::Auto,
         })
     }
 }
@@ -1074,24 +1082,58 @@ impl Backend for CudaIpcBackend {
         agent: &str,
     ) -> Result<Box<dyn BackendXfer>> {
         let resolved = self.resolve(entries, agent)?;
-        let copies = resolved.pairs.iter().map(|p| {
-            let (src, dst) = match op {
-                XferOp::Write => (p.local, p.remote),
-                XferOp::Read => (p.remote, p.local),
+        // Where each side lives, for the copy kernel: the peer's memory is on the GPU of
+        // its UUID where this process sees that GPU (the mapping is in its context), else
+        // mapped into the copying GPU's own context.
+        let mut gpu_of_uuid: Vec<([u8; 16], Option<usize>)> = Vec::new();
+        let mut remote_loc = |md: &dyn RemoteMd, copying_gpu: usize| {
+            let Some(remote) = md.as_any().downcast_ref::<RemoteRegion>() else {
+                return MemLoc::Host { pinned: false };
             };
-            (
+            let ordinal = match gpu_of_uuid.iter().find(|(u, _)| *u == remote.uuid) {
+                Some((_, o)) => *o,
+                None => {
+                    let o = gpu_mem::find_by_uuid(&remote.uuid)
+                        .ok()
+                        .flatten()
+                        .map(|g| g.ordinal());
+                    gpu_of_uuid.push((remote.uuid, o));
+                    o
+                }
+            };
+            MemLoc::Gpu(ordinal.unwrap_or(copying_gpu))
+        };
+        let local_loc = |e: &XferEntry<'_>| match e.local_md.as_any().downcast_ref::<LocalRegion>()
+        {
+            Some(LocalRegion::Dram(pin)) => MemLoc::Host {
+                pinned: pin.ensure(),
+            },
+            _ => MemLoc::Gpu(e.local.dev_id as usize),
+        };
+        let mut copies = Vec::with_capacity(resolved.pairs.len());
+        for (p, e) in resolved.pairs.iter().zip(entries) {
+            let local = (p.local, local_loc(e));
+            let remote = (p.remote, remote_loc(e.remote_md, p.gpu));
+            let (src, dst) = match op {
+                XferOp::Write => (local, remote),
+                XferOp::Read => (remote, local),
+            };
+            copies.push((
                 p.gpu,
                 Copy {
-                    dst,
-                    src,
+                    dst: dst.0,
+                    src: src.0,
                     len: p.len as usize,
+                    dst_loc: dst.1,
+                    src_loc: src.1,
                 },
-            )
-        });
+            ));
+        }
         Ok(Box::new(GpuXfer::new(
             &self.streams,
             copies,
             usize::MAX,
+            self.copy_engine,
             resolved.sink,
             resolved.keep,
         )?))
