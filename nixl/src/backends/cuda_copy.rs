@@ -1011,3 +1011,141 @@ impl Drop for StagingCopier {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn copy(src: u64, dst: u64, len: usize, src_loc: MemLoc, dst_loc: MemLoc) -> Copy {
+        Copy {
+            dst,
+            src,
+            len,
+            dst_loc,
+            src_loc,
+        }
+    }
+
+    fn vram(src: u64, dst: u64, len: usize) -> Copy {
+        copy(src, dst, len, MemLoc::Gpu(0), MemLoc::Gpu(0))
+    }
+
+    #[test]
+    fn work_items_split_large_copies_and_cover_every_byte_once() {
+        let chunk = 4096;
+        let copies = [
+            vram(0x1000, 0x9_0003, 1),
+            vram(0x2001, 0xa_0001, chunk),
+            vram(0x3_0000, 0xb_0000, 3 * chunk + 17),
+            vram(0x4_0000, 0xc_0000, 0),
+            vram(0x5_0007, 0xd_0003, 2 * chunk),
+        ];
+        let items = work_items(&copies, chunk);
+        assert_eq!(items.len(), 1 + 1 + 4 + 2);
+        assert!(items.iter().all(|i| i.len > 0 && i.len <= chunk as u64));
+        // Each copy's items tile it exactly, in order, source and destination advancing
+        // together (so their relative alignment is the copy's).
+        let mut it = items.iter();
+        for c in copies.iter().filter(|c| c.len > 0) {
+            let mut at = 0u64;
+            while at < c.len as u64 {
+                let item = it.next().expect("an item per chunk");
+                assert_eq!(item.src, c.src + at);
+                assert_eq!(item.dst, c.dst + at);
+                assert_eq!(item.src.wrapping_sub(item.dst), c.src.wrapping_sub(c.dst));
+                at += item.len;
+            }
+            assert_eq!(at, c.len as u64);
+        }
+        assert!(it.next().is_none());
+        assert!(work_items(&[], chunk).is_empty());
+    }
+
+    #[test]
+    fn auto_takes_the_kernel_for_many_small_device_copies_only() {
+        let reach_all = |_: MemLoc| true;
+        let small: Vec<Copy> = (0..KERNEL_MIN_COPIES as u64)
+            .map(|k| vram(k << 20, (k << 20) + (1 << 30), 32 << 10))
+            .collect();
+        assert_eq!(wanted(CopyEngine::Auto, &small, reach_all), Strategy::Kernel);
+        // Too few copies.
+        assert_eq!(
+            wanted(CopyEngine::Auto, &small[..KERNEL_MIN_COPIES - 1], reach_all),
+            Strategy::Memcpy
+        );
+        // Too large on average.
+        let large: Vec<Copy> = (0..KERNEL_MIN_COPIES as u64)
+            .map(|k| vram(k << 30, (k << 30) + (1 << 40), KERNEL_MAX_MEAN_BYTES + 1))
+            .collect();
+        assert_eq!(wanted(CopyEngine::Auto, &large, reach_all), Strategy::Memcpy);
+        // Host memory, even pinned, stays with the copy engines.
+        let mut host = small.clone();
+        host[3].src_loc = MemLoc::Host { pinned: true };
+        assert_eq!(wanted(CopyEngine::Auto, &host, reach_all), Strategy::Memcpy);
+        // A peer GPU the kernel cannot reach.
+        let mut peer = small.clone();
+        peer[5].dst_loc = MemLoc::Gpu(1);
+        let only_gpu0 = |l: MemLoc| l == MemLoc::Gpu(0);
+        assert_eq!(wanted(CopyEngine::Auto, &peer, only_gpu0), Strategy::Memcpy);
+        assert_eq!(wanted(CopyEngine::Auto, &peer, reach_all), Strategy::Kernel);
+    }
+
+    #[test]
+    fn explicit_engines_are_taken_where_they_can_run() {
+        let reach = |l: MemLoc| !matches!(l, MemLoc::Host { pinned: false });
+        let one = [vram(0, 1 << 30, 1 << 30)];
+        assert_eq!(wanted(CopyEngine::Kernel, &one, reach), Strategy::Kernel);
+        assert_eq!(wanted(CopyEngine::Memcpy, &one, reach), Strategy::Memcpy);
+        assert_eq!(wanted(CopyEngine::Batch, &one, reach), Strategy::Batch);
+        let pinned = [copy(
+            0,
+            1 << 30,
+            64,
+            MemLoc::Host { pinned: true },
+            MemLoc::Gpu(0),
+        )];
+        assert_eq!(wanted(CopyEngine::Kernel, &pinned, reach), Strategy::Kernel);
+        let pageable = [copy(
+            0,
+            1 << 30,
+            64,
+            MemLoc::Gpu(0),
+            MemLoc::Host { pinned: false },
+        )];
+        assert_eq!(wanted(CopyEngine::Kernel, &pageable, reach), Strategy::Memcpy);
+        assert_eq!(wanted(CopyEngine::Batch, &pageable, reach), Strategy::Batch);
+    }
+
+    #[test]
+    fn copy_engine_parses_its_four_names_and_refuses_others() {
+        for (text, engine) in [
+            ("auto", CopyEngine::Auto),
+            ("kernel", CopyEngine::Kernel),
+            ("memcpy", CopyEngine::Memcpy),
+            ("batch", CopyEngine::Batch),
+        ] {
+            assert_eq!(text.parse::<CopyEngine>().unwrap(), engine);
+        }
+        assert!(matches!(
+            "Kernel".parse::<CopyEngine>(),
+            Err(Error::InvalidParam(_))
+        ));
+        assert_eq!(CopyEngine::default(), CopyEngine::Auto);
+    }
+
+    #[test]
+    fn the_kernel_compiles_with_nvrtc_where_it_is_installed() {
+        if !gpu_mem::device_code::nvrtc_available() {
+            eprintln!("skipped: libnvrtc is not installed (cargo xtask nvrtc fetches it)");
+            return;
+        }
+        for arch in ["compute_80", "compute_90"] {
+            let options = gpu_mem::device_code::CompileOptions {
+                arch: arch.into(),
+                ..Default::default()
+            };
+            let r = gpu_mem::device_code::compile(KERNEL_SOURCE.0, KERNEL_SOURCE.1, &options);
+            assert!(r.is_ok(), "{arch}: {r:?}");
+        }
+    }
+}
