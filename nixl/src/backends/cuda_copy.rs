@@ -1067,7 +1067,10 @@ mod tests {
         let small: Vec<Copy> = (0..KERNEL_MIN_COPIES as u64)
             .map(|k| vram(k << 20, (k << 20) + (1 << 30), 32 << 10))
             .collect();
-        assert_eq!(wanted(CopyEngine::Auto, &small, reach_all), Strategy::Kernel);
+        assert_eq!(
+            wanted(CopyEngine::Auto, &small, reach_all),
+            Strategy::Kernel
+        );
         // Too few copies.
         assert_eq!(
             wanted(CopyEngine::Auto, &small[..KERNEL_MIN_COPIES - 1], reach_all),
@@ -1077,7 +1080,10 @@ mod tests {
         let large: Vec<Copy> = (0..KERNEL_MIN_COPIES as u64)
             .map(|k| vram(k << 30, (k << 30) + (1 << 40), KERNEL_MAX_MEAN_BYTES + 1))
             .collect();
-        assert_eq!(wanted(CopyEngine::Auto, &large, reach_all), Strategy::Memcpy);
+        assert_eq!(
+            wanted(CopyEngine::Auto, &large, reach_all),
+            Strategy::Memcpy
+        );
         // Host memory, even pinned, stays with the copy engines.
         let mut host = small.clone();
         host[3].src_loc = MemLoc::Host { pinned: true };
@@ -1112,7 +1118,10 @@ mod tests {
             MemLoc::Gpu(0),
             MemLoc::Host { pinned: false },
         )];
-        assert_eq!(wanted(CopyEngine::Kernel, &pageable, reach), Strategy::Memcpy);
+        assert_eq!(
+            wanted(CopyEngine::Kernel, &pageable, reach),
+            Strategy::Memcpy
+        );
         assert_eq!(wanted(CopyEngine::Batch, &pageable, reach), Strategy::Batch);
     }
 
