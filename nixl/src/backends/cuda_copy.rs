@@ -100,6 +100,71 @@ impl GpuStreams {
     }
 }
 
+/// Allocation ranges whose access from a GPU was asked: (start, end, read and write).
+type AccessCache = Vec<(u64, u64, bool)>;
+
+impl GpuStreams {
+    /// Whether a kernel on this GPU can read and write `addr` at `loc`: its own memory,
+    /// pinned host memory, or another GPU's memory that the driver says this GPU's
+    /// context reads and writes (peer access enabled first). Peer access alone does not
+    /// answer it: an IPC mapping opened in another GPU's context, or VMM memory without
+    /// `cuMemSetAccess` for this GPU, faults from here while the copy engines reach it.
+    fn kernel_reaches(&self, loc: MemLoc, addr: u64, asked: &mut AccessCache) -> bool {
+        match loc {
+            MemLoc::Host { pinned } => pinned,
+            MemLoc::Gpu(g) if g == self.gpu.ordinal() => true,
+            MemLoc::Gpu(g) => self.reaches(g) && self.reads_and_writes(addr, asked),
+        }
+    }
+
+    /// The driver's access flags of this GPU's context for the allocation holding
+    /// `addr` (asked once per allocation and prepared batch).
+    fn reads_and_writes(&self, addr: u64, asked: &mut AccessCache) -> bool {
+        if let Some(&(_, _, rw)) = asked
+            .iter()
+            .rev()
+            .find(|(s, e, _)| (*s..*e).contains(&addr))
+        {
+            return rw;
+        }
+        if self.gpu.bind().is_err() {
+            return false;
+        }
+        let mut flags: u32 = 0;
+        let mut start: u64 = 0;
+        let mut size: usize = 0;
+        let attr = |data: *mut std::ffi::c_void, which| {
+            // SAFETY: `data` points to a live value of the size the attribute writes
+            // (u32 access flags, u64 start, usize size); the pointer is only looked up.
+            unsafe { sys::cuPointerGetAttribute(data, which, addr) }
+        };
+        use sys::CUpointer_attribute as A;
+        let rw = attr(
+            (&mut flags as *mut u32).cast(),
+            A::CU_POINTER_ATTRIBUTE_ACCESS_FLAGS,
+        ) == sys::CUresult::CUDA_SUCCESS
+            && flags
+                == sys::CUDA_POINTER_ATTRIBUTE_ACCESS_FLAGS::CU_POINTER_ATTRIBUTE_ACCESS_FLAG_READWRITE
+                    as u32;
+        let ranged = attr(
+            (&mut start as *mut u64).cast(),
+            A::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+        ) == sys::CUresult::CUDA_SUCCESS
+            && attr(
+                (&mut size as *mut usize).cast(),
+                A::CU_POINTER_ATTRIBUTE_RANGE_SIZE,
+            ) == sys::CUresult::CUDA_SUCCESS
+            && (start..start + size as u64).contains(&addr);
+        let (s, e) = if ranged {
+            (start, start + size as u64)
+        } else {
+            (addr, addr + 1)
+        };
+        asked.push((s, e, rw));
+        rw
+    }
+}
+
 /// Enables access from `gpu`'s context to GPU `other`'s memory; whether it is on.
 fn enable_peer_access(gpu: &Gpu, other: usize) -> bool {
     let Ok(peer) = Gpu::open(other) else {
@@ -298,12 +363,17 @@ enum Strategy {
 }
 
 /// The strategy `engine` asks for, given the copies and whether a kernel on the copying
-/// GPU reaches a location (before checking that the kernel or the driver call exists).
-fn wanted(engine: CopyEngine, copies: &[Copy], reaches: impl Fn(MemLoc) -> bool) -> Strategy {
-    let kernel_reaches_all = || {
+/// GPU reaches an address at a location (before checking that the kernel or the driver
+/// call exists).
+fn wanted(
+    engine: CopyEngine,
+    copies: &[Copy],
+    mut reaches: impl FnMut(MemLoc, u64) -> bool,
+) -> Strategy {
+    let mut kernel_reaches_all = || {
         copies
             .iter()
-            .all(|c| reaches(c.src_loc) && reaches(c.dst_loc))
+            .all(|c| reaches(c.src_loc, c.src) && reaches(c.dst_loc, c.dst))
     };
     match engine {
         CopyEngine::Memcpy => Strategy::Memcpy,
@@ -313,8 +383,8 @@ fn wanted(engine: CopyEngine, copies: &[Copy], reaches: impl Fn(MemLoc) -> bool)
             warn_once(
                 &UNREACHABLE_WARNED,
                 "copy_engine=kernel: a copy touches memory the copying GPU cannot \
-                 dereference (pageable host memory, or a GPU without peer access): such \
-                 batches use cuMemcpyAsync",
+                 dereference (pageable host memory, or another GPU's memory not mapped \
+                 for it): such batches use cuMemcpyAsync",
             );
             Strategy::Memcpy
         }
@@ -513,9 +583,9 @@ impl CopyBatch {
         engine: CopyEngine,
     ) -> Result<Self> {
         let n = copies.len();
-        let strategy = match wanted(engine, &copies, |loc| match loc {
-            MemLoc::Gpu(g) => pool.reaches(g),
-            MemLoc::Host { pinned } => pinned,
+        let mut asked = AccessCache::new();
+        let strategy = match wanted(engine, &copies, |loc, addr| {
+            pool.kernel_reaches(loc, addr, &mut asked)
         }) {
             Strategy::Batch if !batch_copy_available() => {
                 warn_once(
@@ -1063,7 +1133,7 @@ mod tests {
 
     #[test]
     fn auto_takes_the_kernel_for_many_small_device_copies_only() {
-        let reach_all = |_: MemLoc| true;
+        let reach_all = |_: MemLoc, _: u64| true;
         let small: Vec<Copy> = (0..KERNEL_MIN_COPIES as u64)
             .map(|k| vram(k << 20, (k << 20) + (1 << 30), 32 << 10))
             .collect();
@@ -1091,14 +1161,14 @@ mod tests {
         // A peer GPU the kernel cannot reach.
         let mut peer = small.clone();
         peer[5].dst_loc = MemLoc::Gpu(1);
-        let only_gpu0 = |l: MemLoc| l == MemLoc::Gpu(0);
+        let only_gpu0 = |l: MemLoc, _: u64| l == MemLoc::Gpu(0);
         assert_eq!(wanted(CopyEngine::Auto, &peer, only_gpu0), Strategy::Memcpy);
         assert_eq!(wanted(CopyEngine::Auto, &peer, reach_all), Strategy::Kernel);
     }
 
     #[test]
     fn explicit_engines_are_taken_where_they_can_run() {
-        let reach = |l: MemLoc| !matches!(l, MemLoc::Host { pinned: false });
+        let reach = |l: MemLoc, _: u64| !matches!(l, MemLoc::Host { pinned: false });
         let one = [vram(0, 1 << 30, 1 << 30)];
         assert_eq!(wanted(CopyEngine::Kernel, &one, reach), Strategy::Kernel);
         assert_eq!(wanted(CopyEngine::Memcpy, &one, reach), Strategy::Memcpy);
