@@ -44,9 +44,6 @@ pub(crate) struct GpuStreams {
     /// Device memory for kernel work tables, reused by later batches (a `cuMemFree` per
     /// transfer would synchronize the device).
     tables: Mutex<Vec<DeviceBuffer>>,
-    /// Whether kernels of this GPU reach another GPU's memory (peer access enabled), by
-    /// that GPU's ordinal: asked (and enabled) once.
-    peers: Mutex<HashMap<usize, bool>>,
 }
 
 /// Work tables kept for reuse per GPU; more are freed.
@@ -86,104 +83,15 @@ impl GpuStreams {
         }
     }
 
-    /// Whether a kernel on this GPU can dereference memory of GPU `other` (the same GPU,
-    /// or a peer whose access this enables once).
-    fn reaches(&self, other: usize) -> bool {
-        if other == self.gpu.ordinal() {
-            return true;
-        }
-        *self
-            .peers
-            .lock()
-            .entry(other)
-            .or_insert_with(|| enable_peer_access(&self.gpu, other))
-    }
-}
-
-/// Allocation ranges whose access from a GPU was asked: (start, end, read and write).
-type AccessCache = Vec<(u64, u64, bool)>;
-
-impl GpuStreams {
-    /// Whether a kernel on this GPU can read and write `addr` at `loc`: its own memory,
-    /// pinned host memory, or another GPU's memory that the driver says this GPU's
-    /// context reads and writes (peer access enabled first). Peer access alone does not
-    /// answer it: an IPC mapping opened in another GPU's context, or VMM memory without
-    /// `cuMemSetAccess` for this GPU, faults from here while the copy engines reach it.
-    fn kernel_reaches(&self, loc: MemLoc, addr: u64, asked: &mut AccessCache) -> bool {
+    /// Whether a kernel on this GPU can read and write memory at `loc`: its own VRAM, or
+    /// pinned host memory. Another GPU's memory is left to the copy engines: an IPC
+    /// mapping opened in that GPU's context faulted in a kernel here even with peer
+    /// access enabled and the driver's access flags saying read-write (two H200s over
+    /// NVLink); a mapping opened in this GPU's own context would be reachable.
+    fn kernel_reaches(&self, loc: MemLoc) -> bool {
         match loc {
             MemLoc::Host { pinned } => pinned,
-            MemLoc::Gpu(g) if g == self.gpu.ordinal() => true,
-            MemLoc::Gpu(g) => self.reaches(g) && self.reads_and_writes(addr, asked),
-        }
-    }
-
-    /// The driver's access flags of this GPU's context for the allocation holding
-    /// `addr` (asked once per allocation and prepared batch).
-    fn reads_and_writes(&self, addr: u64, asked: &mut AccessCache) -> bool {
-        if let Some(&(_, _, rw)) = asked
-            .iter()
-            .rev()
-            .find(|(s, e, _)| (*s..*e).contains(&addr))
-        {
-            return rw;
-        }
-        if self.gpu.bind().is_err() {
-            return false;
-        }
-        let mut flags: u32 = 0;
-        let mut start: u64 = 0;
-        let mut size: usize = 0;
-        let attr = |data: *mut std::ffi::c_void, which| {
-            // SAFETY: `data` points to a live value of the size the attribute writes
-            // (u32 access flags, u64 start, usize size); the pointer is only looked up.
-            unsafe { sys::cuPointerGetAttribute(data, which, addr) }
-        };
-        use sys::CUpointer_attribute as A;
-        let rw = attr(
-            (&mut flags as *mut u32).cast(),
-            A::CU_POINTER_ATTRIBUTE_ACCESS_FLAGS,
-        ) == sys::CUresult::CUDA_SUCCESS
-            && flags
-                == sys::CUDA_POINTER_ATTRIBUTE_ACCESS_FLAGS::CU_POINTER_ATTRIBUTE_ACCESS_FLAG_READWRITE
-                    as u32;
-        let ranged = attr(
-            (&mut start as *mut u64).cast(),
-            A::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
-        ) == sys::CUresult::CUDA_SUCCESS
-            && attr(
-                (&mut size as *mut usize).cast(),
-                A::CU_POINTER_ATTRIBUTE_RANGE_SIZE,
-            ) == sys::CUresult::CUDA_SUCCESS
-            && (start..start + size as u64).contains(&addr);
-        let (s, e) = if ranged {
-            (start, start + size as u64)
-        } else {
-            (addr, addr + 1)
-        };
-        asked.push((s, e, rw));
-        rw
-    }
-}
-
-/// Enables access from `gpu`'s context to GPU `other`'s memory; whether it is on.
-fn enable_peer_access(gpu: &Gpu, other: usize) -> bool {
-    let Ok(peer) = Gpu::open(other) else {
-        return false;
-    };
-    if !gpu.can_access_peer(&peer).unwrap_or(false) || gpu.bind().is_err() {
-        return false;
-    }
-    // SAFETY: `gpu`'s context is current (bound above); `peer`'s context is a live primary
-    // context; flags must be 0.
-    let r = unsafe { sys::cuCtxEnablePeerAccess(peer.context().cu_ctx(), 0) };
-    match r {
-        sys::CUresult::CUDA_SUCCESS | sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED => true,
-        other_error => {
-            tracing::debug!(
-                "peer access GPU {} -> GPU {other} refused: {other_error:?}",
-                gpu.ordinal()
-            );
-            false
+            MemLoc::Gpu(g) => g == self.gpu.ordinal(),
         }
     }
 }
@@ -219,7 +127,6 @@ impl StreamPools {
             streams,
             next: AtomicUsize::new(0),
             tables: Mutex::default(),
-            peers: Mutex::default(),
         });
         pools.insert(ordinal, pool.clone());
         Ok(pool)
@@ -383,8 +290,8 @@ fn wanted(
             warn_once(
                 &UNREACHABLE_WARNED,
                 "copy_engine=kernel: a copy touches memory the copying GPU cannot \
-                 dereference (pageable host memory, or another GPU's memory not mapped \
-                 for it): such batches use cuMemcpyAsync",
+                 dereference (pageable host memory, or another GPU's memory): such \
+                 batches use cuMemcpyAsync",
             );
             Strategy::Memcpy
         }
@@ -583,10 +490,7 @@ impl CopyBatch {
         engine: CopyEngine,
     ) -> Result<Self> {
         let n = copies.len();
-        let mut asked = AccessCache::new();
-        let strategy = match wanted(engine, &copies, |loc, addr| {
-            pool.kernel_reaches(loc, addr, &mut asked)
-        }) {
+        let strategy = match wanted(engine, &copies, |loc, _| pool.kernel_reaches(loc)) {
             Strategy::Batch if !batch_copy_available() => {
                 warn_once(
                     &NO_BATCH_WARNED,
