@@ -42,7 +42,9 @@
 //!   pid and start time are in the connection information): requests to it fail with
 //!   [`Error::RemoteDisconnect`].
 
-use super::cuda_copy::{gpu_err, Copy, GpuXfer, LazyPin, NotifSink, StreamPools};
+use super::cuda_copy::{
+    gpu_err, Copy, CopyEngine, GpuXfer, LazyPin, MemLoc, NotifSink, StreamPools,
+};
 use super::ipc_plane::{IpcPlane, KeepAlive, Resolved, ResolvedPair};
 use super::shared::{param, random_u64};
 use crate::backend::{
@@ -104,25 +106,30 @@ pub struct CudaIpcBackend {
     paths: PathTable,
     /// The GPU of this process with each UUID peers named (`None`: not visible here).
     homes: Mutex<HashMap<[u8; 16], Option<Gpu>>>,
+    /// How prepared transfers run their copies (parameter `copy_engine`).
+    copy_engine: CopyEngine,
 }
 
 pub(crate) fn create(init: &BackendInit) -> Result<Arc<dyn Backend>> {
     let params = &init.params;
-    if let Some(key) = params.keys().find(|k| *k != "num_streams") {
+    if let Some(key) = params
+        .keys()
+        .find(|k| *k != "num_streams" && *k != CopyEngine::PARAM)
+    {
         return Err(Error::InvalidParam(format!(
-            "{NAME} takes no parameter `{key}` (only num_streams)"
+            "{NAME} takes no parameter `{key}` (only num_streams and copy_engine)"
         )));
     }
     let num_streams: usize = param(NAME, params, "num_streams", 4)?;
+    let copy_engine: CopyEngine = param(NAME, params, CopyEngine::PARAM, CopyEngine::Auto)?;
     if num_streams == 0 || num_streams > 64 {
         return Err(Error::InvalidParam(format!(
             "{NAME} parameter num_streams={num_streams} must be 1..=64"
         )));
     }
-    Ok(Arc::new(CudaIpcBackend::new(
-        &init.agent_name,
-        num_streams,
-    )?))
+    let mut backend = CudaIpcBackend::new(&init.agent_name, num_streams)?;
+    backend.copy_engine = copy_engine;
+    Ok(Arc::new(backend))
 }
 
 /// `CUDA_IPC`'s control plane for a sibling backend (`GPUNETIO`'s intra-node path) that
@@ -174,6 +181,7 @@ impl CudaIpcBackend {
             vmm,
             paths: PathTable::default(),
             homes: Mutex::default(),
+            copy_engine: CopyEngine::Auto,
         })
     }
 }
@@ -808,6 +816,20 @@ impl CudaIpcBackend {
     }
 }
 
+/// One range of the peer's mapped here: its address, the GPU that runs its copies, and
+/// whether that GPU's kernels can address it.
+struct MappedRange {
+    addr: u64,
+    gpu: usize,
+    kernel_reach: bool,
+}
+
+/// Whether kernels of the copying GPU address memory reached by `path` (`None`: the
+/// exporter's GPU is not visible here, so the driver alone decides: not counted on).
+fn kernel_reach(path: Option<CopyPath>) -> bool {
+    matches!(path, Some(CopyPath::SameGpu | CopyPath::Peer))
+}
+
 /// How one GPU's copies (or kernels) reach memory of another GPU of this process,
 /// decided once per ordered pair and reported by [`Backend::query_mem_info`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -939,7 +961,7 @@ impl<'a> Importer<'a> {
         desc: crate::mem::Desc,
         md: &dyn RemoteMd,
         local_gpu: Option<usize>,
-    ) -> Result<(u64, usize)> {
+    ) -> Result<MappedRange> {
         let remote = md
             .as_any()
             .downcast_ref::<RemoteRegion>()
@@ -967,7 +989,11 @@ impl<'a> Importer<'a> {
         }
         let Some(peer) = self.peer.as_ref().filter(|p| !p.same_process) else {
             // Loopback, or another agent of this process: the address is valid here.
-            return Ok((desc.addr, run));
+            return Ok(MappedRange {
+                addr: desc.addr,
+                gpu: run,
+                kernel_reach: kernel_reach(path),
+            });
         };
         let import_into = match (path, home) {
             (Some(CopyPath::HostStaged), Some(h)) => h,
@@ -983,7 +1009,11 @@ impl<'a> Importer<'a> {
         }) {
             self.keep.push(mapping.clone());
         }
-        Ok((addr, run))
+        Ok(MappedRange {
+            addr,
+            gpu: run,
+            kernel_reach: kernel_reach(path),
+        })
     }
 
     fn sink(&self) -> Arc<dyn NotifSink> {
@@ -1013,12 +1043,13 @@ impl IpcPlane for CudaIpcBackend {
             self.pin_local_dram(e.local_md);
             let local_gpu =
                 (e.local_region.kind == MemKind::Vram).then_some(e.local.dev_id as usize);
-            let (remote, gpu) = importer.map(e.remote, e.remote_md, local_gpu)?;
+            let m = importer.map(e.remote, e.remote_md, local_gpu)?;
             pairs.push(ResolvedPair {
-                gpu,
+                gpu: m.gpu,
                 local: e.local.addr,
-                remote,
+                remote: m.addr,
                 len: e.local.len,
+                kernel_reach: m.kernel_reach,
             });
         }
         Ok(Resolved {
@@ -1039,7 +1070,7 @@ impl IpcPlane for CudaIpcBackend {
         let mut importer = Importer::new(self, agent, Some(gpu))?;
         let addrs = ranges
             .iter()
-            .map(|(d, md)| importer.map(*d, *md, Some(gpu)).map(|(a, _)| a))
+            .map(|(d, md)| importer.map(*d, *md, Some(gpu)).map(|m| m.addr))
             .collect::<Result<Vec<_>>>()?;
         Ok((addrs, importer.keep))
     }
@@ -1208,24 +1239,47 @@ impl Backend for CudaIpcBackend {
         agent: &str,
     ) -> Result<Box<dyn BackendXfer>> {
         let resolved = self.resolve(entries, agent, None)?;
-        let copies = resolved.pairs.iter().map(|p| {
+        // Where the peer's side lives, for the copy kernel: mapped for the copying GPU
+        // (same GPU, or peer access on), that GPU's kernels address it; a pair the driver
+        // stages through host memory is out of a kernel's reach (copy calls take it).
+        let remote_loc = |pair: &ResolvedPair| {
+            if pair.kernel_reach {
+                MemLoc::Gpu(pair.gpu)
+            } else {
+                MemLoc::Host { pinned: false }
+            }
+        };
+        let local_loc = |e: &XferEntry<'_>| match e.local_md.as_any().downcast_ref::<LocalRegion>()
+        {
+            Some(LocalRegion::Dram(pin)) => MemLoc::Host {
+                pinned: pin.ensure(),
+            },
+            _ => MemLoc::Gpu(e.local.dev_id as usize),
+        };
+        let mut copies = Vec::with_capacity(resolved.pairs.len());
+        for (p, e) in resolved.pairs.iter().zip(entries) {
+            let local = (p.local, local_loc(e));
+            let remote = (p.remote, remote_loc(p));
             let (src, dst) = match op {
-                XferOp::Write => (p.local, p.remote),
-                XferOp::Read => (p.remote, p.local),
+                XferOp::Write => (local, remote),
+                XferOp::Read => (remote, local),
             };
-            (
+            copies.push((
                 p.gpu,
                 Copy {
-                    dst,
-                    src,
+                    dst: dst.0,
+                    src: src.0,
                     len: p.len as usize,
+                    dst_loc: dst.1,
+                    src_loc: src.1,
                 },
-            )
-        });
+            ));
+        }
         Ok(Box::new(GpuXfer::new(
             &self.streams,
             copies,
             usize::MAX,
+            self.copy_engine,
             resolved.sink,
             resolved.keep,
         )?))

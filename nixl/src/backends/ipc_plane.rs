@@ -55,6 +55,9 @@ pub(crate) struct ResolvedPair {
     pub(crate) remote: u64,
     /// Bytes.
     pub(crate) len: u64,
+    /// Whether kernels of `gpu` can address the peer's range (same GPU, or peer access
+    /// on with the mapping in `gpu`'s context); otherwise only copy calls reach it.
+    pub(crate) kernel_reach: bool,
 }
 
 /// A transfer's pairs, what must outlive them (the peer's mappings), and where its
