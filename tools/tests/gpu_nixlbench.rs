@@ -126,7 +126,10 @@ fn checked_run(test: &str, extra: &[&str], op: &str, initiator_seg: &str) {
     };
     assert!(table.contains(from), "{table}");
     // GPUNETIO says which path it takes: a target's VRAM on this host, CUDA IPC.
-    assert!(table.contains("(path: intra-node, CUDA IPC"), "{table}");
+    assert!(
+        table.contains("(path: intra-node, CUDA IPC: the target's VRAM (GPU 0) mapped here and written by the transfer kernel on GPU 0, same GPU)"),
+        "{table}"
+    );
 }
 
 #[test]

@@ -177,7 +177,7 @@ pub(crate) fn measure(
     };
     let how = match o.backend.as_str() {
         #[cfg(feature = "cuda")]
-        "GPUNETIO" => gpunetio_path(o, agent, target, remote.kind, same_host),
+        "GPUNETIO" => gpunetio_path(o, agent, target, remote, same_host),
         _ => {
             let _ = same_host; // only GPUNETIO's path depends on it
             how.to_string()
@@ -203,15 +203,16 @@ pub(crate) fn measure(
 /// Which of GPUNETIO's paths carries the transfers to `target`, for the header: the
 /// backend's own word where it gives one ([`nixl::backend::Backend::peer_transport`]),
 /// else its rule (module docs of `nixl::backends::gpunetio`) applied to this run's
-/// parameters: intra-node (CUDA IPC) for a target on this host whose memory is VRAM,
-/// unless `nic_handler=cpu_proxy`; otherwise the NIC path, a CPU proxy over a libfabric
-/// provider (no ConnectX NIC is driven: the native mlx5 handler is not used).
+/// parameters: intra-node (CUDA IPC) for a target on this host whose memory is VRAM the
+/// backend's GPU reaches (the same GPU, or peer access to the target's), unless
+/// `nic_handler=cpu_proxy`; otherwise the NIC path, a CPU proxy over a libfabric provider
+/// (no ConnectX NIC is driven: the native mlx5 handler is not used).
 #[cfg(feature = "cuda")]
 fn gpunetio_path(
     o: &Options,
     agent: &Agent,
     target: &str,
-    remote: nixl::MemKind,
+    remote: crate::sweep::RemoteMem,
     same_host: bool,
 ) -> String {
     let said = agent
@@ -228,25 +229,49 @@ fn gpunetio_path(
         Some(d) => format!("network device {d} recorded, not driven"),
         None => "no network device".to_string(),
     };
-    if same_host && handler != "cpu_proxy" && remote == nixl::MemKind::Vram {
-        return "(path: intra-node, CUDA IPC: the target's VRAM mapped here and written by \
-                the transfer kernel)"
-            .into();
-    }
+    let (ours, theirs) = (o.gpu(Side::Initiator), remote.dev_id as usize);
+    let mut why = if !same_host {
+        "the target is on another host".to_string()
+    } else if handler == "cpu_proxy" {
+        "nic_handler=cpu_proxy".to_string()
+    } else if remote.kind != nixl::MemKind::Vram {
+        "the target's memory is not VRAM".to_string()
+    } else {
+        match gpu_link(ours, theirs) {
+            Ok(link) => {
+                return format!(
+                    "(path: intra-node, CUDA IPC: the target's VRAM (GPU {theirs}) mapped here \
+                     and written by the transfer kernel on GPU {ours}, {link})"
+                )
+            }
+            Err(no) => no,
+        }
+    };
     if handler == "intra_node" {
-        return "(path: none: nic_handler=intra_node reaches only VRAM of this host)".into();
+        why += "; nic_handler=intra_node has no other path, so the transfers fail";
     }
     let provider = params
         .get("provider")
         .map_or(nixl::backends::gpunetio::DEFAULT_PROVIDER, String::as_str);
-    let why = if !same_host {
-        "the target is on another host"
-    } else if handler == "cpu_proxy" {
-        "nic_handler=cpu_proxy"
-    } else {
-        "the target's memory is not VRAM"
-    };
     format!("(path: CPU proxy over libfabric {provider}: {why}; no ConnectX NIC driven, {device})")
+}
+
+/// How GPU `ours` reaches GPU `theirs`'s memory (`Err`: it does not, and why).
+#[cfg(feature = "cuda")]
+fn gpu_link(ours: usize, theirs: usize) -> Result<String, String> {
+    if ours == theirs {
+        return Ok("same GPU".into());
+    }
+    let open = |g: usize| gpunetio::Gpu::open(g).map_err(|e| format!("GPU {g}: {e}"));
+    let topology = gpunetio::gpu_mem::peer_topology(&open(ours)?, &open(theirs)?)
+        .map_err(|e| format!("GPU {ours} -> GPU {theirs}: {e}"))?;
+    if topology.can_access_peer {
+        Ok(format!("peer access over {}", topology.link))
+    } else {
+        Err(format!(
+            "GPU {ours} has no peer access to the target's GPU {theirs}"
+        ))
+    }
 }
 
 /// `--backend LOCAL`: one agent holds both sides' memory.
