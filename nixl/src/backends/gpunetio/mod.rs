@@ -1344,6 +1344,17 @@ mod tests {
         assert!(BoundBy::FirstVram.describe().contains("first VRAM"));
     }
 
+    /// A NIC this machine lacks is refused at creation, before any GPU is touched.
+    #[test]
+    fn a_missing_network_device_is_refused() {
+        let agent = crate::Agent::new("gio-nic-check", crate::AgentConfig::default()).unwrap();
+        let e = agent
+            .create_backend(NAME, &crate::params([("network_devices", "nosuchdev0")]))
+            .unwrap_err();
+        assert!(matches!(e, Error::InvalidParam(_)), "{e}");
+        assert!(e.to_string().contains("no RDMA device nosuchdev0"), "{e}");
+    }
+
     #[test]
     fn gpu_devices_is_one_ordinal() {
         assert_eq!(parse_gpu_devices("1").unwrap(), 1);
