@@ -4,10 +4,11 @@
 //! caller copies host pieces instead ([`fill`] answers `Ok(false)`).
 
 use crate::mem::pattern_bytes;
-use gpunetio::cudarc::driver::{CudaFunction, LaunchConfig, PushKernelArg};
+use gpunetio::cudarc::driver::{CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
 use gpunetio::gpu_mem::device_code::{compile, nvrtc_available, CompileOptions};
 use gpunetio::DeviceBuffer;
 use parking_lot::Mutex;
+use std::sync::Arc;
 
 /// The kernel's source.
 pub(crate) const SOURCE: &str = include_str!("pattern.cu");
@@ -18,13 +19,23 @@ const THREADS: u32 = 256;
 /// Blocks of the fill: enough to keep every SM busy; the kernel strides over the rest.
 const BLOCKS: u32 = 4096;
 
-/// The loaded kernel of each GPU (by ordinal): compiled once per process and GPU.
-static KERNELS: Mutex<Vec<(usize, CudaFunction)>> = Mutex::new(Vec::new());
+/// A GPU's loaded kernel and the stream it runs on.
+#[derive(Clone)]
+struct Filler {
+    kernel: CudaFunction,
+    /// A non-blocking stream of its own: a fill during the sweep (`--check_consistency`
+    /// with several threads) does not wait for, or hold up, other threads' transfers the
+    /// way the legacy default stream would.
+    stream: Arc<CudaStream>,
+}
 
-fn kernel(buf: &DeviceBuffer) -> Result<CudaFunction, String> {
+/// The filler of each GPU (by ordinal): compiled once per process and GPU.
+static FILLERS: Mutex<Vec<(usize, Filler)>> = Mutex::new(Vec::new());
+
+fn filler(buf: &DeviceBuffer) -> Result<Filler, String> {
     let gpu = buf.gpu();
-    let mut kernels = KERNELS.lock();
-    if let Some((_, f)) = kernels.iter().find(|(o, _)| *o == gpu.ordinal()) {
+    let mut fillers = FILLERS.lock();
+    if let Some((_, f)) = fillers.iter().find(|(o, _)| *o == gpu.ordinal()) {
         return Ok(f.clone());
     }
     let options = CompileOptions::for_gpu(gpu).map_err(|e| e.to_string())?;
@@ -33,10 +44,12 @@ fn kernel(buf: &DeviceBuffer) -> Result<CudaFunction, String> {
         .context()
         .load_module(ptx)
         .map_err(|e| format!("loading the pattern kernel: {e:?}"))?;
-    let f = module
+    let kernel = module
         .load_function(ENTRY)
         .map_err(|e| format!("{ENTRY}: {e:?}"))?;
-    kernels.push((gpu.ordinal(), f.clone()));
+    let stream = gpu.new_stream().map_err(|e| e.to_string())?;
+    let f = Filler { kernel, stream };
+    fillers.push((gpu.ordinal(), f.clone()));
     Ok(f)
 }
 
@@ -65,8 +78,7 @@ pub(crate) fn fill(
     if words == 0 {
         return Ok(true);
     }
-    let f = kernel(buf)?;
-    let stream = buf.gpu().context().default_stream();
+    let Filler { kernel, stream } = filler(buf)?;
     let dst = buf.ptr() + first as u64;
     let first_word = (first / 8) as u64;
     let blocks = (words.div_ceil(u64::from(THREADS))).min(u64::from(BLOCKS)) as u32;
@@ -75,7 +87,7 @@ pub(crate) fn fill(
         block_dim: (THREADS, 1, 1),
         shared_mem_bytes: 0,
     };
-    let mut launch = stream.launch_builder(&f);
+    let mut launch = stream.launch_builder(&kernel);
     launch.arg(&dst).arg(&first_word).arg(&words).arg(&seed);
     // SAFETY: nixlbench_pattern(u64 *dst, u64, u64, u64) writes `words` words from
     // `dst`, which are inside `buf` (`[first, last)` of it, 8-byte aligned as the
