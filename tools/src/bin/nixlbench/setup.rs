@@ -109,7 +109,6 @@ impl Setup {
     }
 
     /// Ends the current stage (printing it); `what` says what this side does next.
-    #[cfg(feature = "etcd")]
     pub(crate) fn finish(&self, what: impl Into<String>) {
         self.stage(what, 0);
     }
