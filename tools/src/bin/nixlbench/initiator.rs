@@ -125,7 +125,10 @@ pub(crate) fn wait_for_target(
 /// The initiator's buffer, its setup stages printed (each long enough to matter).
 pub(crate) fn initiator_mem(o: &Options) -> Result<Mem, String> {
     let setup = Setup::new("nixlbench", !quiet());
-    Mem::for_side_init(o, Side::Initiator, Init::Byte(INITIATOR_FILL), &setup)
+    let mem = Mem::for_side_init(o, Side::Initiator, Init::Byte(INITIATOR_FILL), &setup)?;
+    // Ends (and prints) the allocation's stage.
+    setup.finish("set up");
+    Ok(mem)
 }
 
 /// The initiator against the target at `target_addr`, with its buffer `local` if it was
