@@ -1268,28 +1268,26 @@ impl Agent {
             .iter()
             .map(|reg| Some((&reg.region, reg.mds.get(chosen)?.as_deref()?)))
             .collect();
-        let unresolved = || Error::InvalidParam("a prepared list lost a registration".into());
-        let entries = local_idx
-            .iter()
-            .zip(remote_idx)
-            .map(|(&li, &ri)| {
-                // Indices and slots were all checked above.
-                let (Some(&(local_region, local_md)), Some(&(remote_region, remote_md))) = (
-                    local_views[local.slots[li] as usize].as_ref(),
-                    remote_views[remote.slots[ri] as usize].as_ref(),
-                ) else {
-                    return Err(unresolved());
-                };
-                Ok(XferEntry {
-                    local: local.descs[li],
-                    local_region,
-                    local_md,
-                    remote: remote.descs[ri],
-                    remote_region,
-                    remote_md,
-                })
-            })
-            .collect::<Result<Vec<XferEntry<'_>>>>()?;
+        let mut entries: Vec<XferEntry<'_>> = Vec::with_capacity(local_idx.len());
+        for (&li, &ri) in local_idx.iter().zip(remote_idx) {
+            // Indices and slots were all checked above, and every touched slot has a view.
+            let (Some(&(local_region, local_md)), Some(&(remote_region, remote_md))) = (
+                local_views[local.slots[li] as usize].as_ref(),
+                remote_views[remote.slots[ri] as usize].as_ref(),
+            ) else {
+                return Err(Error::InvalidParam(
+                    "a prepared list lost a registration".into(),
+                ));
+            };
+            entries.push(XferEntry {
+                local: local.descs[li],
+                local_region,
+                local_md,
+                remote: remote.descs[ri],
+                remote_region,
+                remote_md,
+            });
+        }
         let backend = backends[chosen].clone();
         let inner = backend.prep_xfer(op, &entries, peer).inspect_err(|e| {
             if matches!(e, Error::RemoteDisconnect { .. }) {
