@@ -394,8 +394,8 @@ fn local_lists_are_refused_after_their_registration_is_released() {
         .prep_xfer_dlist(
             Some("dereg"),
             &dram([
-                Desc::new(dst.as_ptr() as u64, 4096, 0),
-                Desc::new(dst.as_ptr() as u64 + 4096, 4096, 0),
+                Desc::new(dst.as_mut_ptr() as u64, 4096, 0),
+                Desc::new(dst.as_mut_ptr() as u64 + 4096, 4096, 0),
             ]),
         )
         .unwrap();
