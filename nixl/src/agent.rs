@@ -12,7 +12,7 @@ use crate::backend::{
 };
 use crate::error::{Error, Result};
 use crate::listener::JobToken;
-use crate::mem::{DescList, Lookup, MemKind, Region, RegionIndex};
+use crate::mem::{Desc, DescList, Lookup, MemKind, Region, RegionIndex};
 use crate::metadata::{AgentMetadata, BackendSection};
 use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
@@ -93,9 +93,6 @@ fn check_vram(_list: &DescList) -> Result<()> {
 /// or `None` where the backend cannot reach that kind on a peer).
 type LoadedRegion = (Region, String, usize, Option<Arc<dyn RemoteMd>>);
 
-/// A cached (kind, device) → index lookup while preparing a list.
-type IndexEntry<'a> = (&'a (MemKind, u64), &'a RegionIndex<Arc<LocalReg>>);
-
 /// One local registration: a region plus each backend's metadata for it.
 #[derive(Debug)]
 pub(crate) struct LocalReg {
@@ -103,6 +100,9 @@ pub(crate) struct LocalReg {
     region: Region,
     /// Indexed like the agent's backend list; `None` where that backend did not register it.
     mds: Vec<Option<Arc<dyn LocalMd>>>,
+    /// Set when its [`RegistrationHandle`] is dropped: lists prepared before still hold
+    /// it, but their memory may be freed now, so no new request may use it.
+    released: AtomicBool,
 }
 
 /// One region a peer advertised, with each local backend's view of it.
@@ -526,6 +526,7 @@ impl Agent {
                 id: local.next_id,
                 region,
                 mds,
+                released: AtomicBool::new(false),
             });
             local
                 .index
@@ -989,37 +990,23 @@ impl Agent {
         match agent {
             None => {
                 let local = self.inner.local.read();
-                let mut local_regs = Vec::with_capacity(list.len());
-                let mut cache: Option<IndexEntry<'_>> = None;
-                for (index, d) in list.descs().iter().enumerate() {
-                    let end = d.checked_end(index)?;
-                    let key = (kind, d.dev_id);
-                    let regions = match cache {
-                        Some((k, idx)) if *k == key => Some(idx),
-                        _ => local.index.get_key_value(&key).map(|(k, idx)| {
-                            cache = Some((k, idx));
-                            idx
-                        }),
-                    };
-                    let found = regions.map_or(Lookup::Outside, |idx| idx.lookup(d.addr, end));
-                    match found {
-                        Lookup::Inside(reg) => local_regs.push(reg.clone()),
-                        other => {
-                            return Err(Error::NotRegistered {
-                                index,
-                                kind,
-                                addr: d.addr,
-                                len: d.len,
-                                dev_id: d.dev_id,
-                                partial: matches!(other, Lookup::Partial),
-                            })
-                        }
-                    }
-                }
+                let (slots, local_regs) = resolve_descs(
+                    list.descs(),
+                    |dev_id| local.index.get(&(kind, dev_id)),
+                    |index, d, partial| Error::NotRegistered {
+                        index,
+                        kind,
+                        addr: d.addr,
+                        len: d.len,
+                        dev_id: d.dev_id,
+                        partial,
+                    },
+                )?;
                 Ok(XferDlist {
                     agent: None,
                     kind,
                     descs: list.descs().to_vec(),
+                    slots,
                     local_regs,
                     remote_regs: Vec::new(),
                     generation: 0,
@@ -1033,37 +1020,23 @@ impl Agent {
                 let peer = remotes
                     .get(name)
                     .ok_or_else(|| Error::UnknownAgent(name.to_string()))?;
-                let mut remote_regs = Vec::with_capacity(list.len());
-                // Consecutive descriptors almost always share a device: hash it once.
-                let mut cached: Option<(u64, Option<&RegionIndex<Arc<RemoteReg>>>)> = None;
-                for (index, d) in list.descs().iter().enumerate() {
-                    let end = d.checked_end(index)?;
-                    let regions = match cached {
-                        Some((dev, idx)) if dev == d.dev_id => idx,
-                        _ => {
-                            let idx = peer.index.get(&(kind, d.dev_id));
-                            cached = Some((d.dev_id, idx));
-                            idx
-                        }
-                    };
-                    match regions.map(|idx| idx.lookup(d.addr, end)) {
-                        Some(Lookup::Inside(reg)) => remote_regs.push(reg.clone()),
-                        _ => {
-                            return Err(Error::RemoteOutOfBounds {
-                                agent: name.to_string(),
-                                index,
-                                kind,
-                                addr: d.addr,
-                                len: d.len,
-                                dev_id: d.dev_id,
-                            })
-                        }
-                    }
-                }
+                let (slots, remote_regs) = resolve_descs(
+                    list.descs(),
+                    |dev_id| peer.index.get(&(kind, dev_id)),
+                    |index, d, _partial| Error::RemoteOutOfBounds {
+                        agent: name.to_string(),
+                        index,
+                        kind,
+                        addr: d.addr,
+                        len: d.len,
+                        dev_id: d.dev_id,
+                    },
+                )?;
                 Ok(XferDlist {
                     agent: Some(name.to_string()),
                     kind,
                     descs: list.descs().to_vec(),
+                    slots,
                     local_regs: Vec::new(),
                     remote_regs,
                     generation: peer.generation,
@@ -1180,16 +1153,18 @@ impl Agent {
         let bad_index = |which: &str, i: usize, n: usize| {
             Error::InvalidParam(format!("{which} index {i} is out of range (list has {n})"))
         };
+        // One pass over the indices: bounds, lengths, and which registrations of each
+        // list the request touches (a list's slots were resolved at preparation).
+        let mut used_local = vec![false; local.local_regs.len()];
+        let mut used_remote = vec![false; remote.remote_regs.len()];
         let mut total_bytes = 0u64;
         for (&li, &ri) in local_idx.iter().zip(remote_idx) {
-            let l = local
-                .descs
-                .get(li)
-                .ok_or_else(|| bad_index("local", li, local.descs.len()))?;
-            let r = remote
-                .descs
-                .get(ri)
-                .ok_or_else(|| bad_index("remote", ri, remote.descs.len()))?;
+            let (Some(l), Some(&lslot)) = (local.descs.get(li), local.slots.get(li)) else {
+                return Err(bad_index("local", li, local.descs.len()));
+            };
+            let (Some(r), Some(&rslot)) = (remote.descs.get(ri), remote.slots.get(ri)) else {
+                return Err(bad_index("remote", ri, remote.descs.len()));
+            };
             if l.len != r.len {
                 return Err(Error::Mismatch(format!(
                     "local descriptor {li} has {} bytes, remote descriptor {ri} has {}",
@@ -1197,6 +1172,36 @@ impl Agent {
                 )));
             }
             total_bytes += l.len;
+            if let Some(u) = used_local.get_mut(lslot as usize) {
+                *u = true;
+            }
+            if let Some(u) = used_remote.get_mut(rslot as usize) {
+                *u = true;
+            }
+        }
+        let used_local: Vec<&Arc<LocalReg>> = local
+            .local_regs
+            .iter()
+            .zip(&used_local)
+            .filter_map(|(reg, used)| used.then_some(reg))
+            .collect();
+        let used_remote: Vec<&Arc<RemoteReg>> = remote
+            .remote_regs
+            .iter()
+            .zip(&used_remote)
+            .filter_map(|(reg, used)| used.then_some(reg))
+            .collect();
+        // A registration released after the list was prepared: its memory may be freed.
+        if used_local
+            .iter()
+            .any(|reg| reg.released.load(Ordering::Acquire))
+        {
+            let li = local_idx
+                .iter()
+                .copied()
+                .find(|&li| local.is_released(li))
+                .unwrap_or_default();
+            return Err(local.deregistered(li));
         }
         let usable = |bi: usize, b: &Arc<dyn Backend>| {
             let caps = b.capabilities();
@@ -1207,16 +1212,12 @@ impl Agent {
             }) && b.supported_mem().contains(&local.kind)
                 && b.supported_remote_mem().contains(&remote.kind)
                 && b.reach(peer).is_ok()
-                && local_idx.iter().zip(remote_idx).all(|(&li, &ri)| {
-                    local.local_regs[li]
-                        .mds
-                        .get(bi)
-                        .is_some_and(Option::is_some)
-                        && remote.remote_regs[ri]
-                            .mds
-                            .get(bi)
-                            .is_some_and(Option::is_some)
-                })
+                && used_local
+                    .iter()
+                    .all(|reg| reg.mds.get(bi).is_some_and(Option::is_some))
+                && used_remote
+                    .iter()
+                    .all(|reg| reg.mds.get(bi).is_some_and(Option::is_some))
         };
         let chosen = match backend {
             Some(name) => {
@@ -1255,23 +1256,38 @@ impl Agent {
                     remote: remote.kind,
                 })?,
         };
-        // Indices were all checked above, so plain indexing cannot panic below.
-        let entries: Vec<XferEntry<'_>> = local_idx
+        // The chosen backend's view of each registration, by slot (`None`: not touched by
+        // this request; every touched one has it, as `usable` checked).
+        let local_views: Vec<Option<(&Region, &dyn LocalMd)>> = local
+            .local_regs
             .iter()
-            .zip(remote_idx)
-            .map(|(&li, &ri)| {
-                let lreg = &local.local_regs[li];
-                let rreg = &remote.remote_regs[ri];
-                XferEntry {
-                    local: local.descs[li],
-                    local_region: &lreg.region,
-                    local_md: lreg.mds[chosen].as_deref().expect("checked by usable()"),
-                    remote: remote.descs[ri],
-                    remote_region: &rreg.region,
-                    remote_md: rreg.mds[chosen].as_deref().expect("checked by usable()"),
-                }
-            })
+            .map(|reg| Some((&reg.region, reg.mds.get(chosen)?.as_deref()?)))
             .collect();
+        let remote_views: Vec<Option<(&Region, &dyn RemoteMd)>> = remote
+            .remote_regs
+            .iter()
+            .map(|reg| Some((&reg.region, reg.mds.get(chosen)?.as_deref()?)))
+            .collect();
+        let mut entries: Vec<XferEntry<'_>> = Vec::with_capacity(local_idx.len());
+        for (&li, &ri) in local_idx.iter().zip(remote_idx) {
+            // Indices and slots were all checked above, and every touched slot has a view.
+            let (Some(&(local_region, local_md)), Some(&(remote_region, remote_md))) = (
+                local_views[local.slots[li] as usize].as_ref(),
+                remote_views[remote.slots[ri] as usize].as_ref(),
+            ) else {
+                return Err(Error::InvalidParam(
+                    "a prepared list lost a registration".into(),
+                ));
+            };
+            entries.push(XferEntry {
+                local: local.descs[li],
+                local_region,
+                local_md,
+                remote: remote.descs[ri],
+                remote_region,
+                remote_md,
+            });
+        }
         let backend = backends[chosen].clone();
         let inner = backend.prep_xfer(op, &entries, peer).inspect_err(|e| {
             if matches!(e, Error::RemoteDisconnect { .. }) {
@@ -1280,8 +1296,8 @@ impl Agent {
         })?;
         let staged_bytes = inner.staged_bytes();
         // Keep every registration used alive while the request exists.
-        let keep_local = unique_arcs(local_idx.iter().map(|&li| &local.local_regs[li]));
-        let keep_remote = unique_arcs(remote_idx.iter().map(|&ri| &remote.remote_regs[ri]));
+        let keep_local: Vec<Arc<LocalReg>> = used_local.into_iter().cloned().collect();
+        let keep_remote: Vec<Arc<RemoteReg>> = used_remote.into_iter().cloned().collect();
         let id = self.inner.next_request.fetch_add(1, Ordering::Relaxed);
         let slot: Arc<ReqSlot> = Arc::new(Mutex::new(Some(inner)));
         self.inner.requests.lock().insert(id, Arc::downgrade(&slot));
@@ -1422,20 +1438,68 @@ impl Agent {
     }
 }
 
-/// The distinct `Arc`s of a sequence (by pointer), cloned once each: thousands of
-/// descriptors usually share a handful of registrations.
-fn unique_arcs<'a, T: 'a>(items: impl Iterator<Item = &'a Arc<T>>) -> Vec<Arc<T>> {
-    let mut seen = std::collections::HashSet::new();
-    let mut last: *const T = std::ptr::null();
-    let mut out = Vec::new();
-    for item in items {
-        let ptr = Arc::as_ptr(item);
-        if ptr != last && seen.insert(ptr) {
-            out.push(item.clone());
+/// Resolves each descriptor to the registration containing it: per descriptor a slot
+/// (its position in the returned distinct registrations, first seen first), or
+/// `outside(position, descriptor, partly_registered)`. `index_of(dev_id)` gives the
+/// regions of the list's kind on a device. A descriptor inside the same region as the
+/// one before it (a KV cache's consecutive blocks) is checked in constant time, and a
+/// registration is cloned once per list, not once per descriptor.
+fn resolve_descs<'a, T: 'a>(
+    descs: &[Desc],
+    mut index_of: impl FnMut(u64) -> Option<&'a RegionIndex<Arc<T>>>,
+    outside: impl Fn(usize, &Desc, bool) -> Error,
+) -> Result<(Vec<u32>, Vec<Arc<T>>)> {
+    let mut slots = Vec::with_capacity(descs.len());
+    let mut regs: Vec<Arc<T>> = Vec::new();
+    let mut slot_of: HashMap<*const T, u32> = HashMap::new();
+    // The device whose regions were looked up last, and what the last descriptor
+    // resolved to there: (position in the index, slot).
+    let mut device: Option<(u64, Option<&'a RegionIndex<Arc<T>>>)> = None;
+    let mut last: Option<(usize, u32)> = None;
+    for (index, d) in descs.iter().enumerate() {
+        let end = d.checked_end(index)?;
+        let regions = match device {
+            Some((dev, regions)) if dev == d.dev_id => regions,
+            _ => {
+                last = None;
+                let regions = index_of(d.dev_id);
+                device = Some((d.dev_id, regions));
+                regions
+            }
+        };
+        let Some(regions) = regions else {
+            return Err(outside(index, d, false));
+        };
+        if let Some((at, slot)) = last.filter(|&(at, _)| regions.answers_at(at, d.addr, end)) {
+            slots.push(slot);
+            last = Some((at, slot));
+            continue;
         }
-        last = ptr;
+        let at = match regions.lookup_position(d.addr, end) {
+            Lookup::Inside(at) => at,
+            other => return Err(outside(index, d, matches!(other, Lookup::Partial))),
+        };
+        let Some(reg) = regions.value_at(at) else {
+            return Err(outside(index, d, false));
+        };
+        let slot = match slot_of.get(&Arc::as_ptr(reg)) {
+            Some(&slot) => slot,
+            None => {
+                let slot = u32::try_from(regs.len()).map_err(|_| {
+                    Error::InvalidParam(format!(
+                        "a list may span at most {} registrations",
+                        u32::MAX
+                    ))
+                })?;
+                slot_of.insert(Arc::as_ptr(reg), slot);
+                regs.push(reg.clone());
+                slot
+            }
+        };
+        slots.push(slot);
+        last = Some((at, slot));
     }
-    out
+    Ok((slots, regs))
 }
 
 /// Deregisters its regions when dropped (NIXL's `deregisterMem`). Transfers already made
@@ -1471,7 +1535,9 @@ impl Drop for RegistrationHandle {
         let mut local = self.agent.local.write();
         let ids: std::collections::HashSet<u64> = self.ids.iter().copied().collect();
         for id in &self.ids {
-            local.regs.remove(id);
+            if let Some(reg) = local.regs.remove(id) {
+                reg.released.store(true, Ordering::Release);
+            }
         }
         for index in local.index.values_mut() {
             index.remove_where(|reg| ids.contains(&reg.id));

@@ -25,6 +25,22 @@ pub enum Error {
         /// Length in bytes.
         len: u64,
     },
+    /// A descriptor of a prepared local list lies in a registration that was released
+    /// (its [`RegistrationHandle`](crate::RegistrationHandle) dropped) after the list was
+    /// prepared: its memory may be freed, so no new request may reach it.
+    #[error("local descriptor {index} ({kind:?} {addr:#x}+{len} on device {dev_id}) lies in a registration released after its list was prepared: prepare the list again")]
+    Deregistered {
+        /// Position in its list.
+        index: usize,
+        /// Memory kind of the list.
+        kind: MemKind,
+        /// Start address.
+        addr: u64,
+        /// Length.
+        len: u64,
+        /// Device id.
+        dev_id: u64,
+    },
     /// Local memory that no registration covers (or only partly covers).
     #[error("local descriptor {index} ({kind:?} {addr:#x}+{len} on device {dev_id}) is not inside one registered region{}", if *.partial { " (it is partly registered)" } else { "" })]
     NotRegistered {

@@ -185,24 +185,34 @@ impl<T: Clone> RegionIndex<T> {
 
     /// Finds a region containing `[addr, end)`.
     pub fn lookup(&self, addr: u64, end: u64) -> Lookup<&T> {
+        match self.lookup_position(addr, end) {
+            Lookup::Inside(at) => Lookup::Inside(&self.entries[at].2),
+            Lookup::Partial => Lookup::Partial,
+            Lookup::Outside => Lookup::Outside,
+        }
+    }
+
+    /// [`RegionIndex::lookup`], answering the region's position (for
+    /// [`RegionIndex::value_at`] and [`RegionIndex::answers_at`]).
+    pub fn lookup_position(&self, addr: u64, end: u64) -> Lookup<usize> {
         // Candidates start at or before `addr`; scan backwards while some earlier region
         // could still reach `end`.
-        let mut i = self.entries.partition_point(|e| e.0 <= addr);
+        let after = self.entries.partition_point(|e| e.0 <= addr);
+        let mut i = after;
         let mut overlaps = false;
         while i > 0 {
             i -= 1;
             if self.max_end[i] <= addr {
                 break;
             }
-            let (start, region_end, ref value) = self.entries[i];
+            let (start, region_end, _) = self.entries[i];
             if start <= addr && end <= region_end {
-                return Lookup::Inside(value);
+                return Lookup::Inside(i);
             }
             overlaps |= region_end > addr;
         }
         // A region starting inside the range overlaps it too.
-        let next = self.entries.partition_point(|e| e.0 <= addr);
-        if self.entries.get(next).is_some_and(|e| e.0 < end) {
+        if self.entries.get(after).is_some_and(|e| e.0 < end) {
             overlaps = true;
         }
         if overlaps {
@@ -210,6 +220,23 @@ impl<T: Clone> RegionIndex<T> {
         } else {
             Lookup::Outside
         }
+    }
+
+    /// Whether [`RegionIndex::lookup_position`] of `[addr, end)` answers `at`, checked in
+    /// constant time: runs of descriptors inside one region (a KV cache's blocks) skip
+    /// the search. True exactly when the region at `at` contains the range and is the
+    /// last one starting at or before `addr` (the first the search would try).
+    pub fn answers_at(&self, at: usize, addr: u64, end: u64) -> bool {
+        self.entries.get(at).is_some_and(|&(start, region_end, _)| {
+            start <= addr
+                && end <= region_end
+                && self.entries.get(at + 1).is_none_or(|next| next.0 > addr)
+        })
+    }
+
+    /// The value at a position [`RegionIndex::lookup_position`] answered.
+    pub fn value_at(&self, at: usize) -> Option<&T> {
+        self.entries.get(at).map(|e| &e.2)
     }
 }
 
@@ -265,5 +292,41 @@ mod tests {
         index.remove_where(|v| *v == 'B');
         assert_eq!(index.lookup(15, 500), Lookup::Partial);
         assert_eq!(index.len(), 1);
+    }
+
+    #[test]
+    fn answers_at_agrees_with_the_search() {
+        let mut index = RegionIndex::default();
+        index.insert(0, 1000, 'B');
+        index.insert(10, 20, 's');
+        index.insert(2000, 3000, 'c');
+        let ranges = [
+            (0, 5),
+            (10, 15),
+            (15, 500),
+            (25, 30),
+            (2000, 2500),
+            (2999, 3000),
+            (999, 1001),
+            (5000, 5001),
+        ];
+        for (addr, end) in ranges {
+            let found = index.lookup_position(addr, end);
+            for at in 0..4 {
+                // The shortcut may decline (then the search runs), never disagree.
+                if index.answers_at(at, addr, end) {
+                    assert_eq!(found, Lookup::Inside(at), "[{addr}, {end}) at {at}");
+                }
+            }
+        }
+        assert!(index.answers_at(0, 0, 5));
+        assert!(index.answers_at(1, 10, 15));
+        assert!(index.answers_at(2, 2000, 2500));
+        // [25, 30) lies in 'B' (position 0) although 's' (position 1) starts closer:
+        // the search answers 'B', and the shortcut claims neither.
+        assert_eq!(index.lookup_position(25, 30), Lookup::Inside(0));
+        assert!(!index.answers_at(0, 25, 30) && !index.answers_at(1, 25, 30));
+        assert_eq!(index.value_at(0), Some(&'B'));
+        assert_eq!(index.value_at(7), None);
     }
 }

@@ -361,6 +361,149 @@ fn loopback_lists_survive_other_registrations() {
     dst.clear();
 }
 
+/// A local list prepared before its registration is released must not reach that memory
+/// (it may be freed): a request from it is refused with a typed error naming the
+/// descriptor, while descriptors of registrations still held keep working, and the list
+/// prepared again after a new registration works.
+#[test]
+fn local_lists_are_refused_after_their_registration_is_released() {
+    let a = agent("dereg");
+    let kept = vec![3u8; 4096];
+    let released = vec![5u8; 4096];
+    let mut dst = vec![0u8; 8192];
+    // SAFETY: the vectors outlive the handles and requests.
+    let h_kept = unsafe {
+        a.register_mem(
+            &dram([Desc::from_slice(&kept), Desc::from_slice(&dst)]),
+            None,
+        )
+        .unwrap()
+    };
+    // SAFETY: as above.
+    let h_released = unsafe {
+        a.register_mem(&dram([Desc::from_slice(&released)]), None)
+            .unwrap()
+    };
+    let local = a
+        .prep_xfer_dlist(
+            None,
+            &dram([Desc::from_slice(&kept), Desc::from_slice(&released)]),
+        )
+        .unwrap();
+    let remote = a
+        .prep_xfer_dlist(
+            Some("dereg"),
+            &dram([
+                Desc::new(dst.as_mut_ptr() as u64, 4096, 0),
+                Desc::new(dst.as_mut_ptr() as u64 + 4096, 4096, 0),
+            ]),
+        )
+        .unwrap();
+    drop(h_released);
+    let err = a
+        .make_xfer_req(XferOp::Write, &local, &[0, 1], &remote, &[0, 1], None, None)
+        .unwrap_err();
+    match err {
+        Error::Deregistered {
+            index, addr, len, ..
+        } => {
+            assert_eq!((index, addr, len), (1, released.as_ptr() as u64, 4096));
+        }
+        other => panic!("expected Deregistered, got {other}"),
+    }
+    assert!(dst.iter().all(|b| *b == 0), "nothing may have moved");
+    // The descriptor of the registration still held works.
+    let mut req = a
+        .make_xfer_req(XferOp::Write, &local, &[0], &remote, &[0], None, None)
+        .unwrap();
+    req.post().unwrap();
+    req.wait(Duration::from_secs(10)).unwrap();
+    drop(req);
+    assert!(dst[..4096].iter().all(|b| *b == 3));
+    // Registered again and prepared again: the released memory moves once more.
+    // SAFETY: `released` outlives the handle.
+    let _h_again = unsafe {
+        a.register_mem(&dram([Desc::from_slice(&released)]), None)
+            .unwrap()
+    };
+    let err = a
+        .make_xfer_req(XferOp::Write, &local, &[1], &remote, &[1], None, None)
+        .unwrap_err();
+    assert!(matches!(err, Error::Deregistered { index: 1, .. }), "{err}");
+    let local = a
+        .prep_xfer_dlist(
+            None,
+            &dram([Desc::from_slice(&kept), Desc::from_slice(&released)]),
+        )
+        .unwrap();
+    let mut req = a
+        .make_xfer_req(XferOp::Write, &local, &[1], &remote, &[1], None, None)
+        .unwrap();
+    req.post().unwrap();
+    req.wait(Duration::from_secs(10)).unwrap();
+    drop(req);
+    assert!(dst[4096..].iter().all(|b| *b == 5));
+    drop(h_kept);
+}
+
+/// Many descriptors over many registrations, gathered by random indices (vLLM's KV pull):
+/// every picked block lands where its index says, and nothing else is written.
+#[test]
+fn many_descriptor_requests_gather_by_index() {
+    let a = agent("gather");
+    let (regions, blocks, block) = (8usize, 64usize, 32usize);
+    let src: Vec<Vec<u8>> = (0..regions)
+        .map(|r| {
+            (0..blocks * block)
+                .map(|i| (r * 31 + i / block) as u8)
+                .collect()
+        })
+        .collect();
+    let mut dst: Vec<Vec<u8>> = (0..regions).map(|_| vec![0xffu8; blocks * block]).collect();
+    // SAFETY: the vectors outlive the handle and the request.
+    let _h = unsafe {
+        a.register_mem(
+            &dram(
+                src.iter()
+                    .map(|b| Desc::from_slice(b))
+                    .chain(dst.iter().map(|b| Desc::from_slice(b))),
+            ),
+            None,
+        )
+        .unwrap()
+    };
+    let list = |bufs: &[Vec<u8>]| {
+        dram(bufs.iter().flat_map(|b| {
+            (0..blocks)
+                .map(move |i| Desc::new(b.as_ptr() as u64 + (i * block) as u64, block as u64, 0))
+        }))
+    };
+    let local = a.prep_xfer_dlist(None, &list(&src)).unwrap();
+    let remote = a.prep_xfer_dlist(Some("gather"), &list(&dst)).unwrap();
+    // Local descriptor i goes to remote descriptor perm(i): a permutation that crosses
+    // regions, over every other descriptor.
+    let n = regions * blocks;
+    let picked: Vec<usize> = (0..n).step_by(2).collect();
+    let target: Vec<usize> = picked.iter().map(|i| (i * 37 + 11) % n).collect();
+    let mut req = a
+        .make_xfer_req(XferOp::Write, &local, &picked, &remote, &target, None, None)
+        .unwrap();
+    req.post().unwrap();
+    req.wait(Duration::from_secs(10)).unwrap();
+    drop(req);
+    let mut expected = vec![vec![0xffu8; blocks * block]; regions];
+    for (&l, &r) in picked.iter().zip(&target) {
+        let from = &src[l / blocks][(l % blocks) * block..][..block];
+        expected[r / blocks][(r % blocks) * block..][..block].copy_from_slice(from);
+    }
+    assert!(dst == expected, "blocks landed in the wrong places");
+    let err = a
+        .make_xfer_req(XferOp::Write, &local, &[n], &remote, &[0], None, None)
+        .unwrap_err();
+    assert!(matches!(err, Error::InvalidParam(_)), "{err}");
+    dst.clear();
+}
+
 #[test]
 fn listener_exchanges_metadata_with_timeouts() {
     let config = AgentConfig {

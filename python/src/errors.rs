@@ -146,6 +146,7 @@ fn kind_name(e: &nixl::Error) -> &'static str {
         E::ZeroLength { .. } => "ZeroLength",
         E::Overflow { .. } => "Overflow",
         E::NotRegistered { .. } => "NotRegistered",
+        E::Deregistered { .. } => "Deregistered",
         E::RemoteOutOfBounds { .. } => "RemoteOutOfBounds",
         E::UnknownAgent(_) => "UnknownAgent",
         E::UnknownBackend(_) => "UnknownBackend",
@@ -185,6 +186,7 @@ pub fn to_py(e: nixl::Error) -> PyErr {
         | E::Mismatch(_)
         | E::NotDeviceMemory { .. } => nixlInvalidParamError::new_err(message),
         E::NotRegistered { .. }
+        | E::Deregistered { .. }
         | E::RemoteOutOfBounds { .. }
         | E::UnknownAgent(_)
         | E::UnknownBackend(_)

@@ -62,6 +62,11 @@ impl Agent {
             None => None,
         };
         let list = refreshed.as_ref().unwrap_or(list);
+        if list.agent.is_none() {
+            if let Some(index) = (0..list.descs.len()).find(|&i| list.is_released(i)) {
+                return Err(list.deregistered(index));
+            }
+        }
         let backends = self.backends();
         let candidates: Vec<usize> = match backend {
             Some(name) => vec![backends
@@ -72,12 +77,14 @@ impl Agent {
         };
         let mut last = None;
         for bi in candidates {
+            // Element i is descriptor i, in the registration its slot names.
             let entries: Option<Vec<ViewEntry<'_>>> = match list.agent {
                 None => list
-                    .local_regs
+                    .slots
                     .iter()
                     .zip(&list.descs)
-                    .map(|(reg, d)| {
+                    .map(|(&slot, d)| {
+                        let reg = list.local_regs.get(slot as usize)?;
                         Some(ViewEntry {
                             desc: *d,
                             region: &reg.region,
@@ -86,10 +93,11 @@ impl Agent {
                     })
                     .collect(),
                 Some(_) => list
-                    .remote_regs
+                    .slots
                     .iter()
                     .zip(&list.descs)
-                    .map(|(reg, d)| {
+                    .map(|(&slot, d)| {
+                        let reg = list.remote_regs.get(slot as usize)?;
                         Some(ViewEntry {
                             desc: *d,
                             region: &reg.region,

@@ -5,6 +5,7 @@ use super::{AgentInner, LocalReg, PeerLife, RemoteReg, ReqSlot, SPIN_BEFORE_YIEL
 use crate::backend::{Backend, PostParams, XferStatus, XferTelemetry};
 use crate::error::{Error, Result};
 use crate::mem::{Desc, MemKind};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -14,7 +15,13 @@ pub struct XferDlist {
     pub(super) agent: Option<String>,
     pub(super) kind: MemKind,
     pub(super) descs: Vec<Desc>,
+    /// Per descriptor, the position in `local_regs` (local list) or `remote_regs` (a
+    /// peer's) of the registration containing it, resolved once here so that a request
+    /// by index gathers without searching, cloning or locking per descriptor.
+    pub(super) slots: Vec<u32>,
+    /// The distinct registrations of a local list's descriptors (empty for a peer's).
     pub(super) local_regs: Vec<Arc<LocalReg>>,
+    /// The distinct regions of a peer's list's descriptors (empty for a local list).
     pub(super) remote_regs: Vec<Arc<RemoteReg>>,
     pub(super) generation: u64,
 }
@@ -38,6 +45,27 @@ impl XferDlist {
     /// The memory kind.
     pub fn kind(&self) -> MemKind {
         self.kind
+    }
+
+    /// Whether descriptor `index` of this (local) list lies in a registration released
+    /// since the list was prepared.
+    pub(super) fn is_released(&self, index: usize) -> bool {
+        self.slots
+            .get(index)
+            .and_then(|&slot| self.local_regs.get(slot as usize))
+            .is_some_and(|reg| reg.released.load(Ordering::Acquire))
+    }
+
+    /// [`Error::Deregistered`] for descriptor `index` of this (local) list.
+    pub(super) fn deregistered(&self, index: usize) -> Error {
+        let d = self.descs.get(index).copied().unwrap_or(Desc::new(0, 0, 0));
+        Error::Deregistered {
+            index,
+            kind: self.kind,
+            addr: d.addr,
+            len: d.len,
+            dev_id: d.dev_id,
+        }
     }
 }
 
