@@ -32,13 +32,13 @@ impl Agent {
     #[doc(alias = "UCX")]
     pub fn create_default_backends(&self) -> Result<Vec<Arc<dyn Backend>>> {
         let have: Vec<String> = self.backends().iter().map(|b| b.name().into()).collect();
-        let mut wanted: Vec<&str> = Vec::new();
-        #[cfg(feature = "libfabric")]
-        wanted.push(crate::backends::libfabric::NAME);
-        #[cfg(feature = "cuda")]
-        if gpu_mem::device_count() > 0 {
-            wanted.push(crate::backends::cuda_ipc::NAME);
-        }
+        let candidates: &[Option<&str>] = &[
+            #[cfg(feature = "libfabric")]
+            Some(crate::backends::libfabric::NAME),
+            #[cfg(feature = "cuda")]
+            (gpu_mem::device_count() > 0).then_some(crate::backends::cuda_ipc::NAME),
+        ];
+        let wanted: Vec<&str> = candidates.iter().flatten().copied().collect();
         if wanted.is_empty() {
             return Err(Error::InvalidParam(
                 "this build has no default backend (LIBFABRIC needs feature libfabric, \

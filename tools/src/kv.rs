@@ -210,7 +210,11 @@ pub type Expected = Option<usize>;
 
 /// What each unit of the destination cache (the initiator's for READ, the target's for
 /// WRITE: `destination_is_local`) holds after `requests` ran in order.
-pub fn expected(shape: &KvShape, requests: &[Request], destination_is_local: bool) -> Vec<Expected> {
+pub fn expected(
+    shape: &KvShape,
+    requests: &[Request],
+    destination_is_local: bool,
+) -> Vec<Expected> {
     let mut out = vec![None; shape.units()];
     for r in requests {
         let (dst, src) = if destination_is_local {
@@ -301,7 +305,10 @@ mod tests {
         }
         // Strided: one layer's K blocks are layers * 2 units apart; block-major: adjacent.
         let s = shape(Layout::Strided);
-        assert_eq!(s.offset(s.unit(1, 0, 3)) - s.offset(s.unit(1, 0, 2)), 6 * 16);
+        assert_eq!(
+            s.offset(s.unit(1, 0, 3)) - s.offset(s.unit(1, 0, 2)),
+            6 * 16
+        );
         assert_eq!(s.offset(s.unit(1, 1, 2)) - s.offset(s.unit(1, 0, 2)), 16);
         let s = shape(Layout::BlockMajor);
         assert_eq!(s.offset(s.unit(1, 0, 3)) - s.offset(s.unit(1, 0, 2)), 16);
@@ -366,7 +373,10 @@ mod tests {
         ];
         // READ: the initiator's block 0 holds the target's block 3 (K: unit 3, V: 7).
         let e = expected(&s, &reqs, true);
-        assert_eq!(e, vec![Some(3), None, None, None, Some(7), None, None, None]);
+        assert_eq!(
+            e,
+            vec![Some(3), None, None, None, Some(7), None, None, None]
+        );
         // WRITE: the target's blocks 2 and 3 both hold the initiator's block 0.
         let e = expected(&s, &reqs, false);
         assert_eq!(e[2], Some(0));

@@ -164,7 +164,9 @@ struct Cli {
 fn block_bytes(text: &str) -> Result<usize, String> {
     let n = tools::units::parse_size_usize(text)?;
     if n == 0 || !n.is_multiple_of(8) {
-        return Err(format!("{n} bytes: a block is a positive multiple of 8 bytes"));
+        return Err(format!(
+            "{n} bytes: a block is a positive multiple of 8 bytes"
+        ));
     }
     Ok(n)
 }
@@ -211,13 +213,37 @@ impl Cli {
         )
     }
 
-    /// The shape is one the benchmark can hold and address.
+    /// What can be found wrong before anything starts (a child target included): the
+    /// shape and plan, the backend, and memory this process's sides need.
     fn check(&self) -> Result<(), String> {
         let bytes = self.shape().bytes().ok_or("the cache's size overflows")?;
         if u64::try_from(bytes).is_err() {
             return Err("the cache's size overflows".into());
         }
-        self.plan().map(drop)
+        self.plan()?;
+        if self.backend.eq_ignore_ascii_case("default") {
+            if !self.backend_param.is_empty() {
+                return Err("--backend-param needs a backend named with --backend".into());
+            }
+        } else {
+            tools::backend::resolve(&self.backend)?;
+        }
+        let sides: &[(MemArg, usize, &str)] = match (self.role, self.target) {
+            (Some(RoleArg::Target), _) => &[(self.target_mem, self.target_gpu, "target")],
+            (_, Some(_)) | (Some(RoleArg::Initiator), _) => {
+                &[(self.initiator_mem, self.initiator_gpu, "initiator")]
+            }
+            (None, None) => &[
+                (self.initiator_mem, self.initiator_gpu, "initiator"),
+                (self.target_mem, self.target_gpu, "target"),
+            ],
+        };
+        for &(mem, gpu, side) in sides {
+            if mem == MemArg::Vram {
+                mem::check_gpu(gpu).map_err(|e| format!("--{side}-mem VRAM: {e}"))?;
+            }
+        }
+        Ok(())
     }
 }
 
@@ -251,9 +277,6 @@ fn agent_with_backends(cli: &Cli, name: &str, listen: Option<SocketAddr>) -> Res
     };
     let agent = Agent::new(name, config).map_err(|e| e.to_string())?;
     if cli.backend.eq_ignore_ascii_case("default") {
-        if !cli.backend_param.is_empty() {
-            return Err("--backend-param needs a backend named with --backend".into());
-        }
         agent
             .create_default_backends()
             .map_err(|e| format!("NIXL's default backends: {e}"))?;
@@ -520,7 +543,7 @@ fn run_initiator(cli: &Cli, target_addr: SocketAddr) -> Result<(), String> {
     };
     let target_verdict = wait_for_verdict(&agent, &target)?;
     let verified = match (local_verdict, target_verdict.as_str()) {
-        (Some(Err(e)) , _) => return Err(format!("READ data check failed: {e}")),
+        (Some(Err(e)), _) => return Err(format!("READ data check failed: {e}")),
         (Some(Ok(())), _) => "verified",
         (None, "ok") => "verified",
         (None, "skipped") => "not checked",

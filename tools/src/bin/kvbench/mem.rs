@@ -47,6 +47,25 @@ impl Drop for HostBuffer {
     }
 }
 
+/// There is a GPU `gpu` to hold a cache.
+#[cfg(feature = "cuda")]
+pub(crate) fn check_gpu(gpu: usize) -> Result<(), String> {
+    if !gpunetio::is_available() {
+        return Err("needs a CUDA driver, and this machine has none".into());
+    }
+    let count = gpunetio::device_count();
+    if gpu >= count {
+        return Err(format!("GPU {gpu}: this machine has {count} GPU(s)"));
+    }
+    Ok(())
+}
+
+/// Without feature cuda there is no VRAM.
+#[cfg(not(feature = "cuda"))]
+pub(crate) fn check_gpu(_gpu: usize) -> Result<(), String> {
+    Err("this build has no GPU support (rebuild with feature cuda)".into())
+}
+
 /// One side's cache.
 pub(crate) enum KvMem {
     Host(HostBuffer, usize),
@@ -68,15 +87,7 @@ impl KvMem {
             MemKind::Dram => Self::Host(HostBuffer::new(len)?, len),
             #[cfg(feature = "cuda")]
             MemKind::Vram => {
-                if !gpunetio::is_available() {
-                    return Err("VRAM needs a CUDA driver, and this machine has none".into());
-                }
-                let count = gpunetio::device_count();
-                if gpu >= count {
-                    return Err(format!(
-                        "VRAM on GPU {gpu}: this machine has {count} GPU(s)"
-                    ));
-                }
+                check_gpu(gpu)?;
                 let open = gpunetio::Gpu::open(gpu).map_err(|e| format!("GPU {gpu}: {e}"))?;
                 Self::Device(
                     gpunetio::DeviceBuffer::alloc(&open, len)
