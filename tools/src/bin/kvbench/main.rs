@@ -508,6 +508,7 @@ fn run_initiator(cli: &Cli, target_addr: SocketAddr) -> Result<(), String> {
             next += 1;
         }
         let mut i = 0;
+        let before = active.len();
         while i < active.len() {
             let status = active[i]
                 .0
@@ -521,6 +522,11 @@ fn run_initiator(cli: &Cli, target_addr: SocketAddr) -> Result<(), String> {
             } else {
                 i += 1;
             }
+        }
+        if !active.is_empty() && active.len() == before {
+            // Nothing completed: let the backends' progress threads (and, on a small
+            // machine, the target) run rather than spin against them.
+            std::thread::yield_now();
         }
         if started.elapsed() > deadline {
             return Err(format!(

@@ -7,7 +7,10 @@ use tools::kv::{self, Expected, KvShape};
 /// Units are filled and checked this many bytes at a time (VRAM through a host copy).
 const PIECE_BYTES: usize = 64 << 20;
 
-/// Page-aligned host memory.
+/// Transparent huge pages' size on x86-64 and most arm64 kernels.
+const HUGE_PAGE: usize = 2 << 20;
+
+/// Huge-page-aligned host memory.
 pub(crate) struct HostBuffer {
     ptr: *mut u8,
     layout: std::alloc::Layout,
@@ -19,7 +22,10 @@ unsafe impl Send for HostBuffer {}
 
 impl HostBuffer {
     fn new(len: usize) -> Result<Self, String> {
-        let layout = std::alloc::Layout::from_size_align(len.max(1), 4096)
+        // Huge-page aligned, and transparent huge pages asked for (as numpy and torch do
+        // for large arrays): a KV cache is many small blocks of one large allocation, and
+        // a same-host peer's copies pin its pages one by one.
+        let layout = std::alloc::Layout::from_size_align(len.max(1), HUGE_PAGE)
             .map_err(|_| format!("{len} bytes of DRAM cannot be allocated"))?;
         // SAFETY: the layout has a non-zero size.
         let ptr = unsafe { std::alloc::alloc(layout) };
@@ -29,6 +35,9 @@ impl HostBuffer {
                 tools::units::human_bytes(len as u64)
             ));
         }
+        // SAFETY: the range is this allocation; advice changes no contents. A kernel
+        // without transparent huge pages refuses it, which changes nothing either.
+        unsafe { libc::madvise(ptr.cast(), layout.size(), libc::MADV_HUGEPAGE) };
         Ok(Self { ptr, layout })
     }
 
