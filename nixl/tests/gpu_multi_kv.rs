@@ -220,7 +220,11 @@ fn gpu_multi_kv_pull_random_ids_gpu0_to_gpu1() {
             got[at..at + BLOCK_BYTES] == unit_bytes(tag, source, BLOCK_BYTES)[..],
             "decode unit {unit} (layer {}, {}, block {}) is not {}",
             unit / BLOCKS / 2,
-            if (unit / BLOCKS) % 2 == 0 { "K" } else { "V" },
+            if (unit / BLOCKS).is_multiple_of(2) {
+                "K"
+            } else {
+                "V"
+            },
             unit % BLOCKS,
             match want {
                 Some(r) => format!("prefill unit {r}"),

@@ -11,6 +11,8 @@
 #                 (nixl_cu12 / nixl_cu13; NIXL_MODULE picks one) (python3)
 #   OURS_PATH     prepended to PYTHONPATH for --impl ours only (a folder holding a
 #                 rdma_nixl built from this tree, when the interpreter's is another)
+#   KVBENCH       the Rust kvbench binary (release; feature cuda for VRAM): run in each
+#                 round too, as a third column (the Rust agent without Python)
 #   CASES         space-separated cases INITIATOR_MEM:TARGET_MEM:BLOCKS_PER_REQUEST
 #                 [:INITIATOR_GPU:TARGET_GPU] (default: DRAM:DRAM:16 DRAM:DRAM:128;
 #                 with 32 layers, 1,024 and 8,192 descriptors per request)
@@ -66,19 +68,44 @@ run_one() { # impl case round
     fi
 }
 
-rm -f "$out/ours.csv" "$out/nixl.csv"
+# The Rust kvbench, same case: its table row appended to rust.csv in kvbench.py's columns.
+run_rust() { # case round
+    local case="$1" round="$2"
+    IFS=: read -r imem tmem bpr igpu tgpu <<<"$case"
+    say "== round $round, rust, $case"
+    local text
+    text="$(timeout "${RUN_TIMEOUT:-300}" "$KVBENCH" "${common[@]}" --initiator-mem "$imem" \
+        --target-mem "$tmem" --blocks-per-request "$bpr" --initiator-gpu "${igpu:-0}" \
+        --target-gpu "${tgpu:-0}" "${extra[@]}" 2>&1)"
+    local rc=$?
+    echo "$text" | tee -a "$log"
+    [ "$rc" -eq 0 ] || { say "kvbench-compare: rust $case round $round failed (exit $rc)"; return; }
+    # descs/req bytes/req inflight requests GB/s p50 p99 prep-local prep-remote
+    local row
+    row="$(echo "$text" | awk '/descs\/req/ {getline; print; exit}')"
+    read -r d b i n g p50 p99 pl pr <<<"$row"
+    echo "$case,$round,rust,$d,$g,$p50,$pl,$pr" >>"$out/rust.rows"
+}
+
+rm -f "$out/ours.csv" "$out/nixl.csv" "$out/rust.rows"
 for case in $cases; do
     for round in $(seq 1 "$rounds"); do
         # Alternate which goes first, so that neither always meets a warm (or cold) machine.
         if [ $((round % 2)) -eq 1 ]; then order="nixl ours"; else order="ours nixl"; fi
         for impl in $order; do run_one "$impl" "$case" "$round"; done
+        [ -n "${KVBENCH:-}" ] && run_rust "$case" "$round"
     done
 done
 
 [ -f "$csv" ] || { say "kvbench-compare: no run succeeded"; exit 1; }
-"$py" - "$csv" <<'EOF' | tee -a "$log"
-import csv, statistics, sys
+"$py" - "$csv" "$out/rust.rows" <<'EOF' | tee -a "$log"
+import csv, os, statistics, sys
 rows = list(csv.DictReader(open(sys.argv[1])))
+rust = {}
+if os.path.exists(sys.argv[2]):
+    for line in open(sys.argv[2]):
+        case, _round, _impl, _d, gbps, p50, pl, pr = line.strip().split(",")
+        rust.setdefault(case, []).append((float(gbps), float(p50), float(pl) + float(pr)))
 by = {}
 for r in rows:
     by.setdefault((r["case"], r["round"]), {})["nixl" if r["impl"].startswith("nixl") else "ours"] = r
@@ -97,6 +124,11 @@ for c in cases:
           f"{med('ours', 'gbps'):.2f} | {statistics.median(ratios):.2f}x "
           f"({ratios[0]:.2f}-{ratios[-1]:.2f}) | {med('nixl', 'p50_us'):.0f} | "
           f"{med('ours', 'p50_us'):.0f} | {prep('nixl'):.1f} | {prep('ours'):.1f}")
-print(f"\n{len(pairs)} round(s) per case; implementations: "
-      + ", ".join(sorted({r['impl'] for r in rows})))
+if rust:
+    print("\ncase | Rust kvbench GB/s (median) | p50 us | prep ms (both lists)")
+    print("|".join(["---"] * 4))
+    for c, v in rust.items():
+        print(f"{c} | {statistics.median(x[0] for x in v):.2f} | "
+              f"{statistics.median(x[1] for x in v):.0f} | {statistics.median(x[2] for x in v):.1f}")
+print("\nimplementations: " + ", ".join(sorted({r['impl'] for r in rows})))
 EOF

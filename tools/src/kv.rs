@@ -254,7 +254,7 @@ pub fn check_slots(
             return Err(format!(
                 "layer {} {} block {block} byte {b} is {:#04x}, expected {:#04x} ({})",
                 layer_kv / 2,
-                if layer_kv % 2 == 0 { "K" } else { "V" },
+                if layer_kv.is_multiple_of(2) { "K" } else { "V" },
                 chunk[b],
                 want[b],
                 match expected[unit] {
