@@ -237,6 +237,7 @@ fn peer_copy_exchange(gpus: &[Gpu]) -> Duration {
         .collect();
     let run = || {
         for (i, a) in gpus.iter().enumerate() {
+            a.bind().unwrap();
             for (j, b) in gpus.iter().enumerate() {
                 if i == j {
                     continue;

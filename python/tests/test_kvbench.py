@@ -41,6 +41,9 @@ def test_kv_transfer_is_verified(op, layout, ids, inflight):
     r = kvbench("--op", op, "--layout", layout, "--block-ids", ids, "--inflight", inflight)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "default config" in r.stdout and "data verified" in r.stdout, r.stdout
+    if IMPL == "ours":
+        # DRAM between processes of one host: LIBFABRIC (known as UCX), never CUDA_IPC.
+        assert "chosen UCX," in r.stdout, r.stdout
     row = result_row(r.stdout)
     assert row[:4] == [32, 32 * 4096, int(inflight), 12], r.stdout
     assert row[4] > 0 and row[6] >= row[5] > 0, r.stdout

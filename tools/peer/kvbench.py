@@ -44,7 +44,7 @@ INITIATOR = "kvbench-initiator"
 # Tags of the two caches' fill patterns (what a unit holds before any request).
 INITIATOR_TAG = 0x1A
 TARGET_TAG = 0x7E
-CSV_FIELDS = ["impl", "backends", "op", "initiator_mem", "target_mem", "layers", "blocks",
+CSV_FIELDS = ["impl", "backends", "chosen", "op", "initiator_mem", "target_mem", "layers", "blocks",
               "block_bytes", "layout", "block_ids", "descs_per_req", "bytes_per_req",
               "inflight", "requests", "gbps", "p50_us", "p99_us", "prep_local_ms",
               "prep_remote_ms", "verified"]
@@ -337,6 +337,7 @@ def run(o):
         active = []  # (handle, request number, start)
         nxt = 0
         timed_start = None
+        chosen = None  # the backend of the first request, as the agent picked it
         clock = time.perf_counter
         while nxt < len(requests) or active:
             window = 1 if nxt < o.warmup else o.inflight
@@ -347,6 +348,11 @@ def run(o):
                     timed_start = start
                 li, ri = idx[nxt]
                 h = agent.make_prepped_xfer(o.op, local_h, li, remote_h, ri, f"KV {nxt}".encode())
+                if chosen is None:
+                    try:
+                        chosen = agent.query_xfer_backend(h)
+                    except Exception as e:  # an implementation without the query
+                        chosen = f"? ({type(e).__name__})"
                 state = agent.transfer(h)
                 if state == "ERR":
                     raise RuntimeError(f"request {nxt}: transfer failed to post")
@@ -388,7 +394,8 @@ def run(o):
     per_req = descs * o.block_bytes
     lat.sort()
     row = {
-        "impl": impl, "backends": ",".join(agent.backends.keys()), "op": o.op,
+        "impl": impl, "backends": ",".join(agent.backends.keys()), "chosen": chosen,
+        "op": o.op,
         "initiator_mem": o.initiator_mem, "target_mem": o.target_mem, "layers": o.layers,
         "blocks": o.blocks, "block_bytes": o.block_bytes, "layout": o.layout,
         "block_ids": o.block_ids, "descs_per_req": descs, "bytes_per_req": per_req,
@@ -400,7 +407,7 @@ def run(o):
     }
     mem = lambda kind, gpu: f"VRAM (GPU {gpu})" if kind == "VRAM" else kind  # noqa: E731
     print(f"kvbench.py: {impl}, backends {row['backends']} "
-          f"({'named' if o.backends else 'default config'}), {o.op} "
+          f"({'named' if o.backends else 'default config'}), chosen {chosen}, {o.op} "
           f"{mem(o.initiator_mem, o.initiator_gpu)} -> {mem(o.target_mem, o.target_gpu)}, "
           f"{o.layers} layers x K/V x {o.blocks} blocks x {o.block_bytes} B ({o.layout}), "
           f"{o.block_ids} block ids, data {verified}")
