@@ -39,6 +39,18 @@ pub enum Error {
         /// What the driver says the memory is.
         found: String,
     },
+    /// GPU `from` cannot access GPU `to`'s memory directly (`cuDeviceCanAccessPeer`
+    /// says no, or the driver refused to enable it): data between them must be staged
+    /// through host memory.
+    #[error(
+        "GPU {from} cannot access the memory of GPU {to} directly (no peer access between them)"
+    )]
+    NoPeerAccess {
+        /// The accessing GPU.
+        from: usize,
+        /// The GPU whose memory would be accessed.
+        to: usize,
+    },
     /// The operation is not supported for this memory or on this device.
     #[error("unsupported: {0}")]
     Unsupported(String),

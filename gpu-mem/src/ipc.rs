@@ -115,8 +115,12 @@ pub struct IpcMapping {
 }
 
 impl IpcMapping {
-    /// Maps the allocation behind `handle` into `gpu`'s context (peer access to the
-    /// exporter's GPU is enabled on demand when it is another GPU).
+    /// Maps the allocation behind `handle` into `gpu`'s context: pass the GPU whose
+    /// streams and kernels will use the mapping. When the allocation lives on another GPU,
+    /// the driver enables peer access from `gpu` to it on demand
+    /// (`CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS`), so copies and kernels of `gpu` reach it
+    /// over the link; a pair without peer access fails here (see
+    /// [`crate::peer_topology`]).
     #[doc(alias = "cuIpcOpenMemHandle")]
     pub fn open(gpu: &Gpu, handle: &IpcHandle) -> Result<Self> {
         gpu.bind()?;
@@ -208,7 +212,9 @@ pub struct VmmMapping {
 
 impl VmmMapping {
     /// Imports the allocation behind `fd` (`size` bytes, as the exporter said) and maps it
-    /// read-write for `gpu`. The caller keeps ownership of `fd`.
+    /// read-write for `gpu` (`cuMemSetAccess`): pass the GPU whose streams and kernels
+    /// will use it. Memory of another GPU needs peer access between the two (a pair
+    /// without it fails here). The caller keeps ownership of `fd`.
     #[doc(alias = "cuMemImportFromShareableHandle")]
     pub fn import(gpu: &Gpu, fd: BorrowedFd<'_>, size: u64) -> Result<Self> {
         if size == 0 {
@@ -252,6 +258,11 @@ impl VmmMapping {
     /// Whether the mapping is empty (never, for a successful import).
     pub fn is_empty(&self) -> bool {
         self.size == 0
+    }
+
+    /// The GPU the mapping was made accessible to.
+    pub fn gpu(&self) -> &Gpu {
+        &self.gpu
     }
 }
 

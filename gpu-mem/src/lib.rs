@@ -10,6 +10,10 @@
 //! - [`Gpu`]: open by ordinal or PCI bus id; name, UUID, bus id, compute capability, and
 //!   whether DMA-BUF, GPUDirect RDMA and VMM are supported; [`device_count`],
 //!   [`find_by_uuid`], [`format_uuid`].
+//! - [`peer_topology`] / [`enable_peer_access`] / [`current_device`]: how two GPUs reach
+//!   each other (peer access, the driver's rank of the link, native atomics, NVLink where
+//!   NVML is installed), turning peer access on between their primary contexts, and the
+//!   device of the thread's current context.
 //! - [`DeviceBuffer`]: exportable device memory — `cuMemAlloc` (CUDA-IPC handle) or VMM
 //!   `cuMemCreate` (POSIX fd) — never cudarc's stream-ordered pool, which cannot be
 //!   exported; [`DmaBuf`] fd export for NIC registration (`ibv_reg_dmabuf_mr`).
@@ -54,7 +58,9 @@ mod error;
 mod gpu;
 mod host_buffer;
 mod ipc;
+mod nvml;
 mod pointer;
+mod topology;
 mod vmm;
 
 pub use cudarc;
@@ -67,11 +73,34 @@ pub use ipc::{
     IPC_HANDLE_BYTES, MAX_FDS_PER_MESSAGE,
 };
 pub use pointer::{check_device_range, pointer_info, DeviceMemoryRef, MemoryKind, PointerInfo};
+pub use topology::{current_device, enable_peer_access, peer_topology, PeerLink, PeerTopology};
 
 /// For GPU tests: whether the suite must have a GPU (`NIXL_REQUIRE_GPU=1` on the GPU
 /// machine) and so fail rather than skip when none is found.
 pub fn gpu_required() -> bool {
     std::env::var("NIXL_REQUIRE_GPU").is_ok_and(|v| v == "1")
+}
+
+/// For GPU tests that need `n` GPUs: GPUs 0..n, or `None` after printing why the test is
+/// skipped. Panics (fails the test) instead when [`gpu_required`] says the GPU machine is
+/// expected, so a machine with too few GPUs fails a suite that needs them.
+pub fn gpus_for_test(test: &str, n: usize) -> Option<Vec<Gpu>> {
+    let why = if !is_available() {
+        "no CUDA driver (libcuda) on this machine".to_string()
+    } else if device_count() < n {
+        format!(
+            "it needs {n} GPUs and the CUDA driver sees {}",
+            device_count()
+        )
+    } else {
+        match (0..n).map(Gpu::open).collect::<Result<Vec<_>>>() {
+            Ok(gpus) => return Some(gpus),
+            Err(e) => format!("the GPUs do not open: {e}"),
+        }
+    };
+    assert!(!gpu_required(), "{test}: NIXL_REQUIRE_GPU=1 but {why}");
+    eprintln!("skipped {test}: {why}");
+    None
 }
 
 /// For GPU tests: GPU 0, or `None` after printing why the test is skipped. Panics (fails

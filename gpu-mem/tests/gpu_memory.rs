@@ -426,6 +426,37 @@ fn assert_halves(got: &[u8], len: usize, seeds: (u8, u8), what: &str) {
 // ---- 1. the GPU ------------------------------------------------------------------------------
 
 #[test]
+fn gpu_topology_of_a_gpu_with_itself_and_every_other() {
+    let Some(gpu) = gpu_mem::gpu_for_test("gpu_topology_of_a_gpu_with_itself_and_every_other")
+    else {
+        return;
+    };
+    let _serial = serial("gpu_topology_of_a_gpu_with_itself_and_every_other", 120);
+    let me = gpu_mem::peer_topology(&gpu, &gpu).unwrap();
+    assert_eq!(me.link, gpu_mem::PeerLink::SameGpu);
+    assert!(me.can_access_peer && me.access_supported);
+    gpu_mem::enable_peer_access(&gpu, &gpu).unwrap();
+    gpu.bind().unwrap();
+    assert_eq!(gpu_mem::current_device().unwrap(), Some(gpu.ordinal()));
+    for other in gpu_mem::Gpu::all().unwrap().iter().skip(1) {
+        let t = gpu_mem::peer_topology(&gpu, other).unwrap();
+        eprintln!("{}", t.describe());
+        assert_eq!(t.link.is_direct(), t.can_access_peer && t.access_supported);
+        // Enabling is idempotent, or a typed refusal for a pair without peer access.
+        for _ in 0..2 {
+            match gpu_mem::enable_peer_access(&gpu, other) {
+                Ok(()) => assert!(t.can_access_peer),
+                Err(gpu_mem::Error::NoPeerAccess { from, to }) => {
+                    assert!(!t.can_access_peer);
+                    assert_eq!((from, to), (gpu.ordinal(), other.ordinal()));
+                }
+                Err(e) => panic!("enable_peer_access: {e}"),
+            }
+        }
+    }
+}
+
+#[test]
 fn gpu_attributes_and_lookup() {
     let Some(gpu) = gpu_mem::gpu_for_test("gpu_attributes_and_lookup") else {
         return;

@@ -78,13 +78,16 @@ impl IntraNodeQueuePair {
         self.push(buf.ptr(), buf.len() as u64, ffi::GIO_MR_MAPPED, buf.clone())
     }
 
-    /// Adds the peer's buffer, mapped here through CUDA IPC; returns its index.
+    /// Adds the peer's buffer, mapped here through CUDA IPC (into this queue pair's GPU:
+    /// [`IpcMapping::open`] with it); returns its index. Memory of another GPU needs peer
+    /// access from this GPU, enabled here (a pair without it is refused).
     pub fn add_remote(&mut self, mapping: &Arc<IpcMapping>) -> Result<u32> {
         self.check_gpu(mapping.gpu())?;
         // Memory of a peer GPU mapped here needs system-scope ordering and atomics; the
         // driver says where the allocation lives.
-        let home = gpu_mem::pointer_info(mapping.ptr())?.device;
-        self.peers_on_this_gpu &= home == Some(self.gpu.ordinal());
+        let info = gpu_mem::pointer_info(mapping.ptr())?;
+        self.reach(&info)?;
+        self.peers_on_this_gpu &= info.device == Some(self.gpu.ordinal());
         self.push(
             mapping.ptr(),
             mapping.len(),
@@ -108,7 +111,9 @@ impl IntraNodeQueuePair {
     /// Adds `len` bytes at `addr`, memory this GPU can address (device memory of this
     /// GPU, mapped pinned host memory, a range inside a peer's IPC mapping), as a local
     /// region (`remote` false: a put's source, a get's destination) or a peer's region;
-    /// `keep` is held until the exported queue pair is dropped. Returns its index.
+    /// `keep` is held until the exported queue pair is dropped. Returns its index. Device
+    /// memory of another GPU needs peer access from this GPU, enabled here (a pair
+    /// without it is refused).
     ///
     /// # Safety
     /// The range must stay addressable by this GPU for as long as `keep` lives (kernels
@@ -131,6 +136,7 @@ impl IntraNodeQueuePair {
                 "{addr:#x} is pageable host memory, which a kernel cannot address: pin it first"
             )));
         }
+        self.reach(&info)?;
         if remote {
             self.peers_on_this_gpu &= matches!(info.kind, gpu_mem::MemoryKind::Device)
                 && info.device == Some(self.gpu.ordinal());
@@ -141,6 +147,23 @@ impl IntraNodeQueuePair {
             ffi::GIO_MR_MAPPED
         };
         self.push(addr, len, flags, keep)
+    }
+
+    /// Makes device memory of another GPU reachable by this GPU's kernels (peer access
+    /// enabled toward its GPU; idempotent), or refuses it: a kernel must never be handed
+    /// an address it would fault on.
+    fn reach(&self, info: &gpu_mem::PointerInfo) -> Result<()> {
+        let home = match (info.kind, info.device) {
+            (gpu_mem::MemoryKind::Device, Some(home)) if home != self.gpu.ordinal() => home,
+            _ => return Ok(()),
+        };
+        let home_gpu = Gpu::open(home)?;
+        gpu_mem::enable_peer_access(&self.gpu, &home_gpu).map_err(|e| match e {
+            gpu_mem::Error::NoPeerAccess { from, to } => Error::InvalidArgument(format!(
+                "memory of GPU {to} in a queue pair of GPU {from}: the pair has no peer access, so its kernels cannot reach it"
+            )),
+            other => other.into(),
+        })
     }
 
     fn check_gpu(&self, gpu: &Gpu) -> Result<()> {

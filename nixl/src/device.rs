@@ -26,8 +26,9 @@ pub const HEADER: (&str, &str) = (
     include_str!("../device/nixl_device.cuh"),
 );
 
-/// Every device source of the crate, by name: the GPUNETIO backend's transfer kernel and
-/// the write-and-signal kernels of the example and tests. CI compiles each with NVRTC.
+/// Every device source of the crate, by name: the GPUNETIO backend's transfer kernel, the
+/// write-and-signal kernels of the example and tests, and the gather/scatter copy of
+/// `LOCAL` and `CUDA_IPC`. CI compiles each with NVRTC.
 pub const DEVICE_SOURCES: &[(&str, &str)] = &[
     (
         "nixl_gpunetio.cu",
@@ -36,6 +37,10 @@ pub const DEVICE_SOURCES: &[(&str, &str)] = &[
     (
         "nixl_write_signal.cu",
         include_str!("../device/nixl_write_signal.cu"),
+    ),
+    (
+        "nixl_copy_batch.cu",
+        include_str!("../device/nixl_copy_batch.cu"),
     ),
 ];
 

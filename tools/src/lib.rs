@@ -12,6 +12,8 @@
 //!   starts (`UCX` runs `LIBFABRIC`, as the Python package maps it).
 //! - [`kv`]: `kvbench`'s paged KV cache: layouts, the block ids of each request, the
 //!   data pattern and what every block holds afterwards.
+//! - [`rdma`]: this machine's RDMA devices, so a `--device_list` naming one it lacks is
+//!   refused at once.
 //!
 //! The binaries are the product; this library exists so that they behave alike and is
 //! not meant as a stable API.
@@ -20,4 +22,5 @@ pub mod backend;
 pub mod cli;
 pub mod gflags;
 pub mod kv;
+pub mod rdma;
 pub mod units;

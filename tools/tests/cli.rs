@@ -262,6 +262,69 @@ fn wrong_invocations_are_one_line() {
     let _ = std::fs::remove_dir_all(plot_dir);
 }
 
+/// A `--device_list` naming an RDMA device this machine lacks (VERBS, GPUNETIO): one
+/// line within 5 s that names the device and what the machine has, before any memory is
+/// set up (upstream's GPUNETIO line on a machine without a ConnectX NIC was silent for
+/// minutes).
+#[test]
+fn a_missing_rdma_device_is_refused_at_once() {
+    let upstream_gpunetio_line = [
+        "--etcd-endpoints",
+        "http://127.0.0.1:9",
+        "--backend=GPUNETIO",
+        "--initiator_seg_type=VRAM",
+        "--target_seg_type=DRAM",
+        "--runtime_type=ETCD",
+        "--gpunetio_device_list=0",
+        "--device_list=nosuchdev0",
+        "--start_batch_size=512",
+        "--max_batch_size=512",
+        "--total_buffer_size=34359738368",
+    ];
+    let mut cases: Vec<Vec<&str>> = vec![
+        vec!["--backend", "VERBS", "--device_list", "nosuchdev0"],
+        vec![
+            "--backend",
+            "VERBS",
+            "--role",
+            "target",
+            "--listen",
+            "127.0.0.1:0",
+            "--backend_param",
+            "device=nosuchdev0",
+        ],
+    ];
+    if cfg!(feature = "cuda") {
+        cases.push(vec![
+            "--backend=GPUNETIO",
+            "--initiator_seg_type=VRAM",
+            "--target_seg_type=DRAM",
+            "--gpunetio_device_list=0",
+            "--device_list=nosuchdev0",
+        ]);
+        if cfg!(feature = "etcd") {
+            cases.push(upstream_gpunetio_line.to_vec());
+        }
+    }
+    for args in cases {
+        let start = Instant::now();
+        let o = run_for(NIXLBENCH, &args, Duration::from_secs(5));
+        let shown = format!("{args:?}: {}", o.stderr);
+        assert!(
+            matches!(o.code, Some(c) if c != 0),
+            "{shown}: exit {:?}",
+            o.code
+        );
+        assert_eq!(o.stderr.trim_end().lines().count(), 1, "{shown}");
+        assert!(
+            o.stderr.contains("no RDMA device nosuchdev0") && o.stderr.contains("it has"),
+            "{shown}"
+        );
+        assert!(start.elapsed() < Duration::from_secs(5), "{shown}");
+        assert!(o.stdout.is_empty(), "{shown}: stdout {}", o.stdout);
+    }
+}
+
 /// A small LOCAL sweep (one process): `extra` flags on top.
 fn local_run(extra: &[&str]) -> Outcome {
     let mut args = vec![

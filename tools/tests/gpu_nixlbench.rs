@@ -125,6 +125,11 @@ fn checked_run(test: &str, extra: &[&str], op: &str, initiator_seg: &str) {
         "DRAM -> VRAM (GPU 0)"
     };
     assert!(table.contains(from), "{table}");
+    // GPUNETIO says which path it takes: a target's VRAM on this host, CUDA IPC.
+    assert!(
+        table.contains("(path: intra-node, CUDA IPC: the target's VRAM (GPU 0) mapped here and written by the transfer kernel on GPU 0, same GPU)"),
+        "{table}"
+    );
 }
 
 #[test]
@@ -148,24 +153,71 @@ fn gpunetio_dram_to_vram_write_and_read() {
     checked_run("gpunetio_dram_to_vram_write_and_read", &[], "READ", "DRAM");
 }
 
-/// Two threads post at once on a pool of two streams; the network device and OOB
-/// interface flags reach the backend (recorded for the NIC path) without harm.
+/// Two threads post at once on a pool of two streams; the network device (one this
+/// machine has, if any: a missing one is refused, see cli.rs) and OOB interface flags
+/// reach the backend (recorded for the NIC path) without harm.
 #[test]
 fn gpunetio_stream_pool_two_threads_and_nic_flags() {
+    let devices = tools::rdma::devices();
+    let mut extra = vec![
+        "--num_threads",
+        "2",
+        "--backend_param",
+        "cuda_streams=2",
+        "--gpunetio_oob_list",
+        "lo",
+    ];
+    if let Some(device) = devices.first() {
+        extra.extend(["--device_list", device.as_str()]);
+    }
     checked_run(
         "gpunetio_stream_pool_two_threads_and_nic_flags",
-        &[
-            "--num_threads",
-            "2",
-            "--backend_param",
-            "cuda_streams=2",
-            "--device_list",
-            "mlx5_0",
-            "--gpunetio_oob_list",
-            "lo",
-        ],
+        &extra,
         "WRITE",
         "VRAM",
+    );
+}
+
+/// VRAM to a peer's DRAM (upstream's GPUNETIO line, small): the header names the NIC
+/// path and its provider, since no ConnectX NIC is driven.
+#[test]
+fn gpunetio_vram_to_peer_dram_names_its_path() {
+    if gpunetio::gpu_for_test("gpunetio_vram_to_peer_dram_names_its_path").is_none() {
+        return;
+    }
+    let table = run(&[
+        "--backend",
+        "GPUNETIO",
+        "--initiator_seg_type",
+        "VRAM",
+        "--target_seg_type",
+        "DRAM",
+        "--gpunetio_device_list",
+        "0",
+        "--start_batch_size",
+        "4",
+        "--max_batch_size",
+        "4",
+        "--max_block_size",
+        "1048576",
+        "--total_buffer_size",
+        "16777216",
+        "--num_iter",
+        "20",
+        "--warmup_iter",
+        "2",
+        "--check_consistency",
+    ]);
+    assert!(
+        table.contains(
+            "(path: CPU proxy over libfabric tcp;ofi_rxm: the target's memory is not VRAM"
+        ),
+        "{table}"
+    );
+    assert!(table.contains("VRAM (GPU 0) -> DRAM"), "{table}");
+    assert!(
+        table.contains("consistency check: every block verified"),
+        "{table}"
     );
 }
 

@@ -309,6 +309,62 @@ fn two_hosts_meet_through_etcd_without_shm() {
     );
 }
 
+/// Setting up takes longer than `--etcd_wait` (512 MiB on each side, the target's
+/// filled with the pattern): the waits follow the peer's published progress instead of
+/// giving up, each side prints its setup stages, and the run completes.
+#[test]
+fn a_setup_longer_than_the_wait_is_waited_for() {
+    let etcd = Etcd::start("slow-setup");
+    let endpoint = etcd.url();
+    let args = [
+        "--etcd_endpoints",
+        &endpoint,
+        "--etcd_wait",
+        "1",
+        "--no_progress",
+        "--num_iter",
+        "2",
+        "--warmup_iter",
+        "1",
+        "--start_block_size",
+        "64M",
+        "--max_block_size",
+        "64M",
+        "--max_batch_size",
+        "4",
+        "--total_buffer_size",
+        "512M",
+    ];
+    let first = spawn(&args);
+    std::thread::sleep(Duration::from_millis(300));
+    let second = spawn(&args);
+    let (a, b) = (finish(first, TIMEOUT), finish(second, TIMEOUT));
+    let ((a_out, a_err), (b_out, b_err)) = (text(&a), text(&b));
+    let all = format!("first: {a_out}{a_err}\nsecond: {b_out}{b_err}");
+    assert!(a.status.success() && b.status.success(), "{all}");
+    assert!(
+        all.contains("nixlbench target: setup: allocating and filling DRAM (pattern), 512 MiB"),
+        "{all}"
+    );
+    assert!(
+        all.contains("nixlbench: setup: allocating and filling DRAM (byte fill), 512 MiB"),
+        "{all}"
+    );
+    assert!(!all.contains("no progress"), "{all}");
+    // 64 MiB by batch 1, 2 and 4.
+    let table = if a_err.contains("(initiator)") {
+        &a_out
+    } else {
+        &b_out
+    };
+    assert_eq!(
+        table.lines().filter(|l| l.starts_with("67108864")).count(),
+        3,
+        "{all}"
+    );
+    etcd.wait_clean(Duration::from_secs(3));
+}
+
 /// Rank keys of `group` now.
 fn ranks(etcd: &Etcd, group: &str) -> Vec<String> {
     etcd.keys(&format!("/nixlbench/{group}/rank/"))

@@ -1,15 +1,33 @@
 //! What the GPU backends (`LOCAL` with VRAM, `CUDA_IPC`) share: per-GPU pools of the
 //! backend's own streams, host pinning of DRAM registrations, and prepared batches of
-//! `cuMemcpyAsync` whose completion is polled through events.
+//! copies whose completion is polled through events.
+//!
+//! A prepared batch runs one of three ways ([`CopyEngine`], backend parameter
+//! `copy_engine=auto|kernel|memcpy|batch`):
+//! - `memcpy`: one `cuMemcpyAsync` per descriptor, spread over the backend's streams. The
+//!   copy engines: best for a few large blocks, and for host memory over PCIe.
+//! - `kernel`: one launch of the gather/scatter kernel (`nixl/device/nixl_copy_batch.cu`)
+//!   over a table of (src, dst, len) work items built and uploaded once when the transfer
+//!   is prepared, kept on the GPU and reposted without another upload. A transfer of
+//!   thousands of small descriptors costs one launch instead of thousands of copy calls.
+//!   Compiled with NVRTC once per GPU and process; without NVRTC the batch falls back to
+//!   `memcpy` (warned once).
+//! - `batch`: the driver's batched copy, `cuMemcpyBatchAsync` (CUDA 13 driver), one call
+//!   per post; falls back to `memcpy` (warned once) where the driver lacks it.
+//!
+//! `auto` (the default) takes the kernel for many small device-to-device copies
+//! ([`KERNEL_MIN_COPIES`], [`KERNEL_MAX_MEAN_BYTES`]) and `memcpy` for the rest.
 
 use crate::error::{Error, Result};
 use gpu_mem::cudarc::driver::sys;
 use gpu_mem::cudarc::driver::{CudaEvent, CudaStream};
+use gpu_mem::cudarc::driver::{CudaFunction, CudaModule, LaunchConfig, PushKernelArg};
+use gpu_mem::DeviceBuffer;
 use gpu_mem::{Gpu, HostRegistration};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::ops::Range;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 /// Turns a GPU-layer error (`gpu-mem`'s, or `gpunetio`'s for GPUNETIO) into the agent's.
@@ -23,12 +41,58 @@ pub(crate) struct GpuStreams {
     pub(crate) gpu: Gpu,
     streams: Vec<Arc<CudaStream>>,
     next: AtomicUsize,
+    /// Device memory for kernel work tables, reused by later batches (a `cuMemFree` per
+    /// transfer would synchronize the device).
+    tables: Mutex<Vec<DeviceBuffer>>,
 }
+
+/// Work tables kept for reuse per GPU; more are freed.
+const SPARE_TABLES: usize = 16;
+/// Smallest work table allocated (bytes), so that small transfers share buffers.
+const MIN_TABLE_BYTES: usize = 64 << 10;
 
 impl GpuStreams {
     fn next_stream(&self) -> Arc<CudaStream> {
         let i = self.next.fetch_add(1, Ordering::Relaxed) % self.streams.len();
         self.streams[i].clone()
+    }
+
+    /// A device buffer of at least `bytes` for a work table: a spare one, or a new one.
+    fn take_table(&self, bytes: usize) -> Result<DeviceBuffer> {
+        {
+            let mut spare = self.tables.lock();
+            if let Some(i) = spare
+                .iter()
+                .enumerate()
+                .filter(|(_, b)| b.len() >= bytes)
+                .min_by_key(|(_, b)| b.len())
+                .map(|(i, _)| i)
+            {
+                return Ok(spare.swap_remove(i));
+            }
+        }
+        DeviceBuffer::alloc(&self.gpu, bytes.max(MIN_TABLE_BYTES).next_power_of_two())
+            .map_err(gpu_err("allocating a copy table"))
+    }
+
+    /// Gives a table back once no kernel reads it any more.
+    fn give_table(&self, table: DeviceBuffer) {
+        let mut spare = self.tables.lock();
+        if spare.len() < SPARE_TABLES {
+            spare.push(table);
+        }
+    }
+
+    /// Whether a kernel on this GPU can read and write memory at `loc`: its own VRAM, or
+    /// pinned host memory. Another GPU's memory is left to the copy engines: an IPC
+    /// mapping opened in that GPU's context faulted in a kernel here even with peer
+    /// access enabled and the driver's access flags saying read-write (two H200s over
+    /// NVLink); a mapping opened in this GPU's own context would be reachable.
+    fn kernel_reaches(&self, loc: MemLoc) -> bool {
+        match loc {
+            MemLoc::Host { pinned } => pinned,
+            MemLoc::Gpu(g) => g == self.gpu.ordinal(),
+        }
     }
 }
 
@@ -62,6 +126,7 @@ impl StreamPools {
             gpu,
             streams,
             next: AtomicUsize::new(0),
+            tables: Mutex::default(),
         });
         pools.insert(ordinal, pool.clone());
         Ok(pool)
@@ -105,9 +170,12 @@ impl LazyPin {
         }
     }
 
-    /// Pins the range now if it is not yet (once; a refusal is remembered).
-    pub(crate) fn ensure(&self) {
-        self.pin.get_or_init(|| pin_host(self.addr, self.len));
+    /// Pins the range now if it is not yet (once; a refusal is remembered); whether it is
+    /// pinned (and so reachable by kernels at the same address).
+    pub(crate) fn ensure(&self) -> bool {
+        self.pin
+            .get_or_init(|| pin_host(self.addr, self.len))
+            .is_some()
     }
 }
 
@@ -121,12 +189,253 @@ pub(crate) fn probe_buffer(len: usize) -> Option<gpu_mem::DeviceBuffer> {
     gpu_mem::DeviceBuffer::alloc(&gpu, len).ok()
 }
 
+/// Where one side of a copy lives, as far as a kernel on the copying GPU is concerned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum MemLoc {
+    /// VRAM of GPU `0` (for an IPC mapping: the GPU whose context maps it).
+    Gpu(usize),
+    /// Host memory; `pinned`: registered with the driver (portable and mapped), so a
+    /// kernel reaches it at the same address.
+    Host { pinned: bool },
+}
+
 /// One copy: `len` bytes from `src` to `dst` (device or host addresses, unified).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Copy {
     pub(crate) dst: u64,
     pub(crate) src: u64,
     pub(crate) len: usize,
+    pub(crate) dst_loc: MemLoc,
+    pub(crate) src_loc: MemLoc,
+}
+
+/// How a backend runs its prepared batches: backend parameter `copy_engine`
+/// (`auto|kernel|memcpy|batch`, default `auto`; see the module documentation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) enum CopyEngine {
+    /// The kernel for many small device-to-device copies, `cuMemcpyAsync` otherwise.
+    #[default]
+    Auto,
+    /// The gather/scatter kernel wherever it reaches both sides.
+    Kernel,
+    /// One `cuMemcpyAsync` per copy.
+    Memcpy,
+    /// The driver's `cuMemcpyBatchAsync`.
+    Batch,
+}
+
+impl CopyEngine {
+    /// The backend parameter that selects it.
+    pub(crate) const PARAM: &'static str = "copy_engine";
+}
+
+impl std::str::FromStr for CopyEngine {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "auto" => Ok(Self::Auto),
+            "kernel" => Ok(Self::Kernel),
+            "memcpy" => Ok(Self::Memcpy),
+            "batch" => Ok(Self::Batch),
+            other => Err(Error::InvalidParam(format!(
+                "copy_engine=`{other}`: expected auto, kernel, memcpy or batch"
+            ))),
+        }
+    }
+}
+
+/// `auto` takes the kernel from this many copies in a batch on (fewer are as fast with
+/// the copy engines, which need no table).
+pub(crate) const KERNEL_MIN_COPIES: usize = 8;
+/// ... and only while the copies are this small on average (larger ones keep the copy
+/// engines busy enough on their own).
+pub(crate) const KERNEL_MAX_MEAN_BYTES: usize = 1 << 20;
+/// Largest kernel work item: a larger copy is split so that one huge descriptor still
+/// spreads over every SM.
+pub(crate) const KERNEL_CHUNK_BYTES: usize = 64 << 10;
+/// Threads per block of the copy kernel.
+const KERNEL_THREADS: u32 = 256;
+/// The kernel's source.
+const KERNEL_SOURCE: (&str, &str) = (
+    "nixl_copy_batch.cu",
+    include_str!("../../device/nixl_copy_batch.cu"),
+);
+
+/// How one batch runs, decided when it is prepared.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Strategy {
+    Memcpy,
+    Kernel,
+    Batch,
+}
+
+/// The strategy `engine` asks for, given the copies and whether a kernel on the copying
+/// GPU reaches an address at a location (before checking that the kernel or the driver
+/// call exists).
+fn wanted(
+    engine: CopyEngine,
+    copies: &[Copy],
+    mut reaches: impl FnMut(MemLoc, u64) -> bool,
+) -> Strategy {
+    let mut kernel_reaches_all = || {
+        copies
+            .iter()
+            .all(|c| reaches(c.src_loc, c.src) && reaches(c.dst_loc, c.dst))
+    };
+    match engine {
+        CopyEngine::Memcpy => Strategy::Memcpy,
+        CopyEngine::Batch => Strategy::Batch,
+        CopyEngine::Kernel if kernel_reaches_all() => Strategy::Kernel,
+        CopyEngine::Kernel => {
+            warn_once(
+                &UNREACHABLE_WARNED,
+                "copy_engine=kernel: a copy touches memory the copying GPU cannot \
+                 dereference (pageable host memory, or another GPU's memory): such \
+                 batches use cuMemcpyAsync",
+            );
+            Strategy::Memcpy
+        }
+        CopyEngine::Auto => {
+            let n = copies.len();
+            let total: usize = copies.iter().map(|c| c.len).sum();
+            let device_only = copies.iter().all(|c| {
+                matches!(c.src_loc, MemLoc::Gpu(_)) && matches!(c.dst_loc, MemLoc::Gpu(_))
+            });
+            if n >= KERNEL_MIN_COPIES
+                && total / n <= KERNEL_MAX_MEAN_BYTES
+                && device_only
+                && kernel_reaches_all()
+            {
+                Strategy::Kernel
+            } else {
+                Strategy::Memcpy
+            }
+        }
+    }
+}
+
+static UNREACHABLE_WARNED: AtomicBool = AtomicBool::new(false);
+static NO_KERNEL_WARNED: AtomicBool = AtomicBool::new(false);
+static NO_BATCH_WARNED: AtomicBool = AtomicBool::new(false);
+
+fn warn_once(flag: &AtomicBool, msg: &str) {
+    if !flag.swap(true, Ordering::Relaxed) {
+        tracing::warn!("{msg}");
+    }
+}
+
+/// One work item of the kernel: `nixl_copy_item` in `nixl_copy_batch.cu`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct CopyItem {
+    src: u64,
+    dst: u64,
+    len: u64,
+}
+
+const _: () = assert!(std::mem::size_of::<CopyItem>() == 24);
+const _: () = assert!(std::mem::offset_of!(CopyItem, len) == 16);
+
+/// The kernel's work table: each copy, split into items of at most `chunk` bytes (cut
+/// at multiples of `chunk` from its start, so every item keeps the copy's relative
+/// alignment of source and destination); empty copies leave nothing.
+fn work_items(copies: &[Copy], chunk: usize) -> Vec<CopyItem> {
+    let chunk = chunk.max(1) as u64;
+    let count: u64 = copies.iter().map(|c| (c.len as u64).div_ceil(chunk)).sum();
+    let mut items = Vec::with_capacity(count as usize);
+    for c in copies {
+        let len = c.len as u64;
+        let mut at = 0;
+        while at < len {
+            let n = chunk.min(len - at);
+            items.push(CopyItem {
+                src: c.src + at,
+                dst: c.dst + at,
+                len: n,
+            });
+            at += n;
+        }
+    }
+    items
+}
+
+/// The copy kernel loaded on one GPU.
+#[derive(Debug)]
+struct CopyKernel {
+    function: CudaFunction,
+    _module: Arc<CudaModule>,
+    /// Blocks that run at once on the whole GPU (the grid never needs more).
+    max_blocks: u32,
+}
+
+/// The kernel per GPU ordinal, compiled once per process (`None`: it cannot be).
+static KERNELS: Mutex<Vec<(usize, Option<Arc<CopyKernel>>)>> = parking_lot::const_mutex(Vec::new());
+
+/// The copy kernel of `gpu`, compiled and loaded on first use; `None` (warned once)
+/// where NVRTC or the compile fails.
+fn copy_kernel(gpu: &Gpu) -> Option<Arc<CopyKernel>> {
+    let mut kernels = KERNELS.lock();
+    if let Some((_, k)) = kernels.iter().find(|(o, _)| *o == gpu.ordinal()) {
+        return k.clone();
+    }
+    let kernel = match load_copy_kernel(gpu) {
+        Ok(k) => Some(Arc::new(k)),
+        Err(e) => {
+            warn_once(
+                &NO_KERNEL_WARNED,
+                &format!("the batched copy kernel is unavailable, copies use cuMemcpyAsync: {e}"),
+            );
+            None
+        }
+    };
+    kernels.push((gpu.ordinal(), kernel.clone()));
+    kernel
+}
+
+fn load_copy_kernel(gpu: &Gpu) -> Result<CopyKernel> {
+    let options = gpu_mem::device_code::CompileOptions::for_gpu(gpu)
+        .map_err(gpu_err("reading the compute capability"))?;
+    let ptx = gpu_mem::device_code::compile(KERNEL_SOURCE.0, KERNEL_SOURCE.1, &options)
+        .map_err(gpu_err("compiling the copy kernel"))?;
+    let ctx = gpu.context();
+    let module = ctx
+        .load_module(ptx)
+        .map_err(|e| Error::Gpu(format!("loading the copy kernel: {e:?}")))?;
+    let function = module
+        .load_function("nixl_copy_batch")
+        .map_err(|e| Error::Gpu(format!("nixl_copy_batch: {e:?}")))?;
+    let sm_count = ctx
+        .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+        .map_err(|e| Error::Gpu(format!("reading the SM count: {e:?}")))?
+        .max(1) as u32;
+    let per_sm = function
+        .occupancy_max_active_blocks_per_multiprocessor(KERNEL_THREADS, 0, None)
+        .map_err(|e| Error::Gpu(format!("the copy kernel's occupancy: {e:?}")))?
+        .clamp(1, 8);
+    tracing::debug!(
+        "copy kernel on GPU {}: {per_sm} blocks per SM, {sm_count} SMs",
+        gpu.ordinal()
+    );
+    Ok(CopyKernel {
+        function,
+        _module: module,
+        max_blocks: sm_count * per_sm,
+    })
+}
+
+/// Whether the driver has `cuMemcpyBatchAsync` in the form cudarc binds (CUDA 13's
+/// `_v2`); asked once.
+fn batch_copy_available() -> bool {
+    static AVAILABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *AVAILABLE.get_or_init(|| {
+        gpu_mem::is_available()
+            // SAFETY: looks a symbol up in the loaded driver library, calls nothing.
+            && unsafe {
+                sys::culib()
+                    .get::<unsafe extern "C" fn()>(b"cuMemcpyBatchAsync_v2")
+                    .is_ok()
+            }
+    })
 }
 
 #[derive(Debug)]
@@ -137,21 +446,69 @@ struct Lane {
     done: bool,
 }
 
+/// What a post issues.
+#[derive(Debug)]
+enum Run {
+    /// One `cuMemcpyAsync` per copy, each lane its range of `copies`.
+    Memcpy(Vec<Copy>),
+    /// One kernel launch over `items` work items uploaded into `table` at prep time.
+    Kernel {
+        kernel: Arc<CopyKernel>,
+        /// Always `Some` until dropped (then given back to the pool).
+        table: Option<DeviceBuffer>,
+        items: u64,
+        grid: u32,
+    },
+    /// One `cuMemcpyBatchAsync` over these arrays (non-empty copies only).
+    Batch {
+        dsts: Vec<u64>,
+        srcs: Vec<u64>,
+        sizes: Vec<usize>,
+        attrs: sys::CUmemcpyAttributes,
+    },
+}
+
 /// A prepared batch of copies on one GPU's streams, posted any number of times (one at a
-/// time). Large batches are spread over several streams in contiguous runs.
+/// time): `cuMemcpyAsync`s spread over several streams in contiguous runs, one kernel
+/// launch over a table already on the GPU, or one batched driver call.
 #[derive(Debug)]
 pub(crate) struct CopyBatch {
     pool: Arc<GpuStreams>,
-    copies: Vec<Copy>,
+    count: usize,
+    run: Run,
     lanes: Vec<Lane>,
     in_flight: bool,
 }
 
 impl CopyBatch {
-    /// Prepares `copies` on `pool`'s GPU; `max_lanes` bounds how many streams one post uses.
-    pub(crate) fn new(pool: Arc<GpuStreams>, copies: Vec<Copy>, max_lanes: usize) -> Result<Self> {
+    /// Prepares `copies` on `pool`'s GPU as `engine` says; `max_lanes` bounds how many
+    /// streams one post of `cuMemcpyAsync`s uses.
+    pub(crate) fn new(
+        pool: Arc<GpuStreams>,
+        copies: Vec<Copy>,
+        max_lanes: usize,
+        engine: CopyEngine,
+    ) -> Result<Self> {
         let n = copies.len();
-        let lanes_wanted = max_lanes.clamp(1, pool.streams.len()).min(n.max(1));
+        let strategy = match wanted(engine, &copies, |loc, _| pool.kernel_reaches(loc)) {
+            Strategy::Batch if !batch_copy_available() => {
+                warn_once(
+                    &NO_BATCH_WARNED,
+                    "copy_engine=batch: the driver has no cuMemcpyBatchAsync_v2 (CUDA 13), \
+                     copies use cuMemcpyAsync",
+                );
+                Strategy::Memcpy
+            }
+            s => s,
+        };
+        let kernel = match strategy {
+            Strategy::Kernel => copy_kernel(&pool.gpu),
+            _ => None,
+        };
+        let lanes_wanted = match (strategy, &kernel) {
+            (Strategy::Batch, _) | (Strategy::Kernel, Some(_)) => 1,
+            _ => max_lanes.clamp(1, pool.streams.len()).min(n.max(1)),
+        };
         let mut lanes = Vec::with_capacity(lanes_wanted);
         for l in 0..lanes_wanted {
             let range = (n * l / lanes_wanted)..(n * (l + 1) / lanes_wanted);
@@ -168,17 +525,98 @@ impl CopyBatch {
                 done: true,
             });
         }
-        Ok(Self {
+        let mut batch = Self {
             pool,
-            copies,
+            count: n,
+            run: Run::Memcpy(Vec::new()),
             lanes,
             in_flight: false,
+        };
+        batch.run = match (strategy, kernel) {
+            (Strategy::Kernel, Some(kernel)) => batch.upload(kernel, &copies)?,
+            (Strategy::Batch, _) => {
+                let copies = copies.iter().filter(|c| c.len > 0);
+                let location = sys::CUmemLocation {
+                    type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+                    id: batch.pool.gpu.ordinal() as i32,
+                };
+                Run::Batch {
+                    dsts: copies.clone().map(|c| c.dst).collect(),
+                    srcs: copies.clone().map(|c| c.src).collect(),
+                    sizes: copies.map(|c| c.len).collect(),
+                    attrs: sys::CUmemcpyAttributes {
+                        srcAccessOrder:
+                            sys::CUmemcpySrcAccessOrder::CU_MEMCPY_SRC_ACCESS_ORDER_STREAM,
+                        srcLocHint: location,
+                        dstLocHint: location,
+                        flags: 0,
+                    },
+                }
+            }
+            _ => Run::Memcpy(copies),
+        };
+        Ok(batch)
+    }
+
+    /// Builds the kernel's work table and uploads it on the lane's stream (ordered before
+    /// every launch there); the lane's event marks the upload, so that a batch dropped
+    /// before its first post still waits for it before the table is reused.
+    fn upload(&mut self, kernel: Arc<CopyKernel>, copies: &[Copy]) -> Result<Run> {
+        let items = work_items(copies, KERNEL_CHUNK_BYTES);
+        let bytes = std::mem::size_of_val(items.as_slice());
+        let table = self.pool.take_table(bytes.max(1))?;
+        if bytes > 0 {
+            let lane = &mut self.lanes[0];
+            let sent = self
+                .pool
+                .gpu
+                .bind()
+                .map_err(gpu_err("binding the context"))
+                .and_then(|()| {
+                    // SAFETY: the table holds at least `bytes`; the source is pageable
+                    // memory, which the driver has staged by the time the call returns,
+                    // so `items` may go after it.
+                    unsafe {
+                        sys::cuMemcpyHtoDAsync_v2(
+                            table.ptr(),
+                            items.as_ptr().cast(),
+                            bytes,
+                            lane.stream.cu_stream(),
+                        )
+                    }
+                    .result()
+                    .map_err(|e| {
+                        Error::Gpu(format!("uploading the copy table ({bytes} bytes): {e:?}"))
+                    })
+                })
+                .and_then(|()| {
+                    lane.event
+                        .record(&lane.stream)
+                        .map_err(|e| Error::Gpu(format!("cuEventRecord: {e:?}")))
+                });
+            if let Err(e) = sent {
+                // Whether the upload was queued is not known: wait for the stream before
+                // the table is reused.
+                match lane.stream.synchronize() {
+                    Ok(()) => self.pool.give_table(table),
+                    Err(_) => std::mem::forget(table),
+                }
+                return Err(e);
+            }
+            lane.done = false;
+            self.in_flight = true;
+        }
+        Ok(Run::Kernel {
+            grid: (items.len() as u64).clamp(1, u64::from(kernel.max_blocks)) as u32,
+            items: items.len() as u64,
+            kernel,
+            table: Some(table),
         })
     }
 
     /// Number of copies one post issues.
     pub(crate) fn len(&self) -> usize {
-        self.copies.len()
+        self.count
     }
 
     /// Issues every copy, each lane followed by its event. `after` (a stream of the
@@ -202,17 +640,84 @@ impl CopyBatch {
                     .wait(ready)
                     .map_err(|e| Error::Gpu(format!("cuStreamWaitEvent: {e:?}")))?;
             }
-            for c in &self.copies[lane.copies.clone()] {
-                // SAFETY: both ranges were bounds-checked by the agent against live
-                // registrations (or a live IPC mapping) that the request keeps alive until
-                // this batch's events completed (see Drop).
-                let r = unsafe { sys::cuMemcpyAsync(c.dst, c.src, c.len, lane.stream.cu_stream()) };
-                r.result().map_err(|e| {
-                    Error::Gpu(format!(
-                        "cuMemcpyAsync {:#x} -> {:#x} ({} bytes): {e:?}",
-                        c.src, c.dst, c.len
-                    ))
-                })?;
+            match &mut self.run {
+                Run::Memcpy(copies) => {
+                    for c in &copies[lane.copies.clone()] {
+                        // SAFETY: both ranges were bounds-checked by the agent against
+                        // live registrations (or a live IPC mapping) that the request
+                        // keeps alive until this batch's events completed (see Drop).
+                        let r = unsafe {
+                            sys::cuMemcpyAsync(c.dst, c.src, c.len, lane.stream.cu_stream())
+                        };
+                        r.result().map_err(|e| {
+                            Error::Gpu(format!(
+                                "cuMemcpyAsync {:#x} -> {:#x} ({} bytes): {e:?}",
+                                c.src, c.dst, c.len
+                            ))
+                        })?;
+                    }
+                }
+                Run::Kernel {
+                    kernel,
+                    table,
+                    items,
+                    grid,
+                } => {
+                    if *items > 0 {
+                        let table_ptr = table.as_ref().map_or(0, DeviceBuffer::ptr);
+                        let cfg = LaunchConfig {
+                            grid_dim: (*grid, 1, 1),
+                            block_dim: (KERNEL_THREADS, 1, 1),
+                            shared_mem_bytes: 0,
+                        };
+                        let mut launch = lane.stream.launch_builder(&kernel.function);
+                        launch.arg(&table_ptr).arg(&*items);
+                        // SAFETY: the kernel's signature is (const nixl_copy_item *,
+                        // unsigned long long), matching the arguments; the table holds
+                        // `items` items (uploaded earlier on this stream), each inside
+                        // ranges checked by the agent against live registrations or
+                        // mappings that the request keeps alive until this batch's event
+                        // completed (see Drop), and reachable from this GPU (checked at
+                        // prep: same GPU, peer access on, or pinned host memory).
+                        unsafe { launch.launch(cfg) }.map_err(|e| {
+                            Error::Gpu(format!(
+                                "launching the copy kernel ({items} work items): {e:?}"
+                            ))
+                        })?;
+                    }
+                }
+                Run::Batch {
+                    dsts,
+                    srcs,
+                    sizes,
+                    attrs,
+                } => {
+                    if !sizes.is_empty() {
+                        let mut attr_index = [0usize];
+                        // SAFETY: the three arrays have `sizes.len()` entries and one
+                        // attribute set applies to all (index 0); the driver reads them
+                        // during the call. The ranges were checked by the agent as for
+                        // `cuMemcpyAsync` above and stay alive until the event completed.
+                        let r = unsafe {
+                            sys::cuMemcpyBatchAsync_v2(
+                                dsts.as_mut_ptr(),
+                                srcs.as_mut_ptr(),
+                                sizes.as_mut_ptr(),
+                                sizes.len(),
+                                attrs,
+                                attr_index.as_mut_ptr(),
+                                1,
+                                lane.stream.cu_stream(),
+                            )
+                        };
+                        r.result().map_err(|e| {
+                            Error::Gpu(format!(
+                                "cuMemcpyBatchAsync ({} copies): {e:?}",
+                                sizes.len()
+                            ))
+                        })?;
+                    }
+                }
             }
             lane.event
                 .record(&lane.stream)
@@ -250,12 +755,24 @@ impl Drop for CopyBatch {
     fn drop(&mut self) {
         // A copy cannot be recalled: wait for it, so that the memory it touches (kept
         // alive by the request that owns this batch) outlives it.
+        let mut finished = true;
         if self.in_flight {
             for lane in &self.lanes {
                 if !lane.done {
                     if let Err(e) = lane.event.synchronize() {
                         tracing::warn!("waiting for a released GPU copy: {e:?}");
+                        finished = false;
                     }
+                }
+            }
+        }
+        // A table a kernel may still read (its wait failed) is leaked rather than reused.
+        if let Run::Kernel { table, .. } = &mut self.run {
+            if let Some(table) = table.take() {
+                if finished {
+                    self.pool.give_table(table);
+                } else {
+                    std::mem::forget(table);
                 }
             }
         }
@@ -283,11 +800,13 @@ pub(crate) struct GpuXfer {
 }
 
 impl GpuXfer {
-    /// Groups `copies` by the GPU each runs on and prepares a batch per GPU.
+    /// Groups `copies` by the GPU each runs on and prepares a batch per GPU, run as
+    /// `engine` says.
     pub(crate) fn new(
         pools: &StreamPools,
         copies: impl IntoIterator<Item = (usize, Copy)>,
         max_lanes: usize,
+        engine: CopyEngine,
         sink: Arc<dyn NotifSink>,
         keep: Vec<Arc<dyn std::any::Any + Send + Sync>>,
     ) -> Result<Self> {
@@ -300,7 +819,7 @@ impl GpuXfer {
         }
         let batches = by_gpu
             .into_iter()
-            .map(|(gpu, copies)| CopyBatch::new(pools.get(gpu)?, copies, max_lanes))
+            .map(|(gpu, copies)| CopyBatch::new(pools.get(gpu)?, copies, max_lanes, engine))
             .collect::<Result<Vec<_>>>()?;
         Ok(Self {
             batches,
@@ -463,6 +982,153 @@ impl Drop for StagingCopier {
             if let Err(e) = event.synchronize() {
                 tracing::warn!("waiting for a staging copy: {e:?}");
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn copy(src: u64, dst: u64, len: usize, src_loc: MemLoc, dst_loc: MemLoc) -> Copy {
+        Copy {
+            dst,
+            src,
+            len,
+            dst_loc,
+            src_loc,
+        }
+    }
+
+    fn vram(src: u64, dst: u64, len: usize) -> Copy {
+        copy(src, dst, len, MemLoc::Gpu(0), MemLoc::Gpu(0))
+    }
+
+    #[test]
+    fn work_items_split_large_copies_and_cover_every_byte_once() {
+        let chunk = 4096;
+        let copies = [
+            vram(0x1000, 0x9_0003, 1),
+            vram(0x2001, 0xa_0001, chunk),
+            vram(0x3_0000, 0xb_0000, 3 * chunk + 17),
+            vram(0x4_0000, 0xc_0000, 0),
+            vram(0x5_0007, 0xd_0003, 2 * chunk),
+        ];
+        let items = work_items(&copies, chunk);
+        assert_eq!(items.len(), 1 + 1 + 4 + 2);
+        assert!(items.iter().all(|i| i.len > 0 && i.len <= chunk as u64));
+        // Each copy's items tile it exactly, in order, source and destination advancing
+        // together (so their relative alignment is the copy's).
+        let mut it = items.iter();
+        for c in copies.iter().filter(|c| c.len > 0) {
+            let mut at = 0u64;
+            while at < c.len as u64 {
+                let item = it.next().expect("an item per chunk");
+                assert_eq!(item.src, c.src + at);
+                assert_eq!(item.dst, c.dst + at);
+                assert_eq!(item.src.wrapping_sub(item.dst), c.src.wrapping_sub(c.dst));
+                at += item.len;
+            }
+            assert_eq!(at, c.len as u64);
+        }
+        assert!(it.next().is_none());
+        assert!(work_items(&[], chunk).is_empty());
+    }
+
+    #[test]
+    fn auto_takes_the_kernel_for_many_small_device_copies_only() {
+        let reach_all = |_: MemLoc, _: u64| true;
+        let small: Vec<Copy> = (0..KERNEL_MIN_COPIES as u64)
+            .map(|k| vram(k << 20, (k << 20) + (1 << 30), 32 << 10))
+            .collect();
+        assert_eq!(
+            wanted(CopyEngine::Auto, &small, reach_all),
+            Strategy::Kernel
+        );
+        // Too few copies.
+        assert_eq!(
+            wanted(CopyEngine::Auto, &small[..KERNEL_MIN_COPIES - 1], reach_all),
+            Strategy::Memcpy
+        );
+        // Too large on average.
+        let large: Vec<Copy> = (0..KERNEL_MIN_COPIES as u64)
+            .map(|k| vram(k << 30, (k << 30) + (1 << 40), KERNEL_MAX_MEAN_BYTES + 1))
+            .collect();
+        assert_eq!(
+            wanted(CopyEngine::Auto, &large, reach_all),
+            Strategy::Memcpy
+        );
+        // Host memory, even pinned, stays with the copy engines.
+        let mut host = small.clone();
+        host[3].src_loc = MemLoc::Host { pinned: true };
+        assert_eq!(wanted(CopyEngine::Auto, &host, reach_all), Strategy::Memcpy);
+        // A peer GPU the kernel cannot reach.
+        let mut peer = small.clone();
+        peer[5].dst_loc = MemLoc::Gpu(1);
+        let only_gpu0 = |l: MemLoc, _: u64| l == MemLoc::Gpu(0);
+        assert_eq!(wanted(CopyEngine::Auto, &peer, only_gpu0), Strategy::Memcpy);
+        assert_eq!(wanted(CopyEngine::Auto, &peer, reach_all), Strategy::Kernel);
+    }
+
+    #[test]
+    fn explicit_engines_are_taken_where_they_can_run() {
+        let reach = |l: MemLoc, _: u64| !matches!(l, MemLoc::Host { pinned: false });
+        let one = [vram(0, 1 << 30, 1 << 30)];
+        assert_eq!(wanted(CopyEngine::Kernel, &one, reach), Strategy::Kernel);
+        assert_eq!(wanted(CopyEngine::Memcpy, &one, reach), Strategy::Memcpy);
+        assert_eq!(wanted(CopyEngine::Batch, &one, reach), Strategy::Batch);
+        let pinned = [copy(
+            0,
+            1 << 30,
+            64,
+            MemLoc::Host { pinned: true },
+            MemLoc::Gpu(0),
+        )];
+        assert_eq!(wanted(CopyEngine::Kernel, &pinned, reach), Strategy::Kernel);
+        let pageable = [copy(
+            0,
+            1 << 30,
+            64,
+            MemLoc::Gpu(0),
+            MemLoc::Host { pinned: false },
+        )];
+        assert_eq!(
+            wanted(CopyEngine::Kernel, &pageable, reach),
+            Strategy::Memcpy
+        );
+        assert_eq!(wanted(CopyEngine::Batch, &pageable, reach), Strategy::Batch);
+    }
+
+    #[test]
+    fn copy_engine_parses_its_four_names_and_refuses_others() {
+        for (text, engine) in [
+            ("auto", CopyEngine::Auto),
+            ("kernel", CopyEngine::Kernel),
+            ("memcpy", CopyEngine::Memcpy),
+            ("batch", CopyEngine::Batch),
+        ] {
+            assert_eq!(text.parse::<CopyEngine>().unwrap(), engine);
+        }
+        assert!(matches!(
+            "Kernel".parse::<CopyEngine>(),
+            Err(Error::InvalidParam(_))
+        ));
+        assert_eq!(CopyEngine::default(), CopyEngine::Auto);
+    }
+
+    #[test]
+    fn the_kernel_compiles_with_nvrtc_where_it_is_installed() {
+        if !gpu_mem::device_code::nvrtc_available() {
+            eprintln!("skipped: libnvrtc is not installed (cargo xtask nvrtc fetches it)");
+            return;
+        }
+        for arch in ["compute_80", "compute_90"] {
+            let options = gpu_mem::device_code::CompileOptions {
+                arch: arch.into(),
+                ..Default::default()
+            };
+            let r = gpu_mem::device_code::compile(KERNEL_SOURCE.0, KERNEL_SOURCE.1, &options);
+            assert!(r.is_ok(), "{arch}: {r:?}");
         }
     }
 }

@@ -17,6 +17,14 @@
 //!   local memory may be VRAM or DRAM (DRAM registrations are pinned so copies run at
 //!   pinned speed). Remote memory must be VRAM: a peer's host memory is out of reach of
 //!   CUDA IPC (another backend carries it).
+//! - Across GPUs: a copy runs on the local side's GPU (the exporter's GPU when the local
+//!   side is DRAM), the peer's allocation is mapped into that GPU's context, and peer
+//!   access is enabled from it toward the exporter's GPU, so the copy engines move the
+//!   data over the link (NVLink or PCIe P2P) — mappings are cached per (peer, allocation,
+//!   GPU). A pair without peer access is mapped into the exporter's GPU instead, where the
+//!   driver stages copies between the two contexts through host memory: logged once per
+//!   pair, and [`Backend::query_mem_info`] with a GPU pair (`"0:1"`) tells which path and
+//!   link a pair uses.
 //! - Notifications travel over a Unix socket (abstract namespace, named in the connection
 //!   information) and are sent only after every copy of the transfer completed.
 //! - The socket is confined by the kernel's word on who connected (`SO_PEERCRED`, read on
@@ -34,7 +42,9 @@
 //!   pid and start time are in the connection information): requests to it fail with
 //!   [`Error::RemoteDisconnect`].
 
-use super::cuda_copy::{gpu_err, Copy, GpuXfer, LazyPin, NotifSink, StreamPools};
+use super::cuda_copy::{
+    gpu_err, Copy, CopyEngine, GpuXfer, LazyPin, MemLoc, NotifSink, StreamPools,
+};
 use super::ipc_plane::{IpcPlane, KeepAlive, Resolved, ResolvedPair};
 use super::shared::{param, random_u64};
 use crate::backend::{
@@ -92,25 +102,34 @@ pub struct CudaIpcBackend {
     peers: Arc<PeerTable>,
     streams: StreamPools,
     vmm: Arc<VmmTable>,
+    /// How each pair of GPUs is reached (peer access enabled, or staged by the driver).
+    paths: PathTable,
+    /// The GPU of this process with each UUID peers named (`None`: not visible here).
+    homes: Mutex<HashMap<[u8; 16], Option<Gpu>>>,
+    /// How prepared transfers run their copies (parameter `copy_engine`).
+    copy_engine: CopyEngine,
 }
 
 pub(crate) fn create(init: &BackendInit) -> Result<Arc<dyn Backend>> {
     let params = &init.params;
-    if let Some(key) = params.keys().find(|k| *k != "num_streams") {
+    if let Some(key) = params
+        .keys()
+        .find(|k| *k != "num_streams" && *k != CopyEngine::PARAM)
+    {
         return Err(Error::InvalidParam(format!(
-            "{NAME} takes no parameter `{key}` (only num_streams)"
+            "{NAME} takes no parameter `{key}` (only num_streams and copy_engine)"
         )));
     }
     let num_streams: usize = param(NAME, params, "num_streams", 4)?;
+    let copy_engine: CopyEngine = param(NAME, params, CopyEngine::PARAM, CopyEngine::Auto)?;
     if num_streams == 0 || num_streams > 64 {
         return Err(Error::InvalidParam(format!(
             "{NAME} parameter num_streams={num_streams} must be 1..=64"
         )));
     }
-    Ok(Arc::new(CudaIpcBackend::new(
-        &init.agent_name,
-        num_streams,
-    )?))
+    let mut backend = CudaIpcBackend::new(&init.agent_name, num_streams)?;
+    backend.copy_engine = copy_engine;
+    Ok(Arc::new(backend))
 }
 
 /// `CUDA_IPC`'s control plane for a sibling backend (`GPUNETIO`'s intra-node path) that
@@ -160,6 +179,9 @@ impl CudaIpcBackend {
             peers,
             streams: StreamPools::new(num_streams),
             vmm,
+            paths: PathTable::default(),
+            homes: Mutex::default(),
+            copy_engine: CopyEngine::Auto,
         })
     }
 }
@@ -248,7 +270,8 @@ struct Peer {
     /// are (CUDA refuses to open an IPC handle in the process that exported it).
     same_process: bool,
     conn: Mutex<Option<UnixStream>>,
-    mappings: Mutex<HashMap<AllocKey, Arc<Mapped>>>,
+    /// By allocation and the GPU whose context holds the mapping.
+    mappings: Mutex<HashMap<(AllocKey, usize), Arc<Mapped>>>,
     /// Set once the peer was seen gone.
     gone: AtomicBool,
     /// When the process was last polled (`clock_ns`): liveness is checked at most every
@@ -327,10 +350,11 @@ impl Peer {
         Ok(())
     }
 
-    /// The mapping of allocation `key`, imported on first use into `gpu`.
+    /// The mapping of allocation `key` in `gpu`'s context, imported on first use.
     fn mapping(&self, key: &AllocKey, gpu: &Gpu) -> Result<Arc<Mapped>> {
         let mut mappings = self.mappings.lock();
-        if let Some(m) = mappings.get(key) {
+        let slot = (*key, gpu.ordinal());
+        if let Some(m) = mappings.get(&slot) {
             return Ok(m.clone());
         }
         self.alive()?;
@@ -348,7 +372,7 @@ impl Peer {
                 )
             }
         });
-        mappings.insert(*key, m.clone());
+        mappings.insert(slot, m.clone());
         Ok(m)
     }
 
@@ -792,16 +816,109 @@ impl CudaIpcBackend {
     }
 }
 
+/// One range of the peer's mapped here: its address, the GPU that runs its copies, and
+/// whether that GPU's kernels can address it.
+struct MappedRange {
+    addr: u64,
+    gpu: usize,
+    kernel_reach: bool,
+}
+
+/// Whether kernels of the copying GPU address memory reached by `path` (`None`: the
+/// exporter's GPU is not visible here, so the driver alone decides: not counted on).
+fn kernel_reach(path: Option<CopyPath>) -> bool {
+    matches!(path, Some(CopyPath::SameGpu | CopyPath::Peer))
+}
+
+/// How one GPU's copies (or kernels) reach memory of another GPU of this process,
+/// decided once per ordered pair and reported by [`Backend::query_mem_info`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum CopyPath {
+    /// Both sides on one GPU.
+    SameGpu,
+    /// Peer access enabled between the two primary contexts: the copy engines (and
+    /// kernels) reach the other GPU's memory over the link (NVLink or PCIe P2P).
+    Peer,
+    /// No peer access: the driver stages copies between the two contexts through host
+    /// memory (pipelined by the driver); kernels cannot reach the other GPU at all.
+    HostStaged,
+}
+
+impl CopyPath {
+    fn as_str(&self) -> &'static str {
+        match self {
+            CopyPath::SameGpu => "same-gpu",
+            CopyPath::Peer => "peer",
+            CopyPath::HostStaged => "host-staged",
+        }
+    }
+}
+
+/// A pair's path and what the driver said of the pair.
+#[derive(Debug, Clone, Copy)]
+struct PairPath {
+    path: CopyPath,
+    topology: Option<gpu_mem::PeerTopology>,
+}
+
+/// The paths decided so far, by (GPU running the copies, GPU holding the memory).
+type PathTable = Mutex<HashMap<(usize, usize), PairPath>>;
+
+/// The path from `run`'s copies to `home`'s memory: peer access is enabled where the
+/// pair has it (idempotent), and the decision is logged once per pair, so a slow
+/// host-staged pair is never silent.
+fn pair_path(paths: &PathTable, run: &Gpu, home: &Gpu) -> PairPath {
+    let pair = (run.ordinal(), home.ordinal());
+    if let Some(p) = paths.lock().get(&pair) {
+        return *p;
+    }
+    let decided = if pair.0 == pair.1 {
+        PairPath {
+            path: CopyPath::SameGpu,
+            topology: None,
+        }
+    } else {
+        let topology = gpu_mem::peer_topology(run, home)
+            .inspect_err(|e| tracing::warn!("{NAME}: GPU {} -> GPU {}: {e}", pair.0, pair.1))
+            .ok();
+        let path = match gpu_mem::enable_peer_access(run, home) {
+            Ok(()) => CopyPath::Peer,
+            Err(e) => {
+                tracing::warn!(
+                    "{NAME}: copies of GPU {} reach GPU {}'s memory through host memory (slow): {e}",
+                    pair.0,
+                    pair.1
+                );
+                CopyPath::HostStaged
+            }
+        };
+        if let Some(t) = &topology {
+            tracing::info!("{NAME}: {}; copies go {}", t.describe(), path.as_str());
+        }
+        PairPath { path, topology }
+    };
+    *paths.lock().entry(pair).or_insert(decided)
+}
+
+/// Parses a GPU pair as `query_mem_info` takes it: `"0:1"` or `"0,1"` (the GPU running
+/// the copies, then the GPU holding the memory).
+fn parse_pair(meta: &[u8]) -> Option<(usize, usize)> {
+    let text = std::str::from_utf8(meta).ok()?.trim();
+    let (a, b) = text.split_once([':', ','])?;
+    Some((a.trim().parse().ok()?, b.trim().parse().ok()?))
+}
+
 /// Imports (once per transfer) the peer's allocations a transfer touches.
 struct Importer<'a> {
     backend: &'a CudaIpcBackend,
     peer: Option<Arc<Peer>>,
-    gpus: HashMap<[u8; 16], Gpu>,
+    /// The GPU whose kernels use every mapping (`GPUNETIO`), if one is imposed.
+    kernel_gpu: Option<usize>,
     keep: Vec<Arc<dyn Any + Send + Sync>>,
 }
 
 impl<'a> Importer<'a> {
-    fn new(backend: &'a CudaIpcBackend, agent: &str) -> Result<Self> {
+    fn new(backend: &'a CudaIpcBackend, agent: &str, kernel_gpu: Option<usize>) -> Result<Self> {
         let peer = if agent == backend.agent_name {
             None
         } else {
@@ -810,43 +927,81 @@ impl<'a> Importer<'a> {
         Ok(Self {
             backend,
             peer,
-            gpus: HashMap::new(),
+            kernel_gpu,
             keep: Vec::new(),
         })
     }
 
-    /// The address here of `desc` in the peer's region `md`, and the GPU to run on.
+    /// GPU `ordinal`, as the backend's stream pool holds it open (the copies run there).
+    fn gpu(&self, ordinal: usize) -> Result<Gpu> {
+        Ok(self.backend.streams.get(ordinal)?.gpu.clone())
+    }
+
+    /// The GPU of this process with that UUID (`None`: not visible here), looked up once
+    /// per backend.
+    fn home(&self, uuid: &[u8; 16]) -> Result<Option<Gpu>> {
+        if let Some(h) = self.backend.homes.lock().get(uuid) {
+            return Ok(h.clone());
+        }
+        let found = gpu_mem::find_by_uuid(uuid).map_err(gpu_err("looking up the peer's GPU"))?;
+        self.backend.homes.lock().insert(*uuid, found.clone());
+        Ok(found)
+    }
+
+    /// The address here of `desc` in the peer's region `md`, and the GPU whose streams
+    /// run the copy: the imposed kernel GPU, else the local side's (`local_gpu`, for
+    /// VRAM), else the GPU holding the peer's memory. The peer's allocation is mapped
+    /// into that GPU's context with peer access enabled toward the exporter's GPU, so
+    /// the copy engines use the link; a pair without peer access maps it into the
+    /// exporter's GPU instead, where the driver stages the copies through host memory
+    /// (logged, and reported by `query_mem_info`) — or, for a kernel, which cannot reach
+    /// such memory at all, is [`Error::NotSupported`].
     fn map(
         &mut self,
         desc: crate::mem::Desc,
         md: &dyn RemoteMd,
         local_gpu: Option<usize>,
-    ) -> Result<(u64, usize)> {
+    ) -> Result<MappedRange> {
         let remote = md
             .as_any()
             .downcast_ref::<RemoteRegion>()
             .ok_or_else(|| Error::InvalidParam(format!("{NAME}: not a {NAME} region")))?;
+        let home = self.home(&remote.uuid)?;
+        let run = self
+            .kernel_gpu
+            .or(local_gpu)
+            .or(home.as_ref().map(Gpu::ordinal))
+            .unwrap_or(0);
+        let run_gpu = self.gpu(run)?;
+        let path = home
+            .as_ref()
+            .map(|h| pair_path(&self.backend.paths, &run_gpu, h).path);
+        if let (Some(kernel), Some(CopyPath::HostStaged), Some(h)) =
+            (self.kernel_gpu, path, home.as_ref())
+        {
+            return Err(Error::NotSupported {
+                backend: NAME.into(),
+                what: format!(
+                    "kernels of GPU {kernel} using memory of GPU {}: the pair has no peer access",
+                    h.ordinal()
+                ),
+            });
+        }
         let Some(peer) = self.peer.as_ref().filter(|p| !p.same_process) else {
             // Loopback, or another agent of this process: the address is valid here.
-            return Ok((desc.addr, local_gpu.unwrap_or(desc.dev_id as usize)));
+            return Ok(MappedRange {
+                addr: desc.addr,
+                gpu: run,
+                kernel_reach: kernel_reach(path),
+            });
         };
-        // Import where the exporter's GPU is, if this process sees it; else into the
-        // local side's GPU (the driver reaches the peer GPU).
-        let gpu = match self.gpus.get(&remote.uuid) {
-            Some(g) => g.clone(),
-            None => {
-                let found = gpu_mem::find_by_uuid(&remote.uuid)
-                    .map_err(gpu_err("looking up the peer's GPU"))?;
-                let g = match found {
-                    Some(g) => g,
-                    None => Gpu::open(local_gpu.unwrap_or(0))
-                        .map_err(gpu_err("opening the local GPU"))?,
-                };
-                self.gpus.insert(remote.uuid, g.clone());
-                g
-            }
+        let import_into = match (path, home) {
+            (Some(CopyPath::HostStaged), Some(h)) => h,
+            // Same GPU, peer access enabled, or the exporter's GPU is not visible here
+            // (the driver enables peer access toward it lazily, if it can).
+            _ => run_gpu,
         };
-        let mapping = peer.mapping(&remote.key, &gpu)?;
+        let mapping = peer.mapping(&remote.key, &import_into)?;
         let addr = mapping.ptr() + remote.offset + (desc.addr - remote.region_addr);
         if !self.keep.iter().any(|k| {
             k.downcast_ref::<Mapped>()
@@ -854,7 +1009,11 @@ impl<'a> Importer<'a> {
         }) {
             self.keep.push(mapping.clone());
         }
-        Ok((addr, local_gpu.unwrap_or(gpu.ordinal())))
+        Ok(MappedRange {
+            addr,
+            gpu: run,
+            kernel_reach: kernel_reach(path),
+        })
     }
 
     fn sink(&self) -> Arc<dyn NotifSink> {
@@ -870,20 +1029,27 @@ impl<'a> Importer<'a> {
 
 impl IpcPlane for CudaIpcBackend {
     /// Maps the peer's side of every pair into this process (importing each allocation
-    /// once; `agent` may be this agent: loopback) and pins local DRAM.
-    fn resolve(&self, entries: &[XferEntry<'_>], agent: &str) -> Result<Resolved> {
-        let mut importer = Importer::new(self, agent)?;
+    /// once per GPU; `agent` may be this agent: loopback) and pins local DRAM. With
+    /// `kernel_gpu`, every mapping is for that GPU's kernels.
+    fn resolve(
+        &self,
+        entries: &[XferEntry<'_>],
+        agent: &str,
+        kernel_gpu: Option<usize>,
+    ) -> Result<Resolved> {
+        let mut importer = Importer::new(self, agent, kernel_gpu)?;
         let mut pairs = Vec::with_capacity(entries.len());
         for e in entries {
             self.pin_local_dram(e.local_md);
             let local_gpu =
                 (e.local_region.kind == MemKind::Vram).then_some(e.local.dev_id as usize);
-            let (remote, gpu) = importer.map(e.remote, e.remote_md, local_gpu)?;
+            let m = importer.map(e.remote, e.remote_md, local_gpu)?;
             pairs.push(ResolvedPair {
-                gpu,
+                gpu: m.gpu,
                 local: e.local.addr,
-                remote,
+                remote: m.addr,
                 len: e.local.len,
+                kernel_reach: m.kernel_reach,
             });
         }
         Ok(Resolved {
@@ -893,19 +1059,18 @@ impl IpcPlane for CudaIpcBackend {
         })
     }
 
-    /// Maps the peer's ranges `descs` (in regions `mds`) into this process, importing
-    /// into `gpu`'s context where the exporter's GPU is not visible: (addresses, what
-    /// keeps the mappings alive).
+    /// Maps the peer's ranges `descs` (in regions `mds`) into this process for the
+    /// kernels of `gpu`: (addresses, what keeps the mappings alive).
     fn map_remote(
         &self,
         agent: &str,
         ranges: &[(crate::mem::Desc, &dyn RemoteMd)],
         gpu: usize,
     ) -> Result<(Vec<u64>, KeepAlive)> {
-        let mut importer = Importer::new(self, agent)?;
+        let mut importer = Importer::new(self, agent, Some(gpu))?;
         let addrs = ranges
             .iter()
-            .map(|(d, md)| importer.map(*d, *md, Some(gpu)).map(|(a, _)| a))
+            .map(|(d, md)| importer.map(*d, *md, Some(gpu)).map(|m| m.addr))
             .collect::<Result<Vec<_>>>()?;
         Ok((addrs, importer.keep))
     }
@@ -1077,25 +1242,48 @@ impl Backend for CudaIpcBackend {
         entries: &[XferEntry<'_>],
         agent: &str,
     ) -> Result<Box<dyn BackendXfer>> {
-        let resolved = self.resolve(entries, agent)?;
-        let copies = resolved.pairs.iter().map(|p| {
+        let resolved = self.resolve(entries, agent, None)?;
+        // Where the peer's side lives, for the copy kernel: mapped for the copying GPU
+        // (same GPU, or peer access on), that GPU's kernels address it; a pair the driver
+        // stages through host memory is out of a kernel's reach (copy calls take it).
+        let remote_loc = |pair: &ResolvedPair| {
+            if pair.kernel_reach {
+                MemLoc::Gpu(pair.gpu)
+            } else {
+                MemLoc::Host { pinned: false }
+            }
+        };
+        let local_loc = |e: &XferEntry<'_>| match e.local_md.as_any().downcast_ref::<LocalRegion>()
+        {
+            Some(LocalRegion::Dram(pin)) => MemLoc::Host {
+                pinned: pin.ensure(),
+            },
+            _ => MemLoc::Gpu(e.local.dev_id as usize),
+        };
+        let mut copies = Vec::with_capacity(resolved.pairs.len());
+        for (p, e) in resolved.pairs.iter().zip(entries) {
+            let local = (p.local, local_loc(e));
+            let remote = (p.remote, remote_loc(p));
             let (src, dst) = match op {
-                XferOp::Write => (p.local, p.remote),
-                XferOp::Read => (p.remote, p.local),
+                XferOp::Write => (local, remote),
+                XferOp::Read => (remote, local),
             };
-            (
+            copies.push((
                 p.gpu,
                 Copy {
-                    dst,
-                    src,
+                    dst: dst.0,
+                    src: src.0,
                     len: p.len as usize,
+                    dst_loc: dst.1,
+                    src_loc: src.1,
                 },
-            )
-        });
+            ));
+        }
         Ok(Box::new(GpuXfer::new(
             &self.streams,
             copies,
             usize::MAX,
+            self.copy_engine,
             resolved.sink,
             resolved.keep,
         )?))
@@ -1116,11 +1304,70 @@ impl Backend for CudaIpcBackend {
         self.notifs.add_waker(waker);
         true
     }
+    /// The path between a pair of GPUs: each descriptor's metadata is `"A:B"` (or
+    /// `"A,B"`), GPU `A` running the copies and GPU `B` holding the memory (a peer's VRAM
+    /// on `B` copied to or from VRAM on `A`). Answers `path` (`same-gpu`, `peer`: peer
+    /// access enabled, the copy engines use the link; `host-staged`: no peer access, the
+    /// driver stages through host memory), and what the driver says of the pair: `link`
+    /// (`nvlink`, `pcie`, `peer` where NVML cannot tell, `none`), `can_access_peer`,
+    /// `performance_rank`, `native_atomics`. Asking decides the pair as a transfer would
+    /// (enabling peer access where it can). `None` for a GPU this process does not see.
+    fn query_mem_info(
+        &self,
+        kind: MemKind,
+        meta: &[&[u8]],
+    ) -> Result<Vec<Option<crate::backend::BackendParams>>> {
+        if kind != MemKind::Vram {
+            return Err(Error::UnsupportedMemKind {
+                backend: NAME.into(),
+                kind,
+            });
+        }
+        meta.iter()
+            .map(|m| {
+                let (run, home) = parse_pair(m).ok_or_else(|| {
+                    Error::InvalidParam(format!(
+                        "{NAME} queries a GPU pair as \"A:B\" (ordinals), not {:?}",
+                        String::from_utf8_lossy(m)
+                    ))
+                })?;
+                let (Ok(run), Ok(home)) = (Gpu::open(run), Gpu::open(home)) else {
+                    return Ok(None);
+                };
+                let p = pair_path(&self.paths, &run, &home);
+                let mut out = crate::backend::BackendParams::new();
+                out.insert("path".into(), p.path.as_str().into());
+                let link = match (p.path, p.topology) {
+                    (CopyPath::SameGpu, _) => gpu_mem::PeerLink::SameGpu.as_str(),
+                    (_, Some(t)) => t.link.as_str(),
+                    (_, None) => "unknown",
+                };
+                out.insert("link".into(), link.into());
+                if let Some(t) = p.topology {
+                    out.insert("can_access_peer".into(), t.can_access_peer.to_string());
+                    out.insert("performance_rank".into(), t.performance_rank.to_string());
+                    out.insert("native_atomics".into(), t.native_atomics.to_string());
+                }
+                Ok(Some(out))
+            })
+            .collect()
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn gpu_pairs_parse_for_query_mem_info() {
+        assert_eq!(parse_pair(b"0:1"), Some((0, 1)));
+        assert_eq!(parse_pair(b" 3 , 2 "), Some((3, 2)));
+        assert_eq!(parse_pair(b"1"), None);
+        assert_eq!(parse_pair(b"a:1"), None);
+        assert_eq!(parse_pair(b"0:-1"), None);
+        assert_eq!(parse_pair(&[0xff, b':', b'1']), None);
+        assert_eq!(CopyPath::HostStaged.as_str(), "host-staged");
+    }
 
     #[test]
     fn conn_info_round_trips_and_rejects_garbage() {

@@ -15,11 +15,20 @@ use std::sync::Arc;
 /// copies.
 pub(crate) trait IpcPlane: Backend {
     /// Maps the peer's side of every pair into this process (importing each allocation
-    /// once; `agent` may be this agent: loopback) and pins local DRAM.
-    fn resolve(&self, entries: &[XferEntry<'_>], agent: &str) -> Result<Resolved>;
-    /// Maps the peer's ranges (in the regions their metadata name) into this process,
-    /// importing into `gpu`'s context where the exporter's GPU is not visible: (addresses,
-    /// what keeps the mappings alive).
+    /// once per GPU; `agent` may be this agent: loopback) and pins local DRAM. Each pair
+    /// runs on the local side's GPU (VRAM), else the one holding the peer's memory — or,
+    /// with `kernel_gpu`, on that GPU, whose kernels then address every mapping: peer
+    /// access to the peer's GPU is enabled, and a pair without peer access is
+    /// [`crate::Error::NotSupported`] (never an address the kernel cannot reach).
+    fn resolve(
+        &self,
+        entries: &[XferEntry<'_>],
+        agent: &str,
+        kernel_gpu: Option<usize>,
+    ) -> Result<Resolved>;
+    /// Maps the peer's ranges (in the regions their metadata name) into this process for
+    /// the kernels of `gpu` (peer access enabled toward the peer's GPU; a pair without it
+    /// is [`crate::Error::NotSupported`]): (addresses, what keeps the mappings alive).
     fn map_remote(
         &self,
         agent: &str,
@@ -37,8 +46,8 @@ pub(crate) type KeepAlive = Vec<Arc<dyn Any + Send + Sync>>;
 /// One descriptor pair of a transfer with the peer's side mapped into this process.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct ResolvedPair {
-    /// The GPU the copy runs on (the local side's, else the one the peer's memory is
-    /// imported into).
+    /// The GPU the copy runs on (the imposed kernel GPU, else the local side's, else the
+    /// one holding the peer's memory); the peer's memory is mapped for it.
     pub(crate) gpu: usize,
     /// The local range's address.
     pub(crate) local: u64,
@@ -46,6 +55,9 @@ pub(crate) struct ResolvedPair {
     pub(crate) remote: u64,
     /// Bytes.
     pub(crate) len: u64,
+    /// Whether kernels of `gpu` can address the peer's range (same GPU, or peer access
+    /// on with the mapping in `gpu`'s context); otherwise only copy calls reach it.
+    pub(crate) kernel_reach: bool,
 }
 
 /// A transfer's pairs, what must outlive them (the peer's mappings), and where its

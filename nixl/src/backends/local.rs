@@ -1,7 +1,8 @@
 //! `LOCAL`: transfers between two buffers of the same agent: DRAM↔DRAM by `memcpy`, and
-//! with feature `cuda` VRAM↔VRAM and VRAM↔DRAM by `cuMemcpyAsync` on the backend's own
-//! streams (parameter `num_streams`, default 4 per GPU), completed by events that status
-//! polls.
+//! with feature `cuda` VRAM↔VRAM and VRAM↔DRAM on the backend's own streams (parameter
+//! `num_streams`, default 4 per GPU), completed by events that status polls: many small
+//! copies as one gather/scatter kernel, others by `cuMemcpyAsync` (parameter
+//! `copy_engine=auto|kernel|memcpy|batch`, default `auto`: see `cuda_copy`).
 //!
 //! The loopback path that needs no transport (NIXL's storage backends are local-only in
 //! the same way). Notifications to the agent itself are queued directly, after the data.
@@ -25,6 +26,11 @@ pub struct LocalBackend {
     notifs: NotifQueue,
     #[cfg(feature = "cuda")]
     streams: super::cuda_copy::StreamPools,
+    /// (copying GPU, other GPU) pairs tried so far: whether peer access is on.
+    #[cfg(feature = "cuda")]
+    peer_pairs: parking_lot::Mutex<std::collections::HashMap<(usize, usize), bool>>,
+    #[cfg(feature = "cuda")]
+    copy_engine: super::cuda_copy::CopyEngine,
 }
 
 type NotifQueue = Arc<super::shared::NotifInbox>;
@@ -33,12 +39,12 @@ pub(crate) fn create(init: &BackendInit) -> Result<Arc<dyn Backend>> {
     let params = &init.params;
     if let Some(key) = params
         .keys()
-        .find(|k| !cfg!(feature = "cuda") || *k != "num_streams")
+        .find(|k| !cfg!(feature = "cuda") || !["num_streams", "copy_engine"].contains(&k.as_str()))
     {
         return Err(Error::InvalidParam(format!(
             "{NAME} takes no parameter `{key}`{}",
             if cfg!(feature = "cuda") {
-                " (only num_streams)"
+                " (only num_streams and copy_engine)"
             } else {
                 ""
             }
@@ -54,6 +60,15 @@ pub(crate) fn create(init: &BackendInit) -> Result<Arc<dyn Backend>> {
             "num_streams",
             4usize,
         )?),
+        #[cfg(feature = "cuda")]
+        peer_pairs: Default::default(),
+        #[cfg(feature = "cuda")]
+        copy_engine: super::shared::param(
+            NAME,
+            params,
+            super::cuda_copy::CopyEngine::PARAM,
+            super::cuda_copy::CopyEngine::Auto,
+        )?,
     }))
 }
 
@@ -111,39 +126,51 @@ impl LocalBackend {
 impl LocalBackend {
     /// Copies on the GPU of the VRAM side (the destination's when both are VRAM).
     fn prep_gpu_xfer(&self, op: XferOp, entries: &[XferEntry<'_>]) -> Result<Box<dyn BackendXfer>> {
-        use super::cuda_copy::{Copy, GpuXfer};
-        for e in entries {
-            if let Some(pin) = e
-                .local_md
-                .as_any()
-                .downcast_ref::<Md>()
-                .and_then(|m| m.pin.as_ref())
-            {
-                pin.ensure();
-            }
-        }
+        use super::cuda_copy::{Copy, GpuXfer, MemLoc};
+        // Where a side lives: VRAM of its GPU, or DRAM (pinned on its first GPU copy).
+        let loc = |desc: crate::mem::Desc, region: &Region, md: &dyn LocalMd| match region.kind {
+            MemKind::Vram => MemLoc::Gpu(desc.dev_id as usize),
+            _ => MemLoc::Host {
+                pinned: md
+                    .as_any()
+                    .downcast_ref::<Md>()
+                    .and_then(|m| m.pin.as_ref())
+                    .is_some_and(super::cuda_copy::LazyPin::ensure),
+            },
+        };
         let copies = entries.iter().map(|e| {
-            let (src, dst) = match op {
-                XferOp::Write => (
-                    (e.local, e.local_region.kind),
-                    (e.remote, e.remote_region.kind),
-                ),
-                XferOp::Read => (
-                    (e.remote, e.remote_region.kind),
-                    (e.local, e.local_region.kind),
-                ),
+            let local = (e.local, loc(e.local, e.local_region, e.local_md));
+            // The remote side's metadata is a view without the registration's pin: its
+            // DRAM counts as unpinned (the kernel is then not used for it).
+            let remote_kind_loc = match e.remote_region.kind {
+                MemKind::Vram => MemLoc::Gpu(e.remote.dev_id as usize),
+                _ => MemLoc::Host { pinned: false },
             };
-            let gpu = if dst.1 == MemKind::Vram {
-                dst.0.dev_id
-            } else {
-                src.0.dev_id
+            let remote = (e.remote, remote_kind_loc);
+            let (mut src, dst) = match op {
+                XferOp::Write => (local, remote),
+                XferOp::Read => (remote, local),
             };
+            let gpu = match (dst.1, src.1) {
+                (MemLoc::Gpu(g), _) | (_, MemLoc::Gpu(g)) => g,
+                _ => 0,
+            };
+            // VRAM of another GPU: with peer access on, the copying GPU's copy engines
+            // and kernels address it over the link (a plain allocation, not an IPC
+            // mapping, so peer access is all it takes).
+            if let (MemLoc::Gpu(other), MemLoc::Gpu(_)) = (src.1, dst.1) {
+                if other != gpu && self.enable_peer_access(gpu, other) {
+                    src.1 = MemLoc::Gpu(gpu);
+                }
+            }
             (
-                gpu as usize,
+                gpu,
                 Copy {
                     dst: dst.0.addr,
                     src: src.0.addr,
                     len: src.0.len as usize,
+                    dst_loc: dst.1,
+                    src_loc: src.1,
                 },
             )
         });
@@ -155,9 +182,35 @@ impl LocalBackend {
             &self.streams,
             copies,
             usize::MAX,
+            self.copy_engine,
             sink,
             Vec::new(),
         )?))
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl LocalBackend {
+    /// Lets GPU `run`'s copy engines reach GPU `other`'s memory over the link (once per
+    /// pair); without peer access the driver stages such copies through host memory,
+    /// which is logged. Whether peer access is on.
+    fn enable_peer_access(&self, run: usize, other: usize) -> bool {
+        if let Some(on) = self.peer_pairs.lock().get(&(run, other)) {
+            return *on;
+        }
+        let result = self
+            .streams
+            .get(run)
+            .and_then(|r| Ok((r, self.streams.get(other)?)))
+            .and_then(|(r, o)| {
+                gpu_mem::enable_peer_access(&r.gpu, &o.gpu)
+                    .map_err(super::cuda_copy::gpu_err("enabling peer access"))
+            });
+        if let Err(e) = &result {
+            tracing::warn!("{NAME}: copies GPU {other} -> GPU {run} go through host memory: {e}");
+        }
+        self.peer_pairs.lock().insert((run, other), result.is_ok());
+        result.is_ok()
     }
 }
 

@@ -13,12 +13,25 @@
 //! then, strictly after the data. The kernel's first failure (a bounds violation, a
 //! transport error, a vanished peer) is a typed [`Error::Backend`] at `check`.
 //!
+//! # GPU
+//! A backend drives one GPU: `gpu_devices` when given (bound at creation). Without it, the
+//! first VRAM registration binds its GPU, so a process working on GPU 1 needs no
+//! parameter; what needs a GPU before any VRAM was registered (DRAM registration, the
+//! connection information, a peer's connection information) binds the device whose
+//! context was current on the creating thread, else GPU 0. Binding happens once, under a
+//! lock: concurrent first registrations agree on one GPU, and VRAM of another GPU is
+//! then refused with an error that names the bound GPU and why.
+//!
 //! # Paths
 //! - **Intra-node** (`IntraNode` handler): a peer on this node (same boot id) whose
 //!   regions are VRAM. Its VRAM is mapped here by CUDA IPC (control plane, metadata and
 //!   notifications are `CUDA_IPC`'s) and a put is a vectorized copy by the kernel's
 //!   warps; local memory may be VRAM of the backend's GPU or DRAM (pinned and mapped on
-//!   first use).
+//!   first use). A peer on another GPU of the node is mapped into the backend's GPU with
+//!   peer access enabled toward the peer's GPU, so the kernel's loads and stores cross the
+//!   link; a pair without peer access takes the NIC path where there is one, else is
+//!   refused ([`Error::NotSupported`]) — a kernel is never handed an address it cannot
+//!   reach.
 //! - **NIC** (`CpuProxy` handler, module `nic`): peers on other nodes, a peer's DRAM, and every
 //!   peer under `nic_handler=cpu_proxy`. Kernels write work entries into a ring in
 //!   host-mapped memory; a proxy thread per peer posts them on a libfabric endpoint
@@ -28,9 +41,10 @@
 //!   unsupported). Notifications travel over TCP on the same address (module `oob`).
 //!   The native mlx5 handler of `gpunetio` needs a ConnectX NIC and is not driven here.
 //!
-//! Parameters as upstream: `gpu_devices` (one CUDA ordinal, default 0: one GPU per
-//! backend, as upstream), `cuda_streams` (the pool, default 4), `network_devices`
-//! (recorded: one NIC per backend, as upstream), `oob_interface` (an interface name or
+//! Parameters as upstream: `gpu_devices` (one CUDA ordinal: one GPU per backend, as
+//! upstream; empty or absent: the GPU of the first VRAM registered — see "GPU" below),
+//! `cuda_streams` (the pool, default 4), `network_devices`
+//! (must exist; one NIC per backend, as upstream), `oob_interface` (an interface name or
 //! address for the NIC path's endpoints and notifications; default loopback, so peers on
 //! other nodes need it). Ours: `nic_handler` (`auto`, the default: intra-node where it
 //! reaches, the NIC path elsewhere; `intra_node`: no NIC path; `cpu_proxy`: the NIC path
@@ -55,9 +69,10 @@ use gpunetio::intra_node::{ExportedQueuePair, IntraNodeQueuePair};
 use gpunetio::proxy::{ExportedProxyQueuePair, RemoteDescriptor};
 use gpunetio::{DeviceBuffer, Gpu, HostBuffer};
 use nic::{Fields, NicLocal, NicPath, NicRemote, NicSink};
+use parking_lot::Mutex;
 use std::any::Any;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 mod nic;
@@ -98,15 +113,69 @@ const MAX_CHUNK: u64 = 4 << 20;
 #[derive(Debug)]
 pub struct GpunetioBackend {
     ipc: Arc<dyn IpcPlane>,
+    setup: Setup,
+    /// The GPU-bound half, made once (see [`GpunetioBackend::bound_for`]).
+    bound: OnceLock<Arc<Bound>>,
+    /// Held while binding; holds the notification wakers handed over before the NIC path
+    /// exists (given to it when it is made).
+    binding: Mutex<Vec<NotifWaker>>,
+    network_devices: Vec<String>,
+    oob_interface: Option<String>,
+    handler: NicHandlerChoice,
+}
+
+/// What binding the backend to a GPU needs, checked at creation.
+#[derive(Debug)]
+struct Setup {
+    agent_name: String,
+    /// `gpu_devices`, when given: the GPU is bound at creation.
+    explicit_gpu: Option<usize>,
+    /// The device of the context current on the creating thread, read before this
+    /// backend opened any GPU (opening one makes its context current).
+    current_gpu: Option<usize>,
+    cuda_streams: usize,
+    copy_depth: u32,
+    /// `provider`, if given (then a failing NIC path fails the binding).
+    provider: Option<String>,
+}
+
+/// Why the backend drives the GPU it drives (for messages).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum BoundBy {
+    /// `gpu_devices`.
+    Param,
+    /// The first VRAM registered.
+    FirstVram,
+    /// The creating thread's current CUDA device (needed before any VRAM was registered).
+    CurrentDevice,
+    /// GPU 0: needed before any VRAM was registered, and no device was current.
+    Default,
+}
+
+impl BoundBy {
+    fn describe(&self) -> &'static str {
+        match self {
+            BoundBy::Param => "gpu_devices",
+            BoundBy::FirstVram => "the GPU of the first VRAM registered",
+            BoundBy::CurrentDevice => {
+                "the current CUDA device when the backend was created, bound before any VRAM was registered"
+            }
+            BoundBy::Default => "GPU 0, bound before any VRAM was registered",
+        }
+    }
+}
+
+/// The half of the backend tied to one GPU: its streams, the transfer kernel, the device
+/// handle table and the NIC path.
+#[derive(Debug)]
+struct Bound {
     gpu: Gpu,
+    by: BoundBy,
     streams: Arc<StreamPool>,
     transfer: CudaFunction,
     handles: Arc<HandleTable>,
     /// Blocks of the transfer kernel resident at once on the whole GPU (one wave).
     resident_blocks: u32,
-    network_devices: Vec<String>,
-    oob_interface: Option<String>,
-    handler: NicHandlerChoice,
     nic: Option<Arc<NicPath>>,
 }
 
@@ -146,22 +215,12 @@ pub(crate) fn create(init: &BackendInit) -> Result<Arc<dyn Backend>> {
             "{NAME} parameter cuda_streams={cuda_streams} must be 1..=64"
         )));
     }
-    let gpu_devices = params.get("gpu_devices").map(String::as_str).unwrap_or("0");
-    let ordinals: Vec<&str> = gpu_devices
-        .split([',', ' '])
-        .filter(|s| !s.is_empty())
-        .collect();
-    let ordinal: usize = match ordinals.as_slice() {
-        [one] => one.parse().map_err(|_| {
-            Error::InvalidParam(format!(
-                "{NAME} parameter gpu_devices={gpu_devices:?} is not a CUDA ordinal"
-            ))
-        })?,
-        _ => {
-            return Err(Error::InvalidParam(format!(
-                "{NAME} drives one GPU per backend (as upstream): gpu_devices={gpu_devices:?}"
-            )))
+    // Empty is "not given" (a plugin-parameter table passed back as it came).
+    let explicit_gpu = match params.get("gpu_devices") {
+        Some(gpu_devices) if !gpu_devices.trim().is_empty() => {
+            Some(parse_gpu_devices(gpu_devices)?)
         }
+        _ => None,
     };
     let network_devices: Vec<String> = params
         .get("network_devices")
@@ -177,6 +236,20 @@ pub(crate) fn create(init: &BackendInit) -> Result<Arc<dyn Backend>> {
             "{NAME} drives one NIC per backend (as upstream): network_devices={network_devices:?}"
         )));
     }
+    // A NIC that is not there is said at once (libibverbs finds its devices in this sysfs
+    // class too, so one absent here cannot be opened).
+    if let Some(nic) = network_devices.first() {
+        if !std::path::Path::new("/sys/class/infiniband")
+            .join(nic)
+            .exists()
+        {
+            return Err(Error::InvalidParam(format!(
+                "{NAME} parameter network_devices={nic}: this machine has no RDMA device \
+                 {nic} (/sys/class/infiniband); without network_devices it runs on CUDA IPC \
+                 and the CPU proxy"
+            )));
+        }
+    }
     let handler = match params.get("nic_handler").map(String::as_str) {
         None | Some("auto") => NicHandlerChoice::Auto,
         Some("intra_node") => NicHandlerChoice::IntraNode,
@@ -187,41 +260,6 @@ pub(crate) fn create(init: &BackendInit) -> Result<Arc<dyn Backend>> {
             )))
         }
     };
-    let ipc = super::cuda_ipc::open_plane(&init.agent_name, 1)?;
-    let gpu = Gpu::open(ordinal).map_err(gpu_err("opening the backend's GPU"))?;
-    if let Some(nic) = network_devices.first() {
-        tracing::info!(
-            "{NAME}: network device {nic} is recorded; the NIC path posts through a CPU proxy on libfabric"
-        );
-    }
-    let oob_interface = params.get("oob_interface").cloned();
-    let nic = match handler {
-        NicHandlerChoice::IntraNode => None,
-        _ => {
-            let provider = params
-                .get("provider")
-                .map(String::as_str)
-                .unwrap_or(DEFAULT_PROVIDER);
-            let node = oob::interface_address(oob_interface.as_deref())?;
-            match NicPath::new(&init.agent_name, &gpu, provider, node, DEVICE_TIMEOUT) {
-                Ok(nic) => Some(nic),
-                Err(e) if handler == NicHandlerChoice::Auto && !params.contains_key("provider") => {
-                    tracing::warn!("{NAME}: no NIC path (peers on this node only): {e}");
-                    None
-                }
-                Err(e) => return Err(e),
-            }
-        }
-    };
-    let ctx = gpu.context();
-    let streams = (0..cuda_streams)
-        .map(|_| ctx.new_stream())
-        .collect::<std::result::Result<Vec<_>, _>>()
-        .map_err(|e| Error::Gpu(format!("creating {NAME}'s streams: {e:?}")))?;
-    let sm_count = ctx
-        .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
-        .map_err(|e| Error::Gpu(format!("reading the SM count: {e:?}")))?
-        .max(1) as u32;
     // Loads each lane of the intra-node copy keeps in flight (gio's GIO_COPY_DEPTH).
     let copy_depth: u32 = param(NAME, params, "copy_depth", 4)?;
     if !(1..=16).contains(&copy_depth) {
@@ -229,44 +267,183 @@ pub(crate) fn create(init: &BackendInit) -> Result<Arc<dyn Backend>> {
             "{NAME} parameter copy_depth={copy_depth} must be 1..=16"
         )));
     }
-    let options = device::compile_options(&gpu)?.define(format!("GIO_COPY_DEPTH={copy_depth}"));
-    let (name, source) = device::DEVICE_SOURCES[0];
-    let ptx = gpunetio::device_code::compile(name, source, &options)
-        .map_err(|e| Error::Gpu(format!("compiling {NAME}'s transfer kernel: {e}")))?;
-    let module = ctx
-        .load_module(ptx)
-        .map_err(|e| Error::Gpu(format!("loading {NAME}'s transfer kernel: {e:?}")))?;
-    let transfer = module
-        .load_function("nixl_gpunetio_xfer")
-        .map_err(|e| Error::Gpu(format!("nixl_gpunetio_xfer: {e:?}")))?;
-    // One wave: more blocks than fit at once (the kernel's registers decide, 4 of 512
-    // threads at most) leave a tail wave that runs with the GPU mostly idle.
-    let per_sm = transfer
-        .occupancy_max_active_blocks_per_multiprocessor(THREADS, 0, None)
-        .map_err(|e| Error::Gpu(format!("the transfer kernel's occupancy: {e:?}")))?
-        .clamp(1, 4);
-    tracing::debug!("{NAME}: {per_sm} transfer blocks per SM, {sm_count} SMs");
-    Ok(Arc::new(GpunetioBackend {
+    // Before anything here opens a GPU: opening one makes its context current.
+    let current_gpu = gpu_mem::current_device().ok().flatten();
+    let ipc = super::cuda_ipc::open_plane(&init.agent_name, 1)?;
+    if let Some(nic) = network_devices.first() {
+        tracing::info!(
+            "{NAME}: network device {nic} is recorded; the NIC path posts through a CPU proxy on libfabric"
+        );
+    }
+    let backend = GpunetioBackend {
         ipc,
-        handles: HandleTable::new(&gpu, HANDLE_SLOTS)?,
-        gpu,
-        streams: Arc::new(StreamPool {
-            streams,
-            next: AtomicUsize::new(0),
-        }),
-        transfer,
-        resident_blocks: sm_count * per_sm,
+        setup: Setup {
+            agent_name: init.agent_name.clone(),
+            explicit_gpu,
+            current_gpu,
+            cuda_streams,
+            copy_depth,
+            provider: params.get("provider").cloned(),
+        },
+        bound: OnceLock::new(),
+        binding: Mutex::new(Vec::new()),
         network_devices,
-        oob_interface,
+        oob_interface: params.get("oob_interface").cloned(),
         handler,
-        nic,
-    }))
+    };
+    // An explicit GPU is bound now, so that a wrong one fails at creation.
+    if explicit_gpu.is_some() {
+        backend.bound()?;
+    }
+    Ok(Arc::new(backend))
+}
+
+/// `gpu_devices`: one CUDA ordinal.
+fn parse_gpu_devices(gpu_devices: &str) -> Result<usize> {
+    let ordinals: Vec<&str> = gpu_devices
+        .split([',', ' '])
+        .filter(|s| !s.is_empty())
+        .collect();
+    match ordinals.as_slice() {
+        [one] => one.parse().map_err(|_| {
+            Error::InvalidParam(format!(
+                "{NAME} parameter gpu_devices={gpu_devices:?} is not a CUDA ordinal"
+            ))
+        }),
+        _ => Err(Error::InvalidParam(format!(
+            "{NAME} drives one GPU per backend (as upstream): gpu_devices={gpu_devices:?}"
+        ))),
+    }
+}
+
+/// Which GPU a backend binds, and why: `gpu_devices` always; else the GPU of the VRAM
+/// being registered (`vram`); else the creating thread's current device; else GPU 0.
+fn choose_gpu(
+    explicit: Option<usize>,
+    vram: Option<usize>,
+    current: Option<usize>,
+) -> (usize, BoundBy) {
+    match (explicit, vram, current) {
+        (Some(g), _, _) => (g, BoundBy::Param),
+        (None, Some(g), _) => (g, BoundBy::FirstVram),
+        (None, None, Some(g)) => (g, BoundBy::CurrentDevice),
+        (None, None, None) => (0, BoundBy::Default),
+    }
+}
+
+impl Bound {
+    /// Opens GPU `ordinal` and makes everything of the backend that lives on it: the
+    /// NIC path, the streams, the transfer kernel, the device handle table.
+    fn new(
+        setup: &Setup,
+        handler: NicHandlerChoice,
+        oob_interface: Option<&str>,
+        ordinal: usize,
+        by: BoundBy,
+    ) -> Result<Self> {
+        let gpu = Gpu::open(ordinal).map_err(gpu_err("opening the backend's GPU"))?;
+        let nic = match handler {
+            NicHandlerChoice::IntraNode => None,
+            _ => {
+                let provider = setup.provider.as_deref().unwrap_or(DEFAULT_PROVIDER);
+                let node = oob::interface_address(oob_interface)?;
+                match NicPath::new(&setup.agent_name, &gpu, provider, node, DEVICE_TIMEOUT) {
+                    Ok(nic) => Some(nic),
+                    Err(e) if handler == NicHandlerChoice::Auto && setup.provider.is_none() => {
+                        tracing::warn!("{NAME}: no NIC path (peers on this node only): {e}");
+                        None
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+        };
+        let ctx = gpu.context();
+        let streams = (0..setup.cuda_streams)
+            .map(|_| ctx.new_stream())
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(|e| Error::Gpu(format!("creating {NAME}'s streams: {e:?}")))?;
+        let sm_count = ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(|e| Error::Gpu(format!("reading the SM count: {e:?}")))?
+            .max(1) as u32;
+        let options =
+            device::compile_options(&gpu)?.define(format!("GIO_COPY_DEPTH={}", setup.copy_depth));
+        let (name, source) = device::DEVICE_SOURCES[0];
+        let ptx = gpunetio::device_code::compile(name, source, &options)
+            .map_err(|e| Error::Gpu(format!("compiling {NAME}'s transfer kernel: {e}")))?;
+        let module = ctx
+            .load_module(ptx)
+            .map_err(|e| Error::Gpu(format!("loading {NAME}'s transfer kernel: {e:?}")))?;
+        let transfer = module
+            .load_function("nixl_gpunetio_xfer")
+            .map_err(|e| Error::Gpu(format!("nixl_gpunetio_xfer: {e:?}")))?;
+        // One wave: more blocks than fit at once (the kernel's registers decide, 4 of 512
+        // threads at most) leave a tail wave that runs with the GPU mostly idle.
+        let per_sm = transfer
+            .occupancy_max_active_blocks_per_multiprocessor(THREADS, 0, None)
+            .map_err(|e| Error::Gpu(format!("the transfer kernel's occupancy: {e:?}")))?
+            .clamp(1, 4);
+        tracing::debug!("{NAME}: {per_sm} transfer blocks per SM, {sm_count} SMs");
+        Ok(Bound {
+            handles: HandleTable::new(&gpu, HANDLE_SLOTS)?,
+            gpu,
+            by,
+            streams: Arc::new(StreamPool {
+                streams,
+                next: AtomicUsize::new(0),
+            }),
+            transfer,
+            resident_blocks: sm_count * per_sm,
+            nic,
+        })
+    }
 }
 
 impl GpunetioBackend {
-    /// The GPU this backend drives.
-    pub fn gpu(&self) -> &Gpu {
-        &self.gpu
+    /// The GPU-bound half, binding it first if it is not yet (see [`Self::bound_for`]).
+    fn bound(&self) -> Result<&Arc<Bound>> {
+        self.bound_for(None)
+    }
+
+    /// The GPU-bound half. The first call binds it, once and under a lock (concurrent
+    /// first calls agree on one GPU): to `gpu_devices` when given, else to `vram` (the GPU
+    /// of the VRAM a registration brings), else to the creating thread's current device,
+    /// else to GPU 0. Later calls return it whatever `vram` says (the caller compares).
+    fn bound_for(&self, vram: Option<usize>) -> Result<&Arc<Bound>> {
+        if let Some(b) = self.bound.get() {
+            return Ok(b);
+        }
+        let mut wakers = self.binding.lock();
+        if let Some(b) = self.bound.get() {
+            return Ok(b);
+        }
+        let (ordinal, by) = choose_gpu(self.setup.explicit_gpu, vram, self.setup.current_gpu);
+        let bound = Bound::new(
+            &self.setup,
+            self.handler,
+            self.oob_interface.as_deref(),
+            ordinal,
+            by,
+        )?;
+        if let Some(nic) = &bound.nic {
+            for w in wakers.drain(..) {
+                nic.add_notif_waker(w);
+            }
+        }
+        tracing::info!("{NAME}: drives GPU {ordinal} ({})", by.describe());
+        Ok(self.bound.get_or_init(|| Arc::new(bound)))
+    }
+
+    /// The NIC path, if the backend is bound and has one.
+    fn nic_if_bound(&self) -> Option<&Arc<NicPath>> {
+        self.bound.get().and_then(|b| b.nic.as_ref())
+    }
+
+    /// The GPU this backend drives, once bound: `gpu_devices`, else the GPU of the first
+    /// VRAM registered, else (for anything that needs a GPU before that) the creating
+    /// thread's current device or GPU 0.
+    pub fn gpu(&self) -> Option<&Gpu> {
+        self.bound.get().map(|b| &b.gpu)
     }
 
     /// The NIC named by `network_devices` (used for peers on other nodes).
@@ -284,9 +461,9 @@ impl GpunetioBackend {
         self.handler
     }
 
-    /// The NIC path's libfabric provider, if it has one.
+    /// The NIC path's libfabric provider, if it has one (once bound).
     pub fn nic_provider(&self) -> Option<&str> {
-        self.nic.as_ref().map(|n| n.provider())
+        self.nic_if_bound().map(|n| n.provider())
     }
 
     /// Whether `agent` is a peer the intra-node path may serve: on this node, and
@@ -304,7 +481,9 @@ impl GpunetioBackend {
     ) -> bool {
         self.intra_node_peer(agent) && parts.all(|(l, r)| l.ipc.is_some() && r.ipc.is_some())
     }
+}
 
+impl Bound {
     fn nic(&self) -> Result<&Arc<NicPath>> {
         self.nic.as_ref().ok_or_else(|| Error::NotSupported {
             backend: NAME.into(),
@@ -421,8 +600,9 @@ impl GpunetioBackend {
     fn check_local_gpu(&self, kind: MemKind, dev_id: u64) -> Result<()> {
         if kind == MemKind::Vram && dev_id != self.gpu.ordinal() as u64 {
             return Err(Error::InvalidParam(format!(
-                "{NAME} drives GPU {} (gpu_devices); this VRAM is on GPU {dev_id}",
-                self.gpu.ordinal()
+                "{NAME} drives GPU {} ({}); this VRAM is on GPU {dev_id} (one GPU per backend: create another agent, or pass gpu_devices={dev_id})",
+                self.gpu.ordinal(),
+                self.by.describe()
             )));
         }
         Ok(())
@@ -463,7 +643,12 @@ impl Backend for GpunetioBackend {
         &[MemKind::Dram, MemKind::Vram]
     }
     fn supported_remote_mem(&self) -> &[MemKind] {
-        if self.nic.is_some() {
+        // Before binding, the NIC path is expected unless nic_handler=intra_node.
+        let nic = match self.bound.get() {
+            Some(b) => b.nic.is_some(),
+            None => self.handler != NicHandlerChoice::IntraNode,
+        };
+        if nic {
             &[MemKind::Dram, MemKind::Vram]
         } else {
             &[MemKind::Vram]
@@ -481,11 +666,11 @@ impl Backend for GpunetioBackend {
         };
         match intra {
             Ok(()) => Ok(()),
-            Err(_) if self.nic.as_ref().is_some_and(|n| n.knows(agent)) => Ok(()),
+            Err(_) if self.nic_if_bound().is_some_and(|n| n.knows(agent)) => Ok(()),
             Err(Error::Unreachable { agent, reason, .. }) => Err(Error::Unreachable {
                 backend: NAME.into(),
                 agent,
-                reason: if self.nic.is_some() {
+                reason: if self.nic_if_bound().is_some() {
                     format!("{reason}, and it published no NIC path this backend can use")
                 } else {
                     format!("{reason} (no NIC path: nic_handler=intra_node or no provider)")
@@ -495,18 +680,21 @@ impl Backend for GpunetioBackend {
         }
     }
     fn register_mem(&self, region: &Region) -> Result<Arc<dyn LocalMd>> {
-        self.check_local_gpu(region.kind, region.desc.dev_id)?;
+        // The first VRAM registered binds its GPU (unless gpu_devices did).
+        let vram = (region.kind == MemKind::Vram).then_some(region.desc.dev_id as usize);
+        let b = self.bound_for(vram)?;
+        b.check_local_gpu(region.kind, region.desc.dev_id)?;
         let ipc = match self.ipc.register_mem(region) {
             Ok(md) => Some(md),
             // Memory CUDA IPC cannot export (stream-ordered pool memory) still moves
             // through the NIC path.
-            Err(e) if self.nic.is_some() => {
+            Err(e) if b.nic.is_some() => {
                 tracing::debug!("{NAME}: no intra-node export of this region: {e}");
                 None
             }
             Err(e) => return Err(e),
         };
-        let nic = match &self.nic {
+        let nic = match &b.nic {
             Some(nic) => Some(nic.register(region.kind, region.desc.addr, region.desc.len)?),
             None => None,
         };
@@ -516,7 +704,7 @@ impl Backend for GpunetioBackend {
         let mut out = CONN_MAGIC.to_vec();
         out.push(WIRE_VERSION);
         nic::put_field(&mut out, &self.ipc.connection_info()?)?;
-        match &self.nic {
+        match &self.bound()?.nic {
             Some(nic) => {
                 out.push(1);
                 nic.info()?.encode(&mut out)?;
@@ -544,7 +732,7 @@ impl Backend for GpunetioBackend {
         };
         f.finish()?;
         self.ipc.load_remote_conn_info(agent, ipc)?;
-        match (&self.nic, nic) {
+        match (&self.bound()?.nic, nic) {
             (Some(path), Some(info)) => path.load_peer(agent, info),
             _ => Ok(()),
         }
@@ -601,7 +789,7 @@ impl Backend for GpunetioBackend {
     }
     fn disconnect(&self, agent: &str) {
         self.ipc.disconnect(agent);
-        if let Some(nic) = &self.nic {
+        if let Some(nic) = self.nic_if_bound() {
             nic.forget(agent);
         }
     }
@@ -611,16 +799,17 @@ impl Backend for GpunetioBackend {
         entries: &[XferEntry<'_>],
         agent: &str,
     ) -> Result<Box<dyn BackendXfer>> {
+        let b = self.bound()?;
         for e in entries {
-            self.check_local_gpu(e.local_region.kind, e.local.dev_id)?;
+            b.check_local_gpu(e.local_region.kind, e.local.dev_id)?;
         }
         let parts = entries
             .iter()
             .map(|e| Ok((local_md(e.local_md)?, remote_md(e.remote_md)?)))
             .collect::<Result<Vec<_>>>()?;
         if !self.intra_node_reaches(agent, parts.iter().copied()) {
-            if self.nic.is_some() {
-                return self.prep_nic(op, entries, &parts, agent);
+            if b.nic.is_some() {
+                return b.prep_nic(op, entries, &parts, agent);
             }
             // The intra-node path's own refusal says why (another node, a peer's DRAM).
             self.ipc.reach(agent)?;
@@ -644,13 +833,30 @@ impl Backend for GpunetioBackend {
                 ..*e
             })
             .collect();
-        let resolved = self.ipc.resolve(&inner, agent)?;
+        // Mapped for the kernel's GPU: peer access toward the peer's GPU is enabled; a
+        // pair without it cannot be reached by a kernel and goes to the NIC path, if any.
+        let resolved = match self.ipc.resolve(&inner, agent, Some(b.gpu.ordinal())) {
+            Ok(r) => r,
+            Err(e @ Error::NotSupported { .. }) => {
+                if b.nic.is_some() {
+                    tracing::info!("{NAME}: {e}; this transfer goes through the NIC path");
+                    return b.prep_nic(op, entries, &parts, agent);
+                }
+                return Err(Error::NotSupported {
+                    backend: NAME.into(),
+                    what: format!(
+                        "{e} (and there is no NIC path: nic_handler=intra_node or no provider)"
+                    ),
+                });
+            }
+            Err(e) => return Err(e),
+        };
         let ranges: Vec<(u64, u64, bool)> = resolved
             .pairs
             .iter()
             .flat_map(|p| [(p.local, p.len, false), (p.remote, p.len, true)])
             .collect();
-        let qp = self.queue_pair(&ranges)?;
+        let qp = b.queue_pair(&ranges)?;
         let descs: Vec<GpuDesc> = resolved
             .pairs
             .iter()
@@ -667,8 +873,8 @@ impl Backend for GpunetioBackend {
             .collect();
         let total: u64 = descs.iter().map(|d| d.len).sum();
         let largest = descs.iter().map(|d| d.len).max().unwrap_or(0);
-        let (blocks, chunk) = self.plan(total, largest);
-        self.kernel_xfer(
+        let (blocks, chunk) = b.plan(total, largest);
+        b.kernel_xfer(
             op,
             DeviceQp::IntraNode(qp),
             &descs,
@@ -679,7 +885,7 @@ impl Backend for GpunetioBackend {
         )
     }
     fn gen_notif(&self, agent: &str, msg: &[u8]) -> Result<()> {
-        if let Some(nic) = &self.nic {
+        if let Some(nic) = self.nic_if_bound() {
             if !self.intra_node_peer(agent) && nic.knows(agent) {
                 return nic.link(agent)?.oob.send(msg);
             }
@@ -688,18 +894,28 @@ impl Backend for GpunetioBackend {
     }
     fn take_notifs(&self, into: &mut Vec<(String, Vec<u8>)>) {
         self.ipc.take_notifs(into);
-        if let Some(nic) = &self.nic {
+        if let Some(nic) = self.nic_if_bound() {
             nic.take_notifs(into);
         }
     }
     fn set_notif_waker(&self, waker: NotifWaker) -> bool {
-        // Both paths queue from their receiving threads (or the completing thread).
-        if let Some(nic) = &self.nic {
-            nic.add_notif_waker(waker.clone());
+        // Both paths queue from their receiving threads (or the completing thread). Before
+        // binding, the NIC path does not exist yet: it gets the waker when it is made.
+        {
+            let mut pending = self.binding.lock();
+            match self.bound.get() {
+                Some(b) => {
+                    if let Some(nic) = &b.nic {
+                        nic.add_notif_waker(waker.clone());
+                    }
+                }
+                None => pending.push(waker.clone()),
+            }
         }
         self.ipc.set_notif_waker(waker)
     }
     fn prep_mem_view(&self, agent: Option<&str>, entries: &[ViewEntry<'_>]) -> Result<GpuHandle> {
+        let b = self.bound()?;
         if entries.len() > gpunetio::intra_node::MAX_REGIONS {
             return Err(Error::InvalidParam(format!(
                 "{NAME}: a view holds at most {} elements",
@@ -716,7 +932,7 @@ impl Backend for GpunetioBackend {
                         ));
                     };
                     let md = local_md(md)?;
-                    self.check_local_gpu(e.region.kind, e.desc.dev_id)?;
+                    b.check_local_gpu(e.region.kind, e.desc.dev_id)?;
                     // Intra-node puts read local DRAM through its mapping.
                     let mapped = e.region.kind != MemKind::Dram
                         || md
@@ -741,7 +957,7 @@ impl Backend for GpunetioBackend {
                 // A local view's elements are sources: kernels read them through their
                 // addresses (intra-node) or name their slot (NIC path), so it needs no
                 // queue pair of its own.
-                self.handles
+                b.handles
                     .publish(0, &descs, SLOT_VIEW | SLOT_LOCAL, Box::new(()))
             }
             Some(peer) => {
@@ -756,20 +972,20 @@ impl Backend for GpunetioBackend {
                     .collect::<Result<Vec<_>>>()?;
                 let intra = self.intra_node_peer(peer) && remotes.iter().all(|r| r.ipc.is_some());
                 if !intra {
-                    return self.nic_view(peer, entries, &remotes);
+                    return b.nic_view(peer, entries, &remotes);
                 }
                 let ranges: Vec<_> = entries
                     .iter()
                     .zip(&remotes)
                     .map(|(e, r)| (e.desc, &**r.ipc.as_ref().expect("checked above")))
                     .collect();
-                let (addrs, keep) = self.ipc.map_remote(peer, &ranges, self.gpu.ordinal())?;
+                let (addrs, keep) = self.ipc.map_remote(peer, &ranges, b.gpu.ordinal())?;
                 let spans: Vec<(u64, u64, bool)> = addrs
                     .iter()
                     .zip(entries)
                     .map(|(&a, e)| (a, e.desc.len, true))
                     .collect();
-                let qp = self.queue_pair(&spans)?;
+                let qp = b.queue_pair(&spans)?;
                 let descs: Vec<GpuDesc> = addrs
                     .iter()
                     .zip(entries)
@@ -784,13 +1000,13 @@ impl Backend for GpunetioBackend {
                         remote_off: 0,
                     })
                     .collect();
-                self.publish_view(DeviceQp::IntraNode(qp), &descs, keep)
+                b.publish_view(DeviceQp::IntraNode(qp), &descs, keep)
             }
         }
     }
 }
 
-impl GpunetioBackend {
+impl Bound {
     /// A remote view over the NIC path: the proxy toward `peer`, elements naming the
     /// peer's regions in it.
     fn nic_view(
@@ -1112,5 +1328,44 @@ fn gio_status_name(st: i32) -> &'static str {
         ffi::GIO_ERR_MIXED_LEVELS => "high- and low-level calls mixed",
         ffi::GIO_ERR_CQE => "error completion",
         _ => "unknown",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gpu_devices_wins_then_the_first_vram_then_the_current_device() {
+        assert_eq!(choose_gpu(Some(2), Some(1), Some(3)), (2, BoundBy::Param));
+        assert_eq!(choose_gpu(None, Some(1), Some(3)), (1, BoundBy::FirstVram));
+        assert_eq!(choose_gpu(None, None, Some(3)), (3, BoundBy::CurrentDevice));
+        assert_eq!(choose_gpu(None, None, None), (0, BoundBy::Default));
+        assert!(BoundBy::FirstVram.describe().contains("first VRAM"));
+    }
+
+    /// A NIC this machine lacks is refused at creation, before any GPU is touched.
+    #[test]
+    fn a_missing_network_device_is_refused() {
+        let agent = crate::Agent::new("gio-nic-check", crate::AgentConfig::default()).unwrap();
+        let e = agent
+            .create_backend(NAME, &crate::params([("network_devices", "nosuchdev0")]))
+            .unwrap_err();
+        assert!(matches!(e, Error::InvalidParam(_)), "{e}");
+        assert!(e.to_string().contains("no RDMA device nosuchdev0"), "{e}");
+    }
+
+    #[test]
+    fn gpu_devices_is_one_ordinal() {
+        assert_eq!(parse_gpu_devices("1").unwrap(), 1);
+        assert_eq!(parse_gpu_devices(" 3 ").unwrap(), 3);
+        assert!(matches!(
+            parse_gpu_devices("0,1"),
+            Err(Error::InvalidParam(_))
+        ));
+        assert!(matches!(
+            parse_gpu_devices("x"),
+            Err(Error::InvalidParam(_))
+        ));
     }
 }

@@ -7,7 +7,9 @@
 //! - `rank/0`, `rank/1`: the initiator's and the target's [`RankInfo`] (JSON). Rank 0
 //!   picks the run id; rank 1 is claimed only while rank 0 is the one it read (a second
 //!   compare on rank 0's `mod_revision`), and carries the same run id;
-//! - `run/{run}/{label}`: what the two sides tell each other (agent names, the end);
+//! - `run/{run}/{label}`: what the two sides tell each other (agent names, the end,
+//!   `setup-{rank}`: each side's setup progress, every second, which bounds the peer's
+//!   waits: `crate::setup`);
 //! - `run/{run}/agents/…`: the agents' metadata, through `nixl::etcd::EtcdMetadata`.
 //!
 //! Every key is attached to a lease of the process that wrote it: dropping the runtime
@@ -15,6 +17,7 @@
 //! once its processes are gone, and a peer that vanished is seen as gone.
 
 use crate::options::Side;
+use crate::setup::{PeerWait, SetupReport, Verdict};
 use etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, PutOptions, Txn, TxnOp, TxnOpResponse,
 };
@@ -363,10 +366,21 @@ impl EtcdRuntime {
             return Ok(p.clone());
         }
         let start = Instant::now();
+        let mut printed = Instant::now();
         loop {
             if let Some(p) = self.peer_now()? {
                 self.peer = Some(p.clone());
                 return Ok(p);
+            }
+            if printed.elapsed() >= Duration::from_secs(5) {
+                printed = Instant::now();
+                eprintln!(
+                    "nixlbench: waiting for {} to join benchmark group `{}` ({:.0} s of {:?})",
+                    self.peer_role(),
+                    self.group,
+                    start.elapsed().as_secs_f64(),
+                    self.wait
+                );
             }
             if start.elapsed() > self.wait {
                 return Err(format!(
@@ -447,8 +461,8 @@ impl EtcdRuntime {
         Ok(())
     }
 
-    /// Waits (up to `--etcd_wait`) for `run/{run}/{label}`, failing early when the peer
-    /// leaves; `what` names the wait in errors.
+    /// Waits for `run/{run}/{label}` (up to `--etcd_wait` after the peer's last setup
+    /// progress), failing early when the peer leaves; `what` names the wait in errors.
     pub(crate) fn wait_for(&self, label: &str, what: &str) -> Result<String, String> {
         match self.wait_key(label, what)? {
             Ok(value) => Ok(value),
@@ -456,17 +470,18 @@ impl EtcdRuntime {
         }
     }
 
-    /// Waits (up to `--etcd_wait`) for `run/{run}/{label}` or for the peer to leave,
+    /// Waits (bounded as [`EtcdRuntime::wait_for`]) for `run/{run}/{label}` or for the peer to leave,
     /// whichever comes first: a peer that acknowledges and exits at once takes its key
     /// with it (the lease), so its leaving is an answer too.
     pub(crate) fn wait_for_or_left(&self, label: &str, what: &str) -> Result<(), String> {
         self.wait_key(label, what).map(drop)
     }
 
-    /// `Ok(Ok(value))`: the key; `Ok(Err(why))`: the peer left first.
+    /// `Ok(Ok(value))`: the key; `Ok(Err(why))`: the peer left first. The wait is
+    /// bounded by the peer's setup progress ([`PeerWait`]), printed every few seconds.
     fn wait_key(&self, label: &str, what: &str) -> Result<Result<String, String>, String> {
         let key = format!("{}/{label}", self.run_prefix());
-        let start = Instant::now();
+        let mut bound = PeerWait::new(self.wait, Instant::now());
         let mut last_peer_check = Instant::now();
         loop {
             if let Some(v) = self.get(&key)? {
@@ -480,15 +495,34 @@ impl EtcdRuntime {
                 if let Some(why) = self.peer_gone() {
                     return Ok(Err(why));
                 }
-            }
-            if start.elapsed() > self.wait {
-                return Err(format!(
-                    "waiting for {what}: nothing at `{key}` within {:?}",
-                    self.wait
-                ));
+                match bound.observe(Instant::now(), self.peer_setup(), what, self.peer_role()) {
+                    Verdict::Wait => {}
+                    Verdict::Print(line) => eprintln!("nixlbench: {line}"),
+                    Verdict::GiveUp(why) => {
+                        return Err(format!(
+                            "waiting for {what}: nothing at `{key}`: {why} (--etcd_wait {} s \
+                             after its last progress)",
+                            self.wait.as_secs()
+                        ))
+                    }
+                }
             }
             std::thread::sleep(POLL);
         }
+    }
+
+    /// Publishes this side's setup progress (`setup-{rank}`), which bounds the peer's
+    /// waits for it.
+    pub(crate) fn publish_setup(&self, report: &SetupReport) -> Result<(), String> {
+        let json = serde_json::to_string(report).map_err(|e| e.to_string())?;
+        self.put(&setup_label(rank_of(self.side)), &json)
+    }
+
+    /// The peer's latest setup progress, if it published any (and etcd answers).
+    fn peer_setup(&self) -> Option<SetupReport> {
+        let key = format!("{}/{}", self.run_prefix(), setup_label(self.peer_rank()));
+        let value = self.get(&key).ok()??;
+        serde_json::from_slice(&value).ok()
     }
 
     /// The configuration of the agents' metadata service: this run's prefix, the
@@ -500,6 +534,11 @@ impl EtcdRuntime {
         config.lease_ttl = Some(RANK_LEASE_TTL);
         config
     }
+}
+
+/// The label under which `rank` publishes its setup progress.
+fn setup_label(rank: usize) -> String {
+    format!("setup-{rank}")
 }
 
 /// The label under which `rank` reports its failure.

@@ -1,10 +1,11 @@
 //! The initiator side: its agent and backend, the target's metadata, the run.
 
-use crate::mem::{register, Mem, INITIATOR_FILL, TARGET_FILL, TARGET_SEED};
+use crate::mem::{register, Init, Mem, INITIATOR_FILL, TARGET_SEED};
 use crate::options::{Options, Side};
 use crate::provider::{is_this_host, provider_of, with_provider};
+use crate::setup::Setup;
 use crate::sweep::{describe_remote, remote_mem, sweep, Peer, RemoteMem, Row};
-use crate::INITIATOR;
+use crate::{quiet, INITIATOR};
 use nixl::Agent;
 use std::net::SocketAddr;
 use std::sync::Mutex;
@@ -121,12 +122,30 @@ pub(crate) fn wait_for_target(
     }
 }
 
-pub(crate) fn run_initiator(o: &Options, target_addr: SocketAddr) -> Result<Vec<Row>, String> {
+/// The initiator's buffer, its setup stages printed (each long enough to matter).
+pub(crate) fn initiator_mem(o: &Options) -> Result<Mem, String> {
+    let setup = Setup::new("nixlbench", !quiet());
+    let mem = Mem::for_side_init(o, Side::Initiator, Init::Byte(INITIATOR_FILL), &setup)?;
+    // Ends (and prints) the allocation's stage.
+    setup.finish("set up");
+    Ok(mem)
+}
+
+/// The initiator against the target at `target_addr`, with its buffer `local` if it was
+/// set up already (while the target set up its own), else set up here.
+pub(crate) fn run_initiator(
+    o: &Options,
+    target_addr: SocketAddr,
+    local: Option<Mem>,
+) -> Result<Vec<Row>, String> {
     if o.backend == "LOCAL" {
         return Err("LOCAL moves data inside one agent: run without --role".into());
     }
     let (agent, how) = initiator_agent(o, target_addr)?;
-    let local = Mem::for_side(o, Side::Initiator, INITIATOR_FILL)?;
+    let local = match local {
+        Some(mem) => mem,
+        None => initiator_mem(o)?,
+    };
     let _reg = register(&agent, &local, None)?;
     // The target learns our name (so our provider) and connection, then registers.
     agent
@@ -138,11 +157,13 @@ pub(crate) fn run_initiator(o: &Options, target_addr: SocketAddr) -> Result<Vec<
     agent
         .send_local_metadata(target_addr)
         .map_err(|e| format!("sending our metadata to {target_addr}: {e}"))?;
-    measure(o, &agent, &how, &local, &target, &target_addr.to_string())
+    let same_host = is_this_host(target_addr.ip());
+    let at = target_addr.to_string();
+    measure(o, &agent, &how, &local, &target, &at, same_host)
 }
 
-/// The sweep against the target `target` (reached at `at`), once both sides have each
-/// other's metadata; tells the target DONE at the end.
+/// The sweep against the target `target` (reached at `at`, on this host or not), once
+/// both sides have each other's metadata; tells the target DONE at the end.
 pub(crate) fn measure(
     o: &Options,
     agent: &Agent,
@@ -150,11 +171,20 @@ pub(crate) fn measure(
     local: &Mem,
     target: &str,
     at: &str,
+    same_host: bool,
 ) -> Result<Vec<Row>, String> {
     let remote = remote_mem(agent, target)?;
     let peer = Peer::Remote {
         name: target.to_string(),
         check_lock: Mutex::new(()),
+    };
+    let how = match o.backend.as_str() {
+        #[cfg(feature = "cuda")]
+        "GPUNETIO" => gpunetio_path(o, agent, target, remote, same_host),
+        _ => {
+            let _ = same_host; // only GPUNETIO's path depends on it
+            how.to_string()
+        }
     };
     let header = format!(
         "nixlbench: backend {}{}, {:?}, {} -> {}, {} thread(s), device_list {}, target `{target}` at {at}",
@@ -173,10 +203,88 @@ pub(crate) fn measure(
     Ok(rows)
 }
 
+/// Which of GPUNETIO's paths carries the transfers to `target`, for the header: the
+/// backend's own word where it gives one ([`nixl::backend::Backend::peer_transport`]),
+/// else its rule (module docs of `nixl::backends::gpunetio`) applied to this run's
+/// parameters: intra-node (CUDA IPC) for a target on this host whose memory is VRAM the
+/// backend's GPU reaches (the same GPU, or peer access to the target's), unless
+/// `nic_handler=cpu_proxy`; otherwise the NIC path, a CPU proxy over a libfabric provider
+/// (no ConnectX NIC is driven: the native mlx5 handler is not used).
+#[cfg(feature = "cuda")]
+fn gpunetio_path(
+    o: &Options,
+    agent: &Agent,
+    target: &str,
+    remote: crate::sweep::RemoteMem,
+    same_host: bool,
+) -> String {
+    let said = agent
+        .backends()
+        .iter()
+        .find(|b| b.name() == "GPUNETIO")
+        .and_then(|b| b.peer_transport(target));
+    if let Some(path) = said {
+        return format!("(path: {path})");
+    }
+    let params = o.params(Side::Initiator, None);
+    let handler = params.get("nic_handler").map_or("auto", String::as_str);
+    let device = match params.get("network_devices") {
+        Some(d) => format!("network device {d} recorded, not driven"),
+        None => "no network device".to_string(),
+    };
+    let (ours, theirs) = (o.gpu(Side::Initiator), remote.dev_id as usize);
+    let mut why = if !same_host {
+        "the target is on another host".to_string()
+    } else if handler == "cpu_proxy" {
+        "nic_handler=cpu_proxy".to_string()
+    } else if remote.kind != nixl::MemKind::Vram {
+        "the target's memory is not VRAM".to_string()
+    } else {
+        match gpu_link(ours, theirs) {
+            Ok(link) => {
+                return format!(
+                    "(path: intra-node, CUDA IPC: the target's VRAM (GPU {theirs}) mapped here \
+                     and written by the transfer kernel on GPU {ours}, {link})"
+                )
+            }
+            Err(no) => no,
+        }
+    };
+    if handler == "intra_node" {
+        why += "; nic_handler=intra_node has no other path, so the transfers fail";
+    }
+    let provider = params
+        .get("provider")
+        .map_or(nixl::backends::gpunetio::DEFAULT_PROVIDER, String::as_str);
+    format!("(path: CPU proxy over libfabric {provider}: {why}; no ConnectX NIC driven, {device})")
+}
+
+/// How GPU `ours` reaches GPU `theirs`'s memory (`Err`: it does not, and why).
+#[cfg(feature = "cuda")]
+fn gpu_link(ours: usize, theirs: usize) -> Result<String, String> {
+    if ours == theirs {
+        return Ok("same GPU".into());
+    }
+    let open = |g: usize| gpunetio::Gpu::open(g).map_err(|e| format!("GPU {g}: {e}"));
+    let topology = gpunetio::gpu_mem::peer_topology(&open(ours)?, &open(theirs)?)
+        .map_err(|e| format!("GPU {ours} -> GPU {theirs}: {e}"))?;
+    if topology.can_access_peer {
+        Ok(format!("peer access over {}", topology.link))
+    } else {
+        Err(format!(
+            "GPU {ours} has no peer access to the target's GPU {theirs}"
+        ))
+    }
+}
+
 /// `--backend LOCAL`: one agent holds both sides' memory.
 pub(crate) fn run_in_process(o: &Options) -> Result<Vec<Row>, String> {
-    let target_mem = Mem::for_side(o, Side::Target, TARGET_FILL)?;
-    target_mem.fill_pattern(0, target_mem.len(), TARGET_SEED)?;
+    let target_mem = Mem::for_side_init(
+        o,
+        Side::Target,
+        Init::Pattern(TARGET_SEED),
+        &Setup::new("nixlbench", !quiet()),
+    )?;
     let local = Mem::for_side(o, Side::Initiator, INITIATOR_FILL)?;
     let agent = Agent::new("nixlbench", o.agent_config(None)).map_err(|e| e.to_string())?;
     agent

@@ -35,7 +35,7 @@
 //! of the first such agent whose metadata reaches it (a target with a provider is named
 //! `nixlbench-target@PROVIDER`, which the initiator reads first).
 
-use crate::initiator::{run_in_process, run_initiator};
+use crate::initiator::{initiator_mem, run_in_process, run_initiator};
 use crate::options::{parse_args, Options, Runtime, Side};
 use crate::plot::{check_plot_path, plot};
 use crate::sweep::Row;
@@ -51,10 +51,13 @@ mod options;
 mod plot;
 mod progress;
 mod provider;
+mod setup;
 #[cfg(feature = "file")]
 mod storage;
 mod sweep;
 mod target;
+#[cfg(feature = "cuda")]
+mod vram_pattern;
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
@@ -92,7 +95,7 @@ fn main() {
         #[cfg(feature = "etcd")]
         (Runtime::Etcd { .. }, _, _) => etcd_run::run(&o),
         (_, Some(Side::Target), _) => run_target(&o).map(|_| None),
-        (_, Some(Side::Initiator), Some(addr)) => run_initiator(&o, addr).map(Some),
+        (_, Some(Side::Initiator), Some(addr)) => run_initiator(&o, addr, None).map(Some),
         // The options refuse an initiator without a target address.
         (_, Some(Side::Initiator), None) => {
             Err("--role initiator needs --target_address ADDR".into())
@@ -134,15 +137,54 @@ fn preflight(o: &Options) -> Result<(), String> {
         // Both sides on this machine (LOCAL, or the target a child process).
         _ => &[&[Side::Initiator, Side::Target]],
     };
+    // The devices first: a wrong name is the user's to fix whatever the memory.
+    check_devices(o, sides.concat().as_slice())?;
     for sides in sides {
         mem::check_fits(o, sides).map_err(|e| e.to_string())?;
     }
     Ok(())
 }
 
+/// The RDMA devices that `--device_list` (or the backend parameter it sets) names for
+/// `sides`, for the backends that open one: VERBS (`device`) and GPUNETIO
+/// (`network_devices`). LIBFABRIC takes no device from it (it prints the list, as NIXL's
+/// nixlbench does: its providers pick their own interfaces), so nothing is checked there.
+fn check_devices(o: &Options, sides: &[Side]) -> Result<(), String> {
+    let (key, without) = match o.backend.as_str() {
+        "VERBS" => (
+            "device",
+            "opens this machine's first RDMA device without --device_list",
+        ),
+        "GPUNETIO" => (
+            "network_devices",
+            "runs without --device_list: peers on this node through CUDA IPC or a CPU \
+             proxy over libfabric (tcp;ofi_rxm), peers on other nodes through the proxy",
+        ),
+        _ => return Ok(()),
+    };
+    let from_param = o.backend_params.contains_key(key);
+    let mut available: Option<Vec<String>> = None;
+    for &side in sides {
+        let params = o.params(side, None);
+        let Some(names) = params.get(key) else {
+            continue;
+        };
+        for name in names.split([',', ' ']).filter(|n| !n.is_empty()) {
+            let available = available.get_or_insert_with(tools::rdma::devices);
+            let given = if from_param {
+                format!("--backend_param {key}={names}")
+            } else {
+                format!("--device_list {}", o.device_list.join(","))
+            };
+            tools::rdma::check_device(&given, name, &o.backend, available, without)?;
+        }
+    }
+    Ok(())
+}
+
 /// Starts the target as a child process on loopback (with every option given, so its
 /// `--target_seg_type`, `--target_gpu` and backend parameters) and runs the initiator
-/// against it.
+/// against it. The initiator's buffer is set up while the target sets up its own.
 fn run_both(o: &Options, args: &[String]) -> Result<Vec<Row>, String> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let mut child = Command::new(exe)
@@ -163,22 +205,28 @@ fn run_both(o: &Options, args: &[String]) -> Result<Vec<Row>, String> {
         let _ = child.wait();
         return Err("the target's standard output was not captured".into());
     };
-    let mut lines = BufReader::new(stdout).lines();
-    let addr = loop {
-        match lines.next() {
-            Some(Ok(line)) => {
-                if let Some(a) = line.strip_prefix("NIXLBENCH_TARGET ") {
-                    break a.parse::<SocketAddr>().map_err(|e| e.to_string())?;
+    let (local, announced) = std::thread::scope(|s| {
+        let local = s.spawn(|| initiator_mem(o));
+        let mut lines = BufReader::new(stdout).lines();
+        let announced = loop {
+            match lines.next() {
+                Some(Ok(line)) => {
+                    if let Some(a) = line.strip_prefix("NIXLBENCH_TARGET ") {
+                        break a.parse::<SocketAddr>().map_err(|e| e.to_string());
+                    }
                 }
+                _ => break Err("the target exited before announcing its address".to_string()),
             }
-            _ => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err("the target exited before announcing its address".into());
-            }
-        }
+        };
+        let local = local
+            .join()
+            .unwrap_or_else(|_| Err("setting up the initiator's buffer panicked".into()));
+        (local, announced)
+    });
+    let rows = match (local, announced) {
+        (Ok(local), Ok(addr)) => run_initiator(o, addr, Some(local)),
+        (Err(e), _) | (_, Err(e)) => Err(e),
     };
-    let rows = run_initiator(o, addr);
     if rows.is_err() {
         let _ = child.kill();
     }

@@ -2,8 +2,81 @@
 //! consistency check compares.
 
 use crate::options::{Options, Side};
+use crate::setup::Setup;
 use nixl::{Agent, Desc, DescList, MemKind};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use tools::units::human_bytes;
+
+/// How a new buffer starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Init {
+    /// Every byte this value (NIXL's nixlbench memsets its buffers so).
+    Byte(u8),
+    /// The pattern of this seed (a READ source: the target's memory).
+    Pattern(u64),
+}
+
+/// The piece of a buffer one fill thread takes at a time.
+const FILL_PIECE: usize = 64 << 20;
+/// Fill threads at most: first-touching pages and generating the pattern are CPU-bound
+/// per thread, and memory bandwidth is reached well before this.
+const MAX_FILL_THREADS: usize = 16;
+/// The host piece a thread generates before copying it to VRAM (without NVRTC).
+#[cfg(feature = "cuda")]
+const VRAM_STAGE: usize = 8 << 20;
+/// From this length a VRAM range gets its pattern from the GPU (`vram_pattern`): a
+/// kernel launch costs about what a small host copy does.
+#[cfg(feature = "cuda")]
+const VRAM_KERNEL_FROM: usize = 64 << 10;
+
+/// Threads that fill `len` bytes: one per core up to [`MAX_FILL_THREADS`], no more than
+/// there are pieces.
+fn fill_threads(len: usize) -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    cores
+        .min(MAX_FILL_THREADS)
+        .min(len.div_ceil(FILL_PIECE))
+        .max(1)
+}
+
+/// Runs `fill(offset, len)` over `[0, len)` in [`FILL_PIECE`]s on [`fill_threads`]
+/// threads, each piece added to `setup`'s bytes done as it completes. Setting up tens of
+/// GiB one thread at a time takes minutes (a page fault per 4 KiB page, a hash per
+/// word); spread over the cores it runs at memory speed. The first error stops every
+/// thread at its next piece.
+fn fill_parallel(
+    len: usize,
+    setup: &Setup,
+    fill: impl Fn(usize, usize) -> Result<(), String> + Sync,
+) -> Result<(), String> {
+    let next = AtomicUsize::new(0);
+    let failed = AtomicBool::new(false);
+    let work = || -> Result<(), String> {
+        loop {
+            let at = next.fetch_add(FILL_PIECE, Ordering::Relaxed);
+            if at >= len || failed.load(Ordering::Relaxed) {
+                return Ok(());
+            }
+            let n = FILL_PIECE.min(len - at);
+            if let Err(e) = fill(at, n) {
+                failed.store(true, Ordering::Relaxed);
+                return Err(e);
+            }
+            setup.add(n as u64);
+        }
+    };
+    let threads = fill_threads(len);
+    if threads == 1 {
+        return work();
+    }
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads).map(|_| s.spawn(work)).collect();
+        handles.into_iter().try_for_each(|h| {
+            h.join()
+                .unwrap_or_else(|_| Err("a fill thread panicked".into()))
+        })
+    })
+}
 
 /// Why benchmark memory cannot be had: found before anything starts where it can be
 /// ([`check_fits`]), else when allocating.
@@ -51,6 +124,17 @@ pub(crate) enum MemError {
         human_bytes(*len as u64)
     )]
     Alloc { len: usize },
+    #[error("filling DRAM: {message}")]
+    Fill { message: String },
+}
+
+impl Init {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Byte(_) => "byte fill",
+            Self::Pattern(_) => "pattern",
+        }
+    }
 }
 
 fn side_name(side: Side) -> &'static str {
@@ -176,7 +260,9 @@ fn gpu_memory(_gpu: usize) -> Result<u64, MemError> {
 
 /// A page-aligned host allocation, every page written once (as NIXL's nixlbench memsets
 /// its buffers): an untouched page would be the kernel's shared zero page, which a WRITE
-/// source would read from cache. Heap memory, or (storage runs) a shared mapping of a
+/// source would read from cache. A private anonymous mapping that asks for transparent
+/// huge pages (`MADV_HUGEPAGE`: a 2 MiB page is one fault where 4 KiB pages are 512, and
+/// pinning it at registration is one page too), or (storage runs) a shared mapping of a
 /// `/dev/shm` file, which the hf3fs-gdr daemon maps itself: FILE moves it without a copy.
 pub(crate) struct HostBuffer {
     ptr: *mut u8,
@@ -192,27 +278,49 @@ unsafe impl Send for HostBuffer {}
 unsafe impl Sync for HostBuffer {}
 
 impl HostBuffer {
-    /// The layout `new` allocated with (it checked it then).
-    fn layout(len: usize) -> Option<std::alloc::Layout> {
-        std::alloc::Layout::from_size_align(len.max(1), 4096).ok()
-    }
-
-    /// `len` bytes of `fill` (non-zero, so the writes cannot be folded into a calloc).
-    fn new(len: usize, fill: u8) -> Result<Self, MemError> {
-        let layout = std::alloc::Layout::from_size_align(len.max(1), 4096)
-            .map_err(|_| MemError::Alloc { len })?;
-        // SAFETY: the layout has a non-zero size.
-        let ptr = unsafe { std::alloc::alloc(layout) };
-        if ptr.is_null() {
+    /// `len` bytes started as `init`, written by several threads ([`fill_parallel`]);
+    /// `Init::Byte` should be non-zero, so the writes cannot be folded into a calloc.
+    fn new(len: usize, init: Init, setup: &Setup) -> Result<Self, MemError> {
+        // SAFETY: a new private anonymous mapping; nothing else is at the address.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len.max(1),
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
             return Err(MemError::Alloc { len });
         }
-        // SAFETY: `ptr` holds `len` bytes (the layout's size is at least `len`).
-        unsafe { std::ptr::write_bytes(ptr, fill, len) };
-        Ok(Self {
+        // A hint: where transparent huge pages are off, 4 KiB pages it is.
+        // SAFETY: the range is the mapping just made.
+        unsafe { libc::madvise(ptr, len.max(1), libc::MADV_HUGEPAGE) };
+        let ptr = ptr.cast::<u8>();
+        let buf = Self {
             ptr,
             len,
             shm: None,
+        };
+        setup.stage(
+            format!("allocating and filling DRAM ({})", init.name()),
+            len as u64,
+        );
+        let base = ptr as usize;
+        fill_parallel(len, setup, |at, n| {
+            // SAFETY: `[at, at + n)` is inside the allocation, and each piece is given to
+            // one thread only.
+            let piece = unsafe { std::slice::from_raw_parts_mut((base + at) as *mut u8, n) };
+            match init {
+                Init::Byte(b) => piece.fill(b),
+                Init::Pattern(seed) => write_pattern(piece, seed, at),
+            }
+            Ok(())
         })
+        .map_err(|message| MemError::Fill { message })?;
+        Ok(buf)
     }
 
     /// `len` bytes of `fill` in a new `/dev/shm` file mapped `MAP_SHARED`.
@@ -274,18 +382,10 @@ impl HostBuffer {
 
 impl Drop for HostBuffer {
     fn drop(&mut self) {
-        match &self.shm {
-            Some(path) => {
-                // SAFETY: mapped in `new_shared` with this length.
-                unsafe { libc::munmap(self.ptr.cast(), self.len.max(1)) };
-                let _ = std::fs::remove_file(path);
-            }
-            None => {
-                if let Some(layout) = Self::layout(self.len) {
-                    // SAFETY: allocated in `new` with this layout.
-                    unsafe { std::alloc::dealloc(self.ptr, layout) }
-                }
-            }
+        // SAFETY: mapped in `new` or `new_shared` with this length.
+        unsafe { libc::munmap(self.ptr.cast(), self.len.max(1)) };
+        if let Some(path) = &self.shm {
+            let _ = std::fs::remove_file(path);
         }
     }
 }
@@ -300,17 +400,29 @@ pub(crate) enum Mem {
 impl Mem {
     /// `side`'s buffer of the run `o`: its kind, GPU and size, every byte `fill`.
     pub(crate) fn for_side(o: &Options, side: Side, fill: u8) -> Result<Self, String> {
-        Self::alloc(
+        Self::for_side_init(o, side, Init::Byte(fill), &Setup::silent())
+    }
+
+    /// `side`'s buffer of the run `o`, started as `init`, its progress told to `setup`.
+    pub(crate) fn for_side_init(
+        o: &Options,
+        side: Side,
+        init: Init,
+        setup: &Setup,
+    ) -> Result<Self, String> {
+        Self::alloc_init(
             o.seg(side),
             o.gpu(side),
             o.buffer_bytes(),
-            fill,
+            init,
             o.enable_vmm,
+            setup,
         )
     }
 
     /// `len` bytes of `kind` (VRAM on GPU `gpu`, through the VMM API if `vmm`), every
     /// byte set to `fill`.
+    #[cfg(test)]
     pub(crate) fn alloc(
         kind: MemKind,
         gpu: usize,
@@ -318,12 +430,26 @@ impl Mem {
         fill: u8,
         vmm: bool,
     ) -> Result<Self, String> {
+        Self::alloc_init(kind, gpu, len, Init::Byte(fill), vmm, &Setup::silent())
+    }
+
+    /// [`Mem::alloc`], started as `init`: DRAM by several threads, a VRAM byte fill by the
+    /// GPU (`cuMemsetD8`), a VRAM pattern generated by several host threads and copied.
+    pub(crate) fn alloc_init(
+        kind: MemKind,
+        gpu: usize,
+        len: usize,
+        init: Init,
+        vmm: bool,
+        setup: &Setup,
+    ) -> Result<Self, String> {
         match kind {
             MemKind::Dram => Ok(Self::Host(
-                HostBuffer::new(len, fill).map_err(|e| e.to_string())?,
+                HostBuffer::new(len, init, setup).map_err(|e| e.to_string())?,
             )),
             #[cfg(feature = "cuda")]
             MemKind::Vram => {
+                setup.stage(format!("allocating VRAM on GPU {gpu}"), len as u64);
                 let open = gpunetio::Gpu::open(gpu).map_err(|e| format!("GPU {gpu}: {e}"))?;
                 let buf = if vmm {
                     gpunetio::DeviceBuffer::alloc_vmm(&open, len)
@@ -331,11 +457,22 @@ impl Mem {
                     gpunetio::DeviceBuffer::alloc(&open, len)
                 }
                 .map_err(|e| format!("allocating {len} bytes on GPU {gpu}: {e}"))?;
-                buf.fill(fill).map_err(|e| format!("GPU {gpu}: {e}"))?;
-                Ok(Self::Device(buf))
+                let mem = Self::Device(buf);
+                match init {
+                    Init::Byte(fill) => {
+                        if let Self::Device(buf) = &mem {
+                            buf.fill(fill).map_err(|e| format!("GPU {gpu}: {e}"))?;
+                        }
+                    }
+                    Init::Pattern(seed) => {
+                        setup.stage(format!("filling VRAM on GPU {gpu} (pattern)"), len as u64);
+                        mem.fill_pattern_with(0, len, seed, setup)?;
+                    }
+                }
+                Ok(mem)
             }
             other => {
-                let _ = (gpu, fill, vmm);
+                let _ = (gpu, init, vmm, setup);
                 Err(format!(
                     "{other:?} memory: not in this build (VRAM needs feature cuda)"
                 ))
@@ -353,7 +490,8 @@ impl Mem {
                 Err(e) => {
                     eprintln!("nixlbench: DRAM in /dev/shm: {e}; heap memory instead (staged)");
                     Ok(Self::Host(
-                        HostBuffer::new(len, fill).map_err(|e| e.to_string())?,
+                        HostBuffer::new(len, Init::Byte(fill), &Setup::silent())
+                            .map_err(|e| e.to_string())?,
                     ))
                 }
             },
@@ -450,18 +588,55 @@ impl Mem {
         }
     }
 
-    /// Writes the pattern `seed` over `[offset, offset + len)`, a piece at a time (the
-    /// whole buffer is filled this way: a copy of it would double the memory).
+    /// Writes the pattern `seed` over `[offset, offset + len)`.
     pub(crate) fn fill_pattern(&self, offset: usize, len: usize, seed: u64) -> Result<(), String> {
-        const PIECE: usize = 8 << 20;
-        let end = offset + len;
-        let mut at = offset;
-        while at < end {
-            let n = PIECE.min(end - at);
-            self.write(at, &pattern_bytes(seed, at, n))?;
-            at += n;
+        self.fill_pattern_with(offset, len, seed, &Setup::silent())
+    }
+
+    /// [`Mem::fill_pattern`], its progress added to `setup`: DRAM written in place, VRAM
+    /// by a kernel (`vram_pattern`) or, without NVRTC or for small ranges, a host piece
+    /// at a time (a copy of the whole range would double the memory); large ranges on
+    /// several threads ([`fill_parallel`]).
+    pub(crate) fn fill_pattern_with(
+        &self,
+        offset: usize,
+        len: usize,
+        seed: u64,
+        setup: &Setup,
+    ) -> Result<(), String> {
+        self.check_range(offset, len)?;
+        #[cfg(feature = "cuda")]
+        if let Self::Device(b) = self {
+            if len >= VRAM_KERNEL_FROM && crate::vram_pattern::fill(b, offset, len, seed)? {
+                setup.add(len as u64);
+                return Ok(());
+            }
         }
-        Ok(())
+        fill_parallel(len, setup, |at, n| {
+            let at = offset + at;
+            match self {
+                Self::Host(b) => {
+                    // SAFETY: in bounds (checked above), each piece given to one thread;
+                    // no transfer touches the buffer while it is being filled.
+                    let piece = unsafe { std::slice::from_raw_parts_mut(b.ptr.add(at), n) };
+                    write_pattern(piece, seed, at);
+                    Ok(())
+                }
+                #[cfg(feature = "cuda")]
+                Self::Device(b) => {
+                    let mut stage = vec![0u8; VRAM_STAGE.min(n)];
+                    let mut done = 0;
+                    while done < n {
+                        let k = VRAM_STAGE.min(n - done);
+                        write_pattern(&mut stage[..k], seed, at + done);
+                        b.copy_from_host(at + done, &stage[..k])
+                            .map_err(|e| e.to_string())?;
+                        done += k;
+                    }
+                    Ok(())
+                }
+            }
+        })
     }
 
     pub(crate) fn clear(&self, offset: usize, len: usize) -> Result<(), String> {
@@ -505,26 +680,45 @@ pub(crate) fn splitmix64(mut x: u64) -> u64 {
     x ^ (x >> 31)
 }
 
-/// The bytes at `[offset, offset + len)` of the pattern `seed`: every 8-byte word of the
-/// buffer a different hash of its index and the seed, so a block at the wrong place, a
-/// stale block of another point and a partial copy all differ.
-pub(crate) fn pattern_bytes(seed: u64, offset: usize, len: usize) -> Vec<u8> {
-    let mut out = Vec::with_capacity(len);
-    let end = offset + len;
-    let mut at = offset;
-    while at < end {
-        let word = splitmix64(seed ^ ((at as u64) >> 3).wrapping_mul(0xD6E8_FEB8_6659_FD93));
-        let start = at & 7;
-        let take = (8 - start).min(end - at);
-        out.extend_from_slice(&word.to_le_bytes()[start..start + take]);
-        at += take;
+/// The pattern word `index` (the 8 bytes at `8 * index`) of the pattern `seed`.
+fn pattern_word(seed: u64, index: u64) -> [u8; 8] {
+    splitmix64(seed ^ index.wrapping_mul(0xD6E8_FEB8_6659_FD93)).to_le_bytes()
+}
+
+/// Writes the bytes at `[offset, offset + dst.len())` of the pattern `seed` into `dst`:
+/// every 8-byte word of the buffer a different hash of its index and the seed, so a
+/// block at the wrong place, a stale block of another point and a partial copy all
+/// differ. Whole words are written as such (this runs over tens of GiB at setup).
+pub(crate) fn write_pattern(dst: &mut [u8], seed: u64, offset: usize) {
+    // The bytes up to the first word boundary, the whole words, the bytes after.
+    let head = ((8 - offset % 8) % 8).min(dst.len());
+    let (head_bytes, rest) = dst.split_at_mut(head);
+    for (i, b) in head_bytes.iter_mut().enumerate() {
+        let at = offset + i;
+        *b = pattern_word(seed, (at >> 3) as u64)[at & 7];
     }
+    let first_word = ((offset + head) >> 3) as u64;
+    let mut words = rest.chunks_exact_mut(8);
+    let mut index = first_word;
+    for word in &mut words {
+        word.copy_from_slice(&pattern_word(seed, index));
+        index += 1;
+    }
+    let tail = words.into_remainder();
+    let last = pattern_word(seed, index);
+    tail.copy_from_slice(&last[..tail.len()]);
+}
+
+/// The bytes at `[offset, offset + len)` of the pattern `seed` ([`write_pattern`]).
+pub(crate) fn pattern_bytes(seed: u64, offset: usize, len: usize) -> Vec<u8> {
+    let mut out = vec![0u8; len];
+    write_pattern(&mut out, seed, offset);
     out
 }
 
-/// NIXL nixlbench's initial buffer bytes (`XFERBENCH_INITIATOR/TARGET_BUFFER_ELEMENT`).
+/// NIXL nixlbench's initial initiator buffer byte (`XFERBENCH_INITIATOR_BUFFER_ELEMENT`;
+/// the target's memory starts as the pattern [`TARGET_SEED`] instead).
 pub(crate) const INITIATOR_FILL: u8 = 0xbb;
-pub(crate) const TARGET_FILL: u8 = 0xaa;
 
 /// What the target's memory holds (READ's source).
 pub(crate) const TARGET_SEED: u64 = 0x5EED_7A26;
@@ -550,6 +744,69 @@ mod tests {
             &pattern_bytes(point_seed(4096, 1), 13, 987)[..]
         );
         assert_ne!(a, pattern_bytes(TARGET_SEED, 0, 4096));
+    }
+
+    /// The word-at-a-time writer gives the bytes of the pattern as defined: word `i` of
+    /// the buffer is `splitmix64(seed ^ i * K)` in little-endian, at any offset and length.
+    #[test]
+    fn pattern_is_the_word_hash_at_any_alignment() {
+        let seed = 0x1234_5678_9abc_def0;
+        let reference = |offset: usize, len: usize| -> Vec<u8> {
+            (offset..offset + len)
+                .map(|at| {
+                    let w =
+                        splitmix64(seed ^ ((at as u64) >> 3).wrapping_mul(0xD6E8_FEB8_6659_FD93));
+                    w.to_le_bytes()[at & 7]
+                })
+                .collect()
+        };
+        for offset in [0, 1, 7, 8, 13, 4096, 4099] {
+            for len in [0, 1, 5, 7, 8, 9, 16, 23, 100] {
+                assert_eq!(
+                    pattern_bytes(seed, offset, len),
+                    reference(offset, len),
+                    "{offset}+{len}"
+                );
+            }
+        }
+    }
+
+    /// Buffers larger than a fill piece are filled by several threads, every piece once:
+    /// the bytes and the progress count come out as one thread would have them.
+    #[test]
+    fn parallel_fill_covers_every_piece_once() {
+        let len = 2 * FILL_PIECE + 4099;
+        let setup = Setup::silent();
+        let mem = Mem::alloc_init(
+            MemKind::Dram,
+            0,
+            len,
+            Init::Pattern(TARGET_SEED),
+            false,
+            &setup,
+        )
+        .unwrap();
+        #[cfg(feature = "etcd")]
+        assert_eq!(setup.report().done, len as u64);
+        for at in [0, FILL_PIECE - 3, FILL_PIECE, 2 * FILL_PIECE, len - 4099] {
+            mem.check_pattern(at, 4099.min(len - at), TARGET_SEED)
+                .unwrap();
+        }
+        let seed = point_seed(1, 2);
+        mem.fill_pattern_with(5, len - 5, seed, &setup).unwrap();
+        mem.check_pattern(5, len - 5, seed).unwrap();
+        assert_eq!(mem.read(0, 5).unwrap(), pattern_bytes(TARGET_SEED, 0, 5));
+        let mem = Mem::alloc_init(
+            MemKind::Dram,
+            0,
+            len,
+            Init::Byte(INITIATOR_FILL),
+            false,
+            &setup,
+        )
+        .unwrap();
+        assert_eq!(mem.read(len - 2, 2).unwrap(), vec![INITIATOR_FILL; 2]);
+        assert!(fill_threads(len) <= 3 && fill_threads(1) == 1);
     }
 
     #[cfg(feature = "file")]

@@ -172,7 +172,8 @@ pub(crate) struct Cli {
     backend_param: Vec<(String, String)>,
 
     /// Network devices, comma-separated; each side takes the first entry. VERBS: its
-    /// `device`; GPUNETIO: its `network_devices`; LIBFABRIC: printed only, as NIXL
+    /// `device`; GPUNETIO: its `network_devices` (both: an RDMA device this machine has,
+    /// checked at once); LIBFABRIC: printed only, as NIXL
     #[arg(
         long = "device_list",
         value_name = "LIST",
@@ -358,7 +359,8 @@ pub(crate) struct Cli {
     )]
     benchmark_group: Option<String>,
 
-    /// ETCD: how long to wait for the peer, in seconds [default: 60]
+    /// ETCD: how long to wait for the peer, in seconds, after its last setup progress
+    /// (a peer setting up large buffers publishes its progress) [default: 60]
     #[arg(long = "etcd_wait", value_name = "SECS",
           value_parser = at_least_one, help_heading = "Runtime")]
     etcd_wait: Option<u64>,

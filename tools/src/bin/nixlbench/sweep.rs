@@ -114,6 +114,19 @@ pub(crate) fn timed_iterations(o: &Options, block: usize) -> usize {
     }
 }
 
+/// Warm-up iterations of a point of `block`-byte blocks: `--warmup_iter`, divided by
+/// `--large_blk_iter_ftr` from 1 MiB as the timed ones are (upstream's nixlbench divides
+/// both; a full warm-up of 64 MiB x 512 blocks would double that point's time), and no
+/// more than the timed iterations.
+pub(crate) fn warmup_iterations(o: &Options, block: usize) -> usize {
+    let warmup = if block >= 1 << 20 {
+        o.warmup_iter / o.large_blk_iter_ftr
+    } else {
+        o.warmup_iter
+    };
+    warmup.min(timed_iterations(o, block))
+}
+
 /// One (block size, batch size) point: every thread moves `batch` blocks per request.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn run_point(
@@ -182,7 +195,7 @@ pub(crate) fn run_point(
                         }
                     }
                     let timeout = Duration::from_secs(60);
-                    for _ in 0..o.warmup_iter.min(iters) {
+                    for _ in 0..warmup_iterations(o, block) {
                         if o.recreate_xfer {
                             req = make()?.0;
                         }
@@ -405,7 +418,7 @@ pub(crate) fn sweep(
                 Point {
                     block,
                     batch,
-                    iterations: iters + o.warmup_iter.min(iters),
+                    iterations: iters + warmup_iterations(o, block),
                 }
             })
             .collect(),
@@ -474,4 +487,30 @@ pub(crate) fn remote_mem(agent: &Agent, target: &str) -> Result<RemoteMem, Strin
             dev_id: r.desc.dev_id,
         })
         .ok_or_else(|| format!("target `{target}` registered no memory"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn options(line: &str) -> Options {
+        let args: Vec<String> = line.split_whitespace().map(String::from).collect();
+        crate::options::parse_args(&args).unwrap()
+    }
+
+    /// From 1 MiB both the timed and the warm-up iterations are divided by
+    /// `--large_blk_iter_ftr`, as upstream divides them; a warm-up is never longer than
+    /// the timed part.
+    #[test]
+    fn large_blocks_divide_timed_and_warmup_iterations() {
+        let o = options("");
+        let at = |block| (timed_iterations(&o, block), warmup_iterations(&o, block));
+        assert_eq!(at(512 << 10), (1000, 100));
+        assert_eq!(at(1 << 20), (62, 6));
+        assert_eq!(at(64 << 20), (62, 6));
+        let o = options("--num_iter 10 --warmup_iter 50 --large_blk_iter_ftr 4");
+        let at = |block| (timed_iterations(&o, block), warmup_iterations(&o, block));
+        assert_eq!(at(4096), (10, 10));
+        assert_eq!(at(1 << 20), (2, 2));
+    }
 }

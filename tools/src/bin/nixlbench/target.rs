@@ -1,9 +1,10 @@
 //! The target side: registers its memory, then serves consistency checks until the
 //! initiator says DONE.
 
-use crate::mem::{register, Mem, TARGET_FILL, TARGET_SEED};
+use crate::mem::{register, Init, Mem, TARGET_SEED};
 use crate::options::{Options, Side};
 use crate::provider::{local_providers, with_provider};
+use crate::setup::Setup;
 use crate::{quiet, INITIATOR, TARGET};
 use nixl::Agent;
 use std::io::Write;
@@ -13,8 +14,10 @@ pub(crate) fn run_target(o: &Options) -> Result<(), String> {
     if o.backend == "LOCAL" {
         return Err("LOCAL moves data inside one agent: run without --role".into());
     }
-    let mem = Mem::for_side(o, Side::Target, TARGET_FILL)?;
-    mem.fill_pattern(0, mem.len(), TARGET_SEED)?;
+    // Printed by the self-launched target too: its long stages are the initiator's wait.
+    let setup = Setup::new("nixlbench target", true);
+    let mem = Mem::for_side_init(o, Side::Target, Init::Pattern(TARGET_SEED), &setup)?;
+    setup.finish("starting its agent");
     // LIBFABRIC without a provider follows the initiator's choice (module docs).
     let follow = o.is_libfabric() && o.user_provider().is_none();
     let name = if o.is_libfabric() {
@@ -28,19 +31,26 @@ pub(crate) fn run_target(o: &Options) -> Result<(), String> {
         .ok_or("the target's metadata listener did not start")?;
     let mut reg = None;
     if !follow {
+        setup.stage(format!("creating the {} backend", o.backend), 0);
         agent
             .create_backend(&o.backend, &o.params(Side::Target, None))
             .map_err(|e| format!("{}: {e}", o.backend))?;
+        setup.stage(format!("registering {}", mem.describe()), mem.len() as u64);
         reg = Some(register(&agent, &mem, None)?);
+        setup.finish("announcing its address");
     }
     println!("NIXLBENCH_TARGET {listening}");
     std::io::stdout().flush().ok();
     if follow {
+        setup.finish("waiting for the initiator's provider choice");
         let provider = wait_for_provider(&agent)?;
+        setup.stage(format!("creating the {} backend", o.backend), 0);
         agent
             .create_backend(&o.backend, &o.params(Side::Target, Some(&provider)))
             .map_err(|e| format!("{} provider {provider}: {e}", o.backend))?;
+        setup.stage(format!("registering {}", mem.describe()), mem.len() as u64);
         reg = Some(register(&agent, &mem, None)?);
+        setup.finish("serving");
         if !quiet() {
             eprintln!("nixlbench target: LIBFABRIC provider {provider} (the initiator's choice)");
         }
