@@ -15,8 +15,9 @@ mod common;
 mod multi_gpu;
 
 use common::{announce_agent, announce_path, listening, self_test, PeerProcess};
+use gpu_mem::gpus_for_test;
 use gpu_mem::{DeviceBuffer, Gpu};
-use multi_gpu::{distinct_ids, gpus_for_test, unit_bytes, watchdog};
+use multi_gpu::{distinct_ids, unit_bytes, watchdog};
 use nixl::{Agent, AgentConfig, Desc, DescList, MemKind, XferOp};
 use std::time::{Duration, Instant};
 

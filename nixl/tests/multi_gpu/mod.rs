@@ -1,37 +1,11 @@
-//! What the multi-GPU tests (`gpu_multi_*`) share: the GPUs a test needs (skipping with
-//! the reason, or failing under `NIXL_REQUIRE_GPU=1`), a data pattern per (tag, unit),
-//! files as barriers between peer processes, and a bounded wait for a child.
+//! What the multi-GPU tests `gpu_multi_kv` and `gpu_multi_alltoall` share: a data pattern
+//! per (tag, unit), seeded block ids, files as barriers between peer processes, and
+//! bounded waits. (The GPUs a test needs: `gpu_mem::gpus_for_test`.)
 #![allow(dead_code)]
 
-use gpu_mem::Gpu;
 use std::path::Path;
 use std::process::Child;
 use std::time::{Duration, Instant};
-
-/// GPUs 0..`need`, or `None` after printing why the test is skipped (no driver, fewer
-/// GPUs). Panics (fails the test) instead when `NIXL_REQUIRE_GPU=1` says the machine
-/// must have them.
-pub fn gpus_for_test(test: &str, need: usize) -> Option<Vec<Gpu>> {
-    let why = if !gpu_mem::is_available() {
-        "no CUDA driver (libcuda) on this machine".to_string()
-    } else if gpu_mem::device_count() < need {
-        format!(
-            "needs {need} GPUs, and the CUDA driver sees {}",
-            gpu_mem::device_count()
-        )
-    } else {
-        match (0..need).map(Gpu::open).collect::<Result<Vec<_>, _>>() {
-            Ok(gpus) => return Some(gpus),
-            Err(e) => format!("a GPU does not open: {e}"),
-        }
-    };
-    assert!(
-        !gpu_mem::gpu_required(),
-        "{test}: NIXL_REQUIRE_GPU=1 but {why}"
-    );
-    eprintln!("skipped {test}: {why}");
-    None
-}
 
 /// The bytes of unit `unit` (a KV block, an all-to-all slice) of `len` bytes filled
 /// with `tag`: 8-byte words `tag << 56 | unit << 24 | word index`, so a block at the
