@@ -1108,7 +1108,8 @@ impl Agent {
 
     /// Builds a transfer from prepared lists by index: `local_idx[i]` of `local` moves
     /// to/from `remote_idx[i]` of `remote`. With `backend` set, only that backend is used;
-    /// otherwise the first (in creation order) that can reach both sides.
+    /// otherwise the first (in creation order) that can reach both sides, where one that
+    /// [prefers](Backend::prefers) this pair of memory kinds goes before the others.
     #[doc(alias = "makeXferReq")]
     #[allow(clippy::too_many_arguments)] // NIXL's makeXferReq, argument for argument
     pub fn make_xfer_req(
@@ -1246,10 +1247,18 @@ impl Agent {
                 }
                 bi
             }
+            // A backend specialised for this pair of kinds first (`Backend::prefers`),
+            // then creation order.
             None => backends
                 .iter()
                 .enumerate()
-                .position(|(bi, b)| usable(bi, b))
+                .position(|(bi, b)| b.prefers(local.kind, remote.kind) && usable(bi, b))
+                .or_else(|| {
+                    backends
+                        .iter()
+                        .enumerate()
+                        .position(|(bi, b)| usable(bi, b))
+                })
                 .ok_or_else(|| Error::NoCommonBackend {
                     agent: peer.to_string(),
                     local: local.kind,

@@ -208,6 +208,17 @@ pub trait Backend: Send + Sync + std::fmt::Debug + 'static {
     fn reach(&self, _agent: &str) -> Result<()> {
         Ok(())
     }
+    /// Whether this backend is the specialised path for transfers from local memory of
+    /// kind `local` to or from a peer's memory of kind `remote` (e.g. `CUDA_IPC` for
+    /// VRAM to VRAM on one node: copy engines over NVLink rather than a network stack).
+    /// When the caller names no backend, the agent picks the first backend (in creation
+    /// order) that says so and can carry the transfer, and only then the first other one
+    /// that can: an agent with NIXL's default set of backends gets the fastest path
+    /// whatever order they were created in. Default: `false`.
+    fn prefers(&self, local: MemKind, remote: MemKind) -> bool {
+        let _ = (local, remote);
+        false
+    }
     /// How it reaches `agent` where it chooses per peer (e.g. `LIBFABRIC`: the provider,
     /// `shm` for a peer on this host); `None` for an unknown peer or a backend with one
     /// way only (the default).

@@ -13,6 +13,10 @@
 //!   A constructor gets a [`BackendInit`] (agent name, progress-thread setting, listener
 //!   address, parameters), never the agent; [`BackendRegistry`] names the constructors
 //!   ([`Agent::new`] uses the built-in ones, [`Agent::with_registry`] any other set).
+//!   [`Agent::create_default_backends`] creates what NIXL's default (`UCX`) stands for:
+//!   `LIBFABRIC`, and `CUDA_IPC` where there is a GPU. A transfer that names no backend
+//!   takes the first that can carry it, one that [prefers](Backend::prefers) the pair of
+//!   memory kinds first (`CUDA_IPC` for VRAM to VRAM on one node).
 //! - Every bad input is refused before anything is posted, with a typed [`Error`]:
 //!   unregistered or partly registered memory, zero-length or overflowing descriptors,
 //!   an unknown peer, a remote descriptor outside every region the peer registered, a

@@ -901,8 +901,11 @@ def _prep_args(args, kwargs):
         raise TypeError(f"prepXferDlist(): unexpected arguments {sorted(kwargs)}")
     if args and isinstance(args[0], nixlXferDList):
         agent, rest = NIXL_INIT_AGENT, args
-    elif args and isinstance(args[0], str):
-        agent, rest = args[0], args[1:]
+    elif args and isinstance(args[0], (str, bytes)):
+        # bytes as NIXL's binding takes them (pybind11's std::string): vLLM passes the
+        # name add_remote_agent returned, which is bytes.
+        agent = args[0].decode() if isinstance(args[0], bytes) else args[0]
+        rest = args[1:]
     else:
         raise TypeError(
             "prepXferDlist takes (agent_name, nixlXferDList[, backend]), (nixlXferDList[, "

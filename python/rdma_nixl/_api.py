@@ -14,6 +14,9 @@ Where this differs from NIXL:
   ``CUDA_IPC`` and ``GPUNETIO`` (GPU builds) and ``FAULT`` (failure injection for tests). ``UCX``, NIXL's default,
   creates ``LIBFABRIC`` with a logged note, so default-configured code runs; the backend
   is then known as ``UCX`` (``self.backends["UCX"]``), and ``LIBFABRIC`` names it too.
+  Where a GPU is present, ``nixl_agent`` adds ``CUDA_IPC`` beside it (as NIXL's UCX
+  carries CUDA IPC inside): VRAM to VRAM on this node then goes through CUDA IPC, all
+  else through ``LIBFABRIC``, without naming backends.
 - Metadata exchange by IP (``send_local_metadata``, ``fetch_remote_metadata``, ...) is
   synchronous: it has happened (or raised) when the call returns, so
   ``check_remote_metadata`` is true at once. There is no central metadata server
@@ -173,7 +176,8 @@ class nixl_agent_config:
         capture_telemetry: keep per-transfer telemetry (``get_xfer_telemetry``);
             ``NIXL_TELEMETRY_ENABLE`` overrides it either way.
         num_threads: accepted for compatibility (our backends size their own threads).
-        backends: backends to create; ``UCX`` means ``LIBFABRIC``.
+        backends: backends to create; ``UCX`` means ``LIBFABRIC`` (and ``CUDA_IPC``
+            beside it where a GPU is present).
         sync_mode: a ``nixl_thread_sync_t``; None picks NIXL's default (STRICT with a
             listener, else NONE). Recorded; the agent is thread-safe at every level.
     """
@@ -275,6 +279,8 @@ class nixl_agent:
                     logger.info("Backend %s not instantiated: %s", name, e)
             else:
                 self.create_backend(bknd)
+        if "UCX" in wanted and not instantiate_all:
+            self._add_cuda_ipc_for_ucx()
 
         self.nixl_mems = {
             "DRAM": nixlBind.DRAM_SEG,
@@ -289,6 +295,20 @@ class nixl_agent:
         logger.info("Initialized agent: %s", agent_name)
 
     # --- backends ------------------------------------------------------------------
+
+    def _add_cuda_ipc_for_ucx(self):
+        """NIXL's ``UCX`` moves VRAM between processes of one node through CUDA IPC
+        itself; here that path is the ``CUDA_IPC`` backend, created beside ``LIBFABRIC``
+        where a GPU is present, so that an agent made with the default configuration
+        moves VRAM to VRAM on this node through it (the agent prefers it for that pair;
+        DRAM and other nodes stay with ``LIBFABRIC``) without naming backends. Best
+        effort, as NIXL's own transports: without a GPU there is nothing to add."""
+        if "CUDA_IPC" not in self.plugin_list or self._backend_key("CUDA_IPC") is not None:
+            return
+        try:
+            self.create_backend("CUDA_IPC")
+        except nixlBind.nixlError as e:
+            logger.info("UCX: no CUDA_IPC beside LIBFABRIC (%s)", e)
 
     def _backend_key(self, name: str) -> Optional[str]:
         """The key in ``self.backends`` of a backend named by the user: its own name, or

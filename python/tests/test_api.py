@@ -726,3 +726,16 @@ def test_blocking_calls_release_the_gil_and_time_out_typed():
         stop.set()
         counter.join()
         silent.close()
+
+
+def test_prep_xfer_dlist_takes_the_name_add_remote_agent_returned(pair):
+    # vLLM's connector keeps add_remote_agent's return value (bytes in NIXL) and
+    # prepares the peer's descriptor lists with it; NIXL's binding takes bytes as a str.
+    name = pair.a.add_remote_agent(pair.b.get_agent_metadata())
+    assert name == b"B"
+    remote = pair.a.prep_xfer_dlist(name, chunks(pair.dst, 2), "DRAM")
+    local = pair.a.prep_xfer_dlist("NIXL_INIT_AGENT", chunks(pair.src, 2), "DRAM")
+    h = pair.a.make_prepped_xfer("WRITE", local, [0, 1], remote, [1, 0], b"by-bytes")
+    wait_xfer(pair.a, h, state=pair.a.transfer(h))
+    assert np.array_equal(pair.dst[:CHUNK], pair.src[CHUNK : 2 * CHUNK])
+    assert np.array_equal(pair.dst[CHUNK : 2 * CHUNK], pair.src[:CHUNK])

@@ -84,7 +84,11 @@ def run_pair(backends, op: str, local_on_host: bool = False):
 
 @pytest.mark.parametrize("op", ["WRITE", "READ"])
 def test_cuda_tensors_default_backend(op):
-    run_pair(["UCX"], op)
+    a, h = run_pair(["UCX"], op)
+    if IMPL == "ours":
+        # The default configuration sends VRAM to VRAM on one node through CUDA IPC
+        # (created beside LIBFABRIC, preferred by the agent for that pair).
+        assert a.query_xfer_backend(h) == "CUDA_IPC"
 
 
 @pytest.mark.ours_only
@@ -179,5 +183,6 @@ def test_cuda_tensors_two_processes(gpu_peer):
     torch.cuda.synchronize()
     expect = torch.arange(SIZE, dtype=torch.int64, device="cuda:0").remainder(251).to(torch.uint8)
     assert torch.equal(back, expect)
-    if peer["backends"] == ["CUDA_IPC"]:
+    if peer["backends"] == ["CUDA_IPC"] or IMPL == "ours":
+        # Named, or chosen by the default configuration for VRAM on one node.
         assert a.query_xfer_backend(r) == "CUDA_IPC"

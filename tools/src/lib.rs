@@ -10,6 +10,8 @@
 //! - [`units`]: byte sizes with binary suffixes (`64K`, `8GiB`) in and out.
 //! - [`backend`]: backend names checked against this build's `nixl` before anything
 //!   starts (`UCX` runs `LIBFABRIC`, as the Python package maps it).
+//! - [`kv`]: `kvbench`'s paged KV cache: layouts, the block ids of each request, the
+//!   data pattern and what every block holds afterwards.
 //! - [`rdma`]: this machine's RDMA devices, so a `--device_list` naming one it lacks is
 //!   refused at once.
 //!
@@ -19,5 +21,6 @@
 pub mod backend;
 pub mod cli;
 pub mod gflags;
+pub mod kv;
 pub mod rdma;
 pub mod units;

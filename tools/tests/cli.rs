@@ -68,6 +68,7 @@ fn binaries() -> Vec<(&'static str, &'static str)> {
         ("nixl-prep-bench", PREP),
         ("verbs-bench", VERBS),
         ("fabric-bench", FABRIC),
+        ("kvbench", env!("CARGO_BIN_EXE_kvbench")),
     ];
     #[cfg(feature = "cuda")]
     list.extend([

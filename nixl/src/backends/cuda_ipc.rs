@@ -1105,6 +1105,10 @@ impl Backend for CudaIpcBackend {
     fn supported_remote_mem(&self) -> &[MemKind] {
         &[MemKind::Vram]
     }
+    /// VRAM to VRAM on one node is this backend's job: the copy engines over the link.
+    fn prefers(&self, local: MemKind, remote: MemKind) -> bool {
+        local == MemKind::Vram && remote == MemKind::Vram
+    }
     fn reach(&self, agent: &str) -> Result<()> {
         if agent == self.agent_name {
             return Ok(());
