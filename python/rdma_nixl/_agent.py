@@ -106,12 +106,13 @@ PLUGIN_PARAMS: Dict[str, Dict[str, str]] = {
         "staging_chunks": "16",
         "stage_dram": "0",
     },
-    "LOCAL": {"num_streams": "4"} if _core.CUDA else {},
+    "LOCAL": {"num_streams": "4", "copy_engine": "auto"} if _core.CUDA else {},
     # NIXL's POSIX: files by pread/pwrite (its io-queue choices have no counterpart).
     "POSIX": {},
-    "CUDA_IPC": {"num_streams": "4"},
+    "CUDA_IPC": {"num_streams": "4", "copy_engine": "auto"},
     "GPUNETIO": {
-        "gpu_devices": "0",
+        # Empty: the GPU of the first VRAM registered (an ordinal pins one).
+        "gpu_devices": "",
         "cuda_streams": "4",
         "network_devices": "",
         "oob_interface": "",
