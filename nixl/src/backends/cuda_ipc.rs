@@ -915,6 +915,22 @@ struct Importer<'a> {
     /// The GPU whose kernels use every mapping (`GPUNETIO`), if one is imposed.
     kernel_gpu: Option<usize>,
     keep: Vec<Arc<dyn Any + Send + Sync>>,
+    /// The last region mapped: a many-descriptor transfer names the same few regions
+    /// over and over (a KV cache's layers), and each repeat costs an address addition
+    /// instead of the lookups and locks of `map_region`.
+    last: Option<RegionMemo>,
+}
+
+/// How descriptors of one peer region (by its metadata's address, which is stable while
+/// a transfer's entries are borrowed) land here for one local GPU.
+#[derive(Debug, Clone, Copy)]
+struct RegionMemo {
+    md: *const (),
+    local_gpu: Option<usize>,
+    /// Added (wrapping) to a descriptor's address in the peer's space.
+    delta: u64,
+    gpu: usize,
+    kernel_reach: bool,
 }
 
 impl<'a> Importer<'a> {
@@ -929,6 +945,7 @@ impl<'a> Importer<'a> {
             peer,
             kernel_gpu,
             keep: Vec::new(),
+            last: None,
         })
     }
 
@@ -957,6 +974,35 @@ impl<'a> Importer<'a> {
     /// (logged, and reported by `query_mem_info`) — or, for a kernel, which cannot reach
     /// such memory at all, is [`Error::NotSupported`].
     fn map(
+        &mut self,
+        desc: crate::mem::Desc,
+        md: &dyn RemoteMd,
+        local_gpu: Option<usize>,
+    ) -> Result<MappedRange> {
+        let md_addr = md as *const dyn RemoteMd as *const ();
+        if let Some(m) = self
+            .last
+            .filter(|m| m.md == md_addr && m.local_gpu == local_gpu)
+        {
+            return Ok(MappedRange {
+                addr: desc.addr.wrapping_add(m.delta),
+                gpu: m.gpu,
+                kernel_reach: m.kernel_reach,
+            });
+        }
+        let mapped = self.map_region(desc, md, local_gpu)?;
+        self.last = Some(RegionMemo {
+            md: md_addr,
+            local_gpu,
+            delta: mapped.addr.wrapping_sub(desc.addr),
+            gpu: mapped.gpu,
+            kernel_reach: mapped.kernel_reach,
+        });
+        Ok(mapped)
+    }
+
+    /// [`Self::map`] without the memo.
+    fn map_region(
         &mut self,
         desc: crate::mem::Desc,
         md: &dyn RemoteMd,

@@ -267,6 +267,15 @@ pub(crate) fn create(init: &BackendInit) -> Result<Arc<dyn Backend>> {
             "{NAME} parameter copy_depth={copy_depth} must be 1..=16"
         )));
     }
+    // The NIC path is built with the GPU, later; what would make it fail is checked now.
+    if handler != NicHandlerChoice::IntraNode {
+        let node = oob::interface_address(params.get("oob_interface").map(String::as_str))?;
+        if let Some(provider) = params.get("provider") {
+            NicPath::probe_provider(provider, node)?;
+        } else if handler == NicHandlerChoice::CpuProxy {
+            NicPath::probe_provider(DEFAULT_PROVIDER, node)?;
+        }
+    }
     // Before anything here opens a GPU: opening one makes its context current.
     let current_gpu = gpu_mem::current_device().ok().flatten();
     let ipc = super::cuda_ipc::open_plane(&init.agent_name, 1)?;

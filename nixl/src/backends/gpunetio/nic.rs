@@ -126,6 +126,18 @@ impl NicPath {
         }))
     }
 
+    /// Checks, without a GPU, that `provider` opens an endpoint at `node`: a wrong
+    /// provider is refused when the backend is created, not at its first NIC transfer.
+    pub(super) fn probe_provider(provider: &str, node: IpAddr) -> Result<()> {
+        FabricTransport::new_at(provider, &node.to_string())
+            .map(drop)
+            .map_err(|e| {
+                Error::InvalidParam(format!(
+                    "{NAME}: the CPU proxy's libfabric provider `{provider}` at {node}: {e}"
+                ))
+            })
+    }
+
     fn proxy(
         gpu: &Gpu,
         provider: &str,
