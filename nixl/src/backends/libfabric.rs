@@ -1609,7 +1609,6 @@ impl LibfabricBackend {
         self.direct_refusal.as_deref()
     }
 
-    /// Registers `region` with every rail's domain.
     /// The transfer as one the posting thread copies by CMA ([`InlineCopy`]), where it
     /// is that small (`cma_inline`), its peer another process on this host that this
     /// one may copy to and from, and every block DRAM inside what the peer advertised.
@@ -1659,6 +1658,7 @@ impl LibfabricBackend {
         }))
     }
 
+    /// Registers `region` with every rail's domain.
     fn register_rails(&self, region: &Region, iface: HmemIface) -> Result<Vec<MemoryRegion>> {
         self.try_register_rails(region, iface).map_err(fabric_error)
     }

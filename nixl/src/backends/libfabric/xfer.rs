@@ -300,9 +300,7 @@ impl FabricXfer {
         }
         Ok(())
     }
-}
 
-impl FabricXfer {
     /// Posts a transfer copied in this thread (see [`InlineCopy`]): done on return,
     /// unless its notification is still to be sent.
     fn post_inline(&mut self, key: u64, notif: Option<&[u8]>) -> Result<XferStatus> {
