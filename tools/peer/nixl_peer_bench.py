@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """NIXL's own Python API (the nixl-cu13 / nixl-cu12 wheel, UCX backend) measured the way
-our nixlbench measures: two processes, one descriptor of one block repeated (batch 1),
-warmup, then N timed iterations of post + wait; GB/s = bytes / sum of the iteration
+our nixlbench measures: two processes, one request of `--batch_size` blocks (default 1;
+spaced two blocks apart where the buffer has room, as nixlbench places them) repeated, warmup, then N timed iterations of post + wait; GB/s = bytes / sum of the iteration
 times. It prints nixlbench's table (same columns, units and header shape) for each
 (op, initiator memory, target memory) case, so that tools/peer/summarize.py lines it up
 with ours, and writes the rows as CSV.
@@ -155,7 +155,7 @@ def target_main(conn, opts):
         agent = make_agent(nixl, TARGET, opts)
         bufs = {}
         for kind in opts.target_kinds:
-            bufs[kind] = Buf(kind, opts.max_block_size, opts.target_gpu)
+            bufs[kind] = Buf(kind, opts.buffer_size, opts.target_gpu)
             register(agent, bufs[kind])
         conn.send(("ready", agent.get_agent_metadata(),
                    {k: (b.addr, b.dev, b.describe()) for k, b in bufs.items()}))
@@ -222,11 +222,18 @@ def run_point(agent, conn, remote_name, local, remote, op, block, opts, point_no
         iters = max(opts.num_iter // opts.large_blk_iter_ftr, 1)
     raddr, rdev, _ = remote["where"]
     t0 = time.perf_counter_ns()
-    lh = agent.prep_xfer_dlist("NIXL_INIT_AGENT", [(local.addr, block, local.dev)], local.kind)
-    rh = agent.prep_xfer_dlist(remote_name, [(raddr, block, rdev)], remote["kind"])
-    handle = agent.make_prepped_xfer(op, lh, [0], rh, [0])
+    batch = opts.batch_size
+    stride = 2 * block if 2 * block * batch <= opts.buffer_size else block
+    offsets = [i * stride for i in range(batch)]
+    lh = agent.prep_xfer_dlist("NIXL_INIT_AGENT",
+                               [(local.addr + o, block, local.dev) for o in offsets], local.kind)
+    rh = agent.prep_xfer_dlist(remote_name, [(raddr + o, block, rdev) for o in offsets],
+                               remote["kind"])
+    handle = agent.make_prepped_xfer(op, lh, list(range(batch)), rh, list(range(batch)))
     prep = (time.perf_counter_ns() - t0) / 1e3
     value = 1 + point_no % 254
+    if opts.check_consistency and batch > 1:
+        raise RuntimeError("--check_consistency checks batch 1 only")
     if opts.check_consistency:
         if op == "WRITE":
             local.fill(block, value)  # the target's copy holds another point's value
@@ -264,7 +271,8 @@ def run_point(agent, conn, remote_name, local, remote, op, block, opts, point_no
     pa, pp = avg_p99(post)
     ta, tp = avg_p99(tx)
     return {
-        "block_size": block, "batch_size": 1, "gbps": block * iters / (wall / 1e6) / 1e9,
+        "block_size": block, "batch_size": batch,
+        "gbps": block * batch * iters / (wall / 1e6) / 1e9,
         "avg_lat_us": wall / iters, "avg_prep_us": prep, "p99_prep_us": prep,
         "avg_post_us": pa, "p99_post_us": pp, "avg_tx_us": ta, "p99_tx_us": tp,
         "consistent": consistent,
@@ -279,6 +287,8 @@ def parse_args(argv):
     p.add_argument("--op_type", default="WRITE,READ", help="WRITE, READ or both")
     p.add_argument("--start_block_size", type=int, default=4096)
     p.add_argument("--max_block_size", type=int, default=64 << 20)
+    p.add_argument("--batch_size", type=int, default=1,
+                   help="blocks per request (as nixlbench's --start/max_batch_size)")
     p.add_argument("--num_iter", type=int, default=1000)
     p.add_argument("--warmup_iter", type=int, default=100)
     p.add_argument("--large_blk_iter_ftr", type=int, default=16)
@@ -293,6 +303,10 @@ def parse_args(argv):
                    help="a VRAM case without a usable GPU fails instead of being skipped")
     p.add_argument("--csv", help="write every row here")
     o = p.parse_args(argv)
+    if o.batch_size < 1:
+        p.error("--batch_size: at least 1")
+    # As nixlbench: room for the batch's blocks two apart.
+    o.buffer_size = o.max_block_size * o.batch_size * 2
     o.segs = [tuple(s.strip().upper().split(":")) for s in o.segs.split(",") if s.strip()]
     for s in o.segs:
         if len(s) != 2 or any(k not in SEG_TYPES for k in s):
@@ -341,7 +355,7 @@ def main(argv):
             raise RuntimeError(f"target: {ready[1]}")
         _, metadata, remote_bufs = ready
         agent = make_agent(nixl, INITIATOR, opts)
-        local_bufs = {k: Buf(k, opts.max_block_size, opts.initiator_gpu)
+        local_bufs = {k: Buf(k, opts.buffer_size, opts.initiator_gpu)
                       for k in sorted({i for i, _ in usable})}
         regs = [register(agent, b) for b in local_bufs.values()]
         remote_name = agent.add_remote_agent(metadata)

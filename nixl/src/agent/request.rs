@@ -1,7 +1,7 @@
 //! Descriptor lists checked against registrations, and transfer requests: posting,
 //! progress, failure, telemetry.
 
-use super::{AgentInner, LocalReg, PeerLife, RemoteReg, ReqSlot, SPIN_BEFORE_YIELD};
+use super::{spin_before_yield, AgentInner, LocalReg, PeerLife, RemoteReg, ReqSlot};
 use crate::backend::{Backend, PostParams, XferStatus, XferTelemetry};
 use crate::error::{Error, Result};
 use crate::mem::{Desc, MemKind};
@@ -316,8 +316,9 @@ impl XferReq {
                 )));
             }
             // Spin briefly before giving the CPU away: a small transfer (a GPU copy of a
-            // few MiB takes ~10 us) completes sooner than a yield returns.
-            if waited < SPIN_BEFORE_YIELD {
+            // few MiB takes ~10 us) completes sooner than a yield returns. Not where
+            // cores are few: the threads moving the transfer need this one.
+            if waited < spin_before_yield() {
                 std::hint::spin_loop();
             } else {
                 std::thread::yield_now();

@@ -159,7 +159,12 @@
 //! of at least 2 MiB from a peer on this host that serves it are split into pieces this
 //! process copies from the peer itself and pieces the peer pushes into it on request,
 //! and this backend serves such requests — with its rail workers' threads only; `0`:
-//! neither; see the `assist` module), `busy_poll` (`1`: rail workers never
+//! neither; see the `assist` module), `cma_inline` (`shm` only, bytes, default 1 MiB: a
+//! transfer of at most this many bytes in all to or from a peer on this host, DRAM on
+//! both sides, is copied by CMA in the thread that posts it, where `cma_write` /
+//! `cma_read` allow it — no progress thread of either side takes part, and a WRITE
+//! without notification is done when `post` returns; 0: never; see `xfer::InlineCopy`),
+//! `busy_poll` (`1`: rail workers never
 //! sleep — default `0`: spin while busy and for 20 ms after any activity, incoming
 //! remote operations included (1 s where there is no wait fd), then sleep on the
 //! queue's wait fd or nap; see
@@ -192,7 +197,7 @@ mod worker;
 mod xfer;
 use xfer::{
     decode_notif, encode_notif, is_disconnect, send_message, send_message_blocking, Copier,
-    FabricXfer, PeerHealth, RailOp, XferShared,
+    FabricXfer, InlineCopy, PeerHealth, RailOp, XferShared,
 };
 
 use super::heartbeat::{HeartbeatConfig, Hub, PeerWatch};
@@ -252,6 +257,10 @@ pub const DEFAULT_SHM_STRIPING_THRESHOLD: usize = 4 << 20;
 /// `striping_threshold` splits into fewer pieces rather than smaller ones): a block of a
 /// few hundred KiB split over rails moved slower than whole (`docs/BENCHMARKS.md`).
 pub const SHM_MIN_STRIPE_PIECE: usize = 1 << 20;
+/// Transfers of at most this many bytes to or from a peer on this host are copied by
+/// CMA in the thread that posts them (parameter `cma_inline`; module `xfer`'s
+/// `InlineCopy`).
+pub const DEFAULT_CMA_INLINE: usize = 1 << 20;
 
 /// How many rails a block of `len` bytes is split over: all of them from `threshold`,
 /// but no piece under `min_piece` (0: no floor); 1 means not striped.
@@ -523,6 +532,12 @@ pub struct LibfabricBackend {
     /// Large READs from peers on this host are copied from both ends too (`shm`,
     /// parameter `cma_read`; see [`assist`]).
     cma_read: bool,
+    /// Transfers of at most this many bytes to or from a peer on this host are copied
+    /// in the posting thread, where `cma_write` / `cma_read` allow it (parameter
+    /// `cma_inline`; see `xfer::InlineCopy`).
+    cma_inline: usize,
+    /// Bytes so copied.
+    inline_bytes: Arc<AtomicU64>,
     keys: Arc<NotifKeys>,
     next_rail: AtomicUsize,
     mem_kinds: Vec<MemKind>,
@@ -606,6 +621,7 @@ fn open(init: &BackendInit) -> Result<LibfabricBackend> {
         "stage_dram",
         "cma_write",
         "cma_read",
+        "cma_inline",
         "notif_senders",
         HeartbeatConfig::KEYS[0],
         HeartbeatConfig::KEYS[1],
@@ -634,6 +650,7 @@ fn open(init: &BackendInit) -> Result<LibfabricBackend> {
     let busy_poll = flag(params, "busy_poll")?;
     let cma_write = params.get("cma_write").is_none() || flag(params, "cma_write")?;
     let cma_read = params.get("cma_read").is_none() || flag(params, "cma_read")?;
+    let cma_inline: usize = param(params, "cma_inline", DEFAULT_CMA_INLINE)?;
     let stage_dram = flag(params, "stage_dram")?;
     let loaded_senders_only = match params.get("notif_senders").map(String::as_str) {
         None | Some("any") => false,
@@ -736,6 +753,8 @@ fn open(init: &BackendInit) -> Result<LibfabricBackend> {
         stripe_min_piece,
         cma_write,
         cma_read,
+        cma_inline,
+        inline_bytes: Arc::default(),
         keys: Arc::default(),
         next_rail: AtomicUsize::new(0),
         mem_kinds,
@@ -1310,7 +1329,9 @@ impl Backend for LibfabricBackend {
             XferOp::Read => cma.assists(),
         });
         let mut cma_ops = 0usize;
-        for (index, entry) in entries.iter().enumerate() {
+        // Small enough to be copied in the posting thread: no operations for the rails.
+        let inline = self.inline_copy(op, entries, &peer, agent)?;
+        for (index, entry) in entries.iter().enumerate().filter(|_| inline.is_none()) {
             let (local, remote) = entry.metadata::<FabricLocalMd, FabricRemoteMd>(NAME)?;
             if local.staged.is_some() || remote.staged_slot.is_some() {
                 staged.push(index);
@@ -1461,6 +1482,7 @@ impl Backend for LibfabricBackend {
                 ..XferShared::default()
             }),
             progress: self.progress.clone(),
+            inline,
         }))
     }
 
@@ -1555,6 +1577,12 @@ impl LibfabricBackend {
         self.common.assisted_bytes.load(Ordering::Relaxed)
     }
 
+    /// Bytes of small transfers to and from peers on this host that the posting thread
+    /// copied itself (parameter `cma_inline`).
+    pub fn inline_bytes(&self) -> u64 {
+        self.inline_bytes.load(Ordering::Relaxed)
+    }
+
     /// Notification messages and data arrivals dropped: from an endpoint of no loaded
     /// peer that named a loaded one (or any, with `notif_senders=loaded`), from one
     /// peer's endpoint naming another, or beyond a sender's [`MAX_PENDING_NOTIFS`].
@@ -1579,6 +1607,55 @@ impl LibfabricBackend {
     /// probe registration).
     pub fn direct_vram_refusal(&self) -> Option<&str> {
         self.direct_refusal.as_deref()
+    }
+
+    /// The transfer as one the posting thread copies by CMA ([`InlineCopy`]), where it
+    /// is that small (`cma_inline`), its peer another process on this host that this
+    /// one may copy to and from, and every block DRAM inside what the peer advertised.
+    fn inline_copy(
+        &self,
+        op: XferOp,
+        entries: &[XferEntry<'_>],
+        peer: &Peer,
+        agent: &str,
+    ) -> Result<Option<InlineCopy>> {
+        let allowed_op = match op {
+            XferOp::Write => self.cma_write,
+            XferOp::Read => self.cma_read,
+        };
+        let cma = match &peer.cma {
+            Some(cma) if allowed_op && agent != self.agent_name => cma,
+            _ => return Ok(None),
+        };
+        let bytes: u64 = entries.iter().map(|e| e.local.len).sum();
+        if entries.is_empty() || bytes > self.cma_inline as u64 {
+            return Ok(None);
+        }
+        let mut blocks = Vec::with_capacity(entries.len());
+        for entry in entries {
+            let (local, remote) = entry.metadata::<FabricLocalMd, FabricRemoteMd>(NAME)?;
+            let copyable = local.staged.is_none()
+                && remote.staged_slot.is_none()
+                && entry.local_region.kind == MemKind::Dram
+                && entry.remote_region.kind == MemKind::Dram
+                && peer.source.advertised(entry.remote.addr, entry.remote.len);
+            if !copyable {
+                return Ok(None);
+            }
+            blocks.push((
+                entry.local.addr,
+                entry.remote.addr,
+                entry.local.len as usize,
+            ));
+        }
+        if !cma.allowed(entries[0].remote.addr) {
+            return Ok(None);
+        }
+        Ok(Some(InlineCopy {
+            cma: cma.clone(),
+            blocks,
+            copied: self.inline_bytes.clone(),
+        }))
     }
 
     /// Registers `region` with every rail's domain.

@@ -32,6 +32,10 @@
 //! transfers to it run. A push is issued only after the peer was found alive (the rail
 //! worker asks its pidfd first), so a recycled pid would have to be reused within
 //! microseconds.
+//!
+//! Small transfers (`cma_inline`, at most 1 MiB in all by default) go by CMA whole,
+//! copied by the thread that posts them (`xfer::InlineCopy`): under the same checks,
+//! they cost one system call instead of a round trip through both sides' progress.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
@@ -40,6 +44,9 @@ use std::sync::OnceLock;
 /// pieces at the threshold: a 2 MiB block is where one pull fell below the 1 MiB
 /// block's bandwidth).
 pub(super) const PUSH_THRESHOLD: usize = 2 << 20;
+
+/// Blocks per `process_vm_writev`/`process_vm_readv` call (the kernel's `UIO_MAXIOV`).
+const MAX_IOVECS: usize = 1024;
 
 /// Tests slow every push down by this much (a notification must still follow the data).
 #[cfg(test)]
@@ -156,6 +163,59 @@ impl CmaPeer {
     pub(super) unsafe fn pull(&self, local: u64, len: usize, remote: u64) -> Result<(), CopyError> {
         // SAFETY: the caller vouches for the local range, which is written.
         unsafe { self.copy(local, len, remote, false) }
+    }
+
+    /// Copies every block, `(local, remote, len)`: this process's memory into the
+    /// peer's (`push`) or the peer's into this process's, with one system call per
+    /// [`MAX_IOVECS`] blocks.
+    ///
+    /// # Safety
+    /// As [`CmaPeer::push`] or [`CmaPeer::pull`], for every block's local range.
+    pub(super) unsafe fn copy_blocks(
+        &self,
+        blocks: &[(u64, u64, usize)],
+        push: bool,
+    ) -> Result<(), CopyError> {
+        if let [(local, remote, len)] = blocks {
+            // SAFETY: as the caller vouches.
+            return unsafe { self.copy(*local, *len, *remote, push) };
+        }
+        for group in blocks.chunks(MAX_IOVECS) {
+            let iovec = |addr: u64, len: usize| libc::iovec {
+                iov_base: addr as *mut libc::c_void,
+                iov_len: len,
+            };
+            let here: Vec<libc::iovec> = group.iter().map(|b| iovec(b.0, b.2)).collect();
+            let far: Vec<libc::iovec> = group.iter().map(|b| iovec(b.1, b.2)).collect();
+            let pid = self.pid as libc::pid_t;
+            let count = group.len() as libc::c_ulong;
+            // SAFETY: the caller vouches for the local ranges; the remote ones are read or
+            // written by the kernel in the peer's address space, which checks its mapping.
+            let n = unsafe {
+                if push {
+                    libc::process_vm_writev(pid, here.as_ptr(), count, far.as_ptr(), count, 0)
+                } else {
+                    libc::process_vm_readv(pid, here.as_ptr(), count, far.as_ptr(), count, 0)
+                }
+            };
+            let total: usize = group.iter().map(|b| b.2).sum();
+            if n >= 0 && n as usize == total {
+                continue;
+            }
+            // Short (the kernel stops at the first range it cannot copy): the rest block
+            // by block, which names the failing one.
+            let mut skip = n.max(0) as usize;
+            for &(local, remote, len) in group {
+                let done = skip.min(len);
+                skip -= done;
+                if done < len {
+                    let at = done as u64;
+                    // SAFETY: as the caller vouches.
+                    unsafe { self.copy(local + at, len - done, remote + at, push) }?;
+                }
+            }
+        }
+        Ok(())
     }
 
     /// `process_vm_writev` (`push`) or `process_vm_readv` until all `len` bytes moved.

@@ -206,6 +206,149 @@ fn large_blocks_are_pushed_in_part_and_land_before_their_notification() {
     }
 }
 
+/// The notification `msg` from the target's point of view: waits for it (polling `req`,
+/// which drives the initiator's rails where there are no progress threads), then checks
+/// that `dst` already holds `want` (a notification must never come before its data).
+fn await_notif_after_data(
+    target: &Agent,
+    req: &mut crate::XferReq,
+    msg: &[u8],
+    (dst, want): (&[u8], &[u8]),
+    tag: &str,
+) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !target
+        .get_notifs()
+        .into_values()
+        .flatten()
+        .any(|got| got == msg)
+    {
+        assert!(Instant::now() < deadline, "{tag}: no notification");
+        req.status().unwrap();
+        std::thread::yield_now();
+    }
+    assert!(dst == want, "{tag}: the notification came before the data");
+}
+
+#[test]
+fn small_transfers_are_copied_by_the_poster_and_land_before_their_notification() {
+    let len = 256 << 10;
+    let src: Vec<u8> = (0..len).map(|i| (i * 7 + i / 4096 + 1) as u8).collect();
+    // (progress threads, cma_inline): the default, without progress threads, below the
+    // largest case, none.
+    let configs = [
+        (true, None),
+        (false, None),
+        (true, Some("65536")),
+        (true, Some("0")),
+    ];
+    for (progress_thread, inline) in configs {
+        let limit = inline.map_or(DEFAULT_CMA_INLINE, |v| v.parse().unwrap());
+        let tag = format!("{progress_thread}-{inline:?}");
+        let open = |name: &str| {
+            let config = crate::AgentConfig {
+                progress_thread,
+                ..crate::AgentConfig::default()
+            };
+            let agent = Agent::new(name, config).unwrap();
+            let mut p = vec![("provider", "shm"), ("num_rails", "2")];
+            p.extend(inline.map(|v| ("cma_inline", v)));
+            let backend = Arc::new(open_for(&agent, &params(p)).unwrap());
+            agent.add_backend(backend.clone()).unwrap();
+            (agent, backend)
+        };
+        let (initiator, poster) = open(&format!("inline-init-{tag}"));
+        let (target, _t) = open(&format!("inline-tgt-{tag}"));
+        let mut dst = vec![0u8; len];
+        let mut back = vec![0u8; len];
+        let (src_p, dst_p, back_p) = (
+            src.as_ptr() as u64,
+            dst.as_mut_ptr() as u64,
+            back.as_mut_ptr() as u64,
+        );
+        let list = |descs: &[(u64, usize)]| {
+            DescList::from_descs(
+                MemKind::Dram,
+                descs.iter().map(|&(p, n)| Desc::new(p, n as u64, 0)),
+            )
+        };
+        // SAFETY: the buffers outlive the registrations and requests.
+        let _hi =
+            unsafe { initiator.register_mem(&list(&[(src_p, len), (back_p, len)]), None) }.unwrap();
+        // SAFETY: as above.
+        let _ht = unsafe { target.register_mem(&list(&[(dst_p, len)]), None) }.unwrap();
+        let name = initiator
+            .load_remote_metadata(&target.local_metadata().unwrap())
+            .unwrap();
+        // One block, one unaligned byte, a batch of odd blocks, the whole region.
+        let cases: [&[(usize, usize)]; 4] = [
+            &[(0, 4096)],
+            &[(4099, 1)],
+            &[(3, 3000), (9000, 5000), (65_536, 12_345), (200_000, 7)],
+            &[(0, len)],
+        ];
+        for (case, descs) in cases.iter().enumerate() {
+            let total: usize = descs.iter().map(|d| d.1).sum();
+            let copies = total <= limit;
+            let on = |base: u64| {
+                list(
+                    &descs
+                        .iter()
+                        .map(|&(o, n)| (base + o as u64, n))
+                        .collect::<Vec<_>>(),
+                )
+            };
+            let mut want = vec![0u8; len];
+            for &(o, n) in descs.iter() {
+                want[o..o + n].copy_from_slice(&src[o..o + n]);
+            }
+            for notif in [None, Some(format!("{tag} write {case}").into_bytes())] {
+                dst.iter_mut().for_each(|b| *b = 0);
+                let before = poster.inline_bytes();
+                let mut req = initiator
+                    .create_xfer_req(XferOp::Write, &on(src_p), &on(dst_p), &name, notif.clone())
+                    .unwrap();
+                let status = req.post().unwrap();
+                let copied = poster.inline_bytes() - before;
+                if copies {
+                    // Copied within the post: done there when nothing is left to send.
+                    assert_eq!(copied as usize, total, "{tag} case {case}");
+                    if notif.is_none() {
+                        assert_eq!(status, crate::XferStatus::Done, "{tag} case {case}");
+                        assert!(dst == want, "{tag} case {case}: WRITE done before its data");
+                    }
+                } else {
+                    assert_eq!(copied, 0, "{tag} case {case}: copied, over cma_inline");
+                }
+                if let Some(msg) = &notif {
+                    let tag = format!("{tag} {case}");
+                    await_notif_after_data(&target, &mut req, msg, (&dst, &want), &tag);
+                }
+                req.wait(Duration::from_secs(10)).unwrap();
+                assert!(dst == want, "{tag} case {case}: WRITE");
+            }
+            dst.copy_from_slice(&src);
+            for notif in [None, Some(format!("{tag} read {case}").into_bytes())] {
+                back.iter_mut().for_each(|b| *b = 0);
+                let before = poster.inline_bytes();
+                let mut req = initiator
+                    .create_xfer_req(XferOp::Read, &on(back_p), &on(dst_p), &name, notif.clone())
+                    .unwrap();
+                req.post().unwrap();
+                req.wait(Duration::from_secs(10)).unwrap();
+                assert!(back == want, "{tag} case {case}: READ");
+                let copied = poster.inline_bytes() - before;
+                let expected = if copies { total } else { 0 };
+                assert_eq!(copied as usize, expected, "{tag} case {case}: READ");
+                if let Some(msg) = &notif {
+                    let tag = format!("{tag} r{case}");
+                    await_notif_after_data(&target, &mut req, msg, (&back, &want), &tag);
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn a_target_that_refuses_read_assists_is_read_by_the_provider_and_asked_no_more() {
     let len = 4 << 20;

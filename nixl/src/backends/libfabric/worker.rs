@@ -125,8 +125,11 @@ pub(super) fn run_worker(progress: &Progress, index: usize) {
                 std::thread::yield_now();
             }
         } else if worker.common.busy_poll {
+            // Never sleeps, yet yields: a pure spin keeps the threads that feed this
+            // rail (the caller's, a same-host peer's) off the core until the scheduler's
+            // tick where cores are few (4 ms per WRITE on two cores).
             drop(worker);
-            std::hint::spin_loop();
+            std::thread::yield_now();
         } else if last_activity.elapsed() < spin_for {
             drop(worker);
             std::thread::yield_now();

@@ -205,6 +205,28 @@ pub(super) struct FabricXfer {
     /// Since when the watches report the peer dead while operations are still pending.
     pub(super) death_seen: Option<DeathSeen>,
     pub(super) progress: Arc<Progress>,
+    /// The whole transfer is copied by CMA in the posting thread (small transfers to a
+    /// peer on this host: see [`InlineCopy`]); `rail_ops` are then empty.
+    pub(super) inline: Option<InlineCopy>,
+}
+
+/// A small transfer to or from a peer on this host, copied by CMA in the thread that
+/// posts it (`process_vm_writev` for a WRITE, `process_vm_readv` for a READ), as UCX's
+/// CMA transport does: no progress thread of either side takes part, so it costs one
+/// system call where the provider costs a round trip through both sides' progress (the
+/// initiator's worker issues, the target's progress copies and answers, the worker reaps
+/// the delivery completion, the caller sees it: four thread hand-offs, which on a
+/// machine of few cores wait for the scheduler). Its bytes are in place when the call
+/// returns: the notification, if any, is sent after that, counting no operation. The
+/// same checks as a push (`cma`): DRAM on both sides, inside what the peer advertised,
+/// CMA allowed, the peer alive when posted.
+#[derive(Debug)]
+pub(super) struct InlineCopy {
+    pub(super) cma: Arc<CmaPeer>,
+    /// Every block: (this process's address, the peer's virtual address, length).
+    pub(super) blocks: Vec<(u64, u64, usize)>,
+    /// Bytes the backend copied so (`LibfabricBackend::inline_bytes`).
+    pub(super) copied: Arc<AtomicU64>,
 }
 
 /// When a transfer's peer was seen dead with operations pending, and how far its rails'
@@ -278,6 +300,66 @@ impl FabricXfer {
         }
         Ok(())
     }
+
+    /// Posts a transfer copied in this thread (see [`InlineCopy`]): done on return,
+    /// unless its notification is still to be sent.
+    fn post_inline(&mut self, key: u64, notif: Option<&[u8]>) -> Result<XferStatus> {
+        let Some(inline) = &self.inline else {
+            return Err(Error::Backend {
+                backend: NAME.into(),
+                code: 0,
+                message: "an inline post of a transfer prepared for the provider".into(),
+            });
+        };
+        // Nothing for the peer to count: every byte is in place before the message goes.
+        let message = notif
+            .map(|msg| encode_notif(&self.self_name, key, 0, msg))
+            .transpose()?;
+        let shared = &self.shared;
+        *shared.failed.lock() = None;
+        shared.completed.store(0, Ordering::Relaxed);
+        shared.pending.store(0, Ordering::Relaxed);
+        shared.notif_pending.store(false, Ordering::Relaxed);
+        let write = self.op == XferOp::Write;
+        // SAFETY: every block's local range lies in a registration of this transfer (the
+        // agent checked it at prepare time, and `Agent::register_mem`'s contract keeps it
+        // valid while the transfer runs); a READ's destination is the caller's, which
+        // nothing else writes while the request is posted.
+        if let Err(e) = unsafe { inline.cma.copy_blocks(&inline.blocks, write) } {
+            return Err(if e.disconnect {
+                Error::RemoteDisconnect {
+                    agent: self.agent.clone(),
+                    reason: e.text,
+                }
+            } else {
+                Error::Backend {
+                    backend: NAME.into(),
+                    code: e.errno,
+                    message: format!("transfer to `{}`: {}", self.agent, e.text),
+                }
+            });
+        }
+        let bytes: usize = inline.blocks.iter().map(|b| b.2).sum();
+        inline.copied.fetch_add(bytes as u64, Ordering::Relaxed);
+        shared
+            .completed
+            .store(inline.blocks.len() as u64, Ordering::Relaxed);
+        let Some(message) = message else {
+            return Ok(XferStatus::Done);
+        };
+        shared.notif_pending.store(true, Ordering::Relaxed);
+        self.rails[0].push_job(RailJob {
+            shared: shared.clone(),
+            ops: self.rail_ops[0].clone(),
+            mrs: self.mrs.clone(),
+            op: self.op,
+            imm: None,
+            notif: Some((self.notif_dest, message)),
+            peer: self.peer.clone(),
+        });
+        self.progress.poll_inline();
+        Ok(XferStatus::InProgress)
+    }
 }
 
 impl BackendXfer for FabricXfer {
@@ -289,6 +371,9 @@ impl BackendXfer for FabricXfer {
         self.error_held = None;
         self.death_seen = None;
         let key = self.keys.next();
+        if self.inline.is_some() {
+            return self.post_inline(key, notif);
+        }
         let staged_units: u64 = self
             .staged
             .as_ref()
@@ -440,7 +525,9 @@ impl BackendXfer for FabricXfer {
     }
 
     fn op_count(&self) -> usize {
-        self.total + self.staged.as_ref().map_or(0, |p| p.chunks.len())
+        self.total
+            + self.staged.as_ref().map_or(0, |p| p.chunks.len())
+            + self.inline.as_ref().map_or(0, |i| i.blocks.len())
     }
 
     fn staged_bytes(&self) -> u64 {
