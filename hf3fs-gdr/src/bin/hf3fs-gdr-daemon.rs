@@ -46,6 +46,14 @@ struct Cli {
     /// Fault injection: chunks of files named *.slow wait D ms
     #[arg(long = "inject-delay-ms", value_name = "D", default_value_t = 0)]
     inject_delay_ms: u64,
+    /// Also admit clients of user UID (repeatable; root and the daemon's own user are
+    /// always admitted). With any --allow-uid/--allow-gid the socket is made 0666 and the
+    /// check at connect (the kernel's SO_PEERCRED) keeps everyone else out
+    #[arg(long = "allow-uid", value_name = "UID")]
+    allow_uids: Vec<u32>,
+    /// Also admit clients whose primary group is GID (repeatable)
+    #[arg(long = "allow-gid", value_name = "GID")]
+    allow_gids: Vec<u32>,
 }
 
 fn positive(text: &str) -> Result<usize, String> {
@@ -103,6 +111,8 @@ fn config(cli: Cli) -> Result<DaemonConfig, String> {
         .ok_or("--copy-kib: too large")?;
     config.inject_delay = std::time::Duration::from_millis(cli.inject_delay_ms);
     config.direct = cli.direct;
+    config.allow_uids = cli.allow_uids;
+    config.allow_gids = cli.allow_gids;
     Ok(config)
 }
 

@@ -32,34 +32,40 @@ impl OpenFile {
     /// Wraps the descriptor the client passed; reopens the same inode with `O_DIRECT`
     /// through `/proc/self/fd` (a new open file description: the client's flags are
     /// untouched) where the file system supports it.
-    pub(crate) fn new(fd: OwnedFd, policy: DirectPolicy) -> Self {
+    ///
+    /// Only a regular file opened for reading or writing is taken: an `O_PATH`
+    /// descriptor carries no right to read or write, and reopening it through
+    /// `/proc/self/fd` (with the daemon's credentials) would create one. The reopen uses
+    /// exactly the client's access mode, so it never widens it.
+    pub(crate) fn new(fd: OwnedFd, policy: DirectPolicy) -> Result<Self, i32> {
         // SAFETY: a descriptor we own.
         let flags = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) };
+        if flags < 0 || flags & libc::O_PATH != 0 {
+            return Err(libc::EBADF);
+        }
         // SAFETY: plain C struct.
         let mut st: libc::stat = unsafe { std::mem::zeroed() };
         // SAFETY: valid out-pointer.
         let regular = unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } == 0
             && st.st_mode & libc::S_IFMT == libc::S_IFREG;
-        let direct = (flags >= 0 && regular)
-            .then(|| {
-                let path = std::ffi::CString::new(format!("/proc/self/fd/{}", fd.as_raw_fd()))
-                    .expect("no NUL");
-                let acc = flags & libc::O_ACCMODE;
-                // SAFETY: NUL-terminated path; the descriptor is owned below.
-                let d =
-                    unsafe { libc::open(path.as_ptr(), acc | libc::O_DIRECT | libc::O_CLOEXEC) };
-                // SAFETY: a new descriptor we own.
-                (d >= 0).then(|| unsafe { OwnedFd::from_raw_fd(d) })
-            })
-            .flatten();
+        if !regular {
+            return Err(libc::EINVAL);
+        }
+        let acc = flags & libc::O_ACCMODE;
+        let path =
+            std::ffi::CString::new(format!("/proc/self/fd/{}", fd.as_raw_fd())).expect("no NUL");
+        // SAFETY: NUL-terminated path; the descriptor is owned below.
+        let d = unsafe { libc::open(path.as_ptr(), acc | libc::O_DIRECT | libc::O_CLOEXEC) };
+        // SAFETY: a new descriptor we own.
+        let direct = (d >= 0).then(|| unsafe { OwnedFd::from_raw_fd(d) });
         let slow = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
             .is_ok_and(|p| p.to_string_lossy().ends_with(SLOW_SUFFIX));
-        Self {
+        Ok(Self {
             buffered: fd,
             direct,
             policy,
             slow,
-        }
+        })
     }
 }
 
