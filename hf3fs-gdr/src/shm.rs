@@ -157,9 +157,8 @@ impl Shm {
         let c = CString::new(name)
             .map_err(|_| Error::InvalidArgument(format!("memfd name {name:?} contains NUL")))?;
         // SAFETY: NUL-terminated name; the returned descriptor is owned below.
-        let fd = unsafe {
-            libc::memfd_create(c.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING)
-        };
+        let fd =
+            unsafe { libc::memfd_create(c.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
         if fd < 0 {
             return Err(os_err(
                 "memfd_create",

@@ -9,7 +9,9 @@ mod common;
 use common::{
     after, assert_bytes, child_lines, data_dir, patterned_file, role, wait_until, Daemon, T,
 };
-use hf3fs_gdr::{daemon_stats, dereg_fd, id_from_hex, ior_size, reg_fd, to_hex, Cqe, Error, Ior, Iov};
+use hf3fs_gdr::{
+    daemon_stats, dereg_fd, id_from_hex, ior_size, reg_fd, to_hex, Cqe, Error, Ior, Iov,
+};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
@@ -78,7 +80,8 @@ impl Raw {
     fn connect(mount: &Path) -> Self {
         let path = hf3fs_gdr::virt::daemon_socket(mount);
         // SAFETY: plain socket creation; owned below.
-        let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) };
+        let fd =
+            unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) };
         assert!(fd >= 0);
         // SAFETY: a new descriptor we own.
         let sock = unsafe { OwnedFd::from_raw_fd(fd) };
@@ -129,10 +132,8 @@ impl Raw {
             }
         }
         // SAFETY: `hdr` points at live buffers.
-        assert_eq!(
-            unsafe { libc::sendmsg(self.0.as_raw_fd(), &hdr, libc::MSG_NOSIGNAL) },
-            msg.len() as isize
-        );
+        let sent = unsafe { libc::sendmsg(self.0.as_raw_fd(), &hdr, libc::MSG_NOSIGNAL) };
+        assert_eq!(sent, msg.len() as isize);
         let mut buf = [0u8; 256];
         // SAFETY: a live buffer of its length.
         let n = unsafe { libc::recv(self.0.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
@@ -188,11 +189,7 @@ fn symlink_attacker() {
     let evil = folder.join("evil");
     std::os::unix::fs::symlink(env_path("HF3FS_SECRET"), &evil).unwrap();
     let id = [0x5e; 16];
-    std::os::unix::fs::symlink(
-        &evil,
-        hf3fs_gdr::virt::iovs_dir(&mount).join(to_hex(&id)),
-    )
-    .unwrap();
+    std::os::unix::fs::symlink(&evil, hf3fs_gdr::virt::iovs_dir(&mount).join(to_hex(&id))).unwrap();
     let out_path = folder.join("out");
     let out = std::fs::OpenOptions::new()
         .read(true)
@@ -231,7 +228,10 @@ fn a_symlink_in_a_client_folder_is_never_followed() {
     let data = data_dir();
     let (secret_path, secret) = patterned_file(data.path(), "secret", 0x77, LEN);
     std::fs::set_permissions(&secret_path, std::fs::Permissions::from_mode(0o600)).unwrap();
-    let folder = PathBuf::from(format!("/dev/shm/hf3fs-gdr-test-attack-{}", std::process::id()));
+    let folder = PathBuf::from(format!(
+        "/dev/shm/hf3fs-gdr-test-attack-{}",
+        std::process::id()
+    ));
     let _ = std::fs::remove_dir_all(&folder);
     let report = child_report(
         "a_symlink_in_a_client_folder_is_never_followed",
@@ -244,7 +244,10 @@ fn a_symlink_in_a_client_folder_is_never_followed() {
     );
     let leaked = leaked(&folder.join("out"), &secret);
     std::fs::remove_dir_all(&folder).unwrap();
-    assert_eq!(leaked, 0, "bytes of root's secret reached nobody's file: {report:?}");
+    assert_eq!(
+        leaked, 0,
+        "bytes of root's secret reached nobody's file: {report:?}"
+    );
     assert!(
         report.iter().any(|l| l.starts_with("refused")),
         "{report:?}"
@@ -303,7 +306,10 @@ fn another_clients_iov_is_neither_listed_nor_reachable() {
     let secret = common::pattern(0x33, LEN);
     let victim = Iov::create(d.path(), LEN as u64, 0, -1).unwrap();
     victim.write_at(0, &secret).unwrap();
-    let out = PathBuf::from(format!("/dev/shm/hf3fs-gdr-test-snoop-{}", std::process::id()));
+    let out = PathBuf::from(format!(
+        "/dev/shm/hf3fs-gdr-test-snoop-{}",
+        std::process::id()
+    ));
     let _ = std::fs::remove_file(&out);
     let report = child_report(
         "another_clients_iov_is_neither_listed_nor_reachable",
@@ -316,7 +322,10 @@ fn another_clients_iov_is_neither_listed_nor_reachable() {
     );
     let leaked = leaked(&out, &secret);
     let _ = std::fs::remove_file(&out);
-    assert_eq!(leaked, 0, "bytes of the victim's iov reached nobody's file: {report:?}");
+    assert_eq!(
+        leaked, 0,
+        "bytes of the victim's iov reached nobody's file: {report:?}"
+    );
     for expected in ["list refused", "open refused", "io refused"] {
         assert!(
             report.iter().any(|l| l.starts_with(expected)),
@@ -362,10 +371,14 @@ fn own_iov_of_a_foreign_id_is_refused_and_the_files_survive() {
         );
     }
     assert!(
-        wait_until(T, || daemon_stats(d.path()).unwrap().clients_released > released),
+        wait_until(T, || daemon_stats(d.path()).unwrap().clients_released
+            > released),
         "the raw client was not released"
     );
-    assert!(std::fs::symlink_metadata(&link).is_ok(), "the victim's link was removed");
+    assert!(
+        std::fs::symlink_metadata(&link).is_ok(),
+        "the victim's link was removed"
+    );
     assert!(segment.exists(), "the victim's segment was removed");
     honest_read(d.path());
     drop(victim);
@@ -374,7 +387,7 @@ fn own_iov_of_a_foreign_id_is_refused_and_the_files_survive() {
 
 /// Writes a ring header for `entries` entries named `id` at the start of `fd`.
 fn write_ring_header(fd: RawFd, id: &[u8; 16], entries: u32) {
-    let mut h = vec![0u8; 64];
+    let mut h = [0u8; 64];
     h[..8].copy_from_slice(b"HF3FSIOR");
     h[8..12].copy_from_slice(&1u32.to_le_bytes());
     h[12..16].copy_from_slice(&entries.to_le_bytes());
@@ -382,10 +395,8 @@ fn write_ring_header(fd: RawFd, id: &[u8; 16], entries: u32) {
     h[28..32].copy_from_slice(&(-1i32).to_le_bytes());
     h[40..56].copy_from_slice(id);
     // SAFETY: a live buffer of its length.
-    assert_eq!(
-        unsafe { libc::pwrite(fd, h.as_ptr().cast(), h.len(), 0) },
-        h.len() as isize
-    );
+    let written = unsafe { libc::pwrite(fd, h.as_ptr().cast(), h.len(), 0) };
+    assert_eq!(written, h.len() as isize);
 }
 
 #[test]
@@ -395,7 +406,10 @@ fn a_truncated_ring_fails_only_its_client() {
     let len = ior_size(4);
     // A ring in a plain /dev/shm file, published the way rings once were.
     let id = [0x71; 16];
-    let path = PathBuf::from(format!("/dev/shm/hf3fs-gdr-test-ring-{}", std::process::id()));
+    let path = PathBuf::from(format!(
+        "/dev/shm/hf3fs-gdr-test-ring-{}",
+        std::process::id()
+    ));
     let file = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
@@ -419,28 +433,27 @@ fn a_truncated_ring_fails_only_its_client() {
     // A sealed memfd is taken, and cannot be shrunk under the daemon.
     let name = std::ffi::CString::new("attacker-ring").unwrap();
     // SAFETY: NUL-terminated name; owned below.
-    let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
+    let fd =
+        unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
     assert!(fd >= 0);
     // SAFETY: a new descriptor we own.
     let memfd = unsafe { OwnedFd::from_raw_fd(fd) };
     // SAFETY: a memfd of ours.
-    assert_eq!(unsafe { libc::ftruncate(memfd.as_raw_fd(), len as libc::off_t) }, 0);
+    let sized = unsafe { libc::ftruncate(memfd.as_raw_fd(), len as libc::off_t) };
+    assert_eq!(sized, 0);
     let id2 = [0x72; 16];
     write_ring_header(memfd.as_raw_fd(), &id2, 4);
+    let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW;
     // SAFETY: a memfd created with MFD_ALLOW_SEALING.
+    let sealed = unsafe { libc::fcntl(memfd.as_raw_fd(), libc::F_ADD_SEALS, seals) };
+    assert_eq!(sealed, 0);
     assert_eq!(
-        unsafe {
-            libc::fcntl(
-                memfd.as_raw_fd(),
-                libc::F_ADD_SEALS,
-                libc::F_SEAL_SHRINK | libc::F_SEAL_GROW,
-            )
-        },
+        raw.request(&msg(OP_ADD_IOR, &id2), Some(memfd.as_raw_fd())),
         0
     );
-    assert_eq!(raw.request(&msg(OP_ADD_IOR, &id2), Some(memfd.as_raw_fd())), 0);
     // SAFETY: a memfd of ours.
-    assert_ne!(unsafe { libc::ftruncate(memfd.as_raw_fd(), 0) }, 0, "a sealed ring shrank");
+    let shrunk = unsafe { libc::ftruncate(memfd.as_raw_fd(), 0) };
+    assert_ne!(shrunk, 0, "a sealed ring shrank");
     std::thread::sleep(Duration::from_millis(100));
     assert!(d.alive());
     // Another client is served.

@@ -68,8 +68,14 @@ fn stat_entry(dir: &OwnedFd, name: &str) -> Option<libc::stat> {
     // SAFETY: plain C struct.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
     // SAFETY: a directory descriptor, a NUL-terminated name, a valid out-pointer.
-    let ret =
-        unsafe { libc::fstatat(dir.as_raw_fd(), c.as_ptr(), &mut st, libc::AT_SYMLINK_NOFOLLOW) };
+    let ret = unsafe {
+        libc::fstatat(
+            dir.as_raw_fd(),
+            c.as_ptr(),
+            &mut st,
+            libc::AT_SYMLINK_NOFOLLOW,
+        )
+    };
     (ret == 0).then_some(st)
 }
 
@@ -212,7 +218,8 @@ impl Dirs {
     pub(crate) fn remove(&self, id: &Id, owned: &OwnedPublication) {
         let name = to_hex(id);
         if let Some((component, dev, ino)) = &owned.segment {
-            if stat_entry(&self.shm, component).is_some_and(|st| (st.st_dev, st.st_ino) == (*dev, *ino))
+            if stat_entry(&self.shm, component)
+                .is_some_and(|st| (st.st_dev, st.st_ino) == (*dev, *ino))
             {
                 unlink_at(&self.shm, component);
             }
@@ -239,7 +246,13 @@ mod tests {
         assert!(!a.owner_only());
         assert!(Admission::default().owner_only());
         assert_eq!(shm_component("/dev/shm/x"), Some("x"));
-        for bad in ["/dev/shm/", "/dev/shm/a/b", "/dev/shm/..", "/dev/shmx", "/etc/x"] {
+        for bad in [
+            "/dev/shm/",
+            "/dev/shm/a/b",
+            "/dev/shm/..",
+            "/dev/shmx",
+            "/etc/x",
+        ] {
             assert_eq!(shm_component(bad), None, "{bad}");
         }
     }

@@ -352,11 +352,7 @@ impl Session {
         }
     }
 
-    fn handle(
-        self: &Arc<Self>,
-        msg: &[u8],
-        fds: Vec<std::os::fd::OwnedFd>,
-    ) -> (i64, Vec<u8>) {
+    fn handle(self: &Arc<Self>, msg: &[u8], fds: Vec<std::os::fd::OwnedFd>) -> (i64, Vec<u8>) {
         let Some((&op, rest)) = msg.split_first() else {
             return (-(libc::EINVAL as i64), Vec::new());
         };
