@@ -1,14 +1,18 @@
 //! The local I/O daemon (`hf3fs-gdr-daemon`): serves one mount directory.
 //!
-//! - A `SOCK_SEQPACKET` socket at `<mount>/3fs-virt/daemon.sock`; one session per
-//!   client connection, with the files it registered (descriptors passed over the
-//!   socket), the rings it attached, the iovs it published, and the iov mappings made
-//!   for its I/O. When the connection closes (the client exited or died), the session's
-//!   rings stop, chunks not started are cancelled, its mappings are released and its
-//!   publications (symlinks and `/dev/shm` files) are removed; other sessions go on.
-//! - One thread per ring takes submissions (batched by `io_depth`), resolves the iov by
-//!   its publication (host: map the `/dev/shm` file; GPU: open the CUDA-IPC handle on
-//!   that GPU) and the file by its id, and splits each I/O into chunks.
+//! - A `SOCK_SEQPACKET` socket at `<mount>/3fs-virt/daemon.sock`; a client is admitted by
+//!   the credentials the kernel recorded for its connection (`SO_PEERCRED`: root, the
+//!   daemon's user, or a listed user or group). One session per client connection, with
+//!   the files it passed, the iovs it registered (each handed over as a descriptor or
+//!   CUDA-IPC handle, never looked up by name), the rings it attached (sealed memfds) and
+//!   the publications it proved it owns. When the connection closes (the client exited
+//!   or died), the session's rings stop, chunks not started are cancelled, its mappings
+//!   are released and its owned publications (symlinks and `/dev/shm` files) are
+//!   removed; other sessions go on. See `confine.rs` and the README's "Deploying the
+//!   daemon" for what each check protects against.
+//! - One thread per ring takes submissions (batched by `io_depth`), finds the iov among
+//!   its session's registrations and the file by its id, and splits each I/O into
+//!   chunks.
 //! - A pool of worker threads runs chunks: host iovs are read or written in place with
 //!   `pread`/`pwrite` (page cache or `O_DIRECT`: see [`DirectPolicy`]); GPU iovs go through each worker's
 //!   pinned staging slots with asynchronous host-to-device copies (see `gpu.rs`).
