@@ -153,6 +153,15 @@ impl Shm {
     /// can map it knowing that nobody can truncate it under the mapping (which would
     /// turn its accesses into `SIGBUS`).
     pub(crate) fn create_sealed(name: &str, len: usize) -> Result<Self> {
+        Self::create_memfd(
+            name,
+            len,
+            libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL,
+        )
+    }
+
+    /// A memfd of `len` bytes with `seals` added (none if 0).
+    pub(crate) fn create_memfd(name: &str, len: usize, seals: libc::c_int) -> Result<Self> {
         let label = PathBuf::from(format!("memfd:{name}"));
         let c = CString::new(name)
             .map_err(|_| Error::InvalidArgument(format!("memfd name {name:?} contains NUL")))?;
@@ -176,9 +185,8 @@ impl Shm {
                 label.display(),
             ));
         }
-        let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
         // SAFETY: a memfd created with MFD_ALLOW_SEALING.
-        if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) } < 0 {
+        if seals != 0 && unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) } < 0 {
             return Err(os_err(
                 "fcntl(F_ADD_SEALS)",
                 std::io::Error::last_os_error(),

@@ -21,6 +21,8 @@
 //! [`crate::Ior::wait_for_ios`]).
 
 mod confine;
+#[doc(hidden)]
+pub mod fuzz;
 mod gpu;
 mod io;
 mod logging;
@@ -165,6 +167,19 @@ pub(crate) struct Session {
 }
 
 impl Session {
+    fn new(shared: Arc<Shared>, pid: i32, uid: u32) -> Arc<Self> {
+        Arc::new(Session {
+            pid,
+            uid,
+            shared,
+            files: Mutex::default(),
+            next_file: AtomicU32::new(1),
+            iovs: Mutex::default(),
+            rings: Mutex::default(),
+            owned_iovs: Mutex::default(),
+        })
+    }
+
     fn iov(&self, id: &Id) -> Option<Arc<MappedIov>> {
         self.iovs.lock().get(id).cloned()
     }
@@ -197,6 +212,15 @@ impl Session {
             .iov_offset
             .checked_add(sqe.len)
             .is_none_or(|end| end > iov.size())
+        {
+            return fail(libc::EINVAL);
+        }
+        // A file range past what `off_t` holds (found by fuzzing: the chunk offsets
+        // overflowed).
+        if sqe
+            .file_offset
+            .checked_add(sqe.len)
+            .is_none_or(|end| end > i64::MAX as u64)
         {
             return fail(libc::EINVAL);
         }
@@ -489,16 +513,7 @@ fn serve_client(shared: Arc<Shared>, sock: SeqPacket) {
     let Some(cred) = cred.filter(|c| shared.admission.admits(c.uid, c.gid)) else {
         return refuse(&sock, cred);
     };
-    let session = Arc::new(Session {
-        pid: cred.pid,
-        uid: cred.uid,
-        shared: shared.clone(),
-        files: Mutex::default(),
-        next_file: AtomicU32::new(1),
-        iovs: Mutex::default(),
-        rings: Mutex::default(),
-        owned_iovs: Mutex::default(),
-    });
+    let session = Session::new(shared.clone(), cred.pid, cred.uid);
     shared.stats.clients_now.fetch_add(1, Ordering::Relaxed);
     tracing::info!("client {} (uid {}) connected", session.pid, session.uid);
     let mut buf = [0u8; MAX_MESSAGE];
