@@ -56,8 +56,15 @@ fn frame(flags: u8, msg: &[u8]) -> Vec<u8> {
 #[test]
 fn hostile_request_sequences_keep_the_daemon_whole() {
     let id = [7u8; 16];
-    let mut ring_header = vec![4u8]; // OP_ADD_IOR, id, then (in the memfd) a header
+    // OP_ADD_IOR, the id, then a ring header of 4 entries (which goes into the memfd).
+    let mut ring_header = vec![4u8];
     ring_header.extend_from_slice(&id);
+    let mut h = [0u8; 64];
+    h[..8].copy_from_slice(b"HF3FSIOR");
+    h[8..12].copy_from_slice(&1u32.to_le_bytes());
+    h[12..16].copy_from_slice(&4u32.to_le_bytes());
+    h[40..56].copy_from_slice(&id);
+    ring_header.extend_from_slice(&h);
     let mut seeds: Vec<Vec<u8>> = vec![
         frame(0, &[1, 0, 0, 0, 0]),
         frame(1, &[2, 0, 0, 0, 0]),
