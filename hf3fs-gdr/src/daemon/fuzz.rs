@@ -19,7 +19,9 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 /// Bytes of the iov and of the file a ring's entries may name.
+const SCRATCH_BYTES: usize = 64 << 10;
 /// The id the registered scratch iov has.
+const SCRATCH_IOV: Id = [0xa5; 16];
 /// Longest a fuzzed ring may take to complete its entries (a lost completion fails).
 const RING_DEADLINE: Duration = Duration::from_secs(5);
 
@@ -98,6 +100,7 @@ pub fn fuzz_daemon_requests(data: &[u8]) -> bool {
         let (msg, next) = tail.split_at(len);
         rest = next;
         let fds: Vec<OwnedFd> = if flags & 1 != 0 {
+            memfd(msg.get(17..).unwrap_or(&[]), SCRATCH_BYTES, flags & 2 != 0)
                 .into_iter()
                 .collect()
         } else {
@@ -129,7 +132,11 @@ pub fn fuzz_ring_entries(data: &[u8]) -> bool {
 }
 
 fn run_ring(session: &Arc<Session>, for_read: bool, data: &[u8]) -> Option<bool> {
+    let file_bytes: Vec<u8> = (0..SCRATCH_BYTES).map(|i| (i * 7 + 3) as u8).collect();
+    let file = memfd(&file_bytes, SCRATCH_BYTES, false)?;
     let (file_id, _) = session.handle(&Message::new(OP_REG_FD).0, vec![file]);
+    let iov = memfd(&[], SCRATCH_BYTES, false)?;
+    let reg = Message::new(OP_REG_IOV).id(&SCRATCH_IOV).u8(IOV_HOST);
     if file_id <= 0 || session.handle(&reg.0, vec![iov]).0 != 0 {
         return None;
     }
@@ -155,6 +162,7 @@ fn run_ring(session: &Arc<Session>, for_read: bool, data: &[u8]) -> Option<bool>
             count,
             &Sqe {
                 iov_id: if userdata & 1 != 0 {
+                    SCRATCH_IOV
                 } else {
                     [0x5a; 16]
                 },
