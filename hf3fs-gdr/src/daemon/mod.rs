@@ -488,7 +488,7 @@ impl Session {
 
 /// How long a refused client may take to send its first request (it gets `EACCES` as
 /// the reply, then the connection closes).
-const REFUSED_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+const REFUSED_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
 fn refuse(sock: &SeqPacket, cred: Option<libc::ucred>) {
     match cred {
