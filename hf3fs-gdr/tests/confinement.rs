@@ -27,6 +27,8 @@ const OP_HELLO: u8 = 1;
 const OP_ADD_IOR: u8 = 4;
 const OP_OWN_IOV: u8 = 6;
 const OP_OWN_IOV_LINK: u8 = 9;
+const OP_REG_IOV: u8 = 10;
+const IOV_HOST: u8 = 1;
 
 fn is_root() -> bool {
     // SAFETY: no arguments.
@@ -383,6 +385,43 @@ fn own_iov_of_a_foreign_id_is_refused_and_the_files_survive() {
     honest_read(d.path());
     drop(victim);
     assert!(std::fs::symlink_metadata(&link).is_err());
+}
+
+#[test]
+fn iovs_are_registered_by_a_readable_writable_shared_memory_descriptor_only() {
+    let d = Daemon::start(2);
+    let raw = Raw::connect(d.path());
+    let mut reg = msg(OP_REG_IOV, &[4; 16]);
+    reg.push(IOV_HOST);
+    // No descriptor: the daemon never looks an iov up by its name.
+    assert_eq!(raw.request(&reg, None), -(libc::EBADF as i64));
+    // A file on disk (it could be on a file system its client serves).
+    let data = data_dir();
+    let (path, _) = patterned_file(data.path(), "disk", 1, LEN);
+    let disk = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&path)
+        .unwrap();
+    assert_eq!(
+        raw.request(&reg, Some(disk.as_raw_fd())),
+        -(libc::EINVAL as i64)
+    );
+    // Shared memory opened read-only: never made writable.
+    let shm = tempfile::NamedTempFile::new_in("/dev/shm").unwrap();
+    shm.as_file().set_len(LEN as u64).unwrap();
+    let read_only = std::fs::File::open(shm.path()).unwrap();
+    assert_eq!(
+        raw.request(&reg, Some(read_only.as_raw_fd())),
+        -(libc::EINVAL as i64)
+    );
+    // Read-write shared memory is taken.
+    let rw = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(shm.path())
+        .unwrap();
+    assert_eq!(raw.request(&reg, Some(rw.as_raw_fd())), 0);
 }
 
 /// Writes a ring header for `entries` entries named `id` at the start of `fd`.

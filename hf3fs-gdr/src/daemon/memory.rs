@@ -47,7 +47,7 @@ fn shared_mapping(gpu: &Gpu, handle: &gpu_mem::IpcHandle) -> Result<Arc<IpcMappi
 }
 
 impl MappedIov {
-    /// A host iov from the descriptor its client passed: it must be open read-write
+    /// A host iov from the descriptor its client passed: shared memory, open read-write
     /// (the kernel refuses a writable shared mapping of a read-only or `O_PATH`
     /// descriptor, so the client reaches nothing it could not write itself) and name a
     /// regular file. All of the file is mapped; a client that truncates it later makes
@@ -59,6 +59,19 @@ impl MappedIov {
         if flags < 0 || flags & libc::O_PATH != 0 || flags & libc::O_ACCMODE != libc::O_RDWR {
             return Err(Error::InvalidArgument(format!(
                 "iov {}: the descriptor is not open for reading and writing",
+                to_hex(id)
+            )));
+        }
+        // Shared memory only (tmpfs, memfd, hugetlbfs): a file of another file system
+        // could be one the client serves itself (FUSE), whose page faults it could stall
+        // forever, and with them a worker every client shares.
+        // SAFETY: plain C struct.
+        let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
+        // SAFETY: a descriptor we own and a valid out-pointer.
+        let ret = unsafe { libc::fstatfs(fd.as_raw_fd(), &mut fs) };
+        if ret < 0 || !matches!(fs.f_type, libc::TMPFS_MAGIC | libc::HUGETLBFS_MAGIC) {
+            return Err(Error::InvalidArgument(format!(
+                "iov {}: not shared memory (tmpfs, memfd or hugetlbfs)",
                 to_hex(id)
             )));
         }
