@@ -24,6 +24,7 @@ const LEN: usize = 64 << 10;
 
 // The wire protocol (src/proto.rs): an op byte, then little-endian fields.
 const OP_HELLO: u8 = 1;
+const OP_REG_FD: u8 = 2;
 const OP_ADD_IOR: u8 = 4;
 const OP_OWN_IOV: u8 = 6;
 const OP_OWN_IOV_LINK: u8 = 9;
@@ -422,6 +423,87 @@ fn iovs_are_registered_by_a_readable_writable_shared_memory_descriptor_only() {
         .open(shm.path())
         .unwrap();
     assert_eq!(raw.request(&reg, Some(rw.as_raw_fd())), 0);
+}
+
+#[test]
+fn one_client_cannot_exhaust_the_daemon_for_the_others() {
+    let d = Daemon::start_with(
+        2,
+        &[
+            "--max-client-files",
+            "64",
+            "--max-client-rings",
+            "2",
+            "--max-clients",
+            "2",
+        ],
+    );
+    let raw = Raw::connect(d.path());
+    let data = data_dir();
+    let (path, _) = patterned_file(data.path(), "f", 1, LEN);
+    let file = std::fs::File::open(&path).unwrap();
+    for _ in 0..64 {
+        assert!(raw.request(&[OP_REG_FD, 0, 0, 0, 0], Some(file.as_raw_fd())) > 0);
+    }
+    assert_eq!(
+        raw.request(&[OP_REG_FD, 0, 0, 0, 0], Some(file.as_raw_fd())),
+        -(libc::EMFILE as i64)
+    );
+    // Rings: two at most.
+    for (i, expected) in [(1u8, 0), (2, 0), (3, -(libc::ENOSPC as i64))] {
+        let id = [i; 16];
+        let name = std::ffi::CString::new("ring").unwrap();
+        // SAFETY: NUL-terminated name; owned below.
+        let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_ALLOW_SEALING) };
+        assert!(fd >= 0);
+        // SAFETY: a new descriptor we own.
+        let memfd = unsafe { OwnedFd::from_raw_fd(fd) };
+        // SAFETY: a memfd of ours.
+        let sized = unsafe { libc::ftruncate(memfd.as_raw_fd(), ior_size(4) as libc::off_t) };
+        assert_eq!(sized, 0);
+        write_ring_header(memfd.as_raw_fd(), &id, 4);
+        // SAFETY: a memfd created with MFD_ALLOW_SEALING.
+        let sealed =
+            unsafe { libc::fcntl(memfd.as_raw_fd(), libc::F_ADD_SEALS, libc::F_SEAL_SHRINK) };
+        assert_eq!(sealed, 0);
+        assert_eq!(
+            raw.request(&msg(OP_ADD_IOR, &id), Some(memfd.as_raw_fd())),
+            expected
+        );
+    }
+    // Clients: two at once; a third is told to come back later.
+    let second = Raw::connect(d.path());
+    let path = hf3fs_gdr::virt::daemon_socket(d.path());
+    // SAFETY: plain socket creation; owned below.
+    let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) };
+    assert!(fd >= 0);
+    // SAFETY: a new descriptor we own.
+    let third = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: plain C struct.
+    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    for (d, s) in addr
+        .sun_path
+        .iter_mut()
+        .zip(path.to_str().unwrap().as_bytes())
+    {
+        *d = *s as libc::c_char;
+    }
+    // SAFETY: a filled sockaddr_un.
+    let ret = unsafe {
+        libc::connect(
+            third.as_raw_fd(),
+            (&addr as *const libc::sockaddr_un).cast(),
+            std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t,
+        )
+    };
+    assert_eq!(ret, 0);
+    let refused = Raw(third).request(&[OP_HELLO, 0, 0, 0, 0], None);
+    assert_eq!(refused, -(libc::EAGAIN as i64));
+    // Once they are gone, others are served.
+    drop((raw, second));
+    assert!(wait_until(T, || daemon_stats(d.path()).is_ok()));
+    honest_read(d.path());
 }
 
 /// Writes a ring header for `entries` entries named `id` at the start of `fd`.

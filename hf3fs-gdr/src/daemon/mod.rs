@@ -92,6 +92,33 @@ pub struct DaemonConfig {
     pub allow_uids: Vec<u32>,
     /// Primary groups admitted (`SO_PEERCRED` carries only the primary group).
     pub allow_gids: Vec<u32>,
+    /// What one client may hold at once, so that no client exhausts the daemon's
+    /// descriptors, threads or memory for the others.
+    pub limits: ClientLimits,
+}
+
+/// What one client connection may hold at once (see [`DaemonConfig::limits`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClientLimits {
+    /// Registered files (each a descriptor, two with `O_DIRECT`); more: `EMFILE`.
+    pub files: usize,
+    /// Registered iovs (a host iov holds a descriptor and a mapping); more: `ENOSPC`.
+    pub iovs: usize,
+    /// Attached rings (each a thread); more: `ENOSPC`.
+    pub rings: usize,
+    /// Connections served at once, all clients together; more are refused at connect.
+    pub clients: usize,
+}
+
+impl Default for ClientLimits {
+    fn default() -> Self {
+        Self {
+            files: 4096,
+            iovs: 4096,
+            rings: 128,
+            clients: 256,
+        }
+    }
 }
 
 impl DaemonConfig {
@@ -135,6 +162,7 @@ impl DaemonConfig {
             direct: DirectPolicy::Auto,
             allow_uids: Vec::new(),
             allow_gids: Vec::new(),
+            limits: ClientLimits::default(),
         }
     }
 }
@@ -249,6 +277,12 @@ impl Session {
     /// mapping turns the ring thread's accesses into `SIGBUS`, ending the daemon).
     fn add_ring(self: &Arc<Self>, id: &Id, fd: std::os::fd::OwnedFd) -> Result<()> {
         use std::os::fd::AsRawFd;
+        if self.rings.lock().len() >= self.shared.config.limits.rings {
+            return Err(Error::Refused {
+                request: "add ior",
+                errno: libc::ENOSPC,
+            });
+        }
         // SAFETY: a descriptor we own.
         let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
         if seals < 0 || seals & libc::F_SEAL_SHRINK == 0 {
@@ -321,7 +355,11 @@ impl Session {
         };
         match mapped {
             Ok(m) => {
-                self.iovs.lock().insert(id, Arc::new(m));
+                let mut iovs = self.iovs.lock();
+                if !iovs.contains_key(&id) && iovs.len() >= self.shared.config.limits.iovs {
+                    return -(libc::ENOSPC as i64);
+                }
+                iovs.insert(id, Arc::new(m));
                 0
             }
             Err(e) => {
@@ -365,7 +403,13 @@ impl Session {
             }
             owners.insert(id, Arc::downgrade(self));
         }
-        self.owned_iovs.lock().insert(id, owned);
+        let mut owned_iovs = self.owned_iovs.lock();
+        if !owned_iovs.contains_key(&id) && owned_iovs.len() >= self.shared.config.limits.iovs {
+            drop(owned_iovs);
+            self.disown(&id);
+            return -(libc::ENOSPC as i64);
+        }
+        owned_iovs.insert(id, owned);
         0
     }
 
@@ -396,6 +440,9 @@ impl Session {
                 let Some(fd) = fd else {
                     return (-(libc::EBADF as i64), Vec::new());
                 };
+                if self.files.lock().len() >= self.shared.config.limits.files {
+                    return (-(libc::EMFILE as i64), Vec::new());
+                }
                 match OpenFile::new(fd, self.shared.config.direct) {
                     Ok(file) => {
                         let id = self.next_file.fetch_add(1, Ordering::Relaxed);
@@ -486,14 +533,20 @@ impl Session {
     }
 }
 
-/// How long a refused client may take to send its first request (it gets `EACCES` as
-/// the reply, then the connection closes).
+/// How long a refused client may take to send its first request (it gets `EACCES`, or
+/// `EAGAIN` when too many clients are connected, as the reply, then the connection
+/// closes).
 const REFUSED_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
-fn refuse(sock: &SeqPacket, cred: Option<libc::ucred>) {
+fn refuse(sock: &SeqPacket, cred: Option<libc::ucred>, errno: i32) {
+    let why = if errno == libc::EACCES {
+        "not admitted"
+    } else {
+        "too many clients"
+    };
     match cred {
         Some(c) => daemon_warn!(
-            "client {} (uid {}, gid {}) refused: not admitted",
+            "client {} (uid {}, gid {}) refused: {why}",
             c.pid,
             c.uid,
             c.gid
@@ -503,7 +556,7 @@ fn refuse(sock: &SeqPacket, cred: Option<libc::ucred>) {
     if sock.set_recv_timeout(REFUSED_WAIT).is_ok() {
         let mut buf = [0u8; MAX_MESSAGE];
         if matches!(sock.recv(&mut buf), Ok((n, _)) if n > 0) {
-            let _ = sock.send(&(-(libc::EACCES as i64)).to_le_bytes(), &[]);
+            let _ = sock.send(&(-(errno as i64)).to_le_bytes(), &[]);
         }
     }
 }
@@ -511,10 +564,14 @@ fn refuse(sock: &SeqPacket, cred: Option<libc::ucred>) {
 fn serve_client(shared: Arc<Shared>, sock: SeqPacket) {
     let cred = sock.peer_cred();
     let Some(cred) = cred.filter(|c| shared.admission.admits(c.uid, c.gid)) else {
-        return refuse(&sock, cred);
+        return refuse(&sock, cred, libc::EACCES);
     };
+    let served = shared.stats.clients_now.fetch_add(1, Ordering::AcqRel);
+    if served >= shared.config.limits.clients as u64 {
+        shared.stats.clients_now.fetch_sub(1, Ordering::AcqRel);
+        return refuse(&sock, Some(cred), libc::EAGAIN);
+    }
     let session = Session::new(shared.clone(), cred.pid, cred.uid);
-    shared.stats.clients_now.fetch_add(1, Ordering::Relaxed);
     tracing::info!("client {} (uid {}) connected", session.pid, session.uid);
     let mut buf = [0u8; MAX_MESSAGE];
     loop {
