@@ -26,7 +26,8 @@ const SCRATCH_IOV: Id = [0xa5; 16];
 const RING_DEADLINE: Duration = Duration::from_secs(5);
 
 /// The daemon state shared by every input: a scratch mount under the temporary
-/// directory, one worker, chunks of 16 KiB (so requests split).
+/// directory (removed once its directories are open), one worker, chunks of 16 KiB (so
+/// requests split).
 fn shared() -> Option<&'static Arc<Shared>> {
     static SHARED: OnceLock<Option<Arc<Shared>>> = OnceLock::new();
     SHARED
@@ -38,6 +39,10 @@ fn shared() -> Option<&'static Arc<Shared>> {
             let daemon_uid = unsafe { libc::geteuid() };
             let mut config = DaemonConfig::with(&mount, 1, 1 << 20);
             config.chunk_bytes = 16 << 10;
+            let dirs = Dirs::open(&mount, daemon_uid).ok()?;
+            // Nothing here goes through the mount's path again (the directories are held
+            // open), so it is removed at once rather than left behind by every run.
+            let _ = std::fs::remove_dir_all(&mount);
             let shared = Arc::new(Shared {
                 pool: Arc::new(Pool::default()),
                 stats: Arc::new(Stats::default()),
@@ -45,7 +50,7 @@ fn shared() -> Option<&'static Arc<Shared>> {
                     daemon_uid,
                     ..Admission::default()
                 },
-                dirs: Dirs::open(&mount, daemon_uid).ok()?,
+                dirs,
                 owners: Mutex::default(),
                 config,
             });
