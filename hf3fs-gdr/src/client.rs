@@ -10,14 +10,16 @@
 
 use crate::error::{Error, Result};
 use crate::fd_registry;
+use crate::iov::{IovInner, IovRegistration};
 use crate::proto::{
-    Message, Reader, SeqPacket, MAX_MESSAGE, OP_ADD_IOR, OP_DEREG_FD, OP_FORGET_IOV, OP_HELLO,
-    OP_OWN_IOV, OP_OWN_IOV_LINK, OP_REG_FD, OP_REMOVE_IOR, OP_STATS,
+    Message, Reader, SeqPacket, IOV_GPU, IOV_HOST, MAX_MESSAGE, OP_ADD_IOR, OP_DEREG_FD,
+    OP_FORGET_IOV, OP_HELLO, OP_OWN_IOV, OP_OWN_IOV_LINK, OP_REG_FD, OP_REG_IOV, OP_REMOVE_IOR,
+    OP_STATS,
 };
 use crate::shm::Id;
 use crate::virt;
 use parking_lot::Mutex;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::os::fd::{AsFd, BorrowedFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -32,8 +34,10 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(20);
 pub(crate) trait IoBackend: Send + Sync + std::fmt::Debug {
     /// The backend's id for a registered descriptor (registering it on first use).
     fn file_id(&self, fd: RawFd) -> Result<u32>;
-    /// Starts serving the ring published as `id`.
-    fn attach_ring(&self, id: &Id) -> Result<()>;
+    /// Makes `iov` usable by this process's rings (on its first use by one of them).
+    fn register_iov(&self, iov: &IovInner) -> Result<()>;
+    /// Starts serving ring `id`, whose memory `fd` holds (a sealed memfd).
+    fn attach_ring(&self, id: &Id, fd: BorrowedFd<'_>) -> Result<()>;
     /// Stops serving it (after its I/Os in flight finish).
     fn detach_ring(&self, id: &Id) -> Result<()>;
     /// `Ok` while the backend can still complete I/O.
@@ -144,6 +148,8 @@ pub(crate) struct DaemonConn {
     probe: SeqPacket,
     /// Client fd number → (daemon file id, dev, ino).
     files: Mutex<HashMap<RawFd, (u32, u64, u64)>>,
+    /// Iovs registered with the daemon by this connection.
+    iovs: Mutex<HashSet<Id>>,
     dead: AtomicBool,
 }
 
@@ -163,6 +169,7 @@ impl DaemonConn {
             probe,
             sock: Mutex::new(sock),
             files: Mutex::default(),
+            iovs: Mutex::default(),
             dead: AtomicBool::new(false),
         };
         conn.request(
@@ -221,18 +228,35 @@ impl DaemonConn {
 
     /// Tells the daemon this process owns publication `id`: if it dies, the daemon
     /// removes the link and, with `segment_too`, the `/dev/shm` segment it names.
-    pub(crate) fn own_iov(&self, id: &Id, segment_too: bool) -> Result<()> {
+    /// `segment` (host iovs): the segment the link names, opened here, which the daemon
+    /// compares with the link's target (it checks the link and segment are ours).
+    pub(crate) fn own_iov(
+        &self,
+        id: &Id,
+        segment_too: bool,
+        segment: Option<BorrowedFd<'_>>,
+    ) -> Result<()> {
         let op = if segment_too {
             OP_OWN_IOV
         } else {
             OP_OWN_IOV_LINK
         };
-        self.request("own iov", &Message::new(op).id(id), &[])
+        let fds: Vec<BorrowedFd<'_>> = segment.into_iter().collect();
+        self.request("own iov", &Message::new(op).id(id), &fds)
             .map(drop)
+    }
+
+    /// Best effort: the daemon drops its mapping of an iov being destroyed, if this
+    /// connection registered or owns it.
+    pub(crate) fn forget_registered(&self, id: &Id) {
+        if self.iovs.lock().contains(id) {
+            self.forget_iov(id);
+        }
     }
 
     /// Best effort: the daemon drops its mapping of an iov being destroyed.
     pub(crate) fn forget_iov(&self, id: &Id) {
+        self.iovs.lock().remove(id);
         if let Err(e) = self.request("forget iov", &Message::new(OP_FORGET_IOV).id(id), &[]) {
             tracing::debug!("forget iov: {e}");
         }
@@ -267,8 +291,31 @@ impl IoBackend for DaemonConn {
         Ok(id)
     }
 
-    fn attach_ring(&self, id: &Id) -> Result<()> {
-        self.request("add ior", &Message::new(OP_ADD_IOR).id(id), &[])
+    fn register_iov(&self, iov: &IovInner) -> Result<()> {
+        if self.iovs.lock().contains(&iov.id) {
+            return Ok(());
+        }
+        let msg = Message::new(OP_REG_IOV).id(&iov.id);
+        match iov.registration()? {
+            IovRegistration::Host(fd) => {
+                self.request("reg iov", &msg.u8(IOV_HOST), &[fd.as_fd()])?;
+            }
+            IovRegistration::Gpu(link) => {
+                let msg = msg
+                    .u8(IOV_GPU)
+                    .u64(link.device as u64)
+                    .u64(link.size)
+                    .u64(link.offset)
+                    .bytes(link.ipc.as_bytes());
+                self.request("reg iov", &msg, &[])?;
+            }
+        }
+        self.iovs.lock().insert(iov.id);
+        Ok(())
+    }
+
+    fn attach_ring(&self, id: &Id, fd: BorrowedFd<'_>) -> Result<()> {
+        self.request("add ior", &Message::new(OP_ADD_IOR).id(id), &[fd])
             .map(drop)
     }
 

@@ -1,5 +1,5 @@
 //! I/O rings (3FS's `struct hf3fs_ior`): a submission and a completion ring in shared
-//! memory, published under the mount, served by the daemon (`LocalRing`, here), or a
+//! memory, handed to the daemon as a sealed memfd and served by it (`LocalRing`, here), or a
 //! ring of 3FS's library (`lib_ring`).
 
 mod lib_ring;
@@ -48,10 +48,10 @@ pub struct Ior {
 /// The local daemon's ring in shared memory.
 #[derive(Debug)]
 pub(crate) struct LocalRing {
-    shm: Shm,
+    /// The ring's memory, mapped while the ring lives.
+    _shm: Shm,
     view: RingView,
     id: Id,
-    link: PathBuf,
     backend: Arc<dyn IoBackend>,
     /// Our copy of `sq_tail`.
     tail: u64,
@@ -282,12 +282,10 @@ impl LocalRing {
         virt::ensure_dirs(mount)?;
         let backend: Arc<dyn IoBackend> = client::connect(mount)?;
         let id = random_id()?;
-        let shm = Shm::create(&format!("hf3fs-gdr-ior-{}", to_hex(&id)), ior_size(entries))?;
-        let cleanup = |e: Error| {
-            let _ = shm.unlink();
-            e
-        };
-        shm.prefer_numa(numa).map_err(cleanup)?;
+        // A sealed memfd, passed to the daemon: no name anyone could open or truncate,
+        // and the daemon can trust that its mapping never shrinks.
+        let shm = Shm::create_sealed(&format!("hf3fs-gdr-ior-{}", to_hex(&id)), ior_size(entries))?;
+        shm.prefer_numa(numa)?;
         // SAFETY: the mapping has ior_size(entries) bytes, page aligned, and lives in `shm`
         // as long as the view (both owned by the ring).
         let view = unsafe { RingView::new(shm.as_ptr(), entries) };
@@ -306,17 +304,11 @@ impl LocalRing {
             (*h).client_pid = std::process::id();
             (*h).magic = RING_MAGIC;
         }
-        let target = shm.path().to_str().expect("ascii path").to_string();
-        let link = virt::publish(&virt::iors_dir(mount), &id, &target).map_err(cleanup)?;
-        if let Err(e) = backend.attach_ring(&id) {
-            let _ = crate::shm::remove_if_present(&link);
-            return Err(cleanup(e));
-        }
+        backend.attach_ring(&id, shm.fd())?;
         Ok(Self {
-            shm,
+            _shm: shm,
             view,
             id,
-            link,
             backend,
             tail: 0,
             head: 0,
@@ -371,6 +363,7 @@ impl RingOps for LocalRing {
         if self.tail - self.head >= entries as u64 {
             return Err(Error::RingFull { entries });
         }
+        self.backend.register_iov(&iov.inner)?;
         let file_id = self.backend.file_id(fd)?;
         let sqe = Sqe {
             iov_id: *iov.id(),
@@ -482,12 +475,6 @@ impl Drop for LocalRing {
         // completion lands in memory we are about to release.
         if let Err(e) = self.backend.detach_ring(&self.id) {
             tracing::debug!("ior {}: detach: {e}", to_hex(&self.id));
-        }
-        if let Err(e) = crate::shm::remove_if_present(&self.link) {
-            tracing::warn!("ior {}: {e}", to_hex(&self.id));
-        }
-        if let Err(e) = self.shm.unlink() {
-            tracing::warn!("ior {}: {e}", to_hex(&self.id));
         }
     }
 }

@@ -7,12 +7,23 @@ use crate::error::{Error, Result};
 use crate::hf3fs::{
     self, Backend, LibIov, Resolved, HF3FS_SYNC_FROM_STORAGE, HF3FS_SYNC_TO_STORAGE,
 };
-use crate::shm::{random_id, to_hex, Id, Shm, SHM_DIR};
+use crate::shm::{open_segment, random_id, to_hex, Id, Shm, SHM_DIR};
 use crate::virt::{self, GdrLink};
 use gpu_mem::{DeviceBuffer, DeviceMemoryRef, Gpu, IpcHandle, IpcMapping, IPC_HANDLE_BYTES};
 use parking_lot::Mutex;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+
+/// How an iov is handed to the daemon (`OP_REG_IOV`): the daemon never opens an iov
+/// by its name, so a process can give it only memory it could open itself.
+#[derive(Debug)]
+pub(crate) enum IovRegistration {
+    /// The `/dev/shm` file of a host iov, opened read-write by this process.
+    Host(OwnedFd),
+    /// A GPU iov's device, size, offset and CUDA-IPC handle.
+    Gpu(GdrLink),
+}
 
 /// Which way [`Iov::sync`] orders memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -145,9 +156,14 @@ fn shm_name(id: &Id) -> String {
 /// Tells the daemon (if one runs) that this process owns the publication, so a crash
 /// of this process gets it removed.
 /// `segment_too`: the `/dev/shm` segment the publication names is ours to remove as well.
-fn claim(mount: &Path, id: &Id, segment_too: bool) -> Option<Arc<client::DaemonConn>> {
+fn claim(
+    mount: &Path,
+    id: &Id,
+    segment_too: bool,
+    segment: Option<BorrowedFd<'_>>,
+) -> Option<Arc<client::DaemonConn>> {
     let conn = client::connect(mount).ok()?;
-    match conn.own_iov(id, segment_too) {
+    match conn.own_iov(id, segment_too, segment) {
         Ok(()) => Some(conn),
         Err(e) => {
             tracing::debug!("own iov {}: {e}", to_hex(id));
@@ -230,7 +246,7 @@ impl Iov {
                 return Err(e);
             }
         };
-        let owner = claim(mount, &id, true);
+        let owner = claim(mount, &id, true, Some(shm.fd()));
         let base = shm.as_ptr() as u64;
         Ok(Self::new(
             id,
@@ -411,8 +427,9 @@ impl Iov {
             )));
         }
         virt::ensure_dirs(mount)?;
+        let segment = open_segment(Path::new(target))?;
         let link = virt::publish(&virt::iovs_dir(mount), id, target)?;
-        let owner = claim(mount, id, false);
+        let owner = claim(mount, id, false, Some(segment.as_fd()));
         Ok(Self::new(
             *id,
             mount,
@@ -456,7 +473,7 @@ impl Iov {
         };
         let id = random_id()?;
         let path = virt::publish(&virt::iovs_dir(mount), &id, &link.format())?;
-        let owner = claim(mount, &id, true);
+        let owner = claim(mount, &id, true, None);
         let base = buf.ptr();
         Ok(Self::new(
             id,
@@ -519,7 +536,7 @@ impl Iov {
             offset,
         };
         let path = virt::publish(&virt::iovs_dir(mount), id, &link.format())?;
-        let owner = claim(mount, id, true);
+        let owner = claim(mount, id, true, None);
         Ok(Self::new(
             *id,
             mount,
@@ -793,6 +810,39 @@ fn gpu_copy(
 }
 
 impl IovInner {
+    /// What the daemon needs to serve this iov (see [`IovRegistration`]).
+    pub(crate) fn registration(&self) -> Result<IovRegistration> {
+        let dup = |shm: &Shm| {
+            shm.fd()
+                .try_clone_to_owned()
+                .map_err(|e| crate::error::os_err("dup", e, shm.path().display()))
+        };
+        match &self.memory {
+            Memory::HostCreated(shm) | Memory::HostOpened(shm) => {
+                Ok(IovRegistration::Host(dup(shm)?))
+            }
+            // Memory the caller mapped: the segment its publication names, opened with
+            // this process's own rights.
+            Memory::HostWrapped => {
+                let target = virt::read_publication(&virt::iovs_dir(&self.mount), &self.id)?;
+                if !host_target_allowed(&target) {
+                    return Err(Error::InvalidArgument(format!(
+                        "iov {} points outside {SHM_DIR}: {target}",
+                        to_hex(&self.id)
+                    )));
+                }
+                Ok(IovRegistration::Host(open_segment(Path::new(&target))?))
+            }
+            Memory::GpuCreated(_) | Memory::GpuWrapped(_) | Memory::GpuImported(_) => self
+                .gdr
+                .map(IovRegistration::Gpu)
+                .ok_or_else(|| Error::InvalidArgument("a GPU iov without its IPC link".into())),
+            Memory::Hf3fs(_) => Err(Error::Unsupported(
+                "an iov of 3FS's library is served by 3FS, not the local daemon".into(),
+            )),
+        }
+    }
+
     /// The library's iov, for a 3FS ring.
     pub(crate) fn lib_iov(&self) -> Option<&LibIov> {
         match &self.memory {
@@ -824,6 +874,10 @@ impl Drop for IovInner {
     fn drop(&mut self) {
         if let Err(e) = self.unlink() {
             tracing::warn!("iov {}: {e}", to_hex(&self.id));
+        }
+        // An iov opened or wrapped here and registered for I/O: the daemon's mapping goes.
+        if let Some(conn) = client::existing(&self.mount) {
+            conn.forget_registered(&self.id);
         }
     }
 }

@@ -30,13 +30,15 @@
 //! | --- | --- | --- |
 //! | `rdma` | off | module `gdr`: GPU and host memory registered with RDMA devices (links libibverbs) |
 //!
-//! With the local daemon, everything is published under the mount's virtual directory
-//! (see [`virt`]): a host iov as a symlink to its `/dev/shm` file, a GPU iov as a
-//! symlink to `gdr://v1/device/{N}/size/{S}/ipc/{hex}`, a ring as a symlink to its
-//! `/dev/shm` file. The daemon ([`daemon`]) listens on `<mount>/3fs-virt/daemon.sock`; each client
-//! process keeps one connection per mount, over which it registers files (the
-//! descriptor itself travels), attaches rings, and by which each side learns that the
-//! other died.
+//! With the local daemon, iovs are published under the mount's virtual directory (see
+//! [`virt`]) for other processes: a host iov as a symlink to its `/dev/shm` file, a GPU
+//! iov as a symlink to `gdr://v1/device/{N}/size/{S}/ipc/{hex}`. The daemon ([`daemon`])
+//! listens on `<mount>/3fs-virt/daemon.sock` and admits clients by their socket
+//! credentials; each client process keeps one connection per mount, over which it
+//! hands over what its rings use — files and host iovs as descriptors it opened itself,
+//! GPU iovs by their CUDA-IPC handle, rings as sealed memfds — and by which each side
+//! learns that the other died. The daemon never opens anything by a name a client
+//! chose (the README's "Deploying the daemon" says what each check protects against).
 //!
 //! Example (local daemon):
 //!

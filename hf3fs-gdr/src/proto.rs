@@ -22,6 +22,15 @@ pub(crate) const OP_STATS: u8 = 8;
 /// Like [`OP_OWN_IOV`], for a publication naming the caller's own `/dev/shm` segment:
 /// if the client dies only the link is removed, never the segment.
 pub(crate) const OP_OWN_IOV_LINK: u8 = 9;
+/// Makes an iov usable by this client's rings: a host iov's `/dev/shm` file as a
+/// descriptor the client opened itself (`SCM_RIGHTS`, read-write), or a GPU iov's
+/// device, size, offset and CUDA-IPC handle. The daemon never resolves an iov by its
+/// name: a client reaches only memory it could open itself.
+pub(crate) const OP_REG_IOV: u8 = 10;
+
+/// [`OP_REG_IOV`] kinds.
+pub(crate) const IOV_HOST: u8 = 1;
+pub(crate) const IOV_GPU: u8 = 2;
 
 /// Largest message either side sends.
 pub(crate) const MAX_MESSAGE: usize = 256;
@@ -290,8 +299,9 @@ impl SeqPacket {
         Ok(())
     }
 
-    /// The peer's process id (`SO_PEERCRED`).
-    pub(crate) fn peer_pid(&self) -> Option<i32> {
+    /// The peer's process, user and group ids (`SO_PEERCRED`: what the kernel recorded
+    /// when the peer connected; nothing the peer says).
+    pub(crate) fn peer_cred(&self) -> Option<libc::ucred> {
         // SAFETY: plain C struct.
         let mut cred: libc::ucred = unsafe { std::mem::zeroed() };
         let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
@@ -305,7 +315,7 @@ impl SeqPacket {
                 &mut len,
             )
         };
-        (ret == 0).then_some(cred.pid)
+        (ret == 0).then_some(cred)
     }
 }
 
@@ -320,8 +330,20 @@ impl Message {
         self.0.extend_from_slice(&v.to_le_bytes());
         self
     }
+    pub(crate) fn u64(mut self, v: u64) -> Self {
+        self.0.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    pub(crate) fn u8(mut self, v: u8) -> Self {
+        self.0.push(v);
+        self
+    }
     pub(crate) fn id(mut self, id: &Id) -> Self {
         self.0.extend_from_slice(id);
+        self
+    }
+    pub(crate) fn bytes(mut self, b: &[u8]) -> Self {
+        self.0.extend_from_slice(b);
         self
     }
 }
@@ -344,6 +366,9 @@ impl Reader<'_> {
     pub(crate) fn u64(&mut self) -> Option<u64> {
         self.take().map(u64::from_le_bytes)
     }
+    pub(crate) fn u8(&mut self) -> Option<u8> {
+        self.take().map(|[b]: [u8; 1]| b)
+    }
     pub(crate) fn id(&mut self) -> Option<Id> {
         self.take()
     }
@@ -360,7 +385,10 @@ mod tests {
         let listener = SeqPacket::listen(&path).unwrap();
         let client = SeqPacket::connect(&path).unwrap();
         let server = listener.accept().unwrap();
-        assert_eq!(server.peer_pid(), Some(std::process::id() as i32));
+        let cred = server.peer_cred().unwrap();
+        assert_eq!(cred.pid, std::process::id() as i32);
+        // SAFETY: no arguments.
+        assert_eq!(cred.uid, unsafe { libc::geteuid() });
         let file = std::fs::File::open("/proc/self/exe").unwrap();
         use std::os::fd::AsFd;
         client

@@ -69,6 +69,10 @@ pub(crate) struct Shm {
     ptr: *mut u8,
     len: usize,
     path: PathBuf,
+    /// The open file (kept so it can be passed to the daemon with `SCM_RIGHTS`).
+    fd: OwnedFd,
+    /// Whether `path` names a file to remove on [`Shm::unlink`] (false for a memfd).
+    named: bool,
 }
 
 // SAFETY: the mapping is plain shared memory; every access goes through raw pointers or
@@ -94,7 +98,13 @@ impl Shm {
             return Err(os_err("ftruncate", e, path.display()));
         }
         match map(&fd, len, &path) {
-            Ok(ptr) => Ok(Self { ptr, len, path }),
+            Ok(ptr) => Ok(Self {
+                ptr,
+                len,
+                path,
+                fd,
+                named: true,
+            }),
             Err(e) => {
                 let _ = std::fs::remove_file(&path);
                 Err(e)
@@ -105,26 +115,98 @@ impl Shm {
     /// Maps an existing shared memory file (at least `min_len` bytes; all of it is
     /// mapped).
     pub(crate) fn open(path: &Path, min_len: usize) -> Result<Self> {
-        let fd = open_path(path, libc::O_RDWR, 0)?;
-        let meta = std::fs::File::from(
-            fd.try_clone()
-                .map_err(|e| os_err("dup", e, path.display()))?,
-        )
-        .metadata()
-        .map_err(|e| os_err("fstat", e, path.display()))?;
-        let len = meta.len() as usize;
+        // O_NOFOLLOW: the last component is never a symlink someone planted.
+        let fd = open_path(path, libc::O_RDWR | libc::O_NOFOLLOW, 0)?;
+        Self::from_fd(fd, min_len, path)
+    }
+
+    /// Maps all of an open regular file of at least `min_len` bytes, read-write and
+    /// shared (the descriptor must be open for reading and writing: the kernel refuses
+    /// a writable shared mapping of anything else, so access is never widened).
+    pub(crate) fn from_fd(fd: OwnedFd, min_len: usize, label: &Path) -> Result<Self> {
+        let st = fstat(&fd, label)?;
+        if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+            return Err(Error::InvalidArgument(format!(
+                "{} is not a regular file",
+                label.display()
+            )));
+        }
+        let len = st.st_size as usize;
         if len < min_len.max(1) {
             return Err(Error::InvalidArgument(format!(
                 "{} has {len} bytes, fewer than the {min_len} asked for",
-                path.display()
+                label.display()
             )));
         }
-        let ptr = map(&fd, len, path)?;
+        let ptr = map(&fd, len, label)?;
         Ok(Self {
             ptr,
             len,
-            path: path.to_path_buf(),
+            path: label.to_path_buf(),
+            fd,
+            named: true,
         })
+    }
+
+    /// Creates an anonymous memory file (`memfd`) of `len` bytes, zero filled, sealed
+    /// against shrinking and growing: a process it is passed to (the daemon, for a ring)
+    /// can map it knowing that nobody can truncate it under the mapping (which would
+    /// turn its accesses into `SIGBUS`).
+    pub(crate) fn create_sealed(name: &str, len: usize) -> Result<Self> {
+        Self::create_memfd(
+            name,
+            len,
+            libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL,
+        )
+    }
+
+    /// A memfd of `len` bytes with `seals` added (none if 0).
+    pub(crate) fn create_memfd(name: &str, len: usize, seals: libc::c_int) -> Result<Self> {
+        let label = PathBuf::from(format!("memfd:{name}"));
+        let c = CString::new(name)
+            .map_err(|_| Error::InvalidArgument(format!("memfd name {name:?} contains NUL")))?;
+        // SAFETY: NUL-terminated name; the returned descriptor is owned below.
+        let fd =
+            unsafe { libc::memfd_create(c.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
+        if fd < 0 {
+            return Err(os_err(
+                "memfd_create",
+                std::io::Error::last_os_error(),
+                label.display(),
+            ));
+        }
+        // SAFETY: a new descriptor we own.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        // SAFETY: a valid descriptor we own.
+        if unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } < 0 {
+            return Err(os_err(
+                "ftruncate",
+                std::io::Error::last_os_error(),
+                label.display(),
+            ));
+        }
+        // SAFETY: a memfd created with MFD_ALLOW_SEALING.
+        if seals != 0 && unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) } < 0 {
+            return Err(os_err(
+                "fcntl(F_ADD_SEALS)",
+                std::io::Error::last_os_error(),
+                label.display(),
+            ));
+        }
+        let ptr = map(&fd, len, &label)?;
+        Ok(Self {
+            ptr,
+            len,
+            path: label,
+            fd,
+            named: false,
+        })
+    }
+
+    /// The open file.
+    pub(crate) fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        use std::os::fd::AsFd;
+        self.fd.as_fd()
     }
 
     pub(crate) fn as_ptr(&self) -> *mut u8 {
@@ -141,6 +223,9 @@ impl Shm {
 
     /// Removes the file (the mapping stays valid until dropped).
     pub(crate) fn unlink(&self) -> Result<()> {
+        if !self.named {
+            return Ok(());
+        }
         remove_if_present(&self.path)
     }
 
@@ -193,6 +278,12 @@ impl Drop for Shm {
     }
 }
 
+/// Opens a `/dev/shm` segment read-write with this process's own rights, never
+/// through a symlink in its last component (to pass to the daemon).
+pub(crate) fn open_segment(path: &Path) -> Result<OwnedFd> {
+    open_path(path, libc::O_RDWR | libc::O_NOFOLLOW, 0)
+}
+
 fn open_path(path: &Path, flags: libc::c_int, mode: libc::mode_t) -> Result<OwnedFd> {
     let c = cstring(path)?;
     // SAFETY: NUL-terminated path; the returned descriptor is owned below.
@@ -206,6 +297,21 @@ fn open_path(path: &Path, flags: libc::c_int, mode: libc::mode_t) -> Result<Owne
     }
     // SAFETY: a new descriptor we own.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// `fstat` of an open descriptor.
+pub(crate) fn fstat(fd: &impl AsRawFd, label: &Path) -> Result<libc::stat> {
+    // SAFETY: plain C struct.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: valid out-pointer; an invalid descriptor is reported as EBADF.
+    if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } < 0 {
+        return Err(os_err(
+            "fstat",
+            std::io::Error::last_os_error(),
+            label.display(),
+        ));
+    }
+    Ok(st)
 }
 
 fn map(fd: &OwnedFd, len: usize, path: &Path) -> Result<*mut u8> {

@@ -1,11 +1,13 @@
-//! The mount's virtual directory, where clients publish iovs and rings and the daemon
-//! finds them (3FS's `<mount>/3fs-virt/`), and the `gdr://` link format of GPU iovs.
+//! The mount's virtual directory, where clients publish iovs for each other (3FS's
+//! `<mount>/3fs-virt/`; the local daemon serves only iovs its clients register over the
+//! socket, never one found here), and the `gdr://` link format of GPU iovs.
 //!
 //! - `<mount>/3fs-virt/iovs/<id hex>`: a symlink to the iov's `/dev/shm` file (host
 //!   iovs), or to `gdr://v1/device/{N}/size/{S}/ipc/{128 hex digits}[/offset/{O}]`
 //!   (GPU iovs: the CUDA-IPC handle of the allocation holding the iov, and the iov's
 //!   offset inside it when it is not the allocation's start).
-//! - `<mount>/3fs-virt/iors/<id hex>`: a symlink to the ring's `/dev/shm` file.
+//! - `<mount>/3fs-virt/iors/`: kept for 3FS's layout; the local daemon's rings are
+//!   sealed memfds passed over its socket, published nowhere.
 //! - `<mount>/3fs-virt/daemon.sock`: the daemon's `SOCK_SEQPACKET` socket.
 
 use crate::error::{os_err, Error, Result};

@@ -36,7 +36,10 @@ fn help_and_version() {
     let (code, out, err) = run(&["--help"]);
     assert_eq!(code, Some(0), "{err}");
     assert!(
-        out.contains("--mount <DIR>") && out.contains("--direct"),
+        out.contains("--mount <DIR>")
+            && out.contains("--direct")
+            && out.contains("--allow-uid <UID>")
+            && out.contains("--max-clients <N>"),
         "{out}"
     );
     let (code, out, _) = run(&["--version"]);

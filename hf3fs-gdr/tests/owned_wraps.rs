@@ -153,8 +153,8 @@ fn wrap_shm_owns_its_publication_and_the_daemon_forgets_it() {
     drop(clone);
     assert_bytes(seg.bytes(), &bytes, "the segment after destroy");
 
-    // Plain `Iov::wrap` of a publication the caller made: the daemon keeps its mapping
-    // (the old behaviour wrap_shm replaces).
+    // Plain `Iov::wrap` of a publication the caller made: the daemon maps the segment
+    // while the iov is registered by this process, and drops it with the iov.
     let id2 = id_for(2);
     let link2 = hf3fs_gdr::virt::iovs_dir(d.path()).join(to_hex(&id2));
     std::os::unix::fs::symlink(&seg.path, &link2).unwrap();
@@ -163,8 +163,11 @@ fn wrap_shm_owns_its_publication_and_the_daemon_forgets_it() {
     read_into(&mut ior, &plain, fd, LEN);
     plain.destroy().unwrap();
     std::fs::remove_file(&link2).unwrap();
-    std::thread::sleep(Duration::from_millis(200));
-    assert!(daemon_maps(&d, &seg.path), "wrap without ownership is kept");
+    assert!(
+        wait_until(Duration::from_secs(5), || !daemon_maps(&d, &seg.path)),
+        "the daemon still maps the segment of a dropped wrap"
+    );
+    assert!(seg.path.exists(), "the caller's segment was removed");
     drop(ior);
     dereg_fd(fd);
 }

@@ -46,6 +46,26 @@ struct Cli {
     /// Fault injection: chunks of files named *.slow wait D ms
     #[arg(long = "inject-delay-ms", value_name = "D", default_value_t = 0)]
     inject_delay_ms: u64,
+    /// Also admit clients of user UID (repeatable; root and the daemon's own user are
+    /// always admitted). With any --allow-uid/--allow-gid the socket is made 0666 and the
+    /// check at connect (the kernel's SO_PEERCRED) keeps everyone else out
+    #[arg(long = "allow-uid", value_name = "UID")]
+    allow_uids: Vec<u32>,
+    /// Also admit clients whose primary group is GID (repeatable)
+    #[arg(long = "allow-gid", value_name = "GID")]
+    allow_gids: Vec<u32>,
+    /// Files one client may register at once [default: 4096]
+    #[arg(long = "max-client-files", value_name = "N", value_parser = positive)]
+    max_client_files: Option<usize>,
+    /// Iovs one client may register at once [default: 4096]
+    #[arg(long = "max-client-iovs", value_name = "N", value_parser = positive)]
+    max_client_iovs: Option<usize>,
+    /// Rings one client may attach at once [default: 128]
+    #[arg(long = "max-client-rings", value_name = "N", value_parser = positive)]
+    max_client_rings: Option<usize>,
+    /// Clients served at once [default: 256]
+    #[arg(long = "max-clients", value_name = "N", value_parser = positive)]
+    max_clients: Option<usize>,
 }
 
 fn positive(text: &str) -> Result<usize, String> {
@@ -103,7 +123,29 @@ fn config(cli: Cli) -> Result<DaemonConfig, String> {
         .ok_or("--copy-kib: too large")?;
     config.inject_delay = std::time::Duration::from_millis(cli.inject_delay_ms);
     config.direct = cli.direct;
+    config.allow_uids = cli.allow_uids;
+    config.allow_gids = cli.allow_gids;
+    let limits = &mut config.limits;
+    limits.files = cli.max_client_files.unwrap_or(limits.files);
+    limits.iovs = cli.max_client_iovs.unwrap_or(limits.iovs);
+    limits.rings = cli.max_client_rings.unwrap_or(limits.rings);
+    limits.clients = cli.max_clients.unwrap_or(limits.clients);
     Ok(config)
+}
+
+/// Raises the soft limit on open descriptors to the hard one: the daemon holds every
+/// client's registered files and host iovs open (each client within its
+/// `--max-client-*` share).
+fn raise_descriptor_limit() {
+    // SAFETY: plain C struct.
+    let mut lim: libc::rlimit = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid out-pointer.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0 && lim.rlim_cur < lim.rlim_max
+    {
+        lim.rlim_cur = lim.rlim_max;
+        // SAFETY: a valid rlimit; failure only leaves the soft limit as it was.
+        unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) };
+    }
 }
 
 fn main() {
@@ -144,6 +186,7 @@ fn main() {
             std::process::exit(2);
         }
     };
+    raise_descriptor_limit();
     let summary = format!(
         "hf3fs-gdr-daemon: serving {} with {} workers, {} KiB chunks, {} staging slots each, \
          copies every {} KiB, O_DIRECT {:?}",

@@ -32,34 +32,41 @@ impl OpenFile {
     /// Wraps the descriptor the client passed; reopens the same inode with `O_DIRECT`
     /// through `/proc/self/fd` (a new open file description: the client's flags are
     /// untouched) where the file system supports it.
-    pub(crate) fn new(fd: OwnedFd, policy: DirectPolicy) -> Self {
+    ///
+    /// Only a regular file opened for reading or writing is taken: an `O_PATH`
+    /// descriptor carries no right to read or write, and reopening it through
+    /// `/proc/self/fd` (with the daemon's credentials) would create one. The reopen uses
+    /// exactly the client's access mode, and keeps `O_APPEND` (an append-only descriptor
+    /// never becomes one that writes anywhere), so it never widens it.
+    pub(crate) fn new(fd: OwnedFd, policy: DirectPolicy) -> Result<Self, i32> {
         // SAFETY: a descriptor we own.
         let flags = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) };
+        if flags < 0 || flags & libc::O_PATH != 0 {
+            return Err(libc::EBADF);
+        }
         // SAFETY: plain C struct.
         let mut st: libc::stat = unsafe { std::mem::zeroed() };
         // SAFETY: valid out-pointer.
         let regular = unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } == 0
             && st.st_mode & libc::S_IFMT == libc::S_IFREG;
-        let direct = (flags >= 0 && regular)
-            .then(|| {
-                let path = std::ffi::CString::new(format!("/proc/self/fd/{}", fd.as_raw_fd()))
-                    .expect("no NUL");
-                let acc = flags & libc::O_ACCMODE;
-                // SAFETY: NUL-terminated path; the descriptor is owned below.
-                let d =
-                    unsafe { libc::open(path.as_ptr(), acc | libc::O_DIRECT | libc::O_CLOEXEC) };
-                // SAFETY: a new descriptor we own.
-                (d >= 0).then(|| unsafe { OwnedFd::from_raw_fd(d) })
-            })
-            .flatten();
+        if !regular {
+            return Err(libc::EINVAL);
+        }
+        let acc = flags & (libc::O_ACCMODE | libc::O_APPEND);
+        let path =
+            std::ffi::CString::new(format!("/proc/self/fd/{}", fd.as_raw_fd())).expect("no NUL");
+        // SAFETY: NUL-terminated path; the descriptor is owned below.
+        let d = unsafe { libc::open(path.as_ptr(), acc | libc::O_DIRECT | libc::O_CLOEXEC) };
+        // SAFETY: a new descriptor we own.
+        let direct = (d >= 0).then(|| unsafe { OwnedFd::from_raw_fd(d) });
         let slow = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
             .is_ok_and(|p| p.to_string_lossy().ends_with(SLOW_SUFFIX));
-        Self {
+        Ok(Self {
             buffered: fd,
             direct,
             policy,
             slow,
-        }
+        })
     }
 }
 
@@ -482,6 +489,49 @@ mod tests {
         // SAFETY: a valid descriptor; advice only.
         let r = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
         assert_eq!(r, 0);
+    }
+
+    #[test]
+    fn passed_descriptors_keep_their_rights() {
+        let dir = tempfile::tempdir_in(std::env::temp_dir()).unwrap();
+        let path = dir.path().join("f");
+        std::fs::write(&path, [1u8; 8192]).unwrap();
+        // O_PATH: no right to read or write, and none is made by reopening it.
+        let c = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+        // SAFETY: NUL-terminated path; owned below.
+        let fd = unsafe { libc::open(c.as_ptr(), libc::O_PATH | libc::O_CLOEXEC) };
+        assert!(fd >= 0);
+        // SAFETY: a new descriptor we own.
+        let o_path = unsafe { OwnedFd::from_raw_fd(fd) };
+        assert_eq!(
+            OpenFile::new(o_path, DirectPolicy::Always).err(),
+            Some(libc::EBADF)
+        );
+        // Not a regular file.
+        let d = std::fs::File::open(dir.path()).unwrap();
+        assert_eq!(
+            OpenFile::new(d.into(), DirectPolicy::Always).err(),
+            Some(libc::EINVAL)
+        );
+        // The O_DIRECT copy has the client's access mode and O_APPEND.
+        for (opts, mode) in [
+            (
+                std::fs::OpenOptions::new().read(true).clone(),
+                libc::O_RDONLY,
+            ),
+            (
+                std::fs::OpenOptions::new().append(true).clone(),
+                libc::O_WRONLY | libc::O_APPEND,
+            ),
+        ] {
+            let f = opts.open(&path).unwrap();
+            let file = OpenFile::new(f.into(), DirectPolicy::Always).unwrap();
+            if let Some(direct) = &file.direct {
+                // SAFETY: a descriptor we own.
+                let flags = unsafe { libc::fcntl(direct.as_raw_fd(), libc::F_GETFL) };
+                assert_eq!(flags & (libc::O_ACCMODE | libc::O_APPEND), mode);
+            }
+        }
     }
 
     #[test]

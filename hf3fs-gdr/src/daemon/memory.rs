@@ -1,16 +1,16 @@
 //! The iovs the daemon maps for its clients' I/O: host iovs by their `/dev/shm`
 //! segment, GPU iovs by their CUDA-IPC handle (one mapping per allocation, shared by the
-//! iovs that are slices of it). A leaf module of the daemon: the data path and the
+//! iovs that are slices of it), both as the client handed them over (`OP_REG_IOV`). A leaf module of the daemon: the data path and the
 //! sessions both use it.
 
 use crate::error::{Error, Result};
-use crate::iov::host_target_allowed;
 use crate::shm::{to_hex, Id, Shm};
-use crate::virt::{self, GdrLink};
+use crate::virt::GdrLink;
 use gpu_mem::{Gpu, IpcMapping};
 use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::path::Path;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::PathBuf;
 use std::sync::{Arc, Weak};
 
 /// An iov mapped into the daemon.
@@ -47,41 +47,64 @@ fn shared_mapping(gpu: &Gpu, handle: &gpu_mem::IpcHandle) -> Result<Arc<IpcMappi
 }
 
 impl MappedIov {
-    pub(crate) fn map(mount: &Path, id: &Id) -> Result<Self> {
-        let target = virt::read_publication(&virt::iovs_dir(mount), id)?;
-        if GdrLink::is_gdr(&target) {
-            let link = GdrLink::parse(&target)?;
-            let gpu = Gpu::open(link.device)?;
-            let mapping = shared_mapping(&gpu, &link.ipc)?;
-            if link
-                .offset
-                .checked_add(link.size)
-                .is_none_or(|e| e > mapping.len())
-            {
-                return Err(Error::InvalidArgument(format!(
-                    "GPU iov {}: {}+{} outside its allocation of {} bytes",
-                    to_hex(id),
-                    link.offset,
-                    link.size,
-                    mapping.len()
-                )));
-            }
-            let base = mapping.ptr() + link.offset;
-            return Ok(Self::Gpu {
-                _mapping: mapping,
-                gpu,
-                base,
-                size: link.size,
-            });
-        }
-        if !host_target_allowed(&target) {
+    /// A host iov from the descriptor its client passed: shared memory, open read-write
+    /// (the kernel refuses a writable shared mapping of a read-only or `O_PATH`
+    /// descriptor, so the client reaches nothing it could not write itself) and name a
+    /// regular file. All of the file is mapped; a client that truncates it later makes
+    /// only its own I/O fail (`pread`/`pwrite` into a missing page return `EFAULT`, the
+    /// daemon never touches iov memory itself).
+    pub(crate) fn host(fd: OwnedFd, id: &Id) -> Result<Self> {
+        // SAFETY: a descriptor we own.
+        let flags = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) };
+        if flags < 0 || flags & libc::O_PATH != 0 || flags & libc::O_ACCMODE != libc::O_RDWR {
             return Err(Error::InvalidArgument(format!(
-                "iov {} points outside /dev/shm: {target}",
+                "iov {}: the descriptor is not open for reading and writing",
                 to_hex(id)
             )));
         }
+        // Shared memory only (tmpfs, memfd, hugetlbfs): a file of another file system
+        // could be one the client serves itself (FUSE), whose page faults it could stall
+        // forever, and with them a worker every client shares.
+        // SAFETY: plain C struct.
+        let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
+        // SAFETY: a descriptor we own and a valid out-pointer.
+        let ret = unsafe { libc::fstatfs(fd.as_raw_fd(), &mut fs) };
+        if ret < 0 || !matches!(fs.f_type, libc::TMPFS_MAGIC | libc::HUGETLBFS_MAGIC) {
+            return Err(Error::InvalidArgument(format!(
+                "iov {}: not shared memory (tmpfs, memfd or hugetlbfs)",
+                to_hex(id)
+            )));
+        }
+        let label = PathBuf::from(format!("iov {}", to_hex(id)));
         Ok(Self::Host {
-            shm: Shm::open(Path::new(&target), 1)?,
+            shm: Shm::from_fd(fd, 1, &label)?,
+        })
+    }
+
+    /// A GPU iov by the CUDA-IPC handle its client sent (a handle is a capability: the
+    /// client had it, so it could open the memory itself).
+    pub(crate) fn gpu(id: &Id, link: &GdrLink) -> Result<Self> {
+        let gpu = Gpu::open(link.device)?;
+        let mapping = shared_mapping(&gpu, &link.ipc)?;
+        if link
+            .offset
+            .checked_add(link.size)
+            .is_none_or(|e| e > mapping.len())
+        {
+            return Err(Error::InvalidArgument(format!(
+                "GPU iov {}: {}+{} outside its allocation of {} bytes",
+                to_hex(id),
+                link.offset,
+                link.size,
+                mapping.len()
+            )));
+        }
+        let base = mapping.ptr() + link.offset;
+        Ok(Self::Gpu {
+            _mapping: mapping,
+            gpu,
+            base,
+            size: link.size,
         })
     }
 

@@ -1,14 +1,18 @@
 //! The local I/O daemon (`hf3fs-gdr-daemon`): serves one mount directory.
 //!
-//! - A `SOCK_SEQPACKET` socket at `<mount>/3fs-virt/daemon.sock`; one session per
-//!   client connection, with the files it registered (descriptors passed over the
-//!   socket), the rings it attached, the iovs it published, and the iov mappings made
-//!   for its I/O. When the connection closes (the client exited or died), the session's
-//!   rings stop, chunks not started are cancelled, its mappings are released and its
-//!   publications (symlinks and `/dev/shm` files) are removed; other sessions go on.
-//! - One thread per ring takes submissions (batched by `io_depth`), resolves the iov by
-//!   its publication (host: map the `/dev/shm` file; GPU: open the CUDA-IPC handle on
-//!   that GPU) and the file by its id, and splits each I/O into chunks.
+//! - A `SOCK_SEQPACKET` socket at `<mount>/3fs-virt/daemon.sock`; a client is admitted by
+//!   the credentials the kernel recorded for its connection (`SO_PEERCRED`: root, the
+//!   daemon's user, or a listed user or group). One session per client connection, with
+//!   the files it passed, the iovs it registered (each handed over as a descriptor or
+//!   CUDA-IPC handle, never looked up by name), the rings it attached (sealed memfds) and
+//!   the publications it proved it owns. When the connection closes (the client exited
+//!   or died), the session's rings stop, chunks not started are cancelled, its mappings
+//!   are released and its owned publications (symlinks and `/dev/shm` files) are
+//!   removed; other sessions go on. See `confine.rs` and the README's "Deploying the
+//!   daemon" for what each check protects against.
+//! - One thread per ring takes submissions (batched by `io_depth`), finds the iov among
+//!   its session's registrations and the file by its id, and splits each I/O into
+//!   chunks.
 //! - A pool of worker threads runs chunks: host iovs are read or written in place with
 //!   `pread`/`pwrite` (page cache or `O_DIRECT`: see [`DirectPolicy`]); GPU iovs go through each worker's
 //!   pinned staging slots with asynchronous host-to-device copies (see `gpu.rs`).
@@ -16,6 +20,9 @@
 //! A client learns that the daemon died from its socket closing (see
 //! [`crate::Ior::wait_for_ios`]).
 
+mod confine;
+#[doc(hidden)]
+pub mod fuzz;
 mod gpu;
 mod io;
 mod logging;
@@ -25,14 +32,15 @@ mod ring;
 mod stats;
 
 use crate::error::{Error, Result};
-use crate::iov::host_target_allowed;
 use crate::proto::{
-    Reader, SeqPacket, MAX_MESSAGE, OP_ADD_IOR, OP_DEREG_FD, OP_FORGET_IOV, OP_HELLO, OP_OWN_IOV,
-    OP_OWN_IOV_LINK, OP_REG_FD, OP_REMOVE_IOR, OP_STATS,
+    Reader, SeqPacket, IOV_GPU, IOV_HOST, MAX_MESSAGE, OP_ADD_IOR, OP_DEREG_FD, OP_FORGET_IOV,
+    OP_HELLO, OP_OWN_IOV, OP_OWN_IOV_LINK, OP_REG_FD, OP_REG_IOV, OP_REMOVE_IOR, OP_STATS,
 };
 use crate::ring::{ior_size, RingHeader, RingView, RING_MAGIC, RING_VERSION};
 use crate::shm::{remove_if_present, to_hex, Id, Shm};
-use crate::virt;
+use crate::virt::{self, GdrLink};
+use confine::{Admission, Dirs, OwnedPublication};
+use gpu_mem::IPC_HANDLE_BYTES;
 pub use io::DirectPolicy;
 use io::{Chunk, OpenFile, Request};
 use logging::daemon_warn;
@@ -78,6 +86,39 @@ pub struct DaemonConfig {
     pub inject_delay: std::time::Duration,
     /// When `O_DIRECT` is used.
     pub direct: DirectPolicy,
+    /// Users admitted besides root and the daemon's own user (checked at connect by
+    /// the socket's `SO_PEERCRED`). Empty by default; with any user or group listed
+    /// the socket is made `0666` (else `0600`) and this check is the gate.
+    pub allow_uids: Vec<u32>,
+    /// Primary groups admitted (`SO_PEERCRED` carries only the primary group).
+    pub allow_gids: Vec<u32>,
+    /// What one client may hold at once, so that no client exhausts the daemon's
+    /// descriptors, threads or memory for the others.
+    pub limits: ClientLimits,
+}
+
+/// What one client connection may hold at once (see [`DaemonConfig::limits`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClientLimits {
+    /// Registered files (each a descriptor, two with `O_DIRECT`); more: `EMFILE`.
+    pub files: usize,
+    /// Registered iovs (a host iov holds a descriptor and a mapping); more: `ENOSPC`.
+    pub iovs: usize,
+    /// Attached rings (each a thread); more: `ENOSPC`.
+    pub rings: usize,
+    /// Connections served at once, all clients together; more are refused at connect.
+    pub clients: usize,
+}
+
+impl Default for ClientLimits {
+    fn default() -> Self {
+        Self {
+            files: 4096,
+            iovs: 4096,
+            rings: 128,
+            clients: 256,
+        }
+    }
 }
 
 impl DaemonConfig {
@@ -119,6 +160,9 @@ impl DaemonConfig {
             copy_piece_bytes: 0,
             inject_delay: std::time::Duration::ZERO,
             direct: DirectPolicy::Auto,
+            allow_uids: Vec::new(),
+            allow_gids: Vec::new(),
+            limits: ClientLimits::default(),
         }
     }
 }
@@ -128,34 +172,44 @@ pub(crate) struct Shared {
     config: DaemonConfig,
     pool: Arc<Pool>,
     stats: Arc<Stats>,
-    sessions: Mutex<Vec<Weak<Session>>>,
+    admission: Admission,
+    dirs: Dirs,
+    /// Which session claimed each iov publication (first claim wins while it lives).
+    owners: Mutex<HashMap<Id, Weak<Session>>>,
 }
 
-/// One client connection's state.
+/// One client connection's state. Everything in it is the client's own: the iovs it
+/// registered, the files it passed, the rings it attached and the publications it
+/// proved it owns; no request reaches another session's.
 #[derive(Debug)]
 pub(crate) struct Session {
     shared: Arc<Shared>,
     pid: i32,
+    uid: u32,
     files: Mutex<HashMap<u32, Arc<OpenFile>>>,
     next_file: AtomicU32,
     iovs: Mutex<HashMap<Id, Arc<MappedIov>>>,
     rings: Mutex<HashMap<Id, RingRunner>>,
-    /// Ring publications attached by this client (removed if it dies).
-    ring_links: Mutex<HashMap<Id, PathBuf>>,
-    /// Iov publications this client owns, and whether the `/dev/shm` segment a link
-    /// names is the client's to remove too (false for a caller's own segment wrapped
-    /// with `Iov::wrap_shm`: only the link goes).
-    owned_iovs: Mutex<HashMap<Id, bool>>,
+    /// Iov publications this client owns (removed if it dies).
+    owned_iovs: Mutex<HashMap<Id, OwnedPublication>>,
 }
 
 impl Session {
-    fn iov(&self, id: &Id) -> Result<Arc<MappedIov>> {
-        if let Some(m) = self.iovs.lock().get(id) {
-            return Ok(m.clone());
-        }
-        let mapped = Arc::new(MappedIov::map(&self.shared.config.mount, id)?);
-        self.iovs.lock().insert(*id, mapped.clone());
-        Ok(mapped)
+    fn new(shared: Arc<Shared>, pid: i32, uid: u32) -> Arc<Self> {
+        Arc::new(Session {
+            pid,
+            uid,
+            shared,
+            files: Mutex::default(),
+            next_file: AtomicU32::new(1),
+            iovs: Mutex::default(),
+            rings: Mutex::default(),
+            owned_iovs: Mutex::default(),
+        })
+    }
+
+    fn iov(&self, id: &Id) -> Option<Arc<MappedIov>> {
+        self.iovs.lock().get(id).cloned()
     }
 
     /// Turns submission `seq` of `ctx` into chunks, or posts its error at once.
@@ -173,17 +227,28 @@ impl Session {
         let Some(file) = self.files.lock().get(&sqe.file_id).cloned() else {
             return fail(libc::EBADF);
         };
-        let iov = match self.iov(&sqe.iov_id) {
-            Ok(iov) => iov,
-            Err(e) => {
-                tracing::debug!("client {}: iov {}: {e}", self.pid, to_hex(&sqe.iov_id));
-                return fail(e.errno());
-            }
+        // Only iovs this client registered (OP_REG_IOV): never one found by its name.
+        let Some(iov) = self.iov(&sqe.iov_id) else {
+            tracing::debug!(
+                "client {}: iov {} not registered",
+                self.pid,
+                to_hex(&sqe.iov_id)
+            );
+            return fail(libc::EBADF);
         };
         if sqe
             .iov_offset
             .checked_add(sqe.len)
             .is_none_or(|end| end > iov.size())
+        {
+            return fail(libc::EINVAL);
+        }
+        // A file range past what `off_t` holds (found by fuzzing: the chunk offsets
+        // overflowed).
+        if sqe
+            .file_offset
+            .checked_add(sqe.len)
+            .is_none_or(|end| end > i64::MAX as u64)
         {
             return fail(libc::EINVAL);
         }
@@ -207,16 +272,29 @@ impl Session {
         io::split(&req, &base, self.shared.config.chunk_bytes as u64, out);
     }
 
-    fn add_ring(self: &Arc<Self>, id: &Id) -> Result<()> {
-        let mount = &self.shared.config.mount;
-        let target = virt::read_publication(&virt::iors_dir(mount), id)?;
-        if !host_target_allowed(&target) {
+    /// Attaches the ring in `fd`: a memfd sealed against shrinking (`F_SEAL_SHRINK`), so
+    /// that the client cannot truncate it under the daemon's mapping (a truncated
+    /// mapping turns the ring thread's accesses into `SIGBUS`, ending the daemon).
+    fn add_ring(self: &Arc<Self>, id: &Id, fd: std::os::fd::OwnedFd) -> Result<()> {
+        use std::os::fd::AsRawFd;
+        if self.rings.lock().len() >= self.shared.config.limits.rings {
+            return Err(Error::Refused {
+                request: "add ior",
+                errno: libc::ENOSPC,
+            });
+        }
+        // SAFETY: a descriptor we own.
+        let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
+        if seals < 0 || seals & libc::F_SEAL_SHRINK == 0 {
             return Err(Error::InvalidArgument(format!(
-                "ring outside /dev/shm: {target}"
+                "ring {}: not a memfd sealed against shrinking",
+                to_hex(id)
             )));
         }
-        let shm = Shm::open(Path::new(&target), crate::ring::HEADER_BYTES)?;
-        // SAFETY: the mapping holds at least a header (checked by open's min length).
+        let label = PathBuf::from(format!("ring {}", to_hex(id)));
+        let shm = Shm::from_fd(fd, crate::ring::HEADER_BYTES, &label)?;
+        // SAFETY: the mapping holds at least a header (checked by from_fd's min length)
+        // and cannot shrink (sealed).
         let header = unsafe { &*(shm.as_ptr() as *const RingHeader) };
         if header.magic != RING_MAGIC || header.version != RING_VERSION {
             return Err(Error::Malformed {
@@ -231,7 +309,8 @@ impl Session {
                 detail: format!("{entries} entries in {} bytes", shm.len()),
             });
         }
-        // SAFETY: the mapping has ior_size(entries) bytes and is owned by the context.
+        // SAFETY: the mapping has ior_size(entries) bytes, cannot shrink, and is owned
+        // by the context.
         let view = unsafe { RingView::new(shm.as_ptr(), entries) };
         let ctx = Arc::new(RingCtx::new(shm, view));
         let session = self.clone();
@@ -247,10 +326,102 @@ impl Session {
         if let Some(old) = self.rings.lock().insert(*id, runner) {
             old.stop(false);
         }
-        self.ring_links
-            .lock()
-            .insert(*id, virt::link_path(&virt::iors_dir(mount), id));
         Ok(())
+    }
+
+    /// Registers an iov for this client's rings (`OP_REG_IOV`).
+    fn reg_iov(&self, r: &mut Reader<'_>, fd: Option<std::os::fd::OwnedFd>) -> i64 {
+        let (Some(id), Some(kind)) = (r.id(), r.u8()) else {
+            return -(libc::EINVAL as i64);
+        };
+        let mapped = match (kind, fd) {
+            (IOV_HOST, Some(fd)) => MappedIov::host(fd, &id),
+            (IOV_GPU, None) => {
+                let (Some(device), Some(size), Some(offset), Some(ipc)) =
+                    (r.u64(), r.u64(), r.u64(), r.take::<{ IPC_HANDLE_BYTES }>())
+                else {
+                    return -(libc::EINVAL as i64);
+                };
+                let link = GdrLink {
+                    device: device as usize,
+                    size,
+                    ipc: gpu_mem::IpcHandle(ipc),
+                    offset,
+                };
+                MappedIov::gpu(&id, &link)
+            }
+            (IOV_HOST, None) => return -(libc::EBADF as i64),
+            _ => return -(libc::EINVAL as i64),
+        };
+        match mapped {
+            Ok(m) => {
+                let mut iovs = self.iovs.lock();
+                if !iovs.contains_key(&id) && iovs.len() >= self.shared.config.limits.iovs {
+                    return -(libc::ENOSPC as i64);
+                }
+                iovs.insert(id, Arc::new(m));
+                0
+            }
+            Err(e) => {
+                daemon_warn!("client {}: iov {}: {e}", self.pid, to_hex(&id));
+                -(e.errno() as i64)
+            }
+        }
+    }
+
+    /// Records this client's claim on an iov publication (`OP_OWN_IOV[_LINK]`) once the
+    /// file system shows it is the client's, and no live session claimed it first.
+    fn own_iov(
+        self: &Arc<Self>,
+        id: Id,
+        segment_too: bool,
+        fd: Option<std::os::fd::OwnedFd>,
+    ) -> i64 {
+        let owned = match self
+            .shared
+            .dirs
+            .verify_claim(&id, self.uid, segment_too, fd.as_ref())
+        {
+            Ok(owned) => owned,
+            Err(errno) => {
+                daemon_warn!(
+                    "client {} (uid {}): claim of iov {} refused (errno {errno})",
+                    self.pid,
+                    self.uid,
+                    to_hex(&id)
+                );
+                return -(errno as i64);
+            }
+        };
+        {
+            let mut owners = self.shared.owners.lock();
+            owners.retain(|_, w| w.strong_count() > 0);
+            if let Some(other) = owners.get(&id).and_then(Weak::upgrade) {
+                if !Arc::ptr_eq(&other, self) {
+                    return -(libc::EPERM as i64);
+                }
+            }
+            owners.insert(id, Arc::downgrade(self));
+        }
+        let mut owned_iovs = self.owned_iovs.lock();
+        if !owned_iovs.contains_key(&id) && owned_iovs.len() >= self.shared.config.limits.iovs {
+            drop(owned_iovs);
+            self.disown(&id);
+            return -(libc::ENOSPC as i64);
+        }
+        owned_iovs.insert(id, owned);
+        0
+    }
+
+    fn disown(&self, id: &Id) {
+        self.owned_iovs.lock().remove(id);
+        let mut owners = self.shared.owners.lock();
+        if owners
+            .get(id)
+            .is_some_and(|w| std::ptr::eq(w.as_ptr(), self))
+        {
+            owners.remove(id);
+        }
     }
 
     fn handle(self: &Arc<Self>, msg: &[u8], fds: Vec<std::os::fd::OwnedFd>) -> (i64, Vec<u8>) {
@@ -259,17 +430,27 @@ impl Session {
         };
         let mut r = Reader(rest);
         let einval = (-(libc::EINVAL as i64), Vec::new());
+        if fds.len() > 1 {
+            return einval;
+        }
+        let fd = fds.into_iter().next();
         match op {
             OP_HELLO => (std::process::id() as i64, Vec::new()),
             OP_REG_FD => {
-                let Some(fd) = fds.into_iter().next() else {
+                let Some(fd) = fd else {
                     return (-(libc::EBADF as i64), Vec::new());
                 };
-                let id = self.next_file.fetch_add(1, Ordering::Relaxed);
-                self.files
-                    .lock()
-                    .insert(id, Arc::new(OpenFile::new(fd, self.shared.config.direct)));
-                (id as i64, Vec::new())
+                if self.files.lock().len() >= self.shared.config.limits.files {
+                    return (-(libc::EMFILE as i64), Vec::new());
+                }
+                match OpenFile::new(fd, self.shared.config.direct) {
+                    Ok(file) => {
+                        let id = self.next_file.fetch_add(1, Ordering::Relaxed);
+                        self.files.lock().insert(id, Arc::new(file));
+                        (id as i64, Vec::new())
+                    }
+                    Err(errno) => (-(errno as i64), Vec::new()),
+                }
             }
             OP_DEREG_FD => match r.u32() {
                 Some(id) => {
@@ -278,20 +459,21 @@ impl Session {
                 }
                 None => einval,
             },
-            OP_ADD_IOR => match r.id() {
-                Some(id) => match self.add_ring(&id) {
+            OP_REG_IOV => (self.reg_iov(&mut r, fd), Vec::new()),
+            OP_ADD_IOR => match (r.id(), fd) {
+                (Some(id), Some(fd)) => match self.add_ring(&id, fd) {
                     Ok(()) => (0, Vec::new()),
                     Err(e) => {
                         daemon_warn!("client {}: add ring {}: {e}", self.pid, to_hex(&id));
                         (-(e.errno() as i64), Vec::new())
                     }
                 },
-                None => einval,
+                (Some(_), None) => (-(libc::EBADF as i64), Vec::new()),
+                (None, _) => einval,
             },
             OP_REMOVE_IOR => match r.id() {
                 Some(id) => {
                     let runner = self.rings.lock().remove(&id);
-                    self.ring_links.lock().remove(&id);
                     match runner {
                         Some(runner) => {
                             runner.stop(false);
@@ -303,18 +485,13 @@ impl Session {
                 None => einval,
             },
             OP_OWN_IOV | OP_OWN_IOV_LINK => match r.id() {
-                Some(id) => {
-                    self.owned_iovs.lock().insert(id, op == OP_OWN_IOV);
-                    (0, Vec::new())
-                }
+                Some(id) => (self.own_iov(id, op == OP_OWN_IOV, fd), Vec::new()),
                 None => einval,
             },
             OP_FORGET_IOV => match r.id() {
                 Some(id) => {
-                    self.owned_iovs.lock().remove(&id);
-                    for s in self.shared.sessions.lock().iter().filter_map(Weak::upgrade) {
-                        s.iovs.lock().remove(&id);
-                    }
+                    self.disown(&id);
+                    self.iovs.lock().remove(&id);
                     (0, Vec::new())
                 }
                 None => einval,
@@ -346,51 +523,56 @@ impl Session {
         }
         self.iovs.lock().clear();
         self.files.lock().clear();
-        let mount = &self.shared.config.mount;
-        // Publications of a client that died: the links and the /dev/shm files they name.
-        let mut links: Vec<(PathBuf, bool)> = self
-            .ring_links
-            .lock()
-            .drain()
-            .map(|(_, l)| (l, true))
-            .collect();
-        links.extend(
-            self.owned_iovs
-                .lock()
-                .drain()
-                .map(|(id, segment)| (virt::link_path(&virt::iovs_dir(mount), &id), segment)),
-        );
-        for (link, segment_too) in links {
-            if segment_too {
-                if let Ok(target) = std::fs::read_link(&link) {
-                    if let Some(t) = target.to_str().filter(|t| host_target_allowed(t)) {
-                        let _ = remove_if_present(Path::new(t));
-                    }
-                }
-            }
-            let _ = remove_if_present(&link);
+        // Publications of a client that died: only those it proved it owns, each entry
+        // only while it is still the one it claimed.
+        let owned: Vec<(Id, OwnedPublication)> = self.owned_iovs.lock().drain().collect();
+        for (id, publication) in owned {
+            self.shared.dirs.remove(&id, &publication);
+            self.disown(&id);
+        }
+    }
+}
+
+/// How long a refused client may take to send its first request (it gets `EACCES`, or
+/// `EAGAIN` when too many clients are connected, as the reply, then the connection
+/// closes).
+const REFUSED_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
+fn refuse(sock: &SeqPacket, cred: Option<libc::ucred>, errno: i32) {
+    let why = if errno == libc::EACCES {
+        "not admitted"
+    } else {
+        "too many clients"
+    };
+    match cred {
+        Some(c) => daemon_warn!(
+            "client {} (uid {}, gid {}) refused: {why}",
+            c.pid,
+            c.uid,
+            c.gid
+        ),
+        None => daemon_warn!("a client without peer credentials refused"),
+    }
+    if sock.set_recv_timeout(REFUSED_WAIT).is_ok() {
+        let mut buf = [0u8; MAX_MESSAGE];
+        if matches!(sock.recv(&mut buf), Ok((n, _)) if n > 0) {
+            let _ = sock.send(&(-(errno as i64)).to_le_bytes(), &[]);
         }
     }
 }
 
 fn serve_client(shared: Arc<Shared>, sock: SeqPacket) {
-    let session = Arc::new(Session {
-        pid: sock.peer_pid().unwrap_or(-1),
-        shared: shared.clone(),
-        files: Mutex::default(),
-        next_file: AtomicU32::new(1),
-        iovs: Mutex::default(),
-        rings: Mutex::default(),
-        ring_links: Mutex::default(),
-        owned_iovs: Mutex::default(),
-    });
-    {
-        let mut sessions = shared.sessions.lock();
-        sessions.retain(|w| w.strong_count() > 0);
-        sessions.push(Arc::downgrade(&session));
+    let cred = sock.peer_cred();
+    let Some(cred) = cred.filter(|c| shared.admission.admits(c.uid, c.gid)) else {
+        return refuse(&sock, cred, libc::EACCES);
+    };
+    let served = shared.stats.clients_now.fetch_add(1, Ordering::AcqRel);
+    if served >= shared.config.limits.clients as u64 {
+        shared.stats.clients_now.fetch_sub(1, Ordering::AcqRel);
+        return refuse(&sock, Some(cred), libc::EAGAIN);
     }
-    shared.stats.clients_now.fetch_add(1, Ordering::Relaxed);
-    tracing::info!("client {} connected", session.pid);
+    let session = Session::new(shared.clone(), cred.pid, cred.uid);
+    tracing::info!("client {} (uid {}) connected", session.pid, session.uid);
     let mut buf = [0u8; MAX_MESSAGE];
     loop {
         let (n, fds) = match sock.recv(&mut buf) {
@@ -435,11 +617,24 @@ pub fn run(config: DaemonConfig, ready: impl FnOnce(&Path)) -> Result<()> {
         }
         remove_if_present(&path)?;
     }
+    // SAFETY: no arguments.
+    let daemon_uid = unsafe { libc::geteuid() };
+    let dirs = Dirs::open(&config.mount, daemon_uid)?;
+    let admission = Admission {
+        daemon_uid,
+        uids: config.allow_uids.clone(),
+        gids: config.allow_gids.clone(),
+    };
     let listener = SeqPacket::listen(&path)?;
+    let mode = if admission.owner_only() { 0o600 } else { 0o666 };
+    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(mode))
+        .map_err(|e| crate::error::os_err("chmod", e, path.display()))?;
     let shared = Arc::new(Shared {
         pool: Arc::new(Pool::default()),
         stats: Arc::new(Stats::default()),
-        sessions: Mutex::default(),
+        admission,
+        dirs,
+        owners: Mutex::default(),
         config,
     });
     for i in 0..shared.config.threads {
