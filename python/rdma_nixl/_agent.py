@@ -88,6 +88,8 @@ PLUGIN_PARAMS: Dict[str, Dict[str, str]] = {
         # shm: READs from 2 MiB copied by both processes at once, and serving peers' such
         # READs ("0": neither).
         "cma_read": "1",
+        # shm: transfers up to this many bytes copied by the posting thread ("0": off).
+        "cma_inline": str(1 << 20),
         # Notifications from endpoints that are no loaded peer: "any" delivers them under
         # the name they carry (targets that never load their initiators), "loaded" refuses.
         "notif_senders": "any",

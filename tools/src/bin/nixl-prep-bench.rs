@@ -202,9 +202,10 @@ fn run(shape: &Shape, runs: usize, backend: &str, params: &BackendParams) -> Res
         let t5 = Instant::now();
         // The first run warms caches and the loopback connection.
         if run > 0 {
-            for (v, d) in times
-                .iter_mut()
-                .zip([t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4, t5 - t2])
+            for (v, d) in
+                times
+                    .iter_mut()
+                    .zip([t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4, t5 - t2])
             {
                 v.push(d);
             }
@@ -224,7 +225,9 @@ fn run(shape: &Shape, runs: usize, backend: &str, params: &BackendParams) -> Res
                 ));
             }
             if request_blocks.is_none() && !picked && block.iter().any(|x| *x != 0) {
-                return Err(format!("block {b} of region {r} was written, not asked for"));
+                return Err(format!(
+                    "block {b} of region {r} was written, not asked for"
+                ));
             }
         }
     }
