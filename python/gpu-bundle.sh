@@ -28,6 +28,9 @@ PATH="$venv/bin:$PATH" CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$root/target/python
 "$venv/bin/python" -m pip download -q --disable-pip-version-check --only-binary=:all: \
   --python-version 3.12 --no-deps -d "$out/wheels" pytest pluggy iniconfig packaging pygments
 cp -r "$root/python/tests" "$out/tests"
+# The KV benchmark the kvbench tests run (found beside tests/ in the bundle).
+mkdir -p "$out/tools/peer"
+cp "$root/tools/peer/kvbench.py" "$out/tools/peer/"
 # tests/test_nixl_name.py puts the opt-in `nixl` package (tests/../nixl-shim) on the path.
 cp -r "$root/python/nixl-shim" "$out/nixl-shim"
 rm -rf "$out/tests/__pycache__" "$out/nixl-shim/nixl/__pycache__"

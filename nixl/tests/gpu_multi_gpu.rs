@@ -169,15 +169,19 @@ fn two_processes(test: &str, backend: &str) {
     let gpu0 = &gpus[0];
     let (mut child, announce_at, addr, remote_ptr) = spawn_target(backend);
     let i = agent("mgpu-initiator", backend, params(backend), false);
-    let peer = i.fetch_remote_metadata(addr).unwrap();
-    assert_eq!(peer, "mgpu-target");
-    i.send_local_metadata(addr).unwrap();
+    // Registered before the metadata exchange, as a serving engine registers its KV cache
+    // first: GPUNETIO without gpu_devices binds the GPU of the first VRAM registered (an
+    // exchange before any registration binds the thread's current device, here GPU 1,
+    // the last one `gpus_for_test` opened).
     let local = DeviceBuffer::alloc(gpu0, LEN).unwrap();
     let dev0 = gpu0.ordinal() as u64;
     let whole_local = Desc::new(local.ptr(), LEN as u64, dev0);
     let whole_remote = Desc::new(remote_ptr, LEN as u64, 1);
     // SAFETY: the buffer outlives the handle and the requests.
     let _h = unsafe { i.register_mem(&vram([whole_local]), None).unwrap() };
+    let peer = i.fetch_remote_metadata(addr).unwrap();
+    assert_eq!(peer, "mgpu-target");
+    i.send_local_metadata(addr).unwrap();
     let run = |op: XferOp, locals: Vec<Desc>, remotes: Vec<Desc>, notif: Option<&str>| {
         let n = locals.len();
         let mut req = i

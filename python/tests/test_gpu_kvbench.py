@@ -16,7 +16,12 @@ from pathlib import Path
 import pytest
 from conftest import IMPL
 
-SCRIPT = Path(__file__).resolve().parents[2] / "tools" / "peer" / "kvbench.py"
+# In the repository: tools/peer/; in the GPU bundle (python/gpu-bundle.sh): beside tests/.
+SCRIPT = next(
+    (p for p in (Path(__file__).resolve().parents[i] / "tools" / "peer" / "kvbench.py"
+                 for i in (2, 1)) if p.exists()),
+    Path(__file__).resolve().parents[2] / "tools" / "peer" / "kvbench.py",
+)
 SHAPE = ["--layers", "16", "--blocks", "512", "--block-bytes", "32K",
          "--blocks-per-request", "128", "--requests", "8"]
 

@@ -13,7 +13,12 @@ from pathlib import Path
 import pytest
 from conftest import IMPL, load_api
 
-SCRIPT = Path(__file__).resolve().parents[2] / "tools" / "peer" / "kvbench.py"
+# In the repository: tools/peer/; in the GPU bundle (python/gpu-bundle.sh): beside tests/.
+SCRIPT = next(
+    (p for p in (Path(__file__).resolve().parents[i] / "tools" / "peer" / "kvbench.py"
+                 for i in (2, 1)) if p.exists()),
+    Path(__file__).resolve().parents[2] / "tools" / "peer" / "kvbench.py",
+)
 SMALL = ["--layers", "2", "--blocks", "64", "--block-bytes", "4K",
          "--blocks-per-request", "8", "--requests", "12"]
 
