@@ -42,6 +42,7 @@ from enum import Enum
 from typing import TYPE_CHECKING, Dict, List, Optional, Union
 
 from . import _bindings as nixlBind
+from . import _core
 from . import device as _device
 from ._agent import BACKEND_ALIASES
 from ._bindings import (
@@ -304,6 +305,9 @@ class nixl_agent:
         DRAM and other nodes stay with ``LIBFABRIC``) without naming backends. Best
         effort, as NIXL's own transports: without a GPU there is nothing to add."""
         if "CUDA_IPC" not in self.plugin_list or self._backend_key("CUDA_IPC") is not None:
+            return
+        # No GPU: nothing to try (a failed creation would count as an error event).
+        if _core.gpu_count() == 0:
             return
         try:
             self.create_backend("CUDA_IPC")

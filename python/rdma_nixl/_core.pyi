@@ -19,6 +19,8 @@ DEVICE_HEADERS: List[Tuple[str, str]]
 
 def prep_gpu_signal(ptr: int, dev: int) -> None:
     """Zeroes the 8-byte signal word at device address ``ptr`` of GPU ``dev``."""
+def gpu_count() -> int:
+    """GPUs this process sees (0 without a CUDA driver or the ``cuda`` feature)."""
 def gpu_arch(dev: int) -> str:
     """``"compute_XY"`` of GPU ``dev``."""
 def _test_gpu_handle(kind: str, slot: int) -> GpuHandle:

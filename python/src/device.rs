@@ -215,6 +215,19 @@ fn arch(_dev: usize) -> nixl::Result<String> {
     })
 }
 
+/// How many GPUs this process sees (0 without a CUDA driver or without the `cuda`
+/// feature): lets the Python layer skip GPU-only backends without a failed creation.
+#[pyfunction]
+pub fn gpu_count() -> usize {
+    #[cfg(feature = "cuda")]
+    {
+        if gpunetio::gpu_mem::is_available() {
+            return gpunetio::gpu_mem::device_count();
+        }
+    }
+    0
+}
+
 /// The headers a kernel using the device API includes, by include name: the nixl
 /// device API (`nixl/nixl_device.cuh`) and the gpunetio device library it includes.
 pub fn headers() -> Vec<(&'static str, &'static str)> {
