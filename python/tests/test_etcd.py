@@ -94,6 +94,10 @@ def dram(buf: np.ndarray, off: int = 0, n: int = None) -> tuple:
     return (buf.ctypes.data + off, n, 0)
 
 
+def reg(buf: np.ndarray) -> tuple:
+    return (*dram(buf), "")
+
+
 def read_into(initiator, dst: np.ndarray, remote_rows, peer: str, tag: bytes) -> None:
     local = initiator.get_xfer_descs([dram(dst)], "DRAM")
     remote = initiator.get_xfer_descs(remote_rows, "DRAM")
@@ -145,7 +149,7 @@ def test_two_processes_exchange_metadata_through_etcd(etcd_peer):
     peer = etcd_peer
     a = agent("etcd-initiator")
     dst = np.zeros(SIZE, dtype=np.uint8)
-    a.register_memory([dram(dst)], "DRAM")
+    a.register_memory([reg(dst)], "DRAM")
     expect = (np.arange(SIZE, dtype=np.uint64) * 7 + 3).astype(np.uint8)
 
     a.fetch_remote_metadata("etcd-target")
@@ -189,7 +193,7 @@ def test_fetch_before_publish_loads_when_published(etcd_env):
     a = agent("early")
     b = agent("late")
     buf = np.zeros(4096, dtype=np.uint8)
-    b.register_memory([dram(buf)], "DRAM")
+    b.register_memory([reg(buf)], "DRAM")
     a.fetch_remote_metadata("late")
     time.sleep(0.2)
     assert not a.check_remote_metadata("late")
@@ -203,10 +207,10 @@ def test_partial_metadata_by_label(etcd_env):
     target, init = agent("part-target"), agent("part-init")
     first = np.full(SIZE, 0x11, dtype=np.uint8)
     second = np.full(SIZE, 0x22, dtype=np.uint8)
-    reg1 = target.register_memory([dram(first)], "DRAM")
-    reg2 = target.register_memory([dram(second)], "DRAM")
+    reg1 = target.register_memory([reg(first)], "DRAM")
+    reg2 = target.register_memory([reg(second)], "DRAM")
     dst = np.zeros(SIZE, dtype=np.uint8)
-    init.register_memory([dram(dst)], "DRAM")
+    init.register_memory([reg(dst)], "DRAM")
     xfer1, xfer2 = reg1.trim(), reg2.trim()
 
     target.send_partial_agent_metadata(reg1, True, ["UCX"], label="label_1")
@@ -232,9 +236,9 @@ def test_partial_metadata_by_label(etcd_env):
 def test_partial_metadata_needs_a_label(etcd_env):
     a = agent("unlabelled")
     buf = np.zeros(4096, dtype=np.uint8)
-    reg = a.register_memory([dram(buf)], "DRAM")
+    descs = a.register_memory([reg(buf)], "DRAM")
     with pytest.raises(bindings.nixlInvalidParamError):
-        a.send_partial_agent_metadata(reg, True)
+        a.send_partial_agent_metadata(descs, True)
 
 
 @pytest.mark.ours_only
