@@ -6,8 +6,8 @@
 
 use crate::descs;
 use crate::device::GpuHandle;
-use crate::etcd::{Fetched, Store};
 use crate::errors::{nixlInvalidParamError, nixlNotFoundError, IntoPyResult};
+use crate::etcd::{Fetched, Store};
 use crate::xfer::{Dlist, Xfer};
 use nixl::{Agent as RustAgent, AgentConfig, BackendParams, Desc, DescList, MemKind, XferOp};
 use parking_lot::Mutex;
@@ -118,7 +118,9 @@ impl Agent {
         };
         let etcd_timeout = seconds(etcd_timeout_s, "etcd timeout")?;
         if etcd_timeout.is_zero() {
-            return Err(nixlInvalidParamError::new_err("the etcd timeout must be positive"));
+            return Err(nixlInvalidParamError::new_err(
+                "the etcd timeout must be positive",
+            ));
         }
         let agent = py.detach(|| RustAgent::new(name, config)).py_err()?;
         Ok(Self {
