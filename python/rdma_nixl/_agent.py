@@ -229,9 +229,10 @@ class nixlAgentConfig:
     ``useListenThread`` / ``listenPort``: the metadata listener (port 0: any free one).
     ``syncMode``: the thread-safety level (see the module's notes: ours holds every
     level's guarantee). ``captureTelemetry``: telemetry, unless ``NIXL_TELEMETRY_ENABLE``
-    overrides it. ``pthrDelay``, ``lthrDelay`` and ``etcdWatchTimeout`` are kept but
-    have no effect: our progress and listener threads wake on events rather than on a
-    timer, and this build has no etcd. ``num_workers`` is accepted and ignored, as by
+    overrides it. ``etcdWatchTimeout`` bounds each etcd request and a fetch's wait for
+    a key not published yet (``NIXL_ETCD_ENDPOINTS``). ``pthrDelay`` and ``lthrDelay``
+    are kept but have no effect: our progress and listener threads wake on events rather
+    than on a timer. ``num_workers`` is accepted and ignored, as by
     NIXL's constructor.
     """
 
@@ -451,6 +452,7 @@ class nixlAgent:
             name,
             progress_thread=config.useProgThread,
             listen_port=config.listenPort if config.useListenThread else None,
+            etcd_timeout_s=config.etcdWatchTimeout.total_seconds(),
         )
         self.name = name
         sync = config.syncMode
@@ -648,19 +650,35 @@ class nixlAgent:
         found = self._core.has_remote(remote_agent, descs._core_kind(), descs._packed_bytes())
         return NIXL_SUCCESS if found else NIXL_ERR_NOT_FOUND
 
-    def _need_ip(self, ip_addr: str, what: str) -> None:
-        if not ip_addr:
-            error = nixlNoMetadataServerError(
-                f"NIXL_ERR_INVALID_PARAM: {what} needs an IP address: this build has no "
-                "central metadata server"
-            )
-            self._count_error(error)
-            raise error
+    def _to_store(self, ip_addr: str, what: str) -> bool:
+        """Whether ``what`` goes to the central metadata store (etcd): with no
+        ``ip_addr``, as NIXL. Without an address and without a store
+        (``NIXL_ETCD_ENDPOINTS`` unset when the agent was made, or a build without etcd)
+        it raises ``nixlNoMetadataServerError`` (a ``nixlInvalidParamError``)."""
+        if ip_addr:
+            return False
+        if self._core.etcd_configured:
+            return True
+        how = (
+            "set NIXL_ETCD_ENDPOINTS before creating the agent"
+            if _core.ETCD
+            else "this build has no etcd client"
+        )
+        error = nixlNoMetadataServerError(
+            f"NIXL_ERR_INVALID_PARAM: {what} needs an IP address or a central metadata "
+            f"store ({how})"
+        )
+        self._count_error(error)
+        raise error
 
     def sendLocalMD(self, ip_addr: str = "", port: int = 0) -> None:
-        """Pushes the full metadata to the listener at ``ip_addr:port`` (done, or
-        raised, when this returns)."""
-        self._need_ip(ip_addr, "sendLocalMD")
+        """Pushes the full metadata to the listener at ``ip_addr:port``, or without an
+        address publishes it in etcd (``{namespace}/{name}/metadata``). Done, or raised
+        (``nixlBackendError`` when etcd does not answer within ``etcdWatchTimeout``),
+        when this returns."""
+        if self._to_store(ip_addr, "sendLocalMD"):
+            self._call(self._core.etcd_send_local_metadata)
+            return
         self._call(self._core.send_local_metadata, ip_addr, int(port))
 
     def sendLocalPartialMD(
@@ -673,10 +691,19 @@ class nixlAgent:
         label: str = "",
     ) -> None:
         """Pushes partial metadata (``getLocalPartialMD``) to the listener at
-        ``ip_addr:port``; ``label`` names it in a central metadata server (none here)."""
+        ``ip_addr:port``, or without an address publishes it in etcd under ``label``
+        (``{namespace}/{name}/{label}``; required there: ``nixlInvalidParamError``)."""
         descs = self._reg_list(descs, "sendLocalPartialMD")
         self._backend_list(backends)
-        self._need_ip(ip_addr, "sendLocalPartialMD")
+        if self._to_store(ip_addr, "sendLocalPartialMD"):
+            self._call(
+                self._core.etcd_send_partial_metadata,
+                descs._core_kind(),
+                descs._packed_bytes(),
+                bool(inc_conn_info),
+                str(label),
+            )
+            return
         self._call(
             self._core.send_partial_metadata,
             descs._core_kind(),
@@ -688,8 +715,14 @@ class nixlAgent:
 
     def fetchRemoteMD(self, remote_agent: str, ip_addr: str = "", port: int = 0, label: str = "") -> None:
         """Fetches and loads the metadata of the agent listening at ``ip_addr:port``
-        (loaded, or raised, when this returns)."""
-        self._need_ip(ip_addr, "fetchRemoteMD")
+        (loaded, or raised, when this returns). Without an address, from etcd:
+        ``remote_agent``'s ``label`` (default: its full metadata), loaded before this
+        returns if published, else waited for in the background for up to
+        ``etcdWatchTimeout`` (poll ``checkRemoteMD``, as with NIXL); the peer is then
+        watched: its keys removed invalidate it, a republication reloads it."""
+        if self._to_store(ip_addr, "fetchRemoteMD"):
+            self._call(self._core.etcd_fetch_remote_metadata, remote_agent, str(label))
+            return
         got = self._call(self._core.fetch_remote_metadata, ip_addr, int(port))
         if got != remote_agent:
             logger.warning(
@@ -698,8 +731,12 @@ class nixlAgent:
             )
 
     def invalidateLocalMD(self, ip_addr: str = "", port: int = 0) -> None:
-        """Tells the agent listening at ``ip_addr:port`` to forget this one."""
-        self._need_ip(ip_addr, "invalidateLocalMD")
+        """Tells the agent listening at ``ip_addr:port`` to forget this one, or without
+        an address removes this agent's keys from etcd (peers that fetched it from there
+        forget it)."""
+        if self._to_store(ip_addr, "invalidateLocalMD"):
+            self._call(self._core.etcd_invalidate_local_metadata)
+            return
         self._call(self._core.invalidate_local_metadata, ip_addr, int(port))
 
     def makeConnection(self, remote_agent: str, backends=()) -> nixl_status_t:

@@ -19,8 +19,12 @@ Where this differs from NIXL:
   else through ``LIBFABRIC``, without naming backends.
 - Metadata exchange by IP (``send_local_metadata``, ``fetch_remote_metadata``, ...) is
   synchronous: it has happened (or raised) when the call returns, so
-  ``check_remote_metadata`` is true at once. There is no central metadata server
-  (``ip_addr`` is required).
+  ``check_remote_metadata`` is true at once. Without ``ip_addr`` the calls go to etcd
+  when ``NIXL_ETCD_ENDPOINTS`` was set at agent creation (NIXL's keys,
+  ``NIXL_ETCD_NAMESPACE``): publishing and invalidating are synchronous too, and a
+  fetch loads a published key before it returns (one not published yet is waited for
+  in the background, as NIXL's fetch is); an unreachable etcd raises
+  ``nixlBackendError`` within ``etcdWatchTimeout`` (5 s).
 - Errors raise NIXL's exception classes (``rdma_nixl._bindings.nixlNotFoundError``, ...),
   all subclasses of ``nixlError``, with the typed Rust error as attributes (``kind``,
   ``agent``, ``backend``, ``code``); a lost peer is ``nixlRemoteDisconnectError``.
@@ -740,8 +744,9 @@ class nixl_agent:
         self.agent.invalidateRemoteMD(agent)
 
     def send_local_metadata(self, ip_addr: str = "", port: int = DEFAULT_COMM_PORT):
-        """Pushes the full metadata to the peer listening at ``ip_addr:port`` (there is
-        no central metadata server: ``nixlNoMetadataServerError`` without an IP)."""
+        """Pushes the full metadata to the peer listening at ``ip_addr:port``, or
+        without an IP publishes it in etcd (``NIXL_ETCD_ENDPOINTS``;
+        ``nixlNoMetadataServerError`` without one)."""
         self.agent.sendLocalMD(ip_addr, port)
 
     def send_partial_agent_metadata(
@@ -753,7 +758,8 @@ class nixl_agent:
         port: int = DEFAULT_COMM_PORT,
         label: str = "",
     ):
-        """Pushes partial metadata (see ``get_partial_agent_metadata``) to a peer."""
+        """Pushes partial metadata (see ``get_partial_agent_metadata``) to a peer, or
+        without an IP publishes it in etcd under ``label`` (required there)."""
         self.agent.sendLocalPartialMD(
             descs, inc_conn_info, self._handles(backends), ip_addr, port, label
         )
@@ -765,11 +771,14 @@ class nixl_agent:
         port: int = DEFAULT_COMM_PORT,
         label: str = "",
     ):
-        """Fetches and loads the metadata of the peer listening at ``ip_addr:port``."""
+        """Fetches and loads the metadata of the peer listening at ``ip_addr:port``, or
+        without an IP ``remote_agent``'s (``label``'s, if given) from etcd; poll
+        ``check_remote_metadata`` for a peer that has not published yet."""
         self.agent.fetchRemoteMD(remote_agent, ip_addr, port, label)
 
     def invalidate_local_metadata(self, ip_addr: str = "", port: int = DEFAULT_COMM_PORT):
-        """Tells the peer listening at ``ip_addr:port`` to forget this agent."""
+        """Tells the peer listening at ``ip_addr:port`` to forget this agent, or without
+        an IP removes its keys from etcd (peers that fetched it from there forget it)."""
         self.agent.invalidateLocalMD(ip_addr, port)
 
     def check_remote_metadata(self, agent: str, descs: nixlXferDList = None) -> bool:

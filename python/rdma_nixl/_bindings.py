@@ -193,8 +193,9 @@ class _BadArgument(nixlInvalidParamError, TypeError):
 
 
 class nixlNoMetadataServerError(nixlNotSupportedError, nixlInvalidParamError):
-    """A metadata call without an IP address: there is no central metadata server in
-    this build (NIXL without etcd returns ``NIXL_ERR_INVALID_PARAM``)."""
+    """A metadata call without an IP address and without a central metadata store
+    (``NIXL_ETCD_ENDPOINTS`` unset when the agent was made, or a build without etcd):
+    NIXL returns ``NIXL_ERR_INVALID_PARAM`` (``NIXL_ERR_NOT_SUPPORTED`` without etcd)."""
 
 Desc3 = Tuple[int, int, int]
 Desc4 = Tuple[int, int, int, Union[bytes, str]]

@@ -10,6 +10,8 @@ from typing import Dict, List, Optional, Tuple
 
 __version__: str
 CUDA: bool
+ETCD: bool
+"""Whether this build has the etcd client (metadata calls without an address)."""
 GPU_SIGNAL_SIZE: int
 """Bytes of a signal word (8)."""
 GPU_HANDLE_SIZE: int
@@ -107,9 +109,13 @@ class Agent:
         listen_port: Optional[int] = None,
         stall_timeout_s: float = 30.0,
         metadata_timeout_s: float = 10.0,
+        etcd_timeout_s: float = 5.0,
     ) -> None: ...
     @property
     def name(self) -> str: ...
+    @property
+    def etcd_configured(self) -> bool:
+        """``NIXL_ETCD_ENDPOINTS`` was set when the agent was made (and etcd is built)."""
     @property
     def listen_port(self) -> Optional[int]: ...
     @staticmethod
@@ -139,6 +145,13 @@ class Agent:
     ) -> None: ...
     def fetch_remote_metadata(self, ip: str, port: int) -> str: ...
     def invalidate_local_metadata(self, ip: str, port: int) -> None: ...
+    def etcd_send_local_metadata(self) -> None: ...
+    def etcd_send_partial_metadata(
+        self, mem_type: int, packed: bytes, inc_conn_info: bool, label: str
+    ) -> None: ...
+    def etcd_fetch_remote_metadata(self, remote: str, label: str) -> bool:
+        """True: loaded; False: not published yet, waited for in the background."""
+    def etcd_invalidate_local_metadata(self) -> None: ...
     def prep_xfer_dlist(self, agent: Optional[str], mem_type: int, packed: bytes) -> Dlist: ...
     def make_xfer_req(
         self,

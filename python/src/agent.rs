@@ -7,6 +7,7 @@
 use crate::descs;
 use crate::device::GpuHandle;
 use crate::errors::{nixlInvalidParamError, nixlNotFoundError, IntoPyResult};
+use crate::etcd::{Fetched, Store};
 use crate::xfer::{Dlist, Xfer};
 use nixl::{Agent as RustAgent, AgentConfig, BackendParams, Desc, DescList, MemKind, XferOp};
 use parking_lot::Mutex;
@@ -28,6 +29,8 @@ pub struct Agent {
     /// twice needs two deregistrations, as in NIXL). Each descriptor is registered on
     /// its own so that any subset can be deregistered.
     regs: Mutex<HashMap<RegKey, Vec<nixl::RegistrationHandle>>>,
+    /// The central metadata store, when `NIXL_ETCD_ENDPOINTS` was set at creation.
+    etcd: Option<Store>,
 }
 
 fn op(name: &str) -> PyResult<XferOp> {
@@ -55,6 +58,16 @@ fn resolve(ip: &str, port: u16) -> PyResult<SocketAddr> {
 }
 
 impl Agent {
+    /// The store the metadata calls without an address use (a
+    /// `nixlInvalidParamError` without one, as NIXL's).
+    fn store(&self, what: &str) -> PyResult<&Store> {
+        self.etcd.as_ref().ok_or_else(|| {
+            nixlInvalidParamError::new_err(format!(
+                "{what}: no peer address given and no central metadata store configured (set NIXL_ETCD_ENDPOINTS)"
+            ))
+        })
+    }
+
     fn backend_names(&self, names: &Option<Vec<String>>) -> PyResult<()> {
         if let Some(names) = names {
             let have = self.agent.backends();
@@ -75,9 +88,11 @@ impl Agent {
 impl Agent {
     /// `listen_port` starts the metadata listener on every interface (0: any free port);
     /// `stall_timeout_s` bounds a transfer that makes no progress, `metadata_timeout_s`
-    /// each metadata exchange over TCP.
+    /// each metadata exchange over TCP, `etcd_timeout_s` each etcd request and a fetch's
+    /// wait for a key (NIXL's `etcdWatchTimeout`). `NIXL_ETCD_ENDPOINTS` and
+    /// `NIXL_ETCD_NAMESPACE` are read here, as NIXL reads them when an agent is made.
     #[new]
-    #[pyo3(signature = (name, progress_thread=true, listen_port=None, stall_timeout_s=30.0, metadata_timeout_s=10.0))]
+    #[pyo3(signature = (name, progress_thread=true, listen_port=None, stall_timeout_s=30.0, metadata_timeout_s=10.0, etcd_timeout_s=5.0))]
     fn new(
         py: Python<'_>,
         name: String,
@@ -85,6 +100,7 @@ impl Agent {
         listen_port: Option<u16>,
         stall_timeout_s: f64,
         metadata_timeout_s: f64,
+        etcd_timeout_s: f64,
     ) -> PyResult<Self> {
         let seconds = |s: f64, what: &str| {
             Duration::try_from_secs_f64(s).map_err(|_| {
@@ -100,10 +116,17 @@ impl Agent {
             metadata_timeout: seconds(metadata_timeout_s, "metadata timeout")?,
             ..AgentConfig::default()
         };
+        let etcd_timeout = seconds(etcd_timeout_s, "etcd timeout")?;
+        if etcd_timeout.is_zero() {
+            return Err(nixlInvalidParamError::new_err(
+                "the etcd timeout must be positive",
+            ));
+        }
         let agent = py.detach(|| RustAgent::new(name, config)).py_err()?;
         Ok(Self {
             agent,
             regs: Mutex::new(HashMap::new()),
+            etcd: Store::from_env(etcd_timeout),
         })
     }
 
@@ -117,6 +140,13 @@ impl Agent {
     #[getter]
     fn listen_port(&self) -> Option<u16> {
         self.agent.listen_addr().map(|a| a.port())
+    }
+
+    /// Whether the metadata calls without an address go to etcd (`NIXL_ETCD_ENDPOINTS`
+    /// was set when the agent was made, and this build has etcd).
+    #[getter]
+    fn etcd_configured(&self) -> bool {
+        self.etcd.is_some()
     }
 
     /// Backend names this build can create.
@@ -402,6 +432,56 @@ impl Agent {
             .py_err()
     }
 
+    /// Publishes the full metadata to etcd (`{namespace}/{name}/metadata`).
+    fn etcd_send_local_metadata(&self, py: Python<'_>) -> PyResult<()> {
+        let store = self.store("sendLocalMD")?;
+        py.detach(|| store.publish(&self.agent)).py_err()
+    }
+
+    /// Publishes partial metadata to etcd under `label` (required).
+    fn etcd_send_partial_metadata(
+        &self,
+        py: Python<'_>,
+        mem_type: u8,
+        packed: &[u8],
+        inc_conn_info: bool,
+        label: &str,
+    ) -> PyResult<()> {
+        let list = descs::list(mem_type, packed)?;
+        let store = self.store("sendLocalPartialMD")?;
+        py.detach(|| {
+            store.publish_partial(
+                &self.agent,
+                label,
+                (!list.is_empty()).then_some(&list),
+                inc_conn_info,
+            )
+        })
+        .py_err()
+    }
+
+    /// Fetches `remote`'s metadata from etcd (`label`; empty: the full metadata) and
+    /// watches the peer. `True`: loaded; `False`: not published yet, waited for in the
+    /// background (poll `has_remote`).
+    fn etcd_fetch_remote_metadata(
+        &self,
+        py: Python<'_>,
+        remote: &str,
+        label: &str,
+    ) -> PyResult<bool> {
+        let store = self.store("fetchRemoteMD")?;
+        let fetched = py
+            .detach(|| store.fetch(&self.agent, remote, label))
+            .py_err()?;
+        Ok(fetched == Fetched::Loaded)
+    }
+
+    /// Removes this agent's keys from etcd (peers watching it invalidate it).
+    fn etcd_invalidate_local_metadata(&self, py: Python<'_>) -> PyResult<()> {
+        let store = self.store("invalidateLocalMD")?;
+        py.detach(|| store.unpublish()).py_err()
+    }
+
     /// Validates a list once for many transfers: `agent` is `None` for local memory, a
     /// peer's name (or this agent's own, for loopback) for the remote side.
     #[pyo3(signature = (agent, mem_type, packed))]
@@ -561,8 +641,14 @@ impl Agent {
     }
 
     /// Cancels every request, forgets every peer, stops the listener. Idempotent.
+    /// The etcd client goes first: its lease is revoked, so this agent's keys go.
     fn shutdown(&self, py: Python<'_>) {
-        py.detach(|| self.agent.shutdown());
+        py.detach(|| {
+            if let Some(store) = &self.etcd {
+                store.close();
+            }
+            self.agent.shutdown()
+        });
     }
 }
 

@@ -6,13 +6,15 @@
 //! handles) on them and `rdma_nixl/_api.py` NIXL's Python API (`nixl_agent`,
 //! `nixl_agent_config`) on that, with NIXL's signatures, defaults and return values;
 //! `rdma_nixl/device.py` has the device API's helpers (headers, compile options, kernel
-//! arguments). [`telemetry::TelemetryRing`] writes NIXL's telemetry ring file. Errors
+//! arguments). [`etcd`] routes the metadata calls without an address to etcd
+//! (`NIXL_ETCD_ENDPOINTS`). [`telemetry::TelemetryRing`] writes NIXL's telemetry ring file. Errors
 //! are raised as NIXL's exception classes ([`errors`]).
 
 mod agent;
 mod descs;
 mod device;
 mod errors;
+mod etcd;
 mod telemetry;
 mod xfer;
 
@@ -35,6 +37,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("DEVICE_HEADERS", device::headers())?;
     errors::add_to(m)?;
     m.add("CUDA", cfg!(feature = "cuda"))?;
+    m.add("ETCD", etcd::AVAILABLE)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }
