@@ -10,14 +10,13 @@
 
 use crate::error::{Error, Result};
 use crate::fd_registry;
-use crate::iov::{IovInner, IovRegistration};
 use crate::proto::{
     Message, Reader, SeqPacket, IOV_GPU, IOV_HOST, MAX_MESSAGE, OP_ADD_IOR, OP_DEREG_FD,
     OP_FORGET_IOV, OP_HELLO, OP_OWN_IOV, OP_OWN_IOV_LINK, OP_REG_FD, OP_REG_IOV, OP_REMOVE_IOR,
     OP_STATS,
 };
 use crate::shm::Id;
-use crate::virt;
+use crate::virt::{self, IovRegistration};
 use parking_lot::Mutex;
 use std::collections::{HashMap, HashSet};
 use std::os::fd::{AsFd, BorrowedFd, RawFd};
@@ -34,8 +33,13 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(20);
 pub(crate) trait IoBackend: Send + Sync + std::fmt::Debug {
     /// The backend's id for a registered descriptor (registering it on first use).
     fn file_id(&self, fd: RawFd) -> Result<u32>;
-    /// Makes `iov` usable by this process's rings (on its first use by one of them).
-    fn register_iov(&self, iov: &IovInner) -> Result<()>;
+    /// Makes iov `id` usable by this process's rings (on its first use by one of them);
+    /// `registration` says how it is handed over, asked only when it is new here.
+    fn register_iov(
+        &self,
+        id: &Id,
+        registration: &dyn Fn() -> Result<IovRegistration>,
+    ) -> Result<()>;
     /// Starts serving ring `id`, whose memory `fd` holds (a sealed memfd).
     fn attach_ring(&self, id: &Id, fd: BorrowedFd<'_>) -> Result<()>;
     /// Stops serving it (after its I/Os in flight finish).
@@ -291,12 +295,16 @@ impl IoBackend for DaemonConn {
         Ok(id)
     }
 
-    fn register_iov(&self, iov: &IovInner) -> Result<()> {
-        if self.iovs.lock().contains(&iov.id) {
+    fn register_iov(
+        &self,
+        id: &Id,
+        registration: &dyn Fn() -> Result<IovRegistration>,
+    ) -> Result<()> {
+        if self.iovs.lock().contains(id) {
             return Ok(());
         }
-        let msg = Message::new(OP_REG_IOV).id(&iov.id);
-        match iov.registration()? {
+        let msg = Message::new(OP_REG_IOV).id(id);
+        match registration()? {
             IovRegistration::Host(fd) => {
                 self.request("reg iov", &msg.u8(IOV_HOST), &[fd.as_fd()])?;
             }
@@ -310,7 +318,7 @@ impl IoBackend for DaemonConn {
                 self.request("reg iov", &msg, &[])?;
             }
         }
-        self.iovs.lock().insert(iov.id);
+        self.iovs.lock().insert(*id);
         Ok(())
     }
 

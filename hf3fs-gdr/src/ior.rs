@@ -363,7 +363,8 @@ impl RingOps for LocalRing {
         if self.tail - self.head >= entries as u64 {
             return Err(Error::RingFull { entries });
         }
-        self.backend.register_iov(&iov.inner)?;
+        self.backend
+            .register_iov(&iov.inner.id, &|| iov.inner.registration())?;
         let file_id = self.backend.file_id(fd)?;
         let sqe = Sqe {
             iov_id: *iov.id(),

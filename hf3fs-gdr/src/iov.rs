@@ -8,22 +8,12 @@ use crate::hf3fs::{
     self, Backend, LibIov, Resolved, HF3FS_SYNC_FROM_STORAGE, HF3FS_SYNC_TO_STORAGE,
 };
 use crate::shm::{open_segment, random_id, to_hex, Id, Shm, SHM_DIR};
-use crate::virt::{self, GdrLink};
+use crate::virt::{self, GdrLink, IovRegistration};
 use gpu_mem::{DeviceBuffer, DeviceMemoryRef, Gpu, IpcHandle, IpcMapping, IPC_HANDLE_BYTES};
 use parking_lot::Mutex;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-
-/// How an iov is handed to the daemon (`OP_REG_IOV`): the daemon never opens an iov
-/// by its name, so a process can give it only memory it could open itself.
-#[derive(Debug)]
-pub(crate) enum IovRegistration {
-    /// The `/dev/shm` file of a host iov, opened read-write by this process.
-    Host(OwnedFd),
-    /// A GPU iov's device, size, offset and CUDA-IPC handle.
-    Gpu(GdrLink),
-}
 
 /// Which way [`Iov::sync`] orders memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -13,6 +13,7 @@
 use crate::error::{os_err, Error, Result};
 use crate::shm::{from_hex, to_hex, Id};
 use gpu_mem::{IpcHandle, IPC_HANDLE_BYTES};
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 
 /// The virtual directory's name under a mount.
@@ -151,6 +152,16 @@ impl GdrLink {
             offset,
         })
     }
+}
+
+/// How an iov is handed to the daemon (`OP_REG_IOV`): the daemon never opens an iov
+/// by its name, so a process can give it only memory it could open itself.
+#[derive(Debug)]
+pub(crate) enum IovRegistration {
+    /// The `/dev/shm` file of a host iov, opened read-write by this process.
+    Host(OwnedFd),
+    /// A GPU iov's device, size, offset and CUDA-IPC handle.
+    Gpu(GdrLink),
 }
 
 #[cfg(test)]
