@@ -79,6 +79,35 @@ pub fn resolve(name: &str) -> Result<Resolved, String> {
     ))
 }
 
+/// Fetches the metadata of the target listening at `addr` until it shows memory this
+/// agent's backends reach (a target registers after it starts listening); returns its
+/// name. After a minute of none, the error ends with `none_reached` (the flags to check).
+pub fn wait_for_target(
+    agent: &nixl::Agent,
+    addr: std::net::SocketAddr,
+    none_reached: &str,
+) -> Result<String, String> {
+    let start = std::time::Instant::now();
+    loop {
+        let name = agent
+            .fetch_remote_metadata(addr)
+            .map_err(|e| format!("fetching the target's metadata from {addr}: {e}"))?;
+        if !agent
+            .remote_regions(&name)
+            .map_err(|e| e.to_string())?
+            .is_empty()
+        {
+            return Ok(name);
+        }
+        if start.elapsed() > std::time::Duration::from_secs(60) {
+            return Err(format!(
+                "the target `{name}` at {addr} shows no memory that {none_reached}"
+            ));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -391,27 +391,14 @@ fn run_target(cli: &Cli) -> Result<(), String> {
 
 /// Fetches the target's metadata until it shows its registered cache; returns its name.
 fn wait_for_target(agent: &Agent, addr: SocketAddr, cli: &Cli) -> Result<String, String> {
-    let start = Instant::now();
-    loop {
-        let name = agent
-            .fetch_remote_metadata(addr)
-            .map_err(|e| format!("fetching the target's metadata from {addr}: {e}"))?;
-        if !agent
-            .remote_regions(&name)
-            .map_err(|e| e.to_string())?
-            .is_empty()
-        {
-            return Ok(name);
-        }
-        if start.elapsed() > Duration::from_secs(60) {
-            return Err(format!(
-                "the target `{name}` at {addr} shows no memory that this agent's backends \
-                 reach (--target-mem {:?} with --backend {})",
-                cli.target_mem, cli.backend
-            ));
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    tools::backend::wait_for_target(
+        agent,
+        addr,
+        &format!(
+            "this agent's backends reach (--target-mem {:?} with --backend {})",
+            cli.target_mem, cli.backend
+        ),
+    )
 }
 
 fn run_initiator(cli: &Cli, target_addr: SocketAddr) -> Result<(), String> {

@@ -9,7 +9,6 @@ use crate::{quiet, INITIATOR};
 use nixl::Agent;
 use std::net::SocketAddr;
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
 
 fn new_agent(o: &Options, name: String) -> Result<Agent, String> {
     Agent::new(name, o.agent_config(None)).map_err(|e| e.to_string())
@@ -99,27 +98,14 @@ pub(crate) fn wait_for_target(
     addr: SocketAddr,
     o: &Options,
 ) -> Result<String, String> {
-    let start = Instant::now();
-    loop {
-        let name = agent
-            .fetch_remote_metadata(addr)
-            .map_err(|e| format!("fetching the target's metadata from {addr}: {e}"))?;
-        if !agent
-            .remote_regions(&name)
-            .map_err(|e| e.to_string())?
-            .is_empty()
-        {
-            return Ok(name);
-        }
-        if start.elapsed() > Duration::from_secs(60) {
-            return Err(format!(
-                "the target `{name}` at {addr} shows no memory that {} reaches here \
-                 (its --target_seg_type may not be supported by this backend)",
-                o.backend
-            ));
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    tools::backend::wait_for_target(
+        agent,
+        addr,
+        &format!(
+            "{} reaches here (its --target_seg_type may not be supported by this backend)",
+            o.backend
+        ),
+    )
 }
 
 /// The initiator's buffer, its setup stages printed (each long enough to matter).
