@@ -169,7 +169,13 @@ def _msg_bytes(msg) -> bytes:
 
 
 def _index_bytes(indices) -> bytes:
-    """Indices as little-endian i64 bytes (what the core takes)."""
+    """Indices as little-endian i64 bytes (what the core takes). A list or tuple is
+    converted in Rust in one pass; one it cannot take (an entry that is not an int of
+    64 bits) goes the checked way below, which raises the precise error."""
+    if type(indices) is list or type(indices) is tuple:
+        packed = _core.pack_indices(indices)
+        if packed is not None:
+            return packed
     if _is_ndarray(indices):
         if indices.ndim != 1:
             raise ValueError("indices numpy array must be 1D")
