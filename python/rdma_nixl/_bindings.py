@@ -267,9 +267,12 @@ class _DList:
         packed = _core.pack_descs(descs, self._width)
         if packed is None:
             return False
+        was_empty = not self._words
         self._words.frombytes(packed)
         self._add_meta(descs)
-        self._packed = None
+        # A list built in one go hands the core these very bytes (native order is the
+        # core's little-endian on such hosts): no second copy at prep time.
+        self._packed = packed if was_empty and sys.byteorder == "little" else None
         return True
 
     def _add_meta(self, descs) -> None:

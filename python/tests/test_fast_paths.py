@@ -66,6 +66,14 @@ def test_pack_descs_leaves_anything_else_to_the_checked_path(bad):
 def test_descriptor_lists_keep_their_values_and_errors():
     d = B.nixlXferDList(B.DRAM_SEG, ROWS)
     assert len(d) == len(ROWS) and d[5] == ROWS[5] and d[-1] == ROWS[-1]
+    # What the core receives, also after the list changed.
+    words = array("Q", [w for row in ROWS for w in row])
+    assert d._packed_bytes() == words.tobytes()
+    d.append((1, 2, 3))
+    d[0] = (4, 5, 6)
+    words.extend((1, 2, 3))
+    words[0:3] = array("Q", (4, 5, 6))
+    assert d._packed_bytes() == words.tobytes()
     # Other integer types and bools still go through (the checked path).
     mixed = B.nixlXferDList(B.DRAM_SEG, [(np.uint64(7), np.int32(8), True)])
     assert mixed[0] == (7, 8, 1)
