@@ -571,11 +571,20 @@ class nixlAgent:
 
     def createBackend(self, type: str, initParams: Dict[str, str]) -> int:
         """Creates a backend; returns its handle. ``UCX`` creates ``LIBFABRIC``."""
+        return self._create_backend(type, initParams)
+
+    def _create_backend(self, type: str, initParams: Dict[str, str], count_errors: bool = True) -> int:
+        """``createBackend``; ``count_errors=False`` for a backend added on the user's
+        behalf where one can be (best effort): its failure is then not counted as one of
+        the agent's errors in telemetry (the user asked for nothing that failed)."""
         name = BACKEND_ALIASES.get(type, type)
         if name != type:
             logger.info("Backend %s is NIXL's; creating %s, this build's backend for peers.", type, name)
         params = {str(k): str(v) for k, v in dict(initParams).items()}
-        core_name, mems = self._call(self._core.create_backend, name, params)
+        if count_errors:
+            core_name, mems = self._call(self._core.create_backend, name, params)
+        else:
+            core_name, mems = self._core.create_backend(name, params)
         handle = next(_HANDLES)
         self._backends[handle] = (core_name, type)
         self._backend_mems[handle] = list(mems)
