@@ -775,7 +775,8 @@ class nixlAgent:
         local = self._lookup(self._dlists, local_side, "prepared list")
         remote = self._lookup(self._dlists, remote_side, "prepared list")
         lidx = _index_bytes(local_indices)
-        ridx = _index_bytes(remote_indices)
+        # One conversion where both sides take the same ids (the same object).
+        ridx = lidx if remote_indices is local_indices else _index_bytes(remote_indices)
         notif = _msg_bytes(notif_msg) or None
         core = self._try_backends(
             lambda b: self._core.make_xfer_req(op, local, lidx, remote, ridx, notif, b), backend
