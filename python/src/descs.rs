@@ -2,6 +2,8 @@
 //! little-endian `u64` triples `(addr, len, dev_id)` (what `array('Q').tobytes()` or
 //! `numpy.ndarray.astype('<u8').tobytes()` gives), so a list of thousands of
 //! descriptors crosses in one copy instead of one Python object per field.
+//! [`pack_descs`] and [`pack_indices`] build those byte strings from Python lists of
+//! tuples and of ints in one pass at C speed.
 
 use crate::errors::nixlInvalidParamError;
 use nixl::{Desc, DescList, MemKind};
