@@ -111,9 +111,10 @@ impl<'a, 'py> Items<'a, 'py> {
     }
 }
 
-/// The value of an `int` (subclasses included) as `u64` through `as_int`, or `None`
-/// (the error cleared) for any other object or a value out of range. Runs no Python
-/// code: objects that are not ints are refused rather than asked for `__index__`.
+/// The value of an `int` (subclasses included) through `as_int` (`PyLong_AsLongLong`,
+/// `PyLong_AsUnsignedLongLong`), or `None` (the error cleared) for any other object or a
+/// value out of range (`as_int` returned `error_value` with an error set). Runs no
+/// Python code: objects that are not ints are refused rather than asked for `__index__`.
 ///
 /// # Safety
 /// `obj` is a live object and the GIL is held.
