@@ -6,7 +6,8 @@ The shape of a KV-cache pull: ``--regions`` registrations per side (layers x K/V
 default), ``--blocks`` blocks in each (1,024), one descriptor per (region, block), so both
 sides prepare a list of regions x blocks descriptors (65,536) once. A request picks
 ``--request-blocks`` random block ids (128) and takes them in every region: 8,192
-descriptor ids, handed over as a numpy int64 array (``--ids list``: a Python list).
+descriptor ids, handed over as a numpy int64 array (``--ids list``: a Python list); the
+lists are prepared from an N x 3 numpy array (``--rows tuples``: a list of tuples).
 Blocks are small (``--block-bytes``, 256 by default) so that the data moved does not
 hide the per-descriptor cost. Two agents in one process, DRAM (UCX for NIXL, LIBFABRIC
 for ours: shared memory on one host).
@@ -84,6 +85,10 @@ def measure(impl: str, args) -> dict:
         return out
 
     local_rows, remote_rows = rows(src), rows(dst)
+    if args.rows == "tuples":
+        # vLLM's form: a Python list of (addr, len, dev) tuples of ints.
+        local_rows = [tuple(r) for r in local_rows.tolist()]
+        remote_rows = [tuple(r) for r in remote_rows.tolist()]
     rng = np.random.default_rng(7)
 
     def request_ids():
@@ -147,6 +152,8 @@ def main() -> None:
     ap.add_argument("--block-bytes", type=int, default=256)
     ap.add_argument("--request-blocks", type=int, default=128, help="blocks per request, in every region")
     ap.add_argument("--ids", choices=["numpy", "list"], default="numpy")
+    ap.add_argument("--rows", choices=["numpy", "tuples"], default="numpy",
+                    help="the lists prepared: an N x 3 array or a list of tuples")
     ap.add_argument("--reps", type=int, default=9)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--nixl-python", default=sys.executable, help="interpreter with NIXL's wheel")
@@ -155,7 +162,7 @@ def main() -> None:
     args = ap.parse_args()
     shape = (f"--regions={args.regions}", f"--blocks={args.blocks}",
              f"--block-bytes={args.block_bytes}", f"--request-blocks={args.request_blocks}",
-             f"--ids={args.ids}", f"--reps={args.reps}")
+             f"--ids={args.ids}", f"--rows={args.rows}", f"--reps={args.reps}")
 
     if args.impl:
         r = measure(args.impl, args)
@@ -163,7 +170,7 @@ def main() -> None:
         return
 
     print(f"{args.regions * args.blocks} descriptors per list, "
-          f"{args.regions * args.request_blocks} ids per request ({args.ids}), "
+          f"{args.regions * args.request_blocks} ids per request ({args.ids}), lists as {args.rows}, "
           f"{args.block_bytes} B blocks; medians in ms", flush=True)
     results = {"ours": [], "nixl": []}
     for round_no in range(args.rounds):

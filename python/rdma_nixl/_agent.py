@@ -169,7 +169,13 @@ def _msg_bytes(msg) -> bytes:
 
 
 def _index_bytes(indices) -> bytes:
-    """Indices as little-endian i64 bytes (what the core takes)."""
+    """Indices as little-endian i64 bytes (what the core takes). A list or tuple is
+    converted in Rust in one pass; one it cannot take (an entry that is not an int of
+    64 bits) goes the checked way below, which raises the precise error."""
+    if type(indices) is list or type(indices) is tuple:
+        packed = _core.pack_indices(indices)
+        if packed is not None:
+            return packed
     if _is_ndarray(indices):
         if indices.ndim != 1:
             raise ValueError("indices numpy array must be 1D")
@@ -567,11 +573,20 @@ class nixlAgent:
 
     def createBackend(self, type: str, initParams: Dict[str, str]) -> int:
         """Creates a backend; returns its handle. ``UCX`` creates ``LIBFABRIC``."""
+        return self._create_backend(type, initParams)
+
+    def _create_backend(self, type: str, initParams: Dict[str, str], count_errors: bool = True) -> int:
+        """``createBackend``; ``count_errors=False`` for a backend added on the user's
+        behalf where one can be (best effort): its failure is then not counted as one of
+        the agent's errors in telemetry (the user asked for nothing that failed)."""
         name = BACKEND_ALIASES.get(type, type)
         if name != type:
             logger.info("Backend %s is NIXL's; creating %s, this build's backend for peers.", type, name)
         params = {str(k): str(v) for k, v in dict(initParams).items()}
-        core_name, mems = self._call(self._core.create_backend, name, params)
+        if count_errors:
+            core_name, mems = self._call(self._core.create_backend, name, params)
+        else:
+            core_name, mems = self._core.create_backend(name, params)
         handle = next(_HANDLES)
         self._backends[handle] = (core_name, type)
         self._backend_mems[handle] = list(mems)
@@ -797,7 +812,8 @@ class nixlAgent:
         local = self._lookup(self._dlists, local_side, "prepared list")
         remote = self._lookup(self._dlists, remote_side, "prepared list")
         lidx = _index_bytes(local_indices)
-        ridx = _index_bytes(remote_indices)
+        # One conversion where both sides take the same ids (the same object).
+        ridx = lidx if remote_indices is local_indices else _index_bytes(remote_indices)
         notif = _msg_bytes(notif_msg) or None
         core = self._try_backends(
             lambda b: self._core.make_xfer_req(op, local, lidx, remote, ridx, notif, b), backend

@@ -314,9 +314,15 @@ class nixl_agent:
         if _core.gpu_count() == 0:
             return
         try:
-            self.create_backend("CUDA_IPC")
+            handle = self.agent._create_backend("CUDA_IPC", {}, count_errors=False)
         except nixlBind.nixlError as e:
-            logger.info("UCX: no CUDA_IPC beside LIBFABRIC (%s)", e)
+            # The message only: a log record holding the exception would hold its
+            # traceback, and through it this agent, past its last reference.
+            reason = str(e)
+        else:
+            self._record_backend("CUDA_IPC", handle)
+            return
+        logger.info("UCX: no CUDA_IPC beside LIBFABRIC (%s)", reason)
 
     def _backend_key(self, name: str) -> Optional[str]:
         """The key in ``self.backends`` of a backend named by the user: its own name, or
@@ -393,8 +399,11 @@ class nixl_agent:
     def create_backend(self, backend: str, initParams: Dict[str, str] = {}):  # noqa: B006
         """Creates a backend with string parameters (see ``get_plugin_params``); it is
         known by the name given (``UCX`` creates ``LIBFABRIC``, known as ``UCX``)."""
-        self.backends[backend] = self.agent.createBackend(backend, initParams)
-        options, mems = self.agent.getBackendParams(self.backends[backend])
+        self._record_backend(backend, self.agent.createBackend(backend, initParams))
+
+    def _record_backend(self, backend: str, handle: int) -> None:
+        self.backends[backend] = handle
+        options, mems = self.agent.getBackendParams(handle)
         self.backend_mems[backend] = mems
         self.backend_options[backend] = options
         logger.info("Backend %s was instantiated", backend)

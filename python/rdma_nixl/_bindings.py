@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import sys
 from array import array
-from itertools import chain
 from enum import IntEnum
 from typing import Iterator, Optional, Tuple, Union
 
@@ -264,17 +263,17 @@ class _DList:
         raises the precise error)."""
         if not isinstance(descs, (list, tuple)):
             return False
-        width = self._width
-        try:
-            if not all(type(d) is tuple and len(d) == width for d in descs):
-                return False
-            words = array("Q", chain.from_iterable(d[:3] for d in descs) if width != 3
-                          else chain.from_iterable(descs))
-        except (TypeError, OverflowError):
+        # One pass in Rust: every entry a tuple of ``_width`` fields, the first three
+        # converted to u64 (None where any is not, or does not fit).
+        packed = _core.pack_descs(descs, self._width)
+        if packed is None:
             return False
-        self._words.extend(words)
+        was_empty = not self._words
+        self._words.frombytes(packed)
         self._add_meta(descs)
-        self._packed = None
+        # A list built in one go hands the core these very bytes (native order is the
+        # core's little-endian on such hosts): no second copy at prep time.
+        self._packed = packed if was_empty and sys.byteorder == "little" else None
         return True
 
     def _add_meta(self, descs) -> None:

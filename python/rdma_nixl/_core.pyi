@@ -19,6 +19,13 @@ GPU_HANDLE_SIZE: int
 DEVICE_HEADERS: List[Tuple[str, str]]
 """The device headers by include name: ``nixl/nixl_device.cuh`` and gpunetio's."""
 
+def pack_descs(descs: object, width: int) -> Optional[bytes]:
+    """The first three fields of each tuple of a list or tuple of ``width``-tuples of
+    ints in ``0..2**64``, as native-endian u64 triples; ``None`` for anything else
+    (the caller's checked path then converts or raises)."""
+def pack_indices(indices: object) -> Optional[bytes]:
+    """A list or tuple of ints that fit an i64, as little-endian i64; ``None`` for
+    anything else."""
 def prep_gpu_signal(ptr: int, dev: int) -> None:
     """Zeroes the 8-byte signal word at device address ``ptr`` of GPU ``dev``."""
 def gpu_count() -> int:

@@ -286,7 +286,7 @@ impl Agent {
     ) -> PyResult<Vec<Option<Bound<'py, PyDict>>>> {
         let list = descs::list(mem_type, packed)?;
         self.backend_names(&Some(vec![backend.to_string()]))?;
-        let found = self.agent.query_mem(&list);
+        let found = py.detach(|| self.agent.query_mem(&list));
         found
             .into_iter()
             .map(|entry| {
@@ -381,12 +381,19 @@ impl Agent {
 
     /// Whether the peer's metadata is loaded (and, for a non-empty list, covers every
     /// descriptor of it).
-    fn has_remote(&self, name: &str, mem_type: u8, packed: &[u8]) -> PyResult<bool> {
+    fn has_remote(
+        &self,
+        py: Python<'_>,
+        name: &str,
+        mem_type: u8,
+        packed: &[u8],
+    ) -> PyResult<bool> {
         let list = descs::list(mem_type, packed)?;
-        if !self.agent.has_remote(name) {
-            return Ok(false);
-        }
-        Ok(list.is_empty() || self.agent.prep_xfer_dlist(Some(name), &list).is_ok())
+        // Preparing the list resolves every descriptor (and may set up device tables).
+        Ok(py.detach(|| {
+            self.agent.has_remote(name)
+                && (list.is_empty() || self.agent.prep_xfer_dlist(Some(name), &list).is_ok())
+        }))
     }
 
     /// Pushes the full metadata to the listener at `ip:port`.

@@ -27,6 +27,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<xfer::Xfer>()?;
     m.add_class::<device::GpuHandle>()?;
     m.add_class::<telemetry::TelemetryRing>()?;
+    m.add_function(wrap_pyfunction!(descs::pack_descs, m)?)?;
+    m.add_function(wrap_pyfunction!(descs::pack_indices, m)?)?;
     m.add_function(wrap_pyfunction!(device::prep_gpu_signal, m)?)?;
     m.add_function(wrap_pyfunction!(device::gpu_arch, m)?)?;
     m.add_function(wrap_pyfunction!(device::gpu_count, m)?)?;

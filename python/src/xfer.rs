@@ -40,10 +40,13 @@ impl Dlist {
 
 #[pymethods]
 impl Dlist {
-    /// Frees the list (idempotent).
-    fn release(&self) {
-        let taken = self.inner.lock().take();
-        drop(taken);
+    /// Frees the list (idempotent). Freeing may wait on the backend (device tables of
+    /// a prepared list), so it runs without the GIL.
+    fn release(&self, py: Python<'_>) {
+        py.detach(|| {
+            let taken = self.inner.lock().take();
+            drop(taken);
+        });
     }
 
     /// Whether `release` was called.
