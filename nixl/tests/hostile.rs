@@ -12,6 +12,9 @@
 //!   real blobs and frames: raw mutations must fail the integrity check; mutations
 //!   re-sealed with a correct check reach the parser behind it, which must never panic,
 //!   and what decodes must re-encode to the same value. `NIXL_HOSTILE_ITERS` scales it.
+//! - The same loop over the backends' wire decoders (staging control messages, VERBS
+//!   connection/handshake/notification formats, heartbeat frames, CUDA_IPC socket frames,
+//!   GPUNETIO's out-of-band stream), seeded with valid messages of each format.
 
 mod common;
 
@@ -480,4 +483,212 @@ fn listener_request_path_survives_mutations() {
         replies[ACK as usize] > 0 && replies[REFUSED as usize] > 0,
         "both outcomes must occur"
     );
+}
+
+/// The backends' wire decoders, as the `cargo fuzz` targets of `nixl/fuzz` drive them
+/// (`staging_ctrl`, `verbs_wire`, `heartbeat_frame`, `cuda_ipc_frame`, `gpunetio_oob`):
+/// valid messages of each format, mutated; every entry point must return `true` (no
+/// panic, and what decodes encodes back).
+#[cfg(any(feature = "libfabric", feature = "verbs", feature = "cuda"))]
+mod backend_decoders {
+    use super::*;
+
+    fn le(parts: &[&[u8]]) -> Vec<u8> {
+        parts.concat()
+    }
+
+    /// Mutations of each seed, each handed to `entry`, which must accept it.
+    fn survive(what: &str, seeds: &[Vec<u8>], entry: fn(&[u8]) -> bool, default: usize) {
+        let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ what.len() as u64);
+        for seed in seeds {
+            assert!(entry(seed), "{what}: the seed {seed:02x?} fails");
+        }
+        for i in 0..iterations(default) {
+            let input = mutate(&mut rng, &seeds[i % seeds.len()]);
+            assert!(entry(&input), "{what}: the input {input:02x?} fails");
+        }
+    }
+
+    #[cfg(any(feature = "libfabric", feature = "verbs", feature = "cuda"))]
+    #[test]
+    fn staging_control_messages_survive_mutations() {
+        let piece = le(&[
+            &0x7f00_0000_1000u64.to_le_bytes(),
+            &0x1234u64.to_le_bytes(),
+            &0x5000_0000u64.to_le_bytes(),
+            &4096u32.to_le_bytes(),
+        ]);
+        let offer = le(&[
+            b"NXST\x01\x01\x01\x00",
+            &7u64.to_le_bytes(),
+            &(9u64 << 32 | 3).to_le_bytes(),
+            &3u16.to_le_bytes(),
+            b"abc",
+            &2u16.to_le_bytes(),
+            &piece,
+            &piece,
+        ]);
+        let fetch = le(&[
+            b"NXST\x01\x02\x00\x00",
+            &8u64.to_le_bytes(),
+            &0u64.to_le_bytes(),
+            &1u16.to_le_bytes(),
+            b"z",
+            &1u16.to_le_bytes(),
+            &piece,
+        ]);
+        let done = le(&[
+            b"NXST\x01\x03\x00\x00",
+            &7u64.to_le_bytes(),
+            &5u32.to_le_bytes(),
+            &4u16.to_le_bytes(),
+            b"fail",
+        ]);
+        survive(
+            "staging",
+            &[offer, fetch, done],
+            nixl::backends::staging::fuzz_ctrl_message,
+            30_000,
+        );
+    }
+
+    #[cfg(feature = "verbs")]
+    #[test]
+    fn verbs_wire_formats_survive_mutations() {
+        let gid = [0xfeu8; 16];
+        let conn_info = le(&[
+            b"NXVC\x03",
+            &11u64.to_le_bytes(),
+            &[4, 127, 0, 0, 1],
+            &4791u16.to_le_bytes(),
+            &[2],
+            &[0],
+            &gid,
+            &1u16.to_le_bytes(),
+            &[5, 1],
+            &gid,
+            &2u16.to_le_bytes(),
+            &[3],
+        ]);
+        let hello = le(&[
+            b"NXVH\x03",
+            &11u64.to_le_bytes(),
+            &12u64.to_le_bytes(),
+            &5u16.to_le_bytes(),
+            b"agent",
+            &[1],
+            &0x11u32.to_le_bytes(),
+            &0x22u32.to_le_bytes(),
+            &gid,
+            &1u16.to_le_bytes(),
+            &[5],
+        ]);
+        let reply = le(&[
+            b"NXVR\x03\x00",
+            &3u64.to_le_bytes(),
+            &100u32.to_le_bytes(),
+            &[1],
+            &0x11u32.to_le_bytes(),
+            &0x22u32.to_le_bytes(),
+        ]);
+        let refusal = le(&[b"NXVR\x03\x01", &2u16.to_le_bytes(), b"no"]);
+        let notif = le(&[b"NXVN", &1u32.to_le_bytes(), &2u32.to_le_bytes(), b"msg"]);
+        let rkeys = le(&[&[2], &7u32.to_le_bytes(), &8u32.to_le_bytes()]);
+        let staged = le(&[&[0, 1], &65536u32.to_le_bytes()]);
+        let name = le(&[&11u64.to_le_bytes(), &[1]]);
+        survive(
+            "VERBS",
+            &[conn_info, hello, reply, refusal, notif, rkeys, staged, name],
+            nixl::backends::verbs::fuzz_wire_message,
+            30_000,
+        );
+    }
+
+    #[cfg(any(feature = "libfabric", feature = "verbs"))]
+    #[test]
+    fn heartbeat_frames_survive_mutations() {
+        let v4 = le(&[
+            b"NXHB\x01",
+            &5u64.to_le_bytes(),
+            &[4, 10, 0, 0, 2],
+            &9000u16.to_le_bytes(),
+            b"rest",
+        ]);
+        let v6 = le(&[
+            b"NXHB\x01",
+            &5u64.to_le_bytes(),
+            &[6],
+            &[0; 15],
+            &[1],
+            &9000u16.to_le_bytes(),
+        ]);
+        let hello = le(&[
+            b"NXHB\x01",
+            &5u64.to_le_bytes(),
+            &4u16.to_le_bytes(),
+            b"peer",
+        ]);
+        let reply = le(&[b"NXHB\x01\x00", &100u32.to_le_bytes()]);
+        survive(
+            "heartbeat",
+            &[v4, v6, hello, reply],
+            nixl::backends::fuzz_heartbeat_message,
+            30_000,
+        );
+    }
+
+    #[cfg(feature = "cuda")]
+    #[test]
+    fn cuda_ipc_frames_survive_mutations() {
+        let conn_info = le(&[
+            b"CIPC\x01",
+            &[0x42; 16],
+            &1234u32.to_le_bytes(),
+            &99u64.to_le_bytes(),
+            &[6],
+            b"socket",
+        ]);
+        let notif = le(&[&[1], &5u16.to_le_bytes(), b"agent", b"message"]);
+        let fd_request = le(&[&[2], &17u64.to_le_bytes()]);
+        survive(
+            "CUDA_IPC",
+            &[conn_info, notif, fd_request],
+            nixl::backends::cuda_ipc::fuzz_socket_frame,
+            30_000,
+        );
+    }
+
+    #[cfg(feature = "gpunetio")]
+    #[test]
+    fn gpunetio_oob_messages_survive_mutations() {
+        let stream = le(&[
+            &5u32.to_le_bytes(),
+            b"agent",
+            &3u32.to_le_bytes(),
+            b"one",
+            &0u32.to_le_bytes(),
+            &3u32.to_le_bytes(),
+            b"two",
+        ]);
+        let nic_info = le(&[
+            &11u16.to_le_bytes(),
+            b"tcp;ofi_rxm",
+            &4u16.to_le_bytes(),
+            &[1, 2, 3, 4],
+            &14u16.to_le_bytes(),
+            b"127.0.0.1:4242",
+        ]);
+        let descriptor = le(&[
+            b"GIOD\x01\x01\x00\x00",
+            &0x1000u64.to_le_bytes(),
+            &4096u64.to_le_bytes(),
+            &77u64.to_le_bytes(),
+        ]);
+        survive(
+            "GPUNETIO",
+            &[stream, nic_info, descriptor],
+            nixl::backends::gpunetio::fuzz_oob_message,
+            30_000,
+        );
+    }
 }

@@ -81,6 +81,8 @@ mod verbs;
 pub use self::fabric::FabricTransport;
 pub use crate::status::GioStatus;
 pub use ring::{Entry, HostProducer, RingDevicePtrs, RingMemory, MAX_RING_SIZE};
+#[doc(hidden)]
+pub use table::fuzz_ring_entry;
 pub use table::{DeviceCopy, DeviceRange, MAX_REGIONS};
 pub use transport::{
     PostFlags, Posted, RemoteDescriptor, Transport, TransportCompletion, TransportFailure,

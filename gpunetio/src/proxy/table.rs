@@ -528,6 +528,106 @@ impl<R> MemoryTable<R> {
     }
 }
 
+/// Fuzzing entry point (not a stable API): a ring slot's 64 bytes as a producer may
+/// leave them, from `input` (zero-padded; bytes 64..72: the ticket, byte 72: the ring
+/// size's log2, byte 73: the number of counters). The slot is decoded as the proxy reads
+/// an image entry (`entry_decode`) and validated as stored and as decoded against a table
+/// of a local region, a peer's region and a removed one. Returns whether every accepted
+/// entry stays inside the regions and counters it names and the image encoding round
+/// trips (validation itself must never panic).
+#[doc(hidden)]
+pub fn fuzz_ring_entry(input: &[u8]) -> bool {
+    use super::transport::TransportKind;
+    const LOCAL_LEN: u64 = 4096;
+    const REMOTE_LEN: u64 = 8192;
+    let byte = |i: usize| input.get(i).copied().unwrap_or(0);
+    let word = |k: usize| u64::from_le_bytes(std::array::from_fn(|i| byte(8 * k + i)));
+    let raw: [u64; 8] = std::array::from_fn(word);
+    let ticket = word(8) >> 1;
+    let ring_size = 1u32 << (byte(72) % 21);
+    let num_counters = u32::from(byte(73));
+
+    let mut table = MemoryTable::<()>::new();
+    let regions = [
+        Region::Local(Local::Direct {
+            reg: (),
+            host: true,
+            addr: 0x1000,
+            len: LOCAL_LEN,
+            dev_addr: 0,
+            _keep: None,
+        }),
+        Region::Remote(RemoteDescriptor {
+            transport: TransportKind::FABRIC,
+            addr: 0x7f00_0000,
+            len: REMOTE_LEN,
+            key: 1,
+        }),
+        Region::Vacant,
+    ];
+    for (index, region) in regions.into_iter().enumerate() {
+        if table.place(index as u32, region).is_err() {
+            return false;
+        }
+    }
+    let inside = |mr: u16, off: u64, len: u64, remote: bool| {
+        let limit = match (mr, remote) {
+            (0, false) => LOCAL_LEN,
+            (1, true) => REMOTE_LEN,
+            _ => return false,
+        };
+        off.checked_add(len).is_some_and(|end| end <= limit)
+    };
+    let accepted_ok = |w: [u64; 8]| {
+        // SAFETY: gio_ring_entry is 64 bytes of integers, any bit pattern valid.
+        let entry = unsafe { std::mem::transmute::<[u64; 8], ffi::gio_ring_entry>(w) };
+        let Ok(op) = table.validate(&entry, num_counters) else {
+            return true;
+        };
+        let data_ok = match op.kind {
+            OpKind::Nop | OpKind::Fence => true,
+            OpKind::Put {
+                local,
+                local_off,
+                remote,
+                remote_off,
+                len,
+            }
+            | OpKind::Get {
+                local,
+                local_off,
+                remote,
+                remote_off,
+                len,
+            } => inside(local, local_off, len, false) && inside(remote, remote_off, len, true),
+            OpKind::PutInline {
+                remote,
+                remote_off,
+                len,
+                ..
+            } => matches!(len, 1 | 2 | 4 | 8) && inside(remote, remote_off, len.into(), true),
+            OpKind::Signal { mr, off, .. } => off.is_multiple_of(8) && inside(mr, off, 8, true),
+        };
+        let signal_ok = op
+            .signal
+            .is_none_or(|(mr, off, _)| off.is_multiple_of(8) && inside(mr, off, 8, true));
+        let counter_ok = op.counter.is_none_or(|c| c < num_counters);
+        data_ok && signal_ok && counter_ok
+    };
+
+    let mut decoded = raw;
+    let image_ok = if ffi::entry_decode(&mut decoded, ticket, ring_size) {
+        // What decodes is published again as the same words.
+        let mut again = decoded;
+        ffi::entry_encode(&mut again, ticket, ring_size);
+        let mut twice = again;
+        ffi::entry_decode(&mut twice, ticket, ring_size) && twice == decoded
+    } else {
+        true
+    };
+    accepted_ok(raw) && accepted_ok(decoded) && image_ok
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::ring::Entry;

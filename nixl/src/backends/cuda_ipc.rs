@@ -598,27 +598,22 @@ fn serve_connection(mut conn: UnixStream, cred: PeerCred, served: &Served) {
         if !(1..=MAX_FRAME).contains(&len) {
             return drop_conn(&format!("a {len}-byte frame"));
         }
-        let mut frame = vec![0u8; len];
-        if conn.read_exact(&mut frame).is_err() {
-            return;
+        // Grown as the bytes arrive, not allocated from the length a peer claims.
+        let mut frame = Vec::new();
+        match (&mut conn).take(len as u64).read_to_end(&mut frame) {
+            Ok(n) if n == len => {}
+            _ => return,
         }
-        match (frame[0], &frame[1..]) {
-            (FRAME_NOTIF, body) if body.len() >= 2 => {
-                let name_len = usize::from(u16::from_le_bytes([body[0], body[1]]));
-                let Some(name) = body.get(2..2 + name_len) else {
-                    return drop_conn("a notification whose name overruns its frame");
-                };
+        match decode_frame(&frame) {
+            Ok(Frame::Notif { name, msg }) => {
                 let name = String::from_utf8_lossy(name).into_owned();
-                let msg = body[2 + name_len..].to_vec();
+                let msg = msg.to_vec();
                 let Some(q) = served.queue.upgrade() else {
                     return;
                 };
                 q.push(name, msg);
             }
-            (FRAME_FD_REQUEST, body) if body.len() == 8 => {
-                let mut id = [0u8; 8];
-                id.copy_from_slice(body);
-                let id = u64::from_le_bytes(id);
+            Ok(Frame::FdRequest(id)) => {
                 let (Some(table), Some(peers)) = (served.vmm.upgrade(), served.peers.upgrade())
                 else {
                     return;
@@ -649,9 +644,70 @@ fn serve_connection(mut conn: UnixStream, cred: PeerCred, served: &Served) {
                     return;
                 }
             }
-            (kind, _) => return drop_conn(&format!("frame type {kind} of {len} bytes")),
+            Err(why) => return drop_conn(&why),
         }
     }
+}
+
+/// A frame received on the notification socket (its length prefix stripped).
+#[derive(Debug, PartialEq, Eq)]
+enum Frame<'a> {
+    /// A notification from the agent named `name` (as it names itself).
+    Notif { name: &'a [u8], msg: &'a [u8] },
+    /// A request for the descriptor of VMM allocation `id`.
+    FdRequest(u64),
+}
+
+/// Decodes `frame` (`type:u8 payload`); the error says why it was refused.
+fn decode_frame(frame: &[u8]) -> std::result::Result<Frame<'_>, String> {
+    match frame.split_first() {
+        Some((&FRAME_NOTIF, body)) if body.len() >= 2 => {
+            let name_len = usize::from(u16::from_le_bytes([body[0], body[1]]));
+            let Some(name) = body.get(2..2 + name_len) else {
+                return Err("a notification whose name overruns its frame".into());
+            };
+            Ok(Frame::Notif {
+                name,
+                msg: &body[2 + name_len..],
+            })
+        }
+        Some((&FRAME_FD_REQUEST, body)) => {
+            let id: [u8; 8] = body
+                .try_into()
+                .map_err(|_| format!("a descriptor request of {} bytes", frame.len()))?;
+            Ok(Frame::FdRequest(u64::from_le_bytes(id)))
+        }
+        Some((kind, _)) => Err(format!("frame type {kind} of {} bytes", frame.len())),
+        None => Err("an empty frame".into()),
+    }
+}
+
+/// Fuzzing entry point (not a stable API): the decoders of what reaches a `CUDA_IPC`
+/// agent from other processes — its connection information (in metadata) and the frames
+/// on its notification socket — on `input`. Returns whether whatever decoded encodes
+/// back to `input` (decoding itself must never panic).
+#[doc(hidden)]
+pub fn fuzz_socket_frame(input: &[u8]) -> bool {
+    let info_ok = match ConnInfo::decode(input) {
+        Ok(info) => info.encode() == input,
+        Err(_) => true,
+    };
+    let frame_ok = match decode_frame(input) {
+        Ok(Frame::Notif { name, msg }) => {
+            let mut again = vec![FRAME_NOTIF];
+            again.extend_from_slice(&(name.len() as u16).to_le_bytes());
+            again.extend_from_slice(name);
+            again.extend_from_slice(msg);
+            again == input
+        }
+        Ok(Frame::FdRequest(id)) => {
+            let mut again = vec![FRAME_FD_REQUEST];
+            again.extend_from_slice(&id.to_le_bytes());
+            again == input
+        }
+        Err(_) => true,
+    };
+    info_ok && frame_ok
 }
 
 // ---- memory metadata -----------------------------------------------------------------------

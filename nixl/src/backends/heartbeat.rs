@@ -481,18 +481,12 @@ impl Hub {
         // `NXHB ver status:u8 interval_ms:u32` (status 0: accepted, 1: stale nonce)
         let mut reply = [0u8; 10];
         stream.read_exact(&mut reply)?;
-        if &reply[..4] != HUB_MAGIC || reply[4] != HUB_VERSION {
-            return Err(Error::MalformedMetadata(
-                "heartbeat handshake: wrong magic or version".into(),
-            ));
-        }
-        if reply[5] != 0 {
+        let Some(peer_ms) = decode_hello_reply(&reply)? else {
             return Err(Error::RemoteDisconnect {
                 agent: agent.to_string(),
                 reason: "stale metadata: the peer has restarted since".into(),
             });
-        }
-        let peer_ms = u32::from_le_bytes(reply[6..10].try_into().expect("4"));
+        };
         let beat = Beat::new(Instant::now(), peer_ms, config);
         if !beat.watched() {
             return Ok(None);
@@ -616,15 +610,14 @@ fn hub_thread(listener: &TcpListener, shared: &Arc<HubShared>) {
     }
 }
 
-/// The hub's side of a watcher's handshake: checks the incarnation, answers with this
-/// side's interval, and hands the link to the hub's thread.
-fn serve_hello(shared: &HubShared, mut stream: TcpStream) -> Result<()> {
-    stream.set_nonblocking(false)?;
-    stream.set_nodelay(true)?;
-    stream.set_read_timeout(Some(HUB_HANDSHAKE))?;
-    stream.set_write_timeout(Some(HUB_HANDSHAKE))?;
-    let mut head = [0u8; 15];
-    stream.read_exact(&mut head)?;
+/// Bytes of a watcher's handshake before its name.
+const HELLO_HEAD: usize = 15;
+/// Longest watcher name a hub reads.
+const MAX_HELLO_NAME: usize = 1024;
+
+/// A watcher's handshake head, `NXHB ver target_nonce:u64 name_len:u16`: the nonce it
+/// expects and the length of the name that follows (at most [`MAX_HELLO_NAME`]).
+fn decode_hello_head(head: &[u8; HELLO_HEAD]) -> Result<(u64, usize)> {
     if &head[..4] != HUB_MAGIC || head[4] != HUB_VERSION {
         return Err(Error::MalformedMetadata(
             "heartbeat handshake: wrong magic or version".into(),
@@ -632,11 +625,65 @@ fn serve_hello(shared: &HubShared, mut stream: TcpStream) -> Result<()> {
     }
     let nonce = u64::from_le_bytes(head[5..13].try_into().expect("8"));
     let name_len = u16::from_le_bytes([head[13], head[14]]) as usize;
-    if name_len > 1024 {
+    if name_len > MAX_HELLO_NAME {
         return Err(Error::MalformedMetadata(
             "heartbeat handshake: name too long".into(),
         ));
     }
+    Ok((nonce, name_len))
+}
+
+/// A hub's answer to a handshake, `NXHB ver status:u8 interval_ms:u32`: its interval if
+/// it accepted (status 0), `None` if it refused a stale nonce (any other status).
+fn decode_hello_reply(reply: &[u8; 10]) -> Result<Option<u32>> {
+    if &reply[..4] != HUB_MAGIC || reply[4] != HUB_VERSION {
+        return Err(Error::MalformedMetadata(
+            "heartbeat handshake: wrong magic or version".into(),
+        ));
+    }
+    if reply[5] != 0 {
+        return Ok(None);
+    }
+    Ok(Some(u32::from_le_bytes(
+        reply[6..10].try_into().expect("4"),
+    )))
+}
+
+/// Fuzzing entry point (not a stable API): the heartbeat decoders on `input` — a hub's
+/// address block (in metadata), and the head of a watcher's handshake and of a hub's
+/// answer (the first bytes of `input`). Returns whether a decoded address block encodes
+/// back to the bytes it was read from (decoding itself must never panic).
+#[doc(hidden)]
+pub fn fuzz_message(input: &[u8]) -> bool {
+    let addr_ok = match HubAddr::decode(input) {
+        Ok((addr, rest)) => {
+            let mut again = Vec::new();
+            addr.encode(&mut again);
+            again.extend_from_slice(rest);
+            again == input
+        }
+        Err(_) => true,
+    };
+    let head_ok = match input.first_chunk::<HELLO_HEAD>().map(decode_hello_head) {
+        Some(Ok((_, name_len))) => name_len <= MAX_HELLO_NAME,
+        Some(Err(_)) | None => true,
+    };
+    if let Some(reply) = input.first_chunk::<10>() {
+        let _ = decode_hello_reply(reply);
+    }
+    addr_ok && head_ok
+}
+
+/// The hub's side of a watcher's handshake: checks the incarnation, answers with this
+/// side's interval, and hands the link to the hub's thread.
+fn serve_hello(shared: &HubShared, mut stream: TcpStream) -> Result<()> {
+    stream.set_nonblocking(false)?;
+    stream.set_nodelay(true)?;
+    stream.set_read_timeout(Some(HUB_HANDSHAKE))?;
+    stream.set_write_timeout(Some(HUB_HANDSHAKE))?;
+    let mut head = [0u8; HELLO_HEAD];
+    stream.read_exact(&mut head)?;
+    let (nonce, name_len) = decode_hello_head(&head)?;
     let mut name = vec![0u8; name_len];
     stream.read_exact(&mut name)?;
     let stale = nonce != shared.nonce;

@@ -44,6 +44,10 @@ pub mod gpunetio;
 #[cfg(any(feature = "libfabric", feature = "verbs"))]
 #[cfg_attr(not(all(feature = "libfabric", feature = "verbs")), allow(dead_code))]
 pub(crate) mod heartbeat;
+/// Fuzzing entry point (not a stable API): the heartbeat hub's decoders.
+#[cfg(any(feature = "libfabric", feature = "verbs"))]
+#[doc(hidden)]
+pub use heartbeat::fuzz_message as fuzz_heartbeat_message;
 #[cfg(feature = "cuda")]
 #[cfg_attr(not(feature = "gpunetio"), allow(dead_code))]
 mod ipc_plane;

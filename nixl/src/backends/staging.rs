@@ -1253,6 +1253,37 @@ impl<A: Clone + Debug + Send> Engine<A> {
     }
 }
 
+/// Fuzzing entry point (not a stable API): the control-message decoder on `input` (what
+/// any peer may send to a staging rail). Returns whether whatever decoded re-encodes and
+/// decodes back to the same message (decoding itself must never panic).
+#[doc(hidden)]
+pub fn fuzz_ctrl_message(input: &[u8]) -> bool {
+    let Ok(msg) = Ctrl::decode(input) else {
+        return true;
+    };
+    if input.len() > MAX_CTRL_BYTES + 64 {
+        // Nothing larger than a control buffer ever reaches the decoder; what it accepts
+        // is bounded by its own limits (names, pieces, reasons), far below this.
+        return false;
+    }
+    let Ok(again) = msg.encode() else {
+        return false;
+    };
+    match (Ctrl::decode(&again), &msg) {
+        // A non-UTF-8 reason decodes lossily: only its token and status must survive.
+        (
+            Ok(Ctrl::Done { token, status, .. }),
+            Ctrl::Done {
+                token: t0,
+                status: s0,
+                ..
+            },
+        ) => token == *t0 && status == *s0,
+        (Ok(decoded), _) => decoded == msg,
+        (Err(_), _) => false,
+    }
+}
+
 impl<A> Drop for Engine<A> {
     fn drop(&mut self) {
         if !self.owners.is_empty() {

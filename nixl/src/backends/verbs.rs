@@ -1060,6 +1060,43 @@ impl RemoteMd for VerbsRemoteMd {
     }
 }
 
+/// Fuzzing entry point (not a stable API): every decoder of what a peer sends `VERBS` —
+/// connection information and region metadata (in its metadata), the side channel's
+/// handshake and reply, notification messages, staged requesters' names — on `input`.
+/// Returns whether whatever decoded encodes back to `input` (decoding itself must never
+/// panic).
+#[doc(hidden)]
+pub fn fuzz_wire_message(input: &[u8]) -> bool {
+    let conn_ok = match wire::decode_conn_info(input) {
+        Ok(info) => wire::encode_conn_info(info.nonce, info.addr, &info.rails) == input,
+        Err(_) => true,
+    };
+    let hello_ok = match wire::decode_hello(input) {
+        Ok(hello) => wire::encode_hello(&hello) == input,
+        Err(_) => true,
+    };
+    let reply_ok = match wire::decode_reply(input) {
+        Ok(reply) => wire::encode_reply(reply.conn, reply.heartbeat_ms, &reply.answers) == input,
+        Err(_) => true,
+    };
+    let notif_ok = match wire::decode_notif(input) {
+        Ok((seq, expected, msg)) if msg.len() <= MAX_NOTIF_BYTES => {
+            wire::encode_notif(seq, expected, msg).ok().as_deref() == Some(input)
+        }
+        // Longer than a receive slot: never delivered whole, only decoded without harm.
+        Ok(_) | Err(_) => true,
+    };
+    let md_ok = match decode_remote_md(input) {
+        Ok(md) => md.rkeys.len() <= input.len() / 4,
+        Err(_) => true,
+    };
+    let name_ok = match stage_net::decode_name(input) {
+        Some((nonce, rail)) => stage_net::encode_name(nonce, rail) == input,
+        None => true,
+    };
+    conn_ok && hello_ok && reply_ok && notif_ok && md_ok && name_ok
+}
+
 fn decode_remote_md(public_md: &[u8]) -> Result<VerbsRemoteMd> {
     let bad = |why: &str| Error::MalformedMetadata(format!("{NAME} region metadata: {why}"));
     let (&count, rest) = public_md.split_first().ok_or_else(|| bad("empty"))?;

@@ -1340,6 +1340,33 @@ fn gio_status_name(st: i32) -> &'static str {
     }
 }
 
+/// Fuzzing entry point (not a stable API): the decoders of what peers send `GPUNETIO`
+/// on `input` — a sender's stream on the out-of-band notification channel, a NIC path's
+/// connection information and a remote memory descriptor (in metadata). Returns whether
+/// what decoded encodes back to the bytes it was read from (decoding itself must never
+/// panic).
+#[doc(hidden)]
+pub fn fuzz_oob_message(input: &[u8]) -> bool {
+    let stream_ok = oob::fuzz_stream(input);
+    let mut f = Fields::new(input, "connection info");
+    let nic_ok = match nic::NicInfo::decode(&mut f).and_then(|info| f.finish().map(|()| info)) {
+        Ok(info) => {
+            let mut again = Vec::new();
+            // A decoded address may print differently from how it was written (`::1`
+            // for `0::1`): compare what the encoding decodes to.
+            info.encode(&mut again).is_ok()
+                && nic::NicInfo::decode(&mut Fields::new(&again, "connection info")).ok()
+                    == Some(info)
+        }
+        Err(_) => true,
+    };
+    let desc_ok = match RemoteDescriptor::from_bytes(input) {
+        Ok(desc) => desc.to_bytes()[..] == *input,
+        Err(_) => true,
+    };
+    stream_ok && nic_ok && desc_ok
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -105,7 +105,7 @@ fn accept_loop(listener: &TcpListener, inbox: &Arc<Inbox>, stop: &Arc<AtomicBool
 
 /// Reads exactly `buf.len()` bytes, looking at `stop` while idle; `Ok(false)` on a clean
 /// end of stream before the first byte.
-fn read_full(conn: &mut TcpStream, buf: &mut [u8], stop: &AtomicBool) -> std::io::Result<bool> {
+fn read_full(conn: &mut impl Read, buf: &mut [u8], stop: &AtomicBool) -> std::io::Result<bool> {
     let mut at = 0;
     while at < buf.len() {
         if stop.load(Ordering::Acquire) {
@@ -128,7 +128,7 @@ fn read_full(conn: &mut TcpStream, buf: &mut [u8], stop: &AtomicBool) -> std::io
     Ok(true)
 }
 
-fn read_frame(conn: &mut TcpStream, stop: &AtomicBool) -> std::io::Result<Option<Vec<u8>>> {
+fn read_frame(conn: &mut impl Read, stop: &AtomicBool) -> std::io::Result<Option<Vec<u8>>> {
     let mut len = [0u8; 4];
     if !read_full(conn, &mut len, stop)? {
         return Ok(None);
@@ -150,15 +150,33 @@ fn read_frame(conn: &mut TcpStream, stop: &AtomicBool) -> std::io::Result<Option
 fn serve(mut conn: TcpStream, inbox: &Inbox, stop: &AtomicBool) -> std::io::Result<()> {
     conn.set_nonblocking(false)?;
     conn.set_read_timeout(Some(POLL))?;
-    let Some(hello) = read_frame(&mut conn, stop)? else {
+    serve_stream(&mut conn, inbox, stop)
+}
+
+/// A sender's stream: its hello frame (its name), then one frame per notification.
+fn serve_stream(conn: &mut impl Read, inbox: &Inbox, stop: &AtomicBool) -> std::io::Result<()> {
+    let Some(hello) = read_frame(conn, stop)? else {
         return Ok(());
     };
     let sender = String::from_utf8(hello)
         .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidData, "a non-UTF-8 name"))?;
-    while let Some(msg) = read_frame(&mut conn, stop)? {
+    while let Some(msg) = read_frame(conn, stop)? {
         inbox.push(sender.clone(), msg);
     }
     Ok(())
+}
+
+/// Fuzzing entry point (not a stable API): a sender's byte stream as the receiving side
+/// reads it, on `input`. Returns whether every notification taken from it is within
+/// [`MAX_FRAME`] and the stream holds no more frames than bytes (reading must never
+/// panic, and never allocate more than the frame limit from a length field).
+pub(super) fn fuzz_stream(input: &[u8]) -> bool {
+    let inbox = Inbox::default();
+    let stop = AtomicBool::new(false);
+    let _ = serve_stream(&mut &input[..], &inbox, &stop);
+    let mut got = Vec::new();
+    inbox.take(&mut got);
+    got.len() <= input.len() / 4 && got.iter().all(|(_, msg)| msg.len() <= MAX_FRAME)
 }
 
 fn frame(bytes: &[u8]) -> Vec<u8> {
