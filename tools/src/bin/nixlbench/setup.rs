@@ -1,7 +1,7 @@
 //! A side's setup before its sweep (creating the backend, allocating and filling its
 //! buffer, registering it): what it is doing and how far it got ([`Setup`]), printed
 //! per stage and, under the ETCD runtime, published to the peer; and how long a side
-//! waits for a peer that is still setting up ([`PeerWait`]): the bound follows the
+//! waits for a peer that is still setting up (`PeerWait`): the bound follows the
 //! peer's progress, so tens of GiB may take their time, and a wait is never silent.
 
 use parking_lot::Mutex;
