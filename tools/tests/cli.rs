@@ -2,54 +2,23 @@
 //! output, wrong invocations refused with one line on standard error (never a panic,
 //! never a hang), and nixlbench's progress, plot and flags on real (loopback) runs.
 
+mod support;
+
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-
-/// What a run left.
-struct Outcome {
-    code: Option<i32>,
-    stdout: String,
-    stderr: String,
-}
+use support::{finish, Outcome};
 
 /// Runs `program` with `args`; fails the test if it has not exited within `limit`.
 fn run_for(program: &str, args: &[&str], limit: Duration) -> Outcome {
-    let mut child = Command::new(program)
+    let child = Command::new(program)
         .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap_or_else(|e| panic!("{program}: {e}"));
-    // Read both pipes while waiting, so a chatty run cannot block on a full pipe.
-    let out = child.stdout.take().unwrap();
-    let err = child.stderr.take().unwrap();
-    let read = |mut r: Box<dyn std::io::Read + Send>| {
-        std::thread::spawn(move || {
-            let mut s = String::new();
-            let _ = r.read_to_string(&mut s);
-            s
-        })
-    };
-    let (out, err) = (read(Box::new(out)), read(Box::new(err)));
-    let start = Instant::now();
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if start.elapsed() > limit {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("{program} {args:?} still running after {limit:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    Outcome {
-        code: status.code(),
-        stdout: out.join().unwrap(),
-        stderr: err.join().unwrap(),
-    }
+    finish(child, &format!("{program} {args:?}"), limit)
 }
 
 fn run(program: &str, args: &[&str]) -> Outcome {

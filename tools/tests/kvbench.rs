@@ -3,48 +3,14 @@
 //! block checked; a target whose plan differs fails the check; wrong invocations are
 //! refused with one line.
 
-use std::io::{BufRead, BufReader, Read};
+mod support;
+
+use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use support::{finish, Outcome};
 
 const KVBENCH: &str = env!("CARGO_BIN_EXE_kvbench");
-
-struct Outcome {
-    code: Option<i32>,
-    stdout: String,
-    stderr: String,
-}
-
-/// Waits for `child` (its stdout and stderr piped), killing it and failing the test
-/// after `limit`.
-fn finish(mut child: Child, what: &str, limit: Duration) -> Outcome {
-    let read = |mut r: Box<dyn Read + Send>| {
-        std::thread::spawn(move || {
-            let mut s = String::new();
-            let _ = r.read_to_string(&mut s);
-            s
-        })
-    };
-    let out = read(Box::new(child.stdout.take().unwrap()));
-    let err = read(Box::new(child.stderr.take().unwrap()));
-    let start = Instant::now();
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if start.elapsed() > limit {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("{what}: still running after {limit:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    Outcome {
-        code: status.code(),
-        stdout: out.join().unwrap(),
-        stderr: err.join().unwrap(),
-    }
-}
 
 fn spawn(args: &[&str]) -> Child {
     Command::new(KVBENCH)
