@@ -789,10 +789,12 @@ pub(crate) trait NotifSink: Send + Sync + std::fmt::Debug {
     }
 }
 
-/// A posted-and-polled transfer made of copy batches (one per GPU involved).
+/// A posted-and-polled transfer made of copy batches (one per GPU involved) and staged
+/// batches (one per pair of GPUs without peer access).
 #[derive(Debug)]
 pub(crate) struct GpuXfer {
     batches: Vec<CopyBatch>,
+    staged: Vec<StagedBatch>,
     pending_notif: Option<Vec<u8>>,
     sink: Arc<dyn NotifSink>,
     /// Kept alive as long as the transfer (e.g. the peer's IPC mappings).
@@ -823,10 +825,38 @@ impl GpuXfer {
             .collect::<Result<Vec<_>>>()?;
         Ok(Self {
             batches,
+            staged: Vec::new(),
             pending_notif: None,
             sink,
             _keep: keep,
         })
+    }
+
+    /// Adds copies between GPUs without peer access, staged through pinned host memory
+    /// (a batch per ordered pair of GPUs).
+    pub(crate) fn with_staged(
+        mut self,
+        pools: &StreamPools,
+        copies: impl IntoIterator<Item = StagedCopy>,
+    ) -> Result<Self> {
+        let mut by_pair: Vec<((usize, usize), Vec<Copy>)> = Vec::new();
+        for c in copies {
+            let pair = (c.src_gpu, c.dst_gpu);
+            match by_pair.iter_mut().find(|(p, _)| *p == pair) {
+                Some((_, v)) => v.push(c.copy),
+                None => by_pair.push((pair, vec![c.copy])),
+            }
+        }
+        for ((src, dst), copies) in by_pair {
+            self.staged.push(StagedBatch::new(
+                pools.get(src)?,
+                pools.get(dst)?,
+                &copies,
+                STAGE_CHUNK_BYTES,
+                STAGE_SLOTS,
+            )?);
+        }
+        Ok(self)
     }
 }
 
@@ -846,6 +876,9 @@ impl crate::backend::BackendXfer for GpuXfer {
         for batch in &mut self.batches {
             batch.post(after.map(|s| &**s))?;
         }
+        for batch in &mut self.staged {
+            batch.post(after.map(|s| &**s))?;
+        }
         self.pending_notif = notif.map(<[u8]>::to_vec);
         Ok(crate::backend::XferStatus::InProgress)
     }
@@ -854,6 +887,11 @@ impl crate::backend::BackendXfer for GpuXfer {
         let mut all = true;
         let mut completed = 0;
         for batch in &mut self.batches {
+            let (done, n) = batch.poll()?;
+            all &= done;
+            completed += n;
+        }
+        for batch in &mut self.staged {
             let (done, n) = batch.poll()?;
             all &= done;
             completed += n;
@@ -874,7 +912,282 @@ impl crate::backend::BackendXfer for GpuXfer {
     }
 
     fn op_count(&self) -> usize {
-        self.batches.iter().map(CopyBatch::len).sum()
+        self.batches.iter().map(CopyBatch::len).sum::<usize>()
+            + self.staged.iter().map(|b| b.count).sum::<usize>()
+    }
+
+    fn staged_bytes(&self) -> u64 {
+        self.staged.iter().map(|b| b.bytes).sum()
+    }
+}
+
+/// Bytes of one staging slot: a copy engine's transfer long enough that the calls
+/// around it cost little, short enough that the two halves of a large copy overlap.
+pub(crate) const STAGE_CHUNK_BYTES: usize = 2 << 20;
+/// Slots of a staged batch: how many chunks are between the two GPUs at once.
+pub(crate) const STAGE_SLOTS: usize = 4;
+
+/// A copy from memory of GPU `src_gpu` to memory of GPU `dst_gpu`, a pair without peer
+/// access: staged through pinned host memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct StagedCopy {
+    pub(crate) src_gpu: usize,
+    pub(crate) dst_gpu: usize,
+    pub(crate) copy: Copy,
+}
+
+/// A piece of a copy that goes through a staging slot: `len` bytes from `src` to the
+/// slot at `at`, then from there to `dst`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct StagePiece {
+    src: u64,
+    dst: u64,
+    len: usize,
+    at: usize,
+}
+
+/// The copies cut into segments of at most `chunk` bytes, each one slot's fill: pieces
+/// packed one after another (many small copies share a segment; a large copy is cut
+/// across several). Empty copies leave nothing.
+fn stage_segments(copies: &[Copy], chunk: usize) -> Vec<Vec<StagePiece>> {
+    let chunk = chunk.max(1);
+    let mut segments = Vec::new();
+    let mut current: Vec<StagePiece> = Vec::new();
+    let mut used = 0usize;
+    for c in copies {
+        let mut done = 0usize;
+        while done < c.len {
+            if used == chunk {
+                segments.push(std::mem::take(&mut current));
+                used = 0;
+            }
+            let len = (c.len - done).min(chunk - used);
+            current.push(StagePiece {
+                src: c.src + done as u64,
+                dst: c.dst + done as u64,
+                len,
+                at: used,
+            });
+            used += len;
+            done += len;
+        }
+    }
+    if !current.is_empty() {
+        segments.push(current);
+    }
+    segments
+}
+
+/// One staging slot: pinned host memory and the events that hand it from one GPU to the
+/// other.
+#[derive(Debug)]
+struct StageSlot {
+    buf: gpu_mem::HostBuffer,
+    /// Recorded on the source GPU's stream after the slot was filled.
+    filled: CudaEvent,
+    /// Recorded on the destination GPU's stream after the slot was drained.
+    drained: CudaEvent,
+}
+
+/// Copies from one GPU's memory to another's where the pair has no peer access, through
+/// pinned host memory: segment `k` is copied device-to-host into slot `k % slots` on a
+/// stream of the source GPU's context, then host-to-device on a stream of the
+/// destination's, which waits for the fill; a slot is refilled only after the
+/// destination drained it. Everything is queued at post (cross-context event waits, no
+/// host thread), so up to `slots` segments are in flight, the source's copies of one
+/// overlapping the destination's of another. Completion is an event after the last
+/// drain, on the destination's stream.
+#[derive(Debug)]
+struct StagedBatch {
+    src: Arc<GpuStreams>,
+    dst: Arc<GpuStreams>,
+    d2h: Arc<CudaStream>,
+    h2d: Arc<CudaStream>,
+    segments: Vec<Vec<StagePiece>>,
+    slots: Vec<StageSlot>,
+    done_event: CudaEvent,
+    /// Copies (as the caller counted them) and their bytes.
+    count: usize,
+    bytes: u64,
+    in_flight: bool,
+    done: bool,
+}
+
+impl StagedBatch {
+    fn new(
+        src: Arc<GpuStreams>,
+        dst: Arc<GpuStreams>,
+        copies: &[Copy],
+        chunk: usize,
+        slots: usize,
+    ) -> Result<Self> {
+        let segments = stage_segments(copies, chunk);
+        let slot_bytes = segments
+            .iter()
+            .map(|s| s.iter().map(|p| p.at + p.len).max().unwrap_or(0))
+            .max()
+            .unwrap_or(0);
+        let event = |gpu: &Gpu| {
+            gpu.context()
+                .new_event(None)
+                .map_err(|e| Error::Gpu(format!("cuEventCreate: {e:?}")))
+        };
+        let slots = (0..slots.max(1).min(segments.len()))
+            .map(|_| {
+                Ok(StageSlot {
+                    buf: gpu_mem::HostBuffer::alloc(&src.gpu, slot_bytes)
+                        .map_err(gpu_err("allocating a pinned staging slot"))?,
+                    filled: event(&src.gpu)?,
+                    drained: event(&dst.gpu)?,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Self {
+            d2h: src.next_stream(),
+            h2d: dst.next_stream(),
+            done_event: event(&dst.gpu)?,
+            src,
+            dst,
+            segments,
+            slots,
+            count: copies.len(),
+            bytes: copies.iter().map(|c| c.len as u64).sum(),
+            in_flight: false,
+            done: true,
+        })
+    }
+
+    /// Queues every segment's two copies (see the type's documentation). `after` (a
+    /// stream of the caller's) orders the first reads after the work queued there.
+    fn post(&mut self, after: Option<&CudaStream>) -> Result<()> {
+        self.in_flight = true;
+        self.done = false;
+        let queued = self.queue(after);
+        if queued.is_err() {
+            // Some copies may be queued without the final event: wait for both streams
+            // before the slots can go (leaked if even that fails).
+            let drained = self.d2h.synchronize().and(self.h2d.synchronize());
+            if drained.is_err() {
+                for slot in std::mem::take(&mut self.slots) {
+                    std::mem::forget(slot.buf);
+                }
+            }
+            self.in_flight = false;
+            self.done = true;
+        }
+        queued
+    }
+
+    fn queue(&mut self, after: Option<&CudaStream>) -> Result<()> {
+        let cuda = |what: &'static str| move |e| Error::Gpu(format!("{what}: {e:?}"));
+        if let Some(user) = after {
+            let ready = user
+                .record_event(None)
+                .map_err(cuda("cuEventRecord on the caller's stream"))?;
+            self.d2h.wait(&ready).map_err(cuda("cuStreamWaitEvent"))?;
+        }
+        let n_slots = self.slots.len();
+        if n_slots == 0 && !self.segments.is_empty() {
+            return Err(Error::Gpu(
+                "the staging slots were given up after a failed copy: prepare the transfer again"
+                    .into(),
+            ));
+        }
+        for (k, segment) in self.segments.iter().enumerate() {
+            let slot = &self.slots[k % n_slots];
+            let base = slot.buf.as_ptr() as u64;
+            if k >= n_slots {
+                // The slot's previous segment must have left it (the latest record).
+                self.d2h
+                    .wait(&slot.drained)
+                    .map_err(cuda("cuStreamWaitEvent"))?;
+            }
+            self.src
+                .gpu
+                .bind()
+                .map_err(gpu_err("binding the context"))?;
+            for p in segment {
+                // SAFETY: the source range was checked by the agent against a live
+                // registration or mapping that the request keeps alive until this
+                // batch's last event completed (see Drop); the slot holds `at + len`
+                // bytes (sized from the segments) and is pinned and portable.
+                let r = unsafe {
+                    sys::cuMemcpyAsync(base + p.at as u64, p.src, p.len, self.d2h.cu_stream())
+                };
+                r.result().map_err(|e| {
+                    Error::Gpu(format!(
+                        "staging {} bytes from {:#x} (GPU {}): {e:?}",
+                        p.len,
+                        p.src,
+                        self.src.gpu.ordinal()
+                    ))
+                })?;
+            }
+            slot.filled
+                .record(&self.d2h)
+                .map_err(cuda("cuEventRecord"))?;
+            self.h2d
+                .wait(&slot.filled)
+                .map_err(cuda("cuStreamWaitEvent"))?;
+            self.dst
+                .gpu
+                .bind()
+                .map_err(gpu_err("binding the context"))?;
+            for p in segment {
+                // SAFETY: as above, for the destination range; the slot's bytes were
+                // written by the copies this stream just waited for.
+                let r = unsafe {
+                    sys::cuMemcpyAsync(p.dst, base + p.at as u64, p.len, self.h2d.cu_stream())
+                };
+                r.result().map_err(|e| {
+                    Error::Gpu(format!(
+                        "unstaging {} bytes to {:#x} (GPU {}): {e:?}",
+                        p.len,
+                        p.dst,
+                        self.dst.gpu.ordinal()
+                    ))
+                })?;
+            }
+            slot.drained
+                .record(&self.h2d)
+                .map_err(cuda("cuEventRecord"))?;
+        }
+        self.done_event
+            .record(&self.h2d)
+            .map_err(cuda("cuEventRecord"))?;
+        Ok(())
+    }
+
+    /// (done, copies completed so far).
+    fn poll(&mut self) -> Result<(bool, u64)> {
+        if !self.done {
+            self.done = self
+                .done_event
+                .try_is_complete()
+                .map_err(|e| Error::Gpu(format!("a staged copy failed on the GPU: {e:?}")))?;
+        }
+        if self.done {
+            self.in_flight = false;
+            return Ok((true, self.count as u64));
+        }
+        Ok((false, 0))
+    }
+}
+
+impl Drop for StagedBatch {
+    fn drop(&mut self) {
+        // The copies read and write the slots (freed with this batch) and the request's
+        // memory: wait for the last one. Its event follows every drain, and every drain
+        // follows its fill, so it follows every copy of the batch.
+        if self.in_flight && !self.done {
+            if let Err(e) = self.done_event.synchronize() {
+                tracing::warn!("waiting for a released staged copy: {e:?}");
+                // The slots may still be in use: leaked rather than freed.
+                for slot in std::mem::take(&mut self.slots) {
+                    std::mem::forget(slot.buf);
+                }
+            }
+        }
     }
 }
 
@@ -1097,6 +1410,62 @@ mod tests {
             Strategy::Memcpy
         );
         assert_eq!(wanted(CopyEngine::Batch, &pageable, reach), Strategy::Batch);
+    }
+
+    #[test]
+    fn staged_segments_pack_small_copies_and_cut_large_ones() {
+        let chunk = 1000;
+        let g =
+            |src: u64, dst: u64, len: usize| copy(src, dst, len, MemLoc::Gpu(0), MemLoc::Gpu(1));
+        let copies = [
+            g(0x1_0000, 0x9_0000, 300),
+            g(0x2_0001, 0xa_0003, 0),
+            g(0x3_0003, 0xb_0001, 2_501),
+            g(0x4_0000, 0xc_0000, 7),
+            g(0x5_0000, 0xd_0000, 192),
+        ];
+        let segments = stage_segments(&copies, chunk);
+        // 3000 bytes in all: three full slots and nothing more.
+        assert_eq!(segments.len(), 3);
+        for s in &segments {
+            // Pieces are packed from the slot's start, one after another, within it.
+            let mut at = 0;
+            for p in s {
+                assert_eq!(p.at, at);
+                assert!(p.len > 0);
+                at += p.len;
+            }
+            assert!(at <= chunk);
+        }
+        // Every copy's bytes pass, in order, exactly once, source and destination
+        // advancing together.
+        let mut pieces = segments.iter().flatten();
+        for c in copies.iter().filter(|c| c.len > 0) {
+            let mut done = 0;
+            while done < c.len {
+                let p = pieces.next().expect("a piece per part of the copy");
+                assert_eq!(p.src, c.src + done as u64);
+                assert_eq!(p.dst, c.dst + done as u64);
+                done += p.len;
+            }
+            assert_eq!(done, c.len);
+        }
+        assert!(pieces.next().is_none());
+        // The large copy was cut where a slot filled up: 700 bytes in the first.
+        assert_eq!(segments[0][1].len, 700);
+        assert_eq!(
+            segments[1],
+            vec![StagePiece {
+                src: 0x3_0003 + 700,
+                dst: 0xb_0001 + 700,
+                len: 1000,
+                at: 0
+            }]
+        );
+        assert!(stage_segments(&[], chunk).is_empty());
+        assert!(stage_segments(&[g(1, 2, 0)], chunk).is_empty());
+        // One odd-sized copy smaller than a slot: one piece.
+        assert_eq!(stage_segments(&[g(1, 2, 3)], chunk).len(), 1);
     }
 
     #[test]

@@ -21,10 +21,13 @@
 //!   side is DRAM), the peer's allocation is mapped into that GPU's context, and peer
 //!   access is enabled from it toward the exporter's GPU, so the copy engines move the
 //!   data over the link (NVLink or PCIe P2P) — mappings are cached per (peer, allocation,
-//!   GPU). A pair without peer access is mapped into the exporter's GPU instead, where the
-//!   driver stages copies between the two contexts through host memory: logged once per
-//!   pair, and [`Backend::query_mem_info`] with a GPU pair (`"0:1"`) tells which path and
-//!   link a pair uses.
+//!   GPU). A pair without peer access (or every pair, with parameter `peer_access=off`)
+//!   is mapped into the exporter's GPU instead and staged through pinned host memory by
+//!   the backend: chunks copied device-to-host on a stream of the source GPU's context and
+//!   host-to-device on one of the destination's, several chunks in flight (`cuda_copy`'s
+//!   staged batches). Logged once per pair; [`Backend::query_mem_info`] with a GPU pair
+//!   (`"0:1"`) tells which path (`peer`, `host-staged`) and link a pair uses, and a
+//!   request's telemetry counts the staged bytes (`staged_bytes`).
 //! - Notifications travel over a Unix socket (abstract namespace, named in the connection
 //!   information) and are sent only after every copy of the transfer completed.
 //! - The socket is confined by the kernel's word on who connected (`SO_PEERCRED`, read on
@@ -43,7 +46,7 @@
 //!   [`Error::RemoteDisconnect`].
 
 use super::cuda_copy::{
-    gpu_err, Copy, CopyEngine, GpuXfer, LazyPin, MemLoc, NotifSink, StreamPools,
+    gpu_err, Copy, CopyEngine, GpuXfer, LazyPin, MemLoc, NotifSink, StagedCopy, StreamPools,
 };
 use super::ipc_plane::{IpcPlane, KeepAlive, Resolved, ResolvedPair};
 use super::shared::{param, random_u64};
@@ -108,20 +111,53 @@ pub struct CudaIpcBackend {
     homes: Mutex<HashMap<[u8; 16], Option<Gpu>>>,
     /// How prepared transfers run their copies (parameter `copy_engine`).
     copy_engine: CopyEngine,
+    /// Whether peer access is used where a pair has it (parameter `peer_access`).
+    peer_access: PeerAccess,
+}
+
+/// Parameter `peer_access`: `auto` (the default) enables peer access where a pair of GPUs
+/// has it and stages through host memory where it has not; `off` stages every pair of
+/// distinct GPUs (to test or measure the staged path on a machine whose GPUs are peers).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+enum PeerAccess {
+    #[default]
+    Auto,
+    Off,
+}
+
+impl PeerAccess {
+    const PARAM: &'static str = "peer_access";
+}
+
+impl std::str::FromStr for PeerAccess {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "auto" => Ok(Self::Auto),
+            "off" => Ok(Self::Off),
+            other => Err(Error::InvalidParam(format!(
+                "{NAME} parameter peer_access=`{other}`: expected auto or off"
+            ))),
+        }
+    }
 }
 
 pub(crate) fn create(init: &BackendInit) -> Result<Arc<dyn Backend>> {
     let params = &init.params;
     if let Some(key) = params
         .keys()
-        .find(|k| *k != "num_streams" && *k != CopyEngine::PARAM)
+        .find(|k| ![&"num_streams", &CopyEngine::PARAM, &PeerAccess::PARAM].contains(&&k.as_str()))
     {
         return Err(Error::InvalidParam(format!(
-            "{NAME} takes no parameter `{key}` (only num_streams and copy_engine)"
+            "{NAME} takes no parameter `{key}` (only num_streams, copy_engine and peer_access)"
         )));
     }
     let num_streams: usize = param(NAME, params, "num_streams", 4)?;
     let copy_engine: CopyEngine = param(NAME, params, CopyEngine::PARAM, CopyEngine::Auto)?;
+    let peer_access = match params.get(PeerAccess::PARAM) {
+        Some(v) => v.parse::<PeerAccess>()?,
+        None => PeerAccess::Auto,
+    };
     if num_streams == 0 || num_streams > 64 {
         return Err(Error::InvalidParam(format!(
             "{NAME} parameter num_streams={num_streams} must be 1..=64"
@@ -129,6 +165,7 @@ pub(crate) fn create(init: &BackendInit) -> Result<Arc<dyn Backend>> {
     }
     let mut backend = CudaIpcBackend::new(&init.agent_name, num_streams)?;
     backend.copy_engine = copy_engine;
+    backend.peer_access = peer_access;
     Ok(Arc::new(backend))
 }
 
@@ -182,6 +219,7 @@ impl CudaIpcBackend {
             paths: PathTable::default(),
             homes: Mutex::default(),
             copy_engine: CopyEngine::Auto,
+            peer_access: PeerAccess::Auto,
         })
     }
 }
@@ -878,6 +916,8 @@ struct MappedRange {
     addr: u64,
     gpu: usize,
     kernel_reach: bool,
+    /// The GPU holding the memory, where the copy is staged through host memory.
+    staged_home: Option<usize>,
 }
 
 /// Whether kernels of the copying GPU address memory reached by `path` (`None`: the
@@ -895,8 +935,9 @@ enum CopyPath {
     /// Peer access enabled between the two primary contexts: the copy engines (and
     /// kernels) reach the other GPU's memory over the link (NVLink or PCIe P2P).
     Peer,
-    /// No peer access: the driver stages copies between the two contexts through host
-    /// memory (pipelined by the driver); kernels cannot reach the other GPU at all.
+    /// No peer access (or `peer_access=off`): the backend stages copies through pinned
+    /// host memory, each GPU copying on its own context's streams; kernels cannot reach
+    /// the other GPU at all.
     HostStaged,
 }
 
@@ -921,9 +962,9 @@ struct PairPath {
 type PathTable = Mutex<HashMap<(usize, usize), PairPath>>;
 
 /// The path from `run`'s copies to `home`'s memory: peer access is enabled where the
-/// pair has it (idempotent), and the decision is logged once per pair, so a slow
-/// host-staged pair is never silent.
-fn pair_path(paths: &PathTable, run: &Gpu, home: &Gpu) -> PairPath {
+/// pair has it (idempotent) and `peer_access` allows it, and the decision is logged once
+/// per pair, so a slow host-staged pair is never silent.
+fn pair_path(paths: &PathTable, run: &Gpu, home: &Gpu, peer_access: PeerAccess) -> PairPath {
     let pair = (run.ordinal(), home.ordinal());
     if let Some(p) = paths.lock().get(&pair) {
         return *p;
@@ -937,7 +978,11 @@ fn pair_path(paths: &PathTable, run: &Gpu, home: &Gpu) -> PairPath {
         let topology = gpu_mem::peer_topology(run, home)
             .inspect_err(|e| tracing::warn!("{NAME}: GPU {} -> GPU {}: {e}", pair.0, pair.1))
             .ok();
-        let path = match gpu_mem::enable_peer_access(run, home) {
+        let enabled = match peer_access {
+            PeerAccess::Auto => gpu_mem::enable_peer_access(run, home),
+            PeerAccess::Off => Err(gpu_mem::Error::InvalidArgument("peer_access=off".into())),
+        };
+        let path = match enabled {
             Ok(()) => CopyPath::Peer,
             Err(e) => {
                 tracing::warn!(
@@ -987,6 +1032,7 @@ struct RegionMemo {
     delta: u64,
     gpu: usize,
     kernel_reach: bool,
+    staged_home: Option<usize>,
 }
 
 impl<'a> Importer<'a> {
@@ -1044,6 +1090,7 @@ impl<'a> Importer<'a> {
                 addr: desc.addr.wrapping_add(m.delta),
                 gpu: m.gpu,
                 kernel_reach: m.kernel_reach,
+                staged_home: m.staged_home,
             });
         }
         let mapped = self.map_region(desc, md, local_gpu)?;
@@ -1053,6 +1100,7 @@ impl<'a> Importer<'a> {
             delta: mapped.addr.wrapping_sub(desc.addr),
             gpu: mapped.gpu,
             kernel_reach: mapped.kernel_reach,
+            staged_home: mapped.staged_home,
         });
         Ok(mapped)
     }
@@ -1077,7 +1125,13 @@ impl<'a> Importer<'a> {
         let run_gpu = self.gpu(run)?;
         let path = home
             .as_ref()
-            .map(|h| pair_path(&self.backend.paths, &run_gpu, h).path);
+            .map(|h| pair_path(&self.backend.paths, &run_gpu, h, self.backend.peer_access).path);
+        // Copy calls on `run` cannot reach memory of a GPU without peer access: the
+        // backend stages the copy between the two GPUs' contexts.
+        let staged_home = match (path, home.as_ref()) {
+            (Some(CopyPath::HostStaged), Some(h)) => Some(h.ordinal()),
+            _ => None,
+        };
         if let (Some(kernel), Some(CopyPath::HostStaged), Some(h)) =
             (self.kernel_gpu, path, home.as_ref())
         {
@@ -1095,6 +1149,7 @@ impl<'a> Importer<'a> {
                 addr: desc.addr,
                 gpu: run,
                 kernel_reach: kernel_reach(path),
+                staged_home,
             });
         };
         let import_into = match (path, home) {
@@ -1115,6 +1170,7 @@ impl<'a> Importer<'a> {
             addr,
             gpu: run,
             kernel_reach: kernel_reach(path),
+            staged_home,
         })
     }
 
@@ -1152,6 +1208,7 @@ impl IpcPlane for CudaIpcBackend {
                 remote: m.addr,
                 len: e.local.len,
                 kernel_reach: m.kernel_reach,
+                staged_home: m.staged_home,
             });
         }
         Ok(Resolved {
@@ -1363,6 +1420,7 @@ impl Backend for CudaIpcBackend {
             _ => MemLoc::Gpu(e.local.dev_id as usize),
         };
         let mut copies = Vec::with_capacity(resolved.pairs.len());
+        let mut staged = Vec::new();
         for (p, e) in resolved.pairs.iter().zip(entries) {
             let local = (p.local, local_loc(e));
             let remote = (p.remote, remote_loc(p));
@@ -1370,25 +1428,41 @@ impl Backend for CudaIpcBackend {
                 XferOp::Write => (local, remote),
                 XferOp::Read => (remote, local),
             };
-            copies.push((
-                p.gpu,
-                Copy {
-                    dst: dst.0,
-                    src: src.0,
-                    len: p.len as usize,
-                    dst_loc: dst.1,
-                    src_loc: src.1,
-                },
-            ));
+            let copy = Copy {
+                dst: dst.0,
+                src: src.0,
+                len: p.len as usize,
+                dst_loc: dst.1,
+                src_loc: src.1,
+            };
+            match p.staged_home {
+                // VRAM of `p.gpu` and the peer's VRAM on `home`, a pair without peer
+                // access.
+                Some(home) => {
+                    let (src_gpu, dst_gpu) = match op {
+                        XferOp::Write => (p.gpu, home),
+                        XferOp::Read => (home, p.gpu),
+                    };
+                    staged.push(StagedCopy {
+                        src_gpu,
+                        dst_gpu,
+                        copy,
+                    });
+                }
+                None => copies.push((p.gpu, copy)),
+            }
         }
-        Ok(Box::new(GpuXfer::new(
-            &self.streams,
-            copies,
-            usize::MAX,
-            self.copy_engine,
-            resolved.sink,
-            resolved.keep,
-        )?))
+        Ok(Box::new(
+            GpuXfer::new(
+                &self.streams,
+                copies,
+                usize::MAX,
+                self.copy_engine,
+                resolved.sink,
+                resolved.keep,
+            )?
+            .with_staged(&self.streams, staged)?,
+        ))
     }
     fn gen_notif(&self, agent: &str, msg: &[u8]) -> Result<()> {
         if agent == self.agent_name {
@@ -1409,8 +1483,8 @@ impl Backend for CudaIpcBackend {
     /// The path between a pair of GPUs: each descriptor's metadata is `"A:B"` (or
     /// `"A,B"`), GPU `A` running the copies and GPU `B` holding the memory (a peer's VRAM
     /// on `B` copied to or from VRAM on `A`). Answers `path` (`same-gpu`, `peer`: peer
-    /// access enabled, the copy engines use the link; `host-staged`: no peer access, the
-    /// driver stages through host memory), and what the driver says of the pair: `link`
+    /// access enabled, the copy engines use the link; `host-staged`: no peer access or
+    /// `peer_access=off`, the backend stages through pinned host memory), and what the driver says of the pair: `link`
     /// (`nvlink`, `pcie`, `peer` where NVML cannot tell, `none`), `can_access_peer`,
     /// `performance_rank`, `native_atomics`. Asking decides the pair as a transfer would
     /// (enabling peer access where it can). `None` for a GPU this process does not see.
@@ -1436,7 +1510,7 @@ impl Backend for CudaIpcBackend {
                 let (Ok(run), Ok(home)) = (Gpu::open(run), Gpu::open(home)) else {
                     return Ok(None);
                 };
-                let p = pair_path(&self.paths, &run, &home);
+                let p = pair_path(&self.paths, &run, &home, self.peer_access);
                 let mut out = crate::backend::BackendParams::new();
                 out.insert("path".into(), p.path.as_str().into());
                 let link = match (p.path, p.topology) {

@@ -58,6 +58,11 @@ pub(crate) struct ResolvedPair {
     /// Whether kernels of `gpu` can address the peer's range (same GPU, or peer access
     /// on with the mapping in `gpu`'s context); otherwise only copy calls reach it.
     pub(crate) kernel_reach: bool,
+    /// Where `gpu` has no peer access to the GPU holding the peer's memory: that GPU's
+    /// ordinal. The peer's range is then mapped in that GPU's context, and the copy is
+    /// staged through pinned host memory between the two (`CUDA_IPC` only: a kernel GPU
+    /// never gets such a pair).
+    pub(crate) staged_home: Option<usize>,
 }
 
 /// A transfer's pairs, what must outlive them (the peer's mappings), and where its

@@ -25,9 +25,12 @@
 //! # Paths
 //! - **Intra-node** (`IntraNode` handler): a peer on this node (same boot id) whose
 //!   regions are VRAM. Its VRAM is mapped here by CUDA IPC (control plane, metadata and
-//!   notifications are `CUDA_IPC`'s) and a put is a vectorized copy by the kernel's
-//!   warps; local memory may be VRAM of the backend's GPU or DRAM (pinned and mapped on
-//!   first use). A peer on another GPU of the node is mapped into the backend's GPU with
+//!   notifications are `CUDA_IPC`'s). A kernel's put (the device API) is a vectorized
+//!   copy by its warps; a transfer the host posts runs `CUDA_IPC`'s copy strategies on
+//!   the backend's GPU instead (`copy_engine`, default `auto`: the copy engines for a
+//!   few large descriptors, the batched gather/scatter kernel for many small ones), or
+//!   with `copy_engine=gio` the transfer kernel's warps through the queue pair. Local
+//!   memory may be VRAM of the backend's GPU or DRAM (pinned and mapped on first use). A peer on another GPU of the node is mapped into the backend's GPU with
 //!   peer access enabled toward the peer's GPU, so the kernel's loads and stores cross the
 //!   link; a pair without peer access takes the NIC path where there is one, else is
 //!   refused ([`Error::NotSupported`]) — a kernel is never handed an address it cannot
@@ -50,7 +53,9 @@
 //! reaches, the NIC path elsewhere; `intra_node`: no NIC path; `cpu_proxy`: the NIC path
 //! for every peer) and `provider` (the proxy's libfabric provider, default
 //! `tcp;ofi_rxm`; both sides must use the same), `copy_depth` (16-byte loads each lane of
-//! an intra-node copy keeps in flight, 1..=16, default 4).
+//! an intra-node copy keeps in flight, 1..=16, default 4), `copy_engine` (how a
+//! host-posted intra-node transfer runs: `auto`, `kernel`, `memcpy`, `batch` as for
+//! `CUDA_IPC`, or `gio`; kernels of the device API are not affected).
 
 use super::cuda_copy::gpu_err;
 use super::ipc_plane::IpcPlane;
@@ -94,6 +99,42 @@ pub enum NicHandlerChoice {
     CpuProxy,
 }
 
+/// How a host-posted intra-node transfer moves its bytes (`copy_engine`). Kernels of the
+/// user's (the device API) always go through the queue pair; this is only what `post`
+/// does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum HostCopy {
+    /// `CUDA_IPC`'s copy strategies on the backend's GPU (`auto|kernel|memcpy|batch`, see
+    /// `cuda_copy`): the copy engines for a few large descriptors, the batched
+    /// gather/scatter kernel for many small ones. The copy engines move a single
+    /// cross-GPU block over the link at the link's speed, where the SM warps of
+    /// [`HostCopy::QueuePair`] stay latency-bound up to several MiB.
+    Engines(super::cuda_copy::CopyEngine),
+    /// `gio`: the transfer kernel's warps through the intra-node queue pair
+    /// (gpunetio's vectorized copy), as kernels of the device API move data.
+    QueuePair,
+}
+
+impl Default for HostCopy {
+    fn default() -> Self {
+        HostCopy::Engines(super::cuda_copy::CopyEngine::Auto)
+    }
+}
+
+impl std::str::FromStr for HostCopy {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "gio" => Ok(HostCopy::QueuePair),
+            other => other.parse().map(HostCopy::Engines).map_err(|_| {
+                Error::InvalidParam(format!(
+                    "{NAME} parameter copy_engine=`{other}`: expected auto, kernel, memcpy, batch or gio"
+                ))
+            }),
+        }
+    }
+}
+
 /// Device handles a backend can have live at once (requests and views).
 const HANDLE_SLOTS: usize = 16_384;
 /// Bounds every device-side wait of the queue pairs this backend builds.
@@ -135,6 +176,8 @@ struct Setup {
     current_gpu: Option<usize>,
     cuda_streams: usize,
     copy_depth: u32,
+    /// How host-posted intra-node transfers move their bytes (`copy_engine`).
+    host_copy: HostCopy,
     /// `provider`, if given (then a failing NIC path fails the binding).
     provider: Option<String>,
 }
@@ -176,7 +219,12 @@ struct Bound {
     handles: Arc<HandleTable>,
     /// Blocks of the transfer kernel resident at once on the whole GPU (one wave).
     resident_blocks: u32,
+    /// The GPU's multiprocessors.
+    sm_count: u32,
     nic: Option<Arc<NicPath>>,
+    /// Streams of `CUDA_IPC`'s copy strategies, for host-posted intra-node transfers.
+    copies: super::cuda_copy::StreamPools,
+    host_copy: HostCopy,
 }
 
 #[derive(Debug)]
@@ -202,6 +250,7 @@ pub(crate) fn create(init: &BackendInit) -> Result<Arc<dyn Backend>> {
         "nic_handler",
         "provider",
         "copy_depth",
+        "copy_engine",
     ];
     if let Some(key) = params.keys().find(|k| !KNOWN.contains(&k.as_str())) {
         return Err(Error::InvalidParam(format!(
@@ -267,6 +316,7 @@ pub(crate) fn create(init: &BackendInit) -> Result<Arc<dyn Backend>> {
             "{NAME} parameter copy_depth={copy_depth} must be 1..=16"
         )));
     }
+    let host_copy: HostCopy = param(NAME, params, "copy_engine", HostCopy::default())?;
     // The NIC path is built with the GPU, later; what would make it fail is checked now.
     if handler != NicHandlerChoice::IntraNode {
         let node = oob::interface_address(params.get("oob_interface").map(String::as_str))?;
@@ -292,6 +342,7 @@ pub(crate) fn create(init: &BackendInit) -> Result<Arc<dyn Backend>> {
             current_gpu,
             cuda_streams,
             copy_depth,
+            host_copy,
             provider: params.get("provider").cloned(),
         },
         bound: OnceLock::new(),
@@ -403,7 +454,10 @@ impl Bound {
             }),
             transfer,
             resident_blocks: sm_count * per_sm,
+            sm_count,
             nic,
+            copies: super::cuda_copy::StreamPools::new(setup.cuda_streams),
+            host_copy: setup.host_copy,
         })
     }
 }
@@ -533,7 +587,19 @@ impl Bound {
         let sink: Arc<dyn super::cuda_copy::NotifSink> = Arc::new(NicSink { peer: peer.clone() });
         let keep: Vec<Arc<dyn Any + Send + Sync>> = vec![peer];
         // One block posts one operation per descriptor (the kernel's NIC branch).
-        self.kernel_xfer(op, DeviceQp::Proxy(qp), &descs, 1, MIN_CHUNK, keep, sink)
+        let grid = Grid {
+            blocks: 1,
+            threads: THREADS,
+            chunk: MIN_CHUNK,
+        };
+        Ok(Box::new(self.kernel_xfer(
+            op,
+            DeviceQp::Proxy(qp),
+            &descs,
+            grid,
+            keep,
+            sink,
+        )?))
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -542,11 +608,10 @@ impl Bound {
         op: XferOp,
         qp: DeviceQp,
         descs: &[GpuDesc],
-        blocks: u32,
-        chunk: u64,
+        grid: Grid,
         keep: Vec<Arc<dyn Any + Send + Sync>>,
         sink: Arc<dyn super::cuda_copy::NotifSink>,
-    ) -> Result<Box<dyn BackendXfer>> {
+    ) -> Result<KernelXfer> {
         let table = self.upload(descs)?;
         let status =
             HostBuffer::alloc(&self.gpu, 8).map_err(gpu_err("allocating the status word"))?;
@@ -558,7 +623,7 @@ impl Bound {
             .context()
             .new_event(None)
             .map_err(|e| Error::Gpu(format!("cuEventCreate: {e:?}")))?;
-        Ok(Box::new(KernelXfer {
+        Ok(KernelXfer {
             gpu: self.gpu.clone(),
             function: self.transfer.clone(),
             pool: self.streams.clone(),
@@ -570,15 +635,61 @@ impl Bound {
                 _keep: keep,
             }),
             read: op == XferOp::Read,
-            blocks,
-            chunk,
+            grid,
             status,
             status_ptr,
             event,
             in_flight: false,
             pending_notif: None,
             sink,
-        }))
+            host_copies: None,
+        })
+    }
+
+    /// The copies a host post of an intra-node transfer runs: each resolved pair between
+    /// the local range and the peer's range mapped here (for this GPU, peer access on),
+    /// on this GPU's streams as `engine` decides (the strategies `CUDA_IPC` uses).
+    fn host_copies(
+        &self,
+        op: XferOp,
+        entries: &[XferEntry<'_>],
+        pairs: &[super::ipc_plane::ResolvedPair],
+        engine: super::cuda_copy::CopyEngine,
+        sink: Arc<dyn super::cuda_copy::NotifSink>,
+        keep: Vec<Arc<dyn Any + Send + Sync>>,
+    ) -> Result<super::cuda_copy::GpuXfer> {
+        use super::cuda_copy::{Copy, GpuXfer, MemLoc};
+        let ordinal = self.gpu.ordinal();
+        let copies = pairs.iter().zip(entries).map(|(p, e)| {
+            // Local DRAM is pinned (resolve pinned it) but whether the driver took it is
+            // not known here: counted as pageable, it stays with the copy engines.
+            let local_loc = match e.local_region.kind {
+                MemKind::Vram => MemLoc::Gpu(ordinal),
+                _ => MemLoc::Host { pinned: false },
+            };
+            let remote_loc = if p.kernel_reach {
+                MemLoc::Gpu(ordinal)
+            } else {
+                MemLoc::Host { pinned: false }
+            };
+            let local = (p.local, local_loc);
+            let remote = (p.remote, remote_loc);
+            let (src, dst) = match op {
+                XferOp::Write => (local, remote),
+                XferOp::Read => (remote, local),
+            };
+            (
+                ordinal,
+                Copy {
+                    dst: dst.0,
+                    src: src.0,
+                    len: p.len as usize,
+                    dst_loc: dst.1,
+                    src_loc: src.1,
+                },
+            )
+        });
+        GpuXfer::new(&self.copies, copies, usize::MAX, engine, sink, keep)
     }
 
     /// An intra-node queue pair, exported, whose region `i` is `ranges[i]` (address,
@@ -617,23 +728,49 @@ impl Bound {
         Ok(())
     }
 
-    /// Grid and piece size for moving `total` bytes in descriptors of which the largest
-    /// has `largest` bytes: enough warps to keep every SM busy, pieces of at least
-    /// `MIN_CHUNK`.
-    fn plan(&self, total: u64, largest: u64) -> (u32, u64) {
-        let warps_per_block = u64::from(THREADS / 32);
-        // As many blocks of 16 warps as are resident at once: the most loads in flight
-        // without a tail wave.
-        let max_blocks = u64::from(self.resident_blocks);
-        let pieces_wanted = (total / MIN_CHUNK).max(1);
-        let blocks = pieces_wanted.div_ceil(warps_per_block).clamp(1, max_blocks);
-        let warps = blocks * warps_per_block;
-        let chunk = total
-            .div_ceil(warps)
-            .next_multiple_of(MIN_CHUNK)
-            .clamp(MIN_CHUNK, MAX_CHUNK)
-            .min(largest.next_multiple_of(16).max(16));
-        (blocks as u32, chunk)
+    /// Grid and piece size for moving `total` bytes with the transfer kernel.
+    fn plan(&self, total: u64, largest: u64) -> Grid {
+        plan(total, largest, self.sm_count, self.resident_blocks)
+    }
+}
+
+/// A launch of the transfer kernel: blocks, threads per block, bytes per piece.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Grid {
+    blocks: u32,
+    threads: u32,
+    chunk: u64,
+}
+
+/// Fewest warps per block of an intra-node transfer (a block of fewer leaves an SM with
+/// too few loads in flight).
+const MIN_BLOCK_WARPS: u64 = 4;
+
+/// The grid for moving `total` bytes in descriptors of which the largest has `largest`
+/// bytes, on a GPU of `sm_count` SMs where `resident_blocks` blocks of [`THREADS`] fit at
+/// once: one warp per piece of at least `MIN_CHUNK` bytes, spread over as many SMs as
+/// there are pieces for (blocks of 4 to 16 warps) — a warp's loads are latency-bound, and
+/// so is an SM's share of them, so a transfer of a few MiB crammed into a few large
+/// blocks reaches only a few SMs' worth of bandwidth — and never more than one wave.
+fn plan(total: u64, largest: u64, sm_count: u32, resident_blocks: u32) -> Grid {
+    let max_warps_per_block = u64::from(THREADS / 32);
+    let pieces = (total / MIN_CHUNK).max(1);
+    let warps_per_block = pieces
+        .div_ceil(u64::from(sm_count.max(1)))
+        .clamp(MIN_BLOCK_WARPS, max_warps_per_block);
+    let blocks = pieces
+        .div_ceil(warps_per_block)
+        .clamp(1, u64::from(resident_blocks.max(1)));
+    let warps = blocks * warps_per_block;
+    let chunk = total
+        .div_ceil(warps)
+        .next_multiple_of(MIN_CHUNK)
+        .clamp(MIN_CHUNK, MAX_CHUNK)
+        .min(largest.next_multiple_of(16).max(16));
+    Grid {
+        blocks: blocks as u32,
+        threads: (warps_per_block * 32) as u32,
+        chunk,
     }
 }
 
@@ -882,16 +1019,27 @@ impl Backend for GpunetioBackend {
             .collect();
         let total: u64 = descs.iter().map(|d| d.len).sum();
         let largest = descs.iter().map(|d| d.len).max().unwrap_or(0);
-        let (blocks, chunk) = b.plan(total, largest);
-        b.kernel_xfer(
+        let host_copies = match b.host_copy {
+            HostCopy::QueuePair => None,
+            HostCopy::Engines(engine) => Some(b.host_copies(
+                op,
+                entries,
+                &resolved.pairs,
+                engine,
+                resolved.sink.clone(),
+                resolved.keep.clone(),
+            )?),
+        };
+        let mut xfer = b.kernel_xfer(
             op,
             DeviceQp::IntraNode(qp),
             &descs,
-            blocks,
-            chunk,
+            b.plan(total, largest),
             resolved.keep,
             resolved.sink,
-        )
+        )?;
+        xfer.host_copies = host_copies;
+        Ok(Box::new(xfer))
     }
     fn gen_notif(&self, agent: &str, msg: &[u8]) -> Result<()> {
         if let Some(nic) = self.nic_if_bound() {
@@ -1187,8 +1335,7 @@ struct KernelXfer {
     handles: Arc<HandleTable>,
     mem: Arc<RequestMem>,
     read: bool,
-    blocks: u32,
-    chunk: u64,
+    grid: Grid,
     /// Host-mapped word the kernel writes its first failure to.
     status: HostBuffer,
     status_ptr: u64,
@@ -1196,6 +1343,10 @@ struct KernelXfer {
     in_flight: bool,
     pending_notif: Option<Vec<u8>>,
     sink: Arc<dyn super::cuda_copy::NotifSink>,
+    /// Where set (intra-node, `copy_engine` other than `gio`): what `post` runs instead
+    /// of the transfer kernel. The queue pair and its table stay for
+    /// [`BackendXfer::gpu_xfer_req`] (kernels of the device API).
+    host_copies: Option<super::cuda_copy::GpuXfer>,
 }
 
 impl KernelXfer {
@@ -1228,12 +1379,17 @@ impl BackendXfer for KernelXfer {
             Some(s) => s.clone(),
             None => self.pool.next(),
         };
+        if let Some(copies) = &mut self.host_copies {
+            // The copy strategies order themselves after the attached stream (checked to
+            // be on this GPU above) and send the notification after their last copy.
+            return copies.post(notif, params);
+        }
         // SAFETY: the word is ours and no kernel of this request is running (a post
         // while in flight is refused by the agent).
         unsafe { std::ptr::write_volatile(self.status.as_ptr().cast_mut().cast::<i32>(), 0) };
         let cfg = LaunchConfig {
-            grid_dim: (self.blocks, 1, 1),
-            block_dim: (THREADS, 1, 1),
+            grid_dim: (self.grid.blocks, 1, 1),
+            block_dim: (self.grid.threads, 1, 1),
             shared_mem_bytes: 0,
         };
         let qp = self.mem.qp.device_ptr();
@@ -1246,7 +1402,7 @@ impl BackendXfer for KernelXfer {
             .arg(&table)
             .arg(&count)
             .arg(&read)
-            .arg(&self.chunk)
+            .arg(&self.grid.chunk)
             .arg(&self.status_ptr);
         // SAFETY: the kernel's signature is (gio_dev_qp*, const nixl_gpu_desc*, unsigned,
         // unsigned, unsigned long long, int*), matching the arguments; every address it
@@ -1263,6 +1419,9 @@ impl BackendXfer for KernelXfer {
     }
 
     fn check(&mut self) -> Result<XferProgress> {
+        if let Some(copies) = &mut self.host_copies {
+            return copies.check();
+        }
         if self.in_flight {
             let done = self
                 .event
@@ -1389,6 +1548,74 @@ mod tests {
             .unwrap_err();
         assert!(matches!(e, Error::InvalidParam(_)), "{e}");
         assert!(e.to_string().contains("no RDMA device nosuchdev0"), "{e}");
+    }
+
+    #[test]
+    fn copy_engine_takes_cuda_ipcs_strategies_or_the_queue_pair() {
+        use super::super::cuda_copy::CopyEngine;
+        assert_eq!(
+            HostCopy::default(),
+            HostCopy::Engines(CopyEngine::Auto),
+            "host posts use the copy strategies unless told otherwise"
+        );
+        for (text, want) in [
+            ("auto", HostCopy::Engines(CopyEngine::Auto)),
+            ("kernel", HostCopy::Engines(CopyEngine::Kernel)),
+            ("memcpy", HostCopy::Engines(CopyEngine::Memcpy)),
+            ("batch", HostCopy::Engines(CopyEngine::Batch)),
+            ("gio", HostCopy::QueuePair),
+        ] {
+            assert_eq!(text.parse::<HostCopy>().unwrap(), want);
+        }
+        let e = "warps".parse::<HostCopy>().unwrap_err();
+        assert!(matches!(e, Error::InvalidParam(_)), "{e}");
+        assert!(e.to_string().contains("gio"), "{e}");
+    }
+
+    /// An H200: 132 SMs, 4 blocks of 512 threads each.
+    const SMS: u32 = 132;
+    const RESIDENT: u32 = 4 * SMS;
+
+    #[test]
+    fn a_transfer_of_a_few_mib_spreads_over_every_sm() {
+        for total in [1u64 << 20, 2 << 20, 4 << 20, 8 << 20] {
+            let g = plan(total, total, SMS, RESIDENT);
+            let warps = u64::from(g.blocks) * u64::from(g.threads / 32);
+            // One piece per warp, and every byte in some warp's pieces.
+            assert!(warps * g.chunk >= total, "{total}: {g:?}");
+            assert!(g.chunk >= MIN_CHUNK, "{total}: {g:?}");
+            // Blocks of 4..=16 warps, and one on (almost) every SM before any SM gets a
+            // second: a 1 MiB block no longer lands on 32 SMs only.
+            assert!((128..=512).contains(&g.threads), "{total}: {g:?}");
+            assert!(g.threads.is_multiple_of(32), "{total}: {g:?}");
+            assert!(g.blocks >= SMS - 4, "{total}: {g:?}");
+            assert!(g.blocks <= RESIDENT, "{total}: {g:?}");
+        }
+        let one_mib = plan(1 << 20, 1 << 20, SMS, RESIDENT);
+        assert_eq!(one_mib.threads, 128);
+        assert_eq!(one_mib.blocks, 128);
+        assert_eq!(one_mib.chunk, MIN_CHUNK);
+    }
+
+    #[test]
+    fn small_and_huge_transfers_keep_their_limits() {
+        // A tiny transfer: one block of the fewest warps, a piece no larger than needed.
+        let tiny = plan(100, 100, SMS, RESIDENT);
+        assert_eq!((tiny.blocks, tiny.threads), (1, 128));
+        assert_eq!(
+            tiny.chunk, 112,
+            "the largest descriptor rounded up to 16 bytes"
+        );
+        // A huge one: one wave of full blocks, pieces capped.
+        let huge = plan(1 << 36, 1 << 36, SMS, RESIDENT);
+        assert_eq!((huge.blocks, huge.threads), (RESIDENT, THREADS));
+        assert_eq!(huge.chunk, MAX_CHUNK);
+        // Many small descriptors: pieces never exceed the largest descriptor.
+        let kv = plan(8192 * (32 << 10), 32 << 10, SMS, RESIDENT);
+        assert!(kv.chunk <= 32 << 10, "{kv:?}");
+        // A GPU with few SMs fills its blocks before adding more.
+        let small_gpu = plan(8 << 20, 8 << 20, 8, 16);
+        assert_eq!((small_gpu.blocks, small_gpu.threads), (16, THREADS));
     }
 
     #[test]
