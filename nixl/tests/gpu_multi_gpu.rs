@@ -1,8 +1,9 @@
 //! Transfers across two GPUs of one node (feature `cuda`; the `GPUNETIO` cases with
 //! feature `gpunetio`): two processes, the initiator on GPU 0 and the target on GPU 1,
-//! WRITE and READ through `CUDA_IPC` and through `GPUNETIO`'s intra-node path, one
-//! descriptor and a batch of many in a scrambled order, every byte verified on the side
-//! that receives it; `LOCAL` VRAM from GPU 0 to GPU 1 in one process; `GPUNETIO` without
+//! WRITE and READ through `CUDA_IPC` (peer access, and forced onto its host-staged path)
+//! and through `GPUNETIO`'s intra-node path, one descriptor, a batch of many in a
+//! scrambled order and odd sizes at odd offsets, every byte verified on the side that
+//! receives it; `LOCAL` VRAM from GPU 0 to GPU 1 in one process; `GPUNETIO` without
 //! `gpu_devices` in a process working on GPU 1; and the pair's topology and copy path as
 //! `gpu_mem` and `CUDA_IPC`'s `query_mem_info` report them.
 //!
@@ -97,6 +98,15 @@ fn gpu_multi_gpu_target_main() {
     );
     loop {
         let msg = String::from_utf8(wait_notif(&t, "mgpu-initiator")).unwrap();
+        if let Some(seeds) = msg.strip_prefix("spliced ") {
+            let (base, written) = seeds.split_once(' ').unwrap();
+            let want = spliced(base.parse().unwrap(), written.parse().unwrap());
+            announce(
+                format!("{announce_at}.{msg}"),
+                &compare(&buf.to_vec().unwrap(), &want),
+            );
+            continue;
+        }
         let (what, seed) = match msg.split_once(' ') {
             Some((w, n)) => (w, n.parse::<u8>().unwrap()),
             None => (msg.as_str(), 0),
@@ -113,6 +123,21 @@ fn gpu_multi_gpu_target_main() {
         };
         announce(format!("{announce_at}.{msg}"), &verdict);
     }
+}
+
+/// The odd-sized WRITE of the staged case: `ODD_LEN` bytes from offset `ODD_SRC` of the
+/// initiator's buffer to offset `ODD_DST` of the target's.
+const ODD_SRC: usize = 1;
+const ODD_DST: usize = 3;
+const ODD_LEN: usize = LEN - 5;
+
+/// The target's buffer after it held `pattern(base)` and the odd-sized WRITE brought
+/// `pattern(written)`'s bytes.
+fn spliced(base: u8, written: u8) -> Vec<u8> {
+    let mut out = pattern(base, LEN);
+    out[ODD_DST..ODD_DST + ODD_LEN]
+        .copy_from_slice(&pattern(written, LEN)[ODD_SRC..ODD_SRC + ODD_LEN]);
+    out
 }
 
 /// `OK`, or where `got` first differs from `want`.
@@ -163,12 +188,22 @@ fn ask(i: &Agent, peer: &str, msg: &str, announce_at: &Path, child: &mut Child) 
 /// order; the WRITEs verified by the target when their notification arrives, the READs
 /// here.
 fn two_processes(test: &str, backend: &str) {
+    two_processes_with(test, backend, params(backend));
+}
+
+/// [`two_processes`] with the initiator's backend created with `initiator_params`.
+fn two_processes_with(test: &str, backend: &str, initiator_params: BackendParams) {
     let Some(gpus) = gpu_mem::gpus_for_test(test, 2) else {
         return;
     };
     let gpu0 = &gpus[0];
     let (mut child, announce_at, addr, remote_ptr) = spawn_target(backend);
-    let i = agent("mgpu-initiator", backend, params(backend), false);
+    let i = agent("mgpu-initiator", backend, initiator_params, false);
+    let staged = backend == "CUDA_IPC"
+        && i.query_mem_info(backend, MemKind::Vram, &[b"0:1".as_slice()])
+            .unwrap()
+            .remove(0)
+            .is_some_and(|info| info["path"] == "host-staged");
     // Registered before the metadata exchange, as a serving engine registers its KV cache
     // first: GPUNETIO without gpu_devices binds the GPU of the first VRAM registered (an
     // exchange before any registration binds the thread's current device, here GPU 1,
@@ -184,6 +219,7 @@ fn two_processes(test: &str, backend: &str) {
     i.send_local_metadata(addr).unwrap();
     let run = |op: XferOp, locals: Vec<Desc>, remotes: Vec<Desc>, notif: Option<&str>| {
         let n = locals.len();
+        let bytes: u64 = locals.iter().map(|d| d.len).sum();
         let mut req = i
             .create_xfer_req(
                 op,
@@ -196,6 +232,14 @@ fn two_processes(test: &str, backend: &str) {
         req.post().unwrap();
         req.wait(TIMEOUT)
             .unwrap_or_else(|e| panic!("{backend} {op:?} of {n} descriptors: {e}"));
+        // A staged pair says so in the request's telemetry: every byte went through host
+        // memory; a peer pair stages nothing.
+        let expected_staged = if staged { bytes } else { 0 };
+        assert_eq!(
+            req.telemetry().staged_bytes,
+            expected_staged,
+            "{backend} {op:?} of {n} descriptors, staged: {staged}"
+        );
     };
     let block = (LEN as u64) / BLOCKS;
     let blocks_local = || {
@@ -267,7 +311,59 @@ fn two_processes(test: &str, backend: &str) {
         "OK",
         "{backend} batched READ GPU 1 -> GPU 0 ({BLOCKS} descriptors)"
     );
-    // 5. Goodbye: the target exits cleanly.
+    // 5. Odd sizes at odd offsets, both directions (the staged path cuts them across
+    // its slots).
+    ask(&i, &peer, "fill 5", &announce_at, &mut child);
+    local.copy_from_host(0, &pattern(6, LEN)).unwrap();
+    run(
+        XferOp::Write,
+        vec![Desc::new(
+            local.ptr() + ODD_SRC as u64,
+            ODD_LEN as u64,
+            dev0,
+        )],
+        vec![Desc::new(remote_ptr + ODD_DST as u64, ODD_LEN as u64, 1)],
+        Some("spliced 5 6"),
+    );
+    let verdict = wait_file(
+        Path::new(&format!("{}.spliced 5 6", announce_at.display())),
+        &mut child,
+    );
+    assert_eq!(verdict, "OK", "{backend} odd-sized WRITE GPU 0 -> GPU 1");
+    ask(&i, &peer, "fill 7", &announce_at, &mut child);
+    local.fill(0).unwrap();
+    // 37 descriptors of 12,345 bytes from odd offsets of the target to even ones here.
+    let odd = 12_345u64;
+    let odd_descs = |base: u64, first: u64, stride: u64, dev: u64| {
+        (0..37)
+            .map(|k| Desc::new(base + first + k * stride, odd, dev))
+            .collect::<Vec<_>>()
+    };
+    run(
+        XferOp::Read,
+        odd_descs(local.ptr(), 2, 2 * odd + 4, dev0),
+        odd_descs(remote_ptr, 7, 3 * odd + 1, 1),
+        None,
+    );
+    let expected = {
+        let all = pattern(7, LEN);
+        let mut out = vec![0u8; LEN];
+        for k in 0..37usize {
+            let (to, from, n) = (
+                2 + k * (2 * odd as usize + 4),
+                7 + k * (3 * odd as usize + 1),
+                odd as usize,
+            );
+            out[to..to + n].copy_from_slice(&all[from..from + n]);
+        }
+        out
+    };
+    assert_eq!(
+        compare(&local.to_vec().unwrap(), &expected),
+        "OK",
+        "{backend} odd-sized READ GPU 1 -> GPU 0 (37 descriptors)"
+    );
+    // 6. Goodbye: the target exits cleanly.
     i.gen_notif(&peer, b"bye").unwrap();
     let deadline = Instant::now() + TIMEOUT;
     let status = loop {
@@ -295,6 +391,29 @@ fn gpunetio_write_and_read_between_processes_on_gpu0_and_gpu1() {
         "gpunetio_write_and_read_between_processes_on_gpu0_and_gpu1",
         "GPUNETIO",
     );
+}
+
+/// `CUDA_IPC` forced onto its host-staged path (`peer_access=off`): the same WRITEs and
+/// READs, odd sizes included, every byte verified, every byte counted as staged in the
+/// telemetry, and `query_mem_info` saying `host-staged` for the pair.
+#[test]
+fn cuda_ipc_host_staged_write_and_read_between_gpu0_and_gpu1() {
+    let test = "cuda_ipc_host_staged_write_and_read_between_gpu0_and_gpu1";
+    if gpu_mem::gpus_for_test(test, 2).is_none() {
+        return;
+    }
+    let forced = nixl::params([("peer_access", "off")]);
+    let probe = agent("mgpu-staged-probe", "CUDA_IPC", forced.clone(), false);
+    for pair in [b"0:1", b"1:0"] {
+        let info = probe
+            .query_mem_info("CUDA_IPC", MemKind::Vram, &[pair.as_slice()])
+            .unwrap()
+            .remove(0)
+            .expect("both GPUs are visible");
+        assert_eq!(info["path"], "host-staged", "{info:?}");
+    }
+    drop(probe);
+    two_processes_with(test, "CUDA_IPC", forced);
 }
 
 /// `LOCAL` in one process: VRAM of GPU 0 to VRAM of GPU 1 and back, one descriptor and
