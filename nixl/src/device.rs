@@ -27,8 +27,9 @@ pub const HEADER: (&str, &str) = (
 );
 
 /// Every device source of the crate, by name: the GPUNETIO backend's transfer kernel, the
-/// write-and-signal kernels of the example and tests, and the gather/scatter copy of
-/// `LOCAL` and `CUDA_IPC`. CI compiles each with NVRTC.
+/// write-and-signal kernels of the example and tests, the gather/scatter copy of
+/// `LOCAL` and `CUDA_IPC`, and the device-API all-to-all of the multi-GPU tests. CI
+/// compiles each with NVRTC.
 pub const DEVICE_SOURCES: &[(&str, &str)] = &[
     (
         "nixl_gpunetio.cu",
@@ -41,6 +42,10 @@ pub const DEVICE_SOURCES: &[(&str, &str)] = &[
     (
         "nixl_copy_batch.cu",
         include_str!("../device/nixl_copy_batch.cu"),
+    ),
+    (
+        "nixl_alltoall.cu",
+        include_str!("../device/nixl_alltoall.cu"),
     ),
 ];
 
