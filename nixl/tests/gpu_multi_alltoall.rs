@@ -6,10 +6,18 @@
 //! exchange done with plain peer copies (`cuMemcpyPeerAsync`, peer access enabled) in
 //! the same run.
 //!
-//! `gpu_multi_alltoall_2gpu` runs 2 ranks and needs 2 GPUs; `gpu_multi_alltoall_4gpu`
-//! runs 4 and needs 4. With fewer GPUs each prints why it skips; with
-//! `NIXL_REQUIRE_GPU=1` (the GPU machine) each fails — so on a 2-GPU machine run the
-//! `_2gpu` test alone (the 4-rank case needs a 4-GPU machine).
+//! The same exchange through the device API (feature `gpunetio`): each rank's kernel
+//! puts its slices into every other rank's receive buffer through `GPUNETIO` memory
+//! views (`nixlPut`), adds to a counter of each peer's (`nixlAtomicAdd`), and a second
+//! kernel waits until every peer's counter here says that peer's slice has landed
+//! (`nixl/device/nixl_alltoall.cu`); every byte is checked and the aggregate printed
+//! beside plain peer copies in the same run.
+//!
+//! `gpu_multi_alltoall_2gpu` and `gpu_multi_alltoall_device_2gpu` run 2 ranks and need 2
+//! GPUs; `gpu_multi_alltoall_4gpu` and `gpu_multi_alltoall_device_4gpu` run 4 and need 4.
+//! With fewer GPUs each prints why it skips; with `NIXL_REQUIRE_GPU=1` (the GPU machine)
+//! each fails — so on a 2-GPU machine run the `_2gpu` tests alone (the 4-rank cases need a
+//! 4-GPU machine).
 #![cfg(all(feature = "cuda", feature = "libfabric"))]
 
 mod common;
@@ -32,6 +40,8 @@ const ROUNDS: usize = 10;
 const RANK_ENV: &str = "NIXL_A2A_RANK";
 const RANKS_ENV: &str = "NIXL_A2A_RANKS";
 const DIR_ENV: &str = "NIXL_A2A_DIR";
+/// `host` (agents' requests) or `device` (kernels through memory views).
+const MODE_ENV: &str = "NIXL_A2A_MODE";
 const LIMIT: Duration = Duration::from_secs(180);
 
 /// What rank `from` sends rank `to`.
@@ -56,8 +66,15 @@ fn alltoall_rank_main() {
     let rank: usize = rank.parse().unwrap();
     let ranks: usize = std::env::var(RANKS_ENV).unwrap().parse().unwrap();
     let dir = PathBuf::from(std::env::var(DIR_ENV).unwrap());
+    let device = std::env::var(MODE_ENV).as_deref() == Ok("device");
     watchdog(LIMIT + Duration::from_secs(30));
-    let verdict = std::panic::catch_unwind(|| run_rank(rank, ranks, &dir));
+    let verdict = std::panic::catch_unwind(|| {
+        if device {
+            run_rank_device(rank, ranks, &dir)
+        } else {
+            run_rank(rank, ranks, &dir)
+        }
+    });
     let text = match &verdict {
         Ok(elapsed) => format!("OK {}", elapsed.as_nanos()),
         Err(e) => format!(
@@ -184,8 +201,14 @@ fn run_rank(rank: usize, ranks: usize, dir: &Path) -> Duration {
             .map(Vec::len)
             .sum::<usize>();
     }
+    check_received(&recv, rank, ranks);
+    elapsed
+}
+
+/// Every peer's slice landed whole in `recv` at its slot, and nothing in this rank's own.
+fn check_received(recv: &DeviceBuffer, rank: usize, ranks: usize) {
     let mut got = vec![0u8; SLICE];
-    for &from in &peers {
+    for from in (0..ranks).filter(|&j| j != rank) {
         recv.copy_to_host(from * SLICE, &mut got).unwrap();
         assert!(
             got == slice_bytes(from, rank),
@@ -197,7 +220,248 @@ fn run_rank(rank: usize, ranks: usize, dir: &Path) -> Duration {
         got.iter().all(|b| *b == 0),
         "rank {rank}: its own slot was written"
     );
+}
+
+/// Rank `rank` of `ranks` through the device API: returns how long its ROUNDS exchanges
+/// took (kernels only, metadata and views prepared before).
+#[cfg(feature = "gpunetio")]
+fn run_rank_device(rank: usize, ranks: usize, dir: &Path) -> Duration {
+    use gpu_mem::cudarc::driver::{LaunchConfig, PushKernelArg};
+    use nixl::device::RawGpuHandle;
+    let gpu = Gpu::open(rank).unwrap();
+    let name = |r: usize| format!("a2a-dev-{r}");
+    let agent = Agent::new(name(rank), listening()).unwrap();
+    agent
+        .create_backend(
+            "GPUNETIO",
+            &nixl::params([
+                ("nic_handler", "intra_node"),
+                ("gpu_devices", &rank.to_string()),
+            ]),
+        )
+        .unwrap();
+    let send = DeviceBuffer::alloc(&gpu, ranks * SLICE).unwrap();
+    for to in 0..ranks {
+        send.copy_from_host(to * SLICE, &slice_bytes(rank, to))
+            .unwrap();
+    }
+    let recv = DeviceBuffer::alloc(&gpu, ranks * SLICE).unwrap();
+    recv.fill(0).unwrap();
+    // Counter `s`: how many of sender s's blocks have landed their share here.
+    let counters = DeviceBuffer::alloc(&gpu, ranks * 8).unwrap();
+    counters.fill(0).unwrap();
+    let dev = rank as u64;
+    let whole = |b: &DeviceBuffer| Desc::new(b.ptr(), b.len() as u64, dev);
+    // SAFETY: the buffers outlive the registration, the views and every kernel (declared
+    // first; the kernels are waited for before the views go).
+    let _reg = unsafe {
+        agent
+            .register_mem(
+                &DescList::from_descs(
+                    MemKind::Vram,
+                    [whole(&send), whole(&recv), whole(&counters)],
+                ),
+                None,
+            )
+            .unwrap()
+    };
+    publish(
+        &file(dir, "addr", rank),
+        &format!(
+            "{} {} {}",
+            agent.listen_addr().unwrap(),
+            recv.ptr(),
+            counters.ptr()
+        ),
+    );
+    wait_all(&all(dir, "addr", ranks), LIMIT);
+    let peers: Vec<usize> = (0..ranks).filter(|&j| j != rank).collect();
+    let mut remote = vec![(0u64, 0u64); ranks];
+    for &j in &peers {
+        let text = std::fs::read_to_string(file(dir, "addr", j)).unwrap();
+        let mut words = text.split(' ');
+        let addr = words.next().unwrap().parse().unwrap();
+        assert_eq!(agent.fetch_remote_metadata(addr).unwrap(), name(j));
+        agent.send_local_metadata(addr).unwrap();
+        remote[j] = (
+            words.next().unwrap().parse().unwrap(),
+            words.next().unwrap().parse().unwrap(),
+        );
+    }
+    publish(&file(dir, "loaded", rank), "");
+    wait_all(&all(dir, "loaded", ranks), LIMIT);
+
+    // The local view: element j is the slice for rank j. A remote view per peer: its
+    // receive slot for this rank, and its counter word for this rank.
+    let local = agent
+        .prep_xfer_dlist(
+            None,
+            &DescList::from_descs(
+                MemKind::Vram,
+                (0..ranks).map(|j| Desc::new(send.ptr() + (j * SLICE) as u64, SLICE as u64, dev)),
+            ),
+        )
+        .unwrap();
+    let local_view = agent.prep_mem_view(&local, Some("GPUNETIO")).unwrap();
+    let remote_views: Vec<_> = peers
+        .iter()
+        .map(|&j| {
+            let (recv_j, counters_j) = remote[j];
+            let list = agent
+                .prep_xfer_dlist(
+                    Some(&name(j)),
+                    &DescList::from_descs(
+                        MemKind::Vram,
+                        [
+                            Desc::new(recv_j + (rank * SLICE) as u64, SLICE as u64, j as u64),
+                            Desc::new(counters_j + (rank * 8) as u64, 8, j as u64),
+                        ],
+                    ),
+                )
+                .unwrap();
+            agent.prep_mem_view(&list, Some("GPUNETIO")).unwrap()
+        })
+        .collect();
+    let raw: Vec<u8> = remote_views
+        .iter()
+        .flat_map(|v| {
+            let h: RawGpuHandle = v.raw();
+            [
+                h.slot.to_le_bytes().to_vec(),
+                h.generation.to_le_bytes().to_vec(),
+                h.descs.to_le_bytes().to_vec(),
+                h.qp.to_le_bytes().to_vec(),
+                h.count.to_le_bytes().to_vec(),
+                h.flags.to_le_bytes().to_vec(),
+            ]
+            .concat()
+        })
+        .collect();
+    assert_eq!(raw.len(), peers.len() * std::mem::size_of::<RawGpuHandle>());
+    let remotes = DeviceBuffer::alloc(&gpu, raw.len()).unwrap();
+    remotes.copy_from_host(0, &raw).unwrap();
+    let peer_ids: Vec<u8> = peers
+        .iter()
+        .flat_map(|&j| (j as u32).to_le_bytes())
+        .collect();
+    let peer_buf = DeviceBuffer::alloc(&gpu, peer_ids.len()).unwrap();
+    peer_buf.copy_from_host(0, &peer_ids).unwrap();
+    let status = DeviceBuffer::alloc(&gpu, 8).unwrap();
+    status.fill(0).unwrap();
+
+    let (source_name, source) = nixl::device::DEVICE_SOURCES
+        .iter()
+        .find(|(n, _)| *n == "nixl_alltoall.cu")
+        .unwrap();
+    let ptx = gpunetio::device_code::compile(
+        source_name,
+        source,
+        &nixl::device::compile_options(&gpu).unwrap(),
+    )
+    .expect("the all-to-all kernels compile");
+    let module = gpu.context().load_module(ptx).unwrap();
+    let put = module.load_function("nixl_alltoall_put").unwrap();
+    let wait = module.load_function("nixl_alltoall_wait").unwrap();
+    // The fewest SMs of the ranks' GPUs: every rank computes the same blocks per peer,
+    // which is what each receiver's counters count to.
+    let sms = (0..ranks)
+        .map(|r| {
+            Gpu::open(r)
+                .unwrap()
+                .context()
+                .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+                .unwrap() as u32
+        })
+        .min()
+        .unwrap();
+    let npeers = peers.len() as u32;
+    // Two blocks per SM over all peers: every SM copies, none idles behind a tail.
+    let blocks_per_peer = (2 * sms).div_ceil(npeers).max(1);
+    let stream = gpu.new_stream().unwrap();
+    let (lv, remotes_ptr, peers_ptr, status_ptr, counters_ptr) = (
+        local_view.raw(),
+        remotes.ptr(),
+        peer_buf.ptr(),
+        status.ptr(),
+        counters.ptr(),
+    );
+    let slice = SLICE as u64;
+    let timeout_ns: u64 = 30_000_000_000;
+    publish(&file(dir, "ready", rank), "");
+    wait_all(&all(dir, "ready", ranks), LIMIT);
+
+    let start = Instant::now();
+    for round in 1..=ROUNDS as u64 {
+        let mut launch = stream.launch_builder(&put);
+        launch
+            .arg(&lv)
+            .arg(&remotes_ptr)
+            .arg(&peers_ptr)
+            .arg(&npeers)
+            .arg(&blocks_per_peer)
+            .arg(&slice)
+            .arg(&status_ptr);
+        // SAFETY: nixl_alltoall_put(nixlMemViewH, const nixlMemViewH*, const unsigned*,
+        // unsigned, unsigned, unsigned long long, int*): `remotes` holds `npeers` handles
+        // of live views, `peer_buf` `npeers` ranks, `status` an int; the views' memory
+        // (registered here, mapped from the peers) outlives the kernel (the stream is
+        // synchronized before anything is released).
+        unsafe {
+            launch.launch(LaunchConfig {
+                grid_dim: (blocks_per_peer * npeers, 1, 1),
+                block_dim: (512, 1, 1),
+                shared_mem_bytes: 0,
+            })
+        }
+        .unwrap();
+        let expected = u64::from(blocks_per_peer) * round;
+        let mut launch = stream.launch_builder(&wait);
+        launch
+            .arg(&counters_ptr)
+            .arg(&peers_ptr)
+            .arg(&npeers)
+            .arg(&expected)
+            .arg(&timeout_ns)
+            .arg(&status_ptr);
+        // SAFETY: nixl_alltoall_wait(const unsigned long long*, const unsigned*, unsigned,
+        // unsigned long long, unsigned long long, int*): `counters` holds `ranks` words,
+        // every peer id is below `ranks`; the wait is bounded by `timeout_ns`.
+        unsafe {
+            launch.launch(LaunchConfig {
+                grid_dim: (1, 1, 1),
+                block_dim: (32, 1, 1),
+                shared_mem_bytes: 0,
+            })
+        }
+        .unwrap();
+    }
+    stream.synchronize().unwrap();
+    let elapsed = start.elapsed();
+    let mut word = [0u8; 4];
+    status.copy_to_host(0, &mut word).unwrap();
+    assert_eq!(
+        i32::from_le_bytes(word),
+        0,
+        "rank {rank}: a kernel failed (a device-API status, or 1000: a peer's counter timed out)"
+    );
+    let mut got = [0u8; 8];
+    for &j in &peers {
+        counters.copy_to_host(j * 8, &mut got).unwrap();
+        assert_eq!(
+            u64::from_le_bytes(got),
+            u64::from(blocks_per_peer) * ROUNDS as u64,
+            "rank {rank}: rank {j}'s signals"
+        );
+    }
+    check_received(&recv, rank, ranks);
+    drop(remote_views);
+    drop(local_view);
     elapsed
+}
+
+#[cfg(not(feature = "gpunetio"))]
+fn run_rank_device(_rank: usize, _ranks: usize, _dir: &Path) -> Duration {
+    panic!("the device-API all-to-all needs feature gpunetio");
 }
 
 /// The same exchange (ROUNDS × every ordered pair of GPUs, SLICE each) done with plain
@@ -276,6 +540,11 @@ fn peer_copy_exchange(gpus: &[Gpu]) -> Duration {
 }
 
 fn alltoall(test: &str, ranks: usize) {
+    exchange(test, ranks, false);
+}
+
+/// Runs the exchange among `ranks` processes, through the device API with `device`.
+fn exchange(test: &str, ranks: usize, device: bool) {
     // One exchange at a time: the two tests share the GPUs (and the timings).
     let _one = common::serial();
     let Some(gpus) = gpus_for_test(test, ranks) else {
@@ -290,7 +559,8 @@ fn alltoall(test: &str, ranks: usize) {
             cmd.arg("--nocapture")
                 .env(RANK_ENV, r.to_string())
                 .env(RANKS_ENV, ranks.to_string())
-                .env(DIR_ENV, &dir);
+                .env(DIR_ENV, &dir)
+                .env(MODE_ENV, if device { "device" } else { "host" });
             cmd.spawn().unwrap()
         })
         .collect();
@@ -309,8 +579,13 @@ fn alltoall(test: &str, ranks: usize) {
     let bytes = (ranks * (ranks - 1) * SLICE * ROUNDS) as f64;
     let ours = bytes / slowest.as_secs_f64() / 1e9;
     let peer = bytes / peer_copy_exchange(&gpus).as_secs_f64() / 1e9;
+    let how = if device {
+        "kernels (GPUNETIO device API)"
+    } else {
+        "agents (CUDA_IPC)"
+    };
     eprintln!(
-        "{test}: {ranks} ranks, {} MiB per pair, {ROUNDS} rounds: agents (CUDA_IPC) {ours:.1} GB/s \
+        "{test}: {ranks} ranks, {} MiB per pair, {ROUNDS} rounds: {how} {ours:.1} GB/s \
          aggregate, plain peer copies {peer:.1} GB/s, ratio {:.2}",
         SLICE >> 20,
         ours / peer
@@ -325,4 +600,16 @@ fn gpu_multi_alltoall_2gpu() {
 #[test]
 fn gpu_multi_alltoall_4gpu() {
     alltoall("gpu_multi_alltoall_4gpu", 4);
+}
+
+#[cfg(feature = "gpunetio")]
+#[test]
+fn gpu_multi_alltoall_device_2gpu() {
+    exchange("gpu_multi_alltoall_device_2gpu", 2, true);
+}
+
+#[cfg(feature = "gpunetio")]
+#[test]
+fn gpu_multi_alltoall_device_4gpu() {
+    exchange("gpu_multi_alltoall_device_4gpu", 4, true);
 }
