@@ -978,27 +978,51 @@ fn pair_path(paths: &PathTable, run: &Gpu, home: &Gpu, peer_access: PeerAccess) 
         let topology = gpu_mem::peer_topology(run, home)
             .inspect_err(|e| tracing::warn!("{NAME}: GPU {} -> GPU {}: {e}", pair.0, pair.1))
             .ok();
-        let enabled = match peer_access {
-            PeerAccess::Auto => gpu_mem::enable_peer_access(run, home),
-            PeerAccess::Off => Err(gpu_mem::Error::InvalidArgument("peer_access=off".into())),
-        };
-        let path = match enabled {
-            Ok(()) => CopyPath::Peer,
-            Err(e) => {
-                tracing::warn!(
-                    "{NAME}: copies of GPU {} reach GPU {}'s memory through host memory (slow): {e}",
-                    pair.0,
-                    pair.1
-                );
-                CopyPath::HostStaged
-            }
-        };
-        if let Some(t) = &topology {
-            tracing::info!("{NAME}: {}; copies go {}", t.describe(), path.as_str());
+        let path = choose_path(topology.as_ref(), peer_access, || {
+            gpu_mem::enable_peer_access(run, home).map_err(|e| e.to_string())
+        });
+        match (&topology, path) {
+            (Some(t), _) => tracing::info!("{NAME}: {}; copies go {}", t.describe(), path.as_str()),
+            (None, CopyPath::HostStaged) => tracing::warn!(
+                "{NAME}: copies of GPU {} reach GPU {}'s memory through host memory (slow)",
+                pair.0,
+                pair.1
+            ),
+            (None, _) => {}
         }
         PairPath { path, topology }
     };
     *paths.lock().entry(pair).or_insert(decided)
+}
+
+/// The path between two distinct GPUs from what the driver says of the pair
+/// (`topology`, `None` where it could not be read) and `peer_access`: staged through host
+/// memory when peer access is off, when the topology says the pair has no direct link,
+/// or when enabling peer access (`enable`, called only where the link allows it) fails;
+/// over the link otherwise.
+fn choose_path(
+    topology: Option<&gpu_mem::PeerTopology>,
+    peer_access: PeerAccess,
+    enable: impl FnOnce() -> std::result::Result<(), String>,
+) -> CopyPath {
+    if peer_access == PeerAccess::Off {
+        return CopyPath::HostStaged;
+    }
+    if let Some(t) = topology {
+        if t.link == gpu_mem::PeerLink::SameGpu {
+            return CopyPath::SameGpu;
+        }
+        if !t.can_access_peer || !t.link.is_direct() {
+            return CopyPath::HostStaged;
+        }
+    }
+    match enable() {
+        Ok(()) => CopyPath::Peer,
+        Err(e) => {
+            tracing::warn!("{NAME}: peer access refused, staging through host memory: {e}");
+            CopyPath::HostStaged
+        }
+    }
 }
 
 /// Parses a GPU pair as `query_mem_info` takes it: `"0:1"` or `"0,1"` (the GPU running
@@ -1543,6 +1567,74 @@ mod tests {
         assert_eq!(parse_pair(b"0:-1"), None);
         assert_eq!(parse_pair(&[0xff, b':', b'1']), None);
         assert_eq!(CopyPath::HostStaged.as_str(), "host-staged");
+    }
+
+    fn topology(link: gpu_mem::PeerLink, can_access_peer: bool) -> gpu_mem::PeerTopology {
+        gpu_mem::PeerTopology {
+            from: 0,
+            to: 1,
+            can_access_peer,
+            performance_rank: 0,
+            access_supported: can_access_peer,
+            native_atomics: can_access_peer,
+            link,
+        }
+    }
+
+    #[test]
+    fn the_copy_path_follows_the_topology_and_peer_access() {
+        use gpu_mem::PeerLink;
+        let enabled = || Ok(());
+        let refused = || Err("CUDA_ERROR_PEER_ACCESS_UNSUPPORTED".to_string());
+        let never = || -> std::result::Result<(), String> {
+            panic!("peer access is not tried where the topology rules it out")
+        };
+        let auto = PeerAccess::Auto;
+        for link in [PeerLink::NvLink, PeerLink::Pcie, PeerLink::Peer] {
+            let t = topology(link, true);
+            assert_eq!(
+                choose_path(Some(&t), auto, enabled),
+                CopyPath::Peer,
+                "{link}"
+            );
+            // The driver refuses after all: staged, not failed.
+            assert_eq!(
+                choose_path(Some(&t), auto, refused),
+                CopyPath::HostStaged,
+                "{link}"
+            );
+            // peer_access=off stages a pair that has a link.
+            assert_eq!(
+                choose_path(Some(&t), PeerAccess::Off, never),
+                CopyPath::HostStaged,
+                "{link}"
+            );
+        }
+        // No link, or no peer access: staged without trying.
+        assert_eq!(
+            choose_path(Some(&topology(PeerLink::None, false)), auto, never),
+            CopyPath::HostStaged
+        );
+        assert_eq!(
+            choose_path(Some(&topology(PeerLink::Pcie, false)), auto, never),
+            CopyPath::HostStaged
+        );
+        assert_eq!(
+            choose_path(Some(&topology(PeerLink::SameGpu, true)), auto, never),
+            CopyPath::SameGpu
+        );
+        // The topology unreadable: enabling decides.
+        assert_eq!(choose_path(None, auto, enabled), CopyPath::Peer);
+        assert_eq!(choose_path(None, auto, refused), CopyPath::HostStaged);
+    }
+
+    #[test]
+    fn peer_access_parses_auto_and_off_only() {
+        assert_eq!("auto".parse::<PeerAccess>().unwrap(), PeerAccess::Auto);
+        assert_eq!("off".parse::<PeerAccess>().unwrap(), PeerAccess::Off);
+        assert_eq!(PeerAccess::default(), PeerAccess::Auto);
+        let e = "on".parse::<PeerAccess>().unwrap_err();
+        assert!(matches!(e, Error::InvalidParam(_)), "{e}");
     }
 
     #[test]

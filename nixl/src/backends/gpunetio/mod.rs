@@ -99,6 +99,48 @@ pub enum NicHandlerChoice {
     CpuProxy,
 }
 
+/// How `GPUNETIO` reaches a peer's VRAM on this node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum IntraRoute {
+    /// The intra-node queue pair: the peer's memory mapped for the backend's GPU (its
+    /// kernels load and store it; host posts run the copy strategies on it).
+    IntraNode,
+    /// The NIC path (CPU proxy).
+    Nic,
+    /// Neither: refused with a typed error.
+    Unreachable,
+}
+
+impl IntraRoute {
+    /// As `query_mem_info` names it (the handler's parameter value).
+    fn as_str(&self) -> &'static str {
+        match self {
+            IntraRoute::IntraNode => "intra_node",
+            IntraRoute::Nic => "cpu_proxy",
+            IntraRoute::Unreachable => "none",
+        }
+    }
+}
+
+/// The route to a peer's VRAM on this node under `handler`, given whether the backend's
+/// GPU reaches the peer's GPU directly (`direct`: peer access over NVLink or PCIe, from
+/// the pair's topology; `None` where it is not known yet, and mapping decides) and
+/// whether the backend has a NIC path: a kernel is never handed an address it cannot
+/// reach, so a pair without peer access takes the NIC path, or nothing.
+fn intra_route(handler: NicHandlerChoice, direct: Option<bool>, nic: bool) -> IntraRoute {
+    let nic_or_nothing = if nic {
+        IntraRoute::Nic
+    } else {
+        IntraRoute::Unreachable
+    };
+    match (handler, direct) {
+        (NicHandlerChoice::CpuProxy, _) => nic_or_nothing,
+        (NicHandlerChoice::IntraNode, Some(false)) => IntraRoute::Unreachable,
+        (NicHandlerChoice::Auto, Some(false)) => nic_or_nothing,
+        (_, Some(true) | None) => IntraRoute::IntraNode,
+    }
+}
+
 /// How a host-posted intra-node transfer moves its bytes (`copy_engine`). Kernels of the
 /// user's (the device API) always go through the queue pair; this is only what `post`
 /// does.
@@ -983,17 +1025,20 @@ impl Backend for GpunetioBackend {
         // pair without it cannot be reached by a kernel and goes to the NIC path, if any.
         let resolved = match self.ipc.resolve(&inner, agent, Some(b.gpu.ordinal())) {
             Ok(r) => r,
+            // The pair has no peer access (the plane read its topology).
             Err(e @ Error::NotSupported { .. }) => {
-                if b.nic.is_some() {
-                    tracing::info!("{NAME}: {e}; this transfer goes through the NIC path");
-                    return b.prep_nic(op, entries, &parts, agent);
+                match intra_route(self.handler, Some(false), b.nic.is_some()) {
+                    IntraRoute::Nic => {
+                        tracing::info!("{NAME}: {e}; this transfer goes through the NIC path");
+                        return b.prep_nic(op, entries, &parts, agent);
+                    }
+                    _ => return Err(Error::NotSupported {
+                        backend: NAME.into(),
+                        what: format!(
+                            "{e} (and there is no NIC path: nic_handler=intra_node or no provider)"
+                        ),
+                    }),
                 }
-                return Err(Error::NotSupported {
-                    backend: NAME.into(),
-                    what: format!(
-                        "{e} (and there is no NIC path: nic_handler=intra_node or no provider)"
-                    ),
-                });
             }
             Err(e) => return Err(e),
         };
@@ -1040,6 +1085,30 @@ impl Backend for GpunetioBackend {
         )?;
         xfer.host_copies = host_copies;
         Ok(Box::new(xfer))
+    }
+    /// The route between a pair of GPUs of this node, each descriptor's metadata `"A:B"`
+    /// (the GPU running the kernels, normally the backend's, then the GPU holding a peer's
+    /// VRAM): `CUDA_IPC`'s answer for the pair (`path`: `same-gpu`, `peer`,
+    /// `host-staged`; `link`: `nvlink`, `pcie`, ...) and `handler`, where `GPUNETIO` sends
+    /// transfers and views of such memory under its `nic_handler`: `intra_node`,
+    /// `cpu_proxy` (no peer access, or `nic_handler=cpu_proxy`), or `none`. `None` for a
+    /// GPU this process does not see.
+    fn query_mem_info(
+        &self,
+        kind: MemKind,
+        meta: &[&[u8]],
+    ) -> Result<Vec<Option<crate::backend::BackendParams>>> {
+        let nic = match self.bound.get() {
+            Some(b) => b.nic.is_some(),
+            None => self.handler != NicHandlerChoice::IntraNode,
+        };
+        let mut answers = self.ipc.query_mem_info(kind, meta)?;
+        for info in answers.iter_mut().flatten() {
+            let direct = info.get("path").map(|p| p != "host-staged");
+            let route = intra_route(self.handler, direct, nic);
+            info.insert("handler".into(), route.as_str().into());
+        }
+        Ok(answers)
     }
     fn gen_notif(&self, agent: &str, msg: &[u8]) -> Result<()> {
         if let Some(nic) = self.nic_if_bound() {
@@ -1136,7 +1205,21 @@ impl Backend for GpunetioBackend {
                     .zip(&remotes)
                     .map(|(e, r)| (e.desc, &**r.ipc.as_ref().expect("checked above")))
                     .collect();
-                let (addrs, keep) = self.ipc.map_remote(peer, &ranges, b.gpu.ordinal())?;
+                let (addrs, keep) = match self.ipc.map_remote(peer, &ranges, b.gpu.ordinal()) {
+                    Ok(mapped) => mapped,
+                    // No peer access toward the peer's GPU: its kernels cannot reach the
+                    // mapping, the NIC path can.
+                    Err(e @ Error::NotSupported { .. }) => {
+                        return match intra_route(self.handler, Some(false), b.nic.is_some()) {
+                            IntraRoute::Nic => {
+                                tracing::info!("{NAME}: {e}; this view goes through the NIC path");
+                                b.nic_view(peer, entries, &remotes)
+                            }
+                            _ => Err(e),
+                        };
+                    }
+                    Err(e) => return Err(e),
+                };
                 let spans: Vec<(u64, u64, bool)> = addrs
                     .iter()
                     .zip(entries)
@@ -1616,6 +1699,36 @@ mod tests {
         // A GPU with few SMs fills its blocks before adding more.
         let small_gpu = plan(8 << 20, 8 << 20, 8, 16);
         assert_eq!((small_gpu.blocks, small_gpu.threads), (16, THREADS));
+    }
+
+    #[test]
+    fn the_route_to_a_peer_gpu_follows_its_peer_access_and_the_handler() {
+        use NicHandlerChoice::{Auto, CpuProxy, IntraNode};
+        // Peer access (NVLink or PCIe): intra-node unless cpu_proxy is asked for.
+        assert_eq!(intra_route(Auto, Some(true), true), IntraRoute::IntraNode);
+        assert_eq!(intra_route(Auto, Some(true), false), IntraRoute::IntraNode);
+        assert_eq!(
+            intra_route(IntraNode, Some(true), false),
+            IntraRoute::IntraNode
+        );
+        assert_eq!(intra_route(CpuProxy, Some(true), true), IntraRoute::Nic);
+        // No peer access: never a mapping a kernel cannot reach.
+        assert_eq!(intra_route(Auto, Some(false), true), IntraRoute::Nic);
+        assert_eq!(
+            intra_route(Auto, Some(false), false),
+            IntraRoute::Unreachable
+        );
+        assert_eq!(
+            intra_route(IntraNode, Some(false), true),
+            IntraRoute::Unreachable
+        );
+        assert_eq!(
+            intra_route(CpuProxy, Some(false), false),
+            IntraRoute::Unreachable
+        );
+        // Not known yet: the mapping decides (and refuses a pair without peer access).
+        assert_eq!(intra_route(Auto, None, true), IntraRoute::IntraNode);
+        assert_eq!(IntraRoute::Nic.as_str(), "cpu_proxy");
     }
 
     #[test]
