@@ -393,6 +393,18 @@ fn gpunetio_write_and_read_between_processes_on_gpu0_and_gpu1() {
     );
 }
 
+/// `GPUNETIO` with host posts on its queue-pair kernel (`copy_engine=gio`, the warps'
+/// copy the device API uses) rather than the copy strategies it takes by default.
+#[cfg(feature = "gpunetio")]
+#[test]
+fn gpunetio_gio_kernel_write_and_read_between_processes_on_gpu0_and_gpu1() {
+    two_processes_with(
+        "gpunetio_gio_kernel_write_and_read_between_processes_on_gpu0_and_gpu1",
+        "GPUNETIO",
+        nixl::params([("nic_handler", "intra_node"), ("copy_engine", "gio")]),
+    );
+}
+
 /// `CUDA_IPC` forced onto its host-staged path (`peer_access=off`): the same WRITEs and
 /// READs, odd sizes included, every byte verified, every byte counted as staged in the
 /// telemetry, and `query_mem_info` saying `host-staged` for the pair.
@@ -551,13 +563,21 @@ fn gpunetio_without_gpu_devices_drives_the_gpu_of_its_vram() {
 
 /// Prints the topology of every GPU pair and the path `CUDA_IPC` takes for it, and
 /// checks they agree: a pair with peer access copies over the link, one without is
-/// staged through host memory, a GPU with itself is `same-gpu`.
+/// staged through host memory, a GPU with itself is `same-gpu`; `GPUNETIO` reports the
+/// same path and its handler for the pair.
 #[test]
 fn gpu_pairs_topology_and_cuda_ipc_paths() {
     let Some(gpus) = gpu_mem::gpus_for_test("gpu_pairs_topology_and_cuda_ipc_paths", 2) else {
         return;
     };
     let a = agent("mgpu-topo", "CUDA_IPC", BackendParams::new(), false);
+    #[cfg(feature = "gpunetio")]
+    let gpunetio_topo = agent(
+        "mgpu-topo-gn",
+        "GPUNETIO",
+        nixl::params([("nic_handler", "intra_node")]),
+        false,
+    );
     let all = Gpu::all().unwrap();
     assert!(all.len() >= gpus.len());
     for from in &all {
@@ -579,6 +599,23 @@ fn gpu_pairs_topology_and_cuda_ipc_paths() {
             };
             assert_eq!(info["path"], expected, "{pair}: {info:?}");
             assert_eq!(info["link"], t.link.as_str(), "{pair}: {info:?}");
+            // GPUNETIO (intra-node only) maps a peer GPU's memory for its kernels where
+            // the pair has peer access, and has no route where it has none.
+            #[cfg(feature = "gpunetio")]
+            {
+                let g = gpunetio_topo
+                    .query_mem_info("GPUNETIO", MemKind::Vram, &[pair.as_bytes()])
+                    .unwrap()
+                    .remove(0)
+                    .expect("both GPUs are visible");
+                let handler = if expected == "host-staged" {
+                    "none"
+                } else {
+                    "intra_node"
+                };
+                assert_eq!(g["handler"], handler, "{pair}: {g:?}");
+                assert_eq!(g["path"], expected, "{pair}: {g:?}");
+            }
         }
     }
     // A GPU this process does not see is `None`; a malformed pair is a typed error.

@@ -1032,12 +1032,14 @@ impl Backend for GpunetioBackend {
                         tracing::info!("{NAME}: {e}; this transfer goes through the NIC path");
                         return b.prep_nic(op, entries, &parts, agent);
                     }
-                    _ => return Err(Error::NotSupported {
-                        backend: NAME.into(),
-                        what: format!(
+                    _ => {
+                        return Err(Error::NotSupported {
+                            backend: NAME.into(),
+                            what: format!(
                             "{e} (and there is no NIC path: nic_handler=intra_node or no provider)"
                         ),
-                    }),
+                        })
+                    }
                 }
             }
             Err(e) => return Err(e),
