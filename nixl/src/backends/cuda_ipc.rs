@@ -1508,9 +1508,9 @@ impl Backend for CudaIpcBackend {
     /// `"A,B"`), GPU `A` running the copies and GPU `B` holding the memory (a peer's VRAM
     /// on `B` copied to or from VRAM on `A`). Answers `path` (`same-gpu`, `peer`: peer
     /// access enabled, the copy engines use the link; `host-staged`: no peer access or
-    /// `peer_access=off`, the backend stages through pinned host memory), and what the driver says of the pair: `link`
-    /// (`nvlink`, `pcie`, `peer` where NVML cannot tell, `none`), `can_access_peer`,
-    /// `performance_rank`, `native_atomics`. Asking decides the pair as a transfer would
+    /// `peer_access=off`, the backend stages through pinned host memory), and what the
+    /// driver says of the pair: `link` (`nvlink`, `pcie`, `peer` where NVML cannot tell,
+    /// `none`), `can_access_peer`, `performance_rank`, `native_atomics`. Asking decides the pair as a transfer would
     /// (enabling peer access where it can). `None` for a GPU this process does not see.
     fn query_mem_info(
         &self,

@@ -30,11 +30,12 @@
 //!   the backend's GPU instead (`copy_engine`, default `auto`: the copy engines for a
 //!   few large descriptors, the batched gather/scatter kernel for many small ones), or
 //!   with `copy_engine=gio` the transfer kernel's warps through the queue pair. Local
-//!   memory may be VRAM of the backend's GPU or DRAM (pinned and mapped on first use). A peer on another GPU of the node is mapped into the backend's GPU with
-//!   peer access enabled toward the peer's GPU, so the kernel's loads and stores cross the
-//!   link; a pair without peer access takes the NIC path where there is one, else is
-//!   refused ([`Error::NotSupported`]) — a kernel is never handed an address it cannot
-//!   reach.
+//!   memory may be VRAM of the backend's GPU or DRAM (pinned and mapped on first use). A
+//!   peer on another GPU of the node is mapped into the backend's GPU with peer access
+//!   enabled toward the peer's GPU, so loads, stores and copies cross the link; a pair
+//!   without peer access (the pair's topology says so, `query_mem_info` with `"A:B"`
+//!   shows the route) takes the NIC path where there is one, else is refused
+//!   ([`Error::NotSupported`]) — a kernel is never handed an address it cannot reach.
 //! - **NIC** (`CpuProxy` handler, module `nic`): peers on other nodes, a peer's DRAM, and every
 //!   peer under `nic_handler=cpu_proxy`. Kernels write work entries into a ring in
 //!   host-mapped memory; a proxy thread per peer posts them on a libfabric endpoint
@@ -1033,12 +1034,13 @@ impl Backend for GpunetioBackend {
                         return b.prep_nic(op, entries, &parts, agent);
                     }
                     _ => {
+                        let what = format!(
+                            "{e} (and there is no NIC path: nic_handler=intra_node or no provider)"
+                        );
                         return Err(Error::NotSupported {
                             backend: NAME.into(),
-                            what: format!(
-                            "{e} (and there is no NIC path: nic_handler=intra_node or no provider)"
-                        ),
-                        })
+                            what,
+                        });
                     }
                 }
             }
