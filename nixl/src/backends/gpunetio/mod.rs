@@ -1102,6 +1102,12 @@ impl Backend for GpunetioBackend {
         kind: MemKind,
         meta: &[&[u8]],
     ) -> Result<Vec<Option<crate::backend::BackendParams>>> {
+        if kind != MemKind::Vram {
+            return Err(Error::UnsupportedMemKind {
+                backend: NAME.into(),
+                kind,
+            });
+        }
         let nic = match self.bound.get() {
             Some(b) => b.nic.is_some(),
             None => self.handler != NicHandlerChoice::IntraNode,
