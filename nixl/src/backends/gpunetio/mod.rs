@@ -182,7 +182,8 @@ impl std::str::FromStr for HostCopy {
 const HANDLE_SLOTS: usize = 16_384;
 /// Bounds every device-side wait of the queue pairs this backend builds.
 const DEVICE_TIMEOUT: Duration = Duration::from_secs(10);
-/// Threads per block of the transfer kernel (16 warps).
+/// Threads per block of the transfer kernel at most (16 warps; a small intra-node transfer
+/// takes smaller blocks, see [`plan`]).
 const THREADS: u32 = 512;
 /// Smallest piece a warp copies: one round of its lanes' loads in flight (32 lanes x 4 x
 /// 16 bytes). A warp has only that much in flight at once, so a transfer is cut into
