@@ -377,6 +377,11 @@ fn run_rank_device(rank: usize, ranks: usize, dir: &Path) -> Duration {
     let npeers = peers.len() as u32;
     // Two blocks per SM over all peers: every SM copies, none idles behind a tail.
     let blocks_per_peer = (2 * sms).div_ceil(npeers).max(1);
+    // 16 warps a block where the kernel's registers allow it, else 8.
+    let threads: u32 = match put.occupancy_max_active_blocks_per_multiprocessor(512, 0, None) {
+        Ok(n) if n > 0 => 512,
+        _ => 256,
+    };
     let stream = gpu.new_stream().unwrap();
     let (lv, remotes_ptr, peers_ptr, status_ptr, counters_ptr) = (
         local_view.raw(),
@@ -409,7 +414,7 @@ fn run_rank_device(rank: usize, ranks: usize, dir: &Path) -> Duration {
         unsafe {
             launch.launch(LaunchConfig {
                 grid_dim: (blocks_per_peer * npeers, 1, 1),
-                block_dim: (512, 1, 1),
+                block_dim: (threads, 1, 1),
                 shared_mem_bytes: 0,
             })
         }
