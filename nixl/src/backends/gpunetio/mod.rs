@@ -686,7 +686,6 @@ impl Bound {
             in_flight: false,
             pending_notif: None,
             sink,
-            host_copies: None,
         })
     }
 
@@ -1052,7 +1051,6 @@ impl Backend for GpunetioBackend {
             .iter()
             .flat_map(|p| [(p.local, p.len, false), (p.remote, p.len, true)])
             .collect();
-        let qp = b.queue_pair(&ranges)?;
         let descs: Vec<GpuDesc> = resolved
             .pairs
             .iter()
@@ -1067,29 +1065,35 @@ impl Backend for GpunetioBackend {
                 remote_off: 0,
             })
             .collect();
-        let total: u64 = descs.iter().map(|d| d.len).sum();
-        let largest = descs.iter().map(|d| d.len).max().unwrap_or(0);
-        let host_copies = match b.host_copy {
-            HostCopy::QueuePair => None,
-            HostCopy::Engines(engine) => Some(b.host_copies(
+        if let HostCopy::Engines(engine) = b.host_copy {
+            let copies = b.host_copies(
                 op,
                 entries,
                 &resolved.pairs,
                 engine,
-                resolved.sink.clone(),
+                resolved.sink,
                 resolved.keep.clone(),
-            )?),
-        };
-        let mut xfer = b.kernel_xfer(
+            )?;
+            return Ok(Box::new(CopyXfer {
+                bound: b.clone(),
+                copies,
+                ranges,
+                descs,
+                keep: resolved.keep,
+                device: None,
+            }));
+        }
+        let qp = b.queue_pair(&ranges)?;
+        let total: u64 = descs.iter().map(|d| d.len).sum();
+        let largest = descs.iter().map(|d| d.len).max().unwrap_or(0);
+        Ok(Box::new(b.kernel_xfer(
             op,
             DeviceQp::IntraNode(qp),
             &descs,
             b.plan(total, largest),
             resolved.keep,
             resolved.sink,
-        )?;
-        xfer.host_copies = host_copies;
-        Ok(Box::new(xfer))
+        )?))
     }
     /// The route between a pair of GPUs of this node, each descriptor's metadata `"A:B"`
     /// (the GPU running the kernels, normally the backend's, then the GPU holding a peer's
@@ -1437,10 +1441,82 @@ struct KernelXfer {
     in_flight: bool,
     pending_notif: Option<Vec<u8>>,
     sink: Arc<dyn super::cuda_copy::NotifSink>,
-    /// Where set (intra-node, `copy_engine` other than `gio`): what `post` runs instead
-    /// of the transfer kernel. The queue pair and its table stay for
-    /// [`BackendXfer::gpu_xfer_req`] (kernels of the device API).
-    host_copies: Option<super::cuda_copy::GpuXfer>,
+}
+
+/// The stream a post attaches to (`PostParams::custom`, an `Arc<CudaStream>` of the
+/// backend's GPU `gpu`), if any; anything else there is refused, not ignored.
+fn attached_stream(params: &PostParams, gpu: usize) -> Result<Option<&Arc<CudaStream>>> {
+    let Some(custom) = params.custom.as_ref() else {
+        return Ok(None);
+    };
+    let stream = custom.downcast_ref::<Arc<CudaStream>>().ok_or_else(|| {
+        Error::InvalidParam(format!(
+            "{NAME}: a post's custom parameter must be an Arc<CudaStream> (the stream to attach to)"
+        ))
+    })?;
+    if stream.context().ordinal() != gpu {
+        return Err(Error::InvalidParam(format!(
+            "{NAME}: the post's stream is on GPU {}, the backend's GPU is {gpu}",
+            stream.context().ordinal(),
+        )));
+    }
+    Ok(Some(stream))
+}
+
+/// An intra-node transfer whose host posts run `CUDA_IPC`'s copy strategies
+/// (`copy_engine` other than `gio`). Its queue pair and device descriptor table, which
+/// only kernels of the device API use, are built on the first
+/// [`BackendXfer::gpu_xfer_req`]: preparing a request the host posts costs no device
+/// allocation.
+#[derive(Debug)]
+struct CopyXfer {
+    bound: Arc<Bound>,
+    copies: super::cuda_copy::GpuXfer,
+    /// The queue pair's regions (address, length, the peer's) and descriptors.
+    ranges: Vec<(u64, u64, bool)>,
+    descs: Vec<GpuDesc>,
+    keep: Vec<Arc<dyn Any + Send + Sync>>,
+    device: Option<Arc<RequestMem>>,
+}
+
+impl BackendXfer for CopyXfer {
+    fn post(&mut self, notif: Option<&[u8]>, params: &PostParams) -> Result<XferStatus> {
+        // Checked here, as the transfer kernel's posts check it; the copies then order
+        // themselves after the stream and send the notification after their last copy.
+        attached_stream(params, self.bound.gpu.ordinal())?;
+        self.copies.post(notif, params)
+    }
+
+    fn check(&mut self) -> Result<XferProgress> {
+        self.copies.check()
+    }
+
+    fn op_count(&self) -> usize {
+        self.descs.len()
+    }
+
+    fn gpu_xfer_req(&mut self) -> Result<GpuHandle> {
+        let mem = match &self.device {
+            Some(mem) => mem.clone(),
+            None => {
+                let qp = self.bound.queue_pair(&self.ranges)?;
+                let mem = Arc::new(RequestMem {
+                    qp: DeviceQp::IntraNode(qp),
+                    table: self.bound.upload(&self.descs)?,
+                    descs: self.descs.clone(),
+                    _keep: self.keep.clone(),
+                });
+                self.device = Some(mem.clone());
+                mem
+            }
+        };
+        self.bound.handles.publish(
+            mem.qp.device_ptr(),
+            &mem.descs,
+            SLOT_REQUEST | mem.qp.handle_flags(),
+            Box::new(mem.clone()),
+        )
+    }
 }
 
 impl KernelXfer {
@@ -1454,30 +1530,10 @@ impl KernelXfer {
 impl BackendXfer for KernelXfer {
     fn post(&mut self, notif: Option<&[u8]>, params: &PostParams) -> Result<XferStatus> {
         self.sink.alive()?;
-        let attached = match params.custom.as_ref() {
-            None => None,
-            Some(c) => Some(c.downcast_ref::<Arc<CudaStream>>().ok_or_else(|| {
-                Error::InvalidParam(format!(
-                    "{NAME}: a post's custom parameter must be an Arc<CudaStream> (the stream to attach to)"
-                ))
-            })?),
-        };
-        let stream = match attached {
-            Some(s) if s.context().ordinal() != self.gpu.ordinal() => {
-                return Err(Error::InvalidParam(format!(
-                    "{NAME}: the post's stream is on GPU {}, the backend's GPU is {}",
-                    s.context().ordinal(),
-                    self.gpu.ordinal()
-                )))
-            }
+        let stream = match attached_stream(params, self.gpu.ordinal())? {
             Some(s) => s.clone(),
             None => self.pool.next(),
         };
-        if let Some(copies) = &mut self.host_copies {
-            // The copy strategies order themselves after the attached stream (checked to
-            // be on this GPU above) and send the notification after their last copy.
-            return copies.post(notif, params);
-        }
         // SAFETY: the word is ours and no kernel of this request is running (a post
         // while in flight is refused by the agent).
         unsafe { std::ptr::write_volatile(self.status.as_ptr().cast_mut().cast::<i32>(), 0) };
@@ -1513,9 +1569,6 @@ impl BackendXfer for KernelXfer {
     }
 
     fn check(&mut self) -> Result<XferProgress> {
-        if let Some(copies) = &mut self.host_copies {
-            return copies.check();
-        }
         if self.in_flight {
             let done = self
                 .event
