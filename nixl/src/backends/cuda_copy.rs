@@ -44,7 +44,13 @@ pub(crate) struct GpuStreams {
     /// Device memory for kernel work tables, reused by later batches (a `cuMemFree` per
     /// transfer would synchronize the device).
     tables: Mutex<Vec<DeviceBuffer>>,
+    /// Pinned staging slots of staged batches reading from this GPU, reused by later
+    /// batches (`cuMemHostAlloc` costs far more than a request's preparation should).
+    stage_slots: Mutex<Vec<gpu_mem::HostBuffer>>,
 }
+
+/// Staging slots kept for reuse per GPU; more are freed.
+const SPARE_STAGE_SLOTS: usize = 16;
 
 /// Work tables kept for reuse per GPU; more are freed.
 const SPARE_TABLES: usize = 16;
@@ -80,6 +86,27 @@ impl GpuStreams {
         let mut spare = self.tables.lock();
         if spare.len() < SPARE_TABLES {
             spare.push(table);
+        }
+    }
+
+    /// A pinned staging slot of at least `bytes`: a spare one, or a new one of at least
+    /// [`STAGE_CHUNK_BYTES`].
+    fn take_stage_slot(&self, bytes: usize) -> Result<gpu_mem::HostBuffer> {
+        {
+            let mut spare = self.stage_slots.lock();
+            if let Some(i) = spare.iter().position(|b| b.len() >= bytes) {
+                return Ok(spare.swap_remove(i));
+            }
+        }
+        gpu_mem::HostBuffer::alloc(&self.gpu, bytes.max(STAGE_CHUNK_BYTES))
+            .map_err(gpu_err("allocating a pinned staging slot"))
+    }
+
+    /// Gives a slot back once no copy uses it any more.
+    fn give_stage_slot(&self, slot: gpu_mem::HostBuffer) {
+        let mut spare = self.stage_slots.lock();
+        if spare.len() < SPARE_STAGE_SLOTS {
+            spare.push(slot);
         }
     }
 
@@ -127,6 +154,7 @@ impl StreamPools {
             streams,
             next: AtomicUsize::new(0),
             tables: Mutex::default(),
+            stage_slots: Mutex::default(),
         });
         pools.insert(ordinal, pool.clone());
         Ok(pool)
@@ -1035,8 +1063,7 @@ impl StagedBatch {
         let slots = (0..slots.max(1).min(segments.len()))
             .map(|_| {
                 Ok(StageSlot {
-                    buf: gpu_mem::HostBuffer::alloc(&src.gpu, slot_bytes)
-                        .map_err(gpu_err("allocating a pinned staging slot"))?,
+                    buf: src.take_stage_slot(slot_bytes)?,
                     filled: event(&src.gpu)?,
                     drained: event(&dst.gpu)?,
                 })
@@ -1176,17 +1203,20 @@ impl StagedBatch {
 
 impl Drop for StagedBatch {
     fn drop(&mut self) {
-        // The copies read and write the slots (freed with this batch) and the request's
+        // The copies read and write the slots (given back for reuse) and the request's
         // memory: wait for the last one. Its event follows every drain, and every drain
         // follows its fill, so it follows every copy of the batch.
         if self.in_flight && !self.done {
             if let Err(e) = self.done_event.synchronize() {
                 tracing::warn!("waiting for a released staged copy: {e:?}");
-                // The slots may still be in use: leaked rather than freed.
+                // The slots may still be in use: leaked rather than reused or freed.
                 for slot in std::mem::take(&mut self.slots) {
                     std::mem::forget(slot.buf);
                 }
             }
+        }
+        for slot in std::mem::take(&mut self.slots) {
+            self.src.give_stage_slot(slot.buf);
         }
     }
 }
