@@ -3,6 +3,8 @@
 # GPU bundle (`cargo xtask gpu-bundle`; no Rust toolchain there):
 #   - a plain peer copy GPU0 -> GPU1 (torch `copy_`), the link's reference, per size;
 #   - nixlbench CUDA_IPC and GPUNETIO, VRAM GPU0 -> VRAM GPU1, WRITE and READ, batch 1;
+#     then GPUNETIO's queue-pair kernel (`copy_engine=gio`) and CUDA_IPC's host-staged
+#     path (`peer_access=off`), WRITE;
 #   - kvbench (the Rust agent, default backend choice): 1,024 and 8,192 descriptors of
 #     32 KiB per request, random block ids, same GPU and GPU0 -> GPU1, data verified.
 #
@@ -45,6 +47,17 @@ for backend in CUDA_IPC GPUNETIO; do
       --max_block_size 67108864 --start_batch_size 1 --max_batch_size 1 --num_iter 200 \
       --warmup_iter 20 --large_blk_iter_ftr 4
   done
+done
+
+# A/B: GPUNETIO's own queue-pair kernel instead of the copy engines, and CUDA_IPC's
+# host-staged path (what a pair without peer access gets), same flags.
+for variant in "GPUNETIO copy_engine=gio" "CUDA_IPC peer_access=off"; do
+  set -- $variant
+  say "=== nixlbench $1 ($2) VRAM GPU0 -> VRAM GPU1 WRITE, batch 1"
+  tool nixlbench --backend "$1" --backend_param "$2" --initiator_seg_type VRAM \
+    --target_seg_type VRAM --initiator_gpu 0 --target_gpu 1 --op_type WRITE \
+    --start_block_size 65536 --max_block_size 67108864 --start_batch_size 1 \
+    --max_batch_size 1 --num_iter 200 --warmup_iter 20 --large_blk_iter_ftr 4
 done
 
 for gpus in "0 0" "0 1"; do
