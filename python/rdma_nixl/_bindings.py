@@ -18,6 +18,7 @@ missing descriptor in ``index()`` is a ``nixlNotFoundError`` and a ``ValueError`
 
 from __future__ import annotations
 
+import os
 import sys
 from array import array
 from enum import IntEnum
@@ -56,12 +57,17 @@ def _ucx_device_api_unavailable() -> Optional[str]:
     """Why NIXL's device API cannot be served behind the backend name ``UCX`` in this
     process, or None where it can: this build has ``GPUNETIO``, a GPU is seen and NVRTC
     loads (an agent made with ``UCX`` then adds ``GPUNETIO`` for VRAM: see
-    ``nixl_agent``). Asked once per process, when first needed: the probe initialises
+    ``nixl_agent``), unless ``RDMA_NIXL_UCX_DEVICE_API=0`` turns that off (agents that
+    never use the device API then skip the backend's cost: an IPC listener thread and a
+    kernel compiled per agent). Asked once per process, when first needed: the probe initialises
     the CUDA driver, which importing the package must not do (a process that forks
     after initialising CUDA leaves its children without it)."""
     global _ucx_device_reason
     if _ucx_device_reason is _UNSET:
-        if "GPUNETIO" not in _core.Agent.available_backends():
+        setting = os.environ.get("RDMA_NIXL_UCX_DEVICE_API", "").strip().lower()
+        if setting in ("0", "n", "no", "off", "false", "disable"):
+            _ucx_device_reason = f"turned off by RDMA_NIXL_UCX_DEVICE_API={setting}"
+        elif "GPUNETIO" not in _core.Agent.available_backends():
             _ucx_device_reason = "this build has no GPUNETIO backend"
         else:
             _ucx_device_reason = _core.device_api_unavailable()

@@ -333,6 +333,20 @@ def test_have_ucx_gpu_device_api_says_whether_the_device_path_exists_here():
 
 
 @ours
+def test_the_device_path_behind_ucx_can_be_turned_off(monkeypatch):
+    B = api.nixlBind
+    monkeypatch.setattr(B, "_ucx_device_reason", B._UNSET)
+    monkeypatch.setenv("RDMA_NIXL_UCX_DEVICE_API", "0")
+    assert B._ucx_device_api_unavailable() == "turned off by RDMA_NIXL_UCX_DEVICE_API=0"
+    assert B.HAVE_UCX_GPU_DEVICE_API is False
+    agent = api.nixl_agent("ucx-off", api.nixl_agent_config())
+    with pytest.raises(nixlError):
+        agent.register_memory([(0x7000_0000, 4096, 0, "")], "VRAM")
+    assert agent._ucx_device_key is None
+    assert "RDMA_NIXL_UCX_DEVICE_API=0" in agent._ucx_device_why
+
+
+@ours
 def test_device_handles_are_ints_as_nixls():
     h = _test_handle()
     assert isinstance(h, int) and h != 0 and int(h) == h.handle
