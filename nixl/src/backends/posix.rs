@@ -321,9 +321,11 @@ impl Backend for PosixBackend {
     fn take_notifs(&self, _into: &mut Vec<(String, Vec<u8>)>) {}
     fn query_mem_info(&self, kind: MemKind, meta: &[&[u8]]) -> Result<Vec<Option<BackendParams>>> {
         if kind != MemKind::File {
-            return Err(Error::UnsupportedMemKind {
+            // Memory is answered from the registrations (`Agent::query_mem`): its
+            // metadata names no file.
+            return Err(Error::NotSupported {
                 backend: NAME.into(),
-                kind,
+                what: format!("queries of {kind:?} by metadata (only FILE names files)"),
             });
         }
         Ok(meta.iter().map(|path| file_info(path)).collect())
@@ -613,5 +615,92 @@ impl Drop for PosixXfer {
         // Released while in flight: the thread finishes its I/O first, so that no write
         // lands in memory the caller frees after the release.
         self.join();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params(pairs: &[(&str, &str)]) -> BackendParams {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn staging_parameters_default_and_are_checked() {
+        assert_eq!(
+            StagingConfig::parse(&BackendParams::new()).unwrap(),
+            StagingConfig {
+                slot: 1 << 20,
+                slots: 4
+            }
+        );
+        // A size that is not a multiple of the slot keeps the whole slots.
+        assert_eq!(
+            StagingConfig::parse(&params(&[
+                ("staging_size", "10000"),
+                ("staging_slot_size", "4096")
+            ]))
+            .unwrap(),
+            StagingConfig {
+                slot: 4096,
+                slots: 2
+            }
+        );
+        for bad in [
+            params(&[("staging_slot_size", "0")]),
+            params(&[("staging_size", "100"), ("staging_slot_size", "4096")]),
+            params(&[("staging_size", "lots")]),
+            params(&[("use_uring", "1")]),
+        ] {
+            assert!(
+                matches!(StagingConfig::parse(&bad), Err(Error::InvalidParam(_))),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn memory_is_queried_through_registrations_files_by_path() {
+        let backend = PosixBackend {
+            agent_name: "a".into(),
+            progress_thread: false,
+            staging: StagingConfig::parse(&BackendParams::new()).unwrap(),
+        };
+        for kind in [MemKind::Dram, MemKind::Vram] {
+            assert!(matches!(
+                backend.query_mem_info(kind, &[b"/"]),
+                Err(Error::NotSupported { .. })
+            ));
+        }
+        let answers = backend
+            .query_mem_info(MemKind::File, &[b"/", b"/nonexistent/x"])
+            .unwrap();
+        assert!(answers[0].is_some() && answers[1].is_none());
+    }
+
+    #[test]
+    fn vram_is_registered_staged_where_gpus_are_built_in() {
+        let backend = PosixBackend {
+            agent_name: "a".into(),
+            progress_thread: false,
+            staging: StagingConfig::parse(&BackendParams::new()).unwrap(),
+        };
+        let region = |kind| Region {
+            kind,
+            desc: crate::mem::Desc::new(0x1000, 64, 0),
+        };
+        assert_eq!(
+            backend.register_mem(&region(MemKind::Dram)).unwrap().mode(),
+            None
+        );
+        let vram = backend.register_mem(&region(MemKind::Vram));
+        #[cfg(feature = "cuda")]
+        assert_eq!(vram.unwrap().mode(), Some("staged"));
+        #[cfg(not(feature = "cuda"))]
+        assert!(matches!(vram, Err(Error::UnsupportedMemKind { .. })));
     }
 }
