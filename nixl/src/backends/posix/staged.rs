@@ -168,10 +168,8 @@ impl Stager {
             self.file_io(XferOp::Read, ios, p, slot)?;
             tickets[slot] = Some(self.start(XferOp::Read, ios, p, slot)?);
         }
-        for slot in 0..self.slots {
-            if let Some(t) = tickets[slot].take() {
-                self.wait(t)?;
-            }
+        for ticket in tickets.iter_mut().filter_map(Option::take) {
+            self.wait(ticket)?;
         }
         Ok(())
     }
