@@ -31,9 +31,12 @@ Where this differs from NIXL:
 - ``sync_mode`` is recorded (``self.agent.syncMode``) but every level behaves as the
   safest: the agent is thread-safe (``rdma_nixl._agent`` explains the mapping).
 - The GPU device API (``prep_mem_view``, ``create_gpu_xfer_req``) is the ``GPUNETIO``
-  backend's, not UCX's; its handles are objects (``rdma_nixl.device``) holding the
-  40-byte kernel argument, with an int ``handle`` that the release methods accept as
-  NIXL's ints. Other backends raise ``nixlNotSupportedError``.
+  backend's, not UCX's; an agent made with ``UCX`` adds one at its first VRAM
+  registration (intra-node, VRAM of that GPU; ``HAVE_UCX_GPU_DEVICE_API`` says whether
+  this build and machine have it; see ``nixl_agent._ucx_device_backend``). Its handles
+  are ints, as NIXL's (``rdma_nixl.device``), holding the 40-byte kernel argument as a
+  struct (``kernel_arg``); the release methods also take the plain int. Other backends
+  raise ``nixlNotSupportedError``.
 """
 
 from __future__ import annotations
@@ -724,10 +727,11 @@ class nixl_agent:
         ``nixlXferDList`` of local memory (sources of ``nixlPut``) or a
         ``nixlRemoteDList`` from ``get_remote_descs`` (one peer's registered memory, or
         this agent's own: targets of ``nixlPut`` / ``nixlAtomicAdd``, ``nixlGetPtr``
-        where mapped). Element ``i`` is descriptor ``i``. Needs a ``GPUNETIO`` backend;
-        others raise ``nixlNotSupportedError``. Returns a handle object (NIXL returns an
-        int): pass ``handle.kernel_arg`` (or ``handle.raw``) to kernels; it is released
-        by ``release_mem_view`` or when collected."""
+        where mapped). Element ``i`` is descriptor ``i``. Needs a ``GPUNETIO`` backend
+        (an agent made with ``UCX`` adds one at its first VRAM registration); others
+        raise ``nixlNotSupportedError``. Returns an int, as NIXL's, that carries the
+        kernel argument: pass ``handle.kernel_arg`` (or ``handle.raw``) to kernels; it
+        is released by ``release_mem_view`` or when collected."""
         handles = self._ucx_device_handles(list(backends or []))
         try:
             core = self.agent._try_backends(
@@ -748,7 +752,9 @@ class nixl_agent:
         """A handle for kernels to post a transfer request's descriptors themselves
         (NIXL's ``createGpuXferReq``): descriptor ``i`` of the request is ``desc_idx``
         ``i`` of ``nixlGpuPostSingleWriteXferReq`` / ``nixlGpuPostSignalXferReq``. The
-        request's backend must be ``GPUNETIO`` (``nixlNotSupportedError`` otherwise).
+        request's backend must be ``GPUNETIO`` (``nixlNotSupportedError`` otherwise); a
+        request of an agent made with ``UCX`` that its other backends carry is made once
+        more on its ``GPUNETIO`` backend for the handle (released with the request).
         Released by ``release_gpu_xfer_req`` or when collected; keep the request alive
         while kernels use it."""
         if not isinstance(req_hndl, nixl_xfer_handle):
