@@ -106,13 +106,12 @@ def fetch_sources(src: Optional[str], commit: Optional[str], dest: Path) -> str:
             subprocess.run(["git", "-C", str(cache), "fetch", "origin", commit], check=True)
         src = str(cache)
     root = Path(src)
-    if not commit and (root / "test" / "python").is_dir() and not is_git_dir(root):
-        # Exported sources (a bundle's nixl-src): as they are, with what they say they are.
+    if not commit and (root / "SOURCE").is_file() and (root / "test" / "python").is_dir():
+        # Exported sources (a bundle's nixl-src, perhaps inside another git work tree):
+        # as they are, described by the SOURCE file written with them.
         for p in paths:
             shutil.copytree(root / p, dest / p)
-        origin = root / "SOURCE"
-        what = origin.read_text().strip() if origin.exists() else "files as they are"
-        return f"{root} ({what})"
+        return f"{root} ({(root / 'SOURCE').read_text().strip()})"
     if commit or not (root / "test" / "python").is_dir():
         if not is_git_dir(root):
             raise SystemExit(f"nixl-python-tests: {root} is not a git repository (for --commit)")
