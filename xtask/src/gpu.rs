@@ -4,8 +4,8 @@
 //!
 //! What goes in is read from `cargo metadata` at run time:
 //! - every test target named `gpu_*` in the workspace, built with the features of
-//!   [`GPU_FEATURES`] each package has (today `nixl/cuda`, `nixl/gpunetio`, `nixl/file`, `nixl/posix`)
-//!   → `tests/<name>`;
+//!   [`GPU_FEATURES`] each package has (today `nixl/cuda`, `nixl/gpunetio`, `nixl/file`,
+//!   `nixl/posix`) → `tests/<name>`;
 //! - the binaries of `tools` and `hf3fs-gdr` and the examples of `gpunetio`, `nixl` and
 //!   `hf3fs-gdr` (each with its package's [`GPU_FEATURES`]) → `bin/<name>`;
 //! - the shared libraries those link beyond glibc (libfabric, libibverbs and theirs) →
