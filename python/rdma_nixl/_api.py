@@ -618,17 +618,18 @@ class nixl_agent:
             self._handles(backends),
             skip_desc_merge,
         )
-        rebuild = None
         device = self._ucx_device_for_requests(backends)
-        if device is not None:
-            agent, args = self.agent, (local_xfer_side, local_indices, remote_xfer_side, remote_indices)
-
-            def rebuild():
-                lh, li, rh, ri = args
-                return agent.makeXferReq(
-                    op, lh._handle, li, rh._handle, ri, notif_msg, [device], skip_desc_merge
-                )
-
+        agent, lh, li, rh, ri = (
+            self.agent, local_xfer_side, local_indices, remote_xfer_side, remote_indices
+        )
+        # The prepared lists' objects are held (not their ints): they stay alive for it.
+        rebuild = (
+            (lambda: agent.makeXferReq(
+                op, lh._handle, li, rh._handle, ri, notif_msg, [device], skip_desc_merge
+            ))
+            if device is not None
+            else None
+        )
         return nixl_xfer_handle(self.agent, handle, rebuild)
 
     def initialize_xfer(
@@ -649,14 +650,13 @@ class nixl_agent:
         handle = self.agent.createXferReq(
             op, local, remote, remote_agent, notif_msg, self._handles(backends)
         )
-        rebuild = None
         device = self._ucx_device_for_requests(backends)
-        if device is not None:
-            agent = self.agent
-
-            def rebuild():
-                return agent.createXferReq(op, local, remote, remote_agent, notif_msg, [device])
-
+        agent = self.agent
+        rebuild = (
+            (lambda: agent.createXferReq(op, local, remote, remote_agent, notif_msg, [device]))
+            if device is not None
+            else None
+        )
         return nixl_xfer_handle(self.agent, handle, rebuild)
 
     def _ucx_device_for_requests(self, backends: List[str]) -> Optional[int]:

@@ -9,7 +9,9 @@ needs): agents made with the default configuration (``backends=["UCX"]``) get a
   NIXL's test runs them: memory views of local and remote lists are ints (non-zero),
   a CuPy kernel ``nixlPut``s into the peer's VRAM and ``nixlAtomicAdd``s its counter,
   the request form (a request UCX's transfer backend carries, made again on the device
-  backend) writes and signals; the peer checks every byte.
+  backend) writes and signals; the peer checks every byte;
+- a host-posted WRITE (CUDA_IPC) and a memory view (GPUNETIO) of the same peer memory
+  in one process, one after the other (both import the peer's allocation).
 
 Skipped (with the reason printed) without CuPy or a CUDA device; with
 ``NIXL_REQUIRE_GPU=1`` (the GPU machine) they FAIL instead. Ours only.
@@ -191,14 +193,16 @@ def test_two_processes_through_ucx(ucx_peer):
     a.release_mem_view(int(rv))  # NIXL's callers hold ints
     assert lv.released and rv.released
 
-    # The request form: a request of UCX's transfer backends, posted by a kernel.
+    # The request form: a request of UCX's transfer backend (named, so LIBFABRIC: the
+    # peer's memory is imported by GPUNETIO alone), posted by a kernel.
     xfer = a.initialize_xfer(
         "WRITE",
         a.get_xfer_descs([vram(src), vram(one)], "VRAM"),
         a.get_xfer_descs([data, signal], "VRAM"),
         "ucx-peer",
+        backends=["UCX"],
     )
-    assert a.query_xfer_backend(xfer) != "GPUNETIO"
+    assert a.query_xfer_backend(xfer) == "UCX"
     req = a.create_gpu_xfer_req(xfer)
     assert isinstance(req, int) and req != 0
     with cp.cuda.Device(0):
@@ -216,3 +220,63 @@ def test_two_processes_through_ucx(ucx_peer):
     assert (np.frombuffer(at_peer, dtype=np.uint8) == src.get()).all(), "the kernel's writes"
     a.release_gpu_xfer_req(req)
     a.release_xfer_handle(xfer)
+
+
+def test_a_host_transfer_and_a_view_of_the_same_peer_memory(ucx_peer):
+    # NIXL's default configuration carries VRAM to a peer on this node through CUDA_IPC
+    # (host-posted) and memory views through GPUNETIO: both import the peer's
+    # allocation into this process, one after the other.
+    import numpy as np
+
+    peer = ucx_peer
+    conn = peer["conn"]
+    a = ucx_agent("ucx-both")
+    with cp.cuda.Device(0):
+        src = pattern(LEN, 41)
+        one = cp.ones(1, dtype=cp.uint64)
+        cp.cuda.runtime.deviceSynchronize()
+        a.register_memory([(*vram(src), ""), (*vram(one), "")], "VRAM")
+    a.add_remote_agent(peer["metadata"])
+    g = peer["gpu"]
+    data = (peer["data"], LEN, g)
+    signal = (peer["words"], 8, g)
+    counter = (peer["words"] + 8, 8, g)
+    xfer = a.initialize_xfer(
+        "WRITE",
+        a.get_xfer_descs([vram(src), vram(one)], "VRAM"),
+        a.get_xfer_descs([data, signal], "VRAM"),
+        "ucx-peer",
+    )
+    assert a.query_xfer_backend(xfer) == "CUDA_IPC"
+    state = a.transfer(xfer)
+    while state != "DONE":
+        state = a.check_xfer_state(xfer)
+    conn.send(("check", 41, 1))
+    assert conn.poll(60), "the peer did not answer"
+    status, at_peer, seen = conn.recv()
+    assert status == "ok" and seen == 1, (status, seen)
+    assert (np.frombuffer(at_peer, dtype=np.uint8) == src.get()).all(), "the host WRITE"
+    # Now a view of the same peer memory, and a kernel's put into it.
+    lv = a.prep_mem_view(a.get_xfer_descs([vram(src)], "VRAM"))
+    rv = a.prep_mem_view(
+        a.get_remote_descs([(*data, "ucx-peer"), (*counter, "ucx-peer")], "VRAM")
+    )
+    out = outputs(7)
+    with cp.cuda.Device(0):
+        src[:] = pattern(LEN, 43)
+        cp.cuda.runtime.deviceSynchronize()
+        kernel("put_then_add")(
+            (1,), (32,), (lv.kernel_arg, rv.kernel_arg, cp.uint64(LEN), cp.uint64(5), out)
+        )
+        cp.cuda.runtime.deviceSynchronize()
+    got = out.get().tolist()
+    assert got[:2] == [D.NIXL_SUCCESS, D.NIXL_SUCCESS], f"nixlPut / nixlAtomicAdd: {got}"
+    conn.send(("counter",))
+    assert conn.poll(60), "the peer did not answer"
+    status, at_peer, count = conn.recv()
+    assert status == "ok" and count == 5, (status, count)
+    assert (np.frombuffer(at_peer, dtype=np.uint8) == src.get()).all(), "the put's data"
+    # And the host path once more, after the view.
+    state = a.transfer(xfer)
+    while state != "DONE":
+        state = a.check_xfer_state(xfer)
