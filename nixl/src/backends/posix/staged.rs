@@ -376,6 +376,69 @@ mod tests {
         }
     }
 
+    /// A transfer mixing DRAM and "VRAM" descriptors: DRAM ones go straight to the file,
+    /// each run of VRAM ones through the slots, in order, every descriptor counted once.
+    #[test]
+    fn a_transfer_mixing_dram_and_vram_runs_each_its_way() {
+        use super::super::{Runner, StagingConfig};
+        use std::sync::atomic::{AtomicU64, Ordering};
+
+        let file = temp_file(1 << 16);
+        let fd = file.as_raw_fd();
+        let mut src = pattern(1 << 15, 9);
+        let at = src.as_mut_ptr();
+        let dram = |f: usize, m: usize, l: usize| Io {
+            gpu: None,
+            ..io(fd, f, at, m, l)
+        };
+        // (file offset, memory offset, length, VRAM?)
+        let layout = [
+            (0usize, 0usize, 100usize, false),
+            (200, 100, 5000, true),
+            (6000, 5100, 3, true),
+            (7000, 5103, 4097, false),
+            (12_000, 9200, 9000, true),
+        ];
+        let ios: Vec<Io> = layout
+            .iter()
+            .map(|&(f, m, l, v)| {
+                if v {
+                    io(fd, f, at, m, l)
+                } else {
+                    dram(f, m, l)
+                }
+            })
+            .collect();
+        let mut runner = Runner::new(StagingConfig {
+            slot: 4096,
+            slots: 2,
+        });
+        runner.stager = Some(Stager::new(Box::new(SlowCopier::new(3)), 0, 4096, 2).unwrap());
+        let done = AtomicU64::new(0);
+        runner.run_all(XferOp::Write, &ios, &done).unwrap();
+        assert_eq!(done.load(Ordering::Relaxed), layout.len() as u64);
+        for &(f, m, l, _) in &layout {
+            let mut got = vec![0u8; l];
+            std::os::unix::fs::FileExt::read_exact_at(&file, &mut got, f as u64).unwrap();
+            assert!(got == src[m..m + l], "file at {f}");
+        }
+        let mut dst = vec![0u8; src.len()];
+        let back = dst.as_mut_ptr();
+        let reads: Vec<Io> = ios
+            .iter()
+            .map(|io| Io {
+                mem: io.mem - at as usize + back as usize,
+                ..*io
+            })
+            .collect();
+        done.store(0, Ordering::Relaxed);
+        runner.run_all(XferOp::Read, &reads, &done).unwrap();
+        assert_eq!(done.load(Ordering::Relaxed), layout.len() as u64);
+        for &(_, m, l, _) in &layout {
+            assert!(dst[m..m + l] == src[m..m + l], "memory at {m}");
+        }
+    }
+
     #[test]
     fn a_read_past_the_end_fails_with_enodata_after_the_started_copies_finished() {
         let file = temp_file(10_000);
