@@ -6,6 +6,10 @@
 #   bash python/gpu-bundle.sh                 # here (needs network for pip once)
 #   bash target/python-gpu/run.sh [PYTEST ARGS]   # on the GPU machine
 #   bash target/python-gpu/run.sh tests/test_gpu_device.py   # only the device API's tests
+#   bash target/python-gpu/run.sh --nixl-side-by-side [NIXL_WHEEL_OR_DIR]
+#       # NIXL's own tests and examples on NIXL's wheel and on ours, one table
+#       # (tools/peer/nixl_python_tests.py; NIXL's wheel: default .peer/ of the working
+#       # tree, from tools/peer/fetch-nixl-wheel.sh)
 #
 # run.sh installs the wheels beside the system's Python (which has torch and CuPy), puts
 # NVRTC on the library path (the GPUNETIO backend compiles its kernel at run time), then
@@ -13,7 +17,11 @@
 # fails instead of skipping. The wheel is abi3 (Python 3.9 and later: 3.12 there).
 #
 # Environment: PYTHON_GPU_BUNDLE (output folder, default target/python-gpu), PYENV (the
-# build venv, default target/pyenv), CARGO_TARGET_DIR (default target/python).
+# build venv, default target/pyenv), CARGO_TARGET_DIR (default target/python), NIXL_SRC
+# (a NIXL checkout or git directory holding the commit nixl_python_tests.py pins; default
+# its clone cache ~/.cache/rdma-rs/nixl.git, cloned from GitHub if absent): NIXL's
+# test/python and examples/python are exported from it into the bundle's nixl-src/, so
+# the side-by-side run needs no network.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 out="${PYTHON_GPU_BUNDLE:-$root/target/python-gpu}"
@@ -39,6 +47,22 @@ cp "$root/tools/peer/kvbench.py" "$out/tools/peer/"
 # tests/test_nixl_name.py puts the opt-in `nixl` package (tests/../nixl-shim) on the path.
 cp -r "$root/python/nixl-shim" "$out/nixl-shim"
 rm -rf "$out/tests/__pycache__" "$out/nixl-shim/nixl/__pycache__"
+# The side-by-side runner, and NIXL's tests and examples at the commit it pins.
+cp "$root/tools/peer/nixl-python-tests.sh" "$root/tools/peer/nixl_python_tests.py" "$out/tools/peer/"
+commit="$(sed -n 's/^DEFAULT_COMMIT = "\([0-9a-f]*\)"$/\1/p' "$root/tools/peer/nixl_python_tests.py")"
+nixl_git="${NIXL_SRC:-${XDG_CACHE_HOME:-$HOME/.cache}/rdma-rs/nixl.git}"
+if [ -z "${NIXL_SRC:-}" ] && [ ! -e "$nixl_git" ]; then
+  git clone -q --bare --filter=blob:none https://github.com/ai-dynamo/nixl "$nixl_git" || true
+fi
+if git -C "$nixl_git" cat-file -e "$commit^{commit}" 2>/dev/null \
+    || git -C "$nixl_git" fetch -q origin "$commit" 2>/dev/null; then
+  mkdir -p "$out/nixl-src"
+  git -C "$nixl_git" archive "$commit" test/python examples/python | tar -x -C "$out/nixl-src"
+  echo "ai-dynamo/nixl @ ${commit:0:12}" > "$out/nixl-src/SOURCE"
+else
+  echo "gpu-bundle: NIXL's sources at ${commit:0:12} not found in $nixl_git (set NIXL_SRC to a" \
+    "NIXL checkout or git directory holding it): run.sh --nixl-side-by-side will refuse" >&2
+fi
 cat > "$out/run.sh" <<'EOF'
 #!/usr/bin/env bash
 # Runs rdma_nixl's test suite (DRAM and GPU) on this machine; GPU tests must not skip.
@@ -62,6 +86,15 @@ if ! ldconfig -p 2>/dev/null | grep -q 'libnvrtc\.so\.13'; then
   done
 fi
 cd "$here"
+if [ "${1:-}" = "--nixl-side-by-side" ]; then
+  # NIXL's own tests and examples against NIXL's wheel and ours (installed from wheels
+  # into folders of their own), one table; nothing from the network.
+  nixl_wheel="${2:-$here/../../.peer}"
+  [ -f "$here/nixl-src/SOURCE" ] || { echo "run.sh: no nixl-src in this bundle (NIXL_SRC when building it)" >&2; exit 2; }
+  PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" exec python3 "$here/tools/peer/nixl_python_tests.py" \
+    --nixl-src "$here/nixl-src" --nixl-wheel "$nixl_wheel" --ours-wheel "$here/wheels" \
+    --python python3 --work "${TMPDIR:-/tmp}/nixl-python-tests"
+fi
 # Arguments naming test files (tests/...) replace the whole suite; others are pytest's.
 paths=tests
 for a in "$@"; do case "$a" in tests|tests/*) paths= ;; esac; done

@@ -109,8 +109,10 @@ PLUGIN_PARAMS: Dict[str, Dict[str, str]] = {
         "stage_dram": "0",
     },
     "LOCAL": {"num_streams": "4", "copy_engine": "auto"} if _core.CUDA else {},
-    # NIXL's POSIX: files by pread/pwrite (its io-queue choices have no counterpart).
-    "POSIX": {},
+    # NIXL's POSIX: files by pread/pwrite (its io-queue choices have no counterpart);
+    # VRAM goes through pinned slots, staging_size bytes per transfer in slots of
+    # staging_slot_size.
+    "POSIX": {"staging_size": str(4 << 20), "staging_slot_size": str(1 << 20)},
     "CUDA_IPC": {"num_streams": "4", "copy_engine": "auto"},
     "GPUNETIO": {
         # Empty: the GPU of the first VRAM registered (an ordinal pins one).
@@ -138,7 +140,7 @@ PLUGIN_MEMS: Dict[str, List[str]] = {
     "LIBFABRIC": _GPU_MEMS,
     "VERBS": _GPU_MEMS,
     "LOCAL": _GPU_MEMS,
-    "POSIX": ["DRAM_SEG", "FILE_SEG"],
+    "POSIX": _GPU_MEMS + ["FILE_SEG"],
     "CUDA_IPC": ["DRAM_SEG", "VRAM_SEG"],
     "GPUNETIO": ["DRAM_SEG", "VRAM_SEG"],
     "FAULT": _GPU_MEMS,

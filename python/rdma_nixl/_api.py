@@ -31,9 +31,12 @@ Where this differs from NIXL:
 - ``sync_mode`` is recorded (``self.agent.syncMode``) but every level behaves as the
   safest: the agent is thread-safe (``rdma_nixl._agent`` explains the mapping).
 - The GPU device API (``prep_mem_view``, ``create_gpu_xfer_req``) is the ``GPUNETIO``
-  backend's, not UCX's; its handles are objects (``rdma_nixl.device``) holding the
-  40-byte kernel argument, with an int ``handle`` that the release methods accept as
-  NIXL's ints. Other backends raise ``nixlNotSupportedError``.
+  backend's, not UCX's; an agent made with ``UCX`` adds one at its first VRAM
+  registration (intra-node, VRAM of that GPU; ``HAVE_UCX_GPU_DEVICE_API`` says whether
+  this build and machine have it; see ``nixl_agent._ucx_device_backend``). Its handles
+  are ints, as NIXL's (``rdma_nixl.device``), holding the 40-byte kernel argument as a
+  struct (``kernel_arg``); the release methods also take the plain int. Other backends
+  raise ``nixlNotSupportedError``.
 """
 
 from __future__ import annotations
@@ -135,12 +138,16 @@ class nixl_xfer_handle:
     low-level agent's int ``_handle``. ``release()`` frees it (canceling it if in
     flight); garbage collection does too."""
 
-    __slots__ = ("_handle", "_agent", "_released", "_req")
+    __slots__ = ("_handle", "_agent", "_released", "_req", "_gpu_rebuild", "_gpu_sibling")
 
-    def __init__(self, agent, value: int):
+    def __init__(self, agent, value: int, gpu_rebuild=None):
         self._handle = int(value)
         self._agent = agent
         self._released = False
+        # UCX's device API (nixl_agent.create_gpu_xfer_req): how to make the same
+        # request on the device backend, and that request once made.
+        self._gpu_rebuild = gpu_rebuild
+        self._gpu_sibling: Optional["nixl_xfer_handle"] = None
         # The request behind the int: transfer() and check_xfer_state() reach it without
         # a lookup (they do what postXferReq / getXferStatus do).
         self._req = agent._request(self._handle)
@@ -152,6 +159,9 @@ class nixl_xfer_handle:
         if not self._released:
             self._agent.releaseXferReq(self._handle)
             self._released = True
+            self._gpu_rebuild = None
+            if self._gpu_sibling is not None:
+                self._gpu_sibling.release()
 
     def __del__(self):
         if not self._released:
@@ -259,8 +269,9 @@ class nixl_agent:
         self.plugin_b_options: Dict[str, Dict[str, str]] = {}
         self.plugin_mem_types: Dict[str, List[str]] = {}
         # Live device handles by their int (release_mem_view / release_gpu_xfer_req
-        # take the int, as NIXL's do).
-        self._gpu_handles: "weakref.WeakValueDictionary[int, nixl_gpu_handle]" = (
+        # take the int, as NIXL's do): the extension's handle objects, held weakly (the
+        # Python handles are ints, which cannot be weakly referenced).
+        self._gpu_handles: "weakref.WeakValueDictionary[int, object]" = (
             weakref.WeakValueDictionary()
         )
 
@@ -284,8 +295,17 @@ class nixl_agent:
                     logger.info("Backend %s not instantiated: %s", name, e)
             else:
                 self.create_backend(bknd)
+        # UCX's device API (prep_mem_view, create_gpu_xfer_req on VRAM): a GPUNETIO
+        # backend this agent adds at its first VRAM registration (_ucx_device_backend).
+        self._ucx_device_wanted = False
+        self._ucx_device_key: Optional[str] = None  # its key in self.backends
+        self._ucx_device_gpu: Optional[int] = None  # the GPU it is bound to
+        self._ucx_device_why: Optional[str] = None  # why it could not be added
         if "UCX" in wanted and not instantiate_all:
             self._add_cuda_ipc_for_ucx()
+            self._ucx_device_wanted = (
+                "GPUNETIO" in self.plugin_list and self._backend_key("GPUNETIO") is None
+            )
 
         self.nixl_mems = {
             "DRAM": nixlBind.DRAM_SEG,
@@ -323,6 +343,92 @@ class nixl_agent:
             self._record_backend("CUDA_IPC", handle)
             return
         logger.info("UCX: no CUDA_IPC beside LIBFABRIC (%s)", reason)
+
+    def _ucx_device_backend(self, reg_descs: nixlRegDList) -> Optional[int]:
+        """The handle of the backend that serves NIXL's device API behind ``UCX`` for
+        this registration, or None where it takes no part in it.
+
+        NIXL's UCX carries the GPU device API (kernels post transfers; memory views)
+        for VRAM; ours is the ``GPUNETIO`` backend's. An agent made with ``UCX`` adds one
+        at its first VRAM registration, bound to that registration's GPU
+        (``gpu_devices``) and limited to peers on this node (``nic_handler=intra_node``:
+        CUDA IPC, as UCX's ``cuda_ipc`` lane; no proxy thread, no NIC registration).
+        Created last, it is never the agent's choice for transfers the others carry.
+        It registers the VRAM of its GPU only (lists all on that GPU); DRAM and other
+        GPUs' VRAM are left to the other backends, so its GPU binding never refuses a
+        registration. Best effort: without a GPU, NVRTC or this build's GPUNETIO
+        (``_bindings.HAVE_UCX_GPU_DEVICE_API`` false) it is not added, the reason is
+        logged once, and the device API raises ``nixlNotSupportedError`` saying so."""
+        if not self._ucx_device_wanted or reg_descs.getType() != nixlBind.VRAM_SEG:
+            return None
+        gpus = set(reg_descs._words[2::3])
+        if self._ucx_device_key is None:
+            if self._ucx_device_why is not None or len(gpus) != 1:
+                return None
+            if self._backend_key("GPUNETIO") is not None:
+                # The user created one since: theirs serves the device API.
+                self._ucx_device_wanted = False
+                return None
+            gpu = next(iter(gpus))
+            why = nixlBind._ucx_device_api_unavailable()
+            if why is None:
+                try:
+                    handle = self.agent._create_backend(
+                        "GPUNETIO",
+                        {"gpu_devices": str(gpu), "nic_handler": "intra_node"},
+                        count_errors=False,
+                    )
+                except nixlBind.nixlError as e:
+                    # The message only (a record holding the exception would hold its
+                    # traceback, and through it this agent).
+                    why = f"creating GPUNETIO on GPU {gpu} failed: {e}"
+                else:
+                    self._record_backend("GPUNETIO", handle)
+                    self._ucx_device_key = "GPUNETIO"
+                    self._ucx_device_gpu = gpu
+            if why is not None:
+                self._ucx_device_why = why
+                logger.info("UCX: no device API (GPUNETIO) beside LIBFABRIC: %s", why)
+                return None
+        if gpus != {self._ucx_device_gpu}:
+            return None
+        return self.backends[self._ucx_device_key]
+
+    def _registration_handles(self, reg_descs: nixlRegDList, backends: List[str]) -> List[int]:
+        """Backend handles ``register_memory`` passes down: those named (none: every
+        backend), with UCX's device backend added where it takes the memory and
+        left out where it does not (see ``_ucx_device_backend``)."""
+        handles = self._handles(backends)
+        if not self._ucx_device_wanted or (backends and "UCX" not in backends):
+            return handles
+        device = self._ucx_device_backend(reg_descs)
+        if self._ucx_device_key is None:
+            return handles
+        if backends:
+            return handles + [device] if device is not None else handles
+        if device is not None:
+            return handles  # every backend, the device one included
+        companion = self.backends[self._ucx_device_key]
+        return [h for h in self.backends.values() if h != companion]
+
+    def _ucx_device_handles(self, backends: List[str]) -> List[int]:
+        """Handles for the device API's calls: naming ``UCX`` names its device backend."""
+        handles = self._handles(backends)
+        if "UCX" in backends and self._ucx_device_key is not None:
+            handles.append(self.backends[self._ucx_device_key])
+        return handles
+
+    def _explain_device_api(self, e: Exception) -> Exception:
+        """``e`` (a ``nixlNotSupportedError`` of the device API), with why an agent made
+        with ``UCX`` has no device backend, where that is the cause."""
+        if not self._ucx_device_wanted or self._ucx_device_key is not None:
+            return e
+        why = self._ucx_device_why or (
+            "it is added at the agent's first VRAM registration, and none was made yet"
+        )
+        return nixlBind.nixlNotSupportedError(
+            f"{e} (the device API behind UCX is a GPUNETIO backend: {why})"
+        )
 
     def _backend_key(self, name: str) -> Optional[str]:
         """The key in ``self.backends`` of a backend named by the user: its own name, or
@@ -421,7 +527,7 @@ class nixl_agent:
         reg_descs = self.get_reg_descs(reg_list, mem_type)
         if reg_descs is None:
             raise _BadDescriptors("register_memory: descriptors in a form it does not take")
-        self.agent.registerMem(reg_descs, self._handles(backends))
+        self.agent.registerMem(reg_descs, self._registration_handles(reg_descs, backends))
         return reg_descs
 
     def deregister_memory(self, dereg_list: nixlRegDList, backends: List[str] = []):  # noqa: B006
@@ -512,7 +618,19 @@ class nixl_agent:
             self._handles(backends),
             skip_desc_merge,
         )
-        return nixl_xfer_handle(self.agent, handle)
+        device = self._ucx_device_for_requests(backends)
+        agent, lh, li, rh, ri = (
+            self.agent, local_xfer_side, local_indices, remote_xfer_side, remote_indices
+        )
+        # The prepared lists' objects are held (not their ints): they stay alive for it.
+        rebuild = (
+            (lambda: agent.makeXferReq(
+                op, lh._handle, li, rh._handle, ri, notif_msg, [device], skip_desc_merge
+            ))
+            if device is not None
+            else None
+        )
+        return nixl_xfer_handle(self.agent, handle, rebuild)
 
     def initialize_xfer(
         self,
@@ -532,7 +650,21 @@ class nixl_agent:
         handle = self.agent.createXferReq(
             op, local, remote, remote_agent, notif_msg, self._handles(backends)
         )
-        return nixl_xfer_handle(self.agent, handle)
+        device = self._ucx_device_for_requests(backends)
+        agent = self.agent
+        rebuild = (
+            (lambda: agent.createXferReq(op, local, remote, remote_agent, notif_msg, [device]))
+            if device is not None
+            else None
+        )
+        return nixl_xfer_handle(self.agent, handle, rebuild)
+
+    def _ucx_device_for_requests(self, backends: List[str]) -> Optional[int]:
+        """UCX's device backend, for a request made with ``backends`` (none, or ``UCX``
+        among them) that ``create_gpu_xfer_req`` may be asked about; else None."""
+        if self._ucx_device_key is None or (backends and "UCX" not in backends):
+            return None
+        return self.backends[self._ucx_device_key]
 
     def transfer(self, handle: nixl_xfer_handle, notif_msg: bytes = b"") -> str:
         """Posts a transfer: ``"DONE"`` if it completed within the call, else ``"PROC"``.
@@ -566,15 +698,19 @@ class nixl_agent:
 
     def _device_handle(self, cls, core) -> nixl_gpu_handle:
         h = cls(core)
-        self._gpu_handles[h.handle] = h
+        self._gpu_handles[int(h)] = core
         return h
 
-    def _live_handle(self, handle, cls, what: str) -> nixl_gpu_handle:
+    def _live_handle(self, handle, cls, what: str):
+        """The extension's handle behind ``handle`` (a handle object of class ``cls``, or
+        the int of a live one of this agent)."""
         if isinstance(handle, cls):
-            return handle
+            return handle.core
+        if isinstance(handle, nixl_gpu_handle):
+            raise _BadArgument(f"{what} takes a {cls.__name__}, not {type(handle).__name__}")
         if isinstance(handle, int) and not isinstance(handle, bool):
             found = self._gpu_handles.get(handle)
-            if isinstance(found, cls):
+            if found is not None and found.kind == cls.KIND:
                 return found
             raise nixlInvalidParamError(
                 f"{what}: {handle:#x} is not a live {cls.__name__} of this agent"
@@ -591,40 +727,57 @@ class nixl_agent:
         ``nixlXferDList`` of local memory (sources of ``nixlPut``) or a
         ``nixlRemoteDList`` from ``get_remote_descs`` (one peer's registered memory, or
         this agent's own: targets of ``nixlPut`` / ``nixlAtomicAdd``, ``nixlGetPtr``
-        where mapped). Element ``i`` is descriptor ``i``. Needs a ``GPUNETIO`` backend;
-        others raise ``nixlNotSupportedError``. Returns a handle object (NIXL returns an
-        int): pass ``handle.kernel_arg`` (or ``handle.raw``) to kernels; it is released
-        by ``release_mem_view`` or when collected."""
-        handles = self._handles(list(backends or []))
-        core = self.agent._try_backends(lambda b: self.agent._mem_view_core(dlist, b), handles)
+        where mapped). Element ``i`` is descriptor ``i``. Needs a ``GPUNETIO`` backend
+        (an agent made with ``UCX`` adds one at its first VRAM registration); others
+        raise ``nixlNotSupportedError``. Returns an int, as NIXL's, that carries the
+        kernel argument: pass ``handle.kernel_arg`` (or ``handle.raw``) to kernels; it
+        is released by ``release_mem_view`` or when collected."""
+        handles = self._ucx_device_handles(list(backends or []))
+        try:
+            core = self.agent._try_backends(
+                lambda b: self.agent._mem_view_core(dlist, b), handles
+            )
+        except nixlBind.nixlNotSupportedError as e:
+            raise self._explain_device_api(e) from None
         return self._device_handle(nixl_mem_view_handle, core)
 
     def release_mem_view(self, mvh: Union[nixl_mem_view_handle, int]) -> None:
         """Releases a memory view (the handle, or its int). Only after the kernels using
         it finished; kernels given it later get ``NIXL_ERR_INVALID_PARAM``."""
-        h = self._live_handle(mvh, nixl_mem_view_handle, "release_mem_view")
-        self._gpu_handles.pop(h.handle, None)
-        h.release()
+        core = self._live_handle(mvh, nixl_mem_view_handle, "release_mem_view")
+        self._gpu_handles.pop(int(mvh), None)
+        core.release()
 
     def create_gpu_xfer_req(self, req_hndl: nixl_xfer_handle) -> nixl_gpu_xfer_req_handle:
         """A handle for kernels to post a transfer request's descriptors themselves
         (NIXL's ``createGpuXferReq``): descriptor ``i`` of the request is ``desc_idx``
         ``i`` of ``nixlGpuPostSingleWriteXferReq`` / ``nixlGpuPostSignalXferReq``. The
-        request's backend must be ``GPUNETIO`` (``nixlNotSupportedError`` otherwise).
+        request's backend must be ``GPUNETIO`` (``nixlNotSupportedError`` otherwise); a
+        request of an agent made with ``UCX`` that its other backends carry is made once
+        more on its ``GPUNETIO`` backend for the handle (released with the request).
         Released by ``release_gpu_xfer_req`` or when collected; keep the request alive
         while kernels use it."""
         if not isinstance(req_hndl, nixl_xfer_handle):
             raise _BadArgument(
                 f"create_gpu_xfer_req takes a nixl_xfer_handle, not {type(req_hndl).__name__}"
             )
-        core = req_hndl._req.core.create_gpu_xfer_req()
+        req = req_hndl._req.core
+        if req.backend != "GPUNETIO" and req_hndl._gpu_rebuild is not None:
+            # Made by UCX's other backends: the same request on its device backend.
+            if req_hndl._gpu_sibling is None:
+                req_hndl._gpu_sibling = nixl_xfer_handle(self.agent, req_hndl._gpu_rebuild())
+            req = req_hndl._gpu_sibling._req.core
+        try:
+            core = req.create_gpu_xfer_req()
+        except nixlBind.nixlNotSupportedError as e:
+            raise self._explain_device_api(e) from None
         return self._device_handle(nixl_gpu_xfer_req_handle, core)
 
     def release_gpu_xfer_req(self, gpu_req_hndl: Union[nixl_gpu_xfer_req_handle, int]) -> None:
         """Releases a GPU request handle (NIXL's ``releaseGpuXferReq``), or its int."""
-        h = self._live_handle(gpu_req_hndl, nixl_gpu_xfer_req_handle, "release_gpu_xfer_req")
-        self._gpu_handles.pop(h.handle, None)
-        h.release()
+        core = self._live_handle(gpu_req_hndl, nixl_gpu_xfer_req_handle, "release_gpu_xfer_req")
+        self._gpu_handles.pop(int(gpu_req_hndl), None)
+        core.release()
 
     def get_gpu_signal_size(self, backends: List[str] = []) -> int:  # noqa: B006
         """Bytes of a signal word for ``nixlGpuPostSignalXferReq`` (NIXL's

@@ -18,6 +18,7 @@ missing descriptor in ``index()`` is a ``nixlNotFoundError`` and a ``ValueError`
 
 from __future__ import annotations
 
+import os
 import sys
 from array import array
 from enum import IntEnum
@@ -44,10 +45,45 @@ from ._core import (  # noqa: F401  (re-exported)
 
 DEFAULT_COMM_PORT = 8888
 NIXL_INIT_AGENT = ""
-# NIXL's probe for UCX's GPU device API: no UCX here. Our device API is the GPUNETIO
-# backend's (HAVE_GPU_DEVICE_API: this build has it).
-HAVE_UCX_GPU_DEVICE_API = False
+# Our device API is the GPUNETIO backend's (HAVE_GPU_DEVICE_API: this build has it).
+# NIXL's HAVE_UCX_GPU_DEVICE_API (UCX's device API) is computed on first use, below.
 HAVE_GPU_DEVICE_API = bool(_core.CUDA)
+
+_UNSET = object()
+_ucx_device_reason = _UNSET
+
+
+def _ucx_device_api_unavailable() -> Optional[str]:
+    """Why NIXL's device API cannot be served behind the backend name ``UCX`` in this
+    process, or None where it can: this build has ``GPUNETIO``, a GPU is seen and NVRTC
+    loads (an agent made with ``UCX`` then adds ``GPUNETIO`` for VRAM: see
+    ``nixl_agent``), unless ``RDMA_NIXL_UCX_DEVICE_API=0`` turns that off (agents that
+    never use the device API then skip the backend's cost: an IPC listener thread and a
+    kernel compiled per agent). Asked once per process, when first needed: the probe initialises
+    the CUDA driver, which importing the package must not do (a process that forks
+    after initialising CUDA leaves its children without it)."""
+    global _ucx_device_reason
+    if _ucx_device_reason is _UNSET:
+        setting = os.environ.get("RDMA_NIXL_UCX_DEVICE_API", "").strip().lower()
+        if setting in ("0", "n", "no", "off", "false", "disable"):
+            _ucx_device_reason = f"turned off by RDMA_NIXL_UCX_DEVICE_API={setting}"
+        elif "GPUNETIO" not in _core.Agent.available_backends():
+            _ucx_device_reason = "this build has no GPUNETIO backend"
+        else:
+            _ucx_device_reason = _core.device_api_unavailable()
+    return _ucx_device_reason
+
+
+def __getattr__(name: str):
+    # NIXL's probe for UCX's GPU device API (its tests skip the device API without it):
+    # true where the device path behind "UCX" exists in this build and this machine.
+    if name == "HAVE_UCX_GPU_DEVICE_API":
+        return _ucx_device_api_unavailable() is None
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(list(globals()) + ["HAVE_UCX_GPU_DEVICE_API"])
 
 
 class _NixlEnum(IntEnum):

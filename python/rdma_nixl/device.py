@@ -124,22 +124,26 @@ def handle_dtype():
     return _dtype
 
 
-class nixl_gpu_handle:
+class nixl_gpu_handle(int):
     """A device handle: the kernel argument and what keeps it valid. Released by
     ``release()`` or when garbage collected.
 
-    ``raw`` is the 40-byte argument; ``kernel_arg`` the same as a numpy structured
-    scalar (CuPy ``RawKernel`` arguments); ``as_ctypes()`` a ctypes struct; ``handle``
-    (also ``int(h)``) an int naming it, accepted by the agent's release methods as
-    NIXL's int handles are. The bytes stay readable after release (a kernel given them
-    gets ``NIXL_ERR_INVALID_PARAM``)."""
+    It *is* an int, as NIXL's handles are (``isinstance(h, int)``, never 0): a number
+    naming it, unique in the process and never reused, that the agent's release
+    methods also accept as a plain int. The kernel argument is not that number (ours
+    is a 40-byte struct passed by value, NIXL's a device pointer): ``raw`` is its
+    bytes, ``kernel_arg`` the same as a numpy structured scalar (CuPy ``RawKernel``
+    arguments), ``as_ctypes()`` a ctypes struct. ``handle`` is ``int(h)``. The bytes
+    stay readable after release (a kernel given them gets ``NIXL_ERR_INVALID_PARAM``)."""
 
-    __slots__ = ("_handle", "_raw", "_id", "__weakref__")
+    # An int subclass cannot have slots of its own; the instance dict holds the core
+    # handle and its bytes.
 
-    def __init__(self, core_handle):
+    def __new__(cls, core_handle):
+        self = super().__new__(cls, next(_IDS))
         self._handle = core_handle
         self._raw = core_handle.raw
-        self._id = next(_IDS)
+        return self
 
     @property
     def raw(self) -> bytes:
@@ -148,13 +152,13 @@ class nixl_gpu_handle:
 
     @property
     def handle(self) -> int:
-        """An int naming this handle (unique in the process, never reused)."""
-        return self._id
+        """The int naming this handle (``int(h)``; unique in the process, never reused)."""
+        return int(self)
 
-    def __int__(self) -> int:
-        return self.handle
-
-    __index__ = __int__
+    @property
+    def core(self):
+        """The extension's handle object (``rdma_nixl._core.GpuHandle``)."""
+        return self._handle
 
     @property
     def kernel_arg(self):
@@ -202,7 +206,7 @@ class nixl_gpu_handle:
 
     def __repr__(self) -> str:
         return (
-            f"{type(self).__name__}(handle={self._id}, count={self.count}, "
+            f"{type(self).__name__}(handle={int(self)}, count={self.count}, "
             f"released={self.released})"
         )
 
@@ -212,14 +216,16 @@ class nixl_gpu_xfer_req_handle(nixl_gpu_handle):
     ``nixlGpuPostSingleWriteXferReq`` / ``nixlGpuPostSignalXferReq`` (from
     ``nixl_agent.create_gpu_xfer_req``)."""
 
-    __slots__ = ()
+    #: The core handle's ``kind``.
+    KIND = "xfer_req"
 
 
 class nixl_mem_view_handle(nixl_gpu_handle):
     """``nixlMemViewH``: a descriptor list's elements for ``nixlPut`` /
     ``nixlAtomicAdd`` / ``nixlGetPtr`` (from ``nixl_agent.prep_mem_view``)."""
 
-    __slots__ = ()
+    #: The core handle's ``kind``.
+    KIND = "mem_view"
 
 
 # --- headers and compile options ----------------------------------------------------

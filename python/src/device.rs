@@ -39,7 +39,9 @@ impl HandleKind {
 
 /// A device handle (NIXL's `nixlGpuXferReqH` or `nixlMemViewH`): the kernel argument's
 /// bytes and fields, released explicitly or when collected.
-#[pyclass(module = "rdma_nixl._core", frozen)]
+// `weakref`: agents find their live handles by int without keeping them alive (the
+// Python handle object is an `int` subclass, which cannot be weakly referenced itself).
+#[pyclass(module = "rdma_nixl._core", frozen, weakref)]
 pub struct GpuHandle {
     raw: RawGpuHandle,
     kind: HandleKind,
@@ -226,6 +228,38 @@ pub fn gpu_count() -> usize {
         }
     }
     0
+}
+
+/// Why the device API cannot be served behind NIXL's backend name `UCX` in this process
+/// (`None`: it can): this build must have `GPUNETIO`, a GPU must be seen, and NVRTC
+/// must load (the backend compiles its transfer kernel when it binds a GPU). What
+/// `_bindings.HAVE_UCX_GPU_DEVICE_API` reports, and the reason an agent logs when it
+/// cannot add the device path.
+#[pyfunction]
+pub fn device_api_unavailable() -> Option<String> {
+    #[cfg(feature = "cuda")]
+    {
+        use gpunetio::gpu_mem;
+        if !gpu_mem::is_available() {
+            return Some("no CUDA driver (libcuda) could be loaded".into());
+        }
+        if gpu_mem::device_count() == 0 {
+            return Some("the CUDA driver sees no GPU".into());
+        }
+        if !gpu_mem::device_code::nvrtc_available() {
+            return Some(
+                "NVRTC (libnvrtc.so.13) does not load: GPUNETIO compiles its transfer kernel \
+                 with it (install nvidia-cuda-nvrtc 13 and put its lib folder on \
+                 LD_LIBRARY_PATH)"
+                    .into(),
+            );
+        }
+        None
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        Some("this build has no GPUNETIO backend (no `cuda` feature)".into())
+    }
 }
 
 /// The headers a kernel using the device API includes, by include name: the nixl

@@ -32,6 +32,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(device::prep_gpu_signal, m)?)?;
     m.add_function(wrap_pyfunction!(device::gpu_arch, m)?)?;
     m.add_function(wrap_pyfunction!(device::gpu_count, m)?)?;
+    m.add_function(wrap_pyfunction!(device::device_api_unavailable, m)?)?;
     m.add_function(wrap_pyfunction!(device::_test_gpu_handle, m)?)?;
     m.add_function(wrap_pyfunction!(device::_test_released, m)?)?;
     m.add("GPU_SIGNAL_SIZE", device::GPU_SIGNAL_SIZE)?;

@@ -1,12 +1,14 @@
-"""The other process of test_gpu_device.py's two-process test (multiprocessing spawn): a
-GPUNETIO target whose data buffer and signal/counter words are CuPy arrays."""
+"""The other process of the device API's two-process tests (multiprocessing spawn): a
+target whose data buffer and signal/counter words are CuPy arrays on GPU ``gpu``, in an
+agent made with ``backends`` (test_gpu_device.py: GPUNETIO; test_gpu_ucx_device.py:
+NIXL's default, UCX)."""
 
 from __future__ import annotations
 
 import time
 
 
-def serve(size: int, conn) -> None:
+def serve(size: int, conn, backends=("GPUNETIO",), gpu: int = 0, name: str = "gn-peer") -> None:
     import os
 
     os.environ["NIXL_PY_IMPL"] = "ours"
@@ -15,13 +17,15 @@ def serve(size: int, conn) -> None:
 
         from conftest import load_api
 
+        cp.cuda.Device(gpu).use()
         api = load_api()
-        agent = api.nixl_agent("gn-peer", api.nixl_agent_config(backends=["GPUNETIO"]))
+        agent = api.nixl_agent(name, api.nixl_agent_config(backends=list(backends)))
         data = cp.zeros(size, dtype=cp.uint8)
         words = cp.zeros(4, dtype=cp.uint64)  # [signal, counter, spare, spare]
         cp.cuda.runtime.deviceSynchronize()
         agent.register_memory(
-            [(data.data.ptr, data.nbytes, 0, ""), (words.data.ptr, words.nbytes, 0, "")], "VRAM"
+            [(data.data.ptr, data.nbytes, gpu, ""), (words.data.ptr, words.nbytes, gpu, "")],
+            "VRAM",
         )
     except Exception as e:  # noqa: BLE001 - reported to the test, which fails with it
         conn.send({"error": f"{type(e).__name__}: {e}"})
@@ -31,6 +35,8 @@ def serve(size: int, conn) -> None:
             "metadata": agent.get_agent_metadata(),
             "data": int(data.data.ptr),
             "words": int(words.data.ptr),
+            "gpu": gpu,
+            "backends": sorted(agent.backends),
         }
     )
     while True:

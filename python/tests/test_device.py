@@ -316,6 +316,157 @@ def test_the_agent_releases_handles_by_object_or_int_and_forgets_collected_ones(
     assert key not in agent._gpu_handles
 
 
+# --- the device API behind NIXL's backend name UCX ---------------------------------------
+
+
+@ours
+def test_have_ucx_gpu_device_api_says_whether_the_device_path_exists_here():
+    B = api.nixlBind
+    why = B._ucx_device_api_unavailable()
+    assert isinstance(B.HAVE_UCX_GPU_DEVICE_API, bool)
+    assert B.HAVE_UCX_GPU_DEVICE_API is (why is None)
+    assert "HAVE_UCX_GPU_DEVICE_API" in dir(B)
+    if _core.gpu_count() == 0:
+        assert not B.HAVE_UCX_GPU_DEVICE_API and why, "no GPU here: no device path"
+    with pytest.raises(AttributeError):
+        B.NO_SUCH_NAME  # noqa: B018
+
+
+@ours
+def test_the_device_path_behind_ucx_can_be_turned_off(monkeypatch):
+    B = api.nixlBind
+    monkeypatch.setattr(B, "_ucx_device_reason", B._UNSET)
+    monkeypatch.setenv("RDMA_NIXL_UCX_DEVICE_API", "0")
+    assert B._ucx_device_api_unavailable() == "turned off by RDMA_NIXL_UCX_DEVICE_API=0"
+    assert B.HAVE_UCX_GPU_DEVICE_API is False
+    agent = api.nixl_agent("ucx-off", api.nixl_agent_config())
+    with pytest.raises(nixlError):
+        agent.register_memory([(0x7000_0000, 4096, 0, "")], "VRAM")
+    assert agent._ucx_device_key is None
+    assert "RDMA_NIXL_UCX_DEVICE_API=0" in agent._ucx_device_why
+
+
+@ours
+def test_device_handles_are_ints_as_nixls():
+    h = _test_handle()
+    assert isinstance(h, int) and h != 0 and int(h) == h.handle
+    assert isinstance(h, D.nixl_mem_view_handle)
+    assert f"{h:#x}" == hex(h.handle)
+
+
+@ours
+def test_a_ucx_agent_without_vram_says_why_it_has_no_device_api():
+    import numpy as np
+
+    agent = api.nixl_agent("ucx-no-view", api.nixl_agent_config())
+    buf = np.zeros(64, dtype=np.uint8)
+    agent.register_memory([(buf.ctypes.data, buf.nbytes, 0, "")], "DRAM")
+    assert "GPUNETIO" not in agent.backends, "DRAM does not add the device backend"
+    with pytest.raises(nixlNotSupportedError, match="device API behind UCX is a GPUNETIO"):
+        agent.prep_mem_view(agent.get_xfer_descs([(buf.ctypes.data, 64, 0)], "DRAM"))
+
+
+@ours
+def test_a_ucx_agent_whose_device_backend_cannot_be_made_keeps_registering(monkeypatch):
+    # As on a machine whose probe says yes but where GPUNETIO's creation fails: the
+    # failure is kept as the reason, logged, and registrations go on without it.
+    import numpy as np
+
+    monkeypatch.setattr(api.nixlBind, "_ucx_device_api_unavailable", lambda: None)
+    agent = api.nixl_agent("ucx-failed-device", api.nixl_agent_config())
+    with pytest.raises(nixlError):
+        agent.register_memory([(0x7000_0000, 4096, 0, "")], "VRAM")  # no GPU here
+    if _core.gpu_count() == 0:
+        assert agent._ucx_device_key is None
+        assert "creating GPUNETIO on GPU 0 failed" in agent._ucx_device_why
+        buf = np.zeros(64, dtype=np.uint8)
+        agent.register_memory([(buf.ctypes.data, buf.nbytes, 0, "")], "DRAM")
+        with pytest.raises(nixlNotSupportedError, match="creating GPUNETIO on GPU 0 failed"):
+            agent.prep_mem_view(agent.get_xfer_descs([(buf.ctypes.data, 64, 0)], "DRAM"))
+
+
+def _stand_in_device_backend(agent, backend="LOCAL", gpu=0):
+    """Makes ``backend`` stand in for UCX's device backend (GPUNETIO, which needs a GPU),
+    to check on any machine what the agent hands it."""
+    agent.create_backend(backend)
+    agent._ucx_device_wanted = True
+    agent._ucx_device_key = backend
+    agent._ucx_device_gpu = gpu
+    return agent.backends[backend]
+
+
+@ours
+def test_ucx_device_backend_takes_vram_of_its_gpu_only():
+    B = api.nixlBind
+    agent = api.nixl_agent("ucx-reg-rules", api.nixl_agent_config())
+    device = _stand_in_device_backend(agent, gpu=0)
+    others = [h for k, h in agent.backends.items() if k != "LOCAL"]
+    assert others, "UCX's own backend"
+
+    def regs(rows, mem):
+        return agent.get_reg_descs(rows, mem)
+
+    # No backend named: all of them for VRAM of its GPU, all but it otherwise.
+    assert agent._registration_handles(regs([(0x1000, 64, 0, "")], "VRAM"), []) == []
+    assert sorted(agent._registration_handles(regs([(0x1000, 64, 1, "")], "VRAM"), [])) == sorted(others)
+    mixed = regs([(0x1000, 64, 0, ""), (0x2000, 64, 1, "")], "VRAM")
+    assert sorted(agent._registration_handles(mixed, [])) == sorted(others)
+    assert sorted(agent._registration_handles(regs([(0x1000, 64, 0, "")], "DRAM"), [])) == sorted(others)
+    # UCX named: UCX's backend, and the device one where it takes the memory.
+    ucx = agent._handles(["UCX"])
+    assert agent._registration_handles(regs([(0x1000, 64, 0, "")], "VRAM"), ["UCX"]) == ucx + [device]
+    assert agent._registration_handles(regs([(0x1000, 64, 0, "")], "DRAM"), ["UCX"]) == ucx
+    # Other backends named: exactly those.
+    assert agent._registration_handles(regs([(0x1000, 64, 0, "")], "VRAM"), ["LOCAL"]) == [device]
+    assert B.VRAM_SEG  # the list types above are NIXL's
+
+
+@ours
+def test_ucx_device_backend_is_left_out_of_dram_registrations():
+    import numpy as np
+
+    agent = api.nixl_agent("ucx-dram", api.nixl_agent_config())
+    _stand_in_device_backend(agent)
+    buf = np.zeros(4096, dtype=np.uint8)
+    descs = [(buf.ctypes.data, buf.nbytes, 0, "")]
+    agent.register_memory(descs, "DRAM")
+    assert agent.query_memory(descs, "UCX", "DRAM") != [None]
+    assert agent.query_memory(descs, "LOCAL", "DRAM") == [None]
+
+
+@ours
+def test_a_gpu_request_of_a_ucx_agent_is_made_on_its_device_backend():
+    # create_gpu_xfer_req on a request UCX's transfer backend carries: the same request
+    # is made on the device backend (here LOCAL standing in, which has no device API:
+    # its refusal shows the request reached it).
+    import numpy as np
+
+    agent = api.nixl_agent("ucx-gpu-req", api.nixl_agent_config())
+    _stand_in_device_backend(agent)
+    src = np.arange(4096, dtype=np.uint8)
+    dst = np.zeros(4096, dtype=np.uint8)
+    rows = [(src.ctypes.data, 4096, 0, ""), (dst.ctypes.data, 4096, 0, "")]
+    agent.register_memory(rows, "DRAM", backends=["UCX", "LOCAL"])
+    xfer = agent.initialize_xfer(
+        "WRITE",
+        agent.get_xfer_descs([(src.ctypes.data, 4096, 0)], "DRAM"),
+        agent.get_xfer_descs([(dst.ctypes.data, 4096, 0)], "DRAM"),
+        agent.name,
+    )
+    assert agent.query_xfer_backend(xfer) != "LOCAL"
+    with pytest.raises(nixlNotSupportedError, match="LOCAL"):
+        agent.create_gpu_xfer_req(xfer)
+    sibling = xfer._gpu_sibling
+    assert sibling is not None and sibling._req.core.backend == "LOCAL"
+    # The transfer itself still runs on UCX's backend.
+    state = agent.transfer(xfer)
+    while state != "DONE":
+        state = agent.check_xfer_state(xfer)
+    assert (dst == src).all()
+    agent.release_xfer_handle(xfer)
+    assert sibling._released, "releasing the request releases its device twin"
+
+
 # --- headers and compile options ---------------------------------------------------------
 
 

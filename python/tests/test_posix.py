@@ -122,3 +122,16 @@ def test_low_level_query_mem_as_nixls_test():
     assert len(resp) == 2
     assert isinstance(resp[0], dict) and resp[0]["size"] == str(os.path.getsize(__file__))
     assert resp[1] is None
+
+
+@pytest.mark.ours_only
+def test_staging_parameters_are_checked():
+    agent = api.nixl_agent("params", api.nixl_agent_config(backends=[]))
+    params = agent.get_plugin_params("POSIX")
+    assert params == {"staging_size": str(4 << 20), "staging_slot_size": str(1 << 20)}
+    with pytest.raises(B.nixlInvalidParamError, match="at least one slot"):
+        agent.create_backend("POSIX", {"staging_size": "1024", "staging_slot_size": "4096"})
+    with pytest.raises(B.nixlInvalidParamError, match="takes no parameter `use_uring`"):
+        agent.create_backend("POSIX", {"use_uring": "true"})
+    agent.create_backend("POSIX", {"staging_size": "65536", "staging_slot_size": "4096"})
+    assert agent.get_backend_params("POSIX")["staging_slot_size"] == "4096"

@@ -24,12 +24,19 @@ Usage (``tools/peer/nixl-python-tests.sh`` wraps this)::
 
     nixl_python_tests.py [--nixl-src PATH] [--commit SHA] [--python PY]
                          [--nixl-python PY] [--ours-python PY] [--work DIR]
+                         [--nixl-wheel WHEEL|DIR] [--ours-wheel WHEEL|DIR]
 
-``--nixl-src`` is a NIXL checkout (its files as they are, or at ``--commit`` if given)
-or a bare git directory (at ``--commit``); without it the sources are cloned from
-GitHub (``--commit``, default below). ``--python`` is an interpreter with both
-packages (plus pytest, numpy and torch, which NIXL's tests import);
-``--nixl-python`` / ``--ours-python`` pick one per side instead.
+``--nixl-src`` is a NIXL checkout (its files as they are, or at ``--commit`` if given),
+a bare git directory (at ``--commit``), or a folder holding ``test/python`` and
+``examples/python`` as exported (what ``python/gpu-bundle.sh`` puts in its bundle);
+without it the sources are cloned from GitHub (``--commit``, default below).
+``--python`` is an interpreter with both packages (plus pytest, numpy and torch, which
+NIXL's tests import); ``--nixl-python`` / ``--ours-python`` pick one per side instead.
+``--nixl-wheel`` / ``--ours-wheel`` install a side's package from a wheel (or the one
+wheel of that package in a folder: ``.peer`` from ``tools/peer/fetch-nixl-wheel.sh``,
+the bundle's ``wheels``) into a folder of its own under ``--work`` (``pip install
+--no-deps --no-index --target``: no network), put first on that side's ``PYTHONPATH``.
+On a GPU machine without network: ``bash target/python-gpu/run.sh --nixl-side-by-side``.
 """
 
 from __future__ import annotations
@@ -52,7 +59,12 @@ from typing import Dict, List, Optional, Tuple
 DEFAULT_COMMIT = "8770b655a6b17b5cdf7d2b56b6e0be5392496df5"
 REPO_URL = "https://github.com/ai-dynamo/nixl"
 ROOT = Path(__file__).resolve().parents[2]
-PROGRAM = ROOT / "python" / "tests" / "_nixl_program.py"
+# The repository's layout, or python/gpu-bundle.sh's (tests/ beside tools/).
+PROGRAM = next(
+    (p for p in (ROOT / "python" / "tests" / "_nixl_program.py", ROOT / "tests" / "_nixl_program.py")
+     if p.exists()),
+    ROOT / "python" / "tests" / "_nixl_program.py",
+)
 
 # An import line of the package `nixl` (not `nixl_storage_utils`, `nixl_cu12`, ...).
 IMPORT_LINE = re.compile(r"^(\s*)(from|import)(\s+)nixl(?=[.\s]|$)")
@@ -94,6 +106,12 @@ def fetch_sources(src: Optional[str], commit: Optional[str], dest: Path) -> str:
             subprocess.run(["git", "-C", str(cache), "fetch", "origin", commit], check=True)
         src = str(cache)
     root = Path(src)
+    if not commit and (root / "SOURCE").is_file() and (root / "test" / "python").is_dir():
+        # Exported sources (a bundle's nixl-src, perhaps inside another git work tree):
+        # as they are, described by the SOURCE file written with them.
+        for p in paths:
+            shutil.copytree(root / p, dest / p)
+        return f"{root} ({(root / 'SOURCE').read_text().strip()})"
     if commit or not (root / "test" / "python").is_dir():
         if not is_git_dir(root):
             raise SystemExit(f"nixl-python-tests: {root} is not a git repository (for --commit)")
@@ -158,11 +176,37 @@ else:
 """
 
 
+def find_wheel(path: str, key: str) -> Path:
+    """The wheel at ``path``, or the one wheel of the side's package in folder ``path``."""
+    p = Path(path)
+    if p.is_file():
+        return p
+    prefixes = ("rdma_nixl-",) if key == "ours" else ("nixl-", "nixl_cu12-", "nixl_cu13-")
+    found = sorted(w for w in p.glob("*.whl") if w.name.startswith(prefixes))
+    if len(found) != 1:
+        raise SystemExit(f"nixl-python-tests: want one {'/'.join(prefixes)}*.whl in {p}, found "
+                         f"{[w.name for w in found]}")
+    return found[0]
+
+
+def install_wheel(python: str, wheel: Path, site: Path) -> None:
+    """Installs ``wheel`` (no dependencies, no index) into folder ``site``."""
+    if site.exists():
+        shutil.rmtree(site)
+    log(f"installing {wheel.name} into {site}")
+    subprocess.run([python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+                    "--no-deps", "--no-index", "--no-compile", "--target", str(site), str(wheel)],
+                   check=True)
+
+
 class Side:
-    def __init__(self, key: str, python: str, work: Path):
+    def __init__(self, key: str, python: str, work: Path, site: Optional[Path] = None):
         self.key = key
         self.python = python
-        out = subprocess.run([python, "-c", PROBE, key], capture_output=True, text=True)
+        # A folder the side's package was installed into, first on its PYTHONPATH.
+        self.site = site
+        out = subprocess.run([python, "-c", PROBE, key], capture_output=True, text=True,
+                             env=self.env())
         if out.returncode != 0:
             what = "rdma_nixl" if key == "ours" else "NIXL's wheel (nixl, nixl_cu12 or nixl_cu13)"
             raise SystemExit(f"nixl-python-tests: {python} cannot import {what}: {out.stderr.strip()}")
@@ -178,6 +222,9 @@ class Side:
         env["PYTHONUNBUFFERED"] = "1"
         for name in ("NIXL_TELEMETRY_ENABLE", "NIXL_TELEMETRY_DIR", "NIXL_TELEMETRY_EXPORTER"):
             env.pop(name, None)
+        if self.site is not None:
+            env["PYTHONPATH"] = os.pathsep.join(
+                [str(self.site)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
         env.update(extra)
         return env
 
@@ -471,6 +518,8 @@ def main() -> int:
     ap.add_argument("--nixl-python", help="interpreter with NIXL's wheel (default: --python)")
     ap.add_argument("--ours-python", help="interpreter with rdma_nixl (default: --python)")
     ap.add_argument("--work", help="keep the copies and logs here (default: a temporary folder)")
+    ap.add_argument("--nixl-wheel", help="install NIXL's package from this wheel (or folder holding it)")
+    ap.add_argument("--ours-wheel", help="install rdma_nixl from this wheel (or folder holding it)")
     opts = ap.parse_args()
 
     work = Path(opts.work) if opts.work else Path(tempfile.mkdtemp(prefix="nixl-python-tests-"))
@@ -478,8 +527,14 @@ def main() -> int:
     if sources.exists():
         shutil.rmtree(sources)
     source = fetch_sources(opts.nixl_src, opts.commit, sources)
-    sides = [Side("nixl", opts.nixl_python or opts.python, work),
-             Side("ours", opts.ours_python or opts.python, work)]
+    sides = []
+    for key, python, wheel in (("nixl", opts.nixl_python or opts.python, opts.nixl_wheel),
+                               ("ours", opts.ours_python or opts.python, opts.ours_wheel)):
+        site = None
+        if wheel:
+            site = work / f"site-{key}"
+            install_wheel(python, find_wheel(wheel, key), site)
+        sides.append(Side(key, python, work, site))
     for side in sides:
         if side.dir.exists():
             shutil.rmtree(side.dir)

@@ -4,8 +4,8 @@
 //!
 //! What goes in is read from `cargo metadata` at run time:
 //! - every test target named `gpu_*` in the workspace, built with the features of
-//!   [`GPU_FEATURES`] each package has (today `nixl/cuda`, `nixl/gpunetio`, `nixl/file`)
-//!   → `tests/<name>`;
+//!   [`GPU_FEATURES`] each package has (today `nixl/cuda`, `nixl/gpunetio`, `nixl/file`,
+//!   `nixl/posix`) → `tests/<name>`;
 //! - the binaries of `tools` and `hf3fs-gdr` and the examples of `gpunetio`, `nixl` and
 //!   `hf3fs-gdr` (each with its package's [`GPU_FEATURES`]) → `bin/<name>`;
 //! - the shared libraries those link beyond glibc (libfabric, libibverbs and theirs) →
@@ -24,9 +24,9 @@ use std::process::Command;
 
 /// Package features GPU builds turn on where a package has them: GPU memory and the GPU
 /// backends (`cuda`), GPU-initiated networking (`gpunetio`: nixl's GPUNETIO backend, its
-/// tests and device-API examples), the storage backend whose GPU tests read files into
-/// VRAM (`file`).
-const GPU_FEATURES: &[&str] = &["cuda", "gpunetio", "file"];
+/// tests and device-API examples), the storage backends whose GPU tests read files into
+/// VRAM (`file`, `posix`).
+const GPU_FEATURES: &[&str] = &["cuda", "gpunetio", "file", "posix"];
 /// Test targets with this name prefix need a GPU.
 const GPU_TEST_PREFIX: &str = "gpu_";
 /// Packages whose binaries (`bin`) or examples (`example`) are GPU tools.

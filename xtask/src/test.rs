@@ -103,7 +103,7 @@ pub fn run(args: &[String]) -> Result<i32> {
                 "-p",
                 "rdma-rs-nixl",
                 "--features",
-                "gpunetio,file",
+                "gpunetio,file,posix",
                 "--lib",
                 "--test",
                 "gpu_*",
