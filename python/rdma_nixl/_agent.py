@@ -113,7 +113,8 @@ PLUGIN_PARAMS: Dict[str, Dict[str, str]] = {
     # VRAM goes through pinned slots, staging_size bytes per transfer in slots of
     # staging_slot_size.
     "POSIX": {"staging_size": str(4 << 20), "staging_slot_size": str(1 << 20)},
-    "CUDA_IPC": {"num_streams": "4", "copy_engine": "auto"},
+    # peer_access=off copies every cross-GPU pair through pinned host memory.
+    "CUDA_IPC": {"num_streams": "4", "copy_engine": "auto", "peer_access": "auto"},
     "GPUNETIO": {
         # Empty: the GPU of the first VRAM registered (an ordinal pins one).
         "gpu_devices": "",
@@ -123,6 +124,9 @@ PLUGIN_PARAMS: Dict[str, Dict[str, str]] = {
         "nic_handler": "auto",
         "provider": "tcp;ofi_rxm",
         "copy_depth": "4",
+        # Host-posted same-node copies: copy engines / batched kernel (auto) or the
+        # queue-pair kernel (gio).
+        "copy_engine": "auto",
     },
     "FAULT": {
         "inner": "",
