@@ -401,12 +401,18 @@ impl Common {
         }
     }
 
-    /// Whether `qpn` on `rail` is a QP of a current connection this agent opened.
-    fn is_outgoing_qp(&self, rail: usize, qpn: u32) -> bool {
+    /// The current connection this agent opened whose QP on `rail` is `qpn`.
+    fn outgoing_of_qp(&self, rail: usize, qpn: u32) -> Option<Arc<Outgoing>> {
         self.outgoing
             .read()
             .values()
-            .any(|c| c.qps.get(rail).is_some_and(|qp| qp.qp_num() == qpn))
+            .find(|c| c.qps.get(rail).is_some_and(|qp| qp.qp_num() == qpn))
+            .cloned()
+    }
+
+    /// Incoming connection `id`, while it is open (a closing one takes no requests).
+    fn incoming_conn(&self, id: u64) -> Option<Arc<Incoming>> {
+        self.incoming.read().get(&id).cloned()
     }
 
     /// Closes an incoming connection (its peer closed the side channel, a heartbeat could
