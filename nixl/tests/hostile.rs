@@ -662,8 +662,8 @@ mod backend_decoders {
     #[test]
     fn gpunetio_oob_messages_survive_mutations() {
         let stream = le(&[
-            &5u32.to_le_bytes(),
-            b"agent",
+            &10u32.to_le_bytes(),
+            b"NXOH\x01agent",
             &3u32.to_le_bytes(),
             b"one",
             &0u32.to_le_bytes(),
@@ -684,9 +684,18 @@ mod backend_decoders {
             &4096u64.to_le_bytes(),
             &77u64.to_le_bytes(),
         ]);
+        // A verification request (another receiver asking about a connection).
+        let verify = le(&[
+            &19u32.to_le_bytes(),
+            b"NXOV\x01",
+            &[4, 127, 0, 0, 1],
+            &4242u16.to_le_bytes(),
+            &[4, 127, 0, 0, 1],
+            &80u16.to_le_bytes(),
+        ]);
         survive(
             "GPUNETIO",
-            &[stream, nic_info, descriptor],
+            &[stream, verify, nic_info, descriptor],
             nixl::backends::gpunetio::fuzz_oob_message,
             30_000,
         );
