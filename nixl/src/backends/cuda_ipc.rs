@@ -34,8 +34,13 @@
 //!   connection information this agent loaded — so an importer must have its metadata
 //!   loaded here first (`send_local_metadata`, etcd, ...) — and only for an id that one of
 //!   this agent's registrations exported. Ids are random 64-bit values, not a sequence to
-//!   walk. Abstract sockets have no file permissions, and any process in the network
-//!   namespace can reach one: these checks are the socket's only gate.
+//!   walk. A notification is attributed the same way: it may name a loaded peer only from
+//!   the process that peer advertised (pid and start time), this agent only from this
+//!   process, and one sender per connection; other names are the sender's word (a target
+//!   need not load its initiators' metadata, as in NIXL). Refusals drop the connection and
+//!   are counted ([`CudaIpcBackend::refused_notifications`]). Abstract sockets have no
+//!   file permissions, and any process in the network namespace can reach one: these
+//!   checks are the socket's only gate.
 //! - Same node only: the connection information carries the kernel's boot id; a peer
 //!   with another boot id is unreachable ([`Error::Unreachable`]), and the agent picks
 //!   another backend for it. A peer process that exits is noticed through a pidfd (its
