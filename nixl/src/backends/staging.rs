@@ -16,6 +16,19 @@
 //! this endpoint messages can read and write its staged regions, as anyone with a
 //! region's key can for plain memory).
 //!
+//! Who sent what: every control message and FETCH data arrival comes with its sender as
+//! the transport proves it (`StageNet::Sender`: the VERBS connection whose QP it arrived
+//! on, the LIBFABRIC endpoint `FI_SOURCE` names), never as the message names itself. A
+//! request's requester (`reply_to`) must be its sender (`StageNet::resolve`), so this
+//! side never reads from, writes to or answers another peer on a request's word; an
+//! OFFER's notification key counts only toward its sender's notifications
+//! (`StageNet::landed`); a DONE or FETCH data counts only from the peer the request went
+//! to (`StageNet::is_sender`), so a guessed or observed token can neither end a chunk
+//! early (its slot reused while the target still reads it) nor fail it. Refusals are
+//! counted and logged sparingly. Where a provider cannot name a sender (LIBFABRIC's
+//! remote CQ data on `tcp;ofi_rxm`), the token or key alone ties an arrival to its
+//! request.
+//!
 //! # Slots
 //! One bounce allocation (pinned host memory when a GPU is involved) holds `2 × chunks`
 //! slots of `chunk` bytes: the first half for this side's own transfers (the *local*

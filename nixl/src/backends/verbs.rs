@@ -44,6 +44,10 @@
 //! connects, and a peer's restart (new incarnation number, new side-channel address)
 //! simply replaces the old pairs when its new metadata is loaded.
 //!
+//! Who a connection is from: the HELLO's name is checked with the agent it names where
+//! that is a peer this agent loaded, or this agent (module `side_channel`); notifications
+//! and staging messages are attributed to the connection whose QP they arrive on.
+//!
 //! The side-channel TCP connection stays open as a liveness signal: when the peer's
 //! process dies, its kernel closes the socket, our side-channel thread sees the EOF
 //! within milliseconds, moves our QPs to the error state (flushing in-flight work) and
