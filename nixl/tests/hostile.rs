@@ -596,9 +596,19 @@ mod backend_decoders {
         let rkeys = le(&[&[2], &7u32.to_le_bytes(), &8u32.to_le_bytes()]);
         let staged = le(&[&[0, 1], &65536u32.to_le_bytes()]);
         let name = le(&[&11u64.to_le_bytes(), &[1]]);
+        // A target asking whether a side-channel connection is the named agent's.
+        let verify = le(&[
+            b"NXVV\x03",
+            &[4, 127, 0, 0, 1],
+            &4242u16.to_le_bytes(),
+            &[4, 127, 0, 0, 1],
+            &80u16.to_le_bytes(),
+        ]);
         survive(
             "VERBS",
-            &[conn_info, hello, reply, refusal, notif, rkeys, staged, name],
+            &[
+                conn_info, hello, reply, refusal, notif, rkeys, staged, name, verify,
+            ],
             nixl::backends::verbs::fuzz_wire_message,
             30_000,
         );
