@@ -48,7 +48,7 @@ use std::time::{Duration, Instant};
 const STAGING_RETRY: Duration = Duration::from_millis(10);
 /// Handshakes (and verification requests) served at once, each on a thread of its own;
 /// a connection beyond is closed as it is accepted.
-pub(super) const MAX_HANDSHAKES: usize = 32;
+pub(super) const MAX_HANDSHAKES: usize = 64;
 /// Incoming connections held at once (each holds a QP per rail); a HELLO beyond is
 /// refused.
 pub(super) const MAX_INCOMING: usize = 1024;
