@@ -83,6 +83,13 @@
 //! - `CUDA_IPC`'s socket admits only the same user (or root), by the kernel's
 //!   credentials, and hands a VMM allocation's descriptor only to a loaded peer's process,
 //!   for an id this agent exported.
+//! - Who sent a notification or request is what the transport proves, never the name in
+//!   it: LIBFABRIC's source address, the VERBS QP's connection, `CUDA_IPC`'s peer
+//!   credentials; a VERBS HELLO or `GPUNETIO` notification connection naming a loaded
+//!   peer (or this agent) is checked with that peer at its advertised address. Staging
+//!   requests, answers and keys count only from the peer they belong to. A name no peer
+//!   loaded here has stays the sender's word, as NIXL's targets need not load their
+//!   initiators' metadata.
 //!
 //! ```
 //! use nixl::{Agent, AgentConfig, Desc, DescList, MemKind, XferOp, XferStatus};

@@ -596,9 +596,19 @@ mod backend_decoders {
         let rkeys = le(&[&[2], &7u32.to_le_bytes(), &8u32.to_le_bytes()]);
         let staged = le(&[&[0, 1], &65536u32.to_le_bytes()]);
         let name = le(&[&11u64.to_le_bytes(), &[1]]);
+        // A target asking whether a side-channel connection is the named agent's.
+        let verify = le(&[
+            b"NXVV\x03",
+            &[4, 127, 0, 0, 1],
+            &4242u16.to_le_bytes(),
+            &[4, 127, 0, 0, 1],
+            &80u16.to_le_bytes(),
+        ]);
         survive(
             "VERBS",
-            &[conn_info, hello, reply, refusal, notif, rkeys, staged, name],
+            &[
+                conn_info, hello, reply, refusal, notif, rkeys, staged, name, verify,
+            ],
             nixl::backends::verbs::fuzz_wire_message,
             30_000,
         );
@@ -662,8 +672,8 @@ mod backend_decoders {
     #[test]
     fn gpunetio_oob_messages_survive_mutations() {
         let stream = le(&[
-            &5u32.to_le_bytes(),
-            b"agent",
+            &10u32.to_le_bytes(),
+            b"NXOH\x01agent",
             &3u32.to_le_bytes(),
             b"one",
             &0u32.to_le_bytes(),
@@ -684,9 +694,18 @@ mod backend_decoders {
             &4096u64.to_le_bytes(),
             &77u64.to_le_bytes(),
         ]);
+        // A verification request (another receiver asking about a connection).
+        let verify = le(&[
+            &19u32.to_le_bytes(),
+            b"NXOV\x01",
+            &[4, 127, 0, 0, 1],
+            &4242u16.to_le_bytes(),
+            &[4, 127, 0, 0, 1],
+            &80u16.to_le_bytes(),
+        ]);
         survive(
             "GPUNETIO",
-            &[stream, nic_info, descriptor],
+            &[stream, verify, nic_info, descriptor],
             nixl::backends::gpunetio::fuzz_oob_message,
             30_000,
         );

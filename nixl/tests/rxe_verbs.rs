@@ -785,3 +785,79 @@ fn two_processes_batches_kill_and_restart() {
     };
     assert!(status.success(), "the restarted target failed");
 }
+
+/// A HELLO as an initiator sends it, naming `name`, with one endpoint on the target's
+/// first rail (from the target's connection information, so its QP connects).
+fn raw_hello(target_info: &[u8], name: &str) -> Vec<u8> {
+    // `NXVC ver nonce:u64 addr nrails:u8 {dev:u8 gid:16 lid:u16 mtu:u8}*`
+    let nonce = &target_info[5..13];
+    let rails = match target_info[13] {
+        4 => 13 + 7,
+        _ => 13 + 19,
+    };
+    let rail = &target_info[rails + 1..rails + 21];
+    let mut hello = b"NXVH\x03".to_vec();
+    hello.extend_from_slice(nonce);
+    hello.extend_from_slice(&0x5eedu64.to_le_bytes());
+    hello.extend_from_slice(&(name.len() as u16).to_le_bytes());
+    hello.extend_from_slice(name.as_bytes());
+    hello.push(1);
+    hello.extend_from_slice(&0x1234u32.to_le_bytes());
+    hello.extend_from_slice(&0x77u32.to_le_bytes());
+    hello.extend_from_slice(&rail[1..]);
+    hello
+}
+
+/// Sends `hello` on a fresh side-channel connection; returns the reply's status byte
+/// (0: connected, 1: refused).
+fn hello_status(at: std::net::SocketAddr, hello: &[u8]) -> u8 {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(at).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    s.write_all(&(hello.len() as u32).to_le_bytes()).unwrap();
+    s.write_all(hello).unwrap();
+    let mut len = [0u8; 4];
+    s.read_exact(&mut len).unwrap();
+    let mut reply = vec![0u8; u32::from_le_bytes(len) as usize];
+    s.read_exact(&mut reply).unwrap();
+    assert_eq!(&reply[..4], b"NXVR");
+    reply[5]
+}
+
+/// This process plays an attacker on the target's side channel with a HELLO naming a
+/// peer the target loaded: the target asks that peer, which does not own the
+/// connection, and refuses it (counted); a name the target never loaded is the
+/// initiator's word, as in NIXL; the real peer still connects and notifies.
+#[test]
+fn a_hello_naming_a_loaded_peer_is_refused_unless_that_peer_sent_it() {
+    let Some(dev) = device() else { return };
+    let _s = serial();
+    let target = Agent::new("forge-t", AgentConfig::default()).unwrap();
+    let verbs = Arc::new(
+        VerbsBackend::open(&target.backend_init(params([("device", dev.as_str())]))).unwrap(),
+    );
+    target
+        .add_backend(verbs.clone() as Arc<dyn Backend>)
+        .unwrap();
+    let victim = agent("forge-victim", &dev, 1);
+    target
+        .load_remote_metadata(&victim.local_metadata().unwrap())
+        .unwrap();
+    let info = verbs.connection_info().unwrap();
+    let at = verbs.side_channel_addr();
+    assert_eq!(
+        hello_status(at, &raw_hello(&info, "forge-victim")),
+        1,
+        "a HELLO naming a loaded peer accepted from another connection"
+    );
+    assert_eq!(hello_status(at, &raw_hello(&info, "forge-t")), 1);
+    assert_eq!(verbs.refused_hellos(), 2);
+    assert_eq!(hello_status(at, &raw_hello(&info, "forge-stranger")), 0);
+    victim
+        .load_remote_metadata(&target.local_metadata().unwrap())
+        .unwrap();
+    victim.gen_notif("forge-t", b"real").unwrap();
+    assert_eq!(wait_notif(&target, "forge-victim"), b"real");
+    assert_eq!(verbs.refused_hellos(), 2);
+    assert!(target.get_notifs().is_empty(), "forged notifications");
+}

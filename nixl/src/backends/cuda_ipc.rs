@@ -37,8 +37,13 @@
 //!   connection information this agent loaded — so an importer must have its metadata
 //!   loaded here first (`send_local_metadata`, etcd, ...) — and only for an id that one of
 //!   this agent's registrations exported. Ids are random 64-bit values, not a sequence to
-//!   walk. Abstract sockets have no file permissions, and any process in the network
-//!   namespace can reach one: these checks are the socket's only gate.
+//!   walk. A notification is attributed the same way: it may name a loaded peer only from
+//!   the process that peer advertised (pid and start time), this agent only from this
+//!   process, and one sender per connection; other names are the sender's word (a target
+//!   need not load its initiators' metadata, as in NIXL). Refusals drop the connection and
+//!   are counted ([`CudaIpcBackend::refused_notifications`]). Abstract sockets have no
+//!   file permissions, and any process in the network namespace can reach one: these
+//!   checks are the socket's only gate.
 //! - Same node only: the connection information carries the kernel's boot id; a peer
 //!   with another boot id is unreachable ([`Error::Unreachable`]), and the agent picks
 //!   another backend for it. A peer process that exits is noticed through a pidfd (its
@@ -100,7 +105,7 @@ pub struct CudaIpcBackend {
     me: ConnInfo,
     notifs: NotifQueue,
     /// Stops accepting notification connections when the backend goes.
-    _listener: NotifListener,
+    listener: NotifListener,
     /// Shared with the socket's thread, which hands VMM descriptors to these peers only.
     peers: Arc<PeerTable>,
     streams: StreamPools,
@@ -177,6 +182,12 @@ pub(crate) fn open_plane(agent_name: &str, num_streams: usize) -> Result<Arc<dyn
 }
 
 impl CudaIpcBackend {
+    /// Notifications refused for naming a loaded peer (or this agent) from another
+    /// process than its own, or a second sender on one connection.
+    pub fn refused_notifications(&self) -> u64 {
+        self.listener.refused()
+    }
+
     /// The backend of `agent` with `num_streams` copy streams per GPU (also the
     /// control plane of `GPUNETIO`'s intra-node path: connection information, region
     /// metadata, mappings and notifications).
@@ -199,6 +210,7 @@ impl CudaIpcBackend {
         let peers = Arc::new(PeerTable::default());
         let listener = NotifListener::start(
             &socket,
+            agent_name,
             Arc::downgrade(&notifs),
             Arc::downgrade(&vmm),
             Arc::downgrade(&peers),
@@ -212,7 +224,7 @@ impl CudaIpcBackend {
                 socket,
             },
             notifs,
-            _listener: listener,
+            listener,
             peers,
             streams: StreamPools::new(num_streams),
             vmm,
@@ -491,6 +503,8 @@ fn pidfd_open(pid: u32) -> Option<OwnedFd> {
 struct NotifListener {
     listener: Arc<UnixListener>,
     stop: Arc<AtomicBool>,
+    /// Notifications refused for whom they named (see [`may_deliver`]).
+    refused: Arc<AtomicU64>,
 }
 
 /// What the socket's connections reach: where notifications go, the VMM allocations on
@@ -500,11 +514,16 @@ struct Served {
     queue: Weak<NotifList>,
     vmm: Weak<VmmTable>,
     peers: Weak<PeerTable>,
+    /// This agent's name: a notification naming it comes from no other process.
+    me: Arc<str>,
+    refused: Arc<AtomicU64>,
 }
 
 impl NotifListener {
+    /// Serves the abstract socket `name` for the agent named `me`.
     fn start(
         name: &str,
+        me: &str,
         queue: Weak<NotifList>,
         vmm: Weak<VmmTable>,
         peers: Weak<PeerTable>,
@@ -512,8 +531,15 @@ impl NotifListener {
         let addr = SocketAddr::from_abstract_name(name.as_bytes())?;
         let listener = Arc::new(UnixListener::bind_addr(&addr)?);
         let stop = Arc::new(AtomicBool::new(false));
+        let refused = Arc::new(AtomicU64::new(0));
         let (l, s) = (listener.clone(), stop.clone());
-        let served = Served { queue, vmm, peers };
+        let served = Served {
+            queue,
+            vmm,
+            peers,
+            me: Arc::from(me),
+            refused: refused.clone(),
+        };
         // SAFETY: getuid has no arguments and cannot fail.
         let my_uid = unsafe { libc::getuid() };
         std::thread::Builder::new()
@@ -545,7 +571,16 @@ impl NotifListener {
                         .spawn(move || serve_connection(conn, cred, &served));
                 }
             })?;
-        Ok(Self { listener, stop })
+        Ok(Self {
+            listener,
+            stop,
+            refused,
+        })
+    }
+
+    /// Notifications refused so far for whom they named.
+    fn refused(&self) -> u64 {
+        self.refused.load(Ordering::Relaxed)
     }
 }
 
@@ -620,6 +655,36 @@ fn may_hand_out(
     Ok(())
 }
 
+/// Whether a notification naming `name` may be delivered from the process `sender` (its
+/// start time now `sender_start`), which this connection's earlier notifications named
+/// `bound`: the name of a loaded peer (`peers`: name, advertised pid and start time)
+/// only from that peer's process, this agent's own name (`me`, in process `my_pid`) only
+/// from this process, and one name per connection. A name no peer loaded here has is
+/// the sender's word, as NIXL's targets need not load their initiators' metadata.
+fn may_deliver(
+    sender: PeerCred,
+    sender_start: Option<u64>,
+    name: &str,
+    bound: Option<&str>,
+    peers: &[(String, u32, u64)],
+    (me, my_pid): (&str, u32),
+) -> std::result::Result<(), &'static str> {
+    if bound.is_some_and(|b| b != name) {
+        return Err("a connection's notifications all name one sender");
+    }
+    if let Some(&(_, pid, start)) = peers.iter().find(|(peer, ..)| peer == name) {
+        return if pid == sender.pid && sender_start == Some(start) {
+            Ok(())
+        } else {
+            Err("it names a loaded peer, from another process than the one that peer advertised")
+        };
+    }
+    if name == me && sender.pid != my_pid {
+        return Err("it names this agent, from another process");
+    }
+    Ok(())
+}
+
 /// Serves one peer connection until EOF, a malformed frame, or the backend is gone.
 /// Frames are `len:u32 type:u8 payload[len-1]`:
 /// - `FRAME_NOTIF`: `name_len:u16 name msg` — a notification, queued;
@@ -627,6 +692,8 @@ fn may_hand_out(
 ///   (`send_vmm`) if [`may_hand_out`] allows it, else with a message without one.
 fn serve_connection(mut conn: UnixStream, cred: PeerCred, served: &Served) {
     let drop_conn = |why: &str| tracing::warn!("{NAME}: dropping a peer connection: {why}");
+    // The name this connection's notifications give (the first one's).
+    let mut bound: Option<String> = None;
     loop {
         let mut len = [0u8; 4];
         if conn.read_exact(&mut len).is_err() {
@@ -646,9 +713,35 @@ fn serve_connection(mut conn: UnixStream, cred: PeerCred, served: &Served) {
             Ok(Frame::Notif { name, msg }) => {
                 let name = String::from_utf8_lossy(name).into_owned();
                 let msg = msg.to_vec();
-                let Some(q) = served.queue.upgrade() else {
+                let (Some(q), Some(peers)) = (served.queue.upgrade(), served.peers.upgrade())
+                else {
                     return;
                 };
+                let known: Vec<(String, u32, u64)> = peers
+                    .lock()
+                    .iter()
+                    .map(|(n, p)| (n.clone(), p.info.pid, p.info.start_time))
+                    .collect();
+                let verdict = may_deliver(
+                    cred,
+                    process_start_time(cred.pid),
+                    &name,
+                    bound.as_deref(),
+                    &known,
+                    (&served.me, std::process::id()),
+                );
+                if let Err(why) = verdict {
+                    let n = served.refused.fetch_add(1, Ordering::Relaxed);
+                    if n.is_multiple_of(1024) {
+                        tracing::warn!(
+                            pid = cred.pid,
+                            refused = n + 1,
+                            "{NAME}: a notification naming `{name}` refused: {why}"
+                        );
+                    }
+                    return drop_conn("a notification under a name not its own");
+                }
+                bound.get_or_insert_with(|| name.clone());
                 q.push(name, msg);
             }
             Ok(Frame::FdRequest(id)) => {
@@ -1723,6 +1816,7 @@ mod tests {
         let peers = Arc::new(PeerTable::default());
         let _listener = NotifListener::start(
             &name,
+            "exporter",
             Arc::downgrade(&queue),
             Arc::downgrade(&vmm),
             Arc::downgrade(&peers),
@@ -1786,6 +1880,7 @@ mod tests {
         let peers = Arc::new(PeerTable::default());
         let listener = NotifListener::start(
             &name,
+            "target",
             Arc::downgrade(&queue),
             Arc::downgrade(&vmm),
             Arc::downgrade(&peers),
@@ -1876,6 +1971,129 @@ mod tests {
         // SAFETY: getuid has no arguments and cannot fail.
         assert_eq!(cred.uid, unsafe { libc::getuid() });
         assert_eq!(peer_cred(&b).unwrap(), cred);
+    }
+
+    #[test]
+    fn notifications_name_loaded_peers_only_from_their_processes() {
+        let me = ("target", 100);
+        let cred = PeerCred {
+            pid: 4242,
+            uid: 1000,
+        };
+        let peers = [
+            ("victim".to_string(), 17, 5),
+            ("initiator".to_string(), 4242, 99),
+        ];
+        let deliver = |name, bound, start| may_deliver(cred, start, name, bound, &peers, me);
+        assert_eq!(deliver("initiator", None, Some(99)), Ok(()));
+        // A loaded peer's name from another process, or from its pid reused.
+        assert!(deliver("victim", None, Some(99)).is_err());
+        assert!(deliver("initiator", None, Some(98)).is_err());
+        assert!(deliver("initiator", None, None).is_err());
+        // This agent's own name from another process; from this one it is.
+        assert!(deliver("target", None, Some(99)).is_err());
+        assert_eq!(
+            may_deliver(cred, Some(99), "target", None, &peers, ("target", 4242)),
+            Ok(())
+        );
+        // A name nobody loaded is the sender's word, but one per connection.
+        assert_eq!(deliver("stranger", None, Some(1)), Ok(()));
+        assert_eq!(deliver("stranger", Some("stranger"), Some(1)), Ok(()));
+        assert!(deliver("other", Some("stranger"), Some(1)).is_err());
+    }
+
+    /// A notification frame: `len type name_len name msg`.
+    fn notif_frame(name: &str, msg: &[u8]) -> Vec<u8> {
+        let mut frame = ((3 + name.len() + msg.len()) as u32).to_le_bytes().to_vec();
+        frame.push(FRAME_NOTIF);
+        frame.extend_from_slice(&(name.len() as u16).to_le_bytes());
+        frame.extend_from_slice(name.as_bytes());
+        frame.extend_from_slice(msg);
+        frame
+    }
+
+    /// This process plays a stranger on the target's socket: notifications naming a
+    /// loaded peer (whose advertised process is another) are refused, its connection
+    /// dropped and nothing delivered; a connection that named one sender cannot switch.
+    #[test]
+    fn forged_notification_senders_are_refused_by_peer_credentials() {
+        let queue = NotifQueue::default();
+        let name = format!(
+            "nixl-cuda-ipc-forge-{}-{:x}",
+            std::process::id(),
+            random_u64()
+        );
+        let vmm = Arc::new(VmmTable::default());
+        let peers = Arc::new(PeerTable::default());
+        let listener = NotifListener::start(
+            &name,
+            "target",
+            Arc::downgrade(&queue),
+            Arc::downgrade(&vmm),
+            Arc::downgrade(&peers),
+        )
+        .unwrap();
+        let me = ConnInfo {
+            boot_id: boot_id().unwrap(),
+            pid: std::process::id(),
+            start_time: process_start_time(std::process::id()).unwrap(),
+            socket: name.clone(),
+        };
+        // The victim: a loaded peer in a process of its own.
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let victim = ConnInfo {
+            pid: child.id(),
+            start_time: process_start_time(child.id()).unwrap(),
+            socket: "nixl-cuda-ipc-nobody".into(),
+            ..me.clone()
+        };
+        peers
+            .lock()
+            .insert("victim".into(), Arc::new(Peer::new("victim", victim, &me)));
+        let addr = SocketAddr::from_abstract_name(name.as_bytes()).unwrap();
+        let dropped = |frames: &[Vec<u8>]| {
+            let mut raw = UnixStream::connect_addr(&addr).unwrap();
+            for f in frames {
+                let _ = raw.write_all(f);
+            }
+            raw.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            let mut buf = [0u8; 1];
+            matches!(raw.read(&mut buf), Ok(0))
+        };
+        assert!(dropped(&[notif_frame("victim", b"forged")]));
+        assert!(dropped(&[
+            notif_frame("stranger", b"mine"),
+            notif_frame("victim", b"forged"),
+        ]));
+        assert_eq!(listener.refused(), 2);
+        // This process loaded as `initiator`: its notifications under that name go.
+        peers.lock().insert(
+            "initiator".into(),
+            Arc::new(Peer::new("initiator", me.clone(), &me)),
+        );
+        let sender = Peer::new("target", me.clone(), &me);
+        sender.send("initiator", b"real").unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        let mut got = Vec::new();
+        while got.len() < 2 && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+            queue.take(&mut got);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+        queue.take(&mut got);
+        assert_eq!(
+            got,
+            vec![
+                ("stranger".to_string(), b"mine".to_vec()),
+                ("initiator".to_string(), b"real".to_vec())
+            ],
+            "no forged notification delivered"
+        );
+        let _ = child.kill();
+        let _ = child.wait();
     }
 
     #[test]

@@ -426,7 +426,7 @@ struct Common {
     /// sender ([`MAX_PENDING_NOTIFS`]).
     notifs: Arc<NotifTracker<u64>>,
     /// The loaded peers' endpoints: who sent what (module `sources`).
-    sources: Sources,
+    sources: Arc<Sources>,
     /// Notifications only from loaded peers (`notif_senders=loaded`).
     loaded_senders_only: bool,
     /// This backend's agent (a notification naming it never comes from the network).
@@ -718,16 +718,18 @@ fn open(init: &BackendInit) -> Result<LibfabricBackend> {
         rails.push(Arc::new(open_rail(&info)?));
     }
     let notifs = Arc::new(NotifTracker::bounded(MAX_PENDING_NOTIFS));
+    let sources = Arc::new(Sources::default());
     let stager = Arc::new(Stager::new(
         &rails,
         notifs.clone(),
+        (sources.clone(), loaded_senders_only),
         staging::Config { chunk, chunks },
     )?);
     // Assists are served only to the loaded peer that the transport names as the sender.
     let serves_assists = serves_assists && rails.iter().all(|r| r.names_senders);
     let common = Arc::new(Common {
         notifs,
-        sources: Sources::default(),
+        sources,
         loaded_senders_only,
         agent_name: init.agent_name.clone(),
         refused_notifs: AtomicU64::new(0),

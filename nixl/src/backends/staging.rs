@@ -16,6 +16,19 @@
 //! this endpoint messages can read and write its staged regions, as anyone with a
 //! region's key can for plain memory).
 //!
+//! Who sent what: every control message and FETCH data arrival comes with its sender as
+//! the transport proves it (`StageNet::Sender`: the VERBS connection whose QP it arrived
+//! on, the LIBFABRIC endpoint `FI_SOURCE` names), never as the message names itself. A
+//! request's requester (`reply_to`) must be its sender (`StageNet::resolve`), so this
+//! side never reads from, writes to or answers another peer on a request's word; an
+//! OFFER's notification key counts only toward its sender's notifications
+//! (`StageNet::landed`); a DONE or FETCH data counts only from the peer the request went
+//! to (`StageNet::is_sender`), so a guessed or observed token can neither end a chunk
+//! early (its slot reused while the target still reads it) nor fail it. Refusals are
+//! counted and logged sparingly. Where a provider cannot name a sender (LIBFABRIC's
+//! remote CQ data on `tcp;ofi_rxm`), the token or key alone ties an arrival to its
+//! request.
+//!
 //! # Slots
 //! One bounce allocation (pinned host memory when a GPU is involved) holds `2 × chunks`
 //! slots of `chunk` bytes: the first half for this side's own transfers (the *local*
@@ -152,6 +165,9 @@ pub(crate) enum NetError {
 pub(crate) trait StageNet {
     /// A peer's address on one rail, kept valid while a clone is held.
     type Addr: Clone + Debug + Send;
+    /// Who sent a control message or a FETCH's data, as the transport proves it (the
+    /// connection or source address it arrived from), never as the message names itself.
+    type Sender: Clone + Debug + Send;
     /// Number of rails (independent endpoints).
     fn rails(&self) -> usize;
     /// Registers the bounce memory, for local operations and for peers' access.
@@ -160,8 +176,18 @@ pub(crate) trait StageNet {
     fn bounce_remote(&self, rail: usize, offset: u64) -> (u64, u64);
     /// This side's address on `rail`, as requesters send it.
     fn local_name(&self, rail: usize) -> Vec<u8>;
-    /// A requester's address from the name it sent, to reach it through `rail`.
-    fn resolve(&self, rail: usize, name: &[u8]) -> std::result::Result<Self::Addr, Failure>;
+    /// A requester's address from the name it sent, to reach it through `rail`; refused
+    /// unless the name is `sender`'s own (a request never steers this side's operations
+    /// toward another peer).
+    fn resolve(
+        &self,
+        rail: usize,
+        name: &[u8],
+        sender: &Self::Sender,
+    ) -> std::result::Result<Self::Addr, Failure>;
+    /// Whether `sender` is the peer at `addr` (where this side sent a request): a DONE or
+    /// a FETCH's data counts only from there.
+    fn is_sender(&self, addr: &Self::Addr, sender: &Self::Sender) -> bool;
     /// RMA write of bounce bytes `[offset, offset+len)` to (`addr`, `key`) at `dest`,
     /// with remote CQ data `imm`.
     #[allow(clippy::too_many_arguments)]
@@ -196,8 +222,11 @@ pub(crate) trait StageNet {
         msg: &[u8],
         op: u64,
     ) -> std::result::Result<bool, NetError>;
-    /// Target side: one data unit of the notified transfer `key` reached its memory.
-    fn landed(&self, key: u64);
+    /// Target side: one data unit of the notified transfer `key`, which `sender` offered,
+    /// reached its memory. The transport counts it only toward `sender`'s own
+    /// notification: a key is no capability another peer may use.
+    /// `false`: refused (the key is not `sender`'s to count).
+    fn landed(&self, key: u64, sender: &Self::Sender) -> bool;
 }
 
 // ---- transfers (initiator side) ---------------------------------------------------------
@@ -361,11 +390,13 @@ enum ServeStage {
 }
 
 #[derive(Debug)]
-struct Serve<A> {
+struct Serve<A, S> {
     id: u64,
     offer: bool,
     rail: usize,
     from: A,
+    /// Who sent the request, as the transport proved it (its key counts only for them).
+    sender: S,
     req: Request,
     dev: Option<usize>,
     slot: Option<u32>,
@@ -400,7 +431,7 @@ pub(crate) struct Config {
 /// The pipeline: local transfers' chunks and peers' requests, their slots, copies and
 /// network operations. Driven under one lock by the transport's progress.
 #[derive(Debug)]
-pub(crate) struct Engine<A> {
+pub(crate) struct Engine<A, S> {
     cfg: Config,
     copier: Box<dyn Copier>,
     bounce: Option<BounceMem>,
@@ -408,19 +439,21 @@ pub(crate) struct Engine<A> {
     serve_slots: SlotPool,
     regions: Vec<StagedRegion>,
     runs: VecDeque<Run<A>>,
-    serves: VecDeque<Serve<A>>,
+    serves: VecDeque<Serve<A, S>>,
     replies: VecDeque<(usize, A, Vec<u8>)>,
     owners: HashMap<u64, Owner>,
     net_ops: usize,
     requests: usize,
     /// Copies started and not yet seen complete.
     copies: usize,
+    /// Arrivals refused for who sent them (see [`Engine::refused`]).
+    refused: u64,
     /// A post found the transport busy (or the operation cap reached) this round.
     blocked: bool,
     next_id: u64,
 }
 
-impl<A: Clone + Debug + Send> Engine<A> {
+impl<A: Clone + Debug + Send, S: Clone + Debug + Send> Engine<A, S> {
     pub(crate) fn new(cfg: Config, copier: Box<dyn Copier>) -> Self {
         let n = cfg.chunks as u32;
         Self {
@@ -437,6 +470,7 @@ impl<A: Clone + Debug + Send> Engine<A> {
             net_ops: 0,
             requests: 0,
             copies: 0,
+            refused: 0,
             blocked: false,
             next_id: 1,
         }
@@ -450,6 +484,21 @@ impl<A: Clone + Debug + Send> Engine<A> {
             self.next_id = 1;
         }
         self.next_id
+    }
+
+    /// Control messages and FETCH data refused for who sent them (a DONE or data for a
+    /// request this side sent elsewhere, a request naming another requester).
+    #[cfg(test)]
+    pub(crate) fn refused(&self) -> u64 {
+        self.refused
+    }
+
+    /// Counts and logs (the first, then one in 1024) an arrival refused for its sender.
+    fn refuse(&mut self, sender: &S, why: std::fmt::Arguments<'_>) {
+        self.refused += 1;
+        if self.refused % 1024 == 1 {
+            tracing::warn!(?sender, refused = self.refused, "staging: dropped: {why}");
+        }
     }
 
     /// Whether anything is queued or in flight.
@@ -480,7 +529,7 @@ impl<A: Clone + Debug + Send> Engine<A> {
 
     /// Allocates and registers the bounce memory if it is not yet (pinned for GPU `dev`
     /// where possible).
-    pub(crate) fn ensure_bounce<N: StageNet<Addr = A>>(
+    pub(crate) fn ensure_bounce<N: StageNet<Addr = A, Sender = S>>(
         &mut self,
         net: &N,
         dev: Option<usize>,
@@ -531,7 +580,7 @@ impl<A: Clone + Debug + Send> Engine<A> {
     }
 
     /// Queues one post of a staged transfer and starts what it can.
-    pub(crate) fn submit<N: StageNet<Addr = A>>(&mut self, net: &N, spec: RunSpec<A>) {
+    pub(crate) fn submit<N: StageNet<Addr = A, Sender = S>>(&mut self, net: &N, spec: RunSpec<A>) {
         let id = self.id();
         if spec.plan.chunks.is_empty() {
             spec.sink.finished();
@@ -551,7 +600,7 @@ impl<A: Clone + Debug + Send> Engine<A> {
 
     /// One round: poll copies, retry busy posts, start chunks and requests. Returns
     /// whether work remains.
-    pub(crate) fn progress<N: StageNet<Addr = A>>(&mut self, net: &N) -> bool {
+    pub(crate) fn progress<N: StageNet<Addr = A, Sender = S>>(&mut self, net: &N) -> bool {
         self.blocked = false;
         self.send_replies(net);
         // Again while something waiting could start now (a slot freed by a later entry
@@ -588,7 +637,7 @@ impl<A: Clone + Debug + Send> Engine<A> {
 
     // ---- initiator ----------------------------------------------------------------------
 
-    fn progress_runs<N: StageNet<Addr = A>>(&mut self, net: &N) {
+    fn progress_runs<N: StageNet<Addr = A, Sender = S>>(&mut self, net: &N) {
         let mut i = 0;
         while i < self.runs.len() {
             let mut run = self.runs.remove(i).expect("index in range");
@@ -646,7 +695,11 @@ impl<A: Clone + Debug + Send> Engine<A> {
         }
     }
 
-    fn start_chunk<N: StageNet<Addr = A>>(&mut self, net: &N, run: &mut Run<A>) -> bool {
+    fn start_chunk<N: StageNet<Addr = A, Sender = S>>(
+        &mut self,
+        net: &N,
+        run: &mut Run<A>,
+    ) -> bool {
         let plan = run.spec.plan.clone();
         let chunk = &plan.chunks[run.next];
         let needs_slot = matches!(chunk.local, Side::Staged(_));
@@ -744,7 +797,12 @@ impl<A: Clone + Debug + Send> Engine<A> {
     }
 
     /// Moves chunk `k` of `run` as far as it can go now.
-    fn advance_chunk<N: StageNet<Addr = A>>(&mut self, net: &N, run: &mut Run<A>, k: usize) {
+    fn advance_chunk<N: StageNet<Addr = A, Sender = S>>(
+        &mut self,
+        net: &N,
+        run: &mut Run<A>,
+        k: usize,
+    ) {
         let plan = run.spec.plan.clone();
         loop {
             let c = &mut run.active[k];
@@ -887,7 +945,7 @@ impl<A: Clone + Debug + Send> Engine<A> {
     }
 
     /// Posts the RMA operations of chunk `k` (local slot ↔ plain remote memory).
-    fn post_pieces<N: StageNet<Addr = A>>(
+    fn post_pieces<N: StageNet<Addr = A, Sender = S>>(
         &mut self,
         net: &N,
         run: &mut Run<A>,
@@ -969,7 +1027,7 @@ impl<A: Clone + Debug + Send> Engine<A> {
         }
     }
 
-    fn send_request<N: StageNet<Addr = A>>(
+    fn send_request<N: StageNet<Addr = A, Sender = S>>(
         &mut self,
         net: &N,
         run: &mut Run<A>,
@@ -1066,7 +1124,7 @@ impl<A: Clone + Debug + Send> Engine<A> {
     }
 
     /// A network operation completed (or failed).
-    pub(crate) fn on_complete<N: StageNet<Addr = A>>(
+    pub(crate) fn on_complete<N: StageNet<Addr = A, Sender = S>>(
         &mut self,
         net: &N,
         op: u64,
@@ -1134,12 +1192,38 @@ impl<A: Clone + Debug + Send> Engine<A> {
         self.progress(net);
     }
 
-    /// A piece of a FETCH's data arrived (remote CQ data [`FETCH_DATA`]` | token`).
-    pub(crate) fn on_fetch_data<N: StageNet<Addr = A>>(&mut self, net: &N, token: u64) {
+    /// Whether the request of chunk `ci` of run `ri` went to `sender` (its DONE and
+    /// data may come only from there).
+    fn sent_to<N: StageNet<Addr = A, Sender = S>>(
+        &self,
+        net: &N,
+        ri: usize,
+        ci: usize,
+        sender: &S,
+    ) -> bool {
+        let run = &self.runs[ri];
+        let chunk = &run.spec.plan.chunks[run.active[ci].index];
+        net.is_sender(&chunk.dest, sender)
+    }
+
+    /// A piece of a FETCH's data arrived (remote CQ data [`FETCH_DATA`]` | token`) from
+    /// `sender`.
+    pub(crate) fn on_fetch_data<N: StageNet<Addr = A, Sender = S>>(
+        &mut self,
+        net: &N,
+        token: u64,
+        sender: &S,
+    ) {
         let Some((ri, ci)) = self.find_token(token) else {
             tracing::debug!(token, "staging: data for an unknown request");
             return;
         };
+        if !self.sent_to(net, ri, ci, sender) {
+            return self.refuse(
+                sender,
+                format_args!("FETCH data for token {token} from a peer the FETCH did not go to"),
+            );
+        }
         let mut r = self.runs.remove(ri).expect("found");
         if let Stage::Request { sent, left } = r.active[ci].stage {
             r.active[ci].stage = Stage::Request {
@@ -1159,7 +1243,13 @@ impl<A: Clone + Debug + Send> Engine<A> {
     }
 
     /// A control message arrived on `rail`.
-    pub(crate) fn on_message<N: StageNet<Addr = A>>(&mut self, net: &N, rail: usize, bytes: &[u8]) {
+    pub(crate) fn on_message<N: StageNet<Addr = A, Sender = S>>(
+        &mut self,
+        net: &N,
+        rail: usize,
+        sender: &S,
+        bytes: &[u8],
+    ) {
         let msg = match Ctrl::decode(bytes) {
             Ok(m) => m,
             Err(e) => {
@@ -1172,18 +1262,33 @@ impl<A: Clone + Debug + Send> Engine<A> {
                 token,
                 status,
                 reason,
-            } => self.on_done(net, token, status, reason),
-            Ctrl::Offer(req) => self.on_request(net, rail, true, req),
-            Ctrl::Fetch(req) => self.on_request(net, rail, false, req),
+            } => self.on_done(net, sender, token, status, reason),
+            Ctrl::Offer(req) => self.on_request(net, rail, sender, true, req),
+            Ctrl::Fetch(req) => self.on_request(net, rail, sender, false, req),
         }
         self.progress(net);
     }
 
-    fn on_done<N: StageNet<Addr = A>>(&mut self, net: &N, token: u64, status: i32, reason: String) {
+    fn on_done<N: StageNet<Addr = A, Sender = S>>(
+        &mut self,
+        net: &N,
+        sender: &S,
+        token: u64,
+        status: i32,
+        reason: String,
+    ) {
         let Some((ri, ci)) = self.find_token(token) else {
             tracing::debug!(token, "staging: DONE for an unknown request");
             return;
         };
+        // Only the target the request went to ends it: a DONE from anyone else would let
+        // the slot go while the target may still read it (a WRITE), or fail the run.
+        if !self.sent_to(net, ri, ci, sender) {
+            return self.refuse(
+                sender,
+                format_args!("a DONE for token {token} from a peer the request did not go to"),
+            );
+        }
         let mut r = self.runs.remove(ri).expect("found");
         if let Stage::Request { sent, .. } = r.active[ci].stage {
             if status == STATUS_OK && r.spec.plan.write {
@@ -1218,7 +1323,12 @@ impl<A: Clone + Debug + Send> Engine<A> {
 
     /// The peer `peer` is gone (disconnected or replaced): its transfers fail and slots
     /// that only it could still write into are returned.
-    pub(crate) fn peer_gone<N: StageNet<Addr = A>>(&mut self, net: &N, peer: u64, why: &str) {
+    pub(crate) fn peer_gone<N: StageNet<Addr = A, Sender = S>>(
+        &mut self,
+        net: &N,
+        peer: u64,
+        why: &str,
+    ) {
         for i in 0..self.runs.len() {
             if self.runs[i].spec.peer != peer {
                 continue;
@@ -1284,7 +1394,7 @@ pub fn fuzz_ctrl_message(input: &[u8]) -> bool {
     }
 }
 
-impl<A> Drop for Engine<A> {
+impl<A, S> Drop for Engine<A, S> {
     fn drop(&mut self) {
         if !self.owners.is_empty() {
             // The transport may still touch the bounce memory: keep it allocated.

@@ -44,6 +44,10 @@
 //! connects, and a peer's restart (new incarnation number, new side-channel address)
 //! simply replaces the old pairs when its new metadata is loaded.
 //!
+//! Who a connection is from: the HELLO's name is checked with the agent it names where
+//! that is a peer this agent loaded, or this agent (module `side_channel`); notifications
+//! and staging messages are attributed to the connection whose QP they arrive on.
+//!
 //! The side-channel TCP connection stays open as a liveness signal: when the peer's
 //! process dies, its kernel closes the socket, our side-channel thread sees the EOF
 //! within milliseconds, moves our QPs to the error state (flushing in-flight work) and
@@ -303,6 +307,8 @@ struct Outgoing {
     remote_id: u64,
     /// The staging engine was told the connection is gone.
     staging_told: AtomicBool,
+    /// Its side channel's record in `Common::own_streams`, removed with it.
+    _side: side_channel::OwnStream,
 }
 
 impl Outgoing {
@@ -391,6 +397,14 @@ struct Common {
     heartbeat: HeartbeatConfig,
     /// Wakes the side-channel thread: a connection to watch (or beat) and the stop.
     monitor_wake: WakeFd,
+    /// The side-channel connections this agent opened, by (local, remote) address:
+    /// what a target asks about before it takes a HELLO naming this agent.
+    own_streams: Arc<side_channel::OwnStreams>,
+    /// Handshakes being served (each on a thread of its own), at most
+    /// `side_channel::MAX_HANDSHAKES`.
+    handshakes: AtomicUsize,
+    /// HELLOs refused for the name they gave (the named peer does not know them).
+    refused_hellos: AtomicU64,
 }
 
 impl Common {
@@ -401,12 +415,18 @@ impl Common {
         }
     }
 
-    /// Whether `qpn` on `rail` is a QP of a current connection this agent opened.
-    fn is_outgoing_qp(&self, rail: usize, qpn: u32) -> bool {
+    /// The current connection this agent opened whose QP on `rail` is `qpn`.
+    fn outgoing_of_qp(&self, rail: usize, qpn: u32) -> Option<Arc<Outgoing>> {
         self.outgoing
             .read()
             .values()
-            .any(|c| c.qps.get(rail).is_some_and(|qp| qp.qp_num() == qpn))
+            .find(|c| c.qps.get(rail).is_some_and(|qp| qp.qp_num() == qpn))
+            .cloned()
+    }
+
+    /// Incoming connection `id`, while it is open (a closing one takes no requests).
+    fn incoming_conn(&self, id: u64) -> Option<Arc<Incoming>> {
+        self.incoming.read().get(&id).cloned()
     }
 
     /// Closes an incoming connection (its peer closed the side channel, a heartbeat could
@@ -809,6 +829,9 @@ fn open(init: &BackendInit) -> Result<VerbsBackend> {
         stop: AtomicBool::new(false),
         heartbeat,
         monitor_wake,
+        own_streams: Arc::default(),
+        handshakes: AtomicUsize::new(0),
+        refused_hellos: AtomicU64::new(0),
     });
     let backend = VerbsBackend {
         common: common.clone(),
@@ -918,6 +941,12 @@ impl VerbsBackend {
             _ => None,
         };
         affine_rails(self.topology.as_ref(), &names, &rail_devices, node)
+    }
+
+    /// HELLOs refused because the loaded peer (or this agent) they named said the
+    /// connection was not its own (see `side_channel`).
+    pub fn refused_hellos(&self) -> u64 {
+        self.common.refused_hellos.load(Ordering::Relaxed)
     }
 
     /// Where this backend's side channel listens (advertised in its connection info).
@@ -1062,7 +1091,8 @@ impl RemoteMd for VerbsRemoteMd {
 
 /// Fuzzing entry point (not a stable API): every decoder of what a peer sends `VERBS` —
 /// connection information and region metadata (in its metadata), the side channel's
-/// handshake and reply, notification messages, staged requesters' names — on `input`.
+/// handshake, its reply and verification requests, notification messages, staged
+/// requesters' names — on `input`.
 /// Returns whether whatever decoded encodes back to `input` (decoding itself must never
 /// panic).
 #[doc(hidden)]
@@ -1090,11 +1120,15 @@ pub fn fuzz_wire_message(input: &[u8]) -> bool {
         Ok(md) => md.rkeys.len() <= input.len() / 4,
         Err(_) => true,
     };
+    let verify_ok = match wire::decode_verify(input) {
+        Some((sender, receiver)) => wire::encode_verify(sender, receiver) == input,
+        None => true,
+    };
     let name_ok = match stage_net::decode_name(input) {
         Some((nonce, rail)) => stage_net::encode_name(nonce, rail) == input,
         None => true,
     };
-    conn_ok && hello_ok && reply_ok && notif_ok && md_ok && name_ok
+    conn_ok && hello_ok && reply_ok && notif_ok && md_ok && name_ok && verify_ok
 }
 
 fn decode_remote_md(public_md: &[u8]) -> Result<VerbsRemoteMd> {

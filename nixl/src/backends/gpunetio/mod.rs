@@ -573,6 +573,12 @@ impl GpunetioBackend {
         self.nic_if_bound().map(|n| n.provider())
     }
 
+    /// Notification connections refused for naming a loaded peer (or this agent) that
+    /// said they were not its (module `oob`); 0 before the NIC path exists.
+    pub fn refused_notification_senders(&self) -> u64 {
+        self.nic_if_bound().map_or(0, |n| n.refused_senders())
+    }
+
     /// Whether `agent` is a peer the intra-node path may serve: on this node, and
     /// `nic_handler` is not `cpu_proxy`.
     fn intra_node_peer(&self, agent: &str) -> bool {

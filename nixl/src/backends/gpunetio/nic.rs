@@ -122,7 +122,7 @@ impl NicPath {
             serve,
             locals: Mutex::default(),
             peers: Mutex::default(),
-            oob: OobListener::bind(node)?,
+            oob: OobListener::bind(node, me)?,
         }))
     }
 
@@ -292,6 +292,8 @@ impl NicPath {
         if peers.get(agent).is_some_and(|p| p.info == info) {
             return Ok(());
         }
+        // A hello naming it is asked about at the address it advertised.
+        self.oob.know(agent, info.oob);
         // A new incarnation: requests on the old link keep it until they are released.
         peers.insert(agent.to_string(), PeerEntry { info, link: None });
         Ok(())
@@ -304,6 +306,7 @@ impl NicPath {
 
     pub(super) fn forget(&self, agent: &str) {
         self.peers.lock().remove(agent);
+        self.oob.forget(agent);
     }
 
     /// The proxy toward `agent`, made on first use.
@@ -338,10 +341,15 @@ impl NicPath {
         let link = Arc::new(NicPeer {
             name: agent.to_string(),
             proxy,
-            oob: OobSender::new(&self.me, agent, entry.info.oob),
+            oob: OobSender::new(&self.me, agent, entry.info.oob, self.oob.own_conns()),
         });
         entry.link = Some(link.clone());
         Ok(link)
+    }
+
+    /// Notification connections refused for whom they named (module `oob`).
+    pub(super) fn refused_senders(&self) -> u64 {
+        self.oob.refused()
     }
 
     /// Notifications received from peers.

@@ -9,24 +9,210 @@
 //! the data. The receiver never writes back: a readable sender socket means the peer
 //! closed it (liveness); a refused connection or a failed write is
 //! [`Error::RemoteDisconnect`].
+//!
+//! # Who sent it
+//! A hello's name is the sender's word. Where it names a peer this backend loaded (or
+//! this agent itself), the receiver asks that peer, at the notification address its
+//! metadata advertised, whether the connection is one it opened (a verification
+//! request naming the connection's two addresses, answered with one byte from the
+//! peer's record of its own connections, [`OwnConns`]); until the answer is yes nothing
+//! more is read from the connection, and a no closes it (counted in
+//! [`OobListener::refused`]). A connection naming an agent that is not loaded is taken
+//! under that name, as NIXL's targets need not load their initiators' metadata; it is
+//! asked about once that agent is loaded. So a process that reached the address may
+//! name itself anything this agent does not know, but never a loaded peer.
+//!
+//! # Bounds
+//! One thread serves every connection (poll), at most [`MAX_CONNS`] at once (others are
+//! closed at accept); the first frame (hello or verification request) must be whole
+//! within [`FIRST_FRAME_TIMEOUT`] and at most [`MAX_FIRST_FRAME`] bytes; frames grow with
+//! the bytes that arrive, never from a length field; and the bytes buffered over all
+//! connections are bounded ([`MAX_BUFFERED`]: the connection holding the most is shed).
+//! Verifications run on one more thread, one at a time, each bounded by
+//! [`VERIFY_TIMEOUT`].
 
+use crate::backends::shared::put_socket_addr;
 use crate::error::{Error, Result};
-use parking_lot::Mutex;
+use crate::os::{pollfd_in, WakeFd};
+use parking_lot::{Mutex, RwLock};
+use std::collections::{HashMap, HashSet};
 use std::io::{Read, Write};
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-/// Largest notification or agent name accepted on the wire.
+/// Largest notification accepted on the wire.
 pub(super) const MAX_FRAME: usize = 1 << 20;
+/// Largest first frame (a hello with its agent name, or a verification request): all a
+/// connection may make this side buffer before it is attributed.
+pub(super) const MAX_FIRST_FRAME: usize = 1024;
+/// Connections served at once; more are closed as they are accepted.
+pub(super) const MAX_CONNS: usize = 256;
+/// How long a new connection has to send its whole first frame.
+pub(super) const FIRST_FRAME_TIMEOUT: Duration = Duration::from_secs(5);
+/// Bound on one verification (connect, ask, answer).
+pub(super) const VERIFY_TIMEOUT: Duration = Duration::from_secs(2);
+/// Bytes buffered over all connections (partial frames).
+pub(super) const MAX_BUFFERED: usize = 16 << 20;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-/// How often idle listener and reader threads look at the stop flag.
+/// How often the serving thread looks at the stop flag when nothing else wakes it.
 const POLL: Duration = Duration::from_millis(50);
+/// Bytes read from one connection per wake-up (others get their turn).
+const READ_CHUNK: usize = 64 << 10;
+const HELLO_MAGIC: &[u8; 4] = b"NXOH";
+const VERIFY_MAGIC: &[u8; 4] = b"NXOV";
+const WIRE_VERSION: u8 = 1;
 
 /// Notifications received, oldest first: (sender, message).
 type Inbox = crate::backends::shared::NotifInbox;
+
+/// The notification connections this backend opened, by (local, remote) address: what
+/// a receiver asks about to learn whether a connection naming this agent is one of
+/// its.
+#[derive(Debug, Default)]
+pub(super) struct OwnConns(Mutex<HashSet<(SocketAddr, SocketAddr)>>);
+
+impl OwnConns {
+    fn insert(&self, conn: (SocketAddr, SocketAddr)) {
+        self.0.lock().insert(conn);
+    }
+    fn remove(&self, conn: &(SocketAddr, SocketAddr)) {
+        self.0.lock().remove(conn);
+    }
+    fn contains(&self, conn: &(SocketAddr, SocketAddr)) -> bool {
+        self.0.lock().contains(conn)
+    }
+}
+
+/// Who may be verified: the loaded peers' advertised notification addresses (and this
+/// agent's own), and a generation bumped on every change.
+#[derive(Debug, Default)]
+struct Known {
+    addrs: RwLock<HashMap<String, SocketAddr>>,
+    generation: AtomicU64,
+}
+
+/// The first frame of a connection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum First {
+    /// A sender's hello: the agent name it gives itself.
+    Hello(String),
+    /// A receiver asks whether the connection from `sender` to `receiver` is one this
+    /// agent opened.
+    Verify {
+        sender: SocketAddr,
+        receiver: SocketAddr,
+    },
+}
+
+impl First {
+    pub(super) fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(64);
+        match self {
+            First::Hello(name) => {
+                out.extend_from_slice(HELLO_MAGIC);
+                out.push(WIRE_VERSION);
+                out.extend_from_slice(name.as_bytes());
+            }
+            First::Verify { sender, receiver } => {
+                out.extend_from_slice(VERIFY_MAGIC);
+                out.push(WIRE_VERSION);
+                put_socket_addr(&mut out, *sender);
+                put_socket_addr(&mut out, *receiver);
+            }
+        }
+        out
+    }
+
+    pub(super) fn decode(frame: &[u8]) -> std::result::Result<First, String> {
+        if frame.len() < 5 || frame[4] != WIRE_VERSION {
+            return Err("a first frame without magic and version".into());
+        }
+        let (magic, body) = (&frame[..4], &frame[5..]);
+        if magic == HELLO_MAGIC {
+            if body.is_empty() {
+                return Err("an empty agent name".into());
+            }
+            let name = std::str::from_utf8(body).map_err(|_| "a non-UTF-8 agent name")?;
+            return Ok(First::Hello(name.to_string()));
+        }
+        if magic == VERIFY_MAGIC {
+            let mut rest = body;
+            let sender = take_addr(&mut rest)?;
+            let receiver = take_addr(&mut rest)?;
+            if !rest.is_empty() {
+                return Err("trailing bytes after a verification request".into());
+            }
+            return Ok(First::Verify { sender, receiver });
+        }
+        Err("an unknown first frame".into())
+    }
+}
+
+/// Reads an address as `put_socket_addr` wrote it.
+fn take_addr(b: &mut &[u8]) -> std::result::Result<SocketAddr, String> {
+    let (&family, rest) = b.split_first().ok_or("a truncated address")?;
+    let ip_len = match family {
+        4 => 4,
+        6 => 16,
+        _ => return Err("an unknown address family".into()),
+    };
+    if rest.len() < ip_len + 2 {
+        return Err("a truncated address".into());
+    }
+    let ip = if ip_len == 4 {
+        IpAddr::V4(Ipv4Addr::from(<[u8; 4]>::try_from(&rest[..4]).expect("4")))
+    } else {
+        IpAddr::V6(Ipv6Addr::from(
+            <[u8; 16]>::try_from(&rest[..16]).expect("16"),
+        ))
+    };
+    let port = u16::from_le_bytes([rest[ip_len], rest[ip_len + 1]]);
+    *b = &rest[ip_len + 2..];
+    Ok(SocketAddr::new(ip, port))
+}
+
+/// Frames cut from a byte stream as it arrives: the buffer holds only bytes that came,
+/// never what a length field announces.
+#[derive(Debug, Default)]
+pub(super) struct FrameBuf {
+    buf: Vec<u8>,
+}
+
+impl FrameBuf {
+    pub(super) fn push(&mut self, bytes: &[u8]) {
+        self.buf.extend_from_slice(bytes);
+    }
+
+    pub(super) fn buffered(&self) -> usize {
+        self.buf.len()
+    }
+
+    /// The next whole frame, `None` until its bytes are in; an error for a frame
+    /// announced longer than `max`.
+    pub(super) fn next(&mut self, max: usize) -> std::result::Result<Option<Vec<u8>>, String> {
+        let Some(head) = self.buf.get(..4) else {
+            return Ok(None);
+        };
+        let len = u32::from_le_bytes(head.try_into().expect("4 bytes")) as usize;
+        if len > max {
+            return Err(format!("a {len}-byte frame (at most {max})"));
+        }
+        if self.buf.len() < 4 + len {
+            return Ok(None);
+        }
+        let frame = self.buf[4..4 + len].to_vec();
+        self.buf.drain(..4 + len);
+        if self.buf.is_empty() {
+            // A large frame's room goes back once it is out.
+            self.buf = Vec::new();
+        }
+        Ok(Some(frame))
+    }
+}
 
 /// The listening side: accepts senders and queues what they send.
 #[derive(Debug)]
@@ -34,11 +220,15 @@ pub(super) struct OobListener {
     addr: SocketAddr,
     inbox: Arc<Inbox>,
     stop: Arc<AtomicBool>,
+    wake: Arc<WakeFd>,
+    known: Arc<Known>,
+    own: Arc<OwnConns>,
+    refused: Arc<AtomicU64>,
 }
 
 impl OobListener {
-    /// Listens on `ip` (an ephemeral port).
-    pub(super) fn bind(ip: IpAddr) -> Result<Self> {
+    /// Listens on `ip` (an ephemeral port) for the agent named `me`.
+    pub(super) fn bind(ip: IpAddr, me: &str) -> Result<Self> {
         let listener = TcpListener::bind((ip, 0)).map_err(|e| {
             Error::Io(std::io::Error::new(
                 e.kind(),
@@ -47,18 +237,84 @@ impl OobListener {
         })?;
         listener.set_nonblocking(true)?;
         let addr = listener.local_addr()?;
-        let inbox = Arc::new(Inbox::default());
-        let stop = Arc::new(AtomicBool::new(false));
-        let (q, s) = (inbox.clone(), stop.clone());
+        let known = Arc::new(Known::default());
+        // A hello naming this agent is asked about here too.
+        known.addrs.write().insert(me.to_string(), addr);
+        let (jobs, job_rx) = mpsc::channel::<VerifyJob>();
+        let (result_tx, results) = mpsc::channel();
+        let this = Self {
+            addr,
+            inbox: Arc::new(Inbox::default()),
+            stop: Arc::new(AtomicBool::new(false)),
+            wake: Arc::new(WakeFd::new()?),
+            known,
+            own: Arc::new(OwnConns::default()),
+            refused: Arc::new(AtomicU64::new(0)),
+        };
+        let wake = this.wake.clone();
+        std::thread::Builder::new()
+            .name("gpunetio-oob-verify".into())
+            .spawn(move || {
+                // Ends when the serving thread (the only sender of jobs) does.
+                for job in job_rx {
+                    let yes = ask(&job);
+                    if result_tx.send((job.conn, yes)).is_err() {
+                        break;
+                    }
+                    let _ = wake.signal();
+                }
+            })?;
+        let mut server = Server {
+            listener,
+            inbox: this.inbox.clone(),
+            stop: this.stop.clone(),
+            wake: this.wake.clone(),
+            known: this.known.clone(),
+            own: this.own.clone(),
+            refused: this.refused.clone(),
+            conns: HashMap::new(),
+            next_id: 0,
+            generation: 0,
+            jobs,
+            results,
+            scratch: vec![0; READ_CHUNK],
+        };
         std::thread::Builder::new()
             .name("gpunetio-oob".into())
-            .spawn(move || accept_loop(&listener, &q, &s))?;
-        Ok(Self { addr, inbox, stop })
+            .spawn(move || server.run())?;
+        Ok(this)
     }
 
     /// Where senders connect.
     pub(super) fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// This backend's own connections, which the senders it makes record.
+    pub(super) fn own_conns(&self) -> Arc<OwnConns> {
+        self.own.clone()
+    }
+
+    /// A loaded peer `agent` advertised `addr` for its notifications: a hello naming it
+    /// is asked about there (connections already taken under its name are asked about
+    /// now).
+    pub(super) fn know(&self, agent: &str, addr: SocketAddr) {
+        let changed = self.known.addrs.write().insert(agent.to_string(), addr) != Some(addr);
+        if changed {
+            self.known.generation.fetch_add(1, Ordering::AcqRel);
+            let _ = self.wake.signal();
+        }
+    }
+
+    /// `agent` is no longer loaded.
+    pub(super) fn forget(&self, agent: &str) {
+        self.known.addrs.write().remove(agent);
+        self.known.generation.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Connections refused for whom they named (the named peer said they are not its).
+    pub(super) fn refused(&self) -> u64 {
+        self.refused.load(Ordering::Relaxed)
     }
 
     /// Moves the received notifications into `into`.
@@ -75,108 +331,375 @@ impl OobListener {
 impl Drop for OobListener {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Release);
+        let _ = self.wake.signal();
     }
 }
 
-fn accept_loop(listener: &TcpListener, inbox: &Arc<Inbox>, stop: &Arc<AtomicBool>) {
-    while !stop.load(Ordering::Acquire) {
-        match listener.accept() {
-            Ok((conn, _)) => {
-                let (q, s) = (inbox.clone(), stop.clone());
-                let spawned = std::thread::Builder::new()
-                    .name("gpunetio-oob-rx".into())
-                    .spawn(move || {
-                        if let Err(e) = serve(conn, &q, &s) {
-                            tracing::debug!("GPUNETIO notification connection closed: {e}");
-                        }
-                    });
-                if let Err(e) = spawned {
-                    tracing::warn!("GPUNETIO: no thread for a notification connection: {e}");
+/// A connection to ask the peer it names about.
+#[derive(Debug)]
+struct VerifyJob {
+    conn: u64,
+    /// Where the named peer advertised its notifications.
+    ask: SocketAddr,
+    /// The connection as this side sees it: the sender's address and ours.
+    sender: SocketAddr,
+    receiver: SocketAddr,
+}
+
+/// Asks the peer at `job.ask` whether the connection is one it opened.
+fn ask(job: &VerifyJob) -> bool {
+    let attempt = || -> std::io::Result<bool> {
+        let mut s = TcpStream::connect_timeout(&job.ask, VERIFY_TIMEOUT)?;
+        s.set_read_timeout(Some(VERIFY_TIMEOUT))?;
+        s.set_write_timeout(Some(VERIFY_TIMEOUT))?;
+        let request = First::Verify {
+            sender: job.sender,
+            receiver: job.receiver,
+        };
+        s.write_all(&frame(&request.encode()))?;
+        let mut answer = [0u8; 1];
+        s.read_exact(&mut answer)?;
+        Ok(answer[0] == 1)
+    };
+    match attempt() {
+        Ok(yes) => yes,
+        Err(e) => {
+            tracing::debug!(peer = %job.ask, "GPUNETIO: verifying a notification sender: {e}");
+            false
+        }
+    }
+}
+
+#[derive(Debug)]
+enum State {
+    /// Its first frame is due by `deadline`.
+    First { deadline: Instant },
+    /// Named `name`, a loaded peer, which is being asked: nothing is read meanwhile.
+    Verifying { name: String },
+    /// Its frames are notifications from `name` (`verified`: the peer said so).
+    Open { name: String, verified: bool },
+}
+
+#[derive(Debug)]
+struct Conn {
+    stream: TcpStream,
+    sender: SocketAddr,
+    receiver: SocketAddr,
+    frames: FrameBuf,
+    state: State,
+}
+
+/// The serving thread's state.
+struct Server {
+    listener: TcpListener,
+    inbox: Arc<Inbox>,
+    stop: Arc<AtomicBool>,
+    wake: Arc<WakeFd>,
+    known: Arc<Known>,
+    own: Arc<OwnConns>,
+    refused: Arc<AtomicU64>,
+    conns: HashMap<u64, Conn>,
+    next_id: u64,
+    /// The generation of `known` the connections were last looked at in.
+    generation: u64,
+    jobs: mpsc::Sender<VerifyJob>,
+    results: mpsc::Receiver<(u64, bool)>,
+    scratch: Vec<u8>,
+}
+
+impl Server {
+    fn run(&mut self) {
+        while !self.stop.load(Ordering::Acquire) {
+            let readable = self.wait();
+            self.wake.drain();
+            self.accept();
+            self.take_answers();
+            self.revisit_if_known_changed();
+            for id in readable {
+                self.read(id);
+            }
+            self.expire(Instant::now());
+            self.shed();
+        }
+    }
+
+    /// Sleeps until the listener, a connection read (not those being asked about) or the
+    /// wake descriptor is ready, a first frame is due, or [`POLL`] passed; returns the
+    /// connections that are ready.
+    fn wait(&self) -> Vec<u64> {
+        let mut fds = vec![
+            pollfd_in(self.wake.as_raw_fd()),
+            pollfd_in(self.listener.as_raw_fd()),
+        ];
+        let mut ids = Vec::with_capacity(self.conns.len());
+        let now = Instant::now();
+        let mut timeout = POLL;
+        for (&id, c) in &self.conns {
+            match c.state {
+                State::Verifying { .. } => continue,
+                State::First { deadline } => {
+                    timeout = timeout.min(deadline.saturating_duration_since(now));
+                }
+                State::Open { .. } => {}
+            }
+            fds.push(pollfd_in(c.stream.as_raw_fd()));
+            ids.push(id);
+        }
+        let ms = timeout.as_millis().clamp(1, i32::MAX as u128) as i32;
+        // SAFETY: `fds` is a live array of pollfds over descriptors this thread owns.
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
+        if n <= 0 {
+            return Vec::new();
+        }
+        fds[2..]
+            .iter()
+            .zip(ids)
+            .filter(|(fd, _)| fd.revents != 0)
+            .map(|(_, id)| id)
+            .collect()
+    }
+
+    fn accept(&mut self) {
+        loop {
+            let (stream, sender) = match self.listener.accept() {
+                Ok(accepted) => accepted,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
+                Err(e) => {
+                    tracing::warn!("GPUNETIO: accepting a notification connection: {e}");
+                    return;
+                }
+            };
+            if self.conns.len() >= MAX_CONNS {
+                // Closed at once: the cap holds whoever connects.
+                tracing::debug!(%sender, "GPUNETIO: notification connection over the cap closed");
+                continue;
+            }
+            let Ok(receiver) = stream.local_addr() else {
+                continue;
+            };
+            if stream.set_nonblocking(true).is_err() {
+                continue;
+            }
+            self.next_id += 1;
+            self.conns.insert(
+                self.next_id,
+                Conn {
+                    stream,
+                    sender,
+                    receiver,
+                    frames: FrameBuf::default(),
+                    state: State::First {
+                        deadline: Instant::now() + FIRST_FRAME_TIMEOUT,
+                    },
+                },
+            );
+        }
+    }
+
+    /// The verifier's answers.
+    fn take_answers(&mut self) {
+        while let Ok((id, yes)) = self.results.try_recv() {
+            let Some(c) = self.conns.get_mut(&id) else {
+                continue;
+            };
+            let State::Verifying { name } = &c.state else {
+                continue;
+            };
+            if yes {
+                c.state = State::Open {
+                    name: name.clone(),
+                    verified: true,
+                };
+                // Frames that came with the hello.
+                self.frames(id);
+            } else {
+                let name = name.clone();
+                self.refuse(id, &name);
+            }
+        }
+    }
+
+    /// A connection taken under a name that has since been loaded is asked about.
+    fn revisit_if_known_changed(&mut self) {
+        let generation = self.known.generation.load(Ordering::Acquire);
+        if generation == self.generation {
+            return;
+        }
+        self.generation = generation;
+        let ids: Vec<u64> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| {
+                matches!(
+                    c.state,
+                    State::Open {
+                        verified: false,
+                        ..
+                    }
+                )
+            })
+            .map(|(&id, _)| id)
+            .collect();
+        for id in ids {
+            let name = match &self.conns[&id].state {
+                State::Open { name, .. } => name.clone(),
+                _ => continue,
+            };
+            self.attribute(id, name);
+        }
+    }
+
+    /// Takes connection `id` under `name`, or asks the loaded peer of that name first.
+    fn attribute(&mut self, id: u64, name: String) {
+        let ask = self.known.addrs.read().get(&name).copied();
+        let Some(c) = self.conns.get_mut(&id) else {
+            return;
+        };
+        match ask {
+            Some(ask) => {
+                let job = VerifyJob {
+                    conn: id,
+                    ask,
+                    sender: c.sender,
+                    receiver: c.receiver,
+                };
+                c.state = State::Verifying { name };
+                if self.jobs.send(job).is_err() {
+                    self.conns.remove(&id);
                 }
             }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::thread::sleep(POLL),
-            Err(e) => {
-                tracing::warn!("GPUNETIO: accepting a notification connection: {e}");
-                std::thread::sleep(POLL);
+            None => {
+                c.state = State::Open {
+                    name,
+                    verified: false,
+                };
             }
         }
     }
-}
 
-/// Reads exactly `buf.len()` bytes, looking at `stop` while idle; `Ok(false)` on a clean
-/// end of stream before the first byte.
-fn read_full(conn: &mut impl Read, buf: &mut [u8], stop: &AtomicBool) -> std::io::Result<bool> {
-    let mut at = 0;
-    while at < buf.len() {
-        if stop.load(Ordering::Acquire) {
-            return Err(std::io::Error::other("the backend is shutting down"));
+    fn refuse(&mut self, id: u64, name: &str) {
+        self.conns.remove(&id);
+        let n = self.refused.fetch_add(1, Ordering::Relaxed);
+        if n.is_multiple_of(1024) {
+            tracing::warn!(
+                refused = n + 1,
+                "GPUNETIO: a notification connection naming `{name}` is not that peer's: closed"
+            );
         }
-        match conn.read(&mut buf[at..]) {
-            Ok(0) if at == 0 => return Ok(false),
-            Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
-            Ok(n) => at += n,
+    }
+
+    fn close(&mut self, id: u64, why: &str) {
+        if let Some(c) = self.conns.remove(&id) {
+            tracing::debug!(sender = %c.sender, "GPUNETIO notification connection closed: {why}");
+        }
+    }
+
+    /// Reads what connection `id` sent (at most its first frame before it is
+    /// attributed) and handles the whole frames.
+    fn read(&mut self, id: u64) {
+        let Some(c) = self.conns.get_mut(&id) else {
+            return;
+        };
+        let room = match c.state {
+            State::First { .. } => (4 + MAX_FIRST_FRAME).saturating_sub(c.frames.buffered()),
+            State::Open { .. } => READ_CHUNK,
+            State::Verifying { .. } => return,
+        };
+        if room == 0 {
+            return;
+        }
+        match c.stream.read(&mut self.scratch[..room]) {
+            Ok(0) => return self.close(id, "end of stream"),
+            Ok(n) => c.frames.push(&self.scratch[..n]),
             Err(e)
                 if matches!(
                     e.kind(),
-                    std::io::ErrorKind::WouldBlock
-                        | std::io::ErrorKind::TimedOut
-                        | std::io::ErrorKind::Interrupted
-                ) => {}
-            Err(e) => return Err(e),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted
+                ) =>
+            {
+                return
+            }
+            Err(e) => return self.close(id, &e.to_string()),
+        }
+        self.frames(id);
+    }
+
+    /// Handles connection `id`'s whole frames.
+    fn frames(&mut self, id: u64) {
+        loop {
+            let Some(c) = self.conns.get_mut(&id) else {
+                return;
+            };
+            match &c.state {
+                State::Verifying { .. } => return,
+                State::First { .. } => match c.frames.next(MAX_FIRST_FRAME) {
+                    Ok(None) => return,
+                    Ok(Some(f)) => match First::decode(&f) {
+                        Ok(First::Hello(name)) => self.attribute(id, name),
+                        Ok(First::Verify { sender, receiver }) => {
+                            let yes = self.own.contains(&(sender, receiver));
+                            let _ = c.stream.write(&[u8::from(yes)]);
+                            return self.close(id, "verification answered");
+                        }
+                        Err(why) => return self.close(id, &why),
+                    },
+                    Err(why) => return self.close(id, &why),
+                },
+                State::Open { name, .. } => match c.frames.next(MAX_FRAME) {
+                    Ok(None) => return,
+                    Ok(Some(msg)) => self.inbox.push(name.clone(), msg),
+                    Err(why) => return self.close(id, &why),
+                },
+            }
         }
     }
-    Ok(true)
+
+    /// Closes connections whose first frame is overdue.
+    fn expire(&mut self, now: Instant) {
+        let late: Vec<u64> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| matches!(c.state, State::First { deadline } if deadline <= now))
+            .map(|(&id, _)| id)
+            .collect();
+        for id in late {
+            self.close(id, "no first frame in time");
+        }
+    }
+
+    /// Sheds the connections holding the most buffered bytes while the total is over
+    /// [`MAX_BUFFERED`].
+    fn shed(&mut self) {
+        let mut total: usize = self.conns.values().map(|c| c.frames.buffered()).sum();
+        while total > MAX_BUFFERED {
+            let Some((&id, c)) = self.conns.iter().max_by_key(|(_, c)| c.frames.buffered()) else {
+                return;
+            };
+            total -= c.frames.buffered();
+            self.close(id, "too many bytes buffered");
+        }
+    }
 }
 
-fn read_frame(conn: &mut impl Read, stop: &AtomicBool) -> std::io::Result<Option<Vec<u8>>> {
-    let mut len = [0u8; 4];
-    if !read_full(conn, &mut len, stop)? {
-        return Ok(None);
-    }
-    let len = u32::from_le_bytes(len) as usize;
-    if len > MAX_FRAME {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::InvalidData,
-            format!("a {len}-byte frame (at most {MAX_FRAME})"),
-        ));
-    }
-    let mut frame = vec![0u8; len];
-    if !read_full(conn, &mut frame, stop)? && len > 0 {
-        return Err(std::io::ErrorKind::UnexpectedEof.into());
-    }
-    Ok(Some(frame))
-}
-
-fn serve(mut conn: TcpStream, inbox: &Inbox, stop: &AtomicBool) -> std::io::Result<()> {
-    conn.set_nonblocking(false)?;
-    conn.set_read_timeout(Some(POLL))?;
-    serve_stream(&mut conn, inbox, stop)
-}
-
-/// A sender's stream: its hello frame (its name), then one frame per notification.
-fn serve_stream(conn: &mut impl Read, inbox: &Inbox, stop: &AtomicBool) -> std::io::Result<()> {
-    let Some(hello) = read_frame(conn, stop)? else {
-        return Ok(());
-    };
-    let sender = String::from_utf8(hello)
-        .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidData, "a non-UTF-8 name"))?;
-    while let Some(msg) = read_frame(conn, stop)? {
-        inbox.push(sender.clone(), msg);
-    }
-    Ok(())
-}
-
-/// Fuzzing entry point (not a stable API): a sender's byte stream as the receiving side
-/// reads it, on `input`. Returns whether every notification taken from it is within
-/// [`MAX_FRAME`] and the stream holds no more frames than bytes (reading must never
-/// panic, and never allocate more than the frame limit from a length field).
+/// Fuzzing entry point (not a stable API): a connection's byte stream as the receiving
+/// side cuts it, on `input`. Returns whether every frame is within its limit, the
+/// stream holds no more frames than bytes, and a first frame that decodes encodes back
+/// (cutting and decoding must never panic, and never allocate from a length field).
 pub(super) fn fuzz_stream(input: &[u8]) -> bool {
-    let inbox = Inbox::default();
-    let stop = AtomicBool::new(false);
-    let _ = serve_stream(&mut &input[..], &inbox, &stop);
+    let mut frames = FrameBuf::default();
+    frames.push(input);
+    let first_ok = match frames.next(MAX_FIRST_FRAME) {
+        Ok(Some(f)) => match First::decode(&f) {
+            Ok(first) => first.encode() == f,
+            Err(_) => true,
+        },
+        _ => true,
+    };
     let mut got = Vec::new();
-    inbox.take(&mut got);
-    got.len() <= input.len() / 4 && got.iter().all(|(_, msg)| msg.len() <= MAX_FRAME)
+    while let Ok(Some(msg)) = frames.next(MAX_FRAME) {
+        got.push(msg);
+    }
+    first_ok && got.len() <= input.len() / 4 && got.iter().all(|msg| msg.len() <= MAX_FRAME)
 }
 
 fn frame(bytes: &[u8]) -> Vec<u8> {
@@ -192,18 +715,23 @@ pub(super) struct OobSender {
     me: String,
     peer: String,
     addr: SocketAddr,
-    conn: Mutex<Option<TcpStream>>,
+    /// The connection and its (local, remote) addresses, as recorded in `own`.
+    conn: Mutex<Option<(TcpStream, (SocketAddr, SocketAddr))>>,
     gone: AtomicBool,
+    own: Arc<OwnConns>,
 }
 
 impl OobSender {
-    pub(super) fn new(me: &str, peer: &str, addr: SocketAddr) -> Self {
+    /// Sends as `me` to `peer` at `addr`, recording its connection in `own` (what the
+    /// peer asks this agent's listener about).
+    pub(super) fn new(me: &str, peer: &str, addr: SocketAddr, own: Arc<OwnConns>) -> Self {
         Self {
             me: me.to_string(),
             peer: peer.to_string(),
             addr,
             conn: Mutex::new(None),
             gone: AtomicBool::new(false),
+            own,
         }
     }
 
@@ -233,15 +761,22 @@ impl OobSender {
                 ))
             })?;
             c.set_nodelay(true)?;
-            c.write_all(&frame(self.me.as_bytes()))
-                .map_err(|e| self.disconnected(format!("sending the hello frame: {e}")))?;
-            *conn = Some(c);
+            let ends = (c.local_addr()?, c.peer_addr()?);
+            // Recorded before the hello: the peer may ask as soon as it reads it.
+            self.own.insert(ends);
+            if let Err(e) = c.write_all(&frame(&First::Hello(self.me.clone()).encode())) {
+                self.own.remove(&ends);
+                return Err(self.disconnected(format!("sending the hello frame: {e}")));
+            }
+            *conn = Some((c, ends));
         }
-        let c = conn.as_mut().expect("connected above");
-        c.write_all(&frame(msg)).map_err(|e| {
+        let (c, ends) = conn.as_mut().expect("connected above");
+        if let Err(e) = c.write_all(&frame(msg)) {
+            self.own.remove(ends);
             *conn = None;
-            self.disconnected(format!("sending a notification: {e}"))
-        })
+            return Err(self.disconnected(format!("sending a notification: {e}")));
+        }
+        Ok(())
     }
 
     /// Fails once the peer closed the connection (it never writes on it, so anything
@@ -254,7 +789,7 @@ impl OobSender {
             });
         }
         let conn = self.conn.lock();
-        let Some(c) = conn.as_ref() else {
+        let Some((c, _)) = conn.as_ref() else {
             return Ok(());
         };
         let mut byte = 0u8;
@@ -278,6 +813,14 @@ impl OobSender {
             return Err(self.disconnected("its notification connection closed".into()));
         }
         Ok(())
+    }
+}
+
+impl Drop for OobSender {
+    fn drop(&mut self) {
+        if let Some((_, ends)) = self.conn.get_mut() {
+            self.own.remove(ends);
+        }
     }
 }
 
@@ -329,7 +872,6 @@ pub(super) fn interface_address(oob_interface: Option<&str>) -> Result<IpAddr> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Instant;
 
     fn wait_for(listener: &OobListener, n: usize) -> Vec<(String, Vec<u8>)> {
         let deadline = Instant::now() + Duration::from_secs(10);
@@ -346,10 +888,28 @@ mod tests {
         got
     }
 
+    fn listen(me: &str) -> OobListener {
+        OobListener::bind(interface_address(None).unwrap(), me).unwrap()
+    }
+
+    /// A sender whose connections nobody records: a process playing another agent.
+    fn impostor(name: &str, peer: &str, addr: SocketAddr) -> OobSender {
+        OobSender::new(name, peer, addr, Arc::new(OwnConns::default()))
+    }
+
+    /// Waits until `check` holds (10 s at most).
+    fn eventually(what: &str, mut check: impl FnMut() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !check() {
+            assert!(Instant::now() < deadline, "{what}");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
     #[test]
     fn notifications_arrive_in_order_with_the_sender_name() {
-        let listener = OobListener::bind(interface_address(None).unwrap()).unwrap();
-        let tx = OobSender::new("alice", "bob", listener.addr());
+        let listener = listen("bob");
+        let tx = impostor("alice", "bob", listener.addr());
         for i in 0..100u32 {
             tx.send(&i.to_le_bytes()).unwrap();
         }
@@ -368,14 +928,153 @@ mod tests {
     }
 
     #[test]
+    fn a_loaded_peer_is_asked_and_its_own_connection_accepted() {
+        let bob = listen("bob");
+        let alice = listen("alice");
+        bob.know("alice", alice.addr());
+        let tx = OobSender::new("alice", "bob", bob.addr(), alice.own_conns());
+        tx.send(b"hello").unwrap();
+        tx.send(b"again").unwrap();
+        let got = wait_for(&bob, 2);
+        assert_eq!(got[0], ("alice".to_string(), b"hello".to_vec()));
+        assert_eq!(got[1], ("alice".to_string(), b"again".to_vec()));
+        assert_eq!(bob.refused(), 0);
+    }
+
+    /// A process that is not `alice` names her: once she is loaded at bob's, bob asks
+    /// her at the address her metadata advertised, she does not know the connection,
+    /// and nothing it sends is delivered — neither before she was loaded (asked about
+    /// then) nor after.
+    #[test]
+    fn a_hello_naming_a_loaded_peer_from_elsewhere_is_refused() {
+        let bob = listen("bob");
+        let alice = listen("alice");
+        bob.know("alice", alice.addr());
+        let forged = impostor("alice", "bob", bob.addr());
+        forged.send(b"forged 1").unwrap();
+        forged.send(b"forged 2").unwrap();
+        eventually("the forged connection was refused", || bob.refused() == 1);
+        // Bob's own name, from a process that is not bob.
+        let me_too = impostor("bob", "bob", bob.addr());
+        me_too.send(b"forged 3").unwrap();
+        eventually("the second was refused", || bob.refused() == 2);
+        // The real alice still gets through.
+        let real = OobSender::new("alice", "bob", bob.addr(), alice.own_conns());
+        real.send(b"real").unwrap();
+        let got = wait_for(&bob, 1);
+        assert_eq!(got, vec![("alice".to_string(), b"real".to_vec())]);
+        std::thread::sleep(Duration::from_millis(100));
+        let mut more = Vec::new();
+        bob.take(&mut more);
+        assert!(more.is_empty(), "forged notifications delivered: {more:?}");
+    }
+
+    #[test]
+    fn a_connection_taken_before_its_name_was_loaded_is_asked_about_then() {
+        let bob = listen("bob");
+        let alice = listen("alice");
+        let forged = impostor("alice", "bob", bob.addr());
+        forged.send(b"before").unwrap();
+        // Not loaded: taken under its word, as NIXL's targets need not load initiators.
+        assert_eq!(wait_for(&bob, 1)[0].0, "alice");
+        bob.know("alice", alice.addr());
+        eventually("asked about once alice was loaded", || bob.refused() == 1);
+        let _ = forged.send(b"after");
+        std::thread::sleep(Duration::from_millis(100));
+        let mut more = Vec::new();
+        bob.take(&mut more);
+        assert!(
+            more.is_empty(),
+            "delivered after alice was loaded: {more:?}"
+        );
+    }
+
+    /// Whether the listener closed `s` within `within` (a timeout is not a close).
+    fn closed_by_listener(s: &mut TcpStream, within: Duration) -> bool {
+        s.set_read_timeout(Some(within)).unwrap();
+        let mut byte = [0u8; 1];
+        match s.read(&mut byte) {
+            Ok(0) => true,
+            Ok(_) => false,
+            Err(e) => e.kind() == std::io::ErrorKind::ConnectionReset,
+        }
+    }
+
+    #[test]
+    fn connections_are_capped_and_first_frames_bounded_in_size_and_time() {
+        let bob = listen("bob");
+        // Silent connections up to the cap, then one more: closed at once.
+        let mut silent: Vec<TcpStream> = (0..MAX_CONNS)
+            .map(|_| TcpStream::connect(bob.addr()).unwrap())
+            .collect();
+        std::thread::sleep(Duration::from_millis(200));
+        let mut over = TcpStream::connect(bob.addr()).unwrap();
+        assert!(
+            closed_by_listener(&mut over, Duration::from_secs(2)),
+            "over the cap: closed"
+        );
+        // A first frame announcing more than the limit: closed without waiting for it.
+        let mut big = silent.pop().unwrap();
+        drop(silent.drain(..10));
+        std::thread::sleep(Duration::from_millis(100));
+        let mut huge = TcpStream::connect(bob.addr()).unwrap();
+        huge.write_all(&(MAX_FRAME as u32).to_le_bytes()).unwrap();
+        assert!(
+            closed_by_listener(&mut huge, Duration::from_secs(2)),
+            "oversized first frame"
+        );
+        // The silent ones are closed once their first frame is overdue.
+        let started = Instant::now();
+        assert!(
+            closed_by_listener(&mut big, FIRST_FRAME_TIMEOUT * 2),
+            "silent: closed"
+        );
+        assert!(started.elapsed() >= FIRST_FRAME_TIMEOUT / 2);
+        // And a sender still gets through.
+        let tx = impostor("alice", "bob", bob.addr());
+        tx.send(b"through").unwrap();
+        assert_eq!(wait_for(&bob, 1)[0].1, b"through");
+    }
+
+    #[test]
+    fn frames_grow_with_the_bytes_that_arrive() {
+        let mut frames = FrameBuf::default();
+        frames.push(&(MAX_FRAME as u32).to_le_bytes());
+        frames.push(b"abc");
+        assert_eq!(frames.next(MAX_FRAME), Ok(None));
+        assert!(
+            frames.buf.capacity() < 1024,
+            "allocated from the length field"
+        );
+        assert!(frames.next(MAX_FRAME - 1).is_err());
+        let mut frames = FrameBuf::default();
+        frames.push(&3u32.to_le_bytes());
+        frames.push(b"ab");
+        assert_eq!(frames.next(8), Ok(None));
+        frames.push(b"c");
+        assert_eq!(frames.next(8), Ok(Some(b"abc".to_vec())));
+        for first in [
+            First::Hello("agent".into()),
+            First::Verify {
+                sender: "10.0.0.1:5".parse().unwrap(),
+                receiver: "[::1]:6".parse().unwrap(),
+            },
+        ] {
+            assert_eq!(First::decode(&first.encode()), Ok(first));
+        }
+        assert!(First::decode(b"NXOH\x01").is_err());
+        assert!(First::decode(b"agent").is_err());
+    }
+
+    #[test]
     fn a_vanished_receiver_is_a_remote_disconnect() {
-        let listener = OobListener::bind(interface_address(None).unwrap()).unwrap();
+        let listener = listen("bob");
         let addr = listener.addr();
-        let tx = OobSender::new("alice", "bob", addr);
+        let tx = impostor("alice", "bob", addr);
         tx.send(b"first").unwrap();
         wait_for(&listener, 1);
         drop(listener);
-        // The reader thread notices the stop flag within its poll period and closes.
+        // The serving thread stops at once and closes its connections.
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             match tx.alive() {
@@ -395,7 +1094,7 @@ mod tests {
             Err(Error::RemoteDisconnect { .. })
         ));
         // Nobody listening at all: refused at connect.
-        let never = OobSender::new("alice", "carol", addr);
+        let never = impostor("alice", "carol", addr);
         assert!(matches!(
             never.send(b"x"),
             Err(Error::RemoteDisconnect { .. })

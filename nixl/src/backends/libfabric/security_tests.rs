@@ -602,3 +602,60 @@ fn loopback_notifications_over_shm_arrive_after_the_data() {
         Some(vec![b"note to self".to_vec()])
     );
 }
+
+/// Staging (issue 28, finding 5): an OFFER from a raw endpoint naming a loaded peer's
+/// endpoint as its requester is refused and counted: the target neither pulls that
+/// peer's memory into its staged region (with the key the message gives) nor answers
+/// the peer. Before, the target resolved whatever requester a request named.
+#[test]
+fn a_staged_request_naming_a_loaded_peer_from_elsewhere_is_refused() {
+    use crate::backends::staging::{Ctrl, Request, WirePiece};
+    for provider in ["tcp;ofi_rxm", "shm"] {
+        let tag = provider.replace(';', "_");
+        let (target, t) = victim(
+            &format!("stage-victim-{tag}"),
+            provider,
+            &[("stage_dram", "1")],
+        );
+        let (peer, y) = victim(&format!("stage-peer-{tag}"), provider, &[]);
+        target
+            .load_remote_metadata(&peer.local_metadata().unwrap())
+            .unwrap();
+        let staged = vec![0u8; 4096];
+        // SAFETY: `staged` outlives the handle and every request.
+        let _h = unsafe {
+            target
+                .register_mem(&dram(staged.as_ptr() as u64, staged.len()), None)
+                .unwrap()
+        };
+        // The peer's registered memory: what the attacker would have planted.
+        let planted = vec![0x41u8; 4096];
+        let (_md, remote) = remote_of(&y, planted.as_ptr() as u64, planted.len());
+        let attacker = Raw::new(provider);
+        let to_target = attacker.aim(&t);
+        let offer = Ctrl::Offer(Request {
+            token: 9,
+            key: None,
+            reply_to: y.rails[0].ep.name().unwrap(),
+            pieces: vec![WirePiece {
+                peer_addr: remote.address_at(0),
+                peer_key: remote.key,
+                target: staged.as_ptr() as u64,
+                len: 4096,
+            }],
+        });
+        attacker.send(to_target, &offer.encode().unwrap());
+        let refused = || t.common.stager.engine().refused();
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while refused() == 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        // Room for a pull that would have been served.
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(
+            staged.iter().all(|&b| b == 0),
+            "{provider}: the target pulled the named peer's memory"
+        );
+        assert_eq!(refused(), 1, "{provider}");
+    }
+}

@@ -3,9 +3,11 @@
 //! (or injected when small), requesters' addresses resolved into the rail's AV, and
 //! the engine driven by the rail workers (completions, messages, fetch data, polling).
 
+use super::sources::{PeerSource, Sources, STRANGER};
 use super::{fabric_error, is_disconnect, NotifTracker, PeerAddrs, Rail, XferShared};
 use super::{Failure, NetError, RunSink, RunSpec, StageNet, CTRL_SLOTS, MAX_REPLY_ADDRS};
 use super::{STAGE_CONTEXT, STAGE_OP_BITS};
+use crate::backends::shared::Arrival;
 use crate::backends::staging::{self, BounceMem, Engine};
 use crate::error::Result;
 use fabric::{Access, Address, HmemIface, MemoryRegion};
@@ -30,6 +32,23 @@ impl FabAddr {
             FabAddr::Reply(r) => r.addr,
         }
     }
+}
+
+/// Who sent a staging message or a FETCH's data, as the provider names it (module
+/// `sources`), never as the message names itself.
+#[derive(Debug, Clone)]
+pub(super) struct FabSender {
+    /// The provider names the senders of this kind of arrival on its rail (messages:
+    /// every provider with `FI_SOURCE`; remote CQ data: `shm` and `sockets`). Where it
+    /// does not, only the token or key ties an arrival to its request.
+    pub(super) named: bool,
+    /// The sending endpoint's name, where the sender is in the rail's AV.
+    pub(super) endpoint: Option<Vec<u8>>,
+    /// The sender was reported as the rail's unattributable handle (`shm`: this rail's
+    /// own endpoint, or a sender the AV does not hold).
+    pub(super) maybe_self: bool,
+    /// The loaded peer whose endpoint it is.
+    pub(super) peer: Option<Arc<PeerSource>>,
 }
 
 /// A requester's address in one rail's AV; removed when the last user lets go.
@@ -94,6 +113,11 @@ pub(super) struct FabricNet {
     bounce: OnceLock<Bounce>,
     ctrl: OnceLock<std::result::Result<CtrlArea, Failure>>,
     replies: Mutex<ReplyCache>,
+    /// The loaded peers' endpoints (module `sources`): a request from none of them must
+    /// not name one.
+    sources: Arc<Sources>,
+    /// Requests only from loaded peers (`notif_senders=loaded`).
+    loaded_senders_only: bool,
 }
 
 /// Resolved requesters by (rail, name).
@@ -175,6 +199,7 @@ impl FabricNet {
 
 impl StageNet for FabricNet {
     type Addr = FabAddr;
+    type Sender = FabSender;
 
     fn rails(&self) -> usize {
         self.rails.len()
@@ -221,7 +246,36 @@ impl StageNet for FabricNet {
         self.names[rail].clone()
     }
 
-    fn resolve(&self, rail: usize, name: &[u8]) -> std::result::Result<FabAddr, Failure> {
+    /// The requester must be the endpoint the request came from, where the provider
+    /// names it; a sender it cannot name may not claim a loaded peer's endpoint (that
+    /// peer's own requests are named), nor be anyone with `notif_senders=loaded`.
+    fn resolve(
+        &self,
+        rail: usize,
+        name: &[u8],
+        sender: &FabSender,
+    ) -> std::result::Result<FabAddr, Failure> {
+        if sender.named {
+            let own = self.names.get(rail).is_some_and(|n| n.as_slice() == name);
+            let refusal = match &sender.endpoint {
+                Some(ep) if ep.as_slice() != name => {
+                    Some("a request naming another endpoint than the one it came from")
+                }
+                _ if self.loaded_senders_only && sender.peer.is_none() => {
+                    Some("a request from an endpoint of no loaded peer (notif_senders=loaded)")
+                }
+                Some(_) => None,
+                // `shm` reports this rail's own endpoint as unattributable.
+                None if own && sender.maybe_self => None,
+                None if own || self.sources.find(rail, name).is_some() => {
+                    Some("a request naming a loaded peer's endpoint from none of its endpoints")
+                }
+                None => None,
+            };
+            if let Some(why) = refusal {
+                return Err(Failure::new(1, why));
+            }
+        }
         let mut cache = self.replies.lock();
         if let Some(a) = cache.get(&(rail, name.to_vec())) {
             return Ok(FabAddr::Reply(a.clone()));
@@ -351,8 +405,35 @@ impl StageNet for FabricNet {
         }
     }
 
-    fn landed(&self, key: u64) {
-        self.notifs.data_arrived(key);
+    fn is_sender(&self, addr: &FabAddr, sender: &FabSender) -> bool {
+        if !sender.named {
+            return true;
+        }
+        match addr {
+            FabAddr::Peer(peer, rail) => {
+                let name = &peer.names[*rail];
+                match &sender.endpoint {
+                    Some(ep) => ep == name,
+                    // A staged transfer of this agent to itself over `shm`.
+                    None => sender.maybe_self && self.names.get(*rail) == Some(name),
+                }
+            }
+            FabAddr::Reply(r) => sender
+                .endpoint
+                .as_ref()
+                .is_some_and(|ep| r.rail.av.lookup(r.addr).is_ok_and(|name| name == *ep)),
+        }
+    }
+
+    /// Counted toward the sender's notifications only (a loaded peer's, or all
+    /// strangers' together), as the rail workers count remote CQ data.
+    fn landed(&self, key: u64, sender: &FabSender) -> bool {
+        let owner = match (&sender.peer, sender.named) {
+            (_, false) => None,
+            (Some(peer), true) => Some(peer.tag),
+            (None, true) => Some(STRANGER),
+        };
+        !matches!(self.notifs.data_from(key, owner), Arrival::Refused(_))
     }
 }
 
@@ -362,7 +443,7 @@ impl StageNet for FabricNet {
 pub(super) struct Stager {
     // Declared before the engine: the bounce registrations close before its memory goes.
     pub(super) net: FabricNet,
-    engine: Mutex<Engine<FabAddr>>,
+    engine: Mutex<Engine<FabAddr, FabSender>>,
     pub(super) cfg: staging::Config,
     /// The engine has copies running or posts waiting: the workers keep polling.
     poll: AtomicBool,
@@ -372,6 +453,7 @@ impl Stager {
     pub(super) fn new(
         rails: &[Arc<Rail>],
         notifs: Arc<NotifTracker<u64>>,
+        (sources, loaded_senders_only): (Arc<Sources>, bool),
         cfg: staging::Config,
     ) -> Result<Self> {
         let names = rails
@@ -391,6 +473,8 @@ impl Stager {
                 bounce: OnceLock::new(),
                 ctrl: OnceLock::new(),
                 replies: Mutex::default(),
+                sources,
+                loaded_senders_only,
             },
             engine: Mutex::new(Engine::new(cfg, copier)),
             cfg,
@@ -398,11 +482,11 @@ impl Stager {
         })
     }
 
-    pub(super) fn engine(&self) -> MutexGuard<'_, Engine<FabAddr>> {
+    pub(super) fn engine(&self) -> MutexGuard<'_, Engine<FabAddr, FabSender>> {
         self.engine.lock()
     }
 
-    fn with(&self, f: impl FnOnce(&mut Engine<FabAddr>, &FabricNet)) {
+    fn with(&self, f: impl FnOnce(&mut Engine<FabAddr, FabSender>, &FabricNet)) {
         let mut engine = self.engine();
         f(&mut engine, &self.net);
         let poll = engine.needs_poll();
@@ -447,12 +531,12 @@ impl Stager {
         self.with(|e, n| e.on_complete(n, op, result));
     }
 
-    pub(super) fn message(&self, rail: usize, bytes: &[u8]) {
-        self.with(|e, n| e.on_message(n, rail, bytes));
+    pub(super) fn message(&self, rail: usize, sender: &FabSender, bytes: &[u8]) {
+        self.with(|e, n| e.on_message(n, rail, sender, bytes));
     }
 
-    pub(super) fn fetch_data(&self, token: u64) {
-        self.with(|e, n| e.on_fetch_data(n, token));
+    pub(super) fn fetch_data(&self, token: u64, sender: &FabSender) {
+        self.with(|e, n| e.on_fetch_data(n, token, sender));
     }
 
     /// The peer whose addresses these were is gone or replaced.

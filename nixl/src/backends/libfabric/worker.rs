@@ -8,7 +8,7 @@ use super::cma::CopyError;
 use super::idle::nap_after;
 use super::liveness::ProcessId;
 use super::sources::{Source, STRANGER};
-use super::stage_net::FabAddr;
+use super::stage_net::{FabAddr, FabSender};
 use super::{
     decode_notif, fabric_error, failure_of, send_message, staging, Common, Copier, PeerAddrs, Rail,
     RailOp, XferShared, MAX_OUTSTANDING, NOTIF_SLOT, NOTIF_SLOTS, RECV_CONTEXT, STAGE_CONTEXT,
@@ -531,7 +531,10 @@ impl Worker {
         if let Ok(c) = &result {
             if c.has(Caps::REMOTE_CQ_DATA.bits()) && c.has(Caps::REMOTE_WRITE.bits()) {
                 if c.data & staging::FETCH_DATA != 0 {
-                    self.common.stager.fetch_data(c.data & !staging::FETCH_DATA);
+                    let sender = self.stage_sender(c.src, self.rail.names_data_senders);
+                    self.common
+                        .stager
+                        .fetch_data(c.data & !staging::FETCH_DATA, &sender);
                 } else {
                     self.data_arrived(c.data, c.src);
                 }
@@ -590,7 +593,8 @@ impl Worker {
         let bytes =
             &self.recv_buf.as_slice()[slot * NOTIF_SLOT..slot * NOTIF_SLOT + len.min(NOTIF_SLOT)];
         if bytes.starts_with(staging::MAGIC) {
-            self.common.stager.message(self.index, bytes);
+            let sender = self.stage_sender(src, self.rail.names_senders);
+            self.common.stager.message(self.index, &sender, bytes);
             return;
         }
         if bytes.starts_with(assist::MAGIC) {
@@ -610,6 +614,33 @@ impl Worker {
 
 /// Who sent what (module `sources`): notifications and their data.
 impl Worker {
+    /// The sender of a staging arrival from `src`, for the staging engine; `named`:
+    /// whether this rail's provider names senders of that kind of arrival.
+    fn stage_sender(&self, src: Option<Address>, named: bool) -> FabSender {
+        if !named {
+            return FabSender {
+                named,
+                endpoint: None,
+                maybe_self: false,
+                peer: None,
+            };
+        }
+        let maybe_self = src.is_some_and(|a| self.rail.is_unattributable(a));
+        let endpoint = src
+            .filter(|_| !maybe_self)
+            .and_then(|a| self.rail.av.lookup(a).ok());
+        let peer = endpoint
+            .as_ref()
+            .and_then(|name| self.common.sources.find(self.index, name))
+            .map(|s| s.peer.clone());
+        FabSender {
+            named,
+            endpoint,
+            maybe_self,
+            peer,
+        }
+    }
+
     /// The loaded peer whose endpoint sent a completion, as the transport names it.
     fn attribute(&mut self, src: Option<Address>) -> Option<Arc<Source>> {
         let addr = src.filter(|a| !self.rail.is_unattributable(*a))?;
@@ -756,11 +787,14 @@ impl Worker {
         // that sent the request.
         let dest = match answer_to {
             Some(dest) => Ok(dest),
-            None => self
-                .common
-                .stager
-                .net
-                .resolve(self.index, &request.reply_to),
+            None => {
+                // Never toward a loaded peer's endpoint that did not send it.
+                let sender = self.stage_sender(src, self.rail.names_senders);
+                self.common
+                    .stager
+                    .net
+                    .resolve(self.index, &request.reply_to, &sender)
+            }
         };
         match dest {
             Ok(dest) => {

@@ -8,7 +8,7 @@ use super::{
 };
 use std::fmt::Debug;
 
-impl<A: Clone + Debug + Send> Engine<A> {
+impl<A: Clone + Debug + Send, S: Clone + Debug + Send> Engine<A, S> {
     /// Checks a request against the staged regions; returns the GPU of its memory.
     pub(super) fn validate(&self, req: &Request) -> std::result::Result<Option<usize>, String> {
         let total: u64 = req.pieces.iter().map(|p| u64::from(p.len)).sum();
@@ -43,19 +43,24 @@ impl<A: Clone + Debug + Send> Engine<A> {
         Ok(dev)
     }
 
-    pub(super) fn on_request<N: StageNet<Addr = A>>(
+    pub(super) fn on_request<N: StageNet<Addr = A, Sender = S>>(
         &mut self,
         net: &N,
         rail: usize,
+        sender: &S,
         offer: bool,
         req: Request,
     ) {
         let rail = rail % net.rails().max(1);
-        let from = match net.resolve(rail, &req.reply_to) {
+        // The requester's address must be the sender's own: this side reads from and
+        // writes to it, and answers there.
+        let from = match net.resolve(rail, &req.reply_to, sender) {
             Ok(a) => a,
             Err(f) => {
-                tracing::warn!(error = %f.text, "staging: a request from an unreachable address dropped");
-                return;
+                return self.refuse(
+                    sender,
+                    format_args!("a request whose requester cannot be reached: {}", f.text),
+                );
             }
         };
         match self.validate(&req) {
@@ -66,6 +71,7 @@ impl<A: Clone + Debug + Send> Engine<A> {
                     offer,
                     rail,
                     from,
+                    sender: sender.clone(),
                     req,
                     dev,
                     slot: None,
@@ -92,7 +98,7 @@ impl<A: Clone + Debug + Send> Engine<A> {
         self.replies.push_back((rail, to, msg));
     }
 
-    pub(super) fn send_replies<N: StageNet<Addr = A>>(&mut self, net: &N) {
+    pub(super) fn send_replies<N: StageNet<Addr = A, Sender = S>>(&mut self, net: &N) {
         while let Some((rail, to, msg)) = self.replies.pop_front() {
             let op = self.id();
             match net.send(rail, &to, &msg, op) {
@@ -113,7 +119,7 @@ impl<A: Clone + Debug + Send> Engine<A> {
         }
     }
 
-    pub(super) fn progress_serves<N: StageNet<Addr = A>>(&mut self, net: &N) {
+    pub(super) fn progress_serves<N: StageNet<Addr = A, Sender = S>>(&mut self, net: &N) {
         let mut i = 0;
         while i < self.serves.len() {
             let mut s = self.serves.remove(i).expect("index in range");
@@ -128,10 +134,10 @@ impl<A: Clone + Debug + Send> Engine<A> {
     }
 
     /// Moves a served request on; `false` when it is finished (its slot may go).
-    pub(super) fn advance_serve<N: StageNet<Addr = A>>(
+    pub(super) fn advance_serve<N: StageNet<Addr = A, Sender = S>>(
         &mut self,
         net: &N,
-        s: &mut Serve<A>,
+        s: &mut Serve<A, S>,
     ) -> bool {
         loop {
             if s.failed {
@@ -187,7 +193,15 @@ impl<A: Clone + Debug + Send> Engine<A> {
                     Ok(true) => {
                         if s.offer {
                             if let Some(key) = s.req.key {
-                                net.landed(key);
+                                if !net.landed(key, &s.sender) {
+                                    // The data is in (the request named staged memory):
+                                    // only the count is withheld from another's key.
+                                    let sender = s.sender.clone();
+                                    self.refuse(
+                                        &sender,
+                                        format_args!("an OFFER counting toward key {key:#x}, not its sender's"),
+                                    );
+                                }
                             }
                             let (rail, from, token) = (s.rail, s.from.clone(), s.req.token);
                             self.reply(rail, from, token, STATUS_OK, "");
@@ -210,7 +224,7 @@ impl<A: Clone + Debug + Send> Engine<A> {
 
     /// Starts the serve's copy: slot → memory (OFFER) or memory → slot (FETCH). `false`
     /// when it could not start (the serve is failed).
-    pub(super) fn serve_copy(&mut self, s: &mut Serve<A>) -> bool {
+    pub(super) fn serve_copy(&mut self, s: &mut Serve<A, S>) -> bool {
         let slot = s.slot.expect("serving with a slot");
         let mut off = 0u64;
         let copies: Vec<CopyOp> = s
@@ -250,7 +264,11 @@ impl<A: Clone + Debug + Send> Engine<A> {
     }
 
     /// Posts the serve's RMA operations; `false` when the transport is busy.
-    pub(super) fn serve_post<N: StageNet<Addr = A>>(&mut self, net: &N, s: &mut Serve<A>) -> bool {
+    pub(super) fn serve_post<N: StageNet<Addr = A, Sender = S>>(
+        &mut self,
+        net: &N,
+        s: &mut Serve<A, S>,
+    ) -> bool {
         let slot = s.slot.expect("serving with a slot");
         let ServeStage::Net { mut next, left } = s.stage else {
             return true;

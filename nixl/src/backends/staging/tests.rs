@@ -39,7 +39,8 @@ struct MockNet {
     queue: std::rc::Rc<RefCell<Vec<Posted>>>,
     base: Cell<u64>,
     len: Cell<usize>,
-    landed: RefCell<Vec<u64>>,
+    /// Units landed: (key, side that offered them).
+    landed: RefCell<Vec<(u64, usize)>>,
     /// Every n-th post is refused as busy (0: never).
     busy_every: Cell<u64>,
     posts: Cell<u64>,
@@ -59,6 +60,8 @@ impl MockNet {
 
 impl StageNet for MockNet {
     type Addr = usize;
+    /// The sending side's index, as the simulated transport knows it.
+    type Sender = usize;
     fn rails(&self) -> usize {
         2
     }
@@ -73,12 +76,24 @@ impl StageNet for MockNet {
     fn local_name(&self, _rail: usize) -> Vec<u8> {
         format!("side{}", self.me).into_bytes()
     }
-    fn resolve(&self, _rail: usize, name: &[u8]) -> std::result::Result<usize, Failure> {
-        std::str::from_utf8(name)
+    fn resolve(
+        &self,
+        _rail: usize,
+        name: &[u8],
+        sender: &usize,
+    ) -> std::result::Result<usize, Failure> {
+        let named: usize = std::str::from_utf8(name)
             .ok()
             .and_then(|s| s.strip_prefix("side"))
             .and_then(|n| n.parse().ok())
-            .ok_or_else(|| Failure::new(22, "unknown name"))
+            .ok_or_else(|| Failure::new(22, "unknown name"))?;
+        if named != *sender {
+            return Err(Failure::new(1, "a name that is not the sender's"));
+        }
+        Ok(named)
+    }
+    fn is_sender(&self, addr: &usize, sender: &usize) -> bool {
+        addr == sender
     }
     fn write(
         &self,
@@ -167,8 +182,9 @@ impl StageNet for MockNet {
         });
         Ok(completes)
     }
-    fn landed(&self, key: u64) {
-        self.landed.borrow_mut().push(key);
+    fn landed(&self, key: u64, sender: &usize) -> bool {
+        self.landed.borrow_mut().push((key, *sender));
+        true
     }
 }
 
@@ -213,7 +229,7 @@ impl RunSink for Sink {
 }
 
 struct Side {
-    engine: RefCell<Engine<usize>>,
+    engine: RefCell<Engine<usize, usize>>,
     net: MockNet,
 }
 
@@ -318,11 +334,14 @@ impl World {
                     )
                 };
                 match imm {
-                    Some(d) if d & FETCH_DATA != 0 => to
-                        .engine
-                        .borrow_mut()
-                        .on_fetch_data(&to.net, d & !FETCH_DATA),
-                    Some(key) => to.net.landed(*key),
+                    Some(d) if d & FETCH_DATA != 0 => {
+                        to.engine
+                            .borrow_mut()
+                            .on_fetch_data(&to.net, d & !FETCH_DATA, &p.from)
+                    }
+                    Some(key) => {
+                        to.net.landed(*key, &p.from);
+                    }
                     None => {}
                 }
             }
@@ -337,7 +356,9 @@ impl World {
                 };
             }
             Kind::Send(msg) => {
-                to.engine.borrow_mut().on_message(&to.net, p.rail, msg);
+                to.engine
+                    .borrow_mut()
+                    .on_message(&to.net, p.rail, &p.from, msg);
                 if p.completes {
                     // Completes later, in any order with what the message caused.
                     self.queue.borrow_mut().push(Posted {
@@ -528,7 +549,10 @@ fn every_case_moves_the_data_and_returns_every_slot() {
         );
         let landed = w.sides[1].net.landed.borrow().clone();
         assert_eq!(landed.len() as u64, units, "notification data units");
-        assert!(landed.iter().all(|k| *k == 77));
+        assert!(
+            landed.iter().all(|k| *k == (77, 0)),
+            "keys, offered by side 0"
+        );
         w.idle();
         // READ it back.
         let entries = layout(&sizes, &back, &dst);
@@ -652,7 +676,7 @@ fn requests_naming_memory_that_is_not_staged_are_refused() {
     let s = &w.sides[1];
     s.engine
         .borrow_mut()
-        .on_message(&s.net, 0, b"NXST\x01\x07\0\0garbage");
+        .on_message(&s.net, 0, &0, b"NXST\x01\x07\0\0garbage");
     assert!(w.queue.borrow().is_empty());
 }
 
@@ -782,4 +806,125 @@ fn a_run_reports_one_outcome_even_when_its_last_operations_fail_late() {
         outcomes.0 > 0 && outcomes.1 > 0,
         "both orders seen: {outcomes:?}"
     );
+}
+
+/// The attacker of the tests below: a peer that is neither side (the transport names it
+/// as side 2) and speaks the protocol, with tokens it guessed or observed.
+const ATTACKER: usize = 2;
+
+/// The token of the request side 0 has queued for side 1 (the first one found).
+fn queued_request_token(w: &World) -> u64 {
+    w.queue
+        .borrow()
+        .iter()
+        .find_map(|p| match &p.kind {
+            Kind::Send(m) => match Ctrl::decode(m) {
+                Ok(Ctrl::Offer(r) | Ctrl::Fetch(r)) => Some(r.token),
+                _ => None,
+            },
+            _ => None,
+        })
+        .expect("a request is queued")
+}
+
+#[test]
+fn a_done_from_another_peer_than_the_target_is_refused() {
+    for status in [STATUS_OK, STATUS_FAILED] {
+        let mut w = World::new(21);
+        let src = pattern(6, 3000);
+        let dst = vec![0u8; src.len()];
+        w.stage(1, &dst);
+        let e = [(src.as_ptr() as u64, dst.as_ptr() as u64, src.len() as u64)];
+        let sink = submit(&w, plan(true, Side_::Plain, true, &e, CHUNK), Some(9));
+        let token = queued_request_token(&w);
+        let forged = Ctrl::Done {
+            token,
+            status,
+            reason: "forged".into(),
+        }
+        .encode()
+        .unwrap();
+        let s = &w.sides[0];
+        s.engine
+            .borrow_mut()
+            .on_message(&s.net, 0, &ATTACKER, &forged);
+        // Before the target read a byte: nothing may end, neither way.
+        assert_eq!(sink.finished.load(Ordering::Relaxed), 0, "released early");
+        assert!(sink.failed.lock().is_none(), "failed by a stranger");
+        assert_eq!(s.engine.borrow().refused(), 1);
+        w.settle();
+        assert_eq!(sink.finished.load(Ordering::Relaxed), 1);
+        assert_eq!(dst, src, "the real target's answer counts");
+        assert_eq!(*w.sides[1].net.landed.borrow(), vec![(9, 0)]);
+        w.idle();
+    }
+}
+
+#[test]
+fn fetch_data_from_another_peer_than_the_target_is_refused() {
+    let mut w = World::new(22);
+    let remote = pattern(7, 5000);
+    let back = vec![0u8; remote.len()];
+    w.stage(1, &remote);
+    let e = [(
+        back.as_ptr() as u64,
+        remote.as_ptr() as u64,
+        remote.len() as u64,
+    )];
+    let sink = submit(&w, plan(false, Side_::Plain, true, &e, CHUNK), None);
+    let token = queued_request_token(&w);
+    let s = &w.sides[0];
+    for _ in 0..4 {
+        s.engine
+            .borrow_mut()
+            .on_fetch_data(&s.net, token, &ATTACKER);
+    }
+    assert_eq!(
+        sink.finished.load(Ordering::Relaxed),
+        0,
+        "a READ done without data"
+    );
+    assert_eq!(s.engine.borrow().refused(), 4);
+    w.settle();
+    assert_eq!(sink.finished.load(Ordering::Relaxed), 1);
+    assert_eq!(back, remote);
+    w.idle();
+}
+
+#[test]
+fn a_request_naming_another_requester_is_refused() {
+    let mut w = World::new(23);
+    let victim = pattern(8, 4096);
+    let staged = vec![0u8; 4096];
+    w.stage(1, &staged);
+    for offer in [true, false] {
+        // The attacker asks the target to pull from (OFFER) or push to (FETCH) side 0's
+        // memory, answering side 0.
+        let req = Request {
+            token: 5,
+            key: offer.then_some(3),
+            reply_to: b"side0".to_vec(),
+            pieces: vec![WirePiece {
+                peer_addr: victim.as_ptr() as u64,
+                peer_key: 0,
+                target: staged.as_ptr() as u64,
+                len: 4096,
+            }],
+        };
+        let msg = if offer {
+            Ctrl::Offer(req)
+        } else {
+            Ctrl::Fetch(req)
+        };
+        let s = &w.sides[1];
+        s.engine
+            .borrow_mut()
+            .on_message(&s.net, 0, &ATTACKER, &msg.encode().unwrap());
+        assert!(w.queue.borrow().is_empty(), "the target acted on it");
+        w.settle();
+    }
+    assert_eq!(w.sides[1].engine.borrow().refused(), 2);
+    assert!(staged.iter().all(|b| *b == 0), "staged memory untouched");
+    assert!(w.sides[1].net.landed.borrow().is_empty(), "no unit counted");
+    w.idle();
 }

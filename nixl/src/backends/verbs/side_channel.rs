@@ -5,10 +5,27 @@
 //! never waits for a peer (each handshake it accepts is served on a thread of its own)
 //! nor for a rail (a closed incoming connection is retired by the rails' rounds:
 //! `Common::close_incoming`), so a busy agent still beats in time.
+//!
+//! # Who a HELLO is from
+//! The name a HELLO gives is the initiator's word, and what the target delivers its
+//! notifications under (they are attributed to the connection whose QP they arrive on,
+//! never to a name in them). Where the name is that of a peer this agent loaded (and
+//! whose connection is alive) or this agent's own, the target asks that agent, at the
+//! side-channel address its metadata advertised, whether the connection is one it opened
+//! (`NXVV`: the connection's two addresses, answered from its record of its own
+//! side-channel connections, [`OwnStreams`]); a HELLO it does not own is refused and
+//! counted ([`VerbsBackend::refused_hellos`]). A name this agent never loaded stays the
+//! initiator's word, as NIXL's targets need not load their initiators' metadata.
+//!
+//! # Bounds
+//! At most [`MAX_HANDSHAKES`] handshakes are served at once (a connection beyond is
+//! closed at accept), each frame must be whole within `HANDSHAKE_TIMEOUT` (a deadline
+//! per frame, not per read) and grows with the bytes that arrive, and at most
+//! [`MAX_INCOMING`] incoming connections are held.
 
 use super::wire::{
-    decode_hello, decode_reply, encode_hello, encode_reply, encode_reply_error, read_frame,
-    write_frame, ConnInfo, Hello, ReplyError,
+    decode_conn_info, decode_hello, decode_reply, decode_verify, encode_hello, encode_reply,
+    encode_reply_error, encode_verify, read_frame, write_frame, ConnInfo, Hello, ReplyError,
 };
 use super::{
     create_qp, verbs_error, Common, Incoming, Outgoing, VerbsBackend, HANDSHAKE_TIMEOUT,
@@ -19,7 +36,8 @@ use crate::error::{Error, Result};
 use crate::os::pollfd_in;
 use ibverbs::Endpoint;
 use parking_lot::Mutex;
-use std::net::{TcpListener, TcpStream};
+use std::collections::HashSet;
+use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -28,6 +46,118 @@ use std::time::{Duration, Instant};
 /// How soon the side-channel thread tries again to tell the staging engine of a dead
 /// connection when the engine was busy.
 const STAGING_RETRY: Duration = Duration::from_millis(10);
+/// Handshakes (and verification requests) served at once, each on a thread of its own;
+/// a connection beyond is closed as it is accepted.
+pub(super) const MAX_HANDSHAKES: usize = 64;
+/// Incoming connections held at once (each holds a QP per rail); a HELLO beyond is
+/// refused.
+pub(super) const MAX_INCOMING: usize = 1024;
+/// Bound on asking the agent a HELLO named whether the connection is its own.
+const VERIFY_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The side-channel connections this agent opened, by (local, remote) address.
+#[derive(Debug, Default)]
+pub(super) struct OwnStreams(Mutex<HashSet<(SocketAddr, SocketAddr)>>);
+
+impl OwnStreams {
+    pub(super) fn contains(&self, ends: &(SocketAddr, SocketAddr)) -> bool {
+        self.0.lock().contains(ends)
+    }
+}
+
+/// A side-channel connection's entry in [`OwnStreams`], removed when dropped.
+#[derive(Debug)]
+pub(super) struct OwnStream {
+    set: Arc<OwnStreams>,
+    ends: (SocketAddr, SocketAddr),
+}
+
+impl OwnStream {
+    /// Records `stream` (before its HELLO goes: the target may ask at once).
+    pub(super) fn record(set: &Arc<OwnStreams>, stream: &TcpStream) -> std::io::Result<Self> {
+        let ends = (stream.local_addr()?, stream.peer_addr()?);
+        set.0.lock().insert(ends);
+        Ok(Self {
+            set: set.clone(),
+            ends,
+        })
+    }
+}
+
+impl Drop for OwnStream {
+    fn drop(&mut self) {
+        self.set.0.lock().remove(&self.ends);
+    }
+}
+
+/// Whom a HELLO's name asks the target to check with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Claim {
+    /// No agent this one knows: the initiator's word.
+    Word,
+    /// This agent: its own record answers.
+    Own,
+    /// A loaded peer, whose side channel listens there.
+    Ask(SocketAddr),
+}
+
+/// What the name of a HELLO claims, seen from `common`.
+fn claim_of(common: &Common, name: &str) -> Claim {
+    if name == common.agent_name {
+        return Claim::Own;
+    }
+    let outgoing = common.outgoing.read();
+    // A peer whose connection died may have restarted: its old address answers no one.
+    match outgoing.get(name).filter(|c| !c.is_dead()) {
+        Some(c) => decode_conn_info(&c.conn_info).map_or(Claim::Word, |i| Claim::Ask(i.addr)),
+        None => Claim::Word,
+    }
+}
+
+/// Whether the connection `ends` (the initiator's address, this side's) is owned by
+/// whom its HELLO's name `claim`s: `own` is this agent's record, `ask` asks a peer.
+pub(super) fn hello_owned(
+    claim: Claim,
+    ends: (SocketAddr, SocketAddr),
+    own: &OwnStreams,
+    ask: impl FnOnce(SocketAddr, (SocketAddr, SocketAddr)) -> bool,
+) -> bool {
+    match claim {
+        Claim::Word => true,
+        Claim::Own => own.contains(&ends),
+        Claim::Ask(at) => ask(at, ends),
+    }
+}
+
+/// Asks the side channel at `at` whether the connection `ends` (its address, ours) is
+/// one it opened; no answer in time is a no. A side channel that refuses the connection
+/// is a process that ended (the loaded incarnation is gone, as its own liveness check
+/// will say): the name is then the initiator's word again, as for a name never loaded.
+pub(super) fn ask_owner(at: SocketAddr, ends: (SocketAddr, SocketAddr)) -> bool {
+    let attempt = || -> std::io::Result<bool> {
+        let mut s = match TcpStream::connect_timeout(&at, VERIFY_TIMEOUT) {
+            Ok(s) => s,
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+                tracing::debug!(%at, "VERBS: a HELLO names a loaded peer that has ended");
+                return Ok(true);
+            }
+            Err(e) => return Err(e),
+        };
+        s.set_write_timeout(Some(VERIFY_TIMEOUT))?;
+        write_frame(&mut s, &encode_verify(ends.0, ends.1))?;
+        Ok(read_frame(&mut s, VERIFY_TIMEOUT)? == [1])
+    };
+    attempt().unwrap_or_else(|e| {
+        tracing::debug!(%at, error = %e, "VERBS: asking a HELLO's named agent failed");
+        false
+    })
+}
+
+/// The answer to a verification request `frame`, if it is one: whether the connection
+/// it names is in `own`.
+pub(super) fn answer_verify(own: &OwnStreams, frame: &[u8]) -> Option<Vec<u8>> {
+    decode_verify(frame).map(|ends| vec![u8::from(own.contains(&ends))])
+}
 
 impl VerbsBackend {
     /// Opens connection `peer` (one QP per local rail) through the peer's side channel.
@@ -44,6 +174,8 @@ impl VerbsBackend {
         };
         let mut stream = TcpStream::connect_timeout(&remote.addr, HANDSHAKE_TIMEOUT)
             .map_err(|e| disconnect(format!("side channel {}: {e}", remote.addr)))?;
+        // Recorded before the HELLO: the peer asks about it if it loaded this agent.
+        let side = OwnStream::record(&common.own_streams, &stream)?;
         stream.set_nodelay(true)?;
         stream.set_read_timeout(Some(HANDSHAKE_TIMEOUT))?;
         stream.set_write_timeout(Some(HANDSHAKE_TIMEOUT))?;
@@ -66,7 +198,7 @@ impl VerbsBackend {
         });
         write_frame(&mut stream, &hello)
             .map_err(|e| disconnect(format!("side channel {}: {e}", remote.addr)))?;
-        let reply = read_frame(&mut stream)
+        let reply = read_frame(&mut stream, HANDSHAKE_TIMEOUT)
             .map_err(|e| disconnect(format!("side channel {}: {e}", remote.addr)))?;
         let reply = decode_reply(&reply).map_err(|e| match e {
             ReplyError::Refused(why) => disconnect(format!("refused: {why}")),
@@ -114,6 +246,7 @@ impl VerbsBackend {
             )),
             remote_id: reply.conn,
             staging_told: AtomicBool::new(false),
+            _side: side,
         }))
     }
 }
@@ -123,17 +256,24 @@ pub(super) fn side_channel_thread(listener: TcpListener, common: Arc<Common>) {
         loop {
             match listener.accept() {
                 Ok((stream, from)) => {
+                    if common.handshakes.fetch_add(1, Ordering::AcqRel) >= MAX_HANDSHAKES {
+                        common.handshakes.fetch_sub(1, Ordering::AcqRel);
+                        tracing::debug!(%from, "VERBS: a handshake over the cap closed");
+                        continue;
+                    }
                     // The handshake waits for the peer: never on this thread, whose
                     // heartbeats must go out on time.
-                    let common = common.clone();
+                    let served = common.clone();
                     let spawned = std::thread::Builder::new()
                         .name("nixl-verbs-hello".into())
                         .spawn(move || {
-                            if let Err(e) = serve_handshake(&common, stream) {
+                            if let Err(e) = serve_handshake(&served, stream) {
                                 tracing::warn!(%from, error = %e, "VERBS handshake failed");
                             }
+                            served.handshakes.fetch_sub(1, Ordering::AcqRel);
                         });
                     if let Err(e) = spawned {
+                        common.handshakes.fetch_sub(1, Ordering::AcqRel);
                         tracing::warn!(error = %e, "VERBS: no thread for a handshake");
                     }
                 }
@@ -246,14 +386,48 @@ fn wait_readable(listener: &TcpListener, common: &Common, retry: bool) {
 fn serve_handshake(common: &Arc<Common>, mut stream: TcpStream) -> Result<()> {
     stream.set_nonblocking(false)?;
     stream.set_nodelay(true)?;
-    stream.set_read_timeout(Some(HANDSHAKE_TIMEOUT))?;
     stream.set_write_timeout(Some(HANDSHAKE_TIMEOUT))?;
-    let frame = read_frame(&mut stream)?;
+    let frame = read_frame(&mut stream, HANDSHAKE_TIMEOUT)?;
+    // A target asking whether a connection that named this agent is its own.
+    if let Some(answer) = answer_verify(&common.own_streams, &frame) {
+        write_frame(&mut stream, &answer)?;
+        return Ok(());
+    }
     let hello = decode_hello(&frame)?;
     if hello.target_nonce != common.nonce {
         write_frame(
             &mut stream,
             &encode_reply_error("stale metadata: this agent has restarted since"),
+        )?;
+        return Ok(());
+    }
+    let ends = (stream.peer_addr()?, stream.local_addr()?);
+    let claim = claim_of(common, &hello.name);
+    if !hello_owned(claim, ends, &common.own_streams, ask_owner) {
+        let n = common.refused_hellos.fetch_add(1, Ordering::Relaxed);
+        if n.is_multiple_of(1024) {
+            tracing::warn!(
+                from = %ends.0,
+                refused = n + 1,
+                "VERBS: a HELLO naming `{}` refused: that agent does not own the connection",
+                hello.name
+            );
+        }
+        write_frame(
+            &mut stream,
+            &encode_reply_error(&format!(
+                "refused: `{}` does not own this connection",
+                hello.name
+            )),
+        )?;
+        return Ok(());
+    }
+    if common.incoming.read().len() >= MAX_INCOMING {
+        write_frame(
+            &mut stream,
+            &encode_reply_error(&format!(
+                "refused: {MAX_INCOMING} incoming connections held already"
+            )),
         )?;
         return Ok(());
     }
@@ -316,4 +490,120 @@ fn serve_handshake(common: &Arc<Common>, mut stream: TcpStream) -> Result<()> {
         "VERBS incoming connection"
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+    use std::time::Instant;
+
+    fn loopback() -> TcpListener {
+        TcpListener::bind("127.0.0.1:0").unwrap()
+    }
+
+    /// An agent's side channel as far as verification goes: answers every request on
+    /// `listener` from `own` (one thread per request, as the side channel's).
+    fn answer_from(listener: TcpListener, own: Arc<OwnStreams>) {
+        std::thread::spawn(move || {
+            for mut s in listener.incoming().flatten() {
+                let own = own.clone();
+                std::thread::spawn(move || {
+                    if let Ok(frame) = read_frame(&mut s, Duration::from_secs(5)) {
+                        if let Some(answer) = answer_verify(&own, &frame) {
+                            let _ = write_frame(&mut s, &answer);
+                        }
+                    }
+                });
+            }
+        });
+    }
+
+    #[test]
+    fn a_named_agent_is_asked_and_only_its_own_connections_pass() {
+        // The initiator's side: one side-channel connection it opened, recorded.
+        let initiator = loopback();
+        let at = initiator.local_addr().unwrap();
+        let own = Arc::new(OwnStreams::default());
+        let target = loopback();
+        let real = TcpStream::connect(target.local_addr().unwrap()).unwrap();
+        let record = OwnStream::record(&own, &real).unwrap();
+        answer_from(initiator, own.clone());
+        let (accepted, _) = target.accept().unwrap();
+        // As the target sees them: the initiator's address, its own.
+        let ends = (
+            accepted.peer_addr().unwrap(),
+            accepted.local_addr().unwrap(),
+        );
+        assert!(ask_owner(at, ends));
+        // Another process's connection naming the initiator.
+        let forged = TcpStream::connect(target.local_addr().unwrap()).unwrap();
+        let (accepted, _) = target.accept().unwrap();
+        let forged_ends = (
+            accepted.peer_addr().unwrap(),
+            accepted.local_addr().unwrap(),
+        );
+        assert_eq!(forged_ends.0, forged.local_addr().unwrap());
+        assert!(!ask_owner(at, forged_ends));
+        // Once the initiator's connection is gone, its record is too.
+        drop(record);
+        assert!(!ask_owner(at, ends));
+        // This agent's own name: its own record answers, no one is asked.
+        let no_asking = |_: SocketAddr, _: (SocketAddr, SocketAddr)| -> bool {
+            panic!("asked a peer about this agent's own name")
+        };
+        let _again = OwnStream::record(&own, &real).unwrap();
+        assert!(hello_owned(Claim::Own, ends, &own, no_asking));
+        assert!(!hello_owned(Claim::Own, forged_ends, &own, no_asking));
+        // A name no agent here knows: the initiator's word.
+        assert!(hello_owned(Claim::Word, forged_ends, &own, no_asking));
+        assert!(!hello_owned(Claim::Ask(at), forged_ends, &own, ask_owner));
+    }
+
+    #[test]
+    fn a_silent_named_agent_is_a_no_and_an_ended_one_is_gone() {
+        let ends = (
+            "127.0.0.1:1".parse().unwrap(),
+            "127.0.0.1:2".parse().unwrap(),
+        );
+        // Accepts (the kernel's backlog) but never answers.
+        let silent = loopback();
+        let started = Instant::now();
+        assert!(!ask_owner(silent.local_addr().unwrap(), ends));
+        assert!(started.elapsed() < VERIFY_TIMEOUT * 3);
+        // Nothing listens any more: the loaded incarnation ended.
+        let ended = loopback().local_addr().unwrap();
+        assert!(ask_owner(ended, ends));
+    }
+
+    #[test]
+    fn a_frame_must_be_whole_by_its_deadline_however_it_trickles() {
+        let listener = loopback();
+        let addr = listener.local_addr().unwrap();
+        let writer = std::thread::spawn(move || {
+            let mut s = TcpStream::connect(addr).unwrap();
+            s.write_all(&100u32.to_le_bytes()).unwrap();
+            // A byte every 50 ms: each read is quick, the frame never whole.
+            for _ in 0..40 {
+                if s.write_all(b"x").is_err() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        });
+        let (mut s, _) = listener.accept().unwrap();
+        let started = Instant::now();
+        let e = read_frame(&mut s, Duration::from_millis(300)).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::TimedOut, "{e}");
+        assert!(started.elapsed() < Duration::from_millis(900));
+        drop(s);
+        writer.join().unwrap();
+        // Announcing more than a frame may hold is refused before any body is read.
+        let listener = loopback();
+        let mut w = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (mut s, _) = listener.accept().unwrap();
+        w.write_all(&(1u32 << 30).to_le_bytes()).unwrap();
+        let e = read_frame(&mut s, Duration::from_secs(5)).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::InvalidData);
+    }
 }

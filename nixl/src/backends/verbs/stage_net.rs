@@ -86,6 +86,16 @@ impl VerbsAddr {
     }
 }
 
+/// Who sent a staging message or a FETCH's data: the connection whose QP it arrived on
+/// (never the name or key it carries).
+#[derive(Debug, Clone)]
+pub(super) enum VerbsSender {
+    /// The peer of a connection this side opened: its answers (DONE, FETCH data).
+    Out(Arc<Outgoing>),
+    /// A requester's connection to this side: its requests (OFFER, FETCH).
+    In(Arc<Incoming>),
+}
+
 /// The low 32 bits of the engine's remote CQ data: what a write's immediate carries
 /// (see the module docs for how the receiver restores the rest).
 pub(super) fn imm32(data: u64) -> u32 {
@@ -282,16 +292,11 @@ impl VerbsNet {
             rkey,
         })
     }
-
-    fn common(&self) -> std::result::Result<Arc<Common>, Failure> {
-        self.common
-            .upgrade()
-            .ok_or_else(|| Failure::new(108, "the backend shut down"))
-    }
 }
 
 impl StageNet for VerbsNet {
     type Addr = VerbsAddr;
+    type Sender = VerbsSender;
 
     fn rails(&self) -> usize {
         self.rails.len()
@@ -330,25 +335,44 @@ impl StageNet for VerbsNet {
         encode_name(self.nonce, rail)
     }
 
-    fn resolve(&self, _rail: usize, name: &[u8]) -> std::result::Result<VerbsAddr, Failure> {
+    /// The requester is the connection the request arrived on: its name must be that
+    /// connection's incarnation (a request naming another requester would have this side
+    /// read from or write to that one with the keys the request gives).
+    fn resolve(
+        &self,
+        _rail: usize,
+        name: &[u8],
+        sender: &VerbsSender,
+    ) -> std::result::Result<VerbsAddr, Failure> {
         let (nonce, index) =
             decode_name(name).ok_or_else(|| Failure::new(22, "malformed requester name"))?;
-        let common = self.common()?;
-        let incoming = common.incoming.read();
-        let conn = incoming
-            .values()
-            .filter(|c| c.nonce == nonce)
-            .max_by_key(|c| c.id)
-            .ok_or_else(|| {
-                Failure::new(
-                    107,
-                    format!("no connection from requester incarnation {nonce:#x}"),
-                )
-            })?;
+        let VerbsSender::In(conn) = sender else {
+            return Err(Failure::new(
+                1,
+                "a request on a connection this side opened (requests come on the requester's)",
+            ));
+        };
+        if conn.nonce != nonce {
+            return Err(Failure::new(
+                1,
+                format!(
+                    "a request naming incarnation {nonce:#x} on a connection of `{}` ({:#x})",
+                    conn.peer, conn.nonce
+                ),
+            ));
+        }
         if index >= conn.qps.len() {
             return Err(Failure::new(22, format!("requester rail {index} unknown")));
         }
         Ok(VerbsAddr::In(conn.clone(), index))
+    }
+
+    fn is_sender(&self, addr: &VerbsAddr, sender: &VerbsSender) -> bool {
+        match (addr, sender) {
+            (VerbsAddr::Out(a, _), VerbsSender::Out(b)) => Arc::ptr_eq(a, b),
+            (VerbsAddr::In(a, _), VerbsSender::In(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        }
     }
 
     fn write(
@@ -447,9 +471,18 @@ impl StageNet for VerbsNet {
         }
     }
 
-    fn landed(&self, key: u64) {
-        if let Some(common) = self.common.upgrade() {
-            common.notifs.data_arrived(tracker_key(key));
+    /// A key names its connection (`notif_key`): it counts only when that is the
+    /// connection the OFFER came on.
+    fn landed(&self, key: u64, sender: &VerbsSender) -> bool {
+        let (conn, seq) = tracker_key(key);
+        match sender {
+            VerbsSender::In(c) if c.id == conn => {
+                if let Some(common) = self.common.upgrade() {
+                    common.notifs.data_arrived((conn, seq));
+                }
+                true
+            }
+            _ => false,
         }
     }
 }
@@ -460,7 +493,7 @@ impl StageNet for VerbsNet {
 pub(super) struct Stager {
     // Declared before the engine: the bounce registrations close before its memory goes.
     pub(super) net: VerbsNet,
-    engine: Mutex<Engine<VerbsAddr>>,
+    engine: Mutex<Engine<VerbsAddr, VerbsSender>>,
     pub(super) cfg: staging::Config,
     /// The engine has copies running or posts waiting: the workers keep polling.
     poll: AtomicBool,
@@ -496,11 +529,11 @@ impl Stager {
         }
     }
 
-    pub(super) fn engine(&self) -> MutexGuard<'_, Engine<VerbsAddr>> {
+    pub(super) fn engine(&self) -> MutexGuard<'_, Engine<VerbsAddr, VerbsSender>> {
         self.engine.lock()
     }
 
-    fn with(&self, f: impl FnOnce(&mut Engine<VerbsAddr>, &VerbsNet)) {
+    fn with(&self, f: impl FnOnce(&mut Engine<VerbsAddr, VerbsSender>, &VerbsNet)) {
         let mut engine = self.engine();
         f(&mut engine, &self.net);
         self.poll.store(engine.needs_poll(), Ordering::Release);
@@ -552,16 +585,18 @@ impl Stager {
         self.with(|e, n| e.on_complete(n, op, result));
     }
 
-    /// A control message arrived on `rail`.
-    pub(super) fn message(&self, rail: usize, bytes: &[u8]) {
-        self.with(|e, n| e.on_message(n, rail, bytes));
+    /// A control message arrived on `rail`, on a QP of `sender`'s connection.
+    pub(super) fn message(&self, rail: usize, sender: &VerbsSender, bytes: &[u8]) {
+        self.with(|e, n| e.on_message(n, rail, sender, bytes));
     }
 
-    /// A FETCH's data piece arrived with immediate `imm` (on a QP this side opened).
-    pub(super) fn fetch_data(&self, imm: u32) {
+    /// A FETCH's data piece arrived with immediate `imm` on a QP of `conn`, a connection
+    /// this side opened.
+    pub(super) fn fetch_data(&self, imm: u32, conn: &Arc<Outgoing>) {
         let token = self.net.fetches.lock().lookup(imm);
+        let sender = VerbsSender::Out(conn.clone());
         match token {
-            Some(token) => self.with(|e, n| e.on_fetch_data(n, token)),
+            Some(token) => self.with(|e, n| e.on_fetch_data(n, token, &sender)),
             None => tracing::debug!(imm, "VERBS staging: data for an unknown FETCH dropped"),
         }
     }

@@ -285,3 +285,86 @@ fn staging_parameters_are_named_as_libfabric_names_them() {
         assert!(matches!(p(&[bad]), Err(Error::InvalidParam(_))), "{bad:?}");
     }
 }
+
+/// Staging (issue 28): an agent with a connection of its own to the target (`mallory`)
+/// sends an OFFER that names another requester (`victim`, whose memory key it has) as
+/// its `reply_to`: the target refuses it (counted) and pulls nothing into its staged
+/// memory. Before, the target found the named requester's connection by the nonce in
+/// the message and read the victim's memory with the key the message gave. Needs
+/// soft-RoCE (`RDMA_TEST_DEVICE`, as in the guest suite); skipped elsewhere.
+#[test]
+fn rxe_a_staged_request_naming_another_requester_is_refused() {
+    use crate::backends::staging::{Ctrl, Request, StageNet, WirePiece};
+    use crate::{Agent, AgentConfig, Desc, DescList};
+    let Ok(dev) = std::env::var("RDMA_TEST_DEVICE") else {
+        println!("skipped: RDMA_TEST_DEVICE not set (run in the soft-RoCE guest)");
+        return;
+    };
+    let open = |name: &str, stage: &str| {
+        let agent = Agent::new(name, AgentConfig::default()).unwrap();
+        let params: BackendParams = [
+            ("device".to_string(), dev.clone()),
+            ("stage_dram".to_string(), stage.to_string()),
+        ]
+        .into();
+        let backend = Arc::new(VerbsBackend::open(&agent.backend_init(params)).unwrap());
+        agent.add_backend(backend.clone()).unwrap();
+        (agent, backend)
+    };
+    let (target, t) = open("stage-forge-t", "1");
+    let (victim, v) = open("stage-forge-victim", "0");
+    let (mallory, m) = open("stage-forge-mallory", "0");
+    let staged = vec![0u8; 4096];
+    // SAFETY: `staged` outlives the handle and every request.
+    let _h = unsafe {
+        target
+            .register_mem(
+                &DescList::from_descs(MemKind::Dram, [Desc::from_slice(&staged)]),
+                None,
+            )
+            .unwrap()
+    };
+    let md = target.local_metadata().unwrap();
+    victim.load_remote_metadata(&md).unwrap();
+    mallory.load_remote_metadata(&md).unwrap();
+    // The victim's registered memory and its key, which mallory holds.
+    let planted = vec![0x41u8; 4096];
+    let region = Region {
+        kind: MemKind::Dram,
+        desc: Desc::new(planted.as_ptr() as u64, planted.len() as u64, 0),
+    };
+    let reg = v.register_mem(&region).unwrap();
+    let rkey = reg.as_any().downcast_ref::<VerbsLocalMd>().unwrap().mrs[0].rkey();
+    let offer = Ctrl::Offer(Request {
+        token: 9,
+        key: None,
+        reply_to: stage_net::encode_name(v.common.nonce, 0),
+        pieces: vec![WirePiece {
+            peer_addr: planted.as_ptr() as u64,
+            peer_key: u64::from(rkey),
+            target: staged.as_ptr() as u64,
+            len: 4096,
+        }],
+    })
+    .encode()
+    .unwrap();
+    let conn = m.outgoing("stage-forge-t").unwrap();
+    m.common
+        .stager
+        .net
+        .send(0, &stage_net::VerbsAddr::Out(conn, 0), &offer, 1)
+        .unwrap();
+    let refused = || t.common.stager.engine().refused();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while refused() == 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // Room for a pull that would have been served.
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        staged.iter().all(|&b| b == 0),
+        "the target pulled the named requester's memory"
+    );
+    assert_eq!(refused(), 1);
+    drop(reg);
+}

@@ -8,6 +8,7 @@ use crate::error::{Error, Result};
 use ibverbs::{Endpoint, Gid, Mtu};
 use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream};
+use std::time::{Duration, Instant};
 
 /// 2: the handshake's reply carries the target's id of the connection; 3: and the
 /// target's heartbeat interval.
@@ -48,6 +49,7 @@ pub(super) enum ReplyError {
 const CONN_MAGIC: &[u8; 4] = b"NXVC";
 const HELLO_MAGIC: &[u8; 4] = b"NXVH";
 const REPLY_MAGIC: &[u8; 4] = b"NXVR";
+const VERIFY_MAGIC: &[u8; 4] = b"NXVV";
 
 /// A bounds-checked reader over a received byte string.
 struct Rd<'a> {
@@ -283,6 +285,27 @@ pub(super) fn decode_reply(b: &[u8]) -> std::result::Result<Reply, ReplyError> {
     }
 }
 
+/// `NXVV ver sender_addr receiver_addr`: a target asks the agent a HELLO named whether
+/// the side-channel connection from `sender` to `receiver` is one it opened.
+pub(super) fn encode_verify(sender: SocketAddr, receiver: SocketAddr) -> Vec<u8> {
+    let mut out = Vec::with_capacity(48);
+    out.extend_from_slice(VERIFY_MAGIC);
+    out.push(WIRE_VERSION);
+    put_socket_addr(&mut out, sender);
+    put_socket_addr(&mut out, receiver);
+    out
+}
+
+/// The two addresses of a verification request, or `None` when `b` is none.
+pub(super) fn decode_verify(b: &[u8]) -> Option<(SocketAddr, SocketAddr)> {
+    let mut rd = Rd::new(b, "verification request");
+    rd.magic(VERIFY_MAGIC).ok()?;
+    let sender = get_addr(&mut rd).ok()?;
+    let receiver = get_addr(&mut rd).ok()?;
+    rd.end().ok()?;
+    Some((sender, receiver))
+}
+
 pub(super) fn write_frame(s: &mut TcpStream, body: &[u8]) -> std::io::Result<()> {
     let mut frame = Vec::with_capacity(4 + body.len());
     frame.extend_from_slice(&(body.len() as u32).to_le_bytes());
@@ -290,9 +313,13 @@ pub(super) fn write_frame(s: &mut TcpStream, body: &[u8]) -> std::io::Result<()>
     s.write_all(&frame)
 }
 
-pub(super) fn read_frame(s: &mut TcpStream) -> std::io::Result<Vec<u8>> {
+/// Reads one frame, whole within `within` (a deadline for the frame, not for each read:
+/// a peer trickling bytes cannot hold the reader longer). The body grows with the bytes
+/// that arrive, never from the length a peer announces.
+pub(super) fn read_frame(s: &mut TcpStream, within: Duration) -> std::io::Result<Vec<u8>> {
+    let deadline = Instant::now() + within;
     let mut len = [0u8; 4];
-    s.read_exact(&mut len)?;
+    read_until(s, &mut len, deadline)?;
     let len = u32::from_le_bytes(len) as usize;
     if len > MAX_FRAME {
         return Err(std::io::Error::new(
@@ -300,9 +327,36 @@ pub(super) fn read_frame(s: &mut TcpStream) -> std::io::Result<Vec<u8>> {
             format!("side-channel frame of {len} bytes"),
         ));
     }
-    let mut body = vec![0u8; len];
-    s.read_exact(&mut body)?;
+    let mut body = Vec::new();
+    let mut chunk = [0u8; 4096];
+    while body.len() < len {
+        let n = (len - body.len()).min(chunk.len());
+        read_until(s, &mut chunk[..n], deadline)?;
+        body.extend_from_slice(&chunk[..n]);
+    }
     Ok(body)
+}
+
+/// Fills `buf` from `s` before `deadline`.
+fn read_until(s: &mut TcpStream, buf: &mut [u8], deadline: Instant) -> std::io::Result<()> {
+    let mut at = 0;
+    while at < buf.len() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "side-channel frame not whole in time",
+            ));
+        }
+        s.set_read_timeout(Some(left))?;
+        match s.read(&mut buf[at..]) {
+            Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => at += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 /// `NXVN seq:u32 expected:u32 msg`

@@ -2,7 +2,7 @@
 //! queue read, incoming immediates and notification messages counted — driven by the
 //! rail's thread and, inline, by any thread that posts or polls.
 
-use super::stage_net::failure_of;
+use super::stage_net::{failure_of, VerbsSender};
 use super::wire::decode_notif;
 use super::xfer::{Failure, RailJob};
 use super::{
@@ -390,16 +390,34 @@ impl RailState {
                     }
                 }
                 // Only a target writes into a QP this side opened: a FETCH's data.
-                (None, WcOpcode::RECV_RDMA_WITH_IMM)
-                    if common.is_outgoing_qp(rail.index, wc.qp_num()) =>
-                {
-                    if let Some(imm) = wc.imm_data() {
-                        common.stager.fetch_data(imm);
+                (None, WcOpcode::RECV_RDMA_WITH_IMM) => {
+                    match (
+                        common.outgoing_of_qp(rail.index, wc.qp_num()),
+                        wc.imm_data(),
+                    ) {
+                        (Some(conn), Some(imm)) => common.stager.fetch_data(imm, &conn),
+                        (None, _) => {
+                            tracing::debug!(qp = wc.qp_num(), "write on an unknown QP dropped")
+                        }
+                        (Some(_), None) => {}
                     }
                 }
-                // Staging control messages come either way (requests, DONE replies).
-                (_, WcOpcode::RECV) if bytes.starts_with(staging::MAGIC) => {
-                    common.stager.message(rail.index, bytes);
+                // Staging control messages come either way (requests, DONE replies), each
+                // attributed to the connection whose QP it came on.
+                (from, WcOpcode::RECV) if bytes.starts_with(staging::MAGIC) => {
+                    let sender = match from {
+                        Some((id, _)) => common.incoming_conn(id).map(VerbsSender::In),
+                        None => common
+                            .outgoing_of_qp(rail.index, wc.qp_num())
+                            .map(VerbsSender::Out),
+                    };
+                    match sender {
+                        Some(sender) => common.stager.message(rail.index, &sender, bytes),
+                        None => tracing::debug!(
+                            qp = wc.qp_num(),
+                            "staging message on an unknown QP dropped"
+                        ),
+                    }
                 }
                 (Some((id, sender)), WcOpcode::RECV) => match decode_notif(bytes) {
                     Ok((seq, expected, msg)) => common.notifs.message_arrived(
