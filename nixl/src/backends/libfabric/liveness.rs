@@ -13,6 +13,18 @@
 //! pidfd can be opened (an older kernel, a sandbox), `/proc/<pid>/stat` is read instead,
 //! at most every [`PROC_CHECK_PERIOD`]. Peers on other hosts or in other pid namespaces
 //! are left to the transport and to the stall timeout.
+//!
+//! A killed process is doomed well before it has ended: `kill(SIGKILL)` marks every
+//! thread with the signal at once, but the process ends (its pidfd becomes readable,
+//! its sockets close) only after each of its threads has been scheduled to exit and
+//! its memory has been torn down — on a loaded host, a few hundred milliseconds
+//! (docs/BENCHMARKS.md, the restart matrix). It will never run code of its own again,
+//! so [`Liveness::check`] also reads `/proc/<pid>/stat` at most every
+//! [`DOOM_CHECK_PERIOD`] and reports a process that is doomed: a fatal signal pending,
+//! or exiting or dumping core. Only the end itself ([`Liveness::has_ended`]) lets the
+//! backend do what the dead process would have done (release its `shm` locks, give up
+//! pieces it was to push), since a dying process's last system call may still be
+//! running.
 
 use super::super::shared::boot_id;
 use crate::error::{Error, Result};
@@ -30,6 +42,13 @@ pub(super) const WIRE_SIZE: usize = 4 + 1 + 16 + 4 + 8;
 pub(super) const CHECK_PERIOD: Duration = Duration::from_micros(200);
 /// How often `/proc/<pid>/stat` is read where there is no pidfd.
 pub(super) const PROC_CHECK_PERIOD: Duration = Duration::from_millis(20);
+/// How often `/proc/<pid>/stat` is read for a process that is being killed (a read
+/// costs some microseconds; a status poll asks the pidfd far more often).
+pub(super) const DOOM_CHECK_PERIOD: Duration = Duration::from_millis(2);
+/// `task->flags` bits (`include/linux/sched.h`, stable since Linux 2.6) of a task that
+/// has begun to exit, or is writing its core dump before it does.
+const PF_EXITING: u64 = 0x0000_0004;
+const PF_DUMPCORE: u64 = 0x0000_0200;
 
 /// Who a process is, as another process on the same host can check it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -113,6 +132,10 @@ pub(super) struct Liveness {
     gone: AtomicBool,
     /// `clock_ns` of the last look; [`NEVER`] before the first.
     checked_ns: AtomicU64,
+    /// Killed or exiting, though perhaps not ended yet (see the module documentation).
+    doomed: AtomicBool,
+    /// `clock_ns` of the last look for it; [`NEVER`] before the first.
+    doom_checked_ns: AtomicU64,
 }
 
 const NEVER: u64 = u64::MAX;
@@ -137,27 +160,52 @@ impl Liveness {
             pidfd,
             gone: AtomicBool::new(false),
             checked_ns: AtomicU64::new(NEVER),
+            doomed: AtomicBool::new(false),
+            doom_checked_ns: AtomicU64::new(NEVER),
         }))
     }
 
-    /// `Err(RemoteDisconnect)` once the process is known to have ended. Cheap: the OS
-    /// is asked at most every [`CHECK_PERIOD`] (or [`PROC_CHECK_PERIOD`]).
+    /// `Err(RemoteDisconnect)` once the process is known to have ended, or to be
+    /// ending (killed: see the module documentation). Cheap: the OS is asked at most
+    /// every [`CHECK_PERIOD`] (or [`PROC_CHECK_PERIOD`]), and `/proc` for a kill at
+    /// most every [`DOOM_CHECK_PERIOD`].
     pub(super) fn check(&self, agent: &str) -> Result<()> {
+        let how = if self.has_ended() {
+            if self.pidfd.is_some() {
+                "ended (seen through its pidfd)"
+            } else {
+                "ended (seen through /proc)"
+            }
+        } else if self.is_doomed() {
+            "is being killed (a fatal signal pending or exiting, seen through /proc)"
+        } else {
+            return Ok(());
+        };
+        Err(Error::RemoteDisconnect {
+            agent: agent.to_string(),
+            reason: format!("its process (pid {}) {how}", self.id.pid),
+        })
+    }
+
+    /// `Err(RemoteDisconnect)` once the process is known to have ended (not merely to
+    /// be ending): whatever it was doing in the kernel is over.
+    pub(super) fn check_ended(&self, agent: &str) -> Result<()> {
         if self.has_ended() {
-            return Err(Error::RemoteDisconnect {
-                agent: agent.to_string(),
-                reason: format!(
-                    "its process (pid {}) ended (seen through {})",
-                    self.id.pid,
-                    if self.pidfd.is_some() {
-                        "its pidfd"
-                    } else {
-                        "/proc"
-                    }
-                ),
-            });
+            return self.check(agent);
         }
         Ok(())
+    }
+
+    /// Whether the process was killed or is exiting (asked of `/proc` at most every
+    /// [`DOOM_CHECK_PERIOD`]); once true, stays true.
+    fn is_doomed(&self) -> bool {
+        if !self.doomed.load(Ordering::Relaxed)
+            && due(&self.doom_checked_ns, DOOM_CHECK_PERIOD)
+            && proc_doomed(self.id.pid, self.id.start_time)
+        {
+            self.doomed.store(true, Ordering::Relaxed);
+        }
+        self.doomed.load(Ordering::Relaxed)
     }
 
     /// Whether the process is known to have ended (asked of the OS as [`Self::check`]).
@@ -188,15 +236,7 @@ impl Liveness {
         } else {
             PROC_CHECK_PERIOD
         };
-        let now = clock_ns();
-        let last = self.checked_ns.load(Ordering::Relaxed);
-        if last != NEVER && now.saturating_sub(last) < period.as_nanos() as u64 {
-            return false;
-        }
-        // One thread of those polling at once does the look.
-        self.checked_ns
-            .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
-            .is_ok()
+        due(&self.checked_ns, period)
     }
 
     fn ended(&self) -> bool {
@@ -218,6 +258,19 @@ impl Liveness {
     }
 }
 
+/// Whether a look whose last one was at `checked_ns` is due (at most every `period`);
+/// of the threads that ask at once, one is told so.
+fn due(checked_ns: &AtomicU64, period: Duration) -> bool {
+    let now = clock_ns();
+    let last = checked_ns.load(Ordering::Relaxed);
+    if last != NEVER && now.saturating_sub(last) < period.as_nanos() as u64 {
+        return false;
+    }
+    checked_ns
+        .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+        .is_ok()
+}
+
 /// Monotonic nanoseconds since the first call in this process.
 fn clock_ns() -> u64 {
     static START: OnceLock<Instant> = OnceLock::new();
@@ -231,6 +284,37 @@ fn proc_state(pid: u32) -> Option<(char, u64)> {
     let mut fields = stat.get(stat.rfind(')')? + 2..)?.split(' ');
     let state = fields.next()?.chars().next()?;
     Some((state, fields.nth(18)?.parse().ok()?))
+}
+
+/// Whether process `pid` (started at `start_time`) is doomed: gone or another process
+/// under the pid, a zombie or dead, its main thread exiting or dumping core (`flags`,
+/// field 9), or SIGKILL pending for it (`signal`, field 31: a fatal signal is turned
+/// into a SIGKILL for every thread as it is sent). A process whose main thread ended
+/// while others run on is a zombie here, as [`Liveness`]'s `/proc` fallback has it.
+fn proc_doomed(pid: u32, start_time: u64) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => stat_says_doomed(&stat, start_time),
+        Err(_) => true,
+    }
+}
+
+/// [`proc_doomed`] on the text of a `/proc/<pid>/stat`; a line it cannot read says
+/// nothing (not doomed).
+fn stat_says_doomed(stat: &str, start_time: u64) -> bool {
+    let fields: Vec<&str> = match stat.rfind(')').and_then(|end| stat.get(end + 2..)) {
+        Some(rest) => rest.split(' ').collect(),
+        None => return false,
+    };
+    // Index 0 is field 3 (state).
+    let field = |n: usize| fields.get(n - 3).and_then(|f| f.parse::<u64>().ok());
+    if field(22).is_some_and(|start| start != start_time) {
+        return true;
+    }
+    let state = fields.first().and_then(|s| s.chars().next());
+    let sigkill = 1u64 << (libc::SIGKILL - 1);
+    matches!(state, Some('Z' | 'X' | 'x'))
+        || field(9).is_some_and(|flags| flags & (PF_EXITING | PF_DUMPCORE) != 0)
+        || field(31).is_some_and(|pending| pending & sigkill != 0)
 }
 
 fn start_time(pid: u32) -> Option<u64> {
@@ -305,6 +389,8 @@ mod tests {
                     pidfd: None,
                     gone: AtomicBool::new(false),
                     checked_ns: AtomicU64::new(NEVER),
+                    doomed: AtomicBool::new(false),
+                    doom_checked_ns: AtomicU64::new(NEVER),
                 })
             };
             watch.check("child").unwrap();
@@ -329,5 +415,57 @@ mod tests {
             child.wait().unwrap();
             assert!(watch.check("child").is_err(), "gone stays gone");
         }
+    }
+
+    /// A `/proc/<pid>/stat` line: `comm` as given, `state`, `flags` (field 9), start
+    /// time 777 (field 22) and pending signals `pending` (field 31).
+    fn stat_line(comm: &str, state: char, flags: u64, pending: u64) -> String {
+        let mut fields: Vec<String> = (3..=52).map(|_| "0".to_string()).collect();
+        fields[0] = state.to_string();
+        fields[9 - 3] = flags.to_string();
+        fields[22 - 3] = "777".to_string();
+        fields[31 - 3] = pending.to_string();
+        format!("4242 ({comm}) {}\n", fields.join(" "))
+    }
+
+    #[test]
+    fn a_kill_in_progress_is_read_from_the_stat_line() {
+        let sigkill = 1 << 8;
+        let sigstop = 1 << 18;
+        for comm in ["peer", "a) (b", ""] {
+            assert!(!stat_says_doomed(&stat_line(comm, 'S', 0x40_4140, 0), 777));
+            // Stopped, or only SIGSTOP pending: frozen, not dying (heartbeats decide).
+            assert!(!stat_says_doomed(&stat_line(comm, 'T', 0, sigstop), 777));
+            assert!(stat_says_doomed(&stat_line(comm, 'R', 0, sigkill), 777));
+            assert!(stat_says_doomed(&stat_line(comm, 'D', PF_EXITING, 0), 777));
+            assert!(stat_says_doomed(&stat_line(comm, 'D', PF_DUMPCORE, 0), 777));
+            assert!(stat_says_doomed(&stat_line(comm, 'Z', 0, 0), 777));
+            // Another process under the pid.
+            assert!(stat_says_doomed(&stat_line(comm, 'S', 0, 0), 778));
+        }
+        assert!(!stat_says_doomed("garbage", 777));
+    }
+
+    /// Against real processes: a running child and a stopped one are not doomed; once
+    /// killed, it is (a zombie until reaped, then gone), and `check` says so while
+    /// `check_ended` waits for the end.
+    #[test]
+    fn a_killed_child_is_doomed_and_a_stopped_one_is_not() {
+        let mut child = Command::new("sleep").arg("30").spawn().unwrap();
+        let pid = child.id();
+        let start = start_time(pid).unwrap();
+        assert!(!proc_doomed(pid, start));
+        // SAFETY: kill(2) on our own unreaped child.
+        assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGSTOP) }, 0);
+        assert!(!proc_doomed(pid, start));
+        child.kill().unwrap();
+        let killed = Instant::now();
+        while !proc_doomed(pid, start) {
+            assert!(killed.elapsed() < Duration::from_secs(5), "never doomed");
+            std::thread::sleep(Duration::from_micros(100));
+        }
+        println!("/proc said doomed {:?} after the kill", killed.elapsed());
+        child.wait().unwrap();
+        assert!(proc_doomed(pid, start), "reaped: gone");
     }
 }
