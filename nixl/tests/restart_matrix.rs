@@ -3,9 +3,12 @@
 //!
 //! For each row of [`TRANSPORTS`] a survivor agent in this process moves data to a peer
 //! process that is SIGKILLed, once per fault of [`FAULTS`] — in the middle of 16 MiB
-//! WRITEs, in the middle of 16 MiB READs, and while idle — and then started again under
-//! the same agent name (a new process: new port, new endpoints, new keys), whose metadata
-//! the survivor fetches. Each case asserts:
+//! WRITEs, in the middle of 16 MiB READs, while idle, by itself right after a WRITE's
+//! data landed and before it took the notification, and while the survivor fetches its
+//! metadata (then its stale metadata is loaded again) — and then started again under
+//! the same agent name (a new process: new port — or, in `SameAddress`, the dead one's
+//! metadata address and port — new endpoints, new keys), whose metadata the survivor
+//! fetches. Each case asserts:
 //! - the transfer to the dead peer fails with `RemoteDisconnect` naming it within
 //!   [`DETECTION_BOUND`];
 //! - the restarted peer is reached within [`RECONNECT_BOUND`] of its metadata being
