@@ -42,9 +42,11 @@ pub(super) const WIRE_SIZE: usize = 4 + 1 + 16 + 4 + 8;
 pub(super) const CHECK_PERIOD: Duration = Duration::from_micros(200);
 /// How often `/proc/<pid>/stat` is read where there is no pidfd.
 pub(super) const PROC_CHECK_PERIOD: Duration = Duration::from_millis(20);
-/// How often `/proc/<pid>/stat` is read for a process that is being killed (a read
-/// costs some microseconds; a status poll asks the pidfd far more often).
-pub(super) const DOOM_CHECK_PERIOD: Duration = Duration::from_millis(2);
+/// How often `/proc/<pid>/stat` is read for a process that is being killed, per watched
+/// peer while transfers to it are polled: a read costs microseconds of CPU (far more
+/// than a pidfd poll; docs/BENCHMARKS.md), and this keeps it under a percent of a core
+/// for each peer polled without pause, well inside the 100 ms detection goal.
+pub(super) const DOOM_CHECK_PERIOD: Duration = Duration::from_millis(5);
 /// `task->flags` bits (`include/linux/sched.h`, stable since Linux 2.6) of a task that
 /// has begun to exit, or is writing its core dump before it does.
 const PF_EXITING: u64 = 0x0000_0004;
