@@ -293,10 +293,12 @@ fn proc_state(pid: u32) -> Option<(char, u64)> {
 /// field 9), or SIGKILL pending for it (`signal`, field 31: a fatal signal is turned
 /// into a SIGKILL for every thread as it is sent). A process whose main thread ended
 /// while others run on is a zombie here, as [`Liveness`]'s `/proc` fallback has it.
+/// Only the pid's absence counts as gone: another failure to read (no descriptor left,
+/// say) says nothing.
 fn proc_doomed(pid: u32, start_time: u64) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
         Ok(stat) => stat_says_doomed(&stat, start_time),
-        Err(_) => true,
+        Err(e) => e.kind() == std::io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ESRCH),
     }
 }
 
@@ -449,8 +451,7 @@ mod tests {
     }
 
     /// Against real processes: a running child and a stopped one are not doomed; once
-    /// killed, it is (a zombie until reaped, then gone), and `check` says so while
-    /// `check_ended` waits for the end.
+    /// killed, it is (a zombie until reaped, then gone).
     #[test]
     fn a_killed_child_is_doomed_and_a_stopped_one_is_not() {
         let mut child = Command::new("sleep").arg("30").spawn().unwrap();
