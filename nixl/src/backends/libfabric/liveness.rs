@@ -19,9 +19,9 @@
 //! its sockets close) only after each of its threads has been scheduled to exit and
 //! its memory has been torn down — on a loaded host, a few hundred milliseconds
 //! (docs/BENCHMARKS.md, the restart matrix). It will never run code of its own again,
-//! so [`Liveness::check`] also reads `/proc/<pid>/stat` at most every
-//! [`DOOM_CHECK_PERIOD`] and reports a process that is doomed: a fatal signal pending,
-//! or exiting or dumping core. Only the end itself ([`Liveness::has_ended`]) lets the
+//! so [`Liveness::check`] also reads `/proc/<pid>/status` at most every
+//! [`DOOM_CHECK_PERIOD`] and reports a process that is doomed: SIGKILL pending for it
+//! (see [`proc_doomed`]). Only the end itself ([`Liveness::has_ended`]) lets the
 //! backend do what the dead process would have done (release its `shm` locks, give up
 //! pieces it was to push), since a dying process's last system call may still be
 //! running.
@@ -42,15 +42,11 @@ pub(super) const WIRE_SIZE: usize = 4 + 1 + 16 + 4 + 8;
 pub(super) const CHECK_PERIOD: Duration = Duration::from_micros(200);
 /// How often `/proc/<pid>/stat` is read where there is no pidfd.
 pub(super) const PROC_CHECK_PERIOD: Duration = Duration::from_millis(20);
-/// How often `/proc/<pid>/stat` is read for a process that is being killed, per watched
+/// How often `/proc/<pid>/status` is read for a process that is being killed, per watched
 /// peer while transfers to it are polled: a read costs microseconds of CPU (far more
 /// than a pidfd poll; docs/BENCHMARKS.md), and this keeps it under a percent of a core
 /// for each peer polled without pause, well inside the 100 ms detection goal.
 pub(super) const DOOM_CHECK_PERIOD: Duration = Duration::from_millis(5);
-/// `task->flags` bits (`include/linux/sched.h`, stable since Linux 2.6) of a task that
-/// has begun to exit, or is writing its core dump before it does.
-const PF_EXITING: u64 = 0x0000_0004;
-const PF_DUMPCORE: u64 = 0x0000_0200;
 
 /// Who a process is, as another process on the same host can check it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -179,7 +175,7 @@ impl Liveness {
                 "ended (seen through /proc)"
             }
         } else if self.is_doomed() {
-            "is being killed (a fatal signal pending or exiting, seen through /proc)"
+            "is being killed (SIGKILL pending, seen through /proc)"
         } else {
             return Ok(());
         };
@@ -203,7 +199,7 @@ impl Liveness {
     fn is_doomed(&self) -> bool {
         if !self.doomed.load(Ordering::Relaxed)
             && due(&self.doom_checked_ns, DOOM_CHECK_PERIOD)
-            && proc_doomed(self.id.pid, self.id.start_time)
+            && proc_doomed(self.id.pid)
         {
             self.doomed.store(true, Ordering::Relaxed);
         }
@@ -288,37 +284,40 @@ fn proc_state(pid: u32) -> Option<(char, u64)> {
     Some((state, fields.nth(18)?.parse().ok()?))
 }
 
-/// Whether process `pid` (started at `start_time`) is doomed: gone or another process
-/// under the pid, a zombie or dead, its main thread exiting or dumping core (`flags`,
-/// field 9), or SIGKILL pending for it (`signal`, field 31: a fatal signal is turned
-/// into a SIGKILL for every thread as it is sent). A process whose main thread ended
-/// while others run on is a zombie here, as [`Liveness`]'s `/proc` fallback has it.
-/// Only the pid's absence counts as gone: another failure to read (no descriptor left,
-/// say) says nothing.
-fn proc_doomed(pid: u32, start_time: u64) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => stat_says_doomed(&stat, start_time),
+/// Whether process `pid` is doomed: gone, or SIGKILL pending for it as a whole (`ShdPnd`
+/// of `/proc/<pid>/status`: what `kill(2)` and the OOM killer send stays there until
+/// the process is gone) or for its main thread (`SigPnd`: a fatal signal is turned into
+/// a SIGKILL for every thread as it is sent), or a zombie without other threads. A main
+/// thread that ended while others run on (`pthread_exit`) is a zombie too, and is not
+/// doomed. Only the pid's absence counts as gone: another failure to read (no
+/// descriptor left, say) says nothing. A pid reused since is not a concern: the end of
+/// the process it named is seen through its pidfd (or start time) first.
+fn proc_doomed(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/status")) {
+        Ok(status) => status_says_doomed(&status),
         Err(e) => e.kind() == std::io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ESRCH),
     }
 }
 
-/// [`proc_doomed`] on the text of a `/proc/<pid>/stat`; a line it cannot read says
+/// [`proc_doomed`] on the text of a `/proc/<pid>/status`; what it cannot read says
 /// nothing (not doomed).
-fn stat_says_doomed(stat: &str, start_time: u64) -> bool {
-    let fields: Vec<&str> = match stat.rfind(')').and_then(|end| stat.get(end + 2..)) {
-        Some(rest) => rest.split(' ').collect(),
-        None => return false,
+fn status_says_doomed(status: &str) -> bool {
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|line| line.strip_prefix(name)?.strip_prefix(':'))
+            .map(str::trim)
     };
-    // Index 0 is field 3 (state).
-    let field = |n: usize| fields.get(n - 3).and_then(|f| f.parse::<u64>().ok());
-    if field(22).is_some_and(|start| start != start_time) {
-        return true;
-    }
-    let state = fields.first().and_then(|s| s.chars().next());
+    let signals = |name: &str| field(name).and_then(|hex| u64::from_str_radix(hex, 16).ok());
     let sigkill = 1u64 << (libc::SIGKILL - 1);
-    matches!(state, Some('Z' | 'X' | 'x'))
-        || field(9).is_some_and(|flags| flags & (PF_EXITING | PF_DUMPCORE) != 0)
-        || field(31).is_some_and(|pending| pending & sigkill != 0)
+    let killed = [signals("SigPnd"), signals("ShdPnd")]
+        .iter()
+        .any(|pending| pending.is_some_and(|p| p & sigkill != 0));
+    let zombie = field("State").is_some_and(|s| s.starts_with('Z') || s.starts_with('X'));
+    let alone = field("Threads")
+        .and_then(|n| n.parse::<u32>().ok())
+        .is_some_and(|n| n <= 1);
+    killed || (zombie && alone)
 }
 
 fn start_time(pid: u32) -> Option<u64> {
@@ -421,33 +420,58 @@ mod tests {
         }
     }
 
-    /// A `/proc/<pid>/stat` line: `comm` as given, `state`, `flags` (field 9), start
-    /// time 777 (field 22) and pending signals `pending` (field 31).
-    fn stat_line(comm: &str, state: char, flags: u64, pending: u64) -> String {
-        let mut fields: Vec<String> = (3..=52).map(|_| "0".to_string()).collect();
-        fields[0] = state.to_string();
-        fields[9 - 3] = flags.to_string();
-        fields[22 - 3] = "777".to_string();
-        fields[31 - 3] = pending.to_string();
-        format!("4242 ({comm}) {}\n", fields.join(" "))
+    /// A `/proc/<pid>/status` text with `state`, `threads` and the pending signal masks.
+    fn status_text(state: &str, threads: u32, sig_pnd: u64, shd_pnd: u64) -> String {
+        format!(
+            "Name:\tpeer\nUmask:\t0022\nState:\t{state}\nTgid:\t4242\nPid:\t4242\n\
+             Threads:\t{threads}\nSigQ:\t0/63704\nSigPnd:\t{sig_pnd:016x}\n\
+             ShdPnd:\t{shd_pnd:016x}\nSigBlk:\t0000000000000000\n"
+        )
     }
 
     #[test]
-    fn a_kill_in_progress_is_read_from_the_stat_line() {
+    fn a_kill_in_progress_is_read_from_the_status() {
         let sigkill = 1 << 8;
         let sigstop = 1 << 18;
-        for comm in ["peer", "a) (b", ""] {
-            assert!(!stat_says_doomed(&stat_line(comm, 'S', 0x40_4140, 0), 777));
-            // Stopped, or only SIGSTOP pending: frozen, not dying (heartbeats decide).
-            assert!(!stat_says_doomed(&stat_line(comm, 'T', 0, sigstop), 777));
-            assert!(stat_says_doomed(&stat_line(comm, 'R', 0, sigkill), 777));
-            assert!(stat_says_doomed(&stat_line(comm, 'D', PF_EXITING, 0), 777));
-            assert!(stat_says_doomed(&stat_line(comm, 'D', PF_DUMPCORE, 0), 777));
-            assert!(stat_says_doomed(&stat_line(comm, 'Z', 0, 0), 777));
-            // Another process under the pid.
-            assert!(stat_says_doomed(&stat_line(comm, 'S', 0, 0), 778));
-        }
-        assert!(!stat_says_doomed("garbage", 777));
+        let sigterm = 1 << 14;
+        assert!(!status_says_doomed(&status_text("S (sleeping)", 9, 0, 0)));
+        // Stopped, or only SIGSTOP or a catchable signal pending: not dying (heartbeats
+        // decide about a frozen peer).
+        assert!(!status_says_doomed(&status_text(
+            "T (stopped)",
+            9,
+            0,
+            sigstop
+        )));
+        assert!(!status_says_doomed(&status_text(
+            "R (running)",
+            9,
+            0,
+            sigterm
+        )));
+        assert!(status_says_doomed(&status_text(
+            "R (running)",
+            9,
+            0,
+            sigkill
+        )));
+        assert!(status_says_doomed(&status_text(
+            "D (disk sleep)",
+            9,
+            sigkill,
+            0
+        )));
+        assert!(status_says_doomed(&status_text(
+            "Z (zombie)",
+            9,
+            0,
+            sigkill
+        )));
+        assert!(status_says_doomed(&status_text("Z (zombie)", 1, 0, 0)));
+        assert!(status_says_doomed(&status_text("X (dead)", 0, 0, 0)));
+        // The main thread ended (`pthread_exit`) while others run on: alive.
+        assert!(!status_says_doomed(&status_text("Z (zombie)", 4, 0, 0)));
+        assert!(!status_says_doomed("garbage"));
     }
 
     /// Against real processes: a running child and a stopped one are not doomed; once
@@ -456,19 +480,18 @@ mod tests {
     fn a_killed_child_is_doomed_and_a_stopped_one_is_not() {
         let mut child = Command::new("sleep").arg("30").spawn().unwrap();
         let pid = child.id();
-        let start = start_time(pid).unwrap();
-        assert!(!proc_doomed(pid, start));
+        assert!(!proc_doomed(pid));
         // SAFETY: kill(2) on our own unreaped child.
         assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGSTOP) }, 0);
-        assert!(!proc_doomed(pid, start));
+        assert!(!proc_doomed(pid));
         child.kill().unwrap();
         let killed = Instant::now();
-        while !proc_doomed(pid, start) {
+        while !proc_doomed(pid) {
             assert!(killed.elapsed() < Duration::from_secs(5), "never doomed");
             std::thread::sleep(Duration::from_micros(100));
         }
         println!("/proc said doomed {:?} after the kill", killed.elapsed());
         child.wait().unwrap();
-        assert!(proc_doomed(pid, start), "reaped: gone");
+        assert!(proc_doomed(pid), "reaped: gone");
     }
 }
