@@ -3,9 +3,12 @@
 //!
 //! For each row of [`TRANSPORTS`] a survivor agent in this process moves data to a peer
 //! process that is SIGKILLed, once per fault of [`FAULTS`] — in the middle of 16 MiB
-//! WRITEs, in the middle of 16 MiB READs, and while idle — and then started again under
-//! the same agent name (a new process: new port, new endpoints, new keys), whose metadata
-//! the survivor fetches. Each case asserts:
+//! WRITEs, in the middle of 16 MiB READs, while idle, by itself right after a WRITE's
+//! data landed and before it took the notification, and while the survivor fetches its
+//! metadata (then its stale metadata is loaded again) — and then started again under
+//! the same agent name (a new process: new port — or, in `SameAddress`, the dead one's
+//! metadata address and port — new endpoints, new keys), whose metadata the survivor
+//! fetches. Each case asserts:
 //! - the transfer to the dead peer fails with `RemoteDisconnect` naming it within
 //!   [`DETECTION_BOUND`];
 //! - the restarted peer is reached within [`RECONNECT_BOUND`] of its metadata being
@@ -51,6 +54,8 @@ const BLOCK: usize = 16 << 20;
 const BLOCKS: usize = 4;
 const PEER_LEN: usize = BLOCK * BLOCKS;
 const BYSTANDER_LEN: usize = 1 << 20;
+/// The pattern of what the survivor writes.
+const SURVIVOR_SEED: u64 = 7;
 
 /// One row of the matrix: LIBFABRIC parameters (the same on both sides) and the provider
 /// the survivor must then reach its peers through.
@@ -122,11 +127,33 @@ enum Fault {
     MidWrite,
     /// SIGKILL while 16 MiB READs from it are in flight.
     MidRead,
-    /// SIGKILL while nothing moves; then a WRITE is posted to it.
+    /// SIGKILL while nothing moves; then, at once, a WRITE is posted to it.
     Idle,
+    /// The peer SIGKILLs itself the moment the data of a WRITE has landed (the last
+    /// word of every block is there), before it takes the WRITE's notification: the
+    /// WRITE (or, where the notification was handed over first, its repost) fails with
+    /// `RemoteDisconnect`, and the notification never reaches the restarted peer.
+    AfterData,
+    /// The peer is frozen (SIGSTOP) while the survivor fetches its metadata again, and
+    /// killed while the fetch waits: the fetch fails with a typed error within the
+    /// bound, a transfer to the dead incarnation is `RemoteDisconnect`, and its last
+    /// metadata, loaded again once it has ended (stale metadata, as a registry may
+    /// still hold it), gives a transfer that is `RemoteDisconnect` too, never a stall.
+    DuringMetadata,
+    /// As `Idle`, and the restarted peer listens on the dead one's metadata address
+    /// and port (the fabric endpoints' ports are the provider's choice: there is no
+    /// parameter that fixes them).
+    SameAddress,
 }
 
-const FAULTS: &[Fault] = &[Fault::MidWrite, Fault::MidRead, Fault::Idle];
+const FAULTS: &[Fault] = &[
+    Fault::MidWrite,
+    Fault::MidRead,
+    Fault::Idle,
+    Fault::AfterData,
+    Fault::DuringMetadata,
+    Fault::SameAddress,
+];
 
 fn transport(tag: &str) -> &'static Transport {
     TRANSPORTS
@@ -143,10 +170,14 @@ fn backend_params(t: &Transport) -> BackendParams {
 /// differ at every offset and between seeds; cheap to make in a debug build.
 fn fill(buf: &mut [u8], seed: u64, offset: usize) {
     for (i, word) in buf.chunks_exact_mut(8).enumerate() {
-        let at = (offset / 8 + i) as u64;
-        let value = at.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ seed.wrapping_mul(0xff51_afd7);
-        word.copy_from_slice(&value.to_le_bytes());
+        word.copy_from_slice(&word_at(seed, offset + 8 * i).to_le_bytes());
     }
+}
+
+/// The word of seed `seed`'s pattern at byte `offset` (a multiple of 8).
+fn word_at(seed: u64, offset: usize) -> u64 {
+    let at = (offset / 8) as u64;
+    at.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ seed.wrapping_mul(0xff51_afd7)
 }
 
 fn filled(len: usize, seed: u64, offset: usize) -> Vec<u8> {
@@ -161,8 +192,11 @@ fn filled(len: usize, seed: u64, offset: usize) -> Vec<u8> {
 /// [`spawn_peer`]). Holds [`PEER_LEN`] bytes of its seed's pattern and answers each
 /// notification `check <seed> <offset> <len>` by comparing that range with the seed's
 /// pattern, writing the verdict to `<announce>.ok` (bad, whatever the data, once any
-/// other notification arrived). Ends with the thread that spawned it
-/// (`PR_SET_PDEATHSIG`), or when killed; bounded.
+/// other notification arrived). Its metadata blob is at `<announce>.md`; it listens on
+/// `NIXL_RESTART_LISTEN` where that is set. With `NIXL_RESTART_DIE_AFTER_DATA=<seed>`
+/// it SIGKILLs itself as soon as the last word of every block holds that seed's
+/// pattern (a WRITE's data has landed), without taking notifications. Ends with the
+/// thread that spawned it (`PR_SET_PDEATHSIG`), or when killed; bounded.
 #[test]
 fn restart_peer_main() {
     let (Ok(announce_at), Ok(tag), Ok(name), Ok(seed)) = (
@@ -178,7 +212,11 @@ fn restart_peer_main() {
     common::init_tracing();
     tracing::info!(agent = %name, "peer process");
     let seed: u64 = seed.parse().unwrap();
-    let peer = Agent::new(name, common::listening()).unwrap();
+    let mut config = common::listening();
+    if let Ok(addr) = std::env::var("NIXL_RESTART_LISTEN") {
+        config.listen_addr = Some(addr.parse().unwrap());
+    }
+    let peer = Agent::new(name, config).unwrap();
     peer.create_backend("LIBFABRIC", &backend_params(transport(&tag)))
         .unwrap();
     let buf = filled(PEER_LEN, seed, 0);
@@ -187,7 +225,13 @@ fn restart_peer_main() {
         peer.register_mem(&dram([Desc::from_slice(&buf)]), None)
             .unwrap()
     };
+    let md = peer.local_metadata().unwrap();
+    std::fs::write(format!("{announce_at}.md.tmp"), md).unwrap();
+    std::fs::rename(format!("{announce_at}.md.tmp"), format!("{announce_at}.md")).unwrap();
     common::announce_agent(&announce_at, &peer, buf.as_ptr() as u64);
+    if let Ok(seed) = std::env::var("NIXL_RESTART_DIE_AFTER_DATA") {
+        die_after_data(&peer, &buf, seed.parse().unwrap());
+    }
     // Anything else that arrives (a notification of a transfer to the dead incarnation,
     // say) spoils every later verdict.
     let mut misdirected: Option<String> = None;
@@ -215,16 +259,77 @@ fn restart_peer_main() {
     }
 }
 
+/// [`restart_peer_main`]'s end under [`Fault::AfterData`]: waits until the last word
+/// of each of the first [`BLOCKS`] blocks of `buf` holds seed `seed`'s pattern, then
+/// SIGKILLs this process (bounded). Takes notifications meanwhile only as the progress
+/// of a manual-progress provider needs it (whatever it takes is dropped with it).
+fn die_after_data(peer: &Agent, buf: &[u8], seed: u64) {
+    let ends: Vec<(usize, u64)> = (1..=BLOCKS)
+        .map(|b| (b * BLOCK - 8, word_at(seed, b * BLOCK - 8)))
+        .collect();
+    let landed = || {
+        ends.iter().all(|&(at, want)| {
+            // SAFETY: `at + 8 <= buf.len()`, and `at` is a multiple of 8 in an
+            // allocation the allocator aligns to 16 at least; the provider writes the
+            // buffer from other threads (or processes), hence a volatile read.
+            let word = unsafe { std::ptr::read_volatile(buf.as_ptr().add(at) as *const u64) };
+            u64::from_le(word) == want
+        })
+    };
+    let deadline = Instant::now() + 5 * TIMEOUT;
+    while Instant::now() < deadline {
+        if landed() {
+            // SAFETY: kill(2) on this very process; no memory is passed.
+            unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+        }
+        let _ = peer.get_notifs();
+        std::thread::sleep(Duration::from_micros(20));
+    }
+    panic!("the WRITE's data never landed");
+}
+
+/// How a peer process is started.
+#[derive(Debug, Clone, Default)]
+struct PeerOptions {
+    /// Listen for metadata there (a dead incarnation's address, say).
+    listen: Option<std::net::SocketAddr>,
+    /// Die as soon as a WRITE of this seed's data has landed ([`Fault::AfterData`]).
+    die_after_data: Option<u64>,
+}
+
 /// A copy of this binary running [`restart_peer_main`] as agent `name` over `t`, its
 /// buffer filled with seed `seed`.
 fn spawn_peer(t: &Transport, name: &str, seed: u64) -> PeerProcess {
+    spawn_peer_with(t, name, seed, &PeerOptions::default())
+}
+
+fn spawn_peer_with(t: &Transport, name: &str, seed: u64, options: &PeerOptions) -> PeerProcess {
     let announce_at = announce_path("nixl-restart", &format!("{name}-{seed}"));
+    let _ = std::fs::remove_file(format!("{}.md", announce_at.display()));
     let mut cmd = self_test("restart_peer_main", false);
     cmd.env("NIXL_RESTART_PEER", &announce_at)
         .env("NIXL_RESTART_TRANSPORT", t.tag)
         .env("NIXL_RESTART_NAME", name)
         .env("NIXL_RESTART_SEED", seed.to_string());
+    if let Some(addr) = options.listen {
+        cmd.env("NIXL_RESTART_LISTEN", addr.to_string());
+    }
+    if let Some(seed) = options.die_after_data {
+        cmd.env("NIXL_RESTART_DIE_AFTER_DATA", seed.to_string());
+    }
     PeerProcess::spawn(cmd, announce_at)
+}
+
+/// The metadata blob the peer wrote at its start.
+fn metadata_of(peer: &PeerProcess) -> Vec<u8> {
+    std::fs::read(format!("{}.md", peer.announce.display())).unwrap()
+}
+
+/// Sends `sig` to the peer process.
+fn signal(peer: &PeerProcess, sig: libc::c_int) {
+    // SAFETY: kill(2) with the pid of our own (not yet reaped) child.
+    let rc = unsafe { libc::kill(peer.child.id() as libc::pid_t, sig) };
+    assert_eq!(rc, 0, "kill({sig}): {}", std::io::Error::last_os_error());
 }
 
 /// Waits for the peer's verdict on notification `msg` (bounded).
@@ -357,16 +462,20 @@ fn bystander(agent: Agent, peer: String, base: u64, stop: Arc<AtomicBool>) -> By
 /// How a dead peer was noticed.
 struct Detection {
     error: Error,
-    /// From the kill to the error.
+    /// From the kill (under [`Fault::AfterData`], which the peer does itself: from the
+    /// post) to the error.
     after_kill: Duration,
     /// From the kill to the process's end as its parent sees it (a SIGKILLed process
     /// still runs until the kernel has torn it down: on a loaded machine, for a while).
     ended: Duration,
+    /// A post completed before the error (under [`Fault::AfterData`]: the notification
+    /// was handed over before the peer died; the repost then failed).
+    completed_first: bool,
 }
 
 impl Detection {
-    /// Milliseconds from the process's end to the error (negative: the transport told
-    /// before the process could be reaped).
+    /// Milliseconds from the process's end to the error (negative: the transport or the
+    /// OS told before the process could be reaped).
     fn after_end_ms(&self) -> f64 {
         (self.after_kill.as_secs_f64() - self.ended.as_secs_f64()) * 1e3
     }
@@ -374,29 +483,49 @@ impl Detection {
 
 /// Kills `peer` as `fault` says, `req` (a transfer to it of [`BLOCKS`] blocks) in
 /// flight or not, and polls `req` until it fails (reposting whenever it completes
-/// first), for at most [`TIMEOUT`].
-fn kill_during(fault: Fault, peer: &mut PeerProcess, req: &mut XferReq) -> Detection {
-    if fault != Fault::Idle {
+/// first), for at most [`TIMEOUT`]. Under [`Fault::DuringMetadata`] the kill lands
+/// while `agent` fetches the peer's metadata (see [`kill_during_fetch`]).
+fn kill_during(
+    fault: Fault,
+    agent: &Agent,
+    peer: &mut PeerProcess,
+    req: &mut XferReq,
+) -> Detection {
+    let posted_before = matches!(fault, Fault::MidWrite | Fault::MidRead | Fault::AfterData);
+    if posted_before {
         req.post().unwrap();
     }
-    peer.child.kill().unwrap();
-    let killed = Instant::now();
+    let killed = match fault {
+        // It dies by itself once the data has landed.
+        Fault::AfterData => Instant::now(),
+        Fault::DuringMetadata => kill_during_fetch(agent, peer),
+        _ => {
+            peer.child.kill().unwrap();
+            Instant::now()
+        }
+    };
     let mut ended = None;
-    if fault == Fault::Idle {
-        // Posted to once dead: the post itself may already say so.
-        peer.child.wait().unwrap();
-        ended = Some(killed.elapsed());
+    let mut completed_first = false;
+    if !posted_before {
+        // Posted to at once: the OS already says it is being killed, and the post
+        // itself may say so.
         if let Err(error) = req.post() {
+            let after_kill = killed.elapsed();
+            peer.child.wait().unwrap();
             return Detection {
                 error,
-                after_kill: killed.elapsed(),
-                ended: ended.unwrap_or_default(),
+                after_kill,
+                ended: killed.elapsed(),
+                completed_first,
             };
         }
     }
     loop {
         let outcome = match req.status() {
-            Ok(XferStatus::Done) => req.post().map(|_| ()),
+            Ok(XferStatus::Done) => {
+                completed_first = true;
+                req.post().map(|_| ())
+            }
             Ok(XferStatus::InProgress) => Ok(()),
             Err(e) => Err(e),
         };
@@ -414,6 +543,7 @@ fn kill_during(fault: Fault, peer: &mut PeerProcess, req: &mut XferReq) -> Detec
                 error,
                 after_kill,
                 ended,
+                completed_first,
             };
         }
         assert!(
@@ -422,6 +552,85 @@ fn kill_during(fault: Fault, peer: &mut PeerProcess, req: &mut XferReq) -> Detec
         );
         std::thread::sleep(Duration::from_micros(100));
     }
+}
+
+/// [`Fault::DuringMetadata`]: freezes `peer`, starts a fetch of its metadata by `agent`
+/// on another thread, kills the peer while the fetch waits for its answer, and checks
+/// that the fetch fails with a typed error within [`DETECTION_BOUND`] of the kill.
+/// Returns when the kill was sent.
+fn kill_during_fetch(agent: &Agent, peer: &mut PeerProcess) -> Instant {
+    signal(peer, libc::SIGSTOP);
+    let fetch = {
+        let (agent, addr) = (agent.clone(), peer.addr);
+        std::thread::spawn(move || {
+            let outcome = agent.fetch_remote_metadata(addr);
+            (outcome, Instant::now())
+        })
+    };
+    // The request is sent and waits on the frozen listener.
+    std::thread::sleep(Duration::from_millis(50));
+    assert!(!fetch.is_finished(), "a frozen peer answered a fetch");
+    peer.child.kill().unwrap();
+    let killed = Instant::now();
+    let (outcome, returned) = fetch.join().unwrap();
+    let took = returned.saturating_duration_since(killed);
+    match outcome {
+        Ok(name) => panic!("a fetch from a peer killed before it answered loaded `{name}`"),
+        Err(e) => {
+            println!(
+                "  the fetch in flight failed {:.1} ms after the kill: {e}",
+                took.as_secs_f64() * 1e3
+            );
+            assert!(
+                matches!(
+                    e,
+                    Error::Io(_)
+                        | Error::MalformedMetadata(_)
+                        | Error::Timeout(_)
+                        | Error::RemoteDisconnect { .. }
+                ),
+                "the fetch failed with {e:?}"
+            );
+        }
+    }
+    assert!(
+        took < DETECTION_BOUND,
+        "the fetch failed only {took:?} after the kill"
+    );
+    killed
+}
+
+/// [`Fault::DuringMetadata`], continued once the peer has ended: its last metadata
+/// (`blob`), loaded again after the agent forgot it, must give a transfer that ends in
+/// `RemoteDisconnect` within [`DETECTION_BOUND`] — or be refused at load — never stall.
+fn stale_metadata_of_a_dead_peer(survivor: &mut Survivor, name: &str, base: u64, blob: &[u8]) {
+    survivor.agent.invalidate_remote(name).unwrap();
+    let loaded = Instant::now();
+    match survivor.agent.load_remote_metadata(blob) {
+        Err(e) => println!("  the dead incarnation's metadata, loaded again: refused: {e}"),
+        Ok(_) => {
+            let mut req = survivor.xfer(XferOp::Write, name, base, 1, Some("stale"));
+            let error = match req.post() {
+                Err(e) => e,
+                Ok(_) => req
+                    .wait(TIMEOUT)
+                    .expect_err("a WRITE to a dead incarnation completed"),
+            };
+            let took = loaded.elapsed();
+            println!(
+                "  the dead incarnation's metadata, loaded again: a WRITE failed {:.1} ms \
+                 after the load: {error}",
+                took.as_secs_f64() * 1e3
+            );
+            assert!(
+                matches!(&error, Error::RemoteDisconnect { agent, .. } if agent == name),
+                "a WRITE to a dead incarnation: {error:?}"
+            );
+            assert!(took < DETECTION_BOUND, "stale metadata: {took:?}");
+        }
+    }
+    // Forgotten again, so the restarted incarnation binds the name afresh.
+    survivor.agent.invalidate_remote(name).unwrap();
 }
 
 /// The survivor's side of one row: its agent, its buffers, and the block lists.
@@ -441,7 +650,7 @@ impl Survivor {
             .unwrap_or_else(|e| panic!("LIBFABRIC over {}: {e}", t.tag));
         let mut s = Self {
             agent,
-            src: filled(PEER_LEN, 7, 0),
+            src: filled(PEER_LEN, SURVIVOR_SEED, 0),
             dst: vec![0u8; PEER_LEN],
             _h: None,
         };
@@ -523,6 +732,21 @@ fn restart_row(t: &Transport) {
     );
     for &fault in FAULTS {
         let label = format!("{}, {fault:?}", t.tag);
+        if fault == Fault::AfterData {
+            // A peer that dies once a WRITE's data has landed: this fault's own.
+            drop(peer);
+            incarnation += 1;
+            let options = PeerOptions {
+                die_after_data: Some(SURVIVOR_SEED),
+                ..PeerOptions::default()
+            };
+            peer = spawn_peer_with(t, &name, incarnation, &options);
+            survivor.agent.invalidate_remote(&name).unwrap();
+            assert_eq!(
+                survivor.agent.fetch_remote_metadata(peer.addr).unwrap(),
+                name
+            );
+        }
         // The live incarnation is reached (its connections exist) before counting.
         let mut warm = survivor.xfer(XferOp::Write, &name, peer.base, 1, None);
         warm.post().unwrap();
@@ -536,12 +760,25 @@ fn restart_row(t: &Transport) {
         };
         let mut req = survivor.xfer(op, &name, peer.base, BLOCKS, Some("doomed"));
         let dead_pid = peer.child.id();
-        let detection = kill_during(fault, &mut peer, &mut req);
+        let dead_addr = peer.addr;
+        let dead_base = peer.base;
+        let dead_blob = metadata_of(&peer);
+        let detection = kill_during(fault, &survivor.agent, &mut peer, &mut req);
         println!(
-            "{label}: RemoteDisconnect {:.1} ms after the kill, {:.1} ms after the process \
-             ended ({})",
+            "{label}: RemoteDisconnect {:.1} ms after the {}, {:.1} ms after the process \
+             ended{} ({})",
             detection.after_kill.as_secs_f64() * 1e3,
+            if fault == Fault::AfterData {
+                "post"
+            } else {
+                "kill"
+            },
             detection.after_end_ms(),
+            if detection.completed_first {
+                "; a post completed first"
+            } else {
+                ""
+            },
             detection.error,
         );
         match &detection.error {
@@ -555,10 +792,20 @@ fn restart_row(t: &Transport) {
         );
         drop(req);
         drop(peer);
+        if fault == Fault::DuringMetadata {
+            stale_metadata_of_a_dead_peer(&mut survivor, &name, dead_base, &dead_blob);
+        }
 
         // The same name, a new process.
         incarnation += 1;
-        let mut restarted = spawn_peer(t, &name, incarnation);
+        let options = PeerOptions {
+            listen: (fault == Fault::SameAddress).then_some(dead_addr),
+            ..PeerOptions::default()
+        };
+        let mut restarted = spawn_peer_with(t, &name, incarnation, &options);
+        if fault == Fault::SameAddress {
+            assert_eq!(restarted.addr, dead_addr, "{label}: another address");
+        }
         assert_eq!(
             survivor
                 .agent
@@ -567,7 +814,7 @@ fn restart_row(t: &Transport) {
             name
         );
         let loaded = Instant::now();
-        let msg = format!("check 7 0 {BLOCK}");
+        let msg = format!("check {SURVIVOR_SEED} 0 {BLOCK}");
         let mut first = survivor.xfer(XferOp::Write, &name, restarted.base, 1, Some(&msg));
         first.post().unwrap();
         first

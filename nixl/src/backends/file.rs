@@ -34,6 +34,20 @@
 //! and nothing completed for 5 ms, `check` asks the ring whether its daemon lives (at
 //! most every 20 ms, waiting up to 3 ms).
 //!
+//! # Daemon restarts
+//! A daemon that is killed and started again on the same mount is used again without
+//! anything from the application: registrations stay valid (FILE descriptors are
+//! registered in this process, keyed by number, and handed to whichever daemon a ring
+//! attaches to; host memory is published under the mount, where the new daemon finds
+//! it). While no daemon serves the mount, a post fails with `ENOTCONN` or
+//! `ECONNREFUSED`, at once or, where an idle ring of the dead daemon is taken, at
+//! `check` as above; a request that failed stays failed (the agent's rule) and a new
+//! one is made. The first failure with those codes drops every idle ring (they were
+//! attached to the dead daemon), so the next post attaches fresh ones to whatever
+//! daemon serves the mount then. Nothing accumulates across restarts (descriptors,
+//! threads, `/dev/shm` mappings and publications are counted in
+//! `tests/file_backend.rs`).
+//!
 //! # Parameters
 //! `mount` (required: the directory an `hf3fs-gdr-daemon --mount DIR` serves),
 //! `entries` (per ring, default 256), `io_depth` (3FS's meaning: 0, the default, starts

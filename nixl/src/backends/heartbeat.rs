@@ -268,6 +268,14 @@ impl PeerWatch {
         }
     }
 
+    /// A watch on a peer found dead as it was to be watched (its hub refused the
+    /// handshake: nothing listens there any more, or a newer incarnation does).
+    pub(crate) fn dead(reason: &str) -> Arc<Self> {
+        let watch = Self::new();
+        watch.mark_dead(reason);
+        Arc::new(watch)
+    }
+
     /// Whether the peer was declared dead.
     pub(crate) fn is_dead(&self) -> bool {
         self.dead.load(Ordering::Acquire)

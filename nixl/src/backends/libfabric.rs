@@ -40,10 +40,17 @@
 //! operations within milliseconds), and on every provider from the OS where the peer
 //! runs on the same host: the connection information carries the process's boot id,
 //! pid and start time, and a transfer's status poll asks the peer's pidfd (`/proc` where
-//! no pidfd can be opened). A SIGKILLed peer over `shm` (which never reports one itself:
-//! only the 30 s stall timeout caught it before) is so reported within milliseconds of
-//! the kill, as over `tcp;ofi_rxm` and `sockets` (`nixl/tests/dead_peer.rs`; figures in
-//! `docs/BENCHMARKS.md`). A peer
+//! no pidfd can be opened), and `/proc/<pid>/stat` for a kill in progress: a killed
+//! process takes its kernel's teardown to end (up to hundreds of milliseconds on a
+//! loaded host), but it never runs again once SIGKILL is pending, so it is reported
+//! then (the private `liveness` module). A SIGKILLed peer over `shm` (which never
+//! reports one itself: only the 30 s stall timeout caught it before) is so reported
+//! within milliseconds of the kill, as over `tcp;ofi_rxm` and `sockets`
+//! (`nixl/tests/dead_peer.rs`, `restart_matrix.rs`; figures in `docs/BENCHMARKS.md`).
+//! Metadata of an incarnation that is already gone (a registry's stale copy) is
+//! recognised when it is loaded — its heartbeat hub refuses the handshake, or a newer
+//! incarnation's hub answers — and transfers to it fail with `RemoteDisconnect` at once.
+//! A peer
 //! on another host (or in another pid namespace) that vanishes — its link cut, its
 //! machine killed — is found by heartbeats (the private `conn` module): the peer's own thread sends one
 //! every `heartbeat_ms` over a TCP connection of its own, and `heartbeat_misses`

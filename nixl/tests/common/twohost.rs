@@ -106,6 +106,16 @@ impl NetnsPair {
 
     /// The shell command that does [`cut_link`](Self::cut_link), for a child process.
     pub fn cut_link_argv(&self, side: usize) -> Vec<String> {
+        self.link_argv(side, "down")
+    }
+
+    /// The shell command that puts namespace `side`'s end of the link up again after a
+    /// cut (the kernel restores the address's route with it), for a child process.
+    pub fn restore_link_argv(&self, side: usize) -> Vec<String> {
+        self.link_argv(side, "up")
+    }
+
+    fn link_argv(&self, side: usize, state: &str) -> Vec<String> {
         [
             "ip",
             "-n",
@@ -113,7 +123,7 @@ impl NetnsPair {
             "link",
             "set",
             &self.veth[side],
-            "down",
+            state,
         ]
         .map(String::from)
         .to_vec()

@@ -177,6 +177,19 @@ pub(super) fn watch_peer(
     }
     match hub.watch(agent, at) {
         Ok(watch) => watch,
+        // Metadata of an incarnation that is gone (a registry's stale copy, or a fetch
+        // answered just before the peer died): its hub is closed, or a newer
+        // incarnation's hub answers in its place. Transfers to it are then
+        // `RemoteDisconnect` at once — over `shm`, which never reports a dead peer, they
+        // would otherwise wait for the stall timeout — and a new incarnation may bind
+        // the name.
+        Err(Error::RemoteDisconnect { reason, .. }) => Some(PeerWatch::dead(&reason)),
+        Err(Error::Io(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+            Some(PeerWatch::dead(&format!(
+                "its heartbeat hub at {} refused the connection: the peer's backend is gone",
+                at.addr
+            )))
+        }
         Err(e) => {
             tracing::warn!(
                 peer = agent,
@@ -218,6 +231,37 @@ mod tests {
             ..config
         };
         assert!(start_hub(off, "t", None, None).unwrap().is_none());
+    }
+
+    /// Metadata of a peer whose backend is gone (its hub closed) or restarted (another
+    /// incarnation's hub under the address) gives a watch that is dead from the start;
+    /// a live hub gives a live one.
+    #[test]
+    fn a_peer_whose_hub_is_gone_or_newer_is_dead_on_arrival() {
+        let config = HeartbeatConfig::default();
+        let lo = Some("127.0.0.1");
+        let mine = start_hub(config, "survivor", lo, None).unwrap().unwrap();
+        let theirs = start_hub(config, "peer", lo, None).unwrap().unwrap();
+        let peer = |hub: HubAddr| PeerInfo {
+            names: vec![vec![9]],
+            process: ProcessId::current(),
+            hub: Some(hub),
+            assists: false,
+        };
+        let live = theirs.addr();
+        let watch = watch_peer(Some(&mine), "peer", &peer(live)).expect("watched");
+        assert!(!watch.is_dead());
+        let stale = HubAddr {
+            nonce: live.nonce ^ 1,
+            ..live
+        };
+        let watch = watch_peer(Some(&mine), "peer", &peer(stale)).expect("a dead watch");
+        let err = watch.check("peer").unwrap_err().to_string();
+        assert!(err.contains("restarted"), "{err}");
+        drop(theirs);
+        let watch = watch_peer(Some(&mine), "peer", &peer(live)).expect("a dead watch");
+        let err = watch.check("peer").unwrap_err().to_string();
+        assert!(err.contains("refused"), "{err}");
     }
 
     #[test]

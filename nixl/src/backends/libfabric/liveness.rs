@@ -13,6 +13,18 @@
 //! pidfd can be opened (an older kernel, a sandbox), `/proc/<pid>/stat` is read instead,
 //! at most every [`PROC_CHECK_PERIOD`]. Peers on other hosts or in other pid namespaces
 //! are left to the transport and to the stall timeout.
+//!
+//! A killed process is doomed well before it has ended: `kill(SIGKILL)` marks every
+//! thread with the signal at once, but the process ends (its pidfd becomes readable,
+//! its sockets close) only after each of its threads has been scheduled to exit and
+//! its memory has been torn down — on a loaded host, a few hundred milliseconds
+//! (docs/BENCHMARKS.md, the restart matrix). It will never run code of its own again,
+//! so [`Liveness::check`] also reads `/proc/<pid>/status` at most every
+//! [`DOOM_CHECK_PERIOD`] and reports a process that is doomed: SIGKILL pending for it
+//! (see [`proc_doomed`]). Only the end itself ([`Liveness::has_ended`]) lets the
+//! backend do what the dead process would have done (release its `shm` locks, give up
+//! pieces it was to push), since a dying process's last system call may still be
+//! running.
 
 use super::super::shared::boot_id;
 use crate::error::{Error, Result};
@@ -30,6 +42,11 @@ pub(super) const WIRE_SIZE: usize = 4 + 1 + 16 + 4 + 8;
 pub(super) const CHECK_PERIOD: Duration = Duration::from_micros(200);
 /// How often `/proc/<pid>/stat` is read where there is no pidfd.
 pub(super) const PROC_CHECK_PERIOD: Duration = Duration::from_millis(20);
+/// How often `/proc/<pid>/status` is read for a process that is being killed, per watched
+/// peer while transfers to it are polled: a read costs microseconds of CPU (far more
+/// than a pidfd poll; docs/BENCHMARKS.md), and this keeps it under a percent of a core
+/// for each peer polled without pause, well inside the 100 ms detection goal.
+pub(super) const DOOM_CHECK_PERIOD: Duration = Duration::from_millis(5);
 
 /// Who a process is, as another process on the same host can check it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -113,6 +130,10 @@ pub(super) struct Liveness {
     gone: AtomicBool,
     /// `clock_ns` of the last look; [`NEVER`] before the first.
     checked_ns: AtomicU64,
+    /// Killed or exiting, though perhaps not ended yet (see the module documentation).
+    doomed: AtomicBool,
+    /// `clock_ns` of the last look for it; [`NEVER`] before the first.
+    doom_checked_ns: AtomicU64,
 }
 
 const NEVER: u64 = u64::MAX;
@@ -137,27 +158,52 @@ impl Liveness {
             pidfd,
             gone: AtomicBool::new(false),
             checked_ns: AtomicU64::new(NEVER),
+            doomed: AtomicBool::new(false),
+            doom_checked_ns: AtomicU64::new(NEVER),
         }))
     }
 
-    /// `Err(RemoteDisconnect)` once the process is known to have ended. Cheap: the OS
-    /// is asked at most every [`CHECK_PERIOD`] (or [`PROC_CHECK_PERIOD`]).
+    /// `Err(RemoteDisconnect)` once the process is known to have ended, or to be
+    /// ending (killed: see the module documentation). Cheap: the OS is asked at most
+    /// every [`CHECK_PERIOD`] (or [`PROC_CHECK_PERIOD`]), and `/proc` for a kill at
+    /// most every [`DOOM_CHECK_PERIOD`].
     pub(super) fn check(&self, agent: &str) -> Result<()> {
+        let how = if self.has_ended() {
+            if self.pidfd.is_some() {
+                "ended (seen through its pidfd)"
+            } else {
+                "ended (seen through /proc)"
+            }
+        } else if self.is_doomed() {
+            "is being killed (SIGKILL pending, seen through /proc)"
+        } else {
+            return Ok(());
+        };
+        Err(Error::RemoteDisconnect {
+            agent: agent.to_string(),
+            reason: format!("its process (pid {}) {how}", self.id.pid),
+        })
+    }
+
+    /// `Err(RemoteDisconnect)` once the process is known to have ended (not merely to
+    /// be ending): whatever it was doing in the kernel is over.
+    pub(super) fn check_ended(&self, agent: &str) -> Result<()> {
         if self.has_ended() {
-            return Err(Error::RemoteDisconnect {
-                agent: agent.to_string(),
-                reason: format!(
-                    "its process (pid {}) ended (seen through {})",
-                    self.id.pid,
-                    if self.pidfd.is_some() {
-                        "its pidfd"
-                    } else {
-                        "/proc"
-                    }
-                ),
-            });
+            return self.check(agent);
         }
         Ok(())
+    }
+
+    /// Whether the process was killed or is exiting (asked of `/proc` at most every
+    /// [`DOOM_CHECK_PERIOD`]); once true, stays true.
+    fn is_doomed(&self) -> bool {
+        if !self.doomed.load(Ordering::Relaxed)
+            && due(&self.doom_checked_ns, DOOM_CHECK_PERIOD)
+            && proc_doomed(self.id.pid)
+        {
+            self.doomed.store(true, Ordering::Relaxed);
+        }
+        self.doomed.load(Ordering::Relaxed)
     }
 
     /// Whether the process is known to have ended (asked of the OS as [`Self::check`]).
@@ -188,15 +234,7 @@ impl Liveness {
         } else {
             PROC_CHECK_PERIOD
         };
-        let now = clock_ns();
-        let last = self.checked_ns.load(Ordering::Relaxed);
-        if last != NEVER && now.saturating_sub(last) < period.as_nanos() as u64 {
-            return false;
-        }
-        // One thread of those polling at once does the look.
-        self.checked_ns
-            .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
-            .is_ok()
+        due(&self.checked_ns, period)
     }
 
     fn ended(&self) -> bool {
@@ -218,6 +256,19 @@ impl Liveness {
     }
 }
 
+/// Whether a look whose last one was at `checked_ns` is due (at most every `period`);
+/// of the threads that ask at once, one is told so.
+fn due(checked_ns: &AtomicU64, period: Duration) -> bool {
+    let now = clock_ns();
+    let last = checked_ns.load(Ordering::Relaxed);
+    if last != NEVER && now.saturating_sub(last) < period.as_nanos() as u64 {
+        return false;
+    }
+    checked_ns
+        .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+        .is_ok()
+}
+
 /// Monotonic nanoseconds since the first call in this process.
 fn clock_ns() -> u64 {
     static START: OnceLock<Instant> = OnceLock::new();
@@ -231,6 +282,42 @@ fn proc_state(pid: u32) -> Option<(char, u64)> {
     let mut fields = stat.get(stat.rfind(')')? + 2..)?.split(' ');
     let state = fields.next()?.chars().next()?;
     Some((state, fields.nth(18)?.parse().ok()?))
+}
+
+/// Whether process `pid` is doomed: gone, or SIGKILL pending for it as a whole (`ShdPnd`
+/// of `/proc/<pid>/status`: what `kill(2)` and the OOM killer send stays there until
+/// the process is gone) or for its main thread (`SigPnd`: a fatal signal is turned into
+/// a SIGKILL for every thread as it is sent), or a zombie without other threads. A main
+/// thread that ended while others run on (`pthread_exit`) is a zombie too, and is not
+/// doomed. Only the pid's absence counts as gone: another failure to read (no
+/// descriptor left, say) says nothing. A pid reused since is not a concern: the end of
+/// the process it named is seen through its pidfd (or start time) first.
+fn proc_doomed(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/status")) {
+        Ok(status) => status_says_doomed(&status),
+        Err(e) => e.kind() == std::io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ESRCH),
+    }
+}
+
+/// [`proc_doomed`] on the text of a `/proc/<pid>/status`; what it cannot read says
+/// nothing (not doomed).
+fn status_says_doomed(status: &str) -> bool {
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|line| line.strip_prefix(name)?.strip_prefix(':'))
+            .map(str::trim)
+    };
+    let signals = |name: &str| field(name).and_then(|hex| u64::from_str_radix(hex, 16).ok());
+    let sigkill = 1u64 << (libc::SIGKILL - 1);
+    let killed = [signals("SigPnd"), signals("ShdPnd")]
+        .iter()
+        .any(|pending| pending.is_some_and(|p| p & sigkill != 0));
+    let zombie = field("State").is_some_and(|s| s.starts_with('Z') || s.starts_with('X'));
+    let alone = field("Threads")
+        .and_then(|n| n.parse::<u32>().ok())
+        .is_some_and(|n| n <= 1);
+    killed || (zombie && alone)
 }
 
 fn start_time(pid: u32) -> Option<u64> {
@@ -305,6 +392,8 @@ mod tests {
                     pidfd: None,
                     gone: AtomicBool::new(false),
                     checked_ns: AtomicU64::new(NEVER),
+                    doomed: AtomicBool::new(false),
+                    doom_checked_ns: AtomicU64::new(NEVER),
                 })
             };
             watch.check("child").unwrap();
@@ -329,5 +418,80 @@ mod tests {
             child.wait().unwrap();
             assert!(watch.check("child").is_err(), "gone stays gone");
         }
+    }
+
+    /// A `/proc/<pid>/status` text with `state`, `threads` and the pending signal masks.
+    fn status_text(state: &str, threads: u32, sig_pnd: u64, shd_pnd: u64) -> String {
+        format!(
+            "Name:\tpeer\nUmask:\t0022\nState:\t{state}\nTgid:\t4242\nPid:\t4242\n\
+             Threads:\t{threads}\nSigQ:\t0/63704\nSigPnd:\t{sig_pnd:016x}\n\
+             ShdPnd:\t{shd_pnd:016x}\nSigBlk:\t0000000000000000\n"
+        )
+    }
+
+    #[test]
+    fn a_kill_in_progress_is_read_from_the_status() {
+        let sigkill = 1 << 8;
+        let sigstop = 1 << 18;
+        let sigterm = 1 << 14;
+        assert!(!status_says_doomed(&status_text("S (sleeping)", 9, 0, 0)));
+        // Stopped, or only SIGSTOP or a catchable signal pending: not dying (heartbeats
+        // decide about a frozen peer).
+        assert!(!status_says_doomed(&status_text(
+            "T (stopped)",
+            9,
+            0,
+            sigstop
+        )));
+        assert!(!status_says_doomed(&status_text(
+            "R (running)",
+            9,
+            0,
+            sigterm
+        )));
+        assert!(status_says_doomed(&status_text(
+            "R (running)",
+            9,
+            0,
+            sigkill
+        )));
+        assert!(status_says_doomed(&status_text(
+            "D (disk sleep)",
+            9,
+            sigkill,
+            0
+        )));
+        assert!(status_says_doomed(&status_text(
+            "Z (zombie)",
+            9,
+            0,
+            sigkill
+        )));
+        assert!(status_says_doomed(&status_text("Z (zombie)", 1, 0, 0)));
+        assert!(status_says_doomed(&status_text("X (dead)", 0, 0, 0)));
+        // The main thread ended (`pthread_exit`) while others run on: alive.
+        assert!(!status_says_doomed(&status_text("Z (zombie)", 4, 0, 0)));
+        assert!(!status_says_doomed("garbage"));
+    }
+
+    /// Against real processes: a running child and a stopped one are not doomed; once
+    /// killed, it is (a zombie until reaped, then gone).
+    #[test]
+    fn a_killed_child_is_doomed_and_a_stopped_one_is_not() {
+        let mut child = Command::new("sleep").arg("30").spawn().unwrap();
+        let pid = child.id();
+        assert!(!proc_doomed(pid));
+        // SAFETY: kill(2) on our own unreaped child.
+        assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGSTOP) }, 0);
+        assert!(!proc_doomed(pid));
+        child.kill().unwrap();
+        let killed = Instant::now();
+        while !proc_doomed(pid) {
+            assert!(killed.elapsed() < Duration::from_secs(5), "never doomed");
+            std::thread::sleep(Duration::from_micros(100));
+        }
+        println!("/proc said doomed {:?} after the kill", killed.elapsed());
+        child.wait().unwrap();
+        assert!(proc_doomed(pid), "reaped: gone");
     }
 }

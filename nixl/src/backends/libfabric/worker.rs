@@ -331,10 +331,11 @@ impl Worker {
             if active.assists > 0 {
                 if let Some(liveness) = &shared.peer.liveness {
                     if let Err(crate::Error::RemoteDisconnect { reason, .. }) =
-                        liveness.check(&shared.peer.agent)
+                        liveness.check_ended(&shared.peer.agent)
                     {
-                        // Its process ended (the OS says so, not a heartbeat): nothing
-                        // will write those pieces any more.
+                        // Its process ended (the OS says so, not a heartbeat; not merely
+                        // killed, whose last push may still be running): nothing will
+                        // write those pieces any more.
                         shared.fail_with(true, 0, reason);
                         active.in_flight -= active.assists;
                         self.outstanding -= active.assists;
