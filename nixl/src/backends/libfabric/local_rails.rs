@@ -498,14 +498,18 @@ impl Backend for Planes {
         public_md: &[u8],
     ) -> Result<Arc<dyn RemoteMd>> {
         let mut parts: [Option<Arc<dyn RemoteMd>>; 2] = [None, None];
+        let mut export = None;
         for (kind, md) in decode_md(public_md)? {
             // Parsing is the same on every plane.
-            parts[kind as usize] = Some(self.planes[0].load_remote_md(agent, region, md)?);
+            let parsed = self.planes[0].load_remote_md(agent, region, md)?;
+            export = export.or(super::remote_export(&*parsed));
+            parts[kind as usize] = Some(parsed);
         }
-        // The plane the peer is reached by checks its READ assists and pushes against
-        // what it advertised (the first plane took note while parsing).
+        // The plane the peer is reached by checks its READ assists, pushes and direct
+        // copy requests against what it advertised (the first plane took note while
+        // parsing).
         for plane in &self.planes[1..] {
-            plane.advertise(agent, region);
+            plane.advertise(agent, region, export.as_ref());
         }
         Ok(Arc::new(PlanesRemoteMd { parts }))
     }
