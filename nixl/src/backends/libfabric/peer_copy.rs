@@ -517,7 +517,7 @@ pub(super) use gpu::*;
 mod gpu {
     //! The CUDA side: exporting VRAM, pinning DRAM, importing and copying.
 
-    use super::super::sources::PeerSource;
+    use crate::backends::libfabric::sources::PeerSource;
     use super::{Direction, Request, Stats, VramExport, Waits, PIECE_BYTES, STREAMS};
     use crate::backends::cuda_copy::{Copy, CopyBatch, CopyEngine, LazyPin, MemLoc, StreamPools};
     use parking_lot::RwLock;
@@ -527,13 +527,13 @@ mod gpu {
     use std::time::{Duration, Instant};
 
     /// Whether this process can copy with a GPU (a driver and a device).
-    pub(in super::super) fn gpu_present() -> bool {
+    pub(in crate::backends::libfabric) fn gpu_present() -> bool {
         gpu_mem::is_available() && gpu_mem::device_count() > 0
     }
 
     /// The export of VRAM at `addr..addr + len` on GPU `dev`: `None` where it has no
     /// legacy IPC handle (VMM memory) or the driver refuses (logged).
-    pub(in super::super) fn export_vram(addr: u64, len: u64, dev: usize) -> Option<VramExport> {
+    pub(in crate::backends::libfabric) fn export_vram(addr: u64, len: u64, dev: usize) -> Option<VramExport> {
         let export = || -> gpu_mem::Result<Option<VramExport>> {
             let view = gpu_mem::DeviceMemoryRef::wrap(addr, len, dev)?;
             if !view.info().ipc_capable {
@@ -558,27 +558,27 @@ mod gpu {
     }
 
     /// The GPU of this process holding the allocation `export` names.
-    pub(in super::super) fn home_gpu(export: &VramExport) -> Option<gpu_mem::Gpu> {
+    pub(in crate::backends::libfabric) fn home_gpu(export: &VramExport) -> Option<gpu_mem::Gpu> {
         gpu_mem::find_by_uuid(&export.gpu_uuid).ok().flatten()
     }
 
     /// A DRAM registration's part in peer copies: pinned on first use.
     #[derive(Debug)]
-    pub(in super::super) struct DramPin(LazyPin);
+    pub(in crate::backends::libfabric) struct DramPin(LazyPin);
 
     impl DramPin {
-        pub(in super::super) fn new(addr: u64, len: u64) -> Self {
+        pub(in crate::backends::libfabric) fn new(addr: u64, len: u64) -> Self {
             Self(LazyPin::new(addr, len))
         }
         /// Pins now if not yet; whether it is pinned.
-        pub(in super::super) fn ensure(&self) -> bool {
+        pub(in crate::backends::libfabric) fn ensure(&self) -> bool {
             self.0.ensure()
         }
     }
 
     /// A target's side: the DRAM regions it serves copies into and out of.
     #[derive(Debug)]
-    pub(in super::super) struct Server {
+    pub(in crate::backends::libfabric) struct Server {
         regions: RwLock<BTreeMap<u64, Arc<DramRegion>>>,
         streams: StreamPools,
     }
@@ -594,7 +594,7 @@ mod gpu {
 
     /// A DRAM registration served to peers; removed on drop, after the copies touching it.
     #[derive(Debug)]
-    pub(in super::super) struct ServedDram {
+    pub(in crate::backends::libfabric) struct ServedDram {
         server: Arc<Server>,
         region: Arc<DramRegion>,
     }
@@ -640,7 +640,7 @@ mod gpu {
 
     /// A request's copies, queued on the GPU.
     #[derive(Debug)]
-    pub(in super::super) struct Serving {
+    pub(in crate::backends::libfabric) struct Serving {
         /// First: dropping it waits for the copies, before the guards and mappings go.
         batch: CopyBatch,
         _guards: Vec<InFlight>,
@@ -650,7 +650,7 @@ mod gpu {
 
     impl Serving {
         /// `Some(errno)` once the copies completed (0) or failed.
-        pub(in super::super) fn poll(&mut self, stats: &Stats) -> Option<i32> {
+        pub(in crate::backends::libfabric) fn poll(&mut self, stats: &Stats) -> Option<i32> {
             match self.batch.poll() {
                 Ok((true, _)) => {
                     stats.served_bytes.fetch_add(self.bytes, Ordering::Relaxed);
@@ -666,7 +666,7 @@ mod gpu {
     }
 
     impl Server {
-        pub(in super::super) fn new() -> Self {
+        pub(in crate::backends::libfabric) fn new() -> Self {
             Server {
                 regions: RwLock::default(),
                 streams: StreamPools::new(STREAMS),
@@ -674,7 +674,7 @@ mod gpu {
         }
 
         /// Serves `addr..addr + len` (a DRAM registration).
-        pub(in super::super) fn add(self: &Arc<Self>, addr: u64, len: u64) -> ServedDram {
+        pub(in crate::backends::libfabric) fn add(self: &Arc<Self>, addr: u64, len: u64) -> ServedDram {
             let region = Arc::new(DramRegion {
                 addr,
                 len,
@@ -698,7 +698,7 @@ mod gpu {
 
         /// Checks a request from `peer` (the transport said so) and queues its copies, or
         /// says why not (the errno of its answer). See the module's checks.
-        pub(in super::super) fn serve(
+        pub(in crate::backends::libfabric) fn serve(
             &self,
             req: &Request,
             peer: &PeerSource,
@@ -812,20 +812,20 @@ mod gpu {
     /// The peer-copy state of a backend: what it served and moved, the answers it awaits,
     /// and (where it serves peers) its served DRAM.
     #[derive(Debug)]
-    pub(in super::super) struct Shared {
+    pub(in crate::backends::libfabric) struct Shared {
         /// This backend takes the direct path where it fits (`vram_peer_copy=auto` and
         /// a GPU here).
-        pub(in super::super) enabled: bool,
-        pub(in super::super) stats: Stats,
-        pub(in super::super) waits: Waits,
+        pub(in crate::backends::libfabric) enabled: bool,
+        pub(in crate::backends::libfabric) stats: Stats,
+        pub(in crate::backends::libfabric) waits: Waits,
         /// Serves peers' requests (enabled, and rail workers' threads to serve from).
-        pub(in super::super) server: Option<Arc<Server>>,
+        pub(in crate::backends::libfabric) server: Option<Arc<Server>>,
         /// The streams of this side's own copies (initiator-owned host memory).
-        pub(in super::super) streams: StreamPools,
+        pub(in crate::backends::libfabric) streams: StreamPools,
     }
 
     impl Shared {
-        pub(in super::super) fn new(enabled: bool, serves: bool) -> Self {
+        pub(in crate::backends::libfabric) fn new(enabled: bool, serves: bool) -> Self {
             Shared {
                 enabled,
                 stats: Stats::default(),
@@ -837,7 +837,7 @@ mod gpu {
     }
 
     /// Cuts `len` bytes into pieces of at most [`PIECE_BYTES`]: (offset, length).
-    pub(in super::super) fn cut(len: u64) -> impl Iterator<Item = (u64, u64)> {
+    pub(in crate::backends::libfabric) fn cut(len: u64) -> impl Iterator<Item = (u64, u64)> {
         (0..len.div_ceil(PIECE_BYTES)).map(move |i| {
             let off = i * PIECE_BYTES;
             (off, PIECE_BYTES.min(len - off))
