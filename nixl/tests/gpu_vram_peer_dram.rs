@@ -424,6 +424,7 @@ fn write_and_read(
 }
 
 /// Bandwidth (GB/s) of `rounds` posts of one `len`-byte block.
+#[allow(clippy::too_many_arguments)]
 fn rate(
     initiator: &Agent,
     name: &str,

@@ -1718,6 +1718,26 @@ impl LibfabricBackend {
         self.common.peer_copy.stats.refused.load(Ordering::Relaxed)
     }
 
+    /// How VRAM <-> `agent`'s DRAM (and DRAM <-> its VRAM) moves where it is one direct
+    /// copy (module `peer_copy`): `None` where it is not (another host, no GPU here,
+    /// `vram_peer_copy=off`).
+    pub(super) fn peer_copy_path(&self, agent: &str) -> Option<String> {
+        if !self.common.peer_copy.enabled {
+            return None;
+        }
+        let peers = self.common.peers.read();
+        let peer = peers.get(agent).filter(|p| p.same_host)?;
+        Some(if peer.serves_peer_copies {
+            "VRAM <-> the peer's DRAM and DRAM <-> its VRAM: one direct copy through CUDA IPC \
+             by the side that owns the DRAM (staged where the peer declines)"
+                .into()
+        } else {
+            "DRAM <-> the peer's VRAM: one direct copy through CUDA IPC; VRAM <-> its DRAM: \
+             staged (the peer does not copy on request)"
+                .into()
+        })
+    }
+
     /// Whether this backend copies for same-host peers on request.
     fn serves_peer_copies(&self) -> bool {
         #[cfg(feature = "cuda")]

@@ -576,9 +576,15 @@ impl Backend for Planes {
         all
     }
 
+    /// The provider, and where VRAM <-> a same-host peer's DRAM is one direct copy
+    /// (module `peer_copy`), that too.
     fn peer_transport(&self, agent: &str) -> Option<String> {
         let route = self.route(agent).ok()?;
-        Some(self.planes[route.plane].provider().to_string())
+        let plane = &self.planes[route.plane];
+        Some(match plane.peer_copy_path(agent) {
+            Some(path) => format!("{}; {path}", plane.provider()),
+            None => plane.provider().to_string(),
+        })
     }
 }
 

@@ -480,12 +480,16 @@ impl AdvertisedVram {
     }
 }
 
+/// An allocation's CUDA-IPC handle and the GPU it is mapped for.
+#[cfg(feature = "cuda")]
+type ImportKey = ([u8; 64], usize);
+
 /// A peer's VRAM mapped into this process, per (allocation, GPU), for the lifetime of the
 /// peer's incarnation (its `PeerSource`).
 #[derive(Debug, Default)]
 pub(super) struct Imports {
     #[cfg(feature = "cuda")]
-    map: Mutex<HashMap<([u8; 64], usize), Arc<gpu_mem::IpcMapping>>>,
+    map: Mutex<HashMap<ImportKey, Arc<gpu_mem::IpcMapping>>>,
 }
 
 #[cfg(feature = "cuda")]
@@ -517,9 +521,9 @@ pub(super) use gpu::*;
 mod gpu {
     //! The CUDA side: exporting VRAM, pinning DRAM, importing and copying.
 
-    use crate::backends::libfabric::sources::PeerSource;
     use super::{Direction, Request, Stats, VramExport, Waits, PIECE_BYTES, STREAMS};
     use crate::backends::cuda_copy::{Copy, CopyBatch, CopyEngine, LazyPin, MemLoc, StreamPools};
+    use crate::backends::libfabric::sources::PeerSource;
     use parking_lot::RwLock;
     use std::collections::BTreeMap;
     use std::sync::atomic::{AtomicUsize, Ordering};
@@ -533,7 +537,11 @@ mod gpu {
 
     /// The export of VRAM at `addr..addr + len` on GPU `dev`: `None` where it has no
     /// legacy IPC handle (VMM memory) or the driver refuses (logged).
-    pub(in crate::backends::libfabric) fn export_vram(addr: u64, len: u64, dev: usize) -> Option<VramExport> {
+    pub(in crate::backends::libfabric) fn export_vram(
+        addr: u64,
+        len: u64,
+        dev: usize,
+    ) -> Option<VramExport> {
         let export = || -> gpu_mem::Result<Option<VramExport>> {
             let view = gpu_mem::DeviceMemoryRef::wrap(addr, len, dev)?;
             if !view.info().ipc_capable {
@@ -674,7 +682,11 @@ mod gpu {
         }
 
         /// Serves `addr..addr + len` (a DRAM registration).
-        pub(in crate::backends::libfabric) fn add(self: &Arc<Self>, addr: u64, len: u64) -> ServedDram {
+        pub(in crate::backends::libfabric) fn add(
+            self: &Arc<Self>,
+            addr: u64,
+            len: u64,
+        ) -> ServedDram {
             let region = Arc::new(DramRegion {
                 addr,
                 len,

@@ -63,7 +63,8 @@ pub(super) struct PeerSource {
     /// VRAM regions its metadata advertised with their CUDA-IPC export (module
     /// `peer_copy`: the only VRAM this backend copies into or out of on its request).
     pub(super) vram: AdvertisedVram,
-    /// Its VRAM mapped into this process, for this incarnation.
+    /// Its VRAM mapped into this process, for this incarnation (with feature `cuda`).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     pub(super) imports: Imports,
 }
 
