@@ -135,6 +135,24 @@
 //! overlap sooner) against per-operation cost (larger messages run closer to the
 //! network's peak; figures in `docs/BENCHMARKS.md`).
 //!
+//! # VRAM and a peer's DRAM on this host (feature `cuda`)
+//! Between VRAM and the DRAM of another process on this host, a transfer is one copy
+//! engine copy instead of the staged pipeline (module `peer_copy`): the process that
+//! owns the host memory copies against the other side's VRAM imported through CUDA IPC
+//! (imported once per peer incarnation; host regions pinned once, on first use). For
+//! READ peer VRAM → local DRAM and WRITE local DRAM → peer VRAM this side copies on its
+//! own streams (the target advertises its VRAM's IPC handle in the region's metadata);
+//! for WRITE local VRAM → peer DRAM and READ peer DRAM → local VRAM the target copies on
+//! request, after checking that the request comes from a loaded peer (the transport's
+//! word), that the VRAM lies in what that peer advertised and the DRAM in its own
+//! registrations, and answers when its copies completed. Notifications go after the
+//! last byte. Chosen per transfer where every descriptor pair fits; a target that
+//! declines (no GPU, or it never loaded this side's metadata) makes the request run its
+//! ordinary path (staged, or direct `FI_HMEM`). Parameter `vram_peer_copy` (`auto`, the
+//! default, or `off`; `vram_mode=staged` implies `off`). Which path a transfer takes:
+//! its telemetry's `staged_bytes` (0 on this path), [`LibfabricBackend::peer_copy_bytes`]
+//! and the peer's [`crate::backend::Backend::peer_transport`], which nixlbench prints.
+//!
 //! # Peers on this host
 //! Beside the network provider's rails the backend opens `shm` rails (unless
 //! `local_provider=none`, or the provider is `shm`), registers memory with both, and
@@ -180,7 +198,9 @@
 //! 524288), `staging_chunks` (slots per half, 2..=1024, default 16: 16 MiB of pinned
 //! memory in all, allocated and registered at the first staged registration),
 //! `stage_dram` (`1`: DRAM registrations are staged too, with `memcpy` for the copies —
-//! the pipeline end to end without a GPU, for tests).
+//! the pipeline end to end without a GPU, for tests), `vram_peer_copy` (`auto`: VRAM ↔
+//! a same-host peer's DRAM in one direct copy where it fits, see above — the default;
+//! `off`: never).
 
 mod assist;
 mod cma;
