@@ -62,6 +62,7 @@
 // initiates a direct copy): the initiator's half is unused there.
 #![cfg_attr(not(feature = "cuda"), allow(dead_code))]
 
+use crate::mem::MemKind;
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -354,6 +355,92 @@ pub(super) fn describe(errno: i32) -> String {
     }
 }
 
+/// Who copies a transfer that takes the direct path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Case {
+    /// DRAM here, the peer's VRAM imported: this process copies.
+    InitiatorOwned,
+    /// VRAM here, DRAM at the peer: the peer copies on request.
+    TargetOwned,
+}
+
+/// What the choice knows of one descriptor pair.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct PairFacts {
+    pub(super) local: MemKind,
+    pub(super) remote: MemKind,
+    /// This side's region is VRAM with an IPC export.
+    pub(super) local_exported: bool,
+    /// The peer's region is VRAM whose metadata carries an IPC export that holds it.
+    pub(super) remote_exported: bool,
+}
+
+/// Whether (and how) a transfer takes the direct path: `enabled` (parameter and a GPU
+/// here), the peer another process on this host, and every pair the same case — DRAM ↔
+/// exported peer VRAM, or exported VRAM ↔ peer DRAM with a peer that serves requests.
+/// Mixed transfers, other kinds, and an empty transfer keep the ordinary path.
+pub(super) fn choose(
+    enabled: bool,
+    same_host: bool,
+    peer_serves: bool,
+    pairs: impl IntoIterator<Item = PairFacts>,
+) -> Option<Case> {
+    if !enabled || !same_host {
+        return None;
+    }
+    let mut case = None;
+    for p in pairs {
+        let this = match (p.local, p.remote) {
+            (MemKind::Dram, MemKind::Vram) if p.remote_exported => Case::InitiatorOwned,
+            (MemKind::Vram, MemKind::Dram) if p.local_exported && peer_serves => Case::TargetOwned,
+            _ => return None,
+        };
+        if case.is_some_and(|c| c != this) {
+            return None;
+        }
+        case = Some(this);
+    }
+    case
+}
+
+/// The requests of a target-owned transfer: `pieces` (the allocation of this side's
+/// VRAM each lies in, and the piece) already cut to at most [`PIECE_BYTES`], grouped
+/// into requests of one allocation and at most `per_request` pieces, on the rails in
+/// turn from `first_rail`.
+pub(super) fn plan_requests(
+    pieces: impl IntoIterator<Item = ([u8; 64], Piece)>,
+    per_request: usize,
+    nrails: usize,
+    first_rail: usize,
+) -> Vec<(usize, Vec<Piece>)> {
+    let per_request = per_request.clamp(1, MAX_PIECES);
+    let nrails = nrails.max(1);
+    let mut rail = first_rail % nrails;
+    let mut requests: Vec<(usize, Vec<Piece>)> = Vec::new();
+    let mut current: Option<[u8; 64]> = None;
+    for (handle, piece) in pieces {
+        let fits =
+            current == Some(handle) && requests.last().is_some_and(|(_, p)| p.len() < per_request);
+        if !fits {
+            requests.push((rail, Vec::new()));
+            rail = (rail + 1) % nrails;
+            current = Some(handle);
+        }
+        if let Some((_, p)) = requests.last_mut() {
+            p.push(piece);
+        }
+    }
+    requests
+}
+
+/// Cuts `len` bytes into pieces of at most [`PIECE_BYTES`]: (offset, length).
+pub(super) fn cut(len: u64) -> impl Iterator<Item = (u64, u64)> {
+    (0..len.div_ceil(PIECE_BYTES)).map(move |i| {
+        let off = i * PIECE_BYTES;
+        (off, PIECE_BYTES.min(len - off))
+    })
+}
+
 /// What moved this way (telemetry).
 #[derive(Debug, Default)]
 pub(super) struct Stats {
@@ -521,7 +608,7 @@ pub(super) use gpu::*;
 mod gpu {
     //! The CUDA side: exporting VRAM, pinning DRAM, importing and copying.
 
-    use super::{Direction, Request, Stats, VramExport, Waits, PIECE_BYTES, STREAMS};
+    use super::{Direction, Request, Stats, VramExport, Waits, STREAMS};
     use crate::backends::cuda_copy::{Copy, CopyBatch, CopyEngine, LazyPin, MemLoc, StreamPools};
     use crate::backends::libfabric::sources::PeerSource;
     use parking_lot::RwLock;
@@ -847,14 +934,6 @@ mod gpu {
             }
         }
     }
-
-    /// Cuts `len` bytes into pieces of at most [`PIECE_BYTES`]: (offset, length).
-    pub(in crate::backends::libfabric) fn cut(len: u64) -> impl Iterator<Item = (u64, u64)> {
-        (0..len.div_ceil(PIECE_BYTES)).map(move |i| {
-            let off = i * PIECE_BYTES;
-            (off, PIECE_BYTES.min(len - off))
-        })
-    }
 }
 
 /// Without CUDA no GPU copies for this backend.
@@ -1052,6 +1131,126 @@ mod tests {
         waits.forget(&[later]);
         assert!(waits.take(later, None).is_none());
         assert!(is_declined(libc::ENODEV) && !is_declined(libc::EIO));
+    }
+
+    fn facts(
+        local: MemKind,
+        remote: MemKind,
+        local_exported: bool,
+        remote_exported: bool,
+    ) -> PairFacts {
+        PairFacts {
+            local,
+            remote,
+            local_exported,
+            remote_exported,
+        }
+    }
+
+    #[test]
+    fn the_direct_path_is_chosen_only_where_every_pair_fits() {
+        use MemKind::{Dram, Vram};
+        let dram_to_vram = facts(Dram, Vram, false, true);
+        let vram_to_dram = facts(Vram, Dram, true, false);
+        // Each case, alone and in a batch.
+        assert_eq!(
+            choose(true, true, false, [dram_to_vram; 64]),
+            Some(Case::InitiatorOwned)
+        );
+        assert_eq!(
+            choose(true, true, true, [vram_to_dram; 64]),
+            Some(Case::TargetOwned)
+        );
+        // Off, another host, nothing to move.
+        assert_eq!(choose(false, true, true, [dram_to_vram]), None);
+        assert_eq!(choose(true, false, true, [dram_to_vram]), None);
+        assert_eq!(choose(true, true, true, []), None);
+        // A peer that does not copy on request: only the initiator-owned case.
+        assert_eq!(choose(true, true, false, [vram_to_dram]), None);
+        // Unexported memory (VMM, or a peer without CUDA): the ordinary path.
+        assert_eq!(
+            choose(true, true, true, [facts(Dram, Vram, false, false)]),
+            None
+        );
+        assert_eq!(
+            choose(true, true, true, [facts(Vram, Dram, false, false)]),
+            None
+        );
+        // Other kinds, and mixed transfers.
+        for other in [
+            facts(Dram, Dram, false, false),
+            facts(Vram, Vram, true, true),
+        ] {
+            assert_eq!(choose(true, true, true, [other]), None, "{other:?}");
+            assert_eq!(choose(true, true, true, [dram_to_vram, other]), None);
+        }
+        assert_eq!(choose(true, true, true, [dram_to_vram, vram_to_dram]), None);
+        assert_eq!(
+            choose(
+                true,
+                true,
+                true,
+                [dram_to_vram, facts(Dram, Vram, false, false)]
+            ),
+            None
+        );
+    }
+
+    #[test]
+    fn requests_group_pieces_by_allocation_and_bound_their_size() {
+        let piece = |i: u64| Piece {
+            vram: 0x7000_0000 + i * 4096,
+            dram: 0x1000 + i * 4096,
+            len: 4096,
+        };
+        let (a, b) = ([1u8; 64], [2u8; 64]);
+        // 10 pieces of one allocation, 4 per request, 3 rails from rail 2.
+        let reqs = plan_requests((0..10).map(|i| (a, piece(i))), 4, 3, 2);
+        let shape: Vec<(usize, usize)> = reqs.iter().map(|(r, p)| (*r, p.len())).collect();
+        assert_eq!(shape, [(2, 4), (0, 4), (1, 2)]);
+        let flat: Vec<Piece> = reqs.into_iter().flat_map(|(_, p)| p).collect();
+        assert_eq!(flat, (0..10).map(piece).collect::<Vec<_>>(), "order kept");
+        // A new allocation starts a new request.
+        let reqs = plan_requests(
+            [(a, piece(0)), (a, piece(1)), (b, piece(2)), (a, piece(3))],
+            100,
+            1,
+            0,
+        );
+        assert_eq!(
+            reqs.iter().map(|(_, p)| p.len()).collect::<Vec<_>>(),
+            [2, 1, 1]
+        );
+        // Bounds: at most MAX_PIECES, at least one; no rails is one rail.
+        let reqs = plan_requests((0..300).map(|i| (a, piece(i))), 10_000, 0, 5);
+        assert_eq!(
+            reqs.iter().map(|(_, p)| p.len()).collect::<Vec<_>>(),
+            [MAX_PIECES, 300 - MAX_PIECES]
+        );
+        assert!(reqs.iter().all(|(r, _)| *r == 0));
+        assert_eq!(
+            plan_requests((0..3).map(|i| (a, piece(i))), 0, 2, 0).len(),
+            3
+        );
+        assert!(plan_requests(std::iter::empty(), 4, 2, 0).is_empty());
+        // Cutting: pieces of at most PIECE_BYTES covering the block exactly.
+        for len in [
+            1,
+            PIECE_BYTES - 1,
+            PIECE_BYTES,
+            PIECE_BYTES + 1,
+            64 << 20,
+            (64 << 20) + 3,
+        ] {
+            let pieces: Vec<_> = cut(len).collect();
+            assert!(
+                pieces.iter().all(|&(_, n)| n > 0 && n <= PIECE_BYTES),
+                "{len}"
+            );
+            assert_eq!(pieces.iter().map(|p| p.1).sum::<u64>(), len);
+            assert!(pieces.windows(2).all(|w| w[0].0 + w[0].1 == w[1].0));
+        }
+        assert_eq!(cut(0).count(), 0);
     }
 
     #[test]

@@ -3,7 +3,8 @@
 //! transfer beside it as the fallback.
 
 use super::peer_copy::{
-    cut, home_gpu, pieces_per_request, Direction, Piece, Request, RunState, MAX_PIECES, STREAMS,
+    choose, cut, home_gpu, pieces_per_request, plan_requests, Case, Direction, PairFacts, Piece,
+    Request, RunState, STREAMS,
 };
 use super::worker::Progress;
 use super::xfer::{encode_notif, send_message_blocking, FabricXfer, XferShared};
@@ -59,16 +60,27 @@ impl LibfabricBackend {
         peer: &Peer,
         fallback: &FabricXfer,
     ) -> Result<Option<Direct>> {
-        if !self.common.peer_copy.enabled || !peer.same_host || entries.is_empty() {
-            return Ok(None);
+        let mut facts = Vec::with_capacity(entries.len());
+        for e in entries {
+            let (local, remote) = e.metadata::<FabricLocalMd, FabricRemoteMd>(NAME)?;
+            facts.push(PairFacts {
+                local: e.local_region.kind,
+                remote: e.remote_region.kind,
+                local_exported: local.peer.export.is_some(),
+                remote_exported: remote
+                    .vram_export
+                    .is_some_and(|x| x.holds(e.remote_region.desc.len)),
+            });
         }
-        let first = &entries[0];
-        match (first.local_region.kind, first.remote_region.kind) {
-            (MemKind::Dram, MemKind::Vram) => self.prep_local(op, entries, peer, fallback),
-            (MemKind::Vram, MemKind::Dram) if peer.serves_peer_copies => {
-                self.prep_remote(op, entries)
-            }
-            _ => Ok(None),
+        match choose(
+            self.common.peer_copy.enabled,
+            peer.same_host,
+            peer.serves_peer_copies,
+            facts,
+        ) {
+            Some(Case::InitiatorOwned) => self.prep_local(op, entries, peer, fallback),
+            Some(Case::TargetOwned) => self.prep_remote(op, entries),
+            None => Ok(None),
         }
     }
 
@@ -183,52 +195,35 @@ impl LibfabricBackend {
             .zip(&names)
             .map(|(r, n)| pieces_per_request(r.inject_size, n.len()))
             .min()
-            .unwrap_or(0)
-            .min(MAX_PIECES);
+            .unwrap_or(0);
         if per_request == 0 {
             return Ok(None);
         }
-        let nrails = self.rails.len();
-        let mut rail = self.next_rail.fetch_add(1, Ordering::Relaxed) % nrails;
-        let mut requests: Vec<(usize, Vec<Piece>)> = Vec::new();
-        let mut current: Option<([u8; 64], Vec<Piece>)> = None;
+        let mut pieces = Vec::new();
         let mut bytes = 0;
-        let mut flush = |current: &mut Option<([u8; 64], Vec<Piece>)>| {
-            if let Some((_, pieces)) = current.take() {
-                requests.push((rail, pieces));
-                rail = (rail + 1) % nrails;
-            }
-        };
         for e in entries {
             let (local, _) = e.metadata::<FabricLocalMd, FabricRemoteMd>(NAME)?;
-            let (MemKind::Vram, MemKind::Dram, Some(export)) = (
-                e.local_region.kind,
-                e.remote_region.kind,
-                local.peer.export.as_ref(),
-            ) else {
+            let Some(export) = local.peer.export.as_ref() else {
                 return Ok(None);
             };
             for (off, len) in cut(e.local.len) {
-                // A request names one of this side's allocations, and holds at most
-                // `per_request` pieces.
-                let fits = current
-                    .as_ref()
-                    .is_some_and(|(h, p)| *h == export.handle && p.len() < per_request);
-                if !fits {
-                    flush(&mut current);
-                    current = Some((export.handle, Vec::new()));
-                }
-                if let Some((_, pieces)) = current.as_mut() {
-                    pieces.push(Piece {
+                pieces.push((
+                    export.handle,
+                    Piece {
                         vram: e.local.addr + off,
                         dram: e.remote.addr + off,
                         len,
-                    });
-                }
+                    },
+                ));
             }
             bytes += e.local.len;
         }
-        flush(&mut current);
+        let requests = plan_requests(
+            pieces,
+            per_request,
+            self.rails.len(),
+            self.next_rail.fetch_add(1, Ordering::Relaxed),
+        );
         Ok(Some(Direct::Remote(RemotePlan {
             direction: match op {
                 XferOp::Write => Direction::ToDram,
