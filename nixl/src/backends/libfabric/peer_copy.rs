@@ -1253,6 +1253,80 @@ mod tests {
         assert_eq!(cut(0).count(), 0);
     }
 
+    /// The target's checks, all made before anything touches a GPU (so they run here):
+    /// VRAM the peer did not advertise is declined, DRAM outside this backend's
+    /// registrations fails, a request spanning two allocations is malformed, and a GPU
+    /// this process does not see declines.
+    #[cfg(feature = "cuda")]
+    #[test]
+    fn a_target_checks_where_a_request_points_before_any_copy() {
+        use super::super::sources::PeerSource;
+        let server = Arc::new(Server::new());
+        let stats = Stats::default();
+        let dram = vec![0u8; 1 << 20];
+        let base = dram.as_ptr() as u64;
+        let served = server.add(base, dram.len() as u64);
+        let peer = PeerSource::new("initiator", 2, None, None, false);
+        let vram = 0x7000_0000u64;
+        let e = export();
+        peer.vram.add(vram, 1 << 20, e);
+        let mut other = e;
+        other.handle[0] ^= 1;
+        peer.vram.add(vram + (2 << 20), 1 << 20, other);
+        let serve = |pieces: &[(u64, u64, u64)], direction| {
+            let req = Request {
+                id: 1,
+                direction,
+                pieces: pieces
+                    .iter()
+                    .map(|&(vram, dram, len)| Piece { vram, dram, len })
+                    .collect(),
+                reply_to: b"rail".to_vec(),
+            };
+            server.serve(&req, &peer, &stats).err()
+        };
+        for d in [Direction::ToDram, Direction::ToVram] {
+            // VRAM the peer never advertised, or past the end of what it did: declined.
+            assert_eq!(
+                serve(&[(vram - 4096, base, 4096)], d),
+                Some(libc::EADDRNOTAVAIL)
+            );
+            assert_eq!(
+                serve(&[(vram + (1 << 20) - 8, base, 16)], d),
+                Some(libc::EADDRNOTAVAIL)
+            );
+            assert!(is_declined(libc::EADDRNOTAVAIL));
+            // DRAM outside the registrations: the transfer's error.
+            for dram_at in [base - 8, base + (1 << 20) - 8, 0x10] {
+                assert_eq!(serve(&[(vram, dram_at, 16)], d), Some(libc::EACCES));
+            }
+            assert!(!is_declined(libc::EACCES));
+            // Two allocations in one request.
+            assert_eq!(
+                serve(&[(vram, base, 16), (vram + (2 << 20), base + 16, 16)], d),
+                Some(libc::EINVAL)
+            );
+            // All in place, but the GPU holding the peer's VRAM is not seen here.
+            assert_eq!(
+                serve(
+                    &[(vram + 8, base + 8, 4096), (vram + 8192, base + 8192, 8)],
+                    d
+                ),
+                Some(libc::ENODEV)
+            );
+            assert!(is_declined(libc::ENODEV));
+        }
+        assert!(dram.iter().all(|&b| b == 0), "nothing was written");
+        let refused = stats.refused.load(Ordering::Relaxed);
+        assert_eq!(refused, 6, "declines are counted");
+        // Deregistered: nothing of it is served any more.
+        drop(served);
+        assert_eq!(
+            serve(&[(vram, base, 16)], Direction::ToDram),
+            Some(libc::EACCES)
+        );
+    }
+
     #[test]
     fn advertised_vram_is_found_by_range() {
         let adv = AdvertisedVram::default();
