@@ -1446,7 +1446,18 @@ impl Backend for LibfabricBackend {
 /// A peer region's public metadata (bounded against hostile input).
 fn parse_remote_md(public_md: &[u8]) -> Result<Arc<dyn RemoteMd>> {
     let bad = |why: &str| Error::MalformedMetadata(format!("{NAME} region metadata: {why}"));
-    let (public_md, vram_export) = peer_copy::split_md(public_md).map_err(|why| bad(&why))?;
+    // The transport's part has a length its first byte fixes (and the export section's
+    // 102 bytes are no multiple of a key's 24): only what is longer carries a section.
+    let whole = match public_md.first() {
+        Some(&STAGED_MD) => public_md.len() == 6,
+        Some(&n) => public_md.len() == 1 + n as usize * RemoteMemory::WIRE_SIZE,
+        None => true,
+    };
+    let (public_md, vram_export) = if whole {
+        (public_md, None)
+    } else {
+        peer_copy::split_md(public_md).map_err(|why| bad(&why))?
+    };
     let (&count, rest) = public_md.split_first().ok_or_else(|| bad("empty"))?;
     if count == STAGED_MD {
         let slot = match rest {

@@ -1328,6 +1328,33 @@ mod tests {
     }
 
     #[test]
+    fn region_metadata_carries_the_export_after_the_transport_part() {
+        use super::super::{parse_remote_md, remote_export};
+        let e = export();
+        let staged = vec![0u8, 1, 0, 0, 1, 0];
+        // Five rails' keys, whose bytes happen to hold the section's tag where a section
+        // would start: the length says it is a key list alone.
+        let mut keys = vec![5u8];
+        keys.extend((0..5 * 24).map(|i| i as u8));
+        let at = keys.len() - MD_WIRE_SIZE;
+        keys[at..at + 4].copy_from_slice(MD_TAG);
+        for transport in [staged, keys] {
+            let md = parse_remote_md(&transport).unwrap();
+            assert_eq!(remote_export(&*md), None);
+            let mut with = transport.clone();
+            e.encode(&mut with);
+            let md = parse_remote_md(&with).unwrap();
+            assert_eq!(remote_export(&*md), Some(e));
+            // A damaged section, or one cut short: malformed, never misread.
+            let last = with.len() - 1;
+            let mut bad = with.clone();
+            bad[last - MD_WIRE_SIZE + 5] = 9;
+            assert!(parse_remote_md(&bad).is_err());
+            assert!(parse_remote_md(&with[..last]).is_err());
+        }
+    }
+
+    #[test]
     fn advertised_vram_is_found_by_range() {
         let adv = AdvertisedVram::default();
         let e = export();
