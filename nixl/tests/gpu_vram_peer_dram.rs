@@ -68,6 +68,9 @@ fn gpu_vram_peer_dram_staged_when_forced_or_declined() {
             "{lk:?}->peer {rk:?}: vram_peer_copy=off stages"
         );
     }
+    let info = vram_peer_dram::peer_copy_info(&forced, &name);
+    assert_eq!(info["vram_peer_dram"], "staged", "{info:?}");
+    assert_eq!(info["peer_copy_bytes"], "0", "{info:?}");
     target.finish(&forced, &name);
     drop(local);
     drop(forced);
@@ -92,6 +95,10 @@ fn gpu_vram_peer_dram_staged_when_forced_or_declined() {
             false,
         );
     }
+    // Both declined requests (a WRITE and its READ, per size) ran the ordinary path.
+    let info = vram_peer_dram::peer_copy_info(&stranger, &name);
+    assert_eq!(info["peer_copy_fallbacks"], "4", "{info:?}");
+    assert_eq!(info["peer_copy_bytes"], "0", "{info:?}");
     // The target cannot be told bye (it does not know this agent): dropped, killed.
     drop(target);
 }

@@ -150,8 +150,11 @@
 //! declines (no GPU, or it never loaded this side's metadata) makes the request run its
 //! ordinary path (staged, or direct `FI_HMEM`). Parameter `vram_peer_copy` (`auto`, the
 //! default, or `off`; `vram_mode=staged` implies `off`). Which path a transfer takes:
-//! its telemetry's `staged_bytes` (0 on this path), [`LibfabricBackend::peer_copy_bytes`]
-//! and the peer's [`crate::backend::Backend::peer_transport`], which nixlbench prints.
+//! its telemetry's `staged_bytes` (0 on this path), the peer's
+//! [`crate::backend::Backend::peer_transport`] (which nixlbench prints), and
+//! [`crate::Agent::query_mem_info`] with meta `peer:<agent>`: the path (`vram_peer_dram`)
+//! and the counters of what moved directly, was served to peers, or fell back
+//! (`peer_copy_bytes`, `peer_copy_served_bytes`, `peer_copy_fallbacks`).
 //!
 //! # Peers on this host
 //! Beside the network provider's rails the backend opens `shm` rails (unless
@@ -1767,6 +1770,44 @@ impl LibfabricBackend {
              staged (the peer does not copy on request)"
                 .into()
         })
+    }
+
+    /// How this backend reaches `agent` (answered to `query_mem_info` with meta
+    /// `peer:<agent>`): `provider`; `vram_peer_dram` — `direct` (VRAM <-> its DRAM and
+    /// DRAM <-> its VRAM in one copy), `direct_from_dram` (DRAM <-> its VRAM only: the
+    /// peer does not copy on request) or `staged`; and this backend's direct-copy
+    /// counters over all peers: `peer_copy_bytes`, `peer_copy_served_bytes`,
+    /// `peer_copy_fallbacks` (see the `LibfabricBackend` methods of those names).
+    pub(super) fn peer_path_info(&self, agent: &str) -> crate::backend::BackendParams {
+        let path = {
+            let peers = self.common.peers.read();
+            match peers.get(agent) {
+                Some(p) if self.common.peer_copy.enabled && p.same_host => {
+                    if p.serves_peer_copies {
+                        "direct"
+                    } else {
+                        "direct_from_dram"
+                    }
+                }
+                _ => "staged",
+            }
+        };
+        [
+            ("provider", self.provider.clone()),
+            ("vram_peer_dram", path.to_string()),
+            ("peer_copy_bytes", self.peer_copy_bytes().to_string()),
+            (
+                "peer_copy_served_bytes",
+                self.peer_copy_served_bytes().to_string(),
+            ),
+            (
+                "peer_copy_fallbacks",
+                self.peer_copy_fallbacks().to_string(),
+            ),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect()
     }
 
     /// Whether this backend copies for same-host peers on request.

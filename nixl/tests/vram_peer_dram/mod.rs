@@ -256,6 +256,17 @@ impl Local {
     }
 }
 
+/// How LIBFABRIC reaches `peer` and what its direct copies moved (`query_mem_info` with
+/// `peer:<agent>`).
+pub fn peer_copy_info(agent: &Agent, peer: &str) -> nixl::BackendParams {
+    let meta = format!("peer:{peer}");
+    agent
+        .query_mem_info("LIBFABRIC", MemKind::Vram, &[meta.as_bytes()])
+        .unwrap()
+        .remove(0)
+        .expect("a loaded peer")
+}
+
 /// Pinned device-to-host and host-to-device bandwidth (GB/s) of `len`-byte copies.
 pub fn pinned_copy_rates(gpu: &Gpu, len: usize) -> (f64, f64) {
     let dev = device(gpu, len, &[]);
@@ -421,6 +432,15 @@ pub fn direct_both_ways(test: &str, gpus: &[Gpu], target_gpu: usize) {
             );
         }
     }
+    // Every case ran directly: nothing fell back, and the bytes are counted.
+    let info = peer_copy_info(&initiator, &name);
+    assert_eq!(info["vram_peer_dram"], "direct", "{info:?}");
+    assert_eq!(info["peer_copy_fallbacks"], "0", "{info:?}");
+    let moved: u64 = CASES.iter().map(|&(s, n)| 2 * 2 * (s * n) as u64).sum();
+    assert!(
+        info["peer_copy_bytes"].parse::<u64>().unwrap() >= moved,
+        "{info:?}: every byte of the cases moved directly ({moved})"
+    );
     // Bandwidth beside pinned copies measured now, on this GPU (no assertion).
     let (d2h, h2d) = pinned_copy_rates(&gpus[0], 64 << 20);
     println!("REPORT {test}: pinned copy 64 MiB: D2H {d2h:.1} GB/s, H2D {h2d:.1} GB/s");
