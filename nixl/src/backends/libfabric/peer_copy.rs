@@ -53,10 +53,13 @@
 //! the request run it instead (counted in [`Stats::fallbacks`]).
 //!
 //! Which path ran: [`crate::backend::BackendXfer::staged_bytes`] (the telemetry's
-//! `staged_bytes`) is 0 for a transfer prepared for this path, and
-//! `LibfabricBackend::peer_copy_bytes` / `peer_copy_served_bytes` / `peer_copy_fallbacks`
-//! count what each side moved; `query_mem` keeps naming how the backend registered the
-//! VRAM (`LIBFABRIC(staged)` / `LIBFABRIC(direct)`), the fallback's path.
+//! `staged_bytes`) is 0 for a transfer prepared for this path; `Agent::query_mem_info`
+//! on `LIBFABRIC` with meta `peer:<agent>` names the path to that peer (`vram_peer_dram`:
+//! `direct`, `direct_from_dram` or `staged`) and counts what moved directly, what this
+//! side served to peers and the posts that fell back (`peer_copy_bytes`,
+//! `peer_copy_served_bytes`, `peer_copy_fallbacks`); `peer_transport` (nixlbench's header)
+//! says it in words. `query_mem` keeps naming how the backend registered the VRAM
+//! (`LIBFABRIC(staged)` / `LIBFABRIC(direct)`), the fallback's path.
 
 // Without feature `cuda` only the target's answers and the decoders run (this side never
 // initiates a direct copy): the initiator's half is unused there.
