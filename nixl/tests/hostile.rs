@@ -486,7 +486,8 @@ fn listener_request_path_survives_mutations() {
 }
 
 /// The backends' wire decoders, as the `cargo fuzz` targets of `nixl/fuzz` drive them
-/// (`staging_ctrl`, `verbs_wire`, `heartbeat_frame`, `cuda_ipc_frame`, `gpunetio_oob`):
+/// (`staging_ctrl`, `verbs_wire`, `libfabric_rail_message`, `heartbeat_frame`,
+/// `cuda_ipc_frame`, `gpunetio_oob`):
 /// valid messages of each format, mutated; every entry point must return `true` (no
 /// panic, and what decodes encodes back).
 #[cfg(any(feature = "libfabric", feature = "verbs", feature = "cuda"))]
@@ -610,6 +611,42 @@ mod backend_decoders {
                 conn_info, hello, reply, refusal, notif, rkeys, staged, name, verify,
             ],
             nixl::backends::verbs::fuzz_wire_message,
+            30_000,
+        );
+    }
+
+    #[cfg(feature = "libfabric")]
+    #[test]
+    fn libfabric_rail_messages_survive_mutations() {
+        let notif = le(&[
+            b"NXNT",
+            &7u32.to_le_bytes(),
+            &9u32.to_le_bytes(),
+            &3u64.to_le_bytes(),
+            &5u16.to_le_bytes(),
+            b"agent",
+            &3u32.to_le_bytes(),
+            b"msg",
+        ]);
+        // A direct VRAM copy request (two pieces, a rail name) and its answer.
+        let piece = |vram: u64, dram: u64, len: u64| {
+            le(&[&vram.to_le_bytes(), &dram.to_le_bytes(), &len.to_le_bytes()])
+        };
+        let request = le(&[
+            b"NXPV\x01\x01",
+            &11u64.to_le_bytes(),
+            &[1],
+            &2u16.to_le_bytes(),
+            &piece(0x7f00_0000_0000, 0x5555_0000, 4096),
+            &piece(0x7f00_0001_0000, 0x5555_1000, 8 << 20),
+            &6u16.to_le_bytes(),
+            b"rail-0",
+        ]);
+        let done = le(&[b"NXPV\x01\x02", &11u64.to_le_bytes(), &0i32.to_le_bytes()]);
+        survive(
+            "LIBFABRIC rail",
+            &[notif, request, done],
+            nixl::backends::libfabric::fuzz_rail_message,
             30_000,
         );
     }

@@ -1,4 +1,5 @@
-//! nixlbench's `--backend GPUNETIO` on a GPU (feature `cuda`): the self-launched target
+//! nixlbench's `--backend GPUNETIO` (and `LIBFABRIC` between VRAM and a peer's DRAM) on a
+//! GPU (feature `cuda`): the self-launched target
 //! on this node, VRAM→VRAM and DRAM→VRAM, WRITE and READ, every block of every point
 //! verified (`--check_consistency`), with the parameters built from nixlbench's own
 //! flags (`--gpunetio_device_list`, `--device_list`, `--gpunetio_oob_list`) and
@@ -302,5 +303,57 @@ fn gpunetio_goals_against_cuda_ipc() {
             "goals missed: {}",
             misses.join("; ")
         );
+    }
+}
+
+/// `--backend LIBFABRIC` between VRAM and the self-launched target's DRAM (and DRAM and
+/// its VRAM), WRITE and READ, every block verified: one direct copy through CUDA IPC by
+/// the side that owns the DRAM, which the header names (issue 26).
+#[test]
+fn libfabric_vram_and_peer_dram_direct_copy() {
+    if gpunetio::gpu_for_test("libfabric_vram_and_peer_dram_direct_copy").is_none() {
+        return;
+    }
+    for (initiator_seg, target_seg) in [("VRAM", "DRAM"), ("DRAM", "VRAM")] {
+        for op in ["WRITE", "READ"] {
+            let table = run(&[
+                "--backend",
+                "LIBFABRIC",
+                "--op_type",
+                op,
+                "--initiator_seg_type",
+                initiator_seg,
+                "--target_seg_type",
+                target_seg,
+                "--start_block_size",
+                "4096",
+                "--max_block_size",
+                "67108864",
+                "--max_batch_size",
+                "4",
+                "--total_buffer_size",
+                "268435456",
+                "--num_iter",
+                "20",
+                "--warmup_iter",
+                "2",
+                "--large_blk_iter_ftr",
+                "4",
+                "--check_consistency",
+            ]);
+            let rows = rows(&table);
+            assert!(
+                !rows.is_empty() && rows.iter().all(|r| r.2 > 0.0),
+                "{table}"
+            );
+            assert!(
+                table.contains("consistency check: every block verified"),
+                "{table}"
+            );
+            assert!(
+                table.contains("one direct copy through CUDA IPC"),
+                "{op} {initiator_seg} -> {target_seg}: the header names the direct path\n{table}"
+            );
+        }
     }
 }

@@ -1,5 +1,5 @@
-//! What anyone may send to a LIBFABRIC rail: notification messages and READ assist
-//! messages (`nixl::backends::libfabric::fuzz_rail_message`). Never a panic, and what
+//! What anyone may send to a LIBFABRIC rail: notification messages, READ assist
+//! messages and direct VRAM copy messages (`nixl::backends::libfabric::fuzz_rail_message`). Never a panic, and what
 //! decodes encodes back to the same bytes.
 #![no_main]
 
@@ -8,7 +8,7 @@ use libfuzzer_sys::fuzz_target;
 fuzz_target!(|data: &[u8]| {
     assert!(nixl::backends::libfabric::fuzz_rail_message(data));
     // Behind each magic, so the fields are reached without the fuzzer finding it first.
-    for magic in [b"NXNT", b"NXCM"] {
+    for magic in [b"NXNT", b"NXCM", b"NXPV"] {
         let mut framed = magic.to_vec();
         framed.extend_from_slice(data);
         assert!(nixl::backends::libfabric::fuzz_rail_message(&framed));

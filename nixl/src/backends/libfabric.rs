@@ -142,6 +142,27 @@
 //! overlap sooner) against per-operation cost (larger messages run closer to the
 //! network's peak; figures in `docs/BENCHMARKS.md`).
 //!
+//! # VRAM and a peer's DRAM on this host (feature `cuda`)
+//! Between VRAM and the DRAM of another process on this host, a transfer is one copy
+//! engine copy instead of the staged pipeline (module `peer_copy`): the process that
+//! owns the host memory copies against the other side's VRAM imported through CUDA IPC
+//! (imported once per peer incarnation; host regions pinned once, on first use). For
+//! READ peer VRAM → local DRAM and WRITE local DRAM → peer VRAM this side copies on its
+//! own streams (the target advertises its VRAM's IPC handle in the region's metadata);
+//! for WRITE local VRAM → peer DRAM and READ peer DRAM → local VRAM the target copies on
+//! request, after checking that the request comes from a loaded peer (the transport's
+//! word), that the VRAM lies in what that peer advertised and the DRAM in its own
+//! registrations, and answers when its copies completed. Notifications go after the
+//! last byte. Chosen per transfer where every descriptor pair fits; a target that
+//! declines (no GPU, or it never loaded this side's metadata) makes the request run its
+//! ordinary path (staged, or direct `FI_HMEM`). Parameter `vram_peer_copy` (`auto`, the
+//! default, or `off`; `vram_mode=staged` implies `off`). Which path a transfer takes:
+//! its telemetry's `staged_bytes` (0 on this path), the peer's
+//! [`crate::backend::Backend::peer_transport`] (which nixlbench prints), and
+//! [`crate::Agent::query_mem_info`] with meta `peer:<agent>`: the path (`vram_peer_dram`)
+//! and the counters of what moved directly, was served to peers, or fell back
+//! (`peer_copy_bytes`, `peer_copy_served_bytes`, `peer_copy_fallbacks`).
+//!
 //! # Peers on this host
 //! Beside the network provider's rails the backend opens `shm` rails (unless
 //! `local_provider=none`, or the provider is `shm`), registers memory with both, and
@@ -187,7 +208,9 @@
 //! 524288), `staging_chunks` (slots per half, 2..=1024, default 16: 16 MiB of pinned
 //! memory in all, allocated and registered at the first staged registration),
 //! `stage_dram` (`1`: DRAM registrations are staged too, with `memcpy` for the copies —
-//! the pipeline end to end without a GPU, for tests).
+//! the pipeline end to end without a GPU, for tests), `vram_peer_copy` (`auto`: VRAM ↔
+//! a same-host peer's DRAM in one direct copy where it fits, see above — the default;
+//! `off`: never).
 
 mod assist;
 mod cma;
@@ -196,6 +219,9 @@ mod host;
 mod idle;
 mod liveness;
 mod local_rails;
+mod peer_copy;
+#[cfg(feature = "cuda")]
+mod peer_xfer;
 mod shm_orphans;
 mod sources;
 mod stage_net;
@@ -456,6 +482,8 @@ struct Common {
     assisted_bytes: AtomicU64,
     /// Serves READ assists to same-host peers (`cma_read`; see [`assist`]).
     assist: Option<Arc<assist::Server>>,
+    /// Direct VRAM ↔ same-host peer DRAM copies (see [`peer_copy`]).
+    peer_copy: peer_copy::Shared,
 }
 
 #[derive(Debug, Clone)]
@@ -471,6 +499,13 @@ struct Peer {
     /// The peer's process, where WRITEs to it may be pushed into it (see [`cma`]), or
     /// it may push pieces of READs (see [`assist`]).
     cma: Option<Arc<CmaPeer>>,
+    /// Another process on this host (same boot and pid namespace, another pid): its
+    /// VRAM may be imported through CUDA IPC (see [`peer_copy`]).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    same_host: bool,
+    /// ... and it copies between its DRAM and this side's VRAM on request.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    serves_peer_copies: bool,
 }
 
 /// A peer's address in each rail's AV. Removed from the AVs only when the last holder
@@ -630,6 +665,7 @@ fn open(init: &BackendInit) -> Result<LibfabricBackend> {
         "cma_read",
         "cma_inline",
         "notif_senders",
+        peer_copy::PARAM,
         HeartbeatConfig::KEYS[0],
         HeartbeatConfig::KEYS[1],
     ];
@@ -675,6 +711,17 @@ fn open(init: &BackendInit) -> Result<LibfabricBackend> {
         Some(v) => {
             return Err(Error::InvalidParam(format!(
                 "{NAME} parameter vram_mode=`{v}`: auto, staged or direct"
+            )))
+        }
+    };
+    // `vram_mode=staged` must stage: no direct copies either.
+    let peer_copy_wanted = match params.get(peer_copy::PARAM).map(String::as_str) {
+        None | Some("auto") => vram_mode != VramMode::Staged,
+        Some("off") => false,
+        Some(v) => {
+            return Err(Error::InvalidParam(format!(
+                "{NAME} parameter {}=`{v}`: auto or off",
+                peer_copy::PARAM
             )))
         }
     };
@@ -734,6 +781,12 @@ fn open(init: &BackendInit) -> Result<LibfabricBackend> {
     )?);
     // Assists are served only to the loaded peer that the transport names as the sender.
     let serves_assists = serves_assists && rails.iter().all(|r| r.names_senders);
+    // Direct VRAM copies: with a GPU here; served (as assists) from the rail workers'
+    // threads, to the peer the transport names.
+    let peer_copy = peer_copy::Shared::new(
+        peer_copy_wanted && peer_copy::gpu_present(),
+        init.progress_thread && rails.iter().all(|r| r.names_senders),
+    );
     let common = Arc::new(Common {
         notifs,
         sources,
@@ -748,6 +801,7 @@ fn open(init: &BackendInit) -> Result<LibfabricBackend> {
         pulled_bytes: AtomicU64::new(0),
         assisted_bytes: AtomicU64::new(0),
         assist: serves_assists.then(Default::default),
+        peer_copy,
     });
     let backend = LibfabricBackend {
         agent_name: init.agent_name.clone(),
@@ -1090,6 +1144,8 @@ struct FabricLocalMd {
     /// A staged region: its entry in the staging engine (removed on drop), the slot size
     /// peers chunk for, and the GPU its copies run on.
     staged: Option<StagedReg>,
+    /// Its part in direct copies with same-host peers (see [`peer_copy`]).
+    peer: peer_copy::LocalPart,
 }
 
 #[derive(Debug)]
@@ -1115,16 +1171,24 @@ impl LocalMd for FabricLocalMd {
     /// A key list (`rails:u8`, then address, key and length per rail) for memory the
     /// provider registered (DRAM, or VRAM registered directly), or for a staged region
     /// `0 | version 1 | slot size u32`: peers send it through the staging protocol.
+    ///
+    /// VRAM with a CUDA-IPC handle is followed by its export section (see
+    /// [`peer_copy::VramExport`]): same-host peers copy to and from it directly.
     fn public_md(&self) -> Vec<u8> {
-        if let Some(staged) = &self.staged {
+        let mut out = if let Some(staged) = &self.staged {
             let mut out = vec![STAGED_MD, STAGED_MD_VERSION];
             out.extend_from_slice(&staged.slot.to_le_bytes());
-            return out;
-        }
-        let mut out = Vec::with_capacity(1 + self.mrs.len() * RemoteMemory::WIRE_SIZE);
-        out.push(self.mrs.len() as u8);
-        for mr in &self.mrs {
-            out.extend_from_slice(&mr.remote().to_bytes());
+            out
+        } else {
+            let mut out = Vec::with_capacity(1 + self.mrs.len() * RemoteMemory::WIRE_SIZE);
+            out.push(self.mrs.len() as u8);
+            for mr in &self.mrs {
+                out.extend_from_slice(&mr.remote().to_bytes());
+            }
+            out
+        };
+        if let Some(export) = &self.peer.export {
+            export.encode(&mut out);
         }
         out
     }
@@ -1141,11 +1205,19 @@ impl LocalMd for FabricLocalMd {
 }
 
 /// A peer region's address and key on each of its rails, or (staged) the size of the
-/// peer's slots.
+/// peer's slots; for VRAM, its CUDA-IPC export where it has one.
 #[derive(Debug)]
 struct FabricRemoteMd {
     remotes: Vec<RemoteMemory>,
     staged_slot: Option<u64>,
+    vram_export: Option<peer_copy::VramExport>,
+}
+
+/// The VRAM export a peer region's metadata carries (see [`peer_copy`]).
+fn remote_export(md: &dyn RemoteMd) -> Option<peer_copy::VramExport> {
+    md.as_any()
+        .downcast_ref::<FabricRemoteMd>()
+        .and_then(|m| m.vram_export)
 }
 
 impl RemoteMd for FabricRemoteMd {
@@ -1192,6 +1264,7 @@ impl Backend for LibfabricBackend {
                     mrs,
                     mode: RegMode::Plain,
                     staged: None,
+                    peer: self.peer_part(region),
                 }))
             }
             MemKind::Vram if self.mem_kinds.contains(&MemKind::Vram) => {
@@ -1213,11 +1286,14 @@ impl Backend for LibfabricBackend {
             .iter()
             .map(|rail| rail.ep.name().map_err(fabric_error))
             .collect::<Result<Vec<_>>>()?;
-        Ok(encode_conn_info(
-            &names,
-            self.hub.as_ref(),
-            self.common.assist.is_some(),
-        ))
+        let mut serves = 0;
+        if self.common.assist.is_some() {
+            serves |= assist::SERVES_ASSISTS;
+        }
+        if self.serves_peer_copies() {
+            serves |= assist::SERVES_PEER_COPIES;
+        }
+        Ok(encode_conn_info(&names, self.hub.as_ref(), serves))
     }
 
     fn load_remote_conn_info(&self, agent: &str, info: &[u8]) -> Result<()> {
@@ -1254,6 +1330,13 @@ impl Backend for LibfabricBackend {
                 let assists = self.cma_read && parsed.assists && !is_self;
                 Arc::new(CmaPeer::new(pid).with_assists(assists))
             });
+        // Another process: CUDA IPC does not import a process's own allocations (two
+        // agents of one process keep the ordinary path).
+        let same_host = parsed
+            .process
+            .as_ref()
+            .and_then(|p| p.local_pid())
+            .is_some_and(|pid| pid != std::process::id());
         let source = self.peer_source(agent, info, parsed.process, cma.clone());
         let endpoints = self.source_endpoints(names, &addrs)?;
         // Built before the peer table is locked: the heartbeat handshake waits for the
@@ -1265,6 +1348,8 @@ impl Backend for LibfabricBackend {
             liveness,
             watch: watch_peer(self.hub.as_ref(), agent, &parsed),
             cma,
+            same_host,
+            serves_peer_copies: same_host && parsed.peer_copies,
         };
         // The old addresses go when nothing uses them any more.
         let old = self.common.peers.write().insert(agent.to_string(), peer);
@@ -1285,8 +1370,9 @@ impl Backend for LibfabricBackend {
         public_md: &[u8],
     ) -> Result<Arc<dyn RemoteMd>> {
         let md = parse_remote_md(public_md)?;
-        // What the peer advertised, against which its READ assists are checked.
-        self.advertise(agent, region);
+        // What the peer advertised, against which its READ assists and direct copy
+        // requests are checked.
+        self.advertise(agent, region, remote_export(&*md).as_ref());
         Ok(md)
     }
 
@@ -1321,6 +1407,111 @@ impl Backend for LibfabricBackend {
             .get(agent)
             .cloned()
             .ok_or_else(|| Error::UnknownAgent(agent.to_string()))?;
+        let fabric = self.prep_fabric(op, entries, agent, &peer)?;
+        // One copy between VRAM and a same-host peer's DRAM where it fits, with the
+        // ordinary transfer beside it for a peer that declines (see `peer_copy`).
+        #[cfg(feature = "cuda")]
+        if let Some(direct) = self.prep_peer_copy(op, entries, &peer, &fabric)? {
+            return Ok(Box::new(peer_xfer::PeerCopyXfer::new(
+                direct,
+                fabric,
+                self.common.clone(),
+            )));
+        }
+        Ok(Box::new(fabric))
+    }
+
+    fn gen_notif(&self, agent: &str, msg: &[u8]) -> Result<()> {
+        let (dest, watch) = self
+            .common
+            .peers
+            .read()
+            .get(agent)
+            .map(|p| (p.addrs.clone(), p.watch.clone()))
+            .ok_or_else(|| Error::UnknownAgent(agent.to_string()))?;
+        if let Some(watch) = watch {
+            watch.check(agent)?;
+        }
+        let message = encode_notif(&self.agent_name, self.keys.next(), 0, msg)?;
+        if agent == self.agent_name {
+            // To itself: nothing to wait for, and its own endpoints are no one's to the
+            // transport on every provider (module `sources`).
+            self.common.notifs.deliver(agent, msg.to_vec());
+            return Ok(());
+        }
+        send_message_blocking(&self.rails[0], dest, &message, &self.progress)
+    }
+
+    fn take_notifs(&self, into: &mut Vec<(String, Vec<u8>)>) {
+        self.progress.poll_inline();
+        self.common.notifs.take(into);
+    }
+
+    fn set_notif_waker(&self, waker: NotifWaker) -> bool {
+        self.common.notifs.add_waker(waker);
+        // The rail workers release notifications (and wake) as they land; inline
+        // progress (no progress thread) sees them only when `take_notifs` polls.
+        !self.progress.inline
+    }
+}
+
+/// A peer region's public metadata (bounded against hostile input).
+fn parse_remote_md(public_md: &[u8]) -> Result<Arc<dyn RemoteMd>> {
+    let bad = |why: &str| Error::MalformedMetadata(format!("{NAME} region metadata: {why}"));
+    // The transport's part has a length its first byte fixes (and the export section's
+    // 102 bytes are no multiple of a key's 24): only what is longer carries a section.
+    let whole = match public_md.first() {
+        Some(&STAGED_MD) => public_md.len() == 6,
+        Some(&n) => public_md.len() == 1 + n as usize * RemoteMemory::WIRE_SIZE,
+        None => true,
+    };
+    let (public_md, vram_export) = if whole {
+        (public_md, None)
+    } else {
+        peer_copy::split_md(public_md).map_err(|why| bad(&why))?
+    };
+    let (&count, rest) = public_md.split_first().ok_or_else(|| bad("empty"))?;
+    if count == STAGED_MD {
+        let slot = match rest {
+            [STAGED_MD_VERSION, a, b, c, d] => u32::from_le_bytes([*a, *b, *c, *d]),
+            [STAGED_MD_VERSION, ..] => return Err(bad("wrong length")),
+            _ => return Err(bad("unknown staged-region version")),
+        };
+        if slot < 4096 {
+            return Err(bad("staging slot smaller than 4 KiB"));
+        }
+        return Ok(Arc::new(FabricRemoteMd {
+            remotes: Vec::new(),
+            staged_slot: Some(u64::from(slot)),
+            vram_export,
+        }));
+    }
+    if count == 0 || rest.len() != count as usize * RemoteMemory::WIRE_SIZE {
+        return Err(bad("wrong length"));
+    }
+    let remotes = rest
+        .chunks_exact(RemoteMemory::WIRE_SIZE)
+        .map(RemoteMemory::from_bytes)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| bad(&e.to_string()))?;
+    Ok(Arc::new(FabricRemoteMd {
+        remotes,
+        staged_slot: None,
+        vram_export,
+    }))
+}
+
+impl LibfabricBackend {
+    /// The transfer through the rails (and the staging pipeline, CMA, inline copies),
+    /// as it runs when the direct path of [`peer_copy`] does not.
+    fn prep_fabric(
+        &self,
+        op: XferOp,
+        entries: &[XferEntry<'_>],
+        agent: &str,
+        peer: &Peer,
+    ) -> Result<FabricXfer> {
+        let peer = peer.clone();
         let nrails = self.rails.len();
         // Sized up front: growing 15,000-entry vectors by doubling costs more than filling them.
         let per_rail = entries.len().div_ceil(nrails) + 1;
@@ -1462,7 +1653,7 @@ impl Backend for LibfabricBackend {
         } else {
             Some(Arc::new(self.plan_staged(op, entries, &staged, &peer)?))
         };
-        Ok(Box::new(FabricXfer {
+        Ok(FabricXfer {
             staged,
             stager: self.common.stager.clone(),
             op,
@@ -1492,76 +1683,9 @@ impl Backend for LibfabricBackend {
             }),
             progress: self.progress.clone(),
             inline,
-        }))
+        })
     }
 
-    fn gen_notif(&self, agent: &str, msg: &[u8]) -> Result<()> {
-        let (dest, watch) = self
-            .common
-            .peers
-            .read()
-            .get(agent)
-            .map(|p| (p.addrs.clone(), p.watch.clone()))
-            .ok_or_else(|| Error::UnknownAgent(agent.to_string()))?;
-        if let Some(watch) = watch {
-            watch.check(agent)?;
-        }
-        let message = encode_notif(&self.agent_name, self.keys.next(), 0, msg)?;
-        if agent == self.agent_name {
-            // To itself: nothing to wait for, and its own endpoints are no one's to the
-            // transport on every provider (module `sources`).
-            self.common.notifs.deliver(agent, msg.to_vec());
-            return Ok(());
-        }
-        send_message_blocking(&self.rails[0], dest, &message, &self.progress)
-    }
-
-    fn take_notifs(&self, into: &mut Vec<(String, Vec<u8>)>) {
-        self.progress.poll_inline();
-        self.common.notifs.take(into);
-    }
-
-    fn set_notif_waker(&self, waker: NotifWaker) -> bool {
-        self.common.notifs.add_waker(waker);
-        // The rail workers release notifications (and wake) as they land; inline
-        // progress (no progress thread) sees them only when `take_notifs` polls.
-        !self.progress.inline
-    }
-}
-
-/// A peer region's public metadata (bounded against hostile input).
-fn parse_remote_md(public_md: &[u8]) -> Result<Arc<dyn RemoteMd>> {
-    let bad = |why: &str| Error::MalformedMetadata(format!("{NAME} region metadata: {why}"));
-    let (&count, rest) = public_md.split_first().ok_or_else(|| bad("empty"))?;
-    if count == STAGED_MD {
-        let slot = match rest {
-            [STAGED_MD_VERSION, a, b, c, d] => u32::from_le_bytes([*a, *b, *c, *d]),
-            [STAGED_MD_VERSION, ..] => return Err(bad("wrong length")),
-            _ => return Err(bad("unknown staged-region version")),
-        };
-        if slot < 4096 {
-            return Err(bad("staging slot smaller than 4 KiB"));
-        }
-        return Ok(Arc::new(FabricRemoteMd {
-            remotes: Vec::new(),
-            staged_slot: Some(u64::from(slot)),
-        }));
-    }
-    if count == 0 || rest.len() != count as usize * RemoteMemory::WIRE_SIZE {
-        return Err(bad("wrong length"));
-    }
-    let remotes = rest
-        .chunks_exact(RemoteMemory::WIRE_SIZE)
-        .map(RemoteMemory::from_bytes)
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| bad(&e.to_string()))?;
-    Ok(Arc::new(FabricRemoteMd {
-        remotes,
-        staged_slot: None,
-    }))
-}
-
-impl LibfabricBackend {
     /// The provider in use.
     pub fn provider(&self) -> &str {
         &self.provider
@@ -1604,6 +1728,133 @@ impl LibfabricBackend {
     /// the `assist` module's trust model).
     pub fn refused_assists(&self) -> u64 {
         self.common.assist.as_ref().map_or(0, |s| s.refused())
+    }
+
+    /// Bytes of this backend's transfers moved by one copy between VRAM and a same-host
+    /// peer's DRAM (module `peer_copy`), by this process or by the peer on request.
+    pub fn peer_copy_bytes(&self) -> u64 {
+        self.common.peer_copy.stats.bytes.load(Ordering::Relaxed)
+    }
+
+    /// Bytes this backend copied between its DRAM and same-host peers' VRAM on their
+    /// request (module `peer_copy`).
+    pub fn peer_copy_served_bytes(&self) -> u64 {
+        self.common
+            .peer_copy
+            .stats
+            .served_bytes
+            .load(Ordering::Relaxed)
+    }
+
+    /// Posts prepared for a direct copy that the peer declined (no GPU there, this
+    /// agent's metadata not loaded there, ...) and that ran the ordinary path instead.
+    pub fn peer_copy_fallbacks(&self) -> u64 {
+        self.common
+            .peer_copy
+            .stats
+            .fallbacks
+            .load(Ordering::Relaxed)
+    }
+
+    /// Direct copy requests this backend declined or refused (see `peer_copy`).
+    pub fn refused_peer_copies(&self) -> u64 {
+        self.common.peer_copy.stats.refused.load(Ordering::Relaxed)
+    }
+
+    /// How VRAM <-> `agent`'s DRAM (and DRAM <-> its VRAM) moves where it is one direct
+    /// copy (module `peer_copy`): `None` where it is not (another host, no GPU here,
+    /// `vram_peer_copy=off`).
+    pub(super) fn peer_copy_path(&self, agent: &str) -> Option<String> {
+        if !self.common.peer_copy.enabled {
+            return None;
+        }
+        let peers = self.common.peers.read();
+        let peer = peers.get(agent).filter(|p| p.same_host)?;
+        Some(if peer.serves_peer_copies {
+            "VRAM <-> the peer's DRAM and DRAM <-> its VRAM: one direct copy through CUDA IPC \
+             by the side that owns the DRAM (staged where the peer declines)"
+                .into()
+        } else {
+            "DRAM <-> the peer's VRAM: one direct copy through CUDA IPC; VRAM <-> its DRAM: \
+             staged (the peer does not copy on request)"
+                .into()
+        })
+    }
+
+    /// How this backend reaches `agent` (answered to `query_mem_info` with meta
+    /// `peer:<agent>`): `provider`; `vram_peer_dram` — `direct` (VRAM <-> its DRAM and
+    /// DRAM <-> its VRAM in one copy), `direct_from_dram` (DRAM <-> its VRAM only: the
+    /// peer does not copy on request) or `staged`; and this backend's direct-copy
+    /// counters over all peers: `peer_copy_bytes`, `peer_copy_served_bytes`,
+    /// `peer_copy_fallbacks` (see the `LibfabricBackend` methods of those names).
+    pub(super) fn peer_path_info(&self, agent: &str) -> crate::backend::BackendParams {
+        let path = {
+            let peers = self.common.peers.read();
+            match peers.get(agent) {
+                Some(p) if self.common.peer_copy.enabled && p.same_host => {
+                    if p.serves_peer_copies {
+                        "direct"
+                    } else {
+                        "direct_from_dram"
+                    }
+                }
+                _ => "staged",
+            }
+        };
+        [
+            ("provider", self.provider.clone()),
+            ("vram_peer_dram", path.to_string()),
+            ("peer_copy_bytes", self.peer_copy_bytes().to_string()),
+            (
+                "peer_copy_served_bytes",
+                self.peer_copy_served_bytes().to_string(),
+            ),
+            (
+                "peer_copy_fallbacks",
+                self.peer_copy_fallbacks().to_string(),
+            ),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect()
+    }
+
+    /// Whether this backend copies for same-host peers on request.
+    fn serves_peer_copies(&self) -> bool {
+        #[cfg(feature = "cuda")]
+        return self.common.peer_copy.server.is_some();
+        #[cfg(not(feature = "cuda"))]
+        return false;
+    }
+
+    /// A registration's part in direct copies: VRAM's CUDA-IPC export, DRAM's pin and
+    /// served entry (nothing where direct copies are off).
+    fn peer_part(&self, region: &Region) -> peer_copy::LocalPart {
+        #[cfg(feature = "cuda")]
+        if self.common.peer_copy.enabled {
+            let d = &region.desc;
+            return match region.kind {
+                MemKind::Vram => peer_copy::LocalPart {
+                    export: usize::try_from(d.dev_id)
+                        .ok()
+                        .and_then(|dev| peer_copy::export_vram(d.addr, d.len, dev)),
+                    ..Default::default()
+                },
+                MemKind::Dram => peer_copy::LocalPart {
+                    pin: Some(peer_copy::DramPin::new(d.addr, d.len)),
+                    _served: self
+                        .common
+                        .peer_copy
+                        .server
+                        .as_ref()
+                        .map(|server| server.add(d.addr, d.len)),
+                    ..Default::default()
+                },
+                _ => peer_copy::LocalPart::default(),
+            };
+        }
+        let _ = region;
+        peer_copy::LocalPart::default()
     }
 
     /// Whether the provider was opened with `FI_HMEM` (VRAM may register directly).
@@ -1726,10 +1977,16 @@ impl Drop for LibfabricBackend {
 }
 
 /// Fuzzing entry point (not a stable API): the decoders of what anyone may send to a
-/// rail — notification messages and READ assist messages — on `input`. Returns whether
-/// whatever decoded encodes back to `input` (decoding itself must never panic).
+/// rail — notification messages, READ assist messages and direct VRAM copy messages —
+/// on `input`. Returns whether whatever decoded encodes back to `input` (decoding itself
+/// must never panic).
 #[doc(hidden)]
 pub fn fuzz_rail_message(input: &[u8]) -> bool {
+    let peer_copy_ok = match peer_copy::decode(input) {
+        Ok(peer_copy::Message::Request(r)) => r.encode() == input,
+        Ok(peer_copy::Message::Done(d)) => d.encode() == input,
+        Err(_) => true,
+    };
     let assist_ok = match assist::decode(input) {
         Ok(assist::Message::Request(r)) => r.encode() == input,
         Ok(assist::Message::Done(d)) => d.encode() == input,
@@ -1741,7 +1998,7 @@ pub fn fuzz_rail_message(input: &[u8]) -> bool {
         }
         Err(_) => true,
     };
-    assist_ok && notif_ok
+    assist_ok && notif_ok && peer_copy_ok
 }
 
 /// How long dropping a backend waits for its rail workers to stop.

@@ -89,22 +89,27 @@ const REQUEST: u8 = 1;
 const DONE: u8 = 2;
 /// Tag of the connection information's section that says this backend serves assists.
 pub(super) const CONN_TAG: &[u8; 4] = b"NXCA";
-/// The section: tag, version, flags (bit 0: serves READ assists).
+/// The section: tag, version, flags ([`SERVES_ASSISTS`], [`SERVES_PEER_COPIES`]).
 pub(super) const CONN_WIRE_SIZE: usize = 4 + 1 + 1;
+/// Flag of the connection section: the backend serves READ assists.
+pub(super) const SERVES_ASSISTS: u8 = 1;
+/// Flag of the connection section: the backend serves direct VRAM copies
+/// (`super::peer_copy`).
+pub(super) const SERVES_PEER_COPIES: u8 = 2;
 /// The longest rail name a request carries.
 const MAX_NAME: usize = 1024;
 
-/// The connection information's section for a backend that serves assists.
-pub(super) fn encode_conn_section(out: &mut Vec<u8>) {
+/// The connection information's section for a backend that serves what `flags` says.
+pub(super) fn encode_conn_section(out: &mut Vec<u8>, flags: u8) {
     out.extend_from_slice(CONN_TAG);
     out.push(VERSION);
-    out.push(1);
+    out.push(flags);
 }
 
-/// Whether a peer serves assists, from its section (`Err`: malformed).
-pub(super) fn decode_conn_section(bytes: &[u8]) -> Result<bool, String> {
+/// What a peer serves, from its section (`Err`: malformed).
+pub(super) fn decode_conn_section(bytes: &[u8]) -> Result<u8, String> {
     match bytes {
-        [t0, t1, t2, t3, VERSION, flags] if [*t0, *t1, *t2, *t3] == *CONN_TAG => Ok(flags & 1 != 0),
+        [t0, t1, t2, t3, VERSION, flags] if [*t0, *t1, *t2, *t3] == *CONN_TAG => Ok(*flags),
         [_, _, _, _, v, _] => Err(format!("assist section version {v}")),
         _ => Err("assist section has the wrong size".into()),
     }
@@ -459,9 +464,12 @@ mod tests {
         }
         // The connection section.
         let mut section = Vec::new();
-        encode_conn_section(&mut section);
+        encode_conn_section(&mut section, SERVES_ASSISTS | SERVES_PEER_COPIES);
         assert_eq!(section.len(), CONN_WIRE_SIZE);
-        assert_eq!(decode_conn_section(&section), Ok(true));
+        assert_eq!(
+            decode_conn_section(&section),
+            Ok(SERVES_ASSISTS | SERVES_PEER_COPIES)
+        );
         section[4] = 9;
         assert!(decode_conn_section(&section).is_err());
         assert!(decode_conn_section(&section[..3]).is_err());

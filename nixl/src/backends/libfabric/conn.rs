@@ -3,7 +3,8 @@
 //! The connection information is the rail list (each rail's endpoint name), then, from
 //! peers that can tell, the process identity that [`super::liveness`] watches (a peer on
 //! this host), then the address of the peer's heartbeat hub ([`super::super::heartbeat`]),
-//! then, from a peer that serves them, the READ-assist section ([`super::assist`]).
+//! then, from a peer that serves READ assists ([`super::assist`]) or direct VRAM copies
+//! ([`super::peer_copy`]), the section that says which.
 //!
 //! A peer on another host that vanishes (its link cut, its machine killed) is reported
 //! by no provider in time: `tcp;ofi_rxm` and `sockets` keep retrying for minutes. So
@@ -48,11 +49,15 @@ pub(super) struct PeerInfo {
     pub(super) hub: Option<HubAddr>,
     /// The peer pushes pieces of READs on request ([`super::assist`]).
     pub(super) assists: bool,
+    /// The peer copies between its DRAM and this side's VRAM on request
+    /// ([`super::peer_copy`]).
+    pub(super) peer_copies: bool,
 }
 
 /// This backend's connection information: `names` (each rail's endpoint name), this
-/// process's identity, the hub's address and whether it serves READ assists.
-pub(super) fn encode_conn_info(names: &[Vec<u8>], hub: Option<&Hub>, assists: bool) -> Vec<u8> {
+/// process's identity, the hub's address and what it serves (READ assists, direct VRAM
+/// copies: [`assist::SERVES_ASSISTS`], [`assist::SERVES_PEER_COPIES`]; 0: no section).
+pub(super) fn encode_conn_info(names: &[Vec<u8>], hub: Option<&Hub>, serves: u8) -> Vec<u8> {
     let mut out = vec![names.len() as u8];
     for name in names {
         out.extend_from_slice(&(name.len() as u16).to_le_bytes());
@@ -64,8 +69,8 @@ pub(super) fn encode_conn_info(names: &[Vec<u8>], hub: Option<&Hub>, assists: bo
     if let Some(hub) = hub {
         hub.addr().encode(&mut out);
     }
-    if assists {
-        assist::encode_conn_section(&mut out);
+    if serves != 0 {
+        assist::encode_conn_section(&mut out, serves);
     }
     out
 }
@@ -85,10 +90,10 @@ pub(super) fn parse_conn_info(bytes: &[u8]) -> Result<PeerInfo> {
         hub = Some(addr);
         rest = tail;
     }
-    let mut assists = false;
+    let mut serves = 0;
     if !rest.is_empty() {
         let n = rest.len().min(assist::CONN_WIRE_SIZE);
-        assists = assist::decode_conn_section(&rest[..n])
+        serves = assist::decode_conn_section(&rest[..n])
             .map_err(|why| Error::MalformedMetadata(format!("{NAME} connection info: {why}")))?;
         rest = &rest[n..];
     }
@@ -101,7 +106,8 @@ pub(super) fn parse_conn_info(bytes: &[u8]) -> Result<PeerInfo> {
         names,
         process,
         hub,
-        assists,
+        assists: serves & assist::SERVES_ASSISTS != 0,
+        peer_copies: serves & assist::SERVES_PEER_COPIES != 0,
     })
 }
 
@@ -247,6 +253,7 @@ mod tests {
             process: ProcessId::current(),
             hub: Some(hub),
             assists: false,
+            peer_copies: false,
         };
         let live = theirs.addr();
         let watch = watch_peer(Some(&mine), "peer", &peer(live)).expect("watched");
@@ -275,6 +282,7 @@ mod tests {
             process: None,
             hub: None,
             assists: false,
+            peer_copies: false,
         };
         assert_eq!(parse_conn_info(&[1, 1, 0, 9]).unwrap(), bare);
         assert!(parse_conn_info(&[1, 1, 0, 9, 9]).is_err());
@@ -297,7 +305,7 @@ mod tests {
         };
         assert_eq!(parse_conn_info(&info).unwrap(), with_hub);
         let hub_end = info.len();
-        super::assist::encode_conn_section(&mut info);
+        super::assist::encode_conn_section(&mut info, super::assist::SERVES_ASSISTS);
         let full = PeerInfo {
             assists: true,
             ..with_hub
@@ -313,17 +321,18 @@ mod tests {
         // The assist section right after the identity (no hub), and alone.
         let mut info = vec![1, 1, 0, 9];
         me.encode(&mut info);
-        super::assist::encode_conn_section(&mut info);
+        super::assist::encode_conn_section(&mut info, super::assist::SERVES_PEER_COPIES);
         assert_eq!(
             parse_conn_info(&info).unwrap(),
             PeerInfo {
-                assists: true,
-                ..with_process
+                peer_copies: true,
+                ..with_process.clone()
             }
         );
         let mut info = vec![1, 1, 0, 9];
-        super::assist::encode_conn_section(&mut info);
-        assert!(parse_conn_info(&info).unwrap().assists);
+        super::assist::encode_conn_section(&mut info, super::assist::SERVES_ASSISTS);
+        let parsed = parse_conn_info(&info).unwrap();
+        assert!(parsed.assists && !parsed.peer_copies);
         // A hub without a process identity (a peer where /proc does not answer).
         let mut info = vec![1, 1, 0, 9];
         hub.encode(&mut info);

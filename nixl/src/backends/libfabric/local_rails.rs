@@ -498,14 +498,18 @@ impl Backend for Planes {
         public_md: &[u8],
     ) -> Result<Arc<dyn RemoteMd>> {
         let mut parts: [Option<Arc<dyn RemoteMd>>; 2] = [None, None];
+        let mut export = None;
         for (kind, md) in decode_md(public_md)? {
             // Parsing is the same on every plane.
-            parts[kind as usize] = Some(self.planes[0].load_remote_md(agent, region, md)?);
+            let parsed = self.planes[0].load_remote_md(agent, region, md)?;
+            export = export.or(super::remote_export(&*parsed));
+            parts[kind as usize] = Some(parsed);
         }
-        // The plane the peer is reached by checks its READ assists and pushes against
-        // what it advertised (the first plane took note while parsing).
+        // The plane the peer is reached by checks its READ assists, pushes and direct
+        // copy requests against what it advertised (the first plane took note while
+        // parsing).
         for plane in &self.planes[1..] {
-            plane.advertise(agent, region);
+            plane.advertise(agent, region, export.as_ref());
         }
         Ok(Arc::new(PlanesRemoteMd { parts }))
     }
@@ -572,9 +576,33 @@ impl Backend for Planes {
         all
     }
 
+    /// `peer:<agent>` (each meta entry): how this backend reaches that loaded peer and
+    /// what its direct VRAM copies moved (see [`LibfabricBackend::peer_path_info`]);
+    /// `None` for anything else and for a peer not loaded.
+    fn query_mem_info(
+        &self,
+        _kind: MemKind,
+        meta: &[&[u8]],
+    ) -> Result<Vec<Option<crate::backend::BackendParams>>> {
+        Ok(meta
+            .iter()
+            .map(|m| {
+                let agent = std::str::from_utf8(m).ok()?.strip_prefix("peer:")?;
+                let route = self.route(agent).ok()?;
+                Some(self.planes[route.plane].peer_path_info(agent))
+            })
+            .collect())
+    }
+
+    /// The provider, and where VRAM <-> a same-host peer's DRAM is one direct copy
+    /// (module `peer_copy`), that too.
     fn peer_transport(&self, agent: &str) -> Option<String> {
         let route = self.route(agent).ok()?;
-        Some(self.planes[route.plane].provider().to_string())
+        let plane = &self.planes[route.plane];
+        Some(match plane.peer_copy_path(agent) {
+            Some(path) => format!("{}; {path}", plane.provider()),
+            None => plane.provider().to_string(),
+        })
     }
 }
 
@@ -725,6 +753,23 @@ mod tests {
             planes_a.peer_transport("b").as_deref(),
             Some(LOCAL_PROVIDER)
         );
+        // `query_mem_info` with `peer:<agent>` names the path and the direct-copy
+        // counters (agents of one process: never the direct path); anything else, or a
+        // peer not loaded, is none.
+        let info = planes_a
+            .query_mem_info(MemKind::Vram, &[b"peer:b", b"peer:nobody", b"b"])
+            .unwrap();
+        let b_info = info[0].as_ref().expect("a loaded peer");
+        assert_eq!(b_info["provider"], LOCAL_PROVIDER);
+        assert_eq!(b_info["vram_peer_dram"], "staged");
+        for counter in [
+            "peer_copy_bytes",
+            "peer_copy_served_bytes",
+            "peer_copy_fallbacks",
+        ] {
+            assert_eq!(b_info[counter], "0", "{counter}");
+        }
+        assert!(info[1].is_none() && info[2].is_none());
         // The same peer, its shm rail named by an empty address.
         let mut peer = decode_conn(&good).unwrap();
         peer.parts[1].info = vec![1, 0, 0];

@@ -31,6 +31,7 @@
 
 use super::cma::CmaPeer;
 use super::liveness::ProcessId;
+use super::peer_copy::{AdvertisedVram, Imports, VramExport};
 use super::stage_net::{FabAddr, ReplyAddr};
 use super::{fabric_error, LibfabricBackend, PeerAddrs};
 use crate::error::Result;
@@ -59,6 +60,12 @@ pub(super) struct PeerSource {
     pub(super) is_self: bool,
     /// DRAM ranges `(start, end)` its metadata advertised, sorted, merged.
     regions: RwLock<Vec<(u64, u64)>>,
+    /// VRAM regions its metadata advertised with their CUDA-IPC export (module
+    /// `peer_copy`: the only VRAM this backend copies into or out of on its request).
+    pub(super) vram: AdvertisedVram,
+    /// Its VRAM mapped into this process, for this incarnation (with feature `cuda`).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(super) imports: Imports,
 }
 
 impl PeerSource {
@@ -76,6 +83,8 @@ impl PeerSource {
             cma,
             is_self,
             regions: RwLock::default(),
+            vram: AdvertisedVram::default(),
+            imports: Imports::default(),
         }
     }
 
@@ -307,13 +316,18 @@ impl LibfabricBackend {
         }
     }
 
-    /// `agent` advertised `region` (its metadata); DRAM only: READ assists write there.
-    pub(super) fn advertise(&self, agent: &str, region: &Region) {
-        if region.kind != MemKind::Dram {
+    /// `agent` advertised `region` (its metadata): DRAM, which READ assists write, and
+    /// VRAM with its export, which direct copies reach (module `peer_copy`).
+    pub(super) fn advertise(&self, agent: &str, region: &Region, export: Option<&VramExport>) {
+        let Some(peer) = self.common.sources.peer(agent) else {
             return;
-        }
-        if let Some(peer) = self.common.sources.peer(agent) {
-            peer.advertise(region.desc.addr, region.desc.len);
+        };
+        match (region.kind, export) {
+            (MemKind::Dram, _) => peer.advertise(region.desc.addr, region.desc.len),
+            (MemKind::Vram, Some(export)) => {
+                peer.vram.add(region.desc.addr, region.desc.len, *export)
+            }
+            _ => {}
         }
     }
 

@@ -133,6 +133,7 @@ impl LibfabricBackend {
                     mrs,
                     mode: RegMode::Direct,
                     staged: None,
+                    peer: self.peer_part(region),
                 }))
             }
             Err(e) => e,
@@ -289,6 +290,7 @@ impl LibfabricBackend {
                 id,
                 dev,
             }),
+            peer: self.peer_part(region),
         }))
     }
 }

@@ -7,6 +7,7 @@ use super::assist;
 use super::cma::CopyError;
 use super::idle::nap_after;
 use super::liveness::ProcessId;
+use super::peer_copy;
 use super::sources::{Source, STRANGER};
 use super::stage_net::{FabAddr, FabSender};
 use super::{
@@ -164,6 +165,10 @@ pub(super) struct Worker {
     sources_generation: u64,
     /// READ assist answers dropped for coming from another endpoint than the job's peer.
     foreign_answers: u64,
+    /// Peers' direct copy requests whose copies run: (copies, where the answer goes,
+    /// the request's id).
+    #[cfg(feature = "cuda")]
+    serving: Vec<(peer_copy::Serving, FabAddr, u64)>,
 }
 
 impl Worker {
@@ -194,6 +199,8 @@ impl Worker {
             sources_seen: HashMap::new(),
             sources_generation: u64::MAX,
             foreign_answers: 0,
+            #[cfg(feature = "cuda")]
+            serving: Vec::new(),
             rail,
         };
         for slot in 0..NOTIF_SLOTS {
@@ -239,6 +246,12 @@ impl Worker {
         }
         busy |= self.poll(&mut completions);
         self.completions = completions;
+        // Peers' direct copies running here are polled, as staging copies are.
+        #[cfg(feature = "cuda")]
+        if !self.serving.is_empty() {
+            self.poll_serving();
+            busy = true;
+        }
         // Staging copies are polled, not waited for (one relaxed load when idle).
         if self.common.stager.wants_poll() {
             self.common.stager.try_progress();
@@ -598,6 +611,14 @@ impl Worker {
             self.common.stager.message(self.index, &sender, bytes);
             return;
         }
+        if bytes.starts_with(peer_copy::MAGIC) {
+            match peer_copy::decode(bytes) {
+                Ok(peer_copy::Message::Request(request)) => self.serve_peer_copy(&request, src),
+                Ok(peer_copy::Message::Done(done)) => self.peer_copy_done(done, src),
+                Err(e) => tracing::warn!(error = %e, "malformed direct copy message dropped"),
+            }
+            return;
+        }
         if bytes.starts_with(assist::MAGIC) {
             match assist::decode(bytes) {
                 Ok(assist::Message::Request(request)) => self.serve_assist(&request, src),
@@ -878,6 +899,128 @@ impl Worker {
             }
             e if assist::is_declined(e) => active.redo.push(done.op as usize),
             e => shared.fail_with(false, e, assist::describe(e, op.len)),
+        }
+    }
+}
+
+/// Direct VRAM copies (see `peer_copy`): serving a peer's requests, and their answers.
+impl Worker {
+    /// Starts the copies a peer asked for (or declines: see `peer_copy`'s checks); the
+    /// answer goes once they completed.
+    fn serve_peer_copy(&mut self, request: &peer_copy::Request, src: Option<Address>) {
+        let source = self.attribute(src);
+        let stats = &self.common.peer_copy.stats;
+        let (errno, answer_to) = match source {
+            None => (
+                stats.refuse(
+                    libc::EPERM,
+                    format_args!("it comes from an endpoint of no loaded peer"),
+                ),
+                None,
+            ),
+            Some(s) => match self.start_serving(request, &s) {
+                Ok(()) => return,
+                Err(errno) => (errno, Some(s.reply.clone())),
+            },
+        };
+        let done = peer_copy::Done {
+            id: request.id,
+            errno,
+        };
+        // A refusal for no one in particular goes where the request says (so that its
+        // initiator takes its ordinary path); anything else to the endpoint that sent it.
+        let dest = match answer_to {
+            Some(dest) => Ok(dest),
+            None => {
+                // Never toward a loaded peer's endpoint that did not send it.
+                let sender = self.stage_sender(src, self.rail.names_senders);
+                self.common
+                    .stager
+                    .net
+                    .resolve(self.index, &request.reply_to, &sender)
+            }
+        };
+        match dest {
+            Ok(dest) => {
+                self.replies.push_back((dest, done.encode()));
+                self.send_replies();
+            }
+            Err(f) => tracing::warn!(
+                error = %f.text,
+                "a direct copy's requester cannot be answered (its transfer will stall)"
+            ),
+        }
+    }
+
+    /// Checks and queues a request's copies (`Err`: the answer's errno).
+    #[cfg(feature = "cuda")]
+    fn start_serving(
+        &mut self,
+        request: &peer_copy::Request,
+        source: &super::sources::Source,
+    ) -> std::result::Result<(), i32> {
+        let shared = &self.common.peer_copy;
+        let Some(server) = &shared.server else {
+            return Err(libc::EOPNOTSUPP);
+        };
+        let serving = server.serve(request, &source.peer, &shared.stats)?;
+        self.serving
+            .push((serving, source.reply.clone(), request.id));
+        Ok(())
+    }
+
+    /// Without CUDA nothing is served this way.
+    #[cfg(not(feature = "cuda"))]
+    fn start_serving(
+        &mut self,
+        _request: &peer_copy::Request,
+        _source: &super::sources::Source,
+    ) -> std::result::Result<(), i32> {
+        Err(libc::EOPNOTSUPP)
+    }
+
+    /// Answers the requests whose copies completed.
+    #[cfg(feature = "cuda")]
+    fn poll_serving(&mut self) {
+        let stats = &self.common.peer_copy.stats;
+        let mut i = 0;
+        while i < self.serving.len() {
+            match self.serving[i].0.poll(stats) {
+                Some(errno) => {
+                    let (serving, dest, id) = self.serving.swap_remove(i);
+                    // The copies are done (or failed): the mappings and guards may go.
+                    drop(serving);
+                    self.replies
+                        .push_back((dest, peer_copy::Done { id, errno }.encode()));
+                }
+                None => i += 1,
+            }
+        }
+        if !self.replies.is_empty() {
+            self.send_replies();
+        }
+    }
+
+    /// The peer answered a direct copy request of this backend (from `src`).
+    fn peer_copy_done(&mut self, done: peer_copy::Done, src: Option<Address>) {
+        // Where the transport names senders, only the request's peer may answer.
+        let from = if self.rail.names_senders {
+            match self.attribute(src) {
+                Some(s) => Some(s.peer.agent.clone()),
+                None => {
+                    tracing::warn!(
+                        id = done.id,
+                        "a direct copy answer from an endpoint of no loaded peer dropped"
+                    );
+                    return;
+                }
+            }
+        } else {
+            None
+        };
+        match self.common.peer_copy.waits.take(done.id, from.as_deref()) {
+            Some(run) => run.answer(done.errno),
+            None => tracing::debug!(id = done.id, "a direct copy answer for no waiting request"),
         }
     }
 }

@@ -928,3 +928,92 @@ fn a_request_naming_another_requester_is_refused() {
     assert!(w.sides[1].net.landed.borrow().is_empty(), "no unit counted");
     w.idle();
 }
+
+/// Issue 26: the staged pipeline keeps several chunks of ONE transfer in flight on both
+/// sides (not one chunk at a time): this side's slots while its chunks' network
+/// operations run, the target's serve slots while it pulls or pushes several chunks,
+/// and several network operations queued at once — every case, WRITE and READ.
+#[test]
+fn one_transfer_keeps_several_chunks_in_flight_on_both_sides() {
+    let len = 8 * CHUNK + 5;
+    for (seed, (write, local_staged, remote_staged)) in [
+        (true, true, false),
+        (false, true, false),
+        (true, false, true),
+        (false, false, true),
+        (true, true, true),
+        (false, true, true),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let mut w = World::new(seed as u64 + 101);
+        let src = pattern(seed as u8 + 1, len);
+        let dst = vec![0u8; len];
+        if local_staged {
+            w.stage(0, &src);
+        }
+        if remote_staged {
+            w.stage(1, &dst);
+        }
+        let side = if local_staged {
+            Side_::Staged(None)
+        } else {
+            Side_::Plain
+        };
+        let (from, to) = if write { (&src, &dst) } else { (&dst, &src) };
+        // READ: fill the remote side first (plain copy), then read it into `src`'s place.
+        let remote_fill = pattern(seed as u8 + 7, len);
+        let target_buf: &[u8] = if write { &dst } else { &remote_fill };
+        if !write && remote_staged {
+            w.stage(1, &remote_fill);
+        }
+        let local_buf = if write { from } else { to };
+        let e = [(
+            local_buf.as_ptr() as u64,
+            target_buf.as_ptr() as u64,
+            len as u64,
+        )];
+        let sink = submit(&w, plan(write, side, remote_staged, &e, CHUNK), None);
+        let (mut max_local, mut max_serve, mut max_queued) = (0, 0, 0);
+        for _ in 0..1_000_000 {
+            max_queued = max_queued.max(w.queue.borrow().len());
+            max_local = max_local.max(w.sides[0].engine.borrow().slots_in_use().0);
+            max_serve = max_serve.max(w.sides[1].engine.borrow().slots_in_use().1);
+            if !w.deliver_one() {
+                let mut polled = false;
+                for s in &w.sides {
+                    let mut e = s.engine.borrow_mut();
+                    if e.needs_poll() {
+                        e.progress(&s.net);
+                        polled = true;
+                    }
+                }
+                if w.queue.borrow().is_empty() && !polled {
+                    break;
+                }
+            }
+        }
+        let tag =
+            format!("write={write} local_staged={local_staged} remote_staged={remote_staged}");
+        assert!(sink.failed.lock().is_none(), "{tag}: {:?}", sink.failed);
+        assert_eq!(sink.finished.load(Ordering::Relaxed), 1, "{tag}");
+        let (got, want) = if write {
+            (&dst[..], &src[..])
+        } else {
+            (&src[..], &remote_fill[..])
+        };
+        assert!(got == want, "{tag}: data");
+        assert!(max_queued >= 2, "{tag}: one network operation at a time");
+        if local_staged {
+            assert!(max_local >= 2, "{tag}: one local slot at a time");
+        }
+        if remote_staged {
+            assert!(
+                max_serve >= 2,
+                "{tag}: the target serves one chunk at a time"
+            );
+        }
+        w.idle();
+    }
+}

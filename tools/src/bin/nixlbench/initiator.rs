@@ -167,6 +167,22 @@ pub(crate) fn measure(
     let how = match o.backend.as_str() {
         #[cfg(feature = "cuda")]
         "GPUNETIO" => gpunetio_path(o, agent, target, remote, same_host),
+        // VRAM over LIBFABRIC: the backend names its path to this target (the provider,
+        // and for a target on this host whether VRAM <-> DRAM is one direct copy).
+        "LIBFABRIC"
+            if local.kind() == nixl::MemKind::Vram || remote.kind == nixl::MemKind::Vram =>
+        {
+            let said = agent
+                .backends()
+                .iter()
+                .find(|b| b.name() == "LIBFABRIC")
+                .and_then(|b| b.peer_transport(target));
+            match said {
+                Some(path) if how.is_empty() => format!("(path: {path})"),
+                Some(path) => format!("{how} (path: {path})"),
+                None => how.to_string(),
+            }
+        }
         _ => {
             let _ = same_host; // only GPUNETIO's path depends on it
             how.to_string()
