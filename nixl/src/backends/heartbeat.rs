@@ -15,14 +15,16 @@
 //! A live peer that is merely slow is never declared dead: beats come from the peer's
 //! monitor thread (which moves no data) over a socket of their own, and the watcher
 //! reads every socket before it judges, so beats that arrived while the watcher itself
-//! was not scheduled count. The cost of an idle connection is one byte and one wake-up
-//! per interval on each side.
+//! was not scheduled count. A peer process on this host whose beats a loaded machine
+//! did not schedule is not declared dead while `/proc` shows it running (its death is
+//! seen through the OS; a stopped one is judged by its silence as usual). The cost of an
+//! idle connection is one byte and one wake-up per interval on each side.
 //!
 //! Each side advertises its interval in the handshake (0: it sends none, e.g.
 //! `heartbeat_ms=0`); a watcher waits for `misses` of the *peer's* intervals, and only a
 //! watcher with heartbeats on watches at all. Set `heartbeat_ms=0` to turn it off.
 
-use super::shared::{put_socket_addr, random_u64};
+use super::shared::{put_socket_addr, random_u64, LocalProcess};
 use crate::backend::BackendParams;
 use crate::error::{Error, Result};
 use crate::os::{pollfd_in, WakeFd};
@@ -41,6 +43,10 @@ pub(crate) const DEFAULT_INTERVAL_MS: u32 = 100;
 pub(crate) const DEFAULT_MISSES: u32 = 5;
 /// Largest `heartbeat_ms`.
 const MAX_INTERVAL_MS: u32 = 60_000;
+/// How many times the usual silence a peer process on this host that still runs may
+/// stay silent before it is declared dead (its hub thread wedged): its death is seen
+/// through the OS at once, and a loaded machine may not schedule its beats.
+pub(crate) const LOCAL_SILENCE_FACTOR: u32 = 20;
 /// The byte a heartbeat is (any byte counts).
 const BEAT: u8 = 0xb7;
 
@@ -142,6 +148,13 @@ impl Beat {
     pub(crate) fn deadline(&self) -> Option<Instant> {
         self.every
             .map(|every| self.last_heard + every * self.misses)
+    }
+
+    /// Whether the silence outlasted `factor` times `misses` intervals.
+    pub(crate) fn verdict_scaled(&self, now: Instant, factor: u32) -> bool {
+        self.every.is_some_and(|every| {
+            now.saturating_duration_since(self.last_heard) > every * self.misses * factor
+        })
     }
 
     /// `Some(why)` once the silence outlasted `misses` intervals: the peer is dead.
@@ -383,6 +396,8 @@ enum Role {
         watch: Weak<PeerWatch>,
         beat: Beat,
         peer: String,
+        /// The peer's process where it runs on this host.
+        process: Option<LocalProcess>,
     },
     /// This side sends heartbeats to the peer that watches it.
     Serve { pacer: Pacer },
@@ -469,6 +484,19 @@ impl Hub {
     /// and returns the watch the hub's thread marks dead once they stop. `None` where
     /// heartbeats are off on either side.
     pub(crate) fn watch(&self, agent: &str, at: HubAddr) -> Result<Option<Arc<PeerWatch>>> {
+        self.watch_process(agent, at, None)
+    }
+
+    /// [`Hub::watch`] for a peer whose process runs on this host (`process`): its death
+    /// is seen through the OS, so its silence is judged death only while the process is
+    /// stopped or gone, or past [`LOCAL_SILENCE_FACTOR`] times the usual bound — a
+    /// process that runs but was not scheduled (a loaded machine) is not declared dead.
+    pub(crate) fn watch_process(
+        &self,
+        agent: &str,
+        at: HubAddr,
+        process: Option<LocalProcess>,
+    ) -> Result<Option<Arc<PeerWatch>>> {
         let config = &self.shared.config;
         if config.interval.is_none() {
             return Ok(None);
@@ -507,6 +535,7 @@ impl Hub {
                 watch: Arc::downgrade(&watch),
                 beat,
                 peer: agent.to_string(),
+                process,
             },
         });
         Ok(Some(watch))
@@ -582,7 +611,12 @@ fn hub_thread(listener: &TcpListener, shared: &Arc<HubShared>) {
             let heard = heard[i];
             i += 1;
             match &mut link.role {
-                Role::Watch { watch, beat, peer } => {
+                Role::Watch {
+                    watch,
+                    beat,
+                    peer,
+                    process,
+                } => {
                     let Some(watch) = watch.upgrade() else {
                         return false; // the peer was forgotten: close the link
                     };
@@ -595,7 +629,11 @@ fn hub_thread(listener: &TcpListener, shared: &Arc<HubShared>) {
                             beat.heard(now);
                             None
                         }
-                        Heard::Nothing => beat.verdict(now),
+                        Heard::Nothing => beat.verdict(now).filter(|_| {
+                            process.is_none_or(|p| {
+                                !p.runs() || beat.verdict_scaled(now, LOCAL_SILENCE_FACTOR)
+                            })
+                        }),
                     };
                     match verdict {
                         Some(reason) => {

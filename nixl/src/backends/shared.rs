@@ -570,3 +570,33 @@ mod tests {
         assert!(err.contains("B parameter n=`x`"), "{err}");
     }
 }
+
+/// State (field 3) and start time (field 22) of `/proc/<pid>/stat`.
+pub(crate) fn proc_state(pid: u32) -> Option<(char, u64)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may hold spaces and parentheses: count after its end.
+    let mut fields = stat.get(stat.rfind(')')? + 2..)?.split(' ');
+    let state = fields.next()?.chars().next()?;
+    Some((state, fields.nth(18)?.parse().ok()?))
+}
+
+/// A peer process on this host, named by its pid in this pid namespace and the start
+/// time that tells a reused pid apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct LocalProcess {
+    pub(crate) pid: u32,
+    pub(crate) start_time: u64,
+}
+
+impl LocalProcess {
+    /// Whether the process still runs and may be scheduled: not gone, not a new process
+    /// under the pid, not a zombie, not stopped (`SIGSTOP`, a tracer) — only then is its
+    /// silence a matter of scheduling.
+    pub(crate) fn runs(&self) -> bool {
+        matches!(
+            proc_state(self.pid),
+            Some((state, start)) if start == self.start_time
+                && matches!(state, 'R' | 'S' | 'D' | 'I' | 'W')
+        )
+    }
+}

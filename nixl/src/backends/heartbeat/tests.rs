@@ -275,3 +275,41 @@ fn a_watched_idle_peer_costs_almost_no_cpu() {
     // A polling thread would use 50-100%; a sleeping one well under 1%.
     assert!(used / window.as_secs_f64() < 0.05, "{used} CPU seconds");
 }
+
+/// A silent peer whose process runs on this host (here: this very process) is not
+/// declared dead at the usual bound — its death would be seen through the OS, and its
+/// silence is the machine not scheduling it — but is past the wedged-hub bound; one
+/// whose process is gone (a start time no process has) is declared dead as usual.
+#[test]
+fn a_silent_local_process_that_runs_is_judged_by_the_os() {
+    let watcher = hub("watcher", 20, 5);
+    let target = hub("target", 20, 5);
+    let me = std::process::id();
+    let start_time = crate::backends::shared::proc_state(me).expect("/proc answers").1;
+    let running = LocalProcess {
+        pid: me,
+        start_time,
+    };
+    let gone = LocalProcess {
+        pid: me,
+        start_time: start_time + 1,
+    };
+    let alive = watcher
+        .watch_process("target", target.addr(), Some(running))
+        .unwrap()
+        .unwrap();
+    let dead = watcher
+        .watch_process("target", target.addr(), Some(gone))
+        .unwrap()
+        .unwrap();
+    target.set_silent(true);
+    let took = time_to_death(&dead, Duration::from_secs(5));
+    println!("a silent peer whose process is gone: dead after {took:?}");
+    // 5 × 20 ms is the usual bound; the running one waits 20 times that (2 s).
+    std::thread::sleep(Duration::from_millis(600));
+    alive
+        .check("target")
+        .expect("a running local process is not declared dead at the usual bound");
+    let took = time_to_death(&alive, Duration::from_secs(10));
+    println!("a silent running local process: dead after {took:?} more (wedged hub)");
+}

@@ -181,7 +181,8 @@ pub(super) fn watch_peer(
         );
         return None;
     }
-    match hub.watch(agent, at) {
+    let local = peer.process.and_then(|p| p.local_process());
+    match hub.watch_process(agent, at, local) {
         Ok(watch) => watch,
         // Metadata of an incarnation that is gone (a registry's stale copy, or a fetch
         // answered just before the peer died): its hub is closed, or a newer

@@ -26,7 +26,7 @@
 //! pieces it was to push), since a dying process's last system call may still be
 //! running.
 
-use super::super::shared::boot_id;
+use super::super::shared::{boot_id, proc_state, LocalProcess};
 use crate::error::{Error, Result};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -80,6 +80,15 @@ impl ProcessId {
     pub(super) fn local_pid(&self) -> Option<u32> {
         let me = ProcessId::current()?;
         self.is_local_to(&me).then_some(self.pid)
+    }
+
+    /// The process as the heartbeat hub checks it here: pid and start time, where the
+    /// pid names it in this pid namespace.
+    pub(super) fn local_process(&self) -> Option<LocalProcess> {
+        self.local_pid().map(|pid| LocalProcess {
+            pid,
+            start_time: self.start_time,
+        })
     }
 
     /// Whether this process runs on `me`'s host and its pid names it in `me`'s pid
@@ -273,15 +282,6 @@ fn due(checked_ns: &AtomicU64, period: Duration) -> bool {
 fn clock_ns() -> u64 {
     static START: OnceLock<Instant> = OnceLock::new();
     START.get_or_init(Instant::now).elapsed().as_nanos() as u64
-}
-
-/// State (field 3) and start time (field 22) of `/proc/<pid>/stat`.
-fn proc_state(pid: u32) -> Option<(char, u64)> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name (field 2) may hold spaces and parentheses: count after its end.
-    let mut fields = stat.get(stat.rfind(')')? + 2..)?.split(' ');
-    let state = fields.next()?.chars().next()?;
-    Some((state, fields.nth(18)?.parse().ok()?))
 }
 
 /// Whether process `pid` is doomed: gone, or SIGKILL pending for it as a whole (`ShdPnd`
