@@ -23,4 +23,5 @@ pub mod cli;
 pub mod gflags;
 pub mod kv;
 pub mod rdma;
+pub mod soak;
 pub mod units;
