@@ -426,6 +426,10 @@ impl Run {
         match event {
             Event::Msg(FromWorker::Ready { listen }) => {
                 let slot = &mut self.slots[index];
+                if slot.state != State::Starting {
+                    // Asked to leave (or killed) before it was ready: not announced.
+                    return;
+                }
                 slot.state = State::Up;
                 slot.listen = listen.clone();
                 let up = ToWorker::Up {
