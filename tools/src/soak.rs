@@ -277,6 +277,9 @@ pub enum ToWorker {
     },
     /// Leave cleanly: unpublish, invalidate, shut down, say [`FromWorker::Bye`], exit 0.
     Leave,
+    /// Reach every peer that is up once more, in random order (before the final
+    /// resource samples: every pair connected, as after the warm-up).
+    Sweep,
 }
 
 /// Counters a worker reports (each report holds what happened since the last one; the
@@ -423,36 +426,33 @@ pub struct Slack {
 /// What a long-lived worker's samples say about growth.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Growth {
-    /// The largest of each count in the window after the warm-up.
+    /// The largest of each count in the baseline window.
     pub baseline: ProcSample,
-    /// The largest of each count in the last window of the run.
+    /// The largest of each count in the final window.
     pub last: ProcSample,
     /// Each count that grew beyond its slack, described.
     pub beyond_slack: Vec<String>,
 }
 
-/// Compares the maxima of `samples` (seconds since the start, sample) in the window that
-/// starts at `warmup` with those of the last window of the same length (`window`).
-/// `None` when the run was too short to have both windows apart.
+/// Compares the maxima of `samples` (seconds since the start, sample) in window
+/// `baseline` with those in window `last` (both `(from, to)`, seconds). The windows are
+/// meant to be alike (every agent up, every pair connected), so that what differs is what
+/// the run in between left behind. `None` when a window holds no sample.
 pub fn growth(
     samples: &[(f64, ProcSample)],
-    warmup: f64,
-    window: f64,
+    baseline: (f64, f64),
+    last: (f64, f64),
     slack: Slack,
 ) -> Option<Growth> {
-    let end = samples.last()?.0;
-    if end - window < warmup + window {
-        return None;
-    }
-    let max_in = |from: f64, to: f64| {
+    let max_in = |(from, to): (f64, f64)| {
         samples
             .iter()
             .filter(|(t, _)| *t >= from && *t <= to)
             .map(|(_, s)| *s)
             .reduce(ProcSample::max)
     };
-    let baseline = max_in(warmup, warmup + window)?;
-    let last = max_in(end - window, end)?;
+    let baseline = max_in(baseline)?;
+    let last = max_in(last)?;
     let mut beyond_slack = Vec::new();
     let mut check = |what: &str, before: u64, after: u64, slack: u64| {
         if after > before + slack {
@@ -604,15 +604,16 @@ mod tests {
             rss_kib,
         };
         let flat: Vec<_> = (0..100).map(|t| (t as f64, s(10, 4, 5000))).collect();
-        let g = growth(&flat, 10.0, 10.0, slack).unwrap();
+        let g = growth(&flat, (10.0, 20.0), (89.0, 99.0), slack).unwrap();
         assert!(g.beyond_slack.is_empty(), "{g:?}");
         let leaking: Vec<_> = (0..100)
             .map(|t| (t as f64, s(10 + t / 10, 4, 5000 + 100 * t)))
             .collect();
-        let g = growth(&leaking, 10.0, 10.0, slack).unwrap();
+        let g = growth(&leaking, (10.0, 20.0), (89.0, 99.0), slack).unwrap();
         assert_eq!(g.beyond_slack.len(), 2, "{g:?}");
         assert!(g.beyond_slack[0].starts_with("fds grew from 12 to 19"), "{g:?}");
-        assert!(growth(&flat[..25], 10.0, 10.0, slack).is_none());
+        assert!(g.beyond_slack[1].starts_with("RSS KiB"), "{g:?}");
+        assert!(growth(&flat, (10.0, 20.0), (200.0, 210.0), slack).is_none());
     }
 
     #[test]

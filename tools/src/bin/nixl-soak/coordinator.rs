@@ -62,9 +62,16 @@ pub struct Options {
     /// from a tenth of it).
     #[arg(long, default_value = "2s", value_parser = parse_duration)]
     down_time: Duration,
-    /// Resource counts are compared from the end of this on.
+    /// Time with every agent up and no fault before the faults start: every agent
+    /// reaches every other once; the long-lived agents' resource baseline is taken in
+    /// its last seconds.
     #[arg(long, default_value = "20s", value_parser = parse_duration)]
     warmup: Duration,
+    /// Time after the faults (every agent up again, every agent reaching every other
+    /// once more); the final resource samples, compared with the baseline, are taken in
+    /// its last seconds.
+    #[arg(long, default_value = "15s", value_parser = parse_duration)]
+    settle: Duration,
     /// A transfer or notification waiting this much beyond its expected completion
     /// fails the run (it is also each agent's stall timeout).
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
@@ -171,6 +178,11 @@ struct Run {
     problems: Vec<String>,
     /// Most resources of any agent that was faulted (they restart: no growth check).
     others_max: ProcSample,
+    /// The windows (seconds since the start) of the baseline and final samples.
+    baseline_window: (f64, f64),
+    final_window: (f64, f64),
+    next_sample: Instant,
+    next_row: Instant,
 }
 
 fn free_port() -> std::io::Result<u16> {
@@ -306,6 +318,10 @@ fn run(options: Options) -> Result<bool, String> {
         restarts: 0,
         problems: Vec::new(),
         others_max: ProcSample::default(),
+        baseline_window: (0.0, 0.0),
+        final_window: (0.0, 0.0),
+        next_sample: Instant::now(),
+        next_row: Instant::now(),
         dir: dir.clone(),
         options,
     };
@@ -646,41 +662,84 @@ impl Run {
             self.start.elapsed().as_secs_f64()
         );
         self.start = Instant::now();
+        self.next_sample = self.start;
+        self.next_row = self.start + self.options.report_every;
         self.print_header();
-        let end = self.start + self.options.duration;
-        let mut next_fault = self.start + self.rng.exponential(self.options.fault_every);
-        let mut next_sample = self.start;
-        let mut next_row = self.start + self.options.report_every;
+        // Warm-up: everyone up, no fault.
+        let warmup_end = self.start + self.options.warmup;
+        self.phase(warmup_end, false);
+        self.baseline_window = self.sample_window();
+        // Faults.
+        let faults_end = Instant::now() + self.options.duration;
+        self.phase(faults_end, true);
+        // Settle: everyone up again, every pair reached again.
+        for slot in &mut self.slots {
+            if let State::Down(_) = slot.state {
+                slot.state = State::Down(Some(Instant::now()));
+            }
+        }
+        let all_up_by = Instant::now() + Duration::from_secs(120);
+        while self.slots.iter().any(|s| s.state != State::Up) {
+            if Instant::now() > all_up_by {
+                self.problem("not every agent was up again within 120 s of the last fault".into());
+                break;
+            }
+            self.tick(false);
+        }
+        for slot in &mut self.slots {
+            slot.send(&ToWorker::Sweep);
+        }
+        let settle_end = Instant::now() + self.options.settle;
+        self.phase(settle_end, false);
+        self.final_window = self.sample_window();
+        self.print_row();
+        self.finish()
+    }
+
+    /// The window of the last samples (the last 5 s, or the last half of a shorter
+    /// phase), in seconds since the start.
+    fn sample_window(&self) -> (f64, f64) {
+        let now = self.start.elapsed().as_secs_f64();
+        let len = 5.0f64.min(self.options.warmup.as_secs_f64() / 2.0).min(self.options.settle.as_secs_f64() / 2.0);
+        (now - len, now)
+    }
+
+    /// Runs until `end`, injecting faults if `faults`.
+    fn phase(&mut self, end: Instant, faults: bool) {
+        let mut next_fault = Instant::now() + self.rng.exponential(self.options.fault_every);
         while Instant::now() < end {
-            self.pump(Instant::now() + Duration::from_millis(50));
-            self.reap(true);
-            let now = Instant::now();
-            for index in 0..self.slots.len() {
-                if let State::Down(Some(at)) = self.slots[index].state {
-                    if now >= at {
-                        self.restarts += 1;
-                        if let Err(e) = self.spawn(index) {
-                            self.problem(e);
-                        }
+            self.tick(true);
+            if faults && Instant::now() >= next_fault {
+                self.inject_fault();
+                next_fault = Instant::now() + self.rng.exponential(self.options.fault_every);
+            }
+        }
+    }
+
+    /// Handles events for a while, reaps and restarts workers, samples `/proc` every
+    /// second and prints a row every `--report-every`.
+    fn tick(&mut self, restart: bool) {
+        self.pump(Instant::now() + Duration::from_millis(50));
+        self.reap(true);
+        let now = Instant::now();
+        for index in 0..self.slots.len() {
+            if let State::Down(Some(at)) = self.slots[index].state {
+                if now >= at && restart {
+                    self.restarts += 1;
+                    if let Err(e) = self.spawn(index) {
+                        self.problem(e);
                     }
                 }
             }
-            if now >= next_fault {
-                self.inject_fault();
-                next_fault = now + self.rng.exponential(self.options.fault_every);
-            }
-            if now >= next_sample {
-                self.sample();
-                next_sample = now + Duration::from_secs(1);
-            }
-            if now >= next_row {
-                self.print_row();
-                next_row = now + self.options.report_every;
-            }
         }
-        self.sample();
-        self.print_row();
-        self.finish()
+        if now >= self.next_sample {
+            self.sample();
+            self.next_sample = now + Duration::from_secs(1);
+        }
+        if now >= self.next_row {
+            self.print_row();
+            self.next_row = now + self.options.report_every;
+        }
     }
 
     /// Asks every worker to leave, waits for them, prints the summary; `true` if passed.
@@ -720,13 +779,10 @@ impl Run {
             threads: o.slack_threads,
             rss_kib: o.slack_rss_mib * 1024,
         };
-        let warmup = o.warmup.as_secs_f64();
-        let window = (o.duration.as_secs_f64() - warmup).max(0.0) / 5.0;
-        let window = window.max(10.0);
         let mut resources = Vec::new();
         let mut growth_problems = Vec::new();
         for slot in self.slots.iter().take(o.long_lived) {
-            match growth(&slot.history, warmup, window, slack) {
+            match growth(&slot.history, self.baseline_window, self.final_window, slack) {
                 Some(g) => {
                     resources.push(serde_json::json!({
                         "agent": agent_name(slot.index),
@@ -747,10 +803,10 @@ impl Run {
                         g.last.rss_kib / 1024
                     );
                 }
-                None => println!(
-                    "{}: run too short for the growth check (warm-up {warmup:.0} s, windows of {window:.0} s)",
+                None => growth_problems.push(format!(
+                    "{}: no samples for the growth check",
                     agent_name(slot.index)
-                ),
+                )),
             }
         }
         for p in growth_problems {

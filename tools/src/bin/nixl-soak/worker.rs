@@ -230,6 +230,13 @@ impl Worker {
     fn apply(&mut self, msg: ToWorker) {
         match msg {
             ToWorker::Leave => self.leave = true,
+            ToWorker::Sweep => {
+                let mut round: Vec<usize> = (0..self.config.agents)
+                    .filter(|&j| j != self.config.index)
+                    .collect();
+                shuffle(&mut self.rng, &mut round);
+                self.first_round = round;
+            }
             ToWorker::Up {
                 index,
                 incarnation,
@@ -688,6 +695,13 @@ impl Worker {
     }
 }
 
+fn shuffle(rng: &mut Rng, v: &mut [usize]) {
+    for i in (1..v.len()).rev() {
+        let k = rng.range(0, i as u64) as usize;
+        v.swap(i, k);
+    }
+}
+
 /// The worker process: runs until asked to leave (exit 0), or fails to start (exit 1).
 pub fn main(config: WorkerConfig) -> ExitCode {
     match start(config) {
@@ -771,10 +785,7 @@ fn start(config: WorkerConfig) -> nixl::Result<()> {
     });
     let mut rng = Rng::new(config.seed);
     let mut first_round: Vec<usize> = (0..config.agents).filter(|&j| j != config.index).collect();
-    for i in (1..first_round.len()).rev() {
-        let k = rng.range(0, i as u64) as usize;
-        first_round.swap(i, k);
-    }
+    shuffle(&mut rng, &mut first_round);
     let mut worker = Worker {
         layout,
         name,
