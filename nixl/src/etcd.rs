@@ -265,13 +265,15 @@ impl EtcdMetadata {
 
     fn take_lease(&mut self, ttl: Duration) -> Result<()> {
         let secs = i64::try_from(ttl.as_secs().max(1)).unwrap_or(i64::MAX);
-        let mut client = self.client.clone();
+        let client = self.client.clone();
         let id = self.block("taking an etcd lease", async move {
-            client
-                .lease_grant(secs, None)
-                .await
-                .map(|lease| lease.id())
-                .map_err(|e| etcd_error("lease grant", e))
+            retry_unreachable(|| {
+                let mut client = client.clone();
+                async move { client.lease_grant(secs, None).await }
+            })
+            .await
+            .map(|lease| lease.id())
+            .map_err(|e| etcd_error("lease grant", e))
         })?;
         self.lease.store(id, Ordering::Release);
         self.keep_alive = Some(self.runtime().spawn(keep_lease_alive(
@@ -290,7 +292,7 @@ impl EtcdMetadata {
     }
 
     fn put(&self, label: &str, value: Vec<u8>) -> Result<()> {
-        let mut client = self.client.clone();
+        let client = self.client.clone();
         let presence = {
             let mut announced = self.announced.lock();
             let first = !*announced;
@@ -308,15 +310,21 @@ impl EtcdMetadata {
         }
         let result = self.block("publishing to etcd", async move {
             if let Some(presence) = presence {
-                client
-                    .put(presence, Vec::new(), options.clone())
-                    .await
-                    .map_err(|e| etcd_error("put presence key", e))?;
-            }
-            client
-                .put(key, value, options)
+                retry_unreachable(|| {
+                    let (mut client, presence, options) =
+                        (client.clone(), presence.clone(), options.clone());
+                    async move { client.put(presence, Vec::new(), options).await }
+                })
                 .await
-                .map_err(|e| etcd_error("put metadata", e))?;
+                .map_err(|e| etcd_error("put presence key", e))?;
+            }
+            retry_unreachable(|| {
+                let (mut client, key, value, options) =
+                    (client.clone(), key.clone(), value.clone(), options.clone());
+                async move { client.put(key, value, options).await }
+            })
+            .await
+            .map_err(|e| etcd_error("put metadata", e))?;
             Ok(())
         });
         if result.is_err() {
@@ -365,18 +373,18 @@ impl EtcdMetadata {
     /// invalidate it.
     #[doc(alias = "invalidateLocalMD")]
     pub fn unpublish(&self) -> Result<()> {
-        let mut client = self.client.clone();
+        let client = self.client.clone();
         let prefix = self.config.key(&self.name, "");
         *self.announced.lock() = false;
         self.published.lock().clear();
         self.block("removing keys from etcd", async move {
-            client
-                .delete(
-                    prefix,
-                    Some(etcd_client::DeleteOptions::new().with_prefix()),
-                )
-                .await
-                .map_err(|e| etcd_error("delete", e))?;
+            retry_unreachable(|| {
+                let (mut client, prefix) = (client.clone(), prefix.clone());
+                let options = etcd_client::DeleteOptions::new().with_prefix();
+                async move { client.delete(prefix, Some(options)).await }
+            })
+            .await
+            .map_err(|e| etcd_error("delete", e))?;
             Ok(())
         })
     }
@@ -406,10 +414,12 @@ impl EtcdMetadata {
         let mut client = self.client.clone();
         let wait_key = key.clone();
         let (blob, revision) = self.block(&format!("waiting for `{key}` in etcd"), async move {
-            let got = client
-                .get(wait_key.clone(), None)
-                .await
-                .map_err(|e| etcd_error("get", e))?;
+            let got = retry_unreachable(|| {
+                let (mut client, key) = (client.clone(), wait_key.clone());
+                async move { client.get(key, None).await }
+            })
+            .await
+            .map_err(|e| etcd_error("get", e))?;
             let revision = got.header().map_or(0, |h| h.revision());
             if let Some(kv) = got.kvs().first().filter(|kv| !kv.value().is_empty()) {
                 return Ok((kv.value().to_vec(), revision));
@@ -454,15 +464,15 @@ impl EtcdMetadata {
     pub fn labels(&self, agent: &str) -> Result<Vec<String>> {
         check_name(agent)?;
         let prefix = self.config.key(agent, "");
-        let mut client = self.client.clone();
+        let client = self.client.clone();
         let keys = self.block("listing etcd keys", async move {
-            let got = client
-                .get(
-                    prefix.clone(),
-                    Some(GetOptions::new().with_prefix().with_keys_only()),
-                )
-                .await
-                .map_err(|e| etcd_error("get", e))?;
+            let got = retry_unreachable(|| {
+                let (mut client, prefix) = (client.clone(), prefix.clone());
+                let options = GetOptions::new().with_prefix().with_keys_only();
+                async move { client.get(prefix, Some(options)).await }
+            })
+            .await
+            .map_err(|e| etcd_error("get", e))?;
             Ok(got
                 .kvs()
                 .iter()
@@ -514,6 +524,40 @@ impl EtcdMetadata {
             from_revision,
         ));
         watches.insert(remote.to_string(), PeerWatch { task, labels });
+    }
+}
+
+/// Whether `e` says the member the request went to did not answer (it died, restarted,
+/// or is between leaders): another attempt may reach one that does.
+fn member_unreachable(e: &etcd_client::Error) -> bool {
+    // gRPC status 14, UNAVAILABLE: what a dead connection, a refused connect and "no
+    // leader" come back as.
+    const UNAVAILABLE: i32 = 14;
+    match e {
+        etcd_client::Error::GRpcStatus(status) => status.code() as i32 == UNAVAILABLE,
+        etcd_client::Error::TransportError(_) => true,
+        _ => false,
+    }
+}
+
+/// Runs the request `attempt` makes until it succeeds, fails otherwise than by an
+/// unreachable member, or the caller's bound ([`bounded`]) ends the wait: with several
+/// endpoints, a request that went to a dead member is sent again (to one that answers).
+async fn retry_unreachable<T, F, Fut>(mut attempt: F) -> std::result::Result<T, etcd_client::Error>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = std::result::Result<T, etcd_client::Error>>,
+{
+    let mut pause = RECONNECT_PAUSE_MIN;
+    loop {
+        match attempt().await {
+            Err(e) if member_unreachable(&e) => {
+                tracing::debug!(error = %e, "etcd member unreachable: trying again");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(RECONNECT_PAUSE_MAX);
+            }
+            other => return other,
+        }
     }
 }
 

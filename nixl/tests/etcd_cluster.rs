@@ -128,8 +128,8 @@ impl Cluster {
         let deadline = Instant::now() + BOUND;
         while TcpStream::connect_timeout(&self.addr(i), Duration::from_millis(200)).is_err() {
             if let Some(status) = self.members[i].child.as_mut().unwrap().try_wait().unwrap() {
-                let log = std::fs::read_to_string(self.dir.join(format!("m{i}.log")))
-                    .unwrap_or_default();
+                let log =
+                    std::fs::read_to_string(self.dir.join(format!("m{i}.log"))).unwrap_or_default();
                 panic!("etcd member {i} exited ({status}) before listening:\n{log}");
             }
             assert!(Instant::now() < deadline, "etcd member {i} never listened");
@@ -224,6 +224,19 @@ mod serde_like {
             let end = self.0[at..].find('"')? + at;
             Some(self.0[at..end].to_string())
         }
+
+        /// Every value of `"name":"value"`.
+        pub fn all(&self, name: &str) -> Vec<String> {
+            let pattern = format!("\"{name}\":\"");
+            self.0
+                .match_indices(&pattern)
+                .filter_map(|(at, _)| {
+                    let from = at + pattern.len();
+                    let end = self.0[from..].find('"')? + from;
+                    Some(self.0[from..end].to_string())
+                })
+                .collect()
+        }
     }
 }
 
@@ -311,6 +324,7 @@ fn write_verified(initiator: &Agent, src: &mut [u8], peer_name: &str, peer: &Pee
 
 #[test]
 fn three_members_lose_the_leader_and_metadata_keeps_flowing() {
+    common::init_tracing();
     let mut cluster = Cluster::start("leader", 3);
     let initiator = fabric_agent("reader");
     let mut src = vec![0u8; 1 << 16];
@@ -332,17 +346,21 @@ fn three_members_lose_the_leader_and_metadata_keeps_flowing() {
     assert_ne!(leader, new_leader);
     println!("killed leader m{leader}; m{new_leader} leads");
 
-    // Publication and fetch keep working (a request that was on the dead member's
-    // connection may fail once: the agent retries as an application would).
-    let second = eventually("a publication after the leader died", || {
-        Peer::try_new("holder-2", &cluster).ok()
-    });
-    eventually("a fetch after the leader died", || ei.fetch("holder-2").ok());
+    // Publication and fetch keep working at once (a request that went to the dead member
+    // is sent again to one that answers).
+    let second = Peer::new("holder-2", &cluster);
+    ei.fetch("holder-2").unwrap();
     write_verified(&initiator, &mut src, "holder-2", &second, 2);
     // The leases live on: after more than a TTL the keys are still there.
     std::thread::sleep(LEASE + LEASE / 2);
-    assert!(!ei.labels("holder").unwrap().is_empty(), "holder's lease lapsed");
-    assert!(!ei.labels("holder-2").unwrap().is_empty(), "holder-2's lease lapsed");
+    assert!(
+        !ei.labels("holder").unwrap().is_empty(),
+        "holder's lease lapsed"
+    );
+    assert!(
+        !ei.labels("holder-2").unwrap().is_empty(),
+        "holder-2's lease lapsed"
+    );
     assert!(initiator.has_remote("holder"));
     // The watch sees a peer leave (invalidation) and come back (reload).
     first.etcd().unpublish().unwrap();
@@ -365,14 +383,18 @@ fn three_members_lose_the_leader_and_metadata_keeps_flowing() {
     eventually("invalidation seen after the second kill", || {
         (!initiator.has_remote("holder-2")).then_some(())
     });
-    let third = eventually("a publication after the second kill", || {
-        Peer::try_new("holder-3", &cluster).ok()
-    });
-    eventually("a fetch after the second kill", || ei.fetch("holder-3").ok());
+    let third = Peer::new("holder-3", &cluster);
+    ei.fetch("holder-3").unwrap();
     write_verified(&initiator, &mut src, "holder-3", &third, 4);
     std::thread::sleep(LEASE + LEASE / 2);
-    assert!(!ei.labels("holder").unwrap().is_empty(), "holder's lease lapsed");
-    assert!(!ei.labels("holder-3").unwrap().is_empty(), "holder-3's lease lapsed");
+    assert!(
+        !ei.labels("holder").unwrap().is_empty(),
+        "holder's lease lapsed"
+    );
+    assert!(
+        !ei.labels("holder-3").unwrap().is_empty(),
+        "holder-3's lease lapsed"
+    );
     cluster.restart(again);
     // A peer's client dropped: its lease is revoked, the watch invalidates it.
     drop(third);
@@ -383,6 +405,7 @@ fn three_members_lose_the_leader_and_metadata_keeps_flowing() {
 
 #[test]
 fn a_single_etcd_restarted_during_a_run() {
+    common::init_tracing();
     let mut cluster = Cluster::start("single", 1);
     let initiator = fabric_agent("survivor");
     let mut src = vec![0u8; 1 << 16];
@@ -403,34 +426,32 @@ fn a_single_etcd_restarted_during_a_run() {
     write_verified(&initiator, &mut src, "target", &peer, 1);
 
     cluster.kill(0);
-    // While it is down: typed errors, each within the request bound (and a little).
-    for _ in 0..3 {
+    // While it is down: typed errors, each within its client's request bound (and a
+    // little).
+    let slack = Duration::from_millis(1500);
+    for _ in 0..2 {
         let started = Instant::now();
         match peer.etcd().publish() {
             Err(Error::Timeout(_)) | Err(Error::Backend { .. }) => {}
             other => panic!("publication with etcd down: {other:?}"),
         }
+        let bound = peer.etcd().config().timeout + slack;
+        assert!(started.elapsed() < bound, "took {:?}", started.elapsed());
+        let started = Instant::now();
         match ei.fetch("nobody") {
             Err(Error::Timeout(_)) | Err(Error::Backend { .. }) => {}
             other => panic!("fetch with etcd down: {other:?}"),
         }
-        assert!(
-            started.elapsed() < Duration::from_secs(5),
-            "errors took {:?}",
-            started.elapsed()
-        );
+        let bound = ei.config().timeout + slack;
+        assert!(started.elapsed() < bound, "took {:?}", started.elapsed());
     }
     // Transfers do not need etcd.
     write_verified(&initiator, &mut src, "target", &peer, 2);
 
     cluster.restart(0);
-    eventually("a publication after etcd restarted", || {
-        peer.etcd().publish().ok()
-    });
-    let late = eventually("a new peer after etcd restarted", || {
-        Peer::try_new("late", &cluster).ok()
-    });
-    eventually("a fetch after etcd restarted", || ei.fetch("late").ok());
+    peer.etcd().publish().unwrap();
+    let late = Peer::new("late", &cluster);
+    ei.fetch("late").unwrap();
     write_verified(&initiator, &mut src, "late", &late, 3);
     // The watch from before the outage still works: the peer leaves and comes back.
     peer.etcd().unpublish().unwrap();
@@ -444,34 +465,60 @@ fn a_single_etcd_restarted_during_a_run() {
     write_verified(&initiator, &mut src, "target", &peer, 4);
     // The leases were kept alive across the outage.
     std::thread::sleep(LEASE + LEASE / 2);
-    assert!(!ei.labels("target").unwrap().is_empty(), "target's lease lapsed");
-    assert!(!ei.labels("late").unwrap().is_empty(), "late's lease lapsed");
+    assert!(
+        !ei.labels("target").unwrap().is_empty(),
+        "target's lease lapsed"
+    );
+    assert!(
+        !ei.labels("late").unwrap().is_empty(),
+        "late's lease lapsed"
+    );
 }
 
 #[test]
 fn an_outage_longer_than_the_lease_publishes_again() {
+    common::init_tracing();
     let mut cluster = Cluster::start("expiry", 1);
     let initiator = fabric_agent("watcher");
     let ei = EtcdMetadata::connect(&initiator, config(&cluster)).unwrap();
     let peer = Peer::new("long-gone", &cluster);
     ei.fetch("long-gone").unwrap();
     cluster.kill(0);
-    // Longer than the TTL: etcd may let the lease expire once it is back.
+    // Longer than the TTL.
     std::thread::sleep(LEASE * 2);
     cluster.restart(0);
-    // Whether etcd expired the lease (then the keys were deleted and are written again
-    // under a new lease) or renewed it at its restart, the keys are there once more and
-    // stay beyond a TTL, and the watcher has the peer loaded.
-    eventually("the keys back after the outage", || {
+    // etcd renews leases when it starts (their TTL counts again from then): the keys
+    // are there, and stay beyond a TTL.
+    std::thread::sleep(LEASE * 2);
+    assert_eq!(ei.labels("long-gone").unwrap().len(), 2, "keys lapsed");
+
+    // A lease that lapses anyway (an etcd that kept running while this client could not
+    // reach it; here every lease is revoked behind the clients' backs): the keys go, the
+    // watcher invalidates the peer; the peer's client takes a new lease and publishes
+    // again, and the watcher loads it again.
+    let leases = cluster
+        .gateway(0, "/v3/lease/leases", "{}")
+        .expect("lease list");
+    let ids = leases.all("ID");
+    assert!(ids.len() >= 2, "leases: {}", leases.0);
+    for id in &ids {
+        cluster
+            .gateway(0, "/v3/lease/revoke", &format!(r#"{{"ID":{id}}}"#))
+            .expect("revoke");
+    }
+    eventually("the keys back under a new lease", || {
         ei.labels("long-gone")
             .ok()
             .filter(|l| l.len() == 2)
             .map(drop)
     });
-    std::thread::sleep(LEASE * 2);
-    assert_eq!(ei.labels("long-gone").unwrap().len(), 2, "keys lapsed");
-    eventually("the peer loaded", || {
+    eventually("the peer loaded again", || {
         initiator.has_remote("long-gone").then_some(())
     });
+    std::thread::sleep(LEASE * 2);
+    assert_eq!(ei.labels("long-gone").unwrap().len(), 2, "keys lapsed");
     drop(peer);
+    eventually("invalidation once the peer's client is dropped", || {
+        (!initiator.has_remote("long-gone")).then_some(())
+    });
 }

@@ -611,7 +611,10 @@ mod tests {
             .collect();
         let g = growth(&leaking, (10.0, 20.0), (89.0, 99.0), slack).unwrap();
         assert_eq!(g.beyond_slack.len(), 2, "{g:?}");
-        assert!(g.beyond_slack[0].starts_with("fds grew from 12 to 19"), "{g:?}");
+        assert!(
+            g.beyond_slack[0].starts_with("fds grew from 12 to 19"),
+            "{g:?}"
+        );
         assert!(g.beyond_slack[1].starts_with("RSS KiB"), "{g:?}");
         assert!(growth(&flat, (10.0, 20.0), (200.0, 210.0), slack).is_none());
     }

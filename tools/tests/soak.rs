@@ -31,11 +31,7 @@ fn soak(tag: &str, args: &[&str], seconds: u64) -> serde_json::Value {
         .spawn()
         .unwrap();
     // Start-up, the run, and the leaving of every worker.
-    let out = support::finish(
-        child,
-        "nixl-soak",
-        Duration::from_secs(seconds + 240),
-    );
+    let out = support::finish(child, "nixl-soak", Duration::from_secs(seconds + 240));
     println!("{}", out.stdout);
     eprintln!("{}", out.stderr);
     let summary: serde_json::Value = serde_json::from_str(

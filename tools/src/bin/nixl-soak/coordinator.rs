@@ -155,7 +155,11 @@ impl Slot {
     }
 
     fn log_path(&self, dir: &Path) -> PathBuf {
-        dir.join(format!("{}.{}.log", agent_name(self.index), self.incarnation))
+        dir.join(format!(
+            "{}.{}.log",
+            agent_name(self.index),
+            self.incarnation
+        ))
     }
 }
 
@@ -508,9 +512,7 @@ impl Run {
                 ));
             }
             let down = self.options.down_time;
-            let again = restart.then(|| {
-                Instant::now() + down.mul_f64(0.1 + 0.9 * self.rng.unit())
-            });
+            let again = restart.then(|| Instant::now() + down.mul_f64(0.1 + 0.9 * self.rng.unit()));
             let slot = &mut self.slots[index];
             slot.child = None;
             slot.stdin = None;
@@ -530,11 +532,7 @@ impl Run {
 
     fn inject_fault(&mut self) {
         let long_lived = self.options.long_lived;
-        let max_down = self
-            .options
-            .max_down
-            .unwrap_or(self.slots.len() / 4)
-            .max(1);
+        let max_down = self.options.max_down.unwrap_or(self.slots.len() / 4).max(1);
         let down = self.slots.iter().filter(|s| s.state != State::Up).count();
         if down >= max_down {
             return;
@@ -700,7 +698,9 @@ impl Run {
     /// phase), in seconds since the start.
     fn sample_window(&self) -> (f64, f64) {
         let now = self.start.elapsed().as_secs_f64();
-        let len = 5.0f64.min(self.options.warmup.as_secs_f64() / 2.0).min(self.options.settle.as_secs_f64() / 2.0);
+        let len = 5.0f64
+            .min(self.options.warmup.as_secs_f64() / 2.0)
+            .min(self.options.settle.as_secs_f64() / 2.0);
         (now - len, now)
     }
 
@@ -782,7 +782,12 @@ impl Run {
         let mut resources = Vec::new();
         let mut growth_problems = Vec::new();
         for slot in self.slots.iter().take(o.long_lived) {
-            match growth(&slot.history, self.baseline_window, self.final_window, slack) {
+            match growth(
+                &slot.history,
+                self.baseline_window,
+                self.final_window,
+                slack,
+            ) {
                 Some(g) => {
                     resources.push(serde_json::json!({
                         "agent": agent_name(slot.index),
@@ -864,7 +869,8 @@ impl Run {
                 "others_max": self.others_max,
                 "problems": self.problems,
             });
-            if let Err(e) = std::fs::write(path, serde_json::to_string_pretty(&json).expect("json")) {
+            if let Err(e) = std::fs::write(path, serde_json::to_string_pretty(&json).expect("json"))
+            {
                 println!("cannot write {}: {e}", path.display());
             }
         }

@@ -22,8 +22,8 @@ use std::process::ExitCode;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 use tools::soak::{
-    ack_word, agent_index, agent_name, fill_pattern, mismatches, read_seed, unix_ms,
-    Counters, FromWorker, Layout, Rng, ToWorker, WorkerConfig,
+    ack_word, agent_index, agent_name, fill_pattern, mismatches, read_seed, unix_ms, Counters,
+    FromWorker, Layout, Rng, ToWorker, WorkerConfig,
 };
 
 /// How often counters go to the coordinator (a killed worker loses at most this much).
@@ -110,9 +110,7 @@ impl Drop for Arena {
     fn drop(&mut self) {
         // SAFETY: `ptr` came from `Box::into_raw` of a boxed slice of `words` u64s and is
         // freed once, here.
-        drop(unsafe {
-            Box::from_raw(std::ptr::slice_from_raw_parts_mut(self.ptr, self.words))
-        });
+        drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(self.ptr, self.words)) });
     }
 }
 
@@ -306,7 +304,11 @@ impl Worker {
                 return;
             }
         }
-        *self.counters.unexpected.entry(kind.to_string()).or_default() += 1;
+        *self
+            .counters
+            .unexpected
+            .entry(kind.to_string())
+            .or_default() += 1;
         self.problem(format!(
             "{kind} from peer {} (incarnation {inc}, which no fault explains): {e}",
             agent_name(j)
@@ -399,7 +401,9 @@ impl Worker {
                 // the directory does, so this application invalidates it.
                 Err(Error::MetadataRefused { .. })
                     if !refused_once
-                        && self.peers[j].loaded.is_some_and(|l| self.peers[j].is_gone(l)) =>
+                        && self.peers[j]
+                            .loaded
+                            .is_some_and(|l| self.peers[j].is_gone(l)) =>
                 {
                     refused_once = true;
                     *self
@@ -498,7 +502,9 @@ impl Worker {
     fn failed(&mut self, j: usize, inc: u64, e: Error, posted_ms: u64) {
         if matches!(
             e,
-            Error::RemoteDisconnect { .. } | Error::UnknownAgent(_) | Error::RemoteOutOfBounds { .. }
+            Error::RemoteDisconnect { .. }
+                | Error::UnknownAgent(_)
+                | Error::RemoteOutOfBounds { .. }
         ) {
             self.peers[j].dead = true;
         }
@@ -575,8 +581,10 @@ impl Worker {
                 }
                 let waited = since.elapsed();
                 if waited > Duration::from_millis(self.config.stall_bound_ms) {
-                    self.counters.longest_stall_ms =
-                        self.counters.longest_stall_ms.max(waited.as_millis() as u64);
+                    self.counters.longest_stall_ms = self
+                        .counters
+                        .longest_stall_ms
+                        .max(waited.as_millis() as u64);
                     self.problem(format!(
                         "the WRITE {want:#x} to {} (incarnation {inc}) was not verified by its target within {waited:?} (acknowledgement word {got:#x}): notification lost?",
                         agent_name(j)
