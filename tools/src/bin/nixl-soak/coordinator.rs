@@ -30,7 +30,11 @@ pub struct Options {
     /// over it (`local_provider=none`) unless it is `shm`.
     #[arg(long, default_value = "tcp;ofi_rxm")]
     provider: String,
-    /// More LIBFABRIC parameters, `KEY=VALUE` (repeat), e.g. `heartbeat_ms=200`.
+    /// More LIBFABRIC parameters, `KEY=VALUE` (repeat); they replace the soak's
+    /// defaults `heartbeat_ms=500` and `heartbeat_misses=10` (5 s: with 32 processes on
+    /// two cores a heartbeat thread can go unscheduled for longer than the library's
+    /// 0.5 s, and a live peer would be declared dead; deaths on one host are seen by the
+    /// OS at once anyway).
     #[arg(long = "backend-param", value_name = "KEY=VALUE")]
     backend_params: Vec<String>,
     /// Whether the backends progress on threads of their own (`false`: the workers'
@@ -263,6 +267,8 @@ fn run(options: Options) -> Result<bool, String> {
     if options.provider != "shm" {
         backend_params.insert("local_provider".into(), "none".into());
     }
+    backend_params.insert("heartbeat_ms".into(), "500".into());
+    backend_params.insert("heartbeat_misses".into(), "10".into());
     for kv in &options.backend_params {
         let (k, v) = kv
             .split_once('=')
@@ -330,10 +336,10 @@ fn run(options: Options) -> Result<bool, String> {
         options,
     };
     println!(
-        "nixl-soak: {agents} agents, {:?}, metadata {:?}, provider {}, progress thread {}, sizes {}..{}, seed {seed}, logs in {}",
+        "nixl-soak: {agents} agents, {:?} of faults, metadata {:?}, LIBFABRIC {:?}, progress thread {}, sizes {}..{}, seed {seed}, logs in {}",
         run.options.duration,
         run.options.metadata,
-        run.options.provider,
+        run.backend_params,
         run.options.progress_thread,
         human_bytes(run.options.min_size as u64),
         human_bytes(run.options.max_size as u64),
@@ -682,7 +688,7 @@ impl Run {
                 self.problem("not every agent was up again within 120 s of the last fault".into());
                 break;
             }
-            self.tick(false);
+            self.tick();
         }
         for slot in &mut self.slots {
             slot.send(&ToWorker::Sweep);
@@ -708,7 +714,7 @@ impl Run {
     fn phase(&mut self, end: Instant, faults: bool) {
         let mut next_fault = Instant::now() + self.rng.exponential(self.options.fault_every);
         while Instant::now() < end {
-            self.tick(true);
+            self.tick();
             if faults && Instant::now() >= next_fault {
                 self.inject_fault();
                 next_fault = Instant::now() + self.rng.exponential(self.options.fault_every);
@@ -718,13 +724,13 @@ impl Run {
 
     /// Handles events for a while, reaps and restarts workers, samples `/proc` every
     /// second and prints a row every `--report-every`.
-    fn tick(&mut self, restart: bool) {
+    fn tick(&mut self) {
         self.pump(Instant::now() + Duration::from_millis(50));
         self.reap(true);
         let now = Instant::now();
         for index in 0..self.slots.len() {
             if let State::Down(Some(at)) = self.slots[index].state {
-                if now >= at && restart {
+                if now >= at {
                     self.restarts += 1;
                     if let Err(e) = self.spawn(index) {
                         self.problem(e);
