@@ -750,6 +750,23 @@ impl Run {
 
     /// Asks every worker to leave, waits for them, prints the summary; `true` if passed.
     fn finish(&mut self) -> bool {
+        // Everyone leaves: announced first, as every fault is, so that what a worker
+        // meets from a peer leaving before it is explained.
+        let at_ms = unix_ms();
+        let ending: Vec<ToWorker> = self
+            .slots
+            .iter()
+            .filter(|s| s.is_running())
+            .map(|s| ToWorker::Down {
+                index: s.index,
+                incarnation: s.incarnation,
+                at_ms,
+                how: "end".into(),
+            })
+            .collect();
+        for msg in &ending {
+            self.broadcast(msg, usize::MAX);
+        }
         for slot in &mut self.slots {
             match slot.state {
                 State::Up | State::Starting => {
