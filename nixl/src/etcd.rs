@@ -39,11 +39,12 @@
 //!   the application.
 //!
 //! # When etcd members fail
-//! A client given several endpoints spreads its requests over them, and a member that
-//! dies costs the requests that were on its connection only. The lease keep-alive and
-//! the watches are long-lived streams on one connection: when one ends (its member died
-//! or restarted), it is opened again (on any member that answers), with a growing pause
-//! (up to [`RECONNECT_PAUSE_MAX`]) while none does:
+//! A client given several endpoints spreads its requests over them; a request that went
+//! to a member that does not answer (dead, restarting, or without a leader) is sent again
+//! (reaching one that does) until [`EtcdConfig::timeout`] ends it. The lease keep-alive
+//! and the watches are long-lived streams on one connection: when one ends (its member
+//! died or restarted), it is opened again (on any member that answers), with a growing
+//! pause (up to [`RECONNECT_PAUSE_MAX`]) while none does:
 //! - the keep-alive resumes with the same lease; if that lease expired meanwhile (etcd
 //!   was unreachable for longer than the TTL), a new lease is taken and every key this
 //!   client published is written again under it (peers watching see a republication);
