@@ -38,6 +38,24 @@
 //!   incarnation replaces the old connection and new requests reach it, with no call by
 //!   the application.
 //!
+//! # When etcd members fail
+//! A client given several endpoints spreads its requests over them; a request that went
+//! to a member that does not answer (dead, restarting, or without a leader) is sent again
+//! (reaching one that does) until [`EtcdConfig::timeout`] ends it. The lease keep-alive
+//! and the watches are long-lived streams on one connection: when one ends (its member
+//! died or restarted), it is opened again (on any member that answers), with a growing
+//! pause (up to [`RECONNECT_PAUSE_MAX`]) while none does:
+//! - the keep-alive resumes with the same lease; if that lease expired meanwhile (etcd
+//!   was unreachable for longer than the TTL), a new lease is taken and every key this
+//!   client published is written again under it (peers watching see a republication);
+//! - a watch resumes from the revision after the last event it handled, so no deletion
+//!   or republication in between is missed (where etcd compacted that history, it
+//!   resumes from the oldest revision kept).
+//!
+//! Requests made while no member answers fail with [`crate::Error::Timeout`] or
+//! [`crate::Error::Backend`] (`backend: "etcd"`) within [`EtcdConfig::timeout`], and
+//! work again once one does.
+//!
 //! # Threads
 //! The client owns a small tokio runtime (one worker thread) that runs the etcd client,
 //! the lease keep-alive and the watches. Its methods block the calling thread (each
@@ -49,8 +67,9 @@ use crate::error::{Error, Result};
 use crate::mem::DescList;
 use etcd_client::{Client, ConnectOptions, EventType, GetOptions, PutOptions, WatchOptions};
 use parking_lot::Mutex;
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::future::Future;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -59,6 +78,12 @@ use std::time::Duration;
 pub const ENDPOINTS_ENV: &str = "NIXL_ETCD_ENDPOINTS";
 /// Environment variable with the key namespace.
 pub const NAMESPACE_ENV: &str = "NIXL_ETCD_NAMESPACE";
+/// Longest pause between attempts to reopen a keep-alive or watch stream while no etcd
+/// member answers.
+pub const RECONNECT_PAUSE_MAX: Duration = Duration::from_secs(1);
+/// First pause between those attempts (doubling up to [`RECONNECT_PAUSE_MAX`]).
+const RECONNECT_PAUSE_MIN: Duration = Duration::from_millis(50);
+
 /// NIXL's default namespace.
 pub const DEFAULT_NAMESPACE: &str = "/nixl/agents";
 /// The label of the full metadata (NIXL's `default_metadata_label`).
@@ -140,7 +165,12 @@ pub struct EtcdMetadata {
     config: EtcdConfig,
     runtime: Option<tokio::runtime::Runtime>,
     client: Client,
-    lease: Option<i64>,
+    /// The lease every key is written under (0: none); replaced by the keep-alive task
+    /// when the lease expired while etcd was unreachable.
+    lease: Arc<AtomicI64>,
+    /// What this client published (key → value, the presence key included), written
+    /// again under a new lease when the old one expired.
+    published: Arc<Mutex<BTreeMap<String, Vec<u8>>>>,
     keep_alive: Option<tokio::task::JoinHandle<()>>,
     watches: Mutex<HashMap<String, PeerWatch>>,
     announced: Mutex<bool>,
@@ -151,7 +181,7 @@ impl std::fmt::Debug for EtcdMetadata {
         f.debug_struct("EtcdMetadata")
             .field("agent", &self.name)
             .field("config", &self.config)
-            .field("lease", &self.lease)
+            .field("lease", &self.lease.load(Ordering::Relaxed))
             .finish_non_exhaustive()
     }
 }
@@ -201,7 +231,8 @@ impl EtcdMetadata {
             config,
             runtime: Some(runtime),
             client,
-            lease: None,
+            lease: Arc::new(AtomicI64::new(0)),
+            published: Arc::new(Mutex::new(BTreeMap::new())),
             keep_alive: None,
             watches: Mutex::new(HashMap::new()),
             announced: Mutex::new(false),
@@ -235,48 +266,34 @@ impl EtcdMetadata {
 
     fn take_lease(&mut self, ttl: Duration) -> Result<()> {
         let secs = i64::try_from(ttl.as_secs().max(1)).unwrap_or(i64::MAX);
-        let mut client = self.client.clone();
-        let (id, keeper, stream) = self.block("taking an etcd lease", async move {
-            let lease = client
-                .lease_grant(secs, None)
-                .await
-                .map_err(|e| etcd_error("lease grant", e))?;
-            let (keeper, stream) = client
-                .lease_keep_alive(lease.id())
-                .await
-                .map_err(|e| etcd_error("lease keep-alive", e))?;
-            Ok((lease.id(), keeper, stream))
+        let client = self.client.clone();
+        let id = self.block("taking an etcd lease", async move {
+            retry_unreachable(|| {
+                let mut client = client.clone();
+                async move { client.lease_grant(secs, None).await }
+            })
+            .await
+            .map(|lease| lease.id())
+            .map_err(|e| etcd_error("lease grant", e))
         })?;
-        let period = (ttl / 3).max(Duration::from_millis(200));
-        let name = self.name.clone();
-        self.keep_alive = Some(self.runtime().spawn(async move {
-            let (mut keeper, mut stream) = (keeper, stream);
-            loop {
-                if let Err(e) = keeper.keep_alive().await {
-                    tracing::warn!(agent = %name, error = %e, "etcd lease keep-alive failed");
-                    return;
-                }
-                match stream.message().await {
-                    Ok(Some(_)) => {}
-                    Ok(None) => return,
-                    Err(e) => {
-                        tracing::warn!(agent = %name, error = %e, "etcd lease keep-alive failed");
-                        return;
-                    }
-                }
-                tokio::time::sleep(period).await;
-            }
-        }));
-        self.lease = Some(id);
+        self.lease.store(id, Ordering::Release);
+        self.keep_alive = Some(self.runtime().spawn(keep_lease_alive(
+            self.client.clone(),
+            self.name.clone(),
+            secs,
+            self.lease.clone(),
+            self.published.clone(),
+        )));
         Ok(())
     }
 
     fn put_options(&self) -> Option<PutOptions> {
-        self.lease.map(|id| PutOptions::new().with_lease(id))
+        let id = self.lease.load(Ordering::Acquire);
+        (id != 0).then(|| PutOptions::new().with_lease(id))
     }
 
     fn put(&self, label: &str, value: Vec<u8>) -> Result<()> {
-        let mut client = self.client.clone();
+        let client = self.client.clone();
         let presence = {
             let mut announced = self.announced.lock();
             let first = !*announced;
@@ -285,17 +302,30 @@ impl EtcdMetadata {
         };
         let key = self.config.key(&self.name, label);
         let options = self.put_options();
+        // Remembered before the request: a lease that expires while it is in flight has
+        // its keys written again by the keep-alive task, this one included.
+        {
+            let mut published = self.published.lock();
+            published.insert(self.config.key(&self.name, ""), Vec::new());
+            published.insert(key.clone(), value.clone());
+        }
         let result = self.block("publishing to etcd", async move {
             if let Some(presence) = presence {
-                client
-                    .put(presence, Vec::new(), options.clone())
-                    .await
-                    .map_err(|e| etcd_error("put presence key", e))?;
-            }
-            client
-                .put(key, value, options)
+                retry_unreachable(|| {
+                    let (mut client, presence, options) =
+                        (client.clone(), presence.clone(), options.clone());
+                    async move { client.put(presence, Vec::new(), options).await }
+                })
                 .await
-                .map_err(|e| etcd_error("put metadata", e))?;
+                .map_err(|e| etcd_error("put presence key", e))?;
+            }
+            retry_unreachable(|| {
+                let (mut client, key, value, options) =
+                    (client.clone(), key.clone(), value.clone(), options.clone());
+                async move { client.put(key, value, options).await }
+            })
+            .await
+            .map_err(|e| etcd_error("put metadata", e))?;
             Ok(())
         });
         if result.is_err() {
@@ -344,17 +374,18 @@ impl EtcdMetadata {
     /// invalidate it.
     #[doc(alias = "invalidateLocalMD")]
     pub fn unpublish(&self) -> Result<()> {
-        let mut client = self.client.clone();
+        let client = self.client.clone();
         let prefix = self.config.key(&self.name, "");
         *self.announced.lock() = false;
+        self.published.lock().clear();
         self.block("removing keys from etcd", async move {
-            client
-                .delete(
-                    prefix,
-                    Some(etcd_client::DeleteOptions::new().with_prefix()),
-                )
-                .await
-                .map_err(|e| etcd_error("delete", e))?;
+            retry_unreachable(|| {
+                let (mut client, prefix) = (client.clone(), prefix.clone());
+                let options = etcd_client::DeleteOptions::new().with_prefix();
+                async move { client.delete(prefix, Some(options)).await }
+            })
+            .await
+            .map_err(|e| etcd_error("delete", e))?;
             Ok(())
         })
     }
@@ -384,10 +415,12 @@ impl EtcdMetadata {
         let mut client = self.client.clone();
         let wait_key = key.clone();
         let (blob, revision) = self.block(&format!("waiting for `{key}` in etcd"), async move {
-            let got = client
-                .get(wait_key.clone(), None)
-                .await
-                .map_err(|e| etcd_error("get", e))?;
+            let got = retry_unreachable(|| {
+                let (mut client, key) = (client.clone(), wait_key.clone());
+                async move { client.get(key, None).await }
+            })
+            .await
+            .map_err(|e| etcd_error("get", e))?;
             let revision = got.header().map_or(0, |h| h.revision());
             if let Some(kv) = got.kvs().first().filter(|kv| !kv.value().is_empty()) {
                 return Ok((kv.value().to_vec(), revision));
@@ -432,15 +465,15 @@ impl EtcdMetadata {
     pub fn labels(&self, agent: &str) -> Result<Vec<String>> {
         check_name(agent)?;
         let prefix = self.config.key(agent, "");
-        let mut client = self.client.clone();
+        let client = self.client.clone();
         let keys = self.block("listing etcd keys", async move {
-            let got = client
-                .get(
-                    prefix.clone(),
-                    Some(GetOptions::new().with_prefix().with_keys_only()),
-                )
-                .await
-                .map_err(|e| etcd_error("get", e))?;
+            let got = retry_unreachable(|| {
+                let (mut client, prefix) = (client.clone(), prefix.clone());
+                let options = GetOptions::new().with_prefix().with_keys_only();
+                async move { client.get(prefix, Some(options)).await }
+            })
+            .await
+            .map_err(|e| etcd_error("get", e))?;
             Ok(got
                 .kvs()
                 .iter()
@@ -495,6 +528,40 @@ impl EtcdMetadata {
     }
 }
 
+/// Whether `e` says the member the request went to did not answer (it died, restarted,
+/// or is between leaders): another attempt may reach one that does.
+fn member_unreachable(e: &etcd_client::Error) -> bool {
+    // gRPC status 14, UNAVAILABLE: what a dead connection, a refused connect and "no
+    // leader" come back as.
+    const UNAVAILABLE: i32 = 14;
+    match e {
+        etcd_client::Error::GRpcStatus(status) => status.code() as i32 == UNAVAILABLE,
+        etcd_client::Error::TransportError(_) => true,
+        _ => false,
+    }
+}
+
+/// Runs the request `attempt` makes until it succeeds, fails otherwise than by an
+/// unreachable member, or the caller's bound ([`bounded`]) ends the wait: with several
+/// endpoints, a request that went to a dead member is sent again (to one that answers).
+async fn retry_unreachable<T, F, Fut>(mut attempt: F) -> std::result::Result<T, etcd_client::Error>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = std::result::Result<T, etcd_client::Error>>,
+{
+    let mut pause = RECONNECT_PAUSE_MIN;
+    loop {
+        match attempt().await {
+            Err(e) if member_unreachable(&e) => {
+                tracing::debug!(error = %e, "etcd member unreachable: trying again");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(RECONNECT_PAUSE_MAX);
+            }
+            other => return other,
+        }
+    }
+}
+
 /// Runs `fut` on the runtime, bounded by `timeout`.
 fn bounded<T>(
     runtime: &tokio::runtime::Runtime,
@@ -507,7 +574,97 @@ fn bounded<T>(
         .unwrap_or_else(|_| Err(Error::Timeout(format!("{what} (after {timeout:?})"))))
 }
 
-/// Serves one peer's watch: deletions invalidate it, new metadata is loaded.
+/// Keeps lease `lease` alive for as long as the client lives: the keep-alive stream is
+/// opened again whenever it ends (its member died); a lease that expired meanwhile is
+/// replaced by a new one of `ttl_secs`, under which every key of `published` is written
+/// again.
+async fn keep_lease_alive(
+    mut client: Client,
+    name: String,
+    ttl_secs: i64,
+    lease: Arc<AtomicI64>,
+    published: Arc<Mutex<BTreeMap<String, Vec<u8>>>>,
+) {
+    let ttl = Duration::from_secs(ttl_secs.unsigned_abs());
+    let period = (ttl / 3).max(Duration::from_millis(200));
+    // A keep-alive unanswered for this long: its connection is presumed dead.
+    let answer_bound = (ttl / 3).max(Duration::from_millis(500));
+    let mut pause = RECONNECT_PAUSE_MIN;
+    loop {
+        let id = lease.load(Ordering::Acquire);
+        match client.lease_keep_alive(id).await {
+            Ok((mut keeper, mut stream)) => loop {
+                let answer = tokio::time::timeout(answer_bound, async {
+                    keeper.keep_alive().await?;
+                    stream.message().await
+                })
+                .await;
+                match answer {
+                    Ok(Ok(Some(reply))) if reply.ttl() > 0 => {
+                        pause = RECONNECT_PAUSE_MIN;
+                        tokio::time::sleep(period).await;
+                    }
+                    Ok(Ok(Some(_))) => {
+                        tracing::warn!(agent = %name, lease = id, "etcd lease expired while etcd was unreachable: taking a new one and publishing again");
+                        renew_lease(&mut client, &name, ttl_secs, &lease, &published).await;
+                        break;
+                    }
+                    Ok(Ok(None)) => {
+                        tracing::warn!(agent = %name, "etcd lease keep-alive stream ended: reopening");
+                        break;
+                    }
+                    Ok(Err(e)) => {
+                        tracing::warn!(agent = %name, error = %e, "etcd lease keep-alive failed: reopening");
+                        break;
+                    }
+                    Err(_) => {
+                        tracing::warn!(agent = %name, "etcd lease keep-alive unanswered: reopening");
+                        break;
+                    }
+                }
+            },
+            Err(e) => {
+                tracing::debug!(agent = %name, error = %e, "etcd lease keep-alive cannot open yet");
+            }
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(RECONNECT_PAUSE_MAX);
+    }
+}
+
+/// Takes a new lease and writes every published key under it (a failure is logged; the
+/// keep-alive loop tries again).
+async fn renew_lease(
+    client: &mut Client,
+    name: &str,
+    ttl_secs: i64,
+    lease: &AtomicI64,
+    published: &Mutex<BTreeMap<String, Vec<u8>>>,
+) {
+    let id = match client.lease_grant(ttl_secs, None).await {
+        Ok(granted) => granted.id(),
+        Err(e) => {
+            tracing::warn!(agent = %name, error = %e, "etcd lease grant failed");
+            return;
+        }
+    };
+    lease.store(id, Ordering::Release);
+    let keys: Vec<(String, Vec<u8>)> = published
+        .lock()
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    for (key, value) in keys {
+        let options = PutOptions::new().with_lease(id);
+        if let Err(e) = client.put(key.clone(), value, Some(options)).await {
+            tracing::warn!(agent = %name, key, error = %e, "etcd: publishing again failed");
+        }
+    }
+}
+
+/// Serves one peer's watch: deletions invalidate it, new metadata is loaded. A stream
+/// that ends (its member died) is opened again from the revision after the last event
+/// handled.
 async fn watch_loop(
     mut client: Client,
     prefix: String,
@@ -516,75 +673,103 @@ async fn watch_loop(
     agent: Weak<AgentInner>,
     from_revision: i64,
 ) {
-    let options = WatchOptions::new()
-        .with_prefix()
-        .with_start_revision(from_revision);
-    let mut stream = match client.watch(prefix.clone(), Some(options)).await {
-        Ok(stream) => stream,
-        Err(e) => {
-            tracing::warn!(peer = %remote, error = %e, "etcd watch could not start");
-            return;
-        }
-    };
+    let mut next_revision = from_revision;
+    let mut pause = RECONNECT_PAUSE_MIN;
     loop {
-        let msg = match stream.message().await {
-            Ok(Some(msg)) => msg,
-            Ok(None) => return,
+        let options = WatchOptions::new()
+            .with_prefix()
+            .with_start_revision(next_revision);
+        match client.watch(prefix.clone(), Some(options)).await {
+            Ok(mut stream) => loop {
+                let msg = match stream.message().await {
+                    Ok(Some(msg)) => msg,
+                    Ok(None) => {
+                        tracing::warn!(peer = %remote, "etcd watch ended: reopening");
+                        break;
+                    }
+                    Err(e) => {
+                        tracing::warn!(peer = %remote, error = %e, "etcd watch failed: reopening");
+                        break;
+                    }
+                };
+                if msg.canceled() {
+                    if msg.compact_revision() > next_revision {
+                        // The history from `next_revision` on is gone: resume from what
+                        // is kept.
+                        next_revision = msg.compact_revision();
+                    }
+                    tracing::warn!(peer = %remote, reason = msg.cancel_reason(), "etcd watch canceled: reopening");
+                    break;
+                }
+                pause = RECONNECT_PAUSE_MIN;
+                let Some(agent) = agent.upgrade().map(|inner| inner.agent()) else {
+                    return;
+                };
+                if agent.is_shut_down() {
+                    return;
+                }
+                for event in msg.events() {
+                    let Some(kv) = event.kv() else { continue };
+                    next_revision = next_revision.max(kv.mod_revision() + 1);
+                    handle_event(&agent, &remote, &prefix, &labels, event.event_type(), kv);
+                }
+            },
             Err(e) => {
-                tracing::warn!(peer = %remote, error = %e, "etcd watch ended");
+                tracing::debug!(peer = %remote, error = %e, "etcd watch cannot open yet");
+            }
+        }
+        match agent.upgrade() {
+            Some(inner) if !inner.agent().is_shut_down() => {}
+            _ => return,
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(RECONNECT_PAUSE_MAX);
+    }
+}
+
+/// One event of a peer's watch.
+fn handle_event(
+    agent: &Agent,
+    remote: &str,
+    prefix: &str,
+    labels: &Mutex<HashSet<String>>,
+    event_type: EventType,
+    kv: &etcd_client::KeyValue,
+) {
+    let label = kv
+        .key_str()
+        .ok()
+        .and_then(|k| k.strip_prefix(prefix))
+        .unwrap_or_default();
+    match event_type {
+        EventType::Delete => match agent.invalidate_remote(remote) {
+            Ok(()) => {
+                tracing::debug!(peer = %remote, key = label, "etcd: peer left, invalidated")
+            }
+            Err(Error::UnknownAgent(_)) => {}
+            Err(e) => {
+                tracing::warn!(peer = %remote, error = %e, "etcd: invalidation failed")
+            }
+        },
+        EventType::Put => {
+            let wanted = label == DEFAULT_LABEL || labels.lock().contains(label);
+            if !wanted || kv.value().is_empty() {
                 return;
             }
-        };
-        if msg.canceled() {
-            tracing::warn!(peer = %remote, reason = msg.cancel_reason(), "etcd watch canceled");
-            return;
-        }
-        let Some(agent) = agent.upgrade().map(|inner| inner.agent()) else {
-            return;
-        };
-        if agent.is_shut_down() {
-            return;
-        }
-        for event in msg.events() {
-            let Some(kv) = event.kv() else { continue };
-            let label = kv
-                .key_str()
-                .ok()
-                .and_then(|k| k.strip_prefix(prefix.as_str()))
-                .unwrap_or_default();
-            match event.event_type() {
-                EventType::Delete => match agent.invalidate_remote(&remote) {
-                    Ok(()) => {
-                        tracing::debug!(peer = %remote, key = label, "etcd: peer left, invalidated")
+            match crate::metadata::AgentMetadata::decode(kv.value()) {
+                Ok(meta) if meta.agent == remote => match agent.load_remote_metadata(kv.value()) {
+                    Ok(_) => {
+                        tracing::debug!(peer = %remote, label, "etcd: peer republished, reloaded")
                     }
-                    Err(Error::UnknownAgent(_)) => {}
                     Err(e) => {
-                        tracing::warn!(peer = %remote, error = %e, "etcd: invalidation failed")
+                        tracing::warn!(peer = %remote, error = %e, "etcd: reloading failed")
                     }
                 },
-                EventType::Put => {
-                    let wanted = label == DEFAULT_LABEL || labels.lock().contains(label);
-                    if !wanted || kv.value().is_empty() {
-                        continue;
-                    }
-                    match crate::metadata::AgentMetadata::decode(kv.value()) {
-                        Ok(meta) if meta.agent == remote => {
-                            match agent.load_remote_metadata(kv.value()) {
-                                Ok(_) => {
-                                    tracing::debug!(peer = %remote, label, "etcd: peer republished, reloaded")
-                                }
-                                Err(e) => {
-                                    tracing::warn!(peer = %remote, error = %e, "etcd: reloading failed")
-                                }
-                            }
-                        }
-                        Ok(meta) => {
-                            tracing::warn!(peer = %remote, found = %meta.agent, "etcd: metadata of another agent ignored")
-                        }
-                        Err(e) => {
-                            tracing::warn!(peer = %remote, error = %e, "etcd: malformed metadata ignored")
-                        }
-                    }
+                Ok(meta) => {
+                    tracing::warn!(peer = %remote, found = %meta.agent, "etcd: metadata of another agent ignored")
+                }
+                Err(e) => {
+                    tracing::warn!(peer = %remote, error = %e, "etcd: malformed metadata ignored")
                 }
             }
         }
@@ -599,7 +784,8 @@ impl Drop for EtcdMetadata {
         if let Some(task) = self.keep_alive.take() {
             task.abort();
         }
-        if let (Some(id), Some(runtime)) = (self.lease, self.runtime.as_ref()) {
+        let lease = Some(self.lease.load(Ordering::Acquire)).filter(|id| *id != 0);
+        if let (Some(id), Some(runtime)) = (lease, self.runtime.as_ref()) {
             // The agent leaves: its keys go with the lease.
             let mut client = self.client.clone();
             let revoked = bounded(

@@ -14,6 +14,8 @@
 //!   data pattern and what every block holds afterwards.
 //! - [`rdma`]: this machine's RDMA devices, so a `--device_list` naming one it lacks is
 //!   refused at once.
+//! - [`soak`]: `nixl-soak`'s coordinator–worker messages, data patterns, `/proc` samples
+//!   and growth check.
 //!
 //! The binaries are the product; this library exists so that they behave alike and is
 //! not meant as a stable API.
@@ -23,4 +25,5 @@ pub mod cli;
 pub mod gflags;
 pub mod kv;
 pub mod rdma;
+pub mod soak;
 pub mod units;

@@ -24,7 +24,9 @@
 //! Who sent a notification is what the transport says (module `sources`): a message
 //! from a loaded peer's endpoint is delivered under that peer's name, and refused if it
 //! names another; a message from an endpoint of no loaded peer that names a loaded peer
-//! is refused; one that names an agent this backend never loaded is delivered under that
+//! is refused while that peer's process lives (once it ended, the name is free: a
+//! restarted peer's notifications arrive before this side reloads it); one that names an
+//! agent this backend never loaded is delivered under that
 //! name with `notif_senders=any` (the default: a target need not load its initiators'
 //! metadata, as in NIXL) and refused with `notif_senders=loaded`. Where the provider
 //! names the senders of remote CQ data too (`shm`, `sockets`), data counts only toward

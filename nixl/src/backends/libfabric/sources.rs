@@ -203,6 +203,18 @@ impl Sources {
             || self.everywhere.get().is_some_and(|n| n.contains(agent))
     }
 
+    /// Whether the incarnation of `agent` loaded here is known to be over: its
+    /// connection information named a process on this host, and no process with that pid
+    /// and start time exists any more. A restarted peer's messages come from endpoints
+    /// no load bound yet, under a name no live process holds: they are a stranger's,
+    /// not a forgery of a live peer's. (A peer in another pid namespace of this host
+    /// counts as ended too: its pid names nothing here.)
+    pub(super) fn loaded_process_ended(&self, agent: &str) -> bool {
+        self.peer(agent)
+            .and_then(|p| p.process)
+            .is_some_and(|p| p.on_this_host() && p.local_pid().is_none())
+    }
+
     /// Binds `peer`'s endpoints (`(rail, name)` and where answers go), replacing what
     /// was bound for the same agent; returns that older incarnation unless it is `peer`.
     pub(super) fn bind(

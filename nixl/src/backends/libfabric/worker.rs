@@ -714,8 +714,13 @@ impl Worker {
                          peer (notif_senders=loaded)"
                     ))
                 }
+                // A loaded peer's name from another endpoint is refused while the
+                // loaded incarnation lives; once its process ended, the name is free
+                // (its restarted incarnation's notifications must not be lost until
+                // this side reloads it).
                 None if sender == self.common.agent_name
-                    || self.common.sources.is_loaded(&sender) =>
+                    || (self.common.sources.is_loaded(&sender)
+                        && !self.common.sources.loaded_process_ended(&sender)) =>
                 {
                     return self.refuse_notif(format_args!(
                         "a notification naming `{sender}` comes from none of its endpoints"
