@@ -592,11 +592,14 @@ impl LocalProcess {
     /// Whether the process still runs and may be scheduled: not gone, not a new process
     /// under the pid, not a zombie, not stopped (`SIGSTOP`, a tracer) — only then is its
     /// silence a matter of scheduling.
+    /// It must also share this process's network namespace: a peer behind another
+    /// namespace's link (a cut veth) is as far as another host.
     pub(crate) fn runs(&self) -> bool {
+        let net_ns = |pid: &str| std::fs::read_link(format!("/proc/{pid}/ns/net")).ok();
         matches!(
             proc_state(self.pid),
             Some((state, start)) if start == self.start_time
                 && matches!(state, 'R' | 'S' | 'D' | 'I' | 'W')
-        )
+        ) && net_ns(&self.pid.to_string()).is_some_and(|ns| Some(ns) == net_ns("self"))
     }
 }
