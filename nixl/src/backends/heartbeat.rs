@@ -480,17 +480,19 @@ impl Hub {
         self.addr
     }
 
-    /// Starts watching `agent`, whose hub is at `at`: connects, asks it for heartbeats,
-    /// and returns the watch the hub's thread marks dead once they stop. `None` where
-    /// heartbeats are off on either side.
+    /// [`Hub::watch_process`] of a peer on another host.
+    #[cfg(test)]
     pub(crate) fn watch(&self, agent: &str, at: HubAddr) -> Result<Option<Arc<PeerWatch>>> {
         self.watch_process(agent, at, None)
     }
 
-    /// [`Hub::watch`] for a peer whose process runs on this host (`process`): its death
-    /// is seen through the OS, so its silence is judged death only while the process is
-    /// stopped or gone, or past [`LOCAL_SILENCE_FACTOR`] times the usual bound — a
-    /// process that runs but was not scheduled (a loaded machine) is not declared dead.
+    /// Starts watching `agent`, whose hub is at `at`: connects, asks it for heartbeats,
+    /// and returns the watch the hub's thread marks dead once they stop. `None` where
+    /// heartbeats are off on either side. A peer whose process runs on this host
+    /// (`process`) has its death seen through the OS, so its silence is judged death only
+    /// while the process is stopped or gone, or past [`LOCAL_SILENCE_FACTOR`] times the
+    /// usual bound — a process that runs but was not scheduled (a loaded machine) is not
+    /// declared dead.
     pub(crate) fn watch_process(
         &self,
         agent: &str,
