@@ -85,6 +85,9 @@ pub fn run(args: &[String]) -> Result<i32> {
                 "gpu_nixlbench_file",
                 "--test",
                 "cli",
+                // The soak through etcd (its P2P run is part of the workspace's tests).
+                "--test",
+                "soak",
             ][..],
             &[
                 "test",
