@@ -161,7 +161,10 @@ impl DeviceBuffer {
         // SAFETY: the destination range is inside this allocation; `src` is a live slice.
         cvt("cuMemcpyHtoD", unsafe {
             sys::cuMemcpyHtoD_v2(dst, src.as_ptr().cast(), src.len())
-        })
+        })?;
+        // From pageable memory the call returns once the bytes are staged, before the
+        // DMA lands: another process or context reading the buffer next must see them.
+        sync_default_stream()
     }
 
     /// Copies from `offset` into `dst` (synchronous).
@@ -187,7 +190,9 @@ impl DeviceBuffer {
         // SAFETY: the range is exactly this allocation.
         cvt("cuMemsetD8", unsafe {
             sys::cuMemsetD8_v2(self.ptr, value, self.len)
-        })
+        })?;
+        // A memset of device memory is asynchronous to the host.
+        sync_default_stream()
     }
 
     /// A CUDA-IPC handle another process opens with [`crate::IpcMapping::open`].
@@ -306,4 +311,13 @@ impl Drop for DeviceBuffer {
             tracing::warn!("device buffer {:#x}: {e}", self.ptr);
         }
     }
+}
+
+/// Waits for the work on the current context's legacy default stream (where the
+/// synchronous-looking copies and memsets above run).
+fn sync_default_stream() -> Result<()> {
+    // SAFETY: the null stream names the current context's legacy default stream.
+    cvt("cuStreamSynchronize", unsafe {
+        sys::cuStreamSynchronize(std::ptr::null_mut())
+    })
 }
