@@ -68,7 +68,12 @@ const RSS_GOAL_BYTES: u64 = 64 << 20;
 #[command(name = PROGRAM, version, max_term_width = 100)]
 struct Cli {
     /// LIBFABRIC providers to run, comma-separated
-    #[arg(long, value_name = "LIST", value_delimiter = ',', default_value = "shm,tcp;ofi_rxm")]
+    #[arg(
+        long,
+        value_name = "LIST",
+        value_delimiter = ',',
+        default_value = "shm,tcp;ofi_rxm"
+    )]
     provider: Vec<String>,
     /// Hostile connections to the metadata listener
     #[arg(long, value_name = "N", default_value_t = 10_000)]
@@ -91,6 +96,16 @@ struct Cli {
     #[arg(long, value_name = "N", default_value_t = 200,
           value_parser = clap::value_parser!(u64).range(1..))]
     min_rounds: u64,
+    /// Attack phases to run after the quiet baseline, comma-separated
+    #[arg(long, value_name = "LIST", value_delimiter = ',',
+          default_value = "connections,junk,notifications,all",
+          value_parser = ["connections", "junk", "notifications", "all"])]
+    phases: Vec<String>,
+    /// LIBFABRIC parameter for both agents (repeatable); `tcp;ofi_rxm` runs get
+    /// `local_provider=none` unless given, so that peers on this host use tcp too
+    #[arg(long = "backend_param", alias = "backend-param", value_name = "KEY=VALUE",
+          value_parser = key_value)]
+    backend_param: Vec<(String, String)>,
     /// Exit 1 when a goal is missed (p99 within 2x, RSS growth under 64 MiB, probes)
     #[arg(long)]
     strict: bool,
@@ -98,27 +113,60 @@ struct Cli {
     role: Option<String>,
     #[arg(long, hide = true)]
     nonce: Option<String>,
+    /// (`--role notifier`) the target rail's endpoint name, hex
+    #[arg(long, hide = true)]
+    rail: Option<String>,
+}
+
+fn key_value(text: &str) -> Result<(String, String), String> {
+    match text.split_once('=') {
+        Some((k, v)) if !k.is_empty() => Ok((k.to_string(), v.to_string())),
+        _ => Err(format!(
+            "`{text}` is not KEY=VALUE (e.g. heartbeat_misses=20)"
+        )),
+    }
+}
+
+/// The LIBFABRIC parameters of both agents for `provider`.
+pub(crate) fn backend_params(provider: &str, extra: &[(String, String)]) -> BackendParams {
+    let mut params: BackendParams = [("provider".to_string(), provider.to_string())].into();
+    if provider != "shm" {
+        // Otherwise a peer on this host is reached through an `shm` plane.
+        params.insert("local_provider".to_string(), "none".to_string());
+    }
+    params.extend(extra.iter().cloned());
+    params
 }
 
 fn main() {
     tools::cli::init_tracing();
     let cli: Cli = tools::cli::parse_or_exit(PROGRAM);
     if cli.block == 0 || cli.block > 64 << 20 {
-        tools::cli::Stop::Usage(format!(
-            "--block {} must be 1 byte to 64 MiB",
-            cli.block
-        ))
-        .exit(PROGRAM);
+        tools::cli::Stop::Usage(format!("--block {} must be 1 byte to 64 MiB", cli.block))
+            .exit(PROGRAM);
     }
     if cli.role.as_deref() == Some("target") {
         let args = target::TargetArgs {
             provider: cli.provider.first().cloned().unwrap_or_default(),
+            params: backend_params(
+                cli.provider.first().map_or("", String::as_str),
+                &cli.backend_param,
+            ),
             block: cli.block,
             slots: SLOTS,
             nonce: cli.nonce.clone().unwrap_or_default(),
         };
         if let Err(e) = target::run(&args) {
             tools::cli::fail(PROGRAM, e);
+        }
+        return;
+    }
+    if cli.role.as_deref() == Some("notifier") {
+        let provider = cli.provider.first().cloned().unwrap_or_default();
+        let rail = cli.rail.as_deref().and_then(from_hex).unwrap_or_default();
+        match attack::forged_notifications(&provider, &rail, cli.notifications) {
+            Ok(r) => println!("ATTACK_NOTIFIER sent={} failed={}", r.done, r.failed),
+            Err(e) => tools::cli::fail(PROGRAM, e),
         }
         return;
     }
@@ -142,6 +190,53 @@ fn main() {
     if !broken.is_empty() || (cli.strict && !missed.is_empty()) {
         std::process::exit(tools::cli::FAILURE_EXIT);
     }
+}
+
+fn to_hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn from_hex(text: &str) -> Option<Vec<u8>> {
+    (0..text.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok())
+        .collect()
+}
+
+/// Forged notifications from a process of their own (`--role notifier`): an attacker
+/// shares no process with the peers (`shm` names a sender by its process's slot).
+fn notifier_process(provider: &str, rail: &[u8], total: u64) -> Result<AttackReport, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("this program's path: {e}"))?;
+    let out = Command::new(exe)
+        .args([
+            "--role",
+            "notifier",
+            "--provider",
+            provider,
+            "--rail",
+            &to_hex(rail),
+        ])
+        .arg("--notifications")
+        .arg(total.to_string())
+        .stdin(Stdio::null())
+        .stderr(Stdio::inherit())
+        .output()
+        .map_err(|e| format!("starting the notifier: {e}"))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("ATTACK_NOTIFIER "))
+        .ok_or_else(|| format!("the notifier {}: {}", out.status, text.trim()))?;
+    let field = |k: &str| {
+        line.split(' ')
+            .find_map(|f| f.strip_prefix(k)?.strip_prefix('='))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    Ok(AttackReport {
+        done: field("sent"),
+        failed: field("failed"),
+    })
 }
 
 /// Raises this process's soft `RLIMIT_NOFILE` to its hard limit (the held connections).
@@ -238,8 +333,10 @@ fn print_table(rows: &[Row]) {
             us(r.round_p99),
             r.ratios
                 .map_or("-".to_string(), |(x, rd)| format!("{x:.2}/{rd:.2}")),
-            r.rss_growth
-                .map_or("-".to_string(), |g| format!("{:.1}", g as f64 / (1 << 20) as f64)),
+            r.rss_growth.map_or("-".to_string(), |g| format!(
+                "{:.1}",
+                g as f64 / (1 << 20) as f64
+            )),
             format!("{}/{}", r.probes_ok, r.probes_ok + r.probes_failed),
             r.attack
         );
@@ -275,10 +372,15 @@ struct TargetProc {
 impl TargetProc {
     fn start(cli: &Cli, provider: &str, nonce: &str) -> Result<Self, String> {
         let exe = std::env::current_exe().map_err(|e| format!("this program's path: {e}"))?;
-        let mut child = Command::new(exe)
+        let mut command = Command::new(exe);
+        command
             .args(["--role", "target", "--provider", provider, "--nonce", nonce])
             .arg("--block")
-            .arg(cli.block.to_string())
+            .arg(cli.block.to_string());
+        for (k, v) in &cli.backend_param {
+            command.arg(format!("--backend_param={k}={v}"));
+        }
+        let mut child = command
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -411,11 +513,16 @@ struct Initiator {
 }
 
 impl Initiator {
-    fn start(provider: &str, target: &TargetProc, block: usize, nonce: &str) -> Result<Self, String> {
+    fn start(
+        provider: &str,
+        params: &BackendParams,
+        target: &TargetProc,
+        block: usize,
+        nonce: &str,
+    ) -> Result<Self, String> {
         let agent = Agent::new(INITIATOR, AgentConfig::default()).map_err(|e| e.to_string())?;
-        let params: BackendParams = [("provider".to_string(), provider.to_string())].into();
         agent
-            .create_backend("LIBFABRIC", &params)
+            .create_backend("LIBFABRIC", params)
             .map_err(|e| format!("LIBFABRIC provider {provider}: {e}"))?;
         let mut src = vec![0u8; block * SLOTS];
         let mut dst = vec![0u8; block * SLOTS];
@@ -430,8 +537,7 @@ impl Initiator {
         // SAFETY: `src` and `dst` live in the returned value with the registration and
         // are never moved (a Vec's heap buffer stays put); the registration is dropped
         // with the requests that use it, before them (field order).
-        let registration =
-            unsafe { agent.register_mem(&list, None) }.map_err(|e| e.to_string())?;
+        let registration = unsafe { agent.register_mem(&list, None) }.map_err(|e| e.to_string())?;
         agent
             .fetch_remote_metadata(target.listen)
             .map_err(|e| format!("fetching the target's metadata: {e}"))?;
@@ -502,7 +608,9 @@ impl Initiator {
         while !self.answered.remove(&seq) {
             let left = ROUND_TIMEOUT.saturating_sub(start.elapsed());
             if left.is_zero() {
-                return Err(format!("no answer of the target to round {seq} within {ROUND_TIMEOUT:?}"));
+                return Err(format!(
+                    "no answer of the target to round {seq} within {ROUND_TIMEOUT:?}"
+                ));
             }
             for (sender, messages) in self.agent.wait_notifs(left) {
                 for m in messages {
@@ -534,7 +642,10 @@ impl Initiator {
     }
 
     fn take_samples(&mut self) -> (Vec<Duration>, Vec<Duration>) {
-        (std::mem::take(&mut self.xfer), std::mem::take(&mut self.rounds))
+        (
+            std::mem::take(&mut self.xfer),
+            std::mem::take(&mut self.rounds),
+        )
     }
 }
 
@@ -662,7 +773,8 @@ impl Phase {
 fn run_provider(cli: &Cli, provider: &str, rows: &mut Vec<Row>) -> Result<Vec<String>, String> {
     let nonce = fresh_nonce();
     let mut target = TargetProc::start(cli, provider, &nonce)?;
-    let mut init = Initiator::start(provider, &target, cli.block, &nonce)?;
+    let params = backend_params(provider, &cli.backend_param);
+    let mut init = Initiator::start(provider, &params, &target, cli.block, &nonce)?;
     let blob = wire::fetch_metadata(target.listen, Duration::from_secs(10))?;
     let rail = wire::libfabric_rails(&blob)?
         .into_iter()
@@ -698,11 +810,18 @@ fn run_provider(cli: &Cli, provider: &str, rows: &mut Vec<Row>) -> Result<Vec<St
         attack: format!("target RSS {} MiB", rss_base >> 20),
     });
 
-    for phase in [Phase::Connections, Phase::Junk, Phase::Notifications, Phase::All] {
+    for phase in [
+        Phase::Connections,
+        Phase::Junk,
+        Phase::Notifications,
+        Phase::All,
+    ] {
+        if !cli.phases.iter().any(|p| p == phase.name()) {
+            continue;
+        }
         let sampler = RssSampler::start(target.child.id());
         let prober = Prober::start(target.listen);
-        let reports: Arc<Mutex<Vec<(&'static str, Result<AttackReport, String>)>>> =
-            Arc::default();
+        let reports: Arc<Mutex<Vec<(&'static str, Result<AttackReport, String>)>>> = Arc::default();
         let mut attackers = Vec::new();
         let (listen, total_conns, junk) = (target.listen, cli.connections, cli.junk);
         if matches!(phase, Phase::Connections | Phase::All) {
@@ -723,7 +842,7 @@ fn run_provider(cli: &Cli, provider: &str, rows: &mut Vec<Row>) -> Result<Vec<St
             let reports = reports.clone();
             let (provider, rail, total) = (provider.to_string(), rail.clone(), cli.notifications);
             attackers.push(std::thread::spawn(move || {
-                let r = attack::forged_notifications(&provider, &rail, total);
+                let r = notifier_process(&provider, &rail, total);
                 reports.lock().push(("notifications", r));
             }));
         }
@@ -778,7 +897,10 @@ fn run_provider(cli: &Cli, provider: &str, rows: &mut Vec<Row>) -> Result<Vec<St
             attack: format!("{attack} ({:.1} s)", elapsed.as_secs_f64()),
         });
         if let Some(e) = error {
-            broken.push(format!("{provider} {}: legitimate traffic: {e}", phase.name()));
+            broken.push(format!(
+                "{provider} {}: legitimate traffic: {e}",
+                phase.name()
+            ));
             break;
         }
         if !alive {

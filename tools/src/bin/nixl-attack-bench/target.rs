@@ -21,6 +21,7 @@ pub(crate) const TARGET: &str = "attack-target";
 
 pub(crate) struct TargetArgs {
     pub(crate) provider: String,
+    pub(crate) params: BackendParams,
     pub(crate) block: usize,
     pub(crate) slots: usize,
     pub(crate) nonce: String,
@@ -41,9 +42,8 @@ pub(crate) fn run(args: &TargetArgs) -> Result<(), String> {
         ..AgentConfig::default()
     };
     let agent = Agent::new(TARGET, config).map_err(|e| e.to_string())?;
-    let params: BackendParams = [("provider".to_string(), args.provider.clone())].into();
     agent
-        .create_backend("LIBFABRIC", &params)
+        .create_backend("LIBFABRIC", &args.params)
         .map_err(|e| format!("LIBFABRIC provider {}: {e}", args.provider))?;
     // Written by the initiator from now on: reached through `base` only, never through a
     // reference, while registered.
@@ -107,7 +107,13 @@ pub(crate) fn run(args: &TargetArgs) -> Result<(), String> {
 }
 
 /// Checks one notification of the initiator's name and answers it.
-fn serve_one(agent: &Agent, base: *const u8, args: &TargetArgs, message: &[u8], counts: &mut Counts) {
+fn serve_one(
+    agent: &Agent,
+    base: *const u8,
+    args: &TargetArgs,
+    message: &[u8],
+    counts: &mut Counts,
+) {
     let text = String::from_utf8_lossy(message);
     let mut fields = text.split(' ');
     let parsed = match (fields.next(), fields.next(), fields.next(), fields.next()) {

@@ -75,6 +75,13 @@ pub(crate) fn libfabric_rails(blob: &[u8]) -> Result<Vec<Vec<u8>>, String> {
         .and_then(|s| s.conn_info.as_deref())
         .ok_or("no LIBFABRIC connection information in the target's metadata")?;
     let count = *conn.first().ok_or("empty connection information")? as usize;
+    if count == 0xd7 {
+        return Err(
+            "the target advertises two planes (network and shm): run it with \
+                    local_provider=none"
+                .into(),
+        );
+    }
     let mut at = 1;
     let mut names = Vec::with_capacity(count);
     for _ in 0..count {
