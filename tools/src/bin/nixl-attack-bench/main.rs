@@ -749,6 +749,9 @@ impl Prober {
     }
 }
 
+/// What one attacker of a phase reported, by its name.
+type AttackOutcome = (&'static str, Result<AttackReport, String>);
+
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Phase {
     Connections,
@@ -821,7 +824,7 @@ fn run_provider(cli: &Cli, provider: &str, rows: &mut Vec<Row>) -> Result<Vec<St
         }
         let sampler = RssSampler::start(target.child.id());
         let prober = Prober::start(target.listen);
-        let reports: Arc<Mutex<Vec<(&'static str, Result<AttackReport, String>)>>> = Arc::default();
+        let reports: Arc<Mutex<Vec<AttackOutcome>>> = Arc::default();
         let mut attackers = Vec::new();
         let (listen, total_conns, junk) = (target.listen, cli.connections, cli.junk);
         if matches!(phase, Phase::Connections | Phase::All) {
