@@ -29,9 +29,10 @@
 //! process can also `ptrace` the target where Yama allows it. Measured since
 //! (`nixl-attack-bench`, docs/BENCHMARKS.md "nixl: load under attack"): a raw `shm`
 //! endpoint in a process of its own, sending *through libfabric*, had a flood of its
-//! messages (10,000 and more) reported as coming from the loaded peer's address — every
-//! one of them where the rail had 1,024 receive slots, about half with its 64 — while a
-//! few messages (the `security_tests` case) were reported as handle 0. So on `shm` the
+//! messages reported as coming from the loaded peer's address: none of 3,000, but from
+//! some point of a flood on every message (the last 1,368 of 6,000; half of 10,000;
+//! all of 10,000 where the rail had 1,024 receive slots instead of its 64), while a few
+//! messages (the `security_tests` case) were reported as handle 0. So on `shm` the
 //! attribution holds against a stray message but not against a same-user process that
 //! floods the rail; `tcp;ofi_rxm` delivered none of the forged messages. Closing that
 //! needs a proof of the sender in the message itself (not done yet).
