@@ -41,8 +41,10 @@
 //! - the cost of a connection stays small whatever the others do: the kernel queues up to
 //!   4096 connections for `accept` (a burst's SYNs are not dropped, which a legitimate
 //!   client would pay for with a retransmission), connections per address are counted as
-//!   they come and go, one read buffer serves every read, and the sum of frame bytes held
-//!   is taken only when a frame's header allocates;
+//!   they come and go, one read buffer serves every read, the sum of frame bytes held
+//!   is taken only when a frame's header allocates, and at most 256 KiB of one
+//!   connection is read before the others get their turn (a sender that keeps its socket
+//!   full held the thread for a whole frame, and legitimate fetches waited past 5 s);
 //! - after large frames are freed the allocator's free memory is given back (glibc's
 //!   `malloc_trim`, at most every 100 ms): a stream of junk frames otherwise left the
 //!   process's resident memory at a multiple of what it ever held at once.
@@ -108,6 +110,10 @@ pub(crate) const MAX_BUFFERED_BYTES: usize = MAX_METADATA_BYTES + (16 << 20);
 pub(crate) const MAX_WORKERS: usize = 32;
 /// Largest read of one connection's bytes at a time.
 const READ_CHUNK: usize = 64 << 10;
+/// Most bytes read from one connection before the loop turns to the others (it comes back
+/// at the next `poll`): a sender that keeps its socket full cannot hold the thread for a
+/// whole frame while a legitimate request waits.
+const READ_BUDGET: usize = 4 * READ_CHUNK;
 /// Connections the kernel may queue for `accept` (capped by `net.core.somaxconn`).
 const ACCEPT_BACKLOG: i32 = 4096;
 /// A frame at least this large, once freed, asks for the allocator's free memory to be
@@ -770,6 +776,8 @@ impl LoopState {
             if fds[0].revents != 0 {
                 self.accept_all(socket);
             }
+            // A connection whose budget ran out with bytes still in its socket is readable
+            // at the next poll, which then returns at once.
             self.expire();
             self.start_workers();
             self.trim();
@@ -938,7 +946,11 @@ impl LoopState {
     }
 
     fn read_with(&mut self, id: u64, chunk: &mut [u8]) {
+        let mut budget = READ_BUDGET;
         loop {
+            if budget == 0 {
+                return;
+            }
             let Some(conn) = self.conns.get_mut(&id) else {
                 return;
             };
@@ -950,6 +962,7 @@ impl LoopState {
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                 Err(_) => return self.close(id, "read failed"),
             };
+            budget = budget.saturating_sub(n);
             let buffered = conn.session.buffered();
             let outcome = conn.session.received(&chunk[..n]);
             // Only a frame's header allocates (its whole payload, once): the sum over all
