@@ -116,6 +116,9 @@ struct Cli {
     /// (`--role notifier`) the target rail's endpoint name, hex
     #[arg(long, hide = true)]
     rail: Option<String>,
+    /// (`--role connector`) the target's metadata listener
+    #[arg(long, hide = true)]
+    listen: Option<SocketAddr>,
 }
 
 fn key_value(text: &str) -> Result<(String, String), String> {
@@ -170,6 +173,15 @@ fn main() {
         }
         return;
     }
+    if cli.role.as_deref() == Some("connector") {
+        raise_fd_limit();
+        let Some(listen) = cli.listen else {
+            tools::cli::fail(PROGRAM, "--role connector needs --listen");
+        };
+        let r = attack::connections(listen, cli.connections, Duration::from_secs(2));
+        println!("ATTACK_CONNECTOR sent={} failed={}", r.done, r.failed);
+        return;
+    }
     raise_fd_limit();
     let mut rows = Vec::new();
     let mut broken = Vec::new();
@@ -206,27 +218,56 @@ fn from_hex(text: &str) -> Option<Vec<u8>> {
 /// Forged notifications from a process of their own (`--role notifier`): an attacker
 /// shares no process with the peers (`shm` names a sender by its process's slot).
 fn notifier_process(provider: &str, rail: &[u8], total: u64) -> Result<AttackReport, String> {
-    let exe = std::env::current_exe().map_err(|e| format!("this program's path: {e}"))?;
-    let out = Command::new(exe)
-        .args([
+    let total = total.to_string();
+    let rail = to_hex(rail);
+    attacker_process(
+        &[
             "--role",
             "notifier",
             "--provider",
             provider,
             "--rail",
-            &to_hex(rail),
-        ])
-        .arg("--notifications")
-        .arg(total.to_string())
+            &rail,
+            "--notifications",
+            &total,
+        ],
+        "ATTACK_NOTIFIER ",
+    )
+}
+
+/// Hostile connections from a process of their own (`--role connector`): thousands of
+/// sockets opened and closed in the initiator's own process would compete with its
+/// threads (its heartbeat watcher included) inside that process, which no remote
+/// attacker can do.
+fn connector_process(listen: SocketAddr, total: usize) -> Result<AttackReport, String> {
+    let (listen, total) = (listen.to_string(), total.to_string());
+    attacker_process(
+        &[
+            "--role",
+            "connector",
+            "--listen",
+            &listen,
+            "--connections",
+            &total,
+        ],
+        "ATTACK_CONNECTOR ",
+    )
+}
+
+/// Runs this program in an attacker's role and reads its closing line (`prefix`).
+fn attacker_process(args: &[&str], prefix: &str) -> Result<AttackReport, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("this program's path: {e}"))?;
+    let out = Command::new(exe)
+        .args(args)
         .stdin(Stdio::null())
         .stderr(Stdio::inherit())
         .output()
-        .map_err(|e| format!("starting the notifier: {e}"))?;
+        .map_err(|e| format!("starting an attacker: {e}"))?;
     let text = String::from_utf8_lossy(&out.stdout);
     let line = text
         .lines()
-        .find(|l| l.starts_with("ATTACK_NOTIFIER "))
-        .ok_or_else(|| format!("the notifier {}: {}", out.status, text.trim()))?;
+        .find(|l| l.starts_with(prefix))
+        .ok_or_else(|| format!("the attacker {}: {}", out.status, text.trim()))?;
     let field = |k: &str| {
         line.split(' ')
             .find_map(|f| f.strip_prefix(k)?.strip_prefix('='))
@@ -830,8 +871,8 @@ fn run_provider(cli: &Cli, provider: &str, rows: &mut Vec<Row>) -> Result<Vec<St
         if matches!(phase, Phase::Connections | Phase::All) {
             let reports = reports.clone();
             attackers.push(std::thread::spawn(move || {
-                let r = attack::connections(listen, total_conns, Duration::from_secs(2));
-                reports.lock().push(("connections", Ok(r)));
+                let r = connector_process(listen, total_conns);
+                reports.lock().push(("connections", r));
             }));
         }
         if matches!(phase, Phase::Junk | Phase::All) {
