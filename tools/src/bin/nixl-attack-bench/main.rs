@@ -28,8 +28,10 @@
 //! was not all verified, whose target died, or where a forged notification reached the
 //! target under the initiator's name exits 1; a missed goal does too with `--strict`.
 //!
-//! The harness raises its own `RLIMIT_NOFILE` to the hard limit (it holds the hostile
-//! connections); the target runs with the limit it was started with. Every process runs
+//! The connector and the notifier run as processes of their own (this binary in an
+//! attacker's role; the junk senders are threads of the harness): the connector raises
+//! its `RLIMIT_NOFILE` to the hard limit (it holds the hostile connections); the target
+//! runs with the limit it was started with. Every process runs
 //! on this host, so the attackers share its cores with the peers: on a machine with few
 //! cores the latency figures measure the competition for them as much as the target's
 //! defences. Figures go to `docs/BENCHMARKS.md`.
