@@ -186,8 +186,10 @@ pub enum Error {
         reason: String,
     },
     /// The metadata listener's job token did not match (or one side has none): the
-    /// request was not served (see [`crate::AgentConfig::job_token`]).
-    #[error("metadata listener authentication failed: {0}")]
+    /// request was not served (see [`crate::AgentConfig::job_token`]); or etcd refused
+    /// this client's credentials, or their absence (`nixl::etcd`, feature `etcd`). The
+    /// message names which.
+    #[error("authentication failed: {0}")]
     Unauthenticated(String),
     /// Socket or file I/O.
     #[error("I/O: {0}")]

@@ -56,6 +56,32 @@
 //! [`crate::Error::Backend`] (`backend: "etcd"`) within [`EtcdConfig::timeout`], and
 //! work again once one does.
 //!
+//! # Authentication
+//! etcd's own user/password authentication ([`EtcdConfig::credentials`];
+//! `NIXL_ETCD_USERNAME`, `NIXL_ETCD_PASSWORD`): the client authenticates when it
+//! connects and every request carries the token etcd issued. Refused credentials are
+//! [`crate::Error::Unauthenticated`] within [`EtcdConfig::timeout`]: wrong ones when
+//! connecting; none where the server requires them at the first request on keys (etcd
+//! grants leases to anyone); a namespace the user's role does not grant likewise.
+//!
+//! What each mode protects against:
+//! - Without authentication (etcd's default), anyone who can reach etcd's client port can
+//!   read every agent's metadata (its addresses and remote keys), publish metadata under
+//!   any name — which peers fetching or watching that name load — and delete an agent's
+//!   keys, which makes every watching peer invalidate it.
+//! - With authentication enabled on the server (`etcdctl auth enable`) and a user whose
+//!   role grants read-write on the namespace prefix, only holders of a password can do
+//!   any of that. Give each job its own user and namespace (roles grant key prefixes) so
+//!   that one job's agents cannot rewrite another's. Every agent of a job holds the same
+//!   password, so a member can still publish under another member's name; the binding of
+//!   names to their first connection information (see [`Agent::load_remote_metadata`])
+//!   still applies to what a watch loads.
+//! - Not encryption: this client speaks plain gRPC (no TLS in this build), so the
+//!   password at connection, the token and the metadata cross the network in clear, and
+//!   an attacker on the path can read them or replay the token until it expires. Run etcd
+//!   on a private network or behind a tunnel where that matters; the password in the
+//!   environment is readable by the same user and root, like `NIXL_JOB_TOKEN`.
+//!
 //! # Threads
 //! The client owns a small tokio runtime (one worker thread) that runs the etcd client,
 //! the lease keep-alive and the watches. Its methods block the calling thread (each
@@ -84,6 +110,10 @@ pub const RECONNECT_PAUSE_MAX: Duration = Duration::from_secs(1);
 /// First pause between those attempts (doubling up to [`RECONNECT_PAUSE_MAX`]).
 const RECONNECT_PAUSE_MIN: Duration = Duration::from_millis(50);
 
+/// Environment variable with the etcd user name (etcd authentication).
+pub const USERNAME_ENV: &str = "NIXL_ETCD_USERNAME";
+/// Environment variable with the etcd user's password.
+pub const PASSWORD_ENV: &str = "NIXL_ETCD_PASSWORD";
 /// NIXL's default namespace.
 pub const DEFAULT_NAMESPACE: &str = "/nixl/agents";
 /// The label of the full metadata (NIXL's `default_metadata_label`).
@@ -102,6 +132,37 @@ pub struct EtcdConfig {
     /// TTL of the lease this client's keys are attached to; `None`: keys without a lease
     /// (they stay after a crash, as in NIXL).
     pub lease_ttl: Option<Duration>,
+    /// etcd user and password (see "Authentication" in the module documentation); `None`:
+    /// no authentication.
+    pub credentials: Option<EtcdCredentials>,
+}
+
+/// An etcd user name and its password. `Debug` does not show the password.
+#[derive(Clone, PartialEq, Eq)]
+pub struct EtcdCredentials {
+    /// The etcd user.
+    pub user: String,
+    /// Its password.
+    pub password: String,
+}
+
+impl EtcdCredentials {
+    /// Credentials of `user` with `password`.
+    pub fn new(user: impl Into<String>, password: impl Into<String>) -> Self {
+        Self {
+            user: user.into(),
+            password: password.into(),
+        }
+    }
+}
+
+impl std::fmt::Debug for EtcdCredentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdCredentials")
+            .field("user", &self.user)
+            .field("password", &"<redacted>")
+            .finish()
+    }
 }
 
 impl EtcdConfig {
@@ -113,11 +174,14 @@ impl EtcdConfig {
             namespace: DEFAULT_NAMESPACE.to_string(),
             timeout: Duration::from_secs(5),
             lease_ttl: Some(Duration::from_secs(10)),
+            credentials: None,
         }
     }
 
-    /// From `NIXL_ETCD_ENDPOINTS` and `NIXL_ETCD_NAMESPACE`; `None` when no endpoint is
-    /// set (the peer-to-peer exchange is then the way).
+    /// From `NIXL_ETCD_ENDPOINTS`, `NIXL_ETCD_NAMESPACE`, and `NIXL_ETCD_USERNAME` with
+    /// `NIXL_ETCD_PASSWORD` (a user without a password is sent with an empty one; a
+    /// password without a user is ignored with a warning); `None` when no endpoint is set
+    /// (the peer-to-peer exchange is then the way).
     pub fn from_env() -> Option<Self> {
         Self::from_lookup(|key| std::env::var(key).ok())
     }
@@ -136,6 +200,18 @@ impl EtcdConfig {
         let mut config = Self::new(endpoints);
         if let Some(ns) = lookup(NAMESPACE_ENV).filter(|ns| !ns.is_empty()) {
             config.namespace = ns;
+        }
+        let password = lookup(PASSWORD_ENV);
+        match lookup(USERNAME_ENV).filter(|u| !u.is_empty()) {
+            Some(user) => {
+                config.credentials = Some(EtcdCredentials::new(user, password.unwrap_or_default()))
+            }
+            None if password.is_some() => {
+                tracing::warn!(
+                    "{PASSWORD_ENV} is set but {USERNAME_ENV} is not: no etcd authentication"
+                )
+            }
+            None => {}
         }
         Some(config)
     }
@@ -186,7 +262,26 @@ impl std::fmt::Debug for EtcdMetadata {
     }
 }
 
+/// etcd's error for `what`: [`Error::Unauthenticated`] where etcd refused this client's
+/// credentials or their absence, else a backend error.
 fn etcd_error(what: &str, e: etcd_client::Error) -> Error {
+    if let etcd_client::Error::GRpcStatus(status) = &e {
+        // gRPC codes: 3 InvalidArgument (etcd's ErrAuthFailed, ErrUserEmpty), 7
+        // PermissionDenied, 16 Unauthenticated (an invalid or expired token).
+        let code = i32::from(status.code());
+        let message = status.message();
+        let refused = matches!(code, 7 | 16)
+            || (code == 3
+                && (message.contains("authentication failed")
+                    || message.contains("user name is empty")
+                    || message.contains("user name not found")));
+        if refused {
+            return Error::Unauthenticated(format!(
+                "etcd {what}: {message} (credentials: NIXL_ETCD_USERNAME and \
+                 NIXL_ETCD_PASSWORD, EtcdConfig::credentials)"
+            ));
+        }
+    }
     Error::Backend {
         backend: "etcd".into(),
         code: 0,
@@ -216,9 +311,12 @@ impl EtcdMetadata {
             .enable_all()
             .build()?;
         let timeout = config.timeout;
-        let options = ConnectOptions::new()
+        let mut options = ConnectOptions::new()
             .with_connect_timeout(timeout)
             .with_timeout(timeout);
+        if let Some(c) = &config.credentials {
+            options = options.with_user(c.user.clone(), c.password.clone());
+        }
         let endpoints = config.endpoints.clone();
         let client = bounded(&runtime, timeout, "connecting to etcd", async move {
             Client::connect(endpoints, Some(options))
@@ -841,5 +939,19 @@ mod tests {
             EtcdConfig::from_lookup(env(&[(ENDPOINTS_ENV, "x:1"), (NAMESPACE_ENV, "/team/kv/")]))
                 .unwrap();
         assert_eq!(c.key("d", "layer-3"), "/team/kv/d/layer-3");
+        assert_eq!(c.credentials, None);
+        let c = EtcdConfig::from_lookup(env(&[
+            (ENDPOINTS_ENV, "x:1"),
+            (USERNAME_ENV, "job-7"),
+            (PASSWORD_ENV, "s3cret"),
+        ]))
+        .unwrap();
+        assert_eq!(c.credentials, Some(EtcdCredentials::new("job-7", "s3cret")));
+        assert!(!format!("{c:?}").contains("s3cret"), "{c:?}");
+        // A password alone is no authentication; a user alone sends an empty password.
+        let c = EtcdConfig::from_lookup(env(&[(ENDPOINTS_ENV, "x:1"), (PASSWORD_ENV, "p")]));
+        assert_eq!(c.unwrap().credentials, None);
+        let c = EtcdConfig::from_lookup(env(&[(ENDPOINTS_ENV, "x:1"), (USERNAME_ENV, "u")]));
+        assert_eq!(c.unwrap().credentials, Some(EtcdCredentials::new("u", "")));
     }
 }

@@ -37,7 +37,17 @@
 //!   allocated once): over it, connections with unfinished requests are closed, those
 //!   that still owe the most bytes first;
 //! - requests are served by at most [`MAX_WORKERS`] threads (the others wait their turn):
-//!   loading metadata may wait for a backend's connection set-up.
+//!   loading metadata may wait for a backend's connection set-up;
+//! - the cost of a connection stays small whatever the others do: the kernel queues up to
+//!   4096 connections for `accept` (a burst's SYNs are not dropped, which a legitimate
+//!   client would pay for with a retransmission), connections per address are counted as
+//!   they come and go, one read buffer serves every read, the sum of frame bytes held
+//!   is taken only when a frame's header allocates, and at most 256 KiB of one
+//!   connection is read before the others get their turn (a sender that keeps its socket
+//!   full held the thread for a whole frame, and legitimate fetches waited past 5 s);
+//! - after large frames are freed the allocator's free memory is given back (glibc's
+//!   `malloc_trim`, at most every 100 ms): a stream of junk frames otherwise left the
+//!   process's resident memory at a multiple of what it ever held at once.
 //!
 //! What these bounds hold under attack is measured in `docs/BENCHMARKS.md` ("nixl:
 //! metadata listener under attack").
@@ -100,6 +110,17 @@ pub(crate) const MAX_BUFFERED_BYTES: usize = MAX_METADATA_BYTES + (16 << 20);
 pub(crate) const MAX_WORKERS: usize = 32;
 /// Largest read of one connection's bytes at a time.
 const READ_CHUNK: usize = 64 << 10;
+/// Most bytes read from one connection before the loop turns to the others (it comes back
+/// at the next `poll`): a sender that keeps its socket full cannot hold the thread for a
+/// whole frame while a legitimate request waits.
+const READ_BUDGET: usize = 4 * READ_CHUNK;
+/// Connections the kernel may queue for `accept` (capped by `net.core.somaxconn`).
+const ACCEPT_BACKLOG: i32 = 4096;
+/// A frame at least this large, once freed, asks for the allocator's free memory to be
+/// given back to the system ([`LoopState::trim`]).
+const TRIM_FRAME_BYTES: usize = 1 << 20;
+/// Fewest time between two such give-backs.
+const TRIM_INTERVAL: Duration = Duration::from_millis(100);
 
 type HmacSha256 = Hmac<Sha256>;
 
@@ -558,6 +579,18 @@ pub(crate) struct Listener {
 impl Listener {
     pub(crate) fn start(agent: &Agent, addr: SocketAddr) -> Result<Self> {
         let socket = TcpListener::bind(addr)?;
+        // A deeper accept queue than std's 128: a burst of connections (a flood, or many
+        // peers starting at once) queues in the kernel instead of having its SYNs dropped,
+        // which a legitimate client pays for with a 1 s retransmission or a timeout. Linux
+        // takes a second listen() on a listening socket as a new backlog (capped by
+        // net.core.somaxconn).
+        // SAFETY: listen() on a socket this function owns; no memory is passed.
+        if unsafe { libc::listen(socket.as_raw_fd(), ACCEPT_BACKLOG) } != 0 {
+            tracing::debug!(
+                error = %std::io::Error::last_os_error(),
+                "metadata listener: keeping the default accept queue"
+            );
+        }
         socket.set_nonblocking(true)?;
         let addr = socket.local_addr()?;
         let stop = Arc::new(AtomicBool::new(false));
@@ -571,6 +604,10 @@ impl Listener {
             finished: Arc::default(),
             workers: Arc::default(),
             conns: HashMap::new(),
+            per_ip: HashMap::new(),
+            chunk: Vec::new(),
+            trim_due: false,
+            last_trim: Instant::now(),
             queue: VecDeque::new(),
             next_id: 0,
         };
@@ -670,6 +707,14 @@ struct LoopState {
     /// Workers running.
     workers: Arc<AtomicUsize>,
     conns: HashMap<u64, Conn>,
+    /// Connections open per source address (kept with `conns`, so that admitting one is
+    /// not a walk over all of them: a flood of connections makes many admissions).
+    per_ip: HashMap<IpAddr, usize>,
+    /// The read buffer, reused (a slow sender's every byte is a read).
+    chunk: Vec<u8>,
+    /// A large frame was freed since the last [`LoopState::trim`].
+    trim_due: bool,
+    last_trim: Instant,
     /// Requests waiting for a worker.
     queue: VecDeque<(u64, u8, Vec<u8>)>,
     next_id: u64,
@@ -731,8 +776,29 @@ impl LoopState {
             if fds[0].revents != 0 {
                 self.accept_all(socket);
             }
+            // A connection whose budget ran out with bytes still in its socket is readable
+            // at the next poll, which then returns at once.
             self.expire();
             self.start_workers();
+            self.trim();
+        }
+    }
+
+    /// Gives the allocator's free memory back to the system after large frames were
+    /// freed (at most every [`TRIM_INTERVAL`]). Frames of junk are allocated at the size
+    /// their header announces and freed when refused; glibc keeps freed blocks under its
+    /// (growing) mmap threshold in the heap, so without this a stream of them left the
+    /// process's resident memory at a multiple of the bytes it ever held at once.
+    fn trim(&mut self) {
+        if !self.trim_due || self.last_trim.elapsed() < TRIM_INTERVAL {
+            return;
+        }
+        self.trim_due = false;
+        self.last_trim = Instant::now();
+        #[cfg(all(target_os = "linux", target_env = "gnu"))]
+        {
+            // SAFETY: malloc_trim takes no pointer and only returns free memory.
+            unsafe { libc::malloc_trim(0) };
         }
     }
 
@@ -754,7 +820,7 @@ impl LoopState {
     /// Takes a new connection in, making room under the per-address and total limits.
     fn admit(&mut self, stream: TcpStream, from: SocketAddr) {
         let ip = from.ip();
-        if self.conns.values().filter(|c| c.from.ip() == ip).count() >= MAX_CONNECTIONS_PER_IP
+        if self.per_ip.get(&ip).copied().unwrap_or(0) >= MAX_CONNECTIONS_PER_IP
             && !self.evict_oldest_reading(Some(ip))
         {
             tracing::warn!(%from, "metadata listener: too many connections from this address");
@@ -777,6 +843,7 @@ impl LoopState {
         let now = Instant::now();
         let id = self.next_id;
         self.next_id += 1;
+        *self.per_ip.entry(ip).or_default() += 1;
         self.conns.insert(
             id,
             Conn {
@@ -793,11 +860,10 @@ impl LoopState {
     }
 
     fn busiest_ip(&self) -> Option<IpAddr> {
-        let mut counts: HashMap<IpAddr, usize> = HashMap::new();
-        for c in self.conns.values() {
-            *counts.entry(c.from.ip()).or_default() += 1;
-        }
-        counts.into_iter().max_by_key(|(_, n)| *n).map(|(ip, _)| ip)
+        self.per_ip
+            .iter()
+            .max_by_key(|(_, n)| **n)
+            .map(|(ip, _)| *ip)
     }
 
     /// Closes the oldest connection (of `ip`, if given) that is still sending its
@@ -820,6 +886,14 @@ impl LoopState {
 
     fn close(&mut self, id: u64, why: &str) {
         if let Some(conn) = self.conns.remove(&id) {
+            self.trim_due |= conn.held() >= TRIM_FRAME_BYTES;
+            let ip = conn.from.ip();
+            if let Some(n) = self.per_ip.get_mut(&ip) {
+                *n -= 1;
+                if *n == 0 {
+                    self.per_ip.remove(&ip);
+                }
+            }
             tracing::debug!(from = %conn.from, why, "metadata listener connection closed");
         }
     }
@@ -863,8 +937,20 @@ impl LoopState {
     }
 
     fn read(&mut self, id: u64) {
-        let mut chunk = vec![0u8; READ_CHUNK];
+        let mut chunk = std::mem::take(&mut self.chunk);
+        chunk.resize(READ_CHUNK, 0);
+        self.read_with(id, &mut chunk);
+        if self.chunk.is_empty() {
+            self.chunk = chunk;
+        }
+    }
+
+    fn read_with(&mut self, id: u64, chunk: &mut [u8]) {
+        let mut budget = READ_BUDGET;
         loop {
+            if budget == 0 {
+                return;
+            }
             let Some(conn) = self.conns.get_mut(&id) else {
                 return;
             };
@@ -876,11 +962,19 @@ impl LoopState {
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                 Err(_) => return self.close(id, "read failed"),
             };
+            budget = budget.saturating_sub(n);
+            let buffered = conn.session.buffered();
             let outcome = conn.session.received(&chunk[..n]);
+            // Only a frame's header allocates (its whole payload, once): the sum over all
+            // connections is taken then, not on every byte a slow sender sends.
+            let grew = conn.session.buffered() > buffered;
+            // A large frame done with (refused, or handed on to be served): freed here
+            // or by its worker.
+            self.trim_due |= buffered >= TRIM_FRAME_BYTES && conn.session.buffered() == 0;
             let from = conn.from;
             match outcome {
                 None => {
-                    if self.held() > MAX_BUFFERED_BYTES {
+                    if grew && self.held() > MAX_BUFFERED_BYTES {
                         self.shed_load();
                     }
                 }

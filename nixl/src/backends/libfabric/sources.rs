@@ -26,8 +26,16 @@
 //! in the receiver's peer map from the command the sender wrote into the receiver's
 //! shared region: a process that writes that region directly (it is a file of the same
 //! user in `/dev/shm`) rather than through libfabric can claim another slot. Such a
-//! process can also `ptrace` the target where Yama allows it; the checks here hold
-//! against anyone who sends through the provider.
+//! process can also `ptrace` the target where Yama allows it. Measured since
+//! (`nixl-attack-bench`, docs/BENCHMARKS.md "nixl: load under attack"): a raw `shm`
+//! endpoint in a process of its own, sending *through libfabric*, had a flood of its
+//! messages reported as coming from the loaded peer's address: none of 3,000, but from
+//! some point of a flood on every message (the last 1,368 of 6,000; half of 10,000;
+//! all of 10,000 where the rail had 1,024 receive slots instead of its 64), while a few
+//! messages (the `security_tests` case) were reported as handle 0. So on `shm` the
+//! attribution holds against a stray message but not against a same-user process that
+//! floods the rail; `tcp;ofi_rxm` delivered none of the forged messages. Closing that
+//! needs a proof of the sender in the message itself (not done yet).
 
 use super::cma::CmaPeer;
 use super::liveness::ProcessId;

@@ -169,6 +169,9 @@ pub(super) struct Worker {
     /// the request's id).
     #[cfg(feature = "cuda")]
     serving: Vec<(peer_copy::Serving, FabAddr, u64)>,
+    /// Messages dropped as malformed (anyone may send them: logged the first time, then
+    /// once in 1024, so that a flood does not become a flood of log lines).
+    malformed: u64,
 }
 
 impl Worker {
@@ -201,6 +204,7 @@ impl Worker {
             foreign_answers: 0,
             #[cfg(feature = "cuda")]
             serving: Vec::new(),
+            malformed: 0,
             rail,
         };
         for slot in 0..NOTIF_SLOTS {
@@ -623,13 +627,26 @@ impl Worker {
             match assist::decode(bytes) {
                 Ok(assist::Message::Request(request)) => self.serve_assist(&request, src),
                 Ok(assist::Message::Done(done)) => self.assist_done(done, src),
-                Err(e) => tracing::warn!(error = %e, "malformed READ assist message dropped"),
+                Err(e) => self.drop_malformed("READ assist message", &e),
             }
             return;
         }
         match decode_notif(bytes) {
             Ok((key, expected, sender, msg)) => self.notification(src, key, expected, sender, msg),
-            Err(e) => tracing::warn!(error = %e, "malformed notification dropped"),
+            Err(e) => self.drop_malformed("notification", &e),
+        }
+    }
+
+    /// Counts and logs (the first, then one in 1024) a message that did not decode.
+    fn drop_malformed(&mut self, what: &str, error: &dyn std::fmt::Display) {
+        self.malformed += 1;
+        if self.malformed % 1024 == 1 {
+            tracing::warn!(
+                rail = self.index,
+                dropped = self.malformed,
+                error = %error,
+                "malformed {what} dropped (one in 1024 is logged)"
+            );
         }
     }
 }
