@@ -34,6 +34,43 @@ pub(crate) fn driver() -> Result<()> {
     }
 }
 
+/// The calling thread's current CUDA context, made current again when this is dropped.
+///
+/// Calls into this stack bind the contexts of the GPUs they use to the calling thread; a
+/// caller that works on one GPU through the CUDA runtime (torch, CuPy: the runtime's
+/// current device follows the current context) must find its own device current
+/// afterwards. Without a CUDA driver it holds nothing.
+#[derive(Debug)]
+pub struct ContextScope {
+    saved: Option<sys::CUcontext>,
+}
+
+impl ContextScope {
+    /// Remembers the current context (none is remembered where no driver loads).
+    pub fn save() -> Self {
+        if driver().is_err() {
+            return Self { saved: None };
+        }
+        let mut ctx: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: `ctx` is a live out-pointer; a thread without a context gets null.
+        let saved = unsafe { sys::cuCtxGetCurrent(&mut ctx) }
+            .result()
+            .ok()
+            .map(|()| ctx);
+        Self { saved }
+    }
+}
+
+impl Drop for ContextScope {
+    fn drop(&mut self) {
+        if let Some(ctx) = self.saved {
+            // SAFETY: `ctx` was current on this thread (or null, which unbinds); a
+            // context destroyed meanwhile makes this fail, which changes nothing.
+            let _ = unsafe { sys::cuCtxSetCurrent(ctx) };
+        }
+    }
+}
+
 /// Number of GPUs the driver sees (0 without a driver).
 pub fn device_count() -> usize {
     if driver().is_err() {

@@ -66,7 +66,7 @@ mod vmm;
 pub use cudarc;
 pub use device_buffer::{DeviceBuffer, DmaBuf, DEVICE_BUFFER_ALIGN};
 pub use error::{cvt, cvt_ctx, Error, Result};
-pub use gpu::{device_count, find_by_uuid, format_uuid, is_available, Gpu};
+pub use gpu::{device_count, find_by_uuid, format_uuid, is_available, ContextScope, Gpu};
 pub use host_buffer::{HostBuffer, HostRegistration};
 pub use ipc::{
     recv_fds, recv_vmm, send_fds, send_vmm, IpcHandle, IpcMapping, VmmExport, VmmMapping,

@@ -102,6 +102,7 @@ impl Agent {
         metadata_timeout_s: f64,
         etcd_timeout_s: f64,
     ) -> PyResult<Self> {
+        let _cuda = crate::keep_cuda_context();
         let seconds = |s: f64, what: &str| {
             Duration::try_from_secs_f64(s).map_err(|_| {
                 nixlInvalidParamError::new_err(format!("{what} {s} s is not a duration"))
@@ -163,6 +164,7 @@ impl Agent {
         name: &str,
         params: HashMap<String, String>,
     ) -> PyResult<(String, Vec<&'static str>)> {
+        let _cuda = crate::keep_cuda_context();
         let params: BackendParams = params;
         let backend = py
             .detach(|| self.agent.create_backend(name, &params))
@@ -204,6 +206,7 @@ impl Agent {
         packed: &[u8],
         backends: Option<Vec<String>>,
     ) -> PyResult<()> {
+        let _cuda = crate::keep_cuda_context();
         let list = descs::list(mem_type, packed)?;
         self.backend_names(&backends)?;
         let kind = list.kind();
@@ -243,6 +246,7 @@ impl Agent {
         packed: &[u8],
         backends: Option<Vec<String>>,
     ) -> PyResult<()> {
+        let _cuda = crate::keep_cuda_context();
         let list = descs::list(mem_type, packed)?;
         self.backend_names(&backends)?;
         let kind = list.kind();
@@ -367,11 +371,13 @@ impl Agent {
 
     /// Loads a peer's metadata; returns its name.
     fn load_remote_metadata(&self, py: Python<'_>, blob: &[u8]) -> PyResult<String> {
+        let _cuda = crate::keep_cuda_context();
         py.detach(|| self.agent.load_remote_metadata(blob)).py_err()
     }
 
     /// Forgets a peer and disconnects it; returns whether it was known.
     fn invalidate_remote(&self, py: Python<'_>, name: &str) -> PyResult<bool> {
+        let _cuda = crate::keep_cuda_context();
         match py.detach(|| self.agent.invalidate_remote(name)) {
             Ok(()) => Ok(true),
             Err(nixl::Error::UnknownAgent(_)) => Ok(false),
@@ -427,6 +433,7 @@ impl Agent {
 
     /// Fetches and loads the metadata of the agent listening at `ip:port`; returns its name.
     fn fetch_remote_metadata(&self, py: Python<'_>, ip: &str, port: u16) -> PyResult<String> {
+        let _cuda = crate::keep_cuda_context();
         let addr = resolve(ip, port)?;
         py.detach(|| self.agent.fetch_remote_metadata(addr))
             .py_err()
@@ -476,6 +483,7 @@ impl Agent {
         remote: &str,
         label: &str,
     ) -> PyResult<bool> {
+        let _cuda = crate::keep_cuda_context();
         let store = self.store("fetchRemoteMD")?;
         let fetched = py
             .detach(|| store.fetch(&self.agent, remote, label))
@@ -499,6 +507,7 @@ impl Agent {
         mem_type: u8,
         packed: &[u8],
     ) -> PyResult<Dlist> {
+        let _cuda = crate::keep_cuda_context();
         let list = descs::list(mem_type, packed)?;
         let prepared = py
             .detach(|| self.agent.prep_xfer_dlist(agent.as_deref(), &list))
@@ -521,6 +530,7 @@ impl Agent {
         notif: Option<Vec<u8>>,
         backend: Option<String>,
     ) -> PyResult<Xfer> {
+        let _cuda = crate::keep_cuda_context();
         let op = op(operation)?;
         let local_idx = descs::indices(local_idx, "local")?;
         let remote_idx = descs::indices(remote_idx, "remote")?;
@@ -567,6 +577,7 @@ impl Agent {
         notif: Option<Vec<u8>>,
         backend: Option<String>,
     ) -> PyResult<Xfer> {
+        let _cuda = crate::keep_cuda_context();
         let op = op(operation)?;
         let local = descs::list(local_type, local)?;
         let remote = descs::list(remote_type, remote)?;
@@ -602,6 +613,7 @@ impl Agent {
         packed: &[u8],
         backend: Option<String>,
     ) -> PyResult<GpuHandle> {
+        let _cuda = crate::keep_cuda_context();
         let list = descs::list(mem_type, packed)?;
         if list.is_empty() {
             return Err(nixlInvalidParamError::new_err(
@@ -619,6 +631,7 @@ impl Agent {
 
     /// Sends a standalone notification.
     fn gen_notif(&self, py: Python<'_>, agent: &str, msg: &[u8]) -> PyResult<()> {
+        let _cuda = crate::keep_cuda_context();
         py.detach(|| self.agent.gen_notif(agent, msg)).py_err()
     }
 
@@ -650,6 +663,7 @@ impl Agent {
     /// Cancels every request, forgets every peer, stops the listener. Idempotent.
     /// The etcd client goes first: its lease is revoked, so this agent's keys go.
     fn shutdown(&self, py: Python<'_>) {
+        let _cuda = crate::keep_cuda_context();
         py.detach(|| {
             if let Some(store) = &self.etcd {
                 store.close();

@@ -169,6 +169,7 @@ pub const GPU_SIGNAL_SIZE: usize = nixl::device::GPU_SIGNAL_SIZE;
 /// Zeroes the signal word at device address `ptr` of GPU `dev` (NIXL's `prepGpuSignal`).
 #[pyfunction]
 pub fn prep_gpu_signal(py: Python<'_>, ptr: u64, dev: usize) -> PyResult<()> {
+    let _cuda = crate::keep_cuda_context();
     if !ptr.is_multiple_of(8) {
         return Err(nixlInvalidParamError::new_err(format!(
             "signal word {ptr:#x} is not 8-byte aligned"
@@ -198,6 +199,7 @@ fn gpu_signal(_ptr: u64, _dev: usize) -> nixl::Result<()> {
 /// The virtual architecture of GPU `dev` for NVRTC, e.g. `"compute_90"`.
 #[pyfunction]
 pub fn gpu_arch(py: Python<'_>, dev: usize) -> PyResult<String> {
+    let _cuda = crate::keep_cuda_context();
     py.detach(|| arch(dev)).py_err()
 }
 

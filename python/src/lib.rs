@@ -20,6 +20,25 @@ mod xfer;
 
 use pyo3::prelude::*;
 
+/// Keeps the caller's current CUDA context across a call into the agent: the agent binds
+/// the contexts of the GPUs it uses to the calling thread, and torch's or CuPy's current
+/// device follows the current context (an agent created after `torch.cuda.set_device(1)`
+/// must not move later allocations to GPU 0).
+#[cfg(feature = "cuda")]
+pub(crate) fn keep_cuda_context() -> gpunetio::gpu_mem::ContextScope {
+    gpunetio::gpu_mem::ContextScope::save()
+}
+
+/// Without CUDA there is no context to keep.
+#[cfg(not(feature = "cuda"))]
+pub(crate) struct NoCudaContext;
+
+/// Without CUDA there is no context to keep.
+#[cfg(not(feature = "cuda"))]
+pub(crate) fn keep_cuda_context() -> NoCudaContext {
+    NoCudaContext
+}
+
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<agent::Agent>()?;

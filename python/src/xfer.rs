@@ -122,6 +122,7 @@ impl Xfer {
     /// Returns `"DONE"` when it finished within the call, else `"PROC"`.
     #[pyo3(signature = (notif=None))]
     fn post(&self, py: Python<'_>, notif: Option<Vec<u8>>) -> PyResult<&'static str> {
+        let _cuda = crate::keep_cuda_context();
         self.with(py, |req| req.post_with(notif, &PostParams::default()))
             .map(status_str)
     }
@@ -134,6 +135,7 @@ impl Xfer {
     /// yield multiplies the transfers/s on 2 cores and costs next to nothing when nothing
     /// else wants the CPU: `docs/BENCHMARKS.md` in the repository).
     fn status(&self, py: Python<'_>) -> PyResult<&'static str> {
+        let _cuda = crate::keep_cuda_context();
         self.with(py, |req| {
             let status = req.status()?;
             if status == XferStatus::InProgress {
@@ -173,6 +175,7 @@ impl Xfer {
     /// request's backend must have a device API (`GPUNETIO`), else
     /// `nixlNotSupportedError`.
     fn create_gpu_xfer_req(&self, py: Python<'_>) -> PyResult<GpuHandle> {
+        let _cuda = crate::keep_cuda_context();
         self.with(py, |req| req.create_gpu_xfer_req())
             .map(GpuHandle::from_xfer_req)
     }

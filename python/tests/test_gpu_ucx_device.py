@@ -107,7 +107,10 @@ def test_the_first_vram_registration_adds_the_device_backend():
     assert "GPUNETIO" in agent.backends, agent._ucx_device_why
     assert agent._ucx_device_gpu == 0
     assert agent.get_backend_params("GPUNETIO")["nic_handler"] == "intra_node"
-    assert agent.query_memory([(*vram(buf), "")], "GPUNETIO", "VRAM") != [None]
+    # GPUNETIO answers for a GPU pair ("A:B", as CUDA_IPC): GPU 0 with itself.
+    (info,) = agent.query_memory([(*vram(buf), "0:0")], "GPUNETIO", "VRAM")
+    assert info is not None and info["path"] == "same-gpu", info
+    assert info["handler"] == "intra_node", info
     assert agent.query_memory([(host.ctypes.data, host.nbytes, 0, "")], "GPUNETIO", "DRAM") == [None]
     # A local memory view: an int, as NIXL's.
     view = agent.prep_mem_view(agent.get_xfer_descs([vram(buf)], "VRAM"))
@@ -280,3 +283,28 @@ def test_a_host_transfer_and_a_view_of_the_same_peer_memory(ucx_peer):
     state = a.transfer(xfer)
     while state != "DONE":
         state = a.check_xfer_state(xfer)
+
+
+def test_the_callers_current_device_is_kept():
+    """An engine that works on GPU 1 (``torch.cuda.set_device(1)``, CuPy's ``Device(1)``)
+    creates its agent, registers and transfers: its current device stays GPU 1 (the
+    agent binds other GPUs' contexts internally; the runtime's current device follows
+    the current context, so later allocations would move to GPU 0)."""
+    if cp.cuda.runtime.getDeviceCount() < 2:
+        import os
+
+        if os.environ.get("NIXL_REQUIRE_GPU") == "1":
+            pytest.fail("NIXL_REQUIRE_GPU=1 but this test needs 2 GPUs")
+        pytest.skip("needs 2 GPUs")
+    with cp.cuda.Device(1):
+        agent = ucx_agent("ucx-keeps-device")
+        assert cp.cuda.runtime.getDevice() == 1, "creating the agent changed the device"
+        buf = cp.zeros(LEN, dtype=cp.uint8)
+        assert buf.device.id == 1
+        agent.register_memory([(*vram(buf), "")], "VRAM")
+        assert cp.cuda.runtime.getDevice() == 1, "registering VRAM changed the device"
+        other = cp.zeros(16, dtype=cp.uint8)
+        assert other.device.id == 1
+        # And the allocation really is on GPU 1 (what the agent checks at registration).
+        agent.register_memory([(*vram(other), "")], "VRAM")
+        assert cp.cuda.runtime.getDevice() == 1
