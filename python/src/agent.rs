@@ -24,7 +24,8 @@ type RegKey = (MemKind, Desc);
 #[derive(Debug)]
 #[pyclass(module = "rdma_nixl._core", frozen)]
 pub struct Agent {
-    agent: RustAgent,
+    /// Dropped by hand (see `Drop`), under the caller's CUDA context.
+    agent: std::mem::ManuallyDrop<RustAgent>,
     /// Registrations by descriptor (a stack per descriptor: registering the same range
     /// twice needs two deregistrations, as in NIXL). Each descriptor is registered on
     /// its own so that any subset can be deregistered.
@@ -125,7 +126,7 @@ impl Agent {
         }
         let agent = py.detach(|| RustAgent::new(name, config)).py_err()?;
         Ok(Self {
-            agent,
+            agent: std::mem::ManuallyDrop::new(agent),
             regs: Mutex::new(HashMap::new()),
             etcd: Store::from_env(etcd_timeout),
         })
@@ -713,5 +714,17 @@ fn renumber(e: nixl::Error, at: usize) -> nixl::Error {
             reason,
         },
         other => other,
+    }
+}
+
+/// Registrations and the agent (its backends, streams and mappings) go with the caller's
+/// CUDA context kept: Python drops objects on whatever thread holds the last reference,
+/// and tearing down a backend binds its GPUs' contexts.
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _cuda = crate::keep_cuda_context();
+        self.regs.get_mut().clear();
+        // SAFETY: dropped exactly once, here; `self` is never used after `drop`.
+        unsafe { std::mem::ManuallyDrop::drop(&mut self.agent) };
     }
 }

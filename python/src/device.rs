@@ -287,6 +287,14 @@ static TEST_RELEASED: AtomicUsize = AtomicUsize::new(0);
 
 struct TestOwner;
 
+/// A GPU handle is released with the caller's CUDA context kept (see `Agent`'s `Drop`).
+impl Drop for GpuHandle {
+    fn drop(&mut self) {
+        let _cuda = crate::keep_cuda_context();
+        drop(self.owner.get_mut().take());
+    }
+}
+
 impl Drop for TestOwner {
     fn drop(&mut self) {
         TEST_RELEASED.fetch_add(1, Ordering::SeqCst);

@@ -194,3 +194,19 @@ impl Xfer {
         self.inner.lock().is_none()
     }
 }
+
+/// A prepared list goes with the caller's CUDA context kept (see `Agent`'s `Drop`).
+impl Drop for Dlist {
+    fn drop(&mut self) {
+        let _cuda = crate::keep_cuda_context();
+        drop(self.inner.get_mut().take());
+    }
+}
+
+/// A request goes with the caller's CUDA context kept (see `Agent`'s `Drop`).
+impl Drop for Xfer {
+    fn drop(&mut self) {
+        let _cuda = crate::keep_cuda_context();
+        drop(self.inner.get_mut().take());
+    }
+}

@@ -285,7 +285,9 @@ fn a_silent_local_process_that_runs_is_judged_by_the_os() {
     let watcher = hub("watcher", 20, 5);
     let target = hub("target", 20, 5);
     let me = std::process::id();
-    let start_time = crate::backends::shared::proc_state(me).expect("/proc answers").1;
+    let start_time = crate::backends::shared::proc_state(me)
+        .expect("/proc answers")
+        .1;
     let running = LocalProcess {
         pid: me,
         start_time,
