@@ -156,8 +156,14 @@ fn compare(got: &[u8], want: &[u8]) -> String {
 
 /// The target of `backend` on GPU 1: the process, its announce file, its metadata
 /// address and its buffer's address.
-fn spawn_target(backend: &str) -> (Child, std::path::PathBuf, std::net::SocketAddr, u64) {
-    let announce_at = announce_path("nixl-mgpu", backend);
+/// The target of test `test`: its announce files are named after the test, since the
+/// step files (`.check 1`, `.fill 2`, ...) of an earlier case of this process would
+/// otherwise answer for this one's target before it acted.
+fn spawn_target(
+    test: &str,
+    backend: &str,
+) -> (Child, std::path::PathBuf, std::net::SocketAddr, u64) {
+    let announce_at = announce_path("nixl-mgpu", &format!("{backend}-{test}"));
     let mut cmd = self_test("gpu_multi_gpu_target_main", false);
     cmd.arg("--nocapture")
         .env("NIXL_MGPU_BACKEND", backend)
@@ -197,7 +203,7 @@ fn two_processes_with(test: &str, backend: &str, initiator_params: BackendParams
         return;
     };
     let gpu0 = &gpus[0];
-    let (mut child, announce_at, addr, remote_ptr) = spawn_target(backend);
+    let (mut child, announce_at, addr, remote_ptr) = spawn_target(test, backend);
     let i = agent("mgpu-initiator", backend, initiator_params, false);
     let staged = backend == "CUDA_IPC"
         && i.query_mem_info(backend, MemKind::Vram, &[b"0:1".as_slice()])
