@@ -8,7 +8,7 @@ import os
 
 import numpy as np
 import pytest
-from conftest import load_api, load_module, wait_xfer
+from conftest import IMPL, load_api, load_module, wait_xfer
 
 api = load_api()
 B = load_module("_bindings")
@@ -66,6 +66,9 @@ def test_write_then_read_dram_file_round_trip(tmp_path, progress):
         os.close(fd)
 
 
+# Ours is stricter than NIXL's POSIX plugin here: a short read and a closed descriptor
+# are typed errors, which NIXL 1.5.1 does not raise.
+@pytest.mark.skipif(IMPL == "nixl", reason="ours only: NIXL 1.5.1 raises no error here")
 def test_read_past_the_end_of_the_file_fails(tmp_path):
     path = tmp_path / "short"
     path.write_bytes(b"x" * 1000)
@@ -84,6 +87,7 @@ def test_read_past_the_end_of_the_file_fails(tmp_path):
         os.close(fd)
 
 
+@pytest.mark.skipif(IMPL == "nixl", reason="ours only: NIXL 1.5.1 raises no error here")
 def test_registering_a_closed_descriptor_is_refused(tmp_path):
     agent = posix_agent("closed")
     with pytest.raises(B.nixlInvalidParamError, match="not an open file descriptor"):
