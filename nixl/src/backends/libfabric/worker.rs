@@ -826,28 +826,45 @@ impl Worker {
             op: request.op,
             errno,
         };
-        // A refusal for no one in particular goes where the request says (so that an
-        // initiator this side did not load stops asking); anything else to the endpoint
-        // that sent the request.
+        self.answer(
+            answer_to,
+            src,
+            &request.reply_to,
+            done.encode(),
+            "a READ assist's",
+        );
+    }
+
+    /// Queues `message`, a request's answer: to the endpoint that sent the request
+    /// (`answer_to`, where it was attributed), else — a refusal for no one in particular,
+    /// so that an initiator this side did not load stops asking — where the request says
+    /// (`reply_to`), but never toward a loaded peer's endpoint that did not send it.
+    fn answer(
+        &mut self,
+        answer_to: Option<FabAddr>,
+        src: Option<Address>,
+        reply_to: &[u8],
+        message: Vec<u8>,
+        what: &str,
+    ) {
         let dest = match answer_to {
             Some(dest) => Ok(dest),
             None => {
-                // Never toward a loaded peer's endpoint that did not send it.
                 let sender = self.stage_sender(src, self.rail.names_senders);
                 self.common
                     .stager
                     .net
-                    .resolve(self.index, &request.reply_to, &sender)
+                    .resolve(self.index, reply_to, &sender)
             }
         };
         match dest {
             Ok(dest) => {
-                self.replies.push_back((dest, done.encode()));
+                self.replies.push_back((dest, message));
                 self.send_replies();
             }
             Err(f) => tracing::warn!(
                 error = %f.text,
-                "a READ assist's requester cannot be answered (its transfer will stall)"
+                "{what} requester cannot be answered (its transfer will stall)"
             ),
         }
     }
@@ -949,29 +966,13 @@ impl Worker {
             id: request.id,
             errno,
         };
-        // A refusal for no one in particular goes where the request says (so that its
-        // initiator takes its ordinary path); anything else to the endpoint that sent it.
-        let dest = match answer_to {
-            Some(dest) => Ok(dest),
-            None => {
-                // Never toward a loaded peer's endpoint that did not send it.
-                let sender = self.stage_sender(src, self.rail.names_senders);
-                self.common
-                    .stager
-                    .net
-                    .resolve(self.index, &request.reply_to, &sender)
-            }
-        };
-        match dest {
-            Ok(dest) => {
-                self.replies.push_back((dest, done.encode()));
-                self.send_replies();
-            }
-            Err(f) => tracing::warn!(
-                error = %f.text,
-                "a direct copy's requester cannot be answered (its transfer will stall)"
-            ),
-        }
+        self.answer(
+            answer_to,
+            src,
+            &request.reply_to,
+            done.encode(),
+            "a direct copy's",
+        );
     }
 
     /// Checks and queues a request's copies (`Err`: the answer's errno).
