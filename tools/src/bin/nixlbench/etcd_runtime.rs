@@ -172,9 +172,15 @@ impl EtcdRuntime {
             .enable_all()
             .build()
             .map_err(|e| format!("etcd runtime thread: {e}"))?;
-        let options = ConnectOptions::new()
+        let mut options = ConnectOptions::new()
             .with_connect_timeout(REQUEST_TIMEOUT)
             .with_timeout(REQUEST_TIMEOUT);
+        // The same credentials the agents' etcd metadata uses (etcd authentication).
+        let user = std::env::var(nixl::etcd::USERNAME_ENV).unwrap_or_default();
+        if !user.is_empty() {
+            let password = std::env::var(nixl::etcd::PASSWORD_ENV).unwrap_or_default();
+            options = options.with_user(user, password);
+        }
         let reach = |e: String| {
             format!(
                 "cannot reach etcd at {} ({e}); start one (Debian: etcd-server) or pass \
