@@ -83,12 +83,16 @@ impl ProcessId {
     }
 
     /// The process as the heartbeat hub checks it here: pid and start time, where the
-    /// pid names it in this pid namespace.
+    /// pid names it in this pid namespace — another process only (a peer in this very
+    /// process runs as long as the check does, which says nothing about its hub).
     pub(super) fn local_process(&self) -> Option<LocalProcess> {
-        self.local_pid().map(|pid| LocalProcess {
-            pid,
-            start_time: self.start_time,
-        })
+        let me = std::process::id();
+        self.local_pid()
+            .filter(|pid| *pid != me)
+            .map(|pid| LocalProcess {
+                pid,
+                start_time: self.start_time,
+            })
     }
 
     /// Whether this process runs on `me`'s host and its pid names it in `me`'s pid
