@@ -20,6 +20,16 @@ use std::time::{Duration, Instant};
 const MIB: usize = 1 << 20;
 const TIMEOUT: Duration = Duration::from_secs(30);
 
+/// Every test of this file holds this while it runs: the restart test counts the
+/// process's file descriptors and threads, which other tests' agents and daemons would
+/// change under it.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    // A test that failed while holding it poisons it; the next one still runs alone.
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn dram(descs: impl IntoIterator<Item = Desc>) -> DescList {
     DescList::from_descs(MemKind::Dram, descs)
 }
@@ -135,6 +145,7 @@ fn round_trip(agent: &Agent, fd: i32, src: &mut [u8], dst: &mut [u8]) {
 
 #[test]
 fn write_then_read_round_trips_staged_and_zero_copy_dram() {
+    let _serial = serial();
     serve_if_daemon();
     let d = Daemon::start("write_then_read_round_trips_staged_and_zero_copy_dram", 0);
     let data = TempDir::new("nixl-file-data");
@@ -205,6 +216,7 @@ fn write_then_read_round_trips_staged_and_zero_copy_dram() {
 
 #[test]
 fn a_64_mib_transfer_is_split_across_rings() {
+    let _serial = serial();
     serve_if_daemon();
     let d = Daemon::start("a_64_mib_transfer_is_split_across_rings", 0);
     let data = TempDir::new("nixl-file-data");
@@ -279,6 +291,7 @@ fn a_64_mib_transfer_is_split_across_rings() {
 
 #[test]
 fn a_read_past_the_end_of_the_file_fails_at_check() {
+    let _serial = serial();
     serve_if_daemon();
     let d = Daemon::start("a_read_past_the_end_of_the_file_fails_at_check", 0);
     let data = TempDir::new("nixl-file-data");
@@ -337,6 +350,7 @@ fn a_read_past_the_end_of_the_file_fails_at_check() {
 
 #[test]
 fn closed_and_unregistered_descriptors_are_typed_errors() {
+    let _serial = serial();
     serve_if_daemon();
     let d = Daemon::start("closed_and_unregistered_descriptors_are_typed_errors", 0);
     let data = TempDir::new("nixl-file-data");
@@ -474,6 +488,7 @@ fn closed_and_unregistered_descriptors_are_typed_errors() {
 
 #[test]
 fn bad_parameters_and_a_mount_nobody_serves_are_refused() {
+    let _serial = serial();
     serve_if_daemon();
     let agent = Agent::new(
         "p",
@@ -518,6 +533,7 @@ fn bad_parameters_and_a_mount_nobody_serves_are_refused() {
 
 #[test]
 fn a_daemon_killed_mid_transfer_fails_it_within_the_timeout() {
+    let _serial = serial();
     serve_if_daemon();
     let mut d = Daemon::start(
         "a_daemon_killed_mid_transfer_fails_it_within_the_timeout",
@@ -665,6 +681,7 @@ fn count_tree(dir: &std::path::Path) -> usize {
 /// threads, `/dev/shm` mappings and publications under the mount as after the first.
 #[test]
 fn a_restarted_daemon_is_reached_again_without_leaks() {
+    let _serial = serial();
     const TEST: &str = "a_restarted_daemon_is_reached_again_without_leaks";
     const LEN: usize = 1 << 20;
     const SLOW_MS: u64 = 400;
