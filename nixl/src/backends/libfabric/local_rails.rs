@@ -578,12 +578,23 @@ impl Backend for Planes {
 
     /// `peer:<agent>` (each meta entry): how this backend reaches that loaded peer and
     /// what its direct VRAM copies moved (see [`LibfabricBackend::peer_path_info`]);
-    /// `None` for anything else and for a peer not loaded.
+    /// `None` for anything else and for a peer not loaded; a query naming no peer at all
+    /// is not supported, as for every backend without storage.
     fn query_mem_info(
         &self,
         _kind: MemKind,
         meta: &[&[u8]],
     ) -> Result<Vec<Option<crate::backend::BackendParams>>> {
+        // Without a peer query this backend answers as every backend without storage
+        // does (callers such as the Python layer then answer from the registrations).
+        if !meta.iter().any(|m| m.starts_with(b"peer:")) {
+            return Err(crate::Error::NotSupported {
+                backend: self.name().to_string(),
+                what: "queries of storage by descriptor metadata (queryMem); \"peer:<agent>\" \
+                       names a loaded peer's path"
+                    .into(),
+            });
+        }
         Ok(meta
             .iter()
             .map(|m| {
