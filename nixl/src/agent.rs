@@ -1025,11 +1025,13 @@ impl Agent {
                 Ok(XferDlist {
                     agent: None,
                     kind,
+                    lens_slots: lens_slots(list.descs(), &slots),
                     descs: list.descs().to_vec(),
                     slots,
                     local_regs,
                     remote_regs: Vec::new(),
                     generation: 0,
+                    prepared: Default::default(),
                 })
             }
             Some(name) => {
@@ -1055,11 +1057,13 @@ impl Agent {
                 Ok(XferDlist {
                     agent: Some(name.to_string()),
                     kind,
+                    lens_slots: lens_slots(list.descs(), &slots),
                     descs: list.descs().to_vec(),
                     slots,
                     local_regs: Vec::new(),
                     remote_regs,
                     generation: peer.generation,
+                    prepared: Default::default(),
                 })
             }
         }
@@ -1126,6 +1130,53 @@ impl Agent {
         }
     }
 
+    /// A backend transfer from every (local, remote) pair of a request by index, with the
+    /// chosen backend's view of each pair's registrations (`usable` checked that every
+    /// touched one has it).
+    fn prep_by_entries(
+        backend: &Arc<dyn Backend>,
+        chosen: usize,
+        op: XferOp,
+        (local, local_idx): (&XferDlist, &[usize]),
+        (remote, remote_idx): (&XferDlist, &[usize]),
+        peer: &str,
+    ) -> Result<Box<dyn BackendXfer>> {
+        // The chosen backend's view of each registration, by slot (`None`: not touched by
+        // this request; every touched one has it, as `usable` checked).
+        let local_views: Vec<Option<(&Region, &dyn LocalMd)>> = local
+            .local_regs
+            .iter()
+            .map(|reg| Some((&reg.region, reg.mds.get(chosen)?.as_deref()?)))
+            .collect();
+        let remote_views: Vec<Option<(&Region, &dyn RemoteMd)>> = remote
+            .remote_regs
+            .iter()
+            .map(|reg| Some((&reg.region, reg.mds.get(chosen)?.as_deref()?)))
+            .collect();
+        let mut entries: Vec<XferEntry<'_>> = Vec::with_capacity(local_idx.len());
+        for (&li, &ri) in local_idx.iter().zip(remote_idx) {
+            // Indices and slots were all checked by the caller, and every touched slot has
+            // a view.
+            let (Some(&(local_region, local_md)), Some(&(remote_region, remote_md))) = (
+                local_views[local.slots[li] as usize].as_ref(),
+                remote_views[remote.slots[ri] as usize].as_ref(),
+            ) else {
+                return Err(Error::InvalidParam(
+                    "a prepared list lost a registration".into(),
+                ));
+            };
+            entries.push(XferEntry {
+                local: local.descs[li],
+                local_region,
+                local_md,
+                remote: remote.descs[ri],
+                remote_region,
+                remote_md,
+            });
+        }
+        backend.prep_xfer(op, &entries, peer)
+    }
+
     /// Builds a transfer from prepared lists by index: `local_idx[i]` of `local` moves
     /// to/from `remote_idx[i]` of `remote`. With `backend` set, only that backend is used;
     /// otherwise the first (in creation order) that can reach both sides, where one that
@@ -1180,19 +1231,18 @@ impl Agent {
         let mut used_remote = vec![false; remote.remote_regs.len()];
         let mut total_bytes = 0u64;
         for (&li, &ri) in local_idx.iter().zip(remote_idx) {
-            let (Some(l), Some(&lslot)) = (local.descs.get(li), local.slots.get(li)) else {
+            let Some(&(llen, lslot)) = local.lens_slots.get(li) else {
                 return Err(bad_index("local", li, local.descs.len()));
             };
-            let (Some(r), Some(&rslot)) = (remote.descs.get(ri), remote.slots.get(ri)) else {
+            let Some(&(rlen, rslot)) = remote.lens_slots.get(ri) else {
                 return Err(bad_index("remote", ri, remote.descs.len()));
             };
-            if l.len != r.len {
+            if llen != rlen {
                 return Err(Error::Mismatch(format!(
-                    "local descriptor {li} has {} bytes, remote descriptor {ri} has {}",
-                    l.len, r.len
+                    "local descriptor {li} has {llen} bytes, remote descriptor {ri} has {rlen}"
                 )));
             }
-            total_bytes += l.len;
+            total_bytes += llen;
             if let Some(u) = used_local.get_mut(lslot as usize) {
                 *u = true;
             }
@@ -1285,40 +1335,25 @@ impl Agent {
                     remote: remote.kind,
                 })?,
         };
-        // The chosen backend's view of each registration, by slot (`None`: not touched by
-        // this request; every touched one has it, as `usable` checked).
-        let local_views: Vec<Option<(&Region, &dyn LocalMd)>> = local
-            .local_regs
-            .iter()
-            .map(|reg| Some((&reg.region, reg.mds.get(chosen)?.as_deref()?)))
-            .collect();
-        let remote_views: Vec<Option<(&Region, &dyn RemoteMd)>> = remote
-            .remote_regs
-            .iter()
-            .map(|reg| Some((&reg.region, reg.mds.get(chosen)?.as_deref()?)))
-            .collect();
-        let mut entries: Vec<XferEntry<'_>> = Vec::with_capacity(local_idx.len());
-        for (&li, &ri) in local_idx.iter().zip(remote_idx) {
-            // Indices and slots were all checked above, and every touched slot has a view.
-            let (Some(&(local_region, local_md)), Some(&(remote_region, remote_md))) = (
-                local_views[local.slots[li] as usize].as_ref(),
-                remote_views[remote.slots[ri] as usize].as_ref(),
-            ) else {
-                return Err(Error::InvalidParam(
-                    "a prepared list lost a registration".into(),
-                ));
-            };
-            entries.push(XferEntry {
-                local: local.descs[li],
-                local_region,
-                local_md,
-                remote: remote.descs[ri],
-                remote_region,
-                remote_md,
-            });
-        }
         let backend = backends[chosen].clone();
-        let inner = backend.prep_xfer(op, &entries, peer).inspect_err(|e| {
+        // Lists the backend resolved once serve requests by index directly; otherwise the
+        // backend gets every (local, remote) pair with its registrations.
+        let prepared = match local.prepared_for(chosen, &backend)? {
+            Some(l) => remote.prepared_for(chosen, &backend)?.map(|r| (l, r)),
+            None => None,
+        };
+        let inner = match prepared {
+            Some((l, r)) => backend.prep_xfer_indexed(op, &l, local_idx, &r, remote_idx, peer),
+            None => Self::prep_by_entries(
+                &backend,
+                chosen,
+                op,
+                (local, local_idx),
+                (remote, remote_idx),
+                peer,
+            ),
+        }
+        .inspect_err(|e| {
             if matches!(e, Error::RemoteDisconnect { .. }) {
                 life.mark_disconnected();
             }
@@ -1473,6 +1508,12 @@ impl Agent {
 /// regions of the list's kind on a device. A descriptor inside the same region as the
 /// one before it (a KV cache's consecutive blocks) is checked in constant time, and a
 /// registration is cloned once per list, not once per descriptor.
+/// Each descriptor's length beside its slot: what a request by index checks per
+/// descriptor, in one cache line instead of two (requests pick descriptors at random).
+fn lens_slots(descs: &[Desc], slots: &[u32]) -> Vec<(u64, u32)> {
+    descs.iter().zip(slots).map(|(d, &s)| (d.len, s)).collect()
+}
+
 fn resolve_descs<'a, T: 'a>(
     descs: &[Desc],
     mut index_of: impl FnMut(u64) -> Option<&'a RegionIndex<Arc<T>>>,

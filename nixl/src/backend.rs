@@ -109,6 +109,40 @@ impl<'a> XferEntry<'a> {
     }
 }
 
+/// One descriptor of a prepared list with its registration and this backend's view of
+/// it ([`Backend::prep_list`]).
+#[derive(Debug, Clone, Copy)]
+pub struct ListEntry<'a, M: ?Sized> {
+    /// The range.
+    pub desc: Desc,
+    /// The registration (local) or advertised region (a peer's) containing it.
+    pub region: &'a Region,
+    /// This backend's metadata of that registration or region.
+    pub md: &'a M,
+}
+
+/// A whole prepared descriptor list, as [`Backend::prep_list`] sees it.
+#[derive(Debug, Clone, Copy)]
+pub enum ListSide<'a> {
+    /// This agent's own memory (the initiator's side of a transfer).
+    Local(&'a [ListEntry<'a, dyn LocalMd>]),
+    /// A peer's memory (this agent's own name for loopback transfers).
+    Remote {
+        /// The peer.
+        agent: &'a str,
+        /// Its descriptors, in list order.
+        entries: &'a [ListEntry<'a, dyn RemoteMd>],
+    },
+}
+
+/// A descriptor list one backend resolved once ([`Backend::prep_list`]), for requests
+/// by index ([`Backend::prep_xfer_indexed`]). The agent keeps it with the prepared list
+/// and hands it back only to the backend that made it.
+pub trait PreparedList: Any + Send + Sync + std::fmt::Debug {
+    /// For the backend to get its own type back.
+    fn as_any(&self) -> &dyn Any;
+}
+
 /// Per-post options (NIXL's `nixl_opt_b_args_t`): a backend-specific value such as a CUDA
 /// stream travels in `custom`.
 #[derive(Default)]
@@ -257,6 +291,34 @@ pub trait Backend: Send + Sync + std::fmt::Debug + 'static {
         entries: &[XferEntry<'_>],
         agent: &str,
     ) -> Result<Box<dyn BackendXfer>>;
+    /// Resolves a whole descriptor list once (addresses mapped, memory located), so that
+    /// each request by index ([`Self::prep_xfer_indexed`]) costs a table lookup per
+    /// descriptor: NIXL's `prepXferDlist`, which vLLM's connector calls once per cache and
+    /// then makes a request per KV-cache pull from. `Ok(None)` (the default): this backend
+    /// resolves per request ([`Self::prep_xfer`]).
+    fn prep_list(&self, side: ListSide<'_>) -> Result<Option<Arc<dyn PreparedList>>> {
+        let _ = side;
+        Ok(None)
+    }
+    /// Prepares a transfer from two lists this backend resolved with [`Self::prep_list`]:
+    /// `local_idx[i]` of `local` moves to (WRITE) or from (READ) `remote_idx[i]` of
+    /// `remote`, a list of `agent`. The agent checked every index, the lengths, and that
+    /// the registrations used are still there. Only called where `prep_list` gave both.
+    fn prep_xfer_indexed(
+        &self,
+        op: XferOp,
+        local: &Arc<dyn PreparedList>,
+        local_idx: &[usize],
+        remote: &Arc<dyn PreparedList>,
+        remote_idx: &[usize],
+        agent: &str,
+    ) -> Result<Box<dyn BackendXfer>> {
+        let _ = (op, local, local_idx, remote, remote_idx, agent);
+        Err(Error::NotSupported {
+            backend: self.name().to_string(),
+            what: "transfers by index of prepared lists".into(),
+        })
+    }
     /// Sends a standalone notification.
     fn gen_notif(&self, agent: &str, msg: &[u8]) -> Result<()>;
     /// Moves received notifications into `into` as (sender, message).

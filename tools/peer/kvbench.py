@@ -339,6 +339,7 @@ def run(o):
         timed_start = None
         chosen = None  # the backend of the first request, as the agent picked it
         clock = time.perf_counter
+        spent = [0.0, 0.0]  # timed requests: make_prepped_xfer, transfer
         while nxt < len(requests) or active:
             window = 1 if nxt < o.warmup else o.inflight
             warm_done = nxt >= o.warmup and all(n >= o.warmup for _, n, _ in active)
@@ -348,12 +349,17 @@ def run(o):
                     timed_start = start
                 li, ri = idx[nxt]
                 h = agent.make_prepped_xfer(o.op, local_h, li, remote_h, ri, f"KV {nxt}".encode())
+                made = clock()
                 if chosen is None:
                     try:
                         chosen = agent.query_xfer_backend(h)
                     except Exception as e:  # an implementation without the query
                         chosen = f"? ({type(e).__name__})"
+                posted = clock()
                 state = agent.transfer(h)
+                if nxt >= o.warmup:
+                    spent[0] += made - start
+                    spent[1] += clock() - posted
                 if state == "ERR":
                     raise RuntimeError(f"request {nxt}: transfer failed to post")
                 active.append((h, nxt, start))
@@ -417,6 +423,11 @@ def run(o):
     print("{:>10} {:>12} {:>8} {:>9} {:>10.3f} {:>10.1f} {:>10.1f} {:>13.3f} {:>14.3f}".format(
         descs, per_req, o.inflight, len(lat), row["gbps"], row["p50_us"], row["p99_us"],
         row["prep_local_ms"], row["prep_remote_ms"]), flush=True)
+    if o.breakdown and lat:
+        print("per request (mean us): make_prepped_xfer {:.1f}, transfer {:.1f}, "
+              "posted to done {:.1f}".format(
+                  spent[0] / len(lat) * 1e6, spent[1] / len(lat) * 1e6,
+                  (sum(lat) - spent[0] - spent[1]) / len(lat) * 1e6), flush=True)
     if o.csv:
         new = not os.path.exists(o.csv) or os.path.getsize(o.csv) == 0
         with open(o.csv, "a", newline="") as f:
@@ -459,6 +470,8 @@ def parse_args(argv):
                    help="comma-separated backend names (default: NIXL's default config)")
     p.add_argument("--no-verify", action="store_true", help="skip the data check")
     p.add_argument("--csv", help="append the result row here")
+    p.add_argument("--breakdown", action="store_true",
+                   help="also print where a timed request's time went on average")
     o = p.parse_args(argv)
     o.backends = [b.strip() for b in o.backends.split(",") if b.strip()]
     for name in ("layers", "blocks", "blocks_per_request", "requests", "inflight"):

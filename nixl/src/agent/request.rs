@@ -2,9 +2,13 @@
 //! progress, failure, telemetry.
 
 use super::{spin_before_yield, AgentInner, LocalReg, PeerLife, RemoteReg, ReqSlot};
-use crate::backend::{Backend, PostParams, XferStatus, XferTelemetry};
+use crate::backend::{
+    Backend, ListEntry, ListSide, LocalMd, PostParams, PreparedList, RemoteMd, XferStatus,
+    XferTelemetry,
+};
 use crate::error::{Error, Result};
 use crate::mem::{Desc, MemKind};
+use parking_lot::Mutex;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
@@ -19,12 +23,21 @@ pub struct XferDlist {
     /// peer's) of the registration containing it, resolved once here so that a request
     /// by index gathers without searching, cloning or locking per descriptor.
     pub(super) slots: Vec<u32>,
+    /// (length, slot) of each descriptor: the part a request by index reads.
+    pub(super) lens_slots: Vec<(u64, u32)>,
     /// The distinct registrations of a local list's descriptors (empty for a peer's).
     pub(super) local_regs: Vec<Arc<LocalReg>>,
     /// The distinct regions of a peer's list's descriptors (empty for a local list).
     pub(super) remote_regs: Vec<Arc<RemoteReg>>,
     pub(super) generation: u64,
+    /// The list as each backend resolved it once ([`Backend::prep_list`]), made at its
+    /// first request through that backend: (backend index, backend address, the list,
+    /// or `None` where that backend resolves per request).
+    pub(super) prepared: Mutex<Vec<PreparedFor>>,
 }
+
+/// A [`XferDlist`] as one backend resolved it: (backend index, backend address, list).
+pub(super) type PreparedFor = (usize, usize, Option<Arc<dyn PreparedList>>);
 
 impl XferDlist {
     /// Number of descriptors.
@@ -54,6 +67,74 @@ impl XferDlist {
             .get(index)
             .and_then(|&slot| self.local_regs.get(slot as usize))
             .is_some_and(|reg| reg.released.load(Ordering::Acquire))
+    }
+
+    /// This list as backend `bi` resolved it once ([`Backend::prep_list`]): made at the
+    /// first request through it and kept with the list. `None` where the backend resolves
+    /// per request, or did not register every registration the list touches.
+    pub(super) fn prepared_for(
+        &self,
+        bi: usize,
+        backend: &Arc<dyn Backend>,
+    ) -> Result<Option<Arc<dyn PreparedList>>> {
+        let address = Arc::as_ptr(backend) as *const () as usize;
+        let mut cache = self.prepared.lock();
+        if let Some((_, _, list)) = cache.iter().find(|(i, a, _)| *i == bi && *a == address) {
+            return Ok(list.clone());
+        }
+        let list = match self.agent.as_deref() {
+            None => {
+                let mds: Option<Vec<&dyn LocalMd>> = self
+                    .local_regs
+                    .iter()
+                    .map(|reg| reg.mds.get(bi)?.as_deref())
+                    .collect();
+                match mds {
+                    None => None,
+                    Some(mds) => {
+                        let entries: Vec<ListEntry<'_, dyn LocalMd>> = self
+                            .descs
+                            .iter()
+                            .zip(&self.slots)
+                            .map(|(&desc, &slot)| ListEntry {
+                                desc,
+                                region: &self.local_regs[slot as usize].region,
+                                md: mds[slot as usize],
+                            })
+                            .collect();
+                        backend.prep_list(ListSide::Local(&entries))?
+                    }
+                }
+            }
+            Some(agent) => {
+                let mds: Option<Vec<&dyn RemoteMd>> = self
+                    .remote_regs
+                    .iter()
+                    .map(|reg| reg.mds.get(bi)?.as_deref())
+                    .collect();
+                match mds {
+                    None => None,
+                    Some(mds) => {
+                        let entries: Vec<ListEntry<'_, dyn RemoteMd>> = self
+                            .descs
+                            .iter()
+                            .zip(&self.slots)
+                            .map(|(&desc, &slot)| ListEntry {
+                                desc,
+                                region: &self.remote_regs[slot as usize].region,
+                                md: mds[slot as usize],
+                            })
+                            .collect();
+                        backend.prep_list(ListSide::Remote {
+                            agent,
+                            entries: &entries,
+                        })?
+                    }
+                }
+            }
+        };
+        cache.push((bi, address, list.clone()));
+        Ok(list)
     }
 
     /// [`Error::Deregistered`] for descriptor `index` of this (local) list.

@@ -47,6 +47,10 @@ pub(crate) struct GpuStreams {
     /// Pinned staging slots of staged batches reading from this GPU, reused by later
     /// batches (`cuMemHostAlloc` costs far more than a request's preparation should).
     stage_slots: Mutex<Vec<gpu_mem::HostBuffer>>,
+    /// Pinned buffers the kernel's work tables are written into and uploaded from: an
+    /// upload from pageable memory waits for the stream's earlier work (the previous
+    /// request's kernel) and copies through the driver's staging first.
+    uploads: Mutex<Vec<gpu_mem::HostBuffer>>,
 }
 
 /// Staging slots kept for reuse per GPU; more are freed.
@@ -86,6 +90,32 @@ impl GpuStreams {
         let mut spare = self.tables.lock();
         if spare.len() < SPARE_TABLES {
             spare.push(table);
+        }
+    }
+
+    /// A pinned buffer of at least `bytes` to upload a work table from.
+    fn take_upload(&self, bytes: usize) -> Result<gpu_mem::HostBuffer> {
+        {
+            let mut spare = self.uploads.lock();
+            if let Some(i) = spare
+                .iter()
+                .enumerate()
+                .filter(|(_, b)| b.len() >= bytes)
+                .min_by_key(|(_, b)| b.len())
+                .map(|(i, _)| i)
+            {
+                return Ok(spare.swap_remove(i));
+            }
+        }
+        gpu_mem::HostBuffer::alloc(&self.gpu, bytes.max(MIN_TABLE_BYTES).next_power_of_two())
+            .map_err(gpu_err("allocating a pinned upload buffer"))
+    }
+
+    /// Gives an upload buffer back once its upload completed.
+    fn give_upload(&self, upload: gpu_mem::HostBuffer) {
+        let mut spare = self.uploads.lock();
+        if spare.len() < SPARE_TABLES {
+            spare.push(upload);
         }
     }
 
@@ -155,6 +185,7 @@ impl StreamPools {
             next: AtomicUsize::new(0),
             tables: Mutex::default(),
             stage_slots: Mutex::default(),
+            uploads: Mutex::default(),
         });
         pools.insert(ordinal, pool.clone());
         Ok(pool)
@@ -364,26 +395,48 @@ struct CopyItem {
 const _: () = assert!(std::mem::size_of::<CopyItem>() == 24);
 const _: () = assert!(std::mem::offset_of!(CopyItem, len) == 16);
 
-/// The kernel's work table: each copy, split into items of at most `chunk` bytes (cut
-/// at multiples of `chunk` from its start, so every item keeps the copy's relative
-/// alignment of source and destination); empty copies leave nothing.
-fn work_items(copies: &[Copy], chunk: usize) -> Vec<CopyItem> {
+/// Work items the kernel's table holds for `copies` (see [`write_work_items`]).
+fn work_item_count(copies: &[Copy], chunk: usize) -> usize {
+    let chunk = chunk.max(1);
+    copies.iter().map(|c| c.len.div_ceil(chunk)).sum()
+}
+
+/// Writes the kernel's work table into `out` (exactly [`work_item_count`] items): each
+/// copy, split into items of at most `chunk` bytes (cut at multiples of `chunk` from its
+/// start, so every item keeps the copy's relative alignment of source and destination);
+/// empty copies leave nothing.
+fn write_work_items(copies: &[Copy], chunk: usize, out: &mut [CopyItem]) {
     let chunk = chunk.max(1) as u64;
-    let count: u64 = copies.iter().map(|c| (c.len as u64).div_ceil(chunk)).sum();
-    let mut items = Vec::with_capacity(count as usize);
+    let mut slots = out.iter_mut();
     for c in copies {
         let len = c.len as u64;
         let mut at = 0;
         while at < len {
             let n = chunk.min(len - at);
-            items.push(CopyItem {
-                src: c.src + at,
-                dst: c.dst + at,
-                len: n,
-            });
+            if let Some(slot) = slots.next() {
+                *slot = CopyItem {
+                    src: c.src + at,
+                    dst: c.dst + at,
+                    len: n,
+                };
+            }
             at += n;
         }
     }
+}
+
+/// The kernel's work table as a vector (see [`write_work_items`]).
+#[cfg(test)]
+fn work_items(copies: &[Copy], chunk: usize) -> Vec<CopyItem> {
+    let mut items = vec![
+        CopyItem {
+            src: 0,
+            dst: 0,
+            len: 0
+        };
+        work_item_count(copies, chunk)
+    ];
+    write_work_items(copies, chunk, &mut items);
     items
 }
 
@@ -484,6 +537,8 @@ enum Run {
         kernel: Arc<CopyKernel>,
         /// Always `Some` until dropped (then given back to the pool).
         table: Option<DeviceBuffer>,
+        /// The pinned buffer the table was uploaded from (`None`: an empty table).
+        upload: Option<gpu_mem::HostBuffer>,
         items: u64,
         grid: u32,
     },
@@ -544,7 +599,7 @@ impl CopyBatch {
             let event = pool
                 .gpu
                 .context()
-                .new_event(None)
+                .new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
                 .map_err(|e| Error::Gpu(format!("cuEventCreate: {e:?}")))?;
             lanes.push(Lane {
                 stream,
@@ -586,14 +641,34 @@ impl CopyBatch {
         Ok(batch)
     }
 
-    /// Builds the kernel's work table and uploads it on the lane's stream (ordered before
-    /// every launch there); the lane's event marks the upload, so that a batch dropped
-    /// before its first post still waits for it before the table is reused.
+    /// Builds the kernel's work table in a pinned buffer and uploads it on the lane's
+    /// stream (ordered before every launch there); the lane's event marks the upload, so
+    /// that a batch dropped before its first post still waits for it before the table and
+    /// the buffer are reused.
     fn upload(&mut self, kernel: Arc<CopyKernel>, copies: &[Copy]) -> Result<Run> {
-        let items = work_items(copies, KERNEL_CHUNK_BYTES);
-        let bytes = std::mem::size_of_val(items.as_slice());
+        let count = work_item_count(copies, KERNEL_CHUNK_BYTES);
+        let bytes = count * std::mem::size_of::<CopyItem>();
         let table = self.pool.take_table(bytes.max(1))?;
+        let mut upload = None;
         if bytes > 0 {
+            let mut host = match self.pool.take_upload(bytes) {
+                Ok(h) => h,
+                Err(e) => {
+                    self.pool.give_table(table);
+                    return Err(e);
+                }
+            };
+            let ptr = host.as_mut_ptr();
+            if !(ptr as usize).is_multiple_of(std::mem::align_of::<CopyItem>()) {
+                self.pool.give_table(table);
+                return Err(Error::Gpu(format!(
+                    "a pinned upload buffer at {ptr:p} is not aligned for the work table"
+                )));
+            }
+            // SAFETY: the buffer holds at least `bytes` = `count` items, is aligned for
+            // them (checked above), and is borrowed mutably through `host` only here.
+            let items = unsafe { std::slice::from_raw_parts_mut(ptr.cast::<CopyItem>(), count) };
+            write_work_items(copies, KERNEL_CHUNK_BYTES, items);
             let lane = &mut self.lanes[0];
             let sent = self
                 .pool
@@ -601,13 +676,13 @@ impl CopyBatch {
                 .bind()
                 .map_err(gpu_err("binding the context"))
                 .and_then(|()| {
-                    // SAFETY: the table holds at least `bytes`; the source is pageable
-                    // memory, which the driver has staged by the time the call returns,
-                    // so `items` may go after it.
+                    // SAFETY: the table holds at least `bytes`; the source is pinned host
+                    // memory that this batch keeps (in `Run::Kernel`) until its events
+                    // completed (see Drop), so the asynchronous copy may read it later.
                     unsafe {
                         sys::cuMemcpyHtoDAsync_v2(
                             table.ptr(),
-                            items.as_ptr().cast(),
+                            host.as_ptr().cast(),
                             bytes,
                             lane.stream.cu_stream(),
                         )
@@ -624,21 +699,26 @@ impl CopyBatch {
                 });
             if let Err(e) = sent {
                 // Whether the upload was queued is not known: wait for the stream before
-                // the table is reused.
+                // the table and the buffer are reused.
                 match lane.stream.synchronize() {
-                    Ok(()) => self.pool.give_table(table),
-                    Err(_) => std::mem::forget(table),
+                    Ok(()) => {
+                        self.pool.give_table(table);
+                        self.pool.give_upload(host);
+                    }
+                    Err(_) => std::mem::forget((table, host)),
                 }
                 return Err(e);
             }
             lane.done = false;
             self.in_flight = true;
+            upload = Some(host);
         }
         Ok(Run::Kernel {
-            grid: (items.len() as u64).clamp(1, u64::from(kernel.max_blocks)) as u32,
-            items: items.len() as u64,
+            grid: (count as u64).clamp(1, u64::from(kernel.max_blocks)) as u32,
+            items: count as u64,
             kernel,
             table: Some(table),
+            upload,
         })
     }
 
@@ -690,6 +770,7 @@ impl CopyBatch {
                     table,
                     items,
                     grid,
+                    ..
                 } => {
                     if *items > 0 {
                         let table_ptr = table.as_ref().map_or(0, DeviceBuffer::ptr);
@@ -794,13 +875,21 @@ impl Drop for CopyBatch {
                 }
             }
         }
-        // A table a kernel may still read (its wait failed) is leaked rather than reused.
-        if let Run::Kernel { table, .. } = &mut self.run {
+        // A table a kernel may still read (its wait failed) is leaked rather than reused,
+        // and so is the buffer an upload may still read.
+        if let Run::Kernel { table, upload, .. } = &mut self.run {
             if let Some(table) = table.take() {
                 if finished {
                     self.pool.give_table(table);
                 } else {
                     std::mem::forget(table);
+                }
+            }
+            if let Some(upload) = upload.take() {
+                if finished {
+                    self.pool.give_upload(upload);
+                } else {
+                    std::mem::forget(upload);
                 }
             }
         }
@@ -840,11 +929,18 @@ impl GpuXfer {
         sink: Arc<dyn NotifSink>,
         keep: Vec<Arc<dyn std::any::Any + Send + Sync>>,
     ) -> Result<Self> {
+        let copies = copies.into_iter();
+        // Nearly always one GPU: its batch takes every copy without growing.
+        let expected = copies.size_hint().0;
         let mut by_gpu: Vec<(usize, Vec<Copy>)> = Vec::new();
         for (gpu, copy) in copies {
             match by_gpu.iter_mut().find(|(g, _)| *g == gpu) {
                 Some((_, v)) => v.push(copy),
-                None => by_gpu.push((gpu, vec![copy])),
+                None => {
+                    let mut v = Vec::with_capacity(expected.max(1));
+                    v.push(copy);
+                    by_gpu.push((gpu, v));
+                }
             }
         }
         let batches = by_gpu

@@ -56,8 +56,8 @@ use super::cuda_copy::{
 use super::ipc_plane::{IpcPlane, KeepAlive, Resolved, ResolvedPair};
 use super::shared::{param, random_u64};
 use crate::backend::{
-    Backend, BackendInit, BackendXfer, Capabilities, LocalMd, NotifWaker, RemoteMd, XferEntry,
-    XferOp,
+    Backend, BackendInit, BackendXfer, Capabilities, ListSide, LocalMd, NotifWaker, PreparedList,
+    RemoteMd, XferEntry, XferOp,
 };
 use crate::error::{Error, Result};
 use crate::mem::{MemKind, Region};
@@ -72,6 +72,8 @@ use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
+
+mod prepared;
 
 /// The backend's name.
 pub const NAME: &str = "CUDA_IPC";
@@ -934,7 +936,7 @@ impl Drop for VmmShare {
 }
 
 /// A peer's VRAM region: its allocation and where the region starts in it.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct RemoteRegion {
     key: AllocKey,
     /// Region start minus allocation start.
@@ -1580,6 +1582,20 @@ impl Backend for CudaIpcBackend {
             )?
             .with_staged(&self.streams, staged)?,
         ))
+    }
+    fn prep_list(&self, side: ListSide<'_>) -> Result<Option<Arc<dyn PreparedList>>> {
+        self.prepare_list(side).map(Some)
+    }
+    fn prep_xfer_indexed(
+        &self,
+        op: XferOp,
+        local: &Arc<dyn PreparedList>,
+        local_idx: &[usize],
+        remote: &Arc<dyn PreparedList>,
+        remote_idx: &[usize],
+        agent: &str,
+    ) -> Result<Box<dyn BackendXfer>> {
+        self.prepare_indexed(op, &**local, local_idx, &**remote, remote_idx, agent)
     }
     fn gen_notif(&self, agent: &str, msg: &[u8]) -> Result<()> {
         if agent == self.agent_name {

@@ -8,11 +8,11 @@
 //! the same way). Notifications to the agent itself are queued directly, after the data.
 
 use crate::backend::{
-    Backend, BackendInit, BackendXfer, Capabilities, LocalMd, NotifWaker, PostParams, RemoteMd,
-    XferEntry, XferOp, XferProgress, XferStatus,
+    Backend, BackendInit, BackendXfer, Capabilities, ListSide, LocalMd, NotifWaker, PostParams,
+    PreparedList, RemoteMd, XferEntry, XferOp, XferProgress, XferStatus,
 };
 use crate::error::{Error, Result};
-use crate::mem::{MemKind, Region};
+use crate::mem::{Desc, MemKind, Region};
 use std::any::Any;
 use std::sync::Arc;
 
@@ -75,17 +75,21 @@ pub(crate) fn create(init: &BackendInit) -> Result<Arc<dyn Backend>> {
 #[derive(Debug)]
 struct Md {
     /// DRAM, pinned on its first copy to or from VRAM (unpinned when the registration
-    /// goes).
+    /// goes and no prepared list holds it any more).
     #[cfg(feature = "cuda")]
-    pin: Option<super::cuda_copy::LazyPin>,
+    pin: Option<Arc<super::cuda_copy::LazyPin>>,
 }
 
 impl Md {
     fn new(_region: &Region) -> Self {
         Self {
             #[cfg(feature = "cuda")]
-            pin: (_region.kind == MemKind::Dram)
-                .then(|| super::cuda_copy::LazyPin::new(_region.desc.addr, _region.desc.len)),
+            pin: (_region.kind == MemKind::Dram).then(|| {
+                Arc::new(super::cuda_copy::LazyPin::new(
+                    _region.desc.addr,
+                    _region.desc.len,
+                ))
+            }),
         }
     }
 }
@@ -122,11 +126,168 @@ impl LocalBackend {
     }
 }
 
+/// One side of a GPU copy: the range, and where it lives.
+#[cfg(feature = "cuda")]
+type Side = (Desc, super::cuda_copy::MemLoc);
+
+/// A list resolved once for requests by index: each descriptor with its memory kind
+/// and, for DRAM of this agent's side, its registration's pin.
+#[derive(Debug)]
+struct PreparedDescs {
+    /// Whether it is the remote side of a transfer (this agent seen as a peer).
+    remote: bool,
+    /// (range, memory kind, index in `pins` or `NO_PIN`)
+    descs: Vec<(Desc, MemKind, u32)>,
+    #[cfg(feature = "cuda")]
+    pins: Vec<Arc<super::cuda_copy::LazyPin>>,
+}
+
+/// A descriptor without a pin of its own (VRAM, or the remote side's view of DRAM).
+const NO_PIN: u32 = u32::MAX;
+
+impl PreparedList for PreparedDescs {
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+impl LocalBackend {
+    fn prepare_list(&self, side: ListSide<'_>) -> Result<PreparedDescs> {
+        match side {
+            ListSide::Local(entries) => {
+                #[cfg(feature = "cuda")]
+                let mut pins: Vec<Arc<super::cuda_copy::LazyPin>> = Vec::new();
+                let descs = entries
+                    .iter()
+                    .map(|e| {
+                        let md = e.md.as_any().downcast_ref::<Md>().ok_or_else(|| {
+                            Error::InvalidParam(format!("{NAME}: metadata of another backend"))
+                        })?;
+                        #[cfg(feature = "cuda")]
+                        let pin = match &md.pin {
+                            Some(pin) => match pins.iter().rposition(|p| Arc::ptr_eq(p, pin)) {
+                                Some(i) => i as u32,
+                                None => {
+                                    pins.push(pin.clone());
+                                    (pins.len() - 1) as u32
+                                }
+                            },
+                            None => NO_PIN,
+                        };
+                        #[cfg(not(feature = "cuda"))]
+                        let pin = {
+                            let _ = md;
+                            NO_PIN
+                        };
+                        Ok((e.desc, e.region.kind, pin))
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                Ok(PreparedDescs {
+                    remote: false,
+                    descs,
+                    #[cfg(feature = "cuda")]
+                    pins,
+                })
+            }
+            ListSide::Remote { agent, entries } => {
+                self.check_self(agent)?;
+                Ok(PreparedDescs {
+                    remote: true,
+                    descs: entries
+                        .iter()
+                        .map(|e| (e.desc, e.region.kind, NO_PIN))
+                        .collect(),
+                    #[cfg(feature = "cuda")]
+                    pins: Vec::new(),
+                })
+            }
+        }
+    }
+
+    fn prepare_indexed(
+        &self,
+        op: XferOp,
+        local: &dyn PreparedList,
+        local_idx: &[usize],
+        remote: &dyn PreparedList,
+        remote_idx: &[usize],
+        agent: &str,
+    ) -> Result<Box<dyn BackendXfer>> {
+        self.check_self(agent)?;
+        let (Some(local), Some(remote)) = (
+            local.as_any().downcast_ref::<PreparedDescs>(),
+            remote.as_any().downcast_ref::<PreparedDescs>(),
+        ) else {
+            return Err(Error::InvalidParam(format!(
+                "{NAME}: prepared lists of another backend"
+            )));
+        };
+        if local.remote || !remote.remote {
+            return Err(Error::InvalidParam(format!(
+                "{NAME}: a local list and a remote list are needed, in that order"
+            )));
+        }
+        let pair = |li: usize, ri: usize| -> Result<_> {
+            match (local.descs.get(li), remote.descs.get(ri)) {
+                (Some(l), Some(r)) => Ok((l, r)),
+                _ => Err(Error::InvalidParam(format!(
+                    "{NAME}: index {li} or {ri} is out of range"
+                ))),
+            }
+        };
+        let pairs = || {
+            local_idx
+                .iter()
+                .zip(remote_idx)
+                .map(|(&li, &ri)| pair(li, ri))
+        };
+        #[cfg(feature = "cuda")]
+        {
+            let mut any_vram = false;
+            for p in pairs() {
+                let (l, r) = p?;
+                any_vram |= l.1 == MemKind::Vram || r.1 == MemKind::Vram;
+            }
+            if any_vram {
+                use super::cuda_copy::MemLoc;
+                let sides = pairs()
+                    .map(|p| {
+                        let (l, r) = p?;
+                        let local_loc = match l.1 {
+                            MemKind::Vram => MemLoc::Gpu(l.0.dev_id as usize),
+                            _ => MemLoc::Host {
+                                pinned: local
+                                    .pins
+                                    .get(l.2 as usize)
+                                    .is_some_and(|pin| pin.ensure()),
+                            },
+                        };
+                        let remote_loc = match r.1 {
+                            MemKind::Vram => MemLoc::Gpu(r.0.dev_id as usize),
+                            _ => MemLoc::Host { pinned: false },
+                        };
+                        Ok(((l.0, local_loc), (r.0, remote_loc)))
+                    })
+                    .collect::<Result<Vec<(Side, Side)>>>()?;
+                return self.gpu_xfer_of(op, sides.into_iter());
+            }
+        }
+        Ok(Box::new(CopyXfer {
+            op,
+            copies: pairs()
+                .map(|p| p.map(|(l, r)| (l.0.addr, r.0.addr, l.0.len as usize)))
+                .collect::<Result<_>>()?,
+            agent: agent.to_string(),
+            notifs: self.notifs.clone(),
+        }))
+    }
+}
+
 #[cfg(feature = "cuda")]
 impl LocalBackend {
     /// Copies on the GPU of the VRAM side (the destination's when both are VRAM).
     fn prep_gpu_xfer(&self, op: XferOp, entries: &[XferEntry<'_>]) -> Result<Box<dyn BackendXfer>> {
-        use super::cuda_copy::{Copy, GpuXfer, MemLoc};
+        use super::cuda_copy::MemLoc;
         // Where a side lives: VRAM of its GPU, or DRAM (pinned on its first GPU copy).
         let loc = |desc: crate::mem::Desc, region: &Region, md: &dyn LocalMd| match region.kind {
             MemKind::Vram => MemLoc::Gpu(desc.dev_id as usize),
@@ -134,19 +295,36 @@ impl LocalBackend {
                 pinned: md
                     .as_any()
                     .downcast_ref::<Md>()
-                    .and_then(|m| m.pin.as_ref())
+                    .and_then(|m| m.pin.as_deref())
                     .is_some_and(super::cuda_copy::LazyPin::ensure),
             },
         };
-        let copies = entries.iter().map(|e| {
-            let local = (e.local, loc(e.local, e.local_region, e.local_md));
-            // The remote side's metadata is a view without the registration's pin: its
-            // DRAM counts as unpinned (the kernel is then not used for it).
-            let remote_kind_loc = match e.remote_region.kind {
-                MemKind::Vram => MemLoc::Gpu(e.remote.dev_id as usize),
-                _ => MemLoc::Host { pinned: false },
-            };
-            let remote = (e.remote, remote_kind_loc);
+        self.gpu_xfer_of(
+            op,
+            entries.iter().map(|e| {
+                // The remote side's metadata is a view without the registration's pin:
+                // its DRAM counts as unpinned (the kernel is then not used for it).
+                let remote_loc = match e.remote_region.kind {
+                    MemKind::Vram => MemLoc::Gpu(e.remote.dev_id as usize),
+                    _ => MemLoc::Host { pinned: false },
+                };
+                (
+                    (e.local, loc(e.local, e.local_region, e.local_md)),
+                    (e.remote, remote_loc),
+                )
+            }),
+        )
+    }
+
+    /// Copies of (local, remote) pairs, each side with where it lives, on the GPU of the
+    /// VRAM side (the destination's when both are VRAM).
+    fn gpu_xfer_of(
+        &self,
+        op: XferOp,
+        pairs: impl ExactSizeIterator<Item = (Side, Side)>,
+    ) -> Result<Box<dyn BackendXfer>> {
+        use super::cuda_copy::{Copy, GpuXfer, MemLoc};
+        let copies = pairs.map(|(local, remote)| {
             let (mut src, dst) = match op {
                 XferOp::Write => (local, remote),
                 XferOp::Read => (remote, local),
@@ -289,6 +467,20 @@ impl Backend for LocalBackend {
             agent: agent.to_string(),
             notifs: self.notifs.clone(),
         }))
+    }
+    fn prep_list(&self, side: ListSide<'_>) -> Result<Option<Arc<dyn PreparedList>>> {
+        Ok(Some(Arc::new(self.prepare_list(side)?)))
+    }
+    fn prep_xfer_indexed(
+        &self,
+        op: XferOp,
+        local: &Arc<dyn PreparedList>,
+        local_idx: &[usize],
+        remote: &Arc<dyn PreparedList>,
+        remote_idx: &[usize],
+        agent: &str,
+    ) -> Result<Box<dyn BackendXfer>> {
+        self.prepare_indexed(op, &**local, local_idx, &**remote, remote_idx, agent)
     }
     fn gen_notif(&self, agent: &str, msg: &[u8]) -> Result<()> {
         self.check_self(agent)?;

@@ -150,6 +150,10 @@ struct Cli {
     /// Skip the data check (pure speed runs)
     #[arg(long)]
     no_verify: bool,
+    /// Also print where a timed request's time went on average: building it
+    /// (`make_xfer_req`), posting it, and waiting for it
+    #[arg(long)]
+    breakdown: bool,
     /// Run one side only: `target` (with --listen) or `initiator` (with --target)
     #[arg(long, value_enum)]
     role: Option<RoleArg>,
@@ -453,6 +457,8 @@ fn run_initiator(cli: &Cli, target_addr: SocketAddr) -> Result<(), String> {
     let inflight = cli.inflight as usize;
     let mut active: Vec<(nixl::XferReq, usize, Instant)> = Vec::with_capacity(inflight);
     let mut timed: Vec<Duration> = Vec::with_capacity(cli.requests as usize);
+    // Sums over the timed requests: (make_xfer_req, post).
+    let mut spent = (Duration::ZERO, Duration::ZERO);
     let mut backend_used = String::new();
     let mut next = 0;
     let mut measured_start: Option<Instant> = None;
@@ -479,12 +485,17 @@ fn run_initiator(cli: &Cli, target_addr: SocketAddr) -> Result<(), String> {
                     None,
                 )
                 .map_err(|e| format!("request {next}: make_xfer_req: {e}"))?;
+            let made = t0.elapsed();
             if backend_used.is_empty() {
                 backend_used = req.backend_name().to_string();
             }
             let status = req
                 .post()
                 .map_err(|e| format!("request {next}: post: {e}"))?;
+            if next >= warmup {
+                spent.0 += made;
+                spent.1 += t0.elapsed() - made;
+            }
             if status == XferStatus::Done {
                 if next >= warmup {
                     timed.push(t0.elapsed());
@@ -587,6 +598,17 @@ fn run_initiator(cli: &Cli, target_addr: SocketAddr) -> Result<(), String> {
         prep_local.as_secs_f64() * 1e3,
         prep_remote.as_secs_f64() * 1e3,
     );
+    if cli.breakdown && !timed.is_empty() {
+        let n = timed.len() as f64;
+        let mean = |d: Duration| d.as_secs_f64() * 1e6 / n;
+        let whole: Duration = timed.iter().sum();
+        println!(
+            "per request (mean us): make_xfer_req {:.1}, post {:.1}, posted to done {:.1}",
+            mean(spent.0),
+            mean(spent.1),
+            mean(whole.saturating_sub(spent.0 + spent.1)),
+        );
+    }
     Ok(())
 }
 
