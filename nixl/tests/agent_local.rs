@@ -452,7 +452,8 @@ fn local_lists_are_refused_after_their_registration_is_released() {
 fn many_descriptor_requests_gather_by_index() {
     let a = agent("gather");
     let (regions, blocks, block) = (8usize, 64usize, 32usize);
-    let src: Vec<Vec<u8>> = (0..regions)
+    // Written by the READs below through the agent: declared mutable for that.
+    let mut src: Vec<Vec<u8>> = (0..regions)
         .map(|r| {
             (0..blocks * block)
                 .map(|i| (r * 31 + i / block) as u8)
@@ -497,11 +498,28 @@ fn many_descriptor_requests_gather_by_index() {
         expected[r / blocks][(r % blocks) * block..][..block].copy_from_slice(from);
     }
     assert!(dst == expected, "blocks landed in the wrong places");
+    // Later requests reuse the lists as the backend resolved them at the first: READ the
+    // blocks just written back into the odd local descriptors, several requests over.
+    let back: Vec<usize> = picked.iter().map(|i| i + 1).collect();
+    let mut src_expected = src.clone();
+    for (&l, &r) in back.iter().zip(&target) {
+        let from = &dst[r / blocks][(r % blocks) * block..][..block];
+        src_expected[l / blocks][(l % blocks) * block..][..block].copy_from_slice(from);
+    }
+    for (ls, rs) in back.chunks(50).zip(target.chunks(50)) {
+        let mut req = a
+            .make_xfer_req(XferOp::Read, &local, ls, &remote, rs, None, None)
+            .unwrap();
+        req.post().unwrap();
+        req.wait(Duration::from_secs(10)).unwrap();
+    }
+    assert!(src == src_expected, "READ blocks landed in the wrong places");
     let err = a
         .make_xfer_req(XferOp::Write, &local, &[n], &remote, &[0], None, None)
         .unwrap_err();
     assert!(matches!(err, Error::InvalidParam(_)), "{err}");
     dst.clear();
+    src.clear();
 }
 
 #[test]
