@@ -90,3 +90,31 @@ extern "C" __global__ void nixl_copy_batch(const nixl_copy_item *items, unsigned
     copy_item(it.src, it.dst, it.len);
   }
 }
+
+/* One copy of a request over two prepared lists: positions in the source and the
+ * destination address tables (`GatherPair` in cuda_copy.rs, 8 bytes, asserted there). */
+struct nixl_gather_pair {
+  unsigned int src;
+  unsigned int dst;
+};
+static_assert(sizeof(nixl_gather_pair) == 8, "nixl_gather_pair is GatherPair (8 bytes)");
+
+/*
+ * The gather/scatter copy of a request by descriptor index over lists prepared once: the
+ * lists' addresses (and lengths) stay on the GPU from the first request on, and a request
+ * uploads only its pairs of positions. Pair k copies lens[pair.dst or pair.src] bytes
+ * from src_addrs[pair.src] to dst_addrs[pair.dst] (`lens_by_dst` says which index the
+ * length table follows: it is the initiator's list). Each block takes pairs in turn,
+ * copying each with all its threads, as `nixl_copy_batch` does its items.
+ */
+extern "C" __global__ void nixl_copy_gather(const unsigned long long *src_addrs,
+                                            const unsigned long long *dst_addrs,
+                                            const unsigned long long *lens, int lens_by_dst,
+                                            const nixl_gather_pair *pairs,
+                                            unsigned long long count) {
+  for (unsigned long long k = blockIdx.x; k < count; k += gridDim.x) {
+    const nixl_gather_pair p = pairs[k];
+    const unsigned long long len = lens[lens_by_dst ? p.dst : p.src];
+    copy_item(src_addrs[p.src], dst_addrs[p.dst], len);
+  }
+}

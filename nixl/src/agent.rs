@@ -1026,6 +1026,7 @@ impl Agent {
                     agent: None,
                     kind,
                     lens_slots: lens_slots(list.descs(), &slots),
+                    uniform_len: uniform_len(list.descs()),
                     descs: list.descs().to_vec(),
                     slots,
                     local_regs,
@@ -1058,6 +1059,7 @@ impl Agent {
                     agent: Some(name.to_string()),
                     kind,
                     lens_slots: lens_slots(list.descs(), &slots),
+                    uniform_len: uniform_len(list.descs()),
                     descs: list.descs().to_vec(),
                     slots,
                     local_regs: Vec::new(),
@@ -1230,24 +1232,61 @@ impl Agent {
         let mut used_local = vec![false; local.local_regs.len()];
         let mut used_remote = vec![false; remote.remote_regs.len()];
         let mut total_bytes = 0u64;
-        for (&li, &ri) in local_idx.iter().zip(remote_idx) {
-            let Some(&(llen, lslot)) = local.lens_slots.get(li) else {
-                return Err(bad_index("local", li, local.descs.len()));
-            };
-            let Some(&(rlen, rslot)) = remote.lens_slots.get(ri) else {
-                return Err(bad_index("remote", ri, remote.descs.len()));
-            };
-            if llen != rlen {
-                return Err(Error::Mismatch(format!(
-                    "local descriptor {li} has {llen} bytes, remote descriptor {ri} has {rlen}"
-                )));
+        let uniform = match (local.uniform_len, remote.uniform_len) {
+            (Some(l), Some(r)) if l == r => Some(l),
+            _ => None,
+        };
+        if let Some(len) = uniform {
+            // Every length is the same on both sides (a KV cache's blocks): bounds, and the
+            // slots of lists that span several registrations, are all there is to check.
+            let (nl, nr) = (local.descs.len(), remote.descs.len());
+            let (one_local, one_remote) = (used_local.len() == 1, used_remote.len() == 1);
+            for (&li, &ri) in local_idx.iter().zip(remote_idx) {
+                if li >= nl {
+                    return Err(bad_index("local", li, nl));
+                }
+                if ri >= nr {
+                    return Err(bad_index("remote", ri, nr));
+                }
+                if !one_local {
+                    if let Some(u) = used_local.get_mut(local.slots[li] as usize) {
+                        *u = true;
+                    }
+                }
+                if !one_remote {
+                    if let Some(u) = used_remote.get_mut(remote.slots[ri] as usize) {
+                        *u = true;
+                    }
+                }
             }
-            total_bytes += llen;
-            if let Some(u) = used_local.get_mut(lslot as usize) {
-                *u = true;
+            if one_local {
+                used_local[0] = true;
             }
-            if let Some(u) = used_remote.get_mut(rslot as usize) {
-                *u = true;
+            if one_remote {
+                used_remote[0] = true;
+            }
+            total_bytes = len.saturating_mul(local_idx.len() as u64);
+        }
+        if uniform.is_none() {
+            for (&li, &ri) in local_idx.iter().zip(remote_idx) {
+                let Some(&(llen, lslot)) = local.lens_slots.get(li) else {
+                    return Err(bad_index("local", li, local.descs.len()));
+                };
+                let Some(&(rlen, rslot)) = remote.lens_slots.get(ri) else {
+                    return Err(bad_index("remote", ri, remote.descs.len()));
+                };
+                if llen != rlen {
+                    return Err(Error::Mismatch(format!(
+                        "local descriptor {li} has {llen} bytes, remote descriptor {ri} has {rlen}"
+                    )));
+                }
+                total_bytes += llen;
+                if let Some(u) = used_local.get_mut(lslot as usize) {
+                    *u = true;
+                }
+                if let Some(u) = used_remote.get_mut(rslot as usize) {
+                    *u = true;
+                }
             }
         }
         let used_local: Vec<&Arc<LocalReg>> = local
@@ -1512,6 +1551,12 @@ impl Agent {
 /// descriptor, in one cache line instead of two (requests pick descriptors at random).
 fn lens_slots(descs: &[Desc], slots: &[u32]) -> Vec<(u64, u32)> {
     descs.iter().zip(slots).map(|(d, &s)| (d.len, s)).collect()
+}
+
+/// The length every descriptor has, if they all have one.
+fn uniform_len(descs: &[Desc]) -> Option<u64> {
+    let first = descs.first()?.len;
+    descs.iter().all(|d| d.len == first).then_some(first)
 }
 
 fn resolve_descs<'a, T: 'a>(

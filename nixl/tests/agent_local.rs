@@ -513,7 +513,10 @@ fn many_descriptor_requests_gather_by_index() {
         req.post().unwrap();
         req.wait(Duration::from_secs(10)).unwrap();
     }
-    assert!(src == src_expected, "READ blocks landed in the wrong places");
+    assert!(
+        src == src_expected,
+        "READ blocks landed in the wrong places"
+    );
     let err = a
         .make_xfer_req(XferOp::Write, &local, &[n], &remote, &[0], None, None)
         .unwrap_err();

@@ -25,6 +25,8 @@ pub struct XferDlist {
     pub(super) slots: Vec<u32>,
     /// (length, slot) of each descriptor: the part a request by index reads.
     pub(super) lens_slots: Vec<(u64, u32)>,
+    /// The length of every descriptor, where they all have the same.
+    pub(super) uniform_len: Option<u64>,
     /// The distinct registrations of a local list's descriptors (empty for a peer's).
     pub(super) local_regs: Vec<Arc<LocalReg>>,
     /// The distinct regions of a peer's list's descriptors (empty for a local list).

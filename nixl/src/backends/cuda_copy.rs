@@ -444,6 +444,8 @@ fn work_items(copies: &[Copy], chunk: usize) -> Vec<CopyItem> {
 #[derive(Debug)]
 struct CopyKernel {
     function: CudaFunction,
+    /// `nixl_copy_gather`: a request over lists prepared once.
+    gather: CudaFunction,
     _module: Arc<CudaModule>,
     /// Blocks that run at once on the whole GPU (the grid never needs more).
     max_blocks: u32,
@@ -485,6 +487,9 @@ fn load_copy_kernel(gpu: &Gpu) -> Result<CopyKernel> {
     let function = module
         .load_function("nixl_copy_batch")
         .map_err(|e| Error::Gpu(format!("nixl_copy_batch: {e:?}")))?;
+    let gather = module
+        .load_function("nixl_copy_gather")
+        .map_err(|e| Error::Gpu(format!("nixl_copy_gather: {e:?}")))?;
     let sm_count = ctx
         .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
         .map_err(|e| Error::Gpu(format!("reading the SM count: {e:?}")))?
@@ -499,6 +504,7 @@ fn load_copy_kernel(gpu: &Gpu) -> Result<CopyKernel> {
     );
     Ok(CopyKernel {
         function,
+        gather,
         _module: module,
         max_blocks: sm_count * per_sm,
     })
@@ -527,6 +533,66 @@ struct Lane {
     done: bool,
 }
 
+impl Lane {
+    /// A lane of `pool`'s next stream for `copies`, with its completion event.
+    fn new(pool: &GpuStreams, copies: Range<usize>) -> Result<Self> {
+        let event = pool
+            .gpu
+            .context()
+            .new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
+            .map_err(|e| Error::Gpu(format!("cuEventCreate: {e:?}")))?;
+        Ok(Self {
+            stream: pool.next_stream(),
+            copies,
+            event,
+            done: true,
+        })
+    }
+}
+
+/// One pair of a gather request: `nixl_gather_pair` in `nixl_copy_batch.cu`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct GatherPair {
+    src: u32,
+    dst: u32,
+}
+
+const _: () = assert!(std::mem::size_of::<GatherPair>() == 8);
+
+/// A table of 64-bit values (addresses or lengths of a prepared list) kept on one GPU
+/// for the gather kernel.
+#[derive(Debug)]
+pub(crate) struct DeviceTable {
+    buf: DeviceBuffer,
+}
+
+impl DeviceTable {
+    /// Uploads `values` to `pool`'s GPU (synchronously: a list is prepared once).
+    pub(crate) fn new(pool: &GpuStreams, values: &[u64]) -> Result<Self> {
+        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_ne_bytes()).collect();
+        let buf = DeviceBuffer::alloc(&pool.gpu, bytes.len().max(8))
+            .map_err(gpu_err("allocating a list's device table"))?;
+        buf.copy_from_host(0, &bytes)
+            .map_err(gpu_err("uploading a list's device table"))?;
+        Ok(Self { buf })
+    }
+
+    fn ptr(&self) -> u64 {
+        self.buf.ptr()
+    }
+}
+
+/// The tables a gather request reads: source and destination addresses, and the
+/// lengths (of the initiator's list: the destination's for a READ, `lens_by_dst`).
+#[derive(Debug, Clone)]
+pub(crate) struct GatherLists {
+    pub(crate) src: Arc<DeviceTable>,
+    pub(crate) dst: Arc<DeviceTable>,
+    pub(crate) lens: Arc<DeviceTable>,
+    pub(crate) lens_by_dst: bool,
+}
+
 /// What a post issues.
 #[derive(Debug)]
 enum Run {
@@ -541,6 +607,20 @@ enum Run {
         upload: Option<gpu_mem::HostBuffer>,
         items: u64,
         grid: u32,
+    },
+    /// One launch of the gather kernel over lists prepared once: the request's pairs of
+    /// positions uploaded into `table`.
+    Gather {
+        kernel: Arc<CopyKernel>,
+        /// Always `Some` until dropped (then given back to the pool).
+        table: Option<DeviceBuffer>,
+        upload: Option<gpu_mem::HostBuffer>,
+        pairs: u64,
+        grid: u32,
+        src: Arc<DeviceTable>,
+        dst: Arc<DeviceTable>,
+        lens: Arc<DeviceTable>,
+        lens_by_dst: bool,
     },
     /// One `cuMemcpyBatchAsync` over these arrays (non-empty copies only).
     Batch {
@@ -592,22 +672,9 @@ impl CopyBatch {
             (Strategy::Batch, _) | (Strategy::Kernel, Some(_)) => 1,
             _ => max_lanes.clamp(1, pool.streams.len()).min(n.max(1)),
         };
-        let mut lanes = Vec::with_capacity(lanes_wanted);
-        for l in 0..lanes_wanted {
-            let range = (n * l / lanes_wanted)..(n * (l + 1) / lanes_wanted);
-            let stream = pool.next_stream();
-            let event = pool
-                .gpu
-                .context()
-                .new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
-                .map_err(|e| Error::Gpu(format!("cuEventCreate: {e:?}")))?;
-            lanes.push(Lane {
-                stream,
-                copies: range,
-                event,
-                done: true,
-            });
-        }
+        let lanes = (0..lanes_wanted)
+            .map(|l| Lane::new(&pool, (n * l / lanes_wanted)..(n * (l + 1) / lanes_wanted)))
+            .collect::<Result<Vec<_>>>()?;
         let mut batch = Self {
             pool,
             count: n,
@@ -642,77 +709,12 @@ impl CopyBatch {
     }
 
     /// Builds the kernel's work table in a pinned buffer and uploads it on the lane's
-    /// stream (ordered before every launch there); the lane's event marks the upload, so
-    /// that a batch dropped before its first post still waits for it before the table and
-    /// the buffer are reused.
+    /// stream (see [`Self::upload_table`]).
     fn upload(&mut self, kernel: Arc<CopyKernel>, copies: &[Copy]) -> Result<Run> {
         let count = work_item_count(copies, KERNEL_CHUNK_BYTES);
-        let bytes = count * std::mem::size_of::<CopyItem>();
-        let table = self.pool.take_table(bytes.max(1))?;
-        let mut upload = None;
-        if bytes > 0 {
-            let mut host = match self.pool.take_upload(bytes) {
-                Ok(h) => h,
-                Err(e) => {
-                    self.pool.give_table(table);
-                    return Err(e);
-                }
-            };
-            let ptr = host.as_mut_ptr();
-            if !(ptr as usize).is_multiple_of(std::mem::align_of::<CopyItem>()) {
-                self.pool.give_table(table);
-                return Err(Error::Gpu(format!(
-                    "a pinned upload buffer at {ptr:p} is not aligned for the work table"
-                )));
-            }
-            // SAFETY: the buffer holds at least `bytes` = `count` items, is aligned for
-            // them (checked above), and is borrowed mutably through `host` only here.
-            let items = unsafe { std::slice::from_raw_parts_mut(ptr.cast::<CopyItem>(), count) };
-            write_work_items(copies, KERNEL_CHUNK_BYTES, items);
-            let lane = &mut self.lanes[0];
-            let sent = self
-                .pool
-                .gpu
-                .bind()
-                .map_err(gpu_err("binding the context"))
-                .and_then(|()| {
-                    // SAFETY: the table holds at least `bytes`; the source is pinned host
-                    // memory that this batch keeps (in `Run::Kernel`) until its events
-                    // completed (see Drop), so the asynchronous copy may read it later.
-                    unsafe {
-                        sys::cuMemcpyHtoDAsync_v2(
-                            table.ptr(),
-                            host.as_ptr().cast(),
-                            bytes,
-                            lane.stream.cu_stream(),
-                        )
-                    }
-                    .result()
-                    .map_err(|e| {
-                        Error::Gpu(format!("uploading the copy table ({bytes} bytes): {e:?}"))
-                    })
-                })
-                .and_then(|()| {
-                    lane.event
-                        .record(&lane.stream)
-                        .map_err(|e| Error::Gpu(format!("cuEventRecord: {e:?}")))
-                });
-            if let Err(e) = sent {
-                // Whether the upload was queued is not known: wait for the stream before
-                // the table and the buffer are reused.
-                match lane.stream.synchronize() {
-                    Ok(()) => {
-                        self.pool.give_table(table);
-                        self.pool.give_upload(host);
-                    }
-                    Err(_) => std::mem::forget((table, host)),
-                }
-                return Err(e);
-            }
-            lane.done = false;
-            self.in_flight = true;
-            upload = Some(host);
-        }
+        let (table, upload) = self.upload_table::<CopyItem>(count, |items| {
+            write_work_items(copies, KERNEL_CHUNK_BYTES, items)
+        })?;
         Ok(Run::Kernel {
             grid: (count as u64).clamp(1, u64::from(kernel.max_blocks)) as u32,
             items: count as u64,
@@ -720,6 +722,123 @@ impl CopyBatch {
             table: Some(table),
             upload,
         })
+    }
+
+    /// A device table of `count` entries of `T`, written by `fill` into a pinned buffer
+    /// and uploaded on the first lane's stream (ordered before every launch there); the
+    /// lane's event marks the upload, so that a batch dropped before its first post still
+    /// waits for it before the table and the buffer are reused. The buffer (`None` for an
+    /// empty table) must be kept until then.
+    fn upload_table<T: std::marker::Copy>(
+        &mut self,
+        count: usize,
+        fill: impl FnOnce(&mut [T]),
+    ) -> Result<(DeviceBuffer, Option<gpu_mem::HostBuffer>)> {
+        let bytes = count * std::mem::size_of::<T>();
+        let table = self.pool.take_table(bytes.max(1))?;
+        if bytes == 0 {
+            return Ok((table, None));
+        }
+        let mut host = match self.pool.take_upload(bytes) {
+            Ok(h) => h,
+            Err(e) => {
+                self.pool.give_table(table);
+                return Err(e);
+            }
+        };
+        let ptr = host.as_mut_ptr();
+        if !(ptr as usize).is_multiple_of(std::mem::align_of::<T>()) {
+            self.pool.give_table(table);
+            return Err(Error::Gpu(format!(
+                "a pinned upload buffer at {ptr:p} is not aligned for a copy table"
+            )));
+        }
+        // SAFETY: the buffer holds at least `bytes` = `count` entries, is aligned for them
+        // (checked above), and is borrowed mutably through `host` only here; `T` is plain
+        // data (`Copy`), for which the buffer's zeroed or earlier bytes are overwritten by
+        // `fill` before the upload reads them.
+        let entries = unsafe { std::slice::from_raw_parts_mut(ptr.cast::<T>(), count) };
+        fill(entries);
+        let lane = &mut self.lanes[0];
+        let sent = self
+            .pool
+            .gpu
+            .bind()
+            .map_err(gpu_err("binding the context"))
+            .and_then(|()| {
+                // SAFETY: the table holds at least `bytes`; the source is pinned host
+                // memory that the caller keeps until this batch's events completed (see
+                // Drop), so the asynchronous copy may read it later.
+                unsafe {
+                    sys::cuMemcpyHtoDAsync_v2(
+                        table.ptr(),
+                        host.as_ptr().cast(),
+                        bytes,
+                        lane.stream.cu_stream(),
+                    )
+                }
+                .result()
+                .map_err(|e| Error::Gpu(format!("uploading a copy table ({bytes} bytes): {e:?}")))
+            })
+            .and_then(|()| {
+                lane.event
+                    .record(&lane.stream)
+                    .map_err(|e| Error::Gpu(format!("cuEventRecord: {e:?}")))
+            });
+        if let Err(e) = sent {
+            // Whether the upload was queued is not known: wait for the stream before the
+            // table and the buffer are reused.
+            match lane.stream.synchronize() {
+                Ok(()) => {
+                    self.pool.give_table(table);
+                    self.pool.give_upload(host);
+                }
+                Err(_) => std::mem::forget((table, host)),
+            }
+            return Err(e);
+        }
+        lane.done = false;
+        self.in_flight = true;
+        Ok((table, Some(host)))
+    }
+
+    /// A request over lists prepared once (see [`GatherLists`]): one launch of the gather
+    /// kernel over `pairs` (positions in the source and destination tables), uploaded
+    /// now. `None` where the kernel is unavailable (the caller then copies otherwise).
+    pub(crate) fn gather(
+        pool: Arc<GpuStreams>,
+        lists: GatherLists,
+        pairs: impl ExactSizeIterator<Item = (u32, u32)>,
+    ) -> Result<Option<Self>> {
+        let Some(kernel) = copy_kernel(&pool.gpu) else {
+            return Ok(None);
+        };
+        let count = pairs.len();
+        let lane = Lane::new(&pool, 0..count)?;
+        let mut batch = Self {
+            pool,
+            count,
+            run: Run::Memcpy(Vec::new()),
+            lanes: vec![lane],
+            in_flight: false,
+        };
+        let (table, upload) = batch.upload_table::<GatherPair>(count, |slots| {
+            for (slot, (src, dst)) in slots.iter_mut().zip(pairs) {
+                *slot = GatherPair { src, dst };
+            }
+        })?;
+        batch.run = Run::Gather {
+            grid: (count as u64).clamp(1, u64::from(kernel.max_blocks)) as u32,
+            pairs: count as u64,
+            kernel,
+            table: Some(table),
+            upload,
+            src: lists.src,
+            dst: lists.dst,
+            lens: lists.lens,
+            lens_by_dst: lists.lens_by_dst,
+        };
+        Ok(Some(batch))
     }
 
     /// Number of copies one post issues.
@@ -794,6 +913,47 @@ impl CopyBatch {
                             ))
                         })?;
                     }
+                }
+                Run::Gather {
+                    kernel,
+                    table,
+                    pairs,
+                    grid,
+                    src,
+                    dst,
+                    lens,
+                    lens_by_dst,
+                    ..
+                } => {
+                    let table_ptr = table.as_ref().map_or(0, DeviceBuffer::ptr);
+                    let (src_ptr, dst_ptr, lens_ptr) = (src.ptr(), dst.ptr(), lens.ptr());
+                    let by_dst = i32::from(*lens_by_dst);
+                    let cfg = LaunchConfig {
+                        grid_dim: (*grid, 1, 1),
+                        block_dim: (KERNEL_THREADS, 1, 1),
+                        shared_mem_bytes: 0,
+                    };
+                    let mut launch = lane.stream.launch_builder(&kernel.gather);
+                    launch
+                        .arg(&src_ptr)
+                        .arg(&dst_ptr)
+                        .arg(&lens_ptr)
+                        .arg(&by_dst)
+                        .arg(&table_ptr)
+                        .arg(&*pairs);
+                    // SAFETY: the kernel's signature is (const u64 *, const u64 *, const
+                    // u64 *, int, const nixl_gather_pair *, u64), matching the arguments.
+                    // The pairs (uploaded earlier on this stream) hold positions the agent
+                    // checked against both lists, inside tables of that many entries; each
+                    // table's addresses lie in ranges checked against live registrations
+                    // or mappings that the request keeps alive until this batch's event
+                    // completed (see Drop), all reachable by this GPU's kernels (checked
+                    // when the tables were made).
+                    unsafe { launch.launch(cfg) }.map_err(|e| {
+                        Error::Gpu(format!(
+                            "launching the gather kernel ({pairs} pairs): {e:?}"
+                        ))
+                    })?;
                 }
                 Run::Batch {
                     dsts,
@@ -877,7 +1037,8 @@ impl Drop for CopyBatch {
         }
         // A table a kernel may still read (its wait failed) is leaked rather than reused,
         // and so is the buffer an upload may still read.
-        if let Run::Kernel { table, upload, .. } = &mut self.run {
+        if let Run::Kernel { table, upload, .. } | Run::Gather { table, upload, .. } = &mut self.run
+        {
             if let Some(table) = table.take() {
                 if finished {
                     self.pool.give_table(table);
@@ -954,6 +1115,21 @@ impl GpuXfer {
             sink,
             _keep: keep,
         })
+    }
+
+    /// A transfer of one prepared batch (e.g. [`CopyBatch::gather`]).
+    pub(crate) fn of_batch(
+        batch: CopyBatch,
+        sink: Arc<dyn NotifSink>,
+        keep: Vec<Arc<dyn std::any::Any + Send + Sync>>,
+    ) -> Self {
+        Self {
+            batches: vec![batch],
+            staged: Vec::new(),
+            pending_notif: None,
+            sink,
+            _keep: keep,
+        }
     }
 
     /// Adds copies between GPUs without peer access, staged through pinned host memory

@@ -11,7 +11,10 @@
 
 use super::{CudaIpcBackend, Importer, LocalRegion, RemoteRegion, NAME};
 use crate::backend::{BackendXfer, ListSide, PreparedList, XferOp};
-use crate::backends::cuda_copy::{Copy, GpuXfer, MemLoc, NotifSink, StagedCopy};
+use crate::backends::cuda_copy::{
+    Copy, CopyBatch, CopyEngine, DeviceTable, GatherLists, GpuStreams, GpuXfer, MemLoc, NotifSink,
+    StagedCopy, KERNEL_MIN_COPIES,
+};
 use crate::backends::ipc_plane::KeepAlive;
 use crate::error::{Error, Result};
 use crate::mem::Desc;
@@ -27,10 +30,55 @@ struct LocalSlot {
     loc: MemLoc,
 }
 
+/// Largest descriptor the gather kernel takes (one block copies each descriptor whole).
+const GATHER_MAX_BYTES: u64 = 256 << 10;
+
 /// This agent's list as `CUDA_IPC` resolved it.
 #[derive(Debug)]
 pub(super) struct LocalList {
     slots: Vec<LocalSlot>,
+    /// The GPU holding every descriptor, where all are VRAM of one GPU, no longer than
+    /// [`GATHER_MAX_BYTES`] and few enough to be counted in 32 bits: such a list serves
+    /// the gather kernel.
+    gather_gpu: Option<usize>,
+    /// Its addresses and lengths on that GPU, uploaded at the first gather.
+    tables: Mutex<Option<(Arc<DeviceTable>, Arc<DeviceTable>)>>,
+}
+
+impl LocalList {
+    fn new(slots: Vec<LocalSlot>) -> Self {
+        let gpu = match slots.first().map(|s| s.loc) {
+            Some(MemLoc::Gpu(g)) => Some(g),
+            _ => None,
+        };
+        let gather_gpu = gpu.filter(|&g| {
+            u32::try_from(slots.len()).is_ok()
+                && slots
+                    .iter()
+                    .all(|s| s.loc == MemLoc::Gpu(g) && s.len <= GATHER_MAX_BYTES)
+        });
+        Self {
+            slots,
+            gather_gpu,
+            tables: Mutex::default(),
+        }
+    }
+
+    /// (addresses, lengths) on `pool`'s GPU.
+    fn tables(&self, pool: &GpuStreams) -> Result<(Arc<DeviceTable>, Arc<DeviceTable>)> {
+        let mut tables = self.tables.lock();
+        if let Some(t) = &*tables {
+            return Ok(t.clone());
+        }
+        let addrs: Vec<u64> = self.slots.iter().map(|s| s.addr).collect();
+        let lens: Vec<u64> = self.slots.iter().map(|s| s.len).collect();
+        let made = (
+            Arc::new(DeviceTable::new(pool, &addrs)?),
+            Arc::new(DeviceTable::new(pool, &lens)?),
+        );
+        *tables = Some(made.clone());
+        Ok(made)
+    }
 }
 
 impl PreparedList for LocalList {
@@ -61,8 +109,107 @@ impl PreparedList for RemoteList {
 struct MappedList {
     slots: Vec<MappedSlot>,
     sink: Arc<dyn NotifSink>,
+    /// The GPU whose kernels reach every descriptor (all mapped for it, none staged), if
+    /// one does: such a list serves the gather kernel.
+    kernel_gpu: Option<usize>,
+    /// Its addresses on that GPU, uploaded at the first gather.
+    table: Mutex<Option<Arc<DeviceTable>>>,
     /// The mappings every address in `slots` points into.
     _keep: KeepAlive,
+}
+
+impl MappedList {
+    /// The addresses on `pool`'s GPU.
+    fn table(&self, pool: &GpuStreams) -> Result<Arc<DeviceTable>> {
+        let mut table = self.table.lock();
+        if let Some(t) = &*table {
+            return Ok(t.clone());
+        }
+        let addrs: Vec<u64> = self.slots.iter().map(|s| s.addr).collect();
+        let made = Arc::new(DeviceTable::new(pool, &addrs)?);
+        *table = Some(made.clone());
+        Ok(made)
+    }
+}
+
+impl CudaIpcBackend {
+    /// A request as one launch of the gather kernel over both lists' tables on the GPU,
+    /// where it can run: many descriptors, the copy engine left to the kernel (`auto` or
+    /// `kernel`), every local descriptor VRAM of one GPU, whose kernels reach every
+    /// descriptor of the peer's list. `None`: the request is made copy by copy.
+    fn gather(
+        &self,
+        op: XferOp,
+        local: &LocalList,
+        local_idx: &[usize],
+        remote: &RemoteList,
+        remote_idx: &[usize],
+    ) -> Result<Option<Box<dyn BackendXfer>>> {
+        let Some(gpu) = local.gather_gpu else {
+            return Ok(None);
+        };
+        if local_idx.len() < KERNEL_MIN_COPIES
+            || !matches!(self.copy_engine, CopyEngine::Auto | CopyEngine::Kernel)
+        {
+            return Ok(None);
+        }
+        let mapped = remote.mapped_for(self, Some(gpu))?;
+        if mapped.kernel_gpu != Some(gpu) {
+            return Ok(None);
+        }
+        // The kernel indexes the tables with these: each must be inside its list.
+        if let Some(&i) = local_idx.iter().find(|&&i| i >= local.slots.len()) {
+            return Err(Error::InvalidParam(format!(
+                "{NAME}: local index {i} is out of range"
+            )));
+        }
+        if let Some(&i) = remote_idx.iter().find(|&&i| i >= mapped.slots.len()) {
+            return Err(Error::InvalidParam(format!(
+                "{NAME}: remote index {i} is out of range"
+            )));
+        }
+        let pool = self.streams.get(gpu)?;
+        let (local_addrs, lens) = local.tables(&pool)?;
+        let remote_addrs = mapped.table(&pool)?;
+        let (lists, read) = match op {
+            XferOp::Write => (
+                GatherLists {
+                    src: local_addrs,
+                    dst: remote_addrs,
+                    lens,
+                    lens_by_dst: false,
+                },
+                false,
+            ),
+            XferOp::Read => (
+                GatherLists {
+                    src: remote_addrs,
+                    dst: local_addrs,
+                    lens,
+                    lens_by_dst: true,
+                },
+                true,
+            ),
+        };
+        // Both lists hold fewer than 2^32 descriptors (`gather_gpu`, `kernel_gpu`).
+        let pairs = local_idx.iter().zip(remote_idx).map(|(&l, &r)| {
+            let (l, r) = (l as u32, r as u32);
+            if read {
+                (r, l)
+            } else {
+                (l, r)
+            }
+        });
+        let Some(batch) = CopyBatch::gather(pool, lists, pairs)? else {
+            return Ok(None);
+        };
+        let sink = mapped.sink.clone();
+        Ok(Some(Box::new(GpuXfer::of_batch(
+            batch,
+            sink,
+            vec![mapped as Arc<dyn Any + Send + Sync>],
+        ))))
+    }
 }
 
 /// One descriptor of a peer's list, mapped: see [`super::MappedRange`].
@@ -101,9 +248,17 @@ impl RemoteList {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
+        let kernel_gpu = slots.first().map(|s| s.gpu).filter(|&g| {
+            u32::try_from(slots.len()).is_ok()
+                && slots
+                    .iter()
+                    .all(|s| s.gpu == g && s.kernel_reach && s.staged_home.is_none())
+        });
         let list = Arc::new(MappedList {
             slots,
             sink: importer.sink(),
+            kernel_gpu,
+            table: Mutex::default(),
             _keep: importer.keep,
         });
         mapped.push((local_gpu, list.clone()));
@@ -138,7 +293,7 @@ impl CudaIpcBackend {
                         })
                     })
                     .collect::<Result<Vec<_>>>()?;
-                Ok(Arc::new(LocalList { slots }))
+                Ok(Arc::new(LocalList::new(slots)))
             }
             ListSide::Remote { agent, entries } => {
                 let mut regions: Vec<RemoteRegion> = Vec::new();
@@ -206,6 +361,9 @@ impl CudaIpcBackend {
         let out_of_range = |which: &str, i: usize| {
             Error::InvalidParam(format!("{NAME}: {which} index {i} is out of range"))
         };
+        if let Some(xfer) = self.gather(op, local, local_idx, remote, remote_idx)? {
+            return Ok(xfer);
+        }
         let mut copies: Vec<(usize, Copy)> = Vec::with_capacity(local_idx.len());
         let mut staged = Vec::new();
         let mut keep: KeepAlive = Vec::new();
