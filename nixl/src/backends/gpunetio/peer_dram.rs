@@ -494,13 +494,13 @@ impl BackendXfer for PeerDramXfer {
             let id = waits.add(&run);
             self.ids.push(id);
             self.scratch.clear();
-            Request {
+            peer_dram::encode_request(
+                &mut self.scratch,
                 id,
-                direction: self.direction,
-                pieces: pieces.clone(),
-                reply_to: self.path.me.as_bytes().to_vec(),
-            }
-            .encode_into(&mut self.scratch);
+                self.direction,
+                pieces,
+                self.path.me.as_bytes(),
+            );
             if let Err(e) = self.conn.send(CONTROL_PEER_COPY, &self.scratch) {
                 self.forget();
                 return Err(e);
