@@ -64,6 +64,9 @@ pub(crate) const PIECE_BYTES: u64 = 8 << 20;
 pub(crate) const MAX_NAME: usize = 1024;
 /// Streams per GPU each side copies on.
 pub(crate) const STREAMS: usize = 4;
+/// A served DRAM registration is pinned in chunks of this size as copies first touch
+/// them (a multiple of the largest page size).
+pub(crate) const PIN_CHUNK: u64 = 256 << 20;
 
 /// Parameter `vram_peer_copy`.
 pub(crate) const PARAM: &str = "vram_peer_copy";
@@ -590,7 +593,7 @@ pub(crate) use gpu::*;
 mod gpu {
     //! The CUDA side: exporting VRAM, pinning DRAM, importing and copying.
 
-    use super::{Direction, PeerVram, Request, Stats, VramExport, Waits, STREAMS};
+    use super::{Direction, PeerVram, Request, Stats, VramExport, Waits, PIN_CHUNK, STREAMS};
     use crate::backends::cuda_copy::{Copy, CopyBatch, CopyEngine, LazyPin, MemLoc, StreamPools};
     use parking_lot::RwLock;
     use std::collections::BTreeMap;
@@ -659,6 +662,69 @@ mod gpu {
         }
     }
 
+    /// A served DRAM registration's pin, made one chunk at a time as peers' copies first
+    /// touch it: registering tens of GiB with the driver in one call takes seconds (every
+    /// page pinned and mapped), which a first request would wait for, and a peer may
+    /// only ever touch a part. Chunks end at multiples of [`PIN_CHUNK`] (page-aligned),
+    /// so neighbouring chunks share no page.
+    #[derive(Debug)]
+    pub(crate) struct ChunkedPin {
+        addr: u64,
+        len: u64,
+        chunks: Vec<std::sync::OnceLock<Option<gpu_mem::HostRegistration>>>,
+    }
+
+    impl ChunkedPin {
+        pub(crate) fn new(addr: u64, len: u64) -> Self {
+            let end = addr.saturating_add(len);
+            let n = if len == 0 {
+                0
+            } else {
+                end.div_ceil(PIN_CHUNK) - addr / PIN_CHUNK
+            };
+            Self {
+                addr,
+                len,
+                chunks: (0..n).map(|_| std::sync::OnceLock::new()).collect(),
+            }
+        }
+
+        /// `at..at + len` (inside the region) cut at chunk ends: (offset from `at`,
+        /// length).
+        pub(crate) fn runs(&self, at: u64, len: u64) -> impl Iterator<Item = (u64, u64)> {
+            let end = at + len;
+            let mut cur = at;
+            std::iter::from_fn(move || {
+                if cur >= end {
+                    return None;
+                }
+                let next = ((cur / PIN_CHUNK + 1) * PIN_CHUNK).min(end);
+                let run = (cur - at, next - cur);
+                cur = next;
+                Some(run)
+            })
+        }
+
+        /// Pins the chunk holding `at` if it is not yet (once; a refusal is remembered);
+        /// whether it is pinned.
+        pub(crate) fn ensure_at(&self, at: u64) -> bool {
+            let first = self.addr / PIN_CHUNK;
+            let Some(chunk) = (at / PIN_CHUNK)
+                .checked_sub(first)
+                .and_then(|i| self.chunks.get(i as usize))
+            else {
+                return false;
+            };
+            chunk
+                .get_or_init(|| {
+                    let lo = self.addr.max(at / PIN_CHUNK * PIN_CHUNK);
+                    let hi = (self.addr + self.len).min((at / PIN_CHUNK + 1) * PIN_CHUNK);
+                    crate::backends::cuda_copy::pin_host(lo, hi - lo)
+                })
+                .is_some()
+        }
+    }
+
     /// A target's side: the DRAM regions it serves copies into and out of.
     #[derive(Debug)]
     pub(crate) struct Server {
@@ -670,7 +736,7 @@ mod gpu {
     struct DramRegion {
         addr: u64,
         len: u64,
-        pin: LazyPin,
+        pin: ChunkedPin,
         /// Copies from or into it still running.
         in_flight: AtomicUsize,
     }
@@ -761,7 +827,7 @@ mod gpu {
             let region = Arc::new(DramRegion {
                 addr,
                 len,
-                pin: LazyPin::new(addr, len),
+                pin: ChunkedPin::new(addr, len),
                 in_flight: AtomicUsize::new(0),
             });
             self.regions.write().insert(addr, region.clone());
@@ -844,26 +910,31 @@ mod gpu {
                 if at.checked_add(p.len).is_none_or(|end| end > mapping.len()) {
                     return Err(libc::EINVAL);
                 }
-                let pinned = region.pin.ensure();
                 let device = MemLoc::Gpu(gpu.ordinal());
-                let host = MemLoc::Host { pinned };
-                let vram = mapping.ptr() + at;
-                copies.push(match req.direction {
-                    Direction::ToDram => Copy {
-                        dst: p.dram,
-                        src: vram,
-                        len: p.len as usize,
-                        dst_loc: host,
-                        src_loc: device,
-                    },
-                    Direction::ToVram => Copy {
-                        dst: vram,
-                        src: p.dram,
-                        len: p.len as usize,
-                        dst_loc: device,
-                        src_loc: host,
-                    },
-                });
+                // One copy per pinned chunk the piece touches (a copy spanning two
+                // registrations would not be a pinned copy).
+                for (off, len) in region.pin.runs(p.dram, p.len) {
+                    let host = MemLoc::Host {
+                        pinned: region.pin.ensure_at(p.dram + off),
+                    };
+                    let (dram, vram) = (p.dram + off, mapping.ptr() + at + off);
+                    copies.push(match req.direction {
+                        Direction::ToDram => Copy {
+                            dst: dram,
+                            src: vram,
+                            len: len as usize,
+                            dst_loc: host,
+                            src_loc: device,
+                        },
+                        Direction::ToVram => Copy {
+                            dst: vram,
+                            src: dram,
+                            len: len as usize,
+                            dst_loc: device,
+                            src_loc: host,
+                        },
+                    });
+                }
                 region.in_flight.fetch_add(1, Ordering::AcqRel);
                 guards.push(InFlight(region));
                 bytes += p.len;
@@ -1328,6 +1399,37 @@ pub(crate) mod tests {
             serve(&[(vram, base, 16)], Direction::ToDram),
             Some(libc::EACCES)
         );
+    }
+
+    /// Pieces are cut where pinned chunks end: every run inside one chunk, covering the
+    /// piece exactly; outside the region nothing is pinned.
+    #[cfg(feature = "cuda")]
+    #[test]
+    fn served_dram_is_cut_at_pinned_chunk_ends() {
+        let base = 3 * PIN_CHUNK - 4096;
+        let pin = ChunkedPin::new(base, 2 * PIN_CHUNK);
+        for (at, len) in [
+            (base, 4096),
+            (base, 4097),
+            (base + 100, PIECE_BYTES),
+            (base + 4096, 1),
+            (base + PIN_CHUNK, PIN_CHUNK - 4096),
+            (base + 2 * PIN_CHUNK - 3, 3),
+        ] {
+            let runs: Vec<(u64, u64)> = pin.runs(at, len).collect();
+            assert_eq!(runs.iter().map(|r| r.1).sum::<u64>(), len, "{at:#x}+{len}");
+            assert!(runs.windows(2).all(|w| w[0].0 + w[0].1 == w[1].0));
+            for (off, n) in runs {
+                let (first, last) = (at + off, at + off + n - 1);
+                assert_eq!(first / PIN_CHUNK, last / PIN_CHUNK, "{at:#x}+{len}");
+            }
+        }
+        assert_eq!(pin.runs(base, 4097).count(), 2);
+        assert_eq!(pin.runs(base, 0).count(), 0);
+        // Outside the region's chunks (no GPU here: inside, pinning is refused too).
+        assert!(!pin.ensure_at(base - PIN_CHUNK));
+        assert!(!pin.ensure_at(base + 4 * PIN_CHUNK));
+        assert!(ChunkedPin::new(0x1000, 0).runs(0x1000, 0).next().is_none());
     }
 
     #[test]
