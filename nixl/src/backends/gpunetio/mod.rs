@@ -44,6 +44,10 @@
 //!   the proxy (then a peer cannot target it: such a transfer is refused as
 //!   unsupported). Notifications travel over TCP on the same address (module `oob`).
 //!   The native mlx5 handler of `gpunetio` needs a ConnectX NIC and is not driven here.
+//! - **Direct peer copy** (module `peer_dram`): this backend's VRAM ↔ the DRAM of a peer
+//!   on this node, in one copy-engine copy by the peer (which imports this side's VRAM
+//!   through CUDA IPC), asked for on a control connection of the NIC path's out-of-band
+//!   channel; the NIC path is the fallback where the peer declines.
 //!
 //! Parameters as upstream: `gpu_devices` (one CUDA ordinal: one GPU per backend, as
 //! upstream; empty or absent: the GPU of the first VRAM registered — see "GPU" below),
@@ -56,7 +60,8 @@
 //! `tcp;ofi_rxm`; both sides must use the same), `copy_depth` (16-byte loads each lane of
 //! an intra-node copy keeps in flight, 1..=16, default 4), `copy_engine` (how a
 //! host-posted intra-node transfer runs: `auto`, `kernel`, `memcpy`, `batch` as for
-//! `CUDA_IPC`, or `gio`; kernels of the device API are not affected).
+//! `CUDA_IPC`, or `gio`; kernels of the device API are not affected), `vram_peer_copy`
+//! (`auto`, the default: the direct peer copy where it fits; `off`: the NIC path).
 
 use super::cuda_copy::gpu_err;
 use super::ipc_plane::IpcPlane;
@@ -706,6 +711,11 @@ impl GpunetioBackend {
                 })
             })
             .collect::<Vec<_>>();
+        // The control connection first: where it cannot be opened, the NIC path alone.
+        if let Err(e) = path.conn(agent) {
+            tracing::info!("{NAME}: no control connection to `{agent}` ({e}): the CPU proxy");
+            return Ok(None);
+        }
         let fallback = b.prep_nic(op, entries, parts, agent)?;
         let xfer = path.prep(
             op == XferOp::Write,
@@ -1874,7 +1884,8 @@ fn gio_status_name(st: i32) -> &'static str {
 
 /// Fuzzing entry point (not a stable API): the decoders of what peers send `GPUNETIO`
 /// on `input` — a sender's stream on the out-of-band notification channel, a NIC path's
-/// connection information and a remote memory descriptor (in metadata). Returns whether
+/// connection information, a remote memory descriptor (in metadata) and a direct-copy
+/// request or answer (on a control connection, module `peer_dram`). Returns whether
 /// what decoded encodes back to the bytes it was read from (decoding itself must never
 /// panic).
 #[doc(hidden)]
@@ -1896,7 +1907,12 @@ pub fn fuzz_oob_message(input: &[u8]) -> bool {
         Ok(desc) => desc.to_bytes()[..] == *input,
         Err(_) => true,
     };
-    stream_ok && nic_ok && desc_ok
+    let peer_copy_ok = match crate::backends::peer_dram::decode(input) {
+        Ok(crate::backends::peer_dram::Message::Request(r)) => r.encode() == input,
+        Ok(crate::backends::peer_dram::Message::Done(d)) => d.encode() == input,
+        Err(_) => true,
+    };
+    stream_ok && nic_ok && desc_ok && peer_copy_ok
 }
 
 #[cfg(test)]

@@ -91,9 +91,10 @@ pub(super) struct ControlFrom {
 
 /// What serves control connections' peer-copy frames: who sent it, the body, where the
 /// answer goes.
-pub(super) struct ControlHandler(
-    pub(super) Box<dyn Fn(ControlFrom, &[u8], Arc<ControlReply>) + Send + Sync>,
-);
+pub(super) struct ControlHandler(pub(super) Box<ControlFn>);
+
+/// The function a [`ControlHandler`] holds.
+pub(super) type ControlFn = dyn Fn(ControlFrom, &[u8], Arc<ControlReply>) + Send + Sync;
 
 impl std::fmt::Debug for ControlHandler {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

@@ -198,7 +198,7 @@ impl PeerDramPath {
     }
 
     /// The control connection to `agent`, opened on first use.
-    fn conn(&self, agent: &str) -> Result<Arc<ControlConn>> {
+    pub(super) fn conn(&self, agent: &str) -> Result<Arc<ControlConn>> {
         let peer = self
             .peers
             .read()
@@ -233,23 +233,29 @@ impl PeerDramPath {
     fn serve(self: Arc<Self>, incoming: mpsc::Receiver<Job>) {
         let mut running: Vec<(Serving, Arc<ControlReply>, u64)> = Vec::new();
         let mut idle_since = Instant::now();
+        // Ends once the listener is gone (no more requests) and the copies are answered.
+        let mut open = true;
         loop {
-            let job = if running.is_empty() {
+            if running.is_empty() {
+                if !open {
+                    return;
+                }
                 match incoming.recv() {
-                    Ok(job) => Some(job),
+                    Ok(job) => self.start(job, &mut running),
                     Err(_) => return,
                 }
-            } else {
-                match incoming.try_recv() {
-                    Ok(job) => Some(job),
-                    Err(mpsc::TryRecvError::Empty) => None,
-                    Err(mpsc::TryRecvError::Disconnected) => return,
-                }
-            };
-            if let Some(job) = job {
-                self.start(job, &mut running);
                 idle_since = Instant::now();
-                continue;
+            }
+            // Every request that came meanwhile starts before the copies are polled.
+            while open {
+                match incoming.try_recv() {
+                    Ok(job) => {
+                        self.start(job, &mut running);
+                        idle_since = Instant::now();
+                    }
+                    Err(mpsc::TryRecvError::Empty) => break,
+                    Err(mpsc::TryRecvError::Disconnected) => open = false,
+                }
             }
             let before = running.len();
             let stats = &self.shared.stats;
