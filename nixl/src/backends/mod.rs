@@ -56,10 +56,6 @@ pub mod libfabric;
 pub mod local;
 /// Direct VRAM ↔ same-host peer DRAM copies, shared by LIBFABRIC and GPUNETIO.
 #[cfg(any(feature = "libfabric", feature = "gpunetio"))]
-#[cfg_attr(
-    not(all(feature = "libfabric", feature = "gpunetio")),
-    allow(dead_code)
-)]
 pub(crate) mod peer_dram;
 #[cfg(feature = "posix")]
 pub mod posix;

@@ -130,13 +130,19 @@ impl LibfabricBackend {
             {
                 return Ok(None);
             }
-            let host = MemLoc::Host {
-                pinned: pin.ensure(),
-            };
             let device = MemLoc::Gpu(gpu.ordinal());
-            for (off, len) in cut(e.local.len) {
+            // Pieces of at most PIECE_BYTES, cut again where the DRAM's pinned chunks end
+            // (a copy spanning two registrations would not be a pinned copy).
+            let runs = cut(e.local.len).flat_map(|(off, len)| {
+                pin.runs(e.local.addr + off, len)
+                    .map(move |(o, n)| (off + o, n))
+            });
+            for (off, len) in runs {
                 let vram = mapping.ptr() + at + off;
                 let dram = e.local.addr + off;
+                let host = MemLoc::Host {
+                    pinned: pin.ensure_at(dram),
+                };
                 copies.push((
                     gpu.ordinal(),
                     match op {

@@ -24,10 +24,10 @@
 //! A target that never loaded its initiator's metadata declines (`EADDRNOTAVAIL`), and
 //! the transfer runs its ordinary path.
 
-// Without feature `cuda` only the target's answers and the decoders run (this side never
-// initiates a direct copy): the initiator's half is unused there.
-
-#![cfg_attr(not(feature = "cuda"), allow(dead_code))]
+// Without feature `cuda` only LIBFABRIC's answers and the decoders run (this side never
+// initiates a direct copy): the initiator's half is unused there; GPUNETIO alone uses
+// no metadata splitting or rail sizing.
+#![cfg_attr(not(all(feature = "cuda", feature = "libfabric")), allow(dead_code))]
 
 pub(crate) mod wire;
 
@@ -594,7 +594,7 @@ mod gpu {
     //! The CUDA side: exporting VRAM, pinning DRAM, importing and copying.
 
     use super::{Direction, PeerVram, Request, Stats, VramExport, Waits, PIN_CHUNK, STREAMS};
-    use crate::backends::cuda_copy::{Copy, CopyBatch, CopyEngine, LazyPin, MemLoc, StreamPools};
+    use crate::backends::cuda_copy::{Copy, CopyBatch, CopyEngine, MemLoc, StreamPools};
     use parking_lot::RwLock;
     use std::collections::BTreeMap;
     use std::sync::atomic::{AtomicUsize, Ordering};
@@ -648,19 +648,9 @@ mod gpu {
         found
     }
 
-    /// A DRAM registration's part in peer copies: pinned on first use.
-    #[derive(Debug)]
-    pub(crate) struct DramPin(LazyPin);
-
-    impl DramPin {
-        pub(crate) fn new(addr: u64, len: u64) -> Self {
-            Self(LazyPin::new(addr, len))
-        }
-        /// Pins now if not yet; whether it is pinned.
-        pub(crate) fn ensure(&self) -> bool {
-            self.0.ensure()
-        }
-    }
+    /// A DRAM registration's part in the copies this side makes against a peer's VRAM:
+    /// pinned chunk by chunk as copies first touch it ([`ChunkedPin`]).
+    pub(crate) type DramPin = ChunkedPin;
 
     /// A served DRAM registration's pin, made one chunk at a time as peers' copies first
     /// touch it: registering tens of GiB with the driver in one call takes seconds (every
