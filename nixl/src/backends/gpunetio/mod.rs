@@ -1100,43 +1100,7 @@ impl Backend for GpunetioBackend {
         region: &Region,
         public_md: &[u8],
     ) -> Result<Arc<dyn RemoteMd>> {
-        let mut f = Fields::new(public_md, "region metadata");
-        if f.byte()? != WIRE_VERSION {
-            return Err(Error::MalformedMetadata(format!(
-                "{NAME} region of `{agent}`: not version {WIRE_VERSION}"
-            )));
-        }
-        let ipc_md = f.field()?;
-        let desc = match f.byte()? {
-            0 => None,
-            1 => Some(
-                RemoteDescriptor::from_bytes(f.take(RemoteDescriptor::WIRE_SIZE)?).map_err(
-                    |e| Error::MalformedMetadata(format!("{NAME} region of `{agent}`: {e}")),
-                )?,
-            ),
-            other => {
-                return Err(Error::MalformedMetadata(format!(
-                    "{NAME} region of `{agent}`: descriptor flag {other}"
-                )))
-            }
-        };
-        let export = match f.byte()? {
-            0 => None,
-            1 => Some(
-                crate::backends::peer_dram::VramExport::decode(
-                    f.take(crate::backends::peer_dram::MD_WIRE_SIZE)?,
-                )
-                .map_err(|e| {
-                    Error::MalformedMetadata(format!("{NAME} region of `{agent}`: {e}"))
-                })?,
-            ),
-            other => {
-                return Err(Error::MalformedMetadata(format!(
-                    "{NAME} region of `{agent}`: export flag {other}"
-                )))
-            }
-        };
-        f.finish()?;
+        let (ipc_md, desc, export) = parse_region_md(agent, public_md)?;
         if let (Some(path), Some(export), MemKind::Vram) =
             (&self.bound()?.peer_dram, export, region.kind)
         {
@@ -1523,6 +1487,46 @@ impl Bound {
         self.handles
             .publish(view.qp.device_ptr(), descs, flags, Box::new(view))
     }
+}
+
+/// A peer region's public metadata (as [`GnLocal::public_md`] wrote it): its `CUDA_IPC`
+/// part, its NIC-path descriptor and its VRAM export for direct peer copies. Bounded
+/// against hostile input: anything short, long or unknown is `MalformedMetadata`.
+fn parse_region_md<'a>(
+    agent: &str,
+    public_md: &'a [u8],
+) -> Result<(
+    &'a [u8],
+    Option<RemoteDescriptor>,
+    Option<crate::backends::peer_dram::VramExport>,
+)> {
+    let bad =
+        |what: String| Error::MalformedMetadata(format!("{NAME} region of `{agent}`: {what}"));
+    let mut f = Fields::new(public_md, "region metadata");
+    if f.byte()? != WIRE_VERSION {
+        return Err(bad(format!("not version {WIRE_VERSION}")));
+    }
+    let ipc_md = f.field()?;
+    let desc = match f.byte()? {
+        0 => None,
+        1 => Some(
+            RemoteDescriptor::from_bytes(f.take(RemoteDescriptor::WIRE_SIZE)?)
+                .map_err(|e| bad(e.to_string()))?,
+        ),
+        other => return Err(bad(format!("descriptor flag {other}"))),
+    };
+    let export = match f.byte()? {
+        0 => None,
+        1 => Some(
+            crate::backends::peer_dram::VramExport::decode(
+                f.take(crate::backends::peer_dram::MD_WIRE_SIZE)?,
+            )
+            .map_err(bad)?,
+        ),
+        other => return Err(bad(format!("export flag {other}"))),
+    };
+    f.finish()?;
+    Ok((ipc_md, desc, export))
 }
 
 /// `"GNIO"`, then the wire version: the connection info's first bytes.
@@ -1918,6 +1922,52 @@ pub fn fuzz_oob_message(input: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A region's metadata carries its VRAM export after the NIC descriptor; a damaged,
+    /// cut or extended one is malformed, never misread.
+    #[test]
+    fn region_metadata_carries_the_vram_export() {
+        let export = crate::backends::peer_dram::VramExport {
+            handle: std::array::from_fn(|i| i as u8),
+            offset: 4096,
+            alloc_len: 1 << 30,
+            gpu_uuid: [9; 16],
+        };
+        for e in [Some(export), None] {
+            let md = GnLocal {
+                ipc: None,
+                nic: None,
+                export: e,
+                _served: None,
+            }
+            .public_md();
+            let (ipc, desc, got) = parse_region_md("peer", &md).unwrap();
+            assert!(ipc.is_empty() && desc.is_none());
+            assert_eq!(got, e);
+            for cut in 0..md.len() {
+                assert!(matches!(
+                    parse_region_md("peer", &md[..cut]),
+                    Err(Error::MalformedMetadata(_))
+                ));
+            }
+            let mut long = md.clone();
+            long.push(0);
+            assert!(parse_region_md("peer", &long).is_err());
+        }
+        let md = GnLocal {
+            ipc: None,
+            nic: None,
+            export: Some(export),
+            _served: None,
+        }
+        .public_md();
+        // Version, descriptor flag, export flag, the export's own version.
+        for (at, value) in [(0, 1u8), (3, 2), (4, 2), (9, 9)] {
+            let mut bad = md.clone();
+            bad[at] = value;
+            assert!(parse_region_md("peer", &bad).is_err(), "byte {at}");
+        }
+    }
 
     #[test]
     fn gpu_devices_wins_then_the_first_vram_then_the_current_device() {
