@@ -10,7 +10,14 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 /// Modules under `backends` that serve several backends.
-const SHARED: &[&str] = &["shared", "staging", "heartbeat", "cuda_copy", "ipc_plane"];
+const SHARED: &[&str] = &[
+    "shared",
+    "staging",
+    "heartbeat",
+    "cuda_copy",
+    "ipc_plane",
+    "peer_dram",
+];
 /// The one way a backend may name a sibling: a constructor that returns an interface.
 const SIBLING_INTERFACES: &[(&str, &str, &str)] = &[("gpunetio", "cuda_ipc", "open_plane")];
 /// The modules that wire the backends to the agent.

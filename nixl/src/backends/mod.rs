@@ -54,6 +54,9 @@ mod ipc_plane;
 #[cfg(feature = "libfabric")]
 pub mod libfabric;
 pub mod local;
+/// Direct VRAM ↔ same-host peer DRAM copies, shared by LIBFABRIC and GPUNETIO.
+#[cfg(any(feature = "libfabric", feature = "gpunetio"))]
+pub(crate) mod peer_dram;
 #[cfg(feature = "posix")]
 pub mod posix;
 #[cfg_attr(

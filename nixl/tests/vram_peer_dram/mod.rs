@@ -1,7 +1,9 @@
-//! What `gpu_vram_peer_dram` and `gpu_multi_vram_peer_dram` share: the target process
-//! (DRAM and VRAM, checking WRITEs at their notification), the initiator's memory, and the
-//! cases (VRAM → peer DRAM and DRAM → peer VRAM, WRITE and READ, batch 1 and 64, odd
-//! sizes and offsets, bandwidth beside pinned copies).
+//! What `gpu_vram_peer_dram`, `gpu_multi_vram_peer_dram` and `gpu_gpunetio_peer_dram`
+//! share: the target process (DRAM and VRAM, checking WRITEs at their notification), the
+//! initiator's memory, and the cases (VRAM → peer DRAM and DRAM → peer VRAM, WRITE and
+//! READ, batch 1 and 64, odd sizes and offsets, bandwidth beside pinned copies of the
+//! same block size measured in the same run). The backend is LIBFABRIC unless a binary
+//! sets [`BACKEND`] (the target process gets it through its environment).
 #![allow(dead_code)]
 
 use super::common::{
@@ -20,12 +22,21 @@ pub const TARGET_TEST: &str = "gpu_peer_dram_target_main";
 /// Each side's DRAM and VRAM region: room for 64 MiB at odd offsets.
 pub const REGION: usize = (64 << 20) + (1 << 20);
 
+/// The backend under test, where a binary sets it (LIBFABRIC otherwise).
+pub static BACKEND: std::sync::OnceLock<&'static str> = std::sync::OnceLock::new();
+/// How the target process learns the backend.
+const BACKEND_ENV: &str = "NIXL_PEER_DRAM_BACKEND";
+
+pub fn backend() -> &'static str {
+    BACKEND.get().copied().unwrap_or("LIBFABRIC")
+}
+
 pub fn agent(name: &str, extra: &[(&str, &str)], config: AgentConfig) -> Agent {
     let mut p = params([]);
     for (k, v) in extra {
         p.insert(k.to_string(), v.to_string());
     }
-    super::common::agent_with_backend(name, config, "LIBFABRIC", &p)
+    super::common::agent_with_backend(name, config, backend(), &p)
 }
 
 // ---- the target process ---------------------------------------------------------------
@@ -106,6 +117,7 @@ impl Target {
         let path = announce_path("nixl-peer-dram", tag);
         let mut cmd = self_test(TARGET_TEST, false);
         cmd.env("NIXL_PEER_DRAM", format!("{} {gpu}", path.display()));
+        cmd.env(BACKEND_ENV, backend());
         let mut child = cmd.spawn().unwrap();
         let text = wait_file(&path, &mut child);
         let words: Vec<&str> = text.split(' ').collect();
@@ -256,12 +268,12 @@ impl Local {
     }
 }
 
-/// How LIBFABRIC reaches `peer` and what its direct copies moved (`query_mem_info` with
-/// `peer:<agent>`).
+/// How the backend reaches `peer` and what its direct copies moved (`query_mem_info`
+/// with `peer:<agent>`).
 pub fn peer_copy_info(agent: &Agent, peer: &str) -> nixl::BackendParams {
     let meta = format!("peer:{peer}");
     agent
-        .query_mem_info("LIBFABRIC", MemKind::Vram, &[meta.as_bytes()])
+        .query_mem_info(backend(), MemKind::Vram, &[meta.as_bytes()])
         .unwrap()
         .remove(0)
         .expect("a loaded peer")
@@ -271,7 +283,8 @@ pub fn peer_copy_info(agent: &Agent, peer: &str) -> nixl::BackendParams {
 pub fn pinned_copy_rates(gpu: &Gpu, len: usize) -> (f64, f64) {
     let dev = device(gpu, len, &[]);
     let mut host = HostBuffer::alloc(gpu, len).unwrap();
-    let rounds = 8;
+    // About 512 MiB per direction, at least 8 copies.
+    let rounds = ((512 << 20) / len).max(8);
     dev.copy_to_host(0, host.as_mut_slice()).unwrap();
     let start = Instant::now();
     for _ in 0..rounds {
@@ -378,7 +391,8 @@ pub fn rate(
         .unwrap();
     req.post().unwrap();
     req.wait(TIMEOUT).unwrap();
-    let rounds = 8;
+    // As many bytes as the pinned copies it is compared with.
+    let rounds = ((512 << 20) / len).max(8);
     let start = Instant::now();
     for _ in 0..rounds {
         req.post().unwrap();
@@ -432,19 +446,29 @@ pub fn direct_both_ways(test: &str, gpus: &[Gpu], target_gpu: usize) {
             );
         }
     }
-    // Every case ran directly: nothing fell back, and the bytes are counted.
+    // Every case ran directly: nothing fell back, and the bytes are counted (GPUNETIO's
+    // DRAM -> peer VRAM runs on its intra-node path, not counted there).
     let info = peer_copy_info(&initiator, &name);
     assert_eq!(info["vram_peer_dram"], "direct", "{info:?}");
     assert_eq!(info["peer_copy_fallbacks"], "0", "{info:?}");
-    let moved: u64 = CASES.iter().map(|&(s, n)| 2 * 2 * (s * n) as u64).sum();
+    let directions = if backend() == "GPUNETIO" { 1 } else { 2 };
+    let moved: u64 = CASES
+        .iter()
+        .map(|&(s, n)| directions * 2 * (s * n) as u64)
+        .sum();
     assert!(
         info["peer_copy_bytes"].parse::<u64>().unwrap() >= moved,
         "{info:?}: every byte of the cases moved directly ({moved})"
     );
-    // Bandwidth beside pinned copies measured now, on this GPU (no assertion).
-    let (d2h, h2d) = pinned_copy_rates(&gpus[0], 64 << 20);
-    println!("REPORT {test}: pinned copy 64 MiB: D2H {d2h:.1} GB/s, H2D {h2d:.1} GB/s");
-    for len in [1 << 20, 16 << 20, 64 << 20] {
+    // Bandwidth beside pinned copies of the same block size, measured now on this GPU
+    // (no assertion: the ratios are the report).
+    for len in [1 << 20, 4 << 20, 16 << 20, 64 << 20] {
+        let (d2h, h2d) = pinned_copy_rates(&gpus[0], len);
+        println!(
+            "REPORT {test} {}: pinned copy {:>2} MiB: D2H {d2h:.1} GB/s, H2D {h2d:.1} GB/s",
+            backend(),
+            len >> 20
+        );
         for (op, lk, rk, pinned) in [
             (XferOp::Write, MemKind::Vram, MemKind::Dram, d2h),
             (XferOp::Read, MemKind::Vram, MemKind::Dram, h2d),
@@ -453,7 +477,8 @@ pub fn direct_both_ways(test: &str, gpus: &[Gpu], target_gpu: usize) {
         ] {
             let gbs = rate(&initiator, &name, &local, &target, op, lk, rk, len);
             println!(
-                "REPORT {test}: {op:?} {lk:?}->peer {rk:?} {:>3} MiB: {gbs:.1} GB/s ({:.2}x pinned)",
+                "REPORT {test} {}: {op:?} {lk:?}->peer {rk:?} {:>3} MiB: {gbs:.1} GB/s, pinned {pinned:.1} GB/s ({:.2}x)",
+                backend(),
                 len >> 20,
                 gbs / pinned
             );
@@ -472,6 +497,10 @@ pub fn target_main() {
         return;
     };
     let (path, ordinal) = role.split_once(' ').unwrap();
+    if let Ok(name) = std::env::var(BACKEND_ENV) {
+        let name: &'static str = Box::leak(name.into_boxed_str());
+        let _ = BACKEND.set(name);
+    }
     let gpu = Gpu::open(ordinal.parse().unwrap()).unwrap();
     let target = agent("peer-dram-target", &[], listening());
     let host = vec![0u8; REGION];

@@ -44,6 +44,10 @@
 //!   the proxy (then a peer cannot target it: such a transfer is refused as
 //!   unsupported). Notifications travel over TCP on the same address (module `oob`).
 //!   The native mlx5 handler of `gpunetio` needs a ConnectX NIC and is not driven here.
+//! - **Direct peer copy** (module `peer_dram`): this backend's VRAM ↔ the DRAM of a peer
+//!   on this node, in one copy-engine copy by the peer (which imports this side's VRAM
+//!   through CUDA IPC), asked for on a control connection of the NIC path's out-of-band
+//!   channel; the NIC path is the fallback where the peer declines.
 //!
 //! Parameters as upstream: `gpu_devices` (one CUDA ordinal: one GPU per backend, as
 //! upstream; empty or absent: the GPU of the first VRAM registered — see "GPU" below),
@@ -56,7 +60,8 @@
 //! `tcp;ofi_rxm`; both sides must use the same), `copy_depth` (16-byte loads each lane of
 //! an intra-node copy keeps in flight, 1..=16, default 4), `copy_engine` (how a
 //! host-posted intra-node transfer runs: `auto`, `kernel`, `memcpy`, `batch` as for
-//! `CUDA_IPC`, or `gio`; kernels of the device API are not affected).
+//! `CUDA_IPC`, or `gio`; kernels of the device API are not affected), `vram_peer_copy`
+//! (`auto`, the default: the direct peer copy where it fits; `off`: the NIC path).
 
 use super::cuda_copy::gpu_err;
 use super::ipc_plane::IpcPlane;
@@ -76,6 +81,7 @@ use gpunetio::proxy::{ExportedProxyQueuePair, RemoteDescriptor};
 use gpunetio::{DeviceBuffer, Gpu, HostBuffer};
 use nic::{Fields, NicLocal, NicPath, NicRemote, NicSink};
 use parking_lot::Mutex;
+use peer_dram::{DirectPair, PeerDramPath};
 use std::any::Any;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -83,6 +89,7 @@ use std::time::Duration;
 
 mod nic;
 mod oob;
+mod peer_dram;
 
 /// The backend's name.
 pub const NAME: &str = "GPUNETIO";
@@ -222,6 +229,9 @@ struct Setup {
     copy_depth: u32,
     /// How host-posted intra-node transfers move their bytes (`copy_engine`).
     host_copy: HostCopy,
+    /// `vram_peer_copy`: VRAM <-> a same-host peer's DRAM in one copy (module
+    /// `peer_dram`).
+    peer_copy: bool,
     /// `provider`, if given (then a failing NIC path fails the binding).
     provider: Option<String>,
 }
@@ -269,6 +279,9 @@ struct Bound {
     /// Streams of `CUDA_IPC`'s copy strategies, for host-posted intra-node transfers.
     copies: super::cuda_copy::StreamPools,
     host_copy: HostCopy,
+    /// VRAM <-> a same-host peer's DRAM in one copy (module `peer_dram`): with a NIC
+    /// path (its channel carries the requests) and `vram_peer_copy=auto`.
+    peer_dram: Option<Arc<PeerDramPath>>,
 }
 
 #[derive(Debug)]
@@ -295,6 +308,7 @@ pub(crate) fn create(init: &BackendInit) -> Result<Arc<dyn Backend>> {
         "provider",
         "copy_depth",
         "copy_engine",
+        crate::backends::peer_dram::PARAM,
     ];
     if let Some(key) = params.keys().find(|k| !KNOWN.contains(&k.as_str())) {
         return Err(Error::InvalidParam(format!(
@@ -361,6 +375,20 @@ pub(crate) fn create(init: &BackendInit) -> Result<Arc<dyn Backend>> {
         )));
     }
     let host_copy: HostCopy = param(NAME, params, "copy_engine", HostCopy::default())?;
+    // VRAM <-> a same-host peer's DRAM in one copy by the peer (module `peer_dram`).
+    let peer_copy = match params
+        .get(crate::backends::peer_dram::PARAM)
+        .map(String::as_str)
+    {
+        None | Some("auto") => true,
+        Some("off") => false,
+        Some(other) => {
+            return Err(Error::InvalidParam(format!(
+                "{NAME} parameter {}={other:?} must be auto or off",
+                crate::backends::peer_dram::PARAM
+            )))
+        }
+    };
     // The NIC path is built with the GPU, later; what would make it fail is checked now.
     if handler != NicHandlerChoice::IntraNode {
         let node = oob::interface_address(params.get("oob_interface").map(String::as_str))?;
@@ -387,6 +415,7 @@ pub(crate) fn create(init: &BackendInit) -> Result<Arc<dyn Backend>> {
             cuda_streams,
             copy_depth,
             host_copy,
+            peer_copy,
             provider: params.get("provider").cloned(),
         },
         bound: OnceLock::new(),
@@ -461,6 +490,18 @@ impl Bound {
                 }
             }
         };
+        let peer_dram = match &nic {
+            Some(nic) => {
+                match PeerDramPath::new(&setup.agent_name, setup.peer_copy, nic.own_conns())? {
+                    Some((path, handler)) => {
+                        nic.serve_control(handler);
+                        Some(path)
+                    }
+                    None => None,
+                }
+            }
+            None => None,
+        };
         let ctx = gpu.context();
         let streams = (0..setup.cuda_streams)
             .map(|_| ctx.new_stream())
@@ -502,6 +543,7 @@ impl Bound {
             nic,
             copies: super::cuda_copy::StreamPools::new(setup.cuda_streams),
             host_copy: setup.host_copy,
+            peer_dram,
         })
     }
 }
@@ -579,6 +621,35 @@ impl GpunetioBackend {
         self.nic_if_bound().map_or(0, |n| n.refused_senders())
     }
 
+    /// `query_mem_info`'s answer for meta `peer:<agent>`: `vram_peer_dram` (`direct`: one
+    /// copy by the peer; `cpu_proxy`; `none`: no NIC path), `provider`, and the
+    /// direct-copy counters over all peers (`peer_copy_bytes`, `peer_copy_served_bytes`,
+    /// `peer_copy_fallbacks`, `peer_copy_refused`).
+    fn peer_path_info(&self, agent: &str) -> crate::backend::BackendParams {
+        let mut info = crate::backend::BackendParams::new();
+        let Some(b) = self.bound.get() else {
+            info.insert("vram_peer_dram".into(), "none".into());
+            return info;
+        };
+        let Some(nic) = &b.nic else {
+            info.insert("vram_peer_dram".into(), "none".into());
+            return info;
+        };
+        info.insert("provider".into(), nic.provider().to_string());
+        let path = match &b.peer_dram {
+            Some(path) => {
+                for (k, v) in path.counters() {
+                    info.insert(k.into(), v.to_string());
+                }
+                path.describe(agent, self.intra_node_peer(agent), nic.provider())
+                    .0
+            }
+            None => "cpu_proxy",
+        };
+        info.insert("vram_peer_dram".into(), path.into());
+        info
+    }
+
     /// Whether `agent` is a peer the intra-node path may serve: on this node, and
     /// `nic_handler` is not `cpu_proxy`.
     fn intra_node_peer(&self, agent: &str) -> bool {
@@ -593,6 +664,67 @@ impl GpunetioBackend {
         mut parts: impl Iterator<Item = (&'a GnLocal, &'a GnRemote)>,
     ) -> bool {
         self.intra_node_peer(agent) && parts.all(|(l, r)| l.ipc.is_some() && r.ipc.is_some())
+    }
+
+    /// The direct path for a transfer between this backend's VRAM and a same-host
+    /// peer's DRAM, where it fits as a whole (module `peer_dram`, "Choice and
+    /// fallback"), with the NIC path's transfer beside it; `None`: the NIC path.
+    fn prep_peer_dram(
+        &self,
+        b: &Bound,
+        op: XferOp,
+        entries: &[XferEntry<'_>],
+        parts: &[(&GnLocal, &GnRemote)],
+        agent: &str,
+    ) -> Result<Option<Box<dyn BackendXfer>>> {
+        let Some(path) = &b.peer_dram else {
+            return Ok(None);
+        };
+        let facts =
+            entries
+                .iter()
+                .zip(parts)
+                .map(|(e, (l, r))| crate::backends::peer_dram::PairFacts {
+                    local: e.local_region.kind,
+                    remote: r.kind,
+                    local_exported: l.export.is_some(),
+                    remote_exported: false,
+                });
+        let case = crate::backends::peer_dram::choose(
+            true,
+            self.intra_node_peer(agent),
+            path.peer_serves(agent),
+            facts,
+        );
+        if case != Some(crate::backends::peer_dram::Case::TargetOwned) {
+            return Ok(None);
+        }
+        let pairs = entries
+            .iter()
+            .zip(parts)
+            .filter_map(|(e, (l, _))| {
+                l.export.map(|x| DirectPair {
+                    handle: x.handle,
+                    vram: e.local.addr,
+                    dram: e.remote.addr,
+                    len: e.local.len,
+                })
+            })
+            .collect::<Vec<_>>();
+        // The control connection first: where it cannot be opened, the NIC path alone.
+        if let Err(e) = path.conn(agent) {
+            tracing::info!("{NAME}: no control connection to `{agent}` ({e}): the CPU proxy");
+            return Ok(None);
+        }
+        let fallback = b.prep_nic(op, entries, parts, agent)?;
+        let xfer = path.prep(
+            op == XferOp::Write,
+            &pairs,
+            agent,
+            b.gpu.ordinal(),
+            fallback,
+        )?;
+        Ok(Some(Box::new(xfer)))
     }
 }
 
@@ -893,19 +1025,44 @@ impl Backend for GpunetioBackend {
             Some(nic) => Some(nic.register(region.kind, region.desc.addr, region.desc.len)?),
             None => None,
         };
-        Ok(Arc::new(GnLocal { ipc, nic }))
+        // Its part in direct copies with same-host peers: VRAM's export (advertised in
+        // its metadata), DRAM served to peers' requests.
+        let d = region.desc;
+        let (export, served) = match (&b.peer_dram, region.kind) {
+            (Some(_), MemKind::Vram) => (
+                crate::backends::peer_dram::export_vram(d.addr, d.len, d.dev_id as usize),
+                None,
+            ),
+            (Some(path), MemKind::Dram) => (
+                None,
+                path.shared.server.as_ref().map(|s| s.add(d.addr, d.len)),
+            ),
+            _ => (None, None),
+        };
+        Ok(Arc::new(GnLocal {
+            ipc,
+            nic,
+            export,
+            _served: served,
+        }))
     }
     fn connection_info(&self) -> Result<Vec<u8>> {
         let mut out = CONN_MAGIC.to_vec();
         out.push(WIRE_VERSION);
         nic::put_field(&mut out, &self.ipc.connection_info()?)?;
-        match &self.bound()?.nic {
+        let b = self.bound()?;
+        match &b.nic {
             Some(nic) => {
                 out.push(1);
                 nic.info()?.encode(&mut out)?;
             }
             None => out.push(0),
         }
+        out.push(if b.peer_dram.is_some() {
+            peer_dram::SERVES_PEER_COPIES
+        } else {
+            0
+        });
         Ok(out)
     }
     fn load_remote_conn_info(&self, agent: &str, info: &[u8]) -> Result<()> {
@@ -925,9 +1082,14 @@ impl Backend for GpunetioBackend {
                 )))
             }
         };
+        let serves = f.byte()? & peer_dram::SERVES_PEER_COPIES != 0;
         f.finish()?;
         self.ipc.load_remote_conn_info(agent, ipc)?;
-        match (&self.bound()?.nic, nic) {
+        let b = self.bound()?;
+        if let Some(path) = &b.peer_dram {
+            path.load_peer(agent, serves, nic.as_ref().map(|n| n.oob));
+        }
+        match (&b.nic, nic) {
             (Some(path), Some(info)) => path.load_peer(agent, info),
             _ => Ok(()),
         }
@@ -938,27 +1100,13 @@ impl Backend for GpunetioBackend {
         region: &Region,
         public_md: &[u8],
     ) -> Result<Arc<dyn RemoteMd>> {
-        let mut f = Fields::new(public_md, "region metadata");
-        if f.byte()? != WIRE_VERSION {
-            return Err(Error::MalformedMetadata(format!(
-                "{NAME} region of `{agent}`: not version {WIRE_VERSION}"
-            )));
+        let (ipc_md, desc, export) = parse_region_md(agent, public_md)?;
+        if let (Some(path), Some(export), MemKind::Vram) =
+            (&self.bound()?.peer_dram, export, region.kind)
+        {
+            // The only VRAM of this peer its direct-copy requests may name.
+            path.advertise(agent, region.desc.addr, region.desc.len, export);
         }
-        let ipc_md = f.field()?;
-        let desc = match f.byte()? {
-            0 => None,
-            1 => Some(
-                RemoteDescriptor::from_bytes(f.take(RemoteDescriptor::WIRE_SIZE)?).map_err(
-                    |e| Error::MalformedMetadata(format!("{NAME} region of `{agent}`: {e}")),
-                )?,
-            ),
-            other => {
-                return Err(Error::MalformedMetadata(format!(
-                    "{NAME} region of `{agent}`: descriptor flag {other}"
-                )))
-            }
-        };
-        f.finish()?;
         if let Some(d) = &desc {
             if d.len < region.desc.len {
                 return Err(Error::MalformedMetadata(format!(
@@ -975,6 +1123,7 @@ impl Backend for GpunetioBackend {
         Ok(Arc::new(GnRemote {
             ipc,
             nic: NicRemote::new(desc),
+            kind: region.kind,
         }))
     }
     fn peer_gone(&self, agent: &str) -> bool {
@@ -986,6 +1135,9 @@ impl Backend for GpunetioBackend {
         self.ipc.disconnect(agent);
         if let Some(nic) = self.nic_if_bound() {
             nic.forget(agent);
+        }
+        if let Some(path) = self.bound.get().and_then(|b| b.peer_dram.as_ref()) {
+            path.forget(agent);
         }
     }
     fn prep_xfer(
@@ -1004,6 +1156,9 @@ impl Backend for GpunetioBackend {
             .collect::<Result<Vec<_>>>()?;
         if !self.intra_node_reaches(agent, parts.iter().copied()) {
             if b.nic.is_some() {
+                if let Some(direct) = self.prep_peer_dram(b, op, entries, &parts, agent)? {
+                    return Ok(direct);
+                }
                 return b.prep_nic(op, entries, &parts, agent);
             }
             // The intra-node path's own refusal says why (another node, a peer's DRAM).
@@ -1113,6 +1268,16 @@ impl Backend for GpunetioBackend {
         kind: MemKind,
         meta: &[&[u8]],
     ) -> Result<Vec<Option<crate::backend::BackendParams>>> {
+        // `peer:<agent>`: how VRAM <-> that peer's DRAM moves (module `peer_dram`).
+        if meta.iter().any(|m| m.starts_with(b"peer:")) {
+            return Ok(meta
+                .iter()
+                .map(|m| {
+                    let agent = std::str::from_utf8(m.strip_prefix(b"peer:")?).ok()?;
+                    Some(self.peer_path_info(agent))
+                })
+                .collect());
+        }
         if kind != MemKind::Vram {
             return Err(Error::UnsupportedMemKind {
                 backend: NAME.into(),
@@ -1130,6 +1295,21 @@ impl Backend for GpunetioBackend {
             info.insert("handler".into(), route.as_str().into());
         }
         Ok(answers)
+    }
+    /// How VRAM <-> `agent`'s DRAM moves (module `peer_dram`), once the backend is bound
+    /// and has a NIC path.
+    fn peer_transport(&self, agent: &str) -> Option<String> {
+        let b = self.bound.get()?;
+        let nic = b.nic.as_ref()?;
+        let same_host = self.intra_node_peer(agent);
+        Some(match &b.peer_dram {
+            Some(path) => path.describe(agent, same_host, nic.provider()).1,
+            None => format!(
+                "VRAM <-> the peer's DRAM: CPU proxy over libfabric {} (vram_peer_copy=off, \
+                 or no GPU copies here)",
+                nic.provider()
+            ),
+        })
     }
     fn gen_notif(&self, agent: &str, msg: &[u8]) -> Result<()> {
         if let Some(nic) = self.nic_if_bound() {
@@ -1309,10 +1489,51 @@ impl Bound {
     }
 }
 
+/// A peer region's public metadata (as [`GnLocal::public_md`] wrote it): its `CUDA_IPC`
+/// part, its NIC-path descriptor and its VRAM export for direct peer copies. Bounded
+/// against hostile input: anything short, long or unknown is `MalformedMetadata`.
+fn parse_region_md<'a>(
+    agent: &str,
+    public_md: &'a [u8],
+) -> Result<(
+    &'a [u8],
+    Option<RemoteDescriptor>,
+    Option<crate::backends::peer_dram::VramExport>,
+)> {
+    let bad =
+        |what: String| Error::MalformedMetadata(format!("{NAME} region of `{agent}`: {what}"));
+    let mut f = Fields::new(public_md, "region metadata");
+    if f.byte()? != WIRE_VERSION {
+        return Err(bad(format!("not version {WIRE_VERSION}")));
+    }
+    let ipc_md = f.field()?;
+    let desc = match f.byte()? {
+        0 => None,
+        1 => Some(
+            RemoteDescriptor::from_bytes(f.take(RemoteDescriptor::WIRE_SIZE)?)
+                .map_err(|e| bad(e.to_string()))?,
+        ),
+        other => return Err(bad(format!("descriptor flag {other}"))),
+    };
+    let export = match f.byte()? {
+        0 => None,
+        1 => Some(
+            crate::backends::peer_dram::VramExport::decode(
+                f.take(crate::backends::peer_dram::MD_WIRE_SIZE)?,
+            )
+            .map_err(bad)?,
+        ),
+        other => return Err(bad(format!("export flag {other}"))),
+    };
+    f.finish()?;
+    Ok((ipc_md, desc, export))
+}
+
 /// `"GNIO"`, then the wire version: the connection info's first bytes.
 const CONN_MAGIC: &[u8; 4] = b"GNIO";
-/// Version of the connection info and region metadata.
-const WIRE_VERSION: u8 = 1;
+/// Version of the connection info and region metadata (2: a direct-copy flag in the
+/// connection info, a VRAM export section in the region metadata).
+const WIRE_VERSION: u8 = 2;
 
 /// A local registration: its `CUDA_IPC` export (intra-node path; `None` where the memory
 /// cannot be exported) and its NIC-path slot.
@@ -1320,6 +1541,11 @@ const WIRE_VERSION: u8 = 1;
 struct GnLocal {
     ipc: Option<Arc<dyn LocalMd>>,
     nic: Option<NicLocal>,
+    /// VRAM's export for same-host peers' direct copies (module `peer_dram`).
+    export: Option<crate::backends::peer_dram::VramExport>,
+    /// DRAM served to same-host peers' direct-copy requests; removed on drop, after
+    /// the copies touching it.
+    _served: Option<crate::backends::peer_dram::ServedDram>,
 }
 
 impl LocalMd for GnLocal {
@@ -1334,6 +1560,13 @@ impl LocalMd for GnLocal {
             Some(d) => {
                 out.push(1);
                 out.extend_from_slice(&d.to_bytes());
+            }
+            None => out.push(0),
+        }
+        match &self.export {
+            Some(e) => {
+                out.push(1);
+                e.encode(&mut out);
             }
             None => out.push(0),
         }
@@ -1361,6 +1594,7 @@ impl LocalMd for GnLocal {
 struct GnRemote {
     ipc: Option<Arc<dyn RemoteMd>>,
     nic: NicRemote,
+    kind: MemKind,
 }
 
 impl RemoteMd for GnRemote {
@@ -1654,7 +1888,8 @@ fn gio_status_name(st: i32) -> &'static str {
 
 /// Fuzzing entry point (not a stable API): the decoders of what peers send `GPUNETIO`
 /// on `input` — a sender's stream on the out-of-band notification channel, a NIC path's
-/// connection information and a remote memory descriptor (in metadata). Returns whether
+/// connection information, a remote memory descriptor (in metadata) and a direct-copy
+/// request or answer (on a control connection, module `peer_dram`). Returns whether
 /// what decoded encodes back to the bytes it was read from (decoding itself must never
 /// panic).
 #[doc(hidden)]
@@ -1676,12 +1911,63 @@ pub fn fuzz_oob_message(input: &[u8]) -> bool {
         Ok(desc) => desc.to_bytes()[..] == *input,
         Err(_) => true,
     };
-    stream_ok && nic_ok && desc_ok
+    let peer_copy_ok = match crate::backends::peer_dram::decode(input) {
+        Ok(crate::backends::peer_dram::Message::Request(r)) => r.encode() == input,
+        Ok(crate::backends::peer_dram::Message::Done(d)) => d.encode() == input,
+        Err(_) => true,
+    };
+    stream_ok && nic_ok && desc_ok && peer_copy_ok
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A region's metadata carries its VRAM export after the NIC descriptor; a damaged,
+    /// cut or extended one is malformed, never misread.
+    #[test]
+    fn region_metadata_carries_the_vram_export() {
+        let export = crate::backends::peer_dram::VramExport {
+            handle: std::array::from_fn(|i| i as u8),
+            offset: 4096,
+            alloc_len: 1 << 30,
+            gpu_uuid: [9; 16],
+        };
+        for e in [Some(export), None] {
+            let md = GnLocal {
+                ipc: None,
+                nic: None,
+                export: e,
+                _served: None,
+            }
+            .public_md();
+            let (ipc, desc, got) = parse_region_md("peer", &md).unwrap();
+            assert!(ipc.is_empty() && desc.is_none());
+            assert_eq!(got, e);
+            for cut in 0..md.len() {
+                assert!(matches!(
+                    parse_region_md("peer", &md[..cut]),
+                    Err(Error::MalformedMetadata(_))
+                ));
+            }
+            let mut long = md.clone();
+            long.push(0);
+            assert!(parse_region_md("peer", &long).is_err());
+        }
+        let md = GnLocal {
+            ipc: None,
+            nic: None,
+            export: Some(export),
+            _served: None,
+        }
+        .public_md();
+        // Version, descriptor flag, export flag, the export's own version.
+        for (at, value) in [(0, 1u8), (3, 2), (4, 2), (9, 9)] {
+            let mut bad = md.clone();
+            bad[at] = value;
+            assert!(parse_region_md("peer", &bad).is_err(), "byte {at}");
+        }
+    }
 
     #[test]
     fn gpu_devices_wins_then_the_first_vram_then_the_current_device() {

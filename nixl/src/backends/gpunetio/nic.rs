@@ -347,6 +347,16 @@ impl NicPath {
         Ok(link)
     }
 
+    /// The notification connections this backend opened (what peers ask about).
+    pub(super) fn own_conns(&self) -> Arc<super::oob::OwnConns> {
+        self.oob.own_conns()
+    }
+
+    /// Serves control connections' requests (module `peer_dram`).
+    pub(super) fn serve_control(&self, handler: super::oob::ControlHandler) {
+        self.oob.serve_control(handler);
+    }
+
     /// Notification connections refused for whom they named (module `oob`).
     pub(super) fn refused_senders(&self) -> u64 {
         self.oob.refused()

@@ -77,6 +77,7 @@
 
 use super::liveness::{self, ProcessId};
 use super::sources::PeerSource;
+use crate::backends::peer_dram::wire::{put_header, put_name, Reader};
 use parking_lot::RwLock;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -147,9 +148,7 @@ pub(super) enum Message {
 }
 
 fn header(kind: u8, job: u64, op: u32, out: &mut Vec<u8>) {
-    out.extend_from_slice(MAGIC);
-    out.push(VERSION);
-    out.push(kind);
+    put_header(out, MAGIC, VERSION, kind);
     out.extend_from_slice(&job.to_le_bytes());
     out.extend_from_slice(&op.to_le_bytes());
 }
@@ -163,8 +162,7 @@ impl Request {
         for v in [self.src, self.key, self.dst, self.len] {
             out.extend_from_slice(&v.to_le_bytes());
         }
-        out.extend_from_slice(&(self.reply_to.len() as u16).to_le_bytes());
-        out.extend_from_slice(&self.reply_to);
+        put_name(&mut out, &self.reply_to);
         out
     }
 }
@@ -179,44 +177,20 @@ impl Done {
     }
 }
 
-/// Reads `N` bytes at the front of `rest`.
-fn take<const N: usize>(rest: &mut &[u8]) -> Result<[u8; N], String> {
-    if rest.len() < N {
-        return Err("truncated".into());
-    }
-    let (head, tail) = rest.split_at(N);
-    *rest = tail;
-    Ok(head.try_into().expect("N bytes"))
-}
-
 /// Decodes an assist message (bounded against hostile input: a malformed one is an
 /// `Err` to log and drop).
 pub(super) fn decode(bytes: &[u8]) -> Result<Message, String> {
-    let mut rest = bytes
-        .strip_prefix(MAGIC.as_slice())
-        .ok_or("not an assist message")?;
-    let [version, kind] = take::<2>(&mut rest)?;
-    if version != VERSION {
-        return Err(format!("assist message version {version}"));
-    }
-    let job = u64::from_le_bytes(take(&mut rest)?);
-    let op = u32::from_le_bytes(take(&mut rest)?);
+    let (kind, mut r) = Reader::open(bytes, MAGIC, VERSION, "assist")?;
+    let job = r.u64()?;
+    let op = r.u32()?;
     let message = match kind {
         REQUEST => {
-            let block = take::<{ liveness::WIRE_SIZE }>(&mut rest)?;
+            let block = r.take::<{ liveness::WIRE_SIZE }>()?;
             let requester = ProcessId::decode(&block)
                 .map_err(|e| e.to_string())?
                 .ok_or("no requester")?;
-            let src = u64::from_le_bytes(take(&mut rest)?);
-            let key = u64::from_le_bytes(take(&mut rest)?);
-            let dst = u64::from_le_bytes(take(&mut rest)?);
-            let len = u64::from_le_bytes(take(&mut rest)?);
-            let name_len = u16::from_le_bytes(take(&mut rest)?) as usize;
-            if name_len == 0 || name_len > MAX_NAME || rest.len() < name_len {
-                return Err("bad reply name".into());
-            }
-            let reply_to = rest[..name_len].to_vec();
-            rest = &rest[name_len..];
+            let (src, key, dst, len) = (r.u64()?, r.u64()?, r.u64()?, r.u64()?);
+            let reply_to = r.name(MAX_NAME)?;
             Message::Request(Request {
                 job,
                 op,
@@ -231,13 +205,11 @@ pub(super) fn decode(bytes: &[u8]) -> Result<Message, String> {
         DONE => Message::Done(Done {
             job,
             op,
-            errno: i32::from_le_bytes(take(&mut rest)?),
+            errno: r.i32()?,
         }),
         other => return Err(format!("unknown assist message kind {other}")),
     };
-    if !rest.is_empty() {
-        return Err("trailing bytes".into());
-    }
+    r.finish()?;
     Ok(message)
 }
 

@@ -3,8 +3,8 @@
 //! transfer beside it as the fallback.
 
 use super::peer_copy::{
-    choose, cut, home_gpu, pieces_per_request, plan_requests, Case, Direction, PairFacts, Piece,
-    Request, RunState, STREAMS,
+    choose, cut, encode_request, home_gpu, pieces_per_request, plan_requests, Case, Direction,
+    PairFacts, Piece, RunState, STREAMS,
 };
 use super::worker::Progress;
 use super::xfer::{encode_notif, send_message_blocking, FabricXfer, XferShared};
@@ -48,6 +48,8 @@ pub(super) struct RemotePlan {
     run: Option<Arc<RunState>>,
     ids: Vec<u64>,
     notif: Option<Vec<u8>>,
+    /// The requests' encoding, reused by every post.
+    scratch: Vec<u8>,
 }
 
 impl LibfabricBackend {
@@ -128,13 +130,19 @@ impl LibfabricBackend {
             {
                 return Ok(None);
             }
-            let host = MemLoc::Host {
-                pinned: pin.ensure(),
-            };
             let device = MemLoc::Gpu(gpu.ordinal());
-            for (off, len) in cut(e.local.len) {
+            // Pieces of at most PIECE_BYTES, cut again where the DRAM's pinned chunks end
+            // (a copy spanning two registrations would not be a pinned copy).
+            let runs = cut(e.local.len).flat_map(|(off, len)| {
+                pin.runs(e.local.addr + off, len)
+                    .map(move |(o, n)| (off + o, n))
+            });
+            for (off, len) in runs {
                 let vram = mapping.ptr() + at + off;
                 let dram = e.local.addr + off;
+                let host = MemLoc::Host {
+                    pinned: pin.ensure_at(dram),
+                };
                 copies.push((
                     gpu.ordinal(),
                     match op {
@@ -235,6 +243,7 @@ impl LibfabricBackend {
             run: None,
             ids: Vec::new(),
             notif: None,
+            scratch: Vec::new(),
         })))
     }
 }
@@ -301,17 +310,14 @@ impl PeerCopyXfer {
         for (rail, pieces) in &plan.requests {
             let id = waits.add(&run);
             plan.ids.push(id);
-            let message = Request {
-                id,
-                direction: plan.direction,
-                pieces: pieces.clone(),
-                reply_to: plan.names[*rail].clone(),
-            }
-            .encode();
+            // One buffer for every request of the transfer: no allocation per post.
+            let message = &mut plan.scratch;
+            message.clear();
+            encode_request(message, id, plan.direction, pieces, &plan.names[*rail]);
             let r = &self.fallback.rails[*rail];
             let dest = self.fallback.peer.addrs[*rail];
             let deadline = Instant::now() + SEND_DEADLINE;
-            if let Err(e) = r.ep.retry(deadline, || r.ep.inject(&message, dest)) {
+            if let Err(e) = r.ep.retry(deadline, || r.ep.inject(message, dest)) {
                 waits.forget(&plan.ids);
                 plan.run = None;
                 return Err(fabric_error(e));

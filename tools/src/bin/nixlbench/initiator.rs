@@ -166,7 +166,7 @@ pub(crate) fn measure(
     };
     let how = match o.backend.as_str() {
         #[cfg(feature = "cuda")]
-        "GPUNETIO" => gpunetio_path(o, agent, target, remote, same_host),
+        "GPUNETIO" => gpunetio_path(o, agent, target, local.kind(), remote, same_host),
         // VRAM over LIBFABRIC: the backend names its path to this target (the provider,
         // and for a target on this host whether VRAM <-> DRAM is one direct copy).
         "LIBFABRIC"
@@ -205,28 +205,33 @@ pub(crate) fn measure(
     Ok(rows)
 }
 
-/// Which of GPUNETIO's paths carries the transfers to `target`, for the header: the
-/// backend's own word where it gives one ([`nixl::backend::Backend::peer_transport`]),
-/// else its rule (module docs of `nixl::backends::gpunetio`) applied to this run's
-/// parameters: intra-node (CUDA IPC) for a target on this host whose memory is VRAM the
-/// backend's GPU reaches (the same GPU, or peer access to the target's), unless
-/// `nic_handler=cpu_proxy`; otherwise the NIC path, a CPU proxy over a libfabric provider
-/// (no ConnectX NIC is driven: the native mlx5 handler is not used).
+/// Which of GPUNETIO's paths carries the transfers to `target`, for the header: for
+/// this side's VRAM and a same-host target's DRAM, the backend's own word
+/// ([`nixl::backend::Backend::peer_transport`]: a direct peer copy through CUDA IPC, or
+/// the CPU proxy over which provider); else its rule (module docs of
+/// `nixl::backends::gpunetio`) applied to this run's parameters: intra-node (CUDA IPC)
+/// for a target on this host whose memory is VRAM the backend's GPU reaches (the same
+/// GPU, or peer access to the target's), unless `nic_handler=cpu_proxy`; otherwise the
+/// NIC path, a CPU proxy over a libfabric provider (no ConnectX NIC is driven: the
+/// native mlx5 handler is not used).
 #[cfg(feature = "cuda")]
 fn gpunetio_path(
     o: &Options,
     agent: &Agent,
     target: &str,
+    local_kind: nixl::MemKind,
     remote: crate::sweep::RemoteMem,
     same_host: bool,
 ) -> String {
-    let said = agent
-        .backends()
-        .iter()
-        .find(|b| b.name() == "GPUNETIO")
-        .and_then(|b| b.peer_transport(target));
-    if let Some(path) = said {
-        return format!("(path: {path})");
+    if same_host && local_kind == nixl::MemKind::Vram && remote.kind == nixl::MemKind::Dram {
+        let said = agent
+            .backends()
+            .iter()
+            .find(|b| b.name() == "GPUNETIO")
+            .and_then(|b| b.peer_transport(target));
+        if let Some(path) = said {
+            return format!("(path: {path})");
+        }
     }
     let params = o.params(Side::Initiator, None);
     let handler = params.get("nic_handler").map_or("auto", String::as_str);

@@ -1,0 +1,641 @@
+//! `GPUNETIO`'s direct path between this backend's VRAM and a same-host peer's DRAM: the
+//! peer (which owns the host memory) imports this side's VRAM through CUDA IPC and moves
+//! the bytes with one copy-engine copy, instead of the NIC path's CPU proxy (a provider
+//! copy through bounce buffers, then the peer's).
+//!
+//! The transport-neutral parts (exports, requests, planning, the target's checks and
+//! copies) are `backends::peer_dram`'s, as for LIBFABRIC. Here they travel on a
+//! **control connection** of the NIC path's out-of-band channel (module `oob`): the
+//! initiator opens one per peer to the peer's notification address with a control
+//! hello, sends requests on it, reads the answers from it, and after the last answer
+//! sends the notification on it (so it reaches the peer strictly after the last byte).
+//!
+//! # Who asks
+//! A request is attributed by its connection, never by its bytes: the connection's
+//! hello names the initiator, and the target's listener asks that peer (at the address
+//! its loaded connection information advertised) whether the connection is its own,
+//! before it reads a frame (module `oob`, issue 28's check). A request on a connection
+//! naming no loaded peer, or a peer that did not confirm it, is declined (`EPERM`) on
+//! that connection. The VRAM a request names must then lie inside a region *that peer*
+//! advertised with its export in metadata this backend loaded (`EADDRNOTAVAIL`
+//! otherwise), the DRAM inside one of this backend's DRAM registrations (`EACCES`).
+//!
+//! # Choice and fallback
+//! A transfer goes this way as a whole when parameter `vram_peer_copy` is `auto` (the
+//! default; `off` disables it), the backend has a NIC path (its channel carries the
+//! requests), the peer is on this host (the intra-node plane reaches it), its
+//! connection information says it serves such requests, and every descriptor pair is
+//! this backend's exported VRAM ↔ the peer's DRAM. The NIC path's transfer is prepared
+//! beside it: when the peer declines (it cannot import, it did not load this side's
+//! metadata), that post and every later post of the request run it instead. A peer on
+//! another host, or memory without a legacy IPC handle (VMM), takes the NIC path.
+//!
+//! A post attached to a stream (`PostParams::custom`) waits for that stream first: the
+//! peer's copy engine cannot order itself after this process's stream.
+
+use super::oob::{
+    ControlConn, ControlFrom, ControlReply, OwnConns, CONTROL_NOTIF, CONTROL_PEER_COPY,
+};
+use super::NAME;
+use crate::backend::{BackendXfer, PostParams, XferProgress, XferStatus};
+use crate::backends::peer_dram::{
+    self, decode, AdvertisedVram, Direction, Done, Imports, Message, PeerVram, Piece, Request,
+    RunState, Serving, Shared, VramExport,
+};
+use crate::error::{Error, Result};
+use parking_lot::{Mutex, RwLock};
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
+
+/// Flag of the connection information: the backend copies VRAM ↔ its DRAM on request.
+pub(super) const SERVES_PEER_COPIES: u8 = 1;
+/// How long releasing a transfer waits for the peer's answers to requests in flight (the
+/// peer may still be copying into this process's VRAM).
+const RELEASE_WAIT: Duration = Duration::from_secs(5);
+/// How long the serving thread spins on running copies before it sleeps a little: a
+/// copy of a MiB completes within tens of microseconds, and a sleep's wake-up costs
+/// more than that.
+const SPIN: Duration = Duration::from_micros(200);
+
+/// What this backend knows of one peer's incarnation for this path.
+#[derive(Debug)]
+pub(super) struct PeerState {
+    agent: String,
+    /// VRAM it advertised with exports (what its requests may name).
+    vram: AdvertisedVram,
+    /// Its VRAM mapped here (imported on its first request).
+    imports: Imports,
+    /// Its connection information says it serves requests.
+    serves: bool,
+    /// Where its notification listener (and control connections) accept.
+    oob: Option<SocketAddr>,
+    /// This side's control connection to it, opened on the first direct transfer.
+    conn: Mutex<Option<Arc<ControlConn>>>,
+}
+
+impl PeerVram for PeerState {
+    fn agent(&self) -> &str {
+        &self.agent
+    }
+    fn advertised(&self) -> &AdvertisedVram {
+        &self.vram
+    }
+    fn imports(&self) -> &Imports {
+        &self.imports
+    }
+}
+
+/// A request handed from the listener's thread to the serving thread.
+struct Job {
+    peer: Option<Arc<PeerState>>,
+    request: Request,
+    reply: Arc<ControlReply>,
+}
+
+/// The path of one backend: its peers' states, its requests' waits and its server.
+#[derive(Debug)]
+pub(super) struct PeerDramPath {
+    me: String,
+    pub(super) shared: Shared,
+    peers: Arc<RwLock<HashMap<String, Arc<PeerState>>>>,
+    own: Arc<OwnConns>,
+}
+
+impl PeerDramPath {
+    /// The path of the agent `me` (`None`: off, or no GPU copies in this process), its
+    /// requests served from a thread of its own.
+    pub(super) fn new(
+        me: &str,
+        enabled: bool,
+        own: Arc<OwnConns>,
+    ) -> Result<Option<(Arc<Self>, super::oob::ControlHandler)>> {
+        if !enabled || !peer_dram::gpu_present() {
+            return Ok(None);
+        }
+        let path = Arc::new(Self {
+            me: me.to_string(),
+            shared: Shared::new(true, true),
+            peers: Arc::default(),
+            own,
+        });
+        let (jobs, incoming) = mpsc::channel::<Job>();
+        let server = path.clone();
+        std::thread::Builder::new()
+            .name("gpunetio-peer-dram".into())
+            .spawn(move || server.serve(incoming))?;
+        let peers = path.peers.clone();
+        let stats = path.clone();
+        let jobs = Mutex::new(jobs);
+        let handler = super::oob::ControlHandler(Box::new(move |from, body, reply| {
+            let request = match decode(body) {
+                Ok(Message::Request(r)) => r,
+                Ok(Message::Done(_)) => return,
+                Err(why) => {
+                    tracing::debug!("{NAME}: a malformed direct-copy request dropped: {why}");
+                    return;
+                }
+            };
+            let peer = attribute(&peers.read(), &from);
+            if peer.is_none() {
+                let errno = stats.shared.stats.refuse(
+                    libc::EPERM,
+                    format_args!("its connection is not confirmed as `{}`'s", from.agent),
+                );
+                answer(&reply, request.id, errno);
+                return;
+            }
+            let job = Job {
+                peer,
+                request,
+                reply,
+            };
+            let _ = jobs.lock().send(job);
+        }));
+        Ok(Some((path, handler)))
+    }
+
+    /// Records `agent`'s connection information: whether it serves requests, where it
+    /// accepts connections. A new incarnation (other information) starts afresh: what
+    /// the old one advertised and its imports go.
+    pub(super) fn load_peer(&self, agent: &str, serves: bool, oob: Option<SocketAddr>) {
+        let mut peers = self.peers.write();
+        if peers
+            .get(agent)
+            .is_some_and(|p| p.serves == serves && p.oob == oob)
+        {
+            return;
+        }
+        peers.insert(
+            agent.to_string(),
+            Arc::new(PeerState {
+                agent: agent.to_string(),
+                vram: AdvertisedVram::default(),
+                imports: Imports::default(),
+                serves,
+                oob,
+                conn: Mutex::new(None),
+            }),
+        );
+    }
+
+    /// `agent` advertised VRAM at `addr..addr + len` reachable through `export`.
+    pub(super) fn advertise(&self, agent: &str, addr: u64, len: u64, export: VramExport) {
+        if let Some(p) = self.peers.read().get(agent) {
+            p.vram.add(addr, len, export);
+        }
+    }
+
+    pub(super) fn forget(&self, agent: &str) {
+        self.peers.write().remove(agent);
+    }
+
+    /// Whether `agent` copies on request (its connection information said so).
+    pub(super) fn peer_serves(&self, agent: &str) -> bool {
+        self.peers.read().get(agent).is_some_and(|p| p.serves)
+    }
+
+    /// The control connection to `agent`, opened on first use.
+    pub(super) fn conn(&self, agent: &str) -> Result<Arc<ControlConn>> {
+        let peer = self
+            .peers
+            .read()
+            .get(agent)
+            .cloned()
+            .ok_or_else(|| Error::Unreachable {
+                backend: NAME.into(),
+                agent: agent.to_string(),
+                reason: "its connection information was not loaded".into(),
+            })?;
+        let addr = peer.oob.ok_or_else(|| Error::Unreachable {
+            backend: NAME.into(),
+            agent: agent.to_string(),
+            reason: "it has no notification address for a control connection".into(),
+        })?;
+        let mut conn = peer.conn.lock();
+        if let Some(c) = conn.as_ref().filter(|c| !c.is_gone()) {
+            return Ok(c.clone());
+        }
+        let c = Arc::new(ControlConn::connect(
+            &self.me,
+            agent,
+            addr,
+            self.own.clone(),
+        )?);
+        *conn = Some(c.clone());
+        Ok(c)
+    }
+
+    /// The serving thread: checks each request, queues its copies, answers once they
+    /// completed (polling their events: a spin while copies run, then short sleeps).
+    fn serve(self: Arc<Self>, incoming: mpsc::Receiver<Job>) {
+        let mut running: Vec<(Serving, Arc<ControlReply>, u64)> = Vec::new();
+        let mut idle_since = Instant::now();
+        // Ends once the listener is gone (no more requests) and the copies are answered.
+        let mut open = true;
+        loop {
+            if running.is_empty() {
+                if !open {
+                    return;
+                }
+                match incoming.recv() {
+                    Ok(job) => self.start(job, &mut running),
+                    Err(_) => return,
+                }
+                idle_since = Instant::now();
+            }
+            // Every request that came meanwhile starts before the copies are polled.
+            while open {
+                match incoming.try_recv() {
+                    Ok(job) => {
+                        self.start(job, &mut running);
+                        idle_since = Instant::now();
+                    }
+                    Err(mpsc::TryRecvError::Empty) => break,
+                    Err(mpsc::TryRecvError::Disconnected) => open = false,
+                }
+            }
+            let before = running.len();
+            let stats = &self.shared.stats;
+            running.retain_mut(|(serving, reply, id)| match serving.poll(stats) {
+                Some(errno) => {
+                    answer(reply, *id, errno);
+                    false
+                }
+                None => true,
+            });
+            if running.len() != before {
+                idle_since = Instant::now();
+            } else if idle_since.elapsed() > SPIN {
+                std::thread::sleep(Duration::from_micros(20));
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+    }
+
+    fn start(&self, job: Job, running: &mut Vec<(Serving, Arc<ControlReply>, u64)>) {
+        let Some(peer) = job.peer else {
+            return answer(&job.reply, job.request.id, libc::EPERM);
+        };
+        let Some(server) = &self.shared.server else {
+            return answer(&job.reply, job.request.id, libc::EOPNOTSUPP);
+        };
+        match server.serve(&job.request, &peer, &self.shared.stats) {
+            Ok(serving) => running.push((serving, job.reply, job.request.id)),
+            Err(errno) => answer(&job.reply, job.request.id, errno),
+        }
+    }
+
+    /// The path VRAM <-> `agent`'s DRAM takes (`same_host`: the intra-node plane reaches
+    /// it, and `nic_handler` is not `cpu_proxy`), for `query_mem_info`
+    /// (`vram_peer_dram`: `direct` or `cpu_proxy`) and nixlbench's header (in words).
+    pub(super) fn describe(
+        &self,
+        agent: &str,
+        same_host: bool,
+        provider: &str,
+    ) -> (&'static str, String) {
+        if same_host && self.peer_serves(agent) {
+            (
+                "direct",
+                format!(
+                    "VRAM <-> the peer's DRAM: direct peer copy, one copy-engine copy by the \
+                     peer through CUDA IPC (the CPU proxy over libfabric {provider} where it \
+                     declines)"
+                ),
+            )
+        } else {
+            let why = if same_host {
+                "the peer does not copy on request"
+            } else {
+                "the peer is not on this host"
+            };
+            (
+                "cpu_proxy",
+                format!("VRAM <-> the peer's DRAM: CPU proxy over libfabric {provider} ({why})"),
+            )
+        }
+    }
+
+    /// What moved this way and what was served, declined or fell back (all peers).
+    pub(super) fn counters(&self) -> [(&'static str, u64); 4] {
+        let s = &self.shared.stats;
+        [
+            ("peer_copy_bytes", s.bytes.load(Ordering::Relaxed)),
+            (
+                "peer_copy_served_bytes",
+                s.served_bytes.load(Ordering::Relaxed),
+            ),
+            ("peer_copy_fallbacks", s.fallbacks.load(Ordering::Relaxed)),
+            ("peer_copy_refused", s.refused.load(Ordering::Relaxed)),
+        ]
+    }
+}
+
+/// The loaded peer a control frame is from: only one whose connection its named peer
+/// confirmed.
+fn attribute(
+    peers: &HashMap<String, Arc<PeerState>>,
+    from: &ControlFrom,
+) -> Option<Arc<PeerState>> {
+    if !from.verified {
+        return None;
+    }
+    peers.get(&from.agent).cloned()
+}
+
+fn answer(reply: &ControlReply, id: u64, errno: i32) {
+    let done = Done { id, errno }.encode();
+    if let Err(e) = reply.send(CONTROL_PEER_COPY, &done) {
+        tracing::debug!("{NAME}: answering a direct-copy request: {e}");
+    }
+}
+
+/// A transfer prepared for the direct path: its requests, and the NIC path's transfer
+/// for a peer that declines.
+pub(super) struct PeerDramXfer {
+    path: Arc<PeerDramPath>,
+    agent: String,
+    conn: Arc<ControlConn>,
+    direction: Direction,
+    requests: Vec<Vec<Piece>>,
+    bytes: u64,
+    fallback: Box<dyn BackendXfer>,
+    on_fallback: bool,
+    run: Option<Arc<RunState>>,
+    ids: Vec<u64>,
+    notif: Option<Vec<u8>>,
+    /// One buffer for every request this transfer sends.
+    scratch: Vec<u8>,
+    gpu: usize,
+}
+
+impl std::fmt::Debug for PeerDramXfer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PeerDramXfer")
+            .field("agent", &self.agent)
+            .field("direction", &self.direction)
+            .field("requests", &self.requests.len())
+            .field("bytes", &self.bytes)
+            .field("on_fallback", &self.on_fallback)
+            .finish_non_exhaustive()
+    }
+}
+
+/// One descriptor pair of a transfer that takes the direct path: this side's VRAM (in
+/// the allocation `handle` names) and the peer's DRAM.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct DirectPair {
+    pub(super) handle: [u8; 64],
+    pub(super) vram: u64,
+    pub(super) dram: u64,
+    pub(super) len: u64,
+}
+
+impl PeerDramPath {
+    /// The transfer of `pairs` to `agent` (WRITE: `write`), with `fallback` beside it.
+    pub(super) fn prep(
+        self: &Arc<Self>,
+        write: bool,
+        pairs: &[DirectPair],
+        agent: &str,
+        gpu: usize,
+        fallback: Box<dyn BackendXfer>,
+    ) -> Result<PeerDramXfer> {
+        let conn = self.conn(agent)?;
+        let mut pieces = Vec::new();
+        let mut bytes = 0;
+        for p in pairs {
+            for (off, len) in peer_dram::cut(p.len) {
+                pieces.push((
+                    p.handle,
+                    Piece {
+                        vram: p.vram + off,
+                        dram: p.dram + off,
+                        len,
+                    },
+                ));
+            }
+            bytes += p.len;
+        }
+        // Requests travel on one connection whose frames are far larger than a rail's
+        // inject size: as many pieces per request as the wire allows.
+        let requests = peer_dram::plan_requests(pieces, peer_dram::MAX_PIECES, 1, 0)
+            .into_iter()
+            .map(|(_, p)| p)
+            .collect();
+        Ok(PeerDramXfer {
+            path: self.clone(),
+            agent: agent.to_string(),
+            conn,
+            direction: if write {
+                Direction::ToDram
+            } else {
+                Direction::ToVram
+            },
+            requests,
+            bytes,
+            fallback,
+            on_fallback: false,
+            run: None,
+            ids: Vec::new(),
+            notif: None,
+            scratch: Vec::new(),
+            gpu,
+        })
+    }
+}
+
+impl PeerDramXfer {
+    /// Reads the answers that arrived (for any transfer to this peer).
+    fn pump(&self) -> Result<()> {
+        let waits = &self.path.shared.waits;
+        self.conn.poll(|kind, body| {
+            if kind != CONTROL_PEER_COPY {
+                return;
+            }
+            match decode(body) {
+                Ok(Message::Done(done)) => match waits.take(done.id, Some(&self.agent)) {
+                    Some(run) => run.answer(done.errno),
+                    None => tracing::debug!(id = done.id, "a direct copy answer for no request"),
+                },
+                Ok(Message::Request(_)) => {}
+                Err(why) => tracing::debug!("{NAME}: a malformed direct-copy answer: {why}"),
+            }
+        })
+    }
+
+    fn forget(&mut self) {
+        self.path.shared.waits.forget(&self.ids);
+        self.ids.clear();
+        self.run = None;
+    }
+}
+
+impl BackendXfer for PeerDramXfer {
+    fn post(&mut self, notif: Option<&[u8]>, params: &PostParams) -> Result<XferStatus> {
+        if self.on_fallback {
+            return self.fallback.post(notif, params);
+        }
+        if let Some(stream) = super::attached_stream(params, self.gpu)? {
+            // The peer's copy engine cannot wait for this process's stream.
+            stream
+                .synchronize()
+                .map_err(|e| Error::Gpu(format!("{NAME}: the post's stream: {e:?}")))?;
+        }
+        if self.run.is_some() {
+            return Err(Error::InvalidParam(format!(
+                "{NAME}: a transfer posted again while it runs"
+            )));
+        }
+        self.forget();
+        let run = Arc::new(RunState::new(&self.agent, self.requests.len()));
+        self.run = Some(run.clone());
+        self.notif = notif.map(<[u8]>::to_vec);
+        let waits = &self.path.shared.waits;
+        for pieces in &self.requests {
+            let id = waits.add(&run);
+            self.ids.push(id);
+            self.scratch.clear();
+            peer_dram::encode_request(
+                &mut self.scratch,
+                id,
+                self.direction,
+                pieces,
+                self.path.me.as_bytes(),
+            );
+            if let Err(e) = self.conn.send(CONTROL_PEER_COPY, &self.scratch) {
+                self.forget();
+                return Err(e);
+            }
+        }
+        Ok(XferStatus::InProgress)
+    }
+
+    fn check(&mut self) -> Result<XferProgress> {
+        if self.on_fallback {
+            return self.fallback.check();
+        }
+        let Some(run) = self.run.clone() else {
+            return Ok(XferProgress {
+                status: XferStatus::Done,
+                completed_ops: 0,
+            });
+        };
+        if let Err(e) = self.pump() {
+            self.forget();
+            return Err(e);
+        }
+        let answered = run.answered.load(Ordering::Relaxed);
+        if let Some((code, text)) = run.failed.lock().clone() {
+            self.forget();
+            return Err(Error::Backend {
+                backend: NAME.into(),
+                code,
+                message: format!("transfer to `{}`: {text}", self.agent),
+            });
+        }
+        if run.pending.load(Ordering::Acquire) > 0 {
+            return Ok(XferProgress {
+                status: XferStatus::InProgress,
+                completed_ops: answered,
+            });
+        }
+        if run.declined.load(Ordering::Acquire) {
+            // The peer will not copy: the NIC path, now and for later posts.
+            self.forget();
+            self.on_fallback = true;
+            self.path
+                .shared
+                .stats
+                .fallbacks
+                .fetch_add(1, Ordering::Relaxed);
+            tracing::info!(
+                peer = %self.agent,
+                "{NAME}: the peer declined direct VRAM copies; this request runs on the CPU proxy"
+            );
+            let notif = self.notif.take();
+            self.fallback
+                .post(notif.as_deref(), &PostParams::default())?;
+            return Ok(XferProgress {
+                status: XferStatus::InProgress,
+                completed_ops: answered,
+            });
+        }
+        if let Some(msg) = self.notif.take() {
+            // Every answer is in: the bytes are in place at the peer.
+            self.conn.send(CONTROL_NOTIF, &msg)?;
+        }
+        self.forget();
+        self.path
+            .shared
+            .stats
+            .bytes
+            .fetch_add(self.bytes, Ordering::Relaxed);
+        Ok(XferProgress {
+            status: XferStatus::Done,
+            completed_ops: answered,
+        })
+    }
+
+    fn op_count(&self) -> usize {
+        if self.on_fallback {
+            return self.fallback.op_count();
+        }
+        self.requests.iter().map(Vec::len).sum()
+    }
+
+    fn staged_bytes(&self) -> u64 {
+        if self.on_fallback {
+            self.fallback.staged_bytes()
+        } else {
+            0
+        }
+    }
+}
+
+impl Drop for PeerDramXfer {
+    fn drop(&mut self) {
+        if let Some(run) = self.run.take() {
+            // The peer may still be copying into this process's VRAM: wait (bounded) for
+            // its answers while its connection lives.
+            let deadline = Instant::now() + RELEASE_WAIT;
+            while run.pending.load(Ordering::Acquire) > 0 && Instant::now() < deadline {
+                if self.pump().is_err() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_micros(50));
+            }
+        }
+        self.path.shared.waits.forget(&self.ids);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_confirmed_loaded_peer_is_served() {
+        let state = Arc::new(PeerState {
+            agent: "alice".into(),
+            vram: AdvertisedVram::default(),
+            imports: Imports::default(),
+            serves: true,
+            oob: None,
+            conn: Mutex::new(None),
+        });
+        let peers: HashMap<_, _> = [("alice".to_string(), state.clone())].into();
+        let from = |agent: &str, verified| ControlFrom {
+            agent: agent.into(),
+            verified,
+        };
+        assert!(attribute(&peers, &from("alice", true)).is_some_and(|p| Arc::ptr_eq(&p, &state)));
+        // Her name on a connection she did not confirm, or a peer never loaded.
+        assert!(attribute(&peers, &from("alice", false)).is_none());
+        assert!(attribute(&peers, &from("mallory", true)).is_none());
+    }
+}

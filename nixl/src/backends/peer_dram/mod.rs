@@ -1,0 +1,1510 @@
+//! VRAM ↔ a same-host peer's DRAM in one copy, for every backend that has such a path
+//! (LIBFABRIC's `peer_copy`, GPUNETIO's `peer_dram`): the process that owns the host
+//! memory drives a copy engine against the other side's VRAM, imported through CUDA IPC.
+//!
+//! This module is the transport-neutral part; each backend carries the messages on its
+//! own channel and attributes them by what its transport says about the sender:
+//! - **exports** ([`VramExport`]): the CUDA-IPC handle, offset, allocation size and GPU
+//!   of a VRAM region, appended to the region's public metadata;
+//! - **requests** ([`Request`], [`Done`], [`decode`]): the initiator's VRAM and the
+//!   target's DRAM by their virtual addresses, pieces of at most [`PIECE_BYTES`], at most
+//!   [`MAX_PIECES`] per request, answered with an errno ([`is_declined`]: "not this way",
+//!   the transfer runs its ordinary path);
+//! - **planning** ([`choose`], [`cut`], [`plan_requests`]): which case a transfer is, and
+//!   its pieces grouped per allocation;
+//! - **waiting** ([`Waits`], [`RunState`]): an initiator's requests by id, answerable only
+//!   by the peer they went to;
+//! - **serving** (`Server`, with feature `cuda`): the target's checks — the peer's VRAM
+//!   must lie in a region *that peer* advertised ([`PeerVram`], from metadata the backend
+//!   loaded; the IPC handle comes from there, never from the request), its own DRAM in a
+//!   region registered with the backend — then the import (cached per peer incarnation,
+//!   [`Imports`]), the pin of its DRAM (once) and the copies on its streams;
+//! - **telemetry** ([`Stats`]).
+//!
+//! A target that never loaded its initiator's metadata declines (`EADDRNOTAVAIL`), and
+//! the transfer runs its ordinary path.
+
+// Without feature `cuda` only LIBFABRIC's answers and the decoders run (this side never
+// initiates a direct copy): the initiator's half is unused there; GPUNETIO alone uses
+// no metadata splitting or rail sizing.
+#![cfg_attr(not(all(feature = "cuda", feature = "libfabric")), allow(dead_code))]
+
+pub(crate) mod wire;
+
+use crate::mem::MemKind;
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use wire::{put_header, put_name, Reader};
+
+/// First bytes of a peer-copy message (beside notifications, staging, assists).
+pub(crate) const MAGIC: &[u8; 4] = b"NXPV";
+/// First bytes of the region metadata section that carries a VRAM export.
+pub(crate) const MD_TAG: &[u8; 4] = b"NXPC";
+const VERSION: u8 = 1;
+const KIND_REQUEST: u8 = 1;
+const KIND_DONE: u8 = 2;
+/// The metadata section's only kind: a legacy CUDA-IPC handle.
+const EXPORT_IPC: u8 = 1;
+/// The metadata section: tag, version, kind, handle, offset, allocation size, GPU UUID.
+pub(crate) const MD_WIRE_SIZE: usize = 4 + 1 + 1 + 64 + 8 + 8 + 16;
+/// Bytes of one request piece: VRAM address, DRAM address, length.
+const PIECE_WIRE: usize = 24;
+/// Request header: magic, version, kind, id, direction, piece count.
+const REQUEST_HEADER: usize = 4 + 1 + 1 + 8 + 1 + 2;
+/// Bytes of an answer: magic, version, kind, id, errno.
+pub(crate) const DONE_LEN: usize = 4 + 1 + 1 + 8 + 4;
+/// Most pieces in one request.
+pub(crate) const MAX_PIECES: usize = 256;
+/// Largest piece: a large descriptor is cut into pieces the target spreads over its
+/// streams, so several copies are in flight for one block.
+pub(crate) const PIECE_BYTES: u64 = 8 << 20;
+/// The longest reply name a request carries (a rail endpoint's, or an agent's).
+pub(crate) const MAX_NAME: usize = 1024;
+/// Streams per GPU each side copies on.
+pub(crate) const STREAMS: usize = 4;
+/// A served DRAM registration is pinned in chunks of this size as copies first touch
+/// them (a multiple of the largest page size).
+pub(crate) const PIN_CHUNK: u64 = 256 << 20;
+
+/// Parameter `vram_peer_copy`.
+pub(crate) const PARAM: &str = "vram_peer_copy";
+
+/// How a VRAM region is reached by a same-host peer's copy engine: the CUDA-IPC handle
+/// of the allocation holding it, where the region starts in it, the allocation's size
+/// and the GPU's UUID.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct VramExport {
+    pub(crate) handle: [u8; 64],
+    pub(crate) offset: u64,
+    pub(crate) alloc_len: u64,
+    pub(crate) gpu_uuid: [u8; 16],
+}
+
+impl VramExport {
+    /// `NXPC | version 1 | kind 1 | handle [64] | offset u64 | alloc_len u64 | uuid [16]`
+    pub(crate) fn encode(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(MD_TAG);
+        out.push(VERSION);
+        out.push(EXPORT_IPC);
+        out.extend_from_slice(&self.handle);
+        out.extend_from_slice(&self.offset.to_le_bytes());
+        out.extend_from_slice(&self.alloc_len.to_le_bytes());
+        out.extend_from_slice(&self.gpu_uuid);
+    }
+
+    /// Exactly [`MD_WIRE_SIZE`] bytes (bounded against hostile input).
+    pub(crate) fn decode(b: &[u8]) -> Result<Self, String> {
+        if b.len() != MD_WIRE_SIZE {
+            return Err("VRAM export section has the wrong size".into());
+        }
+        if &b[..4] != MD_TAG {
+            return Err("not a VRAM export section".into());
+        }
+        if b[4] != VERSION {
+            return Err(format!("VRAM export section version {}", b[4]));
+        }
+        if b[5] != EXPORT_IPC {
+            return Err(format!("VRAM export kind {}", b[5]));
+        }
+        let u64_at = |at: usize| u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"));
+        let export = VramExport {
+            handle: b[6..70].try_into().expect("64 bytes"),
+            offset: u64_at(70),
+            alloc_len: u64_at(78),
+            gpu_uuid: b[86..102].try_into().expect("16 bytes"),
+        };
+        if export.offset >= export.alloc_len {
+            return Err("VRAM export offset outside its allocation".into());
+        }
+        Ok(export)
+    }
+
+    /// Whether a region of `len` bytes at this export's offset fits in the allocation.
+    pub(crate) fn holds(&self, len: u64) -> bool {
+        self.offset
+            .checked_add(len)
+            .is_some_and(|end| end <= self.alloc_len)
+    }
+}
+
+/// Splits a region's public metadata into its transport part and its VRAM export
+/// section, if it ends with one.
+pub(crate) fn split_md(md: &[u8]) -> Result<(&[u8], Option<VramExport>), String> {
+    if md.len() > MD_WIRE_SIZE {
+        let (head, tail) = md.split_at(md.len() - MD_WIRE_SIZE);
+        if tail.starts_with(MD_TAG) {
+            return Ok((head, Some(VramExport::decode(tail)?)));
+        }
+    }
+    Ok((md, None))
+}
+
+/// Which way the target copies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Direction {
+    /// The initiator's VRAM into the target's DRAM (a WRITE).
+    ToDram,
+    /// The target's DRAM into the initiator's VRAM (a READ).
+    ToVram,
+}
+
+/// One piece of a request: the initiator's VRAM and the target's DRAM, by their
+/// virtual addresses in their processes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Piece {
+    pub(crate) vram: u64,
+    pub(crate) dram: u64,
+    pub(crate) len: u64,
+}
+
+/// Initiator to target: copy these pieces.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Request {
+    pub(crate) id: u64,
+    pub(crate) direction: Direction,
+    pub(crate) pieces: Vec<Piece>,
+    /// The initiator's rail endpoint: where a refusal to a stranger goes.
+    pub(crate) reply_to: Vec<u8>,
+}
+
+/// Target to initiator: the request's pieces are in place (`errno` 0), or why not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Done {
+    pub(crate) id: u64,
+    pub(crate) errno: i32,
+}
+
+/// A decoded peer-copy message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Message {
+    Request(Request),
+    Done(Done),
+}
+
+/// Bytes a request of `pieces` pieces and a rail name of `name` bytes takes.
+pub(crate) fn request_len(pieces: usize, name: usize) -> usize {
+    REQUEST_HEADER + pieces * PIECE_WIRE + 2 + name
+}
+
+/// Most pieces a request may carry so that it fits in `inject_size` bytes with a rail
+/// name of `name` bytes (0: none fits).
+pub(crate) fn pieces_per_request(inject_size: usize, name: usize) -> usize {
+    inject_size
+        .saturating_sub(REQUEST_HEADER + 2 + name)
+        .checked_div(PIECE_WIRE)
+        .unwrap_or(0)
+        .min(MAX_PIECES)
+}
+
+impl Request {
+    /// `NXPV 1 1 id:u64 direction:u8 count:u16 (vram dram len:u64)* name:str16`
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(request_len(self.pieces.len(), self.reply_to.len()));
+        self.encode_into(&mut out);
+        out
+    }
+
+    /// Appends the encoding to `out`.
+    pub(crate) fn encode_into(&self, out: &mut Vec<u8>) {
+        encode_request(out, self.id, self.direction, &self.pieces, &self.reply_to);
+    }
+}
+
+/// Appends a request's encoding to `out` from its parts: a sender reuses one buffer and
+/// its planned pieces, so a post costs no allocation per request.
+pub(crate) fn encode_request(
+    out: &mut Vec<u8>,
+    id: u64,
+    direction: Direction,
+    pieces: &[Piece],
+    reply_to: &[u8],
+) {
+    put_header(out, MAGIC, VERSION, KIND_REQUEST);
+    out.extend_from_slice(&id.to_le_bytes());
+    out.push(match direction {
+        Direction::ToDram => 0,
+        Direction::ToVram => 1,
+    });
+    out.extend_from_slice(&(pieces.len() as u16).to_le_bytes());
+    for p in pieces {
+        for v in [p.vram, p.dram, p.len] {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+    }
+    put_name(out, reply_to);
+}
+
+impl Done {
+    /// `NXPV 1 2 id:u64 errno:i32`
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(DONE_LEN);
+        put_header(&mut out, MAGIC, VERSION, KIND_DONE);
+        out.extend_from_slice(&self.id.to_le_bytes());
+        out.extend_from_slice(&self.errno.to_le_bytes());
+        out
+    }
+}
+
+/// Decodes a peer-copy message (bounded against hostile input: a malformed one is an
+/// `Err` to log and drop). Pieces are checked for shape here (non-empty, no wrapping, at
+/// most [`PIECE_BYTES`]); where they point is the target's check.
+pub(crate) fn decode(bytes: &[u8]) -> Result<Message, String> {
+    let (kind, mut r) = Reader::open(bytes, MAGIC, VERSION, "peer-copy")?;
+    let id = r.u64()?;
+    let message = match kind {
+        KIND_REQUEST => {
+            let direction = match r.u8()? {
+                0 => Direction::ToDram,
+                1 => Direction::ToVram,
+                d => return Err(format!("peer-copy direction {d}")),
+            };
+            let count = usize::from(r.u16()?);
+            if count == 0 || count > MAX_PIECES {
+                return Err(format!("{count} pieces in a peer-copy request"));
+            }
+            if r.remaining() < count * PIECE_WIRE {
+                return Err("truncated".into());
+            }
+            let mut pieces = Vec::with_capacity(count);
+            for _ in 0..count {
+                let (vram, dram, len) = (r.u64()?, r.u64()?, r.u64()?);
+                if len == 0
+                    || len > PIECE_BYTES
+                    || vram.checked_add(len).is_none()
+                    || dram.checked_add(len).is_none()
+                {
+                    return Err("a malformed peer-copy piece".into());
+                }
+                pieces.push(Piece { vram, dram, len });
+            }
+            let reply_to = r.name(MAX_NAME)?;
+            Message::Request(Request {
+                id,
+                direction,
+                pieces,
+                reply_to,
+            })
+        }
+        KIND_DONE => Message::Done(Done {
+            id,
+            errno: r.i32()?,
+        }),
+        other => return Err(format!("unknown peer-copy message kind {other}")),
+    };
+    r.finish()?;
+    Ok(message)
+}
+
+/// Whether an answer means "not this way" (the transfer runs its ordinary path instead)
+/// rather than a failed transfer.
+pub(crate) fn is_declined(errno: i32) -> bool {
+    matches!(
+        errno,
+        libc::EADDRNOTAVAIL | libc::EOPNOTSUPP | libc::EPERM | libc::ENODEV | libc::ESRCH
+    )
+}
+
+/// What a failing answer's errno means, for the transfer's error.
+pub(crate) fn describe(errno: i32) -> String {
+    match errno {
+        libc::EACCES => "the peer refused a direct copy: its DRAM range is not inside a region \
+                         it registered"
+            .into(),
+        libc::EINVAL => "the peer refused a malformed direct-copy request".into(),
+        e => format!(
+            "the peer's direct copy failed: {}",
+            std::io::Error::from_raw_os_error(e)
+        ),
+    }
+}
+
+/// Who copies a transfer that takes the direct path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Case {
+    /// DRAM here, the peer's VRAM imported: this process copies.
+    InitiatorOwned,
+    /// VRAM here, DRAM at the peer: the peer copies on request.
+    TargetOwned,
+}
+
+/// What the choice knows of one descriptor pair.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct PairFacts {
+    pub(crate) local: MemKind,
+    pub(crate) remote: MemKind,
+    /// This side's region is VRAM with an IPC export.
+    pub(crate) local_exported: bool,
+    /// The peer's region is VRAM whose metadata carries an IPC export that holds it.
+    pub(crate) remote_exported: bool,
+}
+
+/// Whether (and how) a transfer takes the direct path: `enabled` (parameter and a GPU
+/// here), the peer another process on this host, and every pair the same case — DRAM ↔
+/// exported peer VRAM, or exported VRAM ↔ peer DRAM with a peer that serves requests.
+/// Mixed transfers, other kinds, and an empty transfer keep the ordinary path.
+pub(crate) fn choose(
+    enabled: bool,
+    same_host: bool,
+    peer_serves: bool,
+    pairs: impl IntoIterator<Item = PairFacts>,
+) -> Option<Case> {
+    if !enabled || !same_host {
+        return None;
+    }
+    let mut case = None;
+    for p in pairs {
+        let this = match (p.local, p.remote) {
+            (MemKind::Dram, MemKind::Vram) if p.remote_exported => Case::InitiatorOwned,
+            (MemKind::Vram, MemKind::Dram) if p.local_exported && peer_serves => Case::TargetOwned,
+            _ => return None,
+        };
+        if case.is_some_and(|c| c != this) {
+            return None;
+        }
+        case = Some(this);
+    }
+    case
+}
+
+/// The requests of a target-owned transfer: `pieces` (the allocation of this side's
+/// VRAM each lies in, and the piece) already cut to at most [`PIECE_BYTES`], grouped
+/// into requests of one allocation and at most `per_request` pieces, on the rails in
+/// turn from `first_rail`.
+pub(crate) fn plan_requests(
+    pieces: impl IntoIterator<Item = ([u8; 64], Piece)>,
+    per_request: usize,
+    nrails: usize,
+    first_rail: usize,
+) -> Vec<(usize, Vec<Piece>)> {
+    let per_request = per_request.clamp(1, MAX_PIECES);
+    let nrails = nrails.max(1);
+    let mut rail = first_rail % nrails;
+    let mut requests: Vec<(usize, Vec<Piece>)> = Vec::new();
+    let mut current: Option<[u8; 64]> = None;
+    for (handle, piece) in pieces {
+        let fits =
+            current == Some(handle) && requests.last().is_some_and(|(_, p)| p.len() < per_request);
+        if !fits {
+            requests.push((rail, Vec::new()));
+            rail = (rail + 1) % nrails;
+            current = Some(handle);
+        }
+        if let Some((_, p)) = requests.last_mut() {
+            p.push(piece);
+        }
+    }
+    requests
+}
+
+/// Cuts `len` bytes into pieces of at most [`PIECE_BYTES`]: (offset, length).
+pub(crate) fn cut(len: u64) -> impl Iterator<Item = (u64, u64)> {
+    (0..len.div_ceil(PIECE_BYTES)).map(move |i| {
+        let off = i * PIECE_BYTES;
+        (off, PIECE_BYTES.min(len - off))
+    })
+}
+
+/// What moved this way (telemetry).
+#[derive(Debug, Default)]
+pub(crate) struct Stats {
+    /// Bytes of this backend's transfers moved by one copy between VRAM and a peer's
+    /// DRAM (by this process or by the peer on request).
+    pub(crate) bytes: AtomicU64,
+    /// Bytes this backend copied for peers on their request.
+    pub(crate) served_bytes: AtomicU64,
+    /// Posts that the peer declined and that ran the ordinary path instead.
+    pub(crate) fallbacks: AtomicU64,
+    /// Requests declined or refused for who sent them or what they named.
+    pub(crate) refused: AtomicU64,
+}
+
+impl Stats {
+    /// Counts and logs a declined request; its errno.
+    pub(crate) fn refuse(&self, errno: i32, why: std::fmt::Arguments<'_>) -> i32 {
+        let n = self.refused.fetch_add(1, Ordering::Relaxed);
+        // The first, then one in 1024: a flood must not flood the log.
+        if n.is_multiple_of(1024) {
+            tracing::info!(refused = n + 1, "direct VRAM copy request declined: {why}");
+        }
+        errno
+    }
+}
+
+/// An initiator's requests waiting for their answers, by request id.
+#[derive(Debug, Default)]
+pub(crate) struct Waits {
+    table: Mutex<HashMap<u64, Arc<RunState>>>,
+    next: AtomicU64,
+}
+
+/// One post's requests: how many are unanswered, and how it went.
+#[derive(Debug)]
+pub(crate) struct RunState {
+    /// The peer that must answer.
+    pub(crate) agent: String,
+    pub(crate) pending: AtomicUsize,
+    pub(crate) answered: AtomicU64,
+    pub(crate) declined: AtomicBool,
+    pub(crate) failed: Mutex<Option<(i32, String)>>,
+}
+
+impl RunState {
+    pub(crate) fn new(agent: &str, requests: usize) -> Self {
+        RunState {
+            agent: agent.to_string(),
+            pending: AtomicUsize::new(requests),
+            answered: AtomicU64::new(0),
+            declined: AtomicBool::new(false),
+            failed: Mutex::new(None),
+        }
+    }
+
+    /// One request answered with `errno`.
+    pub(crate) fn answer(&self, errno: i32) {
+        match errno {
+            0 => {}
+            e if is_declined(e) => self.declined.store(true, Ordering::Release),
+            e => {
+                let mut failed = self.failed.lock();
+                if failed.is_none() {
+                    *failed = Some((e, describe(e)));
+                }
+            }
+        }
+        self.answered.fetch_add(1, Ordering::Relaxed);
+        self.pending.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl Waits {
+    /// A fresh request id waiting on `run`.
+    pub(crate) fn add(&self, run: &Arc<RunState>) -> u64 {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        self.table.lock().insert(id, run.clone());
+        id
+    }
+
+    /// The run waiting for answer `id` from `from` (where the transport named the
+    /// sender: only the run's peer may answer), removed.
+    pub(crate) fn take(&self, id: u64, from: Option<&str>) -> Option<Arc<RunState>> {
+        let mut table = self.table.lock();
+        match (table.get(&id), from) {
+            (Some(run), Some(from)) if run.agent != from => None,
+            (Some(_), _) => table.remove(&id),
+            (None, _) => None,
+        }
+    }
+
+    /// Forgets ids whose answers will not be awaited any more.
+    pub(crate) fn forget(&self, ids: &[u64]) {
+        let mut table = self.table.lock();
+        for id in ids {
+            table.remove(id);
+        }
+    }
+}
+
+/// VRAM regions a peer advertised with their exports (start, length, export).
+#[derive(Debug, Default)]
+pub(crate) struct AdvertisedVram(parking_lot::RwLock<Vec<(u64, u64, VramExport)>>);
+
+impl AdvertisedVram {
+    /// The peer advertised VRAM at `addr..addr + len`, reachable through `export`.
+    pub(crate) fn add(&self, addr: u64, len: u64, export: VramExport) {
+        if len == 0 || addr.checked_add(len).is_none() || !export.holds(len) {
+            return;
+        }
+        let mut regions = self.0.write();
+        regions.retain(|&(a, l, _)| !(a == addr && l == len));
+        regions.push((addr, len, export));
+    }
+
+    /// The advertised region holding `addr..addr + len`: (its start, its export).
+    pub(crate) fn find(&self, addr: u64, len: u64) -> Option<(u64, VramExport)> {
+        let end = addr.checked_add(len)?;
+        self.0
+            .read()
+            .iter()
+            .find(|&&(a, l, _)| a <= addr && end <= a + l)
+            .map(|&(a, _, e)| (a, e))
+    }
+}
+
+/// An allocation's CUDA-IPC handle and the GPU it is mapped for.
+#[cfg(feature = "cuda")]
+type ImportKey = ([u8; 64], usize);
+
+/// A peer's VRAM mapped into this process, per (allocation, GPU), for the lifetime of the
+/// peer's incarnation (its `PeerSource`).
+#[derive(Debug, Default)]
+pub(crate) struct Imports {
+    #[cfg(feature = "cuda")]
+    map: Mutex<HashMap<ImportKey, Arc<gpu_mem::IpcMapping>>>,
+}
+
+#[cfg(feature = "cuda")]
+impl Imports {
+    /// The allocation behind `export`, mapped for `gpu` (imported on first use).
+    pub(crate) fn get(
+        &self,
+        gpu: &gpu_mem::Gpu,
+        export: &VramExport,
+    ) -> gpu_mem::Result<Arc<gpu_mem::IpcMapping>> {
+        let key = (export.handle, gpu.ordinal());
+        let mut map = self.map.lock();
+        if let Some(m) = map.get(&key) {
+            return Ok(m.clone());
+        }
+        let mapping = Arc::new(gpu_mem::IpcMapping::open(
+            gpu,
+            &gpu_mem::IpcHandle(export.handle),
+        )?);
+        map.insert(key, mapping.clone());
+        Ok(mapping)
+    }
+}
+
+/// What a target knows of the peer a request came from (the transport attributed it):
+/// its name, the VRAM it advertised with exports, and its VRAM imported here.
+pub(crate) trait PeerVram {
+    fn agent(&self) -> &str;
+    fn advertised(&self) -> &AdvertisedVram;
+    fn imports(&self) -> &Imports;
+}
+
+impl<T: PeerVram + ?Sized> PeerVram for Arc<T> {
+    fn agent(&self) -> &str {
+        (**self).agent()
+    }
+    fn advertised(&self) -> &AdvertisedVram {
+        (**self).advertised()
+    }
+    fn imports(&self) -> &Imports {
+        (**self).imports()
+    }
+}
+
+#[cfg(feature = "cuda")]
+pub(crate) use gpu::*;
+
+#[cfg(feature = "cuda")]
+mod gpu {
+    //! The CUDA side: exporting VRAM, pinning DRAM, importing and copying.
+
+    use super::{Direction, PeerVram, Request, Stats, VramExport, Waits, PIN_CHUNK, STREAMS};
+    use crate::backends::cuda_copy::{Copy, CopyBatch, CopyEngine, MemLoc, StreamPools};
+    use parking_lot::RwLock;
+    use std::collections::BTreeMap;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    /// Whether this process can copy with a GPU (a driver and a device).
+    pub(crate) fn gpu_present() -> bool {
+        gpu_mem::is_available() && gpu_mem::device_count() > 0
+    }
+
+    /// The export of VRAM at `addr..addr + len` on GPU `dev`: `None` where it has no
+    /// legacy IPC handle (VMM memory) or the driver refuses (logged).
+    pub(crate) fn export_vram(addr: u64, len: u64, dev: usize) -> Option<VramExport> {
+        let export = || -> gpu_mem::Result<Option<VramExport>> {
+            let view = gpu_mem::DeviceMemoryRef::wrap(addr, len, dev)?;
+            if !view.info().ipc_capable {
+                return Ok(None);
+            }
+            let (handle, offset) = view.export_ipc()?;
+            let gpu_uuid = gpu_mem::Gpu::open(dev)?.uuid()?;
+            Ok(Some(VramExport {
+                handle: handle.0,
+                offset,
+                alloc_len: view.info().range_size,
+                gpu_uuid,
+            }))
+        };
+        match export() {
+            Ok(e) => e,
+            Err(e) => {
+                tracing::debug!("VRAM {addr:#x}+{len}: no direct peer copies ({e})");
+                None
+            }
+        }
+    }
+
+    /// The GPU of this process holding the allocation `export` names. Looked up once per
+    /// GPU UUID for the process (the devices a process sees do not change): a target
+    /// asks for every request, and the lookup opens each device and reads its UUID.
+    pub(crate) fn home_gpu(export: &VramExport) -> Option<gpu_mem::Gpu> {
+        type ByUuid = parking_lot::Mutex<std::collections::HashMap<[u8; 16], Option<gpu_mem::Gpu>>>;
+        static BY_UUID: std::sync::OnceLock<ByUuid> = std::sync::OnceLock::new();
+        let cache = BY_UUID.get_or_init(ByUuid::default);
+        if let Some(gpu) = cache.lock().get(&export.gpu_uuid) {
+            return gpu.clone();
+        }
+        // A failed lookup is not remembered: the next request asks again.
+        let found = gpu_mem::find_by_uuid(&export.gpu_uuid).ok()?;
+        cache.lock().insert(export.gpu_uuid, found.clone());
+        found
+    }
+
+    /// A DRAM registration's part in the copies this side makes against a peer's VRAM:
+    /// pinned chunk by chunk as copies first touch it ([`ChunkedPin`]).
+    pub(crate) type DramPin = ChunkedPin;
+
+    /// A served DRAM registration's pin, made one chunk at a time as peers' copies first
+    /// touch it: registering tens of GiB with the driver in one call takes seconds (every
+    /// page pinned and mapped), which a first request would wait for, and a peer may
+    /// only ever touch a part. Chunks end at multiples of [`PIN_CHUNK`] (page-aligned),
+    /// so neighbouring chunks share no page.
+    #[derive(Debug)]
+    pub(crate) struct ChunkedPin {
+        addr: u64,
+        len: u64,
+        chunks: Vec<std::sync::OnceLock<Option<gpu_mem::HostRegistration>>>,
+    }
+
+    impl ChunkedPin {
+        pub(crate) fn new(addr: u64, len: u64) -> Self {
+            let end = addr.saturating_add(len);
+            let n = if len == 0 {
+                0
+            } else {
+                end.div_ceil(PIN_CHUNK) - addr / PIN_CHUNK
+            };
+            Self {
+                addr,
+                len,
+                chunks: (0..n).map(|_| std::sync::OnceLock::new()).collect(),
+            }
+        }
+
+        /// `at..at + len` (inside the region) cut at chunk ends: (offset from `at`,
+        /// length).
+        pub(crate) fn runs(&self, at: u64, len: u64) -> impl Iterator<Item = (u64, u64)> {
+            let end = at + len;
+            let mut cur = at;
+            std::iter::from_fn(move || {
+                if cur >= end {
+                    return None;
+                }
+                let next = ((cur / PIN_CHUNK + 1) * PIN_CHUNK).min(end);
+                let run = (cur - at, next - cur);
+                cur = next;
+                Some(run)
+            })
+        }
+
+        /// Pins the chunk holding `at` if it is not yet (once; a refusal is remembered);
+        /// whether it is pinned.
+        pub(crate) fn ensure_at(&self, at: u64) -> bool {
+            let first = self.addr / PIN_CHUNK;
+            let Some(chunk) = (at / PIN_CHUNK)
+                .checked_sub(first)
+                .and_then(|i| self.chunks.get(i as usize))
+            else {
+                return false;
+            };
+            chunk
+                .get_or_init(|| {
+                    let lo = self.addr.max(at / PIN_CHUNK * PIN_CHUNK);
+                    let hi = (self.addr + self.len).min((at / PIN_CHUNK + 1) * PIN_CHUNK);
+                    crate::backends::cuda_copy::pin_host(lo, hi - lo)
+                })
+                .is_some()
+        }
+    }
+
+    /// A target's side: the DRAM regions it serves copies into and out of.
+    #[derive(Debug)]
+    pub(crate) struct Server {
+        regions: RwLock<BTreeMap<u64, Arc<DramRegion>>>,
+        streams: StreamPools,
+    }
+
+    #[derive(Debug)]
+    struct DramRegion {
+        addr: u64,
+        len: u64,
+        pin: ChunkedPin,
+        /// Copies from or into it still running.
+        in_flight: AtomicUsize,
+    }
+
+    /// A DRAM registration served to peers; removed on drop, after the copies touching it.
+    #[derive(Debug)]
+    pub(crate) struct ServedDram {
+        server: Arc<Server>,
+        region: Arc<DramRegion>,
+    }
+
+    /// How long dropping a served registration waits for copies touching it.
+    const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+
+    impl Drop for ServedDram {
+        fn drop(&mut self) {
+            {
+                let mut regions = self.server.regions.write();
+                if regions
+                    .get(&self.region.addr)
+                    .is_some_and(|r| Arc::ptr_eq(r, &self.region))
+                {
+                    regions.remove(&self.region.addr);
+                }
+            }
+            // A device copy cannot be recalled: the memory must outlive it.
+            let deadline = Instant::now() + DRAIN_TIMEOUT;
+            while self.region.in_flight.load(Ordering::Acquire) > 0 {
+                if Instant::now() > deadline {
+                    tracing::warn!(
+                        addr = self.region.addr,
+                        "a DRAM registration went while peers' direct copies into it still ran"
+                    );
+                    break;
+                }
+                std::thread::sleep(Duration::from_micros(50));
+            }
+        }
+    }
+
+    /// Marks a copy touching a region as running while it lives.
+    #[derive(Debug)]
+    struct InFlight(Arc<DramRegion>);
+
+    impl Drop for InFlight {
+        fn drop(&mut self) {
+            self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+
+    /// A request's copies, queued on the GPU.
+    #[derive(Debug)]
+    pub(crate) struct Serving {
+        /// First: dropping it waits for the copies, before the guards and mappings go.
+        batch: CopyBatch,
+        _guards: Vec<InFlight>,
+        _mapping: Arc<gpu_mem::IpcMapping>,
+        bytes: u64,
+    }
+
+    impl Serving {
+        /// `Some(errno)` once the copies completed (0) or failed.
+        pub(crate) fn poll(&mut self, stats: &Stats) -> Option<i32> {
+            match self.batch.poll() {
+                Ok((true, _)) => {
+                    stats.served_bytes.fetch_add(self.bytes, Ordering::Relaxed);
+                    Some(0)
+                }
+                Ok((false, _)) => None,
+                Err(e) => {
+                    tracing::warn!("a peer's direct copy failed on the GPU: {e}");
+                    Some(libc::EIO)
+                }
+            }
+        }
+    }
+
+    impl Server {
+        pub(crate) fn new() -> Self {
+            Server {
+                regions: RwLock::default(),
+                streams: StreamPools::new(STREAMS),
+            }
+        }
+
+        /// Serves `addr..addr + len` (a DRAM registration).
+        pub(crate) fn add(self: &Arc<Self>, addr: u64, len: u64) -> ServedDram {
+            let region = Arc::new(DramRegion {
+                addr,
+                len,
+                pin: ChunkedPin::new(addr, len),
+                in_flight: AtomicUsize::new(0),
+            });
+            self.regions.write().insert(addr, region.clone());
+            ServedDram {
+                server: self.clone(),
+                region,
+            }
+        }
+
+        /// The registered region holding `addr..addr + len`.
+        fn region_of(&self, addr: u64, len: u64) -> Option<Arc<DramRegion>> {
+            let end = addr.checked_add(len)?;
+            let regions = self.regions.read();
+            let (_, r) = regions.range(..=addr).next_back()?;
+            (end <= r.addr + r.len).then(|| r.clone())
+        }
+
+        /// Checks a request from `peer` (the transport said so) and queues its copies, or
+        /// says why not (the errno of its answer). See the module's checks.
+        pub(crate) fn serve(
+            &self,
+            req: &Request,
+            peer: &dyn PeerVram,
+            stats: &Stats,
+        ) -> Result<Serving, i32> {
+            // Every piece's VRAM in one advertised allocation (the initiator cuts its
+            // requests so): one import per request.
+            let first = req.pieces.first().ok_or(libc::EINVAL)?;
+            let Some((_, export)) = peer.advertised().find(first.vram, first.len) else {
+                return Err(stats.refuse(
+                    libc::EADDRNOTAVAIL,
+                    format_args!(
+                        "VRAM at {:#x} is not in a region `{}` advertised to this agent",
+                        first.vram,
+                        peer.agent()
+                    ),
+                ));
+            };
+            let mut located = Vec::with_capacity(req.pieces.len());
+            for p in &req.pieces {
+                let Some((start, e)) = peer.advertised().find(p.vram, p.len) else {
+                    return Err(stats.refuse(
+                        libc::EADDRNOTAVAIL,
+                        format_args!(
+                            "VRAM at {:#x} is not in a region `{}` advertised to this agent",
+                            p.vram,
+                            peer.agent()
+                        ),
+                    ));
+                };
+                if e.handle != export.handle {
+                    // Another allocation: the initiator cuts requests per allocation.
+                    return Err(libc::EINVAL);
+                }
+                let Some(region) = self.region_of(p.dram, p.len) else {
+                    return Err(libc::EACCES);
+                };
+                // Offset of the piece in the allocation.
+                located.push((e.offset + (p.vram - start), region, p));
+            }
+            let Some(gpu) = home_gpu(&export) else {
+                return Err(stats.refuse(
+                    libc::ENODEV,
+                    format_args!(
+                        "the GPU holding `{}`'s VRAM is not visible here",
+                        peer.agent()
+                    ),
+                ));
+            };
+            let mapping = peer.imports().get(&gpu, &export).map_err(|e| {
+                stats.refuse(
+                    libc::ENODEV,
+                    format_args!("importing `{}`'s VRAM failed: {e}", peer.agent()),
+                )
+            })?;
+            let mut copies = Vec::with_capacity(located.len());
+            let mut guards = Vec::with_capacity(located.len());
+            let mut bytes = 0;
+            for (at, region, p) in located {
+                if at.checked_add(p.len).is_none_or(|end| end > mapping.len()) {
+                    return Err(libc::EINVAL);
+                }
+                let device = MemLoc::Gpu(gpu.ordinal());
+                // One copy per pinned chunk the piece touches (a copy spanning two
+                // registrations would not be a pinned copy).
+                for (off, len) in region.pin.runs(p.dram, p.len) {
+                    let host = MemLoc::Host {
+                        pinned: region.pin.ensure_at(p.dram + off),
+                    };
+                    let (dram, vram) = (p.dram + off, mapping.ptr() + at + off);
+                    copies.push(match req.direction {
+                        Direction::ToDram => Copy {
+                            dst: dram,
+                            src: vram,
+                            len: len as usize,
+                            dst_loc: host,
+                            src_loc: device,
+                        },
+                        Direction::ToVram => Copy {
+                            dst: vram,
+                            src: dram,
+                            len: len as usize,
+                            dst_loc: device,
+                            src_loc: host,
+                        },
+                    });
+                }
+                region.in_flight.fetch_add(1, Ordering::AcqRel);
+                guards.push(InFlight(region));
+                bytes += p.len;
+            }
+            let pool = self.streams.get(gpu.ordinal()).map_err(|e| {
+                tracing::warn!("direct copies for `{}`: {e}", peer.agent());
+                libc::ENODEV
+            })?;
+            let mut batch =
+                CopyBatch::new(pool, copies, STREAMS, CopyEngine::Memcpy).map_err(|e| {
+                    tracing::warn!("direct copies for `{}`: {e}", peer.agent());
+                    libc::EIO
+                })?;
+            // SAFETY (of the copies, in `post`): the DRAM ranges lie inside registrations
+            // of this backend that wait for them (`InFlight`) before they go; the VRAM
+            // ranges inside the peer's allocation, mapped while `_mapping` lives, which
+            // outlives the batch (dropped first, it waits for the copies).
+            batch.post(None).map_err(|e| {
+                tracing::warn!("direct copies for `{}`: {e}", peer.agent());
+                libc::EIO
+            })?;
+            Ok(Serving {
+                batch,
+                _guards: guards,
+                _mapping: mapping,
+                bytes,
+            })
+        }
+    }
+
+    /// The peer-copy state of a backend: what it served and moved, the answers it awaits,
+    /// and (where it serves peers) its served DRAM.
+    #[derive(Debug)]
+    pub(crate) struct Shared {
+        /// This backend takes the direct path where it fits (`vram_peer_copy=auto` and
+        /// a GPU here).
+        pub(crate) enabled: bool,
+        pub(crate) stats: Stats,
+        pub(crate) waits: Waits,
+        /// Serves peers' requests (enabled, and rail workers' threads to serve from).
+        pub(crate) server: Option<Arc<Server>>,
+        /// The streams of this side's own copies (initiator-owned host memory).
+        pub(crate) streams: StreamPools,
+    }
+
+    impl Shared {
+        pub(crate) fn new(enabled: bool, serves: bool) -> Self {
+            Shared {
+                enabled,
+                stats: Stats::default(),
+                waits: Waits::default(),
+                server: (enabled && serves).then(|| Arc::new(Server::new())),
+                streams: StreamPools::new(STREAMS),
+            }
+        }
+    }
+}
+
+/// Without CUDA no GPU copies for this backend.
+#[cfg(not(feature = "cuda"))]
+pub(crate) fn gpu_present() -> bool {
+    false
+}
+
+/// Without CUDA nothing is exported, served or copied this way: the state is the
+/// counters and the (always empty) waits alone.
+#[cfg(not(feature = "cuda"))]
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub(crate) enabled: bool,
+    pub(crate) stats: Stats,
+    pub(crate) waits: Waits,
+}
+
+#[cfg(not(feature = "cuda"))]
+impl Shared {
+    pub(crate) fn new(_enabled: bool, _serves: bool) -> Self {
+        Shared {
+            enabled: false,
+            stats: Stats::default(),
+            waits: Waits::default(),
+        }
+    }
+}
+
+/// A local registration's part in peer copies: its VRAM export (advertised in its
+/// metadata), or for DRAM its pin (on first use) and its entry in the served regions.
+#[derive(Debug, Default)]
+pub(crate) struct LocalPart {
+    pub(crate) export: Option<VramExport>,
+    #[cfg(feature = "cuda")]
+    pub(crate) pin: Option<DramPin>,
+    #[cfg(feature = "cuda")]
+    pub(crate) _served: Option<ServedDram>,
+}
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    /// A peer as a transport attributed it.
+    #[derive(Default)]
+    struct TestPeer {
+        vram: AdvertisedVram,
+        imports: Imports,
+    }
+
+    impl PeerVram for TestPeer {
+        fn agent(&self) -> &str {
+            "initiator"
+        }
+        fn advertised(&self) -> &AdvertisedVram {
+            &self.vram
+        }
+        fn imports(&self) -> &Imports {
+            &self.imports
+        }
+    }
+
+    pub(crate) fn export() -> VramExport {
+        VramExport {
+            handle: std::array::from_fn(|i| i as u8),
+            offset: 4096,
+            alloc_len: 1 << 30,
+            gpu_uuid: [7; 16],
+        }
+    }
+
+    #[test]
+    fn the_export_section_round_trips_and_bad_ones_are_errors() {
+        let e = export();
+        let mut wire = vec![1, 2, 3];
+        e.encode(&mut wire);
+        assert_eq!(wire.len(), 3 + MD_WIRE_SIZE);
+        assert_eq!(split_md(&wire), Ok((&[1u8, 2, 3][..], Some(e))));
+        // Metadata without the section is left whole.
+        assert_eq!(split_md(&[1, 2, 3]), Ok((&[1u8, 2, 3][..], None)));
+        let section = &wire[3..];
+        for cut in 0..section.len() {
+            assert!(VramExport::decode(&section[..cut]).is_err());
+        }
+        for (at, value) in [(4, 9u8), (5, 2u8)] {
+            let mut bad = section.to_vec();
+            bad[at] = value;
+            assert!(VramExport::decode(&bad).is_err());
+        }
+        // An offset outside its allocation.
+        let mut outside = e;
+        outside.offset = outside.alloc_len;
+        let mut bad = Vec::new();
+        outside.encode(&mut bad);
+        assert!(VramExport::decode(&bad).is_err());
+        assert!(e.holds(e.alloc_len - e.offset));
+        assert!(!e.holds(e.alloc_len - e.offset + 1));
+        assert!(!e.holds(u64::MAX));
+    }
+
+    #[test]
+    fn messages_round_trip_and_malformed_ones_are_refused() {
+        let req = Request {
+            id: 42,
+            direction: Direction::ToVram,
+            pieces: vec![
+                Piece {
+                    vram: 0x7000_0000,
+                    dram: 0x1000,
+                    len: 4097,
+                },
+                Piece {
+                    vram: 0x7100_0000,
+                    dram: 0x9000,
+                    len: PIECE_BYTES,
+                },
+            ],
+            reply_to: b"nixl-1-2-abcdef".to_vec(),
+        };
+        let wire = req.encode();
+        assert_eq!(wire.len(), request_len(2, req.reply_to.len()));
+        assert_eq!(decode(&wire), Ok(Message::Request(req.clone())));
+        let done = Done {
+            id: u64::MAX,
+            errno: libc::EACCES,
+        };
+        assert_eq!(decode(&done.encode()), Ok(Message::Done(done)));
+        for cut in 0..wire.len() {
+            assert!(decode(&wire[..cut]).is_err(), "cut at {cut}");
+        }
+        let mut long = wire.clone();
+        long.push(0);
+        assert!(decode(&long).is_err());
+        // Version, kind, direction.
+        for (at, value) in [(4, 2u8), (5, 9u8), (14, 2u8)] {
+            let mut bad = wire.clone();
+            bad[at] = value;
+            assert!(decode(&bad).is_err(), "byte {at}");
+        }
+        // A bit flipped anywhere decodes to something else or to an error.
+        for i in 0..wire.len() * 8 {
+            let mut bad = wire.clone();
+            bad[i / 8] ^= 1 << (i % 8);
+            assert_ne!(decode(&bad), Ok(Message::Request(req.clone())));
+        }
+        // Empty, oversized, wrapping pieces; no pieces; too many.
+        let with = |pieces: Vec<Piece>| Request {
+            pieces,
+            ..req.clone()
+        };
+        for p in [
+            Piece {
+                vram: 1,
+                dram: 1,
+                len: 0,
+            },
+            Piece {
+                vram: 1,
+                dram: 1,
+                len: PIECE_BYTES + 1,
+            },
+            Piece {
+                vram: u64::MAX - 2,
+                dram: 1,
+                len: 4,
+            },
+            Piece {
+                vram: 1,
+                dram: u64::MAX,
+                len: 1,
+            },
+        ] {
+            assert!(decode(&with(vec![p]).encode()).is_err(), "{p:?}");
+        }
+        assert!(decode(&with(Vec::new()).encode()).is_err());
+        let many = vec![req.pieces[0]; MAX_PIECES + 1];
+        assert!(decode(&with(many).encode()).is_err());
+    }
+
+    #[test]
+    fn requests_fit_the_rails_inject_size() {
+        let name = 40;
+        let n = pieces_per_request(4096, name);
+        assert!(n > 100 && n <= MAX_PIECES);
+        assert!(request_len(n, name) <= 4096);
+        assert!(request_len(n + 1, name) > 4096 || n == MAX_PIECES);
+        assert_eq!(pieces_per_request(30, name), 0);
+        assert_eq!(pieces_per_request(1 << 20, name), MAX_PIECES);
+    }
+
+    #[test]
+    fn answers_count_and_only_the_runs_peer_may_answer() {
+        let waits = Waits::default();
+        let run = Arc::new(RunState::new("target", 3));
+        let ids: Vec<u64> = (0..3).map(|_| waits.add(&run)).collect();
+        // Another agent's answer is not taken; the peer's is, once.
+        assert!(waits.take(ids[0], Some("intruder")).is_none());
+        waits.take(ids[0], Some("target")).unwrap().answer(0);
+        assert!(waits.take(ids[0], Some("target")).is_none());
+        // A provider that names no sender: the id alone.
+        waits
+            .take(ids[1], None)
+            .unwrap()
+            .answer(libc::EADDRNOTAVAIL);
+        assert!(run.declined.load(Ordering::Acquire));
+        assert!(run.failed.lock().is_none());
+        waits.take(ids[2], None).unwrap().answer(libc::EACCES);
+        assert_eq!(run.pending.load(Ordering::Acquire), 0);
+        assert_eq!(run.answered.load(Ordering::Relaxed), 3);
+        assert_eq!(run.failed.lock().as_ref().map(|f| f.0), Some(libc::EACCES));
+        // Forgotten ids are not answered.
+        let later = waits.add(&run);
+        waits.forget(&[later]);
+        assert!(waits.take(later, None).is_none());
+        assert!(is_declined(libc::ENODEV) && !is_declined(libc::EIO));
+    }
+
+    fn facts(
+        local: MemKind,
+        remote: MemKind,
+        local_exported: bool,
+        remote_exported: bool,
+    ) -> PairFacts {
+        PairFacts {
+            local,
+            remote,
+            local_exported,
+            remote_exported,
+        }
+    }
+
+    #[test]
+    fn the_direct_path_is_chosen_only_where_every_pair_fits() {
+        use MemKind::{Dram, Vram};
+        let dram_to_vram = facts(Dram, Vram, false, true);
+        let vram_to_dram = facts(Vram, Dram, true, false);
+        // Each case, alone and in a batch.
+        assert_eq!(
+            choose(true, true, false, [dram_to_vram; 64]),
+            Some(Case::InitiatorOwned)
+        );
+        assert_eq!(
+            choose(true, true, true, [vram_to_dram; 64]),
+            Some(Case::TargetOwned)
+        );
+        // Off, another host, nothing to move.
+        assert_eq!(choose(false, true, true, [dram_to_vram]), None);
+        assert_eq!(choose(true, false, true, [dram_to_vram]), None);
+        assert_eq!(choose(true, true, true, []), None);
+        // A peer that does not copy on request: only the initiator-owned case.
+        assert_eq!(choose(true, true, false, [vram_to_dram]), None);
+        // Unexported memory (VMM, or a peer without CUDA): the ordinary path.
+        assert_eq!(
+            choose(true, true, true, [facts(Dram, Vram, false, false)]),
+            None
+        );
+        assert_eq!(
+            choose(true, true, true, [facts(Vram, Dram, false, false)]),
+            None
+        );
+        // Other kinds, and mixed transfers.
+        for other in [
+            facts(Dram, Dram, false, false),
+            facts(Vram, Vram, true, true),
+        ] {
+            assert_eq!(choose(true, true, true, [other]), None, "{other:?}");
+            assert_eq!(choose(true, true, true, [dram_to_vram, other]), None);
+        }
+        assert_eq!(choose(true, true, true, [dram_to_vram, vram_to_dram]), None);
+        assert_eq!(
+            choose(
+                true,
+                true,
+                true,
+                [dram_to_vram, facts(Dram, Vram, false, false)]
+            ),
+            None
+        );
+    }
+
+    #[test]
+    fn requests_group_pieces_by_allocation_and_bound_their_size() {
+        let piece = |i: u64| Piece {
+            vram: 0x7000_0000 + i * 4096,
+            dram: 0x1000 + i * 4096,
+            len: 4096,
+        };
+        let (a, b) = ([1u8; 64], [2u8; 64]);
+        // 10 pieces of one allocation, 4 per request, 3 rails from rail 2.
+        let reqs = plan_requests((0..10).map(|i| (a, piece(i))), 4, 3, 2);
+        let shape: Vec<(usize, usize)> = reqs.iter().map(|(r, p)| (*r, p.len())).collect();
+        assert_eq!(shape, [(2, 4), (0, 4), (1, 2)]);
+        let flat: Vec<Piece> = reqs.into_iter().flat_map(|(_, p)| p).collect();
+        assert_eq!(flat, (0..10).map(piece).collect::<Vec<_>>(), "order kept");
+        // A new allocation starts a new request.
+        let reqs = plan_requests(
+            [(a, piece(0)), (a, piece(1)), (b, piece(2)), (a, piece(3))],
+            100,
+            1,
+            0,
+        );
+        assert_eq!(
+            reqs.iter().map(|(_, p)| p.len()).collect::<Vec<_>>(),
+            [2, 1, 1]
+        );
+        // Bounds: at most MAX_PIECES, at least one; no rails is one rail.
+        let reqs = plan_requests((0..300).map(|i| (a, piece(i))), 10_000, 0, 5);
+        assert_eq!(
+            reqs.iter().map(|(_, p)| p.len()).collect::<Vec<_>>(),
+            [MAX_PIECES, 300 - MAX_PIECES]
+        );
+        assert!(reqs.iter().all(|(r, _)| *r == 0));
+        assert_eq!(
+            plan_requests((0..3).map(|i| (a, piece(i))), 0, 2, 0).len(),
+            3
+        );
+        assert!(plan_requests(std::iter::empty(), 4, 2, 0).is_empty());
+        // Cutting: pieces of at most PIECE_BYTES covering the block exactly.
+        for len in [
+            1,
+            PIECE_BYTES - 1,
+            PIECE_BYTES,
+            PIECE_BYTES + 1,
+            64 << 20,
+            (64 << 20) + 3,
+        ] {
+            let pieces: Vec<_> = cut(len).collect();
+            assert!(
+                pieces.iter().all(|&(_, n)| n > 0 && n <= PIECE_BYTES),
+                "{len}"
+            );
+            assert_eq!(pieces.iter().map(|p| p.1).sum::<u64>(), len);
+            assert!(pieces.windows(2).all(|w| w[0].0 + w[0].1 == w[1].0));
+        }
+        assert_eq!(cut(0).count(), 0);
+    }
+
+    /// The target's checks, all made before anything touches a GPU (so they run here):
+    /// VRAM the peer did not advertise is declined, DRAM outside this backend's
+    /// registrations fails, a request spanning two allocations is malformed, and a GPU
+    /// this process does not see declines.
+    #[cfg(feature = "cuda")]
+    #[test]
+    fn a_target_checks_where_a_request_points_before_any_copy() {
+        let server = Arc::new(Server::new());
+        let stats = Stats::default();
+        let dram = vec![0u8; 1 << 20];
+        let base = dram.as_ptr() as u64;
+        let served = server.add(base, dram.len() as u64);
+        let peer = TestPeer::default();
+        let vram = 0x7000_0000u64;
+        let e = export();
+        peer.vram.add(vram, 1 << 20, e);
+        let mut other = e;
+        other.handle[0] ^= 1;
+        peer.vram.add(vram + (2 << 20), 1 << 20, other);
+        let serve = |pieces: &[(u64, u64, u64)], direction| {
+            let req = Request {
+                id: 1,
+                direction,
+                pieces: pieces
+                    .iter()
+                    .map(|&(vram, dram, len)| Piece { vram, dram, len })
+                    .collect(),
+                reply_to: b"rail".to_vec(),
+            };
+            server.serve(&req, &peer, &stats).err()
+        };
+        for d in [Direction::ToDram, Direction::ToVram] {
+            // VRAM the peer never advertised, or past the end of what it did: declined.
+            assert_eq!(
+                serve(&[(vram - 4096, base, 4096)], d),
+                Some(libc::EADDRNOTAVAIL)
+            );
+            assert_eq!(
+                serve(&[(vram + (1 << 20) - 8, base, 16)], d),
+                Some(libc::EADDRNOTAVAIL)
+            );
+            assert!(is_declined(libc::EADDRNOTAVAIL));
+            // DRAM outside the registrations: the transfer's error.
+            for dram_at in [base - 8, base + (1 << 20) - 8, 0x10] {
+                assert_eq!(serve(&[(vram, dram_at, 16)], d), Some(libc::EACCES));
+            }
+            assert!(!is_declined(libc::EACCES));
+            // Two allocations in one request.
+            assert_eq!(
+                serve(&[(vram, base, 16), (vram + (2 << 20), base + 16, 16)], d),
+                Some(libc::EINVAL)
+            );
+            // All in place, but the GPU holding the peer's VRAM is not seen here.
+            assert_eq!(
+                serve(
+                    &[(vram + 8, base + 8, 4096), (vram + 8192, base + 8192, 8)],
+                    d
+                ),
+                Some(libc::ENODEV)
+            );
+            assert!(is_declined(libc::ENODEV));
+        }
+        assert!(dram.iter().all(|&b| b == 0), "nothing was written");
+        let refused = stats.refused.load(Ordering::Relaxed);
+        assert_eq!(refused, 6, "declines are counted");
+        // Deregistered: nothing of it is served any more.
+        drop(served);
+        assert_eq!(
+            serve(&[(vram, base, 16)], Direction::ToDram),
+            Some(libc::EACCES)
+        );
+    }
+
+    /// Pieces are cut where pinned chunks end: every run inside one chunk, covering the
+    /// piece exactly; outside the region nothing is pinned.
+    #[cfg(feature = "cuda")]
+    #[test]
+    fn served_dram_is_cut_at_pinned_chunk_ends() {
+        let base = 3 * PIN_CHUNK - 4096;
+        let pin = ChunkedPin::new(base, 2 * PIN_CHUNK);
+        for (at, len) in [
+            (base, 4096),
+            (base, 4097),
+            (base + 100, PIECE_BYTES),
+            (base + 4096, 1),
+            (base + PIN_CHUNK, PIN_CHUNK - 4096),
+            (base + 2 * PIN_CHUNK - 3, 3),
+        ] {
+            let runs: Vec<(u64, u64)> = pin.runs(at, len).collect();
+            assert_eq!(runs.iter().map(|r| r.1).sum::<u64>(), len, "{at:#x}+{len}");
+            assert!(runs.windows(2).all(|w| w[0].0 + w[0].1 == w[1].0));
+            for (off, n) in runs {
+                let (first, last) = (at + off, at + off + n - 1);
+                assert_eq!(first / PIN_CHUNK, last / PIN_CHUNK, "{at:#x}+{len}");
+            }
+        }
+        assert_eq!(pin.runs(base, 4097).count(), 2);
+        assert_eq!(pin.runs(base, 0).count(), 0);
+        // Outside the region's chunks (no GPU here: inside, pinning is refused too).
+        assert!(!pin.ensure_at(base - PIN_CHUNK));
+        assert!(!pin.ensure_at(base + 4 * PIN_CHUNK));
+        assert!(ChunkedPin::new(0x1000, 0).runs(0x1000, 0).next().is_none());
+    }
+
+    #[test]
+    fn advertised_vram_is_found_by_range() {
+        let adv = AdvertisedVram::default();
+        let e = export();
+        adv.add(0x7000_0000, 1 << 20, e);
+        // Larger than its allocation holds, empty, wrapping: ignored.
+        adv.add(0x9000_0000, e.alloc_len, e);
+        adv.add(0xa000_0000, 0, e);
+        adv.add(u64::MAX - 4, 16, e);
+        assert_eq!(adv.find(0x7000_0000, 1 << 20), Some((0x7000_0000, e)));
+        assert_eq!(adv.find(0x7000_1000, 4096), Some((0x7000_0000, e)));
+        assert_eq!(adv.find(0x7000_0000, (1 << 20) + 1), None);
+        assert_eq!(adv.find(0x6fff_ffff, 2), None);
+        assert_eq!(adv.find(0x9000_0000, 1), None);
+        assert_eq!(adv.find(u64::MAX, 2), None);
+    }
+
+    /// The host side of one 1 MiB request, end to end without a GPU or a transport:
+    /// planning (cut, group), encoding into a reused buffer, the target's decoding, and
+    /// the initiator's wait for its answer. Prints the figures (docs/BENCHMARKS.md keeps
+    /// them); the bound is loose so a loaded CI machine passes.
+    #[test]
+    fn a_one_mib_request_costs_microseconds_on_the_host() {
+        let waits = Waits::default();
+        let handle = [3u8; 64];
+        let mut buf = Vec::new();
+        let rounds = 20_000u32;
+        let mut plan_ns = 0u128;
+        let mut wire_ns = 0u128;
+        let mut wait_ns = 0u128;
+        for i in 0..rounds {
+            let t = std::time::Instant::now();
+            let pieces = cut(1 << 20).map(|(off, len)| {
+                (
+                    handle,
+                    Piece {
+                        vram: 0x7000_0000 + off,
+                        dram: 0x1000 + off,
+                        len,
+                    },
+                )
+            });
+            let requests = plan_requests(pieces, MAX_PIECES, 1, 0);
+            plan_ns += t.elapsed().as_nanos();
+            let t = std::time::Instant::now();
+            let run = Arc::new(RunState::new("target", requests.len()));
+            let id = waits.add(&run);
+            buf.clear();
+            encode_request(
+                &mut buf,
+                id,
+                Direction::ToDram,
+                &requests[0].1,
+                b"initiator",
+            );
+            let Ok(Message::Request(req)) = decode(&buf) else {
+                panic!("round {i}: the request does not decode");
+            };
+            let done = Done {
+                id: req.id,
+                errno: 0,
+            }
+            .encode();
+            let Ok(Message::Done(done)) = decode(&done) else {
+                panic!("round {i}: the answer does not decode");
+            };
+            wire_ns += t.elapsed().as_nanos();
+            let t = std::time::Instant::now();
+            waits
+                .take(done.id, Some("target"))
+                .unwrap()
+                .answer(done.errno);
+            assert_eq!(run.pending.load(Ordering::Acquire), 0);
+            wait_ns += t.elapsed().as_nanos();
+        }
+        let per = |ns: u128| ns as f64 / f64::from(rounds) / 1000.0;
+        eprintln!(
+            "1 MiB request, host side: plan {:.2} us, encode+decode both messages {:.2} us, \
+             wait bookkeeping {:.2} us",
+            per(plan_ns),
+            per(wire_ns),
+            per(wait_ns)
+        );
+        assert!(per(plan_ns + wire_ns + wait_ns) < 200.0);
+    }
+}
