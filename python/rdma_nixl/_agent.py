@@ -30,6 +30,7 @@ import datetime
 import itertools
 import logging
 import operator
+import os
 import sys
 from array import array
 from typing import Callable, Dict, List, Optional, Tuple
@@ -90,6 +91,9 @@ PLUGIN_PARAMS: Dict[str, Dict[str, str]] = {
         "cma_read": "1",
         # shm: transfers up to this many bytes copied by the posting thread ("0": off).
         "cma_inline": str(1 << 20),
+        # shm: threads copying a transfer of many small blocks (a KV-cache pull) within the
+        # post (a quarter of the CPUs, at most 8; below 2: off).
+        "cma_threads": str(min(8, (os.cpu_count() or 1) // 4)),
         # Notifications from endpoints that are no loaded peer: "any" delivers them under
         # the name they carry (targets that never load their initiators), "loaded" refuses.
         "notif_senders": "any",

@@ -194,6 +194,11 @@
 //! both sides, is copied by CMA in the thread that posts it, where `cma_write` /
 //! `cma_read` allow it — no progress thread of either side takes part, and a WRITE
 //! without notification is done when `post` returns; 0: never; see `xfer::InlineCopy`),
+//! `cma_threads` (`shm` only, default a quarter of the CPUs, at most 8; below 2: off: a
+//! transfer of many blocks — at least 64, 8 MiB in all, at most 2 MiB each on average,
+//! a KV-cache pull — to or from a peer on this host, under the same conditions as
+//! `cma_inline`, is copied within `post` by that many threads, each a share of the
+//! blocks in `process_vm_readv`/`process_vm_writev` calls of up to 1,024 blocks),
 //! `busy_poll` (`1`: rail workers never
 //! sleep — default `0`: spin while busy and for 20 ms after any activity, incoming
 //! remote operations included (1 s where there is no wait fd), then sleep on the
@@ -296,6 +301,23 @@ pub const SHM_MIN_STRIPE_PIECE: usize = 1 << 20;
 /// CMA in the thread that posts them (parameter `cma_inline`; module `xfer`'s
 /// `InlineCopy`).
 pub const DEFAULT_CMA_INLINE: usize = 1 << 20;
+/// A transfer of at least this many blocks and [`CMA_BULK_MIN_BYTES`] in all to or from
+/// a peer on this host (a KV-cache pull: thousands of blocks of some KiB) is copied by
+/// CMA in the posting call by several threads at once (parameter `cma_threads`): the
+/// provider's path costs an operation per block and copies in one thread per side.
+pub const CMA_BULK_MIN_BLOCKS: usize = 64;
+/// See [`CMA_BULK_MIN_BLOCKS`].
+pub const CMA_BULK_MIN_BYTES: u64 = 8 << 20;
+/// Mean block size up to which a transfer counts as bulk: larger blocks keep the
+/// provider's path, whose pulls and pushes of halves suit them.
+pub const CMA_BULK_MAX_MEAN_BYTES: u64 = 2 << 20;
+
+/// Default `cma_threads`: a quarter of the CPUs, at most 8; below 2 the bulk path is off
+/// (a machine with few cores keeps them for the application).
+pub fn default_cma_threads() -> usize {
+    let cpus = std::thread::available_parallelism().map_or(1, usize::from);
+    (cpus / 4).min(8)
+}
 
 /// How many rails a block of `len` bytes is split over: all of them from `threshold`,
 /// but no piece under `min_piece` (0: no floor); 1 means not striped.
@@ -580,6 +602,9 @@ pub struct LibfabricBackend {
     /// in the posting thread, where `cma_write` / `cma_read` allow it (parameter
     /// `cma_inline`; see `xfer::InlineCopy`).
     cma_inline: usize,
+    /// Threads that copy a bulk transfer to or from a peer on this host within `post`
+    /// (parameter `cma_threads`; below 2: none; see [`CMA_BULK_MIN_BLOCKS`]).
+    cma_threads: usize,
     /// Bytes so copied.
     inline_bytes: Arc<AtomicU64>,
     keys: Arc<NotifKeys>,
@@ -666,6 +691,7 @@ fn open(init: &BackendInit) -> Result<LibfabricBackend> {
         "cma_write",
         "cma_read",
         "cma_inline",
+        "cma_threads",
         "notif_senders",
         peer_copy::PARAM,
         HeartbeatConfig::KEYS[0],
@@ -696,6 +722,7 @@ fn open(init: &BackendInit) -> Result<LibfabricBackend> {
     let cma_write = params.get("cma_write").is_none() || flag(params, "cma_write")?;
     let cma_read = params.get("cma_read").is_none() || flag(params, "cma_read")?;
     let cma_inline: usize = param(params, "cma_inline", DEFAULT_CMA_INLINE)?;
+    let cma_threads: usize = param(params, "cma_threads", default_cma_threads())?;
     let stage_dram = flag(params, "stage_dram")?;
     let loaded_senders_only = match params.get("notif_senders").map(String::as_str) {
         None | Some("any") => false,
@@ -819,6 +846,7 @@ fn open(init: &BackendInit) -> Result<LibfabricBackend> {
         cma_write,
         cma_read,
         cma_inline,
+        cma_threads,
         inline_bytes: Arc::default(),
         keys: Arc::default(),
         next_rail: AtomicUsize::new(0),
@@ -1890,7 +1918,11 @@ impl LibfabricBackend {
             _ => return Ok(None),
         };
         let bytes: u64 = entries.iter().map(|e| e.local.len).sum();
-        if entries.is_empty() || bytes > self.cma_inline as u64 {
+        let bulk = self.cma_threads >= 2
+            && entries.len() >= CMA_BULK_MIN_BLOCKS
+            && bytes >= CMA_BULK_MIN_BYTES
+            && bytes / entries.len() as u64 <= CMA_BULK_MAX_MEAN_BYTES;
+        if entries.is_empty() || (bytes > self.cma_inline as u64 && !bulk) {
             return Ok(None);
         }
         let mut blocks = Vec::with_capacity(entries.len());
@@ -1916,6 +1948,7 @@ impl LibfabricBackend {
         Ok(Some(InlineCopy {
             cma: cma.clone(),
             blocks,
+            threads: if bulk { self.cma_threads } else { 1 },
             copied: self.inline_bytes.clone(),
         }))
     }

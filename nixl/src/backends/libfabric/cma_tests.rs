@@ -448,3 +448,139 @@ fn read_assists_are_served_only_by_targets_with_progress_threads() {
         assert_eq!(reader.assisted_bytes() > 0, target_threads, "{tag}");
     }
 }
+
+#[test]
+fn bulk_shares_cover_every_block_once_in_order() {
+    let blocks: Vec<(u64, u64, usize)> = (0..100u64)
+        .map(|i| (i, i, 1000 + (i as usize % 7) * 300))
+        .collect();
+    for parts in [1, 2, 3, 8, 100, 500] {
+        let shares = xfer::split_by_bytes(&blocks, parts);
+        assert!(!shares.is_empty() && shares.len() <= parts.min(blocks.len()));
+        assert!(
+            shares.iter().all(|s| !s.is_empty()),
+            "{parts}: an empty share"
+        );
+        let joined: Vec<_> = shares.concat();
+        assert_eq!(
+            joined, blocks,
+            "{parts}: blocks lost, repeated or reordered"
+        );
+        if parts <= 8 {
+            // About equal bytes: no share more than twice the mean.
+            let total: usize = blocks.iter().map(|b| b.2).sum();
+            for s in &shares {
+                let bytes: usize = s.iter().map(|b| b.2).sum();
+                assert!(
+                    bytes * shares.len() <= 2 * total,
+                    "{parts}: {bytes} of {total}"
+                );
+            }
+        }
+    }
+    assert!(xfer::split_by_bytes(&[], 4).is_empty());
+}
+
+/// A KV-cache-shaped transfer (many small blocks, random order) to a peer on this host
+/// is copied within `post` by several threads: every block lands where its descriptor
+/// says, in both directions, and the notification comes after all of them.
+#[test]
+fn bulk_transfers_are_copied_by_several_threads_before_their_notification() {
+    // Every other block is moved: 160 blocks, 10 MiB, over the bulk thresholds.
+    let (block, blocks) = (64 << 10, 320usize);
+    let len = block * blocks;
+    let open = |name: &str| {
+        let agent = Agent::new(name, crate::AgentConfig::default()).unwrap();
+        let backend = Arc::new(
+            open_for(
+                &agent,
+                &params([
+                    ("provider", "shm"),
+                    ("num_rails", "2"),
+                    ("cma_threads", "4"),
+                ]),
+            )
+            .unwrap(),
+        );
+        agent.add_backend(backend.clone()).unwrap();
+        (agent, backend)
+    };
+    let (initiator, poster) = open("bulk-init");
+    let (target, _t) = open("bulk-tgt");
+    let src: Vec<u8> = (0..len).map(|i| (i * 31 + i / block) as u8).collect();
+    let mut dst = vec![0u8; len];
+    let mut back = vec![0u8; len];
+    let (src_p, dst_p, back_p) = (
+        src.as_ptr() as u64,
+        dst.as_mut_ptr() as u64,
+        back.as_mut_ptr() as u64,
+    );
+    let whole = |p: u64| DescList::from_descs(MemKind::Dram, [Desc::new(p, len as u64, 0)]);
+    // SAFETY: the buffers outlive the registrations and requests.
+    let _hi = unsafe { initiator.register_mem(&whole(src_p), None) }.unwrap();
+    // SAFETY: as above.
+    let _hb = unsafe { initiator.register_mem(&whole(back_p), None) }.unwrap();
+    // SAFETY: as above.
+    let _ht = unsafe { target.register_mem(&whole(dst_p), None) }.unwrap();
+    let name = initiator
+        .load_remote_metadata(&target.local_metadata().unwrap())
+        .unwrap();
+    // Block i of the source goes to block perm(i) of the target, every other block.
+    let picked: Vec<usize> = (0..blocks).step_by(2).collect();
+    let perm = |i: usize| (i * 37 + 11) % blocks;
+    let list = |base: u64, ids: &mut dyn Iterator<Item = usize>| {
+        DescList::from_descs(
+            MemKind::Dram,
+            ids.map(|i| Desc::new(base + (i * block) as u64, block as u64, 0)),
+        )
+    };
+    let mut want = vec![0u8; len];
+    for &i in &picked {
+        want[perm(i) * block..][..block].copy_from_slice(&src[i * block..][..block]);
+    }
+    let before = poster.inline_bytes();
+    let mut req = initiator
+        .create_xfer_req(
+            XferOp::Write,
+            &list(src_p, &mut picked.iter().copied()),
+            &list(dst_p, &mut picked.iter().map(|&i| perm(i))),
+            &name,
+            Some(b"bulk write".to_vec()),
+        )
+        .unwrap();
+    req.post().unwrap();
+    assert_eq!(
+        (poster.inline_bytes() - before) as usize,
+        picked.len() * block,
+        "the bulk WRITE was not copied within post"
+    );
+    await_notif_after_data(&target, &mut req, b"bulk write", (&dst, &want), "bulk");
+    req.wait(Duration::from_secs(10)).unwrap();
+    assert!(dst == want, "bulk WRITE: blocks landed in the wrong places");
+    // READ them back into other places.
+    let mut req = initiator
+        .create_xfer_req(
+            XferOp::Read,
+            &list(back_p, &mut picked.iter().copied()),
+            &list(dst_p, &mut picked.iter().map(|&i| perm(i))),
+            &name,
+            None,
+        )
+        .unwrap();
+    assert_eq!(req.post().unwrap(), crate::XferStatus::Done);
+    req.wait(Duration::from_secs(10)).unwrap();
+    let mut want_back = vec![0u8; len];
+    for &i in &picked {
+        want_back[i * block..][..block].copy_from_slice(&src[i * block..][..block]);
+    }
+    assert!(
+        back == want_back,
+        "bulk READ: blocks landed in the wrong places"
+    );
+    assert_eq!(
+        (poster.inline_bytes() - before) as usize,
+        2 * picked.len() * block
+    );
+    dst.clear();
+    back.clear();
+}

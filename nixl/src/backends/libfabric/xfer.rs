@@ -225,8 +225,75 @@ pub(super) struct InlineCopy {
     pub(super) cma: Arc<CmaPeer>,
     /// Every block: (this process's address, the peer's virtual address, length).
     pub(super) blocks: Vec<(u64, u64, usize)>,
+    /// Threads that copy the blocks, each a contiguous share of about equal bytes (a
+    /// bulk transfer: `cma_threads`), or 1.
+    pub(super) threads: usize,
     /// Bytes the backend copied so (`LibfabricBackend::inline_bytes`).
     pub(super) copied: Arc<AtomicU64>,
+}
+
+impl InlineCopy {
+    /// Copies every block, in this thread or, for a bulk transfer, in `threads` threads
+    /// that each take a contiguous share of about equal bytes; the first error is
+    /// returned once every thread ended.
+    ///
+    /// # Safety
+    /// As [`CmaPeer::copy_blocks`] for every block.
+    unsafe fn copy(&self, push: bool) -> Result<(), super::cma::CopyError> {
+        let shares = split_by_bytes(&self.blocks, self.threads);
+        if shares.len() <= 1 {
+            // SAFETY: as the caller vouches.
+            return unsafe { self.cma.copy_blocks(&self.blocks, push) };
+        }
+        std::thread::scope(|scope| {
+            let running: Vec<_> = shares
+                .iter()
+                .map(|share| {
+                    let cma = &self.cma;
+                    // SAFETY: as the caller vouches, for a part of the blocks; the scope
+                    // ends every thread before this call returns.
+                    scope.spawn(move || unsafe { cma.copy_blocks(share, push) })
+                })
+                .collect();
+            let mut first = Ok(());
+            for thread in running {
+                let result = thread.join().unwrap_or_else(|_| {
+                    Err(super::cma::CopyError {
+                        disconnect: false,
+                        errno: 0,
+                        text: "a CMA copy thread panicked".into(),
+                    })
+                });
+                if first.is_ok() {
+                    first = result;
+                }
+            }
+            first
+        })
+    }
+}
+
+/// `blocks` cut into at most `parts` contiguous shares of about equal bytes (none empty).
+pub(super) fn split_by_bytes(
+    blocks: &[(u64, u64, usize)],
+    parts: usize,
+) -> Vec<&[(u64, u64, usize)]> {
+    let total: usize = blocks.iter().map(|b| b.2).sum();
+    let parts = parts.clamp(1, blocks.len().max(1));
+    let mut shares = Vec::with_capacity(parts);
+    let (mut start, mut sum) = (0, 0usize);
+    for (i, b) in blocks.iter().enumerate() {
+        sum += b.2;
+        // Close a share once it holds its part of the bytes (the last takes the rest).
+        if shares.len() + 1 < parts && sum * parts >= total * (shares.len() + 1) {
+            shares.push(&blocks[start..=i]);
+            start = i + 1;
+        }
+    }
+    if start < blocks.len() {
+        shares.push(&blocks[start..]);
+    }
+    shares
 }
 
 /// When a transfer's peer was seen dead with operations pending, and how far its rails'
@@ -325,7 +392,7 @@ impl FabricXfer {
         // agent checked it at prepare time, and `Agent::register_mem`'s contract keeps it
         // valid while the transfer runs); a READ's destination is the caller's, which
         // nothing else writes while the request is posted.
-        if let Err(e) = unsafe { inline.cma.copy_blocks(&inline.blocks, write) } {
+        if let Err(e) = unsafe { inline.copy(write) } {
             return Err(if e.disconnect {
                 Error::RemoteDisconnect {
                     agent: self.agent.clone(),
