@@ -423,6 +423,13 @@ pub struct ProcSample {
     pub threads: u64,
     /// Resident set, KiB.
     pub rss_kib: u64,
+    /// Of which anonymous memory (the heap, stacks, anonymous mappings), KiB.
+    #[serde(default)]
+    pub rss_anon_kib: u64,
+    /// Of which pages of mapped files (the binary's and libraries' code and data, paged
+    /// in as code paths first run), KiB.
+    #[serde(default)]
+    pub rss_file_kib: u64,
     /// Allocated and not freed, KiB, as the process's allocator last reported it
     /// ([`HeapSample::in_use_kib`]; 0 when it did not report).
     #[serde(default)]
@@ -454,6 +461,8 @@ impl ProcSample {
             fds: 0,
             threads: field("Threads:"),
             rss_kib: field("VmRSS:"),
+            rss_anon_kib: field("RssAnon:"),
+            rss_file_kib: field("RssFile:"),
             heap_kib: 0,
         }
     }
@@ -464,6 +473,8 @@ impl ProcSample {
             fds: self.fds.max(other.fds),
             threads: self.threads.max(other.threads),
             rss_kib: self.rss_kib.max(other.rss_kib),
+            rss_anon_kib: self.rss_anon_kib.max(other.rss_anon_kib),
+            rss_file_kib: self.rss_file_kib.max(other.rss_file_kib),
             heap_kib: self.heap_kib.max(other.heap_kib),
         }
     }
@@ -648,8 +659,11 @@ mod tests {
 
     #[test]
     fn proc_status_fields() {
-        let s = ProcSample::from_status("Name:\tx\nVmRSS:\t  1234 kB\nThreads:\t7\n");
+        let s = ProcSample::from_status(
+            "Name:\tx\nVmRSS:\t  1234 kB\nRssAnon:\t  1000 kB\nRssFile:\t   234 kB\nThreads:\t7\n",
+        );
         assert_eq!((s.threads, s.rss_kib), (7, 1234));
+        assert_eq!((s.rss_anon_kib, s.rss_file_kib), (1000, 234));
         let me = ProcSample::of(std::process::id()).unwrap();
         assert!(me.fds > 0 && me.threads > 0 && me.rss_kib > 0);
         assert_eq!(ProcSample::of(u32::MAX), None);
@@ -668,6 +682,7 @@ mod tests {
             threads,
             rss_kib,
             heap_kib,
+            ..ProcSample::default()
         };
         let flat: Vec<_> = (0..100).map(|t| (t as f64, s(10, 4, 5000, 900))).collect();
         let g = growth(&flat, (10.0, 20.0), (89.0, 99.0), slack).unwrap();

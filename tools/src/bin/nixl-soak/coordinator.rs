@@ -848,15 +848,19 @@ impl Run {
                         growth_problems.push(format!("{}: {b}", agent_name(slot.index)));
                     }
                     println!(
-                        "{}: after warm-up fds {} threads {} RSS {} MiB live heap {:.1} MiB; at the end fds {} threads {} RSS {} MiB live heap {:.1} MiB",
+                        "{}: after warm-up fds {} threads {} RSS {} MiB (anon {} file {}) live heap {:.1} MiB; at the end fds {} threads {} RSS {} MiB (anon {} file {}) live heap {:.1} MiB",
                         agent_name(slot.index),
                         g.baseline.fds,
                         g.baseline.threads,
                         g.baseline.rss_kib / 1024,
+                        g.baseline.rss_anon_kib / 1024,
+                        g.baseline.rss_file_kib / 1024,
                         g.baseline.heap_kib as f64 / 1024.0,
                         g.last.fds,
                         g.last.threads,
                         g.last.rss_kib / 1024,
+                        g.last.rss_anon_kib / 1024,
+                        g.last.rss_file_kib / 1024,
                         g.last.heap_kib as f64 / 1024.0
                     );
                 }
