@@ -221,8 +221,8 @@ pub fn kill_during_fetch(agent: &Agent, peer: &mut PeerProcess, bound: Duration)
 /// [`Fault::DuringMetadata`], continued once the peer has ended: `name`'s last metadata
 /// (`blob`), loaded again after `agent` forgot it, must be refused at load or give a
 /// transfer (`write`, made once it is loaded) that ends in `RemoteDisconnect` within
-/// `bound` — never stall. The name is forgotten again after, so that the restarted
-/// incarnation binds it afresh.
+/// `bound` — never stall. The name is forgotten after (a refused load must leave nothing
+/// of it), so that the restarted incarnation binds it afresh.
 pub fn stale_metadata_is_refused_or_fails(
     agent: &Agent,
     name: &str,
@@ -233,7 +233,14 @@ pub fn stale_metadata_is_refused_or_fails(
     agent.invalidate_remote(name).unwrap();
     let loaded = Instant::now();
     match agent.load_remote_metadata(blob) {
-        Err(e) => println!("  the dead incarnation's metadata, loaded again: refused: {e}"),
+        Err(e) => {
+            println!("  the dead incarnation's metadata, loaded again: refused: {e}");
+            // A refused load leaves nothing of the name behind.
+            assert!(
+                !agent.has_remote(name),
+                "a refused load of `{name}` left it loaded"
+            );
+        }
         Ok(_) => {
             let mut req = write();
             let error = match req.post() {
@@ -253,9 +260,9 @@ pub fn stale_metadata_is_refused_or_fails(
                 "a WRITE to a dead incarnation: {error:?}"
             );
             assert!(took < bound, "stale metadata: {took:?}");
+            agent.invalidate_remote(name).unwrap();
         }
     }
-    agent.invalidate_remote(name).unwrap();
 }
 
 // ---- the peer process's side ------------------------------------------------------------------
@@ -413,6 +420,7 @@ impl BystanderReport {
 pub struct Bystander {
     stop: Arc<AtomicBool>,
     thread: JoinHandle<BystanderReport>,
+    started: Instant,
 }
 
 impl Bystander {
@@ -426,9 +434,21 @@ impl Bystander {
             let (agent, peer, stop) = (agent.clone(), peer.to_string(), stop.clone());
             std::thread::spawn(move || rounds(agent, peer, base, len, stop, ready_tx))
         };
+
+        let started = Instant::now();
         // A failed first round is reported by `finish`.
         let _ = ready.recv_timeout(TIMEOUT);
-        Self { stop, thread }
+        Self {
+            stop,
+            thread,
+            started,
+        }
+    }
+
+    /// Time since the rounds started (the failure in a report is timed from there too:
+    /// a row prints it at each case, so that a failure is placed).
+    pub fn elapsed(&self) -> Duration {
+        self.started.elapsed()
     }
 
     /// Stops the rounds; what they saw.
@@ -469,6 +489,7 @@ fn rounds(
         longest: Duration::ZERO,
         failure: None,
     };
+    let started = Instant::now();
     while !stop.load(Ordering::Relaxed) && report.failure.is_none() {
         let started = Instant::now();
         src.copy_from_slice(&pattern(report.rounds as u8 ^ 0x77, len));
@@ -476,7 +497,11 @@ fn rounds(
         report.longest = report.longest.max(started.elapsed());
         report.rounds += 1;
         report.failure = match outcome {
-            Err(e) => Some(format!("round {}: {e}", report.rounds)),
+            Err(e) => Some(format!(
+                "round {} (ended {:.2?} after the start): {e}",
+                report.rounds,
+                started.elapsed()
+            )),
             Ok(()) if back != src => Some(format!("round {}: wrong bytes", report.rounds)),
             Ok(()) => None,
         };
