@@ -430,12 +430,11 @@ impl Bystander {
     pub fn start(agent: &Agent, peer: &str, base: u64, len: usize) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
         let (ready_tx, ready) = std::sync::mpsc::channel();
+        let started = Instant::now();
         let thread = {
             let (agent, peer, stop) = (agent.clone(), peer.to_string(), stop.clone());
-            std::thread::spawn(move || rounds(agent, peer, base, len, stop, ready_tx))
+            std::thread::spawn(move || rounds(agent, peer, base, len, stop, ready_tx, started))
         };
-
-        let started = Instant::now();
         // A failed first round is reported by `finish`.
         let _ = ready.recv_timeout(TIMEOUT);
         Self {
@@ -465,6 +464,7 @@ fn rounds(
     len: usize,
     stop: Arc<AtomicBool>,
     ready: std::sync::mpsc::Sender<()>,
+    since: Instant,
 ) -> BystanderReport {
     let mut src = vec![0u8; len];
     let back = vec![0u8; len];
@@ -489,7 +489,6 @@ fn rounds(
         longest: Duration::ZERO,
         failure: None,
     };
-    let started = Instant::now();
     while !stop.load(Ordering::Relaxed) && report.failure.is_none() {
         let started = Instant::now();
         src.copy_from_slice(&pattern(report.rounds as u8 ^ 0x77, len));
@@ -500,7 +499,7 @@ fn rounds(
             Err(e) => Some(format!(
                 "round {} (ended {:.2?} after the start): {e}",
                 report.rounds,
-                started.elapsed()
+                since.elapsed()
             )),
             Ok(()) if back != src => Some(format!("round {}: wrong bytes", report.rounds)),
             Ok(()) => None,
