@@ -295,12 +295,8 @@ fn restart_row(row: &Row) {
         let detection = kill_during(fault, &survivor, &mut peer, &mut req, DETECTION_BOUND);
         println!(
             "{label}: {:.1} ms after the {}, {:.1} ms after the process ended{}: {}",
-            detection.after_kill.as_secs_f64() * 1e3,
-            if fault == Fault::AfterData {
-                "post"
-            } else {
-                "kill"
-            },
+            detection.delay().as_secs_f64() * 1e3,
+            detection.measured_from(),
             detection.after_end_ms(),
             if detection.completed_first {
                 "; a post completed first"

@@ -444,12 +444,8 @@ fn restart_row(t: &Transport) {
         println!(
             "{label}: RemoteDisconnect {:.1} ms after the {}, {:.1} ms after the process \
              ended{} ({})",
-            detection.after_kill.as_secs_f64() * 1e3,
-            if fault == Fault::AfterData {
-                "post"
-            } else {
-                "kill"
-            },
+            detection.delay().as_secs_f64() * 1e3,
+            detection.measured_from(),
             detection.after_end_ms(),
             if detection.completed_first {
                 "; a post completed first"
