@@ -508,11 +508,25 @@ fn rounds(
             .unwrap()
     };
     let remote = dram([Desc::new(base, len as u64, 0)]);
+    // Polled with short sleeps, not `wait` (which yields and stays runnable): the
+    // bystander is traffic to a peer that stays up, not a load on the CPU. On two vCPUs
+    // of a TCG guest a bystander that never slept, with the row's own polling, starved
+    // the peers' heartbeat threads until live peers were declared dead.
     let run = |op: XferOp, local: &[u8]| -> nixl::Result<()> {
         let mut req =
             agent.create_xfer_req(op, &dram([Desc::from_slice(local)]), &remote, &peer, None)?;
-        req.post()?;
-        req.wait(TIMEOUT)
+        let posted = Instant::now();
+        let mut status = req.post()?;
+        while status != XferStatus::Done {
+            if posted.elapsed() > TIMEOUT {
+                return Err(Error::Timeout(format!(
+                    "bystander {op:?} not done after {TIMEOUT:?}"
+                )));
+            }
+            std::thread::sleep(Duration::from_micros(200));
+            status = req.status()?;
+        }
+        Ok(())
     };
     let mut report = BystanderReport {
         rounds: 0,
@@ -536,6 +550,7 @@ fn rounds(
             Ok(()) => None,
         };
         let _ = ready.send(());
+        std::thread::sleep(Duration::from_millis(2));
     }
     report
 }
