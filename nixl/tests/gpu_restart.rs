@@ -3,10 +3,13 @@
 //!
 //! For each row a survivor agent in this process moves VRAM to and from a peer process
 //! holding [`PEER_LEN`] bytes of VRAM, which is SIGKILLed once per fault of [`FAULTS`]
-//! — in the middle of 16 MiB WRITEs, in the middle of 16 MiB READs, and while idle (then
-//! posted to) — and started again under the same agent name (a new process, new
-//! allocations, new IPC handles), whose metadata the survivor fetches. Each case
-//! asserts:
+//! (see `common::restart::Fault`) — in the middle of 16 MiB WRITEs, in the middle of 16
+//! MiB READs, while idle (then posted to), by itself right after a WRITE's data landed
+//! in its VRAM and before it took the notification, and while the survivor fetches its
+//! metadata (then its stale metadata, naming IPC handles of a dead process, is loaded
+//! again: refused, or a WRITE that is `RemoteDisconnect`, never a stall) — and started
+//! again under the same agent name (a new process, new allocations, new IPC handles),
+//! whose metadata the survivor fetches. Each case asserts:
 //! - the transfer to the dead peer fails with `RemoteDisconnect` naming it within
 //!   [`DETECTION_BOUND`];
 //! - the restarted peer is reached within [`RECONNECT_BOUND`] of its metadata being
@@ -15,7 +18,7 @@
 //! - nothing of the dead incarnation is held: GPU memory (`cuMemGetInfo`: an IPC mapping
 //!   of the dead peer's allocation still imported here would keep its [`PEER_LEN`]
 //!   bytes allocated after its process is gone), file descriptors and threads are as
-//!   before the kill, within [`GPU_SLACK`], [`FD_SLACK`] and [`THREAD_SLACK`].
+//!   before the kill, within [`GPU_SLACK`] and `common::restart::{FD_SLACK, THREAD_SLACK}`.
 //!
 //! The figures are printed per case. Needs a GPU: without one every test prints why it
 //! skips; with `NIXL_REQUIRE_GPU=1` (the GPU machine) a missing GPU fails instead.
@@ -23,9 +26,13 @@
 
 mod common;
 
-use common::{announce, announce_path, pattern, self_test, vram, wait_file, PeerProcess, TIMEOUT};
+use common::restart::{
+    announce_metadata, answer_check, die_once_landed, kill_during, metadata_of,
+    stale_metadata_is_refused_or_fails, verdict, Fault, Held,
+};
+use common::{announce_path, pattern, self_test, vram, PeerProcess, TIMEOUT};
 use gpu_mem::Gpu;
-use nixl::{params, Agent, BackendParams, Desc, Error, XferOp, XferReq, XferStatus};
+use nixl::{params, Agent, BackendParams, Desc, XferOp};
 use std::time::{Duration, Instant};
 
 /// A dead peer must be reported within this (the goal is 100 ms on one host).
@@ -33,12 +40,9 @@ const DETECTION_BOUND: Duration = Duration::from_secs(2);
 /// A restarted peer must be reached within this of its metadata being loaded (the
 /// goal is 1 s; the proof moves 16 MiB and imports the new allocation).
 const RECONNECT_BOUND: Duration = Duration::from_secs(2);
-/// GPU memory, file descriptors and threads the survivor may hold more after a case
-/// than before it (allocations of the driver's own, a socket opened lazily). A leaked
-/// import holds [`PEER_LEN`], far above.
+/// GPU memory the survivor may hold more after a case than before it (allocations of
+/// the driver's own). A leaked import holds [`PEER_LEN`], far above.
 const GPU_SLACK: u64 = 16 << 20;
-const FD_SLACK: usize = 2;
-const THREAD_SLACK: usize = 1;
 
 const BLOCK: usize = 16 << 20;
 const BLOCKS: usize = 4;
@@ -79,16 +83,13 @@ fn backend_params(row: &Row) -> BackendParams {
     params(row.params.iter().copied())
 }
 
-/// When the peer is killed (SIGKILL).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Fault {
-    MidWrite,
-    MidRead,
-    /// Killed while nothing moves, its end waited for; then a WRITE is posted to it.
-    Idle,
-}
-
-const FAULTS: &[Fault] = &[Fault::MidWrite, Fault::MidRead, Fault::Idle];
+const FAULTS: &[Fault] = &[
+    Fault::MidWrite,
+    Fault::MidRead,
+    Fault::Idle,
+    Fault::AfterData,
+    Fault::DuringMetadata,
+];
 
 /// An incarnation's seed: what its VRAM holds.
 fn seed_of(incarnation: u8) -> u8 {
@@ -102,7 +103,10 @@ fn seed_of(incarnation: u8) -> u8 {
 /// answers each notification `check <offset> <len>` by comparing that range of its VRAM
 /// with the survivor's pattern, writing the verdict to `<announce>.ok` (bad, whatever
 /// the data, once any other notification arrived: one meant for the dead incarnation).
-/// Ends with the thread that spawned it (`PR_SET_PDEATHSIG`), or when killed; bounded.
+/// Its metadata blob is at `<announce>.md`. With `NIXL_GPU_RESTART_DIE_AFTER_DATA` set
+/// it SIGKILLs itself as soon as the last 8 bytes of every block of its VRAM hold the
+/// survivor's pattern (a WRITE's data has landed), taking no notification. Ends with the
+/// thread that spawned it (`PR_SET_PDEATHSIG`), or when killed; bounded.
 #[test]
 fn gpu_restart_peer_main() {
     let (Ok(announce_at), Ok(tag), Ok(name), Ok(incarnation)) = (
@@ -124,8 +128,20 @@ fn gpu_restart_peer_main() {
     let buf = common::device_buffer(&gpu, PEER_LEN, &pattern(seed, PEER_LEN));
     // SAFETY: `buf` lives until the process ends.
     let _h = unsafe { peer.register_mem(&vram([common::whole(&buf)]), None) }.unwrap();
+    announce_metadata(&announce_at, &peer);
     common::announce_agent(&announce_at, &peer, buf.ptr());
     let expected = pattern(SURVIVOR_SEED, PEER_LEN);
+    if std::env::var_os("NIXL_GPU_RESTART_DIE_AFTER_DATA").is_some() {
+        let landed = || {
+            let mut word = [0u8; 8];
+            (1..=BLOCKS).all(|b| {
+                let at = b * BLOCK - 8;
+                buf.copy_to_host(at, &mut word).unwrap();
+                word[..] == expected[at..at + 8]
+            })
+        };
+        die_once_landed(&peer, landed, Duration::from_micros(100));
+    }
     let mut misdirected: Option<String> = None;
     let deadline = Instant::now() + 3 * TIMEOUT;
     while Instant::now() < deadline {
@@ -140,41 +156,27 @@ fn gpu_restart_peer_main() {
                 let (offset, len) = (n[0], n[1]);
                 let mut held = vec![0u8; len];
                 buf.copy_to_host(offset, &mut held).unwrap();
-                let verdict = match &misdirected {
-                    Some(m) => format!("BAD: received {m}"),
-                    None if held[..] != expected[offset..offset + len] => "BAD DATA".into(),
-                    None => "OK".to_string(),
-                };
-                announce(format!("{announce_at}.ok"), &format!("{verdict} {text}"));
+                let data_ok = held[..] == expected[offset..offset + len];
+                answer_check(&announce_at, &misdirected, data_ok, &text);
             }
         }
     }
 }
 
 /// A copy of this binary running [`gpu_restart_peer_main`] as incarnation `incarnation`
-/// of agent `name` over `row`.
-fn spawn_peer(row: &Row, name: &str, incarnation: u8) -> PeerProcess {
+/// of agent `name` over `row`; it dies once a WRITE's data landed if `die_after_data`.
+fn spawn_peer(row: &Row, name: &str, incarnation: u8, die_after_data: bool) -> PeerProcess {
     let announce_at = announce_path("nixl-gpu-restart", &format!("{name}-{incarnation}"));
+    let _ = std::fs::remove_file(format!("{}.md", announce_at.display()));
     let mut cmd = self_test("gpu_restart_peer_main", false);
     cmd.env("NIXL_GPU_RESTART_PEER", &announce_at)
         .env("NIXL_GPU_RESTART_ROW", row.tag)
         .env("NIXL_GPU_RESTART_NAME", name)
         .env("NIXL_GPU_RESTART_INCARNATION", incarnation.to_string());
-    PeerProcess::spawn(cmd, announce_at)
-}
-
-/// Waits for the peer's verdict on notification `msg` (bounded).
-fn verdict(peer: &mut PeerProcess, msg: &str) -> String {
-    let ok = peer.ok_path();
-    let deadline = Instant::now() + TIMEOUT;
-    loop {
-        let text = wait_file(&ok, &mut peer.child);
-        if text.ends_with(msg) {
-            return text;
-        }
-        assert!(Instant::now() < deadline, "no verdict on `{msg}`: {text}");
-        std::thread::sleep(Duration::from_millis(5));
+    if die_after_data {
+        cmd.env("NIXL_GPU_RESTART_DIE_AFTER_DATA", "1");
     }
+    PeerProcess::spawn(cmd, announce_at)
 }
 
 // ---- what the survivor holds ----------------------------------------------------------------
@@ -191,30 +193,26 @@ fn gpu_free(gpu: &Gpu) -> u64 {
     free as u64
 }
 
+/// What the survivor holds: free GPU memory, and what `common::restart::Held` counts.
 #[derive(Debug, Clone, Copy)]
-struct Held {
+struct GpuHeld {
     gpu_free: u64,
-    fds: usize,
-    threads: usize,
+    host: Held,
 }
 
-impl Held {
+impl GpuHeld {
     fn now(gpu: &Gpu) -> Self {
-        let count = |dir: &str| std::fs::read_dir(dir).unwrap().count();
         Self {
             gpu_free: gpu_free(gpu),
-            fds: count("/proc/self/fd"),
-            threads: count("/proc/self/task"),
+            host: Held::now(),
         }
     }
 
     /// What `self` (after a case) holds beyond `before`, or `None` when within the
     /// slack.
-    fn leaked_since(&self, before: &Held) -> Option<String> {
+    fn leaked_since(&self, before: &GpuHeld) -> Option<String> {
         let gpu = before.gpu_free.saturating_sub(self.gpu_free);
-        (gpu > GPU_SLACK
-            || self.fds > before.fds + FD_SLACK
-            || self.threads > before.threads + THREAD_SLACK)
+        (gpu > GPU_SLACK || self.host.leaked_since(&before.host).is_some())
             .then(|| format!("{gpu} bytes of GPU memory; before {before:?}, after {self:?}"))
     }
 }
@@ -225,38 +223,6 @@ impl Held {
 fn blocks(gpu: &Gpu, base: u64, n: usize) -> nixl::DescList {
     let dev = gpu.ordinal() as u64;
     vram((0..n).map(|i| Desc::new(base + (i * BLOCK) as u64, BLOCK as u64, dev)))
-}
-
-/// Kills `peer` as `fault` says, `req` in flight or not, and polls `req` until it fails
-/// (reposting whenever it completes first), for at most [`TIMEOUT`]. Returns the error
-/// and the time from the kill.
-fn kill_during(fault: Fault, peer: &mut PeerProcess, req: &mut XferReq) -> (Error, Duration) {
-    if fault != Fault::Idle {
-        req.post().unwrap();
-    }
-    peer.child.kill().unwrap();
-    let killed = Instant::now();
-    if fault == Fault::Idle {
-        peer.child.wait().unwrap();
-        if let Err(e) = req.post() {
-            return (e, killed.elapsed());
-        }
-    }
-    loop {
-        let outcome = match req.status() {
-            Ok(XferStatus::Done) => req.post().map(|_| ()),
-            Ok(XferStatus::InProgress) => Ok(()),
-            Err(e) => Err(e),
-        };
-        if let Err(e) = outcome {
-            return (e, killed.elapsed());
-        }
-        assert!(
-            killed.elapsed() < TIMEOUT,
-            "the dead peer was never noticed"
-        );
-        std::thread::sleep(Duration::from_micros(100));
-    }
 }
 
 fn restart_row(row: &Row) {
@@ -294,42 +260,67 @@ fn restart_row(row: &Row) {
 
     let name = format!("restarting-{}", row.tag);
     let mut incarnation = 1u8;
-    let mut peer = spawn_peer(row, &name, incarnation);
+    let mut peer = spawn_peer(row, &name, incarnation, false);
     assert_eq!(survivor.fetch_remote_metadata(peer.addr).unwrap(), name);
     for &fault in FAULTS {
         let label = format!("{}, {fault:?}", row.tag);
-        // The live incarnation is reached (its allocation imported) before counting.
-        let mut warm = xfer(XferOp::Write, &name, peer.base, 1, None);
+        if fault == Fault::AfterData {
+            // A peer that dies once a WRITE's data has landed: this fault's own.
+            drop(peer);
+            incarnation += 1;
+            peer = spawn_peer(row, &name, incarnation, true);
+            survivor.invalidate_remote(&name).unwrap();
+            assert_eq!(survivor.fetch_remote_metadata(peer.addr).unwrap(), name);
+        }
+        // The live incarnation is reached (its allocation imported) before counting:
+        // one word (a dying peer of AfterData dies of whole blocks only).
+        let dev = gpu.ordinal() as u64;
+        let mut warm = survivor
+            .create_xfer_req(
+                XferOp::Write,
+                &vram([Desc::new(src.ptr(), 8, dev)]),
+                &vram([Desc::new(peer.base, 8, dev)]),
+                &name,
+                None,
+            )
+            .unwrap();
         warm.post().unwrap();
         warm.wait(TIMEOUT).unwrap();
         drop(warm);
-        let before = Held::now(&gpu);
+        let before = GpuHeld::now(&gpu);
 
-        let op = if fault == Fault::MidRead {
-            XferOp::Read
-        } else {
-            XferOp::Write
-        };
-        let mut req = xfer(op, &name, peer.base, BLOCKS, Some("doomed".into()));
-        let (error, detected) = kill_during(fault, &mut peer, &mut req);
+        let mut req = xfer(fault.op(), &name, peer.base, BLOCKS, Some("doomed".into()));
+        let dead_base = peer.base;
+        let dead_blob = metadata_of(&peer);
+        let detection = kill_during(fault, &survivor, &mut peer, &mut req, DETECTION_BOUND);
         println!(
-            "{label}: {:.1} ms after the kill: {error}",
-            detected.as_secs_f64() * 1e3
+            "{label}: {:.1} ms after the {}, {:.1} ms after the process ended{}: {}",
+            detection.delay().as_secs_f64() * 1e3,
+            detection.measured_from(),
+            detection.after_end_ms(),
+            if detection.completed_first {
+                "; a post completed first"
+            } else {
+                ""
+            },
+            detection.error
         );
-        match &error {
-            Error::RemoteDisconnect { agent, .. } => assert_eq!(agent, &name, "{label}"),
-            other => panic!("{label}: expected RemoteDisconnect, got {other:?}"),
-        }
-        assert!(
-            detected < DETECTION_BOUND,
-            "{label}: RemoteDisconnect after {detected:?} (bound {DETECTION_BOUND:?})"
-        );
+        detection.assert_remote_disconnect(&label, &name, DETECTION_BOUND);
         drop(req);
         drop(peer);
+        if fault == Fault::DuringMetadata {
+            stale_metadata_is_refused_or_fails(
+                &survivor,
+                &name,
+                &dead_blob,
+                || xfer(XferOp::Write, &name, dead_base, 1, Some("stale".into())),
+                DETECTION_BOUND,
+            );
+        }
 
         // The same name, a new process.
         incarnation += 1;
-        let mut restarted = spawn_peer(row, &name, incarnation);
+        let mut restarted = spawn_peer(row, &name, incarnation, false);
         assert_eq!(
             survivor.fetch_remote_metadata(restarted.addr).unwrap(),
             name
@@ -370,7 +361,7 @@ fn restart_row(row: &Row) {
         // an import released here frees it then: give both a moment.
         let settle = Instant::now();
         let after = loop {
-            let after = Held::now(&gpu);
+            let after = GpuHeld::now(&gpu);
             if after.leaked_since(&before).is_none() || settle.elapsed() > Duration::from_secs(5) {
                 break after;
             }

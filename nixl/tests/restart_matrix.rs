@@ -18,21 +18,23 @@
 //!   from round after round on a thread of its own through the whole row, never fails,
 //!   never returns a wrong byte and never takes longer than [`BYSTANDER_BOUND`] a round;
 //! - nothing of the dead incarnation is left: the survivor holds as many file
-//!   descriptors and threads as before the kill (a small slack, [`FD_SLACK`] and
-//!   [`THREAD_SLACK`]), no `/dev/shm` file names the dead process, and no mapping of its
-//!   regions still holds memory.
+//!   descriptors and threads as before the kill (a small slack, `common::restart::Held`),
+//!   no `/dev/shm` file names the dead process, and no mapping of its regions still
+//!   holds memory.
 //!
 //! The figures (detection and reconnect times, with the error that reported the death)
 //! are printed per case. Rows run one at a time (a 2-core machine). A later transport is
 //! a row of [`TRANSPORTS`], a later fault an entry of [`FAULTS`] and a branch of
-//! [`kill_during`].
+//! `common::restart::kill_during` (shared with the VERBS and GPU rows).
 
 mod common;
 
-use common::{announce, announce_path, dram, self_test, wait_file, PeerProcess, TIMEOUT};
-use nixl::{params, Agent, BackendParams, Desc, Error, XferOp, XferReq, XferStatus};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use common::restart::{
+    announce_metadata, answer_check, die_once_landed, kill_during, metadata_of,
+    stale_metadata_is_refused_or_fails, verdict, Bystander, Fault, Held,
+};
+use common::{announce_path, dram, self_test, PeerProcess, TIMEOUT};
+use nixl::{params, Agent, BackendParams, Desc, XferOp, XferReq};
 use std::time::{Duration, Instant};
 
 /// A dead peer must be reported within this (the goal is 100 ms on one host; the bound
@@ -43,10 +45,6 @@ const DETECTION_BOUND: Duration = Duration::from_secs(2);
 const RECONNECT_BOUND: Duration = Duration::from_secs(2);
 /// The longest round (a 1 MiB WRITE and its READ back) the bystander may take.
 const BYSTANDER_BOUND: Duration = Duration::from_secs(2);
-/// File descriptors and threads the survivor may hold more after a case than before it
-/// (a heartbeat handshake's short-lived thread, a socket the provider opens lazily).
-const FD_SLACK: usize = 2;
-const THREAD_SLACK: usize = 1;
 
 /// The size of each block moved: what the issue measured with.
 const BLOCK: usize = 16 << 20;
@@ -119,32 +117,6 @@ const TRANSPORTS: &[Transport] = &[
         reached_by: "shm",
     },
 ];
-
-/// When the peer is killed (SIGKILL).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Fault {
-    /// SIGKILL while 16 MiB WRITEs to it are in flight.
-    MidWrite,
-    /// SIGKILL while 16 MiB READs from it are in flight.
-    MidRead,
-    /// SIGKILL while nothing moves; then, at once, a WRITE is posted to it.
-    Idle,
-    /// The peer SIGKILLs itself the moment the data of a WRITE has landed (the last
-    /// word of every block is there), before it takes the WRITE's notification: the
-    /// WRITE (or, where the notification was handed over first, its repost) fails with
-    /// `RemoteDisconnect`, and the notification never reaches the restarted peer.
-    AfterData,
-    /// The peer is frozen (SIGSTOP) while the survivor fetches its metadata again, and
-    /// killed while the fetch waits: the fetch fails with a typed error within the
-    /// bound, a transfer to the dead incarnation is `RemoteDisconnect`, and its last
-    /// metadata, loaded again once it has ended (stale metadata, as a registry may
-    /// still hold it), gives a transfer that is `RemoteDisconnect` too, never a stall.
-    DuringMetadata,
-    /// As `Idle`, and the restarted peer listens on the dead one's metadata address
-    /// and port (the fabric endpoints' ports are the provider's choice: there is no
-    /// parameter that fixes them).
-    SameAddress,
-}
 
 const FAULTS: &[Fault] = &[
     Fault::MidWrite,
@@ -225,9 +197,7 @@ fn restart_peer_main() {
         peer.register_mem(&dram([Desc::from_slice(&buf)]), None)
             .unwrap()
     };
-    let md = peer.local_metadata().unwrap();
-    std::fs::write(format!("{announce_at}.md.tmp"), md).unwrap();
-    std::fs::rename(format!("{announce_at}.md.tmp"), format!("{announce_at}.md")).unwrap();
+    announce_metadata(&announce_at, &peer);
     common::announce_agent(&announce_at, &peer, buf.as_ptr() as u64);
     if let Ok(seed) = std::env::var("NIXL_RESTART_DIE_AFTER_DATA") {
         die_after_data(&peer, &buf, seed.parse().unwrap());
@@ -246,14 +216,8 @@ fn restart_peer_main() {
                 };
                 let n: Vec<usize> = args.split(' ').map(|a| a.parse().unwrap()).collect();
                 let (seed, offset, len) = (n[0] as u64, n[1], n[2]);
-                let verdict = match &misdirected {
-                    Some(m) => format!("BAD: received {m}"),
-                    None if buf[offset..offset + len] != filled(len, seed, offset)[..] => {
-                        "BAD DATA".to_string()
-                    }
-                    None => "OK".to_string(),
-                };
-                announce(format!("{announce_at}.ok"), &format!("{verdict} {text}"));
+                let data_ok = buf[offset..offset + len] == filled(len, seed, offset)[..];
+                answer_check(&announce_at, &misdirected, data_ok, &text);
             }
         }
     }
@@ -263,7 +227,7 @@ fn restart_peer_main() {
 /// of each of the first [`BLOCKS`] blocks of `buf` holds seed `seed`'s pattern, then
 /// SIGKILLs this process (bounded). Takes notifications meanwhile only as the progress
 /// of a manual-progress provider needs it (whatever it takes is dropped with it).
-fn die_after_data(peer: &Agent, buf: &[u8], seed: u64) {
+fn die_after_data(peer: &Agent, buf: &[u8], seed: u64) -> ! {
     let ends: Vec<(usize, u64)> = (1..=BLOCKS)
         .map(|b| (b * BLOCK - 8, word_at(seed, b * BLOCK - 8)))
         .collect();
@@ -276,16 +240,7 @@ fn die_after_data(peer: &Agent, buf: &[u8], seed: u64) {
             u64::from_le(word) == want
         })
     };
-    let deadline = Instant::now() + 5 * TIMEOUT;
-    while Instant::now() < deadline {
-        if landed() {
-            // SAFETY: kill(2) on this very process; no memory is passed.
-            unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
-        }
-        let _ = peer.get_notifs();
-        std::thread::sleep(Duration::from_micros(20));
-    }
-    panic!("the WRITE's data never landed");
+    die_once_landed(peer, landed, Duration::from_micros(20))
 }
 
 /// How a peer process is started.
@@ -320,50 +275,7 @@ fn spawn_peer_with(t: &Transport, name: &str, seed: u64, options: &PeerOptions) 
     PeerProcess::spawn(cmd, announce_at)
 }
 
-/// The metadata blob the peer wrote at its start.
-fn metadata_of(peer: &PeerProcess) -> Vec<u8> {
-    std::fs::read(format!("{}.md", peer.announce.display())).unwrap()
-}
-
-/// Sends `sig` to the peer process.
-fn signal(peer: &PeerProcess, sig: libc::c_int) {
-    // SAFETY: kill(2) with the pid of our own (not yet reaped) child.
-    let rc = unsafe { libc::kill(peer.child.id() as libc::pid_t, sig) };
-    assert_eq!(rc, 0, "kill({sig}): {}", std::io::Error::last_os_error());
-}
-
-/// Waits for the peer's verdict on notification `msg` (bounded).
-fn verdict(peer: &mut PeerProcess, msg: &str) -> String {
-    let ok = peer.ok_path();
-    let deadline = Instant::now() + TIMEOUT;
-    loop {
-        let text = wait_file(&ok, &mut peer.child);
-        if text.ends_with(msg) {
-            return text;
-        }
-        assert!(Instant::now() < deadline, "no verdict on `{msg}`: {text}");
-        std::thread::sleep(Duration::from_millis(5));
-    }
-}
-
 // ---- what the survivor holds ----------------------------------------------------------------
-
-/// Counts of what a dead incarnation could leave behind in the survivor.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Resources {
-    fds: usize,
-    threads: usize,
-}
-
-impl Resources {
-    fn now() -> Self {
-        let count = |dir: &str| std::fs::read_dir(dir).unwrap().count();
-        Self {
-            fds: count("/proc/self/fd"),
-            threads: count("/proc/self/task"),
-        }
-    }
-}
 
 /// What process `pid` left in `/dev/shm` (libfabric's `shm` regions are named
 /// `nixl-<pid namespace>-<pid>-<nonce>:...` by the backend, `<pid>:...` by default), and
@@ -404,233 +316,6 @@ fn shm_traces_of(pid: u32) -> Vec<String> {
         }
     }
     traces
-}
-
-// ---- the bystander --------------------------------------------------------------------------
-
-/// What the bystander's thread saw.
-#[derive(Debug)]
-struct BystanderReport {
-    rounds: u64,
-    longest: Duration,
-    failure: Option<String>,
-}
-
-/// Rounds of a 1 MiB WRITE to `peer` (its buffer at `base`) and a READ back, each
-/// verified, until `stop`.
-fn bystander(agent: Agent, peer: String, base: u64, stop: Arc<AtomicBool>) -> BystanderReport {
-    let mut src = vec![0u8; BYSTANDER_LEN];
-    let back = vec![0u8; BYSTANDER_LEN];
-    // SAFETY: both buffers outlive the handle and every request of this function.
-    let _h = unsafe {
-        agent
-            .register_mem(
-                &dram([Desc::from_slice(&src), Desc::from_slice(&back)]),
-                None,
-            )
-            .unwrap()
-    };
-    let remote = dram([Desc::new(base, BYSTANDER_LEN as u64, 0)]);
-    let run = |op: XferOp, local: &[u8]| -> nixl::Result<()> {
-        let mut req =
-            agent.create_xfer_req(op, &dram([Desc::from_slice(local)]), &remote, &peer, None)?;
-        req.post()?;
-        req.wait(TIMEOUT)
-    };
-    let mut report = BystanderReport {
-        rounds: 0,
-        longest: Duration::ZERO,
-        failure: None,
-    };
-    while !stop.load(Ordering::Relaxed) && report.failure.is_none() {
-        let started = Instant::now();
-        fill(&mut src, 1000 + report.rounds, 0);
-        let outcome = run(XferOp::Write, &src).and_then(|_| run(XferOp::Read, &back));
-        report.longest = report.longest.max(started.elapsed());
-        report.rounds += 1;
-        report.failure = match outcome {
-            Err(e) => Some(format!("round {}: {e}", report.rounds)),
-            Ok(()) if back != src => Some(format!("round {}: wrong bytes", report.rounds)),
-            Ok(()) => None,
-        };
-    }
-    report
-}
-
-// ---- the matrix -----------------------------------------------------------------------------
-
-/// How a dead peer was noticed.
-struct Detection {
-    error: Error,
-    /// From the kill (under [`Fault::AfterData`], which the peer does itself: from the
-    /// post) to the error.
-    after_kill: Duration,
-    /// From the kill to the process's end as its parent sees it (a SIGKILLed process
-    /// still runs until the kernel has torn it down: on a loaded machine, for a while).
-    ended: Duration,
-    /// A post completed before the error (under [`Fault::AfterData`]: the notification
-    /// was handed over before the peer died; the repost then failed).
-    completed_first: bool,
-}
-
-impl Detection {
-    /// Milliseconds from the process's end to the error (negative: the transport or the
-    /// OS told before the process could be reaped).
-    fn after_end_ms(&self) -> f64 {
-        (self.after_kill.as_secs_f64() - self.ended.as_secs_f64()) * 1e3
-    }
-}
-
-/// Kills `peer` as `fault` says, `req` (a transfer to it of [`BLOCKS`] blocks) in
-/// flight or not, and polls `req` until it fails (reposting whenever it completes
-/// first), for at most [`TIMEOUT`]. Under [`Fault::DuringMetadata`] the kill lands
-/// while `agent` fetches the peer's metadata (see [`kill_during_fetch`]).
-fn kill_during(
-    fault: Fault,
-    agent: &Agent,
-    peer: &mut PeerProcess,
-    req: &mut XferReq,
-) -> Detection {
-    let posted_before = matches!(fault, Fault::MidWrite | Fault::MidRead | Fault::AfterData);
-    if posted_before {
-        req.post().unwrap();
-    }
-    let killed = match fault {
-        // It dies by itself once the data has landed.
-        Fault::AfterData => Instant::now(),
-        Fault::DuringMetadata => kill_during_fetch(agent, peer),
-        _ => {
-            peer.child.kill().unwrap();
-            Instant::now()
-        }
-    };
-    let mut ended = None;
-    let mut completed_first = false;
-    if !posted_before {
-        // Posted to at once: the OS already says it is being killed, and the post
-        // itself may say so.
-        if let Err(error) = req.post() {
-            let after_kill = killed.elapsed();
-            peer.child.wait().unwrap();
-            return Detection {
-                error,
-                after_kill,
-                ended: killed.elapsed(),
-                completed_first,
-            };
-        }
-    }
-    loop {
-        let outcome = match req.status() {
-            Ok(XferStatus::Done) => {
-                completed_first = true;
-                req.post().map(|_| ())
-            }
-            Ok(XferStatus::InProgress) => Ok(()),
-            Err(e) => Err(e),
-        };
-        if ended.is_none() && peer.child.try_wait().unwrap().is_some() {
-            ended = Some(killed.elapsed());
-        }
-        if let Err(error) = outcome {
-            let after_kill = killed.elapsed();
-            // Told before the process could be reaped: its end comes after.
-            let ended = ended.unwrap_or_else(|| {
-                peer.child.wait().unwrap();
-                killed.elapsed()
-            });
-            return Detection {
-                error,
-                after_kill,
-                ended,
-                completed_first,
-            };
-        }
-        assert!(
-            killed.elapsed() < TIMEOUT,
-            "the dead peer was never noticed"
-        );
-        std::thread::sleep(Duration::from_micros(100));
-    }
-}
-
-/// [`Fault::DuringMetadata`]: freezes `peer`, starts a fetch of its metadata by `agent`
-/// on another thread, kills the peer while the fetch waits for its answer, and checks
-/// that the fetch fails with a typed error within [`DETECTION_BOUND`] of the kill.
-/// Returns when the kill was sent.
-fn kill_during_fetch(agent: &Agent, peer: &mut PeerProcess) -> Instant {
-    signal(peer, libc::SIGSTOP);
-    let fetch = {
-        let (agent, addr) = (agent.clone(), peer.addr);
-        std::thread::spawn(move || {
-            let outcome = agent.fetch_remote_metadata(addr);
-            (outcome, Instant::now())
-        })
-    };
-    // The request is sent and waits on the frozen listener.
-    std::thread::sleep(Duration::from_millis(50));
-    assert!(!fetch.is_finished(), "a frozen peer answered a fetch");
-    peer.child.kill().unwrap();
-    let killed = Instant::now();
-    let (outcome, returned) = fetch.join().unwrap();
-    let took = returned.saturating_duration_since(killed);
-    match outcome {
-        Ok(name) => panic!("a fetch from a peer killed before it answered loaded `{name}`"),
-        Err(e) => {
-            println!(
-                "  the fetch in flight failed {:.1} ms after the kill: {e}",
-                took.as_secs_f64() * 1e3
-            );
-            assert!(
-                matches!(
-                    e,
-                    Error::Io(_)
-                        | Error::MalformedMetadata(_)
-                        | Error::Timeout(_)
-                        | Error::RemoteDisconnect { .. }
-                ),
-                "the fetch failed with {e:?}"
-            );
-        }
-    }
-    assert!(
-        took < DETECTION_BOUND,
-        "the fetch failed only {took:?} after the kill"
-    );
-    killed
-}
-
-/// [`Fault::DuringMetadata`], continued once the peer has ended: its last metadata
-/// (`blob`), loaded again after the agent forgot it, must give a transfer that ends in
-/// `RemoteDisconnect` within [`DETECTION_BOUND`] — or be refused at load — never stall.
-fn stale_metadata_of_a_dead_peer(survivor: &mut Survivor, name: &str, base: u64, blob: &[u8]) {
-    survivor.agent.invalidate_remote(name).unwrap();
-    let loaded = Instant::now();
-    match survivor.agent.load_remote_metadata(blob) {
-        Err(e) => println!("  the dead incarnation's metadata, loaded again: refused: {e}"),
-        Ok(_) => {
-            let mut req = survivor.xfer(XferOp::Write, name, base, 1, Some("stale"));
-            let error = match req.post() {
-                Err(e) => e,
-                Ok(_) => req
-                    .wait(TIMEOUT)
-                    .expect_err("a WRITE to a dead incarnation completed"),
-            };
-            let took = loaded.elapsed();
-            println!(
-                "  the dead incarnation's metadata, loaded again: a WRITE failed {:.1} ms \
-                 after the load: {error}",
-                took.as_secs_f64() * 1e3
-            );
-            assert!(
-                matches!(&error, Error::RemoteDisconnect { agent, .. } if agent == name),
-                "a WRITE to a dead incarnation: {error:?}"
-            );
-            assert!(took < DETECTION_BOUND, "stale metadata: {took:?}");
-        }
-    }
-    // Forgotten again, so the restarted incarnation binds the name afresh.
-    survivor.agent.invalidate_remote(name).unwrap();
 }
 
 /// The survivor's side of one row: its agent, its buffers, and the block lists.
@@ -709,16 +394,12 @@ fn restart_row(t: &Transport) {
         .agent
         .fetch_remote_metadata(bystander_peer.addr)
         .unwrap();
-    let stop = Arc::new(AtomicBool::new(false));
-    let bystander_thread = {
-        let (agent, name, base, stop) = (
-            survivor.agent.clone(),
-            bystander_name.clone(),
-            bystander_peer.base,
-            stop.clone(),
-        );
-        std::thread::spawn(move || bystander(agent, name, base, stop))
-    };
+    let bystander = Bystander::start(
+        &survivor.agent,
+        &bystander_name,
+        bystander_peer.base,
+        BYSTANDER_LEN,
+    );
 
     let name = format!("restarting-{}", t.tag);
     let mut incarnation = 1;
@@ -752,27 +433,19 @@ fn restart_row(t: &Transport) {
         warm.post().unwrap();
         warm.wait(TIMEOUT).unwrap();
         drop(warm);
-        let before = Resources::now();
+        let before = Held::now();
 
-        let op = match fault {
-            Fault::MidRead => XferOp::Read,
-            _ => XferOp::Write,
-        };
-        let mut req = survivor.xfer(op, &name, peer.base, BLOCKS, Some("doomed"));
+        let mut req = survivor.xfer(fault.op(), &name, peer.base, BLOCKS, Some("doomed"));
         let dead_pid = peer.child.id();
         let dead_addr = peer.addr;
         let dead_base = peer.base;
         let dead_blob = metadata_of(&peer);
-        let detection = kill_during(fault, &survivor.agent, &mut peer, &mut req);
+        let detection = kill_during(fault, &survivor.agent, &mut peer, &mut req, DETECTION_BOUND);
         println!(
             "{label}: RemoteDisconnect {:.1} ms after the {}, {:.1} ms after the process \
              ended{} ({})",
-            detection.after_kill.as_secs_f64() * 1e3,
-            if fault == Fault::AfterData {
-                "post"
-            } else {
-                "kill"
-            },
+            detection.delay().as_secs_f64() * 1e3,
+            detection.measured_from(),
             detection.after_end_ms(),
             if detection.completed_first {
                 "; a post completed first"
@@ -781,19 +454,18 @@ fn restart_row(t: &Transport) {
             },
             detection.error,
         );
-        match &detection.error {
-            Error::RemoteDisconnect { agent, .. } => assert_eq!(agent, &name, "{label}"),
-            other => panic!("{label}: expected RemoteDisconnect, got {other:?}"),
-        }
-        assert!(
-            detection.after_kill < DETECTION_BOUND,
-            "{label}: RemoteDisconnect after {:?} (bound {DETECTION_BOUND:?})",
-            detection.after_kill
-        );
+        detection.assert_remote_disconnect(&label, &name, DETECTION_BOUND);
         drop(req);
         drop(peer);
         if fault == Fault::DuringMetadata {
-            stale_metadata_of_a_dead_peer(&mut survivor, &name, dead_base, &dead_blob);
+            let agent = survivor.agent.clone();
+            stale_metadata_is_refused_or_fails(
+                &agent,
+                &name,
+                &dead_blob,
+                || survivor.xfer(XferOp::Write, &name, dead_base, 1, Some("stale")),
+                DETECTION_BOUND,
+            );
         }
 
         // The same name, a new process.
@@ -843,11 +515,9 @@ fn restart_row(t: &Transport) {
             "{label}: reached again only after {reconnect:?} (bound {RECONNECT_BOUND:?})"
         );
 
-        let after = Resources::now();
-        assert!(
-            after.fds <= before.fds + FD_SLACK && after.threads <= before.threads + THREAD_SLACK,
-            "{label}: leaked: before {before:?}, after {after:?}"
-        );
+        if let Some(leak) = Held::now().leaked_since(&before) {
+            panic!("{label}: leaked: {leak}");
+        }
         let traces = shm_traces_of(dead_pid);
         assert!(
             traces.is_empty(),
@@ -856,20 +526,7 @@ fn restart_row(t: &Transport) {
         peer = restarted;
     }
 
-    stop.store(true, Ordering::Relaxed);
-    let report = bystander_thread.join().unwrap();
-    println!(
-        "{}: bystander {} rounds, longest {:?}",
-        t.tag, report.rounds, report.longest
-    );
-    assert!(report.failure.is_none(), "{}: bystander: {report:?}", t.tag);
-    assert!(report.rounds > 0, "{}: the bystander never ran", t.tag);
-    assert!(
-        report.longest < BYSTANDER_BOUND,
-        "{}: a bystander round took {:?}",
-        t.tag,
-        report.longest
-    );
+    bystander.finish().assert_unaffected(t.tag, BYSTANDER_BOUND);
 }
 
 #[test]

@@ -67,6 +67,10 @@ pub struct WorkerConfig {
     /// A transfer (or a notification's verification) waiting this much beyond its
     /// expected completion is a stall past the bound.
     pub stall_bound_ms: u64,
+    /// Whether the worker returns the allocator's free memory to the OS
+    /// (`malloc_trim(0)`) before each [`HeapSample`], so that its RSS shows what is
+    /// allocated rather than what the allocator keeps for later.
+    pub malloc_trim: bool,
 }
 
 impl WorkerConfig {
@@ -363,6 +367,51 @@ pub enum FromWorker {
     Problem { what: String },
     /// Left cleanly; the last counters.
     Bye(Counters),
+    /// What the worker's allocator holds now (sent with the counters).
+    Heap(HeapSample),
+}
+
+/// The C allocator's own account of a worker process (glibc's `mallinfo2`): every Rust
+/// allocation and every library's `malloc` (libfabric's included) is in it. Bytes
+/// allocated and not freed are what a leak grows; the resident set also holds what the
+/// allocator keeps after a free (fragmented arenas, one arena per thread that ever
+/// allocated), which is not a leak and which `malloc_trim` gives back.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HeapSample {
+    /// Allocated and not freed, KiB (`uordblks + hblkhd`).
+    pub in_use_kib: u64,
+    /// Held from the OS by the allocator, KiB (`arena + hblkhd`): in use plus free
+    /// chunks kept for later.
+    pub held_kib: u64,
+}
+
+impl HeapSample {
+    /// This process's allocator, now; `None` where the C library is not glibc.
+    pub fn current() -> Option<Self> {
+        #[cfg(all(target_os = "linux", target_env = "gnu"))]
+        {
+            // SAFETY: mallinfo2 takes no arguments and returns a plain struct by value
+            // (glibc 2.33 and later); it takes the arenas' locks itself.
+            let info = unsafe { libc::mallinfo2() };
+            Some(Self {
+                in_use_kib: ((info.uordblks + info.hblkhd) / 1024) as u64,
+                held_kib: ((info.arena + info.hblkhd) / 1024) as u64,
+            })
+        }
+        #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+        None
+    }
+
+    /// Returns the allocator's free memory at the top of each arena and its free
+    /// whole pages to the OS (`malloc_trim(0)`); a no-op where the C library is not glibc.
+    pub fn trim() {
+        #[cfg(all(target_os = "linux", target_env = "gnu"))]
+        // SAFETY: malloc_trim takes a padding size and touches only the allocator's own
+        // state, under its locks.
+        unsafe {
+            libc::malloc_trim(0);
+        }
+    }
 }
 
 /// One `/proc` sample of a process.
@@ -374,6 +423,17 @@ pub struct ProcSample {
     pub threads: u64,
     /// Resident set, KiB.
     pub rss_kib: u64,
+    /// Of which anonymous memory (the heap, stacks, anonymous mappings), KiB.
+    #[serde(default)]
+    pub rss_anon_kib: u64,
+    /// Of which pages of mapped files (the binary's and libraries' code and data, paged
+    /// in as code paths first run), KiB.
+    #[serde(default)]
+    pub rss_file_kib: u64,
+    /// Allocated and not freed, KiB, as the process's allocator last reported it
+    /// ([`HeapSample::in_use_kib`]; 0 when it did not report).
+    #[serde(default)]
+    pub heap_kib: u64,
 }
 
 impl ProcSample {
@@ -401,6 +461,9 @@ impl ProcSample {
             fds: 0,
             threads: field("Threads:"),
             rss_kib: field("VmRSS:"),
+            rss_anon_kib: field("RssAnon:"),
+            rss_file_kib: field("RssFile:"),
+            heap_kib: 0,
         }
     }
 
@@ -410,17 +473,23 @@ impl ProcSample {
             fds: self.fds.max(other.fds),
             threads: self.threads.max(other.threads),
             rss_kib: self.rss_kib.max(other.rss_kib),
+            rss_anon_kib: self.rss_anon_kib.max(other.rss_anon_kib),
+            rss_file_kib: self.rss_file_kib.max(other.rss_file_kib),
+            heap_kib: self.heap_kib.max(other.heap_kib),
         }
     }
 }
 
 /// How much a long-lived worker may grow between the end of the warm-up and the end of
-/// the run.
+/// the run. The live heap is the leak check (bytes allocated and never freed grow it and
+/// nothing else does); the resident set's slack is looser, since an allocator keeps
+/// freed memory and fragments (not a leak, and not flat over a long run).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Slack {
     pub fds: u64,
     pub threads: u64,
     pub rss_kib: u64,
+    pub heap_kib: u64,
 }
 
 /// What a long-lived worker's samples say about growth.
@@ -464,6 +533,12 @@ pub fn growth(
     check("fds", baseline.fds, last.fds, slack.fds);
     check("threads", baseline.threads, last.threads, slack.threads);
     check("RSS KiB", baseline.rss_kib, last.rss_kib, slack.rss_kib);
+    check(
+        "live heap KiB",
+        baseline.heap_kib,
+        last.heap_kib,
+        slack.heap_kib,
+    );
     Some(Growth {
         baseline,
         last,
@@ -584,8 +659,11 @@ mod tests {
 
     #[test]
     fn proc_status_fields() {
-        let s = ProcSample::from_status("Name:\tx\nVmRSS:\t  1234 kB\nThreads:\t7\n");
+        let s = ProcSample::from_status(
+            "Name:\tx\nVmRSS:\t  1234 kB\nRssAnon:\t  1000 kB\nRssFile:\t   234 kB\nThreads:\t7\n",
+        );
         assert_eq!((s.threads, s.rss_kib), (7, 1234));
+        assert_eq!((s.rss_anon_kib, s.rss_file_kib), (1000, 234));
         let me = ProcSample::of(std::process::id()).unwrap();
         assert!(me.fds > 0 && me.threads > 0 && me.rss_kib > 0);
         assert_eq!(ProcSample::of(u32::MAX), None);
@@ -597,26 +675,62 @@ mod tests {
             fds: 2,
             threads: 1,
             rss_kib: 1000,
+            heap_kib: 500,
         };
-        let s = |fds, threads, rss_kib| ProcSample {
+        let s = |fds, threads, rss_kib, heap_kib| ProcSample {
             fds,
             threads,
             rss_kib,
+            heap_kib,
+            ..ProcSample::default()
         };
-        let flat: Vec<_> = (0..100).map(|t| (t as f64, s(10, 4, 5000))).collect();
+        let flat: Vec<_> = (0..100).map(|t| (t as f64, s(10, 4, 5000, 900))).collect();
         let g = growth(&flat, (10.0, 20.0), (89.0, 99.0), slack).unwrap();
         assert!(g.beyond_slack.is_empty(), "{g:?}");
         let leaking: Vec<_> = (0..100)
-            .map(|t| (t as f64, s(10 + t / 10, 4, 5000 + 100 * t)))
+            .map(|t| (t as f64, s(10 + t / 10, 4, 5000 + 100 * t, 900 + 10 * t)))
             .collect();
         let g = growth(&leaking, (10.0, 20.0), (89.0, 99.0), slack).unwrap();
-        assert_eq!(g.beyond_slack.len(), 2, "{g:?}");
+        assert_eq!(g.beyond_slack.len(), 3, "{g:?}");
         assert!(
             g.beyond_slack[0].starts_with("fds grew from 12 to 19"),
             "{g:?}"
         );
         assert!(g.beyond_slack[1].starts_with("RSS KiB"), "{g:?}");
+        assert!(
+            g.beyond_slack[2].starts_with("live heap KiB grew from 1100 to 1890"),
+            "{g:?}"
+        );
+        // Allocator noise: the resident set grows within its slack while the live heap
+        // stays flat: no growth reported.
+        let fragmenting: Vec<_> = (0..100)
+            .map(|t| (t as f64, s(10, 4, 5000 + 9 * t, 900 + t % 7)))
+            .collect();
+        let g = growth(&fragmenting, (10.0, 20.0), (89.0, 99.0), slack).unwrap();
+        assert!(g.beyond_slack.is_empty(), "{g:?}");
         assert!(growth(&flat, (10.0, 20.0), (200.0, 210.0), slack).is_none());
+    }
+
+    #[test]
+    fn heap_samples_see_a_live_allocation_and_its_free() {
+        let Some(before) = HeapSample::current() else {
+            println!("skipped: the C library is not glibc (no mallinfo2)");
+            return;
+        };
+        let block = vec![1u8; 64 << 20];
+        let during = HeapSample::current().unwrap();
+        assert!(
+            during.in_use_kib >= before.in_use_kib + (60 << 10),
+            "{before:?} -> {during:?}"
+        );
+        assert!(during.held_kib >= during.in_use_kib, "{during:?}");
+        drop(block);
+        HeapSample::trim();
+        let after = HeapSample::current().unwrap();
+        assert!(
+            after.in_use_kib + (60 << 10) <= during.in_use_kib,
+            "{during:?} -> {after:?}"
+        );
     }
 
     #[test]

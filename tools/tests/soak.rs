@@ -2,8 +2,9 @@
 //! peer-to-peer metadata, and a shorter run through etcd (feature `etcd`; skipped with a
 //! reason when no `etcd` binary is found). Correctness only: every byte verified, no wait
 //! past a generous stall bound, no unexpected error or exit, long-lived agents' file
-//! descriptors, threads and memory flat after the warm-up. No timing is asserted beyond
-//! the stall bound. `NIXL_SOAK_SECONDS` lengthens (or shortens) the peer-to-peer run.
+//! descriptors, threads, live heap (the leak check) and resident memory (a loose bound)
+//! flat after the warm-up. No timing is asserted beyond the stall bound.
+//! `NIXL_SOAK_SECONDS` lengthens (or shortens) the peer-to-peer run.
 
 mod support;
 
@@ -76,8 +77,17 @@ fn thirty_two_agents_p2p() {
         ],
         seconds,
     );
-    // The growth check ran for the long-lived agents.
-    assert_eq!(summary["long_lived"].as_array().unwrap().len(), 4);
+    // The growth check ran for the long-lived agents, their live heap included (the
+    // workers reported their allocator's count).
+    let long_lived = summary["long_lived"].as_array().unwrap();
+    assert_eq!(long_lived.len(), 4);
+    for agent in long_lived {
+        assert!(
+            agent["baseline"]["heap_kib"].as_u64().unwrap() > 0
+                && agent["last"]["heap_kib"].as_u64().unwrap() > 0,
+            "no live heap reported: {agent}"
+        );
+    }
 }
 
 #[cfg(feature = "etcd")]

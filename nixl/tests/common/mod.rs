@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 pub mod notif_wait;
 pub mod peer_guest;
+pub mod restart;
 pub mod staged;
 pub mod twohost;
 pub mod write_signal;

@@ -3,16 +3,19 @@
 //! Some providers never report a dead peer: over `shm` a write to a SIGKILLed process
 //! simply never completes, so only the stall timeout (30 s by default) ended such a
 //! transfer. So the connection information carries the process's identity — the
-//! kernel's boot id, its pid and its start time — and a peer on the same host, in the
-//! same pid namespace (both checked: same boot id, and the pid's start time here equals
-//! the advertised one, so a reused pid or another container's pid is never watched), is
-//! watched through a pidfd (`pidfd_open`, Linux 5.3), which becomes readable when the
+//! kernel's boot id, its pid namespace, its pid and its start time — and a peer on the
+//! same host, in the same pid namespace (all checked: same boot id, same pid namespace
+//! inode, and the pid's start time here equals the advertised one, so a reused pid or
+//! another container's pid is never watched), is watched through a pidfd (`pidfd_open`, Linux 5.3), which becomes readable when the
 //! process ends. A transfer's status poll asks it (a `poll` with zero timeout, at most
 //! every [`CHECK_PERIOD`]), so a dead peer fails the transfer with
 //! [`crate::Error::RemoteDisconnect`] within milliseconds, on every provider. Where no
 //! pidfd can be opened (an older kernel, a sandbox), `/proc/<pid>/stat` is read instead,
 //! at most every [`PROC_CHECK_PERIOD`]. Peers on other hosts or in other pid namespaces
-//! are left to the transport and to the stall timeout.
+//! are left to the transport, the heartbeats and the stall timeout: a pid advertised
+//! from another pid namespace names another process here, or none (which must not read
+//! as the peer having ended), and its start time can match by chance (containers
+//! started in the same clock tick), so the namespace itself is compared.
 //!
 //! A killed process is doomed well before it has ended: `kill(SIGKILL)` marks every
 //! thread with the signal at once, but the process ends (its pidfd becomes readable,
@@ -29,15 +32,17 @@
 use super::super::shared::{boot_id, proc_state, LocalProcess};
 use crate::error::{Error, Result};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::fs::MetadataExt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 /// Tag of the identity block after the rail list in the connection information.
 const MAGIC: &[u8; 4] = b"LIVE";
-const VERSION: u8 = 1;
-/// Magic, version, boot id, pid, start time.
-pub(super) const WIRE_SIZE: usize = 4 + 1 + 16 + 4 + 8;
+/// 2: the pid namespace inode follows the start time.
+const VERSION: u8 = 2;
+/// Magic, version, boot id, pid, start time, pid namespace.
+pub(super) const WIRE_SIZE: usize = 4 + 1 + 16 + 4 + 8 + 8;
 /// How often a pidfd is polled while transfers are polled.
 pub(super) const CHECK_PERIOD: Duration = Duration::from_micros(200);
 /// How often `/proc/<pid>/stat` is read where there is no pidfd.
@@ -55,6 +60,9 @@ pub(super) struct ProcessId {
     pid: u32,
     /// Clock ticks after boot (field 22 of `/proc/<pid>/stat`): tells a reused pid apart.
     start_time: u64,
+    /// Inode of its pid namespace (`/proc/self/ns/pid`); 0 where `/proc` did not say.
+    /// The pid means something here only within the same namespace.
+    pid_ns: u64,
 }
 
 impl ProcessId {
@@ -67,6 +75,7 @@ impl ProcessId {
             boot_id: (*BOOT_ID.get_or_init(boot_id))?,
             pid,
             start_time: start_time(pid)?,
+            pid_ns: pid_namespace("self").unwrap_or(0),
         })
     }
 
@@ -75,11 +84,21 @@ impl ProcessId {
         ProcessId::current().is_some_and(|me| me.boot_id == self.boot_id)
     }
 
-    /// The pid that names this process here: same host, and the pid's start time in this
-    /// pid namespace equals the advertised one (this very process included).
+    /// The pid that names this process here: same host and pid namespace, and the pid's
+    /// start time equals the advertised one (this very process included).
     pub(super) fn local_pid(&self) -> Option<u32> {
         let me = ProcessId::current()?;
         self.is_local_to(&me).then_some(self.pid)
+    }
+
+    /// Whether this process is known to have ended: it ran on this host, in this pid
+    /// namespace, and no process with its pid and start time exists any more. A process
+    /// of another host or another pid namespace (its pid names nothing here, or another
+    /// process) is never known to have ended this way: its heartbeats say.
+    pub(super) fn has_ended_here(&self) -> bool {
+        ProcessId::current().is_some_and(|me| {
+            self.boot_id == me.boot_id && self.same_pid_namespace(&me) && !self.is_local_to(&me)
+        })
     }
 
     /// The process as the heartbeat hub checks it here: pid and start time, where the
@@ -96,9 +115,18 @@ impl ProcessId {
     }
 
     /// Whether this process runs on `me`'s host and its pid names it in `me`'s pid
-    /// namespace (a reused pid, or another container's, has another start time).
+    /// namespace: the same namespace, and the pid's start time is the advertised one (a
+    /// reused pid has another).
     fn is_local_to(&self, me: &ProcessId) -> bool {
-        self.boot_id == me.boot_id && start_time(self.pid) == Some(self.start_time)
+        self.boot_id == me.boot_id
+            && self.same_pid_namespace(me)
+            && start_time(self.pid) == Some(self.start_time)
+    }
+
+    /// Whether both processes are known to share a pid namespace (an unknown one, 0,
+    /// shares none: the pid is then left alone).
+    fn same_pid_namespace(&self, me: &ProcessId) -> bool {
+        self.pid_ns != 0 && self.pid_ns == me.pid_ns
     }
 
     pub(super) fn encode(&self, out: &mut Vec<u8>) {
@@ -107,6 +135,7 @@ impl ProcessId {
         out.extend_from_slice(&self.boot_id);
         out.extend_from_slice(&self.pid.to_le_bytes());
         out.extend_from_slice(&self.start_time.to_le_bytes());
+        out.extend_from_slice(&self.pid_ns.to_le_bytes());
     }
 
     /// The identity block (what follows the rail list): empty means none was sent.
@@ -130,6 +159,7 @@ impl ProcessId {
             boot_id: bytes[5..21].try_into().expect("16 bytes"),
             pid: u32::from_le_bytes(bytes[21..25].try_into().expect("4 bytes")),
             start_time: u64::from_le_bytes(bytes[25..33].try_into().expect("8 bytes")),
+            pid_ns: u64::from_le_bytes(bytes[33..41].try_into().expect("8 bytes")),
         }))
     }
 }
@@ -328,6 +358,13 @@ fn start_time(pid: u32) -> Option<u64> {
     proc_state(pid).map(|(_, start)| start)
 }
 
+/// The inode of the pid namespace of process `pid` (`"self"` for this one).
+fn pid_namespace(pid: &str) -> Option<u64> {
+    std::fs::metadata(format!("/proc/{pid}/ns/pid"))
+        .ok()
+        .map(|m| m.ino())
+}
+
 fn pidfd_open(pid: u32) -> Option<OwnedFd> {
     // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
     let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
@@ -374,6 +411,118 @@ mod tests {
         assert!(Liveness::watch(&reused).is_none());
     }
 
+    /// A peer in another pid namespace of this host is never watched through `/proc`
+    /// (its pid names another process here, or none) and never counts as ended: only
+    /// its heartbeats (the transport's hub) say. In this pid namespace, a pid that names
+    /// no process with the advertised start time has ended.
+    #[test]
+    fn a_peer_in_another_pid_namespace_is_left_to_heartbeats() {
+        let me = ProcessId::current().unwrap();
+        assert_ne!(me.pid_ns, 0, "/proc/self/ns/pid is readable");
+        let mut child = Command::new("sleep").arg("30").spawn().unwrap();
+        let pid = child.id();
+        let here = ProcessId {
+            boot_id: me.boot_id,
+            pid,
+            start_time: start_time(pid).unwrap(),
+            pid_ns: me.pid_ns,
+        };
+        assert_eq!(here.local_pid(), Some(pid));
+        assert!(here.local_process().is_some());
+        assert!(!here.has_ended_here());
+        // The same pid and start time advertised from another pid namespace (a start
+        // time that matches by chance): not this process, not watched, not ended.
+        let elsewhere = ProcessId {
+            pid_ns: me.pid_ns ^ 1,
+            ..here
+        };
+        assert_eq!(elsewhere.local_pid(), None);
+        assert!(elsewhere.local_process().is_none());
+        assert!(Liveness::watch(&elsewhere).is_none());
+        assert!(!elsewhere.has_ended_here());
+        // A pid that names nothing here: ended in this namespace, unknown in another.
+        let gone = ProcessId {
+            pid: u32::MAX - 1,
+            ..here
+        };
+        assert!(gone.has_ended_here());
+        assert!(!ProcessId {
+            pid_ns: me.pid_ns ^ 1,
+            ..gone
+        }
+        .has_ended_here());
+        // An unknown namespace (an identity without one) is another namespace.
+        assert!(!ProcessId { pid_ns: 0, ..gone }.has_ended_here());
+        assert_eq!(ProcessId { pid_ns: 0, ..here }.local_pid(), None);
+        // Another host: never ended here.
+        let mut other_host = gone;
+        other_host.boot_id[0] ^= 1;
+        assert!(!other_host.has_ended_here());
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(here.has_ended_here(), "reaped: no process with that pid");
+    }
+
+    /// A real process in a pid namespace of its own (`unshare`, where user namespaces
+    /// are allowed): what it advertises — pid 1 there, its namespace — is neither
+    /// watched nor taken for ended here, though pid 1 here is another process.
+    #[test]
+    fn a_process_in_a_new_pid_namespace_is_not_ended_here() {
+        let mut child = match Command::new("unshare")
+            .args([
+                "--user",
+                "--map-root-user",
+                "--pid",
+                "--fork",
+                "--kill-child",
+            ])
+            .args(["--mount-proc", "sh", "-c"])
+            .arg("cat /proc/1/stat; readlink /proc/self/ns/pid; exec sleep 30")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+        {
+            Ok(child) => child,
+            Err(e) => {
+                println!("skipped: no `unshare` ({e})");
+                return;
+            }
+        };
+        use std::io::BufRead;
+        let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+        let (Some(Ok(stat)), Some(Ok(ns))) = (lines.next(), lines.next()) else {
+            let _ = child.kill();
+            let _ = child.wait();
+            println!("skipped: unshare could not make a pid namespace here (no user namespaces)");
+            return;
+        };
+        // The namespace's first process (the shell, then `sleep`): its pid and start
+        // time as that namespace sees them.
+        let fields: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..].split(' ').collect();
+        let pid_there: u32 = stat.split(' ').next().unwrap().parse().unwrap();
+        let inode: u64 = ns
+            .trim()
+            .strip_prefix("pid:[")
+            .and_then(|n| n.strip_suffix(']'))
+            .unwrap()
+            .parse()
+            .unwrap();
+        let me = ProcessId::current().unwrap();
+        assert_ne!(inode, me.pid_ns, "another pid namespace: {ns}");
+        let peer = ProcessId {
+            boot_id: me.boot_id,
+            pid: pid_there,
+            start_time: fields[19].parse().unwrap(),
+            pid_ns: inode,
+        };
+        assert!(peer.on_this_host());
+        assert_eq!(peer.local_pid(), None, "{peer:?}");
+        assert!(Liveness::watch(&peer).is_none());
+        assert!(!peer.has_ended_here(), "{peer:?} counted as ended");
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+
     /// A child process is watched; killed, it is reported within a few milliseconds,
     /// both through its pidfd and through `/proc` (before it is reaped: a zombie).
     #[test]
@@ -385,6 +534,7 @@ mod tests {
                 boot_id: boot_id().unwrap(),
                 pid,
                 start_time: start_time(pid).unwrap(),
+                pid_ns: pid_namespace(&pid.to_string()).unwrap(),
             };
             let watch = Liveness::watch(&id).expect("a child on this host is watched");
             let watch = if use_pidfd {

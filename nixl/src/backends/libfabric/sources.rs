@@ -216,11 +216,11 @@ impl Sources {
     /// and start time exists any more. A restarted peer's messages come from endpoints
     /// no load bound yet, under a name no live process holds: they are a stranger's,
     /// not a forgery of a live peer's. (A peer in another pid namespace of this host
-    /// counts as ended too: its pid names nothing here.)
+    /// never counts as ended: its pid names another process here, or none.)
     pub(super) fn loaded_process_ended(&self, agent: &str) -> bool {
         self.peer(agent)
             .and_then(|p| p.process)
-            .is_some_and(|p| p.on_this_host() && p.local_pid().is_none())
+            .is_some_and(|p| p.has_ended_here())
     }
 
     /// Binds `peer`'s endpoints (`(rail, name)` and where answers go), replacing what

@@ -9,8 +9,8 @@ use std::process::{Child, ChildStdin, Command, ExitCode, Stdio};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::time::{Duration, Instant};
 use tools::soak::{
-    agent_name, growth, parse_duration, unix_ms, Counters, FromWorker, MetadataPath, ProcSample,
-    Rng, Slack, ToWorker, WorkerConfig,
+    agent_name, growth, parse_duration, unix_ms, Counters, FromWorker, HeapSample, MetadataPath,
+    ProcSample, Rng, Slack, ToWorker, WorkerConfig,
 };
 use tools::units::{human_bytes, parse_size_usize};
 
@@ -89,9 +89,19 @@ pub struct Options {
     /// Threads a long-lived agent may gain after the warm-up.
     #[arg(long, default_value_t = 2)]
     slack_threads: u64,
-    /// Resident MiB a long-lived agent may gain after the warm-up.
+    /// Resident MiB a long-lived agent may gain after the warm-up (loose: the allocator
+    /// keeps freed memory and fragments, which is not a leak).
     #[arg(long, default_value_t = 32)]
     slack_rss_mib: u64,
+    /// MiB of live heap (allocated and not freed, as the worker's allocator reports it)
+    /// a long-lived agent may gain after the warm-up: the leak check.
+    #[arg(long, default_value_t = 4)]
+    slack_heap_mib: u64,
+    /// Workers give the allocator's free memory back to the OS (`malloc_trim(0)`) before
+    /// each report, so that RSS follows the live heap (to tell a leak from allocator
+    /// growth; `MALLOC_ARENA_MAX` in the environment reaches the workers too).
+    #[arg(long)]
+    malloc_trim: bool,
     /// etcd endpoints (comma-separated); without them a run that uses etcd starts one
     /// (`--etcd-bin`) in its folder.
     #[arg(long)]
@@ -140,6 +150,8 @@ struct Slot {
     listen: Option<String>,
     started: Instant,
     last_sample: Option<ProcSample>,
+    /// The worker's last report of its allocator.
+    heap: Option<HeapSample>,
     /// Samples of a long-lived agent: seconds since the run started.
     history: Vec<(f64, ProcSample)>,
 }
@@ -314,6 +326,7 @@ fn run(options: Options) -> Result<bool, String> {
                 listen: None,
                 started: Instant::now(),
                 last_sample: None,
+                heap: None,
                 history: Vec::new(),
             })
             .collect(),
@@ -370,6 +383,7 @@ impl Run {
             max_size: self.options.max_size,
             rate: self.options.rate,
             stall_bound_ms: self.options.stall_bound.as_millis() as u64,
+            malloc_trim: self.options.malloc_trim,
         };
         let slot = &mut self.slots[index];
         slot.incarnation = incarnation;
@@ -480,6 +494,7 @@ impl Run {
             }
             Event::Msg(FromWorker::Counters(c)) => self.totals.merge(&c),
             Event::Msg(FromWorker::Bye(c)) => self.totals.merge(&c),
+            Event::Msg(FromWorker::Heap(h)) => self.slots[index].heap = Some(h),
             Event::Msg(FromWorker::Problem { what }) => self.problem(what),
             Event::Eof => {}
         }
@@ -584,7 +599,10 @@ impl Run {
                 slot.last_sample = None;
                 continue;
             }
-            slot.last_sample = ProcSample::of(slot.pid);
+            slot.last_sample = ProcSample::of(slot.pid).map(|s| ProcSample {
+                heap_kib: slot.heap.map_or(0, |h| h.in_use_kib),
+                ..s
+            });
             if let Some(s) = slot.last_sample {
                 if slot.index < long_lived {
                     slot.history.push((t, s));
@@ -597,7 +615,7 @@ impl Run {
 
     fn print_header(&self) {
         println!(
-            "{:>6} {:>3} {:>8} {:>8} {:>8} {:>9} {:>6} {:>6} {:>6} {:>6} {:>8}  long-lived agents fd/threads/RSS MiB; others' max",
+            "{:>6} {:>3} {:>8} {:>8} {:>8} {:>9} {:>6} {:>6} {:>6} {:>6} {:>8}  long-lived agents fd/threads/RSS MiB/live heap MiB; others' max",
             "t(s)", "up", "writes", "reads", "notifs", "MiB", "crash", "leave", "typed", "unexp", "stall ms"
         );
     }
@@ -605,7 +623,15 @@ impl Run {
     fn print_row(&self) {
         let t = &self.totals;
         let up = self.slots.iter().filter(|s| s.state == State::Up).count();
-        let fmt = |s: ProcSample| format!("{}/{}/{}", s.fds, s.threads, s.rss_kib / 1024);
+        let fmt = |s: ProcSample| {
+            format!(
+                "{}/{}/{}/{:.1}",
+                s.fds,
+                s.threads,
+                s.rss_kib / 1024,
+                s.heap_kib as f64 / 1024.0
+            )
+        };
         let long: Vec<String> = self
             .slots
             .iter()
@@ -801,6 +827,7 @@ impl Run {
             fds: o.slack_fds,
             threads: o.slack_threads,
             rss_kib: o.slack_rss_mib * 1024,
+            heap_kib: o.slack_heap_mib * 1024,
         };
         let mut resources = Vec::new();
         let mut growth_problems = Vec::new();
@@ -821,14 +848,20 @@ impl Run {
                         growth_problems.push(format!("{}: {b}", agent_name(slot.index)));
                     }
                     println!(
-                        "{}: after warm-up fds {} threads {} RSS {} MiB; at the end fds {} threads {} RSS {} MiB",
+                        "{}: after warm-up fds {} threads {} RSS {} MiB (anon {} file {}) live heap {:.1} MiB; at the end fds {} threads {} RSS {} MiB (anon {} file {}) live heap {:.1} MiB",
                         agent_name(slot.index),
                         g.baseline.fds,
                         g.baseline.threads,
                         g.baseline.rss_kib / 1024,
+                        g.baseline.rss_anon_kib / 1024,
+                        g.baseline.rss_file_kib / 1024,
+                        g.baseline.heap_kib as f64 / 1024.0,
                         g.last.fds,
                         g.last.threads,
-                        g.last.rss_kib / 1024
+                        g.last.rss_kib / 1024,
+                        g.last.rss_anon_kib / 1024,
+                        g.last.rss_file_kib / 1024,
+                        g.last.heap_kib as f64 / 1024.0
                     );
                 }
                 None => growth_problems.push(format!(

@@ -23,7 +23,7 @@ use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 use tools::soak::{
     ack_word, agent_index, agent_name, fill_pattern, mismatches, read_seed, unix_ms, Counters,
-    FromWorker, Layout, Rng, ToWorker, WorkerConfig,
+    FromWorker, HeapSample, Layout, Rng, ToWorker, WorkerConfig,
 };
 
 /// How often counters go to the coordinator (a killed worker loses at most this much).
@@ -220,6 +220,12 @@ impl Worker {
         if force || self.last_report.elapsed() >= REPORT_EVERY {
             if !self.counters.is_empty() {
                 send(&FromWorker::Counters(std::mem::take(&mut self.counters)));
+            }
+            if self.config.malloc_trim {
+                HeapSample::trim();
+            }
+            if let Some(heap) = HeapSample::current() {
+                send(&FromWorker::Heap(heap));
             }
             self.last_report = Instant::now();
         }
