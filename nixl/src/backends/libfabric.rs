@@ -221,6 +221,7 @@ mod host;
 mod idle;
 mod liveness;
 mod local_rails;
+mod notif_mac;
 mod peer_copy;
 #[cfg(feature = "cuda")]
 mod peer_xfer;
@@ -253,6 +254,8 @@ use fabric::{
 };
 use idle::IdleWait;
 use liveness::Liveness;
+pub use notif_mac::fuzz_sealed_notif;
+use notif_mac::{Identity, Sealer};
 use parking_lot::{Mutex, RwLock};
 use sources::{PeerSource, Sources};
 use stage_net::{failure_of, FabAddr, Stager};
@@ -308,7 +311,7 @@ fn stripe_pieces(len: usize, nrails: usize, threshold: usize, min_piece: usize) 
         None => nrails,
     }
 }
-/// Largest notification message (header and sender name included).
+/// Largest notification message (header, sender name and seal included).
 pub const MAX_NOTIF_BYTES: usize = NOTIF_SLOT;
 
 const NOTIF_SLOT: usize = 8192;
@@ -448,7 +451,11 @@ impl Rail {
     }
 
     /// Queues a job for the rail's worker and wakes it if it sleeps.
-    fn push_job(&self, job: RailJob) {
+    fn push_job(&self, mut job: RailJob) {
+        // Every notification leaves sealed ([`notif_mac`]), whoever queued it.
+        if let Some((_, message)) = job.notif.as_mut() {
+            *message = job.peer.seal_notif(std::mem::take(message));
+        }
         self.submit.lock().push_back(job);
         self.idle.wake();
     }
@@ -468,6 +475,9 @@ struct Common {
     agent_name: String,
     /// Notification messages and data refused for who sent them.
     refused_notifs: AtomicU64,
+    /// Of those, notifications naming a loaded peer without its proof ([`notif_mac`]):
+    /// forged, replayed or unsealed.
+    unproven_notifs: AtomicU64,
     /// The VRAM staging pipeline (idle and costless until something is staged).
     stager: Arc<Stager>,
     /// Local rail i → this peer's address in rail i's AV, per peer.
@@ -523,9 +533,24 @@ struct PeerAddrs {
     names: Vec<Vec<u8>>,
     /// The peer's process, where the OS can tell when it ends (same host).
     process: Option<Arc<Liveness>>,
+    /// Seals this side's notifications to the peer ([`notif_mac`]): shared by every
+    /// load of the same peer incarnation, so its sequence never goes back.
+    sealer: Arc<Sealer>,
+    /// The peer's public key the sealer was made with.
+    notif_key: [u8; 32],
 }
 
 impl PeerAddrs {
+    /// `message` sealed for this peer where it is a plain notification frame; anything
+    /// else (already sealed, or another kind of message) as it is.
+    fn seal_notif(&self, message: Vec<u8>) -> Vec<u8> {
+        if message.starts_with(NOTIF_MAGIC) {
+            self.sealer.seal(&message)
+        } else {
+            message
+        }
+    }
+
     /// Over shm, once the peer's process is known to have ended: fails what it left
     /// unanswered and releases the lock it may have left taken (see `shm_orphans`), also
     /// for a rail worker stuck on that lock inside the provider. At most every few
@@ -598,6 +623,9 @@ pub struct LibfabricBackend {
     staged_logged: AtomicBool,
     /// Sends heartbeats to the peers that watch this backend, watches those it loaded.
     hub: Option<Hub>,
+    /// The key pair whose Diffie-Hellman secrets with the loaded peers' public keys
+    /// seal notifications ([`notif_mac`]).
+    notif_identity: Identity,
 }
 
 /// How VRAM registrations are made (parameter `vram_mode`).
@@ -795,6 +823,7 @@ fn open(init: &BackendInit) -> Result<LibfabricBackend> {
         loaded_senders_only,
         agent_name: init.agent_name.clone(),
         refused_notifs: AtomicU64::new(0),
+        unproven_notifs: AtomicU64::new(0),
         stager,
         peers: RwLock::default(),
         stop: AtomicBool::new(false),
@@ -836,6 +865,7 @@ fn open(init: &BackendInit) -> Result<LibfabricBackend> {
             params.get("node").map(String::as_str),
             init.listen_addr.map(|a| a.ip()),
         )?,
+        notif_identity: Identity::generate()?,
     };
     let mut workers = Vec::with_capacity(backend.rails.len());
     for (index, rail) in backend.rails.iter().enumerate() {
@@ -1295,12 +1325,30 @@ impl Backend for LibfabricBackend {
         if self.serves_peer_copies() {
             serves |= assist::SERVES_PEER_COPIES;
         }
-        Ok(encode_conn_info(&names, self.hub.as_ref(), serves))
+        Ok(encode_conn_info(
+            &names,
+            self.hub.as_ref(),
+            serves,
+            &self.notif_identity.public(),
+        ))
     }
 
     fn load_remote_conn_info(&self, agent: &str, info: &[u8]) -> Result<()> {
         let parsed = parse_conn_info(info)?;
         let names = &parsed.names;
+        let Some(notif_key) = parsed.notif_key else {
+            return Err(Error::MetadataRefused {
+                agent: agent.to_string(),
+                reason: format!(
+                    "its {NAME} connection information has no notification key: the peer \
+                     runs a version of this library from before sealed notifications \
+                     (upgrade it; its notifications could not be verified)"
+                ),
+            });
+        };
+        let (sealer, opener) = self
+            .notif_identity
+            .pair(&self.agent_name, agent, &notif_key)?;
         if let Some(old) = self.common.peers.read().get(agent) {
             // The same peer, unless its heartbeats stopped: then watch it afresh.
             if old.conn_info == info && !old.watch.as_ref().is_some_and(|w| w.is_dead()) {
@@ -1315,11 +1363,21 @@ impl Backend for LibfabricBackend {
             inserted.push(name.clone());
         }
         let liveness = parsed.process.as_ref().and_then(Liveness::watch);
+        // The same incarnation loaded again keeps its sealer: its sequence goes on.
+        let sealer = self
+            .common
+            .peers
+            .read()
+            .get(agent)
+            .filter(|p| p.addrs.notif_key == notif_key)
+            .map_or_else(|| Arc::new(sealer), |p| p.addrs.sealer.clone());
         let addrs = Arc::new(PeerAddrs {
             rails: self.rails.clone(),
             addrs,
             names: inserted,
             process: liveness.clone(),
+            sealer,
+            notif_key,
         });
         let is_self = agent == self.agent_name;
         let cma = parsed
@@ -1340,6 +1398,7 @@ impl Backend for LibfabricBackend {
             .and_then(|p| p.local_pid())
             .is_some_and(|pid| pid != std::process::id());
         let source = self.peer_source(agent, info, parsed.process, cma.clone());
+        source.set_opener(opener);
         let endpoints = self.source_endpoints(names, &addrs)?;
         // Built before the peer table is locked: the heartbeat handshake waits for the
         // peer's hub (up to its connect bound), and transfers read the table.
@@ -1718,11 +1777,19 @@ impl LibfabricBackend {
         self.inline_bytes.load(Ordering::Relaxed)
     }
 
-    /// Notification messages and data arrivals dropped: from an endpoint of no loaded
-    /// peer that named a loaded one (or any, with `notif_senders=loaded`), from one
-    /// peer's endpoint naming another, or beyond a sender's [`MAX_PENDING_NOTIFS`].
+    /// Notification messages and data arrivals dropped: naming a loaded peer without
+    /// its proof (see [`LibfabricBackend::unproven_notifications`]), from an endpoint of
+    /// no loaded peer that named a loaded one (or any, with `notif_senders=loaded`), from
+    /// one peer's endpoint naming another, or beyond a sender's [`MAX_PENDING_NOTIFS`].
     pub fn refused_notifications(&self) -> u64 {
         self.common.refused_notifs.load(Ordering::Relaxed) + self.common.notifs.refused()
+    }
+
+    /// Notification messages dropped because they named a loaded peer without that
+    /// peer's seal (a MAC under the pair's key, module `notif_mac`): forged, replayed, or
+    /// unsealed. Counted in [`LibfabricBackend::refused_notifications`] too.
+    pub fn unproven_notifications(&self) -> u64 {
+        self.common.unproven_notifs.load(Ordering::Relaxed)
     }
 
     /// READ assist requests refused: from an endpoint of no loaded peer, naming another
@@ -1979,7 +2046,7 @@ impl Drop for LibfabricBackend {
 }
 
 /// Fuzzing entry point (not a stable API): the decoders of what anyone may send to a
-/// rail — notification messages, READ assist messages and direct VRAM copy messages —
+/// rail — notification messages (plain and sealed), READ assist messages and direct VRAM copy messages —
 /// on `input`. Returns whether whatever decoded encodes back to `input` (decoding itself
 /// must never panic).
 #[doc(hidden)]
@@ -1997,10 +2064,13 @@ pub fn fuzz_rail_message(input: &[u8]) -> bool {
     let notif_ok = match decode_notif(input) {
         Ok((key, expected, sender, msg)) => {
             encode_notif(&sender, key, expected, &msg).ok().as_deref() == Some(input)
+                || input.len() > MAX_NOTIF_BYTES - notif_mac::SEAL_OVERHEAD
         }
         Err(_) => true,
     };
-    assist_ok && notif_ok && peer_copy_ok
+    // A sealed notification splits into a seal and a frame that encode back.
+    let sealed_ok = notif_mac::Sealed::split(input).is_none_or(|frame| frame.encode() == input);
+    assist_ok && notif_ok && peer_copy_ok && sealed_ok
 }
 
 /// How long dropping a backend waits for its rail workers to stop.

@@ -39,6 +39,7 @@
 
 use super::cma::CmaPeer;
 use super::liveness::ProcessId;
+use super::notif_mac::Opener;
 use super::peer_copy::{AdvertisedVram, Imports, VramExport};
 use super::stage_net::{FabAddr, ReplyAddr};
 use super::{fabric_error, LibfabricBackend, PeerAddrs};
@@ -74,6 +75,9 @@ pub(super) struct PeerSource {
     /// Its VRAM mapped into this process, for this incarnation (with feature `cuda`).
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     pub(super) imports: Imports,
+    /// Opens its sealed notifications (module `notif_mac`): the proof that a
+    /// notification naming it is its own. Set once, when it is loaded.
+    opener: OnceLock<Opener>,
 }
 
 impl PeerSource {
@@ -93,7 +97,19 @@ impl PeerSource {
             regions: RwLock::default(),
             vram: AdvertisedVram::default(),
             imports: Imports::default(),
+            opener: OnceLock::new(),
         }
+    }
+
+    /// Sets what opens its sealed notifications (kept where already set: the same
+    /// incarnation loaded again keeps its replay window).
+    pub(super) fn set_opener(&self, opener: Opener) {
+        let _ = self.opener.set(opener);
+    }
+
+    /// What opens its sealed notifications, once loaded.
+    pub(super) fn opener(&self) -> Option<&Opener> {
+        self.opener.get()
     }
 
     /// The peer advertised DRAM at `addr..addr + len` (a region of its metadata).
