@@ -21,11 +21,16 @@
 //! nothing to count. A transfer of an agent to itself delivers its notification
 //! directly once every operation completed.
 //!
-//! Who sent a notification is what the transport says (module `sources`): a message
-//! from a loaded peer's endpoint is delivered under that peer's name, and refused if it
-//! names another; a message from an endpoint of no loaded peer that names a loaded peer
-//! is refused while that peer's process lives (once it ended, the name is free: a
-//! restarted peer's notifications arrive before this side reloads it); one that names an
+//! Who sent a notification: every notification leaves sealed (module `notif_mac`: an
+//! HMAC-SHA256 under a key only the two agents of the pair can compute, from X25519 key
+//! pairs whose public halves are in the connection information, and a sequence number
+//! against replays). A message naming a loaded peer is delivered under that name only
+//! with that peer's seal, whatever endpoint the provider names (libfabric 1.17's `shm`
+//! misattributes a flood); without it, it is dropped and counted
+//! ([`LibfabricBackend::unproven_notifications`]), unless the loaded incarnation's
+//! process ended (then as below: its restarted successor seals under a key not loaded
+//! yet). Other messages are judged by what the transport says (module `sources`): a
+//! message from a loaded peer's endpoint that names another is refused; one that names an
 //! agent this backend never loaded is delivered under that
 //! name with `notif_senders=any` (the default: a target need not load its initiators'
 //! metadata, as in NIXL) and refused with `notif_senders=loaded`. Where the provider

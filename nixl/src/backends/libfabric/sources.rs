@@ -34,8 +34,9 @@
 //! all of 10,000 where the rail had 1,024 receive slots instead of its 64), while a few
 //! messages (the `security_tests` case) were reported as handle 0. So on `shm` the
 //! attribution holds against a stray message but not against a same-user process that
-//! floods the rail; `tcp;ofi_rxm` delivered none of the forged messages. Closing that
-//! needs a proof of the sender in the message itself (not done yet).
+//! floods the rail; `tcp;ofi_rxm` delivered none of the forged messages. So a
+//! notification naming a loaded peer carries a proof of its sender in the message itself
+//! (module `notif_mac`), and that proof, not this attribution, decides.
 
 use super::cma::CmaPeer;
 use super::liveness::ProcessId;
