@@ -28,8 +28,8 @@
 //! was not all verified, whose target died, or where a forged notification reached the
 //! target under the initiator's name exits 1; a missed goal does too with `--strict`.
 //!
-//! The target runs with `FI_OFI_RXM_BUFFER_SIZE=512` unless the environment or
-//! `--rxm-buffer-size` says otherwise: with the provider's 16 KiB, `ofi_rxm` kept every
+//! Every process of a run uses `FI_OFI_RXM_BUFFER_SIZE=512` unless the environment or
+//! `--rxm-buffer-size` says otherwise (peers with different sizes stall each other): with the provider's 16 KiB, `ofi_rxm` kept every
 //! forged message the rail worker had not taken yet in a 16 KiB bounce buffer (hundreds
 //! of MiB under 100,000 of them; docs/BENCHMARKS.md).
 //!
@@ -115,12 +115,12 @@ struct Cli {
     #[arg(long = "backend_param", alias = "backend-param", value_name = "KEY=VALUE",
           value_parser = key_value)]
     backend_param: Vec<(String, String)>,
-    /// `FI_OFI_RXM_BUFFER_SIZE` of the target process where the environment does not set
-    /// it (0: the provider's default, 16 KiB). `ofi_rxm` holds every message that finds
-    /// no posted receive in a bounce buffer of this size, without limit: under a flood
-    /// of small messages the target's memory grows by this much per message it has not
-    /// taken yet; larger messages then go by rendezvous, which leaves their bytes at the
-    /// sender
+    /// `FI_OFI_RXM_BUFFER_SIZE` of every process of the run where the environment does
+    /// not set it (0: the provider's default, 16 KiB). `ofi_rxm` holds every message that
+    /// finds no posted receive in a bounce buffer of this size, without limit: under a
+    /// flood of small messages the target's memory grows by this much per message it has
+    /// not taken yet; larger messages then go by rendezvous, which leaves their bytes at
+    /// the sender. All peers must use the same size
     #[arg(long, value_name = "BYTES", default_value_t = 512)]
     rxm_buffer_size: usize,
     /// Exit 1 when a goal is missed (p99 within 2x, RSS growth under 64 MiB, probes)
@@ -164,6 +164,15 @@ fn main() {
     if cli.block == 0 || cli.block > 64 << 20 {
         tools::cli::Stop::Usage(format!("--block {} must be 1 byte to 64 MiB", cli.block))
             .exit(PROGRAM);
+    }
+    // Every process of the run (harness, target, attackers: they inherit it) uses one
+    // bounce buffer size: `ofi_rxm` peers with different sizes stall each other's
+    // transfers. Set before libfabric is first used, while this process has one thread.
+    if cli.role.is_none()
+        && cli.rxm_buffer_size > 0
+        && std::env::var_os(RXM_BUFFER_SIZE).is_none()
+    {
+        std::env::set_var(RXM_BUFFER_SIZE, cli.rxm_buffer_size.to_string());
     }
     if cli.role.as_deref() == Some("target") {
         let args = target::TargetArgs {
@@ -437,9 +446,6 @@ impl TargetProc {
             .arg(cli.block.to_string());
         for (k, v) in &cli.backend_param {
             command.arg(format!("--backend_param={k}={v}"));
-        }
-        if cli.rxm_buffer_size > 0 && std::env::var_os(RXM_BUFFER_SIZE).is_none() {
-            command.env(RXM_BUFFER_SIZE, cli.rxm_buffer_size.to_string());
         }
         let mut child = command
             .stdin(Stdio::piped())
