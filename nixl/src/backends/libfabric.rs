@@ -2051,9 +2051,9 @@ impl Drop for LibfabricBackend {
 }
 
 /// Fuzzing entry point (not a stable API): the decoders of what anyone may send to a
-/// rail — notification messages (plain and sealed), READ assist messages and direct VRAM copy messages —
-/// on `input`. Returns whether whatever decoded encodes back to `input` (decoding itself
-/// must never panic).
+/// rail — notification messages (plain and sealed), READ assist messages and direct
+/// VRAM copy messages — on `input`. Returns whether whatever decoded encodes back to
+/// `input` (decoding itself must never panic).
 #[doc(hidden)]
 pub fn fuzz_rail_message(input: &[u8]) -> bool {
     let peer_copy_ok = match peer_copy::decode(input) {
