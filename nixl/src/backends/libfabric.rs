@@ -218,6 +218,17 @@
 //! the pipeline end to end without a GPU, for tests), `vram_peer_copy` (`auto`: VRAM ↔
 //! a same-host peer's DRAM in one direct copy where it fits, see above — the default;
 //! `off`: never).
+//!
+//! Memory under a flood of messages (`tcp;ofi_rxm`): `ofi_rxm` keeps every message that
+//! finds no posted receive in a bounce buffer of `FI_OFI_RXM_BUFFER_SIZE` bytes (default
+//! 16 KiB), without limit, until a rail worker takes it; a process flooding a rail with
+//! small messages faster than the worker takes them grows the target by that much per
+//! message (hundreds of MiB under 100,000 on a loaded machine; docs/BENCHMARKS.md,
+//! "nixl: load under attack"). Where peers may be hostile, set a small size (512: larger
+//! messages then go by rendezvous, which leaves their bytes at the sender) in the
+//! environment of *every* process of the job before it first uses libfabric: peers with
+//! different sizes stall each other's transfers, and libfabric reads it once. This
+//! backend does not set it itself for that reason.
 
 mod assist;
 mod cma;
