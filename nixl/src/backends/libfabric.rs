@@ -226,9 +226,9 @@
 //! message (hundreds of MiB under 100,000 on a loaded machine; docs/BENCHMARKS.md,
 //! "nixl: load under attack"). Where peers may be hostile, set a small size (512: larger
 //! messages then go by rendezvous, which leaves their bytes at the sender) in the
-//! environment of *every* process of the job before it first uses libfabric: peers with
-//! different sizes stall each other's transfers, and libfabric reads it once. This
-//! backend does not set it itself for that reason.
+//! environment of *every* process of the job before it first uses libfabric (with it
+//! set in the target alone, the initiator's first WRITE never completed in our run),
+//! and libfabric reads it once. This backend does not set it itself for that reason.
 
 mod assist;
 mod cma;

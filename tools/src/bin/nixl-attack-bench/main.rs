@@ -29,7 +29,7 @@
 //! target under the initiator's name exits 1; a missed goal does too with `--strict`.
 //!
 //! Every process of a run uses `FI_OFI_RXM_BUFFER_SIZE=512` unless the environment or
-//! `--rxm-buffer-size` says otherwise (peers with different sizes stall each other): with the provider's 16 KiB, `ofi_rxm` kept every
+//! `--rxm-buffer-size` says otherwise (set in the target alone, it stalled a WRITE): with the provider's 16 KiB, `ofi_rxm` kept every
 //! forged message the rail worker had not taken yet in a 16 KiB bounce buffer (hundreds
 //! of MiB under 100,000 of them; docs/BENCHMARKS.md).
 //!
@@ -120,7 +120,7 @@ struct Cli {
     /// finds no posted receive in a bounce buffer of this size, without limit: under a
     /// flood of small messages the target's memory grows by this much per message it has
     /// not taken yet; larger messages then go by rendezvous, which leaves their bytes at
-    /// the sender. All peers must use the same size
+    /// the sender. All processes of a job should use the same size
     #[arg(long, value_name = "BYTES", default_value_t = 512)]
     rxm_buffer_size: usize,
     /// Exit 1 when a goal is missed (p99 within 2x, RSS growth under 64 MiB, probes)
@@ -166,11 +166,10 @@ fn main() {
             .exit(PROGRAM);
     }
     // Every process of the run (harness, target, attackers: they inherit it) uses one
-    // bounce buffer size: `ofi_rxm` peers with different sizes stall each other's
-    // transfers. Set before libfabric is first used, while this process has one thread.
-    if cli.role.is_none()
-        && cli.rxm_buffer_size > 0
-        && std::env::var_os(RXM_BUFFER_SIZE).is_none()
+    // bounce buffer size: with it set in the target alone, the initiator's first WRITE
+    // never completed. Set before libfabric is first used, while this process has one
+    // thread.
+    if cli.role.is_none() && cli.rxm_buffer_size > 0 && std::env::var_os(RXM_BUFFER_SIZE).is_none()
     {
         std::env::set_var(RXM_BUFFER_SIZE, cli.rxm_buffer_size.to_string());
     }
