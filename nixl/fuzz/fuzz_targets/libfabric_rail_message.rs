@@ -8,7 +8,7 @@ use libfuzzer_sys::fuzz_target;
 fuzz_target!(|data: &[u8]| {
     assert!(nixl::backends::libfabric::fuzz_rail_message(data));
     // Behind each magic, so the fields are reached without the fuzzer finding it first.
-    for magic in [b"NXNT", b"NXCM", b"NXPV"] {
+    for magic in [b"NXNT", b"NXNS", b"NXCM", b"NXPV"] {
         let mut framed = magic.to_vec();
         framed.extend_from_slice(data);
         assert!(nixl::backends::libfabric::fuzz_rail_message(&framed));

@@ -21,11 +21,16 @@
 //! nothing to count. A transfer of an agent to itself delivers its notification
 //! directly once every operation completed.
 //!
-//! Who sent a notification is what the transport says (module `sources`): a message
-//! from a loaded peer's endpoint is delivered under that peer's name, and refused if it
-//! names another; a message from an endpoint of no loaded peer that names a loaded peer
-//! is refused while that peer's process lives (once it ended, the name is free: a
-//! restarted peer's notifications arrive before this side reloads it); one that names an
+//! Who sent a notification: every notification leaves sealed (module `notif_mac`: an
+//! HMAC-SHA256 under a key only the two agents of the pair can compute, from X25519 key
+//! pairs whose public halves are in the connection information, and a sequence number
+//! against replays). A message naming a loaded peer is delivered under that name only
+//! with that peer's seal, whatever endpoint the provider names (libfabric 1.17's `shm`
+//! misattributes a flood); without it, it is dropped and counted
+//! ([`LibfabricBackend::unproven_notifications`]), unless the loaded incarnation's
+//! process ended (then as below: its restarted successor seals under a key not loaded
+//! yet). Other messages are judged by what the transport says (module `sources`): a
+//! message from a loaded peer's endpoint that names another is refused; one that names an
 //! agent this backend never loaded is delivered under that
 //! name with `notif_senders=any` (the default: a target need not load its initiators'
 //! metadata, as in NIXL) and refused with `notif_senders=loaded`. Where the provider
@@ -218,6 +223,17 @@
 //! the pipeline end to end without a GPU, for tests), `vram_peer_copy` (`auto`: VRAM ↔
 //! a same-host peer's DRAM in one direct copy where it fits, see above — the default;
 //! `off`: never).
+//!
+//! Memory under a flood of messages (`tcp;ofi_rxm`): `ofi_rxm` keeps every message that
+//! finds no posted receive in a bounce buffer of `FI_OFI_RXM_BUFFER_SIZE` bytes (default
+//! 16 KiB), without limit, until a rail worker takes it; a process flooding a rail with
+//! small messages faster than the worker takes them grows the target by that much per
+//! message (hundreds of MiB under 100,000 on a loaded machine; docs/BENCHMARKS.md,
+//! "nixl: load under attack"). Where peers may be hostile, set a small size (512: larger
+//! messages then go by rendezvous, which leaves their bytes at the sender) in the
+//! environment of *every* process of the job before it first uses libfabric (with it
+//! set in the target alone, the initiator's first WRITE never completed in our run),
+//! and libfabric reads it once. This backend does not set it itself for that reason.
 
 mod assist;
 mod cma;
@@ -226,6 +242,7 @@ mod host;
 mod idle;
 mod liveness;
 mod local_rails;
+mod notif_mac;
 mod peer_copy;
 #[cfg(feature = "cuda")]
 mod peer_xfer;
@@ -258,6 +275,8 @@ use fabric::{
 };
 use idle::IdleWait;
 use liveness::Liveness;
+pub use notif_mac::fuzz_sealed_notif;
+use notif_mac::{Identity, Sealer};
 use parking_lot::{Mutex, RwLock};
 use sources::{PeerSource, Sources};
 use stage_net::{failure_of, FabAddr, Stager};
@@ -330,7 +349,7 @@ fn stripe_pieces(len: usize, nrails: usize, threshold: usize, min_piece: usize) 
         None => nrails,
     }
 }
-/// Largest notification message (header and sender name included).
+/// Largest notification message (header, sender name and seal included).
 pub const MAX_NOTIF_BYTES: usize = NOTIF_SLOT;
 
 const NOTIF_SLOT: usize = 8192;
@@ -470,7 +489,11 @@ impl Rail {
     }
 
     /// Queues a job for the rail's worker and wakes it if it sleeps.
-    fn push_job(&self, job: RailJob) {
+    fn push_job(&self, mut job: RailJob) {
+        // Every notification leaves sealed ([`notif_mac`]), whoever queued it.
+        if let Some((_, message)) = job.notif.as_mut() {
+            *message = job.peer.seal_notif(std::mem::take(message));
+        }
         self.submit.lock().push_back(job);
         self.idle.wake();
     }
@@ -490,6 +513,9 @@ struct Common {
     agent_name: String,
     /// Notification messages and data refused for who sent them.
     refused_notifs: AtomicU64,
+    /// Of those, notifications naming a loaded peer without its proof ([`notif_mac`]):
+    /// forged, replayed or unsealed.
+    unproven_notifs: AtomicU64,
     /// The VRAM staging pipeline (idle and costless until something is staged).
     stager: Arc<Stager>,
     /// Local rail i → this peer's address in rail i's AV, per peer.
@@ -545,9 +571,24 @@ struct PeerAddrs {
     names: Vec<Vec<u8>>,
     /// The peer's process, where the OS can tell when it ends (same host).
     process: Option<Arc<Liveness>>,
+    /// Seals this side's notifications to the peer ([`notif_mac`]): shared by every
+    /// load of the same peer incarnation, so its sequence never goes back.
+    sealer: Arc<Sealer>,
+    /// The peer's public key the sealer was made with.
+    notif_key: [u8; 32],
 }
 
 impl PeerAddrs {
+    /// `message` sealed for this peer where it is a plain notification frame; anything
+    /// else (already sealed, or another kind of message) as it is.
+    fn seal_notif(&self, message: Vec<u8>) -> Vec<u8> {
+        if message.starts_with(NOTIF_MAGIC) {
+            self.sealer.seal(&message)
+        } else {
+            message
+        }
+    }
+
     /// Over shm, once the peer's process is known to have ended: fails what it left
     /// unanswered and releases the lock it may have left taken (see `shm_orphans`), also
     /// for a rail worker stuck on that lock inside the provider. At most every few
@@ -623,6 +664,9 @@ pub struct LibfabricBackend {
     staged_logged: AtomicBool,
     /// Sends heartbeats to the peers that watch this backend, watches those it loaded.
     hub: Option<Hub>,
+    /// The key pair whose Diffie-Hellman secrets with the loaded peers' public keys
+    /// seal notifications ([`notif_mac`]).
+    notif_identity: Identity,
 }
 
 /// How VRAM registrations are made (parameter `vram_mode`).
@@ -822,6 +866,7 @@ fn open(init: &BackendInit) -> Result<LibfabricBackend> {
         loaded_senders_only,
         agent_name: init.agent_name.clone(),
         refused_notifs: AtomicU64::new(0),
+        unproven_notifs: AtomicU64::new(0),
         stager,
         peers: RwLock::default(),
         stop: AtomicBool::new(false),
@@ -864,6 +909,7 @@ fn open(init: &BackendInit) -> Result<LibfabricBackend> {
             params.get("node").map(String::as_str),
             init.listen_addr.map(|a| a.ip()),
         )?,
+        notif_identity: Identity::generate()?,
     };
     let mut workers = Vec::with_capacity(backend.rails.len());
     for (index, rail) in backend.rails.iter().enumerate() {
@@ -1323,12 +1369,30 @@ impl Backend for LibfabricBackend {
         if self.serves_peer_copies() {
             serves |= assist::SERVES_PEER_COPIES;
         }
-        Ok(encode_conn_info(&names, self.hub.as_ref(), serves))
+        Ok(encode_conn_info(
+            &names,
+            self.hub.as_ref(),
+            serves,
+            &self.notif_identity.public(),
+        ))
     }
 
     fn load_remote_conn_info(&self, agent: &str, info: &[u8]) -> Result<()> {
         let parsed = parse_conn_info(info)?;
         let names = &parsed.names;
+        let Some(notif_key) = parsed.notif_key else {
+            return Err(Error::MetadataRefused {
+                agent: agent.to_string(),
+                reason: format!(
+                    "its {NAME} connection information has no notification key: the peer \
+                     runs a version of this library from before sealed notifications \
+                     (upgrade it; its notifications could not be verified)"
+                ),
+            });
+        };
+        let (sealer, opener) = self
+            .notif_identity
+            .pair(&self.agent_name, agent, &notif_key)?;
         if let Some(old) = self.common.peers.read().get(agent) {
             // The same peer, unless its heartbeats stopped: then watch it afresh.
             if old.conn_info == info && !old.watch.as_ref().is_some_and(|w| w.is_dead()) {
@@ -1343,11 +1407,21 @@ impl Backend for LibfabricBackend {
             inserted.push(name.clone());
         }
         let liveness = parsed.process.as_ref().and_then(Liveness::watch);
+        // The same incarnation loaded again keeps its sealer: its sequence goes on.
+        let sealer = self
+            .common
+            .peers
+            .read()
+            .get(agent)
+            .filter(|p| p.addrs.notif_key == notif_key)
+            .map_or_else(|| Arc::new(sealer), |p| p.addrs.sealer.clone());
         let addrs = Arc::new(PeerAddrs {
             rails: self.rails.clone(),
             addrs,
             names: inserted,
             process: liveness.clone(),
+            sealer,
+            notif_key,
         });
         let is_self = agent == self.agent_name;
         let cma = parsed
@@ -1368,6 +1442,7 @@ impl Backend for LibfabricBackend {
             .and_then(|p| p.local_pid())
             .is_some_and(|pid| pid != std::process::id());
         let source = self.peer_source(agent, info, parsed.process, cma.clone());
+        source.set_opener(opener);
         let endpoints = self.source_endpoints(names, &addrs)?;
         // Built before the peer table is locked: the heartbeat handshake waits for the
         // peer's hub (up to its connect bound), and transfers read the table.
@@ -1746,11 +1821,19 @@ impl LibfabricBackend {
         self.inline_bytes.load(Ordering::Relaxed)
     }
 
-    /// Notification messages and data arrivals dropped: from an endpoint of no loaded
-    /// peer that named a loaded one (or any, with `notif_senders=loaded`), from one
-    /// peer's endpoint naming another, or beyond a sender's [`MAX_PENDING_NOTIFS`].
+    /// Notification messages and data arrivals dropped: naming a loaded peer without
+    /// its proof (see [`LibfabricBackend::unproven_notifications`]), from an endpoint of
+    /// no loaded peer that named a loaded one (or any, with `notif_senders=loaded`), from
+    /// one peer's endpoint naming another, or beyond a sender's [`MAX_PENDING_NOTIFS`].
     pub fn refused_notifications(&self) -> u64 {
         self.common.refused_notifs.load(Ordering::Relaxed) + self.common.notifs.refused()
+    }
+
+    /// Notification messages dropped because they named a loaded peer without that
+    /// peer's seal (a MAC under the pair's key, module `notif_mac`): forged, replayed, or
+    /// unsealed. Counted in [`LibfabricBackend::refused_notifications`] too.
+    pub fn unproven_notifications(&self) -> u64 {
+        self.common.unproven_notifs.load(Ordering::Relaxed)
     }
 
     /// READ assist requests refused: from an endpoint of no loaded peer, naming another
@@ -2012,9 +2095,9 @@ impl Drop for LibfabricBackend {
 }
 
 /// Fuzzing entry point (not a stable API): the decoders of what anyone may send to a
-/// rail — notification messages, READ assist messages and direct VRAM copy messages —
-/// on `input`. Returns whether whatever decoded encodes back to `input` (decoding itself
-/// must never panic).
+/// rail — notification messages (plain and sealed), READ assist messages and direct
+/// VRAM copy messages — on `input`. Returns whether whatever decoded encodes back to
+/// `input` (decoding itself must never panic).
 #[doc(hidden)]
 pub fn fuzz_rail_message(input: &[u8]) -> bool {
     let peer_copy_ok = match peer_copy::decode(input) {
@@ -2030,10 +2113,13 @@ pub fn fuzz_rail_message(input: &[u8]) -> bool {
     let notif_ok = match decode_notif(input) {
         Ok((key, expected, sender, msg)) => {
             encode_notif(&sender, key, expected, &msg).ok().as_deref() == Some(input)
+                || input.len() > MAX_NOTIF_BYTES - notif_mac::SEAL_OVERHEAD
         }
         Err(_) => true,
     };
-    assist_ok && notif_ok && peer_copy_ok
+    // A sealed notification splits into a seal and a frame that encode back.
+    let sealed_ok = notif_mac::Sealed::split(input).is_none_or(|frame| frame.encode() == input);
+    assist_ok && notif_ok && peer_copy_ok && sealed_ok
 }
 
 /// How long dropping a backend waits for its rail workers to stop.

@@ -4,7 +4,9 @@
 //! peers that can tell, the process identity that [`super::liveness`] watches (a peer on
 //! this host), then the address of the peer's heartbeat hub ([`super::super::heartbeat`]),
 //! then, from a peer that serves READ assists ([`super::assist`]) or direct VRAM copies
-//! ([`super::peer_copy`]), the section that says which.
+//! ([`super::peer_copy`]), the section that says which, then the public key its
+//! notifications are sealed under ([`super::notif_mac`]; a peer without it is refused at
+//! load).
 //!
 //! A peer on another host that vanishes (its link cut, its machine killed) is reported
 //! by no provider in time: `tcp;ofi_rxm` and `sockets` keep retrying for minutes. So
@@ -22,6 +24,7 @@
 
 use super::assist;
 use super::liveness::ProcessId;
+use super::notif_mac;
 use super::{Error, Result, NAME};
 use crate::backends::heartbeat::{HeartbeatConfig, Hub, HubAddr, PeerWatch};
 use std::net::{IpAddr, Ipv4Addr};
@@ -52,12 +55,21 @@ pub(super) struct PeerInfo {
     /// The peer copies between its DRAM and this side's VRAM on request
     /// ([`super::peer_copy`]).
     pub(super) peer_copies: bool,
+    /// The public key its notifications are sealed under ([`super::notif_mac`]); `None`
+    /// from a peer built before sealing (refused at load).
+    pub(super) notif_key: Option<[u8; 32]>,
 }
 
 /// This backend's connection information: `names` (each rail's endpoint name), this
-/// process's identity, the hub's address and what it serves (READ assists, direct VRAM
-/// copies: [`assist::SERVES_ASSISTS`], [`assist::SERVES_PEER_COPIES`]; 0: no section).
-pub(super) fn encode_conn_info(names: &[Vec<u8>], hub: Option<&Hub>, serves: u8) -> Vec<u8> {
+/// process's identity, the hub's address, what it serves (READ assists, direct VRAM
+/// copies: [`assist::SERVES_ASSISTS`], [`assist::SERVES_PEER_COPIES`]; 0: no section)
+/// and the public key of its notification seals.
+pub(super) fn encode_conn_info(
+    names: &[Vec<u8>],
+    hub: Option<&Hub>,
+    serves: u8,
+    notif_key: &[u8; 32],
+) -> Vec<u8> {
     let mut out = vec![names.len() as u8];
     for name in names {
         out.extend_from_slice(&(name.len() as u16).to_le_bytes());
@@ -72,29 +84,38 @@ pub(super) fn encode_conn_info(names: &[Vec<u8>], hub: Option<&Hub>, serves: u8)
     if serves != 0 {
         assist::encode_conn_section(&mut out, serves);
     }
+    notif_mac::encode_conn_section(&mut out, notif_key);
     out
 }
 
 /// Parses connection information (bounded against hostile input).
 pub(super) fn parse_conn_info(bytes: &[u8]) -> Result<PeerInfo> {
     let (names, mut rest) = split_rail_list(bytes, "connection info")?;
+    let bad = |why: String| Error::MalformedMetadata(format!("{NAME} connection info: {why}"));
+    let later_section =
+        |rest: &[u8]| rest.starts_with(assist::CONN_TAG) || rest.starts_with(notif_mac::CONN_TAG);
     let mut process = None;
-    if !rest.is_empty() && !HubAddr::starts(rest) && !rest.starts_with(assist::CONN_TAG) {
+    if !rest.is_empty() && !HubAddr::starts(rest) && !later_section(rest) {
         let n = rest.len().min(super::liveness::WIRE_SIZE);
         process = ProcessId::decode(&rest[..n])?;
         rest = &rest[n..];
     }
     let mut hub = None;
-    if !rest.is_empty() && !rest.starts_with(assist::CONN_TAG) {
+    if !rest.is_empty() && !later_section(rest) {
         let (addr, tail) = HubAddr::decode(rest)?;
         hub = Some(addr);
         rest = tail;
     }
     let mut serves = 0;
-    if !rest.is_empty() {
+    if !rest.is_empty() && !rest.starts_with(notif_mac::CONN_TAG) {
         let n = rest.len().min(assist::CONN_WIRE_SIZE);
-        serves = assist::decode_conn_section(&rest[..n])
-            .map_err(|why| Error::MalformedMetadata(format!("{NAME} connection info: {why}")))?;
+        serves = assist::decode_conn_section(&rest[..n]).map_err(bad)?;
+        rest = &rest[n..];
+    }
+    let mut notif_key = None;
+    if !rest.is_empty() {
+        let n = rest.len().min(notif_mac::CONN_WIRE_SIZE);
+        notif_key = Some(notif_mac::decode_conn_section(&rest[..n]).map_err(bad)?);
         rest = &rest[n..];
     }
     if !rest.is_empty() {
@@ -108,6 +129,7 @@ pub(super) fn parse_conn_info(bytes: &[u8]) -> Result<PeerInfo> {
         hub,
         assists: serves & assist::SERVES_ASSISTS != 0,
         peer_copies: serves & assist::SERVES_PEER_COPIES != 0,
+        notif_key,
     })
 }
 
@@ -255,6 +277,7 @@ mod tests {
             hub: Some(hub),
             assists: false,
             peer_copies: false,
+            notif_key: None,
         };
         let live = theirs.addr();
         let watch = watch_peer(Some(&mine), "peer", &peer(live)).expect("watched");
@@ -284,6 +307,7 @@ mod tests {
             hub: None,
             assists: false,
             peer_copies: false,
+            notif_key: None,
         };
         assert_eq!(parse_conn_info(&[1, 1, 0, 9]).unwrap(), bare);
         assert!(parse_conn_info(&[1, 1, 0, 9, 9]).is_err());
@@ -312,8 +336,15 @@ mod tests {
             ..with_hub
         };
         assert_eq!(parse_conn_info(&info).unwrap(), full);
+        let assist_end = info.len();
+        notif_mac::encode_conn_section(&mut info, &[7; 32]);
+        let full = PeerInfo {
+            notif_key: Some([7; 32]),
+            ..full
+        };
+        assert_eq!(parse_conn_info(&info).unwrap(), full);
         // Every cut is malformed but those between the sections.
-        let between = [4 + super::super::liveness::WIRE_SIZE, hub_end];
+        let between = [4 + super::super::liveness::WIRE_SIZE, hub_end, assist_end];
         for cut in (5..info.len()).filter(|c| !between.contains(c)) {
             assert!(parse_conn_info(&info[..cut]).is_err(), "cut at {cut}");
         }
@@ -334,6 +365,22 @@ mod tests {
         super::assist::encode_conn_section(&mut info, super::assist::SERVES_ASSISTS);
         let parsed = parse_conn_info(&info).unwrap();
         assert!(parsed.assists && !parsed.peer_copies);
+        // The key section right after the rail list, after the hub, and in a newer
+        // version (a typed error).
+        let mut info = vec![1, 1, 0, 9];
+        notif_mac::encode_conn_section(&mut info, &[3; 32]);
+        assert_eq!(parse_conn_info(&info).unwrap().notif_key, Some([3; 32]));
+        let mut info = vec![1, 1, 0, 9];
+        hub.encode(&mut info);
+        notif_mac::encode_conn_section(&mut info, &[4; 32]);
+        let parsed = parse_conn_info(&info).unwrap();
+        assert_eq!((parsed.hub, parsed.notif_key), (Some(hub), Some([4; 32])));
+        let at = info.len() - 33;
+        info[at] = 9;
+        assert!(matches!(
+            parse_conn_info(&info),
+            Err(Error::MalformedMetadata(why)) if why.contains("version 9")
+        ));
         // A hub without a process identity (a peer where /proc does not answer).
         let mut info = vec![1, 1, 0, 9];
         hub.encode(&mut info);

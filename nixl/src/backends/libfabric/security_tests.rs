@@ -327,7 +327,11 @@ fn a_raw_endpoint_cannot_forge_or_release_notifications() {
         let landing = vec![0u8; 4096];
         let (_md, remote) = remote_of(&t, landing.as_ptr() as u64, landing.len());
         let key = y.keys.next();
-        let message = encode_notif(&peer_name, key, 2, b"after two writes").unwrap();
+        // Sealed as the peer's backend seals it (module `notif_mac`).
+        let message = y.common.peers.read()[&target_name]
+            .addrs
+            .sealer
+            .seal(&encode_notif(&peer_name, key, 2, b"after two writes").unwrap());
         y.rails[0]
             .ep
             .retry(deadline, || {
@@ -363,6 +367,130 @@ fn a_raw_endpoint_cannot_forge_or_release_notifications() {
             std::thread::sleep(Duration::from_millis(1));
         }
     }
+}
+
+/// Issue 28 (the open part of finding 5): over `shm`, a same-user process flooding the
+/// rail from a raw endpoint had some of its notifications reported by the provider as
+/// coming from the loaded peer's endpoint (from about 6,000 messages on): they were
+/// delivered under the peer's name. Now a notification naming a loaded peer must carry
+/// that peer's seal: 20,000 forged ones (plain, and sealed under a guessed tag) are all
+/// dropped and counted, the peer's own still arrive, and a genuine sealed frame that is
+/// sent again (a replay) counts once.
+#[test]
+fn a_flood_of_forged_notifications_over_shm_delivers_none() {
+    const FLOOD: u64 = 20_000;
+    let (target, t) = victim("forge-flood-victim", "shm", &[]);
+    let peer_name = "forge-flood-peer";
+    let (peer, y) = victim(peer_name, "shm", &[]);
+    target
+        .load_remote_metadata(&peer.local_metadata().unwrap())
+        .unwrap();
+    let target_name = peer
+        .load_remote_metadata(&target.local_metadata().unwrap())
+        .unwrap();
+    let attacker = Raw::new("shm");
+    let to_target = attacker.aim(&t);
+    let mut delivered_forged = 0usize;
+    let mut genuine: Vec<Vec<u8>> = Vec::new();
+    // Takes what was delivered: counts the forged, keeps the genuine.
+    let drain = |forged: &mut usize, genuine: &mut Vec<Vec<u8>>| {
+        for (sender, msgs) in notifs_of(&target) {
+            for m in msgs {
+                if m.starts_with(b"forged") {
+                    *forged += 1;
+                } else {
+                    assert_eq!(sender, peer_name, "{m:?}");
+                    genuine.push(m);
+                }
+            }
+        }
+        genuine.iter().any(|m| m == b"genuine last")
+    };
+    for i in 0..FLOOD {
+        let plain = encode_notif(peer_name, 0x10_0000 + i, 0, b"forged").unwrap();
+        let message = if i % 2 == 0 {
+            plain
+        } else {
+            // A seal with a made-up tag and a fresh sequence number.
+            let mut sealed = notif_mac::SEALED_MAGIC.to_vec();
+            sealed.extend_from_slice(&(i + 1).to_le_bytes());
+            sealed.extend_from_slice(&[i as u8; 16]);
+            sealed.extend_from_slice(&plain);
+            sealed
+        };
+        attacker.send(to_target, &message);
+        if i % 5_000 == 0 {
+            peer.gen_notif(&target_name, format!("genuine {i}").as_bytes())
+                .unwrap();
+            drain(&mut delivered_forged, &mut genuine);
+        }
+    }
+    // Every forged message judged: delivered, or refused for whatever reason.
+    let deadline = Instant::now() + WAIT;
+    while (delivered_forged as u64) + t.refused_notifications() < FLOOD {
+        assert!(
+            Instant::now() < deadline,
+            "{} delivered + {} refused < {FLOOD}",
+            delivered_forged,
+            t.refused_notifications()
+        );
+        drain(&mut delivered_forged, &mut genuine);
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(delivered_forged, 0, "forged notifications were delivered");
+    peer.gen_notif(&target_name, b"genuine last").unwrap();
+    let deadline = Instant::now() + WAIT;
+    while !drain(&mut delivered_forged, &mut genuine) {
+        assert!(
+            Instant::now() < deadline,
+            "the peer's notifications were lost"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    drain(&mut delivered_forged, &mut genuine);
+    assert_eq!(delivered_forged, 0, "forged notifications were delivered");
+    assert_eq!(genuine.len(), (FLOOD / 5_000) as usize + 1, "{genuine:?}");
+    assert_eq!(t.unproven_notifications(), FLOOD);
+    // A genuine frame of the peer, sent twice from the attacker's endpoint: the seal is
+    // the proof, so it counts once; the copy is a replay.
+    let sealed = y.common.peers.read()[&target_name]
+        .addrs
+        .sealer
+        .seal(&encode_notif(peer_name, 0x77, 0, b"sealed once").unwrap());
+    attacker.send(to_target, &sealed);
+    attacker.send(to_target, &sealed);
+    until("replay", FLOOD + 1, || t.unproven_notifications());
+    let deadline = Instant::now() + WAIT;
+    let mut once = Vec::new();
+    while once.is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "the sealed frame was not delivered"
+        );
+        once.extend(notifs_of(&target).remove(peer_name).unwrap_or_default());
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    once.extend(notifs_of(&target).remove(peer_name).unwrap_or_default());
+    assert_eq!(once, vec![b"sealed once".to_vec()]);
+}
+
+/// Connection information without the notification key (a peer of a version from
+/// before sealing) is a typed refusal at load, not notifications lost later.
+#[test]
+fn a_peer_without_a_notification_key_is_refused_at_load() {
+    let (_a, x) = victim("keyless-a", "shm", &[]);
+    let (_b, y) = victim("keyless-b", "shm", &[]);
+    let mut info = y.connection_info().unwrap();
+    info.truncate(info.len() - notif_mac::CONN_WIRE_SIZE);
+    let e = x.load_remote_conn_info("keyless-b", &info).unwrap_err();
+    assert!(
+        matches!(&e, Error::MetadataRefused { agent, reason }
+            if agent == "keyless-b" && reason.contains("notification key")),
+        "{e}"
+    );
+    // The whole information loads.
+    x.load_remote_conn_info("keyless-b", &y.connection_info().unwrap())
+        .unwrap();
 }
 
 /// With `notif_senders=loaded` a notification from no loaded peer is refused, whatever
@@ -495,6 +623,12 @@ fn assist_and_notification_decoders_survive_mutations() {
         .encode(),
         encode_notif("prefill-7", 0x5ead_beef_0000_002a, 15, b"kv ready").unwrap(),
         encode_notif("", 0, 0, b"").unwrap(),
+        notif_mac::Identity::generate()
+            .unwrap()
+            .pair("a", "b", &notif_mac::Identity::generate().unwrap().public())
+            .unwrap()
+            .0
+            .seal(&encode_notif("a", 1, 2, b"sealed").unwrap()),
     ];
     // The fuzz target's entry point: decodes to an error, or to a value that encodes
     // back to the same bytes.
@@ -550,7 +684,7 @@ fn assist_and_notification_decoders_survive_mutations() {
     }
     // Random bytes behind each magic.
     for _ in 0..iterations / 10 {
-        for magic in [assist::MAGIC, NOTIF_MAGIC] {
+        for magic in [assist::MAGIC, NOTIF_MAGIC, notif_mac::SEALED_MAGIC] {
             let mut b = magic.to_vec();
             b.extend((0..rng.below(200)).map(|_| rng.next() as u8));
             check(&b);

@@ -34,11 +34,13 @@
 //! all of 10,000 where the rail had 1,024 receive slots instead of its 64), while a few
 //! messages (the `security_tests` case) were reported as handle 0. So on `shm` the
 //! attribution holds against a stray message but not against a same-user process that
-//! floods the rail; `tcp;ofi_rxm` delivered none of the forged messages. Closing that
-//! needs a proof of the sender in the message itself (not done yet).
+//! floods the rail; `tcp;ofi_rxm` delivered none of the forged messages. So a
+//! notification naming a loaded peer carries a proof of its sender in the message itself
+//! (module `notif_mac`), and that proof, not this attribution, decides.
 
 use super::cma::CmaPeer;
 use super::liveness::ProcessId;
+use super::notif_mac::Opener;
 use super::peer_copy::{AdvertisedVram, Imports, VramExport};
 use super::stage_net::{FabAddr, ReplyAddr};
 use super::{fabric_error, LibfabricBackend, PeerAddrs};
@@ -74,6 +76,9 @@ pub(super) struct PeerSource {
     /// Its VRAM mapped into this process, for this incarnation (with feature `cuda`).
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     pub(super) imports: Imports,
+    /// Opens its sealed notifications (module `notif_mac`): the proof that a
+    /// notification naming it is its own. Set once, when it is loaded.
+    opener: OnceLock<Opener>,
 }
 
 impl PeerSource {
@@ -93,7 +98,19 @@ impl PeerSource {
             regions: RwLock::default(),
             vram: AdvertisedVram::default(),
             imports: Imports::default(),
+            opener: OnceLock::new(),
         }
+    }
+
+    /// Sets what opens its sealed notifications (kept where already set: the same
+    /// incarnation loaded again keeps its replay window).
+    pub(super) fn set_opener(&self, opener: Opener) {
+        let _ = self.opener.set(opener);
+    }
+
+    /// What opens its sealed notifications, once loaded.
+    pub(super) fn opener(&self) -> Option<&Opener> {
+        self.opener.get()
     }
 
     /// The peer advertised DRAM at `addr..addr + len` (a region of its metadata).

@@ -7,6 +7,7 @@ use super::assist;
 use super::cma::CopyError;
 use super::idle::nap_after;
 use super::liveness::ProcessId;
+use super::notif_mac::{self, Sealed};
 use super::peer_copy;
 use super::sources::{Source, STRANGER};
 use super::stage_net::{FabAddr, FabSender};
@@ -631,8 +632,22 @@ impl Worker {
             }
             return;
         }
-        match decode_notif(bytes) {
-            Ok((key, expected, sender, msg)) => self.notification(src, key, expected, sender, msg),
+        // A sealed notification ([`notif_mac`]) carries a plain one inside. (Copied out
+        // of the receive slot: small, and the checks below borrow the worker.)
+        let bytes = bytes.to_vec();
+        let sealed = if bytes.starts_with(notif_mac::SEALED_MAGIC) {
+            match Sealed::split(&bytes) {
+                Some(frame) => Some(frame),
+                None => return self.drop_malformed("sealed notification", &"truncated seal"),
+            }
+        } else {
+            None
+        };
+        let plain = sealed.map_or(&bytes[..], |frame| frame.inner);
+        match decode_notif(plain) {
+            Ok((key, expected, sender, msg)) => {
+                self.notification(src, sealed.as_ref(), key, expected, sender, msg)
+            }
             Err(e) => self.drop_malformed("notification", &e),
         }
     }
@@ -704,15 +719,49 @@ impl Worker {
         found
     }
 
-    /// A notification message naming `sender` arrived from `src`.
+    /// A notification message naming `sender` arrived from `src`, `sealed` where it
+    /// came in a seal ([`notif_mac`]).
     fn notification(
         &mut self,
         src: Option<Address>,
+        sealed: Option<&Sealed<'_>>,
         key: u64,
         expected: u64,
         sender: String,
         msg: Vec<u8>,
     ) {
+        // A notification naming a loaded peer proves itself with the pair's key: then it
+        // is that peer's whatever endpoint the provider names (`shm` misattributes a
+        // flood); without the proof it is dropped, never attributed. Only where the
+        // loaded incarnation's process ended is it judged as before: its restarted
+        // successor seals under a key not loaded yet.
+        if let Some(peer) = self.common.sources.peer(&sender) {
+            if let Some(opener) = peer.opener() {
+                let proof = match sealed {
+                    Some(frame) => opener.open(frame),
+                    None => Err(notif_mac::Refusal::Unsealed),
+                };
+                match proof {
+                    Ok(()) => {
+                        // Where the rail cannot name senders, its data is matched by
+                        // key alone: the message must be too.
+                        let owner = self.rail.names_senders.then_some(peer.tag);
+                        let arrival = self
+                            .common
+                            .notifs
+                            .message_from(key, owner, expected, sender, msg);
+                        return self.note_arrival(arrival);
+                    }
+                    Err(why) if !self.common.sources.loaded_process_ended(&sender) => {
+                        self.common.unproven_notifs.fetch_add(1, Ordering::Relaxed);
+                        return self.refuse_notif(format_args!(
+                            "a notification naming `{sender}` is not its own: {why}"
+                        ));
+                    }
+                    Err(_) => {}
+                }
+            }
+        }
         let owner = if !self.rail.names_senders {
             // This provider cannot tell (no `FI_SOURCE`): the message's word.
             None

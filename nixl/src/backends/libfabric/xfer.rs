@@ -618,15 +618,17 @@ impl Drop for FabricXfer {
 }
 
 /// `NXNT key-low:u32 key-high:u32 expected:u64 name:str16 msg:u32-prefixed` (the key's
-/// halves where a sequence number and a hash of the sender's name were before).
+/// halves where a sequence number and a hash of the sender's name were before). Sent
+/// sealed ([`super::notif_mac`]): the frame leaves room for the seal.
 pub(super) fn encode_notif(sender: &str, key: u64, expected: u64, msg: &[u8]) -> Result<Vec<u8>> {
     let (low, high) = (key as u32, (key >> 32) as u32);
     let len = 4 + 4 + 4 + 8 + 2 + sender.len() + 4 + msg.len();
-    if len > MAX_NOTIF_BYTES {
+    let most = MAX_NOTIF_BYTES - super::notif_mac::SEAL_OVERHEAD;
+    if len > most {
         return Err(Error::InvalidParam(format!(
             "notification of {} bytes is too large for {NAME} (at most {} with this agent name)",
             msg.len(),
-            MAX_NOTIF_BYTES - (len - msg.len())
+            most.saturating_sub(len - msg.len())
         )));
     }
     let mut out = Vec::with_capacity(len);
@@ -698,6 +700,7 @@ pub(super) fn send_message_blocking(
 ) -> Result<()> {
     let dest = peer.addrs[0];
     let deadline = Instant::now() + Duration::from_secs(10);
+    let message = &peer.seal_notif(message.to_vec());
     if message.len() <= rail.inject_size {
         return rail
             .ep

@@ -222,7 +222,8 @@ impl RawEndpoint {
 
 /// `total` forged notification messages to the target's rail `rail` (its endpoint name)
 /// from a raw endpoint on `provider`, a quarter of each kind: under the legitimate
-/// initiator's name (refused: not its endpoint), under strangers' names with nothing to
+/// initiator's name (refused: without the initiator's seal, half of them plain and half
+/// sealed under a made-up tag and sequence), under strangers' names with nothing to
 /// wait for (delivered where the target takes anyone's notifications, `notif_senders=any`),
 /// under strangers' names announcing data that never comes (waiting, bounded per
 /// sender), and malformed messages.
@@ -243,7 +244,11 @@ pub(crate) fn forged_notifications(
     for k in 0..total {
         let key = rng.next() >> 1;
         let message = match k % 4 {
-            0 => notification(INITIATOR, key, 0, b"w 0 0 forged"),
+            0 if k % 8 == 0 => notification(INITIATOR, key, 0, b"w 0 0 forged"),
+            0 => wire::sealed(
+                rng.next(),
+                &notification(INITIATOR, key, 0, b"w 0 0 forged"),
+            ),
             1 => notification(&format!("stranger-{}", k % 64), key, 0, &filler),
             2 => notification(&format!("stranger-{}", k % 64), key, 1 + k % 7, &filler),
             _ => {

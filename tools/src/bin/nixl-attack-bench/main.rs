@@ -28,6 +28,11 @@
 //! was not all verified, whose target died, or where a forged notification reached the
 //! target under the initiator's name exits 1; a missed goal does too with `--strict`.
 //!
+//! Every process of a run uses `FI_OFI_RXM_BUFFER_SIZE=512` unless the environment or
+//! `--rxm-buffer-size` says otherwise (set in the target alone, it stalled a WRITE): with the provider's 16 KiB, `ofi_rxm` kept every
+//! forged message the rail worker had not taken yet in a 16 KiB bounce buffer (hundreds
+//! of MiB under 100,000 of them; docs/BENCHMARKS.md).
+//!
 //! The connector and the notifier run as processes of their own (this binary in an
 //! attacker's role; the junk senders are threads of the harness): the connector raises
 //! its `RLIMIT_NOFILE` to the hard limit (it holds the hostile connections); the target
@@ -59,6 +64,8 @@ pub(crate) const INITIATOR: &str = "attack-initiator";
 const SLOTS: usize = 16;
 /// Longest a transfer or an answer may take before the run counts it failed.
 const ROUND_TIMEOUT: Duration = Duration::from_secs(10);
+/// `ofi_rxm`'s bounce buffer size (see `--rxm-buffer-size`).
+const RXM_BUFFER_SIZE: &str = "FI_OFI_RXM_BUFFER_SIZE";
 /// Goals of issue 28.
 const P99_GOAL_RATIO: f64 = 2.0;
 const RSS_GOAL_BYTES: u64 = 64 << 20;
@@ -108,6 +115,14 @@ struct Cli {
     #[arg(long = "backend_param", alias = "backend-param", value_name = "KEY=VALUE",
           value_parser = key_value)]
     backend_param: Vec<(String, String)>,
+    /// `FI_OFI_RXM_BUFFER_SIZE` of every process of the run where the environment does
+    /// not set it (0: the provider's default, 16 KiB). `ofi_rxm` holds every message that
+    /// finds no posted receive in a bounce buffer of this size, without limit: under a
+    /// flood of small messages the target's memory grows by this much per message it has
+    /// not taken yet; larger messages then go by rendezvous, which leaves their bytes at
+    /// the sender. All processes of a job should use the same size
+    #[arg(long, value_name = "BYTES", default_value_t = 512)]
+    rxm_buffer_size: usize,
     /// Exit 1 when a goal is missed (p99 within 2x, RSS growth under 64 MiB, probes)
     #[arg(long)]
     strict: bool,
@@ -149,6 +164,14 @@ fn main() {
     if cli.block == 0 || cli.block > 64 << 20 {
         tools::cli::Stop::Usage(format!("--block {} must be 1 byte to 64 MiB", cli.block))
             .exit(PROGRAM);
+    }
+    // Every process of the run (harness, target, attackers: they inherit it) uses one
+    // bounce buffer size: with it set in the target alone, the initiator's first WRITE
+    // never completed. Set before libfabric is first used, while this process has one
+    // thread.
+    if cli.role.is_none() && cli.rxm_buffer_size > 0 && std::env::var_os(RXM_BUFFER_SIZE).is_none()
+    {
+        std::env::set_var(RXM_BUFFER_SIZE, cli.rxm_buffer_size.to_string());
     }
     if cli.role.as_deref() == Some("target") {
         let args = target::TargetArgs {

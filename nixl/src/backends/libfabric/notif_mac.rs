@@ -1,0 +1,422 @@
+//! Proof of the sender inside every notification message: a MAC under a key only the
+//! two agents of a pair hold, and a sequence number against replays.
+//!
+//! Why: the transport's word on who sent a message (`FI_SOURCE`, module `sources`) is
+//! only as strong as the provider's. libfabric 1.17's `shm` misattributes messages of a
+//! same-user process that floods the rail (measured: from about 6,000 forged messages
+//! on, some were reported as coming from a loaded peer's endpoint), so a notification
+//! naming a loaded peer must prove itself.
+//!
+//! How the key comes about, with no handshake to wait for: every backend (every plane of
+//! one) draws an X25519 key pair when it opens and advertises the public half in its
+//! connection information ([`encode_conn_section`]). Metadata binding (see
+//! [`crate::Agent::load_remote_metadata`], "Binding") keeps a loaded name tied to the
+//! connection information it first came with, so the public key a side loaded under a
+//! name is that agent's. Both sides compute the same Diffie-Hellman secret from their
+//! own secret half and the other's public half, and derive one key per direction from
+//! it, bound to both names and both public keys (a key for A → B is never valid for
+//! B → A). A process that saw both connection informations still lacks both secret
+//! halves: it cannot compute the key.
+//!
+//! The sealed frame is `NXNS seq:u64le tag:[u8; 16] inner`, `inner` being the plain
+//! notification (`NXNT…`, [`super::xfer::encode_notif`]) and `tag` the first 16 bytes of
+//! HMAC-SHA256 over `seq ‖ inner`. `seq` grows per direction; the receiver keeps the
+//! highest it accepted and which of the [`REPLAY_WINDOW`] before it it has seen, so a
+//! replayed or duplicated frame is refused while frames overtaken on other rails or
+//! threads still count. A new sender key (the sender reloaded the receiver) starts its
+//! sequence at the nanoseconds since its backend opened: higher than anything an older
+//! key of the same backend sent.
+//!
+//! What the receiver does with a frame naming a loaded peer (module `worker`): a tag
+//! that verifies attributes it to that peer, whatever endpoint the provider names; a tag
+//! that does not, a replay, or a plain (unsealed) frame is dropped and counted, never
+//! attributed — except where the loaded incarnation's process has ended (its restarted
+//! successor seals under a key this side has not loaded yet: a stranger's, as before).
+//! Frames naming no loaded peer are judged as before (`notif_senders`). Honest peers
+//! never wait for a key: it exists as soon as both have loaded each other, which sending
+//! a notification at all needs on the sender's side and attributing it needs on the
+//! receiver's.
+//!
+//! Compatibility: connection information without the key section (a peer built before
+//! it) is refused at load with [`crate::Error::MetadataRefused`] naming the reason; a
+//! peer built before refuses this side's connection information (trailing bytes) the
+//! same way. Nothing is lost silently.
+
+use crate::error::{Error, Result};
+use hmac::{Hmac, Mac};
+use parking_lot::Mutex;
+use sha2::Sha256;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+use x25519_dalek::{PublicKey, StaticSecret};
+
+type HmacSha256 = Hmac<Sha256>;
+
+/// Magic of a sealed notification frame.
+pub(super) const SEALED_MAGIC: &[u8; 4] = b"NXNS";
+/// Bytes a seal adds to a notification: magic, sequence, tag.
+pub(super) const SEAL_OVERHEAD: usize = 4 + 8 + TAG_LEN;
+/// Bytes of the truncated HMAC-SHA256 tag.
+const TAG_LEN: usize = 16;
+/// Tag of the key section of the connection information, then its version.
+pub(super) const CONN_TAG: &[u8; 4] = b"NXNK";
+const CONN_VERSION: u8 = 1;
+/// Bytes of the key section: tag, version, X25519 public key.
+pub(super) const CONN_WIRE_SIZE: usize = 4 + 1 + 32;
+/// Sequence numbers behind the highest accepted one that are still accepted once.
+pub(super) const REPLAY_WINDOW: u64 = 4096;
+/// Domain separation of the derived keys.
+const KDF_LABEL: &[u8] = b"nixl libfabric notification mac v1";
+
+/// This backend's key pair (one per backend incarnation; the secret never leaves it).
+pub(super) struct Identity {
+    secret: StaticSecret,
+    public: PublicKey,
+    /// Sequences of new sender keys start at the nanoseconds since this instant.
+    opened: Instant,
+}
+
+impl std::fmt::Debug for Identity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Identity")
+            .field("public", &self.public.as_bytes())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Identity {
+    /// A fresh key pair from the kernel's secure generator.
+    pub(super) fn generate() -> Result<Self> {
+        let mut bytes = [0u8; 32];
+        crate::os::random_bytes(&mut bytes)?;
+        let secret = StaticSecret::from(bytes);
+        bytes.fill(0);
+        let public = PublicKey::from(&secret);
+        Ok(Identity {
+            secret,
+            public,
+            opened: Instant::now(),
+        })
+    }
+
+    /// The public half, as advertised.
+    pub(super) fn public(&self) -> [u8; 32] {
+        self.public.to_bytes()
+    }
+
+    /// The keys between agent `me` (this identity) and agent `peer` whose public key is
+    /// `peer_public`: one to seal what `me` sends, one to open what `peer` sends.
+    /// Refused for a public key that yields no shared secret (a low-order point: a
+    /// forgery, never a real peer's key).
+    pub(super) fn pair(
+        &self,
+        me: &str,
+        peer: &str,
+        peer_public: &[u8; 32],
+    ) -> Result<(Sealer, Opener)> {
+        let theirs = PublicKey::from(*peer_public);
+        let shared = self.secret.diffie_hellman(&theirs);
+        if !shared.was_contributory() {
+            return Err(Error::MetadataRefused {
+                agent: peer.to_string(),
+                reason: "its notification key is not a valid X25519 public key".into(),
+            });
+        }
+        let derive = |from: &str, to: &str, from_key: &[u8; 32], to_key: &[u8; 32]| {
+            let mut kdf =
+                HmacSha256::new_from_slice(shared.as_bytes()).expect("HMAC takes keys of any size");
+            kdf.update(KDF_LABEL);
+            for part in [from.as_bytes(), to.as_bytes()] {
+                kdf.update(&(part.len() as u64).to_le_bytes());
+                kdf.update(part);
+            }
+            kdf.update(from_key);
+            kdf.update(to_key);
+            let key = kdf.finalize().into_bytes();
+            HmacSha256::new_from_slice(&key).expect("HMAC takes keys of any size")
+        };
+        let mine = self.public.to_bytes();
+        let start = (self.opened.elapsed().as_nanos() as u64).max(1);
+        Ok((
+            Sealer {
+                mac: derive(me, peer, &mine, peer_public),
+                next_seq: AtomicU64::new(start),
+            },
+            Opener {
+                mac: derive(peer, me, peer_public, &mine),
+                window: Mutex::new(ReplayWindow::default()),
+            },
+        ))
+    }
+}
+
+/// Seals notifications to one peer (this side → the peer).
+pub(super) struct Sealer {
+    /// Keyed once: each message clones the keyed state.
+    mac: HmacSha256,
+    next_seq: AtomicU64,
+}
+
+impl std::fmt::Debug for Sealer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sealer").finish_non_exhaustive()
+    }
+}
+
+impl Sealer {
+    /// `inner` (a plain notification frame) sealed with the next sequence number.
+    pub(super) fn seal(&self, inner: &[u8]) -> Vec<u8> {
+        let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
+        let mut out = Vec::with_capacity(SEAL_OVERHEAD + inner.len());
+        out.extend_from_slice(SEALED_MAGIC);
+        out.extend_from_slice(&seq.to_le_bytes());
+        out.extend_from_slice(&tag(&self.mac, seq, inner));
+        out.extend_from_slice(inner);
+        out
+    }
+}
+
+/// Opens notifications from one peer (the peer → this side).
+pub(super) struct Opener {
+    mac: HmacSha256,
+    window: Mutex<ReplayWindow>,
+}
+
+impl std::fmt::Debug for Opener {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Opener").finish_non_exhaustive()
+    }
+}
+
+/// Why a sealed frame was not accepted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Refusal {
+    /// The tag does not verify under the key of the peer the frame names.
+    BadTag,
+    /// Its sequence number was accepted before, or lies behind the window.
+    Replayed,
+    /// It came without a seal.
+    Unsealed,
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Refusal::BadTag => "its MAC does not verify under the named peer's key",
+            Refusal::Replayed => "its sequence number was seen before (a replay)",
+            Refusal::Unsealed => "it is not sealed",
+        })
+    }
+}
+
+impl Opener {
+    /// Checks a sealed frame's tag, then its sequence number against replays (only a
+    /// frame whose tag verifies moves the window).
+    pub(super) fn open(&self, frame: &Sealed<'_>) -> std::result::Result<(), Refusal> {
+        let mut mac = self.mac.clone();
+        mac.update(&frame.seq.to_le_bytes());
+        mac.update(frame.inner);
+        mac.verify_truncated_left(&frame.tag)
+            .map_err(|_| Refusal::BadTag)?;
+        if self.window.lock().accept(frame.seq) {
+            Ok(())
+        } else {
+            Err(Refusal::Replayed)
+        }
+    }
+}
+
+fn tag(key: &HmacSha256, seq: u64, inner: &[u8]) -> [u8; TAG_LEN] {
+    let mut mac = key.clone();
+    mac.update(&seq.to_le_bytes());
+    mac.update(inner);
+    let full = mac.finalize().into_bytes();
+    let mut out = [0u8; TAG_LEN];
+    out.copy_from_slice(&full[..TAG_LEN]);
+    out
+}
+
+/// A sealed frame, split (not yet verified).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Sealed<'a> {
+    pub(super) seq: u64,
+    pub(super) tag: [u8; TAG_LEN],
+    pub(super) inner: &'a [u8],
+}
+
+impl<'a> Sealed<'a> {
+    /// Splits a frame that starts with [`SEALED_MAGIC`]; `None` for anything shorter
+    /// than a seal or with another magic.
+    pub(super) fn split(frame: &'a [u8]) -> Option<Self> {
+        let rest = frame.strip_prefix(SEALED_MAGIC)?;
+        let (seq, rest) = rest.split_first_chunk::<8>()?;
+        let (tag, inner) = rest.split_first_chunk::<TAG_LEN>()?;
+        Some(Sealed {
+            seq: u64::from_le_bytes(*seq),
+            tag: *tag,
+            inner,
+        })
+    }
+
+    /// The frame again (fuzzing: split and encode are inverse).
+    pub(super) fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(SEAL_OVERHEAD + self.inner.len());
+        out.extend_from_slice(SEALED_MAGIC);
+        out.extend_from_slice(&self.seq.to_le_bytes());
+        out.extend_from_slice(&self.tag);
+        out.extend_from_slice(self.inner);
+        out
+    }
+}
+
+/// The highest sequence number accepted and which of the [`REPLAY_WINDOW`] before it
+/// were seen (bit `i` of the map: `highest - i`).
+#[derive(Debug, Default)]
+struct ReplayWindow {
+    highest: u64,
+    seen: Vec<u64>,
+}
+
+impl ReplayWindow {
+    const WORDS: usize = (REPLAY_WINDOW / 64) as usize;
+
+    /// Whether `seq` is new (then it is marked seen). Sequence 0 is never a sender's.
+    fn accept(&mut self, seq: u64) -> bool {
+        if self.seen.is_empty() {
+            self.seen = vec![0; Self::WORDS];
+        }
+        if seq == 0 {
+            return false;
+        }
+        if seq > self.highest {
+            let shift = seq - self.highest;
+            self.shift(shift);
+            self.highest = seq;
+            self.seen[0] |= 1;
+            return true;
+        }
+        let back = self.highest - seq;
+        if back >= REPLAY_WINDOW {
+            return false;
+        }
+        let (word, bit) = ((back / 64) as usize, back % 64);
+        if self.seen[word] & (1 << bit) != 0 {
+            return false;
+        }
+        self.seen[word] |= 1 << bit;
+        true
+    }
+
+    /// Moves the map `by` sequence numbers forward (bit i → bit i + by).
+    fn shift(&mut self, by: u64) {
+        if by >= REPLAY_WINDOW {
+            self.seen.fill(0);
+            return;
+        }
+        let (words, bits) = ((by / 64) as usize, (by % 64) as u32);
+        for i in (0..Self::WORDS).rev() {
+            let from = i.checked_sub(words);
+            let low = from.map_or(0, |j| self.seen[j]);
+            let carry = from
+                .and_then(|j| j.checked_sub(1))
+                .map_or(0, |j| self.seen[j]);
+            self.seen[i] = if bits == 0 {
+                low
+            } else {
+                (low << bits) | (carry >> (64 - bits))
+            };
+        }
+    }
+}
+
+/// Appends the key section (`NXNK ver public:[u8; 32]`) to connection information.
+pub(super) fn encode_conn_section(out: &mut Vec<u8>, public: &[u8; 32]) {
+    out.extend_from_slice(CONN_TAG);
+    out.push(CONN_VERSION);
+    out.extend_from_slice(public);
+}
+
+/// Decodes a key section ([`encode_conn_section`]); `bytes` is exactly the section.
+pub(super) fn decode_conn_section(bytes: &[u8]) -> std::result::Result<[u8; 32], String> {
+    if bytes.len() != CONN_WIRE_SIZE || !bytes.starts_with(CONN_TAG) {
+        return Err("bad notification key section".into());
+    }
+    if bytes[4] != CONN_VERSION {
+        return Err(format!(
+            "notification key section version {} (this build reads {CONN_VERSION})",
+            bytes[4]
+        ));
+    }
+    let mut public = [0u8; 32];
+    public.copy_from_slice(&bytes[5..]);
+    Ok(public)
+}
+
+/// Fuzzing entry point (not a stable API): splits `input` as a sealed frame and opens it
+/// under a fixed pair key, twice (the second must be a replay), and feeds the replay
+/// window the sequence numbers its 8-byte words name. Returns whether split and encode
+/// agree and the window behaved (decoding itself must never panic).
+#[doc(hidden)]
+pub fn fuzz_sealed_notif(input: &[u8]) -> bool {
+    use std::sync::OnceLock;
+    static PAIR: OnceLock<(Sealer, Opener)> = OnceLock::new();
+    let (sealer, opener) = PAIR.get_or_init(|| {
+        let a = Identity::fixed(1);
+        let b = Identity::fixed(2);
+        let (sealer, _) = a.pair("a", "b", &b.public()).expect("valid keys");
+        let (_, opener) = b.pair("b", "a", &a.public()).expect("valid keys");
+        (sealer, opener)
+    });
+    let mut ok = true;
+    if let Some(frame) = Sealed::split(input) {
+        ok &= frame.encode() == input;
+        // A fresh window: a forged tag never verifies; a verified one is a replay the
+        // second time.
+        let fresh = Opener {
+            mac: opener.mac.clone(),
+            window: Mutex::new(ReplayWindow::default()),
+        };
+        if fresh.open(&frame).is_ok() {
+            ok &= fresh.open(&frame) == Err(Refusal::Replayed);
+        }
+    }
+    // Sealing what was given opens exactly once.
+    let sealed = sealer.seal(input);
+    let frame = Sealed::split(&sealed).expect("a seal splits");
+    let fresh = Opener {
+        mac: opener.mac.clone(),
+        window: Mutex::new(ReplayWindow::default()),
+    };
+    ok &= fresh.open(&frame).is_ok() && fresh.open(&frame) == Err(Refusal::Replayed);
+    // The window against a model: accepted iff new and within the window.
+    let mut window = ReplayWindow::default();
+    let mut accepted = std::collections::BTreeSet::new();
+    for word in input.chunks_exact(8).take(64) {
+        let seq = u64::from_le_bytes(word.try_into().expect("8")) % (4 * REPLAY_WINDOW);
+        let highest = accepted.last().copied().unwrap_or(0);
+        let expect = seq != 0
+            && !accepted.contains(&seq)
+            && (seq > highest || highest - seq < REPLAY_WINDOW);
+        ok &= window.accept(seq) == expect;
+        if expect {
+            accepted.insert(seq);
+        }
+    }
+    ok
+}
+
+impl Identity {
+    /// A deterministic identity (tests and fuzzing only: its secret is no secret).
+    fn fixed(seed: u8) -> Self {
+        let secret = StaticSecret::from([seed; 32]);
+        let public = PublicKey::from(&secret);
+        Identity {
+            secret,
+            public,
+            opened: Instant::now(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
