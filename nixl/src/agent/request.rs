@@ -86,52 +86,26 @@ impl XferDlist {
         }
         let list = match self.agent.as_deref() {
             None => {
-                let mds: Option<Vec<&dyn LocalMd>> = self
-                    .local_regs
-                    .iter()
-                    .map(|reg| reg.mds.get(bi)?.as_deref())
-                    .collect();
-                match mds {
+                let regs = self.local_regs.iter().map(|reg| {
+                    let md: Option<&dyn LocalMd> = reg.mds.get(bi).and_then(|m| m.as_deref());
+                    (&reg.region, md)
+                });
+                match list_entries(&self.descs, &self.slots, regs) {
+                    Some(entries) => backend.prep_list(ListSide::Local(&entries))?,
                     None => None,
-                    Some(mds) => {
-                        let entries: Vec<ListEntry<'_, dyn LocalMd>> = self
-                            .descs
-                            .iter()
-                            .zip(&self.slots)
-                            .map(|(&desc, &slot)| ListEntry {
-                                desc,
-                                region: &self.local_regs[slot as usize].region,
-                                md: mds[slot as usize],
-                            })
-                            .collect();
-                        backend.prep_list(ListSide::Local(&entries))?
-                    }
                 }
             }
             Some(agent) => {
-                let mds: Option<Vec<&dyn RemoteMd>> = self
-                    .remote_regs
-                    .iter()
-                    .map(|reg| reg.mds.get(bi)?.as_deref())
-                    .collect();
-                match mds {
+                let regs = self.remote_regs.iter().map(|reg| {
+                    let md: Option<&dyn RemoteMd> = reg.mds.get(bi).and_then(|m| m.as_deref());
+                    (&reg.region, md)
+                });
+                match list_entries(&self.descs, &self.slots, regs) {
+                    Some(entries) => backend.prep_list(ListSide::Remote {
+                        agent,
+                        entries: &entries,
+                    })?,
                     None => None,
-                    Some(mds) => {
-                        let entries: Vec<ListEntry<'_, dyn RemoteMd>> = self
-                            .descs
-                            .iter()
-                            .zip(&self.slots)
-                            .map(|(&desc, &slot)| ListEntry {
-                                desc,
-                                region: &self.remote_regs[slot as usize].region,
-                                md: mds[slot as usize],
-                            })
-                            .collect();
-                        backend.prep_list(ListSide::Remote {
-                            agent,
-                            entries: &entries,
-                        })?
-                    }
                 }
             }
         };
@@ -150,6 +124,26 @@ impl XferDlist {
             dev_id: d.dev_id,
         }
     }
+}
+
+/// Each descriptor with its registration (by slot) and a backend's metadata of it;
+/// `None` where that backend did not register one of the registrations.
+fn list_entries<'a, M: ?Sized>(
+    descs: &[Desc],
+    slots: &[u32],
+    regs: impl Iterator<Item = (&'a crate::mem::Region, Option<&'a M>)>,
+) -> Option<Vec<ListEntry<'a, M>>> {
+    let regs: Vec<(&crate::mem::Region, &M)> = regs
+        .map(|(region, md)| md.map(|md| (region, md)))
+        .collect::<Option<_>>()?;
+    descs
+        .iter()
+        .zip(slots)
+        .map(|(&desc, &slot)| {
+            let &(region, md) = regs.get(slot as usize)?;
+            Some(ListEntry { desc, region, md })
+        })
+        .collect()
 }
 
 /// A transfer request: made once, posted many times (NIXL's `nixlXferReqH`).

@@ -1304,6 +1304,49 @@ impl<'a> Importer<'a> {
     }
 }
 
+/// One pair of a transfer, both sides located: the copy it makes.
+struct PairCopy {
+    /// The GPU whose streams run the copy.
+    gpu: usize,
+    /// See [`ResolvedPair::staged_home`].
+    staged_home: Option<usize>,
+    local: (u64, MemLoc),
+    remote: (u64, MemLoc),
+    len: u64,
+}
+
+impl PairCopy {
+    /// Adds the copy to `copies` (on `gpu`), or to `staged` for a pair without peer
+    /// access (VRAM of `gpu` and the peer's VRAM on its home GPU).
+    fn place(self, op: XferOp, copies: &mut Vec<(usize, Copy)>, staged: &mut Vec<StagedCopy>) {
+        let (src, dst) = match op {
+            XferOp::Write => (self.local, self.remote),
+            XferOp::Read => (self.remote, self.local),
+        };
+        let copy = Copy {
+            dst: dst.0,
+            src: src.0,
+            len: self.len as usize,
+            dst_loc: dst.1,
+            src_loc: src.1,
+        };
+        match self.staged_home {
+            Some(home) => {
+                let (src_gpu, dst_gpu) = match op {
+                    XferOp::Write => (self.gpu, home),
+                    XferOp::Read => (home, self.gpu),
+                };
+                staged.push(StagedCopy {
+                    src_gpu,
+                    dst_gpu,
+                    copy,
+                });
+            }
+            None => copies.push((self.gpu, copy)),
+        }
+    }
+}
+
 impl IpcPlane for CudaIpcBackend {
     /// Maps the peer's side of every pair into this process (importing each allocation
     /// once per GPU; `agent` may be this agent: loopback) and pins local DRAM. With
@@ -1541,35 +1584,14 @@ impl Backend for CudaIpcBackend {
         let mut copies = Vec::with_capacity(resolved.pairs.len());
         let mut staged = Vec::new();
         for (p, e) in resolved.pairs.iter().zip(entries) {
-            let local = (p.local, local_loc(e));
-            let remote = (p.remote, remote_loc(p));
-            let (src, dst) = match op {
-                XferOp::Write => (local, remote),
-                XferOp::Read => (remote, local),
+            let copy = PairCopy {
+                gpu: p.gpu,
+                staged_home: p.staged_home,
+                local: (p.local, local_loc(e)),
+                remote: (p.remote, remote_loc(p)),
+                len: p.len,
             };
-            let copy = Copy {
-                dst: dst.0,
-                src: src.0,
-                len: p.len as usize,
-                dst_loc: dst.1,
-                src_loc: src.1,
-            };
-            match p.staged_home {
-                // VRAM of `p.gpu` and the peer's VRAM on `home`, a pair without peer
-                // access.
-                Some(home) => {
-                    let (src_gpu, dst_gpu) = match op {
-                        XferOp::Write => (p.gpu, home),
-                        XferOp::Read => (home, p.gpu),
-                    };
-                    staged.push(StagedCopy {
-                        src_gpu,
-                        dst_gpu,
-                        copy,
-                    });
-                }
-                None => copies.push((p.gpu, copy)),
-            }
+            copy.place(op, &mut copies, &mut staged);
         }
         Ok(Box::new(
             GpuXfer::new(

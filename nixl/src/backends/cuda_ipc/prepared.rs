@@ -9,11 +9,11 @@
 //! that copies against them (at that GPU's first request) and keeps every
 //! descriptor's address there. A request then looks each pair up in two tables.
 
-use super::{CudaIpcBackend, Importer, LocalRegion, RemoteRegion, NAME};
+use super::{CudaIpcBackend, Importer, LocalRegion, PairCopy, RemoteRegion, NAME};
 use crate::backend::{BackendXfer, ListSide, PreparedList, XferOp};
 use crate::backends::cuda_copy::{
     Copy, CopyBatch, CopyEngine, DeviceTable, GatherLists, GpuStreams, GpuXfer, MemLoc, NotifSink,
-    StagedCopy, KERNEL_MIN_COPIES,
+    KERNEL_MIN_COPIES,
 };
 use crate::backends::ipc_plane::KeepAlive;
 use crate::error::{Error, Result};
@@ -394,31 +394,14 @@ impl CudaIpcBackend {
             } else {
                 MemLoc::Host { pinned: false }
             };
-            let (src, dst) = match op {
-                XferOp::Write => ((l.addr, l.loc), (r.addr, remote_loc)),
-                XferOp::Read => ((r.addr, remote_loc), (l.addr, l.loc)),
-            };
-            let copy = Copy {
-                dst: dst.0,
-                src: src.0,
-                len: l.len as usize,
-                dst_loc: dst.1,
-                src_loc: src.1,
-            };
-            match r.staged_home {
-                Some(home) => {
-                    let (src_gpu, dst_gpu) = match op {
-                        XferOp::Write => (r.gpu, home),
-                        XferOp::Read => (home, r.gpu),
-                    };
-                    staged.push(StagedCopy {
-                        src_gpu,
-                        dst_gpu,
-                        copy,
-                    });
-                }
-                None => copies.push((r.gpu, copy)),
+            PairCopy {
+                gpu: r.gpu,
+                staged_home: r.staged_home,
+                local: (l.addr, l.loc),
+                remote: (r.addr, remote_loc),
+                len: l.len,
             }
+            .place(op, &mut copies, &mut staged);
         }
         let Some((_, mapped)) = current else {
             return Err(Error::InvalidParam(format!(
