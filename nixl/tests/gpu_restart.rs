@@ -241,21 +241,22 @@ fn restart_row(row: &Row) {
     let _h =
         unsafe { survivor.register_mem(&vram([common::whole(&src), common::whole(&dst)]), None) }
             .unwrap();
-    let xfer = |op: XferOp, peer: &str, base: u64, n: usize, notif: Option<String>| {
+    let try_xfer = |op: XferOp, peer: &str, base: u64, n: usize, notif: Option<String>| {
         let local = if op == XferOp::Read {
             dst.ptr()
         } else {
             src.ptr()
         };
-        survivor
-            .create_xfer_req(
-                op,
-                &blocks(&gpu, local, n),
-                &blocks(&gpu, base, n),
-                peer,
-                notif.map(String::into_bytes),
-            )
-            .unwrap()
+        survivor.create_xfer_req(
+            op,
+            &blocks(&gpu, local, n),
+            &blocks(&gpu, base, n),
+            peer,
+            notif.map(String::into_bytes),
+        )
+    };
+    let xfer = |op: XferOp, peer: &str, base: u64, n: usize, notif: Option<String>| {
+        try_xfer(op, peer, base, n, notif).unwrap()
     };
 
     let name = format!("restarting-{}", row.tag);
@@ -313,7 +314,7 @@ fn restart_row(row: &Row) {
                 &survivor,
                 &name,
                 &dead_blob,
-                || xfer(XferOp::Write, &name, dead_base, 1, Some("stale".into())),
+                || try_xfer(XferOp::Write, &name, dead_base, 1, Some("stale".into())),
                 DETECTION_BOUND,
             );
         }

@@ -463,7 +463,7 @@ fn restart_row(t: &Transport) {
                 &agent,
                 &name,
                 &dead_blob,
-                || survivor.xfer(XferOp::Write, &name, dead_base, 1, Some("stale")),
+                || Ok(survivor.xfer(XferOp::Write, &name, dead_base, 1, Some("stale"))),
                 DETECTION_BOUND,
             );
         }

@@ -260,13 +260,13 @@ fn restarted_verbs_peer_is_reached_again() {
                 PEER_NAME,
                 &dead_blob,
                 || {
-                    xfer(
+                    Ok(xfer(
                         XferOp::Write,
                         src.as_ptr() as u64,
                         dead_base,
                         1,
                         Some("stale".into()),
-                    )
+                    ))
                 },
                 BOUND,
             );

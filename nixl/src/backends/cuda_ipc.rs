@@ -402,6 +402,28 @@ impl Peer {
         Ok(())
     }
 
+    /// The error of a failed import: `RemoteDisconnect` where the advertised process is
+    /// not running here (metadata of an incarnation that ended: its handles are void),
+    /// else the driver's refusal.
+    fn import_failed(&self, e: gpu_mem::Error) -> Error {
+        let ended = !self.same_process
+            && self.unreachable.is_none()
+            && self.pidfd.is_none()
+            && process_start_time(self.info.pid) != Some(self.info.start_time);
+        if ended {
+            self.gone.store(true, Ordering::Relaxed);
+            return Error::RemoteDisconnect {
+                agent: self.name.clone(),
+                reason: format!(
+                    "its process (pid {}) is not running here, and importing its memory \
+                     failed: {e}",
+                    self.info.pid
+                ),
+            };
+        }
+        Error::Gpu(format!("importing memory of agent `{}`: {e}", self.name))
+    }
+
     /// The mapping of allocation `key` in `gpu`'s context, imported on first use.
     fn mapping(&self, key: &AllocKey, gpu: &Gpu) -> Result<Arc<Mapped>> {
         let mut mappings = self.mappings.lock();
@@ -410,9 +432,7 @@ impl Peer {
             return Ok(m.clone());
         }
         self.alive()?;
-        let import_err = |e: gpu_mem::Error| {
-            Error::Gpu(format!("importing memory of agent `{}`: {e}", self.name))
-        };
+        let import_err = |e: gpu_mem::Error| self.import_failed(e);
         let m = Arc::new(match key {
             AllocKey::Ipc(handle) => {
                 Mapped::Ipc(IpcMapping::open(gpu, handle).map_err(import_err)?)

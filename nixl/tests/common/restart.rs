@@ -257,7 +257,7 @@ pub fn stale_metadata_is_refused_or_fails(
     agent: &Agent,
     name: &str,
     blob: &[u8],
-    write: impl FnOnce() -> XferReq,
+    write: impl FnOnce() -> nixl::Result<XferReq>,
     bound: Duration,
 ) {
     agent.invalidate_remote(name).unwrap();
@@ -272,12 +272,16 @@ pub fn stale_metadata_is_refused_or_fails(
             );
         }
         Ok(_) => {
-            let mut req = write();
-            let error = match req.post() {
+            // The request may fail as it is made (its memory cannot be mapped), as it is
+            // posted, or while it runs.
+            let error = match write() {
                 Err(e) => e,
-                Ok(_) => req
-                    .wait(TIMEOUT)
-                    .expect_err("a WRITE to a dead incarnation completed"),
+                Ok(mut req) => match req.post() {
+                    Err(e) => e,
+                    Ok(_) => req
+                        .wait(TIMEOUT)
+                        .expect_err("a WRITE to a dead incarnation completed"),
+                },
             };
             let took = loaded.elapsed();
             println!(
