@@ -588,6 +588,20 @@ impl BackendXfer for PeerDramXfer {
         self.requests.iter().map(Vec::len).sum()
     }
 
+    /// Kernels post through the NIC path's rings (the peer's copy engine cannot be
+    /// driven from a kernel): the request's device form is the NIC path's, and its host
+    /// posts take that path from now on too, so that both see one transfer.
+    fn gpu_xfer_req(&mut self) -> Result<crate::device::GpuHandle> {
+        if self.run.is_some() {
+            return Err(Error::InvalidParam(format!(
+                "{NAME}: a GPU request from a transfer that is running on the direct path"
+            )));
+        }
+        let handle = self.fallback.gpu_xfer_req()?;
+        self.on_fallback = true;
+        Ok(handle)
+    }
+
     fn staged_bytes(&self) -> u64 {
         if self.on_fallback {
             self.fallback.staged_bytes()
