@@ -94,6 +94,9 @@ PLUGIN_PARAMS: Dict[str, Dict[str, str]] = {
         # shm: threads copying a transfer of many small blocks (a KV-cache pull) within the
         # post (a quarter of the CPUs, at most 8; below 2: off).
         "cma_threads": str(min(8, (os.cpu_count() or 1) // 4)),
+        # VRAM <-> a same-host peer's DRAM in one copy by the process owning the DRAM
+        # ("off": the staged pipeline).
+        "vram_peer_copy": "auto",
         # Notifications from endpoints that are no loaded peer: "any" delivers them under
         # the name they carry (targets that never load their initiators), "loaded" refuses.
         "notif_senders": "any",
@@ -131,6 +134,8 @@ PLUGIN_PARAMS: Dict[str, Dict[str, str]] = {
         # Host-posted same-node copies: copy engines / batched kernel (auto) or the
         # queue-pair kernel (gio).
         "copy_engine": "auto",
+        # VRAM <-> a same-host peer's DRAM in one copy by the peer ("off": the NIC path).
+        "vram_peer_copy": "auto",
     },
     "FAULT": {
         "inner": "",
