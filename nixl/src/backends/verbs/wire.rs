@@ -353,6 +353,9 @@ fn read_until(s: &mut TcpStream, buf: &mut [u8], deadline: Instant) -> std::io::
             Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
             Ok(n) => at += n,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            // The read timeout ran out (Linux reports it as EAGAIN): the loop's deadline
+            // check answers with the typed timeout.
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
             Err(e) => return Err(e),
         }
     }
