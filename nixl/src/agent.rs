@@ -1025,7 +1025,6 @@ impl Agent {
                 Ok(XferDlist {
                     agent: None,
                     kind,
-                    lens_slots: lens_slots(list.descs(), &slots),
                     uniform_len: uniform_len(list.descs()),
                     descs: list.descs().to_vec(),
                     slots,
@@ -1058,7 +1057,6 @@ impl Agent {
                 Ok(XferDlist {
                     agent: Some(name.to_string()),
                     kind,
-                    lens_slots: lens_slots(list.descs(), &slots),
                     uniform_len: uniform_len(list.descs()),
                     descs: list.descs().to_vec(),
                     slots,
@@ -1269,18 +1267,19 @@ impl Agent {
         }
         if uniform.is_none() {
             for (&li, &ri) in local_idx.iter().zip(remote_idx) {
-                let Some(&(llen, lslot)) = local.lens_slots.get(li) else {
+                let (Some(l), Some(&lslot)) = (local.descs.get(li), local.slots.get(li)) else {
                     return Err(bad_index("local", li, local.descs.len()));
                 };
-                let Some(&(rlen, rslot)) = remote.lens_slots.get(ri) else {
+                let (Some(r), Some(&rslot)) = (remote.descs.get(ri), remote.slots.get(ri)) else {
                     return Err(bad_index("remote", ri, remote.descs.len()));
                 };
-                if llen != rlen {
+                if l.len != r.len {
                     return Err(Error::Mismatch(format!(
-                        "local descriptor {li} has {llen} bytes, remote descriptor {ri} has {rlen}"
+                        "local descriptor {li} has {} bytes, remote descriptor {ri} has {}",
+                        l.len, r.len
                     )));
                 }
-                total_bytes += llen;
+                total_bytes += l.len;
                 if let Some(u) = used_local.get_mut(lslot as usize) {
                     *u = true;
                 }
@@ -1541,24 +1540,18 @@ impl Agent {
     }
 }
 
-/// Resolves each descriptor to the registration containing it: per descriptor a slot
-/// (its position in the returned distinct registrations, first seen first), or
-/// `outside(position, descriptor, partly_registered)`. `index_of(dev_id)` gives the
-/// regions of the list's kind on a device. A descriptor inside the same region as the
-/// one before it (a KV cache's consecutive blocks) is checked in constant time, and a
-/// registration is cloned once per list, not once per descriptor.
-/// Each descriptor's length beside its slot: what a request by index checks per
-/// descriptor, in one cache line instead of two (requests pick descriptors at random).
-fn lens_slots(descs: &[Desc], slots: &[u32]) -> Vec<(u64, u32)> {
-    descs.iter().zip(slots).map(|(d, &s)| (d.len, s)).collect()
-}
-
 /// The length every descriptor has, if they all have one.
 fn uniform_len(descs: &[Desc]) -> Option<u64> {
     let first = descs.first()?.len;
     descs.iter().all(|d| d.len == first).then_some(first)
 }
 
+/// Resolves each descriptor to the registration containing it: per descriptor a slot
+/// (its position in the returned distinct registrations, first seen first), or
+/// `outside(position, descriptor, partly_registered)`. `index_of(dev_id)` gives the
+/// regions of the list's kind on a device. A descriptor inside the same region as the
+/// one before it (a KV cache's consecutive blocks) is checked in constant time, and a
+/// registration is cloned once per list, not once per descriptor.
 fn resolve_descs<'a, T: 'a>(
     descs: &[Desc],
     mut index_of: impl FnMut(u64) -> Option<&'a RegionIndex<Arc<T>>>,

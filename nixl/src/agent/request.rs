@@ -23,8 +23,6 @@ pub struct XferDlist {
     /// peer's) of the registration containing it, resolved once here so that a request
     /// by index gathers without searching, cloning or locking per descriptor.
     pub(super) slots: Vec<u32>,
-    /// (length, slot) of each descriptor: the part a request by index reads.
-    pub(super) lens_slots: Vec<(u64, u32)>,
     /// The length of every descriptor, where they all have the same.
     pub(super) uniform_len: Option<u64>,
     /// The distinct registrations of a local list's descriptors (empty for a peer's).

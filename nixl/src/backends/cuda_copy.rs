@@ -69,17 +69,8 @@ impl GpuStreams {
 
     /// A device buffer of at least `bytes` for a work table: a spare one, or a new one.
     fn take_table(&self, bytes: usize) -> Result<DeviceBuffer> {
-        {
-            let mut spare = self.tables.lock();
-            if let Some(i) = spare
-                .iter()
-                .enumerate()
-                .filter(|(_, b)| b.len() >= bytes)
-                .min_by_key(|(_, b)| b.len())
-                .map(|(i, _)| i)
-            {
-                return Ok(spare.swap_remove(i));
-            }
+        if let Some(table) = take_spare(&self.tables, bytes, DeviceBuffer::len) {
+            return Ok(table);
         }
         DeviceBuffer::alloc(&self.gpu, bytes.max(MIN_TABLE_BYTES).next_power_of_two())
             .map_err(gpu_err("allocating a copy table"))
@@ -87,25 +78,13 @@ impl GpuStreams {
 
     /// Gives a table back once no kernel reads it any more.
     fn give_table(&self, table: DeviceBuffer) {
-        let mut spare = self.tables.lock();
-        if spare.len() < SPARE_TABLES {
-            spare.push(table);
-        }
+        give_spare(&self.tables, table, SPARE_TABLES);
     }
 
     /// A pinned buffer of at least `bytes` to upload a work table from.
     fn take_upload(&self, bytes: usize) -> Result<gpu_mem::HostBuffer> {
-        {
-            let mut spare = self.uploads.lock();
-            if let Some(i) = spare
-                .iter()
-                .enumerate()
-                .filter(|(_, b)| b.len() >= bytes)
-                .min_by_key(|(_, b)| b.len())
-                .map(|(i, _)| i)
-            {
-                return Ok(spare.swap_remove(i));
-            }
+        if let Some(upload) = take_spare(&self.uploads, bytes, gpu_mem::HostBuffer::len) {
+            return Ok(upload);
         }
         gpu_mem::HostBuffer::alloc(&self.gpu, bytes.max(MIN_TABLE_BYTES).next_power_of_two())
             .map_err(gpu_err("allocating a pinned upload buffer"))
@@ -113,10 +92,7 @@ impl GpuStreams {
 
     /// Gives an upload buffer back once its upload completed.
     fn give_upload(&self, upload: gpu_mem::HostBuffer) {
-        let mut spare = self.uploads.lock();
-        if spare.len() < SPARE_TABLES {
-            spare.push(upload);
-        }
+        give_spare(&self.uploads, upload, SPARE_TABLES);
     }
 
     /// A pinned staging slot of at least `bytes`: a spare one, or a new one of at least
@@ -134,10 +110,7 @@ impl GpuStreams {
 
     /// Gives a slot back once no copy uses it any more.
     fn give_stage_slot(&self, slot: gpu_mem::HostBuffer) {
-        let mut spare = self.stage_slots.lock();
-        if spare.len() < SPARE_STAGE_SLOTS {
-            spare.push(slot);
-        }
+        give_spare(&self.stage_slots, slot, SPARE_STAGE_SLOTS);
     }
 
     /// Whether a kernel on this GPU can read and write memory at `loc`: its own VRAM, or
@@ -150,6 +123,27 @@ impl GpuStreams {
             MemLoc::Host { pinned } => pinned,
             MemLoc::Gpu(g) => g == self.gpu.ordinal(),
         }
+    }
+}
+
+/// The smallest of `spare`'s buffers that holds `bytes` (`len` gives a buffer's size),
+/// taken out for use.
+fn take_spare<B>(spare: &Mutex<Vec<B>>, bytes: usize, len: impl Fn(&B) -> usize) -> Option<B> {
+    let mut spare = spare.lock();
+    let i = spare
+        .iter()
+        .enumerate()
+        .filter(|(_, b)| len(b) >= bytes)
+        .min_by_key(|(_, b)| len(b))
+        .map(|(i, _)| i)?;
+    Some(spare.swap_remove(i))
+}
+
+/// Keeps `buf` in `spare` for a later use, while fewer than `keep` are kept.
+fn give_spare<B>(spare: &Mutex<Vec<B>>, buf: B, keep: usize) {
+    let mut spare = spare.lock();
+    if spare.len() < keep {
+        spare.push(buf);
     }
 }
 
