@@ -4,7 +4,8 @@
 //! WRITE's memory at the moment its notification arrives), DRAM → peer VRAM on the
 //! intra-node path; `vram_peer_copy=off` and a target that never loaded this side's
 //! metadata take the CPU proxy with the same data; a target killed mid-transfer is
-//! `RemoteDisconnect`. Bandwidth is printed beside pinned copies of the same block size
+//! `RemoteDisconnect`; requests of 512 small blocks on each of the target's copy
+//! strategies. Bandwidth is printed beside pinned copies of the same block size
 //! measured in the same run (no timing is asserted).
 //!
 //! Needs a GPU: without one every test prints why it skips; with `NIXL_REQUIRE_GPU=1`
@@ -36,6 +37,21 @@ fn gpu_gpunetio_vram_to_peer_dram_direct() {
     };
     gpunetio();
     direct_both_ways("gpunetio-one-gpu", &[gpu], 0);
+}
+
+/// Requests of 512 small blocks (upstream's GPUNETIO line's batch), the target serving
+/// them on each copy strategy.
+#[test]
+fn gpu_gpunetio_peer_dram_many_blocks() {
+    let Some(gpu) = gpu_mem::gpu_for_test("gpu_gpunetio_peer_dram_many_blocks") else {
+        return;
+    };
+    gpunetio();
+    vram_peer_dram::many_blocks(
+        "gpunetio-many",
+        &gpu,
+        &[Some("memcpy"), Some("kernel"), Some("batch"), None],
+    );
 }
 
 /// `vram_peer_copy=off`: the CPU proxy, counted as such; a target that never loaded this

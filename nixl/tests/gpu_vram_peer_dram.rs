@@ -5,7 +5,7 @@
 //! READs are checked here. Every transfer of the direct path reports no staged bytes;
 //! `vram_peer_copy=off` stages; a target that never loaded the initiator's metadata
 //! declines and the transfer runs staged, with the same data; a target killed
-//! mid-transfer is `RemoteDisconnect`. Bandwidth is printed beside a pinned
+//! mid-transfer is `RemoteDisconnect`; requests of 512 small blocks. Bandwidth is printed beside a pinned
 //! device-to-host and host-to-device copy measured in the same run (no timing is
 //! asserted). Two GPUs: `gpu_multi_vram_peer_dram`.
 //!
@@ -34,6 +34,16 @@ fn gpu_vram_to_peer_dram_and_dram_to_peer_vram_direct() {
         return;
     };
     direct_both_ways("one-gpu", &[gpu], 0);
+}
+
+/// Requests of 512 small blocks VRAM ↔ peer DRAM (LIBFABRIC has no `copy_engine`: the
+/// target serves on its default strategy).
+#[test]
+fn gpu_vram_peer_dram_many_blocks() {
+    let Some(gpu) = gpu_mem::gpu_for_test("gpu_vram_peer_dram_many_blocks") else {
+        return;
+    };
+    vram_peer_dram::many_blocks("libfabric-many", &gpu, &[None]);
 }
 
 /// `vram_peer_copy=off` stages; a target that never loaded this side's metadata declines

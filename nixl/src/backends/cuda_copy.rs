@@ -51,7 +51,13 @@ pub(crate) struct GpuStreams {
     /// upload from pageable memory waits for the stream's earlier work (the previous
     /// request's kernel) and copies through the driver's staging first.
     uploads: Mutex<Vec<gpu_mem::HostBuffer>>,
+    /// Completion events of finished batches, reused by later ones (a request's
+    /// `cuEventCreate` and `cuEventDestroy` are on its latency path).
+    events: Mutex<Vec<CudaEvent>>,
 }
+
+/// Spare completion events kept per GPU; more are destroyed.
+const SPARE_EVENTS: usize = 64;
 
 /// Staging slots kept for reuse per GPU; more are freed.
 const SPARE_STAGE_SLOTS: usize = 16;
@@ -88,6 +94,22 @@ impl GpuStreams {
         }
         gpu_mem::HostBuffer::alloc(&self.gpu, bytes.max(MIN_TABLE_BYTES).next_power_of_two())
             .map_err(gpu_err("allocating a pinned upload buffer"))
+    }
+
+    /// A completion event: a spare one, or a new one.
+    fn take_event(&self) -> Result<CudaEvent> {
+        if let Some(event) = self.events.lock().pop() {
+            return Ok(event);
+        }
+        self.gpu
+            .context()
+            .new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
+            .map_err(|e| Error::Gpu(format!("cuEventCreate: {e:?}")))
+    }
+
+    /// Gives an event back once nothing waits for it or records it any more.
+    fn give_event(&self, event: CudaEvent) {
+        give_spare(&self.events, event, SPARE_EVENTS);
     }
 
     /// Gives an upload buffer back once its upload completed.
@@ -180,6 +202,7 @@ impl StreamPools {
             tables: Mutex::default(),
             stage_slots: Mutex::default(),
             uploads: Mutex::default(),
+            events: Mutex::default(),
         });
         pools.insert(ordinal, pool.clone());
         Ok(pool)
@@ -530,11 +553,7 @@ struct Lane {
 impl Lane {
     /// A lane of `pool`'s next stream for `copies`, with its completion event.
     fn new(pool: &GpuStreams, copies: Range<usize>) -> Result<Self> {
-        let event = pool
-            .gpu
-            .context()
-            .new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
-            .map_err(|e| Error::Gpu(format!("cuEventCreate: {e:?}")))?;
+        let event = pool.take_event()?;
         Ok(Self {
             stream: pool.next_stream(),
             copies,
@@ -1027,6 +1046,13 @@ impl Drop for CopyBatch {
                         finished = false;
                     }
                 }
+            }
+        }
+        // Events of finished lanes serve later batches (a failed wait's event may still
+        // be recorded into: dropped with its lane).
+        if finished {
+            for lane in self.lanes.drain(..) {
+                self.pool.give_event(lane.event);
             }
         }
         // A table a kernel may still read (its wait failed) is leaked rather than reused,

@@ -26,6 +26,8 @@ pub const REGION: usize = (64 << 20) + (1 << 20);
 pub static BACKEND: std::sync::OnceLock<&'static str> = std::sync::OnceLock::new();
 /// How the target process learns the backend.
 const BACKEND_ENV: &str = "NIXL_PEER_DRAM_BACKEND";
+/// How the target process learns its `copy_engine` parameter (where a case sets one).
+const ENGINE_ENV: &str = "NIXL_PEER_DRAM_ENGINE";
 
 pub fn backend() -> &'static str {
     BACKEND.get().copied().unwrap_or("LIBFABRIC")
@@ -114,10 +116,18 @@ pub struct Target {
 
 impl Target {
     pub fn spawn(tag: &str, gpu: usize) -> Target {
+        Self::spawn_with_engine(tag, gpu, None)
+    }
+
+    /// A target whose backend has parameter `copy_engine=engine` (the copies it serves).
+    pub fn spawn_with_engine(tag: &str, gpu: usize, engine: Option<&str>) -> Target {
         let path = announce_path("nixl-peer-dram", tag);
         let mut cmd = self_test(TARGET_TEST, false);
         cmd.env("NIXL_PEER_DRAM", format!("{} {gpu}", path.display()));
         cmd.env(BACKEND_ENV, backend());
+        if let Some(engine) = engine {
+            cmd.env(ENGINE_ENV, engine);
+        }
         let mut child = cmd.spawn().unwrap();
         let text = wait_file(&path, &mut child);
         let words: Vec<&str> = text.split(' ').collect();
@@ -380,11 +390,35 @@ pub fn rate(
     remote_kind: MemKind,
     len: usize,
 ) -> f64 {
+    rate_blocks(
+        initiator,
+        name,
+        local,
+        target,
+        op,
+        (local_kind, remote_kind),
+        len,
+        1,
+    )
+}
+
+/// Bandwidth (GB/s) of posts of one request of `n` adjacent `len`-byte blocks.
+#[allow(clippy::too_many_arguments)]
+pub fn rate_blocks(
+    initiator: &Agent,
+    name: &str,
+    local: &Local,
+    target: &Target,
+    op: XferOp,
+    (local_kind, remote_kind): (MemKind, MemKind),
+    len: usize,
+    n: usize,
+) -> f64 {
     let mut req = initiator
         .create_xfer_req(
             op,
-            &local.blocks(local_kind, false, 0, len, len, 1),
-            &target.blocks(remote_kind, 0, len, len, 1),
+            &local.blocks(local_kind, false, 0, len, len, n),
+            &target.blocks(remote_kind, 0, len, len, n),
             name,
             None,
         )
@@ -392,13 +426,75 @@ pub fn rate(
     req.post().unwrap();
     req.wait(TIMEOUT).unwrap();
     // As many bytes as the pinned copies it is compared with.
-    let rounds = ((512 << 20) / len).max(8);
+    let bytes = len * n;
+    let rounds = ((512 << 20) / bytes).max(8);
     let start = Instant::now();
     for _ in 0..rounds {
         req.post().unwrap();
         req.wait(TIMEOUT).unwrap();
     }
-    (len * rounds) as f64 / start.elapsed().as_secs_f64() / 1e9
+    (bytes * rounds) as f64 / start.elapsed().as_secs_f64() / 1e9
+}
+
+/// Blocks per request of [`many_blocks`]: upstream nixlbench's GPUNETIO line's batch.
+pub const MANY: usize = 512;
+
+/// VRAM ↔ peer DRAM in requests of [`MANY`] blocks of 4 KiB .. 128 KiB, the target
+/// serving its copies with each of `engines` (`None`: its default): each engine's data
+/// checked once (512 x 64 KiB WRITE at the target, READ back), then bandwidth beside
+/// pinned copies of 64 MiB measured in the same run (no assertion: the ratios are the
+/// report).
+pub fn many_blocks(test: &str, gpu: &Gpu, engines: &[Option<&str>]) {
+    let (d2h, h2d) = pinned_copy_rates(gpu, 64 << 20);
+    println!(
+        "REPORT {test} {}: pinned copy 64 MiB: D2H {d2h:.1} GB/s, H2D {h2d:.1} GB/s",
+        backend()
+    );
+    let initiator = agent("peer-dram-initiator", &[], listening());
+    let mut local = Local::new(gpu, &initiator);
+    for (i, engine) in engines.iter().enumerate() {
+        let target = Target::spawn_with_engine(&format!("{test}-{i}"), gpu.ordinal(), *engine);
+        let name = initiator.fetch_remote_metadata(target.addr).unwrap();
+        initiator.send_local_metadata(target.addr).unwrap();
+        let staged = write_and_read(
+            &initiator,
+            &name,
+            &mut local,
+            &target,
+            MemKind::Vram,
+            MemKind::Dram,
+            64 << 10,
+            MANY,
+            (i as u8).wrapping_mul(29).wrapping_add(7),
+            true,
+        );
+        assert_eq!(staged, (0, 0), "{MANY} x 64 KiB: the direct path");
+        let engine = engine.unwrap_or("default");
+        for len in [4 << 10, 16 << 10, 64 << 10, 128 << 10] {
+            for (op, pinned) in [(XferOp::Write, d2h), (XferOp::Read, h2d)] {
+                let gbs = rate_blocks(
+                    &initiator,
+                    &name,
+                    &local,
+                    &target,
+                    op,
+                    (MemKind::Vram, MemKind::Dram),
+                    len,
+                    MANY,
+                );
+                println!(
+                    "REPORT {test} {}: copy_engine={engine} {op:?} Vram->peer Dram {MANY} x {:>3} KiB: {gbs:.1} GB/s, pinned {pinned:.1} GB/s ({:.2}x)",
+                    backend(),
+                    len >> 10,
+                    gbs / pinned
+                );
+            }
+        }
+        let info = peer_copy_info(&initiator, &name);
+        assert_eq!(info["peer_copy_fallbacks"], "0", "{info:?}");
+        target.finish(&initiator, &name);
+        initiator.invalidate_remote(&name).unwrap();
+    }
 }
 
 pub const CASES: &[(usize, usize)] = &[
@@ -502,7 +598,9 @@ pub fn target_main() {
         let _ = BACKEND.set(name);
     }
     let gpu = Gpu::open(ordinal.parse().unwrap()).unwrap();
-    let target = agent("peer-dram-target", &[], listening());
+    let engine = std::env::var(ENGINE_ENV).ok();
+    let extra: Vec<(&str, &str)> = engine.iter().map(|e| ("copy_engine", e.as_str())).collect();
+    let target = agent("peer-dram-target", &extra, listening());
     let host = vec![0u8; REGION];
     let dev = device(&gpu, REGION, &[]);
     // SAFETY: both buffers live until the process exits.

@@ -60,7 +60,9 @@
 //! `tcp;ofi_rxm`; both sides must use the same), `copy_depth` (16-byte loads each lane of
 //! an intra-node copy keeps in flight, 1..=16, default 4), `copy_engine` (how a
 //! host-posted intra-node transfer runs: `auto`, `kernel`, `memcpy`, `batch` as for
-//! `CUDA_IPC`, or `gio`; kernels of the device API are not affected), `vram_peer_copy`
+//! `CUDA_IPC`, or `gio`; kernels of the device API are not affected; it also runs the
+//! copies this backend serves for a same-host peer's direct path, `gio` meaning `auto`
+//! there), `vram_peer_copy`
 //! (`auto`, the default: the direct peer copy where it fits; `off`: the NIC path).
 
 use super::cuda_copy::gpu_err;
@@ -492,7 +494,18 @@ impl Bound {
         };
         let peer_dram = match &nic {
             Some(nic) => {
-                match PeerDramPath::new(&setup.agent_name, setup.peer_copy, nic.own_conns())? {
+                // Peers' requests run on this backend's copy strategy (`gio` is a
+                // queue-pair path of its own kernels: the strategies' `auto` there).
+                let serving = match setup.host_copy {
+                    HostCopy::Engines(engine) => engine,
+                    HostCopy::QueuePair => super::cuda_copy::CopyEngine::Auto,
+                };
+                match PeerDramPath::new(
+                    &setup.agent_name,
+                    setup.peer_copy,
+                    serving,
+                    nic.own_conns(),
+                )? {
                     Some((path, handler)) => {
                         nic.serve_control(handler);
                         Some(path)

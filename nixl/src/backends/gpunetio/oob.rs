@@ -60,6 +60,10 @@ pub(super) const MAX_BUFFERED: usize = 16 << 20;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// How often the serving thread looks at the stop flag when nothing else wakes it.
 const POLL: Duration = Duration::from_millis(50);
+/// How long the serving thread keeps polling without sleeping after a connection had
+/// something to read: a transfer's requests and notifications follow each other within
+/// microseconds, and a wake-up from `poll` costs more than a small request's work.
+const ACTIVE_SPIN: Duration = Duration::from_micros(200);
 /// Bytes read from one connection per wake-up (others get their turn).
 const READ_CHUNK: usize = 64 << 10;
 const HELLO_MAGIC: &[u8; 4] = b"NXOH";
@@ -373,6 +377,7 @@ impl OobListener {
             jobs,
             results,
             scratch: vec![0; READ_CHUNK],
+            active_until: Instant::now(),
         };
         std::thread::Builder::new()
             .name("gpunetio-oob".into())
@@ -515,12 +520,20 @@ struct Server {
     jobs: mpsc::Sender<VerifyJob>,
     results: mpsc::Receiver<(u64, bool)>,
     scratch: Vec<u8>,
+    /// Until when `wait` polls without sleeping (traffic came recently).
+    active_until: Instant,
 }
 
 impl Server {
     fn run(&mut self) {
         while !self.stop.load(Ordering::Acquire) {
             let readable = self.wait();
+            let now = Instant::now();
+            if !readable.is_empty() {
+                self.active_until = now + ACTIVE_SPIN;
+            } else if now < self.active_until {
+                std::thread::yield_now();
+            }
             self.wake.drain();
             self.accept();
             self.take_answers();
@@ -534,8 +547,8 @@ impl Server {
     }
 
     /// Sleeps until the listener, a connection read (not those being asked about) or the
-    /// wake descriptor is ready, a first frame is due, or [`POLL`] passed; returns the
-    /// connections that are ready.
+    /// wake descriptor is ready, a first frame is due, or [`POLL`] passed (does not sleep
+    /// while traffic is recent: `active_until`); returns the connections that are ready.
     fn wait(&self) -> Vec<u64> {
         let mut fds = vec![
             pollfd_in(self.wake.as_raw_fd()),
@@ -555,7 +568,11 @@ impl Server {
             fds.push(pollfd_in(c.stream.as_raw_fd()));
             ids.push(id);
         }
-        let ms = timeout.as_millis().clamp(1, i32::MAX as u128) as i32;
+        let ms = if now < self.active_until {
+            0
+        } else {
+            timeout.as_millis().clamp(1, i32::MAX as u128) as i32
+        };
         // SAFETY: `fds` is a live array of pollfds over descriptors this thread owns.
         let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
         if n <= 0 {

@@ -55,10 +55,15 @@ pub(super) const SERVES_PEER_COPIES: u8 = 1;
 /// How long releasing a transfer waits for the peer's answers to requests in flight (the
 /// peer may still be copying into this process's VRAM).
 const RELEASE_WAIT: Duration = Duration::from_secs(5);
-/// How long the serving thread spins on running copies before it sleeps a little: a
-/// copy of a MiB completes within tens of microseconds, and a sleep's wake-up costs
-/// more than that.
-const SPIN: Duration = Duration::from_micros(200);
+/// How long the serving thread waits for the next request by polling before it blocks:
+/// requests of one transfer follow each other within microseconds, and waking a blocked
+/// thread costs more than a MiB's copy gains from the direct path.
+const IDLE_SPIN: Duration = Duration::from_micros(200);
+/// How long the serving thread polls running copies (yielding its core between polls)
+/// before it polls them at a slower pace: a copy of 64 MiB takes about a millisecond, a
+/// sleep's wake-up tens of microseconds, and copies far longer than this are rare (a
+/// stalled GPU should not keep a core busy).
+const BUSY_SPIN: Duration = Duration::from_millis(20);
 
 /// What this backend knows of one peer's incarnation for this path.
 #[derive(Debug)]
@@ -110,6 +115,7 @@ impl PeerDramPath {
     pub(super) fn new(
         me: &str,
         enabled: bool,
+        serving: crate::backends::cuda_copy::CopyEngine,
         own: Arc<OwnConns>,
     ) -> Result<Option<(Arc<Self>, super::oob::ControlHandler)>> {
         if !enabled || !peer_dram::gpu_present() {
@@ -117,7 +123,7 @@ impl PeerDramPath {
         }
         let path = Arc::new(Self {
             me: me.to_string(),
-            shared: Shared::new(true, true),
+            shared: Shared::with_engine(true, true, serving),
             peers: Arc::default(),
             own,
         });
@@ -229,10 +235,11 @@ impl PeerDramPath {
     }
 
     /// The serving thread: checks each request, queues its copies, answers once they
-    /// completed (polling their events: a spin while copies run, then short sleeps).
+    /// completed. It polls while there is traffic (the copies running, and briefly for the
+    /// next request), yielding its core between polls, and blocks only when idle.
     fn serve(self: Arc<Self>, incoming: mpsc::Receiver<Job>) {
         let mut running: Vec<(Serving, Arc<ControlReply>, u64)> = Vec::new();
-        let mut idle_since = Instant::now();
+        let mut progress_at = Instant::now();
         // Ends once the listener is gone (no more requests) and the copies are answered.
         let mut open = true;
         loop {
@@ -240,18 +247,18 @@ impl PeerDramPath {
                 if !open {
                     return;
                 }
-                match incoming.recv() {
-                    Ok(job) => self.start(job, &mut running),
-                    Err(_) => return,
+                match next_job(&incoming, IDLE_SPIN) {
+                    Some(job) => self.start(job, &mut running),
+                    None => return,
                 }
-                idle_since = Instant::now();
+                progress_at = Instant::now();
             }
             // Every request that came meanwhile starts before the copies are polled.
             while open {
                 match incoming.try_recv() {
                     Ok(job) => {
                         self.start(job, &mut running);
-                        idle_since = Instant::now();
+                        progress_at = Instant::now();
                     }
                     Err(mpsc::TryRecvError::Empty) => break,
                     Err(mpsc::TryRecvError::Disconnected) => open = false,
@@ -267,11 +274,11 @@ impl PeerDramPath {
                 None => true,
             });
             if running.len() != before {
-                idle_since = Instant::now();
-            } else if idle_since.elapsed() > SPIN {
+                progress_at = Instant::now();
+            } else if progress_at.elapsed() > BUSY_SPIN {
                 std::thread::sleep(Duration::from_micros(20));
             } else {
-                std::hint::spin_loop();
+                std::thread::yield_now();
             }
         }
     }
@@ -345,6 +352,20 @@ fn attribute(
         return None;
     }
     peers.get(&from.agent).cloned()
+}
+
+/// The next request: polled for up to `spin` (yielding between polls), then awaited;
+/// `None` once the sender is gone.
+fn next_job(incoming: &mpsc::Receiver<Job>, spin: Duration) -> Option<Job> {
+    let since = Instant::now();
+    loop {
+        match incoming.try_recv() {
+            Ok(job) => return Some(job),
+            Err(mpsc::TryRecvError::Disconnected) => return None,
+            Err(mpsc::TryRecvError::Empty) if since.elapsed() < spin => std::thread::yield_now(),
+            Err(mpsc::TryRecvError::Empty) => return incoming.recv().ok(),
+        }
+    }
 }
 
 fn answer(reply: &ControlReply, id: u64, errno: i32) {

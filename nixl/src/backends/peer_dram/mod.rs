@@ -720,6 +720,33 @@ mod gpu {
     pub(crate) struct Server {
         regions: RwLock<BTreeMap<u64, Arc<DramRegion>>>,
         streams: StreamPools,
+        /// How requests' copies run (`auto`: see [`serving_engine`]).
+        engine: CopyEngine,
+    }
+
+    /// A request's copies from this many on, each this small on average and all touching
+    /// pinned host memory, run as one gather/scatter kernel under `auto`: the copy
+    /// engines pay microseconds per `cuMemcpyAsync`, which a batch of 512 blocks of
+    /// 64 KiB (upstream nixlbench's GPUNETIO line) spends more on than on its bytes.
+    const HOST_KERNEL_MAX_MEAN_BYTES: usize = 256 << 10;
+
+    /// The engine a request's `copies` run on under `engine`.
+    pub(crate) fn serving_engine(engine: CopyEngine, copies: &[Copy]) -> CopyEngine {
+        use crate::backends::cuda_copy::KERNEL_MIN_COPIES;
+        if engine != CopyEngine::Auto {
+            return engine;
+        }
+        let n = copies.len();
+        let total: usize = copies.iter().map(|c| c.len).sum();
+        let pinned = |loc: MemLoc| !matches!(loc, MemLoc::Host { pinned: false });
+        if n >= KERNEL_MIN_COPIES
+            && total / n <= HOST_KERNEL_MAX_MEAN_BYTES
+            && copies.iter().all(|c| pinned(c.src_loc) && pinned(c.dst_loc))
+        {
+            CopyEngine::Kernel
+        } else {
+            CopyEngine::Memcpy
+        }
     }
 
     #[derive(Debug)]
@@ -805,10 +832,11 @@ mod gpu {
     }
 
     impl Server {
-        pub(crate) fn new() -> Self {
+        pub(crate) fn new(engine: CopyEngine) -> Self {
             Server {
                 regions: RwLock::default(),
                 streams: StreamPools::new(STREAMS),
+                engine,
             }
         }
 
@@ -933,8 +961,8 @@ mod gpu {
                 tracing::warn!("direct copies for `{}`: {e}", peer.agent());
                 libc::ENODEV
             })?;
-            let mut batch =
-                CopyBatch::new(pool, copies, STREAMS, CopyEngine::Memcpy).map_err(|e| {
+            let engine = serving_engine(self.engine, &copies);
+            let mut batch = CopyBatch::new(pool, copies, STREAMS, engine).map_err(|e| {
                     tracing::warn!("direct copies for `{}`: {e}", peer.agent());
                     libc::EIO
                 })?;
@@ -972,11 +1000,16 @@ mod gpu {
 
     impl Shared {
         pub(crate) fn new(enabled: bool, serves: bool) -> Self {
+            Self::with_engine(enabled, serves, CopyEngine::Auto)
+        }
+
+        /// As [`Shared::new`], serving copies on `engine`.
+        pub(crate) fn with_engine(enabled: bool, serves: bool, engine: CopyEngine) -> Self {
             Shared {
                 enabled,
                 stats: Stats::default(),
                 waits: Waits::default(),
-                server: (enabled && serves).then(|| Arc::new(Server::new())),
+                server: (enabled && serves).then(|| Arc::new(Server::new(engine))),
                 streams: StreamPools::new(STREAMS),
             }
         }
@@ -1325,7 +1358,7 @@ pub(crate) mod tests {
     #[cfg(feature = "cuda")]
     #[test]
     fn a_target_checks_where_a_request_points_before_any_copy() {
-        let server = Arc::new(Server::new());
+        let server = Arc::new(Server::new(crate::backends::cuda_copy::CopyEngine::Auto));
         let stats = Stats::default();
         let dram = vec![0u8; 1 << 20];
         let base = dram.as_ptr() as u64;
