@@ -1,0 +1,485 @@
+use super::*;
+
+/// A peer as a transport attributed it.
+#[derive(Default)]
+struct TestPeer {
+    vram: AdvertisedVram,
+    imports: Imports,
+}
+
+impl PeerVram for TestPeer {
+    fn agent(&self) -> &str {
+        "initiator"
+    }
+    fn advertised(&self) -> &AdvertisedVram {
+        &self.vram
+    }
+    fn imports(&self) -> &Imports {
+        &self.imports
+    }
+}
+
+pub(crate) fn export() -> VramExport {
+    VramExport {
+        handle: std::array::from_fn(|i| i as u8),
+        offset: 4096,
+        alloc_len: 1 << 30,
+        gpu_uuid: [7; 16],
+    }
+}
+
+#[test]
+fn the_export_section_round_trips_and_bad_ones_are_errors() {
+    let e = export();
+    let mut wire = vec![1, 2, 3];
+    e.encode(&mut wire);
+    assert_eq!(wire.len(), 3 + MD_WIRE_SIZE);
+    assert_eq!(split_md(&wire), Ok((&[1u8, 2, 3][..], Some(e))));
+    // Metadata without the section is left whole.
+    assert_eq!(split_md(&[1, 2, 3]), Ok((&[1u8, 2, 3][..], None)));
+    let section = &wire[3..];
+    for cut in 0..section.len() {
+        assert!(VramExport::decode(&section[..cut]).is_err());
+    }
+    for (at, value) in [(4, 9u8), (5, 2u8)] {
+        let mut bad = section.to_vec();
+        bad[at] = value;
+        assert!(VramExport::decode(&bad).is_err());
+    }
+    // An offset outside its allocation.
+    let mut outside = e;
+    outside.offset = outside.alloc_len;
+    let mut bad = Vec::new();
+    outside.encode(&mut bad);
+    assert!(VramExport::decode(&bad).is_err());
+    assert!(e.holds(e.alloc_len - e.offset));
+    assert!(!e.holds(e.alloc_len - e.offset + 1));
+    assert!(!e.holds(u64::MAX));
+}
+
+#[test]
+fn messages_round_trip_and_malformed_ones_are_refused() {
+    let req = Request {
+        id: 42,
+        direction: Direction::ToVram,
+        pieces: vec![
+            Piece {
+                vram: 0x7000_0000,
+                dram: 0x1000,
+                len: 4097,
+            },
+            Piece {
+                vram: 0x7100_0000,
+                dram: 0x9000,
+                len: PIECE_BYTES,
+            },
+        ],
+        reply_to: b"nixl-1-2-abcdef".to_vec(),
+    };
+    let wire = req.encode();
+    assert_eq!(wire.len(), request_len(2, req.reply_to.len()));
+    assert_eq!(decode(&wire), Ok(Message::Request(req.clone())));
+    let done = Done {
+        id: u64::MAX,
+        errno: libc::EACCES,
+    };
+    assert_eq!(decode(&done.encode()), Ok(Message::Done(done)));
+    for cut in 0..wire.len() {
+        assert!(decode(&wire[..cut]).is_err(), "cut at {cut}");
+    }
+    let mut long = wire.clone();
+    long.push(0);
+    assert!(decode(&long).is_err());
+    // Version, kind, direction.
+    for (at, value) in [(4, 2u8), (5, 9u8), (14, 2u8)] {
+        let mut bad = wire.clone();
+        bad[at] = value;
+        assert!(decode(&bad).is_err(), "byte {at}");
+    }
+    // A bit flipped anywhere decodes to something else or to an error.
+    for i in 0..wire.len() * 8 {
+        let mut bad = wire.clone();
+        bad[i / 8] ^= 1 << (i % 8);
+        assert_ne!(decode(&bad), Ok(Message::Request(req.clone())));
+    }
+    // Empty, oversized, wrapping pieces; no pieces; too many.
+    let with = |pieces: Vec<Piece>| Request {
+        pieces,
+        ..req.clone()
+    };
+    for p in [
+        Piece {
+            vram: 1,
+            dram: 1,
+            len: 0,
+        },
+        Piece {
+            vram: 1,
+            dram: 1,
+            len: PIECE_BYTES + 1,
+        },
+        Piece {
+            vram: u64::MAX - 2,
+            dram: 1,
+            len: 4,
+        },
+        Piece {
+            vram: 1,
+            dram: u64::MAX,
+            len: 1,
+        },
+    ] {
+        assert!(decode(&with(vec![p]).encode()).is_err(), "{p:?}");
+    }
+    assert!(decode(&with(Vec::new()).encode()).is_err());
+    let many = vec![req.pieces[0]; MAX_PIECES + 1];
+    assert!(decode(&with(many).encode()).is_err());
+}
+
+#[test]
+fn requests_fit_the_rails_inject_size() {
+    let name = 40;
+    let n = pieces_per_request(4096, name);
+    assert!(n > 100 && n <= MAX_PIECES);
+    assert!(request_len(n, name) <= 4096);
+    assert!(request_len(n + 1, name) > 4096 || n == MAX_PIECES);
+    assert_eq!(pieces_per_request(30, name), 0);
+    assert_eq!(pieces_per_request(1 << 20, name), MAX_PIECES);
+}
+
+#[test]
+fn answers_count_and_only_the_runs_peer_may_answer() {
+    let waits = Waits::default();
+    let run = Arc::new(RunState::new("target", 3));
+    let ids: Vec<u64> = (0..3).map(|_| waits.add(&run)).collect();
+    // Another agent's answer is not taken; the peer's is, once.
+    assert!(waits.take(ids[0], Some("intruder")).is_none());
+    waits.take(ids[0], Some("target")).unwrap().answer(0);
+    assert!(waits.take(ids[0], Some("target")).is_none());
+    // A provider that names no sender: the id alone.
+    waits
+        .take(ids[1], None)
+        .unwrap()
+        .answer(libc::EADDRNOTAVAIL);
+    assert!(run.declined.load(Ordering::Acquire));
+    assert!(run.failed.lock().is_none());
+    waits.take(ids[2], None).unwrap().answer(libc::EACCES);
+    assert_eq!(run.pending.load(Ordering::Acquire), 0);
+    assert_eq!(run.answered.load(Ordering::Relaxed), 3);
+    assert_eq!(run.failed.lock().as_ref().map(|f| f.0), Some(libc::EACCES));
+    // Forgotten ids are not answered.
+    let later = waits.add(&run);
+    waits.forget(&[later]);
+    assert!(waits.take(later, None).is_none());
+    assert!(is_declined(libc::ENODEV) && !is_declined(libc::EIO));
+}
+
+fn facts(
+    local: MemKind,
+    remote: MemKind,
+    local_exported: bool,
+    remote_exported: bool,
+) -> PairFacts {
+    PairFacts {
+        local,
+        remote,
+        local_exported,
+        remote_exported,
+    }
+}
+
+#[test]
+fn the_direct_path_is_chosen_only_where_every_pair_fits() {
+    use MemKind::{Dram, Vram};
+    let dram_to_vram = facts(Dram, Vram, false, true);
+    let vram_to_dram = facts(Vram, Dram, true, false);
+    // Each case, alone and in a batch.
+    assert_eq!(
+        choose(true, true, false, [dram_to_vram; 64]),
+        Some(Case::InitiatorOwned)
+    );
+    assert_eq!(
+        choose(true, true, true, [vram_to_dram; 64]),
+        Some(Case::TargetOwned)
+    );
+    // Off, another host, nothing to move.
+    assert_eq!(choose(false, true, true, [dram_to_vram]), None);
+    assert_eq!(choose(true, false, true, [dram_to_vram]), None);
+    assert_eq!(choose(true, true, true, []), None);
+    // A peer that does not copy on request: only the initiator-owned case.
+    assert_eq!(choose(true, true, false, [vram_to_dram]), None);
+    // Unexported memory (VMM, or a peer without CUDA): the ordinary path.
+    assert_eq!(
+        choose(true, true, true, [facts(Dram, Vram, false, false)]),
+        None
+    );
+    assert_eq!(
+        choose(true, true, true, [facts(Vram, Dram, false, false)]),
+        None
+    );
+    // Other kinds, and mixed transfers.
+    for other in [
+        facts(Dram, Dram, false, false),
+        facts(Vram, Vram, true, true),
+    ] {
+        assert_eq!(choose(true, true, true, [other]), None, "{other:?}");
+        assert_eq!(choose(true, true, true, [dram_to_vram, other]), None);
+    }
+    assert_eq!(choose(true, true, true, [dram_to_vram, vram_to_dram]), None);
+    assert_eq!(
+        choose(
+            true,
+            true,
+            true,
+            [dram_to_vram, facts(Dram, Vram, false, false)]
+        ),
+        None
+    );
+}
+
+#[test]
+fn requests_group_pieces_by_allocation_and_bound_their_size() {
+    let piece = |i: u64| Piece {
+        vram: 0x7000_0000 + i * 4096,
+        dram: 0x1000 + i * 4096,
+        len: 4096,
+    };
+    let (a, b) = ([1u8; 64], [2u8; 64]);
+    // 10 pieces of one allocation, 4 per request, 3 rails from rail 2.
+    let reqs = plan_requests((0..10).map(|i| (a, piece(i))), 4, 3, 2);
+    let shape: Vec<(usize, usize)> = reqs.iter().map(|(r, p)| (*r, p.len())).collect();
+    assert_eq!(shape, [(2, 4), (0, 4), (1, 2)]);
+    let flat: Vec<Piece> = reqs.into_iter().flat_map(|(_, p)| p).collect();
+    assert_eq!(flat, (0..10).map(piece).collect::<Vec<_>>(), "order kept");
+    // A new allocation starts a new request.
+    let reqs = plan_requests(
+        [(a, piece(0)), (a, piece(1)), (b, piece(2)), (a, piece(3))],
+        100,
+        1,
+        0,
+    );
+    assert_eq!(
+        reqs.iter().map(|(_, p)| p.len()).collect::<Vec<_>>(),
+        [2, 1, 1]
+    );
+    // Bounds: at most MAX_PIECES, at least one; no rails is one rail.
+    let reqs = plan_requests((0..300).map(|i| (a, piece(i))), 10_000, 0, 5);
+    assert_eq!(
+        reqs.iter().map(|(_, p)| p.len()).collect::<Vec<_>>(),
+        [MAX_PIECES, 300 - MAX_PIECES]
+    );
+    assert!(reqs.iter().all(|(r, _)| *r == 0));
+    assert_eq!(
+        plan_requests((0..3).map(|i| (a, piece(i))), 0, 2, 0).len(),
+        3
+    );
+    assert!(plan_requests(std::iter::empty(), 4, 2, 0).is_empty());
+    // Cutting: pieces of at most PIECE_BYTES covering the block exactly.
+    for len in [
+        1,
+        PIECE_BYTES - 1,
+        PIECE_BYTES,
+        PIECE_BYTES + 1,
+        64 << 20,
+        (64 << 20) + 3,
+    ] {
+        let pieces: Vec<_> = cut(len).collect();
+        assert!(
+            pieces.iter().all(|&(_, n)| n > 0 && n <= PIECE_BYTES),
+            "{len}"
+        );
+        assert_eq!(pieces.iter().map(|p| p.1).sum::<u64>(), len);
+        assert!(pieces.windows(2).all(|w| w[0].0 + w[0].1 == w[1].0));
+    }
+    assert_eq!(cut(0).count(), 0);
+}
+
+/// The target's checks, all made before anything touches a GPU (so they run here):
+/// VRAM the peer did not advertise is declined, DRAM outside this backend's
+/// registrations fails, a request spanning two allocations is malformed, and a GPU
+/// this process does not see declines.
+#[cfg(feature = "cuda")]
+#[test]
+fn a_target_checks_where_a_request_points_before_any_copy() {
+    let server = Arc::new(Server::new(crate::backends::cuda_copy::CopyEngine::Auto));
+    let stats = Stats::default();
+    let dram = vec![0u8; 1 << 20];
+    let base = dram.as_ptr() as u64;
+    let served = server.add(base, dram.len() as u64);
+    let peer = TestPeer::default();
+    let vram = 0x7000_0000u64;
+    let e = export();
+    peer.vram.add(vram, 1 << 20, e);
+    let mut other = e;
+    other.handle[0] ^= 1;
+    peer.vram.add(vram + (2 << 20), 1 << 20, other);
+    let serve = |pieces: &[(u64, u64, u64)], direction| {
+        let req = Request {
+            id: 1,
+            direction,
+            pieces: pieces
+                .iter()
+                .map(|&(vram, dram, len)| Piece { vram, dram, len })
+                .collect(),
+            reply_to: b"rail".to_vec(),
+        };
+        server.serve(&req, &peer, &stats).err()
+    };
+    for d in [Direction::ToDram, Direction::ToVram] {
+        // VRAM the peer never advertised, or past the end of what it did: declined.
+        assert_eq!(
+            serve(&[(vram - 4096, base, 4096)], d),
+            Some(libc::EADDRNOTAVAIL)
+        );
+        assert_eq!(
+            serve(&[(vram + (1 << 20) - 8, base, 16)], d),
+            Some(libc::EADDRNOTAVAIL)
+        );
+        assert!(is_declined(libc::EADDRNOTAVAIL));
+        // DRAM outside the registrations: the transfer's error.
+        for dram_at in [base - 8, base + (1 << 20) - 8, 0x10] {
+            assert_eq!(serve(&[(vram, dram_at, 16)], d), Some(libc::EACCES));
+        }
+        assert!(!is_declined(libc::EACCES));
+        // Two allocations in one request.
+        assert_eq!(
+            serve(&[(vram, base, 16), (vram + (2 << 20), base + 16, 16)], d),
+            Some(libc::EINVAL)
+        );
+        // All in place, but the GPU holding the peer's VRAM is not seen here.
+        assert_eq!(
+            serve(
+                &[(vram + 8, base + 8, 4096), (vram + 8192, base + 8192, 8)],
+                d
+            ),
+            Some(libc::ENODEV)
+        );
+        assert!(is_declined(libc::ENODEV));
+    }
+    assert!(dram.iter().all(|&b| b == 0), "nothing was written");
+    let refused = stats.refused.load(Ordering::Relaxed);
+    assert_eq!(refused, 6, "declines are counted");
+    // Deregistered: nothing of it is served any more.
+    drop(served);
+    assert_eq!(
+        serve(&[(vram, base, 16)], Direction::ToDram),
+        Some(libc::EACCES)
+    );
+}
+
+/// Pieces are cut where pinned chunks end: every run inside one chunk, covering the
+/// piece exactly; outside the region nothing is pinned.
+#[cfg(feature = "cuda")]
+#[test]
+fn served_dram_is_cut_at_pinned_chunk_ends() {
+    let base = 3 * PIN_CHUNK - 4096;
+    let pin = ChunkedPin::new(base, 2 * PIN_CHUNK);
+    for (at, len) in [
+        (base, 4096),
+        (base, 4097),
+        (base + 100, PIECE_BYTES),
+        (base + 4096, 1),
+        (base + PIN_CHUNK, PIN_CHUNK - 4096),
+        (base + 2 * PIN_CHUNK - 3, 3),
+    ] {
+        let runs: Vec<(u64, u64)> = pin.runs(at, len).collect();
+        assert_eq!(runs.iter().map(|r| r.1).sum::<u64>(), len, "{at:#x}+{len}");
+        assert!(runs.windows(2).all(|w| w[0].0 + w[0].1 == w[1].0));
+        for (off, n) in runs {
+            let (first, last) = (at + off, at + off + n - 1);
+            assert_eq!(first / PIN_CHUNK, last / PIN_CHUNK, "{at:#x}+{len}");
+        }
+    }
+    assert_eq!(pin.runs(base, 4097).count(), 2);
+    assert_eq!(pin.runs(base, 0).count(), 0);
+    // Outside the region's chunks (no GPU here: inside, pinning is refused too).
+    assert!(!pin.ensure_at(base - PIN_CHUNK));
+    assert!(!pin.ensure_at(base + 4 * PIN_CHUNK));
+    assert!(ChunkedPin::new(0x1000, 0).runs(0x1000, 0).next().is_none());
+}
+
+#[test]
+fn advertised_vram_is_found_by_range() {
+    let adv = AdvertisedVram::default();
+    let e = export();
+    adv.add(0x7000_0000, 1 << 20, e);
+    // Larger than its allocation holds, empty, wrapping: ignored.
+    adv.add(0x9000_0000, e.alloc_len, e);
+    adv.add(0xa000_0000, 0, e);
+    adv.add(u64::MAX - 4, 16, e);
+    assert_eq!(adv.find(0x7000_0000, 1 << 20), Some((0x7000_0000, e)));
+    assert_eq!(adv.find(0x7000_1000, 4096), Some((0x7000_0000, e)));
+    assert_eq!(adv.find(0x7000_0000, (1 << 20) + 1), None);
+    assert_eq!(adv.find(0x6fff_ffff, 2), None);
+    assert_eq!(adv.find(0x9000_0000, 1), None);
+    assert_eq!(adv.find(u64::MAX, 2), None);
+}
+
+/// The host side of one 1 MiB request, end to end without a GPU or a transport:
+/// planning (cut, group), encoding into a reused buffer, the target's decoding, and
+/// the initiator's wait for its answer. Prints the figures (docs/BENCHMARKS.md keeps
+/// them); the bound is loose so a loaded CI machine passes.
+#[test]
+fn a_one_mib_request_costs_microseconds_on_the_host() {
+    let waits = Waits::default();
+    let handle = [3u8; 64];
+    let mut buf = Vec::new();
+    let rounds = 20_000u32;
+    let mut plan_ns = 0u128;
+    let mut wire_ns = 0u128;
+    let mut wait_ns = 0u128;
+    for i in 0..rounds {
+        let t = std::time::Instant::now();
+        let pieces = cut(1 << 20).map(|(off, len)| {
+            (
+                handle,
+                Piece {
+                    vram: 0x7000_0000 + off,
+                    dram: 0x1000 + off,
+                    len,
+                },
+            )
+        });
+        let requests = plan_requests(pieces, MAX_PIECES, 1, 0);
+        plan_ns += t.elapsed().as_nanos();
+        let t = std::time::Instant::now();
+        let run = Arc::new(RunState::new("target", requests.len()));
+        let id = waits.add(&run);
+        buf.clear();
+        encode_request(
+            &mut buf,
+            id,
+            Direction::ToDram,
+            &requests[0].1,
+            b"initiator",
+        );
+        let Ok(Message::Request(req)) = decode(&buf) else {
+            panic!("round {i}: the request does not decode");
+        };
+        let done = Done {
+            id: req.id,
+            errno: 0,
+        }
+        .encode();
+        let Ok(Message::Done(done)) = decode(&done) else {
+            panic!("round {i}: the answer does not decode");
+        };
+        wire_ns += t.elapsed().as_nanos();
+        let t = std::time::Instant::now();
+        waits
+            .take(done.id, Some("target"))
+            .unwrap()
+            .answer(done.errno);
+        assert_eq!(run.pending.load(Ordering::Acquire), 0);
+        wait_ns += t.elapsed().as_nanos();
+    }
+    let per = |ns: u128| ns as f64 / f64::from(rounds) / 1000.0;
+    eprintln!(
+        "1 MiB request, host side: plan {:.2} us, encode+decode both messages {:.2} us, \
+         wait bookkeeping {:.2} us",
+        per(plan_ns),
+        per(wire_ns),
+        per(wait_ns)
+    );
+    assert!(per(plan_ns + wire_ns + wait_ns) < 200.0);
+}
