@@ -46,7 +46,9 @@ use crate::error::{Error, Result};
 use hmac::{Hmac, Mac};
 use parking_lot::Mutex;
 use sha2::Sha256;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Instant;
 use x25519_dalek::{PublicKey, StaticSecret};
 
@@ -60,7 +62,10 @@ pub(super) const SEAL_OVERHEAD: usize = 4 + 8 + TAG_LEN;
 const TAG_LEN: usize = 16;
 /// Tag of the key section of the connection information, then its version.
 pub(super) const CONN_TAG: &[u8; 4] = b"NXNK";
-const CONN_VERSION: u8 = 1;
+/// Version 2: the same key also seals the rail control messages ([`ControlFrame`]); a
+/// peer of version 1 sends them plain, which this side drops, so the versions refuse each
+/// other at load.
+const CONN_VERSION: u8 = 2;
 /// Bytes of the key section: tag, version, X25519 public key.
 pub(super) const CONN_WIRE_SIZE: usize = 4 + 1 + 32;
 /// Sequence numbers behind the highest accepted one that are still accepted once.
@@ -141,6 +146,8 @@ impl Identity {
             Sealer {
                 mac: derive(me, peer, &mine, peer_public),
                 next_seq: AtomicU64::new(start),
+                me: me.as_bytes().into(),
+                public: mine,
             },
             Opener {
                 mac: derive(peer, me, peer_public, &mine),
@@ -150,11 +157,14 @@ impl Identity {
     }
 }
 
-/// Seals notifications to one peer (this side → the peer).
+/// Seals notifications and rail control messages to one peer (this side → the peer).
 pub(super) struct Sealer {
     /// Keyed once: each message clones the keyed state.
     mac: HmacSha256,
     next_seq: AtomicU64,
+    /// This side's agent name and public key, which control frames carry.
+    me: Box<[u8]>,
+    public: [u8; 32],
 }
 
 impl std::fmt::Debug for Sealer {
@@ -173,6 +183,23 @@ impl Sealer {
         out.extend_from_slice(&tag(&self.mac, seq, inner));
         out.extend_from_slice(inner);
         out
+    }
+
+    /// `inner` (a rail control message: staging, READ assist or direct copy, request or
+    /// answer) sealed with the next sequence number of the same sequence as the
+    /// notifications, naming this side and carrying its public key ([`ControlFrame`]).
+    pub(super) fn seal_control(&self, inner: &[u8]) -> Vec<u8> {
+        let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
+        ControlFrame {
+            sealed: Sealed {
+                seq,
+                tag: tag(&self.mac, seq, inner),
+                inner,
+            },
+            public: self.public,
+            sender: &self.me,
+        }
+        .encode()
     }
 }
 
@@ -197,6 +224,8 @@ pub(super) enum Refusal {
     Replayed,
     /// It came without a seal.
     Unsealed,
+    /// It names an unloaded sender while [`MAX_CHANNELS`] channels with others are open.
+    NoRoom,
 }
 
 impl std::fmt::Display for Refusal {
@@ -205,6 +234,7 @@ impl std::fmt::Display for Refusal {
             Refusal::BadTag => "its MAC does not verify under the named peer's key",
             Refusal::Replayed => "its sequence number was seen before (a replay)",
             Refusal::Unsealed => "it is not sealed",
+            Refusal::NoRoom => "too many unloaded senders have channels open",
         })
     }
 }
@@ -266,6 +296,166 @@ impl<'a> Sealed<'a> {
         out.extend_from_slice(&self.tag);
         out.extend_from_slice(self.inner);
         out
+    }
+}
+
+/// Magic of a sealed rail control message.
+pub(super) const CONTROL_MAGIC: &[u8; 4] = b"NXRS";
+/// Bytes a control seal adds besides the sender's name: magic, sequence, tag, public
+/// key, the name's length.
+pub(super) const CONTROL_OVERHEAD: usize = SEAL_OVERHEAD + 32 + 2;
+/// The longest sender name a control frame carries.
+const MAX_SENDER: usize = 1024;
+
+/// A sealed rail control message (not yet verified):
+/// `NXRS seq:u64le tag:[u8; 16] public:[u8; 32] name_len:u16le name inner`, `inner`
+/// being a plain staging (`NXST`), READ assist (`NXCM`) or direct copy (`NXPV`) message
+/// and `tag` the pair key's HMAC over `seq ‖ inner` as for notifications (same key, same
+/// sequence and replay window per direction; the inner magics keep the kinds apart).
+///
+/// Unlike a notification, a control message does not name its sender inside, so the
+/// frame does: the receiver opens it under the key of the loaded peer of that name. The
+/// sender's public key is there for a receiver that has not loaded the sender (a
+/// staging target serves initiators it never loaded): it derives the pair key from its
+/// own secret and that key ([`Channels`]), which proves the frame came from whoever
+/// holds that key's secret, not which agent it is, and seals its answers under it, so
+/// that only the holder of that secret, the initiator whose key it is, accepts them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct ControlFrame<'a> {
+    pub(super) sealed: Sealed<'a>,
+    pub(super) public: [u8; 32],
+    /// The sender's agent name as sent (bytes: checked as UTF-8 by the receiver).
+    pub(super) sender: &'a [u8],
+}
+
+impl<'a> ControlFrame<'a> {
+    /// Splits a frame that starts with [`CONTROL_MAGIC`]; `None` for anything shorter
+    /// than its fields, another magic or a name over [`MAX_SENDER`] bytes.
+    pub(super) fn split(frame: &'a [u8]) -> Option<Self> {
+        let rest = frame.strip_prefix(CONTROL_MAGIC)?;
+        let (seq, rest) = rest.split_first_chunk::<8>()?;
+        let (tag, rest) = rest.split_first_chunk::<TAG_LEN>()?;
+        let (public, rest) = rest.split_first_chunk::<32>()?;
+        let (len, rest) = rest.split_first_chunk::<2>()?;
+        let len = usize::from(u16::from_le_bytes(*len));
+        if len > MAX_SENDER || rest.len() < len {
+            return None;
+        }
+        let (sender, inner) = rest.split_at(len);
+        Some(ControlFrame {
+            sealed: Sealed {
+                seq: u64::from_le_bytes(*seq),
+                tag: *tag,
+                inner,
+            },
+            public: *public,
+            sender,
+        })
+    }
+
+    /// The frame's bytes (fuzzing: split and encode are inverse).
+    pub(super) fn encode(&self) -> Vec<u8> {
+        let name = &self.sender[..self.sender.len().min(MAX_SENDER)];
+        let mut out = Vec::with_capacity(CONTROL_OVERHEAD + name.len() + self.sealed.inner.len());
+        out.extend_from_slice(CONTROL_MAGIC);
+        out.extend_from_slice(&self.sealed.seq.to_le_bytes());
+        out.extend_from_slice(&self.sealed.tag);
+        out.extend_from_slice(&self.public);
+        out.extend_from_slice(&(name.len() as u16).to_le_bytes());
+        out.extend_from_slice(name);
+        out.extend_from_slice(self.sealed.inner);
+        out
+    }
+}
+
+/// Pair keys with senders of control frames this side has not loaded (or whose loaded
+/// incarnation's process ended), by (agent name, public key): each opens that sender's
+/// frames (with a replay window of its own) and seals the answers to it.
+///
+/// Bounded: at most [`MAX_CHANNELS`] at once. A new one beyond that first drops the
+/// channels of names loaded since (their frames go through the loaded peer's key now);
+/// if none can go, the frame is refused. Never evicting a channel that may still be in
+/// use keeps its replay window: a recorded frame of an evicted channel would open again
+/// under a fresh one.
+pub(super) struct Channels {
+    identity: Arc<Identity>,
+    me: String,
+    table: Mutex<HashMap<ChannelKey, Arc<Channel>>>,
+}
+
+/// A channel's sender: its agent name (bytes, as sent) and public key.
+type ChannelKey = (Box<[u8]>, [u8; 32]);
+
+/// Most channels with unloaded senders kept at once.
+pub(super) const MAX_CHANNELS: usize = 1024;
+
+/// The keys between this side and one unloaded sender.
+#[derive(Debug)]
+pub(super) struct Channel {
+    pub(super) sealer: Arc<Sealer>,
+    pub(super) opener: Opener,
+}
+
+impl std::fmt::Debug for Channels {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Channels")
+            .field("open", &self.table.lock().len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Channels {
+    pub(super) fn new(identity: Arc<Identity>, me: &str) -> Self {
+        Channels {
+            identity,
+            me: me.to_string(),
+            table: Mutex::default(),
+        }
+    }
+
+    /// This backend's key pair.
+    pub(super) fn identity(&self) -> &Arc<Identity> {
+        &self.identity
+    }
+
+    /// The channel with the sender of `frame` (made on first use), and the frame opened
+    /// under it. `is_loaded`: whether a name is now loaded (such channels may go when
+    /// the table is full).
+    pub(super) fn open(
+        &self,
+        frame: &ControlFrame<'_>,
+        is_loaded: impl Fn(&str) -> bool,
+    ) -> std::result::Result<Arc<Channel>, Refusal> {
+        let sender = std::str::from_utf8(frame.sender).map_err(|_| Refusal::BadTag)?;
+        let key = (Box::<[u8]>::from(frame.sender), frame.public);
+        let channel = {
+            let mut table = self.table.lock();
+            match table.get(&key) {
+                Some(c) => c.clone(),
+                None => {
+                    if table.len() >= MAX_CHANNELS {
+                        table.retain(|(name, _), _| {
+                            !std::str::from_utf8(name).is_ok_and(&is_loaded)
+                        });
+                        if table.len() >= MAX_CHANNELS {
+                            return Err(Refusal::NoRoom);
+                        }
+                    }
+                    let (sealer, opener) = self
+                        .identity
+                        .pair(&self.me, sender, &frame.public)
+                        .map_err(|_| Refusal::BadTag)?;
+                    let channel = Arc::new(Channel {
+                        sealer: Arc::new(sealer),
+                        opener,
+                    });
+                    table.insert(key, channel.clone());
+                    channel
+                }
+            }
+        };
+        channel.opener.open(&frame.sealed)?;
+        Ok(channel)
     }
 }
 

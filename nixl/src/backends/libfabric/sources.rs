@@ -40,7 +40,7 @@
 
 use super::cma::CmaPeer;
 use super::liveness::ProcessId;
-use super::notif_mac::Opener;
+use super::notif_mac::{Opener, Sealer};
 use super::peer_copy::{AdvertisedVram, Imports, VramExport};
 use super::stage_net::{FabAddr, ReplyAddr};
 use super::{fabric_error, LibfabricBackend, PeerAddrs};
@@ -79,6 +79,10 @@ pub(super) struct PeerSource {
     /// Opens its sealed notifications (module `notif_mac`): the proof that a
     /// notification naming it is its own. Set once, when it is loaded.
     opener: OnceLock<Opener>,
+    /// Seals what this side sends it (the sealer of its `PeerAddrs`): answers to its
+    /// control messages go sealed, and an answer proven by it is matched to the requests
+    /// sent under this sealer.
+    sealer: OnceLock<Arc<Sealer>>,
 }
 
 impl PeerSource {
@@ -99,6 +103,7 @@ impl PeerSource {
             vram: AdvertisedVram::default(),
             imports: Imports::default(),
             opener: OnceLock::new(),
+            sealer: OnceLock::new(),
         }
     }
 
@@ -111,6 +116,17 @@ impl PeerSource {
     /// What opens its sealed notifications, once loaded.
     pub(super) fn opener(&self) -> Option<&Opener> {
         self.opener.get()
+    }
+
+    /// Sets what seals this side's messages to it (kept where already set, as the
+    /// opener).
+    pub(super) fn set_sealer(&self, sealer: Arc<Sealer>) {
+        let _ = self.sealer.set(sealer);
+    }
+
+    /// What seals this side's messages to it, once loaded.
+    pub(super) fn sealer(&self) -> Option<&Arc<Sealer>> {
+        self.sealer.get()
     }
 
     /// The peer advertised DRAM at `addr..addr + len` (a region of its metadata).
@@ -328,7 +344,11 @@ impl LibfabricBackend {
                     continue;
                 }
                 let addr = rail.av.insert(name).map_err(fabric_error)?;
-                let held = Arc::new(ReplyAddr::new(rail.clone(), addr));
+                let held = Arc::new(ReplyAddr::new(
+                    rail.clone(),
+                    addr,
+                    Some(addrs.sealer.clone()),
+                ));
                 out.push(((i, name.clone()), FabAddr::Reply(held)));
             }
         }
