@@ -275,7 +275,7 @@ use fabric::{
 };
 use idle::IdleWait;
 use liveness::Liveness;
-pub use notif_mac::fuzz_sealed_notif;
+pub use notif_mac::{fuzz_sealed_control, fuzz_sealed_notif};
 use notif_mac::{Identity, Sealer};
 use parking_lot::{Mutex, RwLock};
 use sources::{PeerSource, Sources};
@@ -2115,7 +2115,7 @@ impl Drop for LibfabricBackend {
 
 /// Fuzzing entry point (not a stable API): the decoders of what anyone may send to a
 /// rail — notification messages (plain and sealed), READ assist messages and direct
-/// VRAM copy messages — on `input`. Returns whether whatever decoded encodes back to
+/// VRAM copy messages (plain and in a control seal) — on `input`. Returns whether whatever decoded encodes back to
 /// `input` (decoding itself must never panic).
 #[doc(hidden)]
 pub fn fuzz_rail_message(input: &[u8]) -> bool {
@@ -2138,7 +2138,10 @@ pub fn fuzz_rail_message(input: &[u8]) -> bool {
     };
     // A sealed notification splits into a seal and a frame that encode back.
     let sealed_ok = notif_mac::Sealed::split(input).is_none_or(|frame| frame.encode() == input);
-    assist_ok && notif_ok && peer_copy_ok && sealed_ok
+    // So does a sealed control message, whose inner message decodes as one sent plain.
+    let control_ok = notif_mac::ControlFrame::split(input)
+        .is_none_or(|frame| frame.encode() == input && fuzz_rail_message(frame.sealed.inner));
+    assist_ok && notif_ok && peer_copy_ok && sealed_ok && control_ok
 }
 
 /// How long dropping a backend waits for its rail workers to stop.

@@ -1,5 +1,15 @@
-//! Proof of the sender inside every notification message: a MAC under a key only the
-//! two agents of a pair hold, and a sequence number against replays.
+//! Proof of the sender inside every notification message and every rail control message:
+//! a MAC under a key only the two agents of a pair hold, and a sequence number against
+//! replays.
+//!
+//! What is sealed: every message a LIBFABRIC backend sends on its rails to a peer —
+//! notifications ([`Sealer::seal`]); the staging pipeline's OFFER, FETCH and DONE
+//! (`backends::staging`, sent through `stage_net`); READ assist requests and their answers
+//! (module `assist`); direct VRAM copy requests and their answers (module `peer_copy`)
+//! ([`Sealer::seal_control`], [`ControlFrame`]). Answers are sealed by the serving side,
+//! so only the peer a request went to can say it is done. Not sealed, and attributed by
+//! the provider alone (module `sources`): remote CQ data (a notified WRITE's key, a staged
+//! FETCH's token), which carries 64 bits and nothing else.
 //!
 //! Why: the transport's word on who sent a message (`FI_SOURCE`, module `sources`) is
 //! only as strong as the provider's. libfabric 1.17's `shm` misattributes messages of a
@@ -37,10 +47,34 @@
 //! a notification at all needs on the sender's side and attributing it needs on the
 //! receiver's.
 //!
+//! Control messages ([`ControlFrame`]) are sealed under the same key with the same
+//! sequence, and opened against the same window: `NXRS seq tag public name inner`. They
+//! name their sender in the frame (their inner messages do not) and carry its public key.
+//! What the receiver (module `worker`) does with one:
+//! - naming a loaded peer whose process has not ended: opened under that peer's key; it
+//!   is then that peer's, whatever endpoint the provider names (requests are answered at
+//!   the peer's endpoint they name, which must be one of that peer's bound endpoints);
+//!   one that does not open (forged, replayed) is dropped and counted
+//!   (`LibfabricBackend::unproven_control_messages`), never acted upon;
+//! - naming anyone else: opened under the key derived from the public key it carries
+//!   ([`Channels`]: a staging target serves initiators it never loaded): a frame that
+//!   opens came from the holder of that key's secret, and its answers are sealed under
+//!   that key, so that only that holder accepts them; it is then judged as a stranger's
+//!   request was before sealing (`notif_senders`, the requester must be the endpoint the
+//!   provider names, READ assists and direct copies refused), and one from a live loaded
+//!   peer's endpoint naming another is dropped;
+//! - plain (a stranger without a key): dropped and counted where the provider names a
+//!   live loaded peer's endpoint as its sender (that peer seals everything), else judged
+//!   as a stranger's; a plain answer (DONE) is never taken: an answer counts only when
+//!   sealed by the peer the request went to.
+//!
 //! Compatibility: connection information without the key section (a peer built before
 //! it) is refused at load with [`crate::Error::MetadataRefused`] naming the reason; a
 //! peer built before refuses this side's connection information (trailing bytes) the
-//! same way. Nothing is lost silently.
+//! same way. Version 2 of the section means "control messages are sealed too": a peer of
+//! version 1 (sealed notifications, plain control messages, which this side drops) and
+//! this side refuse each other's connection information at load, with the section's
+//! version in the reason. Nothing is lost silently.
 
 use crate::error::{Error, Result};
 use hmac::{Hmac, Mac};
@@ -591,6 +625,64 @@ pub fn fuzz_sealed_notif(input: &[u8]) -> bool {
         if expect {
             accepted.insert(seq);
         }
+    }
+    ok
+}
+
+/// Fuzzing entry point (not a stable API): splits `input` as a sealed control frame and
+/// opens it under a fixed pair key and as a channel (a forged tag never opens; one that
+/// opens is a replay the second time), and seals `input` as a control message, which must
+/// split back, open once under the pair key and once as a channel of a receiver that
+/// never loaded the sender, whose sealed answer the sender opens. Returns whether all
+/// held (decoding itself must never panic).
+#[doc(hidden)]
+pub fn fuzz_sealed_control(input: &[u8]) -> bool {
+    use std::sync::OnceLock;
+    /// The pair, and `b`'s channels: one for fuzzed frames (full after
+    /// [`MAX_CHANNELS`] keys: then refused without a Diffie-Hellman, which keeps the
+    /// fuzzer fast) and one for `a`'s seals (one channel, whose window takes each fresh
+    /// sequence number once).
+    type Keys = (Sealer, Opener, Opener, Channels, Channels);
+    static KEYS: OnceLock<Keys> = OnceLock::new();
+    let (a_seal, a_open, b_open, fuzzed, from_a) = KEYS.get_or_init(|| {
+        let a = Identity::fixed(1);
+        let b = Arc::new(Identity::fixed(2));
+        let (a_seal, a_open) = a.pair("a", "b", &b.public()).expect("valid keys");
+        let (_, b_open) = b.pair("b", "a", &a.public()).expect("valid keys");
+        let fuzzed = Channels::new(b.clone(), "b");
+        (a_seal, a_open, b_open, fuzzed, Channels::new(b, "b"))
+    });
+    let fresh = |opener: &Opener| Opener {
+        mac: opener.mac.clone(),
+        window: Mutex::new(ReplayWindow::default()),
+    };
+    let mut ok = true;
+    if let Some(frame) = ControlFrame::split(input) {
+        ok &= frame.encode() == input;
+        let loaded = fresh(b_open);
+        if loaded.open(&frame.sealed).is_ok() {
+            ok &= loaded.open(&frame.sealed) == Err(Refusal::Replayed);
+        }
+        if fuzzed.open(&frame, |_| false).is_ok() {
+            ok &= fuzzed.open(&frame, |_| false).map(drop) == Err(Refusal::Replayed);
+        }
+    }
+    let sealed = a_seal.seal_control(input);
+    let Some(frame) = ControlFrame::split(&sealed) else {
+        return false;
+    };
+    ok &= frame.sender == b"a" && frame.sealed.inner == input && frame.encode() == sealed;
+    let loaded = fresh(b_open);
+    ok &= loaded.open(&frame.sealed).is_ok()
+        && loaded.open(&frame.sealed) == Err(Refusal::Replayed);
+    match from_a.open(&frame, |_| false) {
+        Ok(channel) => {
+            ok &= from_a.open(&frame, |_| false).map(drop) == Err(Refusal::Replayed);
+            let answer = channel.sealer.seal_control(b"NXST answer");
+            ok &= ControlFrame::split(&answer)
+                .is_some_and(|f| fresh(a_open).open(&f.sealed).is_ok());
+        }
+        Err(_) => ok = false,
     }
     ok
 }

@@ -35,8 +35,10 @@
 //! messages (the `security_tests` case) were reported as handle 0. So on `shm` the
 //! attribution holds against a stray message but not against a same-user process that
 //! floods the rail; `tcp;ofi_rxm` delivered none of the forged messages. So a
-//! notification naming a loaded peer carries a proof of its sender in the message itself
-//! (module `notif_mac`), and that proof, not this attribution, decides.
+//! notification or rail control message (staging, READ assist, direct copy) naming a
+//! loaded peer carries a proof of its sender in the message itself (module `notif_mac`),
+//! and that proof, not this attribution, decides. This attribution still decides for
+//! remote CQ data, which cannot carry a proof.
 
 use super::cma::CmaPeer;
 use super::liveness::ProcessId;
