@@ -673,14 +673,14 @@ pub fn fuzz_sealed_control(input: &[u8]) -> bool {
     };
     ok &= frame.sender == b"a" && frame.sealed.inner == input && frame.encode() == sealed;
     let loaded = fresh(b_open);
-    ok &= loaded.open(&frame.sealed).is_ok()
-        && loaded.open(&frame.sealed) == Err(Refusal::Replayed);
+    ok &=
+        loaded.open(&frame.sealed).is_ok() && loaded.open(&frame.sealed) == Err(Refusal::Replayed);
     match from_a.open(&frame, |_| false) {
         Ok(channel) => {
             ok &= from_a.open(&frame, |_| false).map(drop) == Err(Refusal::Replayed);
             let answer = channel.sealer.seal_control(b"NXST answer");
-            ok &= ControlFrame::split(&answer)
-                .is_some_and(|f| fresh(a_open).open(&f.sealed).is_ok());
+            ok &=
+                ControlFrame::split(&answer).is_some_and(|f| fresh(a_open).open(&f.sealed).is_ok());
         }
         Err(_) => ok = false,
     }
