@@ -849,19 +849,22 @@ fn forged_or_replayed_staging_requests_under_a_loaded_name_are_not_served() {
         .load_remote_metadata(&target.local_metadata().unwrap())
         .unwrap();
     let to_target = i.common.peers.read()["seal-stage-target"].addrs.addrs[0];
-    let request = |token| Request {
+    // Forged requests name the first half; the honest one the second (the target serves
+    // in arrival order: once the honest one landed, a forged one would have too).
+    const HALF: usize = 2048;
+    let request = |token, at: usize| Request {
         token,
         key: None,
         reply_to: i.rails[0].ep.name().unwrap(),
         pieces: vec![WirePiece {
-            peer_addr: remote.address_at(0),
+            peer_addr: remote.address_at(at as u64),
             peer_key: remote.key,
-            target: staged.as_ptr() as u64,
-            len: 4096,
+            target: staged.as_ptr() as u64 + at as u64,
+            len: HALF as u32,
         }],
     };
-    let offer = |token| Ctrl::Offer(request(token)).encode().unwrap();
-    let fetch = |token| Ctrl::Fetch(request(token)).encode().unwrap();
+    let offer = |token, at| Ctrl::Offer(request(token, at)).encode().unwrap();
+    let fetch = |token, at| Ctrl::Fetch(request(token, at)).encode().unwrap();
     let from_initiator = |bytes: &[u8]| {
         let deadline = Instant::now() + WAIT;
         i.rails[0]
@@ -872,38 +875,37 @@ fn forged_or_replayed_staging_requests_under_a_loaded_name_are_not_served() {
     let attacker = Raw::new("shm");
     let attacker_to_target = attacker.aim(&t);
     let before = t.unproven_control_messages();
-    from_initiator(&offer(101));
-    from_initiator(&fetch(102));
+    from_initiator(&offer(101, 0));
+    from_initiator(&fetch(102, 0));
     attacker.send(
         attacker_to_target,
-        &forged_seal("seal-stage-initiator", 1 << 62, &offer(103)),
+        &forged_seal("seal-stage-initiator", 1 << 62, &offer(103, 0)),
     );
     attacker.send(
         attacker_to_target,
-        &forged_seal("seal-stage-initiator", (1 << 62) + 1, &fetch(104)),
+        &forged_seal("seal-stage-initiator", (1 << 62) + 1, &fetch(104, 0)),
     );
     until("forged staging requests", before + 4, || {
         t.unproven_control_messages()
     });
+    // The peer's own sealed OFFER, relayed by the attacker: the seal is the proof.
+    let honest = seal_to(&i, "seal-stage-target", &offer(105, HALF));
+    attacker.send(attacker_to_target, &honest);
+    let deadline = Instant::now() + WAIT;
+    while staged[HALF..].iter().any(|&b| b != 0x41) {
+        assert!(Instant::now() < deadline, "the sealed OFFER was not served");
+        std::thread::sleep(Duration::from_millis(1));
+    }
     // Room for a copy that would have been served.
     std::thread::sleep(Duration::from_millis(300));
     assert!(
-        staged.iter().all(|&b| b == 0x11),
+        staged[..HALF].iter().all(|&b| b == 0x11),
         "the target pulled the peer's memory on a forged OFFER"
     );
     assert!(
         mine.iter().all(|&b| b == 0x41),
         "the target wrote into the peer's memory on a forged FETCH"
     );
-    // The peer's own sealed OFFER, relayed by the attacker: the seal is the proof.
-    let honest = seal_to(&i, "seal-stage-target", &offer(105));
-    attacker.send(attacker_to_target, &honest);
-    let deadline = Instant::now() + WAIT;
-    while staged.iter().any(|&b| b != 0x41) {
-        assert!(Instant::now() < deadline, "the sealed OFFER was not served");
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    std::thread::sleep(Duration::from_millis(100));
     let staged_at = staged.as_ptr() as *mut u8;
     // SAFETY: `staged` is this test's buffer; the target's copy into it completed (its
     // bytes are all there) and nothing else writes it.
