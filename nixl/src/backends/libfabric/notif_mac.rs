@@ -406,11 +406,14 @@ impl<'a> ControlFrame<'a> {
 /// incarnation's process ended), by (agent name, public key): each opens that sender's
 /// frames (with a replay window of its own) and seals the answers to it.
 ///
-/// Bounded: at most [`MAX_CHANNELS`] at once. A new one beyond that first drops the
-/// channels of names loaded since (their frames go through the loaded peer's key now);
-/// if none can go, the frame is refused. Never evicting a channel that may still be in
-/// use keeps its replay window: a recorded frame of an evicted channel would open again
-/// under a fresh one.
+/// Bounded: at most [`MAX_CHANNELS`] at once, each kept only once a frame opened under
+/// it (junk under made-up keys costs a key agreement, about the price of one staged
+/// chunk's control messages, and no room). A new one beyond that first drops the channels
+/// of names loaded since (their frames go through the loaded peer's key now); if none can
+/// go, the frame is refused. Never evicting a channel that may still be in use keeps its
+/// replay window: a recorded frame of an evicted channel would open again under a fresh
+/// one. (A same-user process that makes that many key pairs of its own can so keep
+/// senders this side has not loaded from being served; loading them is the remedy.)
 pub(super) struct Channels {
     identity: Arc<Identity>,
     me: String,
@@ -462,33 +465,29 @@ impl Channels {
     ) -> std::result::Result<Arc<Channel>, Refusal> {
         let sender = std::str::from_utf8(frame.sender).map_err(|_| Refusal::BadTag)?;
         let key = (Box::<[u8]>::from(frame.sender), frame.public);
-        let channel = {
-            let mut table = self.table.lock();
-            match table.get(&key) {
-                Some(c) => c.clone(),
-                None => {
-                    if table.len() >= MAX_CHANNELS {
-                        table.retain(|(name, _), _| {
-                            !std::str::from_utf8(name).is_ok_and(&is_loaded)
-                        });
-                        if table.len() >= MAX_CHANNELS {
-                            return Err(Refusal::NoRoom);
-                        }
-                    }
-                    let (sealer, opener) = self
-                        .identity
-                        .pair(&self.me, sender, &frame.public)
-                        .map_err(|_| Refusal::BadTag)?;
-                    let channel = Arc::new(Channel {
-                        sealer: Arc::new(sealer),
-                        opener,
-                    });
-                    table.insert(key, channel.clone());
-                    channel
-                }
+        let mut table = self.table.lock();
+        if let Some(channel) = table.get(&key).cloned() {
+            drop(table);
+            channel.opener.open(&frame.sealed)?;
+            return Ok(channel);
+        }
+        if table.len() >= MAX_CHANNELS {
+            table.retain(|(name, _), _| !std::str::from_utf8(name).is_ok_and(&is_loaded));
+            if table.len() >= MAX_CHANNELS {
+                return Err(Refusal::NoRoom);
             }
-        };
-        channel.opener.open(&frame.sealed)?;
+        }
+        let (sealer, opener) = self
+            .identity
+            .pair(&self.me, sender, &frame.public)
+            .map_err(|_| Refusal::BadTag)?;
+        // Kept only once a frame opened under it: junk under made-up keys takes no room.
+        opener.open(&frame.sealed)?;
+        let channel = Arc::new(Channel {
+            sealer: Arc::new(sealer),
+            opener,
+        });
+        table.insert(key, channel.clone());
         Ok(channel)
     }
 }

@@ -224,6 +224,14 @@ fn a_channel_with_an_unloaded_sender_is_the_pair_key() {
         channels.open(&frame, |_| false).map(drop),
         Err(Refusal::BadTag)
     );
+    // Under a made-up key it opens nothing and takes no room.
+    let mut junk = ControlFrame::split(&forged).unwrap();
+    junk.public = Identity::generate().unwrap().public();
+    assert_eq!(
+        channels.open(&junk, |_| false).map(drop),
+        Err(Refusal::BadTag)
+    );
+    assert_eq!(channels.table.lock().len(), 1);
 }
 
 #[test]
@@ -287,18 +295,24 @@ fn the_control_fuzz_entry_point_holds_on_samples() {
 #[test]
 fn sealing_and_opening_control_messages_is_cheap() {
     let ((a_seal, _), (_, b_open)) = pairs();
-    for (what, len) in [("an assist request", 150), ("a 128-piece OFFER", 3700)] {
+    // (Bounds per message, loose enough for a debug build on a loaded machine.)
+    for (what, len, n, bound_ms) in [
+        ("an assist request", 150, 20_000, 2),
+        ("a 128-piece OFFER", 3700, 2_000, 50),
+    ] {
         let inner = vec![0x5a_u8; len];
-        const N: u32 = 20_000;
         let start = Instant::now();
-        for _ in 0..N {
+        for _ in 0..n {
             let sealed = a_seal.seal_control(&inner);
             let frame = ControlFrame::split(&sealed).unwrap();
             assert_eq!(b_open.open(&frame.sealed), Ok(()));
         }
-        let each = start.elapsed() / N;
+        let each = start.elapsed() / n;
         println!("seal + open of {what} ({len} bytes): {each:?}");
-        assert!(each < std::time::Duration::from_millis(2), "{each:?}");
+        assert!(
+            each < std::time::Duration::from_millis(bound_ms),
+            "{each:?}"
+        );
     }
     let b = Arc::new(Identity::generate().unwrap());
     let channels = Channels::new(b.clone(), "b");
