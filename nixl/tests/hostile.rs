@@ -643,11 +643,27 @@ mod backend_decoders {
             b"rail-0",
         ]);
         let done = le(&[b"NXPV\x01\x02", &11u64.to_le_bytes(), &0i32.to_le_bytes()]);
+        // The answer in a control seal (sequence, tag, public key, sender's name).
+        let sealed = le(&[
+            b"NXRS",
+            &5u64.to_le_bytes(),
+            &[0xab; 16],
+            &[7; 32],
+            &6u16.to_le_bytes(),
+            b"target",
+            &done,
+        ]);
         survive(
             "LIBFABRIC rail",
-            &[notif, request, done],
+            &[notif, request, done, sealed.clone()],
             nixl::backends::libfabric::fuzz_rail_message,
             30_000,
+        );
+        survive(
+            "LIBFABRIC sealed control",
+            &[sealed],
+            nixl::backends::libfabric::fuzz_sealed_control,
+            5_000,
         );
     }
 

@@ -275,7 +275,7 @@ use fabric::{
 };
 use idle::IdleWait;
 use liveness::Liveness;
-pub use notif_mac::fuzz_sealed_notif;
+pub use notif_mac::{fuzz_sealed_control, fuzz_sealed_notif};
 use notif_mac::{Identity, Sealer};
 use parking_lot::{Mutex, RwLock};
 use sources::{PeerSource, Sources};
@@ -516,6 +516,12 @@ struct Common {
     /// Of those, notifications naming a loaded peer without its proof ([`notif_mac`]):
     /// forged, replayed or unsealed.
     unproven_notifs: AtomicU64,
+    /// Rail control messages (staging, READ assist, direct copy) dropped for their seal:
+    /// one naming or coming from a loaded peer without its proof (forged, replayed or
+    /// unsealed), or a channel's that does not open ([`notif_mac`]).
+    unproven_controls: AtomicU64,
+    /// Pair keys with senders of sealed control messages this side has not loaded.
+    channels: notif_mac::Channels,
     /// The VRAM staging pipeline (idle and costless until something is staged).
     stager: Arc<Stager>,
     /// Local rail i → this peer's address in rail i's AV, per peer.
@@ -665,8 +671,8 @@ pub struct LibfabricBackend {
     /// Sends heartbeats to the peers that watch this backend, watches those it loaded.
     hub: Option<Hub>,
     /// The key pair whose Diffie-Hellman secrets with the loaded peers' public keys
-    /// seal notifications ([`notif_mac`]).
-    notif_identity: Identity,
+    /// seal notifications and rail control messages ([`notif_mac`]).
+    notif_identity: Arc<Identity>,
 }
 
 /// How VRAM registrations are made (parameter `vram_mode`).
@@ -867,6 +873,8 @@ fn open(init: &BackendInit) -> Result<LibfabricBackend> {
         agent_name: init.agent_name.clone(),
         refused_notifs: AtomicU64::new(0),
         unproven_notifs: AtomicU64::new(0),
+        unproven_controls: AtomicU64::new(0),
+        channels: notif_mac::Channels::new(Arc::new(Identity::generate()?), &init.agent_name),
         stager,
         peers: RwLock::default(),
         stop: AtomicBool::new(false),
@@ -877,6 +885,7 @@ fn open(init: &BackendInit) -> Result<LibfabricBackend> {
         assist: serves_assists.then(Default::default),
         peer_copy,
     });
+    let notif_identity = common.channels.identity().clone();
     let backend = LibfabricBackend {
         agent_name: init.agent_name.clone(),
         rails,
@@ -909,7 +918,7 @@ fn open(init: &BackendInit) -> Result<LibfabricBackend> {
             params.get("node").map(String::as_str),
             init.listen_addr.map(|a| a.ip()),
         )?,
-        notif_identity: Identity::generate()?,
+        notif_identity,
     };
     let mut workers = Vec::with_capacity(backend.rails.len());
     for (index, rail) in backend.rails.iter().enumerate() {
@@ -1443,6 +1452,7 @@ impl Backend for LibfabricBackend {
             .is_some_and(|pid| pid != std::process::id());
         let source = self.peer_source(agent, info, parsed.process, cma.clone());
         source.set_opener(opener);
+        source.set_sealer(addrs.sealer.clone());
         let endpoints = self.source_endpoints(names, &addrs)?;
         // Built before the peer table is locked: the heartbeat handshake waits for the
         // peer's hub (up to its connect bound), and transfers read the table.
@@ -1836,6 +1846,15 @@ impl LibfabricBackend {
         self.common.unproven_notifs.load(Ordering::Relaxed)
     }
 
+    /// Rail control messages (staging OFFER / FETCH / DONE, READ assist requests and
+    /// answers, direct copy requests and answers) dropped for their seal: naming or
+    /// coming from a loaded peer without that peer's proof (forged, replayed or
+    /// unsealed), or sealed under a key they carry that does not open them (module
+    /// `notif_mac`). None of them was acted upon.
+    pub fn unproven_control_messages(&self) -> u64 {
+        self.common.unproven_controls.load(Ordering::Relaxed)
+    }
+
     /// READ assist requests refused: from an endpoint of no loaded peer, naming another
     /// process than that peer advertised, or writing outside what it advertised (see
     /// the `assist` module's trust model).
@@ -2096,7 +2115,7 @@ impl Drop for LibfabricBackend {
 
 /// Fuzzing entry point (not a stable API): the decoders of what anyone may send to a
 /// rail — notification messages (plain and sealed), READ assist messages and direct
-/// VRAM copy messages — on `input`. Returns whether whatever decoded encodes back to
+/// VRAM copy messages (plain and in a control seal) — on `input`. Returns whether whatever decoded encodes back to
 /// `input` (decoding itself must never panic).
 #[doc(hidden)]
 pub fn fuzz_rail_message(input: &[u8]) -> bool {
@@ -2119,7 +2138,10 @@ pub fn fuzz_rail_message(input: &[u8]) -> bool {
     };
     // A sealed notification splits into a seal and a frame that encode back.
     let sealed_ok = notif_mac::Sealed::split(input).is_none_or(|frame| frame.encode() == input);
-    assist_ok && notif_ok && peer_copy_ok && sealed_ok
+    // So does a sealed control message, whose inner message decodes as one sent plain.
+    let control_ok = notif_mac::ControlFrame::split(input)
+        .is_none_or(|frame| frame.encode() == input && fuzz_rail_message(frame.sealed.inner));
+    assist_ok && notif_ok && peer_copy_ok && sealed_ok && control_ok
 }
 
 /// How long dropping a backend waits for its rail workers to stop.

@@ -18,7 +18,9 @@
 //!
 //! Who sent what: every control message and FETCH data arrival comes with its sender as
 //! the transport proves it (`StageNet::Sender`: the VERBS connection whose QP it arrived
-//! on, the LIBFABRIC endpoint `FI_SOURCE` names), never as the message names itself. A
+//! on; for LIBFABRIC, the loaded peer whose pair key sealed the control message (its
+//! `notif_mac`: `shm`'s `FI_SOURCE` misattributes a flood) and, for FETCH data, the
+//! endpoint `FI_SOURCE` names), never as the message names itself. A
 //! request's requester (`reply_to`) must be its sender (`StageNet::resolve`), so this
 //! side never reads from, writes to or answers another peer on a request's word; an
 //! OFFER's notification key counts only toward its sender's notifications

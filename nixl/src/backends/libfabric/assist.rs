@@ -44,11 +44,14 @@
 //! own credentials, so nothing in the request decides where the bytes go unchecked. The
 //! target serves only peers whose metadata it loaded (both sides exchange metadata, as
 //! nixlbench does), and checks, in this order ([`Server::serve`]):
-//! - **who asks**: the rail worker attributes the request to a loaded peer by the
-//!   transport's source address of the message (`FI_SOURCE`, module `sources`), never
-//!   by what the message says; a request from an endpoint of no loaded peer is refused
-//!   (`EPERM`, logged, counted in [`Server::refused`]) and answered at the address it
-//!   names (only a refusal goes there);
+//! - **who asks**: the request is sealed (module `notif_mac`): the rail worker acts on it
+//!   only when it opens under the key of the loaded peer it names, and its `reply_to`
+//!   must be one of that peer's endpoints bound on the rail (else `EPERM`); a request
+//!   that names a loaded peer but does not open (forged, replayed, or plain from that
+//!   peer's endpoint as the provider names it: `shm` misattributes a flood) is dropped
+//!   and counted, unanswered; one from no loaded peer is refused (`EPERM`, logged,
+//!   counted in [`Server::refused`]) and answered at the address it names (only a
+//!   refusal goes there);
 //! - **that it is who it says**: the process identity in the request (boot id, pid,
 //!   start time) must equal the one that peer's connection information advertised, else
 //!   `EPERM`;
@@ -63,9 +66,9 @@
 //!   on that rail with that key (as the provider's key check does), else `EACCES`; the
 //!   registry's read lock is held while the bytes move, so a deregistration waits.
 //!
-//! The answer goes to the endpoint that sent the request (the handle the transport
-//! named), and the initiator takes an answer only from the endpoint of the peer its job
-//! asked (a forged "in place" would complete a READ before its bytes). What remains
+//! The answer goes, sealed, to the peer's endpoint the request names, and the initiator
+//! takes an answer only when sealed by the peer its job asked (a forged "in place" would
+//! complete a READ before its bytes). What remains
 //! trusted is the metadata itself: a peer's connection information
 //! and regions are what the agent loaded under its name (binding names to the connection
 //! they arrived on is the listener's part), and the kernel's `ptrace` check on the

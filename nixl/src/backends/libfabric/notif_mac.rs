@@ -1,5 +1,15 @@
-//! Proof of the sender inside every notification message: a MAC under a key only the
-//! two agents of a pair hold, and a sequence number against replays.
+//! Proof of the sender inside every notification message and every rail control message:
+//! a MAC under a key only the two agents of a pair hold, and a sequence number against
+//! replays.
+//!
+//! What is sealed: every message a LIBFABRIC backend sends on its rails to a peer —
+//! notifications ([`Sealer::seal`]); the staging pipeline's OFFER, FETCH and DONE
+//! (`backends::staging`, sent through `stage_net`); READ assist requests and their answers
+//! (module `assist`); direct VRAM copy requests and their answers (module `peer_copy`)
+//! ([`Sealer::seal_control`], [`ControlFrame`]). Answers are sealed by the serving side,
+//! so only the peer a request went to can say it is done. Not sealed, and attributed by
+//! the provider alone (module `sources`): remote CQ data (a notified WRITE's key, a staged
+//! FETCH's token), which carries 64 bits and nothing else.
 //!
 //! Why: the transport's word on who sent a message (`FI_SOURCE`, module `sources`) is
 //! only as strong as the provider's. libfabric 1.17's `shm` misattributes messages of a
@@ -37,16 +47,42 @@
 //! a notification at all needs on the sender's side and attributing it needs on the
 //! receiver's.
 //!
+//! Control messages ([`ControlFrame`]) are sealed under the same key with the same
+//! sequence, and opened against the same window: `NXRS seq tag public name inner`. They
+//! name their sender in the frame (their inner messages do not) and carry its public key.
+//! What the receiver (module `worker`) does with one:
+//! - naming a loaded peer whose process has not ended: opened under that peer's key; it
+//!   is then that peer's, whatever endpoint the provider names (requests are answered at
+//!   the peer's endpoint they name, which must be one of that peer's bound endpoints);
+//!   one that does not open (forged, replayed) is dropped and counted
+//!   (`LibfabricBackend::unproven_control_messages`), never acted upon;
+//! - naming anyone else: opened under the key derived from the public key it carries
+//!   ([`Channels`]: a staging target serves initiators it never loaded): a frame that
+//!   opens came from the holder of that key's secret, and its answers are sealed under
+//!   that key, so that only that holder accepts them; it is then judged as a stranger's
+//!   request was before sealing (`notif_senders`, the requester must be the endpoint the
+//!   provider names, READ assists and direct copies refused), and one from a live loaded
+//!   peer's endpoint naming another is dropped;
+//! - plain (a stranger without a key): dropped and counted where the provider names a
+//!   live loaded peer's endpoint as its sender (that peer seals everything), else judged
+//!   as a stranger's; a plain answer (DONE) is never taken: an answer counts only when
+//!   sealed by the peer the request went to.
+//!
 //! Compatibility: connection information without the key section (a peer built before
 //! it) is refused at load with [`crate::Error::MetadataRefused`] naming the reason; a
 //! peer built before refuses this side's connection information (trailing bytes) the
-//! same way. Nothing is lost silently.
+//! same way. Version 2 of the section means "control messages are sealed too": a peer of
+//! version 1 (sealed notifications, plain control messages, which this side drops) and
+//! this side refuse each other's connection information at load, with the section's
+//! version in the reason. Nothing is lost silently.
 
 use crate::error::{Error, Result};
 use hmac::{Hmac, Mac};
 use parking_lot::Mutex;
 use sha2::Sha256;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Instant;
 use x25519_dalek::{PublicKey, StaticSecret};
 
@@ -60,7 +96,10 @@ pub(super) const SEAL_OVERHEAD: usize = 4 + 8 + TAG_LEN;
 const TAG_LEN: usize = 16;
 /// Tag of the key section of the connection information, then its version.
 pub(super) const CONN_TAG: &[u8; 4] = b"NXNK";
-const CONN_VERSION: u8 = 1;
+/// Version 2: the same key also seals the rail control messages ([`ControlFrame`]); a
+/// peer of version 1 sends them plain, which this side drops, so the versions refuse each
+/// other at load.
+const CONN_VERSION: u8 = 2;
 /// Bytes of the key section: tag, version, X25519 public key.
 pub(super) const CONN_WIRE_SIZE: usize = 4 + 1 + 32;
 /// Sequence numbers behind the highest accepted one that are still accepted once.
@@ -141,6 +180,8 @@ impl Identity {
             Sealer {
                 mac: derive(me, peer, &mine, peer_public),
                 next_seq: AtomicU64::new(start),
+                me: me.as_bytes().into(),
+                public: mine,
             },
             Opener {
                 mac: derive(peer, me, peer_public, &mine),
@@ -150,11 +191,14 @@ impl Identity {
     }
 }
 
-/// Seals notifications to one peer (this side → the peer).
+/// Seals notifications and rail control messages to one peer (this side → the peer).
 pub(super) struct Sealer {
     /// Keyed once: each message clones the keyed state.
     mac: HmacSha256,
     next_seq: AtomicU64,
+    /// This side's agent name and public key, which control frames carry.
+    me: Box<[u8]>,
+    public: [u8; 32],
 }
 
 impl std::fmt::Debug for Sealer {
@@ -173,6 +217,23 @@ impl Sealer {
         out.extend_from_slice(&tag(&self.mac, seq, inner));
         out.extend_from_slice(inner);
         out
+    }
+
+    /// `inner` (a rail control message: staging, READ assist or direct copy, request or
+    /// answer) sealed with the next sequence number of the same sequence as the
+    /// notifications, naming this side and carrying its public key ([`ControlFrame`]).
+    pub(super) fn seal_control(&self, inner: &[u8]) -> Vec<u8> {
+        let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
+        ControlFrame {
+            sealed: Sealed {
+                seq,
+                tag: tag(&self.mac, seq, inner),
+                inner,
+            },
+            public: self.public,
+            sender: &self.me,
+        }
+        .encode()
     }
 }
 
@@ -197,6 +258,8 @@ pub(super) enum Refusal {
     Replayed,
     /// It came without a seal.
     Unsealed,
+    /// It names an unloaded sender while [`MAX_CHANNELS`] channels with others are open.
+    NoRoom,
 }
 
 impl std::fmt::Display for Refusal {
@@ -205,6 +268,7 @@ impl std::fmt::Display for Refusal {
             Refusal::BadTag => "its MAC does not verify under the named peer's key",
             Refusal::Replayed => "its sequence number was seen before (a replay)",
             Refusal::Unsealed => "it is not sealed",
+            Refusal::NoRoom => "too many unloaded senders have channels open",
         })
     }
 }
@@ -266,6 +330,165 @@ impl<'a> Sealed<'a> {
         out.extend_from_slice(&self.tag);
         out.extend_from_slice(self.inner);
         out
+    }
+}
+
+/// Magic of a sealed rail control message.
+pub(super) const CONTROL_MAGIC: &[u8; 4] = b"NXRS";
+/// Bytes a control seal adds besides the sender's name: magic, sequence, tag, public
+/// key, the name's length.
+pub(super) const CONTROL_OVERHEAD: usize = SEAL_OVERHEAD + 32 + 2;
+/// The longest sender name a control frame carries.
+const MAX_SENDER: usize = 1024;
+
+/// A sealed rail control message (not yet verified):
+/// `NXRS seq:u64le tag:[u8; 16] public:[u8; 32] name_len:u16le name inner`, `inner`
+/// being a plain staging (`NXST`), READ assist (`NXCM`) or direct copy (`NXPV`) message
+/// and `tag` the pair key's HMAC over `seq ‖ inner` as for notifications (same key, same
+/// sequence and replay window per direction; the inner magics keep the kinds apart).
+///
+/// Unlike a notification, a control message does not name its sender inside, so the
+/// frame does: the receiver opens it under the key of the loaded peer of that name. The
+/// sender's public key is there for a receiver that has not loaded the sender (a
+/// staging target serves initiators it never loaded): it derives the pair key from its
+/// own secret and that key ([`Channels`]), which proves the frame came from whoever
+/// holds that key's secret, not which agent it is, and seals its answers under it, so
+/// that only the holder of that secret, the initiator whose key it is, accepts them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct ControlFrame<'a> {
+    pub(super) sealed: Sealed<'a>,
+    pub(super) public: [u8; 32],
+    /// The sender's agent name as sent (bytes: checked as UTF-8 by the receiver).
+    pub(super) sender: &'a [u8],
+}
+
+impl<'a> ControlFrame<'a> {
+    /// Splits a frame that starts with [`CONTROL_MAGIC`]; `None` for anything shorter
+    /// than its fields, another magic or a name over [`MAX_SENDER`] bytes.
+    pub(super) fn split(frame: &'a [u8]) -> Option<Self> {
+        let rest = frame.strip_prefix(CONTROL_MAGIC)?;
+        let (seq, rest) = rest.split_first_chunk::<8>()?;
+        let (tag, rest) = rest.split_first_chunk::<TAG_LEN>()?;
+        let (public, rest) = rest.split_first_chunk::<32>()?;
+        let (len, rest) = rest.split_first_chunk::<2>()?;
+        let len = usize::from(u16::from_le_bytes(*len));
+        if len > MAX_SENDER || rest.len() < len {
+            return None;
+        }
+        let (sender, inner) = rest.split_at(len);
+        Some(ControlFrame {
+            sealed: Sealed {
+                seq: u64::from_le_bytes(*seq),
+                tag: *tag,
+                inner,
+            },
+            public: *public,
+            sender,
+        })
+    }
+
+    /// The frame's bytes (fuzzing: split and encode are inverse).
+    pub(super) fn encode(&self) -> Vec<u8> {
+        let name = &self.sender[..self.sender.len().min(MAX_SENDER)];
+        let mut out = Vec::with_capacity(CONTROL_OVERHEAD + name.len() + self.sealed.inner.len());
+        out.extend_from_slice(CONTROL_MAGIC);
+        out.extend_from_slice(&self.sealed.seq.to_le_bytes());
+        out.extend_from_slice(&self.sealed.tag);
+        out.extend_from_slice(&self.public);
+        out.extend_from_slice(&(name.len() as u16).to_le_bytes());
+        out.extend_from_slice(name);
+        out.extend_from_slice(self.sealed.inner);
+        out
+    }
+}
+
+/// Pair keys with senders of control frames this side has not loaded (or whose loaded
+/// incarnation's process ended), by (agent name, public key): each opens that sender's
+/// frames (with a replay window of its own) and seals the answers to it.
+///
+/// Bounded: at most [`MAX_CHANNELS`] at once, each kept only once a frame opened under
+/// it (junk under made-up keys costs a key agreement, about the price of one staged
+/// chunk's control messages, and no room). A new one beyond that first drops the channels
+/// of names loaded since (their frames go through the loaded peer's key now); if none can
+/// go, the frame is refused. Never evicting a channel that may still be in use keeps its
+/// replay window: a recorded frame of an evicted channel would open again under a fresh
+/// one. (A same-user process that makes that many key pairs of its own can so keep
+/// senders this side has not loaded from being served; loading them is the remedy.)
+pub(super) struct Channels {
+    identity: Arc<Identity>,
+    me: String,
+    table: Mutex<HashMap<ChannelKey, Arc<Channel>>>,
+}
+
+/// A channel's sender: its agent name (bytes, as sent) and public key.
+type ChannelKey = (Box<[u8]>, [u8; 32]);
+
+/// Most channels with unloaded senders kept at once.
+pub(super) const MAX_CHANNELS: usize = 1024;
+
+/// The keys between this side and one unloaded sender.
+#[derive(Debug)]
+pub(super) struct Channel {
+    pub(super) sealer: Arc<Sealer>,
+    pub(super) opener: Opener,
+}
+
+impl std::fmt::Debug for Channels {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Channels")
+            .field("open", &self.table.lock().len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Channels {
+    pub(super) fn new(identity: Arc<Identity>, me: &str) -> Self {
+        Channels {
+            identity,
+            me: me.to_string(),
+            table: Mutex::default(),
+        }
+    }
+
+    /// This backend's key pair.
+    pub(super) fn identity(&self) -> &Arc<Identity> {
+        &self.identity
+    }
+
+    /// The channel with the sender of `frame` (made on first use), and the frame opened
+    /// under it. `is_loaded`: whether a name is now loaded (such channels may go when
+    /// the table is full).
+    pub(super) fn open(
+        &self,
+        frame: &ControlFrame<'_>,
+        is_loaded: impl Fn(&str) -> bool,
+    ) -> std::result::Result<Arc<Channel>, Refusal> {
+        let sender = std::str::from_utf8(frame.sender).map_err(|_| Refusal::BadTag)?;
+        let key = (Box::<[u8]>::from(frame.sender), frame.public);
+        let mut table = self.table.lock();
+        if let Some(channel) = table.get(&key).cloned() {
+            drop(table);
+            channel.opener.open(&frame.sealed)?;
+            return Ok(channel);
+        }
+        if table.len() >= MAX_CHANNELS {
+            table.retain(|(name, _), _| !std::str::from_utf8(name).is_ok_and(&is_loaded));
+            if table.len() >= MAX_CHANNELS {
+                return Err(Refusal::NoRoom);
+            }
+        }
+        let (sealer, opener) = self
+            .identity
+            .pair(&self.me, sender, &frame.public)
+            .map_err(|_| Refusal::BadTag)?;
+        // Kept only once a frame opened under it: junk under made-up keys takes no room.
+        opener.open(&frame.sealed)?;
+        let channel = Arc::new(Channel {
+            sealer: Arc::new(sealer),
+            opener,
+        });
+        table.insert(key, channel.clone());
+        Ok(channel)
     }
 }
 
@@ -401,6 +624,64 @@ pub fn fuzz_sealed_notif(input: &[u8]) -> bool {
         if expect {
             accepted.insert(seq);
         }
+    }
+    ok
+}
+
+/// Fuzzing entry point (not a stable API): splits `input` as a sealed control frame and
+/// opens it under a fixed pair key and as a channel (a forged tag never opens; one that
+/// opens is a replay the second time), and seals `input` as a control message, which must
+/// split back, open once under the pair key and once as a channel of a receiver that
+/// never loaded the sender, whose sealed answer the sender opens. Returns whether all
+/// held (decoding itself must never panic).
+#[doc(hidden)]
+pub fn fuzz_sealed_control(input: &[u8]) -> bool {
+    use std::sync::OnceLock;
+    /// The pair, and `b`'s channels: one for fuzzed frames (full after
+    /// [`MAX_CHANNELS`] keys: then refused without a Diffie-Hellman, which keeps the
+    /// fuzzer fast) and one for `a`'s seals (one channel, whose window takes each fresh
+    /// sequence number once).
+    type Keys = (Sealer, Opener, Opener, Channels, Channels);
+    static KEYS: OnceLock<Keys> = OnceLock::new();
+    let (a_seal, a_open, b_open, fuzzed, from_a) = KEYS.get_or_init(|| {
+        let a = Identity::fixed(1);
+        let b = Arc::new(Identity::fixed(2));
+        let (a_seal, a_open) = a.pair("a", "b", &b.public()).expect("valid keys");
+        let (_, b_open) = b.pair("b", "a", &a.public()).expect("valid keys");
+        let fuzzed = Channels::new(b.clone(), "b");
+        (a_seal, a_open, b_open, fuzzed, Channels::new(b, "b"))
+    });
+    let fresh = |opener: &Opener| Opener {
+        mac: opener.mac.clone(),
+        window: Mutex::new(ReplayWindow::default()),
+    };
+    let mut ok = true;
+    if let Some(frame) = ControlFrame::split(input) {
+        ok &= frame.encode() == input;
+        let loaded = fresh(b_open);
+        if loaded.open(&frame.sealed).is_ok() {
+            ok &= loaded.open(&frame.sealed) == Err(Refusal::Replayed);
+        }
+        if fuzzed.open(&frame, |_| false).is_ok() {
+            ok &= fuzzed.open(&frame, |_| false).map(drop) == Err(Refusal::Replayed);
+        }
+    }
+    let sealed = a_seal.seal_control(input);
+    let Some(frame) = ControlFrame::split(&sealed) else {
+        return false;
+    };
+    ok &= frame.sender == b"a" && frame.sealed.inner == input && frame.encode() == sealed;
+    let loaded = fresh(b_open);
+    ok &=
+        loaded.open(&frame.sealed).is_ok() && loaded.open(&frame.sealed) == Err(Refusal::Replayed);
+    match from_a.open(&frame, |_| false) {
+        Ok(channel) => {
+            ok &= from_a.open(&frame, |_| false).map(drop) == Err(Refusal::Replayed);
+            let answer = channel.sealer.seal_control(b"NXST answer");
+            ok &=
+                ControlFrame::split(&answer).is_some_and(|f| fresh(a_open).open(&f.sealed).is_ok());
+        }
+        Err(_) => ok = false,
     }
     ok
 }

@@ -28,9 +28,12 @@
 //! # What the target checks
 //! A request makes the target copy between its own memory and memory of another
 //! process, so nothing in it is taken on its word:
-//! - **who asks**: the transport's source of the message (`FI_SOURCE`, module
-//!   `sources`), never the message; a request from an endpoint of no loaded peer is
-//!   declined (`EPERM`), answered at the name it gives (only a refusal goes there);
+//! - **who asks**: the request's seal (module `notif_mac`): it is acted upon only when
+//!   it opens under the key of the loaded peer it names, and answered (sealed) at that
+//!   peer's endpoint it names; one naming a loaded peer that does not open is dropped
+//!   and counted, unanswered; one from no loaded peer is declined (`EPERM`), answered at
+//!   the name it gives (only a refusal goes there). The initiator takes an answer only
+//!   when sealed by the peer the request went to;
 //! - **the peer's VRAM**: each piece's VRAM range must lie inside a VRAM region *that
 //!   peer* advertised in metadata this backend loaded, with its IPC handle (the handle
 //!   comes from that metadata, never from the request); else declined

@@ -2,6 +2,7 @@
 //! the path when a transfer is prepared, and the prepared transfer, with the ordinary
 //! transfer beside it as the fallback.
 
+use super::notif_mac;
 use super::peer_copy::{
     choose, cut, encode_request, home_gpu, pieces_per_request, plan_requests, Case, Direction,
     PairFacts, Piece, RunState, STREAMS,
@@ -201,7 +202,11 @@ impl LibfabricBackend {
             .rails
             .iter()
             .zip(&names)
-            .map(|(r, n)| pieces_per_request(r.inject_size, n.len()))
+            // The request goes sealed (module `notif_mac`): its seal takes room too.
+            .map(|(r, n)| {
+                let seal = notif_mac::CONTROL_OVERHEAD + self.agent_name.len();
+                pieces_per_request(r.inject_size.saturating_sub(seal), n.len())
+            })
             .min()
             .unwrap_or(0);
         if per_request == 0 {
@@ -314,6 +319,8 @@ impl PeerCopyXfer {
             let message = &mut plan.scratch;
             message.clear();
             encode_request(message, id, plan.direction, pieces, &plan.names[*rail]);
+            // Sealed for the peer, which acts only on what its key proves.
+            let message = &self.fallback.peer.sealer.seal_control(message);
             let r = &self.fallback.rails[*rail];
             let dest = self.fallback.peer.addrs[*rail];
             let deadline = Instant::now() + SEND_DEADLINE;

@@ -6,7 +6,7 @@
 //! afterwards. Also a mutation test of the assist and notification decoders.
 
 use super::*;
-use crate::{Agent, Desc, DescList, XferOp};
+use crate::{Agent, Desc, DescList, XferOp, XferStatus};
 use fabric::{Completion, RegisteredBuffer};
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -117,6 +117,30 @@ fn remote_of(
     let md = backend.register_mem(&region).unwrap();
     let remote = md.as_any().downcast_ref::<FabricLocalMd>().unwrap().mrs[0].remote();
     (md, remote)
+}
+
+/// `plain`, a rail control message, sealed as `from`'s backend seals what it sends to
+/// its loaded peer `to` (module `notif_mac`).
+fn seal_to(from: &LibfabricBackend, to: &str, plain: &[u8]) -> Vec<u8> {
+    from.common.peers.read()[to]
+        .addrs
+        .sealer
+        .seal_control(plain)
+}
+
+/// `plain` in a control seal naming `sender` whose tag is made up (what an attacker
+/// without the pair's key can send), with a fresh sequence number.
+fn forged_seal(sender: &str, seq: u64, plain: &[u8]) -> Vec<u8> {
+    notif_mac::ControlFrame {
+        sealed: notif_mac::Sealed {
+            seq,
+            tag: [seq as u8; 16],
+            inner: plain,
+        },
+        public: [9; 32],
+        sender: sender.as_bytes(),
+    }
+    .encode()
 }
 
 /// Waits until `counter` reaches `at_least`.
@@ -233,13 +257,14 @@ fn a_loaded_peer_gets_copies_only_into_what_it_advertised() {
             "naming another process",
         ),
     ];
+    // Sealed as the initiator's backend seals them (module `notif_mac`).
+    let sealed = |r: &assist::Request| seal_to(&i, "assist-target", &r.encode());
     for (n, (request, what)) in cases.iter().enumerate() {
         let deadline = Instant::now() + WAIT;
+        let frame = sealed(request);
         i.rails[0]
             .ep
-            .retry(deadline, || {
-                i.rails[0].ep.inject(&request.encode(), to_target)
-            })
+            .retry(deadline, || i.rails[0].ep.inject(&frame, to_target))
             .unwrap();
         until(what, n as u64 + 1, || t.refused_assists());
     }
@@ -250,11 +275,11 @@ fn a_loaded_peer_gets_copies_only_into_what_it_advertised() {
     );
     assert!(source.iter().all(|&b| b == 0x41));
     // What it advertised, asked for by its own process: served.
-    let good = ask(advertised.as_ptr() as u64, me);
+    let good = sealed(&ask(advertised.as_ptr() as u64, me));
     let deadline = Instant::now() + WAIT;
     i.rails[0]
         .ep
-        .retry(deadline, || i.rails[0].ep.inject(&good.encode(), to_target))
+        .retry(deadline, || i.rails[0].ep.inject(&good, to_target))
         .unwrap();
     let deadline = Instant::now() + WAIT;
     while advertised[..4096].iter().any(|&b| b != 0x41) {
@@ -792,4 +817,417 @@ fn a_staged_request_naming_a_loaded_peer_from_elsewhere_is_refused() {
         );
         assert_eq!(refused(), 1, "{provider}");
     }
+}
+
+/// Issue 28, sealed control messages: over `shm` a same-user process flooding the rail
+/// has its messages reported as coming from a loaded peer's endpoint (see
+/// `a_flood_of_forged_notifications_over_shm_delivers_none`), so a staging OFFER or
+/// FETCH naming a loaded peer must carry that peer's seal. Plain ones from the peer's
+/// own endpoint (what such a misattribution looks like to the target) and ones sealed
+/// under a made-up tag are dropped and counted: the target neither pulls the peer's
+/// memory into its staged region (OFFER) nor writes its staged bytes into the peer's
+/// memory (FETCH). The peer's sealed OFFER is served, from any endpoint, once: sent
+/// again it is a replay.
+#[test]
+fn forged_or_replayed_staging_requests_under_a_loaded_name_are_not_served() {
+    use crate::backends::staging::{Ctrl, Request, WirePiece};
+    let (target, t) = victim("seal-stage-target", "shm", &[("stage_dram", "1")]);
+    let (initiator, i) = victim("seal-stage-initiator", "shm", &[]);
+    let staged = vec![0x11u8; 4096];
+    // SAFETY: `staged` outlives the handle and every request.
+    let _h = unsafe {
+        target
+            .register_mem(&dram(staged.as_ptr() as u64, staged.len()), None)
+            .unwrap()
+    };
+    let mine = vec![0x41u8; 4096];
+    let (_md, remote) = remote_of(&i, mine.as_ptr() as u64, mine.len());
+    target
+        .load_remote_metadata(&initiator.local_metadata().unwrap())
+        .unwrap();
+    initiator
+        .load_remote_metadata(&target.local_metadata().unwrap())
+        .unwrap();
+    let to_target = i.common.peers.read()["seal-stage-target"].addrs.addrs[0];
+    // Forged requests name the first half; the honest one the second (the target serves
+    // in arrival order: once the honest one landed, a forged one would have too).
+    const HALF: usize = 2048;
+    let request = |token, at: usize| Request {
+        token,
+        key: None,
+        reply_to: i.rails[0].ep.name().unwrap(),
+        pieces: vec![WirePiece {
+            peer_addr: remote.address_at(at as u64),
+            peer_key: remote.key,
+            target: staged.as_ptr() as u64 + at as u64,
+            len: HALF as u32,
+        }],
+    };
+    let offer = |token, at| Ctrl::Offer(request(token, at)).encode().unwrap();
+    let fetch = |token, at| Ctrl::Fetch(request(token, at)).encode().unwrap();
+    let from_initiator = |bytes: &[u8]| {
+        let deadline = Instant::now() + WAIT;
+        i.rails[0]
+            .ep
+            .retry(deadline, || i.rails[0].ep.inject(bytes, to_target))
+            .unwrap();
+    };
+    let attacker = Raw::new("shm");
+    let attacker_to_target = attacker.aim(&t);
+    let before = t.unproven_control_messages();
+    from_initiator(&offer(101, 0));
+    from_initiator(&fetch(102, 0));
+    attacker.send(
+        attacker_to_target,
+        &forged_seal("seal-stage-initiator", 1 << 62, &offer(103, 0)),
+    );
+    attacker.send(
+        attacker_to_target,
+        &forged_seal("seal-stage-initiator", (1 << 62) + 1, &fetch(104, 0)),
+    );
+    until("forged staging requests", before + 4, || {
+        t.unproven_control_messages()
+    });
+    // The peer's own sealed OFFER, relayed by the attacker: the seal is the proof.
+    let honest = seal_to(&i, "seal-stage-target", &offer(105, HALF));
+    attacker.send(attacker_to_target, &honest);
+    let deadline = Instant::now() + WAIT;
+    while staged[HALF..].iter().any(|&b| b != 0x41) {
+        assert!(Instant::now() < deadline, "the sealed OFFER was not served");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // Room for a copy that would have been served.
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        staged[..HALF].iter().all(|&b| b == 0x11),
+        "the target pulled the peer's memory on a forged OFFER"
+    );
+    assert!(
+        mine.iter().all(|&b| b == 0x41),
+        "the target wrote into the peer's memory on a forged FETCH"
+    );
+    let staged_at = staged.as_ptr() as *mut u8;
+    // SAFETY: `staged` is this test's buffer; the target's copy into it completed (its
+    // bytes are all there) and nothing else writes it.
+    unsafe { std::ptr::write_bytes(staged_at, 0x11, staged.len()) };
+    // The same frame again: a replay, dropped.
+    let before = t.unproven_control_messages();
+    attacker.send(attacker_to_target, &honest);
+    until("the replayed OFFER", before + 1, || {
+        t.unproven_control_messages()
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        staged.iter().all(|&b| b == 0x11),
+        "a replayed OFFER was served again"
+    );
+}
+
+/// The initiator's side of a staged WRITE: while the target cannot answer (its rail
+/// worker held), DONEs for every early token, plain from the target's own endpoint (a
+/// flood's misattribution) or sealed under a made-up tag, end nothing: the transfer is
+/// still in progress, and completes with the right bytes once the target runs. A DONE
+/// sealed with the target's key counts once: sent again it is a replay.
+#[test]
+fn forged_or_replayed_staging_answers_complete_nothing_early() {
+    use crate::backends::staging::Ctrl;
+    let (target, t) = victim("seal-done-target", "shm", &[("stage_dram", "1")]);
+    let (initiator, i) = victim("seal-done-initiator", "shm", &[]);
+    let src = vec![0x5au8; 64 << 10];
+    let dst = vec![0u8; src.len()];
+    // SAFETY: the buffers outlive the handles and the request.
+    let _hi =
+        unsafe { initiator.register_mem(&dram(src.as_ptr() as u64, src.len()), None) }.unwrap();
+    // SAFETY: as above.
+    let _ht = unsafe { target.register_mem(&dram(dst.as_ptr() as u64, dst.len()), None) }.unwrap();
+    target
+        .load_remote_metadata(&initiator.local_metadata().unwrap())
+        .unwrap();
+    let name = initiator
+        .load_remote_metadata(&target.local_metadata().unwrap())
+        .unwrap();
+    let to_initiator = t.common.peers.read()["seal-done-initiator"].addrs.addrs[0];
+    let attacker = Raw::new("shm");
+    let attacker_to_initiator = attacker.aim(&i);
+    let mut req = initiator
+        .create_xfer_req(
+            XferOp::Write,
+            &dram(src.as_ptr() as u64, src.len()),
+            &dram(dst.as_ptr() as u64, dst.len()),
+            &name,
+            None,
+        )
+        .unwrap();
+    let frozen = t.progress.workers[0].lock();
+    req.post().unwrap();
+    let before = i.unproven_control_messages();
+    const TOKENS: u64 = 64;
+    for token in 1..=TOKENS {
+        let done = Ctrl::Done {
+            token,
+            status: 0,
+            reason: String::new(),
+        }
+        .encode()
+        .unwrap();
+        let deadline = Instant::now() + WAIT;
+        t.rails[0]
+            .ep
+            .retry(deadline, || t.rails[0].ep.inject(&done, to_initiator))
+            .unwrap();
+        attacker.send(
+            attacker_to_initiator,
+            &forged_seal("seal-done-target", (1 << 62) + token, &done),
+        );
+    }
+    until("forged DONEs", before + 2 * TOKENS, || {
+        i.unproven_control_messages()
+    });
+    assert_eq!(
+        req.status().unwrap(),
+        XferStatus::InProgress,
+        "a forged DONE ended a chunk early"
+    );
+    // A DONE sealed with the target's key (for no request), twice: the copy is a replay.
+    let sealed = seal_to(
+        &t,
+        "seal-done-initiator",
+        &Ctrl::Done {
+            token: 1 << 40,
+            status: 0,
+            reason: String::new(),
+        }
+        .encode()
+        .unwrap(),
+    );
+    attacker.send(attacker_to_initiator, &sealed);
+    attacker.send(attacker_to_initiator, &sealed);
+    until("the replayed DONE", before + 2 * TOKENS + 1, || {
+        i.unproven_control_messages()
+    });
+    assert_eq!(req.status().unwrap(), XferStatus::InProgress);
+    drop(frozen);
+    req.wait(WAIT).unwrap();
+    assert!(dst == src, "the WRITE's bytes");
+}
+
+/// READ assists (issue 28, finding 1, the open part): a request naming a loaded peer
+/// must carry its seal. A plain one from the peer's own endpoint (a flood's
+/// misattribution) and one sealed under a made-up tag are dropped and counted, nothing
+/// written, no answer; the peer's sealed request is served once, and refused when
+/// replayed.
+#[test]
+fn forged_or_replayed_assist_requests_under_a_loaded_name_are_not_served() {
+    let (target, t) = victim("seal-assist-target", "shm", &[]);
+    let (initiator, i) = victim("seal-assist-initiator", "shm", &[]);
+    let source = vec![0x41u8; 1 << 20];
+    let advertised = vec![0u8; 1 << 20];
+    // SAFETY: the buffers outlive the registrations.
+    let _ht =
+        unsafe { target.register_mem(&dram(source.as_ptr() as u64, source.len()), None) }.unwrap();
+    // SAFETY: as above.
+    let _hi = unsafe {
+        initiator.register_mem(&dram(advertised.as_ptr() as u64, advertised.len()), None)
+    }
+    .unwrap();
+    initiator
+        .load_remote_metadata(&target.local_metadata().unwrap())
+        .unwrap();
+    target
+        .load_remote_metadata(&initiator.local_metadata().unwrap())
+        .unwrap();
+    let (_md, remote) = remote_of(&t, source.as_ptr() as u64, source.len());
+    let to_target = i.common.peers.read()["seal-assist-target"].addrs.addrs[0];
+    let request = assist::Request {
+        job: 999,
+        op: 0,
+        requester: liveness::ProcessId::current().unwrap(),
+        src: remote.address_at(0),
+        key: remote.key,
+        dst: advertised.as_ptr() as u64,
+        len: 4096,
+        reply_to: i.rails[0].ep.name().unwrap(),
+    }
+    .encode();
+    let attacker = Raw::new("shm");
+    let attacker_to_target = attacker.aim(&t);
+    let before = t.unproven_control_messages();
+    let deadline = Instant::now() + WAIT;
+    i.rails[0]
+        .ep
+        .retry(deadline, || i.rails[0].ep.inject(&request, to_target))
+        .unwrap();
+    attacker.send(
+        attacker_to_target,
+        &forged_seal("seal-assist-initiator", 1 << 62, &request),
+    );
+    until("forged assist requests", before + 2, || {
+        t.unproven_control_messages()
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(advertised.iter().all(|&b| b == 0), "0 bytes pushed");
+    assert_eq!(t.assisted_bytes(), 0);
+    // The peer's sealed request, relayed: served.
+    let honest = seal_to(&i, "seal-assist-target", &request);
+    attacker.send(attacker_to_target, &honest);
+    let deadline = Instant::now() + WAIT;
+    while advertised[..4096].iter().any(|&b| b != 0x41) {
+        assert!(
+            Instant::now() < deadline,
+            "the sealed request was not served"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    std::thread::sleep(Duration::from_millis(100));
+    // SAFETY: the test's buffer; the push into it completed.
+    unsafe { std::ptr::write_bytes(advertised.as_ptr() as *mut u8, 0, 4096) };
+    let before = t.unproven_control_messages();
+    attacker.send(attacker_to_target, &honest);
+    until("the replayed request", before + 1, || {
+        t.unproven_control_messages()
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(advertised.iter().all(|&b| b == 0), "a replay was served");
+}
+
+/// The initiator's side of a READ assist: while the target cannot answer (its rail
+/// worker held), "in place" answers for every early job and piece, plain from the
+/// target's endpoint or sealed under a made-up tag, end nothing; the READ completes with
+/// the right bytes once the target runs. An answer sealed with the target's key counts
+/// once.
+#[test]
+fn forged_or_replayed_assist_answers_complete_nothing_early() {
+    let (target, t) = victim("seal-adone-target", "shm", &[]);
+    let (initiator, i) = victim("seal-adone-initiator", "shm", &[]);
+    let source: Vec<u8> = (0..4 << 20).map(|k: usize| (k * 13) as u8).collect();
+    let dst = vec![0u8; source.len()];
+    // SAFETY: the buffers outlive the registrations and the request.
+    let _ht =
+        unsafe { target.register_mem(&dram(source.as_ptr() as u64, source.len()), None) }.unwrap();
+    // SAFETY: as above.
+    let _hi =
+        unsafe { initiator.register_mem(&dram(dst.as_ptr() as u64, dst.len()), None) }.unwrap();
+    target
+        .load_remote_metadata(&initiator.local_metadata().unwrap())
+        .unwrap();
+    let name = initiator
+        .load_remote_metadata(&target.local_metadata().unwrap())
+        .unwrap();
+    let asks = i.common.peers.read()[&name]
+        .cma
+        .as_ref()
+        .is_some_and(|c| c.assists());
+    if !asks {
+        eprintln!("skipped: this host does not let the initiator copy from the target (cma)");
+        return;
+    }
+    let to_initiator = t.common.peers.read()["seal-adone-initiator"].addrs.addrs[0];
+    let attacker = Raw::new("shm");
+    let attacker_to_initiator = attacker.aim(&i);
+    let mut req = initiator
+        .create_xfer_req(
+            XferOp::Read,
+            &dram(dst.as_ptr() as u64, dst.len()),
+            &dram(source.as_ptr() as u64, source.len()),
+            &name,
+            None,
+        )
+        .unwrap();
+    let frozen = t.progress.workers[0].lock();
+    req.post().unwrap();
+    let before = i.unproven_control_messages();
+    let mut sent = 0;
+    for job in 1..=8u64 {
+        for op in 0..4u32 {
+            let done = assist::Done { job, op, errno: 0 }.encode();
+            let deadline = Instant::now() + WAIT;
+            t.rails[0]
+                .ep
+                .retry(deadline, || t.rails[0].ep.inject(&done, to_initiator))
+                .unwrap();
+            attacker.send(
+                attacker_to_initiator,
+                &forged_seal("seal-adone-target", (1 << 62) + sent, &done),
+            );
+            sent += 2;
+        }
+    }
+    until("forged assist answers", before + sent, || {
+        i.unproven_control_messages()
+    });
+    // Long enough for the initiator's own half of the block.
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        req.status().unwrap(),
+        XferStatus::InProgress,
+        "a forged answer completed the READ early"
+    );
+    let sealed = seal_to(
+        &t,
+        "seal-adone-initiator",
+        &assist::Done {
+            job: u64::MAX,
+            op: 0,
+            errno: 0,
+        }
+        .encode(),
+    );
+    attacker.send(attacker_to_initiator, &sealed);
+    attacker.send(attacker_to_initiator, &sealed);
+    until("the replayed answer", before + sent + 1, || {
+        i.unproven_control_messages()
+    });
+    drop(frozen);
+    req.wait(WAIT).unwrap();
+    assert!(dst == source, "the READ's bytes");
+}
+
+/// Direct VRAM copies' answers: only one sealed by the peer the request went to is
+/// taken. (Serving the requests needs a GPU; this side's checks do not.)
+#[test]
+fn forged_or_replayed_peer_copy_answers_are_not_taken() {
+    let (target, t) = victim("seal-pcopy-target", "shm", &[]);
+    let (initiator, i) = victim("seal-pcopy-initiator", "shm", &[]);
+    target
+        .load_remote_metadata(&initiator.local_metadata().unwrap())
+        .unwrap();
+    let name = initiator
+        .load_remote_metadata(&target.local_metadata().unwrap())
+        .unwrap();
+    let run = Arc::new(peer_copy::RunState::new(&name, 1));
+    let id = i.common.peer_copy.waits.add(&run);
+    let to_initiator = t.common.peers.read()["seal-pcopy-initiator"].addrs.addrs[0];
+    let attacker = Raw::new("shm");
+    let attacker_to_initiator = attacker.aim(&i);
+    let done = peer_copy::Done { id, errno: 0 }.encode();
+    let before = i.unproven_control_messages();
+    let deadline = Instant::now() + WAIT;
+    t.rails[0]
+        .ep
+        .retry(deadline, || t.rails[0].ep.inject(&done, to_initiator))
+        .unwrap();
+    attacker.send(
+        attacker_to_initiator,
+        &forged_seal("seal-pcopy-target", 1 << 62, &done),
+    );
+    until("forged direct copy answers", before + 2, || {
+        i.unproven_control_messages()
+    });
+    assert_eq!(
+        run.answered.load(Ordering::Relaxed),
+        0,
+        "a forged answer was taken"
+    );
+    let sealed = seal_to(&t, "seal-pcopy-initiator", &done);
+    attacker.send(attacker_to_initiator, &sealed);
+    let deadline = Instant::now() + WAIT;
+    while run.answered.load(Ordering::Relaxed) == 0 {
+        assert!(Instant::now() < deadline, "the sealed answer was not taken");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    attacker.send(attacker_to_initiator, &sealed);
+    until("the replayed answer", before + 3, || {
+        i.unproven_control_messages()
+    });
+    assert_eq!(run.answered.load(Ordering::Relaxed), 1);
 }

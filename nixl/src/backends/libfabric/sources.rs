@@ -35,12 +35,14 @@
 //! messages (the `security_tests` case) were reported as handle 0. So on `shm` the
 //! attribution holds against a stray message but not against a same-user process that
 //! floods the rail; `tcp;ofi_rxm` delivered none of the forged messages. So a
-//! notification naming a loaded peer carries a proof of its sender in the message itself
-//! (module `notif_mac`), and that proof, not this attribution, decides.
+//! notification or rail control message (staging, READ assist, direct copy) naming a
+//! loaded peer carries a proof of its sender in the message itself (module `notif_mac`),
+//! and that proof, not this attribution, decides. This attribution still decides for
+//! remote CQ data, which cannot carry a proof.
 
 use super::cma::CmaPeer;
 use super::liveness::ProcessId;
-use super::notif_mac::Opener;
+use super::notif_mac::{Opener, Sealer};
 use super::peer_copy::{AdvertisedVram, Imports, VramExport};
 use super::stage_net::{FabAddr, ReplyAddr};
 use super::{fabric_error, LibfabricBackend, PeerAddrs};
@@ -79,6 +81,10 @@ pub(super) struct PeerSource {
     /// Opens its sealed notifications (module `notif_mac`): the proof that a
     /// notification naming it is its own. Set once, when it is loaded.
     opener: OnceLock<Opener>,
+    /// Seals what this side sends it (the sealer of its `PeerAddrs`): answers to its
+    /// control messages go sealed, and an answer proven by it is matched to the requests
+    /// sent under this sealer.
+    sealer: OnceLock<Arc<Sealer>>,
 }
 
 impl PeerSource {
@@ -99,6 +105,7 @@ impl PeerSource {
             vram: AdvertisedVram::default(),
             imports: Imports::default(),
             opener: OnceLock::new(),
+            sealer: OnceLock::new(),
         }
     }
 
@@ -111,6 +118,17 @@ impl PeerSource {
     /// What opens its sealed notifications, once loaded.
     pub(super) fn opener(&self) -> Option<&Opener> {
         self.opener.get()
+    }
+
+    /// Sets what seals this side's messages to it (kept where already set, as the
+    /// opener).
+    pub(super) fn set_sealer(&self, sealer: Arc<Sealer>) {
+        let _ = self.sealer.set(sealer);
+    }
+
+    /// What seals this side's messages to it, once loaded.
+    pub(super) fn sealer(&self) -> Option<&Arc<Sealer>> {
+        self.sealer.get()
     }
 
     /// The peer advertised DRAM at `addr..addr + len` (a region of its metadata).
@@ -328,7 +346,11 @@ impl LibfabricBackend {
                     continue;
                 }
                 let addr = rail.av.insert(name).map_err(fabric_error)?;
-                let held = Arc::new(ReplyAddr::new(rail.clone(), addr));
+                let held = Arc::new(ReplyAddr::new(
+                    rail.clone(),
+                    addr,
+                    Some(addrs.sealer.clone()),
+                ));
                 out.push(((i, name.clone()), FabAddr::Reply(held)));
             }
         }

@@ -3,6 +3,7 @@
 //! (or injected when small), requesters' addresses resolved into the rail's AV, and
 //! the engine driven by the rail workers (completions, messages, fetch data, polling).
 
+use super::notif_mac::Sealer;
 use super::sources::{PeerSource, Sources, STRANGER};
 use super::{fabric_error, is_disconnect, NotifTracker, PeerAddrs, Rail, XferShared};
 use super::{Failure, NetError, RunSink, RunSpec, StageNet, CTRL_SLOTS, MAX_REPLY_ADDRS};
@@ -12,6 +13,7 @@ use crate::backends::staging::{self, BounceMem, Engine};
 use crate::error::Result;
 use fabric::{Access, Address, HmemIface, MemoryRegion};
 use parking_lot::{Mutex, MutexGuard};
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -23,21 +25,54 @@ pub(super) enum FabAddr {
     Peer(Arc<PeerAddrs>, usize),
     /// A requester, resolved from the name it sent (target side).
     Reply(Arc<ReplyAddr>),
+    /// A requester this side has not loaded whose request came sealed under the key it
+    /// carried (module `notif_mac`, [`super::notif_mac::Channels`]): answers go sealed
+    /// under that key.
+    Channel(Arc<ReplyAddr>, Arc<Sealer>),
 }
 
 impl FabAddr {
     pub(super) fn address(&self) -> Address {
         match self {
             FabAddr::Peer(p, rail) => p.addrs[*rail],
-            FabAddr::Reply(r) => r.addr,
+            FabAddr::Reply(r) | FabAddr::Channel(r, _) => r.addr,
+        }
+    }
+
+    /// What seals control messages to this address: the loaded peer's key, a channel's,
+    /// or none (a stranger's plain request gets a plain answer).
+    pub(super) fn sealer(&self) -> Option<&Arc<Sealer>> {
+        match self {
+            FabAddr::Peer(p, _) => Some(&p.sealer),
+            FabAddr::Reply(r) => r.sealer.as_ref(),
+            FabAddr::Channel(_, s) => Some(s),
+        }
+    }
+
+    /// `msg`, a plain control message, as it goes to this address (sealed where it can
+    /// be).
+    pub(super) fn seal<'m>(&self, msg: &'m [u8]) -> Cow<'m, [u8]> {
+        match self.sealer() {
+            Some(sealer) => Cow::Owned(sealer.seal_control(msg)),
+            None => Cow::Borrowed(msg),
         }
     }
 }
 
-/// Who sent a staging message or a FETCH's data, as the provider names it (module
+/// Who sent a staging message or a FETCH's data: for a control message, the loaded peer
+/// whose key sealed it (module `notif_mac`); else as the provider names it (module
 /// `sources`), never as the message names itself.
 #[derive(Debug, Clone)]
 pub(super) struct FabSender {
+    /// A control message (which proves its sender by its seal), not a FETCH's data
+    /// (which only the provider attributes).
+    pub(super) message: bool,
+    /// The loaded peer whose key sealed the message: the sender, whatever endpoint the
+    /// provider names (then `peer` is it too).
+    pub(super) proven: Option<Arc<PeerSource>>,
+    /// The message came sealed under a channel with a sender this side has not loaded:
+    /// answers go sealed under it.
+    pub(super) channel: Option<Arc<Sealer>>,
     /// The provider names the senders of this kind of arrival on its rail (messages:
     /// every provider with `FI_SOURCE`; remote CQ data: `shm` and `sockets`). Where it
     /// does not, only the token or key ties an arrival to its request.
@@ -56,12 +91,14 @@ pub(super) struct FabSender {
 pub(super) struct ReplyAddr {
     rail: Arc<Rail>,
     addr: Address,
+    /// Seals control messages to it: a loaded peer's endpoint (module `sources`).
+    sealer: Option<Arc<Sealer>>,
 }
 
 impl ReplyAddr {
     /// `addr`, inserted in `rail`'s AV: removed from it when dropped.
-    pub(super) fn new(rail: Arc<Rail>, addr: Address) -> Self {
-        ReplyAddr { rail, addr }
+    pub(super) fn new(rail: Arc<Rail>, addr: Address, sealer: Option<Arc<Sealer>>) -> Self {
+        ReplyAddr { rail, addr, sealer }
     }
 }
 
@@ -186,6 +223,27 @@ impl FabricNet {
         n
     }
 
+    /// The requester `name` in `rail`'s AV (cached).
+    fn reply_addr(&self, rail: usize, name: &[u8]) -> std::result::Result<Arc<ReplyAddr>, Failure> {
+        let mut cache = self.replies.lock();
+        if let Some(a) = cache.get(&(rail, name.to_vec())) {
+            return Ok(a.clone());
+        }
+        if cache.len() >= MAX_REPLY_ADDRS {
+            // Entries in use stay alive in their serves.
+            cache.clear();
+        }
+        let rail_ref = &self.rails[rail];
+        let addr = rail_ref.av.insert(name).map_err(|e| failure_of(&e))?;
+        let entry = Arc::new(ReplyAddr {
+            rail: rail_ref.clone(),
+            addr,
+            sealer: None,
+        });
+        cache.insert((rail, name.to_vec()), entry.clone());
+        Ok(entry)
+    }
+
     /// Returns the control buffer an operation context names, if any.
     fn release_ctrl(&self, context: u64) {
         let slot = (context >> STAGE_OP_BITS) & 0xffff;
@@ -246,15 +304,36 @@ impl StageNet for FabricNet {
         self.names[rail].clone()
     }
 
-    /// The requester must be the endpoint the request came from, where the provider
-    /// names it; a sender it cannot name may not claim a loaded peer's endpoint (that
-    /// peer's own requests are named), nor be anyone with `notif_senders=loaded`.
+    /// A request sealed by a loaded peer names one of that peer's endpoints (answers go
+    /// there, sealed). Else the requester must be the endpoint the request came from,
+    /// where the provider names it; a sender it cannot name may not claim a loaded peer's
+    /// endpoint (that peer's own requests are sealed), nor be anyone with
+    /// `notif_senders=loaded`.
     fn resolve(
         &self,
         rail: usize,
         name: &[u8],
         sender: &FabSender,
     ) -> std::result::Result<FabAddr, Failure> {
+        if let Some(peer) = &sender.proven {
+            return match self.sources.find(rail, name) {
+                Some(s) if Arc::ptr_eq(&s.peer, peer) => Ok(s.reply.clone()),
+                Some(_) => Err(Failure::new(1, "a request naming another peer's endpoint")),
+                None if self.rails[rail].names_senders => Err(Failure::new(
+                    1,
+                    "a request naming none of its sender's endpoints",
+                )),
+                // This provider does not name senders, so no endpoint is bound: the
+                // peer's word, sealed, with the answers sealed to it.
+                None => match peer.sealer() {
+                    Some(sealer) => Ok(FabAddr::Channel(
+                        self.reply_addr(rail, name)?,
+                        sealer.clone(),
+                    )),
+                    None => Err(Failure::new(1, "a request from a peer not fully loaded")),
+                },
+            };
+        }
         if sender.named {
             let own = self.names.get(rail).is_some_and(|n| n.as_slice() == name);
             let refusal = match &sender.endpoint {
@@ -276,22 +355,11 @@ impl StageNet for FabricNet {
                 return Err(Failure::new(1, why));
             }
         }
-        let mut cache = self.replies.lock();
-        if let Some(a) = cache.get(&(rail, name.to_vec())) {
-            return Ok(FabAddr::Reply(a.clone()));
-        }
-        if cache.len() >= MAX_REPLY_ADDRS {
-            // Entries in use stay alive in their serves.
-            cache.clear();
-        }
-        let rail_ref = &self.rails[rail];
-        let addr = rail_ref.av.insert(name).map_err(|e| failure_of(&e))?;
-        let entry = Arc::new(ReplyAddr {
-            rail: rail_ref.clone(),
-            addr,
-        });
-        cache.insert((rail, name.to_vec()), entry.clone());
-        Ok(FabAddr::Reply(entry))
+        let reply = self.reply_addr(rail, name)?;
+        Ok(match &sender.channel {
+            Some(sealer) => FabAddr::Channel(reply, sealer.clone()),
+            None => FabAddr::Reply(reply),
+        })
     }
 
     fn write(
@@ -364,6 +432,7 @@ impl StageNet for FabricNet {
         op: u64,
     ) -> std::result::Result<bool, NetError> {
         let r = &self.rails[rail];
+        let msg = &*dest.seal(msg);
         if msg.len() <= r.inject_size {
             return r
                 .ep
@@ -405,7 +474,16 @@ impl StageNet for FabricNet {
         }
     }
 
+    /// A DONE counts only when sealed by the key the request went under (no endpoint's
+    /// word: `shm` misattributes a flood); a FETCH's data (which cannot be sealed) where
+    /// the provider names that peer's endpoint as its sender.
     fn is_sender(&self, addr: &FabAddr, sender: &FabSender) -> bool {
+        if sender.message {
+            let Some(proven) = sender.proven.as_ref().and_then(|p| p.sealer()) else {
+                return false;
+            };
+            return addr.sealer().is_some_and(|s| Arc::ptr_eq(s, proven));
+        }
         if !sender.named {
             return true;
         }
@@ -418,7 +496,7 @@ impl StageNet for FabricNet {
                     None => sender.maybe_self && self.names.get(*rail) == Some(name),
                 }
             }
-            FabAddr::Reply(r) => sender
+            FabAddr::Reply(r) | FabAddr::Channel(r, _) => sender
                 .endpoint
                 .as_ref()
                 .is_some_and(|ep| r.rail.av.lookup(r.addr).is_ok_and(|name| name == *ep)),

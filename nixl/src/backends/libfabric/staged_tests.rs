@@ -558,8 +558,9 @@ fn hmem_dram_bandwidth() {
     }
 }
 
-/// Both agents know each other (symmetric metadata), so a target's AV holds the
-/// initiator twice: as a peer, and resolved from a request. Releasing the resolved one
+/// A target's AV holds the initiator twice: resolved from a request it served before it
+/// loaded the initiator (a sealed request of a sender it has not loaded is answered at
+/// the address the request names), and as a peer once loaded. Releasing the resolved one
 /// (`fi_av_remove`) must leave the peer entry working (the AV counts duplicate inserts).
 #[test]
 fn a_released_requester_address_leaves_the_peer_entry_working() {
@@ -597,9 +598,6 @@ fn a_released_requester_address_leaves_the_peer_entry_working() {
         let b_name = a
             .load_remote_metadata(&b.local_metadata().unwrap())
             .unwrap();
-        let a_name = b
-            .load_remote_metadata(&a.local_metadata().unwrap())
-            .unwrap();
         let write = |from: &Agent, src: &[u8], to: &str, dst: &[u8]| {
             let mut req = from
                 .create_xfer_req(
@@ -616,6 +614,10 @@ fn a_released_requester_address_leaves_the_peer_entry_working() {
         // A → B: B serves A's OFFERs, resolving A's name into its AV.
         write(&a, &abuf, &b_name, &bbuf);
         assert!(abuf == bbuf, "{provider}");
+        // Now B loads A: a second entry for A's name.
+        let a_name = b
+            .load_remote_metadata(&a.local_metadata().unwrap())
+            .unwrap();
         assert!(bb.common.stager.net.forget_requesters() > 0, "{provider}");
         // B → A through B's own peer entry for A.
         let back = pattern(2, len);

@@ -7,7 +7,7 @@ use super::assist;
 use super::cma::CopyError;
 use super::idle::nap_after;
 use super::liveness::ProcessId;
-use super::notif_mac::{self, Sealed};
+use super::notif_mac::{self, ControlFrame, Sealed};
 use super::peer_copy;
 use super::sources::{Source, STRANGER};
 use super::stage_net::{FabAddr, FabSender};
@@ -64,6 +64,26 @@ impl ActiveJob {
         self.job.notif = None;
         self.redo.clear();
     }
+}
+
+/// Who sent a rail control message, as its seal proves (module `notif_mac`).
+#[derive(Debug)]
+enum Proof {
+    /// Sealed by this loaded peer (under the pair key its connection information gave).
+    Peer(Arc<super::sources::PeerSource>),
+    /// Sealed under the key it carries by a sender this side has not loaded (or whose
+    /// loaded incarnation's process ended): answers go sealed under that channel.
+    Channel(Arc<notif_mac::Sealer>),
+    /// Not sealed, and from no live loaded peer's endpoint as far as the provider says:
+    /// a stranger's, judged as before sealing (only a refusal answers it).
+    Unsealed,
+}
+
+/// Whether `bytes` is a plain rail control message (staging, READ assist, direct copy).
+fn is_control(bytes: &[u8]) -> bool {
+    [staging::MAGIC, assist::MAGIC, peer_copy::MAGIC]
+        .iter()
+        .any(|m| bytes.starts_with(&m[..]))
 }
 
 const NOTIF_CONTEXT: u64 = 1 << 61;
@@ -407,6 +427,8 @@ impl Worker {
                         }
                         .encode()
                     });
+                    // Sealed for the peer, which acts only on what its key proves.
+                    let request = request.map(|r| active.job.peer.sealer.seal_control(&r));
                     let sent = match request {
                         Some(r) if r.len() <= self.rail.inject_size => {
                             self.rail.ep.inject(&r, op.dest).map(|()| true)
@@ -550,7 +572,7 @@ impl Worker {
         if let Ok(c) = &result {
             if c.has(Caps::REMOTE_CQ_DATA.bits()) && c.has(Caps::REMOTE_WRITE.bits()) {
                 if c.data & staging::FETCH_DATA != 0 {
-                    let sender = self.stage_sender(c.src, self.rail.names_data_senders);
+                    let sender = self.stage_sender(c.src, self.rail.names_data_senders, false);
                     self.common
                         .stager
                         .fetch_data(c.data & !staging::FETCH_DATA, &sender);
@@ -611,26 +633,29 @@ impl Worker {
     fn handle_message(&mut self, slot: usize, len: usize, src: Option<Address>) {
         let bytes =
             &self.recv_buf.as_slice()[slot * NOTIF_SLOT..slot * NOTIF_SLOT + len.min(NOTIF_SLOT)];
-        if bytes.starts_with(staging::MAGIC) {
-            let sender = self.stage_sender(src, self.rail.names_senders);
-            self.common.stager.message(self.index, &sender, bytes);
-            return;
-        }
-        if bytes.starts_with(peer_copy::MAGIC) {
-            match peer_copy::decode(bytes) {
-                Ok(peer_copy::Message::Request(request)) => self.serve_peer_copy(&request, src),
-                Ok(peer_copy::Message::Done(done)) => self.peer_copy_done(done, src),
-                Err(e) => tracing::warn!(error = %e, "malformed direct copy message dropped"),
+        if bytes.starts_with(notif_mac::CONTROL_MAGIC) {
+            // Copied out of the receive slot: the checks below borrow the worker.
+            let bytes = bytes.to_vec();
+            let Some(frame) = ControlFrame::split(&bytes) else {
+                return self.drop_malformed("sealed control message", &"truncated seal");
+            };
+            if let Some(proof) = self.prove_control(&frame, src) {
+                self.control(frame.sealed.inner, proof, src);
             }
             return;
         }
-        if bytes.starts_with(assist::MAGIC) {
-            match assist::decode(bytes) {
-                Ok(assist::Message::Request(request)) => self.serve_assist(&request, src),
-                Ok(assist::Message::Done(done)) => self.assist_done(done, src),
-                Err(e) => self.drop_malformed("READ assist message", &e),
+        if is_control(bytes) {
+            // Unsealed: never a loaded peer's (its control messages are all sealed).
+            let bytes = bytes.to_vec();
+            if let Some(s) = self.attribute(src) {
+                if !self.common.sources.loaded_process_ended(&s.peer.agent) {
+                    return self.refuse_control(format_args!(
+                        "an unsealed control message from `{}`'s endpoint",
+                        s.peer.agent
+                    ));
+                }
             }
-            return;
+            return self.control(&bytes, Proof::Unsealed, src);
         }
         // A sealed notification ([`notif_mac`]) carries a plain one inside. (Copied out
         // of the receive slot: small, and the checks below borrow the worker.)
@@ -652,6 +677,120 @@ impl Worker {
         }
     }
 
+    /// Who sealed a control frame, or `None` (counted, logged) where it proves nothing:
+    /// a frame naming a loaded peer (whose process has not ended) opens under that
+    /// peer's key only; one naming anyone else under the channel key it carries
+    /// ([`notif_mac::Channels`]), and then it may not come from a live loaded peer's
+    /// endpoint (that peer sends under its own name).
+    fn prove_control(&mut self, frame: &ControlFrame<'_>, src: Option<Address>) -> Option<Proof> {
+        let Ok(name) = std::str::from_utf8(frame.sender) else {
+            self.refuse_control(format_args!("a control message naming no valid agent"));
+            return None;
+        };
+        let sources = &self.common.sources;
+        let live =
+            |agent: &str| sources.peer(agent).is_some() && !sources.loaded_process_ended(agent);
+        if live(name) {
+            let peer = sources.peer(name)?;
+            let proof = match peer.opener() {
+                Some(opener) => opener.open(&frame.sealed),
+                None => Err(notif_mac::Refusal::BadTag),
+            };
+            return match proof {
+                Ok(()) => Some(Proof::Peer(peer)),
+                Err(why) => {
+                    self.refuse_control(format_args!(
+                        "a control message naming `{name}` is not its own: {why}"
+                    ));
+                    None
+                }
+            };
+        }
+        let channel = match self.common.channels.open(frame, live) {
+            Ok(channel) => channel,
+            Err(why) => {
+                self.refuse_control(format_args!(
+                    "a control message naming `{name}` (not loaded) does not open under the \
+                     key it carries: {why}"
+                ));
+                return None;
+            }
+        };
+        if self.rail.names_senders {
+            if let Some(s) = self.attribute(src) {
+                if s.peer.agent != name && !self.common.sources.loaded_process_ended(&s.peer.agent)
+                {
+                    self.refuse_control(format_args!(
+                        "a control message from `{}`'s endpoint names `{name}`",
+                        s.peer.agent
+                    ));
+                    return None;
+                }
+            }
+        }
+        Some(Proof::Channel(channel.sealer.clone()))
+    }
+
+    /// A control message (plain `inner`) whose sender `proof` says who it is.
+    fn control(&mut self, inner: &[u8], proof: Proof, src: Option<Address>) {
+        if inner.starts_with(staging::MAGIC) {
+            let sender = self.control_sender(&proof, src);
+            self.common.stager.message(self.index, &sender, inner);
+        } else if inner.starts_with(peer_copy::MAGIC) {
+            match peer_copy::decode(inner) {
+                Ok(peer_copy::Message::Request(request)) => {
+                    self.serve_peer_copy(&request, &proof, src)
+                }
+                Ok(peer_copy::Message::Done(done)) => self.peer_copy_done(done, &proof),
+                Err(e) => self.drop_malformed("direct copy message", &e),
+            }
+        } else if inner.starts_with(assist::MAGIC) {
+            match assist::decode(inner) {
+                Ok(assist::Message::Request(request)) => self.serve_assist(&request, &proof, src),
+                Ok(assist::Message::Done(done)) => self.assist_done(done, &proof),
+                Err(e) => self.drop_malformed("READ assist message", &e),
+            }
+        } else {
+            self.drop_malformed("sealed control message", &"no control message inside");
+        }
+    }
+
+    /// The sender of a control message, for the staging engine and the answers.
+    fn control_sender(&self, proof: &Proof, src: Option<Address>) -> FabSender {
+        match proof {
+            Proof::Peer(peer) => FabSender {
+                message: true,
+                proven: Some(peer.clone()),
+                channel: None,
+                named: self.rail.names_senders,
+                endpoint: None,
+                maybe_self: false,
+                peer: Some(peer.clone()),
+            },
+            Proof::Channel(sealer) => FabSender {
+                channel: Some(sealer.clone()),
+                ..self.stage_sender(src, self.rail.names_senders, true)
+            },
+            Proof::Unsealed => self.stage_sender(src, self.rail.names_senders, true),
+        }
+    }
+
+    /// Counts and logs a control message dropped for its seal (never acted upon).
+    fn refuse_control(&self, why: std::fmt::Arguments<'_>) {
+        let n = self
+            .common
+            .unproven_controls
+            .fetch_add(1, Ordering::Relaxed);
+        // The first, then one in 1024: a flood must not flood the log.
+        if n.is_multiple_of(1024) {
+            tracing::warn!(
+                rail = self.index,
+                dropped = n + 1,
+                "control message dropped: {why}"
+            );
+        }
+    }
+
     /// Counts and logs (the first, then one in 1024) a message that did not decode.
     fn drop_malformed(&mut self, what: &str, error: &dyn std::fmt::Display) {
         self.malformed += 1;
@@ -670,9 +809,12 @@ impl Worker {
 impl Worker {
     /// The sender of a staging arrival from `src`, for the staging engine; `named`:
     /// whether this rail's provider names senders of that kind of arrival.
-    fn stage_sender(&self, src: Option<Address>, named: bool) -> FabSender {
+    fn stage_sender(&self, src: Option<Address>, named: bool, message: bool) -> FabSender {
         if !named {
             return FabSender {
+                message,
+                proven: None,
+                channel: None,
                 named,
                 endpoint: None,
                 maybe_self: false,
@@ -688,6 +830,9 @@ impl Worker {
             .and_then(|name| self.common.sources.find(self.index, name))
             .map(|s| s.peer.clone());
         FabSender {
+            message,
+            proven: None,
+            channel: None,
             named,
             endpoint,
             maybe_self,
@@ -849,25 +994,35 @@ impl Worker {
 
 /// READ assists (see `assist`): serving a peer's requests, and their answers.
 impl Worker {
-    /// Pushes a requested piece of a READ into the peer whose endpoint `src` sent it (or
-    /// refuses: see the `assist` module's trust model) and answers that endpoint.
-    fn serve_assist(&mut self, request: &assist::Request, src: Option<Address>) {
-        let source = self.attribute(src);
-        let (errno, answer_to) = match (&self.common.assist, source) {
+    /// Pushes a requested piece of a READ into the peer that sealed the request (or
+    /// refuses: see the `assist` module's trust model) and answers it, sealed.
+    fn serve_assist(&mut self, request: &assist::Request, proof: &Proof, src: Option<Address>) {
+        let (errno, answer_to) = match (&self.common.assist, proof) {
             (None, _) => (libc::EOPNOTSUPP, None),
-            (Some(server), None) => (
+            (Some(server), Proof::Peer(peer)) => {
+                match self.common.sources.find(self.index, &request.reply_to) {
+                    Some(s) if Arc::ptr_eq(&s.peer, peer) => (
+                        server.serve(self.index, request, &s.peer),
+                        Some(s.reply.clone()),
+                    ),
+                    _ => (
+                        server.refuse(
+                            libc::EPERM,
+                            format_args!("it names none of its sender's endpoints on this rail"),
+                        ),
+                        None,
+                    ),
+                }
+            }
+            (Some(server), _) => (
                 server.refuse(
                     libc::EPERM,
                     format_args!(
-                        "it comes from an endpoint of no loaded peer (a target serves the \
-                         initiators whose metadata it loaded)"
+                        "no loaded peer sealed it (a target serves the initiators whose \
+                         metadata it loaded)"
                     ),
                 ),
                 None,
-            ),
-            (Some(server), Some(s)) => (
-                server.serve(self.index, request, &s.peer),
-                Some(s.reply.clone()),
             ),
         };
         let done = assist::Done {
@@ -875,36 +1030,33 @@ impl Worker {
             op: request.op,
             errno,
         };
+        let sender = self.control_sender(proof, src);
         self.answer(
             answer_to,
-            src,
+            &sender,
             &request.reply_to,
             done.encode(),
             "a READ assist's",
         );
     }
 
-    /// Queues `message`, a request's answer: to the endpoint that sent the request
-    /// (`answer_to`, where it was attributed), else — a refusal for no one in particular,
-    /// so that an initiator this side did not load stops asking — where the request says
-    /// (`reply_to`), but never toward a loaded peer's endpoint that did not send it.
+    /// Queues `message`, a request's answer: to the sealing peer's endpoint the request
+    /// names (`answer_to`, where it was proven), else — a refusal for no one in
+    /// particular, so that an initiator this side did not load stops asking — where the
+    /// request says (`reply_to`) as the staging engine resolves a requester (never toward
+    /// a loaded peer's endpoint that did not send it). Sealed where the address has a key
+    /// (a loaded peer's, or the channel the request came under).
     fn answer(
         &mut self,
         answer_to: Option<FabAddr>,
-        src: Option<Address>,
+        sender: &FabSender,
         reply_to: &[u8],
         message: Vec<u8>,
         what: &str,
     ) {
         let dest = match answer_to {
             Some(dest) => Ok(dest),
-            None => {
-                let sender = self.stage_sender(src, self.rail.names_senders);
-                self.common
-                    .stager
-                    .net
-                    .resolve(self.index, reply_to, &sender)
-            }
+            None => self.common.stager.net.resolve(self.index, reply_to, sender),
         };
         match dest {
             Ok(dest) => {
@@ -922,7 +1074,10 @@ impl Worker {
     fn send_replies(&mut self) -> bool {
         let mut sent = false;
         while let Some((dest, message)) = self.replies.front() {
-            match self.rail.ep.inject(message, dest.address()) {
+            // Sealed as it goes (each attempt takes a fresh sequence number: one that
+            // waited behind a busy endpoint never falls behind the peer's window).
+            let sealed = dest.seal(message);
+            match self.rail.ep.inject(&sealed, dest.address()) {
                 Ok(()) => sent = true,
                 Err(fabric::Error::WouldBlock { .. }) => break,
                 Err(e) => tracing::warn!(error = %e, "a READ assist's answer was not sent"),
@@ -932,30 +1087,30 @@ impl Worker {
         sent
     }
 
-    /// The peer answered an assist request of one of this rail's jobs (from `src`).
-    fn assist_done(&mut self, done: assist::Done, src: Option<Address>) {
-        let from = self
-            .rail
-            .names_senders
-            .then(|| self.attribute(src).map(|s| s.peer.agent.clone()));
+    /// An answer to an assist request of one of this rail's jobs.
+    fn assist_done(&mut self, done: assist::Done, proof: &Proof) {
         let Some(active) = self.jobs.get_mut(&done.job) else {
             tracing::debug!(job = done.job, "READ assist answer for a finished job");
             return;
         };
-        if let Some(from) = from {
-            if from.as_deref() != Some(active.job.shared.peer.agent.as_str()) {
-                // Only the job's peer may say that a piece is in place.
-                self.foreign_answers += 1;
-                if self.foreign_answers % 1024 == 1 {
-                    tracing::warn!(
-                        job = done.job,
-                        from = from.as_deref().unwrap_or("an endpoint of no loaded peer"),
-                        dropped = self.foreign_answers,
-                        "READ assist answer from another endpoint than the job's peer dropped"
-                    );
-                }
-                return;
+        // Only the job's peer may say that a piece is in place (or that it refuses): the
+        // answer must be sealed by the key the request went under.
+        let from_peer = match proof {
+            Proof::Peer(peer) => peer
+                .sealer()
+                .is_some_and(|s| Arc::ptr_eq(s, &active.job.peer.sealer)),
+            _ => false,
+        };
+        if !from_peer {
+            self.foreign_answers += 1;
+            if self.foreign_answers % 1024 == 1 {
+                tracing::warn!(
+                    job = done.job,
+                    dropped = self.foreign_answers,
+                    "READ assist answer not sealed by the job's peer dropped"
+                );
             }
+            return;
         }
         let op = match active.job.ops.get(done.op as usize) {
             Some(op) if op.copier == Copier::Peer && active.assists > 0 => op,
@@ -995,29 +1150,40 @@ impl Worker {
 impl Worker {
     /// Starts the copies a peer asked for (or declines: see `peer_copy`'s checks); the
     /// answer goes once they completed.
-    fn serve_peer_copy(&mut self, request: &peer_copy::Request, src: Option<Address>) {
-        let source = self.attribute(src);
+    fn serve_peer_copy(
+        &mut self,
+        request: &peer_copy::Request,
+        proof: &Proof,
+        src: Option<Address>,
+    ) {
         let stats = &self.common.peer_copy.stats;
-        let (errno, answer_to) = match source {
-            None => (
-                stats.refuse(
-                    libc::EPERM,
-                    format_args!("it comes from an endpoint of no loaded peer"),
+        let (errno, answer_to) = match proof {
+            Proof::Peer(peer) => match self.common.sources.find(self.index, &request.reply_to) {
+                Some(s) if Arc::ptr_eq(&s.peer, peer) => match self.start_serving(request, &s) {
+                    Ok(()) => return,
+                    Err(errno) => (errno, Some(s.reply.clone())),
+                },
+                _ => (
+                    stats.refuse(
+                        libc::EPERM,
+                        format_args!("it names none of its sender's endpoints on this rail"),
+                    ),
+                    None,
                 ),
+            },
+            _ => (
+                stats.refuse(libc::EPERM, format_args!("no loaded peer sealed it")),
                 None,
             ),
-            Some(s) => match self.start_serving(request, &s) {
-                Ok(()) => return,
-                Err(errno) => (errno, Some(s.reply.clone())),
-            },
         };
         let done = peer_copy::Done {
             id: request.id,
             errno,
         };
+        let sender = self.control_sender(proof, src);
         self.answer(
             answer_to,
-            src,
+            &sender,
             &request.reply_to,
             done.encode(),
             "a direct copy's",
@@ -1073,22 +1239,18 @@ impl Worker {
         }
     }
 
-    /// The peer answered a direct copy request of this backend (from `src`).
-    fn peer_copy_done(&mut self, done: peer_copy::Done, src: Option<Address>) {
-        // Where the transport names senders, only the request's peer may answer.
-        let from = if self.rail.names_senders {
-            match self.attribute(src) {
-                Some(s) => Some(s.peer.agent.clone()),
-                None => {
-                    tracing::warn!(
-                        id = done.id,
-                        "a direct copy answer from an endpoint of no loaded peer dropped"
-                    );
-                    return;
-                }
+    /// An answer to a direct copy request of this backend: taken only where sealed by a
+    /// loaded peer, and then only for a request that went to it.
+    fn peer_copy_done(&mut self, done: peer_copy::Done, proof: &Proof) {
+        let from = match proof {
+            Proof::Peer(peer) => Some(peer.agent.clone()),
+            _ => {
+                self.refuse_control(format_args!(
+                    "a direct copy answer sealed by no loaded peer (id {})",
+                    done.id
+                ));
+                return;
             }
-        } else {
-            None
         };
         match self.common.peer_copy.waits.take(done.id, from.as_deref()) {
             Some(run) => run.answer(done.errno),

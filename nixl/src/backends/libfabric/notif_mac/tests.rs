@@ -147,3 +147,189 @@ fn sealing_and_opening_are_cheap() {
     println!("seal + open of a 64-byte notification: {each:?}");
     assert!(each < std::time::Duration::from_millis(2), "{each:?}");
 }
+
+#[test]
+fn a_control_seal_names_its_sender_and_opens_once_in_its_direction() {
+    let ((a_seal, a_open), (b_seal, b_open)) = pairs();
+    let sealed = a_seal.seal_control(b"NXCM request");
+    let frame = ControlFrame::split(&sealed).unwrap();
+    assert_eq!(frame.sender, b"a");
+    assert_eq!(frame.sealed.inner, b"NXCM request");
+    assert_eq!(frame.encode(), sealed);
+    assert_eq!(b_open.open(&frame.sealed), Ok(()));
+    assert_eq!(b_open.open(&frame.sealed), Err(Refusal::Replayed));
+    // Reflected back to its sender: another direction's key.
+    assert_eq!(a_open.open(&frame.sealed), Err(Refusal::BadTag));
+    // One sequence per direction for notifications and control messages: a control
+    // frame's seal rewrapped as a notification is the same sequence number (a replay).
+    let notif = a_seal.seal(b"NXNT n");
+    let control = a_seal.seal_control(b"NXST s");
+    let control = ControlFrame::split(&control).unwrap();
+    let rewrapped = Sealed {
+        seq: control.sealed.seq,
+        tag: control.sealed.tag,
+        inner: control.sealed.inner,
+    };
+    assert_eq!(b_open.open(&Sealed::split(&notif).unwrap()), Ok(()));
+    assert_eq!(b_open.open(&control.sealed), Ok(()));
+    assert_eq!(b_open.open(&rewrapped), Err(Refusal::Replayed));
+    // Every changed byte of the sequence, the tag, the name or the message fails. (The
+    // public key is for receivers that have not loaded the sender: it chooses their
+    // key, and a changed one fails there; one that loaded the sender uses its key.)
+    let sealed = b_seal.seal_control(b"NXPV answer");
+    let public = SEAL_OVERHEAD..SEAL_OVERHEAD + 32;
+    for i in (4..sealed.len()).filter(|i| !public.contains(i)) {
+        let mut bad = sealed.clone();
+        bad[i] ^= 0x01;
+        if let Some(frame) = ControlFrame::split(&bad) {
+            if frame.sender == b"b" {
+                assert_eq!(a_open.open(&frame.sealed), Err(Refusal::BadTag), "byte {i}");
+            }
+        }
+    }
+    assert_eq!(
+        a_open.open(&ControlFrame::split(&sealed).unwrap().sealed),
+        Ok(())
+    );
+}
+
+/// A receiver that never loaded the sender derives the same pair key from the public key
+/// the frame carries: the frame opens (once), and the answer sealed under the channel
+/// opens at the sender. A frame claiming another's public key without its secret does not
+/// open, so its sender gets no answer sealed for that key's owner.
+#[test]
+fn a_channel_with_an_unloaded_sender_is_the_pair_key() {
+    let a = Identity::generate().unwrap();
+    let b = Arc::new(Identity::generate().unwrap());
+    let (a_seal, a_open) = a.pair("a", "b", &b.public()).unwrap();
+    let channels = Channels::new(b.clone(), "b");
+    let sealed = a_seal.seal_control(b"NXST offer");
+    let frame = ControlFrame::split(&sealed).unwrap();
+    let channel = channels.open(&frame, |_| false).unwrap();
+    assert_eq!(
+        channels.open(&frame, |_| false).map(drop),
+        Err(Refusal::Replayed)
+    );
+    let answer = channel.sealer.seal_control(b"NXST done");
+    let answer = ControlFrame::split(&answer).unwrap();
+    assert_eq!(answer.sender, b"b");
+    assert_eq!(a_open.open(&answer.sealed), Ok(()));
+    // Eve claims `a`'s public key: she cannot seal under it.
+    let eve = Identity::generate().unwrap();
+    let (eve_seal, _) = eve.pair("a", "b", &b.public()).unwrap();
+    let forged = eve_seal.seal_control(b"NXST forged");
+    let mut frame = ControlFrame::split(&forged).unwrap();
+    frame.public = a.public();
+    assert_eq!(
+        channels.open(&frame, |_| false).map(drop),
+        Err(Refusal::BadTag)
+    );
+    // Under a made-up key it opens nothing and takes no room.
+    let mut junk = ControlFrame::split(&forged).unwrap();
+    junk.public = Identity::generate().unwrap().public();
+    assert_eq!(
+        channels.open(&junk, |_| false).map(drop),
+        Err(Refusal::BadTag)
+    );
+    assert_eq!(channels.table.lock().len(), 1);
+}
+
+#[test]
+fn channels_are_bounded_and_never_evict_one_in_use() {
+    let b = Arc::new(Identity::generate().unwrap());
+    let channels = Channels::new(b.clone(), "b");
+    let name = |i: usize| format!("sender-{i}");
+    let mut senders = Vec::new();
+    for i in 0..MAX_CHANNELS {
+        let id = Identity::generate().unwrap();
+        let (seal, _) = id.pair(&name(i), "b", &b.public()).unwrap();
+        let frame = seal.seal_control(b"NXST x");
+        assert!(channels
+            .open(&ControlFrame::split(&frame).unwrap(), |_| false)
+            .is_ok());
+        senders.push(seal);
+    }
+    let late = Identity::generate().unwrap();
+    let (late_seal, _) = late.pair("late", "b", &b.public()).unwrap();
+    let frame = late_seal.seal_control(b"NXST y");
+    let frame = ControlFrame::split(&frame).unwrap();
+    assert_eq!(
+        channels.open(&frame, |_| false).map(drop),
+        Err(Refusal::NoRoom)
+    );
+    // Once a sender is loaded its channel may go, and there is room again; the others
+    // keep theirs (and their windows).
+    assert!(channels.open(&frame, |n| n == name(0)).is_ok());
+    let again = senders[1].seal_control(b"NXST z");
+    assert!(channels
+        .open(&ControlFrame::split(&again).unwrap(), |_| false)
+        .is_ok());
+}
+
+#[test]
+fn the_control_fuzz_entry_point_holds_on_samples() {
+    let ((a_seal, _), _) = pairs();
+    for input in [
+        &b""[..],
+        b"NXRS",
+        &a_seal.seal_control(b"NXCM"),
+        &[0xff; 200],
+        &ControlFrame {
+            sealed: Sealed {
+                seq: 1,
+                tag: [0; 16],
+                inner: b"NXST",
+            },
+            public: [0; 32],
+            sender: b"a",
+        }
+        .encode(),
+    ] {
+        assert!(fuzz_sealed_control(input), "{input:?}");
+    }
+}
+
+/// Sealing and opening rail control messages: a READ assist request (about 150 bytes)
+/// and a staging OFFER of 128 pieces (about 3.7 KiB); and a channel's one-time key
+/// agreement. Printed (figures go to docs/BENCHMARKS.md), loosely bounded.
+#[test]
+fn sealing_and_opening_control_messages_is_cheap() {
+    let ((a_seal, _), (_, b_open)) = pairs();
+    // (Bounds per message, loose enough for a debug build on a loaded machine.)
+    for (what, len, n, bound_ms) in [
+        ("an assist request", 150, 20_000, 2),
+        ("a 128-piece OFFER", 3700, 2_000, 50),
+    ] {
+        let inner = vec![0x5a_u8; len];
+        let start = Instant::now();
+        for _ in 0..n {
+            let sealed = a_seal.seal_control(&inner);
+            let frame = ControlFrame::split(&sealed).unwrap();
+            assert_eq!(b_open.open(&frame.sealed), Ok(()));
+        }
+        let each = start.elapsed() / n;
+        println!("seal + open of {what} ({len} bytes): {each:?}");
+        assert!(
+            each < std::time::Duration::from_millis(bound_ms),
+            "{each:?}"
+        );
+    }
+    let b = Arc::new(Identity::generate().unwrap());
+    let channels = Channels::new(b.clone(), "b");
+    let a = Identity::generate().unwrap();
+    let (seal, _) = a.pair("a", "b", &b.public()).unwrap();
+    let start = Instant::now();
+    const M: u32 = 200;
+    for i in 0..M {
+        // A new name each time: a new channel, one key agreement.
+        let frame = seal.seal_control(b"NXST x");
+        let mut frame = ControlFrame::split(&frame).unwrap();
+        let name = format!("a{i}");
+        frame.sender = name.as_bytes();
+        let _ = channels.open(&frame, |_| false);
+    }
+    println!(
+        "a new channel (X25519 + key derivation): {:?}",
+        start.elapsed() / M
+    );
+}
