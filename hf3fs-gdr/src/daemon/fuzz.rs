@@ -136,9 +136,16 @@ pub fn fuzz_ring_entries(data: &[u8]) -> bool {
     ok
 }
 
+/// The scratch file's bytes (made once: every input starts from the same file).
+fn file_bytes() -> &'static [u8] {
+    static BYTES: OnceLock<Vec<u8>> = OnceLock::new();
+    BYTES.get_or_init(|| (0..SCRATCH_BYTES).map(|i| (i * 7 + 3) as u8).collect())
+}
+
 fn run_ring(session: &Arc<Session>, for_read: bool, data: &[u8]) -> Option<bool> {
-    let file_bytes: Vec<u8> = (0..SCRATCH_BYTES).map(|i| (i * 7 + 3) as u8).collect();
-    let file = memfd(&file_bytes, SCRATCH_BYTES, false)?;
+    // A fresh file per input: writes at any offset grow it (sparse), which must not
+    // carry over to the next input.
+    let file = memfd(file_bytes(), SCRATCH_BYTES, false)?;
     let (file_id, _) = session.handle(&Message::new(OP_REG_FD).0, vec![file]);
     let iov = memfd(&[], SCRATCH_BYTES, false)?;
     let reg = Message::new(OP_REG_IOV).id(&SCRATCH_IOV).u8(IOV_HOST);
@@ -197,13 +204,27 @@ fn run_ring(session: &Arc<Session>, for_read: bool, data: &[u8]) -> Option<bool>
     let h = view.header();
     h.sq_submitted.0.store(count, Ordering::Release);
     h.sq_tail.0.store(count, Ordering::Release);
+    // Rung as a client rings it (`ior.rs`): a wake without the increment is lost when
+    // the ring thread is between reading the doorbell and sleeping on it.
+    h.sq_doorbell.0.fetch_add(1, Ordering::SeqCst);
     crate::shm::futex_wake(&h.sq_doorbell.0);
+    // Waits as a client does (`ior.rs`): asleep on the completion doorbell, which the
+    // daemon rings after each completion and wakes when `client_sleeping` is set. (A
+    // 100 us sleep per check made most of an input's time.)
     let start = Instant::now();
-    while h.cq_tail.0.load(Ordering::Acquire) < count {
-        if start.elapsed() > RING_DEADLINE {
+    loop {
+        let bell = h.cq_doorbell.0.load(Ordering::SeqCst);
+        h.client_sleeping.0.store(1, Ordering::SeqCst);
+        if h.cq_tail.0.load(Ordering::SeqCst) >= count {
+            h.client_sleeping.0.store(0, Ordering::SeqCst);
+            break;
+        }
+        let left = RING_DEADLINE.saturating_sub(start.elapsed());
+        if left.is_zero() {
             return Some(false);
         }
-        std::thread::sleep(Duration::from_micros(100));
+        crate::shm::futex_wait(&h.cq_doorbell.0, bell, left.min(Duration::from_millis(10)));
+        h.client_sleeping.0.store(0, Ordering::SeqCst);
     }
     let mut ok = h.cq_tail.0.load(Ordering::Acquire) == count;
     let mut seen = [false; ENTRIES as usize];
