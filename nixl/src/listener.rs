@@ -55,7 +55,7 @@
 //!   process's resident memory at a multiple of what it ever held at once.
 //!
 //! What these bounds hold under attack is measured in `docs/BENCHMARKS.md` ("nixl:
-//! metadata listener under attack").
+//! metadata listener under attack", and the junk phase of "nixl: load under attack").
 
 use crate::agent::{Agent, AgentInner, MdSource};
 use crate::error::{Error, Result};
@@ -153,7 +153,9 @@ type HmacSha256 = Hmac<Sha256>;
 /// only from the network address the peer was bound from or fetched at (see "Binding" on
 /// [`crate::Agent::load_remote_metadata`]). An address is a host, not a process: another
 /// process on the peer's host (every process, when all agents run on one host) passes that
-/// check.
+/// check. Anyone can make the listener hold what it reads before a request is known, so
+/// without a token it reads metadata pushes of at most 16 MiB (the metadata of some
+/// 400,000 regions): larger metadata needs the token (then up to 64 MiB) or etcd.
 ///
 /// With a token, a connection must prove it holds the token before any request is read
 /// (a challenge and response with HMAC-SHA256 over fresh nonces of both sides), and the
