@@ -26,16 +26,21 @@
 //!   which a peer sending a byte at a time would renew forever); the reply must be taken
 //!   within the timeout too;
 //! - a frame cap before the request is known: [`PRE_AUTH_MAX_BYTES`] for every frame
-//!   except a metadata push (bounded by [`MAX_METADATA_BYTES`]), which is accepted only
-//!   once authenticated where a token is set;
+//!   except a metadata push, which is accepted only once authenticated where a token is
+//!   set (then up to [`MAX_METADATA_BYTES`]), and up to
+//!   [`UNAUTHENTICATED_MAX_METADATA_BYTES`] where no token is set;
 //! - [`MAX_CONNECTIONS_PER_IP`] connections per source address and [`MAX_CONNECTIONS`]
 //!   in all: a new connection over either limit closes the oldest connection of that
 //!   address (of the busiest address) that is still sending its request, so connections
 //!   that never finish cannot lock anyone out;
 //! - [`MAX_BUFFERED_BYTES`] of frames held at once (requests being read or served,
 //!   replies being written; a request counts at the length its checked header announces,
-//!   allocated once): over it, connections with unfinished requests are closed, those
-//!   that still owe the most bytes first;
+//!   allocated once), of which requests of connections that have not authenticated
+//!   (every connection, where no token is set) may hold
+//!   [`UNAUTHENTICATED_BUFFERED_BYTES`]: over either, connections with unfinished
+//!   requests are closed, those that still owe the most bytes first (anyone who can reach
+//!   the port can make the listener hold the unauthenticated share, so it bounds what a
+//!   stream of junk frames costs);
 //! - requests are served by at most [`MAX_WORKERS`] threads (the others wait their turn):
 //!   loading metadata may wait for a backend's connection set-up;
 //! - the cost of a connection stays small whatever the others do: the kernel queues up to
@@ -50,7 +55,7 @@
 //!   process's resident memory at a multiple of what it ever held at once.
 //!
 //! What these bounds hold under attack is measured in `docs/BENCHMARKS.md` ("nixl:
-//! metadata listener under attack").
+//! metadata listener under attack", and the junk phase of "nixl: load under attack").
 
 use crate::agent::{Agent, AgentInner, MdSource};
 use crate::error::{Error, Result};
@@ -99,6 +104,17 @@ const CLIENT_PROOF: &[u8] = b"nixl listener v1 client";
 /// job token, before the connection authenticated): handshake frames, fetches and
 /// invalidations (an agent name is at most 65,535 bytes).
 pub(crate) const PRE_AUTH_MAX_BYTES: usize = 64 << 10;
+/// Largest metadata push read from a connection that has not authenticated, which is
+/// every connection where no job token is set (with a token, an unauthenticated push is
+/// refused at [`PRE_AUTH_MAX_BYTES`]). 16 MiB is the metadata of some 400,000 regions
+/// (15,000 take about 0.6 MB); larger metadata needs the job token (then up to
+/// [`MAX_METADATA_BYTES`]) or etcd.
+pub(crate) const UNAUTHENTICATED_MAX_METADATA_BYTES: usize = 16 << 20;
+/// Request bytes the connections that have not authenticated may hold at once (being
+/// read, waiting for a worker or being served): one push of the largest size they may
+/// send, and 4 MiB more.
+pub(crate) const UNAUTHENTICATED_BUFFERED_BYTES: usize =
+    UNAUTHENTICATED_MAX_METADATA_BYTES + (4 << 20);
 /// Connections one source address may hold open at once.
 pub(crate) const MAX_CONNECTIONS_PER_IP: usize = 32;
 /// Connections held open at once, in all.
@@ -137,7 +153,9 @@ type HmacSha256 = Hmac<Sha256>;
 /// only from the network address the peer was bound from or fetched at (see "Binding" on
 /// [`crate::Agent::load_remote_metadata`]). An address is a host, not a process: another
 /// process on the peer's host (every process, when all agents run on one host) passes that
-/// check.
+/// check. Anyone can make the listener hold what it reads before a request is known, so
+/// without a token it reads metadata pushes of at most 16 MiB (the metadata of some
+/// 400,000 regions): larger metadata needs the token (then up to 64 MiB) or etcd.
 ///
 /// With a token, a connection must prove it holds the token before any request is read
 /// (a challenge and response with HMAC-SHA256 over fresh nonces of both sides), and the
@@ -405,13 +423,32 @@ impl Session {
         self.payload_len.map_or(0, |len| len - self.payload.len())
     }
 
+    /// Whether the peer proved it holds the job token (never, where none is set).
+    fn authenticated(&self) -> bool {
+        matches!(self.phase, Phase::Authenticated)
+    }
+
     /// Largest payload of a frame of type `kind` in the current phase.
     fn cap(&self, kind: u8) -> usize {
-        let authenticated = self.token.is_none() || matches!(self.phase, Phase::Authenticated);
-        if kind == SEND_MD && authenticated {
-            MAX_METADATA_BYTES
+        match (kind, &self.token) {
+            (SEND_MD, None) => UNAUTHENTICATED_MAX_METADATA_BYTES,
+            (SEND_MD, Some(_)) if self.authenticated() => MAX_METADATA_BYTES,
+            _ => PRE_AUTH_MAX_BYTES,
+        }
+    }
+
+    /// Why a frame of `len` bytes over `cap` is refused: for a metadata push where no
+    /// token is set, with what lifts the limit.
+    fn over_cap(&self, kind: u8, len: usize, cap: usize) -> Error {
+        if kind == SEND_MD && self.token.is_none() {
+            Error::MalformedMetadata(format!(
+                "a metadata push of {len} bytes exceeds the {cap} bytes this listener reads \
+                 without a job token: set the same NIXL_JOB_TOKEN (AgentConfig::job_token) \
+                 on every agent of the job (then up to {MAX_METADATA_BYTES} bytes), or \
+                 exchange metadata through etcd"
+            ))
         } else {
-            PRE_AUTH_MAX_BYTES
+            Error::MalformedMetadata(format!("frame of {len} bytes exceeds the {cap}-byte limit"))
         }
     }
 
@@ -436,10 +473,14 @@ impl Session {
                         "unknown request type {kind}"
                     ))));
                 }
-                let len = match parse_header(&self.header, self.cap(kind)) {
+                let len = match parse_header(&self.header, usize::MAX) {
                     Ok((_, len)) => len,
                     Err(e) => return Some(refuse(e)),
                 };
+                let cap = self.cap(kind);
+                if len > cap {
+                    return Some(refuse(self.over_cap(kind, len, cap)));
+                }
                 if self.payload.try_reserve_exact(len).is_err() {
                     return Some(refuse(Error::InvalidParam(format!(
                         "no memory for a frame of {len} bytes"
@@ -680,6 +721,19 @@ impl Conn {
             }
     }
 
+    /// Request bytes it holds while its peer has not authenticated: the frame being
+    /// read, or the request waiting for a worker or being served.
+    fn unauthenticated_held(&self) -> usize {
+        if self.session.authenticated() {
+            return 0;
+        }
+        self.session.buffered()
+            + match &self.stage {
+                Stage::Serving(n) => *n,
+                Stage::Reading | Stage::Writing { .. } => 0,
+            }
+    }
+
     fn reading(&self) -> bool {
         matches!(self.stage, Stage::Reading)
             || matches!(
@@ -903,6 +957,20 @@ impl LoopState {
         self.conns.values().map(Conn::held).sum()
     }
 
+    /// Request bytes held for peers that have not authenticated.
+    fn unauthenticated_held(&self) -> usize {
+        self.conns.values().map(Conn::unauthenticated_held).sum()
+    }
+
+    /// Whether the bytes held are over [`MAX_BUFFERED_BYTES`], and whether those of
+    /// unauthenticated peers are over [`UNAUTHENTICATED_BUFFERED_BYTES`].
+    fn over_budget(&self) -> (bool, bool) {
+        (
+            self.held() > MAX_BUFFERED_BYTES,
+            self.unauthenticated_held() > UNAUTHENTICATED_BUFFERED_BYTES,
+        )
+    }
+
     /// Reads or writes what a connection's socket is ready for.
     fn progress(&mut self, id: u64) {
         let Some(conn) = self.conns.get_mut(&id) else {
@@ -974,7 +1042,7 @@ impl LoopState {
             let from = conn.from;
             match outcome {
                 None => {
-                    if grew && self.held() > MAX_BUFFERED_BYTES {
+                    if grew && self.over_budget() != (false, false) {
                         self.shed_load();
                     }
                 }
@@ -1006,16 +1074,26 @@ impl LoopState {
         }
     }
 
-    /// Over [`MAX_BUFFERED_BYTES`]: closes connections with unfinished requests, those
-    /// that still owe the most bytes first, until under it.
+    /// Over [`MAX_BUFFERED_BYTES`] or [`UNAUTHENTICATED_BUFFERED_BYTES`]: closes
+    /// connections with unfinished requests (of unauthenticated peers, where only their
+    /// share is over), those that still owe the most bytes first, until under both.
     fn shed_load(&mut self) {
-        while self.held() > MAX_BUFFERED_BYTES {
+        loop {
+            let (over_all, over_unauthenticated) = self.over_budget();
+            if !over_all && !over_unauthenticated {
+                return;
+            }
             // The one that still owes the most bytes: a frame announced large and never
             // sent goes before one that is streaming in.
             let largest = self
                 .conns
                 .iter()
-                .filter(|(_, c)| matches!(c.stage, Stage::Reading))
+                .filter(|(_, c)| {
+                    // Closing one that holds nothing would not help.
+                    matches!(c.stage, Stage::Reading)
+                        && c.session.buffered() > 0
+                        && (over_all || !c.session.authenticated())
+                })
                 .max_by_key(|(_, c)| (c.session.outstanding(), c.session.buffered()))
                 .map(|(id, _)| *id);
             match largest {
@@ -1475,6 +1553,38 @@ mod tests {
             guarded.received(&header),
             Some(Outcome::Refuse(_, Error::MalformedMetadata(m))) if m.contains("exceeds")
         ));
+    }
+
+    #[test]
+    fn without_a_token_a_push_over_the_unauthenticated_cap_is_refused_naming_the_token() {
+        let push = |len: usize| {
+            let mut header = frame_header(SEND_MD, b"").unwrap();
+            header[5..FRAME_CHECK_AT].copy_from_slice(&(len as u32).to_le_bytes());
+            header
+        };
+        // At the cap: read (one allocation of the announced length).
+        let mut open = Session::new(None);
+        assert!(open
+            .received(&push(UNAUTHENTICATED_MAX_METADATA_BYTES))
+            .is_none());
+        assert_eq!(open.wanted(), UNAUTHENTICATED_MAX_METADATA_BYTES);
+        assert_eq!(open.buffered(), UNAUTHENTICATED_MAX_METADATA_BYTES);
+        // Over it: refused from the header, nothing allocated, the fix named.
+        let mut open = Session::new(None);
+        match open.received(&push(UNAUTHENTICATED_MAX_METADATA_BYTES + 1)) {
+            Some(Outcome::Refuse(_, Error::MalformedMetadata(m))) => {
+                assert!(m.contains("NIXL_JOB_TOKEN"), "{m}")
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(open.buffered(), 0);
+        // Authenticated with the token: up to MAX_METADATA_BYTES.
+        let token = JobToken::new("job").unwrap();
+        let mut guarded = Session::new(Some(token.clone()));
+        assert!(handshake(&mut guarded, &token).is_none());
+        assert!(guarded.authenticated());
+        assert!(guarded.received(&push(MAX_METADATA_BYTES)).is_none());
+        assert_eq!(guarded.wanted(), MAX_METADATA_BYTES);
     }
 
     /// Runs the client's side of the handshake against a session, as `exchange` does.

@@ -383,7 +383,9 @@ fn flood_process_main() {
     if std::env::var_os("NIXL_SECURITY_FLOOD").is_none() {
         return;
     }
-    const FRAME: usize = 48 << 20;
+    // The largest push the listener reads whole without a job token (its
+    // UNAUTHENTICATED_MAX_METADATA_BYTES): larger ones are refused from their header.
+    const FRAME: usize = 16 << 20;
     let victim = local_agent("flooded", listening_at("127.0.0.1"));
     let addr = victim.listen_addr().unwrap();
     let junk = Arc::new(vec![0xa5u8; 1 << 20]);
@@ -400,7 +402,7 @@ fn flood_process_main() {
             }
         })
     };
-    // 64 connections at a time, each announcing 48 MiB and sending it; each reconnects
+    // 64 connections at a time, each announcing 16 MiB and sending it; each reconnects
     // when the listener drops it, until 1 GiB was sent in all.
     const TOTAL: usize = 1 << 30;
     let sent = Arc::new(AtomicUsize::new(0));
@@ -442,8 +444,9 @@ fn flood_process_main() {
         started.elapsed(),
         growth >> 20
     );
+    // Issue 28's goal: under 64 MiB.
     assert!(
-        growth < 128 << 20,
+        growth < 64 << 20,
         "RSS grew by {} MiB under the flood",
         growth >> 20
     );

@@ -112,10 +112,11 @@ fn trickle(slow: &mut Vec<(TcpStream, usize)>, header: &[u8]) {
 }
 
 /// `budget` bytes of junk frames to the listener at `to`, from 8 connections at a time:
-/// metadata pushes announcing 1 to 48 MiB whose payload fails the frame check (the bulk),
+/// metadata pushes announcing 1 to 16 MiB (three in four) or 16 to 48 MiB whose payload
+/// fails the frame check (the bulk),
 /// fetches and invalidations with 64 KiB of junk, pushes announcing more than the
-/// listener takes, and plain random bytes.
-pub(crate) fn junk(to: SocketAddr, budget: u64) -> AttackReport {
+/// listener takes, and plain random bytes. The senders pin themselves to `cpus`, if given.
+pub(crate) fn junk(to: SocketAddr, budget: u64, cpus: Option<Vec<usize>>) -> AttackReport {
     const THREADS: usize = 8;
     let sent = Arc::new(AtomicU64::new(0));
     let failed = Arc::new(AtomicU64::new(0));
@@ -123,7 +124,13 @@ pub(crate) fn junk(to: SocketAddr, budget: u64) -> AttackReport {
         .map(|t| {
             let sent = sent.clone();
             let failed = failed.clone();
+            let cpus = cpus.clone();
             std::thread::spawn(move || {
+                if let Some(cpus) = &cpus {
+                    if let Err(e) = crate::pin_to(cpus) {
+                        eprintln!("{}: junk sender: {e}", crate::PROGRAM);
+                    }
+                }
                 let mut rng = Rng(0x6a75_6e6b ^ t as u64);
                 let mut chunk = vec![0u8; 256 << 10];
                 rng.fill(&mut chunk);
@@ -140,8 +147,14 @@ pub(crate) fn junk(to: SocketAddr, budget: u64) -> AttackReport {
                         1 => (frame_header(FETCH_MD, 64 << 10, None).to_vec(), 64 << 10),
                         2 => (frame_header(INVALIDATE, 64 << 10, None).to_vec(), 64 << 10),
                         3 => (frame_header(SEND_MD, u32::MAX, None).to_vec(), 64 << 10),
+                        // Most pushes up to 16 MiB, which a listener without a job
+                        // token still reads whole; every fourth 16 to 48 MiB.
+                        4..=6 => {
+                            let len = (1 << 20) + rng.next() % (15 << 20);
+                            (frame_header(SEND_MD, len as u32, None).to_vec(), len)
+                        }
                         _ => {
-                            let len = (1 << 20) + rng.next() % (47 << 20);
+                            let len = (16 << 20) + rng.next() % (32 << 20);
                             (frame_header(SEND_MD, len as u32, None).to_vec(), len)
                         }
                     };

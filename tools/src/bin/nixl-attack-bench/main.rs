@@ -23,7 +23,9 @@
 //! The table gives, per phase, the transfers and rounds verified, p50/p99 of a transfer
 //! (post to done) and of a notified round (WRITE posted to the target's answer), p99
 //! against the quiet baseline, the target's peak RSS growth over its RSS after the
-//! baseline, and the probes answered. Goals (issue 28): p99 within 2x of the quiet
+//! baseline, the peak growth of its allocator's bytes in use and bytes taken from the
+//! system over the same point (glibc's `mallinfo2`: live heap against heap kept, against
+//! RSS outside `malloc`), and the probes answered. Goals (issue 28): p99 within 2x of the quiet
 //! baseline, RSS growth under 64 MiB, every probe answered. A run whose legitimate data
 //! was not all verified, whose target died, or where a forged notification reached the
 //! target under the initiator's name exits 1; a missed goal does too with `--strict`.
@@ -58,7 +60,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use wire::{holds_pattern, pattern};
 
-const PROGRAM: &str = "nixl-attack-bench";
+pub(crate) const PROGRAM: &str = "nixl-attack-bench";
 pub(crate) const INITIATOR: &str = "attack-initiator";
 /// Slots of the target's buffer the initiator rotates through.
 const SLOTS: usize = 16;
@@ -126,6 +128,17 @@ struct Cli {
     /// Exit 1 when a goal is missed (p99 within 2x, RSS growth under 64 MiB, probes)
     #[arg(long)]
     strict: bool,
+    /// CPUs the target process runs on (e.g. `0-7`; default: those of this process).
+    /// The initiator is this process: pin it with `taskset`
+    #[arg(long, value_name = "LIST", value_parser = cpu_list)]
+    target_cpus: Option<String>,
+    /// CPUs the attackers run on: the connector and notifier processes and the junk
+    /// senders' threads (e.g. `16-31`)
+    #[arg(long, value_name = "LIST", value_parser = cpu_list)]
+    attacker_cpus: Option<String>,
+    /// (a process in a role) the CPUs to pin itself to
+    #[arg(long, hide = true, value_parser = cpu_list)]
+    cpus: Option<String>,
     #[arg(long, hide = true)]
     role: Option<String>,
     #[arg(long, hide = true)]
@@ -136,6 +149,48 @@ struct Cli {
     /// (`--role connector`) the target's metadata listener
     #[arg(long, hide = true)]
     listen: Option<SocketAddr>,
+}
+
+/// Checks a CPU list (`0-7,16,18-20`); keeps its text, which is passed on to children.
+fn cpu_list(text: &str) -> Result<String, String> {
+    parse_cpus(text).map(|_| text.to_string())
+}
+
+/// The CPUs of a list like `0-7,16,18-20`.
+pub(crate) fn parse_cpus(text: &str) -> Result<Vec<usize>, String> {
+    let bad = || format!("`{text}` is not a CPU list (e.g. 0-7,16)");
+    let mut cpus = Vec::new();
+    for part in text.split(',') {
+        let (lo, hi) = part.split_once('-').unwrap_or((part, part));
+        let (lo, hi): (usize, usize) = (
+            lo.trim().parse().map_err(|_| bad())?,
+            hi.trim().parse().map_err(|_| bad())?,
+        );
+        if lo > hi || hi >= libc::CPU_SETSIZE as usize {
+            return Err(bad());
+        }
+        cpus.extend(lo..=hi);
+    }
+    Ok(cpus)
+}
+
+/// Pins the calling thread (and the threads it starts later) to `cpus`.
+pub(crate) fn pin_to(cpus: &[usize]) -> Result<(), String> {
+    // SAFETY: a zeroed cpu_set_t is the empty set; CPU_SET writes inside it (every cpu
+    // is below CPU_SETSIZE, checked by parse_cpus); sched_setaffinity reads it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        for &cpu in cpus {
+            libc::CPU_SET(cpu, &mut set);
+        }
+        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+            return Err(format!(
+                "pinning to CPUs {cpus:?}: {}",
+                std::io::Error::last_os_error()
+            ));
+        }
+    }
+    Ok(())
 }
 
 fn key_value(text: &str) -> Result<(String, String), String> {
@@ -161,6 +216,12 @@ pub(crate) fn backend_params(provider: &str, extra: &[(String, String)]) -> Back
 fn main() {
     tools::cli::init_tracing();
     let cli: Cli = tools::cli::parse_or_exit(PROGRAM);
+    // A process in a role pins itself before it starts any thread (they inherit it).
+    if let Some(cpus) = &cli.cpus {
+        if let Err(e) = parse_cpus(cpus).and_then(|c| pin_to(&c)) {
+            tools::cli::fail(PROGRAM, e);
+        }
+    }
     if cli.block == 0 || cli.block > 64 << 20 {
         tools::cli::Stop::Usage(format!("--block {} must be 1 byte to 64 MiB", cli.block))
             .exit(PROGRAM);
@@ -242,7 +303,12 @@ fn from_hex(text: &str) -> Option<Vec<u8>> {
 
 /// Forged notifications from a process of their own (`--role notifier`): an attacker
 /// shares no process with the peers (`shm` names a sender by its process's slot).
-fn notifier_process(provider: &str, rail: &[u8], total: u64) -> Result<AttackReport, String> {
+fn notifier_process(
+    provider: &str,
+    rail: &[u8],
+    total: u64,
+    cpus: Option<&str>,
+) -> Result<AttackReport, String> {
     let total = total.to_string();
     let rail = to_hex(rail);
     attacker_process(
@@ -256,6 +322,7 @@ fn notifier_process(provider: &str, rail: &[u8], total: u64) -> Result<AttackRep
             "--notifications",
             &total,
         ],
+        cpus,
         "ATTACK_NOTIFIER ",
     )
 }
@@ -264,7 +331,11 @@ fn notifier_process(provider: &str, rail: &[u8], total: u64) -> Result<AttackRep
 /// sockets opened and closed in the initiator's own process would compete with its
 /// threads (its heartbeat watcher included) inside that process, which no remote
 /// attacker can do.
-fn connector_process(listen: SocketAddr, total: usize) -> Result<AttackReport, String> {
+fn connector_process(
+    listen: SocketAddr,
+    total: usize,
+    cpus: Option<&str>,
+) -> Result<AttackReport, String> {
     let (listen, total) = (listen.to_string(), total.to_string());
     attacker_process(
         &[
@@ -275,15 +346,22 @@ fn connector_process(listen: SocketAddr, total: usize) -> Result<AttackReport, S
             "--connections",
             &total,
         ],
+        cpus,
         "ATTACK_CONNECTOR ",
     )
 }
 
-/// Runs this program in an attacker's role and reads its closing line (`prefix`).
-fn attacker_process(args: &[&str], prefix: &str) -> Result<AttackReport, String> {
+/// Runs this program in an attacker's role (pinned to `cpus`, if given) and reads its
+/// closing line (`prefix`).
+fn attacker_process(
+    args: &[&str],
+    cpus: Option<&str>,
+    prefix: &str,
+) -> Result<AttackReport, String> {
     let exe = std::env::current_exe().map_err(|e| format!("this program's path: {e}"))?;
     let out = Command::new(exe)
         .args(args)
+        .args(cpus.map(|c| format!("--cpus={c}")))
         .stdin(Stdio::null())
         .stderr(Stdio::inherit())
         .output()
@@ -335,6 +413,8 @@ struct Row {
     /// p99 over the quiet baseline's, for transfers and rounds (`None` for the baseline).
     ratios: Option<(f64, f64)>,
     rss_growth: Option<u64>,
+    /// Peak growth of the target's heap: bytes in use, bytes taken from the system.
+    heap_growth: Option<(u64, u64)>,
     probes_ok: u64,
     probes_failed: u64,
     attack: String,
@@ -369,13 +449,17 @@ impl Row {
     }
 }
 
+fn mib(bytes: u64) -> f64 {
+    bytes as f64 / (1 << 20) as f64
+}
+
 fn us(d: Duration) -> String {
     format!("{:.1}", d.as_secs_f64() * 1e6)
 }
 
 fn print_table(rows: &[Row]) {
     println!(
-        "{:<12} {:<13} {:>7} {:>9} {:>10} {:>10} {:>11} {:>13} {:>10} {:>8}  attack",
+        "{:<12} {:<13} {:>7} {:>9} {:>10} {:>10} {:>11} {:>13} {:>10} {:>12} {:>8}  attack",
         "provider",
         "phase",
         "rounds",
@@ -385,11 +469,12 @@ fn print_table(rows: &[Row]) {
         "round p99",
         "p99 vs quiet",
         "RSS +MiB",
+        "heap +MiB",
         "probes"
     );
     for r in rows {
         println!(
-            "{:<12} {:<13} {:>7} {:>9} {:>10} {:>10} {:>11} {:>13} {:>10} {:>8}  {}",
+            "{:<12} {:<13} {:>7} {:>9} {:>10} {:>10} {:>11} {:>13} {:>10} {:>12} {:>8}  {}",
             r.provider,
             r.phase,
             r.rounds,
@@ -399,10 +484,15 @@ fn print_table(rows: &[Row]) {
             us(r.round_p99),
             r.ratios
                 .map_or("-".to_string(), |(x, rd)| format!("{x:.2}/{rd:.2}")),
-            r.rss_growth.map_or("-".to_string(), |g| format!(
-                "{:.1}",
-                g as f64 / (1 << 20) as f64
-            )),
+            r.rss_growth
+                .map_or("-".to_string(), |g| format!("{:.1}", mib(g))),
+            // Live heap / heap kept (in use or free in the allocator).
+            r.heap_growth
+                .map_or("-".to_string(), |(used, kept)| format!(
+                    "{:.1}/{:.1}",
+                    mib(used),
+                    mib(kept)
+                )),
             format!("{}/{}", r.probes_ok, r.probes_ok + r.probes_failed),
             r.attack
         );
@@ -411,7 +501,8 @@ fn print_table(rows: &[Row]) {
     for r in rows {
         println!(
             "RESULT provider={} phase={} rounds={} transfers={} xfer_p50_us={} xfer_p99_us={} \
-             round_p99_us={} rss_growth_bytes={} probes_ok={} probes_failed={}",
+             round_p99_us={} rss_growth_bytes={} heap_in_use_growth_bytes={} \
+             heap_system_growth_bytes={} probes_ok={} probes_failed={}",
             r.provider,
             r.phase,
             r.rounds,
@@ -420,10 +511,21 @@ fn print_table(rows: &[Row]) {
             us(r.xfer_p99),
             us(r.round_p99),
             r.rss_growth.map_or(-1, |g| g as i64),
+            r.heap_growth.map_or(-1, |(used, _)| used as i64),
+            r.heap_growth.map_or(-1, |(_, kept)| kept as i64),
             r.probes_ok,
             r.probes_failed
         );
     }
+}
+
+/// The target's heap counters at a mark (bytes).
+#[derive(Debug, Clone, Copy)]
+struct HeapMark {
+    in_use: u64,
+    peak_in_use: u64,
+    system: u64,
+    peak_system: u64,
 }
 
 /// The target process and what it printed.
@@ -442,7 +544,8 @@ impl TargetProc {
         command
             .args(["--role", "target", "--provider", provider, "--nonce", nonce])
             .arg("--block")
-            .arg(cli.block.to_string());
+            .arg(cli.block.to_string())
+            .args(cli.target_cpus.as_ref().map(|c| format!("--cpus={c}")));
         for (k, v) in &cli.backend_param {
             command.arg(format!("--backend_param={k}={v}"));
         }
@@ -506,6 +609,29 @@ impl TargetProc {
             Ok(Some(status)) => format!("exited: {status}"),
             Err(e) => format!("unknown: {e}"),
         }
+    }
+
+    /// The target's heap counters (see `target.rs`): now, and their peaks since the
+    /// previous call; `None` where the allocator does not tell or the target did not
+    /// answer.
+    fn heap_mark(&mut self, phase: &str) -> Option<HeapMark> {
+        writeln!(self.stdin.as_mut()?, "mark {phase}").ok()?;
+        self.stdin.as_mut()?.flush().ok()?;
+        let line = self
+            .line("ATTACK_TARGET_HEAP ", Duration::from_secs(10))
+            .ok()?;
+        let field = |k: &str| -> Option<u64> {
+            line.split(' ')
+                .find_map(|f| f.strip_prefix(k)?.strip_prefix('='))?
+                .parse()
+                .ok()
+        };
+        Some(HeapMark {
+            in_use: field("in_use")?,
+            peak_in_use: field("peak_in_use")?,
+            system: field("system")?,
+            peak_system: field("peak_system")?,
+        })
     }
 
     /// Resident memory of the target, in bytes.
@@ -860,6 +986,7 @@ fn run_provider(cli: &Cli, provider: &str, rows: &mut Vec<Row>) -> Result<Vec<St
         init.round()?;
     }
     let rss_base = target.rss().ok_or("the target's RSS")?;
+    let heap_base = target.heap_mark("quiet");
     let (mut xfer, mut round) = init.take_samples();
     xfer.sort();
     round.sort();
@@ -874,6 +1001,7 @@ fn run_provider(cli: &Cli, provider: &str, rows: &mut Vec<Row>) -> Result<Vec<St
         round_p99: quiet.1,
         ratios: None,
         rss_growth: None,
+        heap_growth: None,
         probes_ok: 0,
         probes_failed: 0,
         attack: format!("target RSS {} MiB", rss_base >> 20),
@@ -893,25 +1021,32 @@ fn run_provider(cli: &Cli, provider: &str, rows: &mut Vec<Row>) -> Result<Vec<St
         let reports: Arc<Mutex<Vec<AttackOutcome>>> = Arc::default();
         let mut attackers = Vec::new();
         let (listen, total_conns, junk) = (target.listen, cli.connections, cli.junk);
+        let attacker_cpus = cli.attacker_cpus.clone();
         if matches!(phase, Phase::Connections | Phase::All) {
             let reports = reports.clone();
+            let cpus = attacker_cpus.clone();
             attackers.push(std::thread::spawn(move || {
-                let r = connector_process(listen, total_conns);
+                let r = connector_process(listen, total_conns, cpus.as_deref());
                 reports.lock().push(("connections", r));
             }));
         }
         if matches!(phase, Phase::Junk | Phase::All) {
             let reports = reports.clone();
             attackers.push(std::thread::spawn(move || {
-                let r = attack::junk(listen, junk);
+                let cpus = attacker_cpus
+                    .as_deref()
+                    .map(parse_cpus)
+                    .and_then(Result::ok);
+                let r = attack::junk(listen, junk, cpus);
                 reports.lock().push(("junk", Ok(r)));
             }));
         }
         if matches!(phase, Phase::Notifications | Phase::All) {
             let reports = reports.clone();
             let (provider, rail, total) = (provider.to_string(), rail.clone(), cli.notifications);
+            let cpus = cli.attacker_cpus.clone();
             attackers.push(std::thread::spawn(move || {
-                let r = notifier_process(&provider, &rail, total);
+                let r = notifier_process(&provider, &rail, total, cpus.as_deref());
                 reports.lock().push(("notifications", r));
             }));
         }
@@ -932,6 +1067,14 @@ fn run_provider(cli: &Cli, provider: &str, rows: &mut Vec<Row>) -> Result<Vec<St
         let probes = prober.finish();
         let peak = sampler.finish();
         let alive = target.alive();
+        let heap_growth = heap_base
+            .zip(target.heap_mark(phase.name()))
+            .map(|(base, now)| {
+                (
+                    now.peak_in_use.saturating_sub(base.in_use),
+                    now.peak_system.saturating_sub(base.system),
+                )
+            });
         let (mut xfer, mut round) = init.take_samples();
         xfer.sort();
         round.sort();
@@ -961,6 +1104,7 @@ fn run_provider(cli: &Cli, provider: &str, rows: &mut Vec<Row>) -> Result<Vec<St
             round_p99: r99,
             ratios: Some((ratio(x99, quiet.0), ratio(r99, quiet.1))),
             rss_growth: Some(peak.saturating_sub(rss_base)),
+            heap_growth,
             probes_ok: probes.0,
             probes_failed: probes.1,
             attack: format!("{attack} ({:.1} s)", elapsed.as_secs_f64()),

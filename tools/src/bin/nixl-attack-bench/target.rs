@@ -4,7 +4,13 @@
 //!
 //! Protocol with the harness (its standard input and output): the target prints
 //! `ATTACK_TARGET <listen address> <buffer address> <buffer bytes>` once it serves, and
-//! `ATTACK_TARGET_STATS key=value ...` when its standard input closes, then exits.
+//! `ATTACK_TARGET_STATS key=value ...` when its standard input closes, then exits. Each
+//! line the harness writes (`mark <phase>`) is answered with `ATTACK_TARGET_HEAP
+//! in_use=.. peak_in_use=.. system=.. peak_system=..`: the allocator's bytes in use and
+//! bytes taken from the system (glibc's `mallinfo2`, sampled every 10 ms), now and at
+//! their peak since the previous mark, so that RSS growth can be split into live heap,
+//! free memory the allocator keeps, and memory outside `malloc` (e.g. a provider's
+//! mappings).
 //! A legitimate notification is `w <seq> <slot> <nonce>`; the answer is `ok <seq>` or
 //! `bad <seq>`. A notification under the initiator's name without the run's nonce is a
 //! forged one that was delivered: counted, never acted on.
@@ -13,7 +19,7 @@ use crate::wire::holds_pattern;
 use crate::INITIATOR;
 use nixl::{Agent, AgentConfig, BackendParams, Desc, DescList, MemKind};
 use std::io::{BufRead, Write};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -66,15 +72,33 @@ pub(crate) fn run(args: &TargetArgs) -> Result<(), String> {
     );
     std::io::stdout().flush().map_err(|e| e.to_string())?;
 
-    // The harness closes our standard input to stop us (and so does its death).
+    // The harness closes our standard input to stop us (and so does its death); each
+    // line before that asks for the heap counters.
     let stop = Arc::new(AtomicBool::new(false));
+    let heap = Arc::new(HeapPeaks::default());
     {
-        let stop = stop.clone();
+        let (stop, heap) = (stop.clone(), heap.clone());
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                heap.sample();
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        });
+    }
+    {
+        let (stop, heap) = (stop.clone(), heap.clone());
         std::thread::spawn(move || {
             for line in std::io::stdin().lock().lines() {
                 if line.is_err() {
                     break;
                 }
+                heap.sample();
+                let [in_use, peak_in_use, system, peak_system] = heap.mark();
+                println!(
+                    "ATTACK_TARGET_HEAP in_use={in_use} peak_in_use={peak_in_use} \
+                     system={system} peak_system={peak_system}"
+                );
+                std::io::stdout().flush().ok();
             }
             stop.store(true, Ordering::SeqCst);
         });
@@ -146,4 +170,52 @@ fn serve_one(
     if agent.gen_notif(INITIATOR, answer.as_bytes()).is_err() {
         counts.answer_errors += 1;
     }
+}
+
+/// The allocator's counters, now and at their peak since the last mark.
+#[derive(Default)]
+struct HeapPeaks {
+    in_use: AtomicU64,
+    peak_in_use: AtomicU64,
+    system: AtomicU64,
+    peak_system: AtomicU64,
+}
+
+impl HeapPeaks {
+    fn sample(&self) {
+        if let Some((in_use, system)) = heap_counters() {
+            self.in_use.store(in_use, Ordering::Relaxed);
+            self.system.store(system, Ordering::Relaxed);
+            self.peak_in_use.fetch_max(in_use, Ordering::Relaxed);
+            self.peak_system.fetch_max(system, Ordering::Relaxed);
+        }
+    }
+
+    /// Now and the peaks (in use, from the system); the peaks restart from now.
+    fn mark(&self) -> [u64; 4] {
+        let (in_use, system) = (
+            self.in_use.load(Ordering::Relaxed),
+            self.system.load(Ordering::Relaxed),
+        );
+        [
+            in_use,
+            self.peak_in_use.swap(in_use, Ordering::Relaxed),
+            system,
+            self.peak_system.swap(system, Ordering::Relaxed),
+        ]
+    }
+}
+
+/// glibc's heap counters over every arena: bytes handed out (small and mmapped blocks),
+/// and bytes taken from the system (arenas and mmapped blocks).
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn heap_counters() -> Option<(u64, u64)> {
+    // SAFETY: mallinfo2 takes no argument and returns a plain struct.
+    let m = unsafe { libc::mallinfo2() };
+    Some(((m.uordblks + m.hblkhd) as u64, (m.arena + m.hblkhd) as u64))
+}
+
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+fn heap_counters() -> Option<(u64, u64)> {
+    None
 }
