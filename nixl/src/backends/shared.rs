@@ -580,6 +580,17 @@ pub(crate) fn proc_state(pid: u32) -> Option<(char, u64)> {
     Some((state, fields.nth(18)?.parse().ok()?))
 }
 
+/// The inode of the pid namespace of process `pid` (`"self"` for this one), as
+/// `/proc/<pid>/ns/pid` names it: equal for two processes exactly when their pids are
+/// numbers of one namespace. `None` where `/proc` does not say (another user's process
+/// may hide it).
+pub(crate) fn pid_namespace(pid: &str) -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(format!("/proc/{pid}/ns/pid"))
+        .ok()
+        .map(|m| m.ino())
+}
+
 /// A peer process on this host, named by its pid in this pid namespace and the start
 /// time that tells a reused pid apart.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
