@@ -739,7 +739,7 @@ fn start(config: WorkerConfig) -> nixl::Result<()> {
                 .uses_p2p()
                 .then(|| "127.0.0.1:0".parse().expect("an address")),
             stall_timeout: Duration::from_millis(config.stall_bound_ms),
-            metadata_timeout: Duration::from_secs(5),
+            metadata_timeout: Duration::from_millis(config.metadata_timeout_ms),
             job_token: None,
         },
     )?;
@@ -761,7 +761,7 @@ fn start(config: WorkerConfig) -> nixl::Result<()> {
     let etcd = if config.metadata.uses_etcd() {
         let mut c = nixl::etcd::EtcdConfig::new(config.etcd_endpoints.clone());
         c.namespace = config.etcd_namespace.clone();
-        c.timeout = Duration::from_secs(5);
+        c.timeout = Duration::from_millis(config.metadata_timeout_ms);
         let etcd = nixl::etcd::EtcdMetadata::connect(&agent, c)?;
         etcd.publish()?;
         Some(etcd)
