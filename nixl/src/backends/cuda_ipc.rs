@@ -813,12 +813,21 @@ fn may_deliver(
 ///   (`send_vmm`) if [`may_hand_out`] allows it, else with a message without one.
 fn serve_connection(mut conn: UnixStream, cred: PeerCred, served: &Served) {
     let drop_conn = |why: &str| tracing::warn!("{NAME}: dropping a peer connection: {why}");
-    // The connected process as it names itself, read when a frame needs it (its start
-    // time then tells a pid reused since the connection apart).
-    let sender = || {
-        served
-            .my_process
-            .and_then(|me| ProcessIdentity::of_pid_here(cred.pid, me.pid_ns))
+    // The connected process as it names itself: read from `/proc` for the first frame
+    // that needs it; for later frames only its start time is read again (as before the
+    // namespace was compared: one `stat` per frame), which tells a pid reused since then
+    // apart.
+    let mut known_sender: Option<ProcessIdentity> = None;
+    let mut sender = || {
+        let fresh = known_sender
+            .filter(|id| process_start_time(cred.pid) == Some(id.start_time))
+            .or_else(|| {
+                served
+                    .my_process
+                    .and_then(|me| ProcessIdentity::of_pid_here(cred.pid, me.pid_ns))
+            });
+        known_sender = fresh;
+        fresh
     };
     // The name this connection's notifications give (the first one's).
     let mut bound: Option<String> = None;
