@@ -704,10 +704,11 @@ mod backend_decoders {
     #[test]
     fn cuda_ipc_frames_survive_mutations() {
         let conn_info = le(&[
-            b"CIPC\x01",
+            b"CIPC\x02",
             &[0x42; 16],
             &1234u32.to_le_bytes(),
             &99u64.to_le_bytes(),
+            &4026531836u64.to_le_bytes(),
             &[6],
             b"socket",
         ]);

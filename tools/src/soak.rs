@@ -67,10 +67,18 @@ pub struct WorkerConfig {
     /// A transfer (or a notification's verification) waiting this much beyond its
     /// expected completion is a stall past the bound.
     pub stall_bound_ms: u64,
+    /// Bound on each metadata request: a listener fetch, and every etcd request.
+    #[serde(default = "default_metadata_timeout_ms")]
+    pub metadata_timeout_ms: u64,
     /// Whether the worker returns the allocator's free memory to the OS
     /// (`malloc_trim(0)`) before each [`HeapSample`], so that its RSS shows what is
     /// allocated rather than what the allocator keeps for later.
     pub malloc_trim: bool,
+}
+
+/// The bound on metadata requests where a configuration does not say (5 s).
+pub fn default_metadata_timeout_ms() -> u64 {
+    5_000
 }
 
 impl WorkerConfig {

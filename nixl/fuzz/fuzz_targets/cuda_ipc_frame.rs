@@ -11,7 +11,7 @@ fuzz_target!(|data: &[u8]| {
     for prefix in [
         b"\x01".as_slice(),
         b"\x02".as_slice(),
-        b"CIPC\x01".as_slice(),
+        b"CIPC\x02".as_slice(),
     ] {
         let mut framed = prefix.to_vec();
         framed.extend_from_slice(data);

@@ -47,14 +47,23 @@
 //! - Same node only: the connection information carries the kernel's boot id; a peer
 //!   with another boot id is unreachable ([`Error::Unreachable`]), and the agent picks
 //!   another backend for it. A peer process that exits is noticed through a pidfd (its
-//!   pid and start time are in the connection information): requests to it fail with
-//!   [`Error::RemoteDisconnect`].
+//!   pid, start time and pid namespace are in the connection information): requests to it
+//!   fail with [`Error::RemoteDisconnect`]. Only a peer in this process's pid namespace is
+//!   watched so, or taken for ended when its pid names no process with its start time: a
+//!   pid advertised from another pid namespace (another container of the node) names
+//!   another process here, or none. Such a peer is left to its socket (a notification or
+//!   descriptor request that cannot reach it fails with `RemoteDisconnect`) and the
+//!   stall timeout. On the socket, a connecting process is matched against loaded peers
+//!   by how it names itself — its namespace, its pid there (the last `NSpid` entry of
+//!   its `/proc` status) and its start time — so a peer in a child pid namespace is
+//!   recognised, and a process of another namespace that happens to hold a peer's pid
+//!   number is not.
 
 use super::cuda_copy::{
     gpu_err, Copy, CopyEngine, GpuXfer, LazyPin, MemLoc, NotifSink, StagedCopy, StreamPools,
 };
 use super::ipc_plane::{IpcPlane, KeepAlive, Resolved, ResolvedPair};
-use super::shared::{param, random_u64};
+use super::shared::{param, pid_namespace, random_u64};
 use crate::backend::{
     Backend, BackendInit, BackendXfer, Capabilities, ListSide, LocalMd, NotifWaker, PreparedList,
     RemoteMd, XferEntry, XferOp,
@@ -79,7 +88,9 @@ mod prepared;
 pub const NAME: &str = "CUDA_IPC";
 
 const CONN_MAGIC: &[u8; 4] = b"CIPC";
-const CONN_VERSION: u8 = 1;
+/// 2: the pid namespace follows the start time (version 1, without it, is refused: its
+/// pid could not be told apart from another namespace's).
+const CONN_VERSION: u8 = 2;
 const MD_VERSION: u8 = 1;
 /// version, kind, key (IPC handle, or VMM id + padding), offset, allocation size, GPU UUID.
 const MD_BYTES: usize = 1 + 1 + IPC_HANDLE_BYTES + 8 + 8 + 16;
@@ -223,6 +234,7 @@ impl CudaIpcBackend {
                 boot_id: boot_id()?,
                 pid: std::process::id(),
                 start_time: process_start_time(std::process::id()).unwrap_or(0),
+                pid_ns: pid_namespace("self").unwrap_or(0),
                 socket,
             },
             notifs,
@@ -243,20 +255,29 @@ impl CudaIpcBackend {
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct ConnInfo {
     boot_id: [u8; 16],
+    /// The process's pid in its own pid namespace.
     pid: u32,
     /// Start time of the process (clock ticks after boot): tells a reused pid apart.
     start_time: u64,
+    /// Inode of the process's pid namespace (`/proc/self/ns/pid`); 0 where `/proc` did
+    /// not say, which shares no namespace with anyone.
+    pid_ns: u64,
     socket: String,
 }
 
+/// Bytes before the socket name: magic, version, boot id, pid, start time, pid
+/// namespace, the name's length.
+const CONN_FIXED: usize = 4 + 1 + 16 + 4 + 8 + 8 + 1;
+
 impl ConnInfo {
     fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(48 + self.socket.len());
+        let mut out = Vec::with_capacity(CONN_FIXED + self.socket.len());
         out.extend_from_slice(CONN_MAGIC);
         out.push(CONN_VERSION);
         out.extend_from_slice(&self.boot_id);
         out.extend_from_slice(&self.pid.to_le_bytes());
         out.extend_from_slice(&self.start_time.to_le_bytes());
+        out.extend_from_slice(&self.pid_ns.to_le_bytes());
         out.push(self.socket.len() as u8);
         out.extend_from_slice(self.socket.as_bytes());
         out
@@ -264,31 +285,99 @@ impl ConnInfo {
 
     fn decode(b: &[u8]) -> Result<Self> {
         let bad = |why: &str| Error::MalformedMetadata(format!("{NAME} connection info: {why}"));
-        if b.len() < 4 + 1 + 16 + 4 + 8 + 1 || &b[..4] != CONN_MAGIC {
+        if b.len() < 5 || &b[..4] != CONN_MAGIC {
             return Err(bad("too short or wrong magic"));
         }
         if b[4] != CONN_VERSION {
             return Err(bad(&format!(
-                "version {} (this build reads {CONN_VERSION})",
+                "version {} (this build reads {CONN_VERSION}: version 1, of an older build, \
+                 does not say the peer's pid namespace)",
                 b[4]
             )));
+        }
+        if b.len() < CONN_FIXED {
+            return Err(bad("too short"));
         }
         let boot_id: [u8; 16] = b[5..21].try_into().expect("16 bytes");
         let pid = u32::from_le_bytes(b[21..25].try_into().expect("4 bytes"));
         let start_time = u64::from_le_bytes(b[25..33].try_into().expect("8 bytes"));
-        let n = usize::from(b[33]);
-        if b.len() != 34 + n || n == 0 {
+        let pid_ns = u64::from_le_bytes(b[33..41].try_into().expect("8 bytes"));
+        let n = usize::from(b[CONN_FIXED - 1]);
+        if b.len() != CONN_FIXED + n || n == 0 {
             return Err(bad("socket name length"));
         }
-        let socket = std::str::from_utf8(&b[34..])
+        let socket = std::str::from_utf8(&b[CONN_FIXED..])
             .map_err(|_| bad("socket name is not UTF-8"))?
             .to_string();
         Ok(Self {
             boot_id,
             pid,
             start_time,
+            pid_ns,
             socket,
         })
+    }
+
+    /// The process as it names itself.
+    fn process(&self) -> ProcessIdentity {
+        ProcessIdentity {
+            pid_ns: self.pid_ns,
+            pid: self.pid,
+            start_time: self.start_time,
+        }
+    }
+
+    /// Whether the advertised pid is a number of `me`'s pid namespace on `me`'s node (both
+    /// namespaces known): only then can `/proc` here say anything about the process.
+    fn pid_means_here(&self, me: &ConnInfo) -> bool {
+        self.boot_id == me.boot_id && self.pid_ns != 0 && self.pid_ns == me.pid_ns
+    }
+}
+
+/// A process as it names itself: its pid namespace, its pid there and its start time.
+/// Two processes of one node are the same exactly when these are equal (a namespace
+/// that is unknown, 0, matches nothing).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct ProcessIdentity {
+    pid_ns: u64,
+    pid: u32,
+    start_time: u64,
+}
+
+impl ProcessIdentity {
+    /// How the process that this pid namespace numbers `pid` names itself: from
+    /// `/proc/<pid>/status`, whose `NSpid` line lists its pid in this namespace and in
+    /// each namespace below, down to its own (one entry: it lives in this one, `my_ns`).
+    /// `None` where the process is gone or `/proc` does not say.
+    fn of_pid_here(pid: u32, my_ns: u64) -> Option<Self> {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+        let nspid: Vec<u32> = status
+            .lines()
+            .find_map(|l| l.strip_prefix("NSpid:"))
+            .map(|l| {
+                l.split_whitespace()
+                    .filter_map(|p| p.parse().ok())
+                    .collect()
+            })
+            .unwrap_or_default();
+        let (pid_ns, own_pid) = match nspid.as_slice() {
+            // No `NSpid` (a kernel before 4.1) or one entry: a process of this namespace.
+            [] | [_] => (pid_namespace(&pid.to_string()).unwrap_or(my_ns), pid),
+            [.., last] => (pid_namespace(&pid.to_string())?, *last),
+        };
+        let start_time = process_start_time(pid)?;
+        let me = Self {
+            pid_ns,
+            pid: own_pid,
+            start_time,
+        };
+        // Read again after the status: a pid reused in between has another start time.
+        (process_start_time(pid) == Some(start_time)).then_some(me)
+    }
+
+    /// Whether `self` is `other` (a namespace both know).
+    fn is(&self, other: &ProcessIdentity) -> bool {
+        self.pid_ns != 0 && self == other
     }
 }
 
@@ -318,6 +407,9 @@ struct Peer {
     unreachable: Option<String>,
     /// Readable once the peer process has exited.
     pidfd: Option<OwnedFd>,
+    /// The advertised pid is a number of this process's pid namespace on this node:
+    /// only then does `/proc` here speak of the peer.
+    pid_means_here: bool,
     /// The peer is an agent of this very process: its addresses are valid here as they
     /// are (CUDA refuses to open an IPC handle in the process that exported it).
     same_process: bool,
@@ -352,19 +444,21 @@ impl Peer {
             "it runs on another node (different boot id): CUDA IPC works only within one node"
                 .to_string()
         });
-        // Watch the process only if the pid names the same process here (same pid
-        // namespace): the start times must agree.
-        let pidfd = (unreachable.is_none()
+        // Watch the process only if the pid names the same process here: the same pid
+        // namespace (another namespace's pid names another process here, or none), and
+        // the start times agree (not a reused pid).
+        let pid_means_here = unreachable.is_none() && info.pid_means_here(me);
+        let pidfd = (pid_means_here
             && process_start_time(info.pid).is_some_and(|t| t == info.start_time))
         .then(|| pidfd_open(info.pid))
         .flatten();
-        let same_process =
-            unreachable.is_none() && info.pid == me.pid && info.start_time == me.start_time;
+        let same_process = unreachable.is_none() && info.process().is(&me.process());
         Self {
             name: name.to_string(),
             info,
             unreachable,
             pidfd,
+            pid_means_here,
             same_process,
             conn: Mutex::default(),
             mappings: Mutex::default(),
@@ -403,12 +497,15 @@ impl Peer {
     }
 
     /// The error of a failed import: `RemoteDisconnect` where the advertised process is
-    /// not running here (metadata of an incarnation that ended: its handles are void),
-    /// else the driver's refusal.
+    /// known not to run here (metadata of an incarnation that ended: its handles are
+    /// void) — a pid of this pid namespace that names no process with the advertised
+    /// start time; a peer of another namespace is never known ended this way — else the
+    /// driver's refusal.
     fn import_failed(&self, e: gpu_mem::Error) -> Error {
         let ended = !self.same_process
             && self.unreachable.is_none()
             && self.pidfd.is_none()
+            && self.pid_means_here
             && process_start_time(self.info.pid) != Some(self.info.start_time);
         if ended {
             self.gone.store(true, Ordering::Relaxed);
@@ -538,6 +635,8 @@ struct Served {
     peers: Weak<PeerTable>,
     /// This agent's name: a notification naming it comes from no other process.
     me: Arc<str>,
+    /// This process, as a sender is compared with it.
+    my_process: Option<ProcessIdentity>,
     refused: Arc<AtomicU64>,
 }
 
@@ -560,6 +659,8 @@ impl NotifListener {
             vmm,
             peers,
             me: Arc::from(me),
+            my_process: pid_namespace("self")
+                .and_then(|ns| ProcessIdentity::of_pid_here(std::process::id(), ns)),
             refused: refused.clone(),
         };
         // SAFETY: getuid has no arguments and cannot fail.
@@ -653,21 +754,18 @@ fn may_connect(cred: PeerCred, my_uid: u32) -> bool {
     cred.uid == my_uid || cred.uid == 0
 }
 
-/// Whether VMM allocation `id` may be handed to the process `requester`: it must be a
-/// peer this agent loaded the connection information of — its pid advertised there, and
-/// that pid's start time now (`requester_start`) the advertised one, so a process that
-/// got a dead peer's pid is not it — and `id` must be on offer (`exported`).
+/// Whether VMM allocation `id` may be handed to the process `requester` (as it names
+/// itself, see [`ProcessIdentity::of_pid_here`]; `None`: gone, or `/proc` did not say): it
+/// must be a peer this agent loaded the connection information of — the pid namespace,
+/// pid and start time advertised there, so neither a process that got a dead peer's pid
+/// nor one of another pid namespace under the same number is it — and `id` must be on
+/// offer (`exported`).
 fn may_hand_out(
-    requester: PeerCred,
-    requester_start: Option<u64>,
-    known_peers: &[(u32, u64)],
+    requester: Option<ProcessIdentity>,
+    known_peers: &[ProcessIdentity],
     exported: bool,
 ) -> std::result::Result<(), &'static str> {
-    let known = requester_start.is_some_and(|start| {
-        known_peers
-            .iter()
-            .any(|&(pid, peer_start)| pid == requester.pid && peer_start == start)
-    });
+    let known = requester.is_some_and(|r| known_peers.iter().any(|p| r.is(p)));
     if !known {
         return Err("the requesting process is no peer whose metadata this agent loaded");
     }
@@ -677,31 +775,32 @@ fn may_hand_out(
     Ok(())
 }
 
-/// Whether a notification naming `name` may be delivered from the process `sender` (its
-/// start time now `sender_start`), which this connection's earlier notifications named
-/// `bound`: the name of a loaded peer (`peers`: name, advertised pid and start time)
-/// only from that peer's process, this agent's own name (`me`, in process `my_pid`) only
-/// from this process, and one name per connection. A name no peer loaded here has is
-/// the sender's word, as NIXL's targets need not load their initiators' metadata.
+/// Whether a notification naming `name` may be delivered from the process `sender` (as
+/// it names itself, see [`ProcessIdentity::of_pid_here`]), which this connection's earlier
+/// notifications named `bound`: the name of a loaded peer (`peers`: name and advertised
+/// process) only from that peer's process, this agent's own name (`me`, in process
+/// `my_process`) only from this process, and one name per connection. A name no peer
+/// loaded here has is the sender's word, as NIXL's targets need not load their
+/// initiators' metadata.
 fn may_deliver(
-    sender: PeerCred,
-    sender_start: Option<u64>,
+    sender: Option<ProcessIdentity>,
     name: &str,
     bound: Option<&str>,
-    peers: &[(String, u32, u64)],
-    (me, my_pid): (&str, u32),
+    peers: &[(String, ProcessIdentity)],
+    (me, my_process): (&str, Option<ProcessIdentity>),
 ) -> std::result::Result<(), &'static str> {
     if bound.is_some_and(|b| b != name) {
         return Err("a connection's notifications all name one sender");
     }
-    if let Some(&(_, pid, start)) = peers.iter().find(|(peer, ..)| peer == name) {
-        return if pid == sender.pid && sender_start == Some(start) {
+    let is = |p: &ProcessIdentity| sender.is_some_and(|s| s.is(p));
+    if let Some((_, process)) = peers.iter().find(|(peer, _)| peer == name) {
+        return if is(process) {
             Ok(())
         } else {
             Err("it names a loaded peer, from another process than the one that peer advertised")
         };
     }
-    if name == me && sender.pid != my_pid {
+    if name == me && !my_process.as_ref().is_some_and(is) {
         return Err("it names this agent, from another process");
     }
     Ok(())
@@ -714,6 +813,22 @@ fn may_deliver(
 ///   (`send_vmm`) if [`may_hand_out`] allows it, else with a message without one.
 fn serve_connection(mut conn: UnixStream, cred: PeerCred, served: &Served) {
     let drop_conn = |why: &str| tracing::warn!("{NAME}: dropping a peer connection: {why}");
+    // The connected process as it names itself: read from `/proc` for the first frame
+    // that needs it; for later frames only its start time is read again (as before the
+    // namespace was compared: one `stat` per frame), which tells a pid reused since then
+    // apart.
+    let mut known_sender: Option<ProcessIdentity> = None;
+    let mut sender = || {
+        let fresh = known_sender
+            .filter(|id| process_start_time(cred.pid) == Some(id.start_time))
+            .or_else(|| {
+                served
+                    .my_process
+                    .and_then(|me| ProcessIdentity::of_pid_here(cred.pid, me.pid_ns))
+            });
+        known_sender = fresh;
+        fresh
+    };
     // The name this connection's notifications give (the first one's).
     let mut bound: Option<String> = None;
     loop {
@@ -739,18 +854,17 @@ fn serve_connection(mut conn: UnixStream, cred: PeerCred, served: &Served) {
                 else {
                     return;
                 };
-                let known: Vec<(String, u32, u64)> = peers
+                let known: Vec<(String, ProcessIdentity)> = peers
                     .lock()
                     .iter()
-                    .map(|(n, p)| (n.clone(), p.info.pid, p.info.start_time))
+                    .map(|(n, p)| (n.clone(), p.info.process()))
                     .collect();
                 let verdict = may_deliver(
-                    cred,
-                    process_start_time(cred.pid),
+                    sender(),
                     &name,
                     bound.as_deref(),
                     &known,
-                    (&served.me, std::process::id()),
+                    (&served.me, served.my_process),
                 );
                 if let Err(why) = verdict {
                     let n = served.refused.fetch_add(1, Ordering::Relaxed);
@@ -771,18 +885,10 @@ fn serve_connection(mut conn: UnixStream, cred: PeerCred, served: &Served) {
                 else {
                     return;
                 };
-                let known: Vec<(u32, u64)> = peers
-                    .lock()
-                    .values()
-                    .map(|p| (p.info.pid, p.info.start_time))
-                    .collect();
+                let known: Vec<ProcessIdentity> =
+                    peers.lock().values().map(|p| p.info.process()).collect();
                 let table = table.lock();
-                let verdict = may_hand_out(
-                    cred,
-                    process_start_time(cred.pid),
-                    &known,
-                    table.contains_key(&id),
-                );
+                let verdict = may_hand_out(sender(), &known, table.contains_key(&id));
                 let sent = match (verdict, table.get(&id)) {
                     (Ok(()), Some(export)) => gpu_mem::send_vmm(&conn, export),
                     (verdict, _) => {
@@ -1788,12 +1894,24 @@ mod tests {
         assert!(matches!(e, Error::InvalidParam(_)), "{e}");
     }
 
+    /// This process's connection information, with socket `socket`.
+    fn this_process(socket: &str) -> ConnInfo {
+        ConnInfo {
+            boot_id: boot_id().unwrap(),
+            pid: std::process::id(),
+            start_time: process_start_time(std::process::id()).unwrap(),
+            pid_ns: pid_namespace("self").unwrap(),
+            socket: socket.into(),
+        }
+    }
+
     #[test]
     fn conn_info_round_trips_and_rejects_garbage() {
         let info = ConnInfo {
             boot_id: [7; 16],
             pid: 4242,
             start_time: 99,
+            pid_ns: 4026531836,
             socket: "nixl-cuda-ipc-1-2-3".into(),
         };
         let b = info.encode();
@@ -1801,12 +1919,23 @@ mod tests {
         for cut in 0..b.len() {
             assert!(ConnInfo::decode(&b[..cut]).is_err(), "truncated at {cut}");
         }
-        let mut v2 = b.clone();
-        v2[4] = 2;
+        let mut v3 = b.clone();
+        v3[4] = 3;
         assert!(matches!(
-            ConnInfo::decode(&v2),
+            ConnInfo::decode(&v3),
             Err(Error::MalformedMetadata(_))
         ));
+        // Version 1 (an older build: pid and start time, no pid namespace) is refused
+        // with a typed error that says why, not read as something else.
+        let mut v1 = b[..33].to_vec();
+        v1[4] = 1;
+        v1.push(info.socket.len() as u8);
+        v1.extend_from_slice(info.socket.as_bytes());
+        let e = ConnInfo::decode(&v1).unwrap_err();
+        assert!(
+            matches!(&e, Error::MalformedMetadata(m) if m.contains("version 1") && m.contains("pid namespace")),
+            "{e}"
+        );
         let mut long = b.clone();
         long.push(0);
         assert!(ConnInfo::decode(&long).is_err());
@@ -1824,12 +1953,7 @@ mod tests {
 
     #[test]
     fn another_node_is_unreachable_and_a_dead_pid_is_disconnected() {
-        let me = ConnInfo {
-            boot_id: boot_id().unwrap(),
-            pid: std::process::id(),
-            start_time: process_start_time(std::process::id()).unwrap(),
-            socket: "x".into(),
-        };
+        let me = this_process("x");
         let other_node = Peer::new(
             "far",
             ConnInfo {
@@ -1899,12 +2023,7 @@ mod tests {
             id: 7,
             table: Arc::downgrade(&vmm),
         };
-        let me = ConnInfo {
-            boot_id: boot_id().unwrap(),
-            pid: std::process::id(),
-            start_time: process_start_time(std::process::id()).unwrap(),
-            socket: name,
-        };
+        let me = this_process(&name);
         let peer = Peer::new("exporter", me.clone(), &me);
         // This process is no peer the exporter loaded: nothing is handed out.
         assert!(matches!(peer.fetch_vmm(7), Err(Error::Gpu(_))));
@@ -1944,12 +2063,7 @@ mod tests {
             Arc::downgrade(&peers),
         )
         .unwrap();
-        let me = ConnInfo {
-            boot_id: boot_id().unwrap(),
-            pid: std::process::id(),
-            start_time: process_start_time(std::process::id()).unwrap(),
-            socket: name.clone(),
-        };
+        let me = this_process(&name);
         let peer = Peer::new("target", me.clone(), &me);
         peer.send("initiator", b"hello").unwrap();
         peer.send("initiator", b"").unwrap();
@@ -1995,30 +2109,39 @@ mod tests {
         assert!(may_connect(cred(0), 0));
     }
 
+    /// A made-up process: namespace `pid_ns`, pid `pid` there, started at `start_time`.
+    fn process(pid_ns: u64, pid: u32, start_time: u64) -> ProcessIdentity {
+        ProcessIdentity {
+            pid_ns,
+            pid,
+            start_time,
+        }
+    }
+
     #[test]
     fn vmm_descriptors_go_only_to_loaded_peers_and_exported_ids() {
-        let requester = PeerCred {
-            pid: 4242,
-            uid: 1000,
-        };
-        let peers = [(17, 5), (4242, 99)];
-        assert_eq!(may_hand_out(requester, Some(99), &peers, true), Ok(()));
-        // Not a peer: unknown pid, a reused pid (another start time), a gone process.
-        assert!(may_hand_out(
-            PeerCred {
-                pid: 5,
-                ..requester
-            },
-            Some(99),
-            &peers,
-            true
-        )
-        .is_err());
-        assert!(may_hand_out(requester, Some(100), &peers, true).is_err());
-        assert!(may_hand_out(requester, None, &peers, true).is_err());
-        assert!(may_hand_out(requester, Some(99), &[], true).is_err());
+        let requester = process(7, 4242, 99);
+        let peers = [process(7, 17, 5), requester];
+        assert_eq!(may_hand_out(Some(requester), &peers, true), Ok(()));
+        // Not a peer: unknown pid, a reused pid (another start time), a gone process,
+        // the same pid and start time in another pid namespace, an unknown namespace.
+        let not_peers = [
+            process(7, 5, 99),
+            process(7, 4242, 100),
+            process(8, 4242, 99),
+        ];
+        for other in not_peers {
+            assert!(
+                may_hand_out(Some(other), &peers, true).is_err(),
+                "{other:?}"
+            );
+        }
+        assert!(may_hand_out(None, &peers, true).is_err());
+        let unknown_ns = process(0, 4242, 99);
+        assert!(may_hand_out(Some(unknown_ns), &[unknown_ns], true).is_err());
+        assert!(may_hand_out(Some(requester), &[], true).is_err());
         // A peer asking for an id no registration of this agent exported.
-        assert!(may_hand_out(requester, Some(99), &peers, false).is_err());
+        assert!(may_hand_out(Some(requester), &peers, false).is_err());
     }
 
     #[test]
@@ -2033,31 +2156,198 @@ mod tests {
 
     #[test]
     fn notifications_name_loaded_peers_only_from_their_processes() {
-        let me = ("target", 100);
-        let cred = PeerCred {
-            pid: 4242,
-            uid: 1000,
-        };
+        let me = ("target", Some(process(7, 100, 1)));
+        let initiator = process(7, 4242, 99);
         let peers = [
-            ("victim".to_string(), 17, 5),
-            ("initiator".to_string(), 4242, 99),
+            ("victim".to_string(), process(7, 17, 5)),
+            ("initiator".to_string(), initiator),
+            // A peer in a child pid namespace: pid 1 there.
+            ("contained".to_string(), process(9, 1, 50)),
         ];
-        let deliver = |name, bound, start| may_deliver(cred, start, name, bound, &peers, me);
-        assert_eq!(deliver("initiator", None, Some(99)), Ok(()));
-        // A loaded peer's name from another process, or from its pid reused.
-        assert!(deliver("victim", None, Some(99)).is_err());
-        assert!(deliver("initiator", None, Some(98)).is_err());
-        assert!(deliver("initiator", None, None).is_err());
+        let deliver = |sender, name, bound| may_deliver(sender, name, bound, &peers, me);
+        assert_eq!(deliver(Some(initiator), "initiator", None), Ok(()));
+        assert_eq!(deliver(Some(process(9, 1, 50)), "contained", None), Ok(()));
+        // A loaded peer's name from another process, from its pid reused, from the
+        // same pid and start time in another pid namespace, or from a gone process.
+        assert!(deliver(Some(initiator), "victim", None).is_err());
+        assert!(deliver(Some(process(7, 4242, 98)), "initiator", None).is_err());
+        assert!(deliver(Some(process(8, 4242, 99)), "initiator", None).is_err());
+        assert!(deliver(Some(process(7, 1, 50)), "contained", None).is_err());
+        assert!(deliver(None, "initiator", None).is_err());
         // This agent's own name from another process; from this one it is.
-        assert!(deliver("target", None, Some(99)).is_err());
-        assert_eq!(
-            may_deliver(cred, Some(99), "target", None, &peers, ("target", 4242)),
-            Ok(())
-        );
+        assert!(deliver(Some(initiator), "target", None).is_err());
+        assert!(deliver(None, "target", None).is_err());
+        assert_eq!(deliver(Some(process(7, 100, 1)), "target", None), Ok(()));
         // A name nobody loaded is the sender's word, but one per connection.
-        assert_eq!(deliver("stranger", None, Some(1)), Ok(()));
-        assert_eq!(deliver("stranger", Some("stranger"), Some(1)), Ok(()));
-        assert!(deliver("other", Some("stranger"), Some(1)).is_err());
+        let stranger = Some(process(7, 5, 1));
+        assert_eq!(deliver(stranger, "stranger", None), Ok(()));
+        assert_eq!(deliver(stranger, "stranger", Some("stranger")), Ok(()));
+        assert!(deliver(stranger, "other", Some("stranger")).is_err());
+    }
+
+    /// A peer advertised from another pid namespace of this node is not watched through
+    /// `/proc` (its pid names another process here, or none) and is never taken for
+    /// ended by a pid lookup: a failed import is the driver's error, not
+    /// `RemoteDisconnect`. In this namespace, a pid that names no process with the
+    /// advertised start time has ended.
+    #[test]
+    fn a_peer_in_another_pid_namespace_is_not_watched_nor_ended() {
+        let me = this_process("x");
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let here = ConnInfo {
+            pid: child.id(),
+            start_time: process_start_time(child.id()).unwrap(),
+            ..me.clone()
+        };
+        let import_error = |info: &ConnInfo| {
+            Peer::new("peer", info.clone(), &me).import_failed(gpu_mem::Error::NoDriver)
+        };
+        let watched = Peer::new("peer", here.clone(), &me);
+        assert!(
+            watched.pidfd.is_some(),
+            "a child in this namespace is watched"
+        );
+        assert!(watched.alive().is_ok());
+        // The same pid and start time advertised from another pid namespace (a start
+        // time that matches by chance): not this process, not watched, not ended.
+        let elsewhere = ConnInfo {
+            pid_ns: me.pid_ns ^ 1,
+            ..here.clone()
+        };
+        let peer = Peer::new("peer", elsewhere.clone(), &me);
+        assert!(peer.pidfd.is_none() && !peer.pid_means_here);
+        assert!(peer.alive().is_ok());
+        assert!(matches!(import_error(&elsewhere), Error::Gpu(_)));
+        // A pid that names nothing here: ended in this namespace, unknown in another
+        // or in a namespace nobody knows.
+        let gone = ConnInfo {
+            pid: u32::MAX - 1,
+            ..here.clone()
+        };
+        assert!(matches!(
+            import_error(&gone),
+            Error::RemoteDisconnect { .. }
+        ));
+        for ns in [me.pid_ns ^ 1, 0] {
+            let e = import_error(&ConnInfo {
+                pid_ns: ns,
+                ..gone.clone()
+            });
+            assert!(matches!(e, Error::Gpu(_)), "namespace {ns}: {e}");
+        }
+        // This process's pid and start time from another namespace is not this process
+        // (whose handles CUDA would refuse to open).
+        let twin = Peer::new(
+            "twin",
+            ConnInfo {
+                pid_ns: me.pid_ns ^ 1,
+                ..me.clone()
+            },
+            &me,
+        );
+        assert!(!twin.same_process);
+        assert!(Peer::new("me", me.clone(), &me).same_process);
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(matches!(
+            import_error(&here),
+            Error::RemoteDisconnect { .. }
+        ));
+    }
+
+    /// A real process in a pid namespace of its own (`unshare`, where user namespaces are
+    /// allowed): what it advertises — pid 1 there, its namespace — is neither watched nor
+    /// taken for ended here, though pid 1 here is another process; and on the socket it
+    /// is recognised by how it names itself, while this namespace's pid 1 is not it.
+    #[test]
+    fn a_process_in_a_new_pid_namespace_is_not_ended_here_and_is_recognised() {
+        let mut child = match std::process::Command::new("unshare")
+            .args([
+                "--user",
+                "--map-root-user",
+                "--pid",
+                "--fork",
+                "--kill-child",
+            ])
+            .args(["--mount-proc", "sh", "-c"])
+            .arg("cat /proc/1/stat; readlink /proc/self/ns/pid; exec sleep 30")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+        {
+            Ok(child) => child,
+            Err(e) => {
+                println!("skipped: no `unshare` ({e})");
+                return;
+            }
+        };
+        use std::io::BufRead;
+        let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+        let (Some(Ok(stat)), Some(Ok(ns))) = (lines.next(), lines.next()) else {
+            let _ = child.kill();
+            let _ = child.wait();
+            println!("skipped: unshare could not make a pid namespace here (no user namespaces)");
+            return;
+        };
+        // The namespace's first process (the shell, then `sleep`): its pid and start
+        // time as that namespace sees them.
+        let fields: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..].split(' ').collect();
+        let pid_there: u32 = stat.split(' ').next().unwrap().parse().unwrap();
+        let inode: u64 = ns
+            .trim()
+            .strip_prefix("pid:[")
+            .and_then(|n| n.strip_suffix(']'))
+            .unwrap()
+            .parse()
+            .unwrap();
+        let me = this_process("x");
+        assert_ne!(inode, me.pid_ns, "another pid namespace: {ns}");
+        let advertised = ConnInfo {
+            pid: pid_there,
+            start_time: fields[19].parse().unwrap(),
+            pid_ns: inode,
+            ..me.clone()
+        };
+        let peer = Peer::new("contained", advertised.clone(), &me);
+        assert!(peer.unreachable.is_none(), "same node");
+        assert!(
+            peer.pidfd.is_none() && !peer.pid_means_here,
+            "{advertised:?}"
+        );
+        assert!(peer.alive().is_ok());
+        let e = peer.import_failed(gpu_mem::Error::NoDriver);
+        assert!(matches!(e, Error::Gpu(_)), "counted as ended: {e}");
+        // The socket's view: the kernel names the process by its pid here (a child of
+        // `unshare`), and it is matched by how it names itself.
+        let children = format!("/proc/{0}/task/{0}/children", child.id());
+        match std::fs::read_to_string(&children) {
+            Ok(list) => {
+                let pid_here: u32 = list.split_whitespace().next().unwrap().parse().unwrap();
+                let seen = ProcessIdentity::of_pid_here(pid_here, me.pid_ns);
+                assert_eq!(seen, Some(advertised.process()));
+                assert_eq!(may_hand_out(seen, &[advertised.process()], true), Ok(()));
+                // This namespace's process of the same number is not it.
+                let namesake = ProcessIdentity::of_pid_here(pid_there, me.pid_ns);
+                assert!(may_hand_out(namesake, &[advertised.process()], true).is_err());
+            }
+            Err(e) => println!("not checked: the socket's view ({children}: {e})"),
+        }
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+
+    #[test]
+    fn this_process_names_itself_as_it_advertises() {
+        let me = this_process("x");
+        assert_eq!(
+            ProcessIdentity::of_pid_here(std::process::id(), me.pid_ns),
+            Some(me.process())
+        );
+        assert_eq!(ProcessIdentity::of_pid_here(u32::MAX - 1, me.pid_ns), None);
+        assert_eq!(ProcessIdentity::of_pid_here(0, me.pid_ns), None);
     }
 
     /// A notification frame: `len type name_len name msg`.
@@ -2091,12 +2381,7 @@ mod tests {
             Arc::downgrade(&peers),
         )
         .unwrap();
-        let me = ConnInfo {
-            boot_id: boot_id().unwrap(),
-            pid: std::process::id(),
-            start_time: process_start_time(std::process::id()).unwrap(),
-            socket: name.clone(),
-        };
+        let me = this_process(&name);
         // The victim: a loaded peer in a process of its own.
         let mut child = std::process::Command::new("sleep")
             .arg("30")

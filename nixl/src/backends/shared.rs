@@ -68,7 +68,8 @@ struct Tracker<K> {
     /// Entries charged to each owner.
     charged: HashMap<Owner, usize>,
     /// Per owner, the keys of entries that have data but no message yet, oldest first
-    /// (keys whose entry moved on are skipped and compacted away); bounded trackers only.
+    /// (keys whose entry moved on are skipped and compacted away, see
+    /// [`Tracker::compact_data_only`]); bounded trackers only.
     data_only: HashMap<Owner, VecDeque<K>>,
 }
 
@@ -178,15 +179,12 @@ impl<K: Hash + Eq + Copy> NotifTracker<K> {
             {
                 return self.refuse(NotifRefusal::TooManyPending { limit: self.limit });
             }
-            let queue = tracker.data_only.entry(from).or_default();
-            queue.push_back(key);
-            if queue.len() > 2 * self.limit.max(64) {
-                // Keys whose entries got their message (or went) since: drop them.
-                let pending = &tracker.pending;
-                queue.retain(|k| pending.get(k).is_some_and(|p| p.message.is_none()));
-            }
+            tracker.data_only.entry(from).or_default().push_back(key);
         }
         *tracker.charged.entry(from).or_default() += 1;
+        if self.limit != usize::MAX {
+            tracker.compact_data_only(from);
+        }
         tracker.pending.insert(
             key,
             Pending {
@@ -351,6 +349,35 @@ impl<K: Hash + Eq + Copy> Tracker<K> {
         let p = self.pending.remove(&key)?;
         self.uncharge(p.owner);
         Some(p)
+    }
+
+    /// Drops the keys of `owner`'s data-only queue whose entries got their message or went
+    /// (nearly every key, soon after its push: a transfer's data usually lands just before
+    /// its message), once they are more than the entries charged to `owner` (a bound on
+    /// its live data-only entries) twice over, plus a little: the queue stays within a
+    /// constant factor of what is waiting, and each key is looked at a constant number
+    /// of times on average. Compacting only past a fixed bound (twice the per-owner limit)
+    /// let every busy sender's queue keep its last 8,192 keys, released long ago (the
+    /// live heap the soak saw grow: issue 27).
+    fn compact_data_only(&mut self, owner: Owner) {
+        let charged = self.charged.get(&owner).copied().unwrap_or(0);
+        let Some(queue) = self.data_only.get_mut(&owner) else {
+            return;
+        };
+        if queue.len() <= 2 * charged + 64 {
+            return;
+        }
+        let pending = &self.pending;
+        queue.retain(|k| {
+            pending
+                .get(k)
+                .is_some_and(|p| p.message.is_none() && p.owner == owner)
+        });
+        if queue.is_empty() {
+            self.data_only.remove(&owner);
+        } else if queue.capacity() > 4 * queue.len() + 64 {
+            queue.shrink_to(2 * queue.len() + 64);
+        }
     }
 
     /// Drops `owner`'s oldest entry that has data and no message; whether there was one.
@@ -562,6 +589,51 @@ mod tests {
         assert_eq!(t.assembling(), 3);
     }
 
+    /// A busy sender whose data lands before each message (the usual order): the keys
+    /// remembered for eviction stay a handful, not the last thousands of released
+    /// transfers; and the bound still holds (the oldest data-only entry is evicted).
+    #[test]
+    fn released_transfers_leave_no_keys_behind() {
+        let limit = 4096;
+        let t = NotifTracker::<u64>::bounded(limit);
+        let a = Some(1);
+        let queued = |t: &NotifTracker<u64>| {
+            let state = t.state.lock();
+            state
+                .data_only
+                .get(&a)
+                .map_or((0, 0), |q| (q.len(), q.capacity()))
+        };
+        let mut largest = 0;
+        for k in 0..100_000u64 {
+            assert_eq!(t.data_from(k, a), Arrival::Counted);
+            assert_eq!(t.message_from(k, a, 1, "a", vec![]), Arrival::Released);
+            largest = largest.max(queued(&t).0);
+        }
+        assert_eq!(released(&t), 100_000);
+        assert!(
+            largest <= 66,
+            "up to {largest} keys of released transfers kept"
+        );
+        assert!(queued(&t).1 <= 256, "capacity {:?}", queued(&t));
+        // Entries that wait (data, no message) are all remembered, and the oldest goes
+        // first once the bound is reached.
+        for k in 200_000..200_000 + limit as u64 + 1 {
+            assert_eq!(t.data_from(k, a), Arrival::Counted);
+        }
+        assert_eq!(t.assembling(), limit);
+        assert!(queued(&t).0 <= 2 * limit + 65, "{:?}", queued(&t));
+        let newest = 200_000 + limit as u64;
+        assert_eq!(t.message_from(newest, a, 1, "a", vec![]), Arrival::Released);
+        assert_eq!(
+            t.message_from(200_000, a, 1, "a", vec![]),
+            Arrival::Counted,
+            "the oldest was evicted: its message waits for data that came before"
+        );
+        t.forget_owner(a);
+        assert_eq!(queued(&t), (0, 0));
+    }
+
     #[test]
     fn bad_parameters_name_the_backend() {
         let params: BackendParams = [("n".to_string(), "x".to_string())].into();
@@ -578,6 +650,17 @@ pub(crate) fn proc_state(pid: u32) -> Option<(char, u64)> {
     let mut fields = stat.get(stat.rfind(')')? + 2..)?.split(' ');
     let state = fields.next()?.chars().next()?;
     Some((state, fields.nth(18)?.parse().ok()?))
+}
+
+/// The inode of the pid namespace of process `pid` (`"self"` for this one), as
+/// `/proc/<pid>/ns/pid` names it: equal for two processes exactly when their pids are
+/// numbers of one namespace. `None` where `/proc` does not say (another user's process
+/// may hide it).
+pub(crate) fn pid_namespace(pid: &str) -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(format!("/proc/{pid}/ns/pid"))
+        .ok()
+        .map(|m| m.ino())
 }
 
 /// A peer process on this host, named by its pid in this pid namespace and the start

@@ -80,6 +80,11 @@ pub struct Options {
     /// fails the run (it is also each agent's stall timeout).
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     stall_bound: Duration,
+    /// Bound on each metadata request of an agent (a fetch from a peer's listener, every
+    /// etcd request: publication, lease, fetch). A request past it is an error no fault
+    /// explains; on a machine loaded far beyond its cores, etcd itself can take longer.
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    metadata_timeout: Duration,
     /// Interval of the progress table.
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     report_every: Duration,
@@ -383,6 +388,7 @@ impl Run {
             max_size: self.options.max_size,
             rate: self.options.rate,
             stall_bound_ms: self.options.stall_bound.as_millis() as u64,
+            metadata_timeout_ms: self.options.metadata_timeout.as_millis() as u64,
             malloc_trim: self.options.malloc_trim,
         };
         let slot = &mut self.slots[index];
