@@ -422,10 +422,14 @@ struct Rail {
     /// Rounds of progress completed on this rail: a transfer whose peer died waits for
     /// a few of them (its last completions reaped), not for a fixed time.
     rounds: AtomicU64,
+    /// A round lasting past [`WEDGED_AFTER`] means a stuck provider call (`shm`: a dead
+    /// peer's region lock); elsewhere it means a starved thread, whose transfers are
+    /// not failed for it (their operations are in the provider and will complete).
+    can_wedge: bool,
 }
 
-/// How long one round of a rail's progress may run before the rail counts as wedged.
-/// Rounds take microseconds (provider calls never block); this only bounds how soon
+/// How long one round of a `shm` rail's progress may run before the rail counts as
+/// wedged. Rounds take microseconds (provider calls never block); this only bounds how soon
 /// transfers behind a wedged rail fail instead of waiting for the stall timeout, with
 /// room for a thread descheduled on a loaded machine.
 const WEDGED_AFTER: Duration = Duration::from_secs(5);
@@ -464,7 +468,7 @@ impl Rail {
     /// How long the running round has lasted, once it is past [`WEDGED_AFTER`].
     fn wedged_for(&self) -> Option<Duration> {
         let since = self.round_since.load(Ordering::Relaxed);
-        if since == 0 {
+        if since == 0 || !self.can_wedge {
             return None;
         }
         let lasted = Duration::from_nanos(round_clock_ns().saturating_sub(since));
@@ -1208,6 +1212,7 @@ fn open_rail(info: &Info) -> Result<Rail> {
         orphans,
         round_since: AtomicU64::new(0),
         rounds: AtomicU64::new(0),
+        can_wedge: shm,
 
         _fabric: fabric,
         domain,

@@ -56,6 +56,12 @@ struct ActiveJob {
     notif_in_flight: Option<RegisteredBuffer>,
 }
 
+impl Drop for ActiveJob {
+    fn drop(&mut self) {
+        self.job.shared.in_workers.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 impl ActiveJob {
     /// Issues nothing more of the job (it failed or was canceled); what is in flight
     /// still completes.
@@ -333,6 +339,8 @@ impl Worker {
         for job in new {
             let id = self.next_id;
             self.next_id += 1;
+            // Undone when the job is dropped (retired, or the worker ends).
+            job.shared.in_workers.fetch_add(1, Ordering::AcqRel);
             self.jobs.insert(
                 id,
                 ActiveJob {

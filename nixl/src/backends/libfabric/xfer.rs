@@ -65,6 +65,9 @@ pub(super) struct XferShared {
     pub(super) canceled: AtomicBool,
     /// Staged copies touching the caller's memory still running.
     pub(super) user_copies: AtomicUsize,
+    /// Jobs of this transfer a rail worker holds (accepted and not yet retired): their
+    /// issued operations may still read or write the caller's memory.
+    pub(super) in_workers: AtomicUsize,
     /// The peer (its name, process and heartbeats): the rail workers ask before they
     /// call into the provider for it, see [`XferShared::peer_alive`].
     pub(super) peer: PeerHealth,
@@ -602,11 +605,33 @@ impl BackendXfer for FabricXfer {
     }
 }
 
+/// How long releasing a transfer waits for operations already in the provider.
+const DRAIN_ON_DROP: Duration = Duration::from_secs(10);
+
 impl Drop for FabricXfer {
     fn drop(&mut self) {
-        // Workers stop issuing what is left; issued operations still complete into the
-        // workers, which own what they reference until then.
-        self.shared.canceled.store(true, Ordering::Relaxed);
+        // Workers stop issuing what is left. Operations already issued may still read the
+        // caller's source or write its destination, also those of a transfer that failed
+        // (a stall, a rail thread starved past the wedge bound): the caller may reuse the
+        // memory once the request is gone, so the request goes once the workers retired
+        // its jobs — at once for a peer that is gone (nothing of it reads the memory
+        // any more that anyone would see), else within a bound.
+        self.shared.canceled.store(true, Ordering::SeqCst);
+        let deadline = Instant::now() + DRAIN_ON_DROP;
+        while self.shared.in_workers.load(Ordering::Acquire) > 0 {
+            if self.peer_alive().is_err() {
+                break;
+            }
+            if Instant::now() > deadline {
+                tracing::warn!(
+                    peer = %self.agent,
+                    "{NAME}: a released transfer's operations are still in the provider after {DRAIN_ON_DROP:?}"
+                );
+                break;
+            }
+            self.progress.poll_inline();
+            std::thread::yield_now();
+        }
         if self.staged.is_some() {
             // A device copy cannot be recalled (see `staging::wait_user_copies`).
             staging::wait_user_copies(&self.shared.user_copies, || {
