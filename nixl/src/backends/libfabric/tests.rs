@@ -263,7 +263,11 @@ fn a_wedged_rail_fails_its_transfers_typed_only_over_shm() {
     use crate::{params, Desc, DescList, XferOp};
     for (provider, wedges) in [("shm", true), ("tcp;ofi_rxm", false)] {
         // Every byte through the rail (no copy in the caller's thread by CMA).
-        let p = params([("provider", provider), ("num_rails", "1"), ("cma_inline", "0")]);
+        let p = params([
+            ("provider", provider),
+            ("num_rails", "1"),
+            ("cma_inline", "0"),
+        ]);
         let initiator = Agent::new("wedge-init", crate::AgentConfig::default()).unwrap();
         // The one-plane backend itself (no shm plane beside it), to reach its rail.
         let backend = Arc::new(open_for(&initiator, &p).unwrap());
@@ -401,7 +405,10 @@ fn a_released_transfer_waits_for_its_operations_in_the_provider() {
         "arrived: {} bytes of the post, {reused} of the reuse",
         dst.iter().filter(|&&b| b == 7).count()
     );
-    assert_eq!(reused, 0, "{reused} bytes of the buffer's reuse reached the target");
+    assert_eq!(
+        reused, 0,
+        "{reused} bytes of the buffer's reuse reached the target"
+    );
     assert!(dst.iter().all(|&b| b == 7 || b == 0));
 }
 
