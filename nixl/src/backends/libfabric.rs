@@ -1002,7 +1002,8 @@ fn unique_shm_name() -> String {
     // (pid namespace, random): a forked child inherits both; its pid tells it apart.
     static ONCE: OnceLock<(u64, u64)> = OnceLock::new();
     let (ns, nonce) = *ONCE.get_or_init(|| {
-        let ns = pid_namespace();
+        // 0 where unreadable: nothing is removed then.
+        let ns = super::shared::pid_namespace("self").unwrap_or(0);
         remove_stale_shm_regions(Path::new("/dev/shm"), ns);
         // RandomState's keys are random per process.
         let mut h = std::collections::hash_map::RandomState::new().build_hasher();
@@ -1014,12 +1015,6 @@ fn unique_shm_name() -> String {
         (ns, h.finish())
     });
     format!("nixl-{ns}-{}-{nonce:016x}", std::process::id())
-}
-
-/// This process's pid namespace (the inode of `/proc/self/ns/pid`; 0 where unreadable).
-fn pid_namespace() -> u64 {
-    use std::os::unix::fs::MetadataExt;
-    std::fs::metadata("/proc/self/ns/pid").map_or(0, |m| m.ino())
 }
 
 /// Removes, from `dir`, the `shm` regions of processes of pid namespace `ns` that have

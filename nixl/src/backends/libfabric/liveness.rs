@@ -29,10 +29,9 @@
 //! pieces it was to push), since a dying process's last system call may still be
 //! running.
 
-use super::super::shared::{boot_id, proc_state, LocalProcess};
+use super::super::shared::{boot_id, pid_namespace, proc_state, LocalProcess};
 use crate::error::{Error, Result};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::os::unix::fs::MetadataExt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
@@ -356,13 +355,6 @@ fn status_says_doomed(status: &str) -> bool {
 
 fn start_time(pid: u32) -> Option<u64> {
     proc_state(pid).map(|(_, start)| start)
-}
-
-/// The inode of the pid namespace of process `pid` (`"self"` for this one).
-fn pid_namespace(pid: &str) -> Option<u64> {
-    std::fs::metadata(format!("/proc/{pid}/ns/pid"))
-        .ok()
-        .map(|m| m.ino())
 }
 
 fn pidfd_open(pid: u32) -> Option<OwnedFd> {

@@ -420,7 +420,11 @@ fn shm_endpoints_have_names_no_other_process_has() {
     use crate::params;
     let agent = Agent::new("shm-name", crate::AgentConfig::default()).unwrap();
     let backend = open_for(&agent, &params([("provider", "shm"), ("num_rails", "2")])).unwrap();
-    let prefix = format!("fi_shm://nixl-{}-{}-", pid_namespace(), std::process::id());
+    let prefix = format!(
+        "fi_shm://nixl-{}-{}-",
+        own_pid_namespace(),
+        std::process::id()
+    );
     let names: Vec<String> = backend
         .rails
         .iter()
@@ -448,7 +452,7 @@ fn shm_endpoints_have_names_no_other_process_has() {
 fn stale_shm_regions_of_ended_processes_are_removed() {
     let dir = std::env::temp_dir().join(format!("nixl-stale-shm-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let ns = pid_namespace();
+    let ns = own_pid_namespace();
     assert_ne!(ns, 0, "/proc/self/ns/pid is readable on Linux");
     let mut child = std::process::Command::new("true").spawn().unwrap();
     let dead = child.id();
@@ -470,4 +474,9 @@ fn stale_shm_regions_of_ended_processes_are_removed() {
         .collect();
     std::fs::remove_dir_all(&dir).unwrap();
     assert_eq!(left, [false, true, true, true]);
+}
+
+/// This process's pid namespace as shm names carry it (0 where unreadable).
+fn own_pid_namespace() -> u64 {
+    super::super::shared::pid_namespace("self").unwrap_or(0)
 }
