@@ -1,6 +1,6 @@
 #![cfg(feature = "libfabric")]
 //! Live heap of a long-lived agent (issue 27): the soak saw its long-lived agents' live
-//! heap (glibc `mallinfo2`: allocated and not freed) grow by about 100 KiB in 10 minutes.
+//! heap (glibc `mallinfo2`: allocated and not freed) creep (figures: `docs/SOAK.md`).
 //! It was not the restarts: every notified WRITE whose data landed before its message
 //! left its key in a per-sender queue, compacted only past 8,192 keys (the notification
 //! tracker in `backends/shared.rs`). These tests count this process's live heap over
@@ -150,8 +150,8 @@ fn measuring() -> Option<std::sync::MutexGuard<'static, ()>> {
 
 /// A peer that keeps WRITEing with notifications (data landing before each message) and
 /// is READ from: after a warm-up the survivor's live heap stays flat. Before the fix
-/// every transfer left 8 bytes (and, at each doubling of the queue, 16-32 KiB at once):
-/// +62 KiB between the 1,000th and the 6,000th transfer.
+/// every transfer left its 8-byte key in the queue (before/after figures:
+/// `docs/SOAK.md`).
 #[test]
 fn thousands_of_notified_transfers_leave_the_live_heap_flat() {
     let Some(_one_at_a_time) = measuring() else {
@@ -201,10 +201,9 @@ fn one_incarnation(survivor: &Survivor, round: usize) {
 }
 
 /// 500 restarts of a peer under the same name, each reaching the survivor and reached by
-/// it: the survivor keeps nothing per incarnation. Measured: +40 KiB over 500, slowing
-/// (+19 B per restart from the 200th to the 2,000th); heaptrack finds ~14 B per restart
-/// retained, hash tables' high-water marks (the fabric crate's completion table). The
-/// bound is 200 B per restart.
+/// it: the survivor keeps nothing per incarnation beyond hash tables' high-water marks
+/// (the fabric crate's completion table; measured growth: `docs/SOAK.md`). The bound is
+/// 200 B per restart.
 #[test]
 fn five_hundred_restarts_leave_the_live_heap_flat() {
     let Some(_one_at_a_time) = measuring() else {
@@ -272,8 +271,8 @@ fn crashed_incarnation(survivor: &Survivor, round: usize) {
 
 /// Crashed and restarted peer processes (the soak's faults: a new pid, a restarted
 /// initiator heard before it is loaded, the dead incarnation replaced at the next load):
-/// measured +18 KiB over 60 and +15 KiB over 200 (the first ones settle); the bound is
-/// 1 KiB per restart.
+/// the first ones settle (measured growth: `docs/SOAK.md`); the bound is 1 KiB per
+/// restart.
 #[test]
 fn crashed_peers_leave_the_live_heap_flat() {
     let Some(_one_at_a_time) = measuring() else {

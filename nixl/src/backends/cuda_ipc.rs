@@ -2264,50 +2264,15 @@ mod tests {
     /// is recognised by how it names itself, while this namespace's pid 1 is not it.
     #[test]
     fn a_process_in_a_new_pid_namespace_is_not_ended_here_and_is_recognised() {
-        let mut child = match std::process::Command::new("unshare")
-            .args([
-                "--user",
-                "--map-root-user",
-                "--pid",
-                "--fork",
-                "--kill-child",
-            ])
-            .args(["--mount-proc", "sh", "-c"])
-            .arg("cat /proc/1/stat; readlink /proc/self/ns/pid; exec sleep 30")
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-        {
-            Ok(child) => child,
-            Err(e) => {
-                println!("skipped: no `unshare` ({e})");
-                return;
-            }
-        };
-        use std::io::BufRead;
-        let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
-        let (Some(Ok(stat)), Some(Ok(ns))) = (lines.next(), lines.next()) else {
-            let _ = child.kill();
-            let _ = child.wait();
-            println!("skipped: unshare could not make a pid namespace here (no user namespaces)");
+        let Some(contained) = crate::backends::shared::UnsharedProcess::spawn() else {
             return;
         };
-        // The namespace's first process (the shell, then `sleep`): its pid and start
-        // time as that namespace sees them.
-        let fields: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..].split(' ').collect();
-        let pid_there: u32 = stat.split(' ').next().unwrap().parse().unwrap();
-        let inode: u64 = ns
-            .trim()
-            .strip_prefix("pid:[")
-            .and_then(|n| n.strip_suffix(']'))
-            .unwrap()
-            .parse()
-            .unwrap();
+        let (pid_there, inode) = (contained.pid_there, contained.pid_ns);
         let me = this_process("x");
-        assert_ne!(inode, me.pid_ns, "another pid namespace: {ns}");
+        assert_ne!(inode, me.pid_ns, "another pid namespace");
         let advertised = ConnInfo {
             pid: pid_there,
-            start_time: fields[19].parse().unwrap(),
+            start_time: contained.start_time,
             pid_ns: inode,
             ..me.clone()
         };
@@ -2322,7 +2287,7 @@ mod tests {
         assert!(matches!(e, Error::Gpu(_)), "counted as ended: {e}");
         // The socket's view: the kernel names the process by its pid here (a child of
         // `unshare`), and it is matched by how it names itself.
-        let children = format!("/proc/{0}/task/{0}/children", child.id());
+        let children = format!("/proc/{0}/task/{0}/children", contained.child.id());
         match std::fs::read_to_string(&children) {
             Ok(list) => {
                 let pid_here: u32 = list.split_whitespace().next().unwrap().parse().unwrap();
@@ -2335,8 +2300,6 @@ mod tests {
             }
             Err(e) => println!("not checked: the socket's view ({children}: {e})"),
         }
-        child.kill().unwrap();
-        child.wait().unwrap();
     }
 
     #[test]

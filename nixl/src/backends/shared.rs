@@ -484,6 +484,80 @@ pub(crate) fn join_bounded(
     stuck
 }
 
+/// Test fixture: a real process in a pid namespace of its own (`unshare`), as it sees
+/// itself; killed when dropped.
+#[cfg(test)]
+pub(crate) struct UnsharedProcess {
+    pub(crate) child: std::process::Child,
+    /// Its pid in its own namespace (1).
+    pub(crate) pid_there: u32,
+    /// Its start time as `/proc/<pid>/stat` gives it there.
+    pub(crate) start_time: u64,
+    /// The inode of its pid namespace.
+    pub(crate) pid_ns: u64,
+}
+
+#[cfg(test)]
+impl UnsharedProcess {
+    /// `None` (printed why: the caller's test skips) where `unshare` or user namespaces
+    /// are not available.
+    pub(crate) fn spawn() -> Option<Self> {
+        use std::io::BufRead;
+        let mut child = match std::process::Command::new("unshare")
+            .args([
+                "--user",
+                "--map-root-user",
+                "--pid",
+                "--fork",
+                "--kill-child",
+            ])
+            .args(["--mount-proc", "sh", "-c"])
+            .arg("cat /proc/1/stat; readlink /proc/self/ns/pid; exec sleep 30")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+        {
+            Ok(child) => child,
+            Err(e) => {
+                println!("skipped: no `unshare` ({e})");
+                return None;
+            }
+        };
+        let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+        let (Some(Ok(stat)), Some(Ok(ns))) = (lines.next(), lines.next()) else {
+            let _ = child.kill();
+            let _ = child.wait();
+            println!("skipped: unshare could not make a pid namespace here (no user namespaces)");
+            return None;
+        };
+        // The namespace's first process (the shell, then `sleep`): its pid and start
+        // time as that namespace sees them.
+        let fields: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..].split(' ').collect();
+        let pid_there: u32 = stat.split(' ').next().unwrap().parse().unwrap();
+        let pid_ns: u64 = ns
+            .trim()
+            .strip_prefix("pid:[")
+            .and_then(|n| n.strip_suffix(']'))
+            .unwrap()
+            .parse()
+            .unwrap();
+        Some(Self {
+            child,
+            pid_there,
+            start_time: fields[19].parse().unwrap(),
+            pid_ns,
+        })
+    }
+}
+
+#[cfg(test)]
+impl Drop for UnsharedProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

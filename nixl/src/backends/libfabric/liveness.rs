@@ -460,59 +460,22 @@ mod tests {
     /// watched nor taken for ended here, though pid 1 here is another process.
     #[test]
     fn a_process_in_a_new_pid_namespace_is_not_ended_here() {
-        let mut child = match Command::new("unshare")
-            .args([
-                "--user",
-                "--map-root-user",
-                "--pid",
-                "--fork",
-                "--kill-child",
-            ])
-            .args(["--mount-proc", "sh", "-c"])
-            .arg("cat /proc/1/stat; readlink /proc/self/ns/pid; exec sleep 30")
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-        {
-            Ok(child) => child,
-            Err(e) => {
-                println!("skipped: no `unshare` ({e})");
-                return;
-            }
-        };
-        use std::io::BufRead;
-        let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
-        let (Some(Ok(stat)), Some(Ok(ns))) = (lines.next(), lines.next()) else {
-            let _ = child.kill();
-            let _ = child.wait();
-            println!("skipped: unshare could not make a pid namespace here (no user namespaces)");
+        let Some(contained) = crate::backends::shared::UnsharedProcess::spawn() else {
             return;
         };
-        // The namespace's first process (the shell, then `sleep`): its pid and start
-        // time as that namespace sees them.
-        let fields: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..].split(' ').collect();
-        let pid_there: u32 = stat.split(' ').next().unwrap().parse().unwrap();
-        let inode: u64 = ns
-            .trim()
-            .strip_prefix("pid:[")
-            .and_then(|n| n.strip_suffix(']'))
-            .unwrap()
-            .parse()
-            .unwrap();
+        let (pid_there, inode) = (contained.pid_there, contained.pid_ns);
         let me = ProcessId::current().unwrap();
-        assert_ne!(inode, me.pid_ns, "another pid namespace: {ns}");
+        assert_ne!(inode, me.pid_ns, "another pid namespace");
         let peer = ProcessId {
             boot_id: me.boot_id,
             pid: pid_there,
-            start_time: fields[19].parse().unwrap(),
+            start_time: contained.start_time,
             pid_ns: inode,
         };
         assert!(peer.on_this_host());
         assert_eq!(peer.local_pid(), None, "{peer:?}");
         assert!(Liveness::watch(&peer).is_none());
         assert!(!peer.has_ended_here(), "{peer:?} counted as ended");
-        child.kill().unwrap();
-        child.wait().unwrap();
     }
 
     /// A child process is watched; killed, it is reported within a few milliseconds,

@@ -13,9 +13,9 @@
 //!
 //! Why: the transport's word on who sent a message (`FI_SOURCE`, module `sources`) is
 //! only as strong as the provider's. libfabric 1.17's `shm` misattributes messages of a
-//! same-user process that floods the rail (measured: from about 6,000 forged messages
-//! on, some were reported as coming from a loaded peer's endpoint), so a notification
-//! naming a loaded peer must prove itself.
+//! same-user process that floods the rail (past some thousands of forged messages some
+//! were reported as coming from a loaded peer's endpoint: `docs/BENCHMARKS.md`, "load
+//! under attack"), so a notification naming a loaded peer must prove itself.
 //!
 //! How the key comes about, with no handshake to wait for: every backend (every plane of
 //! one) draws an X25519 key pair when it opens and advertises the public half in its
