@@ -69,13 +69,25 @@ impl ProcessId {
     /// cached: a forked child (Python's multiprocessing) must not advertise its parent.
     pub(super) fn current() -> Option<Self> {
         static BOOT_ID: OnceLock<Option<[u8; 16]>> = OnceLock::new();
+        // Kept per pid: the receive path asks for it per message (a peer's end is
+        // judged against it), and three reads of `/proc` each time made a flood of
+        // forged messages cost the rail worker tens of microseconds apiece.
+        static CURRENT: parking_lot::Mutex<Option<ProcessId>> = parking_lot::Mutex::new(None);
         let pid = std::process::id();
-        Some(ProcessId {
+        let mut current = CURRENT.lock();
+        if let Some(me) = *current {
+            if me.pid == pid {
+                return Some(me);
+            }
+        }
+        let me = ProcessId {
             boot_id: (*BOOT_ID.get_or_init(boot_id))?,
             pid,
             start_time: start_time(pid)?,
             pid_ns: pid_namespace("self").unwrap_or(0),
-        })
+        };
+        *current = Some(me);
+        Some(me)
     }
 
     /// Whether this process runs on the same host (boot) as this one.

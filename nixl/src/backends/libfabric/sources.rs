@@ -41,7 +41,7 @@
 //! remote CQ data, which cannot carry a proof.
 
 use super::cma::CmaPeer;
-use super::liveness::ProcessId;
+use super::liveness::{Liveness, ProcessId};
 use super::notif_mac::{Opener, Sealer};
 use super::peer_copy::{AdvertisedVram, Imports, VramExport};
 use super::stage_net::{FabAddr, ReplyAddr};
@@ -50,7 +50,7 @@ use crate::error::Result;
 use crate::mem::{MemKind, Region};
 use parking_lot::RwLock;
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 /// Owner of notification arrivals from endpoints that are no loaded peer's (accepted
@@ -85,6 +85,11 @@ pub(super) struct PeerSource {
     /// control messages go sealed, and an answer proven by it is matched to the requests
     /// sent under this sealer.
     sealer: OnceLock<Arc<Sealer>>,
+    /// Its process watched here (same host and pid namespace), opened on the first
+    /// question whether it ended ([`Self::process_ended_here`]).
+    watch: OnceLock<Option<Arc<Liveness>>>,
+    /// Its process was seen ended (stays so).
+    ended: AtomicBool,
 }
 
 impl PeerSource {
@@ -106,7 +111,38 @@ impl PeerSource {
             imports: Imports::default(),
             opener: OnceLock::new(),
             sealer: OnceLock::new(),
+            watch: OnceLock::new(),
+            ended: AtomicBool::new(false),
         }
+    }
+
+    /// Whether its process is known to have ended on this host
+    /// ([`ProcessId::has_ended_here`]). Asked per received message that names it
+    /// without its proof, so a flood of forgeries must not cost a read of `/proc`
+    /// each: the process is watched through a pidfd ([`Liveness`], polled at most every
+    /// [`super::liveness::CHECK_PERIOD`]) once it was seen alive here.
+    pub(super) fn process_ended_here(&self) -> bool {
+        let Some(process) = self.process else {
+            return false;
+        };
+        let watch = self.watch.get_or_init(|| {
+            // A watch needs the process alive and local now; one that already ended (or
+            // was never local) is judged by `/proc` as before, once it is known ended
+            // that answer stays.
+            Liveness::watch(&process)
+        });
+        if self.ended.load(Ordering::Relaxed) {
+            return true;
+        }
+        let ended = match watch {
+            Some(watch) => watch.has_ended(),
+            None => process.has_ended_here(),
+        };
+        // An ended process never runs again (a reused pid has another start time).
+        if ended {
+            self.ended.store(true, Ordering::Relaxed);
+        }
+        ended
     }
 
     /// Sets what opens its sealed notifications (kept where already set: the same
@@ -253,9 +289,7 @@ impl Sources {
     /// not a forgery of a live peer's. (A peer in another pid namespace of this host
     /// never counts as ended: its pid names another process here, or none.)
     pub(super) fn loaded_process_ended(&self, agent: &str) -> bool {
-        self.peer(agent)
-            .and_then(|p| p.process)
-            .is_some_and(|p| p.has_ended_here())
+        self.peer(agent).is_some_and(|p| p.process_ended_here())
     }
 
     /// Binds `peer`'s endpoints (`(rail, name)` and where answers go), replacing what
