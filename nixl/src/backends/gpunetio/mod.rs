@@ -724,7 +724,11 @@ impl GpunetioBackend {
             .zip(parts)
             .filter_map(|(e, (l, _))| {
                 l.export.map(|x| DirectPair {
-                    handle: x.handle,
+                    home: crate::backends::peer_dram::PieceHome {
+                        handle: x.handle,
+                        vram_region: e.local_region.desc.addr,
+                        dram_region: e.remote_region.desc.addr,
+                    },
                     vram: e.local.addr,
                     dram: e.remote.addr,
                     len: e.local.len,

@@ -39,8 +39,8 @@ use super::oob::{
 use super::NAME;
 use crate::backend::{BackendXfer, PostParams, XferProgress, XferStatus};
 use crate::backends::peer_dram::{
-    self, decode, AdvertisedVram, Direction, Done, Imports, Message, PeerVram, Piece, Request,
-    RunState, Serving, Shared, VramExport,
+    self, decode, AdvertisedVram, Direction, Done, Imports, Message, PeerVram, Piece, PieceHome,
+    Request, RunState, Serving, Shared, VramExport,
 };
 use crate::error::{Error, Result};
 use parking_lot::{Mutex, RwLock};
@@ -407,10 +407,11 @@ impl std::fmt::Debug for PeerDramXfer {
 }
 
 /// One descriptor pair of a transfer that takes the direct path: this side's VRAM (in
-/// the allocation `handle` names) and the peer's DRAM.
+/// the allocation and registration `home` names) and the peer's DRAM (in its
+/// registration `home` names).
 #[derive(Debug, Clone, Copy)]
 pub(super) struct DirectPair {
-    pub(super) handle: [u8; 64],
+    pub(super) home: PieceHome,
     pub(super) vram: u64,
     pub(super) dram: u64,
     pub(super) len: u64,
@@ -432,7 +433,7 @@ impl PeerDramPath {
         for p in pairs {
             for (off, len) in peer_dram::cut(p.len) {
                 pieces.push((
-                    p.handle,
+                    p.home,
                     Piece {
                         vram: p.vram + off,
                         dram: p.dram + off,
@@ -443,7 +444,8 @@ impl PeerDramPath {
             bytes += p.len;
         }
         // Requests travel on one connection whose frames are far larger than a rail's
-        // inject size: as many pieces per request as the wire allows.
+        // inject size: as many pieces per request as the wire allows, neighbouring
+        // blocks merged into one piece.
         let requests = peer_dram::plan_requests(pieces, peer_dram::MAX_PIECES, 1, 0)
             .into_iter()
             .map(|(_, p)| p)
