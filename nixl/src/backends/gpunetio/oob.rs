@@ -1425,6 +1425,125 @@ mod tests {
     /// confirmed name (an impostor's are marked unconfirmed), answers come back on the
     /// same connection, and its notifications land in the inbox under that name. Also
     /// measures the host side of one request's round trip (loopback, no GPU).
+    /// `rounds` request/answer round trips (64-byte requests, 18-byte answers: a 1 MiB
+    /// request and its `Done`) between this thread and a helper over a connected pair of
+    /// streams, both sides reading without blocking and yielding between reads (as the
+    /// initiator's wait and a polling server do). The transport floor of a control
+    /// connection, without framing, threads' hand-offs or attribution.
+    fn stream_round_trip<S>(mut near: S, mut far: S, rounds: u32) -> Duration
+    where
+        S: std::io::Read + std::io::Write + Send + 'static,
+    {
+        fn read_exact_spinning(s: &mut impl std::io::Read, buf: &mut [u8]) {
+            let mut at = 0;
+            while at < buf.len() {
+                match s.read(&mut buf[at..]) {
+                    Ok(0) => panic!("end of stream"),
+                    Ok(n) => at += n,
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                        std::thread::yield_now()
+                    }
+                    Err(e) => panic!("{e}"),
+                }
+            }
+        }
+        let helper = std::thread::spawn(move || {
+            let mut req = [0u8; 64];
+            for _ in 0..rounds + 1 {
+                read_exact_spinning(&mut far, &mut req);
+                far.write_all(&[1u8; 18]).unwrap();
+            }
+        });
+        let mut answer = [0u8; 18];
+        // One round to warm up.
+        near.write_all(&[7u8; 64]).unwrap();
+        read_exact_spinning(&mut near, &mut answer);
+        let start = Instant::now();
+        for _ in 0..rounds {
+            near.write_all(&[7u8; 64]).unwrap();
+            read_exact_spinning(&mut near, &mut answer);
+        }
+        let per = start.elapsed() / rounds;
+        helper.join().unwrap();
+        per
+    }
+
+    /// The host side of a direct-copy request's round trip on each layer it crosses,
+    /// answered without copying (no GPU): TCP on loopback and a Unix-domain socket pair
+    /// (the transport floor), then a control connection to a listener answering in its
+    /// handler (the listener thread alone), then one handing each request to a serving
+    /// thread that answers (GPUNETIO's `peer_dram` path today). Prints the figures
+    /// (docs/BENCHMARKS.md keeps them, with LIBFABRIC's `shm` rail measured by
+    /// `fi_pingpong -p shm` beside); the bounds are loose so a loaded CI machine passes.
+    #[test]
+    fn control_round_trips_on_the_host_by_layer() {
+        let rounds = 5000;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let near = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (far, _) = listener.accept().unwrap();
+        for s in [&near, &far] {
+            s.set_nodelay(true).unwrap();
+            s.set_nonblocking(true).unwrap();
+        }
+        let tcp = stream_round_trip(near, far, rounds);
+        let (near, far) = std::os::unix::net::UnixStream::pair().unwrap();
+        for s in [&near, &far] {
+            s.set_nonblocking(true).unwrap();
+        }
+        let unix = stream_round_trip(near, far, rounds);
+
+        let round_trips = |handler: ControlHandler| -> Duration {
+            let bob = listen("bob");
+            let alice = listen("alice");
+            bob.know("alice", alice.addr());
+            bob.serve_control(handler);
+            let conn = ControlConn::connect("alice", "bob", bob.addr(), alice.own_conns()).unwrap();
+            let once = || {
+                conn.send(CONTROL_PEER_COPY, &[7u8; 64]).unwrap();
+                let deadline = Instant::now() + Duration::from_secs(10);
+                let mut got = false;
+                while !got {
+                    assert!(Instant::now() < deadline, "no answer");
+                    conn.poll(|_, _| got = true).unwrap();
+                    if !got {
+                        std::thread::yield_now();
+                    }
+                }
+            };
+            once();
+            let start = Instant::now();
+            for _ in 0..rounds {
+                once();
+            }
+            start.elapsed() / rounds
+        };
+        let in_handler = round_trips(ControlHandler(Box::new(|_, _, reply| {
+            reply.send(CONTROL_PEER_COPY, &[1u8; 18]).unwrap();
+        })));
+        // A serving thread polling for requests (yielding), as `peer_dram`'s does.
+        let (jobs, incoming) = std::sync::mpsc::channel::<Arc<ControlReply>>();
+        let server = std::thread::spawn(move || loop {
+            match incoming.try_recv() {
+                Ok(reply) => reply.send(CONTROL_PEER_COPY, &[1u8; 18]).unwrap(),
+                Err(std::sync::mpsc::TryRecvError::Empty) => std::thread::yield_now(),
+                Err(std::sync::mpsc::TryRecvError::Disconnected) => return,
+            }
+        });
+        let jobs = Mutex::new(jobs);
+        let handed_off = round_trips(ControlHandler(Box::new(move |_, _, reply| {
+            let _ = jobs.lock().send(reply);
+        })));
+        server.join().unwrap();
+        eprintln!(
+            "request/answer round trip on the host: TCP loopback {tcp:?}, Unix socket pair \
+             {unix:?}, control connection answered by its listener {in_handler:?}, handed \
+             to a serving thread {handed_off:?}"
+        );
+        for per in [tcp, unix, in_handler, handed_off] {
+            assert!(per < Duration::from_millis(5), "{per:?} per round trip");
+        }
+    }
+
     #[test]
     fn control_connections_carry_requests_answers_and_notifications() {
         let bob = listen("bob");

@@ -93,11 +93,12 @@ impl PeerVram for PeerState {
     }
 }
 
-/// A request handed from the listener's thread to the serving thread.
-struct Job {
-    peer: Option<Arc<PeerState>>,
-    request: Request,
+/// A request's copies, queued by the listener's thread as the request arrived, handed to
+/// the serving thread, which answers once they completed.
+struct Running {
+    serving: Serving,
     reply: Arc<ControlReply>,
+    id: u64,
 }
 
 /// The path of one backend: its peers' states, its requests' waits and its server.
@@ -110,8 +111,10 @@ pub(super) struct PeerDramPath {
 }
 
 impl PeerDramPath {
-    /// The path of the agent `me` (`None`: off, or no GPU copies in this process), its
-    /// requests served from a thread of its own.
+    /// The path of the agent `me` (`None`: off, or no GPU copies in this process). A
+    /// request is checked and its copies queued on the listener's thread as it is read
+    /// (no thread hand-off before the copy starts); a thread of its own polls the copies
+    /// and answers.
     pub(super) fn new(
         me: &str,
         enabled: bool,
@@ -127,13 +130,12 @@ impl PeerDramPath {
             peers: Arc::default(),
             own,
         });
-        let (jobs, incoming) = mpsc::channel::<Job>();
+        let (jobs, incoming) = mpsc::channel::<Running>();
         let server = path.clone();
         std::thread::Builder::new()
             .name("gpunetio-peer-dram".into())
             .spawn(move || server.serve(incoming))?;
-        let peers = path.peers.clone();
-        let stats = path.clone();
+        let this = path.clone();
         let jobs = Mutex::new(jobs);
         let handler = super::oob::ControlHandler(Box::new(move |from, body, reply| {
             let request = match decode(body) {
@@ -144,21 +146,25 @@ impl PeerDramPath {
                     return;
                 }
             };
-            let peer = attribute(&peers.read(), &from);
-            if peer.is_none() {
-                let errno = stats.shared.stats.refuse(
-                    libc::EPERM,
-                    format_args!("its connection is not confirmed as `{}`'s", from.agent),
-                );
-                answer(&reply, request.id, errno);
-                return;
+            let id = request.id;
+            match this.start(&from, &request) {
+                Ok(serving) => {
+                    let running = Running { serving, reply, id };
+                    if let Err(mpsc::SendError(running)) = jobs.lock().send(running) {
+                        // The serving thread is gone (never while the path lives): the
+                        // copies are awaited here rather than left unanswered.
+                        let mut running = running;
+                        let errno = loop {
+                            if let Some(errno) = running.serving.poll(&this.shared.stats) {
+                                break errno;
+                            }
+                            std::thread::yield_now();
+                        };
+                        answer(&running.reply, id, errno);
+                    }
+                }
+                Err(errno) => answer(&reply, id, errno),
             }
-            let job = Job {
-                peer,
-                request,
-                reply,
-            };
-            let _ = jobs.lock().send(job);
         }));
         Ok(Some((path, handler)))
     }
@@ -234,11 +240,11 @@ impl PeerDramPath {
         Ok(c)
     }
 
-    /// The serving thread: checks each request, queues its copies, answers once they
-    /// completed. It polls while there is traffic (the copies running, and briefly for the
-    /// next request), yielding its core between polls, and blocks only when idle.
-    fn serve(self: Arc<Self>, incoming: mpsc::Receiver<Job>) {
-        let mut running: Vec<(Serving, Arc<ControlReply>, u64)> = Vec::new();
+    /// The serving thread: answers each request once its copies completed. It polls
+    /// while there is traffic (the copies running, and briefly for the next request),
+    /// yielding its core between polls, and blocks only when idle.
+    fn serve(self: Arc<Self>, incoming: mpsc::Receiver<Running>) {
+        let mut running: Vec<Running> = Vec::new();
         let mut progress_at = Instant::now();
         // Ends once the listener is gone (no more requests) and the copies are answered.
         let mut open = true;
@@ -248,7 +254,7 @@ impl PeerDramPath {
                     return;
                 }
                 match next_job(&incoming, IDLE_SPIN) {
-                    Some(job) => self.start(job, &mut running),
+                    Some(job) => running.push(job),
                     None => return,
                 }
                 progress_at = Instant::now();
@@ -257,7 +263,7 @@ impl PeerDramPath {
             while open {
                 match incoming.try_recv() {
                     Ok(job) => {
-                        self.start(job, &mut running);
+                        running.push(job);
                         progress_at = Instant::now();
                     }
                     Err(mpsc::TryRecvError::Empty) => break,
@@ -266,9 +272,9 @@ impl PeerDramPath {
             }
             let before = running.len();
             let stats = &self.shared.stats;
-            running.retain_mut(|(serving, reply, id)| match serving.poll(stats) {
+            running.retain_mut(|r| match r.serving.poll(stats) {
                 Some(errno) => {
-                    answer(reply, *id, errno);
+                    answer(&r.reply, r.id, errno);
                     false
                 }
                 None => true,
@@ -283,17 +289,20 @@ impl PeerDramPath {
         }
     }
 
-    fn start(&self, job: Job, running: &mut Vec<(Serving, Arc<ControlReply>, u64)>) {
-        let Some(peer) = job.peer else {
-            return answer(&job.reply, job.request.id, libc::EPERM);
+    /// Checks a request that came on a connection of `from` and queues its copies, or
+    /// says why not (the errno of its answer): only a loaded peer that confirmed the
+    /// connection is served.
+    fn start(&self, from: &ControlFrom, request: &Request) -> std::result::Result<Serving, i32> {
+        let Some(peer) = attribute(&self.peers.read(), from) else {
+            return Err(self.shared.stats.refuse(
+                libc::EPERM,
+                format_args!("its connection is not confirmed as `{}`'s", from.agent),
+            ));
         };
         let Some(server) = &self.shared.server else {
-            return answer(&job.reply, job.request.id, libc::EOPNOTSUPP);
+            return Err(libc::EOPNOTSUPP);
         };
-        match server.serve(&job.request, &peer, &self.shared.stats) {
-            Ok(serving) => running.push((serving, job.reply, job.request.id)),
-            Err(errno) => answer(&job.reply, job.request.id, errno),
-        }
+        server.serve(request, &peer, &self.shared.stats)
     }
 
     /// The path VRAM <-> `agent`'s DRAM takes (`same_host`: the intra-node plane reaches
@@ -354,9 +363,9 @@ fn attribute(
     peers.get(&from.agent).cloned()
 }
 
-/// The next request: polled for up to `spin` (yielding between polls), then awaited;
-/// `None` once the sender is gone.
-fn next_job(incoming: &mpsc::Receiver<Job>, spin: Duration) -> Option<Job> {
+/// The next request's copies: polled for up to `spin` (yielding between polls), then
+/// awaited; `None` once the sender is gone.
+fn next_job(incoming: &mpsc::Receiver<Running>, spin: Duration) -> Option<Running> {
     let since = Instant::now();
     loop {
         match incoming.try_recv() {

@@ -806,6 +806,10 @@ mod gpu {
         in_flight: AtomicUsize,
     }
 
+    /// A request's piece as the target copies it: its VRAM by offset in the peer's
+    /// allocation, and the registration holding its DRAM.
+    pub(super) type Located = (Piece, Arc<DramRegion>);
+
     /// A DRAM registration served to peers; removed on drop, after the copies touching it.
     #[derive(Debug)]
     pub(crate) struct ServedDram {
@@ -920,7 +924,7 @@ mod gpu {
             req: &Request,
             peer: &dyn PeerVram,
             stats: &Stats,
-        ) -> Result<(VramExport, Vec<(Piece, Arc<DramRegion>)>), i32> {
+        ) -> Result<(VramExport, Vec<Located>), i32> {
             // Every piece's VRAM in one advertised allocation (the initiator cuts its
             // requests so): one import per request.
             let first = req.pieces.first().ok_or(libc::EINVAL)?;
@@ -934,7 +938,7 @@ mod gpu {
                     ),
                 ));
             };
-            let mut located: Vec<(Piece, Arc<DramRegion>)> = Vec::with_capacity(req.pieces.len());
+            let mut located: Vec<Located> = Vec::with_capacity(req.pieces.len());
             for p in &req.pieces {
                 let Some((start, e)) = peer.advertised().find(p.vram, p.len) else {
                     return Err(stats.refuse(

@@ -566,7 +566,7 @@ fn a_target_merges_neighbouring_pieces_within_one_registration() {
         assert_eq!(export, e);
         located
     };
-    let shape = |located: &[(Piece, Arc<DramRegion>)]| -> Vec<(u64, u64, u64)> {
+    let shape = |located: &[Located]| -> Vec<(u64, u64, u64)> {
         located
             .iter()
             // Back to the test's offsets: VRAM from the allocation's offset, DRAM from base.
