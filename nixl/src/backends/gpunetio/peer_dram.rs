@@ -34,7 +34,8 @@
 //! peer's copy engine cannot order itself after this process's stream.
 
 use super::oob::{
-    ControlConn, ControlFrom, ControlReply, OwnConns, CONTROL_NOTIF, CONTROL_PEER_COPY,
+    ControlConn, ControlFrom, ControlReply, LocalIdentity, OwnConns, CONTROL_NOTIF,
+    CONTROL_PEER_COPY,
 };
 use super::NAME;
 use crate::backend::{BackendXfer, PostParams, XferProgress, XferStatus};
@@ -52,6 +53,9 @@ use std::time::{Duration, Instant};
 
 /// Flag of the connection information: the backend copies VRAM ↔ its DRAM on request.
 pub(super) const SERVES_PEER_COPIES: u8 = 1;
+/// Flag of the connection information: the process and Unix socket for same-host control
+/// connections follow (module `oob`).
+pub(super) const LOCAL_CONTROL: u8 = 2;
 /// How long releasing a transfer waits for the peer's answers to requests in flight (the
 /// peer may still be copying into this process's VRAM).
 const RELEASE_WAIT: Duration = Duration::from_secs(5);
@@ -77,6 +81,8 @@ pub(super) struct PeerState {
     serves: bool,
     /// Where its notification listener (and control connections) accept.
     oob: Option<SocketAddr>,
+    /// Its Unix socket for same-host control connections and the process holding it.
+    local: Option<(Vec<u8>, LocalIdentity)>,
     /// This side's control connection to it, opened on the first direct transfer.
     conn: Mutex<Option<Arc<ControlConn>>>,
 }
@@ -108,6 +114,8 @@ pub(super) struct PeerDramPath {
     pub(super) shared: Shared,
     peers: Arc<RwLock<HashMap<String, Arc<PeerState>>>>,
     own: Arc<OwnConns>,
+    /// Control connections opened on a same-host Unix socket (rather than TCP).
+    local_conns: std::sync::atomic::AtomicU64,
 }
 
 impl PeerDramPath {
@@ -129,6 +137,7 @@ impl PeerDramPath {
             shared: Shared::with_engine(true, true, serving),
             peers: Arc::default(),
             own,
+            local_conns: Default::default(),
         });
         let (jobs, incoming) = mpsc::channel::<Running>();
         let server = path.clone();
@@ -170,13 +179,20 @@ impl PeerDramPath {
     }
 
     /// Records `agent`'s connection information: whether it serves requests, where it
-    /// accepts connections. A new incarnation (other information) starts afresh: what
-    /// the old one advertised and its imports go.
-    pub(super) fn load_peer(&self, agent: &str, serves: bool, oob: Option<SocketAddr>) {
+    /// accepts connections (TCP, and a same-host Unix socket with the process holding
+    /// it). A new incarnation (other information) starts afresh: what the old one
+    /// advertised and its imports go.
+    pub(super) fn load_peer(
+        &self,
+        agent: &str,
+        serves: bool,
+        oob: Option<SocketAddr>,
+        local: Option<(Vec<u8>, LocalIdentity)>,
+    ) {
         let mut peers = self.peers.write();
         if peers
             .get(agent)
-            .is_some_and(|p| p.serves == serves && p.oob == oob)
+            .is_some_and(|p| p.serves == serves && p.oob == oob && p.local == local)
         {
             return;
         }
@@ -188,6 +204,7 @@ impl PeerDramPath {
                 imports: Imports::default(),
                 serves,
                 oob,
+                local,
                 conn: Mutex::new(None),
             }),
         );
@@ -209,7 +226,9 @@ impl PeerDramPath {
         self.peers.read().get(agent).is_some_and(|p| p.serves)
     }
 
-    /// The control connection to `agent`, opened on first use.
+    /// The control connection to `agent`, opened on first use: on its Unix socket where
+    /// it advertised one and its pids mean the same here, else (or where that fails) on
+    /// TCP to its notification address.
     pub(super) fn conn(&self, agent: &str) -> Result<Arc<ControlConn>> {
         let peer = self
             .peers
@@ -221,21 +240,38 @@ impl PeerDramPath {
                 agent: agent.to_string(),
                 reason: "its connection information was not loaded".into(),
             })?;
-        let addr = peer.oob.ok_or_else(|| Error::Unreachable {
-            backend: NAME.into(),
-            agent: agent.to_string(),
-            reason: "it has no notification address for a control connection".into(),
-        })?;
         let mut conn = peer.conn.lock();
         if let Some(c) = conn.as_ref().filter(|c| !c.is_gone()) {
             return Ok(c.clone());
         }
-        let c = Arc::new(ControlConn::connect(
-            &self.me,
-            agent,
-            addr,
-            self.own.clone(),
-        )?);
+        let local = peer
+            .local
+            .as_ref()
+            .filter(|(_, who)| who.pid_means_here())
+            .and_then(|(name, who)| {
+                ControlConn::connect_local(&self.me, agent, name, who, self.own.clone())
+                    .inspect_err(|e| {
+                        tracing::debug!(
+                            "{NAME}: no same-host control connection to `{agent}` ({e}): TCP"
+                        )
+                    })
+                    .ok()
+            });
+        let c = match local {
+            Some(c) => {
+                self.local_conns.fetch_add(1, Ordering::Relaxed);
+                c
+            }
+            None => {
+                let addr = peer.oob.ok_or_else(|| Error::Unreachable {
+                    backend: NAME.into(),
+                    agent: agent.to_string(),
+                    reason: "it has no notification address for a control connection".into(),
+                })?;
+                ControlConn::connect(&self.me, agent, addr, self.own.clone())?
+            }
+        };
+        let c = Arc::new(c);
         *conn = Some(c.clone());
         Ok(c)
     }
@@ -336,8 +372,9 @@ impl PeerDramPath {
         }
     }
 
-    /// What moved this way and what was served, declined or fell back (all peers).
-    pub(super) fn counters(&self) -> [(&'static str, u64); 4] {
+    /// What moved this way and what was served, declined or fell back (all peers), and
+    /// the control connections opened on same-host Unix sockets.
+    pub(super) fn counters(&self) -> [(&'static str, u64); 5] {
         let s = &self.shared.stats;
         [
             ("peer_copy_bytes", s.bytes.load(Ordering::Relaxed)),
@@ -347,6 +384,10 @@ impl PeerDramPath {
             ),
             ("peer_copy_fallbacks", s.fallbacks.load(Ordering::Relaxed)),
             ("peer_copy_refused", s.refused.load(Ordering::Relaxed)),
+            (
+                "peer_copy_local_control",
+                self.local_conns.load(Ordering::Relaxed),
+            ),
         ]
     }
 }
@@ -672,6 +713,7 @@ mod tests {
             imports: Imports::default(),
             serves: true,
             oob: None,
+            local: None,
             conn: Mutex::new(None),
         });
         let peers: HashMap<_, _> = [("alice".to_string(), state.clone())].into();
