@@ -705,6 +705,10 @@ pub fn direct_both_ways(test: &str, gpus: &[Gpu], target_gpu: usize) {
     let info = peer_copy_info(&initiator, &name);
     assert_eq!(info["vram_peer_dram"], "direct", "{info:?}");
     assert_eq!(info["peer_copy_fallbacks"], "0", "{info:?}");
+    if backend() == "GPUNETIO" {
+        // Both processes share a pid namespace: requests ride the target's Unix socket.
+        assert_eq!(info["peer_copy_local_control"], "1", "{info:?}");
+    }
     let directions = if backend() == "GPUNETIO" { 1 } else { 2 };
     let moved: u64 = CASES
         .iter()

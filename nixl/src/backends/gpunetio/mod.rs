@@ -47,7 +47,8 @@
 //! - **Direct peer copy** (module `peer_dram`): this backend's VRAM ↔ the DRAM of a peer
 //!   on this node, in one copy-engine copy by the peer (which imports this side's VRAM
 //!   through CUDA IPC), asked for on a control connection of the NIC path's out-of-band
-//!   channel; the NIC path is the fallback where the peer declines.
+//!   channel (a Unix socket where both processes share a pid namespace, else TCP); the
+//!   NIC path is the fallback where the peer declines.
 //!
 //! Parameters as upstream: `gpu_devices` (one CUDA ordinal: one GPU per backend, as
 //! upstream; empty or absent: the GPU of the first VRAM registered — see "GPU" below),

@@ -693,6 +693,19 @@ struct Conn {
     reply: Option<Arc<ControlReply>>,
 }
 
+/// What one wait found ready.
+#[derive(Debug, Default)]
+struct Ready {
+    /// The wake descriptor (a verification answered, the known peers changed, stop).
+    wake: bool,
+    /// The TCP listener (a connection to accept).
+    tcp: bool,
+    /// The Unix listener.
+    unix: bool,
+    /// Connections with something to read (or closed).
+    conns: Vec<u64>,
+}
+
 /// The serving thread's state.
 struct Server {
     listener: TcpListener,
@@ -718,19 +731,27 @@ struct Server {
 impl Server {
     fn run(&mut self) {
         while !self.stop.load(Ordering::Acquire) {
-            let readable = self.wait();
+            let ready = self.wait();
             let now = Instant::now();
-            if !readable.is_empty() {
+            if !ready.conns.is_empty() {
                 self.active_until = now + ACTIVE_SPIN;
             } else if now < self.active_until {
                 std::thread::yield_now();
             }
-            self.wake.drain();
-            self.accept();
-            self.accept_unix();
+            // Only what poll said is ready: while traffic flows this loop spins, and each
+            // of these is a system call.
+            if ready.wake {
+                self.wake.drain();
+            }
+            if ready.tcp {
+                self.accept();
+            }
+            if ready.unix {
+                self.accept_unix();
+            }
             self.take_answers();
             self.revisit_if_known_changed();
-            for id in readable {
+            for id in ready.conns {
                 self.read(id);
             }
             self.expire(Instant::now());
@@ -738,10 +759,10 @@ impl Server {
         }
     }
 
-    /// Sleeps until the listener, a connection read (not those being asked about) or the
+    /// Sleeps until a listener, a connection read (not those being asked about) or the
     /// wake descriptor is ready, a first frame is due, or [`POLL`] passed (does not sleep
-    /// while traffic is recent: `active_until`); returns the connections that are ready.
-    fn wait(&self) -> Vec<u64> {
+    /// while traffic is recent: `active_until`); returns what is ready.
+    fn wait(&self) -> Ready {
         let mut fds = vec![
             pollfd_in(self.wake.as_raw_fd()),
             pollfd_in(self.listener.as_raw_fd()),
@@ -772,14 +793,19 @@ impl Server {
         // SAFETY: `fds` is a live array of pollfds over descriptors this thread owns.
         let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
         if n <= 0 {
-            return Vec::new();
+            return Ready::default();
         }
-        fds[listeners..]
-            .iter()
-            .zip(ids)
-            .filter(|(fd, _)| fd.revents != 0)
-            .map(|(_, id)| id)
-            .collect()
+        Ready {
+            wake: fds[0].revents != 0,
+            tcp: fds[1].revents != 0,
+            unix: listeners > 2 && fds[2].revents != 0,
+            conns: fds[listeners..]
+                .iter()
+                .zip(ids)
+                .filter(|(fd, _)| fd.revents != 0)
+                .map(|(_, id)| id)
+                .collect(),
+        }
     }
 
     fn accept(&mut self) {

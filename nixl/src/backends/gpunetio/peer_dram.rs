@@ -6,17 +6,25 @@
 //! The transport-neutral parts (exports, requests, planning, the target's checks and
 //! copies) are `backends::peer_dram`'s, as for LIBFABRIC. Here they travel on a
 //! **control connection** of the NIC path's out-of-band channel (module `oob`): the
-//! initiator opens one per peer to the peer's notification address with a control
-//! hello, sends requests on it, reads the answers from it, and after the last answer
-//! sends the notification on it (so it reaches the peer strictly after the last byte).
+//! initiator opens one per peer with a control hello — on the Unix socket the peer
+//! advertised where both processes share a pid namespace (the checked holder of the
+//! socket, see `oob`), else to its TCP notification address — sends requests on it,
+//! reads the answers from it (polling, without blocking, as the agent's wait polls the
+//! transfer), and after the last answer sends the notification on it (so it reaches the
+//! peer strictly after the last byte).
+//!
+//! The target checks a request and queues its copies on its listener's thread as soon as
+//! the request is read; a thread of this path polls the copies and answers, so no thread
+//! hand-off stands between a request and its copy.
 //!
 //! # Who asks
 //! A request is attributed by its connection, never by its bytes: the connection's
-//! hello names the initiator, and the target's listener asks that peer (at the address
-//! its loaded connection information advertised) whether the connection is its own,
-//! before it reads a frame (module `oob`, issue 28's check). A request on a connection
-//! naming no loaded peer, or a peer that did not confirm it, is declined (`EPERM`) on
-//! that connection. The VRAM a request names must then lie inside a region *that peer*
+//! hello names the initiator, and before it reads a frame the target's listener asks
+//! that peer (at the address its loaded connection information advertised) whether a
+//! TCP connection is its own, or asks the kernel which process opened a Unix one
+//! (`SO_PEERCRED`: it must be the process that peer advertised, pid and start time)
+//! (module `oob`, issue 28's check). A request on a connection naming no loaded peer, or
+//! a peer that did not confirm it, is declined (`EPERM`) on that connection. The VRAM a request names must then lie inside a region *that peer*
 //! advertised with its export in metadata this backend loaded (`EADDRNOTAVAIL`
 //! otherwise), the DRAM inside one of this backend's DRAM registrations (`EACCES`).
 //!
