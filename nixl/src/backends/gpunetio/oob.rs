@@ -26,9 +26,9 @@
 //! The listener also accepts on a Unix-domain socket (abstract namespace, a random name
 //! bound before the connection information that advertises it is published), with this
 //! process's identity (pid, start time, pid namespace) beside it. An initiator in the
-//! same pid namespace opens its control connection there (a request's round trip on a
-//! Unix socket costs about half of one on TCP loopback: docs/BENCHMARKS.md), after
-//! checking that the process holding the socket is the one advertised (`SO_PEERCRED`).
+//! same pid namespace opens its control connection there (a request's round trip is
+//! shorter than on TCP loopback: docs/BENCHMARKS.md), after checking that the process
+//! holding the socket is the one advertised (`SO_PEERCRED`).
 //! The listener attributes such a connection by the kernel's word too: its hello may
 //! name a loaded peer only from the process that peer advertised (pid and start time,
 //! in this pid namespace); from any other process it is refused and counted, and a name
@@ -60,7 +60,7 @@ use std::time::{Duration, Instant};
 
 /// A connection's socket: TCP, or a Unix-domain stream socket of a same-host peer.
 #[derive(Debug)]
-pub(super) enum Stream {
+enum Stream {
     Tcp(TcpStream),
     Unix(UnixStream),
 }

@@ -24,9 +24,10 @@
 //! TCP connection is its own, or asks the kernel which process opened a Unix one
 //! (`SO_PEERCRED`: it must be the process that peer advertised, pid and start time)
 //! (module `oob`, issue 28's check). A request on a connection naming no loaded peer, or
-//! a peer that did not confirm it, is declined (`EPERM`) on that connection. The VRAM a request names must then lie inside a region *that peer*
-//! advertised with its export in metadata this backend loaded (`EADDRNOTAVAIL`
-//! otherwise), the DRAM inside one of this backend's DRAM registrations (`EACCES`).
+//! a peer that did not confirm it, is declined (`EPERM`) on that connection. The VRAM a
+//! request names must then lie inside a region *that peer* advertised with its export in
+//! metadata this backend loaded (`EADDRNOTAVAIL` otherwise), the DRAM inside one of this
+//! backend's DRAM registrations (`EACCES`).
 //!
 //! # Choice and fallback
 //! A transfer goes this way as a whole when parameter `vram_peer_copy` is `auto` (the
@@ -168,16 +169,12 @@ impl PeerDramPath {
                 Ok(serving) => {
                     let running = Running { serving, reply, id };
                     if let Err(mpsc::SendError(running)) = jobs.lock().send(running) {
-                        // The serving thread is gone (never while the path lives): the
-                        // copies are awaited here rather than left unanswered.
-                        let mut running = running;
-                        let errno = loop {
-                            if let Some(errno) = running.serving.poll(&this.shared.stats) {
-                                break errno;
-                            }
-                            std::thread::yield_now();
-                        };
-                        answer(&running.reply, id, errno);
+                        // The serving thread is gone (it panicked): nothing will poll the
+                        // copies. Dropping them waits for them; the transfer fails.
+                        tracing::warn!("{NAME}: no thread answers direct-copy requests");
+                        let Running { serving, reply, .. } = running;
+                        drop(serving);
+                        answer(&reply, id, libc::EIO);
                     }
                 }
                 Err(errno) => answer(&reply, id, errno),
