@@ -1972,6 +1972,16 @@ mod tests {
         bob.know("mallory", alice.addr());
         bob.know_process("mallory", Some(other));
         bob.know("trent", alice.addr());
+        // Victor advertised another pid (init's, with its real start time).
+        bob.know("victor", alice.addr());
+        bob.know_process(
+            "victor",
+            Some(LocalIdentity {
+                pid: 1,
+                start_time: proc_state(1).map_or(0, |(_, start)| start),
+                ..me
+            }),
+        );
         let seen = Arc::new(Mutex::new(Vec::new()));
         let log = seen.clone();
         bob.serve_control(ControlHandler(Box::new(move |from, body, reply| {
@@ -2009,9 +2019,10 @@ mod tests {
             wait_for(&bob, 1),
             vec![("alice".to_string(), b"after the last byte".to_vec())]
         );
-        // A loaded peer's name from a process it did not advertise, or from any process
-        // where it advertised none: refused before a frame is read.
-        for (n, agent) in ["mallory", "trent"].into_iter().enumerate() {
+        // A loaded peer's name from a process it did not advertise (another start time,
+        // another pid), or from any process where it advertised none: refused before a
+        // frame is read.
+        for (n, agent) in ["mallory", "trent", "victor"].into_iter().enumerate() {
             let conn = local(agent);
             conn.send(CONTROL_PEER_COPY, b"forged").unwrap();
             eventually("the connection is refused", || {
@@ -2054,6 +2065,6 @@ mod tests {
         .is_err());
         std::thread::sleep(Duration::from_millis(50));
         assert_eq!(seen.lock().len(), before);
-        assert_eq!(bob.refused(), 2);
+        assert_eq!(bob.refused(), 3);
     }
 }
