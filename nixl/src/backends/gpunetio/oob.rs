@@ -117,8 +117,28 @@ impl Read for &Stream {
 impl Write for &Stream {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
         match self {
+            // std sends on TCP with MSG_NOSIGNAL already.
             Stream::Tcp(s) => (&*s).write(buf),
-            Stream::Unix(s) => (&*s).write(buf),
+            // A peer that closed must be an error, never SIGPIPE: a host process (a C
+            // program) may not ignore that signal.
+            Stream::Unix(s) => loop {
+                // SAFETY: a valid socket fd and `buf.len()` readable bytes.
+                let n = unsafe {
+                    libc::send(
+                        s.as_raw_fd(),
+                        buf.as_ptr().cast(),
+                        buf.len(),
+                        libc::MSG_NOSIGNAL,
+                    )
+                };
+                if n >= 0 {
+                    return Ok(n as usize);
+                }
+                let e = std::io::Error::last_os_error();
+                if e.kind() != std::io::ErrorKind::Interrupted {
+                    return Err(e);
+                }
+            },
         }
     }
     fn flush(&mut self) -> std::io::Result<()> {
@@ -2024,7 +2044,8 @@ mod tests {
         // frame is read.
         for (n, agent) in ["mallory", "trent", "victor"].into_iter().enumerate() {
             let conn = local(agent);
-            conn.send(CONTROL_PEER_COPY, b"forged").unwrap();
+            // The refusal may close the connection before this is sent.
+            let _ = conn.send(CONTROL_PEER_COPY, b"forged");
             eventually("the connection is refused", || {
                 bob.refused() == n as u64 + 1
             });
