@@ -54,18 +54,21 @@ pub struct Check {
     size: usize,
     count: usize,
     seed: u8,
+    /// Block `i` lies in slot `shuffled(count, order)[i]` (0: in slot `i`).
+    order: u64,
 }
 
 impl Check {
     pub fn message(&self) -> String {
         format!(
-            "check {} {} {} {} {} {}",
+            "check {} {} {} {} {} {} {}",
             if self.vram { "v" } else { "d" },
             self.offset,
             self.stride,
             self.size,
             self.count,
-            self.seed
+            self.seed,
+            self.order
         )
     }
 
@@ -83,6 +86,7 @@ impl Check {
             size: num()?,
             count: num()?,
             seed: u8::try_from(num()?).ok()?,
+            order: words.next()?.parse().ok()?,
         })
     }
 
@@ -90,17 +94,60 @@ impl Check {
         (self.count - 1) * self.stride + self.size
     }
 
-    /// `ok`, or the first block that differs.
+    /// `ok`, or the first block that differs (block `i` of the source's pattern, in its
+    /// slot).
     pub fn verify(&self, read: impl Fn(usize, usize) -> Vec<u8>) -> String {
         let got = read(self.offset, self.span());
         let want = pattern(self.seed, self.span());
-        for i in 0..self.count {
-            let r = i * self.stride..i * self.stride + self.size;
-            if got[r.clone()] != want[r] {
-                return format!("block {i} of {:?} differs", self);
+        let slots = slots(self.count, self.order);
+        for (i, &slot) in slots.iter().enumerate() {
+            let at = slot * self.stride;
+            if got[at..at + self.size] != want[i * self.stride..i * self.stride + self.size] {
+                return format!("block {i} (slot {slot}) of {:?} differs", self);
             }
         }
         "ok".into()
+    }
+}
+
+/// Slot of each of `n` blocks: `0..n` in a shuffled order from `order` (a fixed
+/// xorshift Fisher-Yates, the same in both processes), or in order for 0.
+pub fn slots(n: usize, order: u64) -> Vec<usize> {
+    let mut slots: Vec<usize> = (0..n).collect();
+    if order == 0 {
+        return slots;
+    }
+    let mut x = order;
+    for i in (1..n).rev() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        slots.swap(i, (x % (i as u64 + 1)) as usize);
+    }
+    slots
+}
+
+/// How a case lays out its blocks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Layout {
+    /// An odd gap between blocks on both sides: no two blocks are neighbours.
+    Gapped,
+    /// Neighbours on both sides (upstream nixlbench's batches, consecutive KV blocks):
+    /// the planning merges them into large copies.
+    Contiguous,
+    /// The local blocks neighbours, each going to a slot of the target's neighbouring
+    /// slots in a shuffled order (`slots(n, order)`: vLLM's random block ids).
+    Scattered(u64),
+}
+
+impl Layout {
+    /// Stride between slots of `size`-byte blocks, and the shuffle (0: none).
+    fn shape(self, size: usize) -> (usize, u64) {
+        match self {
+            Layout::Gapped => (size + 1, 0),
+            Layout::Contiguous => (size, 0),
+            Layout::Scattered(order) => (size, order),
+        }
     }
 }
 
@@ -150,13 +197,27 @@ impl Target {
         size: usize,
         n: usize,
     ) -> DescList {
+        self.blocks_in(kind, offset, stride, size, &slots(n, 0))
+    }
+
+    /// Blocks of `size` in the slots `slots` names (a slot every `stride` from `offset`).
+    pub fn blocks_in(
+        &self,
+        kind: MemKind,
+        offset: usize,
+        stride: usize,
+        size: usize,
+        slots: &[usize],
+    ) -> DescList {
         let (base, dev) = match kind {
             MemKind::Vram => (self.vram, self.gpu as u64),
             _ => (self.dram, 0),
         };
         DescList::from_descs(
             kind,
-            (0..n).map(|i| Desc::new(base + (offset + i * stride) as u64, size as u64, dev)),
+            slots
+                .iter()
+                .map(|&s| Desc::new(base + (offset + s * stride) as u64, size as u64, dev)),
         )
     }
 
@@ -325,9 +386,39 @@ pub fn write_and_read(
     seed: u8,
     checked_at_target: bool,
 ) -> (u64, u64) {
-    let tag = format!("{local_kind:?}->peer {remote_kind:?} {n} x {size} B");
-    // Odd offsets and an odd gap between blocks.
-    let (local_off, remote_off, stride) = (1, 3, size + 1);
+    write_and_read_in(
+        Layout::Gapped,
+        initiator,
+        name,
+        local,
+        target,
+        (local_kind, remote_kind),
+        size,
+        n,
+        seed,
+        checked_at_target,
+    )
+}
+
+/// [`write_and_read`] with the blocks laid out as `layout` says (at odd offsets on
+/// both sides).
+#[allow(clippy::too_many_arguments)]
+pub fn write_and_read_in(
+    layout: Layout,
+    initiator: &Agent,
+    name: &str,
+    local: &mut Local,
+    target: &Target,
+    (local_kind, remote_kind): (MemKind, MemKind),
+    size: usize,
+    n: usize,
+    seed: u8,
+    checked_at_target: bool,
+) -> (u64, u64) {
+    let tag = format!("{local_kind:?}->peer {remote_kind:?} {n} x {size} B, {layout:?}");
+    let (local_off, remote_off) = (1, 3);
+    let (stride, order) = layout.shape(size);
+    let target_slots = slots(n, order);
     let span = (n - 1) * stride + size;
     local.fill(local_kind, local_off, seed, span);
     let check = Check {
@@ -337,12 +428,13 @@ pub fn write_and_read(
         size,
         count: n,
         seed,
+        order,
     };
     let mut w = initiator
         .create_xfer_req(
             XferOp::Write,
             &local.blocks(local_kind, false, local_off, stride, size, n),
-            &target.blocks(remote_kind, remote_off, stride, size, n),
+            &target.blocks_in(remote_kind, remote_off, stride, size, &target_slots),
             name,
             Some(check.message().into_bytes()),
         )
@@ -358,7 +450,7 @@ pub fn write_and_read(
         .create_xfer_req(
             XferOp::Read,
             &local.blocks(local_kind, true, local_off, stride, size, n),
-            &target.blocks(remote_kind, remote_off, stride, size, n),
+            &target.blocks_in(remote_kind, remote_off, stride, size, &target_slots),
             name,
             None,
         )
@@ -373,8 +465,23 @@ pub fn write_and_read(
             got[at..at + size] == want[i * stride..i * stride + size],
             "{tag}: READ block {i} differs"
         );
-        assert_eq!(got[at - 1], 0, "{tag}: READ wrote before block {i}");
+        // Nothing between blocks (gapped) or beside them.
+        let gap = at + size..local_off + (i + 1) * stride;
+        assert!(
+            got[gap].iter().all(|&b| b == 0),
+            "{tag}: READ wrote after block {i}"
+        );
     }
+    assert_eq!(
+        got[local_off - 1],
+        0,
+        "{tag}: READ wrote before the first block"
+    );
+    assert_eq!(
+        got[local_off + span],
+        0,
+        "{tag}: READ wrote after the last block"
+    );
     (w.telemetry().staged_bytes, r.telemetry().staged_bytes)
 }
 
@@ -410,15 +517,43 @@ pub fn rate_blocks(
     local: &Local,
     target: &Target,
     op: XferOp,
+    kinds: (MemKind, MemKind),
+    len: usize,
+    n: usize,
+) -> f64 {
+    rate_blocks_in(
+        Layout::Contiguous,
+        initiator,
+        name,
+        local,
+        target,
+        op,
+        kinds,
+        len,
+        n,
+    )
+}
+
+/// Bandwidth (GB/s) of posts of one request of `n` `len`-byte blocks laid out as
+/// `layout` says.
+#[allow(clippy::too_many_arguments)]
+pub fn rate_blocks_in(
+    layout: Layout,
+    initiator: &Agent,
+    name: &str,
+    local: &Local,
+    target: &Target,
+    op: XferOp,
     (local_kind, remote_kind): (MemKind, MemKind),
     len: usize,
     n: usize,
 ) -> f64 {
+    let (stride, order) = layout.shape(len);
     let mut req = initiator
         .create_xfer_req(
             op,
-            &local.blocks(local_kind, false, 0, len, len, n),
-            &target.blocks(remote_kind, 0, len, len, n),
+            &local.blocks(local_kind, false, 0, stride, len, n),
+            &target.blocks_in(remote_kind, 0, stride, len, &slots(n, order)),
             name,
             None,
         )
@@ -439,11 +574,16 @@ pub fn rate_blocks(
 /// Blocks per request of [`many_blocks`]: upstream nixlbench's GPUNETIO line's batch.
 pub const MANY: usize = 512;
 
+/// The shuffle of [`many_blocks`]' scattered layout.
+const SCATTER: u64 = 0x9e37_79b9_7f4a_7c15;
+
 /// VRAM ↔ peer DRAM in requests of [`MANY`] blocks of 4 KiB .. 128 KiB, the target
 /// serving its copies with each of `engines` (`None`: its default): each engine's data
-/// checked once (512 x 64 KiB WRITE at the target, READ back), then bandwidth beside
-/// pinned copies of 64 MiB measured in the same run (no assertion: the ratios are the
-/// report).
+/// checked in every [`Layout`] (512 x 64 KiB WRITE checked at the target at its
+/// notification, READ back; the contiguous blocks merge into large copies, the
+/// scattered ones mostly do not), then bandwidth of contiguous and of scattered blocks
+/// beside pinned copies of 64 MiB measured in the same run (no assertion: the ratios
+/// are the report).
 pub fn many_blocks(test: &str, gpu: &Gpu, engines: &[Option<&str>]) {
     let (d2h, h2d) = pinned_copy_rates(gpu, 64 << 20);
     println!(
@@ -456,38 +596,56 @@ pub fn many_blocks(test: &str, gpu: &Gpu, engines: &[Option<&str>]) {
         let target = Target::spawn_with_engine(&format!("{test}-{i}"), gpu.ordinal(), *engine);
         let name = initiator.fetch_remote_metadata(target.addr).unwrap();
         initiator.send_local_metadata(target.addr).unwrap();
-        let staged = write_and_read(
-            &initiator,
-            &name,
-            &mut local,
-            &target,
-            MemKind::Vram,
-            MemKind::Dram,
-            64 << 10,
-            MANY,
-            (i as u8).wrapping_mul(29).wrapping_add(7),
-            true,
-        );
-        assert_eq!(staged, (0, 0), "{MANY} x 64 KiB: the direct path");
+        let layouts = [
+            Layout::Gapped,
+            Layout::Contiguous,
+            Layout::Scattered(SCATTER),
+        ];
+        for (j, layout) in layouts.into_iter().enumerate() {
+            let staged = write_and_read_in(
+                layout,
+                &initiator,
+                &name,
+                &mut local,
+                &target,
+                (MemKind::Vram, MemKind::Dram),
+                64 << 10,
+                MANY,
+                (i as u8).wrapping_mul(29).wrapping_add(7 + j as u8),
+                true,
+            );
+            assert_eq!(
+                staged,
+                (0, 0),
+                "{MANY} x 64 KiB {layout:?}: the direct path"
+            );
+        }
         let engine = engine.unwrap_or("default");
-        for len in [4 << 10, 16 << 10, 64 << 10, 128 << 10] {
-            for (op, pinned) in [(XferOp::Write, d2h), (XferOp::Read, h2d)] {
-                let gbs = rate_blocks(
-                    &initiator,
-                    &name,
-                    &local,
-                    &target,
-                    op,
-                    (MemKind::Vram, MemKind::Dram),
-                    len,
-                    MANY,
-                );
-                println!(
-                    "REPORT {test} {}: copy_engine={engine} {op:?} Vram->peer Dram {MANY} x {:>3} KiB: {gbs:.1} GB/s, pinned {pinned:.1} GB/s ({:.2}x)",
-                    backend(),
-                    len >> 10,
-                    gbs / pinned
-                );
+        for layout in [Layout::Contiguous, Layout::Scattered(SCATTER)] {
+            let shape = match layout {
+                Layout::Contiguous => "contiguous",
+                _ => "scattered",
+            };
+            for len in [4 << 10, 16 << 10, 64 << 10, 128 << 10] {
+                for (op, pinned) in [(XferOp::Write, d2h), (XferOp::Read, h2d)] {
+                    let gbs = rate_blocks_in(
+                        layout,
+                        &initiator,
+                        &name,
+                        &local,
+                        &target,
+                        op,
+                        (MemKind::Vram, MemKind::Dram),
+                        len,
+                        MANY,
+                    );
+                    println!(
+                        "REPORT {test} {}: copy_engine={engine} {op:?} Vram->peer Dram {MANY} x {:>3} KiB {shape}: {gbs:.1} GB/s, pinned {pinned:.1} GB/s ({:.2}x)",
+                        backend(),
+                        len >> 10,
+                        gbs / pinned
+                    );
+                }
             }
         }
         let info = peer_copy_info(&initiator, &name);
@@ -547,6 +705,10 @@ pub fn direct_both_ways(test: &str, gpus: &[Gpu], target_gpu: usize) {
     let info = peer_copy_info(&initiator, &name);
     assert_eq!(info["vram_peer_dram"], "direct", "{info:?}");
     assert_eq!(info["peer_copy_fallbacks"], "0", "{info:?}");
+    if backend() == "GPUNETIO" {
+        // Both processes share a pid namespace: requests ride the target's Unix socket.
+        assert_eq!(info["peer_copy_local_control"], "1", "{info:?}");
+    }
     let directions = if backend() == "GPUNETIO" { 1 } else { 2 };
     let moved: u64 = CASES
         .iter()

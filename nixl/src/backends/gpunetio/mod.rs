@@ -47,7 +47,8 @@
 //! - **Direct peer copy** (module `peer_dram`): this backend's VRAM ↔ the DRAM of a peer
 //!   on this node, in one copy-engine copy by the peer (which imports this side's VRAM
 //!   through CUDA IPC), asked for on a control connection of the NIC path's out-of-band
-//!   channel; the NIC path is the fallback where the peer declines.
+//!   channel (a Unix socket where both processes share a pid namespace, else TCP); the
+//!   NIC path is the fallback where the peer declines.
 //!
 //! Parameters as upstream: `gpu_devices` (one CUDA ordinal: one GPU per backend, as
 //! upstream; empty or absent: the GPU of the first VRAM registered — see "GPU" below),
@@ -724,7 +725,11 @@ impl GpunetioBackend {
             .zip(parts)
             .filter_map(|(e, (l, _))| {
                 l.export.map(|x| DirectPair {
-                    handle: x.handle,
+                    home: crate::backends::peer_dram::PieceHome {
+                        handle: x.handle,
+                        vram_region: e.local_region.desc.addr,
+                        dram_region: e.remote_region.desc.addr,
+                    },
                     vram: e.local.addr,
                     dram: e.remote.addr,
                     len: e.local.len,
@@ -1038,11 +1043,25 @@ impl Backend for GpunetioBackend {
             }
             None => out.push(0),
         }
-        out.push(if b.peer_dram.is_some() {
-            peer_dram::SERVES_PEER_COPIES
-        } else {
-            0
-        });
+        // Same-host control connections: this process and its Unix socket (module `oob`).
+        let local = match (&b.peer_dram, &b.nic) {
+            (Some(_), Some(nic)) => nic.oob_unix().zip(oob::LocalIdentity::me()),
+            _ => None,
+        };
+        let mut flags = 0;
+        if b.peer_dram.is_some() {
+            flags |= peer_dram::SERVES_PEER_COPIES;
+        }
+        if local.is_some() {
+            flags |= peer_dram::LOCAL_CONTROL;
+        }
+        out.push(flags);
+        if let Some((name, me)) = local {
+            out.extend_from_slice(&me.pid.to_le_bytes());
+            out.extend_from_slice(&me.start_time.to_le_bytes());
+            out.extend_from_slice(&me.pid_ns.to_le_bytes());
+            nic::put_field(&mut out, name)?;
+        }
         Ok(out)
     }
     fn load_remote_conn_info(&self, agent: &str, info: &[u8]) -> Result<()> {
@@ -1062,15 +1081,39 @@ impl Backend for GpunetioBackend {
                 )))
             }
         };
-        let serves = f.byte()? & peer_dram::SERVES_PEER_COPIES != 0;
+        let flags = f.byte()?;
+        let serves = flags & peer_dram::SERVES_PEER_COPIES != 0;
+        let local = if flags & peer_dram::LOCAL_CONTROL != 0 {
+            let u32_at = |b: &[u8]| u32::from_le_bytes(b.try_into().expect("4 bytes"));
+            let u64_at = |b: &[u8]| u64::from_le_bytes(b.try_into().expect("8 bytes"));
+            let who = oob::LocalIdentity {
+                pid: u32_at(f.take(4)?),
+                start_time: u64_at(f.take(8)?),
+                pid_ns: u64_at(f.take(8)?),
+            };
+            let name = f.field()?;
+            if name.is_empty() || name.len() > 107 {
+                return Err(Error::MalformedMetadata(format!(
+                    "{NAME} connection info of `{agent}`: a {}-byte socket name",
+                    name.len()
+                )));
+            }
+            Some((name.to_vec(), who))
+        } else {
+            None
+        };
         f.finish()?;
         self.ipc.load_remote_conn_info(agent, ipc)?;
         let b = self.bound()?;
         if let Some(path) = &b.peer_dram {
-            path.load_peer(agent, serves, nic.as_ref().map(|n| n.oob));
+            path.load_peer(agent, serves, nic.as_ref().map(|n| n.oob), local.clone());
         }
         match (&b.nic, nic) {
-            (Some(path), Some(info)) => path.load_peer(agent, info),
+            (Some(path), Some(info)) => {
+                path.load_peer(agent, info)?;
+                path.know_process(agent, local.map(|(_, who)| who));
+                Ok(())
+            }
             _ => Ok(()),
         }
     }

@@ -352,6 +352,16 @@ impl NicPath {
         self.oob.own_conns()
     }
 
+    /// The Unix socket where same-host control connections are accepted (module `oob`).
+    pub(super) fn oob_unix(&self) -> Option<&[u8]> {
+        self.oob.unix_name()
+    }
+
+    /// `agent` advertised itself as process `who` for same-host control connections.
+    pub(super) fn know_process(&self, agent: &str, who: Option<super::oob::LocalIdentity>) {
+        self.oob.know_process(agent, who);
+    }
+
     /// Serves control connections' requests (module `peer_dram`).
     pub(super) fn serve_control(&self, handler: super::oob::ControlHandler) {
         self.oob.serve_control(handler);

@@ -22,6 +22,18 @@
 //! asked about once that agent is loaded. So a process that reached the address may
 //! name itself anything this agent does not know, but never a loaded peer.
 //!
+//! # Same-host control connections
+//! The listener also accepts on a Unix-domain socket (abstract namespace, a random name
+//! bound before the connection information that advertises it is published), with this
+//! process's identity (pid, start time, pid namespace) beside it. An initiator in the
+//! same pid namespace opens its control connection there (a request's round trip is
+//! shorter than on TCP loopback: docs/BENCHMARKS.md), after checking that the process
+//! holding the socket is the one advertised (`SO_PEERCRED`).
+//! The listener attributes such a connection by the kernel's word too: its hello may
+//! name a loaded peer only from the process that peer advertised (pid and start time,
+//! in this pid namespace); from any other process it is refused and counted, and a name
+//! nobody loaded is the sender's word ([`ControlFrom::verified`] false), as on TCP.
+//!
 //! # Bounds
 //! One thread serves every connection (poll), at most [`MAX_CONNS`] at once (others are
 //! closed at accept); the first frame (hello or verification request) must be whole
@@ -31,18 +43,165 @@
 //! Verifications run on one more thread, one at a time, each bounded by
 //! [`VERIFY_TIMEOUT`].
 
-use crate::backends::shared::put_socket_addr;
+use crate::backends::shared::{pid_namespace, proc_state, put_socket_addr, random_u64};
 use crate::error::{Error, Result};
 use crate::os::{pollfd_in, WakeFd};
 use parking_lot::{Mutex, RwLock};
 use std::collections::{HashMap, HashSet};
 use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, RawFd};
+use std::os::linux::net::SocketAddrExt;
+use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
+
+/// A connection's socket: TCP, or a Unix-domain stream socket of a same-host peer.
+#[derive(Debug)]
+enum Stream {
+    Tcp(TcpStream),
+    Unix(UnixStream),
+}
+
+impl Stream {
+    fn try_clone(&self) -> std::io::Result<Self> {
+        Ok(match self {
+            Stream::Tcp(s) => Stream::Tcp(s.try_clone()?),
+            Stream::Unix(s) => Stream::Unix(s.try_clone()?),
+        })
+    }
+
+    /// TCP: no Nagle (small frames that are awaited); nothing to do on a Unix socket.
+    fn set_nodelay(&self) -> std::io::Result<()> {
+        match self {
+            Stream::Tcp(s) => s.set_nodelay(true),
+            Stream::Unix(_) => Ok(()),
+        }
+    }
+
+    fn set_write_timeout(&self, t: Option<Duration>) -> std::io::Result<()> {
+        match self {
+            Stream::Tcp(s) => s.set_write_timeout(t),
+            Stream::Unix(s) => s.set_write_timeout(t),
+        }
+    }
+
+    fn shutdown(&self) {
+        let _ = match self {
+            Stream::Tcp(s) => s.shutdown(std::net::Shutdown::Both),
+            Stream::Unix(s) => s.shutdown(std::net::Shutdown::Both),
+        };
+    }
+}
+
+impl AsRawFd for Stream {
+    fn as_raw_fd(&self) -> RawFd {
+        match self {
+            Stream::Tcp(s) => s.as_raw_fd(),
+            Stream::Unix(s) => s.as_raw_fd(),
+        }
+    }
+}
+
+impl Read for &Stream {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => (&*s).read(buf),
+            Stream::Unix(s) => (&*s).read(buf),
+        }
+    }
+}
+
+impl Write for &Stream {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match self {
+            // std sends on TCP with MSG_NOSIGNAL already.
+            Stream::Tcp(s) => (&*s).write(buf),
+            // A peer that closed must be an error, never SIGPIPE: a host process (a C
+            // program) may not ignore that signal.
+            Stream::Unix(s) => loop {
+                // SAFETY: a valid socket fd and `buf.len()` readable bytes.
+                let n = unsafe {
+                    libc::send(
+                        s.as_raw_fd(),
+                        buf.as_ptr().cast(),
+                        buf.len(),
+                        libc::MSG_NOSIGNAL,
+                    )
+                };
+                if n >= 0 {
+                    return Ok(n as usize);
+                }
+                let e = std::io::Error::last_os_error();
+                if e.kind() != std::io::ErrorKind::Interrupted {
+                    return Err(e);
+                }
+            },
+        }
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// A process of this host as it advertises itself for same-host control connections:
+/// its pid, its start time (a reused pid has another) and its pid namespace (a pid
+/// means the same process only inside one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct LocalIdentity {
+    pub(super) pid: u32,
+    pub(super) start_time: u64,
+    pub(super) pid_ns: u64,
+}
+
+impl LocalIdentity {
+    /// This process (`None` where `/proc` does not say).
+    pub(super) fn me() -> Option<Self> {
+        let pid = std::process::id();
+        Some(Self {
+            pid,
+            start_time: proc_state(pid)?.1,
+            pid_ns: pid_namespace("self")?,
+        })
+    }
+
+    /// Whether this process's pids mean what `self`'s does (same pid namespace).
+    pub(super) fn pid_means_here(&self) -> bool {
+        pid_namespace("self") == Some(self.pid_ns)
+    }
+
+    /// Whether the process the kernel says is at the other end of Unix socket `fd`
+    /// (`SO_PEERCRED`, recorded when it connected or listened) is this one: a pid of
+    /// this pid namespace, with this start time.
+    pub(super) fn is_at_other_end_of(&self, fd: RawFd) -> bool {
+        self.pid_means_here()
+            && peer_pid(fd) == Some(self.pid)
+            && proc_state(self.pid).is_some_and(|(_, start)| start == self.start_time)
+    }
+}
+
+/// The pid the kernel recorded for the other end of Unix socket `fd` (`SO_PEERCRED`).
+fn peer_pid(fd: RawFd) -> Option<u32> {
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: `cred` and `len` are live and sized for SO_PEERCRED's ucred.
+    let rc = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    (rc == 0).then(|| u32::try_from(cred.pid).ok()).flatten()
+}
 
 /// Largest notification accepted on the wire.
 pub(super) const MAX_FRAME: usize = 1 << 20;
@@ -113,7 +272,7 @@ const REPLY_TIMEOUT: Duration = Duration::from_secs(2);
 /// The answering half of a control connection (its socket shared with the serving
 /// thread, non-blocking).
 #[derive(Debug)]
-pub(super) struct ControlReply(Mutex<TcpStream>);
+pub(super) struct ControlReply(Mutex<Stream>);
 
 impl ControlReply {
     /// Sends `body` as one control frame of `kind`; on failure the connection is shut
@@ -123,11 +282,11 @@ impl ControlReply {
         bytes.extend_from_slice(&(body.len() as u32 + 1).to_le_bytes());
         bytes.push(kind);
         bytes.extend_from_slice(body);
-        let mut s = self.0.lock();
+        let s = self.0.lock();
         let deadline = Instant::now() + REPLY_TIMEOUT;
         let mut at = 0;
         while at < bytes.len() {
-            match s.write(&bytes[at..]) {
+            match (&*s).write(&bytes[at..]) {
                 Ok(0) => break,
                 Ok(n) => at += n,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
@@ -138,13 +297,13 @@ impl ControlReply {
                     std::thread::sleep(Duration::from_micros(50));
                 }
                 Err(e) => {
-                    let _ = s.shutdown(std::net::Shutdown::Both);
+                    s.shutdown();
                     return Err(e);
                 }
             }
         }
         if at < bytes.len() {
-            let _ = s.shutdown(std::net::Shutdown::Both);
+            s.shutdown();
             return Err(std::io::Error::new(
                 std::io::ErrorKind::TimedOut,
                 "the initiator does not read its answers",
@@ -177,6 +336,8 @@ impl OwnConns {
 #[derive(Debug, Default)]
 struct Known {
     addrs: RwLock<HashMap<String, SocketAddr>>,
+    /// The processes they advertised for same-host control connections.
+    procs: RwLock<HashMap<String, LocalIdentity>>,
     generation: AtomicU64,
 }
 
@@ -314,6 +475,8 @@ impl FrameBuf {
 #[derive(Debug)]
 pub(super) struct OobListener {
     addr: SocketAddr,
+    /// The abstract name of the Unix socket same-host control connections use.
+    unix: Option<Vec<u8>>,
     inbox: Arc<Inbox>,
     stop: Arc<AtomicBool>,
     wake: Arc<WakeFd>,
@@ -337,10 +500,15 @@ impl OobListener {
         let known = Arc::new(Known::default());
         // A hello naming this agent is asked about here too.
         known.addrs.write().insert(me.to_string(), addr);
+        if let Some(me_here) = LocalIdentity::me() {
+            known.procs.write().insert(me.to_string(), me_here);
+        }
+        let unix = bind_unix();
         let (jobs, job_rx) = mpsc::channel::<VerifyJob>();
         let (result_tx, results) = mpsc::channel();
         let this = Self {
             addr,
+            unix: unix.as_ref().map(|(name, _)| name.clone()),
             inbox: Arc::new(Inbox::default()),
             stop: Arc::new(AtomicBool::new(false)),
             wake: Arc::new(WakeFd::new()?),
@@ -364,6 +532,7 @@ impl OobListener {
             })?;
         let mut server = Server {
             listener,
+            unix: unix.map(|(_, l)| l),
             inbox: this.inbox.clone(),
             stop: this.stop.clone(),
             wake: this.wake.clone(),
@@ -387,7 +556,7 @@ impl OobListener {
 
     /// Serves control connections' requests with `handler` (set once; until then a
     /// control connection's request closes it). The handler runs on the serving thread:
-    /// it must hand the work on, not do it.
+    /// it may start work (queue copies), never wait for it.
     pub(super) fn serve_control(&self, handler: ControlHandler) {
         let _ = self.control.set(handler);
     }
@@ -395,6 +564,28 @@ impl OobListener {
     /// Where senders connect.
     pub(super) fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// The abstract name of the Unix socket where same-host control connections are
+    /// accepted (`None`: none could be bound).
+    pub(super) fn unix_name(&self) -> Option<&[u8]> {
+        self.unix.as_deref()
+    }
+
+    /// A loaded peer `agent` advertised itself as process `who` for same-host control
+    /// connections (`None`: it did not): a Unix connection naming it is taken only from
+    /// that process.
+    pub(super) fn know_process(&self, agent: &str, who: Option<LocalIdentity>) {
+        let mut procs = self.known.procs.write();
+        let before = match who {
+            Some(who) => procs.insert(agent.to_string(), who),
+            None => procs.remove(agent),
+        };
+        drop(procs);
+        if before != who {
+            self.known.generation.fetch_add(1, Ordering::AcqRel);
+            let _ = self.wake.signal();
+        }
     }
 
     /// This backend's own connections, which the senders it makes record.
@@ -416,6 +607,7 @@ impl OobListener {
     /// `agent` is no longer loaded.
     pub(super) fn forget(&self, agent: &str) {
         self.known.addrs.write().remove(agent);
+        self.known.procs.write().remove(agent);
         self.known.generation.fetch_add(1, Ordering::AcqRel);
     }
 
@@ -439,6 +631,23 @@ impl Drop for OobListener {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Release);
         let _ = self.wake.signal();
+    }
+}
+
+/// A Unix socket in the abstract namespace under a random name (bound before it is
+/// advertised, so no other process can hold it first), non-blocking; `None` (logged)
+/// where none can be bound.
+fn bind_unix() -> Option<(Vec<u8>, UnixListener)> {
+    let name = format!("nixl-gpunetio-{}-{:016x}", std::process::id(), random_u64()).into_bytes();
+    let bound = std::os::unix::net::SocketAddr::from_abstract_name(&name)
+        .and_then(|addr| UnixListener::bind_addr(&addr))
+        .and_then(|l| l.set_nonblocking(true).map(|()| l));
+    match bound {
+        Ok(l) => Some((name, l)),
+        Err(e) => {
+            tracing::debug!("GPUNETIO: no Unix socket for same-host control connections: {e}");
+            None
+        }
     }
 }
 
@@ -494,18 +703,33 @@ enum State {
 
 #[derive(Debug)]
 struct Conn {
-    stream: TcpStream,
-    sender: SocketAddr,
-    receiver: SocketAddr,
+    stream: Stream,
+    /// TCP: the connection's two addresses (what the named peer is asked about); a Unix
+    /// socket's peer is known by the kernel's word instead (`SO_PEERCRED`).
+    ends: Option<(SocketAddr, SocketAddr)>,
     frames: FrameBuf,
     state: State,
     /// A control connection's answering half, made on its first request.
     reply: Option<Arc<ControlReply>>,
 }
 
+/// What one wait found ready.
+#[derive(Debug, Default)]
+struct Ready {
+    /// The wake descriptor (a verification answered, the known peers changed, stop).
+    wake: bool,
+    /// The TCP listener (a connection to accept).
+    tcp: bool,
+    /// The Unix listener.
+    unix: bool,
+    /// Connections with something to read (or closed).
+    conns: Vec<u64>,
+}
+
 /// The serving thread's state.
 struct Server {
     listener: TcpListener,
+    unix: Option<UnixListener>,
     inbox: Arc<Inbox>,
     stop: Arc<AtomicBool>,
     wake: Arc<WakeFd>,
@@ -527,18 +751,27 @@ struct Server {
 impl Server {
     fn run(&mut self) {
         while !self.stop.load(Ordering::Acquire) {
-            let readable = self.wait();
+            let ready = self.wait();
             let now = Instant::now();
-            if !readable.is_empty() {
+            if !ready.conns.is_empty() {
                 self.active_until = now + ACTIVE_SPIN;
             } else if now < self.active_until {
                 std::thread::yield_now();
             }
-            self.wake.drain();
-            self.accept();
+            // Only what poll said is ready: while traffic flows this loop spins, and each
+            // of these is a system call.
+            if ready.wake {
+                self.wake.drain();
+            }
+            if ready.tcp {
+                self.accept();
+            }
+            if ready.unix {
+                self.accept_unix();
+            }
             self.take_answers();
             self.revisit_if_known_changed();
-            for id in readable {
+            for id in ready.conns {
                 self.read(id);
             }
             self.expire(Instant::now());
@@ -546,14 +779,18 @@ impl Server {
         }
     }
 
-    /// Sleeps until the listener, a connection read (not those being asked about) or the
+    /// Sleeps until a listener, a connection read (not those being asked about) or the
     /// wake descriptor is ready, a first frame is due, or [`POLL`] passed (does not sleep
-    /// while traffic is recent: `active_until`); returns the connections that are ready.
-    fn wait(&self) -> Vec<u64> {
+    /// while traffic is recent: `active_until`); returns what is ready.
+    fn wait(&self) -> Ready {
         let mut fds = vec![
             pollfd_in(self.wake.as_raw_fd()),
             pollfd_in(self.listener.as_raw_fd()),
         ];
+        if let Some(unix) = &self.unix {
+            fds.push(pollfd_in(unix.as_raw_fd()));
+        }
+        let listeners = fds.len();
         let mut ids = Vec::with_capacity(self.conns.len());
         let now = Instant::now();
         let mut timeout = POLL;
@@ -576,14 +813,19 @@ impl Server {
         // SAFETY: `fds` is a live array of pollfds over descriptors this thread owns.
         let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
         if n <= 0 {
-            return Vec::new();
+            return Ready::default();
         }
-        fds[2..]
-            .iter()
-            .zip(ids)
-            .filter(|(fd, _)| fd.revents != 0)
-            .map(|(_, id)| id)
-            .collect()
+        Ready {
+            wake: fds[0].revents != 0,
+            tcp: fds[1].revents != 0,
+            unix: listeners > 2 && fds[2].revents != 0,
+            conns: fds[listeners..]
+                .iter()
+                .zip(ids)
+                .filter(|(fd, _)| fd.revents != 0)
+                .map(|(_, id)| id)
+                .collect(),
+        }
     }
 
     fn accept(&mut self) {
@@ -607,21 +849,51 @@ impl Server {
             if stream.set_nonblocking(true).is_err() {
                 continue;
             }
-            self.next_id += 1;
-            self.conns.insert(
-                self.next_id,
-                Conn {
-                    stream,
-                    sender,
-                    receiver,
-                    frames: FrameBuf::default(),
-                    reply: None,
-                    state: State::First {
-                        deadline: Instant::now() + FIRST_FRAME_TIMEOUT,
-                    },
-                },
-            );
+            self.admit(Stream::Tcp(stream), Some((sender, receiver)));
         }
+    }
+
+    /// Accepts same-host control connections on the Unix socket.
+    fn accept_unix(&mut self) {
+        loop {
+            let Some(listener) = &self.unix else {
+                return;
+            };
+            let stream = match listener.accept() {
+                Ok((stream, _)) => stream,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
+                Err(e) => {
+                    tracing::warn!("GPUNETIO: accepting a same-host control connection: {e}");
+                    return;
+                }
+            };
+            if self.conns.len() >= MAX_CONNS {
+                tracing::debug!("GPUNETIO: same-host control connection over the cap closed");
+                continue;
+            }
+            if stream.set_nonblocking(true).is_err() {
+                continue;
+            }
+            self.admit(Stream::Unix(stream), None);
+        }
+    }
+
+    /// Takes an accepted connection; its first frame is due within
+    /// [`FIRST_FRAME_TIMEOUT`].
+    fn admit(&mut self, stream: Stream, ends: Option<(SocketAddr, SocketAddr)>) {
+        self.next_id += 1;
+        self.conns.insert(
+            self.next_id,
+            Conn {
+                stream,
+                ends,
+                frames: FrameBuf::default(),
+                reply: None,
+                state: State::First {
+                    deadline: Instant::now() + FIRST_FRAME_TIMEOUT,
+                },
+            },
+        );
     }
 
     /// The verifier's answers.
@@ -684,13 +956,35 @@ impl Server {
         let Some(c) = self.conns.get_mut(&id) else {
             return;
         };
+        if c.ends.is_none() {
+            // A Unix socket: the kernel says which process connected. A loaded peer's
+            // name (or this agent's) only from the process it advertised.
+            let who = self.known.procs.read().get(&name).copied();
+            let verified = match who {
+                Some(who) => who.is_at_other_end_of(c.stream.as_raw_fd()),
+                None => false,
+            };
+            if !verified && (who.is_some() || ask.is_some()) {
+                return self.refuse(id, &name);
+            }
+            c.state = State::Open {
+                name,
+                verified,
+                control,
+            };
+            // Frames that came with the hello, now that it is attributed.
+            return self.frames(id);
+        }
         match ask {
             Some(ask) => {
+                let Some((sender, receiver)) = c.ends else {
+                    return;
+                };
                 let job = VerifyJob {
                     conn: id,
                     ask,
-                    sender: c.sender,
-                    receiver: c.receiver,
+                    sender,
+                    receiver,
                 };
                 c.state = State::Verifying { name, control };
                 if self.jobs.send(job).is_err() {
@@ -720,7 +1014,7 @@ impl Server {
 
     fn close(&mut self, id: u64, why: &str) {
         if let Some(c) = self.conns.remove(&id) {
-            tracing::debug!(sender = %c.sender, "GPUNETIO notification connection closed: {why}");
+            tracing::debug!(sender = ?c.ends, "GPUNETIO notification connection closed: {why}");
         }
     }
 
@@ -738,7 +1032,7 @@ impl Server {
         if room == 0 {
             return;
         }
-        match c.stream.read(&mut self.scratch[..room]) {
+        match (&c.stream).read(&mut self.scratch[..room]) {
             Ok(0) => return self.close(id, "end of stream"),
             Ok(n) => c.frames.push(&self.scratch[..n]),
             Err(e)
@@ -769,7 +1063,7 @@ impl Server {
                         Ok(First::Control(name)) => self.attribute(id, name, true),
                         Ok(First::Verify { sender, receiver }) => {
                             let yes = self.own.contains(&(sender, receiver));
-                            let _ = c.stream.write(&[u8::from(yes)]);
+                            let _ = (&c.stream).write(&[u8::from(yes)]);
                             return self.close(id, "verification answered");
                         }
                         Err(why) => return self.close(id, &why),
@@ -796,7 +1090,7 @@ impl Server {
                                     None => match c.stream.try_clone() {
                                         Ok(s) => {
                                             // Answers are small and awaited: no Nagle.
-                                            let _ = s.set_nodelay(true);
+                                            let _ = s.set_nodelay();
                                             let r = Arc::new(ControlReply(Mutex::new(s)));
                                             c.reply = Some(r.clone());
                                             r
@@ -994,8 +1288,10 @@ impl Drop for OobSender {
 #[derive(Debug)]
 pub(super) struct ControlConn {
     peer: String,
-    stream: TcpStream,
-    ends: (SocketAddr, SocketAddr),
+    stream: Stream,
+    /// A TCP connection's addresses, as recorded in `own` (a Unix one records none: the
+    /// peer asks the kernel who connected).
+    ends: Option<(SocketAddr, SocketAddr)>,
     own: Arc<OwnConns>,
     /// Answers as they arrive (cut into frames); taken under this lock by whoever polls.
     incoming: Mutex<FrameBuf>,
@@ -1027,7 +1323,47 @@ impl ControlConn {
             own.remove(&ends);
             return Err(unreachable(e));
         }
-        Ok(Self {
+        Ok(Self::over(peer, Stream::Tcp(stream), Some(ends), own))
+    }
+
+    /// Connects as `me` to `peer`'s Unix socket `name` (same host), held by the process
+    /// `who` — checked (`SO_PEERCRED`) before anything is sent, so a process that took
+    /// the name never sees a request. Only for a peer whose pids mean the same here.
+    pub(super) fn connect_local(
+        me: &str,
+        peer: &str,
+        name: &[u8],
+        who: &LocalIdentity,
+        own: Arc<OwnConns>,
+    ) -> Result<Self> {
+        let unreachable = |e: std::io::Error| Error::RemoteDisconnect {
+            agent: peer.to_string(),
+            reason: format!("opening a same-host control connection: {e}"),
+        };
+        let addr = std::os::unix::net::SocketAddr::from_abstract_name(name).map_err(unreachable)?;
+        let stream = UnixStream::connect_addr(&addr).map_err(unreachable)?;
+        if !who.is_at_other_end_of(stream.as_raw_fd()) {
+            return Err(Error::Unreachable {
+                backend: "GPUNETIO".into(),
+                agent: peer.to_string(),
+                reason: "its same-host control socket is held by another process".into(),
+            });
+        }
+        let stream = Stream::Unix(stream);
+        stream.set_write_timeout(Some(CONNECT_TIMEOUT))?;
+        (&stream)
+            .write_all(&frame(&First::Control(me.to_string()).encode()))
+            .map_err(unreachable)?;
+        Ok(Self::over(peer, stream, None, own))
+    }
+
+    fn over(
+        peer: &str,
+        stream: Stream,
+        ends: Option<(SocketAddr, SocketAddr)>,
+        own: Arc<OwnConns>,
+    ) -> Self {
+        Self {
             peer: peer.to_string(),
             stream,
             ends,
@@ -1035,7 +1371,7 @@ impl ControlConn {
             incoming: Mutex::new(FrameBuf::default()),
             outgoing: Mutex::new(Vec::new()),
             gone: AtomicBool::new(false),
-        })
+        }
     }
 
     fn disconnected(&self, reason: String) -> Error {
@@ -1124,7 +1460,9 @@ impl ControlConn {
 
 impl Drop for ControlConn {
     fn drop(&mut self) {
-        self.own.remove(&self.ends);
+        if let Some(ends) = &self.ends {
+            self.own.remove(ends);
+        }
     }
 }
 
@@ -1425,6 +1763,144 @@ mod tests {
     /// confirmed name (an impostor's are marked unconfirmed), answers come back on the
     /// same connection, and its notifications land in the inbox under that name. Also
     /// measures the host side of one request's round trip (loopback, no GPU).
+    /// `rounds` request/answer round trips (64-byte requests, 18-byte answers: a 1 MiB
+    /// request and its `Done`) between this thread and a helper over a connected pair of
+    /// streams, both sides reading without blocking and yielding between reads (as the
+    /// initiator's wait and a polling server do). The transport floor of a control
+    /// connection, without framing, threads' hand-offs or attribution.
+    fn stream_round_trip<S>(mut near: S, mut far: S, rounds: u32) -> Duration
+    where
+        S: std::io::Read + std::io::Write + Send + 'static,
+    {
+        fn read_exact_spinning(s: &mut impl std::io::Read, buf: &mut [u8]) {
+            let mut at = 0;
+            while at < buf.len() {
+                match s.read(&mut buf[at..]) {
+                    Ok(0) => panic!("end of stream"),
+                    Ok(n) => at += n,
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                        std::thread::yield_now()
+                    }
+                    Err(e) => panic!("{e}"),
+                }
+            }
+        }
+        let helper = std::thread::spawn(move || {
+            let mut req = [0u8; 64];
+            for _ in 0..rounds + 1 {
+                read_exact_spinning(&mut far, &mut req);
+                far.write_all(&[1u8; 18]).unwrap();
+            }
+        });
+        let mut answer = [0u8; 18];
+        // One round to warm up.
+        near.write_all(&[7u8; 64]).unwrap();
+        read_exact_spinning(&mut near, &mut answer);
+        let start = Instant::now();
+        for _ in 0..rounds {
+            near.write_all(&[7u8; 64]).unwrap();
+            read_exact_spinning(&mut near, &mut answer);
+        }
+        let per = start.elapsed() / rounds;
+        helper.join().unwrap();
+        per
+    }
+
+    /// The host side of a direct-copy request's round trip on each layer it crosses,
+    /// answered without copying (no GPU): TCP on loopback and a Unix-domain socket pair
+    /// (the transport floor), then a control connection to a listener answering in its
+    /// handler (the listener thread alone: how `peer_dram` starts copies now), on TCP
+    /// and on the listener's Unix socket, then one handing each request to a serving
+    /// thread that answers (how `peer_dram` started copies before). Prints the figures
+    /// (docs/BENCHMARKS.md keeps them, with LIBFABRIC's `shm` rail measured by
+    /// `fi_pingpong -p shm` beside); the bounds are loose so a loaded CI machine passes.
+    #[test]
+    fn control_round_trips_on_the_host_by_layer() {
+        let rounds = 5000;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let near = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (far, _) = listener.accept().unwrap();
+        for s in [&near, &far] {
+            s.set_nodelay(true).unwrap();
+            s.set_nonblocking(true).unwrap();
+        }
+        let tcp = stream_round_trip(near, far, rounds);
+        let (near, far) = std::os::unix::net::UnixStream::pair().unwrap();
+        for s in [&near, &far] {
+            s.set_nonblocking(true).unwrap();
+        }
+        let unix = stream_round_trip(near, far, rounds);
+
+        let round_trips = |handler: ControlHandler, local: bool| -> Duration {
+            let bob = listen("bob");
+            let alice = listen("alice");
+            bob.know("alice", alice.addr());
+            bob.know_process("alice", LocalIdentity::me());
+            bob.serve_control(handler);
+            let conn = if local {
+                let me = LocalIdentity::me().unwrap();
+                let name = bob.unix_name().unwrap();
+                ControlConn::connect_local("alice", "bob", name, &me, alice.own_conns()).unwrap()
+            } else {
+                ControlConn::connect("alice", "bob", bob.addr(), alice.own_conns()).unwrap()
+            };
+            assert_eq!(matches!(conn.stream, Stream::Unix(_)), local);
+            let once = || {
+                conn.send(CONTROL_PEER_COPY, &[7u8; 64]).unwrap();
+                let deadline = Instant::now() + Duration::from_secs(10);
+                let mut got = false;
+                while !got {
+                    assert!(Instant::now() < deadline, "no answer");
+                    conn.poll(|_, _| got = true).unwrap();
+                    if !got {
+                        std::thread::yield_now();
+                    }
+                }
+            };
+            once();
+            let start = Instant::now();
+            for _ in 0..rounds {
+                once();
+            }
+            start.elapsed() / rounds
+        };
+        let answer_at_once = || {
+            ControlHandler(Box::new(
+                |from: ControlFrom, _: &[u8], reply: Arc<ControlReply>| {
+                    assert!(from.verified);
+                    reply.send(CONTROL_PEER_COPY, &[1u8; 18]).unwrap();
+                },
+            ))
+        };
+        let in_handler = round_trips(answer_at_once(), false);
+        let on_unix = round_trips(answer_at_once(), true);
+        // A serving thread polling for requests (yielding), as `peer_dram`'s does.
+        let (jobs, incoming) = std::sync::mpsc::channel::<Arc<ControlReply>>();
+        let server = std::thread::spawn(move || loop {
+            match incoming.try_recv() {
+                Ok(reply) => reply.send(CONTROL_PEER_COPY, &[1u8; 18]).unwrap(),
+                Err(std::sync::mpsc::TryRecvError::Empty) => std::thread::yield_now(),
+                Err(std::sync::mpsc::TryRecvError::Disconnected) => return,
+            }
+        });
+        let jobs = Mutex::new(jobs);
+        let handed_off = round_trips(
+            ControlHandler(Box::new(move |_, _, reply| {
+                let _ = jobs.lock().send(reply);
+            })),
+            false,
+        );
+        server.join().unwrap();
+        eprintln!(
+            "request/answer round trip on the host: TCP loopback {tcp:?}, Unix socket pair \
+             {unix:?}; control connection answered by its listener: TCP {in_handler:?}, \
+             Unix socket {on_unix:?}; TCP, handed to a serving thread {handed_off:?}"
+        );
+        for per in [tcp, unix, in_handler, on_unix, handed_off] {
+            assert!(per < Duration::from_millis(5), "{per:?} per round trip");
+        }
+    }
+
     #[test]
     fn control_connections_carry_requests_answers_and_notifications() {
         let bob = listen("bob");
@@ -1493,5 +1969,123 @@ mod tests {
             .lock()
             .iter()
             .all(|(from, body)| body != b"forged" && (from.agent == "alice") == from.verified));
+    }
+
+    /// Same-host control connections on the Unix socket are attributed by the kernel's
+    /// word: a loaded peer's name only from the process it advertised (refused and
+    /// counted otherwise, as is a loaded peer that advertised no process), a name
+    /// nobody loaded is the sender's word; an initiator checks that the socket is held
+    /// by the process advertised before it sends anything.
+    #[test]
+    fn unix_control_connections_are_attributed_by_the_connecting_process() {
+        let bob = listen("bob");
+        let alice = listen("alice");
+        let me = LocalIdentity::me().expect("/proc says who this process is");
+        let other = LocalIdentity {
+            start_time: me.start_time + 1,
+            ..me
+        };
+        bob.know("alice", alice.addr());
+        bob.know_process("alice", Some(me));
+        // Mallory advertised another process (this pid, another start time); Trent
+        // advertised none.
+        bob.know("mallory", alice.addr());
+        bob.know_process("mallory", Some(other));
+        bob.know("trent", alice.addr());
+        // Victor advertised another pid (init's, with its real start time).
+        bob.know("victor", alice.addr());
+        bob.know_process(
+            "victor",
+            Some(LocalIdentity {
+                pid: 1,
+                start_time: proc_state(1).map_or(0, |(_, start)| start),
+                ..me
+            }),
+        );
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let log = seen.clone();
+        bob.serve_control(ControlHandler(Box::new(move |from, body, reply| {
+            log.lock().push((from.clone(), body.to_vec()));
+            let mut answer = body.to_vec();
+            answer.push(u8::from(from.verified));
+            reply.send(CONTROL_PEER_COPY, &answer).unwrap();
+        })));
+        let name = bob.unix_name().expect("a Unix socket is bound").to_vec();
+        let local = |agent: &str| {
+            ControlConn::connect_local(agent, "bob", &name, &me, Arc::new(OwnConns::default()))
+                .unwrap()
+        };
+        let answer = |conn: &ControlConn| -> Option<Vec<u8>> {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            loop {
+                let mut got = None;
+                if conn.poll(|_, body| got = Some(body.to_vec())).is_err() {
+                    return None;
+                }
+                if got.is_some() {
+                    return got;
+                }
+                assert!(Instant::now() < deadline, "no answer");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        };
+        // Alice from the process she advertised: confirmed, with no TCP verification.
+        let conn = local("alice");
+        assert!(matches!(conn.stream, Stream::Unix(_)));
+        conn.send(CONTROL_PEER_COPY, b"req").unwrap();
+        assert_eq!(answer(&conn).unwrap(), b"req\x01");
+        conn.send(CONTROL_NOTIF, b"after the last byte").unwrap();
+        assert_eq!(
+            wait_for(&bob, 1),
+            vec![("alice".to_string(), b"after the last byte".to_vec())]
+        );
+        // A loaded peer's name from a process it did not advertise (another start time,
+        // another pid), or from any process where it advertised none: refused before a
+        // frame is read.
+        for (n, agent) in ["mallory", "trent", "victor"].into_iter().enumerate() {
+            let conn = local(agent);
+            // The refusal may close the connection before this is sent.
+            let _ = conn.send(CONTROL_PEER_COPY, b"forged");
+            eventually("the connection is refused", || {
+                bob.refused() == n as u64 + 1
+            });
+            assert_eq!(answer(&conn), None, "{agent}'s connection is closed");
+        }
+        // A name nobody loaded: served, but unconfirmed.
+        let conn = local("carol");
+        conn.send(CONTROL_PEER_COPY, b"who").unwrap();
+        assert_eq!(answer(&conn).unwrap(), b"who\x00");
+        // Loaded later as this process: the connection taken under the name is
+        // confirmed from then on.
+        bob.know("carol", alice.addr());
+        bob.know_process("carol", Some(me));
+        eventually("carol's connection is confirmed", || {
+            conn.send(CONTROL_PEER_COPY, b"again").unwrap();
+            answer(&conn).unwrap() == b"again\x01"
+        });
+        assert!(seen.lock().iter().all(|(_, body)| body != b"forged"));
+        // The initiator's side: a socket held by another process than the one advertised
+        // is not used (nothing is sent on it), nor one nobody holds.
+        let before = seen.lock().len();
+        let e = ControlConn::connect_local(
+            "alice",
+            "bob",
+            &name,
+            &other,
+            Arc::new(OwnConns::default()),
+        )
+        .unwrap_err();
+        assert!(matches!(e, Error::Unreachable { .. }), "{e}");
+        assert!(ControlConn::connect_local(
+            "alice",
+            "bob",
+            b"nixl-gpunetio-nobody",
+            &me,
+            Arc::new(OwnConns::default())
+        )
+        .is_err());
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(seen.lock().len(), before);
+        assert_eq!(bob.refused(), 3);
     }
 }

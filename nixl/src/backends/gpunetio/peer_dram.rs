@@ -6,19 +6,28 @@
 //! The transport-neutral parts (exports, requests, planning, the target's checks and
 //! copies) are `backends::peer_dram`'s, as for LIBFABRIC. Here they travel on a
 //! **control connection** of the NIC path's out-of-band channel (module `oob`): the
-//! initiator opens one per peer to the peer's notification address with a control
-//! hello, sends requests on it, reads the answers from it, and after the last answer
-//! sends the notification on it (so it reaches the peer strictly after the last byte).
+//! initiator opens one per peer with a control hello — on the Unix socket the peer
+//! advertised where both processes share a pid namespace (the checked holder of the
+//! socket, see `oob`), else to its TCP notification address — sends requests on it,
+//! reads the answers from it (polling, without blocking, as the agent's wait polls the
+//! transfer), and after the last answer sends the notification on it (so it reaches the
+//! peer strictly after the last byte).
+//!
+//! The target checks a request and queues its copies on its listener's thread as soon as
+//! the request is read; a thread of this path polls the copies and answers, so no thread
+//! hand-off stands between a request and its copy.
 //!
 //! # Who asks
 //! A request is attributed by its connection, never by its bytes: the connection's
-//! hello names the initiator, and the target's listener asks that peer (at the address
-//! its loaded connection information advertised) whether the connection is its own,
-//! before it reads a frame (module `oob`, issue 28's check). A request on a connection
-//! naming no loaded peer, or a peer that did not confirm it, is declined (`EPERM`) on
-//! that connection. The VRAM a request names must then lie inside a region *that peer*
-//! advertised with its export in metadata this backend loaded (`EADDRNOTAVAIL`
-//! otherwise), the DRAM inside one of this backend's DRAM registrations (`EACCES`).
+//! hello names the initiator, and before it reads a frame the target's listener asks
+//! that peer (at the address its loaded connection information advertised) whether a
+//! TCP connection is its own, or asks the kernel which process opened a Unix one
+//! (`SO_PEERCRED`: it must be the process that peer advertised, pid and start time)
+//! (module `oob`, issue 28's check). A request on a connection naming no loaded peer, or
+//! a peer that did not confirm it, is declined (`EPERM`) on that connection. The VRAM a
+//! request names must then lie inside a region *that peer* advertised with its export in
+//! metadata this backend loaded (`EADDRNOTAVAIL` otherwise), the DRAM inside one of this
+//! backend's DRAM registrations (`EACCES`).
 //!
 //! # Choice and fallback
 //! A transfer goes this way as a whole when parameter `vram_peer_copy` is `auto` (the
@@ -34,13 +43,14 @@
 //! peer's copy engine cannot order itself after this process's stream.
 
 use super::oob::{
-    ControlConn, ControlFrom, ControlReply, OwnConns, CONTROL_NOTIF, CONTROL_PEER_COPY,
+    ControlConn, ControlFrom, ControlReply, LocalIdentity, OwnConns, CONTROL_NOTIF,
+    CONTROL_PEER_COPY,
 };
 use super::NAME;
 use crate::backend::{BackendXfer, PostParams, XferProgress, XferStatus};
 use crate::backends::peer_dram::{
-    self, decode, AdvertisedVram, Direction, Done, Imports, Message, PeerVram, Piece, Request,
-    RunState, Serving, Shared, VramExport,
+    self, decode, AdvertisedVram, Direction, Done, Imports, Message, PeerVram, Piece, PieceHome,
+    Request, RunState, Serving, Shared, VramExport,
 };
 use crate::error::{Error, Result};
 use parking_lot::{Mutex, RwLock};
@@ -52,6 +62,9 @@ use std::time::{Duration, Instant};
 
 /// Flag of the connection information: the backend copies VRAM ↔ its DRAM on request.
 pub(super) const SERVES_PEER_COPIES: u8 = 1;
+/// Flag of the connection information: the process and Unix socket for same-host control
+/// connections follow (module `oob`).
+pub(super) const LOCAL_CONTROL: u8 = 2;
 /// How long releasing a transfer waits for the peer's answers to requests in flight (the
 /// peer may still be copying into this process's VRAM).
 const RELEASE_WAIT: Duration = Duration::from_secs(5);
@@ -77,6 +90,8 @@ pub(super) struct PeerState {
     serves: bool,
     /// Where its notification listener (and control connections) accept.
     oob: Option<SocketAddr>,
+    /// Its Unix socket for same-host control connections and the process holding it.
+    local: Option<(Vec<u8>, LocalIdentity)>,
     /// This side's control connection to it, opened on the first direct transfer.
     conn: Mutex<Option<Arc<ControlConn>>>,
 }
@@ -93,11 +108,12 @@ impl PeerVram for PeerState {
     }
 }
 
-/// A request handed from the listener's thread to the serving thread.
-struct Job {
-    peer: Option<Arc<PeerState>>,
-    request: Request,
+/// A request's copies, queued by the listener's thread as the request arrived, handed to
+/// the serving thread, which answers once they completed.
+struct Running {
+    serving: Serving,
     reply: Arc<ControlReply>,
+    id: u64,
 }
 
 /// The path of one backend: its peers' states, its requests' waits and its server.
@@ -107,11 +123,15 @@ pub(super) struct PeerDramPath {
     pub(super) shared: Shared,
     peers: Arc<RwLock<HashMap<String, Arc<PeerState>>>>,
     own: Arc<OwnConns>,
+    /// Control connections opened on a same-host Unix socket (rather than TCP).
+    local_conns: std::sync::atomic::AtomicU64,
 }
 
 impl PeerDramPath {
-    /// The path of the agent `me` (`None`: off, or no GPU copies in this process), its
-    /// requests served from a thread of its own.
+    /// The path of the agent `me` (`None`: off, or no GPU copies in this process). A
+    /// request is checked and its copies queued on the listener's thread as it is read
+    /// (no thread hand-off before the copy starts); a thread of its own polls the copies
+    /// and answers.
     pub(super) fn new(
         me: &str,
         enabled: bool,
@@ -126,14 +146,14 @@ impl PeerDramPath {
             shared: Shared::with_engine(true, true, serving),
             peers: Arc::default(),
             own,
+            local_conns: Default::default(),
         });
-        let (jobs, incoming) = mpsc::channel::<Job>();
+        let (jobs, incoming) = mpsc::channel::<Running>();
         let server = path.clone();
         std::thread::Builder::new()
             .name("gpunetio-peer-dram".into())
             .spawn(move || server.serve(incoming))?;
-        let peers = path.peers.clone();
-        let stats = path.clone();
+        let this = path.clone();
         let jobs = Mutex::new(jobs);
         let handler = super::oob::ControlHandler(Box::new(move |from, body, reply| {
             let request = match decode(body) {
@@ -144,33 +164,40 @@ impl PeerDramPath {
                     return;
                 }
             };
-            let peer = attribute(&peers.read(), &from);
-            if peer.is_none() {
-                let errno = stats.shared.stats.refuse(
-                    libc::EPERM,
-                    format_args!("its connection is not confirmed as `{}`'s", from.agent),
-                );
-                answer(&reply, request.id, errno);
-                return;
+            let id = request.id;
+            match this.start(&from, &request) {
+                Ok(serving) => {
+                    let running = Running { serving, reply, id };
+                    if let Err(mpsc::SendError(running)) = jobs.lock().send(running) {
+                        // The serving thread is gone (it panicked): nothing will poll the
+                        // copies. Dropping them waits for them; the transfer fails.
+                        tracing::warn!("{NAME}: no thread answers direct-copy requests");
+                        let Running { serving, reply, .. } = running;
+                        drop(serving);
+                        answer(&reply, id, libc::EIO);
+                    }
+                }
+                Err(errno) => answer(&reply, id, errno),
             }
-            let job = Job {
-                peer,
-                request,
-                reply,
-            };
-            let _ = jobs.lock().send(job);
         }));
         Ok(Some((path, handler)))
     }
 
     /// Records `agent`'s connection information: whether it serves requests, where it
-    /// accepts connections. A new incarnation (other information) starts afresh: what
-    /// the old one advertised and its imports go.
-    pub(super) fn load_peer(&self, agent: &str, serves: bool, oob: Option<SocketAddr>) {
+    /// accepts connections (TCP, and a same-host Unix socket with the process holding
+    /// it). A new incarnation (other information) starts afresh: what the old one
+    /// advertised and its imports go.
+    pub(super) fn load_peer(
+        &self,
+        agent: &str,
+        serves: bool,
+        oob: Option<SocketAddr>,
+        local: Option<(Vec<u8>, LocalIdentity)>,
+    ) {
         let mut peers = self.peers.write();
         if peers
             .get(agent)
-            .is_some_and(|p| p.serves == serves && p.oob == oob)
+            .is_some_and(|p| p.serves == serves && p.oob == oob && p.local == local)
         {
             return;
         }
@@ -182,6 +209,7 @@ impl PeerDramPath {
                 imports: Imports::default(),
                 serves,
                 oob,
+                local,
                 conn: Mutex::new(None),
             }),
         );
@@ -203,7 +231,9 @@ impl PeerDramPath {
         self.peers.read().get(agent).is_some_and(|p| p.serves)
     }
 
-    /// The control connection to `agent`, opened on first use.
+    /// The control connection to `agent`, opened on first use: on its Unix socket where
+    /// it advertised one and its pids mean the same here, else (or where that fails) on
+    /// TCP to its notification address.
     pub(super) fn conn(&self, agent: &str) -> Result<Arc<ControlConn>> {
         let peer = self
             .peers
@@ -215,30 +245,47 @@ impl PeerDramPath {
                 agent: agent.to_string(),
                 reason: "its connection information was not loaded".into(),
             })?;
-        let addr = peer.oob.ok_or_else(|| Error::Unreachable {
-            backend: NAME.into(),
-            agent: agent.to_string(),
-            reason: "it has no notification address for a control connection".into(),
-        })?;
         let mut conn = peer.conn.lock();
         if let Some(c) = conn.as_ref().filter(|c| !c.is_gone()) {
             return Ok(c.clone());
         }
-        let c = Arc::new(ControlConn::connect(
-            &self.me,
-            agent,
-            addr,
-            self.own.clone(),
-        )?);
+        let local = peer
+            .local
+            .as_ref()
+            .filter(|(_, who)| who.pid_means_here())
+            .and_then(|(name, who)| {
+                ControlConn::connect_local(&self.me, agent, name, who, self.own.clone())
+                    .inspect_err(|e| {
+                        tracing::debug!(
+                            "{NAME}: no same-host control connection to `{agent}` ({e}): TCP"
+                        )
+                    })
+                    .ok()
+            });
+        let c = match local {
+            Some(c) => {
+                self.local_conns.fetch_add(1, Ordering::Relaxed);
+                c
+            }
+            None => {
+                let addr = peer.oob.ok_or_else(|| Error::Unreachable {
+                    backend: NAME.into(),
+                    agent: agent.to_string(),
+                    reason: "it has no notification address for a control connection".into(),
+                })?;
+                ControlConn::connect(&self.me, agent, addr, self.own.clone())?
+            }
+        };
+        let c = Arc::new(c);
         *conn = Some(c.clone());
         Ok(c)
     }
 
-    /// The serving thread: checks each request, queues its copies, answers once they
-    /// completed. It polls while there is traffic (the copies running, and briefly for the
-    /// next request), yielding its core between polls, and blocks only when idle.
-    fn serve(self: Arc<Self>, incoming: mpsc::Receiver<Job>) {
-        let mut running: Vec<(Serving, Arc<ControlReply>, u64)> = Vec::new();
+    /// The serving thread: answers each request once its copies completed. It polls
+    /// while there is traffic (the copies running, and briefly for the next request),
+    /// yielding its core between polls, and blocks only when idle.
+    fn serve(self: Arc<Self>, incoming: mpsc::Receiver<Running>) {
+        let mut running: Vec<Running> = Vec::new();
         let mut progress_at = Instant::now();
         // Ends once the listener is gone (no more requests) and the copies are answered.
         let mut open = true;
@@ -248,7 +295,7 @@ impl PeerDramPath {
                     return;
                 }
                 match next_job(&incoming, IDLE_SPIN) {
-                    Some(job) => self.start(job, &mut running),
+                    Some(job) => running.push(job),
                     None => return,
                 }
                 progress_at = Instant::now();
@@ -257,7 +304,7 @@ impl PeerDramPath {
             while open {
                 match incoming.try_recv() {
                     Ok(job) => {
-                        self.start(job, &mut running);
+                        running.push(job);
                         progress_at = Instant::now();
                     }
                     Err(mpsc::TryRecvError::Empty) => break,
@@ -266,9 +313,9 @@ impl PeerDramPath {
             }
             let before = running.len();
             let stats = &self.shared.stats;
-            running.retain_mut(|(serving, reply, id)| match serving.poll(stats) {
+            running.retain_mut(|r| match r.serving.poll(stats) {
                 Some(errno) => {
-                    answer(reply, *id, errno);
+                    answer(&r.reply, r.id, errno);
                     false
                 }
                 None => true,
@@ -283,17 +330,20 @@ impl PeerDramPath {
         }
     }
 
-    fn start(&self, job: Job, running: &mut Vec<(Serving, Arc<ControlReply>, u64)>) {
-        let Some(peer) = job.peer else {
-            return answer(&job.reply, job.request.id, libc::EPERM);
+    /// Checks a request that came on a connection of `from` and queues its copies, or
+    /// says why not (the errno of its answer): only a loaded peer that confirmed the
+    /// connection is served.
+    fn start(&self, from: &ControlFrom, request: &Request) -> std::result::Result<Serving, i32> {
+        let Some(peer) = attribute(&self.peers.read(), from) else {
+            return Err(self.shared.stats.refuse(
+                libc::EPERM,
+                format_args!("its connection is not confirmed as `{}`'s", from.agent),
+            ));
         };
         let Some(server) = &self.shared.server else {
-            return answer(&job.reply, job.request.id, libc::EOPNOTSUPP);
+            return Err(libc::EOPNOTSUPP);
         };
-        match server.serve(&job.request, &peer, &self.shared.stats) {
-            Ok(serving) => running.push((serving, job.reply, job.request.id)),
-            Err(errno) => answer(&job.reply, job.request.id, errno),
-        }
+        server.serve(request, &peer, &self.shared.stats)
     }
 
     /// The path VRAM <-> `agent`'s DRAM takes (`same_host`: the intra-node plane reaches
@@ -327,8 +377,9 @@ impl PeerDramPath {
         }
     }
 
-    /// What moved this way and what was served, declined or fell back (all peers).
-    pub(super) fn counters(&self) -> [(&'static str, u64); 4] {
+    /// What moved this way and what was served, declined or fell back (all peers), and
+    /// the control connections opened on same-host Unix sockets.
+    pub(super) fn counters(&self) -> [(&'static str, u64); 5] {
         let s = &self.shared.stats;
         [
             ("peer_copy_bytes", s.bytes.load(Ordering::Relaxed)),
@@ -338,6 +389,10 @@ impl PeerDramPath {
             ),
             ("peer_copy_fallbacks", s.fallbacks.load(Ordering::Relaxed)),
             ("peer_copy_refused", s.refused.load(Ordering::Relaxed)),
+            (
+                "peer_copy_local_control",
+                self.local_conns.load(Ordering::Relaxed),
+            ),
         ]
     }
 }
@@ -354,9 +409,9 @@ fn attribute(
     peers.get(&from.agent).cloned()
 }
 
-/// The next request: polled for up to `spin` (yielding between polls), then awaited;
-/// `None` once the sender is gone.
-fn next_job(incoming: &mpsc::Receiver<Job>, spin: Duration) -> Option<Job> {
+/// The next request's copies: polled for up to `spin` (yielding between polls), then
+/// awaited; `None` once the sender is gone.
+fn next_job(incoming: &mpsc::Receiver<Running>, spin: Duration) -> Option<Running> {
     let since = Instant::now();
     loop {
         match incoming.try_recv() {
@@ -407,10 +462,11 @@ impl std::fmt::Debug for PeerDramXfer {
 }
 
 /// One descriptor pair of a transfer that takes the direct path: this side's VRAM (in
-/// the allocation `handle` names) and the peer's DRAM.
+/// the allocation and registration `home` names) and the peer's DRAM (in its
+/// registration `home` names).
 #[derive(Debug, Clone, Copy)]
 pub(super) struct DirectPair {
-    pub(super) handle: [u8; 64],
+    pub(super) home: PieceHome,
     pub(super) vram: u64,
     pub(super) dram: u64,
     pub(super) len: u64,
@@ -432,7 +488,7 @@ impl PeerDramPath {
         for p in pairs {
             for (off, len) in peer_dram::cut(p.len) {
                 pieces.push((
-                    p.handle,
+                    p.home,
                     Piece {
                         vram: p.vram + off,
                         dram: p.dram + off,
@@ -443,7 +499,8 @@ impl PeerDramPath {
             bytes += p.len;
         }
         // Requests travel on one connection whose frames are far larger than a rail's
-        // inject size: as many pieces per request as the wire allows.
+        // inject size: as many pieces per request as the wire allows, neighbouring
+        // blocks merged into one piece.
         let requests = peer_dram::plan_requests(pieces, peer_dram::MAX_PIECES, 1, 0)
             .into_iter()
             .map(|(_, p)| p)
@@ -661,6 +718,7 @@ mod tests {
             imports: Imports::default(),
             serves: true,
             oob: None,
+            local: None,
             conn: Mutex::new(None),
         });
         let peers: HashMap<_, _> = [("alice".to_string(), state.clone())].into();

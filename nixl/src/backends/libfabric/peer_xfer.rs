@@ -5,7 +5,7 @@
 use super::notif_mac;
 use super::peer_copy::{
     choose, cut, encode_request, home_gpu, pieces_per_request, plan_requests, Case, Direction,
-    PairFacts, Piece, RunState, STREAMS,
+    PairFacts, Piece, PieceHome, RunState, STREAMS,
 };
 use super::worker::Progress;
 use super::xfer::{encode_notif, send_message_blocking, FabricXfer, XferShared};
@@ -219,9 +219,14 @@ impl LibfabricBackend {
             let Some(export) = local.peer.export.as_ref() else {
                 return Ok(None);
             };
+            let home = PieceHome {
+                handle: export.handle,
+                vram_region: e.local_region.desc.addr,
+                dram_region: e.remote_region.desc.addr,
+            };
             for (off, len) in cut(e.local.len) {
                 pieces.push((
-                    export.handle,
+                    home,
                     Piece {
                         vram: e.local.addr + off,
                         dram: e.remote.addr + off,

@@ -368,12 +368,45 @@ pub(crate) fn choose(
     case
 }
 
-/// The requests of a target-owned transfer: `pieces` (the allocation of this side's
-/// VRAM each lies in, and the piece) already cut to at most [`PIECE_BYTES`], grouped
-/// into requests of one allocation and at most `per_request` pieces, on the rails in
-/// turn from `first_rail`.
+/// Where a planned piece lies: the allocation of this side's VRAM (a request never spans
+/// two: the target imports one per request) and the registrations holding it on both
+/// sides. Pieces merge only within the same ones: the target checks each piece against
+/// one region the initiator advertised and one DRAM registration of its own, and a piece
+/// spanning two neighbouring registrations would fail that check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct PieceHome {
+    /// The CUDA-IPC handle of the allocation holding this side's VRAM.
+    pub(crate) handle: [u8; 64],
+    /// Start of this side's VRAM registration.
+    pub(crate) vram_region: u64,
+    /// Start of the peer's DRAM registration.
+    pub(crate) dram_region: u64,
+}
+
+/// Grows `last` by the head of `next` where `next` continues it on both sides (its VRAM
+/// and its DRAM start where `last`'s end), up to [`PIECE_BYTES`]; the bytes taken from
+/// `next`'s head (0: it does not continue `last`, or `last` is full).
+///
+/// A batch of neighbouring blocks (upstream nixlbench's layout, a KV cache's consecutive
+/// blocks) then moves as a few large copies instead of one copy-engine launch per block,
+/// each of which costs microseconds.
+pub(crate) fn absorb(last: &mut Piece, next: &Piece) -> u64 {
+    let continues = last.vram.checked_add(last.len) == Some(next.vram)
+        && last.dram.checked_add(last.len) == Some(next.dram);
+    if !continues {
+        return 0;
+    }
+    let taken = next.len.min(PIECE_BYTES.saturating_sub(last.len));
+    last.len += taken;
+    taken
+}
+
+/// The requests of a target-owned transfer: `pieces` (where each lies, and the piece)
+/// already cut to at most [`PIECE_BYTES`], neighbours within the same registrations
+/// merged ([`absorb`]), grouped into requests of one allocation and at most
+/// `per_request` pieces, on the rails in turn from `first_rail`.
 pub(crate) fn plan_requests(
-    pieces: impl IntoIterator<Item = ([u8; 64], Piece)>,
+    pieces: impl IntoIterator<Item = (PieceHome, Piece)>,
     per_request: usize,
     nrails: usize,
     first_rail: usize,
@@ -382,15 +415,26 @@ pub(crate) fn plan_requests(
     let nrails = nrails.max(1);
     let mut rail = first_rail % nrails;
     let mut requests: Vec<(usize, Vec<Piece>)> = Vec::new();
-    let mut current: Option<[u8; 64]> = None;
-    for (handle, piece) in pieces {
-        let fits =
-            current == Some(handle) && requests.last().is_some_and(|(_, p)| p.len() < per_request);
+    let mut current: Option<PieceHome> = None;
+    for (home, mut piece) in pieces {
+        if current == Some(home) {
+            if let Some(last) = requests.last_mut().and_then(|(_, p)| p.last_mut()) {
+                let taken = absorb(last, &piece);
+                piece.vram += taken;
+                piece.dram += taken;
+                piece.len -= taken;
+            }
+            if piece.len == 0 {
+                continue;
+            }
+        }
+        let fits = current.is_some_and(|c| c.handle == home.handle)
+            && requests.last().is_some_and(|(_, p)| p.len() < per_request);
         if !fits {
             requests.push((rail, Vec::new()));
             rail = (rail + 1) % nrails;
-            current = Some(handle);
         }
+        current = Some(home);
         if let Some((_, p)) = requests.last_mut() {
             p.push(piece);
         }
@@ -593,7 +637,9 @@ pub(crate) use gpu::*;
 mod gpu {
     //! The CUDA side: exporting VRAM, pinning DRAM, importing and copying.
 
-    use super::{Direction, PeerVram, Request, Stats, VramExport, Waits, PIN_CHUNK, STREAMS};
+    use super::{
+        absorb, Direction, PeerVram, Piece, Request, Stats, VramExport, Waits, PIN_CHUNK, STREAMS,
+    };
     use crate::backends::cuda_copy::{Copy, CopyBatch, CopyEngine, MemLoc, StreamPools};
     use parking_lot::RwLock;
     use std::collections::BTreeMap;
@@ -752,13 +798,17 @@ mod gpu {
     }
 
     #[derive(Debug)]
-    struct DramRegion {
+    pub(super) struct DramRegion {
         addr: u64,
         len: u64,
         pin: ChunkedPin,
         /// Copies from or into it still running.
         in_flight: AtomicUsize,
     }
+
+    /// A request's piece as the target copies it: its VRAM by offset in the peer's
+    /// allocation, and the registration holding its DRAM.
+    pub(super) type Located = (Piece, Arc<DramRegion>);
 
     /// A DRAM registration served to peers; removed on drop, after the copies touching it.
     #[derive(Debug)]
@@ -865,14 +915,16 @@ mod gpu {
             (end <= r.addr + r.len).then(|| r.clone())
         }
 
-        /// Checks a request from `peer` (the transport said so) and queues its copies, or
-        /// says why not (the errno of its answer). See the module's checks.
-        pub(crate) fn serve(
+        /// A request's pieces checked (see the module's checks) and located: each by its
+        /// offset in the peer's allocation (`vram`) with the registration holding its DRAM,
+        /// neighbours in the same registration merged ([`absorb`]: fewer, larger copies,
+        /// whatever the initiator sent); and the allocation's export.
+        pub(super) fn locate(
             &self,
             req: &Request,
             peer: &dyn PeerVram,
             stats: &Stats,
-        ) -> Result<Serving, i32> {
+        ) -> Result<(VramExport, Vec<Located>), i32> {
             // Every piece's VRAM in one advertised allocation (the initiator cuts its
             // requests so): one import per request.
             let first = req.pieces.first().ok_or(libc::EINVAL)?;
@@ -886,7 +938,7 @@ mod gpu {
                     ),
                 ));
             };
-            let mut located = Vec::with_capacity(req.pieces.len());
+            let mut located: Vec<Located> = Vec::with_capacity(req.pieces.len());
             for p in &req.pieces {
                 let Some((start, e)) = peer.advertised().find(p.vram, p.len) else {
                     return Err(stats.refuse(
@@ -905,9 +957,35 @@ mod gpu {
                 let Some(region) = self.region_of(p.dram, p.len) else {
                     return Err(libc::EACCES);
                 };
-                // Offset of the piece in the allocation.
-                located.push((e.offset + (p.vram - start), region, p));
+                let mut piece = Piece {
+                    vram: e.offset + (p.vram - start),
+                    dram: p.dram,
+                    len: p.len,
+                };
+                if let Some((last, last_region)) = located.last_mut() {
+                    if Arc::ptr_eq(last_region, &region) {
+                        let taken = absorb(last, &piece);
+                        piece.vram += taken;
+                        piece.dram += taken;
+                        piece.len -= taken;
+                    }
+                }
+                if piece.len > 0 {
+                    located.push((piece, region));
+                }
             }
+            Ok((export, located))
+        }
+
+        /// Checks a request from `peer` (the transport said so) and queues its copies, or
+        /// says why not (the errno of its answer). See the module's checks.
+        pub(crate) fn serve(
+            &self,
+            req: &Request,
+            peer: &dyn PeerVram,
+            stats: &Stats,
+        ) -> Result<Serving, i32> {
+            let (export, located) = self.locate(req, peer, stats)?;
             let Some(gpu) = home_gpu(&export) else {
                 return Err(stats.refuse(
                     libc::ENODEV,
@@ -926,7 +1004,8 @@ mod gpu {
             let mut copies = Vec::with_capacity(located.len());
             let mut guards = Vec::with_capacity(located.len());
             let mut bytes = 0;
-            for (at, region, p) in located {
+            for (p, region) in located {
+                let at = p.vram;
                 if at.checked_add(p.len).is_none_or(|end| end > mapping.len()) {
                     return Err(libc::EINVAL);
                 }

@@ -239,12 +239,13 @@ fn the_direct_path_is_chosen_only_where_every_pair_fits() {
 
 #[test]
 fn requests_group_pieces_by_allocation_and_bound_their_size() {
+    // Blocks with gaps between them (neighbours would merge: see the coalescing test).
     let piece = |i: u64| Piece {
-        vram: 0x7000_0000 + i * 4096,
-        dram: 0x1000 + i * 4096,
+        vram: 0x7000_0000 + i * 8192,
+        dram: 0x1000 + i * 8192,
         len: 4096,
     };
-    let (a, b) = ([1u8; 64], [2u8; 64]);
+    let (a, b) = (home([1u8; 64]), home([2u8; 64]));
     // 10 pieces of one allocation, 4 per request, 3 rails from rail 2.
     let reqs = plan_requests((0..10).map(|i| (a, piece(i))), 4, 3, 2);
     let shape: Vec<(usize, usize)> = reqs.iter().map(|(r, p)| (*r, p.len())).collect();
@@ -292,6 +293,169 @@ fn requests_group_pieces_by_allocation_and_bound_their_size() {
         assert!(pieces.windows(2).all(|w| w[0].0 + w[0].1 == w[1].0));
     }
     assert_eq!(cut(0).count(), 0);
+}
+
+/// Where a test's pieces lie: allocation `handle`, one registration on each side.
+fn home(handle: [u8; 64]) -> PieceHome {
+    PieceHome {
+        handle,
+        vram_region: 0x7000_0000,
+        dram_region: 0x1000,
+    }
+}
+
+/// A request's pieces, flattened, as (VRAM, DRAM, length).
+fn flat(requests: &[(usize, Vec<Piece>)]) -> Vec<(u64, u64, u64)> {
+    requests
+        .iter()
+        .flat_map(|(_, p)| p.iter().map(|p| (p.vram, p.dram, p.len)))
+        .collect()
+}
+
+#[test]
+fn neighbouring_pieces_merge_up_to_the_piece_size() {
+    let a = home([1u8; 64]);
+    let at = |i: u64, len: u64| Piece {
+        vram: 0x7000_0000 + i,
+        dram: 0x1000 + i,
+        len,
+    };
+    // 512 neighbouring blocks of 64 KiB (upstream nixlbench's batch): 32 MiB in four
+    // pieces of PIECE_BYTES, in one request.
+    let k64 = 64 << 10;
+    let reqs = plan_requests((0..512).map(|i| (a, at(i * k64, k64))), MAX_PIECES, 1, 0);
+    assert_eq!(reqs.len(), 1);
+    assert_eq!(
+        flat(&reqs),
+        (0..4)
+            .map(|i| (
+                0x7000_0000 + i * PIECE_BYTES,
+                0x1000 + i * PIECE_BYTES,
+                PIECE_BYTES
+            ))
+            .collect::<Vec<_>>()
+    );
+    // Crossing the piece size: 3 blocks of 3 MiB are 8 MiB and 1 MiB, every byte once.
+    let m3 = 3 << 20;
+    let reqs = plan_requests((0..3).map(|i| (a, at(i * m3, m3))), MAX_PIECES, 1, 0);
+    assert_eq!(
+        flat(&reqs),
+        [
+            (0x7000_0000, 0x1000, PIECE_BYTES),
+            (
+                0x7000_0000 + PIECE_BYTES,
+                0x1000 + PIECE_BYTES,
+                (9 << 20) - PIECE_BYTES
+            )
+        ]
+    );
+    // A large block already cut, then its neighbour: the full pieces stay, the neighbour
+    // joins the last one.
+    let big = (12 << 20) as u64;
+    let pieces = cut(big)
+        .map(|(off, len)| (a, at(off, len)))
+        .chain([(a, at(big, k64))]);
+    assert_eq!(
+        flat(&plan_requests(pieces, MAX_PIECES, 1, 0)),
+        [
+            (0x7000_0000, 0x1000, PIECE_BYTES),
+            (
+                0x7000_0000 + PIECE_BYTES,
+                0x1000 + PIECE_BYTES,
+                big + k64 - PIECE_BYTES
+            )
+        ]
+    );
+    // What does not merge: a gap on either side, an overlap, reversed order, another
+    // registration on either side, another allocation.
+    let keep_apart = |second: (PieceHome, Piece)| {
+        let reqs = plan_requests([(a, at(0, 4096)), second], MAX_PIECES, 1, 0);
+        assert_eq!(flat(&reqs).len(), 2, "{second:?}");
+    };
+    keep_apart((a, at(4097, 4096)));
+    keep_apart((
+        a,
+        Piece {
+            vram: 0x7000_0000 + 4096,
+            dram: 0x1000 + 8192,
+            len: 4096,
+        },
+    ));
+    keep_apart((
+        a,
+        Piece {
+            vram: 0x7000_0000 + 8192,
+            dram: 0x1000 + 4096,
+            len: 4096,
+        },
+    ));
+    keep_apart((a, at(2048, 4096)));
+    keep_apart((a, at(0, 4096)));
+    keep_apart((
+        PieceHome {
+            dram_region: 0x1000 + 4096,
+            ..a
+        },
+        at(4096, 4096),
+    ));
+    keep_apart((
+        PieceHome {
+            vram_region: 0x7000_0000 + 4096,
+            ..a
+        },
+        at(4096, 4096),
+    ));
+    keep_apart((home([2u8; 64]), at(4096, 4096)));
+    let reqs = plan_requests([(a, at(4096, 4096)), (a, at(0, 4096))], MAX_PIECES, 1, 0);
+    assert_eq!(
+        flat(&reqs),
+        [(0x7000_1000, 0x2000, 4096), (0x7000_0000, 0x1000, 4096)]
+    );
+    // Merging never crosses a request of another allocation, and a merged piece may fill
+    // a request up: the piece after it starts the next one.
+    let reqs = plan_requests(
+        [
+            (a, at(0, 4096)),
+            (a, at(4096, 4096)),
+            (a, at(3 * 4096, 4096)),
+            (a, at(4 * 4096, 4096)),
+            (a, at(6 * 4096, 4096)),
+        ],
+        2,
+        1,
+        0,
+    );
+    assert_eq!(
+        reqs.iter().map(|(_, p)| p.len()).collect::<Vec<_>>(),
+        [2, 1]
+    );
+    assert_eq!(
+        flat(&reqs),
+        [
+            (0x7000_0000, 0x1000, 8192),
+            (0x7000_0000 + 3 * 4096, 0x1000 + 3 * 4096, 8192),
+            (0x7000_0000 + 6 * 4096, 0x1000 + 6 * 4096, 4096)
+        ]
+    );
+    // absorb alone: a full piece takes nothing, no wrapping at the top of memory.
+    let mut full = at(0, PIECE_BYTES);
+    assert_eq!(absorb(&mut full, &at(PIECE_BYTES, 1)), 0);
+    let mut top = Piece {
+        vram: u64::MAX - 1,
+        dram: 0,
+        len: 1,
+    };
+    assert_eq!(
+        absorb(
+            &mut top,
+            &Piece {
+                vram: 0,
+                dram: 1,
+                len: 1
+            }
+        ),
+        0
+    );
 }
 
 /// The target's checks, all made before anything touches a GPU (so they run here):
@@ -367,6 +531,92 @@ fn a_target_checks_where_a_request_points_before_any_copy() {
     );
 }
 
+/// The target merges neighbouring pieces of a request within one of its registrations
+/// (whatever the initiator sent), never across two neighbouring registrations, and keeps
+/// the rest apart; every byte is served once.
+#[cfg(feature = "cuda")]
+#[test]
+fn a_target_merges_neighbouring_pieces_within_one_registration() {
+    let server = Arc::new(Server::new(crate::backends::cuda_copy::CopyEngine::Auto));
+    let stats = Stats::default();
+    let dram = vec![0u8; 4 << 20];
+    let base = dram.as_ptr() as u64;
+    // Two neighbouring registrations: the first 2 MiB and the rest.
+    let _low = server.add(base, 2 << 20);
+    let _high = server.add(base + (2 << 20), 2 << 20);
+    let peer = TestPeer::default();
+    let vram = 0x7000_0000u64;
+    let e = export();
+    peer.vram.add(vram, 4 << 20, e);
+    let locate = |pieces: &[(u64, u64, u64)]| {
+        let req = Request {
+            id: 1,
+            direction: Direction::ToDram,
+            pieces: pieces
+                .iter()
+                .map(|&(v, d, len)| Piece {
+                    vram: vram + v,
+                    dram: base + d,
+                    len,
+                })
+                .collect(),
+            reply_to: b"rail".to_vec(),
+        };
+        let (export, located) = server.locate(&req, &peer, &stats).unwrap();
+        assert_eq!(export, e);
+        located
+    };
+    let shape = |located: &[Located]| -> Vec<(u64, u64, u64)> {
+        located
+            .iter()
+            // Back to the test's offsets: VRAM from the allocation's offset, DRAM from base.
+            .map(|(p, _)| (p.vram - e.offset, p.dram - base, p.len))
+            .collect()
+    };
+    let k64 = 64 << 10;
+    // 48 neighbouring blocks of 64 KiB, across the two registrations: one piece each side.
+    let blocks: Vec<_> = (0..48).map(|i| (i * k64, i * k64, k64)).collect();
+    let located = locate(&blocks);
+    assert_eq!(
+        shape(&located),
+        [(0, 0, 2 << 20), (2 << 20, 2 << 20, 1 << 20)]
+    );
+    assert!(!Arc::ptr_eq(&located[0].1, &located[1].1));
+    // Gaps on either side, an overlap, reversed order: apart.
+    for pair in [
+        [(0, 0, 4096), (4097, 4096, 4096)],
+        [(0, 0, 4096), (4096, 4097, 4096)],
+        [(0, 0, 4096), (2048, 2048, 4096)],
+        [(4096, 4096, 4096), (0, 0, 4096)],
+    ] {
+        assert_eq!(shape(&locate(&pair)), pair, "{pair:?}");
+    }
+    // Pieces at most PIECE_BYTES: a full one takes nothing more.
+    let big = vec![0u8; (2 * PIECE_BYTES) as usize];
+    let big_base = big.as_ptr() as u64;
+    let _big = server.add(big_base, big.len() as u64);
+    peer.vram.add(vram + (8 << 20), 2 * PIECE_BYTES, e);
+    let req = Request {
+        id: 2,
+        direction: Direction::ToVram,
+        pieces: (0..2 * PIECE_BYTES / (1 << 20))
+            .map(|i| Piece {
+                vram: vram + (8 << 20) + (i << 20),
+                dram: big_base + (i << 20),
+                len: 1 << 20,
+            })
+            .collect(),
+        reply_to: b"rail".to_vec(),
+    };
+    let (_, located) = server.locate(&req, &peer, &stats).unwrap();
+    assert_eq!(
+        located.iter().map(|(p, _)| p.len).collect::<Vec<_>>(),
+        [PIECE_BYTES, PIECE_BYTES]
+    );
+    assert_eq!(located[1].0.dram, big_base + PIECE_BYTES);
+    assert_eq!(stats.refused.load(Ordering::Relaxed), 0);
+}
+
 /// Pieces are cut where pinned chunks end: every run inside one chunk, covering the
 /// piece exactly; outside the region nothing is pinned.
 #[cfg(feature = "cuda")]
@@ -422,7 +672,7 @@ fn advertised_vram_is_found_by_range() {
 #[test]
 fn a_one_mib_request_costs_microseconds_on_the_host() {
     let waits = Waits::default();
-    let handle = [3u8; 64];
+    let handle = home([3u8; 64]);
     let mut buf = Vec::new();
     let rounds = 20_000u32;
     let mut plan_ns = 0u128;
