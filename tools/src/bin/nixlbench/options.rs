@@ -21,6 +21,16 @@ pub(crate) enum Side {
     Target,
 }
 
+/// Where a batch's blocks lie in each side's buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum BlockLayout {
+    /// Block `j` at `j × block size`, as NIXL's nixlbench lays a batch out: neighbours
+    /// touch, so a backend may move them as one.
+    Contiguous,
+    /// Two block sizes apart where the buffer has room: every descriptor stands alone.
+    Spaced,
+}
+
 /// How the initiator and the target find each other.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Runtime {
@@ -218,6 +228,12 @@ pub(crate) struct Cli {
           require_equals = true, default_missing_value = "true", default_value = "false",
           value_name = "BOOL", value_parser = gflags::parse_bool, help_heading = "Transfer")]
     check_consistency: bool,
+
+    /// Where a batch's blocks lie: `contiguous` (NIXL's nixlbench) or `spaced` (two block
+    /// sizes apart where the buffer has room, so no two descriptors touch)
+    #[arg(long = "block_layout", value_name = "LAYOUT", value_enum,
+          default_value_t = BlockLayout::Contiguous, help_heading = "Transfer")]
+    block_layout: BlockLayout,
 
     /// Buffer of each side, at most (only the part the sweep touches is allocated)
     #[arg(long = "total_buffer_size", value_name = "BYTES", default_value = "8GiB",
@@ -531,6 +547,7 @@ pub(crate) struct Options {
     pub(crate) large_blk_iter_ftr: usize,
     pub(crate) num_threads: usize,
     pub(crate) check_consistency: bool,
+    pub(crate) block_layout: BlockLayout,
     pub(crate) plot: Option<PathBuf>,
     pub(crate) progress: ProgressMode,
     pub(crate) runtime: Runtime,
@@ -927,6 +944,7 @@ impl Cli {
             large_blk_iter_ftr: count("--large_blk_iter_ftr", self.large_blk_iter_ftr)?,
             num_threads: count("--num_threads", self.num_threads)?,
             check_consistency: self.check_consistency,
+            block_layout: self.block_layout,
             plot: self.plot,
             progress: match self.progress {
                 None => ProgressMode::Auto,

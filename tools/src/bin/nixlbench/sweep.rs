@@ -2,7 +2,7 @@
 //! consistency check, printed as nixlbench's table.
 
 use crate::mem::{point_seed, Mem, TARGET_SEED};
-use crate::options::Options;
+use crate::options::{BlockLayout, Options};
 use crate::progress::{Point, Progress};
 use nixl::{Agent, Desc, DescList, MemKind, PostParams, XferOp};
 use std::collections::HashMap;
@@ -139,8 +139,7 @@ pub(crate) fn run_point(
     batch: usize,
 ) -> Result<Row, String> {
     let per_thread = o.per_thread_bytes();
-    // Blocks are spaced two apart when there is room, so the descriptors are non-contiguous.
-    let stride = if batch * block * 2 <= per_thread {
+    let stride = if o.block_layout == BlockLayout::Spaced && batch * block * 2 <= per_thread {
         2 * block
     } else {
         block
