@@ -123,6 +123,12 @@ impl Daemon {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+
+    /// Sends this daemon SIGKILL without waiting for its end (its teardown, which closes
+    /// its socket, may take long on a loaded host); [`Daemon::kill`] reaps it.
+    pub fn send_kill(&mut self) {
+        let _ = self.child.kill();
+    }
 }
 
 impl Drop for Daemon {
