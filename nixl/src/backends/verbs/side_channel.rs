@@ -32,6 +32,7 @@ use super::{
     MAX_OUTSTANDING, MONITOR_PERIOD, NAME,
 };
 use crate::backends::heartbeat::{drain, poll_timeout, send_beat, Beat, Heard, Pacer};
+use crate::backends::liveness::Liveness;
 use crate::error::{Error, Result};
 use crate::os::pollfd_in;
 use ibverbs::Endpoint;
@@ -247,6 +248,7 @@ impl VerbsBackend {
             remote_id: reply.conn,
             staging_told: AtomicBool::new(false),
             _side: side,
+            process: remote.process.as_ref().and_then(Liveness::watch),
         }))
     }
 }
@@ -308,16 +310,18 @@ pub(super) fn side_channel_thread(listener: TcpListener, common: Arc<Common>) {
         let mut untold = false;
         for (conn, heard) in outgoing.iter().zip(heard) {
             if !conn.is_dead() {
-                let mut beat = conn.beat.lock();
                 match heard {
                     Heard::Closed => {
-                        drop(beat);
                         conn.kill("the peer's process is gone (its side channel closed)");
                     }
-                    Heard::Beat => beat.heard(now),
+                    // A same-host peer being killed is told here too, while no transfer
+                    // to it polls (its teardown closes the socket only later); `kill`
+                    // is done by the check.
+                    _ if conn.process_gone() => {}
+                    Heard::Beat => conn.beat.lock().heard(now),
                     Heard::Nothing => {
-                        if let Some(why) = beat.verdict(now) {
-                            drop(beat);
+                        let verdict = conn.beat.lock().verdict(now);
+                        if let Some(why) = verdict {
                             conn.kill(&why);
                         }
                     }
