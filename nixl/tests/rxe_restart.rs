@@ -240,10 +240,14 @@ fn restarted_verbs_peer_is_reached_again() {
         let dead_blob = metadata_of(&peer);
         let detection = kill_during(fault, &survivor, &mut peer, &mut req, BOUND);
         println!(
-            "{label}: {:.1} ms after the {}, {:.1} ms after the process ended{}: {}",
+            "{label}: {:.1} ms after the {}, {:.1} ms after the process ended{}{}: {}",
             detection.delay().as_secs_f64() * 1e3,
             detection.measured_from(),
             detection.after_end_ms(),
+            detection
+                .after_self_kill_ms
+                .map(|ms| format!(", {ms:.1} ms after the peer killed itself"))
+                .unwrap_or_default(),
             if detection.completed_first {
                 "; a post completed first"
             } else {
