@@ -58,7 +58,8 @@
 //! on the same host, in the same pid namespace, is watched through the OS: its end
 //! (pidfd) and a SIGKILL pending for it (`/proc/<pid>/status`) kill the connection as
 //! the EOF does, asked while transfers to it are polled (at most every 200 µs, `/proc`
-//! every 5 ms) and by the side-channel thread at each wake-up. A peer whose host
+//! every 5 ms) and by the side-channel thread, which wakes at least every 20 ms while it
+//! watches such a peer. A peer whose host
 //! disappears (its link cut, its machine killed) closes nothing: the side channel also
 //! carries heartbeats (the private `backends::heartbeat` module). The target's side-channel thread, which
 //! moves no data, sends one byte on every incoming connection's socket each

@@ -55,6 +55,12 @@ pub(super) const MAX_HANDSHAKES: usize = 64;
 pub(super) const MAX_INCOMING: usize = 1024;
 /// Bound on asking the agent a HELLO named whether the connection is its own.
 const VERIFY_TIMEOUT: Duration = Duration::from_secs(2);
+/// How often the thread wakes to ask the OS about peers on this host (`liveness`: a kill
+/// in progress, read from `/proc` at most every 5 ms per peer, a few microseconds each),
+/// whatever else it waits for: a transfer's own poll may be held for tens of
+/// milliseconds inside a post (soft-RoCE moves a work request's data in the posting
+/// call), and a same-host peer's kill must still be told within the 100 ms goal.
+const PROCESS_WATCH_PERIOD: Duration = Duration::from_millis(20);
 
 /// The side-channel connections this agent opened, by (local, remote) address.
 #[derive(Debug, Default)]
@@ -364,10 +370,12 @@ fn wait_readable(listener: &TcpListener, common: &Common, retry: bool) {
         pollfd_in(listener.as_raw_fd()),
     ];
     let mut times = Vec::new();
+    let mut same_host = false;
     for c in common.outgoing.read().values() {
         if !c.is_dead() {
             fds.push(pollfd_in(c.stream.as_raw_fd()));
             times.extend(c.beat.lock().deadline());
+            same_host |= c.process.is_some();
         }
     }
     for c in common.incoming.read().values() {
@@ -376,7 +384,11 @@ fn wait_readable(listener: &TcpListener, common: &Common, retry: bool) {
             times.extend(pacer.next());
         }
     }
-    let cap = if retry { STAGING_RETRY } else { MONITOR_PERIOD };
+    let cap = match (retry, same_host) {
+        (true, _) => STAGING_RETRY,
+        (false, true) => PROCESS_WATCH_PERIOD,
+        (false, false) => MONITOR_PERIOD,
+    };
     let timeout = poll_timeout(Instant::now(), times.into_iter(), cap);
     // SAFETY: `fds` is a live array of pollfds; the sockets stay open during the call
     // (a connection closed meanwhile only makes its slot report an error or nothing).
