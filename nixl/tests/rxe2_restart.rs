@@ -34,6 +34,10 @@ use std::time::{Duration, Instant};
 /// metadata was loaded again (the goals are the heartbeat bound and 1 s; soft-RoCE under
 /// TCG is slow, the real figures are printed).
 const BOUND: Duration = Duration::from_secs(5);
+/// The heartbeat bound these agents run with (`heartbeat_ms` 100, `heartbeat_misses` 10).
+const HEARTBEAT_BOUND: Duration = Duration::from_secs(1);
+/// What a starved watcher in a TCG guest may add to it (the figures are printed).
+const HEARTBEAT_SLACK: Duration = Duration::from_secs(2);
 /// 1 MiB as 64 KiB descriptors (soft-RoCE under TCG moves a few MB/s between guests).
 const LEN: usize = 1 << 20;
 const BLOCK: usize = 64 << 10;
@@ -268,6 +272,14 @@ fn link_cut_and_restored_target_is_reached_again() {
         assert!(
             detected < BOUND,
             "{label}: RemoteDisconnect after {detected:?} (bound {BOUND:?})"
+        );
+        // The link was down by the time guest b said so, and the last heartbeat heard
+        // came before the cut: the heartbeat bound runs from no later than that.
+        assert!(
+            detected.saturating_sub(cut_took) < HEARTBEAT_BOUND + HEARTBEAT_SLACK,
+            "{label}: RemoteDisconnect {:?} after the link was down (heartbeat bound \
+             {HEARTBEAT_BOUND:?})",
+            detected.saturating_sub(cut_took)
         );
         drop(warm);
         if case == Case::Restarted {
