@@ -46,8 +46,8 @@
 //! ones are attached to whatever daemon serves the mount now. So while none does, a
 //! post fails at once with `ECONNREFUSED` (`ENOTCONN` where the daemon died during the
 //! post); a request that failed stays failed (the agent's rule) and a new one is made.
-//! A failure with those codes drops every idle ring too. Nothing accumulates across restarts (descriptors,
-//! threads, `/dev/shm` mappings and publications are counted in
+//! A failure with those codes drops every idle ring too. Nothing accumulates across
+//! restarts (descriptors, threads, `/dev/shm` mappings and publications are counted in
 //! `tests/file_backend.rs`).
 //!
 //! # Parameters

@@ -52,20 +52,20 @@
 //! process dies, its kernel closes the socket, our side-channel thread sees the EOF
 //! within milliseconds, moves our QPs to the error state (flushing in-flight work) and
 //! every transfer to that peer fails with [`Error::RemoteDisconnect`]. A killed process
-//! closes its sockets only at the end of its teardown, which a loaded (or emulated) host
-//! may take hundreds of milliseconds to finish; so the connection information also
-//! carries the process's identity (the `liveness` module LIBFABRIC uses too), and a peer
-//! on the same host, in the same pid namespace, is watched through the OS: its end
+//! closes its sockets only at the end of its teardown, which a loaded (or emulated)
+//! host may take hundreds of milliseconds to finish; so the connection information also
+//! carries the process's identity (the `liveness` module LIBFABRIC uses too), and a
+//! peer on the same host, in the same pid namespace, is watched through the OS: its end
 //! (pidfd) and a SIGKILL pending for it (`/proc/<pid>/status`) kill the connection as
 //! the EOF does, asked while transfers to it are polled (at most every 200 µs, `/proc`
-//! every 5 ms) and by the side-channel thread, which wakes at least every 20 ms while it
-//! watches such a peer. A peer whose host
-//! disappears (its link cut, its machine killed) closes nothing: the side channel also
-//! carries heartbeats (the private `backends::heartbeat` module). The target's side-channel thread, which
-//! moves no data, sends one byte on every incoming connection's socket each
-//! `heartbeat_ms` (default 100, advertised in the handshake's reply); the initiator's
-//! declares the peer dead after `heartbeat_misses` (default 5) of its intervals without
-//! one — 0.5 s — and kills the connection as above. Behind that, the RC transport
+//! every 5 ms) and by the side-channel thread, which wakes at least every 20 ms while
+//! it watches such a peer. A peer whose host disappears (its link cut, its machine
+//! killed) closes nothing: the side channel also carries heartbeats (the private
+//! `backends::heartbeat` module). The target's side-channel thread, which moves no
+//! data, sends one byte on every incoming connection's socket each `heartbeat_ms`
+//! (default 100, advertised in the handshake's reply); the initiator's declares the
+//! peer dead after `heartbeat_misses` (default 5) of its intervals without one — 0.5 s
+//! — and kills the connection as above. Behind that, the RC transport
 //! itself gives up after `retry_cnt` retries (default 6: rxe retries forever at 7)
 //! of `qp_timeout` each: `IBV_WC_RETRY_EXC_ERR` → [`Error::RemoteDisconnect`].
 //!
