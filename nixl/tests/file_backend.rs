@@ -827,3 +827,58 @@ fn a_restarted_daemon_is_reached_again_without_leaks() {
         );
     }
 }
+
+/// A daemon being killed is told before the kernel has torn it down: its socket closes
+/// only at the end of the teardown (long for a daemon holding much memory, or on a loaded
+/// host), while its `/proc` status shows the SIGKILL pending at once. A READ stuck in the
+/// daemon fails typed (`ENOTCONN`) within the bound; how it was seen, and when the
+/// daemon ended, are printed (docs/BENCHMARKS.md).
+#[test]
+fn a_daemon_being_killed_is_told_before_its_teardown_ends() {
+    let _serial = serial();
+    const TEST: &str = "a_daemon_being_killed_is_told_before_its_teardown_ends";
+    const LEN: usize = 1 << 20;
+    const BALLAST_MIB: usize = 1024;
+    serve_if_daemon();
+    let data = TempDir::new("nixl-file-doomed");
+    let slow_file = open_rw(&data, "stuck.slow");
+    slow_file.set_len(LEN as u64).unwrap();
+    let slow = slow_file.as_raw_fd();
+    let back = vec![0u8; LEN];
+    for round in 0..3 {
+        let mut d = Daemon::start_with_ballast(TEST, 400, BALLAST_MIB);
+        let agent = file_agent("doomed", d.path(), &[]);
+        // SAFETY: the buffer and the file outlive the handles and the request (dropped
+        // at the end of the round).
+        let _h = unsafe { agent.register_mem(&dram([Desc::from_slice(&back)]), None) }.unwrap();
+        // SAFETY: as above.
+        let _s = unsafe { agent.register_mem(&file_list(slow, &[(0, LEN as u64)]), None) }.unwrap();
+        let mut stuck = agent
+            .create_xfer_req(
+                XferOp::Read,
+                &dram([Desc::from_slice(&back)]),
+                &file_list(slow, &[(0, LEN as u64)]),
+                "doomed",
+                None,
+            )
+            .unwrap();
+        assert_eq!(stuck.post().unwrap(), XferStatus::InProgress);
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(stuck.status().unwrap(), XferStatus::InProgress);
+        d.send_kill();
+        let killed = Instant::now();
+        let r = stuck.wait(Duration::from_secs(20));
+        let told = killed.elapsed();
+        d.kill();
+        let ended = killed.elapsed();
+        assert_eq!(backend_code(&r), Some(libc::ENOTCONN), "{r:?}");
+        assert!(told < Duration::from_secs(2), "told after {told:?}: {r:?}");
+        println!(
+            "round {round}: a daemon holding {BALLAST_MIB} MiB killed mid-READ: ENOTCONN \
+             {:.1} ms after the signal ({}); the daemon ended {:.1} ms after it",
+            told.as_secs_f64() * 1e3,
+            r.unwrap_err(),
+            ended.as_secs_f64() * 1e3
+        );
+    }
+}
