@@ -65,7 +65,9 @@
 //! data, sends one byte on every incoming connection's socket each `heartbeat_ms`
 //! (default 100, advertised in the handshake's reply); the initiator's declares the
 //! peer dead after `heartbeat_misses` (default 5) of its intervals without one — 0.5 s
-//! — and kills the connection as above. Behind that, the RC transport
+//! — and kills the connection as above (a peer on this host whose process still runs,
+//! and whose death the OS would tell, only past 20 times that: as LIBFABRIC's heartbeat
+//! hub, so that a loaded machine that did not schedule its beats kills nothing). Behind that, the RC transport
 //! itself gives up after `retry_cnt` retries (default 6: rxe retries forever at 7)
 //! of `qp_timeout` each: `IBV_WC_RETRY_EXC_ERR` → [`Error::RemoteDisconnect`].
 //!
@@ -149,7 +151,7 @@ mod tests;
 
 use super::heartbeat::{Beat, HeartbeatConfig, Pacer};
 use super::liveness::{Liveness, ProcessId};
-use super::shared::{random_u64, NotifTracker};
+use super::shared::{random_u64, LocalProcess, NotifTracker};
 use crate::backend::{
     Backend, BackendInit, BackendParams, BackendXfer, Capabilities, LocalMd, NotifWaker, RemoteMd,
     XferEntry, XferOp,
@@ -322,6 +324,10 @@ struct Outgoing {
     /// and a kill in progress are seen through the OS, before its teardown closes the
     /// side channel (see [`Outgoing::process_gone`]).
     process: Option<Arc<Liveness>>,
+    /// The same process as the heartbeat rules see it (`None`: another host or pid
+    /// namespace): its silence is judged more patiently while it runs, in this network
+    /// namespace (`LocalProcess::runs`).
+    local_process: Option<LocalProcess>,
 }
 
 impl Outgoing {

@@ -31,8 +31,10 @@ use super::{
     create_qp, verbs_error, Common, Incoming, Outgoing, VerbsBackend, HANDSHAKE_TIMEOUT,
     MAX_OUTSTANDING, MONITOR_PERIOD, NAME,
 };
-use crate::backends::heartbeat::{drain, poll_timeout, send_beat, Beat, Heard, Pacer};
-use crate::backends::liveness::Liveness;
+use crate::backends::heartbeat::{
+    drain, poll_timeout, send_beat, Beat, Heard, Pacer, LOCAL_SILENCE_FACTOR,
+};
+use crate::backends::liveness::{Liveness, ProcessId};
 use crate::error::{Error, Result};
 use crate::os::pollfd_in;
 use ibverbs::Endpoint;
@@ -255,6 +257,7 @@ impl VerbsBackend {
             staging_told: AtomicBool::new(false),
             _side: side,
             process: remote.process.as_ref().and_then(Liveness::watch),
+            local_process: remote.process.as_ref().and_then(ProcessId::local_process),
         }))
     }
 }
@@ -325,8 +328,19 @@ pub(super) fn side_channel_thread(listener: TcpListener, common: Arc<Common>) {
                     // is done by the check.
                     _ if conn.process_gone() => {}
                     Heard::Beat => conn.beat.lock().heard(now),
+                    // A peer process on this host that still runs (its death is seen
+                    // through the OS) but whose beats a loaded machine did not schedule
+                    // is not declared dead before `LOCAL_SILENCE_FACTOR` times the bound,
+                    // as LIBFABRIC's hub judges it.
                     Heard::Nothing => {
-                        let verdict = conn.beat.lock().verdict(now);
+                        let verdict = {
+                            let beat = conn.beat.lock();
+                            beat.verdict(now).filter(|_| {
+                                conn.local_process.is_none_or(|p| {
+                                    !p.runs() || beat.verdict_scaled(now, LOCAL_SILENCE_FACTOR)
+                                })
+                            })
+                        };
                         if let Some(why) = verdict {
                             conn.kill(&why);
                         }
