@@ -23,10 +23,13 @@ use std::os::fd::{AsFd, BorrowedFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// How long one request to the daemon may take before it counts as gone.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(20);
+/// At most one read of the daemon's `/proc/<pid>/status` per this interval (a read
+/// costs microseconds of CPU; liveness is asked every few milliseconds while I/O waits).
+const DOOM_CHECK_PERIOD: Duration = Duration::from_millis(5);
 
 /// What a ring needs from whatever moves its data: a local daemon today, the official
 /// `libhf3fs_api_shared` later.
@@ -155,6 +158,64 @@ pub(crate) struct DaemonConn {
     /// Iovs registered with the daemon by this connection.
     iovs: Mutex<HashSet<Id>>,
     dead: AtomicBool,
+    /// The daemon's process, watched for a kill in progress (see [`DaemonProcess`]).
+    daemon: Option<DaemonProcess>,
+}
+
+/// The daemon's process, as `SO_PEERCRED` named it when this connection was made.
+///
+/// A killed daemon closes its socket only at the end of its teardown (every thread
+/// scheduled to exit, its mappings torn down): on a loaded host tens to hundreds of
+/// milliseconds after `kill(2)`, all the while the socket looks healthy. It will never
+/// complete another I/O, so a SIGKILL pending for it (`/proc/<pid>/status`) counts as
+/// gone at once. The pid is read only while the socket is still open, i.e. before the
+/// daemon could have been reaped and its pid reused.
+#[derive(Debug)]
+struct DaemonProcess {
+    pid: u32,
+    /// When `/proc` was last read; `None` before the first read.
+    checked: Mutex<Option<Instant>>,
+}
+
+impl DaemonProcess {
+    /// The peer of `sock`, where its pid is known in this pid namespace.
+    fn of(sock: &SeqPacket) -> Option<Self> {
+        let pid = u32::try_from(sock.peer_cred()?.pid).ok()?;
+        (pid != 0 && pid != std::process::id()).then(|| Self {
+            pid,
+            checked: Mutex::new(None),
+        })
+    }
+
+    /// Whether SIGKILL is pending for the daemon (read at most every
+    /// [`DOOM_CHECK_PERIOD`]; `false` between reads).
+    fn killed(&self) -> bool {
+        let now = Instant::now();
+        {
+            let mut checked = self.checked.lock();
+            if checked.is_some_and(|at| now - at < DOOM_CHECK_PERIOD) {
+                return false;
+            }
+            *checked = Some(now);
+        }
+        std::fs::read_to_string(format!("/proc/{}/status", self.pid))
+            .is_ok_and(|status| sigkill_pending(&status))
+    }
+}
+
+/// Whether a `/proc/<pid>/status` text shows SIGKILL pending for the process as a whole
+/// (`ShdPnd`: what `kill(2)` and the OOM killer send) or for its main thread (`SigPnd`:
+/// a fatal signal becomes a SIGKILL for every thread as it is sent). Text it cannot
+/// read says nothing.
+fn sigkill_pending(status: &str) -> bool {
+    let sigkill = 1u64 << (libc::SIGKILL - 1);
+    ["SigPnd", "ShdPnd"].iter().any(|name| {
+        status
+            .lines()
+            .find_map(|line| line.strip_prefix(name)?.strip_prefix(':'))
+            .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+            .is_some_and(|pending| pending & sigkill != 0)
+    })
 }
 
 impl DaemonConn {
@@ -168,6 +229,7 @@ impl DaemonConn {
         let probe = sock
             .try_clone()
             .map_err(|e| crate::error::os_err("dup", e, "daemon socket"))?;
+        let daemon = DaemonProcess::of(&sock);
         let conn = Self {
             mount: mount.to_path_buf(),
             probe,
@@ -175,6 +237,7 @@ impl DaemonConn {
             files: Mutex::default(),
             iovs: Mutex::default(),
             dead: AtomicBool::new(false),
+            daemon,
         };
         conn.request(
             "hello",
@@ -343,6 +406,57 @@ impl IoBackend for DaemonConn {
         if self.sock_closed() {
             return Err(self.gone("its socket closed".into()));
         }
+        // Asked after the socket: an open socket means the pid is still the daemon's.
+        if let Some(daemon) = self.daemon.as_ref().filter(|d| d.killed()) {
+            return Err(self.gone(format!(
+                "it is being killed (SIGKILL pending for pid {}, seen through /proc)",
+                daemon.pid
+            )));
+        }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status_text(sig_pnd: u64, shd_pnd: u64) -> String {
+        format!(
+            "Name:\thf3fs-gdr-daemon\nState:\tR (running)\nThreads:\t5\n\
+             SigPnd:\t{sig_pnd:016x}\nShdPnd:\t{shd_pnd:016x}\nSigBlk:\t0000000000000000\n"
+        )
+    }
+
+    #[test]
+    fn only_a_pending_sigkill_counts_as_a_kill() {
+        let sigkill = 1 << 8;
+        let (sigterm, sigstop) = (1 << 14, 1 << 18);
+        assert!(!sigkill_pending(&status_text(0, 0)));
+        assert!(!sigkill_pending(&status_text(sigterm, sigstop)));
+        assert!(sigkill_pending(&status_text(0, sigkill)));
+        assert!(sigkill_pending(&status_text(sigkill | sigterm, 0)));
+        assert!(!sigkill_pending("garbage"));
+    }
+
+    /// A real process is not taken for killed while it runs, nor while it is stopped
+    /// (a frozen daemon is left to the deadlines of `wait_for_ios`).
+    #[test]
+    fn a_running_or_stopped_process_is_not_killed() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let watch = DaemonProcess {
+            pid: child.id(),
+            checked: Mutex::new(None),
+        };
+        assert!(!watch.killed());
+        // SAFETY: kill(2) on our own unreaped child.
+        assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGSTOP) }, 0);
+        std::thread::sleep(DOOM_CHECK_PERIOD);
+        assert!(!watch.killed(), "a stopped process is not being killed");
+        child.kill().unwrap();
+        child.wait().unwrap();
     }
 }

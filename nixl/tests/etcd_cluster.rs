@@ -255,6 +255,14 @@ fn fabric_agent(name: &str) -> Agent {
     common::fabric_agent(name, PROVIDER, &[("heartbeat_ms", "500")])
 }
 
+/// Runs `f`, printing how long it took (the figures docs/BENCHMARKS.md records).
+fn timed<T>(what: &str, f: impl FnOnce() -> T) -> T {
+    let started = Instant::now();
+    let value = f();
+    println!("{what}: {:.1?}", started.elapsed());
+    value
+}
+
 fn eventually<T>(what: &str, mut attempt: impl FnMut() -> Option<T>) -> T {
     let deadline = Instant::now() + BOUND;
     loop {
@@ -344,16 +352,25 @@ fn three_members_lose_the_leader_and_metadata_keeps_flowing() {
 
     // The leader dies.
     let leader = cluster.wait_leader();
+    let failover = Instant::now();
     cluster.kill(leader);
-    let new_leader = cluster.wait_leader();
+    let new_leader = timed("a new leader seen after the leader's kill", || {
+        cluster.wait_leader()
+    });
     assert_ne!(leader, new_leader);
     println!("killed leader m{leader}; m{new_leader} leads");
 
     // Publication and fetch keep working at once (a request that went to the dead member
     // is sent again to one that answers).
-    let second = Peer::new("holder-2", &cluster);
-    ei.fetch("holder-2").unwrap();
+    let second = timed("publication (connect, publish) after the kill", || {
+        Peer::new("holder-2", &cluster)
+    });
+    timed("fetch after the kill", || ei.fetch("holder-2").unwrap());
     write_verified(&initiator, &mut src, "holder-2", &second, 2);
+    println!(
+        "from the leader's kill to a peer published after it reached: {:.1?}",
+        failover.elapsed()
+    );
     // The leases live on: after more than a TTL the keys are still there.
     std::thread::sleep(LEASE + LEASE / 2);
     assert!(
@@ -367,27 +384,47 @@ fn three_members_lose_the_leader_and_metadata_keeps_flowing() {
     assert!(initiator.has_remote("holder"));
     // The watch sees a peer leave (invalidation) and come back (reload).
     first.etcd().unpublish().unwrap();
-    eventually("invalidation seen after the leader died", || {
-        (!initiator.has_remote("holder")).then_some(())
-    });
+    timed(
+        "watch: invalidation seen after the unpublication (leader dead)",
+        || {
+            eventually("invalidation seen after the leader died", || {
+                (!initiator.has_remote("holder")).then_some(())
+            })
+        },
+    );
     first.etcd().publish().unwrap();
-    eventually("republication seen after the leader died", || {
-        initiator.has_remote("holder").then_some(())
-    });
+    timed(
+        "watch: reload seen after the republication (leader dead)",
+        || {
+            eventually("republication seen after the leader died", || {
+                initiator.has_remote("holder").then_some(())
+            })
+        },
+    );
     write_verified(&initiator, &mut src, "holder", &first, 3);
 
     // The member comes back; then the new leader dies too.
-    cluster.restart(leader);
+    timed("the killed member restarted and a leader seen", || {
+        cluster.restart(leader)
+    });
     let again = cluster.wait_leader();
     cluster.kill(again);
-    cluster.wait_leader();
+    timed("a new leader seen after the second leader's kill", || {
+        cluster.wait_leader()
+    });
     println!("restarted m{leader}; killed m{again}");
     second.etcd().unpublish().unwrap();
-    eventually("invalidation seen after the second kill", || {
-        (!initiator.has_remote("holder-2")).then_some(())
+    timed("watch: invalidation seen after the second kill", || {
+        eventually("invalidation seen after the second kill", || {
+            (!initiator.has_remote("holder-2")).then_some(())
+        })
     });
-    let third = Peer::new("holder-3", &cluster);
-    ei.fetch("holder-3").unwrap();
+    let third = timed("publication after the second kill", || {
+        Peer::new("holder-3", &cluster)
+    });
+    timed("fetch after the second kill", || {
+        ei.fetch("holder-3").unwrap()
+    });
     write_verified(&initiator, &mut src, "holder-3", &third, 4);
     std::thread::sleep(LEASE + LEASE / 2);
     assert!(
@@ -401,9 +438,14 @@ fn three_members_lose_the_leader_and_metadata_keeps_flowing() {
     cluster.restart(again);
     // A peer's client dropped: its lease is revoked, the watch invalidates it.
     drop(third);
-    eventually("invalidation of a peer whose client was dropped", || {
-        (!initiator.has_remote("holder-3")).then_some(())
-    });
+    timed(
+        "watch: invalidation of a peer whose client was dropped",
+        || {
+            eventually("invalidation of a peer whose client was dropped", || {
+                (!initiator.has_remote("holder-3")).then_some(())
+            })
+        },
+    );
 }
 
 #[test]
@@ -440,6 +482,11 @@ fn a_single_etcd_restarted_during_a_run() {
         }
         let bound = peer.etcd().config().timeout + slack;
         assert!(started.elapsed() < bound, "took {:?}", started.elapsed());
+        println!(
+            "publication with etcd down: typed error after {:.1?} (its timeout {:?})",
+            started.elapsed(),
+            peer.etcd().config().timeout
+        );
         let started = Instant::now();
         match ei.fetch("nobody") {
             Err(Error::Timeout(_)) | Err(Error::Backend { .. }) => {}
@@ -447,23 +494,36 @@ fn a_single_etcd_restarted_during_a_run() {
         }
         let bound = ei.config().timeout + slack;
         assert!(started.elapsed() < bound, "took {:?}", started.elapsed());
+        println!(
+            "fetch with etcd down: typed error after {:.1?} (its timeout {:?})",
+            started.elapsed(),
+            ei.config().timeout
+        );
     }
     // Transfers do not need etcd.
     write_verified(&initiator, &mut src, "target", &peer, 2);
 
-    cluster.restart(0);
-    peer.etcd().publish().unwrap();
-    let late = Peer::new("late", &cluster);
-    ei.fetch("late").unwrap();
+    timed("etcd restarted (listening, leader)", || cluster.restart(0));
+    timed("publication after the restart", || {
+        peer.etcd().publish().unwrap()
+    });
+    let late = timed("a new peer's publication after the restart", || {
+        Peer::new("late", &cluster)
+    });
+    timed("fetch after the restart", || ei.fetch("late").unwrap());
     write_verified(&initiator, &mut src, "late", &late, 3);
     // The watch from before the outage still works: the peer leaves and comes back.
     peer.etcd().unpublish().unwrap();
-    eventually("invalidation after etcd restarted", || {
-        (!initiator.has_remote("target")).then_some(())
+    timed("watch: invalidation seen after etcd restarted", || {
+        eventually("invalidation after etcd restarted", || {
+            (!initiator.has_remote("target")).then_some(())
+        })
     });
     peer.etcd().publish().unwrap();
-    eventually("reload after etcd restarted", || {
-        initiator.has_remote("target").then_some(())
+    timed("watch: reload seen after etcd restarted", || {
+        eventually("reload after etcd restarted", || {
+            initiator.has_remote("target").then_some(())
+        })
     });
     write_verified(&initiator, &mut src, "target", &peer, 4);
     // The leases were kept alive across the outage.
@@ -509,14 +569,18 @@ fn an_outage_longer_than_the_lease_publishes_again() {
             .gateway(0, "/v3/lease/revoke", &format!(r#"{{"ID":{id}}}"#))
             .expect("revoke");
     }
-    eventually("the keys back under a new lease", || {
-        ei.labels("long-gone")
-            .ok()
-            .filter(|l| l.len() == 2)
-            .map(drop)
+    timed("keys back under a new lease after the revocation", || {
+        eventually("the keys back under a new lease", || {
+            ei.labels("long-gone")
+                .ok()
+                .filter(|l| l.len() == 2)
+                .map(drop)
+        })
     });
-    eventually("the peer loaded again", || {
-        initiator.has_remote("long-gone").then_some(())
+    timed("the peer loaded again after that", || {
+        eventually("the peer loaded again", || {
+            initiator.has_remote("long-gone").then_some(())
+        })
     });
     std::thread::sleep(LEASE * 2);
     assert_eq!(ei.labels("long-gone").unwrap().len(), 2, "keys lapsed");

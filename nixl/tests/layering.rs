@@ -14,6 +14,7 @@ const SHARED: &[&str] = &[
     "shared",
     "staging",
     "heartbeat",
+    "liveness",
     "cuda_copy",
     "ipc_plane",
     "peer_dram",

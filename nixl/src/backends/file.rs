@@ -31,21 +31,23 @@
 //! short count (a READ past the end of the file) or a −errno completion fails the
 //! transfer at `check` with [`Error::Backend`] carrying the errno (`ENODATA` for a
 //! short count). A daemon that dies fails it with `ENOTCONN`: while I/O is outstanding
-//! and nothing completed for 5 ms, `check` asks the ring whether its daemon lives (at
-//! most every 20 ms, waiting up to 3 ms).
+//! and nothing completed for 1 ms, `check` asks the rings whether their daemon lives (at
+//! most every millisecond, without waiting: a poll of the daemon's socket, which closes
+//! when it ends, and at most every 5 ms its `/proc` status, which shows a SIGKILL
+//! pending as soon as it is sent, long before a loaded host has torn the daemon down).
 //!
 //! # Daemon restarts
 //! A daemon that is killed and started again on the same mount is used again without
 //! anything from the application: registrations stay valid (FILE descriptors are
 //! registered in this process, keyed by number, and handed to whichever daemon a ring
 //! attaches to; host memory is published under the mount, where the new daemon finds
-//! it). While no daemon serves the mount, a post fails with `ENOTCONN` or
-//! `ECONNREFUSED`, at once or, where an idle ring of the dead daemon is taken, at
-//! `check` as above; a request that failed stays failed (the agent's rule) and a new
-//! one is made. The first failure with those codes drops every idle ring (they were
-//! attached to the dead daemon), so the next post attaches fresh ones to whatever
-//! daemon serves the mount then. Nothing accumulates across restarts (descriptors,
-//! threads, `/dev/shm` mappings and publications are counted in
+//! it). A post asks an idle ring whether its daemon still serves it before taking it
+//! (as `check` asks above); a dead daemon's idle rings are dropped there, and fresh
+//! ones are attached to whatever daemon serves the mount now. So while none does, a
+//! post fails at once with `ECONNREFUSED` (`ENOTCONN` where the daemon died during the
+//! post); a request that failed stays failed (the agent's rule) and a new one is made.
+//! A failure with those codes drops every idle ring too. Nothing accumulates across
+//! restarts (descriptors, threads, `/dev/shm` mappings and publications are counted in
 //! `tests/file_backend.rs`).
 //!
 //! # Parameters
@@ -115,11 +117,11 @@ const PARAMS: &[&str] = &[
 ];
 
 /// No completion for this long while I/O is outstanding: ask whether the daemon lives.
-const PROBE_AFTER: Duration = Duration::from_millis(5);
-/// At most one liveness probe per this interval.
-const PROBE_EVERY: Duration = Duration::from_millis(20);
-/// How long a probe waits on a ring (its liveness check runs after 2 ms).
-const PROBE_WAIT: Duration = Duration::from_millis(3);
+const PROBE_AFTER: Duration = Duration::from_millis(1);
+/// At most one liveness probe per this interval. A probe waits for nothing: a poll of
+/// the daemon's socket (its end) and, at most every 5 ms, its `/proc` status (a kill in
+/// progress); see `hf3fs_gdr::Ior::check_alive`.
+const PROBE_EVERY: Duration = Duration::from_millis(1);
 
 fn backend_err(what: impl std::fmt::Display, e: hf3fs_gdr::Error) -> Error {
     Error::Backend {
@@ -523,9 +525,27 @@ impl Shared {
         self.staging.lock().free.push(slot);
     }
 
+    /// An idle ring whose daemon still serves it, else a new one (attached to whatever
+    /// daemon serves the mount now). A pooled ring is asked first (a poll of the
+    /// daemon's socket, and `/proc` for a kill in progress): a post must not take a ring
+    /// of a dead daemon and learn of it only at `check`, milliseconds later.
     fn take_ring(&self, read: bool) -> Result<Ior> {
-        if let Some(ring) = self.rings[read as usize].lock().pop() {
-            return Ok(ring);
+        let pooled = self.rings[read as usize].lock().pop();
+        if let Some(ring) = pooled {
+            match ring.check_alive() {
+                Ok(()) => return Ok(ring),
+                Err(e) => {
+                    tracing::debug!("{NAME}: idle rings dropped: {e}");
+                    // Every idle ring was attached to the same daemon, or to an older
+                    // one; dropped outside the pools' locks.
+                    let stale: Vec<Vec<Ior>> = self
+                        .rings
+                        .iter()
+                        .map(|pool| std::mem::take(&mut *pool.lock()))
+                        .collect();
+                    drop(stale);
+                }
+            }
         }
         let c = &self.config;
         Ior::create(&c.mount, c.entries, read, c.io_depth, c.timeout, -1, 0).map_err(|e| {
@@ -978,7 +998,9 @@ impl FileXfer {
         Ok(reaped)
     }
 
-    /// Nothing completed for a while: does the daemon of a ring with I/O still live?
+    /// Nothing completed for a while: does the daemon of every ring with I/O still
+    /// live? Asked without waiting; what a dying daemon completed before it went is
+    /// reaped first (the next check fails the transfer if I/O is still outstanding).
     fn probe(&mut self) -> Result<()> {
         let run = self.run.as_mut().expect("in flight");
         let now = Instant::now();
@@ -986,20 +1008,19 @@ impl FileXfer {
             return Ok(());
         }
         run.last_probe = now;
-        let mut cqes = [Cqe::default(); 1];
-        let Some(ring) = run.rings.iter_mut().find(|r| r.outstanding > 0) else {
+        let gone = run
+            .rings
+            .iter()
+            .filter(|r| r.outstanding > 0)
+            .find_map(|r| r.ior.check_alive().err());
+        let Some(e) = gone else {
             return Ok(());
         };
-        let n = ring
-            .ior
-            .wait_for_ios(&mut cqes, 1, Some(now + PROBE_WAIT))
-            .map_err(|e| backend_err("waiting for I/O", e))?;
-        ring.outstanding -= n as u32;
-        if n == 1 {
-            self.complete(&cqes[0])?;
+        if self.reap()? > 0 {
             self.run.as_mut().expect("in flight").last_progress = Instant::now();
+            return Ok(());
         }
-        Ok(())
+        Err(backend_err("waiting for I/O", e))
     }
 
     fn progress(&mut self) -> Result<XferStatus> {

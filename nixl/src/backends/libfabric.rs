@@ -240,7 +240,8 @@ mod cma;
 mod conn;
 mod host;
 mod idle;
-mod liveness;
+/// Moved to the backends' shared module (VERBS watches same-host peers too).
+use super::liveness;
 mod local_rails;
 mod notif_mac;
 mod peer_copy;

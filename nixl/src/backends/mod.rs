@@ -53,6 +53,11 @@ pub use heartbeat::fuzz_message as fuzz_heartbeat_message;
 mod ipc_plane;
 #[cfg(feature = "libfabric")]
 pub mod libfabric;
+/// Whether a same-host peer's process still runs (or is being killed), asked of the OS;
+/// shared by LIBFABRIC and VERBS.
+#[cfg(any(feature = "libfabric", feature = "verbs"))]
+#[cfg_attr(not(all(feature = "libfabric", feature = "verbs")), allow(dead_code))]
+pub(crate) mod liveness;
 pub mod local;
 /// Direct VRAM ↔ same-host peer DRAM copies, shared by LIBFABRIC and GPUNETIO.
 #[cfg(any(feature = "libfabric", feature = "gpunetio"))]

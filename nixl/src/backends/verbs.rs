@@ -51,13 +51,23 @@
 //! The side-channel TCP connection stays open as a liveness signal: when the peer's
 //! process dies, its kernel closes the socket, our side-channel thread sees the EOF
 //! within milliseconds, moves our QPs to the error state (flushing in-flight work) and
-//! every transfer to that peer fails with [`Error::RemoteDisconnect`]. A peer whose host
-//! disappears (its link cut, its machine killed) closes nothing: the side channel also
-//! carries heartbeats (the private `backends::heartbeat` module). The target's side-channel thread, which
-//! moves no data, sends one byte on every incoming connection's socket each
-//! `heartbeat_ms` (default 100, advertised in the handshake's reply); the initiator's
-//! declares the peer dead after `heartbeat_misses` (default 5) of its intervals without
-//! one — 0.5 s — and kills the connection as above. Behind that, the RC transport
+//! every transfer to that peer fails with [`Error::RemoteDisconnect`]. A killed process
+//! closes its sockets only at the end of its teardown, which a loaded (or emulated)
+//! host may take hundreds of milliseconds to finish; so the connection information also
+//! carries the process's identity (the `liveness` module LIBFABRIC uses too), and a
+//! peer on the same host, in the same pid namespace, is watched through the OS: its end
+//! (pidfd) and a SIGKILL pending for it (`/proc/<pid>/status`) kill the connection as
+//! the EOF does, asked while transfers to it are polled (at most every 200 µs, `/proc`
+//! every 5 ms) and by the side-channel thread, which wakes at least every 20 ms while
+//! it watches such a peer. A peer whose host disappears (its link cut, its machine
+//! killed) closes nothing: the side channel also carries heartbeats (the private
+//! `backends::heartbeat` module). The target's side-channel thread, which moves no
+//! data, sends one byte on every incoming connection's socket each `heartbeat_ms`
+//! (default 100, advertised in the handshake's reply); the initiator's declares the
+//! peer dead after `heartbeat_misses` (default 5) of its intervals without one — 0.5 s
+//! — and kills the connection as above (a peer on this host whose process still runs,
+//! and whose death the OS would tell, only past 20 times that: as LIBFABRIC's heartbeat
+//! hub, so that a loaded machine that did not schedule its beats kills nothing). Behind that, the RC transport
 //! itself gives up after `retry_cnt` retries (default 6: rxe retries forever at 7)
 //! of `qp_timeout` each: `IBV_WC_RETRY_EXC_ERR` → [`Error::RemoteDisconnect`].
 //!
@@ -140,7 +150,8 @@ mod xfer;
 mod tests;
 
 use super::heartbeat::{Beat, HeartbeatConfig, Pacer};
-use super::shared::{random_u64, NotifTracker};
+use super::liveness::{Liveness, ProcessId};
+use super::shared::{random_u64, LocalProcess, NotifTracker};
 use crate::backend::{
     Backend, BackendInit, BackendParams, BackendXfer, Capabilities, LocalMd, NotifWaker, RemoteMd,
     XferEntry, XferOp,
@@ -309,11 +320,38 @@ struct Outgoing {
     staging_told: AtomicBool,
     /// Its side channel's record in `Common::own_streams`, removed with it.
     _side: side_channel::OwnStream,
+    /// The peer's process, where it runs on this host (in this pid namespace): its end
+    /// and a kill in progress are seen through the OS, before its teardown closes the
+    /// side channel (see [`Outgoing::process_gone`]).
+    process: Option<Arc<Liveness>>,
+    /// The same process as the heartbeat rules see it (`None`: another host or pid
+    /// namespace): its silence is judged more patiently while it runs, in this network
+    /// namespace (`LocalProcess::runs`).
+    local_process: Option<LocalProcess>,
 }
 
 impl Outgoing {
     fn is_dead(&self) -> bool {
         self.dead.load(Ordering::Acquire)
+    }
+
+    /// Whether the peer's process is known to have ended or to be being killed (asked
+    /// of the OS, cheaply: see `liveness`); the connection is then killed with why.
+    fn process_gone(&self) -> bool {
+        let Some(process) = &self.process else {
+            return false;
+        };
+        match process.check(&self.peer) {
+            Ok(()) => false,
+            Err(Error::RemoteDisconnect { reason, .. }) => {
+                self.kill(&format!("the peer's process is gone: {reason}"));
+                true
+            }
+            Err(e) => {
+                self.kill(&e.to_string());
+                true
+            }
+        }
     }
 
     fn dead_reason(&self) -> Option<String> {
@@ -802,6 +840,8 @@ fn open(init: &BackendInit) -> Result<VerbsBackend> {
                 }
             })
             .collect::<Vec<_>>(),
+        // Who this process is, for peers on this host to watch it through the OS.
+        ProcessId::current().as_ref(),
     );
     let direct_refusal = direct_refusal(staging.vram_mode, &devices);
     // VRAM registers (directly or staged) with GPU support; a peer's VRAM is reachable
@@ -1098,7 +1138,10 @@ impl RemoteMd for VerbsRemoteMd {
 #[doc(hidden)]
 pub fn fuzz_wire_message(input: &[u8]) -> bool {
     let conn_ok = match wire::decode_conn_info(input) {
-        Ok(info) => wire::encode_conn_info(info.nonce, info.addr, &info.rails) == input,
+        Ok(info) => {
+            wire::encode_conn_info(info.nonce, info.addr, &info.rails, info.process.as_ref())
+                == input
+        }
         Err(_) => true,
     };
     let hello_ok = match wire::decode_hello(input) {

@@ -73,6 +73,11 @@ pub struct Detection {
     /// (a WRITE of megabytes takes seconds in a TCG guest: not the detection's time).
     /// Zero for the other faults (from the kill).
     pub origin: Duration,
+    /// Under [`Fault::AfterData`]: from the moment the peer killed itself (its own
+    /// stamp, CLOCK_MONOTONIC, one clock for every process of the host) to the error;
+    /// negative where the error came first. `None` for the other faults, or where the
+    /// peer left no stamp.
+    pub after_self_kill_ms: Option<f64>,
     pub fault: Fault,
 }
 
@@ -152,6 +157,7 @@ pub fn kill_during(
                 ended: killed.elapsed(),
                 completed_first,
                 origin,
+                after_self_kill_ms: None,
                 fault,
             };
         }
@@ -173,17 +179,25 @@ pub fn kill_during(
         }
         if let Err(error) = outcome {
             let after_kill = killed.elapsed();
+            let error_ns = monotonic_ns();
             // Told before the process could be reaped: its end comes after.
             let ended = ended.unwrap_or_else(|| {
                 peer.child.wait().unwrap();
                 killed.elapsed()
             });
+            let stamp = self_kill_stamp(peer.child.id());
+            let after_self_kill_ms = std::fs::read_to_string(&stamp)
+                .ok()
+                .and_then(|t| t.trim().parse::<u64>().ok())
+                .map(|at| (error_ns as f64 - at as f64) / 1e6);
+            let _ = std::fs::remove_file(&stamp);
             return Detection {
                 error,
                 after_kill,
                 ended,
                 completed_first,
                 origin,
+                after_self_kill_ms,
                 fault,
             };
         }
@@ -327,6 +341,11 @@ pub fn die_once_landed(agent: &Agent, mut landed: impl FnMut() -> bool, poll: Du
     let deadline = Instant::now() + 5 * TIMEOUT;
     while Instant::now() < deadline {
         if landed() {
+            // When, for the survivor's figure (`Detection::after_self_kill_ms`).
+            let _ = std::fs::write(
+                self_kill_stamp(std::process::id()),
+                monotonic_ns().to_string(),
+            );
             // SAFETY: kill(2) on this very process; no memory is passed.
             unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
         }
@@ -334,6 +353,23 @@ pub fn die_once_landed(agent: &Agent, mut landed: impl FnMut() -> bool, poll: Du
         std::thread::sleep(poll);
     }
     panic!("the WRITE's data never landed");
+}
+
+/// Where a peer process `pid` that kills itself leaves the moment it did
+/// ([`die_once_landed`]).
+fn self_kill_stamp(pid: u32) -> PathBuf {
+    std::env::temp_dir().join(format!("nixl-restart-self-kill-{pid}"))
+}
+
+/// CLOCK_MONOTONIC in nanoseconds: one clock for every process of the host.
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: one valid timespec to fill.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 /// Whether each of the first `blocks` blocks of `block` bytes from `base` ends with

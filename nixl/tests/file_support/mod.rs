@@ -18,6 +18,8 @@ pub const T: Duration = Duration::from_secs(30);
 const ROLE: &str = "NIXL_FILE_TEST_ROLE";
 const MOUNT: &str = "NIXL_FILE_TEST_MOUNT";
 const DELAY: &str = "NIXL_FILE_TEST_DELAY_MS";
+/// MiB of memory the daemon touches before it serves (a teardown that takes a while).
+const BALLAST: &str = "NIXL_FILE_TEST_BALLAST_MIB";
 
 /// A directory removed (with its contents) on drop.
 pub struct TempDir(PathBuf);
@@ -57,12 +59,17 @@ pub fn serve_if_daemon() {
     if let Ok(ms) = std::env::var(DELAY) {
         config.inject_delay = Duration::from_millis(ms.parse().unwrap());
     }
+    // Written, so that every page is the process's own until it ends.
+    let ballast: Vec<u8> = std::env::var(BALLAST).map_or_else(
+        |_| Vec::new(),
+        |mib| vec![1u8; mib.parse::<usize>().unwrap() << 20],
+    );
     let result = hf3fs_gdr::daemon::run(config, |_| {
         use std::io::Write;
         println!("@@ready");
         let _ = std::io::stdout().flush();
     });
-    eprintln!("daemon: {result:?}");
+    eprintln!("daemon: {result:?} ({} ballast bytes)", ballast.len());
     std::process::exit(1);
 }
 
@@ -76,23 +83,30 @@ impl Daemon {
     /// Starts one by re-running `test` (which calls [`serve_if_daemon`] first). Chunks
     /// of files named `*.slow` wait `slow_ms` first (0: no delay).
     pub fn start(test: &str, slow_ms: u64) -> Self {
+        Self::start_with_ballast(test, slow_ms, 0)
+    }
+
+    /// [`Daemon::start`], the daemon holding `ballast_mib` MiB of memory it wrote (its
+    /// teardown, once killed, takes that much longer).
+    pub fn start_with_ballast(test: &str, slow_ms: u64, ballast_mib: usize) -> Self {
         let mount = TempDir::new("nixl-file-mnt");
-        let child = Self::spawn(test, mount.path(), slow_ms);
+        let child = Self::spawn(test, mount.path(), slow_ms, ballast_mib);
         Self { child, mount }
     }
 
     /// Kills this daemon and starts another on the same mount (a daemon restart).
     pub fn restart(&mut self, test: &str, slow_ms: u64) {
         self.kill();
-        self.child = Self::spawn(test, self.mount.path(), slow_ms);
+        self.child = Self::spawn(test, self.mount.path(), slow_ms, 0);
     }
 
-    fn spawn(test: &str, mount: &Path, slow_ms: u64) -> Child {
+    fn spawn(test: &str, mount: &Path, slow_ms: u64, ballast_mib: usize) -> Child {
         let mut child = Command::new(std::env::current_exe().unwrap())
             .args([test, "--exact", "--nocapture", "--test-threads=1"])
             .env(ROLE, "daemon")
             .env(MOUNT, mount)
             .env(DELAY, slow_ms.to_string())
+            .env(BALLAST, ballast_mib.to_string())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -122,6 +136,12 @@ impl Daemon {
     pub fn kill(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+
+    /// Sends this daemon SIGKILL without waiting for its end (its teardown, which closes
+    /// its socket, may take long on a loaded host); [`Daemon::kill`] reaps it.
+    pub fn send_kill(&mut self) {
+        let _ = self.child.kill();
     }
 }
 

@@ -31,7 +31,10 @@ use super::{
     create_qp, verbs_error, Common, Incoming, Outgoing, VerbsBackend, HANDSHAKE_TIMEOUT,
     MAX_OUTSTANDING, MONITOR_PERIOD, NAME,
 };
-use crate::backends::heartbeat::{drain, poll_timeout, send_beat, Beat, Heard, Pacer};
+use crate::backends::heartbeat::{
+    drain, poll_timeout, send_beat, Beat, Heard, Pacer, LOCAL_SILENCE_FACTOR,
+};
+use crate::backends::liveness::{Liveness, ProcessId};
 use crate::error::{Error, Result};
 use crate::os::pollfd_in;
 use ibverbs::Endpoint;
@@ -54,6 +57,12 @@ pub(super) const MAX_HANDSHAKES: usize = 64;
 pub(super) const MAX_INCOMING: usize = 1024;
 /// Bound on asking the agent a HELLO named whether the connection is its own.
 const VERIFY_TIMEOUT: Duration = Duration::from_secs(2);
+/// How often the thread wakes to ask the OS about peers on this host (`liveness`: a kill
+/// in progress, read from `/proc` at most every 5 ms per peer, a few microseconds each),
+/// whatever else it waits for: a transfer's own poll may be held for tens of
+/// milliseconds inside a post (soft-RoCE moves a work request's data in the posting
+/// call), and a same-host peer's kill must still be told within the 100 ms goal.
+const PROCESS_WATCH_PERIOD: Duration = Duration::from_millis(20);
 
 /// The side-channel connections this agent opened, by (local, remote) address.
 #[derive(Debug, Default)]
@@ -247,6 +256,8 @@ impl VerbsBackend {
             remote_id: reply.conn,
             staging_told: AtomicBool::new(false),
             _side: side,
+            process: remote.process.as_ref().and_then(Liveness::watch),
+            local_process: remote.process.as_ref().and_then(ProcessId::local_process),
         }))
     }
 }
@@ -308,16 +319,29 @@ pub(super) fn side_channel_thread(listener: TcpListener, common: Arc<Common>) {
         let mut untold = false;
         for (conn, heard) in outgoing.iter().zip(heard) {
             if !conn.is_dead() {
-                let mut beat = conn.beat.lock();
                 match heard {
                     Heard::Closed => {
-                        drop(beat);
                         conn.kill("the peer's process is gone (its side channel closed)");
                     }
-                    Heard::Beat => beat.heard(now),
+                    // A same-host peer being killed is told here too, while no transfer
+                    // to it polls (its teardown closes the socket only later); `kill`
+                    // is done by the check.
+                    _ if conn.process_gone() => {}
+                    Heard::Beat => conn.beat.lock().heard(now),
+                    // A peer process on this host that still runs (its death is seen
+                    // through the OS) but whose beats a loaded machine did not schedule
+                    // is not declared dead before `LOCAL_SILENCE_FACTOR` times the bound,
+                    // as LIBFABRIC's hub judges it.
                     Heard::Nothing => {
-                        if let Some(why) = beat.verdict(now) {
-                            drop(beat);
+                        let verdict = {
+                            let beat = conn.beat.lock();
+                            beat.verdict(now).filter(|_| {
+                                conn.local_process.is_none_or(|p| {
+                                    !p.runs() || beat.verdict_scaled(now, LOCAL_SILENCE_FACTOR)
+                                })
+                            })
+                        };
+                        if let Some(why) = verdict {
                             conn.kill(&why);
                         }
                     }
@@ -360,10 +384,12 @@ fn wait_readable(listener: &TcpListener, common: &Common, retry: bool) {
         pollfd_in(listener.as_raw_fd()),
     ];
     let mut times = Vec::new();
+    let mut same_host = false;
     for c in common.outgoing.read().values() {
         if !c.is_dead() {
             fds.push(pollfd_in(c.stream.as_raw_fd()));
             times.extend(c.beat.lock().deadline());
+            same_host |= c.process.is_some();
         }
     }
     for c in common.incoming.read().values() {
@@ -372,7 +398,11 @@ fn wait_readable(listener: &TcpListener, common: &Common, retry: bool) {
             times.extend(pacer.next());
         }
     }
-    let cap = if retry { STAGING_RETRY } else { MONITOR_PERIOD };
+    let cap = match (retry, same_host) {
+        (true, _) => STAGING_RETRY,
+        (false, true) => PROCESS_WATCH_PERIOD,
+        (false, false) => MONITOR_PERIOD,
+    };
     let timeout = poll_timeout(Instant::now(), times.into_iter(), cap);
     // SAFETY: `fds` is a live array of pollfds; the sockets stay open during the call
     // (a connection closed meanwhile only makes its slot report an error or nothing).

@@ -56,14 +56,15 @@ fn connection_info_round_trips_and_rejects_garbage() {
         },
     ];
     let addr: SocketAddr = "192.0.2.1:4791".parse().unwrap();
-    let b = encode_conn_info(0x1234_5678_9abc_def0, addr, &rails);
+    let b = encode_conn_info(0x1234_5678_9abc_def0, addr, &rails, None);
     let c = decode_conn_info(&b).unwrap();
     assert_eq!(
         c,
         ConnInfo {
             nonce: 0x1234_5678_9abc_def0,
             addr,
-            rails
+            rails: rails.clone(),
+            process: None,
         }
     );
     for cut in 0..b.len() {
@@ -72,10 +73,21 @@ fn connection_info_round_trips_and_rejects_garbage() {
     let mut extra = b.clone();
     extra.push(0);
     assert!(decode_conn_info(&extra).is_err());
+    // With the process identity (what a peer on the same host watches): every cut
+    // inside it is refused too, and so is a byte after it.
+    let me = ProcessId::current().expect("/proc answers on Linux");
+    let with_id = encode_conn_info(7, addr, &rails, Some(&me));
+    assert_eq!(decode_conn_info(&with_id).unwrap().process, Some(me));
+    for cut in b.len() + 1..with_id.len() {
+        assert!(decode_conn_info(&with_id[..cut]).is_err(), "cut at {cut}");
+    }
+    let mut extra = with_id.clone();
+    extra.push(0);
+    assert!(decode_conn_info(&extra).is_err());
     let v6: SocketAddr = "[2001:db8::1]:9".parse().unwrap();
-    let b6 = encode_conn_info(1, v6, &c.rails[..1]);
+    let b6 = encode_conn_info(1, v6, &c.rails[..1], None);
     assert_eq!(decode_conn_info(&b6).unwrap().addr, v6);
-    let mut zero_rails = encode_conn_info(1, addr, &[]);
+    let mut zero_rails = encode_conn_info(1, addr, &[], None);
     assert!(decode_conn_info(&zero_rails).is_err());
     zero_rails[4] = 9;
     assert!(decode_conn_info(&zero_rails).is_err(), "version");

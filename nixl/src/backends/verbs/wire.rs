@@ -2,6 +2,7 @@
 //! (HELLO and its reply, length-prefixed frames) and notification messages. Every
 //! decoder is bounds-checked against hostile input.
 
+use super::super::liveness::ProcessId;
 use super::super::shared::put_socket_addr;
 use super::{MAX_NOTIF_BYTES, MAX_RAILS, NAME, NOTIF_HEADER};
 use crate::error::{Error, Result};
@@ -30,6 +31,9 @@ pub(super) struct ConnInfo {
     pub(super) nonce: u64,
     pub(super) addr: SocketAddr,
     pub(super) rails: Vec<RailInfo>,
+    /// Who the agent's process is, where `/proc` told it: a peer on the same host
+    /// watches it through the OS (`liveness`), as LIBFABRIC does.
+    pub(super) process: Option<ProcessId>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -115,8 +119,14 @@ fn get_addr(rd: &mut Rd<'_>) -> Result<SocketAddr> {
     Ok(SocketAddr::new(ip, rd.u16()?))
 }
 
-/// `NXVC ver nonce:u64 addr nrails:u8 {dev:u8 gid:16 lid:u16 mtu:u8}*`
-pub(super) fn encode_conn_info(nonce: u64, addr: SocketAddr, rails: &[RailInfo]) -> Vec<u8> {
+/// `NXVC ver nonce:u64 addr nrails:u8 {dev:u8 gid:16 lid:u16 mtu:u8}* [identity]`, the
+/// identity being `liveness`'s block (absent where the process could not say who it is).
+pub(super) fn encode_conn_info(
+    nonce: u64,
+    addr: SocketAddr,
+    rails: &[RailInfo],
+    process: Option<&ProcessId>,
+) -> Vec<u8> {
     let mut out = Vec::with_capacity(32 + rails.len() * 20);
     out.extend_from_slice(CONN_MAGIC);
     out.push(WIRE_VERSION);
@@ -128,6 +138,9 @@ pub(super) fn encode_conn_info(nonce: u64, addr: SocketAddr, rails: &[RailInfo])
         out.extend_from_slice(&r.gid.raw);
         out.extend_from_slice(&r.lid.to_le_bytes());
         out.push(r.mtu.0 as u8);
+    }
+    if let Some(process) = process {
+        process.encode(&mut out);
     }
     out
 }
@@ -154,8 +167,13 @@ pub(super) fn decode_conn_info(b: &[u8]) -> Result<ConnInfo> {
             mtu: Mtu(u32::from(rd.u8()?)),
         });
     }
-    rd.end()?;
-    Ok(ConnInfo { nonce, addr, rails })
+    let process = ProcessId::decode(rd.b)?;
+    Ok(ConnInfo {
+        nonce,
+        addr,
+        rails,
+        process,
+    })
 }
 
 /// `NXVH ver target_nonce:u64 nonce:u64 name:str16 n:u8 {qpn:u32 psn:u32 gid:16 lid:u16 mtu:u8}*`

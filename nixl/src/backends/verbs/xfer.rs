@@ -114,7 +114,7 @@ pub(super) struct VerbsXfer {
 
 impl BackendXfer for VerbsXfer {
     fn post(&mut self, notif: Option<&[u8]>, _params: &PostParams) -> Result<XferStatus> {
-        if self.conn.is_dead() {
+        if self.conn.is_dead() || self.conn.process_gone() {
             return Err(self.conn.disconnect_error());
         }
         let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
@@ -203,8 +203,9 @@ impl BackendXfer for VerbsXfer {
         }
         let done = self.shared.pending.load(Ordering::Acquire) == 0
             && !self.shared.notif_pending.load(Ordering::Acquire);
-        if !done && self.conn.is_dead() {
-            // The side channel saw the peer go: fail now, the flushes follow.
+        if !done && (self.conn.is_dead() || self.conn.process_gone()) {
+            // The side channel (or the OS, for a peer on this host) saw the peer go:
+            // fail now, the flushes follow.
             return Err(self.conn.disconnect_error());
         }
         Ok(XferProgress {

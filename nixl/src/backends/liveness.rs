@@ -1,4 +1,7 @@
-//! Whether a peer's process still runs, asked of the operating system.
+//! Whether a peer's process still runs, asked of the operating system (LIBFABRIC and
+//! VERBS: both carry [`ProcessId`] in their connection information). Written first for
+//! LIBFABRIC, whose case the text below tells; VERBS' own signal is its side channel's
+//! EOF, which comes only at the end of the teardown, as a pidfd's does.
 //!
 //! Some providers never report a dead peer: over `shm` a write to a SIGKILLed process
 //! simply never completes, so only the stall timeout (30 s by default) ended such a
@@ -29,7 +32,7 @@
 //! pieces it was to push), since a dying process's last system call may still be
 //! running.
 
-use super::super::shared::{boot_id, pid_namespace, proc_state, LocalProcess};
+use super::shared::{boot_id, pid_namespace, proc_state, LocalProcess};
 use crate::error::{Error, Result};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -152,7 +155,7 @@ impl ProcessId {
     /// The identity block (what follows the rail list): empty means none was sent.
     pub(super) fn decode(bytes: &[u8]) -> Result<Option<Self>> {
         let bad = |why: &str| {
-            Error::MalformedMetadata(format!("LIBFABRIC connection info: process identity {why}"))
+            Error::MalformedMetadata(format!("connection info: process identity {why}"))
         };
         if bytes.is_empty() {
             return Ok(None);
