@@ -1495,7 +1495,8 @@ impl Bound {
 
 /// Fuzzing entry point (not a stable API): the decoders of what peers send `GPUNETIO`
 /// on `input` — a sender's stream on the out-of-band notification channel, a NIC path's
-/// connection information, a remote memory descriptor (in metadata) and a direct-copy
+/// connection information, the backend's whole connection information (with its
+/// heartbeat hub), a remote memory descriptor (in metadata) and a direct-copy
 /// request or answer (on a control connection, module `peer_dram`). Returns whether
 /// what decoded encodes back to the bytes it was read from (decoding itself must never
 /// panic).
@@ -1523,5 +1524,13 @@ pub fn fuzz_oob_message(input: &[u8]) -> bool {
         Ok(crate::backends::peer_dram::Message::Done(d)) => d.encode() == input,
         Err(_) => true,
     };
-    stream_ok && nic_ok && desc_ok && peer_copy_ok
+    let conn_ok = match parse_conn_info("fuzz", input) {
+        // Unknown flag bits are not kept: compare what the encoding decodes to.
+        Ok(info) => encode_conn_info(&info)
+            .ok()
+            .and_then(|again| parse_conn_info("fuzz", &again).ok().map(|p| p == info))
+            .unwrap_or(false),
+        Err(_) => true,
+    };
+    stream_ok && nic_ok && desc_ok && peer_copy_ok && conn_ok
 }
