@@ -64,7 +64,26 @@
 //! `CUDA_IPC`, or `gio`; kernels of the device API are not affected; it also runs the
 //! copies this backend serves for a same-host peer's direct path, `gio` meaning `auto`
 //! there), `vram_peer_copy`
-//! (`auto`, the default: the direct peer copy where it fits; `off`: the NIC path).
+//! (`auto`, the default: the direct peer copy where it fits; `off`: the NIC path),
+//! `heartbeat_ms` (default 100; 0: no heartbeats) and `heartbeat_misses` (default 5), as
+//! `LIBFABRIC`'s: the NIC path's heartbeats (below).
+//!
+//! # A vanished peer
+//! A peer process that dies on this node is seen by `CUDA_IPC`'s watch on its process and
+//! by its notification connection closing. A peer *host* that vanishes — its link cut,
+//! its machine killed — sends nothing at all, and the proxy's TCP connection gives up
+//! only after minutes. So the NIC path runs the backends' heartbeat hub (module
+//! `heartbeat`, on the `oob_interface` address, advertised in the connection
+//! information): each peer with a NIC path is watched from when its connection
+//! information is loaded, and once it was silent for `heartbeat_misses` of its
+//! `heartbeat_ms` intervals, transfers to it in flight and posted later, and its
+//! notifications, fail with [`Error::RemoteDisconnect`]; its proxy's ring is shut down,
+//! so the kernels waiting on it end at once (module `nic`). `peer_gone` then answers
+//! `true`. The same peer reached again (a restored link), or a new incarnation, is
+//! watched afresh and gets a new proxy once its connection information is loaded again
+//! (after `invalidate_remote`, or the same information loaded over a dead watch). A peer
+//! that advertises no hub (an older one, `heartbeat_ms=0`) is not watched; its loss is
+//! left to the transport and the stall timeout.
 
 use super::cuda_copy::gpu_err;
 use super::heartbeat::HeartbeatConfig;
@@ -1083,7 +1102,9 @@ impl Backend for GpunetioBackend {
                 // can be asked of `/proc` (heartbeats then judge it as LIBFABRIC's do).
                 let process = who
                     .filter(|_| self.ipc.reach(agent).is_ok())
-                    .filter(|who| oob::LocalIdentity::me().is_some_and(|me| me.pid_ns == who.pid_ns))
+                    .filter(|who| {
+                        oob::LocalIdentity::me().is_some_and(|me| me.pid_ns == who.pid_ns)
+                    })
                     .map(|who| crate::backends::shared::LocalProcess {
                         pid: who.pid,
                         start_time: who.start_time,

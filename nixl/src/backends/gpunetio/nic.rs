@@ -17,6 +17,15 @@
 //!   this side's operations, never a peer's target (its metadata then has no
 //!   descriptor, and a peer's transfer to it is refused as unsupported).
 //! - **Notifications**: over the OOB channel ([`super::oob`]), after the data.
+//! - **Heartbeats**: a hub (module `heartbeat`, as `LIBFABRIC`'s) on the notification
+//!   address sends heartbeats to the peers that watch this backend and watches every
+//!   peer whose connection information advertised one. A peer's transfers check its
+//!   watch (at post, while in flight, and when a kernel failed): once it is dead they
+//!   end in `RemoteDisconnect` and the peer's ring is shut down, so the kernels that wait
+//!   on it end instead of waiting out the device timeout; no new proxy is made toward
+//!   it. Its connection information loaded again (a restored link, a new incarnation)
+//!   watches it afresh and builds a new proxy; requests on the old one keep it until
+//!   they are released.
 
 use super::oob::{OobListener, OobSender};
 use super::NAME;
@@ -575,7 +584,10 @@ pub(super) fn watch_peer(
 ) -> Option<Arc<PeerWatch>> {
     let (hub, at) = (hub?, at?);
     if at.addr.ip().is_loopback() && !same_host {
-        tracing::debug!(peer = agent, "{NAME}: the peer's heartbeat hub is on its loopback");
+        tracing::debug!(
+            peer = agent,
+            "{NAME}: the peer's heartbeat hub is on its loopback"
+        );
         return None;
     }
     match hub.watch_process(agent, at, process) {
