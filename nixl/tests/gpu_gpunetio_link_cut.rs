@@ -93,20 +93,24 @@ fn blocks(kind: MemKind, base: u64) -> DescList {
     }
 }
 
-/// The target's memory, DRAM or VRAM of GPU 0, `2 × LEN` bytes: the first half written
-/// by the initiator, the second half (pattern [`SEED_READ`]) read by it.
+/// The target's memory, DRAM or VRAM of GPU 0, `3 × LEN` bytes: the first third written
+/// by the initiator before and during the cut, the second (pattern [`SEED_READ`]) read
+/// by it, the last written after the restore. WRITEs in flight at the cut may still land
+/// after the restore (the old connection's bytes, queued in the initiator's kernel,
+/// leave once the link carries again): they never touch what is verified after it.
 enum TargetMem {
     Dram(Vec<u8>),
     Vram(gpu_mem::DeviceBuffer),
 }
 
 impl TargetMem {
-    fn first_half(&self) -> Vec<u8> {
+    /// What the WRITE after the restore wrote to (the last third).
+    fn after_restore(&self) -> Vec<u8> {
         match self {
-            TargetMem::Dram(buf) => buf[..LEN].to_vec(),
+            TargetMem::Dram(buf) => buf[2 * LEN..].to_vec(),
             TargetMem::Vram(buf) => {
                 let mut held = vec![0u8; LEN];
-                buf.copy_to_host(0, &mut held).unwrap();
+                buf.copy_to_host(2 * LEN, &mut held).unwrap();
                 held
             }
         }
@@ -114,7 +118,7 @@ impl TargetMem {
 }
 
 /// The target process (namespace 1): serves its memory and answers the notification
-/// [`AGAIN`] by checking that the first half holds [`SEED_AGAIN`]'s pattern, writing the
+/// [`AGAIN`] by checking that the last third holds [`SEED_AGAIN`]'s pattern, writing the
 /// verdict to `<announce>.ok`; serves until killed (bounded; it ends with the test that
 /// spawned it).
 #[test]
@@ -125,11 +129,11 @@ fn gpunetio_link_cut_target_process() {
     let announce_at = var(env::ROLE_FILE);
     let gpu = gpu_mem::Gpu::open(0).unwrap();
     let agent = agent(TARGET, &var(env::ADDR));
-    let mut init = vec![0u8; 2 * LEN];
-    init[LEN..].copy_from_slice(&pattern(SEED_READ, LEN));
+    let mut init = vec![0u8; 3 * LEN];
+    init[LEN..2 * LEN].copy_from_slice(&pattern(SEED_READ, LEN));
     let (mem, kind, base) = match var(env::TARGET_MEM).as_str() {
         "vram" => {
-            let buf = common::device_buffer(&gpu, 2 * LEN, &init);
+            let buf = common::device_buffer(&gpu, 3 * LEN, &init);
             let base = buf.ptr();
             (TargetMem::Vram(buf), MemKind::Vram, base)
         }
@@ -138,7 +142,7 @@ fn gpunetio_link_cut_target_process() {
             (TargetMem::Dram(init), MemKind::Dram, base)
         }
     };
-    let whole = Desc::new(base, 2 * LEN as u64, 0);
+    let whole = Desc::new(base, 3 * LEN as u64, 0);
     let list = match kind {
         MemKind::Vram => common::vram([whole]),
         _ => common::dram([whole]),
@@ -151,7 +155,7 @@ fn gpunetio_link_cut_target_process() {
         for (from, msgs) in agent.wait_notifs(Duration::from_millis(20)) {
             for msg in msgs.iter().filter(|m| m[..] == *AGAIN) {
                 // The notification follows the data: every byte must be there now.
-                let ok = mem.first_half() == pattern(SEED_AGAIN, LEN);
+                let ok = mem.after_restore() == pattern(SEED_AGAIN, LEN);
                 announce(
                     format!("{announce_at}.ok"),
                     &if ok {
@@ -170,6 +174,9 @@ fn gpunetio_link_cut_target_process() {
         }
     }
 }
+
+/// Makes a request of `LEN` bytes: op, local VRAM, the target's address, notification.
+type MakeXfer<'a> = dyn Fn(XferOp, u64, u64, &[u8]) -> nixl::Result<nixl::XferReq> + 'a;
 
 /// Runs `order` (a command line, words split at spaces), which must succeed.
 fn run_order(order: &str) {
@@ -299,7 +306,15 @@ fn gpunetio_link_cut_initiator_process() {
     report.push_str(&format!(" (its request released in {released:.2?})"));
     std::fs::write(&verdict, &report).unwrap();
 
-    let figures = reach_again(&agent, peer, base, again.ptr(), &xfer, &read_back);
+    // After the restore: the last third of the target's memory (see `TargetMem`).
+    let figures = reach_again(
+        &agent,
+        peer,
+        base + 2 * LEN as u64,
+        again.ptr(),
+        &xfer,
+        &read_back,
+    );
     report.push_str(&format!("; {figures}"));
     std::fs::write(&verdict, &report).unwrap();
 }
@@ -308,17 +323,17 @@ fn gpunetio_link_cut_initiator_process() {
 /// (the peer is known dead: `RemoteDisconnect` from creating the request or posting
 /// it), the link is restored, and the target — the same process, its metadata fetched
 /// again as for any peer declared dead — is reached within [`RECONNECT_BOUND`]: a WRITE
-/// from `again` (VRAM holding [`SEED_AGAIN`]'s pattern) with the notification [`AGAIN`],
-/// then a READ of it back, verified. Returns the figures.
+/// from `again` (VRAM holding [`SEED_AGAIN`]'s pattern) to the target's `at` with the
+/// notification [`AGAIN`], then a READ of it back, verified. Returns the figures.
 fn reach_again(
     agent: &Agent,
     peer: std::net::SocketAddr,
-    base: u64,
+    at: u64,
     again: u64,
-    xfer: &dyn Fn(XferOp, u64, u64, &[u8]) -> nixl::Result<nixl::XferReq>,
+    xfer: &MakeXfer<'_>,
     read_back: &dyn Fn(u64) -> Vec<u8>,
 ) -> String {
-    let refused = match xfer(XferOp::Write, again, base, AGAIN) {
+    let refused = match xfer(XferOp::Write, again, at, AGAIN) {
         Err(e) => e,
         Ok(mut write) => match write.post() {
             Err(e) => e,
@@ -350,7 +365,7 @@ fn reach_again(
             }
         }
     };
-    let mut write = xfer(XferOp::Write, again, base, AGAIN)
+    let mut write = xfer(XferOp::Write, again, at, AGAIN)
         .unwrap_or_else(|e| panic!("a WRITE after the restore: {e}"));
     write.post().unwrap();
     write
@@ -359,7 +374,7 @@ fn reach_again(
     let reached = restored.elapsed();
     drop(write);
     assert!(
-        read_back(base) == pattern(SEED_AGAIN, LEN),
+        read_back(at) == pattern(SEED_AGAIN, LEN),
         "READ after the restore brought the wrong bytes"
     );
     assert!(
