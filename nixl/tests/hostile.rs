@@ -757,9 +757,22 @@ mod backend_decoders {
             &[4, 127, 0, 0, 1],
             &80u16.to_le_bytes(),
         ]);
+        // The backend's whole connection information: no CUDA IPC part, the NIC path,
+        // then the flags byte announcing the heartbeat hub's address (issue 27).
+        let conn_info = le(&[
+            b"GNIO\x02",
+            &0u16.to_le_bytes(),
+            &[1],
+            &nic_info,
+            &[0x80],
+            b"NXHB\x01",
+            &0x0123_4567_89ab_cdefu64.to_le_bytes(),
+            &[4, 10, 77, 0, 2],
+            &40123u16.to_le_bytes(),
+        ]);
         survive(
             "GPUNETIO",
-            &[stream, verify, nic_info, descriptor],
+            &[stream, verify, nic_info, descriptor, conn_info],
             nixl::backends::gpunetio::fuzz_oob_message,
             30_000,
         );

@@ -41,11 +41,11 @@ pub mod fault;
 pub mod file;
 #[cfg(feature = "gpunetio")]
 pub mod gpunetio;
-#[cfg(any(feature = "libfabric", feature = "verbs"))]
+#[cfg(any(feature = "libfabric", feature = "verbs", feature = "gpunetio"))]
 #[cfg_attr(not(all(feature = "libfabric", feature = "verbs")), allow(dead_code))]
 pub(crate) mod heartbeat;
 /// Fuzzing entry point (not a stable API): the heartbeat hub's decoders.
-#[cfg(any(feature = "libfabric", feature = "verbs"))]
+#[cfg(any(feature = "libfabric", feature = "verbs", feature = "gpunetio"))]
 #[doc(hidden)]
 pub use heartbeat::fuzz_message as fuzz_heartbeat_message;
 #[cfg(feature = "cuda")]

@@ -2,6 +2,7 @@
 //! local and peer regions.
 
 use super::*;
+use crate::backends::heartbeat::HubAddr;
 
 /// A peer region's public metadata (as [`GnLocal::public_md`] wrote it): its `CUDA_IPC`
 /// part, its NIC-path descriptor and its VRAM export for direct peer copies. Bounded
@@ -127,4 +128,113 @@ pub(super) fn remote_md(md: &dyn RemoteMd) -> Result<&GnRemote> {
     md.as_any()
         .downcast_ref::<GnRemote>()
         .ok_or_else(|| Error::InvalidParam(format!("not {NAME} metadata of a peer's region")))
+}
+
+/// Flag of the connection information: the NIC path's heartbeat hub's address follows
+/// the same-host section (module `nic`, "Heartbeats"). The high bit, clear of the
+/// direct-copy flags ([`peer_dram::SERVES_PEER_COPIES`], [`peer_dram::LOCAL_CONTROL`]);
+/// connection information without it (an older peer, `heartbeat_ms=0`, no NIC path)
+/// stays readable and its peer is simply not watched.
+pub(super) const HEARTBEAT_HUB: u8 = 0x80;
+
+/// A peer's connection information, decoded: what [`encode_conn_info`] wrote.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct ConnInfo<'a> {
+    /// `CUDA_IPC`'s connection information (the intra-node path).
+    pub(super) ipc: &'a [u8],
+    /// The NIC path's endpoint and notification address, where it has one.
+    pub(super) nic: Option<nic::NicInfo>,
+    /// It serves direct VRAM ↔ DRAM copies (module `peer_dram`).
+    pub(super) serves: bool,
+    /// Its Unix socket and process, for same-host control connections.
+    pub(super) local: Option<(Vec<u8>, oob::LocalIdentity)>,
+    /// Its NIC path's heartbeat hub, where it runs one.
+    pub(super) hub: Option<HubAddr>,
+}
+
+/// `GNIO ver ipc:field nic_flag [nic] flags [pid start_time pid_ns unix:field] [hub]`.
+pub(super) fn encode_conn_info(info: &ConnInfo<'_>) -> Result<Vec<u8>> {
+    let mut out = CONN_MAGIC.to_vec();
+    out.push(WIRE_VERSION);
+    nic::put_field(&mut out, info.ipc)?;
+    match &info.nic {
+        Some(nic) => {
+            out.push(1);
+            nic.encode(&mut out)?;
+        }
+        None => out.push(0),
+    }
+    let mut flags = 0;
+    if info.serves {
+        flags |= peer_dram::SERVES_PEER_COPIES;
+    }
+    if info.local.is_some() {
+        flags |= peer_dram::LOCAL_CONTROL;
+    }
+    if info.hub.is_some() {
+        flags |= HEARTBEAT_HUB;
+    }
+    out.push(flags);
+    if let Some((name, me)) = &info.local {
+        out.extend_from_slice(&me.pid.to_le_bytes());
+        out.extend_from_slice(&me.start_time.to_le_bytes());
+        out.extend_from_slice(&me.pid_ns.to_le_bytes());
+        nic::put_field(&mut out, name)?;
+    }
+    if let Some(hub) = &info.hub {
+        hub.encode(&mut out);
+    }
+    Ok(out)
+}
+
+/// Decodes `agent`'s connection information; anything short, long or unknown is
+/// `MalformedMetadata`.
+pub(super) fn parse_conn_info<'a>(agent: &str, info: &'a [u8]) -> Result<ConnInfo<'a>> {
+    let bad = |what: String| {
+        Error::MalformedMetadata(format!("{NAME} connection info of `{agent}`: {what}"))
+    };
+    let mut f = Fields::new(info, "connection info");
+    if f.take(CONN_MAGIC.len())? != CONN_MAGIC || f.byte()? != WIRE_VERSION {
+        return Err(bad(format!("not this backend's (version {WIRE_VERSION})")));
+    }
+    let ipc = f.field()?;
+    let nic = match f.byte()? {
+        0 => None,
+        1 => Some(nic::NicInfo::decode(&mut f)?),
+        other => return Err(bad(format!("NIC flag {other}"))),
+    };
+    let flags = f.byte()?;
+    let serves = flags & peer_dram::SERVES_PEER_COPIES != 0;
+    let local = if flags & peer_dram::LOCAL_CONTROL != 0 {
+        let u32_at = |b: &[u8]| u32::from_le_bytes(b.try_into().expect("4 bytes"));
+        let u64_at = |b: &[u8]| u64::from_le_bytes(b.try_into().expect("8 bytes"));
+        let who = oob::LocalIdentity {
+            pid: u32_at(f.take(4)?),
+            start_time: u64_at(f.take(8)?),
+            pid_ns: u64_at(f.take(8)?),
+        };
+        let name = f.field()?;
+        if name.is_empty() || name.len() > 107 {
+            return Err(bad(format!("a {}-byte socket name", name.len())));
+        }
+        Some((name.to_vec(), who))
+    } else {
+        None
+    };
+    let hub = if flags & HEARTBEAT_HUB != 0 {
+        let rest = f.rest();
+        let (hub, tail) = HubAddr::decode(rest)?;
+        f.take(rest.len() - tail.len())?;
+        Some(hub)
+    } else {
+        None
+    };
+    f.finish()?;
+    Ok(ConnInfo {
+        ipc,
+        nic,
+        serves,
+        local,
+        hub,
+    })
 }

@@ -64,9 +64,29 @@
 //! `CUDA_IPC`, or `gio`; kernels of the device API are not affected; it also runs the
 //! copies this backend serves for a same-host peer's direct path, `gio` meaning `auto`
 //! there), `vram_peer_copy`
-//! (`auto`, the default: the direct peer copy where it fits; `off`: the NIC path).
+//! (`auto`, the default: the direct peer copy where it fits; `off`: the NIC path),
+//! `heartbeat_ms` (default 100; 0: no heartbeats) and `heartbeat_misses` (default 5), as
+//! `LIBFABRIC`'s: the NIC path's heartbeats (below).
+//!
+//! # A vanished peer
+//! A peer process that dies on this node is seen by `CUDA_IPC`'s watch on its process and
+//! by its notification connection closing. A peer *host* that vanishes — its link cut,
+//! its machine killed — sends nothing at all, and the proxy's TCP connection gives up
+//! only after minutes. So the NIC path runs the backends' heartbeat hub (module
+//! `heartbeat`, on the `oob_interface` address, advertised in the connection
+//! information): each peer with a NIC path is watched from when its connection
+//! information is loaded, and once it was silent for `heartbeat_misses` of its
+//! `heartbeat_ms` intervals, transfers to it in flight and posted later, and its
+//! notifications, fail with [`Error::RemoteDisconnect`]; its proxy's ring is shut down,
+//! so the kernels waiting on it end at once (module `nic`). `peer_gone` then answers
+//! `true`. The same peer reached again (a restored link), or a new incarnation, is
+//! watched afresh and gets a new proxy once its connection information is loaded again
+//! (after `invalidate_remote`, or the same information loaded over a dead watch). A peer
+//! that advertises no hub (an older one, `heartbeat_ms=0`) is not watched; its loss is
+//! left to the transport and the stall timeout.
 
 use super::cuda_copy::gpu_err;
+use super::heartbeat::HeartbeatConfig;
 use super::ipc_plane::IpcPlane;
 use super::shared::param;
 use crate::backend::{
@@ -244,6 +264,8 @@ struct Setup {
     peer_copy: bool,
     /// `provider`, if given (then a failing NIC path fails the binding).
     provider: Option<String>,
+    /// `heartbeat_ms`, `heartbeat_misses`: the NIC path's heartbeats (module `nic`).
+    heartbeat: HeartbeatConfig,
 }
 
 /// Why the backend drives the GPU it drives (for messages).
@@ -319,6 +341,8 @@ pub(crate) fn create(init: &BackendInit) -> Result<Arc<dyn Backend>> {
         "copy_depth",
         "copy_engine",
         crate::backends::peer_dram::PARAM,
+        HeartbeatConfig::KEYS[0],
+        HeartbeatConfig::KEYS[1],
     ];
     if let Some(key) = params.keys().find(|k| !KNOWN.contains(&k.as_str())) {
         return Err(Error::InvalidParam(format!(
@@ -385,6 +409,7 @@ pub(crate) fn create(init: &BackendInit) -> Result<Arc<dyn Backend>> {
         )));
     }
     let host_copy: HostCopy = param(NAME, params, "copy_engine", HostCopy::default())?;
+    let heartbeat = HeartbeatConfig::parse(NAME, params)?;
     // VRAM <-> a same-host peer's DRAM in one copy by the peer (module `peer_dram`).
     let peer_copy = match params
         .get(crate::backends::peer_dram::PARAM)
@@ -427,6 +452,7 @@ pub(crate) fn create(init: &BackendInit) -> Result<Arc<dyn Backend>> {
             host_copy,
             peer_copy,
             provider: params.get("provider").cloned(),
+            heartbeat,
         },
         bound: OnceLock::new(),
         binding: Mutex::new(Vec::new()),
@@ -490,7 +516,14 @@ impl Bound {
             _ => {
                 let provider = setup.provider.as_deref().unwrap_or(DEFAULT_PROVIDER);
                 let node = oob::interface_address(oob_interface)?;
-                match NicPath::new(&setup.agent_name, &gpu, provider, node, DEVICE_TIMEOUT) {
+                match NicPath::new(
+                    &setup.agent_name,
+                    &gpu,
+                    provider,
+                    node,
+                    DEVICE_TIMEOUT,
+                    setup.heartbeat,
+                ) {
                     Ok(nic) => Some(nic),
                     Err(e) if handler == NicHandlerChoice::Auto && setup.provider.is_none() => {
                         tracing::warn!("{NAME}: no NIC path (peers on this node only): {e}");
@@ -1032,86 +1065,53 @@ impl Backend for GpunetioBackend {
         }))
     }
     fn connection_info(&self) -> Result<Vec<u8>> {
-        let mut out = CONN_MAGIC.to_vec();
-        out.push(WIRE_VERSION);
-        nic::put_field(&mut out, &self.ipc.connection_info()?)?;
+        let ipc = self.ipc.connection_info()?;
         let b = self.bound()?;
-        match &b.nic {
-            Some(nic) => {
-                out.push(1);
-                nic.info()?.encode(&mut out)?;
-            }
-            None => out.push(0),
-        }
         // Same-host control connections: this process and its Unix socket (module `oob`).
         let local = match (&b.peer_dram, &b.nic) {
-            (Some(_), Some(nic)) => nic.oob_unix().zip(oob::LocalIdentity::me()),
+            (Some(_), Some(nic)) => nic
+                .oob_unix()
+                .zip(oob::LocalIdentity::me())
+                .map(|(name, me)| (name.to_vec(), me)),
             _ => None,
         };
-        let mut flags = 0;
-        if b.peer_dram.is_some() {
-            flags |= peer_dram::SERVES_PEER_COPIES;
-        }
-        if local.is_some() {
-            flags |= peer_dram::LOCAL_CONTROL;
-        }
-        out.push(flags);
-        if let Some((name, me)) = local {
-            out.extend_from_slice(&me.pid.to_le_bytes());
-            out.extend_from_slice(&me.start_time.to_le_bytes());
-            out.extend_from_slice(&me.pid_ns.to_le_bytes());
-            nic::put_field(&mut out, name)?;
-        }
-        Ok(out)
+        encode_conn_info(&ConnInfo {
+            ipc: &ipc,
+            nic: b.nic.as_ref().map(|nic| nic.info()).transpose()?,
+            serves: b.peer_dram.is_some(),
+            local,
+            hub: b.nic.as_ref().and_then(|nic| nic.hub_addr()),
+        })
     }
     fn load_remote_conn_info(&self, agent: &str, info: &[u8]) -> Result<()> {
-        let mut f = Fields::new(info, "connection info");
-        if f.take(CONN_MAGIC.len())? != CONN_MAGIC || f.byte()? != WIRE_VERSION {
-            return Err(Error::MalformedMetadata(format!(
-                "{NAME} connection info of `{agent}`: not this backend's (version {WIRE_VERSION})"
-            )));
-        }
-        let ipc = f.field()?;
-        let nic = match f.byte()? {
-            0 => None,
-            1 => Some(nic::NicInfo::decode(&mut f)?),
-            other => {
-                return Err(Error::MalformedMetadata(format!(
-                    "{NAME} connection info of `{agent}`: NIC flag {other}"
-                )))
-            }
-        };
-        let flags = f.byte()?;
-        let serves = flags & peer_dram::SERVES_PEER_COPIES != 0;
-        let local = if flags & peer_dram::LOCAL_CONTROL != 0 {
-            let u32_at = |b: &[u8]| u32::from_le_bytes(b.try_into().expect("4 bytes"));
-            let u64_at = |b: &[u8]| u64::from_le_bytes(b.try_into().expect("8 bytes"));
-            let who = oob::LocalIdentity {
-                pid: u32_at(f.take(4)?),
-                start_time: u64_at(f.take(8)?),
-                pid_ns: u64_at(f.take(8)?),
-            };
-            let name = f.field()?;
-            if name.is_empty() || name.len() > 107 {
-                return Err(Error::MalformedMetadata(format!(
-                    "{NAME} connection info of `{agent}`: a {}-byte socket name",
-                    name.len()
-                )));
-            }
-            Some((name.to_vec(), who))
-        } else {
-            None
-        };
-        f.finish()?;
-        self.ipc.load_remote_conn_info(agent, ipc)?;
+        let parsed = parse_conn_info(agent, info)?;
+        self.ipc.load_remote_conn_info(agent, parsed.ipc)?;
         let b = self.bound()?;
         if let Some(path) = &b.peer_dram {
-            path.load_peer(agent, serves, nic.as_ref().map(|n| n.oob), local.clone());
+            path.load_peer(
+                agent,
+                parsed.serves,
+                parsed.nic.as_ref().map(|n| n.oob),
+                parsed.local.clone(),
+            );
         }
-        match (&b.nic, nic) {
-            (Some(path), Some(info)) => {
-                path.load_peer(agent, info)?;
-                path.know_process(agent, local.map(|(_, who)| who));
+        match (&b.nic, parsed.nic) {
+            (Some(path), Some(nic_info)) => {
+                let who = parsed.local.map(|(_, who)| who);
+                // Same node (CUDA IPC's boot id), same pid namespace: the peer's process
+                // can be asked of `/proc` (heartbeats then judge it as LIBFABRIC's do).
+                let process = who
+                    .filter(|_| self.ipc.reach(agent).is_ok())
+                    .filter(|who| {
+                        oob::LocalIdentity::me().is_some_and(|me| me.pid_ns == who.pid_ns)
+                    })
+                    .map(|who| crate::backends::shared::LocalProcess {
+                        pid: who.pid,
+                        start_time: who.start_time,
+                    });
+                let same_host = self.ipc.reach(agent).is_ok();
+                path.load_peer(agent, nic_info, parsed.hub, same_host, process)?;
+                path.know_process(agent, who);
                 Ok(())
             }
             _ => Ok(()),
@@ -1150,9 +1150,9 @@ impl Backend for GpunetioBackend {
         }))
     }
     fn peer_gone(&self, agent: &str) -> bool {
-        // The peer's process, as CUDA IPC watches it (same node); a peer reached through
-        // the NIC only is left to failed requests.
-        self.ipc.peer_gone(agent)
+        // The peer's process, as CUDA IPC watches it (same node), or its NIC path's
+        // heartbeats (a vanished host, a cut link).
+        self.ipc.peer_gone(agent) || self.nic_if_bound().is_some_and(|n| n.peer_gone(agent))
     }
     fn disconnect(&self, agent: &str) {
         self.ipc.disconnect(agent);
@@ -1337,7 +1337,9 @@ impl Backend for GpunetioBackend {
     fn gen_notif(&self, agent: &str, msg: &[u8]) -> Result<()> {
         if let Some(nic) = self.nic_if_bound() {
             if !self.intra_node_peer(agent) && nic.knows(agent) {
-                return nic.link(agent)?.oob.send(msg);
+                let link = nic.link(agent)?;
+                link.alive()?;
+                return link.oob.send(msg);
             }
         }
         self.ipc.gen_notif(agent, msg)
@@ -1514,7 +1516,8 @@ impl Bound {
 
 /// Fuzzing entry point (not a stable API): the decoders of what peers send `GPUNETIO`
 /// on `input` — a sender's stream on the out-of-band notification channel, a NIC path's
-/// connection information, a remote memory descriptor (in metadata) and a direct-copy
+/// connection information, the backend's whole connection information (with its
+/// heartbeat hub), a remote memory descriptor (in metadata) and a direct-copy
 /// request or answer (on a control connection, module `peer_dram`). Returns whether
 /// what decoded encodes back to the bytes it was read from (decoding itself must never
 /// panic).
@@ -1542,5 +1545,13 @@ pub fn fuzz_oob_message(input: &[u8]) -> bool {
         Ok(crate::backends::peer_dram::Message::Done(d)) => d.encode() == input,
         Err(_) => true,
     };
-    stream_ok && nic_ok && desc_ok && peer_copy_ok
+    let conn_ok = match parse_conn_info("fuzz", input) {
+        // Unknown flag bits are not kept: compare what the encoding decodes to.
+        Ok(info) => encode_conn_info(&info)
+            .ok()
+            .and_then(|again| parse_conn_info("fuzz", &again).ok().map(|p| p == info))
+            .unwrap_or(false),
+        Err(_) => true,
+    };
+    stream_ok && nic_ok && desc_ok && peer_copy_ok && conn_ok
 }

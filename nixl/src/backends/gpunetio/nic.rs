@@ -17,9 +17,20 @@
 //!   this side's operations, never a peer's target (its metadata then has no
 //!   descriptor, and a peer's transfer to it is refused as unsupported).
 //! - **Notifications**: over the OOB channel ([`super::oob`]), after the data.
+//! - **Heartbeats**: a hub (module `heartbeat`, as `LIBFABRIC`'s) on the notification
+//!   address sends heartbeats to the peers that watch this backend and watches every
+//!   peer whose connection information advertised one. A peer's transfers check its
+//!   watch (at post, while in flight, and when a kernel failed): once it is dead they
+//!   end in `RemoteDisconnect` and the peer's ring is shut down, so the kernels that wait
+//!   on it end instead of waiting out the device timeout; no new proxy is made toward
+//!   it. Its connection information loaded again (a restored link, a new incarnation)
+//!   watches it afresh and builds a new proxy; requests on the old one keep it until
+//!   they are released.
 
 use super::oob::{OobListener, OobSender};
 use super::NAME;
+use crate::backends::heartbeat::{HeartbeatConfig, Hub, HubAddr, PeerWatch};
+use crate::backends::shared::LocalProcess;
 use crate::error::{Error, Result};
 use crate::mem::MemKind;
 use gpunetio::proxy::{CpuProxy, CpuProxyBuilder, FabricTransport, RemoteDescriptor, RingMemory};
@@ -75,6 +86,10 @@ struct Locals {
 #[derive(Debug)]
 struct PeerEntry {
     info: NicInfo,
+    /// Its heartbeat hub, as its connection information advertised it.
+    hub: Option<HubAddr>,
+    /// Its heartbeats, where both sides send them; dead once they stopped.
+    watch: Option<Arc<PeerWatch>>,
     link: Option<Arc<NicPeer>>,
 }
 
@@ -84,6 +99,25 @@ pub(super) struct NicPeer {
     pub(super) name: String,
     pub(super) proxy: CpuProxy<FabricTransport>,
     pub(super) oob: OobSender,
+    /// The peer's heartbeats (see [`NicPath::load_peer`]).
+    watch: Option<Arc<PeerWatch>>,
+}
+
+impl NicPeer {
+    /// `Err(RemoteDisconnect)` once the peer's heartbeats stopped or its notification
+    /// connection closed. A peer found silent has its ring shut down: the kernels
+    /// waiting on it end (`GIO_ERR_SHUTDOWN`) instead of waiting out the device
+    /// timeout for operations a vanished host never completes, so releasing their
+    /// requests does not wait either.
+    pub(super) fn alive(&self) -> Result<()> {
+        if let Some(watch) = &self.watch {
+            if let Err(e) = watch.check(&self.name) {
+                self.proxy.shutdown();
+                return Err(e);
+            }
+        }
+        self.oob.alive()
+    }
 }
 
 /// The NIC path of one backend.
@@ -99,6 +133,9 @@ pub(super) struct NicPath {
     locals: Mutex<Locals>,
     peers: Mutex<HashMap<String, PeerEntry>>,
     oob: OobListener,
+    /// Sends heartbeats to the peers that watch this backend and watches the peers it
+    /// loaded (`None` with `heartbeat_ms=0`).
+    hub: Option<Hub>,
 }
 
 impl NicPath {
@@ -108,11 +145,17 @@ impl NicPath {
         provider: &str,
         node: IpAddr,
         timeout: Duration,
+        heartbeat: HeartbeatConfig,
     ) -> Result<Arc<Self>> {
         let serve = Self::proxy(gpu, provider, node, timeout, SERVE_RING)?;
         serve
             .start()
             .map_err(nic_err("starting the serving proxy"))?;
+        // On the notification address: where peers already reach this backend.
+        let hub = match heartbeat.interval {
+            Some(_) => Some(Hub::start(NAME, me, node, heartbeat)?),
+            None => None,
+        };
         Ok(Arc::new(Self {
             me: me.to_string(),
             gpu: gpu.clone(),
@@ -123,7 +166,13 @@ impl NicPath {
             locals: Mutex::default(),
             peers: Mutex::default(),
             oob: OobListener::bind(node, me)?,
+            hub,
         }))
+    }
+
+    /// Where peers reach this backend's heartbeat hub (`None`: heartbeats off).
+    pub(super) fn hub_addr(&self) -> Option<HubAddr> {
+        self.hub.as_ref().map(Hub::addr)
     }
 
     /// Checks, without a GPU, that `provider` opens an endpoint at `node`: a wrong
@@ -276,8 +325,19 @@ impl NicPath {
         locals.free.push(slot);
     }
 
-    /// Records (or replaces) what `agent` published.
-    pub(super) fn load_peer(&self, agent: &str, info: NicInfo) -> Result<()> {
+    /// Records (or replaces) what `agent` published, and watches its heartbeats where
+    /// it advertised a hub (`hub`; `same_host`: it runs on this node, `process`: and in
+    /// this pid namespace — see [`watch_peer`]). The same information loaded again keeps
+    /// the peer as it is, unless its heartbeats stopped: then it is watched afresh and
+    /// reached through a new proxy (a restored link).
+    pub(super) fn load_peer(
+        &self,
+        agent: &str,
+        info: NicInfo,
+        hub: Option<HubAddr>,
+        same_host: bool,
+        process: Option<LocalProcess>,
+    ) -> Result<()> {
         if info.provider != self.provider {
             return Err(Error::Unreachable {
                 backend: NAME.into(),
@@ -288,15 +348,45 @@ impl NicPath {
                 ),
             });
         }
-        let mut peers = self.peers.lock();
-        if peers.get(agent).is_some_and(|p| p.info == info) {
+        let unchanged = |peers: &HashMap<String, PeerEntry>| {
+            peers.get(agent).is_some_and(|p| {
+                p.info == info && p.hub == hub && !p.watch.as_ref().is_some_and(|w| w.is_dead())
+            })
+        };
+        if unchanged(&self.peers.lock()) {
             return Ok(());
+        }
+        // Outside the table's lock: the handshake waits for the peer's hub (up to its
+        // connect bound), and transfers read the table.
+        let watch = watch_peer(self.hub.as_ref(), agent, hub, same_host, process);
+        let mut peers = self.peers.lock();
+        if unchanged(&peers) {
+            return Ok(()); // a concurrent load did it
         }
         // A hello naming it is asked about at the address it advertised.
         self.oob.know(agent, info.oob);
-        // A new incarnation: requests on the old link keep it until they are released.
-        peers.insert(agent.to_string(), PeerEntry { info, link: None });
+        // A new incarnation (or a peer whose heartbeats had stopped): requests on the
+        // old link keep it until they are released.
+        peers.insert(
+            agent.to_string(),
+            PeerEntry {
+                info,
+                hub,
+                watch,
+                link: None,
+            },
+        );
         Ok(())
+    }
+
+    /// Whether `agent`'s heartbeats stopped (the incarnation loaded last is over, or
+    /// the link to it is gone).
+    pub(super) fn peer_gone(&self, agent: &str) -> bool {
+        self.peers
+            .lock()
+            .get(agent)
+            .and_then(|p| p.watch.as_ref())
+            .is_some_and(|w| w.is_dead())
     }
 
     /// Whether `agent` published a NIC path.
@@ -322,6 +412,10 @@ impl NicPath {
         if let Some(link) = &entry.link {
             return Ok(link.clone());
         }
+        // No proxy toward a peer known silent: its requests would wait for nothing.
+        if let Some(watch) = &entry.watch {
+            watch.check(agent)?;
+        }
         let proxy = Self::proxy(
             &self.gpu,
             &self.provider,
@@ -342,6 +436,7 @@ impl NicPath {
             name: agent.to_string(),
             proxy,
             oob: OobSender::new(&self.me, agent, entry.info.oob, self.oob.own_conns()),
+            watch: entry.watch.clone(),
         });
         entry.link = Some(link.clone());
         Ok(link)
@@ -468,7 +563,52 @@ impl crate::backends::cuda_copy::NotifSink for NicSink {
         self.peer.oob.send(&msg)
     }
     fn alive(&self) -> Result<()> {
-        self.peer.oob.alive()
+        self.peer.alive()
+    }
+}
+
+/// Watches `agent` through its hub at `at` where both sides run one: `None` where either
+/// has heartbeats off, or the peer's hub is on the loopback of another host (`same_host`
+/// false: nothing of it is reachable there), or the hub cannot be reached (logged: the
+/// peer is then left to the transport and the stall timeout). A hub that refuses — gone,
+/// or a newer incarnation's in its place — gives a watch dead from the start, as
+/// LIBFABRIC's: transfers to that incarnation are `RemoteDisconnect` at once. `process`
+/// (a peer in this node's pid namespace) makes a silent but running process not dead
+/// (see [`Hub::watch_process`]).
+pub(super) fn watch_peer(
+    hub: Option<&Hub>,
+    agent: &str,
+    at: Option<HubAddr>,
+    same_host: bool,
+    process: Option<LocalProcess>,
+) -> Option<Arc<PeerWatch>> {
+    let (hub, at) = (hub?, at?);
+    if at.addr.ip().is_loopback() && !same_host {
+        tracing::debug!(
+            peer = agent,
+            "{NAME}: the peer's heartbeat hub is on its loopback"
+        );
+        return None;
+    }
+    match hub.watch_process(agent, at, process) {
+        Ok(watch) => watch,
+        Err(Error::RemoteDisconnect { reason, .. }) => Some(PeerWatch::dead(&reason)),
+        Err(Error::Io(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+            Some(PeerWatch::dead(&format!(
+                "its heartbeat hub at {} refused the connection: the peer's backend is gone",
+                at.addr
+            )))
+        }
+        Err(e) => {
+            tracing::warn!(
+                peer = agent,
+                hub = %at.addr,
+                error = %e,
+                "{NAME}: no heartbeats from this peer (a vanished host will be found only \
+                 by the transport or the stall timeout)"
+            );
+            None
+        }
     }
 }
 
@@ -505,6 +645,11 @@ impl<'a> Fields<'a> {
         let (head, rest) = self.rest.split_at(n);
         self.rest = rest;
         Ok(head)
+    }
+
+    /// What is left to read.
+    pub(super) fn rest(&self) -> &'a [u8] {
+        self.rest
     }
 
     pub(super) fn field(&mut self) -> Result<&'a [u8]> {

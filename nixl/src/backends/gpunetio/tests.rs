@@ -177,3 +177,219 @@ fn gpu_devices_is_one_ordinal() {
         Err(Error::InvalidParam(_))
     ));
 }
+
+/// Connection information as a peer with a NIC path, a same-host section and a
+/// heartbeat hub writes it.
+fn full_conn_info() -> (Vec<u8>, crate::backends::heartbeat::HubAddr) {
+    let hub = crate::backends::heartbeat::HubAddr {
+        nonce: 0x0123_4567_89ab_cdef,
+        addr: "10.77.0.2:40123".parse().unwrap(),
+    };
+    let info = ConnInfo {
+        ipc: b"ipc-section",
+        nic: Some(nic::NicInfo {
+            provider: "tcp;ofi_rxm".into(),
+            endpoint: vec![7; 24],
+            oob: "10.77.0.2:4242".parse().unwrap(),
+        }),
+        serves: true,
+        local: Some((
+            b"\0gnio-sock".to_vec(),
+            oob::LocalIdentity {
+                pid: 4242,
+                start_time: 99,
+                pid_ns: 4026531836,
+            },
+        )),
+        hub: Some(hub),
+    };
+    (encode_conn_info(&info).unwrap(), hub)
+}
+
+/// The heartbeat hub travels in the connection information behind its flag; without
+/// the flag (an older peer, `heartbeat_ms=0`) the rest reads as before, the peer just
+/// unwatched; a cut, extended or damaged block is `MalformedMetadata`, never misread.
+#[test]
+fn connection_info_carries_the_heartbeat_hub() {
+    let (bytes, hub) = full_conn_info();
+    let parsed = parse_conn_info("peer", &bytes).unwrap();
+    assert_eq!(parsed.hub, Some(hub));
+    assert!(parsed.serves && parsed.local.is_some() && parsed.nic.is_some());
+    assert_eq!(parsed.ipc, b"ipc-section");
+    assert_eq!(encode_conn_info(&parsed).unwrap(), bytes);
+
+    // Without a hub: the old layout, byte for byte (the flags byte is the last but the
+    // same-host section), read back without one.
+    let no_hub = ConnInfo {
+        hub: None,
+        ..parsed.clone()
+    };
+    let old = encode_conn_info(&no_hub).unwrap();
+    let flags_at = old.len() - (4 + 8 + 8 + 2 + b"\0gnio-sock".len()) - 1;
+    assert_eq!(
+        old[flags_at],
+        peer_dram::SERVES_PEER_COPIES | peer_dram::LOCAL_CONTROL
+    );
+    assert_eq!(parse_conn_info("peer", &old).unwrap(), no_hub);
+    // Nothing but the NIC path (no direct copies, no hub): one zero flags byte.
+    let bare = ConnInfo {
+        ipc: b"",
+        nic: parsed.nic.clone(),
+        serves: false,
+        local: None,
+        hub: None,
+    };
+    let bare_bytes = encode_conn_info(&bare).unwrap();
+    assert_eq!(bare_bytes.last(), Some(&0));
+    assert_eq!(parse_conn_info("peer", &bare_bytes).unwrap(), bare);
+
+    for cut in 0..bytes.len() {
+        assert!(
+            matches!(
+                parse_conn_info("peer", &bytes[..cut]),
+                Err(Error::MalformedMetadata(_))
+            ),
+            "cut at {cut}"
+        );
+    }
+    let mut long = bytes.clone();
+    long.push(0);
+    assert!(matches!(
+        parse_conn_info("peer", &long),
+        Err(Error::MalformedMetadata(_))
+    ));
+    // The hub flag set on information that carries none (garbage where the block
+    // should be), a damaged magic, an unknown address family.
+    let mut flagged = old.clone();
+    flagged[flags_at] |= HEARTBEAT_HUB;
+    assert!(matches!(
+        parse_conn_info("peer", &flagged),
+        Err(Error::MalformedMetadata(_))
+    ));
+    flagged.extend_from_slice(b"NXHBgarbage-garbage");
+    assert!(matches!(
+        parse_conn_info("peer", &flagged),
+        Err(Error::MalformedMetadata(_))
+    ));
+    let hub_at = old.len();
+    let mut bad_magic = bytes.clone();
+    bad_magic[hub_at] ^= 0xff;
+    assert!(matches!(
+        parse_conn_info("peer", &bad_magic),
+        Err(Error::MalformedMetadata(_))
+    ));
+    let mut bad_family = bytes.clone();
+    bad_family[hub_at + 13] = 5;
+    assert!(matches!(
+        parse_conn_info("peer", &bad_family),
+        Err(Error::MalformedMetadata(_))
+    ));
+}
+
+/// Every single-byte change and every prefix of valid connection information decodes
+/// or is refused with a typed error, never a panic; what decodes encodes back to what
+/// decodes the same.
+#[test]
+fn connection_info_mutations_never_panic() {
+    let (bytes, _) = full_conn_info();
+    let mut decoded = 0;
+    for i in 0..bytes.len() {
+        for v in [0u8, 1, 2, 0x7f, 0x80, 0xff, bytes[i] ^ 0x80] {
+            let mut m = bytes.clone();
+            m[i] = v;
+            match parse_conn_info("peer", &m) {
+                Ok(p) => {
+                    decoded += 1;
+                    let again = encode_conn_info(&p).unwrap();
+                    assert_eq!(parse_conn_info("peer", &again).unwrap(), p);
+                }
+                Err(Error::MalformedMetadata(_)) => {}
+                Err(e) => panic!("byte {i} = {v:#x}: {e:?}"),
+            }
+        }
+    }
+    assert!(decoded > 0);
+    assert!(fuzz_oob_message(&bytes));
+}
+
+/// The NIC path's watch on a peer: a live hub gives a live watch that dies once the
+/// peer falls silent (a cut link) and a fresh watch on the same, now answering, hub is
+/// alive again (the restored link, its metadata reloaded); a hub that is gone or of a
+/// newer incarnation gives a dead watch at once; a loopback hub of another host and
+/// heartbeats off give none.
+#[test]
+fn nic_watch_follows_the_peers_heartbeats() {
+    use crate::backends::heartbeat::{HeartbeatConfig, Hub, HubAddr};
+    let lo = std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
+    let fast = HeartbeatConfig {
+        interval: Some(Duration::from_millis(20)),
+        misses: 5,
+    };
+    let mine = Hub::start(NAME, "initiator", lo, fast).unwrap();
+    let theirs = Hub::start(NAME, "target", lo, fast).unwrap();
+    let at = theirs.addr();
+
+    let watch = nic::watch_peer(Some(&mine), "target", Some(at), true, None).expect("watched");
+    assert!(!watch.is_dead());
+    theirs.set_silent(true);
+    let since = std::time::Instant::now();
+    while !watch.is_dead() {
+        assert!(
+            since.elapsed() < Duration::from_secs(10),
+            "a silent peer was never declared dead"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    match watch.check("target") {
+        Err(Error::RemoteDisconnect { agent, reason }) => {
+            assert_eq!(agent, "target");
+            assert!(reason.contains("heartbeat"), "{reason}");
+        }
+        other => panic!("{other:?}"),
+    }
+    theirs.set_silent(false);
+    let again = nic::watch_peer(Some(&mine), "target", Some(at), true, None).expect("watched");
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(!again.is_dead(), "the answering peer, watched afresh");
+
+    let stale = HubAddr {
+        nonce: at.nonce ^ 1,
+        ..at
+    };
+    let dead = nic::watch_peer(Some(&mine), "target", Some(stale), true, None).expect("dead");
+    assert!(matches!(
+        dead.check("target"),
+        Err(Error::RemoteDisconnect { .. })
+    ));
+    drop(theirs);
+    let gone = nic::watch_peer(Some(&mine), "target", Some(at), true, None).expect("dead");
+    assert!(gone.is_dead());
+
+    // A loopback hub of a peer on another node says nothing of it: not watched.
+    assert!(nic::watch_peer(Some(&mine), "target", Some(at), false, None).is_none());
+    // Heartbeats off here, or none advertised: not watched.
+    assert!(nic::watch_peer(None, "target", Some(at), true, None).is_none());
+    assert!(nic::watch_peer(Some(&mine), "target", None, true, None).is_none());
+}
+
+/// `heartbeat_ms` / `heartbeat_misses` are GPUNETIO parameters, checked at creation.
+#[test]
+fn heartbeat_parameters_are_known_and_checked() {
+    let init = |k: &str, v: &str| crate::backend::BackendInit {
+        agent_name: "a".into(),
+        params: [
+            (k.to_string(), v.to_string()),
+            ("nic_handler".to_string(), "intra_node".to_string()),
+        ]
+        .into(),
+        progress_thread: false,
+        listen_addr: None,
+        registry: crate::backends::builtin_registry(),
+    };
+    for (k, v) in [("heartbeat_ms", "70000"), ("heartbeat_misses", "0")] {
+        match create(&init(k, v)).err() {
+            Some(Error::InvalidParam(m)) => assert!(m.contains(k), "{m}"),
+            other => panic!("{k}={v}: {other:?}"),
+        }
+    }
+}

@@ -212,6 +212,9 @@ impl BackendXfer for KernelXfer {
             let st = self.kernel_status();
             if st != 0 {
                 self.pending_notif = None;
+                // A peer found dead (its heartbeats stopped: its ring was shut down, or
+                // its operations failed) is said as such, not as the kernel's status.
+                self.sink.alive()?;
                 return Err(Error::Backend {
                     backend: NAME.into(),
                     code: st,
