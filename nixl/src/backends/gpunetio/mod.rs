@@ -1050,7 +1050,7 @@ impl Backend for GpunetioBackend {
         };
         let mut flags = 0;
         if b.peer_dram.is_some() {
-            flags |= peer_dram::SERVES_PEER_COPIES;
+            flags |= peer_dram::SERVES_PEER_COPIES | peer_dram::NOTIF_IN_REQUEST;
         }
         if local.is_some() {
             flags |= peer_dram::LOCAL_CONTROL;
@@ -1082,7 +1082,6 @@ impl Backend for GpunetioBackend {
             }
         };
         let flags = f.byte()?;
-        let serves = flags & peer_dram::SERVES_PEER_COPIES != 0;
         let local = if flags & peer_dram::LOCAL_CONTROL != 0 {
             let u32_at = |b: &[u8]| u32::from_le_bytes(b.try_into().expect("4 bytes"));
             let u64_at = |b: &[u8]| u64::from_le_bytes(b.try_into().expect("8 bytes"));
@@ -1106,7 +1105,7 @@ impl Backend for GpunetioBackend {
         self.ipc.load_remote_conn_info(agent, ipc)?;
         let b = self.bound()?;
         if let Some(path) = &b.peer_dram {
-            path.load_peer(agent, serves, nic.as_ref().map(|n| n.oob), local.clone());
+            path.load_peer(agent, flags, nic.as_ref().map(|n| n.oob), local.clone());
         }
         match (&b.nic, nic) {
             (Some(path), Some(info)) => {

@@ -323,7 +323,14 @@ impl PeerCopyXfer {
             // One buffer for every request of the transfer: no allocation per post.
             let message = &mut plan.scratch;
             message.clear();
-            encode_request(message, id, plan.direction, pieces, &plan.names[*rail]);
+            encode_request(
+                message,
+                id,
+                plan.direction,
+                pieces,
+                &plan.names[*rail],
+                None,
+            );
             // Sealed for the peer, which acts only on what its key proves.
             let message = &self.fallback.peer.sealer.seal_control(message);
             let r = &self.fallback.rails[*rail];

@@ -1167,6 +1167,16 @@ impl Worker {
         let stats = &self.common.peer_copy.stats;
         let (errno, answer_to) = match proof {
             Proof::Peer(peer) => match self.common.sources.find(self.index, &request.reply_to) {
+                // Only GPUNETIO's control connections carry a notification in a request
+                // (this backend's go on its rails after the answer): declined, so the
+                // transfer runs its ordinary path and its notification with it.
+                Some(s) if Arc::ptr_eq(&s.peer, peer) && request.notif.is_some() => (
+                    stats.refuse(
+                        libc::EOPNOTSUPP,
+                        format_args!("a request carrying a notification"),
+                    ),
+                    Some(s.reply.clone()),
+                ),
                 Some(s) if Arc::ptr_eq(&s.peer, peer) => match self.start_serving(request, &s) {
                     Ok(()) => return,
                     Err(errno) => (errno, Some(s.reply.clone())),
@@ -1187,6 +1197,7 @@ impl Worker {
         let done = peer_copy::Done {
             id: request.id,
             errno,
+            trace: None,
         };
         let sender = self.control_sender(proof, src);
         self.answer(
@@ -1236,8 +1247,15 @@ impl Worker {
                     let (serving, dest, id) = self.serving.swap_remove(i);
                     // The copies are done (or failed): the mappings and guards may go.
                     drop(serving);
-                    self.replies
-                        .push_back((dest, peer_copy::Done { id, errno }.encode()));
+                    self.replies.push_back((
+                        dest,
+                        peer_copy::Done {
+                            id,
+                            errno,
+                            trace: None,
+                        }
+                        .encode(),
+                    ));
                 }
                 None => i += 1,
             }
