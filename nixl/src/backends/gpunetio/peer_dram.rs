@@ -554,6 +554,8 @@ pub(super) struct PeerDramXfer {
     fallback: Box<dyn BackendXfer>,
     on_fallback: bool,
     run: Option<Arc<RunState>>,
+    /// The last post's state, reused by the next where nothing else holds it.
+    spare_run: Option<Arc<RunState>>,
     ids: Vec<u64>,
     /// The running post's notification (a buffer reused across posts), whether it has
     /// one, and whether its request carried it (the target delivers it).
@@ -644,6 +646,7 @@ impl PeerDramPath {
             fallback,
             on_fallback: false,
             run: None,
+            spare_run: None,
             ids: Vec::new(),
             notif: Vec::new(),
             has_notif: false,
@@ -678,7 +681,22 @@ impl PeerDramXfer {
     fn forget(&mut self) {
         self.path.shared.waits.forget(&self.ids);
         self.ids.clear();
-        self.run = None;
+        if let Some(run) = self.run.take() {
+            self.spare_run = Some(run);
+        }
+    }
+
+    /// The state of a new post: the last one's where no answer or wait holds it any
+    /// more, else a fresh one.
+    fn new_run(&mut self) -> Arc<RunState> {
+        let requests = self.requests.len();
+        if let Some(mut run) = self.spare_run.take() {
+            if let Some(state) = Arc::get_mut(&mut run) {
+                state.reset(requests);
+                return run;
+            }
+        }
+        Arc::new(RunState::new(&self.agent, requests))
     }
 }
 
@@ -700,7 +718,7 @@ impl BackendXfer for PeerDramXfer {
             )));
         }
         self.forget();
-        let run = Arc::new(RunState::new(&self.agent, self.requests.len()));
+        let run = self.new_run();
         self.run = Some(run.clone());
         self.notif.clear();
         self.notif.extend_from_slice(notif.unwrap_or_default());

@@ -581,6 +581,19 @@ impl RunState {
         }
     }
 
+    /// The state of a new post of `requests` requests to the same peer, reusing this one
+    /// (no allocation per post).
+    pub(crate) fn reset(&mut self, requests: usize) {
+        *self.pending.get_mut() = requests;
+        *self.answered.get_mut() = 0;
+        *self.declined.get_mut() = false;
+        *self.failed.get_mut() = None;
+        *self.answer_read.get_mut() = 0;
+        for s in &mut self.target_stamps {
+            *s.get_mut() = 0;
+        }
+    }
+
     /// One request answered by `done`: its stamps kept where tracing (before the answer
     /// counts, so whoever sees the run complete sees them), then [`RunState::answer`].
     pub(crate) fn answer_done(&self, done: &Done) {

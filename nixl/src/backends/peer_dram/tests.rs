@@ -267,6 +267,39 @@ fn answers_count_and_only_the_runs_peer_may_answer() {
     assert!(is_declined(libc::ENODEV) && !is_declined(libc::EIO));
 }
 
+/// A post's state reused by the next post starts afresh: nothing of the last post's
+/// answers, failure or decline (or traced stamps) carries over.
+#[test]
+fn a_reused_run_starts_afresh() {
+    let waits = Waits::default();
+    let mut run = Arc::new(RunState::new("target", 2));
+    let ids: Vec<u64> = (0..2).map(|_| waits.add(&run)).collect();
+    waits
+        .take(ids[0], None)
+        .unwrap()
+        .answer(libc::EADDRNOTAVAIL);
+    waits.take(ids[1], None).unwrap().answer_done(&Done {
+        id: ids[1],
+        errno: libc::EIO,
+        trace: Some(trace::TargetStamps {
+            read: 1,
+            launched: 2,
+            complete: 3,
+            answered: 4,
+        }),
+    });
+    assert_eq!(run.pending.load(Ordering::Acquire), 0);
+    let state = Arc::get_mut(&mut run).expect("no wait holds it once answered");
+    state.reset(3);
+    assert_eq!(run.pending.load(Ordering::Acquire), 3);
+    assert_eq!(run.answered.load(Ordering::Relaxed), 0);
+    assert!(!run.declined.load(Ordering::Acquire));
+    assert!(run.failed.lock().is_none());
+    assert_eq!(run.answer_read.load(Ordering::Relaxed), 0);
+    assert_eq!(run.target_trace(), trace::TargetStamps::default());
+    assert_eq!(run.agent, "target");
+}
+
 fn facts(
     local: MemKind,
     remote: MemKind,
