@@ -53,7 +53,7 @@
 //! peer's copy engine cannot order itself after this process's stream.
 
 use super::oob::{
-    ControlConn, ControlFrom, ControlReply, LocalIdentity, OwnConns, CONTROL_NOTIF,
+    spins, ControlConn, ControlFrom, ControlReply, LocalIdentity, OwnConns, CONTROL_NOTIF,
     CONTROL_PEER_COPY,
 };
 use super::NAME;
@@ -91,21 +91,11 @@ const IDLE_SPIN: Duration = Duration::from_micros(200);
 /// stalled GPU should not keep a core busy).
 const BUSY_SPIN: Duration = Duration::from_millis(20);
 /// How long the serving thread polls running copies (and waits for the next request)
-/// without yielding its core, where the process has [`CORES_TO_SPIN`] cores or more: a
-/// copy of a few MiB takes tens of microseconds, a yield can cost several when other
-/// threads are runnable, and answering sooner is what a small transfer waits for.
+/// without yielding its core, where the process has the cores to spare
+/// ([`spins`]): a copy of a few MiB takes tens of microseconds, a yield can cost
+/// several when other threads are runnable, and answering sooner is what a small
+/// transfer waits for.
 const SPIN_NO_YIELD: Duration = Duration::from_micros(500);
-/// Cores from which the serving thread spins without yielding (as the agent's wait
-/// does: with fewer, the threads moving the transfer need the core).
-const CORES_TO_SPIN: usize = 4;
-
-/// Whether this process has the cores to spin without yielding (read once).
-fn spins() -> bool {
-    static SPINS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *SPINS.get_or_init(|| {
-        std::thread::available_parallelism().map_or(1, |n| n.get()) >= CORES_TO_SPIN
-    })
-}
 
 /// What this backend knows of one peer's incarnation for this path.
 #[derive(Debug)]
