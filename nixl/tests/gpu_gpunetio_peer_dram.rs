@@ -6,7 +6,11 @@
 //! metadata take the CPU proxy with the same data; a target killed mid-transfer is
 //! `RemoteDisconnect`; requests of 512 small blocks on each of the target's copy
 //! strategies. Bandwidth is printed beside pinned copies of the same block size
-//! measured in the same run (no timing is asserted).
+//! measured in the same run (no timing is asserted). With `NIXL_PEER_COPY_TRACE=1`
+//! (both processes: the target inherits it) each bandwidth row is preceded by a
+//! `REPORT … trace …` line: the mean time of each step of a request (post → sent →
+//! the target read it → copies launched → seen complete → answer sent → read here →
+//! notification sent → Done), in microseconds.
 //!
 //! Needs a GPU: without one every test prints why it skips; with `NIXL_REQUIRE_GPU=1`
 //! (the GPU machine) a missing GPU fails instead.

@@ -7,7 +7,9 @@
 //! declines and the transfer runs staged, with the same data; a target killed
 //! mid-transfer is `RemoteDisconnect`; requests of 512 small blocks. Bandwidth is printed beside a pinned
 //! device-to-host and host-to-device copy measured in the same run (no timing is
-//! asserted). Two GPUs: `gpu_multi_vram_peer_dram`.
+//! asserted); with `NIXL_PEER_COPY_TRACE=1` each request's steps' mean times too
+//! (`REPORT … trace …`, see `gpu_gpunetio_peer_dram`). Two GPUs:
+//! `gpu_multi_vram_peer_dram`.
 //!
 //! Needs a GPU: without one every test prints why it skips; with `NIXL_REQUIRE_GPU=1`
 //! (the GPU machine) a missing GPU fails instead.

@@ -643,6 +643,28 @@ mod backend_decoders {
             b"rail-0",
         ]);
         let done = le(&[b"NXPV\x01\x02", &11u64.to_le_bytes(), &0i32.to_le_bytes()]);
+        // A request carrying its notification (kind 3: `u32` length, bytes after the
+        // name), and an answer with the target's four timing stamps (kind 4).
+        let request_notif = le(&[
+            b"NXPV\x01\x03",
+            &12u64.to_le_bytes(),
+            &[0],
+            &1u16.to_le_bytes(),
+            &piece(0x7f00_0000_0000, 0x5555_0000, 1 << 20),
+            &9u16.to_le_bytes(),
+            b"initiator",
+            &5u32.to_le_bytes(),
+            b"notif",
+        ]);
+        let traced_done = le(&[
+            b"NXPV\x01\x04",
+            &12u64.to_le_bytes(),
+            &0i32.to_le_bytes(),
+            &1u64.to_le_bytes(),
+            &2u64.to_le_bytes(),
+            &3u64.to_le_bytes(),
+            &4u64.to_le_bytes(),
+        ]);
         // The answer in a control seal (sequence, tag, public key, sender's name).
         let sealed = le(&[
             b"NXRS",
@@ -655,7 +677,14 @@ mod backend_decoders {
         ]);
         survive(
             "LIBFABRIC rail",
-            &[notif, request, done, sealed.clone()],
+            &[
+                notif,
+                request,
+                done,
+                request_notif,
+                traced_done,
+                sealed.clone(),
+            ],
             nixl::backends::libfabric::fuzz_rail_message,
             30_000,
         );
@@ -770,9 +799,38 @@ mod backend_decoders {
             &[4, 10, 77, 0, 2],
             &40123u16.to_le_bytes(),
         ]);
+        // A direct-copy request carrying its notification, and a traced answer (on a
+        // control connection, module `peer_dram`).
+        let request_notif = le(&[
+            b"NXPV\x01\x03",
+            &12u64.to_le_bytes(),
+            &[0],
+            &1u16.to_le_bytes(),
+            &0x7f00_0000_0000u64.to_le_bytes(),
+            &0x5555_0000u64.to_le_bytes(),
+            &(1u64 << 20).to_le_bytes(),
+            &9u16.to_le_bytes(),
+            b"initiator",
+            &5u32.to_le_bytes(),
+            b"notif",
+        ]);
+        let traced_done = le(&[
+            b"NXPV\x01\x04",
+            &12u64.to_le_bytes(),
+            &0i32.to_le_bytes(),
+            &[7; 32],
+        ]);
         survive(
             "GPUNETIO",
-            &[stream, verify, nic_info, descriptor, conn_info],
+            &[
+                stream,
+                verify,
+                nic_info,
+                descriptor,
+                conn_info,
+                request_notif,
+                traced_done,
+            ],
             nixl::backends::gpunetio::fuzz_oob_message,
             30_000,
         );

@@ -1949,6 +1949,12 @@ impl LibfabricBackend {
         ]
         .into_iter()
         .map(|(k, v)| (k.to_string(), v))
+        // Where tracing (`NIXL_PEER_COPY_TRACE=1`), the direct requests' summed timings.
+        .chain(
+            peer_copy::trace::counters()
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v.to_string())),
+        )
         .collect()
     }
 

@@ -350,6 +350,68 @@ pub fn peer_copy_info(agent: &Agent, peer: &str) -> nixl::BackendParams {
         .expect("a loaded peer")
 }
 
+/// The steps of a direct request the backend times with `NIXL_PEER_COPY_TRACE=1` (in
+/// both processes), in order: each reported as `peer_copy_trace_<step>_ns`, summed over
+/// the posts of one request so far (`peer_copy_trace_count`).
+pub const TRACE_STEPS: [&str; 9] = [
+    "post_to_sent",
+    "sent_to_target_read",
+    "target_read_to_launched",
+    "launched_to_complete",
+    "complete_to_answer_sent",
+    "answer_sent_to_read",
+    "answer_read_to_notif_sent",
+    "notif_sent_to_done",
+    "post_to_done",
+];
+
+/// The timed posts so far and each step's summed nanoseconds ([`TRACE_STEPS`]), where
+/// the backend traces (`NIXL_PEER_COPY_TRACE=1`).
+pub fn trace_sums(agent: &Agent, peer: &str) -> Option<(u64, Vec<u64>)> {
+    let info = peer_copy_info(agent, peer);
+    let count = info.get("peer_copy_trace_count")?.parse().ok()?;
+    let steps = TRACE_STEPS
+        .iter()
+        .map(|s| {
+            info.get(&format!("peer_copy_trace_{s}_ns"))
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0)
+        })
+        .collect();
+    Some((count, steps))
+}
+
+/// `REPORT` line of the mean time of each step of the posts timed between `before` and
+/// now ([`trace_sums`]); nothing where the backend does not trace or no post of one
+/// request ran (this side copied itself).
+pub fn report_trace(
+    test: &str,
+    what: &str,
+    agent: &Agent,
+    peer: &str,
+    before: &Option<(u64, Vec<u64>)>,
+) {
+    let (Some((n0, s0)), Some((n1, s1))) = (before, trace_sums(agent, peer)) else {
+        return;
+    };
+    let posts = n1 - n0;
+    if posts == 0 {
+        return;
+    }
+    let means: Vec<String> = TRACE_STEPS
+        .iter()
+        .zip(s1.iter().zip(s0))
+        .map(|(step, (after, before))| {
+            format!("{step} {:.2}", (after - before) as f64 / posts as f64 / 1e3)
+        })
+        .collect();
+    println!(
+        "REPORT {test} {}: trace {what}, {posts} posts, mean us: {}",
+        backend(),
+        means.join(", ")
+    );
+}
+
 /// Pinned device-to-host and host-to-device bandwidth (GB/s) of `len`-byte copies.
 pub fn pinned_copy_rates(gpu: &Gpu, len: usize) -> (f64, f64) {
     let dev = device(gpu, len, &[]);
@@ -733,7 +795,15 @@ pub fn direct_both_ways(test: &str, gpus: &[Gpu], target_gpu: usize) {
             (XferOp::Write, MemKind::Dram, MemKind::Vram, h2d),
             (XferOp::Read, MemKind::Dram, MemKind::Vram, d2h),
         ] {
+            let traced = trace_sums(&initiator, &name);
             let gbs = rate(&initiator, &name, &local, &target, op, lk, rk, len);
+            report_trace(
+                test,
+                &format!("{op:?} {lk:?}->peer {rk:?} {:>3} MiB", len >> 20),
+                &initiator,
+                &name,
+                &traced,
+            );
             println!(
                 "REPORT {test} {}: {op:?} {lk:?}->peer {rk:?} {:>3} MiB: {gbs:.1} GB/s, pinned {pinned:.1} GB/s ({:.2}x)",
                 backend(),

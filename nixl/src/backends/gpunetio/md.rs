@@ -136,6 +136,8 @@ pub(super) fn remote_md(md: &dyn RemoteMd) -> Result<&GnRemote> {
 /// connection information without it (an older peer, `heartbeat_ms=0`, no NIC path)
 /// stays readable and its peer is simply not watched.
 pub(super) const HEARTBEAT_HUB: u8 = 0x80;
+/// The flags of the connection information that say what its direct-copy path does.
+const PEER_COPY_FLAGS: u8 = peer_dram::SERVES_PEER_COPIES | peer_dram::NOTIF_IN_REQUEST;
 
 /// A peer's connection information, decoded: what [`encode_conn_info`] wrote.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -144,8 +146,10 @@ pub(super) struct ConnInfo<'a> {
     pub(super) ipc: &'a [u8],
     /// The NIC path's endpoint and notification address, where it has one.
     pub(super) nic: Option<nic::NicInfo>,
-    /// It serves direct VRAM ↔ DRAM copies (module `peer_dram`).
-    pub(super) serves: bool,
+    /// Its direct-copy flags (module `peer_dram`): it serves direct VRAM ↔ DRAM copies
+    /// ([`peer_dram::SERVES_PEER_COPIES`]), takes a transfer's notification inside its
+    /// request ([`peer_dram::NOTIF_IN_REQUEST`]).
+    pub(super) peer_copy: u8,
     /// Its Unix socket and process, for same-host control connections.
     pub(super) local: Option<(Vec<u8>, oob::LocalIdentity)>,
     /// Its NIC path's heartbeat hub, where it runs one.
@@ -164,10 +168,7 @@ pub(super) fn encode_conn_info(info: &ConnInfo<'_>) -> Result<Vec<u8>> {
         }
         None => out.push(0),
     }
-    let mut flags = 0;
-    if info.serves {
-        flags |= peer_dram::SERVES_PEER_COPIES;
-    }
+    let mut flags = info.peer_copy & PEER_COPY_FLAGS;
     if info.local.is_some() {
         flags |= peer_dram::LOCAL_CONTROL;
     }
@@ -204,7 +205,7 @@ pub(super) fn parse_conn_info<'a>(agent: &str, info: &'a [u8]) -> Result<ConnInf
         other => return Err(bad(format!("NIC flag {other}"))),
     };
     let flags = f.byte()?;
-    let serves = flags & peer_dram::SERVES_PEER_COPIES != 0;
+    let peer_copy = flags & PEER_COPY_FLAGS;
     let local = if flags & peer_dram::LOCAL_CONTROL != 0 {
         let u32_at = |b: &[u8]| u32::from_le_bytes(b.try_into().expect("4 bytes"));
         let u64_at = |b: &[u8]| u64::from_le_bytes(b.try_into().expect("8 bytes"));
@@ -233,7 +234,7 @@ pub(super) fn parse_conn_info<'a>(agent: &str, info: &'a [u8]) -> Result<ConnInf
     Ok(ConnInfo {
         ipc,
         nic,
-        serves,
+        peer_copy,
         local,
         hub,
     })

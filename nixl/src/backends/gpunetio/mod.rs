@@ -1078,7 +1078,11 @@ impl Backend for GpunetioBackend {
         encode_conn_info(&ConnInfo {
             ipc: &ipc,
             nic: b.nic.as_ref().map(|nic| nic.info()).transpose()?,
-            serves: b.peer_dram.is_some(),
+            peer_copy: if b.peer_dram.is_some() {
+                peer_dram::SERVES_PEER_COPIES | peer_dram::NOTIF_IN_REQUEST
+            } else {
+                0
+            },
             local,
             hub: b.nic.as_ref().and_then(|nic| nic.hub_addr()),
         })
@@ -1090,7 +1094,7 @@ impl Backend for GpunetioBackend {
         if let Some(path) = &b.peer_dram {
             path.load_peer(
                 agent,
-                parsed.serves,
+                parsed.peer_copy,
                 parsed.nic.as_ref().map(|n| n.oob),
                 parsed.local.clone(),
             );

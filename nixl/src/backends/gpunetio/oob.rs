@@ -223,6 +223,19 @@ const POLL: Duration = Duration::from_millis(50);
 /// something to read: a transfer's requests and notifications follow each other within
 /// microseconds, and a wake-up from `poll` costs more than a small request's work.
 const ACTIVE_SPIN: Duration = Duration::from_micros(200);
+/// Cores from which this backend's serving threads spin without yielding while traffic
+/// flows (as the agent's wait does: with fewer, the threads moving a transfer need the
+/// core).
+const CORES_TO_SPIN: usize = 4;
+
+/// Whether this process has the cores to spin without yielding (read once).
+pub(super) fn spins() -> bool {
+    static SPINS: OnceLock<bool> = OnceLock::new();
+    *SPINS.get_or_init(|| {
+        std::thread::available_parallelism().map_or(1, |n| n.get()) >= CORES_TO_SPIN
+    })
+}
+
 /// Bytes read from one connection per wake-up (others get their turn).
 const READ_CHUNK: usize = 64 << 10;
 const HELLO_MAGIC: &[u8; 4] = b"NXOH";
@@ -270,19 +283,45 @@ impl std::fmt::Debug for ControlHandler {
 const REPLY_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// The answering half of a control connection (its socket shared with the serving
-/// thread, non-blocking).
+/// thread, non-blocking), and the inbox its notifications land in.
 #[derive(Debug)]
-pub(super) struct ControlReply(Mutex<Stream>);
+pub(super) struct ControlReply {
+    /// The socket, and one buffer every answer is framed in (no allocation per answer).
+    out: Mutex<(Stream, Vec<u8>)>,
+    inbox: Arc<Inbox>,
+}
 
 impl ControlReply {
+    fn new(stream: Stream, inbox: Arc<Inbox>) -> Self {
+        Self {
+            out: Mutex::new((stream, Vec::new())),
+            inbox,
+        }
+    }
+
     /// Sends `body` as one control frame of `kind`; on failure the connection is shut
-    /// down (the initiator sees it end).
+    /// down (the initiator sees it end). (The serving side frames in place:
+    /// [`ControlReply::send_with`].)
+    #[cfg(test)]
     pub(super) fn send(&self, kind: u8, body: &[u8]) -> std::io::Result<()> {
-        let mut bytes = Vec::with_capacity(5 + body.len());
-        bytes.extend_from_slice(&(body.len() as u32 + 1).to_le_bytes());
+        self.send_with(kind, |out| out.extend_from_slice(body))
+    }
+
+    /// Sends the body `write` appends as one control frame of `kind` (framed in the
+    /// connection's buffer); on failure the connection is shut down.
+    pub(super) fn send_with(
+        &self,
+        kind: u8,
+        write: impl FnOnce(&mut Vec<u8>),
+    ) -> std::io::Result<()> {
+        let mut guard = self.out.lock();
+        let (s, bytes) = &mut *guard;
+        bytes.clear();
+        bytes.extend_from_slice(&[0; 4]);
         bytes.push(kind);
-        bytes.extend_from_slice(body);
-        let s = self.0.lock();
+        write(bytes);
+        let len = (bytes.len() - 4) as u32;
+        bytes[..4].copy_from_slice(&len.to_le_bytes());
         let deadline = Instant::now() + REPLY_TIMEOUT;
         let mut at = 0;
         while at < bytes.len() {
@@ -310,6 +349,20 @@ impl ControlReply {
             ));
         }
         Ok(())
+    }
+
+    /// A reply on one end of a fresh Unix socket pair, and the other end (tests).
+    #[cfg(test)]
+    pub(super) fn pair_for_test(inbox: Arc<Inbox>) -> (Self, UnixStream) {
+        let (ours, theirs) = UnixStream::pair().expect("a socket pair");
+        (Self::new(Stream::Unix(ours), inbox), theirs)
+    }
+
+    /// Delivers a notification from `agent` (the peer this connection was attributed
+    /// to), as a `CONTROL_NOTIF` frame on it would be: the serving side calls it for a
+    /// notification a request carried, once that request's copies completed.
+    pub(super) fn deliver(&self, agent: &str, msg: Vec<u8>) {
+        self.inbox.push(agent, msg);
     }
 }
 
@@ -755,7 +808,9 @@ impl Server {
             let now = Instant::now();
             if !ready.conns.is_empty() {
                 self.active_until = now + ACTIVE_SPIN;
-            } else if now < self.active_until {
+            } else if now < self.active_until && !spins() {
+                // Where cores are few, the threads moving the transfer need this one;
+                // elsewhere the next request is seen a yield sooner.
                 std::thread::yield_now();
             }
             // Only what poll said is ready: while traffic flows this loop spins, and each
@@ -1091,7 +1146,8 @@ impl Server {
                                         Ok(s) => {
                                             // Answers are small and awaited: no Nagle.
                                             let _ = s.set_nodelay();
-                                            let r = Arc::new(ControlReply(Mutex::new(s)));
+                                            let r =
+                                                Arc::new(ControlReply::new(s, self.inbox.clone()));
                                             c.reply = Some(r.clone());
                                             r
                                         }

@@ -10,12 +10,22 @@
 //! advertised where both processes share a pid namespace (the checked holder of the
 //! socket, see `oob`), else to its TCP notification address — sends requests on it,
 //! reads the answers from it (polling, without blocking, as the agent's wait polls the
-//! transfer), and after the last answer sends the notification on it (so it reaches the
-//! peer strictly after the last byte).
+//! transfer). A transfer of one request to a peer that says it understands it
+//! ([`NOTIF_IN_REQUEST`]) carries its notification in the request, and the target
+//! delivers it itself once its copies completed, before it answers (strictly after the
+//! last byte; never for a declined or failed request, whose transfer then runs the NIC
+//! path with its notification); otherwise the initiator sends the notification on the
+//! connection after the last answer. Either way the notification is at the peer when
+//! the transfer is Done here.
 //!
 //! The target checks a request and queues its copies on its listener's thread as soon as
-//! the request is read; a thread of this path polls the copies and answers, so no thread
-//! hand-off stands between a request and its copy.
+//! the request is read; a thread of this path polls the copies (without yielding its
+//! core for the first [`SPIN_NO_YIELD`] where the process has cores to spare) and
+//! answers, so no thread hand-off stands between a request and its copy.
+//!
+//! `NIXL_PEER_COPY_TRACE=1` (in both processes) times each post of one request at both
+//! ends (`peer_dram::trace`); `query_mem_info` then reports the summed segments as
+//! `peer_copy_trace_*`.
 //!
 //! # Who asks
 //! A request is attributed by its connection, never by its bytes: the connection's
@@ -43,14 +53,14 @@
 //! peer's copy engine cannot order itself after this process's stream.
 
 use super::oob::{
-    ControlConn, ControlFrom, ControlReply, LocalIdentity, OwnConns, CONTROL_NOTIF,
+    spins, ControlConn, ControlFrom, ControlReply, LocalIdentity, OwnConns, CONTROL_NOTIF,
     CONTROL_PEER_COPY,
 };
 use super::NAME;
 use crate::backend::{BackendXfer, PostParams, XferProgress, XferStatus};
 use crate::backends::peer_dram::{
-    self, decode, AdvertisedVram, Direction, Done, Imports, Message, PeerVram, Piece, PieceHome,
-    Request, RunState, Serving, Shared, VramExport,
+    self, decode, trace, AdvertisedVram, Direction, Done, Imports, Message, PeerVram, Piece,
+    PieceHome, Request, RunState, Serving, Shared, VramExport,
 };
 use crate::error::{Error, Result};
 use parking_lot::{Mutex, RwLock};
@@ -65,6 +75,9 @@ pub(super) const SERVES_PEER_COPIES: u8 = 1;
 /// Flag of the connection information: the process and Unix socket for same-host control
 /// connections follow (module `oob`).
 pub(super) const LOCAL_CONTROL: u8 = 2;
+/// Flag of the connection information: a request may carry its transfer's notification,
+/// which the backend delivers once the request's copies completed.
+pub(super) const NOTIF_IN_REQUEST: u8 = 4;
 /// How long releasing a transfer waits for the peer's answers to requests in flight (the
 /// peer may still be copying into this process's VRAM).
 const RELEASE_WAIT: Duration = Duration::from_secs(5);
@@ -77,6 +90,12 @@ const IDLE_SPIN: Duration = Duration::from_micros(200);
 /// sleep's wake-up tens of microseconds, and copies far longer than this are rare (a
 /// stalled GPU should not keep a core busy).
 const BUSY_SPIN: Duration = Duration::from_millis(20);
+/// How long the serving thread polls running copies (and waits for the next request)
+/// without yielding its core, where the process has the cores to spare
+/// ([`spins`]): a copy of a few MiB takes tens of microseconds, a yield can cost
+/// several when other threads are runnable, and answering sooner is what a small
+/// transfer waits for.
+const SPIN_NO_YIELD: Duration = Duration::from_micros(500);
 
 /// What this backend knows of one peer's incarnation for this path.
 #[derive(Debug)]
@@ -88,6 +107,8 @@ pub(super) struct PeerState {
     imports: Imports,
     /// Its connection information says it serves requests.
     serves: bool,
+    /// Its connection information says a request may carry a notification.
+    notif_in_request: bool,
     /// Where its notification listener (and control connections) accept.
     oob: Option<SocketAddr>,
     /// Its Unix socket for same-host control connections and the process holding it.
@@ -114,6 +135,12 @@ struct Running {
     serving: Serving,
     reply: Arc<ControlReply>,
     id: u64,
+    /// The peer the connection was attributed to, and the notification the request
+    /// carried: delivered once the copies completed, never when they failed.
+    from: String,
+    notif: Option<Vec<u8>>,
+    /// Where tracing: when the request was read and its copies launched.
+    stamps: trace::TargetStamps,
 }
 
 /// The path of one backend: its peers' states, its requests' waits and its server.
@@ -156,6 +183,7 @@ impl PeerDramPath {
         let this = path.clone();
         let jobs = Mutex::new(jobs);
         let handler = super::oob::ControlHandler(Box::new(move |from, body, reply| {
+            let read = trace::stamp();
             let request = match decode(body) {
                 Ok(Message::Request(r)) => r,
                 Ok(Message::Done(_)) => return,
@@ -167,17 +195,39 @@ impl PeerDramPath {
             let id = request.id;
             match this.start(&from, &request) {
                 Ok(serving) => {
-                    let running = Running { serving, reply, id };
+                    let running = Running {
+                        serving,
+                        reply,
+                        id,
+                        from: from.agent,
+                        notif: request.notif,
+                        stamps: trace::TargetStamps {
+                            read,
+                            launched: trace::stamp(),
+                            ..Default::default()
+                        },
+                    };
                     if let Err(mpsc::SendError(running)) = jobs.lock().send(running) {
                         // The serving thread is gone (it panicked): nothing will poll the
-                        // copies. Dropping them waits for them; the transfer fails.
+                        // copies. Dropping them waits for them; the transfer fails (its
+                        // notification is not delivered).
                         tracing::warn!("{NAME}: no thread answers direct-copy requests");
                         let Running { serving, reply, .. } = running;
                         drop(serving);
-                        answer(&reply, id, libc::EIO);
+                        answer(&reply, id, libc::EIO, None);
                     }
                 }
-                Err(errno) => answer(&reply, id, errno),
+                // Declined or refused: its notification is not delivered (a declined
+                // transfer sends it with its NIC path's post).
+                Err(errno) => answer(
+                    &reply,
+                    id,
+                    errno,
+                    trace::on().then(|| trace::TargetStamps {
+                        read,
+                        ..Default::default()
+                    }),
+                ),
             }
         }));
         Ok(Some((path, handler)))
@@ -187,18 +237,24 @@ impl PeerDramPath {
     /// accepts connections (TCP, and a same-host Unix socket with the process holding
     /// it). A new incarnation (other information) starts afresh: what the old one
     /// advertised and its imports go.
+    /// `flags` are its connection information's ([`SERVES_PEER_COPIES`],
+    /// [`NOTIF_IN_REQUEST`]).
     pub(super) fn load_peer(
         &self,
         agent: &str,
-        serves: bool,
+        flags: u8,
         oob: Option<SocketAddr>,
         local: Option<(Vec<u8>, LocalIdentity)>,
     ) {
+        let serves = flags & SERVES_PEER_COPIES != 0;
+        let notif_in_request = flags & NOTIF_IN_REQUEST != 0;
         let mut peers = self.peers.write();
-        if peers
-            .get(agent)
-            .is_some_and(|p| p.serves == serves && p.oob == oob && p.local == local)
-        {
+        if peers.get(agent).is_some_and(|p| {
+            p.serves == serves
+                && p.notif_in_request == notif_in_request
+                && p.oob == oob
+                && p.local == local
+        }) {
             return;
         }
         peers.insert(
@@ -208,6 +264,7 @@ impl PeerDramPath {
                 vram: AdvertisedVram::default(),
                 imports: Imports::default(),
                 serves,
+                notif_in_request,
                 oob,
                 local,
                 conn: Mutex::new(None),
@@ -315,17 +372,24 @@ impl PeerDramPath {
             let stats = &self.shared.stats;
             running.retain_mut(|r| match r.serving.poll(stats) {
                 Some(errno) => {
-                    answer(&r.reply, r.id, errno);
+                    r.stamps.complete = trace::stamp();
+                    let stamps = trace::on().then_some(r.stamps);
+                    finish(&r.reply, &r.from, r.notif.take(), r.id, errno, stamps);
                     false
                 }
                 None => true,
             });
             if running.len() != before {
                 progress_at = Instant::now();
-            } else if progress_at.elapsed() > BUSY_SPIN {
-                std::thread::sleep(Duration::from_micros(20));
             } else {
-                std::thread::yield_now();
+                let idle = progress_at.elapsed();
+                if idle > BUSY_SPIN {
+                    std::thread::sleep(Duration::from_micros(20));
+                } else if idle < SPIN_NO_YIELD && spins() {
+                    std::hint::spin_loop();
+                } else {
+                    std::thread::yield_now();
+                }
             }
         }
     }
@@ -377,11 +441,12 @@ impl PeerDramPath {
         }
     }
 
-    /// What moved this way and what was served, declined or fell back (all peers), and
-    /// the control connections opened on same-host Unix sockets.
-    pub(super) fn counters(&self) -> [(&'static str, u64); 5] {
+    /// What moved this way and what was served, declined or fell back (all peers), the
+    /// control connections opened on same-host Unix sockets, and where tracing, the
+    /// summed timings of the posts of one request (`peer_dram::trace`).
+    pub(super) fn counters(&self) -> Vec<(&'static str, u64)> {
         let s = &self.shared.stats;
-        [
+        let mut out = vec![
             ("peer_copy_bytes", s.bytes.load(Ordering::Relaxed)),
             (
                 "peer_copy_served_bytes",
@@ -393,7 +458,9 @@ impl PeerDramPath {
                 "peer_copy_local_control",
                 self.local_conns.load(Ordering::Relaxed),
             ),
-        ]
+        ];
+        out.extend(trace::counters());
+        out
     }
 }
 
@@ -409,23 +476,58 @@ fn attribute(
     peers.get(&from.agent).cloned()
 }
 
-/// The next request's copies: polled for up to `spin` (yielding between polls), then
-/// awaited; `None` once the sender is gone.
+/// The next request's copies: polled for up to `spin` (without yielding for the first
+/// [`SPIN_NO_YIELD`] where [`spins`], then yielding between polls), then awaited;
+/// `None` once the sender is gone.
 fn next_job(incoming: &mpsc::Receiver<Running>, spin: Duration) -> Option<Running> {
     let since = Instant::now();
     loop {
         match incoming.try_recv() {
             Ok(job) => return Some(job),
             Err(mpsc::TryRecvError::Disconnected) => return None,
-            Err(mpsc::TryRecvError::Empty) if since.elapsed() < spin => std::thread::yield_now(),
-            Err(mpsc::TryRecvError::Empty) => return incoming.recv().ok(),
+            Err(mpsc::TryRecvError::Empty) => {
+                let waited = since.elapsed();
+                if waited >= spin {
+                    return incoming.recv().ok();
+                }
+                if waited < SPIN_NO_YIELD && spins() {
+                    std::hint::spin_loop();
+                } else {
+                    std::thread::yield_now();
+                }
+            }
         }
     }
 }
 
-fn answer(reply: &ControlReply, id: u64, errno: i32) {
-    let done = Done { id, errno }.encode();
-    if let Err(e) = reply.send(CONTROL_PEER_COPY, &done) {
+/// Ends a served request whose copies ended with `errno`: the notification it carried
+/// delivered (as from `from`, the connection's peer) only where they completed (0),
+/// before the answer, so the peer's transfer is Done only once it is here; then the
+/// answer.
+fn finish(
+    reply: &ControlReply,
+    from: &str,
+    notif: Option<Vec<u8>>,
+    id: u64,
+    errno: i32,
+    stamps: Option<trace::TargetStamps>,
+) {
+    if let Some(msg) = notif.filter(|_| errno == 0) {
+        // Every byte is in place: the notification may be seen.
+        reply.deliver(from, msg);
+    }
+    answer(reply, id, errno, stamps);
+}
+
+/// Answers request `id` with `errno` (and, where tracing, the target's stamps, the last
+/// taken now), framed in the connection's buffer.
+fn answer(reply: &ControlReply, id: u64, errno: i32, stamps: Option<trace::TargetStamps>) {
+    let trace = stamps.map(|t| trace::TargetStamps {
+        answered: trace::now_ns(),
+        ..t
+    });
+    let done = Done { id, errno, trace };
+    if let Err(e) = reply.send_with(CONTROL_PEER_COPY, |out| done.encode_into(out)) {
         tracing::debug!("{NAME}: answering a direct-copy request: {e}");
     }
 }
@@ -442,11 +544,21 @@ pub(super) struct PeerDramXfer {
     fallback: Box<dyn BackendXfer>,
     on_fallback: bool,
     run: Option<Arc<RunState>>,
+    /// The last post's state, reused by the next where nothing else holds it.
+    spare_run: Option<Arc<RunState>>,
     ids: Vec<u64>,
-    notif: Option<Vec<u8>>,
+    /// The running post's notification (a buffer reused across posts), whether it has
+    /// one, and whether its request carried it (the target delivers it).
+    notif: Vec<u8>,
+    has_notif: bool,
+    notif_carried: bool,
+    /// The peer takes a notification in a request ([`NOTIF_IN_REQUEST`]).
+    peer_takes_notif: bool,
     /// One buffer for every request this transfer sends.
     scratch: Vec<u8>,
     gpu: usize,
+    /// Where tracing: this post's stamps.
+    stamps: trace::PostStamps,
 }
 
 impl std::fmt::Debug for PeerDramXfer {
@@ -483,6 +595,11 @@ impl PeerDramPath {
         fallback: Box<dyn BackendXfer>,
     ) -> Result<PeerDramXfer> {
         let conn = self.conn(agent)?;
+        let peer_takes_notif = self
+            .peers
+            .read()
+            .get(agent)
+            .is_some_and(|p| p.notif_in_request);
         let mut pieces = Vec::new();
         let mut bytes = 0;
         for p in pairs {
@@ -519,10 +636,15 @@ impl PeerDramPath {
             fallback,
             on_fallback: false,
             run: None,
+            spare_run: None,
             ids: Vec::new(),
-            notif: None,
+            notif: Vec::new(),
+            has_notif: false,
+            notif_carried: false,
+            peer_takes_notif,
             scratch: Vec::new(),
             gpu,
+            stamps: trace::PostStamps::default(),
         })
     }
 }
@@ -537,7 +659,7 @@ impl PeerDramXfer {
             }
             match decode(body) {
                 Ok(Message::Done(done)) => match waits.take(done.id, Some(&self.agent)) {
-                    Some(run) => run.answer(done.errno),
+                    Some(run) => run.answer_done(&done),
                     None => tracing::debug!(id = done.id, "a direct copy answer for no request"),
                 },
                 Ok(Message::Request(_)) => {}
@@ -549,7 +671,22 @@ impl PeerDramXfer {
     fn forget(&mut self) {
         self.path.shared.waits.forget(&self.ids);
         self.ids.clear();
-        self.run = None;
+        if let Some(run) = self.run.take() {
+            self.spare_run = Some(run);
+        }
+    }
+
+    /// The state of a new post: the last one's where no answer or wait holds it any
+    /// more, else a fresh one.
+    fn new_run(&mut self) -> Arc<RunState> {
+        let requests = self.requests.len();
+        if let Some(mut run) = self.spare_run.take() {
+            if let Some(state) = Arc::get_mut(&mut run) {
+                state.reset(requests);
+                return run;
+            }
+        }
+        Arc::new(RunState::new(&self.agent, requests))
     }
 }
 
@@ -558,6 +695,7 @@ impl BackendXfer for PeerDramXfer {
         if self.on_fallback {
             return self.fallback.post(notif, params);
         }
+        let posted = trace::stamp();
         if let Some(stream) = super::attached_stream(params, self.gpu)? {
             // The peer's copy engine cannot wait for this process's stream.
             stream
@@ -570,9 +708,18 @@ impl BackendXfer for PeerDramXfer {
             )));
         }
         self.forget();
-        let run = Arc::new(RunState::new(&self.agent, self.requests.len()));
+        let run = self.new_run();
         self.run = Some(run.clone());
-        self.notif = notif.map(<[u8]>::to_vec);
+        self.notif.clear();
+        self.notif.extend_from_slice(notif.unwrap_or_default());
+        self.has_notif = notif.is_some();
+        // One request: the notification rides in it, and the target delivers it after
+        // the copies (no second message after the answer).
+        self.notif_carried = self.has_notif
+            && self.peer_takes_notif
+            && self.requests.len() == 1
+            && self.notif.len() <= peer_dram::MAX_NOTIF_IN_REQUEST;
+        let carried = self.notif_carried.then_some(self.notif.as_slice());
         let waits = &self.path.shared.waits;
         for pieces in &self.requests {
             let id = waits.add(&run);
@@ -584,12 +731,18 @@ impl BackendXfer for PeerDramXfer {
                 self.direction,
                 pieces,
                 self.path.me.as_bytes(),
+                carried,
             );
             if let Err(e) = self.conn.send(CONTROL_PEER_COPY, &self.scratch) {
                 self.forget();
                 return Err(e);
             }
         }
+        self.stamps = trace::PostStamps {
+            posted,
+            sent: trace::stamp(),
+            ..Default::default()
+        };
         Ok(XferStatus::InProgress)
     }
 
@@ -635,17 +788,37 @@ impl BackendXfer for PeerDramXfer {
                 peer = %self.agent,
                 "{NAME}: the peer declined direct VRAM copies; this request runs on the CPU proxy"
             );
-            let notif = self.notif.take();
-            self.fallback
-                .post(notif.as_deref(), &PostParams::default())?;
+            // The target delivered nothing: the notification goes with the NIC path.
+            let notif = std::mem::take(&mut self.notif);
+            let has_notif = std::mem::take(&mut self.has_notif);
+            let posted = self.fallback.post(
+                has_notif.then_some(notif.as_slice()),
+                &PostParams::default(),
+            );
+            self.notif = notif;
+            posted?;
             return Ok(XferProgress {
                 status: XferStatus::InProgress,
                 completed_ops: answered,
             });
         }
-        if let Some(msg) = self.notif.take() {
+        if std::mem::take(&mut self.has_notif) && !self.notif_carried {
             // Every answer is in: the bytes are in place at the peer.
-            self.conn.send(CONTROL_NOTIF, &msg)?;
+            self.conn.send(CONTROL_NOTIF, &self.notif)?;
+        }
+        if trace::on() && self.requests.len() == 1 {
+            let answer_read = run.answer_read.load(Ordering::Relaxed);
+            let post = trace::PostStamps {
+                answer_read,
+                notified: trace::now_ns(),
+                done: 0,
+                ..self.stamps
+            };
+            let done = trace::PostStamps {
+                done: trace::now_ns(),
+                ..post
+            };
+            trace::record(&done, &run.target_trace());
         }
         self.forget();
         self.path
@@ -717,6 +890,7 @@ mod tests {
             vram: AdvertisedVram::default(),
             imports: Imports::default(),
             serves: true,
+            notif_in_request: true,
             oob: None,
             local: None,
             conn: Mutex::new(None),
@@ -730,5 +904,91 @@ mod tests {
         // Her name on a connection she did not confirm, or a peer never loaded.
         assert!(attribute(&peers, &from("alice", false)).is_none());
         assert!(attribute(&peers, &from("mallory", true)).is_none());
+    }
+
+    /// The answer `reply`'s other end reads next: its frame kind and decoded message.
+    fn read_answer(end: &mut std::os::unix::net::UnixStream) -> (u8, Message) {
+        use std::io::Read;
+        let mut len = [0u8; 4];
+        end.read_exact(&mut len).unwrap();
+        let mut frame = vec![0u8; u32::from_le_bytes(len) as usize];
+        end.read_exact(&mut frame).unwrap();
+        (frame[0], decode(&frame[1..]).unwrap())
+    }
+
+    /// A carried notification is delivered once, as from the connection's peer, before
+    /// the answer of a request whose copies completed; never for one that failed (or was
+    /// declined: answered without `finish`), whose answer still goes.
+    #[test]
+    fn a_carried_notification_is_delivered_once_and_only_after_completed_copies() {
+        let inbox = Arc::new(crate::backends::shared::NotifInbox::default());
+        let (reply, mut end) = ControlReply::pair_for_test(inbox.clone());
+        let taken = || {
+            let mut got = Vec::new();
+            inbox.take(&mut got);
+            got
+        };
+        finish(
+            &reply,
+            "alice",
+            Some(b"after the bytes".to_vec()),
+            1,
+            0,
+            None,
+        );
+        assert_eq!(
+            taken(),
+            vec![("alice".to_string(), b"after the bytes".to_vec())]
+        );
+        let (kind, msg) = read_answer(&mut end);
+        assert_eq!(kind, CONTROL_PEER_COPY);
+        assert_eq!(
+            msg,
+            Message::Done(Done {
+                id: 1,
+                errno: 0,
+                trace: None
+            })
+        );
+        assert!(taken().is_empty(), "delivered once");
+        // Failed copies: no notification, the failure answered.
+        finish(&reply, "alice", Some(b"never".to_vec()), 2, libc::EIO, None);
+        assert!(taken().is_empty());
+        let (_, msg) = read_answer(&mut end);
+        assert!(matches!(
+            msg,
+            Message::Done(Done {
+                id: 2,
+                errno: libc::EIO,
+                ..
+            })
+        ));
+        // Declined on the listener's thread: only the answer (with the read stamp where
+        // tracing), nothing delivered.
+        let stamps = trace::TargetStamps {
+            read: 5,
+            ..Default::default()
+        };
+        answer(&reply, 3, libc::EADDRNOTAVAIL, Some(stamps));
+        assert!(taken().is_empty());
+        let (_, msg) = read_answer(&mut end);
+        let Message::Done(done) = msg else {
+            panic!("not an answer: {msg:?}");
+        };
+        assert_eq!((done.id, done.errno), (3, libc::EADDRNOTAVAIL));
+        let t = done.trace.expect("the stamps travel back");
+        assert_eq!(t.read, 5);
+        assert!(t.answered > 0, "the answer's own stamp");
+        // Without a notification a completed request is answered only.
+        finish(&reply, "alice", None, 4, 0, None);
+        assert!(taken().is_empty());
+        assert!(matches!(
+            read_answer(&mut end).1,
+            Message::Done(Done {
+                id: 4,
+                errno: 0,
+                ..
+            })
+        ));
     }
 }

@@ -192,7 +192,7 @@ fn full_conn_info() -> (Vec<u8>, crate::backends::heartbeat::HubAddr) {
             endpoint: vec![7; 24],
             oob: "10.77.0.2:4242".parse().unwrap(),
         }),
-        serves: true,
+        peer_copy: peer_dram::SERVES_PEER_COPIES | peer_dram::NOTIF_IN_REQUEST,
         local: Some((
             b"\0gnio-sock".to_vec(),
             oob::LocalIdentity {
@@ -214,7 +214,11 @@ fn connection_info_carries_the_heartbeat_hub() {
     let (bytes, hub) = full_conn_info();
     let parsed = parse_conn_info("peer", &bytes).unwrap();
     assert_eq!(parsed.hub, Some(hub));
-    assert!(parsed.serves && parsed.local.is_some() && parsed.nic.is_some());
+    assert!(
+        parsed.peer_copy == peer_dram::SERVES_PEER_COPIES | peer_dram::NOTIF_IN_REQUEST
+            && parsed.local.is_some()
+            && parsed.nic.is_some()
+    );
     assert_eq!(parsed.ipc, b"ipc-section");
     assert_eq!(encode_conn_info(&parsed).unwrap(), bytes);
 
@@ -228,14 +232,14 @@ fn connection_info_carries_the_heartbeat_hub() {
     let flags_at = old.len() - (4 + 8 + 8 + 2 + b"\0gnio-sock".len()) - 1;
     assert_eq!(
         old[flags_at],
-        peer_dram::SERVES_PEER_COPIES | peer_dram::LOCAL_CONTROL
+        peer_dram::SERVES_PEER_COPIES | peer_dram::NOTIF_IN_REQUEST | peer_dram::LOCAL_CONTROL
     );
     assert_eq!(parse_conn_info("peer", &old).unwrap(), no_hub);
     // Nothing but the NIC path (no direct copies, no hub): one zero flags byte.
     let bare = ConnInfo {
         ipc: b"",
         nic: parsed.nic.clone(),
-        serves: false,
+        peer_copy: 0,
         local: None,
         hub: None,
     };

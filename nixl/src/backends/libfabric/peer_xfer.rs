@@ -15,6 +15,7 @@ use super::{
 };
 use crate::backend::{BackendXfer, PostParams, XferEntry, XferOp, XferProgress, XferStatus};
 use crate::backends::cuda_copy::{Copy, CopyEngine, GpuXfer, MemLoc, NotifSink};
+use crate::backends::peer_dram::trace;
 use crate::error::{Error, Result};
 use crate::mem::MemKind;
 use std::sync::atomic::Ordering;
@@ -51,6 +52,8 @@ pub(super) struct RemotePlan {
     notif: Option<Vec<u8>>,
     /// The requests' encoding, reused by every post.
     scratch: Vec<u8>,
+    /// Where tracing (`peer_copy::trace`): the current post's stamps.
+    stamps: trace::PostStamps,
 }
 
 impl LibfabricBackend {
@@ -254,6 +257,7 @@ impl LibfabricBackend {
             ids: Vec::new(),
             notif: None,
             scratch: Vec::new(),
+            stamps: trace::PostStamps::default(),
         })))
     }
 }
@@ -311,6 +315,7 @@ impl PeerCopyXfer {
         let Direct::Remote(plan) = &mut self.direct else {
             return Ok(());
         };
+        let posted = trace::stamp();
         let waits = &self.common.peer_copy.waits;
         waits.forget(&plan.ids);
         plan.ids.clear();
@@ -323,7 +328,14 @@ impl PeerCopyXfer {
             // One buffer for every request of the transfer: no allocation per post.
             let message = &mut plan.scratch;
             message.clear();
-            encode_request(message, id, plan.direction, pieces, &plan.names[*rail]);
+            encode_request(
+                message,
+                id,
+                plan.direction,
+                pieces,
+                &plan.names[*rail],
+                None,
+            );
             // Sealed for the peer, which acts only on what its key proves.
             let message = &self.fallback.peer.sealer.seal_control(message);
             let r = &self.fallback.rails[*rail];
@@ -335,6 +347,11 @@ impl PeerCopyXfer {
                 return Err(fabric_error(e));
             }
         }
+        plan.stamps = trace::PostStamps {
+            posted,
+            sent: trace::stamp(),
+            ..Default::default()
+        };
         self.fallback.progress.poll_inline();
         Ok(())
     }
@@ -407,6 +424,18 @@ impl PeerCopyXfer {
                 &message,
                 &self.fallback.progress,
             )?;
+        }
+        if trace::on() && plan.requests.len() == 1 {
+            let post = trace::PostStamps {
+                answer_read: run.answer_read.load(Ordering::Relaxed),
+                notified: trace::now_ns(),
+                ..plan.stamps
+            };
+            let done = trace::PostStamps {
+                done: trace::now_ns(),
+                ..post
+            };
+            trace::record(&done, &run.target_trace());
         }
         plan.run = None;
         plan.ids.clear();

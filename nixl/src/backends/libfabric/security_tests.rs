@@ -1199,7 +1199,12 @@ fn forged_or_replayed_peer_copy_answers_are_not_taken() {
     let to_initiator = t.common.peers.read()["seal-pcopy-initiator"].addrs.addrs[0];
     let attacker = Raw::new("shm");
     let attacker_to_initiator = attacker.aim(&i);
-    let done = peer_copy::Done { id, errno: 0 }.encode();
+    let done = peer_copy::Done {
+        id,
+        errno: 0,
+        trace: None,
+    }
+    .encode();
     let before = i.unproven_control_messages();
     let deadline = Instant::now() + WAIT;
     t.rails[0]

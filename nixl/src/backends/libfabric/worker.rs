@@ -195,7 +195,12 @@ pub(super) struct Worker {
     /// Peers' direct copy requests whose copies run: (copies, where the answer goes,
     /// the request's id).
     #[cfg(feature = "cuda")]
-    serving: Vec<(peer_copy::Serving, FabAddr, u64)>,
+    serving: Vec<(
+        peer_copy::Serving,
+        FabAddr,
+        u64,
+        peer_copy::trace::TargetStamps,
+    )>,
     /// Messages dropped as malformed (anyone may send them: logged the first time, then
     /// once in 1024, so that a flood does not become a flood of log lines).
     malformed: u64,
@@ -1164,13 +1169,26 @@ impl Worker {
         proof: &Proof,
         src: Option<Address>,
     ) {
+        let read = peer_copy::trace::stamp();
         let stats = &self.common.peer_copy.stats;
         let (errno, answer_to) = match proof {
             Proof::Peer(peer) => match self.common.sources.find(self.index, &request.reply_to) {
-                Some(s) if Arc::ptr_eq(&s.peer, peer) => match self.start_serving(request, &s) {
-                    Ok(()) => return,
-                    Err(errno) => (errno, Some(s.reply.clone())),
-                },
+                // Only GPUNETIO's control connections carry a notification in a request
+                // (this backend's go on its rails after the answer): declined, so the
+                // transfer runs its ordinary path and its notification with it.
+                Some(s) if Arc::ptr_eq(&s.peer, peer) && request.notif.is_some() => (
+                    stats.refuse(
+                        libc::EOPNOTSUPP,
+                        format_args!("a request carrying a notification"),
+                    ),
+                    Some(s.reply.clone()),
+                ),
+                Some(s) if Arc::ptr_eq(&s.peer, peer) => {
+                    match self.start_serving(request, &s, read) {
+                        Ok(()) => return,
+                        Err(errno) => (errno, Some(s.reply.clone())),
+                    }
+                }
                 _ => (
                     stats.refuse(
                         libc::EPERM,
@@ -1187,6 +1205,11 @@ impl Worker {
         let done = peer_copy::Done {
             id: request.id,
             errno,
+            trace: peer_copy::trace::on().then(|| peer_copy::trace::TargetStamps {
+                read,
+                answered: peer_copy::trace::now_ns(),
+                ..Default::default()
+            }),
         };
         let sender = self.control_sender(proof, src);
         self.answer(
@@ -1204,14 +1227,20 @@ impl Worker {
         &mut self,
         request: &peer_copy::Request,
         source: &super::sources::Source,
+        read: u64,
     ) -> std::result::Result<(), i32> {
         let shared = &self.common.peer_copy;
         let Some(server) = &shared.server else {
             return Err(libc::EOPNOTSUPP);
         };
         let serving = server.serve(request, &source.peer, &shared.stats)?;
+        let stamps = peer_copy::trace::TargetStamps {
+            read,
+            launched: peer_copy::trace::stamp(),
+            ..Default::default()
+        };
         self.serving
-            .push((serving, source.reply.clone(), request.id));
+            .push((serving, source.reply.clone(), request.id, stamps));
         Ok(())
     }
 
@@ -1221,6 +1250,7 @@ impl Worker {
         &mut self,
         _request: &peer_copy::Request,
         _source: &super::sources::Source,
+        _read: u64,
     ) -> std::result::Result<(), i32> {
         Err(libc::EOPNOTSUPP)
     }
@@ -1233,11 +1263,19 @@ impl Worker {
         while i < self.serving.len() {
             match self.serving[i].0.poll(stats) {
                 Some(errno) => {
-                    let (serving, dest, id) = self.serving.swap_remove(i);
+                    let complete = peer_copy::trace::stamp();
+                    let (serving, dest, id, stamps) = self.serving.swap_remove(i);
                     // The copies are done (or failed): the mappings and guards may go.
                     drop(serving);
+                    // Where tracing, "answered" is when the answer is queued (it is
+                    // sent at the end of this pass).
+                    let trace = peer_copy::trace::on().then(|| peer_copy::trace::TargetStamps {
+                        complete,
+                        answered: peer_copy::trace::now_ns(),
+                        ..stamps
+                    });
                     self.replies
-                        .push_back((dest, peer_copy::Done { id, errno }.encode()));
+                        .push_back((dest, peer_copy::Done { id, errno, trace }.encode()));
                 }
                 None => i += 1,
             }
@@ -1261,7 +1299,7 @@ impl Worker {
             }
         };
         match self.common.peer_copy.waits.take(done.id, from.as_deref()) {
-            Some(run) => run.answer(done.errno),
+            Some(run) => run.answer_done(&done),
             None => tracing::debug!(id = done.id, "a direct copy answer for no waiting request"),
         }
     }

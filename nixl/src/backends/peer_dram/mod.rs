@@ -29,6 +29,7 @@
 // no metadata splitting or rail sizing.
 #![cfg_attr(not(all(feature = "cuda", feature = "libfabric")), allow(dead_code))]
 
+pub(crate) mod trace;
 pub(crate) mod wire;
 
 use crate::mem::MemKind;
@@ -45,6 +46,11 @@ pub(crate) const MD_TAG: &[u8; 4] = b"NXPC";
 const VERSION: u8 = 1;
 const KIND_REQUEST: u8 = 1;
 const KIND_DONE: u8 = 2;
+/// A request that carries the transfer's notification, which the target delivers itself
+/// once the copies completed (sent only to a peer that said it understands it).
+const KIND_REQUEST_NOTIF: u8 = 3;
+/// An answer with the target's timing stamps ([`trace`], only where it traces).
+const KIND_DONE_TRACED: u8 = 4;
 /// The metadata section's only kind: a legacy CUDA-IPC handle.
 const EXPORT_IPC: u8 = 1;
 /// The metadata section: tag, version, kind, handle, offset, allocation size, GPU UUID.
@@ -55,6 +61,8 @@ const PIECE_WIRE: usize = 24;
 const REQUEST_HEADER: usize = 4 + 1 + 1 + 8 + 1 + 2;
 /// Bytes of an answer: magic, version, kind, id, errno.
 pub(crate) const DONE_LEN: usize = 4 + 1 + 1 + 8 + 4;
+/// Largest notification a request carries (a larger one follows the answer as before).
+pub(crate) const MAX_NOTIF_IN_REQUEST: usize = 64 << 10;
 /// Most pieces in one request.
 pub(crate) const MAX_PIECES: usize = 256;
 /// Largest piece: a large descriptor is cut into pieces the target spreads over its
@@ -167,6 +175,9 @@ pub(crate) struct Request {
     pub(crate) pieces: Vec<Piece>,
     /// The initiator's rail endpoint: where a refusal to a stranger goes.
     pub(crate) reply_to: Vec<u8>,
+    /// The transfer's notification, for the target to deliver once the copies completed
+    /// (never on a declined or failed request).
+    pub(crate) notif: Option<Vec<u8>>,
 }
 
 /// Target to initiator: the request's pieces are in place (`errno` 0), or why not.
@@ -174,6 +185,8 @@ pub(crate) struct Request {
 pub(crate) struct Done {
     pub(crate) id: u64,
     pub(crate) errno: i32,
+    /// The target's stamps of the request, where it traces ([`trace`]).
+    pub(crate) trace: Option<trace::TargetStamps>,
 }
 
 /// A decoded peer-copy message.
@@ -199,29 +212,46 @@ pub(crate) fn pieces_per_request(inject_size: usize, name: usize) -> usize {
 }
 
 impl Request {
-    /// `NXPV 1 1 id:u64 direction:u8 count:u16 (vram dram len:u64)* name:str16`
+    /// `NXPV 1 1 id:u64 direction:u8 count:u16 (vram dram len:u64)* name:str16`, or kind
+    /// 3 with `notif_len:u32 notif` after the name.
     pub(crate) fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(request_len(self.pieces.len(), self.reply_to.len()));
+        let notif = self.notif.as_ref().map_or(0, |n| 4 + n.len());
+        let mut out =
+            Vec::with_capacity(request_len(self.pieces.len(), self.reply_to.len()) + notif);
         self.encode_into(&mut out);
         out
     }
 
     /// Appends the encoding to `out`.
     pub(crate) fn encode_into(&self, out: &mut Vec<u8>) {
-        encode_request(out, self.id, self.direction, &self.pieces, &self.reply_to);
+        encode_request(
+            out,
+            self.id,
+            self.direction,
+            &self.pieces,
+            &self.reply_to,
+            self.notif.as_deref(),
+        );
     }
 }
 
 /// Appends a request's encoding to `out` from its parts: a sender reuses one buffer and
-/// its planned pieces, so a post costs no allocation per request.
+/// its planned pieces, so a post costs no allocation per request. `notif` (at most
+/// [`MAX_NOTIF_IN_REQUEST`] bytes, for a peer that understands it) rides along.
 pub(crate) fn encode_request(
     out: &mut Vec<u8>,
     id: u64,
     direction: Direction,
     pieces: &[Piece],
     reply_to: &[u8],
+    notif: Option<&[u8]>,
 ) {
-    put_header(out, MAGIC, VERSION, KIND_REQUEST);
+    let kind = if notif.is_some() {
+        KIND_REQUEST_NOTIF
+    } else {
+        KIND_REQUEST
+    };
+    put_header(out, MAGIC, VERSION, kind);
     out.extend_from_slice(&id.to_le_bytes());
     out.push(match direction {
         Direction::ToDram => 0,
@@ -234,16 +264,36 @@ pub(crate) fn encode_request(
         }
     }
     put_name(out, reply_to);
+    if let Some(n) = notif {
+        out.extend_from_slice(&(n.len() as u32).to_le_bytes());
+        out.extend_from_slice(n);
+    }
 }
 
 impl Done {
-    /// `NXPV 1 2 id:u64 errno:i32`
+    /// `NXPV 1 2 id:u64 errno:i32`, or kind 4 with the target's four stamps (`u64`
+    /// each) after.
     pub(crate) fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(DONE_LEN);
-        put_header(&mut out, MAGIC, VERSION, KIND_DONE);
+        let mut out = Vec::with_capacity(DONE_LEN + 32);
+        self.encode_into(&mut out);
+        out
+    }
+
+    /// Appends the encoding to `out` (an answering thread reuses one buffer).
+    pub(crate) fn encode_into(&self, out: &mut Vec<u8>) {
+        let kind = if self.trace.is_some() {
+            KIND_DONE_TRACED
+        } else {
+            KIND_DONE
+        };
+        put_header(out, MAGIC, VERSION, kind);
         out.extend_from_slice(&self.id.to_le_bytes());
         out.extend_from_slice(&self.errno.to_le_bytes());
-        out
+        if let Some(t) = &self.trace {
+            for v in [t.read, t.launched, t.complete, t.answered] {
+                out.extend_from_slice(&v.to_le_bytes());
+            }
+        }
     }
 }
 
@@ -254,7 +304,7 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<Message, String> {
     let (kind, mut r) = Reader::open(bytes, MAGIC, VERSION, "peer-copy")?;
     let id = r.u64()?;
     let message = match kind {
-        KIND_REQUEST => {
+        KIND_REQUEST | KIND_REQUEST_NOTIF => {
             let direction = match r.u8()? {
                 0 => Direction::ToDram,
                 1 => Direction::ToVram,
@@ -280,17 +330,37 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<Message, String> {
                 pieces.push(Piece { vram, dram, len });
             }
             let reply_to = r.name(MAX_NAME)?;
+            let notif = if kind == KIND_REQUEST_NOTIF {
+                let n = r.u32()? as usize;
+                if n > MAX_NOTIF_IN_REQUEST || r.remaining() < n {
+                    return Err("a malformed notification in a peer-copy request".into());
+                }
+                Some(r.bytes(n)?)
+            } else {
+                None
+            };
             Message::Request(Request {
                 id,
                 direction,
                 pieces,
                 reply_to,
+                notif,
             })
         }
-        KIND_DONE => Message::Done(Done {
-            id,
-            errno: r.i32()?,
-        }),
+        KIND_DONE | KIND_DONE_TRACED => {
+            let errno = r.i32()?;
+            let trace = if kind == KIND_DONE_TRACED {
+                Some(trace::TargetStamps {
+                    read: r.u64()?,
+                    launched: r.u64()?,
+                    complete: r.u64()?,
+                    answered: r.u64()?,
+                })
+            } else {
+                None
+            };
+            Message::Done(Done { id, errno, trace })
+        }
         other => return Err(format!("unknown peer-copy message kind {other}")),
     };
     r.finish()?;
@@ -492,6 +562,10 @@ pub(crate) struct RunState {
     pub(crate) answered: AtomicU64,
     pub(crate) declined: AtomicBool,
     pub(crate) failed: Mutex<Option<(i32, String)>>,
+    /// Where tracing: when the last answer was read, and the target's stamps in it
+    /// (read, launched, complete, answered).
+    pub(crate) answer_read: AtomicU64,
+    pub(crate) target_stamps: [AtomicU64; 4],
 }
 
 impl RunState {
@@ -502,6 +576,52 @@ impl RunState {
             answered: AtomicU64::new(0),
             declined: AtomicBool::new(false),
             failed: Mutex::new(None),
+            answer_read: AtomicU64::new(0),
+            target_stamps: Default::default(),
+        }
+    }
+
+    /// The state of a new post of `requests` requests to the same peer, reusing this one
+    /// (no allocation per post).
+    pub(crate) fn reset(&mut self, requests: usize) {
+        *self.pending.get_mut() = requests;
+        *self.answered.get_mut() = 0;
+        *self.declined.get_mut() = false;
+        *self.failed.get_mut() = None;
+        *self.answer_read.get_mut() = 0;
+        for s in &mut self.target_stamps {
+            *s.get_mut() = 0;
+        }
+    }
+
+    /// One request answered by `done`: its stamps kept where tracing (before the answer
+    /// counts, so whoever sees the run complete sees them), then [`RunState::answer`].
+    pub(crate) fn answer_done(&self, done: &Done) {
+        if trace::on() {
+            self.answer_read.store(trace::now_ns(), Ordering::Relaxed);
+            let t = done.trace.unwrap_or_default();
+            for (slot, v) in self
+                .target_stamps
+                .iter()
+                .zip([t.read, t.launched, t.complete, t.answered])
+            {
+                slot.store(v, Ordering::Relaxed);
+            }
+        }
+        self.answer(done.errno);
+    }
+
+    /// The target's stamps of the last answer (zeros where it did not trace).
+    pub(crate) fn target_trace(&self) -> trace::TargetStamps {
+        let [read, launched, complete, answered] = self
+            .target_stamps
+            .each_ref()
+            .map(|a| a.load(Ordering::Relaxed));
+        trace::TargetStamps {
+            read,
+            launched,
+            complete,
+            answered,
         }
     }
 

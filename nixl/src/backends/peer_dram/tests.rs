@@ -75,6 +75,7 @@ fn messages_round_trip_and_malformed_ones_are_refused() {
             },
         ],
         reply_to: b"nixl-1-2-abcdef".to_vec(),
+        notif: None,
     };
     let wire = req.encode();
     assert_eq!(wire.len(), request_len(2, req.reply_to.len()));
@@ -82,6 +83,7 @@ fn messages_round_trip_and_malformed_ones_are_refused() {
     let done = Done {
         id: u64::MAX,
         errno: libc::EACCES,
+        trace: None,
     };
     assert_eq!(decode(&done.encode()), Ok(Message::Done(done)));
     for cut in 0..wire.len() {
@@ -136,6 +138,97 @@ fn messages_round_trip_and_malformed_ones_are_refused() {
     assert!(decode(&with(many).encode()).is_err());
 }
 
+/// A request carrying its notification and a traced answer round trip; a carried
+/// notification is bounded, must be whole, and ends the message; every cut or flipped
+/// bit is an error or another message.
+#[test]
+fn a_carried_notification_and_a_traced_answer_round_trip() {
+    let req = Request {
+        id: 7,
+        direction: Direction::ToDram,
+        pieces: vec![Piece {
+            vram: 0x7000_0000,
+            dram: 0x1000,
+            len: 1 << 20,
+        }],
+        reply_to: b"initiator".to_vec(),
+        notif: Some(b"check d 3 1048576 1048576 1 9 0".to_vec()),
+    };
+    let wire = req.encode();
+    assert_eq!(decode(&wire), Ok(Message::Request(req.clone())));
+    // An empty notification is one too (not the same as none).
+    let empty = Request {
+        notif: Some(Vec::new()),
+        ..req.clone()
+    };
+    assert_eq!(decode(&empty.encode()), Ok(Message::Request(empty.clone())));
+    assert_ne!(
+        empty.encode(),
+        Request {
+            notif: None,
+            ..req.clone()
+        }
+        .encode()
+    );
+    // The largest carried notification decodes, one byte more does not.
+    let largest = Request {
+        notif: Some(vec![0xa5; MAX_NOTIF_IN_REQUEST]),
+        ..req.clone()
+    };
+    assert_eq!(
+        decode(&largest.encode()),
+        Ok(Message::Request(largest.clone()))
+    );
+    let over = Request {
+        notif: Some(vec![0xa5; MAX_NOTIF_IN_REQUEST + 1]),
+        ..req.clone()
+    };
+    assert!(decode(&over.encode()).is_err());
+    for cut in 0..wire.len() {
+        assert!(decode(&wire[..cut]).is_err(), "cut at {cut}");
+    }
+    let mut long = wire.clone();
+    long.push(0);
+    assert!(decode(&long).is_err());
+    // A length claiming more than what follows, or a huge one.
+    let len_at = wire.len() - req.notif.as_ref().unwrap().len() - 4;
+    for claim in [u32::MAX, (MAX_NOTIF_IN_REQUEST + 1) as u32, 10_000] {
+        let mut bad = wire.clone();
+        bad[len_at..len_at + 4].copy_from_slice(&claim.to_le_bytes());
+        assert!(decode(&bad).is_err(), "claims {claim}");
+    }
+    for i in 0..wire.len() * 8 {
+        let mut bad = wire.clone();
+        bad[i / 8] ^= 1 << (i % 8);
+        assert_ne!(decode(&bad), Ok(Message::Request(req.clone())));
+    }
+    // Traced answers carry the target's four stamps; untraced ones stay as they were.
+    let traced = Done {
+        id: 7,
+        errno: 0,
+        trace: Some(trace::TargetStamps {
+            read: 1,
+            launched: 2,
+            complete: u64::MAX,
+            answered: 4,
+        }),
+    };
+    let bytes = traced.encode();
+    assert_eq!(bytes.len(), DONE_LEN + 32);
+    assert_eq!(decode(&bytes), Ok(Message::Done(traced)));
+    let plain = Done {
+        trace: None,
+        ..traced
+    };
+    assert_eq!(plain.encode().len(), DONE_LEN);
+    for cut in 0..bytes.len() {
+        assert!(decode(&bytes[..cut]).is_err(), "cut at {cut}");
+    }
+    let mut long = bytes.clone();
+    long.push(0);
+    assert!(decode(&long).is_err());
+}
+
 #[test]
 fn requests_fit_the_rails_inject_size() {
     let name = 40;
@@ -172,6 +265,39 @@ fn answers_count_and_only_the_runs_peer_may_answer() {
     waits.forget(&[later]);
     assert!(waits.take(later, None).is_none());
     assert!(is_declined(libc::ENODEV) && !is_declined(libc::EIO));
+}
+
+/// A post's state reused by the next post starts afresh: nothing of the last post's
+/// answers, failure or decline (or traced stamps) carries over.
+#[test]
+fn a_reused_run_starts_afresh() {
+    let waits = Waits::default();
+    let mut run = Arc::new(RunState::new("target", 2));
+    let ids: Vec<u64> = (0..2).map(|_| waits.add(&run)).collect();
+    waits
+        .take(ids[0], None)
+        .unwrap()
+        .answer(libc::EADDRNOTAVAIL);
+    waits.take(ids[1], None).unwrap().answer_done(&Done {
+        id: ids[1],
+        errno: libc::EIO,
+        trace: Some(trace::TargetStamps {
+            read: 1,
+            launched: 2,
+            complete: 3,
+            answered: 4,
+        }),
+    });
+    assert_eq!(run.pending.load(Ordering::Acquire), 0);
+    let state = Arc::get_mut(&mut run).expect("no wait holds it once answered");
+    state.reset(3);
+    assert_eq!(run.pending.load(Ordering::Acquire), 3);
+    assert_eq!(run.answered.load(Ordering::Relaxed), 0);
+    assert!(!run.declined.load(Ordering::Acquire));
+    assert!(run.failed.lock().is_none());
+    assert_eq!(run.answer_read.load(Ordering::Relaxed), 0);
+    assert_eq!(run.target_trace(), trace::TargetStamps::default());
+    assert_eq!(run.agent, "target");
 }
 
 fn facts(
@@ -486,6 +612,7 @@ fn a_target_checks_where_a_request_points_before_any_copy() {
                 .map(|&(vram, dram, len)| Piece { vram, dram, len })
                 .collect(),
             reply_to: b"rail".to_vec(),
+            notif: None,
         };
         server.serve(&req, &peer, &stats).err()
     };
@@ -561,6 +688,7 @@ fn a_target_merges_neighbouring_pieces_within_one_registration() {
                 })
                 .collect(),
             reply_to: b"rail".to_vec(),
+            notif: None,
         };
         let (export, located) = server.locate(&req, &peer, &stats).unwrap();
         assert_eq!(export, e);
@@ -607,6 +735,7 @@ fn a_target_merges_neighbouring_pieces_within_one_registration() {
             })
             .collect(),
         reply_to: b"rail".to_vec(),
+        notif: None,
     };
     let (_, located) = server.locate(&req, &peer, &stats).unwrap();
     assert_eq!(
@@ -702,6 +831,7 @@ fn a_one_mib_request_costs_microseconds_on_the_host() {
             Direction::ToDram,
             &requests[0].1,
             b"initiator",
+            None,
         );
         let Ok(Message::Request(req)) = decode(&buf) else {
             panic!("round {i}: the request does not decode");
@@ -709,6 +839,7 @@ fn a_one_mib_request_costs_microseconds_on_the_host() {
         let done = Done {
             id: req.id,
             errno: 0,
+            trace: None,
         }
         .encode();
         let Ok(Message::Done(done)) = decode(&done) else {

@@ -90,6 +90,16 @@ impl<'a> Reader<'a> {
         Ok(name.to_vec())
     }
 
+    /// The next `n` bytes (`n` bounded by the caller).
+    pub(crate) fn bytes(&mut self, n: usize) -> Result<Vec<u8>, String> {
+        if self.rest.len() < n {
+            return Err("truncated".into());
+        }
+        let (head, tail) = self.rest.split_at(n);
+        self.rest = tail;
+        Ok(head.to_vec())
+    }
+
     /// The unread bytes.
     pub(crate) fn remaining(&self) -> usize {
         self.rest.len()
