@@ -1241,27 +1241,35 @@ fn forged_or_replayed_peer_copy_answers_are_not_taken() {
 /// the target's endpoint or sealed under a made-up tag, end nothing: the READ is still in
 /// progress, not a byte of its destination changed (with the initiator's memory staged
 /// too: nothing was copied out of its slot, whose data the target had not written). Once
-/// the target runs, the READ completes with the target's bytes. Before, a data word that
-/// `FI_SOURCE` attributed to the target counted as a delivered piece: the target's
-/// endpoint's words completed the READ at once, its destination still zero.
+/// the target runs, the READ completes with the target's bytes. The same over
+/// `tcp;ofi_rxm`, whose remote CQ data names no sender at all. Before, a data word that
+/// `FI_SOURCE` attributed to the target (on `tcp;ofi_rxm`: any word with the token)
+/// counted as a delivered piece: the target's endpoint's words completed the READ at
+/// once, its destination still zero.
 #[test]
 fn forged_fetch_data_completes_nothing_early() {
     use crate::backends::staging::{Ctrl, FETCH_DATA};
     const WORDS: usize = 8;
-    for initiator_staged in [false, true] {
-        let tag = if initiator_staged { "staged" } else { "plain" };
-        let (target, t) = victim(
-            &format!("seal-fetch-target-{tag}"),
-            "shm",
-            &[("stage_dram", "1")],
+    for (provider, initiator_staged) in [
+        ("shm", false),
+        ("shm", true),
+        ("tcp;ofi_rxm", false),
+        ("tcp;ofi_rxm", true),
+    ] {
+        let tag = format!(
+            "{}-{}",
+            provider.replace(';', "_"),
+            if initiator_staged { "staged" } else { "plain" }
         );
         let initiator_params: &[(&str, &str)] = if initiator_staged {
             &[("stage_dram", "1")]
         } else {
             &[]
         };
+        let target_name = format!("seal-fetch-target-{tag}");
+        let (target, t) = victim(&target_name, provider, &[("stage_dram", "1")]);
         let initiator_name = format!("seal-fetch-initiator-{tag}");
-        let (initiator, i) = victim(&initiator_name, "shm", initiator_params);
+        let (initiator, i) = victim(&initiator_name, provider, initiator_params);
         let src: Vec<u8> = (0..256 << 10).map(|k: usize| (k * 7 + 3) as u8).collect();
         let dst = vec![0u8; src.len()];
         // SAFETY: the buffers outlive the handles and the request.
@@ -1277,7 +1285,7 @@ fn forged_fetch_data_completes_nothing_early() {
             .load_remote_metadata(&target.local_metadata().unwrap())
             .unwrap();
         let to_initiator = t.common.peers.read()[&initiator_name].addrs.addrs[0];
-        let attacker = Raw::new("shm");
+        let attacker = Raw::new(provider);
         let attacker_to_initiator = attacker.aim(&i);
         let mut req = initiator
             .create_xfer_req(
@@ -1363,8 +1371,8 @@ fn forged_fetch_data_completes_nothing_early() {
                 ),
             );
         }
-        // The answers went after the words on each endpoint (`shm` keeps a sender's
-        // order): once both are counted, the words before them were taken too.
+        // The answers went after the words on each endpoint (both providers keep a
+        // sender's order): once both are counted, the words before them were taken too.
         until(
             "forged FETCHED answers",
             before + 2 * tokens.len() as u64,
