@@ -50,12 +50,19 @@ use crate::error::Result;
 use crate::mem::{MemKind, Region};
 use parking_lot::RwLock;
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
 
 /// Owner of notification arrivals from endpoints that are no loaded peer's (accepted
 /// with `notif_senders=any`): all of them share one bound.
 pub(super) const STRANGER: u64 = 1;
+/// How long a look at a loaded peer's process (alive) stands: every sealed control
+/// message asks whether its sender's process ended, and a look reads `/proc` (several
+/// files: it cost most of a small staged chunk's round trip, `docs/BENCHMARKS.md`). A process
+/// seen ended stays ended; one that ends is seen at most this late (its frames are
+/// refused as unproven until then, never taken on its name).
+const PROCESS_LOOK_STANDS: Duration = Duration::from_millis(1);
 
 /// A loaded peer as the transport knows it.
 #[derive(Debug)]
@@ -85,6 +92,12 @@ pub(super) struct PeerSource {
     /// control messages go sealed, and an answer proven by it is matched to the requests
     /// sent under this sealer.
     sealer: OnceLock<Arc<Sealer>>,
+    /// Its process was seen ended (for good: a pid and start time never come back).
+    ended: AtomicBool,
+    /// When its process was last looked at ([`PROCESS_LOOK_STANDS`]): nanoseconds
+    /// since `looks_since` plus one (0: never).
+    looked_at: AtomicU64,
+    looks_since: Instant,
 }
 
 impl PeerSource {
@@ -106,7 +119,36 @@ impl PeerSource {
             imports: Imports::default(),
             opener: OnceLock::new(),
             sealer: OnceLock::new(),
+            ended: AtomicBool::new(false),
+            looked_at: AtomicU64::new(0),
+            looks_since: Instant::now(),
         }
+    }
+
+    /// Whether its advertised process is known to have ended here
+    /// ([`ProcessId::has_ended_here`]), looked up at most every
+    /// [`PROCESS_LOOK_STANDS`].
+    pub(super) fn process_ended(&self) -> bool {
+        let Some(process) = &self.process else {
+            return false;
+        };
+        if self.ended.load(Ordering::Relaxed) {
+            return true;
+        }
+        let now = u64::try_from(self.looks_since.elapsed().as_nanos())
+            .unwrap_or(u64::MAX)
+            .saturating_add(1);
+        let last = self.looked_at.load(Ordering::Relaxed);
+        let stands = u64::try_from(PROCESS_LOOK_STANDS.as_nanos()).unwrap_or(u64::MAX);
+        if last != 0 && now.saturating_sub(last) < stands {
+            return false;
+        }
+        self.looked_at.store(now, Ordering::Relaxed);
+        let ended = process.has_ended_here();
+        if ended {
+            self.ended.store(true, Ordering::Relaxed);
+        }
+        ended
     }
 
     /// Sets what opens its sealed notifications (kept where already set: the same
@@ -253,9 +295,7 @@ impl Sources {
     /// not a forgery of a live peer's. (A peer in another pid namespace of this host
     /// never counts as ended: its pid names another process here, or none.)
     pub(super) fn loaded_process_ended(&self, agent: &str) -> bool {
-        self.peer(agent)
-            .and_then(|p| p.process)
-            .is_some_and(|p| p.has_ended_here())
+        self.peer(agent).is_some_and(|p| p.process_ended())
     }
 
     /// Binds `peer`'s endpoints (`(rail, name)` and where answers go), replacing what
