@@ -440,6 +440,47 @@ impl LibfabricBackend {
 mod tests {
     use super::*;
 
+    /// A loaded peer's process is read from `/proc` at most once per
+    /// [`PROCESS_LOOK_STANDS`] however often frames ask, and once seen ended it stays
+    /// ended.
+    #[test]
+    fn a_peers_process_is_looked_at_briefly_and_an_end_is_for_good() {
+        let me = ProcessId::current().unwrap();
+        let start = Instant::now();
+        for _ in 0..200 {
+            assert!(!me.has_ended_here());
+        }
+        let one_look = start.elapsed() / 200;
+        let alive = PeerSource::new("alive", 2, Some(me), None, false);
+        let start = Instant::now();
+        let (mut looks, mut last) = (0u64, 0u64);
+        for _ in 0..20_000 {
+            assert!(!alive.process_ended());
+            let at = alive.looked_at.load(Ordering::Relaxed);
+            if at != last {
+                looks += 1;
+                last = at;
+            }
+        }
+        let took = start.elapsed();
+        let most = took.as_nanos() / PROCESS_LOOK_STANDS.as_nanos() + 1;
+        assert!(u128::from(looks) <= most, "{looks} looks, at most {most}");
+        // Looking every time would have taken 20,000 looks.
+        assert!(
+            took < one_look * 20_000 / 4,
+            "{took:?} (a look: {one_look:?})"
+        );
+        // A pid that names no process here: ended at the first look, and for good.
+        let mut wire = Vec::new();
+        me.encode(&mut wire);
+        wire[21..25].copy_from_slice(&(u32::MAX - 1).to_le_bytes());
+        let gone = ProcessId::decode(&wire).unwrap().unwrap();
+        let ended = PeerSource::new("gone", 3, Some(gone), None, false);
+        assert!(ended.process_ended());
+        assert!(ended.process_ended());
+        assert!(!PeerSource::new("unknown", 4, None, None, false).process_ended());
+    }
+
     #[test]
     fn advertised_ranges_merge_and_contain() {
         let p = PeerSource::new("p", 2, None, None, false);
