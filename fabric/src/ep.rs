@@ -1042,6 +1042,63 @@ impl Endpoint {
         context: u64,
         flags: u64,
     ) -> Result<()> {
+        // SAFETY: the caller's contract, passed on.
+        unsafe { self.writemsg_inner(buf, len, mr, dest, addr, key, context, flags, None) }
+    }
+
+    /// [`writemsg_raw`](Self::writemsg_raw) carrying remote CQ data `data`
+    /// (`FI_REMOTE_CQ_DATA` is added to `flags`): e.g. a write with data whose completion
+    /// must mean delivery (`FI_DELIVERY_COMPLETE`), which `fi_writedata` cannot ask for.
+    ///
+    /// # Safety
+    /// As [`write_raw`](Self::write_raw).
+    #[allow(clippy::too_many_arguments)]
+    #[doc(alias = "fi_writemsg")]
+    pub unsafe fn writedatamsg_raw(
+        &self,
+        buf: *const u8,
+        len: usize,
+        mr: Option<&MemoryRegion>,
+        data: u64,
+        dest: Address,
+        addr: u64,
+        key: u64,
+        context: u64,
+        flags: u64,
+    ) -> Result<()> {
+        // SAFETY: the caller's contract, passed on.
+        unsafe {
+            self.writemsg_inner(
+                buf,
+                len,
+                mr,
+                dest,
+                addr,
+                key,
+                context,
+                flags | ffi::FI_REMOTE_CQ_DATA,
+                Some(data),
+            )
+        }
+    }
+
+    /// `fi_writemsg` of one buffer, with remote CQ data where `data` is given.
+    ///
+    /// # Safety
+    /// As [`write_raw`](Self::write_raw).
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn writemsg_inner(
+        &self,
+        buf: *const u8,
+        len: usize,
+        mr: Option<&MemoryRegion>,
+        dest: Address,
+        addr: u64,
+        key: u64,
+        context: u64,
+        flags: u64,
+        data: Option<u64>,
+    ) -> Result<()> {
         Self::check_context("fi_writemsg", context)?;
         let mut desc = self.raw_desc("fi_writemsg", mr)?;
         let iov = libc::iovec {
@@ -1057,7 +1114,7 @@ impl Endpoint {
             rma_iov: &rma,
             rma_iov_count: 1,
             context: context as usize as *mut c_void,
-            data: 0,
+            data: data.unwrap_or(0),
         };
         // SAFETY: msg points to locals valid for the call; the data's lifetime is the
         // caller's contract.

@@ -545,9 +545,16 @@ mod backend_decoders {
             &4u16.to_le_bytes(),
             b"fail",
         ]);
+        // A FETCH's answer (FETCHED): pieces u16, bytes u64.
+        let fetched = le(&[
+            b"NXST\x01\x04\x00\x00",
+            &8u64.to_le_bytes(),
+            &2u16.to_le_bytes(),
+            &8192u64.to_le_bytes(),
+        ]);
         survive(
             "staging",
-            &[offer, fetch, done],
+            &[offer, fetch, done, fetched],
             nixl::backends::staging::fuzz_ctrl_message,
             30_000,
         );

@@ -1,5 +1,5 @@
 //! What any peer may send to a staging rail: the staging protocol's control messages
-//! (OFFER, FETCH, DONE; `nixl::backends::staging::fuzz_ctrl_message`). Never a panic,
+//! (OFFER, FETCH, DONE, FETCHED; `nixl::backends::staging::fuzz_ctrl_message`). Never a panic,
 //! and what decodes re-encodes to the same message.
 #![no_main]
 
@@ -12,6 +12,7 @@ fuzz_target!(|data: &[u8]| {
         b"NXST\x01\x01".as_slice(),
         b"NXST\x01\x02".as_slice(),
         b"NXST\x01\x03".as_slice(),
+        b"NXST\x01\x04".as_slice(),
     ] {
         let mut framed = prefix.to_vec();
         framed.extend_from_slice(data);

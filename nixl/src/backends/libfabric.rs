@@ -128,8 +128,12 @@
 //! READ) and the target, the active side, RMA-reads the chunk into one of its serve
 //! slots and copies it into its VRAM (then answers DONE; the chunk counts toward the
 //! notification only now), or copies VRAM→slot and RMA-writes it back with remote CQ
-//! data `1<<63 | token` (notification keys keep bit 63 clear). A staged transfer's
-//! notification therefore fires only once its last byte is in the target's VRAM.
+//! data `1<<63 | token` (notification keys keep bit 63 clear), each write completing
+//! only once delivered, and then answers FETCHED. The initiator takes the chunk as
+//! fetched only on that sealed answer (and its data words): remote CQ data carries no
+//! seal and `shm` misattributes a flood, so a data word with a guessed or observed
+//! token ends nothing. A staged transfer's notification therefore fires only once its
+//! last byte is in the target's VRAM.
 //!
 //! Resources are bounded: `staging_chunks` slots for this side's transfers and as many
 //! for serving peers (the halves never lend to each other, so two agents writing to each
@@ -143,7 +147,7 @@
 //!
 //! Cost: each staged side adds one copy through host memory (two on a VRAM→VRAM
 //! transfer), each at the pinned copy rate, and a control message
-//! per chunk for remote staged memory. Pipelined, the expected bandwidth is about
+//! per chunk for remote staged memory (two for a READ: the FETCH and its answer). Pipelined, the expected bandwidth is about
 //! min(network, pinned copy rate) for transfers of several chunks; a transfer of a single
 //! chunk pays the copies in series. `staging_chunk` trades that latency (smaller chunks
 //! overlap sooner) against per-operation cost (larger messages run closer to the

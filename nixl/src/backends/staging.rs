@@ -19,17 +19,19 @@
 //! Who sent what: every control message and FETCH data arrival comes with its sender as
 //! the transport proves it (`StageNet::Sender`: the VERBS connection whose QP it arrived
 //! on; for LIBFABRIC, the loaded peer whose pair key sealed the control message (its
-//! `notif_mac`: `shm`'s `FI_SOURCE` misattributes a flood) and, for FETCH data, the
-//! endpoint `FI_SOURCE` names), never as the message names itself. A
-//! request's requester (`reply_to`) must be its sender (`StageNet::resolve`), so this
-//! side never reads from, writes to or answers another peer on a request's word; an
-//! OFFER's notification key counts only toward its sender's notifications
-//! (`StageNet::landed`); a DONE or FETCH data counts only from the peer the request went
-//! to (`StageNet::is_sender`), so a guessed or observed token can neither end a chunk
-//! early (its slot reused while the target still reads it) nor fail it. Refusals are
-//! counted and logged sparingly. Where a provider cannot name a sender (LIBFABRIC's
-//! remote CQ data on `tcp;ofi_rxm`), the token or key alone ties an arrival to its
-//! request.
+//! `notif_mac`: `shm`'s `FI_SOURCE` misattributes a flood)), never as the message names
+//! itself. A request's requester (`reply_to`) must be its sender (`StageNet::resolve`),
+//! so this side never reads from, writes to or answers another peer on a request's word;
+//! an OFFER's notification key counts only toward its sender's notifications
+//! (`StageNet::landed`); a DONE counts only from the peer the request went to
+//! (`StageNet::is_sender`), so a guessed or observed token can neither end a chunk early
+//! (its slot reused while the target still reads it) nor fail it. A FETCH's data is
+//! remote CQ data, which LIBFABRIC cannot seal: there a FETCH completes only on the
+//! target's FETCHED answer, sealed and sent once every write of it is delivered
+//! (`StageNet::fetch_answered`), and a data word, whoever wrote it, only counts down
+//! what is still to come; on VERBS the data's QP proves its sender. Refusals are counted
+//! and logged sparingly. Where a provider cannot name a sender (LIBFABRIC's remote CQ
+//! data on `tcp;ofi_rxm`), the key alone ties a notification's data to its transfer.
 //!
 //! # Slots
 //! One bounce allocation (pinned host memory when a GPU is involved) holds `2 × chunks`
@@ -47,7 +49,7 @@
 //! | | WRITE | READ |
 //! |---|---|---|
 //! | local staged, remote plain | copy VRAM→local slot, RMA write slot→peer | RMA read peer→local slot, copy slot→VRAM |
-//! | local plain, remote staged | OFFER: the target RMA-reads our memory into a serve slot, copies it to its VRAM, answers DONE | FETCH: the target copies VRAM→serve slot and RMA-writes it into our memory with remote CQ data |
+//! | local plain, remote staged | OFFER: the target RMA-reads our memory into a serve slot, copies it to its VRAM, answers DONE | FETCH: the target copies VRAM→serve slot and RMA-writes it into our memory with remote CQ data (LIBFABRIC: then answers FETCHED) |
 //! | both staged | copy VRAM→local slot, then OFFER from the slot | FETCH into a local slot, then copy slot→VRAM |
 //!
 //! The target is the active side for a staged remote region: it pulls a WRITE and pushes
@@ -67,9 +69,11 @@
 //! OFFER (1) and FETCH (2): `key u64 | name_len u16 | name | count u16 | count × piece`,
 //! piece = `peer_addr u64 | peer_key u64 | target_addr u64 | len u32` (the requester's
 //! memory as it is addressed remotely, the target's raw address). DONE (3): `status i32 |
-//! reason_len u16 | reason`. Everything is checked on receipt: lengths, counts, the sum
-//! of the pieces against a slot, and every target range against a staged registration.
-//! A FETCH's data arrives with remote CQ data `1<<63 | token`, one per piece.
+//! reason_len u16 | reason`. FETCHED (4): `pieces u16 | bytes u64`, what the target
+//! wrote for a FETCH (only where the transport answers FETCHes). Everything is checked
+//! on receipt: lengths, counts, the sum of the pieces against a slot, and every target
+//! range against a staged registration. A FETCH's data arrives with remote CQ data
+//! `1<<63 | token`, one per piece.
 
 mod copy;
 mod serve;
@@ -114,6 +118,9 @@ pub(crate) const VERSION: u8 = 1;
 pub(crate) const KIND_OFFER: u8 = 1;
 pub(crate) const KIND_FETCH: u8 = 2;
 pub(crate) const KIND_DONE: u8 = 3;
+/// A served FETCH's answer where the transport asks for one
+/// ([`StageNet::fetch_answered`]).
+pub(crate) const KIND_FETCHED: u8 = 4;
 pub(crate) const FLAG_KEY: u8 = 1;
 pub(crate) const MAX_NAME: usize = 1024;
 pub(crate) const MAX_REASON: usize = 512;
@@ -190,6 +197,17 @@ pub(crate) trait StageNet {
     /// Whether `sender` is the peer at `addr` (where this side sent a request): a DONE or
     /// a FETCH's data counts only from there.
     fn is_sender(&self, addr: &Self::Addr, sender: &Self::Sender) -> bool;
+    /// Whether a FETCH completes only on its target's answer (FETCHED, a control message
+    /// the transport proves the sender of) on top of its data. Where remote CQ data does
+    /// not prove who wrote it (LIBFABRIC: 64 bits, no seal, `shm` misattributes a flood),
+    /// a data word with a guessed or observed token must not end a chunk: the target
+    /// answers once every piece it wrote is delivered, and the requester takes the chunk
+    /// as fetched only on that answer. Both sides of one transport agree (it is part of
+    /// the transport's wire version); the default (VERBS: data arrives on the requester's
+    /// own connection) completes on the data alone.
+    fn fetch_answered(&self) -> bool {
+        false
+    }
     /// RMA write of bounce bytes `[offset, offset+len)` to (`addr`, `key`) at `dest`,
     /// with remote CQ data `imm`.
     #[allow(clippy::too_many_arguments)]
@@ -343,8 +361,13 @@ enum Stage {
     Copy { ticket: u64, user: bool },
     /// RMA operations: `next` piece to post, `left` completions awaited.
     Net { next: usize, left: usize },
-    /// A request to the target: sent yet, replies (DONE or data pieces) awaited.
-    Request { sent: bool, left: usize },
+    /// A request to the target: sent yet, replies (DONE or data pieces) awaited, and
+    /// (`answer`) a FETCH's answer awaited ([`StageNet::fetch_answered`]).
+    Request {
+        sent: bool,
+        left: usize,
+        answer: bool,
+    },
 }
 
 #[derive(Debug)]
@@ -493,6 +516,19 @@ impl<A: Clone + Debug + Send, S: Clone + Debug + Send> Engine<A, S> {
     #[cfg(test)]
     pub(crate) fn refused(&self) -> u64 {
         self.refused
+    }
+
+    /// Tokens of the FETCHes sent and not yet completed (what an attacker who observed
+    /// the traffic knows): for tests.
+    #[cfg(test)]
+    pub(crate) fn fetches_in_flight(&self) -> Vec<u64> {
+        self.runs
+            .iter()
+            .filter(|r| !r.spec.plan.write)
+            .flat_map(|r| &r.active)
+            .filter(|c| matches!(c.stage, Stage::Request { sent: true, .. }))
+            .map(|c| c.token)
+            .collect()
     }
 
     /// Counts and logs (the first, then one in 1024) an arrival refused for its sender.
@@ -679,10 +715,12 @@ impl<A: Clone + Debug + Send, S: Clone + Debug + Send> Engine<A, S> {
     }
 
     /// A chunk whose slot a peer may still write into (a FETCH into a local slot that
-    /// was neither answered nor given up with the peer).
+    /// was neither answered nor given up with the peer: where the transport answers
+    /// FETCHes, its answer, never its data words, ends the wait).
     fn quarantined(&self, run: &Run<A>, k: usize) -> bool {
         let c = &run.active[k];
-        matches!(c.stage, Stage::Request { sent: true, left } if left > 0) && c.slot.is_some()
+        matches!(c.stage, Stage::Request { sent: true, left, answer } if left > 0 || answer)
+            && c.slot.is_some()
     }
 
     fn retire_chunk(&mut self, run: &mut Run<A>, c: ActiveChunk) {
@@ -763,6 +801,7 @@ impl<A: Clone + Debug + Send, S: Clone + Debug + Send> Engine<A, S> {
                 c.stage = Stage::Request {
                     sent: false,
                     left: if plan.write { 1 } else { chunk.pieces.len() },
+                    answer: !plan.write && net.fetch_answered(),
                 };
                 self.requests += 1;
                 Ok(())
@@ -838,6 +877,7 @@ impl<A: Clone + Debug + Send, S: Clone + Debug + Send> Engine<A, S> {
                                 Stage::Request {
                                     sent: false,
                                     left: 1,
+                                    answer: false,
                                 }
                             } else {
                                 Stage::Net {
@@ -882,14 +922,14 @@ impl<A: Clone + Debug + Send, S: Clone + Debug + Send> Engine<A, S> {
                     self.chunk_done(run, k);
                     return;
                 }
-                Stage::Request { sent, left } => {
+                Stage::Request { sent, left, answer } => {
                     if !sent {
                         match self.send_request(net, run, k) {
                             Ok(()) => continue,
                             Err(()) => return,
                         }
                     }
-                    if left > 0 {
+                    if left > 0 || answer {
                         return;
                     }
                     self.requests -= 1;
@@ -1091,8 +1131,12 @@ impl<A: Clone + Debug + Send, S: Clone + Debug + Send> Engine<A, S> {
                     );
                     run.active[k].ops += 1;
                 }
-                if let Stage::Request { left, .. } = run.active[k].stage {
-                    run.active[k].stage = Stage::Request { sent: true, left };
+                if let Stage::Request { left, answer, .. } = run.active[k].stage {
+                    run.active[k].stage = Stage::Request {
+                        sent: true,
+                        left,
+                        answer,
+                    };
                 }
                 Ok(())
             }
@@ -1210,6 +1254,13 @@ impl<A: Clone + Debug + Send, S: Clone + Debug + Send> Engine<A, S> {
 
     /// A piece of a FETCH's data arrived (remote CQ data [`FETCH_DATA`]` | token`) from
     /// `sender`.
+    ///
+    /// Where the transport answers FETCHes ([`StageNet::fetch_answered`]) a data word
+    /// only counts down what is still to arrive; the chunk waits for the target's proven
+    /// answer as well, so a forged word (which no transport check can tell from the
+    /// target's there) ends nothing and frees no slot. Its sender is not checked then:
+    /// the provider's attribution proves nothing, and refusing a misattributed genuine
+    /// word would stall the chunk.
     pub(crate) fn on_fetch_data<N: StageNet<Addr = A, Sender = S>>(
         &mut self,
         net: &N,
@@ -1220,21 +1271,21 @@ impl<A: Clone + Debug + Send, S: Clone + Debug + Send> Engine<A, S> {
             tracing::debug!(token, "staging: data for an unknown request");
             return;
         };
-        if !self.sent_to(net, ri, ci, sender) {
+        if !net.fetch_answered() && !self.sent_to(net, ri, ci, sender) {
             return self.refuse(
                 sender,
                 format_args!("FETCH data for token {token} from a peer the FETCH did not go to"),
             );
         }
         let mut r = self.runs.remove(ri).expect("found");
-        if let Stage::Request { sent, left } = r.active[ci].stage {
-            r.active[ci].stage = Stage::Request {
-                sent,
-                left: left.saturating_sub(1),
-            };
+        if let (false, Stage::Request { sent, left, answer }) =
+            (r.spec.plan.write, r.active[ci].stage)
+        {
+            let left = left.saturating_sub(1);
+            r.active[ci].stage = Stage::Request { sent, left, answer };
             if !r.active[ci].dead {
                 self.advance_chunk(net, &mut r, ci);
-            } else if left <= 1 {
+            } else if left == 0 && !answer {
                 // A given-up FETCH into a slot: the slot is quiet now.
                 r.active[ci].stage = Stage::Net { next: 0, left: 0 };
                 self.requests -= 1;
@@ -1265,6 +1316,11 @@ impl<A: Clone + Debug + Send, S: Clone + Debug + Send> Engine<A, S> {
                 status,
                 reason,
             } => self.on_done(net, sender, token, status, reason),
+            Ctrl::Fetched {
+                token,
+                pieces,
+                bytes,
+            } => self.on_fetched(net, sender, token, pieces, bytes),
             Ctrl::Offer(req) => self.on_request(net, rail, sender, true, req),
             Ctrl::Fetch(req) => self.on_request(net, rail, sender, false, req),
         }
@@ -1294,7 +1350,11 @@ impl<A: Clone + Debug + Send, S: Clone + Debug + Send> Engine<A, S> {
         let mut r = self.runs.remove(ri).expect("found");
         if let Stage::Request { sent, .. } = r.active[ci].stage {
             if status == STATUS_OK && r.spec.plan.write {
-                r.active[ci].stage = Stage::Request { sent, left: 0 };
+                r.active[ci].stage = Stage::Request {
+                    sent,
+                    left: 0,
+                    answer: false,
+                };
                 if !r.active[ci].dead {
                     self.advance_chunk(net, &mut r, ci);
                 } else {
@@ -1319,6 +1379,73 @@ impl<A: Clone + Debug + Send, S: Clone + Debug + Send> Engine<A, S> {
                     ),
                 );
             }
+        }
+        self.runs.insert(ri, r);
+    }
+
+    /// The target's answer to a FETCH ([`StageNet::fetch_answered`]): every piece it
+    /// wrote for `token` is delivered. Taken only from the peer the FETCH went to (the
+    /// transport proves it: LIBFABRIC's seal), and only with the piece and byte counts
+    /// the FETCH asked for.
+    fn on_fetched<N: StageNet<Addr = A, Sender = S>>(
+        &mut self,
+        net: &N,
+        sender: &S,
+        token: u64,
+        pieces: u16,
+        bytes: u64,
+    ) {
+        let Some((ri, ci)) = self.find_token(token) else {
+            tracing::debug!(token, "staging: FETCHED for an unknown request");
+            return;
+        };
+        if !self.sent_to(net, ri, ci, sender) {
+            return self.refuse(
+                sender,
+                format_args!("a FETCHED for token {token} from a peer the FETCH did not go to"),
+            );
+        }
+        let mut r = self.runs.remove(ri).expect("found");
+        let plan = r.spec.plan.clone();
+        let chunk = &plan.chunks[r.active[ci].index];
+        match r.active[ci].stage {
+            Stage::Request {
+                sent,
+                left,
+                answer: true,
+            } if !plan.write => {
+                let want_bytes: u64 = chunk.pieces.iter().map(|p| p.len).sum();
+                if usize::from(pieces) != chunk.pieces.len() || bytes != want_bytes {
+                    // The target's writes are over (it answers after them): the slot
+                    // is quiet, and the chunk is not what was asked for.
+                    r.active[ci].stage = Stage::Net { next: 0, left: 0 };
+                    self.requests -= 1;
+                    self.fail_run(
+                        &mut r,
+                        Failure::new(
+                            STATUS_FAILED,
+                            format!(
+                                "the target answered a FETCH of {} pieces ({want_bytes} \
+                                 bytes) with {pieces} pieces ({bytes} bytes)",
+                                chunk.pieces.len()
+                            ),
+                        ),
+                    );
+                } else if r.active[ci].dead {
+                    // A given-up FETCH into a slot: the target's writes are delivered,
+                    // the slot is quiet now.
+                    r.active[ci].stage = Stage::Net { next: 0, left: 0 };
+                    self.requests -= 1;
+                } else {
+                    r.active[ci].stage = Stage::Request {
+                        sent,
+                        left,
+                        answer: false,
+                    };
+                    self.advance_chunk(net, &mut r, ci);
+                }
+            }
+            _ => tracing::debug!(token, "staging: FETCHED for a chunk that awaits none"),
         }
         self.runs.insert(ri, r);
     }

@@ -65,8 +65,10 @@
 //!   peer's endpoint naming another is dropped;
 //! - plain (a stranger without a key): dropped and counted where the provider names a
 //!   live loaded peer's endpoint as its sender (that peer seals everything), else judged
-//!   as a stranger's; a plain answer (DONE) is never taken: an answer counts only when
-//!   sealed by the peer the request went to.
+//!   as a stranger's; a plain answer (DONE, FETCHED) is never taken: an answer counts
+//!   only when sealed by the peer the request went to. A staged FETCH's data (remote CQ
+//!   data: 64 bits, no room for a seal) ends nothing by itself: the FETCH completes on
+//!   its target's sealed FETCHED, sent once every write is delivered.
 //!
 //! Compatibility: connection information without the key section (a peer built before
 //! it) is refused at load with [`crate::Error::MetadataRefused`] naming the reason; a
@@ -74,7 +76,8 @@
 //! same way. Version 2 of the section means "control messages are sealed too": a peer of
 //! version 1 (sealed notifications, plain control messages, which this side drops) and
 //! this side refuse each other's connection information at load, with the section's
-//! version in the reason. Nothing is lost silently.
+//! version in the reason. Version 3 means "a staged FETCH is answered with a sealed
+//! FETCHED": versions 2 and 3 refuse each other the same way. Nothing is lost silently.
 
 use crate::error::{Error, Result};
 use hmac::{Hmac, Mac};
@@ -98,8 +101,11 @@ const TAG_LEN: usize = 16;
 pub(super) const CONN_TAG: &[u8; 4] = b"NXNK";
 /// Version 2: the same key also seals the rail control messages ([`ControlFrame`]); a
 /// peer of version 1 sends them plain, which this side drops, so the versions refuse each
-/// other at load.
-const CONN_VERSION: u8 = 2;
+/// other at load. Version 3: a staged FETCH completes only on its target's sealed
+/// FETCHED answer, which a version-2 target never sends (its requester would wait for
+/// it forever, and a version-2 requester would drop it): the versions refuse each other
+/// at load.
+const CONN_VERSION: u8 = 3;
 /// Bytes of the key section: tag, version, X25519 public key.
 pub(super) const CONN_WIRE_SIZE: usize = 4 + 1 + 32;
 /// Sequence numbers behind the highest accepted one that are still accepted once.

@@ -5,7 +5,9 @@
 //!
 //! `NIXL_PROBE_PROVIDER` (default `shm`), `NIXL_PROBE_RAILS` (default 1),
 //! `NIXL_PROBE_ITERS` (default 2000; a tenth from 1 MiB), `NIXL_PROBE_MAX` (largest
-//! block, default 64 MiB):
+//! block, default 64 MiB), `NIXL_PROBE_OP` (`write`, the default, or `read`),
+//! `NIXL_PROBE_STAGE_TARGET=1` (the target's DRAM is staged, `stage_dram=1`: a WRITE is
+//! an OFFER the target pulls, a READ a FETCH it pushes and answers):
 //! `cargo test --release -p rdma-rs-nixl --lib latency_probe -- --ignored --nocapture`
 
 use crate::{params, Agent, AgentConfig, Desc, DescList, MemKind, XferOp};
@@ -25,19 +27,26 @@ fn latency_probe() {
     let rails: usize = env_or("NIXL_PROBE_RAILS", 1);
     let iters: usize = env_or("NIXL_PROBE_ITERS", 2000);
     let max: usize = env_or("NIXL_PROBE_MAX", 64 << 20);
+    let read = std::env::var("NIXL_PROBE_OP").is_ok_and(|op| op == "read");
+    let stage_target = env_or("NIXL_PROBE_STAGE_TARGET", 0) == 1;
     let rails_s = rails.to_string();
-    let make = |name: &str| {
+    let make = |name: &str, staged: bool| {
         let agent = Agent::new(name, AgentConfig::default()).unwrap();
+        let stage = if staged { "1" } else { "0" };
         agent
             .create_backend(
                 "LIBFABRIC",
-                &params([("provider", provider.as_str()), ("num_rails", &rails_s)]),
+                &params([
+                    ("provider", provider.as_str()),
+                    ("num_rails", &rails_s),
+                    ("stage_dram", stage),
+                ]),
             )
             .unwrap();
         agent
     };
-    let initiator = make("probe-init");
-    let target = make("probe-tgt");
+    let initiator = make("probe-init", false);
+    let target = make("probe-tgt", stage_target);
     let src = vec![7u8; max];
     let mut dst = vec![0u8; max];
     let dst_p = dst.as_mut_ptr() as u64;
@@ -65,7 +74,15 @@ fn latency_probe() {
     let name = initiator
         .load_remote_metadata(&target.local_metadata().unwrap())
         .unwrap();
-    println!("probe: {provider}, {rails} rail(s), WRITE without notification");
+    let op = if read { XferOp::Read } else { XferOp::Write };
+    println!(
+        "probe: {provider}, {rails} rail(s), {op:?} without notification{}",
+        if stage_target {
+            ", the target's DRAM staged"
+        } else {
+            ""
+        }
+    );
     let mut block = 4096;
     while block <= max {
         let local = DescList::from_descs(
@@ -74,7 +91,7 @@ fn latency_probe() {
         );
         let remote = DescList::from_descs(MemKind::Dram, [Desc::new(dst_p, block as u64, 0)]);
         let mut req = initiator
-            .create_xfer_req(XferOp::Write, &local, &remote, &name, None)
+            .create_xfer_req(op, &local, &remote, &name, None)
             .unwrap();
         let n = if block >= 1 << 20 {
             (iters / 10).max(5)

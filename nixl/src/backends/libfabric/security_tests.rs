@@ -1236,3 +1236,162 @@ fn forged_or_replayed_peer_copy_answers_are_not_taken() {
     });
     assert_eq!(run.answered.load(Ordering::Relaxed), 1);
 }
+
+/// Issue 28, the last LIBFABRIC gap: a staged FETCH's data arrives as remote CQ data
+/// (`1<<63 | token`: 64 bits, no room for a seal), which `shm` attributes by `FI_SOURCE`
+/// alone and misattributes under a flood. While the target cannot serve (its rail worker
+/// held), data words carrying the live FETCH's token, more than it has pieces, written by
+/// a raw endpoint (a stranger) and by the target's own endpoint without its key (what a
+/// misattributed forgery looks like to the initiator), and FETCHED answers, plain from
+/// the target's endpoint or sealed under a made-up tag, end nothing: the READ is still in
+/// progress, not a byte of its destination changed (with the initiator's memory staged
+/// too: nothing was copied out of its slot, whose data the target had not written). Once
+/// the target runs, the READ completes with the target's bytes. The same over
+/// `tcp;ofi_rxm`, whose remote CQ data names no sender at all. Before, a data word that
+/// `FI_SOURCE` attributed to the target (on `tcp;ofi_rxm`: any word with the token)
+/// counted as a delivered piece: the target's endpoint's words completed the READ at
+/// once, its destination still zero.
+#[test]
+fn forged_fetch_data_completes_nothing_early() {
+    use crate::backends::staging::{Ctrl, FETCH_DATA};
+    const WORDS: usize = 8;
+    for (provider, initiator_staged) in [
+        ("shm", false),
+        ("shm", true),
+        ("tcp;ofi_rxm", false),
+        ("tcp;ofi_rxm", true),
+    ] {
+        let tag = format!(
+            "{}-{}",
+            provider.replace(';', "_"),
+            if initiator_staged { "staged" } else { "plain" }
+        );
+        let initiator_params: &[(&str, &str)] = if initiator_staged {
+            &[("stage_dram", "1")]
+        } else {
+            &[]
+        };
+        let target_name = format!("seal-fetch-target-{tag}");
+        let (target, t) = victim(&target_name, provider, &[("stage_dram", "1")]);
+        let initiator_name = format!("seal-fetch-initiator-{tag}");
+        let (initiator, i) = victim(&initiator_name, provider, initiator_params);
+        let src: Vec<u8> = (0..256 << 10).map(|k: usize| (k * 7 + 3) as u8).collect();
+        let dst = vec![0u8; src.len()];
+        // SAFETY: the buffers outlive the handles and the request.
+        let _ht =
+            unsafe { target.register_mem(&dram(src.as_ptr() as u64, src.len()), None) }.unwrap();
+        // SAFETY: as above.
+        let _hi =
+            unsafe { initiator.register_mem(&dram(dst.as_ptr() as u64, dst.len()), None) }.unwrap();
+        target
+            .load_remote_metadata(&initiator.local_metadata().unwrap())
+            .unwrap();
+        let name = initiator
+            .load_remote_metadata(&target.local_metadata().unwrap())
+            .unwrap();
+        let to_initiator = t.common.peers.read()[&initiator_name].addrs.addrs[0];
+        let attacker = Raw::new(provider);
+        let attacker_to_initiator = attacker.aim(&i);
+        let mut req = initiator
+            .create_xfer_req(
+                XferOp::Read,
+                &dram(dst.as_ptr() as u64, dst.len()),
+                &dram(src.as_ptr() as u64, src.len()),
+                &name,
+                None,
+            )
+            .unwrap();
+        // Once through (`shm` connects the pair on first contact, which needs the
+        // target's progress), then again with the target held.
+        req.post().unwrap();
+        req.wait(WAIT).unwrap();
+        assert!(dst == src, "{tag}: the first READ's bytes");
+        // SAFETY: the test's buffer; the READ into it completed.
+        unsafe { std::ptr::write_bytes(dst.as_ptr() as *mut u8, 0, dst.len()) };
+        let frozen = t.progress.workers[0].lock();
+        req.post().unwrap();
+        let deadline = Instant::now() + WAIT;
+        let tokens = loop {
+            let tokens = i.common.stager.engine().fetches_in_flight();
+            if !tokens.is_empty() {
+                break tokens;
+            }
+            assert!(Instant::now() < deadline, "{tag}: no FETCH went out");
+            std::thread::sleep(Duration::from_millis(1));
+        };
+        // Memory of the initiator the writers hold a key to: a plain registration, or
+        // (staged: registrations have no key) the serve half of its staging pool.
+        let decoy = vec![0u8; 4096];
+        let _decoy_md;
+        let decoy_remote = if initiator_staged {
+            let serve_half = (i.common.stager.cfg.chunk * i.common.stager.cfg.chunks) as u64;
+            let (addr, key) = i.common.stager.net.bounce_remote(0, serve_half);
+            RemoteMemory { addr, key, len: 8 }
+        } else {
+            let (md, remote) = remote_of(&i, decoy.as_ptr() as u64, decoy.len());
+            _decoy_md = md;
+            remote
+        };
+        let from_target = t.rails[0].ep.alloc_registered(8, Access::ALL).unwrap();
+        let before = i.unproven_control_messages();
+        for &token in &tokens {
+            for _ in 0..WORDS {
+                attacker.write_data(attacker_to_initiator, &decoy_remote, FETCH_DATA | token);
+                let deadline = Instant::now() + WAIT;
+                // Its completion goes to the held worker's queue: read later, as an
+                // unknown operation's.
+                t.rails[0]
+                    .ep
+                    .retry(deadline, || {
+                        t.rails[0].ep.writedata(
+                            &from_target,
+                            0..8,
+                            FETCH_DATA | token,
+                            to_initiator,
+                            &decoy_remote,
+                            0,
+                            0xfe7c_0000 + token,
+                        )
+                    })
+                    .unwrap();
+            }
+            let fetched = Ctrl::Fetched {
+                token,
+                pieces: 1,
+                bytes: src.len() as u64,
+            }
+            .encode()
+            .unwrap();
+            let deadline = Instant::now() + WAIT;
+            t.rails[0]
+                .ep
+                .retry(deadline, || t.rails[0].ep.inject(&fetched, to_initiator))
+                .unwrap();
+            attacker.send(
+                attacker_to_initiator,
+                &forged_seal(
+                    &format!("seal-fetch-target-{tag}"),
+                    (1 << 62) + token,
+                    &fetched,
+                ),
+            );
+        }
+        // The answers went after the words on each endpoint (both providers keep a
+        // sender's order): once both are counted, the words before them were taken too.
+        until(
+            "forged FETCHED answers",
+            before + 2 * tokens.len() as u64,
+            || i.unproven_control_messages(),
+        );
+        std::thread::sleep(Duration::from_millis(200));
+        assert_eq!(
+            req.status().unwrap(),
+            XferStatus::InProgress,
+            "{tag}: forged FETCH data completed the READ early"
+        );
+        assert!(dst.iter().all(|&b| b == 0), "{tag}: bytes moved");
+        drop(frozen);
+        req.wait(WAIT).unwrap();
+        assert!(dst == src, "{tag}: the READ's bytes");
+    }
+}

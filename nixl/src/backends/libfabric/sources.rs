@@ -41,7 +41,7 @@
 //! remote CQ data, which cannot carry a proof.
 
 use super::cma::CmaPeer;
-use super::liveness::{Liveness, ProcessId};
+use super::liveness::ProcessId;
 use super::notif_mac::{Opener, Sealer};
 use super::peer_copy::{AdvertisedVram, Imports, VramExport};
 use super::stage_net::{FabAddr, ReplyAddr};
@@ -52,10 +52,17 @@ use parking_lot::RwLock;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
 
 /// Owner of notification arrivals from endpoints that are no loaded peer's (accepted
 /// with `notif_senders=any`): all of them share one bound.
 pub(super) const STRANGER: u64 = 1;
+/// How long a look at a loaded peer's process (alive) stands: every sealed control
+/// message asks whether its sender's process ended, and a look reads `/proc` (several
+/// files: it cost most of a small staged chunk's round trip, `docs/BENCHMARKS.md`). A process
+/// seen ended stays ended; one that ends is seen at most this late (its frames are
+/// refused as unproven until then, never taken on its name).
+const PROCESS_LOOK_STANDS: Duration = Duration::from_millis(1);
 
 /// A loaded peer as the transport knows it.
 #[derive(Debug)]
@@ -85,11 +92,12 @@ pub(super) struct PeerSource {
     /// control messages go sealed, and an answer proven by it is matched to the requests
     /// sent under this sealer.
     sealer: OnceLock<Arc<Sealer>>,
-    /// Its process watched here (same host and pid namespace), opened on the first
-    /// question whether it ended ([`Self::process_ended_here`]).
-    watch: OnceLock<Option<Arc<Liveness>>>,
-    /// Its process was seen ended (stays so).
+    /// Its process was seen ended (for good: a pid and start time never come back).
     ended: AtomicBool,
+    /// When its process was last looked at ([`PROCESS_LOOK_STANDS`]): nanoseconds
+    /// since `looks_since` plus one (0: never).
+    looked_at: AtomicU64,
+    looks_since: Instant,
 }
 
 impl PeerSource {
@@ -111,34 +119,32 @@ impl PeerSource {
             imports: Imports::default(),
             opener: OnceLock::new(),
             sealer: OnceLock::new(),
-            watch: OnceLock::new(),
             ended: AtomicBool::new(false),
+            looked_at: AtomicU64::new(0),
+            looks_since: Instant::now(),
         }
     }
 
-    /// Whether its process is known to have ended on this host
-    /// ([`ProcessId::has_ended_here`]). Asked per received message that names it
-    /// without its proof, so a flood of forgeries must not cost a read of `/proc`
-    /// each: the process is watched through a pidfd ([`Liveness`], polled at most every
-    /// [`super::liveness::CHECK_PERIOD`]) once it was seen alive here.
-    pub(super) fn process_ended_here(&self) -> bool {
-        let Some(process) = self.process else {
+    /// Whether its advertised process is known to have ended here
+    /// ([`ProcessId::has_ended_here`]), looked up at most every
+    /// [`PROCESS_LOOK_STANDS`].
+    pub(super) fn process_ended(&self) -> bool {
+        let Some(process) = &self.process else {
             return false;
         };
-        let watch = self.watch.get_or_init(|| {
-            // A watch needs the process alive and local now; one that already ended (or
-            // was never local) is judged by `/proc` as before, once it is known ended
-            // that answer stays.
-            Liveness::watch(&process)
-        });
         if self.ended.load(Ordering::Relaxed) {
             return true;
         }
-        let ended = match watch {
-            Some(watch) => watch.has_ended(),
-            None => process.has_ended_here(),
-        };
-        // An ended process never runs again (a reused pid has another start time).
+        let now = u64::try_from(self.looks_since.elapsed().as_nanos())
+            .unwrap_or(u64::MAX)
+            .saturating_add(1);
+        let last = self.looked_at.load(Ordering::Relaxed);
+        let stands = u64::try_from(PROCESS_LOOK_STANDS.as_nanos()).unwrap_or(u64::MAX);
+        if last != 0 && now.saturating_sub(last) < stands {
+            return false;
+        }
+        self.looked_at.store(now, Ordering::Relaxed);
+        let ended = process.has_ended_here();
         if ended {
             self.ended.store(true, Ordering::Relaxed);
         }
@@ -289,7 +295,7 @@ impl Sources {
     /// not a forgery of a live peer's. (A peer in another pid namespace of this host
     /// never counts as ended: its pid names another process here, or none.)
     pub(super) fn loaded_process_ended(&self, agent: &str) -> bool {
-        self.peer(agent).is_some_and(|p| p.process_ended_here())
+        self.peer(agent).is_some_and(|p| p.process_ended())
     }
 
     /// Binds `peer`'s endpoints (`(rail, name)` and where answers go), replacing what
@@ -433,6 +439,47 @@ impl LibfabricBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A loaded peer's process is read from `/proc` at most once per
+    /// [`PROCESS_LOOK_STANDS`] however often frames ask, and once seen ended it stays
+    /// ended.
+    #[test]
+    fn a_peers_process_is_looked_at_briefly_and_an_end_is_for_good() {
+        let me = ProcessId::current().unwrap();
+        let start = Instant::now();
+        for _ in 0..200 {
+            assert!(!me.has_ended_here());
+        }
+        let one_look = start.elapsed() / 200;
+        let alive = PeerSource::new("alive", 2, Some(me), None, false);
+        let start = Instant::now();
+        let (mut looks, mut last) = (0u64, 0u64);
+        for _ in 0..20_000 {
+            assert!(!alive.process_ended());
+            let at = alive.looked_at.load(Ordering::Relaxed);
+            if at != last {
+                looks += 1;
+                last = at;
+            }
+        }
+        let took = start.elapsed();
+        let most = took.as_nanos() / PROCESS_LOOK_STANDS.as_nanos() + 1;
+        assert!(u128::from(looks) <= most, "{looks} looks, at most {most}");
+        // Looking every time would have taken 20,000 looks.
+        assert!(
+            took < one_look * 20_000 / 4,
+            "{took:?} (a look: {one_look:?})"
+        );
+        // A pid that names no process here: ended at the first look, and for good.
+        let mut wire = Vec::new();
+        me.encode(&mut wire);
+        wire[21..25].copy_from_slice(&(u32::MAX - 1).to_le_bytes());
+        let gone = ProcessId::decode(&wire).unwrap().unwrap();
+        let ended = PeerSource::new("gone", 3, Some(gone), None, false);
+        assert!(ended.process_ended());
+        assert!(ended.process_ended());
+        assert!(!PeerSource::new("unknown", 4, None, None, false).process_ended());
+    }
 
     #[test]
     fn advertised_ranges_merge_and_contain() {

@@ -381,6 +381,21 @@ impl StageNet for FabricNet {
         // for this operation until its completion is read; the pool outlives it.
         let posted = unsafe {
             match imm {
+                // A served FETCH's data: it completes only once delivered, so the
+                // answer sent after the last completion (`fetch_answered`) never
+                // overtakes it (`shm` and `tcp;ofi_rxm` otherwise complete a write when
+                // its bytes have left).
+                Some(data) if data & staging::FETCH_DATA != 0 => ep.writedatamsg_raw(
+                    buf,
+                    len,
+                    Some(&b.mrs[rail]),
+                    data,
+                    dest.address(),
+                    addr,
+                    key,
+                    ctx,
+                    fabric::ffi::FI_COMPLETION | fabric::ffi::FI_DELIVERY_COMPLETE,
+                ),
                 Some(data) => ep.writedata_raw(
                     buf,
                     len,
@@ -474,33 +489,26 @@ impl StageNet for FabricNet {
         }
     }
 
-    /// A DONE counts only when sealed by the key the request went under (no endpoint's
-    /// word: `shm` misattributes a flood); a FETCH's data (which cannot be sealed) where
-    /// the provider names that peer's endpoint as its sender.
+    /// A DONE or FETCHED counts only when sealed by the key the request went under (no
+    /// endpoint's word: `shm` misattributes a flood). A FETCH's data, which cannot be
+    /// sealed, is never asked about: it ends nothing without the FETCHED
+    /// ([`StageNet::fetch_answered`]), so no provider's attribution is trusted for it.
     fn is_sender(&self, addr: &FabAddr, sender: &FabSender) -> bool {
-        if sender.message {
-            let Some(proven) = sender.proven.as_ref().and_then(|p| p.sealer()) else {
-                return false;
-            };
-            return addr.sealer().is_some_and(|s| Arc::ptr_eq(s, proven));
+        if !sender.message {
+            return false;
         }
-        if !sender.named {
-            return true;
-        }
-        match addr {
-            FabAddr::Peer(peer, rail) => {
-                let name = &peer.names[*rail];
-                match &sender.endpoint {
-                    Some(ep) => ep == name,
-                    // A staged transfer of this agent to itself over `shm`.
-                    None => sender.maybe_self && self.names.get(*rail) == Some(name),
-                }
-            }
-            FabAddr::Reply(r) | FabAddr::Channel(r, _) => sender
-                .endpoint
-                .as_ref()
-                .is_some_and(|ep| r.rail.av.lookup(r.addr).is_ok_and(|name| name == *ep)),
-        }
+        let Some(proven) = sender.proven.as_ref().and_then(|p| p.sealer()) else {
+            return false;
+        };
+        addr.sealer().is_some_and(|s| Arc::ptr_eq(s, proven))
+    }
+
+    /// Remote CQ data proves nothing about its writer here (no seal fits in 64 bits, and
+    /// `shm` misattributes a flood): a FETCH completes on the target's sealed FETCHED,
+    /// sent once its writes are delivered. Part of the key section's version 3
+    /// (module `notif_mac`).
+    fn fetch_answered(&self) -> bool {
+        true
     }
 
     /// Counted toward the sender's notifications only (a loaded peer's, or all

@@ -585,7 +585,10 @@ impl Worker {
         if let Ok(c) = &result {
             if c.has(Caps::REMOTE_CQ_DATA.bits()) && c.has(Caps::REMOTE_WRITE.bits()) {
                 if c.data & staging::FETCH_DATA != 0 {
-                    let sender = self.stage_sender(c.src, self.rail.names_data_senders, false);
+                    // Not attributed: no provider's word about its writer is trusted, a
+                    // FETCH ends only on its target's sealed FETCHED
+                    // (`StageNet::fetch_answered`).
+                    let sender = self.stage_sender(c.src, false, false);
                     self.common
                         .stager
                         .fetch_data(c.data & !staging::FETCH_DATA, &sender);

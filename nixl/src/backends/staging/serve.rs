@@ -98,6 +98,24 @@ impl<A: Clone + Debug + Send, S: Clone + Debug + Send> Engine<A, S> {
         self.replies.push_back((rail, to, msg));
     }
 
+    /// Queues the answer to a served FETCH ([`StageNet::fetch_answered`]): its piece
+    /// and byte counts, which the requester checks against what it asked for.
+    fn answer_fetch(&mut self, s: &Serve<A, S>) {
+        let bytes = s.req.pieces.iter().map(|p| u64::from(p.len)).sum();
+        let pieces = u16::try_from(s.req.pieces.len()).unwrap_or(u16::MAX);
+        let answer = Ctrl::Fetched {
+            token: s.req.token,
+            pieces,
+            bytes,
+        };
+        match answer.encode() {
+            Ok(msg) => self.replies.push_back((s.rail, s.from.clone(), msg)),
+            // Unreachable for a request that decoded; the requester's stall detection
+            // ends its transfer.
+            Err(e) => tracing::warn!(error = %e, "staging: a FETCH's answer did not encode"),
+        }
+    }
+
     pub(super) fn send_replies<N: StageNet<Addr = A, Sender = S>>(&mut self, net: &N) {
         while let Some((rail, to, msg)) = self.replies.pop_front() {
             let op = self.id();
@@ -184,7 +202,12 @@ impl<A: Clone + Debug + Send, S: Clone + Debug + Send> Engine<A, S> {
                             continue;
                         }
                     } else {
-                        // FETCH: every piece was written with its CQ data.
+                        // FETCH: every piece was written with its CQ data (and, where
+                        // the transport answers FETCHes, delivered: its writes complete
+                        // only then), which the answer says.
+                        if net.fetch_answered() {
+                            self.answer_fetch(s);
+                        }
                         return false;
                     }
                 }

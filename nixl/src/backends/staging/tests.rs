@@ -48,6 +48,9 @@ struct MockNet {
     fail_rma: Cell<bool>,
     /// Completions of this side's sends fail (after the message was delivered).
     fail_sends: Cell<bool>,
+    /// FETCHes complete on the target's FETCHED ([`StageNet::fetch_answered`]), as on
+    /// LIBFABRIC (the same on both sides, as a transport's wire version is).
+    answered: Cell<bool>,
 }
 
 impl MockNet {
@@ -94,6 +97,9 @@ impl StageNet for MockNet {
     }
     fn is_sender(&self, addr: &usize, sender: &usize) -> bool {
         addr == sender
+    }
+    fn fetch_answered(&self) -> bool {
+        self.answered.get()
     }
     fn write(
         &self,
@@ -263,6 +269,7 @@ impl World {
                     posts: Cell::new(0),
                     fail_rma: Cell::new(false),
                     fail_sends: Cell::new(false),
+                    answered: Cell::new(false),
                 },
             })
             .collect::<Vec<_>>();
@@ -276,6 +283,15 @@ impl World {
             rng: super::wire::tests::Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1),
             steps: 0,
         }
+    }
+
+    /// The same world where FETCHes complete on their target's answer (LIBFABRIC).
+    fn answered(seed: u64) -> Self {
+        let w = Self::new(seed);
+        for s in &w.sides {
+            s.net.answered.set(true);
+        }
+        w
     }
 
     fn stage(&self, side: usize, buf: &[u8]) -> u64 {
@@ -302,6 +318,7 @@ impl World {
                         Ctrl::Offer(r) => format!("OFFER {} pieces", r.pieces.len()),
                         Ctrl::Fetch(_) => "FETCH".into(),
                         Ctrl::Done { status, .. } => format!("DONE {status}"),
+                        Ctrl::Fetched { pieces, .. } => format!("FETCHED {pieces}"),
                     })
                 ),
                 k => format!("{k:?}"),
@@ -510,11 +527,21 @@ fn layout(sizes: &[usize], local: &[u8], remote: &[u8]) -> Vec<(u64, u64, u64)> 
 fn every_case_moves_the_data_and_returns_every_slot() {
     let sizes = [1usize, 4097, (3 << 20) + 5, CHUNK, CHUNK - 1, 100];
     let span: usize = sizes.iter().map(|s| s + 3).sum::<usize>() + 8;
-    for (seed, (local_staged, remote_staged)) in [(true, false), (false, true), (true, true)]
-        .into_iter()
-        .enumerate()
+    for (seed, (local_staged, remote_staged, answered)) in [
+        (true, false, false),
+        (false, true, false),
+        (true, true, false),
+        (false, true, true),
+        (true, true, true),
+    ]
+    .into_iter()
+    .enumerate()
     {
-        let mut w = World::new(seed as u64 + 11);
+        let mut w = if answered {
+            World::answered(seed as u64 + 11)
+        } else {
+            World::new(seed as u64 + 11)
+        };
         let src = pattern(seed as u8, span);
         let dst = vec![0u8; span];
         let back = vec![0u8; span];
@@ -566,7 +593,7 @@ fn every_case_moves_the_data_and_returns_every_slot() {
         });
         assert!(
             back_ok,
-            "READ local_staged={local_staged} remote_staged={remote_staged}"
+            "READ local_staged={local_staged} remote_staged={remote_staged} answered={answered}"
         );
         w.idle();
     }
@@ -607,8 +634,15 @@ fn many_transfers_in_flight_share_bounded_slots_without_deadlock() {
 
 #[test]
 fn a_released_transfer_stops_and_returns_its_slots() {
-    for stop_after in [1, 3, 10, 25, 40] {
-        let mut w = World::new(stop_after);
+    for (stop_after, answered) in [1, 3, 10, 25, 40]
+        .into_iter()
+        .flat_map(|n| [(n, false), (n, true)])
+    {
+        let mut w = if answered {
+            World::answered(stop_after)
+        } else {
+            World::new(stop_after)
+        };
         let src = pattern(1, 2 << 20);
         let dst = vec![0u8; 2 << 20];
         w.stage(0, &src);
@@ -630,7 +664,8 @@ fn a_released_transfer_stops_and_returns_its_slots() {
             assert_eq!(
                 sink.finished.load(Ordering::Relaxed),
                 before,
-                "stop after {stop_after}, write {write}, remote staged {remote_staged}"
+                "stop after {stop_after}, write {write}, remote staged {remote_staged}, \
+                 answered {answered}"
             );
             assert_eq!(sink.user_copies.load(Ordering::Relaxed), 0);
             w.idle();
@@ -1016,4 +1051,152 @@ fn one_transfer_keeps_several_chunks_in_flight_on_both_sides() {
         }
         w.idle();
     }
+}
+
+/// The token of the FETCH side 0 has queued for side 1, and its piece count.
+fn queued_fetch(w: &World) -> (u64, usize) {
+    w.queue
+        .borrow()
+        .iter()
+        .find_map(|p| match &p.kind {
+            Kind::Send(m) => match Ctrl::decode(m) {
+                Ok(Ctrl::Fetch(r)) => Some((r.token, r.pieces.len())),
+                _ => None,
+            },
+            _ => None,
+        })
+        .expect("a FETCH is queued")
+}
+
+/// Issue 28, the last LIBFABRIC gap: a FETCH's data is remote CQ data, which cannot be
+/// sealed, and `shm` attributes a flood's words to a loaded peer. Where FETCHes are
+/// answered, data words with the live token — from a stranger, and from the target
+/// itself (what a misattributed forgery looks like) — more than the FETCH has pieces,
+/// end nothing: no byte is copied out of the slot, the slot stays held, no answer is
+/// taken from anyone but the target, and one with the wrong counts fails the transfer.
+/// The real FETCH then completes with the target's bytes.
+#[test]
+fn with_answered_fetches_forged_data_words_end_nothing() {
+    for (seed, local) in [(31, Side_::Plain), (32, Side_::Staged(None))] {
+        let mut w = World::answered(seed);
+        let remote = pattern(9, 3 * CHUNK / 2);
+        let back = vec![0u8; remote.len()];
+        w.stage(1, &remote);
+        if local != Side_::Plain {
+            w.stage(0, &back);
+        }
+        let entries = layout(&[1000, 5000, 20_000], &back, &remote);
+        let sink = submit(&w, plan(false, local, true, &entries, CHUNK), None);
+        let (token, pieces) = queued_fetch(&w);
+        let s = &w.sides[0];
+        let held = s.engine.borrow().slots_in_use();
+        for from in [ATTACKER, 1] {
+            for _ in 0..=pieces {
+                s.engine.borrow_mut().on_fetch_data(&s.net, token, &from);
+            }
+        }
+        // A FETCHED from anyone but the target is refused.
+        let forged = Ctrl::Fetched {
+            token,
+            pieces: pieces as u16,
+            bytes: 26_000,
+        }
+        .encode()
+        .unwrap();
+        s.engine
+            .borrow_mut()
+            .on_message(&s.net, 0, &ATTACKER, &forged);
+        assert_eq!(s.engine.borrow().refused(), 1, "{local:?}");
+        assert_eq!(
+            sink.finished.load(Ordering::Relaxed),
+            0,
+            "{local:?}: a READ done on forged data words"
+        );
+        assert!(sink.failed.lock().is_none(), "{local:?}");
+        assert_eq!(sink.user_copies.load(Ordering::Relaxed), 0, "{local:?}");
+        assert_eq!(s.engine.borrow().slots_in_use(), held, "{local:?}");
+        assert!(back.iter().all(|&b| b == 0), "{local:?}: bytes moved");
+        w.settle();
+        assert!(sink.failed.lock().is_none(), "{local:?}: {:?}", sink.failed);
+        assert_eq!(sink.finished.load(Ordering::Relaxed), 1, "{local:?}");
+        let ok = entries.iter().all(|e| {
+            let o = (e.0 - back.as_ptr() as u64) as usize;
+            back[o..o + e.2 as usize] == remote[o..o + e.2 as usize]
+        });
+        assert!(ok, "{local:?}: the READ's bytes");
+        w.idle();
+    }
+    // The target's answer with counts that are not the FETCH's fails the transfer.
+    let mut w = World::answered(33);
+    let remote = pattern(10, 4096);
+    let back = vec![0u8; remote.len()];
+    w.stage(1, &remote);
+    let e = [(back.as_ptr() as u64, remote.as_ptr() as u64, 4096)];
+    let sink = submit(&w, plan(false, Side_::Plain, true, &e, CHUNK), None);
+    let (token, _) = queued_fetch(&w);
+    let wrong = Ctrl::Fetched {
+        token,
+        pieces: 1,
+        bytes: 4095,
+    }
+    .encode()
+    .unwrap();
+    let s = &w.sides[0];
+    s.engine.borrow_mut().on_message(&s.net, 0, &1, &wrong);
+    assert_eq!(
+        sink.failed.lock().as_ref().map(|f| f.code),
+        Some(STATUS_FAILED)
+    );
+    w.settle();
+    assert_eq!(sink.finished.load(Ordering::Relaxed), 0);
+    w.idle();
+}
+
+/// A released READ whose FETCHes into local slots went out: data words (forged, as many
+/// as the pieces) do not free the slots the target may still write into; the target's
+/// answer does.
+#[test]
+fn with_answered_fetches_only_the_answer_frees_a_released_fetch_slot() {
+    let mut w = World::answered(34);
+    let back = vec![0u8; 2 * CHUNK];
+    let remote = pattern(11, back.len());
+    w.stage(0, &back);
+    w.stage(1, &remote);
+    let e = [(
+        back.as_ptr() as u64,
+        remote.as_ptr() as u64,
+        back.len() as u64,
+    )];
+    let sink = submit(&w, plan(false, Side_::Staged(None), true, &e, CHUNK), None);
+    let requests: Vec<Posted> = std::mem::take(&mut *w.queue.borrow_mut());
+    let fetches: Vec<(u64, usize)> = requests
+        .iter()
+        .filter_map(|p| match &p.kind {
+            Kind::Send(m) => match Ctrl::decode(m) {
+                Ok(Ctrl::Fetch(r)) => Some((r.token, r.pieces.len())),
+                _ => None,
+            },
+            _ => None,
+        })
+        .collect();
+    assert_eq!(fetches.len(), 2);
+    sink.canceled.store(true, Ordering::Relaxed);
+    let s = &w.sides[0];
+    // The release is seen on the next round (nothing else would poll this engine).
+    s.engine.borrow_mut().progress(&s.net);
+    assert_eq!(s.engine.borrow().slots_in_use().0, 2, "held for the target");
+    for &(token, pieces) in &fetches {
+        for _ in 0..pieces {
+            s.engine
+                .borrow_mut()
+                .on_fetch_data(&s.net, token, &ATTACKER);
+        }
+    }
+    s.engine.borrow_mut().progress(&s.net);
+    assert_eq!(s.engine.borrow().slots_in_use().0, 2, "quarantined");
+    // The target gets the FETCHes now: it writes, answers, and the slots go.
+    w.queue.borrow_mut().extend(requests);
+    w.settle();
+    assert_eq!(sink.finished.load(Ordering::Relaxed), 0);
+    w.idle();
 }

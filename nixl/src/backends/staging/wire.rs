@@ -2,8 +2,8 @@
 //! control messages (checked against hostile input), and slot accounting.
 
 use super::{
-    FLAG_KEY, KIND_DONE, KIND_FETCH, KIND_OFFER, MAGIC, MAX_NAME, MAX_PIECES, MAX_REASON,
-    PIECE_WIRE, VERSION,
+    FLAG_KEY, KIND_DONE, KIND_FETCH, KIND_FETCHED, KIND_OFFER, MAGIC, MAX_NAME, MAX_PIECES,
+    MAX_REASON, PIECE_WIRE, VERSION,
 };
 use crate::error::{Error, Result};
 
@@ -94,6 +94,9 @@ pub(crate) enum Ctrl {
         status: i32,
         reason: String,
     },
+    /// The target wrote every piece of FETCH `token` and each is delivered: `pieces`
+    /// writes of `bytes` in all (what the requester checks against what it asked for).
+    Fetched { token: u64, pieces: u16, bytes: u64 },
 }
 
 fn header(kind: u8, flags: u8, token: u64, cap: usize) -> Vec<u8> {
@@ -159,6 +162,21 @@ impl Ctrl {
                 out.extend_from_slice(&status.to_le_bytes());
                 out.extend_from_slice(&(reason.len() as u16).to_le_bytes());
                 out.extend_from_slice(reason);
+                Ok(out)
+            }
+            Ctrl::Fetched {
+                token,
+                pieces,
+                bytes,
+            } => {
+                if *pieces == 0 || usize::from(*pieces) > MAX_PIECES {
+                    return Err(Error::InvalidParam(format!(
+                        "a FETCH answer counts 1..={MAX_PIECES} pieces, not {pieces}"
+                    )));
+                }
+                let mut out = header(KIND_FETCHED, 0, *token, 26);
+                out.extend_from_slice(&pieces.to_le_bytes());
+                out.extend_from_slice(&bytes.to_le_bytes());
                 Ok(out)
             }
         }
@@ -242,6 +260,21 @@ impl Ctrl {
                     token,
                     status,
                     reason: String::from_utf8_lossy(reason).into_owned(),
+                }
+            }
+            KIND_FETCHED => {
+                if flags != 0 {
+                    return Err(bad("unknown flags"));
+                }
+                let pieces = r.u16().ok_or_else(|| bad("truncated"))?;
+                if pieces == 0 || usize::from(pieces) > MAX_PIECES {
+                    return Err(bad("bad piece count"));
+                }
+                let bytes = r.u64().ok_or_else(|| bad("truncated"))?;
+                Ctrl::Fetched {
+                    token,
+                    pieces,
+                    bytes,
                 }
             }
             _ => return Err(bad("unknown kind")),
@@ -462,6 +495,16 @@ pub(crate) mod tests {
                 status: -22,
                 reason: "piece 3 outside".into(),
             },
+            Ctrl::Fetched {
+                token: 7,
+                pieces: 1,
+                bytes: 4096,
+            },
+            Ctrl::Fetched {
+                token: (1 << 44) - 1,
+                pieces: MAX_PIECES as u16,
+                bytes: u64::MAX,
+            },
         ];
         for msg in cases {
             let bytes = msg.encode().unwrap();
@@ -490,6 +533,14 @@ pub(crate) mod tests {
         let mut long_name = request(1);
         long_name.reply_to = vec![b'x'; MAX_NAME + 1];
         assert!(Ctrl::Fetch(long_name).encode().is_err());
+        for pieces in [0, MAX_PIECES as u16 + 1] {
+            let answer = Ctrl::Fetched {
+                token: 1,
+                pieces,
+                bytes: 1,
+            };
+            assert!(answer.encode().is_err(), "{pieces} pieces");
+        }
     }
 
     #[test]
@@ -545,6 +596,26 @@ pub(crate) mod tests {
         let mut done_flags = done;
         done_flags[6] = 1;
         assert!(Ctrl::decode(&done_flags).is_err());
+        let fetched = Ctrl::Fetched {
+            token: 1,
+            pieces: 2,
+            bytes: 8192,
+        }
+        .encode()
+        .unwrap();
+        for (what, at, bytes) in [
+            ("FETCHED flags", 6, &[1u8][..]),
+            ("FETCHED of 0 pieces", 16, &0u16.to_le_bytes()[..]),
+            (
+                "FETCHED over the piece limit",
+                16,
+                &129u16.to_le_bytes()[..],
+            ),
+        ] {
+            let mut b = fetched.clone();
+            b[at..at + bytes.len()].copy_from_slice(bytes);
+            assert!(Ctrl::decode(&b).is_err(), "{what} accepted");
+        }
         // Random corruption never panics; whatever still decodes is self-consistent.
         let mut rng = Rng(7);
         for _ in 0..20_000 {

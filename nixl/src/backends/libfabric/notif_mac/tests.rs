@@ -289,14 +289,16 @@ fn the_control_fuzz_entry_point_holds_on_samples() {
     }
 }
 
-/// Sealing and opening rail control messages: a READ assist request (about 150 bytes)
-/// and a staging OFFER of 128 pieces (about 3.7 KiB); and a channel's one-time key
-/// agreement. Printed (figures go to docs/BENCHMARKS.md), loosely bounded.
+/// Sealing and opening rail control messages: a staged FETCH's answer (FETCHED, 26
+/// bytes: one per FETCH), a READ assist request (about 150 bytes) and a staging OFFER of
+/// 128 pieces (about 3.7 KiB); and a channel's one-time key agreement. Printed (figures
+/// go to docs/BENCHMARKS.md), loosely bounded.
 #[test]
 fn sealing_and_opening_control_messages_is_cheap() {
     let ((a_seal, _), (_, b_open)) = pairs();
     // (Bounds per message, loose enough for a debug build on a loaded machine.)
     for (what, len, n, bound_ms) in [
+        ("a FETCH's answer", 26, 20_000, 2),
         ("an assist request", 150, 20_000, 2),
         ("a 128-piece OFFER", 3700, 2_000, 50),
     ] {
