@@ -179,14 +179,16 @@ fn gpunetio_stream_pool_two_threads_and_nic_flags() {
     );
 }
 
-/// VRAM to a peer's DRAM (upstream's GPUNETIO line, small): the header names the NIC
-/// path and its provider, since no ConnectX NIC is driven.
+/// VRAM to a peer's DRAM (upstream's GPUNETIO line, small): the header names the path.
+/// A target on this node is reached by the direct peer copy (it copies from this side's
+/// VRAM through CUDA IPC); with `vram_peer_copy=off`, by the NIC path's CPU proxy and its
+/// provider, since no ConnectX NIC is driven. Every block verified either way.
 #[test]
 fn gpunetio_vram_to_peer_dram_names_its_path() {
     if gpunetio::gpu_for_test("gpunetio_vram_to_peer_dram_names_its_path").is_none() {
         return;
     }
-    let table = run(&[
+    let line = [
         "--backend",
         "GPUNETIO",
         "--initiator_seg_type",
@@ -208,18 +210,21 @@ fn gpunetio_vram_to_peer_dram_names_its_path() {
         "--warmup_iter",
         "2",
         "--check_consistency",
-    ]);
-    assert!(
-        table.contains(
-            "(path: CPU proxy over libfabric tcp;ofi_rxm: the target's memory is not VRAM"
-        ),
-        "{table}"
-    );
-    assert!(table.contains("VRAM (GPU 0) -> DRAM"), "{table}");
-    assert!(
-        table.contains("consistency check: every block verified"),
-        "{table}"
-    );
+    ];
+    let off = ["--backend_param", "vram_peer_copy=off"];
+    for (extra, path) in [
+        (&[][..], "(path: VRAM <-> the peer's DRAM: direct peer copy"),
+        (&off[..], "CPU proxy over libfabric tcp;ofi_rxm"),
+    ] {
+        let args: Vec<&str> = line.iter().chain(extra).copied().collect();
+        let table = run(&args);
+        assert!(table.contains(path), "expected `{path}`:\n{table}");
+        assert!(table.contains("VRAM (GPU 0) -> DRAM"), "{table}");
+        assert!(
+            table.contains("consistency check: every block verified"),
+            "{table}"
+        );
+    }
 }
 
 /// A number from the environment, else `default`.
