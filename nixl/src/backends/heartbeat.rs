@@ -486,6 +486,55 @@ impl Hub {
         self.watch_process(agent, at, None)
     }
 
+    /// Watches `agent` through its hub at `at` for a backend (`backend`: its name, in
+    /// the log): `None` where this side has heartbeats off, or the peer's hub is on the
+    /// loopback of another host (`same_host` false: nothing of it is reachable from
+    /// here), or the hub cannot be reached (logged: the peer is then left to the
+    /// transport and the stall timeout). Metadata of an incarnation that is gone (a
+    /// registry's stale copy, or a fetch answered just before the peer died) finds its
+    /// hub closed, or a newer incarnation's hub in its place: that gives a watch dead
+    /// from the start, so transfers to it are `RemoteDisconnect` at once (over `shm`,
+    /// which never reports a dead peer, they would otherwise wait for the stall
+    /// timeout) and a new incarnation may bind the name. `process` (a peer in this
+    /// node's pid namespace) keeps a silent but running process alive (see
+    /// [`Hub::watch_process`]).
+    pub(crate) fn watch_peer(
+        &self,
+        backend: &str,
+        agent: &str,
+        at: HubAddr,
+        same_host: bool,
+        process: Option<LocalProcess>,
+    ) -> Option<Arc<PeerWatch>> {
+        if at.addr.ip().is_loopback() && !same_host {
+            tracing::debug!(
+                peer = agent,
+                "{backend}: the peer's heartbeat hub is on its loopback"
+            );
+            return None;
+        }
+        match self.watch_process(agent, at, process) {
+            Ok(watch) => watch,
+            Err(Error::RemoteDisconnect { reason, .. }) => Some(PeerWatch::dead(&reason)),
+            Err(Error::Io(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+                Some(PeerWatch::dead(&format!(
+                    "its heartbeat hub at {} refused the connection: the peer's backend is gone",
+                    at.addr
+                )))
+            }
+            Err(e) => {
+                tracing::warn!(
+                    peer = agent,
+                    hub = %at.addr,
+                    error = %e,
+                    "{backend}: no heartbeats from this peer (a vanished host will be found \
+                     only by the transport or the stall timeout)"
+                );
+                None
+            }
+        }
+    }
+
     /// Starts watching `agent`, whose hub is at `at`: connects, asks it for heartbeats,
     /// and returns the watch the hub's thread marks dead once they stop. `None` where
     /// heartbeats are off on either side. A peer whose process runs on this host

@@ -567,14 +567,8 @@ impl crate::backends::cuda_copy::NotifSink for NicSink {
     }
 }
 
-/// Watches `agent` through its hub at `at` where both sides run one: `None` where either
-/// has heartbeats off, or the peer's hub is on the loopback of another host (`same_host`
-/// false: nothing of it is reachable there), or the hub cannot be reached (logged: the
-/// peer is then left to the transport and the stall timeout). A hub that refuses — gone,
-/// or a newer incarnation's in its place — gives a watch dead from the start, as
-/// LIBFABRIC's: transfers to that incarnation are `RemoteDisconnect` at once. `process`
-/// (a peer in this node's pid namespace) makes a silent but running process not dead
-/// (see [`Hub::watch_process`]).
+/// Watches `agent` through its hub at `at` where both sides run one (see
+/// [`Hub::watch_peer`]).
 pub(super) fn watch_peer(
     hub: Option<&Hub>,
     agent: &str,
@@ -582,34 +576,7 @@ pub(super) fn watch_peer(
     same_host: bool,
     process: Option<LocalProcess>,
 ) -> Option<Arc<PeerWatch>> {
-    let (hub, at) = (hub?, at?);
-    if at.addr.ip().is_loopback() && !same_host {
-        tracing::debug!(
-            peer = agent,
-            "{NAME}: the peer's heartbeat hub is on its loopback"
-        );
-        return None;
-    }
-    match hub.watch_process(agent, at, process) {
-        Ok(watch) => watch,
-        Err(Error::RemoteDisconnect { reason, .. }) => Some(PeerWatch::dead(&reason)),
-        Err(Error::Io(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
-            Some(PeerWatch::dead(&format!(
-                "its heartbeat hub at {} refused the connection: the peer's backend is gone",
-                at.addr
-            )))
-        }
-        Err(e) => {
-            tracing::warn!(
-                peer = agent,
-                hub = %at.addr,
-                error = %e,
-                "{NAME}: no heartbeats from this peer (a vanished host will be found only \
-                 by the transport or the stall timeout)"
-            );
-            None
-        }
-    }
+    hub?.watch_peer(NAME, agent, at?, same_host, process)
 }
 
 // ---- wire encodings -------------------------------------------------------------------

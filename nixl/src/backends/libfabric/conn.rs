@@ -187,49 +187,15 @@ fn default_route_ip() -> Option<IpAddr> {
     (!ip.is_unspecified() && !ip.is_loopback()).then_some(ip)
 }
 
-/// Watches `agent` through its hub where both sides run one: `None` where either has
-/// heartbeats off, or the peer's hub is on loopback of another host, or it cannot be
-/// reached (logged: the peer is then left to the transport and the stall timeout).
+/// Watches `agent` through its hub where both sides run one (see [`Hub::watch_peer`]).
 pub(super) fn watch_peer(
     hub: Option<&Hub>,
     agent: &str,
     peer: &PeerInfo,
 ) -> Option<Arc<PeerWatch>> {
-    let (hub, at) = (hub?, peer.hub?);
-    if at.addr.ip().is_loopback() && !peer.process.is_some_and(|p| p.on_this_host()) {
-        tracing::debug!(
-            peer = agent,
-            "{NAME}: the peer's heartbeat hub is on its loopback"
-        );
-        return None;
-    }
+    let same_host = peer.process.is_some_and(|p| p.on_this_host());
     let local = peer.process.and_then(|p| p.local_process());
-    match hub.watch_process(agent, at, local) {
-        Ok(watch) => watch,
-        // Metadata of an incarnation that is gone (a registry's stale copy, or a fetch
-        // answered just before the peer died): its hub is closed, or a newer
-        // incarnation's hub answers in its place. Transfers to it are then
-        // `RemoteDisconnect` at once — over `shm`, which never reports a dead peer, they
-        // would otherwise wait for the stall timeout — and a new incarnation may bind
-        // the name.
-        Err(Error::RemoteDisconnect { reason, .. }) => Some(PeerWatch::dead(&reason)),
-        Err(Error::Io(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
-            Some(PeerWatch::dead(&format!(
-                "its heartbeat hub at {} refused the connection: the peer's backend is gone",
-                at.addr
-            )))
-        }
-        Err(e) => {
-            tracing::warn!(
-                peer = agent,
-                hub = %at.addr,
-                error = %e,
-                "{NAME}: no heartbeats from this peer (a vanished host will be found only \
-                 by the transport or the stall timeout)"
-            );
-            None
-        }
-    }
+    hub?.watch_peer(NAME, agent, peer.hub?, same_host, local)
 }
 
 #[cfg(test)]
