@@ -193,7 +193,8 @@ pub(super) struct Liveness {
     doom_checked_ns: AtomicU64,
 }
 
-const NEVER: u64 = u64::MAX;
+/// A look's time stamp before the first look ([`due`]).
+pub(super) const NEVER: u64 = u64::MAX;
 
 impl Liveness {
     /// A watch on `peer`, if the OS can answer for it: same host and pid namespace, and
@@ -315,7 +316,7 @@ impl Liveness {
 
 /// Whether a look whose last one was at `checked_ns` is due (at most every `period`);
 /// of the threads that ask at once, one is told so.
-fn due(checked_ns: &AtomicU64, period: Duration) -> bool {
+pub(super) fn due(checked_ns: &AtomicU64, period: Duration) -> bool {
     let now = clock_ns();
     let last = checked_ns.load(Ordering::Relaxed);
     if last != NEVER && now.saturating_sub(last) < period.as_nanos() as u64 {

@@ -41,7 +41,7 @@
 //! remote CQ data, which cannot carry a proof.
 
 use super::cma::CmaPeer;
-use super::liveness::ProcessId;
+use super::liveness::{self, ProcessId};
 use super::notif_mac::{Opener, Sealer};
 use super::peer_copy::{AdvertisedVram, Imports, VramExport};
 use super::stage_net::{FabAddr, ReplyAddr};
@@ -52,7 +52,7 @@ use parking_lot::RwLock;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Owner of notification arrivals from endpoints that are no loaded peer's (accepted
 /// with `notif_senders=any`): all of them share one bound.
@@ -94,10 +94,9 @@ pub(super) struct PeerSource {
     sealer: OnceLock<Arc<Sealer>>,
     /// Its process was seen ended (for good: a pid and start time never come back).
     ended: AtomicBool,
-    /// When its process was last looked at ([`PROCESS_LOOK_STANDS`]): nanoseconds
-    /// since `looks_since` plus one (0: never).
+    /// When its process was last looked at (`liveness::due`'s clock; `liveness::NEVER`
+    /// before the first look).
     looked_at: AtomicU64,
-    looks_since: Instant,
 }
 
 impl PeerSource {
@@ -120,8 +119,7 @@ impl PeerSource {
             opener: OnceLock::new(),
             sealer: OnceLock::new(),
             ended: AtomicBool::new(false),
-            looked_at: AtomicU64::new(0),
-            looks_since: Instant::now(),
+            looked_at: AtomicU64::new(liveness::NEVER),
         }
     }
 
@@ -135,15 +133,9 @@ impl PeerSource {
         if self.ended.load(Ordering::Relaxed) {
             return true;
         }
-        let now = u64::try_from(self.looks_since.elapsed().as_nanos())
-            .unwrap_or(u64::MAX)
-            .saturating_add(1);
-        let last = self.looked_at.load(Ordering::Relaxed);
-        let stands = u64::try_from(PROCESS_LOOK_STANDS.as_nanos()).unwrap_or(u64::MAX);
-        if last != 0 && now.saturating_sub(last) < stands {
+        if !liveness::due(&self.looked_at, PROCESS_LOOK_STANDS) {
             return false;
         }
-        self.looked_at.store(now, Ordering::Relaxed);
         let ended = process.has_ended_here();
         if ended {
             self.ended.store(true, Ordering::Relaxed);
@@ -439,6 +431,7 @@ impl LibfabricBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Instant;
 
     /// A loaded peer's process is read from `/proc` at most once per
     /// [`PROCESS_LOOK_STANDS`] however often frames ask, and once seen ended it stays
