@@ -256,9 +256,9 @@ impl Ior {
     /// Whether the ring can still complete I/O, checked without waiting and without a
     /// request to the daemon (for pooled rings before reuse): [`Error::DaemonGone`] if
     /// the daemon's connection closed (it died or exited), SIGKILL is pending for it (its
-    /// `/proc` status, read at most every 5 ms: a killed daemon closes its socket only
-    /// once the kernel has torn it down) or it stopped serving this ring. A daemon that
-    /// is alive but frozen passes; deadlines of
+    /// `/proc` status, read at most every `DOOM_CHECK_PERIOD` of the client: a killed
+    /// daemon closes its socket only once the kernel has torn it down) or it stopped
+    /// serving this ring. A daemon that is alive but frozen passes; deadlines of
     /// [`Ior::wait_for_ios`] bound that case. Always `Ok` for a 3FS ring (its library
     /// gives no liveness signal). A ring that failed stays failed: make a new one.
     pub fn check_alive(&self) -> Result<()> {

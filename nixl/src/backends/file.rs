@@ -31,10 +31,11 @@
 //! short count (a READ past the end of the file) or a −errno completion fails the
 //! transfer at `check` with [`Error::Backend`] carrying the errno (`ENODATA` for a
 //! short count). A daemon that dies fails it with `ENOTCONN`: while I/O is outstanding
-//! and nothing completed for 1 ms, `check` asks the rings whether their daemon lives (at
-//! most every millisecond, without waiting: a poll of the daemon's socket, which closes
-//! when it ends, and at most every 5 ms its `/proc` status, which shows a SIGKILL
-//! pending as soon as it is sent, long before a loaded host has torn the daemon down).
+//! and nothing completed for `PROBE_AFTER`, `check` asks the rings whether their
+//! daemon lives (at most every `PROBE_EVERY`, without waiting: a poll of the daemon's
+//! socket, which closes when it ends, and at most every `DOOM_CHECK_PERIOD` of
+//! `hf3fs_gdr`'s client its `/proc` status, which shows a SIGKILL pending as soon as it
+//! is sent, long before a loaded host has torn the daemon down).
 //!
 //! # Daemon restarts
 //! A daemon that is killed and started again on the same mount is used again without
@@ -119,8 +120,8 @@ const PARAMS: &[&str] = &[
 /// No completion for this long while I/O is outstanding: ask whether the daemon lives.
 const PROBE_AFTER: Duration = Duration::from_millis(1);
 /// At most one liveness probe per this interval. A probe waits for nothing: a poll of
-/// the daemon's socket (its end) and, at most every 5 ms, its `/proc` status (a kill in
-/// progress); see `hf3fs_gdr::Ior::check_alive`.
+/// the daemon's socket (its end) and, at most every `DOOM_CHECK_PERIOD` of `hf3fs_gdr`'s
+/// client, its `/proc` status (a kill in progress); see `hf3fs_gdr::Ior::check_alive`.
 const PROBE_EVERY: Duration = Duration::from_millis(1);
 
 fn backend_err(what: impl std::fmt::Display, e: hf3fs_gdr::Error) -> Error {
