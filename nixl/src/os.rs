@@ -90,6 +90,44 @@ pub(crate) fn random_u64() -> std::io::Result<u64> {
     Ok(u64::from_le_bytes(b))
 }
 
+/// Who is at the other end of a Unix socket, as the kernel recorded it when that process
+/// connected or listened (`SO_PEERCRED`): never what the process says of itself. `pid`
+/// is 0 where the kernel could not name it in this pid namespace.
+#[cfg(feature = "cuda")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct PeerCred {
+    pub(crate) pid: u32,
+    pub(crate) uid: u32,
+}
+
+/// The credentials of the process at the other end of Unix socket `fd`.
+#[cfg(feature = "cuda")]
+pub(crate) fn peer_cred(fd: std::os::fd::RawFd) -> std::io::Result<PeerCred> {
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: `cred` and `len` are live and sized for SO_PEERCRED's ucred.
+    let rc = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(PeerCred {
+        pid: u32::try_from(cred.pid).unwrap_or(0),
+        uid: cred.uid,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

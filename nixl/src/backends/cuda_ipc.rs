@@ -70,6 +70,7 @@ use crate::backend::{
 };
 use crate::error::{Error, Result};
 use crate::mem::{MemKind, Region};
+use crate::os::{peer_cred, PeerCred};
 use gpu_mem::{DeviceMemoryRef, Gpu, IpcHandle, IpcMapping, VmmMapping, IPC_HANDLE_BYTES};
 use parking_lot::Mutex;
 use std::any::Any;
@@ -673,7 +674,7 @@ impl NotifListener {
                         break;
                     }
                     let Ok(conn) = conn else { continue };
-                    let cred = match peer_cred(&conn) {
+                    let cred = match peer_cred(conn.as_raw_fd()) {
                         Ok(cred) => cred,
                         Err(e) => {
                             tracing::warn!(error = %e, "{NAME}: connection without credentials dropped");
@@ -713,40 +714,6 @@ impl Drop for NotifListener {
         // SAFETY: shutting down our own listening socket wakes the blocked accept.
         unsafe { libc::shutdown(self.listener.as_raw_fd(), libc::SHUT_RDWR) };
     }
-}
-
-/// Who is at the other end of a Unix socket, as the kernel recorded it when that process
-/// connected (`SO_PEERCRED`): never what the process says of itself.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct PeerCred {
-    pid: u32,
-    uid: u32,
-}
-
-fn peer_cred(conn: &UnixStream) -> std::io::Result<PeerCred> {
-    let mut cred = libc::ucred {
-        pid: 0,
-        uid: 0,
-        gid: 0,
-    };
-    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
-    // SAFETY: `cred` and `len` are live and sized for SO_PEERCRED's ucred.
-    let rc = unsafe {
-        libc::getsockopt(
-            conn.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_PEERCRED,
-            (&mut cred as *mut libc::ucred).cast(),
-            &mut len,
-        )
-    };
-    if rc != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(PeerCred {
-        pid: u32::try_from(cred.pid).unwrap_or(0),
-        uid: cred.uid,
-    })
 }
 
 /// Whether a process may use this agent's socket at all: the same user, or root.
@@ -2147,11 +2114,11 @@ mod tests {
     #[test]
     fn the_kernel_names_the_connecting_process() {
         let (a, b) = UnixStream::pair().unwrap();
-        let cred = peer_cred(&a).unwrap();
+        let cred = peer_cred(a.as_raw_fd()).unwrap();
         assert_eq!(cred.pid, std::process::id());
         // SAFETY: getuid has no arguments and cannot fail.
         assert_eq!(cred.uid, unsafe { libc::getuid() });
-        assert_eq!(peer_cred(&b).unwrap(), cred);
+        assert_eq!(peer_cred(b.as_raw_fd()).unwrap(), cred);
     }
 
     #[test]

@@ -177,30 +177,9 @@ impl LocalIdentity {
     /// this pid namespace, with this start time.
     pub(super) fn is_at_other_end_of(&self, fd: RawFd) -> bool {
         self.pid_means_here()
-            && peer_pid(fd) == Some(self.pid)
+            && crate::os::peer_cred(fd).is_ok_and(|cred| cred.pid == self.pid)
             && proc_state(self.pid).is_some_and(|(_, start)| start == self.start_time)
     }
-}
-
-/// The pid the kernel recorded for the other end of Unix socket `fd` (`SO_PEERCRED`).
-fn peer_pid(fd: RawFd) -> Option<u32> {
-    let mut cred = libc::ucred {
-        pid: 0,
-        uid: 0,
-        gid: 0,
-    };
-    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
-    // SAFETY: `cred` and `len` are live and sized for SO_PEERCRED's ucred.
-    let rc = unsafe {
-        libc::getsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_PEERCRED,
-            (&mut cred as *mut libc::ucred).cast(),
-            &mut len,
-        )
-    };
-    (rc == 0).then(|| u32::try_from(cred.pid).ok()).flatten()
 }
 
 /// Largest notification accepted on the wire.
