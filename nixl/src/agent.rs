@@ -24,24 +24,17 @@ use std::time::{Duration, Instant};
 /// How long [`XferReq::wait`] polls without yielding the CPU, where there are cores to
 /// spare ([`spin_before_yield`]).
 const SPIN_BEFORE_YIELD: Duration = Duration::from_micros(100);
-/// Fewer cores than this, and [`XferReq::wait`] yields between all its polls.
-const CORES_TO_SPIN: usize = 4;
-
 /// How long [`XferReq::wait`] polls without yielding: [`SPIN_BEFORE_YIELD`] where the
-/// process may use [`CORES_TO_SPIN`] cores or more, else nothing. A transfer moves on
-/// other threads (the backend's progress threads, a peer's on the same host): where
-/// cores are few, a waiter that holds one without yielding keeps them off it until the
-/// scheduler's next tick, and every small transfer then costs the whole spin.
+/// process has the cores to spin ([`crate::os::may_spin`]), else nothing. A transfer
+/// moves on other threads (the backend's progress threads, a peer's on the same host):
+/// where cores are few, a waiter that holds one without yielding keeps them off it until
+/// the scheduler's next tick, and every small transfer then costs the whole spin.
 fn spin_before_yield() -> Duration {
-    static SPIN: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
-    *SPIN.get_or_init(|| {
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        if cores >= CORES_TO_SPIN {
-            SPIN_BEFORE_YIELD
-        } else {
-            Duration::ZERO
-        }
-    })
+    if crate::os::may_spin() {
+        SPIN_BEFORE_YIELD
+    } else {
+        Duration::ZERO
+    }
 }
 
 /// How an agent is set up (NIXL's `nixlAgentConfig`).

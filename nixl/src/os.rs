@@ -62,6 +62,20 @@ pub(crate) fn pollfd_in(fd: i32) -> libc::pollfd {
     }
 }
 
+/// Cores from which a thread that waits on a transfer may spin without yielding: with
+/// fewer, the threads that move the transfer (progress threads, a peer's on the same
+/// host) need the core, and every small transfer would cost the whole spin.
+const CORES_TO_SPIN: usize = 4;
+
+/// Whether this process has the cores to spin without yielding (read once): the one rule
+/// for the agent's wait and for backends' serving threads.
+pub(crate) fn may_spin() -> bool {
+    static SPINS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *SPINS.get_or_init(|| {
+        std::thread::available_parallelism().map_or(1, |n| n.get()) >= CORES_TO_SPIN
+    })
+}
+
 /// Fills `buf` from the kernel's cryptographically secure generator (`getrandom(2)`):
 /// nonces and ids a peer must not be able to guess.
 pub(crate) fn random_bytes(buf: &mut [u8]) -> std::io::Result<()> {

@@ -202,19 +202,6 @@ const POLL: Duration = Duration::from_millis(50);
 /// something to read: a transfer's requests and notifications follow each other within
 /// microseconds, and a wake-up from `poll` costs more than a small request's work.
 const ACTIVE_SPIN: Duration = Duration::from_micros(200);
-/// Cores from which this backend's serving threads spin without yielding while traffic
-/// flows (as the agent's wait does: with fewer, the threads moving a transfer need the
-/// core).
-const CORES_TO_SPIN: usize = 4;
-
-/// Whether this process has the cores to spin without yielding (read once).
-pub(super) fn spins() -> bool {
-    static SPINS: OnceLock<bool> = OnceLock::new();
-    *SPINS.get_or_init(|| {
-        std::thread::available_parallelism().map_or(1, |n| n.get()) >= CORES_TO_SPIN
-    })
-}
-
 /// Bytes read from one connection per wake-up (others get their turn).
 const READ_CHUNK: usize = 64 << 10;
 const HELLO_MAGIC: &[u8; 4] = b"NXOH";
@@ -787,7 +774,7 @@ impl Server {
             let now = Instant::now();
             if !ready.conns.is_empty() {
                 self.active_until = now + ACTIVE_SPIN;
-            } else if now < self.active_until && !spins() {
+            } else if now < self.active_until && !crate::os::may_spin() {
                 // Where cores are few, the threads moving the transfer need this one;
                 // elsewhere the next request is seen a yield sooner.
                 std::thread::yield_now();

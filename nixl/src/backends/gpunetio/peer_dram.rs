@@ -53,7 +53,7 @@
 //! peer's copy engine cannot order itself after this process's stream.
 
 use super::oob::{
-    spins, ControlConn, ControlFrom, ControlReply, LocalIdentity, OwnConns, CONTROL_NOTIF,
+    ControlConn, ControlFrom, ControlReply, LocalIdentity, OwnConns, CONTROL_NOTIF,
     CONTROL_PEER_COPY,
 };
 use super::NAME;
@@ -92,7 +92,7 @@ const IDLE_SPIN: Duration = Duration::from_micros(200);
 const BUSY_SPIN: Duration = Duration::from_millis(20);
 /// How long the serving thread polls running copies (and waits for the next request)
 /// without yielding its core, where the process has the cores to spare
-/// ([`spins`]): a copy of a few MiB takes tens of microseconds, a yield can cost
+/// ([`crate::os::may_spin`]): a copy of a few MiB takes tens of microseconds, a yield can cost
 /// several when other threads are runnable, and answering sooner is what a small
 /// transfer waits for.
 const SPIN_NO_YIELD: Duration = Duration::from_micros(500);
@@ -385,7 +385,7 @@ impl PeerDramPath {
                 let idle = progress_at.elapsed();
                 if idle > BUSY_SPIN {
                     std::thread::sleep(Duration::from_micros(20));
-                } else if idle < SPIN_NO_YIELD && spins() {
+                } else if idle < SPIN_NO_YIELD && crate::os::may_spin() {
                     std::hint::spin_loop();
                 } else {
                     std::thread::yield_now();
@@ -477,7 +477,7 @@ fn attribute(
 }
 
 /// The next request's copies: polled for up to `spin` (without yielding for the first
-/// [`SPIN_NO_YIELD`] where [`spins`], then yielding between polls), then awaited;
+/// [`SPIN_NO_YIELD`] where [`crate::os::may_spin`], then yielding between polls), then awaited;
 /// `None` once the sender is gone.
 fn next_job(incoming: &mpsc::Receiver<Running>, spin: Duration) -> Option<Running> {
     let since = Instant::now();
@@ -490,7 +490,7 @@ fn next_job(incoming: &mpsc::Receiver<Running>, spin: Duration) -> Option<Runnin
                 if waited >= spin {
                     return incoming.recv().ok();
                 }
-                if waited < SPIN_NO_YIELD && spins() {
+                if waited < SPIN_NO_YIELD && crate::os::may_spin() {
                     std::hint::spin_loop();
                 } else {
                     std::thread::yield_now();
