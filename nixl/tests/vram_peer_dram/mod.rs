@@ -412,6 +412,43 @@ pub fn report_trace(
     );
 }
 
+/// `REPORT` line (on stderr itself: a target process's test output is captured) of the
+/// mean of each step this process timed inside its handling of direct requests, over its
+/// whole run (`peer_copy_step_*`, where the backend traces); nothing where none ran.
+pub fn report_steps(side: &str, agent: &Agent, peer: &str) {
+    use std::io::Write;
+    let info = peer_copy_info(agent, peer);
+    let mut steps = Vec::new();
+    for (key, count) in &info {
+        let Some(step) = key
+            .strip_prefix("peer_copy_step_")
+            .and_then(|k| k.strip_suffix("_count"))
+        else {
+            continue;
+        };
+        let count: u64 = count.parse().unwrap_or(0);
+        let ns: u64 = info
+            .get(&format!("peer_copy_step_{step}_ns"))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        if count > 0 {
+            steps.push(format!(
+                "{step} {:.2} ({count})",
+                ns as f64 / count as f64 / 1e3
+            ));
+        }
+    }
+    if !steps.is_empty() {
+        steps.sort();
+        let _ = writeln!(
+            std::io::stderr(),
+            "REPORT {} {side} steps, mean us: {}",
+            backend(),
+            steps.join(", ")
+        );
+    }
+}
+
 /// Pinned device-to-host and host-to-device bandwidth (GB/s) of `len`-byte copies.
 pub fn pinned_copy_rates(gpu: &Gpu, len: usize) -> (f64, f64) {
     let dev = device(gpu, len, &[]);
@@ -812,6 +849,7 @@ pub fn direct_both_ways(test: &str, gpus: &[Gpu], target_gpu: usize) {
             );
         }
     }
+    report_steps("initiator", &initiator, &name);
     target.finish(&initiator, &name);
 }
 
@@ -866,6 +904,7 @@ pub fn target_main() {
             for msg in msgs {
                 let text = String::from_utf8(msg).unwrap();
                 if text == "bye" {
+                    report_steps("target", &target, &from);
                     std::fs::write(format!("{path}.ok"), "PEER OK").unwrap();
                     return;
                 }

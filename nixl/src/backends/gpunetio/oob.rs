@@ -1055,7 +1055,10 @@ impl Server {
         }
         match (&c.stream).read(&mut self.scratch[..room]) {
             Ok(0) => return self.close(id, "end of stream"),
-            Ok(n) => c.frames.push(&self.scratch[..n]),
+            Ok(n) => {
+                crate::backends::peer_dram::trace::mark_received();
+                c.frames.push(&self.scratch[..n])
+            }
             Err(e)
                 if matches!(
                     e.kind(),
@@ -1451,6 +1454,7 @@ impl ControlConn {
                 )
             };
             if n > 0 {
+                crate::backends::peer_dram::trace::mark_received();
                 frames.push(&buf[..n as usize]);
                 continue;
             }

@@ -183,7 +183,6 @@ impl PeerDramPath {
         let this = path.clone();
         let jobs = Mutex::new(jobs);
         let handler = super::oob::ControlHandler(Box::new(move |from, body, reply| {
-            let read = trace::stamp();
             let request = match decode(body) {
                 Ok(Message::Request(r)) => r,
                 Ok(Message::Done(_)) => return,
@@ -193,6 +192,10 @@ impl PeerDramPath {
                 }
             };
             let id = request.id;
+            let read = match trace::since_received(trace::Step::TargetReceivedToRead) {
+                0 => trace::stamp(),
+                now => now,
+            };
             match this.start(&from, &request) {
                 Ok(serving) => {
                     let running = Running {
@@ -659,7 +662,10 @@ impl PeerDramXfer {
             }
             match decode(body) {
                 Ok(Message::Done(done)) => match waits.take(done.id, Some(&self.agent)) {
-                    Some(run) => run.answer_done(&done),
+                    Some(run) => {
+                        run.answer_done(&done);
+                        trace::since_received(trace::Step::AnswerReceivedToRead);
+                    }
                     None => tracing::debug!(id = done.id, "a direct copy answer for no request"),
                 },
                 Ok(Message::Request(_)) => {}

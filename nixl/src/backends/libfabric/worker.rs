@@ -553,6 +553,7 @@ impl Worker {
         match self.rail.cq.read(completions) {
             Ok(0) => false,
             Ok(n) => {
+                peer_copy::trace::mark_received();
                 for &c in &completions[..n] {
                     self.complete(c.context, Ok(c));
                 }
@@ -1172,7 +1173,11 @@ impl Worker {
         proof: &Proof,
         src: Option<Address>,
     ) {
-        let read = peer_copy::trace::stamp();
+        let read =
+            match peer_copy::trace::since_received(peer_copy::trace::Step::TargetReceivedToRead) {
+                0 => peer_copy::trace::stamp(),
+                now => now,
+            };
         let stats = &self.common.peer_copy.stats;
         let (errno, answer_to) = match proof {
             Proof::Peer(peer) => match self.common.sources.find(self.index, &request.reply_to) {
@@ -1302,7 +1307,10 @@ impl Worker {
             }
         };
         match self.common.peer_copy.waits.take(done.id, from.as_deref()) {
-            Some(run) => run.answer_done(&done),
+            Some(run) => {
+                run.answer_done(&done);
+                peer_copy::trace::since_received(peer_copy::trace::Step::AnswerReceivedToRead);
+            }
             None => tracing::debug!(id = done.id, "a direct copy answer for no waiting request"),
         }
     }

@@ -760,7 +760,8 @@ mod gpu {
     //! The CUDA side: exporting VRAM, pinning DRAM, importing and copying.
 
     use super::{
-        absorb, Direction, PeerVram, Piece, Request, Stats, VramExport, Waits, PIN_CHUNK, STREAMS,
+        absorb, trace, Direction, PeerVram, Piece, Request, Stats, VramExport, Waits, PIN_CHUNK,
+        STREAMS,
     };
     use crate::backends::cuda_copy::{Copy, CopyBatch, CopyEngine, MemLoc, StreamPools};
     use parking_lot::RwLock;
@@ -1107,7 +1108,9 @@ mod gpu {
             peer: &dyn PeerVram,
             stats: &Stats,
         ) -> Result<Serving, i32> {
+            let started = trace::stamp();
             let (export, located) = self.locate(req, peer, stats)?;
+            let located_at = trace::step(trace::Step::ServeLocate, started);
             let Some(gpu) = home_gpu(&export) else {
                 return Err(stats.refuse(
                     libc::ENODEV,
@@ -1123,6 +1126,7 @@ mod gpu {
                     format_args!("importing `{}`'s VRAM failed: {e}", peer.agent()),
                 )
             })?;
+            let imported_at = trace::step(trace::Step::ServeImport, located_at);
             let mut copies = Vec::with_capacity(located.len());
             let mut guards = Vec::with_capacity(located.len());
             let mut bytes = 0;
@@ -1169,6 +1173,7 @@ mod gpu {
                 tracing::warn!("direct copies for `{}`: {e}", peer.agent());
                 libc::EIO
             })?;
+            let batch_at = trace::step(trace::Step::ServeBatch, imported_at);
             // SAFETY (of the copies, in `post`): the DRAM ranges lie inside registrations
             // of this backend that wait for them (`InFlight`) before they go; the VRAM
             // ranges inside the peer's allocation, mapped while `_mapping` lives, which
@@ -1177,6 +1182,7 @@ mod gpu {
                 tracing::warn!("direct copies for `{}`: {e}", peer.agent());
                 libc::EIO
             })?;
+            trace::step(trace::Step::ServePost, batch_at);
             Ok(Serving {
                 batch,
                 _guards: guards,

@@ -135,6 +135,92 @@ pub(crate) fn record(post: &PostStamps, target: &TargetStamps) {
     COUNT.fetch_add(1, Ordering::Relaxed);
 }
 
+/// Steps inside one side's handling, timed where tracing is on and summed per process
+/// (each with its own count: a step one side never runs reports 0 of 0), to find where
+/// a segment above goes.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Step {
+    /// Target: the transport handed the request over (a completion read, a socket read)
+    /// → the request is decoded and its sender proven.
+    TargetReceivedToRead,
+    /// Target: checks of the pieces against advertised VRAM and registered DRAM.
+    ServeLocate,
+    /// Target: the peer's allocation imported (a cache hit after the first).
+    ServeImport,
+    /// Target: the copies laid out and the batch made (streams, events).
+    ServeBatch,
+    /// Target: `cuMemcpyAsync`s and the event record.
+    ServePost,
+    /// Initiator: the transport handed the answer over → the waiting request told.
+    AnswerReceivedToRead,
+}
+
+/// Each step's keys in `query_mem_info`: its count and its summed nanoseconds.
+const STEP_KEYS: [(&str, &str); 6] = [
+    (
+        "peer_copy_step_target_received_to_read_count",
+        "peer_copy_step_target_received_to_read_ns",
+    ),
+    (
+        "peer_copy_step_serve_locate_count",
+        "peer_copy_step_serve_locate_ns",
+    ),
+    (
+        "peer_copy_step_serve_import_count",
+        "peer_copy_step_serve_import_ns",
+    ),
+    (
+        "peer_copy_step_serve_batch_count",
+        "peer_copy_step_serve_batch_ns",
+    ),
+    (
+        "peer_copy_step_serve_post_count",
+        "peer_copy_step_serve_post_ns",
+    ),
+    (
+        "peer_copy_step_answer_received_to_read_count",
+        "peer_copy_step_answer_received_to_read_ns",
+    ),
+];
+
+static STEP_SUMS: [AtomicU64; 6] = [const { AtomicU64::new(0) }; 6];
+static STEP_COUNTS: [AtomicU64; 6] = [const { AtomicU64::new(0) }; 6];
+
+/// Adds the time from `from` (a [`stamp`]) to now to `step`'s sum; nothing where tracing
+/// is off or `from` was not stamped. Returns now (the next step's start), or 0.
+pub(crate) fn step(step: Step, from: u64) -> u64 {
+    if from == 0 || !on() {
+        return 0;
+    }
+    let now = now_ns();
+    STEP_SUMS[step as usize].fetch_add(now.saturating_sub(from), Ordering::Relaxed);
+    STEP_COUNTS[step as usize].fetch_add(1, Ordering::Relaxed);
+    now
+}
+
+thread_local! {
+    /// When this thread's transport last handed messages over ([`mark_received`]).
+    static RECEIVED_AT: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// Notes that this thread's transport just handed messages over (a completion queue
+/// read, a socket read) where tracing is on: the start of [`since_received`].
+#[inline]
+pub(crate) fn mark_received() {
+    if on() {
+        RECEIVED_AT.with(|at| at.set(now_ns()));
+    }
+}
+
+/// [`step`] from this thread's last [`mark_received`]; returns now (or 0, where tracing
+/// is off or nothing was marked).
+pub(crate) fn since_received(s: Step) -> u64 {
+    if !on() {
+        return 0;
+    }
+    step(s, RECEIVED_AT.with(std::cell::Cell::get))
+}
+
 /// The posts timed so far and each segment's summed nanoseconds, as
 /// `(peer_copy_trace_count, n)` then `(peer_copy_trace_<segment>_ns, sum)`; empty where
 /// tracing is off.
@@ -157,6 +243,17 @@ pub(crate) fn counters() -> Vec<(&'static str, u64)> {
     out.push(("peer_copy_trace_count", COUNT.load(Ordering::Relaxed)));
     for (key, sum) in KEYS.iter().zip(&SUMS) {
         out.push((*key, sum.load(Ordering::Relaxed)));
+    }
+    out.extend(step_counters());
+    out
+}
+
+/// Each [`Step`]'s count and summed nanoseconds.
+fn step_counters() -> Vec<(&'static str, u64)> {
+    let mut out = Vec::with_capacity(2 * STEP_KEYS.len());
+    for (i, (count, ns)) in STEP_KEYS.iter().enumerate() {
+        out.push((*count, STEP_COUNTS[i].load(Ordering::Relaxed)));
+        out.push((*ns, STEP_SUMS[i].load(Ordering::Relaxed)));
     }
     out
 }
