@@ -43,6 +43,8 @@
 //! Verifications run on one more thread, one at a time, each bounded by
 //! [`VERIFY_TIMEOUT`].
 
+use crate::backends::peer_dram::mailbox::Mailbox;
+use crate::backends::peer_dram::trace;
 use crate::backends::shared::{pid_namespace, proc_state, put_socket_addr, random_u64};
 use crate::error::{Error, Result};
 use crate::os::{pollfd_in, WakeFd};
@@ -50,7 +52,7 @@ use parking_lot::{Mutex, RwLock};
 use std::collections::{HashMap, HashSet};
 use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -216,6 +218,12 @@ type Inbox = crate::backends::shared::NotifInbox;
 pub(super) const CONTROL_PEER_COPY: u8 = 0;
 /// A control frame's kind: a notification, delivered as one from a hello connection.
 pub(super) const CONTROL_NOTIF: u8 = 1;
+/// A control frame's kind: on a same-host connection, the initiator asks for a shared
+/// lane (module `peer_dram::mailbox`); the target's answer of this kind carries it
+/// (`SCM_RIGHTS`).
+pub(super) const CONTROL_LANE: u8 = 2;
+/// A control frame's kind: a request waits in the lane of a target that said it sleeps.
+pub(super) const CONTROL_DOORBELL: u8 = 3;
 
 /// A control frame: its kind and body.
 pub(super) fn control_frame(frame: &[u8]) -> Option<(u8, &[u8])> {
@@ -255,6 +263,9 @@ pub(super) struct ControlReply {
     /// The socket, and one buffer every answer is framed in (no allocation per answer).
     out: Mutex<(Stream, Vec<u8>)>,
     inbox: Arc<Inbox>,
+    /// The connection's shared lane, once handed over: answers go there while it has
+    /// room.
+    lane: OnceLock<Arc<Mailbox>>,
 }
 
 impl ControlReply {
@@ -262,7 +273,24 @@ impl ControlReply {
         Self {
             out: Mutex::new((stream, Vec::new())),
             inbox,
+            lane: OnceLock::new(),
         }
+    }
+
+    /// Hands `lane` to the initiator (a `CONTROL_LANE` frame carrying its descriptor);
+    /// answers then go there. Only on a Unix socket.
+    fn hand_over(&self, lane: Arc<Mailbox>) -> std::io::Result<()> {
+        let guard = self.out.lock();
+        let Stream::Unix(s) = &guard.0 else {
+            return Err(std::io::Error::other("a shared lane only on a Unix socket"));
+        };
+        let mut bytes = 1u32.to_le_bytes().to_vec();
+        bytes.push(CONTROL_LANE);
+        // SAFETY: the lane's descriptor stays open while `lane` lives (all of this call).
+        let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(lane.fd()) };
+        gpu_mem::send_fds(s, &bytes, &[fd]).map_err(std::io::Error::other)?;
+        let _ = self.lane.set(lane);
+        Ok(())
     }
 
     /// Sends `body` as one control frame of `kind`; on failure the connection is shut
@@ -288,6 +316,10 @@ impl ControlReply {
         write(bytes);
         let len = (bytes.len() - 4) as u32;
         bytes[..4].copy_from_slice(&len.to_le_bytes());
+        if kind == CONTROL_PEER_COPY && self.lane.get().is_some_and(|l| l.push_answer(&bytes[5..]))
+        {
+            return Ok(());
+        }
         let deadline = Instant::now() + REPLY_TIMEOUT;
         let mut at = 0;
         while at < bytes.len() {
@@ -565,6 +597,7 @@ impl OobListener {
             jobs,
             results,
             scratch: vec![0; READ_CHUNK],
+            lane_scratch: Vec::new(),
             active_until: Instant::now(),
         };
         std::thread::Builder::new()
@@ -730,6 +763,22 @@ struct Conn {
     state: State,
     /// A control connection's answering half, made on its first request.
     reply: Option<Arc<ControlReply>>,
+    /// Its shared lane (same host, on the initiator's asking): requests read from it
+    /// are this connection's.
+    lane: Option<Arc<Mailbox>>,
+}
+
+/// The answering half of control connection `c`, made on first use.
+fn reply_of(c: &mut Conn, inbox: &Arc<Inbox>) -> std::io::Result<Arc<ControlReply>> {
+    if let Some(r) = &c.reply {
+        return Ok(r.clone());
+    }
+    let s = c.stream.try_clone()?;
+    // Answers are small and awaited: no Nagle.
+    let _ = s.set_nodelay();
+    let r = Arc::new(ControlReply::new(s, inbox.clone()));
+    c.reply = Some(r.clone());
+    Ok(r)
 }
 
 /// What one wait found ready.
@@ -763,6 +812,8 @@ struct Server {
     jobs: mpsc::Sender<VerifyJob>,
     results: mpsc::Receiver<(u64, bool)>,
     scratch: Vec<u8>,
+    /// A request copied out of a lane.
+    lane_scratch: Vec<u8>,
     /// Until when `wait` polls without sleeping (traffic came recently).
     active_until: Instant,
 }
@@ -795,6 +846,9 @@ impl Server {
             for id in ready.conns {
                 self.read(id);
             }
+            if self.serve_lanes() {
+                self.active_until = Instant::now() + ACTIVE_SPIN;
+            }
             self.expire(Instant::now());
             self.shed();
         }
@@ -826,13 +880,27 @@ impl Server {
             fds.push(pollfd_in(c.stream.as_raw_fd()));
             ids.push(id);
         }
-        let ms = if now < self.active_until {
+        let mut ms = if now < self.active_until {
             0
         } else {
             timeout.as_millis().clamp(1, i32::MAX as u128) as i32
         };
+        // Before blocking, each lane says so and is looked at once more: a request pushed
+        // meanwhile either is seen now or rings its connection (`Mailbox::target_asleep`).
+        let lanes = || self.conns.values().filter_map(|c| c.lane.as_deref());
+        if ms > 0 {
+            for lane in lanes() {
+                lane.set_asleep(true);
+            }
+            if lanes().any(Mailbox::has_request) {
+                ms = 0;
+            }
+        }
         // SAFETY: `fds` is a live array of pollfds over descriptors this thread owns.
         let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
+        for lane in lanes() {
+            lane.set_asleep(false);
+        }
         if n <= 0 {
             return Ready::default();
         }
@@ -910,6 +978,7 @@ impl Server {
                 ends,
                 frames: FrameBuf::default(),
                 reply: None,
+                lane: None,
                 state: State::First {
                     deadline: Instant::now() + FIRST_FRAME_TIMEOUT,
                 },
@@ -1056,7 +1125,7 @@ impl Server {
         match (&c.stream).read(&mut self.scratch[..room]) {
             Ok(0) => return self.close(id, "end of stream"),
             Ok(n) => {
-                crate::backends::peer_dram::trace::mark_received();
+                trace::mark_received();
                 c.frames.push(&self.scratch[..n])
             }
             Err(e)
@@ -1109,25 +1178,18 @@ impl Server {
                         match control_frame(&frame) {
                             Some((CONTROL_NOTIF, msg)) => self.inbox.push(from.agent, msg.to_vec()),
                             Some((CONTROL_PEER_COPY, msg)) => {
-                                let reply = match &c.reply {
-                                    Some(r) => r.clone(),
-                                    None => match c.stream.try_clone() {
-                                        Ok(s) => {
-                                            // Answers are small and awaited: no Nagle.
-                                            let _ = s.set_nodelay();
-                                            let r =
-                                                Arc::new(ControlReply::new(s, self.inbox.clone()));
-                                            c.reply = Some(r.clone());
-                                            r
-                                        }
-                                        Err(e) => return self.close(id, &e.to_string()),
-                                    },
+                                let reply = match reply_of(c, &self.inbox) {
+                                    Ok(r) => r,
+                                    Err(e) => return self.close(id, &e.to_string()),
                                 };
                                 match self.control.get() {
                                     Some(handler) => (handler.0)(from, msg, reply),
                                     None => return self.close(id, "no control frames served"),
                                 }
                             }
+                            Some((CONTROL_LANE, _)) => self.open_lane(id, from.verified),
+                            // Its request is read from the lane by this loop.
+                            Some((CONTROL_DOORBELL, _)) => {}
                             _ => return self.close(id, "a malformed control frame"),
                         }
                     }
@@ -1135,6 +1197,76 @@ impl Server {
                 },
             }
         }
+    }
+
+    /// Makes a shared lane for control connection `id` and hands it over, where the
+    /// initiator asked on a same-host (Unix) connection its peer confirmed, and direct
+    /// copies are served here; otherwise the connection carries on alone.
+    fn open_lane(&mut self, id: u64, verified: bool) {
+        let Some(c) = self.conns.get_mut(&id) else {
+            return;
+        };
+        if !verified
+            || c.lane.is_some()
+            || !matches!(c.stream, Stream::Unix(_))
+            || self.control.get().is_none()
+        {
+            return;
+        }
+        let made = Mailbox::create()
+            .map_err(|e| e.to_string())
+            .and_then(|lane| {
+                let lane = Arc::new(lane);
+                let reply = reply_of(c, &self.inbox).map_err(|e| e.to_string())?;
+                reply.hand_over(lane.clone()).map_err(|e| e.to_string())?;
+                Ok(lane)
+            });
+        match made {
+            Ok(lane) => c.lane = Some(lane),
+            Err(e) => tracing::debug!("GPUNETIO: no shared lane for a control connection: {e}"),
+        }
+    }
+
+    /// Serves the requests waiting in the connections' lanes (as if read from the
+    /// connections); whether there were any. A lane its initiator broke is dropped (the
+    /// connection still carries requests).
+    fn serve_lanes(&mut self) -> bool {
+        let Some(handler) = self.control.get() else {
+            return false;
+        };
+        let mut any = false;
+        for c in self.conns.values_mut() {
+            let (Some(lane), Some(reply), State::Open { name, verified, .. }) =
+                (&c.lane, &c.reply, &c.state)
+            else {
+                continue;
+            };
+            let mut broken = None;
+            // At most a ringful per pass: other connections get their turn.
+            for _ in 0..crate::backends::peer_dram::mailbox::REQUEST_SLOTS {
+                match lane.pop_request(&mut self.lane_scratch) {
+                    Ok(true) => {
+                        trace::mark_received();
+                        any = true;
+                        let from = ControlFrom {
+                            agent: name.clone(),
+                            verified: *verified,
+                        };
+                        (handler.0)(from, &self.lane_scratch, reply.clone());
+                    }
+                    Ok(false) => break,
+                    Err(e) => {
+                        broken = Some(e);
+                        break;
+                    }
+                }
+            }
+            if let Some(e) = broken {
+                tracing::warn!(peer = %name, "GPUNETIO: {e}; its requests go on the connection");
+                c.lane = None;
+            }
+        }
+        any
     }
 
     /// Closes connections whose first frame is overdue.
@@ -1323,6 +1455,13 @@ pub(super) struct ControlConn {
     /// Frames go out whole and in order.
     outgoing: Mutex<Vec<u8>>,
     gone: AtomicBool,
+    /// The shared lane the peer handed over (same host): requests go there while it
+    /// has room, answers come back there.
+    lane: OnceLock<Arc<Mailbox>>,
+    /// A descriptor that came with the lane's frame, until that frame is read.
+    lane_fd: Mutex<Option<OwnedFd>>,
+    /// An answer copied out of the lane.
+    lane_answer: Mutex<Vec<u8>>,
 }
 
 impl ControlConn {
@@ -1376,9 +1515,11 @@ impl ControlConn {
         }
         let stream = Stream::Unix(stream);
         stream.set_write_timeout(Some(CONNECT_TIMEOUT))?;
-        (&stream)
-            .write_all(&frame(&First::Control(me.to_string()).encode()))
-            .map_err(unreachable)?;
+        let mut first = frame(&First::Control(me.to_string()).encode());
+        // The peer answers with a shared lane for requests and answers, once it has
+        // confirmed this connection (read as this side polls).
+        first.extend_from_slice(&frame(&[CONTROL_LANE]));
+        (&stream).write_all(&first).map_err(unreachable)?;
         Ok(Self::over(peer, stream, None, own))
     }
 
@@ -1396,7 +1537,103 @@ impl ControlConn {
             incoming: Mutex::new(FrameBuf::default()),
             outgoing: Mutex::new(Vec::new()),
             gone: AtomicBool::new(false),
+            lane: OnceLock::new(),
+            lane_fd: Mutex::new(None),
+            lane_answer: Mutex::new(Vec::new()),
         }
+    }
+
+    /// Sends a direct-copy request: through the shared lane where there is one with room
+    /// (ringing the connection where the peer said it sleeps), else as a control frame.
+    /// Returns whether it went through the lane.
+    pub(super) fn send_request(&self, body: &[u8]) -> Result<bool> {
+        if let Some(lane) = self.lane.get() {
+            if lane.push_request(body) {
+                if lane.target_asleep() {
+                    self.send(CONTROL_DOORBELL, &[])?;
+                }
+                return Ok(true);
+            }
+        }
+        self.send(CONTROL_PEER_COPY, body).map(|()| false)
+    }
+
+    /// Takes the lane whose descriptor came with a `CONTROL_LANE` frame.
+    fn take_lane(&self) {
+        let Some(fd) = self.lane_fd.lock().take() else {
+            tracing::debug!(peer = %self.peer, "GPUNETIO: a lane frame without a descriptor");
+            return;
+        };
+        match Mailbox::take(fd) {
+            Ok(lane) => {
+                let _ = self.lane.set(Arc::new(lane));
+            }
+            Err(e) => {
+                tracing::warn!(peer = %self.peer, "GPUNETIO: its shared lane is refused: {e}")
+            }
+        }
+    }
+
+    /// Reads from the socket without waiting; a descriptor that came along is kept for
+    /// the lane's frame (one at most: any other is closed).
+    fn recv_some(&self, buf: &mut [u8]) -> isize {
+        let Stream::Unix(s) = &self.stream else {
+            // SAFETY: a valid socket fd and a buffer of `buf.len()` bytes; MSG_DONTWAIT
+            // never blocks.
+            return unsafe {
+                libc::recv(
+                    self.stream.as_raw_fd(),
+                    buf.as_mut_ptr().cast(),
+                    buf.len(),
+                    libc::MSG_DONTWAIT,
+                )
+            };
+        };
+        // SAFETY: pure size computation.
+        let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) } as usize;
+        let mut control = [0u8; 64];
+        let mut iov = libc::iovec {
+            iov_base: buf.as_mut_ptr().cast(),
+            iov_len: buf.len(),
+        };
+        // SAFETY: plain data, fields set below.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = control.as_mut_ptr().cast();
+        msg.msg_controllen = space.min(control.len()) as _;
+        // SAFETY: `msg` points at live buffers for the call; CLOEXEC so a descriptor never
+        // leaks into children; MSG_DONTWAIT never blocks.
+        let n = unsafe {
+            libc::recvmsg(
+                s.as_raw_fd(),
+                &mut msg,
+                libc::MSG_DONTWAIT | libc::MSG_CMSG_CLOEXEC,
+            )
+        };
+        if n < 0 {
+            return n;
+        }
+        // SAFETY: walking the control messages the kernel wrote, within `msg_controllen`;
+        // each descriptor is owned from here on (kept or closed).
+        unsafe {
+            let mut cmsg = libc::CMSG_FIRSTHDR(&msg);
+            while !cmsg.is_null() {
+                if (*cmsg).cmsg_level == libc::SOL_SOCKET && (*cmsg).cmsg_type == libc::SCM_RIGHTS {
+                    let data = libc::CMSG_DATA(cmsg) as *const RawFd;
+                    let bytes = (*cmsg).cmsg_len as usize - libc::CMSG_LEN(0) as usize;
+                    for i in 0..bytes / std::mem::size_of::<RawFd>() {
+                        let fd = OwnedFd::from_raw_fd(std::ptr::read_unaligned(data.add(i)));
+                        let mut kept = self.lane_fd.lock();
+                        if kept.is_none() && self.lane.get().is_none() {
+                            *kept = Some(fd);
+                        }
+                    }
+                }
+                cmsg = libc::CMSG_NXTHDR(&msg, cmsg);
+            }
+        }
+        n
     }
 
     fn disconnected(&self, reason: String) -> Error {
@@ -1440,21 +1677,26 @@ impl ControlConn {
         if self.gone.load(Ordering::Acquire) {
             return Err(self.disconnected("its control connection closed".into()));
         }
+        if let Some(lane) = self.lane.get() {
+            let mut answer = self.lane_answer.lock();
+            loop {
+                match lane.pop_answer(&mut answer) {
+                    Ok(true) => {
+                        trace::mark_received();
+                        on_frame(CONTROL_PEER_COPY, &answer);
+                    }
+                    Ok(false) => break,
+                    // Broken by the peer: its answers come on the connection from now.
+                    Err(_) => break,
+                }
+            }
+        }
         let mut frames = self.incoming.lock();
         let mut buf = [0u8; 4096];
         loop {
-            // SAFETY: a valid socket fd and a buffer of `buf.len()` bytes; MSG_DONTWAIT
-            // never blocks.
-            let n = unsafe {
-                libc::recv(
-                    self.stream.as_raw_fd(),
-                    buf.as_mut_ptr().cast(),
-                    buf.len(),
-                    libc::MSG_DONTWAIT,
-                )
-            };
+            let n = self.recv_some(&mut buf);
             if n > 0 {
-                crate::backends::peer_dram::trace::mark_received();
+                trace::mark_received();
                 frames.push(&buf[..n as usize]);
                 continue;
             }
@@ -1472,11 +1714,11 @@ impl ControlConn {
         }
         loop {
             match frames.next(MAX_FRAME) {
-                Ok(Some(f)) => {
-                    if let Some((kind, body)) = control_frame(&f) {
-                        on_frame(kind, body);
-                    }
-                }
+                Ok(Some(f)) => match control_frame(&f) {
+                    Some((CONTROL_LANE, _)) if self.lane.get().is_none() => self.take_lane(),
+                    Some((kind, body)) => on_frame(kind, body),
+                    None => {}
+                },
                 Ok(None) => return Ok(()),
                 Err(why) => return Err(self.disconnected(why)),
             }
@@ -1540,6 +1782,7 @@ pub(super) fn interface_address(oob_interface: Option<&str>) -> Result<IpAddr> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backends::peer_dram::mailbox;
 
     fn wait_for(listener: &OobListener, n: usize) -> Vec<(String, Vec<u8>)> {
         let deadline = Instant::now() + Duration::from_secs(10);
@@ -1857,7 +2100,7 @@ mod tests {
         }
         let unix = stream_round_trip(near, far, rounds);
 
-        let round_trips = |handler: ControlHandler, local: bool| -> Duration {
+        let round_trips = |handler: ControlHandler, local: bool, lane: bool| -> Duration {
             let bob = listen("bob");
             let alice = listen("alice");
             bob.know("alice", alice.addr());
@@ -1871,8 +2114,18 @@ mod tests {
                 ControlConn::connect("alice", "bob", bob.addr(), alice.own_conns()).unwrap()
             };
             assert_eq!(matches!(conn.stream, Stream::Unix(_)), local);
+            if lane {
+                eventually("the lane", || {
+                    conn.poll(|_, _| {}).unwrap();
+                    conn.lane.get().is_some()
+                });
+            }
             let once = || {
-                conn.send(CONTROL_PEER_COPY, &[7u8; 64]).unwrap();
+                if lane {
+                    assert!(conn.send_request(&[7u8; 64]).unwrap(), "through the lane");
+                } else {
+                    conn.send(CONTROL_PEER_COPY, &[7u8; 64]).unwrap();
+                }
                 let deadline = Instant::now() + Duration::from_secs(10);
                 let mut got = false;
                 while !got {
@@ -1898,8 +2151,9 @@ mod tests {
                 },
             ))
         };
-        let in_handler = round_trips(answer_at_once(), false);
-        let on_unix = round_trips(answer_at_once(), true);
+        let in_handler = round_trips(answer_at_once(), false, false);
+        let on_unix = round_trips(answer_at_once(), true, false);
+        let on_lane = round_trips(answer_at_once(), true, true);
         // A serving thread polling for requests (yielding), as `peer_dram`'s does.
         let (jobs, incoming) = std::sync::mpsc::channel::<Arc<ControlReply>>();
         let server = std::thread::spawn(move || loop {
@@ -1915,15 +2169,92 @@ mod tests {
                 let _ = jobs.lock().send(reply);
             })),
             false,
+            false,
         );
         server.join().unwrap();
         eprintln!(
             "request/answer round trip on the host: TCP loopback {tcp:?}, Unix socket pair \
              {unix:?}; control connection answered by its listener: TCP {in_handler:?}, \
-             Unix socket {on_unix:?}; TCP, handed to a serving thread {handed_off:?}"
+             Unix socket {on_unix:?}, shared lane {on_lane:?}; TCP, handed to a serving thread \
+             {handed_off:?}"
         );
-        for per in [tcp, unix, in_handler, on_unix, handed_off] {
+        for per in [tcp, unix, in_handler, on_unix, on_lane, handed_off] {
             assert!(per < Duration::from_millis(5), "{per:?} per round trip");
+        }
+    }
+
+    #[test]
+    fn a_confirmed_same_host_connection_gets_a_lane_that_carries_requests_and_answers() {
+        let bob = listen("bob");
+        let alice = listen("alice");
+        bob.know_process("alice", LocalIdentity::me());
+        // Echo with the verdict: 1 confirmed, 0 not.
+        bob.serve_control(ControlHandler(Box::new(
+            |from: ControlFrom, body: &[u8], reply| {
+                let mut answer = body.to_vec();
+                answer.push(u8::from(from.verified));
+                reply.send(CONTROL_PEER_COPY, &answer).unwrap();
+            },
+        )));
+        let me = LocalIdentity::me().unwrap();
+        let name = bob.unix_name().unwrap().to_vec();
+        let round = |conn: &ControlConn, body: &[u8]| -> (bool, Vec<u8>) {
+            let laned = conn.send_request(body).unwrap();
+            let deadline = Instant::now() + Duration::from_secs(10);
+            let mut got = None;
+            while got.is_none() {
+                assert!(Instant::now() < deadline, "no answer");
+                conn.poll(|kind, answer| {
+                    assert_eq!(kind, CONTROL_PEER_COPY);
+                    got = Some(answer.to_vec());
+                })
+                .unwrap();
+            }
+            (laned, got.unwrap())
+        };
+        let conn =
+            ControlConn::connect_local("alice", "bob", &name, &me, alice.own_conns()).unwrap();
+        // The lane comes with the first frames the initiator reads.
+        eventually("the lane", || {
+            conn.poll(|_, _| {}).unwrap();
+            conn.lane.get().is_some()
+        });
+        let mut laned = 0;
+        for i in 0..(3 * mailbox::REQUEST_SLOTS as u8) {
+            let (through_lane, answer) = round(&conn, &[i; 64]);
+            laned += usize::from(through_lane);
+            let mut want = vec![i; 64];
+            want.push(1);
+            assert_eq!(answer, want, "request {i}");
+        }
+        assert_eq!(
+            laned,
+            3 * mailbox::REQUEST_SLOTS as usize,
+            "every request in the lane"
+        );
+        // A request too long for a slot goes on the connection, and is answered.
+        let long = vec![9u8; mailbox::REQUEST_SLOT];
+        let (through_lane, answer) = round(&conn, &long);
+        assert!(!through_lane);
+        assert_eq!(answer.len(), long.len() + 1);
+        // An idle target says it sleeps; a request then rings the connection and is
+        // answered (the listener's own wake-up is far later than the deadline's share).
+        let lane = conn.lane.get().unwrap().clone();
+        eventually("the target asleep", || lane.target_asleep());
+        let (through_lane, answer) = round(&conn, &[42; 8]);
+        assert!(through_lane);
+        assert_eq!(answer, [42, 42, 42, 42, 42, 42, 42, 42, 1]);
+
+        // No lane on TCP, nor for a same-host name the listener cannot confirm.
+        let tcp = ControlConn::connect("alice", "bob", bob.addr(), alice.own_conns()).unwrap();
+        let stranger =
+            ControlConn::connect_local("mallory", "bob", &name, &me, Arc::new(OwnConns::default()))
+                .unwrap();
+        for (conn, verified) in [(&tcp, 0u8), (&stranger, 0)] {
+            let (through_lane, answer) = round(conn, b"hi");
+            assert!(!through_lane);
+            assert_eq!(answer, [b'h', b'i', verified]);
+            assert!(conn.lane.get().is_none());
         }
     }
 

@@ -152,6 +152,8 @@ pub(super) struct PeerDramPath {
     own: Arc<OwnConns>,
     /// Control connections opened on a same-host Unix socket (rather than TCP).
     local_conns: std::sync::atomic::AtomicU64,
+    /// Requests sent through a same-host connection's shared lane.
+    lane_requests: std::sync::atomic::AtomicU64,
 }
 
 impl PeerDramPath {
@@ -174,6 +176,7 @@ impl PeerDramPath {
             peers: Arc::default(),
             own,
             local_conns: Default::default(),
+            lane_requests: Default::default(),
         });
         let (jobs, incoming) = mpsc::channel::<Running>();
         let server = path.clone();
@@ -461,6 +464,10 @@ impl PeerDramPath {
                 "peer_copy_local_control",
                 self.local_conns.load(Ordering::Relaxed),
             ),
+            (
+                "peer_copy_lane_requests",
+                self.lane_requests.load(Ordering::Relaxed),
+            ),
         ];
         out.extend(trace::counters());
         out
@@ -739,9 +746,15 @@ impl BackendXfer for PeerDramXfer {
                 self.path.me.as_bytes(),
                 carried,
             );
-            if let Err(e) = self.conn.send(CONTROL_PEER_COPY, &self.scratch) {
-                self.forget();
-                return Err(e);
+            match self.conn.send_request(&self.scratch) {
+                Ok(true) => {
+                    self.path.lane_requests.fetch_add(1, Ordering::Relaxed);
+                }
+                Ok(false) => {}
+                Err(e) => {
+                    self.forget();
+                    return Err(e);
+                }
             }
         }
         self.stamps = trace::PostStamps {

@@ -29,6 +29,8 @@
 // no metadata splitting or rail sizing.
 #![cfg_attr(not(all(feature = "cuda", feature = "libfabric")), allow(dead_code))]
 
+#[cfg(feature = "gpunetio")]
+pub(crate) mod mailbox;
 pub(crate) mod trace;
 pub(crate) mod wire;
 
