@@ -1923,7 +1923,8 @@ impl LibfabricBackend {
     /// DRAM <-> its VRAM in one copy), `direct_from_dram` (DRAM <-> its VRAM only: the
     /// peer does not copy on request) or `staged`; and this backend's direct-copy
     /// counters over all peers: `peer_copy_bytes`, `peer_copy_served_bytes`,
-    /// `peer_copy_fallbacks` (see the `LibfabricBackend` methods of those names).
+    /// `peer_copy_fallbacks` (see the `LibfabricBackend` methods of those names) and
+    /// `peer_copy_lane_requests` (requests sent through the peer's shared lane).
     pub(super) fn peer_path_info(&self, agent: &str) -> crate::backend::BackendParams {
         let path = {
             let peers = self.common.peers.read();
@@ -1949,6 +1950,15 @@ impl LibfabricBackend {
             (
                 "peer_copy_fallbacks",
                 self.peer_copy_fallbacks().to_string(),
+            ),
+            (
+                "peer_copy_lane_requests",
+                self.common
+                    .peer_copy
+                    .stats
+                    .lane_requests
+                    .load(Ordering::Relaxed)
+                    .to_string(),
             ),
         ]
         .into_iter()
@@ -2133,6 +2143,8 @@ pub fn fuzz_rail_message(input: &[u8]) -> bool {
     let peer_copy_ok = match peer_copy::decode(input) {
         Ok(peer_copy::Message::Request(r)) => r.encode() == input,
         Ok(peer_copy::Message::Done(d)) => d.encode() == input,
+        Ok(peer_copy::Message::Lane(fd)) => peer_copy::encode_lane(fd) == input,
+        Ok(peer_copy::Message::Doorbell) => peer_copy::encode_doorbell() == input,
         Err(_) => true,
     };
     let assist_ok = match assist::decode(input) {

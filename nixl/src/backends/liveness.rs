@@ -128,6 +128,35 @@ impl ProcessId {
             })
     }
 
+    /// Its open descriptor `fd`, duplicated into this process (`pidfd_getfd`): only where
+    /// its pid names it here (same host and pid namespace, the advertised start time,
+    /// read again once the pidfd pins the pid) and the OS lets this process reach into
+    /// it (the permission `ptrace` asks, as cross-memory attach does).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(super) fn take_fd(&self, fd: i32) -> std::io::Result<OwnedFd> {
+        let pid = self.local_pid().ok_or_else(|| {
+            std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                "the process is not one of this host's pid namespace",
+            )
+        })?;
+        let pidfd = pidfd_open(pid).ok_or_else(std::io::Error::last_os_error)?;
+        if start_time(pid) != Some(self.start_time) {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                "the process ended (its pid names another)",
+            ));
+        }
+        // SAFETY: pidfd_getfd takes a pidfd, a descriptor number of that process and
+        // flags; it returns a new descriptor (close-on-exec) or -1.
+        let got = unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), fd, 0) };
+        if got < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: a non-negative return is a descriptor nobody else owns.
+        Ok(unsafe { OwnedFd::from_raw_fd(got as i32) })
+    }
+
     /// Whether this process runs on `me`'s host and its pid names it in `me`'s pid
     /// namespace: the same namespace, and the pid's start time is the advertised one (a
     /// reused pid has another).
@@ -384,6 +413,42 @@ fn pidfd_open(pid: u32) -> Option<OwnedFd> {
 mod tests {
     use super::*;
     use std::process::Command;
+
+    #[test]
+    fn a_descriptor_is_taken_only_from_the_process_the_identity_names() {
+        use std::io::{Read, Seek, Write};
+        let me = ProcessId::current().unwrap();
+        let mut file = tempfile_in_proc();
+        file.write_all(b"lane").unwrap();
+        let mut taken = std::fs::File::from(me.take_fd(file.as_raw_fd()).unwrap());
+        let mut text = String::new();
+        taken.rewind().unwrap();
+        taken.read_to_string(&mut text).unwrap();
+        assert_eq!(text, "lane");
+        // A descriptor number the process does not have.
+        assert!(me.take_fd(1 << 20).is_err());
+        // The same pid with another start time: a reused pid, never reached into.
+        let reused = ProcessId {
+            start_time: me.start_time + 1,
+            ..me
+        };
+        assert!(reused.take_fd(file.as_raw_fd()).is_err());
+        // Another host's process.
+        let elsewhere = ProcessId {
+            boot_id: [0xee; 16],
+            ..me
+        };
+        assert!(elsewhere.take_fd(file.as_raw_fd()).is_err());
+    }
+
+    /// An anonymous file of this process.
+    fn tempfile_in_proc() -> std::fs::File {
+        // SAFETY: a NUL-terminated name and valid flags.
+        let fd = unsafe { libc::memfd_create(c"liveness-test".as_ptr(), libc::MFD_CLOEXEC) };
+        assert!(fd >= 0);
+        // SAFETY: a fresh descriptor, owned by the File.
+        unsafe { std::fs::File::from_raw_fd(fd) }
+    }
 
     #[test]
     fn identity_round_trips_and_bad_blocks_are_typed_errors() {

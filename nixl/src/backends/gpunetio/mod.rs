@@ -1547,6 +1547,12 @@ pub fn fuzz_oob_message(input: &[u8]) -> bool {
     let peer_copy_ok = match crate::backends::peer_dram::decode(input) {
         Ok(crate::backends::peer_dram::Message::Request(r)) => r.encode() == input,
         Ok(crate::backends::peer_dram::Message::Done(d)) => d.encode() == input,
+        Ok(crate::backends::peer_dram::Message::Lane(fd)) => {
+            crate::backends::peer_dram::encode_lane(fd) == input
+        }
+        Ok(crate::backends::peer_dram::Message::Doorbell) => {
+            crate::backends::peer_dram::encode_doorbell() == input
+        }
         Err(_) => true,
     };
     let conn_ok = match parse_conn_info("fuzz", input) {

@@ -152,8 +152,6 @@ pub(super) struct PeerDramPath {
     own: Arc<OwnConns>,
     /// Control connections opened on a same-host Unix socket (rather than TCP).
     local_conns: std::sync::atomic::AtomicU64,
-    /// Requests sent through a same-host connection's shared lane.
-    lane_requests: std::sync::atomic::AtomicU64,
 }
 
 impl PeerDramPath {
@@ -176,7 +174,6 @@ impl PeerDramPath {
             peers: Arc::default(),
             own,
             local_conns: Default::default(),
-            lane_requests: Default::default(),
         });
         let (jobs, incoming) = mpsc::channel::<Running>();
         let server = path.clone();
@@ -188,7 +185,8 @@ impl PeerDramPath {
         let handler = super::oob::ControlHandler(Box::new(move |from, body, reply| {
             let request = match decode(body) {
                 Ok(Message::Request(r)) => r,
-                Ok(Message::Done(_)) => return,
+                // Lanes come with the connection here (never by descriptor number).
+                Ok(Message::Done(_) | Message::Lane(_) | Message::Doorbell) => return,
                 Err(why) => {
                     tracing::debug!("{NAME}: a malformed direct-copy request dropped: {why}");
                     return;
@@ -466,7 +464,7 @@ impl PeerDramPath {
             ),
             (
                 "peer_copy_lane_requests",
-                self.lane_requests.load(Ordering::Relaxed),
+                s.lane_requests.load(Ordering::Relaxed),
             ),
         ];
         out.extend(trace::counters());
@@ -675,7 +673,7 @@ impl PeerDramXfer {
                     }
                     None => tracing::debug!(id = done.id, "a direct copy answer for no request"),
                 },
-                Ok(Message::Request(_)) => {}
+                Ok(Message::Request(_) | Message::Lane(_) | Message::Doorbell) => {}
                 Err(why) => tracing::debug!("{NAME}: a malformed direct-copy answer: {why}"),
             }
         })
@@ -748,7 +746,11 @@ impl BackendXfer for PeerDramXfer {
             );
             match self.conn.send_request(&self.scratch) {
                 Ok(true) => {
-                    self.path.lane_requests.fetch_add(1, Ordering::Relaxed);
+                    self.path
+                        .shared
+                        .stats
+                        .lane_requests
+                        .fetch_add(1, Ordering::Relaxed);
                 }
                 Ok(false) => {}
                 Err(e) => {

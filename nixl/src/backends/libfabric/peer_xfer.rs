@@ -15,7 +15,8 @@ use super::{
 };
 use crate::backend::{BackendXfer, PostParams, XferEntry, XferOp, XferProgress, XferStatus};
 use crate::backends::cuda_copy::{Copy, CopyEngine, GpuXfer, MemLoc, NotifSink};
-use crate::backends::peer_dram::trace;
+use crate::backends::peer_dram::mailbox::Mailbox;
+use crate::backends::peer_dram::{decode, trace, Message};
 use crate::error::{Error, Result};
 use crate::mem::MemKind;
 use std::sync::atomic::Ordering;
@@ -54,6 +55,11 @@ pub(super) struct RemotePlan {
     scratch: Vec<u8>,
     /// Where tracing (`peer_copy::trace`): the current post's stamps.
     stamps: trace::PostStamps,
+    /// The peer's shared lane (module `worker::peer_copies`) and the rail that rings it,
+    /// as of the current post.
+    lane: Option<(Arc<Mailbox>, usize)>,
+    /// An answer copied out of the lane.
+    answer: Vec<u8>,
 }
 
 impl LibfabricBackend {
@@ -258,6 +264,8 @@ impl LibfabricBackend {
             notif: None,
             scratch: Vec::new(),
             stamps: trace::PostStamps::default(),
+            lane: None,
+            answer: Vec::new(),
         })))
     }
 }
@@ -322,6 +330,13 @@ impl PeerCopyXfer {
         let run = Arc::new(RunState::new(&self.fallback.agent, plan.requests.len()));
         plan.run = Some(run.clone());
         plan.notif = notif.map(<[u8]>::to_vec);
+        if plan.lane.is_none() {
+            plan.lane = self
+                .common
+                .sources
+                .peer(&self.fallback.agent)
+                .and_then(|p| p.lane.get().cloned());
+        }
         for (rail, pieces) in &plan.requests {
             let id = waits.add(&run);
             plan.ids.push(id);
@@ -336,6 +351,32 @@ impl PeerCopyXfer {
                 &plan.names[*rail],
                 None,
             );
+            if let Some((lane, ring_rail)) = &plan.lane {
+                // Only the peer's process holds the lane: nothing to seal.
+                if lane.push_request(message) {
+                    self.common
+                        .peer_copy
+                        .stats
+                        .lane_requests
+                        .fetch_add(1, Ordering::Relaxed);
+                    if lane.target_asleep() {
+                        let bell = self
+                            .fallback
+                            .peer
+                            .sealer
+                            .seal_control(&super::peer_copy::encode_doorbell());
+                        let r = &self.fallback.rails[*ring_rail];
+                        let dest = self.fallback.peer.addrs[*ring_rail];
+                        let deadline = Instant::now() + SEND_DEADLINE;
+                        if let Err(e) = r.ep.retry(deadline, || r.ep.inject(&bell, dest)) {
+                            waits.forget(&plan.ids);
+                            plan.run = None;
+                            return Err(fabric_error(e));
+                        }
+                    }
+                    continue;
+                }
+            }
             // Sealed for the peer, which acts only on what its key proves.
             let message = &self.fallback.peer.sealer.seal_control(message);
             let r = &self.fallback.rails[*rail];
@@ -366,6 +407,7 @@ impl PeerCopyXfer {
             });
         };
         self.fallback.progress.poll_inline();
+        read_lane_answers(plan, &self.common.peer_copy.waits, &self.fallback.agent);
         let Some(run) = plan.run.clone() else {
             return Ok(XferProgress {
                 status: XferStatus::Done,
@@ -448,6 +490,36 @@ impl PeerCopyXfer {
             status: XferStatus::Done,
             completed_ops: answered,
         })
+    }
+}
+
+/// Takes the answers waiting in the peer's lane (to any request of this backend's to
+/// that peer: each goes to its waiting request, as one from the rails would).
+fn read_lane_answers(plan: &mut RemotePlan, waits: &super::peer_copy::Waits, agent: &str) {
+    let Some((lane, _)) = &plan.lane else {
+        return;
+    };
+    loop {
+        match lane.pop_answer(&mut plan.answer) {
+            Ok(true) => {
+                trace::mark_received();
+                match decode(&plan.answer) {
+                    Ok(Message::Done(done)) => {
+                        if let Some(run) = waits.take(done.id, Some(agent)) {
+                            run.answer_done(&done);
+                            trace::since_received(trace::Step::AnswerReceivedToRead);
+                        }
+                    }
+                    other => tracing::debug!("{NAME}: not an answer in the lane: {other:?}"),
+                }
+            }
+            Ok(false) => return,
+            // Broken by the peer: its answers come on the rails from now.
+            Err(_) => {
+                plan.lane = None;
+                return;
+            }
+        }
     }
 }
 
@@ -535,6 +607,7 @@ impl Drop for PeerCopyXfer {
                 && Instant::now() < deadline
             {
                 self.fallback.progress.poll_inline();
+                read_lane_answers(plan, &self.common.peer_copy.waits, &self.fallback.agent);
                 std::thread::sleep(Duration::from_micros(50));
             }
         }

@@ -3,6 +3,8 @@
 //! messages dispatched — driven by one thread per rail, or (`progress_thread = false`)
 //! by the callers' own polls.
 
+mod peer_copies;
+
 use super::assist;
 use super::cma::CopyError;
 use super::idle::nap_after;
@@ -197,10 +199,18 @@ pub(super) struct Worker {
     #[cfg(feature = "cuda")]
     serving: Vec<(
         peer_copy::Serving,
-        FabAddr,
+        peer_copies::AnswerTo,
         u64,
         peer_copy::trace::TargetStamps,
     )>,
+    /// Shared lanes this worker made for peers' requests (module `peer_copies`), as of
+    /// `lanes_generation` of the loaded peers, and a request copied out of one.
+    #[cfg(feature = "cuda")]
+    lanes: Vec<peer_copies::ServedLane>,
+    #[cfg(feature = "cuda")]
+    lanes_generation: u64,
+    #[cfg(feature = "cuda")]
+    lane_buf: Vec<u8>,
     /// Messages dropped as malformed (anyone may send them: logged the first time, then
     /// once in 1024, so that a flood does not become a flood of log lines).
     malformed: u64,
@@ -236,6 +246,12 @@ impl Worker {
             foreign_answers: 0,
             #[cfg(feature = "cuda")]
             serving: Vec::new(),
+            #[cfg(feature = "cuda")]
+            lanes: Vec::new(),
+            #[cfg(feature = "cuda")]
+            lanes_generation: 0,
+            #[cfg(feature = "cuda")]
+            lane_buf: Vec::new(),
             malformed: 0,
             rail,
         };
@@ -282,11 +298,17 @@ impl Worker {
         }
         busy |= self.poll(&mut completions);
         self.completions = completions;
-        // Peers' direct copies running here are polled, as staging copies are.
+        // Peers' direct copies running here are polled, as staging copies are, and
+        // their requests in shared lanes read.
         #[cfg(feature = "cuda")]
-        if !self.serving.is_empty() {
-            self.poll_serving();
-            busy = true;
+        {
+            if !self.lanes.is_empty() {
+                busy |= self.serve_lanes();
+            }
+            if !self.serving.is_empty() {
+                self.poll_serving();
+                busy = true;
+            }
         }
         // Staging copies are polled, not waited for (one relaxed load when idle).
         if self.common.stager.wants_poll() {
@@ -329,13 +351,21 @@ impl Worker {
     /// Sleeping (on and off) for `sleeping`: sleeps until local work, incoming traffic
     /// (where the queue has a wait fd) or a nap's end. Returns whether traffic woke it.
     fn wait_idle(&mut self, sleeping: Duration) -> bool {
+        #[cfg(feature = "cuda")]
+        if self.lanes_going_to_sleep() {
+            self.lanes_awake();
+            return true;
+        }
         let common = &self.common;
         let rail = &self.rail;
-        rail.idle.sleep(&rail.cq, nap_after(sleeping), || {
+        let woke = rail.idle.sleep(&rail.cq, nap_after(sleeping), || {
             common.stop.load(Ordering::SeqCst)
                 || common.stager.wants_poll()
                 || !rail.submit.lock().is_empty()
-        })
+        });
+        #[cfg(feature = "cuda")]
+        self.lanes_awake();
+        woke
     }
 
     fn accept_jobs(&mut self) -> bool {
@@ -759,6 +789,9 @@ impl Worker {
                     self.serve_peer_copy(&request, &proof, src)
                 }
                 Ok(peer_copy::Message::Done(done)) => self.peer_copy_done(done, &proof),
+                Ok(peer_copy::Message::Lane(fd)) => self.take_lane(fd, &proof),
+                // Its arrival woke this worker, which reads its lanes each round.
+                Ok(peer_copy::Message::Doorbell) => {}
                 Err(e) => self.drop_malformed("direct copy message", &e),
             }
         } else if inner.starts_with(assist::MAGIC) {
@@ -1159,159 +1192,6 @@ impl Worker {
             }
             e if assist::is_declined(e) => active.redo.push(done.op as usize),
             e => shared.fail_with(false, e, assist::describe(e, op.len)),
-        }
-    }
-}
-
-/// Direct VRAM copies (see `peer_copy`): serving a peer's requests, and their answers.
-impl Worker {
-    /// Starts the copies a peer asked for (or declines: see `peer_copy`'s checks); the
-    /// answer goes once they completed.
-    fn serve_peer_copy(
-        &mut self,
-        request: &peer_copy::Request,
-        proof: &Proof,
-        src: Option<Address>,
-    ) {
-        let read =
-            match peer_copy::trace::since_received(peer_copy::trace::Step::TargetReceivedToRead) {
-                0 => peer_copy::trace::stamp(),
-                now => now,
-            };
-        let stats = &self.common.peer_copy.stats;
-        let (errno, answer_to) = match proof {
-            Proof::Peer(peer) => match self.common.sources.find(self.index, &request.reply_to) {
-                // Only GPUNETIO's control connections carry a notification in a request
-                // (this backend's go on its rails after the answer): declined, so the
-                // transfer runs its ordinary path and its notification with it.
-                Some(s) if Arc::ptr_eq(&s.peer, peer) && request.notif.is_some() => (
-                    stats.refuse(
-                        libc::EOPNOTSUPP,
-                        format_args!("a request carrying a notification"),
-                    ),
-                    Some(s.reply.clone()),
-                ),
-                Some(s) if Arc::ptr_eq(&s.peer, peer) => {
-                    match self.start_serving(request, &s, read) {
-                        Ok(()) => return,
-                        Err(errno) => (errno, Some(s.reply.clone())),
-                    }
-                }
-                _ => (
-                    stats.refuse(
-                        libc::EPERM,
-                        format_args!("it names none of its sender's endpoints on this rail"),
-                    ),
-                    None,
-                ),
-            },
-            _ => (
-                stats.refuse(libc::EPERM, format_args!("no loaded peer sealed it")),
-                None,
-            ),
-        };
-        let done = peer_copy::Done {
-            id: request.id,
-            errno,
-            trace: peer_copy::trace::on().then(|| peer_copy::trace::TargetStamps {
-                read,
-                answered: peer_copy::trace::now_ns(),
-                ..Default::default()
-            }),
-        };
-        let sender = self.control_sender(proof, src);
-        self.answer(
-            answer_to,
-            &sender,
-            &request.reply_to,
-            done.encode(),
-            "a direct copy's",
-        );
-    }
-
-    /// Checks and queues a request's copies (`Err`: the answer's errno).
-    #[cfg(feature = "cuda")]
-    fn start_serving(
-        &mut self,
-        request: &peer_copy::Request,
-        source: &super::sources::Source,
-        read: u64,
-    ) -> std::result::Result<(), i32> {
-        let shared = &self.common.peer_copy;
-        let Some(server) = &shared.server else {
-            return Err(libc::EOPNOTSUPP);
-        };
-        let serving = server.serve(request, &source.peer, &shared.stats)?;
-        let stamps = peer_copy::trace::TargetStamps {
-            read,
-            launched: peer_copy::trace::stamp(),
-            ..Default::default()
-        };
-        self.serving
-            .push((serving, source.reply.clone(), request.id, stamps));
-        Ok(())
-    }
-
-    /// Without CUDA nothing is served this way.
-    #[cfg(not(feature = "cuda"))]
-    fn start_serving(
-        &mut self,
-        _request: &peer_copy::Request,
-        _source: &super::sources::Source,
-        _read: u64,
-    ) -> std::result::Result<(), i32> {
-        Err(libc::EOPNOTSUPP)
-    }
-
-    /// Answers the requests whose copies completed.
-    #[cfg(feature = "cuda")]
-    fn poll_serving(&mut self) {
-        let stats = &self.common.peer_copy.stats;
-        let mut i = 0;
-        while i < self.serving.len() {
-            match self.serving[i].0.poll(stats) {
-                Some(errno) => {
-                    let complete = peer_copy::trace::stamp();
-                    let (serving, dest, id, stamps) = self.serving.swap_remove(i);
-                    // The copies are done (or failed): the mappings and guards may go.
-                    drop(serving);
-                    // Where tracing, "answered" is when the answer is queued (it is
-                    // sent at the end of this pass).
-                    let trace = peer_copy::trace::on().then(|| peer_copy::trace::TargetStamps {
-                        complete,
-                        answered: peer_copy::trace::now_ns(),
-                        ..stamps
-                    });
-                    self.replies
-                        .push_back((dest, peer_copy::Done { id, errno, trace }.encode()));
-                }
-                None => i += 1,
-            }
-        }
-        if !self.replies.is_empty() {
-            self.send_replies();
-        }
-    }
-
-    /// An answer to a direct copy request of this backend: taken only where sealed by a
-    /// loaded peer, and then only for a request that went to it.
-    fn peer_copy_done(&mut self, done: peer_copy::Done, proof: &Proof) {
-        let from = match proof {
-            Proof::Peer(peer) => Some(peer.agent.clone()),
-            _ => {
-                self.refuse_control(format_args!(
-                    "a direct copy answer sealed by no loaded peer (id {})",
-                    done.id
-                ));
-                return;
-            }
-        };
-        match self.common.peer_copy.waits.take(done.id, from.as_deref()) {
-            Some(run) => {
-                run.answer_done(&done);
-                peer_copy::trace::since_received(peer_copy::trace::Step::AnswerReceivedToRead);
-            }
-            None => tracing::debug!(id = done.id, "a direct copy answer for no waiting request"),
         }
     }
 }

@@ -29,7 +29,7 @@
 // no metadata splitting or rail sizing.
 #![cfg_attr(not(all(feature = "cuda", feature = "libfabric")), allow(dead_code))]
 
-#[cfg(feature = "gpunetio")]
+#[cfg(feature = "cuda")]
 pub(crate) mod mailbox;
 pub(crate) mod trace;
 pub(crate) mod wire;
@@ -53,6 +53,12 @@ const KIND_DONE: u8 = 2;
 const KIND_REQUEST_NOTIF: u8 = 3;
 /// An answer with the target's timing stamps ([`trace`], only where it traces).
 const KIND_DONE_TRACED: u8 = 4;
+/// Target to initiator on the same host: a shared lane ([`mailbox`]) for this pair,
+/// open in the target's process under the descriptor number the message carries (the
+/// initiator takes it with `pidfd_getfd`; LIBFABRIC, which has no socket to pass it on).
+const KIND_LANE: u8 = 5;
+/// Initiator to target: a request waits in the lane of a target that said it sleeps.
+const KIND_DOORBELL: u8 = 6;
 /// The metadata section's only kind: a legacy CUDA-IPC handle.
 const EXPORT_IPC: u8 = 1;
 /// The metadata section: tag, version, kind, handle, offset, allocation size, GPU UUID.
@@ -196,6 +202,25 @@ pub(crate) struct Done {
 pub(crate) enum Message {
     Request(Request),
     Done(Done),
+    /// A shared lane, by its descriptor number in the sender's process.
+    Lane(i32),
+    Doorbell,
+}
+
+/// `NXPV 1 5 fd:u64`: a lane offer ([`Message::Lane`]).
+pub(crate) fn encode_lane(fd: i32) -> Vec<u8> {
+    let mut out = Vec::with_capacity(DONE_LEN);
+    put_header(&mut out, MAGIC, VERSION, KIND_LANE);
+    out.extend_from_slice(&(fd as u64).to_le_bytes());
+    out
+}
+
+/// `NXPV 1 6 0:u64`: a doorbell ([`Message::Doorbell`]).
+pub(crate) fn encode_doorbell() -> Vec<u8> {
+    let mut out = Vec::with_capacity(DONE_LEN);
+    put_header(&mut out, MAGIC, VERSION, KIND_DOORBELL);
+    out.extend_from_slice(&0u64.to_le_bytes());
+    out
 }
 
 /// Bytes a request of `pieces` pieces and a rail name of `name` bytes takes.
@@ -363,6 +388,12 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<Message, String> {
             };
             Message::Done(Done { id, errno, trace })
         }
+        KIND_LANE => match i32::try_from(id) {
+            Ok(fd) if fd >= 0 => Message::Lane(fd),
+            _ => return Err(format!("a lane offer naming descriptor {id}")),
+        },
+        KIND_DOORBELL if id == 0 => Message::Doorbell,
+        KIND_DOORBELL => return Err("a doorbell with a word".into()),
         other => return Err(format!("unknown peer-copy message kind {other}")),
     };
     r.finish()?;
@@ -534,6 +565,8 @@ pub(crate) struct Stats {
     pub(crate) fallbacks: AtomicU64,
     /// Requests declined or refused for who sent them or what they named.
     pub(crate) refused: AtomicU64,
+    /// Requests sent through a shared lane ([`mailbox`]) rather than the transport.
+    pub(crate) lane_requests: AtomicU64,
 }
 
 impl Stats {

@@ -136,6 +136,23 @@ fn messages_round_trip_and_malformed_ones_are_refused() {
     assert!(decode(&with(Vec::new()).encode()).is_err());
     let many = vec![req.pieces[0]; MAX_PIECES + 1];
     assert!(decode(&with(many).encode()).is_err());
+    // A lane offer names a descriptor number (never a negative or oversized one); a
+    // doorbell carries nothing.
+    assert_eq!(decode(&encode_lane(7)), Ok(Message::Lane(7)));
+    assert_eq!(decode(&encode_doorbell()), Ok(Message::Doorbell));
+    for fd in [u64::from(u32::MAX), i32::MAX as u64 + 1, u64::MAX] {
+        let mut bad = encode_lane(0);
+        bad[6..14].copy_from_slice(&fd.to_le_bytes());
+        assert!(decode(&bad).is_err(), "descriptor {fd}");
+    }
+    for wire in [encode_lane(3), encode_doorbell()] {
+        for cut in 0..wire.len() {
+            assert!(decode(&wire[..cut]).is_err(), "cut at {cut}");
+        }
+        let mut long = wire.clone();
+        long.push(0);
+        assert!(decode(&long).is_err());
+    }
 }
 
 /// A request carrying its notification and a traced answer round trip; a carried

@@ -1,0 +1,392 @@
+//! Direct VRAM copies (module `peer_copy`) as a rail worker sees them: serving a peer's
+//! requests and answering them, taking the answers to this side's requests, and the
+//! shared lanes (module `peer_dram::mailbox`) that carry both between processes of one
+//! host once the target offered one.
+//!
+//! A lane is made by the target for a loaded peer whose sealed request it served, and
+//! offered in a sealed message naming the lane's descriptor in the target's process; the
+//! initiator takes it with `pidfd_getfd` from the process that peer's connection
+//! information advertised (where the OS lets it reach into that process: the permission
+//! cross-memory attach needs too). Requests then go through the lane unsealed: only that
+//! peer's process holds it (and any process that could reach into either side's memory
+//! anyway). The worker that made a lane serves it each round while it spins; before it
+//! sleeps it says so in the lane, and an initiator that sees it sleeping rings it with a
+//! sealed doorbell on the rail.
+
+use super::{peer_copy, Proof, Worker};
+use crate::backends::libfabric::sources::Source;
+use fabric::Address;
+use std::sync::Arc;
+
+#[cfg(feature = "cuda")]
+use crate::backends::libfabric::{sources::PeerSource, stage_net::FabAddr};
+#[cfg(feature = "cuda")]
+use crate::backends::peer_dram::mailbox::Mailbox;
+
+/// Where a served request's answer goes.
+#[cfg(feature = "cuda")]
+#[derive(Debug)]
+pub(super) enum AnswerTo {
+    /// On the rail, sealed, to the peer's endpoint.
+    Rail(FabAddr),
+    /// In the lane it came through (on the rail where the lane is full).
+    Lane(Arc<Mailbox>, FabAddr),
+}
+
+/// A lane this worker serves: the peer it was made for, the lane, where rail answers go.
+#[cfg(feature = "cuda")]
+#[derive(Debug)]
+pub(super) struct ServedLane {
+    peer: Arc<PeerSource>,
+    lane: Arc<Mailbox>,
+    reply: FabAddr,
+}
+
+impl Worker {
+    /// Starts the copies a peer asked for (or declines: see `peer_copy`'s checks); the
+    /// answer goes once they completed.
+    pub(super) fn serve_peer_copy(
+        &mut self,
+        request: &peer_copy::Request,
+        proof: &Proof,
+        src: Option<Address>,
+    ) {
+        let read =
+            match peer_copy::trace::since_received(peer_copy::trace::Step::TargetReceivedToRead) {
+                0 => peer_copy::trace::stamp(),
+                now => now,
+            };
+        let stats = &self.common.peer_copy.stats;
+        let (errno, answer_to) = match proof {
+            Proof::Peer(peer) => match self.common.sources.find(self.index, &request.reply_to) {
+                // Only GPUNETIO's control connections carry a notification in a request
+                // (this backend's go on its rails after the answer): declined, so the
+                // transfer runs its ordinary path and its notification with it.
+                Some(s) if Arc::ptr_eq(&s.peer, peer) && request.notif.is_some() => (
+                    stats.refuse(
+                        libc::EOPNOTSUPP,
+                        format_args!("a request carrying a notification"),
+                    ),
+                    Some(s.reply.clone()),
+                ),
+                Some(s) if Arc::ptr_eq(&s.peer, peer) => {
+                    match self.start_serving(request, &s, read) {
+                        Ok(()) => {
+                            self.offer_lane(&s);
+                            return;
+                        }
+                        Err(errno) => (errno, Some(s.reply.clone())),
+                    }
+                }
+                _ => (
+                    stats.refuse(
+                        libc::EPERM,
+                        format_args!("it names none of its sender's endpoints on this rail"),
+                    ),
+                    None,
+                ),
+            },
+            _ => (
+                stats.refuse(libc::EPERM, format_args!("no loaded peer sealed it")),
+                None,
+            ),
+        };
+        let done = peer_copy::Done {
+            id: request.id,
+            errno,
+            trace: peer_copy::trace::on().then(|| peer_copy::trace::TargetStamps {
+                read,
+                answered: peer_copy::trace::now_ns(),
+                ..Default::default()
+            }),
+        };
+        let sender = self.control_sender(proof, src);
+        self.answer(
+            answer_to,
+            &sender,
+            &request.reply_to,
+            done.encode(),
+            "a direct copy's",
+        );
+    }
+
+    /// Checks and queues a request's copies (`Err`: the answer's errno).
+    #[cfg(feature = "cuda")]
+    fn start_serving(
+        &mut self,
+        request: &peer_copy::Request,
+        source: &Source,
+        read: u64,
+    ) -> std::result::Result<(), i32> {
+        self.queue_copies(
+            request,
+            &source.peer,
+            AnswerTo::Rail(source.reply.clone()),
+            read,
+        )
+    }
+
+    /// Checks `peer`'s request and queues its copies, whose answer goes to `answer_to`.
+    #[cfg(feature = "cuda")]
+    fn queue_copies(
+        &mut self,
+        request: &peer_copy::Request,
+        peer: &Arc<PeerSource>,
+        answer_to: AnswerTo,
+        read: u64,
+    ) -> std::result::Result<(), i32> {
+        let shared = &self.common.peer_copy;
+        let Some(server) = &shared.server else {
+            return Err(libc::EOPNOTSUPP);
+        };
+        let serving = server.serve(request, &**peer, &shared.stats)?;
+        let stamps = peer_copy::trace::TargetStamps {
+            read,
+            launched: peer_copy::trace::stamp(),
+            ..Default::default()
+        };
+        self.serving.push((serving, answer_to, request.id, stamps));
+        Ok(())
+    }
+
+    /// Without CUDA nothing is served this way.
+    #[cfg(not(feature = "cuda"))]
+    fn start_serving(
+        &mut self,
+        _request: &peer_copy::Request,
+        _source: &Source,
+        _read: u64,
+    ) -> std::result::Result<(), i32> {
+        Err(libc::EOPNOTSUPP)
+    }
+
+    /// Answers the requests whose copies completed.
+    #[cfg(feature = "cuda")]
+    pub(super) fn poll_serving(&mut self) {
+        let stats = &self.common.peer_copy.stats;
+        let mut i = 0;
+        while i < self.serving.len() {
+            match self.serving[i].0.poll(stats) {
+                Some(errno) => {
+                    let complete = peer_copy::trace::stamp();
+                    let (serving, answer_to, id, stamps) = self.serving.swap_remove(i);
+                    // The copies are done (or failed): the mappings and guards may go.
+                    drop(serving);
+                    // Where tracing, "answered" is when the answer is queued (it is
+                    // sent at the end of this pass).
+                    let trace = peer_copy::trace::on().then(|| peer_copy::trace::TargetStamps {
+                        complete,
+                        answered: peer_copy::trace::now_ns(),
+                        ..stamps
+                    });
+                    let done = peer_copy::Done { id, errno, trace }.encode();
+                    match answer_to {
+                        AnswerTo::Lane(lane, _) if lane.push_answer(&done) => {}
+                        AnswerTo::Lane(_, dest) | AnswerTo::Rail(dest) => {
+                            self.replies.push_back((dest, done))
+                        }
+                    }
+                }
+                None => i += 1,
+            }
+        }
+        if !self.replies.is_empty() {
+            self.send_replies();
+        }
+    }
+
+    /// An answer to a direct copy request of this backend: taken only where sealed by a
+    /// loaded peer, and then only for a request that went to it.
+    pub(super) fn peer_copy_done(&mut self, done: peer_copy::Done, proof: &Proof) {
+        let from = match proof {
+            Proof::Peer(peer) => Some(peer.agent.clone()),
+            _ => {
+                self.refuse_control(format_args!(
+                    "a direct copy answer sealed by no loaded peer (id {})",
+                    done.id
+                ));
+                return;
+            }
+        };
+        match self.common.peer_copy.waits.take(done.id, from.as_deref()) {
+            Some(run) => {
+                run.answer_done(&done);
+                peer_copy::trace::since_received(peer_copy::trace::Step::AnswerReceivedToRead);
+            }
+            None => tracing::debug!(id = done.id, "a direct copy answer for no waiting request"),
+        }
+    }
+
+    /// Makes a lane for the loaded peer whose request `source` served, once, and offers
+    /// it (sealed, on the rail): only for another process of this host and pid
+    /// namespace, which can take a descriptor from this one.
+    #[cfg(feature = "cuda")]
+    fn offer_lane(&mut self, source: &Source) {
+        let peer = &source.peer;
+        if peer.served_lane.get().is_some()
+            || peer.is_self
+            || peer.process.as_ref().and_then(|p| p.local_pid()).is_none()
+        {
+            return;
+        }
+        let lane = match Mailbox::create() {
+            Ok(lane) => Arc::new(lane),
+            Err(e) => {
+                tracing::debug!(peer = %peer.agent, "no shared lane for direct copies: {e}");
+                return;
+            }
+        };
+        if peer.served_lane.set(lane.clone()).is_err() {
+            return;
+        }
+        self.replies
+            .push_back((source.reply.clone(), peer_copy::encode_lane(lane.fd())));
+        self.send_replies();
+        self.lanes.push(ServedLane {
+            peer: peer.clone(),
+            lane,
+            reply: source.reply.clone(),
+        });
+    }
+
+    #[cfg(not(feature = "cuda"))]
+    fn offer_lane(&mut self, _source: &Source) {}
+
+    /// Takes the lane a loaded peer offered (sealed by it) from its process.
+    #[cfg(feature = "cuda")]
+    pub(super) fn take_lane(&mut self, fd: i32, proof: &Proof) {
+        let Proof::Peer(peer) = proof else {
+            self.refuse_control(format_args!("a lane offer sealed by no loaded peer"));
+            return;
+        };
+        if peer.lane.get().is_some() {
+            return;
+        }
+        let Some(process) = &peer.process else {
+            return;
+        };
+        let taken = process
+            .take_fd(fd)
+            .map_err(|e| e.to_string())
+            .and_then(|fd| Mailbox::take(fd).map_err(|e| e.to_string()));
+        match taken {
+            Ok(lane) => {
+                let _ = peer.lane.set((Arc::new(lane), self.index));
+            }
+            Err(e) => tracing::info!(
+                peer = %peer.agent,
+                "direct copy requests stay on the rails (the peer's shared lane: {e})"
+            ),
+        }
+    }
+
+    #[cfg(not(feature = "cuda"))]
+    pub(super) fn take_lane(&mut self, _fd: i32, _proof: &Proof) {}
+
+    /// Serves the requests waiting in the lanes this worker made; whether there were
+    /// any. A lane whose peer was unloaded or reloaded, or which its peer broke, goes.
+    #[cfg(feature = "cuda")]
+    pub(super) fn serve_lanes(&mut self) -> bool {
+        let generation = self.common.sources.generation();
+        if generation != self.lanes_generation {
+            self.lanes_generation = generation;
+            let sources = &self.common.sources;
+            self.lanes.retain(|l| {
+                sources
+                    .peer(&l.peer.agent)
+                    .is_some_and(|p| Arc::ptr_eq(&p, &l.peer))
+            });
+        }
+        let mut any = false;
+        let mut buf = std::mem::take(&mut self.lane_buf);
+        for i in 0..self.lanes.len() {
+            // A ringful at most per round: the rail's own work gets its turn.
+            for _ in 0..crate::backends::peer_dram::mailbox::REQUEST_SLOTS {
+                let lane = &self.lanes[i];
+                match lane.lane.pop_request(&mut buf) {
+                    Ok(true) => {
+                        peer_copy::trace::mark_received();
+                        any = true;
+                        self.serve_lane_request(i, &buf);
+                    }
+                    Ok(false) => break,
+                    Err(e) => {
+                        tracing::warn!(peer = %lane.peer.agent, "{e}; its requests come on the rails");
+                        break;
+                    }
+                }
+            }
+        }
+        self.lane_buf = buf;
+        self.lanes.retain(|l| !l.lane.is_broken());
+        any
+    }
+
+    /// One request from lane `i`: it is that lane's peer's.
+    #[cfg(feature = "cuda")]
+    fn serve_lane_request(&mut self, i: usize, bytes: &[u8]) {
+        let (peer, lane, reply) = {
+            let l = &self.lanes[i];
+            (l.peer.clone(), l.lane.clone(), l.reply.clone())
+        };
+        let request = match peer_copy::decode(bytes) {
+            Ok(peer_copy::Message::Request(r)) => r,
+            Ok(_) => return self.drop_malformed("lane entry", &"not a request"),
+            Err(e) => return self.drop_malformed("lane request", &e),
+        };
+        let read =
+            match peer_copy::trace::since_received(peer_copy::trace::Step::TargetReceivedToRead) {
+                0 => peer_copy::trace::stamp(),
+                now => now,
+            };
+        let errno = if request.notif.is_some() {
+            self.common.peer_copy.stats.refuse(
+                libc::EOPNOTSUPP,
+                format_args!("a request carrying a notification"),
+            )
+        } else {
+            match self.queue_copies(
+                &request,
+                &peer,
+                AnswerTo::Lane(lane.clone(), reply.clone()),
+                read,
+            ) {
+                Ok(()) => return,
+                Err(errno) => errno,
+            }
+        };
+        let done = peer_copy::Done {
+            id: request.id,
+            errno,
+            trace: peer_copy::trace::on().then(|| peer_copy::trace::TargetStamps {
+                read,
+                answered: peer_copy::trace::now_ns(),
+                ..Default::default()
+            }),
+        }
+        .encode();
+        if !lane.push_answer(&done) {
+            self.replies.push_back((reply, done));
+            self.send_replies();
+        }
+    }
+
+    /// Before the worker sleeps: each lane says so, and is looked at once more (a
+    /// request pushed meanwhile is then seen, or its initiator rings). Returns whether a
+    /// request waits (the worker then does not sleep).
+    #[cfg(feature = "cuda")]
+    pub(super) fn lanes_going_to_sleep(&self) -> bool {
+        for l in &self.lanes {
+            l.lane.set_asleep(true);
+        }
+        self.lanes.iter().any(|l| l.lane.has_request())
+    }
+
+    /// After the worker woke.
+    #[cfg(feature = "cuda")]
+    pub(super) fn lanes_awake(&self) {
+        for l in &self.lanes {
+            l.lane.set_asleep(false);
+        }
+    }
+}
