@@ -547,8 +547,8 @@ impl Bound {
                     serving,
                     nic.own_conns(),
                 )? {
-                    Some((path, handler)) => {
-                        nic.serve_control(handler);
+                    Some((path, handler, lanes)) => {
+                        nic.serve_control(handler, lanes);
                         Some(path)
                     }
                     None => None,

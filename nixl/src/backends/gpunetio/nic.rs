@@ -457,8 +457,14 @@ impl NicPath {
         self.oob.know_process(agent, who);
     }
 
-    /// Serves control connections' requests (module `peer_dram`).
-    pub(super) fn serve_control(&self, handler: super::oob::ControlHandler) {
+    /// Serves control connections' requests and their shared lanes (module
+    /// `peer_dram`).
+    pub(super) fn serve_control(
+        &self,
+        handler: super::oob::ControlHandler,
+        lanes: super::oob::LaneHandler,
+    ) {
+        self.oob.serve_lanes_with(lanes);
         self.oob.serve_control(handler);
     }
 

@@ -246,6 +246,25 @@ pub(super) struct ControlHandler(pub(super) Box<ControlFn>);
 /// The function a [`ControlHandler`] holds.
 pub(super) type ControlFn = dyn Fn(ControlFrom, &[u8], Arc<ControlReply>) + Send + Sync;
 
+/// Who serves the shared lanes of control connections, where not this listener's
+/// thread: `take` gets each lane as it is handed over (the connection's peer, the lane —
+/// gone once the connection closes — and where answers go), `wake` a doorbell (a
+/// request waits in a lane whose server said it sleeps).
+pub(super) struct LaneHandler {
+    pub(super) take: Box<LaneTakeFn>,
+    pub(super) wake: Box<dyn Fn() + Send + Sync>,
+}
+
+/// What a [`LaneHandler`] is handed each lane with.
+pub(super) type LaneTakeFn =
+    dyn Fn(ControlFrom, std::sync::Weak<Mailbox>, Arc<ControlReply>) + Send + Sync;
+
+impl std::fmt::Debug for LaneHandler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("LaneHandler")
+    }
+}
+
 impl std::fmt::Debug for ControlHandler {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("ControlHandler")
@@ -264,8 +283,8 @@ pub(super) struct ControlReply {
     out: Mutex<(Stream, Vec<u8>)>,
     inbox: Arc<Inbox>,
     /// The connection's shared lane, once handed over: answers go there while it has
-    /// room.
-    lane: OnceLock<Arc<Mailbox>>,
+    /// room (and the connection, its owner, is open).
+    lane: OnceLock<std::sync::Weak<Mailbox>>,
 }
 
 impl ControlReply {
@@ -289,7 +308,7 @@ impl ControlReply {
         // SAFETY: the lane's descriptor stays open while `lane` lives (all of this call).
         let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(lane.fd()) };
         gpu_mem::send_fds(s, &bytes, &[fd]).map_err(std::io::Error::other)?;
-        let _ = self.lane.set(lane);
+        let _ = self.lane.set(Arc::downgrade(&lane));
         Ok(())
     }
 
@@ -316,7 +335,12 @@ impl ControlReply {
         write(bytes);
         let len = (bytes.len() - 4) as u32;
         bytes[..4].copy_from_slice(&len.to_le_bytes());
-        if kind == CONTROL_PEER_COPY && self.lane.get().is_some_and(|l| l.push_answer(&bytes[5..]))
+        if kind == CONTROL_PEER_COPY
+            && self
+                .lane
+                .get()
+                .and_then(std::sync::Weak::upgrade)
+                .is_some_and(|l| l.push_answer(&bytes[5..]))
         {
             return Ok(());
         }
@@ -535,6 +559,7 @@ pub(super) struct OobListener {
     own: Arc<OwnConns>,
     refused: Arc<AtomicU64>,
     control: Arc<OnceLock<ControlHandler>>,
+    lanes: Arc<OnceLock<LaneHandler>>,
 }
 
 impl OobListener {
@@ -567,6 +592,7 @@ impl OobListener {
             own: Arc::new(OwnConns::default()),
             refused: Arc::new(AtomicU64::new(0)),
             control: Arc::new(OnceLock::new()),
+            lanes: Arc::new(OnceLock::new()),
         };
         let wake = this.wake.clone();
         std::thread::Builder::new()
@@ -591,6 +617,7 @@ impl OobListener {
             own: this.own.clone(),
             refused: this.refused.clone(),
             control: this.control.clone(),
+            lanes: this.lanes.clone(),
             conns: HashMap::new(),
             next_id: 0,
             generation: 0,
@@ -611,6 +638,12 @@ impl OobListener {
     /// it may start work (queue copies), never wait for it.
     pub(super) fn serve_control(&self, handler: ControlHandler) {
         let _ = self.control.set(handler);
+    }
+
+    /// Hands control connections' shared lanes to `handler` (set once, before the first
+    /// lane; without it this listener's thread serves them with the control handler).
+    pub(super) fn serve_lanes_with(&self, handler: LaneHandler) {
+        let _ = self.lanes.set(handler);
     }
 
     /// Where senders connect.
@@ -764,8 +797,10 @@ struct Conn {
     /// A control connection's answering half, made on its first request.
     reply: Option<Arc<ControlReply>>,
     /// Its shared lane (same host, on the initiator's asking): requests read from it
-    /// are this connection's.
+    /// are this connection's. Served here, or by the [`LaneHandler`] (`lane_elsewhere`),
+    /// whose hold ends with the connection.
     lane: Option<Arc<Mailbox>>,
+    lane_elsewhere: bool,
 }
 
 /// The answering half of control connection `c`, made on first use.
@@ -805,6 +840,7 @@ struct Server {
     own: Arc<OwnConns>,
     refused: Arc<AtomicU64>,
     control: Arc<OnceLock<ControlHandler>>,
+    lanes: Arc<OnceLock<LaneHandler>>,
     conns: HashMap<u64, Conn>,
     next_id: u64,
     /// The generation of `known` the connections were last looked at in.
@@ -887,7 +923,12 @@ impl Server {
         };
         // Before blocking, each lane says so and is looked at once more: a request pushed
         // meanwhile either is seen now or rings its connection (`Mailbox::target_asleep`).
-        let lanes = || self.conns.values().filter_map(|c| c.lane.as_deref());
+        let lanes = || {
+            self.conns
+                .values()
+                .filter(|c| !c.lane_elsewhere)
+                .filter_map(|c| c.lane.as_deref())
+        };
         if ms > 0 {
             for lane in lanes() {
                 lane.set_asleep(true);
@@ -979,6 +1020,7 @@ impl Server {
                 frames: FrameBuf::default(),
                 reply: None,
                 lane: None,
+                lane_elsewhere: false,
                 state: State::First {
                     deadline: Instant::now() + FIRST_FRAME_TIMEOUT,
                 },
@@ -1187,9 +1229,16 @@ impl Server {
                                     None => return self.close(id, "no control frames served"),
                                 }
                             }
-                            Some((CONTROL_LANE, _)) => self.open_lane(id, from.verified),
-                            // Its request is read from the lane by this loop.
-                            Some((CONTROL_DOORBELL, _)) => {}
+                            Some((CONTROL_LANE, _)) => self.open_lane(id, from),
+                            // Its request is read from the lane by this loop, or by the
+                            // lane's own server, woken here.
+                            Some((CONTROL_DOORBELL, _)) => {
+                                if c.lane_elsewhere {
+                                    if let Some(h) = self.lanes.get() {
+                                        (h.wake)();
+                                    }
+                                }
+                            }
                             _ => return self.close(id, "a malformed control frame"),
                         }
                     }
@@ -1202,11 +1251,11 @@ impl Server {
     /// Makes a shared lane for control connection `id` and hands it over, where the
     /// initiator asked on a same-host (Unix) connection its peer confirmed, and direct
     /// copies are served here; otherwise the connection carries on alone.
-    fn open_lane(&mut self, id: u64, verified: bool) {
+    fn open_lane(&mut self, id: u64, from: ControlFrom) {
         let Some(c) = self.conns.get_mut(&id) else {
             return;
         };
-        if !verified
+        if !from.verified
             || c.lane.is_some()
             || !matches!(c.stream, Stream::Unix(_))
             || self.control.get().is_none()
@@ -1222,7 +1271,13 @@ impl Server {
                 Ok(lane)
             });
         match made {
-            Ok(lane) => c.lane = Some(lane),
+            Ok(lane) => {
+                if let (Some(h), Some(reply)) = (self.lanes.get(), &c.reply) {
+                    (h.take)(from, Arc::downgrade(&lane), reply.clone());
+                    c.lane_elsewhere = true;
+                }
+                c.lane = Some(lane);
+            }
             Err(e) => tracing::debug!("GPUNETIO: no shared lane for a control connection: {e}"),
         }
     }
@@ -1236,8 +1291,8 @@ impl Server {
         };
         let mut any = false;
         for c in self.conns.values_mut() {
-            let (Some(lane), Some(reply), State::Open { name, verified, .. }) =
-                (&c.lane, &c.reply, &c.state)
+            let (Some(lane), Some(reply), State::Open { name, verified, .. }, false) =
+                (&c.lane, &c.reply, &c.state, c.lane_elsewhere)
             else {
                 continue;
             };
@@ -2256,6 +2311,60 @@ mod tests {
             assert_eq!(answer, [b'h', b'i', verified]);
             assert!(conn.lane.get().is_none());
         }
+    }
+
+    #[test]
+    fn a_lane_handler_gets_each_lane_serves_it_and_is_rung_while_it_sleeps() {
+        let bob = listen("bob");
+        let alice = listen("alice");
+        bob.know_process("alice", LocalIdentity::me());
+        type Taken = (ControlFrom, std::sync::Weak<Mailbox>, Arc<ControlReply>);
+        let taken: Arc<Mutex<Vec<Taken>>> = Arc::default();
+        let rung = Arc::new(AtomicU64::new(0));
+        let (into, bells) = (taken.clone(), rung.clone());
+        bob.serve_lanes_with(LaneHandler {
+            take: Box::new(move |from, lane, reply| into.lock().push((from, lane, reply))),
+            wake: Box::new(move || {
+                bells.fetch_add(1, Ordering::Relaxed);
+            }),
+        });
+        bob.serve_control(ControlHandler(Box::new(|_, _, _| {
+            panic!("a laned request reached the listener's handler")
+        })));
+        let me = LocalIdentity::me().unwrap();
+        let name = bob.unix_name().unwrap().to_vec();
+        let conn =
+            ControlConn::connect_local("alice", "bob", &name, &me, alice.own_conns()).unwrap();
+        eventually("the lane", || {
+            conn.poll(|_, _| {}).unwrap();
+            conn.lane.get().is_some()
+        });
+        let (from, lane, reply) = taken.lock().pop().expect("the handler got the lane");
+        assert_eq!(from.agent, "alice");
+        assert!(from.verified);
+        let served = lane.upgrade().unwrap();
+        let mut request = Vec::new();
+        for round in 0..2u8 {
+            if round == 1 {
+                // The server says it sleeps: a request then rings the connection.
+                served.set_asleep(true);
+            }
+            assert!(conn.send_request(&[round; 32]).unwrap());
+            assert!(served.pop_request(&mut request).unwrap());
+            assert_eq!(request, [round; 32]);
+            reply.send(CONTROL_PEER_COPY, &[round + 100]).unwrap();
+            let mut got = None;
+            eventually("the answer", || {
+                conn.poll(|_, body| got = Some(body.to_vec())).unwrap();
+                got.is_some()
+            });
+            assert_eq!(got.unwrap(), [round + 100]);
+        }
+        eventually("the doorbell", || rung.load(Ordering::Relaxed) == 1);
+        drop(served);
+        // The lane goes with its connection.
+        drop(conn);
+        eventually("the lane gone", || lane.upgrade().is_none());
     }
 
     #[test]

@@ -58,6 +58,7 @@ use super::oob::{
 };
 use super::NAME;
 use crate::backend::{BackendXfer, PostParams, XferProgress, XferStatus};
+use crate::backends::peer_dram::mailbox::Mailbox;
 use crate::backends::peer_dram::{
     self, decode, trace, AdvertisedVram, Direction, Done, Imports, Message, PeerVram, Piece,
     PieceHome, Request, RunState, Serving, Shared, VramExport,
@@ -143,6 +144,24 @@ struct Running {
     stamps: trace::TargetStamps,
 }
 
+/// What the serving thread is handed.
+enum Job {
+    /// A request's copies, queued by the listener.
+    Run(Box<Running>),
+    /// A control connection's shared lane, whose requests this thread reads and serves
+    /// itself (no hand-off per request): the connection's peer, the lane (gone when the
+    /// connection closes) and where answers go.
+    Lane(LaneJob),
+    /// A request waits in a lane while this thread said it sleeps.
+    Wake,
+}
+
+struct LaneJob {
+    from: ControlFrom,
+    lane: std::sync::Weak<Mailbox>,
+    reply: Arc<ControlReply>,
+}
+
 /// The path of one backend: its peers' states, its requests' waits and its server.
 #[derive(Debug)]
 pub(super) struct PeerDramPath {
@@ -164,7 +183,13 @@ impl PeerDramPath {
         enabled: bool,
         serving: crate::backends::cuda_copy::CopyEngine,
         own: Arc<OwnConns>,
-    ) -> Result<Option<(Arc<Self>, super::oob::ControlHandler)>> {
+    ) -> Result<
+        Option<(
+            Arc<Self>,
+            super::oob::ControlHandler,
+            super::oob::LaneHandler,
+        )>,
+    > {
         if !enabled || !peer_dram::gpu_present() {
             return Ok(None);
         }
@@ -175,12 +200,24 @@ impl PeerDramPath {
             own,
             local_conns: Default::default(),
         });
-        let (jobs, incoming) = mpsc::channel::<Running>();
+        let (jobs, incoming) = mpsc::channel::<Job>();
         let server = path.clone();
         std::thread::Builder::new()
             .name("gpunetio-peer-dram".into())
             .spawn(move || server.serve(incoming))?;
         let this = path.clone();
+        let lane_jobs = Mutex::new(jobs.clone());
+        let wake_jobs = Mutex::new(jobs.clone());
+        let lanes = super::oob::LaneHandler {
+            take: Box::new(move |from, lane, reply| {
+                let _ = lane_jobs
+                    .lock()
+                    .send(Job::Lane(LaneJob { from, lane, reply }));
+            }),
+            wake: Box::new(move || {
+                let _ = wake_jobs.lock().send(Job::Wake);
+            }),
+        };
         let jobs = Mutex::new(jobs);
         let handler = super::oob::ControlHandler(Box::new(move |from, body, reply| {
             let request = match decode(body) {
@@ -211,12 +248,14 @@ impl PeerDramPath {
                             ..Default::default()
                         },
                     };
-                    if let Err(mpsc::SendError(running)) = jobs.lock().send(running) {
+                    if let Err(mpsc::SendError(Job::Run(running))) =
+                        jobs.lock().send(Job::Run(Box::new(running)))
+                    {
                         // The serving thread is gone (it panicked): nothing will poll the
                         // copies. Dropping them waits for them; the transfer fails (its
                         // notification is not delivered).
                         tracing::warn!("{NAME}: no thread answers direct-copy requests");
-                        let Running { serving, reply, .. } = running;
+                        let Running { serving, reply, .. } = *running;
                         drop(serving);
                         answer(&reply, id, libc::EIO, None);
                     }
@@ -234,7 +273,7 @@ impl PeerDramPath {
                 ),
             }
         }));
-        Ok(Some((path, handler)))
+        Ok(Some((path, handler, lanes)))
     }
 
     /// Records `agent`'s connection information: whether it serves requests, where it
@@ -342,36 +381,34 @@ impl PeerDramPath {
         Ok(c)
     }
 
-    /// The serving thread: answers each request once its copies completed. It polls
-    /// while there is traffic (the copies running, and briefly for the next request),
-    /// yielding its core between polls, and blocks only when idle.
-    fn serve(self: Arc<Self>, incoming: mpsc::Receiver<Running>) {
+    /// The serving thread: answers each request once its copies completed, and reads and
+    /// serves the requests of the shared lanes it was handed. It polls while there is
+    /// traffic (copies running, and briefly for the next request), yielding its core
+    /// between polls where cores are few, and blocks only when idle — after saying so in
+    /// its lanes (a request pushed then rings the connection, which wakes it).
+    fn serve(self: Arc<Self>, incoming: mpsc::Receiver<Job>) {
         let mut running: Vec<Running> = Vec::new();
+        let mut lanes: Vec<LaneJob> = Vec::new();
+        let mut request = Vec::new();
         let mut progress_at = Instant::now();
         // Ends once the listener is gone (no more requests) and the copies are answered.
         let mut open = true;
         loop {
-            if running.is_empty() {
-                if !open {
-                    return;
-                }
-                match next_job(&incoming, IDLE_SPIN) {
-                    Some(job) => running.push(job),
-                    None => return,
-                }
-                progress_at = Instant::now();
-            }
             // Every request that came meanwhile starts before the copies are polled.
             while open {
                 match incoming.try_recv() {
                     Ok(job) => {
-                        running.push(job);
+                        take_job(job, &mut running, &mut lanes);
                         progress_at = Instant::now();
                     }
                     Err(mpsc::TryRecvError::Empty) => break,
                     Err(mpsc::TryRecvError::Disconnected) => open = false,
                 }
             }
+            if !open && running.is_empty() {
+                return;
+            }
+            let mut progressed = self.serve_lanes(&mut lanes, &mut running, &mut request);
             let before = running.len();
             let stats = &self.shared.stats;
             running.retain_mut(|r| match r.serving.poll(stats) {
@@ -383,18 +420,118 @@ impl PeerDramPath {
                 }
                 None => true,
             });
-            if running.len() != before {
+            progressed |= running.len() != before;
+            if progressed {
                 progress_at = Instant::now();
+                continue;
+            }
+            let idle = progress_at.elapsed();
+            if running.is_empty() && idle >= IDLE_SPIN && open {
+                for l in &lanes {
+                    if let Some(lane) = l.lane.upgrade() {
+                        lane.set_asleep(true);
+                    }
+                }
+                let waiting = lanes
+                    .iter()
+                    .any(|l| l.lane.upgrade().is_some_and(|lane| lane.has_request()));
+                if !waiting {
+                    match incoming.recv() {
+                        Ok(job) => take_job(job, &mut running, &mut lanes),
+                        Err(_) => open = false,
+                    }
+                }
+                for l in &lanes {
+                    if let Some(lane) = l.lane.upgrade() {
+                        lane.set_asleep(false);
+                    }
+                }
+                progress_at = Instant::now();
+            } else if idle > BUSY_SPIN {
+                std::thread::sleep(Duration::from_micros(20));
+            } else if idle < SPIN_NO_YIELD && crate::os::may_spin() {
+                std::hint::spin_loop();
             } else {
-                let idle = progress_at.elapsed();
-                if idle > BUSY_SPIN {
-                    std::thread::sleep(Duration::from_micros(20));
-                } else if idle < SPIN_NO_YIELD && crate::os::may_spin() {
-                    std::hint::spin_loop();
-                } else {
-                    std::thread::yield_now();
+                std::thread::yield_now();
+            }
+        }
+    }
+
+    /// Reads the lanes' requests and starts their copies (or answers why not); whether
+    /// there were any. A lane whose connection closed, or which its peer broke, goes.
+    fn serve_lanes(
+        &self,
+        lanes: &mut Vec<LaneJob>,
+        running: &mut Vec<Running>,
+        buf: &mut Vec<u8>,
+    ) -> bool {
+        let mut any = false;
+        lanes.retain(|l| {
+            let Some(lane) = l.lane.upgrade() else {
+                return false;
+            };
+            // A ringful at most per pass: the running copies are polled between.
+            for _ in 0..crate::backends::peer_dram::mailbox::REQUEST_SLOTS {
+                match lane.pop_request(buf) {
+                    Ok(true) => {
+                        trace::mark_received();
+                        any = true;
+                        self.serve_one(&l.from, buf, &l.reply, running);
+                    }
+                    Ok(false) => return true,
+                    Err(e) => {
+                        tracing::warn!(peer = %l.from.agent, "{NAME}: {e}; its requests go on the connection");
+                        return false;
+                    }
                 }
             }
+            true
+        });
+        any
+    }
+
+    /// One request read from a lane of `from`'s connection.
+    fn serve_one(
+        &self,
+        from: &ControlFrom,
+        body: &[u8],
+        reply: &Arc<ControlReply>,
+        running: &mut Vec<Running>,
+    ) {
+        let request = match decode(body) {
+            Ok(Message::Request(r)) => r,
+            Ok(_) => return,
+            Err(why) => {
+                tracing::debug!("{NAME}: a malformed direct-copy request dropped: {why}");
+                return;
+            }
+        };
+        let read = match trace::since_received(trace::Step::TargetReceivedToRead) {
+            0 => trace::stamp(),
+            now => now,
+        };
+        match self.start(from, &request) {
+            Ok(serving) => running.push(Running {
+                serving,
+                reply: reply.clone(),
+                id: request.id,
+                from: from.agent.clone(),
+                notif: request.notif,
+                stamps: trace::TargetStamps {
+                    read,
+                    launched: trace::stamp(),
+                    ..Default::default()
+                },
+            }),
+            Err(errno) => answer(
+                reply,
+                request.id,
+                errno,
+                trace::on().then(|| trace::TargetStamps {
+                    read,
+                    ..Default::default()
+                }),
+            ),
         }
     }
 
@@ -484,27 +621,12 @@ fn attribute(
     peers.get(&from.agent).cloned()
 }
 
-/// The next request's copies: polled for up to `spin` (without yielding for the first
-/// [`SPIN_NO_YIELD`] where [`crate::os::may_spin`], then yielding between polls), then awaited;
-/// `None` once the sender is gone.
-fn next_job(incoming: &mpsc::Receiver<Running>, spin: Duration) -> Option<Running> {
-    let since = Instant::now();
-    loop {
-        match incoming.try_recv() {
-            Ok(job) => return Some(job),
-            Err(mpsc::TryRecvError::Disconnected) => return None,
-            Err(mpsc::TryRecvError::Empty) => {
-                let waited = since.elapsed();
-                if waited >= spin {
-                    return incoming.recv().ok();
-                }
-                if waited < SPIN_NO_YIELD && crate::os::may_spin() {
-                    std::hint::spin_loop();
-                } else {
-                    std::thread::yield_now();
-                }
-            }
-        }
+/// Hands a job to the serving thread's state.
+fn take_job(job: Job, running: &mut Vec<Running>, lanes: &mut Vec<LaneJob>) {
+    match job {
+        Job::Run(r) => running.push(*r),
+        Job::Lane(l) => lanes.push(l),
+        Job::Wake => {}
     }
 }
 

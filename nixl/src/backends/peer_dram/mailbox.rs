@@ -43,6 +43,7 @@ const REQ_TAIL: usize = 2 * LINE;
 const ANS_HEAD: usize = 3 * LINE;
 const ANS_TAIL: usize = 4 * LINE;
 const ASLEEP: usize = 5 * LINE;
+const CLOSED: usize = 6 * LINE;
 const REQUESTS: usize = 4096;
 const ANSWERS: usize = REQUESTS + REQUEST_SLOTS as usize * REQUEST_SLOT;
 /// Bytes of the whole lane.
@@ -205,6 +206,18 @@ impl Mailbox {
         unsafe { &*self.base.add(ASLEEP).cast::<AtomicU32>() }
     }
 
+    fn closed(&self) -> &AtomicU32 {
+        // SAFETY: as `u64_at`, a 4-byte aligned offset of the header.
+        unsafe { &*self.base.add(CLOSED).cast::<AtomicU32>() }
+    }
+
+    /// Target: the lane carries no more requests (its peer was unloaded or reloaded);
+    /// the initiator's pushes fail from now, and what it pushed before is still there
+    /// for the target to answer.
+    pub(crate) fn close(&self) {
+        self.closed().store(1, Ordering::Release);
+    }
+
     /// Puts `bytes` in the next slot of the ring at `slots` (`head` this side's, `tail`
     /// the other's); false where it is full, `bytes` do not fit, or the lane is broken.
     fn push(&self, ring: Ring, bytes: &[u8]) -> bool {
@@ -277,7 +290,7 @@ impl Mailbox {
     /// Initiator: queues a request; false where it goes on the connection instead (too
     /// long, the ring full, the lane broken).
     pub(crate) fn push_request(&self, request: &[u8]) -> bool {
-        self.push(Ring::REQUESTS, request)
+        self.closed().load(Ordering::Acquire) == 0 && self.push(Ring::REQUESTS, request)
     }
 
     /// Initiator: whether the target said it sleeps (a request must then also ring the
@@ -381,6 +394,13 @@ mod tests {
         assert!(target.push_answer(b"done"));
         assert!(initiator.pop_answer(&mut out).unwrap());
         assert_eq!(out, b"done");
+        // Closed by the target: requests go elsewhere, what was pushed stays readable.
+        assert!(initiator.push_request(b"before"));
+        target.close();
+        assert!(!initiator.push_request(b"after"));
+        assert!(target.pop_request(&mut out).unwrap());
+        assert_eq!(out, b"before");
+        assert!(!target.pop_request(&mut out).unwrap());
         assert!(!initiator.pop_answer(&mut out).unwrap());
         // Too long for a slot: the caller uses the connection.
         assert!(!initiator.push_request(&vec![0; REQUEST_SLOT]));

@@ -291,11 +291,19 @@ impl Worker {
         if generation != self.lanes_generation {
             self.lanes_generation = generation;
             let sources = &self.common.sources;
+            let mut gone = Vec::new();
             self.lanes.retain(|l| {
-                sources
+                let current = sources
                     .peer(&l.peer.agent)
-                    .is_some_and(|p| Arc::ptr_eq(&p, &l.peer))
+                    .is_some_and(|p| Arc::ptr_eq(&p, &l.peer));
+                if !current {
+                    gone.push(l.lane.clone());
+                }
+                current
             });
+            for lane in gone {
+                self.close_lane(&lane);
+            }
         }
         let mut any = false;
         let mut buf = std::mem::take(&mut self.lane_buf);
@@ -320,6 +328,25 @@ impl Worker {
         self.lane_buf = buf;
         self.lanes.retain(|l| !l.lane.is_broken());
         any
+    }
+
+    /// A lane whose peer was unloaded or reloaded: closed (its initiator's requests go
+    /// on the rails from now), and what waits in it declined, so that no transfer waits
+    /// for an answer that never comes (the initiator runs them the ordinary way).
+    #[cfg(feature = "cuda")]
+    fn close_lane(&mut self, lane: &Mailbox) {
+        lane.close();
+        let mut buf = Vec::new();
+        while let Ok(true) = lane.pop_request(&mut buf) {
+            if let Ok(peer_copy::Message::Request(r)) = peer_copy::decode(&buf) {
+                let done = peer_copy::Done {
+                    id: r.id,
+                    errno: libc::ESRCH,
+                    trace: None,
+                };
+                lane.push_answer(&done.encode());
+            }
+        }
     }
 
     /// One request from lane `i`: it is that lane's peer's.
