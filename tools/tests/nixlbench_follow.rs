@@ -49,14 +49,14 @@ fn local_providers() -> Vec<String> {
 }
 
 /// The genuine initiator's provider (`shm` where there is one) and another one for the
-/// stranger; `None` (printed) with fewer than two.
-fn two_providers(test: &str) -> Option<(String, String)> {
+/// stranger (`None` where there is no other); `None` (printed) without any.
+fn providers(test: &str) -> Option<(String, Option<String>)> {
     let all = local_providers();
-    let genuine = all.iter().find(|p| *p == "shm").or(all.first()).cloned()?;
-    let Some(other) = all.iter().find(|p| **p != genuine).cloned() else {
-        println!("skipped {test}: fewer than two libfabric providers ({all:?})");
+    let Some(genuine) = all.iter().find(|p| *p == "shm").or(all.first()).cloned() else {
+        println!("skipped {test}: no libfabric provider with RDM endpoints");
         return None;
     };
+    let other = all.iter().find(|p| **p != genuine).cloned();
     Some((genuine, other))
 }
 
@@ -161,17 +161,18 @@ fn rows(stdout: &str) -> Vec<(usize, usize)> {
         .collect()
 }
 
-/// A stranger's agent named `name`, with a LIBFABRIC backend on `provider` (so that
-/// the metadata it pushes would be followable) and the job token `token` (or none).
+/// A stranger's agent named `name`, with the job token `token` (or none) and, where the
+/// provider opens here, a LIBFABRIC backend on `provider` (its connection information
+/// in what it pushes; a follow-mode target follows the name alone).
 fn stranger(name: &str, provider: &str, token: Option<&str>) -> Agent {
     let config = AgentConfig {
         job_token: token.map(|t| JobToken::new(t).unwrap()),
         ..AgentConfig::default()
     };
     let agent = Agent::new(name, config).unwrap();
-    agent
-        .create_backend("LIBFABRIC", &params([("provider", provider)]))
-        .unwrap();
+    if let Err(e) = agent.create_backend("LIBFABRIC", &params([("provider", provider)])) {
+        println!("the stranger pushes no LIBFABRIC section: provider {provider}: {e}");
+    }
     agent
 }
 
@@ -215,7 +216,8 @@ const SMALL: &[&str] = &[
 #[test]
 fn with_a_job_token_a_stranger_cannot_choose_the_followed_provider() {
     let test = "with_a_job_token_a_stranger_cannot_choose_the_followed_provider";
-    let Some((genuine, other)) = two_providers(test) else {
+    let Some((genuine, Some(other))) = providers(test) else {
+        println!("skipped {test}: fewer than two libfabric providers");
         return;
     };
     let target = follow_target(SMALL, Some(TOKEN));
@@ -250,7 +252,7 @@ fn with_a_job_token_a_stranger_cannot_choose_the_followed_provider() {
 fn without_a_token_the_followed_initiator_stays_bound_and_the_target_refuses_its_own_name() {
     let test =
         "without_a_token_the_followed_initiator_stays_bound_and_the_target_refuses_its_own_name";
-    let Some((genuine, _)) = two_providers(test) else {
+    let Some((genuine, _)) = providers(test) else {
         return;
     };
     // Long enough a run for the stranger to push many times during it.
@@ -263,7 +265,7 @@ fn without_a_token_the_followed_initiator_stays_bound_and_the_target_refuses_its
         "10",
         "--check_consistency",
     ];
-    let mut target = follow_target(sizes, None);
+    let target = follow_target(sizes, None);
     // Metadata naming the target itself is refused.
     let me = stranger("nixlbench-target", &genuine, None);
     assert!(
@@ -297,6 +299,9 @@ fn without_a_token_the_followed_initiator_stays_bound_and_the_target_refuses_its
     let run_stdout = drain(Box::new(run.stdout.take().unwrap()));
     let run_stderr = drain(Box::new(run.stderr.take().unwrap()));
     let mut refused = 0;
+    // Until the target's listener closes: the run is ending (DONE was sent), and the
+    // target's exit status and the initiator's say whether it ended well.
+    let mut listening = true;
     let status = loop {
         if let Some(status) = run.try_wait().unwrap() {
             break status;
@@ -306,12 +311,13 @@ fn without_a_token_the_followed_initiator_stays_bound_and_the_target_refuses_its
             let _ = run.wait();
             panic!("the initiator still runs after {LIMIT:?}");
         }
-        match push_from("127.0.0.2", target.addr, &blob) {
-            Some(ERROR) => refused += 1,
-            Some(ACK) => panic!("a stranger rebound the followed initiator's name"),
-            // The run ended between the look and the push: the target is gone.
-            None if target.child.try_wait().unwrap().is_some() => {}
-            other => panic!("a push answered {other:?}"),
+        if listening {
+            match push_from("127.0.0.2", target.addr, &blob) {
+                Some(ERROR) => refused += 1,
+                Some(ACK) => panic!("a stranger rebound the followed initiator's name"),
+                Some(other) => panic!("a push answered frame type {other}"),
+                None => listening = false,
+            }
         }
         std::thread::sleep(Duration::from_millis(10));
     };
