@@ -254,7 +254,8 @@ fn other_user_answers(pid: libc::pid_t, go: OwnedFd, answers: OwnedFd, ids: usiz
     assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
     assert!(
         libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
-        "the other user's process failed: status {status:#x}"
+        "the other user's process failed: status {status:#x} (exit 3: it could not \
+         become nobody, e.g. no CAP_SETUID)"
     );
     let got: Vec<Answer> = raw
         .chunks_exact(16)

@@ -2541,7 +2541,8 @@ mod tests {
         assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
         assert!(
             libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
-            "the other user's process failed: status {status:#x}"
+            "the other user's process failed: status {status:#x} (exit 3: it could not \
+             become nobody, e.g. no CAP_SETUID)"
         );
         let got: Vec<OtherUserAnswer> = raw
             .chunks_exact(16)
