@@ -42,7 +42,7 @@ use parking_lot::Mutex;
 use std::collections::HashSet;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -52,6 +52,8 @@ const STAGING_RETRY: Duration = Duration::from_millis(10);
 /// Handshakes (and verification requests) served at once, each on a thread of its own;
 /// a connection beyond is closed as it is accepted.
 pub(super) const MAX_HANDSHAKES: usize = 64;
+/// The name of a thread serving a handshake.
+pub(super) const HELLO_THREAD: &str = "nixl-verbs-hello";
 /// Incoming connections held at once (each holds a QP per rail); a HELLO beyond is
 /// refused.
 pub(super) const MAX_INCOMING: usize = 1024;
@@ -264,37 +266,13 @@ impl VerbsBackend {
 
 pub(super) fn side_channel_thread(listener: TcpListener, common: Arc<Common>) {
     while !common.stop.load(Ordering::Relaxed) {
-        loop {
-            match listener.accept() {
-                Ok((stream, from)) => {
-                    if common.handshakes.fetch_add(1, Ordering::AcqRel) >= MAX_HANDSHAKES {
-                        common.handshakes.fetch_sub(1, Ordering::AcqRel);
-                        tracing::debug!(%from, "VERBS: a handshake over the cap closed");
-                        continue;
-                    }
-                    // The handshake waits for the peer: never on this thread, whose
-                    // heartbeats must go out on time.
-                    let served = common.clone();
-                    let spawned = std::thread::Builder::new()
-                        .name("nixl-verbs-hello".into())
-                        .spawn(move || {
-                            if let Err(e) = serve_handshake(&served, stream) {
-                                tracing::warn!(%from, error = %e, "VERBS handshake failed");
-                            }
-                            served.handshakes.fetch_sub(1, Ordering::AcqRel);
-                        });
-                    if let Err(e) = spawned {
-                        common.handshakes.fetch_sub(1, Ordering::AcqRel);
-                        tracing::warn!(error = %e, "VERBS: no thread for a handshake");
-                    }
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
-                Err(e) => {
-                    tracing::warn!(error = %e, "VERBS side channel accept failed");
-                    break;
-                }
-            }
-        }
+        accept_handshakes(
+            &listener,
+            &common,
+            handshakes_of,
+            HANDSHAKE_TIMEOUT,
+            serve_handshake,
+        );
         let outgoing: Vec<Arc<Outgoing>> = common
             .outgoing
             .read()
@@ -373,6 +351,71 @@ pub(super) fn side_channel_thread(listener: TcpListener, common: Arc<Common>) {
     }
 }
 
+/// The count of handshakes `common` is serving.
+fn handshakes_of(common: &Common) -> &AtomicUsize {
+    &common.handshakes
+}
+
+/// Accepts every connection waiting on `listener` (non-blocking) and serves each on a
+/// thread of its own ([`HELLO_THREAD`]): its first frame must be whole within
+/// `deadline` of the accept, then `serve` answers it. At most [`MAX_HANDSHAKES`] are
+/// served at once (`count(state)`); a connection beyond is closed as it is accepted, so a
+/// flood of connections that send nothing costs descriptors only while the kernel queues
+/// them, never a thread each.
+pub(super) fn accept_handshakes<S: Send + Sync + 'static>(
+    listener: &TcpListener,
+    state: &Arc<S>,
+    count: fn(&S) -> &AtomicUsize,
+    deadline: Duration,
+    serve: fn(&Arc<S>, TcpStream, Vec<u8>) -> Result<()>,
+) {
+    loop {
+        match listener.accept() {
+            Ok((stream, from)) => {
+                if count(state).fetch_add(1, Ordering::AcqRel) >= MAX_HANDSHAKES {
+                    count(state).fetch_sub(1, Ordering::AcqRel);
+                    tracing::debug!(%from, "VERBS: a handshake over the cap closed");
+                    continue;
+                }
+                // The handshake waits for the peer: never on the calling thread, whose
+                // heartbeats must go out on time.
+                let served = state.clone();
+                let spawned =
+                    std::thread::Builder::new()
+                        .name(HELLO_THREAD.into())
+                        .spawn(move || {
+                            let mut stream = stream;
+                            let result = first_frame(&mut stream, deadline)
+                                .and_then(|frame| serve(&served, stream, frame));
+                            if let Err(e) = result {
+                                tracing::warn!(%from, error = %e, "VERBS handshake failed");
+                            }
+                            count(&served).fetch_sub(1, Ordering::AcqRel);
+                        });
+                if let Err(e) = spawned {
+                    count(state).fetch_sub(1, Ordering::AcqRel);
+                    tracing::warn!(error = %e, "VERBS: no thread for a handshake");
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+            Err(e) => {
+                tracing::warn!(error = %e, "VERBS side channel accept failed");
+                break;
+            }
+        }
+    }
+}
+
+/// The first frame of an accepted side-channel connection, whole within `deadline`
+/// (however slowly its bytes trickle); the socket is left blocking, with `deadline` as
+/// its write timeout.
+fn first_frame(stream: &mut TcpStream, deadline: Duration) -> Result<Vec<u8>> {
+    stream.set_nonblocking(false)?;
+    stream.set_nodelay(true)?;
+    stream.set_write_timeout(Some(deadline))?;
+    Ok(read_frame(stream, deadline)?)
+}
+
 /// Blocks until the listener or a watched side-channel socket is readable (a new
 /// handshake, a heartbeat or a peer's EOF), the wake eventfd is (a new connection, the
 /// stop), a heartbeat is due or a peer's is overdue, or `MONITOR_PERIOD` passed
@@ -413,11 +456,8 @@ fn wait_readable(listener: &TcpListener, common: &Common, retry: bool) {
 }
 
 /// The target side of the handshake: QPs for each of the initiator's rails.
-fn serve_handshake(common: &Arc<Common>, mut stream: TcpStream) -> Result<()> {
-    stream.set_nonblocking(false)?;
-    stream.set_nodelay(true)?;
-    stream.set_write_timeout(Some(HANDSHAKE_TIMEOUT))?;
-    let frame = read_frame(&mut stream, HANDSHAKE_TIMEOUT)?;
+/// `frame` is the connection's first, read by [`accept_handshakes`].
+fn serve_handshake(common: &Arc<Common>, mut stream: TcpStream, frame: Vec<u8>) -> Result<()> {
     // A target asking whether a connection that named this agent is its own.
     if let Some(answer) = answer_verify(&common.own_streams, &frame) {
         write_frame(&mut stream, &answer)?;
@@ -525,7 +565,7 @@ fn serve_handshake(common: &Arc<Common>, mut stream: TcpStream) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::io::Write;
+    use std::io::{Read, Write};
     use std::time::Instant;
 
     fn loopback() -> TcpListener {
@@ -635,5 +675,174 @@ mod tests {
         w.write_all(&(1u32 << 30).to_le_bytes()).unwrap();
         let e = read_frame(&mut s, Duration::from_secs(5)).unwrap_err();
         assert_eq!(e.kind(), std::io::ErrorKind::InvalidData);
+    }
+
+    /// A server of handshakes as the side channel's accept loop serves them, without a
+    /// device: its first frame must be a HELLO, answered by echoing it.
+    struct HelloServer {
+        handshakes: AtomicUsize,
+    }
+
+    fn hello_server_count(s: &HelloServer) -> &AtomicUsize {
+        &s.handshakes
+    }
+
+    fn echo_hello(_: &Arc<HelloServer>, mut stream: TcpStream, frame: Vec<u8>) -> Result<()> {
+        decode_hello(&frame)?;
+        write_frame(&mut stream, &frame)?;
+        Ok(())
+    }
+
+    /// Threads of this process serving a handshake (the kernel keeps 15 bytes of a name).
+    fn hello_threads() -> usize {
+        let short = &HELLO_THREAD.as_bytes()[..HELLO_THREAD.len().min(15)];
+        std::fs::read_dir("/proc/self/task")
+            .map(|tasks| {
+                tasks
+                    .flatten()
+                    .filter(|t| {
+                        std::fs::read(t.path().join("comm"))
+                            .is_ok_and(|c| c.strip_suffix(b"\n").unwrap_or(&c) == short)
+                    })
+                    .count()
+            })
+            .unwrap_or(0)
+    }
+
+    /// How long until the side channel closes `stream` (EOF or a reset), sending a byte
+    /// every 100 ms meanwhile when `trickle`; `None`: still open after `limit`.
+    fn closed_after(mut stream: TcpStream, trickle: bool, limit: Duration) -> Option<Duration> {
+        let started = Instant::now();
+        stream
+            .set_read_timeout(Some(Duration::from_millis(100)))
+            .unwrap();
+        let mut buf = [0u8; 64];
+        while started.elapsed() < limit {
+            if trickle && stream.write_all(b"x").is_err() {
+                return Some(started.elapsed());
+            }
+            match stream.read(&mut buf) {
+                Ok(0) => return Some(started.elapsed()),
+                Ok(_) => panic!("the side channel answered a frame that never ended"),
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) => {}
+                Err(_) => return Some(started.elapsed()),
+            }
+        }
+        None
+    }
+
+    fn wait_for(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
+        let started = Instant::now();
+        while !done() {
+            assert!(started.elapsed() < limit, "{what}: not within {limit:?}");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// Issue 28, finding 6 ("the VERBS side channel starts a thread per connection without
+    /// a cap or idle timeout"), on the side channel's own accept loop (no device needed):
+    /// raw connections that send junk, nothing, or a byte at a time. Junk is closed at
+    /// once; at most `MAX_HANDSHAKES` handshake threads ever run (counted in
+    /// `/proc/self/task` and by the counter); a connection over the cap is closed as it
+    /// is accepted; silent and trickling ones are closed by the first frame's deadline;
+    /// afterwards a real HELLO is still answered. (`rxe_verbs_side_channel` runs the same
+    /// attack against a VERBS backend on soft-RoCE, with a real transfer afterwards.)
+    #[test]
+    fn handshakes_are_capped_and_silent_connections_closed_by_their_deadline() {
+        // Long enough for 64 connections to be accepted on a loaded two-core machine
+        // before the first of them expires.
+        const DEADLINE: Duration = Duration::from_secs(3);
+        let listener = loopback();
+        listener.set_nonblocking(true).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = Arc::new(HelloServer {
+            handshakes: AtomicUsize::new(0),
+        });
+        let stop = Arc::new(AtomicBool::new(false));
+        let accepting = {
+            let (server, stop) = (server.clone(), stop.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    accept_handshakes(&listener, &server, hello_server_count, DEADLINE, echo_hello);
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+            })
+        };
+        let serving = || server.handshakes.load(Ordering::Acquire);
+        // Junk: a length no frame may have, and a whole frame that is no HELLO. Each is
+        // closed long before the deadline.
+        for junk in [
+            (u32::MAX).to_le_bytes().to_vec(),
+            [8u32.to_le_bytes().to_vec(), b"notahelo".to_vec()].concat(),
+        ] {
+            let mut s = TcpStream::connect(addr).unwrap();
+            s.write_all(&junk).unwrap();
+            let after = closed_after(s, false, DEADLINE).expect("junk left open");
+            assert!(after < DEADLINE / 2, "junk closed only after {after:?}");
+        }
+        wait_for("junk's threads ended", DEADLINE, || serving() == 0);
+        // Every slot taken: half by connections that send nothing, half by ones that
+        // announce a frame and send a byte of it every 100 ms.
+        let mut holders = Vec::new();
+        for i in 0..MAX_HANDSHAKES {
+            let mut s = TcpStream::connect(addr).unwrap();
+            let trickle = i % 2 == 1;
+            if trickle {
+                s.write_all(&100u32.to_le_bytes()).unwrap();
+            }
+            let opened = Instant::now();
+            holders.push(std::thread::spawn(move || {
+                let closed = closed_after(s, trickle, DEADLINE * 4);
+                (opened, closed)
+            }));
+        }
+        // The counter goes up before the thread starts (and names itself).
+        wait_for("every slot held", DEADLINE / 2, || {
+            serving() == MAX_HANDSHAKES && hello_threads() == MAX_HANDSHAKES
+        });
+        // Over the cap: closed at once, no thread started.
+        for _ in 0..16 {
+            let s = TcpStream::connect(addr).unwrap();
+            let after =
+                closed_after(s, false, DEADLINE).expect("a connection over the cap stayed open");
+            assert!(after < DEADLINE / 4, "closed only after {after:?}");
+            assert_eq!(serving(), MAX_HANDSHAKES);
+            assert_eq!(hello_threads(), MAX_HANDSHAKES);
+        }
+        // The deadline closes every holder, trickling or silent.
+        for holder in holders {
+            let (opened, closed) = holder.join().unwrap();
+            let closed = closed.expect("a connection that never sent a whole frame stayed open");
+            assert!(
+                closed < DEADLINE + Duration::from_secs(1),
+                "closed {closed:?} after it opened, {:?} ago",
+                opened.elapsed()
+            );
+        }
+        wait_for("every handshake thread ended", DEADLINE, || {
+            serving() == 0 && hello_threads() == 0
+        });
+        // A real HELLO is still served.
+        let hello = encode_hello(&Hello {
+            target_nonce: 1,
+            nonce: 2,
+            name: "initiator".into(),
+            endpoints: vec![Endpoint {
+                qp_num: 17,
+                psn: 5,
+                gid: ibverbs::Gid { raw: [0; 16] },
+                lid: 0,
+                mtu: ibverbs::Mtu::MTU_1024,
+            }],
+        });
+        let mut s = TcpStream::connect(addr).unwrap();
+        write_frame(&mut s, &hello).unwrap();
+        assert_eq!(read_frame(&mut s, DEADLINE).unwrap(), hello);
+        stop.store(true, Ordering::Relaxed);
+        accepting.join().unwrap();
     }
 }
