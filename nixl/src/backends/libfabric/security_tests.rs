@@ -1395,3 +1395,246 @@ fn forged_fetch_data_completes_nothing_early() {
         assert!(dst == src, "{tag}: the READ's bytes");
     }
 }
+
+/// Issue 28's flood, by kind of forged message: what one victim's rail worker spends on
+/// each and how the process's memory grows, next to a raw receiver that only reposts its
+/// receives (the provider's own floor). A measurement, not a check (figures:
+/// `docs/BENCHMARKS.md`, "load under attack"); run one kind per process, release build:
+///
+/// `FLOOD_KIND=sealed_bad_tag FLOOD_PROVIDER='tcp;ofi_rxm' cargo test --release -p
+/// rdma-rs-nixl --lib flood_cost -- --ignored --nocapture`
+///
+/// Kinds: `repost_only` (no victim: the raw receiver), `plain_loaded` (a plain
+/// notification naming the loaded peer), `sealed_bad_tag` (a sealed one under a made-up
+/// tag), `stranger` (naming no loaded peer; the victim has `notif_senders=loaded`),
+/// `control_random_key` (a sealed control message naming a stranger under a fresh random
+/// public key each), `control_one_key` (the same under one public key), `malformed`.
+#[test]
+#[ignore = "a measurement (see its doc): --ignored --nocapture, release build"]
+fn flood_cost_by_kind() {
+    let kind = std::env::var("FLOOD_KIND").unwrap_or_else(|_| "sealed_bad_tag".into());
+    let provider = std::env::var("FLOOD_PROVIDER").unwrap_or_else(|_| "tcp;ofi_rxm".into());
+    let total: u64 = std::env::var("FLOOD_N")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(100_000);
+    let attacker = Raw::new(&provider);
+    let peer_name = "cost-peer";
+    // The victim (or the raw receiver) and what tells how many forged messages it judged.
+    let receiver = (kind == "repost_only").then(|| RepostOnly::start(&provider));
+    let victim_pair = receiver.is_none().then(|| {
+        let (target, t) = victim(
+            "cost-victim",
+            &provider,
+            &[("notif_senders", "loaded")],
+        );
+        let (peer, _y) = victim(peer_name, &provider, &[]);
+        target
+            .load_remote_metadata(&peer.local_metadata().unwrap())
+            .unwrap();
+        peer.load_remote_metadata(&target.local_metadata().unwrap())
+            .unwrap();
+        (target, t, peer)
+    });
+    let dest = match (&receiver, &victim_pair) {
+        (Some(r), _) => attacker.av.insert(&r.name).unwrap(),
+        (_, Some((_, t, _))) => attacker.aim(t),
+        _ => unreachable!(),
+    };
+    let judged = || match (&receiver, &victim_pair) {
+        (Some(r), _) => r.received.load(Ordering::Relaxed),
+        (_, Some((_, t, _))) => {
+            t.refused_notifications()
+                + t.unproven_control_messages()
+                + t.common.malformed.load(Ordering::Relaxed)
+        }
+        _ => unreachable!(),
+    };
+    let mut rng = Rng(0x5eed_f100d);
+    let filler = vec![b'x'; 300];
+    let message = |i: u64, rng: &mut Rng| -> Vec<u8> {
+        let key = rng.next() >> 1;
+        let notif = |name: &str| encode_notif(name, key, 0, &filler).unwrap();
+        match kind.as_str() {
+            "repost_only" | "plain_loaded" => notif(peer_name),
+            "sealed_bad_tag" => {
+                let plain = notif(peer_name);
+                let mut sealed = notif_mac::SEALED_MAGIC.to_vec();
+                sealed.extend_from_slice(&(i + 1).to_le_bytes());
+                sealed.extend_from_slice(&[i as u8; 16]);
+                sealed.extend_from_slice(&plain);
+                sealed
+            }
+            "stranger" => notif(&format!("stranger-{}", i % 64)),
+            "control_random_key" | "control_one_key" => {
+                let mut public = [7u8; 32];
+                if kind == "control_random_key" {
+                    for chunk in public.chunks_exact_mut(8) {
+                        chunk.copy_from_slice(&rng.next().to_le_bytes());
+                    }
+                }
+                notif_mac::ControlFrame {
+                    sealed: notif_mac::Sealed {
+                        seq: i + 1,
+                        tag: [i as u8; 16],
+                        inner: b"NXST forged",
+                    },
+                    public,
+                    sender: format!("stranger-{}", i % 64).as_bytes(),
+                }
+                .encode()
+            }
+            "malformed" => {
+                let mut junk = notif("junk");
+                junk.truncate(30 + (i as usize % 100));
+                let at = 4 + (rng.next() as usize % (junk.len() - 4));
+                junk[at] ^= 0xff;
+                junk
+            }
+            other => panic!("unknown FLOOD_KIND {other}"),
+        }
+    };
+    let messages: Vec<Vec<u8>> = (0..total).map(|i| message(i, &mut rng)).collect();
+    let before = judged();
+    let (rss0, heap0) = (rss_bytes(), heap_in_use());
+    let cpu0 = rail_threads_cpu_ns();
+    let peak = Arc::new(AtomicU64::new(0));
+    let sampling = Arc::new(AtomicBool::new(true));
+    let sampler = {
+        let (peak, sampling) = (peak.clone(), sampling.clone());
+        std::thread::spawn(move || {
+            let mut peak_heap = 0;
+            while sampling.load(Ordering::Relaxed) {
+                peak.fetch_max(rss_bytes(), Ordering::Relaxed);
+                peak_heap = peak_heap.max(heap_in_use());
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            peak_heap
+        })
+    };
+    let start = Instant::now();
+    for m in &messages {
+        attacker.send(dest, m);
+    }
+    let sent_in = start.elapsed();
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while judged() - before < total {
+        assert!(Instant::now() < deadline, "judged {} of {total}", judged() - before);
+        std::hint::spin_loop();
+    }
+    let judged_in = start.elapsed();
+    let cpu = rail_threads_cpu_ns().saturating_sub(cpu0);
+    sampling.store(false, Ordering::Relaxed);
+    let peak_heap = sampler.join().unwrap();
+    let mib = |b: u64, from: u64| b.saturating_sub(from) as f64 / (1 << 20) as f64;
+    println!(
+        "FLOOD provider={provider} kind={kind} n={total} sent_per_s={:.0} judged_per_s={:.0} \
+         worker_ns_per_msg={:.0} rss_growth_mib={:.1} heap_growth_mib={:.1}",
+        total as f64 / sent_in.as_secs_f64(),
+        total as f64 / judged_in.as_secs_f64(),
+        cpu as f64 / total as f64,
+        mib(peak.load(Ordering::Relaxed), rss0),
+        mib(peak_heap, heap0),
+    );
+}
+
+/// A raw endpoint that takes messages into 64 posted 8 KiB receives and reposts each at
+/// once, on a thread of its own: the least a receiver can do (`flood_cost_by_kind`).
+struct RepostOnly {
+    name: Vec<u8>,
+    received: Arc<AtomicU64>,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl RepostOnly {
+    fn start(provider: &str) -> RepostOnly {
+        let raw = Raw::new(provider);
+        let name = raw.ep.name().unwrap();
+        let received = Arc::new(AtomicU64::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = {
+            let (received, stop) = (received.clone(), stop.clone());
+            std::thread::Builder::new()
+                .name("nixl-fabric-rail-raw".into())
+                .spawn(move || {
+                    const SLOTS: usize = 64;
+                    let buf = raw.ep.alloc_registered(SLOTS * 8192, Access::RECV).unwrap();
+                    let post = |slot: usize| {
+                        let deadline = Instant::now() + WAIT;
+                        raw.ep
+                            .retry(deadline, || {
+                                raw.ep.recv(
+                                    &buf,
+                                    slot * 8192..(slot + 1) * 8192,
+                                    Address::UNSPEC,
+                                    slot as u64,
+                                )
+                            })
+                            .unwrap()
+                    };
+                    (0..SLOTS).for_each(post);
+                    let mut completions = vec![Completion::default(); 64];
+                    while !stop.load(Ordering::Relaxed) {
+                        if let Ok(n) = raw.cq.read(&mut completions) {
+                            for c in &completions[..n] {
+                                post(c.context as usize);
+                            }
+                            received.fetch_add(n as u64, Ordering::Relaxed);
+                        }
+                    }
+                })
+                .unwrap()
+        };
+        RepostOnly {
+            name,
+            received,
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for RepostOnly {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// This process's resident set.
+fn rss_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            let line = s.lines().find(|l| l.starts_with("VmRSS:"))?;
+            line.split_whitespace().nth(1)?.parse::<u64>().ok()
+        })
+        .map_or(0, |kib| kib << 10)
+}
+
+/// Bytes glibc's allocator has handed out and not had back (ours and the provider's).
+fn heap_in_use() -> u64 {
+    // SAFETY: mallinfo2 takes no arguments and returns a plain struct by value.
+    let info = unsafe { libc::mallinfo2() };
+    (info.uordblks + info.hblkhd) as u64
+}
+
+/// Nanoseconds on a CPU of this process's rail threads (`nixl-fabric-rail*`), from the
+/// scheduler's statistics.
+fn rail_threads_cpu_ns() -> u64 {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return 0;
+    };
+    tasks
+        .flatten()
+        .filter(|t| {
+            std::fs::read_to_string(t.path().join("comm"))
+                .is_ok_and(|c| c.starts_with("nixl-fabric-rai"))
+        })
+        .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
+        .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+        .sum()
+}

@@ -201,9 +201,6 @@ pub(super) struct Worker {
         u64,
         peer_copy::trace::TargetStamps,
     )>,
-    /// Messages dropped as malformed (anyone may send them: logged the first time, then
-    /// once in 1024, so that a flood does not become a flood of log lines).
-    malformed: u64,
 }
 
 impl Worker {
@@ -236,7 +233,6 @@ impl Worker {
             foreign_answers: 0,
             #[cfg(feature = "cuda")]
             serving: Vec::new(),
-            malformed: 0,
             rail,
         };
         for slot in 0..NOTIF_SLOTS {
@@ -808,12 +804,13 @@ impl Worker {
     }
 
     /// Counts and logs (the first, then one in 1024) a message that did not decode.
-    fn drop_malformed(&mut self, what: &str, error: &dyn std::fmt::Display) {
-        self.malformed += 1;
-        if self.malformed % 1024 == 1 {
+    fn drop_malformed(&self, what: &str, error: &dyn std::fmt::Display) {
+        let n = self.common.malformed.fetch_add(1, Ordering::Relaxed);
+        // The first, then one in 1024: a flood must not flood the log.
+        if n.is_multiple_of(1024) {
             tracing::warn!(
                 rail = self.index,
-                dropped = self.malformed,
+                dropped = n + 1,
                 error = %error,
                 "malformed {what} dropped (one in 1024 is logged)"
             );
