@@ -1423,11 +1423,7 @@ fn flood_cost_by_kind() {
     // The victim (or the raw receiver) and what tells how many forged messages it judged.
     let receiver = (kind == "repost_only").then(|| RepostOnly::start(&provider));
     let victim_pair = receiver.is_none().then(|| {
-        let (target, t) = victim(
-            "cost-victim",
-            &provider,
-            &[("notif_senders", "loaded")],
-        );
+        let (target, t) = victim("cost-victim", &provider, &[("notif_senders", "loaded")]);
         let (peer, _y) = victim(peer_name, &provider, &[]);
         target
             .load_remote_metadata(&peer.local_metadata().unwrap())
@@ -1519,7 +1515,11 @@ fn flood_cost_by_kind() {
     let sent_in = start.elapsed();
     let deadline = Instant::now() + Duration::from_secs(300);
     while judged() - before < total {
-        assert!(Instant::now() < deadline, "judged {} of {total}", judged() - before);
+        assert!(
+            Instant::now() < deadline,
+            "judged {} of {total}",
+            judged() - before
+        );
         std::hint::spin_loop();
     }
     let judged_in = start.elapsed();

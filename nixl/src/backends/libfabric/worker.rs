@@ -11,9 +11,10 @@ use super::notif_mac::{self, ControlFrame, Sealed};
 use super::peer_copy;
 use super::sources::{Source, STRANGER};
 use super::stage_net::{FabAddr, FabSender};
+use super::xfer::NotifView;
 use super::{
-    decode_notif, fabric_error, failure_of, send_message, staging, Common, Copier, PeerAddrs, Rail,
-    RailOp, XferShared, MAX_OUTSTANDING, NOTIF_SLOT, NOTIF_SLOTS, RECV_CONTEXT, STAGE_CONTEXT,
+    fabric_error, failure_of, send_message, staging, Common, Copier, PeerAddrs, Rail, RailOp,
+    XferShared, MAX_OUTSTANDING, NOTIF_SLOT, NOTIF_SLOTS, RECV_CONTEXT, STAGE_CONTEXT,
 };
 use crate::backend::XferOp;
 use crate::backends::shared::Arrival;
@@ -177,6 +178,10 @@ pub(super) struct Worker {
     next_id: u64,
     outstanding: usize,
     recv_buf: RegisteredBuffer,
+    /// The message being judged, copied out of its receive slot so that the slot is
+    /// posted again before the message is judged (kept from message to message: no
+    /// allocation per message).
+    message: Vec<u8>,
     /// Reused completion buffer.
     completions: Vec<Completion>,
     /// When the remote operation counter is read next.
@@ -223,6 +228,7 @@ impl Worker {
             next_id: 1,
             outstanding: 0,
             recv_buf,
+            message: Vec::with_capacity(NOTIF_SLOT),
             completions: vec![Completion::default(); 64],
             next_counter_check: Instant::now(),
             name: rail.ep.name().map_err(fabric_error)?,
@@ -605,11 +611,27 @@ impl Worker {
         if context & RECV_CONTEXT != 0 {
             let slot = (context & 0xffff) as usize;
             match result {
-                Ok(c) => self.handle_message(slot, c.len, c.src),
-                Err(e) if self.common.stop.load(Ordering::Relaxed) => drop(e),
-                Err(e) => tracing::warn!(error = %e, "notification receive failed"),
+                Ok(c) => {
+                    let mut message = std::mem::take(&mut self.message);
+                    message.clear();
+                    let at = slot * NOTIF_SLOT;
+                    message.extend_from_slice(
+                        &self.recv_buf.as_slice()[at..at + c.len.min(NOTIF_SLOT)],
+                    );
+                    // Posted again before the message is judged: under a flood the
+                    // provider finds a posted receive for what comes next rather than
+                    // keeping it in bounce buffers of its own (`ofi_rxm`: without bound).
+                    self.repost(slot);
+                    self.handle_message(&message, c.src);
+                    self.message = message;
+                }
+                Err(e) => {
+                    if !self.common.stop.load(Ordering::Relaxed) {
+                        tracing::warn!(error = %e, "notification receive failed");
+                    }
+                    self.repost(slot);
+                }
             }
-            self.repost(slot);
             return;
         }
         let id = context & !NOTIF_CONTEXT;
@@ -641,14 +663,11 @@ impl Worker {
         }
     }
 
-    /// A message from `src` (the sender's handle, where the transport named it).
-    fn handle_message(&mut self, slot: usize, len: usize, src: Option<Address>) {
-        let bytes =
-            &self.recv_buf.as_slice()[slot * NOTIF_SLOT..slot * NOTIF_SLOT + len.min(NOTIF_SLOT)];
+    /// A message from `src` (the sender's handle, where the transport named it). Judged
+    /// in place: nothing is allocated for a message that is refused.
+    fn handle_message(&mut self, bytes: &[u8], src: Option<Address>) {
         if bytes.starts_with(notif_mac::CONTROL_MAGIC) {
-            // Copied out of the receive slot: the checks below borrow the worker.
-            let bytes = bytes.to_vec();
-            let Some(frame) = ControlFrame::split(&bytes) else {
+            let Some(frame) = ControlFrame::split(bytes) else {
                 return self.drop_malformed("sealed control message", &"truncated seal");
             };
             if let Some(proof) = self.prove_control(&frame, src) {
@@ -658,7 +677,6 @@ impl Worker {
         }
         if is_control(bytes) {
             // Unsealed: never a loaded peer's (its control messages are all sealed).
-            let bytes = bytes.to_vec();
             if let Some(s) = self.attribute(src) {
                 if !self.common.sources.loaded_process_ended(&s.peer.agent) {
                     return self.refuse_control(format_args!(
@@ -667,25 +685,21 @@ impl Worker {
                     ));
                 }
             }
-            return self.control(&bytes, Proof::Unsealed, src);
+            return self.control(bytes, Proof::Unsealed, src);
         }
-        // A sealed notification ([`notif_mac`]) carries a plain one inside. (Copied out
-        // of the receive slot: small, and the checks below borrow the worker.)
-        let bytes = bytes.to_vec();
+        // A sealed notification ([`notif_mac`]) carries a plain one inside.
         let sealed = if bytes.starts_with(notif_mac::SEALED_MAGIC) {
-            match Sealed::split(&bytes) {
+            match Sealed::split(bytes) {
                 Some(frame) => Some(frame),
                 None => return self.drop_malformed("sealed notification", &"truncated seal"),
             }
         } else {
             None
         };
-        let plain = sealed.map_or(&bytes[..], |frame| frame.inner);
-        match decode_notif(plain) {
-            Ok((key, expected, sender, msg)) => {
-                self.notification(src, sealed.as_ref(), key, expected, sender, msg)
-            }
-            Err(e) => self.drop_malformed("notification", &e),
+        let plain = sealed.map_or(bytes, |frame| frame.inner);
+        match NotifView::parse(plain) {
+            Some(notif) => self.notification(src, sealed.as_ref(), &notif),
+            None => self.drop_malformed("notification", &"malformed notification"),
         }
     }
 
@@ -883,17 +897,20 @@ impl Worker {
         &mut self,
         src: Option<Address>,
         sealed: Option<&Sealed<'_>>,
-        key: u64,
-        expected: u64,
-        sender: String,
-        msg: Vec<u8>,
+        notif: &NotifView<'_>,
     ) {
+        let NotifView {
+            key,
+            expected,
+            sender,
+            msg,
+        } = *notif;
         // A notification naming a loaded peer proves itself with the pair's key: then it
         // is that peer's whatever endpoint the provider names (`shm` misattributes a
         // flood); without the proof it is dropped, never attributed. Only where the
         // loaded incarnation's process ended is it judged as before: its restarted
         // successor seals under a key not loaded yet.
-        if let Some(peer) = self.common.sources.peer(&sender) {
+        if let Some(peer) = self.common.sources.peer(sender) {
             if let Some(opener) = peer.opener() {
                 let proof = match sealed {
                     Some(frame) => opener.open(frame),
@@ -904,13 +921,16 @@ impl Worker {
                         // Where the rail cannot name senders, its data is matched by
                         // key alone: the message must be too.
                         let owner = self.rail.names_senders.then_some(peer.tag);
-                        let arrival = self
-                            .common
-                            .notifs
-                            .message_from(key, owner, expected, sender, msg);
+                        let arrival = self.common.notifs.message_from(
+                            key,
+                            owner,
+                            expected,
+                            sender.to_string(),
+                            msg.to_vec(),
+                        );
                         return self.note_arrival(arrival);
                     }
-                    Err(why) if !self.common.sources.loaded_process_ended(&sender) => {
+                    Err(why) if !self.common.sources.loaded_process_ended(sender) => {
                         self.common.unproven_notifs.fetch_add(1, Ordering::Relaxed);
                         return self.refuse_notif(format_args!(
                             "a notification naming `{sender}` is not its own: {why}"
@@ -943,8 +963,8 @@ impl Worker {
                 // (its restarted incarnation's notifications must not be lost until
                 // this side reloads it).
                 None if sender == self.common.agent_name
-                    || (self.common.sources.is_loaded(&sender)
-                        && !self.common.sources.loaded_process_ended(&sender)) =>
+                    || (self.common.sources.is_loaded(sender)
+                        && !self.common.sources.loaded_process_ended(sender)) =>
                 {
                     return self.refuse_notif(format_args!(
                         "a notification naming `{sender}` comes from none of its endpoints"
@@ -953,10 +973,10 @@ impl Worker {
                 None => Some(STRANGER),
             }
         };
-        let arrival = self
-            .common
-            .notifs
-            .message_from(key, owner, expected, sender, msg);
+        let arrival =
+            self.common
+                .notifs
+                .message_from(key, owner, expected, sender.to_string(), msg.to_vec());
         self.note_arrival(arrival);
     }
 

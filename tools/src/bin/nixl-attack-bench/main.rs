@@ -95,6 +95,11 @@ struct Cli {
     /// Forged notification messages sent to the target's rail
     #[arg(long, value_name = "N", default_value_t = 100_000)]
     notifications: u64,
+    /// The forged messages of the `notifications` phase are sealed rail control
+    /// messages (staging OFFERs) naming strangers, each under a fresh random public key
+    /// (each would cost the target an X25519 key agreement), instead of notifications
+    #[arg(long)]
+    control_frames: bool,
     /// Bytes per legitimate transfer
     #[arg(long, value_name = "BYTES", default_value = "64K",
           value_parser = tools::units::parse_size_usize)]
@@ -253,7 +258,12 @@ fn main() {
     if cli.role.as_deref() == Some("notifier") {
         let provider = cli.provider.first().cloned().unwrap_or_default();
         let rail = cli.rail.as_deref().and_then(from_hex).unwrap_or_default();
-        match attack::forged_notifications(&provider, &rail, cli.notifications) {
+        let forged = if cli.control_frames {
+            attack::forged_control_frames(&provider, &rail, cli.notifications)
+        } else {
+            attack::forged_notifications(&provider, &rail, cli.notifications)
+        };
+        match forged {
             Ok(r) => println!("ATTACK_NOTIFIER sent={} failed={}", r.done, r.failed),
             Err(e) => tools::cli::fail(PROGRAM, e),
         }
@@ -307,24 +317,25 @@ fn notifier_process(
     provider: &str,
     rail: &[u8],
     total: u64,
+    control_frames: bool,
     cpus: Option<&str>,
 ) -> Result<AttackReport, String> {
     let total = total.to_string();
     let rail = to_hex(rail);
-    attacker_process(
-        &[
-            "--role",
-            "notifier",
-            "--provider",
-            provider,
-            "--rail",
-            &rail,
-            "--notifications",
-            &total,
-        ],
-        cpus,
-        "ATTACK_NOTIFIER ",
-    )
+    let mut args = vec![
+        "--role",
+        "notifier",
+        "--provider",
+        provider,
+        "--rail",
+        &rail,
+        "--notifications",
+        &total,
+    ];
+    if control_frames {
+        args.push("--control-frames");
+    }
+    attacker_process(&args, cpus, "ATTACK_NOTIFIER ")
 }
 
 /// Hostile connections from a process of their own (`--role connector`): thousands of
@@ -1045,8 +1056,9 @@ fn run_provider(cli: &Cli, provider: &str, rows: &mut Vec<Row>) -> Result<Vec<St
             let reports = reports.clone();
             let (provider, rail, total) = (provider.to_string(), rail.clone(), cli.notifications);
             let cpus = cli.attacker_cpus.clone();
+            let control_frames = cli.control_frames;
             attackers.push(std::thread::spawn(move || {
-                let r = notifier_process(&provider, &rail, total, cpus.as_deref());
+                let r = notifier_process(&provider, &rail, total, control_frames, cpus.as_deref());
                 reports.lock().push(("notifications", r));
             }));
         }
