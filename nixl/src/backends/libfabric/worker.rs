@@ -229,7 +229,11 @@ impl Worker {
             outstanding: 0,
             recv_buf,
             message: Vec::with_capacity(NOTIF_SLOT),
-            completions: vec![Completion::default(); 64],
+            // More than the receives posted: one read takes every completion that the
+            // provider's progress (inside that read) produced, so that each receive is
+            // posted again before the next read pulls more messages (`ofi_rxm` keeps
+            // those that find no posted receive in bounce buffers, without bound).
+            completions: vec![Completion::default(); 2 * NOTIF_SLOTS],
             next_counter_check: Instant::now(),
             name: rail.ep.name().map_err(fabric_error)?,
             me: ProcessId::current(),
