@@ -1519,7 +1519,7 @@ fn a_mixed_flood_drops_exactly_the_forged_and_delivers_every_genuine_one() {
                 sent_genuine += 1;
             }
         }
-        until(provider, judged_before + total, &judged);
+        until(provider, judged_before + total, judged);
         let deadline = Instant::now() + WAIT;
         while delivered.len() < 1 + sent_genuine {
             assert!(
