@@ -1580,7 +1580,10 @@ fn a_flood_of_control_frames_under_made_up_keys_stays_bounded() {
         print!("{stdout}");
         eprint!("{}", String::from_utf8_lossy(&out.stderr));
         assert!(out.status.success(), "the flood's process: {}", out.status);
-        assert!(stdout.contains("1 passed"), "the flood's process ran no test");
+        assert!(
+            stdout.contains("1 passed"),
+            "the flood's process ran no test"
+        );
         return;
     }
     let (target, t) = victim("keyflood-victim", "tcp;ofi_rxm", &[]);

@@ -96,6 +96,10 @@ fn is_control(bytes: &[u8]) -> bool {
 const NOTIF_CONTEXT: u64 = 1 << 61;
 /// Handles a worker keeps attributed (an AV holds at most a few hundred).
 const MAX_SOURCES_SEEN: usize = 4096;
+/// Refusals of requests no seal proved (READ assists, direct copies) a worker keeps
+/// queued while its endpoint is busy; more are dropped (their senders are no loaded
+/// peers: a refusal only spares them a timeout).
+const MAX_QUEUED_REFUSALS: usize = 1024;
 /// How often a worker with nothing else to do reads the remote operation counter.
 const COUNTER_CHECK_INTERVAL: Duration = Duration::from_micros(100);
 
@@ -191,6 +195,12 @@ pub(super) struct Worker {
     me: Option<ProcessId>,
     /// Answers to peers' assist requests not yet sent (the endpoint was busy).
     replies: VecDeque<(FabAddr, Vec<u8>)>,
+    /// A send of `replies` found the endpoint busy in this round: no more tries until
+    /// the next (each try that finds it busy progresses the provider, which takes in
+    /// more messages without this worker reading them).
+    replies_blocked: bool,
+    /// Answers to unproven requesters dropped for [`MAX_QUEUED_REFUSALS`].
+    dropped_refusals: u64,
     /// Senders' handles on this rail, attributed (module `sources`), as of
     /// `sources_generation`.
     sources_seen: HashMap<Address, Option<Arc<Source>>>,
@@ -238,6 +248,8 @@ impl Worker {
             name: rail.ep.name().map_err(fabric_error)?,
             me: ProcessId::current(),
             replies: VecDeque::new(),
+            replies_blocked: false,
+            dropped_refusals: 0,
             sources_seen: HashMap::new(),
             sources_generation: u64::MAX,
             foreign_answers: 0,
@@ -279,6 +291,7 @@ impl Worker {
     fn round(&mut self) -> bool {
         let mut completions = std::mem::take(&mut self.completions);
         let mut busy = self.accept_jobs();
+        self.replies_blocked = false;
         if !self.replies.is_empty() {
             busy |= self.send_replies();
         }
@@ -1091,6 +1104,19 @@ impl Worker {
         message: Vec<u8>,
         what: &str,
     ) {
+        // A refusal for a requester no seal proved: a flood of requests whose senders do
+        // not take their answers must not grow the queue without bound.
+        if answer_to.is_none() && self.replies.len() >= MAX_QUEUED_REFUSALS {
+            self.dropped_refusals += 1;
+            if self.dropped_refusals % 1024 == 1 {
+                tracing::warn!(
+                    rail = self.index,
+                    dropped = self.dropped_refusals,
+                    "{what} refusal not sent: {MAX_QUEUED_REFUSALS} answers wait already"
+                );
+            }
+            return;
+        }
         let dest = match answer_to {
             Some(dest) => Ok(dest),
             None => self.common.stager.net.resolve(self.index, reply_to, sender),
@@ -1098,7 +1124,9 @@ impl Worker {
         match dest {
             Ok(dest) => {
                 self.replies.push_back((dest, message));
-                self.send_replies();
+                if !self.replies_blocked {
+                    self.send_replies();
+                }
             }
             Err(f) => tracing::warn!(
                 error = %f.text,
@@ -1116,7 +1144,10 @@ impl Worker {
             let sealed = dest.seal(message);
             match self.rail.ep.inject(&sealed, dest.address()) {
                 Ok(()) => sent = true,
-                Err(fabric::Error::WouldBlock { .. }) => break,
+                Err(fabric::Error::WouldBlock { .. }) => {
+                    self.replies_blocked = true;
+                    break;
+                }
                 Err(e) => tracing::warn!(error = %e, "a READ assist's answer was not sent"),
             }
             self.replies.pop_front();
