@@ -31,9 +31,12 @@
 //! target under the initiator's name exits 1; a missed goal does too with `--strict`.
 //!
 //! Every process of a run uses `FI_OFI_RXM_BUFFER_SIZE=512` unless the environment or
-//! `--rxm-buffer-size` says otherwise (set in the target alone, it stalled a WRITE): with the provider's 16 KiB, `ofi_rxm` kept every
-//! forged message the rail worker had not taken yet in a 16 KiB bounce buffer (hundreds
-//! of MiB under 100,000 of them; docs/BENCHMARKS.md).
+//! `--rxm-buffer-size` says otherwise (set in the target alone, it stalled a WRITE): with
+//! the provider's 16 KiB, `ofi_rxm` kept forged messages in 16 KiB bounce buffers (hundreds
+//! of MiB under 100,000 of them) until the rail worker's completion reads took in as many
+//! entries as one progress call lets in (docs/BENCHMARKS.md, session 7); `--rxm-buffer-size
+//! 0` checks that bound at the provider's default, and the default stays 512 so that runs
+//! compare with earlier ones.
 //!
 //! The connector and the notifier run as processes of their own (this binary in an
 //! attacker's role; the junk senders are threads of the harness): the connector raises
@@ -124,10 +127,10 @@ struct Cli {
     backend_param: Vec<(String, String)>,
     /// `FI_OFI_RXM_BUFFER_SIZE` of every process of the run where the environment does
     /// not set it (0: the provider's default, 16 KiB). `ofi_rxm` holds every message that
-    /// finds no posted receive in a bounce buffer of this size, without limit: under a
-    /// flood of small messages the target's memory grows by this much per message it has
-    /// not taken yet; larger messages then go by rendezvous, which leaves their bytes at
-    /// the sender. All processes of a job should use the same size
+    /// finds no posted receive in a bounce buffer of this size, without limit (a receiver
+    /// that reads fewer completions per read than one progress call lets in grows by
+    /// this much per message); larger messages go by rendezvous, which leaves their bytes
+    /// at the sender. All processes of a job should use the same size
     #[arg(long, value_name = "BYTES", default_value_t = 512)]
     rxm_buffer_size: usize,
     /// Exit 1 when a goal is missed (p99 within 2x, RSS growth under 64 MiB, probes)
