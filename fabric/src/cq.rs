@@ -139,6 +139,15 @@ impl Progressed for CqInner {
     }
 }
 
+/// Most entries one read takes from the provider (one `fi_cq_read`, whose call also
+/// progresses the provider once). A reader that asks for many must get many: `ofi_rxm`
+/// takes up to 32 incoming messages off its connections per progress call, and a
+/// message that finds no posted receive waits in a bounce buffer of its own, without
+/// bound; a reader taking fewer entries per call than that (16 before) let a flood of
+/// small messages grow those buffers by the difference on every call
+/// (`docs/BENCHMARKS.md`, "load under attack").
+const READ_BATCH: usize = 128;
+
 impl CqInner {
     pub(crate) fn register(&self, user_context: u64, keepalive: Arc<dyn Any + Send + Sync>) -> u64 {
         let id = INTERNAL_CONTEXT | self.next_internal.fetch_add(1, Ordering::Relaxed);
@@ -180,8 +189,9 @@ impl CqInner {
     fn read_raw(&self, out: &mut [Completion]) -> Result<usize> {
         macro_rules! read_as {
             ($ty:ty, |$e:ident| $conv:expr) => {{
-                let mut buf: [MaybeUninit<$ty>; 16] = [const { MaybeUninit::uninit() }; 16];
-                let mut from = [ffi::FI_ADDR_NOTAVAIL; 16];
+                let mut buf: [MaybeUninit<$ty>; READ_BATCH] =
+                    [const { MaybeUninit::uninit() }; READ_BATCH];
+                let mut from = [ffi::FI_ADDR_NOTAVAIL; READ_BATCH];
                 let n = out.len().min(buf.len());
                 let ret = if self.source {
                     // SAFETY: buf has room for n entries of the queue's format, `from` for

@@ -529,6 +529,8 @@ struct Common {
     /// one naming or coming from a loaded peer without its proof (forged, replayed or
     /// unsealed), or a channel's that does not open ([`notif_mac`]).
     unproven_controls: AtomicU64,
+    /// Rail messages dropped as malformed (anyone may send them).
+    malformed: AtomicU64,
     /// Pair keys with senders of sealed control messages this side has not loaded.
     channels: notif_mac::Channels,
     /// The VRAM staging pipeline (idle and costless until something is staged).
@@ -883,6 +885,7 @@ fn open(init: &BackendInit) -> Result<LibfabricBackend> {
         refused_notifs: AtomicU64::new(0),
         unproven_notifs: AtomicU64::new(0),
         unproven_controls: AtomicU64::new(0),
+        malformed: AtomicU64::new(0),
         channels: notif_mac::Channels::new(Arc::new(Identity::generate()?), &init.agent_name),
         stager,
         peers: RwLock::default(),

@@ -86,7 +86,7 @@ use sha2::Sha256;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use x25519_dalek::{PublicKey, StaticSecret};
 
 type HmacSha256 = Hmac<Sha256>;
@@ -110,6 +110,12 @@ const CONN_VERSION: u8 = 3;
 pub(super) const CONN_WIRE_SIZE: usize = 4 + 1 + 32;
 /// Sequence numbers behind the highest accepted one that are still accepted once.
 pub(super) const REPLAY_WINDOW: u64 = 4096;
+/// How far beyond the highest accepted sequence number a frame may go: a sender's
+/// sequence grows by one per frame, and a new sender key of the same backend starts at
+/// the nanoseconds since that backend opened, so no genuine frame jumps 2^56 (over two
+/// years of nanoseconds). A made-up sequence number (random, most of a forged flood) is
+/// then refused without its tag being computed.
+pub(super) const MAX_SEQ_JUMP: u64 = 1 << 56;
 /// Domain separation of the derived keys.
 const KDF_LABEL: &[u8] = b"nixl libfabric notification mac v1";
 
@@ -266,6 +272,12 @@ pub(super) enum Refusal {
     Unsealed,
     /// It names an unloaded sender while [`MAX_CHANNELS`] channels with others are open.
     NoRoom,
+    /// It names an unloaded sender under a public key this side has no pair key for yet,
+    /// while the key agreements for such keys are over their budget ([`Channels`]).
+    Busy,
+    /// Its sequence number lies further beyond the highest accepted one than any sender
+    /// of that key can have gone ([`MAX_SEQ_JUMP`]): refused before its tag is checked.
+    Ahead,
 }
 
 impl std::fmt::Display for Refusal {
@@ -275,14 +287,19 @@ impl std::fmt::Display for Refusal {
             Refusal::Replayed => "its sequence number was seen before (a replay)",
             Refusal::Unsealed => "it is not sealed",
             Refusal::NoRoom => "too many unloaded senders have channels open",
+            Refusal::Busy => "too many new keys at once (key agreements over their budget)",
+            Refusal::Ahead => "its sequence number is beyond any its sender can have reached",
         })
     }
 }
 
 impl Opener {
-    /// Checks a sealed frame's tag, then its sequence number against replays (only a
-    /// frame whose tag verifies moves the window).
+    /// Checks a sealed frame's sequence number against the window (a replay, or one no
+    /// sender of this key can have reached, is refused without computing its tag), then
+    /// its tag, then takes its sequence number (only a frame whose tag verifies moves
+    /// the window).
     pub(super) fn open(&self, frame: &Sealed<'_>) -> std::result::Result<(), Refusal> {
+        self.window.lock().precheck(frame.seq)?;
         let mut mac = self.mac.clone();
         mac.update(&frame.seq.to_le_bytes());
         mac.update(frame.inner);
@@ -413,17 +430,40 @@ impl<'a> ControlFrame<'a> {
 /// frames (with a replay window of its own) and seals the answers to it.
 ///
 /// Bounded: at most [`MAX_CHANNELS`] at once, each kept only once a frame opened under
-/// it (junk under made-up keys costs a key agreement, about the price of one staged
-/// chunk's control messages, and no room). A new one beyond that first drops the channels
-/// of names loaded since (their frames go through the loaded peer's key now); if none can
-/// go, the frame is refused. Never evicting a channel that may still be in use keeps its
-/// replay window: a recorded frame of an evicted channel would open again under a fresh
-/// one. (A same-user process that makes that many key pairs of its own can so keep
-/// senders this side has not loaded from being served; loading them is the remedy.)
+/// it. A new one beyond that first drops the channels of names loaded since (their frames
+/// go through the loaded peer's key now); if none can go, the frame is refused. Never
+/// evicting a channel that may still be in use keeps its replay window: a recorded frame
+/// of an evicted channel would open again under a fresh one. (A same-user process that
+/// makes that many key pairs of its own can so keep senders this side has not loaded
+/// from being served; loading them is the remedy.)
+///
+/// Junk costs little: the pair key of a sender whose frame did not open is kept among
+/// [`MAX_UNPROVEN`] others (more junk under that key costs an HMAC, not another key
+/// agreement), and key agreements for keys not seen yet are paced ([`AGREEMENT_BURST`],
+/// [`AGREEMENTS_PER_SEC`]): a flood of frames under made-up keys, each of which would
+/// cost an X25519 (tens of microseconds, `docs/BENCHMARKS.md`), is refused beyond that
+/// pace ([`Refusal::Busy`]) at the cost of a table lookup, so that the rail worker keeps
+/// taking messages as fast as they come. The price: while such a flood lasts, the first
+/// frame of an unloaded sender with a new key may be refused too (a sender this side
+/// loaded is never affected: its frames open under the loaded key).
 pub(super) struct Channels {
     identity: Arc<Identity>,
     me: String,
-    table: Mutex<HashMap<ChannelKey, Arc<Channel>>>,
+    table: Mutex<ChannelTable>,
+    /// Key agreements made (tests: a junk frame under a known key costs none).
+    agreements: AtomicU64,
+}
+
+#[derive(Default)]
+struct ChannelTable {
+    /// Channels under which a frame opened.
+    open: HashMap<ChannelKey, Arc<Channel>>,
+    /// Pair keys of senders none of whose frames opened yet (`None`: a public key that
+    /// yields no shared secret).
+    unproven: HashMap<ChannelKey, Option<Arc<Channel>>>,
+    /// Key agreements left in the burst, and when the last one was earned.
+    tokens: u32,
+    earned_at: Option<Instant>,
 }
 
 /// A channel's sender: its agent name (bytes, as sent) and public key.
@@ -431,6 +471,13 @@ type ChannelKey = (Box<[u8]>, [u8; 32]);
 
 /// Most channels with unloaded senders kept at once.
 pub(super) const MAX_CHANNELS: usize = 1024;
+/// Most pair keys kept for senders none of whose frames opened (then they are forgotten
+/// all at once: a sender that is real opens its channel with its first frame).
+pub(super) const MAX_UNPROVEN: usize = 256;
+/// Key agreements with new keys allowed at once...
+pub(super) const AGREEMENT_BURST: u32 = 64;
+/// ...and on average per second after that: at most a few percent of a core.
+pub(super) const AGREEMENTS_PER_SEC: u32 = 1000;
 
 /// The keys between this side and one unloaded sender.
 #[derive(Debug)]
@@ -442,8 +489,39 @@ pub(super) struct Channel {
 impl std::fmt::Debug for Channels {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Channels")
-            .field("open", &self.table.lock().len())
+            .field("open", &self.table.lock().open.len())
             .finish_non_exhaustive()
+    }
+}
+
+impl ChannelTable {
+    /// Takes one key agreement of the budget at `now` (false: over the budget).
+    fn take_agreement(&mut self, now: Instant) -> bool {
+        let every = Duration::from_secs(1) / AGREEMENTS_PER_SEC;
+        match self.earned_at {
+            None => {
+                self.tokens = AGREEMENT_BURST;
+                self.earned_at = Some(now);
+            }
+            Some(at) => {
+                let earned = now.saturating_duration_since(at).as_nanos() / every.as_nanos();
+                if earned > 0 {
+                    let earned = u32::try_from(earned).unwrap_or(u32::MAX);
+                    self.tokens = self.tokens.saturating_add(earned).min(AGREEMENT_BURST);
+                    // A full bucket earns nothing more; otherwise the fraction carries.
+                    self.earned_at = Some(if self.tokens == AGREEMENT_BURST {
+                        now
+                    } else {
+                        at + every * earned
+                    });
+                }
+            }
+        }
+        if self.tokens == 0 {
+            return false;
+        }
+        self.tokens -= 1;
+        true
     }
 }
 
@@ -453,12 +531,19 @@ impl Channels {
             identity,
             me: me.to_string(),
             table: Mutex::default(),
+            agreements: AtomicU64::new(0),
         }
     }
 
     /// This backend's key pair.
     pub(super) fn identity(&self) -> &Arc<Identity> {
         &self.identity
+    }
+
+    /// Key agreements made so far.
+    #[cfg(test)]
+    pub(super) fn agreements(&self) -> u64 {
+        self.agreements.load(Ordering::Relaxed)
     }
 
     /// The channel with the sender of `frame` (made on first use), and the frame opened
@@ -469,31 +554,61 @@ impl Channels {
         frame: &ControlFrame<'_>,
         is_loaded: impl Fn(&str) -> bool,
     ) -> std::result::Result<Arc<Channel>, Refusal> {
+        self.open_at(frame, is_loaded, Instant::now())
+    }
+
+    /// [`open`](Self::open) at `now` (the agreement budget's clock).
+    pub(super) fn open_at(
+        &self,
+        frame: &ControlFrame<'_>,
+        is_loaded: impl Fn(&str) -> bool,
+        now: Instant,
+    ) -> std::result::Result<Arc<Channel>, Refusal> {
         let sender = std::str::from_utf8(frame.sender).map_err(|_| Refusal::BadTag)?;
         let key = (Box::<[u8]>::from(frame.sender), frame.public);
         let mut table = self.table.lock();
-        if let Some(channel) = table.get(&key).cloned() {
+        if let Some(channel) = table.open.get(&key).cloned() {
             drop(table);
             channel.opener.open(&frame.sealed)?;
             return Ok(channel);
         }
-        if table.len() >= MAX_CHANNELS {
-            table.retain(|(name, _), _| !std::str::from_utf8(name).is_ok_and(&is_loaded));
-            if table.len() >= MAX_CHANNELS {
+        if table.open.len() >= MAX_CHANNELS {
+            table
+                .open
+                .retain(|(name, _), _| !std::str::from_utf8(name).is_ok_and(&is_loaded));
+            if table.open.len() >= MAX_CHANNELS {
                 return Err(Refusal::NoRoom);
             }
         }
-        let (sealer, opener) = self
-            .identity
-            .pair(&self.me, sender, &frame.public)
-            .map_err(|_| Refusal::BadTag)?;
+        let channel = match table.unproven.get(&key) {
+            Some(None) => return Err(Refusal::BadTag),
+            Some(Some(channel)) => channel.clone(),
+            None => {
+                if !table.take_agreement(now) {
+                    return Err(Refusal::Busy);
+                }
+                self.agreements.fetch_add(1, Ordering::Relaxed);
+                let channel = self
+                    .identity
+                    .pair(&self.me, sender, &frame.public)
+                    .ok()
+                    .map(|(sealer, opener)| {
+                        Arc::new(Channel {
+                            sealer: Arc::new(sealer),
+                            opener,
+                        })
+                    });
+                if table.unproven.len() >= MAX_UNPROVEN {
+                    table.unproven.clear();
+                }
+                table.unproven.insert(key.clone(), channel.clone());
+                channel.ok_or(Refusal::BadTag)?
+            }
+        };
         // Kept only once a frame opened under it: junk under made-up keys takes no room.
-        opener.open(&frame.sealed)?;
-        let channel = Arc::new(Channel {
-            sealer: Arc::new(sealer),
-            opener,
-        });
-        table.insert(key, channel.clone());
+        channel.opener.open(&frame.sealed)?;
+        table.unproven.remove(&key);
+        table.open.insert(key, channel.clone());
         Ok(channel)
     }
 }
@@ -508,6 +623,29 @@ struct ReplayWindow {
 
 impl ReplayWindow {
     const WORDS: usize = (REPLAY_WINDOW / 64) as usize;
+
+    /// Refuses, without marking anything, a sequence number [`accept`](Self::accept)
+    /// would refuse, and one more than [`MAX_SEQ_JUMP`] beyond the highest accepted.
+    fn precheck(&self, seq: u64) -> std::result::Result<(), Refusal> {
+        if seq == 0 {
+            return Err(Refusal::Replayed);
+        }
+        if self.highest > 0 && seq > self.highest.saturating_add(MAX_SEQ_JUMP) {
+            return Err(Refusal::Ahead);
+        }
+        if seq > self.highest {
+            return Ok(());
+        }
+        let back = self.highest - seq;
+        if back >= REPLAY_WINDOW {
+            return Err(Refusal::Replayed);
+        }
+        let (word, bit) = ((back / 64) as usize, back % 64);
+        match self.seen.get(word) {
+            Some(w) if w & (1 << bit) != 0 => Err(Refusal::Replayed),
+            _ => Ok(()),
+        }
+    }
 
     /// Whether `seq` is new (then it is marked seen). Sequence 0 is never a sender's.
     fn accept(&mut self, seq: u64) -> bool {
@@ -643,8 +781,8 @@ pub fn fuzz_sealed_notif(input: &[u8]) -> bool {
 #[doc(hidden)]
 pub fn fuzz_sealed_control(input: &[u8]) -> bool {
     use std::sync::OnceLock;
-    /// The pair, and `b`'s channels: one for fuzzed frames (full after
-    /// [`MAX_CHANNELS`] keys: then refused without a Diffie-Hellman, which keeps the
+    /// The pair, and `b`'s channels: one for fuzzed frames (past [`AGREEMENT_BURST`]
+    /// new keys, paced: most are then refused without a Diffie-Hellman, which keeps the
     /// fuzzer fast) and one for `a`'s seals (one channel, whose window takes each fresh
     /// sequence number once).
     type Keys = (Sealer, Opener, Opener, Channels, Channels);

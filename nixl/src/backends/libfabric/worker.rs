@@ -13,9 +13,10 @@ use super::notif_mac::{self, ControlFrame, Sealed};
 use super::peer_copy;
 use super::sources::{Source, STRANGER};
 use super::stage_net::{FabAddr, FabSender};
+use super::xfer::NotifView;
 use super::{
-    decode_notif, fabric_error, failure_of, send_message, staging, Common, Copier, PeerAddrs, Rail,
-    RailOp, XferShared, MAX_OUTSTANDING, NOTIF_SLOT, NOTIF_SLOTS, RECV_CONTEXT, STAGE_CONTEXT,
+    fabric_error, failure_of, send_message, staging, Common, Copier, PeerAddrs, Rail, RailOp,
+    XferShared, MAX_OUTSTANDING, NOTIF_SLOT, NOTIF_SLOTS, RECV_CONTEXT, STAGE_CONTEXT,
 };
 use crate::backend::XferOp;
 use crate::backends::shared::Arrival;
@@ -97,6 +98,10 @@ fn is_control(bytes: &[u8]) -> bool {
 const NOTIF_CONTEXT: u64 = 1 << 61;
 /// Handles a worker keeps attributed (an AV holds at most a few hundred).
 const MAX_SOURCES_SEEN: usize = 4096;
+/// Refusals of requests no seal proved (READ assists, direct copies) a worker keeps
+/// queued while its endpoint is busy; more are dropped (their senders are no loaded
+/// peers: a refusal only spares them a timeout).
+const MAX_QUEUED_REFUSALS: usize = 1024;
 /// How often a worker with nothing else to do reads the remote operation counter.
 const COUNTER_CHECK_INTERVAL: Duration = Duration::from_micros(100);
 
@@ -179,6 +184,10 @@ pub(super) struct Worker {
     next_id: u64,
     outstanding: usize,
     recv_buf: RegisteredBuffer,
+    /// The message being judged, copied out of its receive slot so that the slot is
+    /// posted again before the message is judged (kept from message to message: no
+    /// allocation per message).
+    message: Vec<u8>,
     /// Reused completion buffer.
     completions: Vec<Completion>,
     /// When the remote operation counter is read next.
@@ -188,6 +197,12 @@ pub(super) struct Worker {
     me: Option<ProcessId>,
     /// Answers to peers' assist requests not yet sent (the endpoint was busy).
     replies: VecDeque<(FabAddr, Vec<u8>)>,
+    /// A send of `replies` found the endpoint busy in this round: no more tries until
+    /// the next (each try that finds it busy progresses the provider, which takes in
+    /// more messages without this worker reading them).
+    replies_blocked: bool,
+    /// Answers to unproven requesters dropped for [`MAX_QUEUED_REFUSALS`].
+    dropped_refusals: u64,
     /// Senders' handles on this rail, attributed (module `sources`), as of
     /// `sources_generation`.
     sources_seen: HashMap<Address, Option<Arc<Source>>>,
@@ -211,9 +226,6 @@ pub(super) struct Worker {
     lanes_generation: u64,
     #[cfg(feature = "cuda")]
     lane_buf: Vec<u8>,
-    /// Messages dropped as malformed (anyone may send them: logged the first time, then
-    /// once in 1024, so that a flood does not become a flood of log lines).
-    malformed: u64,
 }
 
 impl Worker {
@@ -236,11 +248,18 @@ impl Worker {
             next_id: 1,
             outstanding: 0,
             recv_buf,
-            completions: vec![Completion::default(); 64],
+            message: Vec::with_capacity(NOTIF_SLOT),
+            // More than the receives posted: one read takes every completion that the
+            // provider's progress (inside that read) produced, so that each receive is
+            // posted again before the next read pulls more messages (`ofi_rxm` keeps
+            // those that find no posted receive in bounce buffers, without bound).
+            completions: vec![Completion::default(); 2 * NOTIF_SLOTS],
             next_counter_check: Instant::now(),
             name: rail.ep.name().map_err(fabric_error)?,
             me: ProcessId::current(),
             replies: VecDeque::new(),
+            replies_blocked: false,
+            dropped_refusals: 0,
             sources_seen: HashMap::new(),
             sources_generation: u64::MAX,
             foreign_answers: 0,
@@ -252,7 +271,6 @@ impl Worker {
             lanes_generation: 0,
             #[cfg(feature = "cuda")]
             lane_buf: Vec::new(),
-            malformed: 0,
             rail,
         };
         for slot in 0..NOTIF_SLOTS {
@@ -289,6 +307,7 @@ impl Worker {
     fn round(&mut self) -> bool {
         let mut completions = std::mem::take(&mut self.completions);
         let mut busy = self.accept_jobs();
+        self.replies_blocked = false;
         if !self.replies.is_empty() {
             busy |= self.send_replies();
         }
@@ -640,11 +659,27 @@ impl Worker {
         if context & RECV_CONTEXT != 0 {
             let slot = (context & 0xffff) as usize;
             match result {
-                Ok(c) => self.handle_message(slot, c.len, c.src),
-                Err(e) if self.common.stop.load(Ordering::Relaxed) => drop(e),
-                Err(e) => tracing::warn!(error = %e, "notification receive failed"),
+                Ok(c) => {
+                    let mut message = std::mem::take(&mut self.message);
+                    message.clear();
+                    let at = slot * NOTIF_SLOT;
+                    message.extend_from_slice(
+                        &self.recv_buf.as_slice()[at..at + c.len.min(NOTIF_SLOT)],
+                    );
+                    // Posted again before the message is judged: under a flood the
+                    // provider finds a posted receive for what comes next rather than
+                    // keeping it in bounce buffers of its own (`ofi_rxm`: without bound).
+                    self.repost(slot);
+                    self.handle_message(&message, c.src);
+                    self.message = message;
+                }
+                Err(e) => {
+                    if !self.common.stop.load(Ordering::Relaxed) {
+                        tracing::warn!(error = %e, "notification receive failed");
+                    }
+                    self.repost(slot);
+                }
             }
-            self.repost(slot);
             return;
         }
         let id = context & !NOTIF_CONTEXT;
@@ -676,14 +711,11 @@ impl Worker {
         }
     }
 
-    /// A message from `src` (the sender's handle, where the transport named it).
-    fn handle_message(&mut self, slot: usize, len: usize, src: Option<Address>) {
-        let bytes =
-            &self.recv_buf.as_slice()[slot * NOTIF_SLOT..slot * NOTIF_SLOT + len.min(NOTIF_SLOT)];
+    /// A message from `src` (the sender's handle, where the transport named it). Judged
+    /// in place: nothing is allocated for a message that is refused.
+    fn handle_message(&mut self, bytes: &[u8], src: Option<Address>) {
         if bytes.starts_with(notif_mac::CONTROL_MAGIC) {
-            // Copied out of the receive slot: the checks below borrow the worker.
-            let bytes = bytes.to_vec();
-            let Some(frame) = ControlFrame::split(&bytes) else {
+            let Some(frame) = ControlFrame::split(bytes) else {
                 return self.drop_malformed("sealed control message", &"truncated seal");
             };
             if let Some(proof) = self.prove_control(&frame, src) {
@@ -693,7 +725,6 @@ impl Worker {
         }
         if is_control(bytes) {
             // Unsealed: never a loaded peer's (its control messages are all sealed).
-            let bytes = bytes.to_vec();
             if let Some(s) = self.attribute(src) {
                 if !self.common.sources.loaded_process_ended(&s.peer.agent) {
                     return self.refuse_control(format_args!(
@@ -702,25 +733,21 @@ impl Worker {
                     ));
                 }
             }
-            return self.control(&bytes, Proof::Unsealed, src);
+            return self.control(bytes, Proof::Unsealed, src);
         }
-        // A sealed notification ([`notif_mac`]) carries a plain one inside. (Copied out
-        // of the receive slot: small, and the checks below borrow the worker.)
-        let bytes = bytes.to_vec();
+        // A sealed notification ([`notif_mac`]) carries a plain one inside.
         let sealed = if bytes.starts_with(notif_mac::SEALED_MAGIC) {
-            match Sealed::split(&bytes) {
+            match Sealed::split(bytes) {
                 Some(frame) => Some(frame),
                 None => return self.drop_malformed("sealed notification", &"truncated seal"),
             }
         } else {
             None
         };
-        let plain = sealed.map_or(&bytes[..], |frame| frame.inner);
-        match decode_notif(plain) {
-            Ok((key, expected, sender, msg)) => {
-                self.notification(src, sealed.as_ref(), key, expected, sender, msg)
-            }
-            Err(e) => self.drop_malformed("notification", &e),
+        let plain = sealed.map_or(bytes, |frame| frame.inner);
+        match NotifView::parse(plain) {
+            Some(notif) => self.notification(src, sealed.as_ref(), &notif),
+            None => self.drop_malformed("notification", &"malformed notification"),
         }
     }
 
@@ -842,12 +869,13 @@ impl Worker {
     }
 
     /// Counts and logs (the first, then one in 1024) a message that did not decode.
-    fn drop_malformed(&mut self, what: &str, error: &dyn std::fmt::Display) {
-        self.malformed += 1;
-        if self.malformed % 1024 == 1 {
+    fn drop_malformed(&self, what: &str, error: &dyn std::fmt::Display) {
+        let n = self.common.malformed.fetch_add(1, Ordering::Relaxed);
+        // The first, then one in 1024: a flood must not flood the log.
+        if n.is_multiple_of(1024) {
             tracing::warn!(
                 rail = self.index,
-                dropped = self.malformed,
+                dropped = n + 1,
                 error = %error,
                 "malformed {what} dropped (one in 1024 is logged)"
             );
@@ -920,17 +948,20 @@ impl Worker {
         &mut self,
         src: Option<Address>,
         sealed: Option<&Sealed<'_>>,
-        key: u64,
-        expected: u64,
-        sender: String,
-        msg: Vec<u8>,
+        notif: &NotifView<'_>,
     ) {
+        let NotifView {
+            key,
+            expected,
+            sender,
+            msg,
+        } = *notif;
         // A notification naming a loaded peer proves itself with the pair's key: then it
         // is that peer's whatever endpoint the provider names (`shm` misattributes a
         // flood); without the proof it is dropped, never attributed. Only where the
         // loaded incarnation's process ended is it judged as before: its restarted
         // successor seals under a key not loaded yet.
-        if let Some(peer) = self.common.sources.peer(&sender) {
+        if let Some(peer) = self.common.sources.peer(sender) {
             if let Some(opener) = peer.opener() {
                 let proof = match sealed {
                     Some(frame) => opener.open(frame),
@@ -941,13 +972,16 @@ impl Worker {
                         // Where the rail cannot name senders, its data is matched by
                         // key alone: the message must be too.
                         let owner = self.rail.names_senders.then_some(peer.tag);
-                        let arrival = self
-                            .common
-                            .notifs
-                            .message_from(key, owner, expected, sender, msg);
+                        let arrival = self.common.notifs.message_from(
+                            key,
+                            owner,
+                            expected,
+                            sender.to_string(),
+                            msg.to_vec(),
+                        );
                         return self.note_arrival(arrival);
                     }
-                    Err(why) if !self.common.sources.loaded_process_ended(&sender) => {
+                    Err(why) if !self.common.sources.loaded_process_ended(sender) => {
                         self.common.unproven_notifs.fetch_add(1, Ordering::Relaxed);
                         return self.refuse_notif(format_args!(
                             "a notification naming `{sender}` is not its own: {why}"
@@ -980,8 +1014,8 @@ impl Worker {
                 // (its restarted incarnation's notifications must not be lost until
                 // this side reloads it).
                 None if sender == self.common.agent_name
-                    || (self.common.sources.is_loaded(&sender)
-                        && !self.common.sources.loaded_process_ended(&sender)) =>
+                    || (self.common.sources.is_loaded(sender)
+                        && !self.common.sources.loaded_process_ended(sender)) =>
                 {
                     return self.refuse_notif(format_args!(
                         "a notification naming `{sender}` comes from none of its endpoints"
@@ -990,10 +1024,10 @@ impl Worker {
                 None => Some(STRANGER),
             }
         };
-        let arrival = self
-            .common
-            .notifs
-            .message_from(key, owner, expected, sender, msg);
+        let arrival =
+            self.common
+                .notifs
+                .message_from(key, owner, expected, sender.to_string(), msg.to_vec());
         self.note_arrival(arrival);
     }
 
@@ -1104,6 +1138,19 @@ impl Worker {
         message: Vec<u8>,
         what: &str,
     ) {
+        // A refusal for a requester no seal proved: a flood of requests whose senders do
+        // not take their answers must not grow the queue without bound.
+        if answer_to.is_none() && self.replies.len() >= MAX_QUEUED_REFUSALS {
+            self.dropped_refusals += 1;
+            if self.dropped_refusals % 1024 == 1 {
+                tracing::warn!(
+                    rail = self.index,
+                    dropped = self.dropped_refusals,
+                    "{what} refusal not sent: {MAX_QUEUED_REFUSALS} answers wait already"
+                );
+            }
+            return;
+        }
         let dest = match answer_to {
             Some(dest) => Ok(dest),
             None => self.common.stager.net.resolve(self.index, reply_to, sender),
@@ -1111,7 +1158,9 @@ impl Worker {
         match dest {
             Ok(dest) => {
                 self.replies.push_back((dest, message));
-                self.send_replies();
+                if !self.replies_blocked {
+                    self.send_replies();
+                }
             }
             Err(f) => tracing::warn!(
                 error = %f.text,
@@ -1129,7 +1178,10 @@ impl Worker {
             let sealed = dest.seal(message);
             match self.rail.ep.inject(&sealed, dest.address()) {
                 Ok(()) => sent = true,
-                Err(fabric::Error::WouldBlock { .. }) => break,
+                Err(fabric::Error::WouldBlock { .. }) => {
+                    self.replies_blocked = true;
+                    break;
+                }
                 Err(e) => tracing::warn!(error = %e, "a READ assist's answer was not sent"),
             }
             self.replies.pop_front();

@@ -671,29 +671,48 @@ pub(super) fn encode_notif(sender: &str, key: u64, expected: u64, msg: &[u8]) ->
 /// A notification message: (key, expected data completions, the name it gives its
 /// sender, the message); bounded against hostile input.
 pub(super) fn decode_notif(b: &[u8]) -> Result<(u64, u64, String, Vec<u8>)> {
-    let bad = || Error::MalformedMetadata("malformed notification".into());
-    let take =
-        |b: &[u8], at: usize, n: usize| b.get(at..at + n).ok_or_else(bad).map(<[u8]>::to_vec);
-    if take(b, 0, 4)? != NOTIF_MAGIC {
-        return Err(bad());
-    }
-    let low = u32::from_le_bytes(take(b, 4, 4)?.try_into().expect("4"));
-    let high = u32::from_le_bytes(take(b, 8, 4)?.try_into().expect("4"));
-    let expected = u64::from_le_bytes(take(b, 12, 8)?.try_into().expect("8"));
-    let name_len = u16::from_le_bytes(take(b, 20, 2)?.try_into().expect("2")) as usize;
-    let sender = String::from_utf8(take(b, 22, name_len)?).map_err(|_| bad())?;
-    let at = 22 + name_len;
-    let msg_len = u32::from_le_bytes(take(b, at, 4)?.try_into().expect("4")) as usize;
-    let msg = take(b, at + 4, msg_len)?;
-    if at + 4 + msg_len != b.len() {
-        return Err(bad());
-    }
+    let view = NotifView::parse(b)
+        .ok_or_else(|| Error::MalformedMetadata("malformed notification".into()))?;
     Ok((
-        (u64::from(high) << 32) | u64::from(low),
-        expected,
-        sender,
-        msg,
+        view.key,
+        view.expected,
+        view.sender.to_string(),
+        view.msg.to_vec(),
     ))
+}
+
+/// A notification message as it lies in a receive buffer (nothing copied): what a rail
+/// worker judges before it keeps anything.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct NotifView<'a> {
+    pub(super) key: u64,
+    pub(super) expected: u64,
+    pub(super) sender: &'a str,
+    pub(super) msg: &'a [u8],
+}
+
+impl<'a> NotifView<'a> {
+    /// Splits `NXNT key_lo:u32 key_hi:u32 expected:u64 name_len:u16 name msg_len:u32 msg`
+    /// (little endian, nothing after); `None` for anything else.
+    pub(super) fn parse(b: &'a [u8]) -> Option<Self> {
+        let rest = b.strip_prefix(&NOTIF_MAGIC[..])?;
+        let (low, rest) = rest.split_first_chunk::<4>()?;
+        let (high, rest) = rest.split_first_chunk::<4>()?;
+        let (expected, rest) = rest.split_first_chunk::<8>()?;
+        let (name_len, rest) = rest.split_first_chunk::<2>()?;
+        let name_len = usize::from(u16::from_le_bytes(*name_len));
+        let sender = std::str::from_utf8(rest.get(..name_len)?).ok()?;
+        let (msg_len, msg) = rest[name_len..].split_first_chunk::<4>()?;
+        if msg.len() != u32::from_le_bytes(*msg_len) as usize {
+            return None;
+        }
+        Some(NotifView {
+            key: (u64::from(u32::from_le_bytes(*high)) << 32) | u64::from(u32::from_le_bytes(*low)),
+            expected: u64::from_le_bytes(*expected),
+            sender,
+            msg,
+        })
+    }
 }
 
 /// Sends a notification message: injected when small (no completion: `Ok(None)`), else

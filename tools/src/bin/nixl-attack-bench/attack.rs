@@ -282,6 +282,40 @@ pub(crate) fn forged_notifications(
     Ok(report)
 }
 
+/// `total` sealed rail control frames (`NXRS`: a staging OFFER inside, a made-up tag)
+/// naming strangers, each under a fresh random public key, to the target's rail `rail`
+/// from a raw endpoint on `provider`: a target that agreed on a key with each (an X25519
+/// apiece) before finding the tag wrong would fall far behind the flood.
+pub(crate) fn forged_control_frames(
+    provider: &str,
+    rail: &[u8],
+    total: u64,
+) -> Result<AttackReport, String> {
+    let raw = RawEndpoint::open(provider)?;
+    let dest: Address = raw
+        .av
+        .insert(rail)
+        .map_err(|e| format!("inserting the target's rail: {e}"))?;
+    let mut rng = Rng(0xc0_4e7a_1f00);
+    let mut report = AttackReport::default();
+    for k in 0..total {
+        let mut public = [0u8; 32];
+        rng.fill(&mut public);
+        let message = wire::control_frame(
+            rng.next() >> 8,
+            &public,
+            &format!("stranger-{}", k % 64),
+            b"NXST forged offer",
+        );
+        let deadline = Instant::now() + Duration::from_secs(10);
+        match raw.ep.retry(deadline, || raw.ep.inject(&message, dest)) {
+            Ok(()) => report.done += 1,
+            Err(_) => report.failed += 1,
+        }
+    }
+    Ok(report)
+}
+
 /// Whether the listener at `to` still answers a fetch from 127.0.0.1 within `timeout`;
 /// how long it took.
 pub(crate) fn probe(to: SocketAddr, timeout: Duration) -> Result<Duration, String> {

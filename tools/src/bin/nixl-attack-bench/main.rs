@@ -31,9 +31,12 @@
 //! target under the initiator's name exits 1; a missed goal does too with `--strict`.
 //!
 //! Every process of a run uses `FI_OFI_RXM_BUFFER_SIZE=512` unless the environment or
-//! `--rxm-buffer-size` says otherwise (set in the target alone, it stalled a WRITE): with the provider's 16 KiB, `ofi_rxm` kept every
-//! forged message the rail worker had not taken yet in a 16 KiB bounce buffer (hundreds
-//! of MiB under 100,000 of them; docs/BENCHMARKS.md).
+//! `--rxm-buffer-size` says otherwise (set in the target alone, it stalled a WRITE): with
+//! the provider's 16 KiB, `ofi_rxm` kept forged messages in 16 KiB bounce buffers (hundreds
+//! of MiB under 100,000 of them) until the rail worker's completion reads took in as many
+//! entries as one progress call lets in (docs/BENCHMARKS.md, session 7); `--rxm-buffer-size
+//! 0` checks that bound at the provider's default, and the default stays 512 so that runs
+//! compare with earlier ones.
 //!
 //! The connector and the notifier run as processes of their own (this binary in an
 //! attacker's role; the junk senders are threads of the harness): the connector raises
@@ -95,6 +98,11 @@ struct Cli {
     /// Forged notification messages sent to the target's rail
     #[arg(long, value_name = "N", default_value_t = 100_000)]
     notifications: u64,
+    /// The forged messages of the `notifications` phase are sealed rail control
+    /// messages (staging OFFERs) naming strangers, each under a fresh random public key
+    /// (each would cost the target an X25519 key agreement), instead of notifications
+    #[arg(long)]
+    control_frames: bool,
     /// Bytes per legitimate transfer
     #[arg(long, value_name = "BYTES", default_value = "64K",
           value_parser = tools::units::parse_size_usize)]
@@ -119,10 +127,10 @@ struct Cli {
     backend_param: Vec<(String, String)>,
     /// `FI_OFI_RXM_BUFFER_SIZE` of every process of the run where the environment does
     /// not set it (0: the provider's default, 16 KiB). `ofi_rxm` holds every message that
-    /// finds no posted receive in a bounce buffer of this size, without limit: under a
-    /// flood of small messages the target's memory grows by this much per message it has
-    /// not taken yet; larger messages then go by rendezvous, which leaves their bytes at
-    /// the sender. All processes of a job should use the same size
+    /// finds no posted receive in a bounce buffer of this size, without limit (a receiver
+    /// that reads fewer completions per read than one progress call lets in grows by
+    /// this much per message); larger messages go by rendezvous, which leaves their bytes
+    /// at the sender. All processes of a job should use the same size
     #[arg(long, value_name = "BYTES", default_value_t = 512)]
     rxm_buffer_size: usize,
     /// Exit 1 when a goal is missed (p99 within 2x, RSS growth under 64 MiB, probes)
@@ -253,7 +261,12 @@ fn main() {
     if cli.role.as_deref() == Some("notifier") {
         let provider = cli.provider.first().cloned().unwrap_or_default();
         let rail = cli.rail.as_deref().and_then(from_hex).unwrap_or_default();
-        match attack::forged_notifications(&provider, &rail, cli.notifications) {
+        let forged = if cli.control_frames {
+            attack::forged_control_frames(&provider, &rail, cli.notifications)
+        } else {
+            attack::forged_notifications(&provider, &rail, cli.notifications)
+        };
+        match forged {
             Ok(r) => println!("ATTACK_NOTIFIER sent={} failed={}", r.done, r.failed),
             Err(e) => tools::cli::fail(PROGRAM, e),
         }
@@ -307,24 +320,25 @@ fn notifier_process(
     provider: &str,
     rail: &[u8],
     total: u64,
+    control_frames: bool,
     cpus: Option<&str>,
 ) -> Result<AttackReport, String> {
     let total = total.to_string();
     let rail = to_hex(rail);
-    attacker_process(
-        &[
-            "--role",
-            "notifier",
-            "--provider",
-            provider,
-            "--rail",
-            &rail,
-            "--notifications",
-            &total,
-        ],
-        cpus,
-        "ATTACK_NOTIFIER ",
-    )
+    let mut args = vec![
+        "--role",
+        "notifier",
+        "--provider",
+        provider,
+        "--rail",
+        &rail,
+        "--notifications",
+        &total,
+    ];
+    if control_frames {
+        args.push("--control-frames");
+    }
+    attacker_process(&args, cpus, "ATTACK_NOTIFIER ")
 }
 
 /// Hostile connections from a process of their own (`--role connector`): thousands of
@@ -1045,8 +1059,9 @@ fn run_provider(cli: &Cli, provider: &str, rows: &mut Vec<Row>) -> Result<Vec<St
             let reports = reports.clone();
             let (provider, rail, total) = (provider.to_string(), rail.clone(), cli.notifications);
             let cpus = cli.attacker_cpus.clone();
+            let control_frames = cli.control_frames;
             attackers.push(std::thread::spawn(move || {
-                let r = notifier_process(&provider, &rail, total, cpus.as_deref());
+                let r = notifier_process(&provider, &rail, total, control_frames, cpus.as_deref());
                 reports.lock().push(("notifications", r));
             }));
         }

@@ -126,6 +126,21 @@ pub(crate) fn sealed(guess: u64, inner: &[u8]) -> Vec<u8> {
     out
 }
 
+/// A sealed rail control frame as the target's `notif_mac` splits it: `NXRS seq:u64le
+/// tag:[u8; 16] public:[u8; 32] name_len:u16le name inner`, the tag made up.
+pub(crate) fn control_frame(seq: u64, public: &[u8; 32], sender: &str, inner: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(62 + sender.len() + inner.len());
+    out.extend_from_slice(b"NXRS");
+    out.extend_from_slice(&seq.to_le_bytes());
+    out.extend_from_slice(&seq.rotate_left(7).to_le_bytes());
+    out.extend_from_slice(&seq.rotate_left(29).to_le_bytes());
+    out.extend_from_slice(public);
+    out.extend_from_slice(&(sender.len() as u16).to_le_bytes());
+    out.extend_from_slice(sender.as_bytes());
+    out.extend_from_slice(inner);
+    out
+}
+
 /// splitmix64: reproducible patterns and junk without a dependency.
 #[derive(Debug, Clone)]
 pub(crate) struct Rng(pub(crate) u64);

@@ -220,6 +220,13 @@ fn a_channel_with_an_unloaded_sender_is_the_pair_key() {
     let forged = eve_seal.seal_control(b"NXST forged");
     let mut frame = ControlFrame::split(&forged).unwrap();
     frame.public = a.public();
+    // (Refused for its tag, or before it where its sequence number is already behind
+    // the channel's window.)
+    assert!(matches!(
+        channels.open(&frame, |_| false).map(drop),
+        Err(Refusal::BadTag | Refusal::Replayed)
+    ));
+    frame.sealed.seq = ControlFrame::split(&sealed).unwrap().sealed.seq + 1;
     assert_eq!(
         channels.open(&frame, |_| false).map(drop),
         Err(Refusal::BadTag)
@@ -231,7 +238,7 @@ fn a_channel_with_an_unloaded_sender_is_the_pair_key() {
         channels.open(&junk, |_| false).map(drop),
         Err(Refusal::BadTag)
     );
-    assert_eq!(channels.table.lock().len(), 1);
+    assert_eq!(channels.table.lock().open.len(), 1);
 }
 
 #[test]
@@ -240,12 +247,19 @@ fn channels_are_bounded_and_never_evict_one_in_use() {
     let channels = Channels::new(b.clone(), "b");
     let name = |i: usize| format!("sender-{i}");
     let mut senders = Vec::new();
+    // Each new key a pace apart (the agreement budget's clock).
+    let start = Instant::now();
+    let pace = Duration::from_secs(1) / AGREEMENTS_PER_SEC;
     for i in 0..MAX_CHANNELS {
         let id = Identity::generate().unwrap();
         let (seal, _) = id.pair(&name(i), "b", &b.public()).unwrap();
         let frame = seal.seal_control(b"NXST x");
         assert!(channels
-            .open(&ControlFrame::split(&frame).unwrap(), |_| false)
+            .open_at(
+                &ControlFrame::split(&frame).unwrap(),
+                |_| false,
+                start + pace * i as u32
+            )
             .is_ok());
         senders.push(seal);
     }
@@ -334,4 +348,124 @@ fn sealing_and_opening_control_messages_is_cheap() {
         "a new channel (X25519 + key derivation): {:?}",
         start.elapsed() / M
     );
+}
+
+/// Junk under one made-up key costs one key agreement, however much of it comes; keys
+/// not seen yet are agreed on at most [`AGREEMENT_BURST`] at once and then
+/// [`AGREEMENTS_PER_SEC`] a second, beyond which their frames are refused unopened
+/// ([`Refusal::Busy`]); a real sender's frame opens once the budget has earned again,
+/// and the channel it opened is not paced any more.
+#[test]
+fn key_agreements_with_unknown_keys_are_paced() {
+    let b = Arc::new(Identity::generate().unwrap());
+    let channels = Channels::new(b.clone(), "b");
+    let t0 = Instant::now();
+    let junk = |public: [u8; 32], seq: u64| {
+        ControlFrame {
+            sealed: Sealed {
+                seq,
+                tag: [seq as u8; 16],
+                inner: b"NXST forged",
+            },
+            public,
+            sender: b"eve",
+        }
+        .encode()
+    };
+    // One key, many frames: one agreement.
+    let one = Identity::generate().unwrap().public();
+    for seq in 1..=100 {
+        let frame = junk(one, seq);
+        assert_eq!(
+            channels
+                .open_at(&ControlFrame::split(&frame).unwrap(), |_| false, t0)
+                .map(drop),
+            Err(Refusal::BadTag)
+        );
+    }
+    assert_eq!(channels.agreements(), 1);
+    // Fresh keys: the rest of the burst, then refused without an agreement.
+    let mut refused = 0;
+    for i in 0..200u64 {
+        let mut public = [0u8; 32];
+        public[..8].copy_from_slice(&(i + 1).to_le_bytes());
+        public[31] = 0x40;
+        let frame = junk(public, 1);
+        match channels.open_at(&ControlFrame::split(&frame).unwrap(), |_| false, t0) {
+            Err(Refusal::Busy) => refused += 1,
+            Err(Refusal::BadTag) => {}
+            other => panic!("{:?}", other.map(drop)),
+        }
+    }
+    assert_eq!(channels.agreements(), u64::from(AGREEMENT_BURST));
+    assert_eq!(refused, 200 - (u64::from(AGREEMENT_BURST) - 1));
+    // A real sender while the budget is spent: refused, then served once it earned one.
+    let a = Identity::generate().unwrap();
+    let (a_seal, _) = a.pair("a", "b", &b.public()).unwrap();
+    let first = a_seal.seal_control(b"NXST offer");
+    let first = ControlFrame::split(&first).unwrap();
+    assert_eq!(
+        channels.open_at(&first, |_| false, t0).map(drop),
+        Err(Refusal::Busy)
+    );
+    let later = t0 + Duration::from_secs(1) / AGREEMENTS_PER_SEC;
+    assert!(channels.open_at(&first, |_| false, later).is_ok());
+    // Its channel is open: its next frames cost no agreement, spent budget or not.
+    let agreed = channels.agreements();
+    for _ in 0..10 {
+        let next = a_seal.seal_control(b"NXST more");
+        assert!(channels
+            .open_at(&ControlFrame::split(&next).unwrap(), |_| false, later)
+            .is_ok());
+    }
+    assert_eq!(channels.agreements(), agreed);
+    // The budget refills to its burst, no further.
+    let much_later = later + Duration::from_secs(3600);
+    let mut agreed_again = 0;
+    for i in 0..(2 * AGREEMENT_BURST as u64) {
+        let mut public = [1u8; 32];
+        public[..8].copy_from_slice(&(i + 1000).to_le_bytes());
+        public[31] = 0x40;
+        let frame = junk(public, 1);
+        if channels
+            .open_at(&ControlFrame::split(&frame).unwrap(), |_| false, much_later)
+            .map(drop)
+            != Err(Refusal::Busy)
+        {
+            agreed_again += 1;
+        }
+    }
+    assert_eq!(agreed_again, u64::from(AGREEMENT_BURST));
+}
+
+/// A replayed frame, and one whose sequence number lies beyond any its sender can have
+/// reached, are refused before their tag is computed (a flood of them costs no HMAC).
+#[test]
+fn implausible_sequence_numbers_are_refused_before_the_tag() {
+    let ((a_seal, _), (_, b_open)) = pairs();
+    let sealed = a_seal.seal(b"NXNT one");
+    let frame = Sealed::split(&sealed).unwrap();
+    assert_eq!(b_open.open(&frame), Ok(()));
+    // Far ahead, whatever the tag.
+    let ahead = Sealed {
+        seq: frame.seq + MAX_SEQ_JUMP + 1,
+        ..frame
+    };
+    assert_eq!(b_open.open(&ahead), Err(Refusal::Ahead));
+    // Within reach, a made-up tag is a bad tag.
+    let near = Sealed {
+        seq: frame.seq + MAX_SEQ_JUMP,
+        tag: [0; 16],
+        ..frame
+    };
+    assert_eq!(b_open.open(&near), Err(Refusal::BadTag));
+    // A replay with a broken tag is a replay (the window answered, not the MAC).
+    let replay = Sealed {
+        tag: [0; 16],
+        ..frame
+    };
+    assert_eq!(b_open.open(&replay), Err(Refusal::Replayed));
+    // And the window did not move for the refused ones: the next genuine frame opens.
+    let next = a_seal.seal(b"NXNT two");
+    assert_eq!(b_open.open(&Sealed::split(&next).unwrap()), Ok(()));
 }
