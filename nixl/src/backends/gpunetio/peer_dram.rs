@@ -18,10 +18,15 @@
 //! connection after the last answer. Either way the notification is at the peer when
 //! the transfer is Done here.
 //!
-//! The target checks a request and queues its copies on its listener's thread as soon as
-//! the request is read; a thread of this path polls the copies (without yielding its
-//! core for the first [`SPIN_NO_YIELD`] where the process has cores to spare) and
-//! answers, so no thread hand-off stands between a request and its copy.
+//! On a same-host (Unix) connection the initiator asks for a **shared lane**
+//! (`peer_dram::mailbox`): the target makes one for a connection it confirmed and hands
+//! it over with `SCM_RIGHTS`; requests and answers then cross as a few stores in shared
+//! memory. This path's serving thread reads the lanes itself, queues the copies, polls
+//! them and answers (without yielding its core for the first [`SPIN_NO_YIELD`] where the
+//! process has cores to spare), and says in each lane when it is about to block, so that
+//! an initiator rings the connection (a doorbell frame the listener forwards). Requests on
+//! the connection itself are checked and their copies queued on the listener's thread as
+//! soon as they are read; the serving thread polls those copies and answers too.
 //!
 //! `NIXL_PEER_COPY_TRACE=1` (in both processes) times each post of one request at both
 //! ends (`peer_dram::trace`); `query_mem_info` then reports the summed segments as

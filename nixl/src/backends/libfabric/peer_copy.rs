@@ -23,12 +23,18 @@
 //!   the initiator's allocation (cached per peer incarnation), pins its own DRAM region
 //!   (once), queues the copies on its streams and answers [`Done`] once their events
 //!   completed. The initiator sends the notification after the last answer: it reaches
-//!   the target strictly after the last byte.
+//!   the target strictly after the last byte. After the first request it served, the
+//!   target offers the peer a shared lane (`worker::peer_copies`, `peer_dram::mailbox`):
+//!   later requests and their answers cross as a few stores in shared memory instead of
+//!   sealed rail messages, where the OS lets the initiator take the lane's descriptor
+//!   from the target's process (`pidfd_getfd`); otherwise they stay on the rails.
 //!
 //! # What the target checks
 //! A request makes the target copy between its own memory and memory of another
 //! process, so nothing in it is taken on its word:
-//! - **who asks**: the request's seal (module `notif_mac`): it is acted upon only when
+//! - **who asks**: a request read from a lane is the peer's the lane was made for (only
+//!   its process holds it). On the rails, the request's seal (module `notif_mac`): it is
+//!   acted upon only when
 //!   it opens under the key of the loaded peer it names, and answered (sealed) at that
 //!   peer's endpoint it names; one naming a loaded peer that does not open is dropped
 //!   and counted, unanswered; one from no loaded peer is declined (`EPERM`), answered at
