@@ -28,6 +28,9 @@ const GUEST_TEST_PREFIX: &str = "rxe_";
 /// Test targets with this name prefix run in guest `a` of the two-guest mode
 /// (`cargo xtask rxe --two-guests`), with guest `b` serving them.
 const TWO_GUEST_TEST_PREFIX: &str = "rxe2_";
+/// How the guest suite names a library's unit-test binary, which it runs with the filter
+/// [`GUEST_TEST_PREFIX`] (only its guest tests).
+const GUEST_LIB_PREFIX: &str = "lib:";
 /// The device every guest test is told to use.
 const GUEST_DEVICE: &str = "rxe0";
 
@@ -311,7 +314,19 @@ fn build_guest_tests(root: &Path) -> Result<Vec<(String, PathBuf)>> {
         kinds.contains(&"test")
             && (name.starts_with(GUEST_TEST_PREFIX) || name.starts_with(TWO_GUEST_TEST_PREFIX))
     };
+    // Libraries' unit tests named `rxe_*` run in the guest too (the binary, filtered):
+    // keep every library's test binary, under a name that says so.
+    let keep_lib = |kinds: &[&str], _: &str| kinds.contains(&"lib");
     let mut binaries = built_executables(root, &["test", "--workspace", "--no-run"], keep)?;
+    binaries.extend(
+        built_executables(
+            root,
+            &["test", "--workspace", "--lib", "--no-run"],
+            keep_lib,
+        )?
+        .into_iter()
+        .map(|(name, path)| (format!("{GUEST_LIB_PREFIX}{name}"), path)),
+    );
     // Guest suites behind a feature (`required-features` on the target), built for their
     // package alone so that nothing else is rebuilt with the feature.
     binaries.extend(built_executables(
@@ -388,13 +403,19 @@ fn write_suite_script(root: &Path, name: &str, binaries: &[(String, PathBuf)]) -
          passed=0; failed=0; failures=''\n\
          run() {\n\
          \x20 echo \"=== $1\"\n\
-         \x20 \"$2\" 2>&1 | tee -a /tmp/rxe-suite.log\n\
+         \x20 \"$2\" \"${@:3}\" 2>&1 | tee -a /tmp/rxe-suite.log\n\
          \x20 if [ \"${PIPESTATUS[0]}\" = 0 ]; then passed=$((passed+1)); else failed=$((failed+1)); failures=\"$failures $1\"; fi\n\
          }\n",
     );
     for (name, path) in binaries {
+        // A library's unit tests: only its guest ones (`rxe_*`).
+        let filter = if name.starts_with(GUEST_LIB_PREFIX) {
+            format!(" {GUEST_TEST_PREFIX}")
+        } else {
+            String::new()
+        };
         script.push_str(&format!(
-            "run {} {}\n",
+            "run {} {}{filter}\n",
             shell_quote(name),
             shell_quote(&path.display().to_string())
         ));
