@@ -343,6 +343,22 @@ pub fn send_fds(sock: &UnixStream, data: &[u8], fds: &[BorrowedFd<'_>]) -> Resul
 /// Receives up to `buf.len()` bytes and any descriptors that came with them. Returns the
 /// byte count (0: the peer closed) and the descriptors, owned.
 pub fn recv_fds(sock: &UnixStream, buf: &mut [u8]) -> Result<(usize, Vec<OwnedFd>)> {
+    recv_fds_flags(sock, buf, 0)
+}
+
+/// As [`recv_fds`], without waiting: `None` where nothing is there yet.
+pub fn try_recv_fds(sock: &UnixStream, buf: &mut [u8]) -> Result<Option<(usize, Vec<OwnedFd>)>> {
+    match recv_fds_flags(sock, buf, libc::MSG_DONTWAIT) {
+        Err(Error::Io(e)) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(None),
+        other => other.map(Some),
+    }
+}
+
+fn recv_fds_flags(
+    sock: &UnixStream,
+    buf: &mut [u8],
+    flags: libc::c_int,
+) -> Result<(usize, Vec<OwnedFd>)> {
     // SAFETY: pure size computation.
     let space =
         unsafe { libc::CMSG_SPACE((MAX_FDS_PER_MESSAGE * std::mem::size_of::<RawFd>()) as u32) }
@@ -358,7 +374,8 @@ pub fn recv_fds(sock: &UnixStream, buf: &mut [u8]) -> Result<(usize, Vec<OwnedFd
     let n = loop {
         // SAFETY: `msg` points at live buffers; CLOEXEC so descriptors never leak into
         // children.
-        let n = unsafe { libc::recvmsg(sock.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
+        let n =
+            unsafe { libc::recvmsg(sock.as_raw_fd(), &mut msg, flags | libc::MSG_CMSG_CLOEXEC) };
         if n >= 0 {
             break n as usize;
         }

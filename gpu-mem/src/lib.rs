@@ -69,8 +69,8 @@ pub use error::{cvt, cvt_ctx, Error, Result};
 pub use gpu::{device_count, find_by_uuid, format_uuid, is_available, ContextScope, Gpu};
 pub use host_buffer::{HostBuffer, HostRegistration};
 pub use ipc::{
-    recv_fds, recv_vmm, send_fds, send_vmm, IpcHandle, IpcMapping, VmmExport, VmmMapping,
-    IPC_HANDLE_BYTES, MAX_FDS_PER_MESSAGE,
+    recv_fds, recv_vmm, send_fds, send_vmm, try_recv_fds, IpcHandle, IpcMapping, VmmExport,
+    VmmMapping, IPC_HANDLE_BYTES, MAX_FDS_PER_MESSAGE,
 };
 pub use pointer::{check_device_range, pointer_info, DeviceMemoryRef, MemoryKind, PointerInfo};
 pub use topology::{current_device, enable_peer_access, peer_topology, PeerLink, PeerTopology};

@@ -138,13 +138,13 @@ impl ControlConn {
         }
     }
 
-    /// Reads from the socket without waiting; a descriptor that came along is kept for
-    /// the lane's frame (one at most: any other is closed).
-    fn recv_some(&self, buf: &mut [u8]) -> isize {
+    /// Reads from the socket without waiting (`WouldBlock`: nothing there); a descriptor
+    /// that came along is kept for the lane's frame (one at most: any other is closed).
+    fn recv_some(&self, buf: &mut [u8]) -> std::io::Result<usize> {
         let Stream::Unix(s) = &self.stream else {
             // SAFETY: a valid socket fd and a buffer of `buf.len()` bytes; MSG_DONTWAIT
             // never blocks.
-            return unsafe {
+            let n = unsafe {
                 libc::recv(
                     self.stream.as_raw_fd(),
                     buf.as_mut_ptr().cast(),
@@ -152,52 +152,22 @@ impl ControlConn {
                     libc::MSG_DONTWAIT,
                 )
             };
+            return usize::try_from(n).map_err(|_| std::io::Error::last_os_error());
         };
-        // SAFETY: pure size computation.
-        let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) } as usize;
-        let mut control = [0u8; 64];
-        let mut iov = libc::iovec {
-            iov_base: buf.as_mut_ptr().cast(),
-            iov_len: buf.len(),
-        };
-        // SAFETY: plain data, fields set below.
-        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-        msg.msg_iov = &mut iov;
-        msg.msg_iovlen = 1;
-        msg.msg_control = control.as_mut_ptr().cast();
-        msg.msg_controllen = space.min(control.len()) as _;
-        // SAFETY: `msg` points at live buffers for the call; CLOEXEC so a descriptor never
-        // leaks into children; MSG_DONTWAIT never blocks.
-        let n = unsafe {
-            libc::recvmsg(
-                s.as_raw_fd(),
-                &mut msg,
-                libc::MSG_DONTWAIT | libc::MSG_CMSG_CLOEXEC,
-            )
-        };
-        if n < 0 {
-            return n;
-        }
-        // SAFETY: walking the control messages the kernel wrote, within `msg_controllen`;
-        // each descriptor is owned from here on (kept or closed).
-        unsafe {
-            let mut cmsg = libc::CMSG_FIRSTHDR(&msg);
-            while !cmsg.is_null() {
-                if (*cmsg).cmsg_level == libc::SOL_SOCKET && (*cmsg).cmsg_type == libc::SCM_RIGHTS {
-                    let data = libc::CMSG_DATA(cmsg) as *const RawFd;
-                    let bytes = (*cmsg).cmsg_len as usize - libc::CMSG_LEN(0) as usize;
-                    for i in 0..bytes / std::mem::size_of::<RawFd>() {
-                        let fd = OwnedFd::from_raw_fd(std::ptr::read_unaligned(data.add(i)));
-                        let mut kept = self.lane_fd.lock();
-                        if kept.is_none() && self.lane.get().is_none() {
-                            *kept = Some(fd);
-                        }
+        match gpu_mem::try_recv_fds(s, buf) {
+            Ok(Some((n, fds))) => {
+                for fd in fds {
+                    let mut kept = self.lane_fd.lock();
+                    if kept.is_none() && self.lane.get().is_none() {
+                        *kept = Some(fd);
                     }
                 }
-                cmsg = libc::CMSG_NXTHDR(&msg, cmsg);
+                Ok(n)
             }
+            Ok(None) => Err(std::io::ErrorKind::WouldBlock.into()),
+            Err(gpu_mem::Error::Io(e)) => Err(e),
+            Err(e) => Err(std::io::Error::other(e.to_string())),
         }
-        n
     }
 
     fn disconnected(&self, reason: String) -> Error {
@@ -261,22 +231,17 @@ impl ControlConn {
         let mut frames = self.incoming.lock();
         let mut buf = [0u8; 4096];
         loop {
-            let n = self.recv_some(&mut buf);
-            if n > 0 {
-                trace::mark_received();
-                frames.push(&buf[..n as usize]);
-                continue;
-            }
-            if n == 0 {
-                return Err(self.disconnected("the peer closed its control connection".into()));
-            }
-            match std::io::Error::last_os_error().raw_os_error() {
-                Some(libc::EAGAIN) => break,
-                Some(libc::EINTR) => continue,
-                _ => {
-                    let e = std::io::Error::last_os_error();
-                    return Err(self.disconnected(format!("its control connection: {e}")));
+            match self.recv_some(&mut buf) {
+                Ok(0) => {
+                    return Err(self.disconnected("the peer closed its control connection".into()))
                 }
+                Ok(n) => {
+                    trace::mark_received();
+                    frames.push(&buf[..n]);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(self.disconnected(format!("its control connection: {e}"))),
             }
         }
         loop {
