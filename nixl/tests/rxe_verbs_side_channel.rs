@@ -13,11 +13,14 @@
 //! the threads are counted.
 
 mod common;
+#[path = "common/slow_clients.rs"]
+mod slow_clients;
 
 use common::{dram, pattern, rdma_device as device, wait_notif, TIMEOUT};
 use nixl::backends::verbs::VerbsBackend;
 use nixl::{params, Agent, AgentConfig, Backend, Desc, XferOp};
-use std::io::{Read, Write};
+use slow_clients::{closed_after, threads_named};
+use std::io::Write;
 use std::net::TcpStream;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -29,43 +32,9 @@ const HANDSHAKE_DEADLINE: Duration = Duration::from_secs(10);
 /// Slack for a loaded two-CPU guest.
 const SLACK: Duration = Duration::from_secs(3);
 
-/// Threads of this process serving a side-channel handshake (`nixl-verbs-hello`, of
-/// which the kernel keeps 15 bytes).
+/// Threads of this process serving a side-channel handshake (`nixl-verbs-hello`).
 fn hello_threads() -> usize {
-    std::fs::read_dir("/proc/self/task")
-        .unwrap()
-        .flatten()
-        .filter(|t| {
-            std::fs::read_to_string(t.path().join("comm"))
-                .is_ok_and(|c| c.trim_end() == "nixl-verbs-hell")
-        })
-        .count()
-}
-
-/// How long until the side channel closes `stream` (EOF or a reset), sending a byte every
-/// 100 ms meanwhile when `trickle`; `None`: still open after `limit`.
-fn closed_after(mut stream: TcpStream, trickle: bool, limit: Duration) -> Option<Duration> {
-    let started = Instant::now();
-    stream
-        .set_read_timeout(Some(Duration::from_millis(100)))
-        .unwrap();
-    let mut buf = [0u8; 64];
-    while started.elapsed() < limit {
-        if trickle && stream.write_all(b"x").is_err() {
-            return Some(started.elapsed());
-        }
-        match stream.read(&mut buf) {
-            Ok(0) => return Some(started.elapsed()),
-            Ok(_) => panic!("the side channel answered a frame that never ended"),
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ) => {}
-            Err(_) => return Some(started.elapsed()),
-        }
-    }
-    None
+    threads_named("nixl-verbs-hello")
 }
 
 /// Waits until `done`, failing after `limit`; meanwhile the handshake threads never

@@ -235,10 +235,7 @@ impl PeerDramPath {
                 }
             };
             let id = request.id;
-            let read = match trace::since_received(trace::Step::TargetReceivedToRead) {
-                0 => trace::stamp(),
-                now => now,
-            };
+            let read = trace::request_read();
             match this.start(&from, &request) {
                 Ok(serving) => {
                     let running = Running {
@@ -511,10 +508,7 @@ impl PeerDramPath {
                 return;
             }
         };
-        let read = match trace::since_received(trace::Step::TargetReceivedToRead) {
-            0 => trace::stamp(),
-            now => now,
-        };
+        let read = trace::request_read();
         match self.start(from, &request) {
             Ok(serving) => running.push(Running {
                 serving,

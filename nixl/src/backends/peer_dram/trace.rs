@@ -221,6 +221,15 @@ pub(crate) fn since_received(s: Step) -> u64 {
     step(s, RECEIVED_AT.with(std::cell::Cell::get))
 }
 
+/// A target's "read" stamp of a request: the end of [`Step::TargetReceivedToRead`] (which
+/// this records), or now where nothing was marked received; 0 where tracing is off.
+pub(crate) fn request_read() -> u64 {
+    match since_received(Step::TargetReceivedToRead) {
+        0 => stamp(),
+        now => now,
+    }
+}
+
 /// The posts timed so far and each segment's summed nanoseconds, as
 /// `(peer_copy_trace_count, n)` then `(peer_copy_trace_<segment>_ns, sum)`; empty where
 /// tracing is off.

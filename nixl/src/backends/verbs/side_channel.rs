@@ -562,10 +562,16 @@ fn serve_handshake(common: &Arc<Common>, mut stream: TcpStream, frame: Vec<u8>) 
     Ok(())
 }
 
+/// What a flooding client sees (shared with the guest test).
+#[cfg(test)]
+#[path = "../../../tests/common/slow_clients.rs"]
+mod slow_clients;
+
 #[cfg(test)]
 mod tests {
+    use super::slow_clients::{closed_after, threads_named};
     use super::*;
-    use std::io::{Read, Write};
+    use std::io::Write;
     use std::time::Instant;
 
     fn loopback() -> TcpListener {
@@ -693,46 +699,9 @@ mod tests {
         Ok(())
     }
 
-    /// Threads of this process serving a handshake (the kernel keeps 15 bytes of a name).
+    /// Threads of this process serving a handshake.
     fn hello_threads() -> usize {
-        let short = &HELLO_THREAD.as_bytes()[..HELLO_THREAD.len().min(15)];
-        std::fs::read_dir("/proc/self/task")
-            .map(|tasks| {
-                tasks
-                    .flatten()
-                    .filter(|t| {
-                        std::fs::read(t.path().join("comm"))
-                            .is_ok_and(|c| c.strip_suffix(b"\n").unwrap_or(&c) == short)
-                    })
-                    .count()
-            })
-            .unwrap_or(0)
-    }
-
-    /// How long until the side channel closes `stream` (EOF or a reset), sending a byte
-    /// every 100 ms meanwhile when `trickle`; `None`: still open after `limit`.
-    fn closed_after(mut stream: TcpStream, trickle: bool, limit: Duration) -> Option<Duration> {
-        let started = Instant::now();
-        stream
-            .set_read_timeout(Some(Duration::from_millis(100)))
-            .unwrap();
-        let mut buf = [0u8; 64];
-        while started.elapsed() < limit {
-            if trickle && stream.write_all(b"x").is_err() {
-                return Some(started.elapsed());
-            }
-            match stream.read(&mut buf) {
-                Ok(0) => return Some(started.elapsed()),
-                Ok(_) => panic!("the side channel answered a frame that never ended"),
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                    ) => {}
-                Err(_) => return Some(started.elapsed()),
-            }
-        }
-        None
+        threads_named(HELLO_THREAD)
     }
 
     fn wait_for(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {

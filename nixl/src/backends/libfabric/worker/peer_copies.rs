@@ -51,11 +51,7 @@ impl Worker {
         proof: &Proof,
         src: Option<Address>,
     ) {
-        let read =
-            match peer_copy::trace::since_received(peer_copy::trace::Step::TargetReceivedToRead) {
-                0 => peer_copy::trace::stamp(),
-                now => now,
-            };
+        let read = peer_copy::trace::request_read();
         let stats = &self.common.peer_copy.stats;
         let (errno, answer_to) = match proof {
             Proof::Peer(peer) => match self.common.sources.find(self.index, &request.reply_to) {
@@ -361,11 +357,7 @@ impl Worker {
             Ok(_) => return self.drop_malformed("lane entry", &"not a request"),
             Err(e) => return self.drop_malformed("lane request", &e),
         };
-        let read =
-            match peer_copy::trace::since_received(peer_copy::trace::Step::TargetReceivedToRead) {
-                0 => peer_copy::trace::stamp(),
-                now => now,
-            };
+        let read = peer_copy::trace::request_read();
         let errno = if request.notif.is_some() {
             self.common.peer_copy.stats.refuse(
                 libc::EOPNOTSUPP,
