@@ -594,16 +594,24 @@ fn never_completing_notifications_stay_bounded() {
     assert_eq!(t.refused_notifications(), FLOOD - MAX_PENDING_NOTIFS as u64);
     // The flood filled the strangers' share, not the loaded peer's.
     peer.gen_notif(&target_name, b"still here").unwrap();
+    wait_for_notif(
+        &target,
+        "flood-peer",
+        b"still here",
+        "the loaded peer's notification was lost",
+    );
+}
+
+/// Waits (bounded by `WAIT`) until `target` got exactly `msg` from `from`; fails with
+/// `lost` otherwise.
+fn wait_for_notif(target: &Agent, from: &str, msg: &[u8], lost: &str) {
     let deadline = Instant::now() + WAIT;
     loop {
-        if let Some(m) = notifs_of(&target).remove("flood-peer") {
-            assert_eq!(m, vec![b"still here".to_vec()]);
-            break;
+        if let Some(m) = notifs_of(target).remove(from) {
+            assert_eq!(m, vec![msg.to_vec()]);
+            return;
         }
-        assert!(
-            Instant::now() < deadline,
-            "the loaded peer's notification was lost"
-        );
+        assert!(Instant::now() < deadline, "{lost}");
         std::thread::sleep(Duration::from_millis(1));
     }
 }
@@ -1644,18 +1652,12 @@ fn a_flood_of_control_frames_under_made_up_keys_stays_bounded() {
     assert!(growth < 64 << 20, "RSS grew {growth} bytes");
     // The loaded peer is still served.
     peer.gen_notif(&target_name, b"still served").unwrap();
-    let deadline = Instant::now() + WAIT;
-    loop {
-        if let Some(m) = notifs_of(&target).remove("keyflood-peer") {
-            assert_eq!(m, vec![b"still served".to_vec()]);
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the peer's notification was lost"
-        );
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    wait_for_notif(
+        &target,
+        "keyflood-peer",
+        b"still served",
+        "the peer's notification was lost",
+    );
 }
 
 /// Issue 28's flood, by kind of forged message: what one victim's rail worker spends on
