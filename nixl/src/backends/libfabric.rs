@@ -593,6 +593,10 @@ struct PeerAddrs {
     sealer: Arc<Sealer>,
     /// The peer's public key the sealer was made with.
     notif_key: [u8; 32],
+    /// The shared lane the peer offered (same host; module `worker::peer_copies`) and the
+    /// rail that rings its reader: this side's notifications and direct-copy requests to
+    /// it go there while it has room.
+    lane: OnceLock<(Arc<crate::backends::peer_dram::mailbox::Mailbox>, usize)>,
 }
 
 impl PeerAddrs {
@@ -604,6 +608,32 @@ impl PeerAddrs {
         } else {
             message
         }
+    }
+
+    /// Puts `message` (a sealed notification) in the peer's shared lane, ringing its
+    /// reader where it said it sleeps. `None`: not through the lane (none, or the
+    /// message does not fit a slot: the caller sends it on a rail); `WouldBlock`: the
+    /// lane is full for now — the caller tries again, as with a busy rail, so that the
+    /// peer's messages keep their order.
+    fn send_by_lane(&self, message: &[u8]) -> Option<fabric::Result<()>> {
+        use crate::backends::peer_dram::mailbox::Push;
+        let (lane, ring) = self.lane.get()?;
+        match lane.try_push_request(message) {
+            Push::Pushed => {}
+            Push::Full => {
+                return Some(Err(fabric::Error::WouldBlock {
+                    call: "a shared lane's push",
+                }))
+            }
+            Push::Unusable => return None,
+        }
+        if !lane.target_asleep() {
+            return Some(Ok(()));
+        }
+        let bell = self.sealer.seal_control(&peer_copy::encode_doorbell());
+        let (rail, dest) = (&self.rails[*ring], self.addrs[*ring]);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        Some(rail.ep.retry(deadline, || rail.ep.inject(&bell, dest)))
     }
 
     /// Over shm, once the peer's process is known to have ended: fails what it left
@@ -1432,6 +1462,18 @@ impl Backend for LibfabricBackend {
             .get(agent)
             .filter(|p| p.addrs.notif_key == notif_key)
             .map_or_else(|| Arc::new(sealer), |p| p.addrs.sealer.clone());
+        // The same incarnation loaded again keeps the lane it offered.
+        let lane = OnceLock::new();
+        if let Some(kept) = self
+            .common
+            .peers
+            .read()
+            .get(agent)
+            .filter(|p| p.addrs.notif_key == notif_key)
+            .and_then(|p| p.addrs.lane.get().cloned())
+        {
+            let _ = lane.set(kept);
+        }
         let addrs = Arc::new(PeerAddrs {
             rails: self.rails.clone(),
             addrs,
@@ -1439,6 +1481,7 @@ impl Backend for LibfabricBackend {
             process: liveness.clone(),
             sealer,
             notif_key,
+            lane,
         });
         let is_self = agent == self.agent_name;
         let cma = parsed

@@ -331,11 +331,7 @@ impl PeerCopyXfer {
         plan.run = Some(run.clone());
         plan.notif = notif.map(<[u8]>::to_vec);
         if plan.lane.is_none() {
-            plan.lane = self
-                .common
-                .sources
-                .peer(&self.fallback.agent)
-                .and_then(|p| p.lane.get().cloned());
+            plan.lane = self.fallback.peer.lane.get().cloned();
         }
         for (rail, pieces) in &plan.requests {
             let id = waits.add(&run);

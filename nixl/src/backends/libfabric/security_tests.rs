@@ -616,6 +616,77 @@ fn wait_for_notif(target: &Agent, from: &str, msg: &[u8], lost: &str) {
     }
 }
 
+/// A same-host peer whose proven notification a target took is offered a shared lane
+/// (module `worker::peer_copies`); its later notifications go through it, each delivered
+/// once, in order, attributed to it; and what a stranger sends on the rail meanwhile is
+/// still refused.
+#[test]
+fn a_same_host_peer_gets_a_lane_and_its_notifications_go_through_it() {
+    let (target, t) = victim("lane-target", "shm", &[]);
+    let (peer, p) = victim("lane-peer", "shm", &[]);
+    target
+        .load_remote_metadata(&peer.local_metadata().unwrap())
+        .unwrap();
+    peer.load_remote_metadata(&target.local_metadata().unwrap())
+        .unwrap();
+    peer.gen_notif("lane-target", b"first").unwrap();
+    wait_for_notif(
+        &target,
+        "lane-peer",
+        b"first",
+        "the first notification was lost",
+    );
+    let lane = {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let lane = p.common.peers.read()["lane-target"]
+                .addrs
+                .lane
+                .get()
+                .cloned();
+            if let Some((lane, _)) = lane {
+                break lane;
+            }
+            assert!(Instant::now() < deadline, "no lane was offered and taken");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    };
+    let before = lane.requests_pushed();
+    let n = 300;
+    for i in 0..n {
+        peer.gen_notif("lane-target", format!("n{i}").as_bytes())
+            .unwrap();
+    }
+    assert_eq!(
+        lane.requests_pushed() - before,
+        n,
+        "every notification in the lane"
+    );
+    let mut got: Vec<Vec<u8>> = Vec::new();
+    let deadline = Instant::now() + WAIT;
+    while got.len() < n as usize {
+        got.extend(notifs_of(&target).remove("lane-peer").unwrap_or_default());
+        assert!(Instant::now() < deadline, "{} of {n} arrived", got.len());
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let want: Vec<Vec<u8>> = (0..n).map(|i| format!("n{i}").into_bytes()).collect();
+    assert_eq!(got, want);
+    // A stranger's plain notification under the peer's name, on the rail: refused.
+    let refused = t.refused_notifications();
+    let raw = Raw::new("shm");
+    let to_target = raw.aim(&t);
+    raw.send(
+        to_target,
+        &encode_notif("lane-peer", 7, 0, b"forged").unwrap(),
+    );
+    let deadline = Instant::now() + WAIT;
+    while t.refused_notifications() == refused {
+        assert!(Instant::now() < deadline, "the forgery was not judged");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert!(notifs_of(&target).is_empty());
+}
+
 /// xorshift64*: reproducible, no dependency.
 struct Rng(u64);
 

@@ -97,14 +97,9 @@ pub(super) struct PeerSource {
     /// When its process was last looked at (`liveness::due`'s clock; `liveness::NEVER`
     /// before the first look).
     looked_at: AtomicU64,
-    /// The shared lane this side made for its direct-copy requests (it is their target:
-    /// module `peer_copy`), offered to it once.
-    #[cfg(feature = "cuda")]
+    /// The shared lane this side made for its notifications and direct-copy requests
+    /// (module `worker::peer_copies`), offered to it once.
     pub(super) served_lane: OnceLock<Arc<crate::backends::peer_dram::mailbox::Mailbox>>,
-    /// The shared lane it offered for this side's requests (it is their target), and the
-    /// rail its offer came on (where its serving worker is rung).
-    #[cfg(feature = "cuda")]
-    pub(super) lane: OnceLock<(Arc<crate::backends::peer_dram::mailbox::Mailbox>, usize)>,
 }
 
 impl PeerSource {
@@ -128,10 +123,7 @@ impl PeerSource {
             sealer: OnceLock::new(),
             ended: AtomicBool::new(false),
             looked_at: AtomicU64::new(liveness::NEVER),
-            #[cfg(feature = "cuda")]
             served_lane: OnceLock::new(),
-            #[cfg(feature = "cuda")]
-            lane: OnceLock::new(),
         }
     }
 

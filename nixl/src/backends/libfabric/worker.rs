@@ -218,13 +218,11 @@ pub(super) struct Worker {
         u64,
         peer_copy::trace::TargetStamps,
     )>,
-    /// Shared lanes this worker made for peers' requests (module `peer_copies`), as of
-    /// `lanes_generation` of the loaded peers, and a request copied out of one.
-    #[cfg(feature = "cuda")]
+    /// Shared lanes this worker made for same-host peers' notifications and requests
+    /// (module `peer_copies`), as of `lanes_generation` of the loaded peers, and an
+    /// entry copied out of one.
     lanes: Vec<peer_copies::ServedLane>,
-    #[cfg(feature = "cuda")]
     lanes_generation: u64,
-    #[cfg(feature = "cuda")]
     lane_buf: Vec<u8>,
 }
 
@@ -265,11 +263,8 @@ impl Worker {
             foreign_answers: 0,
             #[cfg(feature = "cuda")]
             serving: Vec::new(),
-            #[cfg(feature = "cuda")]
             lanes: Vec::new(),
-            #[cfg(feature = "cuda")]
             lanes_generation: 0,
-            #[cfg(feature = "cuda")]
             lane_buf: Vec::new(),
             rail,
         };
@@ -317,17 +312,15 @@ impl Worker {
         }
         busy |= self.poll(&mut completions);
         self.completions = completions;
-        // Peers' direct copies running here are polled, as staging copies are, and
-        // their requests in shared lanes read.
+        // What same-host peers put in their shared lanes is read as a rail's messages
+        // are; peers' direct copies running here are polled, as staging copies are.
+        if !self.lanes.is_empty() {
+            busy |= self.serve_lanes();
+        }
         #[cfg(feature = "cuda")]
-        {
-            if !self.lanes.is_empty() {
-                busy |= self.serve_lanes();
-            }
-            if !self.serving.is_empty() {
-                self.poll_serving();
-                busy = true;
-            }
+        if !self.serving.is_empty() {
+            self.poll_serving();
+            busy = true;
         }
         // Staging copies are polled, not waited for (one relaxed load when idle).
         if self.common.stager.wants_poll() {
@@ -370,7 +363,6 @@ impl Worker {
     /// Sleeping (on and off) for `sleeping`: sleeps until local work, incoming traffic
     /// (where the queue has a wait fd) or a nap's end. Returns whether traffic woke it.
     fn wait_idle(&mut self, sleeping: Duration) -> bool {
-        #[cfg(feature = "cuda")]
         if self.lanes_going_to_sleep() {
             self.lanes_awake();
             return true;
@@ -382,7 +374,6 @@ impl Worker {
                 || common.stager.wants_poll()
                 || !rail.submit.lock().is_empty()
         });
-        #[cfg(feature = "cuda")]
         self.lanes_awake();
         woke
     }
@@ -566,6 +557,28 @@ impl Worker {
                 }
             }
             if let Some((dest, message)) = active.job.notif.take() {
+                // A same-host peer's lane, where it offered one (its notifications then
+                // skip the rail's queue, shared with anyone who reaches it).
+                if message.starts_with(notif_mac::SEALED_MAGIC) {
+                    match active.job.peer.send_by_lane(&message) {
+                        Some(Ok(())) => {
+                            shared.notif_pending.store(false, Ordering::Release);
+                            issued_any = true;
+                            continue;
+                        }
+                        Some(Err(fabric::Error::WouldBlock { .. })) => {
+                            // The peer is behind: this job's notification waits its turn.
+                            active.job.notif = Some((dest, message));
+                            continue;
+                        }
+                        Some(Err(e)) => {
+                            shared.fail(&e);
+                            issued_any = true;
+                            continue;
+                        }
+                        None => {}
+                    }
+                }
                 match send_message(&self.rail, dest, &message, id | NOTIF_CONTEXT) {
                     Ok(None) => shared.notif_pending.store(false, Ordering::Release),
                     Ok(Some(buf)) => active.notif_in_flight = Some(buf),
@@ -979,7 +992,17 @@ impl Worker {
                             sender.to_string(),
                             msg.to_vec(),
                         );
-                        return self.note_arrival(arrival);
+                        self.note_arrival(arrival);
+                        // A same-host peer's next ones skip this rail's queue (shared
+                        // with anyone who can reach it): a lane of their own.
+                        if peer.served_lane.get().is_none() {
+                            if let Some(s) =
+                                self.attribute(src).filter(|s| Arc::ptr_eq(&s.peer, &peer))
+                            {
+                                self.offer_lane(&s);
+                            }
+                        }
+                        return;
                     }
                     Err(why) if !self.common.sources.loaded_process_ended(sender) => {
                         self.common.unproven_notifs.fetch_add(1, Ordering::Relaxed);

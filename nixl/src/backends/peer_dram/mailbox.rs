@@ -219,10 +219,10 @@ impl Mailbox {
     }
 
     /// Puts `bytes` in the next slot of the ring at `slots` (`head` this side's, `tail`
-    /// the other's); false where it is full, `bytes` do not fit, or the lane is broken.
-    fn push(&self, ring: Ring, bytes: &[u8]) -> bool {
+    /// the other's).
+    fn push(&self, ring: Ring, bytes: &[u8]) -> Push {
         if self.is_broken() || bytes.len() + 4 > ring.slot {
-            return false;
+            return Push::Unusable;
         }
         let _turn = self.pushing.lock();
         let head = self.u64_at(ring.head).load(Ordering::Relaxed);
@@ -230,10 +230,10 @@ impl Mailbox {
         let used = head.wrapping_sub(tail);
         if used > ring.slots {
             self.broken.store(true, Ordering::Relaxed);
-            return false;
+            return Push::Unusable;
         }
         if used == ring.slots {
-            return false;
+            return Push::Full;
         }
         let at = ring.at + (head % ring.slots) as usize * ring.slot;
         // SAFETY: the slot lies inside the mapping; the protocol gives it to this side
@@ -244,7 +244,7 @@ impl Mailbox {
             std::ptr::copy_nonoverlapping(bytes.as_ptr(), slot.add(4), bytes.len());
         }
         self.u64_at(ring.head).store(head + 1, Ordering::Release);
-        true
+        Push::Pushed
     }
 
     /// Copies the ring's next entry into `out` (cleared first); `Ok(false)` where none
@@ -290,7 +290,16 @@ impl Mailbox {
     /// Initiator: queues a request; false where it goes on the connection instead (too
     /// long, the ring full, the lane broken).
     pub(crate) fn push_request(&self, request: &[u8]) -> bool {
-        self.closed().load(Ordering::Acquire) == 0 && self.push(Ring::REQUESTS, request)
+        self.try_push_request(request) == Push::Pushed
+    }
+
+    /// Initiator: queues a request or says why not: `Full` (for now: the reader is
+    /// behind) or `Unusable` (too long for a slot, the lane closed or broken: never).
+    pub(crate) fn try_push_request(&self, request: &[u8]) -> Push {
+        if self.closed().load(Ordering::Acquire) != 0 {
+            return Push::Unusable;
+        }
+        self.push(Ring::REQUESTS, request)
     }
 
     /// Initiator: whether the target said it sleeps (a request must then also ring the
@@ -314,6 +323,12 @@ impl Mailbox {
         fence(Ordering::SeqCst);
     }
 
+    /// Requests pushed so far (the ring's head).
+    #[cfg(test)]
+    pub(crate) fn requests_pushed(&self) -> u64 {
+        self.u64_at(REQ_HEAD).load(Ordering::Acquire)
+    }
+
     /// Target: whether a request waits (without taking it).
     pub(crate) fn has_request(&self) -> bool {
         let tail = self.u64_at(REQ_TAIL).load(Ordering::Relaxed);
@@ -322,13 +337,23 @@ impl Mailbox {
 
     /// Target: queues an answer; false where it goes on the connection instead.
     pub(crate) fn push_answer(&self, answer: &[u8]) -> bool {
-        self.push(Ring::ANSWERS, answer)
+        self.push(Ring::ANSWERS, answer) == Push::Pushed
     }
 
     /// Initiator: the next answer, copied into `out`.
     pub(crate) fn pop_answer(&self, out: &mut Vec<u8>) -> Result<bool, LaneError> {
         self.pop(Ring::ANSWERS, out)
     }
+}
+
+/// What became of a push.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Push {
+    Pushed,
+    /// No room now: the reader is behind.
+    Full,
+    /// Never through this lane: too long for a slot, or the lane closed or broken.
+    Unusable,
 }
 
 /// One ring of a lane: where its indices and slots are.

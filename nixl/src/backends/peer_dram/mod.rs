@@ -29,7 +29,6 @@
 // no metadata splitting or rail sizing.
 #![cfg_attr(not(all(feature = "cuda", feature = "libfabric")), allow(dead_code))]
 
-#[cfg(feature = "cuda")]
 pub(crate) mod mailbox;
 pub(crate) mod trace;
 pub(crate) mod wire;

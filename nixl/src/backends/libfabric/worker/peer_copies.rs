@@ -13,15 +13,13 @@
 //! sleeps it says so in the lane, and an initiator that sees it sleeping rings it with a
 //! sealed doorbell on the rail.
 
-use super::{peer_copy, Proof, Worker};
-use crate::backends::libfabric::sources::Source;
+use super::{notif_mac, peer_copy, Proof, Worker};
+use crate::backends::libfabric::sources::{PeerSource, Source};
+use crate::backends::libfabric::stage_net::FabAddr;
+use crate::backends::libfabric::xfer::NotifView;
+use crate::backends::peer_dram::mailbox::Mailbox;
 use fabric::Address;
 use std::sync::Arc;
-
-#[cfg(feature = "cuda")]
-use crate::backends::libfabric::{sources::PeerSource, stage_net::FabAddr};
-#[cfg(feature = "cuda")]
-use crate::backends::peer_dram::mailbox::Mailbox;
 
 /// Where a served request's answer goes.
 #[cfg(feature = "cuda")]
@@ -34,11 +32,12 @@ pub(super) enum AnswerTo {
 }
 
 /// A lane this worker serves: the peer it was made for, the lane, where rail answers go.
-#[cfg(feature = "cuda")]
 #[derive(Debug)]
 pub(super) struct ServedLane {
     peer: Arc<PeerSource>,
     lane: Arc<Mailbox>,
+    /// Where the answers to its requests go when the lane is full.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     reply: FabAddr,
 }
 
@@ -213,11 +212,11 @@ impl Worker {
         }
     }
 
-    /// Makes a lane for the loaded peer whose request `source` served, once, and offers
-    /// it (sealed, on the rail): only for another process of this host and pid
-    /// namespace, which can take a descriptor from this one.
-    #[cfg(feature = "cuda")]
-    fn offer_lane(&mut self, source: &Source) {
+    /// Makes a lane for the loaded peer `source` names (whose request this side served,
+    /// or whose proven notification it took), once, and offers it (sealed, on the rail):
+    /// only for another process of this host and pid namespace, which can take a
+    /// descriptor from this one.
+    pub(super) fn offer_lane(&mut self, source: &Source) {
         let peer = &source.peer;
         if peer.served_lane.get().is_some()
             || peer.is_self
@@ -228,7 +227,7 @@ impl Worker {
         let lane = match Mailbox::create() {
             Ok(lane) => Arc::new(lane),
             Err(e) => {
-                tracing::debug!(peer = %peer.agent, "no shared lane for direct copies: {e}");
+                tracing::debug!(peer = %peer.agent, "no shared lane for the peer: {e}");
                 return;
             }
         };
@@ -245,19 +244,23 @@ impl Worker {
         });
     }
 
-    #[cfg(not(feature = "cuda"))]
-    fn offer_lane(&mut self, _source: &Source) {}
-
-    /// Takes the lane a loaded peer offered (sealed by it) from its process.
-    #[cfg(feature = "cuda")]
+    /// Takes the lane a loaded peer offered (sealed by it) from its process, for what
+    /// this side sends it (the addresses of that peer's load).
     pub(super) fn take_lane(&mut self, fd: i32, proof: &Proof) {
         let Proof::Peer(peer) = proof else {
             self.refuse_control(format_args!("a lane offer sealed by no loaded peer"));
             return;
         };
-        if peer.lane.get().is_some() {
+        let addrs = self
+            .common
+            .peers
+            .read()
+            .get(&peer.agent)
+            .filter(|p| Arc::ptr_eq(&p.source, peer))
+            .map(|p| p.addrs.clone());
+        let Some(addrs) = addrs.filter(|a| a.lane.get().is_none()) else {
             return;
-        }
+        };
         let Some(process) = &peer.process else {
             return;
         };
@@ -267,21 +270,18 @@ impl Worker {
             .and_then(|fd| Mailbox::take(fd).map_err(|e| e.to_string()));
         match taken {
             Ok(lane) => {
-                let _ = peer.lane.set((Arc::new(lane), self.index));
+                let _ = addrs.lane.set((Arc::new(lane), self.index));
             }
             Err(e) => tracing::info!(
                 peer = %peer.agent,
-                "direct copy requests stay on the rails (the peer's shared lane: {e})"
+                "messages to the peer stay on the rails (its shared lane: {e})"
             ),
         }
     }
 
-    #[cfg(not(feature = "cuda"))]
-    pub(super) fn take_lane(&mut self, _fd: i32, _proof: &Proof) {}
-
-    /// Serves the requests waiting in the lanes this worker made; whether there were
-    /// any. A lane whose peer was unloaded or reloaded, or which its peer broke, goes.
-    #[cfg(feature = "cuda")]
+    /// Serves the requests and notifications waiting in the lanes this worker made;
+    /// whether there were any. A lane whose peer was unloaded or reloaded, or which its
+    /// peer broke, goes.
     pub(super) fn serve_lanes(&mut self) -> bool {
         let generation = self.common.sources.generation();
         if generation != self.lanes_generation {
@@ -326,15 +326,17 @@ impl Worker {
         any
     }
 
-    /// A lane whose peer was unloaded or reloaded: closed (its initiator's requests go
-    /// on the rails from now), and what waits in it declined, so that no transfer waits
-    /// for an answer that never comes (the initiator runs them the ordinary way).
-    #[cfg(feature = "cuda")]
+    /// A lane whose peer was unloaded or reloaded: closed (its sender's messages go on
+    /// the rails from now). What waits in it is judged as if it came on a rail
+    /// (notifications: by their seal), requests declined, so that no transfer waits for
+    /// an answer that never comes (the initiator runs them the ordinary way).
     fn close_lane(&mut self, lane: &Mailbox) {
         lane.close();
         let mut buf = Vec::new();
         while let Ok(true) = lane.pop_request(&mut buf) {
-            if let Ok(peer_copy::Message::Request(r)) = peer_copy::decode(&buf) {
+            if buf.starts_with(notif_mac::SEALED_MAGIC) {
+                self.lane_notification(&buf);
+            } else if let Ok(peer_copy::Message::Request(r)) = peer_copy::decode(&buf) {
                 let done = peer_copy::Done {
                     id: r.id,
                     errno: libc::ESRCH,
@@ -345,9 +347,36 @@ impl Worker {
         }
     }
 
-    /// One request from lane `i`: it is that lane's peer's.
-    #[cfg(feature = "cuda")]
+    /// A sealed notification from a lane: judged by its seal, as one from a rail is
+    /// (whose endpoint it came from says nothing more: a lane has none).
+    fn lane_notification(&mut self, bytes: &[u8]) {
+        let Some(frame) = notif_mac::Sealed::split(bytes) else {
+            return self.drop_malformed("sealed notification", &"truncated seal");
+        };
+        match NotifView::parse(frame.inner) {
+            Some(notif) => self.notification(None, Some(&frame), &notif),
+            None => self.drop_malformed("notification", &"malformed notification"),
+        }
+    }
+
+    /// One entry of lane `i`: a sealed notification, or (with CUDA) a direct copy
+    /// request, which is that lane's peer's.
     fn serve_lane_request(&mut self, i: usize, bytes: &[u8]) {
+        if bytes.starts_with(notif_mac::SEALED_MAGIC) {
+            return self.lane_notification(bytes);
+        }
+        #[cfg(feature = "cuda")]
+        self.serve_lane_copy(i, bytes);
+        #[cfg(not(feature = "cuda"))]
+        {
+            let _ = i;
+            self.drop_malformed("lane entry", &"not a notification");
+        }
+    }
+
+    /// A direct copy request from lane `i`.
+    #[cfg(feature = "cuda")]
+    fn serve_lane_copy(&mut self, i: usize, bytes: &[u8]) {
         let (peer, lane, reply) = {
             let l = &self.lanes[i];
             (l.peer.clone(), l.lane.clone(), l.reply.clone())
@@ -393,7 +422,6 @@ impl Worker {
     /// Before the worker sleeps: each lane says so, and is looked at once more (a
     /// request pushed meanwhile is then seen, or its initiator rings). Returns whether a
     /// request waits (the worker then does not sleep).
-    #[cfg(feature = "cuda")]
     pub(super) fn lanes_going_to_sleep(&self) -> bool {
         for l in &self.lanes {
             l.lane.set_asleep(true);
@@ -402,7 +430,6 @@ impl Worker {
     }
 
     /// After the worker woke.
-    #[cfg(feature = "cuda")]
     pub(super) fn lanes_awake(&self) {
         for l in &self.lanes {
             l.lane.set_asleep(false);
