@@ -62,6 +62,8 @@ pub mod local;
 /// Direct VRAM ↔ same-host peer DRAM copies, shared by LIBFABRIC and GPUNETIO.
 #[cfg(any(feature = "libfabric", feature = "gpunetio"))]
 pub(crate) mod peer_dram;
+#[doc(hidden)]
+pub use peer_dram::fuzz_lane;
 #[cfg(feature = "posix")]
 pub mod posix;
 #[cfg_attr(

@@ -346,6 +346,62 @@ impl Mailbox {
     }
 }
 
+/// What a peer may do to a lane (`input`: anything it writes over the indices and the
+/// request slots) must never make the other side read past a slot, take more than a
+/// ringful, or fail to push and pop afterwards: the fuzzing driver (`nixl/fuzz`, target
+/// `peer_lane`). One lane per thread, its shared words reset each time.
+#[doc(hidden)]
+pub fn fuzz_lane(input: &[u8]) -> bool {
+    thread_local! {
+        static LANE: Option<Mailbox> = Mailbox::create().ok();
+    }
+    LANE.with(|lane| {
+        let Some(lane) = lane else {
+            return true;
+        };
+        // A fresh lane's shared words, then the peer's bytes over the four indices and
+        // the request slots.
+        for at in [REQ_HEAD, REQ_TAIL, ANS_HEAD, ANS_TAIL] {
+            lane.u64_at(at).store(0, Ordering::Relaxed);
+        }
+        lane.broken.store(false, Ordering::Relaxed);
+        for (i, chunk) in input.chunks(8).take(4).enumerate() {
+            let mut word = [0u8; 8];
+            word[..chunk.len()].copy_from_slice(chunk);
+            let at = [REQ_HEAD, REQ_TAIL, ANS_HEAD, ANS_TAIL][i];
+            lane.u64_at(at)
+                .store(u64::from_le_bytes(word), Ordering::Relaxed);
+        }
+        let slots = input.get(32..).unwrap_or_default();
+        let room = REQUEST_SLOTS as usize * REQUEST_SLOT;
+        let slots = &slots[..slots.len().min(room)];
+        // SAFETY: `slots` fits the request ring, inside the mapping.
+        unsafe {
+            std::ptr::copy_nonoverlapping(slots.as_ptr(), lane.base.add(REQUESTS), slots.len())
+        };
+        let mut out = Vec::new();
+        let mut taken = 0u64;
+        while let Ok(true) = lane.pop_request(&mut out) {
+            taken += 1;
+            if out.len() + 4 > REQUEST_SLOT || taken > REQUEST_SLOTS {
+                return false;
+            }
+        }
+        // Answers behind whatever tail the peer wrote: bounded, never past the ring.
+        for _ in 0..=ANSWER_SLOTS {
+            lane.push_answer(b"answer");
+        }
+        let mut answers = 0u64;
+        while let Ok(true) = lane.pop_answer(&mut out) {
+            answers += 1;
+            if answers > ANSWER_SLOTS {
+                return false;
+            }
+        }
+        true
+    })
+}
+
 /// What became of a push.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Push {
@@ -430,6 +486,30 @@ mod tests {
         // Too long for a slot: the caller uses the connection.
         assert!(!initiator.push_request(&vec![0; REQUEST_SLOT]));
         assert!(!target.push_answer(&[0; ANSWER_SLOT]));
+    }
+
+    #[test]
+    fn hostile_lane_contents_never_read_past_a_slot() {
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        for len in [0usize, 7, 32, 100, 4096, 40_000] {
+            for _ in 0..50 {
+                let bytes: Vec<u8> = (0..len)
+                    .map(|_| {
+                        state ^= state << 13;
+                        state ^= state >> 7;
+                        state ^= state << 17;
+                        state as u8
+                    })
+                    .collect();
+                assert!(fuzz_lane(&bytes));
+            }
+        }
+        // Plausible indices: a few real entries, then lengths past the slot.
+        let mut input = vec![0u8; 32 + 2 * REQUEST_SLOT];
+        input[..8].copy_from_slice(&2u64.to_le_bytes());
+        input[32..36].copy_from_slice(&3u32.to_le_bytes());
+        input[32 + REQUEST_SLOT..36 + REQUEST_SLOT].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(fuzz_lane(&input));
     }
 
     #[test]

@@ -30,6 +30,8 @@
 #![cfg_attr(not(all(feature = "cuda", feature = "libfabric")), allow(dead_code))]
 
 pub(crate) mod mailbox;
+#[doc(hidden)]
+pub use mailbox::fuzz_lane;
 pub(crate) mod trace;
 pub(crate) mod wire;
 
