@@ -62,6 +62,7 @@ pub mod local;
 /// Direct VRAM ↔ same-host peer DRAM copies, shared by LIBFABRIC and GPUNETIO.
 #[cfg(any(feature = "libfabric", feature = "gpunetio"))]
 pub(crate) mod peer_dram;
+#[cfg(any(feature = "libfabric", feature = "gpunetio"))]
 #[doc(hidden)]
 pub use peer_dram::fuzz_lane;
 #[cfg(feature = "posix")]
