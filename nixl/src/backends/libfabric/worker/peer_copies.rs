@@ -1,17 +1,21 @@
 //! Direct VRAM copies (module `peer_copy`) as a rail worker sees them: serving a peer's
-//! requests and answering them, taking the answers to this side's requests, and the
-//! shared lanes (module `peer_dram::mailbox`) that carry both between processes of one
-//! host once the target offered one.
+//! requests and answering them, taking the answers to this side's requests; and the
+//! shared lanes (module `peer_dram::mailbox`) that carry a same-host peer's
+//! notifications, its direct-copy requests and their answers between the two processes.
 //!
-//! A lane is made by the target for a loaded peer whose sealed request it served, and
-//! offered in a sealed message naming the lane's descriptor in the target's process; the
-//! initiator takes it with `pidfd_getfd` from the process that peer's connection
-//! information advertised (where the OS lets it reach into that process: the permission
-//! cross-memory attach needs too). Requests then go through the lane unsealed: only that
-//! peer's process holds it (and any process that could reach into either side's memory
-//! anyway). The worker that made a lane serves it each round while it spins; before it
-//! sleeps it says so in the lane, and an initiator that sees it sleeping rings it with a
-//! sealed doorbell on the rail.
+//! A lane is made by the receiving side for a loaded same-host peer once it took a proven
+//! notification or served a sealed request from it, and offered in a sealed message naming
+//! the lane's descriptor in its process; the peer takes it with `pidfd_getfd` from the
+//! process its connection information advertised (where the OS lets it reach into that
+//! process: the permission cross-memory attach needs too; otherwise everything stays on
+//! the rails). Notifications go through the lane still sealed, and are judged by their seal
+//! as on a rail; requests go unsealed: only that peer's process holds the lane (and any
+//! process that could reach into either side's memory anyway). What a rail's inbound queue
+//! holds (anyone on the host can fill it) no longer delays them. A full lane is waited for,
+//! as a busy rail is, so a peer's notifications keep their order; one too long for a slot
+//! (4 KiB) goes on the rail. The worker that made a lane reads it each round while it
+//! spins; before it sleeps it says so in the lane, and a sender that sees it sleeping rings
+//! it with a sealed doorbell on the rail.
 
 use super::{notif_mac, peer_copy, Proof, Worker};
 use crate::backends::libfabric::sources::{PeerSource, Source};
