@@ -308,9 +308,14 @@ impl ControlReply {
         };
         let mut bytes = 1u32.to_le_bytes().to_vec();
         bytes.push(CONTROL_LANE);
-        // SAFETY: the lane's descriptor stays open while `lane` lives (all of this call).
-        let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(lane.fd()) };
+        let raw = lane
+            .fd()
+            .ok_or_else(|| std::io::Error::other("the lane was handed over already"))?;
+        // SAFETY: the lane's descriptor stays open while `lane` holds it (all of this call).
+        let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(raw) };
         gpu_mem::send_fds(s, &bytes, &[fd]).map_err(std::io::Error::other)?;
+        // The message holds its own reference to the file now.
+        lane.release_fd();
         let _ = self.lane.set(Arc::downgrade(&lane));
         Ok(())
     }

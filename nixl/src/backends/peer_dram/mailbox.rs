@@ -72,7 +72,9 @@ fn os_error(what: &str) -> LaneError {
 #[derive(Debug)]
 pub(crate) struct Mailbox {
     base: *mut u8,
-    fd: OwnedFd,
+    /// The target's descriptor, until the peer has its own (a descriptor per lane and
+    /// side for as long as peers are loaded would add up; the mapping needs none).
+    fd: Mutex<Option<OwnedFd>>,
     /// The other side moved an index impossibly: nothing more goes through.
     broken: AtomicBool,
     /// This side's pushes, and its pops: each ring has one producing and one consuming
@@ -152,6 +154,8 @@ impl Mailbox {
             )));
         }
         let lane = Self::map(fd)?;
+        // Mapped: this side needs no descriptor.
+        lane.release_fd();
         if lane.u64_at(0).load(Ordering::Relaxed) != MAGIC
             || lane.u64_at(8).load(Ordering::Acquire) != SIZES
         {
@@ -178,16 +182,21 @@ impl Mailbox {
         }
         Ok(Self {
             base: base.cast(),
-            fd,
+            fd: Mutex::new(Some(fd)),
             broken: AtomicBool::new(false),
             pushing: Mutex::new(()),
             popping: Mutex::new(()),
         })
     }
 
-    /// The descriptor to hand to the peer.
-    pub(crate) fn fd(&self) -> RawFd {
-        self.fd.as_raw_fd()
+    /// The descriptor to hand to the peer (`None` once released).
+    pub(crate) fn fd(&self) -> Option<RawFd> {
+        self.fd.lock().as_ref().map(AsRawFd::as_raw_fd)
+    }
+
+    /// Closes this side's descriptor (the mapping stays): once the peer has its own.
+    pub(crate) fn release_fd(&self) {
+        self.fd.lock().take();
     }
 
     /// Whether the other side broke the lane (it carries nothing more).
@@ -446,7 +455,7 @@ mod tests {
     /// The initiator's side of `target`'s lane, as the handover gives it.
     fn other_side(target: &Mailbox) -> Mailbox {
         // SAFETY: dup of a valid descriptor, owned by the new OwnedFd.
-        let fd = unsafe { OwnedFd::from_raw_fd(libc::dup(target.fd())) };
+        let fd = unsafe { OwnedFd::from_raw_fd(libc::dup(target.fd().unwrap())) };
         Mailbox::take(fd).unwrap()
     }
 
@@ -594,6 +603,13 @@ mod tests {
         // A lane cannot be shrunk by either side.
         let lane = Mailbox::create().unwrap();
         // SAFETY: valid descriptor.
-        assert_ne!(unsafe { libc::ftruncate(lane.fd(), 4096) }, 0);
+        assert_ne!(unsafe { libc::ftruncate(lane.fd().unwrap(), 4096) }, 0);
+        // Released, the lane still works.
+        let initiator = other_side(&lane);
+        lane.release_fd();
+        assert_eq!(lane.fd(), None);
+        assert!(initiator.push_request(b"still"));
+        let mut out = Vec::new();
+        assert!(lane.pop_request(&mut out).unwrap());
     }
 }

@@ -235,11 +235,14 @@ impl Worker {
                 return;
             }
         };
+        let Some(fd) = lane.fd() else {
+            return;
+        };
         if peer.served_lane.set(lane.clone()).is_err() {
             return;
         }
         self.replies
-            .push_back((source.reply.clone(), peer_copy::encode_lane(lane.fd())));
+            .push_back((source.reply.clone(), peer_copy::encode_lane(fd)));
         self.send_replies();
         self.lanes.push(ServedLane {
             peer: peer.clone(),
@@ -314,6 +317,8 @@ impl Worker {
                 match lane.lane.pop_request(&mut buf) {
                     Ok(true) => {
                         peer_copy::trace::mark_received();
+                        // The peer has taken the lane: this side's descriptor may go.
+                        lane.lane.release_fd();
                         any = true;
                         self.serve_lane_request(i, &buf);
                     }
@@ -336,6 +341,7 @@ impl Worker {
     /// an answer that never comes (the initiator runs them the ordinary way).
     fn close_lane(&mut self, lane: &Mailbox) {
         lane.close();
+        lane.release_fd();
         let mut buf = Vec::new();
         while let Ok(true) = lane.pop_request(&mut buf) {
             if buf.starts_with(notif_mac::SEALED_MAGIC) {
