@@ -27,6 +27,15 @@ fn victim(name: &str, provider: &str, extra: &[(&str, &str)]) -> (Agent, Arc<Lib
     (agent, backend)
 }
 
+/// Loads `peer` into `target` and `target` into `peer`; `target`'s name as `peer` loaded it.
+fn load_both(target: &Agent, peer: &Agent) -> String {
+    target
+        .load_remote_metadata(&peer.local_metadata().unwrap())
+        .unwrap();
+    peer.load_remote_metadata(&target.local_metadata().unwrap())
+        .unwrap()
+}
+
 /// A raw RDM endpoint on `provider`: no agent, no backend.
 struct Raw {
     ep: fabric::Endpoint,
@@ -305,12 +314,7 @@ fn a_raw_endpoint_cannot_forge_or_release_notifications() {
         let (target, t) = victim(&format!("notif-victim-{tag}"), provider, &[]);
         let peer_name = format!("notif-peer-{tag}");
         let (peer, y) = victim(&peer_name, provider, &[]);
-        target
-            .load_remote_metadata(&peer.local_metadata().unwrap())
-            .unwrap();
-        let target_name = peer
-            .load_remote_metadata(&target.local_metadata().unwrap())
-            .unwrap();
+        let target_name = load_both(&target, &peer);
         let attacker = Raw::new(provider);
         let to_target = attacker.aim(&t);
         // A notification naming the loaded peer, from the attacker's endpoint: refused.
@@ -407,12 +411,7 @@ fn a_flood_of_forged_notifications_over_shm_delivers_none() {
     let (target, t) = victim("forge-flood-victim", "shm", &[]);
     let peer_name = "forge-flood-peer";
     let (peer, y) = victim(peer_name, "shm", &[]);
-    target
-        .load_remote_metadata(&peer.local_metadata().unwrap())
-        .unwrap();
-    let target_name = peer
-        .load_remote_metadata(&target.local_metadata().unwrap())
-        .unwrap();
+    let target_name = load_both(&target, &peer);
     let attacker = Raw::new("shm");
     let to_target = attacker.aim(&t);
     let mut delivered_forged = 0usize;
@@ -565,12 +564,7 @@ fn never_completing_notifications_stay_bounded() {
     const FLOOD: u64 = 50_000;
     let (target, t) = victim("flood-victim", "shm", &[]);
     let (peer, _y) = victim("flood-peer", "shm", &[]);
-    target
-        .load_remote_metadata(&peer.local_metadata().unwrap())
-        .unwrap();
-    let target_name = peer
-        .load_remote_metadata(&target.local_metadata().unwrap())
-        .unwrap();
+    let target_name = load_both(&target, &peer);
     let attacker = Raw::new("shm");
     let to_target = attacker.aim(&t);
     let mut peak = 0;
@@ -1019,12 +1013,7 @@ fn forged_or_replayed_staging_answers_complete_nothing_early() {
         unsafe { initiator.register_mem(&dram(src.as_ptr() as u64, src.len()), None) }.unwrap();
     // SAFETY: as above.
     let _ht = unsafe { target.register_mem(&dram(dst.as_ptr() as u64, dst.len()), None) }.unwrap();
-    target
-        .load_remote_metadata(&initiator.local_metadata().unwrap())
-        .unwrap();
-    let name = initiator
-        .load_remote_metadata(&target.local_metadata().unwrap())
-        .unwrap();
+    let name = load_both(&target, &initiator);
     let to_initiator = t.common.peers.read()["seal-done-initiator"].addrs.addrs[0];
     let attacker = Raw::new("shm");
     let attacker_to_initiator = attacker.aim(&i);
@@ -1186,12 +1175,7 @@ fn forged_or_replayed_assist_answers_complete_nothing_early() {
     // SAFETY: as above.
     let _hi =
         unsafe { initiator.register_mem(&dram(dst.as_ptr() as u64, dst.len()), None) }.unwrap();
-    target
-        .load_remote_metadata(&initiator.local_metadata().unwrap())
-        .unwrap();
-    let name = initiator
-        .load_remote_metadata(&target.local_metadata().unwrap())
-        .unwrap();
+    let name = load_both(&target, &initiator);
     let asks = i.common.peers.read()[&name]
         .cma
         .as_ref()
@@ -1267,12 +1251,7 @@ fn forged_or_replayed_assist_answers_complete_nothing_early() {
 fn forged_or_replayed_peer_copy_answers_are_not_taken() {
     let (target, t) = victim("seal-pcopy-target", "shm", &[]);
     let (initiator, i) = victim("seal-pcopy-initiator", "shm", &[]);
-    target
-        .load_remote_metadata(&initiator.local_metadata().unwrap())
-        .unwrap();
-    let name = initiator
-        .load_remote_metadata(&target.local_metadata().unwrap())
-        .unwrap();
+    let name = load_both(&target, &initiator);
     let run = Arc::new(peer_copy::RunState::new(&name, 1));
     let id = i.common.peer_copy.waits.add(&run);
     let to_initiator = t.common.peers.read()["seal-pcopy-initiator"].addrs.addrs[0];
@@ -1362,12 +1341,7 @@ fn forged_fetch_data_completes_nothing_early() {
         // SAFETY: as above.
         let _hi =
             unsafe { initiator.register_mem(&dram(dst.as_ptr() as u64, dst.len()), None) }.unwrap();
-        target
-            .load_remote_metadata(&initiator.local_metadata().unwrap())
-            .unwrap();
-        let name = initiator
-            .load_remote_metadata(&target.local_metadata().unwrap())
-            .unwrap();
+        let name = load_both(&target, &initiator);
         let to_initiator = t.common.peers.read()[&initiator_name].addrs.addrs[0];
         let attacker = Raw::new(provider);
         let attacker_to_initiator = attacker.aim(&i);
@@ -1549,12 +1523,7 @@ fn a_mixed_flood_drops_exactly_the_forged_and_delivers_every_genuine_one() {
         );
         let peer_name = format!("mixed-peer-{tag}");
         let (peer, y) = victim(&peer_name, provider, &[]);
-        target
-            .load_remote_metadata(&peer.local_metadata().unwrap())
-            .unwrap();
-        let target_name = peer
-            .load_remote_metadata(&target.local_metadata().unwrap())
-            .unwrap();
+        let target_name = load_both(&target, &peer);
         // A genuine sealed frame, delivered once before the flood replays it.
         let genuine = y.common.peers.read()[&target_name]
             .addrs
@@ -1667,12 +1636,7 @@ fn a_flood_of_control_frames_under_made_up_keys_stays_bounded() {
     }
     let (target, t) = victim("keyflood-victim", "tcp;ofi_rxm", &[]);
     let (peer, _y) = victim("keyflood-peer", "tcp;ofi_rxm", &[]);
-    target
-        .load_remote_metadata(&peer.local_metadata().unwrap())
-        .unwrap();
-    let target_name = peer
-        .load_remote_metadata(&target.local_metadata().unwrap())
-        .unwrap();
+    let target_name = load_both(&target, &peer);
     let attacker = Raw::new("tcp;ofi_rxm");
     let to_target = attacker.aim(&t);
     let messages: Vec<Vec<u8>> = (0..FLOOD)

@@ -299,6 +299,20 @@ pub(crate) fn encode_request(
 }
 
 impl Done {
+    /// The answer to request `id` that the target did not start (`errno`), with its stamps
+    /// (read at `read`, answered now) where it traces.
+    pub(crate) fn unstarted(id: u64, errno: i32, read: u64) -> Self {
+        Done {
+            id,
+            errno,
+            trace: trace::on().then(|| trace::TargetStamps {
+                read,
+                answered: trace::now_ns(),
+                ..Default::default()
+            }),
+        }
+    }
+
     /// `NXPV 1 2 id:u64 errno:i32`, or kind 4 with the target's four stamps (`u64`
     /// each) after.
     pub(crate) fn encode(&self) -> Vec<u8> {

@@ -90,15 +90,7 @@ impl Worker {
                 None,
             ),
         };
-        let done = peer_copy::Done {
-            id: request.id,
-            errno,
-            trace: peer_copy::trace::on().then(|| peer_copy::trace::TargetStamps {
-                read,
-                answered: peer_copy::trace::now_ns(),
-                ..Default::default()
-            }),
-        };
+        let done = peer_copy::Done::unstarted(request.id, errno, read);
         let sender = self.control_sender(proof, src);
         self.answer(
             answer_to,
@@ -413,16 +405,7 @@ impl Worker {
                 Err(errno) => errno,
             }
         };
-        let done = peer_copy::Done {
-            id: request.id,
-            errno,
-            trace: peer_copy::trace::on().then(|| peer_copy::trace::TargetStamps {
-                read,
-                answered: peer_copy::trace::now_ns(),
-                ..Default::default()
-            }),
-        }
-        .encode();
+        let done = peer_copy::Done::unstarted(request.id, errno, read).encode();
         if !lane.push_answer(&done) {
             self.replies.push_back((reply, done));
             self.send_replies();
