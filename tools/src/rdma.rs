@@ -1,7 +1,7 @@
 //! The RDMA devices of this machine, for flags that name one (`--device_list`): a name
 //! that is not there is refused before anything starts, in one line that lists what the
 //! machine has (instead of a backend that hangs or fails minutes later, after tens of
-//! GiB were set up).
+//! GiB were set up); and the libfabric providers it offers ([`local_providers`]).
 
 use std::path::Path;
 
@@ -59,6 +59,23 @@ pub fn check_device(
     Err(format!(
         "{given}: this machine has no RDMA device {name} ({has}); {backend} {without}"
     ))
+}
+
+/// Providers on this host that offer RDM endpoints with messages and RMA, as LIBFABRIC
+/// asks for them: sorted, without repeats.
+pub fn local_providers() -> Vec<String> {
+    let infos = fabric::InfoBuilder::new()
+        .ep_type(fabric::EndpointType::RDM)
+        .caps(fabric::Caps::MSG | fabric::Caps::RMA)
+        .get()
+        .unwrap_or_default();
+    let mut names: Vec<String> = infos
+        .iter()
+        .map(|i| i.provider_name().to_string())
+        .collect();
+    names.sort();
+    names.dedup();
+    names
 }
 
 #[cfg(test)]

@@ -32,26 +32,10 @@ const ACK: u8 = 5;
 const ERROR: u8 = 6;
 const LIMIT: Duration = Duration::from_secs(180);
 
-/// LIBFABRIC providers on this host as nixlbench lists them (RDM, messages and RMA).
-fn local_providers() -> Vec<String> {
-    let infos = fabric::InfoBuilder::new()
-        .ep_type(fabric::EndpointType::RDM)
-        .caps(fabric::Caps::MSG | fabric::Caps::RMA)
-        .get()
-        .unwrap_or_default();
-    let mut names: Vec<String> = infos
-        .iter()
-        .map(|i| i.provider_name().to_string())
-        .collect();
-    names.sort();
-    names.dedup();
-    names
-}
-
 /// The genuine initiator's provider (`shm` where there is one) and another one for the
 /// stranger (`None` where there is no other); `None` (printed) without any.
 fn providers(test: &str) -> Option<(String, Option<String>)> {
-    let all = local_providers();
+    let all = tools::rdma::local_providers();
     let Some(genuine) = all.iter().find(|p| *p == "shm").or(all.first()).cloned() else {
         println!("skipped {test}: no libfabric provider with RDM endpoints");
         return None;

@@ -1602,8 +1602,8 @@ fn a_mixed_flood_drops_exactly_the_forged_and_delivers_every_genuine_one() {
 /// under a fresh made-up public key, over `tcp;ofi_rxm` (whose bounce buffers keep every
 /// message the rail worker has not taken yet, without bound). Each such frame cost an
 /// X25519 key agreement before the tag was found wrong, so the worker fell far behind
-/// and the process grew with the backlog (measured on the code before: 0.1 ms a frame in
-/// a debug build, hundreds of MiB here); key agreements with new keys are paced now, and
+/// and the process grew with the backlog (`docs/BENCHMARKS.md`, "a bounded receive path
+/// under a notification flood, session 7"); key agreements with new keys are paced now, and
 /// the rest are refused at the cost of a lookup. The bound is the issue's 64 MiB; the
 /// agreement count follows from the pace (burst plus rate times the flood's duration,
 /// whatever the machine's speed).

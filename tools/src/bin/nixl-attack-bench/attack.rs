@@ -245,16 +245,10 @@ pub(crate) fn forged_notifications(
     rail: &[u8],
     total: u64,
 ) -> Result<AttackReport, String> {
-    let raw = RawEndpoint::open(provider)?;
-    let dest: Address = raw
-        .av
-        .insert(rail)
-        .map_err(|e| format!("inserting the target's rail: {e}"))?;
     let inject_max = 512usize;
     let mut rng = Rng(0xf0f0_4e58);
-    let mut report = AttackReport::default();
     let filler = vec![b'x'; 400];
-    for k in 0..total {
+    flood_rail(provider, rail, total, |k| {
         let key = rng.next() >> 1;
         let message = match k % 4 {
             0 if k % 8 == 0 => notification(INITIATOR, key, 0, b"w 0 0 forged"),
@@ -273,13 +267,8 @@ pub(crate) fn forged_notifications(
             }
         };
         debug_assert!(message.len() <= inject_max);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        match raw.ep.retry(deadline, || raw.ep.inject(&message, dest)) {
-            Ok(()) => report.done += 1,
-            Err(_) => report.failed += 1,
-        }
-    }
-    Ok(report)
+        message
+    })
 }
 
 /// `total` sealed rail control frames (`NXRS`: a staging OFFER inside, a made-up tag)
@@ -291,22 +280,36 @@ pub(crate) fn forged_control_frames(
     rail: &[u8],
     total: u64,
 ) -> Result<AttackReport, String> {
+    let mut rng = Rng(0xc0_4e7a_1f00);
+    flood_rail(provider, rail, total, |k| {
+        let mut public = [0u8; 32];
+        rng.fill(&mut public);
+        wire::control_frame(
+            rng.next() >> 8,
+            &public,
+            &format!("stranger-{}", k % 64),
+            b"NXST forged offer",
+        )
+    })
+}
+
+/// Injects `message(k)` for each `k` below `total` into the target's rail `rail` (its
+/// endpoint name) from a raw endpoint on `provider`, each retried for up to 10 s while
+/// the rail is busy; counts what went and what did not.
+fn flood_rail(
+    provider: &str,
+    rail: &[u8],
+    total: u64,
+    mut message: impl FnMut(u64) -> Vec<u8>,
+) -> Result<AttackReport, String> {
     let raw = RawEndpoint::open(provider)?;
     let dest: Address = raw
         .av
         .insert(rail)
         .map_err(|e| format!("inserting the target's rail: {e}"))?;
-    let mut rng = Rng(0xc0_4e7a_1f00);
     let mut report = AttackReport::default();
     for k in 0..total {
-        let mut public = [0u8; 32];
-        rng.fill(&mut public);
-        let message = wire::control_frame(
-            rng.next() >> 8,
-            &public,
-            &format!("stranger-{}", k % 64),
-            b"NXST forged offer",
-        );
+        let message = message(k);
         let deadline = Instant::now() + Duration::from_secs(10);
         match raw.ep.retry(deadline, || raw.ep.inject(&message, dest)) {
             Ok(()) => report.done += 1,

@@ -20,22 +20,6 @@ pub(crate) fn is_this_host(ip: IpAddr) -> bool {
     ip.is_loopback() || ip.is_unspecified() || UdpSocket::bind(SocketAddr::new(ip, 0)).is_ok()
 }
 
-/// Providers on this host that offer RDM endpoints with messages and RMA, as LIBFABRIC
-/// asks for them.
-pub(crate) fn local_providers() -> Vec<String> {
-    let infos = fabric::InfoBuilder::new()
-        .ep_type(fabric::EndpointType::RDM)
-        .caps(fabric::Caps::MSG | fabric::Caps::RMA)
-        .get()
-        .unwrap_or_default();
-    let mut names: Vec<String> = infos
-        .iter()
-        .map(|i| i.provider_name().to_string())
-        .collect();
-    names.sort();
-    names.dedup();
-    names
-}
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -3,12 +3,13 @@
 
 use crate::mem::{register, Init, Mem, TARGET_SEED};
 use crate::options::{Options, Side};
-use crate::provider::{local_providers, with_provider};
+use crate::provider::with_provider;
 use crate::setup::Setup;
 use crate::{quiet, INITIATOR, TARGET};
 use nixl::Agent;
 use std::io::Write;
 use std::time::{Duration, Instant};
+use tools::rdma::local_providers;
 
 pub(crate) fn run_target(o: &Options) -> Result<(), String> {
     if o.backend == "LOCAL" {

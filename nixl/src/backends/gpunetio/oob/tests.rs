@@ -25,6 +25,21 @@ fn impostor(name: &str, peer: &str, addr: SocketAddr) -> OobSender {
     OobSender::new(name, peer, addr, Arc::new(OwnConns::default()))
 }
 
+/// The next direct-copy answer on `conn` (10 s at most).
+fn wait_answer(conn: &ControlConn) -> Vec<u8> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut got = None;
+    while got.is_none() {
+        assert!(Instant::now() < deadline, "no answer");
+        conn.poll(|kind, body| {
+            assert_eq!(kind, CONTROL_PEER_COPY);
+            got = Some(body.to_vec());
+        })
+        .unwrap();
+    }
+    got.unwrap()
+}
+
 /// Waits until `check` holds (10 s at most).
 fn eventually(what: &str, mut check: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -415,17 +430,7 @@ fn a_confirmed_same_host_connection_gets_a_lane_that_carries_requests_and_answer
     let name = bob.unix_name().unwrap().to_vec();
     let round = |conn: &ControlConn, body: &[u8]| -> (bool, Vec<u8>) {
         let laned = conn.send_request(body).unwrap();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        let mut got = None;
-        while got.is_none() {
-            assert!(Instant::now() < deadline, "no answer");
-            conn.poll(|kind, answer| {
-                assert_eq!(kind, CONTROL_PEER_COPY);
-                got = Some(answer.to_vec());
-            })
-            .unwrap();
-        }
-        (laned, got.unwrap())
+        (laned, wait_answer(conn))
     };
     let conn = ControlConn::connect_local("alice", "bob", &name, &me, alice.own_conns()).unwrap();
     // The lane comes with the first frames the initiator reads.
@@ -540,19 +545,6 @@ fn control_connections_carry_requests_answers_and_notifications() {
         reply.send(CONTROL_PEER_COPY, &answer).unwrap();
     })));
     let conn = ControlConn::connect("alice", "bob", bob.addr(), alice.own_conns()).unwrap();
-    let wait_answer = |conn: &ControlConn| -> Vec<u8> {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        let mut got = None;
-        while got.is_none() {
-            assert!(Instant::now() < deadline, "no answer");
-            conn.poll(|kind, body| {
-                assert_eq!(kind, CONTROL_PEER_COPY);
-                got = Some(body.to_vec());
-            })
-            .unwrap();
-        }
-        got.unwrap()
-    };
     conn.send(CONTROL_PEER_COPY, b"req-1").unwrap();
     assert_eq!(wait_answer(&conn), b"req-1\x01");
     // The host side of a request's round trip, answered at once (the figure goes to
