@@ -632,7 +632,6 @@ impl OobListener {
             jobs,
             results,
             scratch: vec![0; READ_CHUNK],
-            lane_scratch: Vec::new(),
             active_until: Instant::now(),
         };
         std::thread::Builder::new()
@@ -649,7 +648,7 @@ impl OobListener {
     }
 
     /// Hands control connections' shared lanes to `handler` (set once, before the first
-    /// lane; without it this listener's thread serves them with the control handler).
+    /// lane; without it no lane is made, and requests come on the connections).
     pub(super) fn serve_lanes_with(&self, handler: LaneHandler) {
         let _ = self.lanes.set(handler);
     }
@@ -804,11 +803,10 @@ struct Conn {
     state: State,
     /// A control connection's answering half, made on its first request.
     reply: Option<Arc<ControlReply>>,
-    /// Its shared lane (same host, on the initiator's asking): requests read from it
-    /// are this connection's. Served here, or by the [`LaneHandler`] (`lane_elsewhere`),
-    /// whose hold ends with the connection.
+    /// Its shared lane (same host, on the initiator's asking), served by the
+    /// [`LaneHandler`], whose hold ends with the connection: requests read from it are
+    /// this connection's.
     lane: Option<Arc<Mailbox>>,
-    lane_elsewhere: bool,
 }
 
 /// The answering half of control connection `c`, made on first use.
@@ -856,8 +854,6 @@ struct Server {
     jobs: mpsc::Sender<VerifyJob>,
     results: mpsc::Receiver<(u64, bool)>,
     scratch: Vec<u8>,
-    /// A request copied out of a lane.
-    lane_scratch: Vec<u8>,
     /// Until when `wait` polls without sleeping (traffic came recently).
     active_until: Instant,
 }
@@ -890,9 +886,6 @@ impl Server {
             for id in ready.conns {
                 self.read(id);
             }
-            if self.serve_lanes() {
-                self.active_until = Instant::now() + ACTIVE_SPIN;
-            }
             self.expire(Instant::now());
             self.shed();
         }
@@ -924,32 +917,13 @@ impl Server {
             fds.push(pollfd_in(c.stream.as_raw_fd()));
             ids.push(id);
         }
-        let mut ms = if now < self.active_until {
+        let ms = if now < self.active_until {
             0
         } else {
             timeout.as_millis().clamp(1, i32::MAX as u128) as i32
         };
-        // Before blocking, each lane says so and is looked at once more: a request pushed
-        // meanwhile either is seen now or rings its connection (`Mailbox::target_asleep`).
-        let lanes = || {
-            self.conns
-                .values()
-                .filter(|c| !c.lane_elsewhere)
-                .filter_map(|c| c.lane.as_deref())
-        };
-        if ms > 0 {
-            for lane in lanes() {
-                lane.set_asleep(true);
-            }
-            if lanes().any(Mailbox::has_request) {
-                ms = 0;
-            }
-        }
         // SAFETY: `fds` is a live array of pollfds over descriptors this thread owns.
         let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
-        for lane in lanes() {
-            lane.set_asleep(false);
-        }
         if n <= 0 {
             return Ready::default();
         }
@@ -1028,7 +1002,6 @@ impl Server {
                 frames: FrameBuf::default(),
                 reply: None,
                 lane: None,
-                lane_elsewhere: false,
                 state: State::First {
                     deadline: Instant::now() + FIRST_FRAME_TIMEOUT,
                 },
@@ -1238,13 +1211,10 @@ impl Server {
                                 }
                             }
                             Some((CONTROL_LANE, _)) => self.open_lane(id, from),
-                            // Its request is read from the lane by this loop, or by the
-                            // lane's own server, woken here.
+                            // Its request waits in the lane: its server is woken.
                             Some((CONTROL_DOORBELL, _)) => {
-                                if c.lane_elsewhere {
-                                    if let Some(h) = self.lanes.get() {
-                                        (h.wake)();
-                                    }
+                                if let (Some(_), Some(h)) = (&c.lane, self.lanes.get()) {
+                                    (h.wake)();
                                 }
                             }
                             _ => return self.close(id, "a malformed control frame"),
@@ -1256,18 +1226,17 @@ impl Server {
         }
     }
 
-    /// Makes a shared lane for control connection `id` and hands it over, where the
-    /// initiator asked on a same-host (Unix) connection its peer confirmed, and direct
-    /// copies are served here; otherwise the connection carries on alone.
+    /// Makes a shared lane for control connection `id`, hands it over and gives it to the
+    /// [`LaneHandler`], where the initiator asked on a same-host (Unix) connection its
+    /// peer confirmed and lanes are served; otherwise the connection carries on alone.
     fn open_lane(&mut self, id: u64, from: ControlFrom) {
         let Some(c) = self.conns.get_mut(&id) else {
             return;
         };
-        if !from.verified
-            || c.lane.is_some()
-            || !matches!(c.stream, Stream::Unix(_))
-            || self.control.get().is_none()
-        {
+        let Some(handler) = self.lanes.get() else {
+            return;
+        };
+        if !from.verified || c.lane.is_some() || !matches!(c.stream, Stream::Unix(_)) {
             return;
         }
         let made = Mailbox::create()
@@ -1276,60 +1245,15 @@ impl Server {
                 let lane = Arc::new(lane);
                 let reply = reply_of(c, &self.inbox).map_err(|e| e.to_string())?;
                 reply.hand_over(lane.clone()).map_err(|e| e.to_string())?;
-                Ok(lane)
+                Ok((lane, reply))
             });
         match made {
-            Ok(lane) => {
-                if let (Some(h), Some(reply)) = (self.lanes.get(), &c.reply) {
-                    (h.take)(from, Arc::downgrade(&lane), reply.clone());
-                    c.lane_elsewhere = true;
-                }
+            Ok((lane, reply)) => {
+                (handler.take)(from, Arc::downgrade(&lane), reply);
                 c.lane = Some(lane);
             }
             Err(e) => tracing::debug!("GPUNETIO: no shared lane for a control connection: {e}"),
         }
-    }
-
-    /// Serves the requests waiting in the connections' lanes (as if read from the
-    /// connections); whether there were any. A lane its initiator broke is dropped (the
-    /// connection still carries requests).
-    fn serve_lanes(&mut self) -> bool {
-        let Some(handler) = self.control.get() else {
-            return false;
-        };
-        let mut any = false;
-        for c in self.conns.values_mut() {
-            let (Some(lane), Some(reply), State::Open { name, verified, .. }, false) =
-                (&c.lane, &c.reply, &c.state, c.lane_elsewhere)
-            else {
-                continue;
-            };
-            let mut broken = None;
-            // At most a ringful per pass: other connections get their turn.
-            for _ in 0..crate::backends::peer_dram::mailbox::REQUEST_SLOTS {
-                match lane.pop_request(&mut self.lane_scratch) {
-                    Ok(true) => {
-                        trace::mark_received();
-                        any = true;
-                        let from = ControlFrom {
-                            agent: name.clone(),
-                            verified: *verified,
-                        };
-                        (handler.0)(from, &self.lane_scratch, reply.clone());
-                    }
-                    Ok(false) => break,
-                    Err(e) => {
-                        broken = Some(e);
-                        break;
-                    }
-                }
-            }
-            if let Some(e) = broken {
-                tracing::warn!(peer = %name, "GPUNETIO: {e}; its requests go on the connection");
-                c.lane = None;
-            }
-        }
-        any
     }
 
     /// Closes connections whose first frame is overdue.

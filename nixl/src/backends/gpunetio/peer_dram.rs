@@ -472,22 +472,16 @@ impl PeerDramPath {
             let Some(lane) = l.lane.upgrade() else {
                 return false;
             };
-            // A ringful at most per pass: the running copies are polled between.
-            for _ in 0..crate::backends::peer_dram::mailbox::REQUEST_SLOTS {
-                match lane.pop_request(buf) {
-                    Ok(true) => {
-                        trace::mark_received();
-                        any = true;
-                        self.serve_one(&l.from, buf, &l.reply, running);
-                    }
-                    Ok(false) => return true,
-                    Err(e) => {
-                        tracing::warn!(peer = %l.from.agent, "{NAME}: {e}; its requests go on the connection");
-                        return false;
-                    }
+            match lane.take_requests(buf, |body| self.serve_one(&l.from, body, &l.reply, running)) {
+                Ok(n) => {
+                    any |= n > 0;
+                    true
+                }
+                Err(e) => {
+                    tracing::warn!(peer = %l.from.agent, "{NAME}: {e}; its requests go on the connection");
+                    false
                 }
             }
-            true
         });
         any
     }

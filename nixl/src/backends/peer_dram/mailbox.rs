@@ -324,6 +324,24 @@ impl Mailbox {
         self.pop(Ring::REQUESTS, out)
     }
 
+    /// Target: hands each waiting request to `each` (copied into `buf`, and marked
+    /// received for `peer_dram::trace`), a ringful at most: the caller's other work gets
+    /// its turn. Returns how many; `Err` where the peer broke the lane (those before it
+    /// were handed over).
+    pub(crate) fn take_requests(
+        &self,
+        buf: &mut Vec<u8>,
+        mut each: impl FnMut(&[u8]),
+    ) -> Result<u64, LaneError> {
+        let mut taken = 0;
+        while taken < REQUEST_SLOTS && self.pop_request(buf)? {
+            super::trace::mark_received();
+            each(buf);
+            taken += 1;
+        }
+        Ok(taken)
+    }
+
     /// Target: says it is about to block (`true`) or awake (`false`). After saying it
     /// sleeps, the target looks at the ring once more before blocking (see
     /// [`Self::target_asleep`]).

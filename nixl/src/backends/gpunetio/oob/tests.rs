@@ -40,6 +40,84 @@ fn wait_answer(conn: &ControlConn) -> Vec<u8> {
     got.unwrap()
 }
 
+/// What a lane server gets: a lane, or a doorbell.
+enum LaneJob {
+    Lane(ControlFrom, std::sync::Weak<Mailbox>, Arc<ControlReply>),
+    Wake,
+}
+
+/// Serves the lanes `listener` hands over on a thread of its own, as `peer_dram`'s
+/// serving thread does: each request answered with `answer`; after 20 ms without one it
+/// says it sleeps in its lanes and blocks until a lane or a doorbell comes. Stops when
+/// the listener (its sender) goes.
+fn serve_lanes_on_a_thread(
+    listener: &OobListener,
+    answer: impl Fn(&ControlFrom, &[u8], &ControlReply) + Send + 'static,
+) {
+    let (jobs, incoming) = mpsc::channel::<LaneJob>();
+    let (lanes_to, bells_to) = (Mutex::new(jobs.clone()), Mutex::new(jobs));
+    listener.serve_lanes_with(LaneHandler {
+        take: Box::new(move |from, lane, reply| {
+            let _ = lanes_to.lock().send(LaneJob::Lane(from, lane, reply));
+        }),
+        wake: Box::new(move || {
+            let _ = bells_to.lock().send(LaneJob::Wake);
+        }),
+    });
+    std::thread::spawn(move || {
+        let mut lanes = Vec::new();
+        let mut buf = Vec::new();
+        let mut served_at = Instant::now();
+        let take = |job, lanes: &mut Vec<_>| {
+            if let LaneJob::Lane(from, lane, reply) = job {
+                lanes.push((from, lane, reply));
+            }
+        };
+        loop {
+            while let Ok(job) = incoming.try_recv() {
+                take(job, &mut lanes);
+            }
+            for (from, lane, reply) in &lanes {
+                let Some(lane) = std::sync::Weak::upgrade(lane) else {
+                    continue;
+                };
+                while let Ok(true) = lane.pop_request(&mut buf) {
+                    answer(from, &buf, reply);
+                    served_at = Instant::now();
+                }
+            }
+            if served_at.elapsed() < Duration::from_millis(20) {
+                std::thread::yield_now();
+                continue;
+            }
+            let live: Vec<Arc<Mailbox>> = lanes
+                .iter()
+                .filter_map(|(_, lane, _)| lane.upgrade())
+                .collect();
+            for lane in &live {
+                lane.set_asleep(true);
+            }
+            if !live.iter().any(|lane| lane.has_request()) {
+                match incoming.recv() {
+                    Ok(job) => take(job, &mut lanes),
+                    Err(_) => return,
+                }
+            }
+            for lane in &live {
+                lane.set_asleep(false);
+            }
+            served_at = Instant::now();
+        }
+    });
+}
+
+/// Echoes a request with the verdict on its connection: 1 confirmed, 0 not.
+fn echo_verdict(from: &ControlFrom, body: &[u8], reply: &ControlReply) {
+    let mut answer = body.to_vec();
+    answer.push(u8::from(from.verified));
+    reply.send(CONTROL_PEER_COPY, &answer).unwrap();
+}
+
 /// Waits until `check` holds (10 s at most).
 fn eventually(what: &str, mut check: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -309,7 +387,9 @@ where
 /// answered without copying (no GPU): TCP on loopback and a Unix-domain socket pair
 /// (the transport floor), then a control connection to a listener answering in its
 /// handler (the listener thread alone: how `peer_dram` starts copies now), on TCP
-/// and on the listener's Unix socket, then one handing each request to a serving
+/// and on the listener's Unix socket, through a shared lane served by a thread of its
+/// own (how `peer_dram` serves same-host peers now), then one handing each request to a
+/// serving
 /// thread that answers (how `peer_dram` started copies before). Prints the figures
 /// (docs/BENCHMARKS.md keeps them, with LIBFABRIC's `shm` rail measured by
 /// `fi_pingpong -p shm` beside); the bounds are loose so a loaded CI machine passes.
@@ -336,6 +416,13 @@ fn control_round_trips_on_the_host_by_layer() {
         bob.know("alice", alice.addr());
         bob.know_process("alice", LocalIdentity::me());
         bob.serve_control(handler);
+        if lane {
+            // A lane is served by a thread of its own, as `peer_dram`'s serving thread.
+            serve_lanes_on_a_thread(&bob, |from, _, reply| {
+                assert!(from.verified);
+                reply.send(CONTROL_PEER_COPY, &[1u8; 18]).unwrap();
+            });
+        }
         let conn = if local {
             let me = LocalIdentity::me().unwrap();
             let name = bob.unix_name().unwrap();
@@ -405,7 +492,7 @@ fn control_round_trips_on_the_host_by_layer() {
     eprintln!(
         "request/answer round trip on the host: TCP loopback {tcp:?}, Unix socket pair \
          {unix:?}; control connection answered by its listener: TCP {in_handler:?}, \
-         Unix socket {on_unix:?}, shared lane {on_lane:?}; TCP, handed to a serving thread \
+         Unix socket {on_unix:?}, shared lane served by its thread {on_lane:?}; TCP, handed to a serving thread \
          {handed_off:?}"
     );
     for per in [tcp, unix, in_handler, on_unix, on_lane, handed_off] {
@@ -418,14 +505,13 @@ fn a_confirmed_same_host_connection_gets_a_lane_that_carries_requests_and_answer
     let bob = listen("bob");
     let alice = listen("alice");
     bob.know_process("alice", LocalIdentity::me());
-    // Echo with the verdict: 1 confirmed, 0 not.
+    // Requests on a connection, and in a lane (served by a thread of its own).
     bob.serve_control(ControlHandler(Box::new(
-        |from: ControlFrom, body: &[u8], reply| {
-            let mut answer = body.to_vec();
-            answer.push(u8::from(from.verified));
-            reply.send(CONTROL_PEER_COPY, &answer).unwrap();
+        |from: ControlFrom, body: &[u8], reply: Arc<ControlReply>| {
+            echo_verdict(&from, body, &reply)
         },
     )));
+    serve_lanes_on_a_thread(&bob, echo_verdict);
     let me = LocalIdentity::me().unwrap();
     let name = bob.unix_name().unwrap().to_vec();
     let round = |conn: &ControlConn, body: &[u8]| -> (bool, Vec<u8>) {
@@ -456,8 +542,8 @@ fn a_confirmed_same_host_connection_gets_a_lane_that_carries_requests_and_answer
     let (through_lane, answer) = round(&conn, &long);
     assert!(!through_lane);
     assert_eq!(answer.len(), long.len() + 1);
-    // An idle target says it sleeps; a request then rings the connection and is
-    // answered (the listener's own wake-up is far later than the deadline's share).
+    // An idle lane server says it sleeps; a request then rings the connection, whose
+    // listener wakes the server, and is answered.
     let lane = conn.lane.get().unwrap().clone();
     eventually("the target asleep", || lane.target_asleep());
     let (through_lane, answer) = round(&conn, &[42; 8]);

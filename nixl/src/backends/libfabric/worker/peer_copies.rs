@@ -303,22 +303,17 @@ impl Worker {
         let mut any = false;
         let mut buf = std::mem::take(&mut self.lane_buf);
         for i in 0..self.lanes.len() {
-            // A ringful at most per round: the rail's own work gets its turn.
-            for _ in 0..crate::backends::peer_dram::mailbox::REQUEST_SLOTS {
-                let lane = &self.lanes[i];
-                match lane.lane.pop_request(&mut buf) {
-                    Ok(true) => {
-                        peer_copy::trace::mark_received();
-                        // The peer has taken the lane: this side's descriptor may go.
-                        lane.lane.release_fd();
-                        any = true;
-                        self.serve_lane_request(i, &buf);
-                    }
-                    Ok(false) => break,
-                    Err(e) => {
-                        tracing::warn!(peer = %lane.peer.agent, "{e}; its requests come on the rails");
-                        break;
-                    }
+            let lane = self.lanes[i].lane.clone();
+            match lane.take_requests(&mut buf, |entry| self.serve_lane_request(i, entry)) {
+                Ok(0) => {}
+                Ok(_) => {
+                    // The peer has taken the lane: this side's descriptor may go.
+                    lane.release_fd();
+                    any = true;
+                }
+                Err(e) => {
+                    let peer = &self.lanes[i].peer.agent;
+                    tracing::warn!(peer = %peer, "{e}; its requests come on the rails");
                 }
             }
         }
