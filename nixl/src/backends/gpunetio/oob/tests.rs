@@ -389,8 +389,7 @@ where
 /// handler (the listener thread alone: how `peer_dram` starts copies now), on TCP
 /// and on the listener's Unix socket, through a shared lane served by a thread of its
 /// own (how `peer_dram` serves same-host peers now), then one handing each request to a
-/// serving
-/// thread that answers (how `peer_dram` started copies before). Prints the figures
+/// serving thread that answers (how `peer_dram` started copies before). Prints the figures
 /// (docs/BENCHMARKS.md keeps them, with LIBFABRIC's `shm` rail measured by
 /// `fi_pingpong -p shm` beside); the bounds are loose so a loaded CI machine passes.
 #[test]
