@@ -630,10 +630,16 @@ impl PeerAddrs {
         if !lane.target_asleep() {
             return Some(Ok(()));
         }
+        Some(self.ring_lane(*ring))
+    }
+
+    /// Rings the reader of the peer's lane (a sealed doorbell on rail `ring`, where its
+    /// worker is woken by traffic), waiting up to 5 s for the rail to take it.
+    fn ring_lane(&self, ring: usize) -> fabric::Result<()> {
         let bell = self.sealer.seal_control(&peer_copy::encode_doorbell());
-        let (rail, dest) = (&self.rails[*ring], self.addrs[*ring]);
+        let (rail, dest) = (&self.rails[ring], self.addrs[ring]);
         let deadline = Instant::now() + Duration::from_secs(5);
-        Some(rail.ep.retry(deadline, || rail.ep.inject(&bell, dest)))
+        rail.ep.retry(deadline, || rail.ep.inject(&bell, dest))
     }
 
     /// Over shm, once the peer's process is known to have ended: fails what it left

@@ -356,15 +356,7 @@ impl PeerCopyXfer {
                         .lane_requests
                         .fetch_add(1, Ordering::Relaxed);
                     if lane.target_asleep() {
-                        let bell = self
-                            .fallback
-                            .peer
-                            .sealer
-                            .seal_control(&super::peer_copy::encode_doorbell());
-                        let r = &self.fallback.rails[*ring_rail];
-                        let dest = self.fallback.peer.addrs[*ring_rail];
-                        let deadline = Instant::now() + SEND_DEADLINE;
-                        if let Err(e) = r.ep.retry(deadline, || r.ep.inject(&bell, dest)) {
+                        if let Err(e) = self.fallback.peer.ring_lane(*ring_rail) {
                             waits.forget(&plan.ids);
                             plan.run = None;
                             return Err(fabric_error(e));
